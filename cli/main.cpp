@@ -1,0 +1,225 @@
+// lazyprefill: command-line entry point. Library errors (lp::Error) become one line on stderr
+// and exit code 1; usage errors exit with CLI11's code (2 for a bad option).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/context.h"
+#include "kernels/generate.h"
+#include "kernels/runner.h"
+#include "model/error.h"
+#include "model/gguf.h"
+#include "model/config.h"
+#include "model/ops.h"
+#include "model/paths.h"
+#include "model/vocab.h"
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct RunArgs {
+  std::string model, prompt, prompt_file, dtype = "bf16";
+  int max_new_tokens = 64;
+  int threads = lp::default_thread_count();
+  bool chat = false, json_out = false;
+  float temperature = 0.0f, top_p = 1.0f;
+  uint64_t seed = 0;
+};
+
+std::string read_prompt_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) lp::fail("cannot read prompt file '{}'", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) lp::fail("error while reading prompt file '{}'", path);
+  return ss.str();
+}
+
+lp::DType parse_dtype(const std::string& s) {
+  if (s == "f32") return lp::DType::F32;
+  if (s == "bf16") return lp::DType::BF16;
+  lp::fail("--dtype must be f32 or bf16, got '{}'", s);
+}
+
+json ops_json(const lp::OpTimers& t) {
+  json j = json::object();
+  for (int i = 0; i < lp::kNumOps; ++i) {
+    if (t.calls[i] == 0) continue;
+    j[std::string(lp::op_name(lp::Op(i)))] = {{"ms", t.seconds[i] * 1e3},
+                                              {"gflop", t.flops[i] / 1e9},
+                                              {"gflops", t.seconds[i] > 0 ? t.flops[i] / t.seconds[i] / 1e9 : 0.0}};
+  }
+  return j;
+}
+
+int cmd_run(const RunArgs& a) {
+  const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
+  if (a.prompt.empty() == a.prompt_file.empty()) lp::fail("give exactly one of --prompt or --prompt-file");
+  std::string text = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
+  if (const int64_t bad = lp::find_invalid_utf8(text); bad >= 0)
+    lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
+             a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
+  if (text.empty()) lp::fail("the prompt is empty");
+  const lp::DType dtype = parse_dtype(a.dtype);
+  lp::CpuContext ctx(a.threads);
+  const auto model = lp::Model::load(path, dtype, ctx);
+  const lp::Tokenizer& tok = model->tokenizer();
+  std::vector<int32_t> ids;
+  if (a.chat) {
+    const lp::ChatMessage msg{"user", text};
+    ids = tok.encode(tok.apply_chat_template({&msg, 1}, true), false, true);
+  } else {
+    ids = tok.encode(text, true, false);
+  }
+  if (ids.empty()) lp::fail("the prompt is empty (no tokens)");
+  lp::GenerateOptions opt;
+  opt.max_new_tokens = a.max_new_tokens;
+  opt.sampler = {a.temperature, a.top_p, a.seed};
+  const lp::GenerateResult r = lp::generate(ctx, *model, ids, opt);
+
+  const double prefill_tps = r.prompt_ids.size() / r.prefill_s;
+  const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
+  const double gflops = r.prefill_ops.total_flops() / r.prefill_s / 1e9;
+  if (a.json_out) {
+    json j;
+    j["text"] = r.text;
+    j["prompt_tokens"] = r.prompt_ids.size();
+    j["generated_tokens"] = r.generated_ids.size();
+    j["generated_ids"] = r.generated_ids;
+    j["ttft_ms"] = r.ttft_s * 1e3;
+    j["prefill_ms"] = r.prefill_s * 1e3;
+    j["prefill_tokens_per_s"] = prefill_tps;
+    j["prefill_gflops"] = gflops;
+    j["decode_tokens_per_s"] = decode_tps;
+    j["peak_rss_mib"] = lp::peak_rss_mib();
+    j["model"] = model->path();
+    j["dtype"] = lp::dtype_name(dtype);
+    j["threads"] = a.threads;
+    j["seed"] = a.seed;
+    j["temperature"] = a.temperature;
+    j["top_p"] = a.top_p;
+    j["version"] = LP_VERSION;
+    j["git_commit"] = LP_GIT_COMMIT;
+    j["prefill_ops"] = ops_json(r.prefill_ops);
+    j["decode_ops"] = ops_json(r.decode_ops);
+    std::puts(j.dump(2).c_str());
+  } else {
+    std::puts(r.text.c_str());
+    fmt::print(stderr,
+               "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | prefill {:.1f} tok/s ({:.1f} "
+               "GFLOP/s) | decode {:.1f} tok/s | peak RSS {:.0f} MiB | {} {} threads\n",
+               r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, prefill_tps, gflops, decode_tps,
+               lp::peak_rss_mib(), lp::dtype_name(dtype), a.threads);
+  }
+  return 0;
+}
+
+int cmd_inspect(const std::string& path_arg, bool json_out) {
+  const std::string path = path_arg.empty() ? lp::default_model_path() : path_arg;
+  const lp::GgufFile f = lp::GgufFile::open(path);
+  const lp::ModelConfig c = lp::config_from_gguf(f);
+  const lp::VocabData v = lp::vocab_from_gguf(f);
+  std::map<std::string, std::pair<int, int64_t>> by_type;
+  int64_t total_bytes = 0;
+  for (const auto& t : f.tensors()) {
+    auto& e = by_type[std::string(lp::type_info(uint32_t(t.type))->name)];
+    e.first += 1;
+    e.second += t.n_bytes;
+    total_bytes += t.n_bytes;
+  }
+  json j;
+  j["file"] = path;
+  j["gguf_version"] = f.version();
+  j["architecture"] = c.arch;
+  j["name"] = c.name;
+  j["config"] = {{"n_layer", c.n_layer}, {"n_embd", c.n_embd},       {"n_head", c.n_head},
+                 {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim}, {"n_ff", c.n_ff},
+                 {"n_vocab", c.n_vocab},   {"n_ctx_train", c.n_ctx_train}, {"rope_theta", c.rope_theta},
+                 {"rope_dim", c.rope_dim}, {"rms_eps", c.rms_eps},   {"tied_embeddings", c.tied_embeddings},
+                 {"n_params", c.n_params()}};
+  j["tokenizer"] = {{"model", v.model}, {"pre", v.pre}, {"n_tokens", v.tokens.size()},
+                    {"n_merges", v.merges.size()}, {"bos_id", v.bos_id}, {"eos_id", v.eos_id},
+                    {"add_bos", v.add_bos}, {"has_chat_template", !v.chat_template.empty()}};
+  json types = json::object();
+  for (const auto& [k, e] : by_type) types[k] = {{"tensors", e.first}, {"bytes", e.second}};
+  j["tensor_types"] = types;
+  j["tensor_bytes"] = total_bytes;
+  json tensors = json::array();
+  for (const auto& t : f.tensors())
+    tensors.push_back({{"name", t.name}, {"type", lp::type_info(uint32_t(t.type))->name}, {"shape", t.ne}, {"bytes", t.n_bytes}});
+  j["tensors"] = tensors;
+  if (json_out) {
+    std::puts(j.dump(2).c_str());
+    return 0;
+  }
+  fmt::print("{}  (GGUF v{}, {:.1f} MiB of tensors)\n", path, f.version(), total_bytes / 1048576.0);
+  fmt::print("architecture {}  \"{}\"\n", c.arch, c.name);
+  fmt::print("  layers {}  width {}  heads {} (kv {})  head dim {}  ffn {}  vocab {}  context {}\n", c.n_layer,
+             c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train);
+  fmt::print("  rope theta {}  rope dims {}  rms eps {}  tied embeddings {}  params {:.1f} M\n", c.rope_theta,
+             c.rope_dim, c.rms_eps, c.tied_embeddings ? "yes" : "no", c.n_params() / 1e6);
+  fmt::print("tokenizer {} (pre '{}')  {} tokens  {} merges  bos {}  eos {}  add_bos {}  chat template {}\n",
+             v.model, v.pre, v.tokens.size(), v.merges.size(), v.bos_id, v.eos_id, v.add_bos,
+             v.chat_template.empty() ? "no" : "yes");
+  fmt::print("tensor types:\n");
+  for (const auto& [k, e] : by_type) fmt::print("  {:<6} {:>4} tensors {:>10.2f} MiB\n", k, e.first, e.second / 1048576.0);
+  fmt::print("tensors:\n");
+  for (const auto& t : f.tensors())
+    fmt::print("  {:<28} {:<5} [{}] {} bytes\n", t.name, lp::type_info(uint32_t(t.type))->name, fmt::join(t.ne, ", "), t.n_bytes);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lazyprefill: LazyLLM dynamic token pruning, run for real and simulated"};
+  app.set_version_flag("--version", std::string(LP_VERSION) + " (" + LP_GIT_COMMIT + ")");
+  app.require_subcommand(1);
+
+  RunArgs ra;
+  auto* run = app.add_subcommand("run", "Generate from a GGUF model on the CPU and report timings");
+  run->add_option("--model", ra.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)");
+  run->add_option("--prompt", ra.prompt, "Prompt text");
+  run->add_option("--prompt-file", ra.prompt_file, "File holding the prompt (UTF-8)");
+  run->add_option("--max-new-tokens", ra.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
+  run->add_option("--threads", ra.threads, "CPU threads")->check(CLI::Range(1, 1024));
+  run->add_option("--dtype", ra.dtype, "Compute dtype: bf16 (fast) or f32 (exact)")->check(CLI::IsMember({"f32", "bf16"}));
+  run->add_flag("--chat", ra.chat, "Wrap the prompt in the model's chat template (ChatML)");
+  run->add_flag("--json", ra.json_out, "Print one JSON object");
+  run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  run->add_option("--top-p", ra.top_p, "Nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
+  run->add_option("--seed", ra.seed, "Random seed for sampling");
+
+  std::string inspect_model;
+  bool inspect_json = false;
+  auto* inspect = app.add_subcommand("inspect", "Show a GGUF model's architecture, tensors and tokenizer");
+  inspect->add_option("--model", inspect_model, "GGUF model file (default: the cached SmolLM2)");
+  inspect->add_flag("--json", inspect_json, "Print JSON");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*run) return cmd_run(ra);
+    if (*inspect) return cmd_inspect(inspect_model, inspect_json);
+  } catch (const lp::Error& e) {
+    fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "lazyprefill: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,388 @@
+#include "kernels/cpu/ops.h"
+
+#include <immintrin.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "model/error.h"
+#include "model/quant.h"
+
+namespace lp {
+
+const char* dtype_name(DType d) { return d == DType::F32 ? "f32" : "bf16"; }
+
+// ---------------------------------------------------------------------------------------------
+// exp: e^x = 2^n * e^r with n = round(x / ln2), |r| <= ln2/2, e^r by its degree-7 Taylor
+// polynomial (truncation error < r^8/8! ~ 5e-9 relative, below float rounding).
+namespace {
+constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+#if defined(__AVX512F__)
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // below: result is 0 (and -inf stays finite)
+  x = _mm512_min_ps(x, _mm512_set1_ps(89.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+inline float exp1(float x) {
+  x = std::clamp(x, -104.0f, 89.0f);
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(-n, kLn2Hi, x);
+  r = std::fma(-n, kLn2Lo, r);
+  float p = 1.0f / 5040;
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = std::fma(p, r, c);
+  return std::ldexp(p, int(n));
+}
+}  // namespace
+
+void exp_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp512(_mm512_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = exp1(x[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM through oneDNN matmul primitives, cached per shape. Primitives are created on the
+// calling thread before the parallel section; execution is single-threaded per part.
+struct Gemm::Impl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int>;  // M N K lda ldc dtype
+  std::map<Key, dnnl::matmul> cache;
+  std::vector<uint16_t> a_bf16;  // [M][K] activations rounded to bf16
+
+  dnnl::matmul get(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc, DType dt) {
+    const Key key{M, N, K, lda, ldc, int(dt)};
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    using md = dnnl::memory::desc;
+    using mdims = dnnl::memory::dims;
+    const auto t = dt == DType::F32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+    md a({M, K}, t, mdims{lda, 1});
+    md b({K, N}, t, mdims{1, K});  // W [N][K] read as B [K][N] column-major
+    md c({M, N}, dnnl::memory::data_type::f32, mdims{ldc, 1});
+    dnnl::matmul p(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng));
+    if (cache.size() > 4096) cache.clear();  // bound memory when shapes keep changing
+    cache.emplace(key, p);
+    return p;
+  }
+};
+
+Gemm::Gemm() : impl_(std::make_unique<Impl>()) {}
+Gemm::~Gemm() = default;
+
+void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C,
+               int64_t ldc) {
+  if (M == 0) return;
+  const int64_t N = W.rows, K = W.cols;
+  const void* a_ptr = A;
+  int64_t a_ld = lda;
+  if (W.dtype == DType::BF16) {
+    impl_->a_bf16.resize(size_t(M * K));
+    uint16_t* dst = impl_->a_bf16.data();
+    ctx.run([&] {
+      tbb::parallel_for(int64_t(0), M, [&](int64_t m) {
+        for (int64_t k = 0; k < K; ++k) dst[m * K + k] = f32_to_bf16(A[m * lda + k]);
+      });
+    });
+    a_ptr = dst;
+    a_ld = K;
+  }
+  // Split N into equal parts (a multiple of 16 columns) so every thread gets one.
+  const int64_t parts = std::min<int64_t>(ctx.threads(), std::max<int64_t>(1, N / 64));
+  const int64_t chunk = (N / parts + 15) / 16 * 16;
+  struct Part { int64_t n0, n; dnnl::matmul p; };
+  std::vector<Part> ps;
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t n = std::min(chunk, N - n0);
+    ps.push_back({n0, n, impl_->get(M, n, K, a_ld, ldc, W.dtype)});
+  }
+  const size_t esz = W.dtype == DType::F32 ? 4 : 2;
+  const auto mdt = W.dtype == DType::F32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+  ctx.run([&] {
+    tbb::parallel_for(size_t(0), ps.size(), [&](size_t i) {
+      const Part& p = ps[i];
+      using md = dnnl::memory::desc;
+      using mdims = dnnl::memory::dims;
+      dnnl::stream s(impl_->eng);
+      dnnl::memory am(md({M, K}, mdt, mdims{a_ld, 1}), impl_->eng, const_cast<void*>(a_ptr));
+      dnnl::memory bm(md({K, p.n}, mdt, mdims{1, K}), impl_->eng,
+                      const_cast<char*>(static_cast<const char*>(W.data()) + p.n0 * K * esz));
+      dnnl::memory cm(md({M, p.n}, dnnl::memory::data_type::f32, mdims{ldc, 1}), impl_->eng, C + p.n0);
+      p.p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      s.wait();
+    }, tbb::static_partitioner());
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+void rmsnorm(CpuContext& ctx, const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
+      const float* xr = x + t * D;
+      float ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
+      const float scale = 1.0f / std::sqrt(ss / float(D) + eps);
+      float* o = out + t * D;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) o[i] = xr[i] * scale * w[i];
+    });
+  });
+}
+
+RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* ff) {
+  RopeTable tab;
+  tab.T = T;
+  tab.half = rope_dim / 2;
+  tab.cos.resize(size_t(T * tab.half));
+  tab.sin.resize(size_t(T * tab.half));
+  std::vector<double> freq(size_t(tab.half));
+  for (int64_t i = 0; i < tab.half; ++i) {
+    freq[i] = std::pow(double(theta), -2.0 * double(i) / double(rope_dim));
+    if (ff) freq[i] /= ff[i];
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < tab.half; ++i) {
+      const double a = double(pos[t]) * freq[i];
+      tab.cos[t * tab.half + i] = float(std::cos(a));
+      tab.sin[t * tab.half + i] = float(std::sin(a));
+    }
+  return tab;
+}
+
+void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh, const RopeTable& tab) {
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
+      const float* c = tab.cos.data() + t * tab.half;
+      const float* s = tab.sin.data() + t * tab.half;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* v = x + t * ld + h * Dh;
+        for (int64_t i = 0; i < tab.half; ++i) {
+          const float x0 = v[2 * i], x1 = v[2 * i + 1];
+          v[2 * i] = x0 * c[i] - x1 * s[i];
+          v[2 * i + 1] = x0 * s[i] + x1 * c[i];
+        }
+      }
+    });
+  });
+}
+
+void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up,
+            float* out, int64_t ld_out, int64_t T, int64_t F) {
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
+      const float* g = gate + t * ld_gate;
+      const float* u = up + t * ld_up;
+      float* o = out + t * ld_out;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= F; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+      }
+#endif
+      for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+    });
+  });
+}
+
+void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n) {
+  ctx.run([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 4096), [&](const tbb::blocked_range<int64_t>& r) {
+#pragma omp simd
+      for (int64_t i = r.begin(); i < r.end(); ++i) x[i] += y[i];
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+void LayerKV::init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim) {
+  // Capacity rounded up to the key tile so tiles may read (zeroed) slots past n.
+  cap = (capacity + 31) / 32 * 32;
+  Hkv = n_kv_heads;
+  Dh = head_dim;
+  n = 0;
+  kt.resize(Hkv * Dh * cap);
+  v.resize(Hkv * cap * Dh);
+  pos.assign(size_t(cap), 0);
+}
+
+void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, const int32_t* p, int64_t T) {
+  if (n + T > cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", n, T, cap);
+  for (int64_t t = 0; t < T; ++t) {
+    if (n + t > 0 && p[t] <= pos[n + t - 1]) fail("KV append: positions must increase");
+    pos[n + t] = p[t];
+    for (int64_t g = 0; g < Hkv; ++g)
+      for (int64_t d = 0; d < Dh; ++d) {
+        kt[(g * Dh + d) * cap + n + t] = k[t * ldk + g * Dh + d];
+        v[(g * cap + n + t) * Dh + d] = vv[t * ldv + g * Dh + d];
+      }
+  }
+  n += T;
+}
+
+// Attention. Work item: a tile of up to kRows (query, head) rows of one kv group; rows are
+// enumerated token-major so the heads sharing a kv head reuse each key tile.
+//   S = Q K^T for the tile's keys (a prefix of the cache), softmax per row over its own prefix,
+//   O = P V. Two passes over a tile-local score buffer; exact softmax, no online rescaling.
+namespace {
+constexpr int kRows = 8;   // rows per tile in QK (2 zmm accumulators each)
+constexpr int kKeys = 32;  // keys per QK step
+
+struct TileRow {
+  const float* q;
+  float* o;
+  int64_t len;  // keys visible to this row
+};
+
+void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, float scale,
+                    std::vector<float>& sbuf) {
+  const int64_t Dh = kv.Dh, cap = kv.cap;
+  int64_t nk = 0;
+  for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
+  const int64_t nk_pad = (nk + kKeys - 1) / kKeys * kKeys;
+  sbuf.resize(size_t(kRows * nk_pad));
+  float* S = sbuf.data();
+  const float* kt = kv.kt.data() + g * Dh * cap;
+  const float* v = kv.v.data() + g * cap * Dh;
+
+  // Pass 1: scores.
+#if defined(__AVX512F__)
+  for (int64_t k0 = 0; k0 < nk_pad; k0 += kKeys) {
+    __m512 acc[kRows][2];
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < Dh; ++d) {
+      const __m512 k0v = _mm512_loadu_ps(kt + d * cap + k0);
+      const __m512 k1v = _mm512_loadu_ps(kt + d * cap + k0 + 16);
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= nr) break;
+        const __m512 b = _mm512_set1_ps(rows[r].q[d]);
+        acc[r][0] = _mm512_fmadd_ps(b, k0v, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(b, k1v, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      _mm512_storeu_ps(S + r * nk_pad + k0, _mm512_mul_ps(acc[r][0], _mm512_set1_ps(scale)));
+      _mm512_storeu_ps(S + r * nk_pad + k0 + 16, _mm512_mul_ps(acc[r][1], _mm512_set1_ps(scale)));
+    }
+  }
+#else
+  for (int r = 0; r < nr; ++r)
+    for (int64_t k = 0; k < nk_pad; ++k) {
+      float dot = 0;
+      for (int64_t d = 0; d < Dh; ++d) dot += rows[r].q[d] * kt[d * cap + k];
+      S[r * nk_pad + k] = dot * scale;
+    }
+#endif
+
+  // Softmax per row over its own prefix; the rest of the row becomes 0.
+  std::vector<float> inv_sum(static_cast<size_t>(nr));
+  for (int r = 0; r < nr; ++r) {
+    float* s = S + r * nk_pad;
+    const int64_t len = rows[r].len;
+    float mx = -INFINITY;
+    for (int64_t k = 0; k < len; ++k) mx = std::max(mx, s[k]);
+    for (int64_t k = 0; k < len; ++k) s[k] -= mx;
+    exp_inplace(s, len);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t k = 0; k < len; ++k) sum += s[k];
+    std::fill(s + len, s + nk_pad, 0.0f);
+    inv_sum[r] = len > 0 ? 1.0f / sum : 0.0f;
+  }
+
+  // Pass 2: O = P V, four rows at a time (16 accumulators for Dh = 64).
+#if defined(__AVX512F__)
+  if (Dh == 64) {
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+      const int rn = std::min(4, nr - r0);
+      __m512 acc[4][4];
+      for (int r = 0; r < 4; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+      int64_t kend = 0;
+      for (int r = 0; r < rn; ++r) kend = std::max(kend, rows[r0 + r].len);
+      for (int64_t k = 0; k < kend; ++k) {
+        const float* vk = v + k * 64;
+        const __m512 v0 = _mm512_loadu_ps(vk), v1 = _mm512_loadu_ps(vk + 16);
+        const __m512 v2 = _mm512_loadu_ps(vk + 32), v3 = _mm512_loadu_ps(vk + 48);
+        for (int r = 0; r < 4; ++r) {
+          if (r >= rn) break;
+          const __m512 p = _mm512_set1_ps(S[(r0 + r) * nk_pad + k]);
+          acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+          acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+          acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
+          acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+        }
+      }
+      for (int r = 0; r < rn; ++r) {
+        const __m512 is = _mm512_set1_ps(inv_sum[r0 + r]);
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(rows[r0 + r].o + 16 * j, _mm512_mul_ps(acc[r][j], is));
+      }
+    }
+    return;
+  }
+#endif
+  for (int r = 0; r < nr; ++r) {
+    float* o = rows[r].o;
+    std::fill(o, o + Dh, 0.0f);
+    for (int64_t k = 0; k < rows[r].len; ++k) {
+      const float p = S[r * nk_pad + k];
+      const float* vk = v + k * Dh;
+#pragma omp simd
+      for (int64_t d = 0; d < Dh; ++d) o[d] += p * vk[d];
+    }
+    for (int64_t d = 0; d < Dh; ++d) o[d] *= inv_sum[r];
+  }
+}
+}  // namespace
+
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
+               const LayerKV& kv, int64_t H, float* out, int64_t ldo) {
+  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv;
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  // Keys visible to each query: the cache prefix with position <= the query's position.
+  std::vector<int64_t> len(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t)
+    len[t] = std::upper_bound(kv.pos.begin(), kv.pos.begin() + kv.n, q_pos[t]) - kv.pos.begin();
+  const int64_t rows_per_group = T * group;
+  const int64_t tiles_per_group = (rows_per_group + kRows - 1) / kRows;
+  ctx.run([&] {
+    // Largest tiles (latest queries) first, so the causal imbalance evens out at the end.
+    tbb::parallel_for(int64_t(0), Hkv * tiles_per_group, [&](int64_t w) {
+      thread_local std::vector<float> sbuf;
+      const int64_t g = w % Hkv;
+      const int64_t tile = tiles_per_group - 1 - w / Hkv;
+      TileRow rows[kRows];
+      int nr = 0;
+      for (int64_t i = tile * kRows; i < std::min(rows_per_group, (tile + 1) * kRows); ++i) {
+        const int64_t t = i / group, h = g * group + i % group;
+        rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[t]};
+      }
+      attention_tile(rows, nr, kv, g, scale, sbuf);
+    });
+  });
+}
+
+}  // namespace lp

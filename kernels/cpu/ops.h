@@ -1,0 +1,93 @@
+// Fast CPU kernels (oneTBB for parallelism, oneDNN for GEMM, AVX-512 where available).
+// Each has a scalar reference in kernels/cpu/ref.h; tests/test_ops.cpp compares them.
+//
+// Changes against the references: float accumulation in SIMD lanes (order differs), a
+// polynomial exp (relative error ~1e-7), RoPE angles from a per-forward table, and attention
+// that processes keys in position order so the causal mask becomes a prefix length.
+// Row reductions stay inside one task, so results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "kernels/context.h"
+#include "kernels/cpu/buffer.h"
+
+namespace lp {
+
+enum class DType { F32, BF16 };
+const char* dtype_name(DType d);
+
+// A weight matrix [N][K] (N outputs, K inputs), row-major as GGUF stores it, in f32 or bf16.
+struct Matrix {
+  int64_t rows = 0;  // N
+  int64_t cols = 0;  // K
+  DType dtype = DType::F32;
+  Buffer<float> f32;      // [N][K] when dtype == F32
+  Buffer<uint16_t> bf16;  // [N][K] when dtype == BF16
+  const void* data() const { return dtype == DType::F32 ? (const void*)f32.data() : (const void*)bf16.data(); }
+  int64_t bytes() const { return rows * cols * (dtype == DType::F32 ? 4 : 2); }
+};
+
+// C[M][N] (row stride ldc) = A[M][K] (row stride lda, f32) x W^T.
+// In bf16 mode A is rounded to bf16 first; accumulation is f32 either way.
+// Splits N across the context's threads; each part is a single-threaded oneDNN matmul.
+class Gemm {
+ public:
+  Gemm();
+  ~Gemm();
+  void run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C,
+           int64_t ldc);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// out[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * w, rows in parallel.
+void rmsnorm(CpuContext& ctx, const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
+
+// cos/sin table for RoPE: [T][rope_dim/2] each, for the given positions.
+struct RopeTable {
+  int64_t T = 0, half = 0;
+  std::vector<float> cos, sin;
+};
+RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* freq_factors);
+// Rotates x [T][n_heads][Dh] (row stride ld floats) using table rows rows[t] (or t if null).
+void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh,
+          const RopeTable& tab);
+
+// out[i] = silu(gate[i]) * up[i]; gate/up/out are [T][F] with row strides.
+void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up,
+            float* out, int64_t ld_out, int64_t T, int64_t F);
+
+// x[i] += y[i]
+void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n);
+
+// One layer's KV cache, keys in ascending position order (the causal mask is then a prefix).
+//   kt  [Hkv][Dh][cap]   keys, transposed so a key tile is contiguous per dimension
+//   v   [Hkv][cap][Dh]
+//   pos [cap]
+struct LayerKV {
+  int64_t cap = 0, n = 0, Hkv = 0, Dh = 0;
+  Buffer<float> kt, v;
+  std::vector<int32_t> pos;
+  void init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim);
+  // Appends T rows of k, v [T][Hkv*Dh] (row strides ldk/ldv) at positions pos[T], which must be
+  // greater than every position already held.
+  void append(const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int64_t T);
+};
+
+// Causal GQA attention of T queries q [T][H*Dh] (row stride ldq) at positions q_pos (ascending)
+// over the keys in kv; writes out [T][H*Dh] (row stride ldo).
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
+               const LayerKV& kv, int64_t H, float* out, int64_t ldo);
+
+// Vectorised exp used by the kernels (exposed for tests).
+void exp_inplace(float* x, int64_t n);
+
+}  // namespace lp

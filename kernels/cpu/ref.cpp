@@ -1,0 +1,85 @@
+#include "kernels/cpu/ref.h"
+
+#include <cmath>
+#include <vector>
+
+namespace lp::ref {
+
+void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += double(x[t * D + i]) * x[t * D + i];
+    const double scale = 1.0 / std::sqrt(ss / double(D) + eps);
+    for (int64_t i = 0; i < D; ++i) out[t * D + i] = float(x[t * D + i] * scale * w[i]);
+  }
+}
+
+void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(a[t * K + k]) * w[n * K + k];
+      out[t * N + n] = float(acc);
+    }
+}
+
+void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim,
+          float theta, const float* freq_factors) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * Dh;
+      for (int64_t i = 0; i < rope_dim / 2; ++i) {
+        double freq = std::pow(double(theta), -2.0 * double(i) / double(rope_dim));
+        if (freq_factors) freq /= freq_factors[i];
+        const double a = double(pos[t]) * freq;
+        const double c = std::cos(a), s = std::sin(a);
+        const double x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = float(x0 * c - x1 * s);
+        v[2 * i + 1] = float(x0 * s + x1 * c);
+      }
+    }
+}
+
+void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
+  const int64_t group = H / Hkv;
+  const double scale = 1.0 / std::sqrt(double(Dh));
+  std::vector<double> p(S);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      const float* qv = q + (t * H + h) * Dh;
+      double mx = -INFINITY;
+      for (int64_t s = 0; s < S; ++s) {
+        if (k_pos[s] > q_pos[t]) {
+          p[s] = -INFINITY;
+          continue;
+        }
+        double dot = 0;
+        const float* kv = k + (s * Hkv + g) * Dh;
+        for (int64_t d = 0; d < Dh; ++d) dot += double(qv[d]) * kv[d];
+        p[s] = dot * scale;
+        mx = std::max(mx, p[s]);
+      }
+      double sum = 0;
+      for (int64_t s = 0; s < S; ++s) {
+        p[s] = std::isinf(p[s]) ? 0.0 : std::exp(p[s] - mx);
+        sum += p[s];
+      }
+      float* o = out + (t * H + h) * Dh;
+      for (int64_t d = 0; d < Dh; ++d) {
+        double acc = 0;
+        for (int64_t s = 0; s < S; ++s) acc += p[s] * v[(s * Hkv + g) * Dh + d];
+        o[d] = sum > 0 ? float(acc / sum) : 0.0f;
+      }
+    }
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = float(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+}  // namespace lp::ref

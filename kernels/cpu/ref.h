@@ -1,0 +1,34 @@
+// Scalar reference kernels. Kept forever: tests and benchmarks compare the fast kernels
+// (kernels/cpu/ops.h) against these. They are written for clarity, accumulate in double where
+// a reduction is long, and never change for speed.
+//
+// Dimension names: T tokens, D width, H heads, Hkv kv heads, Dh head width, F ffn width.
+#pragma once
+
+#include <cstdint>
+
+namespace lp::ref {
+
+// out[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * w[i]
+void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
+
+// out[t][n] = sum_k a[t][k] * w[n][k]   (w is [N][K] row-major, as GGUF stores matrices)
+void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N);
+
+// Rotates pairs (2i, 2i+1) of the first rope_dim dims of each head of x [T][n_heads][Dh] by
+// angle pos[t] * theta^(-2i/rope_dim) / freq_factors[i] (freq_factors may be null).
+void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim,
+          float theta, const float* freq_factors);
+
+// Causal grouped-query attention.
+//   q    [T][H][Dh]        queries at positions q_pos[T]
+//   k, v [S][Hkv][Dh]      keys/values at positions k_pos[S]
+//   out  [T][H][Dh]
+// Query t attends to key s iff k_pos[s] <= q_pos[t]; head h uses kv head h / (H / Hkv).
+void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
+
+// out[t][i] = silu(gate[t][i]) * up[t][i]
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+
+}  // namespace lp::ref

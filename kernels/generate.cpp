@@ -1,0 +1,57 @@
+#include "kernels/generate.h"
+
+#include <chrono>
+#include <numeric>
+
+#include "model/error.h"
+
+namespace lp {
+
+GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t> prompt_ids,
+                        const GenerateOptions& opt) {
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig& c = m.config();
+  const int64_t T = int64_t(prompt_ids.size());
+  if (T == 0) fail("the prompt is empty (no tokens)");
+  if (opt.max_new_tokens < 0) fail("--max-new-tokens must be >= 0");
+  if (T + opt.max_new_tokens > c.n_ctx_train)
+    fail("prompt of {} tokens + {} new tokens exceeds the model's context of {} tokens", T,
+         opt.max_new_tokens, c.n_ctx_train);
+
+  GenerateResult r;
+  r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
+  Session s(m, T + std::max(opt.max_new_tokens, 1));
+  Sampler sampler(opt.sampler);
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), 0);
+  const int64_t last = T - 1;
+
+  const auto t0 = Clock::now();
+  s.forward(ctx, prompt_ids, pos, {&last, 1}, logits.data(), &r.prefill_ops);
+  const auto t1 = Clock::now();
+  r.last_prefill_logits = logits;
+  int32_t next = opt.max_new_tokens > 0 ? sampler.sample(logits) : -1;
+  const auto t2 = Clock::now();
+  r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  r.ttft_s = std::chrono::duration<double>(t2 - t0).count();
+
+  const auto d0 = Clock::now();
+  while (int(r.generated_ids.size()) < opt.max_new_tokens) {
+    r.generated_ids.push_back(next);
+    if (opt.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
+    if (int(r.generated_ids.size()) == opt.max_new_tokens) break;
+    const int32_t p = int32_t(T + r.generated_ids.size() - 1);
+    const int64_t row = 0;
+    s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops);
+    ++r.decode_steps;
+    next = sampler.sample(logits);
+  }
+  r.decode_s = std::chrono::duration<double>(Clock::now() - d0).count();
+  std::vector<int32_t> shown = r.generated_ids;
+  if (!shown.empty() && m.tokenizer().is_end_of_generation(shown.back())) shown.pop_back();
+  r.text = m.tokenizer().decode(shown);
+  return r;
+}
+
+}  // namespace lp

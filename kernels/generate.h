@@ -1,0 +1,35 @@
+// Prompt -> prefill -> sampled continuation, with the timings `run` reports.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/runner.h"
+#include "kernels/sampler.h"
+
+namespace lp {
+
+struct GenerateOptions {
+  int max_new_tokens = 64;
+  SamplerParams sampler;
+  bool stop_at_end_of_generation = true;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> generated_ids;
+  std::string text;          // decoded generated tokens
+  double ttft_s = 0;         // prefill + first token sampled
+  double prefill_s = 0;
+  double decode_s = 0;       // all decoding steps after the first token
+  int64_t decode_steps = 0;  // forward passes after prefill
+  OpTimers prefill_ops, decode_ops;
+  std::vector<float> last_prefill_logits;  // [V] logits of the last prompt token
+};
+
+// Throws lp::Error for an empty prompt or one that does not fit the model's context.
+GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t> prompt_ids,
+                        const GenerateOptions& opt);
+
+}  // namespace lp

@@ -1,0 +1,42 @@
+// Weights of a Llama-family model, dequantized from the GGUF once at load into the compute
+// dtype (f32 or bf16). Matrices are [out][in] row-major, as GGUF stores them; Q/K/V and
+// gate/up are concatenated so each is one GEMM.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/context.h"
+#include "kernels/cpu/ops.h"
+#include "model/config.h"
+
+namespace lp {
+
+class GgufFile;
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [D]
+  Matrix wqkv;                   // [(H + 2 Hkv) Dh][D]  rows: q, then k, then v
+  Matrix wo;                     // [D][H Dh]
+  std::vector<float> ffn_norm;   // [D]
+  Matrix w_gate_up;              // [2F][D]  rows: gate, then up
+  Matrix w_down;                 // [D][F]
+};
+
+struct Weights {
+  DType dtype = DType::F32;
+  Matrix tok_embd;                  // [V][D]; also the LM head when embeddings are tied
+  Matrix output;                    // [V][D]; empty when tied
+  std::vector<float> output_norm;   // [D]
+  std::vector<float> rope_freqs;    // [rope_dim/2] or empty
+  std::vector<LayerWeights> layers; // [L]
+
+  const Matrix& lm_head() const { return output.rows ? output : tok_embd; }
+  int64_t bytes() const;
+};
+
+// Dequantizes every tensor the config names into `dtype`. Throws lp::Error for a tensor type
+// that cannot be dequantized.
+Weights load_weights(const GgufFile& f, const ModelConfig& c, DType dtype, CpuContext& ctx);
+
+}  // namespace lp

@@ -1,0 +1,69 @@
+// The op list of a Llama-family layer and its FLOP and byte counts.
+//
+// One counting for the whole project: the engine's op timers, the benchmarks and the
+// simulator all call op_flops / op_bytes. They are pure functions of the configuration and
+// the shape of one op invocation.
+//
+// Conventions: a multiply-add is 2 FLOPs. Attention FLOPs count the two matrix products over
+// the (query, key) pairs actually attended (QK^T and PV, 2*Dh each per head and pair) plus 5
+// FLOPs per pair and head for scale, mask, max, exp and sum. Elementwise ops count the
+// arithmetic per element as written in the reference kernels. Bytes are the minimum traffic:
+// every operand read once and every result written once at the stated element sizes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "model/config.h"
+
+namespace lp {
+
+enum class Op : int {
+  Embed,       // gather T rows of the embedding table
+  AttnNorm,    // RMSNorm before attention
+  QProj,       // [T][D] x [D][H*Dh]
+  KProj,       // [T][D] x [D][Hkv*Dh]
+  VProj,
+  Rope,        // rotate q and k at the tokens' original positions
+  Attention,   // causal GQA over the keys each query sees
+  OProj,       // [T][H*Dh] x [H*Dh][D]
+  FfnNorm,
+  Gate,        // [T][D] x [D][F]
+  Up,
+  SwiGLU,      // silu(gate) * up
+  Down,        // [T][F] x [F][D]
+  Residual,    // two residual adds per layer
+  OutputNorm,  // final RMSNorm on the rows that need logits
+  LmHead,      // [R][D] x [D][V]
+  kCount,
+};
+
+inline constexpr int kNumOps = static_cast<int>(Op::kCount);
+std::string_view op_name(Op op);
+bool op_is_per_layer(Op op);
+
+// Shape of one invocation.
+struct OpShape {
+  int64_t tokens = 0;       // rows computed (queries); for LmHead/OutputNorm the logit rows
+  int64_t attn_pairs = 0;   // (query, key) pairs attended, for Attention
+  int64_t kv_tokens = 0;    // keys held at this layer (KV read by Attention)
+};
+
+// Element sizes in bytes.
+struct OpDtypes {
+  int weight_bytes = 4;  // 4 f32, 2 bf16
+  int act_bytes = 4;     // activations entering GEMMs
+  int kv_bytes = 4;
+};
+
+double op_flops(const ModelConfig& c, Op op, const OpShape& s);
+double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDtypes& d);
+
+// Causal pairs for a dense prompt of T tokens: T*(T+1)/2.
+inline int64_t causal_pairs(int64_t T) { return T * (T + 1) / 2; }
+
+// FLOPs of a dense (unpruned) prefill of T tokens with logits for `logit_rows` rows.
+double prefill_flops(const ModelConfig& c, int64_t T, int64_t logit_rows);
+
+}  // namespace lp
