@@ -1,5 +1,5 @@
 // lazyprefill: command-line entry point. Library errors (lp::Error) become one line on stderr
-// and exit code 1; usage errors exit with CLI11's code (2 for a bad option).
+// and exit code 1; usage errors get one line too, with CLI11's non-zero exit code.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -29,6 +29,7 @@ struct RunArgs {
   int max_new_tokens = 64;
   int threads = lp::default_thread_count();
   bool chat = false, json_out = false;
+  bool prompt_given = false;  // --prompt "" is an empty prompt, not a missing one
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
 };
@@ -61,8 +62,8 @@ json ops_json(const lp::OpTimers& t) {
 
 int cmd_run(const RunArgs& a) {
   const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
-  if (a.prompt.empty() == a.prompt_file.empty()) lp::fail("give exactly one of --prompt or --prompt-file");
-  std::string text = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
+  if (a.prompt_given == !a.prompt_file.empty()) lp::fail("give exactly one of --prompt or --prompt-file");
+  std::string text = a.prompt_given ? a.prompt : read_prompt_file(a.prompt_file);
   if (const int64_t bad = lp::find_invalid_utf8(text); bad >= 0)
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
@@ -182,6 +183,10 @@ int main(int argc, char** argv) {
   CLI::App app{"lazyprefill: LazyLLM dynamic token pruning, run for real and simulated"};
   app.set_version_flag("--version", std::string(LP_VERSION) + " (" + LP_GIT_COMMIT + ")");
   app.require_subcommand(1);
+  // One line, like every other error (CLI11's default adds "Run with --help ..." on a second).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("lazyprefill: error: {} (see --help)\n", e.what());
+  });
 
   RunArgs ra;
   auto* run = app.add_subcommand("run", "Generate from a GGUF model on the CPU and report timings");
@@ -208,6 +213,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  ra.prompt_given = run->count("--prompt") > 0;
   try {
     if (*run) return cmd_run(ra);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);

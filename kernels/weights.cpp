@@ -13,7 +13,7 @@ namespace {
 void check_dequantizable(const GgufFile& f, const GgufTensor& t) {
   const auto info = type_info(static_cast<uint32_t>(t.type));
   if (!info || !info->dequantizable)
-    fail("{}: tensor '{}' has unsupported type {}", f.path(), t.name, info ? info->name : "?");
+    fail("{}: unsupported tensor type {} (tensor '{}')", f.path(), info ? info->name : "?", t.name);
 }
 
 std::vector<float> load_vector(const GgufFile& f, const std::string& name) {

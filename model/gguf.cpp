@@ -167,7 +167,10 @@ GgufFile::GgufFile(GgufFile&& o) noexcept { *this = std::move(o); }
 
 GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
   if (this != &o) {
-    this->~GgufFile();
+    // Release what this one holds. Not via this->~GgufFile(): that also destroys the members
+    // assigned below (use after destruction; a double free once kv_ held anything).
+    if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
+    if (fd_ >= 0) ::close(fd_);
     path_ = std::move(o.path_);
     fd_ = std::exchange(o.fd_, -1);
     base_ = std::exchange(o.base_, nullptr);
@@ -198,7 +201,7 @@ void GgufFile::parse() {
   version_ = c.read<uint32_t>("version");
   if (version_ == 1) fail("{}: GGUF version 1 is not supported (only 2 and 3)", path_);
   if (version_ != 2 && version_ != 3) {
-    if ((version_ & 0xFFFF) == 0 && (version_ >> 24) <= 3)
+    if (version_ == 0x02000000 || version_ == 0x03000000)  // 2 or 3 written most significant byte first
       fail("{}: big-endian GGUF files are not supported", path_);
     fail("{}: unsupported GGUF version {} (only 2 and 3)", path_, version_);
   }

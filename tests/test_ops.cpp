@@ -69,7 +69,8 @@ TEST_P(GemmTest, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
-                         ::testing::Values(std::make_tuple(1, 64, 96, DType::F32, 2),
+                         ::testing::Values(std::make_tuple(1, 64, 96, DType::F32, 2), std::make_tuple(33, 96, 160, DType::F32, 2),
+                                           std::make_tuple(40, 96, 192, DType::F32, 1),
                                            std::make_tuple(17, 111, 19, DType::F32, 2),
                                            std::make_tuple(111, 576, 989, DType::F32, 2),
                                            std::make_tuple(2, 96, 64, DType::F32, 1),
@@ -187,7 +188,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          ::testing::Values(AttnCase{1, 0, 4, 2, 64, false}, AttnCase{2, 0, 9, 3, 64, false},
                                            AttnCase{17, 0, 9, 3, 64, true}, AttnCase{111, 0, 4, 4, 64, false},
                                            AttnCase{1, 110, 9, 3, 64, true}, AttnCase{19, 40, 6, 2, 64, true},
-                                           AttnCase{17, 5, 4, 2, 32, true}, AttnCase{111, 0, 2, 1, 48, false}));
+                                           AttnCase{17, 5, 4, 2, 32, true}, AttnCase{111, 0, 2, 1, 48, false},
+                                           AttnCase{33, 0, 6, 2, 16, false}));
 
 TEST(Ops, KvAppendRejectsNonIncreasingPositions) {
   LayerKV kv;

@@ -67,10 +67,14 @@ void exp_inplace(float* x, int64_t n) {
 struct Gemm::Impl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int>;  // M N K lda ldc dtype
-  std::map<Key, dnnl::matmul> cache;
+  struct Prim {
+    dnnl::matmul p;
+    dnnl::memory::desc scratch;
+  };
+  std::map<Key, Prim> cache;
   std::vector<uint16_t> a_bf16;  // [M][K] activations rounded to bf16
 
-  dnnl::matmul get(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc, DType dt) {
+  Prim get(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc, DType dt) {
     const Key key{M, N, K, lda, ldc, int(dt)};
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
@@ -80,7 +84,12 @@ struct Gemm::Impl {
     md a({M, K}, t, mdims{lda, 1});
     md b({K, N}, t, mdims{1, K});  // W [N][K] read as B [K][N] column-major
     md c({M, N}, dnnl::memory::data_type::f32, mdims{ldc, 1});
-    dnnl::matmul p(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng));
+    // User-managed scratchpad: with the library's default (one scratchpad shared by all
+    // primitives) two tasks executing matmuls at once corrupt each other's partial results.
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+    Prim p{dnnl::matmul(pd), pd.scratchpad_desc()};
     if (cache.size() > 4096) cache.clear();  // bound memory when shapes keep changing
     cache.emplace(key, p);
     return p;
@@ -107,15 +116,18 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
     a_ptr = dst;
     a_ld = K;
   }
-  // Split N into equal parts (a multiple of 16 columns) so every thread gets one.
-  const int64_t parts = std::min<int64_t>(ctx.threads(), std::max<int64_t>(1, N / 64));
-  const int64_t chunk = (N / parts + 15) / 16 * 16;
-  struct Part { int64_t n0, n; dnnl::matmul p; };
+  // Tiles depend only on the shape, never on the thread count, so every element is computed
+  // by the same kernel call whatever --threads is (results are bitwise thread-independent).
+  // Prefill-sized M: about 8 row blocks over the full N. Decode-sized M: 16 column blocks.
+  const int64_t mc = M <= 32 ? M : std::max<int64_t>(16, ((M + 7) / 8 + 15) / 16 * 16);
+  const int64_t nc = M <= 32 ? std::max<int64_t>(64, ((N + 15) / 16 + 63) / 64 * 64) : N;
+  struct Part { int64_t m0, m, n0, n; Impl::Prim p; };
   std::vector<Part> ps;
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    const int64_t n = std::min(chunk, N - n0);
-    ps.push_back({n0, n, impl_->get(M, n, K, a_ld, ldc, W.dtype)});
-  }
+  for (int64_t m0 = 0; m0 < M; m0 += mc)
+    for (int64_t n0 = 0; n0 < N; n0 += nc) {
+      const int64_t m = std::min(mc, M - m0), n = std::min(nc, N - n0);
+      ps.push_back({m0, m, n0, n, impl_->get(m, n, K, a_ld, ldc, W.dtype)});
+    }
   const size_t esz = W.dtype == DType::F32 ? 4 : 2;
   const auto mdt = W.dtype == DType::F32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
   ctx.run([&] {
@@ -124,13 +136,19 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
       using md = dnnl::memory::desc;
       using mdims = dnnl::memory::dims;
       dnnl::stream s(impl_->eng);
-      dnnl::memory am(md({M, K}, mdt, mdims{a_ld, 1}), impl_->eng, const_cast<void*>(a_ptr));
+      const char* a_base = static_cast<const char*>(a_ptr) + p.m0 * a_ld * esz;
+      dnnl::memory am(md({p.m, K}, mdt, mdims{a_ld, 1}), impl_->eng, const_cast<char*>(a_base));
       dnnl::memory bm(md({K, p.n}, mdt, mdims{1, K}), impl_->eng,
                       const_cast<char*>(static_cast<const char*>(W.data()) + p.n0 * K * esz));
-      dnnl::memory cm(md({M, p.n}, dnnl::memory::data_type::f32, mdims{ldc, 1}), impl_->eng, C + p.n0);
-      p.p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      dnnl::memory cm(md({p.m, p.n}, dnnl::memory::data_type::f32, mdims{ldc, 1}), impl_->eng,
+                      C + p.m0 * ldc + p.n0);
+      const md& sp_md = p.p.scratch;
+      thread_local std::vector<uint8_t> scratch;
+      if (scratch.size() < sp_md.get_size()) scratch.resize(sp_md.get_size());
+      dnnl::memory sp(sp_md, impl_->eng, scratch.data());
+      p.p.p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sp}});
       s.wait();
-    }, tbb::static_partitioner());
+    });
   });
 }
 
@@ -221,10 +239,11 @@ void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n) {
 void LayerKV::init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim) {
   // Capacity rounded up to the key tile so tiles may read (zeroed) slots past n.
   cap = (capacity + 31) / 32 * 32;
+  kt_ld = cap + 16;
   Hkv = n_kv_heads;
   Dh = head_dim;
   n = 0;
-  kt.resize(Hkv * Dh * cap);
+  kt.resize(Hkv * Dh * kt_ld);
   v.resize(Hkv * cap * Dh);
   pos.assign(size_t(cap), 0);
 }
@@ -236,7 +255,7 @@ void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, 
     pos[n + t] = p[t];
     for (int64_t g = 0; g < Hkv; ++g)
       for (int64_t d = 0; d < Dh; ++d) {
-        kt[(g * Dh + d) * cap + n + t] = k[t * ldk + g * Dh + d];
+        kt[(g * Dh + d) * kt_ld + n + t] = k[t * ldk + g * Dh + d];
         v[(g * cap + n + t) * Dh + d] = vv[t * ldv + g * Dh + d];
       }
   }
@@ -257,45 +276,58 @@ struct TileRow {
   int64_t len;  // keys visible to this row
 };
 
+#if defined(__AVX512F__)
+// S[r][0..31] = sum_d qs[r][d] * kt[d][0..31] for NR rows: 2*NR accumulators, 2 key loads and
+// NR broadcasts per dimension.
+template <int NR>
+inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S, int64_t lds) {
+  __m512 acc[NR][2];
+  for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < Dh; ++d) {
+    const __m512 k0v = _mm512_loadu_ps(kt + d * ldk);
+    const __m512 k1v = _mm512_loadu_ps(kt + d * ldk + 16);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 b = _mm512_set1_ps(qs[r * Dh + d]);
+      acc[r][0] = _mm512_fmadd_ps(b, k0v, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(b, k1v, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    _mm512_storeu_ps(S + r * lds, acc[r][0]);
+    _mm512_storeu_ps(S + r * lds + 16, acc[r][1]);
+  }
+}
+#endif
+
 void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, float scale,
                     std::vector<float>& sbuf) {
-  const int64_t Dh = kv.Dh, cap = kv.cap;
+  const int64_t Dh = kv.Dh, cap = kv.cap, ldk = kv.kt_ld;
   int64_t nk = 0;
   for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
   const int64_t nk_pad = (nk + kKeys - 1) / kKeys * kKeys;
   sbuf.resize(size_t(kRows * nk_pad));
   float* S = sbuf.data();
-  const float* kt = kv.kt.data() + g * Dh * cap;
+  const float* kt = kv.kt.data() + g * Dh * ldk;
   const float* v = kv.v.data() + g * cap * Dh;
 
-  // Pass 1: scores.
+  // Pass 1: scores. The tile's query rows are copied (pre-scaled) into one block so the
+  // broadcasts read fixed offsets.
 #if defined(__AVX512F__)
-  for (int64_t k0 = 0; k0 < nk_pad; k0 += kKeys) {
-    __m512 acc[kRows][2];
-    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < Dh; ++d) {
-      const __m512 k0v = _mm512_loadu_ps(kt + d * cap + k0);
-      const __m512 k1v = _mm512_loadu_ps(kt + d * cap + k0 + 16);
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= nr) break;
-        const __m512 b = _mm512_set1_ps(rows[r].q[d]);
-        acc[r][0] = _mm512_fmadd_ps(b, k0v, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(b, k1v, acc[r][1]);
-      }
-    }
-    for (int r = 0; r < nr; ++r) {
-      _mm512_storeu_ps(S + r * nk_pad + k0, _mm512_mul_ps(acc[r][0], _mm512_set1_ps(scale)));
-      _mm512_storeu_ps(S + r * nk_pad + k0 + 16, _mm512_mul_ps(acc[r][1], _mm512_set1_ps(scale)));
-    }
-  }
-#else
-  for (int r = 0; r < nr; ++r)
-    for (int64_t k = 0; k < nk_pad; ++k) {
-      float dot = 0;
-      for (int64_t d = 0; d < Dh; ++d) dot += rows[r].q[d] * kt[d * cap + k];
-      S[r * nk_pad + k] = dot * scale;
-    }
+  alignas(64) float qs[kRows * 256];
+  if (Dh <= 256) {
+    for (int r = 0; r < kRows; ++r)
+      for (int64_t d = 0; d < Dh; ++d) qs[r * Dh + d] = r < nr ? rows[r].q[d] * scale : 0.0f;
+    for (int64_t k0 = 0; k0 < nk_pad; k0 += kKeys) scores_step<kRows>(qs, Dh, kt + k0, ldk, S + k0, nk_pad);
+  } else
 #endif
+  {
+    for (int r = 0; r < nr; ++r)
+      for (int64_t k = 0; k < nk_pad; ++k) {
+        float dot = 0;
+        for (int64_t d = 0; d < Dh; ++d) dot += rows[r].q[d] * kt[d * ldk + k];
+        S[r * nk_pad + k] = dot * scale;
+      }
+  }
 
   // Softmax per row over its own prefix; the rest of the row becomes 0.
   std::vector<float> inv_sum(static_cast<size_t>(nr));

@@ -69,11 +69,13 @@ void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n);
 
 // One layer's KV cache, keys in ascending position order (the causal mask is then a prefix).
-//   kt  [Hkv][Dh][cap]   keys, transposed so a key tile is contiguous per dimension
+//   kt  [Hkv][Dh][kt_ld]   keys, transposed so a key tile is contiguous per dimension; the row
+//                        stride kt_ld = cap + 16 is never a multiple of 4 KiB, so the Dh rows a
+//                        tile reads do not all fall into the same L1 set
 //   v   [Hkv][cap][Dh]
 //   pos [cap]
 struct LayerKV {
-  int64_t cap = 0, n = 0, Hkv = 0, Dh = 0;
+  int64_t cap = 0, kt_ld = 0, n = 0, Hkv = 0, Dh = 0;
   Buffer<float> kt, v;
   std::vector<int32_t> pos;
   void init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim);

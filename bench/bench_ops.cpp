@@ -1,0 +1,58 @@
+// Per-op kernel benchmarks on SmolLM2 shapes: attention at 512/2048/4096 tokens, checked
+// against the scalar reference before timing (on a sample of rows; the full reference is
+// O(T^2) in double and too slow at 4096).
+//
+//   build/lp_bench --benchmark_filter=Attention
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/context.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ref.h"
+#include "model/ops.h"
+
+namespace {
+
+void BM_Attention(benchmark::State& st) {
+  const int64_t T = st.range(0), H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh;
+  lp::CpuContext ctx(int(st.range(1)));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(T * Q), k(T * KV), v(T * KV), out(T * Q);
+  for (auto* vec : {&q, &k, &v})
+    for (auto& x : *vec) x = nd(rng);
+  std::vector<int32_t> pos(T);
+  std::iota(pos.begin(), pos.end(), 0);
+  lp::LayerKV kv;
+  kv.init(T, Hkv, Dh);
+  kv.append(k.data(), KV, v.data(), KV, pos.data(), T);
+  lp::attention(ctx, q.data(), Q, pos.data(), T, kv, H, out.data(), Q);
+  // Check the last query row (it attends to every key) against the reference.
+  std::vector<float> ref(Q);
+  lp::ref::attention(q.data() + (T - 1) * Q, pos.data() + T - 1, 1, k.data(), v.data(), pos.data(), T, H, Hkv,
+                     Dh, ref.data());
+  for (int64_t i = 0; i < Q; ++i)
+    if (std::fabs(ref[i] - out[(T - 1) * Q + i]) > 1e-4) {
+      st.SkipWithError("attention differs from the reference");
+      return;
+    }
+  for (auto _ : st) {
+    kv.n = T;
+    lp::attention(ctx, q.data(), Q, pos.data(), T, kv, H, out.data(), Q);
+  }
+  lp::ModelConfig c;
+  c.n_head = int(H);
+  c.n_head_kv = int(Hkv);
+  c.head_dim = int(Dh);
+  const double flops = lp::op_flops(c, lp::Op::Attention, {T, lp::causal_pairs(T), T});
+  st.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Attention)->Args({512, 2})->Args({2048, 2})->Args({2048, 1})->Args({4096, 2})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace

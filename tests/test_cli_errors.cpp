@@ -1,0 +1,388 @@
+// Runs the real `lazyprefill` binary on bad inputs. Each must end with a non-zero exit code
+// (never a signal), and exactly one line on stderr that names the problem (errors, tier two:
+// STYLE.md). Models are built by tests/gguf_writer, small enough that each run takes
+// milliseconds.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/gguf_writer.h"
+
+extern char** environ;
+
+namespace lp {
+namespace {
+
+using testing::Bytes;
+using testing::GgufLayout;
+using testing::GgufWriter;
+using testing::GgufWriterValue;
+using testing::TempDir;
+using testing::TinyModelSpec;
+
+// LP_TEST_CLI overrides the binary under test (e.g. to try a patched build).
+std::string cli_path() {
+  const char* p = std::getenv("LP_TEST_CLI");
+  return p && *p ? p : LP_CLI_PATH;
+}
+
+struct CliResult {
+  bool exited = false;  // false: killed by a signal
+  int code = -1;        // exit status, or the signal number
+  std::string out, err;
+};
+
+// Runs the CLI with `args` (no shell: empty arguments pass through as they are), stdin from
+// /dev/null, stdout and stderr into files under `dir`.
+CliResult run_cli(const TempDir& dir, const std::vector<std::string>& args) {
+  const std::string out_path = dir.file("stdout.txt"), err_path = dir.file("stderr.txt");
+  const std::string exe = cli_path();
+  std::vector<std::string> argv_s = {exe};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  // One thread keeps the shared test machine calm, unless the test sets --threads itself.
+  if (!args.empty() && args[0] == "run" && std::find(args.begin(), args.end(), "--threads") == args.end()) {
+    argv_s.push_back("--threads");
+    argv_s.push_back("1");
+  }
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  CliResult r;
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << exe << ": " << std::strerror(rc);
+    return r;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exited = WIFEXITED(status);
+  r.code = r.exited ? WEXITSTATUS(status) : WTERMSIG(status);
+  auto slurp = [](const std::string& p) {
+    const Bytes b = testing::read_file(p);
+    return std::string(b.begin(), b.end());
+  };
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  return r;
+}
+
+std::string describe(const CliResult& r) {
+  return fmt::format("exited {} code {}\n--- stderr ---\n{}--- stdout (first 500) ---\n{}", r.exited, r.code,
+                     r.err, r.out.substr(0, 500));
+}
+
+// A clean failure: exit code 1-127 (128+N is how shells report a signal; 134 abort, 139
+// segfault), one line on stderr containing every one of `needles`.
+// LP_TEST_SHOW_ERRORS=1 prints every message, for reviewing their wording.
+void expect_one_line_error(const CliResult& r, std::initializer_list<std::string> needles) {
+  if (std::getenv("LP_TEST_SHOW_ERRORS")) std::fprintf(stderr, "    stderr: %s", r.err.c_str());
+  EXPECT_TRUE(r.exited) << "killed by signal " << r.code << "\n" << describe(r);
+  EXPECT_GT(r.code, 0) << describe(r);
+  EXPECT_LT(r.code, 128) << describe(r);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr must be exactly one line\n"
+                                                             << describe(r);
+  EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << describe(r);
+  for (const auto& n : needles)
+    EXPECT_NE(r.err.find(n), std::string::npos) << "missing '" << n << "'\n" << describe(r);
+}
+
+class CliErrors : public ::testing::Test {
+ protected:
+  void SetUp() override { tiny_ = testing::write_tiny_model(dir_.file("tiny.gguf")); }
+
+  // `run` with a valid prompt on `model`, and `inspect` on it when `also_inspect`: both must fail
+  // the same clean way.
+  void expect_model_error(const std::string& model, std::initializer_list<std::string> needles,
+                          bool also_inspect = true) {
+    {
+      SCOPED_TRACE("run");
+      expect_one_line_error(
+          run_cli(dir_, {"run", "--model", model, "--prompt", "the cat", "--max-new-tokens", "2"}), needles);
+    }
+    if (also_inspect) {
+      SCOPED_TRACE("inspect");
+      expect_one_line_error(run_cli(dir_, {"inspect", "--model", model}), needles);
+    }
+  }
+  std::string write(const GgufWriter& w, const std::string& name) {
+    const std::string p = dir_.file(name);
+    w.write(p);
+    return p;
+  }
+  std::string write_bytes(const Bytes& b, const std::string& name) {
+    const std::string p = dir_.file(name);
+    testing::write_file(p, b);
+    return p;
+  }
+  std::string write_text(const std::string& text, const std::string& name) {
+    return write_bytes(Bytes(text.begin(), text.end()), name);
+  }
+
+  TempDir dir_;
+  std::string tiny_;
+};
+
+// ---- happy path ------------------------------------------------------------------------------
+
+TEST_F(CliErrors, RunJsonHappyPath) {
+  const CliResult r =
+      run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--max-new-tokens", "3", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "stdout is not JSON:\n" << r.out;
+  for (const char* k : {"text", "prompt_tokens", "generated_tokens", "ttft_ms", "prefill_tokens_per_s",
+                        "decode_tokens_per_s", "peak_rss_mib"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_TRUE(j["text"].is_string());
+  // "the cat" is "the" + "Ġcat" with the tiny vocabulary's merges; add_bos_token is false.
+  EXPECT_EQ(j["prompt_tokens"], 2);
+  EXPECT_EQ(j["generated_tokens"], 3);
+  EXPECT_GT(j["ttft_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GE(j["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["peak_rss_mib"].get<double>(), 0.0);
+}
+
+TEST_F(CliErrors, RunChatWithBf16Weights) {
+  TinyModelSpec s;
+  s.weight_type = GgmlType::BF16;
+  s.tied = false;
+  const std::string m = testing::write_tiny_model(dir_.file("bf16.gguf"), s);
+  const CliResult r = run_cli(dir_, {"run", "--model", m, "--prompt", "the cat", "--max-new-tokens", "2",
+                                     "--chat", "--dtype", "f32"});
+  EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+}
+
+TEST_F(CliErrors, InspectHappyPath) {
+  const CliResult r = run_cli(dir_, {"inspect", "--model", tiny_});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("blk.1.ffn_down.weight"), std::string::npos) << r.out;
+  const CliResult rj = run_cli(dir_, {"inspect", "--model", tiny_, "--json"});
+  ASSERT_TRUE(rj.exited && rj.code == 0) << describe(rj);
+  const auto j = nlohmann::json::parse(rj.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << rj.out;
+  EXPECT_EQ(j["config"]["n_layer"], 2);
+  EXPECT_EQ(j["tokenizer"]["n_tokens"], 299);
+}
+
+// ---- the model file ------------------------------------------------------------------------
+
+TEST_F(CliErrors, MissingModelFile) {
+  expect_model_error(dir_.file("no_such_model.gguf"), {"no_such_model.gguf", "cannot open model file"});
+}
+
+TEST_F(CliErrors, ModelPathIsADirectory) {
+  expect_model_error(dir_.path(), {"not a regular file"});
+}
+
+// (An unreadable-by-permission model is not tested: CI runs as root, where chmod 000 does not
+// stop reads. The directory-as-model case covers "cannot read".)
+
+TEST_F(CliErrors, EmptyModelFile) {
+  expect_model_error(write_text("", "empty.gguf"), {"not a GGUF file"});
+}
+
+TEST_F(CliErrors, TruncatedModel) {
+  GgufLayout lay;
+  GgufWriter w = testing::tiny_model_writer();
+  const Bytes full = w.bytes(&lay);
+  // In the metadata (inside the token list), in the tensor infos, in the tensor data.
+  size_t tokens_kv = 0;
+  while (w.kvs.at(tokens_kv).key != "tokenizer.ggml.tokens") ++tokens_kv;
+  // Near the end of the token strings, so the array's count still passes the size check.
+  expect_model_error(
+      write_bytes(Bytes(full.begin(), full.begin() + lay.kv_starts[tokens_kv + 1] - 5), "t1.gguf"),
+      {"t1.gguf", "truncated"});
+  expect_model_error(
+      write_bytes(Bytes(full.begin(), full.begin() + lay.tensor_info_starts[5] + 20), "t2.gguf"),
+      {"t2.gguf", "truncated"});
+  expect_model_error(write_bytes(Bytes(full.begin(), full.begin() + lay.size / 2), "t3.gguf"),
+                     {"t3.gguf", "extends beyond the end of the file"});
+}
+
+TEST_F(CliErrors, WrongMagic) {
+  Bytes b = testing::read_file(tiny_);
+  b[0] = 'P';
+  b[1] = 'K';
+  expect_model_error(write_bytes(b, "zip.gguf"), {"not a GGUF file"});
+}
+
+TEST_F(CliErrors, UnsupportedVersion) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.version = 4;
+  expect_model_error(write(w, "v4.gguf"), {"unsupported GGUF version 4"});
+  w.version = 1;
+  expect_model_error(write(w, "v1.gguf"), {"GGUF version 1 is not supported"});
+}
+
+TEST_F(CliErrors, BigEndianModel) {
+  Bytes b = testing::read_file(tiny_);
+  b[4] = 0, b[5] = 0, b[6] = 0, b[7] = 3;
+  expect_model_error(write_bytes(b, "be.gguf"), {"big-endian"});
+}
+
+TEST_F(CliErrors, UnsupportedArchitecture) {
+  TinyModelSpec s;
+  s.arch = "gpt2";
+  expect_model_error(testing::write_tiny_model(dir_.file("gpt2.gguf"), s),
+                     {"unsupported architecture 'gpt2'"});
+}
+
+// A model whose attn_q is Q3_K (a real ggml type with a known size that lp does not dequantize).
+// D = 256 so rows hold whole Q3_K blocks (256 elements, 110 bytes). `inspect` only lists types,
+// so only `run` must refuse it.
+TEST_F(CliErrors, UnsupportedTensorType) {
+  TinyModelSpec s;
+  s.n_embd = 256;
+  s.n_ff = 64;
+  s.n_layer = 1;
+  GgufWriter w = testing::tiny_model_writer(s);
+  auto* q = w.find_tensor("blk.0.attn_q.weight");
+  ASSERT_NE(q, nullptr);
+  q->type = uint32_t(GgmlType::Q3_K);
+  q->data.assign(256 * 110, 0);
+  std::mt19937 rng(3);
+  for (auto& x : q->data) x = uint8_t(rng());
+  const std::string m = write(w, "q3k.gguf");
+  expect_model_error(m, {"blk.0.attn_q.weight", "unsupported", "Q3_K"}, /*also_inspect=*/false);
+  const CliResult r = run_cli(dir_, {"inspect", "--model", m});
+  EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("Q3_K"), std::string::npos) << r.out;
+}
+
+TEST_F(CliErrors, UnknownTensorType) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.find_tensor("blk.1.attn_v.weight")->type = 4;  // retired Q4_2
+  expect_model_error(write(w, "type4.gguf"), {"blk.1.attn_v.weight", "unknown type id 4"});
+}
+
+TEST_F(CliErrors, TensorDataBeyondEndOfFile) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.pad_after_last_tensor = false;
+  Bytes b = w.bytes();
+  b.resize(b.size() - 100);  // the last tensor loses its tail
+  expect_model_error(write_bytes(b, "short.gguf"),
+                     {"blk.1.ffn_down.weight", "extends beyond the end of the file"});
+  w = testing::tiny_model_writer();
+  w.find_tensor("output_norm.weight")->offset = 1ull << 36;
+  expect_model_error(write(w, "far.gguf"), {"output_norm.weight", "extends beyond the end of the file"});
+}
+
+TEST_F(CliErrors, AbsurdDimensions) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.set("llama.embedding_length", GgufWriterValue::u64(1ull << 40));
+  expect_model_error(write(w, "wide.gguf"), {"embedding_length", "1099511627776"});
+  w = testing::tiny_model_writer();
+  w.find_tensor("blk.0.ffn_up.weight")->ne = {64, 1ull << 40};
+  expect_model_error(write(w, "dim40.gguf"), {"blk.0.ffn_up.weight"});
+  w = testing::tiny_model_writer();
+  w.find_tensor("blk.0.ffn_up.weight")->ne = {64, 1ull << 62};
+  expect_model_error(write(w, "dim62.gguf"), {"blk.0.ffn_up.weight", "absurd dimension"});
+  w = testing::tiny_model_writer();
+  w.set("llama.block_count", GgufWriterValue::u32(4000000000u));
+  expect_model_error(write(w, "layers.gguf"), {"block_count", "plausible range"});
+}
+
+TEST_F(CliErrors, InconsistentModel) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.remove_tensor("blk.1.ffn_gate.weight");
+  expect_model_error(write(w, "missing.gguf"), {"missing tensor 'blk.1.ffn_gate.weight'"});
+  w = testing::tiny_model_writer();
+  w.set("llama.attention.head_count_kv", GgufWriterValue::u32(3));
+  expect_model_error(write(w, "heads.gguf"), {"head_count_kv 3"});
+  w = testing::tiny_model_writer();
+  w.add_u32("llama.block_count", 2);
+  expect_model_error(write(w, "dup.gguf"), {"duplicate metadata key 'llama.block_count'"});
+}
+
+// ---- the prompt ------------------------------------------------------------------------------
+
+TEST_F(CliErrors, PromptLongerThanContext) {
+  TinyModelSpec s;
+  s.n_ctx = 64;
+  const std::string m = testing::write_tiny_model(dir_.file("ctx64.gguf"), s);
+  std::string prompt;
+  for (int i = 0; i < 100; ++i) prompt += "the cat ";
+  expect_one_line_error(run_cli(dir_, {"run", "--model", m, "--prompt", prompt, "--max-new-tokens", "3"}),
+                        {"context", "64"});
+  // Fits alone, not with the tokens to generate.
+  expect_one_line_error(run_cli(dir_, {"run", "--model", m, "--prompt", "the cat", "--max-new-tokens", "63"}),
+                        {"context", "64"});
+}
+
+TEST_F(CliErrors, EmptyPrompt) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", ""}), {"prompt", "empty"});
+}
+
+TEST_F(CliErrors, EmptyPromptFile) {
+  const std::string p = write_text("", "empty.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", p}), {"prompt", "empty"});
+}
+
+TEST_F(CliErrors, InvalidUtf8PromptFile) {
+  const std::string p = write_bytes({0xFF, 0xFE, 'h', 'i'}, "bad_utf8.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", p}),
+                        {"bad_utf8.txt", "not valid UTF-8"});
+  // Invalid bytes after valid text, and a truncated sequence at the end.
+  const std::string p2 = write_text("the cat \xE2\x82", "cut_utf8.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", p2}), {"not valid UTF-8"});
+}
+
+TEST_F(CliErrors, MissingPromptFile) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", dir_.file("nope.txt")}),
+                        {"nope.txt", "prompt file"});
+}
+
+TEST_F(CliErrors, PromptAndPromptFileBothOrNeither) {
+  const std::string p = write_text("the cat", "prompt.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prompt-file", p}),
+                        {"--prompt", "--prompt-file"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_}), {"--prompt", "--prompt-file"});
+}
+
+// ---- options ---------------------------------------------------------------------------------
+
+TEST_F(CliErrors, BadDtype) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--dtype", "f16"}),
+                        {"--dtype", "f16"});
+}
+
+TEST_F(CliErrors, ZeroThreads) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--threads", "0"}),
+                        {"--threads", "0"});
+}
+
+TEST_F(CliErrors, NoSubcommand) {
+  expect_one_line_error(run_cli(dir_, {}), {"subcommand"});
+}
+
+TEST_F(CliErrors, UnknownOption) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--bogus"}),
+                        {"--bogus"});
+}
+
+}  // namespace
+}  // namespace lp
