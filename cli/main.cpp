@@ -25,7 +25,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 struct RunArgs {
-  std::string model, prompt, prompt_file, dtype = "bf16";
+  std::string model, prompt, prompt_file, dtype = "auto";
   int max_new_tokens = 64;
   int threads = lp::default_thread_count();
   bool chat = false, json_out = false;
@@ -44,9 +44,10 @@ std::string read_prompt_file(const std::string& path) {
 }
 
 lp::DType parse_dtype(const std::string& s) {
+  if (s == "auto") return lp::fastest_dtype();
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
-  lp::fail("--dtype must be f32 or bf16, got '{}'", s);
+  lp::fail("--dtype must be auto, f32 or bf16, got '{}'", s);
 }
 
 json ops_json(const lp::OpTimers& t) {
@@ -195,7 +196,10 @@ int main(int argc, char** argv) {
   run->add_option("--prompt-file", ra.prompt_file, "File holding the prompt (UTF-8)");
   run->add_option("--max-new-tokens", ra.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   run->add_option("--threads", ra.threads, "CPU threads")->check(CLI::Range(1, 1024));
-  run->add_option("--dtype", ra.dtype, "Compute dtype: bf16 (fast) or f32 (exact)")->check(CLI::IsMember({"f32", "bf16"}));
+  run->add_option("--dtype", ra.dtype,
+                  "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), or auto: bf16 "
+                  "where the CPU has native bf16 (AVX-512 BF16/AMX), else f32")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   run->add_flag("--chat", ra.chat, "Wrap the prompt in the model's chat template (ChatML)");
   run->add_flag("--json", ra.json_out, "Print one JSON object");
   run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));

@@ -15,6 +15,13 @@ namespace lp {
 
 const char* dtype_name(DType d) { return d == DType::F32 ? "f32" : "bf16"; }
 
+bool cpu_has_native_bf16() {
+  const auto isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
+DType fastest_dtype() { return cpu_has_native_bf16() ? DType::BF16 : DType::F32; }
+
 // ---------------------------------------------------------------------------------------------
 // exp: e^x = 2^n * e^r with n = round(x / ln2), |r| <= ln2/2, e^r by its degree-7 Taylor
 // polynomial (truncation error < r^8/8! ~ 5e-9 relative, below float rounding).
@@ -262,18 +269,20 @@ void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, 
   n += T;
 }
 
-// Attention. Work item: a tile of up to kRows (query, head) rows of one kv group; rows are
-// enumerated token-major so the heads sharing a kv head reuse each key tile.
-//   S = Q K^T for the tile's keys (a prefix of the cache), softmax per row over its own prefix,
-//   O = P V. Two passes over a tile-local score buffer; exact softmax, no online rescaling.
+// Attention, flash-style. Work item: a tile of up to kTileRows (query, head) rows of one kv
+// group, enumerated token-major so the heads sharing a kv head share every key block. For each
+// block of kBlock keys: S = Q K^T (kept in L1), an online softmax per row (running max m and
+// sum l, earlier output rescaled when the max grows), O += P V. Each tile reads the keys and
+// values it needs once; nothing of size T x T is ever stored.
 namespace {
-constexpr int kRows = 8;   // rows per tile in QK (2 zmm accumulators each)
-constexpr int kKeys = 32;  // keys per QK step
+constexpr int kTileRows = 64;  // rows per work item
+constexpr int kBlock = 64;     // keys per block (two 32-key score steps)
+constexpr int kSubRows = 8;    // rows per score microkernel call
 
 struct TileRow {
   const float* q;
   float* o;
-  int64_t len;  // keys visible to this row
+  int64_t len;  // keys visible to this row (a prefix of the cache)
 };
 
 #if defined(__AVX512F__)
@@ -297,95 +306,137 @@ inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ld
     _mm512_storeu_ps(S + r * lds + 16, acc[r][1]);
   }
 }
+
+// O[r][0..63] += sum_k P[r][k] * V[k][0..63] for 4 rows and nk keys (Dh = 64).
+inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, float* O, int nr) {
+  __m512 acc[4][4];
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = r < nr ? _mm512_loadu_ps(O + r * 64 + 16 * j) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < nk; ++k) {
+    const float* vk = v + k * 64;
+    const __m512 v0 = _mm512_loadu_ps(vk), v1 = _mm512_loadu_ps(vk + 16);
+    const __m512 v2 = _mm512_loadu_ps(vk + 32), v3 = _mm512_loadu_ps(vk + 48);
+    for (int r = 0; r < 4; ++r) {
+      const __m512 p = _mm512_set1_ps(P[r * ldp + k]);
+      acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(O + r * 64 + 16 * j, acc[r][j]);
+}
 #endif
 
-void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, float scale,
-                    std::vector<float>& sbuf) {
+// For one row of a score block: mx = max(m_old, s[0..valid)), s[k] = exp(s[k] - mx) for k < valid
+// and 0 up to bk, sum = sum of s.
+inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, float* mx_out, float* sum_out) {
+  float mx = m_old;
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  __m512 vm = _mm512_set1_ps(m_old);
+  for (; k + 16 <= valid; k += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + k));
+  mx = _mm512_reduce_max_ps(vm);
+#endif
+  for (; k < valid; ++k) mx = std::max(mx, s[k]);
+  float sum = 0;
+  k = 0;
+#if defined(__AVX512F__)
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 vs = _mm512_setzero_ps();
+  for (; k + 16 <= valid; k += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + k), vmx));
+    _mm512_storeu_ps(s + k, e);
+    vs = _mm512_add_ps(vs, e);
+  }
+  sum = _mm512_reduce_add_ps(vs);
+#endif
+  for (; k < valid; ++k) {
+    s[k] = exp1(s[k] - mx);
+    sum += s[k];
+  }
+  std::fill(s + valid, s + bk, 0.0f);
+  *mx_out = mx;
+  *sum_out = sum;
+}
+
+void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, float scale) {
   const int64_t Dh = kv.Dh, cap = kv.cap, ldk = kv.kt_ld;
-  int64_t nk = 0;
-  for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
-  const int64_t nk_pad = (nk + kKeys - 1) / kKeys * kKeys;
-  sbuf.resize(size_t(kRows * nk_pad));
-  float* S = sbuf.data();
   const float* kt = kv.kt.data() + g * Dh * ldk;
   const float* v = kv.v.data() + g * cap * Dh;
+  int64_t nk = 0;
+  for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
 
-  // Pass 1: scores. The tile's query rows are copied (pre-scaled) into one block so the
-  // broadcasts read fixed offsets.
-#if defined(__AVX512F__)
-  alignas(64) float qs[kRows * 256];
-  if (Dh <= 256) {
-    for (int r = 0; r < kRows; ++r)
-      for (int64_t d = 0; d < Dh; ++d) qs[r * Dh + d] = r < nr ? rows[r].q[d] * scale : 0.0f;
-    for (int64_t k0 = 0; k0 < nk_pad; k0 += kKeys) scores_step<kRows>(qs, Dh, kt + k0, ldk, S + k0, nk_pad);
-  } else
-#endif
-  {
-    for (int r = 0; r < nr; ++r)
-      for (int64_t k = 0; k < nk_pad; ++k) {
-        float dot = 0;
-        for (int64_t d = 0; d < Dh; ++d) dot += rows[r].q[d] * kt[d * ldk + k];
-        S[r * nk_pad + k] = dot * scale;
-      }
-  }
-
-  // Softmax per row over its own prefix; the rest of the row becomes 0.
-  std::vector<float> inv_sum(static_cast<size_t>(nr));
+  // Tile-local state: pre-scaled queries, the score block, running max/sum, the output.
+  thread_local std::vector<float> qs_buf, o_buf;
+  alignas(64) float S[kTileRows * kBlock];
+  float m[kTileRows], l[kTileRows];
+  const int nr_pad = (nr + kSubRows - 1) / kSubRows * kSubRows;
+  qs_buf.assign(size_t(nr_pad * Dh), 0.0f);
+  o_buf.assign(size_t(nr * Dh), 0.0f);
+  float* qs = qs_buf.data();
+  float* O = o_buf.data();
   for (int r = 0; r < nr; ++r) {
-    float* s = S + r * nk_pad;
-    const int64_t len = rows[r].len;
-    float mx = -INFINITY;
-    for (int64_t k = 0; k < len; ++k) mx = std::max(mx, s[k]);
-    for (int64_t k = 0; k < len; ++k) s[k] -= mx;
-    exp_inplace(s, len);
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t k = 0; k < len; ++k) sum += s[k];
-    std::fill(s + len, s + nk_pad, 0.0f);
-    inv_sum[r] = len > 0 ? 1.0f / sum : 0.0f;
+    for (int64_t d = 0; d < Dh; ++d) qs[r * Dh + d] = rows[r].q[d] * scale;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
   }
 
-  // Pass 2: O = P V, four rows at a time (16 accumulators for Dh = 64).
+  for (int64_t k0 = 0; k0 < nk; k0 += kBlock) {
+    const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
+    // Scores for the block (the cache is zero past n, so the padded lanes are finite).
 #if defined(__AVX512F__)
-  if (Dh == 64) {
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-      const int rn = std::min(4, nr - r0);
-      __m512 acc[4][4];
-      for (int r = 0; r < 4; ++r)
-        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
-      int64_t kend = 0;
-      for (int r = 0; r < rn; ++r) kend = std::max(kend, rows[r0 + r].len);
-      for (int64_t k = 0; k < kend; ++k) {
-        const float* vk = v + k * 64;
-        const __m512 v0 = _mm512_loadu_ps(vk), v1 = _mm512_loadu_ps(vk + 16);
-        const __m512 v2 = _mm512_loadu_ps(vk + 32), v3 = _mm512_loadu_ps(vk + 48);
-        for (int r = 0; r < 4; ++r) {
-          if (r >= rn) break;
-          const __m512 p = _mm512_set1_ps(S[(r0 + r) * nk_pad + k]);
-          acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
-          acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
-          acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
-          acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+    if (Dh <= 256) {
+      for (int64_t s0 = 0; s0 < bk; s0 += 32)
+        for (int r0 = 0; r0 < nr; r0 += kSubRows)
+          scores_step<kSubRows>(qs + r0 * Dh, Dh, kt + k0 + s0, ldk, S + r0 * kBlock + s0, kBlock);
+    } else
+#endif
+    {
+      for (int r = 0; r < nr; ++r)
+        for (int64_t k = 0; k < bk; ++k) {
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; ++d) dot += qs[r * Dh + d] * kt[d * ldk + k0 + k];
+          S[r * kBlock + k] = dot;
         }
-      }
-      for (int r = 0; r < rn; ++r) {
-        const __m512 is = _mm512_set1_ps(inv_sum[r0 + r]);
-        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(rows[r0 + r].o + 16 * j, _mm512_mul_ps(acc[r][j], is));
-      }
     }
-    return;
-  }
+    // Online softmax: keys at or past a row's length are masked (their P is 0).
+    for (int r = 0; r < nr; ++r) {
+      float* sr = S + r * kBlock;
+      const int64_t valid = std::clamp<int64_t>(rows[r].len - k0, 0, bk);
+      if (valid == 0) {
+        std::fill(sr, sr + bk, 0.0f);
+        continue;
+      }
+      float mx, sum;
+      block_softmax(sr, valid, bk, m[r], &mx, &sum);
+      if (mx != m[r]) {
+        const float c = m[r] == -INFINITY ? 0.0f : std::exp(m[r] - mx);
+        l[r] *= c;
+        for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] *= c;
+        m[r] = mx;
+      }
+      l[r] += sum;
+    }
+    // O += P V for the block.
+#if defined(__AVX512F__)
+    if (Dh == 64) {
+      for (int r0 = 0; r0 < nr; r0 += 4)
+        pv_step64(S + r0 * kBlock, kBlock, v + k0 * 64, bk, O + r0 * 64, std::min(4, nr - r0));
+      continue;
+    }
 #endif
+    for (int r = 0; r < nr; ++r)
+      for (int64_t k = 0; k < bk; ++k) {
+        const float p = S[r * kBlock + k];
+        const float* vk = v + (k0 + k) * Dh;
+        for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * vk[d];
+      }
+  }
   for (int r = 0; r < nr; ++r) {
-    float* o = rows[r].o;
-    std::fill(o, o + Dh, 0.0f);
-    for (int64_t k = 0; k < rows[r].len; ++k) {
-      const float p = S[r * nk_pad + k];
-      const float* vk = v + k * Dh;
-#pragma omp simd
-      for (int64_t d = 0; d < Dh; ++d) o[d] += p * vk[d];
-    }
-    for (int64_t d = 0; d < Dh; ++d) o[d] *= inv_sum[r];
+    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    for (int64_t d = 0; d < Dh; ++d) rows[r].o[d] = O[r * Dh + d] * inv;
   }
 }
 }  // namespace
@@ -399,20 +450,19 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
   for (int64_t t = 0; t < T; ++t)
     len[t] = std::upper_bound(kv.pos.begin(), kv.pos.begin() + kv.n, q_pos[t]) - kv.pos.begin();
   const int64_t rows_per_group = T * group;
-  const int64_t tiles_per_group = (rows_per_group + kRows - 1) / kRows;
+  const int64_t tiles_per_group = (rows_per_group + kTileRows - 1) / kTileRows;
   ctx.run([&] {
     // Largest tiles (latest queries) first, so the causal imbalance evens out at the end.
     tbb::parallel_for(int64_t(0), Hkv * tiles_per_group, [&](int64_t w) {
-      thread_local std::vector<float> sbuf;
       const int64_t g = w % Hkv;
       const int64_t tile = tiles_per_group - 1 - w / Hkv;
-      TileRow rows[kRows];
+      TileRow rows[kTileRows];
       int nr = 0;
-      for (int64_t i = tile * kRows; i < std::min(rows_per_group, (tile + 1) * kRows); ++i) {
+      for (int64_t i = tile * kTileRows; i < std::min(rows_per_group, (tile + 1) * kTileRows); ++i) {
         const int64_t t = i / group, h = g * group + i % group;
         rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[t]};
       }
-      attention_tile(rows, nr, kv, g, scale, sbuf);
+      attention_tile(rows, nr, kv, g, scale);
     });
   });
 }

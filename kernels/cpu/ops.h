@@ -21,6 +21,11 @@ namespace lp {
 
 enum class DType { F32, BF16 };
 const char* dtype_name(DType d);
+// True when the CPU multiplies bf16 natively (AVX-512 BF16 or AMX), so bf16 GEMMs run at about
+// twice the f32 rate; without it oneDNN emulates bf16 and f32 is the faster mode.
+bool cpu_has_native_bf16();
+// The `--dtype auto` choice: bf16 where it is native, else f32.
+DType fastest_dtype();
 
 // A weight matrix [N][K] (N outputs, K inputs), row-major as GGUF stores it, in f32 or bf16.
 struct Matrix {
