@@ -13,7 +13,10 @@ vocabulary), or the first N tokens of --text-file if given.
 Prints one JSON line per length:
     {"engine": "llama.cpp", "reference": ..., "model": ..., "tokens": N,
      "threads": T, "reps": R, "times_s": [...], "best_s": ..., "median_s": ...,
-     "tok_per_s_best": ..., "tok_per_s_median": ...}
+     "tok_per_s_best": ..., "tok_per_s_median": ..., "cpu_util": [...],
+     "load_avg_1m": ...}
+cpu_util is process CPU time / wall time per timed decode: close to the thread
+count when the machine is quiet, lower when other work steals the cores.
 
 Example:
     python3 bench/llamacpp_prefill.py --model smollm2-135m-f32.gguf \\
@@ -64,16 +67,20 @@ def bench_one(model, n, threads, reps, warmup, text_file, seed):
     batch = llm._batch
     batch.set_batch(batch=ids, n_past=0, logits_all=False)  # logits for last token only
     times = []
+    cpu_util = []  # process CPU seconds / wall seconds; ~threads when not contended
     for r in range(warmup + reps):
         ctx.kv_cache_clear()  # fresh KV cache every repetition
+        c0 = time.process_time()
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(ctx.ctx, batch.batch)
         llama_cpp.llama_synchronize(ctx.ctx)
         dt = time.perf_counter() - t0
+        dc = time.process_time() - c0
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
         if r >= warmup:
             times.append(dt)
+            cpu_util.append(dc / dt)
     del llm
     best = min(times)
     med = statistics.median(times)
@@ -90,6 +97,7 @@ def bench_one(model, n, threads, reps, warmup, text_file, seed):
         "median_s": round(med, 4),
         "tok_per_s_best": round(n / best, 1),
         "tok_per_s_median": round(n / med, 1),
+        "cpu_util": [round(u, 2) for u in cpu_util],
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 

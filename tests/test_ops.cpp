@@ -74,7 +74,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                                            std::make_tuple(17, 111, 19, DType::F32, 2),
                                            std::make_tuple(111, 576, 989, DType::F32, 2),
                                            std::make_tuple(2, 96, 64, DType::F32, 1),
-                                           std::make_tuple(1, 64, 96, DType::BF16, 2),
+                                           std::make_tuple(1, 64, 96, DType::BF16, 2), std::make_tuple(3, 577, 130, DType::BF16, 2),
+                                           std::make_tuple(4, 577, 130, DType::F32, 2), std::make_tuple(5, 64, 70, DType::F32, 2),
                                            std::make_tuple(17, 111, 19, DType::BF16, 2),
                                            std::make_tuple(111, 576, 989, DType::BF16, 2)));
 

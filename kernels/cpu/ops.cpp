@@ -106,9 +106,66 @@ struct Gemm::Impl {
 Gemm::Gemm() : impl_(std::make_unique<Impl>()) {}
 Gemm::~Gemm() = default;
 
+// Matrix-vector products for decode (M <= kGemvRows): memory-bound, so a plain kernel that
+// streams each weight row once beats a GEMM call's fixed cost. Rows are split in fixed blocks;
+// each output element is one dot product in one task (thread-count independent).
+namespace {
+constexpr int64_t kGemvRows = 4;
+
+inline float dot_f32(const float* w, const float* x, int64_t K) {
+  int64_t k = 0;
+  float s = 0;
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (; k + 32 <= K; k += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), acc1);
+  }
+  s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#endif
+  for (; k < K; ++k) s += w[k] * x[k];
+  return s;
+}
+
+// x is already rounded to bf16 and widened back to f32, so products match the GEMM path.
+inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
+  int64_t k = 0;
+  float s = 0;
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (; k + 32 <= K; k += 32) {
+    const __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k))), 16);
+    const __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k + 16))), 16);
+    acc0 = _mm512_fmadd_ps(_mm512_castsi512_ps(w0), _mm512_loadu_ps(x + k), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_castsi512_ps(w1), _mm512_loadu_ps(x + k + 16), acc1);
+  }
+  s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#endif
+  for (; k < K; ++k) s += bf16_to_f32(w[k]) * x[k];
+  return s;
+}
+
+void gemv(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C, int64_t ldc) {
+  const int64_t N = W.rows, K = W.cols;
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      x[m * K + k] = W.dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(A[m * lda + k])) : A[m * lda + k];
+  ctx.run([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, N, 64), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t n = r.begin(); n < r.end(); ++n)
+        for (int64_t m = 0; m < M; ++m)
+          C[m * ldc + n] = W.dtype == DType::F32 ? dot_f32(W.f32.data() + n * K, x.data() + m * K, K)
+                                                 : dot_bf16(W.bf16.data() + n * K, x.data() + m * K, K);
+    }, tbb::simple_partitioner());
+  });
+}
+}  // namespace
+
 void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C,
                int64_t ldc) {
   if (M == 0) return;
+  if (M <= kGemvRows) return gemv(ctx, A, M, lda, W, C, ldc);
   const int64_t N = W.rows, K = W.cols;
   const void* a_ptr = A;
   int64_t a_ld = lda;

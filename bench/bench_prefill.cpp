@@ -1,0 +1,114 @@
+// End-to-end prefill and decode on the default model (SmolLM2-135M-Instruct), 2 threads.
+//
+//   build/lp_bench --benchmark_filter='Prefill|Decode'
+//
+// Prefill: one forward pass over N prompt tokens (logits for the last row only), fresh KV cache
+// each iteration. Counters: tokens/s and GFLOP/s, FLOPs from model/ops (prefill_flops, the same
+// counting the simulator uses). Decode: tokens/s of single-token steps after a 512-token prompt.
+// Before timing, the last-row logits are checked against a second run of the f32 path (same
+// weights, tokens and positions): bf16 must agree on the argmax, f32 must be bitwise repeatable.
+// peak_rss_mib is the process high-water mark when the case ends.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "kernels/context.h"
+#include "kernels/runner.h"
+#include "kernels/sampler.h"
+#include "model/ops.h"
+#include "model/paths.h"
+
+namespace {
+
+lp::CpuContext& ctx() {
+  static lp::CpuContext c(2);
+  return c;
+}
+
+const lp::Model& model(lp::DType dt) {
+  static std::map<lp::DType, std::unique_ptr<lp::Model>> models;
+  auto& m = models[dt];
+  if (!m) {
+    const char* env = std::getenv("LAZYPREFILL_MODEL");
+    m = lp::Model::load(env && *env ? env : lp::default_model_path(), dt, ctx());
+  }
+  return *m;
+}
+
+std::vector<int32_t> prompt(int64_t n, int32_t vocab) {
+  std::mt19937 rng(42);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& i : ids) i = int32_t(100 + rng() % uint32_t(vocab - 100));  // skip special tokens
+  return ids;
+}
+
+std::vector<float> last_logits(const lp::Model& m, const std::vector<int32_t>& ids) {
+  lp::Session s(m, int64_t(ids.size()));
+  std::vector<int32_t> pos(ids.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  const int64_t last = int64_t(ids.size()) - 1;
+  std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+  s.forward(ctx(), ids, pos, {&last, 1}, logits.data());
+  return logits;
+}
+
+void BM_Prefill(benchmark::State& st, lp::DType dt) {
+  const int64_t N = st.range(0);
+  const lp::Model& m = model(dt);
+  const auto ids = prompt(N, m.config().n_vocab);
+  const auto got = last_logits(m, ids);
+  const auto ref = last_logits(model(lp::DType::F32), ids);
+  if (dt == lp::DType::F32 ? got != ref : lp::argmax(got) != lp::argmax(ref)) {
+    st.SkipWithError("last-row logits disagree with the f32 path");
+    return;
+  }
+  lp::Session s(m, N);
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  std::iota(pos.begin(), pos.end(), 0);
+  const int64_t last = N - 1;
+  std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+  for (auto _ : st) {
+    s.reset();
+    s.forward(ctx(), ids, pos, {&last, 1}, logits.data());
+  }
+  st.counters["tokens/s"] = benchmark::Counter(double(N), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["GFLOP/s"] = benchmark::Counter(lp::prefill_flops(m.config(), N, 1) / 1e9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["peak_rss_mib"] = lp::peak_rss_mib();
+}
+
+void BM_Decode(benchmark::State& st, lp::DType dt) {
+  const int64_t N = 512, steps = st.range(0);
+  const lp::Model& m = model(dt);
+  const auto ids = prompt(N, m.config().n_vocab);
+  lp::Session s(m, N + steps);
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+  const int64_t last = N - 1, row = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    s.reset();
+    s.forward(ctx(), ids, pos, {&last, 1}, logits.data());
+    st.ResumeTiming();
+    for (int64_t i = 0; i < steps; ++i) {
+      const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
+      s.forward(ctx(), {&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
+    }
+  }
+  st.counters["tokens/s"] = benchmark::Counter(double(steps), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["peak_rss_mib"] = lp::peak_rss_mib();
+}
+
+BENCHMARK_CAPTURE(BM_Prefill, f32, lp::DType::F32)->Arg(512)->Arg(2048)->Arg(4096)->Unit(benchmark::kMillisecond)
+    ->UseRealTime()->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_Prefill, bf16, lp::DType::BF16)->Arg(512)->Arg(2048)->Arg(4096)->Unit(benchmark::kMillisecond)
+    ->UseRealTime()->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_Decode, f32, lp::DType::F32)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode, bf16, lp::DType::BF16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace

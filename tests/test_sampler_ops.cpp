@@ -1,0 +1,78 @@
+// Sampling and op counting.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "kernels/sampler.h"
+#include "model/error.h"
+#include "model/ops.h"
+
+namespace lp {
+namespace {
+
+TEST(Sampler, GreedyTakesArgmaxAndLowestIdOnTies) {
+  Sampler s({0.0f, 1.0f, 0});
+  EXPECT_EQ(s.sample(std::vector<float>{0.1f, 3.0f, -1.0f, 2.0f}), 1);
+  EXPECT_EQ(s.sample(std::vector<float>{5.0f, 1.0f, 5.0f}), 0);
+}
+
+TEST(Sampler, SameSeedSameTokensAndTopPRestricts) {
+  const std::vector<float> logits = {2.0f, 1.9f, 1.8f, -5.0f, 0.5f};
+  std::vector<int32_t> a, b;
+  Sampler s1({1.0f, 1.0f, 123}), s2({1.0f, 1.0f, 123});
+  for (int i = 0; i < 200; ++i) {
+    a.push_back(s1.sample(logits));
+    b.push_back(s2.sample(logits));
+  }
+  EXPECT_EQ(a, b);
+  std::map<int32_t, int> seen;
+  for (int32_t t : a) ++seen[t];
+  EXPECT_GE(seen.size(), 3u);  // temperature 1 really samples
+
+  // p(0) = e^2 / sum ~ 0.35 here, so top_p 0.3 keeps only token 0.
+  Sampler nucleus({1.0f, 0.3f, 7});
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(nucleus.sample(logits), 0);
+}
+
+TEST(Sampler, RejectsBadParameters) {
+  EXPECT_THROW(Sampler({-1.0f, 1.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, 1.5f, 0}), Error);
+}
+
+// op_flops against counts worked out from the model's shape by hand (SmolLM2-135M).
+TEST(OpCounting, SmolLM2PrefillFlopsFromTheMath) {
+  ModelConfig c;
+  c.n_layer = 30;
+  c.n_embd = 576;
+  c.n_head = 9;
+  c.n_head_kv = 3;
+  c.head_dim = 64;
+  c.rope_dim = 64;
+  c.n_ff = 1536;
+  c.n_vocab = 49152;
+  // Per token per layer, matrices: q 576*576, k and v 576*192 each, o 576*576, gate/up/down
+  // 576*1536 each = 3,538,944 multiply-adds = 7,077,888 FLOPs.
+  EXPECT_DOUBLE_EQ(op_flops(c, Op::QProj, {1, 0, 0}) + op_flops(c, Op::KProj, {1, 0, 0}) +
+                       op_flops(c, Op::VProj, {1, 0, 0}) + op_flops(c, Op::OProj, {1, 0, 0}) +
+                       op_flops(c, Op::Gate, {1, 0, 0}) + op_flops(c, Op::Up, {1, 0, 0}) +
+                       op_flops(c, Op::Down, {1, 0, 0}),
+                   7077888.0);
+  // Attention at T = 4: 10 causal pairs * 9 heads * (4*64 + 5).
+  EXPECT_EQ(causal_pairs(4), 10);
+  EXPECT_DOUBLE_EQ(op_flops(c, Op::Attention, {4, 10, 4}), 10.0 * 9 * 261);
+  // LM head for one row: 2 * 576 * 49152.
+  EXPECT_DOUBLE_EQ(op_flops(c, Op::LmHead, {1, 0, 0}), 56623104.0);
+  // The whole prefill is the sum of its parts.
+  const int64_t T = 2048;
+  double per_layer = 0;
+  for (int i = 0; i < kNumOps; ++i)
+    if (op_is_per_layer(Op(i))) per_layer += op_flops(c, Op(i), {T, causal_pairs(T), T});
+  EXPECT_DOUBLE_EQ(prefill_flops(c, T, 1),
+                   30 * per_layer + op_flops(c, Op::OutputNorm, {1, 0, 0}) + op_flops(c, Op::LmHead, {1, 0, 0}));
+  EXPECT_GT(op_bytes(c, Op::Gate, {T, 0, 0}, {2, 2, 2}), 576.0 * 1536 * 2);
+}
+
+}  // namespace
+}  // namespace lp
