@@ -49,8 +49,8 @@ struct Problem {
 };
 
 void report(benchmark::State& st, const Problem& p) {
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * p.M * p.N * p.K, benchmark::Counter::kIsIterationInvariantRate,
-                                              benchmark::Counter::kIs1000);
+  st.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * p.M * p.N * p.K, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
 void BM_Gemm_OneDNN(benchmark::State& st, lp::DType dt) {
@@ -92,7 +92,8 @@ void BM_Gemm_Cblas(benchmark::State& st, const char* lib) {
   setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
   setenv("BLIS_NUM_THREADS", threads.c_str(), 1);
   if (auto set = reinterpret_cast<void (*)(int)>(dlsym(h, "openblas_set_num_threads"))) set(int(st.range(3)));
-  if (auto set = reinterpret_cast<void (*)(int)>(dlsym(h, "bli_thread_set_num_threads"))) set(int(st.range(3)));
+  if (auto set = reinterpret_cast<void (*)(int)>(dlsym(h, "bli_thread_set_num_threads")))
+    set(int(st.range(3)));
   Problem p(st.range(0), st.range(1), st.range(2));
   auto call = [&] {
     sgemm(kRowMajor, kNoTrans, kTrans, int(p.M), int(p.N), int(p.K), 1.0f, p.a.data(), int(p.K), p.w.data(),
@@ -109,7 +110,10 @@ void BM_Gemm_Cblas(benchmark::State& st, const char* lib) {
 
 // M, K, N, threads: SmolLM2's gate/up (576 -> 1536) and down (1536 -> 576) at 2048 tokens.
 void shapes(benchmark::internal::Benchmark* b) {
-  b->Args({2048, 576, 1536, 2})->Args({2048, 1536, 576, 2})->Args({512, 576, 960, 2})->Args({1, 576, 3072, 2});
+  b->Args({2048, 576, 1536, 2})
+      ->Args({2048, 1536, 576, 2})
+      ->Args({512, 576, 960, 2})
+      ->Args({1, 576, 3072, 2});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 

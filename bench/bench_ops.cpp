@@ -49,10 +49,15 @@ void BM_Attention(benchmark::State& st) {
   c.n_head_kv = int(Hkv);
   c.head_dim = int(Dh);
   const double flops = lp::op_flops(c, lp::Op::Attention, {T, lp::causal_pairs(T), T});
-  st.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
-                                              benchmark::Counter::kIs1000);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Attention)->Args({512, 2})->Args({2048, 2})->Args({2048, 1})->Args({4096, 2})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Attention)
+    ->Args({512, 2})
+    ->Args({2048, 2})
+    ->Args({2048, 1})
+    ->Args({4096, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace

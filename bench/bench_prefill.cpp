@@ -104,10 +104,20 @@ void BM_Decode(benchmark::State& st, lp::DType dt) {
   st.counters["peak_rss_mib"] = lp::peak_rss_mib();
 }
 
-BENCHMARK_CAPTURE(BM_Prefill, f32, lp::DType::F32)->Arg(512)->Arg(2048)->Arg(4096)->Unit(benchmark::kMillisecond)
-    ->UseRealTime()->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_Prefill, bf16, lp::DType::BF16)->Arg(512)->Arg(2048)->Arg(4096)->Unit(benchmark::kMillisecond)
-    ->UseRealTime()->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_Prefill, f32, lp::DType::F32)
+    ->Arg(512)
+    ->Arg(2048)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_Prefill, bf16, lp::DType::BF16)
+    ->Arg(512)
+    ->Arg(2048)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
 BENCHMARK_CAPTURE(BM_Decode, f32, lp::DType::F32)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Decode, bf16, lp::DType::BF16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -1,9 +1,9 @@
 // lazyprefill: command-line entry point. Library errors (lp::Error) become one line on stderr
 // and exit code 1; usage errors get one line too, with CLI11's non-zero exit code.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -13,9 +13,9 @@
 #include "kernels/context.h"
 #include "kernels/generate.h"
 #include "kernels/runner.h"
+#include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
-#include "model/config.h"
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/vocab.h"
@@ -54,9 +54,10 @@ json ops_json(const lp::OpTimers& t) {
   json j = json::object();
   for (int i = 0; i < lp::kNumOps; ++i) {
     if (t.calls[i] == 0) continue;
-    j[std::string(lp::op_name(lp::Op(i)))] = {{"ms", t.seconds[i] * 1e3},
-                                              {"gflop", t.flops[i] / 1e9},
-                                              {"gflops", t.seconds[i] > 0 ? t.flops[i] / t.seconds[i] / 1e9 : 0.0}};
+    j[std::string(lp::op_name(lp::Op(i)))] = {
+        {"ms", t.seconds[i] * 1e3},
+        {"gflop", t.flops[i] / 1e9},
+        {"gflops", t.seconds[i] > 0 ? t.flops[i] / t.seconds[i] / 1e9 : 0.0}};
   }
   return j;
 }
@@ -141,21 +142,30 @@ int cmd_inspect(const std::string& path_arg, bool json_out) {
   j["gguf_version"] = f.version();
   j["architecture"] = c.arch;
   j["name"] = c.name;
-  j["config"] = {{"n_layer", c.n_layer}, {"n_embd", c.n_embd},       {"n_head", c.n_head},
-                 {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim}, {"n_ff", c.n_ff},
-                 {"n_vocab", c.n_vocab},   {"n_ctx_train", c.n_ctx_train}, {"rope_theta", c.rope_theta},
-                 {"rope_dim", c.rope_dim}, {"rms_eps", c.rms_eps},   {"tied_embeddings", c.tied_embeddings},
-                 {"n_params", c.n_params()}};
-  j["tokenizer"] = {{"model", v.model}, {"pre", v.pre}, {"n_tokens", v.tokens.size()},
-                    {"n_merges", v.merges.size()}, {"bos_id", v.bos_id}, {"eos_id", v.eos_id},
-                    {"add_bos", v.add_bos}, {"has_chat_template", !v.chat_template.empty()}};
+  j["config"] = {
+      {"n_layer", c.n_layer},     {"n_embd", c.n_embd},           {"n_head", c.n_head},
+      {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},       {"n_ff", c.n_ff},
+      {"n_vocab", c.n_vocab},     {"n_ctx_train", c.n_ctx_train}, {"rope_theta", c.rope_theta},
+      {"rope_dim", c.rope_dim},   {"rms_eps", c.rms_eps},         {"tied_embeddings", c.tied_embeddings},
+      {"n_params", c.n_params()}};
+  j["tokenizer"] = {{"model", v.model},
+                    {"pre", v.pre},
+                    {"n_tokens", v.tokens.size()},
+                    {"n_merges", v.merges.size()},
+                    {"bos_id", v.bos_id},
+                    {"eos_id", v.eos_id},
+                    {"add_bos", v.add_bos},
+                    {"has_chat_template", !v.chat_template.empty()}};
   json types = json::object();
   for (const auto& [k, e] : by_type) types[k] = {{"tensors", e.first}, {"bytes", e.second}};
   j["tensor_types"] = types;
   j["tensor_bytes"] = total_bytes;
   json tensors = json::array();
   for (const auto& t : f.tensors())
-    tensors.push_back({{"name", t.name}, {"type", lp::type_info(uint32_t(t.type))->name}, {"shape", t.ne}, {"bytes", t.n_bytes}});
+    tensors.push_back({{"name", t.name},
+                       {"type", lp::type_info(uint32_t(t.type))->name},
+                       {"shape", t.ne},
+                       {"bytes", t.n_bytes}});
   j["tensors"] = tensors;
   if (json_out) {
     std::puts(j.dump(2).c_str());
@@ -163,18 +173,20 @@ int cmd_inspect(const std::string& path_arg, bool json_out) {
   }
   fmt::print("{}  (GGUF v{}, {:.1f} MiB of tensors)\n", path, f.version(), total_bytes / 1048576.0);
   fmt::print("architecture {}  \"{}\"\n", c.arch, c.name);
-  fmt::print("  layers {}  width {}  heads {} (kv {})  head dim {}  ffn {}  vocab {}  context {}\n", c.n_layer,
-             c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train);
+  fmt::print("  layers {}  width {}  heads {} (kv {})  head dim {}  ffn {}  vocab {}  context {}\n",
+             c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train);
   fmt::print("  rope theta {}  rope dims {}  rms eps {}  tied embeddings {}  params {:.1f} M\n", c.rope_theta,
              c.rope_dim, c.rms_eps, c.tied_embeddings ? "yes" : "no", c.n_params() / 1e6);
   fmt::print("tokenizer {} (pre '{}')  {} tokens  {} merges  bos {}  eos {}  add_bos {}  chat template {}\n",
              v.model, v.pre, v.tokens.size(), v.merges.size(), v.bos_id, v.eos_id, v.add_bos,
              v.chat_template.empty() ? "no" : "yes");
   fmt::print("tensor types:\n");
-  for (const auto& [k, e] : by_type) fmt::print("  {:<6} {:>4} tensors {:>10.2f} MiB\n", k, e.first, e.second / 1048576.0);
+  for (const auto& [k, e] : by_type)
+    fmt::print("  {:<6} {:>4} tensors {:>10.2f} MiB\n", k, e.first, e.second / 1048576.0);
   fmt::print("tensors:\n");
   for (const auto& t : f.tensors())
-    fmt::print("  {:<28} {:<5} [{}] {} bytes\n", t.name, lp::type_info(uint32_t(t.type))->name, fmt::join(t.ne, ", "), t.n_bytes);
+    fmt::print("  {:<28} {:<5} [{}] {} bytes\n", t.name, lp::type_info(uint32_t(t.type))->name,
+               fmt::join(t.ne, ", "), t.n_bytes);
   return 0;
 }
 
@@ -202,7 +214,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   run->add_flag("--chat", ra.chat, "Wrap the prompt in the model's chat template (ChatML)");
   run->add_flag("--json", ra.json_out, "Print one JSON object");
-  run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0, 100.0));
   run->add_option("--top-p", ra.top_p, "Nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
   run->add_option("--seed", ra.seed, "Random seed for sampling");
 

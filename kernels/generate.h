@@ -19,8 +19,8 @@ struct GenerateOptions {
 struct GenerateResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> generated_ids;
-  std::string text;          // decoded generated tokens
-  double ttft_s = 0;         // prefill + first token sampled
+  std::string text;   // decoded generated tokens
+  double ttft_s = 0;  // prefill + first token sampled
   double prefill_s = 0;
   double decode_s = 0;       // all decoding steps after the first token
   int64_t decode_steps = 0;  // forward passes after prefill

@@ -1,7 +1,6 @@
 #include "kernels/runner.h"
 
 #include <sys/resource.h>
-
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -78,7 +77,8 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   if (n_cached() + T > n_ctx_)
     fail("context full: {} cached + {} new tokens exceed the context size {}", n_cached(), T, n_ctx_);
   for (int64_t t = 0; t < T; ++t) {
-    if (ids[t] < 0 || ids[t] >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", ids[t], c.n_vocab);
+    if (ids[t] < 0 || ids[t] >= c.n_vocab)
+      fail("token id {} is outside the vocabulary [0, {})", ids[t], c.n_vocab);
     if (t > 0 && pos[t] <= pos[t - 1]) fail("forward: positions must be strictly increasing");
   }
   const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
@@ -98,7 +98,8 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
         float* dst = x_.data() + t * D;
-        if (E.dtype == DType::F32) std::memcpy(dst, E.f32.data() + int64_t(ids[t]) * D, size_t(D) * 4);
+        if (E.dtype == DType::F32)
+          std::memcpy(dst, E.f32.data() + int64_t(ids[t]) * D, size_t(D) * 4);
         else
           for (int64_t i = 0; i < D; ++i) dst[i] = bf16_to_f32(E.bf16[int64_t(ids[t]) * D + i]);
       });

@@ -17,7 +17,8 @@ int32_t argmax(std::span<const float> logits) {
 }
 
 Sampler::Sampler(SamplerParams p) : p_(p), rng_(p.seed) {
-  if (!(p.temperature >= 0) || !std::isfinite(p.temperature)) fail("--temperature must be >= 0, got {}", p.temperature);
+  if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
+    fail("--temperature must be >= 0, got {}", p.temperature);
   if (!(p.top_p > 0 && p.top_p <= 1)) fail("--top-p must be in (0, 1], got {}", p.top_p);
 }
 
@@ -27,9 +28,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
   std::vector<int32_t> idx(V);
   std::iota(idx.begin(), idx.end(), 0);
   // Stable order: by logit descending, then id ascending, so results do not depend on sort details.
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  });
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
   std::vector<double> prob(V);
   const double mx = logits[idx[0]];
   double sum = 0;

@@ -36,8 +36,10 @@ Matrix load_matrix(const GgufFile& f, const std::vector<std::string>& names, DTy
     m.cols = ts.back()->ne[0];
     m.rows += ts.back()->rows();
   }
-  if (dtype == DType::F32) m.f32.resize(m.rows * m.cols, false);
-  else m.bf16.resize(m.rows * m.cols, false);
+  if (dtype == DType::F32)
+    m.f32.resize(m.rows * m.cols, false);
+  else
+    m.bf16.resize(m.rows * m.cols, false);
   int64_t row0 = 0;
   for (const GgufTensor* t : ts) {
     const int64_t K = m.cols;

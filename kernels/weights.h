@@ -25,11 +25,11 @@ struct LayerWeights {
 
 struct Weights {
   DType dtype = DType::F32;
-  Matrix tok_embd;                  // [V][D]; also the LM head when embeddings are tied
-  Matrix output;                    // [V][D]; empty when tied
-  std::vector<float> output_norm;   // [D]
-  std::vector<float> rope_freqs;    // [rope_dim/2] or empty
-  std::vector<LayerWeights> layers; // [L]
+  Matrix tok_embd;                   // [V][D]; also the LM head when embeddings are tied
+  Matrix output;                     // [V][D]; empty when tied
+  std::vector<float> output_norm;    // [D]
+  std::vector<float> rope_freqs;     // [rope_dim/2] or empty
+  std::vector<LayerWeights> layers;  // [L]
 
   const Matrix& lm_head() const { return output.rows ? output : tok_embd; }
   int64_t bytes() const;

@@ -11,7 +11,9 @@ namespace {
 
 // Architectures whose GGUF layout is the Llama one (token_embd, blk.N.attn_q/k/v/output,
 // ffn_gate/up/down, RMSNorm, RoPE "normal" mode). Mistral 7B ships as "llama".
-bool is_llama_family(const std::string& arch) { return arch == "llama" || arch == "mistral"; }
+bool is_llama_family(const std::string& arch) {
+  return arch == "llama" || arch == "mistral";
+}
 
 int dim(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi) {
   const uint64_t v = f.get_uint(key);
@@ -42,13 +44,13 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.n_embd = dim(f, a + "embedding_length", 1, 1 << 16);
   c.n_ff = dim(f, a + "feed_forward_length", 1, 1 << 18);
   c.n_head = dim(f, a + "attention.head_count", 1, 1024);
-  c.n_head_kv = f.has(a + "attention.head_count_kv") ? dim(f, a + "attention.head_count_kv", 1, 1024)
-                                                     : c.n_head;
+  c.n_head_kv =
+      f.has(a + "attention.head_count_kv") ? dim(f, a + "attention.head_count_kv", 1, 1024) : c.n_head;
   c.n_ctx_train = dim(f, a + "context_length", 1, 1 << 24);
   if (c.n_embd % c.n_head != 0)
     fail("{}: embedding_length {} is not a multiple of head_count {}", f.path(), c.n_embd, c.n_head);
-  c.head_dim = f.has(a + "attention.key_length") ? dim(f, a + "attention.key_length", 1, 1024)
-                                                 : c.n_embd / c.n_head;
+  c.head_dim =
+      f.has(a + "attention.key_length") ? dim(f, a + "attention.key_length", 1, 1024) : c.n_embd / c.n_head;
   if (f.has(a + "attention.value_length") && f.get_uint(a + "attention.value_length") != uint64_t(c.head_dim))
     fail("{}: attention.value_length differs from key_length (not supported)", f.path());
   if (c.n_head % c.n_head_kv != 0)
@@ -62,16 +64,17 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     fail("{}: rope.freq_base {} or layer_norm_rms_epsilon {} is invalid", f.path(), c.rope_theta, c.rms_eps);
   if (f.has(a + "rope.scaling.type")) {
     const std::string& st = f.get_string(a + "rope.scaling.type");
-    if (st != "none" && st != "llama3")
-      fail("{}: rope scaling '{}' is not supported", f.path(), st);
+    if (st != "none" && st != "llama3") fail("{}: rope scaling '{}' is not supported", f.path(), st);
   }
 
   const GgufTensor& emb = f.tensor("token_embd.weight");
   if (emb.ne.size() != 2 || emb.ne[0] != c.n_embd)
-    fail("{}: token_embd.weight has shape [{}], expected [{}, vocab]", f.path(), fmt::join(emb.ne, ", "), c.n_embd);
+    fail("{}: token_embd.weight has shape [{}], expected [{}, vocab]", f.path(), fmt::join(emb.ne, ", "),
+         c.n_embd);
   c.n_vocab = static_cast<int>(emb.ne[1]);
   if (f.has(a + "vocab_size") && f.get_uint(a + "vocab_size") != uint64_t(c.n_vocab))
-    fail("{}: vocab_size {} differs from token_embd rows {}", f.path(), f.get_uint(a + "vocab_size"), c.n_vocab);
+    fail("{}: vocab_size {} differs from token_embd rows {}", f.path(), f.get_uint(a + "vocab_size"),
+         c.n_vocab);
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.has_rope_freqs = f.find_tensor("rope_freqs.weight") != nullptr;
 
@@ -79,7 +82,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   auto expect = [&](const std::string& name, std::vector<int64_t> ne) {
     const GgufTensor& t = f.tensor(name);
     if (t.ne != ne)
-      fail("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), name, fmt::join(t.ne, ", "), fmt::join(ne, ", "));
+      fail("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), name, fmt::join(t.ne, ", "),
+           fmt::join(ne, ", "));
   };
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
   expect("output_norm.weight", {D});
@@ -104,8 +108,8 @@ std::vector<std::string> required_tensor_names(const ModelConfig& c) {
   std::vector<std::string> n = {"token_embd.weight", "output_norm.weight"};
   if (!c.tied_embeddings) n.push_back("output.weight");
   for (int l = 0; l < c.n_layer; ++l)
-    for (const char* s : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                          "ffn_gate", "ffn_up", "ffn_down"})
+    for (const char* s : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+                          "ffn_up", "ffn_down"})
       n.push_back("blk." + std::to_string(l) + "." + s + ".weight");
   return n;
 }

@@ -14,15 +14,15 @@ namespace lp {
 class GgufFile;
 
 struct ModelConfig {
-  std::string arch;  // "llama"
-  std::string name;  // general.name, informational
-  int n_layer = 0;   // L
-  int n_embd = 0;    // D
-  int n_head = 0;    // H
-  int n_head_kv = 0; // Hkv (GQA when < H)
-  int head_dim = 0;  // Dh
-  int n_ff = 0;      // F
-  int n_vocab = 0;   // V
+  std::string arch;   // "llama"
+  std::string name;   // general.name, informational
+  int n_layer = 0;    // L
+  int n_embd = 0;     // D
+  int n_head = 0;     // H
+  int n_head_kv = 0;  // Hkv (GQA when < H)
+  int head_dim = 0;   // Dh
+  int n_ff = 0;       // F
+  int n_vocab = 0;    // V
   int n_ctx_train = 0;
   int rope_dim = 0;  // rotated dimensions per head (Dh for Llama)
   float rope_theta = 10000.0f;
@@ -30,8 +30,8 @@ struct ModelConfig {
   bool tied_embeddings = false;  // LM head reuses token_embd (no output.weight)
   bool has_rope_freqs = false;   // Llama 3.1 style per-dimension frequency factors
 
-  int q_dim() const { return n_head * head_dim; }     // H*Dh
-  int kv_dim() const { return n_head_kv * head_dim; } // Hkv*Dh
+  int q_dim() const { return n_head * head_dim; }      // H*Dh
+  int kv_dim() const { return n_head_kv * head_dim; }  // Hkv*Dh
   // Parameters in the matrices that a forward pass multiplies (per layer and LM head),
   // plus norms and embeddings.
   int64_t n_params() const;

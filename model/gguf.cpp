@@ -30,8 +30,8 @@ class Cursor {
 
   void need(uint64_t n, const char* what) const {
     if (n > remaining())
-      fail("{}: truncated file: {} needs {} bytes at offset {}, only {} remain", path_, what, n,
-           pos_, remaining());
+      fail("{}: truncated file: {} needs {} bytes at offset {}, only {} remain", path_, what, n, pos_,
+           remaining());
   }
   template <class T>
   T read(const char* what) {
@@ -81,30 +81,53 @@ uint64_t min_value_bytes(GgufType t) {
   return 1;
 }
 
-bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::F64); }
+bool valid_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufType::F64);
+}
 
-GgufValue read_value(Cursor& c, GgufType t, const std::string& key, const std::string& path,
-                     uint64_t depth) {
+GgufValue read_value(Cursor& c, GgufType t, const std::string& key, const std::string& path, uint64_t depth) {
   GgufValue out;
   out.type = t;
   switch (t) {
-    case GgufType::U8: out.v = uint64_t{c.read<uint8_t>("u8 value")}; break;
-    case GgufType::I8: out.v = int64_t{c.read<int8_t>("i8 value")}; break;
-    case GgufType::U16: out.v = uint64_t{c.read<uint16_t>("u16 value")}; break;
-    case GgufType::I16: out.v = int64_t{c.read<int16_t>("i16 value")}; break;
-    case GgufType::U32: out.v = uint64_t{c.read<uint32_t>("u32 value")}; break;
-    case GgufType::I32: out.v = int64_t{c.read<int32_t>("i32 value")}; break;
-    case GgufType::U64: out.v = c.read<uint64_t>("u64 value"); break;
-    case GgufType::I64: out.v = c.read<int64_t>("i64 value"); break;
-    case GgufType::F32: out.v = double{c.read<float>("f32 value")}; break;
-    case GgufType::F64: out.v = c.read<double>("f64 value"); break;
+    case GgufType::U8:
+      out.v = uint64_t{c.read<uint8_t>("u8 value")};
+      break;
+    case GgufType::I8:
+      out.v = int64_t{c.read<int8_t>("i8 value")};
+      break;
+    case GgufType::U16:
+      out.v = uint64_t{c.read<uint16_t>("u16 value")};
+      break;
+    case GgufType::I16:
+      out.v = int64_t{c.read<int16_t>("i16 value")};
+      break;
+    case GgufType::U32:
+      out.v = uint64_t{c.read<uint32_t>("u32 value")};
+      break;
+    case GgufType::I32:
+      out.v = int64_t{c.read<int32_t>("i32 value")};
+      break;
+    case GgufType::U64:
+      out.v = c.read<uint64_t>("u64 value");
+      break;
+    case GgufType::I64:
+      out.v = c.read<int64_t>("i64 value");
+      break;
+    case GgufType::F32:
+      out.v = double{c.read<float>("f32 value")};
+      break;
+    case GgufType::F64:
+      out.v = c.read<double>("f64 value");
+      break;
     case GgufType::BOOL: {
       const uint8_t b = c.read<uint8_t>("bool value");
       if (b > 1) fail("{}: metadata '{}': bool value {} is neither 0 nor 1", path, key, b);
       out.v = b == 1;
       break;
     }
-    case GgufType::STRING: out.v = c.read_string("string value"); break;
+    case GgufType::STRING:
+      out.v = c.read_string("string value");
+      break;
     case GgufType::ARRAY: {
       if (depth >= kMaxNesting) fail("{}: metadata '{}': arrays nested too deeply", path, key);
       const uint32_t et = c.read<uint32_t>("array type");
@@ -112,8 +135,8 @@ GgufValue read_value(Cursor& c, GgufType t, const std::string& key, const std::s
       const uint64_t n = c.read<uint64_t>("array length");
       const auto elem = static_cast<GgufType>(et);
       if (n > c.remaining() / min_value_bytes(elem))
-        fail("{}: metadata '{}': array of {} elements does not fit in the {} bytes left", path,
-             key, n, c.remaining());
+        fail("{}: metadata '{}': array of {} elements does not fit in the {} bytes left", path, key, n,
+             c.remaining());
       GgufArray arr;
       arr.elem_type = elem;
       arr.items.reserve(n);
@@ -129,19 +152,32 @@ GgufValue read_value(Cursor& c, GgufType t, const std::string& key, const std::s
 
 const char* gguf_type_name(GgufType t) {
   switch (t) {
-    case GgufType::U8: return "u8";
-    case GgufType::I8: return "i8";
-    case GgufType::U16: return "u16";
-    case GgufType::I16: return "i16";
-    case GgufType::U32: return "u32";
-    case GgufType::I32: return "i32";
-    case GgufType::F32: return "f32";
-    case GgufType::BOOL: return "bool";
-    case GgufType::STRING: return "string";
-    case GgufType::ARRAY: return "array";
-    case GgufType::U64: return "u64";
-    case GgufType::I64: return "i64";
-    case GgufType::F64: return "f64";
+    case GgufType::U8:
+      return "u8";
+    case GgufType::I8:
+      return "i8";
+    case GgufType::U16:
+      return "u16";
+    case GgufType::I16:
+      return "i16";
+    case GgufType::U32:
+      return "u32";
+    case GgufType::I32:
+      return "i32";
+    case GgufType::F32:
+      return "f32";
+    case GgufType::BOOL:
+      return "bool";
+    case GgufType::STRING:
+      return "string";
+    case GgufType::ARRAY:
+      return "array";
+    case GgufType::U64:
+      return "u64";
+    case GgufType::I64:
+      return "i64";
+    case GgufType::F64:
+      return "f64";
   }
   return "?";
 }
@@ -163,7 +199,9 @@ GgufFile GgufFile::open(const std::string& path) {
   return f;
 }
 
-GgufFile::GgufFile(GgufFile&& o) noexcept { *this = std::move(o); }
+GgufFile::GgufFile(GgufFile&& o) noexcept {
+  *this = std::move(o);
+}
 
 GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
   if (this != &o) {
@@ -195,8 +233,8 @@ void GgufFile::parse() {
   Cursor c(base_, size_, path_);
   const uint32_t magic = c.read<uint32_t>("magic");
   if (magic != kMagic) {
-    fail("{}: not a GGUF file (magic {:02x} {:02x} {:02x} {:02x}, expected 'GGUF')", path_,
-         base_[0], base_[1], base_[2], base_[3]);
+    fail("{}: not a GGUF file (magic {:02x} {:02x} {:02x} {:02x}, expected 'GGUF')", path_, base_[0],
+         base_[1], base_[2], base_[3]);
   }
   version_ = c.read<uint32_t>("version");
   if (version_ == 1) fail("{}: GGUF version 1 is not supported (only 2 and 3)", path_);
@@ -250,8 +288,8 @@ void GgufFile::parse() {
     if (!info) fail("{}: tensor '{}' has unknown type id {}", path_, t.name, type_id);
     t.type = static_cast<GgmlType>(type_id);
     if (t.ne[0] % info->block_elems != 0)
-      fail("{}: tensor '{}': row length {} is not a multiple of the {} block size {}", path_,
-           t.name, t.ne[0], info->name, info->block_elems);
+      fail("{}: tensor '{}': row length {} is not a multiple of the {} block size {}", path_, t.name, t.ne[0],
+           info->name, info->block_elems);
     const auto bytes = type_bytes(t.type, n);
     if (!bytes) fail("{}: tensor '{}': size overflows", path_, t.name);
     t.n_bytes = *bytes;
@@ -267,8 +305,8 @@ void GgufFile::parse() {
   for (auto& t : tensors_) {
     if (data_start > size_ || t.offset > size_ - data_start ||
         static_cast<uint64_t>(t.n_bytes) > size_ - data_start - t.offset)
-      fail("{}: tensor '{}' ({} bytes at offset {}) extends beyond the end of the file ({} bytes)",
-           path_, t.name, t.n_bytes, data_start + t.offset, size_);
+      fail("{}: tensor '{}' ({} bytes at offset {}) extends beyond the end of the file ({} bytes)", path_,
+           t.name, t.n_bytes, data_start + t.offset, size_);
     t.data = base_ + data_start + t.offset;
   }
 }

@@ -4,16 +4,20 @@ namespace lp {
 
 std::string_view op_name(Op op) {
   static constexpr std::array<std::string_view, kNumOps> names = {
-      "embed", "attn_norm", "q_proj", "k_proj", "v_proj", "rope", "attention", "o_proj",
-      "ffn_norm", "gate", "up", "swiglu", "down", "residual", "output_norm", "lm_head"};
+      "embed",    "attn_norm", "q_proj", "k_proj", "v_proj", "rope",     "attention",   "o_proj",
+      "ffn_norm", "gate",      "up",     "swiglu", "down",   "residual", "output_norm", "lm_head"};
   return names[static_cast<int>(op)];
 }
 
-bool op_is_per_layer(Op op) { return op != Op::Embed && op != Op::OutputNorm && op != Op::LmHead; }
+bool op_is_per_layer(Op op) {
+  return op != Op::Embed && op != Op::OutputNorm && op != Op::LmHead;
+}
 
 namespace {
 // GEMM of [T][K] x [K][N].
-double gemm_flops(int64_t T, int64_t K, int64_t N) { return 2.0 * T * K * N; }
+double gemm_flops(int64_t T, int64_t K, int64_t N) {
+  return 2.0 * T * K * N;
+}
 double gemm_bytes(int64_t T, int64_t K, int64_t N, const OpDtypes& d) {
   return double(K) * N * d.weight_bytes + double(T) * K * d.act_bytes + double(T) * N * 4;
 }
@@ -22,23 +26,36 @@ double gemm_bytes(int64_t T, int64_t K, int64_t N, const OpDtypes& d) {
 double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
   const int64_t T = s.tokens, D = c.n_embd, F = c.n_ff;
   switch (op) {
-    case Op::Embed: return 0;
+    case Op::Embed:
+      return 0;
     case Op::AttnNorm:
     case Op::FfnNorm:
-    case Op::OutputNorm: return 4.0 * T * D;  // square, sum, scale, weight
-    case Op::QProj: return gemm_flops(T, D, c.q_dim());
+    case Op::OutputNorm:
+      return 4.0 * T * D;  // square, sum, scale, weight
+    case Op::QProj:
+      return gemm_flops(T, D, c.q_dim());
     case Op::KProj:
-    case Op::VProj: return gemm_flops(T, D, c.kv_dim());
-    case Op::Rope: return 3.0 * T * (c.n_head + c.n_head_kv) * c.rope_dim;  // 4 mul + 2 add per pair
-    case Op::Attention: return double(s.attn_pairs) * c.n_head * (4.0 * c.head_dim + 5.0);
-    case Op::OProj: return gemm_flops(T, c.q_dim(), D);
+    case Op::VProj:
+      return gemm_flops(T, D, c.kv_dim());
+    case Op::Rope:
+      return 3.0 * T * (c.n_head + c.n_head_kv) * c.rope_dim;  // 4 mul + 2 add per pair
+    case Op::Attention:
+      return double(s.attn_pairs) * c.n_head * (4.0 * c.head_dim + 5.0);
+    case Op::OProj:
+      return gemm_flops(T, c.q_dim(), D);
     case Op::Gate:
-    case Op::Up: return gemm_flops(T, D, F);
-    case Op::SwiGLU: return 5.0 * T * F;  // exp, add, div, two muls
-    case Op::Down: return gemm_flops(T, F, D);
-    case Op::Residual: return 2.0 * T * D;
-    case Op::LmHead: return gemm_flops(T, D, c.n_vocab);
-    case Op::kCount: break;
+    case Op::Up:
+      return gemm_flops(T, D, F);
+    case Op::SwiGLU:
+      return 5.0 * T * F;  // exp, add, div, two muls
+    case Op::Down:
+      return gemm_flops(T, F, D);
+    case Op::Residual:
+      return 2.0 * T * D;
+    case Op::LmHead:
+      return gemm_flops(T, D, c.n_vocab);
+    case Op::kCount:
+      break;
   }
   return 0;
 }
@@ -46,27 +63,38 @@ double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
 double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDtypes& d) {
   const int64_t T = s.tokens, D = c.n_embd, F = c.n_ff;
   switch (op) {
-    case Op::Embed: return double(T) * D * (d.weight_bytes + 4);
+    case Op::Embed:
+      return double(T) * D * (d.weight_bytes + 4);
     case Op::AttnNorm:
     case Op::FfnNorm:
-    case Op::OutputNorm: return double(T) * D * (4 + d.act_bytes) + D * 4.0;
-    case Op::QProj: return gemm_bytes(T, D, c.q_dim(), d);
+    case Op::OutputNorm:
+      return double(T) * D * (4 + d.act_bytes) + D * 4.0;
+    case Op::QProj:
+      return gemm_bytes(T, D, c.q_dim(), d);
     case Op::KProj:
     case Op::VProj:
       // The projection output is also appended to the KV cache.
       return gemm_bytes(T, D, c.kv_dim(), d) + double(T) * c.kv_dim() * d.kv_bytes;
-    case Op::Rope: return 2.0 * T * (c.q_dim() + c.kv_dim()) * 4;
+    case Op::Rope:
+      return 2.0 * T * (c.q_dim() + c.kv_dim()) * 4;
     case Op::Attention:
       // Q read, O written, and every key/value this layer holds read once.
       return double(T) * c.q_dim() * 4 * 2 + 2.0 * s.kv_tokens * c.kv_dim() * d.kv_bytes;
-    case Op::OProj: return gemm_bytes(T, c.q_dim(), D, d);
+    case Op::OProj:
+      return gemm_bytes(T, c.q_dim(), D, d);
     case Op::Gate:
-    case Op::Up: return gemm_bytes(T, D, F, d);
-    case Op::SwiGLU: return double(T) * F * (4 + 4 + d.act_bytes);
-    case Op::Down: return gemm_bytes(T, F, D, d);
-    case Op::Residual: return 2.0 * 3.0 * T * D * 4;
-    case Op::LmHead: return gemm_bytes(T, D, c.n_vocab, d);
-    case Op::kCount: break;
+    case Op::Up:
+      return gemm_bytes(T, D, F, d);
+    case Op::SwiGLU:
+      return double(T) * F * (4 + 4 + d.act_bytes);
+    case Op::Down:
+      return gemm_bytes(T, F, D, d);
+    case Op::Residual:
+      return 2.0 * 3.0 * T * D * 4;
+    case Op::LmHead:
+      return gemm_bytes(T, D, c.n_vocab, d);
+    case Op::kCount:
+      break;
   }
   return 0;
 }

@@ -20,16 +20,16 @@
 namespace lp {
 
 enum class Op : int {
-  Embed,       // gather T rows of the embedding table
-  AttnNorm,    // RMSNorm before attention
-  QProj,       // [T][D] x [D][H*Dh]
-  KProj,       // [T][D] x [D][Hkv*Dh]
+  Embed,     // gather T rows of the embedding table
+  AttnNorm,  // RMSNorm before attention
+  QProj,     // [T][D] x [D][H*Dh]
+  KProj,     // [T][D] x [D][Hkv*Dh]
   VProj,
-  Rope,        // rotate q and k at the tokens' original positions
-  Attention,   // causal GQA over the keys each query sees
-  OProj,       // [T][H*Dh] x [H*Dh][D]
+  Rope,       // rotate q and k at the tokens' original positions
+  Attention,  // causal GQA over the keys each query sees
+  OProj,      // [T][H*Dh] x [H*Dh][D]
   FfnNorm,
-  Gate,        // [T][D] x [D][F]
+  Gate,  // [T][D] x [D][F]
   Up,
   SwiGLU,      // silu(gate) * up
   Down,        // [T][F] x [F][D]
@@ -45,9 +45,9 @@ bool op_is_per_layer(Op op);
 
 // Shape of one invocation.
 struct OpShape {
-  int64_t tokens = 0;       // rows computed (queries); for LmHead/OutputNorm the logit rows
-  int64_t attn_pairs = 0;   // (query, key) pairs attended, for Attention
-  int64_t kv_tokens = 0;    // keys held at this layer (KV read by Attention)
+  int64_t tokens = 0;      // rows computed (queries); for LmHead/OutputNorm the logit rows
+  int64_t attn_pairs = 0;  // (query, key) pairs attended, for Attention
+  int64_t kv_tokens = 0;   // keys held at this layer (KV read by Attention)
 };
 
 // Element sizes in bytes.
@@ -61,7 +61,9 @@ double op_flops(const ModelConfig& c, Op op, const OpShape& s);
 double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDtypes& d);
 
 // Causal pairs for a dense prompt of T tokens: T*(T+1)/2.
-inline int64_t causal_pairs(int64_t T) { return T * (T + 1) / 2; }
+inline int64_t causal_pairs(int64_t T) {
+  return T * (T + 1) / 2;
+}
 
 // FLOPs of a dense (unpruned) prefill of T tokens with logits for `logit_rows` rows.
 double prefill_flops(const ModelConfig& c, int64_t T, int64_t logit_rows);

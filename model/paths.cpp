@@ -11,6 +11,8 @@ std::string lazyprefill_home() {
   return std::string(home && *home ? home : "/tmp") + "/.cache/lazyprefill";
 }
 
-std::string default_model_path() { return lazyprefill_home() + "/models/" + kDefaultModelFile; }
+std::string default_model_path() {
+  return lazyprefill_home() + "/models/" + kDefaultModelFile;
+}
 
 }  // namespace lp

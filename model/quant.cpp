@@ -65,7 +65,9 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(sign | h);
 }
 
-float bf16_to_f32(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+float bf16_to_f32(uint16_t b) {
+  return std::bit_cast<float>(uint32_t(b) << 16);
+}
 
 uint16_t f32_to_bf16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
@@ -145,8 +147,12 @@ constexpr std::array<TypeRow, kTypeIdCount> make_type_table() {
 constexpr std::array<TypeRow, kTypeIdCount> kTypes = make_type_table();
 
 // Little-endian 16-bit field at p (any alignment).
-inline uint16_t load_u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
-inline float load_f16(const uint8_t* p) { return f16_to_f32(load_u16(p)); }
+inline uint16_t load_u16(const uint8_t* p) {
+  return uint16_t(p[0] | (p[1] << 8));
+}
+inline float load_f16(const uint8_t* p) {
+  return f16_to_f32(load_u16(p));
+}
 
 void convert_f16(const uint8_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(src + 2 * i));
@@ -185,10 +191,9 @@ void dequant_q4_1(const uint8_t* src, float* dst, int64_t nb) {  // 20 bytes: d,
 }
 
 // Shared by Q5_0 (offset -16, no min) and Q5_1 (offset 0, min m): value = (q5 + offset) * d + m.
-void dequant_q5(const uint8_t* qh_bytes, const uint8_t* qs, float d, float m, int offset,
-                float* dst) {
-  const uint32_t qh = uint32_t(qh_bytes[0]) | uint32_t(qh_bytes[1]) << 8 |
-                      uint32_t(qh_bytes[2]) << 16 | uint32_t(qh_bytes[3]) << 24;
+void dequant_q5(const uint8_t* qh_bytes, const uint8_t* qs, float d, float m, int offset, float* dst) {
+  const uint32_t qh = uint32_t(qh_bytes[0]) | uint32_t(qh_bytes[1]) << 8 | uint32_t(qh_bytes[2]) << 16 |
+                      uint32_t(qh_bytes[3]) << 24;
   for (int j = 0; j < 16; ++j) {
     const int lo = (qs[j] & 0xF) | int((qh >> j) & 1) << 4;
     const int hi = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
@@ -331,8 +336,8 @@ void dequantize(GgmlType type, const void* src, float* dst, int64_t n) {
   if (!info) fail("unknown tensor type id {}", id);
   if (!info->dequantizable) fail("unsupported tensor type {}", info->name);
   if (n < 0 || n % info->block_elems != 0) {
-    fail("cannot dequantize {} elements of {}: not a multiple of its block size {}", n,
-         info->name, info->block_elems);
+    fail("cannot dequantize {} elements of {}: not a multiple of its block size {}", n, info->name,
+         info->block_elems);
   }
   const auto* p = static_cast<const uint8_t*>(src);
   const int64_t nb = n / info->block_elems;
@@ -341,17 +346,28 @@ void dequantize(GgmlType type, const void* src, float* dst, int64_t n) {
       static_assert(std::endian::native == std::endian::little, "GGUF data is little-endian");
       if (n > 0) std::memcpy(dst, p, size_t(n) * sizeof(float));
       return;
-    case GgmlType::F16: return convert_f16(p, dst, n);
-    case GgmlType::BF16: return convert_bf16(p, dst, n);
-    case GgmlType::Q4_0: return dequant_q4_0(p, dst, nb);
-    case GgmlType::Q4_1: return dequant_q4_1(p, dst, nb);
-    case GgmlType::Q5_0: return dequant_q5_0(p, dst, nb);
-    case GgmlType::Q5_1: return dequant_q5_1(p, dst, nb);
-    case GgmlType::Q8_0: return dequant_q8_0(p, dst, nb);
-    case GgmlType::Q4_K: return dequant_q4_k(p, dst, nb);
-    case GgmlType::Q5_K: return dequant_q5_k(p, dst, nb);
-    case GgmlType::Q6_K: return dequant_q6_k(p, dst, nb);
-    default: break;
+    case GgmlType::F16:
+      return convert_f16(p, dst, n);
+    case GgmlType::BF16:
+      return convert_bf16(p, dst, n);
+    case GgmlType::Q4_0:
+      return dequant_q4_0(p, dst, nb);
+    case GgmlType::Q4_1:
+      return dequant_q4_1(p, dst, nb);
+    case GgmlType::Q5_0:
+      return dequant_q5_0(p, dst, nb);
+    case GgmlType::Q5_1:
+      return dequant_q5_1(p, dst, nb);
+    case GgmlType::Q8_0:
+      return dequant_q8_0(p, dst, nb);
+    case GgmlType::Q4_K:
+      return dequant_q4_k(p, dst, nb);
+    case GgmlType::Q5_K:
+      return dequant_q5_k(p, dst, nb);
+    case GgmlType::Q6_K:
+      return dequant_q6_k(p, dst, nb);
+    default:
+      break;
   }
   // Only reachable if the table marks a type dequantizable that the switch lacks.
   fail("internal: no dequantizer for tensor type {}", info->name);

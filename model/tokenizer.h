@@ -34,10 +34,10 @@ struct VocabData {
   int32_t eot_id = -1;  // end of turn, if the model has one (e.g. <|im_end|>)
   int32_t unk_id = -1;
   int32_t pad_id = -1;
-  bool add_bos = false;           // tokenizer.ggml.add_bos_token
-  bool add_eos = false;           // tokenizer.ggml.add_eos_token
-  bool add_space_prefix = true;   // tokenizer.ggml.add_space_prefix (llama model only)
-  std::string chat_template;      // tokenizer.chat_template ("" if absent)
+  bool add_bos = false;          // tokenizer.ggml.add_bos_token
+  bool add_eos = false;          // tokenizer.ggml.add_eos_token
+  bool add_space_prefix = true;  // tokenizer.ggml.add_space_prefix (llama model only)
+  std::string chat_template;     // tokenizer.chat_template ("" if absent)
 };
 
 struct ChatMessage {
@@ -73,8 +73,7 @@ class Tokenizer {
   // template inserts when the first message is not a system message (SmolLM2 does this).
   // Ends with the assistant prompt when add_generation_prompt. Throws lp::Error for a template
   // it does not recognise.
-  std::string apply_chat_template(std::span<const ChatMessage> messages,
-                                  bool add_generation_prompt) const;
+  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
   int32_t n_vocab() const;
   int32_t bos_id() const;

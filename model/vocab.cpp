@@ -32,7 +32,8 @@ VocabData vocab_from_gguf(const GgufFile& f) {
   if (V == 0) fail("{}: tokenizer.ggml.tokens is empty", f.path());
   if (f.has("tokenizer.ggml.scores")) {
     const GgufArray& a = f.get_array("tokenizer.ggml.scores");
-    if (a.items.size() != V) fail("{}: tokenizer.ggml.scores has {} entries for {} tokens", f.path(), a.items.size(), V);
+    if (a.items.size() != V)
+      fail("{}: tokenizer.ggml.scores has {} entries for {} tokens", f.path(), a.items.size(), V);
     d.scores.reserve(V);
     for (const auto& v : a.items) {
       const double* x = std::get_if<double>(&v.v);
@@ -46,9 +47,12 @@ VocabData vocab_from_gguf(const GgufFile& f) {
       fail("{}: tokenizer.ggml.token_type has {} entries for {} tokens", f.path(), a.items.size(), V);
     d.token_types.reserve(V);
     for (const auto& v : a.items) {
-      if (auto* i = std::get_if<int64_t>(&v.v)) d.token_types.push_back(int32_t(*i));
-      else if (auto* u = std::get_if<uint64_t>(&v.v)) d.token_types.push_back(int32_t(*u));
-      else fail("{}: tokenizer.ggml.token_type should hold integers", f.path());
+      if (auto* i = std::get_if<int64_t>(&v.v))
+        d.token_types.push_back(int32_t(*i));
+      else if (auto* u = std::get_if<uint64_t>(&v.v))
+        d.token_types.push_back(int32_t(*u));
+      else
+        fail("{}: tokenizer.ggml.token_type should hold integers", f.path());
     }
   }
   if (f.has("tokenizer.ggml.merges")) d.merges = strings(f, "tokenizer.ggml.merges");

@@ -127,7 +127,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, TinyForward,
                          ::testing::Values(ForwardCase{1, true, false, GgmlType::F32},
                                            ForwardCase{2, true, false, GgmlType::F32},
                                            ForwardCase{17, false, true, GgmlType::F16},
-                                           ForwardCase{111, true, false, GgmlType::BF16}, ForwardCase{111, true, false, GgmlType::F32}, ForwardCase{33, true, false, GgmlType::F32},
+                                           ForwardCase{111, true, false, GgmlType::BF16},
+                                           ForwardCase{111, true, false, GgmlType::F32},
+                                           ForwardCase{33, true, false, GgmlType::F32},
                                            ForwardCase{40, false, true, GgmlType::F32}));
 
 TEST(TinyForwardDecode, IncrementalDecodeMatchesOnePrefill) {

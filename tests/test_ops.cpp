@@ -68,16 +68,15 @@ TEST_P(GemmTest, MatchesReference) {
   for (int64_t m = 0; m < M; ++m) ASSERT_EQ(c[m * ldc + N], -7.0f) << "wrote past N";
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
-                         ::testing::Values(std::make_tuple(1, 64, 96, DType::F32, 2), std::make_tuple(33, 96, 160, DType::F32, 2),
-                                           std::make_tuple(40, 96, 192, DType::F32, 1),
-                                           std::make_tuple(17, 111, 19, DType::F32, 2),
-                                           std::make_tuple(111, 576, 989, DType::F32, 2),
-                                           std::make_tuple(2, 96, 64, DType::F32, 1),
-                                           std::make_tuple(1, 64, 96, DType::BF16, 2), std::make_tuple(3, 577, 130, DType::BF16, 2),
-                                           std::make_tuple(4, 577, 130, DType::F32, 2), std::make_tuple(5, 64, 70, DType::F32, 2),
-                                           std::make_tuple(17, 111, 19, DType::BF16, 2),
-                                           std::make_tuple(111, 576, 989, DType::BF16, 2)));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemmTest,
+    ::testing::Values(
+        std::make_tuple(1, 64, 96, DType::F32, 2), std::make_tuple(33, 96, 160, DType::F32, 2),
+        std::make_tuple(40, 96, 192, DType::F32, 1), std::make_tuple(17, 111, 19, DType::F32, 2),
+        std::make_tuple(111, 576, 989, DType::F32, 2), std::make_tuple(2, 96, 64, DType::F32, 1),
+        std::make_tuple(1, 64, 96, DType::BF16, 2), std::make_tuple(3, 577, 130, DType::BF16, 2),
+        std::make_tuple(4, 577, 130, DType::F32, 2), std::make_tuple(5, 64, 70, DType::F32, 2),
+        std::make_tuple(17, 111, 19, DType::BF16, 2), std::make_tuple(111, 576, 989, DType::BF16, 2)));
 
 TEST(Ops, RmsNormMatchesReference) {
   for (int64_t T : {1, 2, 17}) {
@@ -98,7 +97,8 @@ TEST(Ops, RopeMatchesReferenceAtGappedPositions) {
   for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t * t * 7 + 3);  // up to 1795, non-contiguous
   auto x = randn(T * nh * Dh, 5), ref = x;
   CpuContext ctx(2);
-  const float ff[32] = {1, 1, 1, 2, 4, 8, 8, 8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const float ff[32] = {1, 1, 1, 2, 4, 8, 8, 8, 1, 1, 1, 1, 1, 1, 1, 1,
+                        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   for (const float* factors : {static_cast<const float*>(nullptr), ff}) {
     const RopeTable tab = rope_table(pos.data(), T, Dh, 10000.0f, factors);
     auto y = x;

@@ -5,8 +5,6 @@
 // Exact float equality is used throughout the block tests: every scale, min and quant chosen
 // below is a small integer or a power of two, so each product and difference is exact in f32
 // and any correct implementation must produce the same bits.
-#include "model/quant.h"
-
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "model/error.h"
+#include "model/quant.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -40,7 +39,9 @@ void put_u16(Bytes& b, size_t off, uint16_t v) {  // little-endian, as on disk
   b[off + 1] = uint8_t(v >> 8);
 }
 
-void append(Bytes& dst, const Bytes& src) { dst.insert(dst.end(), src.begin(), src.end()); }
+void append(Bytes& dst, const Bytes& src) {
+  dst.insert(dst.end(), src.begin(), src.end());
+}
 
 std::vector<float> deq(GgmlType t, const Bytes& bytes, int64_t n) {
   const std::optional<int64_t> size = type_bytes(t, n);
@@ -51,8 +52,12 @@ std::vector<float> deq(GgmlType t, const Bytes& bytes, int64_t n) {
   return out;
 }
 
-uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
-float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+uint32_t bits(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
+float from_bits(uint32_t u) {
+  return std::bit_cast<float>(u);
+}
 
 void expect_all(const std::vector<float>& got, size_t begin, const std::vector<float>& want) {
   for (size_t i = 0; i < want.size(); ++i) {
@@ -74,39 +79,39 @@ TEST(TypeInfo, SizesOfEveryDefinedType) {
   const Want want[] = {
       {0, "F32", 1, 4, true},
       {1, "F16", 1, 2, true},
-      {2, "Q4_0", 32, 2 + 16, true},                      // d + 32 nibbles
-      {3, "Q4_1", 32, 2 + 2 + 16, true},                  // d, m + 32 nibbles
-      {6, "Q5_0", 32, 2 + 4 + 16, true},                  // d + 32 high bits + 32 nibbles
-      {7, "Q5_1", 32, 2 + 2 + 4 + 16, true},              // d, m + high bits + nibbles
-      {8, "Q8_0", 32, 2 + 32, true},                      // d + 32 int8
-      {9, "Q8_1", 32, 2 + 2 + 32, false},                 // d, s + 32 int8
-      {10, "Q2_K", 256, 16 + 64 + 2 + 2, false},          // scales, 2-bit quants, d, dmin
-      {11, "Q3_K", 256, 32 + 64 + 12 + 2, false},         // hmask, quants, scales, d
-      {12, "Q4_K", 256, 2 + 2 + 12 + 128, true},          // d, dmin, scales, nibbles
-      {13, "Q5_K", 256, 2 + 2 + 12 + 32 + 128, true},     // ... + high-bit plane
-      {14, "Q6_K", 256, 128 + 64 + 16 + 2, true},         // ql, qh, int8 scales, d
-      {15, "Q8_K", 256, 4 + 256 + 16 * 2, false},         // f32 d, int8 quants, int16 sums
-      {16, "IQ2_XXS", 256, 2 + 32 * 2, false},            // d + 32 uint16
-      {17, "IQ2_XS", 256, 2 + 32 * 2 + 8, false},         // d + 32 uint16 + 8 scales
-      {18, "IQ3_XXS", 256, 2 + 96, false},                // d + 3*256/8
-      {19, "IQ1_S", 256, 2 + 32 + 8 * 2, false},          // d + qs + 8 uint16
-      {20, "IQ4_NL", 32, 2 + 16, false},                  // d + 32 nibbles
-      {21, "IQ3_S", 256, 2 + 64 + 8 + 32 + 4, false},     // d, qs, qh, signs, scales
-      {22, "IQ2_S", 256, 2 + 64 + 8 + 8, false},          // d, qs, qh, scales
-      {23, "IQ4_XS", 256, 2 + 2 + 4 + 128, false},        // d, scales_h, scales_l, nibbles
+      {2, "Q4_0", 32, 2 + 16, true},                   // d + 32 nibbles
+      {3, "Q4_1", 32, 2 + 2 + 16, true},               // d, m + 32 nibbles
+      {6, "Q5_0", 32, 2 + 4 + 16, true},               // d + 32 high bits + 32 nibbles
+      {7, "Q5_1", 32, 2 + 2 + 4 + 16, true},           // d, m + high bits + nibbles
+      {8, "Q8_0", 32, 2 + 32, true},                   // d + 32 int8
+      {9, "Q8_1", 32, 2 + 2 + 32, false},              // d, s + 32 int8
+      {10, "Q2_K", 256, 16 + 64 + 2 + 2, false},       // scales, 2-bit quants, d, dmin
+      {11, "Q3_K", 256, 32 + 64 + 12 + 2, false},      // hmask, quants, scales, d
+      {12, "Q4_K", 256, 2 + 2 + 12 + 128, true},       // d, dmin, scales, nibbles
+      {13, "Q5_K", 256, 2 + 2 + 12 + 32 + 128, true},  // ... + high-bit plane
+      {14, "Q6_K", 256, 128 + 64 + 16 + 2, true},      // ql, qh, int8 scales, d
+      {15, "Q8_K", 256, 4 + 256 + 16 * 2, false},      // f32 d, int8 quants, int16 sums
+      {16, "IQ2_XXS", 256, 2 + 32 * 2, false},         // d + 32 uint16
+      {17, "IQ2_XS", 256, 2 + 32 * 2 + 8, false},      // d + 32 uint16 + 8 scales
+      {18, "IQ3_XXS", 256, 2 + 96, false},             // d + 3*256/8
+      {19, "IQ1_S", 256, 2 + 32 + 8 * 2, false},       // d + qs + 8 uint16
+      {20, "IQ4_NL", 32, 2 + 16, false},               // d + 32 nibbles
+      {21, "IQ3_S", 256, 2 + 64 + 8 + 32 + 4, false},  // d, qs, qh, signs, scales
+      {22, "IQ2_S", 256, 2 + 64 + 8 + 8, false},       // d, qs, qh, scales
+      {23, "IQ4_XS", 256, 2 + 2 + 4 + 128, false},     // d, scales_h, scales_l, nibbles
       {24, "I8", 1, 1, false},
       {25, "I16", 1, 2, false},
       {26, "I32", 1, 4, false},
       {27, "I64", 1, 8, false},
       {28, "F64", 1, 8, false},
-      {29, "IQ1_M", 256, 32 + 16 + 8, false},             // qs, qh, scales (no d field)
+      {29, "IQ1_M", 256, 32 + 16 + 8, false},  // qs, qh, scales (no d field)
       {30, "BF16", 1, 2, true},
-      {34, "TQ1_0", 256, 48 + 4 + 2, false},              // base-3 packed qs, qh, d
-      {35, "TQ2_0", 256, 64 + 2, false},                  // 2-bit qs, d
-      {39, "MXFP4", 32, 1 + 16, false},                   // E8M0 exponent + 32 nibbles
-      {40, "NVFP4", 64, 4 + 32, false},                   // 4 E4M3 scales + 64 nibbles
-      {41, "Q1_0", 128, 2 + 16, false},                   // d + 128 bits
-      {42, "Q2_0", 64, 2 + 16, false},                    // d + 64 2-bit quants
+      {34, "TQ1_0", 256, 48 + 4 + 2, false},  // base-3 packed qs, qh, d
+      {35, "TQ2_0", 256, 64 + 2, false},      // 2-bit qs, d
+      {39, "MXFP4", 32, 1 + 16, false},       // E8M0 exponent + 32 nibbles
+      {40, "NVFP4", 64, 4 + 32, false},       // 4 E4M3 scales + 64 nibbles
+      {41, "Q1_0", 128, 2 + 16, false},       // d + 128 bits
+      {42, "Q2_0", 64, 2 + 16, false},        // d + 64 2-bit quants
   };
   for (const Want& w : want) {
     const std::optional<TypeInfo> info = type_info(w.id);
@@ -166,9 +171,9 @@ TEST(Dequantize, RejectsWhatItCannotDo) {
   }
   EXPECT_THROW(dequantize(GgmlType::IQ2_XXS, block.data(), out.data(), 256), Error);
   EXPECT_THROW(dequantize(GgmlType::I32, block.data(), out.data(), 4), Error);
-  EXPECT_THROW(dequantize(GgmlType(4), block.data(), out.data(), 32), Error);      // removed id
-  EXPECT_THROW(dequantize(GgmlType(1000), block.data(), out.data(), 32), Error);   // never defined
-  EXPECT_THROW(dequantize(GgmlType::Q4_0, block.data(), out.data(), 31), Error);   // partial block
+  EXPECT_THROW(dequantize(GgmlType(4), block.data(), out.data(), 32), Error);     // removed id
+  EXPECT_THROW(dequantize(GgmlType(1000), block.data(), out.data(), 32), Error);  // never defined
+  EXPECT_THROW(dequantize(GgmlType::Q4_0, block.data(), out.data(), 31), Error);  // partial block
   EXPECT_THROW(dequantize(GgmlType::Q4_0, block.data(), out.data(), -32), Error);
   EXPECT_NO_THROW(dequantize(GgmlType::Q4_K, nullptr, nullptr, 0));
 }
@@ -279,8 +284,7 @@ TEST(Dequantize, Q5_0) {
 
   const std::vector<float> y = deq(GgmlType::Q5_0, b, 64);
   expect_all(y, 0, {0, -7.5, -7, -6.5, -6, -5.5, -5, -4.5, -4, -3.5, -3, -2.5, -2, -1.5, -1, 7.5});
-  expect_all(y, 16,
-             {-0.5, 7, -1.5, -2, -2.5, -3, -3.5, -4, -4.5, -5, -5.5, -6, -6.5, -7, -7.5, -8});
+  expect_all(y, 16, {-0.5, 7, -1.5, -2, -2.5, -3, -3.5, -4, -4.5, -5, -5.5, -6, -6.5, -7, -7.5, -8});
   expect_all(y, 32, std::vector<float>(16, -12.0f));
   expect_all(y, 48, std::vector<float>(16, -3.0f));
 }
@@ -475,16 +479,16 @@ TEST(Dequantize, Q6_K) {
   for (int i = 0; i < 128; ++i) b[i] = 0x11;
   for (int i = 0; i < 64; ++i) b[128 + i] = 0xAA;
   // First half (elements 0..127): l = 0 touches elements 0, 32, 64, 96.
-  b[0] = 0x7F;        // ql[0]: low 15 (element 0), high 7 (element 64)
-  b[128] = 0x1E;      // qh[0] = 0b00'01'11'10: element 0 -> 2, 32 -> 3, 64 -> 1, 96 -> 0
+  b[0] = 0x7F;    // ql[0]: low 15 (element 0), high 7 (element 64)
+  b[128] = 0x1E;  // qh[0] = 0b00'01'11'10: element 0 -> 2, 32 -> 3, 64 -> 1, 96 -> 0
   //   element 0:  15 | 2<<4 = 47 -> 15;  0.5 * scales[0] * 15 = 0.5 * 1 * 15 = 7.5
   //   element 32: ql[32] low 1 | 3<<4 = 49 -> 17;  0.5 * scales[2] * 17 = 0.5 * 2 * 17 = 17
   //   element 64: 7 | 1<<4 = 23 -> -9;  0.5 * scales[4] * -9 = 0.5 * 3 * -9 = -13.5
   //   element 96: ql[32] high 1 | 0 = 1 -> -31;  0.5 * scales[6] * -31 = 0.5 * 4 * -31 = -62
   // Second half (elements 128..255) uses ql[64..127] and qh[160..191]; l = 1 touches elements
   // 129, 161, 193, 225.
-  b[64 + 33] = 0xF3;  // ql[97]: low 3 (element 161), high 15 (element 225)
-  b[128 + 33] = 0xE8; // qh[33] = 0b11'10'10'00: 129 -> 0, 161 -> 2, 193 -> 2, 225 -> 3
+  b[64 + 33] = 0xF3;   // ql[97]: low 3 (element 161), high 15 (element 225)
+  b[128 + 33] = 0xE8;  // qh[33] = 0b11'10'10'00: 129 -> 0, 161 -> 2, 193 -> 2, 225 -> 3
   //   element 129: ql[65] low 1 | 0 = 1 -> -31;  0.5 * scales[8] * -31 = 0.5 * 5 * -31 = -77.5
   //   element 161: 3 | 2<<4 = 35 -> 3;  0.5 * scales[10] * 3 = 0.5 * 6 * 3 = 9
   //   element 193: ql[65] high 1 | 2<<4 = 33 -> 1;  0.5 * scales[12] = 3.5 (the default)
@@ -531,10 +535,10 @@ double f16_by_definition(uint16_t h) {
 }
 
 TEST(F16, EdgeCases) {
-  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);  // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);         // smallest subnormal
   EXPECT_EQ(f16_to_f32(0x03FF), 1023 * 0x1p-24f);  // largest subnormal
-  EXPECT_EQ(f16_to_f32(0x0400), 0x1p-14f);  // smallest normal
-  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);  // largest finite: (2 - 2^-10) * 2^15
+  EXPECT_EQ(f16_to_f32(0x0400), 0x1p-14f);         // smallest normal
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);         // largest finite: (2 - 2^-10) * 2^15
   EXPECT_EQ(f16_to_f32(0xFBFF), -65504.0f);
   EXPECT_EQ(bits(f16_to_f32(0x7C00)), 0x7F800000u);  // +inf
   EXPECT_EQ(bits(f16_to_f32(0xFC00)), 0xFF800000u);  // -inf
@@ -629,7 +633,7 @@ TEST(F16, FromF32RoundsToNearestEven) {
   EXPECT_EQ(f32_to_f16(from_bits(0x00000001)), 0x0000);  // f32 subnormal
   EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
   EXPECT_EQ(f32_to_f16(-0x1p-26f), 0x8000);  // underflow keeps the sign
-  EXPECT_EQ(f32_to_f16(0.1f), 0x2E66);  // 0.1 ~ 1.6 * 2^-4: mantissa 0.6*1024 = 614.4 -> 614
+  EXPECT_EQ(f32_to_f16(0.1f), 0x2E66);       // 0.1 ~ 1.6 * 2^-4: mantissa 0.6*1024 = 614.4 -> 614
 }
 
 TEST(F16, FromF32Nan) {
@@ -657,7 +661,7 @@ TEST(BF16, FromF32RoundsToNearestEven) {
   EXPECT_EQ(f32_to_bf16(from_bits(0x3F808001)), 0x3F81);  // just above the tie
   EXPECT_EQ(f32_to_bf16(from_bits(0x3F807FFF)), 0x3F80);  // just below it
   EXPECT_EQ(f32_to_bf16(from_bits(0x3F80FFFF)), 0x3F81);
-  EXPECT_EQ(f32_to_bf16(3.140625f), 0x4049);               // exact
+  EXPECT_EQ(f32_to_bf16(3.140625f), 0x4049);  // exact
   // Largest f32 (0x7F7FFFFF) is above the midpoint between the largest bf16 0x7F7F and 2^128:
   // rounds to inf. 0x7F7F7FFF is below it.
   EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);

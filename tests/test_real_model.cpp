@@ -147,8 +147,8 @@ TEST(RealModel, Bf16Top1AgreesWithF32) {
       ++positions;
     }
   }
-  std::printf("bf16 vs f32: %lld positions, top-1 agreement %.4f, max logit diff %.3f\n", (long long)positions,
-              double(same) / double(positions), worst);
+  std::printf("bf16 vs f32: %lld positions, top-1 agreement %.4f, max logit diff %.3f\n",
+              (long long)positions, double(same) / double(positions), worst);
   EXPECT_GE(double(same) / double(positions), 0.95);
 }
 

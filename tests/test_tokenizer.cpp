@@ -15,10 +15,10 @@
 
 #include "model/error.h"
 #include "model/gguf.h"
-#include "model/vocab.h"
-#include "tests/test_util.h"
 #include "model/tokenizer.h"
 #include "model/unicode.h"
+#include "model/vocab.h"
+#include "tests/test_util.h"
 
 #ifndef LP_SOURCE_DIR
 #define LP_SOURCE_DIR "."
@@ -439,7 +439,6 @@ TEST(TokenizerChat, PlainChatMLAndUnknownTemplates) {
 }
 
 // ---- the real model ------------------------------------------------------------------------
-
 
 // Reads the tokenizer.* metadata of the model file through the project's GGUF reader.
 VocabData read_tokenizer_metadata(const std::string& gguf_path) {

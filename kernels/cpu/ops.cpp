@@ -13,14 +13,18 @@
 
 namespace lp {
 
-const char* dtype_name(DType d) { return d == DType::F32 ? "f32" : "bf16"; }
+const char* dtype_name(DType d) {
+  return d == DType::F32 ? "f32" : "bf16";
+}
 
 bool cpu_has_native_bf16() {
   const auto isa = dnnl::get_effective_cpu_isa();
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
 
-DType fastest_dtype() { return cpu_has_native_bf16() ? DType::BF16 : DType::F32; }
+DType fastest_dtype() {
+  return cpu_has_native_bf16() ? DType::BF16 : DType::F32;
+}
 
 // ---------------------------------------------------------------------------------------------
 // exp: e^x = 2^n * e^r with n = round(x / ln2), |r| <= ln2/2, e^r by its degree-7 Taylor
@@ -134,8 +138,10 @@ inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
 #if defined(__AVX512F__)
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   for (; k + 32 <= K; k += 32) {
-    const __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k))), 16);
-    const __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k + 16))), 16);
+    const __m512i w0 =
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k))), 16);
+    const __m512i w1 =
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k + 16))), 16);
     acc0 = _mm512_fmadd_ps(_mm512_castsi512_ps(w0), _mm512_loadu_ps(x + k), acc0);
     acc1 = _mm512_fmadd_ps(_mm512_castsi512_ps(w1), _mm512_loadu_ps(x + k + 16), acc1);
   }
@@ -152,12 +158,15 @@ void gemv(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix&
     for (int64_t k = 0; k < K; ++k)
       x[m * K + k] = W.dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(A[m * lda + k])) : A[m * lda + k];
   ctx.run([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, N, 64), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t n = r.begin(); n < r.end(); ++n)
-        for (int64_t m = 0; m < M; ++m)
-          C[m * ldc + n] = W.dtype == DType::F32 ? dot_f32(W.f32.data() + n * K, x.data() + m * K, K)
-                                                 : dot_bf16(W.bf16.data() + n * K, x.data() + m * K, K);
-    }, tbb::simple_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, N, 64),
+        [&](const tbb::blocked_range<int64_t>& r) {
+          for (int64_t n = r.begin(); n < r.end(); ++n)
+            for (int64_t m = 0; m < M; ++m)
+              C[m * ldc + n] = W.dtype == DType::F32 ? dot_f32(W.f32.data() + n * K, x.data() + m * K, K)
+                                                     : dot_bf16(W.bf16.data() + n * K, x.data() + m * K, K);
+        },
+        tbb::simple_partitioner());
   });
 }
 }  // namespace
@@ -185,7 +194,10 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   // Prefill-sized M: about 8 row blocks over the full N. Decode-sized M: 16 column blocks.
   const int64_t mc = M <= 32 ? M : std::max<int64_t>(16, ((M + 7) / 8 + 15) / 16 * 16);
   const int64_t nc = M <= 32 ? std::max<int64_t>(64, ((N + 15) / 16 + 63) / 64 * 64) : N;
-  struct Part { int64_t m0, m, n0, n; Impl::Prim p; };
+  struct Part {
+    int64_t m0, m, n0, n;
+    Impl::Prim p;
+  };
   std::vector<Part> ps;
   for (int64_t m0 = 0; m0 < M; m0 += mc)
     for (int64_t n0 = 0; n0 < N; n0 += nc) {
@@ -210,7 +222,8 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
       thread_local std::vector<uint8_t> scratch;
       if (scratch.size() < sp_md.get_size()) scratch.resize(sp_md.get_size());
       dnnl::memory sp(sp_md, impl_->eng, scratch.data());
-      p.p.p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sp}});
+      p.p.p.execute(
+          s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sp}});
       s.wait();
     });
   });
@@ -252,7 +265,8 @@ RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float thet
   return tab;
 }
 
-void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh, const RopeTable& tab) {
+void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh,
+          const RopeTable& tab) {
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
       const float* c = tab.cos.data() + t * tab.half;
@@ -269,8 +283,8 @@ void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int
   });
 }
 
-void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up,
-            float* out, int64_t ld_out, int64_t T, int64_t F) {
+void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+            int64_t ld_out, int64_t T, int64_t F) {
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
       const float* g = gate + t * ld_gate;
@@ -368,7 +382,8 @@ inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ld
 inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, float* O, int nr) {
   __m512 acc[4][4];
   for (int r = 0; r < 4; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = r < nr ? _mm512_loadu_ps(O + r * 64 + 16 * j) : _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j)
+      acc[r][j] = r < nr ? _mm512_loadu_ps(O + r * 64 + 16 * j) : _mm512_setzero_ps();
   for (int64_t k = 0; k < nk; ++k) {
     const float* vk = v + k * 64;
     const __m512 v0 = _mm512_loadu_ps(vk), v1 = _mm512_loadu_ps(vk + 16);

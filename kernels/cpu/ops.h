@@ -34,7 +34,9 @@ struct Matrix {
   DType dtype = DType::F32;
   Buffer<float> f32;      // [N][K] when dtype == F32
   Buffer<uint16_t> bf16;  // [N][K] when dtype == BF16
-  const void* data() const { return dtype == DType::F32 ? (const void*)f32.data() : (const void*)bf16.data(); }
+  const void* data() const {
+    return dtype == DType::F32 ? (const void*)f32.data() : (const void*)bf16.data();
+  }
   int64_t bytes() const { return rows * cols * (dtype == DType::F32 ? 4 : 2); }
 };
 
@@ -45,8 +47,7 @@ class Gemm {
  public:
   Gemm();
   ~Gemm();
-  void run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C,
-           int64_t ldc);
+  void run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C, int64_t ldc);
 
  private:
   struct Impl;
@@ -67,8 +68,8 @@ void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int
           const RopeTable& tab);
 
 // out[i] = silu(gate[i]) * up[i]; gate/up/out are [T][F] with row strides.
-void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up,
-            float* out, int64_t ld_out, int64_t T, int64_t F);
+void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+            int64_t ld_out, int64_t T, int64_t F);
 
 // x[i] += y[i]
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n);

@@ -23,8 +23,8 @@ void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, in
     }
 }
 
-void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim,
-          float theta, const float* freq_factors) {
+void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
+          const float* freq_factors) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * Dh;

@@ -17,8 +17,8 @@ void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, in
 
 // Rotates pairs (2i, 2i+1) of the first rope_dim dims of each head of x [T][n_heads][Dh] by
 // angle pos[t] * theta^(-2i/rope_dim) / freq_factors[i] (freq_factors may be null).
-void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim,
-          float theta, const float* freq_factors);
+void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
+          const float* freq_factors);
 
 // Causal grouped-query attention.
 //   q    [T][H][Dh]        queries at positions q_pos[T]
