@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "model/error.h"
 #include "model/gguf.h"
@@ -44,6 +45,13 @@ Session::Session(const Model& m, int64_t n_ctx) : m_(m), n_ctx_(n_ctx) {
 
 void Session::reset() {
   for (auto& kv : kv_) kv.n = 0;
+  aux_ = AuxCache{};
+}
+
+int64_t Session::kv_bytes_used() const {
+  int64_t b = 0;
+  for (const auto& kv : kv_) b += kv.n * kv.Hkv * kv.Dh * 2 * 4;
+  return b;
 }
 
 int64_t Session::kv_bytes() const {
@@ -68,7 +76,8 @@ struct Timed {
 }  // namespace
 
 void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<const int32_t> pos,
-                      std::span<const int64_t> logit_rows, float* logits, OpTimers* timers) {
+                      std::span<const int64_t> logit_rows, float* logits, OpTimers* timers,
+                      const PruneRequest* prune, ForwardStats* stats) {
   const ModelConfig& c = m_.config();
   const Weights& w = m_.weights();
   const int64_t T = int64_t(ids.size());
@@ -81,6 +90,16 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
       fail("token id {} is outside the vocabulary [0, {})", ids[t], c.n_vocab);
     if (t > 0 && pos[t] <= pos[t - 1]) fail("forward: positions must be strictly increasing");
   }
+  const bool pruning = prune && prune->policy && !prune->steps.empty();
+  if (pruning) {
+    if (n_cached() != 0) fail("forward: pruning needs an empty cache (a prefill)");
+    if (logit_rows.size() != 1 || logit_rows[0] != T - 1)
+      fail("forward: with pruning only the last row can have logits");
+    for (size_t i = 0; i < prune->steps.size(); ++i)
+      if (prune->steps[i].layer < 0 || prune->steps[i].layer >= c.n_layer ||
+          (i > 0 && prune->steps[i].layer <= prune->steps[i - 1].layer))
+        fail("forward: pruning layers must be increasing and inside the model");
+  }
   const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
   const int64_t QKV = (H + 2 * Hkv) * Dh, Q = H * Dh;
   x_.resize(T * D, false);
@@ -90,10 +109,17 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   ff_.resize(T * 2 * F, false);
   act_.resize(T * F, false);
   tmp_.resize(T * D, false);
-  const OpShape shape{T, 0, 0};
+  if (stats) *stats = ForwardStats{std::vector<int64_t>(size_t(c.n_layer), 0), {}, {}, 0};
+
+  // The active rows: act[i] indexes ids/pos; x_ row i holds token act[i]. Pruning only ever
+  // removes rows, so act stays ascending and positions stay in order.
+  std::vector<int64_t> act(static_cast<size_t>(T));
+  std::iota(act.begin(), act.end(), 0);
+  std::vector<int32_t> act_pos(pos.begin(), pos.end());
+  int64_t out_row = -1;  // which active row the (single) logit row ends up in, when pruning
 
   {
-    Timed tm{timers, Op::Embed, op_flops(c, Op::Embed, shape)};
+    Timed tm{timers, Op::Embed, op_flops(c, Op::Embed, {T, 0, 0})};
     const Matrix& E = w.tok_embd;
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
@@ -105,65 +131,112 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
       });
     });
   }
-  const RopeTable rope_tab = rope_table(pos.data(), T, c.rope_dim, c.rope_theta,
-                                        w.rope_freqs.empty() ? nullptr : w.rope_freqs.data());
+  const float* rope_freqs = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
+  RopeTable rope_tab = rope_table(act_pos.data(), T, c.rope_dim, c.rope_theta, rope_freqs);
+  size_t next_step = 0;
 
   for (int l = 0; l < c.n_layer; ++l) {
+    const int64_t Tl = int64_t(act.size());
+    const OpShape shape{Tl, 0, 0};
     const LayerWeights& L = w.layers[size_t(l)];
     LayerKV& kv = kv_[size_t(l)];
+    if (stats) stats->computed[size_t(l)] = Tl;
     {
       Timed tm{timers, Op::AttnNorm, op_flops(c, Op::AttnNorm, shape)};
-      rmsnorm(ctx, x_.data(), L.attn_norm.data(), xn_.data(), T, D, c.rms_eps);
+      rmsnorm(ctx, x_.data(), L.attn_norm.data(), xn_.data(), Tl, D, c.rms_eps);
     }
     {
+      // Fused QKV: the q_proj entry carries the k and v projections' FLOPs too.
       Timed tm{timers, Op::QProj, op_flops(c, Op::QProj, shape) + 2 * op_flops(c, Op::KProj, shape)};
-      gemm_.run(ctx, xn_.data(), T, D, L.wqkv, qkv_.data(), QKV);
+      gemm_.run(ctx, xn_.data(), Tl, D, L.wqkv, qkv_.data(), QKV);
     }
     {
       Timed tm{timers, Op::Rope, op_flops(c, Op::Rope, shape)};
-      rope(ctx, qkv_.data(), T, QKV, H + Hkv, Dh, rope_tab);  // q and k heads are adjacent
+      rope(ctx, qkv_.data(), Tl, QKV, H + Hkv, Dh, rope_tab);  // q and k heads are adjacent
     }
-    const int64_t n_keys = kv.n + T;
+    const int64_t n_keys = kv.n + Tl;
     {
       // Pairs attended: each query sees the cached keys at or before its position.
       int64_t pairs = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        pairs += std::upper_bound(kv.pos.begin(), kv.pos.begin() + kv.n, pos[t]) - kv.pos.begin();
+      for (int64_t t = 0; t < Tl; ++t) {
+        pairs += std::upper_bound(kv.pos.begin(), kv.pos.begin() + kv.n, act_pos[t]) - kv.pos.begin();
         pairs += t + 1;
       }
-      Timed tm{timers, Op::Attention, op_flops(c, Op::Attention, OpShape{T, pairs, n_keys})};
-      kv.append(qkv_.data() + Q, QKV, qkv_.data() + Q + Hkv * Dh, QKV, pos.data(), T);
-      attention(ctx, qkv_.data(), QKV, pos.data(), T, kv, H, attn_.data(), Q);
+      Timed tm{timers, Op::Attention, op_flops(c, Op::Attention, OpShape{Tl, pairs, n_keys})};
+      kv.append(qkv_.data() + Q, QKV, qkv_.data() + Q + Hkv * Dh, QKV, act_pos.data(), Tl);
+      attention(ctx, qkv_.data(), QKV, act_pos.data(), Tl, kv, H, attn_.data(), Q);
+    }
+    // A pruning layer: score the active tokens by the last token's attention (the keys at this
+    // layer are exactly the active tokens, since the cache started empty).
+    std::vector<int64_t> keep;
+    const bool prune_here = pruning && next_step < prune->steps.size() && prune->steps[next_step].layer == l;
+    if (prune_here) {
+      std::vector<float> scores;
+      if (prune->policy->needs_scores()) {
+        Timed tm{timers, Op::Score, op_flops(c, Op::Score, OpShape{1, 0, kv.n})};
+        scores.resize(static_cast<size_t>(kv.n));
+        last_row_scores(qkv_.data() + (Tl - 1) * QKV, kv, H, kv.n, scores.data());
+      }
+      keep = prune->policy->select(l, act_pos, scores, tokens_kept(Tl, prune->steps[next_step].share));
+      if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
+      if (stats) stats->scores.push_back(std::move(scores));
+      ++next_step;
     }
     {
       Timed tm{timers, Op::OProj, op_flops(c, Op::OProj, shape)};
-      gemm_.run(ctx, attn_.data(), T, Q, L.wo, tmp_.data(), D);
+      gemm_.run(ctx, attn_.data(), Tl, Q, L.wo, tmp_.data(), D);
     }
     {
       Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
-      add_inplace(ctx, x_.data(), tmp_.data(), T * D);
+      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
     }
     {
       Timed tm{timers, Op::FfnNorm, op_flops(c, Op::FfnNorm, shape)};
-      rmsnorm(ctx, x_.data(), L.ffn_norm.data(), xn_.data(), T, D, c.rms_eps);
+      rmsnorm(ctx, x_.data(), L.ffn_norm.data(), xn_.data(), Tl, D, c.rms_eps);
     }
     {
+      // Fused gate/up: the gate entry carries both.
       Timed tm{timers, Op::Gate, 2 * op_flops(c, Op::Gate, shape)};
-      gemm_.run(ctx, xn_.data(), T, D, L.w_gate_up, ff_.data(), 2 * F);
+      gemm_.run(ctx, xn_.data(), Tl, D, L.w_gate_up, ff_.data(), 2 * F);
     }
     {
       Timed tm{timers, Op::SwiGLU, op_flops(c, Op::SwiGLU, shape)};
-      swiglu(ctx, ff_.data(), 2 * F, ff_.data() + F, 2 * F, act_.data(), F, T, F);
+      swiglu(ctx, ff_.data(), 2 * F, ff_.data() + F, 2 * F, act_.data(), F, Tl, F);
     }
     {
       Timed tm{timers, Op::Down, op_flops(c, Op::Down, shape)};
-      gemm_.run(ctx, act_.data(), T, F, L.w_down, tmp_.data(), D);
+      gemm_.run(ctx, act_.data(), Tl, F, L.w_down, tmp_.data(), D);
     }
     {
       Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
-      add_inplace(ctx, x_.data(), tmp_.data(), T * D);
+      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
     }
+    if (prune_here && int64_t(keep.size()) < Tl) {
+      // Pruned rows: their hidden state (the input of layer l + 1, where they have no K/V) goes
+      // to the Aux Cache; kept rows are compacted in place (keep is ascending, so row keep[i]
+      // moves to row i <= keep[i] and nothing is overwritten before it is read).
+      Timed tm{timers, Op::Gather, op_flops(c, Op::Gather, {Tl, 0, 0})};
+      size_t k = 0;
+      for (int64_t r = 0; r < Tl; ++r) {
+        if (k < keep.size() && keep[k] == r) {
+          if (int64_t(k) != r) std::memcpy(x_.data() + k * D, x_.data() + r * D, size_t(D) * 4);
+          act[k] = act[size_t(r)];
+          act_pos[k] = act_pos[size_t(r)];
+          ++k;
+          continue;
+        }
+        aux_.pos.push_back(act_pos[size_t(r)]);
+        aux_.layer.push_back(l + 1);
+        aux_.h.insert(aux_.h.end(), x_.data() + r * D, x_.data() + (r + 1) * D);
+        if (stats) ++stats->aux_writes;
+      }
+      act.resize(keep.size());
+      act_pos.resize(keep.size());
+      rope_tab = rope_table(act_pos.data(), int64_t(act.size()), c.rope_dim, c.rope_theta, rope_freqs);
+    }
+    if (prune_here && stats) stats->kept.push_back(act_pos);
   }
+  out_row = int64_t(act.size()) - 1;
 
   // Final norm and LM head only for the rows that need logits.
   const int64_t R = int64_t(logit_rows.size());
@@ -171,7 +244,8 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   Buffer<float> rows(R * D, false);
   for (int64_t r = 0; r < R; ++r) {
     if (logit_rows[r] < 0 || logit_rows[r] >= T) fail("forward: logit row {} out of range", logit_rows[r]);
-    std::memcpy(rows.data() + r * D, x_.data() + logit_rows[r] * D, size_t(D) * 4);
+    const int64_t src = pruning ? out_row : logit_rows[r];
+    std::memcpy(rows.data() + r * D, x_.data() + src * D, size_t(D) * 4);
   }
   const OpShape head{R, 0, 0};
   {

@@ -13,6 +13,8 @@
 
 #include "kernels/context.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/pruning.h"
+#include "kernels/schedule.h"
 #include "kernels/weights.h"
 #include "model/config.h"
 #include "model/ops.h"
@@ -54,6 +56,31 @@ class Model {
   std::string path_;
 };
 
+// Pruning for one forward pass: at each step's layer the policy keeps tokens_kept(active,
+// share) of the active tokens; the rest are not computed in the layers after it.
+struct PruneRequest {
+  std::span<const PruneStep> steps;  // resolved, strictly increasing layers
+  PruningPolicy* policy = nullptr;
+};
+
+// What a forward pass computed.
+struct ForwardStats {
+  std::vector<int64_t> computed;            // [L] tokens computed at each layer
+  std::vector<std::vector<int32_t>> kept;   // per pruning step: positions kept after it
+  std::vector<std::vector<float>> scores;   // per pruning step: scores of the active tokens
+  int64_t aux_writes = 0;                   // hidden states saved to the Aux Cache
+};
+
+// Hidden states of pruned tokens: the input of the first layer at which each has no K/V.
+//   h [n][D], layer [n], pos [n]
+struct AuxCache {
+  std::vector<int32_t> pos;
+  std::vector<int32_t> layer;
+  std::vector<float> h;
+  int64_t size() const { return int64_t(pos.size()); }
+  int64_t bytes() const { return int64_t(h.size() * sizeof(float) + pos.size() * 8); }
+};
+
 class Session {
  public:
   // n_ctx: the most tokens this session will hold (prompt + generated).
@@ -62,18 +89,28 @@ class Session {
   // Runs tokens ids[T] at positions pos[T] (ascending, after every position already cached)
   // through all layers, appending their K/V. Writes logits [R][V] for the rows listed in
   // logit_rows (indices into ids) to `logits`. Throws lp::Error on a bad id or a full cache.
+  //
+  // With `prune` (only on an empty cache, with logits for the last row only): at each pruning
+  // step's layer the last token's attention scores the active tokens and the policy keeps some;
+  // the others are not computed in later layers, so each layer's KV cache holds exactly the
+  // tokens computed there, and each pruned token's hidden state goes to the Aux Cache.
   void forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<const int32_t> pos,
-               std::span<const int64_t> logit_rows, float* logits, OpTimers* timers = nullptr);
+               std::span<const int64_t> logit_rows, float* logits, OpTimers* timers = nullptr,
+               const PruneRequest* prune = nullptr, ForwardStats* stats = nullptr);
 
   int64_t n_cached() const { return kv_.empty() ? 0 : kv_[0].n; }
   int64_t n_ctx() const { return n_ctx_; }
   void reset();
-  int64_t kv_bytes() const;
+  int64_t kv_bytes() const;         // allocated
+  int64_t kv_bytes_used() const;    // held by the tokens cached at each layer
+  const LayerKV& layer_kv(int l) const { return kv_[size_t(l)]; }
+  const AuxCache& aux() const { return aux_; }
 
  private:
   const Model& m_;
   int64_t n_ctx_;
   std::vector<LayerKV> kv_;  // [L]
+  AuxCache aux_;
   Gemm gemm_;
   // Scratch, grown on demand: x [T][D], xn [T][D], qkv [T][(H+2Hkv)Dh], attn [T][H Dh],
   // ff [T][2F], act [T][F], tmp [T][D].

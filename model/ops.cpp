@@ -5,7 +5,8 @@ namespace lp {
 std::string_view op_name(Op op) {
   static constexpr std::array<std::string_view, kNumOps> names = {
       "embed",    "attn_norm", "q_proj", "k_proj", "v_proj", "rope",     "attention",   "o_proj",
-      "ffn_norm", "gate",      "up",     "swiglu", "down",   "residual", "output_norm", "lm_head"};
+      "ffn_norm", "gate",      "up",     "swiglu", "down",   "residual", "score",       "gather",
+      "output_norm", "lm_head"};
   return names[static_cast<int>(op)];
 }
 
@@ -52,6 +53,11 @@ double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
       return gemm_flops(T, F, D);
     case Op::Residual:
       return 2.0 * T * D;
+    // One query row over kv_tokens keys per head: dot (2 Dh), softmax (5), average (2).
+    case Op::Score:
+      return double(s.kv_tokens) * c.n_head * (2.0 * c.head_dim + 7.0);
+    case Op::Gather:
+      return 0;
     case Op::LmHead:
       return gemm_flops(T, D, c.n_vocab);
     case Op::kCount:
@@ -91,6 +97,10 @@ double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDtypes& d
       return gemm_bytes(T, F, D, d);
     case Op::Residual:
       return 2.0 * 3.0 * T * D * 4;
+    case Op::Score:
+      return double(s.kv_tokens) * c.kv_dim() * d.kv_bytes + double(s.kv_tokens) * 4;
+    case Op::Gather:  // rows moved (kept ones compacted, pruned ones saved): read and written
+      return 2.0 * T * D * 4;
     case Op::LmHead:
       return gemm_bytes(T, D, c.n_vocab, d);
     case Op::kCount:
@@ -104,7 +114,7 @@ double prefill_flops(const ModelConfig& c, int64_t T, int64_t logit_rows) {
   OpShape s{T, causal_pairs(T), T};
   for (int i = 0; i < kNumOps; ++i) {
     const Op op = static_cast<Op>(i);
-    if (op_is_per_layer(op)) total += c.n_layer * op_flops(c, op, s);
+    if (op_is_per_layer(op) && op != Op::Score && op != Op::Gather) total += c.n_layer * op_flops(c, op, s);
   }
   OpShape head{logit_rows, 0, 0};
   total += op_flops(c, Op::OutputNorm, head) + op_flops(c, Op::LmHead, head);

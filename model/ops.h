@@ -34,6 +34,8 @@ enum class Op : int {
   SwiGLU,      // silu(gate) * up
   Down,        // [T][F] x [F][D]
   Residual,    // two residual adds per layer
+  Score,       // LazyLLM: the last token's attention over the active keys, mean over heads
+  Gather,      // compacting the kept rows after a pruning layer (and saving pruned ones)
   OutputNorm,  // final RMSNorm on the rows that need logits
   LmHead,      // [R][D] x [D][V]
   kCount,

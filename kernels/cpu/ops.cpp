@@ -513,6 +513,29 @@ void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, f
 }
 }  // namespace
 
+void last_row_scores(const float* q, const LayerKV& kv, int64_t H, int64_t n_keys, float* scores) {
+  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, ldk = kv.kt_ld;
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  std::vector<float> p(static_cast<size_t>(n_keys));
+  std::fill(scores, scores + n_keys, 0.0f);
+  for (int64_t h = 0; h < H; ++h) {
+    const float* kt = kv.kt.data() + (h / group) * Dh * ldk;
+    std::fill(p.begin(), p.end(), 0.0f);
+    // p[k] = sum_d q[d] kt[d][k]: an axpy per dimension over contiguous keys.
+    for (int64_t d = 0; d < Dh; ++d) {
+      const float qd = q[h * Dh + d] * scale;
+      const float* row = kt + d * ldk;
+#pragma omp simd
+      for (int64_t k = 0; k < n_keys; ++k) p[k] += qd * row[k];
+    }
+    float mx, sum;
+    block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
+    const float w = 1.0f / (sum * float(H));
+#pragma omp simd
+    for (int64_t k = 0; k < n_keys; ++k) scores[k] += p[k] * w;
+  }
+}
+
 void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
                const LayerKV& kv, int64_t H, float* out, int64_t ldo) {
   const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv;

@@ -95,6 +95,11 @@ struct LayerKV {
 void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
                const LayerKV& kv, int64_t H, float* out, int64_t ldo);
 
+// LazyLLM importance scores: scores[k] = mean over the H query heads of softmax_k(q . K^T /
+// sqrt(Dh)) for one query row q [H*Dh] (the last token) over the first n_keys keys of kv. One
+// extra query row: H * n_keys * Dh multiply-adds; the full probability matrix is never formed.
+void last_row_scores(const float* q, const LayerKV& kv, int64_t H, int64_t n_keys, float* scores);
+
 // Vectorised exp used by the kernels (exposed for tests).
 void exp_inplace(float* x, int64_t n);
 

@@ -75,6 +75,25 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
     }
 }
 
+void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+                     double* scores) {
+  const int64_t group = H / Hkv;
+  std::vector<double> p(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) scores[s] = 0;
+  for (int64_t h = 0; h < H; ++h) {
+    double mx = -INFINITY;
+    for (int64_t s = 0; s < S; ++s) {
+      double dot = 0;
+      for (int64_t d = 0; d < Dh; ++d) dot += double(q[h * Dh + d]) * k[(s * Hkv + h / group) * Dh + d];
+      p[s] = dot / std::sqrt(double(Dh));
+      mx = std::max(mx, p[s]);
+    }
+    double sum = 0;
+    for (int64_t s = 0; s < S; ++s) sum += p[s] = std::exp(p[s] - mx);
+    for (int64_t s = 0; s < S; ++s) scores[s] += p[s] / sum / double(H);
+  }
+}
+
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double g = gate[i];

@@ -28,6 +28,11 @@ void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, 
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
 
+// scores[s] = mean over heads h of softmax over keys of (q[h] . k[s][h / (H/Hkv)] / sqrt(Dh)):
+// the last token's attention, averaged over query heads. q [H][Dh], k [S][Hkv][Dh].
+void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+                     double* scores);
+
 // out[t][i] = silu(gate[t][i]) * up[t][i]
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 

@@ -1,0 +1,120 @@
+#include "kernels/pruning.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "model/error.h"
+
+namespace lp {
+
+PolicyKind parse_policy(std::string_view name) {
+  if (name == "none") return PolicyKind::None;
+  if (name == "lazyllm") return PolicyKind::LazyLLM;
+  if (name == "static") return PolicyKind::Static;
+  if (name == "random") return PolicyKind::Random;
+  fail("unknown pruning policy '{}' (expected none, lazyllm, static or random)", name);
+}
+
+const char* policy_name(PolicyKind k) {
+  switch (k) {
+    case PolicyKind::None: return "none";
+    case PolicyKind::LazyLLM: return "lazyllm";
+    case PolicyKind::Static: return "static";
+    case PolicyKind::Random: return "random";
+  }
+  return "?";
+}
+
+std::vector<int64_t> select_top(std::span<const int32_t> pos, std::span<const float> scores, int64_t n_keep) {
+  const int64_t n = int64_t(pos.size());
+  if (n_keep >= n) {
+    std::vector<int64_t> all(static_cast<size_t>(n));
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  std::vector<int64_t> cand(static_cast<size_t>(n - 1));
+  std::iota(cand.begin(), cand.end(), 0);
+  std::partial_sort(cand.begin(), cand.begin() + (n_keep - 1), cand.end(), [&](int64_t a, int64_t b) {
+    return scores[a] != scores[b] ? scores[a] > scores[b] : pos[a] > pos[b];
+  });
+  cand.resize(static_cast<size_t>(n_keep - 1));
+  cand.push_back(n - 1);
+  std::sort(cand.begin(), cand.end());
+  return cand;
+}
+
+namespace {
+
+class NonePolicy final : public PruningPolicy {
+ public:
+  PolicyKind kind() const override { return PolicyKind::None; }
+  bool needs_scores() const override { return false; }
+  std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float>, int64_t) override {
+    std::vector<int64_t> all(pos.size());
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+};
+
+class LazyPolicy final : public PruningPolicy {
+ public:
+  PolicyKind kind() const override { return PolicyKind::LazyLLM; }
+  bool needs_scores() const override { return true; }
+  std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float> scores,
+                              int64_t n_keep) override {
+    return select_top(pos, scores, n_keep);
+  }
+};
+
+class StaticPolicy final : public PruningPolicy {
+ public:
+  PolicyKind kind() const override { return PolicyKind::Static; }
+  bool needs_scores() const override { return first_; }
+  std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float> scores,
+                              int64_t n_keep) override {
+    if (first_) {
+      for (size_t i = 0; i < pos.size(); ++i) score_of_[pos[i]] = scores[i];
+      first_ = false;
+    }
+    std::vector<float> s(pos.size());
+    for (size_t i = 0; i < pos.size(); ++i) {
+      auto it = score_of_.find(pos[i]);
+      s[i] = it == score_of_.end() ? 0.0f : it->second;
+    }
+    return select_top(pos, s, n_keep);
+  }
+
+ private:
+  bool first_ = true;
+  std::unordered_map<int32_t, float> score_of_;
+};
+
+class RandomPolicy final : public PruningPolicy {
+ public:
+  explicit RandomPolicy(uint64_t seed) : rng_(seed) {}
+  PolicyKind kind() const override { return PolicyKind::Random; }
+  bool needs_scores() const override { return false; }
+  std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float>, int64_t n_keep) override {
+    std::vector<float> s(pos.size());
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (auto& x : s) x = u(rng_);
+    return select_top(pos, s, n_keep);
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+std::unique_ptr<PruningPolicy> make_policy(PolicyKind kind, uint64_t seed) {
+  switch (kind) {
+    case PolicyKind::None: return std::make_unique<NonePolicy>();
+    case PolicyKind::LazyLLM: return std::make_unique<LazyPolicy>();
+    case PolicyKind::Static: return std::make_unique<StaticPolicy>();
+    case PolicyKind::Random: return std::make_unique<RandomPolicy>(seed);
+  }
+  fail("unknown pruning policy");
+}
+
+}  // namespace lp
