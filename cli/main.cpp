@@ -12,6 +12,8 @@
 
 #include "kernels/context.h"
 #include "kernels/generate.h"
+#include "kernels/pruning.h"
+#include "kernels/schedule.h"
 #include "kernels/runner.h"
 #include "model/config.h"
 #include "model/error.h"
@@ -32,6 +34,7 @@ struct RunArgs {
   bool prompt_given = false;  // --prompt "" is an empty prompt, not a missing one
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
+  std::string prune = "none", schedule;
 };
 
 std::string read_prompt_file(const std::string& path) {
@@ -85,6 +88,9 @@ int cmd_run(const RunArgs& a) {
   lp::GenerateOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
   opt.sampler = {a.temperature, a.top_p, a.seed};
+  opt.policy = lp::parse_policy(a.prune);
+  opt.schedule = a.schedule.empty() ? lp::default_schedule() : lp::schedule_from_arg(a.schedule);
+  opt.prune_seed = a.seed;
   const lp::GenerateResult r = lp::generate(ctx, *model, ids, opt);
 
   const double prefill_tps = r.prompt_ids.size() / r.prefill_s;
@@ -110,6 +116,15 @@ int cmd_run(const RunArgs& a) {
     j["top_p"] = a.top_p;
     j["version"] = LP_VERSION;
     j["git_commit"] = LP_GIT_COMMIT;
+    j["prune"] = lp::policy_name(opt.policy);
+    j["schedule"] = opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string();
+    json steps = json::array();
+    for (const auto& st : r.prune_steps) steps.push_back({{"layer", st.layer}, {"share", st.share}});
+    j["schedule_layers"] = steps;
+    j["prompt_tokens_computed_fraction"] = r.prompt_tokens_computed_fraction;
+    j["prefill_tokens_computed_per_layer"] = r.prefill_stats.computed;
+    j["kv_bytes_after_prefill"] = r.kv_bytes_used;
+    j["aux_cache_bytes"] = r.aux_cache_bytes;
     j["prefill_ops"] = ops_json(r.prefill_ops);
     j["decode_ops"] = ops_json(r.decode_ops);
     std::puts(j.dump(2).c_str());
@@ -117,9 +132,11 @@ int cmd_run(const RunArgs& a) {
     std::puts(r.text.c_str());
     fmt::print(stderr,
                "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | prefill {:.1f} tok/s ({:.1f} "
-               "GFLOP/s) | decode {:.1f} tok/s | peak RSS {:.0f} MiB | {} {} threads\n",
+               "GFLOP/s) | decode {:.1f} tok/s | peak RSS {:.0f} MiB | {} {} threads | prune {} "
+               "({:.1f}% of prompt token-layers computed)\n",
                r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, prefill_tps, gflops, decode_tps,
-               lp::peak_rss_mib(), lp::dtype_name(dtype), a.threads);
+               lp::peak_rss_mib(), lp::dtype_name(dtype), a.threads, a.prune,
+               100.0 * r.prompt_tokens_computed_fraction);
   }
   return 0;
 }
@@ -217,7 +234,13 @@ int main(int argc, char** argv) {
   run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)")
       ->check(CLI::Range(0.0, 100.0));
   run->add_option("--top-p", ra.top_p, "Nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
-  run->add_option("--seed", ra.seed, "Random seed for sampling");
+  run->add_option("--seed", ra.seed, "Random seed for sampling and for --prune random");
+  run->add_option("--prune", ra.prune,
+                  "Prefill token pruning: none, lazyllm (LazyLLM), static (select once) or random")
+      ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
+  run->add_option("--schedule", ra.schedule,
+                  std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
+                      lp::kScheduleSyntaxHelp);
 
   std::string inspect_model;
   bool inspect_json = false;

@@ -1,6 +1,7 @@
 #include "kernels/generate.h"
 
 #include <chrono>
+#include <memory>
 #include <numeric>
 
 #include "model/error.h"
@@ -27,9 +28,23 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
   std::iota(pos.begin(), pos.end(), 0);
   const int64_t last = T - 1;
 
+  std::unique_ptr<PruningPolicy> policy;
+  PruneRequest req;
+  if (opt.policy != PolicyKind::None) {
+    r.prune_steps = resolve_schedule(opt.schedule, c.n_layer);
+    policy = make_policy(opt.policy, opt.prune_seed);
+    req = {r.prune_steps, policy.get()};
+  }
+
   const auto t0 = Clock::now();
-  s.forward(ctx, prompt_ids, pos, {&last, 1}, logits.data(), &r.prefill_ops);
+  s.forward(ctx, prompt_ids, pos, {&last, 1}, logits.data(), &r.prefill_ops, policy ? &req : nullptr,
+            &r.prefill_stats);
   const auto t1 = Clock::now();
+  double computed = 0;
+  for (int64_t n : r.prefill_stats.computed) computed += double(n);
+  r.prompt_tokens_computed_fraction = computed / (double(T) * c.n_layer);
+  r.kv_bytes_used = s.kv_bytes_used();
+  r.aux_cache_bytes = s.aux().bytes();
   r.last_prefill_logits = logits;
   int32_t next = opt.max_new_tokens > 0 ? sampler.sample(logits) : -1;
   const auto t2 = Clock::now();

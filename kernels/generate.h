@@ -14,6 +14,12 @@ struct GenerateOptions {
   int max_new_tokens = 64;
   SamplerParams sampler;
   bool stop_at_end_of_generation = true;
+  // Prefill pruning. Decoding after a pruned prefill attends to the keys each layer holds
+  // (tokens pruned before a layer are not attended there); per-step re-selection with revival
+  // from the Aux Cache is not implemented yet (issue 3).
+  PolicyKind policy = PolicyKind::None;
+  Schedule schedule = default_schedule();
+  uint64_t prune_seed = 0;
 };
 
 struct GenerateResult {
@@ -26,6 +32,11 @@ struct GenerateResult {
   int64_t decode_steps = 0;  // forward passes after prefill
   OpTimers prefill_ops, decode_ops;
   std::vector<float> last_prefill_logits;  // [V] logits of the last prompt token
+  std::vector<PruneStep> prune_steps;      // the schedule resolved for this model
+  ForwardStats prefill_stats;
+  double prompt_tokens_computed_fraction = 1;  // share of prompt (token, layer) pairs computed
+  int64_t kv_bytes_used = 0;                   // after prefill, over all layers
+  int64_t aux_cache_bytes = 0;
 };
 
 // Throws lp::Error for an empty prompt or one that does not fit the model's context.

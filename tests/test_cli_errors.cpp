@@ -384,5 +384,43 @@ TEST_F(CliErrors, UnknownOption) {
                         {"--bogus"});
 }
 
+
+// ---- pruning options ----------------------------------------------------------------------
+
+TEST_F(CliErrors, RunWithLazyLLMReportsTheComputedShare) {
+  // 40 tokens on the 2-layer tiny model, pruning half after layer 0: layer 0 computes 40, layer
+  // 1 computes 20, so 60 of 80 (token, layer) pairs.
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "a ";
+  prompt.pop_back();
+  const CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "2",
+                                     "--prune", "lazyllm", "--schedule", "0:0.5", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  const int64_t T = j["prompt_tokens"].get<int64_t>();
+  ASSERT_EQ(j["prefill_tokens_computed_per_layer"], (std::vector<int64_t>{T, T - T / 2}));
+  EXPECT_DOUBLE_EQ(j["prompt_tokens_computed_fraction"].get<double>(), double(2 * T - T / 2) / double(2 * T));
+  EXPECT_EQ(j["prune"], "lazyllm");
+  EXPECT_GT(j["aux_cache_bytes"].get<int64_t>(), 0);
+}
+
+TEST_F(CliErrors, UnknownPrunePolicy) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "fastest"}),
+                        {"--prune", "fastest"});
+}
+
+TEST_F(CliErrors, MalformedSchedule) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "lazyllm",
+                                       "--schedule", "0:1.5"}),
+                        {"share"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "lazyllm",
+                                       "--schedule", "7:0.3"}),
+                        {"layer"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "lazyllm",
+                                       "--schedule", "/no/such/schedule.json"}),
+                        {"no such schedule file"});
+}
+
 }  // namespace
 }  // namespace lp
