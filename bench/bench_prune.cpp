@@ -76,9 +76,13 @@ void lengths(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK_CAPTURE(BM_Prune, none, lp::PolicyKind::None, "none")->Apply(lengths);
-BENCHMARK_CAPTURE(BM_Prune, lazyllm_default, lp::PolicyKind::LazyLLM, "0.3:0.3,0.6:0.3,0.9:0.3")->Apply(lengths);
-BENCHMARK_CAPTURE(BM_Prune, lazyllm_aggressive, lp::PolicyKind::LazyLLM, "0.1:0.5,0.3:0.5,0.5:0.5")->Apply(lengths);
-BENCHMARK_CAPTURE(BM_Prune, static_default, lp::PolicyKind::Static, "0.3:0.3,0.6:0.3,0.9:0.3")->Apply(lengths);
-BENCHMARK_CAPTURE(BM_Prune, random_default, lp::PolicyKind::Random, "0.3:0.3,0.6:0.3,0.9:0.3")->Apply(lengths);
+BENCHMARK_CAPTURE(BM_Prune, lazyllm_default, lp::PolicyKind::LazyLLM, "0.3:0.3,0.6:0.3,0.9:0.3")
+    ->Apply(lengths);
+BENCHMARK_CAPTURE(BM_Prune, lazyllm_aggressive, lp::PolicyKind::LazyLLM, "0.1:0.5,0.3:0.5,0.5:0.5")
+    ->Apply(lengths);
+BENCHMARK_CAPTURE(BM_Prune, static_default, lp::PolicyKind::Static, "0.3:0.3,0.6:0.3,0.9:0.3")
+    ->Apply(lengths);
+BENCHMARK_CAPTURE(BM_Prune, random_default, lp::PolicyKind::Random, "0.3:0.3,0.6:0.3,0.9:0.3")
+    ->Apply(lengths);
 
 }  // namespace

@@ -17,10 +17,14 @@ PolicyKind parse_policy(std::string_view name) {
 
 const char* policy_name(PolicyKind k) {
   switch (k) {
-    case PolicyKind::None: return "none";
-    case PolicyKind::LazyLLM: return "lazyllm";
-    case PolicyKind::Static: return "static";
-    case PolicyKind::Random: return "random";
+    case PolicyKind::None:
+      return "none";
+    case PolicyKind::LazyLLM:
+      return "lazyllm";
+    case PolicyKind::Static:
+      return "static";
+    case PolicyKind::Random:
+      return "random";
   }
   return "?";
 }
@@ -94,7 +98,8 @@ class RandomPolicy final : public PruningPolicy {
   explicit RandomPolicy(uint64_t seed) : rng_(seed) {}
   PolicyKind kind() const override { return PolicyKind::Random; }
   bool needs_scores() const override { return false; }
-  std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float>, int64_t n_keep) override {
+  std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float>,
+                              int64_t n_keep) override {
     std::vector<float> s(pos.size());
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     for (auto& x : s) x = u(rng_);
@@ -109,10 +114,14 @@ class RandomPolicy final : public PruningPolicy {
 
 std::unique_ptr<PruningPolicy> make_policy(PolicyKind kind, uint64_t seed) {
   switch (kind) {
-    case PolicyKind::None: return std::make_unique<NonePolicy>();
-    case PolicyKind::LazyLLM: return std::make_unique<LazyPolicy>();
-    case PolicyKind::Static: return std::make_unique<StaticPolicy>();
-    case PolicyKind::Random: return std::make_unique<RandomPolicy>(seed);
+    case PolicyKind::None:
+      return std::make_unique<NonePolicy>();
+    case PolicyKind::LazyLLM:
+      return std::make_unique<LazyPolicy>();
+    case PolicyKind::Static:
+      return std::make_unique<StaticPolicy>();
+    case PolicyKind::Random:
+      return std::make_unique<RandomPolicy>(seed);
   }
   fail("unknown pruning policy");
 }

@@ -65,10 +65,10 @@ struct PruneRequest {
 
 // What a forward pass computed.
 struct ForwardStats {
-  std::vector<int64_t> computed;            // [L] tokens computed at each layer
-  std::vector<std::vector<int32_t>> kept;   // per pruning step: positions kept after it
-  std::vector<std::vector<float>> scores;   // per pruning step: scores of the active tokens
-  int64_t aux_writes = 0;                   // hidden states saved to the Aux Cache
+  std::vector<int64_t> computed;           // [L] tokens computed at each layer
+  std::vector<std::vector<int32_t>> kept;  // per pruning step: positions kept after it
+  std::vector<std::vector<float>> scores;  // per pruning step: scores of the active tokens
+  int64_t aux_writes = 0;                  // hidden states saved to the Aux Cache
 };
 
 // Hidden states of pruned tokens: the input of the first layer at which each has no K/V.
@@ -101,8 +101,8 @@ class Session {
   int64_t n_cached() const { return kv_.empty() ? 0 : kv_[0].n; }
   int64_t n_ctx() const { return n_ctx_; }
   void reset();
-  int64_t kv_bytes() const;         // allocated
-  int64_t kv_bytes_used() const;    // held by the tokens cached at each layer
+  int64_t kv_bytes() const;       // allocated
+  int64_t kv_bytes_used() const;  // held by the tokens cached at each layer
   const LayerKV& layer_kv(int l) const { return kv_[size_t(l)]; }
   const AuxCache& aux() const { return aux_; }
 

@@ -4,9 +4,8 @@ namespace lp {
 
 std::string_view op_name(Op op) {
   static constexpr std::array<std::string_view, kNumOps> names = {
-      "embed",    "attn_norm", "q_proj", "k_proj", "v_proj", "rope",     "attention",   "o_proj",
-      "ffn_norm", "gate",      "up",     "swiglu", "down",   "residual", "score",       "gather",
-      "output_norm", "lm_head"};
+      "embed", "attn_norm", "q_proj", "k_proj", "v_proj",   "rope",  "attention", "o_proj",      "ffn_norm",
+      "gate",  "up",        "swiglu", "down",   "residual", "score", "gather",    "output_norm", "lm_head"};
   return names[static_cast<int>(op)];
 }
 

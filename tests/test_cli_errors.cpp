@@ -384,7 +384,6 @@ TEST_F(CliErrors, UnknownOption) {
                         {"--bogus"});
 }
 
-
 // ---- pruning options ----------------------------------------------------------------------
 
 TEST_F(CliErrors, RunWithLazyLLMReportsTheComputedShare) {

@@ -31,9 +31,9 @@ std::vector<float> tensor_f32(const GgufFile& f, const std::string& name) {
 }
 
 struct SlowResult {
-  std::vector<float> last_logits;               // [V]
-  std::vector<std::vector<double>> scores;      // per step: last token's scores over the active set
-  std::vector<std::vector<float>> frozen;       // per step: hidden state of each pruned row
+  std::vector<float> last_logits;           // [V]
+  std::vector<std::vector<double>> scores;  // per step: last token's scores over the active set
+  std::vector<std::vector<float>> frozen;   // per step: hidden state of each pruned row
 };
 
 // active_after[k]: positions active after step k (from the engine); steps[k].layer its layer.
@@ -182,19 +182,21 @@ TEST_P(PrunedForward, MatchesSlowMaskedFormulation) {
     // the selection keeps the highest-scoring tokens by the reference's scores too.
     for (size_t i = 0; i < want.scores.size(); ++i) {
       ASSERT_EQ(st.scores[i].size(), want.scores[i].size());
-      for (size_t j = 0; j < want.scores[i].size(); ++j) ASSERT_NEAR(st.scores[i][j], want.scores[i][j], 1e-5);
+      for (size_t j = 0; j < want.scores[i].size(); ++j)
+        ASSERT_NEAR(st.scores[i][j], want.scores[i][j], 1e-5);
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, PrunedForward,
-    ::testing::Values(PruneCase{1, PolicyKind::LazyLLM, "0:0.5"}, PruneCase{2, PolicyKind::LazyLLM, "0:0.5"},
-                      PruneCase{17, PolicyKind::LazyLLM, "0:0.3,1:0.3,2:0.3"},
-                      PruneCase{111, PolicyKind::LazyLLM, "0.5:0.5"},
-                      PruneCase{111, PolicyKind::LazyLLM, "0:0.3,2:0.6"}, PruneCase{17, PolicyKind::Random, "0:0.5,1:0.5"},
-                      PruneCase{111, PolicyKind::Static, "0:0.3,1:0.3,2:0.3"},
-                      PruneCase{40, PolicyKind::Random, "1:0.9"}));
+INSTANTIATE_TEST_SUITE_P(Cases, PrunedForward,
+                         ::testing::Values(PruneCase{1, PolicyKind::LazyLLM, "0:0.5"},
+                                           PruneCase{2, PolicyKind::LazyLLM, "0:0.5"},
+                                           PruneCase{17, PolicyKind::LazyLLM, "0:0.3,1:0.3,2:0.3"},
+                                           PruneCase{111, PolicyKind::LazyLLM, "0.5:0.5"},
+                                           PruneCase{111, PolicyKind::LazyLLM, "0:0.3,2:0.6"},
+                                           PruneCase{17, PolicyKind::Random, "0:0.5,1:0.5"},
+                                           PruneCase{111, PolicyKind::Static, "0:0.3,1:0.3,2:0.3"},
+                                           PruneCase{40, PolicyKind::Random, "1:0.9"}));
 
 TEST(PrunedForwardExact, ZeroShareIsBitwiseTheUnprunedForward) {
   testing::TempDir dir;

@@ -68,7 +68,8 @@ TEST(OpCounting, SmolLM2PrefillFlopsFromTheMath) {
   const int64_t T = 2048;
   double per_layer = 0;
   for (int i = 0; i < kNumOps; ++i)
-    if (op_is_per_layer(Op(i)) && Op(i) != Op::Score && Op(i) != Op::Gather) per_layer += op_flops(c, Op(i), {T, causal_pairs(T), T});
+    if (op_is_per_layer(Op(i)) && Op(i) != Op::Score && Op(i) != Op::Gather)
+      per_layer += op_flops(c, Op(i), {T, causal_pairs(T), T});
   EXPECT_DOUBLE_EQ(prefill_flops(c, T, 1), 30 * per_layer + op_flops(c, Op::OutputNorm, {1, 0, 0}) +
                                                op_flops(c, Op::LmHead, {1, 0, 0}));
   EXPECT_GT(op_bytes(c, Op::Gate, {T, 0, 0}, {2, 2, 2}), 576.0 * 1536 * 2);
