@@ -2,9 +2,11 @@
 // and exit code 1; usage errors get one line too, with CLI11's non-zero exit code.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,6 +23,7 @@
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/vocab.h"
+#include "traces/trace.h"
 
 namespace {
 
@@ -34,8 +37,21 @@ struct RunArgs {
   bool prompt_given = false;  // --prompt "" is an empty prompt, not a missing one
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
-  std::string prune = "none", schedule;
+  std::string prune = "none", schedule, trace;
 };
+
+lp::trace::Step trace_step(const char* kind, int64_t new_tokens, const lp::ForwardStats& f) {
+  lp::trace::Step s;
+  s.kind = kind;
+  s.new_tokens = new_tokens;
+  s.queries = f.computed;
+  s.keys = f.keys;
+  s.pairs = f.pairs;
+  s.revived.assign(f.computed.size(), 0);  // revival is not implemented yet
+  s.aux_reads.assign(f.computed.size(), 0);
+  s.aux_writes = f.aux_written;
+  return s;
+}
 
 std::string read_prompt_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -74,6 +90,14 @@ int cmd_run(const RunArgs& a) {
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
   if (text.empty()) lp::fail("the prompt is empty");
   const lp::DType dtype = parse_dtype(a.dtype);
+  if (!a.trace.empty()) {
+    // Fail before the (long) run when the trace could not be written afterwards.
+    const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();
+    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+      lp::fail("cannot write trace '{}': folder '{}' does not exist or is not writable", a.trace,
+               dir.string());
+    if (std::filesystem::is_directory(a.trace)) lp::fail("cannot write trace '{}': it is a folder", a.trace);
+  }
   lp::CpuContext ctx(a.threads);
   const auto model = lp::Model::load(path, dtype, ctx);
   const lp::Tokenizer& tok = model->tokenizer();
@@ -91,8 +115,28 @@ int cmd_run(const RunArgs& a) {
   opt.policy = lp::parse_policy(a.prune);
   opt.schedule = a.schedule.empty() ? lp::default_schedule() : lp::schedule_from_arg(a.schedule);
   opt.prune_seed = a.seed;
+  opt.record_steps = !a.trace.empty();
   const lp::GenerateResult r = lp::generate(ctx, *model, ids, opt);
 
+  if (!a.trace.empty()) {
+    const lp::ModelConfig& c = model->config();
+    lp::trace::Trace t;
+    t.header.model = {{"arch", c.arch},     {"n_layer", c.n_layer},     {"n_embd", c.n_embd},
+                      {"n_head", c.n_head}, {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},
+                      {"n_ff", c.n_ff},     {"n_vocab", c.n_vocab},     {"name", c.name}};
+    t.header.n_layer = c.n_layer;
+    t.header.policy = lp::policy_name(opt.policy);
+    t.header.schedule = opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string();
+    for (const auto& st : r.prune_steps) t.header.schedule_layers.emplace_back(st.layer, st.share);
+    t.header.prompt_tokens = int64_t(r.prompt_ids.size());
+    t.header.dtype = lp::dtype_name(dtype);
+    t.header.tool_version = LP_VERSION;
+    t.header.git_commit = LP_GIT_COMMIT;
+    t.header.seed = a.seed;
+    t.steps.push_back(trace_step("prefill", int64_t(r.prompt_ids.size()), r.prefill_stats));
+    for (const auto& st : r.decode_stats) t.steps.push_back(trace_step("decode", 1, st));
+    lp::trace::write_trace(t, a.trace);
+  }
   const double prefill_tps = r.prompt_ids.size() / r.prefill_s;
   const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
   const double gflops = r.prefill_ops.total_flops() / r.prefill_s / 1e9;
@@ -138,6 +182,43 @@ int cmd_run(const RunArgs& a) {
                lp::peak_rss_mib(), lp::dtype_name(dtype), a.threads, a.prune,
                100.0 * r.prompt_tokens_computed_fraction);
   }
+  return 0;
+}
+
+int cmd_inspect_trace(const std::string& path, bool json_out) {
+  const lp::trace::Trace t = lp::trace::read_trace(path);
+  const lp::trace::Summary s = lp::trace::summarize(t);
+  const auto& h = t.header;
+  const int64_t kv_per_token_layer = 2LL * h.model.value("n_head_kv", 0) * h.model.value("head_dim", 0) * 4;
+  const int64_t D = h.model.value("n_embd", 0);
+  if (json_out) {
+    json j = {{"trace", path},
+              {"version", h.version},
+              {"policy", h.policy},
+              {"schedule", h.schedule},
+              {"prompt_tokens", h.prompt_tokens},
+              {"steps", t.steps.size()},
+              {"prompt_share_per_layer", s.prompt_share_per_layer},
+              {"prompt_tokens_computed_fraction", s.prompt_share},
+              {"generation_tokens_computed_fraction", s.generation_share},
+              {"at_most_once", s.at_most_once},
+              {"kv_bytes_final_f32", s.kv_tokens_final * kv_per_token_layer},
+              {"aux_cache_bytes_f32", s.aux_writes * D * 4},
+              {"aux_writes", s.aux_writes},
+              {"revivals", s.revivals}};
+    std::puts(j.dump(2).c_str());
+    return 0;
+  }
+  fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps\n", path,
+             h.version, h.policy, h.schedule, h.prompt_tokens, t.steps.size());
+  fmt::print("prompt (token, layer) pairs computed: {:.1f}%   whole generation: {:.1f}%   at most once: {}\n",
+             100 * s.prompt_share, 100 * s.generation_share, s.at_most_once ? "yes" : "NO");
+  fmt::print("KV at the end: {:.2f} MiB (f32)   Aux Cache: {} states, {:.2f} MiB   revivals: {}\n",
+             double(s.kv_tokens_final * kv_per_token_layer) / 1048576.0, s.aux_writes,
+             double(s.aux_writes * D * 4) / 1048576.0, s.revivals);
+  fmt::print("share of prompt tokens computed per layer:\n");
+  for (size_t l = 0; l < s.prompt_share_per_layer.size(); ++l)
+    fmt::print("  layer {:>3}: {:>6.1f}%\n", l, 100 * s.prompt_share_per_layer[l]);
   return 0;
 }
 
@@ -235,6 +316,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 100.0));
   run->add_option("--top-p", ra.top_p, "Nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
   run->add_option("--seed", ra.seed, "Random seed for sampling and for --prune random");
+  run->add_option("--trace", ra.trace, "Write the run's trace (JSON Lines, traces/README.md) to this file");
   run->add_option("--prune", ra.prune,
                   "Prefill token pruning: none, lazyllm (LazyLLM), static (select once) or random")
       ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
@@ -242,10 +324,11 @@ int main(int argc, char** argv) {
                   std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
                       lp::kScheduleSyntaxHelp);
 
-  std::string inspect_model;
+  std::string inspect_model, inspect_trace;
   bool inspect_json = false;
   auto* inspect = app.add_subcommand("inspect", "Show a GGUF model's architecture, tensors and tokenizer");
   inspect->add_option("--model", inspect_model, "GGUF model file (default: the cached SmolLM2)");
+  inspect->add_option("--trace", inspect_trace, "Summarise a trace written by run --trace instead");
   inspect->add_flag("--json", inspect_json, "Print JSON");
 
   try {
@@ -256,6 +339,7 @@ int main(int argc, char** argv) {
   ra.prompt_given = run->count("--prompt") > 0;
   try {
     if (*run) return cmd_run(ra);
+    if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);
   } catch (const lp::Error& e) {
     fmt::print(stderr, "lazyprefill: error: {}\n", e.what());

@@ -58,7 +58,10 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
     if (int(r.generated_ids.size()) == opt.max_new_tokens) break;
     const int32_t p = int32_t(T + r.generated_ids.size() - 1);
     const int64_t row = 0;
-    s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops);
+    ForwardStats st;
+    s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops, nullptr,
+              opt.record_steps ? &st : nullptr);
+    if (opt.record_steps) r.decode_stats.push_back(std::move(st));
     ++r.decode_steps;
     next = sampler.sample(logits);
   }

@@ -20,6 +20,7 @@ struct GenerateOptions {
   PolicyKind policy = PolicyKind::None;
   Schedule schedule = default_schedule();
   uint64_t prune_seed = 0;
+  bool record_steps = false;  // keep ForwardStats of every decoding step (for traces)
 };
 
 struct GenerateResult {
@@ -34,6 +35,7 @@ struct GenerateResult {
   std::vector<float> last_prefill_logits;  // [V] logits of the last prompt token
   std::vector<PruneStep> prune_steps;      // the schedule resolved for this model
   ForwardStats prefill_stats;
+  std::vector<ForwardStats> decode_stats;      // one per decoding step, when record_steps
   double prompt_tokens_computed_fraction = 1;  // share of prompt (token, layer) pairs computed
   int64_t kv_bytes_used = 0;                   // after prefill, over all layers
   int64_t aux_cache_bytes = 0;

@@ -109,7 +109,10 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   ff_.resize(T * 2 * F, false);
   act_.resize(T * F, false);
   tmp_.resize(T * D, false);
-  if (stats) *stats = ForwardStats{std::vector<int64_t>(size_t(c.n_layer), 0), {}, {}, 0};
+  if (stats) {
+    const std::vector<int64_t> zeros(size_t(c.n_layer), 0);
+    *stats = ForwardStats{zeros, zeros, zeros, zeros, {}, {}, 0};
+  }
 
   // The active rows: act[i] indexes ids/pos; x_ row i holds token act[i]. Pruning only ever
   // removes rows, so act stays ascending and positions stay in order.
@@ -165,6 +168,10 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
       Timed tm{timers, Op::Attention, op_flops(c, Op::Attention, OpShape{Tl, pairs, n_keys})};
       kv.append(qkv_.data() + Q, QKV, qkv_.data() + Q + Hkv * Dh, QKV, act_pos.data(), Tl);
       attention(ctx, qkv_.data(), QKV, act_pos.data(), Tl, kv, H, attn_.data(), Q);
+      if (stats) {
+        stats->keys[size_t(l)] = kv.n;
+        stats->pairs[size_t(l)] = pairs;
+      }
     }
     // A pruning layer: score the active tokens by the last token's attention (the keys at this
     // layer are exactly the active tokens, since the cache started empty).
@@ -228,7 +235,10 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
         aux_.pos.push_back(act_pos[size_t(r)]);
         aux_.layer.push_back(l + 1);
         aux_.h.insert(aux_.h.end(), x_.data() + r * D, x_.data() + (r + 1) * D);
-        if (stats) ++stats->aux_writes;
+        if (stats) {
+          ++stats->aux_writes;
+          ++stats->aux_written[size_t(l)];
+        }
       }
       act.resize(keep.size());
       act_pos.resize(keep.size());

@@ -65,7 +65,10 @@ struct PruneRequest {
 
 // What a forward pass computed.
 struct ForwardStats {
-  std::vector<int64_t> computed;           // [L] tokens computed at each layer
+  std::vector<int64_t> computed;           // [L] tokens computed at each layer (queries)
+  std::vector<int64_t> keys;               // [L] tokens with K/V at each layer after the pass
+  std::vector<int64_t> pairs;              // [L] causal (query, key) pairs attended
+  std::vector<int64_t> aux_written;        // [L] tokens pruned after layer l, saved to the Aux Cache
   std::vector<std::vector<int32_t>> kept;  // per pruning step: positions kept after it
   std::vector<std::vector<float>> scores;  // per pruning step: scores of the active tokens
   int64_t aux_writes = 0;                  // hidden states saved to the Aux Cache

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -419,6 +420,31 @@ TEST_F(CliErrors, MalformedSchedule) {
   expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "lazyllm",
                                        "--schedule", "/no/such/schedule.json"}),
                         {"no such schedule file"});
+}
+
+TEST_F(CliErrors, TraceToAnUnwritablePath) {
+  const std::string bad = dir_.file("no/such/folder/t.jsonl");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--trace", bad}),
+                        {"cannot write trace", "t.jsonl"});
+  EXPECT_FALSE(std::filesystem::exists(bad));
+}
+
+TEST_F(CliErrors, TraceIsWrittenAndInspected) {
+  std::string prompt;
+  for (int i = 0; i < 30; ++i) prompt += "a ";
+  const std::string t = dir_.file("run.jsonl");
+  const CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "3",
+                                     "--prune", "lazyllm", "--schedule", "0:0.5", "--trace", t, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto run = nlohmann::json::parse(r.out);
+  const CliResult ri = run_cli(dir_, {"inspect", "--trace", t, "--json"});
+  ASSERT_TRUE(ri.exited && ri.code == 0) << describe(ri);
+  const auto j = nlohmann::json::parse(ri.out);
+  EXPECT_DOUBLE_EQ(j["prompt_tokens_computed_fraction"].get<double>(),
+                   run["prompt_tokens_computed_fraction"].get<double>());
+  EXPECT_EQ(j["steps"], 3);  // the prefill and two decoding steps (the third token needs no step)
+  EXPECT_EQ(j["at_most_once"], true);
+  expect_one_line_error(run_cli(dir_, {"inspect", "--trace", tiny_}), {"not a lazyprefill trace"});
 }
 
 }  // namespace

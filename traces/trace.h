@@ -1,0 +1,62 @@
+// The trace: what a run computed, step by step and layer by layer. It is the contract between
+// kernels/ (the engine, through the CLI, writes it) and sim/ (which replays it); it knows
+// nothing of either. Format: traces/README.md.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace lp::trace {
+
+inline constexpr int kVersion = 1;
+
+// Per-layer counts for one generation step (prefill is step 0). Every vector has n_layer entries.
+struct Step {
+  std::string kind;                 // "prefill" or "decode"
+  int64_t new_tokens = 0;           // tokens this step appends (prompt length, then 1)
+  std::vector<int64_t> queries;     // tokens computed at the layer
+  std::vector<int64_t> keys;        // tokens with K/V at the layer after the step
+  std::vector<int64_t> pairs;       // causal (query, key) pairs attended
+  std::vector<int64_t> revived;     // tokens revived (recomputed from the Aux Cache) at the layer
+  std::vector<int64_t> aux_reads;   // Aux Cache reads at the layer (one per revival)
+  std::vector<int64_t> aux_writes;  // tokens pruned after the layer whose hidden state was saved
+};
+
+struct Header {
+  int version = kVersion;
+  nlohmann::json model;                                 // ModelConfig fields: n_layer, n_embd, n_head, ...
+  std::string policy = "none";                          // none | lazyllm | static | random
+  std::string schedule = "none";                        // inline form
+  std::vector<std::pair<int, double>> schedule_layers;  // resolved (layer, share)
+  int64_t prompt_tokens = 0;
+  int n_layer = 0;
+  std::string dtype, tool_version, git_commit;
+  uint64_t seed = 0;
+};
+
+struct Trace {
+  Header header;
+  std::vector<Step> steps;
+};
+
+// Writes JSON Lines (a header line, then one line per step) to a temporary file beside `path`
+// and renames it into place: a failed write leaves no partial trace. Throws lp::Error.
+void write_trace(const Trace& t, const std::string& path);
+
+// Reads and validates a trace file. Throws lp::Error naming the file, line and field.
+Trace read_trace(const std::string& path);
+
+// What `inspect --trace` prints.
+struct Summary {
+  std::vector<double> prompt_share_per_layer;  // share of prompt tokens computed at each layer (prefill)
+  double prompt_share = 1;                     // over all prompt (token, layer) pairs
+  double generation_share = 1;                 // all steps: pairs computed / pairs of a dense run
+  bool at_most_once = true;                    // no layer computed more tokens than exist
+  int64_t kv_tokens_final = 0;                 // (token, layer) pairs holding K/V at the end
+  int64_t aux_writes = 0, revivals = 0;
+};
+Summary summarize(const Trace& t);
+
+}  // namespace lp::trace
