@@ -47,7 +47,7 @@ lp::trace::Step trace_step(const char* kind, int64_t new_tokens, const lp::Forwa
   s.queries = f.computed;
   s.keys = f.keys;
   s.pairs = f.pairs;
-  s.revived.assign(f.computed.size(), 0);  // revival is not implemented yet
+  s.revived.assign(f.computed.size(), 0);  // this engine does not revive tokens yet: zero is exact
   s.aux_reads.assign(f.computed.size(), 0);
   s.aux_writes = f.aux_written;
   return s;

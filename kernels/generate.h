@@ -16,7 +16,7 @@ struct GenerateOptions {
   bool stop_at_end_of_generation = true;
   // Prefill pruning. Decoding after a pruned prefill attends to the keys each layer holds
   // (tokens pruned before a layer are not attended there); per-step re-selection with revival
-  // from the Aux Cache is not implemented yet (issue 3).
+  // from the Aux Cache is the next step of issue 3.
   PolicyKind policy = PolicyKind::None;
   Schedule schedule = default_schedule();
   uint64_t prune_seed = 0;

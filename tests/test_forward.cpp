@@ -16,46 +16,22 @@
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "tests/gguf_writer.h"
+#include "tests/reference_model.h"
 
 namespace lp {
 namespace {
 
-std::vector<float> tensor_f32(const GgufFile& f, const std::string& name) {
-  const GgufTensor& t = f.tensor(name);
-  std::vector<float> v(static_cast<size_t>(t.n_elems));
-  dequantize(t.type, t.data, v.data(), t.n_elems);
-  return v;
-}
+using testing::tensor_f32;
 
 // Logits [T][V] of a prompt at positions pos, all rows, computed the slow way.
 std::vector<float> reference_forward(const GgufFile& f, const ModelConfig& c, const std::vector<int32_t>& ids,
                                      const std::vector<int32_t>& pos) {
-  const int64_t T = int64_t(ids.size()), D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim,
-                F = c.n_ff, V = c.n_vocab;
+  const int64_t T = int64_t(ids.size()), D = c.n_embd, V = c.n_vocab;
+
   const auto emb = tensor_f32(f, "token_embd.weight");
   std::vector<float> x(static_cast<size_t>(T * D)), xn(x.size()), tmp(x.size());
   for (int64_t t = 0; t < T; ++t) std::copy_n(emb.begin() + ids[t] * D, D, x.begin() + t * D);
-  for (int l = 0; l < c.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    ref::rmsnorm(x.data(), tensor_f32(f, p + "attn_norm.weight").data(), xn.data(), T, D, c.rms_eps);
-    std::vector<float> q(static_cast<size_t>(T * H * Dh)), k(static_cast<size_t>(T * Hkv * Dh)), v(k.size()),
-        o(q.size());
-    ref::matmul(xn.data(), tensor_f32(f, p + "attn_q.weight").data(), q.data(), T, D, H * Dh);
-    ref::matmul(xn.data(), tensor_f32(f, p + "attn_k.weight").data(), k.data(), T, D, Hkv * Dh);
-    ref::matmul(xn.data(), tensor_f32(f, p + "attn_v.weight").data(), v.data(), T, D, Hkv * Dh);
-    ref::rope(q.data(), pos.data(), T, H, Dh, c.rope_dim, c.rope_theta, nullptr);
-    ref::rope(k.data(), pos.data(), T, Hkv, Dh, c.rope_dim, c.rope_theta, nullptr);
-    ref::attention(q.data(), pos.data(), T, k.data(), v.data(), pos.data(), T, H, Hkv, Dh, o.data());
-    ref::matmul(o.data(), tensor_f32(f, p + "attn_output.weight").data(), tmp.data(), T, H * Dh, D);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
-    ref::rmsnorm(x.data(), tensor_f32(f, p + "ffn_norm.weight").data(), xn.data(), T, D, c.rms_eps);
-    std::vector<float> g(static_cast<size_t>(T * F)), u(g.size()), a(g.size());
-    ref::matmul(xn.data(), tensor_f32(f, p + "ffn_gate.weight").data(), g.data(), T, D, F);
-    ref::matmul(xn.data(), tensor_f32(f, p + "ffn_up.weight").data(), u.data(), T, D, F);
-    ref::swiglu(g.data(), u.data(), a.data(), T * F);
-    ref::matmul(a.data(), tensor_f32(f, p + "ffn_down.weight").data(), tmp.data(), T, F, D);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
-  }
+  for (int l = 0; l < c.n_layer; ++l) testing::reference_layer(f, c, l, x, pos);
   ref::rmsnorm(x.data(), tensor_f32(f, "output_norm.weight").data(), xn.data(), T, D, c.rms_eps);
   std::vector<float> logits(static_cast<size_t>(T * V));
   const auto head = f.find_tensor("output.weight") ? tensor_f32(f, "output.weight") : emb;

@@ -19,16 +19,12 @@
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "tests/gguf_writer.h"
+#include "tests/reference_model.h"
 
 namespace lp {
 namespace {
 
-std::vector<float> tensor_f32(const GgufFile& f, const std::string& name) {
-  const GgufTensor& t = f.tensor(name);
-  std::vector<float> v(static_cast<size_t>(t.n_elems));
-  dequantize(t.type, t.data, v.data(), t.n_elems);
-  return v;
-}
+using testing::tensor_f32;
 
 struct SlowResult {
   std::vector<float> last_logits;           // [V]
@@ -42,7 +38,8 @@ SlowResult slow_pruned_forward(const GgufFile& f, const ModelConfig& c, const st
                                const std::vector<int32_t>& pos, const std::vector<PruneStep>& steps,
                                const std::vector<std::vector<int32_t>>& active_after) {
   const int64_t T = int64_t(ids.size()), D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim,
-                F = c.n_ff, V = c.n_vocab;
+                V = c.n_vocab;
+
   const auto emb = tensor_f32(f, "token_embd.weight");
   std::vector<float> x(static_cast<size_t>(T * D));
   for (int64_t t = 0; t < T; ++t) std::copy_n(emb.begin() + ids[t] * D, D, x.begin() + t * D);
@@ -55,31 +52,13 @@ SlowResult slow_pruned_forward(const GgufFile& f, const ModelConfig& c, const st
     for (int64_t t = 0; t < T; ++t)
       if (active[t]) rows.push_back(t);
     const int64_t n = int64_t(rows.size());
-    std::vector<float> xa(static_cast<size_t>(n * D)), xn(xa.size()), tmp(xa.size());
+    std::vector<float> xa(static_cast<size_t>(n * D)), q, k;
     std::vector<int32_t> pa(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       std::copy_n(x.begin() + rows[i] * D, D, xa.begin() + i * D);
       pa[i] = pos[rows[i]];
     }
-    const std::string p = "blk." + std::to_string(l) + ".";
-    ref::rmsnorm(xa.data(), tensor_f32(f, p + "attn_norm.weight").data(), xn.data(), n, D, c.rms_eps);
-    std::vector<float> q(static_cast<size_t>(n * H * Dh)), k(static_cast<size_t>(n * Hkv * Dh)), v(k.size()),
-        o(q.size());
-    ref::matmul(xn.data(), tensor_f32(f, p + "attn_q.weight").data(), q.data(), n, D, H * Dh);
-    ref::matmul(xn.data(), tensor_f32(f, p + "attn_k.weight").data(), k.data(), n, D, Hkv * Dh);
-    ref::matmul(xn.data(), tensor_f32(f, p + "attn_v.weight").data(), v.data(), n, D, Hkv * Dh);
-    ref::rope(q.data(), pa.data(), n, H, Dh, c.rope_dim, c.rope_theta, nullptr);
-    ref::rope(k.data(), pa.data(), n, Hkv, Dh, c.rope_dim, c.rope_theta, nullptr);
-    ref::attention(q.data(), pa.data(), n, k.data(), v.data(), pa.data(), n, H, Hkv, Dh, o.data());
-    ref::matmul(o.data(), tensor_f32(f, p + "attn_output.weight").data(), tmp.data(), n, H * Dh, D);
-    for (size_t i = 0; i < xa.size(); ++i) xa[i] += tmp[i];
-    ref::rmsnorm(xa.data(), tensor_f32(f, p + "ffn_norm.weight").data(), xn.data(), n, D, c.rms_eps);
-    std::vector<float> g(static_cast<size_t>(n * F)), u(g.size()), a(g.size());
-    ref::matmul(xn.data(), tensor_f32(f, p + "ffn_gate.weight").data(), g.data(), n, D, F);
-    ref::matmul(xn.data(), tensor_f32(f, p + "ffn_up.weight").data(), u.data(), n, D, F);
-    ref::swiglu(g.data(), u.data(), a.data(), n * F);
-    ref::matmul(a.data(), tensor_f32(f, p + "ffn_down.weight").data(), tmp.data(), n, F, D);
-    for (size_t i = 0; i < xa.size(); ++i) xa[i] += tmp[i];
+    testing::reference_layer(f, c, l, xa, pa, &q, &k);
     for (int64_t i = 0; i < n; ++i) std::copy_n(xa.begin() + i * D, D, x.begin() + rows[i] * D);
     if (step < steps.size() && steps[step].layer == l) {
       std::vector<double> s(static_cast<size_t>(n));
