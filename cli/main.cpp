@@ -47,8 +47,8 @@ lp::trace::Step trace_step(const char* kind, int64_t new_tokens, const lp::Forwa
   s.queries = f.computed;
   s.keys = f.keys;
   s.pairs = f.pairs;
-  s.revived.assign(f.computed.size(), 0);  // this engine does not revive tokens yet: zero is exact
-  s.aux_reads.assign(f.computed.size(), 0);
+  s.revived = f.revived;
+  s.aux_reads = f.revived;  // every revival reads its state from the Aux Cache once
   s.aux_writes = f.aux_written;
   return s;
 }

@@ -59,8 +59,11 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
     const int32_t p = int32_t(T + r.generated_ids.size() - 1);
     const int64_t row = 0;
     ForwardStats st;
-    s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops, nullptr,
-              opt.record_steps ? &st : nullptr);
+    if (policy)
+      s.decode_step(ctx, next, p, logits.data(), &r.decode_ops, req, opt.record_steps ? &st : nullptr);
+    else
+      s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops, nullptr,
+                opt.record_steps ? &st : nullptr);
     if (opt.record_steps) r.decode_stats.push_back(std::move(st));
     ++r.decode_steps;
     next = sampler.sample(logits);

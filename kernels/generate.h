@@ -14,9 +14,8 @@ struct GenerateOptions {
   int max_new_tokens = 64;
   SamplerParams sampler;
   bool stop_at_end_of_generation = true;
-  // Prefill pruning. Decoding after a pruned prefill attends to the keys each layer holds
-  // (tokens pruned before a layer are not attended there); per-step re-selection with revival
-  // from the Aux Cache is the next step of issue 3.
+  // Token pruning in the prefill and in every decoding step (Session::decode_step: re-selection
+  // by the new token's attention, revival from the Aux Cache; static keeps the prefill's set).
   PolicyKind policy = PolicyKind::None;
   Schedule schedule = default_schedule();
   uint64_t prune_seed = 0;

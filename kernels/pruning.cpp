@@ -1,7 +1,10 @@
 #include "kernels/pruning.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "model/error.h"
 
@@ -70,27 +73,41 @@ class LazyPolicy final : public PruningPolicy {
   }
 };
 
+// Static: the prefill's first pruning layer scores once; every pruning layer of the prefill then
+// keeps the best by those scores, and later steps keep exactly that set (plus the tokens
+// generated after the prefill, which every layer computes): nothing pruned ever comes back.
 class StaticPolicy final : public PruningPolicy {
  public:
   PolicyKind kind() const override { return PolicyKind::Static; }
-  bool needs_scores() const override { return first_; }
-  std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float> scores,
+  bool needs_scores() const override { return score_of_.empty(); }
+  std::vector<int64_t> select(int layer, std::span<const int32_t> pos, std::span<const float> scores,
                               int64_t n_keep) override {
-    if (first_) {
-      for (size_t i = 0; i < pos.size(); ++i) score_of_[pos[i]] = scores[i];
-      first_ = false;
+    auto it = kept_.find(layer);
+    if (it != kept_.end()) {  // a later step: the set chosen in the prefill, and newer tokens
+      std::vector<int64_t> keep;
+      for (size_t i = 0; i < pos.size(); ++i)
+        if (pos[i] > last_prefill_pos_ || it->second.count(pos[i])) keep.push_back(int64_t(i));
+      if (keep.empty() || keep.back() != int64_t(pos.size()) - 1) keep.push_back(int64_t(pos.size()) - 1);
+      return keep;
     }
+    if (score_of_.empty())
+      for (size_t i = 0; i < pos.size(); ++i) score_of_[pos[i]] = scores[i];
+    if (!pos.empty()) last_prefill_pos_ = std::max(last_prefill_pos_, pos.back());
     std::vector<float> s(pos.size());
     for (size_t i = 0; i < pos.size(); ++i) {
-      auto it = score_of_.find(pos[i]);
-      s[i] = it == score_of_.end() ? 0.0f : it->second;
+      auto f = score_of_.find(pos[i]);
+      s[i] = f == score_of_.end() ? 0.0f : f->second;
     }
-    return select_top(pos, s, n_keep);
+    std::vector<int64_t> keep = select_top(pos, s, n_keep);
+    auto& set = kept_[layer];
+    for (int64_t i : keep) set.insert(pos[size_t(i)]);
+    return keep;
   }
 
  private:
-  bool first_ = true;
   std::unordered_map<int32_t, float> score_of_;
+  std::map<int, std::unordered_set<int32_t>> kept_;
+  int32_t last_prefill_pos_ = -1;
 };
 
 class RandomPolicy final : public PruningPolicy {

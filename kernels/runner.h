@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/context.h"
@@ -69,6 +70,7 @@ struct ForwardStats {
   std::vector<int64_t> keys;               // [L] tokens with K/V at each layer after the pass
   std::vector<int64_t> pairs;              // [L] causal (query, key) pairs attended
   std::vector<int64_t> aux_written;        // [L] tokens pruned after layer l, saved to the Aux Cache
+  std::vector<int64_t> revived;            // [L] tokens revived from the Aux Cache at layer l
   std::vector<std::vector<int32_t>> kept;  // per pruning step: positions kept after it
   std::vector<std::vector<float>> scores;  // per pruning step: scores of the active tokens
   int64_t aux_writes = 0;                  // hidden states saved to the Aux Cache
@@ -76,12 +78,20 @@ struct ForwardStats {
 
 // Hidden states of pruned tokens: the input of the first layer at which each has no K/V.
 //   h [n][D], layer [n], pos [n]
+// A token pruned again later overwrites its entry (one entry per token, the latest state).
 struct AuxCache {
   std::vector<int32_t> pos;
   std::vector<int32_t> layer;
   std::vector<float> h;
+  std::unordered_map<int32_t, int64_t> index;  // pos -> entry
   int64_t size() const { return int64_t(pos.size()); }
   int64_t bytes() const { return int64_t(h.size() * sizeof(float) + pos.size() * 8); }
+  void put(int32_t p, int32_t l, const float* x, int64_t D);
+  // Entry of token p, or -1.
+  int64_t find(int32_t p) const {
+    auto it = index.find(p);
+    return it == index.end() ? -1 : it->second;
+  }
 };
 
 class Session {
@@ -101,6 +111,14 @@ class Session {
                std::span<const int64_t> logit_rows, float* logits, OpTimers* timers = nullptr,
                const PruneRequest* prune = nullptr, ForwardStats* stats = nullptr);
 
+  // One decoding step with LazyLLM-style re-selection (lazyllm, random) or the static set:
+  // every step starts from all tokens; at each pruning layer the new token's attention selects;
+  // a selected token without K/V at a layer is revived from the Aux Cache and computed from
+  // there on; keys at each layer are exactly the step's active set. Every (token, layer) pair is
+  // computed at most once over the session (checked: a violation throws).
+  void decode_step(CpuContext& ctx, int32_t id, int32_t pos, float* logits, OpTimers* timers,
+                   const PruneRequest& prune, ForwardStats* stats = nullptr);
+
   int64_t n_cached() const { return kv_.empty() ? 0 : kv_[0].n; }
   int64_t n_ctx() const { return n_ctx_; }
   void reset();
@@ -114,6 +132,9 @@ class Session {
   int64_t n_ctx_;
   std::vector<LayerKV> kv_;  // [L]
   AuxCache aux_;
+  LayerKV scratch_kv_;                      // the active keys of one decode layer
+  std::vector<std::vector<uint8_t>> done_;  // [L][n_ctx] (token, layer) computed: at most once
+  void mark_computed(int l, int32_t p);
   Gemm gemm_;
   // Scratch, grown on demand: x [T][D], xn [T][D], qkv [T][(H+2Hkv)Dh], attn [T][H Dh],
   // ff [T][2F], act [T][F], tmp [T][D].

@@ -340,6 +340,69 @@ void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, 
   n += T;
 }
 
+void LayerKV::insert(const float* k, int64_t ldk, const float* vv, int64_t ldv, const int32_t* p, int64_t T) {
+  if (T == 0) return;
+  if (n == 0 || p[0] > pos[n - 1]) return append(k, ldk, vv, ldv, p, T);
+  if (n + T > cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", n, T, cap);
+  // Merge plan: for each slot of the result, an old slot (>= 0) or a new row (-1 - t).
+  std::vector<int64_t> plan;
+  plan.reserve(size_t(n + T));
+  int64_t i = 0, t = 0;
+  while (i < n || t < T) {
+    if (t < T && (i == n || p[t] < pos[i])) {
+      if (i < n && p[t] == pos[i]) fail("KV insert: position {} is already held", p[t]);
+      plan.push_back(-1 - t++);
+    } else {
+      if (t < T && p[t] == pos[i]) fail("KV insert: position {} is already held", p[t]);
+      plan.push_back(i++);
+    }
+  }
+  std::vector<float> row(size_t(n + T));
+  for (int64_t g = 0; g < Hkv; ++g)
+    for (int64_t d = 0; d < Dh; ++d) {
+      float* kr = kt.data() + (g * Dh + d) * kt_ld;
+      for (size_t j = 0; j < plan.size(); ++j)
+        row[j] = plan[j] >= 0 ? kr[plan[j]] : k[(-1 - plan[j]) * ldk + g * Dh + d];
+      std::copy(row.begin(), row.end(), kr);
+    }
+  std::vector<float> vrows(size_t((n + T) * Dh));
+  for (int64_t g = 0; g < Hkv; ++g) {
+    float* vg = v.data() + g * cap * Dh;
+    for (size_t j = 0; j < plan.size(); ++j) {
+      const float* src = plan[j] >= 0 ? vg + plan[j] * Dh : vv + (-1 - plan[j]) * ldv + g * Dh;
+      std::copy(src, src + Dh, vrows.begin() + int64_t(j) * Dh);
+    }
+    std::copy(vrows.begin(), vrows.end(), vg);
+  }
+  std::vector<int32_t> newpos(plan.size());
+  for (size_t j = 0; j < plan.size(); ++j) newpos[j] = plan[j] >= 0 ? pos[size_t(plan[j])] : p[-1 - plan[j]];
+  std::copy(newpos.begin(), newpos.end(), pos.begin());
+  n += T;
+}
+
+int64_t LayerKV::find(int32_t p) const {
+  const auto it = std::lower_bound(pos.begin(), pos.begin() + n, p);
+  return it != pos.begin() + n && *it == p ? it - pos.begin() : -1;
+}
+
+void LayerKV::gather_from(const LayerKV& src, const std::vector<int64_t>& slots) {
+  if (cap < int64_t(slots.size()) || Hkv != src.Hkv || Dh != src.Dh)
+    init(std::max<int64_t>(src.cap, 32), src.Hkv, src.Dh);
+  const int64_t m = int64_t(slots.size());
+  for (int64_t g = 0; g < Hkv; ++g) {
+    for (int64_t d = 0; d < Dh; ++d) {
+      const float* sr = src.kt.data() + (g * Dh + d) * src.kt_ld;
+      float* dr = kt.data() + (g * Dh + d) * kt_ld;
+      for (int64_t j = 0; j < m; ++j) dr[j] = sr[slots[j]];
+      std::fill(dr + m, dr + std::min(cap, (m + 31) / 32 * 32 + 32), 0.0f);  // tiles may read past n
+    }
+    for (int64_t j = 0; j < m; ++j)
+      std::copy_n(src.v.data() + (g * src.cap + slots[j]) * Dh, Dh, v.data() + (g * cap + j) * Dh);
+  }
+  for (int64_t j = 0; j < m; ++j) pos[j] = src.pos[slots[j]];
+  n = m;
+}
+
 // Attention, flash-style. Work item: a tile of up to kTileRows (query, head) rows of one kv
 // group, enumerated token-major so the heads sharing a kv head share every key block. For each
 // block of kBlock keys: S = Q K^T (kept in L1), an online softmax per row (running max m and

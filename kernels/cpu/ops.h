@@ -88,6 +88,13 @@ struct LayerKV {
   // Appends T rows of k, v [T][Hkv*Dh] (row strides ldk/ldv) at positions pos[T], which must be
   // greater than every position already held.
   void append(const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int64_t T);
+  // Inserts T rows at positions pos[T] (ascending, none held yet) anywhere among the held ones,
+  // keeping position order: revived tokens get K/V at old positions. O(n) per call.
+  void insert(const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int64_t T);
+  // Slot holding `p`, or -1.
+  int64_t find(int32_t p) const;
+  // Makes this a compact copy of src's slots (ascending): the key set one query step may see.
+  void gather_from(const LayerKV& src, const std::vector<int64_t>& slots);
 };
 
 // Causal GQA attention of T queries q [T][H*Dh] (row stride ldq) at positions q_pos (ascending)
