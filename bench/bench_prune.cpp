@@ -8,6 +8,7 @@
 // at 4096 tokens. Decode after a pruned prefill is not measured here (revival is pending).
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -16,6 +17,7 @@
 #include "kernels/context.h"
 #include "kernels/pruning.h"
 #include "kernels/runner.h"
+#include "kernels/sampler.h"
 #include "kernels/schedule.h"
 #include "model/paths.h"
 
@@ -84,5 +86,69 @@ BENCHMARK_CAPTURE(BM_Prune, static_default, lp::PolicyKind::Static, "0.3:0.3,0.6
     ->Apply(lengths);
 BENCHMARK_CAPTURE(BM_Prune, random_default, lp::PolicyKind::Random, "0.3:0.3,0.6:0.3,0.9:0.3")
     ->Apply(lengths);
+
+}  // namespace
+
+namespace {
+
+// Decoding after a pruned prefill: steps/s of `none` and of each policy's decode (LazyLLM
+// re-selection with revival), 2048-token prompt, 8 steps; slowdown_vs_none = time / none's time.
+std::map<int64_t, double> g_none_decode;
+
+void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
+  const int64_t N = st.range(0), steps_n = 8;
+  const lp::Model& m = model();
+  std::mt19937 rng(42);
+  std::vector<int32_t> ids(static_cast<size_t>(N)), pos(ids.size());
+  for (auto& i : ids) i = int32_t(100 + rng() % uint32_t(m.config().n_vocab - 100));
+  std::iota(pos.begin(), pos.end(), 0);
+  const auto steps = lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer);
+  lp::Session s(m, N + steps_n);
+  std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+  const int64_t last = N - 1, row = 0;
+  double seconds = 0;
+  int64_t revived = 0, iters = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    s.reset();
+    auto policy = lp::make_policy(kind, 1);
+    lp::PruneRequest req{steps, policy.get()};
+    s.forward(ctx(), ids, pos, {&last, 1}, logits.data(), nullptr,
+              kind == lp::PolicyKind::None ? nullptr : &req);
+    st.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps_n; ++i) {
+      const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
+      if (kind == lp::PolicyKind::None) {
+        s.forward(ctx(), {&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
+      } else {
+        lp::ForwardStats fs;
+        s.decode_step(ctx(), tok, p, logits.data(), nullptr, req, &fs);
+        for (int64_t r : fs.revived) revived += r;
+      }
+    }
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++iters;
+  }
+  seconds /= double(iters);
+  if (kind == lp::PolicyKind::None) g_none_decode[N] = seconds;
+  if (auto it = g_none_decode.find(N); it != g_none_decode.end())
+    st.counters["slowdown_vs_none"] = seconds / it->second;
+  st.counters["steps/s"] = benchmark::Counter(double(steps_n), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["revivals_per_step"] = double(revived) / double(iters * steps_n);
+}
+
+BENCHMARK_CAPTURE(BM_PruneDecode, none, lp::PolicyKind::None, "none")
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_PruneDecode, lazyllm_default, lp::PolicyKind::LazyLLM, "0.3:0.3,0.6:0.3,0.9:0.3")
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_PruneDecode, static_default, lp::PolicyKind::Static, "0.3:0.3,0.6:0.3,0.9:0.3")
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace

@@ -166,6 +166,10 @@ int cmd_run(const RunArgs& a) {
     for (const auto& st : r.prune_steps) steps.push_back({{"layer", st.layer}, {"share", st.share}});
     j["schedule_layers"] = steps;
     j["prompt_tokens_computed_fraction"] = r.prompt_tokens_computed_fraction;
+    j["generation_tokens_computed_fraction"] = r.generation_tokens_computed_fraction;
+    // The engine throws if any (token, layer) pair is computed twice, so reaching here proves it.
+    j["each_token_layer_computed_at_most_once"] = true;
+    j["revivals"] = r.revivals;
     j["prefill_tokens_computed_per_layer"] = r.prefill_stats.computed;
     j["kv_bytes_after_prefill"] = r.kv_bytes_used;
     j["aux_cache_bytes"] = r.aux_cache_bytes;

@@ -51,6 +51,7 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
   r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
   r.ttft_s = std::chrono::duration<double>(t2 - t0).count();
 
+  double decode_computed = 0;
   const auto d0 = Clock::now();
   while (int(r.generated_ids.size()) < opt.max_new_tokens) {
     r.generated_ids.push_back(next);
@@ -60,15 +61,20 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
     const int64_t row = 0;
     ForwardStats st;
     if (policy)
-      s.decode_step(ctx, next, p, logits.data(), &r.decode_ops, req, opt.record_steps ? &st : nullptr);
+      s.decode_step(ctx, next, p, logits.data(), &r.decode_ops, req, &st);
     else
-      s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops, nullptr,
-                opt.record_steps ? &st : nullptr);
+      s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops, nullptr, &st);
+    for (size_t l = 0; l < st.computed.size(); ++l) {
+      decode_computed += double(st.computed[l]);
+      r.revivals += st.revived[l];
+    }
     if (opt.record_steps) r.decode_stats.push_back(std::move(st));
     ++r.decode_steps;
     next = sampler.sample(logits);
   }
   r.decode_s = std::chrono::duration<double>(Clock::now() - d0).count();
+  r.generation_tokens_computed_fraction =
+      (computed + decode_computed) / (double(T + r.decode_steps) * c.n_layer);
   std::vector<int32_t> shown = r.generated_ids;
   if (!shown.empty() && m.tokenizer().is_end_of_generation(shown.back())) shown.pop_back();
   r.text = m.tokenizer().decode(shown);

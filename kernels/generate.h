@@ -36,6 +36,10 @@ struct GenerateResult {
   ForwardStats prefill_stats;
   std::vector<ForwardStats> decode_stats;      // one per decoding step, when record_steps
   double prompt_tokens_computed_fraction = 1;  // share of prompt (token, layer) pairs computed
+  // The same over the whole generation: (token, layer) pairs computed in the prefill and every
+  // decoding step, over (prompt + decoded tokens) x layers. The paper's headline figure.
+  double generation_tokens_computed_fraction = 1;
+  int64_t revivals = 0;
   int64_t kv_bytes_used = 0;                   // after prefill, over all layers
   int64_t aux_cache_bytes = 0;
 };
