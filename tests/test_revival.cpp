@@ -196,8 +196,12 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
   }
   for (size_t j = 0; j < want.size(); ++j) ASSERT_NEAR(logits[j], want[j], 1e-4 * rms(want)) << "last step";
   std::printf("revivals: %lld\n", (long long)revivals);
-  if (rc.policy == PolicyKind::Static) EXPECT_EQ(revivals, 0);              // static never revives
-  if (rc.policy == PolicyKind::Random && rc.T > 8) EXPECT_GT(revivals, 0);  // random re-selects
+  if (rc.policy == PolicyKind::Static) {
+    EXPECT_EQ(revivals, 0);  // static never revives
+  }
+  if (rc.policy == PolicyKind::Random && rc.T > 8) {
+    EXPECT_GT(revivals, 0);  // random re-selects
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Revival,
