@@ -74,7 +74,7 @@ void BM_Prune(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
 }
 
 void lengths(benchmark::internal::Benchmark* b) {
-  b->Arg(2048)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+  b->Arg(2048)->Arg(4096)->Arg(8192)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 }
 
 BENCHMARK_CAPTURE(BM_Prune, none, lp::PolicyKind::None, "none")->Apply(lengths);
