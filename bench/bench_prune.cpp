@@ -37,15 +37,21 @@ const lp::Model& model() {
   return *m;
 }
 
+// N seeded token ids (special tokens skipped) at positions 0..N-1.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> prompt(int64_t N, int32_t vocab) {
+  std::mt19937 rng(42);
+  std::vector<int32_t> ids(static_cast<size_t>(N)), pos(ids.size());
+  for (auto& i : ids) i = int32_t(100 + rng() % uint32_t(vocab - 100));
+  std::iota(pos.begin(), pos.end(), 0);
+  return {ids, pos};
+}
+
 std::map<int64_t, std::pair<double, double>> g_none;  // T -> (seconds, flops)
 
 void BM_Prune(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
   const int64_t N = st.range(0);
   const lp::Model& m = model();
-  std::mt19937 rng(42);
-  std::vector<int32_t> ids(static_cast<size_t>(N)), pos(ids.size());
-  for (auto& i : ids) i = int32_t(100 + rng() % uint32_t(m.config().n_vocab - 100));
-  std::iota(pos.begin(), pos.end(), 0);
+  const auto [ids, pos] = prompt(N, m.config().n_vocab);
   const auto steps = lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer);
   lp::Session s(m, N);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
@@ -98,10 +104,7 @@ std::map<int64_t, double> g_none_decode;
 void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
   const int64_t N = st.range(0), steps_n = 8;
   const lp::Model& m = model();
-  std::mt19937 rng(42);
-  std::vector<int32_t> ids(static_cast<size_t>(N)), pos(ids.size());
-  for (auto& i : ids) i = int32_t(100 + rng() % uint32_t(m.config().n_vocab - 100));
-  std::iota(pos.begin(), pos.end(), 0);
+  const auto [ids, pos] = prompt(N, m.config().n_vocab);
   const auto steps = lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer);
   lp::Session s(m, N + steps_n);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));

@@ -427,7 +427,10 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
       Timed tm{timers, Op::OProj, op_flops(c, Op::OProj, shape)};
       gemm_.run(ctx, attn_.data(), Tl, Q, L.wo, tmp_.data(), D);
     }
-    add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
+    {
+      Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
+      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
+    }
     {
       Timed tm{timers, Op::FfnNorm, op_flops(c, Op::FfnNorm, shape)};
       rmsnorm(ctx, x_.data(), L.ffn_norm.data(), xn_.data(), Tl, D, c.rms_eps);
@@ -436,12 +439,18 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
       Timed tm{timers, Op::Gate, 2 * op_flops(c, Op::Gate, shape)};
       gemm_.run(ctx, xn_.data(), Tl, D, L.w_gate_up, ff_.data(), 2 * F);
     }
-    swiglu(ctx, ff_.data(), 2 * F, ff_.data() + F, 2 * F, act_.data(), F, Tl, F);
+    {
+      Timed tm{timers, Op::SwiGLU, op_flops(c, Op::SwiGLU, shape)};
+      swiglu(ctx, ff_.data(), 2 * F, ff_.data() + F, 2 * F, act_.data(), F, Tl, F);
+    }
     {
       Timed tm{timers, Op::Down, op_flops(c, Op::Down, shape)};
       gemm_.run(ctx, act_.data(), Tl, F, L.w_down, tmp_.data(), D);
     }
-    add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
+    {
+      Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
+      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
+    }
     // Rows not selected stop here; their state (the next layer's input) goes to the Aux Cache.
     // Rows that already have K/V at the next layer also stop: they are not recomputed there.
     size_t k = 0;

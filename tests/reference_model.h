@@ -3,6 +3,7 @@
 // GGUF, no KV cache. Header-only; tests only.
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,13 @@ inline void reference_layer(const GgufFile& f, const ModelConfig& c, int l, std:
   for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   if (q_out) *q_out = std::move(q);
   if (k_out) *k_out = std::move(k);
+}
+
+// Root mean square of a vector: the scale the tests' relative tolerances are stated against.
+inline double rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s / double(v.size()));
 }
 
 }  // namespace lp::testing

@@ -49,11 +49,7 @@ std::vector<float> engine_forward(const Model& m, CpuContext& ctx, const std::ve
   return logits;
 }
 
-double rms(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return std::sqrt(s / double(v.size()));
-}
+using testing::rms;
 
 std::vector<int32_t> some_ids(int64_t T, int32_t V, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -84,11 +84,7 @@ SlowResult slow_pruned_forward(const GgufFile& f, const ModelConfig& c, const st
   return out;
 }
 
-double rms(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return std::sqrt(s / double(v.size()));
-}
+using testing::rms;
 
 struct PruneCase {
   int64_t T;

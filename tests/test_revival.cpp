@@ -135,11 +135,7 @@ struct Dense {
   }
 };
 
-double rms(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return std::sqrt(s / double(v.size()));
-}
+using testing::rms;
 
 struct RevivalCase {
   int64_t T;
