@@ -30,7 +30,7 @@ void BM_Attention(benchmark::State& st) {
   lp::LayerKV kv;
   kv.init(T, Hkv, Dh);
   kv.append(k.data(), KV, v.data(), KV, pos.data(), T);
-  lp::attention(ctx, q.data(), Q, pos.data(), T, kv, H, out.data(), Q);
+  lp::attention(ctx, q.data(), Q, pos.data(), T, lp::KeySet{kv}, H, out.data(), Q);
   // Check the last query row (it attends to every key) against the reference.
   std::vector<float> ref(Q);
   lp::ref::attention(q.data() + (T - 1) * Q, pos.data() + T - 1, 1, k.data(), v.data(), pos.data(), T, H, Hkv,
@@ -42,7 +42,7 @@ void BM_Attention(benchmark::State& st) {
     }
   for (auto _ : st) {
     kv.n = T;
-    lp::attention(ctx, q.data(), Q, pos.data(), T, kv, H, out.data(), Q);
+    lp::attention(ctx, q.data(), Q, pos.data(), T, lp::KeySet{kv}, H, out.data(), Q);
   }
   lp::ModelConfig c;
   c.n_head = int(H);

@@ -69,16 +69,31 @@ lp::DType parse_dtype(const std::string& s) {
   lp::fail("--dtype must be auto, f32 or bf16, got '{}'", s);
 }
 
-json ops_json(const lp::OpTimers& t) {
+json op_stat_json(const lp::OpStat& st) {
+  return {{"ms", st.seconds * 1e3}, {"flop", st.flops}, {"bytes", st.bytes}, {"calls", st.calls}};
+}
+
+// {op name: {ms, flop, bytes, calls}} for the ops of one row of the timers (-1: summed over all).
+json op_row_json(const lp::OpTimers& t, int layer) {
   json j = json::object();
+  if (t.empty()) return j;
   for (int i = 0; i < lp::kNumOps; ++i) {
-    if (t.calls[i] == 0) continue;
-    j[std::string(lp::op_name(lp::Op(i)))] = {
-        {"ms", t.seconds[i] * 1e3},
-        {"gflop", t.flops[i] / 1e9},
-        {"gflops", t.seconds[i] > 0 ? t.flops[i] / t.seconds[i] / 1e9 : 0.0}};
+    const lp::Op op = lp::Op(i);
+    const lp::OpStat st = layer < 0 ? t.total(op) : t.at(layer, op);
+    if (st.calls > 0) j[std::string(lp::op_name(op))] = op_stat_json(st);
   }
   return j;
+}
+
+// The run's per-op timings: per layer for the prefill, summed for decoding.
+json ops_json(const lp::GenerateResult& r) {
+  const lp::OpTimers& p = r.prefill_ops;
+  json layers = json::array();
+  for (int l = 0; l < p.n_layer; ++l) layers.push_back(op_row_json(p, l));
+  return {{"prefill", {{"total", op_row_json(p, -1)},
+                       {"layers", layers},
+                       {"outside_layers", op_row_json(p, p.n_layer)}}},
+          {"decode", {{"steps", r.decode_steps}, {"total", op_row_json(r.decode_ops, -1)}}}};
 }
 
 int cmd_run(const RunArgs& a) {
@@ -173,8 +188,7 @@ int cmd_run(const RunArgs& a) {
     j["prefill_tokens_computed_per_layer"] = r.prefill_stats.computed;
     j["kv_bytes_after_prefill"] = r.kv_bytes_used;
     j["aux_cache_bytes"] = r.aux_cache_bytes;
-    j["prefill_ops"] = ops_json(r.prefill_ops);
-    j["decode_ops"] = ops_json(r.decode_ops);
+    j["ops"] = ops_json(r);
     std::puts(j.dump(2).c_str());
   } else {
     std::puts(r.text.c_str());

@@ -15,14 +15,42 @@
 
 namespace lp {
 
+void OpStat::add(const OpStat& o) {
+  seconds += o.seconds;
+  flops += o.flops;
+  bytes += o.bytes;
+  calls += o.calls;
+}
+
+void OpTimers::init(int layers, const OpDtypes& d) {
+  n_layer = layers;
+  dtypes = d;
+  stat.assign(size_t(layers + 1) * kNumOps, OpStat{});
+}
+
+void OpTimers::add(int layer, Op op, double seconds, double fl, double by) {
+  OpStat& st = stat[size_t(layer) * kNumOps + size_t(op)];
+  st.seconds += seconds;
+  st.flops += fl;
+  st.bytes += by;
+  ++st.calls;
+}
+
+OpStat OpTimers::total(Op op) const {
+  OpStat t;
+  if (!empty())
+    for (int l = 0; l <= n_layer; ++l) t.add(at(l, op));
+  return t;
+}
+
 double OpTimers::total_seconds() const {
   double s = 0;
-  for (double v : seconds) s += v;
+  for (const OpStat& st : stat) s += st.seconds;
   return s;
 }
 double OpTimers::total_flops() const {
   double s = 0;
-  for (double v : flops) s += v;
+  for (const OpStat& st : stat) s += st.flops;
   return s;
 }
 
@@ -45,7 +73,7 @@ Session::Session(const Model& m, int64_t n_ctx) : m_(m), n_ctx_(n_ctx) {
 }
 
 void Session::reset() {
-  for (auto& kv : kv_) kv.n = 0;
+  for (auto& kv : kv_) kv.clear();
   aux_ = AuxCache{};
   for (auto& d : done_) std::fill(d.begin(), d.end(), 0);
 }
@@ -85,17 +113,147 @@ int64_t Session::kv_bytes() const {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-// Times one op and records its counted FLOPs.
+// Times one op and records its FLOPs and bytes (op_flops / op_bytes of its shape).
 struct Timed {
   OpTimers* t;
+  int layer;
   Op op;
-  double flops;
+  OpShape shape;
+  const ModelConfig& c;
   Clock::time_point t0 = Clock::now();
   ~Timed() {
-    if (t) t->add(op, std::chrono::duration<double>(Clock::now() - t0).count(), flops);
+    if (t)
+      t->add(layer, op, std::chrono::duration<double>(Clock::now() - t0).count(), op_flops(c, op, shape),
+             op_bytes(c, op, shape, t->dtypes));
   }
 };
+
+OpDtypes dtypes_of(const Weights& w) {
+  const int b = w.dtype == DType::BF16 ? 2 : 4;
+  return {b, b, 4};  // GEMM inputs are rounded to the weights' dtype; the KV cache is f32
+}
+
+std::vector<int64_t> zeros(int n) {
+  return std::vector<int64_t>(static_cast<size_t>(n), 0);
+}
+
+void reset_stats(ForwardStats* stats, int L) {
+  if (!stats) return;
+  *stats = ForwardStats{};
+  stats->computed = stats->keys = stats->pairs = stats->aux_written = stats->revived = zeros(L);
+  stats->revived_pos.assign(size_t(L), {});
+}
 }  // namespace
+
+void Session::run_layer(CpuContext& ctx, int l, std::span<const int32_t> rows, const RopeTable& rope_tab,
+                        std::span<const int32_t> keys, OpTimers* timers, ForwardStats* stats) {
+  const ModelConfig& c = m_.config();
+  const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
+  const int64_t QKV = (H + 2 * Hkv) * Dh, Q = H * Dh;
+  const int64_t T = int64_t(rows.size());
+  const OpShape shape{T, 0, 0};
+  const LayerWeights& L = m_.weights().layers[size_t(l)];
+  LayerKV& kv = kv_[size_t(l)];
+  if (stats) stats->computed[size_t(l)] = T;
+  {
+    Timed tm{timers, l, Op::AttnNorm, shape, c};
+    rmsnorm(ctx, x_.data(), L.attn_norm.data(), xn_.data(), T, D, c.rms_eps);
+  }
+  {
+    Timed tm{timers, l, Op::QKV, shape, c};
+    gemm_.run(ctx, xn_.data(), T, D, L.wqkv, qkv_.data(), QKV);
+  }
+  {
+    Timed tm{timers, l, Op::Rope, shape, c};
+    rope(ctx, qkv_.data(), T, QKV, H + Hkv, Dh, rope_tab);  // q and k heads are adjacent
+  }
+  kv.append(qkv_.data() + Q, QKV, qkv_.data() + Q + Hkv * Dh, QKV, rows.data(), T);
+  for (int32_t p : rows) mark_computed(l, p);
+
+  // The key set: every held key in order (the common case), or the listed positions' slots.
+  slots_.clear();
+  std::span<const int32_t> key_pos;
+  if (!keys.empty()) {
+    key_pos = keys;
+    const bool all_held = kv.sorted && int64_t(keys.size()) == kv.n && std::equal(keys.begin(), keys.end(), kv.pos.begin());
+    if (!all_held) {
+      slots_.resize(keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const int64_t sl = kv.find(keys[i]);
+        if (sl < 0) fail("internal error: token at position {} has no K/V at layer {}", keys[i], l);
+        slots_[i] = int32_t(sl);
+      }
+    }
+  } else {
+    if (!kv.sorted) slots_ = kv.slots_in_order();
+    key_pos_.resize(size_t(kv.n));
+    for (int64_t i = 0; i < kv.n; ++i) key_pos_[size_t(i)] = kv.pos[size_t(slots_.empty() ? i : slots_[size_t(i)])];
+    key_pos = key_pos_;
+  }
+  const KeySet ks{kv, slots_};
+  int64_t pairs = 0;  // each query sees the keys at or before its position
+  for (int32_t p : rows) pairs += std::upper_bound(key_pos.begin(), key_pos.end(), p) - key_pos.begin();
+  {
+    // The rows' K/V were appended above; the Attention op's bytes count that write.
+    Timed tm{timers, l, Op::Attention, OpShape{T, pairs, ks.size()}, c};
+    attention(ctx, qkv_.data(), QKV, rows.data(), T, ks, H, attn_.data(), Q);
+  }
+  if (stats) {
+    stats->keys[size_t(l)] = kv.n;
+    stats->pairs[size_t(l)] = pairs;
+  }
+  {
+    Timed tm{timers, l, Op::OProj, shape, c};
+    gemm_.run(ctx, attn_.data(), T, Q, L.wo, tmp_.data(), D);
+  }
+  {
+    Timed tm{timers, l, Op::Residual, shape, c};
+    add_inplace(ctx, x_.data(), tmp_.data(), T * D);
+  }
+  {
+    Timed tm{timers, l, Op::FfnNorm, shape, c};
+    rmsnorm(ctx, x_.data(), L.ffn_norm.data(), xn_.data(), T, D, c.rms_eps);
+  }
+  {
+    Timed tm{timers, l, Op::GateUp, shape, c};
+    gemm_.run(ctx, xn_.data(), T, D, L.w_gate_up, ff_.data(), 2 * F);
+  }
+  {
+    Timed tm{timers, l, Op::SwiGLU, shape, c};
+    swiglu(ctx, ff_.data(), 2 * F, ff_.data() + F, 2 * F, act_.data(), F, T, F);
+  }
+  {
+    Timed tm{timers, l, Op::Down, shape, c};
+    gemm_.run(ctx, act_.data(), T, F, L.w_down, tmp_.data(), D);
+  }
+  {
+    Timed tm{timers, l, Op::Residual, shape, c};
+    add_inplace(ctx, x_.data(), tmp_.data(), T * D);
+  }
+}
+
+std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, double share,
+                                     PruningPolicy& policy, OpTimers* timers, ForwardStats* stats) {
+  const ModelConfig& c = m_.config();
+  const int64_t n = int64_t(keys.size());
+  const int64_t QKV = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+  std::vector<float> scores;
+  if (policy.needs_scores()) {
+    // The scoring row is the last row run_layer computed: the newest token, which sees every key.
+    Timed tm{timers, l, Op::Score, OpShape{1, 0, n}, c};
+    scores.resize(static_cast<size_t>(n));
+    const int64_t last_row = int64_t(last_rows_) - 1;
+    last_row_scores(qkv_.data() + last_row * QKV, KeySet{kv_[size_t(l)], slots_}, c.n_head, scores.data());
+  }
+  std::vector<int64_t> keep;
+  {
+    Timed tm{timers, l, Op::Select, OpShape{0, 0, n}, c};
+    keep = policy.select(l, keys, scores, tokens_kept(n, share));
+  }
+  if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
+  if (stats) stats->scores.push_back(std::move(scores));
+  return keep;
+}
 
 void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<const int32_t> pos,
                       std::span<const int64_t> logit_rows, float* logits, OpTimers* timers,
@@ -110,8 +268,11 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   for (int64_t t = 0; t < T; ++t) {
     if (ids[t] < 0 || ids[t] >= c.n_vocab)
       fail("token id {} is outside the vocabulary [0, {})", ids[t], c.n_vocab);
+    if (pos[t] < 0) fail("forward: negative position {}", pos[t]);
     if (t > 0 && pos[t] <= pos[t - 1]) fail("forward: positions must be strictly increasing");
   }
+  for (int64_t r : logit_rows)
+    if (r < 0 || r >= T) fail("forward: logit row {} out of range", r);
   const bool pruning = prune && prune->policy && !prune->steps.empty();
   if (pruning) {
     if (n_cached() != 0) fail("forward: pruning needs an empty cache (a prefill)");
@@ -124,6 +285,7 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   }
   const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
   const int64_t QKV = (H + 2 * Hkv) * Dh, Q = H * Dh;
+  if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(w));
   x_.resize(T * D, false);
   xn_.resize(T * D, false);
   qkv_.resize(T * QKV, false);
@@ -131,20 +293,13 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   ff_.resize(T * 2 * F, false);
   act_.resize(T * F, false);
   tmp_.resize(T * D, false);
-  if (stats) {
-    const std::vector<int64_t> zeros(size_t(c.n_layer), 0);
-    *stats = ForwardStats{zeros, zeros, zeros, zeros, zeros, {}, {}, 0};
-  }
+  reset_stats(stats, c.n_layer);
 
-  // The active rows: act[i] indexes ids/pos; x_ row i holds token act[i]. Pruning only ever
-  // removes rows, so act stays ascending and positions stay in order.
-  std::vector<int64_t> act(static_cast<size_t>(T));
-  std::iota(act.begin(), act.end(), 0);
+  // The active rows: x_ row i holds the token at act_pos[i]. Pruning only removes rows, so
+  // positions stay ascending; with pruning the last row is the last token throughout.
   std::vector<int32_t> act_pos(pos.begin(), pos.end());
-  int64_t out_row = -1;  // which active row the (single) logit row ends up in, when pruning
-
   {
-    Timed tm{timers, Op::Embed, op_flops(c, Op::Embed, {T, 0, 0})};
+    Timed tm{timers, c.n_layer, Op::Embed, OpShape{T, 0, 0}, c};
     const Matrix& E = w.tok_embd;
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
@@ -161,98 +316,25 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
   size_t next_step = 0;
 
   for (int l = 0; l < c.n_layer; ++l) {
-    const int64_t Tl = int64_t(act.size());
-    const OpShape shape{Tl, 0, 0};
-    const LayerWeights& L = w.layers[size_t(l)];
-    LayerKV& kv = kv_[size_t(l)];
-    if (stats) stats->computed[size_t(l)] = Tl;
-    {
-      Timed tm{timers, Op::AttnNorm, op_flops(c, Op::AttnNorm, shape)};
-      rmsnorm(ctx, x_.data(), L.attn_norm.data(), xn_.data(), Tl, D, c.rms_eps);
-    }
-    {
-      // Fused QKV: the q_proj entry carries the k and v projections' FLOPs too.
-      Timed tm{timers, Op::QProj, op_flops(c, Op::QProj, shape) + 2 * op_flops(c, Op::KProj, shape)};
-      gemm_.run(ctx, xn_.data(), Tl, D, L.wqkv, qkv_.data(), QKV);
-    }
-    {
-      Timed tm{timers, Op::Rope, op_flops(c, Op::Rope, shape)};
-      rope(ctx, qkv_.data(), Tl, QKV, H + Hkv, Dh, rope_tab);  // q and k heads are adjacent
-    }
-    const int64_t n_keys = kv.n + Tl;
-    {
-      // Pairs attended: each query sees the cached keys at or before its position.
-      int64_t pairs = 0;
-      for (int64_t t = 0; t < Tl; ++t) {
-        pairs += std::upper_bound(kv.pos.begin(), kv.pos.begin() + kv.n, act_pos[t]) - kv.pos.begin();
-        pairs += t + 1;
-      }
-      Timed tm{timers, Op::Attention, op_flops(c, Op::Attention, OpShape{Tl, pairs, n_keys})};
-      kv.append(qkv_.data() + Q, QKV, qkv_.data() + Q + Hkv * Dh, QKV, act_pos.data(), Tl);
-      attention(ctx, qkv_.data(), QKV, act_pos.data(), Tl, kv, H, attn_.data(), Q);
-      if (stats) {
-        stats->keys[size_t(l)] = kv.n;
-        stats->pairs[size_t(l)] = pairs;
-      }
-      for (int64_t t = 0; t < Tl; ++t) mark_computed(l, act_pos[size_t(t)]);
-    }
-    // A pruning layer: score the active tokens by the last token's attention (the keys at this
-    // layer are exactly the active tokens, since the cache started empty).
-    std::vector<int64_t> keep;
-    const bool prune_here = pruning && next_step < prune->steps.size() && prune->steps[next_step].layer == l;
-    if (prune_here) {
-      std::vector<float> scores;
-      if (prune->policy->needs_scores()) {
-        Timed tm{timers, Op::Score, op_flops(c, Op::Score, OpShape{1, 0, kv.n})};
-        scores.resize(static_cast<size_t>(kv.n));
-        last_row_scores(qkv_.data() + (Tl - 1) * QKV, kv, H, kv.n, scores.data());
-      }
-      keep = prune->policy->select(l, act_pos, scores, tokens_kept(Tl, prune->steps[next_step].share));
-      if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
-      if (stats) stats->scores.push_back(std::move(scores));
-      ++next_step;
-    }
-    {
-      Timed tm{timers, Op::OProj, op_flops(c, Op::OProj, shape)};
-      gemm_.run(ctx, attn_.data(), Tl, Q, L.wo, tmp_.data(), D);
-    }
-    {
-      Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
-      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
-    }
-    {
-      Timed tm{timers, Op::FfnNorm, op_flops(c, Op::FfnNorm, shape)};
-      rmsnorm(ctx, x_.data(), L.ffn_norm.data(), xn_.data(), Tl, D, c.rms_eps);
-    }
-    {
-      // Fused gate/up: the gate entry carries both.
-      Timed tm{timers, Op::Gate, 2 * op_flops(c, Op::Gate, shape)};
-      gemm_.run(ctx, xn_.data(), Tl, D, L.w_gate_up, ff_.data(), 2 * F);
-    }
-    {
-      Timed tm{timers, Op::SwiGLU, op_flops(c, Op::SwiGLU, shape)};
-      swiglu(ctx, ff_.data(), 2 * F, ff_.data() + F, 2 * F, act_.data(), F, Tl, F);
-    }
-    {
-      Timed tm{timers, Op::Down, op_flops(c, Op::Down, shape)};
-      gemm_.run(ctx, act_.data(), Tl, F, L.w_down, tmp_.data(), D);
-    }
-    {
-      Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
-      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
-    }
-    if (prune_here && int64_t(keep.size()) < Tl) {
+    const int64_t Tl = int64_t(act_pos.size());
+    last_rows_ = size_t(Tl);
+    run_layer(ctx, l, act_pos, rope_tab, {}, timers, stats);
+    if (!pruning || next_step == prune->steps.size() || prune->steps[next_step].layer != l) continue;
+
+    // A pruning layer: the keys here are exactly the active rows (the cache started empty), and
+    // the last row's attention over them scores them.
+    const std::vector<int64_t> keep =
+        select(l, act_pos, prune->steps[next_step++].share, *prune->policy, timers, stats);
+    if (int64_t(keep.size()) < Tl) {
       // Pruned rows: their hidden state (the input of layer l + 1, where they have no K/V) goes
       // to the Aux Cache; kept rows are compacted in place (keep is ascending, so row keep[i]
       // moves to row i <= keep[i] and nothing is overwritten before it is read).
-      Timed tm{timers, Op::Gather, op_flops(c, Op::Gather, {Tl, 0, 0})};
+      Timed tm{timers, l, Op::Gather, OpShape{Tl, 0, 0}, c};
       size_t k = 0;
       for (int64_t r = 0; r < Tl; ++r) {
         if (k < keep.size() && keep[k] == r) {
           if (int64_t(k) != r) std::memcpy(x_.data() + k * D, x_.data() + r * D, size_t(D) * 4);
-          act[k] = act[size_t(r)];
-          act_pos[k] = act_pos[size_t(r)];
-          ++k;
+          act_pos[k++] = act_pos[size_t(r)];
           continue;
         }
         aux_.put(act_pos[size_t(r)], l + 1, x_.data() + r * D, D);
@@ -261,30 +343,27 @@ void Session::forward(CpuContext& ctx, std::span<const int32_t> ids, std::span<c
           ++stats->aux_written[size_t(l)];
         }
       }
-      act.resize(keep.size());
       act_pos.resize(keep.size());
-      rope_tab = rope_table(act_pos.data(), int64_t(act.size()), c.rope_dim, c.rope_theta, rope_freqs);
+      rope_tab = rope_table(act_pos.data(), int64_t(act_pos.size()), c.rope_dim, c.rope_theta, rope_freqs);
     }
-    if (prune_here && stats) stats->kept.push_back(act_pos);
+    if (stats) stats->kept.push_back(act_pos);
   }
-  out_row = int64_t(act.size()) - 1;
 
   // Final norm and LM head only for the rows that need logits.
   const int64_t R = int64_t(logit_rows.size());
   if (R == 0) return;
   Buffer<float> rows(R * D, false);
   for (int64_t r = 0; r < R; ++r) {
-    if (logit_rows[r] < 0 || logit_rows[r] >= T) fail("forward: logit row {} out of range", logit_rows[r]);
-    const int64_t src = pruning ? out_row : logit_rows[r];
+    const int64_t src = pruning ? int64_t(act_pos.size()) - 1 : logit_rows[r];
     std::memcpy(rows.data() + r * D, x_.data() + src * D, size_t(D) * 4);
   }
   const OpShape head{R, 0, 0};
   {
-    Timed tm{timers, Op::OutputNorm, op_flops(c, Op::OutputNorm, head)};
+    Timed tm{timers, c.n_layer, Op::OutputNorm, head, c};
     rmsnorm(ctx, rows.data(), w.output_norm.data(), rows.data(), R, D, c.rms_eps);
   }
   {
-    Timed tm{timers, Op::LmHead, op_flops(c, Op::LmHead, head)};
+    Timed tm{timers, c.n_layer, Op::LmHead, head, c};
     gemm_.run(ctx, rows.data(), R, D, w.lm_head(), logits, c.n_vocab);
   }
 }
@@ -296,21 +375,20 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
   if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
   if (!prune.policy) fail("decode_step: no pruning policy");
   if (n_cached() + 1 > n_ctx_) fail("context full: {} cached + 1 new token exceed {}", n_cached(), n_ctx_);
-  if (n_cached() > 0 && p <= kv_[0].pos[size_t(kv_[0].n - 1)]) fail("decode_step: position must be new");
+  // Layer 0 holds every token in position order (nothing is pruned before it).
+  const LayerKV& kv0 = kv_[0];
+  if (kv0.n > 0 && p <= kv0.pos[size_t(kv0.n - 1)]) fail("decode_step: position must be new");
   const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
   const int64_t QKV = (H + 2 * Hkv) * Dh, Q = H * Dh;
-  if (stats) {
-    const std::vector<int64_t> zeros(size_t(c.n_layer), 0);
-    *stats = ForwardStats{zeros, zeros, zeros, zeros, zeros, {}, {}, 0};
-  }
+  if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(w));
+  reset_stats(stats, c.n_layer);
 
-  // The step's active set (positions, ascending): every token, the new one last. Layer 0 holds
-  // every earlier token (nothing is pruned before the first pruning layer).
-  std::vector<int32_t> active(kv_[0].pos.begin(), kv_[0].pos.begin() + kv_[0].n);
+  // The step's active set (positions, ascending): every token, the new one last.
+  std::vector<int32_t> active(kv0.pos.begin(), kv0.pos.begin() + kv0.n);
   active.push_back(p);
-  // Rows computed in this step (ascending positions, the new token last) and their states.
+  // Rows computed in this step (ascending positions, the new token last); x_ row i holds rows[i].
   std::vector<int32_t> rows = {p};
-  const auto resize = [&](int64_t T) {
+  const auto reserve = [&](int64_t T) {
     x_.resize(std::max(x_.size(), T * D));
     xn_.resize(std::max(xn_.size(), T * D));
     qkv_.resize(std::max(qkv_.size(), T * QKV));
@@ -319,29 +397,31 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
     act_.resize(std::max(act_.size(), T * F));
     tmp_.resize(std::max(tmp_.size(), T * D));
   };
-  resize(1);
+  reserve(1);
   {
-    Timed tm{timers, Op::Embed, op_flops(c, Op::Embed, {1, 0, 0})};
+    Timed tm{timers, c.n_layer, Op::Embed, OpShape{1, 0, 0}, c};
     const Matrix& E = w.tok_embd;
     for (int64_t i = 0; i < D; ++i)
       x_[i] = E.dtype == DType::F32 ? E.f32[int64_t(id) * D + i] : bf16_to_f32(E.bf16[int64_t(id) * D + i]);
   }
   const float* rope_freqs = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
   size_t next_step = 0;
+  std::vector<int32_t> revive, merged;
+  std::vector<float> xm;
 
   for (int l = 0; l < c.n_layer; ++l) {
-    LayerKV& kv = kv_[size_t(l)];
+    const LayerKV& kv = kv_[size_t(l)];
     // Revival: active tokens without K/V here that are not rows yet come back from the Aux Cache,
     // whose entry is exactly this layer's input (a token leaves the rows only when it is pruned,
     // and its state is saved then).
-    std::vector<int32_t> revive;
+    revive.clear();
     for (int32_t ap : active)
-      if (kv.find(ap) < 0 && !std::binary_search(rows.begin(), rows.end(), ap)) revive.push_back(ap);
+      if (kv.find(ap) < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap)) revive.push_back(ap);
     if (!revive.empty()) {
-      std::vector<int32_t> merged;
-      std::vector<float> xm;
+      Timed tm{timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, c};
+      merged.clear();
+      xm.clear();
       size_t r = 0, v = 0;
-      const std::vector<float> xr(x_.data(), x_.data() + rows.size() * D);
       while (r < rows.size() || v < revive.size()) {
         if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
           const int64_t e = aux_.find(revive[v]);
@@ -351,118 +431,47 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
           xm.insert(xm.end(), aux_.h.begin() + e * D, aux_.h.begin() + (e + 1) * D);
           merged.push_back(revive[v++]);
         } else {
-          xm.insert(xm.end(), xr.begin() + int64_t(r) * D, xr.begin() + int64_t(r + 1) * D);
+          xm.insert(xm.end(), x_.data() + int64_t(r) * D, x_.data() + int64_t(r + 1) * D);
           merged.push_back(rows[r++]);
         }
       }
-      rows = std::move(merged);
-      resize(int64_t(rows.size()));
+      rows.swap(merged);
+      reserve(int64_t(rows.size()));
       std::copy(xm.begin(), xm.end(), x_.data());
-      if (stats) stats->revived[size_t(l)] = int64_t(revive.size());
+      if (stats) {
+        stats->revived[size_t(l)] = int64_t(revive.size());
+        stats->revived_pos[size_t(l)] = revive;
+      }
     }
     const int64_t Tl = int64_t(rows.size());
-    const OpShape shape{Tl, 0, 0};
-    const LayerWeights& L = w.layers[size_t(l)];
-    if (stats) stats->computed[size_t(l)] = Tl;
-    {
-      Timed tm{timers, Op::AttnNorm, op_flops(c, Op::AttnNorm, shape)};
-      rmsnorm(ctx, x_.data(), L.attn_norm.data(), xn_.data(), Tl, D, c.rms_eps);
-    }
-    {
-      Timed tm{timers, Op::QProj, op_flops(c, Op::QProj, shape) + 2 * op_flops(c, Op::KProj, shape)};
-      gemm_.run(ctx, xn_.data(), Tl, D, L.wqkv, qkv_.data(), QKV);
-    }
-    {
-      Timed tm{timers, Op::Rope, op_flops(c, Op::Rope, shape)};
-      const RopeTable tab = rope_table(rows.data(), Tl, c.rope_dim, c.rope_theta, rope_freqs);
-      rope(ctx, qkv_.data(), Tl, QKV, H + Hkv, Dh, tab);
-    }
-    // K/V of the rows into the layer's cache (revived ones at their old positions), then
-    // attention over exactly the active set.
-    kv.insert(qkv_.data() + Q, QKV, qkv_.data() + Q + Hkv * Dh, QKV, rows.data(), Tl);
-    for (int32_t rp : rows) mark_computed(l, rp);
-    const LayerKV* keys = &kv;
-    if (int64_t(active.size()) != kv.n) {
-      std::vector<int64_t> slots;
-      slots.reserve(active.size());
-      for (int32_t ap : active) slots.push_back(kv.find(ap));
-      scratch_kv_.gather_from(kv, slots);
-      keys = &scratch_kv_;
-    }
-    {
-      int64_t pairs = 0;
-      for (int32_t rp : rows) pairs += std::upper_bound(active.begin(), active.end(), rp) - active.begin();
-      Timed tm{timers, Op::Attention, op_flops(c, Op::Attention, OpShape{Tl, pairs, keys->n})};
-      attention(ctx, qkv_.data(), QKV, rows.data(), Tl, *keys, H, attn_.data(), Q);
-      if (stats) {
-        stats->keys[size_t(l)] = kv.n;
-        stats->pairs[size_t(l)] = pairs;
-      }
-    }
-    std::vector<char> keep_row(size_t(Tl), 1);
+    last_rows_ = size_t(Tl);
+    const RopeTable tab = rope_table(rows.data(), Tl, c.rope_dim, c.rope_theta, rope_freqs);
+    run_layer(ctx, l, rows, tab, active, timers, stats);
+
     const bool prune_here = next_step < prune.steps.size() && prune.steps[next_step].layer == l;
     if (prune_here) {
-      std::vector<float> scores;
-      if (prune.policy->needs_scores()) {
-        Timed tm{timers, Op::Score, op_flops(c, Op::Score, OpShape{1, 0, keys->n})};
-        scores.resize(static_cast<size_t>(keys->n));
-        last_row_scores(qkv_.data() + (Tl - 1) * QKV, *keys, H, keys->n, scores.data());
-      }
-      const std::vector<int64_t> keep = prune.policy->select(
-          l, active, scores, tokens_kept(int64_t(active.size()), prune.steps[next_step].share));
-      if (keep.empty() || keep.back() != int64_t(active.size()) - 1)
-        fail("pruning policy dropped the last token");
+      const std::vector<int64_t> keep =
+          select(l, active, prune.steps[next_step++].share, *prune.policy, timers, stats);
       std::vector<int32_t> kept;
+      kept.reserve(keep.size());
       for (int64_t i : keep) kept.push_back(active[size_t(i)]);
-      active = std::move(kept);
-      for (int64_t r = 0; r < Tl; ++r)
-        keep_row[size_t(r)] = std::binary_search(active.begin(), active.end(), rows[size_t(r)]);
-      if (stats) {
-        stats->kept.push_back(active);
-        stats->scores.push_back(std::move(scores));
-      }
-      ++next_step;
-    }
-    {
-      Timed tm{timers, Op::OProj, op_flops(c, Op::OProj, shape)};
-      gemm_.run(ctx, attn_.data(), Tl, Q, L.wo, tmp_.data(), D);
-    }
-    {
-      Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
-      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
-    }
-    {
-      Timed tm{timers, Op::FfnNorm, op_flops(c, Op::FfnNorm, shape)};
-      rmsnorm(ctx, x_.data(), L.ffn_norm.data(), xn_.data(), Tl, D, c.rms_eps);
-    }
-    {
-      Timed tm{timers, Op::Gate, 2 * op_flops(c, Op::Gate, shape)};
-      gemm_.run(ctx, xn_.data(), Tl, D, L.w_gate_up, ff_.data(), 2 * F);
-    }
-    {
-      Timed tm{timers, Op::SwiGLU, op_flops(c, Op::SwiGLU, shape)};
-      swiglu(ctx, ff_.data(), 2 * F, ff_.data() + F, 2 * F, act_.data(), F, Tl, F);
-    }
-    {
-      Timed tm{timers, Op::Down, op_flops(c, Op::Down, shape)};
-      gemm_.run(ctx, act_.data(), Tl, F, L.w_down, tmp_.data(), D);
-    }
-    {
-      Timed tm{timers, Op::Residual, op_flops(c, Op::Residual, shape) / 2};
-      add_inplace(ctx, x_.data(), tmp_.data(), Tl * D);
+      active.swap(kept);
+      if (stats) stats->kept.push_back(active);
     }
     // Rows not selected stop here; their state (the next layer's input) goes to the Aux Cache.
     // Rows that already have K/V at the next layer also stop: they are not recomputed there.
+    Timed tm{timers, l, Op::Gather, OpShape{Tl, 0, 0}, c};
     size_t k = 0;
     for (int64_t r = 0; r < Tl; ++r) {
       const int32_t rp = rows[size_t(r)];
+      const bool kept = !prune_here || std::binary_search(active.begin(), active.end(), rp);
       const bool next_has_kv = l + 1 < c.n_layer && kv_[size_t(l + 1)].find(rp) >= 0;
-      if (keep_row[size_t(r)] && !next_has_kv) {
+      if (kept && !next_has_kv) {
         if (int64_t(k) != r) std::memcpy(x_.data() + k * D, x_.data() + r * D, size_t(D) * 4);
         rows[k++] = rp;
         continue;
       }
-      if (!keep_row[size_t(r)] && l + 1 < c.n_layer) {
+      if (!kept && l + 1 < c.n_layer) {
         aux_.put(rp, l + 1, x_.data() + r * D, D);
         if (stats) {
           ++stats->aux_writes;
@@ -476,11 +485,11 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
 
   std::vector<float> row(x_.data() + (int64_t(rows.size()) - 1) * D, x_.data() + int64_t(rows.size()) * D);
   {
-    Timed tm{timers, Op::OutputNorm, op_flops(c, Op::OutputNorm, {1, 0, 0})};
+    Timed tm{timers, c.n_layer, Op::OutputNorm, OpShape{1, 0, 0}, c};
     rmsnorm(ctx, row.data(), w.output_norm.data(), row.data(), 1, D, c.rms_eps);
   }
   {
-    Timed tm{timers, Op::LmHead, op_flops(c, Op::LmHead, {1, 0, 0})};
+    Timed tm{timers, c.n_layer, Op::LmHead, OpShape{1, 0, 0}, c};
     gemm_.run(ctx, row.data(), 1, D, w.lm_head(), logits, c.n_vocab);
   }
 }

@@ -23,16 +23,24 @@
 
 namespace lp {
 
-// Wall time and counted work per op, summed over calls. FLOPs come from op_flops.
+// Wall time and counted work of one op kind, summed over calls.
+struct OpStat {
+  double seconds = 0, flops = 0, bytes = 0;
+  int64_t calls = 0;
+  void add(const OpStat& o);
+};
+
+// Per-op timings of forward passes: one OpStat per (layer, op), FLOPs and bytes from the shared
+// op_flops / op_bytes (model/ops.h). Sized by the first pass that records into it.
 struct OpTimers {
-  std::array<double, kNumOps> seconds{};
-  std::array<double, kNumOps> flops{};
-  std::array<int64_t, kNumOps> calls{};
-  void add(Op op, double s, double fl) {
-    seconds[int(op)] += s;
-    flops[int(op)] += fl;
-    calls[int(op)] += 1;
-  }
+  int n_layer = 0;
+  OpDtypes dtypes;
+  std::vector<OpStat> stat;  // [n_layer + 1][kNumOps]; row n_layer: ops outside the layers
+  void init(int layers, const OpDtypes& d);
+  bool empty() const { return stat.empty(); }
+  const OpStat& at(int layer, Op op) const { return stat[size_t(layer) * kNumOps + size_t(op)]; }
+  void add(int layer, Op op, double seconds, double flops, double bytes);
+  OpStat total(Op op) const;  // over all layers
   double total_seconds() const;
   double total_flops() const;
 };
@@ -72,7 +80,8 @@ struct ForwardStats {
   std::vector<int64_t> aux_written;        // [L] tokens pruned after layer l, saved to the Aux Cache
   std::vector<int64_t> revived;            // [L] tokens revived from the Aux Cache at layer l
   std::vector<std::vector<int32_t>> kept;  // per pruning step: positions kept after it
-  std::vector<std::vector<float>> scores;  // per pruning step: scores of the active tokens
+  std::vector<std::vector<float>> scores;  // per pruning step: scores of the active tokens (if any)
+  std::vector<std::vector<int32_t>> revived_pos;  // [L] positions revived at layer l (decoding)
   int64_t aux_writes = 0;                  // hidden states saved to the Aux Cache
 };
 
@@ -125,6 +134,11 @@ class Session {
   int64_t kv_bytes() const;       // allocated
   int64_t kv_bytes_used() const;  // held by the tokens cached at each layer
   const LayerKV& layer_kv(int l) const { return kv_[size_t(l)]; }
+  // Whether position p was computed at layer l (its (token, layer) pair).
+  bool computed(int l, int32_t p) const {
+    const auto& d = done_[size_t(l)];
+    return p >= 0 && size_t(p) < d.size() && d[size_t(p)];
+  }
   const AuxCache& aux() const { return aux_; }
 
  private:
@@ -132,9 +146,23 @@ class Session {
   int64_t n_ctx_;
   std::vector<LayerKV> kv_;  // [L]
   AuxCache aux_;
-  LayerKV scratch_kv_;                      // the active keys of one decode layer
   std::vector<std::vector<uint8_t>> done_;  // [L][n_ctx] (token, layer) computed: at most once
   void mark_computed(int l, int32_t p);
+  // One layer over the rows of x_ (T tokens at positions rows, ascending): attention block and
+  // MLP with their residuals. The rows' K/V are appended to the layer's cache first; they attend
+  // to the keys at positions `keys` (ascending, all holding K/V once the rows are appended) or,
+  // when `keys` is empty, to every key the layer holds. Leaves the key slots in slots_ and the
+  // rows' q in qkv_ (for scoring).
+  void run_layer(CpuContext& ctx, int l, std::span<const int32_t> rows, const RopeTable& rope,
+                 std::span<const int32_t> keys, OpTimers* timers, ForwardStats* stats);
+  // The pruning step at layer l (after run_layer): scores the keys by the last row's attention if
+  // the policy wants them and returns the indices of the keys to keep (ascending, the last one
+  // included).
+  std::vector<int64_t> select(int l, std::span<const int32_t> keys, double share,
+                              PruningPolicy& policy, OpTimers* timers, ForwardStats* stats);
+  size_t last_rows_ = 0;          // rows of the last run_layer (the scoring row is the last)
+  std::vector<int32_t> key_pos_;  // scratch: key positions when run_layer was given none
+  std::vector<int32_t> slots_;  // key slots of the last run_layer (empty: all held, in order)
   Gemm gemm_;
   // Scratch, grown on demand: x [T][D], xn [T][D], qkv [T][(H+2Hkv)Dh], attn [T][H Dh],
   // ff [T][2F], act [T][F], tmp [T][D].

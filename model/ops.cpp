@@ -4,9 +4,13 @@ namespace lp {
 
 std::string_view op_name(Op op) {
   static constexpr std::array<std::string_view, kNumOps> names = {
-      "embed", "attn_norm", "q_proj", "k_proj", "v_proj",   "rope",  "attention", "o_proj",      "ffn_norm",
-      "gate",  "up",        "swiglu", "down",   "residual", "score", "gather",    "output_norm", "lm_head"};
+      "embed",   "attn_norm", "qkv",  "rope",     "attention", "score",  "select",      "o_proj",
+      "ffn_norm", "gate_up",  "swiglu", "down", "residual",  "gather", "output_norm", "lm_head"};
   return names[static_cast<int>(op)];
+}
+
+int op_calls_per_layer(Op op) {
+  return op == Op::Residual ? 2 : 1;
 }
 
 bool op_is_per_layer(Op op) {
@@ -32,29 +36,26 @@ double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
     case Op::FfnNorm:
     case Op::OutputNorm:
       return 4.0 * T * D;  // square, sum, scale, weight
-    case Op::QProj:
-      return gemm_flops(T, D, c.q_dim());
-    case Op::KProj:
-    case Op::VProj:
-      return gemm_flops(T, D, c.kv_dim());
+    case Op::QKV:
+      return gemm_flops(T, D, c.q_dim() + 2 * c.kv_dim());
     case Op::Rope:
       return 3.0 * T * (c.n_head + c.n_head_kv) * c.rope_dim;  // 4 mul + 2 add per pair
     case Op::Attention:
       return double(s.attn_pairs) * c.n_head * (4.0 * c.head_dim + 5.0);
     case Op::OProj:
       return gemm_flops(T, c.q_dim(), D);
-    case Op::Gate:
-    case Op::Up:
-      return gemm_flops(T, D, F);
+    case Op::GateUp:
+      return gemm_flops(T, D, 2 * F);
     case Op::SwiGLU:
       return 5.0 * T * F;  // exp, add, div, two muls
     case Op::Down:
       return gemm_flops(T, F, D);
     case Op::Residual:
-      return 2.0 * T * D;
+      return double(T) * D;
     // One query row over kv_tokens keys per head: dot (2 Dh), softmax (5), average (2).
     case Op::Score:
       return double(s.kv_tokens) * c.n_head * (2.0 * c.head_dim + 7.0);
+    case Op::Select:  // comparisons, not floating-point arithmetic
     case Op::Gather:
       return 0;
     case Op::LmHead:
@@ -74,30 +75,28 @@ double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDtypes& d
     case Op::FfnNorm:
     case Op::OutputNorm:
       return double(T) * D * (4 + d.act_bytes) + D * 4.0;
-    case Op::QProj:
-      return gemm_bytes(T, D, c.q_dim(), d);
-    case Op::KProj:
-    case Op::VProj:
-      // The projection output is also appended to the KV cache.
-      return gemm_bytes(T, D, c.kv_dim(), d) + double(T) * c.kv_dim() * d.kv_bytes;
+    case Op::QKV:
+      return gemm_bytes(T, D, c.q_dim() + 2 * c.kv_dim(), d);
     case Op::Rope:
       return 2.0 * T * (c.q_dim() + c.kv_dim()) * 4;
     case Op::Attention:
-      // Q read, O written, and every key/value this layer holds read once.
-      return double(T) * c.q_dim() * 4 * 2 + 2.0 * s.kv_tokens * c.kv_dim() * d.kv_bytes;
+      // Q read, O written, the T new keys/values appended to the cache, and every key/value
+      // attended read once.
+      return double(T) * c.q_dim() * 4 * 2 + 2.0 * (T + s.kv_tokens) * c.kv_dim() * d.kv_bytes;
     case Op::OProj:
       return gemm_bytes(T, c.q_dim(), D, d);
-    case Op::Gate:
-    case Op::Up:
-      return gemm_bytes(T, D, F, d);
+    case Op::GateUp:
+      return gemm_bytes(T, D, 2 * F, d);
     case Op::SwiGLU:
       return double(T) * F * (4 + 4 + d.act_bytes);
     case Op::Down:
       return gemm_bytes(T, F, D, d);
     case Op::Residual:
-      return 2.0 * 3.0 * T * D * 4;
+      return 3.0 * T * D * 4;
     case Op::Score:
       return double(s.kv_tokens) * c.kv_dim() * d.kv_bytes + double(s.kv_tokens) * 4;
+    case Op::Select:  // scores read, kept indices written
+      return double(s.kv_tokens) * 8;
     case Op::Gather:  // rows moved (kept ones compacted, pruned ones saved): read and written
       return 2.0 * T * D * 4;
     case Op::LmHead:
@@ -113,7 +112,7 @@ double prefill_flops(const ModelConfig& c, int64_t T, int64_t logit_rows) {
   OpShape s{T, causal_pairs(T), T};
   for (int i = 0; i < kNumOps; ++i) {
     const Op op = static_cast<Op>(i);
-    if (op_is_per_layer(op) && op != Op::Score && op != Op::Gather) total += c.n_layer * op_flops(c, op, s);
+    if (op_is_per_layer(op) && op != Op::Score && op != Op::Select && op != Op::Gather) total += c.n_layer * op_flops(c, op, s) * op_calls_per_layer(op);
   }
   OpShape head{logit_rows, 0, 0};
   total += op_flops(c, Op::OutputNorm, head) + op_flops(c, Op::LmHead, head);

@@ -19,37 +19,38 @@
 
 namespace lp {
 
+// The ops as the engine executes them (QKV and gate/up are fused GEMMs). The CLI's per-op
+// timings, the benchmarks and the simulator all use this list.
 enum class Op : int {
-  Embed,     // gather T rows of the embedding table
-  AttnNorm,  // RMSNorm before attention
-  QProj,     // [T][D] x [D][H*Dh]
-  KProj,     // [T][D] x [D][Hkv*Dh]
-  VProj,
+  Embed,      // gather T rows of the embedding table
+  AttnNorm,   // RMSNorm before attention
+  QKV,        // [T][D] x [D][(H + 2 Hkv) Dh], the fused q, k, v projections; K/V appended to the cache
   Rope,       // rotate q and k at the tokens' original positions
   Attention,  // causal GQA over the keys each query sees
-  OProj,      // [T][H*Dh] x [H*Dh][D]
-  FfnNorm,
-  Gate,  // [T][D] x [D][F]
-  Up,
-  SwiGLU,      // silu(gate) * up
-  Down,        // [T][F] x [F][D]
-  Residual,    // two residual adds per layer
-  Score,       // LazyLLM: the last token's attention over the active keys, mean over heads
-  Gather,      // compacting the kept rows after a pruning layer (and saving pruned ones)
-  OutputNorm,  // final RMSNorm on the rows that need logits
-  LmHead,      // [R][D] x [D][V]
+  Score,      // LazyLLM: the last token's attention over the active keys, mean over heads
+  Select,     // choosing the kept tokens from the scores (or at random)
+  OProj,      // [T][H Dh] x [H Dh][D]
+  FfnNorm,    // RMSNorm before the MLP
+  GateUp,     // [T][D] x [D][2F], the fused gate and up projections
+  SwiGLU,     // silu(gate) * up
+  Down,       // [T][F] x [F][D]
+  Residual,   // one residual add (two per layer)
+  Gather,     // moving rows: compacting kept rows, Aux Cache writes of pruned ones and reads of revived ones
+  OutputNorm, // final RMSNorm on the rows that need logits
+  LmHead,     // [R][D] x [D][V]
   kCount,
 };
 
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
 std::string_view op_name(Op op);
 bool op_is_per_layer(Op op);
+int op_calls_per_layer(Op op);  // 2 for Residual, else 1
 
 // Shape of one invocation.
 struct OpShape {
   int64_t tokens = 0;      // rows computed (queries); for LmHead/OutputNorm the logit rows
   int64_t attn_pairs = 0;  // (query, key) pairs attended, for Attention
-  int64_t kv_tokens = 0;   // keys held at this layer (KV read by Attention)
+  int64_t kv_tokens = 0;   // keys read by Attention or scored by Score/Select
 };
 
 // Element sizes in bytes.

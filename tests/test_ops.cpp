@@ -164,7 +164,7 @@ TEST_P(AttentionTest, MatchesReference) {
   if (p.cached) kv.append(k.data(), KV, v.data(), KV, pos.data(), p.cached);
   kv.append(k.data() + p.cached * KV, KV, v.data() + p.cached * KV, KV, pos.data() + p.cached, p.T);
   std::vector<float> out(size_t(p.T * Q)), ref(size_t(p.T * Q));
-  attention(ctx, q.data(), Q, pos.data() + p.cached, p.T, kv, p.H, out.data(), Q);
+  attention(ctx, q.data(), Q, pos.data() + p.cached, p.T, KeySet{kv}, p.H, out.data(), Q);
   ref::attention(q.data(), pos.data() + p.cached, p.T, k.data(), v.data(), pos.data(), S, p.H, p.Hkv, p.Dh,
                  ref.data());
   // A score q.k/sqrt(Dh) carries error <= Dh*u*sum|q_d k_d|/sqrt(Dh) =: delta; softmax weights
@@ -192,14 +192,75 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{17, 5, 4, 2, 32, true}, AttnCase{111, 0, 2, 1, 48, false},
                                            AttnCase{33, 0, 6, 2, 16, false}));
 
-TEST(Ops, KvAppendRejectsNonIncreasingPositions) {
+TEST(Ops, KvAppendTracksSlotsAndRejectsHeldPositions) {
   LayerKV kv;
   kv.init(8, 1, 4);
   std::vector<float> k(8, 1.0f);
-  const int32_t p[2] = {5, 6};
+  const int32_t p[2] = {5, 9};
   kv.append(k.data(), 4, k.data(), 4, p, 2);
-  const int32_t back[1] = {6};
-  EXPECT_THROW(kv.append(k.data(), 4, k.data(), 4, back, 1), Error);
+  EXPECT_TRUE(kv.sorted);
+  const int32_t again[1] = {9};
+  EXPECT_THROW(kv.append(k.data(), 4, k.data(), 4, again, 1), Error);
+  const int32_t down[2] = {3, 2};
+  EXPECT_THROW(kv.append(k.data(), 4, k.data(), 4, down, 2), Error);
+  const int32_t old[1] = {7};  // a revived token: before a held one
+  kv.append(k.data(), 4, k.data(), 4, old, 1);
+  EXPECT_FALSE(kv.sorted);
+  EXPECT_EQ(kv.find(7), 2);
+  EXPECT_EQ(kv.find(6), -1);
+  EXPECT_EQ(kv.find(100), -1);
+  EXPECT_EQ(kv.slots_in_order(), (std::vector<int32_t>{0, 2, 1}));
+}
+
+// Attention over a key subset listed by slot in a cache whose slots are out of position order
+// (revived tokens appended late), against the reference over exactly those keys.
+TEST(Ops, AttentionOverSlotListMatchesReference) {
+  const int64_t H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh, S = 150;
+  const auto k = randn(S * KV, 31), v = randn(S * KV, 32);
+  // Slot order: even positions first (as a pruned prefill would hold them), then the odd ones
+  // appended later in two revival batches.
+  std::vector<int32_t> order;
+  for (int32_t p = 0; p < S; p += 2) order.push_back(p);
+  for (int32_t p = 1; p < S; p += 4) order.push_back(p);
+  for (int32_t p = 3; p < S; p += 4) order.push_back(p);
+  LayerKV kv;
+  kv.init(S, Hkv, Dh);
+  size_t i = 0;
+  for (size_t end : {size_t(S / 2), size_t(S / 2 + (S + 2) / 4), order.size()}) {
+    std::vector<float> kb, vb;
+    std::vector<int32_t> pb;
+    for (; i < end; ++i) {
+      const int32_t p = order[i];
+      kb.insert(kb.end(), k.begin() + p * KV, k.begin() + (p + 1) * KV);
+      vb.insert(vb.end(), v.begin() + p * KV, v.begin() + (p + 1) * KV);
+      pb.push_back(p);
+    }
+    kv.append(kb.data(), KV, vb.data(), KV, pb.data(), int64_t(pb.size()));
+  }
+  ASSERT_FALSE(kv.sorted);
+  // The active keys: positions not divisible by 3 (ascending), and three query rows among them.
+  std::vector<int32_t> keys, slots;
+  for (int32_t p = 0; p < S; ++p)
+    if (p % 3 != 0) {
+      keys.push_back(p);
+      slots.push_back(int32_t(kv.find(p)));
+    }
+  const std::vector<int32_t> qpos = {1, 77, 149};
+  const auto q = randn(int64_t(qpos.size()) * Q, 33);
+  CpuContext ctx(2);
+  std::vector<float> out(qpos.size() * Q);
+  attention(ctx, q.data(), Q, qpos.data(), int64_t(qpos.size()), KeySet{kv, slots}, H, out.data(), Q);
+  std::vector<float> ks, vs;
+  for (int32_t p : keys) {
+    ks.insert(ks.end(), k.begin() + p * KV, k.begin() + (p + 1) * KV);
+    vs.insert(vs.end(), v.begin() + p * KV, v.begin() + (p + 1) * KV);
+  }
+  std::vector<float> ref(out.size());
+  ref::attention(q.data(), qpos.data(), int64_t(qpos.size()), ks.data(), vs.data(), keys.data(),
+                 int64_t(keys.size()), H, Hkv, Dh, ref.data());
+  for (size_t j = 0; j < out.size(); ++j) ASSERT_NEAR(out[j], ref[j], 2e-5) << "j=" << j;
+  // Without a slot list an out-of-order cache is refused rather than misread.
+  EXPECT_THROW(attention(ctx, q.data(), Q, qpos.data(), 1, KeySet{kv}, H, out.data(), Q), Error);
 }
 
 TEST(Ops, ResultsDoNotDependOnThreadCount) {
@@ -214,7 +275,7 @@ TEST(Ops, ResultsDoNotDependOnThreadCount) {
     kv.init(T, Hkv, Dh);
     kv.append(k.data(), KV, v.data(), KV, pos.data(), T);
     outs.emplace_back(size_t(T * Q));
-    attention(ctx, q.data(), Q, pos.data(), T, kv, H, outs.back().data(), Q);
+    attention(ctx, q.data(), Q, pos.data(), T, KeySet{kv}, H, outs.back().data(), Q);
   }
   EXPECT_EQ(outs[0], outs[1]);
 }

@@ -1,6 +1,7 @@
 // LazyLLM pruning in the engine against an independent slow formulation: every token present
 // at every layer (double-accumulating reference kernels), with masks that hide pruned keys and
 // rows of pruned tokens frozen (not updated) after they are pruned.
+#include <cctype>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -171,7 +172,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrunedForward,
                                            PruneCase{111, PolicyKind::LazyLLM, "0:0.3,2:0.6"},
                                            PruneCase{17, PolicyKind::Random, "0:0.5,1:0.5"},
                                            PruneCase{111, PolicyKind::Static, "0:0.3,1:0.3,2:0.3"},
-                                           PruneCase{40, PolicyKind::Random, "1:0.9"}));
+                                           PruneCase{40, PolicyKind::Random, "1:0.9"}),
+                         [](const ::testing::TestParamInfo<PruneCase>& info) {
+                           const PruneCase& c = info.param;
+                           std::string name = "T" + std::to_string(c.T) + "_" + policy_name(c.policy) + "_" +
+                                              c.schedule + std::string();
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name + "_" + std::to_string(info.index);
+                         });
 
 TEST(PrunedForwardExact, ZeroShareIsBitwiseTheUnprunedForward) {
   testing::TempDir dir;
@@ -216,7 +225,7 @@ TEST(PruningPolicy, LastRowScoresMatchReferenceAndSumToOne) {
   kv.append(k.data(), Hkv * Dh, v.data(), Hkv * Dh, pos.data(), S);
   std::vector<float> got(S);
   std::vector<double> want(S);
-  last_row_scores(q.data(), kv, H, S, got.data());
+  last_row_scores(q.data(), KeySet{kv}, H, got.data());
   ref::last_row_scores(q.data(), k.data(), S, H, Hkv, Dh, want.data());
   double sum = 0;
   for (int64_t s = 0; s < S; ++s) {
@@ -224,6 +233,20 @@ TEST(PruningPolicy, LastRowScoresMatchReferenceAndSumToOne) {
     sum += got[s];
   }
   EXPECT_NEAR(sum, 1.0, 1e-5);
+
+  // Over a listed subset of slots: the same as scoring a cache holding only those keys.
+  std::vector<int32_t> slots;
+  std::vector<float> ks;
+  for (int32_t s = 0; s < S; s += 3) {
+    slots.push_back(s);
+    ks.insert(ks.end(), k.begin() + s * Hkv * Dh, k.begin() + (s + 1) * Hkv * Dh);
+  }
+  const int64_t n = int64_t(slots.size());
+  std::vector<float> sub(static_cast<size_t>(n));
+  std::vector<double> sub_want(static_cast<size_t>(n));
+  last_row_scores(q.data(), KeySet{kv, slots}, H, sub.data());
+  ref::last_row_scores(q.data(), ks.data(), n, H, Hkv, Dh, sub_want.data());
+  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(sub[i], sub_want[i], 1e-5);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // previous layer's output if it was computed there in this step, else its stored state. Keys at
 // layer l are exactly the step's active tokens at or before the query's position. Arithmetic is
 // the scalar reference kernels (double accumulation), one row at a time.
+#include <cctype>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -206,7 +207,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, Revival,
                                            RevivalCase{17, PolicyKind::LazyLLM, "0:0.3,1:0.3,2:0.3", 5},
                                            RevivalCase{40, PolicyKind::Random, "0:0.5,2:0.5", 6},
                                            RevivalCase{33, PolicyKind::Static, "0:0.3,1:0.3", 4},
-                                           RevivalCase{111, PolicyKind::LazyLLM, "1:0.6", 4}));
+                                           RevivalCase{111, PolicyKind::LazyLLM, "1:0.6", 4}),
+                         [](const ::testing::TestParamInfo<RevivalCase>& info) {
+                           const RevivalCase& c = info.param;
+                           std::string name = "T" + std::to_string(c.T) + "_" + policy_name(c.policy) + "_" +
+                                              c.schedule + "_steps" + std::to_string(c.decode_steps);
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name + "_" + std::to_string(info.index);
+                         });
 
 }  // namespace
 }  // namespace lp

@@ -84,6 +84,8 @@ struct Gemm::Impl {
   };
   std::map<Key, Prim> cache;
   std::vector<uint16_t> a_bf16;  // [M][K] activations rounded to bf16
+  std::vector<uint8_t> a_pad;    // [Mp][K] activations padded to a bucketed row count
+  std::vector<float> c_pad;      // [Mp][N]
 
   Prim get(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc, DType dt) {
     const Key key{M, N, K, lda, ldc, int(dt)};
@@ -115,6 +117,7 @@ Gemm::~Gemm() = default;
 // each output element is one dot product in one task (thread-count independent).
 namespace {
 constexpr int64_t kGemvRows = 4;
+constexpr int64_t kColRows = 192;  // GEMMs up to this many rows split the columns (see Gemm::run)
 
 inline float dot_f32(const float* w, const float* x, int64_t K) {
   int64_t k = 0;
@@ -189,11 +192,30 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
     a_ptr = dst;
     a_ld = K;
   }
+  // Decoding with revivals gives a different M at nearly every call; a primitive per M would be
+  // JIT-compiled over and over, so mid-size M is padded to a multiple of 16 through scratch.
+  const size_t esz = W.dtype == DType::F32 ? 4 : 2;
+  float* c_out = C;
+  int64_t c_ld = ldc;
+  const int64_t M_in = M;
+  if (M <= kColRows && M % 16 != 0) {
+    M = (M + 15) / 16 * 16;
+    impl_->a_pad.assign(size_t(M * K) * esz, 0);
+    for (int64_t m = 0; m < M_in; ++m)
+      std::memcpy(impl_->a_pad.data() + m * K * esz, static_cast<const char*>(a_ptr) + m * a_ld * esz, K * esz);
+    a_ptr = impl_->a_pad.data();
+    a_ld = K;
+    impl_->c_pad.resize(size_t(M * N));
+    c_out = impl_->c_pad.data();
+    c_ld = N;
+  }
   // Tiles depend only on the shape, never on the thread count, so every element is computed
   // by the same kernel call whatever --threads is (results are bitwise thread-independent).
-  // Prefill-sized M: about 8 row blocks over the full N. Decode-sized M: 16 column blocks.
-  const int64_t mc = M <= 32 ? M : std::max<int64_t>(16, ((M + 7) / 8 + 15) / 16 * 16);
-  const int64_t nc = M <= 32 ? std::max<int64_t>(64, ((N + 15) / 16 + 63) / 64 * 64) : N;
+  // Up to kColRows rows (decoding, revivals): 16 column blocks over all rows, so each weight is
+  // read once (row blocks would each re-read all of W: at M = 33..128 that ran at a quarter of
+  // the speed). Prefill-sized M: about 8 row blocks over the full N.
+  const int64_t mc = M <= kColRows ? M : std::max<int64_t>(16, ((M + 7) / 8 + 15) / 16 * 16);
+  const int64_t nc = M <= kColRows ? std::max<int64_t>(64, ((N + 15) / 16 + 63) / 64 * 64) : N;
   struct Part {
     int64_t m0, m, n0, n;
     Impl::Prim p;
@@ -202,9 +224,8 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   for (int64_t m0 = 0; m0 < M; m0 += mc)
     for (int64_t n0 = 0; n0 < N; n0 += nc) {
       const int64_t m = std::min(mc, M - m0), n = std::min(nc, N - n0);
-      ps.push_back({m0, m, n0, n, impl_->get(m, n, K, a_ld, ldc, W.dtype)});
+      ps.push_back({m0, m, n0, n, impl_->get(m, n, K, a_ld, c_ld, W.dtype)});
     }
-  const size_t esz = W.dtype == DType::F32 ? 4 : 2;
   const auto mdt = W.dtype == DType::F32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
   ctx.run([&] {
     tbb::parallel_for(size_t(0), ps.size(), [&](size_t i) {
@@ -216,8 +237,8 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
       dnnl::memory am(md({p.m, K}, mdt, mdims{a_ld, 1}), impl_->eng, const_cast<char*>(a_base));
       dnnl::memory bm(md({K, p.n}, mdt, mdims{1, K}), impl_->eng,
                       const_cast<char*>(static_cast<const char*>(W.data()) + p.n0 * K * esz));
-      dnnl::memory cm(md({p.m, p.n}, dnnl::memory::data_type::f32, mdims{ldc, 1}), impl_->eng,
-                      C + p.m0 * ldc + p.n0);
+      dnnl::memory cm(md({p.m, p.n}, dnnl::memory::data_type::f32, mdims{c_ld, 1}), impl_->eng,
+                      c_out + p.m0 * c_ld + p.n0);
       const md& sp_md = p.p.scratch;
       thread_local std::vector<uint8_t> scratch;
       if (scratch.size() < sp_md.get_size()) scratch.resize(sp_md.get_size());
@@ -227,6 +248,8 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
       s.wait();
     });
   });
+  if (c_out != C)
+    for (int64_t m = 0; m < M_in; ++m) std::memcpy(C + m * ldc, c_out + m * c_ld, size_t(N) * 4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -320,87 +343,50 @@ void LayerKV::init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim) {
   kt_ld = cap + 16;
   Hkv = n_kv_heads;
   Dh = head_dim;
-  n = 0;
   kt.resize(Hkv * Dh * kt_ld);
   v.resize(Hkv * cap * Dh);
   pos.assign(size_t(cap), 0);
+  clear();
+}
+
+void LayerKV::clear() {
+  n = 0;
+  sorted = true;
+  slot_of.clear();
 }
 
 void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, const int32_t* p, int64_t T) {
   if (n + T > cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", n, T, cap);
   for (int64_t t = 0; t < T; ++t) {
-    if (n + t > 0 && p[t] <= pos[n + t - 1]) fail("KV append: positions must increase");
-    pos[n + t] = p[t];
+    if (p[t] < 0) fail("KV append: negative position {}", p[t]);
+    if (t > 0 && p[t] <= p[t - 1]) fail("KV append: positions must increase within a call");
+    if (find(p[t]) >= 0) fail("KV append: position {} already has K/V", p[t]);
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = n + t;
+    if (s > 0 && p[t] < pos[size_t(s - 1)]) sorted = false;
+    pos[size_t(s)] = p[t];
+    if (size_t(p[t]) >= slot_of.size()) slot_of.resize(size_t(p[t]) + 1, -1);
+    slot_of[size_t(p[t])] = int32_t(s);
     for (int64_t g = 0; g < Hkv; ++g)
       for (int64_t d = 0; d < Dh; ++d) {
-        kt[(g * Dh + d) * kt_ld + n + t] = k[t * ldk + g * Dh + d];
-        v[(g * cap + n + t) * Dh + d] = vv[t * ldv + g * Dh + d];
+        kt[(g * Dh + d) * kt_ld + s] = k[t * ldk + g * Dh + d];
+        v[(g * cap + s) * Dh + d] = vv[t * ldv + g * Dh + d];
       }
   }
   n += T;
 }
 
-void LayerKV::insert(const float* k, int64_t ldk, const float* vv, int64_t ldv, const int32_t* p, int64_t T) {
-  if (T == 0) return;
-  if (n == 0 || p[0] > pos[n - 1]) return append(k, ldk, vv, ldv, p, T);
-  if (n + T > cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", n, T, cap);
-  // Merge plan: for each slot of the result, an old slot (>= 0) or a new row (-1 - t).
-  std::vector<int64_t> plan;
-  plan.reserve(size_t(n + T));
-  int64_t i = 0, t = 0;
-  while (i < n || t < T) {
-    if (t < T && (i == n || p[t] < pos[i])) {
-      if (i < n && p[t] == pos[i]) fail("KV insert: position {} is already held", p[t]);
-      plan.push_back(-1 - t++);
-    } else {
-      if (t < T && p[t] == pos[i]) fail("KV insert: position {} is already held", p[t]);
-      plan.push_back(i++);
-    }
+std::vector<int32_t> LayerKV::slots_in_order() const {
+  std::vector<int32_t> out;
+  out.reserve(size_t(n));
+  if (sorted) {
+    for (int64_t s = 0; s < n; ++s) out.push_back(int32_t(s));
+  } else {
+    for (int32_t s : slot_of)
+      if (s >= 0) out.push_back(s);
   }
-  std::vector<float> row(size_t(n + T));
-  for (int64_t g = 0; g < Hkv; ++g)
-    for (int64_t d = 0; d < Dh; ++d) {
-      float* kr = kt.data() + (g * Dh + d) * kt_ld;
-      for (size_t j = 0; j < plan.size(); ++j)
-        row[j] = plan[j] >= 0 ? kr[plan[j]] : k[(-1 - plan[j]) * ldk + g * Dh + d];
-      std::copy(row.begin(), row.end(), kr);
-    }
-  std::vector<float> vrows(size_t((n + T) * Dh));
-  for (int64_t g = 0; g < Hkv; ++g) {
-    float* vg = v.data() + g * cap * Dh;
-    for (size_t j = 0; j < plan.size(); ++j) {
-      const float* src = plan[j] >= 0 ? vg + plan[j] * Dh : vv + (-1 - plan[j]) * ldv + g * Dh;
-      std::copy(src, src + Dh, vrows.begin() + int64_t(j) * Dh);
-    }
-    std::copy(vrows.begin(), vrows.end(), vg);
-  }
-  std::vector<int32_t> newpos(plan.size());
-  for (size_t j = 0; j < plan.size(); ++j) newpos[j] = plan[j] >= 0 ? pos[size_t(plan[j])] : p[-1 - plan[j]];
-  std::copy(newpos.begin(), newpos.end(), pos.begin());
-  n += T;
-}
-
-int64_t LayerKV::find(int32_t p) const {
-  const auto it = std::lower_bound(pos.begin(), pos.begin() + n, p);
-  return it != pos.begin() + n && *it == p ? it - pos.begin() : -1;
-}
-
-void LayerKV::gather_from(const LayerKV& src, const std::vector<int64_t>& slots) {
-  if (cap < int64_t(slots.size()) || Hkv != src.Hkv || Dh != src.Dh)
-    init(std::max<int64_t>(src.cap, 32), src.Hkv, src.Dh);
-  const int64_t m = int64_t(slots.size());
-  for (int64_t g = 0; g < Hkv; ++g) {
-    for (int64_t d = 0; d < Dh; ++d) {
-      const float* sr = src.kt.data() + (g * Dh + d) * src.kt_ld;
-      float* dr = kt.data() + (g * Dh + d) * kt_ld;
-      for (int64_t j = 0; j < m; ++j) dr[j] = sr[slots[j]];
-      std::fill(dr + m, dr + std::min(cap, (m + 31) / 32 * 32 + 32), 0.0f);  // tiles may read past n
-    }
-    for (int64_t j = 0; j < m; ++j)
-      std::copy_n(src.v.data() + (g * src.cap + slots[j]) * Dh, Dh, v.data() + (g * cap + j) * Dh);
-  }
-  for (int64_t j = 0; j < m; ++j) pos[j] = src.pos[slots[j]];
-  n = m;
+  return out;
 }
 
 // Attention, flash-style. Work item: a tile of up to kTileRows (query, head) rows of one kv
@@ -496,10 +482,39 @@ inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, floa
   *sum_out = sum;
 }
 
-void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, float scale) {
-  const int64_t Dh = kv.Dh, cap = kv.cap, ldk = kv.kt_ld;
-  const float* kt = kv.kt.data() + g * Dh * ldk;
-  const float* v = kv.v.data() + g * cap * Dh;
+// Keys [k0, k0 + bk) of a key set for kv group g: pointers into the cache when the set is the
+// sorted prefix, else a copy of the listed slots in a tile-local block (zero past bk, so the
+// 32-key score steps read finite values). Values are copied only when v_buf is given.
+struct KeyBlock {
+  const float* kt;  // [Dh][ldk]
+  int64_t ldk;
+  const float* v;  // [bk][Dh]
+};
+inline KeyBlock key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t bk, float* kt_buf, float* v_buf) {
+  const LayerKV& kv = keys.kv;
+  const int64_t Dh = kv.Dh;
+  const float* kt = kv.kt.data() + g * Dh * kv.kt_ld;
+  const float* v = kv.v.data() + g * kv.cap * Dh;
+  if (keys.slots.empty()) return {kt + k0, kv.kt_ld, v + k0 * Dh};
+  const int32_t* sl = keys.slots.data() + k0;
+  for (int64_t d = 0; d < Dh; ++d) {
+    const float* src = kt + d * kv.kt_ld;
+    float* dst = kt_buf + d * kBlock;
+    for (int64_t j = 0; j < bk; ++j) dst[j] = src[sl[j]];
+    std::fill(dst + bk, dst + kBlock, 0.0f);
+  }
+  if (v_buf)
+    for (int64_t j = 0; j < bk; ++j) std::memcpy(v_buf + j * Dh, v + int64_t(sl[j]) * Dh, size_t(Dh) * 4);
+  return {kt_buf, kBlock, v_buf};
+}
+
+void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale) {
+  const int64_t Dh = keys.kv.Dh;
+  thread_local std::vector<float> kt_buf, v_buf;
+  if (!keys.slots.empty()) {
+    kt_buf.resize(size_t(Dh * kBlock));
+    v_buf.resize(size_t(kBlock * Dh));
+  }
   int64_t nk = 0;
   for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
 
@@ -520,19 +535,20 @@ void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, f
 
   for (int64_t k0 = 0; k0 < nk; k0 += kBlock) {
     const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
+    const KeyBlock kb = key_block(keys, g, k0, bk, kt_buf.data(), v_buf.data());
     // Scores for the block (the cache is zero past n, so the padded lanes are finite).
 #if defined(__AVX512F__)
     if (Dh <= 256) {
       for (int64_t s0 = 0; s0 < bk; s0 += 32)
         for (int r0 = 0; r0 < nr; r0 += kSubRows)
-          scores_step<kSubRows>(qs + r0 * Dh, Dh, kt + k0 + s0, ldk, S + r0 * kBlock + s0, kBlock);
+          scores_step<kSubRows>(qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
     } else
 #endif
     {
       for (int r = 0; r < nr; ++r)
         for (int64_t k = 0; k < bk; ++k) {
           float dot = 0;
-          for (int64_t d = 0; d < Dh; ++d) dot += qs[r * Dh + d] * kt[d * ldk + k0 + k];
+          for (int64_t d = 0; d < Dh; ++d) dot += qs[r * Dh + d] * kb.kt[d * kb.ldk + k];
           S[r * kBlock + k] = dot;
         }
     }
@@ -558,14 +574,14 @@ void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, f
 #if defined(__AVX512F__)
     if (Dh == 64) {
       for (int r0 = 0; r0 < nr; r0 += 4)
-        pv_step64(S + r0 * kBlock, kBlock, v + k0 * 64, bk, O + r0 * 64, std::min(4, nr - r0));
+        pv_step64(S + r0 * kBlock, kBlock, kb.v, bk, O + r0 * 64, std::min(4, nr - r0));
       continue;
     }
 #endif
     for (int r = 0; r < nr; ++r)
       for (int64_t k = 0; k < bk; ++k) {
         const float p = S[r * kBlock + k];
-        const float* vk = v + (k0 + k) * Dh;
+        const float* vk = kb.v + k * Dh;
         for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * vk[d];
       }
   }
@@ -576,37 +592,59 @@ void attention_tile(const TileRow* rows, int nr, const LayerKV& kv, int64_t g, f
 }
 }  // namespace
 
-void last_row_scores(const float* q, const LayerKV& kv, int64_t H, int64_t n_keys, float* scores) {
-  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, ldk = kv.kt_ld;
+void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores) {
+  const LayerKV& kv = keys.kv;
+  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, n_keys = keys.size();
   const float scale = 1.0f / std::sqrt(float(Dh));
-  std::vector<float> p(static_cast<size_t>(n_keys));
+  std::vector<float> p(static_cast<size_t>(group * n_keys)), kt_buf;
+  if (!keys.slots.empty()) kt_buf.resize(size_t(Dh * kBlock));
   std::fill(scores, scores + n_keys, 0.0f);
-  for (int64_t h = 0; h < H; ++h) {
-    const float* kt = kv.kt.data() + (h / group) * Dh * ldk;
-    std::fill(p.begin(), p.end(), 0.0f);
-    // p[k] = sum_d q[d] kt[d][k]: an axpy per dimension over contiguous keys.
-    for (int64_t d = 0; d < Dh; ++d) {
-      const float qd = q[h * Dh + d] * scale;
-      const float* row = kt + d * ldk;
+  for (int64_t g = 0; g < Hkv; ++g) {
+    // p[j][k] = q_h . key k for the group's heads h = g * group + j, one key block at a time
+    // (a listed key set is gathered once per block for all the heads that share it).
+    for (int64_t k0 = 0; k0 < n_keys; k0 += kBlock) {
+      const int64_t bk = std::min<int64_t>(kBlock, n_keys - k0);
+      const KeyBlock kb = key_block(keys, g, k0, bk, kt_buf.data(), nullptr);
+      for (int64_t j = 0; j < group; ++j) {
+        const float* qh = q + (g * group + j) * Dh;
+        float* pj = p.data() + j * n_keys + k0;
+        std::fill(pj, pj + bk, 0.0f);
+        for (int64_t d = 0; d < Dh; ++d) {
+          const float qd = qh[d] * scale;
+          const float* row = kb.kt + d * kb.ldk;
 #pragma omp simd
-      for (int64_t k = 0; k < n_keys; ++k) p[k] += qd * row[k];
+          for (int64_t k = 0; k < bk; ++k) pj[k] += qd * row[k];
+        }
+      }
     }
-    float mx, sum;
-    block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
-    const float w = 1.0f / (sum * float(H));
+    for (int64_t j = 0; j < group; ++j) {
+      float* pj = p.data() + j * n_keys;
+      float mx, sum;
+      block_softmax(pj, n_keys, n_keys, -INFINITY, &mx, &sum);
+      const float w = 1.0f / (sum * float(H));
 #pragma omp simd
-    for (int64_t k = 0; k < n_keys; ++k) scores[k] += p[k] * w;
+      for (int64_t k = 0; k < n_keys; ++k) scores[k] += pj[k] * w;
+    }
   }
 }
 
-void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
-               const LayerKV& kv, int64_t H, float* out, int64_t ldo) {
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T, const KeySet& keys,
+               int64_t H, float* out, int64_t ldo) {
+  const LayerKV& kv = keys.kv;
   const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv;
+  if (keys.slots.empty() && !kv.sorted) fail("attention: the KV cache is not in position order; pass its slots");
   const float scale = 1.0f / std::sqrt(float(Dh));
-  // Keys visible to each query: the cache prefix with position <= the query's position.
+  // Keys visible to each query: the key set's prefix with position <= the query's position.
+  const int64_t nk = keys.size();
+  std::vector<int32_t> kpos;
+  const int32_t* kp = kv.pos.data();
+  if (!keys.slots.empty()) {
+    kpos.resize(size_t(nk));
+    for (int64_t i = 0; i < nk; ++i) kpos[size_t(i)] = kv.pos[size_t(keys.slots[size_t(i)])];
+    kp = kpos.data();
+  }
   std::vector<int64_t> len(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t)
-    len[t] = std::upper_bound(kv.pos.begin(), kv.pos.begin() + kv.n, q_pos[t]) - kv.pos.begin();
+  for (int64_t t = 0; t < T; ++t) len[t] = std::upper_bound(kp, kp + nk, q_pos[t]) - kp;
   const int64_t rows_per_group = T * group;
   const int64_t tiles_per_group = (rows_per_group + kTileRows - 1) / kTileRows;
   ctx.run([&] {
@@ -620,7 +658,7 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
         const int64_t t = i / group, h = g * group + i % group;
         rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[t]};
       }
-      attention_tile(rows, nr, kv, g, scale);
+      attention_tile(rows, nr, keys, g, scale);
     });
   });
 }

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -74,38 +75,54 @@ void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up
 // x[i] += y[i]
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n);
 
-// One layer's KV cache, keys in ascending position order (the causal mask is then a prefix).
+// One layer's KV cache. Slots are filled in arrival order; slot_of maps a position to its slot
+// (-1: no K/V at this layer, the "has K/V" bit). Prefill and plain decoding append in position
+// order, so the slots stay sorted and attention reads them as one causal prefix; revived tokens
+// are appended at their old positions wherever they fall, and from then on attention and scores
+// take an explicit list of slots in position order (`KeySet`).
 //   kt  [Hkv][Dh][kt_ld]   keys, transposed so a key tile is contiguous per dimension; the row
 //                        stride kt_ld = cap + 16 is never a multiple of 4 KiB, so the Dh rows a
 //                        tile reads do not all fall into the same L1 set
 //   v   [Hkv][cap][Dh]
-//   pos [cap]
+//   pos [cap]            position of each slot
 struct LayerKV {
   int64_t cap = 0, kt_ld = 0, n = 0, Hkv = 0, Dh = 0;
   Buffer<float> kt, v;
   std::vector<int32_t> pos;
+  std::vector<int32_t> slot_of;  // [max position + 1], grown on demand
+  bool sorted = true;            // slot positions ascending
   void init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim);
-  // Appends T rows of k, v [T][Hkv*Dh] (row strides ldk/ldv) at positions pos[T], which must be
-  // greater than every position already held.
+  void clear();
+  // Appends T rows of k, v [T][Hkv*Dh] (row strides ldk/ldv) at positions pos[T] (ascending,
+  // none held yet). Positions before held ones are allowed (revival) and clear `sorted`.
   void append(const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int64_t T);
-  // Inserts T rows at positions pos[T] (ascending, none held yet) anywhere among the held ones,
-  // keeping position order: revived tokens get K/V at old positions. O(n) per call.
-  void insert(const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int64_t T);
-  // Slot holding `p`, or -1.
-  int64_t find(int32_t p) const;
-  // Makes this a compact copy of src's slots (ascending): the key set one query step may see.
-  void gather_from(const LayerKV& src, const std::vector<int64_t>& slots);
+  // Slot holding position p, or -1.
+  int64_t find(int32_t p) const {
+    return p >= 0 && size_t(p) < slot_of.size() ? slot_of[size_t(p)] : -1;
+  }
+  // Every held slot in position order.
+  std::vector<int32_t> slots_in_order() const;
 };
 
-// Causal GQA attention of T queries q [T][H*Dh] (row stride ldq) at positions q_pos (ascending)
-// over the keys in kv; writes out [T][H*Dh] (row stride ldo).
-void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
-               const LayerKV& kv, int64_t H, float* out, int64_t ldo);
+// The keys a query block may see: slots of a LayerKV in ascending position order. An empty
+// `slots` means every held slot, which must then be sorted (the common, gather-free case).
+struct KeySet {
+  const LayerKV& kv;
+  std::span<const int32_t> slots = {};
+  int64_t size() const { return slots.empty() ? kv.n : int64_t(slots.size()); }
+  int32_t slot(int64_t i) const { return slots.empty() ? int32_t(i) : slots[size_t(i)]; }
+};
 
-// LazyLLM importance scores: scores[k] = mean over the H query heads of softmax_k(q . K^T /
-// sqrt(Dh)) for one query row q [H*Dh] (the last token) over the first n_keys keys of kv. One
-// extra query row: H * n_keys * Dh multiply-adds; the full probability matrix is never formed.
-void last_row_scores(const float* q, const LayerKV& kv, int64_t H, int64_t n_keys, float* scores);
+// Causal GQA attention of T queries q [T][H*Dh] (row stride ldq) at positions q_pos over the
+// keys of `keys` with position <= the query's; writes out [T][H*Dh] (row stride ldo).
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T, const KeySet& keys,
+               int64_t H, float* out, int64_t ldo);
+
+// LazyLLM importance scores: scores[i] = mean over the H query heads of softmax_i(q . K^T /
+// sqrt(Dh)) for one query row q [H*Dh] (the last token) over the keys of `keys` (all of them:
+// the scoring row is the newest token). One extra query row: H * n * Dh multiply-adds; the full
+// probability matrix is never formed.
+void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores);
 
 // Vectorised exp used by the kernels (exposed for tests).
 void exp_inplace(float* x, int64_t n);
