@@ -5,24 +5,28 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 
+#include "cli/commands.h"
 #include "kernels/context.h"
 #include "kernels/generate.h"
 #include "kernels/pruning.h"
 #include "kernels/runner.h"
-#include "kernels/schedule.h"
+#include "traces/schedule.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/vocab.h"
+#include "traces/synthetic.h"
 #include "traces/trace.h"
 
 namespace {
@@ -33,14 +37,17 @@ struct RunArgs {
   std::string model, prompt, prompt_file, dtype = "auto";
   int max_new_tokens = 64;
   int threads = lp::default_thread_count();
-  bool chat = false, json_out = false;
+  bool chat = false, json_out = false, trace_detail = false;
   bool prompt_given = false;  // --prompt "" is an empty prompt, not a missing one
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   std::string prune = "none", schedule, trace;
 };
 
-lp::trace::Step trace_step(const char* kind, int64_t new_tokens, const lp::ForwardStats& f) {
+// One trace step from a forward pass's stats; with `detail`, the kept positions and scores of each
+// pruning step (at the schedule's layers `steps`) and, when decoding, the revived positions.
+lp::trace::Step trace_step(const char* kind, int64_t new_tokens, const lp::ForwardStats& f,
+                           std::span<const lp::PruneStep> steps, bool detail) {
   lp::trace::Step s;
   s.kind = kind;
   s.new_tokens = new_tokens;
@@ -50,6 +57,12 @@ lp::trace::Step trace_step(const char* kind, int64_t new_tokens, const lp::Forwa
   s.revived = f.revived;
   s.aux_reads = f.revived;  // every revival reads its state from the Aux Cache once
   s.aux_writes = f.aux_written;
+  if (!detail) return s;
+  s.pruning.emplace();
+  for (size_t i = 0; i < f.kept.size() && i < steps.size(); ++i)
+    s.pruning->push_back(
+        {steps[i].layer, f.kept[i], i < f.scores.size() ? f.scores[i] : std::vector<float>{}});
+  if (s.kind == "decode") s.revived_positions = f.revived_pos;
   return s;
 }
 
@@ -133,12 +146,12 @@ int cmd_run(const RunArgs& a) {
   opt.record_steps = !a.trace.empty();
   const lp::GenerateResult r = lp::generate(ctx, *model, ids, opt);
 
+  double trace_write_s = 0;
   if (!a.trace.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     const lp::ModelConfig& c = model->config();
     lp::trace::Trace t;
-    t.header.model = {{"arch", c.arch},     {"n_layer", c.n_layer},     {"n_embd", c.n_embd},
-                      {"n_head", c.n_head}, {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},
-                      {"n_ff", c.n_ff},     {"n_vocab", c.n_vocab},     {"name", c.name}};
+    t.header.model = lp::trace::model_json(c);
     t.header.n_layer = c.n_layer;
     t.header.policy = lp::policy_name(opt.policy);
     t.header.schedule = opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string();
@@ -148,9 +161,12 @@ int cmd_run(const RunArgs& a) {
     t.header.tool_version = LP_VERSION;
     t.header.git_commit = LP_GIT_COMMIT;
     t.header.seed = a.seed;
-    t.steps.push_back(trace_step("prefill", int64_t(r.prompt_ids.size()), r.prefill_stats));
-    for (const auto& st : r.decode_stats) t.steps.push_back(trace_step("decode", 1, st));
+    t.steps.push_back(
+        trace_step("prefill", int64_t(r.prompt_ids.size()), r.prefill_stats, r.prune_steps, a.trace_detail));
+    for (const auto& st : r.decode_stats)
+      t.steps.push_back(trace_step("decode", 1, st, r.prune_steps, a.trace_detail));
     lp::trace::write_trace(t, a.trace);
+    trace_write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const double prefill_tps = r.prompt_ids.size() / r.prefill_s;
   const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
@@ -188,6 +204,7 @@ int cmd_run(const RunArgs& a) {
     j["prefill_tokens_computed_per_layer"] = r.prefill_stats.computed;
     j["kv_bytes_after_prefill"] = r.kv_bytes_used;
     j["aux_cache_bytes"] = r.aux_cache_bytes;
+    if (!a.trace.empty()) j["trace_write_ms"] = trace_write_s * 1e3;  // assembling and writing the trace
     j["ops"] = ops_json(r);
     std::puts(j.dump(2).c_str());
   } else {
@@ -216,6 +233,7 @@ int cmd_inspect_trace(const std::string& path, bool json_out) {
               {"schedule", h.schedule},
               {"prompt_tokens", h.prompt_tokens},
               {"steps", t.steps.size()},
+              {"detail", s.detail},
               {"prompt_share_per_layer", s.prompt_share_per_layer},
               {"prompt_tokens_computed_fraction", s.prompt_share},
               {"generation_tokens_computed_fraction", s.generation_share},
@@ -227,8 +245,9 @@ int cmd_inspect_trace(const std::string& path, bool json_out) {
     std::puts(j.dump(2).c_str());
     return 0;
   }
-  fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps\n", path,
-             h.version, h.policy, h.schedule, h.prompt_tokens, t.steps.size());
+  fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps, {}\n", path,
+             h.version, h.policy, h.schedule, h.prompt_tokens, t.steps.size(),
+             s.detail ? "with detail (kept positions, scores, revived positions)" : "counts only");
   fmt::print("prompt (token, layer) pairs computed: {:.1f}%   whole generation: {:.1f}%   at most once: {}\n",
              100 * s.prompt_share, 100 * s.generation_share, s.at_most_once ? "yes" : "NO");
   fmt::print("KV at the end: {:.2f} MiB (f32)   Aux Cache: {} states, {:.2f} MiB   revivals: {}\n",
@@ -334,7 +353,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 100.0));
   run->add_option("--top-p", ra.top_p, "Nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
   run->add_option("--seed", ra.seed, "Random seed for sampling and for --prune random");
-  run->add_option("--trace", ra.trace, "Write the run's trace (JSON Lines, traces/README.md) to this file");
+  auto* trace_opt = run->add_option("--trace", ra.trace,
+                                    "Write the run's trace (JSON Lines, traces/README.md) to this file");
+  run->add_flag("--trace-detail", ra.trace_detail,
+                "Also record in the trace the positions kept and the scores at each pruning layer, and the "
+                "positions revived")
+      ->needs(trace_opt);
   run->add_option("--prune", ra.prune,
                   "Prefill token pruning: none, lazyllm (LazyLLM), static (select once) or random")
       ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
@@ -349,6 +373,9 @@ int main(int argc, char** argv) {
   inspect->add_option("--trace", inspect_trace, "Summarise a trace written by run --trace instead");
   inspect->add_flag("--json", inspect_json, "Print JSON");
 
+  lp::cli::SimulateArgs sa;
+  auto* simulate = lp::cli::add_simulate(app, sa);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -357,6 +384,7 @@ int main(int argc, char** argv) {
   ra.prompt_given = run->count("--prompt") > 0;
   try {
     if (*run) return cmd_run(ra);
+    if (*simulate) return lp::cli::cmd_simulate(sa, *simulate);
     if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);
   } catch (const lp::Error& e) {

@@ -1,5 +1,5 @@
 // Token-pruning policies (LazyLLM and the baselines it is compared with), behind one interface
-// that Session::forward calls at every pruning layer of a schedule (kernels/schedule.h).
+// that Session::forward calls at every pruning layer of a schedule (traces/schedule.h).
 //
 //   none     never prunes
 //   lazyllm  keeps the tokens the last token attends to most (mean over heads of its softmax

@@ -129,7 +129,7 @@ struct Timed {
 };
 
 OpDtypes dtypes_of(const Weights& w) {
-  const int b = w.dtype == DType::BF16 ? 2 : 4;
+  const double b = w.dtype == DType::BF16 ? 2 : 4;
   return {b, b, 4};  // GEMM inputs are rounded to the weights' dtype; the KV cache is f32
 }
 

@@ -15,7 +15,7 @@
 #include "kernels/context.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/pruning.h"
-#include "kernels/schedule.h"
+#include "traces/schedule.h"
 #include "kernels/weights.h"
 #include "model/config.h"
 #include "model/ops.h"

@@ -25,9 +25,47 @@ int dim(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi) {
 }  // namespace
 
 int64_t ModelConfig::n_params() const {
-  const int64_t D = n_embd, F = n_ff, V = n_vocab;
-  const int64_t per_layer = D * q_dim() + 2 * D * kv_dim() + q_dim() * D + 3 * D * F + 2 * D;
-  return n_layer * per_layer + V * D * (tied_embeddings ? 1 : 2) + D;
+  const int64_t D = n_embd, V = n_vocab;
+  int64_t total = V * D * (tied_embeddings ? 1 : 2) + D;
+  for (int l = 0; l < n_layer; ++l) {
+    const ModelConfig c = uniform() ? *this : layer(l);
+    const int64_t q = c.q_dim(), kv = c.kv_dim(), F = c.n_ff;
+    total += D * q + 2 * D * kv + q * D + 3 * D * F + 2 * D + (attention_bias ? q + 2 * kv : 0);
+  }
+  return total;
+}
+
+ModelConfig ModelConfig::layer(int l) const {
+  ModelConfig c = *this;
+  c.layer_n_head.clear();
+  c.layer_n_head_kv.clear();
+  c.layer_n_ff.clear();
+  if (!layer_n_head.empty()) c.n_head = layer_n_head.at(size_t(l));
+  if (!layer_n_head_kv.empty()) c.n_head_kv = layer_n_head_kv.at(size_t(l));
+  if (!layer_n_ff.empty()) c.n_ff = layer_n_ff.at(size_t(l));
+  return c;
+}
+
+void validate_config(const ModelConfig& c, const std::string& origin) {
+  const auto pos = [&](const char* what, int v) {
+    if (v <= 0) fail("{}: {} must be positive, got {}", origin, what, v);
+  };
+  pos("n_layer", c.n_layer);
+  pos("n_embd", c.n_embd);
+  pos("head_dim", c.head_dim);
+  pos("n_vocab", c.n_vocab);
+  pos("n_ctx_train", c.n_ctx_train);
+  for (const auto* v : {&c.layer_n_head, &c.layer_n_head_kv, &c.layer_n_ff})
+    if (!v->empty() && int(v->size()) != c.n_layer)
+      fail("{}: per-layer arrays must have n_layer = {} entries, got {}", origin, c.n_layer, v->size());
+  for (int l = 0; l < c.n_layer; ++l) {
+    const ModelConfig x = c.uniform() ? c : c.layer(l);
+    pos("n_head", x.n_head);
+    pos("n_head_kv", x.n_head_kv);
+    pos("n_ff", x.n_ff);
+    if (x.n_head % x.n_head_kv != 0)
+      fail("{}: layer {}: n_head {} is not a multiple of n_head_kv {}", origin, l, x.n_head, x.n_head_kv);
+  }
 }
 
 ModelConfig config_from_gguf(const GgufFile& f) {

@@ -29,13 +29,24 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // LM head reuses token_embd (no output.weight)
   bool has_rope_freqs = false;   // Llama 3.1 style per-dimension frequency factors
+  bool attention_bias = false;   // q/k/v projections carry biases (Qwen2): costed, not run
+  // Per-layer widths for models with layer-wise scaling (OpenELM); empty when every layer has
+  // the scalars above. Only the simulator uses them; the engine runs uniform models.
+  std::vector<int> layer_n_head, layer_n_head_kv, layer_n_ff;
 
   int q_dim() const { return n_head * head_dim; }      // H*Dh
   int kv_dim() const { return n_head_kv * head_dim; }  // Hkv*Dh
   // Parameters in the matrices that a forward pass multiplies (per layer and LM head),
   // plus norms and embeddings.
   int64_t n_params() const;
+  bool uniform() const { return layer_n_head.empty() && layer_n_head_kv.empty() && layer_n_ff.empty(); }
+  // Layer l's shape as a uniform config: the scalars replaced by that layer's widths.
+  ModelConfig layer(int l) const;
 };
+
+// Checks dimensions for consistency (positive, heads divide, per-layer arrays of n_layer entries);
+// `origin` names the source in the one-line error.
+void validate_config(const ModelConfig& c, const std::string& origin);
 
 // Reads and validates the configuration. Throws lp::Error for an unsupported architecture,
 // missing keys, inconsistent or absurd dimensions.

@@ -55,9 +55,9 @@ struct OpShape {
 
 // Element sizes in bytes.
 struct OpDtypes {
-  int weight_bytes = 4;  // 4 f32, 2 bf16
-  int act_bytes = 4;     // activations entering GEMMs
-  int kv_bytes = 4;
+  double weight_bytes = 4;  // 4 f32, 2 bf16, 0.5625 for 4.5-bit quantized weights
+  double act_bytes = 4;     // activations entering GEMMs
+  double kv_bytes = 4;
 };
 
 double op_flops(const ModelConfig& c, Op op, const OpShape& s);

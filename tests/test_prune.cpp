@@ -14,7 +14,7 @@
 #include "kernels/cpu/ref.h"
 #include "kernels/pruning.h"
 #include "kernels/runner.h"
-#include "kernels/schedule.h"
+#include "traces/schedule.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/schedule.h"
+#include "traces/schedule.h"
 #include "model/error.h"
 
 namespace lp {

@@ -1,13 +1,29 @@
-// The trace format: round trip, summary arithmetic, bad files, atomic writes.
+// The trace format: round trip, summary arithmetic, bad files, atomic writes, the optional
+// detail (kept positions, scores, revived positions) and a real run writing it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
 
 #include "model/error.h"
 #include "tests/gguf_writer.h"
 #include "traces/trace.h"
+
+extern char** environ;
 
 namespace lp {
 namespace {
@@ -20,8 +36,8 @@ trace::Trace sample() {
   t.header.schedule = "0:0.5";
   t.header.schedule_layers = {{0, 0.5}};
   t.header.prompt_tokens = 10;
-  trace::Step p{"prefill", 10, {10, 5, 5}, {10, 5, 5}, {55, 15, 15}, {0, 0, 0}, {0, 0, 0}, {5, 0, 0}};
-  trace::Step d{"decode", 1, {1, 1, 1}, {11, 6, 6}, {11, 6, 6}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+  trace::Step p{"prefill", 10, {10, 5, 5}, {10, 5, 5}, {55, 15, 15}, {0, 0, 0}, {0, 0, 0}, {5, 0, 0}, {}, {}};
+  trace::Step d{"decode", 1, {1, 1, 1}, {11, 6, 6}, {11, 6, 6}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {}, {}};
   t.steps = {p, d};
   return t;
 }
@@ -99,6 +115,351 @@ TEST(Trace, UnwritablePathLeavesNothingBehind) {
   EXPECT_THROW(trace::write_trace(sample(), blocked), Error);
   for (const auto& e : std::filesystem::directory_iterator(dir.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+// ---- the optional detail ------------------------------------------------------------------
+
+// Floats that are awkward to print: they must come back bit for bit.
+std::vector<float> awkward_scores(size_t n) {
+  const std::vector<float> pool = {0.1f,    1.0f / 3,  1e-30f, std::numeric_limits<float>::denorm_min(),
+                                   0.0f,    -0.0f,     1.0f,   std::numeric_limits<float>::max(),
+                                   2.5e-8f, 0.999999f, 1e10f,  0.7513864f};
+  std::vector<float> v;
+  for (size_t i = 0; i < n; ++i) v.push_back(pool[i % pool.size()]);
+  return v;
+}
+
+// Three layers, 10 prompt tokens, pruning after layers 0 and 1, then one decoding step (the new
+// token at position 10) that revives position 2 at layer 1.
+trace::Trace detail_sample() {
+  trace::Trace t;
+  t.header.n_layer = 3;
+  t.header.model = {{"n_layer", 3}, {"n_embd", 8}, {"n_head_kv", 1}, {"head_dim", 4}};
+  t.header.policy = "lazyllm";
+  t.header.schedule = "0:0.5,1:0.4";
+  t.header.schedule_layers = {{0, 0.5}, {1, 0.4}};
+  t.header.prompt_tokens = 10;
+  trace::Step p{"prefill", 10, {10, 5, 3}, {10, 5, 3}, {55, 15, 6}, {0, 0, 0}, {0, 0, 0}, {5, 2, 0}, {}, {}};
+  p.pruning = {{0, {0, 3, 5, 7, 9}, awkward_scores(10)}, {1, {3, 7, 9}, awkward_scores(5)}};
+  trace::Step d{"decode", 1, {1, 2, 2}, {11, 7, 5}, {11, 12, 8}, {0, 1, 0}, {0, 1, 0}, {0, 0, 0}, {}, {}};
+  d.pruning = {{0, {2, 3, 5, 7, 9, 10}, awkward_scores(11)}, {1, {2, 3, 9, 10}, {}}};
+  d.revived_positions = {{{}, {2}, {}}};
+  t.steps = {p, d};
+  return t;
+}
+
+TEST(Trace, RoundTripsTheOptionalDetail) {
+  testing::TempDir dir;
+  const std::string path = dir.file("t.jsonl");
+  const trace::Trace want = detail_sample();
+  trace::write_trace(want, path);
+  const trace::Trace t = trace::read_trace(path);
+  ASSERT_EQ(t.steps.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(t.steps[i].pruning.has_value());
+    ASSERT_EQ(t.steps[i].pruning->size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+      const trace::Pruning &a = (*t.steps[i].pruning)[k], &b = (*want.steps[i].pruning)[k];
+      EXPECT_EQ(a.layer, b.layer);
+      EXPECT_EQ(a.kept, b.kept);
+      ASSERT_EQ(a.scores.size(), b.scores.size());
+      for (size_t j = 0; j < a.scores.size(); ++j)  // bit for bit, the sign of zero included
+        EXPECT_EQ(std::memcmp(&a.scores[j], &b.scores[j], sizeof(float)), 0)
+            << a.scores[j] << " " << b.scores[j];
+    }
+  }
+  EXPECT_FALSE(t.steps[0].revived_positions.has_value());
+  EXPECT_EQ(t.steps[1].revived_positions, want.steps[1].revived_positions);
+  EXPECT_TRUE(trace::summarize(t).detail);
+  // Empty scores are left out of the file; floats are written in their shortest form.
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(R"({"layer":1,"kept":[2,3,9,10]})"), std::string::npos) << text;
+  EXPECT_NE(text.find("[0.1,0.33333334,1e-30,1e-45,0,-0.0,1,3.4028235e+38,"), std::string::npos) << text;
+  // Without detail the fields are absent, in the file and after reading.
+  trace::write_trace(sample(), path);
+  const trace::Trace plain = trace::read_trace(path);
+  EXPECT_FALSE(plain.steps[0].pruning.has_value());
+  EXPECT_FALSE(plain.steps[1].revived_positions.has_value());
+  EXPECT_FALSE(trace::summarize(plain).detail);
+}
+
+TEST(Trace, ScoresRoundTripBitForBit) {
+  // 4096 scores with random bit patterns (every finite float is allowed), one pruning step.
+  trace::Trace t;
+  t.header.n_layer = 1;
+  t.header.model = {{"n_layer", 1}};
+  t.header.schedule_layers = {{0, 0.5}};
+  t.header.prompt_tokens = 4096;
+  trace::Step p{"prefill", 4096, {4096}, {4096}, {4096LL * 4097 / 2}, {0}, {0}, {2048}, {}, {}};
+  std::mt19937 rng(7);
+  trace::Pruning pr{0, {}, {}};
+  for (int32_t i = 0; i < 4096; ++i) {
+    if (i % 2 == 1) pr.kept.push_back(i);
+    float f;
+    do {
+      const uint32_t bits = uint32_t(rng());
+      std::memcpy(&f, &bits, 4);
+    } while (!std::isfinite(f));
+    pr.scores.push_back(f);
+  }
+  p.pruning = {{pr}};
+  t.steps = {p};
+  testing::TempDir dir;
+  trace::write_trace(t, dir.file("t.jsonl"));
+  const trace::Trace back = trace::read_trace(dir.file("t.jsonl"));
+  const std::vector<float>& got = (*back.steps[0].pruning)[0].scores;
+  ASSERT_EQ(got.size(), pr.scores.size());
+  EXPECT_EQ(std::memcmp(got.data(), pr.scores.data(), got.size() * sizeof(float)), 0);
+}
+
+TEST(Trace, NonFiniteScoresAreNotWritten) {
+  testing::TempDir dir;
+  trace::Trace t = detail_sample();
+  (*t.steps[1].pruning)[0].scores[4] = NAN;
+  try {
+    trace::write_trace(t, dir.file("t.jsonl"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+// Writes detail_sample() with step line `step` (0: the prefill, 1: the decoding step) changed by
+// `edit`, and expects one error naming that line and containing `what`.
+void expect_detail_error(int step, const std::string& what,
+                         const std::function<void(nlohmann::json&)>& edit) {
+  SCOPED_TRACE(what);
+  testing::TempDir dir;
+  const std::string path = dir.file("t.jsonl");
+  trace::write_trace(detail_sample(), path);
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 3u);
+  nlohmann::json j = nlohmann::json::parse(lines[size_t(1 + step)]);
+  edit(j);
+  lines[size_t(1 + step)] = j.dump();
+  {
+    std::ofstream out(path);
+    for (const auto& l : lines) out << l << '\n';
+  }
+  try {
+    trace::read_trace(path);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path + ": line " + std::to_string(2 + step) + ": "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST(Trace, MalformedDetailIsRejectedNamingTheField) {
+  using nlohmann::json;
+  // 'pruning' itself.
+  expect_detail_error(0, "'pruning' must be an array", [](json& j) { j["pruning"] = 3; });
+  expect_detail_error(0, "'pruning' has 1 entries, expected 2", [](json& j) { j["pruning"].erase(1); });
+  expect_detail_error(0, "'pruning[1]' must be an object", [](json& j) { j["pruning"][1] = 5; });
+  // layer: present, in range, the schedule's.
+  expect_detail_error(0, "'pruning[0].layer' must be an integer",
+                      [](json& j) { j["pruning"][0].erase("layer"); });
+  expect_detail_error(0, "'pruning[1].layer' is 7, outside [0, n_layer = 3)",
+                      [](json& j) { j["pruning"][1]["layer"] = 7; });
+  expect_detail_error(0, "'pruning[1].layer' is 2, expected 1 (schedule_layers[1])",
+                      [](json& j) { j["pruning"][1]["layer"] = 2; });
+  // kept: integers, ascending, unique, inside the context, among the tokens active before it.
+  expect_detail_error(0, "missing 'pruning[0].kept'", [](json& j) { j["pruning"][0].erase("kept"); });
+  expect_detail_error(0, "'pruning[0].kept' must be an array",
+                      [](json& j) { j["pruning"][0]["kept"] = "all"; });
+  expect_detail_error(0, "'pruning[0].kept' must hold integer positions",
+                      [](json& j) { j["pruning"][0]["kept"][2] = 4.5; });
+  expect_detail_error(0, "'pruning[0].kept' must be ascending without repeats (3 after 5)", [](json& j) {
+    j["pruning"][0]["kept"] = {0, 5, 3, 7, 9};
+  });
+  expect_detail_error(0, "'pruning[0].kept' must be ascending without repeats (3 after 3)", [](json& j) {
+    j["pruning"][0]["kept"] = {0, 3, 3, 7, 9};
+  });
+  expect_detail_error(0, "'pruning[0].kept' holds position -1, outside the context [0, 10)", [](json& j) {
+    j["pruning"][0]["kept"] = {-1, 3, 5, 7, 9};
+  });
+  expect_detail_error(0, "'pruning[0].kept' holds position 10, outside the context [0, 10)", [](json& j) {
+    j["pruning"][0]["kept"] = {0, 3, 5, 7, 10};
+  });
+  expect_detail_error(1, "'pruning[0].kept' holds position 11, outside the context [0, 11)",
+                      [](json& j) { j["pruning"][0]["kept"] = {2, 3, 5, 7, 9, 11}; });
+  expect_detail_error(1, "'pruning[1].kept' holds positions that were not active before it", [](json& j) {
+    j["pruning"][1]["kept"] = {2, 3, 4, 10};
+  });
+  // The prefill's kept tokens are the next layer's queries.
+  expect_detail_error(0, "'pruning[0].kept' has 4 positions but 'queries' at layer 1 is 5", [](json& j) {
+    j["pruning"][0]["kept"] = {0, 3, 7, 9};
+  });
+  // scores: one per token active before the selection, finite numbers.
+  expect_detail_error(0, "'pruning[0].scores' has 9 entries, expected 10",
+                      [](json& j) { j["pruning"][0]["scores"].erase(0); });
+  expect_detail_error(1, "'pruning[1].scores' has 5 entries, expected 6", [](json& j) {
+    j["pruning"][1]["scores"] = {1, 2, 3, 4, 5};
+  });
+  expect_detail_error(0, "'pruning[1].scores' must be an array",
+                      [](json& j) { j["pruning"][1]["scores"] = 0.5; });
+  expect_detail_error(0, "'pruning[1].scores' must hold finite numbers",
+                      [](json& j) { j["pruning"][1]["scores"][3] = "x"; });
+  expect_detail_error(0, "'pruning[1].scores' must hold finite numbers",
+                      [](json& j) { j["pruning"][1]["scores"][3] = nullptr; });
+  // 1e300 is a finite double but not a finite float.
+  expect_detail_error(0, "'pruning[1].scores' must hold finite numbers",
+                      [](json& j) { j["pruning"][1]["scores"][3] = 1e300; });
+  // revived_positions: n_layer arrays of positions, as many as 'revived' says.
+  expect_detail_error(1, "'revived_positions' must be an array", [](json& j) { j["revived_positions"] = 0; });
+  expect_detail_error(1, "'revived_positions' has 2 entries, expected n_layer = 3",
+                      [](json& j) { j["revived_positions"].erase(2); });
+  expect_detail_error(1, "'revived_positions[1]' has 0 positions but 'revived' at layer 1 is 1",
+                      [](json& j) { j["revived_positions"][1] = json::array(); });
+  expect_detail_error(1, "'revived_positions[1]' holds position 12, outside the context [0, 11)",
+                      [](json& j) { j["revived_positions"][1] = {12}; });
+  expect_detail_error(1, "'revived_positions[2]' must hold integer positions",
+                      [](json& j) { j["revived_positions"][2] = {"2"}; });
+}
+
+// ---- a real run through the CLI -----------------------------------------------------------
+
+struct CliRun {
+  int code = -1;  // exit status; -1 when killed by a signal
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs the lazyprefill binary (LP_TEST_CLI overrides it) with `args` on one thread, stdout and
+// stderr into files under `dir`.
+CliRun run_cli(const testing::TempDir& dir, std::vector<std::string> args) {
+  const char* env = std::getenv("LP_TEST_CLI");
+  const std::string exe = env && *env ? env : LP_CLI_PATH;
+  if (!args.empty() && args[0] == "run") args.insert(args.end(), {"--threads", "1"});
+  args.insert(args.begin(), exe);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  CliRun r;
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << exe << ": " << std::strerror(rc);
+    return r;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::string repeated(const std::string& word, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += word;
+  return s;
+}
+
+TEST(TraceCli, DetailAgreesWithTheCounts) {
+  // The tiny model has 2 layers; pruning half after layer 0, so layer 1 computes what is kept.
+  testing::TempDir dir;
+  const std::string model = testing::write_tiny_model(dir.file("tiny.gguf"));
+  const std::string path = dir.file("run.jsonl");
+  const CliRun r = run_cli(
+      dir, {"run", "--model", model, "--prompt", repeated("a ", 40), "--max-new-tokens", "5", "--prune",
+            "lazyllm", "--schedule", "0:0.5", "--trace", path, "--trace-detail", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["trace_write_ms"].get<double>(), 0.0);
+  const trace::Trace t = trace::read_trace(path);  // validates every detail field
+  ASSERT_EQ(t.steps.size(), 5u);
+  ASSERT_EQ(t.header.schedule_layers.size(), 1u);
+  int64_t context = 0;
+  std::set<int32_t> has_kv1;  // positions holding K/V at layer 1
+  for (size_t i = 0; i < t.steps.size(); ++i) {
+    SCOPED_TRACE(i);
+    const trace::Step& s = t.steps[i];
+    context += s.new_tokens;
+    ASSERT_TRUE(s.pruning.has_value());
+    ASSERT_EQ(s.pruning->size(), 1u);
+    const trace::Pruning& last = s.pruning->back();  // the last pruning layer
+    EXPECT_EQ(last.layer, 0);
+    EXPECT_EQ(int64_t(last.scores.size()), context);  // lazyllm scores every token at layer 0
+    EXPECT_EQ(int64_t(last.kept.size()), context - context / 2);
+    EXPECT_EQ(last.kept.back(), context - 1);  // the newest token is never pruned
+    if (i == 0) {
+      EXPECT_EQ(s.queries[1], int64_t(last.kept.size()));  // the layer after it computes the kept tokens
+      EXPECT_FALSE(s.revived_positions.has_value());
+    } else {
+      // Decoding: layer 1 computes the new token and the kept tokens without K/V there, which
+      // are exactly the revived ones.
+      ASSERT_TRUE(s.revived_positions.has_value());
+      std::vector<int32_t> missing;
+      for (int32_t p : last.kept)
+        if (!has_kv1.count(p) && p != context - 1) missing.push_back(p);
+      EXPECT_EQ((*s.revived_positions)[1], missing);
+      EXPECT_TRUE((*s.revived_positions)[0].empty());
+      EXPECT_EQ(s.queries[1], 1 + int64_t(missing.size()));
+    }
+    has_kv1.insert(last.kept.begin(), last.kept.end());
+    EXPECT_EQ(s.keys[1], int64_t(has_kv1.size()));
+  }
+  const CliRun ri = run_cli(dir, {"inspect", "--trace", path, "--json"});
+  ASSERT_EQ(ri.code, 0) << ri.err;
+  EXPECT_EQ(nlohmann::json::parse(ri.out)["detail"], true);
+  const CliRun rt = run_cli(dir, {"inspect", "--trace", path});
+  EXPECT_NE(rt.out.find("with detail"), std::string::npos) << rt.out;
+}
+
+TEST(TraceCli, DetailIsOptional) {
+  testing::TempDir dir;
+  const std::string model = testing::write_tiny_model(dir.file("tiny.gguf"));
+  const std::string path = dir.file("run.jsonl");
+  std::vector<std::string> base = {
+      "run", "--model", model, "--prompt", repeated("a ", 20), "--max-new-tokens", "3"};
+  base.insert(base.end(), {"--prune", "random", "--schedule", "0:0.5", "--trace", path});
+  // Without --trace-detail: counts only.
+  CliRun r = run_cli(dir, base);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string text = slurp(path);
+  EXPECT_EQ(text.find("pruning"), std::string::npos);
+  EXPECT_EQ(text.find("revived_positions"), std::string::npos);
+  CliRun ri = run_cli(dir, {"inspect", "--trace", path, "--json"});
+  EXPECT_EQ(nlohmann::json::parse(ri.out)["detail"], false);
+  // With it, under a policy that does not score: kept positions, no scores.
+  std::vector<std::string> detail = base;
+  detail.push_back("--trace-detail");
+  r = run_cli(dir, detail);
+  ASSERT_EQ(r.code, 0) << r.err;
+  text = slurp(path);
+  EXPECT_NE(text.find("\"pruning\":[{\"layer\":0,\"kept\":["), std::string::npos);
+  EXPECT_EQ(text.find("scores"), std::string::npos);
+  const trace::Trace t = trace::read_trace(path);
+  EXPECT_TRUE(trace::summarize(t).detail);
+  EXPECT_TRUE((*t.steps[0].pruning)[0].scores.empty());
+  // --trace-detail needs --trace: a usage error, one line.
+  r = run_cli(dir, {"run", "--model", model, "--prompt", "the cat", "--trace-detail"});
+  EXPECT_GT(r.code, 0);
+  EXPECT_NE(r.err.find("--trace-detail requires --trace"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 }  // namespace

@@ -1,11 +1,16 @@
 #include "traces/trace.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include "model/error.h"
 
@@ -18,6 +23,41 @@ json step_json(const Step& s) {
   return {{"kind", s.kind},           {"new_tokens", s.new_tokens}, {"queries", s.queries},
           {"keys", s.keys},           {"pairs", s.pairs},           {"revived", s.revived},
           {"aux_reads", s.aux_reads}, {"aux_writes", s.aux_writes}};
+}
+
+// The optional detail, appended to a step line by hand so that scores are written as the shortest
+// text that reads back as the same float (nlohmann would print them as doubles, up to 17 digits).
+void append_detail(fmt::memory_buffer& b, const Step& s) {
+  auto out = std::back_inserter(b);
+  if (s.pruning) {
+    fmt::format_to(out, ",\"pruning\":[");
+    for (size_t i = 0; i < s.pruning->size(); ++i) {
+      const Pruning& p = (*s.pruning)[i];
+      fmt::format_to(out, "{}{{\"layer\":{},\"kept\":[{}]", i > 0 ? "," : "", p.layer,
+                     fmt::join(p.kept, ","));
+      if (!p.scores.empty()) {
+        fmt::format_to(out, ",\"scores\":[");
+        for (size_t k = 0; k < p.scores.size(); ++k) {
+          if (k > 0) b.push_back(',');
+          // "-0" would read back as the integer 0: keep the sign with a decimal point.
+          const float x = p.scores[k];
+          if (x == 0 && std::signbit(x))
+            fmt::format_to(out, "-0.0");
+          else
+            fmt::format_to(out, "{}", x);
+        }
+        b.push_back(']');
+      }
+      b.push_back('}');
+    }
+    b.push_back(']');
+  }
+  if (s.revived_positions) {
+    fmt::format_to(out, ",\"revived_positions\":[");
+    for (size_t l = 0; l < s.revived_positions->size(); ++l)
+      fmt::format_to(out, "{}[{}]", l > 0 ? "," : "", fmt::join((*s.revived_positions)[l], ","));
+    b.push_back(']');
+  }
 }
 
 std::vector<int64_t> layer_array(const json& j, const char* key, int n_layer, const std::string& where) {
@@ -33,9 +73,105 @@ std::vector<int64_t> layer_array(const json& j, const char* key, int n_layer, co
   }
   return v;
 }
+
+// Positions: integers, ascending without repeats, inside the context [0, context).
+std::vector<int32_t> positions(const json& a, const std::string& field, int64_t context,
+                               const std::string& where) {
+  if (!a.is_array()) fail("{}: '{}' must be an array of positions", where, field);
+  std::vector<int32_t> v;
+  v.reserve(a.size());
+  for (const auto& x : a) {
+    if (!x.is_number_integer()) fail("{}: '{}' must hold integer positions", where, field);
+    const int64_t p = x.get<int64_t>();
+    if (p < 0 || p >= context)
+      fail("{}: '{}' holds position {}, outside the context [0, {})", where, field, p, context);
+    if (!v.empty() && p <= v.back())
+      fail("{}: '{}' must be ascending without repeats ({} after {})", where, field, p, v.back());
+    v.push_back(int32_t(p));
+  }
+  return v;
+}
+
+// The optional detail of one step line, checked against the header and the step's counts.
+// `context`: tokens in the context once the step has run (positions 0 .. context - 1).
+void read_detail(const json& j, const Header& h, int64_t context, Step& s, const std::string& where) {
+  if (j.contains("pruning")) {
+    const json& a = j["pruning"];
+    if (!a.is_array()) fail("{}: 'pruning' must be an array", where);
+    if (a.size() != h.schedule_layers.size())
+      fail("{}: 'pruning' has {} entries, expected {} (one per schedule_layers entry)", where, a.size(),
+           h.schedule_layers.size());
+    std::vector<Pruning> steps;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string f = fmt::format("pruning[{}]", i);
+      const json& e = a[i];
+      if (!e.is_object()) fail("{}: '{}' must be an object", where, f);
+      if (!e.contains("layer") || !e["layer"].is_number_integer())
+        fail("{}: '{}.layer' must be an integer", where, f);
+      const int64_t layer = e["layer"].get<int64_t>();
+      if (layer < 0 || layer >= h.n_layer)
+        fail("{}: '{}.layer' is {}, outside [0, n_layer = {})", where, f, layer, h.n_layer);
+      if (layer != h.schedule_layers[i].first)
+        fail("{}: '{}.layer' is {}, expected {} (schedule_layers[{}])", where, f, layer,
+             h.schedule_layers[i].first, i);
+      if (!e.contains("kept")) fail("{}: missing '{}.kept'", where, f);
+      Pruning p;
+      p.layer = int(layer);
+      p.kept = positions(e["kept"], f + ".kept", context, where);
+      // Active before this selection: every token for the first step, else the previous kept.
+      if (i > 0 &&
+          !std::includes(steps.back().kept.begin(), steps.back().kept.end(), p.kept.begin(), p.kept.end()))
+        fail("{}: '{}.kept' holds positions that were not active before it (not in 'pruning[{}].kept')",
+             where, f, i - 1);
+      const int64_t active = i == 0 ? context : int64_t(steps.back().kept.size());
+      if (s.kind == "prefill" && layer + 1 < h.n_layer &&
+          int64_t(p.kept.size()) != s.queries[size_t(layer + 1)])
+        fail("{}: '{}.kept' has {} positions but 'queries' at layer {} is {}", where, f, p.kept.size(),
+             layer + 1, s.queries[size_t(layer + 1)]);
+      if (e.contains("scores")) {
+        const json& sc = e["scores"];
+        if (!sc.is_array()) fail("{}: '{}.scores' must be an array", where, f);
+        if (int64_t(sc.size()) != active)
+          fail("{}: '{}.scores' has {} entries, expected {} (the tokens active before the selection)", where,
+               f, sc.size(), active);
+        p.scores.reserve(sc.size());
+        for (const auto& x : sc) {
+          const float v = x.is_number() ? float(x.get<double>()) : NAN;
+          if (!std::isfinite(v)) fail("{}: '{}.scores' must hold finite numbers", where, f);
+          p.scores.push_back(v);
+        }
+      }
+      steps.push_back(std::move(p));
+    }
+    s.pruning = std::move(steps);
+  }
+  if (j.contains("revived_positions")) {
+    const json& a = j["revived_positions"];
+    if (!a.is_array()) fail("{}: 'revived_positions' must be an array", where);
+    if (int(a.size()) != h.n_layer)
+      fail("{}: 'revived_positions' has {} entries, expected n_layer = {}", where, a.size(), h.n_layer);
+    std::vector<std::vector<int32_t>> rev;
+    for (int l = 0; l < h.n_layer; ++l) {
+      const std::string f = fmt::format("revived_positions[{}]", l);
+      rev.push_back(positions(a[size_t(l)], f, context, where));
+      if (int64_t(rev.back().size()) != s.revived[size_t(l)])
+        fail("{}: '{}' has {} positions but 'revived' at layer {} is {}", where, f, rev.back().size(), l,
+             s.revived[size_t(l)]);
+    }
+    s.revived_positions = std::move(rev);
+  }
+}
 }  // namespace
 
 void write_trace(const Trace& t, const std::string& path) {
+  // JSON has no infinities or NaNs: refuse before anything is written.
+  for (size_t i = 0; i < t.steps.size(); ++i)
+    if (t.steps[i].pruning)
+      for (const Pruning& p : *t.steps[i].pruning)
+        for (float x : p.scores)
+          if (!std::isfinite(x))
+            fail("cannot write trace '{}': step {} has a score that is not finite at layer {}", path, i,
+                 p.layer);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -56,7 +192,15 @@ void write_trace(const Trace& t, const std::string& path) {
                        {"seed", h.seed},
                        {"steps", t.steps.size()}};
     out << head.dump() << '\n';
-    for (const Step& s : t.steps) out << step_json(s).dump() << '\n';
+    fmt::memory_buffer b;
+    for (const Step& s : t.steps) {
+      const std::string line = step_json(s).dump();
+      b.clear();
+      b.append(line.data(), line.data() + line.size() - 1);  // without the closing brace
+      append_detail(b, s);
+      b.append(std::string_view("}\n"));
+      out.write(b.data(), std::streamsize(b.size()));
+    }
     out.flush();
     if (!out) {
       out.close();
@@ -100,7 +244,7 @@ Trace read_trace(const std::string& path) {
   } catch (const json::exception& e) {
     fail("{}: line 1: bad trace header ({})", path, e.what());
   }
-  int64_t n = 1;
+  int64_t n = 1, context = 0;
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
@@ -117,6 +261,8 @@ Trace read_trace(const std::string& path) {
     s.revived = layer_array(j, "revived", h.n_layer, where);
     s.aux_reads = layer_array(j, "aux_reads", h.n_layer, where);
     s.aux_writes = layer_array(j, "aux_writes", h.n_layer, where);
+    context += t.steps.empty() && s.new_tokens == 0 ? h.prompt_tokens : s.new_tokens;
+    read_detail(j, h, context, s, where);
     t.steps.push_back(std::move(s));
   }
   if (t.steps.empty()) fail("{}: trace has no steps", path);
@@ -148,6 +294,7 @@ Summary summarize(const Trace& t) {
       s.aux_writes += st.aux_writes[l];
       s.revivals += st.revived[l];
     }
+    s.detail = s.detail || st.pruning || st.revived_positions;
   }
   s.generation_share = dense > 0 ? all / dense : 0.0;
   for (int l = 0; l < L; ++l) s.at_most_once = s.at_most_once && per_layer[size_t(l)] <= tokens;

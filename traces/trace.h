@@ -5,12 +5,23 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace lp::trace {
 
 inline constexpr int kVersion = 1;
+
+// One pruning step of a generation step, in detail (run --trace-detail).
+struct Pruning {
+  int layer = 0;              // the pruning layer (schedule_layers[i].layer for the step's i-th entry)
+  std::vector<int32_t> kept;  // positions kept after the layer, ascending
+  // Scores of the tokens active before the selection, in ascending position order (the
+  // previous entry's kept, or every token in the context for the first); empty when the policy
+  // does not score (random, and static after its first scoring).
+  std::vector<float> scores;
+};
 
 // Per-layer counts for one generation step (prefill is step 0). Every vector has n_layer entries.
 struct Step {
@@ -22,6 +33,9 @@ struct Step {
   std::vector<int64_t> revived;     // tokens revived (recomputed from the Aux Cache) at the layer
   std::vector<int64_t> aux_reads;   // Aux Cache reads at the layer (one per revival)
   std::vector<int64_t> aux_writes;  // tokens pruned after the layer whose hidden state was saved
+  // Optional detail, written by run --trace-detail (absent otherwise):
+  std::optional<std::vector<Pruning>> pruning;  // one entry per schedule_layers entry, in order
+  std::optional<std::vector<std::vector<int32_t>>> revived_positions;  // [L] positions revived (decode)
 };
 
 struct Header {
@@ -45,7 +59,8 @@ struct Trace {
 // and renames it into place: a failed write leaves no partial trace. Throws lp::Error.
 void write_trace(const Trace& t, const std::string& path);
 
-// Reads and validates a trace file. Throws lp::Error naming the file, line and field.
+// Reads and validates a trace file, the optional detail included. Throws lp::Error naming the
+// file, line and field.
 Trace read_trace(const std::string& path);
 
 // What `inspect --trace` prints.
@@ -56,6 +71,7 @@ struct Summary {
   bool at_most_once = true;                    // no layer computed more tokens than exist
   int64_t kv_tokens_final = 0;                 // (token, layer) pairs holding K/V at the end
   int64_t aux_writes = 0, revivals = 0;
+  bool detail = false;  // the steps carry the optional detail (pruning, revived_positions)
 };
 Summary summarize(const Trace& t);
 

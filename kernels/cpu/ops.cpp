@@ -594,37 +594,32 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 
 void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores) {
   const LayerKV& kv = keys.kv;
-  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, n_keys = keys.size();
+  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, ldk = kv.kt_ld, n_keys = keys.size();
+  // Logits are computed for every held slot, contiguously (an axpy per dimension), and a listed
+  // key set then picks its slots: one gather per key and head instead of one per key, head and
+  // dimension. The listed keys are most of the held ones (decoding keeps >= 1/3 of them).
+  const int64_t n_held = keys.slots.empty() ? n_keys : kv.n;
   const float scale = 1.0f / std::sqrt(float(Dh));
-  std::vector<float> p(static_cast<size_t>(group * n_keys)), kt_buf;
-  if (!keys.slots.empty()) kt_buf.resize(size_t(Dh * kBlock));
+  std::vector<float> logit(static_cast<size_t>(n_held)), p(static_cast<size_t>(n_keys));
   std::fill(scores, scores + n_keys, 0.0f);
-  for (int64_t g = 0; g < Hkv; ++g) {
-    // p[j][k] = q_h . key k for the group's heads h = g * group + j, one key block at a time
-    // (a listed key set is gathered once per block for all the heads that share it).
-    for (int64_t k0 = 0; k0 < n_keys; k0 += kBlock) {
-      const int64_t bk = std::min<int64_t>(kBlock, n_keys - k0);
-      const KeyBlock kb = key_block(keys, g, k0, bk, kt_buf.data(), nullptr);
-      for (int64_t j = 0; j < group; ++j) {
-        const float* qh = q + (g * group + j) * Dh;
-        float* pj = p.data() + j * n_keys + k0;
-        std::fill(pj, pj + bk, 0.0f);
-        for (int64_t d = 0; d < Dh; ++d) {
-          const float qd = qh[d] * scale;
-          const float* row = kb.kt + d * kb.ldk;
+  for (int64_t h = 0; h < H; ++h) {
+    const float* kt = kv.kt.data() + (h / group) * Dh * ldk;
+    std::fill(logit.begin(), logit.end(), 0.0f);
+    for (int64_t d = 0; d < Dh; ++d) {
+      const float qd = q[h * Dh + d] * scale;
+      const float* row = kt + d * ldk;
 #pragma omp simd
-          for (int64_t k = 0; k < bk; ++k) pj[k] += qd * row[k];
-        }
-      }
+      for (int64_t k = 0; k < n_held; ++k) logit[k] += qd * row[k];
     }
-    for (int64_t j = 0; j < group; ++j) {
-      float* pj = p.data() + j * n_keys;
-      float mx, sum;
-      block_softmax(pj, n_keys, n_keys, -INFINITY, &mx, &sum);
-      const float w = 1.0f / (sum * float(H));
+    if (keys.slots.empty())
+      std::copy(logit.begin(), logit.end(), p.begin());
+    else
+      for (int64_t k = 0; k < n_keys; ++k) p[size_t(k)] = logit[size_t(keys.slots[size_t(k)])];
+    float mx, sum;
+    block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
+    const float w = 1.0f / (sum * float(H));
 #pragma omp simd
-      for (int64_t k = 0; k < n_keys; ++k) scores[k] += pj[k] * w;
-    }
+    for (int64_t k = 0; k < n_keys; ++k) scores[k] += p[k] * w;
   }
 }
 

@@ -1,4 +1,4 @@
-#include "kernels/schedule.h"
+#include "traces/schedule.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,21 @@
+// Subcommands that live outside cli/main.cpp. Each registers its options on the app and runs
+// when selected; errors are lp::Error, printed by main as one line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+namespace lp::cli {
+
+struct SimulateArgs {
+  std::string trace, prune, schedule, model, model_config, hw;
+  std::string weights = "bf16", compute = "bf16", kv = "bf16";
+  int64_t prompt_tokens = 0, new_tokens = 0;
+  double revival_share = 0;
+  bool map = false, json_out = false, per_layer = false;
+};
+CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
+int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
+
+}  // namespace lp::cli

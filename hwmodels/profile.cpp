@@ -1,0 +1,163 @@
+#include "hwmodels/profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <string_view>
+#include <utility>
+
+#include "model/error.h"
+
+namespace lp::hw {
+
+// Generated from hwmodels/*.json by cmake/embed.cmake.
+std::vector<std::pair<std::string_view, std::string_view>> builtin_profile_files();
+
+namespace {
+using json = nlohmann::ordered_json;
+
+constexpr std::array<const char*, kNumFamilies> kFamilyKeys = {"gemm", "attention", "elementwise",
+                                                                 "data_movement"};
+
+const json& field(const json& j, const char* key, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end()) fail("{}: missing field '{}'", origin, key);
+  return *it;
+}
+
+double positive(const json& j, const char* key, const std::string& origin, bool allow_zero = false) {
+  const json& v = field(j, key, origin);
+  if (!v.is_number()) fail("{}: field '{}' must be a number", origin, key);
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < 0 || (!allow_zero && x == 0))
+    fail("{}: field '{}' must be {} than 0, got {}", origin, key, allow_zero ? "no less" : "greater", x);
+  return x;
+}
+
+std::string text(const json& j, const char* key, const std::string& origin) {
+  const json& v = field(j, key, origin);
+  if (!v.is_string() || v.get<std::string>().empty())
+    fail("{}: field '{}' must be a non-empty string", origin, key);
+  return v.get<std::string>();
+}
+}  // namespace
+
+const char* family_name(Family f) {
+  return kFamilyKeys[size_t(f)];
+}
+
+double Profile::peak(const std::string& dtype) const {
+  if (auto it = peak_flops.find(dtype); it != peak_flops.end()) return it->second;
+  if (auto it = peak_flops.find("f32"); it != peak_flops.end()) return it->second;
+  fail("hardware profile '{}' has no peak for {} or f32", name, dtype);
+}
+
+Profile parse_profile(const json& j, const std::string& origin) {
+  if (!j.is_object()) fail("{}: a hardware profile must be a JSON object", origin);
+  const json& version = field(j, "lazyprefill_hw", origin);
+  if (!version.is_number_integer() || version.get<int>() != 1)
+    fail("{}: 'lazyprefill_hw' must be 1 (this build reads version 1 profiles)", origin);
+  Profile p;
+  p.json = j;
+  p.name = text(j, "name", origin);
+  p.description = text(j, "description", origin);
+  p.kind = text(j, "kind", origin);
+  if (p.kind != "gpu" && p.kind != "cpu") fail("{}: 'kind' must be \"gpu\" or \"cpu\", got \"{}\"", origin, p.kind);
+
+  const json& peaks = field(j, "peak_tflops", origin);
+  if (!peaks.is_object() || peaks.empty()) fail("{}: 'peak_tflops' must be an object of dtype: TFLOP/s", origin);
+  for (const auto& [dtype, v] : peaks.items()) {
+    static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "int8"};
+    if (std::find(known.begin(), known.end(), dtype) == known.end())
+      fail("{}: unknown dtype '{}' in 'peak_tflops' (known: f32, tf32, bf16, f16, int8)", origin, dtype);
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+      fail("{}: 'peak_tflops.{}' must be a number greater than 0", origin, dtype);
+    p.peak_flops[dtype] = v.get<double>() * 1e12;
+  }
+  p.memory_bandwidth = positive(j, "memory_bandwidth_gbs", origin) * 1e9;
+  p.memory_capacity = positive(j, "memory_capacity_gib", origin) * 1073741824.0;
+  p.onchip_cache = positive(j, "onchip_cache_mib", origin) * 1048576.0;
+  p.shared_memory_per_unit = positive(j, "shared_memory_kib_per_unit", origin) * 1024.0;
+  const double units = positive(j, "compute_units", origin);
+  if (units != std::floor(units) || units > 1e6) fail("{}: 'compute_units' must be a whole number", origin);
+  p.compute_units = int(units);
+  p.dispatch_overhead = positive(j, "dispatch_overhead_us", origin, true) * 1e-6;
+  p.interconnect_bandwidth = positive(j, "interconnect_bandwidth_gbs", origin, true) * 1e9;
+  p.interconnect_latency = positive(j, "interconnect_latency_us", origin, true) * 1e-6;
+
+  const json& eff = field(j, "efficiency", origin);
+  if (!eff.is_object()) fail("{}: 'efficiency' must be an object", origin);
+  const json& def = field(eff, "default", origin);
+  if (!def.is_boolean()) fail("{}: 'efficiency.default' must be true or false", origin);
+  p.efficiency_default = def.get<bool>();
+  for (int f = 0; f < kNumFamilies; ++f) {
+    const std::string where = origin + ": efficiency." + kFamilyKeys[size_t(f)];
+    const json& e = field(eff, kFamilyKeys[size_t(f)], origin + ": efficiency");
+    if (!e.is_object()) fail("{} must be an object", where);
+    Efficiency& x = p.efficiency[size_t(f)];
+    x.compute = positive(e, "compute", where);
+    x.memory = positive(e, "memory", where);
+    if (x.compute > 1 || x.memory > 1) fail("{}: 'compute' and 'memory' are shares of peak, at most 1", where);
+    x.half_rows = positive(e, "half_rows", where, true);
+    x.overhead_s = positive(e, "overhead_us", where, true) * 1e-6;
+  }
+
+  const json& src = field(j, "sources", origin);
+  if (!src.is_object()) fail("{}: 'sources' must be an object of field: source", origin);
+  for (const auto& [k, v] : src.items()) {
+    if (!v.is_string() || v.get<std::string>().empty()) fail("{}: 'sources.{}' must be a non-empty string", origin, k);
+    p.sources[k] = v.get<std::string>();
+  }
+  for (const char* k : {"peak_tflops", "memory_bandwidth_gbs", "memory_capacity_gib", "onchip_cache_mib",
+                        "shared_memory_kib_per_unit", "compute_units", "dispatch_overhead_us",
+                        "interconnect_bandwidth_gbs", "interconnect_latency_us", "efficiency"})
+    if (!p.sources.count(k)) fail("{}: 'sources' has no entry for '{}' (every number needs a source)", origin, k);
+  return p;
+}
+
+std::vector<std::string> builtin_profile_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, text] : builtin_profile_files()) names.emplace_back(name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Profile load_profile(const std::string& name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
+  if (is_path) {
+    std::ifstream in(name_or_path);
+    if (!in) fail("cannot open hardware profile '{}'", name_or_path);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      fail("hardware profile '{}' is not valid JSON: {}", name_or_path, e.what());
+    }
+    return parse_profile(j, name_or_path);
+  }
+  for (const auto& [name, text] : builtin_profile_files())
+    if (name == name_or_path) {
+      const std::string origin = "built-in profile '" + name_or_path + "'";
+      Profile p = parse_profile(json::parse(text), origin);
+      if (p.name != name_or_path) fail("{}: its 'name' is '{}'", origin, p.name);
+      return p;
+    }
+  std::string known;
+  for (const std::string& n : builtin_profile_names()) known += (known.empty() ? "" : ", ") + n;
+  fail("unknown hardware '{}' (known: {}; or a path to a profile .json)", name_or_path, known);
+}
+
+json efficiency_json(const Profile& p) {
+  json e = {{"default", p.efficiency_default}};
+  for (int f = 0; f < kNumFamilies; ++f) {
+    const Efficiency& x = p.efficiency[size_t(f)];
+    e[kFamilyKeys[size_t(f)]] = {{"compute", x.compute},
+                                 {"half_rows", x.half_rows},
+                                 {"memory", x.memory},
+                                 {"overhead_us", x.overhead_s * 1e6}};
+  }
+  return e;
+}
+
+}  // namespace lp::hw

@@ -1,0 +1,64 @@
+// Hardware profiles: JSON data in hwmodels/*.json (schema in hwmodels/README.md), compiled into
+// the binary, or a user's file. The loader validates every field and converts units once
+// (TFLOP/s -> FLOP/s, GB/s -> bytes/s, GiB -> bytes, us -> s); the rest of the code sees SI.
+#pragma once
+
+#include <array>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace lp::hw {
+
+// Op families that share efficiency parameters (sim/ maps each op to one).
+enum class Family : int { Gemm, Attention, Elementwise, DataMovement, kCount };
+inline constexpr int kNumFamilies = static_cast<int>(Family::kCount);
+const char* family_name(Family f);
+
+// An op of the family with F FLOPs, B bytes and R rows takes
+//   max(F / (peak * compute * R / (R + half_rows)), B / (bandwidth * memory)) + overhead_s.
+struct Efficiency {
+  double compute = 0.5;    // share of peak FLOP/s at large shapes, (0, 1]
+  double half_rows = 1;    // rows at which compute efficiency is half of `compute`, >= 0
+  double memory = 0.7;     // share of peak bandwidth, (0, 1]
+  double overhead_s = 0;   // per call, >= 0
+};
+
+struct Profile {
+  std::string name, description, kind;   // kind: "gpu" or "cpu"
+  std::map<std::string, double> peak_flops;  // dtype ("f32", "tf32", "bf16", "f16", "int8") -> FLOP/s
+  double memory_bandwidth = 0;           // bytes/s
+  double memory_capacity = 0;            // bytes
+  double onchip_cache = 0;               // bytes
+  double shared_memory_per_unit = 0;     // bytes
+  int compute_units = 0;
+  double dispatch_overhead = 0;          // s
+  double interconnect_bandwidth = 0;     // bytes/s (0: none)
+  double interconnect_latency = 0;       // s
+  std::array<Efficiency, kNumFamilies> efficiency{};
+  bool efficiency_default = true;        // false once calibrated
+  std::map<std::string, std::string> sources;
+  nlohmann::ordered_json json;           // the document as read (calibration writes a modified copy)
+
+  const Efficiency& eff(Family f) const { return efficiency[size_t(f)]; }
+  // Peak FLOP/s for a compute dtype, falling back to f32 when the part has no native support
+  // for it (as a CPU without AVX512_BF16 runs bf16 through f32 units). Throws if neither exists.
+  double peak(const std::string& dtype) const;
+};
+
+// Validates a profile document; `origin` names it in errors. Throws lp::Error with one line
+// naming the origin and field: missing or mistyped fields, zero or negative values, an
+// efficiency outside (0, 1], a number without a source.
+Profile parse_profile(const nlohmann::ordered_json& j, const std::string& origin);
+
+// A built-in profile by name, or a JSON file when `name_or_path` ends in ".json" or contains a
+// '/'. An unknown name is an error that lists the known ones.
+Profile load_profile(const std::string& name_or_path);
+
+std::vector<std::string> builtin_profile_names();
+
+// The efficiency block as JSON (what calibration writes back into a profile).
+nlohmann::ordered_json efficiency_json(const Profile& p);
+
+}  // namespace lp::hw

@@ -1,0 +1,92 @@
+#include "sim/cost.h"
+
+#include <algorithm>
+
+#include "model/error.h"
+
+namespace lp::sim {
+
+hw::Family op_family(Op op) {
+  switch (op) {
+    case Op::QKV:
+    case Op::OProj:
+    case Op::GateUp:
+    case Op::Down:
+    case Op::LmHead:
+      return hw::Family::Gemm;
+    case Op::Attention:
+    case Op::Score:
+      return hw::Family::Attention;
+    case Op::Select:
+    case Op::Gather:
+    case Op::Embed:
+      return hw::Family::DataMovement;
+    default:
+      return hw::Family::Elementwise;
+  }
+}
+
+double dtype_bytes(const std::string& dtype, const char* what) {
+  if (dtype == "f32") return 4;
+  if (dtype == "bf16" || dtype == "f16") return 2;
+  if (dtype == "int8") return 1;
+  if (dtype == "q4") return 4.5 / 8;
+  fail("{} dtype must be one of f32, bf16, f16, int8, q4; got '{}'", what, dtype);
+}
+
+void validate(const Precision& p) {
+  dtype_bytes(p.weights, "weight");
+  dtype_bytes(p.kv, "KV");
+  if (p.kv == "q4") fail("KV dtype must be one of f32, bf16, f16, int8; got 'q4'");
+  if (p.compute != "f32" && p.compute != "tf32" && p.compute != "bf16" && p.compute != "f16" && p.compute != "int8")
+    fail("compute dtype must be one of f32, tf32, bf16, f16, int8; got '{}'", p.compute);
+}
+
+OpDtypes Precision::op_dtypes() const {
+  OpDtypes d;
+  d.weight_bytes = dtype_bytes(weights, "weight");
+  d.act_bytes = compute == "f32" || compute == "tf32" ? 4 : 2;
+  d.kv_bytes = dtype_bytes(kv, "KV");
+  return d;
+}
+
+void OpCost::add(const OpCost& o) {
+  flops += o.flops;
+  bytes += o.bytes;
+  compute_s += o.compute_s;
+  memory_s += o.memory_s;
+  overhead_s += o.overhead_s;
+  time_s += o.time_s;
+  calls += o.calls;
+}
+
+namespace {
+// The peak an op runs at: GEMMs and attention in the compute dtype, the rest on f32 vector units.
+double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
+  const hw::Family f = op_family(op);
+  return f == hw::Family::Gemm || f == hw::Family::Attention ? hw.peak(p.compute) : hw.peak("f32");
+}
+}  // namespace
+
+OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
+               int64_t calls) {
+  OpCost r;
+  if (calls <= 0) return r;
+  const hw::Efficiency& e = hw.eff(op_family(op));
+  r.calls = calls;
+  r.flops = op_flops(c, op, s) * double(calls);
+  r.bytes = op_bytes(c, op, s, p.op_dtypes()) * double(calls);
+  const double rows = op == Op::Score ? 1.0 : double(std::max<int64_t>(s.tokens, 1));
+  const double eff = e.compute * rows / (rows + e.half_rows);
+  r.compute_s = r.flops > 0 ? r.flops / (op_peak(hw, op, p) * eff) : 0;
+  r.memory_s = r.bytes / (hw.memory_bandwidth * e.memory);
+  r.overhead_s = double(calls) * e.overhead_s;
+  r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
+  return r;
+}
+
+double utilisation(const hw::Profile& hw, Op op, const OpCost& cost, const Precision& p) {
+  return cost.time_s > 0 ? cost.flops / cost.time_s / op_peak(hw, op, p) : 0;
+}
+
+}  // namespace lp::sim

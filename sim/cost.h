@@ -1,0 +1,54 @@
+// The per-op cost model: FLOPs and bytes from the shared op_flops / op_bytes (model/ops.h, the
+// counting the engine's timers use), time from a roofline with per-family efficiencies (the
+// hardware profile, hwmodels/) plus a per-call overhead:
+//
+//   compute_s = F / (peak(dtype) * e.compute * R / (R + e.half_rows))
+//   memory_s  = B / (bandwidth * e.memory)
+//   time_s    = max(compute_s, memory_s) + calls * e.overhead_s
+//
+// where R is the op's row count (tokens; 1 for the score row) and e the op family's efficiency.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "hwmodels/profile.h"
+#include "model/config.h"
+#include "model/ops.h"
+
+namespace lp::sim {
+
+hw::Family op_family(Op op);
+
+// Element types of a simulated deployment. Weights may be quantized (bytes per weight below 2);
+// GEMMs then still compute in `compute` (weight-only quantization).
+struct Precision {
+  std::string weights = "bf16";  // bf16 | f16 | f32 | int8 | q4 (4.5 bits per weight, as Q4_0)
+  std::string compute = "bf16";  // the peak_tflops dtype GEMMs and attention run at
+  std::string kv = "bf16";       // bf16 | f16 | f32 | int8
+  OpDtypes op_dtypes() const;
+};
+// "bf16", "f16", "f32", "int8", "q4" -> bytes per element; anything else throws lp::Error.
+double dtype_bytes(const std::string& dtype, const char* what);
+// Checks the names; throws lp::Error naming the bad one.
+void validate(const Precision& p);
+
+struct OpCost {
+  double flops = 0, bytes = 0;
+  double compute_s = 0, memory_s = 0, overhead_s = 0, time_s = 0;
+  int64_t calls = 0;
+  bool memory_bound() const { return memory_s > compute_s; }
+  double intensity() const { return bytes > 0 ? flops / bytes : 0; }  // FLOP per byte
+  void add(const OpCost& o);
+};
+using OpCosts = std::array<OpCost, kNumOps>;
+
+// Cost of `calls` invocations of `op` with shape `s` on a layer shaped `c` (ModelConfig::layer).
+OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
+               int64_t calls = 1);
+
+// FLOP/s the op achieved against the peak it runs at: flops / time / peak.
+double utilisation(const hw::Profile& hw, Op op, const OpCost& cost, const Precision& p);
+
+}  // namespace lp::sim

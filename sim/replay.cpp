@@ -1,0 +1,169 @@
+#include "sim/replay.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/error.h"
+
+namespace lp::sim {
+
+double Prediction::prefill_flops() const {
+  double f = 0;
+  for (const OpCost& o : prefill_ops) f += o.flops;
+  return f;
+}
+
+Op Prediction::prefill_bound_op() const {
+  int best = 0;
+  for (int i = 1; i < kNumOps; ++i)
+    if (prefill_ops[size_t(i)].time_s > prefill_ops[size_t(best)].time_s) best = i;
+  return Op(best);
+}
+
+trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens) {
+  const int Ls = t.header.n_layer;
+  const int64_t Ns = t.header.prompt_tokens;
+  if (prompt_tokens <= 0) prompt_tokens = Ns;
+  if (n_layer == Ls && prompt_tokens == Ns) return t;
+  if (n_layer < 1) fail("cannot map a trace onto {} layers", n_layer);
+  const double r = double(prompt_tokens) / double(Ns);
+  const auto src = [&](int l) { return std::min(Ls - 1, int((l + 0.5) * Ls / n_layer)); };
+  const auto scale = [](int64_t v, double f) { return int64_t(std::llround(double(v) * f)); };
+  trace::Trace m;
+  m.header = t.header;
+  m.header.n_layer = n_layer;
+  m.header.prompt_tokens = prompt_tokens;
+  m.header.model["n_layer"] = n_layer;
+  // Pruning layers: a source pruning layer p becomes the target layer whose mapped source is p
+  // (the last such layer, so the tokens leave where they did in relative depth).
+  m.header.schedule_layers.clear();
+  for (const auto& [pl, share] : t.header.schedule_layers) {
+    int target = -1;
+    for (int l = 0; l < n_layer; ++l)
+      if (src(l) == pl) target = l;
+    if (target < 0) target = std::min(n_layer - 1, int((pl + 0.5) * n_layer / Ls));
+    if (m.header.schedule_layers.empty() || target > m.header.schedule_layers.back().first)
+      m.header.schedule_layers.emplace_back(target, share);
+  }
+  for (const trace::Step& s : t.steps) {
+    trace::Step o;
+    o.kind = s.kind;
+    const bool prefill = s.kind == "prefill";
+    o.new_tokens = prefill ? prompt_tokens : s.new_tokens;
+    // Prefill counts are shares of the prompt; a decoding step's one new row stays one row and
+    // its other counts (keys seen, revived rows) scale with the context.
+    const auto rows = [&](int64_t v) { return prefill ? std::max<int64_t>(1, scale(v, r)) : std::max<int64_t>(1, 1 + scale(v - 1, r)); };
+    for (int l = 0; l < n_layer; ++l) {
+      const size_t k = size_t(src(l));
+      o.queries.push_back(rows(s.queries[k]));
+      o.keys.push_back(scale(s.keys[k], r));
+      o.pairs.push_back(scale(s.pairs[k], prefill ? r * r : r));
+      o.revived.push_back(scale(s.revived[k], r));
+      o.aux_reads.push_back(scale(s.aux_reads[k], r));
+      o.aux_writes.push_back(scale(s.aux_writes[k], r));
+    }
+    m.steps.push_back(std::move(o));
+  }
+  return m;
+}
+
+namespace {
+// Activation bytes of one layer over T rows: x, xn, tmp [T][D], qkv, attention output, gate/up
+// and the SwiGLU output, at the activation element size.
+double activation_bytes(const ModelConfig& c, int64_t T, double act_bytes) {
+  const double D = c.n_embd, F = c.n_ff;
+  return double(T) * (3 * D + c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * F) * act_bytes;
+}
+}  // namespace
+
+Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p) {
+  const int L = c.n_layer;
+  if (t.header.n_layer != L)
+    fail("the trace has {} layers but the model has {} (map it onto the model first)", t.header.n_layer, L);
+  std::vector<ModelConfig> lc;
+  lc.reserve(size_t(L));
+  for (int l = 0; l < L; ++l) lc.push_back(c.uniform() ? c : c.layer(l));
+  std::vector<char> prune_at(size_t(L), 0);
+  int first_prune = -1;
+  for (const auto& [l, share] : t.header.schedule_layers)
+    if (l >= 0 && l < L) {
+      prune_at[size_t(l)] = 1;
+      if (first_prune < 0) first_prune = l;
+    }
+  const std::string& policy = t.header.policy;
+  const OpDtypes dt = p.op_dtypes();
+
+  Prediction r;
+  r.hw = hw.name;
+  r.prefill_layers.assign(size_t(L), OpCosts{});
+  double peak_act = 0;
+  for (size_t si = 0; si < t.steps.size(); ++si) {
+    const trace::Step& s = t.steps[si];
+    const bool prefill = s.kind == "prefill";
+    OpCosts& sum = prefill ? r.prefill_ops : r.decode_ops;
+    double step_s = 0;
+    const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1) {
+      const OpCost oc = op_cost(hw, cfg, op, shape, p, calls);
+      step_s += oc.time_s;
+      sum[size_t(op)].add(oc);
+      if (layer) (*layer)[size_t(op)].add(oc);
+    };
+    add(nullptr, c, Op::Embed, {s.new_tokens, 0, 0});
+    for (int l = 0; l < L; ++l) {
+      const int64_t T = s.queries[size_t(l)];
+      if (T <= 0) continue;
+      const ModelConfig& cfg = lc[size_t(l)];
+      OpCosts* layer = prefill ? &r.prefill_layers[size_t(l)] : nullptr;
+      // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
+      // sees its active set, at most the keys held and at most its pairs.
+      const int64_t keys = prefill ? s.keys[size_t(l)] : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]);
+      const OpShape rows{T, 0, 0};
+      add(layer, cfg, Op::AttnNorm, rows);
+      add(layer, cfg, Op::QKV, rows);
+      add(layer, cfg, Op::Rope, rows);
+      add(layer, cfg, Op::Attention, {T, s.pairs[size_t(l)], keys});
+      add(layer, cfg, Op::OProj, rows);
+      add(layer, cfg, Op::Residual, rows, 2);
+      add(layer, cfg, Op::FfnNorm, rows);
+      add(layer, cfg, Op::GateUp, rows);
+      add(layer, cfg, Op::SwiGLU, rows);
+      add(layer, cfg, Op::Down, rows);
+      if (prune_at[size_t(l)] && policy != "none") {
+        const bool scores = policy == "lazyllm" || (policy == "static" && prefill && l == first_prune);
+        if (scores) add(layer, cfg, Op::Score, {1, 0, keys});
+        add(layer, cfg, Op::Select, {0, 0, keys});
+      }
+      const int64_t moved = s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)] +
+                            (prefill && s.aux_writes[size_t(l)] > 0 ? T : 0);
+      if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
+      peak_act = std::max(peak_act, activation_bytes(cfg, T, dt.act_bytes));
+    }
+    add(nullptr, c, Op::OutputNorm, {1, 0, 0});
+    add(nullptr, c, Op::LmHead, {1, 0, 0});
+    if (prefill)
+      r.ttft_s = step_s;
+    else
+      r.decode_step_s.push_back(step_s);
+    r.total_s += step_s;
+  }
+
+  // Memory at the end: weights, the K/V each layer holds, the Aux Cache, the largest layer's
+  // activations plus one row of logits.
+  r.memory.weights = double(c.n_params()) * dt.weight_bytes;
+  double aux_entries = 0;
+  if (!t.steps.empty()) {
+    const trace::Step& last = t.steps.back();
+    for (int l = 0; l < L; ++l) r.memory.kv += double(last.keys[size_t(l)]) * 2 * lc[size_t(l)].kv_dim() * dt.kv_bytes;
+    int64_t tokens = 0;
+    for (const trace::Step& s : t.steps) {
+      tokens += s.new_tokens;
+      for (int64_t w : s.aux_writes) aux_entries += double(w);
+    }
+    aux_entries = std::min(aux_entries, double(tokens));
+  }
+  r.memory.aux = aux_entries * c.n_embd * dt.act_bytes;
+  r.memory.activations = peak_act + double(c.n_vocab) * 4;
+  return r;
+}
+
+}  // namespace lp::sim

@@ -1,0 +1,48 @@
+// Trace replay: the predicted time and memory of the work a trace records (traces/README.md),
+// on a hardware profile, for a model configuration that may differ from the one that recorded
+// it (docs/simulator.md: layers map by relative depth, token counts by share of the prompt).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hwmodels/profile.h"
+#include "model/config.h"
+#include "sim/cost.h"
+#include "traces/trace.h"
+
+namespace lp::sim {
+
+// Memory at its peak (end of the generation: KV only grows), bytes.
+struct Memory {
+  double weights = 0, kv = 0, aux = 0, activations = 0;
+  double total() const { return weights + kv + aux + activations; }
+};
+
+struct Prediction {
+  std::string hw;
+  double ttft_s = 0;                  // the prefill step
+  std::vector<double> decode_step_s;  // one per decoding step
+  double total_s = 0;
+  std::vector<OpCosts> prefill_layers;  // [L] per-op costs of the prefill
+  OpCosts prefill_ops{};                // the prefill, summed over layers (and embed / LM head)
+  OpCosts decode_ops{};                 // every decoding step, summed
+  Memory memory;
+  double prefill_flops() const;
+  // The op with the most prefill time.
+  Op prefill_bound_op() const;
+};
+
+// A trace's counts mapped onto a model with `n_layer` layers and a prompt of `prompt_tokens`
+// (0: the trace's own): target layer l reads source layer floor((l + 0.5) * L_src / n_layer);
+// per-layer token counts (queries, keys, revivals, Aux Cache traffic) scale by prompt_tokens /
+// the trace's prompt length, pairs by its square, and decoding steps keep their one new token.
+// Pruning layers map the same way. A trace that already matches is returned unchanged.
+trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens);
+
+// Predicts the trace on `hw` for model `c` (whose n_layer must equal the trace's: map first).
+// Throws lp::Error when they differ.
+Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p);
+
+}  // namespace lp::sim

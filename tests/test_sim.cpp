@@ -1,0 +1,250 @@
+// The simulator: hardware profiles and model presets load and validate; op costs match
+// hand-worked roofline numbers; replay, mapping and synthetic traces agree with the math.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include "hwmodels/profile.h"
+#include "model/error.h"
+#include "model/ops.h"
+#include "model/presets.h"
+#include "sim/cost.h"
+#include "sim/replay.h"
+#include "traces/schedule.h"
+#include "traces/synthetic.h"
+
+namespace lp {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A profile document with round numbers: 1 TFLOP/s bf16, 0.5 f32, 100 GB/s.
+json round_profile() {
+  json e = {{"compute", 0.5}, {"half_rows", 4}, {"memory", 0.5}, {"overhead_us", 1.0}};
+  return {{"lazyprefill_hw", 1},
+          {"name", "round"},
+          {"description", "round numbers for hand-worked tests"},
+          {"kind", "gpu"},
+          {"peak_tflops", {{"f32", 0.5}, {"bf16", 1.0}}},
+          {"memory_bandwidth_gbs", 100},
+          {"memory_capacity_gib", 1},
+          {"onchip_cache_mib", 1},
+          {"shared_memory_kib_per_unit", 64},
+          {"compute_units", 1},
+          {"dispatch_overhead_us", 1},
+          {"interconnect_bandwidth_gbs", 0},
+          {"interconnect_latency_us", 0},
+          {"efficiency", {{"default", true}, {"gemm", e}, {"attention", e}, {"elementwise", e}, {"data_movement", e}}},
+          {"sources",
+           {{"peak_tflops", "test"},
+            {"memory_bandwidth_gbs", "test"},
+            {"memory_capacity_gib", "test"},
+            {"onchip_cache_mib", "test"},
+            {"shared_memory_kib_per_unit", "test"},
+            {"compute_units", "test"},
+            {"dispatch_overhead_us", "test"},
+            {"interconnect_bandwidth_gbs", "test"},
+            {"interconnect_latency_us", "test"},
+            {"efficiency", "test"}}}};
+}
+
+std::string error_of(const json& j) {
+  try {
+    hw::parse_profile(j, "p.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HwProfiles, EveryBuiltInLoadsWithUnitsConverted) {
+  const auto names = hw::builtin_profile_names();
+  for (const char* n : {"h100-sxm", "h200", "a100-80gb", "a100-40gb", "l4", "rtx-4090", "m2-pro-cpu", "xeon-avx512",
+                        "cpu-local"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  for (const std::string& n : names) {
+    const hw::Profile p = hw::load_profile(n);
+    EXPECT_EQ(p.name, n);
+    EXPECT_GT(p.peak("f32"), 1e11) << n;       // every part here does > 100 GFLOP/s f32
+    EXPECT_GT(p.memory_bandwidth, 1e10) << n;  // and > 10 GB/s
+  }
+  // The H100 SXM datasheet: 989.4 dense bf16 TFLOP/s, 3.35 TB/s.
+  const hw::Profile h = hw::load_profile("h100-sxm");
+  EXPECT_DOUBLE_EQ(h.peak("bf16"), 989.4e12);
+  EXPECT_DOUBLE_EQ(h.memory_bandwidth, 3350e9);
+  EXPECT_EQ(h.kind, "gpu");
+}
+
+TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
+  EXPECT_EQ(error_of(round_profile()), "");
+  json j = round_profile();
+  j.erase("memory_bandwidth_gbs");
+  EXPECT_NE(error_of(j).find("missing field 'memory_bandwidth_gbs'"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["memory_bandwidth_gbs"] = 0;
+  EXPECT_NE(error_of(j).find("'memory_bandwidth_gbs' must be greater than 0"), std::string::npos);
+  j = round_profile();
+  j["peak_tflops"]["bf16"] = -1;
+  EXPECT_NE(error_of(j).find("peak_tflops.bf16"), std::string::npos);
+  j = round_profile();
+  j["efficiency"]["gemm"]["compute"] = 1.5;
+  EXPECT_NE(error_of(j).find("efficiency.gemm"), std::string::npos);
+  j = round_profile();
+  j["sources"].erase("compute_units");
+  EXPECT_NE(error_of(j).find("no entry for 'compute_units'"), std::string::npos);
+  j = round_profile();
+  j["lazyprefill_hw"] = 2;
+  EXPECT_NE(error_of(j).find("must be 1"), std::string::npos);
+  j = round_profile();
+  j["peak_tflops"]["fp4"] = 1;
+  EXPECT_NE(error_of(j).find("unknown dtype 'fp4'"), std::string::npos);
+  try {
+    hw::load_profile("h1000");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("known: a100-40gb, a100-80gb"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelPresets, ParameterCountsMatchThePublishedTotals) {
+  // Totals published with the weights (safetensors metadata on the model pages).
+  EXPECT_EQ(preset_config("llama-2-7b").n_params(), 6738415616);
+  EXPECT_EQ(preset_config("llama-3.1-8b").n_params(), 8030261248);
+  EXPECT_EQ(preset_config("mistral-7b").n_params(), 7241732096);
+  EXPECT_EQ(preset_config("qwen2.5-7b").n_params(), 7615616512);
+  EXPECT_EQ(preset_config("smollm2-135m").n_params(), 134515008);
+  for (const std::string& n : preset_names()) EXPECT_NO_THROW(preset_config(n)) << n;
+  const ModelConfig elm = preset_config("openelm-1.1b");
+  ASSERT_FALSE(elm.uniform());
+  EXPECT_EQ(int(elm.layer_n_head.size()), elm.n_layer);
+  EXPECT_LT(elm.layer(0).n_ff, elm.layer(elm.n_layer - 1).n_ff);  // layer-wise scaling widens the MLP
+  EXPECT_NEAR(double(elm.n_params()), 1.08e9, 0.01e9);
+  EXPECT_THROW(preset_config("llama-9"), Error);
+}
+
+ModelConfig tiny() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.n_layer = 2;
+  c.n_embd = 8;
+  c.n_head = 2;
+  c.n_head_kv = 1;
+  c.head_dim = 4;
+  c.rope_dim = 4;
+  c.n_ff = 16;
+  c.n_vocab = 32;
+  c.n_ctx_train = 64;
+  return c;
+}
+
+TEST(SimCost, RooflineByHand) {
+  const hw::Profile hw = hw::parse_profile(round_profile(), "round");
+  const ModelConfig c = tiny();
+  const sim::Precision p{"bf16", "bf16", "bf16"};
+  // QKV over 4 rows: [4][8] x [8][16]: 2*4*8*16 = 1024 FLOPs. Bytes: weights 8*16*2 = 256, input
+  // 4*8*2 = 64, output 4*16*4 = 256: 576. Compute efficiency 0.5 * 4/(4+4) = 0.25 of 1e12.
+  const sim::OpCost q = sim::op_cost(hw, c, Op::QKV, {4, 0, 0}, p);
+  EXPECT_DOUBLE_EQ(q.flops, 1024);
+  EXPECT_DOUBLE_EQ(q.bytes, 576);
+  EXPECT_DOUBLE_EQ(q.compute_s, 1024 / 0.25e12);
+  EXPECT_DOUBLE_EQ(q.memory_s, 576 / 50e9);
+  EXPECT_TRUE(q.memory_bound());
+  EXPECT_DOUBLE_EQ(q.time_s, 576 / 50e9 + 1e-6);
+  // Attention over 10 causal pairs (4 queries, 4 keys): 10 * 2 heads * (4*4 + 5) = 420 FLOPs;
+  // bytes: q and out 4*8*4*2 = 256, 4 new K/V rows + 4 keys read, 2*(4+4)*4*2 = 128: 384.
+  const sim::OpCost a = sim::op_cost(hw, c, Op::Attention, {4, 10, 4}, p);
+  EXPECT_DOUBLE_EQ(a.flops, 420);
+  EXPECT_DOUBLE_EQ(a.bytes, 384);
+  // RMSNorm runs on the f32 units: 4*4*8 = 128 FLOPs at 0.5e12 * 0.25.
+  const sim::OpCost n = sim::op_cost(hw, c, Op::AttnNorm, {4, 0, 0}, p);
+  EXPECT_DOUBLE_EQ(n.compute_s, 128 / (0.5e12 * 0.25));
+  EXPECT_THROW(sim::validate({"bf17", "bf16", "bf16"}), Error);
+}
+
+TEST(SimReplay, DensePrefillFlopsAreTheClosedForm) {
+  const ModelConfig c = preset_config("llama-3.1-8b");
+  const hw::Profile hw = hw::load_profile("h100-sxm");
+  const int64_t T = 4096;
+  const sim::Prediction p =
+      sim::replay(trace::synthetic_trace(c, "none", {}, T, 0), c, hw, sim::Precision{});
+  // Per token and layer: 2 * (4096*(4096 + 2*1024) + 4096*4096 + 3*4096*14336) GEMM FLOPs;
+  // attention 2*128*2 + 5 per pair and head over T(T+1)/2 pairs, 32 heads; norms 2 * 4*4096,
+  // RoPE 3 * 40 * 128, SwiGLU 5 * 14336, residuals 2 * 4096 per token; LM head for one row.
+  const double gemm = 2.0 * (4096.0 * 6144 + 4096.0 * 4096 + 3.0 * 4096 * 14336);
+  const double elementwise = 2 * 4 * 4096.0 + 3 * 40 * 128.0 + 5 * 14336.0 + 2 * 4096.0;
+  const double attention = double(T) * (T + 1) / 2 * 32 * (4 * 128 + 5);
+  const double head = 4 * 4096.0 + 2.0 * 4096 * 128256;
+  EXPECT_NEAR(p.prefill_flops(), 32 * (T * (gemm + elementwise) + attention) + head, 1e3);
+  // At 4096 tokens an H100 prefill is compute-bound in the MLP.
+  EXPECT_EQ(p.prefill_bound_op(), Op::GateUp);
+  EXPECT_TRUE(p.decode_step_s.empty());
+  // Memory: bf16 weights, K/V of 4096 tokens x 32 layers x 2 x 1024 x 2 bytes.
+  EXPECT_DOUBLE_EQ(p.memory.weights, 8030261248.0 * 2);
+  EXPECT_DOUBLE_EQ(p.memory.kv, 4096.0 * 32 * 2 * 1024 * 2);
+  EXPECT_EQ(p.memory.aux, 0);
+}
+
+TEST(SimReplay, PruningCutsComputeBoundTimeLikeItsFlops) {
+  const ModelConfig c = preset_config("llama-2-7b");
+  const hw::Profile hw = hw::load_profile("a100-80gb");
+  const auto steps = resolve_schedule(default_schedule(), c.n_layer);
+  const int64_t T = 8192;
+  const sim::Prediction none = sim::replay(trace::synthetic_trace(c, "none", {}, T, 4), c, hw, sim::Precision{});
+  const sim::Prediction lazy = sim::replay(trace::synthetic_trace(c, "lazyllm", steps, T, 4), c, hw, sim::Precision{});
+  const double flop_ratio = none.prefill_flops() / lazy.prefill_flops();
+  EXPECT_GT(flop_ratio, 1.3);
+  // Prefill at 8192 tokens is compute-bound: time falls with FLOPs, within the score/select cost.
+  EXPECT_NEAR(none.ttft_s / lazy.ttft_s, flop_ratio, 0.05 * flop_ratio);
+  EXPECT_GT(lazy.memory.aux, 0);
+  EXPECT_LT(lazy.memory.kv, none.memory.kv);
+  ASSERT_EQ(lazy.decode_step_s.size(), 4u);
+  // A decode step reads fewer keys when pruned: never slower than unpruned's.
+  EXPECT_LE(lazy.decode_step_s[0], none.decode_step_s[0]);
+}
+
+TEST(SimReplay, MappingByDepthAndShare) {
+  const ModelConfig src = preset_config("smollm2-135m");  // 30 layers
+  const auto steps = resolve_schedule(default_schedule(), src.n_layer);
+  const trace::Trace t = trace::synthetic_trace(src, "lazyllm", steps, 1000, 2);
+  EXPECT_EQ(sim::map_trace(t, 30, 1000).steps[0].queries, t.steps[0].queries);
+  // Onto 60 layers and twice the prompt: every source layer covers two target layers, counts
+  // double, pairs quadruple, decoding steps keep one new row.
+  const trace::Trace m = sim::map_trace(t, 60, 2000);
+  ASSERT_EQ(m.header.n_layer, 60);
+  for (int l = 0; l < 60; ++l) {
+    EXPECT_EQ(m.steps[0].queries[size_t(l)], 2 * t.steps[0].queries[size_t(l / 2)]) << l;
+    EXPECT_EQ(m.steps[0].pairs[size_t(l)], 4 * t.steps[0].pairs[size_t(l / 2)]) << l;
+    EXPECT_EQ(m.steps[1].queries[size_t(l)], 1);
+  }
+  // The share of prompt (token, layer) pairs computed is kept.
+  const auto share = [](const trace::Trace& x) {
+    double q = 0;
+    for (int64_t v : x.steps[0].queries) q += double(v);
+    return q / (double(x.header.prompt_tokens) * x.header.n_layer);
+  };
+  EXPECT_NEAR(share(m), share(t), 0.02);
+  // Pruning layers land at the same relative depth.
+  ASSERT_EQ(m.header.schedule_layers.size(), steps.size());
+  for (size_t i = 0; i < steps.size(); ++i)
+    EXPECT_EQ(m.header.schedule_layers[i].first, 2 * steps[i].layer + 1);
+}
+
+TEST(SimReplay, SyntheticPrefillMatchesTheEngineCounting) {
+  const ModelConfig c = preset_config("smollm2-135m");
+  const auto steps = resolve_schedule(parse_schedule("8:0.3,17:0.3,26:0.3"), c.n_layer);
+  const trace::Trace t = trace::synthetic_trace(c, "lazyllm", steps, 174, 0);
+  // The engine's counts on the 174-token demo prompt (README): 174 through layer 8, then 122,
+  // 86, 61 (each keeps 174 - floor(0.3 * 174) = 122, ...).
+  EXPECT_EQ(t.steps[0].queries[8], 174);
+  EXPECT_EQ(t.steps[0].queries[9], 122);
+  EXPECT_EQ(t.steps[0].queries[18], 86);
+  EXPECT_EQ(t.steps[0].queries[27], 61);
+  EXPECT_EQ(t.steps[0].pairs[27], 61 * 62 / 2);
+  EXPECT_EQ(t.steps[0].aux_writes[8], 52);
+  EXPECT_THROW(trace::synthetic_trace(c, "fastest", steps, 10, 0), Error);
+}
+
+}  // namespace
+}  // namespace lp
