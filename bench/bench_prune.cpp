@@ -13,23 +13,21 @@
 //
 // Prompts are real English text (the licence texts every Debian system ships in
 // /usr/share/common-licenses), because which tokens the last token attends to, and so how many
-// are revived while decoding, depends on the text; seeded random ids if those are missing.
+// are revived while decoding, depends on the text.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <map>
 #include <memory>
 #include <numeric>
-#include <random>
 
 #include "kernels/context.h"
 #include "kernels/pruning.h"
 #include "kernels/runner.h"
 #include "kernels/sampler.h"
 #include "traces/schedule.h"
+#include "model/io.h"
 #include "model/paths.h"
 
 namespace {
@@ -50,21 +48,9 @@ const lp::Model& model() {
 
 // N tokens of real text at positions 0..N-1 (the text repeats if it is shorter than N).
 std::pair<std::vector<int32_t>, std::vector<int32_t>> prompt(int64_t N, const lp::Model& m) {
-  static std::vector<int32_t> text_ids = [&] {
-    std::string text;
-    for (const char* f : {"GPL-3", "GPL-2", "LGPL-2.1", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "Artistic"}) {
-      std::ifstream in(std::string("/usr/share/common-licenses/") + f);
-      text += std::string(std::istreambuf_iterator<char>(in), {}) + "\n\n";
-    }
-    return m.tokenizer().encode(text, true, false);
-  }();
+  static const std::vector<int32_t> text_ids = m.tokenizer().encode(lp::builtin_english_text(), true, false);
   std::vector<int32_t> ids(static_cast<size_t>(N)), pos(ids.size());
-  if (text_ids.size() < 1000) {
-    std::mt19937 rng(42);
-    for (auto& i : ids) i = int32_t(100 + rng() % uint32_t(m.config().n_vocab - 100));
-  } else {
-    for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = text_ids[size_t(i) % text_ids.size()];
-  }
+  for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = text_ids[size_t(i) % text_ids.size()];
   std::iota(pos.begin(), pos.end(), 0);
   return {ids, pos};
 }

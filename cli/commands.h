@@ -18,4 +18,19 @@ struct SimulateArgs {
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
 
+struct CalibrateArgs {
+  std::string runs, base, out, name;
+  bool json_out = false;
+};
+CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);
+int cmd_calibrate(const CalibrateArgs& a);
+
+struct ValidateArgs {
+  std::string model, base = "cpu-local", out_dir;
+  int threads = 0;
+  bool quick = false, json_out = false;
+};
+CLI::App* add_validate(CLI::App& app, ValidateArgs& a);
+int cmd_validate(const ValidateArgs& a);
+
 }  // namespace lp::cli

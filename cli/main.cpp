@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/run_output.h"
 #include "kernels/context.h"
 #include "kernels/generate.h"
 #include "kernels/pruning.h"
@@ -44,28 +45,6 @@ struct RunArgs {
   std::string prune = "none", schedule, trace;
 };
 
-// One trace step from a forward pass's stats; with `detail`, the kept positions and scores of each
-// pruning step (at the schedule's layers `steps`) and, when decoding, the revived positions.
-lp::trace::Step trace_step(const char* kind, int64_t new_tokens, const lp::ForwardStats& f,
-                           std::span<const lp::PruneStep> steps, bool detail) {
-  lp::trace::Step s;
-  s.kind = kind;
-  s.new_tokens = new_tokens;
-  s.queries = f.computed;
-  s.keys = f.keys;
-  s.pairs = f.pairs;
-  s.revived = f.revived;
-  s.aux_reads = f.revived;  // every revival reads its state from the Aux Cache once
-  s.aux_writes = f.aux_written;
-  if (!detail) return s;
-  s.pruning.emplace();
-  for (size_t i = 0; i < f.kept.size() && i < steps.size(); ++i)
-    s.pruning->push_back(
-        {steps[i].layer, f.kept[i], i < f.scores.size() ? f.scores[i] : std::vector<float>{}});
-  if (s.kind == "decode") s.revived_positions = f.revived_pos;
-  return s;
-}
-
 std::string read_prompt_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) lp::fail("cannot read prompt file '{}'", path);
@@ -80,33 +59,6 @@ lp::DType parse_dtype(const std::string& s) {
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
   lp::fail("--dtype must be auto, f32 or bf16, got '{}'", s);
-}
-
-json op_stat_json(const lp::OpStat& st) {
-  return {{"ms", st.seconds * 1e3}, {"flop", st.flops}, {"bytes", st.bytes}, {"calls", st.calls}};
-}
-
-// {op name: {ms, flop, bytes, calls}} for the ops of one row of the timers (-1: summed over all).
-json op_row_json(const lp::OpTimers& t, int layer) {
-  json j = json::object();
-  if (t.empty()) return j;
-  for (int i = 0; i < lp::kNumOps; ++i) {
-    const lp::Op op = lp::Op(i);
-    const lp::OpStat st = layer < 0 ? t.total(op) : t.at(layer, op);
-    if (st.calls > 0) j[std::string(lp::op_name(op))] = op_stat_json(st);
-  }
-  return j;
-}
-
-// The run's per-op timings: per layer for the prefill, summed for decoding.
-json ops_json(const lp::GenerateResult& r) {
-  const lp::OpTimers& p = r.prefill_ops;
-  json layers = json::array();
-  for (int l = 0; l < p.n_layer; ++l) layers.push_back(op_row_json(p, l));
-  return {{"prefill", {{"total", op_row_json(p, -1)},
-                       {"layers", layers},
-                       {"outside_layers", op_row_json(p, p.n_layer)}}},
-          {"decode", {{"steps", r.decode_steps}, {"total", op_row_json(r.decode_ops, -1)}}}};
 }
 
 int cmd_run(const RunArgs& a) {
@@ -149,22 +101,8 @@ int cmd_run(const RunArgs& a) {
   double trace_write_s = 0;
   if (!a.trace.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
-    const lp::ModelConfig& c = model->config();
-    lp::trace::Trace t;
-    t.header.model = lp::trace::model_json(c);
-    t.header.n_layer = c.n_layer;
-    t.header.policy = lp::policy_name(opt.policy);
-    t.header.schedule = opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string();
-    for (const auto& st : r.prune_steps) t.header.schedule_layers.emplace_back(st.layer, st.share);
-    t.header.prompt_tokens = int64_t(r.prompt_ids.size());
-    t.header.dtype = lp::dtype_name(dtype);
-    t.header.tool_version = LP_VERSION;
-    t.header.git_commit = LP_GIT_COMMIT;
-    t.header.seed = a.seed;
-    t.steps.push_back(
-        trace_step("prefill", int64_t(r.prompt_ids.size()), r.prefill_stats, r.prune_steps, a.trace_detail));
-    for (const auto& st : r.decode_stats)
-      t.steps.push_back(trace_step("decode", 1, st, r.prune_steps, a.trace_detail));
+    const lp::trace::Trace t =
+        lp::cli::run_trace(model->config(), opt, r, lp::dtype_name(dtype), a.seed, a.trace_detail);
     lp::trace::write_trace(t, a.trace);
     trace_write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -173,39 +111,11 @@ int cmd_run(const RunArgs& a) {
   const double gflops = r.prefill_ops.total_flops() / r.prefill_s / 1e9;
   if (a.json_out) {
     json j;
-    j["text"] = r.text;
-    j["prompt_tokens"] = r.prompt_ids.size();
-    j["generated_tokens"] = r.generated_ids.size();
-    j["generated_ids"] = r.generated_ids;
-    j["ttft_ms"] = r.ttft_s * 1e3;
-    j["prefill_ms"] = r.prefill_s * 1e3;
-    j["prefill_tokens_per_s"] = prefill_tps;
-    j["prefill_gflops"] = gflops;
-    j["decode_tokens_per_s"] = decode_tps;
-    j["peak_rss_mib"] = lp::peak_rss_mib();
-    j["model"] = model->path();
-    j["dtype"] = lp::dtype_name(dtype);
-    j["threads"] = a.threads;
+    j = lp::cli::run_json(*model, opt, r, lp::dtype_name(dtype), a.threads);
     j["seed"] = a.seed;
     j["temperature"] = a.temperature;
     j["top_p"] = a.top_p;
-    j["version"] = LP_VERSION;
-    j["git_commit"] = LP_GIT_COMMIT;
-    j["prune"] = lp::policy_name(opt.policy);
-    j["schedule"] = opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string();
-    json steps = json::array();
-    for (const auto& st : r.prune_steps) steps.push_back({{"layer", st.layer}, {"share", st.share}});
-    j["schedule_layers"] = steps;
-    j["prompt_tokens_computed_fraction"] = r.prompt_tokens_computed_fraction;
-    j["generation_tokens_computed_fraction"] = r.generation_tokens_computed_fraction;
-    // The engine throws if any (token, layer) pair is computed twice, so reaching here proves it.
-    j["each_token_layer_computed_at_most_once"] = true;
-    j["revivals"] = r.revivals;
-    j["prefill_tokens_computed_per_layer"] = r.prefill_stats.computed;
-    j["kv_bytes_after_prefill"] = r.kv_bytes_used;
-    j["aux_cache_bytes"] = r.aux_cache_bytes;
     if (!a.trace.empty()) j["trace_write_ms"] = trace_write_s * 1e3;  // assembling and writing the trace
-    j["ops"] = ops_json(r);
     std::puts(j.dump(2).c_str());
   } else {
     std::puts(r.text.c_str());
@@ -375,6 +285,10 @@ int main(int argc, char** argv) {
 
   lp::cli::SimulateArgs sa;
   auto* simulate = lp::cli::add_simulate(app, sa);
+  lp::cli::CalibrateArgs ca;
+  auto* calibrate = lp::cli::add_calibrate(app, ca);
+  lp::cli::ValidateArgs va;
+  auto* validate = lp::cli::add_validate(app, va);
 
   try {
     app.parse(argc, argv);
@@ -385,6 +299,8 @@ int main(int argc, char** argv) {
   try {
     if (*run) return cmd_run(ra);
     if (*simulate) return lp::cli::cmd_simulate(sa, *simulate);
+    if (*calibrate) return lp::cli::cmd_calibrate(ca);
+    if (*validate) return lp::cli::cmd_validate(va);
     if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);
   } catch (const lp::Error& e) {

@@ -19,6 +19,7 @@ void OpStat::add(const OpStat& o) {
   seconds += o.seconds;
   flops += o.flops;
   bytes += o.bytes;
+  rows += o.rows;
   calls += o.calls;
 }
 
@@ -28,11 +29,12 @@ void OpTimers::init(int layers, const OpDtypes& d) {
   stat.assign(size_t(layers + 1) * kNumOps, OpStat{});
 }
 
-void OpTimers::add(int layer, Op op, double seconds, double fl, double by) {
+void OpTimers::add(int layer, Op op, double seconds, double fl, double by, double rows) {
   OpStat& st = stat[size_t(layer) * kNumOps + size_t(op)];
   st.seconds += seconds;
   st.flops += fl;
   st.bytes += by;
+  st.rows += rows;
   ++st.calls;
 }
 
@@ -124,7 +126,7 @@ struct Timed {
   ~Timed() {
     if (t)
       t->add(layer, op, std::chrono::duration<double>(Clock::now() - t0).count(), op_flops(c, op, shape),
-             op_bytes(c, op, shape, t->dtypes));
+             op_bytes(c, op, shape, t->dtypes), double(shape.tokens));
   }
 };
 

@@ -26,6 +26,7 @@ namespace lp {
 // Wall time and counted work of one op kind, summed over calls.
 struct OpStat {
   double seconds = 0, flops = 0, bytes = 0;
+  double rows = 0;  // the OpShape::tokens of every call, summed
   int64_t calls = 0;
   void add(const OpStat& o);
 };
@@ -39,7 +40,7 @@ struct OpTimers {
   void init(int layers, const OpDtypes& d);
   bool empty() const { return stat.empty(); }
   const OpStat& at(int layer, Op op) const { return stat[size_t(layer) * kNumOps + size_t(op)]; }
-  void add(int layer, Op op, double seconds, double flops, double bytes);
+  void add(int layer, Op op, double seconds, double flops, double bytes, double rows);
   OpStat total(Op op) const;  // over all layers
   double total_seconds() const;
   double total_flops() const;

@@ -10,6 +10,7 @@
 #include "model/error.h"
 #include "model/ops.h"
 #include "model/presets.h"
+#include "sim/calibrate.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
 #include "traces/schedule.h"
@@ -244,6 +245,84 @@ TEST(SimReplay, SyntheticPrefillMatchesTheEngineCounting) {
   EXPECT_EQ(t.steps[0].pairs[27], 61 * 62 / 2);
   EXPECT_EQ(t.steps[0].aux_writes[8], 52);
   EXPECT_THROW(trace::synthetic_trace(c, "fastest", steps, 10, 0), Error);
+}
+
+}  // namespace
+}  // namespace lp
+
+namespace lp {
+namespace {
+
+// Measurements made from a known profile (the cost model's own formula, so the truth is known):
+// calibrating the round profile back from them recovers the efficiencies, ignores an outlier,
+// and is deterministic.
+std::vector<sim::RunMeasurement> synthetic_runs(const hw::Profile& truth) {
+  const ModelConfig c = preset_config("smollm2-135m");
+  const OpDtypes dt{4, 4, 4};
+  std::vector<sim::RunMeasurement> runs;
+  for (int64_t T : {32, 64, 128, 256, 512, 1024, 2048}) {
+    sim::RunMeasurement m;
+    m.origin = "T" + std::to_string(T);
+    m.compute = "f32";
+    m.prompt_tokens = T;
+    for (int l = 0; l < 4; ++l)
+      for (Op op : {Op::AttnNorm, Op::QKV, Op::Rope, Op::Attention, Op::OProj, Op::FfnNorm, Op::GateUp, Op::SwiGLU,
+                    Op::Down, Op::Gather, Op::Select}) {
+        const OpShape s{T, T * (T + 1) / 2, T};
+        sim::OpSample x{op, l, double(T), op_flops(c, op, s), op_bytes(c, op, s, dt), 0, 1};
+        x.seconds = sim::predict_sample(truth, x, "f32");
+        m.ops.push_back(x);
+        m.prefill_s += x.seconds;
+      }
+    runs.push_back(m);
+  }
+  return runs;
+}
+
+TEST(SimCalibrate, RecoversKnownEfficienciesAndIgnoresAnOutlier) {
+  hw::Profile truth = hw::parse_profile(round_profile(), "round");
+  truth.efficiency[size_t(hw::Family::Gemm)] = {0.3, 40, 0.6, 20e-6};
+  truth.efficiency[size_t(hw::Family::Attention)] = {0.2, 8, 0.5, 5e-6};
+  std::vector<sim::RunMeasurement> runs = synthetic_runs(truth);
+  runs[3].ops[1].seconds *= 5;  // one QKV sample 5x slow (a preempted thread)
+  const hw::Profile start = hw::parse_profile(round_profile(), "round");
+  sim::CalibrationReport rep;
+  const hw::Profile fit = sim::calibrate(start, runs, &rep);
+  EXPECT_FALSE(fit.efficiency_default);
+  const hw::Efficiency& g = fit.eff(hw::Family::Gemm);
+  EXPECT_NEAR(g.compute, 0.3, 0.03);
+  EXPECT_NEAR(g.half_rows, 40, 8);
+  const hw::Efficiency& a = fit.eff(hw::Family::Attention);
+  EXPECT_NEAR(a.compute, 0.2, 0.02);
+  // Every run's prefill is predicted within 2% (the outlier moves one run by its own excess).
+  for (size_t i = 0; i < rep.runs.size(); ++i)
+    if (i != 3) EXPECT_NEAR(rep.runs[i].second / rep.runs[i].first, 1.0, 0.02) << i;
+  // Deterministic: the same input gives the same profile, bit for bit.
+  const hw::Profile again = sim::calibrate(start, runs, nullptr);
+  EXPECT_EQ(hw::efficiency_json(again).dump(), hw::efficiency_json(fit).dump());
+}
+
+TEST(SimCalibrate, BadRunFilesNameTheProblem) {
+  const auto err = [](const nlohmann::json& j) {
+    try {
+      sim::measurement_from_run_json(j, "r.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err(nlohmann::json::object()).find("r.json: not a `run --json` output"), std::string::npos);
+  nlohmann::json j = {{"dtype", "f32"},
+                      {"prompt_tokens", 4},
+                      {"prefill_ms", 1.0},
+                      {"ops",
+                       {{"prefill",
+                         {{"layers", {{{"qkv", {{"ms", 1.0}, {"flop", 1.0}, {"bytes", 1.0}, {"rows", 4}, {"calls", 1}}}}}},
+                          {"outside_layers", nlohmann::json::object()}}}}}};
+  EXPECT_EQ(err(j), "");
+  j["ops"]["prefill"]["layers"][0]["warp"] = j["ops"]["prefill"]["layers"][0]["qkv"];
+  EXPECT_NE(err(j).find("unknown op 'warp'"), std::string::npos) << err(j);
+  EXPECT_THROW(sim::calibrate(hw::parse_profile(round_profile(), "round"), {}, nullptr), Error);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "traces/trace.h"
 
+#include "model/io.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -172,10 +174,8 @@ void write_trace(const Trace& t, const std::string& path) {
           if (!std::isfinite(x))
             fail("cannot write trace '{}': step {} has a score that is not finite at layer {}", path, i,
                  p.layer);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::string out;
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write trace '{}': {}", path, std::strerror(errno));
     const Header& h = t.header;
     json steps_sched = json::array();
     for (const auto& [l, s] : h.schedule_layers) steps_sched.push_back({{"layer", l}, {"share", s}});
@@ -191,7 +191,7 @@ void write_trace(const Trace& t, const std::string& path) {
                        {"prompt_tokens", h.prompt_tokens},
                        {"seed", h.seed},
                        {"steps", t.steps.size()}};
-    out << head.dump() << '\n';
+    out = head.dump() + '\n';
     fmt::memory_buffer b;
     for (const Step& s : t.steps) {
       const std::string line = step_json(s).dump();
@@ -199,20 +199,10 @@ void write_trace(const Trace& t, const std::string& path) {
       b.append(line.data(), line.data() + line.size() - 1);  // without the closing brace
       append_detail(b, s);
       b.append(std::string_view("}\n"));
-      out.write(b.data(), std::streamsize(b.size()));
-    }
-    out.flush();
-    if (!out) {
-      out.close();
-      std::remove(tmp.c_str());
-      fail("cannot write trace '{}': write failed", path);
+      out.append(b.data(), b.size());
     }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    fail("cannot write trace '{}': {}", path, std::strerror(e));
-  }
+  write_file_atomic(path, out, "trace");
 }
 
 Trace read_trace(const std::string& path) {
