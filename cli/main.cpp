@@ -14,6 +14,7 @@
 #include <span>
 #include <sstream>
 
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "cli/commands.h"
 #include "cli/run_output.h"
 #include "kernels/context.h"

@@ -5,6 +5,7 @@
 #include "kernels/pruning.h"
 #include "kernels/runner.h"
 #include "traces/synthetic.h"
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
 
 namespace lp::cli {
 namespace {
@@ -68,7 +69,7 @@ json ops_json(const GenerateResult& r) {
 trace::Trace run_trace(const ModelConfig& c, const GenerateOptions& opt, const GenerateResult& r,
                        const std::string& dtype, uint64_t seed, bool detail) {
   trace::Trace t;
-  t.header.model = trace::model_json(c);
+  t.header.model = config_to_json(c);
   t.header.n_layer = c.n_layer;
   t.header.policy = policy_name(opt.policy);
   t.header.schedule = opt.policy == PolicyKind::None ? "none" : opt.schedule.to_string();
@@ -97,7 +98,7 @@ json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& 
   j["decode_tokens_per_s"] = r.decode_steps > 0 ? double(r.decode_steps) / r.decode_s : 0.0;
   j["peak_rss_mib"] = peak_rss_mib();
   j["model"] = m.path();
-  j["model_config"] = trace::model_json(m.config());
+  j["model_config"] = config_to_json(m.config());
   j["dtype"] = dtype;
   j["threads"] = threads;
   j["version"] = LP_VERSION;

@@ -135,7 +135,7 @@ int cmd_validate(const ValidateArgs& a) {
                     {"measured_ttft_ms", meas * 1e3},
                     {"predicted_ttft_ms", p.ttft_s * 1e3},
                     {"error_pct", 100 * (p.ttft_s / meas - 1)},
-                    {"uncalibrated_predicted_ttft_ms", b.ttft_s * 1e3},
+                    {"base_predicted_ttft_ms", b.ttft_s * 1e3},
                     {"ops", ops}});
     ape += std::fabs(p.ttft_s / meas - 1);
     base_ape += std::fabs(b.ttft_s / meas - 1);
@@ -149,7 +149,7 @@ int cmd_validate(const ValidateArgs& a) {
               {"quick", a.quick},
               {"cases", held},
               {"ttft_mape", mape},
-              {"uncalibrated_ttft_mape", base_mape},
+              {"base_ttft_mape", base_mape},
               {"calibration", calibration_json(fitted, rep, train)}};
     std::puts(j.dump(2).c_str());
     return 0;
@@ -157,7 +157,7 @@ int cmd_validate(const ValidateArgs& a) {
   fmt::print("calibration on {} cases (profile {}):\n", train.size(), base.name);
   print_calibration(fitted, rep, train);
   fmt::print("\nheld-out cases:\n{:<44} {:>12} {:>12} {:>8} {:>14}   worst op\n", "case", "measured ms", "predicted ms",
-             "error", "uncalibrated");
+             "error", "base profile");
   for (const json& h : held) {
     std::string worst;
     double we = -1;
@@ -169,9 +169,9 @@ int cmd_validate(const ValidateArgs& a) {
       }
     fmt::print("{:<44} {:>12.1f} {:>12.1f} {:>+7.1f}% {:>12.1f}ms   {}\n", h["case"].get<std::string>(),
                h["measured_ttft_ms"].get<double>(), h["predicted_ttft_ms"].get<double>(), h["error_pct"].get<double>(),
-               h["uncalibrated_predicted_ttft_ms"].get<double>(), worst);
+               h["base_predicted_ttft_ms"].get<double>(), worst);
   }
-  fmt::print("\nheld-out TTFT MAPE {:.1f}% (uncalibrated profile: {:.1f}%)\n", mape, base_mape);
+  fmt::print("\nheld-out TTFT MAPE {:.1f}% (the base profile before this fit: {:.1f}%)\n", mape, base_mape);
   return 0;
 }
 

@@ -144,7 +144,10 @@ Profile load_profile(const std::string& name_or_path) {
       return p;
     }
   std::string known;
-  for (const std::string& n : builtin_profile_names()) known += (known.empty() ? "" : ", ") + n;
+  for (const std::string& n : builtin_profile_names()) {
+    if (!known.empty()) known += ", ";
+    known += n;
+  }
   fail("unknown hardware '{}' (known: {}; or a path to a profile .json)", name_or_path, known);
 }
 

@@ -46,6 +46,53 @@ ModelConfig ModelConfig::layer(int l) const {
   return c;
 }
 
+nlohmann::json config_to_json(const ModelConfig& c) {
+  nlohmann::json j = {{"arch", c.arch},
+                      {"n_layer", c.n_layer},
+                      {"n_embd", c.n_embd},
+                      {"n_head", c.n_head},
+                      {"n_head_kv", c.n_head_kv},
+                      {"head_dim", c.head_dim},
+                      {"n_ff", c.n_ff},
+                      {"n_vocab", c.n_vocab},
+                      {"n_ctx_train", c.n_ctx_train},
+                      {"tied_embeddings", c.tied_embeddings},
+                      {"name", c.name}};
+  if (c.attention_bias) j["attention_bias"] = true;
+  if (!c.layer_n_head.empty()) j["layer_n_head"] = c.layer_n_head;
+  if (!c.layer_n_head_kv.empty()) j["layer_n_head_kv"] = c.layer_n_head_kv;
+  if (!c.layer_n_ff.empty()) j["layer_n_ff"] = c.layer_n_ff;
+  return j;
+}
+
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin) {
+  ModelConfig c;
+  try {
+    c.arch = j.at("arch").get<std::string>();
+    c.name = j.value("name", std::string());
+    c.n_layer = j.at("n_layer").get<int>();
+    c.n_embd = j.at("n_embd").get<int>();
+    c.n_head = j.at("n_head").get<int>();
+    c.n_head_kv = j.at("n_head_kv").get<int>();
+    c.head_dim = j.at("head_dim").get<int>();
+    c.n_ff = j.at("n_ff").get<int>();
+    c.n_vocab = j.at("n_vocab").get<int>();
+    c.n_ctx_train = j.value("n_ctx_train", 0);
+    c.rope_dim = c.head_dim;
+    c.rope_theta = j.value("rope_theta", 10000.0f);
+    c.rms_eps = j.value("rms_eps", 1e-5f);
+    c.tied_embeddings = j.value("tied_embeddings", false);
+    c.attention_bias = j.value("attention_bias", false);
+    c.layer_n_head = j.value("layer_n_head", std::vector<int>{});
+    c.layer_n_head_kv = j.value("layer_n_head_kv", std::vector<int>{});
+    c.layer_n_ff = j.value("layer_n_ff", std::vector<int>{});
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: {}", origin, e.what());
+  }
+  validate_config(c, origin);
+  return c;
+}
+
 void validate_config(const ModelConfig& c, const std::string& origin) {
   const auto pos = [&](const char* what, int v) {
     if (v <= 0) fail("{}: {} must be positive, got {}", origin, what, v);
@@ -54,7 +101,7 @@ void validate_config(const ModelConfig& c, const std::string& origin) {
   pos("n_embd", c.n_embd);
   pos("head_dim", c.head_dim);
   pos("n_vocab", c.n_vocab);
-  pos("n_ctx_train", c.n_ctx_train);
+  if (c.n_ctx_train < 0) fail("{}: n_ctx_train must not be negative, got {}", origin, c.n_ctx_train);
   for (const auto* v : {&c.layer_n_head, &c.layer_n_head_kv, &c.layer_n_ff})
     if (!v->empty() && int(v->size()) != c.n_layer)
       fail("{}: per-layer arrays must have n_layer = {} entries, got {}", origin, c.n_layer, v->size());

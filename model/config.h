@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,14 @@ struct ModelConfig {
   // Layer l's shape as a uniform config: the scalars replaced by that layer's widths.
   ModelConfig layer(int l) const;
 };
+
+// A configuration as JSON (the keys of a trace header's `model` and of model/presets.json) and
+// back. Reading requires arch, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+// the rest is optional (defaults: n_ctx_train 0, rope_theta 10000, rms_eps 1e-5, untied, no
+// biases, uniform layers). Throws lp::Error "<origin>: ..." for a missing or mistyped field or
+// inconsistent dimensions.
+nlohmann::json config_to_json(const ModelConfig& c);
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin);
 
 // Checks dimensions for consistency (positive, heads divide, per-layer arrays of n_layer entries);
 // `origin` names the source in the one-line error.

@@ -36,8 +36,8 @@ double dtype_bytes(const std::string& dtype, const char* what) {
 
 void validate(const Precision& p) {
   dtype_bytes(p.weights, "weight");
-  dtype_bytes(p.kv, "KV");
-  if (p.kv == "q4") fail("KV dtype must be one of f32, bf16, f16, int8; got 'q4'");
+  if (p.kv != "f32" && p.kv != "bf16" && p.kv != "f16" && p.kv != "int8")
+    fail("KV dtype must be one of f32, bf16, f16, int8; got '{}'", p.kv);
   if (p.compute != "f32" && p.compute != "tf32" && p.compute != "bf16" && p.compute != "f16" && p.compute != "int8")
     fail("compute dtype must be one of f32, tf32, bf16, f16, int8; got '{}'", p.compute);
 }
@@ -68,21 +68,34 @@ double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
 }
 }  // namespace
 
-OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
-               int64_t calls) {
+CostContext::CostContext(const hw::Profile& hw, const Precision& p) : bandwidth(hw.memory_bandwidth), dtypes(p.op_dtypes()) {
+  for (int f = 0; f < hw::kNumFamilies; ++f) {
+    const hw::Family fam = hw::Family(f);
+    peak[size_t(f)] = fam == hw::Family::Gemm || fam == hw::Family::Attention ? hw.peak(p.compute) : hw.peak("f32");
+    eff[size_t(f)] = hw.eff(fam);
+  }
+}
+
+OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls) {
   OpCost r;
   if (calls <= 0) return r;
-  const hw::Efficiency& e = hw.eff(op_family(op));
+  const size_t f = size_t(op_family(op));
+  const hw::Efficiency& e = cc.eff[f];
   r.calls = calls;
   r.flops = op_flops(c, op, s) * double(calls);
-  r.bytes = op_bytes(c, op, s, p.op_dtypes()) * double(calls);
+  r.bytes = op_bytes(c, op, s, cc.dtypes) * double(calls);
   const double rows = op == Op::Score ? 1.0 : double(std::max<int64_t>(s.tokens, 1));
   const double eff = e.compute * rows / (rows + e.half_rows);
-  r.compute_s = r.flops > 0 ? r.flops / (op_peak(hw, op, p) * eff) : 0;
-  r.memory_s = r.bytes / (hw.memory_bandwidth * e.memory);
+  r.compute_s = r.flops > 0 ? r.flops / (cc.peak[f] * eff) : 0;
+  r.memory_s = r.bytes / (cc.bandwidth * e.memory);
   r.overhead_s = double(calls) * e.overhead_s;
   r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
   return r;
+}
+
+OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
+               int64_t calls) {
+  return op_cost(CostContext(hw, p), c, op, s, calls);
 }
 
 double utilisation(const hw::Profile& hw, Op op, const OpCost& cost, const Precision& p) {

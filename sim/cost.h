@@ -44,7 +44,18 @@ struct OpCost {
 };
 using OpCosts = std::array<OpCost, kNumOps>;
 
+// A profile and precision resolved once for many op_cost calls (replay runs millions of them):
+// peak FLOP/s, efficiency and element sizes looked up ahead.
+struct CostContext {
+  CostContext(const hw::Profile& hw, const Precision& p);
+  std::array<double, hw::kNumFamilies> peak{};  // FLOP/s each family runs at
+  std::array<hw::Efficiency, hw::kNumFamilies> eff{};
+  double bandwidth = 0;
+  OpDtypes dtypes;
+};
+
 // Cost of `calls` invocations of `op` with shape `s` on a layer shaped `c` (ModelConfig::layer).
+OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls = 1);
 OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
                int64_t calls = 1);
 

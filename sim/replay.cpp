@@ -92,6 +92,7 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
     }
   const std::string& policy = t.header.policy;
   const OpDtypes dt = p.op_dtypes();
+  const CostContext cc(hw, p);
 
   Prediction r;
   r.hw = hw.name;
@@ -103,7 +104,7 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
     OpCosts& sum = prefill ? r.prefill_ops : r.decode_ops;
     double step_s = 0;
     const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1) {
-      const OpCost oc = op_cost(hw, cfg, op, shape, p, calls);
+      const OpCost oc = op_cost(cc, cfg, op, shape, calls);
       step_s += oc.time_s;
       sum[size_t(op)].add(oc);
       if (layer) (*layer)[size_t(op)].add(oc);
@@ -133,8 +134,10 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
         if (scores) add(layer, cfg, Op::Score, {1, 0, keys});
         add(layer, cfg, Op::Select, {0, 0, keys});
       }
-      const int64_t moved = s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)] +
-                            (prefill && s.aux_writes[size_t(l)] > 0 ? T : 0);
+      // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
+      // pruned ones saved), in decoding the Aux Cache writes and reads.
+      const int64_t moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
+                                    : s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)];
       if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
       peak_act = std::max(peak_act, activation_bytes(cfg, T, dt.act_bytes));
     }

@@ -449,3 +449,106 @@ TEST_F(CliErrors, TraceIsWrittenAndInspected) {
 
 }  // namespace
 }  // namespace lp
+
+namespace lp {
+namespace {
+
+// ---- simulate, calibrate ---------------------------------------------------------------------
+
+std::string slurp_text(const std::string& path) {
+  const Bytes b = testing::read_file(path);
+  return std::string(b.begin(), b.end());
+}
+
+class CliSim : public CliErrors {
+ protected:
+  // A lazyllm trace of the tiny model (2 layers) and its run --json output.
+  std::string make_trace(const std::string& name, int words, nlohmann::json* run = nullptr) {
+    std::string prompt;
+    for (int i = 0; i < words; ++i) prompt += "a ";
+    const std::string t = dir_.file(name);
+    const CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "3",
+                                       "--prune", "lazyllm", "--schedule", "0:0.5", "--trace", t, "--json"});
+    EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+    if (run) *run = nlohmann::json::parse(r.out);
+    return t;
+  }
+};
+
+TEST_F(CliSim, SimulateATraceAndASchedule) {
+  const std::string t = make_trace("t.jsonl", 40);
+  CliResult r = run_cli(dir_, {"simulate", "--trace", t, "--hw", "h100-sxm,cpu-local", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["decode_steps"], 2);
+  for (const auto& x : j["results"]) {
+    EXPECT_GT(x["ttft_ms"].get<double>(), 0);
+    EXPECT_EQ(x["decode_step_ms"].size(), 2u);
+    EXPECT_TRUE(x["prefill_ops"].contains("qkv"));
+  }
+  r = run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "4096", "--new-tokens", "4",
+                     "--model-config", "llama-3.1-8b", "--hw", "a100-80gb", "--json", "--per-layer"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  j = nlohmann::json::parse(r.out);
+  const auto& x = j["results"][0];
+  EXPECT_GT(x["ttft_speedup"].get<double>(), 1.2);
+  EXPECT_LT(x["ttft_speedup"].get<double>(), 2.0);
+  EXPECT_EQ(x["prefill_layers"].size(), 32u);
+  EXPECT_LT(x["memory_bytes"]["kv"].get<double>(), x["baseline_memory_bytes"]["kv"].get<double>());
+}
+
+TEST_F(CliSim, SimulateBadInput) {
+  const std::string t = make_trace("t.jsonl", 40);
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "h1000"}),
+                        {"unknown hardware 'h1000'", "h100-sxm", "cpu-local"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--model-config", "llama-9b"}),
+                        {"unknown model configuration 'llama-9b'", "llama-3.1-8b"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--model-config", "llama-2-7b"}),
+                        {"2 layers", "32 layers", "--map"});
+  const std::string full = slurp_text(t);
+  const std::string half = write_text(full.substr(0, full.find('\n') + 60), "half.jsonl");  // a step cut short
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", half, "--hw", "l4"}), {"half.jsonl", "line 2"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", tiny_, "--hw", "l4"}), {"not a lazyprefill trace"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--model-config", "llama-2-7b", "--hw", "l4"}),
+                        {"--prompt-tokens"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "9000",
+                                       "--model-config", "llama-2-7b", "--hw", "l4"}),
+                        {"context of 4096"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "100", "--schedule",
+                                       "40:0.3", "--model-config", "llama-2-7b", "--hw", "l4"}),
+                        {"layer"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--kv", "q3"}), {"'q3'"});
+  const std::string prof = write_text(R"({"lazyprefill_hw": 1, "name": "x"})", "x.json");
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", prof}), {"x.json", "missing field"});
+}
+
+TEST_F(CliSim, CalibrateFromRunsAndUseTheProfile) {
+  std::filesystem::create_directory(dir_.file("runs"));
+  for (int words : {20, 60, 120}) {
+    nlohmann::json run;
+    make_trace("t" + std::to_string(words) + ".jsonl", words, &run);
+    write_text(run.dump(), "runs/r" + std::to_string(words) + ".json");
+  }
+  const std::string out = dir_.file("fit.json");
+  CliResult r = run_cli(dir_, {"calibrate", "--runs", dir_.file("runs"), "--base", "cpu-local", "--out", out,
+                               "--name", "tiny-local", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto rep = nlohmann::json::parse(r.out);
+  EXPECT_EQ(rep["runs"].size(), 3u);
+  const auto prof = nlohmann::json::parse(slurp_text(out));
+  EXPECT_EQ(prof["name"], "tiny-local");
+  EXPECT_EQ(prof["efficiency"]["default"], false);
+  EXPECT_NE(prof["sources"]["efficiency"].get<std::string>().find("lazyprefill calibrate"), std::string::npos);
+  r = run_cli(dir_, {"simulate", "--trace", dir_.file("t20.jsonl"), "--hw", out, "--compute", "f32"});
+  EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+
+  expect_one_line_error(run_cli(dir_, {"calibrate", "--runs", dir_.file("none"), "--base", "l4", "--out", out}),
+                        {"is not a folder"});
+  write_text("{\"hello\": 1}", "runs/zz.json");
+  expect_one_line_error(run_cli(dir_, {"calibrate", "--runs", dir_.file("runs"), "--base", "l4", "--out", out}),
+                        {"zz.json", "not a `run --json` output"});
+}
+
+}  // namespace
+}  // namespace lp

@@ -1,5 +1,6 @@
 // The simulator: hardware profiles and model presets load and validate; op costs match
 // hand-worked roofline numbers; replay, mapping and synthetic traces agree with the math.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -262,7 +263,7 @@ std::vector<sim::RunMeasurement> synthetic_runs(const hw::Profile& truth) {
   std::vector<sim::RunMeasurement> runs;
   for (int64_t T : {32, 64, 128, 256, 512, 1024, 2048}) {
     sim::RunMeasurement m;
-    m.origin = "T" + std::to_string(T);
+    m.origin = fmt::format("T{}", T);
     m.compute = "f32";
     m.prompt_tokens = T;
     for (int l = 0; l < 4; ++l)
@@ -295,8 +296,11 @@ TEST(SimCalibrate, RecoversKnownEfficienciesAndIgnoresAnOutlier) {
   const hw::Efficiency& a = fit.eff(hw::Family::Attention);
   EXPECT_NEAR(a.compute, 0.2, 0.02);
   // Every run's prefill is predicted within 2% (the outlier moves one run by its own excess).
-  for (size_t i = 0; i < rep.runs.size(); ++i)
-    if (i != 3) EXPECT_NEAR(rep.runs[i].second / rep.runs[i].first, 1.0, 0.02) << i;
+  for (size_t i = 0; i < rep.runs.size(); ++i) {
+    if (i != 3) {
+      EXPECT_NEAR(rep.runs[i].second / rep.runs[i].first, 1.0, 0.02) << i;
+    }
+  }
   // Deterministic: the same input gives the same profile, bit for bit.
   const hw::Profile again = sim::calibrate(start, runs, nullptr);
   EXPECT_EQ(hw::efficiency_json(again).dump(), hw::efficiency_json(fit).dump());
@@ -323,6 +327,60 @@ TEST(SimCalibrate, BadRunFilesNameTheProblem) {
   j["ops"]["prefill"]["layers"][0]["warp"] = j["ops"]["prefill"]["layers"][0]["qkv"];
   EXPECT_NE(err(j).find("unknown op 'warp'"), std::string::npos) << err(j);
   EXPECT_THROW(sim::calibrate(hw::parse_profile(round_profile(), "round"), {}, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace lp
+
+namespace lp {
+namespace {
+
+// Golden values from an independent implementation: tests/fixtures/sim_reference.py computes
+// them from the documentation alone (docs/simulator.md, hwmodels/README.md, the presets and
+// profiles), without reading sim/ or model/ops.cpp. Regenerate with
+// `python3 tests/fixtures/sim_reference.py` after a documented change to the model.
+TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
+  std::ifstream in(std::string(LP_SOURCE_DIR) + "/tests/fixtures/sim_golden.json");
+  ASSERT_TRUE(in) << "tests/fixtures/sim_golden.json";
+  const nlohmann::json g = nlohmann::json::parse(in);
+  ASSERT_GE(g["cases"].size(), 5u);
+  const auto near = [](double got, double want, const std::string& what) {
+    EXPECT_NEAR(got, want, 1e-9 * std::max(1.0, std::fabs(want))) << what;
+  };
+  for (const auto& cs : g["cases"]) {
+    const auto& in_ = cs["inputs"];
+    const auto& out = cs["outputs"];
+    const std::string label = in_.dump();
+    SCOPED_TRACE(label);
+    const ModelConfig c = preset_config(in_["model"].get<std::string>());
+    const hw::Profile hw = hw::load_profile(in_["hw"].get<std::string>());
+    const std::string policy = in_["policy"].get<std::string>();
+    const auto steps = resolve_schedule(parse_schedule(in_["schedule"].get<std::string>()), c.n_layer);
+    const int64_t N = in_["prompt_tokens"].get<int64_t>();
+    const int64_t decode = std::max<int64_t>(0, in_["new_tokens"].get<int64_t>() - 1);
+    const sim::Precision p{in_["weights"].get<std::string>(), in_["compute"].get<std::string>(),
+                           in_["kv"].get<std::string>()};
+    const trace::Trace t = trace::synthetic_trace(c, policy, policy == "none" ? std::vector<PruneStep>{} : steps, N,
+                                                  decode);
+    EXPECT_EQ(t.steps[0].queries, out["prefill_queries"].get<std::vector<int64_t>>());
+    const sim::Prediction pr = sim::replay(t, c, hw, p);
+    const sim::Prediction b = sim::replay(trace::synthetic_trace(c, "none", {}, N, decode), c, hw, p);
+    near(pr.ttft_s * 1e3, out["ttft_ms"].get<double>(), "ttft_ms");
+    near(b.ttft_s * 1e3, out["baseline_ttft_ms"].get<double>(), "baseline_ttft_ms");
+    near(pr.total_s * 1e3, out["total_ms"].get<double>(), "total_ms");
+    const auto dec = out["decode_step_ms"].get<std::vector<double>>();
+    ASSERT_EQ(pr.decode_step_s.size(), dec.size());
+    for (size_t i = 0; i < dec.size(); ++i) near(pr.decode_step_s[i] * 1e3, dec[i], "decode step");
+    near(pr.prefill_flops(), out["prefill_flop"].get<double>(), "prefill_flop");
+    near(pr.memory.weights, out["memory_bytes"]["weights"].get<double>(), "weights");
+    near(pr.memory.kv, out["memory_bytes"]["kv"].get<double>(), "kv");
+    near(pr.memory.aux, out["memory_bytes"]["aux_cache"].get<double>(), "aux");
+    near(pr.memory.activations, out["memory_bytes"]["activations"].get<double>(), "activations");
+    EXPECT_EQ(std::string(op_name(pr.prefill_bound_op())), out["prefill_bound_op"]["op"].get<std::string>());
+    for (const auto& [name, ms] : out["prefill_op_ms"].items())
+      for (int i = 0; i < kNumOps; ++i)
+        if (op_name(Op(i)) == name) near(pr.prefill_ops[size_t(i)].time_s * 1e3, ms.get<double>(), name);
+  }
 }
 
 }  // namespace

@@ -7,13 +7,6 @@
 
 namespace lp::trace {
 
-nlohmann::json model_json(const ModelConfig& c) {
-  return {{"arch", c.arch},     {"n_layer", c.n_layer},     {"n_embd", c.n_embd},
-          {"n_head", c.n_head}, {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},
-          {"n_ff", c.n_ff},     {"n_vocab", c.n_vocab},     {"n_ctx_train", c.n_ctx_train},
-          {"tied_embeddings", c.tied_embeddings}, {"name", c.name}};
-}
-
 Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
                       int64_t prompt_tokens, int64_t new_tokens, double revival_share) {
   if (policy != "none" && policy != "lazyllm" && policy != "static" && policy != "random")
@@ -24,7 +17,7 @@ Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std
   const int L = c.n_layer;
   const bool prunes = policy != "none";
   Trace t;
-  t.header.model = model_json(c);
+  t.header.model = config_to_json(c);
   t.header.n_layer = L;
   t.header.policy = policy;
   t.header.prompt_tokens = prompt_tokens;

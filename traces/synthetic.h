@@ -26,7 +26,4 @@ namespace lp::trace {
 Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
                       int64_t prompt_tokens, int64_t new_tokens, double revival_share = 0);
 
-// The header fields that describe a model (what `run --trace` writes).
-nlohmann::json model_json(const ModelConfig& c);
-
 }  // namespace lp::trace
