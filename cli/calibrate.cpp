@@ -41,7 +41,7 @@ CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
 }
 
 int cmd_calibrate(const CalibrateArgs& a) {
-  if (!fs::is_directory(a.runs)) fail("--runs '{}' is not a folder", a.runs);
+  if (!fs::is_directory(a.runs)) usage_fail("--runs '{}' is not a folder", a.runs);
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(a.runs))
     if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());

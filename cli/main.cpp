@@ -59,12 +59,12 @@ lp::DType parse_dtype(const std::string& s) {
   if (s == "auto") return lp::fastest_dtype();
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
-  lp::fail("--dtype must be auto, f32 or bf16, got '{}'", s);
+  lp::usage_fail("--dtype must be auto, f32 or bf16, got '{}'", s);
 }
 
 int cmd_run(const RunArgs& a) {
   const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
-  if (a.prompt_given == !a.prompt_file.empty()) lp::fail("give exactly one of --prompt or --prompt-file");
+  if (a.prompt_given == !a.prompt_file.empty()) lp::usage_fail("give exactly one of --prompt or --prompt-file");
   std::string text = a.prompt_given ? a.prompt : read_prompt_file(a.prompt_file);
   if (const int64_t bad = lp::find_invalid_utf8(text); bad >= 0)
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
@@ -294,7 +294,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every other command-line problem is a usage error (2).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   ra.prompt_given = run->count("--prompt") > 0;
   try {
@@ -304,6 +305,9 @@ int main(int argc, char** argv) {
     if (*validate) return lp::cli::cmd_validate(va);
     if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);
+  } catch (const lp::UsageError& e) {
+    fmt::print(stderr, "lazyprefill: error: {} (see --help)\n", e.what());
+    return 2;
   } catch (const lp::Error& e) {
     fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
     return 1;

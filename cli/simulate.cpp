@@ -106,13 +106,13 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
 
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   (void)sub;
-  if (a.trace.empty() && a.prune.empty()) fail("give --trace FILE, or --prune POLICY with --prompt-tokens N");
-  if (!a.trace.empty() && a.new_tokens > 0) fail("--new-tokens applies to synthetic traces, not to --trace");
+  if (a.trace.empty() && a.prune.empty()) usage_fail("give --trace FILE, or --prune POLICY with --prompt-tokens N");
+  if (!a.trace.empty() && a.new_tokens > 0) usage_fail("--new-tokens applies to synthetic traces, not to --trace");
   sim::Precision prec{a.weights, a.compute, a.kv};
   sim::validate(prec);
   std::vector<hw::Profile> hws;
   for (const std::string& name : split_list(a.hw)) hws.push_back(hw::load_profile(name));
-  if (hws.empty()) fail("--hw names no hardware profile");
+  if (hws.empty()) usage_fail("--hw names no hardware profile");
 
   trace::Trace t;
   ModelConfig c;
@@ -129,19 +129,19 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     const int64_t N = a.prompt_tokens > 0 ? a.prompt_tokens : t.header.prompt_tokens;
     if (c.n_layer != t.header.n_layer || N != t.header.prompt_tokens) {
       if (!a.map)
-        fail("{}: the trace has {} layers and {} prompt tokens but the target has {} layers and {}; pass --map to "
+        usage_fail("{}: the trace has {} layers and {} prompt tokens but the target has {} layers and {}; pass --map to "
              "map it (layers by relative depth, tokens by share)",
              a.trace, t.header.n_layer, t.header.prompt_tokens, c.n_layer, N);
       t = sim::map_trace(t, c.n_layer, N);
     }
   } else {
-    if (a.prompt_tokens <= 0) fail("--prune needs --prompt-tokens N");
+    if (a.prompt_tokens <= 0) usage_fail("--prune needs --prompt-tokens N");
     if (!a.model.empty())
       c = config_from_gguf(GgufFile::open(a.model));
     else if (!a.model_config.empty())
       c = preset_config(a.model_config);
     else
-      fail("give --model PATH or --model-config NAME");
+      usage_fail("give --model PATH or --model-config NAME");
     const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
     // M new tokens take M - 1 decoding steps, as in run: the prefill produces the first.
     t = trace::synthetic_trace(c, a.prune, resolve_schedule(sched, c.n_layer), a.prompt_tokens,

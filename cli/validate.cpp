@@ -62,7 +62,7 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
 
 int cmd_validate(const ValidateArgs& a) {
   if (!a.out_dir.empty() && !std::filesystem::is_directory(a.out_dir))
-    fail("--out-dir '{}' is not a folder", a.out_dir);
+    usage_fail("--out-dir '{}' is not a folder", a.out_dir);
   const hw::Profile base = hw::load_profile(a.base);
   CpuContext ctx(a.threads > 0 ? a.threads : default_thread_count());
   const auto model = Model::load(a.model.empty() ? default_model_path() : a.model, DType::F32, ctx);

@@ -148,7 +148,7 @@ Profile load_profile(const std::string& name_or_path) {
     if (!known.empty()) known += ", ";
     known += n;
   }
-  fail("unknown hardware '{}' (known: {}; or a path to a profile .json)", name_or_path, known);
+  usage_fail("unknown hardware '{}' (known: {}; or a path to a profile .json)", name_or_path, known);
 }
 
 json efficiency_json(const Profile& p) {

@@ -15,7 +15,7 @@ PolicyKind parse_policy(std::string_view name) {
   if (name == "lazyllm") return PolicyKind::LazyLLM;
   if (name == "static") return PolicyKind::Static;
   if (name == "random") return PolicyKind::Random;
-  fail("unknown pruning policy '{}' (expected none, lazyllm, static or random)", name);
+  usage_fail("unknown pruning policy '{}' (expected none, lazyllm, static or random)", name);
 }
 
 const char* policy_name(PolicyKind k) {

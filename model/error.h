@@ -14,6 +14,19 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A bad command line: a missing or conflicting option, or an option value that names nothing
+// known (a hardware profile, a model preset, a policy, an inline schedule). The CLI exits 2 for
+// it and 1 for every other Error.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+template <class... Args>
+[[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
+
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));

@@ -52,7 +52,7 @@ ModelConfig preset_config(const std::string& name) {
     if (!known.empty()) known += ", ";
     known += n;
   }
-  fail("unknown model configuration '{}' (known: {})", name, known);
+  usage_fail("unknown model configuration '{}' (known: {})", name, known);
 }
 
 }  // namespace lp

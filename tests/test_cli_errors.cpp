@@ -552,3 +552,27 @@ TEST_F(CliSim, CalibrateFromRunsAndUseTheProfile) {
 
 }  // namespace
 }  // namespace lp
+
+namespace lp {
+namespace {
+
+// Documented exit codes: 0 ok, 1 runtime failure, 2 usage error.
+TEST_F(CliErrors, ExitCodesSeparateUsageFromRuntimeErrors) {
+  EXPECT_EQ(run_cli(dir_, {"run", "--bogus"}).code, 2);
+  EXPECT_EQ(run_cli(dir_, {}).code, 2);
+  EXPECT_EQ(run_cli(dir_, {"run", "--model", tiny_}).code, 2);  // neither --prompt nor --prompt-file
+  EXPECT_EQ(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "a", "--prune", "lazyllm", "--schedule", "0:1.5"}).code, 2);
+  EXPECT_EQ(run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "8", "--model-config", "x", "--hw", "l4"}).code,
+            2);
+  EXPECT_EQ(run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "8", "--model-config", "llama-2-7b", "--hw",
+                           "h1000"})
+                .code,
+            2);
+  EXPECT_EQ(run_cli(dir_, {"run", "--model", dir_.file("missing.gguf"), "--prompt", "a"}).code, 1);
+  const CliResult help = run_cli(dir_, {"simulate", "--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("lazyprefill simulate --trace"), std::string::npos) << help.out;  // an example
+}
+
+}  // namespace
+}  // namespace lp

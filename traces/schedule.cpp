@@ -255,8 +255,14 @@ Schedule schedule_from_arg(const std::string& arg) {
   std::error_code ec;
   if (std::filesystem::exists(arg, ec)) return load_schedule_file(arg);
   // Inline text never has a '/' or a ".json": a typo in a path should say so, not "malformed AT".
-  if (t.find('/') != std::string_view::npos || t.ends_with(".json")) fail("{}: no such schedule file", arg);
-  return parse_schedule(arg);
+  if (t.find('/') != std::string_view::npos || t.ends_with(".json")) usage_fail("{}: no such schedule file", arg);
+  try {
+    return parse_schedule(arg);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());  // a malformed --schedule argument is a usage error
+  }
 }
 
 std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer) {
