@@ -33,4 +33,15 @@ struct ValidateArgs {
 CLI::App* add_validate(CLI::App& app, ValidateArgs& a);
 int cmd_validate(const ValidateArgs& a);
 
+struct ReportArgs {
+  std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out;
+  std::vector<std::string> schedules;
+  std::string weights = "bf16", compute = "bf16", kv = "bf16";
+  int64_t new_tokens = 0, batch = 1;
+  double slo_ttft_ms = 0, mem_budget_gib = 0;
+  bool json_out = false;
+};
+CLI::App* add_report(CLI::App& app, ReportArgs& a);
+int cmd_report(const ReportArgs& a);
+
 }  // namespace lp::cli

@@ -290,6 +290,8 @@ int main(int argc, char** argv) {
   auto* calibrate = lp::cli::add_calibrate(app, ca);
   lp::cli::ValidateArgs va;
   auto* validate = lp::cli::add_validate(app, va);
+  lp::cli::ReportArgs rpa;
+  auto* report = lp::cli::add_report(app, rpa);
 
   try {
     app.parse(argc, argv);
@@ -303,6 +305,7 @@ int main(int argc, char** argv) {
     if (*simulate) return lp::cli::cmd_simulate(sa, *simulate);
     if (*calibrate) return lp::cli::cmd_calibrate(ca);
     if (*validate) return lp::cli::cmd_validate(va);
+    if (*report) return lp::cli::cmd_report(rpa);
     if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);
   } catch (const lp::UsageError& e) {

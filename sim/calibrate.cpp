@@ -141,24 +141,31 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
     std::vector<std::string> compute;
     std::vector<double> weights;
     double fam_time = 0, rmin = 1e300, rmax = 0;
-    for (const RunMeasurement& r : runs)
+    for (const RunMeasurement& r : runs) {
+      // Weights: each sample's share of its run's time in this family, so every run counts the
+      // same (a long run measured while the machine was busy cannot drag the fit alone) and
+      // within a run the fit follows where the time goes; a floor keeps small ops in view.
+      double run_time = 0;
+      size_t first = samples.size();
       for (const OpSample& s : r.ops)
         if (op_family(s.op) == fam && s.seconds > 0) {
           samples.push_back(&s);
           compute.push_back(r.compute);
-          fam_time += s.seconds;
+          run_time += s.seconds;
           rmin = std::min(rmin, std::max(1.0, s.rows));
           rmax = std::max(rmax, std::max(1.0, s.rows));
         }
+      fam_time += run_time;
+      const size_t n = samples.size() - first;
+      for (size_t i = first; i < samples.size(); ++i)
+        weights.push_back(samples[i]->seconds / run_time + 0.1 / double(n));
+    }
     FamilyFit fit;
     fit.family = fam;
     fit.samples = int(samples.size());
     fit.time_share = total_time > 0 ? fam_time / total_time : 0;
     hw::Efficiency& e = p.efficiency[size_t(fi)];
     if (samples.size() >= 4) {
-      // Weights: each sample's share of the family's measured time, so the fit follows where the
-      // time goes; a floor keeps small ops from being ignored entirely.
-      for (const OpSample* s : samples) weights.push_back(s->seconds / fam_time + 0.1 / double(samples.size()));
       FitData d{&p, &samples, &weights, &compute, e, rmax >= 4 * rmin};
       std::array<double, 4> x = to_x(e);
       const std::array<double, 4> lo = {std::log(1e-4), 0.0, std::log(1e-3), std::log(1e-9)};

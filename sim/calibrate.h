@@ -2,7 +2,8 @@
 //
 // The measurements are `run --json` objects: every prefill op of every layer with its time,
 // FLOPs, bytes, mean rows and calls (the engine's timers, counted by the same op_flops/op_bytes
-// the simulator uses). Per op family the fit minimises the time-weighted Huber loss of
+// the simulator uses). Per op family the fit minimises the weighted Huber loss (weights: each
+// sample's share of its run's time, so every run counts the same) of
 // log(predicted / measured) over (compute, half_rows, memory, overhead) with NLopt's BOBYQA from
 // the base profile's values: deterministic, and robust to a few slow outliers (a noisy machine).
 // A parameter the data cannot identify keeps the base value: half_rows when the family's row

@@ -76,8 +76,11 @@ double activation_bytes(const ModelConfig& c, int64_t T, double act_bytes) {
 }
 }  // namespace
 
-Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p) {
+Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                  int64_t batch) {
   const int L = c.n_layer;
+  if (batch < 1) fail("batch must be at least 1, got {}", batch);
+  const int64_t B = batch;
   if (t.header.n_layer != L)
     fail("the trace has {} layers but the model has {} (map it onto the model first)", t.header.n_layer, L);
   std::vector<ModelConfig> lc;
@@ -109,20 +112,20 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       sum[size_t(op)].add(oc);
       if (layer) (*layer)[size_t(op)].add(oc);
     };
-    add(nullptr, c, Op::Embed, {s.new_tokens, 0, 0});
+    add(nullptr, c, Op::Embed, {B * s.new_tokens, 0, 0});
     for (int l = 0; l < L; ++l) {
-      const int64_t T = s.queries[size_t(l)];
+      const int64_t T = B * s.queries[size_t(l)];
       if (T <= 0) continue;
       const ModelConfig& cfg = lc[size_t(l)];
       OpCosts* layer = prefill ? &r.prefill_layers[size_t(l)] : nullptr;
       // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
       // sees its active set, at most the keys held and at most its pairs.
-      const int64_t keys = prefill ? s.keys[size_t(l)] : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]);
+      const int64_t keys = B * (prefill ? s.keys[size_t(l)] : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]));
       const OpShape rows{T, 0, 0};
       add(layer, cfg, Op::AttnNorm, rows);
       add(layer, cfg, Op::QKV, rows);
       add(layer, cfg, Op::Rope, rows);
-      add(layer, cfg, Op::Attention, {T, s.pairs[size_t(l)], keys});
+      add(layer, cfg, Op::Attention, {T, B * s.pairs[size_t(l)], keys});
       add(layer, cfg, Op::OProj, rows);
       add(layer, cfg, Op::Residual, rows, 2);
       add(layer, cfg, Op::FfnNorm, rows);
@@ -137,12 +140,12 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
       // pruned ones saved), in decoding the Aux Cache writes and reads.
       const int64_t moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
-                                    : s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)];
+                                    : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
       if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
       peak_act = std::max(peak_act, activation_bytes(cfg, T, dt.act_bytes));
     }
-    add(nullptr, c, Op::OutputNorm, {1, 0, 0});
-    add(nullptr, c, Op::LmHead, {1, 0, 0});
+    add(nullptr, c, Op::OutputNorm, {B, 0, 0});
+    add(nullptr, c, Op::LmHead, {B, 0, 0});
     if (prefill)
       r.ttft_s = step_s;
     else
@@ -156,7 +159,8 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
   double aux_entries = 0;
   if (!t.steps.empty()) {
     const trace::Step& last = t.steps.back();
-    for (int l = 0; l < L; ++l) r.memory.kv += double(last.keys[size_t(l)]) * 2 * lc[size_t(l)].kv_dim() * dt.kv_bytes;
+    for (int l = 0; l < L; ++l)
+      r.memory.kv += double(B * last.keys[size_t(l)]) * 2 * lc[size_t(l)].kv_dim() * dt.kv_bytes;
     int64_t tokens = 0;
     for (const trace::Step& s : t.steps) {
       tokens += s.new_tokens;
@@ -164,8 +168,8 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
     }
     aux_entries = std::min(aux_entries, double(tokens));
   }
-  r.memory.aux = aux_entries * c.n_embd * dt.act_bytes;
-  r.memory.activations = peak_act + double(c.n_vocab) * 4;
+  r.memory.aux = double(B) * aux_entries * c.n_embd * dt.act_bytes;
+  r.memory.activations = peak_act + double(B) * c.n_vocab * 4;
   return r;
 }
 

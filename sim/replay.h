@@ -42,7 +42,10 @@ struct Prediction {
 trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens);
 
 // Predicts the trace on `hw` for model `c` (whose n_layer must equal the trace's: map first).
-// Throws lp::Error when they differ.
-Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p);
+// `batch` sequences run the same work together: every op's rows, pairs and keys scale by it
+// (GEMMs read their weights once for all), as do K/V, Aux Cache and activation memory.
+// Throws lp::Error when the layer counts differ or batch < 1.
+Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                  int64_t batch = 1);
 
 }  // namespace lp::sim

@@ -576,3 +576,67 @@ TEST_F(CliErrors, ExitCodesSeparateUsageFromRuntimeErrors) {
 
 }  // namespace
 }  // namespace lp
+
+namespace lp {
+namespace {
+
+// The capacity report: valid against the shipped schema (checked by python3-jsonschema, an
+// independent validator), charts and page written, objectives no length meets said in the
+// report, bad input refused with nothing half-written.
+TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
+  const std::string out = dir_.file("rep");
+  CliResult r = run_cli(dir_, {"report", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm,l4", "--prompt-lengths",
+                               "1024,8192", "--slo-ttft-ms", "0.001", "--mem-budget-gib", "30", "--schedule",
+                               "0.3:0.3,0.6:0.3,0.9:0.3", "--schedule", "0.1:0.5,0.3:0.5,0.5:0.5", "--out", out});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("h100-sxm"), std::string::npos);
+  const std::string schema = std::string(LP_SOURCE_DIR) + "/reports/capacity-report.schema.json";
+  const std::string cmd = fmt::format(
+      "python3 -c \"import json,jsonschema,sys; s=json.load(open(sys.argv[1])); "
+      "jsonschema.Draft202012Validator.check_schema(s); "
+      "jsonschema.validate(json.load(open(sys.argv[2])), s, cls=jsonschema.Draft202012Validator)\" '{}' '{}'",
+      schema, out + "/capacity-report.json");
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto rep = nlohmann::json::parse(slurp_text(out + "/capacity-report.json"));
+  // 2 hardware x (none, 2 lazyllm schedules, static, random) x 2 lengths.
+  EXPECT_EQ(rep["results"].size(), 2u * 5 * 2);
+  for (const auto& c : rep["capacity"]) {
+    EXPECT_TRUE(c["max_prompt_tokens_within_slo"].is_null());
+    EXPECT_NE(c["slo_note"].get<std::string>().find("no prompt length meets"), std::string::npos);
+  }
+  for (const char* f : {"report.html", "ttft-vs-prompt-length.svg", "speedup-vs-share-computed.svg", "op-breakdown.svg"})
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
+  // The pruned methods are faster than none everywhere in this compute-bound regime.
+  for (const auto& x : rep["results"]) {
+    if (x["method"] != "none") {
+      EXPECT_GT(x["speedup"].get<double>(), 1.0) << x.dump();
+    }
+  }
+}
+
+TEST_F(CliSim, ReportBadInput) {
+  const std::string out = dir_.file("rep");
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "h1000", "--prompt-lengths",
+                                       "1024", "--out", out}),
+                        {"unknown hardware 'h1000'", "h100-sxm"});
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "gpt-5", "--hw", "l4", "--prompt-lengths", "1024",
+                                       "--out", out}),
+                        {"unknown model configuration 'gpt-5'", "llama-2-7b"});
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
+                                       "1024,lots", "--out", out}),
+                        {"'lots'"});
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths", ",",
+                                       "--out", out}),
+                        {"--prompt-lengths is empty"});
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
+                                       "100000", "--out", out}),
+                        {"exceeds the model's context of 4096"});
+  EXPECT_FALSE(std::filesystem::exists(out + "/capacity-report.json"));
+  const std::string bad = dir_.file("no/such/folder");
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
+                                       "1024", "--out", bad}),
+                        {"cannot write the report", "no/such/folder"});
+}
+
+}  // namespace
+}  // namespace lp

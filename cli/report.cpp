@@ -1,0 +1,166 @@
+// `lazyprefill report`: the capacity report (JSON valid against reports/capacity-report.schema.json,
+// SVG charts and one HTML page) for a model on hardware profiles over prompt lengths.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "hwmodels/profile.h"
+#include "model/error.h"
+#include "model/gguf.h"
+#include "model/io.h"
+#include "model/presets.h"
+#include "reports/capacity.h"
+#include "traces/trace.h"
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
+
+namespace lp::cli {
+
+namespace {
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<int64_t> parse_lengths(const std::string& s) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split(s)) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 1) usage_fail("--prompt-lengths: '{}' is not a positive whole number", item);
+    out.push_back(v);
+  }
+  if (out.empty()) usage_fail("--prompt-lengths is empty (give e.g. 1024,4096,16384)");
+  return out;
+}
+}  // namespace
+
+CLI::App* add_report(CLI::App& app, ReportArgs& a) {
+  auto* r = app.add_subcommand(
+      "report",
+      "Write a capacity report (JSON, SVG charts, HTML) for a model on hardware over prompt lengths.\n"
+      "  lazyprefill report --model-config llama-3.1-8b --hw h100-sxm,l4 --prompt-lengths 2048,8192,32768 \\\n"
+      "      --slo-ttft-ms 500 --mem-budget-gib 40 --out reports/out\n"
+      "  lazyprefill report --model-config llama-2-7b --hw a100-80gb --trace run.jsonl --prompt-lengths 1024,4096 --out r/");
+  auto* model = r->add_option("--model", a.model, "GGUF file whose configuration to report on");
+  auto* preset = r->add_option("--model-config", a.model_config, "A preset model configuration");
+  model->excludes(preset);
+  r->add_option("--hw", a.hw, "Hardware profiles, comma-separated names or .json files")->required();
+  auto* trace = r->add_option("--trace", a.trace, "A recorded trace whose pruning pattern is mapped to each length");
+  r->add_option("--prune", a.prune, "Methods besides none: any of lazyllm, static, random (default all three)");
+  r->add_option("--schedule", a.schedules,
+                "A LazyLLM schedule to report (repeat for several; default 0.3:0.3,0.6:0.3,0.9:0.3); static and "
+                "random use the first")
+      ->excludes(trace);
+  r->add_option("--prompt-lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
+  r->add_option("--new-tokens", a.new_tokens, "Tokens generated after each prompt (default 0: TTFT only)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+  r->add_option("--slo-ttft-ms", a.slo_ttft_ms, "TTFT objective: report the longest prompt that meets it");
+  r->add_option("--mem-budget-gib", a.mem_budget_gib, "Memory budget per device (default: its capacity)");
+  r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")->check(CLI::Range(int64_t(1), int64_t(4096)));
+  r->add_option("--weights", a.weights, "Weight dtype: bf16, f16, f32, int8, q4 (default bf16)");
+  r->add_option("--compute", a.compute, "Compute dtype: bf16, f16, f32, tf32, int8 (default bf16)");
+  r->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8 (default bf16)");
+  r->add_option("--validation", a.validation, "validate --json output, for the measured-vs-predicted chart");
+  r->add_option("--out", a.out, "Folder for capacity-report.json, the charts and report.html")->required();
+  r->add_flag("--json", a.json_out, "Print the report JSON instead of the summary table");
+  return r;
+}
+
+int cmd_report(const ReportArgs& a) {
+  report::Request req;
+  if (!a.model.empty()) {
+    req.model = config_from_gguf(GgufFile::open(a.model));
+    req.model_source = a.model;
+  } else if (!a.model_config.empty()) {
+    req.model = preset_config(a.model_config);
+    req.model_source = "preset " + a.model_config;
+  } else {
+    usage_fail("give --model PATH or --model-config NAME");
+  }
+  if (req.model.name.empty()) req.model.name = a.model_config.empty() ? a.model : a.model_config;
+  for (const std::string& h : split(a.hw)) req.hws.push_back(hw::load_profile(h));
+  if (req.hws.empty()) usage_fail("--hw names no hardware profile");
+  req.lengths = parse_lengths(a.lengths);
+  req.precision = {a.weights, a.compute, a.kv};
+  sim::validate(req.precision);
+  req.new_tokens = a.new_tokens;
+  req.batch = a.batch;
+  if (a.slo_ttft_ms != 0) req.slo_ttft_ms = a.slo_ttft_ms;
+  if (a.mem_budget_gib != 0) req.mem_budget_gib = a.mem_budget_gib;
+  req.tool_version = LP_VERSION;
+  req.git_commit = LP_GIT_COMMIT;
+
+  std::vector<std::string> policies = split(a.prune);
+  for (const std::string& p : policies)
+    if (p != "lazyllm" && p != "static" && p != "random" && p != "none")
+      usage_fail("--prune: unknown method '{}' (expected lazyllm, static, random)", p);
+  const auto wants = [&](const char* p) { return std::find(policies.begin(), policies.end(), p) != policies.end(); };
+  req.methods.push_back({"none", "none", "none", {}, nullptr});
+  trace::Trace recorded;
+  std::vector<Schedule> scheds;
+  if (!a.trace.empty()) {
+    recorded = trace::read_trace(a.trace);
+    req.trace_origin = a.trace;
+    const std::string name = fmt::format("trace {} {} ({} tokens)", recorded.header.policy, recorded.header.schedule,
+                                         recorded.header.prompt_tokens);
+    req.methods.push_back({name, recorded.header.policy, recorded.header.schedule, {}, &recorded});
+    scheds.push_back(recorded.header.schedule == "none" ? Schedule{} : schedule_from_arg(recorded.header.schedule));
+  } else {
+    for (const std::string& s : a.schedules) scheds.push_back(schedule_from_arg(s));
+    if (scheds.empty()) scheds.push_back(default_schedule());
+    if (wants("lazyllm"))
+      for (const Schedule& s : scheds)
+        req.methods.push_back({"lazyllm " + s.to_string(), "lazyllm", s.to_string(), resolve_schedule(s, req.model.n_layer)});
+  }
+  for (const char* p : {"static", "random"})
+    if (wants(p) && !scheds.front().steps.empty())
+      req.methods.push_back({std::string(p) + " " + scheds.front().to_string(), p, scheds.front().to_string(),
+                             resolve_schedule(scheds.front(), req.model.n_layer)});
+
+  nlohmann::json validation;
+  if (!a.validation.empty()) {
+    std::ifstream in(a.validation);
+    if (!in) fail("cannot read --validation '{}'", a.validation);
+    try {
+      validation = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail("--validation '{}' is not valid JSON ({})", a.validation, e.what());
+    }
+    if (!validation.contains("cases")) fail("--validation '{}' is not a `validate --json` output", a.validation);
+  }
+
+  // The output folder: created if its parent exists; every file is written whole or not at all.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(a.out) && !fs::create_directory(a.out, ec))
+    fail("cannot write the report to '{}': {}", a.out, ec ? ec.message() : "not a folder");
+  const nlohmann::ordered_json rep = report::build_report(req);
+  const auto charts = report::report_charts(rep, a.validation.empty() ? nullptr : &validation);
+  const fs::path dir(a.out);
+  write_file_atomic((dir / "capacity-report.json").string(), rep.dump(2) + "\n", "report");
+  for (const auto& [name, svg] : charts) write_file_atomic((dir / name).string(), svg, "chart");
+  write_file_atomic((dir / "report.html").string(), report::report_html(rep, charts), "report page");
+  if (a.json_out) {
+    std::puts(rep.dump(2).c_str());
+  } else {
+    std::fputs(report::summary_text(rep).c_str(), stdout);
+    fmt::print("\nwrote {}/capacity-report.json, report.html and {} charts\n", a.out, charts.size());
+  }
+  return 0;
+}
+
+}  // namespace lp::cli
