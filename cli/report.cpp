@@ -115,8 +115,7 @@ int cmd_report(const ReportArgs& a) {
   if (!a.trace.empty()) {
     recorded = trace::read_trace(a.trace);
     req.trace_origin = a.trace;
-    const std::string name = fmt::format("trace {} {} ({} tokens)", recorded.header.policy, recorded.header.schedule,
-                                         recorded.header.prompt_tokens);
+    const std::string name = fmt::format("trace {} {}", recorded.header.policy, recorded.header.schedule);
     req.methods.push_back({name, recorded.header.policy, recorded.header.schedule, {}, &recorded});
     scheds.push_back(recorded.header.schedule == "none" ? Schedule{} : schedule_from_arg(recorded.header.schedule));
   } else {
