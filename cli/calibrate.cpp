@@ -30,7 +30,7 @@ CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
   auto* c = app.add_subcommand(
       "calibrate",
       "Fit a hardware profile's efficiencies to measured runs (run --json outputs).\n"
-      "  for n in 512 1024 2048; do head -c 40000 text.txt | lazyprefill run --prompt-file - ... ; done\n"
+      "  lazyprefill run --prompt-file p.txt --max-new-tokens 0 --dtype f32 --json > runs/p.json   # a few of these\n"
       "  lazyprefill calibrate --runs runs/ --base cpu-local --out cpu-local.json");
   c->add_option("--runs", a.runs, "Folder of run --json outputs (*.json)")->required();
   c->add_option("--base", a.base, "Profile to start from (name or .json); its other fields are kept")->required();

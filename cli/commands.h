@@ -44,4 +44,11 @@ struct ReportArgs {
 CLI::App* add_report(CLI::App& app, ReportArgs& a);
 int cmd_report(const ReportArgs& a);
 
+struct SweepArgs {
+  std::string grid, out;
+  int threads = 0;
+};
+CLI::App* add_sweep(CLI::App& app, SweepArgs& a);
+int cmd_sweep(const SweepArgs& a);
+
 }  // namespace lp::cli

@@ -248,7 +248,11 @@ int main(int argc, char** argv) {
   });
 
   RunArgs ra;
-  auto* run = app.add_subcommand("run", "Generate from a GGUF model on the CPU and report timings");
+  auto* run = app.add_subcommand(
+      "run",
+      "Generate from a GGUF model on the CPU and report timings.\n"
+      "  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16\n"
+      "  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json");
   run->add_option("--model", ra.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)");
   run->add_option("--prompt", ra.prompt, "Prompt text");
   run->add_option("--prompt-file", ra.prompt_file, "File holding the prompt (UTF-8)");
@@ -279,7 +283,10 @@ int main(int argc, char** argv) {
 
   std::string inspect_model, inspect_trace;
   bool inspect_json = false;
-  auto* inspect = app.add_subcommand("inspect", "Show a GGUF model's architecture, tensors and tokenizer");
+  auto* inspect = app.add_subcommand("inspect",
+                                     "Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.\n"
+                                     "  lazyprefill inspect --model model.gguf --json\n"
+                                     "  lazyprefill inspect --trace run.jsonl");
   inspect->add_option("--model", inspect_model, "GGUF model file (default: the cached SmolLM2)");
   inspect->add_option("--trace", inspect_trace, "Summarise a trace written by run --trace instead");
   inspect->add_flag("--json", inspect_json, "Print JSON");
@@ -292,6 +299,8 @@ int main(int argc, char** argv) {
   auto* validate = lp::cli::add_validate(app, va);
   lp::cli::ReportArgs rpa;
   auto* report = lp::cli::add_report(app, rpa);
+  lp::cli::SweepArgs swa;
+  auto* sweep = lp::cli::add_sweep(app, swa);
 
   try {
     app.parse(argc, argv);
@@ -306,6 +315,7 @@ int main(int argc, char** argv) {
     if (*calibrate) return lp::cli::cmd_calibrate(ca);
     if (*validate) return lp::cli::cmd_validate(va);
     if (*report) return lp::cli::cmd_report(rpa);
+    if (*sweep) return lp::cli::cmd_sweep(swa);
     if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);
   } catch (const lp::UsageError& e) {

@@ -640,3 +640,35 @@ TEST_F(CliSim, ReportBadInput) {
 
 }  // namespace
 }  // namespace lp
+
+namespace lp {
+namespace {
+
+TEST_F(CliSim, SweepWritesJsonLinesAndResumes) {
+  const std::string grid = write_text(
+      R"({"lazyprefill_sweep": 1, "hardware": ["h100-sxm", "l4"], "models": ["llama-2-7b", "smollm2-135m"],
+          "methods": [{"policy": "none"}, {"policy": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3"}],
+          "prompt_lengths": [512, 2048, 8192]})",
+      "grid.json");
+  const std::string out = dir_.file("sweep.jsonl");
+  CliResult r = run_cli(dir_, {"sweep", "--grid", grid, "--out", out});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_TRUE(r.err.empty()) << "no progress bar when stderr is not a terminal: " << r.err;
+  std::string text = slurp_text(out);
+  // 2 hw x 2 models x 2 methods x 3 lengths, less llama-2-7b at 8192 (its context is 4096).
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2 * 2 * 2 * 3 - 2 * 2);
+  // Cut the file mid-row, as an interrupted run would: the rerun keeps complete rows, redoes the rest.
+  write_text(text.substr(0, text.size() - 40), "sweep.jsonl");
+  r = run_cli(dir_, {"sweep", "--grid", grid, "--out", out});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("1 configurations simulated, 19 already"), std::string::npos) << r.out;
+  const std::string again = slurp_text(out);
+  EXPECT_EQ(again.size(), text.size());
+  for (size_t a = 0, b; (b = again.find('\n', a)) != std::string::npos; a = b + 1)
+    EXPECT_TRUE(nlohmann::json::accept(again.substr(a, b - a))) << again.substr(a, b - a);
+  const std::string bad = write_text(R"({"lazyprefill_sweep": 1, "hardware": [], "models": ["x"]})", "bad.json");
+  expect_one_line_error(run_cli(dir_, {"sweep", "--grid", bad, "--out", out}), {"bad.json", "'hardware'"});
+}
+
+}  // namespace
+}  // namespace lp

@@ -1,0 +1,191 @@
+// `lazyprefill sweep`: simulate a grid of hardware x models x schedules x prompt lengths in
+// parallel (oneTBB), one JSON line per configuration, resumable.
+#include <fmt/format.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "hwmodels/profile.h"
+#include "model/error.h"
+#include "model/presets.h"
+#include "sim/replay.h"
+#include "traces/schedule.h"
+#include "traces/synthetic.h"
+
+namespace lp::cli {
+
+namespace {
+using json = nlohmann::json;
+
+struct Config {
+  size_t hw, model, method;
+  int64_t tokens;
+};
+
+struct Method {
+  std::string policy, schedule;
+};
+
+std::string key_of(const std::string& hw, const std::string& model, const std::string& policy,
+                   const std::string& schedule, int64_t tokens) {
+  return fmt::format("{}|{}|{}|{}|{}", hw, model, policy, schedule, tokens);
+}
+
+template <class T>
+std::vector<T> list(const json& g, const char* key, const std::string& path) {
+  if (!g.contains(key) || !g[key].is_array() || g[key].empty())
+    fail("{}: '{}' must be a non-empty array", path, key);
+  try {
+    return g[key].get<std::vector<T>>();
+  } catch (const json::exception& e) {
+    fail("{}: '{}': {}", path, key, e.what());
+  }
+}
+}  // namespace
+
+CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
+  auto* s = app.add_subcommand(
+      "sweep",
+      "Simulate a grid of hardware x models x schedules x prompt lengths, one JSON line per configuration.\n"
+      "  lazyprefill sweep --grid grid.json --out sweep.jsonl   # rerun to resume: rows already there are kept\n"
+      "  grid.json: {\"lazyprefill_sweep\": 1, \"hardware\": [\"h100-sxm\", \"l4\"], \"models\": [\"llama-3.1-8b\"],\n"
+      "              \"methods\": [{\"policy\": \"none\"}, {\"policy\": \"lazyllm\", \"schedule\": \"0.3:0.3,0.6:0.3,0.9:0.3\"}],\n"
+      "              \"prompt_lengths\": [1024, 4096, 16384]}");
+  s->add_option("--grid", a.grid, "The grid (JSON, see above and docs/simulator.md)")->required();
+  s->add_option("--out", a.out, "JSON Lines output; configurations already in it are skipped")->required();
+  s->add_option("--threads", a.threads, "Threads (default: all this process may use)")->check(CLI::Range(1, 1024));
+  return s;
+}
+
+int cmd_sweep(const SweepArgs& a) {
+  std::ifstream in(a.grid);
+  if (!in) usage_fail("cannot read --grid '{}'", a.grid);
+  json g;
+  try {
+    g = json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON ({})", a.grid, e.what());
+  }
+  if (!g.is_object() || g.value("lazyprefill_sweep", 0) != 1) fail("{}: not a sweep grid (\"lazyprefill_sweep\": 1)", a.grid);
+  std::vector<hw::Profile> hws;
+  for (const std::string& h : list<std::string>(g, "hardware", a.grid)) hws.push_back(hw::load_profile(h));
+  const auto model_names = list<std::string>(g, "models", a.grid);
+  std::vector<ModelConfig> models;
+  for (const std::string& m : model_names) models.push_back(preset_config(m));
+  std::vector<Method> methods;
+  for (const json& m : list<json>(g, "methods", a.grid)) {
+    Method x{m.value("policy", std::string()), m.value("schedule", std::string("none"))};
+    if (x.policy != "none" && x.policy != "lazyllm" && x.policy != "static" && x.policy != "random")
+      fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", a.grid, x.policy);
+    if (x.policy == "none") x.schedule = "none";
+    for (const ModelConfig& c : models) resolve_schedule(parse_schedule(x.schedule), c.n_layer);  // validate early
+    x.schedule = parse_schedule(x.schedule).to_string();
+    methods.push_back(x);
+  }
+  const auto lengths = list<int64_t>(g, "prompt_lengths", a.grid);
+  for (int64_t n : lengths)
+    if (n < 1) fail("{}: prompt_lengths: {} is not positive", a.grid, n);
+  const int64_t new_tokens = g.value("new_tokens", int64_t(0)), batch = g.value("batch", int64_t(1));
+  sim::Precision prec;
+  if (g.contains("precision")) {
+    const json& p = g["precision"];
+    prec = {p.value("weights", prec.weights), p.value("compute", prec.compute), p.value("kv", prec.kv)};
+  }
+  sim::validate(prec);
+
+  // Resume: keep every complete row already written; drop a torn last line.
+  std::set<std::string> done;
+  std::string kept;
+  {
+    std::ifstream old(a.out);
+    std::string line;
+    while (std::getline(old, line)) {
+      try {
+        const json r = json::parse(line);
+        done.insert(key_of(r.at("hw"), r.at("model"), r.at("policy"), r.at("schedule"), r.at("prompt_tokens")));
+        kept += line + "\n";
+      } catch (const json::exception&) {
+        break;  // a line cut short by an interrupted run: everything from here is redone
+      }
+    }
+  }
+  std::vector<Config> todo;
+  for (size_t m = 0; m < models.size(); ++m)
+    for (size_t h = 0; h < hws.size(); ++h)
+      for (size_t k = 0; k < methods.size(); ++k)
+        for (int64_t n : lengths) {
+          if (models[m].n_ctx_train > 0 && n + std::max<int64_t>(0, new_tokens - 1) > models[m].n_ctx_train) continue;
+          if (!done.count(key_of(hws[h].name, model_names[m], methods[k].policy, methods[k].schedule, n)))
+            todo.push_back({h, m, k, n});
+        }
+  {
+    // Rewrite the kept rows (without a torn tail) before appending.
+    std::ofstream out(a.out, std::ios::trunc);
+    if (!out) fail("cannot write --out '{}'", a.out);
+    out << kept;
+  }
+  std::ofstream out(a.out, std::ios::app);
+  if (!out) fail("cannot write --out '{}'", a.out);
+  const bool tty = ::isatty(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<tbb::global_control> limit;
+  if (a.threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
+  constexpr size_t kChunk = 512;  // rows computed in parallel, then written in grid order
+  std::vector<std::string> rows(kChunk);
+  for (size_t c0 = 0; c0 < todo.size(); c0 += kChunk) {
+    const size_t c1 = std::min(todo.size(), c0 + kChunk);
+    tbb::parallel_for(c0, c1, [&](size_t i) {
+      const Config& cf = todo[i];
+      const ModelConfig& c = models[cf.model];
+      const Method& m = methods[cf.method];
+      const auto steps = resolve_schedule(parse_schedule(m.schedule), c.n_layer);
+      const int64_t dec = std::max<int64_t>(0, new_tokens - 1);
+      const trace::Trace t = trace::synthetic_trace(c, m.policy, steps, cf.tokens, dec);
+      const sim::Prediction p = sim::replay(t, c, hws[cf.hw], prec, batch);
+      const sim::Prediction b = sim::replay(trace::synthetic_trace(c, "none", {}, cf.tokens, dec), c, hws[cf.hw], prec, batch);
+      double share = 0;
+      for (int64_t q : t.steps[0].queries) share += double(q);
+      share /= double(cf.tokens) * c.n_layer;
+      json r = {{"hw", hws[cf.hw].name},
+                {"model", model_names[cf.model]},
+                {"policy", m.policy},
+                {"schedule", m.schedule},
+                {"prompt_tokens", cf.tokens},
+                {"ttft_ms", p.ttft_s * 1e3},
+                {"baseline_ttft_ms", b.ttft_s * 1e3},
+                {"speedup", b.ttft_s / p.ttft_s},
+                {"prompt_tokens_computed_fraction", share},
+                {"total_ms", p.total_s * 1e3},
+                {"memory_gib", p.memory.total() / 1073741824.0},
+                {"kv_gib", p.memory.kv / 1073741824.0},
+                {"fits_in_memory", p.memory.total() <= hws[cf.hw].memory_capacity},
+                {"bound_op", std::string(op_name(p.prefill_bound_op()))}};
+      rows[i - c0] = r.dump();
+    });
+    for (size_t i = c0; i < c1; ++i) out << rows[i - c0] << '\n';
+    out.flush();
+    if (!out) fail("cannot write --out '{}': write failed", a.out);
+    if (tty) {
+      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double frac = double(c1) / double(todo.size());
+      const int bar = int(frac * 30);
+      fmt::print(stderr, "\r[{}{}] {:3.0f}% {}/{} ETA {:.0f} s ", std::string(size_t(bar), '#'),
+                 std::string(size_t(30 - bar), '.'), 100 * frac, c1, todo.size(), el / frac - el);
+    }
+  }
+  if (tty) fmt::print(stderr, "\n");
+  fmt::print("{} configurations simulated, {} already in {}, {:.2f} s\n", todo.size(), done.size(), a.out,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
+}  // namespace lp::cli
