@@ -59,12 +59,11 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   auto* preset = r->add_option("--model-config", a.model_config, "A preset model configuration");
   model->excludes(preset);
   r->add_option("--hw", a.hw, "Hardware profiles, comma-separated names or .json files")->required();
-  auto* trace = r->add_option("--trace", a.trace, "A recorded trace whose pruning pattern is mapped to each length");
+  r->add_option("--trace", a.trace, "A recorded trace whose pruning pattern is mapped to each length");
   r->add_option("--prune", a.prune, "Methods besides none: any of lazyllm, static, random (default all three)");
   r->add_option("--schedule", a.schedules,
-                "A LazyLLM schedule to report (repeat for several; default 0.3:0.3,0.6:0.3,0.9:0.3); static and "
-                "random use the first")
-      ->excludes(trace);
+                "A LazyLLM schedule to report (repeat for several; default 0.3:0.3,0.6:0.3,0.9:0.3 without a "
+                "trace); static and random use the trace's or the first");
   r->add_option("--prompt-lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
   r->add_option("--new-tokens", a.new_tokens, "Tokens generated after each prompt (default 0: TTFT only)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
@@ -118,13 +117,15 @@ int cmd_report(const ReportArgs& a) {
     const std::string name = fmt::format("trace {} {}", recorded.header.policy, recorded.header.schedule);
     req.methods.push_back({name, recorded.header.policy, recorded.header.schedule, {}, &recorded});
     scheds.push_back(recorded.header.schedule == "none" ? Schedule{} : schedule_from_arg(recorded.header.schedule));
-  } else {
-    for (const std::string& s : a.schedules) scheds.push_back(schedule_from_arg(s));
-    if (scheds.empty()) scheds.push_back(default_schedule());
-    if (wants("lazyllm"))
-      for (const Schedule& s : scheds)
-        req.methods.push_back({"lazyllm " + s.to_string(), "lazyllm", s.to_string(), resolve_schedule(s, req.model.n_layer)});
   }
+  // Synthetic LazyLLM schedules: those asked for (besides a trace), else the default.
+  std::vector<Schedule> lazy;
+  for (const std::string& s : a.schedules) lazy.push_back(schedule_from_arg(s));
+  if (lazy.empty() && a.trace.empty()) lazy.push_back(default_schedule());
+  if (wants("lazyllm"))
+    for (const Schedule& s : lazy)
+      req.methods.push_back({"lazyllm " + s.to_string(), "lazyllm", s.to_string(), resolve_schedule(s, req.model.n_layer)});
+  scheds.insert(scheds.end(), lazy.begin(), lazy.end());
   for (const char* p : {"static", "random"})
     if (wants(p) && !scheds.front().steps.empty())
       req.methods.push_back({std::string(p) + " " + scheds.front().to_string(), p, scheds.front().to_string(),

@@ -330,7 +330,8 @@ std::vector<std::pair<std::string, std::string>> report_charts(const json& rep, 
     c.diagonal = true;
     std::map<std::string, Series> by_policy;
     for (const auto& k : (*validation)["cases"]) {
-      const std::string pol = k.value("policy", std::string("case")) + " " + k.value("schedule", std::string());
+      const std::string sched = k.value("schedule", std::string());
+      const std::string pol = k.value("policy", std::string("case")) + (sched == "none" ? "" : " " + sched);
       Series& s = by_policy[pol];
       s.name = pol;
       s.lines = false;
