@@ -6,7 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "hwmodels/profile.h"
+
 namespace lp::cli {
+
+// "a,b,,c" -> {"a", "b", "c"}: the comma lists of --hw, --prune, --prompt-lengths.
+std::vector<std::string> split_list(const std::string& s);
+// Loads every profile a --hw list names; an empty list is a usage error.
+std::vector<hw::Profile> load_profiles(const std::string& list);
 
 struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw;

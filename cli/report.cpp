@@ -19,20 +19,9 @@
 namespace lp::cli {
 
 namespace {
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
 std::vector<int64_t> parse_lengths(const std::string& s) {
   std::vector<int64_t> out;
-  for (const std::string& item : split(s)) {
+  for (const std::string& item : split_list(s)) {
     size_t used = 0;
     long long v = 0;
     try {
@@ -91,8 +80,7 @@ int cmd_report(const ReportArgs& a) {
     usage_fail("give --model PATH or --model-config NAME");
   }
   if (req.model.name.empty()) req.model.name = a.model_config.empty() ? a.model : a.model_config;
-  for (const std::string& h : split(a.hw)) req.hws.push_back(hw::load_profile(h));
-  if (req.hws.empty()) usage_fail("--hw names no hardware profile");
+  req.hws = load_profiles(a.hw);
   req.lengths = parse_lengths(a.lengths);
   req.precision = {a.weights, a.compute, a.kv};
   sim::validate(req.precision);
@@ -103,7 +91,7 @@ int cmd_report(const ReportArgs& a) {
   req.tool_version = LP_VERSION;
   req.git_commit = LP_GIT_COMMIT;
 
-  std::vector<std::string> policies = split(a.prune);
+  std::vector<std::string> policies = split_list(a.prune);
   for (const std::string& p : policies)
     if (p != "lazyllm" && p != "static" && p != "random" && p != "none")
       usage_fail("--prune: unknown method '{}' (expected lazyllm, static, random)", p);

@@ -19,17 +19,6 @@ namespace lp::cli {
 namespace {
 using json = nlohmann::ordered_json;
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
 // The model a trace was recorded on, from its header (enough to cost it).
 ModelConfig config_from_trace(const trace::Trace& t, const std::string& path) {
   ModelConfig c = config_from_json(t.header.model, path + ": header model");
@@ -63,6 +52,24 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / double(v.size());
 }
 }  // namespace
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<hw::Profile> load_profiles(const std::string& list) {
+  std::vector<hw::Profile> hws;
+  for (const std::string& name : split_list(list)) hws.push_back(hw::load_profile(name));
+  if (hws.empty()) usage_fail("--hw names no hardware profile");
+  return hws;
+}
 
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
   auto* s = app.add_subcommand(
@@ -110,9 +117,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   if (!a.trace.empty() && a.new_tokens > 0) usage_fail("--new-tokens applies to synthetic traces, not to --trace");
   sim::Precision prec{a.weights, a.compute, a.kv};
   sim::validate(prec);
-  std::vector<hw::Profile> hws;
-  for (const std::string& name : split_list(a.hw)) hws.push_back(hw::load_profile(name));
-  if (hws.empty()) usage_fail("--hw names no hardware profile");
+  const std::vector<hw::Profile> hws = load_profiles(a.hw);
 
   trace::Trace t;
   ModelConfig c;
