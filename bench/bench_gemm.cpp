@@ -108,12 +108,17 @@ void BM_Gemm_Cblas(benchmark::State& st, const char* lib) {
   report(st, p);
 }
 
-// M, K, N, threads: SmolLM2's gate/up (576 -> 1536) and down (1536 -> 576) at 2048 tokens.
+// M, K, N, threads: SmolLM2's gate/up (576 -> 1536) and down (1536 -> 576) at 2048 tokens; the
+// fused gate/up (576 -> 3072) at decode sizes: one row, and 33/64/128 rows (a decode step with
+// revived tokens, where the column-split tiling of Gemm::run applies).
 void shapes(benchmark::internal::Benchmark* b) {
   b->Args({2048, 576, 1536, 2})
       ->Args({2048, 1536, 576, 2})
       ->Args({512, 576, 960, 2})
-      ->Args({1, 576, 3072, 2});
+      ->Args({1, 576, 3072, 2})
+      ->Args({33, 576, 3072, 2})
+      ->Args({64, 576, 3072, 2})
+      ->Args({128, 576, 3072, 2});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 

@@ -46,11 +46,6 @@ json ops_json(const hw::Profile& hw, const sim::OpCosts& ops, const sim::Precisi
   return j;
 }
 
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / double(v.size());
-}
 }  // namespace
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -185,20 +180,15 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"baseline_ttft_ms", b.ttft_s * 1e3},
               {"ttft_speedup", b.ttft_s / p.ttft_s},
               {"decode_step_ms", json::array()},
-              {"decode_step_mean_ms", mean(p.decode_step_s) * 1e3},
-              {"baseline_decode_step_mean_ms", mean(b.decode_step_s) * 1e3},
+              {"decode_step_mean_ms", p.decode_step_mean_s() * 1e3},
+              {"baseline_decode_step_mean_ms", b.decode_step_mean_s() * 1e3},
               {"total_ms", p.total_s * 1e3},
               {"baseline_total_ms", b.total_s * 1e3},
               {"total_speedup", b.total_s / p.total_s},
               {"prefill_flop", p.prefill_flops()},
               {"baseline_prefill_flop", b.prefill_flops()},
               {"prefill_bound_op", std::string(op_name(p.prefill_bound_op()))},
-              {"memory_bytes",
-               {{"weights", p.memory.weights},
-                {"kv", p.memory.kv},
-                {"aux_cache", p.memory.aux},
-                {"activations", p.memory.activations},
-                {"total", p.memory.total()}}},
+              {"memory_bytes", p.memory.to_json()},
               {"baseline_memory_bytes", {{"kv", b.memory.kv}, {"total", b.memory.total()}}},
               {"fits_in_memory", bool(fits)},
               {"prefill_ops", ops_json(hw, p.prefill_ops, prec)},
@@ -213,8 +203,8 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
       fmt::print("  {:<12} TTFT {:>10.2f} ms (unpruned {:>10.2f}, {:.2f}x)", hw.name, p.ttft_s * 1e3, b.ttft_s * 1e3,
                  b.ttft_s / p.ttft_s);
       if (!p.decode_step_s.empty())
-        fmt::print("  decode step {:.2f} ms (unpruned {:.2f})  total {:.1f} ms ({:.2f}x)", mean(p.decode_step_s) * 1e3,
-                   mean(b.decode_step_s) * 1e3, p.total_s * 1e3, b.total_s / p.total_s);
+        fmt::print("  decode step {:.2f} ms (unpruned {:.2f})  total {:.1f} ms ({:.2f}x)", p.decode_step_mean_s() * 1e3,
+                   b.decode_step_mean_s() * 1e3, p.total_s * 1e3, b.total_s / p.total_s);
       fmt::print("\n  {:<12} memory {:.2f} GiB = weights {:.2f} + KV {:.3f} + Aux {:.3f} + activations {:.3f}{}; "
                  "bound by {}\n",
                  "", p.memory.total() / 1073741824.0, p.memory.weights / 1073741824.0, p.memory.kv / 1073741824.0,

@@ -152,9 +152,6 @@ int cmd_sweep(const SweepArgs& a) {
       const trace::Trace t = trace::synthetic_trace(c, m.policy, steps, cf.tokens, dec);
       const sim::Prediction p = sim::replay(t, c, hws[cf.hw], prec, batch);
       const sim::Prediction b = sim::replay(trace::synthetic_trace(c, "none", {}, cf.tokens, dec), c, hws[cf.hw], prec, batch);
-      double share = 0;
-      for (int64_t q : t.steps[0].queries) share += double(q);
-      share /= double(cf.tokens) * c.n_layer;
       json r = {{"hw", hws[cf.hw].name},
                 {"model", model_names[cf.model]},
                 {"policy", m.policy},
@@ -163,7 +160,7 @@ int cmd_sweep(const SweepArgs& a) {
                 {"ttft_ms", p.ttft_s * 1e3},
                 {"baseline_ttft_ms", b.ttft_s * 1e3},
                 {"speedup", b.ttft_s / p.ttft_s},
-                {"prompt_tokens_computed_fraction", share},
+                {"prompt_tokens_computed_fraction", trace::prompt_computed_fraction(t)},
                 {"total_ms", p.total_s * 1e3},
                 {"memory_gib", p.memory.total() / 1073741824.0},
                 {"kv_gib", p.memory.kv / 1073741824.0},

@@ -1,6 +1,7 @@
 # Script mode (cmake -DSRC=... -DOUT=... -P git_commit.cmake), run at every build: writes OUT
 # defining LP_GIT_COMMIT (the short commit of SRC, "-dirty" with uncommitted changes) only when
 # it changed, so `run --json` and traces name the commit the binary was built from.
+include(${CMAKE_CURRENT_LIST_DIR}/write_if_changed.cmake)
 execute_process(COMMAND git rev-parse --short HEAD WORKING_DIRECTORY "${SRC}"
                 OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 if(NOT commit)
@@ -13,10 +14,4 @@ else()
   endif()
 endif()
 set(text "// Generated at build time by cmake/git_commit.cmake.\n#pragma once\n#define LP_GIT_COMMIT \"${commit}\"\n")
-set(old "")
-if(EXISTS "${OUT}")
-  file(READ "${OUT}" old)
-endif()
-if(NOT old STREQUAL text)
-  file(WRITE "${OUT}" "${text}")
-endif()
+lp_write_if_changed("${OUT}" "${text}")

@@ -24,12 +24,6 @@ trace::Trace method_trace(const Request& r, const Method& m, int64_t N, int64_t 
   return trace::synthetic_trace(r.model, m.policy, m.steps, N, std::max<int64_t>(0, new_tokens - 1));
 }
 
-double share_computed(const trace::Trace& t) {
-  double q = 0;
-  for (int64_t v : t.steps[0].queries) q += double(v);
-  return q / (double(t.header.prompt_tokens) * t.header.n_layer);
-}
-
 // The memory a deployment may use on one device: the user's budget, never more than the device.
 double budget_bytes(const Request& r, const hw::Profile& hw) {
   return r.mem_budget_gib ? std::min(*r.mem_budget_gib * 1073741824.0, hw.memory_capacity) : hw.memory_capacity;
@@ -81,7 +75,7 @@ json build_report(const Request& r) {
     const size_t h = k / (M * NL), m = (k / NL) % M, n = k % NL;
     const trace::Trace t = method_trace(r, r.methods[m], r.lengths[n], r.new_tokens);
     cells[k].p = sim::replay(t, r.model, r.hws[h], r.precision, r.batch);
-    cells[k].share = share_computed(t);
+    cells[k].share = trace::prompt_computed_fraction(t);
   });
   const auto cell = [&](size_t h, size_t m, size_t n) -> const Cell& { return cells[(h * M + m) * NL + n]; };
 
@@ -107,9 +101,6 @@ json build_report(const Request& r) {
         }
         double bytes = 0;
         for (const sim::OpCost& o : p.prefill_ops) bytes += o.bytes;
-        double decode_mean = 0;
-        for (double s : p.decode_step_s) decode_mean += s;
-        if (!p.decode_step_s.empty()) decode_mean /= double(p.decode_step_s.size());
         results.push_back({{"hw", r.hws[h].name},
                            {"method", r.methods[m].name},
                            {"prompt_tokens", r.lengths[n]},
@@ -119,14 +110,9 @@ json build_report(const Request& r) {
                            {"prompt_tokens_computed_fraction", cell(h, m, n).share},
                            {"prefill_flop", p.prefill_flops()},
                            {"prefill_bytes", bytes},
-                           {"decode_step_mean_ms", decode_mean * 1e3},
+                           {"decode_step_mean_ms", p.decode_step_mean_s() * 1e3},
                            {"total_ms", p.total_s * 1e3},
-                           {"memory_bytes",
-                            {{"weights", p.memory.weights},
-                             {"kv", p.memory.kv},
-                             {"aux_cache", p.memory.aux},
-                             {"activations", p.memory.activations},
-                             {"total", p.memory.total()}}},
+                           {"memory_bytes", p.memory.to_json()},
                            {"fits_in_memory", p.memory.total() <= budget},
                            {"concurrent_sequences", seqs},
                            {"bound_op", std::string(op_name(bound))},

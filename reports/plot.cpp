@@ -471,6 +471,21 @@ void draw_legend(Svg& svg, const std::vector<LegendItem>& items, const LegendLay
   svg.raw("</g>\n");
 }
 
+// The legend (right of the plot at (plot_right, plot_top), or in rows above the notes) and the
+// notes under the chart, then the closing tag: the same for every chart kind.
+std::string finish_chart(Svg& svg, const std::vector<LegendItem>& items, const LegendLayout& L, double plot_right,
+                         double plot_top, const std::vector<std::string>& notes, int height) {
+  if (!items.empty()) {
+    if (L.right)
+      draw_legend(svg, items, L, plot_right + 18, plot_top);
+    else
+      draw_legend(svg, items, L, kPad,
+                  height - kPad - notes.size() * (kNoteSize + 3) - (notes.empty() ? 0 : 6) - L.height());
+  }
+  if (!notes.empty()) draw_notes(svg, notes, height);
+  return svg.finish();
+}
+
 std::string plural(size_t n, std::string_view one, std::string_view many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
@@ -795,15 +810,7 @@ std::string svg_line_chart(const LineChart& c, int width, int height) {
     svg.raw("</g>\n");
   }
 
-  if (!items.empty()) {
-    if (L.right)
-      draw_legend(svg, items, L, pr + 18, pt);
-    else
-      draw_legend(svg, items, L, kPad,
-                  height - kPad - nl.size() * (kNoteSize + 3) - (nl.empty() ? 0 : 6) - L.height());
-  }
-  if (!nl.empty()) draw_notes(svg, nl, height);
-  return svg.finish();
+  return finish_chart(svg, items, L, pr, pt, nl, height);
 }
 
 // ---- Stacked bars ----
@@ -970,15 +977,7 @@ std::string svg_stacked_bars(const StackedBarChart& c, int width, int height) {
   }
   svg.line(pl, base, pr, base, "#333", 1);
 
-  if (!items.empty()) {
-    if (L.right)
-      draw_legend(svg, items, L, pr + 18, pt);
-    else
-      draw_legend(svg, items, L, kPad,
-                  height - kPad - nl.size() * (kNoteSize + 3) - (nl.empty() ? 0 : 6) - L.height());
-  }
-  if (!nl.empty()) draw_notes(svg, nl, height);
-  return svg.finish();
+  return finish_chart(svg, items, L, pr, pt, nl, height);
 }
 
 }  // namespace lp::report

@@ -13,6 +13,16 @@ double Prediction::prefill_flops() const {
   return f;
 }
 
+nlohmann::ordered_json Memory::to_json() const {
+  return {{"weights", weights}, {"kv", kv}, {"aux_cache", aux}, {"activations", activations}, {"total", total()}};
+}
+
+double Prediction::decode_step_mean_s() const {
+  double s = 0;
+  for (double x : decode_step_s) s += x;
+  return decode_step_s.empty() ? 0 : s / double(decode_step_s.size());
+}
+
 Op Prediction::prefill_bound_op() const {
   int best = 0;
   for (int i = 1; i < kNumOps; ++i)

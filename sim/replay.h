@@ -18,6 +18,8 @@ namespace lp::sim {
 struct Memory {
   double weights = 0, kv = 0, aux = 0, activations = 0;
   double total() const { return weights + kv + aux + activations; }
+  // {weights, kv, aux_cache, activations, total}, bytes: what simulate and report print.
+  nlohmann::ordered_json to_json() const;
 };
 
 struct Prediction {
@@ -30,6 +32,7 @@ struct Prediction {
   OpCosts decode_ops{};                 // every decoding step, summed
   Memory memory;
   double prefill_flops() const;
+  double decode_step_mean_s() const;  // 0 without decoding steps
   // The op with the most prefill time.
   Op prefill_bound_op() const;
 };

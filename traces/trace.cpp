@@ -260,17 +260,21 @@ Trace read_trace(const std::string& path) {
   return t;
 }
 
+double prompt_computed_fraction(const Trace& t) {
+  const Step& pre = t.steps.front();
+  const int64_t T = pre.new_tokens > 0 ? pre.new_tokens : t.header.prompt_tokens;
+  double computed = 0;
+  for (int64_t q : pre.queries) computed += double(q);
+  return T > 0 ? computed / (double(T) * t.header.n_layer) : 0.0;
+}
+
 Summary summarize(const Trace& t) {
   Summary s;
   const int L = t.header.n_layer;
   const Step& pre = t.steps.front();
   const int64_t T = pre.new_tokens > 0 ? pre.new_tokens : t.header.prompt_tokens;
-  double computed = 0;
-  for (int l = 0; l < L; ++l) {
-    s.prompt_share_per_layer.push_back(T > 0 ? double(pre.queries[l]) / double(T) : 0.0);
-    computed += double(pre.queries[l]);
-  }
-  s.prompt_share = T > 0 ? computed / (double(T) * L) : 0.0;
+  for (int l = 0; l < L; ++l) s.prompt_share_per_layer.push_back(T > 0 ? double(pre.queries[l]) / double(T) : 0.0);
+  s.prompt_share = prompt_computed_fraction(t);
   // Over the whole generation: a dense run computes every new token at every layer once.
   double all = 0, dense = 0;
   int64_t tokens = 0;

@@ -75,4 +75,8 @@ struct Summary {
 };
 Summary summarize(const Trace& t);
 
+// Share of the prompt's (token, layer) pairs the prefill computed: its queries over
+// prompt tokens x layers (Summary::prompt_share).
+double prompt_computed_fraction(const Trace& t);
+
 }  // namespace lp::trace
