@@ -12,6 +12,9 @@ namespace lp::cli {
 
 // "a,b,,c" -> {"a", "b", "c"}: the comma lists of --hw, --prune, --prompt-lengths.
 std::vector<std::string> split_list(const std::string& s);
+// "1024,4096" -> {1024, 4096}; anything but positive whole numbers, or none, is a usage error
+// naming `option`.
+std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
 // Loads every profile a --hw list names; an empty list is a usage error.
 std::vector<hw::Profile> load_profiles(const std::string& list);
 
@@ -57,5 +60,15 @@ struct SweepArgs {
 };
 CLI::App* add_sweep(CLI::App& app, SweepArgs& a);
 int cmd_sweep(const SweepArgs& a);
+
+struct EvalArgs {
+  std::string model, tasks = "passkey", lengths, prune = "lazyllm,static,random", corpus, out;
+  std::vector<std::string> schedules;
+  int samples = 20, threads = 0, agreement_tokens = 8;
+  uint64_t seed = 1;
+  bool json_out = false;
+};
+CLI::App* add_eval(CLI::App& app, EvalArgs& a);
+int cmd_eval(const EvalArgs& a);
 
 }  // namespace lp::cli

@@ -301,6 +301,8 @@ int main(int argc, char** argv) {
   auto* report = lp::cli::add_report(app, rpa);
   lp::cli::SweepArgs swa;
   auto* sweep = lp::cli::add_sweep(app, swa);
+  lp::cli::EvalArgs eva;
+  auto* evalc = lp::cli::add_eval(app, eva);
 
   try {
     app.parse(argc, argv);
@@ -316,6 +318,7 @@ int main(int argc, char** argv) {
     if (*validate) return lp::cli::cmd_validate(va);
     if (*report) return lp::cli::cmd_report(rpa);
     if (*sweep) return lp::cli::cmd_sweep(swa);
+    if (*evalc) return lp::cli::cmd_eval(eva);
     if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
     if (*inspect) return cmd_inspect(inspect_model, inspect_json);
   } catch (const lp::UsageError& e) {

@@ -18,8 +18,7 @@
 
 namespace lp::cli {
 
-namespace {
-std::vector<int64_t> parse_lengths(const std::string& s) {
+std::vector<int64_t> parse_lengths(const std::string& s, const char* option) {
   std::vector<int64_t> out;
   for (const std::string& item : split_list(s)) {
     size_t used = 0;
@@ -29,13 +28,12 @@ std::vector<int64_t> parse_lengths(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || v < 1) usage_fail("--prompt-lengths: '{}' is not a positive whole number", item);
+    if (used != item.size() || v < 1) usage_fail("{}: '{}' is not a positive whole number", option, item);
     out.push_back(v);
   }
-  if (out.empty()) usage_fail("--prompt-lengths is empty (give e.g. 1024,4096,16384)");
+  if (out.empty()) usage_fail("{} is empty (give e.g. 1024,4096,16384)", option);
   return out;
 }
-}  // namespace
 
 CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   auto* r = app.add_subcommand(
@@ -81,7 +79,7 @@ int cmd_report(const ReportArgs& a) {
   }
   if (req.model.name.empty()) req.model.name = a.model_config.empty() ? a.model : a.model_config;
   req.hws = load_profiles(a.hw);
-  req.lengths = parse_lengths(a.lengths);
+  req.lengths = parse_lengths(a.lengths, "--prompt-lengths");
   req.precision = {a.weights, a.compute, a.kv};
   sim::validate(req.precision);
   req.new_tokens = a.new_tokens;

@@ -1,6 +1,8 @@
 #include "kernels/generate.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <numeric>
 
@@ -15,13 +17,17 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
   const int64_t T = int64_t(prompt_ids.size());
   if (T == 0) fail("the prompt is empty (no tokens)");
   if (opt.max_new_tokens < 0) fail("--max-new-tokens must be >= 0");
-  if (T + opt.max_new_tokens > c.n_ctx_train)
-    fail("prompt of {} tokens + {} new tokens exceeds the model's context of {} tokens", T,
-         opt.max_new_tokens, c.n_ctx_train);
+  const bool forced = !opt.forced_ids.empty();
+  const int64_t n_new = forced ? int64_t(opt.forced_ids.size()) : opt.max_new_tokens;
+  if (T + n_new > c.n_ctx_train)
+    fail("prompt of {} tokens + {} new tokens exceeds the model's context of {} tokens", T, n_new,
+         c.n_ctx_train);
+  for (const int32_t id : opt.forced_ids)
+    if (id < 0 || id >= c.n_vocab) fail("forced token id {} is outside the vocabulary of {}", id, c.n_vocab);
 
   GenerateResult r;
   r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
-  Session s(m, T + std::max(opt.max_new_tokens, 1));
+  Session s(m, T + std::max<int64_t>(n_new, 1));
   Sampler sampler(opt.sampler);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   std::vector<int32_t> pos(static_cast<size_t>(T));
@@ -46,17 +52,28 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
   r.kv_bytes_used = s.kv_bytes_used();
   r.aux_cache_bytes = s.aux().bytes();
   r.last_prefill_logits = logits;
-  int32_t next = opt.max_new_tokens > 0 ? sampler.sample(logits) : -1;
+  // Under teacher forcing: record the forced token's log-probability and the greedy choice.
+  const auto choose = [&](size_t i) {
+    if (!forced) return sampler.sample(logits);
+    const int32_t want = opt.forced_ids[i];
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    double sum = 0;
+    for (const float v : logits) sum += std::exp(double(v) - double(mx));
+    r.forced_logprobs.push_back(double(logits[size_t(want)]) - double(mx) - std::log(sum));
+    r.forced_argmax.push_back(argmax(logits));
+    return want;
+  };
+  int32_t next = n_new > 0 ? choose(0) : -1;
   const auto t2 = Clock::now();
   r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
   r.ttft_s = std::chrono::duration<double>(t2 - t0).count();
 
   double decode_computed = 0;
   const auto d0 = Clock::now();
-  while (int(r.generated_ids.size()) < opt.max_new_tokens) {
+  while (int64_t(r.generated_ids.size()) < n_new) {
     r.generated_ids.push_back(next);
-    if (opt.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
-    if (int(r.generated_ids.size()) == opt.max_new_tokens) break;
+    if (!forced && opt.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
+    if (int64_t(r.generated_ids.size()) == n_new) break;
     const int32_t p = int32_t(T + r.generated_ids.size() - 1);
     const int64_t row = 0;
     ForwardStats st;
@@ -70,7 +87,7 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
     }
     if (opt.record_steps) r.decode_stats.push_back(std::move(st));
     ++r.decode_steps;
-    next = sampler.sample(logits);
+    next = choose(r.generated_ids.size());
   }
   r.decode_s = std::chrono::duration<double>(Clock::now() - d0).count();
   r.generation_tokens_computed_fraction =

@@ -20,6 +20,10 @@ struct GenerateOptions {
   Schedule schedule = default_schedule();
   uint64_t prune_seed = 0;
   bool record_steps = false;  // keep ForwardStats of every decoding step (for traces)
+  // Teacher forcing (continuation NLL in `eval`): when not empty, these tokens are fed one by one
+  // instead of sampled ones, max_new_tokens and stopping at end of generation are ignored, and
+  // the result holds each forced token's log-probability and the greedy choice at its place.
+  std::vector<int32_t> forced_ids;
 };
 
 struct GenerateResult {
@@ -42,6 +46,10 @@ struct GenerateResult {
   int64_t revivals = 0;
   int64_t kv_bytes_used = 0;                   // after prefill, over all layers
   int64_t aux_cache_bytes = 0;
+  // With forced_ids: log p(forced_ids[i] | prompt, forced_ids[0..i)) in nats, and the argmax of
+  // the logits it was read from (what greedy decoding would have chosen there).
+  std::vector<double> forced_logprobs;
+  std::vector<int32_t> forced_argmax;
 };
 
 // Throws lp::Error for an empty prompt or one that does not fit the model's context.

@@ -1,0 +1,270 @@
+// `lazyprefill eval`: accuracy under pruning on long-context tasks made from public-domain text,
+// with the measured TTFT speedup of each method, as a table, JSON and speed-accuracy charts.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "evals/eval.h"
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
+#include "kernels/context.h"
+#include "kernels/runner.h"
+#include "model/error.h"
+#include "model/io.h"
+#include "model/ops.h"
+#include "model/paths.h"
+#include "reports/plot.h"
+
+namespace lp::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Mild to aggressive: the points of each policy's speed-accuracy curve when no --schedule is given.
+const char* const kDefaultLadder[] = {"0.3:0.2,0.6:0.2,0.9:0.2", "0.3:0.3,0.6:0.3,0.9:0.3",
+                                      "0.2:0.4,0.4:0.4,0.6:0.4", "0.1:0.5,0.3:0.5,0.5:0.5"};
+
+json cell_json(const eval::Cell& c, bool qa) {
+  json j = {{"method", c.method.label()},
+            {"policy", policy_name(c.method.policy)},
+            {"schedule", c.method.policy == PolicyKind::None ? "none" : c.method.schedule.to_string()},
+            {"samples", c.n},
+            {"prompt_tokens_computed_fraction", c.share},
+            {"ttft_ms_mean", c.ttft_s * 1e3},
+            {"ttft_speedup", c.speedup}};
+  if (qa) {
+    j["accuracy"] = c.accuracy;
+    j["accuracy_ci95"] = {c.accuracy_lo, c.accuracy_hi};
+    j["accuracy_change"] = c.accuracy_change;
+    j["samples_gained"] = c.gained;
+    j["samples_lost"] = c.lost;
+    j["first_k_agreement"] = c.agreement;
+  } else {
+    j["nll_mean"] = c.nll;
+    j["nll_change"] = c.nll_change;
+    j["top1_agreement"] = c.agreement;
+  }
+  return j;
+}
+
+json run_json(const eval::RunResult& r, bool qa) {
+  json j = {{"ttft_ms", r.ttft_s * 1e3}, {"share", r.share}};
+  if (qa) {
+    j["generated"] = r.generated;
+    j["correct"] = r.correct;
+  } else {
+    j["nll"] = r.nll;
+  }
+  j["agreement"] = r.agreement;
+  return j;
+}
+
+json result_json(const eval::TaskResult& r) {
+  const eval::TaskInfo& info = eval::task_info(r.task);
+  const bool qa = r.task != eval::Task::ContinuationNLL;
+  json j = {{"task", info.name}, {"description", info.description}, {"metric", info.metric}, {"length", r.length}};
+  if (qa) j["chance_accuracy"] = r.chance;
+  j["counts"] = r.counts;
+  if (!r.counts) j["note"] = "the unpruned model is not clearly above chance (accuracy < chance + 0.2): failed at baseline";
+  j["baseline"] = cell_json(r.baseline, qa);
+  json cells = json::array();
+  for (const auto& c : r.cells) cells.push_back(cell_json(c, qa));
+  j["methods"] = cells;
+  json samples = json::array();
+  for (const auto& s : r.samples) {
+    json sj = {{"index", s.index}, {"tokens", s.tokens}, {"depth", s.depth}};
+    if (qa) sj["answer"] = s.answer;
+    sj["none"] = run_json(s.baseline, qa);
+    json runs = json::array();
+    for (const auto& m : s.methods) runs.push_back(run_json(m, qa));
+    sj["methods"] = runs;
+    samples.push_back(sj);
+  }
+  j["samples"] = samples;
+  return j;
+}
+
+std::string chart(const eval::TaskResult& r, const std::string& model_name) {
+  const eval::TaskInfo& info = eval::task_info(r.task);
+  const bool qa = r.task != eval::Task::ContinuationNLL;
+  report::LineChart c;
+  c.title = fmt::format("{}: {} vs measured TTFT speedup, {} tokens", info.name, qa ? "accuracy" : "NLL change",
+                        r.length);
+  c.subtitle = fmt::format("{}, {} samples; each point a schedule (mild to aggressive){}", model_name,
+                           r.baseline.n, qa && !r.counts ? "; FAILED AT BASELINE (near chance)" : "");
+  c.x = {"TTFT speedup over unpruned (x, measured)"};
+  c.y = {qa ? "accuracy (%)" : "NLL change (nats/token)"};
+  if (qa) {
+    c.y.min = 0;
+    c.y.max = 100;
+  }
+  const auto value = [&](const eval::Cell& cell) { return qa ? 100 * cell.accuracy : cell.nll_change; };
+  for (const PolicyKind p : {PolicyKind::LazyLLM, PolicyKind::Static, PolicyKind::Random}) {
+    report::Series s;
+    s.name = policy_name(p);
+    std::vector<const eval::Cell*> cells;
+    for (const auto& cell : r.cells)
+      if (cell.method.policy == p) cells.push_back(&cell);
+    if (cells.empty()) continue;
+    std::sort(cells.begin(), cells.end(), [](auto* a, auto* b) { return a->speedup < b->speedup; });
+    for (const auto* cell : cells) {
+      s.x.push_back(cell->speedup);
+      s.y.push_back(value(*cell));
+    }
+    c.series.push_back(s);
+  }
+  c.series.push_back({"none (unpruned)", {1.0}, {value(r.baseline)}, false, true});
+  if (qa) {
+    double hi = 1;
+    for (const auto& cell : r.cells) hi = std::max(hi, cell.speedup);
+    c.series.push_back({"chance", {1.0, hi}, {100 * r.chance, 100 * r.chance}, true, false, true});
+  }
+  return report::svg_line_chart(c);
+}
+
+void print_table(const std::vector<eval::TaskResult>& results, const std::vector<eval::TargetCheck>& targets) {
+  for (const auto& r : results) {
+    const eval::TaskInfo& info = eval::task_info(r.task);
+    const bool qa = r.task != eval::Task::ContinuationNLL;
+    if (qa)
+      fmt::print("\n{} at {} tokens, {} samples: unpruned accuracy {:.0f}% [{:.0f}-{:.0f}], chance {:.3g}%{}\n",
+                 info.name, r.length, r.baseline.n, 100 * r.baseline.accuracy, 100 * r.baseline.accuracy_lo,
+                 100 * r.baseline.accuracy_hi, 100 * r.chance,
+                 r.counts ? "" : "  -> FAILED AT BASELINE: says nothing about pruning");
+    else
+      fmt::print("\n{} at {} tokens, {} samples: unpruned NLL {:.3f} nats/token over {} tokens\n", info.name, r.length,
+                 r.baseline.n, r.baseline.nll, info.max_new_tokens);
+    fmt::print("  {:<38} {:>7} {:>8} {:>9}  {}\n", "method", "share", "speedup", "TTFT ms",
+               qa ? "accuracy [95% CI]   change (+gained/-lost)  first-k agree" : "NLL change  top-1 agree");
+    for (const auto& c : r.cells) {
+      fmt::print("  {:<38} {:>6.1f}% {:>7.2f}x {:>9.0f}  ", c.method.label(), 100 * c.share, c.speedup, c.ttft_s * 1e3);
+      if (qa)
+        fmt::print("{:>4.0f}% [{:.0f}-{:.0f}]   {:>+5.1f} pt (+{}/-{})  {:>12.0f}%\n", 100 * c.accuracy,
+                   100 * c.accuracy_lo, 100 * c.accuracy_hi, 100 * c.accuracy_change, c.gained, c.lost,
+                   100 * c.agreement);
+      else
+        fmt::print("{:>+10.4f}  {:>10.1f}%\n", c.nll_change, 100 * c.agreement);
+    }
+  }
+  fmt::print("\nTargets (LazyLLM >= 1.8x measured TTFT speedup with <= 1 point accuracy loss on the QA tasks the\n"
+             "unpruned model solves; LazyLLM at or above static/random at the same schedule):\n");
+  for (const auto& t : targets) {
+    if (t.found)
+      fmt::print("  {} tokens: fastest LazyLLM within 1 point: {} at {:.2f}x ({}), worst change {:+.1f} pt\n", t.length,
+                 t.best.schedule.to_string(), t.best_speedup, t.speedup_met ? "met" : "below 1.8x",
+                 100 * t.best_worst_change);
+    else
+      fmt::print("  {} tokens: no LazyLLM schedule within 1 point on the counted tasks (or no counted task)\n",
+                 t.length);
+    if (t.matched_comparisons > 0)
+      fmt::print("  {} tokens: LazyLLM at or above static/random in {} of {} matched comparisons\n", t.length,
+                 t.lazyllm_at_or_above, t.matched_comparisons);
+  }
+}
+
+}  // namespace
+
+CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
+  auto* e = app.add_subcommand(
+      "eval",
+      "Measure accuracy under pruning on long-context tasks from public-domain text (and the TTFT speedup).\n"
+      "  lazyprefill eval --task passkey,kv --lengths 2048 --samples 20 --prune lazyllm,static,random\n"
+      "  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule 0.3:0.3,0.6:0.3,0.9:0.3 "
+      "--json");
+  e->add_option("--model", a.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)");
+  e->add_option("--task", a.tasks, "Comma-separated tasks: passkey, kv, mdqa, nll (default passkey)");
+  e->add_option("--lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
+  e->add_option("--samples", a.samples, "Samples per task and length (default 20)");
+  e->add_option("--prune", a.prune, "Policies compared with the unpruned run: lazyllm, static, random (default all)");
+  e->add_option("--schedule", a.schedules,
+                std::string("A schedule (repeat for a curve; default four from mild to aggressive: ") +
+                    kDefaultLadder[0] + " ... " + kDefaultLadder[3] + ")");
+  e->add_option("--seed", a.seed, "Seed of the samples and of --prune random (default 1)");
+  e->add_option("--threads", a.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
+  e->add_option("--agreement-tokens", a.agreement_tokens, "k: greedy tokens compared with the unpruned run (default 8)")
+      ->check(CLI::Range(1, 64));
+  e->add_option("--corpus", a.corpus, "The text (default: the KJV extract scripts/setup installs)");
+  e->add_option("--out", a.out, "Folder for eval.json and one speed-accuracy SVG per task and length");
+  e->add_flag("--json", a.json_out, "Print the JSON instead of the table");
+  return e;
+}
+
+int cmd_eval(const EvalArgs& a) {
+  eval::EvalOptions opt;
+  for (const std::string& t : split_list(a.tasks)) opt.tasks.push_back(eval::task_info(t).task);
+  if (opt.tasks.empty()) usage_fail("--task is empty (known: passkey, kv, mdqa, nll)");
+  opt.lengths = parse_lengths(a.lengths, "--lengths");
+  if (a.samples < 1) usage_fail("--samples must be at least 1, got {}", a.samples);
+  opt.samples = a.samples;
+  opt.seed = a.seed;
+  opt.agreement_tokens = a.agreement_tokens;
+  std::vector<Schedule> schedules;
+  for (const std::string& s : a.schedules) schedules.push_back(schedule_from_arg(s));
+  if (schedules.empty())
+    for (const char* s : kDefaultLadder) schedules.push_back(parse_schedule(s));
+  for (const std::string& p : split_list(a.prune)) {
+    const PolicyKind k = parse_policy(p);
+    if (k == PolicyKind::None) continue;  // the baseline always runs
+    for (const Schedule& s : schedules) opt.methods.push_back({k, s});
+  }
+  if (!a.out.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.out, ec);
+    if (ec || ::access(a.out.c_str(), W_OK) != 0) fail("cannot write to the output folder '{}'", a.out);
+  }
+
+  const eval::Corpus corpus = eval::load_corpus(a.corpus.empty() ? eval::default_corpus_path() : a.corpus);
+  const std::string path = a.model.empty() ? default_model_path() : a.model;
+  const int threads = a.threads > 0 ? a.threads : default_thread_count();
+  CpuContext ctx(threads);
+  const auto model = Model::load(path, fastest_dtype(), ctx);
+  opt.progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  const std::vector<eval::TaskResult> results = eval::run_eval(ctx, *model, corpus, opt);
+  const std::vector<eval::TargetCheck> targets = eval::check_targets(results);
+
+  json j = {{"version", LP_VERSION},
+            {"git_commit", LP_GIT_COMMIT},
+            {"model", path},
+            {"model_name", model->config().name},
+            {"dtype", dtype_name(fastest_dtype())},
+            {"threads", threads},
+            {"seed", a.seed},
+            {"samples", a.samples},
+            {"agreement_tokens", a.agreement_tokens},
+            {"corpus", a.corpus.empty() ? eval::default_corpus_path() : a.corpus}};
+  json rs = json::array();
+  for (const auto& r : results) rs.push_back(result_json(r));
+  j["results"] = rs;
+  json ts = json::array();
+  for (const auto& t : targets) {
+    json tj = {{"length", t.length}, {"lazyllm_within_1pt_found", t.found}};
+    if (t.found) {
+      tj["fastest_lazyllm_within_1pt"] = t.best.schedule.to_string();
+      tj["its_speedup"] = t.best_speedup;
+      tj["its_worst_accuracy_change"] = t.best_worst_change;
+      tj["speedup_target_met"] = t.speedup_met;
+    }
+    tj["matched_comparisons"] = t.matched_comparisons;
+    tj["lazyllm_at_or_above"] = t.lazyllm_at_or_above;
+    ts.push_back(tj);
+  }
+  j["targets"] = ts;
+
+  if (!a.out.empty()) {
+    const std::filesystem::path dir(a.out);
+    write_file_atomic((dir / "eval.json").string(), j.dump(2) + "\n", "evaluation");
+    for (const auto& r : results)
+      write_file_atomic((dir / fmt::format("speed-accuracy-{}-{}.svg", eval::task_info(r.task).name, r.length)).string(),
+                        chart(r, model->config().name), "chart");
+  }
+  if (a.json_out)
+    std::puts(j.dump(2).c_str());
+  else
+    print_table(results, targets);
+  return 0;
+}
+
+}  // namespace lp::cli

@@ -1,0 +1,243 @@
+#include "evals/eval.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/generate.h"
+#include "model/error.h"
+
+namespace lp::eval {
+
+std::string Method::label() const {
+  if (policy == PolicyKind::None) return "none";
+  return fmt::format("{} {}", policy_name(policy), schedule.to_string());
+}
+
+std::pair<double, double> wilson_interval(int k, int n) {
+  if (n <= 0) return {0.0, 1.0};
+  const double z = 1.96, p = double(k) / n, z2n = z * z / n;
+  const double centre = (p + z2n / 2) / (1 + z2n);
+  const double half = z * std::sqrt(p * (1 - p) / n + z2n / (4.0 * n)) / (1 + z2n);
+  return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
+namespace {
+
+RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskInfo& info, const Method& method,
+                  uint64_t seed) {
+  GenerateOptions g;
+  g.max_new_tokens = info.max_new_tokens;
+  g.sampler = {0.0f, 1.0f, seed};  // greedy
+  g.policy = method.policy;
+  if (method.policy != PolicyKind::None) g.schedule = method.schedule;
+  g.prune_seed = seed;
+  g.forced_ids = s.continuation_ids;
+  const GenerateResult r = generate(ctx, m, s.prompt_ids, g);
+  RunResult out;
+  out.ttft_s = r.ttft_s;
+  out.share = r.prompt_tokens_computed_fraction;
+  if (info.task == Task::ContinuationNLL) {
+    double sum = 0;
+    for (const double lp : r.forced_logprobs) sum -= lp;
+    out.nll = sum / double(std::max<size_t>(1, r.forced_logprobs.size()));
+    out.compared_ids = r.forced_argmax;
+  } else {
+    out.generated = r.text;
+    out.correct = answer_correct(info.task, r.text, s.answer);
+    out.compared_ids = r.generated_ids;
+  }
+  return out;
+}
+
+// QA: common prefix of the first k generated tokens / the tokens compared; nll: share of
+// positions with the same argmax.
+double agreement(const RunResult& base, const RunResult& run, Task task, int k) {
+  const auto& a = base.compared_ids;
+  const auto& b = run.compared_ids;
+  if (task == Task::ContinuationNLL) {
+    const size_t n = std::min(a.size(), b.size());
+    if (n == 0) return 1;
+    size_t same = 0;
+    for (size_t i = 0; i < n; ++i) same += a[i] == b[i];
+    return double(same) / double(n);
+  }
+  const size_t n = std::min<size_t>(size_t(k), std::max(a.size(), b.size()));
+  if (n == 0) return 1;
+  size_t p = 0;
+  while (p < n && p < a.size() && p < b.size() && a[p] == b[p]) ++p;
+  return double(p) / double(n);
+}
+
+Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
+               const std::vector<const RunResult*>& base, Task task) {
+  Cell c;
+  c.method = method;
+  c.n = int(runs.size());
+  int right = 0, base_right = 0;
+  double ttft = 0, base_ttft = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunResult& r = *runs[i];
+    const RunResult& b = *base[i];
+    right += r.correct;
+    base_right += b.correct;
+    c.gained += r.correct && !b.correct;
+    c.lost += !r.correct && b.correct;
+    c.agreement += r.agreement;
+    c.nll += r.nll;
+    c.nll_change += r.nll - b.nll;
+    c.share += r.share;
+    ttft += r.ttft_s;
+    base_ttft += b.ttft_s;
+  }
+  const double n = std::max(1, c.n);
+  c.agreement = (c.agreement - 1) / n;  // started at 1
+  c.nll /= n;
+  c.nll_change /= n;
+  c.share = (c.share - 1) / n;
+  c.ttft_s = ttft / n;
+  c.speedup = ttft > 0 ? base_ttft / ttft : 1;
+  if (task != Task::ContinuationNLL) {
+    c.accuracy = double(right) / n;
+    std::tie(c.accuracy_lo, c.accuracy_hi) = wilson_interval(right, c.n);
+    c.accuracy_change = double(right - base_right) / n;
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& corpus, const EvalOptions& opt) {
+  const ModelConfig& cfg = m.config();
+  if (opt.tasks.empty()) usage_fail("no task to evaluate");
+  if (opt.lengths.empty()) usage_fail("no prompt length to evaluate");
+  if (opt.samples < 1) usage_fail("--samples must be at least 1, got {}", opt.samples);
+  for (const Task t : opt.tasks)
+    for (const int64_t len : opt.lengths) {
+      const int64_t need = len + task_info(t).max_new_tokens;
+      if (len < 1 || need > cfg.n_ctx_train)
+        usage_fail("a prompt of {} tokens plus {} new tokens does not fit the model's context of {} tokens", len,
+                   task_info(t).max_new_tokens, cfg.n_ctx_train);
+    }
+  for (const Method& me : opt.methods)
+    if (me.policy != PolicyKind::None) {
+      try {
+        resolve_schedule(me.schedule, cfg.n_layer);
+      } catch (const Error& e) {
+        usage_fail("schedule '{}' does not fit this {}-layer model: {}", me.schedule.to_string(), cfg.n_layer,
+                   e.what());
+      }
+    }
+
+  const Tokenizer& tok = m.tokenizer();
+  const Method none{};
+  std::vector<TaskResult> out;
+  bool warmed = !opt.warm_up;
+  for (const Task task : opt.tasks) {
+    const TaskInfo& info = task_info(task);
+    for (const int64_t len : opt.lengths) {
+      const std::vector<Sample> samples = make_samples(task, corpus, tok, len, opt.samples, opt.seed);
+      if (!warmed) {
+        run_one(ctx, m, samples[0], info, none, opt.seed);
+        warmed = true;
+      }
+      TaskResult tr;
+      tr.task = task;
+      tr.length = len;
+      tr.chance = chance_accuracy(info);
+      for (size_t i = 0; i < samples.size(); ++i) {
+        const Sample& s = samples[i];
+        const uint64_t seed = opt.seed + i;
+        SampleResult sr;
+        sr.index = int(i);
+        sr.tokens = s.tokens();
+        sr.depth = s.depth;
+        if (task != Task::ContinuationNLL) sr.answer = s.answer;
+        sr.baseline = run_one(ctx, m, s, info, none, seed);
+        std::string line = fmt::format("{} {} tokens, sample {}/{}: none {} {:.2f} s", info.name, sr.tokens, i + 1,
+                                       samples.size(),
+                                       task == Task::ContinuationNLL ? fmt::format("nll {:.3f}", sr.baseline.nll)
+                                                                     : (sr.baseline.correct ? "right" : "wrong"),
+                                       sr.baseline.ttft_s);
+        for (const Method& me : opt.methods) {
+          RunResult r = run_one(ctx, m, s, info, me, seed);
+          r.agreement = agreement(sr.baseline, r, task, opt.agreement_tokens);
+          line += fmt::format(" | {} {} {:.2f} s", me.label(),
+                              task == Task::ContinuationNLL ? fmt::format("nll {:+.3f}", r.nll - sr.baseline.nll)
+                                                            : (r.correct ? "right" : "wrong"),
+                              r.ttft_s);
+          sr.methods.push_back(std::move(r));
+        }
+        if (opt.progress) opt.progress(line);
+        tr.samples.push_back(std::move(sr));
+      }
+      std::vector<const RunResult*> base;
+      for (const auto& sr : tr.samples) base.push_back(&sr.baseline);
+      tr.baseline = summarize(none, base, base, task);
+      for (size_t k = 0; k < opt.methods.size(); ++k) {
+        std::vector<const RunResult*> runs;
+        for (const auto& sr : tr.samples) runs.push_back(&sr.methods[k]);
+        tr.cells.push_back(summarize(opt.methods[k], runs, base, task));
+      }
+      tr.counts = task == Task::ContinuationNLL || tr.baseline.accuracy >= tr.chance + 0.2;
+      for (auto& sr : tr.samples) {  // the token lists only served the agreement
+        sr.baseline.compared_ids.clear();
+        for (auto& r : sr.methods) r.compared_ids.clear();
+      }
+      out.push_back(std::move(tr));
+    }
+  }
+  return out;
+}
+
+std::vector<TargetCheck> check_targets(const std::vector<TaskResult>& results, double min_speedup,
+                                       double max_loss) {
+  std::vector<int64_t> lengths;
+  for (const auto& r : results)
+    if (std::find(lengths.begin(), lengths.end(), r.length) == lengths.end()) lengths.push_back(r.length);
+  std::vector<TargetCheck> out;
+  for (const int64_t len : lengths) {
+    TargetCheck t;
+    t.length = len;
+    std::vector<const TaskResult*> counted;
+    for (const auto& r : results)
+      if (r.length == len && r.counts && r.task != Task::ContinuationNLL) counted.push_back(&r);
+    if (counted.empty()) {
+      out.push_back(t);
+      continue;
+    }
+    const auto& methods = counted[0]->cells;
+    for (size_t k = 0; k < methods.size(); ++k) {
+      const Method& me = methods[k].method;
+      if (me.policy != PolicyKind::LazyLLM) continue;
+      double worst_speedup = 1e300, worst_change = 1e300;
+      for (const TaskResult* r : counted) {
+        worst_speedup = std::min(worst_speedup, r->cells[k].speedup);
+        worst_change = std::min(worst_change, r->cells[k].accuracy_change);
+      }
+      // Matched share: the same schedule under the baselines.
+      for (size_t j = 0; j < methods.size(); ++j) {
+        const Method& other = methods[j].method;
+        if (other.policy != PolicyKind::Static && other.policy != PolicyKind::Random) continue;
+        if (other.schedule.to_string() != me.schedule.to_string()) continue;
+        for (const TaskResult* r : counted) {
+          ++t.matched_comparisons;
+          t.lazyllm_at_or_above += r->cells[k].accuracy >= r->cells[j].accuracy;
+        }
+      }
+      if (worst_change < -max_loss - 1e-12) continue;
+      if (!t.found || worst_speedup > t.best_speedup) {
+        t.found = true;
+        t.best = me;
+        t.best_speedup = worst_speedup;
+        t.best_worst_change = worst_change;
+      }
+    }
+    t.speedup_met = t.found && t.best_speedup >= min_speedup;
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace lp::eval
