@@ -66,7 +66,7 @@ struct EvalArgs {
   std::vector<std::string> schedules;
   int samples = 20, threads = 0, agreement_tokens = 8;
   uint64_t seed = 1;
-  bool json_out = false;
+  bool json_out = false, with_prompts = false;
 };
 CLI::App* add_eval(CLI::App& app, EvalArgs& a);
 int cmd_eval(const EvalArgs& a);

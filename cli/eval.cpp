@@ -77,6 +77,7 @@ json result_json(const eval::TaskResult& r) {
   for (const auto& s : r.samples) {
     json sj = {{"index", s.index}, {"tokens", s.tokens}, {"depth", s.depth}};
     if (qa) sj["answer"] = s.answer;
+    if (!s.prompt.empty()) sj["prompt"] = s.prompt;
     sj["none"] = run_json(s.baseline, qa);
     json runs = json::array();
     for (const auto& m : s.methods) runs.push_back(run_json(m, qa));
@@ -189,6 +190,8 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   e->add_option("--corpus", a.corpus, "The text (default: the KJV extract scripts/setup installs)");
   e->add_option("--out", a.out, "Folder for eval.json and one speed-accuracy SVG per task and length");
   e->add_flag("--json", a.json_out, "Print the JSON instead of the table");
+  e->add_flag("--with-prompts", a.with_prompts,
+              "Keep every sample's prompt text in the JSON (to rerun one with `run --prompt-file`)");
   return e;
 }
 
@@ -201,6 +204,7 @@ int cmd_eval(const EvalArgs& a) {
   opt.samples = a.samples;
   opt.seed = a.seed;
   opt.agreement_tokens = a.agreement_tokens;
+  opt.keep_prompts = a.with_prompts;
   std::vector<Schedule> schedules;
   for (const std::string& s : a.schedules) schedules.push_back(schedule_from_arg(s));
   if (schedules.empty())

@@ -154,6 +154,7 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
         sr.tokens = s.tokens();
         sr.depth = s.depth;
         if (task != Task::ContinuationNLL) sr.answer = s.answer;
+        if (opt.keep_prompts) sr.prompt = s.prompt;
         sr.baseline = run_one(ctx, m, s, info, none, seed);
         std::string line = fmt::format("{} {} tokens, sample {}/{}: none {} {:.2f} s", info.name, sr.tokens, i + 1,
                                        samples.size(),

@@ -32,6 +32,7 @@ struct EvalOptions {
   std::vector<Method> methods;
   int agreement_tokens = 8;  // k: the first k greedy tokens are compared with the baseline's
   bool warm_up = true;       // one untimed unpruned prefill before the first sample
+  bool keep_prompts = false; // keep each sample's prompt text in its SampleResult
   // Called with one line per sample (progress), may be empty.
   std::function<void(const std::string&)> progress;
 };
@@ -53,6 +54,7 @@ struct SampleResult {
   int64_t tokens = 0;
   double depth = 0;
   std::string answer;               // QA only
+  std::string prompt;               // the prompt text, when EvalOptions::keep_prompts
   RunResult baseline;
   std::vector<RunResult> methods;   // parallel to EvalOptions::methods
 };

@@ -709,7 +709,7 @@ TEST_F(CliEval, WritesJsonAndChartsOnTheTinyModel) {
   }
   EXPECT_EQ(j["results"][0]["task"], "kv");
   EXPECT_DOUBLE_EQ(j["results"][0]["chance_accuracy"].get<double>(), 0.25);
-  EXPECT_TRUE(j["results"][1].contains("samples"));
+  EXPECT_FALSE(j["results"][0]["samples"][0].contains("prompt"));  // only with --with-prompts
   EXPECT_TRUE(j["results"][1]["baseline"].contains("nll_mean"));
   // One progress line per sample on stderr.
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 4) << r.err;
@@ -743,7 +743,7 @@ TEST_F(CliEval, BadInput) {
 TEST_F(CliEval, UnprunedEvalAnswersExactlyLikeRunOnTheRealModel) {
   const std::string model = testing::real_model_path();
   CliResult r = run_cli(dir_, {"eval", "--model", model, "--task", "passkey,kv,mdqa", "--lengths", "400", "--samples",
-                               "2", "--prune", "none", "--seed", "3", "--threads", "1", "--json"});
+                               "2", "--prune", "none", "--seed", "3", "--threads", "1", "--with-prompts", "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   const Tokenizer tok(vocab_from_gguf(GgufFile::open(model)));
@@ -755,6 +755,7 @@ TEST_F(CliEval, UnprunedEvalAnswersExactlyLikeRunOnTheRealModel) {
     for (const auto& s : res["samples"]) {
       const eval::Sample& sample = samples[s["index"].get<size_t>()];
       EXPECT_EQ(s["answer"], sample.answer);
+      EXPECT_EQ(s["prompt"], sample.prompt);
       const std::string prompt = write_text(sample.prompt, "prompt.txt");
       const CliResult run = run_cli(dir_, {"run", "--model", model, "--prompt-file", prompt, "--max-new-tokens", "8",
                                            "--threads", "1", "--json"});
