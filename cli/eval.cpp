@@ -153,13 +153,15 @@ void print_table(const std::vector<eval::TaskResult>& results, const std::vector
   fmt::print("\nTargets (LazyLLM >= 1.8x measured TTFT speedup with <= 1 point accuracy loss on the QA tasks the\n"
              "unpruned model solves; LazyLLM at or above static/random at the same schedule):\n");
   for (const auto& t : targets) {
-    if (t.found)
+    if (t.counted_tasks == 0)
+      fmt::print("  {} tokens: no QA task the unpruned model solves was evaluated at this length\n", t.length);
+    else if (t.found)
       fmt::print("  {} tokens: fastest LazyLLM within 1 point: {} at {:.2f}x ({}), worst change {:+.1f} pt\n", t.length,
                  t.best.schedule.to_string(), t.best_speedup, t.speedup_met ? "met" : "below 1.8x",
                  100 * t.best_worst_change);
     else
-      fmt::print("  {} tokens: no LazyLLM schedule within 1 point on the counted tasks (or no counted task)\n",
-                 t.length);
+      fmt::print("  {} tokens: no LazyLLM schedule within 1 point on the {} counted QA task(s)\n", t.length,
+                 t.counted_tasks);
     if (t.matched_comparisons > 0)
       fmt::print("  {} tokens: LazyLLM at or above static/random in {} of {} matched comparisons\n", t.length,
                  t.lazyllm_at_or_above, t.matched_comparisons);
@@ -244,7 +246,7 @@ int cmd_eval(const EvalArgs& a) {
   j["results"] = rs;
   json ts = json::array();
   for (const auto& t : targets) {
-    json tj = {{"length", t.length}, {"lazyllm_within_1pt_found", t.found}};
+    json tj = {{"length", t.length}, {"counted_qa_tasks", t.counted_tasks}, {"lazyllm_within_1pt_found", t.found}};
     if (t.found) {
       tj["fastest_lazyllm_within_1pt"] = t.best.schedule.to_string();
       tj["its_speedup"] = t.best_speedup;

@@ -204,6 +204,7 @@ std::vector<TargetCheck> check_targets(const std::vector<TaskResult>& results, d
     std::vector<const TaskResult*> counted;
     for (const auto& r : results)
       if (r.length == len && r.counts && r.task != Task::ContinuationNLL) counted.push_back(&r);
+    t.counted_tasks = int(counted.size());
     if (counted.empty()) {
       out.push_back(t);
       continue;

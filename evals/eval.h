@@ -95,6 +95,7 @@ std::pair<double, double> wilson_interval(int k, int n);
 // The targets, read off the results for one length.
 struct TargetCheck {
   int64_t length = 0;
+  int counted_tasks = 0;  // QA tasks at this length where the unpruned model is above chance
   // The fastest lazyllm method (by its smallest speedup over the counted tasks) whose accuracy
   // falls by at most `max_loss` on every counted QA task; none if no method qualifies.
   bool found = false;

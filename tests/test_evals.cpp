@@ -311,6 +311,7 @@ TEST(EvalTargets, FastestLazyLLMWithinOnePointAndMatchedComparisons) {
   const auto t = eval::check_targets({a, b});
   ASSERT_EQ(t.size(), 1u);
   EXPECT_TRUE(t[0].found);
+  EXPECT_EQ(t[0].counted_tasks, 2);
   EXPECT_EQ(t[0].best.schedule.to_string(), parse_schedule("0.2:0.4").to_string());
   EXPECT_DOUBLE_EQ(t[0].best_speedup, 1.9);  // the smaller of the two tasks'
   EXPECT_TRUE(t[0].speedup_met);
