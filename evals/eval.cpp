@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "kernels/generate.h"
 #include "model/error.h"
@@ -76,7 +77,7 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
   c.method = method;
   c.n = int(runs.size());
   int right = 0, base_right = 0;
-  double ttft = 0, base_ttft = 0;
+  double agreement = 0, nll = 0, nll_change = 0, share = 0, ttft = 0, base_ttft = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunResult& r = *runs[i];
     const RunResult& b = *base[i];
@@ -84,18 +85,18 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
     base_right += b.correct;
     c.gained += r.correct && !b.correct;
     c.lost += !r.correct && b.correct;
-    c.agreement += r.agreement;
-    c.nll += r.nll;
-    c.nll_change += r.nll - b.nll;
-    c.share += r.share;
+    agreement += r.agreement;
+    nll += r.nll;
+    nll_change += r.nll - b.nll;
+    share += r.share;
     ttft += r.ttft_s;
     base_ttft += b.ttft_s;
   }
   const double n = std::max(1, c.n);
-  c.agreement = (c.agreement - 1) / n;  // started at 1
-  c.nll /= n;
-  c.nll_change /= n;
-  c.share = (c.share - 1) / n;
+  c.agreement = agreement / n;
+  c.nll = nll / n;
+  c.nll_change = nll_change / n;
+  c.share = share / n;
   c.ttft_s = ttft / n;
   c.speedup = ttft > 0 ? base_ttft / ttft : 1;
   if (task != Task::ContinuationNLL) {
