@@ -1,0 +1,182 @@
+#include "sim/measurements.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <tuple>
+
+#include "model/error.h"
+
+namespace lp::sim {
+namespace {
+
+using json = nlohmann::json;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read measurements '{}'", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A field of record `rec` of `path`, of the JSON type T; errors name all three.
+template <class T>
+T field(const json& o, const char* key, const std::string& path, int rec) {
+  const auto it = o.find(key);
+  if (it == o.end()) fail("{}: record {}: missing field '{}'", path, rec, key);
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail("{}: record {}: field '{}' has the wrong type ({})", path, rec, key, it->dump());
+  }
+}
+
+// "qwen2 7B Q4_K - Medium" -> "Q4_K - Medium": llama.cpp's model_type is "<arch> <size> <ftype>".
+std::string ftype_of(const std::string& model_type) {
+  const size_t a = model_type.find(' ');
+  const size_t b = a == std::string::npos ? a : model_type.find(' ', a + 1);
+  return b == std::string::npos ? model_type : model_type.substr(b + 1);
+}
+
+Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
+  if (!o.is_object()) fail("{}: record {}: not a JSON object", path, rec);
+  Measurement m;
+  m.file = path;
+  m.record = rec;
+  m.framework = "llama.cpp";
+  m.framework_version = fmt::format("{} ({})", field<std::string>(o, "build_commit", path, rec),
+                                    field<int64_t>(o, "build_number", path, rec));
+  m.model = field<std::string>(o, "model_type", path, rec);
+  m.dtype = ftype_of(m.model);
+  const int64_t ngl = field<int64_t>(o, "n_gpu_layers", path, rec);
+  const std::string gpu = o.contains("gpu_info") ? field<std::string>(o, "gpu_info", path, rec) : "";
+  m.hardware = ngl > 0 && !gpu.empty() ? gpu : field<std::string>(o, "cpu_info", path, rec);
+  const int64_t n_prompt = field<int64_t>(o, "n_prompt", path, rec);
+  const int64_t n_gen = field<int64_t>(o, "n_gen", path, rec);
+  m.context_tokens = o.contains("n_depth") ? field<int64_t>(o, "n_depth", path, rec) : 0;
+  const double avg_ns = field<double>(o, "avg_ns", path, rec);
+  if (o.contains("samples_ns")) m.repetitions = int(field<std::vector<double>>(o, "samples_ns", path, rec).size());
+  if (n_prompt < 0 || n_gen < 0 || m.context_tokens < 0)
+    fail("{}: record {}: negative n_prompt, n_gen or n_depth", path, rec);
+  if (!(avg_ns > 0)) fail("{}: record {}: field 'avg_ns' must be positive, got {}", path, rec, avg_ns);
+  if (n_prompt > 0 && n_gen > 0)
+    fail("{}: record {}: a combined prompt+generation test (-pg {},{}) cannot be split into TTFT and decode; "
+         "run llama-bench with -p and -n instead",
+         path, rec, n_prompt, n_gen);
+  if (n_prompt == 0 && n_gen == 0) fail("{}: record {}: n_prompt and n_gen are both 0", path, rec);
+  if (n_prompt > 0) {
+    m.prompt_tokens = n_prompt;
+    m.ttft_ms = avg_ns * 1e-6;
+  } else {
+    m.decode_tokens = n_gen;
+    m.decode_ms_per_token = avg_ns * 1e-6 / double(n_gen);
+  }
+  return m;
+}
+
+}  // namespace
+
+std::vector<Measurement> import_llama_bench(const std::string& path) {
+  const std::string text = read_text(path);
+  std::vector<Measurement> out;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) fail("{}: empty file", path);
+  if (text[first] == '[') {
+    json arr;
+    try {
+      arr = json::parse(text);
+    } catch (const json::parse_error& e) {
+      fail("{}: not valid JSON ({})", path, e.what());
+    }
+    for (size_t i = 0; i < arr.size(); ++i) out.push_back(from_llama_bench(arr[i], path, int(i) + 1));
+  } else {
+    std::istringstream in(text);
+    std::string line;
+    int rec = 0;
+    while (std::getline(in, line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      ++rec;
+      json o;
+      try {
+        o = json::parse(line);
+      } catch (const json::parse_error& e) {
+        fail("{}: line {}: not valid JSON ({})", path, rec, e.what());
+      }
+      out.push_back(from_llama_bench(o, path, rec));
+    }
+  }
+  if (out.empty()) fail("{}: no llama-bench results in the file", path);
+  return out;
+}
+
+std::vector<Measurement> import_run_json(const std::string& path) {
+  json o;
+  try {
+    o = json::parse(read_text(path));
+  } catch (const json::parse_error& e) {
+    fail("{}: not valid JSON ({})", path, e.what());
+  }
+  if (!o.is_object()) fail("{}: not a `lazyprefill run --json` object", path);
+  Measurement m;
+  m.file = path;
+  m.record = 1;
+  m.framework = "lazyprefill";
+  m.framework_version = fmt::format("{} ({})", field<std::string>(o, "version", path, 1),
+                                    field<std::string>(o, "git_commit", path, 1));
+  m.model = field<std::string>(o, "model", path, 1);
+  m.hardware = "cpu-local";
+  m.dtype = field<std::string>(o, "dtype", path, 1);
+  m.prompt_tokens = field<int64_t>(o, "prompt_tokens", path, 1);
+  m.ttft_ms = field<double>(o, "ttft_ms", path, 1);
+  if (!(*m.ttft_ms > 0) || m.prompt_tokens < 1) fail("{}: record 1: ttft_ms and prompt_tokens must be positive", path);
+  const std::string prune = field<std::string>(o, "prune", path, 1);
+  if (prune != "none") m.method = prune + " " + field<std::string>(o, "schedule", path, 1);
+  // The first token comes from the prefill; each later one is a decoding step.
+  const int64_t steps = field<int64_t>(o, "generated_tokens", path, 1) - 1;
+  const double tps = field<double>(o, "decode_tokens_per_s", path, 1);
+  if (steps > 0 && tps > 0) {
+    m.decode_tokens = steps;
+    m.decode_ms_per_token = 1e3 / tps;
+  }
+  return {m};
+}
+
+std::vector<Measurement> import_measurements(const std::string& path) {
+  const std::string text = read_text(path);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) fail("{}: empty file", path);
+  if (text[first] == '{') {
+    // A single object: run --json (has "ops"), else the first of llama-bench's JSON Lines.
+    try {
+      const json o = json::parse(text);
+      if (o.contains("ops") && o.contains("ttft_ms")) return import_run_json(path);
+    } catch (const json::parse_error&) {
+      // several lines: JSON Lines
+    }
+    return import_llama_bench(path);
+  }
+  if (text[first] == '[') return import_llama_bench(path);
+  fail("{}: not a recognised measurement file (llama-bench -o json/jsonl, or lazyprefill run --json)", path);
+}
+
+void check_no_duplicates(const std::vector<Measurement>& ms) {
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int64_t, int64_t,
+                         int64_t, bool>;
+  std::map<Key, const Measurement*> seen;
+  for (const Measurement& m : ms) {
+    const Key key{m.model, m.hardware, m.framework, m.dtype,          m.method,           m.batch,
+                  m.tp,    m.prompt_tokens, m.context_tokens, m.decode_tokens, m.ttft_ms.has_value()};
+    const auto [it, fresh] = seen.emplace(key, &m);
+    if (!fresh)
+      fail("duplicate measurement: {} record {} and {} record {} are the same point ({} on {}, {} prompt tokens, "
+           "{} generated)",
+           it->second->file, it->second->record, m.file, m.record, m.model, m.hardware, m.prompt_tokens,
+           m.decode_tokens);
+  }
+}
+
+}  // namespace lp::sim

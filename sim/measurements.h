@@ -1,0 +1,53 @@
+// Measured end-to-end results from the tools users already run, turned into one record that the
+// calibration can fit to (issue 7; formats in docs/measurements.md).
+//
+// Importers so far: llama-bench (`-o json` and `-o jsonl`) and our own `run --json`. Every error
+// names the file, the record (1-based) and the field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lp::sim {
+
+struct Measurement {
+  std::string file;  // where it came from
+  int record = 0;    // 1-based index of the record (JSON array element, JSON line, CSV row)
+  std::string framework, framework_version;
+  std::string model;     // as the file names it (e.g. llama-bench's model_type)
+  std::string hardware;  // as the file names it (GPU name, or the CPU when nothing ran on a GPU)
+  std::string dtype;     // the weights' type as the file names it ("Q4_K - Medium", "f32")
+  std::string method = "none";  // token pruning: "none", or "lazyllm 0.3:0.3,..." (our runs)
+  int batch = 1;         // sequences processed together
+  int tp = 1;            // tensor-parallel degree
+  int64_t prompt_tokens = 0;   // tokens prefilled (0 for a decode-only test)
+  int64_t context_tokens = 0;  // tokens already in the KV cache before this work
+  // Prefill time of prompt_tokens (TTFT without queueing or sampling), when measured.
+  std::optional<double> ttft_ms;
+  // Mean time per generated token, and how many were generated, when measured.
+  std::optional<double> decode_ms_per_token;
+  int64_t decode_tokens = 0;
+  int repetitions = 1;  // samples averaged into the figures
+};
+
+// llama-bench -o json (an array) or -o jsonl (one object per line). A prompt-processing test
+// (n_prompt > 0, n_gen = 0) gives ttft_ms = avg_ns / 1e6; a generation test (n_prompt = 0,
+// n_gen > 0) gives decode_ms_per_token = avg_ns / 1e6 / n_gen with context_tokens = n_depth.
+// Combined -pg tests cannot be split into the two and are refused. Throws lp::Error.
+std::vector<Measurement> import_llama_bench(const std::string& path);
+
+// One `lazyprefill run --json` output file. Throws lp::Error.
+std::vector<Measurement> import_run_json(const std::string& path);
+
+// By content: a run --json object, a llama-bench array or JSON Lines. Throws lp::Error naming the
+// file when it is none of these.
+std::vector<Measurement> import_measurements(const std::string& path);
+
+// Two records describe the same point when model, hardware, framework, dtype, method, batch, tp, prompt,
+// context and decode tokens are equal and both measure the same quantity. Throws lp::Error naming
+// both records of the first duplicate.
+void check_no_duplicates(const std::vector<Measurement>& ms);
+
+}  // namespace lp::sim

@@ -1,0 +1,142 @@
+// Importers of measured results (sim/measurements.h): llama-bench's JSON and JSON Lines (the
+// sample files of its own documentation, tests/fixtures/measurements/README.md) and run --json;
+// expected values are read off the sample files by hand.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "model/error.h"
+#include "sim/measurements.h"
+#include "tests/gguf_writer.h"
+#include "tests/test_util.h"
+
+namespace lp {
+namespace {
+
+using sim::Measurement;
+
+std::string sample(const char* name) {
+  return testing::fixture_path(std::string("measurements/") + name);
+}
+
+std::string write(const testing::TempDir& dir, const std::string& name, const std::string& text) {
+  const std::string p = dir.file(name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+void expect_error(const std::string& path, std::initializer_list<std::string> needles) {
+  try {
+    sim::import_measurements(path);
+    ADD_FAILURE() << "no error for " << path;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
+  }
+}
+
+TEST(Measurements, LlamaBenchJsonGivesTtftAndDecodeRecords) {
+  const auto ms = sim::import_measurements(sample("llama-bench-rtx4080.json"));
+  ASSERT_EQ(ms.size(), 2u);
+  const Measurement& pp = ms[0];
+  EXPECT_EQ(pp.framework, "llama.cpp");
+  EXPECT_EQ(pp.framework_version, "8cf427ff (5163)");
+  EXPECT_EQ(pp.model, "qwen2 7B Q4_K - Medium");
+  EXPECT_EQ(pp.dtype, "Q4_K - Medium");
+  EXPECT_EQ(pp.hardware, "NVIDIA GeForce RTX 4080");
+  EXPECT_EQ(pp.record, 1);
+  EXPECT_EQ(pp.prompt_tokens, 512);
+  EXPECT_EQ(pp.batch, 1);
+  EXPECT_EQ(pp.tp, 1);
+  EXPECT_EQ(pp.repetitions, 5);
+  ASSERT_TRUE(pp.ttft_ms.has_value());
+  EXPECT_DOUBLE_EQ(*pp.ttft_ms, 72.13564);  // avg_ns 72135640
+  EXPECT_FALSE(pp.decode_ms_per_token.has_value());
+  const Measurement& tg = ms[1];
+  EXPECT_EQ(tg.prompt_tokens, 0);
+  EXPECT_EQ(tg.decode_tokens, 128);
+  EXPECT_FALSE(tg.ttft_ms.has_value());
+  ASSERT_TRUE(tg.decode_ms_per_token.has_value());
+  EXPECT_NEAR(*tg.decode_ms_per_token, 1076.76788 / 128, 1e-9);  // avg_ns 1076767880 over 128 tokens
+  EXPECT_NO_THROW(sim::check_no_duplicates(ms));
+}
+
+TEST(Measurements, LlamaBenchJsonLinesAndDuplicatesAcrossFiles) {
+  const auto jl = sim::import_measurements(sample("llama-bench-rtx4080.jsonl"));
+  ASSERT_EQ(jl.size(), 2u);
+  EXPECT_DOUBLE_EQ(*jl[0].ttft_ms, 70.49722);
+  EXPECT_NEAR(*jl[1].decode_ms_per_token, 1068.0784 / 128, 1e-9);
+  EXPECT_EQ(jl[1].record, 2);
+  // The same tests measured twice are the same point: refused, naming both places.
+  auto both = sim::import_measurements(sample("llama-bench-rtx4080.json"));
+  both.insert(both.end(), jl.begin(), jl.end());
+  try {
+    sim::check_no_duplicates(both);
+    FAIL();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("llama-bench-rtx4080.json record 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("llama-bench-rtx4080.jsonl record 1"), std::string::npos) << msg;
+  }
+}
+
+TEST(Measurements, CpuOnlyLlamaBenchNamesTheCpu) {
+  testing::TempDir dir;
+  std::ifstream in(sample("llama-bench-rtx4080.jsonl"));
+  std::string line;
+  std::getline(in, line);
+  const size_t at = line.find("\"n_gpu_layers\": 99");
+  ASSERT_NE(at, std::string::npos);
+  line.replace(at, 18, "\"n_gpu_layers\": 0");
+  const auto ms = sim::import_measurements(write(dir, "cpu.jsonl", line + "\n"));
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_EQ(ms[0].hardware, "AMD Ryzen 7 7800X3D 8-Core Processor");
+}
+
+TEST(Measurements, RunJsonGivesOneRecordWithItsMethod) {
+  testing::TempDir dir;
+  const std::string p = write(dir, "run.json", R"({"text": "x", "prompt_tokens": 100, "generated_tokens": 5,
+      "ttft_ms": 250.0, "prefill_ms": 249.0, "decode_tokens_per_s": 20.0, "model": "m.gguf", "dtype": "f32",
+      "version": "0.1.0", "git_commit": "abc", "prune": "lazyllm", "schedule": "0.3:0.3", "ops": {}})");
+  const auto ms = sim::import_measurements(p);
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_EQ(ms[0].framework, "lazyprefill");
+  EXPECT_EQ(ms[0].method, "lazyllm 0.3:0.3");
+  EXPECT_DOUBLE_EQ(*ms[0].ttft_ms, 250.0);
+  EXPECT_EQ(ms[0].decode_tokens, 4);
+  EXPECT_DOUBLE_EQ(*ms[0].decode_ms_per_token, 50.0);
+}
+
+TEST(Measurements, BadInputNamesFileRecordAndField) {
+  testing::TempDir dir;
+  std::ifstream in(sample("llama-bench-rtx4080.jsonl"));
+  std::string l1, l2;
+  std::getline(in, l1);
+  std::getline(in, l2);
+  const auto without = [](std::string s, const std::string& key) {
+    const size_t a = s.find("\"" + key + "\"");
+    const size_t b = s.find(',', a);
+    return s.erase(a, b - a + 2);
+  };
+  const auto replaced = [](std::string s, const std::string& from, const std::string& to) {
+    return s.replace(s.find(from), from.size(), to);
+  };
+  expect_error(write(dir, "noavg.jsonl", l1 + "\n" + without(l2, "avg_ns") + "\n"),
+               {"noavg.jsonl", "record 2", "'avg_ns'"});
+  expect_error(write(dir, "type.jsonl", replaced(l1, "\"n_prompt\": 512", "\"n_prompt\": \"512\"") + "\n"),
+               {"type.jsonl", "record 1", "'n_prompt'", "wrong type"});
+  expect_error(write(dir, "pg.jsonl", replaced(l1, "\"n_gen\": 0", "\"n_gen\": 128") + "\n"),
+               {"pg.jsonl", "record 1", "-pg 512,128"});
+  expect_error(write(dir, "zero.jsonl", replaced(l1, "\"avg_ns\": 70497220", "\"avg_ns\": 0") + "\n"),
+               {"zero.jsonl", "'avg_ns' must be positive"});
+  expect_error(write(dir, "cut.jsonl", l1 + "\n" + l2.substr(0, 100) + "\n"), {"cut.jsonl", "line 2", "not valid JSON"});
+  expect_error(write(dir, "empty.json", "  \n"), {"empty.json", "empty"});
+  expect_error(write(dir, "table.md", "| model | size |\n"), {"table.md", "not a recognised measurement file"});
+  expect_error(write(dir, "arr.json", "[1, 2]"), {"arr.json", "record 1", "not a JSON object"});
+  expect_error(dir.file("missing.json"), {"cannot read measurements", "missing.json"});
+}
+
+}  // namespace
+}  // namespace lp
