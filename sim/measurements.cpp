@@ -2,7 +2,17 @@
 
 #include <fmt/format.h>
 
+// Debian's libfccp-dev (fast-cpp-csv-parser); without its reader thread. Its error types copy
+// file names with strncpy into fixed buffers, which GCC flags; the truncation is intended.
+#define CSV_IO_NO_THREAD
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-truncation"
+#include <libfccp/csv.h>
+#pragma GCC diagnostic pop
+
+#include <charconv>
 #include <fstream>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -78,7 +88,91 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
   return m;
 }
 
+// Strict numbers for the CSV: the whole cell, finite, in range.
+double csv_number(const std::string& cell, const char* column, const std::string& path, int rec) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), v);
+  if (ec != std::errc() || end != cell.data() + cell.size() || !std::isfinite(v))
+    fail("{}: row {}: column '{}': '{}' is not a number", path, rec, column, cell);
+  return v;
+}
+
+int64_t csv_count(const std::string& cell, const char* column, const std::string& path, int rec, int64_t min) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), v);
+  if (ec != std::errc() || end != cell.data() + cell.size())
+    fail("{}: row {}: column '{}': '{}' is not a whole number", path, rec, column, cell);
+  if (v < min) fail("{}: row {}: column '{}' must be at least {}, got {}", path, rec, column, min, v);
+  return v;
+}
+
 }  // namespace
+
+std::vector<Measurement> import_csv(const std::string& path) {
+  read_text(path);  // a readable file, or our own one-line error
+  // Every column the format knows (docs/measurements.md); any other column is an error.
+  std::string model, hardware, framework, version, dtype, method, batch, tp, prompt, context, ttft_ms, ttft_s,
+      decode_ms, decode_tokens, reps;
+  std::vector<Measurement> out;
+  try {
+    io::CSVReader<15, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>, io::throw_on_overflow,
+                  io::single_line_comment<'#'>>
+        in(path);
+    in.read_header(io::ignore_missing_column, "model", "hardware", "framework", "framework_version", "dtype", "method",
+                   "batch", "tp", "prompt_tokens", "context_tokens", "ttft_ms", "ttft_s", "decode_ms_per_token",
+                   "decode_tokens", "repetitions");
+    for (const char* need : {"model", "hardware", "prompt_tokens"})
+      if (!in.has_column(need)) fail("{}: missing column '{}' (docs/measurements.md lists the format)", path, need);
+    if (in.has_column("ttft_ms") && in.has_column("ttft_s"))
+      fail("{}: mixed units: both 'ttft_ms' and 'ttft_s' columns; keep one", path);
+    const bool has_ttft = in.has_column("ttft_ms") || in.has_column("ttft_s");
+    if (!has_ttft && !in.has_column("decode_ms_per_token"))
+      fail("{}: no time column: give 'ttft_ms' (or 'ttft_s') and/or 'decode_ms_per_token'", path);
+    const double ttft_scale = in.has_column("ttft_s") ? 1e3 : 1.0;
+    int rec = 0;
+    while (in.read_row(model, hardware, framework, version, dtype, method, batch, tp, prompt, context, ttft_ms, ttft_s,
+                       decode_ms, decode_tokens, reps)) {
+      ++rec;
+      Measurement m;
+      m.file = path;
+      m.record = rec;
+      if (model.empty() || hardware.empty()) fail("{}: row {}: 'model' and 'hardware' must not be empty", path, rec);
+      m.model = model;
+      m.hardware = hardware;
+      m.framework = framework.empty() ? "unknown" : framework;
+      m.framework_version = version;
+      m.dtype = dtype;
+      if (!method.empty()) m.method = method;
+      if (!batch.empty()) m.batch = int(csv_count(batch, "batch", path, rec, 1));
+      if (!tp.empty()) m.tp = int(csv_count(tp, "tp", path, rec, 1));
+      m.prompt_tokens = csv_count(prompt, "prompt_tokens", path, rec, 0);
+      if (!context.empty()) m.context_tokens = csv_count(context, "context_tokens", path, rec, 0);
+      if (!reps.empty()) m.repetitions = int(csv_count(reps, "repetitions", path, rec, 1));
+      const std::string& ttft = in.has_column("ttft_s") ? ttft_s : ttft_ms;
+      if (!ttft.empty()) {
+        const double v = csv_number(ttft, in.has_column("ttft_s") ? "ttft_s" : "ttft_ms", path, rec) * ttft_scale;
+        if (!(v > 0)) fail("{}: row {}: TTFT must be positive, got {}", path, rec, ttft);
+        if (m.prompt_tokens < 1) fail("{}: row {}: a TTFT needs prompt_tokens >= 1", path, rec);
+        m.ttft_ms = v;
+      }
+      if (!decode_ms.empty()) {
+        const double v = csv_number(decode_ms, "decode_ms_per_token", path, rec);
+        if (!(v > 0)) fail("{}: row {}: decode_ms_per_token must be positive, got {}", path, rec, decode_ms);
+        m.decode_ms_per_token = v;
+        m.decode_tokens = decode_tokens.empty() ? 1 : csv_count(decode_tokens, "decode_tokens", path, rec, 1);
+      }
+      if (!m.ttft_ms && !m.decode_ms_per_token) fail("{}: row {}: no time given", path, rec);
+      out.push_back(std::move(m));
+      for (std::string* cell : {&framework, &version, &dtype, &method, &batch, &tp, &context, &ttft_ms, &ttft_s,
+                                &decode_ms, &decode_tokens, &reps})
+        cell->clear();  // a missing column leaves its variable as it was
+    }
+  } catch (const io::error::base& e) {
+    fail("{}: {}", path, e.what());
+  }
+  if (out.empty()) fail("{}: no rows", path);
+  return out;
+}
 
 std::vector<Measurement> import_llama_bench(const std::string& path) {
   const std::string text = read_text(path);
@@ -149,6 +243,7 @@ std::vector<Measurement> import_measurements(const std::string& path) {
   const std::string text = read_text(path);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) fail("{}: empty file", path);
+  if (path.ends_with(".csv")) return import_csv(path);
   if (text[first] == '{') {
     // A single object: run --json (has "ops"), else the first of llama-bench's JSON Lines.
     try {
@@ -160,7 +255,7 @@ std::vector<Measurement> import_measurements(const std::string& path) {
     return import_llama_bench(path);
   }
   if (text[first] == '[') return import_llama_bench(path);
-  fail("{}: not a recognised measurement file (llama-bench -o json/jsonl, or lazyprefill run --json)", path);
+  fail("{}: not a recognised measurement file (llama-bench -o json/jsonl, lazyprefill run --json, or a .csv)", path);
 }
 
 void check_no_duplicates(const std::vector<Measurement>& ms) {

@@ -1,7 +1,7 @@
 // Measured end-to-end results from the tools users already run, turned into one record that the
 // calibration can fit to (issue 7; formats in docs/measurements.md).
 //
-// Importers so far: llama-bench (`-o json` and `-o jsonl`) and our own `run --json`. Every error
+// Importers so far: llama-bench (`-o json` and `-o jsonl`), our own `run --json` and a plain CSV. Every error
 // names the file, the record (1-based) and the field.
 #pragma once
 
@@ -38,11 +38,18 @@ struct Measurement {
 // Combined -pg tests cannot be split into the two and are refused. Throws lp::Error.
 std::vector<Measurement> import_llama_bench(const std::string& path);
 
+// The plain CSV of docs/measurements.md: a header naming columns from model, hardware,
+// prompt_tokens (required), framework, framework_version, dtype, method, batch, tp,
+// context_tokens, ttft_ms or ttft_s, decode_ms_per_token, decode_tokens, repetitions; '#' starts
+// a comment line; empty cells are "not given". Unknown, duplicated or missing required columns,
+// mixed units, and cells that are not numbers are errors naming the file, row and column.
+std::vector<Measurement> import_csv(const std::string& path);
+
 // One `lazyprefill run --json` output file. Throws lp::Error.
 std::vector<Measurement> import_run_json(const std::string& path);
 
-// By content: a run --json object, a llama-bench array or JSON Lines. Throws lp::Error naming the
-// file when it is none of these.
+// A .csv file by its name; otherwise by content: a run --json object, a llama-bench array or JSON
+// Lines. Throws lp::Error naming the file when it is none of these.
 std::vector<Measurement> import_measurements(const std::string& path);
 
 // Two records describe the same point when model, hardware, framework, dtype, method, batch, tp, prompt,

@@ -138,5 +138,52 @@ TEST(Measurements, BadInputNamesFileRecordAndField) {
   expect_error(dir.file("missing.json"), {"cannot read measurements", "missing.json"});
 }
 
+TEST(Measurements, PlainCsvWithCommentsQuotesAndEmptyCells) {
+  const auto ms = sim::import_measurements(sample("plain.csv"));
+  ASSERT_EQ(ms.size(), 3u);
+  EXPECT_EQ(ms[0].model, "llama-3.1-8b");
+  EXPECT_EQ(ms[0].hardware, "h100-sxm");
+  EXPECT_EQ(ms[0].framework, "vllm");
+  EXPECT_EQ(ms[0].framework_version, "0.6.3");
+  EXPECT_EQ(ms[0].prompt_tokens, 4096);
+  EXPECT_DOUBLE_EQ(*ms[0].ttft_ms, 312.5);
+  EXPECT_FALSE(ms[0].decode_ms_per_token.has_value());
+  EXPECT_FALSE(ms[1].ttft_ms.has_value());
+  EXPECT_DOUBLE_EQ(*ms[1].decode_ms_per_token, 7.25);
+  EXPECT_EQ(ms[1].decode_tokens, 128);
+  EXPECT_EQ(ms[2].hardware, "a100-80gb");
+  EXPECT_EQ(ms[2].batch, 4);
+  EXPECT_EQ(ms[2].tp, 2);
+  EXPECT_DOUBLE_EQ(*ms[2].ttft_ms, 401.0);
+  EXPECT_EQ(ms[2].record, 3);
+  EXPECT_NO_THROW(sim::check_no_duplicates(ms));
+}
+
+TEST(Measurements, CsvUnitsAndBadInput) {
+  testing::TempDir dir;
+  const auto seconds = sim::import_measurements(write(dir, "s.csv", "model,hardware,prompt_tokens,ttft_s\nm,h,100,0.25\n"));
+  EXPECT_DOUBLE_EQ(*seconds[0].ttft_ms, 250.0);
+  expect_error(write(dir, "mixed.csv", "model,hardware,prompt_tokens,ttft_ms,ttft_s\nm,h,1,1,1\n"),
+               {"mixed.csv", "mixed units", "'ttft_ms'", "'ttft_s'"});
+  expect_error(write(dir, "extra.csv", "model,hardware,prompt_tokens,ttft_msec\nm,h,1,1\n"),
+               {"extra.csv", "ttft_msec"});
+  expect_error(write(dir, "dup.csv", "model,hardware,prompt_tokens,ttft_ms,model\nm,h,1,1,m\n"),
+               {"dup.csv", "model"});
+  expect_error(write(dir, "nohw.csv", "model,prompt_tokens,ttft_ms\nm,1,1\n"), {"nohw.csv", "missing column 'hardware'"});
+  expect_error(write(dir, "notime.csv", "model,hardware,prompt_tokens\nm,h,1\n"), {"notime.csv", "no time column"});
+  expect_error(write(dir, "nan.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1,1\nm,h,2,fast\n"),
+               {"nan.csv", "row 2", "'ttft_ms'", "'fast'"});
+  expect_error(write(dir, "frac.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1.5,1\n"),
+               {"frac.csv", "row 1", "'prompt_tokens'", "whole number"});
+  expect_error(write(dir, "neg.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,10,-3\n"),
+               {"neg.csv", "row 1", "must be positive"});
+  expect_error(write(dir, "rows.csv", "model,hardware,prompt_tokens,ttft_ms\n"), {"rows.csv", "no rows"});
+  expect_error(write(dir, "short.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1\n"), {"short.csv"});
+  // Duplicate points across rows.
+  const auto twice = sim::import_measurements(
+      write(dir, "twice.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,100,1\nm,h,100,2\n"));
+  EXPECT_THROW(sim::check_no_duplicates(twice), Error);
+}
+
 }  // namespace
 }  // namespace lp
