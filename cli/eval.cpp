@@ -187,8 +187,9 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
                     kDefaultLadder[0] + " ... " + kDefaultLadder[3] + ")");
   e->add_option("--seed", a.seed, "Seed of the samples and of --prune random (default 1)");
   e->add_option("--threads", a.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
-  e->add_option("--agreement-tokens", a.agreement_tokens, "k: greedy tokens compared with the unpruned run (default 8)")
-      ->check(CLI::Range(1, 64));
+  e->add_option("--agreement-tokens", a.agreement_tokens,
+                "k: greedy tokens compared with the unpruned run, at most the 8 a QA task generates (default 8)")
+      ->check(CLI::Range(1, 8));
   e->add_option("--corpus", a.corpus, "The text (default: the KJV extract scripts/setup installs)");
   e->add_option("--out", a.out, "Folder for eval.json and one speed-accuracy SVG per task and length");
   e->add_flag("--json", a.json_out, "Print the JSON instead of the table");
@@ -202,6 +203,9 @@ int cmd_eval(const EvalArgs& a) {
   for (const std::string& t : split_list(a.tasks)) opt.tasks.push_back(eval::task_info(t).task);
   if (opt.tasks.empty()) usage_fail("--task is empty (known: passkey, kv, mdqa, nll)");
   opt.lengths = parse_lengths(a.lengths, "--lengths");
+  for (size_t i = 0; i < opt.lengths.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (opt.lengths[i] == opt.lengths[j]) usage_fail("--lengths lists {} twice", opt.lengths[i]);
   if (a.samples < 1) usage_fail("--samples must be at least 1, got {}", a.samples);
   opt.samples = a.samples;
   opt.seed = a.seed;

@@ -36,6 +36,8 @@ const std::vector<TaskInfo> kTasks = {
      kContinuation},
 };
 
+// n distinct words in a seeded order. std::shuffle's algorithm is the standard library's own: the
+// samples (and the results in docs/results/) are those of libstdc++, which is what we build with.
 template <size_t N>
 std::vector<std::string> pick(const char* const (&words)[N], int n, std::mt19937_64& rng) {
   std::vector<std::string> all(std::begin(words), std::end(words));
@@ -94,13 +96,15 @@ template <class Build>
 std::string fit(const Tokenizer& tok, int64_t tokens, size_t count, Build build, std::vector<int32_t>& ids) {
   std::string prompt = build(count);
   ids = tok.encode(prompt, true, false);
-  while (count > 1 && int64_t(ids.size()) > tokens) {
+  while (count > 0 && int64_t(ids.size()) > tokens) {
     // Drop about as many verses as the overshoot needs (a verse is ~30 tokens), then one at a time.
-    const size_t drop = std::max<size_t>(1, std::min(count - 1, size_t((int64_t(ids.size()) - tokens) / 60)));
+    const size_t drop = std::max<size_t>(1, std::min(count, size_t((int64_t(ids.size()) - tokens) / 60)));
     count -= drop;
     prompt = build(count);
     ids = tok.encode(prompt, true, false);
   }
+  if (int64_t(ids.size()) > tokens)
+    fail("{} tokens are too few for this task's text (the question and facts alone take {})", tokens, ids.size());
   return prompt;
 }
 
@@ -124,7 +128,7 @@ Sample passkey(const Corpus& c, const Tokenizer& tok, int64_t tokens, int i, std
   s.prompt = fit(tok, tokens, verses.size(), [&](size_t n) {
     return join_with_inserts(verses, n, {{depth, needle}}) + question;
   }, s.prompt_ids);
-  s.depth = depth;
+  s.depth = share_of(s.prompt, needle);
   return s;
 }
 
@@ -196,6 +200,8 @@ Sample multi_doc(const Corpus& c, const Tokenizer& tok, int64_t tokens, std::mt1
     s.prompt = build();
     s.prompt_ids = tok.encode(s.prompt, true, false);
   }
+  if (s.tokens() > tokens)
+    fail("mdqa: {} tokens are too few for five documents and the question (they take {})", tokens, s.tokens());
   s.depth = share_of(s.prompt, facts[q]);
   return s;
 }

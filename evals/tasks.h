@@ -43,7 +43,7 @@ struct Sample {
   Task task = Task::Passkey;
   std::string prompt;  // plain text (no chat template)
   std::string answer;  // QA: what the model must say first; nll: the continuation's text
-  double depth = 0;    // where the needle (passkey) or the asked pair (kv) sits, share of the text
+  double depth = 0;    // where the needle, the asked pair or the asked fact starts: share of the prompt's bytes
   std::vector<int32_t> prompt_ids;        // with BOS; its size is the prompt's length in tokens
   std::vector<int32_t> continuation_ids;  // nll: the tokens scored with teacher forcing
   int64_t tokens() const { return int64_t(prompt_ids.size()); }

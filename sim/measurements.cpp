@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
+#include <type_traits>
 
 #include "model/error.h"
 
@@ -38,6 +39,10 @@ template <class T>
 T field(const json& o, const char* key, const std::string& path, int rec) {
   const auto it = o.find(key);
   if (it == o.end()) fail("{}: record {}: missing field '{}'", path, rec, key);
+  if constexpr (std::is_integral_v<T>)
+    if (!it->is_number_integer()) fail("{}: record {}: field '{}' must be a whole number, got {}", path, rec, key, it->dump());
+  if constexpr (std::is_floating_point_v<T>)
+    if (!it->is_number()) fail("{}: record {}: field '{}' must be a number, got {}", path, rec, key, it->dump());
   try {
     return it->get<T>();
   } catch (const json::exception&) {
@@ -62,6 +67,11 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
                                     field<int64_t>(o, "build_number", path, rec));
   m.model = field<std::string>(o, "model_type", path, rec);
   m.dtype = ftype_of(m.model);
+  // Settings that change speed between otherwise equal tests (a -t 4,8 or -fa 0,1 sweep).
+  const auto opt_text = [&](const char* k) { return o.contains(k) ? o.at(k).dump() : std::string("-"); };
+  m.config = fmt::format("threads={} batch={} ubatch={} flash_attn={} type_k={} type_v={} ngl={} split={}",
+                         opt_text("n_threads"), opt_text("n_batch"), opt_text("n_ubatch"), opt_text("flash_attn"),
+                         opt_text("type_k"), opt_text("type_v"), opt_text("n_gpu_layers"), opt_text("split_mode"));
   const int64_t ngl = field<int64_t>(o, "n_gpu_layers", path, rec);
   const std::string gpu = o.contains("gpu_info") ? field<std::string>(o, "gpu_info", path, rec) : "";
   m.hardware = ngl > 0 && !gpu.empty() ? gpu : field<std::string>(o, "cpu_info", path, rec);
@@ -69,7 +79,10 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
   const int64_t n_gen = field<int64_t>(o, "n_gen", path, rec);
   m.context_tokens = o.contains("n_depth") ? field<int64_t>(o, "n_depth", path, rec) : 0;
   const double avg_ns = field<double>(o, "avg_ns", path, rec);
-  if (o.contains("samples_ns")) m.repetitions = int(field<std::vector<double>>(o, "samples_ns", path, rec).size());
+  if (o.contains("samples_ns")) {
+    m.repetitions = int(field<std::vector<double>>(o, "samples_ns", path, rec).size());
+    if (m.repetitions < 1) fail("{}: record {}: field 'samples_ns' is empty", path, rec);
+  }
   if (n_prompt < 0 || n_gen < 0 || m.context_tokens < 0)
     fail("{}: record {}: negative n_prompt, n_gen or n_depth", path, rec);
   if (!(avg_ns > 0)) fail("{}: record {}: field 'avg_ns' must be positive, got {}", path, rec, avg_ns);
@@ -88,12 +101,28 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
   return m;
 }
 
+// A record measuring both a TTFT and a decode latency becomes two, the decode one after the prompt.
+void push_split(std::vector<Measurement>& out, Measurement m) {
+  if (m.ttft_ms && m.decode_ms_per_token) {
+    Measurement d = m;
+    d.ttft_ms.reset();
+    d.context_tokens = m.prompt_tokens + m.context_tokens;
+    d.prompt_tokens = 0;
+    m.decode_ms_per_token.reset();
+    m.decode_tokens = 0;
+    out.push_back(std::move(m));
+    out.push_back(std::move(d));
+  } else {
+    out.push_back(std::move(m));
+  }
+}
+
 // Strict numbers for the CSV: the whole cell, finite, in range.
 double csv_number(const std::string& cell, const char* column, const std::string& path, int rec) {
   double v = 0;
   const auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), v);
   if (ec != std::errc() || end != cell.data() + cell.size() || !std::isfinite(v))
-    fail("{}: row {}: column '{}': '{}' is not a number", path, rec, column, cell);
+    fail("{}: line {}: column '{}': '{}' is not a number", path, rec, column, cell);
   return v;
 }
 
@@ -101,15 +130,16 @@ int64_t csv_count(const std::string& cell, const char* column, const std::string
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), v);
   if (ec != std::errc() || end != cell.data() + cell.size())
-    fail("{}: row {}: column '{}': '{}' is not a whole number", path, rec, column, cell);
-  if (v < min) fail("{}: row {}: column '{}' must be at least {}, got {}", path, rec, column, min, v);
+    fail("{}: line {}: column '{}': '{}' is not a whole number", path, rec, column, cell);
+  if (v < min) fail("{}: line {}: column '{}' must be at least {}, got {}", path, rec, column, min, v);
   return v;
 }
 
 }  // namespace
 
 std::vector<Measurement> import_csv(const std::string& path) {
-  read_text(path);  // a readable file, or our own one-line error
+  std::string text = read_text(path);  // a readable file, or our own one-line error
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 byte-order mark (spreadsheet exports)
   // Every column the format knows (docs/measurements.md); any other column is an error.
   std::string model, hardware, framework, version, dtype, method, batch, tp, prompt, context, ttft_ms, ttft_s,
       decode_ms, decode_tokens, reps;
@@ -117,7 +147,7 @@ std::vector<Measurement> import_csv(const std::string& path) {
   try {
     io::CSVReader<15, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>, io::throw_on_overflow,
                   io::single_line_comment<'#'>>
-        in(path);
+        in(path, text.data(), text.data() + text.size());
     in.read_header(io::ignore_missing_column, "model", "hardware", "framework", "framework_version", "dtype", "method",
                    "batch", "tp", "prompt_tokens", "context_tokens", "ttft_ms", "ttft_s", "decode_ms_per_token",
                    "decode_tokens", "repetitions");
@@ -129,14 +159,13 @@ std::vector<Measurement> import_csv(const std::string& path) {
     if (!has_ttft && !in.has_column("decode_ms_per_token"))
       fail("{}: no time column: give 'ttft_ms' (or 'ttft_s') and/or 'decode_ms_per_token'", path);
     const double ttft_scale = in.has_column("ttft_s") ? 1e3 : 1.0;
-    int rec = 0;
     while (in.read_row(model, hardware, framework, version, dtype, method, batch, tp, prompt, context, ttft_ms, ttft_s,
                        decode_ms, decode_tokens, reps)) {
-      ++rec;
+      const int rec = int(in.get_file_line());  // the physical line, as the reader's own errors count
       Measurement m;
       m.file = path;
       m.record = rec;
-      if (model.empty() || hardware.empty()) fail("{}: row {}: 'model' and 'hardware' must not be empty", path, rec);
+      if (model.empty() || hardware.empty()) fail("{}: line {}: 'model' and 'hardware' must not be empty", path, rec);
       m.model = model;
       m.hardware = hardware;
       m.framework = framework.empty() ? "unknown" : framework;
@@ -151,18 +180,20 @@ std::vector<Measurement> import_csv(const std::string& path) {
       const std::string& ttft = in.has_column("ttft_s") ? ttft_s : ttft_ms;
       if (!ttft.empty()) {
         const double v = csv_number(ttft, in.has_column("ttft_s") ? "ttft_s" : "ttft_ms", path, rec) * ttft_scale;
-        if (!(v > 0)) fail("{}: row {}: TTFT must be positive, got {}", path, rec, ttft);
-        if (m.prompt_tokens < 1) fail("{}: row {}: a TTFT needs prompt_tokens >= 1", path, rec);
+        if (!(v > 0)) fail("{}: line {}: TTFT must be positive, got {}", path, rec, ttft);
+        if (m.prompt_tokens < 1) fail("{}: line {}: a TTFT needs prompt_tokens >= 1", path, rec);
         m.ttft_ms = v;
       }
       if (!decode_ms.empty()) {
         const double v = csv_number(decode_ms, "decode_ms_per_token", path, rec);
-        if (!(v > 0)) fail("{}: row {}: decode_ms_per_token must be positive, got {}", path, rec, decode_ms);
+        if (!(v > 0)) fail("{}: line {}: decode_ms_per_token must be positive, got {}", path, rec, decode_ms);
         m.decode_ms_per_token = v;
         m.decode_tokens = decode_tokens.empty() ? 1 : csv_count(decode_tokens, "decode_tokens", path, rec, 1);
       }
-      if (!m.ttft_ms && !m.decode_ms_per_token) fail("{}: row {}: no time given", path, rec);
-      out.push_back(std::move(m));
+      if (!m.ttft_ms && !m.decode_ms_per_token) fail("{}: line {}: no time given", path, rec);
+      if (!m.decode_ms_per_token && !decode_tokens.empty())
+        fail("{}: line {}: decode_tokens without decode_ms_per_token", path, rec);
+      push_split(out, std::move(m));
       for (std::string* cell : {&framework, &version, &dtype, &method, &batch, &tp, &context, &ttft_ms, &ttft_s,
                                 &decode_ms, &decode_tokens, &reps})
         cell->clear();  // a missing column leaves its variable as it was
@@ -190,10 +221,10 @@ std::vector<Measurement> import_llama_bench(const std::string& path) {
   } else {
     std::istringstream in(text);
     std::string line;
-    int rec = 0;
+    int rec = 0;  // the physical line number
     while (std::getline(in, line)) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       ++rec;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       json o;
       try {
         o = json::parse(line);
@@ -236,7 +267,9 @@ std::vector<Measurement> import_run_json(const std::string& path) {
     m.decode_tokens = steps;
     m.decode_ms_per_token = 1e3 / tps;
   }
-  return {m};
+  std::vector<Measurement> out;
+  push_split(out, std::move(m));
+  return out;
 }
 
 std::vector<Measurement> import_measurements(const std::string& path) {
@@ -259,12 +292,13 @@ std::vector<Measurement> import_measurements(const std::string& path) {
 }
 
 void check_no_duplicates(const std::vector<Measurement>& ms) {
-  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int64_t, int64_t,
-                         int64_t, bool>;
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string, std::string,
+                         int, int, int64_t, int64_t, int64_t, bool>;
   std::map<Key, const Measurement*> seen;
   for (const Measurement& m : ms) {
-    const Key key{m.model, m.hardware, m.framework, m.dtype,          m.method,           m.batch,
-                  m.tp,    m.prompt_tokens, m.context_tokens, m.decode_tokens, m.ttft_ms.has_value()};
+    const Key key{m.model,         m.hardware,      m.framework,      m.framework_version, m.dtype,
+                  m.method,        m.config,        m.batch,          m.tp,                m.prompt_tokens,
+                  m.context_tokens, m.decode_tokens, m.ttft_ms.has_value()};
     const auto [it, fresh] = seen.emplace(key, &m);
     if (!fresh)
       fail("duplicate measurement: {} record {} and {} record {} are the same point ({} on {}, {} prompt tokens, "

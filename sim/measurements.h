@@ -14,16 +14,18 @@ namespace lp::sim {
 
 struct Measurement {
   std::string file;  // where it came from
-  int record = 0;    // 1-based index of the record (JSON array element, JSON line, CSV row)
+  int record = 0;    // 1-based: the JSON array element, or the file's line (JSON Lines, CSV)
   std::string framework, framework_version;
   std::string model;     // as the file names it (e.g. llama-bench's model_type)
   std::string hardware;  // as the file names it (GPU name, or the CPU when nothing ran on a GPU)
   std::string dtype;     // the weights' type as the file names it ("Q4_K - Medium", "f32")
   std::string method = "none";  // token pruning: "none", or "lazyllm 0.3:0.3,..." (our runs)
+  std::string config;            // other settings that change speed (llama-bench: threads, ubatch, flash attention, KV types)
   int batch = 1;         // sequences processed together
   int tp = 1;            // tensor-parallel degree
   int64_t prompt_tokens = 0;   // tokens prefilled (0 for a decode-only test)
-  int64_t context_tokens = 0;  // tokens already in the KV cache before this work
+  int64_t context_tokens = 0;  // tokens already in the KV cache before this work (a decode record
+                               // of a run that prefilled P tokens has context P)
   // Prefill time of prompt_tokens (TTFT without queueing or sampling), when measured.
   std::optional<double> ttft_ms;
   // Mean time per generated token, and how many were generated, when measured.
@@ -52,8 +54,10 @@ std::vector<Measurement> import_run_json(const std::string& path);
 // Lines. Throws lp::Error naming the file when it is none of these.
 std::vector<Measurement> import_measurements(const std::string& path);
 
-// Two records describe the same point when model, hardware, framework, dtype, method, batch, tp, prompt,
-// context and decode tokens are equal and both measure the same quantity. Throws lp::Error naming
+// Each record measures one quantity: a TTFT (prompt_tokens > 0) or a decode latency. A source row
+// with both becomes two records, the decode one at context prompt_tokens + context_tokens.
+// Two records describe the same point when model, hardware, framework and version, dtype, method,
+// config, batch, tp, prompt, context and decode tokens are equal and both measure the same quantity. Throws lp::Error naming
 // both records of the first duplicate.
 void check_no_duplicates(const std::vector<Measurement>& ms);
 

@@ -731,6 +731,8 @@ TEST_F(CliEval, BadInput) {
   expect_one_line_error(eval({"--lengths", "300", "--samples", "0"}), {"--samples must be at least 1"});
   expect_one_line_error(eval({"--lengths", "300", "--schedule", "9:0.5"}), {"'9:0.5'", "6-layer model"});
   expect_one_line_error(eval({"--lengths", "300,many"}), {"--lengths", "'many'"});
+  expect_one_line_error(eval({"--lengths", "300,200,300"}), {"--lengths lists 300 twice"});
+  expect_one_line_error(eval({"--lengths", "300", "--agreement-tokens", "9"}), {"--agreement-tokens"});
   expect_one_line_error(eval({"--lengths", "300", "--prune", "lazy"}), {"lazy"});
   expect_one_line_error(eval({"--lengths", "300", "--corpus", "/no/such/text.txt"}), {"/no/such/text.txt"});
   // The default schedules need at least 4 layers; the 2-layer model says so.

@@ -50,7 +50,8 @@ TEST(EvalTasks, PasskeySamplesAreReproducibleAndHitTheirLength) {
     const size_t at = a[i].prompt.find(needle);
     ASSERT_NE(at, std::string::npos);
     EXPECT_EQ(a[i].prompt.find(needle, at + 1), std::string::npos);
-    EXPECT_NEAR(double(at) / double(a[i].prompt.size()), a[i].depth, 0.05) << i;
+    EXPECT_NEAR(double(at) / double(a[i].prompt.size()), a[i].depth, 0.01) << i;
+    EXPECT_NEAR(a[i].depth, 0.1 + 0.2 * double(i % 5), 0.05) << i;  // depths cycle 10% ... 90%
     EXPECT_TRUE(a[i].prompt.ends_with("What is the pass key? The pass key is"));
   }
   EXPECT_THROW(eval::make_samples(eval::Task::Passkey, corpus(), tok, 20, 1, 1), Error);

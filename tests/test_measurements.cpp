@@ -95,18 +95,36 @@ TEST(Measurements, CpuOnlyLlamaBenchNamesTheCpu) {
   EXPECT_EQ(ms[0].hardware, "AMD Ryzen 7 7800X3D 8-Core Processor");
 }
 
+TEST(Measurements, LlamaBenchSweepsOverSettingsAreNotDuplicates) {
+  testing::TempDir dir;
+  std::ifstream in(sample("llama-bench-rtx4080.jsonl"));
+  std::string line;
+  std::getline(in, line);
+  std::string fa = line;
+  fa.replace(fa.find("\"flash_attn\": false"), 19, "\"flash_attn\": true");
+  const auto ms = sim::import_measurements(write(dir, "fa.jsonl", line + "\n" + fa + "\n"));
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_NE(ms[0].config, ms[1].config);
+  EXPECT_NO_THROW(sim::check_no_duplicates(ms));
+  EXPECT_THROW(sim::check_no_duplicates({ms[0], ms[0]}), Error);
+}
+
 TEST(Measurements, RunJsonGivesOneRecordWithItsMethod) {
   testing::TempDir dir;
   const std::string p = write(dir, "run.json", R"({"text": "x", "prompt_tokens": 100, "generated_tokens": 5,
       "ttft_ms": 250.0, "prefill_ms": 249.0, "decode_tokens_per_s": 20.0, "model": "m.gguf", "dtype": "f32",
       "version": "0.1.0", "git_commit": "abc", "prune": "lazyllm", "schedule": "0.3:0.3", "ops": {}})");
   const auto ms = sim::import_measurements(p);
-  ASSERT_EQ(ms.size(), 1u);
+  ASSERT_EQ(ms.size(), 2u);  // a TTFT point and a decode point
   EXPECT_EQ(ms[0].framework, "lazyprefill");
   EXPECT_EQ(ms[0].method, "lazyllm 0.3:0.3");
   EXPECT_DOUBLE_EQ(*ms[0].ttft_ms, 250.0);
-  EXPECT_EQ(ms[0].decode_tokens, 4);
-  EXPECT_DOUBLE_EQ(*ms[0].decode_ms_per_token, 50.0);
+  EXPECT_EQ(ms[0].prompt_tokens, 100);
+  EXPECT_FALSE(ms[0].decode_ms_per_token.has_value());
+  EXPECT_EQ(ms[1].decode_tokens, 4);
+  EXPECT_DOUBLE_EQ(*ms[1].decode_ms_per_token, 50.0);
+  EXPECT_EQ(ms[1].context_tokens, 100);
+  EXPECT_NO_THROW(sim::check_no_duplicates(ms));
 }
 
 TEST(Measurements, BadInputNamesFileRecordAndField) {
@@ -126,12 +144,16 @@ TEST(Measurements, BadInputNamesFileRecordAndField) {
   expect_error(write(dir, "noavg.jsonl", l1 + "\n" + without(l2, "avg_ns") + "\n"),
                {"noavg.jsonl", "record 2", "'avg_ns'"});
   expect_error(write(dir, "type.jsonl", replaced(l1, "\"n_prompt\": 512", "\"n_prompt\": \"512\"") + "\n"),
-               {"type.jsonl", "record 1", "'n_prompt'", "wrong type"});
+               {"type.jsonl", "record 1", "'n_prompt'", "whole number"});
+  expect_error(write(dir, "frac.jsonl", replaced(l1, "\"n_prompt\": 512", "\"n_prompt\": 512.7") + "\n"),
+               {"frac.jsonl", "record 1", "'n_prompt'", "whole number"});
+  expect_error(write(dir, "reps.jsonl", replaced(l1, "[ 71551000, 71222800, 70364100, 69439100, 69909100 ]", "[]") + "\n"),
+               {"reps.jsonl", "'samples_ns' is empty"});
   expect_error(write(dir, "pg.jsonl", replaced(l1, "\"n_gen\": 0", "\"n_gen\": 128") + "\n"),
                {"pg.jsonl", "record 1", "-pg 512,128"});
   expect_error(write(dir, "zero.jsonl", replaced(l1, "\"avg_ns\": 70497220", "\"avg_ns\": 0") + "\n"),
                {"zero.jsonl", "'avg_ns' must be positive"});
-  expect_error(write(dir, "cut.jsonl", l1 + "\n" + l2.substr(0, 100) + "\n"), {"cut.jsonl", "line 2", "not valid JSON"});
+  expect_error(write(dir, "cut.jsonl", l1 + "\n\n" + l2.substr(0, 100) + "\n"), {"cut.jsonl", "line 3", "not valid JSON"});
   expect_error(write(dir, "empty.json", "  \n"), {"empty.json", "empty"});
   expect_error(write(dir, "table.md", "| model | size |\n"), {"table.md", "not a recognised measurement file"});
   expect_error(write(dir, "arr.json", "[1, 2]"), {"arr.json", "record 1", "not a JSON object"});
@@ -140,7 +162,7 @@ TEST(Measurements, BadInputNamesFileRecordAndField) {
 
 TEST(Measurements, PlainCsvWithCommentsQuotesAndEmptyCells) {
   const auto ms = sim::import_measurements(sample("plain.csv"));
-  ASSERT_EQ(ms.size(), 3u);
+  ASSERT_EQ(ms.size(), 4u);  // the last row has a TTFT and a decode latency: two records
   EXPECT_EQ(ms[0].model, "llama-3.1-8b");
   EXPECT_EQ(ms[0].hardware, "h100-sxm");
   EXPECT_EQ(ms[0].framework, "vllm");
@@ -151,11 +173,19 @@ TEST(Measurements, PlainCsvWithCommentsQuotesAndEmptyCells) {
   EXPECT_FALSE(ms[1].ttft_ms.has_value());
   EXPECT_DOUBLE_EQ(*ms[1].decode_ms_per_token, 7.25);
   EXPECT_EQ(ms[1].decode_tokens, 128);
+  EXPECT_EQ(ms[0].record, 3);  // line 1 is a comment, line 2 the header
   EXPECT_EQ(ms[2].hardware, "a100-80gb");
   EXPECT_EQ(ms[2].batch, 4);
   EXPECT_EQ(ms[2].tp, 2);
   EXPECT_DOUBLE_EQ(*ms[2].ttft_ms, 401.0);
-  EXPECT_EQ(ms[2].record, 3);
+  EXPECT_FALSE(ms[2].decode_ms_per_token.has_value());
+  EXPECT_EQ(ms[2].record, 5);
+  EXPECT_EQ(ms[3].record, 5);
+  EXPECT_FALSE(ms[3].ttft_ms.has_value());
+  EXPECT_DOUBLE_EQ(*ms[3].decode_ms_per_token, 12.5);
+  EXPECT_EQ(ms[3].prompt_tokens, 0);
+  EXPECT_EQ(ms[3].context_tokens, 2048);  // decoding ran after the 2048-token prompt
+  EXPECT_EQ(ms[3].decode_tokens, 64);
   EXPECT_NO_THROW(sim::check_no_duplicates(ms));
 }
 
@@ -172,11 +202,15 @@ TEST(Measurements, CsvUnitsAndBadInput) {
   expect_error(write(dir, "nohw.csv", "model,prompt_tokens,ttft_ms\nm,1,1\n"), {"nohw.csv", "missing column 'hardware'"});
   expect_error(write(dir, "notime.csv", "model,hardware,prompt_tokens\nm,h,1\n"), {"notime.csv", "no time column"});
   expect_error(write(dir, "nan.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1,1\nm,h,2,fast\n"),
-               {"nan.csv", "row 2", "'ttft_ms'", "'fast'"});
+               {"nan.csv", "line 3", "'ttft_ms'", "'fast'"});
   expect_error(write(dir, "frac.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1.5,1\n"),
-               {"frac.csv", "row 1", "'prompt_tokens'", "whole number"});
+               {"frac.csv", "line 2", "'prompt_tokens'", "whole number"});
   expect_error(write(dir, "neg.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,10,-3\n"),
-               {"neg.csv", "row 1", "must be positive"});
+               {"neg.csv", "line 2", "must be positive"});
+  const auto bom = sim::import_measurements(write(dir, "bom.csv", "\xEF\xBB\xBFmodel,hardware,prompt_tokens,ttft_ms\nm,h,1,2\n"));
+  EXPECT_EQ(bom[0].model, "m");
+  expect_error(write(dir, "dt.csv", "model,hardware,prompt_tokens,ttft_ms,decode_tokens\nm,h,1,2,5\n"),
+               {"dt.csv", "line 2", "decode_tokens without decode_ms_per_token"});
   expect_error(write(dir, "rows.csv", "model,hardware,prompt_tokens,ttft_ms\n"), {"rows.csv", "no rows"});
   expect_error(write(dir, "short.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1\n"), {"short.csv"});
   // Duplicate points across rows.
