@@ -64,7 +64,7 @@ json run_json(const eval::RunResult& r, bool qa) {
 
 json result_json(const eval::TaskResult& r) {
   const eval::TaskInfo& info = eval::task_info(r.task);
-  const bool qa = r.task != eval::Task::ContinuationNLL;
+  const bool qa = eval::is_qa(r.task);
   json j = {{"task", info.name}, {"description", info.description}, {"metric", info.metric}, {"length", r.length}};
   if (qa) j["chance_accuracy"] = r.chance;
   j["counts"] = r.counts;
@@ -90,7 +90,7 @@ json result_json(const eval::TaskResult& r) {
 
 std::string chart(const eval::TaskResult& r, const std::string& model_name) {
   const eval::TaskInfo& info = eval::task_info(r.task);
-  const bool qa = r.task != eval::Task::ContinuationNLL;
+  const bool qa = eval::is_qa(r.task);
   report::LineChart c;
   c.title = fmt::format("{}: {} vs measured TTFT speedup, {} tokens", info.name, qa ? "accuracy" : "NLL change",
                         r.length);
@@ -129,7 +129,7 @@ std::string chart(const eval::TaskResult& r, const std::string& model_name) {
 void print_table(const std::vector<eval::TaskResult>& results, const std::vector<eval::TargetCheck>& targets) {
   for (const auto& r : results) {
     const eval::TaskInfo& info = eval::task_info(r.task);
-    const bool qa = r.task != eval::Task::ContinuationNLL;
+    const bool qa = eval::is_qa(r.task);
     if (qa)
       fmt::print("\n{} at {} tokens, {} samples: unpruned accuracy {:.0f}% [{:.0f}-{:.0f}], chance {:.3g}%{}\n",
                  info.name, r.length, r.baseline.n, 100 * r.baseline.accuracy, 100 * r.baseline.accuracy_lo,
@@ -206,7 +206,6 @@ int cmd_eval(const EvalArgs& a) {
   for (size_t i = 0; i < opt.lengths.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (opt.lengths[i] == opt.lengths[j]) usage_fail("--lengths lists {} twice", opt.lengths[i]);
-  if (a.samples < 1) usage_fail("--samples must be at least 1, got {}", a.samples);
   opt.samples = a.samples;
   opt.seed = a.seed;
   opt.agreement_tokens = a.agreement_tokens;
@@ -226,7 +225,8 @@ int cmd_eval(const EvalArgs& a) {
     if (ec || ::access(a.out.c_str(), W_OK) != 0) fail("cannot write to the output folder '{}'", a.out);
   }
 
-  const eval::Corpus corpus = eval::load_corpus(a.corpus.empty() ? eval::default_corpus_path() : a.corpus);
+  const std::string corpus_path = a.corpus.empty() ? eval::default_corpus_path() : a.corpus;
+  const eval::Corpus corpus = eval::load_corpus(corpus_path);
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   const int threads = a.threads > 0 ? a.threads : default_thread_count();
   CpuContext ctx(threads);
@@ -244,7 +244,7 @@ int cmd_eval(const EvalArgs& a) {
             {"seed", a.seed},
             {"samples", a.samples},
             {"agreement_tokens", a.agreement_tokens},
-            {"corpus", a.corpus.empty() ? eval::default_corpus_path() : a.corpus}};
+            {"corpus", corpus_path}};
   json rs = json::array();
   for (const auto& r : results) rs.push_back(result_json(r));
   j["results"] = rs;

@@ -39,7 +39,7 @@ RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskIn
   RunResult out;
   out.ttft_s = r.ttft_s;
   out.share = r.prompt_tokens_computed_fraction;
-  if (info.task == Task::ContinuationNLL) {
+  if (!is_qa(info.task)) {
     double sum = 0;
     for (const double lp : r.forced_logprobs) sum -= lp;
     out.nll = sum / double(std::max<size_t>(1, r.forced_logprobs.size()));
@@ -57,7 +57,7 @@ RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskIn
 double agreement(const RunResult& base, const RunResult& run, Task task, int k) {
   const auto& a = base.compared_ids;
   const auto& b = run.compared_ids;
-  if (task == Task::ContinuationNLL) {
+  if (!is_qa(task)) {
     const size_t n = std::min(a.size(), b.size());
     if (n == 0) return 1;
     size_t same = 0;
@@ -99,7 +99,7 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
   c.share = share / n;
   c.ttft_s = ttft / n;
   c.speedup = ttft > 0 ? base_ttft / ttft : 1;
-  if (task != Task::ContinuationNLL) {
+  if (is_qa(task)) {
     c.accuracy = double(right) / n;
     std::tie(c.accuracy_lo, c.accuracy_hi) = wilson_interval(right, c.n);
     c.accuracy_change = double(right - base_right) / n;
@@ -154,20 +154,20 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
         sr.index = int(i);
         sr.tokens = s.tokens();
         sr.depth = s.depth;
-        if (task != Task::ContinuationNLL) sr.answer = s.answer;
+        if (is_qa(task)) sr.answer = s.answer;
         if (opt.keep_prompts) sr.prompt = s.prompt;
         sr.baseline = run_one(ctx, m, s, info, none, seed);
         std::string line = fmt::format("{} {} tokens, sample {}/{}: none {} {:.2f} s", info.name, sr.tokens, i + 1,
                                        samples.size(),
-                                       task == Task::ContinuationNLL ? fmt::format("nll {:.3f}", sr.baseline.nll)
-                                                                     : (sr.baseline.correct ? "right" : "wrong"),
+                                       !is_qa(task) ? fmt::format("nll {:.3f}", sr.baseline.nll)
+                                                    : (sr.baseline.correct ? "right" : "wrong"),
                                        sr.baseline.ttft_s);
         for (const Method& me : opt.methods) {
           RunResult r = run_one(ctx, m, s, info, me, seed);
           r.agreement = agreement(sr.baseline, r, task, opt.agreement_tokens);
           line += fmt::format(" | {} {} {:.2f} s", me.label(),
-                              task == Task::ContinuationNLL ? fmt::format("nll {:+.3f}", r.nll - sr.baseline.nll)
-                                                            : (r.correct ? "right" : "wrong"),
+                              !is_qa(task) ? fmt::format("nll {:+.3f}", r.nll - sr.baseline.nll)
+                                           : (r.correct ? "right" : "wrong"),
                               r.ttft_s);
           sr.methods.push_back(std::move(r));
         }
@@ -182,7 +182,7 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
         for (const auto& sr : tr.samples) runs.push_back(&sr.methods[k]);
         tr.cells.push_back(summarize(opt.methods[k], runs, base, task));
       }
-      tr.counts = task == Task::ContinuationNLL || tr.baseline.accuracy >= tr.chance + 0.2;
+      tr.counts = !is_qa(task) || tr.baseline.accuracy >= tr.chance + 0.2;
       for (auto& sr : tr.samples) {  // the token lists only served the agreement
         sr.baseline.compared_ids.clear();
         for (auto& r : sr.methods) r.compared_ids.clear();
@@ -204,7 +204,7 @@ std::vector<TargetCheck> check_targets(const std::vector<TaskResult>& results, d
     t.length = len;
     std::vector<const TaskResult*> counted;
     for (const auto& r : results)
-      if (r.length == len && r.counts && r.task != Task::ContinuationNLL) counted.push_back(&r);
+      if (r.length == len && r.counts && is_qa(r.task)) counted.push_back(&r);
     t.counted_tasks = int(counted.size());
     if (counted.empty()) {
       out.push_back(t);

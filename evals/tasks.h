@@ -23,6 +23,8 @@ std::string default_corpus_path();  // <LAZYPREFILL_HOME>/text/kjv.txt
 Corpus load_corpus(const std::string& path);
 
 enum class Task { Passkey, KeyValue, MultiDocQA, ContinuationNLL };
+// Whether a task is scored by its answer (accuracy) rather than by a loss (nll).
+inline bool is_qa(Task t) { return t != Task::ContinuationNLL; }
 
 struct TaskInfo {
   Task task;
