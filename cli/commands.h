@@ -22,6 +22,7 @@ struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw;
   std::string weights = "bf16", compute = "bf16", kv = "bf16";
   int64_t prompt_tokens = 0, new_tokens = 0;
+  int tp = 1;
   double revival_share = 0;
   bool map = false, json_out = false, per_layer = false;
 };

@@ -72,7 +72,8 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
       "Predict TTFT, decode latency, speedup and memory of a pruning run on hardware profiles.\n"
       "  lazyprefill simulate --trace run.jsonl --model-config llama-3.1-8b --map --hw h100-sxm,l4\n"
       "  lazyprefill simulate --prune lazyllm --prompt-tokens 8192 --new-tokens 64 "
-      "--model-config llama-2-7b --hw a100-80gb --json");
+      "--model-config llama-2-7b --hw a100-80gb --json\n"
+      "  lazyprefill simulate --prune lazyllm --prompt-tokens 32768 --model-config llama-3.1-70b --hw h100-sxm --tp 4");
   auto* trace = s->add_option("--trace", a.trace, "Replay this trace (written by run --trace)");
   auto* prune = s->add_option("--prune", a.prune, "Without a trace: the policy of a synthetic trace")
                     ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
@@ -98,6 +99,10 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
   s->add_option("--weights", a.weights, "Weight dtype: bf16, f16, f32, int8, q4 (default bf16)");
   s->add_option("--compute", a.compute, "GEMM/attention compute dtype: bf16, f16, f32, tf32, int8 (default bf16)");
   s->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8 (default bf16)");
+  s->add_option("--tp", a.tp,
+                "Tensor-parallel degree: spread the model over N GPUs of each profile (default 1); times and "
+                "memory are per GPU, all-reduces included")
+      ->check(CLI::Range(1, 4096));
   s->add_flag("--map", a.map,
               "Allow a trace recorded on another model or prompt length: layers map by relative depth, "
               "token counts by share of the prompt");
@@ -152,6 +157,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   if (t.header.prompt_tokens + int64_t(t.steps.size()) - 1 > c.n_ctx_train && c.n_ctx_train > 0)
     fail("{} prompt tokens + {} decoding steps exceed the model's context of {} tokens", t.header.prompt_tokens,
          t.steps.size() - 1, c.n_ctx_train);
+  for (const hw::Profile& hw : hws) sim::check_tp(c, hw, a.tp);  // before any output
   // The same work without pruning: every token at every layer, same prompt and steps.
   const trace::Trace base = trace::synthetic_trace(c, "none", {}, t.header.prompt_tokens, int64_t(t.steps.size()) - 1);
 
@@ -164,14 +170,16 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"prompt_tokens", t.header.prompt_tokens},
               {"decode_steps", int64_t(t.steps.size()) - 1},
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
+              {"tp", a.tp},
               {"results", json::array()}};
   if (!a.json_out)
-    fmt::print("{} ({} layers, {:.2f} B params), {} {}, {} prompt tokens, {} decoding steps, weights {} compute {} kv {}\n",
+    fmt::print("{} ({} layers, {:.2f} B params), {} {}, {} prompt tokens, {} decoding steps, weights {} compute {} kv {}{}\n",
                out["model"].get<std::string>(), c.n_layer, c.n_params() / 1e9, t.header.policy, t.header.schedule,
-               t.header.prompt_tokens, t.steps.size() - 1, prec.weights, prec.compute, prec.kv);
+               t.header.prompt_tokens, t.steps.size() - 1, prec.weights, prec.compute, prec.kv,
+               a.tp > 1 ? fmt::format(", tensor parallel {}", a.tp) : "");
   for (const hw::Profile& hw : hws) {
-    const sim::Prediction p = sim::replay(t, c, hw, prec);
-    const sim::Prediction b = sim::replay(base, c, hw, prec);
+    const sim::Prediction p = sim::replay(t, c, hw, prec, 1, a.tp);
+    const sim::Prediction b = sim::replay(base, c, hw, prec, 1, a.tp);
     const double fits = p.memory.total() <= hw.memory_capacity;
     json r = {{"hw", hw.name},
               {"hw_description", hw.description},
@@ -188,6 +196,8 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"prefill_flop", p.prefill_flops()},
               {"baseline_prefill_flop", b.prefill_flops()},
               {"prefill_bound_op", std::string(op_name(p.prefill_bound_op()))},
+              {"prefill_comm_ms", p.prefill_comm.time_s * 1e3},
+              {"decode_comm_ms", p.decode_comm.time_s * 1e3},
               {"memory_bytes", p.memory.to_json()},
               {"baseline_memory_bytes", {{"kv", b.memory.kv}, {"total", b.memory.total()}}},
               {"fits_in_memory", bool(fits)},
@@ -205,6 +215,9 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
       if (!p.decode_step_s.empty())
         fmt::print("  decode step {:.2f} ms (unpruned {:.2f})  total {:.1f} ms ({:.2f}x)", p.decode_step_mean_s() * 1e3,
                    b.decode_step_mean_s() * 1e3, p.total_s * 1e3, b.total_s / p.total_s);
+      if (a.tp > 1)
+        fmt::print("\n  {:<12} tensor parallel over {} GPUs: all-reduces {:.2f} ms of the TTFT; memory per GPU", "",
+                   a.tp, p.prefill_comm.time_s * 1e3);
       fmt::print("\n  {:<12} memory {:.2f} GiB = weights {:.2f} + KV {:.3f} + Aux {:.3f} + activations {:.3f}{}; "
                  "bound by {}\n",
                  "", p.memory.total() / 1073741824.0, p.memory.weights / 1073741824.0, p.memory.kv / 1073741824.0,

@@ -84,6 +84,11 @@ Profile parse_profile(const json& j, const std::string& origin) {
   p.dispatch_overhead = positive(j, "dispatch_overhead_us", origin, true) * 1e-6;
   p.interconnect_bandwidth = positive(j, "interconnect_bandwidth_gbs", origin, true) * 1e9;
   p.interconnect_latency = positive(j, "interconnect_latency_us", origin, true) * 1e-6;
+  const double max_tp = positive(j, "max_tp", origin);
+  if (max_tp != std::floor(max_tp) || max_tp > 4096) fail("{}: 'max_tp' must be a whole number of GPUs", origin);
+  p.max_tp = int(max_tp);
+  if (p.max_tp > 1 && p.interconnect_bandwidth <= 0)
+    fail("{}: 'max_tp' is {} but 'interconnect_bandwidth_gbs' is 0", origin, p.max_tp);
 
   const json& eff = field(j, "efficiency", origin);
   if (!eff.is_object()) fail("{}: 'efficiency' must be an object", origin);
@@ -102,6 +107,9 @@ Profile parse_profile(const json& j, const std::string& origin) {
     x.overhead_s = positive(e, "overhead_us", where, true) * 1e-6;
   }
 
+  p.interconnect_efficiency = positive(eff, "interconnect", origin + ": efficiency");
+  if (p.interconnect_efficiency > 1) fail("{}: 'efficiency.interconnect' is a share of the bandwidth, at most 1", origin);
+
   const json& src = field(j, "sources", origin);
   if (!src.is_object()) fail("{}: 'sources' must be an object of field: source", origin);
   for (const auto& [k, v] : src.items()) {
@@ -110,7 +118,7 @@ Profile parse_profile(const json& j, const std::string& origin) {
   }
   for (const char* k : {"peak_tflops", "memory_bandwidth_gbs", "memory_capacity_gib", "onchip_cache_mib",
                         "shared_memory_kib_per_unit", "compute_units", "dispatch_overhead_us",
-                        "interconnect_bandwidth_gbs", "interconnect_latency_us", "efficiency"})
+                        "interconnect_bandwidth_gbs", "interconnect_latency_us", "max_tp", "efficiency"})
     if (!p.sources.count(k)) fail("{}: 'sources' has no entry for '{}' (every number needs a source)", origin, k);
   return p;
 }
@@ -160,6 +168,7 @@ json efficiency_json(const Profile& p) {
                                  {"memory", x.memory},
                                  {"overhead_us", x.overhead_s * 1e6}};
   }
+  e["interconnect"] = p.interconnect_efficiency;
   return e;
 }
 

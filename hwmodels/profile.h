@@ -36,6 +36,8 @@ struct Profile {
   double dispatch_overhead = 0;          // s
   double interconnect_bandwidth = 0;     // bytes/s (0: none)
   double interconnect_latency = 0;       // s
+  int max_tp = 1;                        // GPUs the interconnect joins (largest tensor-parallel degree)
+  double interconnect_efficiency = 1;    // share of interconnect_bandwidth a ring collective reaches
   std::array<Efficiency, kNumFamilies> efficiency{};
   bool efficiency_default = true;        // false once calibrated
   std::map<std::string, std::string> sources;

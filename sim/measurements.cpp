@@ -11,6 +11,7 @@
 #pragma GCC diagnostic pop
 
 #include <charconv>
+#include <initializer_list>
 #include <fstream>
 #include <cmath>
 #include <map>
@@ -65,8 +66,12 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
   m.framework = "llama.cpp";
   m.framework_version = fmt::format("{} ({})", field<std::string>(o, "build_commit", path, rec),
                                     field<int64_t>(o, "build_number", path, rec));
-  m.model = field<std::string>(o, "model_type", path, rec);
-  m.dtype = ftype_of(m.model);
+  const std::string model_type = field<std::string>(o, "model_type", path, rec);
+  m.dtype = ftype_of(model_type);
+  // The file's name says which model ("Qwen2.5-7B-Instruct-Q4_K_M.gguf"); model_type only the
+  // architecture and size ("qwen2 7B").
+  m.model = o.contains("model_filename") ? field<std::string>(o, "model_filename", path, rec) : model_type;
+  if (const size_t slash = m.model.find_last_of('/'); slash != std::string::npos) m.model.erase(0, slash + 1);
   // Settings that change speed between otherwise equal tests (a -t 4,8 or -fa 0,1 sweep).
   const auto opt_text = [&](const char* k) { return o.contains(k) ? o.at(k).dump() : std::string("-"); };
   m.config = fmt::format("threads={} batch={} ubatch={} flash_attn={} type_k={} type_v={} ngl={} split={}",
@@ -272,23 +277,306 @@ std::vector<Measurement> import_run_json(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// The JSON records of a file: one object, the elements of an array, or one object per line
+// (JSON Lines), each with its 1-based number (element or physical line).
+std::vector<std::pair<int, json>> json_records(const std::string& path, const std::string& text) {
+  std::vector<std::pair<int, json>> out;
+  try {
+    json all = json::parse(text);
+    if (all.is_array()) {
+      for (size_t i = 0; i < all.size(); ++i) out.emplace_back(int(i) + 1, std::move(all[i]));
+    } else {
+      out.emplace_back(1, std::move(all));
+    }
+    return out;
+  } catch (const json::parse_error&) {
+    // several values: JSON Lines
+  }
+  std::istringstream in(text);
+  std::string line;
+  int rec = 0;
+  while (std::getline(in, line)) {
+    ++rec;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      out.emplace_back(rec, json::parse(line));
+    } catch (const json::parse_error& e) {
+      fail("{}: line {}: not valid JSON ({})", path, rec, e.what());
+    }
+  }
+  return out;
+}
+
+// A number that may be missing or null: the value, or nullopt. Strings holding numbers (vLLM's
+// --metadata values are strings) are read too; anything else is an error naming the field.
+std::optional<double> opt_number(const json& o, const char* key, const std::string& path, int rec) {
+  const auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return std::nullopt;
+  if (it->is_number()) return it->get<double>();
+  if (it->is_string()) {
+    const std::string v = it->get<std::string>();
+    double x = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec == std::errc() && end == v.data() + v.size() && std::isfinite(x)) return x;
+  }
+  fail("{}: record {}: field '{}' must be a number, got {}", path, rec, key, it->dump());
+}
+
+std::string opt_text(const json& o, std::initializer_list<const char*> keys) {
+  for (const char* k : keys)
+    if (const auto it = o.find(k); it != o.end() && it->is_string() && !it->get<std::string>().empty())
+      return it->get<std::string>();
+  return "";
+}
+
+const json& object_field(const json& o, const char* key, const std::string& path, int rec, const char* hint = "") {
+  const auto it = o.find(key);
+  if (it == o.end() || !it->is_object()) fail("{}: record {}: missing object '{}'{}", path, rec, key, hint);
+  return *it;
+}
+
+int64_t whole_tokens(double v, const char* what, const std::string& path, int rec) {
+  if (!(v >= 1) || v > 1e9) fail("{}: record {}: {} must be at least 1 token, got {}", path, rec, what, v);
+  return std::llround(v);
+}
+
+Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
+  if (!o.is_object()) fail("{}: record {}: not a JSON object", path, rec);
+  Measurement m;
+  m.file = path;
+  m.record = rec;
+  m.framework = o.contains("backend") ? field<std::string>(o, "backend", path, rec) : "vllm";
+  m.framework_version = opt_text(o, {"vllm_version", "version"});
+  m.model = field<std::string>(o, "model_id", path, rec);
+  if (const size_t slash = m.model.find_last_of('/'); slash != std::string::npos) m.model.erase(0, slash + 1);
+  m.hardware = opt_text(o, {"gpu", "hardware", "gpu_type"});
+  m.dtype = opt_text(o, {"dtype"});
+  std::vector<std::string> notes;
+  if (m.hardware.empty()) notes.push_back("hardware not recorded");
+  if (const auto tp = opt_number(o, "tensor_parallel_size", path, rec) ? opt_number(o, "tensor_parallel_size", path, rec)
+                                                                        : opt_number(o, "tp", path, rec)) {
+    if (*tp < 1 || *tp != std::floor(*tp)) fail("{}: record {}: the tensor-parallel degree must be a whole number >= 1", path, rec);
+    m.tp = int(*tp);
+  } else {
+    notes.push_back("tp not recorded: 1 assumed");
+  }
+  // Prompt length: the per-request lengths when saved, else the mean from the totals.
+  double prompt = 0, output = 0;
+  if (const auto it = o.find("input_lens"); it != o.end() && it->is_array() && !it->empty()) {
+    for (const json& v : *it) {
+      if (!v.is_number()) fail("{}: record {}: field 'input_lens' must hold numbers", path, rec);
+      prompt += v.get<double>();
+    }
+    prompt /= double(it->size());
+  } else if (const auto total = opt_number(o, "total_input_tokens", path, rec)) {
+    const auto done = opt_number(o, "completed", path, rec);
+    if (!done || !(*done >= 1)) fail("{}: record {}: field 'completed' must be at least 1 with 'total_input_tokens'", path, rec);
+    prompt = *total / *done;
+    if (const auto out_total = opt_number(o, "total_output_tokens", path, rec)) output = *out_total / *done;
+  } else if (const auto len = opt_number(o, "input_len", path, rec) ? opt_number(o, "input_len", path, rec)
+                                                                    : opt_number(o, "random_input_len", path, rec)) {
+    prompt = *len;
+  } else {
+    fail("{}: record {}: no prompt length: none of 'input_lens', 'total_input_tokens' with 'completed', or a "
+         "metadata 'input_len'",
+         path, rec);
+  }
+  if (output == 0)
+    if (const auto len = opt_number(o, "output_len", path, rec)) output = *len;
+  m.prompt_tokens = whole_tokens(prompt, "the mean prompt", path, rec);
+  const auto ttft = opt_number(o, "median_ttft_ms", path, rec) ? opt_number(o, "median_ttft_ms", path, rec)
+                                                               : opt_number(o, "mean_ttft_ms", path, rec);
+  if (!ttft) fail("{}: record {}: missing field 'median_ttft_ms' (or 'mean_ttft_ms')", path, rec);
+  if (!(*ttft > 0)) fail("{}: record {}: the TTFT must be positive, got {}", path, rec, *ttft);
+  m.ttft_ms = *ttft;
+  const auto tpot = opt_number(o, "median_tpot_ms", path, rec) ? opt_number(o, "median_tpot_ms", path, rec)
+                                                               : opt_number(o, "mean_tpot_ms", path, rec);
+  if (tpot && *tpot > 0 && output >= 2) {
+    m.decode_ms_per_token = *tpot;
+    m.decode_tokens = std::llround(output) - 1;
+    m.context_tokens = 0;
+  }
+  // Load: requests in flight at once. Only one at a time measures a request alone.
+  const auto conc = opt_number(o, "max_concurrency", path, rec);
+  const auto rate = o.contains("request_rate") ? o.at("request_rate").dump() : std::string("-");
+  m.config = fmt::format("request_rate={} max_concurrency={}", rate, conc ? fmt::format("{}", *conc) : "-");
+  m.isolated = conc && *conc == 1;
+  if (!m.isolated) notes.push_back("under load (max_concurrency is not 1): TTFT includes queueing");
+  if (const auto done = opt_number(o, "completed", path, rec)) m.repetitions = int(std::max(1.0, *done));
+  for (const std::string& n : notes) m.note += (m.note.empty() ? "" : "; ") + n;
+  return m;
+}
+
+}  // namespace
+
+std::vector<Measurement> import_vllm_serving(const std::string& path) {
+  std::vector<Measurement> out;
+  for (const auto& [rec, o] : json_records(path, read_text(path))) {
+    Measurement m = from_vllm_serving(o, path, rec);
+    // The decode latency is the mean over the output, i.e. around the middle of it.
+    if (m.decode_ms_per_token) {
+      Measurement d = m;
+      d.ttft_ms.reset();
+      d.context_tokens = m.prompt_tokens + (m.decode_tokens + 1) / 2;
+      d.prompt_tokens = 0;
+      m.decode_ms_per_token.reset();
+      m.decode_tokens = 0;
+      out.push_back(std::move(m));
+      out.push_back(std::move(d));
+    } else {
+      out.push_back(std::move(m));
+    }
+  }
+  if (out.empty()) fail("{}: no vLLM results in the file", path);
+  return out;
+}
+
+std::vector<Measurement> import_vllm_latency(const std::string& path) {
+  const auto recs = json_records(path, read_text(path));
+  if (recs.size() != 1 || !recs[0].second.is_object()) fail("{}: a vLLM latency result is one JSON object", path);
+  const json& o = recs[0].second;
+  const double avg_s = field<double>(o, "avg_latency", path, 1);
+  if (!(avg_s > 0)) fail("{}: record 1: field 'avg_latency' must be positive, got {}", path, avg_s);
+  // The settings live only on the command line, or in the PyTorch-benchmark-format file.
+  std::string side = path;
+  if (side.ends_with(".json")) side.resize(side.size() - 5);
+  side += ".pytorch.json";
+  std::ifstream probe(side);
+  if (!probe)
+    fail("{}: a vLLM latency JSON does not record the prompt length, output length or batch; rerun with "
+         "SAVE_TO_PYTORCH_BENCHMARK_FORMAT=1 so vLLM writes {} beside it, or enter the point in the plain CSV",
+         path, side);
+  const auto side_recs = json_records(side, read_text(side));
+  const json* args = nullptr;
+  for (const auto& [rec, r] : side_recs) {
+    const json* a = r.is_object() && r.contains("benchmark") && r["benchmark"].is_object() &&
+                            r["benchmark"].contains("extra_info") && r["benchmark"]["extra_info"].is_object()
+                        ? &r["benchmark"]["extra_info"]
+                        : nullptr;
+    if (a && a->contains("args") && (*a)["args"].is_object()) args = &(*a)["args"];
+    if (args) break;
+  }
+  if (!args) fail("{}: record 1: missing field 'benchmark.extra_info.args'", side);
+  Measurement m;
+  m.file = path;
+  m.record = 1;
+  m.framework = "vllm";
+  m.framework_version = opt_text(*args, {"vllm_version"});
+  m.model = field<std::string>(*args, "model", side, 1);
+  if (const size_t slash = m.model.find_last_of('/'); slash != std::string::npos) m.model.erase(0, slash + 1);
+  m.hardware = opt_text(*args, {"gpu", "hardware", "device"});
+  if (m.hardware.empty() || m.hardware == "auto" || m.hardware == "cuda") {
+    m.hardware.clear();
+    m.note = "hardware not recorded";
+  }
+  m.dtype = opt_text(*args, {"dtype"});
+  if (const std::string q = opt_text(*args, {"quantization"}); !q.empty()) m.dtype = q;
+  const int64_t input = field<int64_t>(*args, "input_len", side, 1);
+  const int64_t output = field<int64_t>(*args, "output_len", side, 1);
+  m.batch = int(field<int64_t>(*args, "batch_size", side, 1));
+  m.tp = args->contains("tensor_parallel_size") ? int(field<int64_t>(*args, "tensor_parallel_size", side, 1)) : 1;
+  if (input < 1 || m.batch < 1 || m.tp < 1) fail("{}: record 1: input_len, batch_size and tensor_parallel_size must be at least 1", side);
+  if (output != 1)
+    fail("{}: record 1: output_len {}: the latency covers the prefill and {} decoding steps and cannot be split; "
+         "`vllm bench latency --output-len 1` measures the TTFT",
+         path, output, output - 1);
+  m.prompt_tokens = input;
+  m.ttft_ms = avg_s * 1e3;
+  if (o.contains("latencies") && o["latencies"].is_array()) m.repetitions = std::max(1, int(o["latencies"].size()));
+  m.config = fmt::format("enforce_eager={} enable_chunked_prefill={}",
+                         args->contains("enforce_eager") ? (*args)["enforce_eager"].dump() : "-",
+                         args->contains("enable_chunked_prefill") ? (*args)["enable_chunked_prefill"].dump() : "-");
+  return {m};
+}
+
+std::vector<Measurement> import_trtllm_bench(const std::string& path) {
+  const auto recs = json_records(path, read_text(path));
+  std::vector<Measurement> out;
+  for (const auto& [rec, o] : recs) {
+    if (!o.is_object()) fail("{}: record {}: not a JSON object", path, rec);
+    const json& engine = object_field(o, "engine", path, rec);
+    const json& world = object_field(o, "world_info", path, rec);
+    const json& req = object_field(o, "request_info", path, rec);
+    const json& stream =
+        object_field(o, "streaming_metrics", path, rec, " (TTFT is reported only by `trtllm-bench ... --streaming`)");
+    Measurement m;
+    m.file = path;
+    m.record = rec;
+    m.framework = "tensorrt-llm";
+    m.framework_version = opt_text(engine, {"version"});
+    m.model = field<std::string>(engine, "model", path, rec);
+    if (const size_t slash = m.model.find_last_of('/'); slash != std::string::npos) m.model.erase(0, slash + 1);
+    m.dtype = opt_text(engine, {"quantization"});
+    if (m.dtype.empty() || m.dtype == "None") m.dtype = opt_text(engine, {"dtype"});
+    if (const auto it = o.find("machine"); it != o.end() && it->is_object()) m.hardware = opt_text(*it, {"name"});
+    if (m.hardware.empty()) m.note = "hardware not recorded";
+    m.tp = int(field<int64_t>(world, "tp_size", path, rec));
+    const int64_t pp = world.contains("pp_size") ? field<int64_t>(world, "pp_size", path, rec) : 1;
+    if (m.tp < 1) fail("{}: record {}: world_info.tp_size must be at least 1", path, rec);
+    if (pp != 1) fail("{}: record {}: pipeline parallelism (pp_size {}) is not modelled", path, rec, pp);
+    const double input = field<double>(req, "avg_input_length", path, rec);
+    const double output = req.contains("avg_output_length") ? field<double>(req, "avg_output_length", path, rec) : 0;
+    m.prompt_tokens = whole_tokens(input, "request_info.avg_input_length", path, rec);
+    const auto p50 = [&](const char* pct, const char* avg) -> std::optional<double> {
+      if (const auto it = stream.find(pct); it != stream.end() && it->is_object())
+        if (const auto v = opt_number(*it, "p50", path, rec)) return v;
+      return opt_number(stream, avg, path, rec);
+    };
+    const auto ttft = p50("ttft_percentiles", "avg_ttft_ms");
+    if (!ttft || !(*ttft > 0)) fail("{}: record {}: streaming_metrics has no positive TTFT (avg_ttft_ms)", path, rec);
+    m.ttft_ms = *ttft;
+    const double conc = req.contains("avg_num_concurrent_requests")
+                            ? field<double>(req, "avg_num_concurrent_requests", path, rec)
+                            : 0;
+    m.isolated = conc > 0 && conc <= 1.1;
+    m.config = fmt::format("max_batch_size={} max_num_tokens={} concurrency={:.2f}",
+                           world.contains("max_batch_size") ? world["max_batch_size"].dump() : "-",
+                           world.contains("max_num_tokens") ? world["max_num_tokens"].dump() : "-", conc);
+    if (!m.isolated) m.note += std::string(m.note.empty() ? "" : "; ") + "under load (concurrency above 1): TTFT includes queueing";
+    if (const auto n = opt_number(req, "num_requests", path, rec)) m.repetitions = int(std::max(1.0, *n));
+    const auto tpot = p50("tpot_percentiles", "avg_tpot_ms");
+    if (tpot && *tpot > 0 && output >= 2) {
+      Measurement d = m;
+      d.ttft_ms.reset();
+      d.prompt_tokens = 0;
+      d.decode_tokens = std::llround(output) - 1;
+      d.context_tokens = m.prompt_tokens + (d.decode_tokens + 1) / 2;
+      d.decode_ms_per_token = *tpot;
+      out.push_back(std::move(m));
+      out.push_back(std::move(d));
+    } else {
+      out.push_back(std::move(m));
+    }
+  }
+  if (out.empty()) fail("{}: no trtllm-bench report in the file", path);
+  return out;
+}
+
 std::vector<Measurement> import_measurements(const std::string& path) {
   const std::string text = read_text(path);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) fail("{}: empty file", path);
   if (path.ends_with(".csv")) return import_csv(path);
-  if (text[first] == '{') {
-    // A single object: run --json (has "ops"), else the first of llama-bench's JSON Lines.
-    try {
-      const json o = json::parse(text);
+  if (text[first] == '{' || text[first] == '[') {
+    // By the keys of the first record (an object, an array's first element, or the first line).
+    const auto recs = json_records(path, text);
+    if (recs.empty()) fail("{}: no records", path);
+    const json& o = recs[0].second;
+    if (!o.is_object()) fail("{}: record {}: not a JSON object", path, recs[0].first);
+    {
       if (o.contains("ops") && o.contains("ttft_ms")) return import_run_json(path);
-    } catch (const json::parse_error&) {
-      // several lines: JSON Lines
+      if (o.contains("build_commit") && o.contains("avg_ns")) return import_llama_bench(path);
+      if (o.contains("model_id") && (o.contains("mean_ttft_ms") || o.contains("median_ttft_ms")))
+        return import_vllm_serving(path);
+      if (o.contains("avg_latency") && o.contains("latencies")) return import_vllm_latency(path);
+      if (o.contains("engine") && o.contains("world_info")) return import_trtllm_bench(path);
     }
-    return import_llama_bench(path);
   }
-  if (text[first] == '[') return import_llama_bench(path);
-  fail("{}: not a recognised measurement file (llama-bench -o json/jsonl, lazyprefill run --json, or a .csv)", path);
+  fail("{}: not a recognised measurement file (llama-bench -o json/jsonl, vLLM serving or latency JSON, "
+       "trtllm-bench --report_json, lazyprefill run --json, or a .csv)",
+       path);
 }
 
 void check_no_duplicates(const std::vector<Measurement>& ms) {

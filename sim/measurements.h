@@ -1,7 +1,8 @@
 // Measured end-to-end results from the tools users already run, turned into one record that the
 // calibration can fit to (issue 7; formats in docs/measurements.md).
 //
-// Importers so far: llama-bench (`-o json` and `-o jsonl`), our own `run --json` and a plain CSV. Every error
+// Importers: llama-bench (`-o json`, `-o jsonl`), vLLM (serving and latency benchmarks),
+// TensorRT-LLM (`trtllm-bench --report_json`), our own `run --json` and a plain CSV. Every error
 // names the file, the record (1-based) and the field.
 #pragma once
 
@@ -32,6 +33,11 @@ struct Measurement {
   std::optional<double> decode_ms_per_token;
   int64_t decode_tokens = 0;
   int repetitions = 1;  // samples averaged into the figures
+  // False when the figures were taken under load (a serving benchmark with several requests in
+  // flight): then TTFT includes queueing and batching with other requests, which the simulator
+  // does not model, and calibration leaves the record out (saying so).
+  bool isolated = true;
+  std::string note;     // what the importer assumed, printed by calibrate ("tp not recorded: 1")
 };
 
 // llama-bench -o json (an array) or -o jsonl (one object per line). A prompt-processing test
@@ -49,6 +55,28 @@ std::vector<Measurement> import_csv(const std::string& path);
 
 // One `lazyprefill run --json` output file. Throws lp::Error.
 std::vector<Measurement> import_run_json(const std::string& path);
+
+// vLLM's serving benchmark (`vllm bench serve --save-result`, benchmarks/benchmark_serving.py):
+// one JSON object, or one per line (--append-result). TTFT = median_ttft_ms (else mean) at the
+// mean prompt (input_lens, else total_input_tokens / completed, else a metadata input_len);
+// decode = median_tpot_ms (else mean) at the prompt plus half the mean output. Model is
+// model_id; hardware, tp and version come from --metadata keys when given (gpu / hardware,
+// tp / tensor_parallel_size, vllm_version) and are otherwise "" / 1 / "" with a note. Only a run
+// with max_concurrency 1 is isolated.
+std::vector<Measurement> import_vllm_serving(const std::string& path);
+
+// vLLM's latency benchmark (`vllm bench latency --output-json`): avg_latency of one generate()
+// over a batch. The JSON does not record the prompt, output length or batch; they are read from
+// the `<stem>.pytorch.json` file vLLM writes beside it when SAVE_TO_PYTORCH_BENCHMARK_FORMAT is
+// set (its args), else the file is refused saying so. Only output_len 1 measures a TTFT.
+std::vector<Measurement> import_vllm_latency(const std::string& path);
+
+// TensorRT-LLM's `trtllm-bench ... --report_json FILE`: streaming_metrics (present only with
+// --streaming) give TTFT (ttft_percentiles.p50, else avg_ttft_ms) at request_info's average input
+// length and decode (tpot p50, else avg_tpot_ms) at the input plus half the output; model,
+// version, dtype from engine, hardware from machine.name, tp from world_info.tp_size. Isolated
+// when request_info.avg_num_concurrent_requests is at most 1.1.
+std::vector<Measurement> import_trtllm_bench(const std::string& path);
 
 // A .csv file by its name; otherwise by content: a run --json object, a llama-bench array or JSON
 // Lines. Throws lp::Error naming the file when it is none of these.

@@ -77,6 +77,58 @@ trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens
   return m;
 }
 
+ModelConfig tp_shard(const ModelConfig& c, int tp) {
+  if (tp < 1) usage_fail("--tp must be at least 1, got {}", tp);
+  if (tp == 1) return c;
+  const auto heads = [&](int h, const char* what) {
+    if (h % tp != 0) usage_fail("--tp {} does not divide the model's {} {}", tp, h, what);
+    return h / tp;
+  };
+  const auto kv_heads = [&](int hkv) {
+    if (hkv >= tp) return heads(hkv, "KV heads");
+    if (tp % hkv != 0) usage_fail("--tp {} is not a multiple of the model's {} KV heads", tp, hkv);
+    return 1;
+  };
+  ModelConfig s = c;
+  s.n_head = heads(c.n_head, "attention heads");
+  s.n_head_kv = kv_heads(c.n_head_kv);
+  s.n_ff = heads(c.n_ff, "FFN width");
+  s.n_vocab = (c.n_vocab + tp - 1) / tp;
+  for (int& h : s.layer_n_head) h = heads(h, "attention heads (a layer)");
+  for (int& h : s.layer_n_head_kv) h = kv_heads(h);
+  for (int& f : s.layer_n_ff) f = heads(f, "FFN width (a layer)");
+  return s;
+}
+
+void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp) {
+  if (tp < 1) usage_fail("--tp must be at least 1, got {}", tp);
+  if (tp > hw.max_tp)
+    usage_fail("--tp {} is more GPUs than '{}' can host (max_tp {}{})", tp, hw.name, hw.max_tp,
+               hw.kind == "cpu" ? ": a CPU profile" : "");
+  tp_shard(c, tp);
+}
+
+namespace {
+OpCost collective(const hw::Profile& hw, int tp, double bytes, double steps) {
+  OpCost r;
+  if (tp <= 1) return r;
+  const double n = tp;
+  r.calls = 1;
+  r.bytes = bytes;
+  r.memory_s = steps * (n - 1) / n * bytes / (hw.interconnect_bandwidth * hw.interconnect_efficiency);
+  r.overhead_s = steps * (n - 1) * hw.interconnect_latency;
+  r.time_s = r.memory_s + r.overhead_s;
+  return r;
+}
+}  // namespace
+
+OpCost allreduce_cost(const hw::Profile& hw, int tp, double bytes) {
+  return collective(hw, tp, bytes, 2);
+}
+OpCost allgather_cost(const hw::Profile& hw, int tp, double bytes) {
+  return collective(hw, tp, bytes, 1);
+}
+
 namespace {
 // Activation bytes of one layer over T rows: x, xn, tmp [T][D], qkv, attention output, gate/up
 // and the SwiGLU output, at the activation element size.
@@ -87,15 +139,18 @@ double activation_bytes(const ModelConfig& c, int64_t T, double act_bytes) {
 }  // namespace
 
 Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                  int64_t batch) {
+                  int64_t batch, int tp) {
   const int L = c.n_layer;
   if (batch < 1) fail("batch must be at least 1, got {}", batch);
   const int64_t B = batch;
   if (t.header.n_layer != L)
     fail("the trace has {} layers but the model has {} (map it onto the model first)", t.header.n_layer, L);
+  check_tp(c, hw, tp);
+  // One GPU's shape (the whole model for tp 1); the collectives below use the full width D.
+  const ModelConfig g = tp_shard(c, tp);
   std::vector<ModelConfig> lc;
   lc.reserve(size_t(L));
-  for (int l = 0; l < L; ++l) lc.push_back(c.uniform() ? c : c.layer(l));
+  for (int l = 0; l < L; ++l) lc.push_back(g.uniform() ? g : g.layer(l));
   std::vector<char> prune_at(size_t(L), 0);
   int first_prune = -1;
   for (const auto& [l, share] : t.header.schedule_layers)
@@ -109,20 +164,28 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
 
   Prediction r;
   r.hw = hw.name;
+  r.tp = tp;
+  const double D = c.n_embd;
   r.prefill_layers.assign(size_t(L), OpCosts{});
   double peak_act = 0;
   for (size_t si = 0; si < t.steps.size(); ++si) {
     const trace::Step& s = t.steps[si];
     const bool prefill = s.kind == "prefill";
     OpCosts& sum = prefill ? r.prefill_ops : r.decode_ops;
+    OpCost& comm = prefill ? r.prefill_comm : r.decode_comm;
     double step_s = 0;
+    const auto reduce = [&](const OpCost& oc) {
+      step_s += oc.time_s;
+      comm.add(oc);
+    };
     const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1) {
       const OpCost oc = op_cost(cc, cfg, op, shape, calls);
       step_s += oc.time_s;
       sum[size_t(op)].add(oc);
       if (layer) (*layer)[size_t(op)].add(oc);
     };
-    add(nullptr, c, Op::Embed, {B * s.new_tokens, 0, 0});
+    add(nullptr, g, Op::Embed, {B * s.new_tokens, 0, 0});
+    reduce(allreduce_cost(hw, tp, double(B * s.new_tokens) * D * dt.act_bytes));
     for (int l = 0; l < L; ++l) {
       const int64_t T = B * s.queries[size_t(l)];
       if (T <= 0) continue;
@@ -137,14 +200,19 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       add(layer, cfg, Op::Rope, rows);
       add(layer, cfg, Op::Attention, {T, B * s.pairs[size_t(l)], keys});
       add(layer, cfg, Op::OProj, rows);
+      reduce(allreduce_cost(hw, tp, double(T) * D * dt.act_bytes));
       add(layer, cfg, Op::Residual, rows, 2);
       add(layer, cfg, Op::FfnNorm, rows);
       add(layer, cfg, Op::GateUp, rows);
       add(layer, cfg, Op::SwiGLU, rows);
       add(layer, cfg, Op::Down, rows);
+      reduce(allreduce_cost(hw, tp, double(T) * D * dt.act_bytes));
       if (prune_at[size_t(l)] && policy != "none") {
         const bool scores = policy == "lazyllm" || (policy == "static" && prefill && l == first_prune);
-        if (scores) add(layer, cfg, Op::Score, {1, 0, keys});
+        if (scores) {
+          add(layer, cfg, Op::Score, {1, 0, keys});
+          reduce(allreduce_cost(hw, tp, double(keys) * 4));  // each GPU summed its own heads
+        }
         add(layer, cfg, Op::Select, {0, 0, keys});
       }
       // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
@@ -154,8 +222,9 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
       peak_act = std::max(peak_act, activation_bytes(cfg, T, dt.act_bytes));
     }
-    add(nullptr, c, Op::OutputNorm, {B, 0, 0});
-    add(nullptr, c, Op::LmHead, {B, 0, 0});
+    add(nullptr, g, Op::OutputNorm, {B, 0, 0});
+    add(nullptr, g, Op::LmHead, {B, 0, 0});
+    reduce(allgather_cost(hw, tp, double(B) * c.n_vocab * 4));
     if (prefill)
       r.ttft_s = step_s;
     else
@@ -165,7 +234,7 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
 
   // Memory at the end: weights, the K/V each layer holds, the Aux Cache, the largest layer's
   // activations plus one row of logits.
-  r.memory.weights = double(c.n_params()) * dt.weight_bytes;
+  r.memory.weights = double(g.n_params()) * dt.weight_bytes;
   double aux_entries = 0;
   if (!t.steps.empty()) {
     const trace::Step& last = t.steps.back();

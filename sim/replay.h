@@ -24,12 +24,14 @@ struct Memory {
 
 struct Prediction {
   std::string hw;
+  int tp = 1;                         // GPUs the model is spread over; times and memory are one GPU's
   double ttft_s = 0;                  // the prefill step
   std::vector<double> decode_step_s;  // one per decoding step
   double total_s = 0;
   std::vector<OpCosts> prefill_layers;  // [L] per-op costs of the prefill
   OpCosts prefill_ops{};                // the prefill, summed over layers (and embed / LM head)
   OpCosts decode_ops{};                 // every decoding step, summed
+  OpCost prefill_comm, decode_comm;     // tensor-parallel all-reduces and all-gathers (tp > 1)
   Memory memory;
   double prefill_flops() const;
   double decode_step_mean_s() const;  // 0 without decoding steps
@@ -44,11 +46,26 @@ struct Prediction {
 // Pruning layers map the same way. A trace that already matches is returned unchanged.
 trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens);
 
+// The shape one GPU computes under tensor parallelism of degree `tp` (docs/simulator.md, "Tensor
+// parallelism"): H/tp query heads, Hkv/tp KV heads (one, replicated, when Hkv < tp), F/tp of the
+// FFN width and ceil(V/tp) of the vocabulary, per layer. Throws lp::UsageError naming what does
+// not divide; tp 1 returns `c`.
+ModelConfig tp_shard(const ModelConfig& c, int tp);
+// Checks that `hw` can host `tp` GPUs (its max_tp) and that `c` splits over them.
+void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp);
+
+// Ring collectives over `tp` GPUs of `hw` (docs/simulator.md): all-reduce of `bytes`, and
+// all-gather of `bytes` in total. Zero for tp 1.
+OpCost allreduce_cost(const hw::Profile& hw, int tp, double bytes);
+OpCost allgather_cost(const hw::Profile& hw, int tp, double bytes);
+
 // Predicts the trace on `hw` for model `c` (whose n_layer must equal the trace's: map first).
 // `batch` sequences run the same work together: every op's rows, pairs and keys scale by it
-// (GEMMs read their weights once for all), as do K/V, Aux Cache and activation memory.
-// Throws lp::Error when the layer counts differ or batch < 1.
+// (GEMMs read their weights once for all), as do K/V, Aux Cache and activation memory. With
+// `tp` > 1 the model is spread over tp GPUs (tp_shard) and the collectives are added to each
+// step; times and memory are one GPU's. Throws lp::Error when the layer counts differ, batch < 1
+// or tp cannot be hosted.
 Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                  int64_t batch = 1);
+                  int64_t batch = 1, int tp = 1);
 
 }  // namespace lp::sim

@@ -43,7 +43,7 @@ TEST(Measurements, LlamaBenchJsonGivesTtftAndDecodeRecords) {
   const Measurement& pp = ms[0];
   EXPECT_EQ(pp.framework, "llama.cpp");
   EXPECT_EQ(pp.framework_version, "8cf427ff (5163)");
-  EXPECT_EQ(pp.model, "qwen2 7B Q4_K - Medium");
+  EXPECT_EQ(pp.model, "Qwen2.5-7B-Instruct-Q4_K_M.gguf");  // model_filename without its folder
   EXPECT_EQ(pp.dtype, "Q4_K - Medium");
   EXPECT_EQ(pp.hardware, "NVIDIA GeForce RTX 4080");
   EXPECT_EQ(pp.record, 1);
@@ -217,6 +217,85 @@ TEST(Measurements, CsvUnitsAndBadInput) {
   const auto twice = sim::import_measurements(
       write(dir, "twice.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,100,1\nm,h,100,2\n"));
   EXPECT_THROW(sim::check_no_duplicates(twice), Error);
+}
+
+// vLLM's serving benchmark: the first 3 lines of a real --append-result file (Llama-3.2-3B on
+// 4 L40S replicas, random 1000-token prompts, rates 10, 30 and inf requests/s).
+TEST(Measurements, VllmServingJsonLines) {
+  const auto ms = sim::import_measurements(sample("vllm-serve-l40s.jsonl"));
+  ASSERT_EQ(ms.size(), 6u);  // a TTFT and a decode record per line
+  const Measurement& t = ms[0];
+  EXPECT_EQ(t.framework, "vllm");
+  EXPECT_EQ(t.model, "Llama-3.2-3B-Instruct");
+  EXPECT_EQ(t.hardware, "4xNVIDIA_L40S");  // --metadata gpu=...
+  EXPECT_EQ(t.prompt_tokens, 999);          // 299700 input tokens / 300 requests
+  EXPECT_DOUBLE_EQ(*t.ttft_ms, 52.868896000063614);  // median_ttft_ms
+  EXPECT_FALSE(t.isolated);                 // max_concurrency null: Poisson arrivals at 10 requests/s
+  EXPECT_NE(t.note.find("tp not recorded"), std::string::npos);
+  EXPECT_EQ(t.repetitions, 300);
+  const Measurement& d = ms[1];
+  EXPECT_DOUBLE_EQ(*d.decode_ms_per_token, 13.686303201518745);  // median_tpot_ms
+  EXPECT_EQ(d.decode_tokens, 270 - 1);       // 80945 / 300 = 269.8 output tokens, rounded to 270
+  EXPECT_EQ(d.context_tokens, 999 + 135);
+  EXPECT_EQ(ms[4].config, "request_rate=\"inf\" max_concurrency=-");
+  EXPECT_NO_THROW(sim::check_no_duplicates(ms));
+}
+
+TEST(Measurements, VllmFilesWithoutWhatTheyMeasureAreRefused) {
+  // Real files from a vllm-ascend benchmark run: the serving result lacks every prompt-length
+  // field, and the latency result (as always) lacks its settings, with no .pytorch.json beside it.
+  expect_error(sample("vllm-serve-ascend.json"), {"vllm-serve-ascend.json", "record 1", "no prompt length"});
+  expect_error(sample("vllm-latency-ascend.json"),
+               {"vllm-latency-ascend.json", "does not record the prompt length", "vllm-latency-ascend.pytorch.json"});
+}
+
+TEST(Measurements, VllmLatencyReadsItsSettingsFromThePytorchFile) {
+  const auto ms = sim::import_measurements(sample("vllm-latency-h100.json"));
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_EQ(ms[0].model, "Llama-3.1-8B-Instruct");
+  EXPECT_EQ(ms[0].prompt_tokens, 4096);
+  EXPECT_EQ(ms[0].batch, 1);
+  EXPECT_EQ(ms[0].tp, 1);
+  EXPECT_EQ(ms[0].dtype, "bfloat16");
+  EXPECT_EQ(ms[0].hardware, "");  // vLLM's args do not name the GPU
+  EXPECT_NEAR(*ms[0].ttft_ms, 287.1, 1e-9);
+  EXPECT_EQ(ms[0].repetitions, 5);
+  testing::TempDir dir;
+  // output_len 2: prefill and a decoding step in one figure.
+  std::ifstream side(sample("vllm-latency-h100.pytorch.json"));
+  std::string text((std::istreambuf_iterator<char>(side)), std::istreambuf_iterator<char>());
+  const std::string one = "\"output_len\": 1";
+  text.replace(text.find(one), one.size(), "\"output_len\": 2");
+  write(dir, "l.pytorch.json", text);
+  std::ifstream main(sample("vllm-latency-h100.json"));
+  write(dir, "l.json", std::string((std::istreambuf_iterator<char>(main)), std::istreambuf_iterator<char>()));
+  expect_error(dir.file("l.json"), {"l.json", "output_len 2", "--output-len 1"});
+}
+
+TEST(Measurements, TrtllmBenchReport) {
+  const auto ms = sim::import_measurements(sample("trtllm-bench-report.json"));
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms[0].framework, "tensorrt-llm");
+  EXPECT_EQ(ms[0].framework_version, "0.17.0");
+  EXPECT_EQ(ms[0].model, "Llama-3.1-8B");
+  EXPECT_EQ(ms[0].hardware, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(ms[0].dtype, "bfloat16");
+  EXPECT_EQ(ms[0].tp, 2);
+  EXPECT_EQ(ms[0].prompt_tokens, 4096);
+  EXPECT_DOUBLE_EQ(*ms[0].ttft_ms, 165.2);  // ttft_percentiles.p50
+  EXPECT_TRUE(ms[0].isolated);
+  EXPECT_DOUBLE_EQ(*ms[1].decode_ms_per_token, 6.45);
+  EXPECT_EQ(ms[1].decode_tokens, 128);
+  EXPECT_EQ(ms[1].context_tokens, 4096 + 64);
+  testing::TempDir dir;
+  std::ifstream in(sample("trtllm-bench-report.json"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string no_stream = text;
+  no_stream.replace(no_stream.find("\"streaming_metrics\""), 19, "\"streaming_metricz\"");
+  expect_error(write(dir, "ns.json", no_stream), {"ns.json", "record 1", "streaming_metrics", "--streaming"});
+  std::string pp = text;
+  pp.replace(pp.find("\"pp_size\": 1"), 12, "\"pp_size\": 2");
+  expect_error(write(dir, "pp.json", pp), {"pp.json", "pipeline parallelism"});
 }
 
 }  // namespace

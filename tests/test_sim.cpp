@@ -38,7 +38,9 @@ json round_profile() {
           {"dispatch_overhead_us", 1},
           {"interconnect_bandwidth_gbs", 0},
           {"interconnect_latency_us", 0},
-          {"efficiency", {{"default", true}, {"gemm", e}, {"attention", e}, {"elementwise", e}, {"data_movement", e}}},
+          {"max_tp", 1},
+          {"efficiency",
+           {{"default", true}, {"gemm", e}, {"attention", e}, {"elementwise", e}, {"data_movement", e}, {"interconnect", 1.0}}},
           {"sources",
            {{"peak_tflops", "test"},
             {"memory_bandwidth_gbs", "test"},
@@ -49,6 +51,7 @@ json round_profile() {
             {"dispatch_overhead_us", "test"},
             {"interconnect_bandwidth_gbs", "test"},
             {"interconnect_latency_us", "test"},
+            {"max_tp", "test"},
             {"efficiency", "test"}}}};
 }
 
@@ -335,6 +338,72 @@ TEST(SimCalibrate, BadRunFilesNameTheProblem) {
 namespace lp {
 namespace {
 
+// Tensor parallelism: a 4-GPU round-numbers part (10 GB/s links at efficiency 0.5, 2 us hops).
+hw::Profile tp_profile() {
+  json j = round_profile();
+  j["max_tp"] = 4;
+  j["interconnect_bandwidth_gbs"] = 10;
+  j["interconnect_latency_us"] = 2;
+  j["efficiency"]["interconnect"] = 0.5;
+  return hw::parse_profile(j, "tp.json");
+}
+
+TEST(TensorParallel, CollectivesFollowTheRingFormulas) {
+  const hw::Profile hw = tp_profile();
+  // All-reduce of 8 MB on 4 GPUs: 2 * 3/4 * 8e6 / (10e9 * 0.5) = 2.4 ms, plus 2 * 3 * 2 us.
+  EXPECT_NEAR(sim::allreduce_cost(hw, 4, 8e6).time_s, 2.4e-3 + 12e-6, 1e-12);
+  // All-gather of 8 MB in total: 3/4 * 8e6 / 5e9 = 1.2 ms, plus 3 * 2 us.
+  EXPECT_NEAR(sim::allgather_cost(hw, 4, 8e6).time_s, 1.2e-3 + 6e-6, 1e-12);
+  EXPECT_EQ(sim::allreduce_cost(hw, 1, 8e6).time_s, 0);
+}
+
+TEST(TensorParallel, ShardsHeadsFfnAndVocabulary) {
+  const ModelConfig c = preset_config("llama-3.1-70b");  // 64 heads, 8 KV heads, F 28672
+  const ModelConfig s = sim::tp_shard(c, 4);
+  EXPECT_EQ(s.n_head, 16);
+  EXPECT_EQ(s.n_head_kv, 2);
+  EXPECT_EQ(s.n_ff, 7168);
+  EXPECT_EQ(s.n_vocab, (c.n_vocab + 3) / 4);
+  EXPECT_EQ(s.n_embd, c.n_embd);
+  // 16 GPUs: 8 KV heads are replicated, one per GPU.
+  EXPECT_EQ(sim::tp_shard(c, 16).n_head_kv, 1);
+  // Per-GPU parameters: all the matrices split, only the norms (2D per layer + D) repeat.
+  const double norms = double(c.n_layer) * 2 * c.n_embd + c.n_embd;
+  EXPECT_NEAR(double(s.n_params()), (double(c.n_params()) - norms) / 4 + norms, double(c.n_embd) * 4);
+  EXPECT_THROW(sim::tp_shard(c, 3), UsageError);
+  EXPECT_THROW(sim::tp_shard(preset_config("smollm2-135m"), 2), UsageError);  // 9 heads
+  EXPECT_THROW(sim::tp_shard(c, 0), UsageError);
+}
+
+TEST(TensorParallel, OneGpuIsUnchangedAndMoreGpusShareTheWork) {
+  const hw::Profile h100 = hw::load_profile("h100-sxm");
+  const ModelConfig c = preset_config("llama-3.1-70b");
+  const sim::Precision p;
+  const trace::Trace t = trace::synthetic_trace(c, "lazyllm", resolve_schedule(default_schedule(), c.n_layer), 8192, 3);
+  const sim::Prediction one = sim::replay(t, c, h100, p);
+  const sim::Prediction one_tp = sim::replay(t, c, h100, p, 1, 1);
+  EXPECT_EQ(one.ttft_s, one_tp.ttft_s);
+  EXPECT_EQ(one.prefill_comm.time_s, 0);
+  double prev_compute = one.ttft_s;
+  for (int tp : {2, 4, 8}) {
+    SCOPED_TRACE(tp);
+    const sim::Prediction r = sim::replay(t, c, h100, p, 1, tp);
+    const double compute = r.ttft_s - r.prefill_comm.time_s;
+    // GEMM and attention FLOPs split tp ways; norms and residuals do not, so the compute part
+    // falls by a little less than tp.
+    EXPECT_LT(compute, prev_compute * 0.6);
+    EXPECT_GT(compute, one.ttft_s / tp);
+    // Two all-reduces per layer plus the embedding's and the LazyLLM scores', one all-gather.
+    EXPECT_EQ(r.prefill_comm.calls, 2 * c.n_layer + 1 + 3 + 1);
+    EXPECT_NEAR(r.memory.weights, double(sim::tp_shard(c, tp).n_params()) * 2, 1);
+    EXPECT_NEAR(r.memory.kv, one.memory.kv / tp, one.memory.kv * 1e-12);
+    EXPECT_EQ(r.memory.aux, one.memory.aux);
+    prev_compute = compute;
+  }
+  EXPECT_THROW(sim::replay(t, c, h100, p, 1, 16), UsageError);  // max_tp 8
+  EXPECT_THROW(sim::replay(t, c, hw::load_profile("cpu-local"), p, 1, 2), UsageError);
+}
+
 // Golden values from an independent implementation: tests/fixtures/sim_reference.py computes
 // them from the documentation alone (docs/simulator.md, hwmodels/README.md, the presets and
 // profiles), without reading sim/ or model/ops.cpp. Regenerate with
@@ -363,8 +432,15 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
     const trace::Trace t = trace::synthetic_trace(c, policy, policy == "none" ? std::vector<PruneStep>{} : steps, N,
                                                   decode);
     EXPECT_EQ(t.steps[0].queries, out["prefill_queries"].get<std::vector<int64_t>>());
-    const sim::Prediction pr = sim::replay(t, c, hw, p);
-    const sim::Prediction b = sim::replay(trace::synthetic_trace(c, "none", {}, N, decode), c, hw, p);
+    const int tp = in_.value("tp", 1);
+    const sim::Prediction pr = sim::replay(t, c, hw, p, 1, tp);
+    const sim::Prediction b = sim::replay(trace::synthetic_trace(c, "none", {}, N, decode), c, hw, p, 1, tp);
+    if (tp > 1) {
+      near(pr.prefill_comm.time_s * 1e3, out["comm_ms"].get<double>(), "comm_ms");
+      near(b.prefill_comm.time_s * 1e3, out["baseline_comm_ms"].get<double>(), "baseline_comm_ms");
+      EXPECT_EQ(pr.prefill_comm.calls, out["comm_calls"].get<int64_t>());
+      near(pr.prefill_comm.bytes, out["comm_bytes"].get<double>(), "comm_bytes");
+    }
     near(pr.ttft_s * 1e3, out["ttft_ms"].get<double>(), "ttft_ms");
     near(b.ttft_s * 1e3, out["baseline_ttft_ms"].get<double>(), "baseline_ttft_ms");
     near(pr.total_s * 1e3, out["total_ms"].get<double>(), "total_ms");
