@@ -1,21 +1,31 @@
-// `lazyprefill calibrate`: fit a hardware profile's efficiencies to measured `run --json` outputs.
+// `lazyprefill calibrate`: fit a hardware profile's efficiencies to measured `run --json` outputs
+// (per-op, every family) or to end-to-end measurements from other tools (sim/fit_measurements.h).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <openssl/evp.h>
 
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/presets.h"
 #include "sim/calibrate.h"
+#include "sim/fit_measurements.h"
+#include "sim/measurements.h"
+#include "sim/replay.h"
 
 namespace lp::cli {
 
 namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
 
 namespace {
 std::string today() {
@@ -29,18 +39,38 @@ std::string today() {
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
   auto* c = app.add_subcommand(
       "calibrate",
-      "Fit a hardware profile's efficiencies to measured runs (run --json outputs).\n"
-      "  lazyprefill run --prompt-file p.txt --max-new-tokens 0 --dtype f32 --json > runs/p.json   # a few of these\n"
-      "  lazyprefill calibrate --runs runs/ --base cpu-local --out cpu-local.json");
-  c->add_option("--runs", a.runs, "Folder of run --json outputs (*.json)")->required();
+      "Fit a hardware profile's efficiencies to measurements: per-op timings of our own runs (--runs), or\n"
+      "end-to-end TTFT and decode figures from llama-bench, vLLM, trtllm-bench, run --json or a CSV (--measurements).\n"
+      "  lazyprefill calibrate --runs runs/ --base cpu-local --out cpu-local.json\n"
+      "  lazyprefill calibrate --measurements bench.jsonl results.csv --base h100-sxm --out h100-mine.json");
+  auto* runs = c->add_option("--runs", a.runs, "Folder of run --json outputs (*.json): fits every op family");
+  auto* meas = c->add_option("--measurements", a.measurements,
+                             "Measurement files (llama-bench -o json/jsonl, vLLM serving/latency JSON, trtllm-bench "
+                             "--report_json, run --json, plain CSV): fits what end-to-end figures identify");
+  runs->excludes(meas);
   c->add_option("--base", a.base, "Profile to start from (name or .json); its other fields are kept")->required();
   c->add_option("--out", a.out, "Where to write the fitted profile (.json)")->required();
   c->add_option("--name", a.name, "Name of the fitted profile (default: the base's name)");
+  c->add_option("--model-map", a.model_map,
+                "NAME=PRESET: the preset for a model name as the files write it (repeatable)")
+      ->needs(meas);
+  c->add_option("--hw-map", a.hw_map, "NAME=PROFILE: the profile for a hardware name as the files write it (repeatable)")
+      ->needs(meas);
+  c->add_option("--fit", a.fit,
+                "Parameters to fit, comma-separated, from gemm.compute, overhead_us, attention.compute, gemm.memory, "
+                "interconnect (default: every one the measurements identify)")
+      ->delimiter(',')
+      ->needs(meas);
+  c->add_option("--weights", a.weights, "Weight dtype for every measurement (default: from each one's dtype)")->needs(meas);
+  c->add_option("--compute", a.compute, "Compute dtype for every measurement (default: from each one's dtype)")->needs(meas);
+  c->add_option("--kv", a.kv, "KV dtype for every measurement (default: from each one's dtype)")->needs(meas);
   c->add_flag("--json", a.json_out, "Print the fit report as JSON");
   return c;
 }
 
-int cmd_calibrate(const CalibrateArgs& a) {
+namespace {
+
+int calibrate_runs(const CalibrateArgs& a) {
   if (!fs::is_directory(a.runs)) usage_fail("--runs '{}' is not a folder", a.runs);
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(a.runs))
@@ -75,6 +105,239 @@ int cmd_calibrate(const CalibrateArgs& a) {
     fmt::print("\nwrote {}\n", a.out);
   }
   return 0;
+}
+
+std::map<std::string, std::string> parse_map(const std::vector<std::string>& items, const char* option) {
+  std::map<std::string, std::string> m;
+  for (const std::string& it : items) {
+    const size_t eq = it.rfind('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == it.size())
+      usage_fail("{} takes NAME=VALUE, got '{}'", option, it);
+    m[it.substr(0, eq)] = it.substr(eq + 1);
+  }
+  return m;
+}
+
+std::string sha256_hex(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read '{}'", path);
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1) fail("SHA-256 of '{}' failed", path);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+std::string known_hardware() {
+  std::string s;
+  for (const std::string& n : hw::builtin_profile_names()) {
+    const hw::Profile p = hw::load_profile(n);
+    s += (s.empty() ? "" : ", ") + n;
+    if (!p.aliases.empty()) {
+      s += " (";
+      for (size_t i = 0; i < p.aliases.size(); ++i) s += (i ? ", " : "") + p.aliases[i];
+      s += ")";
+    }
+  }
+  return s;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+bool same_name(const std::string& a, const std::string& b) {
+  const auto norm = [](std::string s) {
+    std::string o;
+    for (char ch : s)
+      if (ch != ' ' && ch != '_' && ch != '-') o += char(std::tolower(static_cast<unsigned char>(ch)));
+    return o;
+  };
+  return norm(a) == norm(b);
+}
+
+int calibrate_measurements(const CalibrateArgs& a) {
+  const hw::Profile base = hw::load_profile(a.base);
+  const auto model_map = parse_map(a.model_map, "--model-map");
+  const auto hw_map = parse_map(a.hw_map, "--hw-map");
+  for (const auto& [file_name, preset] : model_map) preset_config(preset);  // unknown presets fail here
+  for (const auto& [file_name, profile] : hw_map)
+    if (profile != base.name) hw::load_profile(profile);
+  sim::Precision forced{a.weights.empty() ? "bf16" : a.weights, a.compute.empty() ? "bf16" : a.compute,
+                        a.kv.empty() ? "bf16" : a.kv};
+  const bool force = !a.weights.empty() || !a.compute.empty() || !a.kv.empty();
+  if (force) sim::validate(forced);
+
+  // Everything is read and checked before anything is fitted or written.
+  std::vector<sim::Measurement> records;
+  json files = json::array();
+  for (const std::string& f : a.measurements) {
+    std::vector<sim::Measurement> ms = sim::import_measurements(f);
+    files.push_back({{"path", f}, {"sha256", sha256_hex(f)}, {"records", ms.size()}});
+    for (sim::Measurement& m : ms) records.push_back(std::move(m));
+  }
+  sim::check_no_duplicates(records);
+
+  std::vector<sim::Point> points;
+  int under_load = 0, unnamed_hw = 0;
+  std::map<std::string, int> other_hw;
+  std::map<std::string, int> notes;
+  for (const sim::Measurement& m : records) {
+    if (!m.note.empty()) ++notes[m.note];
+    if (!m.isolated) {
+      ++under_load;
+      continue;
+    }
+    std::string profile;
+    if (m.hardware.empty()) {
+      ++unnamed_hw;
+      profile = base.name;
+    } else if (const auto it = hw_map.find(m.hardware); it != hw_map.end()) {
+      profile = it->second;
+    } else if (same_name(m.hardware, base.name) ||
+               std::any_of(base.aliases.begin(), base.aliases.end(),
+                           [&](const std::string& al) { return same_name(al, m.hardware); })) {
+      profile = base.name;
+    } else if (const auto p = sim::match_profile(m.hardware, {})) {
+      profile = *p;
+    } else {
+      usage_fail("{}: record {}: unknown hardware '{}' (known: {}); map it with --hw-map '{}=PROFILE'", m.file,
+                 m.record, m.hardware, known_hardware(), m.hardware);
+    }
+    if (profile != base.name) {
+      ++other_hw[profile];
+      continue;
+    }
+    const auto preset = sim::match_preset(m.model, model_map);
+    if (!preset)
+      usage_fail("{}: record {}: unknown model '{}' (known presets: {}); map it with --model-map '{}=PRESET'", m.file,
+                 m.record, m.model, join(preset_names()), m.model);
+    const ModelConfig cfg = preset_config(*preset);
+    sim::Precision prec = forced;
+    if (!force) {
+      try {
+        prec = sim::precision_for_dtype(m.dtype);
+      } catch (const Error& e) {
+        usage_fail("{}: record {}: {}", m.file, m.record, e.what());
+      }
+    }
+    try {
+      sim::check_tp(cfg, base, m.tp);
+    } catch (const Error& e) {
+      usage_fail("{}: record {}: {}", m.file, m.record, e.what());
+    }
+    points.push_back(sim::make_point(m, *preset, cfg, prec));
+  }
+  std::string skipped;
+  if (under_load) skipped += fmt::format("{} measured under load (TTFT includes queueing)", under_load);
+  for (const auto& [p, k] : other_hw) skipped += fmt::format("{}{} on {} (--base is {})", skipped.empty() ? "" : "; ", k, p, base.name);
+  if (points.empty())
+    fail("no measurement to fit {} to: {} record(s) read{}", base.name, records.size(),
+         skipped.empty() ? "" : ", skipped: " + skipped);
+
+  sim::MeasurementFit fit;
+  const hw::Profile fitted = sim::fit_measurements(base, points, a.fit, &fit);
+
+  const std::string name = a.name.empty() ? base.name : a.name;
+  const auto pct = [](double x) { return std::isnan(x) ? json(nullptr) : json(100 * x); };
+  json fitted_params = json::array();
+  for (const std::string& p : fit.params)
+    fitted_params.push_back({{"name", p}, {"base", sim::get_param(base, p)}, {"value", sim::get_param(fitted, p)}});
+  json cal = {{"date", today()},
+              {"command", "lazyprefill calibrate --measurements"},
+              {"base", a.base},
+              {"files", files},
+              {"points", points.size()},
+              {"ttft_points", fit.ttft_points},
+              {"decode_points", fit.decode_points},
+              {"fitted", fitted_params},
+              {"cross_validation", fit.cv},
+              {"ttft_mape_pct", {{"base", pct(fit.ttft_mape_base)}, {"fit", pct(fit.ttft_mape_fit)}, {"held_out", pct(fit.ttft_mape_heldout)}}},
+              {"decode_mape_pct",
+               {{"base", pct(fit.decode_mape_base)}, {"fit", pct(fit.decode_mape_fit)}, {"held_out", pct(fit.decode_mape_heldout)}}}};
+  std::string file_list;
+  for (const json& f : files) file_list += (file_list.empty() ? "" : ", ") + f["path"].get<std::string>();
+  const std::string provenance = fmt::format(
+      "calibrated on {} by `lazyprefill calibrate --measurements` from {} points ({} TTFT, {} decode) in {}: fitted {}; "
+      "held-out TTFT MAPE {} ({}); other values from {}. File hashes in 'calibration'.",
+      today(), points.size(), fit.ttft_points, fit.decode_points, file_list, join(fit.params),
+      fit.ttft_points ? fmt::format("{:.1f}%", 100 * fit.ttft_mape_heldout) : "n/a", fit.cv, a.base);
+  json prof = fitted_profile_json(fitted, name, provenance);
+  prof["calibration"] = cal;
+  write_file_atomic(a.out, prof.dump(2) + "\n", "profile");
+
+  json pts = json::array();
+  for (size_t i = 0; i < points.size(); ++i) {
+    const sim::Point& p = points[i];
+    pts.push_back({{"file", p.m->file},
+                   {"record", p.m->record},
+                   {"model", p.m->model},
+                   {"preset", p.preset},
+                   {"quantity", p.ttft ? "ttft" : "decode"},
+                   {"prompt_tokens", p.m->prompt_tokens},
+                   {"context_tokens", p.m->context_tokens},
+                   {"batch", p.m->batch},
+                   {"tp", p.m->tp},
+                   {"measured_ms", p.measured_s * 1e3},
+                   {"base_ms", fit.base_s[i] * 1e3},
+                   {"fit_ms", fit.fit_s[i] * 1e3},
+                   {"held_out_ms", fit.heldout_s[i] * 1e3},
+                   {"held_out_error_pct", 100 * (fit.heldout_s[i] / p.measured_s - 1)}});
+  }
+  json checks = json::array();
+  for (const sim::ParamCheck& c : fit.checks)
+    checks.push_back({{"name", c.name},
+                      {"rms_elasticity", c.sensitivity},
+                      {"independent_elasticity", c.independent},
+                      {"fitted", c.fitted},
+                      {"at_bound", c.at_bound},
+                      {"reason", c.reason}});
+  if (a.json_out) {
+    json j = {{"profile", a.out}, {"calibration", cal}, {"skipped", skipped}, {"points", pts}, {"parameters", checks}};
+    std::puts(j.dump(2).c_str());
+    return 0;
+  }
+  fmt::print("{} record(s) from {} file(s); {} point(s) on {}{}{}\n", records.size(), files.size(), points.size(),
+             base.name, skipped.empty() ? "" : "; skipped: " + skipped,
+             unnamed_hw ? fmt::format("; {} without a hardware name taken as {}", unnamed_hw, base.name) : "");
+  for (const auto& [note, k] : notes) fmt::print("  note ({} record(s)): {}\n", k, note);
+  fmt::print("\n{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "measurement", "preset",
+             "tokens", "b", "tp", "what", "measured", "base", "fitted", "held-out", "error");
+  for (size_t i = 0; i < points.size(); ++i) {
+    const sim::Point& p = points[i];
+    const std::string where = fmt::format("{}:{}", fs::path(p.m->file).filename().string(), p.m->record);
+    fmt::print("{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>+7.1f}%\n", where,
+               p.preset, p.ttft ? p.m->prompt_tokens : p.m->context_tokens, p.m->batch, p.m->tp,
+               p.ttft ? "ttft" : "decode", p.measured_s * 1e3, fit.base_s[i] * 1e3, fit.fit_s[i] * 1e3,
+               fit.heldout_s[i] * 1e3, 100 * (fit.heldout_s[i] / p.measured_s - 1));
+  }
+  fmt::print("\n{:<18} {:>10} {:>12} {:>10} {:>10}  {}\n", "parameter", "elasticity", "independent", "base", "fitted",
+             "");
+  for (const sim::ParamCheck& c : fit.checks)
+    fmt::print("{:<18} {:>10.3f} {:>12.3f} {:>10.4g} {:>10}  {}\n", c.name, c.sensitivity, c.independent,
+               sim::get_param(base, c.name), c.fitted ? fmt::format("{:.4g}", sim::get_param(fitted, c.name)) : "-",
+               c.fitted ? (c.at_bound ? "at its bound: the data push it to the limit (poorly determined)" : "")
+                        : c.reason);
+  const auto line = [&](const char* what, int n, double b, double f, double h) {
+    if (n) fmt::print("{} MAPE over {} point(s): base {:.1f}%, fitted {:.1f}%, held out ({}) {:.1f}%\n", what, n, 100 * b,
+                      100 * f, fit.cv, 100 * h);
+  };
+  fmt::print("\n");
+  line("TTFT", fit.ttft_points, fit.ttft_mape_base, fit.ttft_mape_fit, fit.ttft_mape_heldout);
+  line("decode", fit.decode_points, fit.decode_mape_base, fit.decode_mape_fit, fit.decode_mape_heldout);
+  fmt::print("wrote {}\n", a.out);
+  return 0;
+}
+
+}  // namespace
+
+int cmd_calibrate(const CalibrateArgs& a) {
+  if (a.runs.empty() && a.measurements.empty()) usage_fail("give --runs DIR or --measurements FILE...");
+  return a.runs.empty() ? calibrate_measurements(a) : calibrate_runs(a);
 }
 
 }  // namespace lp::cli

@@ -31,6 +31,8 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
 
 struct CalibrateArgs {
   std::string runs, base, out, name;
+  std::vector<std::string> measurements, model_map, hw_map, fit;
+  std::string weights, compute, kv;  // override the precision each measurement's dtype implies
   bool json_out = false;
 };
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);

@@ -64,6 +64,14 @@ Profile parse_profile(const json& j, const std::string& origin) {
   p.kind = text(j, "kind", origin);
   if (p.kind != "gpu" && p.kind != "cpu") fail("{}: 'kind' must be \"gpu\" or \"cpu\", got \"{}\"", origin, p.kind);
 
+  if (const auto it = j.find("aliases"); it != j.end()) {
+    if (!it->is_array()) fail("{}: 'aliases' must be an array of names", origin);
+    for (const json& a : *it) {
+      if (!a.is_string() || a.get<std::string>().empty()) fail("{}: 'aliases' must hold non-empty strings", origin);
+      p.aliases.push_back(a.get<std::string>());
+    }
+  }
+
   const json& peaks = field(j, "peak_tflops", origin);
   if (!peaks.is_object() || peaks.empty()) fail("{}: 'peak_tflops' must be an object of dtype: TFLOP/s", origin);
   for (const auto& [dtype, v] : peaks.items()) {

@@ -27,6 +27,7 @@ struct Efficiency {
 
 struct Profile {
   std::string name, description, kind;   // kind: "gpu" or "cpu"
+  std::vector<std::string> aliases;      // names tools print for the part ("NVIDIA H100 80GB HBM3")
   std::map<std::string, double> peak_flops;  // dtype ("f32", "tf32", "bf16", "f16", "int8") -> FLOP/s
   double memory_bandwidth = 0;           // bytes/s
   double memory_capacity = 0;            // bytes

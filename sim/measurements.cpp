@@ -396,7 +396,6 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   if (tpot && *tpot > 0 && output >= 2) {
     m.decode_ms_per_token = *tpot;
     m.decode_tokens = std::llround(output) - 1;
-    m.context_tokens = 0;
   }
   // Load: requests in flight at once. Only one at a time measures a request alone.
   const auto conc = opt_number(o, "max_concurrency", path, rec);
@@ -415,19 +414,7 @@ std::vector<Measurement> import_vllm_serving(const std::string& path) {
   std::vector<Measurement> out;
   for (const auto& [rec, o] : json_records(path, read_text(path))) {
     Measurement m = from_vllm_serving(o, path, rec);
-    // The decode latency is the mean over the output, i.e. around the middle of it.
-    if (m.decode_ms_per_token) {
-      Measurement d = m;
-      d.ttft_ms.reset();
-      d.context_tokens = m.prompt_tokens + (m.decode_tokens + 1) / 2;
-      d.prompt_tokens = 0;
-      m.decode_ms_per_token.reset();
-      m.decode_tokens = 0;
-      out.push_back(std::move(m));
-      out.push_back(std::move(d));
-    } else {
-      out.push_back(std::move(m));
-    }
+    push_split(out, std::move(m));  // the decode record starts after the prompt
   }
   if (out.empty()) fail("{}: no vLLM results in the file", path);
   return out;
@@ -542,7 +529,7 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
       d.ttft_ms.reset();
       d.prompt_tokens = 0;
       d.decode_tokens = std::llround(output) - 1;
-      d.context_tokens = m.prompt_tokens + (d.decode_tokens + 1) / 2;
+      d.context_tokens = m.prompt_tokens;
       d.decode_ms_per_token = *tpot;
       out.push_back(std::move(m));
       out.push_back(std::move(d));

@@ -59,7 +59,7 @@ std::vector<Measurement> import_run_json(const std::string& path);
 // vLLM's serving benchmark (`vllm bench serve --save-result`, benchmarks/benchmark_serving.py):
 // one JSON object, or one per line (--append-result). TTFT = median_ttft_ms (else mean) at the
 // mean prompt (input_lens, else total_input_tokens / completed, else a metadata input_len);
-// decode = median_tpot_ms (else mean) at the prompt plus half the mean output. Model is
+// decode = median_tpot_ms (else mean) over the mean output less one, after the prompt. Model is
 // model_id; hardware, tp and version come from --metadata keys when given (gpu / hardware,
 // tp / tensor_parallel_size, vllm_version) and are otherwise "" / 1 / "" with a note. Only a run
 // with max_concurrency 1 is isolated.
@@ -73,7 +73,7 @@ std::vector<Measurement> import_vllm_latency(const std::string& path);
 
 // TensorRT-LLM's `trtllm-bench ... --report_json FILE`: streaming_metrics (present only with
 // --streaming) give TTFT (ttft_percentiles.p50, else avg_ttft_ms) at request_info's average input
-// length and decode (tpot p50, else avg_tpot_ms) at the input plus half the output; model,
+// length and decode (tpot p50, else avg_tpot_ms) over the output less one, after the input; model,
 // version, dtype from engine, hardware from machine.name, tp from world_info.tp_size. Isolated
 // when request_info.avg_num_concurrent_requests is at most 1.1.
 std::vector<Measurement> import_trtllm_bench(const std::string& path);

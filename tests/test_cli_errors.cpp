@@ -550,6 +550,70 @@ TEST_F(CliSim, CalibrateFromRunsAndUseTheProfile) {
                         {"zz.json", "not a `run --json` output"});
 }
 
+// End-to-end measurements (sim/fit_measurements.h): a small CSV whose SHA-256 was computed with
+// coreutils' sha256sum, the published TensorRT-LLM table, and the refusals.
+TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
+  const std::string csv = write_text(
+      "model,hardware,prompt_tokens,ttft_ms,tp\nllama-2-7b,a100-80gb,512,40.5,1\nllama-2-7b,a100-80gb,1024,75.25,1\n"
+      "llama-2-7b,a100-80gb,2048,150,1\nllama-2-70b,a100-80gb,2048,380,4\n",
+      "k.csv");
+  const std::string out = dir_.file("a100-fit.json");
+  CliResult r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--out", out, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto rep = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rep["points"].size(), 4u);
+  EXPECT_EQ(rep["points"][3]["tp"], 4);
+  EXPECT_EQ(rep["points"][3]["preset"], "llama-2-70b");
+  const auto prof = nlohmann::json::parse(slurp_text(out));
+  EXPECT_EQ(prof["efficiency"]["default"], false);
+  const auto& cal = prof["calibration"];
+  EXPECT_EQ(cal["files"][0]["sha256"], "3c34f45a2e15d762b5867fbd0025a3b47968f8f5947e7a017b8dd61d77cd9e9b");
+  EXPECT_EQ(cal["cross_validation"], "leave-one-out");
+  EXPECT_EQ(cal["ttft_points"], 4);
+  EXPECT_GE(cal["fitted"].size(), 1u);
+  EXPECT_TRUE(cal["ttft_mape_pct"]["held_out"].is_number());
+  EXPECT_NE(prof["sources"]["efficiency"].get<std::string>().find("held-out TTFT MAPE"), std::string::npos);
+  // The fitted profile is a profile.
+  r = run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "1000", "--model-config", "llama-2-7b", "--hw",
+                     out});
+  EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+
+  // The published TensorRT-LLM table: its "A100" must be mapped to a profile.
+  const std::string trt = std::string(LP_SOURCE_DIR) + "/tests/fixtures/measurements/trtllm-v0.5-first-token.csv";
+  r = run_cli(dir_, {"calibrate", "--measurements", trt, "--base", "a100-80gb", "--hw-map", "A100=a100-80gb", "--out",
+                     dir_.file("trt.json")});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("skipped: 4 on h100-sxm"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("held out (leave-one-out)"), std::string::npos) << r.out;
+}
+
+TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
+  const std::string out = dir_.file("never.json");
+  const auto calibrate = [&](const std::string& text, std::vector<std::string> extra = {}) {
+    const std::string f = write_text(text, "m.csv");
+    std::vector<std::string> args = {"calibrate", "--measurements", f, "--base", "h100-sxm", "--out", out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(dir_, args);
+  };
+  const std::string head = "model,hardware,prompt_tokens,ttft_ms,tp\n";
+  const std::string ok = head + "llama-2-7b,h100-sxm,512,20,1\nllama-2-7b,h100-sxm,1024,35,1\nllama-2-7b,h100-sxm,2048,70,1\n";
+  expect_one_line_error(calibrate(ok + "llama-2-7b,NVIDIA H100 PCIe,512,30,1\n"),
+                        {"m.csv", "record 5", "unknown hardware 'NVIDIA H100 PCIe'", "h100-sxm", "a100-80gb", "--hw-map"});
+  expect_one_line_error(calibrate(ok + "Llama-3.2-3B,h100-sxm,512,10,1\n"),
+                        {"m.csv", "record 5", "unknown model 'Llama-3.2-3B'", "llama-2-7b", "--model-map"});
+  expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,20,16\n"), {"m.csv", "record 5", "--tp 16", "max_tp 8"});
+  expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,21,1\n"), {"duplicate measurement", "m.csv"});
+  expect_one_line_error(calibrate("model,hardware,prompt_tokens,ttft_ms,ttft_s\nllama-2-7b,h100-sxm,512,20,0.02\n"),
+                        {"m.csv", "mixed units"});
+  expect_one_line_error(calibrate(ok, {"--fit", "gemm.memory"}), {"cannot fit gemm.memory", "decode"});
+  expect_one_line_error(calibrate(ok, {"--model-map", "x=llama-9"}), {"llama-9"});
+  expect_one_line_error(calibrate(head + "llama-2-7b,h100-sxm,512,20,1\n"), {"at least 3 points"});
+  EXPECT_FALSE(std::filesystem::exists(out));  // nothing written by any of them
+  // A model name the presets know under another spelling is accepted with --model-map.
+  const CliResult r = calibrate(ok + "Llama-3.2-3B,h100-sxm,512,10,1\n", {"--model-map", "Llama-3.2-3B=llama-2-7b"});
+  EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+}
+
 }  // namespace
 }  // namespace lp
 

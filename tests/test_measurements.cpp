@@ -236,7 +236,7 @@ TEST(Measurements, VllmServingJsonLines) {
   const Measurement& d = ms[1];
   EXPECT_DOUBLE_EQ(*d.decode_ms_per_token, 13.686303201518745);  // median_tpot_ms
   EXPECT_EQ(d.decode_tokens, 270 - 1);       // 80945 / 300 = 269.8 output tokens, rounded to 270
-  EXPECT_EQ(d.context_tokens, 999 + 135);
+  EXPECT_EQ(d.context_tokens, 999);  // decoding starts after the prompt
   EXPECT_EQ(ms[4].config, "request_rate=\"inf\" max_concurrency=-");
   EXPECT_NO_THROW(sim::check_no_duplicates(ms));
 }
@@ -286,7 +286,7 @@ TEST(Measurements, TrtllmBenchReport) {
   EXPECT_TRUE(ms[0].isolated);
   EXPECT_DOUBLE_EQ(*ms[1].decode_ms_per_token, 6.45);
   EXPECT_EQ(ms[1].decode_tokens, 128);
-  EXPECT_EQ(ms[1].context_tokens, 4096 + 64);
+  EXPECT_EQ(ms[1].context_tokens, 4096);
   testing::TempDir dir;
   std::ifstream in(sample("trtllm-bench-report.json"));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -1,0 +1,105 @@
+// Calibration from end-to-end measurements (issue 7; docs/measurements.md, "Calibrating"):
+// measured TTFTs and decode latencies, from any importer (sim/measurements.h), fit the few
+// efficiency parameters of one hardware profile that such figures can identify.
+//
+// Each measurement becomes a Point: the model preset it names, the precision its dtype implies,
+// and a synthetic trace of its work (the prompt, or one decoding step at the middle of the
+// measured output), predicted by replay() with the measurement's batch and tensor-parallel
+// degree. The fit minimises the sum of squared log errors log(predicted / measured) over the
+// chosen parameters with NLopt's BOBYQA (bounded, derivative-free, deterministic), from the
+// base profile's values.
+//
+// Which parameters: candidates in a fixed order (gemm.compute, overhead_us, attention.compute,
+// gemm.memory, interconnect). Each one's elasticities d log(predicted) / d log(parameter) over
+// the points form a column; the part of the column that the columns already accepted cannot
+// reproduce (least-squares residual) must have an RMS of at least 0.05, i.e. a 10% change of the
+// parameter moves the predictions by 0.5% in a way no other fitted parameter can, and at most
+// n - 2 parameters are fitted from n points. gemm.memory is a candidate only with decode points
+// (a TTFT-only fit would use it to absorb short prompts' fixed costs). A parameter the user asks
+// for that fails a test is refused with the reason.
+//
+// Held-out error: leave-one-out cross-validation up to 30 points, else 10 folds (point i in fold
+// i mod 10); every fold refits the same parameters from the base values without its points.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hwmodels/profile.h"
+#include "model/config.h"
+#include "sim/cost.h"
+#include "sim/measurements.h"
+#include "traces/trace.h"
+
+namespace lp::sim {
+
+// A model preset for a model name as a file writes it ("meta-llama/Llama-3.1-8B-Instruct",
+// "Qwen2.5-7B-Instruct-Q4_K_M.gguf"): the explicit map first, then a preset whose name the
+// normalised file name (lower case, folder and ".gguf" dropped, '_' and ' ' as '-', a leading
+// "meta-" dropped) equals or starts with followed by '-' or '.'. nullopt when none matches.
+std::optional<std::string> match_preset(const std::string& file_name, const std::map<std::string, std::string>& map);
+
+// A hardware profile name for a hardware name as a file writes it: the explicit map first, then a
+// built-in profile whose name or one of its `aliases` equals it (case, spaces and '_' ignored).
+std::optional<std::string> match_profile(const std::string& file_name, const std::map<std::string, std::string>& map);
+
+// The simulator's precision for a weight type as files write it: bf16/bfloat16, f16/fp16/
+// float16/half, f32/fp32/float32, fp8 (costed as int8: same size and, on Hopper/Ada, the same
+// dense peak), int8/w8a8, llama.cpp's Q8_0 (int8 weights) and Q2..Q6 K-quants and Q4_0/Q4_1/
+// IQ4 (4-bit weights), awq/gptq (4-bit weights); 4- and 8-bit weights compute in f16, as
+// llama.cpp and weight-only kernels do. An empty or "auto" dtype is bf16. Throws lp::Error
+// naming the dtype otherwise.
+Precision precision_for_dtype(const std::string& dtype);
+
+struct Point {
+  const Measurement* m = nullptr;
+  std::string preset;
+  ModelConfig model;
+  Precision precision;
+  bool ttft = true;        // else a decode latency
+  double measured_s = 0;   // TTFT, or seconds per generated token
+  trace::Trace work;       // the prompt, or the prompt so far plus one decoding step
+};
+
+// A Point for `m` on `model` (its decode step at context + decode_tokens / 2). Throws lp::Error
+// naming the record when the method or schedule cannot be read or the work exceeds the context.
+Point make_point(const Measurement& m, const std::string& preset, const ModelConfig& model, const Precision& p);
+
+// The profile's prediction for a point, seconds.
+double predict_point(const hw::Profile& hw, const Point& pt);
+
+// The parameters end-to-end figures may identify, in the order they are tried.
+const std::vector<std::string>& fit_candidates();
+double get_param(const hw::Profile& p, const std::string& name);
+void set_param(hw::Profile& p, const std::string& name, double v);
+
+struct ParamCheck {
+  std::string name;
+  double sensitivity = 0;  // RMS elasticity over the points
+  double independent = 0;  // RMS of the part no earlier accepted parameter reproduces
+  bool fitted = false;
+  bool at_bound = false;   // fitted to a bound ([0.01, 1] for shares, [0.01, 5000] us): poorly determined
+  std::string reason;      // why it was not fitted
+};
+
+struct MeasurementFit {
+  std::vector<std::string> params;  // fitted, in candidate order
+  std::vector<ParamCheck> checks;
+  std::vector<double> base_s, fit_s, heldout_s;  // per point
+  std::string cv;                   // "leave-one-out" or "10-fold"
+  // Mean |predicted / measured - 1| over TTFT and decode points: base profile, fitted (in-sample),
+  // held out. NaN when there are no such points.
+  double ttft_mape_base = 0, ttft_mape_fit = 0, ttft_mape_heldout = 0;
+  double decode_mape_base = 0, decode_mape_fit = 0, decode_mape_heldout = 0;
+  int ttft_points = 0, decode_points = 0;
+};
+
+// Fits `base` to `points` (all on base's hardware). `requested` empty: every identifiable
+// candidate; otherwise exactly those, or lp::UsageError saying which one the data cannot
+// identify and why. Throws lp::Error with fewer than 3 points or when nothing is identifiable.
+hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& points,
+                             const std::vector<std::string>& requested, MeasurementFit* out);
+
+}  // namespace lp::sim
