@@ -57,8 +57,8 @@ CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
   c->add_option("--hw-map", a.hw_map, "NAME=PROFILE: the profile for a hardware name as the files write it (repeatable)")
       ->needs(meas);
   c->add_option("--fit", a.fit,
-                "Parameters to fit, comma-separated, from gemm.compute, overhead_us, attention.compute, gemm.memory, "
-                "interconnect (default: every one the measurements identify)")
+                "Parameters to fit, comma-separated, from gemm.compute, overhead_us, attention.compute, gemm.half_rows, "
+                "gemm.memory, interconnect (default: every one the measurements identify)")
       ->delimiter(',')
       ->needs(meas);
   c->add_option("--weights", a.weights, "Weight dtype for every measurement (default: from each one's dtype)")->needs(meas);
@@ -183,13 +183,19 @@ int calibrate_measurements(const CalibrateArgs& a) {
   sim::check_no_duplicates(records);
 
   std::vector<sim::Point> points;
-  int under_load = 0, unnamed_hw = 0;
+  int under_load = 0, unnamed_hw = 0, pruned_decode = 0;
   std::map<std::string, int> other_hw;
   std::map<std::string, int> notes;
   for (const sim::Measurement& m : records) {
     if (!m.note.empty()) ++notes[m.note];
     if (!m.isolated) {
       ++under_load;
+      continue;
+    }
+    // A pruned run's first decoding steps revive tokens, which a synthetic trace (steady state)
+    // does not model: its decode latency would mislead the fit.
+    if (!m.ttft_ms && m.method != "none") {
+      ++pruned_decode;
       continue;
     }
     std::string profile;
@@ -234,6 +240,9 @@ int calibrate_measurements(const CalibrateArgs& a) {
   }
   std::string skipped;
   if (under_load) skipped += fmt::format("{} measured under load (TTFT includes queueing)", under_load);
+  if (pruned_decode)
+    skipped += fmt::format("{}{} decode latencies of pruned runs (revivals not modelled)", skipped.empty() ? "" : "; ",
+                           pruned_decode);
   for (const auto& [p, k] : other_hw) skipped += fmt::format("{}{} on {} (--base is {})", skipped.empty() ? "" : "; ", k, p, base.name);
   if (points.empty())
     fail("no measurement to fit {} to: {} record(s) read{}", base.name, records.size(),

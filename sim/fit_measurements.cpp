@@ -57,10 +57,14 @@ double mape(const std::vector<Point>& pts, const std::vector<double>& pred, bool
 // A parameter is identified when a 10% change of it moves the predictions by at least 0.5% RMS
 // in a way the parameters accepted before it cannot reproduce.
 constexpr double kMinElasticity = 0.05;
+// F-to-enter of forward stepwise regression: the drop in the squared log error a parameter brings,
+// over the remaining error per degree of freedom; 4 is about the 5% point of F(1, m) for m >= 10.
+constexpr double kMinF = 4;
 
 // Bounds of each parameter (in its own unit): shares of a peak, or microseconds.
 std::pair<double, double> bounds(const std::string& name) {
   if (name == "overhead_us") return {0.01, 5000};
+  if (name == "gemm.half_rows") return {0.01, 4096};
   return {0.01, 1};
 }
 
@@ -148,8 +152,8 @@ double predict_point(const hw::Profile& hw, const Point& pt) {
 }
 
 const std::vector<std::string>& fit_candidates() {
-  static const std::vector<std::string> c = {"gemm.compute", "overhead_us", "attention.compute", "gemm.memory",
-                                             "interconnect"};
+  static const std::vector<std::string> c = {"gemm.compute",   "overhead_us",    "attention.compute",
+                                             "gemm.half_rows", "gemm.memory",    "interconnect"};
   return c;
 }
 
@@ -157,13 +161,15 @@ double get_param(const hw::Profile& p, const std::string& name) {
   if (name == "gemm.compute") return p.eff(hw::Family::Gemm).compute;
   if (name == "attention.compute") return p.eff(hw::Family::Attention).compute;
   if (name == "gemm.memory") return p.eff(hw::Family::Gemm).memory;
+  if (name == "gemm.half_rows") return p.eff(hw::Family::Gemm).half_rows;
   if (name == "interconnect") return p.interconnect_efficiency;
   if (name == "overhead_us") {
     double s = 0;
     for (const hw::Efficiency& e : p.efficiency) s += e.overhead_s;
     return s / hw::kNumFamilies * 1e6;
   }
-  usage_fail("unknown parameter '{}' (known: gemm.compute, overhead_us, attention.compute, gemm.memory, interconnect)",
+  usage_fail("unknown parameter '{}' (known: gemm.compute, overhead_us, attention.compute, gemm.half_rows, gemm.memory, "
+             "interconnect)",
              name);
 }
 
@@ -171,6 +177,7 @@ void set_param(hw::Profile& p, const std::string& name, double v) {
   if (name == "gemm.compute") p.efficiency[size_t(hw::Family::Gemm)].compute = v;
   else if (name == "attention.compute") p.efficiency[size_t(hw::Family::Attention)].compute = v;
   else if (name == "gemm.memory") p.efficiency[size_t(hw::Family::Gemm)].memory = v;
+  else if (name == "gemm.half_rows") p.efficiency[size_t(hw::Family::Gemm)].half_rows = v;
   else if (name == "interconnect") p.interconnect_efficiency = v;
   else if (name == "overhead_us")
     for (hw::Efficiency& e : p.efficiency) e.overhead_s = v * 1e-6;
@@ -245,69 +252,143 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   };
   f.base_s = predict_all(base);
 
-  // Identifiability: elasticities at the base, orthogonalised in candidate order.
-  std::vector<std::vector<double>> basis;  // orthonormal columns of the accepted parameters
+  // Forward stepwise selection: each round tries every remaining candidate (fitted together with
+  // the accepted ones), and accepts the one that lowers the squared log error most, if it is
+  // identifiable at that fit (independent elasticity) and the improvement is significant (F).
   const size_t max_params = n - 2;
   const size_t decode_points = size_t(std::count_if(points.begin(), points.end(), [](const Point& p) { return !p.ttft; }));
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  const auto sum_sq = [&](const hw::Profile& p) {
+    double ss = 0;
+    for (const Point& pt : points) {
+      const double r = std::log(predict_point(p, pt) / pt.measured_s);
+      ss += r * r;
+    }
+    return ss;
+  };
+  // d log(predicted) per relative change of the parameter, in units of its base value (so a
+  // parameter fitted to its lower bound, an overhead near zero, keeps the elasticity it had):
+  // central differences of +-5% of the base value around the value at `at`.
+  const auto elasticities = [&](const hw::Profile& at, const std::string& name) {
+    const auto [lo, hi] = bounds(name);
+    const double ref = std::max(get_param(base, name), lo);
+    const double v = get_param(at, name);
+    const double a = std::max(lo, v - 0.05 * ref), b = std::min(hi, v + 0.05 * ref);
+    hw::Profile up = at, down = at;
+    set_param(up, name, b);
+    set_param(down, name, a);
+    std::vector<double> col(n);
+    for (size_t i = 0; i < n; ++i)
+      col[i] = (std::log(predict_point(up, points[i])) - std::log(predict_point(down, points[i]))) / ((b - a) / ref);
+    return col;
+  };
+  // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce.
+  const auto independence = [&](const hw::Profile& at, const std::vector<double>& col,
+                                const std::vector<std::string>& params) {
+    std::vector<std::vector<double>> basis;  // orthonormal (Gram-Schmidt)
+    for (const std::string& q : params) {
+      std::vector<double> v = elasticities(at, q);
+      for (const auto& o : basis) {
+        double dot = 0;
+        for (size_t i = 0; i < n; ++i) dot += v[i] * o[i];
+        for (size_t i = 0; i < n; ++i) v[i] -= dot * o[i];
+      }
+      double vv = 0;
+      for (double e : v) vv += e * e;
+      if (vv <= 1e-30) continue;
+      for (double& e : v) e /= std::sqrt(vv);
+      basis.push_back(std::move(v));
+    }
+    std::vector<double> r = col;
+    for (const auto& o : basis) {
+      double dot = 0;
+      for (size_t i = 0; i < n; ++i) dot += r[i] * o[i];
+      for (size_t i = 0; i < n; ++i) r[i] -= dot * o[i];
+    }
+    double ss = 0, rr = 0;
+    for (double e : col) ss += e * e;
+    for (double e : r) rr += e * e;
+    return std::pair{std::sqrt(ss / double(n)), std::sqrt(rr / double(n))};
+  };
+
+  std::vector<ParamCheck> checks;
   for (const std::string& name : fit_candidates()) {
     ParamCheck c;
     c.name = name;
-    hw::Profile up = base, down = base;
-    const double v = std::max(get_param(base, name), bounds(name).first);
-    const double h = 1.05;
-    set_param(up, name, v * h);
-    set_param(down, name, v / h);
-    std::vector<double> col(n);
-    for (size_t i = 0; i < n; ++i)
-      col[i] = (std::log(predict_point(up, points[i])) - std::log(predict_point(down, points[i]))) / (2 * std::log(h));
-    double ss = 0;
-    for (double e : col) ss += e * e;
-    c.sensitivity = std::sqrt(ss / double(n));
-    std::vector<double> r = col;
-    for (const auto& b : basis) {
-      double dot = 0;
-      for (size_t i = 0; i < n; ++i) dot += r[i] * b[i];
-      for (size_t i = 0; i < n; ++i) r[i] -= dot * b[i];
-    }
-    double rr = 0;
-    for (double e : r) rr += e * e;
-    c.independent = std::sqrt(rr / double(n));
     const bool wanted = requested.empty() || std::find(requested.begin(), requested.end(), name) != requested.end();
-    if (!wanted) {
-      c.reason = "not requested";
-    } else if (name == "gemm.memory" && decode_points == 0) {
-      // Prefill GEMMs of short prompts can look memory-bound; a TTFT-only fit would use the
-      // bandwidth to absorb their fixed costs and then mispredict every decoding step.
+    if (!wanted) c.reason = "not requested";
+    // Prefill GEMMs of short prompts can look memory-bound or row-starved; a TTFT-only fit would
+    // use these to absorb their fixed costs and then mispredict every decoding step.
+    if (wanted && (name == "gemm.memory" || name == "gemm.half_rows") && decode_points == 0)
       c.reason = "only decode latencies identify it (no decode points)";
-    } else if (c.independent < kMinElasticity) {
-      c.reason = c.sensitivity < kMinElasticity
-                     ? fmt::format("the points barely depend on it (RMS elasticity {:.3f} < {})", c.sensitivity,
-                                   kMinElasticity)
-                     : fmt::format("the parameters before it already explain its effect (independent elasticity "
-                                   "{:.3f} < {})",
-                                   c.independent, kMinElasticity);
-    } else if (f.params.size() >= max_params) {
-      c.reason = fmt::format("{} points identify at most {} parameters (n - 2)", n, max_params);
-    } else {
-      c.fitted = true;
-      f.params.push_back(name);
-      for (double& e : r) e /= std::sqrt(rr);
-      basis.push_back(std::move(r));
-    }
-    f.checks.push_back(c);
+    checks.push_back(c);
   }
+  hw::Profile current = base;
+  double ss_current = sum_sq(base);
+  for (;;) {
+    int best = -1;
+    hw::Profile best_fit = base;
+    double best_ss = 0;
+    for (size_t k = 0; k < checks.size(); ++k) {
+      ParamCheck& c = checks[k];
+      if (c.fitted || c.reason == "not requested" || c.reason.starts_with("only decode")) continue;
+      if (f.params.size() >= max_params) {
+        c.reason = fmt::format("{} points identify at most {} parameters (n - 2)", n, max_params);
+        continue;
+      }
+      std::vector<std::string> trial_params = f.params;
+      trial_params.push_back(c.name);
+      const hw::Profile trial = fit_subset(base, points, all, trial_params);
+      const double ss = sum_sq(trial);
+      // Identifiability at the current fit with the candidate at its base value: where the trial
+      // drives it (to a bound, say) its elasticity may vanish although the data do depend on it.
+      std::tie(c.sensitivity, c.independent) = independence(current, elasticities(current, c.name), f.params);
+      const double dof = double(n - trial_params.size());
+      const double gain = std::max(0.0, ss_current - ss);
+      c.f_stat = ss > 1e-24 ? gain / (ss / dof) : (gain > 1e-24 ? std::numeric_limits<double>::infinity() : 0);
+      if (c.independent < kMinElasticity) {
+        c.reason = c.sensitivity < kMinElasticity
+                       ? fmt::format("the points barely depend on it (RMS elasticity {:.3f} < {})", c.sensitivity,
+                                     kMinElasticity)
+                       : fmt::format("the parameters fitted before it already explain its effect (independent "
+                                     "elasticity {:.3f} < {})",
+                                     c.independent, kMinElasticity);
+      } else if (c.f_stat < kMinF) {
+        c.reason = fmt::format("it does not improve the fit significantly (F = {:.2f} < {})", c.f_stat, kMinF);
+      } else {
+        c.reason.clear();
+        if (best < 0 || ss < best_ss) {
+          best = int(k);
+          best_fit = trial;
+          best_ss = ss;
+        }
+      }
+    }
+    if (best < 0) break;
+    checks[size_t(best)].fitted = true;
+    f.params.push_back(checks[size_t(best)].name);
+    current = best_fit;
+    ss_current = best_ss;
+  }
+  // The fitted parameters in candidate order (the rounds' order is in the report's reasons).
+  std::vector<std::string> ordered;
+  for (const ParamCheck& c : checks)
+    if (c.fitted) ordered.push_back(c.name);
+  f.params = ordered;
+  f.checks = checks;
   for (const std::string& name : requested) {
     const auto it = std::find_if(f.checks.begin(), f.checks.end(), [&](const ParamCheck& c) { return c.name == name; });
     if (it == f.checks.end()) get_param(base, name);  // unknown name: the error lists the known ones
     if (!it->fitted) usage_fail("cannot fit {}: {}", name, it->reason);
   }
-  if (f.params.empty())
-    fail("these {} points identify no parameter of '{}' (each candidate changes the predictions by less than 1% "
-         "per 10%)",
-         n, base.name);
+  if (f.params.empty()) {
+    std::string why;
+    for (const ParamCheck& c : f.checks)
+      if (c.reason != "not requested") why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", c.name, c.reason);
+    fail("these {} points identify no parameter of '{}' ({})", n, base.name, why);
+  }
 
-  std::vector<size_t> all(n);
-  for (size_t i = 0; i < n; ++i) all[i] = i;
   const hw::Profile fitted = fit_subset(base, points, all, f.params);
   f.fit_s = predict_all(fitted);
   for (ParamCheck& c : f.checks)

@@ -9,14 +9,20 @@
 // chosen parameters with NLopt's BOBYQA (bounded, derivative-free, deterministic), from the
 // base profile's values.
 //
-// Which parameters: candidates in a fixed order (gemm.compute, overhead_us, attention.compute,
-// gemm.memory, interconnect). Each one's elasticities d log(predicted) / d log(parameter) over
-// the points form a column; the part of the column that the columns already accepted cannot
-// reproduce (least-squares residual) must have an RMS of at least 0.05, i.e. a 10% change of the
-// parameter moves the predictions by 0.5% in a way no other fitted parameter can, and at most
-// n - 2 parameters are fitted from n points. gemm.memory is a candidate only with decode points
-// (a TTFT-only fit would use it to absorb short prompts' fixed costs). A parameter the user asks
-// for that fails a test is refused with the reason.
+// Which parameters: forward stepwise selection over the candidates gemm.compute, overhead_us (one
+// per-op overhead for every family), attention.compute, gemm.half_rows, gemm.memory and
+// interconnect. Each round fits every remaining candidate together with those accepted, and
+// accepts the one that lowers the squared log error most, provided that (a) it is identifiable
+// at the current fit (accepted parameters fitted, the candidate at its base value): its
+// elasticities (d log(predicted) per relative change of the parameter, in units of its base
+// value) over the points, less the
+// part the accepted parameters' elasticities reproduce (least squares), have an RMS of at least
+// 0.05 (a 10% change moves the predictions by 0.5% in its own way); (b) the improvement is
+// significant: F = (drop in squared error) / (remaining squared error per degree of freedom) of
+// at least 4; (c) at most n - 2 parameters come from n points. gemm.half_rows and gemm.memory are
+// candidates only with decode points (a TTFT-only fit would use them to absorb short prompts'
+// fixed costs). A parameter the user asks for (--fit) that is not accepted is refused with the
+// reason.
 //
 // Held-out error: leave-one-out cross-validation up to 30 points, else 10 folds (point i in fold
 // i mod 10); every fold refits the same parameters from the base values without its points.
@@ -79,6 +85,7 @@ struct ParamCheck {
   std::string name;
   double sensitivity = 0;  // RMS elasticity over the points
   double independent = 0;  // RMS of the part no earlier accepted parameter reproduces
+  double f_stat = 0;       // F-to-enter: drop in squared log error / (remaining error per dof)
   bool fitted = false;
   bool at_bound = false;   // fitted to a bound ([0.01, 1] for shares, [0.01, 5000] us): poorly determined
   std::string reason;      // why it was not fitted

@@ -141,15 +141,23 @@ std::string usage_error(const hw::Profile& base, const std::vector<sim::Point>& 
 
 TEST(FitMeasurements, RefusesWhatTheDataCannotIdentify) {
   const hw::Profile base = hw::load_profile("h100-sxm");
+  hw::Profile truth = base;
+  sim::set_param(truth, "gemm.compute", 0.55);
+  sim::set_param(truth, "overhead_us", 9);
   Synthetic s;
-  for (int64_t n : {128, 512, 2048}) s.add(base, "llama-3.1-8b", 1, n, false);
-  // Three points: at most one parameter, although both would be identifiable.
+  for (int64_t n : {128, 512, 2048}) s.add(truth, "llama-3.1-8b", 1, n, false);
+  // Three points: at most one parameter, although both would be identifiable and either helps.
   EXPECT_NO_THROW(sim::fit_measurements(base, s.points, {"overhead_us"}, nullptr));
   EXPECT_NE(usage_error(base, s.points, {"gemm.compute", "overhead_us"}).find("at most 1"), std::string::npos);
-  // Long prompts on one GPU: TP's interconnect plays no part; the bandwidth needs decode points.
+  // One GPU: TP's interconnect plays no part; the bandwidth needs decode points.
   EXPECT_NE(usage_error(base, s.points, {"interconnect"}).find("barely depend"), std::string::npos);
   EXPECT_NE(usage_error(base, s.points, {"gemm.memory"}).find("only decode"), std::string::npos);
   EXPECT_NE(usage_error(base, s.points, {"speed"}).find("unknown parameter 'speed'"), std::string::npos);
+  // Data the base profile already predicts exactly: no parameter improves the fit.
+  Synthetic exact;
+  for (int64_t n : {128, 512, 2048, 8192}) exact.add(base, "llama-3.1-8b", 1, n, false);
+  EXPECT_NE(usage_error(base, exact.points, {"gemm.compute"}).find("does not improve the fit"), std::string::npos);
+  EXPECT_THROW(sim::fit_measurements(base, exact.points, {}, nullptr), Error);
   // Two points are not enough for a fit and a held-out check.
   s.points.pop_back();
   EXPECT_THROW(sim::fit_measurements(base, s.points, {}, nullptr), Error);
