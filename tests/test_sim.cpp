@@ -105,6 +105,21 @@ TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
   j = round_profile();
   j["peak_tflops"]["fp4"] = 1;
   EXPECT_NE(error_of(j).find("unknown dtype 'fp4'"), std::string::npos);
+  j = round_profile();
+  j["max_tp"] = 2;  // two GPUs but no interconnect
+  EXPECT_NE(error_of(j).find("'interconnect_bandwidth_gbs' is 0"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["max_tp"] = 2.5;
+  EXPECT_NE(error_of(j).find("'max_tp' must be a whole number"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["efficiency"]["interconnect"] = 1.5;
+  EXPECT_NE(error_of(j).find("efficiency.interconnect"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["efficiency"].erase("interconnect");
+  EXPECT_NE(error_of(j).find("missing field 'interconnect'"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["aliases"] = "H100";
+  EXPECT_NE(error_of(j).find("'aliases' must be an array"), std::string::npos) << error_of(j);
   try {
     hw::load_profile("h1000");
     FAIL();
