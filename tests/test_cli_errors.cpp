@@ -622,6 +622,13 @@ TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
 namespace lp {
 namespace {
 
+// --backend cuda on this machine: no GPU (or no driver, or a build without CUDA) is one line and
+// exit 1; where a GPU exists the forward pass is not built yet, also one line (issue 8).
+TEST_F(CliErrors, CudaBackendWithoutAGpuIsOneClearLine) {
+  expect_one_line_error(run_cli(dir_, {"run", "--backend", "cuda", "--model", tiny_, "--prompt", "a b"}), {"CUDA"});
+  expect_one_line_error(run_cli(dir_, {"run", "--backend", "tpu", "--model", tiny_, "--prompt", "a b"}), {"--backend"});
+}
+
 // Documented exit codes: 0 ok, 1 runtime failure, 2 usage error.
 TEST_F(CliErrors, ExitCodesSeparateUsageFromRuntimeErrors) {
   EXPECT_EQ(run_cli(dir_, {"run", "--bogus"}).code, 2);

@@ -1,0 +1,72 @@
+// The CUDA backend's device, memory and op launchers (issue 8), as plain C++ declarations so that
+// code without CUDA headers (the CLI, the tests) can call them. Built from kernels/cuda/*.cu when
+// CMake finds nvcc (LP_CUDA); otherwise kernels/cuda/no_cuda.cpp provides the same functions,
+// and open_device() says that this build has no CUDA backend.
+//
+// Every launcher takes device pointers, runs on the default stream, and throws lp::Error with one
+// line naming the op and the CUDA error when a launch or an allocation fails. Layouts and
+// semantics are those of the scalar references (kernels/cpu/ref.h); the per-element arithmetic
+// is kernels/cuda/device_math.h, tested on the CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace lp::cuda {
+
+// True when this build has the CUDA backend.
+bool compiled();
+
+struct Device {
+  int index = 0, count = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int64_t total_bytes = 0, free_bytes = 0;
+};
+
+// The first GPU, made current. Throws lp::Error with one line saying why there is none (a build
+// without CUDA, no driver, no device, a driver older than the runtime).
+Device open_device();
+
+// Device memory: allocation that throws on failure (naming the bytes asked and free), copies.
+void* device_alloc(size_t bytes, const char* what);
+void device_free(void* p);
+void copy_to_device(void* dst, const void* src, size_t bytes);
+void copy_to_host(void* dst, const void* src, size_t bytes);
+void synchronize(const char* what);
+
+// out[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * w[i]
+void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
+// In place on x [T][n_heads][Dh], at original positions pos[T]; freq_factors may be null.
+void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
+          const float* freq_factors);
+// out[i] = silu(gate[i]) * up[i]
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// x[i] += y[i]
+void add_inplace(float* x, const float* y, int64_t n);
+// dst[r][:] = src[idx[r]][:]   (compacting kept rows, Aux Cache loads)
+void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
+// dst[idx[r]][:] = src[r][:]   (Aux Cache stores, revived rows back into place)
+void scatter_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
+// Causal GQA over the active keys, mask on original positions (ref::attention), tiled with an
+// online softmax and f32 accumulation.
+void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v, const int32_t* k_pos,
+               int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
+// The last token's attention over S keys, averaged over heads (ref::last_row_scores), into scores[S].
+void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* scores);
+// LazyLLM's selection (kernels/pruning.h select_top) with CUB radix sorts: keep[n_keep] the kept
+// indices in increasing order; the last token always kept. n_keep in [1, n].
+void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);
+// K/V append: rows of k_new/v_new [T][kv] into cache slots slot[T] of k_cache/v_cache [cap][kv],
+// and the has-KV bit of each row's original position set in bits.
+void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T,
+               int64_t kv, float* k_cache, float* v_cache, uint32_t* bits);
+// f32 -> bf16 (round to nearest even).
+void to_bf16(const float* x, uint16_t* y, int64_t n);
+// out[T][N] = a[T][K] . w[N][K]^T with cuBLAS: f32 inputs (exact path), or bf16 inputs with f32
+// accumulation and output (cublasGemmEx, CUBLAS_COMPUTE_32F).
+void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N);
+void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int64_t K, int64_t N);
+
+}  // namespace lp::cuda

@@ -1,0 +1,37 @@
+// The CUDA backend's functions in a build without CUDA (configure found no nvcc, or -DLP_CUDA=OFF):
+// open_device() says so; nothing else can be reached without a device.
+#include "kernels/cuda/cuda_ops.h"
+#include "model/error.h"
+
+namespace lp::cuda {
+
+namespace {
+[[noreturn]] void unavailable() {
+  fail("this build of lazyprefill has no CUDA backend (configure found no nvcc; see scripts/setup)");
+}
+}  // namespace
+
+bool compiled() { return false; }
+Device open_device() { unavailable(); }
+void* device_alloc(size_t, const char*) { unavailable(); }
+void device_free(void*) {}
+void copy_to_device(void*, const void*, size_t) { unavailable(); }
+void copy_to_host(void*, const void*, size_t) { unavailable(); }
+void synchronize(const char*) { unavailable(); }
+void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) { unavailable(); }
+void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*) { unavailable(); }
+void swiglu(const float*, const float*, float*, int64_t) { unavailable(); }
+void add_inplace(float*, const float*, int64_t) { unavailable(); }
+void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) { unavailable(); }
+void scatter_rows(const float*, const int64_t*, float*, int64_t, int64_t) { unavailable(); }
+void attention(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t, int64_t,
+               int64_t, int64_t, float*) { unavailable(); }
+void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*) { unavailable(); }
+void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) { unavailable(); }
+void kv_append(const float*, const float*, const int64_t*, const int32_t*, int64_t, int64_t, float*, float*,
+               uint32_t*) { unavailable(); }
+void to_bf16(const float*, uint16_t*, int64_t) { unavailable(); }
+void gemm_f32(const float*, const float*, float*, int64_t, int64_t, int64_t) { unavailable(); }
+void gemm_bf16(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t) { unavailable(); }
+
+}  // namespace lp::cuda
