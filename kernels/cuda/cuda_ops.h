@@ -62,6 +62,12 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
 // and the has-KV bit of each row's original position set in bits.
 void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T,
                int64_t kv, float* k_cache, float* v_cache, uint32_t* bits);
+// dst[r][0:width] = src[r][0:width] with row strides ld_src, ld_dst (splitting fused q|k|v rows).
+void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows);
+// out[t][i] = silu(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F].
+void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F);
+// dst[r][:] = src[idx[r]][:] widened from bf16 (embedding rows of a bf16 table).
+void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
 // f32 -> bf16 (round to nearest even).
 void to_bf16(const float* x, uint16_t* y, int64_t n);
 // out[T][N] = a[T][K] . w[N][K]^T with cuBLAS: f32 inputs (exact path), or bf16 inputs with f32

@@ -96,6 +96,19 @@ __global__ void kv_append_kernel(const float* k_new, const float* v_new, const i
   if (threadIdx.x == 0) atomicOr(&bits[pos[t] >> 5], 1u << (pos[t] & 31));
 }
 
+__global__ void swiglu_fused_kernel(const float* ff, float* out, int64_t T, int64_t F) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * F) return;
+  const int64_t t = id / F, i = id % F;
+  out[id] = cm::silu_mul(ff[t * 2 * F + i], ff[t * 2 * F + F + i]);
+}
+
+__global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, float* dst, int64_t width) {
+  const int64_t r = blockIdx.x;
+  const uint16_t* s = src + idx[r] * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::bf16_to_f32(s[i]);
+}
+
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = cm::f32_to_bf16(x[i]);
@@ -388,6 +401,25 @@ void kv_append(const float* k_new, const float* v_new, const int64_t* slot, cons
   if (T <= 0) return;
   kv_append_kernel<<<unsigned(T), kThreads>>>(k_new, v_new, slot, pos, kv, k_cache, v_cache, bits);
   check_launch("kv_append");
+}
+
+void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
+  if (rows <= 0 || width <= 0) return;
+  check(cudaMemcpy2D(dst, size_t(ld_dst) * 4, src, size_t(ld_src) * 4, size_t(width) * 4, size_t(rows),
+                     cudaMemcpyDeviceToDevice),
+        "copy_columns");
+}
+
+void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F) {
+  if (T * F <= 0) return;
+  swiglu_fused_kernel<<<blocks_for(T * F, kThreads), kThreads>>>(ff, out, T, F);
+  check_launch("swiglu_fused");
+}
+
+void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
+  if (rows <= 0) return;
+  gather_bf16_kernel<<<unsigned(rows), kThreads>>>(src, idx, dst, width);
+  check_launch("gather_rows_bf16");
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {

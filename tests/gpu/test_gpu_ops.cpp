@@ -12,7 +12,15 @@
 
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_session.h"
 #include "kernels/cuda/device_math.h"
+#include "kernels/runner.h"
+#include "model/gguf.h"
+#include "model/paths.h"
+#include "tests/gguf_writer.h"
+#include "tests/test_util.h"
+#include "traces/schedule.h"
+#include <filesystem>
 #include "kernels/pruning.h"
 #include "model/error.h"
 
@@ -91,7 +99,7 @@ TEST(GpuOps, AttentionOverPrunedKeys) {
     int64_t T, S, H, Hkv, Dh;
   };
   for (const Case c : {Case{1, 1, 1, 1, 8}, Case{7, 300, 9, 3, 64}, Case{33, 129, 32, 8, 128}, Case{4, 1000, 8, 8, 256}}) {
-    SCOPED_TRACE(testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh);
+    SCOPED_TRACE(::testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh);
     std::vector<int32_t> k_pos(static_cast<size_t>(c.S)), q_pos(static_cast<size_t>(c.T));
     for (int64_t s = 0; s < c.S; ++s) k_pos[size_t(s)] = int32_t(2 * s + (s % 5 == 0));
     for (int64_t t = 0; t < c.T; ++t) q_pos[size_t(t)] = k_pos[size_t(c.S - 1)] - int32_t(c.T - 1 - t);
@@ -178,6 +186,60 @@ TEST(GpuOps, GemmF32AndBf16) {
     const auto g16 = out.host();
     for (size_t i = 0; i < g16.size(); ++i) ASSERT_NEAR(g16[i], want[i], 1e-4f * std::sqrt(float(K)) * (1 + std::fabs(want[i])));
   }
+}
+
+// The whole pruned forward on the GPU against the CPU backend: the same kept tokens at every
+// pruning layer and the same last-row logits (f32 weights: both exact up to summation order).
+void compare_forward(const std::string& path, int64_t T, const char* schedule, PolicyKind kind) {
+  CpuContext ctx(2);
+  const auto m = Model::load(path, DType::F32, ctx);
+  const ModelConfig& c = m->config();
+  std::mt19937 rng(static_cast<uint32_t>(T));
+  std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
+  for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
+  const auto steps = resolve_schedule(parse_schedule(schedule), c.n_layer);
+  auto p_cpu = make_policy(kind, 5), p_gpu = make_policy(kind, 5);
+  PruneRequest r_cpu{steps, p_cpu.get()}, r_gpu{steps, p_gpu.get()};
+  ForwardStats s_cpu, s_gpu;
+  const int64_t last = T - 1;
+  std::vector<float> l_cpu(static_cast<size_t>(c.n_vocab)), l_gpu(l_cpu.size());
+  Session cpu(*m, T);
+  cpu.forward(ctx, ids, pos, {&last, 1}, l_cpu.data(), nullptr, &r_cpu, &s_cpu);
+  cuda::CudaSession gpu(*m, T);
+  gpu.forward(ids, pos, {&last, 1}, l_gpu.data(), &r_gpu, &s_gpu);
+  ASSERT_EQ(s_gpu.kept.size(), s_cpu.kept.size());
+  for (size_t k = 0; k < s_cpu.kept.size(); ++k) EXPECT_EQ(s_gpu.kept[k], s_cpu.kept[k]) << "step " << k;
+  EXPECT_EQ(s_gpu.computed, s_cpu.computed);
+  EXPECT_EQ(s_gpu.pairs, s_cpu.pairs);
+  EXPECT_EQ(gpu.aux().size(), cpu.aux().size());
+  float worst = 0, scale = 0;
+  for (size_t i = 0; i < l_cpu.size(); ++i) {
+    worst = std::max(worst, std::fabs(l_gpu[i] - l_cpu[i]));
+    scale = std::max(scale, std::fabs(l_cpu[i]));
+  }
+  EXPECT_LT(worst, 1e-3f * (1 + scale)) << path;
+  EXPECT_EQ(std::max_element(l_gpu.begin(), l_gpu.end()) - l_gpu.begin(),
+            std::max_element(l_cpu.begin(), l_cpu.end()) - l_cpu.begin());
+}
+
+TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
+  testing::TempDir dir;
+  testing::TinyModelSpec spec;
+  spec.n_layer = 6;
+  spec.n_head = 6;
+  spec.n_head_kv = 2;
+  spec.n_embd = 96;
+  const std::string path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+  compare_forward(path, 150, "none", PolicyKind::None);
+  compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
+  compare_forward(path, 77, "2:0.4", PolicyKind::Static);
+}
+
+TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnTheDefaultModel) {
+  const std::string path = default_model_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no default model at " << path << " (scripts/setup fetches it)";
+  compare_forward(path, 1000, "0.3:0.3,0.6:0.3,0.9:0.3", PolicyKind::LazyLLM);
 }
 
 }  // namespace

@@ -1,0 +1,327 @@
+#include "kernels/cuda/cuda_session.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "model/error.h"
+#include "traces/schedule.h"
+
+namespace lp::cuda {
+namespace {
+
+// Device memory freed at scope exit; regrown (contents dropped) by reserve().
+class DBuf {
+ public:
+  DBuf() = default;
+  DBuf(size_t bytes, const char* what) { reserve(bytes, what); }
+  ~DBuf() { device_free(p_); }
+  DBuf(const DBuf&) = delete;
+  DBuf& operator=(const DBuf&) = delete;
+  DBuf(DBuf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  DBuf& operator=(DBuf&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  void reserve(size_t bytes, const char* what) {
+    if (bytes <= bytes_) return;
+    device_free(p_);
+    p_ = nullptr;
+    p_ = device_alloc(bytes, what);
+    bytes_ = bytes;
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <class T>
+DBuf upload(const T* data, size_t count, const char* what) {
+  DBuf b(std::max<size_t>(1, count) * sizeof(T), what);
+  if (count) copy_to_device(b.as<void>(), data, count * sizeof(T));
+  return b;
+}
+
+// A weight matrix [N][K] on the device in the model's dtype.
+struct DMatrix {
+  int64_t rows = 0, cols = 0;
+  bool bf16 = false;
+  DBuf data;
+};
+
+DMatrix upload(const Matrix& m, const char* what) {
+  DMatrix d;
+  d.rows = m.rows;
+  d.cols = m.cols;
+  d.bf16 = m.dtype == DType::BF16;
+  d.data = d.bf16 ? upload(m.bf16.data(), size_t(m.rows * m.cols), what)
+                  : upload(m.f32.data(), size_t(m.rows * m.cols), what);
+  return d;
+}
+
+struct DLayer {
+  DBuf attn_norm, ffn_norm;
+  DMatrix wqkv, wo, w_gate_up, w_down;
+  DBuf k, v, pos, bits;      // K/V [n_ctx][kv], positions [n_ctx], has-KV bits
+  std::vector<int32_t> pos_host;
+  int64_t n = 0;
+};
+
+}  // namespace
+
+struct CudaSession::Impl {
+  const Model& m;
+  const ModelConfig& c;
+  int64_t n_ctx;
+  std::vector<DLayer> layers;
+  DMatrix tok_embd, lm_head;
+  DBuf output_norm, rope_freqs;
+  bool has_freqs = false;
+  // Scratch, grown on demand.
+  DBuf x, x2, xn, qkv, q, k, v, attn, tmp, ff, act, a16, pos_dev, idx, slots, scores, logits;
+  int64_t weight_bytes = 0;
+  int64_t bit_words = 0;
+
+  Impl(const Model& model, int64_t ctx) : m(model), c(model.config()), n_ctx(ctx) {}
+
+  // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16.
+  void mm(const float* a, int64_t T, const DMatrix& w, float* out) {
+    if (w.bf16) {
+      a16.reserve(size_t(T * w.cols) * 2, "bf16 activations");
+      to_bf16(a, a16.as<uint16_t>(), T * w.cols);
+      gemm_bf16(a16.as<uint16_t>(), w.data.as<uint16_t>(), out, T, w.cols, w.rows);
+    } else {
+      gemm_f32(a, w.data.as<float>(), out, T, w.cols, w.rows);
+    }
+  }
+
+  void reserve(int64_t T) {
+    const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
+    const size_t f = 4;
+    x.reserve(size_t(T * D) * f, "hidden states");
+    x2.reserve(size_t(T * D) * f, "hidden states");
+    xn.reserve(size_t(T * D) * f, "normed states");
+    qkv.reserve(size_t(T * (H + 2 * Hkv) * Dh) * f, "qkv");
+    q.reserve(size_t(T * H * Dh) * f, "q");
+    k.reserve(size_t(T * Hkv * Dh) * f, "k");
+    v.reserve(size_t(T * Hkv * Dh) * f, "v");
+    attn.reserve(size_t(T * H * Dh) * f, "attention output");
+    tmp.reserve(size_t(T * D) * f, "residual branch");
+    ff.reserve(size_t(T * 2 * F) * f, "gate/up");
+    act.reserve(size_t(T * F) * f, "SwiGLU");
+    pos_dev.reserve(size_t(T) * 4, "positions");
+    idx.reserve(size_t(T) * 8, "row indices");
+    slots.reserve(size_t(T) * 8, "K/V slots");
+    scores.reserve(size_t(T) * 4, "scores");
+  }
+
+  // One layer over the T active rows of x at positions act_pos (uploaded in pos_dev).
+  void run_layer(int l, const std::vector<int32_t>& act_pos, ForwardStats* stats) {
+    const int64_t T = int64_t(act_pos.size());
+    const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
+    const int64_t Q = H * Dh, KV = Hkv * Dh, QKV = Q + 2 * KV;
+    DLayer& L = layers[size_t(l)];
+    rmsnorm(x.as<float>(), L.attn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps);
+    mm(xn.as<float>(), T, L.wqkv, qkv.as<float>());
+    copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T);
+    copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T);
+    copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T);
+    const float* freqs = has_freqs ? rope_freqs.as<float>() : nullptr;
+    rope(q.as<float>(), pos_dev.as<int32_t>(), T, H, Dh, c.rope_dim, c.rope_theta, freqs);
+    rope(k.as<float>(), pos_dev.as<int32_t>(), T, Hkv, Dh, c.rope_dim, c.rope_theta, freqs);
+    // K/V append: slots n .. n + T - 1; positions recorded on both sides.
+    std::vector<int64_t> slot(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) slot[size_t(t)] = L.n + t;
+    copy_to_device(slots.as<void>(), slot.data(), size_t(T) * 8);
+    kv_append(k.as<float>(), v.as<float>(), slots.as<int64_t>(), pos_dev.as<int32_t>(), T, KV, L.k.as<float>(),
+              L.v.as<float>(), L.bits.as<uint32_t>());
+    copy_to_device(L.pos.as<int32_t>() + L.n, act_pos.data(), size_t(T) * 4);
+    L.pos_host.insert(L.pos_host.end(), act_pos.begin(), act_pos.end());
+    L.n += T;
+    attention(q.as<float>(), pos_dev.as<int32_t>(), T, L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.n, H,
+              Hkv, Dh, attn.as<float>());
+    mm(attn.as<float>(), T, L.wo, tmp.as<float>());
+    add_inplace(x.as<float>(), tmp.as<float>(), T * D);
+    rmsnorm(x.as<float>(), L.ffn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps);
+    mm(xn.as<float>(), T, L.w_gate_up, ff.as<float>());
+    swiglu_fused(ff.as<float>(), act.as<float>(), T, F);
+    mm(act.as<float>(), T, L.w_down, tmp.as<float>());
+    add_inplace(x.as<float>(), tmp.as<float>(), T * D);
+    if (stats) {
+      stats->computed[size_t(l)] = T;
+      stats->keys[size_t(l)] = L.n;
+      // Causal pairs: for each row, the keys at or before it (positions are ascending per pass).
+      std::vector<int32_t> keys = L.pos_host;
+      std::sort(keys.begin(), keys.end());
+      int64_t pairs = 0;
+      for (int32_t p : act_pos) pairs += int64_t(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
+      stats->pairs[size_t(l)] = pairs;
+    }
+  }
+};
+
+CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
+  const Device dev = open_device();
+  const ModelConfig& c = m.config();
+  const Weights& w = m.weights();
+  const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
+  const double kv_bytes = double(n_ctx) * c.n_layer * 2.0 * KV * 4;
+  const double need = double(w.bytes()) + kv_bytes;
+  if (need > double(dev.free_bytes))
+    fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} for {} tokens) but {} has {:.2f} GiB free",
+         need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0, n_ctx, dev.name,
+         double(dev.free_bytes) / 1073741824.0);
+  if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
+  impl_ = std::make_unique<Impl>(m, n_ctx);
+  Impl& s = *impl_;
+  s.tok_embd = upload(w.tok_embd, "token embeddings");
+  s.lm_head = upload(w.lm_head(), "LM head");
+  s.output_norm = upload(w.output_norm.data(), w.output_norm.size(), "output norm");
+  s.has_freqs = !w.rope_freqs.empty();
+  if (s.has_freqs) s.rope_freqs = upload(w.rope_freqs.data(), w.rope_freqs.size(), "RoPE factors");
+  // One has-KV bit per position a session may use: up to the model's context (or n_ctx).
+  s.bit_words = (std::max<int64_t>(c.n_ctx_train, n_ctx) + 31) / 32;
+  s.layers.resize(size_t(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& lw = w.layers[size_t(l)];
+    DLayer& L = s.layers[size_t(l)];
+    L.attn_norm = upload(lw.attn_norm.data(), lw.attn_norm.size(), "attention norm");
+    L.ffn_norm = upload(lw.ffn_norm.data(), lw.ffn_norm.size(), "FFN norm");
+    L.wqkv = upload(lw.wqkv, "qkv weights");
+    L.wo = upload(lw.wo, "o weights");
+    L.w_gate_up = upload(lw.w_gate_up, "gate/up weights");
+    L.w_down = upload(lw.w_down, "down weights");
+    L.k.reserve(size_t(n_ctx * KV) * 4, "K cache");
+    L.v.reserve(size_t(n_ctx * KV) * 4, "V cache");
+    L.pos.reserve(size_t(n_ctx) * 4, "K/V positions");
+    const std::vector<uint32_t> zero(size_t(s.bit_words), 0u);
+    L.bits = upload(zero.data(), zero.size(), "has-KV bits");
+  }
+  s.weight_bytes = w.bytes();
+  synchronize("weight upload");
+}
+
+CudaSession::~CudaSession() = default;
+
+int64_t CudaSession::n_cached() const {
+  return impl_->layers.empty() ? 0 : impl_->layers[0].n;
+}
+
+int64_t CudaSession::device_bytes() const {
+  const Impl& s = *impl_;
+  int64_t b = s.weight_bytes;
+  for (const DLayer& L : s.layers) b += int64_t(L.k.bytes() + L.v.bytes() + L.pos.bytes() + L.bits.bytes());
+  for (const DBuf* d : {&s.x, &s.x2, &s.xn, &s.qkv, &s.q, &s.k, &s.v, &s.attn, &s.tmp, &s.ff, &s.act, &s.a16})
+    b += int64_t(d->bytes());
+  return b;
+}
+
+void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
+                          std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
+                          ForwardStats* stats) {
+  Impl& s = *impl_;
+  const ModelConfig& c = s.c;
+  const int64_t T = int64_t(ids.size());
+  if (T == 0) fail("forward: no tokens");
+  if (pos.size() != ids.size()) fail("forward: {} ids but {} positions", ids.size(), pos.size());
+  if (n_cached() + T > s.n_ctx)
+    fail("context full: {} cached + {} new tokens exceed the context size {}", n_cached(), T, s.n_ctx);
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids[t] < 0 || ids[t] >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", ids[t], c.n_vocab);
+    if (pos[t] < 0 || int64_t(pos[t]) >= s.bit_words * 32)
+      fail("forward: position {} outside [0, {})", pos[t], s.bit_words * 32);
+    if (t > 0 && pos[t] <= pos[t - 1]) fail("forward: positions must be strictly increasing");
+  }
+  for (int64_t r : logit_rows)
+    if (r < 0 || r >= T) fail("forward: logit row {} out of range", r);
+  const bool pruning = prune && prune->policy && !prune->steps.empty();
+  if (pruning) {
+    if (n_cached() != 0) fail("forward: pruning needs an empty cache (a prefill)");
+    if (logit_rows.size() != 1 || logit_rows[0] != T - 1) fail("forward: with pruning only the last row can have logits");
+  }
+  const int64_t D = c.n_embd, Q = int64_t(c.n_head) * c.head_dim;
+  if (stats) {
+    *stats = ForwardStats{};
+    stats->computed = stats->keys = stats->pairs = stats->aux_written = stats->revived =
+        std::vector<int64_t>(size_t(c.n_layer), 0);
+    stats->revived_pos.assign(size_t(c.n_layer), {});
+  }
+  s.reserve(T);
+
+  // Embedding rows.
+  std::vector<int64_t> id64(ids.begin(), ids.end());
+  copy_to_device(s.idx.as<void>(), id64.data(), size_t(T) * 8);
+  if (s.tok_embd.bf16)
+    gather_rows_bf16(s.tok_embd.data.as<uint16_t>(), s.idx.as<int64_t>(), s.x.as<float>(), T, D);
+  else
+    gather_rows(s.tok_embd.data.as<float>(), s.idx.as<int64_t>(), s.x.as<float>(), T, D);
+  std::vector<int32_t> act_pos(pos.begin(), pos.end());
+  copy_to_device(s.pos_dev.as<void>(), act_pos.data(), size_t(T) * 4);
+
+  size_t next_step = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const int64_t Tl = int64_t(act_pos.size());
+    s.run_layer(l, act_pos, stats);
+    if (!pruning || next_step == prune->steps.size() || prune->steps[next_step].layer != l) continue;
+    // The keys here are exactly the active rows (the cache started empty); the last row scores them.
+    const double share = prune->steps[next_step++].share;
+    std::vector<float> scores;
+    if (prune->policy->needs_scores()) {
+      scores.resize(size_t(Tl));
+      last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.layers[size_t(l)].k.as<float>(), Tl, c.n_head, c.n_head_kv,
+                      c.head_dim, s.scores.as<float>());
+      copy_to_host(scores.data(), s.scores.as<void>(), size_t(Tl) * 4);
+    }
+    const std::vector<int64_t> keep = prune->policy->select(l, act_pos, scores, tokens_kept(Tl, share));
+    if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
+    if (stats) stats->scores.push_back(scores);
+    if (int64_t(keep.size()) < Tl) {
+      // Pruned rows' hidden states (the input of layer l + 1) to the host Aux Cache.
+      std::vector<float> xh(size_t(Tl * D));
+      copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
+      size_t k = 0;
+      std::vector<int32_t> kept_pos;
+      for (int64_t r = 0; r < Tl; ++r) {
+        if (k < keep.size() && keep[k] == r) {
+          kept_pos.push_back(act_pos[size_t(r)]);
+          ++k;
+          continue;
+        }
+        aux_.put(act_pos[size_t(r)], l + 1, xh.data() + r * D, D);
+        if (stats) {
+          ++stats->aux_writes;
+          ++stats->aux_written[size_t(l)];
+        }
+      }
+      copy_to_device(s.idx.as<void>(), keep.data(), keep.size() * 8);
+      gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.x2.as<float>(), int64_t(keep.size()), D);
+      std::swap(s.x, s.x2);
+      act_pos = std::move(kept_pos);
+      copy_to_device(s.pos_dev.as<void>(), act_pos.data(), act_pos.size() * 4);
+    }
+    if (stats) stats->kept.push_back(act_pos);
+  }
+
+  const int64_t R = int64_t(logit_rows.size());
+  if (R == 0) {
+    synchronize("forward");
+    return;
+  }
+  std::vector<int64_t> rows(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) rows[size_t(r)] = pruning ? int64_t(act_pos.size()) - 1 : logit_rows[size_t(r)];
+  copy_to_device(s.idx.as<void>(), rows.data(), size_t(R) * 8);
+  gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.xn.as<float>(), R, D);
+  rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), R, D, c.rms_eps);
+  s.logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
+  s.mm(s.tmp.as<float>(), R, s.lm_head, s.logits.as<float>());
+  copy_to_host(logits, s.logits.as<void>(), size_t(R * c.n_vocab) * 4);
+}
+
+}  // namespace lp::cuda

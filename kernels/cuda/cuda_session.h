@@ -1,0 +1,47 @@
+// The CUDA backend's session (issue 8): the model's weights uploaded to the GPU once, a device
+// K/V cache per layer, and forward passes with the same contract as lp::Session::forward
+// (kernels/runner.h): explicit ids and original positions, LazyLLM-style pruning in the prefill
+// (the CPU's PruningPolicy chooses from the scores the GPU computes; pruned rows' hidden states go
+// to the host Aux Cache), logits for the requested rows. Plain C++ over the launchers of
+// cuda_ops.h, so it builds without CUDA headers; in a build without CUDA its constructor fails
+// with the reason.
+//
+// Not yet: decoding with revival (decode_step); a session decodes by plain forward passes of one
+// token over every cached key.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/runner.h"
+
+namespace lp::cuda {
+
+class CudaSession {
+ public:
+  // Uploads the model's weights (in its dtype: f32 GEMMs exact, bf16 GEMMs with f32 accumulation)
+  // and allocates K/V for n_ctx tokens. Throws lp::Error when there is no GPU or not enough memory
+  // (naming what it needs and has).
+  CudaSession(const Model& m, int64_t n_ctx);
+  ~CudaSession();
+  CudaSession(const CudaSession&) = delete;
+  CudaSession& operator=(const CudaSession&) = delete;
+
+  // As lp::Session::forward (timers are host wall times of each op including its launch and a
+  // device synchronisation).
+  void forward(std::span<const int32_t> ids, std::span<const int32_t> pos, std::span<const int64_t> logit_rows,
+               float* logits, const PruneRequest* prune = nullptr, ForwardStats* stats = nullptr);
+
+  int64_t n_cached() const;
+  int64_t device_bytes() const;  // weights + K/V + scratch allocated on the GPU
+  const AuxCache& aux() const { return aux_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  AuxCache aux_;
+};
+
+}  // namespace lp::cuda
