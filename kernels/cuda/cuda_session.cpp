@@ -1,9 +1,11 @@
 #include "kernels/cuda/cuda_session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/sampler.h"
 #include "model/error.h"
 #include "traces/schedule.h"
 
@@ -322,6 +324,51 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
   s.logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
   s.mm(s.tmp.as<float>(), R, s.lm_head, s.logits.as<float>());
   copy_to_host(logits, s.logits.as<void>(), size_t(R * c.n_vocab) * 4);
+}
+
+GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt) {
+  const ModelConfig& c = m.config();
+  if (!opt.forced_ids.empty()) fail("teacher forcing is not available on the CUDA backend");
+  if (opt.record_steps) fail("traces are recorded by the CPU backend only (drop --trace or use --backend cpu)");
+  const int64_t N = int64_t(prompt_ids.size());
+  if (N == 0) fail("the prompt is empty (no tokens)");
+  if (c.n_ctx_train > 0 && N + opt.max_new_tokens > c.n_ctx_train)
+    fail("{} prompt tokens + {} new tokens exceed the model's context of {}", N, opt.max_new_tokens, c.n_ctx_train);
+  GenerateResult r;
+  r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
+  r.prune_steps = opt.policy == PolicyKind::None ? std::vector<PruneStep>{} : resolve_schedule(opt.schedule, c.n_layer);
+  auto policy = make_policy(opt.policy, opt.prune_seed);
+  const PruneRequest req{r.prune_steps, policy.get()};
+  CudaSession s(m, N + std::max(1, opt.max_new_tokens));
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(i);
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  Sampler sampler(opt.sampler);
+  const int64_t last = N - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  s.forward(prompt_ids, pos, {&last, 1}, logits.data(), r.prune_steps.empty() ? nullptr : &req, &r.prefill_stats);
+  r.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.last_prefill_logits = logits;
+  int32_t next = sampler.sample(logits);
+  r.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t computed = 0;
+  for (int64_t v : r.prefill_stats.computed) computed += v;
+  r.prompt_tokens_computed_fraction = double(computed) / double(N * c.n_layer);
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < opt.max_new_tokens; ++i) {
+    r.generated_ids.push_back(next);
+    if (opt.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
+    if (i + 1 == opt.max_new_tokens) break;
+    const int32_t p = int32_t(N + i);
+    const int64_t row = 0;
+    s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data());
+    ++r.decode_steps;
+    next = sampler.sample(logits);
+  }
+  r.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  r.text = m.tokenizer().decode(r.generated_ids);
+  r.aux_cache_bytes = s.aux().bytes();
+  return r;
 }
 
 }  // namespace lp::cuda

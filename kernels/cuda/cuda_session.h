@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/generate.h"
 #include "kernels/runner.h"
 
 namespace lp::cuda {
@@ -43,5 +44,12 @@ class CudaSession {
   std::unique_ptr<Impl> impl_;
   AuxCache aux_;
 };
+
+// Prompt -> pruned prefill -> sampled continuation on the GPU, with the timings `run` reports
+// (TTFT: the prefill and the first token sampled, measured on the host after the device finished).
+// Decoding steps are plain forward passes of the new token over the keys each layer holds (after
+// a pruned prefill, the kept tokens: no re-selection or revival on the GPU yet). Teacher forcing
+// (forced_ids) and recorded steps are not supported here and are refused.
+GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt);
 
 }  // namespace lp::cuda
