@@ -212,6 +212,16 @@ CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
 
 CudaSession::~CudaSession() = default;
 
+void CudaSession::reset() {
+  const std::vector<uint32_t> zero(size_t(impl_->bit_words), 0u);
+  for (DLayer& L : impl_->layers) {
+    L.n = 0;
+    L.pos_host.clear();
+    copy_to_device(L.bits.as<void>(), zero.data(), zero.size() * 4);
+  }
+  aux_ = AuxCache{};
+}
+
 int64_t CudaSession::n_cached() const {
   return impl_->layers.empty() ? 0 : impl_->layers[0].n;
 }

@@ -35,6 +35,8 @@ class CudaSession {
   void forward(std::span<const int32_t> ids, std::span<const int32_t> pos, std::span<const int64_t> logit_rows,
                float* logits, const PruneRequest* prune = nullptr, ForwardStats* stats = nullptr);
 
+  // Empties the K/V cache and the Aux Cache (the weights stay).
+  void reset();
   int64_t n_cached() const;
   int64_t device_bytes() const;  // weights + K/V + scratch allocated on the GPU
   const AuxCache& aux() const { return aux_; }
