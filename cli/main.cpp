@@ -126,8 +126,12 @@ int cmd_run(const RunArgs& a) {
     const lp::GenerateResult r = lp::cuda::generate(*model, ids, opt);
     const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
     if (a.json_out) {
+      // The fields `calibrate --measurements` reads from a run (sim/measurements.h), the GPU as hardware.
       const json j = {{"backend", "cuda"},
+                      {"version", LP_VERSION},
+                      {"git_commit", LP_GIT_COMMIT},
                       {"gpu", gpu.name},
+                      {"hardware", gpu.name},
                       {"model", path},
                       {"dtype", lp::dtype_name(dtype)},
                       {"prune", a.prune},
@@ -138,6 +142,7 @@ int cmd_run(const RunArgs& a) {
                       {"ttft_ms", r.ttft_s * 1e3},
                       {"prefill_ms", r.prefill_s * 1e3},
                       {"decode_tokens_per_s", decode_tps},
+                      {"ops", json::array()},  // per-op timings are recorded by the CPU backend only
                       {"prompt_tokens_computed_fraction", r.prompt_tokens_computed_fraction},
                       {"decode", "plain forward passes over each layer's keys (no re-selection or revival on the GPU yet)"}};
       std::puts(j.dump(2).c_str());

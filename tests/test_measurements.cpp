@@ -127,6 +127,18 @@ TEST(Measurements, RunJsonGivesOneRecordWithItsMethod) {
   EXPECT_NO_THROW(sim::check_no_duplicates(ms));
 }
 
+TEST(Measurements, CudaRunJsonNamesItsGpu) {
+  testing::TempDir dir;
+  const std::string p = write(dir, "gpu.json", R"({"backend": "cuda", "hardware": "NVIDIA H100 80GB HBM3",
+      "prompt_tokens": 4096, "generated_tokens": 1, "ttft_ms": 31.5, "decode_tokens_per_s": 0, "model": "/m/x.gguf",
+      "dtype": "bf16", "version": "0.1.0", "git_commit": "abc", "prune": "none", "schedule": "none", "ops": []})");
+  const auto ms = sim::import_measurements(p);
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_EQ(ms[0].hardware, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(ms[0].framework, "lazyprefill-cuda");
+  EXPECT_EQ(ms[0].method, "none");
+}
+
 TEST(Measurements, BadInputNamesFileRecordAndField) {
   testing::TempDir dir;
   std::ifstream in(sample("llama-bench-rtx4080.jsonl"));
