@@ -72,7 +72,8 @@ struct DLayer {
   DBuf attn_norm, ffn_norm;
   DMatrix wqkv, wo, w_gate_up, w_down;
   DBuf k, v, pos, bits;      // K/V [n_ctx][kv], positions [n_ctx], has-KV bits
-  std::vector<int32_t> pos_host;
+  std::vector<int32_t> pos_host;  // position of each slot
+  std::vector<int64_t> slot_of;   // position -> slot, -1 when the layer has no K/V for it
   int64_t n = 0;
 };
 
@@ -88,6 +89,7 @@ struct CudaSession::Impl {
   bool has_freqs = false;
   // Scratch, grown on demand.
   DBuf x, x2, xn, qkv, q, k, v, attn, tmp, ff, act, a16, pos_dev, idx, slots, scores, logits;
+  DBuf kbuf, vbuf, kpos;  // the K/V rows of a key subset (decoding steps), gathered
   int64_t weight_bytes = 0;
   int64_t bit_words = 0;
 
@@ -124,8 +126,12 @@ struct CudaSession::Impl {
     scores.reserve(size_t(T) * 4, "scores");
   }
 
-  // One layer over the T active rows of x at positions act_pos (uploaded in pos_dev).
-  void run_layer(int l, const std::vector<int32_t>& act_pos, ForwardStats* stats) {
+  // One layer over the T active rows of x at positions act_pos (uploaded in pos_dev). The rows'
+  // K/V are appended first; the rows attend to the keys at positions `keys` (all held once the
+  // rows are appended) or, when `keys` is null, to every key the layer holds. Leaves the keys
+  // attended in kbuf/kpos when `keys` is given (for scoring).
+  void run_layer(int l, const std::vector<int32_t>& act_pos, ForwardStats* stats,
+                 const std::vector<int32_t>* keys = nullptr) {
     const int64_t T = int64_t(act_pos.size());
     const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
     const int64_t Q = H * Dh, KV = Hkv * Dh, QKV = Q + 2 * KV;
@@ -145,10 +151,36 @@ struct CudaSession::Impl {
     kv_append(k.as<float>(), v.as<float>(), slots.as<int64_t>(), pos_dev.as<int32_t>(), T, KV, L.k.as<float>(),
               L.v.as<float>(), L.bits.as<uint32_t>());
     copy_to_device(L.pos.as<int32_t>() + L.n, act_pos.data(), size_t(T) * 4);
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t p = act_pos[size_t(t)];
+      if (L.slot_of[size_t(p)] >= 0) fail("internal error: position {} computed twice at layer {}", p, l);
+      L.slot_of[size_t(p)] = L.n + t;
+    }
     L.pos_host.insert(L.pos_host.end(), act_pos.begin(), act_pos.end());
     L.n += T;
-    attention(q.as<float>(), pos_dev.as<int32_t>(), T, L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.n, H,
-              Hkv, Dh, attn.as<float>());
+    int64_t n_keys = L.n;
+    if (!keys) {
+      attention(q.as<float>(), pos_dev.as<int32_t>(), T, L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.n, H,
+                Hkv, Dh, attn.as<float>());
+    } else {
+      // A subset: its K/V rows gathered by slot, in the order of `keys`.
+      n_keys = int64_t(keys->size());
+      std::vector<int64_t> ks(keys->size());
+      for (size_t i = 0; i < keys->size(); ++i) {
+        ks[i] = L.slot_of[size_t((*keys)[i])];
+        if (ks[i] < 0) fail("internal error: key at position {} has no K/V at layer {}", (*keys)[i], l);
+      }
+      kbuf.reserve(size_t(n_keys * KV) * 4, "gathered K");
+      vbuf.reserve(size_t(n_keys * KV) * 4, "gathered V");
+      kpos.reserve(size_t(n_keys) * 4, "gathered positions");
+      idx.reserve(size_t(n_keys) * 8, "row indices");
+      copy_to_device(idx.as<void>(), ks.data(), ks.size() * 8);
+      gather_rows(L.k.as<float>(), idx.as<int64_t>(), kbuf.as<float>(), n_keys, KV);
+      gather_rows(L.v.as<float>(), idx.as<int64_t>(), vbuf.as<float>(), n_keys, KV);
+      copy_to_device(kpos.as<void>(), keys->data(), keys->size() * 4);
+      attention(q.as<float>(), pos_dev.as<int32_t>(), T, kbuf.as<float>(), vbuf.as<float>(), kpos.as<int32_t>(), n_keys,
+                H, Hkv, Dh, attn.as<float>());
+    }
     mm(attn.as<float>(), T, L.wo, tmp.as<float>());
     add_inplace(x.as<float>(), tmp.as<float>(), T * D);
     rmsnorm(x.as<float>(), L.ffn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps);
@@ -159,13 +191,14 @@ struct CudaSession::Impl {
     if (stats) {
       stats->computed[size_t(l)] = T;
       stats->keys[size_t(l)] = L.n;
-      // Causal pairs: for each row, the keys at or before it (positions are ascending per pass).
-      std::vector<int32_t> keys = L.pos_host;
-      std::sort(keys.begin(), keys.end());
+      // Causal pairs: for each row, the keys attended at or before it.
+      std::vector<int32_t> kp = keys ? *keys : L.pos_host;
+      std::sort(kp.begin(), kp.end());
       int64_t pairs = 0;
-      for (int32_t p : act_pos) pairs += int64_t(std::upper_bound(keys.begin(), keys.end(), p) - keys.begin());
+      for (int32_t p : act_pos) pairs += int64_t(std::upper_bound(kp.begin(), kp.end(), p) - kp.begin());
       stats->pairs[size_t(l)] = pairs;
     }
+    (void)n_keys;
   }
 };
 
@@ -205,6 +238,7 @@ CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
     L.pos.reserve(size_t(n_ctx) * 4, "K/V positions");
     const std::vector<uint32_t> zero(size_t(s.bit_words), 0u);
     L.bits = upload(zero.data(), zero.size(), "has-KV bits");
+    L.slot_of.assign(size_t(s.bit_words * 32), -1);
   }
   s.weight_bytes = w.bytes();
   synchronize("weight upload");
@@ -217,6 +251,7 @@ void CudaSession::reset() {
   for (DLayer& L : impl_->layers) {
     L.n = 0;
     L.pos_host.clear();
+    std::fill(L.slot_of.begin(), L.slot_of.end(), -1);
     copy_to_device(L.bits.as<void>(), zero.data(), zero.size() * 4);
   }
   aux_ = AuxCache{};
@@ -336,6 +371,136 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
   copy_to_host(logits, s.logits.as<void>(), size_t(R * c.n_vocab) * 4);
 }
 
+void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune, ForwardStats* stats) {
+  Impl& s = *impl_;
+  const ModelConfig& c = s.c;
+  if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
+  if (!prune.policy) fail("decode_step: no pruning policy");
+  if (n_cached() + 1 > s.n_ctx) fail("context full: {} cached + 1 new token exceed {}", n_cached(), s.n_ctx);
+  if (p < 0 || int64_t(p) >= s.bit_words * 32) fail("decode_step: position {} outside [0, {})", p, s.bit_words * 32);
+  const DLayer& L0 = s.layers[0];
+  // Layer 0 holds every token in position order (nothing is pruned before it).
+  if (L0.n > 0 && p <= L0.pos_host.back()) fail("decode_step: position must be new");
+  const int64_t D = c.n_embd, Q = int64_t(c.n_head) * c.head_dim;
+  if (stats) {
+    *stats = ForwardStats{};
+    stats->computed = stats->keys = stats->pairs = stats->aux_written = stats->revived =
+        std::vector<int64_t>(size_t(c.n_layer), 0);
+    stats->revived_pos.assign(size_t(c.n_layer), {});
+  }
+  std::vector<int32_t> active(L0.pos_host.begin(), L0.pos_host.end());
+  active.push_back(p);
+  std::vector<int32_t> rows = {p};
+  s.reserve(int64_t(active.size()));
+  const int64_t id64 = id;
+  copy_to_device(s.idx.as<void>(), &id64, 8);
+  if (s.tok_embd.bf16)
+    gather_rows_bf16(s.tok_embd.data.as<uint16_t>(), s.idx.as<int64_t>(), s.x.as<float>(), 1, D);
+  else
+    gather_rows(s.tok_embd.data.as<float>(), s.idx.as<int64_t>(), s.x.as<float>(), 1, D);
+  size_t next_step = 0;
+  std::vector<float> xh;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const DLayer& L = s.layers[size_t(l)];
+    // Revival: active tokens without K/V here that are not rows yet come back from the Aux Cache,
+    // whose entry is exactly this layer's input.
+    std::vector<int32_t> revive;
+    for (int32_t ap : active)
+      if (L.slot_of[size_t(ap)] < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap))
+        revive.push_back(ap);
+    if (!revive.empty()) {
+      xh.resize(rows.size() * size_t(D));
+      copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
+      std::vector<int32_t> merged;
+      std::vector<float> xm;
+      size_t r = 0, v = 0;
+      while (r < rows.size() || v < revive.size()) {
+        if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
+          const int64_t e = aux_.find(revive[v]);
+          if (e < 0 || aux_.layer[size_t(e)] != l)
+            fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it",
+                 revive[v], l);
+          xm.insert(xm.end(), aux_.h.begin() + e * D, aux_.h.begin() + (e + 1) * D);
+          merged.push_back(revive[v++]);
+        } else {
+          xm.insert(xm.end(), xh.begin() + int64_t(r) * D, xh.begin() + int64_t(r + 1) * D);
+          merged.push_back(rows[r++]);
+        }
+      }
+      rows.swap(merged);
+      s.reserve(int64_t(rows.size()));
+      copy_to_device(s.x.as<void>(), xm.data(), xm.size() * 4);
+      if (stats) {
+        stats->revived[size_t(l)] = int64_t(revive.size());
+        stats->revived_pos[size_t(l)] = revive;
+      }
+    }
+    const int64_t Tl = int64_t(rows.size());
+    copy_to_device(s.pos_dev.as<void>(), rows.data(), rows.size() * 4);
+    s.run_layer(l, rows, stats, &active);
+
+    const bool prune_here = next_step < prune.steps.size() && prune.steps[next_step].layer == l;
+    if (prune_here) {
+      const double share = prune.steps[next_step++].share;
+      const int64_t n = int64_t(active.size());
+      std::vector<float> scores;
+      if (prune.policy->needs_scores()) {
+        // The new token (the last row) over the step's active keys, gathered in kbuf by run_layer.
+        scores.resize(size_t(n));
+        s.scores.reserve(size_t(n) * 4, "scores");
+        last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.kbuf.as<float>(), n, c.n_head, c.n_head_kv, c.head_dim,
+                        s.scores.as<float>());
+        copy_to_host(scores.data(), s.scores.as<void>(), size_t(n) * 4);
+      }
+      const std::vector<int64_t> keep = prune.policy->select(l, active, scores, tokens_kept(n, share));
+      if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
+      if (stats) stats->scores.push_back(scores);
+      std::vector<int32_t> kept;
+      for (int64_t i : keep) kept.push_back(active[size_t(i)]);
+      active.swap(kept);
+      if (stats) stats->kept.push_back(active);
+    }
+    // Rows not selected stop here (their state to the Aux Cache); rows that already have K/V at
+    // the next layer stop too.
+    xh.resize(size_t(Tl * D));
+    copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
+    std::vector<int64_t> stay;
+    std::vector<int32_t> next_rows;
+    for (int64_t r = 0; r < Tl; ++r) {
+      const int32_t rp = rows[size_t(r)];
+      const bool kept = !prune_here || std::binary_search(active.begin(), active.end(), rp);
+      const bool next_has_kv = l + 1 < c.n_layer && s.layers[size_t(l + 1)].slot_of[size_t(rp)] >= 0;
+      if (kept && !next_has_kv) {
+        stay.push_back(r);
+        next_rows.push_back(rp);
+        continue;
+      }
+      if (!kept && l + 1 < c.n_layer) {
+        aux_.put(rp, l + 1, xh.data() + r * D, D);
+        if (stats) {
+          ++stats->aux_writes;
+          ++stats->aux_written[size_t(l)];
+        }
+      }
+    }
+    if (next_rows.empty() || next_rows.back() != p) fail("internal error: the new token left the step");
+    if (int64_t(stay.size()) < Tl) {
+      copy_to_device(s.idx.as<void>(), stay.data(), stay.size() * 8);
+      gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.x2.as<float>(), int64_t(stay.size()), D);
+      std::swap(s.x, s.x2);
+    }
+    rows.swap(next_rows);
+  }
+  // The new token's row: the last one.
+  const int64_t last = int64_t(rows.size()) - 1;
+  copy_to_device(s.idx.as<void>(), &last, 8);
+  gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.xn.as<float>(), 1, D);
+  rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), 1, D, c.rms_eps);
+  s.logits.reserve(size_t(c.n_vocab) * 4, "logits");
+  s.mm(s.tmp.as<float>(), 1, s.lm_head, s.logits.as<float>());
+  copy_to_host(logits, s.logits.as<void>(), size_t(c.n_vocab) * 4);
+}
+
 GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt) {
   const ModelConfig& c = m.config();
   if (!opt.forced_ids.empty()) fail("teacher forcing is not available on the CUDA backend");
@@ -371,7 +536,13 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
     if (i + 1 == opt.max_new_tokens) break;
     const int32_t p = int32_t(N + i);
     const int64_t row = 0;
-    s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data());
+    if (r.prune_steps.empty()) {
+      s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data());
+    } else {
+      ForwardStats st;
+      s.decode_step(next, p, logits.data(), req, &st);
+      for (int64_t v : st.revived) r.revivals += v;
+    }
     ++r.decode_steps;
     next = sampler.sample(logits);
   }

@@ -6,8 +6,6 @@
 // cuda_ops.h, so it builds without CUDA headers; in a build without CUDA its constructor fails
 // with the reason.
 //
-// Not yet: decoding with revival (decode_step); a session decodes by plain forward passes of one
-// token over every cached key.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +33,11 @@ class CudaSession {
   void forward(std::span<const int32_t> ids, std::span<const int32_t> pos, std::span<const int64_t> logit_rows,
                float* logits, const PruneRequest* prune = nullptr, ForwardStats* stats = nullptr);
 
+  // As lp::Session::decode_step: every step starts from all tokens; at each pruning layer the new
+  // token's attention (GPU) scores the step's active set and the policy (CPU) selects; a selected
+  // token without K/V at a layer is revived from the Aux Cache and computed from there on.
+  void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest& prune, ForwardStats* stats = nullptr);
+
   // Empties the K/V cache and the Aux Cache (the weights stay).
   void reset();
   int64_t n_cached() const;
@@ -49,9 +52,9 @@ class CudaSession {
 
 // Prompt -> pruned prefill -> sampled continuation on the GPU, with the timings `run` reports
 // (TTFT: the prefill and the first token sampled, measured on the host after the device finished).
-// Decoding steps are plain forward passes of the new token over the keys each layer holds (after
-// a pruned prefill, the kept tokens: no re-selection or revival on the GPU yet). Teacher forcing
-// (forced_ids) and recorded steps are not supported here and are refused.
+// With a pruning policy every decoding step re-selects and revives (decode_step), as on the CPU;
+// without one, decoding steps are plain forward passes. Teacher forcing (forced_ids) and recorded
+// steps are not supported here and are refused.
 GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt);
 
 }  // namespace lp::cuda

@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_session.h"
 #include "kernels/cuda/device_math.h"
+#include "kernels/generate.h"
 #include "kernels/runner.h"
 #include "model/gguf.h"
 #include "model/paths.h"
@@ -22,6 +23,7 @@
 #include "traces/schedule.h"
 #include <filesystem>
 #include "kernels/pruning.h"
+#include "tests/gpu/compare_backends.h"
 #include "model/error.h"
 
 namespace lp {
@@ -188,41 +190,6 @@ TEST(GpuOps, GemmF32AndBf16) {
   }
 }
 
-// The whole pruned forward on the GPU against the CPU backend: the same kept tokens at every
-// pruning layer and the same last-row logits (f32 weights: both exact up to summation order).
-void compare_forward(const std::string& path, int64_t T, const char* schedule, PolicyKind kind) {
-  CpuContext ctx(2);
-  const auto m = Model::load(path, DType::F32, ctx);
-  const ModelConfig& c = m->config();
-  std::mt19937 rng(static_cast<uint32_t>(T));
-  std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
-  for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
-  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
-  const auto steps = resolve_schedule(parse_schedule(schedule), c.n_layer);
-  auto p_cpu = make_policy(kind, 5), p_gpu = make_policy(kind, 5);
-  PruneRequest r_cpu{steps, p_cpu.get()}, r_gpu{steps, p_gpu.get()};
-  ForwardStats s_cpu, s_gpu;
-  const int64_t last = T - 1;
-  std::vector<float> l_cpu(static_cast<size_t>(c.n_vocab)), l_gpu(l_cpu.size());
-  Session cpu(*m, T);
-  cpu.forward(ctx, ids, pos, {&last, 1}, l_cpu.data(), nullptr, &r_cpu, &s_cpu);
-  cuda::CudaSession gpu(*m, T);
-  gpu.forward(ids, pos, {&last, 1}, l_gpu.data(), &r_gpu, &s_gpu);
-  ASSERT_EQ(s_gpu.kept.size(), s_cpu.kept.size());
-  for (size_t k = 0; k < s_cpu.kept.size(); ++k) EXPECT_EQ(s_gpu.kept[k], s_cpu.kept[k]) << "step " << k;
-  EXPECT_EQ(s_gpu.computed, s_cpu.computed);
-  EXPECT_EQ(s_gpu.pairs, s_cpu.pairs);
-  EXPECT_EQ(gpu.aux().size(), cpu.aux().size());
-  float worst = 0, scale = 0;
-  for (size_t i = 0; i < l_cpu.size(); ++i) {
-    worst = std::max(worst, std::fabs(l_gpu[i] - l_cpu[i]));
-    scale = std::max(scale, std::fabs(l_cpu[i]));
-  }
-  EXPECT_LT(worst, 1e-3f * (1 + scale)) << path;
-  EXPECT_EQ(std::max_element(l_gpu.begin(), l_gpu.end()) - l_gpu.begin(),
-            std::max_element(l_cpu.begin(), l_cpu.end()) - l_cpu.begin());
-}
-
 TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   testing::TempDir dir;
   testing::TinyModelSpec spec;
@@ -234,6 +201,19 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   compare_forward(path, 150, "none", PolicyKind::None);
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
   compare_forward(path, 77, "2:0.4", PolicyKind::Static);
+}
+
+TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
+  testing::TempDir dir;
+  testing::TinyModelSpec spec;
+  spec.n_layer = 6;
+  spec.n_head = 6;
+  spec.n_head_kv = 2;
+  spec.n_embd = 96;
+  const std::string path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+  compare_generate(path, 120, PolicyKind::LazyLLM);
+  compare_generate(path, 120, PolicyKind::Static);
+  compare_generate(path, 120, PolicyKind::None);
 }
 
 TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnTheDefaultModel) {

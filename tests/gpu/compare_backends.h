@@ -1,0 +1,76 @@
+// Comparisons of the CUDA session (kernels/cuda/cuda_session.h) with the CPU backend, shared by
+// the GPU suite (tests/gpu/test_gpu_ops.cpp, on a real GPU) and the host-emulation test
+// (tests/cuda_emu/test_cuda_emu.cpp: the same session code over host launchers).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_session.h"
+#include "kernels/generate.h"
+#include "kernels/runner.h"
+#include "traces/schedule.h"
+
+namespace lp {
+
+// The whole pruned forward on the GPU against the CPU backend: the same kept tokens at every
+// pruning layer and the same last-row logits (f32 weights: both exact up to summation order).
+inline void compare_forward(const std::string& path, int64_t T, const char* schedule, PolicyKind kind) {
+  CpuContext ctx(2);
+  const auto m = Model::load(path, DType::F32, ctx);
+  const ModelConfig& c = m->config();
+  std::mt19937 rng(static_cast<uint32_t>(T));
+  std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
+  for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
+  const auto steps = resolve_schedule(parse_schedule(schedule), c.n_layer);
+  auto p_cpu = make_policy(kind, 5), p_gpu = make_policy(kind, 5);
+  PruneRequest r_cpu{steps, p_cpu.get()}, r_gpu{steps, p_gpu.get()};
+  ForwardStats s_cpu, s_gpu;
+  const int64_t last = T - 1;
+  std::vector<float> l_cpu(static_cast<size_t>(c.n_vocab)), l_gpu(l_cpu.size());
+  Session cpu(*m, T);
+  cpu.forward(ctx, ids, pos, {&last, 1}, l_cpu.data(), nullptr, &r_cpu, &s_cpu);
+  cuda::CudaSession gpu(*m, T);
+  gpu.forward(ids, pos, {&last, 1}, l_gpu.data(), &r_gpu, &s_gpu);
+  ASSERT_EQ(s_gpu.kept.size(), s_cpu.kept.size());
+  for (size_t k = 0; k < s_cpu.kept.size(); ++k) EXPECT_EQ(s_gpu.kept[k], s_cpu.kept[k]) << "step " << k;
+  EXPECT_EQ(s_gpu.computed, s_cpu.computed);
+  EXPECT_EQ(s_gpu.pairs, s_cpu.pairs);
+  EXPECT_EQ(gpu.aux().size(), cpu.aux().size());
+  float worst = 0, scale = 0;
+  for (size_t i = 0; i < l_cpu.size(); ++i) {
+    worst = std::max(worst, std::fabs(l_gpu[i] - l_cpu[i]));
+    scale = std::max(scale, std::fabs(l_cpu[i]));
+  }
+  EXPECT_LT(worst, 1e-3f * (1 + scale)) << path;
+  EXPECT_EQ(std::max_element(l_gpu.begin(), l_gpu.end()) - l_gpu.begin(),
+            std::max_element(l_cpu.begin(), l_cpu.end()) - l_cpu.begin());
+}
+
+// Generation with LazyLLM in prefill and decoding (re-selection and revival every step): the same
+// greedy tokens, the same revivals, the same share of prompt (token, layer) pairs as the CPU.
+inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind) {
+  CpuContext ctx(2);
+  const auto m = Model::load(path, DType::F32, ctx);
+  std::mt19937 rng(static_cast<uint32_t>(T) + 1);
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (auto& i : ids) i = int32_t(rng() % uint32_t(m->config().n_vocab));
+  GenerateOptions opt;
+  opt.max_new_tokens = 12;
+  opt.stop_at_end_of_generation = false;
+  opt.policy = kind;
+  opt.schedule = parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3");
+  const GenerateResult cpu = generate(ctx, *m, ids, opt);
+  const GenerateResult gpu = cuda::generate(*m, ids, opt);
+  EXPECT_EQ(gpu.generated_ids, cpu.generated_ids);
+  EXPECT_EQ(gpu.revivals, cpu.revivals);
+  EXPECT_DOUBLE_EQ(gpu.prompt_tokens_computed_fraction, cpu.prompt_tokens_computed_fraction);
+}
+
+}  // namespace lp
