@@ -24,6 +24,9 @@ struct GenerateOptions {
   // instead of sampled ones, max_new_tokens and stopping at end of generation are ignored, and
   // the result holds each forced token's log-probability and the greedy choice at its place.
   std::vector<int32_t> forced_ids;
+  // CUDA backend only (lp::cuda::generate): time every op (the device synchronised around each, so
+  // TTFT grows by the lost overlap); the CPU backend always times its ops.
+  bool gpu_op_timers = false;
 };
 
 struct GenerateResult {

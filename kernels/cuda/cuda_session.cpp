@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include "model/ops.h"
 #include <cstring>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -77,6 +78,22 @@ struct DLayer {
   int64_t n = 0;
 };
 
+// Per-op timing on the GPU: the device is synchronised before and after the op, so each op's
+// wall time is its own (launch overhead included; no overlap between ops while timing).
+template <class F>
+void time_op(OpTimers* t, int layer, Op op, const OpShape& shape, const ModelConfig& c, F&& f) {
+  if (!t) {
+    f();
+    return;
+  }
+  synchronize("op timer");
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  synchronize("op timer");
+  t->add(layer, op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+         op_flops(c, op, shape), op_bytes(c, op, shape, t->dtypes), double(shape.tokens));
+}
+
 }  // namespace
 
 struct CudaSession::Impl {
@@ -94,6 +111,12 @@ struct CudaSession::Impl {
   int64_t bit_words = 0;
 
   Impl(const Model& model, int64_t ctx) : m(model), c(model.config()), n_ctx(ctx) {}
+
+  // Element sizes for the op counts, as the CPU backend's (GEMM inputs in the weights' dtype, f32 K/V).
+  OpDtypes dtypes() const {
+    const double b = m.weights().dtype == DType::BF16 ? 2 : 4;
+    return {b, b, 4};
+  }
 
   // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16.
   void mm(const float* a, int64_t T, const DMatrix& w, float* out) {
@@ -130,20 +153,25 @@ struct CudaSession::Impl {
   // K/V are appended first; the rows attend to the keys at positions `keys` (all held once the
   // rows are appended) or, when `keys` is null, to every key the layer holds. Leaves the keys
   // attended in kbuf/kpos when `keys` is given (for scoring).
-  void run_layer(int l, const std::vector<int32_t>& act_pos, ForwardStats* stats,
+  void run_layer(int l, const std::vector<int32_t>& act_pos, ForwardStats* stats, OpTimers* tm,
                  const std::vector<int32_t>* keys = nullptr) {
     const int64_t T = int64_t(act_pos.size());
     const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
     const int64_t Q = H * Dh, KV = Hkv * Dh, QKV = Q + 2 * KV;
     DLayer& L = layers[size_t(l)];
-    rmsnorm(x.as<float>(), L.attn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps);
-    mm(xn.as<float>(), T, L.wqkv, qkv.as<float>());
-    copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T);
-    copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T);
-    copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T);
+    const OpShape rows{T, 0, 0};
+    time_op(tm, l, Op::AttnNorm, rows, c, [&] { rmsnorm(x.as<float>(), L.attn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps); });
+    time_op(tm, l, Op::QKV, rows, c, [&] {
+      mm(xn.as<float>(), T, L.wqkv, qkv.as<float>());
+      copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T);
+      copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T);
+      copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T);
+    });
     const float* freqs = has_freqs ? rope_freqs.as<float>() : nullptr;
-    rope(q.as<float>(), pos_dev.as<int32_t>(), T, H, Dh, c.rope_dim, c.rope_theta, freqs);
-    rope(k.as<float>(), pos_dev.as<int32_t>(), T, Hkv, Dh, c.rope_dim, c.rope_theta, freqs);
+    time_op(tm, l, Op::Rope, rows, c, [&] {
+      rope(q.as<float>(), pos_dev.as<int32_t>(), T, H, Dh, c.rope_dim, c.rope_theta, freqs);
+      rope(k.as<float>(), pos_dev.as<int32_t>(), T, Hkv, Dh, c.rope_dim, c.rope_theta, freqs);
+    });
     // K/V append: slots n .. n + T - 1; positions recorded on both sides.
     std::vector<int64_t> slot(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) slot[size_t(t)] = L.n + t;
@@ -158,13 +186,19 @@ struct CudaSession::Impl {
     }
     L.pos_host.insert(L.pos_host.end(), act_pos.begin(), act_pos.end());
     L.n += T;
-    int64_t n_keys = L.n;
-    if (!keys) {
-      attention(q.as<float>(), pos_dev.as<int32_t>(), T, L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.n, H,
-                Hkv, Dh, attn.as<float>());
-    } else {
+    // Causal pairs: for each row, the keys attended at or before it.
+    std::vector<int32_t> kp = keys ? *keys : L.pos_host;
+    std::sort(kp.begin(), kp.end());
+    int64_t pairs = 0;
+    for (int32_t p : act_pos) pairs += int64_t(std::upper_bound(kp.begin(), kp.end(), p) - kp.begin());
+    const int64_t n_keys = keys ? int64_t(keys->size()) : L.n;
+    time_op(tm, l, Op::Attention, OpShape{T, pairs, n_keys}, c, [&] {
+      if (!keys) {
+        attention(q.as<float>(), pos_dev.as<int32_t>(), T, L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.n,
+                  H, Hkv, Dh, attn.as<float>());
+        return;
+      }
       // A subset: its K/V rows gathered by slot, in the order of `keys`.
-      n_keys = int64_t(keys->size());
       std::vector<int64_t> ks(keys->size());
       for (size_t i = 0; i < keys->size(); ++i) {
         ks[i] = L.slot_of[size_t((*keys)[i])];
@@ -180,25 +214,19 @@ struct CudaSession::Impl {
       copy_to_device(kpos.as<void>(), keys->data(), keys->size() * 4);
       attention(q.as<float>(), pos_dev.as<int32_t>(), T, kbuf.as<float>(), vbuf.as<float>(), kpos.as<int32_t>(), n_keys,
                 H, Hkv, Dh, attn.as<float>());
-    }
-    mm(attn.as<float>(), T, L.wo, tmp.as<float>());
-    add_inplace(x.as<float>(), tmp.as<float>(), T * D);
-    rmsnorm(x.as<float>(), L.ffn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps);
-    mm(xn.as<float>(), T, L.w_gate_up, ff.as<float>());
-    swiglu_fused(ff.as<float>(), act.as<float>(), T, F);
-    mm(act.as<float>(), T, L.w_down, tmp.as<float>());
-    add_inplace(x.as<float>(), tmp.as<float>(), T * D);
+    });
+    time_op(tm, l, Op::OProj, rows, c, [&] { mm(attn.as<float>(), T, L.wo, tmp.as<float>()); });
+    time_op(tm, l, Op::Residual, rows, c, [&] { add_inplace(x.as<float>(), tmp.as<float>(), T * D); });
+    time_op(tm, l, Op::FfnNorm, rows, c, [&] { rmsnorm(x.as<float>(), L.ffn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps); });
+    time_op(tm, l, Op::GateUp, rows, c, [&] { mm(xn.as<float>(), T, L.w_gate_up, ff.as<float>()); });
+    time_op(tm, l, Op::SwiGLU, rows, c, [&] { swiglu_fused(ff.as<float>(), act.as<float>(), T, F); });
+    time_op(tm, l, Op::Down, rows, c, [&] { mm(act.as<float>(), T, L.w_down, tmp.as<float>()); });
+    time_op(tm, l, Op::Residual, rows, c, [&] { add_inplace(x.as<float>(), tmp.as<float>(), T * D); });
     if (stats) {
       stats->computed[size_t(l)] = T;
       stats->keys[size_t(l)] = L.n;
-      // Causal pairs: for each row, the keys attended at or before it.
-      std::vector<int32_t> kp = keys ? *keys : L.pos_host;
-      std::sort(kp.begin(), kp.end());
-      int64_t pairs = 0;
-      for (int32_t p : act_pos) pairs += int64_t(std::upper_bound(kp.begin(), kp.end(), p) - kp.begin());
       stats->pairs[size_t(l)] = pairs;
     }
-    (void)n_keys;
   }
 };
 
@@ -272,7 +300,7 @@ int64_t CudaSession::device_bytes() const {
 
 void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
                           std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
-                          ForwardStats* stats) {
+                          ForwardStats* stats, OpTimers* timers) {
   Impl& s = *impl_;
   const ModelConfig& c = s.c;
   const int64_t T = int64_t(ids.size());
@@ -301,35 +329,42 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
     stats->revived_pos.assign(size_t(c.n_layer), {});
   }
   s.reserve(T);
+  if (timers && timers->empty()) timers->init(c.n_layer, s.dtypes());
 
   // Embedding rows.
   std::vector<int64_t> id64(ids.begin(), ids.end());
   copy_to_device(s.idx.as<void>(), id64.data(), size_t(T) * 8);
-  if (s.tok_embd.bf16)
-    gather_rows_bf16(s.tok_embd.data.as<uint16_t>(), s.idx.as<int64_t>(), s.x.as<float>(), T, D);
-  else
-    gather_rows(s.tok_embd.data.as<float>(), s.idx.as<int64_t>(), s.x.as<float>(), T, D);
+  time_op(timers, c.n_layer, Op::Embed, OpShape{T, 0, 0}, c, [&] {
+    if (s.tok_embd.bf16)
+      gather_rows_bf16(s.tok_embd.data.as<uint16_t>(), s.idx.as<int64_t>(), s.x.as<float>(), T, D);
+    else
+      gather_rows(s.tok_embd.data.as<float>(), s.idx.as<int64_t>(), s.x.as<float>(), T, D);
+  });
   std::vector<int32_t> act_pos(pos.begin(), pos.end());
   copy_to_device(s.pos_dev.as<void>(), act_pos.data(), size_t(T) * 4);
 
   size_t next_step = 0;
   for (int l = 0; l < c.n_layer; ++l) {
     const int64_t Tl = int64_t(act_pos.size());
-    s.run_layer(l, act_pos, stats);
+    s.run_layer(l, act_pos, stats, timers);
     if (!pruning || next_step == prune->steps.size() || prune->steps[next_step].layer != l) continue;
     // The keys here are exactly the active rows (the cache started empty); the last row scores them.
     const double share = prune->steps[next_step++].share;
     std::vector<float> scores;
     if (prune->policy->needs_scores()) {
       scores.resize(size_t(Tl));
-      last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.layers[size_t(l)].k.as<float>(), Tl, c.n_head, c.n_head_kv,
-                      c.head_dim, s.scores.as<float>());
-      copy_to_host(scores.data(), s.scores.as<void>(), size_t(Tl) * 4);
+      time_op(timers, l, Op::Score, OpShape{1, 0, Tl}, c, [&] {
+        last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.layers[size_t(l)].k.as<float>(), Tl, c.n_head, c.n_head_kv,
+                        c.head_dim, s.scores.as<float>());
+        copy_to_host(scores.data(), s.scores.as<void>(), size_t(Tl) * 4);
+      });
     }
-    const std::vector<int64_t> keep = prune->policy->select(l, act_pos, scores, tokens_kept(Tl, share));
+    std::vector<int64_t> keep;
+    time_op(timers, l, Op::Select, OpShape{0, 0, Tl}, c,
+            [&] { keep = prune->policy->select(l, act_pos, scores, tokens_kept(Tl, share)); });
     if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
     if (stats) stats->scores.push_back(scores);
-    if (int64_t(keep.size()) < Tl) {
+    if (int64_t(keep.size()) < Tl) time_op(timers, l, Op::Gather, OpShape{Tl, 0, 0}, c, [&] {
       // Pruned rows' hidden states (the input of layer l + 1) to the host Aux Cache.
       std::vector<float> xh(size_t(Tl * D));
       copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
@@ -352,7 +387,7 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
       std::swap(s.x, s.x2);
       act_pos = std::move(kept_pos);
       copy_to_device(s.pos_dev.as<void>(), act_pos.data(), act_pos.size() * 4);
-    }
+    });
     if (stats) stats->kept.push_back(act_pos);
   }
 
@@ -365,13 +400,17 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
   for (int64_t r = 0; r < R; ++r) rows[size_t(r)] = pruning ? int64_t(act_pos.size()) - 1 : logit_rows[size_t(r)];
   copy_to_device(s.idx.as<void>(), rows.data(), size_t(R) * 8);
   gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.xn.as<float>(), R, D);
-  rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), R, D, c.rms_eps);
+  time_op(timers, c.n_layer, Op::OutputNorm, OpShape{R, 0, 0}, c,
+          [&] { rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), R, D, c.rms_eps); });
   s.logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
-  s.mm(s.tmp.as<float>(), R, s.lm_head, s.logits.as<float>());
-  copy_to_host(logits, s.logits.as<void>(), size_t(R * c.n_vocab) * 4);
+  time_op(timers, c.n_layer, Op::LmHead, OpShape{R, 0, 0}, c, [&] {
+    s.mm(s.tmp.as<float>(), R, s.lm_head, s.logits.as<float>());
+    copy_to_host(logits, s.logits.as<void>(), size_t(R * c.n_vocab) * 4);
+  });
 }
 
-void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune, ForwardStats* stats) {
+void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune, ForwardStats* stats,
+                              OpTimers* timers) {
   Impl& s = *impl_;
   const ModelConfig& c = s.c;
   if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
@@ -392,6 +431,7 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
   active.push_back(p);
   std::vector<int32_t> rows = {p};
   s.reserve(int64_t(active.size()));
+  if (timers && timers->empty()) timers->init(c.n_layer, s.dtypes());
   const int64_t id64 = id;
   copy_to_device(s.idx.as<void>(), &id64, 8);
   if (s.tok_embd.bf16)
@@ -437,7 +477,7 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
     }
     const int64_t Tl = int64_t(rows.size());
     copy_to_device(s.pos_dev.as<void>(), rows.data(), rows.size() * 4);
-    s.run_layer(l, rows, stats, &active);
+    s.run_layer(l, rows, stats, timers, &active);
 
     const bool prune_here = next_step < prune.steps.size() && prune.steps[next_step].layer == l;
     if (prune_here) {
@@ -448,11 +488,15 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
         // The new token (the last row) over the step's active keys, gathered in kbuf by run_layer.
         scores.resize(size_t(n));
         s.scores.reserve(size_t(n) * 4, "scores");
-        last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.kbuf.as<float>(), n, c.n_head, c.n_head_kv, c.head_dim,
-                        s.scores.as<float>());
-        copy_to_host(scores.data(), s.scores.as<void>(), size_t(n) * 4);
+        time_op(timers, l, Op::Score, OpShape{1, 0, n}, c, [&] {
+          last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.kbuf.as<float>(), n, c.n_head, c.n_head_kv, c.head_dim,
+                          s.scores.as<float>());
+          copy_to_host(scores.data(), s.scores.as<void>(), size_t(n) * 4);
+        });
       }
-      const std::vector<int64_t> keep = prune.policy->select(l, active, scores, tokens_kept(n, share));
+      std::vector<int64_t> keep;
+      time_op(timers, l, Op::Select, OpShape{0, 0, n}, c,
+              [&] { keep = prune.policy->select(l, active, scores, tokens_kept(n, share)); });
       if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
       if (stats) stats->scores.push_back(scores);
       std::vector<int32_t> kept;
@@ -495,10 +539,13 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
   const int64_t last = int64_t(rows.size()) - 1;
   copy_to_device(s.idx.as<void>(), &last, 8);
   gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.xn.as<float>(), 1, D);
-  rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), 1, D, c.rms_eps);
+  time_op(timers, c.n_layer, Op::OutputNorm, OpShape{1, 0, 0}, c,
+          [&] { rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), 1, D, c.rms_eps); });
   s.logits.reserve(size_t(c.n_vocab) * 4, "logits");
-  s.mm(s.tmp.as<float>(), 1, s.lm_head, s.logits.as<float>());
-  copy_to_host(logits, s.logits.as<void>(), size_t(c.n_vocab) * 4);
+  time_op(timers, c.n_layer, Op::LmHead, OpShape{1, 0, 0}, c, [&] {
+    s.mm(s.tmp.as<float>(), 1, s.lm_head, s.logits.as<float>());
+    copy_to_host(logits, s.logits.as<void>(), size_t(c.n_vocab) * 4);
+  });
 }
 
 GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt) {
@@ -521,7 +568,8 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   Sampler sampler(opt.sampler);
   const int64_t last = N - 1;
   const auto t0 = std::chrono::steady_clock::now();
-  s.forward(prompt_ids, pos, {&last, 1}, logits.data(), r.prune_steps.empty() ? nullptr : &req, &r.prefill_stats);
+  s.forward(prompt_ids, pos, {&last, 1}, logits.data(), r.prune_steps.empty() ? nullptr : &req, &r.prefill_stats,
+            opt.gpu_op_timers ? &r.prefill_ops : nullptr);
   r.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.last_prefill_logits = logits;
   int32_t next = sampler.sample(logits);
@@ -537,10 +585,11 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
     const int32_t p = int32_t(N + i);
     const int64_t row = 0;
     if (r.prune_steps.empty()) {
-      s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data());
+      s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, nullptr,
+                opt.gpu_op_timers ? &r.decode_ops : nullptr);
     } else {
       ForwardStats st;
-      s.decode_step(next, p, logits.data(), req, &st);
+      s.decode_step(next, p, logits.data(), req, &st, opt.gpu_op_timers ? &r.decode_ops : nullptr);
       for (int64_t v : st.revived) r.revivals += v;
     }
     ++r.decode_steps;

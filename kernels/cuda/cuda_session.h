@@ -28,15 +28,18 @@ class CudaSession {
   CudaSession(const CudaSession&) = delete;
   CudaSession& operator=(const CudaSession&) = delete;
 
-  // As lp::Session::forward (timers are host wall times of each op including its launch and a
-  // device synchronisation).
+  // As lp::Session::forward.
+  // With `timers`, the device is synchronised around every op and its wall time recorded with the
+  // op's FLOPs and bytes (model/ops.h), as the CPU backend records them; without, ops overlap.
   void forward(std::span<const int32_t> ids, std::span<const int32_t> pos, std::span<const int64_t> logit_rows,
-               float* logits, const PruneRequest* prune = nullptr, ForwardStats* stats = nullptr);
+               float* logits, const PruneRequest* prune = nullptr, ForwardStats* stats = nullptr,
+               OpTimers* timers = nullptr);
 
   // As lp::Session::decode_step: every step starts from all tokens; at each pruning layer the new
   // token's attention (GPU) scores the step's active set and the policy (CPU) selects; a selected
   // token without K/V at a layer is revived from the Aux Cache and computed from there on.
-  void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest& prune, ForwardStats* stats = nullptr);
+  void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest& prune, ForwardStats* stats = nullptr,
+                   OpTimers* timers = nullptr);
 
   // Empties the K/V cache and the Aux Cache (the weights stay).
   void reset();
