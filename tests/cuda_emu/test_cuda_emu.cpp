@@ -6,25 +6,15 @@
 // by the CudaMath tests (the arithmetic) and the GPU suite (the launches).
 #include <gtest/gtest.h>
 
-#include "tests/gguf_writer.h"
 #include "tests/gpu/compare_backends.h"
-#include "tests/test_util.h"
 
 namespace lp {
 namespace {
 
-std::string tiny(const testing::TempDir& dir) {
-  testing::TinyModelSpec spec;
-  spec.n_layer = 6;
-  spec.n_head = 6;
-  spec.n_head_kv = 2;
-  spec.n_embd = 96;
-  return testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
-}
 
 TEST(CudaSessionEmulated, PrunedPrefillMatchesTheCpuBackend) {
   testing::TempDir dir;
-  const std::string path = tiny(dir);
+  const std::string path = write_compare_model(dir);
   compare_forward(path, 150, "none", PolicyKind::None);
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
   compare_forward(path, 77, "2:0.4", PolicyKind::Static);
@@ -33,7 +23,7 @@ TEST(CudaSessionEmulated, PrunedPrefillMatchesTheCpuBackend) {
 
 TEST(CudaSessionEmulated, GenerationWithRevivalMatchesTheCpuBackend) {
   testing::TempDir dir;
-  const std::string path = tiny(dir);
+  const std::string path = write_compare_model(dir);
   compare_generate(path, 120, PolicyKind::LazyLLM);
   compare_generate(path, 120, PolicyKind::Static);
   compare_generate(path, 60, PolicyKind::Random);

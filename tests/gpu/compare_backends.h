@@ -14,9 +14,21 @@
 #include "kernels/cuda/cuda_session.h"
 #include "kernels/generate.h"
 #include "kernels/runner.h"
+#include "tests/gguf_writer.h"
+#include "tests/test_util.h"
 #include "traces/schedule.h"
 
 namespace lp {
+
+// The tiny model both comparisons run on: 6 layers, 6 heads over 2 KV heads, width 96.
+inline std::string write_compare_model(const testing::TempDir& dir) {
+  testing::TinyModelSpec spec;
+  spec.n_layer = 6;
+  spec.n_head = 6;
+  spec.n_head_kv = 2;
+  spec.n_embd = 96;
+  return testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+}
 
 // The whole pruned forward on the GPU against the CPU backend: the same kept tokens at every
 // pruning layer and the same last-row logits (f32 weights: both exact up to summation order).

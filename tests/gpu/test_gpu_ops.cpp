@@ -192,12 +192,7 @@ TEST(GpuOps, GemmF32AndBf16) {
 
 TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   testing::TempDir dir;
-  testing::TinyModelSpec spec;
-  spec.n_layer = 6;
-  spec.n_head = 6;
-  spec.n_head_kv = 2;
-  spec.n_embd = 96;
-  const std::string path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+  const std::string path = write_compare_model(dir);
   compare_forward(path, 150, "none", PolicyKind::None);
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
   compare_forward(path, 77, "2:0.4", PolicyKind::Static);
@@ -205,12 +200,7 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
 
 TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
   testing::TempDir dir;
-  testing::TinyModelSpec spec;
-  spec.n_layer = 6;
-  spec.n_head = 6;
-  spec.n_head_kv = 2;
-  spec.n_embd = 96;
-  const std::string path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+  const std::string path = write_compare_model(dir);
   compare_generate(path, 120, PolicyKind::LazyLLM);
   compare_generate(path, 120, PolicyKind::Static);
   compare_generate(path, 120, PolicyKind::None);
@@ -218,7 +208,8 @@ TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
 
 TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnTheDefaultModel) {
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no default model at " << path << " (scripts/setup fetches it)";
+  // scripts/setup fetches it; a GPU session without it is a set-up error, not a pass.
+  ASSERT_TRUE(std::filesystem::exists(path)) << "no default model at " << path << " (run scripts/setup)";
   compare_forward(path, 1000, "0.3:0.3,0.6:0.3,0.9:0.3", PolicyKind::LazyLLM);
 }
 
