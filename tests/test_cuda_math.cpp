@@ -1,8 +1,8 @@
-// The CUDA kernels' arithmetic (kernels/cuda/device_math.h), run on the CPU against the scalar
-// references (kernels/cpu/ref.h) and the engine's own selection and pruning counts. Each test
-// emulates the kernel's loop structure (tiles, f32 accumulation, the order of the online
-// softmax), so what is checked here is what the GPU computes; the GPU suite (label `gpu`)
-// checks the launches themselves where a GPU exists.
+// The CUDA kernels' arithmetic (kernels/cuda/device_math.h), function by function, against the
+// scalar references (kernels/cpu/ref.h) and the engine's own selection and pruning counts: the
+// online-softmax recurrence over any tiling, the selection keys' order over 200 random cases.
+// The kernels themselves (indexing, tiles, barriers) run thread by thread on the host in the GPU
+// suite's host build (lp_gpu_tests_on_host), and on a device in the GPU suite (label `gpu`).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/device_math.h"
 #include "kernels/pruning.h"
@@ -20,15 +21,9 @@
 namespace lp {
 namespace {
 
-namespace cm = lp::cuda_math;
+using testing::randn;
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+namespace cm = lp::cuda_math;
 
 TEST(CudaMath, RmsNormMatchesTheReference) {
   for (int64_t D : {1, 7, 576, 4096}) {
@@ -79,8 +74,8 @@ TEST(CudaMath, SwigluMatchesTheReference) {
   for (size_t i = 0; i < 1000; ++i) EXPECT_NEAR(cm::silu_mul(g[i], u[i]), want[i], 1e-5f * (1 + std::fabs(want[i])));
 }
 
-// The attention kernel's loop: per (query row, head), key tiles of `tile` in order, logits in
-// f32, online softmax, f32 accumulators.
+// The online-softmax recurrence: per (query row, head), key tiles of `tile` in order, logits in
+// f32, f32 accumulators (tile sizes other than the kernel's, to check the recurrence itself).
 std::vector<float> tiled_attention(const std::vector<float>& q, const std::vector<int32_t>& q_pos,
                                    const std::vector<float>& k, const std::vector<float>& v,
                                    const std::vector<int32_t>& k_pos, int64_t H, int64_t Hkv, int64_t Dh,
@@ -128,7 +123,7 @@ TEST(CudaMath, TiledOnlineSoftmaxAttentionMatchesTheReference) {
   // Awkward shapes: S not a multiple of the tile, one query row, 3 heads per KV head, a tile of 1.
   for (const Case c : {Case{5, 37, 6, 2, 16, 16}, Case{1, 130, 9, 3, 64, 64}, Case{8, 8, 4, 4, 8, 1},
                        Case{3, 200, 32, 8, 128, 64}}) {
-    SCOPED_TRACE(testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh);
+    SCOPED_TRACE(::testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh);
     // Pruned keys: an increasing subset of positions; queries at the last positions, one of
     // them before every key (a row that sees nothing gives zeros).
     std::vector<int32_t> k_pos(static_cast<size_t>(c.S)), q_pos(static_cast<size_t>(c.T));

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "kernels/context.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
@@ -17,15 +18,9 @@
 namespace lp {
 namespace {
 
-constexpr double kU = 1.0 / (1 << 24);  // f32 unit roundoff
+using testing::randn;
 
-std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+constexpr double kU = 1.0 / (1 << 24);  // f32 unit roundoff
 
 Matrix make_matrix(const std::vector<float>& w, int64_t N, int64_t K, DType dt) {
   Matrix m;

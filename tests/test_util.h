@@ -1,8 +1,11 @@
 // Shared helpers for the test suites.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "model/paths.h"
 
@@ -13,6 +16,15 @@ namespace lp::testing {
 inline std::string real_model_path() {
   if (const char* p = std::getenv("LAZYPREFILL_MODEL"); p && *p) return p;
   return lp::default_model_path();
+}
+
+// n normal samples with standard deviation `scale`, reproducible from `seed`.
+inline std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
 }
 
 inline std::string fixture_path(const std::string& name) {

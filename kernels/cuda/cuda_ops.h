@@ -35,6 +35,13 @@ void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void synchronize(const char* what);
+// Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the default stream): freeing does not
+// wait for the device, and the launches queued before the free still see the memory.
+void* device_alloc_async(size_t bytes, const char* what);
+void device_free_async(void* p);
+// The current GPU's streaming multiprocessors (the attention launcher splits keys over blocks
+// when the grid would leave them idle).
+int multiprocessors();
 
 // out[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * w[i]
 void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
@@ -50,7 +57,7 @@ void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows,
 // dst[idx[r]][:] = src[r][:]   (Aux Cache stores, revived rows back into place)
 void scatter_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
 // Causal GQA over the active keys, mask on original positions (ref::attention), tiled with an
-// online softmax and f32 accumulation.
+// online softmax and f32 accumulation (kernels.cuh). Head widths: multiples of 4 up to 256.
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v, const int32_t* k_pos,
                int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
 // The last token's attention over S keys, averaged over heads (ref::last_row_scores), into scores[S].

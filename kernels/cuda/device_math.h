@@ -19,6 +19,15 @@
 
 namespace lp::cuda_math {
 
+// 1 / sqrt(x): the GPU's rsqrtf (about 2 ulp) on the device, the exact quotient on the host.
+LP_HD float inv_sqrt(float x) {
+#if defined(__CUDA_ARCH__)
+  return rsqrtf(x);
+#else
+  return 1.0f / sqrtf(x);
+#endif
+}
+
 // RMSNorm: the scale 1 / sqrt(mean(x^2) + eps) from a row's sum of squares (accumulated in f32 by
 // the kernel's block reduction), and one output element.
 LP_HD float rms_scale(float sum_sq, int64_t D, float eps) {
@@ -75,6 +84,13 @@ LP_HD float online_weight(const OnlineSoftmax& s, float logit) {
 // The output element after all tiles: acc / l (0 for a row that saw no key).
 LP_HD float online_finish(const OnlineSoftmax& s, float acc) {
   return s.l > 0 ? acc / s.l : 0.0f;
+}
+
+// Merging key splits of one row (flash-decoding): a split with running max m_split contributes
+// its sum and accumulator times exp(m_split - m_all), m_all the max over splits; a split that saw
+// no key (m_split = -inf) contributes nothing.
+LP_HD float split_weight(float m_split, float m_all) {
+  return m_split == -INFINITY ? 0.0f : expf(m_split - m_all);
 }
 
 // The last-row importance score of key s: mean over the H query heads of softmax probabilities;

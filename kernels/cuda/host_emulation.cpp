@@ -1,18 +1,19 @@
-// The launchers of cuda_ops.h executed on the host: "device" memory is host memory and every op is
-// the CPU reference (kernels/cpu/ref.h) or device_math.h in a plain loop. Not part of the product:
-// the test `lp_cuda_emu_tests` links it under cuda_session.cpp, so the CUDA session's own logic
-// (row bookkeeping, slots, gathers, pruning, revival, the Aux Cache) is checked against the CPU
-// backend on machines without a GPU. Semantics are those the header documents.
+// The CUDA backend on the host, for tests: "device" memory is host memory, the own kernels
+// (kernels.cuh) run thread by thread through the same launchers as on the GPU (launch.cuh over
+// host_threads.h), and what comes from NVIDIA libraries is replaced: cuBLAS GEMMs by the scalar
+// reference, CUB's radix sorts by stable sorts of the same keys, cudaMemcpy2D by row copies. Not
+// part of the product: the tests link it under cuda_session.cpp and the GPU suite's own source,
+// so the ops and the session's logic are checked on machines without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_math.h"
-#include "kernels/pruning.h"
+#include "kernels/cuda/launch.cuh"
 #include "model/error.h"
 
 namespace lp::cuda {
@@ -34,88 +35,34 @@ void* device_alloc(size_t bytes, const char* what) {
   return p;
 }
 void device_free(void* p) { std::free(p); }
+void* device_alloc_async(size_t bytes, const char* what) { return device_alloc(bytes, what); }
+void device_free_async(void* p) { device_free(p); }
 void copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void synchronize(const char*) {}
-
-void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
-  ref::rmsnorm(x, w, out, T, D, eps);
-}
-
-void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
-          const float* freq_factors) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < rope_dim / 2; ++i) {
-      float c, s;
-      cm::rope_cos_sin(pos[t], i, rope_dim, theta, freq_factors ? freq_factors[i] : 1.0f, &c, &s);
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* v = x + (t * n_heads + h) * Dh;
-        cm::rope_rotate(v[2 * i], v[2 * i + 1], c, s, &v[2 * i], &v[2 * i + 1]);
-      }
-    }
-}
-
-void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = cm::silu_mul(gate[i], up[i]);
-}
-
-void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < F; ++i) out[t * F + i] = cm::silu_mul(ff[t * 2 * F + i], ff[t * 2 * F + F + i]);
-}
-
-void add_inplace(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
-
-void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
-  // Through a copy: the session may gather from a buffer into itself (it does not, but the GPU
-  // kernel reads and writes different buffers, and so does this).
-  std::vector<float> tmp(size_t(rows * width));
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(tmp.data() + r * width, src + idx[r] * width, size_t(width) * 4);
-  std::memcpy(dst, tmp.data(), tmp.size() * 4);
-}
-
-void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < width; ++i) dst[r * width + i] = cm::bf16_to_f32(src[idx[r] * width + i]);
-}
-
-void scatter_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + idx[r] * width, src + r * width, size_t(width) * 4);
-}
+// A small GPU, so that the attention launcher takes both paths (key splits and one pass) on the
+// tests' shapes.
+int multiprocessors() { return 4; }
 
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(width) * 4);
 }
 
-void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v, const int32_t* k_pos,
-               int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
-  ref::attention(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
-}
-
-void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* scores) {
-  std::vector<double> d(static_cast<size_t>(S));
-  ref::last_row_scores(q, k, S, H, Hkv, Dh, d.data());
-  for (int64_t s = 0; s < S; ++s) scores[s] = float(d[size_t(s)]);
-}
-
+// ops.cu's select_top with CUB's radix sorts (stable) as stable sorts.
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep) {
-  const auto k = lp::select_top({pos, size_t(n)}, {scores, size_t(n)}, n_keep);
-  std::copy(k.begin(), k.end(), keep);
-}
-
-void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T, int64_t kv,
-               float* k_cache, float* v_cache, uint32_t* bits) {
-  for (int64_t t = 0; t < T; ++t) {
-    std::memcpy(k_cache + slot[t] * kv, k_new + t * kv, size_t(kv) * 4);
-    std::memcpy(v_cache + slot[t] * kv, v_new + t * kv, size_t(kv) * 4);
-    cm::set_has_kv(bits, pos[t]);
+  if (n < 1 || n_keep < 1 || n_keep > n) fail("select_top: keep {} of {} tokens", n_keep, n);
+  const int64_t m = n - 1;
+  std::vector<uint64_t> keys(static_cast<size_t>(std::max<int64_t>(m, 1)));
+  std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(m, 1))), sorted(static_cast<size_t>(n));
+  if (m > 0) {
+    LP_LAUNCH(kernels::selection_keys_kernel, blocks_for(m, kThreads), kThreads, 0, scores, pos, m, keys.data(),
+              idx.data());
+    std::stable_sort(idx.begin(), idx.begin() + m, [&](int64_t a, int64_t b) { return keys[size_t(a)] > keys[size_t(b)]; });
+    std::copy(idx.begin(), idx.begin() + m, sorted.begin());
   }
-}
-
-void to_bf16(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = cm::f32_to_bf16(x[i]);
+  LP_LAUNCH(kernels::put_last_kernel, 1, 1, 0, sorted.data(), n_keep - 1, n - 1);
+  std::copy(sorted.begin(), sorted.begin() + n_keep, keep);
+  std::sort(keep, keep + n_keep);
 }
 
 void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {

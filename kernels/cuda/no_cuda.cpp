@@ -18,6 +18,9 @@ void device_free(void*) {}
 void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }
 void synchronize(const char*) { unavailable(); }
+void* device_alloc_async(size_t, const char*) { unavailable(); }
+void device_free_async(void*) {}
+int multiprocessors() { unavailable(); }
 void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) { unavailable(); }
 void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*) { unavailable(); }
 void swiglu(const float*, const float*, float*, int64_t) { unavailable(); }

@@ -1,6 +1,10 @@
-// The GPU suite (ctest label `gpu`): every CUDA op (kernels/cuda/cuda_ops.h) on the device against
-// the CPU's scalar references, on awkward shapes and pruned gathers. Without a GPU (or in a build
-// without CUDA) it prints why and exits 77, which ctest reports as skipped, not passed.
+// The GPU suite: every CUDA op (kernels/cuda/cuda_ops.h) against the CPU's scalar references, on
+// awkward shapes and pruned gathers, and the CUDA session against the CPU backend. Built twice:
+// - lp_gpu_tests (ctest label `gpu`) on the device. Without a GPU (or in a build without CUDA) it
+//   prints why and exits 77, which ctest reports as skipped, not passed.
+// - lp_gpu_tests_on_host (LP_HOST_THREADS, in the normal suite) over kernels/cuda/host_emulation.cpp:
+//   the same kernels run thread by thread on the host, once per thread order (forward, reverse,
+//   shuffled), with cuBLAS and CUB replaced by references; the default-model test is left to the GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +12,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/ref.h"
@@ -25,9 +30,14 @@
 #include "kernels/pruning.h"
 #include "tests/gpu/compare_backends.h"
 #include "model/error.h"
+#if defined(LP_HOST_THREADS)
+#include "kernels/cuda/host_threads.h"
+#endif
 
 namespace lp {
 namespace {
+
+using testing::randn;
 
 // A device copy of a host vector, freed at scope exit.
 template <class T>
@@ -47,14 +57,6 @@ struct Dev {
     return h;
   }
 };
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -100,7 +102,10 @@ TEST(GpuOps, AttentionOverPrunedKeys) {
   struct Case {
     int64_t T, S, H, Hkv, Dh;
   };
-  for (const Case c : {Case{1, 1, 1, 1, 8}, Case{7, 300, 9, 3, 64}, Case{33, 129, 32, 8, 128}, Case{4, 1000, 8, 8, 256}}) {
+  // One key; 9 heads over 3 KV heads with key splits; 132 rows of a GQA group over 5 row blocks;
+  // head width 80 (a partial 64-dim chunk) and 256; a decode-like single query over 1,000 keys.
+  for (const Case c : {Case{1, 1, 1, 1, 8}, Case{7, 300, 9, 3, 64}, Case{33, 129, 32, 8, 128}, Case{5, 70, 4, 2, 80},
+                       Case{4, 1000, 8, 8, 256}, Case{1, 1000, 32, 8, 128}}) {
     SCOPED_TRACE(::testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh);
     std::vector<int32_t> k_pos(static_cast<size_t>(c.S)), q_pos(static_cast<size_t>(c.T));
     for (int64_t s = 0; s < c.S; ++s) k_pos[size_t(s)] = int32_t(2 * s + (s % 5 == 0));
@@ -114,6 +119,23 @@ TEST(GpuOps, AttentionOverPrunedKeys) {
     cuda::attention(dq.p, dqp.p, c.T, dk.p, dv.p, dkp.p, c.S, c.H, c.Hkv, c.Dh, out.p);
     expect_close(out.host(), want, 5e-5f, "attention");
   }
+}
+
+// Keys in any order (a decoding step's active set is gathered by slot, and revived tokens come
+// back out of position order) and queries that see none of them.
+TEST(GpuOps, AttentionOverUnorderedKeys) {
+  const int64_t T = 6, S = 203, H = 8, Hkv = 2, Dh = 64;
+  std::vector<int32_t> k_pos(static_cast<size_t>(S));
+  std::iota(k_pos.begin(), k_pos.end(), 10);
+  std::shuffle(k_pos.begin(), k_pos.end(), std::mt19937(3));
+  const std::vector<int32_t> q_pos = {5, 9, 10, 100, 150, 212};  // 5 and 9 see no key
+  const auto q = randn(T * H * Dh, 21, 2.0f), k = randn(S * Hkv * Dh, 22, 2.0f), v = randn(S * Hkv * Dh, 23);
+  std::vector<float> want(q.size());
+  ref::attention(q.data(), q_pos.data(), T, k.data(), v.data(), k_pos.data(), S, H, Hkv, Dh, want.data());
+  Dev<float> dq(q), dk(k), dv(v), out(q.size());
+  Dev<int32_t> dqp(q_pos), dkp(k_pos);
+  cuda::attention(dq.p, dqp.p, T, dk.p, dv.p, dkp.p, S, H, Hkv, Dh, out.p);
+  expect_close(out.host(), want, 5e-5f, "attention");
 }
 
 TEST(GpuOps, ScoresAndSelection) {
@@ -167,7 +189,11 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
 }
 
 TEST(GpuOps, GemmF32AndBf16) {
-  for (auto [T, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 576, 1536}, {37, 1000, 77}, {512, 4096, 1024}}) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{1, 576, 1536}, {37, 1000, 77}, {512, 4096, 1024}};
+#if defined(LP_HOST_THREADS)
+  shapes.pop_back();  // on the host the GEMM is the reference itself; the bf16 conversion is what runs
+#endif
+  for (auto [T, K, N] : shapes) {
     const auto a = randn(size_t(T * K), 14), w = randn(size_t(N * K), 15);
     std::vector<float> want(static_cast<size_t>(T * N));
     ref::matmul(a.data(), w.data(), want.data(), T, K, N);
@@ -196,6 +222,7 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   compare_forward(path, 150, "none", PolicyKind::None);
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
   compare_forward(path, 77, "2:0.4", PolicyKind::Static);
+  compare_forward(path, 64, "0:0.5,1:0.5,2:0.5", PolicyKind::Random);
 }
 
 TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
@@ -203,6 +230,7 @@ TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
   const std::string path = write_compare_model(dir);
   compare_generate(path, 120, PolicyKind::LazyLLM);
   compare_generate(path, 120, PolicyKind::Static);
+  compare_generate(path, 60, PolicyKind::Random);
   compare_generate(path, 120, PolicyKind::None);
 }
 
@@ -216,8 +244,24 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnTheDefaultModel) {
 }  // namespace
 }  // namespace lp
 
+#if defined(LP_HOST_THREADS)
+// Iteration i of --gtest_repeat runs every test with thread order i % 3.
+class ThreadOrderPerIteration : public testing::EmptyTestEventListener {
+  void OnTestIterationStart(const testing::UnitTest&, int iteration) override {
+    using lp::host_threads::Order;
+    static const char* names[] = {"forward", "reverse", "shuffled"};
+    lp::host_threads::set_order(Order(iteration % 3));
+    std::printf("host threads in %s order\n", names[iteration % 3]);
+  }
+};
+#endif
+
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
+#if defined(LP_HOST_THREADS)
+  if (GTEST_FLAG_GET(repeat) == 1) GTEST_FLAG_SET(repeat, 3);
+  testing::UnitTest::GetInstance()->listeners().Append(new ThreadOrderPerIteration);
+#endif
   try {
     const lp::cuda::Device d = lp::cuda::open_device();
     std::printf("GPU: %s (sm_%d%d, %.1f GiB)\n", d.name.c_str(), d.cc_major, d.cc_minor,

@@ -1,0 +1,377 @@
+// The CUDA kernels of the backend. nvcc compiles them for the GPU (kernels/cuda/ops.cu); the host
+// compiler compiles the same text for tests (kernels/cuda/host_emulation.cpp), where
+// host_threads.h runs every CUDA thread of a block as a fiber with real barriers and shared
+// memory. The per-element arithmetic is device_math.h; this file is the indexing, the tiling,
+// the reductions and the barriers.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/device_math.h"
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+#include <cub/block/block_reduce.cuh>
+
+#include "model/error.h"
+
+namespace lp::cuda::kernels {
+template <class T, int N>
+using BlockReduce = cub::BlockReduce<T, N>;
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail("CUDA error in {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+}  // namespace lp::cuda::kernels
+// The block's dynamic shared memory as `type* name`.
+#define LP_DYNAMIC_SHARED(type, name)                  \
+  extern __shared__ __align__(16) unsigned char lp_dynamic_shared[]; \
+  type* name = reinterpret_cast<type*>(lp_dynamic_shared)
+// kernel<<<grid, block, shared_bytes>>>(args...), then the launch's error check.
+#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)                \
+  do {                                                                   \
+    (kernel)<<<(grid), (block), (shared_bytes)>>>(__VA_ARGS__);          \
+    ::lp::cuda::kernels::check_launch(#kernel);                          \
+  } while (0)
+#else
+#include "kernels/cuda/host_threads.h"
+
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+namespace lp::cuda::kernels {
+template <class T, int N>
+using BlockReduce = ::lp::host_threads::BlockReduce<T, N>;
+}  // namespace lp::cuda::kernels
+#define LP_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::lp::host_threads::dynamic_shared())
+#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...) \
+  ::lp::host_threads::launch(dim3(grid), dim3(block), (shared_bytes), (kernel), __VA_ARGS__)
+#endif
+
+namespace lp::cuda::kernels {
+namespace cm = lp::cuda_math;
+
+constexpr int kThreads = 256;
+
+struct MaxOp {
+  __host__ __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// ---- elementwise and rows --------------------------------------------------------------------
+
+// One block of kThreads per row.
+__global__ void rmsnorm_kernel(const float* x, const float* w, float* out, int64_t D, float eps) {
+  const int64_t t = blockIdx.x;
+  const float* row = x + t * D;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += row[i] * row[i];
+  using Reduce = BlockReduce<float, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ float scale;
+  const float total = Reduce(tmp).Sum(ss);
+  if (threadIdx.x == 0) scale = cm::rms_scale(total, D, eps);
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = cm::rms_apply(row[i], scale, w[i]);
+}
+
+// One thread per (token, pair): the table entry is computed once per pair and applied to every head.
+__global__ void rope_kernel(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim,
+                            float theta, const float* freq_factors) {
+  const int64_t half = rope_dim / 2;
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * half) return;
+  const int64_t t = id / half, i = id % half;
+  float c, s;
+  cm::rope_cos_sin(pos[t], i, rope_dim, theta, freq_factors ? freq_factors[i] : 1.0f, &c, &s);
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + (t * n_heads + h) * Dh;
+    cm::rope_rotate(v[2 * i], v[2 * i + 1], c, s, &v[2 * i], &v[2 * i + 1]);
+  }
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, float* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = cm::silu_mul(g[i], u[i]);
+}
+
+__global__ void swiglu_fused_kernel(const float* ff, float* out, int64_t T, int64_t F) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * F) return;
+  const int64_t t = id / F, i = id % F;
+  out[id] = cm::silu_mul(ff[t * 2 * F + i], ff[t * 2 * F + F + i]);
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+// One block per row.
+__global__ void gather_kernel(const float* src, const int64_t* idx, float* dst, int64_t width) {
+  const int64_t r = blockIdx.x;
+  const float* s = src + idx[r] * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = s[i];
+}
+
+__global__ void scatter_kernel(const float* src, const int64_t* idx, float* dst, int64_t width) {
+  const int64_t r = blockIdx.x;
+  float* d = dst + idx[r] * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = src[r * width + i];
+}
+
+__global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, float* dst, int64_t width) {
+  const int64_t r = blockIdx.x;
+  const uint16_t* s = src + idx[r] * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::bf16_to_f32(s[i]);
+}
+
+__global__ void kv_append_kernel(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos,
+                                 int64_t kv, float* k_cache, float* v_cache, uint32_t* bits) {
+  const int64_t t = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < kv; i += blockDim.x) {
+    k_cache[slot[t] * kv + i] = k_new[t * kv + i];
+    v_cache[slot[t] * kv + i] = v_new[t * kv + i];
+  }
+  if (threadIdx.x == 0) atomicOr(&bits[pos[t] >> 5], 1u << (pos[t] & 31));
+}
+
+__global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = cm::f32_to_bf16(x[i]);
+}
+
+// ---- attention ------------------------------------------------------------------------------
+//
+// FlashAttention's scheme on CUDA cores, in f32. A block takes 32 query rows of one KV head: row
+// i of KV head g is token i / G and query head g * G + i % G (G = H / Hkv), so the rows of a GQA
+// group share every K/V tile. Per tile of BK keys: the positions, then (unless every key of the
+// tile comes after every query of the block) the K rows into shared memory, S = Q K^T with each of
+// the 128 threads computing 4 rows x BK/16 keys from float4 reads, the causal mask on original
+// positions, one thread per row for the online softmax (running max and sum, the rescale factor),
+// the V rows into the same shared memory, and O = alpha O + P V with each thread holding 4 rows x
+// 4 dims per 64 of the head width. Keys may be split over blockIdx.z (flash-decoding) when the
+// grid would leave SMs idle; each split then writes its unnormalised O with its max and sum, and
+// attention_combine_kernel merges them.
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnRows = 32;
+
+// The shared memory of attention_kernel<BK, ...> for head width Dh, in bytes.
+inline size_t attention_shared_bytes(int64_t Dh, int BK) {
+  const int64_t ld = Dh + 4;
+  const int64_t floats = kAttnRows * ld + BK * ld + kAttnRows * (BK + 1) + 3 * kAttnRows;
+  return size_t(floats + kAttnRows + BK) * 4;
+}
+
+template <int BK, int DC>
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+                     const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, int64_t tiles_per_split,
+                     float* out, float* part_acc, float* part_m, float* part_l) {
+  static_assert(BK % 16 == 0 && BK <= kAttnThreads, "a tile is loaded one position per thread");
+  constexpr int KJ = BK / 16;
+  const int64_t G = H / Hkv, g = blockIdx.y, split = blockIdx.z, rows = T * G;
+  const int64_t row0 = int64_t(blockIdx.x) * kAttnRows;
+  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const int64_t ld = Dh + 4;  // padded rows; float4-aligned since Dh % 4 == 0
+  LP_DYNAMIC_SHARED(float, smem);
+  float* qs = smem;                          // [kAttnRows][ld]
+  float* kvs = qs + kAttnRows * ld;          // [BK][ld]: the tile's K rows, then its V rows
+  float* ps = kvs + BK * ld;                 // [kAttnRows][BK + 1]: logits, then weights
+  float* alpha = ps + kAttnRows * (BK + 1);  // [kAttnRows]
+  float* rm = alpha + kAttnRows;             // [kAttnRows] running max
+  float* rl = rm + kAttnRows;                // [kAttnRows] running sum
+  int32_t* qp = reinterpret_cast<int32_t*>(rl + kAttnRows);  // [kAttnRows]
+  int32_t* kp = qp + kAttnRows;                               // [BK]
+
+  for (int64_t e = tid; e < kAttnRows * Dh; e += kAttnThreads) {
+    const int64_t r = e / Dh, d = e % Dh, i = row0 + r;
+    qs[r * ld + d] = i < rows ? q[((i / G) * H + g * G + i % G) * Dh + d] : 0.0f;
+  }
+  if (tid < kAttnRows) {
+    const int64_t i = row0 + tid;
+    qp[tid] = i < rows ? q_pos[i / G] : -1;  // a padding row sees no key
+    rm[tid] = -INFINITY;
+    rl[tid] = 0;
+  }
+  __syncthreads();
+  int32_t q_last = -1;
+  for (int r = 0; r < kAttnRows; ++r) q_last = qp[r] > q_last ? qp[r] : q_last;
+
+  float acc[4][DC][4] = {};
+  const float scale = cm::inv_sqrt(float(Dh));
+  const int64_t n_tiles = (S + BK - 1) / BK;
+  const int64_t tile_end = (split + 1) * tiles_per_split < n_tiles ? (split + 1) * tiles_per_split : n_tiles;
+  for (int64_t tile = split * tiles_per_split; tile < tile_end; ++tile) {
+    const int64_t s0 = tile * BK;
+    const int n = S - s0 < BK ? int(S - s0) : BK;
+    if (tid < BK) kp[tid] = tid < n ? k_pos[s0 + tid] : INT32_MAX;
+    __syncthreads();
+    int32_t k_first = INT32_MAX;
+    for (int c = 0; c < BK; ++c) k_first = kp[c] < k_first ? kp[c] : k_first;
+    if (k_first > q_last) {  // the whole tile is masked (uniform over the block)
+      __syncthreads();
+      continue;
+    }
+    for (int64_t e = tid; e < n * Dh; e += kAttnThreads) {
+      const int64_t c = e / Dh, d = e % Dh;
+      kvs[c * ld + d] = k[((s0 + c) * Hkv + g) * Dh + d];
+    }
+    __syncthreads();
+    float sc[4][KJ] = {};
+    for (int64_t d = 0; d < Dh; d += 4) {
+      float4 qv[4], kv[KJ];
+      for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(qs + (ty * 4 + i) * ld + d);
+      for (int j = 0; j < KJ; ++j) kv[j] = *reinterpret_cast<const float4*>(kvs + (tx + 16 * j) * ld + d);
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < KJ; ++j)
+          sc[i][j] = fmaf(qv[i].w, kv[j].w,
+                          fmaf(qv[i].z, kv[j].z, fmaf(qv[i].y, kv[j].y, fmaf(qv[i].x, kv[j].x, sc[i][j]))));
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < KJ; ++j) {
+        const int r = ty * 4 + i, c = tx + 16 * j;
+        ps[r * (BK + 1) + c] = c < n && cm::visible(kp[c], qp[r]) ? sc[i][j] * scale : -INFINITY;
+      }
+    __syncthreads();
+    for (int64_t e = tid; e < n * Dh; e += kAttnThreads) {
+      const int64_t c = e / Dh, d = e % Dh;
+      kvs[c * ld + d] = v[((s0 + c) * Hkv + g) * Dh + d];
+    }
+    if (tid < kAttnRows) {
+      float* pr = ps + tid * (BK + 1);
+      float tile_max = -INFINITY;
+      for (int c = 0; c < BK; ++c) tile_max = fmaxf(tile_max, pr[c]);
+      cm::OnlineSoftmax st{rm[tid], rl[tid]};
+      alpha[tid] = cm::online_rescale(st, tile_max);
+      float l = 0;
+      for (int c = 0; c < BK; ++c) {
+        pr[c] = cm::online_weight(st, pr[c]);
+        l += pr[c];
+      }
+      rm[tid] = st.m;
+      rl[tid] = st.l + l;
+    }
+    __syncthreads();
+    for (int i = 0; i < 4; ++i) {
+      const float a = alpha[ty * 4 + i];
+      for (int cc = 0; cc < DC; ++cc)
+        for (int e = 0; e < 4; ++e) acc[i][cc][e] *= a;
+    }
+    for (int c = 0; c < n; ++c) {  // rows of kvs past n hold no key
+      float p[4];
+      for (int i = 0; i < 4; ++i) p[i] = ps[(ty * 4 + i) * (BK + 1) + c];
+      for (int cc = 0; cc < DC; ++cc) {
+        const int64_t d = 4 * tx + 64 * cc;
+        if (d >= Dh) break;
+        const float4 vv = *reinterpret_cast<const float4*>(kvs + c * ld + d);
+        for (int i = 0; i < 4; ++i) {
+          acc[i][cc][0] = fmaf(p[i], vv.x, acc[i][cc][0]);
+          acc[i][cc][1] = fmaf(p[i], vv.y, acc[i][cc][1]);
+          acc[i][cc][2] = fmaf(p[i], vv.z, acc[i][cc][2]);
+          acc[i][cc][3] = fmaf(p[i], vv.w, acc[i][cc][3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  for (int i = 0; i < 4; ++i) {
+    const int r = ty * 4 + i;
+    const int64_t row = row0 + r;
+    if (row >= rows) break;
+    const int64_t o = (row / G) * H + g * G + row % G;  // output row (token, head)
+    const cm::OnlineSoftmax st{rm[r], rl[r]};
+    for (int cc = 0; cc < DC; ++cc)
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = 4 * tx + 64 * cc + e;
+        if (d >= Dh) continue;
+        if (part_acc)
+          part_acc[(split * T * H + o) * Dh + d] = acc[i][cc][e];
+        else
+          out[o * Dh + d] = cm::online_finish(st, acc[i][cc][e]);
+      }
+    if (part_acc && tx == 0) {
+      part_m[split * T * H + o] = st.m;
+      part_l[split * T * H + o] = st.l;
+    }
+  }
+}
+
+// Merges the key splits of attention_kernel: one block per output row (token, head).
+__global__ void attention_combine_kernel(const float* part_acc, const float* part_m, const float* part_l,
+                                         int64_t n_rows, int64_t Dh, int64_t splits, float* out) {
+  const int64_t o = blockIdx.x;
+  float m = -INFINITY;
+  for (int64_t s = 0; s < splits; ++s) m = fmaxf(m, part_m[s * n_rows + o]);
+  float l = 0;
+  for (int64_t s = 0; s < splits; ++s) l += part_l[s * n_rows + o] * cm::split_weight(part_m[s * n_rows + o], m);
+  const cm::OnlineSoftmax st{m, l};
+  for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) {
+    float a = 0;
+    for (int64_t s = 0; s < splits; ++s)
+      a += part_acc[(s * n_rows + o) * Dh + d] * cm::split_weight(part_m[s * n_rows + o], m);
+    out[o * Dh + d] = cm::online_finish(st, a);
+  }
+}
+
+// ---- the last-row score ---------------------------------------------------------------------
+
+// One thread per (head, key): the scaled logit of the last query row.
+__global__ void score_logits_kernel(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+                                    float* logits) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= H * S) return;
+  const int64_t h = id / S, s = id % S;
+  const float* kr = k + (s * Hkv + h / (H / Hkv)) * Dh;
+  float dot = 0;
+  for (int64_t d = 0; d < Dh; ++d) dot += q[h * Dh + d] * kr[d];
+  logits[id] = dot * cm::inv_sqrt(float(Dh));
+}
+
+// One block per head: the max and the sum of exp(logit - max) over the keys.
+__global__ void score_norm_kernel(const float* logits, int64_t S, float* m, float* l) {
+  const int64_t h = blockIdx.x;
+  using Reduce = BlockReduce<float, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ float mx;
+  float local = -INFINITY;
+  for (int64_t s = threadIdx.x; s < S; s += blockDim.x) local = fmaxf(local, logits[h * S + s]);
+  const float bmax = Reduce(tmp).Reduce(local, MaxOp{});
+  if (threadIdx.x == 0) mx = bmax;
+  __syncthreads();
+  float sum = 0;
+  for (int64_t s = threadIdx.x; s < S; s += blockDim.x) sum += expf(logits[h * S + s] - mx);
+  const float total = Reduce(tmp).Sum(sum);
+  if (threadIdx.x == 0) {
+    m[h] = mx;
+    l[h] = total;
+  }
+}
+
+// One thread per key: the mean over heads of its probability.
+__global__ void score_sum_kernel(const float* logits, const float* m, const float* l, int64_t S, int64_t H,
+                                 float* scores) {
+  const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= S) return;
+  float acc = 0;
+  for (int64_t h = 0; h < H; ++h) acc += cm::head_share(logits[h * S + s], m[h], l[h], H);
+  scores[s] = acc;
+}
+
+// ---- selection ------------------------------------------------------------------------------
+
+__global__ void selection_keys_kernel(const float* scores, const int32_t* pos, int64_t n, uint64_t* keys,
+                                      int64_t* idx) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  keys[i] = cm::selection_key(scores[i], pos[i]);
+  idx[i] = i;
+}
+
+__global__ void put_last_kernel(int64_t* keep, int64_t at, int64_t last) {
+  keep[at] = last;
+}
+
+}  // namespace lp::cuda::kernels

@@ -1,0 +1,157 @@
+// The launchers of the backend's own kernels (cuda_ops.h), written once for both builds: ops.cu
+// includes this under nvcc (LP_LAUNCH is <<<...>>>) and host_emulation.cpp under the host
+// compiler (LP_LAUNCH runs the block's threads as fibers, host_threads.h). What differs between
+// the two, device memory, cuBLAS, CUB sorts and copies, is in those files.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kernels.cuh"
+#include "model/error.h"
+
+namespace lp::cuda {
+namespace {
+
+unsigned blocks_for(int64_t n, int threads) {
+  return unsigned((n + threads - 1) / threads);
+}
+
+// Stream-ordered scratch memory, given back at scope exit without synchronising the device.
+struct Scratch {
+  void* p = nullptr;
+  Scratch(size_t bytes, const char* what) : p(device_alloc_async(bytes ? bytes : 1, what)) {}
+  ~Scratch() { device_free_async(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+using kernels::kThreads;
+
+}  // namespace
+
+void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
+  if (T <= 0) return;
+  LP_LAUNCH(kernels::rmsnorm_kernel, unsigned(T), kThreads, 0, x, w, out, D, eps);
+}
+
+void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
+          const float* freq_factors) {
+  const int64_t n = T * (rope_dim / 2);
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::rope_kernel, blocks_for(n, kThreads), kThreads, 0, x, pos, T, n_heads, Dh, rope_dim, theta,
+            freq_factors);
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::swiglu_kernel, blocks_for(n, kThreads), kThreads, 0, gate, up, out, n);
+}
+
+void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F) {
+  if (T <= 0 || F <= 0) return;
+  LP_LAUNCH(kernels::swiglu_fused_kernel, blocks_for(T * F, kThreads), kThreads, 0, ff, out, T, F);
+}
+
+void add_inplace(float* x, const float* y, int64_t n) {
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::add_kernel, blocks_for(n, kThreads), kThreads, 0, x, y, n);
+}
+
+void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
+  if (rows <= 0) return;
+  LP_LAUNCH(kernels::gather_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
+}
+
+void scatter_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
+  if (rows <= 0) return;
+  LP_LAUNCH(kernels::scatter_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
+}
+
+void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
+  if (rows <= 0) return;
+  LP_LAUNCH(kernels::gather_bf16_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
+}
+
+void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T, int64_t kv,
+               float* k_cache, float* v_cache, uint32_t* bits) {
+  if (T <= 0) return;
+  LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, slot, pos, kv, k_cache, v_cache, bits);
+}
+
+void to_bf16(const float* x, uint16_t* y, int64_t n) {
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, x, y, n);
+}
+
+namespace {
+
+template <int BK, int DC>
+void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+                    const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
+  auto* kernel = &kernels::attention_kernel<BK, DC>;
+  const size_t shared = kernels::attention_shared_bytes(Dh, BK);
+#if defined(__CUDACC__)
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kernels::attention_shared_bytes(64 * DC, BK)));
+  if (opt_in != cudaSuccess) fail("CUDA attention: cannot reserve shared memory: {}", cudaGetErrorString(opt_in));
+#endif
+  const int64_t row_blocks = (T * (H / Hkv) + kernels::kAttnRows - 1) / kernels::kAttnRows;
+  const int64_t n_tiles = (S + BK - 1) / BK;
+  // Split the keys when the grid would fill less than two waves of the SMs.
+  const int64_t blocks = row_blocks * Hkv, want = 2 * int64_t(multiprocessors());
+  int64_t splits = blocks >= want || n_tiles <= 1 ? 1 : std::min<int64_t>(n_tiles, (want + blocks - 1) / blocks);
+  splits = std::min<int64_t>(splits, 65535);
+  const int64_t per_split = splits > 1 ? (n_tiles + splits - 1) / splits : std::max<int64_t>(n_tiles, 1);
+  splits = splits > 1 ? (n_tiles + per_split - 1) / per_split : 1;
+  const dim3 grid{unsigned(row_blocks), unsigned(Hkv), unsigned(splits)};
+  if (splits == 1) {
+    LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split, out,
+              static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    return;
+  }
+  const int64_t n_rows = T * H;
+  Scratch acc(size_t(splits * n_rows * Dh) * 4, "attention splits"), m(size_t(splits * n_rows) * 4, "attention splits"),
+      l(size_t(splits * n_rows) * 4, "attention splits");
+  LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split, out,
+            acc.as<float>(), m.as<float>(), l.as<float>());
+  LP_LAUNCH(kernels::attention_combine_kernel, unsigned(n_rows), 128, 0, acc.as<float>(), m.as<float>(),
+            l.as<float>(), n_rows, Dh, splits, out);
+}
+
+}  // namespace
+
+void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v, const int32_t* k_pos,
+               int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
+  if (Dh <= 0 || Dh > 256 || Dh % 4 != 0)
+    fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
+  if (Hkv <= 0 || H % Hkv != 0) fail("CUDA attention: {} heads do not group over {} KV heads", H, Hkv);
+  if (Hkv > 65535) fail("CUDA attention: {} KV heads", Hkv);
+  if (T <= 0) return;
+  if (Dh <= 64)
+    attention_with<64, 1>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+  else if (Dh <= 128)
+    attention_with<64, 2>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+  else if (Dh <= 192)
+    attention_with<32, 3>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+  else
+    attention_with<32, 4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+}
+
+void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* scores) {
+  if (S <= 0) return;
+  Scratch logits(size_t(H * S) * sizeof(float), "score logits"), m(size_t(H) * sizeof(float), "score max"),
+      l(size_t(H) * sizeof(float), "score sum");
+  LP_LAUNCH(kernels::score_logits_kernel, blocks_for(H * S, kThreads), kThreads, 0, q, k, S, H, Hkv, Dh,
+            logits.as<float>());
+  LP_LAUNCH(kernels::score_norm_kernel, unsigned(H), kThreads, 0, logits.as<float>(), S, m.as<float>(), l.as<float>());
+  LP_LAUNCH(kernels::score_sum_kernel, blocks_for(S, kThreads), kThreads, 0, logits.as<float>(), m.as<float>(),
+            l.as<float>(), S, H, scores);
+}
+
+}  // namespace lp::cuda
