@@ -92,6 +92,30 @@ void AuxCache::put(int32_t p, int32_t l, const float* x, int64_t D) {
   h.insert(h.end(), x, x + D);
 }
 
+std::vector<float> AuxCache::merge_revived(int l, std::vector<int32_t>& rows, const std::vector<int32_t>& revive,
+                                           const float* x, int64_t D) const {
+  std::vector<int32_t> merged;
+  std::vector<float> xm;
+  merged.reserve(rows.size() + revive.size());
+  xm.reserve(merged.capacity() * size_t(D));
+  size_t r = 0, v = 0;
+  while (r < rows.size() || v < revive.size()) {
+    if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
+      const int64_t e = find(revive[v]);
+      if (e < 0 || layer[size_t(e)] != l)
+        fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it", revive[v],
+             l);
+      xm.insert(xm.end(), h.begin() + e * D, h.begin() + (e + 1) * D);
+      merged.push_back(revive[v++]);
+    } else {
+      xm.insert(xm.end(), x + int64_t(r) * D, x + int64_t(r + 1) * D);
+      merged.push_back(rows[r++]);
+    }
+  }
+  rows.swap(merged);
+  return xm;
+}
+
 void Session::mark_computed(int l, int32_t p) {
   auto& d = done_[size_t(l)];
   if (p < 0) fail("negative position {}", p);
@@ -408,8 +432,7 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
   }
   const float* rope_freqs = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
   size_t next_step = 0;
-  std::vector<int32_t> revive, merged;
-  std::vector<float> xm;
+  std::vector<int32_t> revive;
 
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerKV& kv = kv_[size_t(l)];
@@ -421,23 +444,7 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
       if (kv.find(ap) < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap)) revive.push_back(ap);
     if (!revive.empty()) {
       Timed tm{timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, c};
-      merged.clear();
-      xm.clear();
-      size_t r = 0, v = 0;
-      while (r < rows.size() || v < revive.size()) {
-        if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
-          const int64_t e = aux_.find(revive[v]);
-          if (e < 0 || aux_.layer[size_t(e)] != l)
-            fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it",
-                 revive[v], l);
-          xm.insert(xm.end(), aux_.h.begin() + e * D, aux_.h.begin() + (e + 1) * D);
-          merged.push_back(revive[v++]);
-        } else {
-          xm.insert(xm.end(), x_.data() + int64_t(r) * D, x_.data() + int64_t(r + 1) * D);
-          merged.push_back(rows[r++]);
-        }
-      }
-      rows.swap(merged);
+      const std::vector<float> xm = aux_.merge_revived(l, rows, revive, x_.data(), D);
       reserve(int64_t(rows.size()));
       std::copy(xm.begin(), xm.end(), x_.data());
       if (stats) {

@@ -102,6 +102,12 @@ struct AuxCache {
     auto it = index.find(p);
     return it == index.end() ? -1 : it->second;
   }
+  // Revival at layer l of a decoding step (both backends): the tokens `revive` (ascending, each
+  // with its state saved at layer l) merged into the ascending `rows`, whose hidden states are
+  // x[rows][D]. `rows` becomes the merged positions; the merged states are returned in that order.
+  // Throws lp::Error when a token has no state for layer l.
+  std::vector<float> merge_revived(int l, std::vector<int32_t>& rows, const std::vector<int32_t>& revive,
+                                   const float* x, int64_t D) const;
 };
 
 class Session {

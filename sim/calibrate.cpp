@@ -1,11 +1,13 @@
 #include "sim/calibrate.h"
 
-#include <nlopt.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "model/error.h"
+#include "sim/bobyqa.h"
 
 namespace lp::sim {
 
@@ -172,16 +174,8 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
       // Per-call overhead at most 100 us: more is never dispatch cost, only noise being absorbed.
       const std::array<double, 4> hi = {0.0, std::log1p(1e5), 0.0, std::log(1e-4)};
       for (int k = 0; k < 4; ++k) x[size_t(k)] = std::clamp(x[size_t(k)], lo[size_t(k)], hi[size_t(k)]);
-      nlopt_opt opt = nlopt_create(NLOPT_LN_BOBYQA, 4);
-      nlopt_set_lower_bounds(opt, lo.data());
-      nlopt_set_upper_bounds(opt, hi.data());
-      nlopt_set_min_objective(opt, objective, &d);
-      nlopt_set_maxeval(opt, 4000);
-      nlopt_set_xtol_rel(opt, 1e-6);
-      double minf = 0;
-      const nlopt_result res = nlopt_optimize(opt, x.data(), &minf);
-      nlopt_destroy(opt);
-      if (res < 0) fail("calibrate: the {} fit failed (NLopt code {})", hw::family_name(fam), int(res));
+      const std::string what = fmt::format("calibrate: the {} fit", hw::family_name(fam));
+      minimize_bobyqa(4, x.data(), lo.data(), hi.data(), objective, &d, 4000, 1e-6, what.c_str());
       hw::Efficiency fitted = from_x(x.data());
       if (!d.fit_half_rows) fitted.half_rows = e.half_rows;
       e = fitted;

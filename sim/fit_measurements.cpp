@@ -1,7 +1,6 @@
 #include "sim/fit_measurements.h"
 
 #include <fmt/format.h>
-#include <nlopt.h>
 
 #include <algorithm>
 #include <cctype>
@@ -10,6 +9,7 @@
 
 #include "model/error.h"
 #include "model/presets.h"
+#include "sim/bobyqa.h"
 #include "sim/replay.h"
 #include "traces/schedule.h"
 #include "traces/synthetic.h"
@@ -225,16 +225,7 @@ hw::Profile fit_subset(const hw::Profile& base, const std::vector<Point>& points
     hi[j] = std::log(b);
     x[j] = std::clamp(std::log(std::max(get_param(base, params[j]), a)), lo[j], hi[j]);
   }
-  nlopt_opt opt = nlopt_create(NLOPT_LN_BOBYQA, k);
-  nlopt_set_lower_bounds(opt, lo.data());
-  nlopt_set_upper_bounds(opt, hi.data());
-  nlopt_set_min_objective(opt, objective, &pr);
-  nlopt_set_maxeval(opt, 2000);
-  nlopt_set_xtol_rel(opt, 1e-7);
-  double minf = 0;
-  const nlopt_result res = nlopt_optimize(opt, x.data(), &minf);
-  nlopt_destroy(opt);
-  if (res < 0) fail("the fit did not converge (NLopt code {})", int(res));
+  minimize_bobyqa(k, x.data(), lo.data(), hi.data(), objective, &pr, 2000, 1e-7, "the fit");
   return with(pr, x.data());
 }
 

@@ -451,23 +451,7 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
     if (!revive.empty()) {
       xh.resize(rows.size() * size_t(D));
       copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
-      std::vector<int32_t> merged;
-      std::vector<float> xm;
-      size_t r = 0, v = 0;
-      while (r < rows.size() || v < revive.size()) {
-        if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
-          const int64_t e = aux_.find(revive[v]);
-          if (e < 0 || aux_.layer[size_t(e)] != l)
-            fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it",
-                 revive[v], l);
-          xm.insert(xm.end(), aux_.h.begin() + e * D, aux_.h.begin() + (e + 1) * D);
-          merged.push_back(revive[v++]);
-        } else {
-          xm.insert(xm.end(), xh.begin() + int64_t(r) * D, xh.begin() + int64_t(r + 1) * D);
-          merged.push_back(rows[r++]);
-        }
-      }
-      rows.swap(merged);
+      const std::vector<float> xm = aux_.merge_revived(l, rows, revive, xh.data(), D);
       s.reserve(int64_t(rows.size()));
       copy_to_device(s.x.as<void>(), xm.data(), xm.size() * 4);
       if (stats) {

@@ -28,6 +28,7 @@ inline void check_launch(const char* what) {
 #define LP_DYNAMIC_SHARED(type, name)                  \
   extern __shared__ __align__(16) unsigned char lp_dynamic_shared[]; \
   type* name = reinterpret_cast<type*>(lp_dynamic_shared)
+#define LP_UNROLL _Pragma("unroll")
 // kernel<<<grid, block, shared_bytes>>>(args...), then the launch's error check.
 #define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)                \
   do {                                                                   \
@@ -45,6 +46,7 @@ template <class T, int N>
 using BlockReduce = ::lp::host_threads::BlockReduce<T, N>;
 }  // namespace lp::cuda::kernels
 #define LP_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::lp::host_threads::dynamic_shared())
+#define LP_UNROLL
 #define LP_LAUNCH(kernel, grid, block, shared_bytes, ...) \
   ::lp::host_threads::launch(dim3(grid), dim3(block), (shared_bytes), (kernel), __VA_ARGS__)
 #endif
@@ -222,14 +224,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     float sc[4][KJ] = {};
     for (int64_t d = 0; d < Dh; d += 4) {
       float4 qv[4], kv[KJ];
+      LP_UNROLL
       for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(qs + (ty * 4 + i) * ld + d);
+      LP_UNROLL
       for (int j = 0; j < KJ; ++j) kv[j] = *reinterpret_cast<const float4*>(kvs + (tx + 16 * j) * ld + d);
+      LP_UNROLL
       for (int i = 0; i < 4; ++i)
+        LP_UNROLL
         for (int j = 0; j < KJ; ++j)
           sc[i][j] = fmaf(qv[i].w, kv[j].w,
                           fmaf(qv[i].z, kv[j].z, fmaf(qv[i].y, kv[j].y, fmaf(qv[i].x, kv[j].x, sc[i][j]))));
     }
+    LP_UNROLL
     for (int i = 0; i < 4; ++i)
+      LP_UNROLL
       for (int j = 0; j < KJ; ++j) {
         const int r = ty * 4 + i, c = tx + 16 * j;
         ps[r * (BK + 1) + c] = c < n && cm::visible(kp[c], qp[r]) ? sc[i][j] * scale : -INFINITY;
@@ -254,18 +262,24 @@ __global__ void __launch_bounds__(kAttnThreads)
       rl[tid] = st.l + l;
     }
     __syncthreads();
+    LP_UNROLL
     for (int i = 0; i < 4; ++i) {
       const float a = alpha[ty * 4 + i];
+      LP_UNROLL
       for (int cc = 0; cc < DC; ++cc)
+        LP_UNROLL
         for (int e = 0; e < 4; ++e) acc[i][cc][e] *= a;
     }
     for (int c = 0; c < n; ++c) {  // rows of kvs past n hold no key
       float p[4];
+      LP_UNROLL
       for (int i = 0; i < 4; ++i) p[i] = ps[(ty * 4 + i) * (BK + 1) + c];
+      LP_UNROLL
       for (int cc = 0; cc < DC; ++cc) {
         const int64_t d = 4 * tx + 64 * cc;
         if (d >= Dh) break;
         const float4 vv = *reinterpret_cast<const float4*>(kvs + c * ld + d);
+        LP_UNROLL
         for (int i = 0; i < 4; ++i) {
           acc[i][cc][0] = fmaf(p[i], vv.x, acc[i][cc][0]);
           acc[i][cc][1] = fmaf(p[i], vv.y, acc[i][cc][1]);
@@ -277,13 +291,16 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
   }
 
+  LP_UNROLL
   for (int i = 0; i < 4; ++i) {
     const int r = ty * 4 + i;
     const int64_t row = row0 + r;
     if (row >= rows) break;
     const int64_t o = (row / G) * H + g * G + row % G;  // output row (token, head)
     const cm::OnlineSoftmax st{rm[r], rl[r]};
+    LP_UNROLL
     for (int cc = 0; cc < DC; ++cc)
+      LP_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int64_t d = 4 * tx + 64 * cc + e;
         if (d >= Dh) continue;
