@@ -1,6 +1,5 @@
-// Comparisons of the CUDA session (kernels/cuda/cuda_session.h) with the CPU backend, shared by
-// the GPU suite (tests/gpu/test_gpu_ops.cpp, on a real GPU) and the host-emulation test
-// (tests/cuda_emu/test_cuda_emu.cpp: the same session code over host launchers).
+// Comparisons of the CUDA session (kernels/cuda/cuda_session.h) with the CPU backend, for the GPU
+// suite (tests/gpu/test_gpu_ops.cpp) on a device and on host threads.
 #pragma once
 
 #include <gtest/gtest.h>
