@@ -6,7 +6,9 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -36,6 +38,8 @@ struct Launch {
   ucontext_t scheduler{};
   int current = -1;
   size_t shared_bytes = 0;
+  std::vector<std::array<unsigned char, 16>> slots;  // shuffle exchange, one per thread
+  std::exception_ptr error;                           // thrown by a thread: rethrown by the scheduler
 };
 
 Launch* g_launch = nullptr;  // the launch in progress: one at a time, on the calling thread
@@ -51,7 +55,11 @@ Launch& current() {
 
 void trampoline() {
   Launch& l = *g_launch;
-  (*l.body)();
+  try {
+    (*l.body)();
+  } catch (...) {  // an exception cannot leave a fiber: the scheduler rethrows it
+    l.error = std::current_exception();
+  }
   l.fibers[size_t(l.current)].state = State::Done;  // returns to uc_link: the scheduler
 }
 
@@ -86,30 +94,41 @@ void run_block(Launch& l, uint64_t block_linear) {
     makecontext(&f.ctx, trampoline, 0);
   }
   const std::vector<int> order = run_order(n, block_linear);
-  for (;;) {
-    for (int i : order)
-      if (l.fibers[size_t(i)].state == State::Ready) {
-        l.current = i;
-        swapcontext(&l.scheduler, &l.fibers[size_t(i)].ctx);
-      }
+  const auto run = [&](int i) {
+    if (l.fibers[size_t(i)].state != State::Ready) return;
+    l.current = i;
+    swapcontext(&l.scheduler, &l.fibers[size_t(i)].ctx);
     l.current = -1;
-    // Every thread now waits at a barrier or has returned. Open each warp barrier that all live
-    // lanes of the warp reached; else the block barrier if all live threads reached it.
-    bool opened = false;
-    for (int w = 0; w < n; w += kWarp) {
-      bool any = false, all = true;
-      for (int i = w; i < std::min(n, w + kWarp); ++i) {
-        const State s = l.fibers[size_t(i)].state;
-        any |= s == State::AtWarpBarrier;
-        all &= s == State::AtWarpBarrier || s == State::Done;
-      }
-      if (any && all) {
-        for (int i = w; i < std::min(n, w + kWarp); ++i)
-          if (l.fibers[size_t(i)].state == State::AtWarpBarrier) l.fibers[size_t(i)].state = State::Ready;
-        opened = true;
-      }
+    if (l.error) std::rethrow_exception(l.error);
+  };
+  // Opens warp w's barrier if every live lane of the warp waits at it.
+  const auto open_warp = [&](int w) {
+    bool any = false, all = true;
+    for (int i = w; i < std::min(n, w + kWarp); ++i) {
+      const State s = l.fibers[size_t(i)].state;
+      any |= s == State::AtWarpBarrier;
+      all &= s == State::AtWarpBarrier || s == State::Done;
     }
-    if (opened) continue;
+    if (!any || !all) return false;
+    for (int i = w; i < std::min(n, w + kWarp); ++i)
+      if (l.fibers[size_t(i)].state == State::AtWarpBarrier) l.fibers[size_t(i)].state = State::Ready;
+    return true;
+  };
+  for (;;) {
+    if (g_order == Order::WarpByWarp) {
+      // Each warp, last first, runs until all its lanes wait at the block barrier or return.
+      for (int w = (n - 1) / kWarp * kWarp; w >= 0; w -= kWarp)
+        do {
+          for (int i = w; i < std::min(n, w + kWarp); ++i) run(i);
+        } while (open_warp(w));
+    } else {
+      for (int i : order) run(i);
+      // Every thread now waits at a barrier or has returned. Open each warp barrier that all live
+      // lanes of the warp reached; else the block barrier if all live threads reached it.
+      bool opened = false;
+      for (int w = 0; w < n; w += kWarp) opened |= open_warp(w);
+      if (opened) continue;
+    }
     int done = 0, at_block = 0;
     for (const Fiber& f : l.fibers) {
       done += f.state == State::Done;
@@ -158,6 +177,18 @@ void sync_warp() {
   wait_at(State::AtWarpBarrier);
 }
 
+void fail_shuffle(unsigned mask, int lane_mask, int width) {
+  fail("host_threads: __shfl_xor_sync with mask {:#x}, lane mask {}, width {} (supported: the full mask, "
+       "0 < lane mask < width, width a power of 2 up to 32)", mask, lane_mask, width);
+}
+
+void* shuffle_slot(int linear) {
+  Launch& l = current();
+  if (linear < 0 || linear >= int(l.slots.size()))
+    fail("host_threads: a shuffle reads lane {} of a block of {} threads", linear, l.slots.size());
+  return l.slots[size_t(linear)].data();
+}
+
 void* dynamic_shared() {
   current();
   return g_shared.get();
@@ -184,6 +215,7 @@ void run_grid(Dim3 grid, Dim3 block, size_t shared_bytes, const std::function<vo
   l.body = &body;
   l.shared_bytes = shared_bytes;
   l.fibers.resize(size_t(threads));
+  l.slots.resize(size_t(threads));
   for (unsigned z = 0, i = 0; z < block.z; ++z)
     for (unsigned y = 0; y < block.y; ++y)
       for (unsigned x = 0; x < block.x; ++x, ++i) {

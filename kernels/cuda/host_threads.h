@@ -6,14 +6,16 @@
 // the other. `__syncthreads()` and `__syncwarp()` switch fibers: a barrier opens when every thread
 // of the block (or of the warp) that has not returned waits at it; threads waiting at different
 // barriers that can never open is reported as a deadlock. Between barriers the threads run in the
-// order set by set_order (forward, reverse, or a fixed shuffle), so a missing barrier, a read of
-// shared memory before another thread's write, shows up as a difference between orders.
+// order set by set_order (forward, reverse, a fixed shuffle, or warp by warp), so a missing
+// barrier, a read of shared memory before another thread's write, shows up as a difference
+// between orders.
 // `__shared__` variables are function-local statics (one block at a time), and BlockReduce stands
 // in for cub::BlockReduce with its contract: the result is defined in thread 0 only (others get
 // NaN), and its storage may not be reused before a barrier.
 //
-// Not emulated: warp shuffles and votes, atomics across blocks running at once (blocks are
-// sequential), memory fences, and timing. Plain C++; only this header's macros make kernel code
+// `__shfl_xor_sync` exchanges through per-thread slots between two warp barriers (all 32 lanes of
+// the warp must take part, as the full mask says). Not emulated: other shuffles and votes, atomics
+// across blocks running at once (blocks are sequential), memory fences, and timing. Plain C++; only this header's macros make kernel code
 // compile on the host.
 #pragma once
 
@@ -23,6 +25,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -34,7 +37,11 @@ struct Dim3 {
   Dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}  // NOLINT: as CUDA's dim3
 };
 
-enum class Order { Forward, Reverse, Shuffled };
+// Forward, Reverse, Shuffled: every thread runs until it waits (thread by thread in that order),
+// then the barriers that all live threads reached open. WarpByWarp: one warp at a time, the last
+// first, runs through its warp barriers up to the block barrier, as if the other warps had not
+// started: a warp that overwrites shared memory other warps still read is caught.
+enum class Order { Forward, Reverse, Shuffled, WarpByWarp };
 // The order threads run in between barriers (all launches until changed; Forward by default).
 void set_order(Order order);
 Order order();
@@ -48,6 +55,10 @@ int linear_thread();  // threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * 
 
 void sync_block();  // __syncthreads()
 void sync_warp();   // __syncwarp(): the 32 consecutive linear threads of the caller's warp
+
+[[noreturn]] void fail_shuffle(unsigned mask, int lane_mask, int width);
+// The exchange slot (16 bytes) of the block's thread `linear`, for shuffles.
+void* shuffle_slot(int linear);
 
 // The block's dynamic shared memory (the launch's shared-memory bytes), 16-byte aligned.
 void* dynamic_shared();
@@ -104,6 +115,23 @@ class BlockReduce {
 #define __syncthreads() ::lp::host_threads::sync_block()
 #define __syncwarp(...) ::lp::host_threads::sync_warp()
 using dim3 = ::lp::host_threads::Dim3;
+
+// __shfl_xor_sync(mask, v, lane_mask, width): lane l receives v of lane l ^ lane_mask (within
+// segments of `width` lanes; lane_mask < width).
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) <= 16, "a shuffle slot holds 16 bytes");
+  namespace ht = ::lp::host_threads;
+  if (mask != 0xffffffffu || lane_mask <= 0 || lane_mask >= width || width > 32 || (width & (width - 1)))
+    ht::fail_shuffle(mask, lane_mask, width);
+  const int me = ht::linear_thread();
+  std::memcpy(ht::shuffle_slot(me), &v, sizeof(T));
+  ht::sync_warp();
+  T r;
+  std::memcpy(&r, ht::shuffle_slot(me ^ lane_mask), sizeof(T));
+  ht::sync_warp();
+  return r;
+}
 
 inline unsigned atomicOr(unsigned* a, unsigned v) {
   const unsigned old = *a;

@@ -147,14 +147,15 @@ __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
 //
 // FlashAttention's scheme on CUDA cores, in f32. A block takes 32 query rows of one KV head: row
 // i of KV head g is token i / G and query head g * G + i % G (G = H / Hkv), so the rows of a GQA
-// group share every K/V tile. Per tile of BK keys: the positions, then (unless every key of the
-// tile comes after every query of the block) the K rows into shared memory, S = Q K^T with each of
-// the 128 threads computing 4 rows x BK/16 keys from float4 reads, the causal mask on original
-// positions, one thread per row for the online softmax (running max and sum, the rescale factor),
-// the V rows into the same shared memory, and O = alpha O + P V with each thread holding 4 rows x
-// 4 dims per 64 of the head width. Keys may be split over blockIdx.z (flash-decoding) when the
+// group share every K/V tile. Blocks run latest rows first (the longest causal rows). Per tile of
+// BK keys: the positions, then (unless every key of the tile comes after every query of the
+// block) the K rows into shared memory, S = Q K^T with each of the 128 threads computing 4 rows x
+// BK/16 keys from float4 reads, the causal mask on original positions and the online softmax in
+// registers (a row's keys sit in the 16 lanes of one half-warp: max and sum by shuffles), the V
+// rows into the same shared memory, and O = alpha O + P V with each thread holding 4 rows x 4
+// dims per 64 of the head width. Keys may be split over blockIdx.z (flash-decoding) when the
 // grid would leave SMs idle; each split then writes its unnormalised O with its max and sum, and
-// attention_combine_kernel merges them.
+// attention_combine_kernel merges them. q, k and v must be 16-byte aligned, Dh % 4 == 0.
 
 constexpr int kAttnThreads = 128;
 constexpr int kAttnRows = 32;
@@ -162,8 +163,33 @@ constexpr int kAttnRows = 32;
 // The shared memory of attention_kernel<BK, ...> for head width Dh, in bytes.
 inline size_t attention_shared_bytes(int64_t Dh, int BK) {
   const int64_t ld = Dh + 4;
-  const int64_t floats = kAttnRows * ld + BK * ld + kAttnRows * (BK + 1) + 3 * kAttnRows;
+  const int64_t floats = kAttnRows * ld + BK * ld + kAttnRows * (BK + 4);
   return size_t(floats + kAttnRows + BK) * 4;
+}
+
+// n rows of per_row float4 each, src rows `stride` floats apart, into dst rows `ld` floats apart:
+// four loads in flight per thread before their stores.
+__device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int64_t stride, int n, int per_row) {
+  const int total = n * per_row;
+  for (int base = int(threadIdx.x); base < total; base += 4 * kAttnThreads) {
+    float4 buf[4];
+    LP_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      const int e = base + u * kAttnThreads;
+      if (e < total) {
+        const int c = e / per_row, d4 = e - c * per_row;
+        buf[u] = *reinterpret_cast<const float4*>(src + c * stride + 4 * d4);
+      }
+    }
+    LP_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      const int e = base + u * kAttnThreads;
+      if (e < total) {
+        const int c = e / per_row, d4 = e - c * per_row;
+        *reinterpret_cast<float4*>(dst + c * ld + 4 * d4) = buf[u];
+      }
+    }
+  }
 }
 
 template <int BK, int DC>
@@ -173,34 +199,34 @@ __global__ void __launch_bounds__(kAttnThreads)
                      float* out, float* part_acc, float* part_m, float* part_l) {
   static_assert(BK % 16 == 0 && BK <= kAttnThreads, "a tile is loaded one position per thread");
   constexpr int KJ = BK / 16;
+  constexpr int ldp = BK + 4;
   const int64_t G = H / Hkv, g = blockIdx.y, split = blockIdx.z, rows = T * G;
-  const int64_t row0 = int64_t(blockIdx.x) * kAttnRows;
+  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kAttnRows;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
-  const int64_t ld = Dh + 4;  // padded rows; float4-aligned since Dh % 4 == 0
+  const int ld = int(Dh) + 4, per_row = int(Dh) / 4;  // padded rows stay float4-aligned
   LP_DYNAMIC_SHARED(float, smem);
-  float* qs = smem;                          // [kAttnRows][ld]
-  float* kvs = qs + kAttnRows * ld;          // [BK][ld]: the tile's K rows, then its V rows
-  float* ps = kvs + BK * ld;                 // [kAttnRows][BK + 1]: logits, then weights
-  float* alpha = ps + kAttnRows * (BK + 1);  // [kAttnRows]
-  float* rm = alpha + kAttnRows;             // [kAttnRows] running max
-  float* rl = rm + kAttnRows;                // [kAttnRows] running sum
-  int32_t* qp = reinterpret_cast<int32_t*>(rl + kAttnRows);  // [kAttnRows]
-  int32_t* kp = qp + kAttnRows;                               // [BK]
+  float* qs = smem;                  // [kAttnRows][ld]
+  float* kvs = qs + kAttnRows * ld;  // [BK][ld]: the tile's K rows, then its V rows
+  float* ps = kvs + BK * ld;         // [kAttnRows][ldp]: the tile's weights
+  int32_t* qp = reinterpret_cast<int32_t*>(ps + kAttnRows * ldp);  // [kAttnRows]
+  int32_t* kp = qp + kAttnRows;                                     // [BK]
 
-  for (int64_t e = tid; e < kAttnRows * Dh; e += kAttnThreads) {
-    const int64_t r = e / Dh, d = e % Dh, i = row0 + r;
-    qs[r * ld + d] = i < rows ? q[((i / G) * H + g * G + i % G) * Dh + d] : 0.0f;
+  for (int e = tid; e < kAttnRows * per_row; e += kAttnThreads) {
+    const int r = e / per_row, d4 = e - r * per_row;
+    const int64_t i = row0 + r;
+    float4 x = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (i < rows) x = *reinterpret_cast<const float4*>(q + ((i / G) * H + g * G + i % G) * Dh + 4 * d4);
+    *reinterpret_cast<float4*>(qs + r * ld + 4 * d4) = x;
   }
   if (tid < kAttnRows) {
     const int64_t i = row0 + tid;
     qp[tid] = i < rows ? q_pos[i / G] : -1;  // a padding row sees no key
-    rm[tid] = -INFINITY;
-    rl[tid] = 0;
   }
   __syncthreads();
   int32_t q_last = -1;
   for (int r = 0; r < kAttnRows; ++r) q_last = qp[r] > q_last ? qp[r] : q_last;
 
+  cm::OnlineSoftmax st[4];  // rows ty * 4 + i; the same in the 16 lanes of a half-warp
   float acc[4][DC][4] = {};
   const float scale = cm::inv_sqrt(float(Dh));
   const int64_t n_tiles = (S + BK - 1) / BK;
@@ -216,13 +242,10 @@ __global__ void __launch_bounds__(kAttnThreads)
       __syncthreads();
       continue;
     }
-    for (int64_t e = tid; e < n * Dh; e += kAttnThreads) {
-      const int64_t c = e / Dh, d = e % Dh;
-      kvs[c * ld + d] = k[((s0 + c) * Hkv + g) * Dh + d];
-    }
+    load_rows(kvs, ld, k + (s0 * Hkv + g) * Dh, Hkv * Dh, n, per_row);
     __syncthreads();
     float sc[4][KJ] = {};
-    for (int64_t d = 0; d < Dh; d += 4) {
+    for (int d = 0; d < int(Dh); d += 4) {
       float4 qv[4], kv[KJ];
       LP_UNROLL
       for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(qs + (ty * 4 + i) * ld + d);
@@ -235,56 +258,60 @@ __global__ void __launch_bounds__(kAttnThreads)
           sc[i][j] = fmaf(qv[i].w, kv[j].w,
                           fmaf(qv[i].z, kv[j].z, fmaf(qv[i].y, kv[j].y, fmaf(qv[i].x, kv[j].x, sc[i][j]))));
     }
-    LP_UNROLL
-    for (int i = 0; i < 4; ++i)
-      LP_UNROLL
-      for (int j = 0; j < KJ; ++j) {
-        const int r = ty * 4 + i, c = tx + 16 * j;
-        ps[r * (BK + 1) + c] = c < n && cm::visible(kp[c], qp[r]) ? sc[i][j] * scale : -INFINITY;
-      }
-    __syncthreads();
-    for (int64_t e = tid; e < n * Dh; e += kAttnThreads) {
-      const int64_t c = e / Dh, d = e % Dh;
-      kvs[c * ld + d] = v[((s0 + c) * Hkv + g) * Dh + d];
-    }
-    if (tid < kAttnRows) {
-      float* pr = ps + tid * (BK + 1);
-      float tile_max = -INFINITY;
-      for (int c = 0; c < BK; ++c) tile_max = fmaxf(tile_max, pr[c]);
-      cm::OnlineSoftmax st{rm[tid], rl[tid]};
-      alpha[tid] = cm::online_rescale(st, tile_max);
-      float l = 0;
-      for (int c = 0; c < BK; ++c) {
-        pr[c] = cm::online_weight(st, pr[c]);
-        l += pr[c];
-      }
-      rm[tid] = st.m;
-      rl[tid] = st.l + l;
-    }
-    __syncthreads();
+    // The online softmax of each row over this tile, across the 16 lanes holding its keys.
     LP_UNROLL
     for (int i = 0; i < 4; ++i) {
-      const float a = alpha[ty * 4 + i];
+      const int r = ty * 4 + i;
+      float mx = -INFINITY;
+      LP_UNROLL
+      for (int j = 0; j < KJ; ++j) {
+        const int c = tx + 16 * j;
+        sc[i][j] = c < n && cm::visible(kp[c], qp[r]) ? sc[i][j] * scale : -INFINITY;
+        mx = fmaxf(mx, sc[i][j]);
+      }
+      LP_UNROLL
+      for (int off = 8; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 16));
+      const float alpha = cm::online_rescale(st[i], mx);
+      float sum = 0;
+      LP_UNROLL
+      for (int j = 0; j < KJ; ++j) {
+        const float w = cm::online_weight(st[i], sc[i][j]);
+        ps[r * ldp + tx + 16 * j] = w;
+        sum += w;
+      }
+      LP_UNROLL
+      for (int off = 8; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off, 16);
+      st[i].l += sum;
       LP_UNROLL
       for (int cc = 0; cc < DC; ++cc)
         LP_UNROLL
-        for (int e = 0; e < 4; ++e) acc[i][cc][e] *= a;
+        for (int e = 0; e < 4; ++e) acc[i][cc][e] *= alpha;
     }
-    for (int c = 0; c < n; ++c) {  // rows of kvs past n hold no key
-      float p[4];
+    __syncthreads();  // every thread is done with the K rows and has written its weights
+    load_rows(kvs, ld, v + (s0 * Hkv + g) * Dh, Hkv * Dh, n, per_row);
+    const int n4 = (n + 3) & ~3;  // P V reads keys four at a time: rows n .. n4 - 1 are zeros
+    for (int e = tid; e < (n4 - n) * per_row; e += kAttnThreads)
+      *reinterpret_cast<float4*>(kvs + (n + e / per_row) * ld + 4 * (e % per_row)) = float4{0.0f, 0.0f, 0.0f, 0.0f};
+    __syncthreads();
+    for (int c = 0; c < n4; c += 4) {
+      float4 p[4];
       LP_UNROLL
-      for (int i = 0; i < 4; ++i) p[i] = ps[(ty * 4 + i) * (BK + 1) + c];
+      for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(ps + (ty * 4 + i) * ldp + c);
       LP_UNROLL
       for (int cc = 0; cc < DC; ++cc) {
-        const int64_t d = 4 * tx + 64 * cc;
-        if (d >= Dh) break;
-        const float4 vv = *reinterpret_cast<const float4*>(kvs + c * ld + d);
-        LP_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          acc[i][cc][0] = fmaf(p[i], vv.x, acc[i][cc][0]);
-          acc[i][cc][1] = fmaf(p[i], vv.y, acc[i][cc][1]);
-          acc[i][cc][2] = fmaf(p[i], vv.z, acc[i][cc][2]);
-          acc[i][cc][3] = fmaf(p[i], vv.w, acc[i][cc][3]);
+        const int d = 4 * tx + 64 * cc;
+        if (d < int(Dh)) {
+          const float4 v0 = *reinterpret_cast<const float4*>(kvs + (c + 0) * ld + d);
+          const float4 v1 = *reinterpret_cast<const float4*>(kvs + (c + 1) * ld + d);
+          const float4 v2 = *reinterpret_cast<const float4*>(kvs + (c + 2) * ld + d);
+          const float4 v3 = *reinterpret_cast<const float4*>(kvs + (c + 3) * ld + d);
+          LP_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            acc[i][cc][0] = fmaf(p[i].w, v3.x, fmaf(p[i].z, v2.x, fmaf(p[i].y, v1.x, fmaf(p[i].x, v0.x, acc[i][cc][0]))));
+            acc[i][cc][1] = fmaf(p[i].w, v3.y, fmaf(p[i].z, v2.y, fmaf(p[i].y, v1.y, fmaf(p[i].x, v0.y, acc[i][cc][1]))));
+            acc[i][cc][2] = fmaf(p[i].w, v3.z, fmaf(p[i].z, v2.z, fmaf(p[i].y, v1.z, fmaf(p[i].x, v0.z, acc[i][cc][2]))));
+            acc[i][cc][3] = fmaf(p[i].w, v3.w, fmaf(p[i].z, v2.w, fmaf(p[i].y, v1.w, fmaf(p[i].x, v0.w, acc[i][cc][3]))));
+          }
         }
       }
     }
@@ -293,11 +320,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   LP_UNROLL
   for (int i = 0; i < 4; ++i) {
-    const int r = ty * 4 + i;
-    const int64_t row = row0 + r;
+    const int64_t row = row0 + ty * 4 + i;
     if (row >= rows) break;
     const int64_t o = (row / G) * H + g * G + row % G;  // output row (token, head)
-    const cm::OnlineSoftmax st{rm[r], rl[r]};
     LP_UNROLL
     for (int cc = 0; cc < DC; ++cc)
       LP_UNROLL
@@ -307,11 +332,11 @@ __global__ void __launch_bounds__(kAttnThreads)
         if (part_acc)
           part_acc[(split * T * H + o) * Dh + d] = acc[i][cc][e];
         else
-          out[o * Dh + d] = cm::online_finish(st, acc[i][cc][e]);
+          out[o * Dh + d] = cm::online_finish(st[i], acc[i][cc][e]);
       }
     if (part_acc && tx == 0) {
-      part_m[split * T * H + o] = st.m;
-      part_l[split * T * H + o] = st.l;
+      part_m[split * T * H + o] = st[i].m;
+      part_l[split * T * H + o] = st[i].l;
     }
   }
 }

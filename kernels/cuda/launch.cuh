@@ -132,6 +132,8 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
     fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
   if (Hkv <= 0 || H % Hkv != 0) fail("CUDA attention: {} heads do not group over {} KV heads", H, Hkv);
   if (Hkv > 65535) fail("CUDA attention: {} KV heads", Hkv);
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("CUDA attention: q, k and v must be 16-byte aligned");
   if (T <= 0) return;
   if (Dh <= 64)
     attention_with<64, 1>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);

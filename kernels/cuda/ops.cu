@@ -50,6 +50,12 @@ Device open_device() {
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  // Scratch from cudaMallocAsync stays in the pool across synchronisations (the default threshold,
+  // 0, hands it back to the driver at every one).
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep = UINT64_MAX;
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "memory pool threshold");
   Device d;
   d.index = 0;
   d.count = count;

@@ -39,7 +39,7 @@ std::vector<int> run_neighbours(bool barrier, ht::Order order) {
 
 TEST(HostThreads, ABarrierOrdersSharedMemoryUnderEveryThreadOrder) {
   OrderGuard guard;
-  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled}) {
+  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
     const auto out = run_neighbours(true, o);
     for (int b = 0; b < 3; ++b)
       for (int t = 0; t < 64; ++t) ASSERT_EQ(out[size_t(b * 64 + t)], 100 * b + (t + 1) % 64) << int(o);
@@ -49,12 +49,60 @@ TEST(HostThreads, ABarrierOrdersSharedMemoryUnderEveryThreadOrder) {
 TEST(HostThreads, AMissingBarrierShowsUnderSomeOrder) {
   OrderGuard guard;
   int wrong = 0;
-  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled}) {
+  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
     const auto out = run_neighbours(false, o);
     for (int b = 0; b < 3; ++b)
       for (int t = 0; t < 64; ++t) wrong += out[size_t(b * 64 + t)] != 100 * b + (t + 1) % 64;
   }
   EXPECT_GT(wrong, 0);
+}
+
+// Each thread reads another warp's slot, then overwrites its own after only a warp barrier: a
+// warp may then overwrite what another warp has not read yet.
+__global__ void overwrite_kernel(int* out, bool barrier) {
+  __shared__ int slot[64];
+  const int t = threadIdx.x;
+  slot[t] = t;
+  __syncthreads();
+  const int other = slot[63 - t];
+  __syncwarp();
+  if (barrier) __syncthreads();
+  slot[t] = -1;
+  out[t] = other;
+}
+
+TEST(HostThreads, WarpByWarpCatchesAWarpOverwritingWhatAnotherStillReads) {
+  OrderGuard guard;
+  for (bool barrier : {true, false})
+    for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
+      ht::set_order(o);
+      std::vector<int> out(64, 0);
+      ht::launch(1, 64, 0, &overwrite_kernel, out.data(), barrier);
+      int wrong = 0;
+      for (int t = 0; t < 64; ++t) wrong += out[size_t(t)] != 63 - t;
+      // Thread by thread every read happens before the first warp barrier; warp by warp it does not.
+      EXPECT_EQ(wrong > 0, !barrier && o == ht::Order::WarpByWarp) << int(o) << " " << barrier;
+    }
+}
+
+// A butterfly sum over segments of 16 lanes.
+__global__ void shuffle_kernel(float* out) {
+  float v = float(threadIdx.x);
+  for (int off = 8; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off, 16);
+  out[threadIdx.x] = v;
+}
+
+TEST(HostThreads, XorShufflesWithinSegments) {
+  OrderGuard guard;
+  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
+    ht::set_order(o);
+    std::vector<float> out(64, 0.0f);
+    ht::launch(1, 64, 0, &shuffle_kernel, out.data());
+    for (int t = 0; t < 64; ++t) {
+      const int first = t / 16 * 16;
+      EXPECT_EQ(out[size_t(t)], float(16 * first + 120)) << t;  // first + (first + 1) + ... + (first + 15)
+    }
+  }
 }
 
 // Three-dimensional indices, dynamic shared memory, and a warp barrier that opens per warp.

@@ -4,7 +4,7 @@
 //   prints why and exits 77, which ctest reports as skipped, not passed.
 // - lp_gpu_tests_on_host (LP_HOST_THREADS, in the normal suite) over kernels/cuda/host_emulation.cpp:
 //   the same kernels run thread by thread on the host, once per thread order (forward, reverse,
-//   shuffled), with cuBLAS and CUB replaced by references; the default-model test is left to the GPU.
+//   shuffled, warp by warp), with cuBLAS and CUB replaced by references; the default-model test is left to the GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -245,13 +245,13 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnTheDefaultModel) {
 }  // namespace lp
 
 #if defined(LP_HOST_THREADS)
-// Iteration i of --gtest_repeat runs every test with thread order i % 3.
+// Iteration i of --gtest_repeat runs every test with thread order i % 4.
 class ThreadOrderPerIteration : public testing::EmptyTestEventListener {
   void OnTestIterationStart(const testing::UnitTest&, int iteration) override {
     using lp::host_threads::Order;
-    static const char* names[] = {"forward", "reverse", "shuffled"};
-    lp::host_threads::set_order(Order(iteration % 3));
-    std::printf("host threads in %s order\n", names[iteration % 3]);
+    static const char* names[] = {"forward", "reverse", "shuffled", "warp-by-warp"};
+    lp::host_threads::set_order(Order(iteration % 4));
+    std::printf("host threads in %s order\n", names[iteration % 4]);
   }
 };
 #endif
@@ -259,7 +259,7 @@ class ThreadOrderPerIteration : public testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
 #if defined(LP_HOST_THREADS)
-  if (GTEST_FLAG_GET(repeat) == 1) GTEST_FLAG_SET(repeat, 3);
+  if (GTEST_FLAG_GET(repeat) == 1) GTEST_FLAG_SET(repeat, 4);
   testing::UnitTest::GetInstance()->listeners().Append(new ThreadOrderPerIteration);
 #endif
   try {
