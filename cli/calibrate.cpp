@@ -28,6 +28,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace {
+
+// Pretty JSON; bytes that are not UTF-8 (a Latin-1 name in a measurement file) become U+FFFD.
+std::string to_text(const json& j) {
+  return j.dump(2, ' ', false, json::error_handler_t::replace);
+}
 std::string today() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -95,11 +100,11 @@ int calibrate_runs(const CalibrateArgs& a) {
   const std::string provenance =
       fmt::format("calibrated on {} by `lazyprefill calibrate --base {}` from {} runs in {}", today(), a.base,
                   runs.size(), a.runs);
-  write_file_atomic(a.out, fitted_profile_json(fitted, name, provenance).dump(2) + "\n", "profile");
+  write_file_atomic(a.out, to_text(fitted_profile_json(fitted, name, provenance)) + "\n", "profile");
   if (a.json_out) {
     nlohmann::ordered_json j = calibration_json(fitted, rep, runs);
     j["profile"] = a.out;
-    std::puts(j.dump(2).c_str());
+    std::puts(to_text(j).c_str());
   } else {
     print_calibration(fitted, rep, runs);
     fmt::print("\nwrote {}\n", a.out);
@@ -167,10 +172,16 @@ int calibrate_measurements(const CalibrateArgs& a) {
   for (const auto& [file_name, preset] : model_map) preset_config(preset);  // unknown presets fail here
   for (const auto& [file_name, profile] : hw_map)
     if (profile != base.name) hw::load_profile(profile);
-  sim::Precision forced{a.weights.empty() ? "bf16" : a.weights, a.compute.empty() ? "bf16" : a.compute,
-                        a.kv.empty() ? "bf16" : a.kv};
-  const bool force = !a.weights.empty() || !a.compute.empty() || !a.kv.empty();
-  if (force) sim::validate(forced);
+  // --weights/--compute/--kv override those fields of each record's precision; the others come
+  // from the record's dtype.
+  const bool force_all = !a.weights.empty() && !a.compute.empty() && !a.kv.empty();
+  const auto override_precision = [&](sim::Precision p) {
+    if (!a.weights.empty()) p.weights = a.weights;
+    if (!a.compute.empty()) p.compute = a.compute;
+    if (!a.kv.empty()) p.kv = a.kv;
+    return p;
+  };
+  sim::validate(override_precision({}));
 
   // Everything is read and checked before anything is fitted or written.
   std::vector<sim::Measurement> records;
@@ -183,13 +194,19 @@ int calibrate_measurements(const CalibrateArgs& a) {
   sim::check_no_duplicates(records);
 
   std::vector<sim::Point> points;
-  int under_load = 0, unnamed_hw = 0, pruned_decode = 0;
+  int under_load = 0, unnamed_hw = 0, pruned_decode = 0, cached_context = 0;
   std::map<std::string, int> other_hw;
   std::map<std::string, int> notes;
   for (const sim::Measurement& m : records) {
     if (!m.note.empty()) ++notes[m.note];
     if (!m.isolated) {
       ++under_load;
+      continue;
+    }
+    // A prompt processed after a cached context (llama-bench -d) is a prefill over more keys than
+    // its rows, which the synthetic traces do not model.
+    if (m.ttft_ms && m.context_tokens > 0) {
+      ++cached_context;
       continue;
     }
     // A pruned run's first decoding steps revive tokens, which a synthetic trace (steady state)
@@ -223,14 +240,15 @@ int calibrate_measurements(const CalibrateArgs& a) {
       usage_fail("{}: record {}: unknown model '{}' (known presets: {}); map it with --model-map '{}=PRESET'", m.file,
                  m.record, m.model, join(preset_names()), m.model);
     const ModelConfig cfg = preset_config(*preset);
-    sim::Precision prec = forced;
-    if (!force) {
+    sim::Precision prec;
+    if (!force_all) {
       try {
         prec = sim::precision_for_dtype(m.dtype);
       } catch (const Error& e) {
         usage_fail("{}: record {}: {}", m.file, m.record, e.what());
       }
     }
+    prec = override_precision(prec);
     try {
       sim::check_tp(cfg, base, m.tp);
     } catch (const Error& e) {
@@ -243,6 +261,9 @@ int calibrate_measurements(const CalibrateArgs& a) {
   if (pruned_decode)
     skipped += fmt::format("{}{} decode latencies of pruned runs (revivals not modelled)", skipped.empty() ? "" : "; ",
                            pruned_decode);
+  if (cached_context)
+    skipped += fmt::format("{}{} prompts after a cached context (not modelled)", skipped.empty() ? "" : "; ",
+                           cached_context);
   for (const auto& [p, k] : other_hw) skipped += fmt::format("{}{} on {} (--base is {})", skipped.empty() ? "" : "; ", k, p, base.name);
   if (points.empty())
     fail("no measurement to fit {} to: {} record(s) read{}", base.name, records.size(),
@@ -277,7 +298,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
       fit.ttft_points ? fmt::format("{:.1f}%", 100 * fit.ttft_mape_heldout) : "n/a", fit.cv, a.base);
   json prof = fitted_profile_json(fitted, name, provenance);
   prof["calibration"] = cal;
-  write_file_atomic(a.out, prof.dump(2) + "\n", "profile");
+  write_file_atomic(a.out, to_text(prof) + "\n", "profile");
 
   json pts = json::array();
   for (size_t i = 0; i < points.size(); ++i) {
@@ -307,7 +328,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
                       {"reason", c.reason}});
   if (a.json_out) {
     json j = {{"profile", a.out}, {"calibration", cal}, {"skipped", skipped}, {"points", pts}, {"parameters", checks}};
-    std::puts(j.dump(2).c_str());
+    std::puts(to_text(j).c_str());
     return 0;
   }
   fmt::print("{} record(s) from {} file(s); {} point(s) on {}{}{}\n", records.size(), files.size(), points.size(),

@@ -58,8 +58,27 @@ double mape(const std::vector<Point>& pts, const std::vector<double>& pred, bool
 // in a way the parameters accepted before it cannot reproduce.
 constexpr double kMinElasticity = 0.05;
 // F-to-enter of forward stepwise regression: the drop in the squared log error a parameter brings,
-// over the remaining error per degree of freedom; 4 is about the 5% point of F(1, m) for m >= 10.
-constexpr double kMinF = 4;
+// over the remaining error per degree of freedom, must reach the 5% point of F(1, dof), which is
+// the square of Student's t at 0.975 (standard table; 1.96 for dof -> infinity).
+// A parameter asked for with --fit needs only to pay for itself: F >= 2, about Akaike's criterion.
+constexpr double kMinRequestedF = 2;
+
+double f_to_enter(double dof) {
+  static constexpr double t975[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                                    2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                                    2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+  if (dof < 1) return std::numeric_limits<double>::infinity();
+  double t;
+  if (dof <= 30) {
+    t = t975[size_t(dof) - 1];
+  } else {  // linear in 1/dof between 30 (2.042), 60 (2.000), 120 (1.980) and infinity (1.960)
+    const double x = 1 / dof;
+    t = x >= 1.0 / 60 ? 2.000 + (2.042 - 2.000) * (x - 1.0 / 60) / (1.0 / 30 - 1.0 / 60)
+        : x >= 1.0 / 120 ? 1.980 + (2.000 - 1.980) * (x - 1.0 / 120) / (1.0 / 60 - 1.0 / 120)
+                         : 1.960 + (1.980 - 1.960) * x / (1.0 / 120);
+  }
+  return t * t;
+}
 
 // Bounds of each parameter (in its own unit): shares of a peak, or microseconds.
 std::pair<double, double> bounds(const std::string& name) {
@@ -345,8 +364,12 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
                        : fmt::format("the parameters fitted before it already explain its effect (independent "
                                      "elasticity {:.3f} < {})",
                                      c.independent, kMinElasticity);
-      } else if (c.f_stat < kMinF) {
-        c.reason = fmt::format("it does not improve the fit significantly (F = {:.2f} < {})", c.f_stat, kMinF);
+      } else if (!requested.empty() && c.f_stat < kMinRequestedF) {
+        c.reason = fmt::format("it does not improve the fit (F = {:.2f} < {})", c.f_stat, kMinRequestedF);
+      } else if (requested.empty() && c.f_stat < f_to_enter(dof)) {
+        c.reason = fmt::format("it does not improve the fit significantly (F = {:.2f} < {:.2f}, the 5% point of "
+                               "F(1, {:.0f}); --fit {} asks for it anyway)",
+                               c.f_stat, f_to_enter(dof), dof, c.name);
       } else {
         c.reason.clear();
         if (best < 0 || ss < best_ss) {

@@ -10,6 +10,8 @@
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <initializer_list>
 #include <fstream>
@@ -24,6 +26,11 @@
 
 namespace lp::sim {
 namespace {
+
+// Counts (tokens, batch, TP degree, repetitions) above this are refused: no run has them, and
+// sums of them must not overflow.
+constexpr int64_t kMaxCount = int64_t(1) << 30;
+
 
 using json = nlohmann::json;
 
@@ -90,6 +97,8 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
   }
   if (n_prompt < 0 || n_gen < 0 || m.context_tokens < 0)
     fail("{}: record {}: negative n_prompt, n_gen or n_depth", path, rec);
+  if (n_prompt > kMaxCount || n_gen > kMaxCount || m.context_tokens > kMaxCount)
+    fail("{}: record {}: n_prompt, n_gen or n_depth above {}", path, rec, kMaxCount);
   if (!(avg_ns > 0)) fail("{}: record {}: field 'avg_ns' must be positive, got {}", path, rec, avg_ns);
   if (n_prompt > 0 && n_gen > 0)
     fail("{}: record {}: a combined prompt+generation test (-pg {},{}) cannot be split into TTFT and decode; "
@@ -108,6 +117,10 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
 
 // A record measuring both a TTFT and a decode latency becomes two, the decode one after the prompt.
 void push_split(std::vector<Measurement>& out, Measurement m) {
+  if (!m.ttft_ms && m.decode_ms_per_token && m.prompt_tokens > 0) {  // decoding after its prompt
+    m.context_tokens += m.prompt_tokens;
+    m.prompt_tokens = 0;
+  }
   if (m.ttft_ms && m.decode_ms_per_token) {
     Measurement d = m;
     d.ttft_ms.reset();
@@ -137,6 +150,7 @@ int64_t csv_count(const std::string& cell, const char* column, const std::string
   if (ec != std::errc() || end != cell.data() + cell.size())
     fail("{}: line {}: column '{}': '{}' is not a whole number", path, rec, column, cell);
   if (v < min) fail("{}: line {}: column '{}' must be at least {}, got {}", path, rec, column, min, v);
+  if (v > kMaxCount) fail("{}: line {}: column '{}' is implausibly large ({} > {})", path, rec, column, v, kMaxCount);
   return v;
 }
 
@@ -219,7 +233,7 @@ std::vector<Measurement> import_llama_bench(const std::string& path) {
     json arr;
     try {
       arr = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       fail("{}: not valid JSON ({})", path, e.what());
     }
     for (size_t i = 0; i < arr.size(); ++i) out.push_back(from_llama_bench(arr[i], path, int(i) + 1));
@@ -233,7 +247,7 @@ std::vector<Measurement> import_llama_bench(const std::string& path) {
       json o;
       try {
         o = json::parse(line);
-      } catch (const json::parse_error& e) {
+      } catch (const json::exception& e) {
         fail("{}: line {}: not valid JSON ({})", path, rec, e.what());
       }
       out.push_back(from_llama_bench(o, path, rec));
@@ -247,7 +261,7 @@ std::vector<Measurement> import_run_json(const std::string& path) {
   json o;
   try {
     o = json::parse(read_text(path));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     fail("{}: not valid JSON ({})", path, e.what());
   }
   if (!o.is_object()) fail("{}: not a `lazyprefill run --json` object", path);
@@ -270,7 +284,9 @@ std::vector<Measurement> import_run_json(const std::string& path) {
   // The first token comes from the prefill; each later one is a decoding step.
   const int64_t steps = field<int64_t>(o, "generated_tokens", path, 1) - 1;
   const double tps = field<double>(o, "decode_tokens_per_s", path, 1);
-  if (steps > 0 && tps > 0) {
+  if (steps < 0) fail("{}: record 1: generated_tokens must be at least 1", path);
+  if (steps > 0 && !(tps > 0)) fail("{}: record 1: decode_tokens_per_s must be positive, got {}", path, tps);
+  if (steps > 0) {
     m.decode_tokens = steps;
     m.decode_ms_per_token = 1e3 / tps;
   }
@@ -293,7 +309,7 @@ std::vector<std::pair<int, json>> json_records(const std::string& path, const st
       out.emplace_back(1, std::move(all));
     }
     return out;
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {
     // several values: JSON Lines
   }
   std::istringstream in(text);
@@ -304,7 +320,7 @@ std::vector<std::pair<int, json>> json_records(const std::string& path, const st
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
       out.emplace_back(rec, json::parse(line));
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       fail("{}: line {}: not valid JSON ({})", path, rec, e.what());
     }
   }
@@ -340,7 +356,8 @@ const json& object_field(const json& o, const char* key, const std::string& path
 }
 
 int64_t whole_tokens(double v, const char* what, const std::string& path, int rec) {
-  if (!(v >= 1) || v > 1e9) fail("{}: record {}: {} must be at least 1 token, got {}", path, rec, what, v);
+  if (!(v >= 1) || v > double(kMaxCount))
+    fail("{}: record {}: {} must be between 1 and {} tokens, got {}", path, rec, what, kMaxCount, v);
   return std::llround(v);
 }
 
@@ -359,7 +376,8 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   if (m.hardware.empty()) notes.push_back("hardware not recorded");
   if (const auto tp = opt_number(o, "tensor_parallel_size", path, rec) ? opt_number(o, "tensor_parallel_size", path, rec)
                                                                         : opt_number(o, "tp", path, rec)) {
-    if (*tp < 1 || *tp != std::floor(*tp)) fail("{}: record {}: the tensor-parallel degree must be a whole number >= 1", path, rec);
+    if (*tp < 1 || *tp > 4096 || *tp != std::floor(*tp))
+      fail("{}: record {}: the tensor-parallel degree must be a whole number from 1 to 4096", path, rec);
     m.tp = int(*tp);
   } else {
     notes.push_back("tp not recorded: 1 assumed");
@@ -385,6 +403,16 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
          "metadata 'input_len'",
          path, rec);
   }
+  if (const auto it = o.find("output_lens"); output == 0 && it != o.end() && it->is_array() && !it->empty()) {
+    for (const json& v : *it) {
+      if (!v.is_number()) fail("{}: record {}: field 'output_lens' must hold numbers", path, rec);
+      output += v.get<double>();
+    }
+    output /= double(it->size());
+  }
+  if (output == 0)
+    if (const auto out_total = opt_number(o, "total_output_tokens", path, rec))
+      if (const auto done = opt_number(o, "completed", path, rec); done && *done >= 1) output = *out_total / *done;
   if (output == 0)
     if (const auto len = opt_number(o, "output_len", path, rec)) output = *len;
   m.prompt_tokens = whole_tokens(prompt, "the mean prompt", path, rec);
@@ -395,7 +423,9 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   m.ttft_ms = *ttft;
   const auto tpot = opt_number(o, "median_tpot_ms", path, rec) ? opt_number(o, "median_tpot_ms", path, rec)
                                                                : opt_number(o, "mean_tpot_ms", path, rec);
-  if (tpot && *tpot > 0 && output >= 2) {
+  if (tpot && !(*tpot > 0) && output >= 2)
+    fail("{}: record {}: the time per output token must be positive, got {}", path, rec, *tpot);
+  if (tpot && output >= 2) {
     m.decode_ms_per_token = *tpot;
     m.decode_tokens = std::llround(output) - 1;
   }
@@ -405,7 +435,7 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   m.config = fmt::format("request_rate={} max_concurrency={}", rate, conc ? fmt::format("{}", *conc) : "-");
   m.isolated = conc && *conc == 1;
   if (!m.isolated) notes.push_back("under load (max_concurrency is not 1): TTFT includes queueing");
-  if (const auto done = opt_number(o, "completed", path, rec)) m.repetitions = int(std::max(1.0, *done));
+  if (const auto done = opt_number(o, "completed", path, rec)) m.repetitions = int(std::clamp(*done, 1.0, 1e9));
   for (const std::string& n : notes) m.note += (m.note.empty() ? "" : "; ") + n;
   return m;
 }
@@ -501,9 +531,9 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
     if (m.dtype.empty() || m.dtype == "None") m.dtype = opt_text(engine, {"dtype"});
     if (const auto it = o.find("machine"); it != o.end() && it->is_object()) m.hardware = opt_text(*it, {"name"});
     if (m.hardware.empty()) m.note = "hardware not recorded";
-    m.tp = int(field<int64_t>(world, "tp_size", path, rec));
+    m.tp = int(std::clamp<int64_t>(field<int64_t>(world, "tp_size", path, rec), 0, 4097));
     const int64_t pp = world.contains("pp_size") ? field<int64_t>(world, "pp_size", path, rec) : 1;
-    if (m.tp < 1) fail("{}: record {}: world_info.tp_size must be at least 1", path, rec);
+    if (m.tp < 1 || m.tp > 4096) fail("{}: record {}: world_info.tp_size must be from 1 to 4096", path, rec);
     if (pp != 1) fail("{}: record {}: pipeline parallelism (pp_size {}) is not modelled", path, rec, pp);
     const double input = field<double>(req, "avg_input_length", path, rec);
     const double output = req.contains("avg_output_length") ? field<double>(req, "avg_output_length", path, rec) : 0;
@@ -524,9 +554,11 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
                            world.contains("max_batch_size") ? world["max_batch_size"].dump() : "-",
                            world.contains("max_num_tokens") ? world["max_num_tokens"].dump() : "-", conc);
     if (!m.isolated) m.note += std::string(m.note.empty() ? "" : "; ") + "under load (concurrency above 1): TTFT includes queueing";
-    if (const auto n = opt_number(req, "num_requests", path, rec)) m.repetitions = int(std::max(1.0, *n));
+    if (const auto n = opt_number(req, "num_requests", path, rec)) m.repetitions = int(std::clamp(*n, 1.0, 1e9));
     const auto tpot = p50("tpot_percentiles", "avg_tpot_ms");
-    if (tpot && *tpot > 0 && output >= 2) {
+    if (tpot && !(*tpot > 0) && output >= 2)
+      fail("{}: record {}: the time per output token must be positive, got {}", path, rec, *tpot);
+    if (tpot && output >= 2) {
       Measurement d = m;
       d.ttft_ms.reset();
       d.prompt_tokens = 0;
@@ -543,7 +575,29 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// Control characters in names from a file become spaces: every message stays one line.
+void clean_names(std::vector<Measurement>& ms) {
+  for (Measurement& m : ms)
+    for (std::string* t : {&m.model, &m.hardware, &m.framework, &m.framework_version, &m.dtype, &m.method, &m.config})
+      for (char& c : *t)
+        if (std::iscntrl(static_cast<unsigned char>(c))) c = ' ';
+}
+
+std::vector<Measurement> import_any(const std::string& path);
+
+}  // namespace
+
 std::vector<Measurement> import_measurements(const std::string& path) {
+  std::vector<Measurement> ms = import_any(path);
+  clean_names(ms);
+  return ms;
+}
+
+namespace {
+
+std::vector<Measurement> import_any(const std::string& path) {
   const std::string text = read_text(path);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) fail("{}: empty file", path);
@@ -568,12 +622,21 @@ std::vector<Measurement> import_measurements(const std::string& path) {
        path);
 }
 
+}  // namespace
+
 void check_no_duplicates(const std::vector<Measurement>& ms) {
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string, std::string,
                          int, int, int64_t, int64_t, int64_t, bool>;
+  // Names compare as calibrate matches them: case, spaces, '_' and '-' aside.
+  const auto norm = [](const std::string& x) {
+    std::string r;
+    for (unsigned char c : x)
+      if (std::isalnum(c) || c == '.') r += char(std::tolower(c));
+    return r;
+  };
   std::map<Key, const Measurement*> seen;
   for (const Measurement& m : ms) {
-    const Key key{m.model,         m.hardware,      m.framework,      m.framework_version, m.dtype,
+    const Key key{norm(m.model),   norm(m.hardware), norm(m.framework), m.framework_version, norm(m.dtype),
                   m.method,        m.config,        m.batch,          m.tp,                m.prompt_tokens,
                   m.context_tokens, m.decode_tokens, m.ttft_ms.has_value()};
     const auto [it, fresh] = seen.emplace(key, &m);

@@ -558,7 +558,14 @@ TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
       "llama-2-7b,a100-80gb,2048,150,1\nllama-2-70b,a100-80gb,2048,380,4\n",
       "k.csv");
   const std::string out = dir_.file("a100-fit.json");
-  CliResult r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--out", out, "--json"});
+  // Four points: gemm.compute's F (6.9) is under the 5% point of F(1, 3), 10.1, so nothing is
+  // fitted unless asked for.
+  CliResult r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--out", out});
+  EXPECT_EQ(r.code, 1) << describe(r);
+  EXPECT_NE(r.err.find("the 5% point of F(1, 3)"), std::string::npos) << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--fit", "gemm.compute", "--out", out,
+                     "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto rep = nlohmann::json::parse(r.out);
   ASSERT_EQ(rep["points"].size(), 4u);

@@ -231,6 +231,43 @@ TEST(Measurements, CsvUnitsAndBadInput) {
   EXPECT_THROW(sim::check_no_duplicates(twice), Error);
 }
 
+// Found by review: names that differ only in case or separators are the same point; a decode-only
+// row decodes after its prompt; counts that would overflow, numbers JSON cannot hold, present but
+// non-positive decode figures and control characters in names.
+TEST(Measurements, ReviewedEdgeCases) {
+  testing::TempDir dir;
+  const auto cased = sim::import_measurements(write(
+      dir, "cased.csv", "model,hardware,dtype,prompt_tokens,ttft_ms\nLlama-3.1-8B,A100-80GB,BF16,100,1\n"
+                        "llama_3.1_8b,a100 80gb,bf16,100,2\n"));
+  EXPECT_THROW(sim::check_no_duplicates(cased), Error);
+  const auto dec = sim::import_measurements(write(
+      dir, "dec.csv", "model,hardware,prompt_tokens,context_tokens,decode_ms_per_token\nm,h,8000,100,5\n"));
+  ASSERT_EQ(dec.size(), 1u);
+  EXPECT_EQ(dec[0].context_tokens, 8100);
+  EXPECT_EQ(dec[0].prompt_tokens, 0);
+  expect_error(write(dir, "big.csv", "model,hardware,batch,prompt_tokens,ttft_ms\nm,h,4294967297,1,1\n"),
+               {"big.csv", "line 2", "'batch'", "implausibly large"});
+  expect_error(write(dir, "huge.csv", "model,hardware,prompt_tokens,context_tokens,ttft_ms\nm,h,1,9223372036854775807,1\n"),
+               {"huge.csv", "'context_tokens'"});
+  expect_error(write(dir, "inf.json",
+                     R"({"model_id": "m", "median_ttft_ms": 1e400, "input_lens": [10], "max_concurrency": 1})"),
+               {"inf.json"});
+  expect_error(write(dir, "tpot.json",
+                     R"({"model_id": "m", "median_ttft_ms": 10, "median_tpot_ms": -1, "input_lens": [10],)"
+                     R"( "output_lens": [20], "max_concurrency": 1})"),
+               {"tpot.json", "record 1", "positive"});
+  const auto lens = sim::import_measurements(
+      write(dir, "lens.json", R"({"model_id": "m", "median_ttft_ms": 10, "median_tpot_ms": 5, "input_lens": [10, 30],)"
+                              R"( "output_lens": [20, 40], "max_concurrency": 1})"));
+  ASSERT_EQ(lens.size(), 2u);  // the decode latency is not lost when the lengths are per request
+  EXPECT_EQ(lens[1].decode_tokens, 29);
+  EXPECT_EQ(lens[1].context_tokens, 20);
+  const auto ctl = sim::import_measurements(
+      write(dir, "ctl.json", R"({"model_id": "evil\nmodel", "median_ttft_ms": 10, "input_lens": [10], "max_concurrency": 1})"));
+  ASSERT_EQ(ctl.size(), 1u);
+  EXPECT_EQ(ctl[0].model, "evil model");
+}
+
 // vLLM's serving benchmark: the first 3 lines of a real --append-result file (Llama-3.2-3B on
 // 4 L40S replicas, random 1000-token prompts, rates 10, 30 and inf requests/s).
 TEST(Measurements, VllmServingJsonLines) {
