@@ -92,28 +92,30 @@ void AuxCache::put(int32_t p, int32_t l, const float* x, int64_t D) {
   h.insert(h.end(), x, x + D);
 }
 
-std::vector<float> AuxCache::merge_revived(int l, std::vector<int32_t>& rows, const std::vector<int32_t>& revive,
-                                           const float* x, int64_t D) const {
+AuxCache::RevivalPlan AuxCache::plan_revival(int l, std::vector<int32_t>& rows,
+                                             const std::vector<int32_t>& revive) const {
+  RevivalPlan plan;
   std::vector<int32_t> merged;
-  std::vector<float> xm;
   merged.reserve(rows.size() + revive.size());
-  xm.reserve(merged.capacity() * size_t(D));
   size_t r = 0, v = 0;
   while (r < rows.size() || v < revive.size()) {
+    const int64_t at = int64_t(merged.size());
     if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
       const int64_t e = find(revive[v]);
       if (e < 0 || layer[size_t(e)] != l)
         fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it", revive[v],
              l);
-      xm.insert(xm.end(), h.begin() + e * D, h.begin() + (e + 1) * D);
+      plan.aux_src.push_back(e);
+      plan.aux_dst.push_back(at);
       merged.push_back(revive[v++]);
     } else {
-      xm.insert(xm.end(), x + int64_t(r) * D, x + int64_t(r + 1) * D);
+      plan.x_src.push_back(int64_t(r));
+      plan.x_dst.push_back(at);
       merged.push_back(rows[r++]);
     }
   }
   rows.swap(merged);
-  return xm;
+  return plan;
 }
 
 void Session::mark_computed(int l, int32_t p) {
@@ -444,7 +446,12 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
       if (kv.find(ap) < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap)) revive.push_back(ap);
     if (!revive.empty()) {
       Timed tm{timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, c};
-      const std::vector<float> xm = aux_.merge_revived(l, rows, revive, x_.data(), D);
+      const AuxCache::RevivalPlan plan = aux_.plan_revival(l, rows, revive);
+      std::vector<float> xm(rows.size() * size_t(D));
+      for (size_t i = 0; i < plan.x_src.size(); ++i)
+        std::copy_n(x_.data() + plan.x_src[i] * D, D, xm.data() + plan.x_dst[i] * D);
+      for (size_t i = 0; i < plan.aux_src.size(); ++i)
+        std::copy_n(aux_.h.data() + plan.aux_src[i] * D, D, xm.data() + plan.aux_dst[i] * D);
       reserve(int64_t(rows.size()));
       std::copy(xm.begin(), xm.end(), x_.data());
       if (stats) {

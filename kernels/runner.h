@@ -103,11 +103,14 @@ struct AuxCache {
     return it == index.end() ? -1 : it->second;
   }
   // Revival at layer l of a decoding step (both backends): the tokens `revive` (ascending, each
-  // with its state saved at layer l) merged into the ascending `rows`, whose hidden states are
-  // x[rows][D]. `rows` becomes the merged positions; the merged states are returned in that order.
+  // with its state saved at layer l) merged into the ascending `rows`. `rows` becomes the merged
+  // positions; the plan says where each merged row's state comes from: row x_src[i] of the current
+  // states goes to merged row x_dst[i], entry aux_src[i] of this cache to merged row aux_dst[i].
   // Throws lp::Error when a token has no state for layer l.
-  std::vector<float> merge_revived(int l, std::vector<int32_t>& rows, const std::vector<int32_t>& revive,
-                                   const float* x, int64_t D) const;
+  struct RevivalPlan {
+    std::vector<int64_t> x_src, x_dst, aux_src, aux_dst;
+  };
+  RevivalPlan plan_revival(int l, std::vector<int32_t>& rows, const std::vector<int32_t>& revive) const;
 };
 
 class Session {

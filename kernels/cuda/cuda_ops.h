@@ -73,6 +73,10 @@ void kv_append(const float* k_new, const float* v_new, const int64_t* slot, cons
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows);
 // out[t][i] = silu(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F].
 void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F);
+// dst[dst_idx[r]][:] = src[src_idx[r]][:]   (Aux Cache stores and loads: rows between the
+// hidden states and the device Aux Cache). src and dst must not overlap.
+void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,
+               int64_t width);
 // dst[r][:] = src[idx[r]][:] widened from bf16 (embedding rows of a bf16 table).
 void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
 // f32 -> bf16 (round to nearest even).

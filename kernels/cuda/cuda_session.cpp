@@ -107,6 +107,8 @@ struct CudaSession::Impl {
   // Scratch, grown on demand.
   DBuf x, x2, xn, qkv, q, k, v, attn, tmp, ff, act, a16, pos_dev, idx, slots, scores, logits;
   DBuf kbuf, vbuf, kpos;  // the K/V rows of a key subset (decoding steps), gathered
+  DBuf idx2;              // a second row index (copies between buffers)
+  DBuf aux_states;        // the Aux Cache's hidden states [n_ctx][D]: entry e of the host index is row e
   int64_t weight_bytes = 0;
   int64_t bit_words = 0;
 
@@ -127,6 +129,28 @@ struct CudaSession::Impl {
     } else {
       gemm_f32(a, w.data.as<float>(), out, T, w.cols, w.rows);
     }
+  }
+
+  // dst[to[i]] = src[from[i]], rows of D floats.
+  void copy_indexed(const DBuf& src, const std::vector<int64_t>& from, DBuf& dst, const std::vector<int64_t>& to) {
+    if (from.empty()) return;
+    idx.reserve(from.size() * 8, "row indices");
+    idx2.reserve(to.size() * 8, "row indices");
+    copy_to_device(idx.as<void>(), from.data(), from.size() * 8);
+    copy_to_device(idx2.as<void>(), to.data(), to.size() * 8);
+    copy_rows(src.as<float>(), idx.as<int64_t>(), dst.as<float>(), idx2.as<int64_t>(), int64_t(from.size()), c.n_embd);
+  }
+
+  // Rows `rows` of x (tokens at positions pos[i]) into the Aux Cache as the input of layer
+  // `layer`: the host index records the entry, the device holds the state.
+  void store_aux(AuxCache& aux, const std::vector<int64_t>& rows, const std::vector<int32_t>& pos, int layer) {
+    std::vector<int64_t> entries(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      aux.put(pos[i], layer, nullptr, 0);  // the index only: D = 0 on the host
+      entries[i] = aux.find(pos[i]);
+      if (entries[i] >= n_ctx) fail("internal error: Aux Cache entry {} beyond its {} rows", entries[i], n_ctx);
+    }
+    copy_indexed(x, rows, aux_states, entries);
   }
 
   void reserve(int64_t T) {
@@ -236,11 +260,13 @@ CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
   const Weights& w = m.weights();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   const double kv_bytes = double(n_ctx) * c.n_layer * 2.0 * KV * 4;
-  const double need = double(w.bytes()) + kv_bytes;
+  const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
+  const double need = double(w.bytes()) + kv_bytes + aux_bytes;
   if (need > double(dev.free_bytes))
-    fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} for {} tokens) but {} has {:.2f} GiB free",
-         need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0, n_ctx, dev.name,
-         double(dev.free_bytes) / 1073741824.0);
+    fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} for {} tokens) but {} "
+         "has {:.2f} GiB free",
+         need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0, aux_bytes / 1073741824.0,
+         n_ctx, dev.name, double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
   impl_ = std::make_unique<Impl>(m, n_ctx);
   Impl& s = *impl_;
@@ -268,6 +294,7 @@ CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
     L.bits = upload(zero.data(), zero.size(), "has-KV bits");
     L.slot_of.assign(size_t(s.bit_words * 32), -1);
   }
+  s.aux_states.reserve(size_t(n_ctx * c.n_embd) * 4, "Aux Cache");
   s.weight_bytes = w.bytes();
   synchronize("weight upload");
 }
@@ -289,11 +316,16 @@ int64_t CudaSession::n_cached() const {
   return impl_->layers.empty() ? 0 : impl_->layers[0].n;
 }
 
+int64_t CudaSession::aux_bytes() const {
+  return aux_.size() * (int64_t(impl_->c.n_embd) * 4 + 8);
+}
+
 int64_t CudaSession::device_bytes() const {
   const Impl& s = *impl_;
   int64_t b = s.weight_bytes;
   for (const DLayer& L : s.layers) b += int64_t(L.k.bytes() + L.v.bytes() + L.pos.bytes() + L.bits.bytes());
-  for (const DBuf* d : {&s.x, &s.x2, &s.xn, &s.qkv, &s.q, &s.k, &s.v, &s.attn, &s.tmp, &s.ff, &s.act, &s.a16})
+  for (const DBuf* d : {&s.x, &s.x2, &s.xn, &s.qkv, &s.q, &s.k, &s.v, &s.attn, &s.tmp, &s.ff, &s.act, &s.a16,
+                        &s.aux_states})
     b += int64_t(d->bytes());
   return b;
 }
@@ -365,23 +397,24 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
     if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
     if (stats) stats->scores.push_back(scores);
     if (int64_t(keep.size()) < Tl) time_op(timers, l, Op::Gather, OpShape{Tl, 0, 0}, c, [&] {
-      // Pruned rows' hidden states (the input of layer l + 1) to the host Aux Cache.
-      std::vector<float> xh(size_t(Tl * D));
-      copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
+      // Pruned rows' hidden states (the input of layer l + 1) to the Aux Cache.
       size_t k = 0;
-      std::vector<int32_t> kept_pos;
+      std::vector<int32_t> kept_pos, pruned_pos;
+      std::vector<int64_t> pruned;
       for (int64_t r = 0; r < Tl; ++r) {
         if (k < keep.size() && keep[k] == r) {
           kept_pos.push_back(act_pos[size_t(r)]);
           ++k;
           continue;
         }
-        aux_.put(act_pos[size_t(r)], l + 1, xh.data() + r * D, D);
+        pruned.push_back(r);
+        pruned_pos.push_back(act_pos[size_t(r)]);
         if (stats) {
           ++stats->aux_writes;
           ++stats->aux_written[size_t(l)];
         }
       }
+      s.store_aux(aux_, pruned, pruned_pos, l + 1);
       copy_to_device(s.idx.as<void>(), keep.data(), keep.size() * 8);
       gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.x2.as<float>(), int64_t(keep.size()), D);
       std::swap(s.x, s.x2);
@@ -439,7 +472,6 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
   else
     gather_rows(s.tok_embd.data.as<float>(), s.idx.as<int64_t>(), s.x.as<float>(), 1, D);
   size_t next_step = 0;
-  std::vector<float> xh;
   for (int l = 0; l < c.n_layer; ++l) {
     const DLayer& L = s.layers[size_t(l)];
     // Revival: active tokens without K/V here that are not rows yet come back from the Aux Cache,
@@ -449,11 +481,12 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
       if (L.slot_of[size_t(ap)] < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap))
         revive.push_back(ap);
     if (!revive.empty()) {
-      xh.resize(rows.size() * size_t(D));
-      copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
-      const std::vector<float> xm = aux_.merge_revived(l, rows, revive, xh.data(), D);
-      s.reserve(int64_t(rows.size()));
-      copy_to_device(s.x.as<void>(), xm.data(), xm.size() * 4);
+      const AuxCache::RevivalPlan plan = aux_.plan_revival(l, rows, revive);
+      s.x2.reserve(rows.size() * size_t(D) * 4, "hidden states");
+      s.copy_indexed(s.x, plan.x_src, s.x2, plan.x_dst);
+      s.copy_indexed(s.aux_states, plan.aux_src, s.x2, plan.aux_dst);
+      std::swap(s.x, s.x2);
+      s.reserve(int64_t(rows.size()));  // x, now the merged rows, is already large enough
       if (stats) {
         stats->revived[size_t(l)] = int64_t(revive.size());
         stats->revived_pos[size_t(l)] = revive;
@@ -490,10 +523,8 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
     }
     // Rows not selected stop here (their state to the Aux Cache); rows that already have K/V at
     // the next layer stop too.
-    xh.resize(size_t(Tl * D));
-    copy_to_host(xh.data(), s.x.as<void>(), xh.size() * 4);
-    std::vector<int64_t> stay;
-    std::vector<int32_t> next_rows;
+    std::vector<int64_t> stay, leave;
+    std::vector<int32_t> next_rows, leave_pos;
     for (int64_t r = 0; r < Tl; ++r) {
       const int32_t rp = rows[size_t(r)];
       const bool kept = !prune_here || std::binary_search(active.begin(), active.end(), rp);
@@ -504,13 +535,15 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
         continue;
       }
       if (!kept && l + 1 < c.n_layer) {
-        aux_.put(rp, l + 1, xh.data() + r * D, D);
+        leave.push_back(r);
+        leave_pos.push_back(rp);
         if (stats) {
           ++stats->aux_writes;
           ++stats->aux_written[size_t(l)];
         }
       }
     }
+    s.store_aux(aux_, leave, leave_pos, l + 1);
     if (next_rows.empty() || next_rows.back() != p) fail("internal error: the new token left the step");
     if (int64_t(stay.size()) < Tl) {
       copy_to_device(s.idx.as<void>(), stay.data(), stay.size() * 8);
@@ -581,7 +614,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   }
   r.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   r.text = m.tokenizer().decode(r.generated_ids);
-  r.aux_cache_bytes = s.aux().bytes();
+  r.aux_cache_bytes = s.aux_bytes();
   return r;
 }
 

@@ -2,7 +2,7 @@
 // K/V cache per layer, and forward passes with the same contract as lp::Session::forward
 // (kernels/runner.h): explicit ids and original positions, LazyLLM-style pruning in the prefill
 // (the CPU's PruningPolicy chooses from the scores the GPU computes; pruned rows' hidden states go
-// to the host Aux Cache), logits for the requested rows. Plain C++ over the launchers of
+// to the Aux Cache on the device, whose index the host keeps), logits for the requested rows. Plain C++ over the launchers of
 // cuda_ops.h, so it builds without CUDA headers; in a build without CUDA its constructor fails
 // with the reason.
 //
@@ -45,7 +45,9 @@ class CudaSession {
   void reset();
   int64_t n_cached() const;
   int64_t device_bytes() const;  // weights + K/V + scratch allocated on the GPU
+  // The Aux Cache's index (positions and layers; the states are on the device, so D = 0 here).
   const AuxCache& aux() const { return aux_; }
+  int64_t aux_bytes() const;  // states on the device + positions
 
  private:
   struct Impl;

@@ -122,6 +122,15 @@ __global__ void scatter_kernel(const float* src, const int64_t* idx, float* dst,
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = src[r * width + i];
 }
 
+// One block per row: dst[dst_idx[r]] = src[src_idx[r]] (Aux Cache stores and revivals).
+__global__ void copy_rows_kernel(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx,
+                                 int64_t width) {
+  const int64_t r = blockIdx.x;
+  const float* s = src + src_idx[r] * width;
+  float* d = dst + dst_idx[r] * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+}
+
 __global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, float* dst, int64_t width) {
   const int64_t r = blockIdx.x;
   const uint16_t* s = src + idx[r] * width;

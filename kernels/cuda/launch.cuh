@@ -73,6 +73,12 @@ void scatter_rows(const float* src, const int64_t* idx, float* dst, int64_t rows
   LP_LAUNCH(kernels::scatter_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
 }
 
+void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,
+               int64_t width) {
+  if (rows <= 0) return;
+  LP_LAUNCH(kernels::copy_rows_kernel, unsigned(rows), kThreads, 0, src, src_idx, dst, dst_idx, width);
+}
+
 void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
   if (rows <= 0) return;
   LP_LAUNCH(kernels::gather_bf16_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);

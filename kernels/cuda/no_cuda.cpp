@@ -35,6 +35,7 @@ void kv_append(const float*, const float*, const int64_t*, const int32_t*, int64
                uint32_t*) { unavailable(); }
 void copy_columns(const float*, int64_t, float*, int64_t, int64_t, int64_t) { unavailable(); }
 void swiglu_fused(const float*, float*, int64_t, int64_t) { unavailable(); }
+void copy_rows(const float*, const int64_t*, float*, const int64_t*, int64_t, int64_t) { unavailable(); }
 void gather_rows_bf16(const uint16_t*, const int64_t*, float*, int64_t, int64_t) { unavailable(); }
 void to_bf16(const float*, uint16_t*, int64_t) { unavailable(); }
 void gemm_f32(const float*, const float*, float*, int64_t, int64_t, int64_t) { unavailable(); }

@@ -175,6 +175,15 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   const auto b = back.host();
   for (size_t r = 0; r < to.size(); ++r)
     for (int64_t i = 0; i < width; ++i) ASSERT_EQ(b[size_t(to[r] * width + i)], g[r * width + i]);
+  // Rows between two buffers by index pairs (Aux Cache stores and loads).
+  const std::vector<int64_t> from = {4, 0, 49}, into = {1, 6, 2};
+  Dev<float> aux(std::vector<float>(size_t(8 * width), 0.0f));
+  Dev<int64_t> dfrom(from), dinto(into);
+  cuda::copy_rows(dsrc.p, dfrom.p, aux.p, dinto.p, 3, width);
+  const auto a = aux.host();
+  for (size_t r = 0; r < from.size(); ++r)
+    for (int64_t i = 0; i < width; ++i) ASSERT_EQ(a[size_t(into[r] * width + i)], src[size_t(from[r] * width + i)]);
+  for (int64_t i = 0; i < width; ++i) ASSERT_EQ(a[size_t(3 * width + i)], 0.0f);
   const int64_t kv = 64;
   const auto kn = randn(size_t(2 * kv), 12), vn = randn(size_t(2 * kv), 13);
   Dev<float> dk(kn), dv(vn), kc(std::vector<float>(size_t(8 * kv), 0.0f)), vc(std::vector<float>(size_t(8 * kv), 0.0f));
