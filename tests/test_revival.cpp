@@ -210,8 +210,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, Revival,
                                            RevivalCase{111, PolicyKind::LazyLLM, "1:0.6", 4}),
                          [](const ::testing::TestParamInfo<RevivalCase>& info) {
                            const RevivalCase& c = info.param;
-                           std::string name = "T" + std::to_string(c.T) + "_" + policy_name(c.policy) + "_" +
-                                              c.schedule + "_steps" + std::to_string(c.decode_steps);
+                           std::string name = "T";  // appended, not "T" + ...: gcc 12 warns falsely (-Wrestrict)
+                           name += std::to_string(c.T) + "_" + policy_name(c.policy) + "_" + c.schedule + "_steps" +
+                                   std::to_string(c.decode_steps);
                            for (char& ch : name)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name + "_" + std::to_string(info.index);
