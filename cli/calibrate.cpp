@@ -123,10 +123,7 @@ std::map<std::string, std::string> parse_map(const std::vector<std::string>& ite
   return m;
 }
 
-std::string sha256_hex(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read '{}'", path);
-  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+std::string sha256_hex(const std::string& data, const std::string& path) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1) fail("SHA-256 of '{}' failed", path);
@@ -187,8 +184,9 @@ int calibrate_measurements(const CalibrateArgs& a) {
   std::vector<sim::Measurement> records;
   json files = json::array();
   for (const std::string& f : a.measurements) {
-    std::vector<sim::Measurement> ms = sim::import_measurements(f);
-    files.push_back({{"path", f}, {"sha256", sha256_hex(f)}, {"records", ms.size()}});
+    std::string bytes;
+    std::vector<sim::Measurement> ms = sim::import_measurements(f, &bytes);
+    files.push_back({{"path", f}, {"sha256", sha256_hex(bytes, f)}, {"records", ms.size()}});
     for (sim::Measurement& m : ms) records.push_back(std::move(m));
   }
   sim::check_no_duplicates(records);

@@ -34,7 +34,12 @@ constexpr int64_t kMaxCount = int64_t(1) << 30;
 
 using json = nlohmann::json;
 
+// The file import_measurements is reading, read once: detection and the importer see the same
+// bytes (a pipe such as <(...) can be read only once), and the caller hashes exactly those.
+thread_local const std::pair<std::string, std::string>* g_reading = nullptr;
+
 std::string read_text(const std::string& path) {
+  if (g_reading && g_reading->first == path) return g_reading->second;
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read measurements '{}'", path);
   std::ostringstream ss;
@@ -589,9 +594,15 @@ std::vector<Measurement> import_any(const std::string& path);
 
 }  // namespace
 
-std::vector<Measurement> import_measurements(const std::string& path) {
+std::vector<Measurement> import_measurements(const std::string& path, std::string* bytes) {
+  const std::pair<std::string, std::string> file{path, read_text(path)};
+  g_reading = &file;
+  struct Done {
+    ~Done() { g_reading = nullptr; }
+  } done;
   std::vector<Measurement> ms = import_any(path);
   clean_names(ms);
+  if (bytes) *bytes = file.second;
   return ms;
 }
 
@@ -601,8 +612,11 @@ std::vector<Measurement> import_any(const std::string& path) {
   const std::string text = read_text(path);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) fail("{}: empty file", path);
-  if (path.ends_with(".csv")) return import_csv(path);
-  if (text[first] == '{' || text[first] == '[') {
+  const bool json_like = text[first] == '{' || text[first] == '[';
+  // A .csv by name; a name without it (a pipe, <(...)) by content: a first line with commas.
+  if (path.ends_with(".csv") || (!json_like && text.substr(0, text.find('\n')).find(',') != std::string::npos))
+    return import_csv(path);
+  if (json_like) {
     // By the keys of the first record (an object, an array's first element, or the first line).
     const auto recs = json_records(path, text);
     if (recs.empty()) fail("{}: no records", path);

@@ -79,8 +79,10 @@ std::vector<Measurement> import_vllm_latency(const std::string& path);
 std::vector<Measurement> import_trtllm_bench(const std::string& path);
 
 // A .csv file by its name; otherwise by content: a run --json object, a llama-bench array or JSON
-// Lines. Throws lp::Error naming the file when it is none of these.
-std::vector<Measurement> import_measurements(const std::string& path);
+// Lines, vLLM or trtllm-bench JSON, or (a first line with commas) the CSV. The file is read once
+// (pipes work). Throws lp::Error naming the file when it is none of these.
+// `bytes` (when given) receives the file's content exactly as it was read and imported, once.
+std::vector<Measurement> import_measurements(const std::string& path, std::string* bytes = nullptr);
 
 // Each record measures one quantity: a TTFT (prompt_tokens > 0) or a decode latency. A source row
 // with both becomes two records, the decode one at context prompt_tokens + context_tokens.

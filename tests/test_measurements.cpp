@@ -262,6 +262,13 @@ TEST(Measurements, ReviewedEdgeCases) {
   ASSERT_EQ(lens.size(), 2u);  // the decode latency is not lost when the lengths are per request
   EXPECT_EQ(lens[1].decode_tokens, 29);
   EXPECT_EQ(lens[1].context_tokens, 20);
+  // A CSV by content when its name does not say so (a pipe such as <(...)), read once: the bytes
+  // handed back for the hash are the bytes imported.
+  const std::string csv_text = "model,hardware,prompt_tokens,ttft_ms\nm,h,100,1\n";
+  std::string bytes;
+  const auto piped = sim::import_measurements(write(dir, "63", csv_text), &bytes);
+  ASSERT_EQ(piped.size(), 1u);
+  EXPECT_EQ(bytes, csv_text);
   const auto ctl = sim::import_measurements(
       write(dir, "ctl.json", R"({"model_id": "evil\nmodel", "median_ttft_ms": 10, "input_lens": [10], "max_concurrency": 1})"));
   ASSERT_EQ(ctl.size(), 1u);
