@@ -109,8 +109,19 @@ void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float
 #endif
   const int64_t row_blocks = (T * (H / Hkv) + kernels::kAttnRows - 1) / kernels::kAttnRows;
   const int64_t n_tiles = (S + BK - 1) / BK;
-  // Split the keys when the grid would fill less than two waves of the SMs.
-  const int64_t blocks = row_blocks * Hkv, want = 2 * int64_t(multiprocessors());
+  // Split the keys when the grid would not fill every SM with as many blocks as fit at once.
+  int per_sm = 2;
+#if defined(__CUDACC__)
+  static const int fit = [&] {
+    int n = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kernels::kAttnThreads,
+                                                                        kernels::attention_shared_bytes(64 * DC, BK));
+    if (e != cudaSuccess) cudaGetLastError();  // not sticky: clear it, or the next launch check reports it
+    return e == cudaSuccess && n > 0 ? n : 2;
+  }();
+  per_sm = fit;
+#endif
+  const int64_t blocks = row_blocks * Hkv, want = int64_t(per_sm) * multiprocessors();
   int64_t splits = blocks >= want || n_tiles <= 1 ? 1 : std::min<int64_t>(n_tiles, (want + blocks - 1) / blocks);
   splits = std::min<int64_t>(splits, 65535);
   const int64_t per_split = splits > 1 ? (n_tiles + splits - 1) / splits : std::max<int64_t>(n_tiles, 1);
