@@ -153,13 +153,7 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 bool same_name(const std::string& a, const std::string& b) {
-  const auto norm = [](std::string s) {
-    std::string o;
-    for (char ch : s)
-      if (ch != ' ' && ch != '_' && ch != '-') o += char(std::tolower(static_cast<unsigned char>(ch)));
-    return o;
-  };
-  return norm(a) == norm(b);
+  return sim::name_key(a) == sim::name_key(b);
 }
 
 int calibrate_measurements(const CalibrateArgs& a) {

@@ -58,11 +58,12 @@ double mape(const std::vector<Point>& pts, const std::vector<double>& pred, bool
 // in a way the parameters accepted before it cannot reproduce.
 constexpr double kMinElasticity = 0.05;
 // F-to-enter of forward stepwise regression: the drop in the squared log error a parameter brings,
-// over the remaining error per degree of freedom, must reach the 5% point of F(1, dof), which is
-// the square of Student's t at 0.975 (standard table; 1.96 for dof -> infinity).
-// A parameter asked for with --fit needs only to pay for itself: F >= 2, about Akaike's criterion.
+// over the remaining error per degree of freedom. A parameter asked for with --fit needs only to
+// pay for itself: F >= 2, about Akaike's criterion.
 constexpr double kMinRequestedF = 2;
 
+// Any other must reach the 5% point of F(1, dof): the square of Student's t at 0.975 (standard
+// table; 1.96 for dof -> infinity).
 double f_to_enter(double dof) {
   static constexpr double t975[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
                                     2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,

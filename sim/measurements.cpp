@@ -31,7 +31,6 @@ namespace {
 // sums of them must not overflow.
 constexpr int64_t kMaxCount = int64_t(1) << 30;
 
-
 using json = nlohmann::json;
 
 // The file import_measurements is reading, read once: detection and the importer see the same
@@ -366,6 +365,14 @@ int64_t whole_tokens(double v, const char* what, const std::string& path, int re
   return std::llround(v);
 }
 
+// Whether a serving result carries a decode latency: a time per output token over at least two
+// output tokens (the first comes from the prefill). A present but non-positive time is an error.
+bool has_decode(const std::optional<double>& tpot, double output_tokens, const std::string& path, int rec) {
+  if (!tpot || output_tokens < 2) return false;
+  if (!(*tpot > 0)) fail("{}: record {}: the time per output token must be positive, got {}", path, rec, *tpot);
+  return true;
+}
+
 Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   if (!o.is_object()) fail("{}: record {}: not a JSON object", path, rec);
   Measurement m;
@@ -428,9 +435,7 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   m.ttft_ms = *ttft;
   const auto tpot = opt_number(o, "median_tpot_ms", path, rec) ? opt_number(o, "median_tpot_ms", path, rec)
                                                                : opt_number(o, "mean_tpot_ms", path, rec);
-  if (tpot && !(*tpot > 0) && output >= 2)
-    fail("{}: record {}: the time per output token must be positive, got {}", path, rec, *tpot);
-  if (tpot && output >= 2) {
+  if (has_decode(tpot, output, path, rec)) {
     m.decode_ms_per_token = *tpot;
     m.decode_tokens = std::llround(output) - 1;
   }
@@ -561,9 +566,7 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
     if (!m.isolated) m.note += std::string(m.note.empty() ? "" : "; ") + "under load (concurrency above 1): TTFT includes queueing";
     if (const auto n = opt_number(req, "num_requests", path, rec)) m.repetitions = int(std::clamp(*n, 1.0, 1e9));
     const auto tpot = p50("tpot_percentiles", "avg_tpot_ms");
-    if (tpot && !(*tpot > 0) && output >= 2)
-      fail("{}: record {}: the time per output token must be positive, got {}", path, rec, *tpot);
-    if (tpot && output >= 2) {
+    if (has_decode(tpot, output, path, rec)) {
       Measurement d = m;
       d.ttft_ms.reset();
       d.prompt_tokens = 0;
@@ -638,19 +641,19 @@ std::vector<Measurement> import_any(const std::string& path) {
 
 }  // namespace
 
+std::string name_key(const std::string& name) {
+  std::string k;
+  for (char ch : name)
+    if (ch != ' ' && ch != '_' && ch != '-') k += char(std::tolower(static_cast<unsigned char>(ch)));
+  return k;
+}
+
 void check_no_duplicates(const std::vector<Measurement>& ms) {
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string, std::string,
                          int, int, int64_t, int64_t, int64_t, bool>;
-  // Names compare as calibrate matches them: case, spaces, '_' and '-' aside.
-  const auto norm = [](const std::string& x) {
-    std::string r;
-    for (unsigned char c : x)
-      if (std::isalnum(c) || c == '.') r += char(std::tolower(c));
-    return r;
-  };
   std::map<Key, const Measurement*> seen;
   for (const Measurement& m : ms) {
-    const Key key{norm(m.model),   norm(m.hardware), norm(m.framework), m.framework_version, norm(m.dtype),
+    const Key key{name_key(m.model), name_key(m.hardware), name_key(m.framework), m.framework_version, name_key(m.dtype),
                   m.method,        m.config,        m.batch,          m.tp,                m.prompt_tokens,
                   m.context_tokens, m.decode_tokens, m.ttft_ms.has_value()};
     const auto [it, fresh] = seen.emplace(key, &m);

@@ -87,8 +87,11 @@ std::vector<Measurement> import_measurements(const std::string& path, std::strin
 // Each record measures one quantity: a TTFT (prompt_tokens > 0) or a decode latency. A source row
 // with both becomes two records, the decode one at context prompt_tokens + context_tokens.
 // Two records describe the same point when model, hardware, framework and version, dtype, method,
-// config, batch, tp, prompt, context and decode tokens are equal and both measure the same quantity. Throws lp::Error naming
-// both records of the first duplicate.
+// config, batch, tp, prompt, context and decode tokens are equal (names as name_key compares them)
+// and both measure the same quantity. Throws lp::Error naming both records of the first duplicate.
 void check_no_duplicates(const std::vector<Measurement>& ms);
+
+// A name as calibrate compares names from files: lower case, without spaces, '-' or '_'.
+std::string name_key(const std::string& name);
 
 }  // namespace lp::sim

@@ -23,7 +23,6 @@
 #error "host_threads.h is for host compilers; nvcc compiles the kernels for the device"
 #endif
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>

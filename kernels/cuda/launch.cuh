@@ -102,30 +102,30 @@ void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float
                     const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
   auto* kernel = &kernels::attention_kernel<BK, DC>;
   const size_t shared = kernels::attention_shared_bytes(Dh, BK);
+  int per_sm = 2;  // blocks that fit on an SM at once (the host build: a guess)
 #if defined(__CUDACC__)
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kernels::attention_shared_bytes(64 * DC, BK)));
-  if (opt_in != cudaSuccess) fail("CUDA attention: cannot reserve shared memory: {}", cudaGetErrorString(opt_in));
+  // Once per instance: allow the shared memory of its widest head, then ask the occupancy.
+  static const int fit = [&] {
+    const size_t most = kernels::attention_shared_bytes(64 * DC, BK);
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
+    if (e != cudaSuccess) fail("CUDA attention: cannot reserve shared memory: {}", cudaGetErrorString(e));
+    int n = 0;
+    const cudaError_t o = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kernels::kAttnThreads, most);
+    if (o != cudaSuccess) cudaGetLastError();  // not sticky: clear it, or the next launch check reports it
+    return o == cudaSuccess && n > 0 ? n : 2;
+  }();
+  per_sm = fit;
 #endif
   const int64_t row_blocks = (T * (H / Hkv) + kernels::kAttnRows - 1) / kernels::kAttnRows;
   const int64_t n_tiles = (S + BK - 1) / BK;
   // Split the keys when the grid would not fill every SM with as many blocks as fit at once.
-  int per_sm = 2;
-#if defined(__CUDACC__)
-  static const int fit = [&] {
-    int n = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kernels::kAttnThreads,
-                                                                        kernels::attention_shared_bytes(64 * DC, BK));
-    if (e != cudaSuccess) cudaGetLastError();  // not sticky: clear it, or the next launch check reports it
-    return e == cudaSuccess && n > 0 ? n : 2;
-  }();
-  per_sm = fit;
-#endif
   const int64_t blocks = row_blocks * Hkv, want = int64_t(per_sm) * multiprocessors();
-  int64_t splits = blocks >= want || n_tiles <= 1 ? 1 : std::min<int64_t>(n_tiles, (want + blocks - 1) / blocks);
-  splits = std::min<int64_t>(splits, 65535);
-  const int64_t per_split = splits > 1 ? (n_tiles + splits - 1) / splits : std::max<int64_t>(n_tiles, 1);
-  splits = splits > 1 ? (n_tiles + per_split - 1) / per_split : 1;
+  int64_t per_split = std::max<int64_t>(n_tiles, 1), splits = 1;
+  if (blocks < want && n_tiles > 1) {
+    const int64_t wanted = std::min<int64_t>({n_tiles, (want + blocks - 1) / blocks, 65535});
+    per_split = (n_tiles + wanted - 1) / wanted;
+    splits = (n_tiles + per_split - 1) / per_split;
+  }
   const dim3 grid{unsigned(row_blocks), unsigned(Hkv), unsigned(splits)};
   if (splits == 1) {
     LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split, out,

@@ -15,6 +15,8 @@ namespace {
 
 namespace ht = lp::host_threads;
 
+constexpr ht::Order kOrders[] = {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp};
+
 struct OrderGuard {
   ht::Order saved = ht::order();
   ~OrderGuard() { ht::set_order(saved); }
@@ -39,7 +41,7 @@ std::vector<int> run_neighbours(bool barrier, ht::Order order) {
 
 TEST(HostThreads, ABarrierOrdersSharedMemoryUnderEveryThreadOrder) {
   OrderGuard guard;
-  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
+  for (ht::Order o : kOrders) {
     const auto out = run_neighbours(true, o);
     for (int b = 0; b < 3; ++b)
       for (int t = 0; t < 64; ++t) ASSERT_EQ(out[size_t(b * 64 + t)], 100 * b + (t + 1) % 64) << int(o);
@@ -49,7 +51,7 @@ TEST(HostThreads, ABarrierOrdersSharedMemoryUnderEveryThreadOrder) {
 TEST(HostThreads, AMissingBarrierShowsUnderSomeOrder) {
   OrderGuard guard;
   int wrong = 0;
-  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
+  for (ht::Order o : kOrders) {
     const auto out = run_neighbours(false, o);
     for (int b = 0; b < 3; ++b)
       for (int t = 0; t < 64; ++t) wrong += out[size_t(b * 64 + t)] != 100 * b + (t + 1) % 64;
@@ -74,7 +76,7 @@ __global__ void overwrite_kernel(int* out, bool barrier) {
 TEST(HostThreads, WarpByWarpCatchesAWarpOverwritingWhatAnotherStillReads) {
   OrderGuard guard;
   for (bool barrier : {true, false})
-    for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
+    for (ht::Order o : kOrders) {
       ht::set_order(o);
       std::vector<int> out(64, 0);
       ht::launch(1, 64, 0, &overwrite_kernel, out.data(), barrier);
@@ -94,7 +96,7 @@ __global__ void shuffle_kernel(float* out) {
 
 TEST(HostThreads, XorShufflesWithinSegments) {
   OrderGuard guard;
-  for (ht::Order o : {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp}) {
+  for (ht::Order o : kOrders) {
     ht::set_order(o);
     std::vector<float> out(64, 0.0f);
     ht::launch(1, 64, 0, &shuffle_kernel, out.data());
