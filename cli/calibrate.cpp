@@ -178,9 +178,12 @@ int calibrate_measurements(const CalibrateArgs& a) {
   std::vector<sim::Measurement> records;
   json files = json::array();
   for (const std::string& f : a.measurements) {
-    std::string bytes;
-    std::vector<sim::Measurement> ms = sim::import_measurements(f, &bytes);
-    files.push_back({{"path", f}, {"sha256", sha256_hex(bytes, f)}, {"records", ms.size()}});
+    std::vector<sim::MeasurementSource> read;
+    std::vector<sim::Measurement> ms = sim::import_measurements(f, &read);
+    json entry = {{"path", f}, {"sha256", sha256_hex(read.at(0).bytes, f)}, {"records", ms.size()}};
+    for (size_t i = 1; i < read.size(); ++i)
+      entry["side_files"].push_back({{"path", read[i].path}, {"sha256", sha256_hex(read[i].bytes, read[i].path)}});
+    files.push_back(std::move(entry));
     for (sim::Measurement& m : ms) records.push_back(std::move(m));
   }
   sim::check_no_duplicates(records);

@@ -33,16 +33,20 @@ constexpr int64_t kMaxCount = int64_t(1) << 30;
 
 using json = nlohmann::json;
 
-// The file import_measurements is reading, read once: detection and the importer see the same
-// bytes (a pipe such as <(...) can be read only once), and the caller hashes exactly those.
-thread_local const std::pair<std::string, std::string>* g_reading = nullptr;
+// The files import_measurements has read, each once: detection and the importer see the same
+// bytes (a pipe such as <(...) can be read only once), and the caller hashes exactly those. The
+// first is the file asked for; a side file (vLLM's <stem>.pytorch.json) follows it.
+thread_local std::vector<MeasurementSource>* g_reading = nullptr;
 
 std::string read_text(const std::string& path) {
-  if (g_reading && g_reading->first == path) return g_reading->second;
+  if (g_reading)
+    for (const MeasurementSource& f : *g_reading)
+      if (f.path == path) return f.bytes;
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read measurements '{}'", path);
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (g_reading) g_reading->push_back({path, ss.str()});
   return ss.str();
 }
 
@@ -597,15 +601,16 @@ std::vector<Measurement> import_any(const std::string& path);
 
 }  // namespace
 
-std::vector<Measurement> import_measurements(const std::string& path, std::string* bytes) {
-  const std::pair<std::string, std::string> file{path, read_text(path)};
-  g_reading = &file;
+std::vector<Measurement> import_measurements(const std::string& path, std::vector<MeasurementSource>* sources) {
+  std::vector<MeasurementSource> read;
+  g_reading = &read;
   struct Done {
     ~Done() { g_reading = nullptr; }
   } done;
+  read_text(path);
   std::vector<Measurement> ms = import_any(path);
   clean_names(ms);
-  if (bytes) *bytes = file.second;
+  if (sources) *sources = std::move(read);
   return ms;
 }
 

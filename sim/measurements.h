@@ -81,8 +81,13 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path);
 // A .csv file by its name; otherwise by content: a run --json object, a llama-bench array or JSON
 // Lines, vLLM or trtllm-bench JSON, or (a first line with commas) the CSV. The file is read once
 // (pipes work). Throws lp::Error naming the file when it is none of these.
-// `bytes` (when given) receives the file's content exactly as it was read and imported, once.
-std::vector<Measurement> import_measurements(const std::string& path, std::string* bytes = nullptr);
+// `sources` (when given) receives every file the import read, each exactly as it was read and
+// imported, once: the file asked for first, then any side file (vLLM's <stem>.pytorch.json).
+struct MeasurementSource {
+  std::string path, bytes;
+};
+std::vector<Measurement> import_measurements(const std::string& path,
+                                             std::vector<MeasurementSource>* sources = nullptr);
 
 // Each record measures one quantity: a TTFT (prompt_tokens > 0) or a decode latency. A source row
 // with both becomes two records, the decode one at context prompt_tokens + context_tokens.

@@ -265,10 +265,11 @@ TEST(Measurements, ReviewedEdgeCases) {
   // A CSV by content when its name does not say so (a pipe such as <(...)), read once: the bytes
   // handed back for the hash are the bytes imported.
   const std::string csv_text = "model,hardware,prompt_tokens,ttft_ms\nm,h,100,1\n";
-  std::string bytes;
-  const auto piped = sim::import_measurements(write(dir, "63", csv_text), &bytes);
+  std::vector<sim::MeasurementSource> read;
+  const auto piped = sim::import_measurements(write(dir, "63", csv_text), &read);
   ASSERT_EQ(piped.size(), 1u);
-  EXPECT_EQ(bytes, csv_text);
+  ASSERT_EQ(read.size(), 1u);
+  EXPECT_EQ(read[0].bytes, csv_text);
   const auto ctl = sim::import_measurements(
       write(dir, "ctl.json", R"({"model_id": "evil\nmodel", "median_ttft_ms": 10, "input_lens": [10], "max_concurrency": 1})"));
   ASSERT_EQ(ctl.size(), 1u);
@@ -306,7 +307,14 @@ TEST(Measurements, VllmFilesWithoutWhatTheyMeasureAreRefused) {
 }
 
 TEST(Measurements, VllmLatencyReadsItsSettingsFromThePytorchFile) {
-  const auto ms = sim::import_measurements(sample("vllm-latency-h100.json"));
+  std::vector<sim::MeasurementSource> read;
+  const auto ms = sim::import_measurements(sample("vllm-latency-h100.json"), &read);
+  // Both files are handed back for the provenance hash: the result, then its settings.
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_EQ(read[0].path, sample("vllm-latency-h100.json"));
+  EXPECT_EQ(read[1].path, sample("vllm-latency-h100.pytorch.json"));
+  std::ifstream side_in(read[1].path, std::ios::binary);
+  EXPECT_EQ(read[1].bytes, std::string((std::istreambuf_iterator<char>(side_in)), std::istreambuf_iterator<char>()));
   ASSERT_EQ(ms.size(), 1u);
   EXPECT_EQ(ms[0].model, "Llama-3.1-8B-Instruct");
   EXPECT_EQ(ms[0].prompt_tokens, 4096);
