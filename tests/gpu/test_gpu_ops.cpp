@@ -243,6 +243,25 @@ TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
   compare_generate(path, 120, PolicyKind::None);
 }
 
+// A session whose K/V and Aux Cache cannot fit (2^30 tokens of the tiny model: 2 TB, more
+// than any GPU and than the host emulation's 1 TiB) is refused before anything is allocated,
+// saying how much it needs and how much the GPU has.
+TEST(GpuForward, ASessionThatDoesNotFitIsRefusedSayingWhatItNeeds) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::F32, ctx);
+  try {
+    cuda::CudaSession s(*m, int64_t(1) << 30);
+    ADD_FAILURE() << "a 2^30-token session was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the model needs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GiB free"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1073741824 tokens"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
 TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnTheDefaultModel) {
   const std::string path = default_model_path();
   // scripts/setup fetches it; a GPU session without it is a set-up error, not a pass.
