@@ -261,12 +261,18 @@ CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   const double kv_bytes = double(n_ctx) * c.n_layer * 2.0 * KV * 4;
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
-  const double need = double(w.bytes()) + kv_bytes + aux_bytes;
+  // The activations of a prefill of all n_ctx tokens at once (Impl::reserve and mm's bf16 copy):
+  // x, x2, xn and the residual branch, qkv and its q, k, v, the attention output, gate|up, SwiGLU,
+  // positions, indices and scores.
+  const double Q = double(c.n_head) * c.head_dim, F = double(c.n_ff), D = double(c.n_embd);
+  const double bf16_copy = w.dtype == DType::BF16 ? 2 * std::max({D, Q, F}) : 0;
+  const double act_bytes = double(n_ctx) * (4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24);
+  const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes;
   if (need > double(dev.free_bytes))
-    fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} for {} tokens) but {} "
-         "has {:.2f} GiB free",
+    fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations {:.2f} "
+         "for {} tokens) but {} has {:.2f} GiB free",
          need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0, aux_bytes / 1073741824.0,
-         n_ctx, dev.name, double(dev.free_bytes) / 1073741824.0);
+         act_bytes / 1073741824.0, n_ctx, dev.name, double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
   impl_ = std::make_unique<Impl>(m, n_ctx);
   Impl& s = *impl_;
