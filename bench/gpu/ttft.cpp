@@ -5,8 +5,14 @@
 //   - LazyLLM's measured TTFT speedup against its FLOP-ideal (the same FLOP counting as the
 //     simulator, model/ops.h, on the pass's own per-layer counts);
 //   - attention over pruned keys against a dense attention over the same number of pairs.
-// Each figure is the median of 5 runs after a warm-up, same process, same GPU. Without a GPU it
-// prints why and exits 77. Usage: lp_gpu_bench [PROMPT_TOKENS (4096)]
+// Each figure is the median of 5 runs (--runs) after a warm-up, same process, same GPU. Without a GPU it
+// prints why and exits 77.
+// Usage: lp_gpu_bench [TOKENS (4096)] [--shape PRESET (llama-3.1-8b)] [--layers N] [--runs N]
+//                     [--no-default-model]
+// (--layers keeps the first N layers of the shape, so a model too big for one GPU can be timed
+// per layer). Built a second time over the host emulation (lp_gpu_bench_on_host), where ctest runs
+// it on a small shape so that its code has run before a GPU does; its times there mean nothing.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -33,22 +39,25 @@ namespace {
 
 using namespace lp;
 
+int g_runs = 5;  // timed runs per figure (--runs)
+
 double median_ms(const std::function<void()>& f) {
   f();  // warm-up
   std::vector<double> t;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < g_runs; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
     cuda::synchronize("bench");
     t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
-  return t[2];
+  return t[t.size() / 2];
 }
 
 // Random bf16 weights of a preset's shape (a cheap generator: values in about [-0.02, 0.02]).
-std::unique_ptr<Model> random_model(const std::string& preset) {
+std::unique_ptr<Model> random_model(const std::string& preset, int layers) {
   ModelConfig c = preset_config(preset);
+  if (layers > 0) c.n_layer = std::min(c.n_layer, layers);
   uint64_t state = 0x9e3779b97f4a7c15ull;
   const auto fill = [&](int64_t rows, int64_t cols) {
     Matrix m;
@@ -126,8 +135,20 @@ void ttft_rows(const Model& m, int64_t T) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"lp_gpu_bench: TTFT with and without LazyLLM, GEMMs and attention on the CUDA backend"};
+  int64_t T = 4096;
+  std::string shape = "llama-3.1-8b";
+  int layers = 0;
+  bool no_default = false;
+  app.add_option("tokens", T, "Prompt tokens")->check(CLI::Range(int64_t(2), int64_t(1) << 20));
+  app.add_option("--shape", shape, "Model preset whose shape gets random bf16 weights")
+      ->check(CLI::IsMember(preset_names()));
+  app.add_option("--layers", layers, "Keep only the first N layers of the shape (0: all)")->check(CLI::Range(0, 1024));
+  app.add_flag("--no-default-model", no_default, "Skip the default model's TTFT rows");
+  app.add_option("--runs", g_runs, "Timed runs per figure, after one warm-up (the median is printed)")
+      ->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
   try {
-    const int64_t T = argc > 1 ? std::stoll(argv[1]) : 4096;
     cuda::Device d;
     try {
       d = cuda::open_device();
@@ -143,20 +164,20 @@ int main(int argc, char** argv) {
       for (const std::string& a : p.aliases)
         if (a == d.name) peak = p.peak("bf16");
     }
-    fmt::print("\nTTFT: the prefill of a random prompt and its last row's logits (median of 5)\n");
-    if (std::filesystem::exists(default_model_path())) {
+    fmt::print("\nTTFT: the prefill of a random prompt and its last row's logits (median of {})\n", g_runs);
+    if (!no_default && std::filesystem::exists(default_model_path())) {
       CpuContext ctx(4);
       const auto m = Model::load(default_model_path(), DType::F32, ctx);
       fmt::print("default model (SmolLM2-135M, f32):\n");
       ttft_rows(*m, std::min<int64_t>(T, 8192));
     }
-    const auto m8 = random_model("llama-3.1-8b");
-    fmt::print("llama-3.1-8b shape, random bf16 weights:\n");
-    ttft_rows(*m8, T);
+    const auto mr = random_model(shape, layers);
+    fmt::print("{} shape ({} layers), random bf16 weights:\n", shape, mr->config().n_layer);
+    ttft_rows(*mr, T);
 
-    // GEMMs at the 8B prefill shapes.
+    // GEMMs at the shape's prefill sizes.
     fmt::print("\nGEMM, bf16 inputs, f32 accumulation ({} rows):\n", T);
-    const ModelConfig c = preset_config("llama-3.1-8b");
+    const ModelConfig c = mr->config();
     const int64_t D = c.n_embd, F = c.n_ff, QKV = int64_t(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     for (auto [name, K, N] : {std::tuple<const char*, int64_t, int64_t>{"qkv", D, QKV}, {"o", D, D}, {"gate_up", D, 2 * F},
                               {"down", F, D}}) {
