@@ -22,6 +22,25 @@ bool cpu_has_native_bf16() {
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
 
+// Whether this oneDNN multiplies bf16 at all on this CPU: oneDNN 2.6 has bf16 matmuls from
+// AVX-512 (emulated without AVX-512 BF16) up, none on AVX2-only CPUs. Asked once, by creating one.
+bool dnnl_has_bf16_matmul() {
+  static const bool ok = [] {
+    try {
+      using md = dnnl::memory::desc;
+      const dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+      const md a({16, 16}, dnnl::memory::data_type::bf16, dnnl::memory::format_tag::ab);
+      const md b({16, 16}, dnnl::memory::data_type::bf16, dnnl::memory::format_tag::ba);
+      const md c({16, 16}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
 DType fastest_dtype() {
   return cpu_has_native_bf16() ? DType::BF16 : DType::F32;
 }
@@ -181,6 +200,10 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   const int64_t N = W.rows, K = W.cols;
   const void* a_ptr = A;
   int64_t a_ld = lda;
+  // bf16 where oneDNN has no bf16 matmul (AVX2-only CPUs): each part widens its bf16 rows of A and
+  // W to f32 and runs the f32 matmul, the same products of the same rounded values (one widening
+  // of W per call: 1/M of the multiply's work).
+  const bool widen = W.dtype == DType::BF16 && !dnnl_has_bf16_matmul();
   if (W.dtype == DType::BF16) {
     impl_->a_bf16.resize(size_t(M * K));
     uint16_t* dst = impl_->a_bf16.data();
@@ -224,9 +247,9 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   for (int64_t m0 = 0; m0 < M; m0 += mc)
     for (int64_t n0 = 0; n0 < N; n0 += nc) {
       const int64_t m = std::min(mc, M - m0), n = std::min(nc, N - n0);
-      ps.push_back({m0, m, n0, n, impl_->get(m, n, K, a_ld, c_ld, W.dtype)});
+      ps.push_back({m0, m, n0, n, widen ? impl_->get(m, n, K, K, c_ld, DType::F32) : impl_->get(m, n, K, a_ld, c_ld, W.dtype)});
     }
-  const auto mdt = W.dtype == DType::F32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+  const auto mdt = W.dtype == DType::F32 || widen ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
   ctx.run([&] {
     tbb::parallel_for(size_t(0), ps.size(), [&](size_t i) {
       const Part& p = ps[i];
@@ -234,9 +257,22 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
       using mdims = dnnl::memory::dims;
       dnnl::stream s(impl_->eng);
       const char* a_base = static_cast<const char*>(a_ptr) + p.m0 * a_ld * esz;
-      dnnl::memory am(md({p.m, K}, mdt, mdims{a_ld, 1}), impl_->eng, const_cast<char*>(a_base));
-      dnnl::memory bm(md({K, p.n}, mdt, mdims{1, K}), impl_->eng,
-                      const_cast<char*>(static_cast<const char*>(W.data()) + p.n0 * K * esz));
+      const char* w_base = static_cast<const char*>(W.data()) + p.n0 * K * esz;
+      int64_t a_stride = a_ld;
+      thread_local std::vector<float> a_wide, w_wide;
+      if (widen) {
+        a_wide.resize(size_t(p.m * K));
+        w_wide.resize(size_t(p.n * K));
+        for (int64_t m = 0; m < p.m; ++m)
+          for (int64_t k = 0; k < K; ++k)
+            a_wide[size_t(m * K + k)] = bf16_to_f32(reinterpret_cast<const uint16_t*>(a_base)[m * a_ld + k]);
+        for (int64_t i = 0; i < p.n * K; ++i) w_wide[size_t(i)] = bf16_to_f32(reinterpret_cast<const uint16_t*>(w_base)[i]);
+        a_base = reinterpret_cast<const char*>(a_wide.data());
+        w_base = reinterpret_cast<const char*>(w_wide.data());
+        a_stride = K;
+      }
+      dnnl::memory am(md({p.m, K}, mdt, mdims{a_stride, 1}), impl_->eng, const_cast<char*>(a_base));
+      dnnl::memory bm(md({K, p.n}, mdt, mdims{1, K}), impl_->eng, const_cast<char*>(w_base));
       dnnl::memory cm(md({p.m, p.n}, dnnl::memory::data_type::f32, mdims{c_ld, 1}), impl_->eng,
                       c_out + p.m0 * c_ld + p.n0);
       const md& sp_md = p.p.scratch;
