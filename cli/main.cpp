@@ -52,17 +52,17 @@ struct RunArgs {
   bool op_timers = false;
 };
 
-// --backend cuda: the device, and whether the model and its K/V fit in its free memory.
-lp::cuda::Device check_cuda_backend(const std::string& path, lp::DType dtype, int64_t tokens) {
+// --backend cuda: the device, and whether the model's weights alone fit in its free memory, before
+// the (long) load. The session counts the rest (K/V, Aux Cache, activations) for the prompt's
+// tokens once it is tokenised, and refuses before allocating.
+lp::cuda::Device check_cuda_backend(const std::string& path, lp::DType dtype) {
   const lp::cuda::Device d = lp::cuda::open_device();  // one line saying why not, else the GPU
   const lp::ModelConfig c = lp::config_from_gguf(lp::GgufFile::open(path));
   const double weight_bytes = double(c.n_params()) * (dtype == lp::DType::F32 ? 4 : 2);
-  const double kv_bytes = double(tokens) * c.n_layer * 2.0 * c.kv_dim() * 4;
-  if (weight_bytes + kv_bytes > double(d.free_bytes))
-    lp::fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} for {} tokens) but {} has {:.2f} GiB "
-             "free of {:.2f}",
-             (weight_bytes + kv_bytes) / 1073741824.0, weight_bytes / 1073741824.0, kv_bytes / 1073741824.0, tokens,
-             d.name, double(d.free_bytes) / 1073741824.0, double(d.total_bytes) / 1073741824.0);
+  if (weight_bytes > double(d.free_bytes))
+    lp::fail("the model needs {:.2f} GiB on the GPU for its {} weights alone but {} has {:.2f} GiB free of {:.2f}",
+             weight_bytes / 1073741824.0, lp::dtype_name(dtype), d.name, double(d.free_bytes) / 1073741824.0,
+             double(d.total_bytes) / 1073741824.0);
   return d;
 }
 
@@ -75,8 +75,10 @@ std::string read_prompt_file(const std::string& path) {
   return ss.str();
 }
 
-lp::DType parse_dtype(const std::string& s) {
-  if (s == "auto") return lp::fastest_dtype();
+// auto: on the CPU the fastest this CPU has (bf16 where it has AVX-512 bf16); on a GPU bf16
+// (tensor cores, half the weight memory).
+lp::DType parse_dtype(const std::string& s, const std::string& backend) {
+  if (s == "auto") return backend == "cuda" ? lp::DType::BF16 : lp::fastest_dtype();
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
   lp::usage_fail("--dtype must be auto, f32 or bf16, got '{}'", s);
@@ -90,7 +92,7 @@ int cmd_run(const RunArgs& a) {
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
   if (text.empty()) lp::fail("the prompt is empty");
-  const lp::DType dtype = parse_dtype(a.dtype);
+  const lp::DType dtype = parse_dtype(a.dtype, a.backend);
   if (!a.trace.empty()) {
     // Fail before the (long) run when the trace could not be written afterwards.
     const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();
@@ -103,7 +105,7 @@ int cmd_run(const RunArgs& a) {
   if (a.op_timers && a.backend != "cuda") lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
   if (a.backend == "cuda") {
     if (!a.trace.empty()) lp::usage_fail("--trace is recorded by the CPU backend only (use --backend cpu)");
-    gpu = check_cuda_backend(path, dtype, int64_t(text.size()) + a.max_new_tokens);
+    gpu = check_cuda_backend(path, dtype);
   }
   lp::CpuContext ctx(a.threads);
   const auto model = lp::Model::load(path, dtype, ctx);
@@ -124,7 +126,8 @@ int cmd_run(const RunArgs& a) {
   opt.prune_seed = a.seed;
   opt.record_steps = !a.trace.empty();
   if (a.backend == "cuda") {
-    // The GPU path (kernels/cuda/cuda_session.h): pruned prefill, plain decoding steps.
+    // The GPU path (kernels/cuda/cuda_session.h): pruned prefill; decoding steps that re-select
+    // and revive from the Aux Cache when pruning (plain forward passes without).
     opt.gpu_op_timers = a.op_timers;
     const lp::GenerateResult r = lp::cuda::generate(*model, ids, opt);
     const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
@@ -155,7 +158,10 @@ int cmd_run(const RunArgs& a) {
                       {"decode_tokens_per_s", decode_tps},
                       {"ops", json::array()},  // per-op timings are recorded by the CPU backend only
                       {"prompt_tokens_computed_fraction", r.prompt_tokens_computed_fraction},
-                      {"decode", "plain forward passes over each layer's keys (no re-selection or revival on the GPU yet)"}};
+                      {"decode", opt.policy == lp::PolicyKind::None
+                                     ? "plain forward passes over every cached key"
+                                     : "pruned decoding steps: re-selection at every pruning layer, revival from the "
+                                       "Aux Cache"}};
       std::puts(j.dump(2).c_str());
     } else {
       std::puts(r.text.c_str());
@@ -329,8 +335,8 @@ int main(int argc, char** argv) {
   run->add_option("--max-new-tokens", ra.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   run->add_option("--threads", ra.threads, "CPU threads")->check(CLI::Range(1, 1024));
   run->add_option("--dtype", ra.dtype,
-                  "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), or auto: bf16 "
-                  "where the CPU has native bf16 (AVX-512 BF16/AMX), else f32")
+                  "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), or auto: bf16 with "
+                  "--backend cuda; on the CPU bf16 where it has native bf16 (AVX-512 BF16/AMX), else f32")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   run->add_option("--backend", ra.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/presets.h"
+#include "sim/fit_measurements.h"
 #include "traces/schedule.h"
 
 namespace {
@@ -40,6 +42,20 @@ namespace {
 using namespace lp;
 
 int g_runs = 5;  // timed runs per figure (--runs)
+
+// n bf16 values from N(0, 1) into device memory at p (truncated from f32: random values, no NaNs).
+void upload_random_bf16(void* p, int64_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  for (uint16_t& x : h) {
+    const float f = nd(g);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = uint16_t(bits >> 16);
+  }
+  cuda::copy_to_device(p, h.data(), h.size() * 2);
+}
 
 double median_ms(const std::function<void()>& f) {
   f();  // warm-up
@@ -119,12 +135,15 @@ void ttft_rows(const Model& m, int64_t T) {
     const bool prune = std::string(sched) != "none";
     const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer) : std::vector<PruneStep>{};
     ForwardStats st;
-    const double ms = median_ms([&] {
+    const auto pass = [&](ForwardStats* stats) {
       auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
       const PruneRequest req{steps, policy.get()};
       s.reset();
-      s.forward(ids, pos, {&last, 1}, logits.data(), prune ? &req : nullptr, &st);
-    });
+      s.forward(ids, pos, {&last, 1}, logits.data(), prune ? &req : nullptr, stats);
+    };
+    // Timed without stats (which would bring each step's scores to the host); one more pass counts.
+    const double ms = median_ms([&] { pass(nullptr); });
+    pass(&st);
     const double flops = pass_flops(c, st);
     if (!prune) base_ms = ms, base_flops = flops;
     fmt::print("  {:<28} {:>7} tokens  {:>10.2f} ms  speedup {:>5.2f}x  FLOP-ideal {:>5.2f}x  ratio {:.2f}\n", sched, T,
@@ -157,12 +176,14 @@ int main(int argc, char** argv) {
       return 77;
     }
     fmt::print("GPU: {} (sm_{}{}, {:.1f} GiB)\n", d.name, d.cc_major, d.cc_minor, double(d.total_bytes) / 1073741824.0);
-    // The GPU's dense bf16 peak, from the profile whose aliases name it.
+    // The GPU's dense bf16 peak, from the profile whose name or aliases name it (as calibrate matches
+    // hardware names: case, spaces and '_' ignored).
     double peak = 0;
-    for (const std::string& n : hw::builtin_profile_names()) {
-      const hw::Profile p = hw::load_profile(n);
-      for (const std::string& a : p.aliases)
-        if (a == d.name) peak = p.peak("bf16");
+    if (const auto profile = sim::match_profile(d.name, {})) {
+      peak = hw::load_profile(*profile).peak("bf16");
+      fmt::print("hardware profile: {} (dense bf16 peak {:.0f} TFLOP/s)\n", *profile, peak / 1e12);
+    } else {
+      fmt::print("no hardware profile names '{}': GEMMs are not compared with a peak\n", d.name);
     }
     fmt::print("\nTTFT: the prefill of a random prompt and its last row's logits (median of {})\n", g_runs);
     if (!no_default && std::filesystem::exists(default_model_path())) {
@@ -184,6 +205,8 @@ int main(int argc, char** argv) {
       void* a = cuda::device_alloc(size_t(T * K) * 2, "bench A");
       void* w = cuda::device_alloc(size_t(N * K) * 2, "bench W");
       void* o = cuda::device_alloc(size_t(T * N) * 4, "bench C");
+      upload_random_bf16(a, T * K, 1);  // defined inputs: the speed must not depend on what the memory held
+      upload_random_bf16(w, N * K, 2);
       const double ms = median_ms([&] { cuda::gemm_bf16((uint16_t*)a, (uint16_t*)w, (float*)o, T, K, N); });
       const double tflops = 2.0 * T * K * N / (ms * 1e-3) / 1e12;
       fmt::print("  {:<8} [{}x{}]x[{}x{}]  {:>8.3f} ms  {:>7.1f} TFLOP/s{}\n", name, T, K, K, N, ms, tflops,
@@ -192,11 +215,23 @@ int main(int argc, char** argv) {
       cuda::device_free(a), cuda::device_free(w), cuda::device_free(o);
     }
 
-    // Attention: pruned keys (every other position) vs dense keys with the same pairs.
+    // Attention over pruned keys against a dense attention over the same number of pairs. In a
+    // pruned prefill layer the rows are the kept tokens and the keys are the same tokens, at their
+    // original positions: here T/2 of T positions drawn at random (sorted), as a pruning step keeps
+    // them. The dense case is T/2 rows at positions 0 .. T/2 - 1. The causal pairs are the same
+    // (positions keep their order); what differs is what the kernel sees: positions with gaps,
+    // on which it masks and decides which key tiles a block can skip. A kernel that masked by
+    // index, or skipped tiles by index, would read the wrong pairs or waste tiles here.
     fmt::print("\nattention, {} heads / {} KV heads, Dh {}:\n", c.n_head, c.n_head_kv, c.head_dim);
-    const int64_t H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, Tq = T / 2;
-    std::vector<int32_t> qpos(static_cast<size_t>(Tq)), kpos_pruned(static_cast<size_t>(Tq)), kpos_dense(qpos.size());
-    for (int64_t i = 0; i < Tq; ++i) qpos[size_t(i)] = kpos_pruned[size_t(i)] = int32_t(2 * i), kpos_dense[size_t(i)] = int32_t(2 * i);
+    const int64_t H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, Tq = std::max<int64_t>(1, T / 2);
+    std::vector<int32_t> all(static_cast<size_t>(T)), kept(static_cast<size_t>(Tq)), dense(static_cast<size_t>(Tq));
+    std::iota(all.begin(), all.end(), 0);
+    std::mt19937 pick(7);
+    std::shuffle(all.begin(), all.end() - 1, pick);  // the last token is always kept
+    std::copy(all.begin(), all.begin() + Tq - 1, kept.begin());
+    kept[size_t(Tq - 1)] = int32_t(T - 1);
+    std::sort(kept.begin(), kept.end());
+    std::iota(dense.begin(), dense.end(), 0);
     void* q = cuda::device_alloc(size_t(Tq * H * Dh) * 4, "bench q");
     void* k = cuda::device_alloc(size_t(Tq * Hkv * Dh) * 4, "bench k");
     void* v = cuda::device_alloc(size_t(Tq * Hkv * Dh) * 4, "bench v");
@@ -213,20 +248,17 @@ int main(int argc, char** argv) {
       cuda::copy_to_device(k, hk.data(), hk.size() * 4);
       cuda::copy_to_device(v, hk.data(), hk.size() * 4);
     }
-    cuda::copy_to_device(qp, qpos.data(), size_t(Tq) * 4);
-    cuda::copy_to_device(kp, kpos_pruned.data(), size_t(Tq) * 4);
-    const double pruned_ms = median_ms([&] {
-      cuda::attention((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh, (float*)out);
-    });
-    // The same pairs, dense positions 0..Tq-1.
-    for (int64_t i = 0; i < Tq; ++i) qpos[size_t(i)] = int32_t(i), kpos_dense[size_t(i)] = int32_t(i);
-    cuda::copy_to_device(qp, qpos.data(), size_t(Tq) * 4);
-    cuda::copy_to_device(kp, kpos_dense.data(), size_t(Tq) * 4);
-    const double dense_ms = median_ms([&] {
-      cuda::attention((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh, (float*)out);
-    });
-    fmt::print("  pruned keys {:.3f} ms, dense keys with the same pairs {:.3f} ms: ratio {:.2f}\n", pruned_ms, dense_ms,
-               pruned_ms / dense_ms);
+    const auto time_at = [&](const std::vector<int32_t>& pos) {
+      cuda::copy_to_device(qp, pos.data(), size_t(Tq) * 4);
+      cuda::copy_to_device(kp, pos.data(), size_t(Tq) * 4);
+      return median_ms([&] {
+        cuda::attention((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh, (float*)out);
+      });
+    };
+    const double pruned_ms = time_at(kept), dense_ms = time_at(dense);
+    fmt::print("  {} kept rows of {} over their own keys {:.3f} ms, {} dense rows {:.3f} ms ({} causal pairs each): "
+               "ratio {:.2f}\n",
+               Tq, T, pruned_ms, Tq, dense_ms, Tq * (Tq + 1) / 2, pruned_ms / dense_ms);
     for (void* p : {q, k, v, out, qp, kp}) cuda::device_free(p);
     return 0;
   } catch (const Error& e) {

@@ -34,6 +34,8 @@ void* device_alloc(size_t bytes, const char* what);
 void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+// Device to device, queued on the stream: the host does not wait.
+void copy_on_device(void* dst, const void* src, size_t bytes);
 void synchronize(const char* what);
 // Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the default stream): freeing does not
 // wait for the device, and the launches queued before the free still see the memory.
@@ -48,14 +50,10 @@ void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, f
 // In place on x [T][n_heads][Dh], at original positions pos[T]; freq_factors may be null.
 void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
           const float* freq_factors);
-// out[i] = silu(gate[i]) * up[i]
-void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t n);
 // dst[r][:] = src[idx[r]][:]   (compacting kept rows, Aux Cache loads)
 void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
-// dst[idx[r]][:] = src[r][:]   (Aux Cache stores, revived rows back into place)
-void scatter_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
 // Causal GQA over the active keys, mask on original positions (ref::attention), tiled with an
 // online softmax and f32 accumulation (kernels.cuh). Head widths: multiples of 4 up to 256.
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v, const int32_t* k_pos,
@@ -73,8 +71,8 @@ void kv_append(const float* k_new, const float* v_new, const int64_t* slot, cons
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows);
 // out[t][i] = silu(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F].
 void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F);
-// dst[dst_idx[r]][:] = src[src_idx[r]][:]   (Aux Cache stores and loads: rows between the
-// hidden states and the device Aux Cache). src and dst must not overlap.
+// dst[dst_idx[r]][:] = src[src_idx[r]][:]   (Aux Cache stores and loads, revived rows back into
+// place: the scatter of active rows, and a gather at the same time). src and dst must not overlap.
 void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,
                int64_t width);
 // dst[r][:] = src[idx[r]][:] widened from bf16 (embedding rows of a bf16 table).

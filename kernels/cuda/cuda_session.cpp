@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include "model/ops.h"
 #include <cstring>
+#include <numeric>
+
+#include "model/ops.h"
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_math.h"
 #include "kernels/sampler.h"
 #include "model/error.h"
 #include "traces/schedule.h"
@@ -101,11 +104,14 @@ struct CudaSession::Impl {
   const ModelConfig& c;
   int64_t n_ctx;
   std::vector<DLayer> layers;
-  DMatrix tok_embd, lm_head;
+  DMatrix tok_embd, own_lm_head;
+  const DMatrix* lm_head = nullptr;  // &tok_embd when the embeddings are tied (uploaded once)
   DBuf output_norm, rope_freqs;
+  DBuf slot_ids;  // 0 .. n_ctx - 1: a layer's K/V append writes slots n .. n + T - 1 = slot_ids + n
+  DBuf keep_dev;  // the kept indices of a selection made on the device
   bool has_freqs = false;
   // Scratch, grown on demand.
-  DBuf x, x2, xn, qkv, q, k, v, attn, tmp, ff, act, a16, pos_dev, idx, slots, scores, logits;
+  DBuf x, x2, xn, qkv, q, k, v, attn, tmp, ff, act, a16, pos_dev, idx, scores, logits;
   DBuf kbuf, vbuf, kpos;  // the K/V rows of a key subset (decoding steps), gathered
   DBuf idx2;              // a second row index (copies between buffers)
   DBuf aux_states;        // the Aux Cache's hidden states [n_ctx][D]: entry e of the host index is row e
@@ -153,6 +159,40 @@ struct CudaSession::Impl {
     copy_indexed(x, rows, aux_states, entries);
   }
 
+  // A pruning step's selection over the n tokens at positions pos (pos_on_device holds them on the
+  // device, in the same order): LazyLLM's top-k by score runs on the device (CUB radix sorts,
+  // cuda::select_top) from the scores the last_row_scores launch left in `scores`, and only the
+  // kept indices come back; the other policies (static keeps its first scores, random draws on
+  // the host) select on the host. Scores come to the host when a policy or the stats need them.
+  // Leaves the kept indices in keep_dev as well.
+  std::vector<int64_t> select(PruningPolicy& policy, int l, const std::vector<int32_t>& pos,
+                              const int32_t* pos_on_device, int64_t n_keep, std::vector<float>* host_scores,
+                              OpTimers* tm) {
+    const int64_t n = int64_t(pos.size());
+    n_keep = std::min(n_keep, n);
+    const bool on_device = policy.kind() == PolicyKind::LazyLLM;
+    std::vector<float> h;
+    if (policy.needs_scores() && (host_scores || !on_device)) {
+      h.resize(size_t(n));
+      copy_to_host(h.data(), scores.as<void>(), size_t(n) * 4);
+      if (host_scores) *host_scores = h;
+    }
+    std::vector<int64_t> keep;
+    if (on_device) {
+      keep.resize(size_t(n_keep));
+      keep_dev.reserve(keep.size() * 8, "kept indices");
+      time_op(tm, l, Op::Select, OpShape{0, 0, n}, c, [&] {
+        cuda::select_top(scores.as<float>(), pos_on_device, n, n_keep, keep_dev.as<int64_t>());
+        copy_to_host(keep.data(), keep_dev.as<void>(), keep.size() * 8);
+      });
+    } else {
+      time_op(tm, l, Op::Select, OpShape{0, 0, n}, c, [&] { keep = policy.select(l, pos, h, n_keep); });
+      keep_dev.reserve(keep.size() * 8, "kept indices");
+      copy_to_device(keep_dev.as<void>(), keep.data(), keep.size() * 8);
+    }
+    return keep;
+  }
+
   void reserve(int64_t T) {
     const int64_t D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
     const size_t f = 4;
@@ -169,7 +209,6 @@ struct CudaSession::Impl {
     act.reserve(size_t(T * F) * f, "SwiGLU");
     pos_dev.reserve(size_t(T) * 4, "positions");
     idx.reserve(size_t(T) * 8, "row indices");
-    slots.reserve(size_t(T) * 8, "K/V slots");
     scores.reserve(size_t(T) * 4, "scores");
   }
 
@@ -196,13 +235,11 @@ struct CudaSession::Impl {
       rope(q.as<float>(), pos_dev.as<int32_t>(), T, H, Dh, c.rope_dim, c.rope_theta, freqs);
       rope(k.as<float>(), pos_dev.as<int32_t>(), T, Hkv, Dh, c.rope_dim, c.rope_theta, freqs);
     });
-    // K/V append: slots n .. n + T - 1; positions recorded on both sides.
-    std::vector<int64_t> slot(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) slot[size_t(t)] = L.n + t;
-    copy_to_device(slots.as<void>(), slot.data(), size_t(T) * 8);
-    kv_append(k.as<float>(), v.as<float>(), slots.as<int64_t>(), pos_dev.as<int32_t>(), T, KV, L.k.as<float>(),
-              L.v.as<float>(), L.bits.as<uint32_t>());
-    copy_to_device(L.pos.as<int32_t>() + L.n, act_pos.data(), size_t(T) * 4);
+    // K/V append: slots n .. n + T - 1; positions recorded on both sides. Nothing here waits for
+    // the device: the slots are a slice of slot_ids and the positions come from pos_dev.
+    kv_append(k.as<float>(), v.as<float>(), slot_ids.as<int64_t>() + L.n, pos_dev.as<int32_t>(), T, KV,
+              L.k.as<float>(), L.v.as<float>(), L.bits.as<uint32_t>());
+    copy_on_device(L.pos.as<int32_t>() + L.n, pos_dev.as<void>(), size_t(T) * 4);
     for (int64_t t = 0; t < T; ++t) {
       const int32_t p = act_pos[size_t(t)];
       if (L.slot_of[size_t(p)] >= 0) fail("internal error: position {} computed twice at layer {}", p, l);
@@ -259,30 +296,47 @@ CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
-  const double kv_bytes = double(n_ctx) * c.n_layer * 2.0 * KV * 4;
+  // Everything the session allocates, counted before anything is: K/V with positions and has-KV
+  // bits, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
+  // tokens at once (Impl::reserve and mm's bf16 copy: x, x2, xn and the residual branch, qkv and
+  // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
+  // decoding step adds over n_ctx keys (the gathered K, V and positions, a second row index) and
+  // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
+  const int64_t bit_words = (std::max<int64_t>(c.n_ctx_train, n_ctx) + 31) / 32;
+  const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(bit_words) * 4);
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
-  // The activations of a prefill of all n_ctx tokens at once (Impl::reserve and mm's bf16 copy):
-  // x, x2, xn and the residual branch, qkv and its q, k, v, the attention output, gate|up, SwiGLU,
-  // positions, indices and scores.
   const double Q = double(c.n_head) * c.head_dim, F = double(c.n_ff), D = double(c.n_embd);
   const double bf16_copy = w.dtype == DType::BF16 ? 2 * std::max({D, Q, F}) : 0;
-  const double act_bytes = double(n_ctx) * (4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24);
-  const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes;
+  const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24;
+  const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8, slot_ids = 8;
+  const double act_bytes =
+      double(n_ctx) * (prefill + decode + selection + slot_ids) + double(c.n_vocab) * 4 /* logits */;
+  // cuBLAS's workspace and the kernels' modules: a margin, not a count.
+  const double library_bytes = 256.0 * 1048576;
+  const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes + library_bytes;
   if (need > double(dev.free_bytes))
     fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations {:.2f} "
-         "for {} tokens) but {} has {:.2f} GiB free",
+         "for {} tokens + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
          need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0, aux_bytes / 1073741824.0,
          act_bytes / 1073741824.0, n_ctx, dev.name, double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
   impl_ = std::make_unique<Impl>(m, n_ctx);
   Impl& s = *impl_;
   s.tok_embd = upload(w.tok_embd, "token embeddings");
-  s.lm_head = upload(w.lm_head(), "LM head");
+  if (c.tied_embeddings) {
+    s.lm_head = &s.tok_embd;
+  } else {
+    s.own_lm_head = upload(w.lm_head(), "LM head");
+    s.lm_head = &s.own_lm_head;
+  }
   s.output_norm = upload(w.output_norm.data(), w.output_norm.size(), "output norm");
   s.has_freqs = !w.rope_freqs.empty();
   if (s.has_freqs) s.rope_freqs = upload(w.rope_freqs.data(), w.rope_freqs.size(), "RoPE factors");
   // One has-KV bit per position a session may use: up to the model's context (or n_ctx).
-  s.bit_words = (std::max<int64_t>(c.n_ctx_train, n_ctx) + 31) / 32;
+  s.bit_words = bit_words;
+  std::vector<int64_t> ids(static_cast<size_t>(n_ctx));
+  std::iota(ids.begin(), ids.end(), int64_t(0));
+  s.slot_ids = upload(ids.data(), ids.size(), "K/V slots");
   s.layers.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
@@ -334,6 +388,18 @@ int64_t CudaSession::device_bytes() const {
                         &s.aux_states})
     b += int64_t(d->bytes());
   return b;
+}
+
+std::vector<int32_t> CudaSession::kv_positions(int l) const {
+  const Impl& s = *impl_;
+  if (l < 0 || l >= int(s.layers.size())) fail("kv_positions: layer {} outside [0, {})", l, s.layers.size());
+  std::vector<uint32_t> bits(static_cast<size_t>(s.bit_words));
+  synchronize("has-KV bits");
+  copy_to_host(bits.data(), s.layers[size_t(l)].bits.as<void>(), bits.size() * 4);
+  std::vector<int32_t> out;
+  for (int64_t p = 0; p < s.bit_words * 32; ++p)
+    if (cuda_math::has_kv(bits.data(), int32_t(p))) out.push_back(int32_t(p));
+  return out;
 }
 
 void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
@@ -390,16 +456,13 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
     const double share = prune->steps[next_step++].share;
     std::vector<float> scores;
     if (prune->policy->needs_scores()) {
-      scores.resize(size_t(Tl));
       time_op(timers, l, Op::Score, OpShape{1, 0, Tl}, c, [&] {
         last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.layers[size_t(l)].k.as<float>(), Tl, c.n_head, c.n_head_kv,
                         c.head_dim, s.scores.as<float>());
-        copy_to_host(scores.data(), s.scores.as<void>(), size_t(Tl) * 4);
       });
     }
-    std::vector<int64_t> keep;
-    time_op(timers, l, Op::Select, OpShape{0, 0, Tl}, c,
-            [&] { keep = prune->policy->select(l, act_pos, scores, tokens_kept(Tl, share)); });
+    const std::vector<int64_t> keep = s.select(*prune->policy, l, act_pos, s.pos_dev.as<int32_t>(),
+                                               tokens_kept(Tl, share), stats ? &scores : nullptr, timers);
     if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
     if (stats) stats->scores.push_back(scores);
     if (int64_t(keep.size()) < Tl) time_op(timers, l, Op::Gather, OpShape{Tl, 0, 0}, c, [&] {
@@ -421,8 +484,7 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
         }
       }
       s.store_aux(aux_, pruned, pruned_pos, l + 1);
-      copy_to_device(s.idx.as<void>(), keep.data(), keep.size() * 8);
-      gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.x2.as<float>(), int64_t(keep.size()), D);
+      gather_rows(s.x.as<float>(), s.keep_dev.as<int64_t>(), s.x2.as<float>(), int64_t(keep.size()), D);
       std::swap(s.x, s.x2);
       act_pos = std::move(kept_pos);
       copy_to_device(s.pos_dev.as<void>(), act_pos.data(), act_pos.size() * 4);
@@ -443,7 +505,7 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
           [&] { rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), R, D, c.rms_eps); });
   s.logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
   time_op(timers, c.n_layer, Op::LmHead, OpShape{R, 0, 0}, c, [&] {
-    s.mm(s.tmp.as<float>(), R, s.lm_head, s.logits.as<float>());
+    s.mm(s.tmp.as<float>(), R, *s.lm_head, s.logits.as<float>());
     copy_to_host(logits, s.logits.as<void>(), size_t(R * c.n_vocab) * 4);
   });
 }
@@ -508,18 +570,16 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
       const int64_t n = int64_t(active.size());
       std::vector<float> scores;
       if (prune.policy->needs_scores()) {
-        // The new token (the last row) over the step's active keys, gathered in kbuf by run_layer.
-        scores.resize(size_t(n));
+        // The new token (the last row) over the step's active keys, gathered in kbuf (positions
+        // in kpos) by run_layer.
         s.scores.reserve(size_t(n) * 4, "scores");
         time_op(timers, l, Op::Score, OpShape{1, 0, n}, c, [&] {
           last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.kbuf.as<float>(), n, c.n_head, c.n_head_kv, c.head_dim,
                           s.scores.as<float>());
-          copy_to_host(scores.data(), s.scores.as<void>(), size_t(n) * 4);
         });
       }
-      std::vector<int64_t> keep;
-      time_op(timers, l, Op::Select, OpShape{0, 0, n}, c,
-              [&] { keep = prune.policy->select(l, active, scores, tokens_kept(n, share)); });
+      const std::vector<int64_t> keep = s.select(*prune.policy, l, active, s.kpos.as<int32_t>(), tokens_kept(n, share),
+                                                 stats ? &scores : nullptr, timers);
       if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
       if (stats) stats->scores.push_back(scores);
       std::vector<int32_t> kept;
@@ -566,7 +626,7 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
           [&] { rmsnorm(s.xn.as<float>(), s.output_norm.as<float>(), s.tmp.as<float>(), 1, D, c.rms_eps); });
   s.logits.reserve(size_t(c.n_vocab) * 4, "logits");
   time_op(timers, c.n_layer, Op::LmHead, OpShape{1, 0, 0}, c, [&] {
-    s.mm(s.tmp.as<float>(), 1, s.lm_head, s.logits.as<float>());
+    s.mm(s.tmp.as<float>(), 1, *s.lm_head, s.logits.as<float>());
     copy_to_host(logits, s.logits.as<void>(), size_t(c.n_vocab) * 4);
   });
 }

@@ -45,6 +45,9 @@ class CudaSession {
   void reset();
   int64_t n_cached() const;
   int64_t device_bytes() const;  // weights + K/V + scratch allocated on the GPU
+  // The positions whose has-KV bit layer l's device record has set, ascending (read back from the
+  // GPU: the record the K/V append kernel writes, for checks against the CPU backend).
+  std::vector<int32_t> kv_positions(int l) const;
   // The Aux Cache's index (positions and layers; the states are on the device, so D = 0 here).
   const AuxCache& aux() const { return aux_; }
   int64_t aux_bytes() const;  // states on the device + positions

@@ -39,8 +39,8 @@ LP_HD float rms_apply(float x, float scale, float w) {
 
 // RoPE: cos and sin of pair i (dims 2i, 2i+1) at original position `pos`, with
 // freq = theta^(-2i / rope_dim) / freq_factor (1 when the model has no factors). In double: at
-// 100k positions an f32 angle is off by ~1e-2 rad. The kernel computes one table per step
-// ([T][rope_dim / 2], cheap), then rotates in f32.
+// 100k positions an f32 angle is off by ~1e-2 rad. rope_kernel has one thread per (token, pair):
+// it computes this once, in double, and rotates that pair of every head in f32.
 LP_HD void rope_cos_sin(int32_t pos, int64_t i, int64_t rope_dim, float theta, float freq_factor, float* c, float* s) {
   const double freq = pow(double(theta), -2.0 * double(i) / double(rope_dim)) / double(freq_factor);
   const double a = double(pos) * freq;

@@ -39,6 +39,7 @@ void* device_alloc_async(size_t bytes, const char* what) { return device_alloc(b
 void device_free_async(void* p) { device_free(p); }
 void copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void copy_on_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void synchronize(const char*) {}
 // A small GPU, so that the attention launcher takes both paths (key splits and one pass) on the
 // tests' shapes.

@@ -92,11 +92,6 @@ __global__ void rope_kernel(float* x, const int32_t* pos, int64_t T, int64_t n_h
   }
 }
 
-__global__ void swiglu_kernel(const float* g, const float* u, float* out, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = cm::silu_mul(g[i], u[i]);
-}
-
 __global__ void swiglu_fused_kernel(const float* ff, float* out, int64_t T, int64_t F) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * F) return;
@@ -114,12 +109,6 @@ __global__ void gather_kernel(const float* src, const int64_t* idx, float* dst, 
   const int64_t r = blockIdx.x;
   const float* s = src + idx[r] * width;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = s[i];
-}
-
-__global__ void scatter_kernel(const float* src, const int64_t* idx, float* dst, int64_t width) {
-  const int64_t r = blockIdx.x;
-  float* d = dst + idx[r] * width;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = src[r * width + i];
 }
 
 // One block per row: dst[dst_idx[r]] = src[src_idx[r]] (Aux Cache stores and revivals).

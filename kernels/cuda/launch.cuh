@@ -48,11 +48,6 @@ void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, 
             freq_factors);
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  if (n <= 0) return;
-  LP_LAUNCH(kernels::swiglu_kernel, blocks_for(n, kThreads), kThreads, 0, gate, up, out, n);
-}
-
 void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F) {
   if (T <= 0 || F <= 0) return;
   LP_LAUNCH(kernels::swiglu_fused_kernel, blocks_for(T * F, kThreads), kThreads, 0, ff, out, T, F);
@@ -66,11 +61,6 @@ void add_inplace(float* x, const float* y, int64_t n) {
 void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
   if (rows <= 0) return;
   LP_LAUNCH(kernels::gather_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
-}
-
-void scatter_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
-  if (rows <= 0) return;
-  LP_LAUNCH(kernels::scatter_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
 }
 
 void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,

@@ -17,16 +17,15 @@ void* device_alloc(size_t, const char*) { unavailable(); }
 void device_free(void*) {}
 void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }
+void copy_on_device(void*, const void*, size_t) { unavailable(); }
 void synchronize(const char*) { unavailable(); }
 void* device_alloc_async(size_t, const char*) { unavailable(); }
 void device_free_async(void*) {}
 int multiprocessors() { unavailable(); }
 void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) { unavailable(); }
 void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*) { unavailable(); }
-void swiglu(const float*, const float*, float*, int64_t) { unavailable(); }
 void add_inplace(float*, const float*, int64_t) { unavailable(); }
 void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) { unavailable(); }
-void scatter_rows(const float*, const int64_t*, float*, int64_t, int64_t) { unavailable(); }
 void attention(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t, int64_t,
                int64_t, int64_t, float*) { unavailable(); }
 void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*) { unavailable(); }

@@ -92,6 +92,10 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }
 
+void copy_on_device(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "copy on device");
+}
+
 void synchronize(const char* what) {
   check(cudaDeviceSynchronize(), what);
 }

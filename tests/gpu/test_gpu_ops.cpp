@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -64,7 +65,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     ASSERT_NEAR(got[i], want[i], rel * (1 + std::fabs(want[i]))) << what << " at " << i;
 }
 
-TEST(GpuOps, RmsNormSwigluAdd) {
+TEST(GpuOps, RmsNormSwigluAddAndColumnCopies) {
   for (int64_t D : {1, 7, 576, 4097}) {
     const int64_t T = 5;
     const auto x = randn(size_t(T * D), 1, 2.0f), w = randn(size_t(D), 2);
@@ -74,16 +75,37 @@ TEST(GpuOps, RmsNormSwigluAdd) {
     cuda::rmsnorm(dx.p, dw.p, out.p, T, D, 1e-5f);
     expect_close(out.host(), want, 2e-5f, "rmsnorm");
   }
+  // SwiGLU on fused gate|up rows [T][2F] (the GEMM's output layout), F not a multiple of the block.
+  for (int64_t F : {1, 333, 1537}) {
+    const int64_t T = 7;
+    const auto ff = randn(size_t(T * 2 * F), 3, 4.0f);
+    std::vector<float> gate(size_t(T * F)), up(size_t(T * F)), want(size_t(T * F));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < F; ++i) {
+        gate[size_t(t * F + i)] = ff[size_t(t * 2 * F + i)];
+        up[size_t(t * F + i)] = ff[size_t(t * 2 * F + F + i)];
+      }
+    ref::swiglu(gate.data(), up.data(), want.data(), T * F);
+    Dev<float> dff(ff), out(want.size());
+    cuda::swiglu_fused(dff.p, out.p, T, F);
+    expect_close(out.host(), want, 1e-5f, "swiglu_fused");
+  }
   const auto g = randn(10001, 3, 4.0f), u = randn(10001, 4);
-  std::vector<float> want(g.size());
-  ref::swiglu(g.data(), u.data(), want.data(), int64_t(g.size()));
-  Dev<float> dg(g), du(u), out(g.size());
-  cuda::swiglu(dg.p, du.p, out.p, int64_t(g.size()));
-  expect_close(out.host(), want, 1e-5f, "swiglu");
+  Dev<float> dg(g), du(u);
   cuda::add_inplace(dg.p, du.p, int64_t(g.size()));
   std::vector<float> sum(g.size());
   for (size_t i = 0; i < g.size(); ++i) sum[i] = g[i] + u[i];
   expect_close(dg.host(), sum, 0, "add");
+  // Splitting fused q|k|v rows: columns [off, off + width) of rows of stride 13 into rows of stride 5.
+  const int64_t rows = 9, ld_src = 13, ld_dst = 5, off = 6, width = 4;
+  const auto src = randn(size_t(rows * ld_src), 24);
+  std::vector<float> init(size_t(rows * ld_dst), -7.0f);
+  Dev<float> dsrc(src), dst(init);
+  cuda::copy_columns(dsrc.p + off, ld_src, dst.p, ld_dst, width, rows);
+  const auto got = dst.host();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < ld_dst; ++i)
+      ASSERT_EQ(got[size_t(r * ld_dst + i)], i < width ? src[size_t(r * ld_src + off + i)] : -7.0f) << r << "," << i;
 }
 
 TEST(GpuOps, RopeAtPrunedPositions) {
@@ -168,13 +190,19 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   const auto g = dst.host();
   for (size_t r = 0; r < idx.size(); ++r)
     for (int64_t i = 0; i < width; ++i) ASSERT_EQ(g[r * width + i], src[size_t(idx[r] * width + i)]);
-  const std::vector<int64_t> to = {3, 40, 11};
-  Dev<float> back(std::vector<float>(size_t(rows * width), 0.0f));
-  Dev<int64_t> dto(to);
-  cuda::scatter_rows(dst.p, dto.p, back.p, 3, width);
-  const auto b = back.host();
-  for (size_t r = 0; r < to.size(); ++r)
-    for (int64_t i = 0; i < width; ++i) ASSERT_EQ(b[size_t(to[r] * width + i)], g[r * width + i]);
+  // bf16 rows widened (embedding rows of a bf16 table): exact, bf16 to f32 is a shift.
+  std::vector<uint16_t> src16(src.size());
+  for (size_t i = 0; i < src.size(); ++i) src16[i] = cuda_math::f32_to_bf16(src[i]);
+  Dev<uint16_t> dsrc16(src16);
+  cuda::gather_rows_bf16(dsrc16.p, didx.p, dst.p, int64_t(idx.size()), width);
+  const auto g16 = dst.host();
+  for (size_t r = 0; r < idx.size(); ++r)
+    for (int64_t i = 0; i < width; ++i) {
+      uint32_t bits = uint32_t(src16[size_t(idx[r] * width + i)]) << 16;
+      float want;
+      std::memcpy(&want, &bits, 4);
+      ASSERT_EQ(g16[r * width + i], want);
+    }
   // Rows between two buffers by index pairs (Aux Cache stores and loads).
   const std::vector<int64_t> from = {4, 0, 49}, into = {1, 6, 2};
   Dev<float> aux(std::vector<float>(size_t(8 * width), 0.0f));
@@ -191,9 +219,14 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   Dev<int32_t> p(std::vector<int32_t>{37, 100});
   Dev<uint32_t> bits(std::vector<uint32_t>(4, 0));
   cuda::kv_append(dk.p, dv.p, slot.p, p.p, 2, kv, kc.p, vc.p, bits.p);
-  const auto kh = kc.host();
+  const auto kh = kc.host(), vh = vc.host();
   const auto bh = bits.host();
-  for (int64_t i = 0; i < kv; ++i) ASSERT_EQ(kh[size_t(5 * kv + i)], kn[size_t(i)]);
+  for (int64_t s = 0; s < 8; ++s)
+    for (int64_t i = 0; i < kv; ++i) {
+      const int64_t row = s == 5 ? 0 : s == 2 ? 1 : -1;  // slot 5 holds row 0, slot 2 row 1, the rest untouched
+      ASSERT_EQ(kh[size_t(s * kv + i)], row < 0 ? 0.0f : kn[size_t(row * kv + i)]) << s;
+      ASSERT_EQ(vh[size_t(s * kv + i)], row < 0 ? 0.0f : vn[size_t(row * kv + i)]) << s;
+    }
   for (int32_t q = 0; q < 128; ++q) EXPECT_EQ(cuda_math::has_kv(bh.data(), q), q == 37 || q == 100) << q;
 }
 
@@ -232,6 +265,16 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
   compare_forward(path, 77, "2:0.4", PolicyKind::Static);
   compare_forward(path, 64, "0:0.5,1:0.5,2:0.5", PolicyKind::Random);
+}
+
+// bf16 weights (the GPU's default dtype): bf16 GEMMs (cuBLAS GemmEx, f32 accumulation), the bf16
+// embedding gather, and a tied LM head over the bf16 embedding table.
+TEST(GpuForward, Bf16PrunedPrefillMatchesTheCpuBackend) {
+  testing::TempDir dir;
+  const std::string path = write_compare_model(dir);
+  compare_forward(path, 150, "none", PolicyKind::None, DType::BF16);
+  compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM, DType::BF16);
+  compare_forward(write_compare_model(dir, false), 100, "2:0.5", PolicyKind::LazyLLM, DType::BF16);
 }
 
 TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
