@@ -70,6 +70,38 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// The same exp on 8 lanes for AVX2-only CPUs. AVX2 has no scalef: 2^n is applied as 2^a * 2^b
+// (a = floor(n / 2), b = n - a, both within the normal exponents for n in [-150, 128]), so p * 2^a
+// is exact and only the last product rounds, as ldexp does (subnormals included).
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(89.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i a = _mm256_srai_epi32(ni, 1), b = _mm256_sub_epi32(ni, a);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 two_a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23));
+  const __m256 two_b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, two_a), two_b);
+}
+inline float reduce_max256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+inline float reduce_add256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 #endif
 
 inline float exp1(float x) {
@@ -87,6 +119,8 @@ void exp_inplace(float* x, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp512(_mm512_loadu_ps(x + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp256(_mm256_loadu_ps(x + i)));
 #endif
   for (; i < n; ++i) x[i] = exp1(x[i]);
 }
@@ -148,6 +182,16 @@ inline float dot_f32(const float* w, const float* x, int64_t K) {
     acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), acc1);
   }
   s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+         acc3 = _mm256_setzero_ps();
+  for (; k + 32 <= K; k += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), acc3);
+  }
+  s = reduce_add256(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
 #endif
   for (; k < K; ++k) s += w[k] * x[k];
   return s;
@@ -168,6 +212,15 @@ inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
     acc1 = _mm512_fmadd_ps(_mm512_castsi512_ps(w1), _mm512_loadu_ps(x + k + 16), acc1);
   }
   s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    const __m256i w0 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + k))), 16);
+    const __m256i w1 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + k + 8))), 16);
+    acc0 = _mm256_fmadd_ps(_mm256_castsi256_ps(w0), _mm256_loadu_ps(x + k), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_castsi256_ps(w1), _mm256_loadu_ps(x + k + 8), acc1);
+  }
+  s = reduce_add256(_mm256_add_ps(acc0, acc1));
 #endif
   for (; k < K; ++k) s += bf16_to_f32(w[k]) * x[k];
   return s;
@@ -357,6 +410,13 @@ void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up
         const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
       }
+#elif defined(__AVX2__) && defined(__FMA__)
+      for (; i + 8 <= F; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+      }
 #endif
       for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
     });
@@ -486,6 +546,50 @@ inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, f
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// AVX2 (16 registers): S[r][0..15] = sum_d qs[r][d] * kt[d][0..15] for 4 rows, 8 accumulators,
+// 2 key loads and 4 broadcasts per dimension; each score sums over d in order.
+inline void scores_step_avx2(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S, int64_t lds) {
+  __m256 acc[4][2];
+  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < Dh; ++d) {
+    const __m256 k0v = _mm256_loadu_ps(kt + d * ldk);
+    const __m256 k1v = _mm256_loadu_ps(kt + d * ldk + 8);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 b = _mm256_broadcast_ss(qs + r * Dh + d);
+      acc[r][0] = _mm256_fmadd_ps(b, k0v, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(b, k1v, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    _mm256_storeu_ps(S + r * lds, acc[r][0]);
+    _mm256_storeu_ps(S + r * lds + 8, acc[r][1]);
+  }
+}
+
+// O[r][0..31] += sum_k P[r][k] * V[k][0..31] for 2 rows and nk keys (v rows Dh floats apart;
+// O rows Dh apart): 8 accumulators, 4 value loads and 2 broadcasts per key.
+inline void pv_step32_avx2(const float* P, int64_t ldp, const float* v, int64_t Dh, int64_t nk, float* O, int nr) {
+  __m256 acc[2][4];
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = r < nr ? _mm256_loadu_ps(O + r * Dh + 8 * j) : _mm256_setzero_ps();
+  for (int64_t k = 0; k < nk; ++k) {
+    const float* vk = v + k * Dh;
+    const __m256 v0 = _mm256_loadu_ps(vk), v1 = _mm256_loadu_ps(vk + 8);
+    const __m256 v2 = _mm256_loadu_ps(vk + 16), v3 = _mm256_loadu_ps(vk + 24);
+    for (int r = 0; r < 2; ++r) {
+      const __m256 p = _mm256_broadcast_ss(P + r * ldp + k);
+      acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(p, v2, acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(p, v3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(O + r * Dh + 8 * j, acc[r][j]);
+}
+#endif
+
 // For one row of a score block: mx = max(m_old, s[0..valid)), s[k] = exp(s[k] - mx) for k < valid
 // and 0 up to bk, sum = sum of s.
 inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, float* mx_out, float* sum_out) {
@@ -495,6 +599,10 @@ inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, floa
   __m512 vm = _mm512_set1_ps(m_old);
   for (; k + 16 <= valid; k += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + k));
   mx = _mm512_reduce_max_ps(vm);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 vm = _mm256_set1_ps(m_old);
+  for (; k + 8 <= valid; k += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + k));
+  mx = reduce_max256(vm);
 #endif
   for (; k < valid; ++k) mx = std::max(mx, s[k]);
   float sum = 0;
@@ -508,6 +616,15 @@ inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, floa
     vs = _mm512_add_ps(vs, e);
   }
   sum = _mm512_reduce_add_ps(vs);
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vs = _mm256_setzero_ps();
+  for (; k + 8 <= valid; k += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + k), vmx));
+    _mm256_storeu_ps(s + k, e);
+    vs = _mm256_add_ps(vs, e);
+  }
+  sum = reduce_add256(vs);
 #endif
   for (; k < valid; ++k) {
     s[k] = exp1(s[k] - mx);
@@ -574,19 +691,35 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     const KeyBlock kb = key_block(keys, g, k0, bk, kt_buf.data(), v_buf.data());
     // Scores for the block (the cache is zero past n, so the padded lanes are finite).
 #if defined(__AVX512F__)
-    if (Dh <= 256) {
+    const bool vector_scores = Dh <= 256;
+#elif defined(__AVX2__) && defined(__FMA__)
+    const bool vector_scores = true;
+#else
+    const bool vector_scores = false;
+#endif
+    if (vector_scores) {
+#if defined(__AVX512F__)
       for (int64_t s0 = 0; s0 < bk; s0 += 32)
         for (int r0 = 0; r0 < nr; r0 += kSubRows)
           scores_step<kSubRows>(qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
-    } else
+#elif defined(__AVX2__) && defined(__FMA__)
+      for (int64_t s0 = 0; s0 < bk; s0 += 16)
+        for (int r0 = 0; r0 < nr; r0 += 4)
+          scores_step_avx2(qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
 #endif
-    {
-      for (int r = 0; r < nr; ++r)
-        for (int64_t k = 0; k < bk; ++k) {
-          float dot = 0;
-          for (int64_t d = 0; d < Dh; ++d) dot += qs[r * Dh + d] * kb.kt[d * kb.ldk + k];
-          S[r * kBlock + k] = dot;
+    } else {
+      // Without AVX2 (or with AVX-512 past width 256): an axpy per dimension over the contiguous
+      // keys of the block, which the compiler vectorises; each score still sums over d in order.
+      for (int r = 0; r < nr; ++r) {
+        float* sr = S + r * kBlock;
+        std::fill(sr, sr + bk, 0.0f);
+        for (int64_t d = 0; d < Dh; ++d) {
+          const float qd = qs[r * Dh + d];
+          const float* kr = kb.kt + d * kb.ldk;
+#pragma omp simd
+          for (int64_t k = 0; k < bk; ++k) sr[k] += qd * kr[k];
         }
+      }
     }
     // Online softmax: keys at or past a row's length are masked (their P is 0).
     for (int r = 0; r < nr; ++r) {
@@ -611,6 +744,13 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     if (Dh == 64) {
       for (int r0 = 0; r0 < nr; r0 += 4)
         pv_step64(S + r0 * kBlock, kBlock, kb.v, bk, O + r0 * 64, std::min(4, nr - r0));
+      continue;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (Dh % 32 == 0) {
+      for (int r0 = 0; r0 < nr; r0 += 2)
+        for (int64_t d0 = 0; d0 < Dh; d0 += 32)
+          pv_step32_avx2(S + r0 * kBlock, kBlock, kb.v + d0, Dh, bk, O + r0 * Dh + d0, std::min(2, nr - r0));
       continue;
     }
 #endif
