@@ -34,6 +34,7 @@
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/presets.h"
+#include "model/quant.h"
 #include "sim/fit_measurements.h"
 #include "traces/schedule.h"
 
@@ -43,17 +44,12 @@ using namespace lp;
 
 int g_runs = 5;  // timed runs per figure (--runs)
 
-// n bf16 values from N(0, 1) into device memory at p (truncated from f32: random values, no NaNs).
+// n bf16 values from N(0, 1) into device memory at p.
 void upload_random_bf16(void* p, int64_t n, uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<uint16_t> h(static_cast<size_t>(n));
-  for (uint16_t& x : h) {
-    const float f = nd(g);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    x = uint16_t(bits >> 16);
-  }
+  for (uint16_t& x : h) x = f32_to_bf16(nd(g));
   cuda::copy_to_device(p, h.data(), h.size() * 2);
 }
 

@@ -137,6 +137,7 @@ struct Gemm::Impl {
   };
   std::map<Key, Prim> cache;
   std::vector<uint16_t> a_bf16;  // [M][K] activations rounded to bf16
+  std::vector<float> a_rounded;  // [M][K] the same, widened back (bf16 without a bf16 matmul)
   std::vector<uint8_t> a_pad;    // [Mp][K] activations padded to a bucketed row count
   std::vector<float> c_pad;      // [Mp][N]
 
@@ -253,32 +254,42 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   const int64_t N = W.rows, K = W.cols;
   const void* a_ptr = A;
   int64_t a_ld = lda;
-  // bf16 where oneDNN has no bf16 matmul (AVX2-only CPUs): each part widens its bf16 rows of A and
-  // W to f32 and runs the f32 matmul, the same products of the same rounded values (one widening
-  // of W per call: 1/M of the multiply's work).
+  // bf16 where oneDNN has no bf16 matmul (AVX2-only CPUs): A is rounded to bf16 and kept as f32,
+  // each part widens its rows of W to f32, and the f32 matmul gives the same products of the same
+  // rounded values (one widening of W per call: 1/M of the multiply's work).
   const bool widen = W.dtype == DType::BF16 && !dnnl_has_bf16_matmul();
   if (W.dtype == DType::BF16) {
-    impl_->a_bf16.resize(size_t(M * K));
-    uint16_t* dst = impl_->a_bf16.data();
+    impl_->a_bf16.resize(widen ? 0 : size_t(M * K));
+    impl_->a_rounded.resize(widen ? size_t(M * K) : 0);
+    uint16_t* narrow = impl_->a_bf16.data();
+    float* wide = impl_->a_rounded.data();
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), M, [&](int64_t m) {
-        for (int64_t k = 0; k < K; ++k) dst[m * K + k] = f32_to_bf16(A[m * lda + k]);
+        for (int64_t k = 0; k < K; ++k) {
+          const uint16_t b = f32_to_bf16(A[m * lda + k]);
+          if (widen)
+            wide[m * K + k] = bf16_to_f32(b);
+          else
+            narrow[m * K + k] = b;
+        }
       });
     });
-    a_ptr = dst;
+    a_ptr = widen ? static_cast<const void*>(wide) : narrow;
     a_ld = K;
   }
+  // Element sizes of A and W as the matmul reads them; the matmul's input type.
+  const size_t esz = W.dtype == DType::F32 ? 4 : 2, a_esz = widen ? 4 : esz;
+  const DType mm_dtype = widen ? DType::F32 : W.dtype;
   // Decoding with revivals gives a different M at nearly every call; a primitive per M would be
   // JIT-compiled over and over, so mid-size M is padded to a multiple of 16 through scratch.
-  const size_t esz = W.dtype == DType::F32 ? 4 : 2;
   float* c_out = C;
   int64_t c_ld = ldc;
   const int64_t M_in = M;
   if (M <= kColRows && M % 16 != 0) {
     M = (M + 15) / 16 * 16;
-    impl_->a_pad.assign(size_t(M * K) * esz, 0);
+    impl_->a_pad.assign(size_t(M * K) * a_esz, 0);
     for (int64_t m = 0; m < M_in; ++m)
-      std::memcpy(impl_->a_pad.data() + m * K * esz, static_cast<const char*>(a_ptr) + m * a_ld * esz, K * esz);
+      std::memcpy(impl_->a_pad.data() + m * K * a_esz, static_cast<const char*>(a_ptr) + m * a_ld * a_esz, K * a_esz);
     a_ptr = impl_->a_pad.data();
     a_ld = K;
     impl_->c_pad.resize(size_t(M * N));
@@ -300,31 +311,25 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   for (int64_t m0 = 0; m0 < M; m0 += mc)
     for (int64_t n0 = 0; n0 < N; n0 += nc) {
       const int64_t m = std::min(mc, M - m0), n = std::min(nc, N - n0);
-      ps.push_back({m0, m, n0, n, widen ? impl_->get(m, n, K, K, c_ld, DType::F32) : impl_->get(m, n, K, a_ld, c_ld, W.dtype)});
+      ps.push_back({m0, m, n0, n, impl_->get(m, n, K, a_ld, c_ld, mm_dtype)});
     }
-  const auto mdt = W.dtype == DType::F32 || widen ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+  const auto mdt = mm_dtype == DType::F32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
   ctx.run([&] {
     tbb::parallel_for(size_t(0), ps.size(), [&](size_t i) {
       const Part& p = ps[i];
       using md = dnnl::memory::desc;
       using mdims = dnnl::memory::dims;
       dnnl::stream s(impl_->eng);
-      const char* a_base = static_cast<const char*>(a_ptr) + p.m0 * a_ld * esz;
+      const char* a_base = static_cast<const char*>(a_ptr) + p.m0 * a_ld * a_esz;
       const char* w_base = static_cast<const char*>(W.data()) + p.n0 * K * esz;
-      int64_t a_stride = a_ld;
-      thread_local std::vector<float> a_wide, w_wide;
+      thread_local std::vector<float> w_wide;
       if (widen) {
-        a_wide.resize(size_t(p.m * K));
         w_wide.resize(size_t(p.n * K));
-        for (int64_t m = 0; m < p.m; ++m)
-          for (int64_t k = 0; k < K; ++k)
-            a_wide[size_t(m * K + k)] = bf16_to_f32(reinterpret_cast<const uint16_t*>(a_base)[m * a_ld + k]);
-        for (int64_t i = 0; i < p.n * K; ++i) w_wide[size_t(i)] = bf16_to_f32(reinterpret_cast<const uint16_t*>(w_base)[i]);
-        a_base = reinterpret_cast<const char*>(a_wide.data());
+        const uint16_t* w16 = reinterpret_cast<const uint16_t*>(w_base);
+        for (int64_t i = 0; i < p.n * K; ++i) w_wide[size_t(i)] = bf16_to_f32(w16[i]);
         w_base = reinterpret_cast<const char*>(w_wide.data());
-        a_stride = K;
       }
-      dnnl::memory am(md({p.m, K}, mdt, mdims{a_stride, 1}), impl_->eng, const_cast<char*>(a_base));
+      dnnl::memory am(md({p.m, K}, mdt, mdims{a_ld, 1}), impl_->eng, const_cast<char*>(a_base));
       dnnl::memory bm(md({K, p.n}, mdt, mdims{1, K}), impl_->eng, const_cast<char*>(w_base));
       dnnl::memory cm(md({p.m, p.n}, dnnl::memory::data_type::f32, mdims{c_ld, 1}), impl_->eng,
                       c_out + p.m0 * c_ld + p.n0);

@@ -164,12 +164,11 @@ struct CudaSession::Impl {
   // cuda::select_top) from the scores the last_row_scores launch left in `scores`, and only the
   // kept indices come back; the other policies (static keeps its first scores, random draws on
   // the host) select on the host. Scores come to the host when a policy or the stats need them.
-  // Leaves the kept indices in keep_dev as well.
+  // With keep_on_device the kept indices are left in keep_dev as well (uploaded if chosen on the host).
   std::vector<int64_t> select(PruningPolicy& policy, int l, const std::vector<int32_t>& pos,
                               const int32_t* pos_on_device, int64_t n_keep, std::vector<float>* host_scores,
-                              OpTimers* tm) {
+                              bool keep_on_device, OpTimers* tm) {
     const int64_t n = int64_t(pos.size());
-    n_keep = std::min(n_keep, n);
     const bool on_device = policy.kind() == PolicyKind::LazyLLM;
     std::vector<float> h;
     if (policy.needs_scores() && (host_scores || !on_device)) {
@@ -187,8 +186,10 @@ struct CudaSession::Impl {
       });
     } else {
       time_op(tm, l, Op::Select, OpShape{0, 0, n}, c, [&] { keep = policy.select(l, pos, h, n_keep); });
-      keep_dev.reserve(keep.size() * 8, "kept indices");
-      copy_to_device(keep_dev.as<void>(), keep.data(), keep.size() * 8);
+      if (keep_on_device) {
+        keep_dev.reserve(keep.size() * 8, "kept indices");
+        copy_to_device(keep_dev.as<void>(), keep.data(), keep.size() * 8);
+      }
     }
     return keep;
   }
@@ -385,7 +386,8 @@ int64_t CudaSession::device_bytes() const {
   int64_t b = s.weight_bytes;
   for (const DLayer& L : s.layers) b += int64_t(L.k.bytes() + L.v.bytes() + L.pos.bytes() + L.bits.bytes());
   for (const DBuf* d : {&s.x, &s.x2, &s.xn, &s.qkv, &s.q, &s.k, &s.v, &s.attn, &s.tmp, &s.ff, &s.act, &s.a16,
-                        &s.aux_states})
+                        &s.pos_dev, &s.idx, &s.idx2, &s.scores, &s.logits, &s.kbuf, &s.vbuf, &s.kpos, &s.slot_ids,
+                        &s.keep_dev, &s.aux_states})
     b += int64_t(d->bytes());
   return b;
 }
@@ -462,7 +464,7 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
       });
     }
     const std::vector<int64_t> keep = s.select(*prune->policy, l, act_pos, s.pos_dev.as<int32_t>(),
-                                               tokens_kept(Tl, share), stats ? &scores : nullptr, timers);
+                                               tokens_kept(Tl, share), stats ? &scores : nullptr, true, timers);
     if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
     if (stats) stats->scores.push_back(scores);
     if (int64_t(keep.size()) < Tl) time_op(timers, l, Op::Gather, OpShape{Tl, 0, 0}, c, [&] {
@@ -579,7 +581,7 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
         });
       }
       const std::vector<int64_t> keep = s.select(*prune.policy, l, active, s.kpos.as<int32_t>(), tokens_kept(n, share),
-                                                 stats ? &scores : nullptr, timers);
+                                                 stats ? &scores : nullptr, false, timers);
       if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
       if (stats) stats->scores.push_back(scores);
       std::vector<int32_t> kept;
