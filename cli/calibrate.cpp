@@ -63,7 +63,7 @@ CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
       ->needs(meas);
   c->add_option("--fit", a.fit,
                 "Parameters to fit, comma-separated, from gemm.compute, overhead_us, attention.compute, gemm.half_rows, "
-                "gemm.memory, interconnect (default: every one the measurements identify)")
+                "gemm.memory, interconnect, pruning.stage_us (default: every one the measurements identify)")
       ->delimiter(',')
       ->needs(meas);
   c->add_option("--weights", a.weights, "Weight dtype for every measurement (default: from each one's dtype)")->needs(meas);
@@ -281,6 +281,8 @@ int calibrate_measurements(const CalibrateArgs& a) {
               {"decode_points", fit.decode_points},
               {"fitted", fitted_params},
               {"cross_validation", fit.cv},
+              {"optimizer", fit.stop.empty() ? "converged" : fit.stop},
+              {"held_out_fits_unconverged", fit.heldout_unconverged},
               {"ttft_mape_pct", {{"base", pct(fit.ttft_mape_base)}, {"fit", pct(fit.ttft_mape_fit)}, {"held_out", pct(fit.ttft_mape_heldout)}}},
               {"decode_mape_pct",
                {{"base", pct(fit.decode_mape_base)}, {"fit", pct(fit.decode_mape_fit)}, {"held_out", pct(fit.decode_mape_heldout)}}}};
@@ -320,6 +322,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
                       {"independent_elasticity", c.independent},
                       {"fitted", c.fitted},
                       {"at_bound", c.at_bound},
+                      {"f_statistic", c.f_stat},
                       {"reason", c.reason}});
   if (a.json_out) {
     json j = {{"profile", a.out}, {"calibration", cal}, {"skipped", skipped}, {"points", pts}, {"parameters", checks}};
@@ -354,6 +357,10 @@ int calibrate_measurements(const CalibrateArgs& a) {
   fmt::print("\n");
   line("TTFT", fit.ttft_points, fit.ttft_mape_base, fit.ttft_mape_fit, fit.ttft_mape_heldout);
   line("decode", fit.decode_points, fit.decode_mape_base, fit.decode_mape_fit, fit.decode_mape_heldout);
+  if (!fit.stop.empty())
+    fmt::print("note: the optimiser stopped short of convergence ({}); the best point it found is kept\n", fit.stop);
+  if (fit.heldout_unconverged)
+    fmt::print("note: {} of the held-out fits stopped short of convergence (best points kept)\n", fit.heldout_unconverged);
   fmt::print("wrote {}\n", a.out);
   return 0;
 }

@@ -23,7 +23,8 @@ json calibration_json(const hw::Profile& fitted, const sim::CalibrationReport& r
                     {"memory", e.memory},
                     {"overhead_us", e.overhead_s * 1e6},
                     {"median_abs_error_pct", 100 * f.median_abs_err},
-                    {"p90_abs_error_pct", 100 * f.p90_abs_err}});
+                    {"p90_abs_error_pct", 100 * f.p90_abs_err},
+                    {"optimizer", f.stop.empty() ? "converged" : f.stop}});
   }
   json rs = json::array();
   for (size_t i = 0; i < rep.runs.size(); ++i)
@@ -45,6 +46,7 @@ void print_calibration(const hw::Profile& fitted, const sim::CalibrationReport& 
                hw::family_name(f.family), f.samples, 100 * f.time_share, e.compute, e.half_rows, e.memory,
                e.overhead_s * 1e6, 100 * f.median_abs_err, 100 * f.p90_abs_err,
                !f.fitted ? "  (too few samples: base kept)" : (!f.half_rows_fitted ? "  (half_rows kept)" : ""));
+    if (!f.stop.empty()) fmt::print("{:<14} the optimiser stopped short of convergence ({}): best point kept\n", "", f.stop);
   }
   fmt::print("\n{:<40} {:>8} {:>12} {:>12} {:>8}\n", "run", "tokens", "measured ms", "predicted ms", "error");
   for (size_t i = 0; i < rep.runs.size(); ++i)

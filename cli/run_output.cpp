@@ -21,6 +21,7 @@ trace::Step trace_step(const char* kind, int64_t new_tokens, const ForwardStats&
   s.queries = f.computed;
   s.keys = f.keys;
   s.pairs = f.pairs;
+  s.attended = f.attended;
   s.revived = f.revived;
   s.aux_reads = f.revived;  // every revival reads its state from the Aux Cache once
   s.aux_writes = f.aux_written;

@@ -115,6 +115,9 @@ Profile parse_profile(const json& j, const std::string& origin) {
     x.overhead_s = positive(e, "overhead_us", where, true) * 1e-6;
   }
 
+  p.pruning_stage_s = eff.contains("pruning_stage_us")
+                          ? positive(eff, "pruning_stage_us", origin + ": efficiency", true) * 1e-6
+                          : default_pruning_stage_s(p.kind, p.dispatch_overhead);
   p.interconnect_efficiency = positive(eff, "interconnect", origin + ": efficiency");
   if (p.interconnect_efficiency > 1) fail("{}: 'efficiency.interconnect' is a share of the bandwidth, at most 1", origin);
 
@@ -129,6 +132,10 @@ Profile parse_profile(const json& j, const std::string& origin) {
                         "interconnect_bandwidth_gbs", "interconnect_latency_us", "max_tp", "efficiency"})
     if (!p.sources.count(k)) fail("{}: 'sources' has no entry for '{}' (every number needs a source)", origin, k);
   return p;
+}
+
+double default_pruning_stage_s(const std::string& kind, double dispatch_overhead_s) {
+  return kind == "gpu" ? 40e-6 : 2 * dispatch_overhead_s;
 }
 
 std::vector<std::string> builtin_profile_names() {
@@ -176,6 +183,7 @@ json efficiency_json(const Profile& p) {
                                  {"memory", x.memory},
                                  {"overhead_us", x.overhead_s * 1e6}};
   }
+  e["pruning_stage_us"] = p.pruning_stage_s * 1e6;
   e["interconnect"] = p.interconnect_efficiency;
   return e;
 }

@@ -39,6 +39,10 @@ struct Profile {
   double interconnect_latency = 0;       // s
   int max_tp = 1;                        // GPUs the interconnect joins (largest tensor-parallel degree)
   double interconnect_efficiency = 1;    // share of interconnect_bandwidth a ring collective reaches
+  // Fixed cost of one pruning stage (a pruning layer in one step) beyond its score, select and
+  // gather ops: synchronisation and the small kernels of the selection. s. Optional in a file
+  // (efficiency.pruning_stage_us); absent, it is default_pruning_stage_s(kind, dispatch_overhead).
+  double pruning_stage_s = 0;
   std::array<Efficiency, kNumFamilies> efficiency{};
   bool efficiency_default = true;        // false once calibrated
   std::map<std::string, std::string> sources;
@@ -49,6 +53,11 @@ struct Profile {
   // for it (as a CPU without AVX512_BF16 runs bf16 through f32 units). Throws if neither exists.
   double peak(const std::string& dtype) const;
 };
+
+// The documented default of efficiency.pruning_stage_us for a profile that has none (files
+// written before it existed): GPUs 40 us (about 7 extra launches and a host synchronisation),
+// CPUs two fork-joins (2 x dispatch_overhead).
+double default_pruning_stage_s(const std::string& kind, double dispatch_overhead_s);
 
 // Validates a profile document; `origin` names it in errors. Throws lp::Error with one line
 // naming the origin and field: missing or mistyped fields, zero or negative values, an

@@ -168,7 +168,7 @@ std::vector<int64_t> zeros(int n) {
 void reset_stats(ForwardStats* stats, int L) {
   if (!stats) return;
   *stats = ForwardStats{};
-  stats->computed = stats->keys = stats->pairs = stats->aux_written = stats->revived = zeros(L);
+  stats->computed = stats->keys = stats->pairs = stats->attended = stats->aux_written = stats->revived = zeros(L);
   stats->revived_pos.assign(size_t(L), {});
 }
 }  // namespace
@@ -229,6 +229,7 @@ void Session::run_layer(CpuContext& ctx, int l, std::span<const int32_t> rows, c
   if (stats) {
     stats->keys[size_t(l)] = kv.n;
     stats->pairs[size_t(l)] = pairs;
+    stats->attended[size_t(l)] = ks.size();
   }
   {
     Timed tm{timers, l, Op::OProj, shape, c};

@@ -78,6 +78,7 @@ struct ForwardStats {
   std::vector<int64_t> computed;           // [L] tokens computed at each layer (queries)
   std::vector<int64_t> keys;               // [L] tokens with K/V at each layer after the pass
   std::vector<int64_t> pairs;              // [L] causal (query, key) pairs attended
+  std::vector<int64_t> attended;           // [L] keys the layer attended over (a decoding step: its active set)
   std::vector<int64_t> aux_written;        // [L] tokens pruned after layer l, saved to the Aux Cache
   std::vector<int64_t> revived;            // [L] tokens revived from the Aux Cache at layer l
   std::vector<std::vector<int32_t>> kept;  // per pruning step: positions kept after it

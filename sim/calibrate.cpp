@@ -59,7 +59,9 @@ double sample_time(const hw::Profile& hw, const hw::Efficiency& e, const OpSampl
   const double rows = s.op == Op::Score ? 1.0 : std::max(1.0, s.rows);
   const double c = s.flops > 0 ? s.flops / (peak * e.compute * rows / (rows + e.half_rows)) : 0;
   const double m = s.bytes / (hw.memory_bandwidth * e.memory);
-  return std::max(c, m) + double(s.calls) * e.overhead_s;
+  // A select is where a pruning stage's fixed cost lands (as replay charges it).
+  const double stage = s.op == Op::Select ? double(s.calls) * hw.pruning_stage_s : 0;
+  return std::max(c, m) + double(s.calls) * e.overhead_s + stage;
 }
 
 struct FitData {
@@ -175,7 +177,9 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
       const std::array<double, 4> hi = {0.0, std::log1p(1e5), 0.0, std::log(1e-4)};
       for (int k = 0; k < 4; ++k) x[size_t(k)] = std::clamp(x[size_t(k)], lo[size_t(k)], hi[size_t(k)]);
       const std::string what = fmt::format("calibrate: the {} fit", hw::family_name(fam));
-      minimize_bobyqa(4, x.data(), lo.data(), hi.data(), objective, &d, 4000, 1e-6, what.c_str());
+      // A stop short of convergence (NLopt's ROUNDOFF_LIMITED on a noisy family, say) still
+      // returns the best point seen; the report says how it stopped.
+      fit.stop = describe_stop(minimize_bobyqa(4, x.data(), lo.data(), hi.data(), objective, &d, 4000, 1e-6, what.c_str()));
       hw::Efficiency fitted = from_x(x.data());
       if (!d.fit_half_rows) fitted.half_rows = e.half_rows;
       e = fitted;

@@ -53,6 +53,7 @@ struct FamilyFit {
   double median_abs_err = 0;  // |predicted / measured - 1| over the family's samples, after the fit
   double p90_abs_err = 0;
   double time_share = 0;      // share of the measured time in this family
+  std::string stop;           // how the optimiser stopped when it did not converge ("" when it did)
 };
 
 struct CalibrationReport {

@@ -10,6 +10,9 @@
 #include "model/error.h"
 #include "model/presets.h"
 #include "sim/bobyqa.h"
+
+#include <boost/math/distributions/fisher_f.hpp>
+#include <set>
 #include "sim/replay.h"
 #include "traces/schedule.h"
 #include "traces/synthetic.h"
@@ -62,29 +65,13 @@ constexpr double kMinElasticity = 0.05;
 // pay for itself: F >= 2, about Akaike's criterion.
 constexpr double kMinRequestedF = 2;
 
-// Any other must reach the 5% point of F(1, dof): the square of Student's t at 0.975 (standard
-// table; 1.96 for dof -> infinity).
-double f_to_enter(double dof) {
-  static constexpr double t975[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-                                    2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-                                    2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
-  if (dof < 1) return std::numeric_limits<double>::infinity();
-  double t;
-  if (dof <= 30) {
-    t = t975[size_t(dof) - 1];
-  } else {  // linear in 1/dof between 30 (2.042), 60 (2.000), 120 (1.980) and infinity (1.960)
-    const double x = 1 / dof;
-    t = x >= 1.0 / 60 ? 2.000 + (2.042 - 2.000) * (x - 1.0 / 60) / (1.0 / 30 - 1.0 / 60)
-        : x >= 1.0 / 120 ? 1.980 + (2.000 - 1.980) * (x - 1.0 / 120) / (1.0 / 60 - 1.0 / 120)
-                         : 1.960 + (1.980 - 1.960) * x / (1.0 / 120);
-  }
-  return t * t;
-}
+// Any other must reach the 5% point of F(k, dof) (f_to_enter).
 
 // Bounds of each parameter (in its own unit): shares of a peak, or microseconds.
 std::pair<double, double> bounds(const std::string& name) {
   if (name == "overhead_us") return {0.01, 5000};
   if (name == "gemm.half_rows") return {0.01, 4096};
+  if (name == "pruning.stage_us") return {0.01, 1e5};
   return {0.01, 1};
 }
 
@@ -152,8 +139,14 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
     fail("{}: record {}: method '{}' is not none, lazyllm, static or random", m.file, m.record, m.method);
   std::vector<PruneStep> steps;
   if (policy != "none") {
+    // The schedule decides what a pruned run computes: guessing one would fit the profile to the
+    // wrong work.
+    if (sched.empty())
+      fail("{}: record {}: method '{}' names no schedule; write it as '{} 0.3:0.3,0.6:0.3,0.9:0.3' (the schedule the "
+           "run used)",
+           m.file, m.record, m.method, policy);
     try {
-      steps = resolve_schedule(sched.empty() ? default_schedule() : schedule_from_arg(sched), model.n_layer);
+      steps = resolve_schedule(schedule_from_arg(sched), model.n_layer);
     } catch (const Error& e) {
       fail("{}: record {}: {}", m.file, m.record, e.what());
     }
@@ -172,8 +165,8 @@ double predict_point(const hw::Profile& hw, const Point& pt) {
 }
 
 const std::vector<std::string>& fit_candidates() {
-  static const std::vector<std::string> c = {"gemm.compute",   "overhead_us",    "attention.compute",
-                                             "gemm.half_rows", "gemm.memory",    "interconnect"};
+  static const std::vector<std::string> c = {"gemm.compute", "overhead_us", "attention.compute", "gemm.half_rows",
+                                             "gemm.memory",  "interconnect", "pruning.stage_us"};
   return c;
 }
 
@@ -183,13 +176,14 @@ double get_param(const hw::Profile& p, const std::string& name) {
   if (name == "gemm.memory") return p.eff(hw::Family::Gemm).memory;
   if (name == "gemm.half_rows") return p.eff(hw::Family::Gemm).half_rows;
   if (name == "interconnect") return p.interconnect_efficiency;
+  if (name == "pruning.stage_us") return p.pruning_stage_s * 1e6;
   if (name == "overhead_us") {
     double s = 0;
     for (const hw::Efficiency& e : p.efficiency) s += e.overhead_s;
     return s / hw::kNumFamilies * 1e6;
   }
   usage_fail("unknown parameter '{}' (known: gemm.compute, overhead_us, attention.compute, gemm.half_rows, gemm.memory, "
-             "interconnect)",
+             "interconnect, pruning.stage_us)",
              name);
 }
 
@@ -199,6 +193,7 @@ void set_param(hw::Profile& p, const std::string& name, double v) {
   else if (name == "gemm.memory") p.efficiency[size_t(hw::Family::Gemm)].memory = v;
   else if (name == "gemm.half_rows") p.efficiency[size_t(hw::Family::Gemm)].half_rows = v;
   else if (name == "interconnect") p.interconnect_efficiency = v;
+  else if (name == "pruning.stage_us") p.pruning_stage_s = v * 1e-6;
   else if (name == "overhead_us")
     for (hw::Efficiency& e : p.efficiency) e.overhead_s = v * 1e-6;
   else get_param(p, name);  // the error
@@ -234,8 +229,14 @@ double objective(unsigned n, const double* x, double* grad, void* data) {
 }
 
 // The base with `params` fitted to the points `use`.
-hw::Profile fit_subset(const hw::Profile& base, const std::vector<Point>& points, const std::vector<size_t>& use,
-                       const std::vector<std::string>& params) {
+struct Fitted {
+  hw::Profile profile;
+  OptimizerStatus stop;
+};
+
+// The base with `params` fitted to the points `use`.
+Fitted fit_subset(const hw::Profile& base, const std::vector<Point>& points, const std::vector<size_t>& use,
+                  const std::vector<std::string>& params) {
   Problem pr{&base, &points, use, params};
   const unsigned k = unsigned(params.size());
   std::vector<double> x(k), lo(k), hi(k);
@@ -245,11 +246,24 @@ hw::Profile fit_subset(const hw::Profile& base, const std::vector<Point>& points
     hi[j] = std::log(b);
     x[j] = std::clamp(std::log(std::max(get_param(base, params[j]), a)), lo[j], hi[j]);
   }
-  minimize_bobyqa(k, x.data(), lo.data(), hi.data(), objective, &pr, 2000, 1e-7, "the fit");
-  return with(pr, x.data());
+  const OptimizerStatus st = minimize_bobyqa(k, x.data(), lo.data(), hi.data(), objective, &pr, 2000, 1e-7, "the fit");
+  return {with(pr, x.data()), st};
+}
+
+std::vector<std::string> without(std::vector<std::string> v, const std::string& name) {
+  v.erase(std::remove(v.begin(), v.end(), name), v.end());
+  return v;
+}
+bool contains(const std::vector<std::string>& v, const std::string& name) {
+  return std::find(v.begin(), v.end(), name) != v.end();
 }
 
 }  // namespace
+
+double f_to_enter(double df1, double df2, double level) {
+  if (df1 < 1 || df2 < 1) return std::numeric_limits<double>::infinity();
+  return boost::math::quantile(boost::math::fisher_f_distribution<double>(df1, df2), level);
+}
 
 hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& points,
                              const std::vector<std::string>& requested, MeasurementFit* out) {
@@ -263,11 +277,13 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   };
   f.base_s = predict_all(base);
 
-  // Forward stepwise selection: each round tries every remaining candidate (fitted together with
-  // the accepted ones), and accepts the one that lowers the squared log error most, if it is
-  // identifiable at that fit (independent elasticity) and the improvement is significant (F).
   const size_t max_params = n - 2;
   const size_t decode_points = size_t(std::count_if(points.begin(), points.end(), [](const Point& p) { return !p.ttft; }));
+  const size_t pruned_points =
+      size_t(std::count_if(points.begin(), points.end(), [](const Point& p) { return !p.work.header.schedule_layers.empty(); }));
+  std::set<int64_t> ttft_lengths;
+  for (const Point& p : points)
+    if (p.ttft) ttft_lengths.insert(p.m->prompt_tokens);
   std::vector<size_t> all(n);
   for (size_t i = 0; i < n; ++i) all[i] = i;
   const auto sum_sq = [&](const hw::Profile& p) {
@@ -278,13 +294,15 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
     }
     return ss;
   };
-  // d log(predicted) per relative change of the parameter, in units of its base value (so a
-  // parameter fitted to its lower bound, an overhead near zero, keeps the elasticity it had):
-  // central differences of +-5% of the base value around the value at `at`.
-  const auto elasticities = [&](const hw::Profile& at, const std::string& name) {
+  // d log(predicted) per relative change of the parameter around its value at `at`: in units of
+  // its base value (`base_units`: a parameter fitted near zero, an overhead, keeps the elasticity
+  // it had at the base), or of its value at `at` (where a fit ended up: an attention efficiency
+  // fitted to a fifth of the base's makes attention five times the share of the time it was).
+  // Central differences of +-5%.
+  const auto elasticities = [&](const hw::Profile& at, const std::string& name, bool base_units) {
     const auto [lo, hi] = bounds(name);
-    const double ref = std::max(get_param(base, name), lo);
     const double v = get_param(at, name);
+    const double ref = base_units ? std::max(get_param(base, name), lo) : std::max(v, lo);
     const double a = std::max(lo, v - 0.05 * ref), b = std::min(hi, v + 0.05 * ref);
     hw::Profile up = at, down = at;
     set_param(up, name, b);
@@ -294,12 +312,18 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
       col[i] = (std::log(predict_point(up, points[i])) - std::log(predict_point(down, points[i]))) / ((b - a) / ref);
     return col;
   };
-  // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce.
-  const auto independence = [&](const hw::Profile& at, const std::vector<double>& col,
-                                const std::vector<std::string>& params) {
+  // The points a parameter can move: the pruned ones for the pruning stage cost (so one pruned
+  // run among many dense ones can identify it), every point otherwise.
+  const auto moves = [&](const std::string& name, size_t i) {
+    return name != "pruning.stage_us" || !points[i].work.header.schedule_layers.empty();
+  };
+  // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce,
+  // over the points `name` can move.
+  const auto independence = [&](const hw::Profile& at, const std::string& name, const std::vector<double>& col,
+                                const std::vector<std::string>& params, bool base_units) {
     std::vector<std::vector<double>> basis;  // orthonormal (Gram-Schmidt)
     for (const std::string& q : params) {
-      std::vector<double> v = elasticities(at, q);
+      std::vector<double> v = elasticities(at, q, base_units);
       for (const auto& o : basis) {
         double dot = 0;
         for (size_t i = 0; i < n; ++i) dot += v[i] * o[i];
@@ -317,74 +341,174 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
       for (size_t i = 0; i < n; ++i) dot += r[i] * o[i];
       for (size_t i = 0; i < n; ++i) r[i] -= dot * o[i];
     }
-    double ss = 0, rr = 0;
-    for (double e : col) ss += e * e;
-    for (double e : r) rr += e * e;
-    return std::pair{std::sqrt(ss / double(n)), std::sqrt(rr / double(n))};
+    double ss = 0, rr = 0, rows = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (moves(name, i)) {
+        ss += col[i] * col[i];
+        rr += r[i] * r[i];
+        ++rows;
+      }
+    return std::pair{std::sqrt(ss / std::max(rows, 1.0)), std::sqrt(rr / std::max(rows, 1.0))};
+  };
+  // Identifiability of `name` beside `others`, judged both at `current` (the fit before it, with
+  // it at its base value) and at `trial` (where the fit with it ends up); either suffices.
+  const auto judge = [&](ParamCheck& c, const hw::Profile& current, const std::vector<std::string>& others_current,
+                         const hw::Profile& trial, const std::vector<std::string>& others_trial) {
+    const auto [s1, i1] = independence(current, c.name, elasticities(current, c.name, true), others_current, true);
+    const auto [s2, i2] = independence(trial, c.name, elasticities(trial, c.name, false), others_trial, false);
+    c.sensitivity = std::max(s1, s2);
+    c.independent = std::max(i1, i2);
+    if (c.independent >= kMinElasticity) return true;
+    if (c.sensitivity < kMinElasticity)
+      c.reason = fmt::format("the points barely depend on it (RMS elasticity {:.3f} < {}, at the base and at the fit)",
+                             c.sensitivity, kMinElasticity);
+    else
+      c.reason = fmt::format("the other parameters fitted already explain its effect (independent elasticity {:.3f} "
+                             "< {}, at the base and at the fit)",
+                             c.independent, kMinElasticity);
+    return false;
   };
 
   std::vector<ParamCheck> checks;
   for (const std::string& name : fit_candidates()) {
     ParamCheck c;
     c.name = name;
-    const bool wanted = requested.empty() || std::find(requested.begin(), requested.end(), name) != requested.end();
+    const bool wanted = requested.empty() || contains(requested, name);
     if (!wanted) c.reason = "not requested";
     // Prefill GEMMs of short prompts can look memory-bound or row-starved; a TTFT-only fit would
     // use these to absorb their fixed costs and then mispredict every decoding step.
     if (wanted && (name == "gemm.memory" || name == "gemm.half_rows") && decode_points == 0)
       c.reason = "only decode latencies identify it (no decode points)";
+    if (wanted && name == "pruning.stage_us" && pruned_points == 0)
+      c.reason = "only pruned runs identify it (no point with a pruning schedule)";
+    // Attention grows with the square of the prompt, the GEMMs linearly: only prompts of several
+    // lengths tell them apart (across models at one length the split rests on the architectures
+    // alone, which the cost model may not capture). Decoding's attention reads the KV cache.
+    if (wanted && name == "attention.compute" && ttft_lengths.size() <= 1)
+      c.reason = ttft_lengths.empty()
+                     ? std::string("only TTFTs identify it (no TTFT points)")
+                     : fmt::format("only TTFTs of several prompt lengths identify it: every TTFT point has the same "
+                                   "prompt length ({} tokens), so attention cannot be told from the GEMMs",
+                                   *ttft_lengths.begin());
     checks.push_back(c);
   }
+  const auto check_of = [&](const std::string& name) -> ParamCheck& {
+    return *std::find_if(checks.begin(), checks.end(), [&](const ParamCheck& c) { return c.name == name; });
+  };
+  const auto open = [&](const ParamCheck& c) {
+    return !c.fitted && c.reason != "not requested" && !c.reason.starts_with("only ") && !c.dropped;
+  };
+
+  // Forward stepwise selection over blocks: every remaining parameter alone, and GEMM and
+  // attention compute together while neither is in (a quadratic term in the prompt length can
+  // only be told from the linear one when both move at once: at the base, attention may look
+  // negligible). Each round fits every block with the accepted parameters and accepts the most
+  // significant one (smallest p-value of its F-to-enter) that is identifiable at the base or at its
+  // fit. After each pass the accepted parameters are judged again where the final fit ends up; one
+  // that has lost its identifiability there is dropped and the selection runs again.
   hw::Profile current = base;
   double ss_current = sum_sq(base);
-  for (;;) {
-    int best = -1;
-    hw::Profile best_fit = base;
-    double best_ss = 0;
-    for (size_t k = 0; k < checks.size(); ++k) {
-      ParamCheck& c = checks[k];
-      if (c.fitted || c.reason == "not requested" || c.reason.starts_with("only decode")) continue;
-      if (f.params.size() >= max_params) {
-        c.reason = fmt::format("{} points identify at most {} parameters (n - 2)", n, max_params);
-        continue;
-      }
-      std::vector<std::string> trial_params = f.params;
-      trial_params.push_back(c.name);
-      const hw::Profile trial = fit_subset(base, points, all, trial_params);
-      const double ss = sum_sq(trial);
-      // Identifiability at the current fit with the candidate at its base value: where the trial
-      // drives it (to a bound, say) its elasticity may vanish although the data do depend on it.
-      std::tie(c.sensitivity, c.independent) = independence(current, elasticities(current, c.name), f.params);
-      const double dof = double(n - trial_params.size());
-      const double gain = std::max(0.0, ss_current - ss);
-      c.f_stat = ss > 1e-24 ? gain / (ss / dof) : (gain > 1e-24 ? std::numeric_limits<double>::infinity() : 0);
-      if (c.independent < kMinElasticity) {
-        c.reason = c.sensitivity < kMinElasticity
-                       ? fmt::format("the points barely depend on it (RMS elasticity {:.3f} < {})", c.sensitivity,
-                                     kMinElasticity)
-                       : fmt::format("the parameters fitted before it already explain its effect (independent "
-                                     "elasticity {:.3f} < {})",
-                                     c.independent, kMinElasticity);
-      } else if (!requested.empty() && c.f_stat < kMinRequestedF) {
-        c.reason = fmt::format("it does not improve the fit (F = {:.2f} < {})", c.f_stat, kMinRequestedF);
-      } else if (requested.empty() && c.f_stat < f_to_enter(dof)) {
-        c.reason = fmt::format("it does not improve the fit significantly (F = {:.2f} < {:.2f}, the 5% point of "
-                               "F(1, {:.0f}); --fit {} asks for it anyway)",
-                               c.f_stat, f_to_enter(dof), dof, c.name);
-      } else {
-        c.reason.clear();
-        if (best < 0 || ss < best_ss) {
-          best = int(k);
-          best_fit = trial;
+  for (int pass = 0; pass < 4; ++pass) {
+    for (;;) {
+      std::vector<std::vector<std::string>> blocks;
+      for (const ParamCheck& c : checks)
+        if (open(c)) blocks.push_back({c.name});
+      if (ttft_lengths.size() >= 3 && open(check_of("gemm.compute")) && open(check_of("attention.compute")))
+        blocks.push_back({"gemm.compute", "attention.compute"});
+      int best = -1;
+      double best_p = 2, best_ss = 0;
+      Fitted best_fit{base, {}};
+      for (size_t bi = 0; bi < blocks.size(); ++bi) {
+        const std::vector<std::string>& block = blocks[bi];
+        std::vector<std::string> trial_params = f.params;
+        trial_params.insert(trial_params.end(), block.begin(), block.end());
+        if (trial_params.size() > max_params) {
+          if (block.size() == 1)
+            check_of(block[0]).reason = fmt::format("{} points identify at most {} parameters (n - 2)", n, max_params);
+          continue;
+        }
+        const Fitted trial = fit_subset(base, points, all, trial_params);
+        const double ss = sum_sq(trial.profile);
+        const double dof = double(n - trial_params.size());
+        const double gain = std::max(0.0, ss_current - ss) / double(block.size());
+        const double F = ss > 1e-24 ? gain / (ss / dof) : (gain > 1e-24 ? std::numeric_limits<double>::infinity() : 0);
+        // A block's verdicts go to its parameters only when it is the better explanation: a
+        // single parameter keeps its own reason otherwise.
+        std::vector<ParamCheck> verdict;
+        bool ok = true;
+        for (const std::string& name : block) {
+          ParamCheck c = check_of(name);
+          c.f_stat = F;
+          ok = judge(c, current, without(trial_params, name) /* others at current */ , trial.profile,
+                     without(trial_params, name)) && ok;
+          verdict.push_back(c);
+        }
+        const double need = !requested.empty() ? kMinRequestedF : f_to_enter(double(block.size()), dof, 0.95);
+        if (ok && F < need) {
+          ok = false;
+          for (ParamCheck& c : verdict)
+            c.reason = !requested.empty()
+                           ? fmt::format("it does not improve the fit (F = {:.2f} < {})", F, kMinRequestedF)
+                           : fmt::format("it does not improve the fit significantly (F = {:.2f} < {:.2f}, the 5% point "
+                                         "of F({}, {:.0f}); --fit {} asks for it anyway)",
+                                         F, need, block.size(), dof, block[0]);
+        }
+        if (block.size() == 1 || ok)
+          for (const ParamCheck& c : verdict) {
+            ParamCheck& dst = check_of(c.name);
+            dst.sensitivity = c.sensitivity;
+            dst.independent = c.independent;
+            dst.f_stat = c.f_stat;
+            dst.reason = ok ? "" : c.reason;
+          }
+        if (!ok) continue;
+        const double p = std::isinf(F) ? 0
+                                       : 1 - boost::math::cdf(boost::math::fisher_f_distribution<double>(
+                                                                  double(block.size()), dof),
+                                                              F);
+        // The most significant block; between equals (p underflows to 0 on exact data), the one
+        // that leaves the least error, then the smaller one.
+        if (best < 0 || p < best_p || (p == best_p && ss < best_ss * (1 - 1e-9))) {
+          best = int(bi);
+          best_p = p;
           best_ss = ss;
+          best_fit = trial;
         }
       }
+      if (best < 0) break;
+      for (const std::string& name : blocks[size_t(best)]) {
+        check_of(name).fitted = true;
+        check_of(name).reason.clear();
+        f.params.push_back(name);
+      }
+      current = best_fit.profile;
+      ss_current = best_ss;
     }
-    if (best < 0) break;
-    checks[size_t(best)].fitted = true;
-    f.params.push_back(checks[size_t(best)].name);
-    current = best_fit;
-    ss_current = best_ss;
+    // Judged again where the fit ended up: a parameter that no longer moves the predictions in its
+    // own way there (its effect taken over by one accepted after it) is dropped, and the rest refit.
+    if (f.params.size() < 2) break;
+    std::string weakest;
+    double weakest_indep = kMinElasticity;
+    for (const std::string& name : f.params) {
+      const std::vector<std::string> others = without(f.params, name);
+      const auto [s1, i1] = independence(current, name, elasticities(current, name, false), others, false);
+      const auto [s2, i2] = independence(current, name, elasticities(current, name, true), others, true);
+      if (std::max(i1, i2) < weakest_indep) {
+        weakest_indep = std::max(i1, i2);
+        weakest = name;
+      }
+    }
+    if (weakest.empty()) break;
+    ParamCheck& w = check_of(weakest);
+    w.fitted = false;
+    w.dropped = true;
+    w.reason = fmt::format("dropped after the fit: the other parameters explain its effect there (independent "
+                           "elasticity {:.3f} < {})",
+                           weakest_indep, kMinElasticity);
+    f.params = without(f.params, weakest);
+    const Fitted refit = fit_subset(base, points, all, f.params);
+    current = refit.profile;
+    ss_current = sum_sq(current);
   }
   // The fitted parameters in candidate order (the rounds' order is in the report's reasons).
   std::vector<std::string> ordered;
@@ -404,12 +528,13 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
     fail("these {} points identify no parameter of '{}' ({})", n, base.name, why);
   }
 
-  const hw::Profile fitted = fit_subset(base, points, all, f.params);
-  f.fit_s = predict_all(fitted);
+  const Fitted fitted = fit_subset(base, points, all, f.params);
+  f.stop = describe_stop(fitted.stop);
+  f.fit_s = predict_all(fitted.profile);
   for (ParamCheck& c : f.checks)
     if (c.fitted) {
       const auto [lo, hi] = bounds(c.name);
-      const double v = get_param(fitted, c.name);
+      const double v = get_param(fitted.profile, c.name);
       c.at_bound = v <= lo * 1.001 || v >= hi * 0.999;
     }
 
@@ -421,8 +546,9 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
     std::vector<size_t> train;
     for (size_t i = 0; i < n; ++i)
       if (i % folds != k) train.push_back(i);
-    const hw::Profile p = fit_subset(base, points, train, f.params);
-    for (size_t i = k; i < n; i += folds) f.heldout_s[i] = predict_point(p, points[i]);
+    const Fitted p = fit_subset(base, points, train, f.params);
+    if (!p.stop.converged) ++f.heldout_unconverged;
+    for (size_t i = k; i < n; i += folds) f.heldout_s[i] = predict_point(p.profile, points[i]);
   }
   f.ttft_mape_base = mape(points, f.base_s, true, &f.ttft_points);
   f.ttft_mape_fit = mape(points, f.fit_s, true, nullptr);
@@ -431,7 +557,7 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   f.decode_mape_fit = mape(points, f.fit_s, false, nullptr);
   f.decode_mape_heldout = mape(points, f.heldout_s, false, nullptr);
   if (out) *out = std::move(f);
-  hw::Profile result = fitted;
+  hw::Profile result = fitted.profile;
   result.efficiency_default = false;
   return result;
 }

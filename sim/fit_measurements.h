@@ -9,20 +9,27 @@
 // chosen parameters with NLopt's BOBYQA (bounded, derivative-free, deterministic), from the
 // base profile's values.
 //
-// Which parameters: forward stepwise selection over the candidates gemm.compute, overhead_us (one
-// per-op overhead for every family), attention.compute, gemm.half_rows, gemm.memory and
-// interconnect. Each round fits every remaining candidate together with those accepted, and
-// accepts the one that lowers the squared log error most, provided that (a) it is identifiable
-// at the current fit (accepted parameters fitted, the candidate at its base value): its
-// elasticities (d log(predicted) per relative change of the parameter, in units of its base
-// value) over the points, less the
-// part the accepted parameters' elasticities reproduce (least squares), have an RMS of at least
-// 0.05 (a 10% change moves the predictions by 0.5% in its own way); (b) the improvement is
-// significant: F = (drop in squared error) / (remaining squared error per degree of freedom) of
-// at least 4; (c) at most n - 2 parameters come from n points. gemm.half_rows and gemm.memory are
-// candidates only with decode points (a TTFT-only fit would use them to absorb short prompts'
-// fixed costs). A parameter the user asks for (--fit) that is not accepted is refused with the
+// Which parameters: forward stepwise selection over the candidates gemm.compute, overhead_us, attention.compute,
+// gemm.half_rows, gemm.memory, interconnect and pruning.stage_us, tried one at a time and, while
+// neither is in and the TTFTs span at least three prompt lengths, gemm.compute and attention.compute
+// together (attention's quadratic growth with the prompt shows only when both move: at the base
+// profile attention may look negligible). Each round fits every block with those accepted and
+// accepts the most significant one (smallest p-value) that (a) is identifiable: each parameter's
+// elasticities (d log(predicted) per relative change) over the points, less the part the other
+// parameters' elasticities reproduce (least squares), have an RMS of at least 0.05 (a 10% change
+// moves the predictions by 0.5% in its own way), judged at the fit before the block (the parameter
+// at its base value) or where the block's fit ends up; (b) improves the fit significantly: F =
+// (drop in squared log error per parameter) / (remaining squared error per degree of freedom) at
+// least the 5% point of F(k, dof) (Boost.Math; F >= 2 for parameters asked for with --fit); (c)
+// keeps at most n - 2 parameters for n points. After the selection every accepted parameter is
+// judged again at the final fit; one whose effect the others now explain is dropped and the
+// selection runs again. gemm.half_rows and gemm.memory are candidates only with decode points (a
+// TTFT-only fit would use them to absorb short prompts' fixed costs), pruning.stage_us only with
+// pruned points. A parameter the user asks for (--fit) that is not accepted is refused with the
 // reason.
+//
+// The optimiser always returns its best point (sim/bobyqa.h); a stop short of convergence is
+// reported in `stop`, never thrown.
 //
 // Held-out error: leave-one-out cross-validation up to 30 points, else 10 folds (point i in fold
 // i mod 10); every fold refits the same parameters from the base values without its points.
@@ -88,14 +95,21 @@ struct ParamCheck {
   double f_stat = 0;       // F-to-enter: drop in squared log error / (remaining error per dof)
   bool fitted = false;
   bool at_bound = false;   // fitted to a bound ([0.01, 1] for shares, [0.01, 5000] us): poorly determined
+  bool dropped = false;    // accepted, then dropped when judged again at the final fit
   std::string reason;      // why it was not fitted
 };
+
+// The `level` quantile of Fisher's F(df1, df2) (Boost.Math): the F-to-enter a block of df1
+// parameters must reach with df2 degrees of freedom left. Infinity when df1 or df2 < 1.
+double f_to_enter(double df1, double df2, double level = 0.95);
 
 struct MeasurementFit {
   std::vector<std::string> params;  // fitted, in candidate order
   std::vector<ParamCheck> checks;
   std::vector<double> base_s, fit_s, heldout_s;  // per point
   std::string cv;                   // "leave-one-out" or "10-fold"
+  std::string stop;                 // how the final fit's optimiser stopped, "" when it converged
+  int heldout_unconverged = 0;      // cross-validation fits that stopped short of convergence
   // Mean |predicted / measured - 1| over TTFT and decode points: base profile, fitted (in-sample),
   // held out. NaN when there are no such points.
   double ttft_mape_base = 0, ttft_mape_fit = 0, ttft_mape_heldout = 0;

@@ -67,6 +67,7 @@ trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens
       const size_t k = size_t(src(l));
       o.queries.push_back(rows(s.queries[k]));
       o.keys.push_back(scale(s.keys[k], r));
+      if (!s.attended.empty()) o.attended.push_back(scale(s.attended[k], r));
       o.pairs.push_back(scale(s.pairs[k], prefill ? r * r : r));
       o.revived.push_back(scale(s.revived[k], r));
       o.aux_reads.push_back(scale(s.aux_reads[k], r));
@@ -178,8 +179,12 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       step_s += oc.time_s;
       comm.add(oc);
     };
-    const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1) {
-      const OpCost oc = op_cost(cc, cfg, op, shape, calls);
+    // `fixed_s`: a cost beyond the op's roofline and per-call overhead (a pruning stage's).
+    const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1,
+                         double fixed_s = 0) {
+      OpCost oc = op_cost(cc, cfg, op, shape, calls);
+      oc.overhead_s += fixed_s;
+      oc.time_s += fixed_s;
       step_s += oc.time_s;
       sum[size_t(op)].add(oc);
       if (layer) (*layer)[size_t(op)].add(oc);
@@ -192,8 +197,11 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       const ModelConfig& cfg = lc[size_t(l)];
       OpCosts* layer = prefill ? &r.prefill_layers[size_t(l)] : nullptr;
       // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
-      // sees its active set, at most the keys held and at most its pairs.
-      const int64_t keys = B * (prefill ? s.keys[size_t(l)] : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]));
+      // sees its active set, as the trace records it (a trace without `attended`: at most the
+      // keys held and at most its pairs, an over-count once revived rows add their pairs).
+      const int64_t keys =
+          B * (prefill ? s.keys[size_t(l)]
+                       : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)]) : s.attended[size_t(l)]));
       const OpShape rows{T, 0, 0};
       add(layer, cfg, Op::AttnNorm, rows);
       add(layer, cfg, Op::QKV, rows);
@@ -213,7 +221,8 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
           add(layer, cfg, Op::Score, {1, 0, keys});
           reduce(allreduce_cost(hw, tp, double(keys) * 4));  // each GPU summed its own heads
         }
-        add(layer, cfg, Op::Select, {0, 0, keys});
+        // The stage's fixed cost (synchronisation, the selection's small kernels) rides on its select.
+        add(layer, cfg, Op::Select, {0, 0, keys}, 1, hw.pruning_stage_s);
       }
       // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
       // pruned ones saved), in decoding the Aux Cache writes and reads.
@@ -240,12 +249,14 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
     const trace::Step& last = t.steps.back();
     for (int l = 0; l < L; ++l)
       r.memory.kv += double(B * last.keys[size_t(l)]) * 2 * lc[size_t(l)].kv_dim() * dt.kv_bytes;
-    int64_t tokens = 0;
-    for (const trace::Step& s : t.steps) {
-      tokens += s.new_tokens;
-      for (int64_t w : s.aux_writes) aux_entries += double(w);
-    }
-    aux_entries = std::min(aux_entries, double(tokens));
+    // One entry per token (a token pruned again overwrites its entry, kernels/runner.h): the
+    // prefill's writes are distinct tokens, and a decoding step writes only rows it revived,
+    // which already hold an entry (its new token is never pruned in its own step, and computes
+    // every layer). So the entries are the prefill's writes.
+    for (const trace::Step& s : t.steps)
+      if (s.kind == "prefill")
+        for (int64_t w : s.aux_writes) aux_entries += double(w);
+    aux_entries = std::min(aux_entries, double(t.header.prompt_tokens));
   }
   r.memory.aux = double(B) * aux_entries * c.n_embd * dt.act_bytes;
   r.memory.activations = peak_act + double(B) * c.n_vocab * 4;

@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "traces/trace.h"
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -475,6 +477,41 @@ class CliSim : public CliErrors {
   }
 };
 
+// The replayed Aux Cache holds what the engine's holds: one entry per token, whatever the
+// decoding steps overwrote (issue 17: the sum of every write was reported), and a decoding step
+// attends over its recorded active set.
+TEST_F(CliSim, ReplayedAuxCacheAndDecodeKeysAreTheEngines) {
+  nlohmann::json run;
+  std::string prompt;
+  for (int i = 0; i < 60; ++i) prompt += "b a ";
+  const std::string t = dir_.file("revive.jsonl");
+  CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "8", "--prune",
+                               "lazyllm", "--schedule", "0:0.6", "--trace", t, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  run = nlohmann::json::parse(r.out);
+  const trace::Trace tr = trace::read_trace(t);
+  int64_t writes = 0, decode_writes = 0;
+  for (const trace::Step& s : tr.steps)
+    for (int64_t w : s.aux_writes) (s.kind == "prefill" ? writes : decode_writes) += w;
+  ASSERT_GT(run["revivals"].get<int64_t>(), 0) << "the case must revive for the check to mean anything";
+  r = run_cli(dir_, {"simulate", "--trace", t, "--hw", "cpu-local", "--compute", "f32", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto sim = nlohmann::json::parse(r.out)["results"][0];
+  const int64_t D = tr.header.model["n_embd"].get<int64_t>();
+  // The engine stores f32 states and an 8-byte index entry per token; the simulator the states.
+  const int64_t engine_entries = run["aux_cache_bytes"].get<int64_t>() / (4 * D + 8);
+  EXPECT_EQ(engine_entries, writes);
+  EXPECT_DOUBLE_EQ(sim["memory_bytes"]["aux_cache"].get<double>(), double(engine_entries) * double(D) * 4);
+  // Every decoding step recorded the keys it attended: its active set, never more than held.
+  for (const trace::Step& s : tr.steps) {
+    ASSERT_EQ(s.attended.size(), s.keys.size());
+    for (size_t l = 0; l < s.keys.size(); ++l) EXPECT_LE(s.attended[l], s.keys[l]);
+  }
+  // (The 2-layer model's revived rows meet no later pruning layer, so its decoding writes nothing;
+  // SimReplay.AuxCacheCountsEachTokenOnce covers the overwrites.)
+  EXPECT_EQ(decode_writes, 0);
+}
+
 TEST_F(CliSim, SimulateATraceAndASchedule) {
   const std::string t = make_trace("t.jsonl", 40);
   CliResult r = run_cli(dir_, {"simulate", "--trace", t, "--hw", "h100-sxm,cpu-local", "--json"});
@@ -496,6 +533,19 @@ TEST_F(CliSim, SimulateATraceAndASchedule) {
   EXPECT_LT(x["ttft_speedup"].get<double>(), 2.0);
   EXPECT_EQ(x["prefill_layers"].size(), 32u);
   EXPECT_LT(x["memory_bytes"]["kv"].get<double>(), x["baseline_memory_bytes"]["kv"].get<double>());
+  // Without --prune a synthetic run is the unpruned one: the same figures as --prune none.
+  const auto ttft = [&](std::vector<std::string> args) {
+    const CliResult res = run_cli(dir_, args);
+    EXPECT_TRUE(res.exited && res.code == 0) << describe(res);
+    return nlohmann::json::parse(res.out)["results"][0];
+  };
+  const auto plain = ttft({"simulate", "--prompt-tokens", "3000", "--new-tokens", "3", "--model-config", "llama-2-7b",
+                           "--hw", "l4", "--json"});
+  const auto none = ttft({"simulate", "--prune", "none", "--prompt-tokens", "3000", "--new-tokens", "3",
+                          "--model-config", "llama-2-7b", "--hw", "l4", "--json"});
+  EXPECT_EQ(plain["ttft_ms"], none["ttft_ms"]);
+  EXPECT_EQ(plain["decode_step_ms"], none["decode_step_ms"]);
+  EXPECT_DOUBLE_EQ(plain["ttft_speedup"].get<double>(), 1.0);
 }
 
 TEST_F(CliSim, SimulateBadInput) {
@@ -558,12 +608,20 @@ TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
       "llama-2-7b,a100-80gb,2048,150,1\nllama-2-70b,a100-80gb,2048,380,4\n",
       "k.csv");
   const std::string out = dir_.file("a100-fit.json");
-  // Four points: gemm.compute's F (6.9) is under the 5% point of F(1, 3), 10.1, so nothing is
-  // fitted unless asked for.
-  CliResult r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--out", out});
-  EXPECT_EQ(r.code, 1) << describe(r);
-  EXPECT_NE(r.err.find("the 5% point of F(1, 3)"), std::string::npos) << describe(r);
-  EXPECT_FALSE(std::filesystem::exists(out));
+  // Four points: the per-op overhead explains the short prompts' gap significantly (judged where
+  // its fit ends up); GEMM efficiency beside it falls short of the 5% point of F(1, 2), 18.5, and
+  // is left out unless asked for.
+  CliResult r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--out", out, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  for (const auto& c : nlohmann::json::parse(r.out)["parameters"]) {
+    if (c["name"] == "overhead_us") {
+      EXPECT_TRUE(c["fitted"].get<bool>()) << c.dump();
+    }
+    if (c["name"] == "gemm.compute") {
+      EXPECT_FALSE(c["fitted"].get<bool>()) << c.dump();
+      EXPECT_NE(c["reason"].get<std::string>().find("the 5% point of F(1, 2)"), std::string::npos) << c.dump();
+    }
+  }
   r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--fit", "gemm.compute", "--out", out,
                      "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);

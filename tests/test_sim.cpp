@@ -474,5 +474,39 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
   }
 }
 
+
+// The Aux Cache holds one entry per token: a decoding step's writes (revived rows pruned again)
+// overwrite entries the prefill made. And a decoding step attends over its recorded active set,
+// not min(keys held, pairs), which revived rows' pairs inflate.
+TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
+  ModelConfig c = preset_config("llama-2-7b");
+  c.n_layer = 3;
+  trace::Trace t;
+  t.header.n_layer = 3;
+  t.header.policy = "lazyllm";
+  t.header.prompt_tokens = 100;
+  t.header.schedule_layers = {{0, 0.5}, {1, 0.5}};
+  trace::Step p{"prefill", 100, {100, 50, 25}, {100, 50, 25}, {5050, 1275, 325}, {0, 0, 0}, {0, 0, 0}, {50, 25, 0},
+                {}, {}, {}};
+  // Revives 10 rows at layer 1, 6 of which are pruned again after it (overwrites).
+  trace::Step d{"decode", 1, {1, 11, 5}, {101, 61, 30}, {51, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
+                {51, 26, 26}, {}, {}};
+  t.steps = {p, d};
+  const hw::Profile hw = hw::load_profile("h100-sxm");
+  const sim::Precision prec{"bf16", "bf16", "bf16"};
+  const sim::Prediction r = sim::replay(t, c, hw, prec);
+  EXPECT_DOUBLE_EQ(r.memory.aux, 75.0 * c.n_embd * 2);  // 50 + 25 tokens, not 81
+  // Layer 1's attention in the decoding step costs 26 keys (its active set), not min(61, 300).
+  trace::Trace at = t;
+  const sim::Prediction with_keys = sim::replay(at, c, hw, prec);
+  at.steps[1].attended.clear();  // an old trace without the field: the former bound
+  const sim::Prediction without = sim::replay(at, c, hw, prec);
+  const sim::OpCost want = sim::op_cost(hw, c, Op::Attention, OpShape{11, 300, 26}, prec);
+  const sim::OpCost old = sim::op_cost(hw, c, Op::Attention, OpShape{11, 300, 61}, prec);
+  EXPECT_GT(old.bytes, want.bytes);
+  EXPECT_NEAR(without.decode_ops[size_t(Op::Attention)].bytes - with_keys.decode_ops[size_t(Op::Attention)].bytes,
+              old.bytes - want.bytes, 1e-6 * old.bytes);
+}
+
 }  // namespace
 }  // namespace lp

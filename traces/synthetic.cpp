@@ -49,6 +49,7 @@ Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std
   pre.new_tokens = prompt_tokens;
   pre.queries = act;
   pre.keys = act;
+  pre.attended = act;
   for (int64_t a : act) pre.pairs.push_back(a * (a + 1) / 2);
   pre.revived.assign(size_t(L), 0);
   pre.aux_reads.assign(size_t(L), 0);
@@ -86,6 +87,7 @@ Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std
       const int64_t rows = 1 + carried;
       d.queries.push_back(rows);
       d.keys.push_back(held[size_t(l)]);
+      d.attended.push_back(act[size_t(l)]);  // the step's active set, the new token included
       // The new token sees every active key; a revived row sees about half of them.
       d.pairs.push_back(act[size_t(l)] + carried * (act[size_t(l)] / 2));
       d.aux_reads.push_back(d.revived[size_t(l)]);

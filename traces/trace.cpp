@@ -22,9 +22,11 @@ namespace {
 using json = nlohmann::json;
 
 json step_json(const Step& s) {
-  return {{"kind", s.kind},           {"new_tokens", s.new_tokens}, {"queries", s.queries},
-          {"keys", s.keys},           {"pairs", s.pairs},           {"revived", s.revived},
-          {"aux_reads", s.aux_reads}, {"aux_writes", s.aux_writes}};
+  json j = {{"kind", s.kind},           {"new_tokens", s.new_tokens}, {"queries", s.queries},
+            {"keys", s.keys},           {"pairs", s.pairs},           {"revived", s.revived},
+            {"aux_reads", s.aux_reads}, {"aux_writes", s.aux_writes}};
+  if (!s.attended.empty()) j["attended"] = s.attended;
+  return j;
 }
 
 // The optional detail, appended to a step line by hand so that scores are written as the shortest
@@ -251,6 +253,7 @@ Trace read_trace(const std::string& path) {
     s.revived = layer_array(j, "revived", h.n_layer, where);
     s.aux_reads = layer_array(j, "aux_reads", h.n_layer, where);
     s.aux_writes = layer_array(j, "aux_writes", h.n_layer, where);
+    if (j.contains("attended")) s.attended = layer_array(j, "attended", h.n_layer, where);
     context += t.steps.empty() && s.new_tokens == 0 ? h.prompt_tokens : s.new_tokens;
     read_detail(j, h, context, s, where);
     t.steps.push_back(std::move(s));

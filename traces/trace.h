@@ -33,6 +33,10 @@ struct Step {
   std::vector<int64_t> revived;     // tokens revived (recomputed from the Aux Cache) at the layer
   std::vector<int64_t> aux_reads;   // Aux Cache reads at the layer (one per revival)
   std::vector<int64_t> aux_writes;  // tokens pruned after the layer whose hidden state was saved
+  // Keys attended at the layer: in a decoding step its active set there (fewer than `keys` once
+  // tokens are pruned, and not `pairs` once revived rows add theirs). Optional in a file (traces
+  // written before it existed): empty, and readers fall back to min(keys, pairs).
+  std::vector<int64_t> attended;
   // Optional detail, written by run --trace-detail (absent otherwise):
   std::optional<std::vector<Pruning>> pruning;  // one entry per schedule_layers entry, in order
   std::optional<std::vector<std::vector<int32_t>>> revived_positions;  // [L] positions revived (decode)

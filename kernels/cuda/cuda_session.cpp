@@ -288,6 +288,7 @@ struct CudaSession::Impl {
       stats->computed[size_t(l)] = T;
       stats->keys[size_t(l)] = L.n;
       stats->pairs[size_t(l)] = pairs;
+      stats->attended[size_t(l)] = n_keys;
     }
   }
 };
@@ -430,7 +431,7 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
   const int64_t D = c.n_embd, Q = int64_t(c.n_head) * c.head_dim;
   if (stats) {
     *stats = ForwardStats{};
-    stats->computed = stats->keys = stats->pairs = stats->aux_written = stats->revived =
+    stats->computed = stats->keys = stats->pairs = stats->attended = stats->aux_written = stats->revived =
         std::vector<int64_t>(size_t(c.n_layer), 0);
     stats->revived_pos.assign(size_t(c.n_layer), {});
   }
@@ -526,7 +527,7 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
   const int64_t D = c.n_embd, Q = int64_t(c.n_head) * c.head_dim;
   if (stats) {
     *stats = ForwardStats{};
-    stats->computed = stats->keys = stats->pairs = stats->aux_written = stats->revived =
+    stats->computed = stats->keys = stats->pairs = stats->attended = stats->aux_written = stats->revived =
         std::vector<int64_t>(size_t(c.n_layer), 0);
     stats->revived_pos.assign(size_t(c.n_layer), {});
   }
