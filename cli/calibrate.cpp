@@ -186,7 +186,15 @@ int calibrate_measurements(const CalibrateArgs& a) {
     files.push_back(std::move(entry));
     for (sim::Measurement& m : ms) records.push_back(std::move(m));
   }
-  sim::check_no_duplicates(records);
+  // The same file twice would count its figures as repetitions of themselves.
+  for (size_t i = 0; i < files.size(); ++i)
+    for (size_t k = 0; k < i; ++k)
+      if (files[i]["sha256"] == files[k]["sha256"])
+        usage_fail("{} and {} hold the same bytes: give each measurement file once", files[k]["path"].get<std::string>(),
+                   files[i]["path"].get<std::string>());
+  // Records of one point (a benchmark run again) are repetitions: averaged, not refused.
+  int repeated = 0;
+  records = sim::merge_repetitions(std::move(records), &repeated);
 
   std::vector<sim::Point> points;
   int under_load = 0, unnamed_hw = 0, pruned_decode = 0, cached_context = 0;
@@ -243,6 +251,8 @@ int calibrate_measurements(const CalibrateArgs& a) {
         usage_fail("{}: record {}: {}", m.file, m.record, e.what());
       }
     }
+    // A quantized file's real mean bits per weight (llama-bench records them) over its type's nominal.
+    if (m.weight_bits > 0 && prec.weights.ends_with("bpw")) prec.weights = sim::bpw_dtype(m.weight_bits);
     prec = override_precision(prec);
     try {
       sim::check_tp(cfg, base, m.tp);
@@ -310,6 +320,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
                    {"batch", p.m->batch},
                    {"tp", p.m->tp},
                    {"measured_ms", p.measured_s * 1e3},
+                   {"repetitions", p.m->repetitions},
                    {"base_ms", fit.base_s[i] * 1e3},
                    {"fit_ms", fit.fit_s[i] * 1e3},
                    {"held_out_ms", fit.heldout_s[i] * 1e3},
@@ -325,13 +336,15 @@ int calibrate_measurements(const CalibrateArgs& a) {
                       {"f_statistic", c.f_stat},
                       {"reason", c.reason}});
   if (a.json_out) {
-    json j = {{"profile", a.out}, {"calibration", cal}, {"skipped", skipped}, {"points", pts}, {"parameters", checks}};
+    json j = {{"profile", a.out},   {"calibration", cal},      {"skipped", skipped},
+              {"repetitions_merged", repeated}, {"points", pts}, {"parameters", checks}};
     std::puts(to_text(j).c_str());
     return 0;
   }
   fmt::print("{} record(s) from {} file(s); {} point(s) on {}{}{}\n", records.size(), files.size(), points.size(),
              base.name, skipped.empty() ? "" : "; skipped: " + skipped,
              unnamed_hw ? fmt::format("; {} without a hardware name taken as {}", unnamed_hw, base.name) : "");
+  if (repeated) fmt::print("  {} record(s) repeated an earlier point and were averaged into it (see the notes)\n", repeated);
   for (const auto& [note, k] : notes) fmt::print("  note ({} record(s)): {}\n", k, note);
   fmt::print("\n{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "measurement", "preset",
              "tokens", "b", "tp", "what", "measured", "base", "fitted", "held-out", "error");

@@ -1,6 +1,7 @@
 #include "sim/cost.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "model/error.h"
 
@@ -31,7 +32,13 @@ double dtype_bytes(const std::string& dtype, const char* what) {
   if (dtype == "bf16" || dtype == "f16") return 2;
   if (dtype == "int8") return 1;
   if (dtype == "q4") return 4.5 / 8;
-  fail("{} dtype must be one of f32, bf16, f16, int8, q4; got '{}'", what, dtype);
+  if (dtype.size() > 3 && dtype.ends_with("bpw")) {
+    const std::string num = dtype.substr(0, dtype.size() - 3);
+    char* end = nullptr;
+    const double bits = std::strtod(num.c_str(), &end);
+    if (end == num.c_str() + num.size() && bits > 0 && bits <= 32) return bits / 8;
+  }
+  fail("{} dtype must be one of f32, bf16, f16, int8, q4 or <bits>bpw; got '{}'", what, dtype);
 }
 
 void validate(const Precision& p) {

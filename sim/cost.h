@@ -24,12 +24,15 @@ hw::Family op_family(Op op);
 // Element types of a simulated deployment. Weights may be quantized (bytes per weight below 2);
 // GEMMs then still compute in `compute` (weight-only quantization).
 struct Precision {
-  std::string weights = "bf16";  // bf16 | f16 | f32 | int8 | q4 (4.5 bits per weight, as Q4_0)
+  // bf16 | f16 | f32 | int8 | q4 (4.5 bits per weight, as Q4_0) | "<bits>bpw" (any bits per
+  // weight, e.g. "4.5625bpw" for a llama.cpp Q4_1 file: what a quantized file really holds)
+  std::string weights = "bf16";
   std::string compute = "bf16";  // the peak_tflops dtype GEMMs and attention run at
   std::string kv = "bf16";       // bf16 | f16 | f32 | int8
   OpDtypes op_dtypes() const;
 };
-// "bf16", "f16", "f32", "int8", "q4" -> bytes per element; anything else throws lp::Error.
+// "bf16", "f16", "f32", "int8", "q4", "<bits>bpw" (0 < bits <= 32) -> bytes per element; anything
+// else throws lp::Error.
 double dtype_bytes(const std::string& dtype, const char* what);
 // Checks the names; throws lp::Error naming the bad one.
 void validate(const Precision& p);

@@ -99,7 +99,56 @@ std::optional<std::string> match_profile(const std::string& file_name, const std
   return std::nullopt;
 }
 
-Precision precision_for_dtype(const std::string& dtype) {
+namespace {
+// llama.cpp's file-type names as llama-bench prints them in model_type (llama_ftype_name in
+// src/llama-model-loader.cpp, llama.cpp 0c1e57098, build b11312) and the bits per weight of the
+// type: from the names where they say ("IQ2_XXS - 2.0625 bpw"), else from ggml's block layouts
+// (Q4_0: 32 weights in 18 bytes = 4.5; Q4_1 20 bytes = 5.0; Q5_0 5.5; Q5_1 6.0; Q8_0 34 bytes =
+// 8.5; K-quants per 256 weights: Q2_K 84 bytes = 2.625, Q3_K 110 = 3.4375, Q4_K 144 = 4.5, Q5_K
+// 176 = 5.5, Q6_K 210 = 6.5625; MXFP4 17 bytes per 32 = 4.25; NVFP4 9 bytes per 16 = 4.5). The
+// K-quant mixes (Small/Medium/Large) keep some tensors at a larger type, so their files average a
+// little more; llama-bench's model_size / model_n_params gives the exact figure, which the
+// importer records and calibrate prefers. Q1_0 and Q2_0 (new 32-weight block types) are taken by
+// analogy with Q4_0 (one f16 scale per 32 weights): 1.5 and 2.5, not checked against ggml.
+// Quantized weights compute in f16, as llama.cpp's GPU kernels and weight-only kernels do.
+struct LlamaFtype {
+  const char* name;
+  double bits;  // 0: a float type, below
+};
+constexpr LlamaFtype kLlamaFtypes[] = {
+    {"all F32", 0},  {"F16", 0},   {"BF16", 0}, {"Q1_0", 1.5}, {"Q2_0", 2.5}, {"Q4_0", 4.5},
+    {"Q4_1", 5.0},   {"Q5_0", 5.5}, {"Q5_1", 6.0}, {"Q8_0", 8.5}, {"MXFP4 MoE", 4.25}, {"NVFP4", 4.5},
+    {"Q2_K - Medium", 2.625}, {"Q2_K - Small", 2.625}, {"Q3_K - Small", 3.4375}, {"Q3_K - Medium", 3.4375},
+    {"Q3_K - Large", 3.4375}, {"Q4_K - Small", 4.5}, {"Q4_K - Medium", 4.5}, {"Q5_K - Small", 5.5},
+    {"Q5_K - Medium", 5.5}, {"Q6_K", 6.5625}, {"TQ1_0 - 1.69 bpw ternary", 1.69},
+    {"TQ2_0 - 2.06 bpw ternary", 2.06}, {"IQ2_XXS - 2.0625 bpw", 2.0625}, {"IQ2_XS - 2.3125 bpw", 2.3125},
+    {"IQ2_S - 2.5 bpw", 2.5}, {"IQ2_M - 2.7 bpw", 2.7}, {"IQ3_XS - 3.3 bpw", 3.3},
+    {"IQ3_XXS - 3.0625 bpw", 3.0625}, {"IQ1_S - 1.5625 bpw", 1.5625}, {"IQ1_M - 1.75 bpw", 1.75},
+    {"IQ4_NL - 4.5 bpw", 4.5}, {"IQ4_XS - 4.25 bpw", 4.25}, {"IQ3_S - 3.4375 bpw", 3.4375},
+    {"IQ3_S mix - 3.66 bpw", 3.66},
+};
+}  // namespace
+
+std::vector<std::string> llama_ftype_names() {
+  std::vector<std::string> v;
+  for (const LlamaFtype& t : kLlamaFtypes) v.emplace_back(t.name);
+  return v;
+}
+
+std::string bpw_dtype(double bits) {
+  return fmt::format("{:.6g}bpw", bits);
+}
+
+Precision precision_for_dtype(const std::string& dtype_in) {
+  std::string dtype = dtype_in;
+  // llama.cpp marks a type it guessed from the tensors (old files without general.file_type).
+  if (dtype.starts_with("(guessed) ")) dtype.erase(0, 10);
+  for (const LlamaFtype& t : kLlamaFtypes)
+    if (dashed(dtype) == dashed(t.name)) {
+      if (t.bits > 0) return {bpw_dtype(t.bits), "f16", "f16"};
+      const std::string w = dashed(t.name) == "all-f32" ? "f32" : dashed(t.name) == "f16" ? "f16" : "bf16";
+      return {w, w, "f16"};  // llama.cpp's KV cache is f16 by default
+    }
   const std::string d = dashed(dtype);
   Precision p;  // bf16 throughout
   const auto weights = [&](const char* w, const char* compute) {
@@ -116,9 +165,9 @@ Precision precision_for_dtype(const std::string& dtype) {
   if (d.starts_with("q2-k") || d.starts_with("q3-k") || d.starts_with("q4") || d.starts_with("q5") ||
       d.starts_with("q6-k") || d.starts_with("iq4") || d == "awq" || d == "gptq" || d == "int4")
     return weights("q4", "f16");
-  fail("unknown weight type '{}' (known: bf16, f16, f32, fp8, int8, Q8_0, Q4_0/Q4_1/Q4_K/Q5/Q6_K, IQ4, awq, gptq; "
-       "or give --weights/--compute/--kv)",
-       dtype);
+  fail("unknown weight type '{}' (known: bf16, f16, f32, fp8, int8, awq, gptq, and llama.cpp's file types such as "
+       "'all F32', 'Q8_0', 'Q4_K - Medium', 'IQ2_XXS - 2.0625 bpw'; or give --weights/--compute/--kv)",
+       dtype_in);
 }
 
 Point make_point(const Measurement& m, const std::string& preset, const ModelConfig& model, const Precision& p) {

@@ -64,7 +64,13 @@ std::optional<std::string> match_profile(const std::string& file_name, const std
 // IQ4 (4-bit weights), awq/gptq (4-bit weights); 4- and 8-bit weights compute in f16, as
 // llama.cpp and weight-only kernels do. An empty or "auto" dtype is bf16. Throws lp::Error
 // naming the dtype otherwise.
+// llama.cpp's file types (llama-bench's model_type, "<arch> <size> <type>") map exactly, each to its
+// bits per weight ("<bits>bpw", see kLlamaFtypes); a "(guessed) " prefix is ignored.
 Precision precision_for_dtype(const std::string& dtype);
+// Every llama.cpp file-type name precision_for_dtype knows, as llama-bench prints it.
+std::vector<std::string> llama_ftype_names();
+// "4.5bpw": the weight dtype of `bits` bits per weight.
+std::string bpw_dtype(double bits);
 
 struct Point {
   const Measurement* m = nullptr;

@@ -83,6 +83,11 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
                                     field<int64_t>(o, "build_number", path, rec));
   const std::string model_type = field<std::string>(o, "model_type", path, rec);
   m.dtype = ftype_of(model_type);
+  if (o.contains("model_size") && o.contains("model_n_params")) {
+    const double size = double(field<int64_t>(o, "model_size", path, rec));
+    const double params = double(field<int64_t>(o, "model_n_params", path, rec));
+    if (size > 0 && params > 0 && size * 8 / params <= 32) m.weight_bits = size * 8 / params;
+  }
   // The file's name says which model ("Qwen2.5-7B-Instruct-Q4_K_M.gguf"); model_type only the
   // architecture and size ("qwen2 7B").
   m.model = o.contains("model_filename") ? field<std::string>(o, "model_filename", path, rec) : model_type;
@@ -651,6 +656,39 @@ std::string name_key(const std::string& name) {
   for (char ch : name)
     if (ch != ' ' && ch != '_' && ch != '-') k += char(std::tolower(static_cast<unsigned char>(ch)));
   return k;
+}
+
+namespace {
+auto point_key(const Measurement& m) {
+  return std::tuple{name_key(m.model), name_key(m.hardware), name_key(m.framework), m.framework_version, name_key(m.dtype),
+                    m.method,          m.config,           m.batch,             m.tp,                m.prompt_tokens,
+                    m.context_tokens,  m.decode_tokens,    m.ttft_ms.has_value()};
+}
+}  // namespace
+
+std::vector<Measurement> merge_repetitions(std::vector<Measurement> ms, int* merged) {
+  std::map<decltype(point_key(ms.front())), size_t> first;
+  std::vector<Measurement> out;
+  int folded = 0;
+  for (Measurement& m : ms) {
+    const auto [it, fresh] = first.emplace(point_key(m), out.size());
+    if (fresh) {
+      out.push_back(std::move(m));
+      continue;
+    }
+    Measurement& a = out[it->second];
+    const double wa = a.repetitions, wb = m.repetitions;
+    const auto mean = [&](std::optional<double>& x, const std::optional<double>& y) {
+      if (x && y) x = (*x * wa + *y * wb) / (wa + wb);
+    };
+    mean(a.ttft_ms, m.ttft_ms);
+    mean(a.decode_ms_per_token, m.decode_ms_per_token);
+    a.repetitions = int(std::min<int64_t>(int64_t(a.repetitions) + m.repetitions, int64_t(1) << 30));
+    a.note += fmt::format("{}repetition: {} record {} averaged in", a.note.empty() ? "" : "; ", m.file, m.record);
+    ++folded;
+  }
+  if (merged) *merged = folded;
+  return out;
 }
 
 void check_no_duplicates(const std::vector<Measurement>& ms) {

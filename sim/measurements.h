@@ -33,6 +33,10 @@ struct Measurement {
   std::optional<double> decode_ms_per_token;
   int64_t decode_tokens = 0;
   int repetitions = 1;  // samples averaged into the figures
+  // Mean bits per weight of the model file when the tool records it (llama-bench: model_size x 8 /
+  // model_n_params), 0 otherwise: a K-quant mix such as Q4_K - Medium holds more than its type's
+  // nominal 4.5.
+  double weight_bits = 0;
   // False when the figures were taken under load (a serving benchmark with several requests in
   // flight): then TTFT includes queueing and batching with other requests, which the simulator
   // does not model, and calibration leaves the record out (saying so).
@@ -95,6 +99,12 @@ std::vector<Measurement> import_measurements(const std::string& path,
 // config, batch, tp, prompt, context and decode tokens are equal (names as name_key compares them)
 // and both measure the same quantity. Throws lp::Error naming both records of the first duplicate.
 void check_no_duplicates(const std::vector<Measurement>& ms);
+
+// Records of the same point (as check_no_duplicates compares them) are repetitions of one
+// measurement: merged into the first, each figure the mean weighted by repetitions, repetitions
+// summed, and `note` naming the records merged. Order otherwise kept. `merged` (when given)
+// receives how many records were folded into others.
+std::vector<Measurement> merge_repetitions(std::vector<Measurement> ms, int* merged = nullptr);
 
 // A name as calibrate compares names from files: lower case, without spaces, '-' or '_'.
 std::string name_key(const std::string& name);

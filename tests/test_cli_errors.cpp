@@ -669,13 +669,32 @@ TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
   expect_one_line_error(calibrate(ok + "Llama-3.2-3B,h100-sxm,512,10,1\n"),
                         {"m.csv", "record 5", "unknown model 'Llama-3.2-3B'", "llama-2-7b", "--model-map"});
   expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,20,16\n"), {"m.csv", "record 5", "--tp 16", "max_tp 8"});
-  expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,21,1\n"), {"duplicate measurement", "m.csv"});
+  // A pruned record without its schedule, and the same file given twice.
+  expect_one_line_error(calibrate("model,hardware,prompt_tokens,ttft_ms,method\n" +
+                                  std::string("llama-2-7b,h100-sxm,512,17.82,none\nllama-2-7b,h100-sxm,1024,33.29,none\n") +
+                                  "llama-2-7b,h100-sxm,2048,50,lazyllm\n"),
+                        {"m.csv", "record 4", "method 'lazyllm' names no schedule"});
+  {
+    const std::string f = write_text(ok, "twice.csv");
+    expect_one_line_error(run_cli(dir_, {"calibrate", "--measurements", f, f, "--base", "h100-sxm", "--out", out}),
+                          {"twice.csv", "same bytes"});
+  }
   expect_one_line_error(calibrate("model,hardware,prompt_tokens,ttft_ms,ttft_s\nllama-2-7b,h100-sxm,512,20,0.02\n"),
                         {"m.csv", "mixed units"});
   expect_one_line_error(calibrate(ok, {"--fit", "gemm.memory"}), {"cannot fit gemm.memory", "decode"});
   expect_one_line_error(calibrate(ok, {"--model-map", "x=llama-9"}), {"llama-9"});
   expect_one_line_error(calibrate(head + "llama-2-7b,h100-sxm,512,20,1\n"), {"at least 3 points"});
   EXPECT_FALSE(std::filesystem::exists(out));  // nothing written by any of them
+  // A point measured twice is one point with two repetitions, its time their mean.
+  {
+    const CliResult rep = calibrate(ok + "llama-2-7b,h100-sxm,512,18.82,1\n", {"--json"});
+    ASSERT_TRUE(rep.exited && rep.code == 0) << describe(rep);
+    const auto j = nlohmann::json::parse(rep.out);
+    EXPECT_EQ(j["repetitions_merged"], 1);
+    ASSERT_EQ(j["points"].size(), 3u);
+    EXPECT_EQ(j["points"][0]["repetitions"], 2);
+    EXPECT_DOUBLE_EQ(j["points"][0]["measured_ms"].get<double>(), (17.82 + 18.82) / 2);
+  }
   // A model name the presets know under another spelling is accepted with --model-map.
   const CliResult r = calibrate(ok + "Llama-3.2-3B,h100-sxm,4096,133.0,1\n", {"--model-map", "Llama-3.2-3B=llama-2-7b"});
   EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
