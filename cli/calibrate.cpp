@@ -1,6 +1,9 @@
 // `lazyprefill calibrate`: fit a hardware profile's efficiencies to measured `run --json` outputs
 // (per-op, every family) or to end-to-end measurements from other tools (sim/fit_measurements.h).
+#include "sim/calibrate.h"
+
 #include <fmt/format.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <cctype>
@@ -10,14 +13,12 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <openssl/evp.h>
 
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "model/presets.h"
-#include "sim/calibrate.h"
 #include "sim/fit_measurements.h"
 #include "sim/measurements.h"
 #include "sim/replay.h"
@@ -45,29 +46,37 @@ CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
   auto* c = app.add_subcommand(
       "calibrate",
       "Fit a hardware profile's efficiencies to measurements: per-op timings of our own runs (--runs), or\n"
-      "end-to-end TTFT and decode figures from llama-bench, vLLM, trtllm-bench, run --json or a CSV (--measurements).\n"
+      "end-to-end TTFT and decode figures from llama-bench, vLLM, trtllm-bench, run --json or a CSV "
+      "(--measurements).\n"
       "  lazyprefill calibrate --runs runs/ --base cpu-local --out cpu-local.json\n"
       "  lazyprefill calibrate --measurements bench.jsonl results.csv --base h100-sxm --out h100-mine.json");
   auto* runs = c->add_option("--runs", a.runs, "Folder of run --json outputs (*.json): fits every op family");
-  auto* meas = c->add_option("--measurements", a.measurements,
-                             "Measurement files (llama-bench -o json/jsonl, vLLM serving/latency JSON, trtllm-bench "
-                             "--report_json, run --json, plain CSV): fits what end-to-end figures identify");
+  auto* meas =
+      c->add_option("--measurements", a.measurements,
+                    "Measurement files (llama-bench -o json/jsonl, vLLM serving/latency JSON, trtllm-bench "
+                    "--report_json, run --json, plain CSV): fits what end-to-end figures identify");
   runs->excludes(meas);
-  c->add_option("--base", a.base, "Profile to start from (name or .json); its other fields are kept")->required();
+  c->add_option("--base", a.base, "Profile to start from (name or .json); its other fields are kept")
+      ->required();
   c->add_option("--out", a.out, "Where to write the fitted profile (.json)")->required();
   c->add_option("--name", a.name, "Name of the fitted profile (default: the base's name)");
   c->add_option("--model-map", a.model_map,
                 "NAME=PRESET: the preset for a model name as the files write it (repeatable)")
       ->needs(meas);
-  c->add_option("--hw-map", a.hw_map, "NAME=PROFILE: the profile for a hardware name as the files write it (repeatable)")
+  c->add_option("--hw-map", a.hw_map,
+                "NAME=PROFILE: the profile for a hardware name as the files write it (repeatable)")
       ->needs(meas);
   c->add_option("--fit", a.fit,
-                "Parameters to fit, comma-separated, from gemm.compute, overhead_us, attention.compute, gemm.half_rows, "
+                "Parameters to fit, comma-separated, from gemm.compute, overhead_us, attention.compute, "
+                "gemm.half_rows, "
                 "gemm.memory, interconnect, pruning.stage_us (default: every one the measurements identify)")
       ->delimiter(',')
       ->needs(meas);
-  c->add_option("--weights", a.weights, "Weight dtype for every measurement (default: from each one's dtype)")->needs(meas);
-  c->add_option("--compute", a.compute, "Compute dtype for every measurement (default: from each one's dtype)")->needs(meas);
+  c->add_option("--weights", a.weights, "Weight dtype for every measurement (default: from each one's dtype)")
+      ->needs(meas);
+  c->add_option("--compute", a.compute,
+                "Compute dtype for every measurement (default: from each one's dtype)")
+      ->needs(meas);
   c->add_option("--kv", a.kv, "KV dtype for every measurement (default: from each one's dtype)")->needs(meas);
   c->add_flag("--json", a.json_out, "Print the fit report as JSON");
   return c;
@@ -126,7 +135,8 @@ std::map<std::string, std::string> parse_map(const std::vector<std::string>& ite
 std::string sha256_hex(const std::string& data, const std::string& path) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1) fail("SHA-256 of '{}' failed", path);
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1)
+    fail("SHA-256 of '{}' failed", path);
   std::string hex;
   for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
   return hex;
@@ -182,7 +192,8 @@ int calibrate_measurements(const CalibrateArgs& a) {
     std::vector<sim::Measurement> ms = sim::import_measurements(f, &read);
     json entry = {{"path", f}, {"sha256", sha256_hex(read.at(0).bytes, f)}, {"records", ms.size()}};
     for (size_t i = 1; i < read.size(); ++i)
-      entry["side_files"].push_back({{"path", read[i].path}, {"sha256", sha256_hex(read[i].bytes, read[i].path)}});
+      entry["side_files"].push_back(
+          {{"path", read[i].path}, {"sha256", sha256_hex(read[i].bytes, read[i].path)}});
     files.push_back(std::move(entry));
     for (sim::Measurement& m : ms) records.push_back(std::move(m));
   }
@@ -190,8 +201,8 @@ int calibrate_measurements(const CalibrateArgs& a) {
   for (size_t i = 0; i < files.size(); ++i)
     for (size_t k = 0; k < i; ++k)
       if (files[i]["sha256"] == files[k]["sha256"])
-        usage_fail("{} and {} hold the same bytes: give each measurement file once", files[k]["path"].get<std::string>(),
-                   files[i]["path"].get<std::string>());
+        usage_fail("{} and {} hold the same bytes: give each measurement file once",
+                   files[k]["path"].get<std::string>(), files[i]["path"].get<std::string>());
   // Records of one point (a benchmark run again) are repetitions: averaged, not refused.
   int repeated = 0;
   records = sim::merge_repetitions(std::move(records), &repeated);
@@ -231,8 +242,8 @@ int calibrate_measurements(const CalibrateArgs& a) {
     } else if (const auto p = sim::match_profile(m.hardware, {})) {
       profile = *p;
     } else {
-      usage_fail("{}: record {}: unknown hardware '{}' (known: {}); map it with --hw-map '{}=PROFILE'", m.file,
-                 m.record, m.hardware, known_hardware(), m.hardware);
+      usage_fail("{}: record {}: unknown hardware '{}' (known: {}); map it with --hw-map '{}=PROFILE'",
+                 m.file, m.record, m.hardware, known_hardware(), m.hardware);
     }
     if (profile != base.name) {
       ++other_hw[profile];
@@ -240,8 +251,8 @@ int calibrate_measurements(const CalibrateArgs& a) {
     }
     const auto preset = sim::match_preset(m.model, model_map);
     if (!preset)
-      usage_fail("{}: record {}: unknown model '{}' (known presets: {}); map it with --model-map '{}=PRESET'", m.file,
-                 m.record, m.model, join(preset_names()), m.model);
+      usage_fail("{}: record {}: unknown model '{}' (known presets: {}); map it with --model-map '{}=PRESET'",
+                 m.file, m.record, m.model, join(preset_names()), m.model);
     const ModelConfig cfg = preset_config(*preset);
     sim::Precision prec;
     if (!force_all) {
@@ -264,12 +275,13 @@ int calibrate_measurements(const CalibrateArgs& a) {
   std::string skipped;
   if (under_load) skipped += fmt::format("{} measured under load (TTFT includes queueing)", under_load);
   if (pruned_decode)
-    skipped += fmt::format("{}{} decode latencies of pruned runs (revivals not modelled)", skipped.empty() ? "" : "; ",
-                           pruned_decode);
+    skipped += fmt::format("{}{} decode latencies of pruned runs (revivals not modelled)",
+                           skipped.empty() ? "" : "; ", pruned_decode);
   if (cached_context)
     skipped += fmt::format("{}{} prompts after a cached context (not modelled)", skipped.empty() ? "" : "; ",
                            cached_context);
-  for (const auto& [p, k] : other_hw) skipped += fmt::format("{}{} on {} (--base is {})", skipped.empty() ? "" : "; ", k, p, base.name);
+  for (const auto& [p, k] : other_hw)
+    skipped += fmt::format("{}{} on {} (--base is {})", skipped.empty() ? "" : "; ", k, p, base.name);
   if (points.empty())
     fail("no measurement to fit {} to: {} record(s) read{}", base.name, records.size(),
          skipped.empty() ? "" : ", skipped: " + skipped);
@@ -281,7 +293,8 @@ int calibrate_measurements(const CalibrateArgs& a) {
   const auto pct = [](double x) { return std::isnan(x) ? json(nullptr) : json(100 * x); };
   json fitted_params = json::array();
   for (const std::string& p : fit.params)
-    fitted_params.push_back({{"name", p}, {"base", sim::get_param(base, p)}, {"value", sim::get_param(fitted, p)}});
+    fitted_params.push_back(
+        {{"name", p}, {"base", sim::get_param(base, p)}, {"value", sim::get_param(fitted, p)}});
   json cal = {{"date", today()},
               {"command", "lazyprefill calibrate --measurements"},
               {"base", a.base},
@@ -293,13 +306,19 @@ int calibrate_measurements(const CalibrateArgs& a) {
               {"cross_validation", fit.cv},
               {"optimizer", fit.stop.empty() ? "converged" : fit.stop},
               {"held_out_fits_unconverged", fit.heldout_unconverged},
-              {"ttft_mape_pct", {{"base", pct(fit.ttft_mape_base)}, {"fit", pct(fit.ttft_mape_fit)}, {"held_out", pct(fit.ttft_mape_heldout)}}},
+              {"ttft_mape_pct",
+               {{"base", pct(fit.ttft_mape_base)},
+                {"fit", pct(fit.ttft_mape_fit)},
+                {"held_out", pct(fit.ttft_mape_heldout)}}},
               {"decode_mape_pct",
-               {{"base", pct(fit.decode_mape_base)}, {"fit", pct(fit.decode_mape_fit)}, {"held_out", pct(fit.decode_mape_heldout)}}}};
+               {{"base", pct(fit.decode_mape_base)},
+                {"fit", pct(fit.decode_mape_fit)},
+                {"held_out", pct(fit.decode_mape_heldout)}}}};
   std::string file_list;
   for (const json& f : files) file_list += (file_list.empty() ? "" : ", ") + f["path"].get<std::string>();
   const std::string provenance = fmt::format(
-      "calibrated on {} by `lazyprefill calibrate --measurements` from {} points ({} TTFT, {} decode) in {}: fitted {}; "
+      "calibrated on {} by `lazyprefill calibrate --measurements` from {} points ({} TTFT, {} decode) in {}: "
+      "fitted {}; "
       "held-out TTFT MAPE {} ({}); other values from {}. File hashes in 'calibration'.",
       today(), points.size(), fit.ttft_points, fit.decode_points, file_list, join(fit.params),
       fit.ttft_points ? fmt::format("{:.1f}%", 100 * fit.ttft_mape_heldout) : "n/a", fit.cv, a.base);
@@ -336,44 +355,53 @@ int calibrate_measurements(const CalibrateArgs& a) {
                       {"f_statistic", c.f_stat},
                       {"reason", c.reason}});
   if (a.json_out) {
-    json j = {{"profile", a.out},   {"calibration", cal},      {"skipped", skipped},
-              {"repetitions_merged", repeated}, {"points", pts}, {"parameters", checks}};
+    json j = {{"profile", a.out},   {"calibration", cal},
+              {"skipped", skipped}, {"repetitions_merged", repeated},
+              {"points", pts},      {"parameters", checks}};
     std::puts(to_text(j).c_str());
     return 0;
   }
-  fmt::print("{} record(s) from {} file(s); {} point(s) on {}{}{}\n", records.size(), files.size(), points.size(),
-             base.name, skipped.empty() ? "" : "; skipped: " + skipped,
-             unnamed_hw ? fmt::format("; {} without a hardware name taken as {}", unnamed_hw, base.name) : "");
-  if (repeated) fmt::print("  {} record(s) repeated an earlier point and were averaged into it (see the notes)\n", repeated);
+  fmt::print(
+      "{} record(s) from {} file(s); {} point(s) on {}{}{}\n", records.size(), files.size(), points.size(),
+      base.name, skipped.empty() ? "" : "; skipped: " + skipped,
+      unnamed_hw ? fmt::format("; {} without a hardware name taken as {}", unnamed_hw, base.name) : "");
+  if (repeated)
+    fmt::print("  {} record(s) repeated an earlier point and were averaged into it (see the notes)\n",
+               repeated);
   for (const auto& [note, k] : notes) fmt::print("  note ({} record(s)): {}\n", k, note);
-  fmt::print("\n{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "measurement", "preset",
-             "tokens", "b", "tp", "what", "measured", "base", "fitted", "held-out", "error");
+  fmt::print("\n{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "measurement",
+             "preset", "tokens", "b", "tp", "what", "measured", "base", "fitted", "held-out", "error");
   for (size_t i = 0; i < points.size(); ++i) {
     const sim::Point& p = points[i];
     const std::string where = fmt::format("{}:{}", fs::path(p.m->file).filename().string(), p.m->record);
-    fmt::print("{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>+7.1f}%\n", where,
-               p.preset, p.ttft ? p.m->prompt_tokens : p.m->context_tokens, p.m->batch, p.m->tp,
-               p.ttft ? "ttft" : "decode", p.measured_s * 1e3, fit.base_s[i] * 1e3, fit.fit_s[i] * 1e3,
-               fit.heldout_s[i] * 1e3, 100 * (fit.heldout_s[i] / p.measured_s - 1));
+    fmt::print(
+        "{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>+7.1f}%\n",
+        where, p.preset, p.ttft ? p.m->prompt_tokens : p.m->context_tokens, p.m->batch, p.m->tp,
+        p.ttft ? "ttft" : "decode", p.measured_s * 1e3, fit.base_s[i] * 1e3, fit.fit_s[i] * 1e3,
+        fit.heldout_s[i] * 1e3, 100 * (fit.heldout_s[i] / p.measured_s - 1));
   }
-  fmt::print("\n{:<18} {:>10} {:>12} {:>10} {:>10}  {}\n", "parameter", "elasticity", "independent", "base", "fitted",
-             "");
+  fmt::print("\n{:<18} {:>10} {:>12} {:>10} {:>10}  {}\n", "parameter", "elasticity", "independent", "base",
+             "fitted", "");
   for (const sim::ParamCheck& c : fit.checks)
-    fmt::print("{:<18} {:>10.3f} {:>12.3f} {:>10.4g} {:>10}  {}\n", c.name, c.sensitivity, c.independent,
-               sim::get_param(base, c.name), c.fitted ? fmt::format("{:.4g}", sim::get_param(fitted, c.name)) : "-",
-               c.fitted ? (c.at_bound ? "at its bound: the data push it to the limit (poorly determined)" : "")
-                        : c.reason);
+    fmt::print(
+        "{:<18} {:>10.3f} {:>12.3f} {:>10.4g} {:>10}  {}\n", c.name, c.sensitivity, c.independent,
+        sim::get_param(base, c.name), c.fitted ? fmt::format("{:.4g}", sim::get_param(fitted, c.name)) : "-",
+        c.fitted ? (c.at_bound ? "at its bound: the data push it to the limit (poorly determined)" : "")
+                 : c.reason);
   const auto line = [&](const char* what, int n, double b, double f, double h) {
-    if (n) fmt::print("{} MAPE over {} point(s): base {:.1f}%, fitted {:.1f}%, held out ({}) {:.1f}%\n", what, n, 100 * b,
-                      100 * f, fit.cv, 100 * h);
+    if (n)
+      fmt::print("{} MAPE over {} point(s): base {:.1f}%, fitted {:.1f}%, held out ({}) {:.1f}%\n", what, n,
+                 100 * b, 100 * f, fit.cv, 100 * h);
   };
   fmt::print("\n");
   line("TTFT", fit.ttft_points, fit.ttft_mape_base, fit.ttft_mape_fit, fit.ttft_mape_heldout);
   line("decode", fit.decode_points, fit.decode_mape_base, fit.decode_mape_fit, fit.decode_mape_heldout);
   if (!fit.stop.empty())
-    fmt::print("note: the optimiser stopped short of convergence ({}); the best point it found is kept\n", fit.stop);
+    fmt::print("note: the optimiser stopped short of convergence ({}); the best point it found is kept\n",
+               fit.stop);
   if (fit.heldout_unconverged)
-    fmt::print("note: {} of the held-out fits stopped short of convergence (best points kept)\n", fit.heldout_unconverged);
+    fmt::print("note: {} of the held-out fits stopped short of convergence (best points kept)\n",
+               fit.heldout_unconverged);
   fmt::print("wrote {}\n", a.out);
   return 0;
 }

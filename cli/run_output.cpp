@@ -2,10 +2,10 @@
 
 #include <span>
 
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "kernels/pruning.h"
 #include "kernels/runner.h"
 #include "traces/synthetic.h"
-#include "git_commit.h"  // generated: LP_GIT_COMMIT
 
 namespace lp::cli {
 namespace {
@@ -14,7 +14,7 @@ using json = nlohmann::json;
 // One trace step from a forward pass's stats; with `detail`, the kept positions and scores of each
 // pruning step (at the schedule's layers `steps`) and, when decoding, the revived positions.
 trace::Step trace_step(const char* kind, int64_t new_tokens, const ForwardStats& f,
-                           std::span<const PruneStep> steps, bool detail) {
+                       std::span<const PruneStep> steps, bool detail) {
   trace::Step s;
   s.kind = kind;
   s.new_tokens = new_tokens;
@@ -59,10 +59,10 @@ json ops_json(const GenerateResult& r) {
   const OpTimers& p = r.prefill_ops;
   json layers = json::array();
   for (int l = 0; l < p.n_layer; ++l) layers.push_back(op_row_json(p, l));
-  return {{"prefill", {{"total", op_row_json(p, -1)},
-                       {"layers", layers},
-                       {"outside_layers", op_row_json(p, p.n_layer)}}},
-          {"decode", {{"steps", r.decode_steps}, {"total", op_row_json(r.decode_ops, -1)}}}};
+  return {
+      {"prefill",
+       {{"total", op_row_json(p, -1)}, {"layers", layers}, {"outside_layers", op_row_json(p, p.n_layer)}}},
+      {"decode", {{"steps", r.decode_steps}, {"total", op_row_json(r.decode_ops, -1)}}}};
 }
 
 }  // namespace
@@ -80,7 +80,8 @@ trace::Trace run_trace(const ModelConfig& c, const GenerateOptions& opt, const G
   t.header.tool_version = LP_VERSION;
   t.header.git_commit = LP_GIT_COMMIT;
   t.header.seed = seed;
-  t.steps.push_back(trace_step("prefill", int64_t(r.prompt_ids.size()), r.prefill_stats, r.prune_steps, detail));
+  t.steps.push_back(
+      trace_step("prefill", int64_t(r.prompt_ids.size()), r.prefill_stats, r.prune_steps, detail));
   for (const auto& st : r.decode_stats) t.steps.push_back(trace_step("decode", 1, st, r.prune_steps, detail));
   return t;
 }

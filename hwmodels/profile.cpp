@@ -17,7 +17,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr std::array<const char*, kNumFamilies> kFamilyKeys = {"gemm", "attention", "elementwise",
-                                                                 "data_movement"};
+                                                               "data_movement"};
 
 const json& field(const json& j, const char* key, const std::string& origin) {
   auto it = j.find(key);
@@ -62,18 +62,21 @@ Profile parse_profile(const json& j, const std::string& origin) {
   p.name = text(j, "name", origin);
   p.description = text(j, "description", origin);
   p.kind = text(j, "kind", origin);
-  if (p.kind != "gpu" && p.kind != "cpu") fail("{}: 'kind' must be \"gpu\" or \"cpu\", got \"{}\"", origin, p.kind);
+  if (p.kind != "gpu" && p.kind != "cpu")
+    fail("{}: 'kind' must be \"gpu\" or \"cpu\", got \"{}\"", origin, p.kind);
 
   if (const auto it = j.find("aliases"); it != j.end()) {
     if (!it->is_array()) fail("{}: 'aliases' must be an array of names", origin);
     for (const json& a : *it) {
-      if (!a.is_string() || a.get<std::string>().empty()) fail("{}: 'aliases' must hold non-empty strings", origin);
+      if (!a.is_string() || a.get<std::string>().empty())
+        fail("{}: 'aliases' must hold non-empty strings", origin);
       p.aliases.push_back(a.get<std::string>());
     }
   }
 
   const json& peaks = field(j, "peak_tflops", origin);
-  if (!peaks.is_object() || peaks.empty()) fail("{}: 'peak_tflops' must be an object of dtype: TFLOP/s", origin);
+  if (!peaks.is_object() || peaks.empty())
+    fail("{}: 'peak_tflops' must be an object of dtype: TFLOP/s", origin);
   for (const auto& [dtype, v] : peaks.items()) {
     static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "int8"};
     if (std::find(known.begin(), known.end(), dtype) == known.end())
@@ -93,7 +96,8 @@ Profile parse_profile(const json& j, const std::string& origin) {
   p.interconnect_bandwidth = positive(j, "interconnect_bandwidth_gbs", origin, true) * 1e9;
   p.interconnect_latency = positive(j, "interconnect_latency_us", origin, true) * 1e-6;
   const double max_tp = positive(j, "max_tp", origin);
-  if (max_tp != std::floor(max_tp) || max_tp > 4096) fail("{}: 'max_tp' must be a whole number of GPUs", origin);
+  if (max_tp != std::floor(max_tp) || max_tp > 4096)
+    fail("{}: 'max_tp' must be a whole number of GPUs", origin);
   p.max_tp = int(max_tp);
   if (p.max_tp > 1 && p.interconnect_bandwidth <= 0)
     fail("{}: 'max_tp' is {} but 'interconnect_bandwidth_gbs' is 0", origin, p.max_tp);
@@ -110,7 +114,8 @@ Profile parse_profile(const json& j, const std::string& origin) {
     Efficiency& x = p.efficiency[size_t(f)];
     x.compute = positive(e, "compute", where);
     x.memory = positive(e, "memory", where);
-    if (x.compute > 1 || x.memory > 1) fail("{}: 'compute' and 'memory' are shares of peak, at most 1", where);
+    if (x.compute > 1 || x.memory > 1)
+      fail("{}: 'compute' and 'memory' are shares of peak, at most 1", where);
     x.half_rows = positive(e, "half_rows", where, true);
     x.overhead_s = positive(e, "overhead_us", where, true) * 1e-6;
   }
@@ -119,18 +124,21 @@ Profile parse_profile(const json& j, const std::string& origin) {
                           ? positive(eff, "pruning_stage_us", origin + ": efficiency", true) * 1e-6
                           : default_pruning_stage_s(p.kind, p.dispatch_overhead);
   p.interconnect_efficiency = positive(eff, "interconnect", origin + ": efficiency");
-  if (p.interconnect_efficiency > 1) fail("{}: 'efficiency.interconnect' is a share of the bandwidth, at most 1", origin);
+  if (p.interconnect_efficiency > 1)
+    fail("{}: 'efficiency.interconnect' is a share of the bandwidth, at most 1", origin);
 
   const json& src = field(j, "sources", origin);
   if (!src.is_object()) fail("{}: 'sources' must be an object of field: source", origin);
   for (const auto& [k, v] : src.items()) {
-    if (!v.is_string() || v.get<std::string>().empty()) fail("{}: 'sources.{}' must be a non-empty string", origin, k);
+    if (!v.is_string() || v.get<std::string>().empty())
+      fail("{}: 'sources.{}' must be a non-empty string", origin, k);
     p.sources[k] = v.get<std::string>();
   }
   for (const char* k : {"peak_tflops", "memory_bandwidth_gbs", "memory_capacity_gib", "onchip_cache_mib",
                         "shared_memory_kib_per_unit", "compute_units", "dispatch_overhead_us",
                         "interconnect_bandwidth_gbs", "interconnect_latency_us", "max_tp", "efficiency"})
-    if (!p.sources.count(k)) fail("{}: 'sources' has no entry for '{}' (every number needs a source)", origin, k);
+    if (!p.sources.count(k))
+      fail("{}: 'sources' has no entry for '{}' (every number needs a source)", origin, k);
   return p;
 }
 

@@ -19,34 +19,34 @@ const char* family_name(Family f);
 // An op of the family with F FLOPs, B bytes and R rows takes
 //   max(F / (peak * compute * R / (R + half_rows)), B / (bandwidth * memory)) + overhead_s.
 struct Efficiency {
-  double compute = 0.5;    // share of peak FLOP/s at large shapes, (0, 1]
-  double half_rows = 1;    // rows at which compute efficiency is half of `compute`, >= 0
-  double memory = 0.7;     // share of peak bandwidth, (0, 1]
-  double overhead_s = 0;   // per call, >= 0
+  double compute = 0.5;   // share of peak FLOP/s at large shapes, (0, 1]
+  double half_rows = 1;   // rows at which compute efficiency is half of `compute`, >= 0
+  double memory = 0.7;    // share of peak bandwidth, (0, 1]
+  double overhead_s = 0;  // per call, >= 0
 };
 
 struct Profile {
-  std::string name, description, kind;   // kind: "gpu" or "cpu"
-  std::vector<std::string> aliases;      // names tools print for the part ("NVIDIA H100 80GB HBM3")
+  std::string name, description, kind;       // kind: "gpu" or "cpu"
+  std::vector<std::string> aliases;          // names tools print for the part ("NVIDIA H100 80GB HBM3")
   std::map<std::string, double> peak_flops;  // dtype ("f32", "tf32", "bf16", "f16", "int8") -> FLOP/s
-  double memory_bandwidth = 0;           // bytes/s
-  double memory_capacity = 0;            // bytes
-  double onchip_cache = 0;               // bytes
-  double shared_memory_per_unit = 0;     // bytes
+  double memory_bandwidth = 0;               // bytes/s
+  double memory_capacity = 0;                // bytes
+  double onchip_cache = 0;                   // bytes
+  double shared_memory_per_unit = 0;         // bytes
   int compute_units = 0;
-  double dispatch_overhead = 0;          // s
-  double interconnect_bandwidth = 0;     // bytes/s (0: none)
-  double interconnect_latency = 0;       // s
-  int max_tp = 1;                        // GPUs the interconnect joins (largest tensor-parallel degree)
-  double interconnect_efficiency = 1;    // share of interconnect_bandwidth a ring collective reaches
+  double dispatch_overhead = 0;        // s
+  double interconnect_bandwidth = 0;   // bytes/s (0: none)
+  double interconnect_latency = 0;     // s
+  int max_tp = 1;                      // GPUs the interconnect joins (largest tensor-parallel degree)
+  double interconnect_efficiency = 1;  // share of interconnect_bandwidth a ring collective reaches
   // Fixed cost of one pruning stage (a pruning layer in one step) beyond its score, select and
   // gather ops: synchronisation and the small kernels of the selection. s. Optional in a file
   // (efficiency.pruning_stage_us); absent, it is default_pruning_stage_s(kind, dispatch_overhead).
   double pruning_stage_s = 0;
   std::array<Efficiency, kNumFamilies> efficiency{};
-  bool efficiency_default = true;        // false once calibrated
+  bool efficiency_default = true;  // false once calibrated
   std::map<std::string, std::string> sources;
-  nlohmann::ordered_json json;           // the document as read (calibration writes a modified copy)
+  nlohmann::ordered_json json;  // the document as read (calibration writes a modified copy)
 
   const Efficiency& eff(Family f) const { return efficiency[size_t(f)]; }
   // Peak FLOP/s for a compute dtype, falling back to f32 when the part has no native support

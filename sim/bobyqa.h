@@ -17,11 +17,11 @@ namespace lp::sim {
 using Objective = double (*)(unsigned n, const double* x, double* grad, void* data);
 
 struct OptimizerStatus {
-  int code = 0;              // NLopt's nlopt_result
-  std::string name;          // "xtol_reached", "roundoff_limited", "maxeval_reached", ...
-  bool converged = false;    // a tolerance (or stopval) stopped it: the point is a local minimum
+  int code = 0;            // NLopt's nlopt_result
+  std::string name;        // "xtol_reached", "roundoff_limited", "maxeval_reached", ...
+  bool converged = false;  // a tolerance (or stopval) stopped it: the point is a local minimum
   int evaluations = 0;
-  double best = 0;           // the objective at the point returned
+  double best = 0;  // the objective at the point returned
 };
 
 // What an NLopt result code means for a fit: its name, whether the optimiser leaves a usable point
@@ -38,8 +38,8 @@ OptimizerOutcome optimizer_outcome(int nlopt_code);
 // step changes x by less than xtol_rel relatively. A non-finite objective value counts as worse
 // than any finite one. Throws lp::Error naming `what`, NLopt's code and what to do only when no
 // point can be returned.
-OptimizerStatus minimize_bobyqa(unsigned n, double* x, const double* lo, const double* hi, Objective f, void* data,
-                                int max_eval, double xtol_rel, const char* what);
+OptimizerStatus minimize_bobyqa(unsigned n, double* x, const double* lo, const double* hi, Objective f,
+                                void* data, int max_eval, double xtol_rel, const char* what);
 
 // "roundoff_limited after 37 evaluations" for reports; "" when it converged.
 std::string describe_stop(const OptimizerStatus& s);

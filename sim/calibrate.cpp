@@ -53,7 +53,8 @@ hw::Efficiency from_x(const double* x) {
   return {std::exp(x[0]), std::expm1(x[1]), std::exp(x[2]), std::max(0.0, std::exp(x[3]) - 1e-9)};
 }
 
-double sample_time(const hw::Profile& hw, const hw::Efficiency& e, const OpSample& s, const std::string& compute) {
+double sample_time(const hw::Profile& hw, const hw::Efficiency& e, const OpSample& s,
+                   const std::string& compute) {
   const hw::Family f = op_family(s.op);
   const double peak = f == hw::Family::Gemm || f == hw::Family::Attention ? hw.peak(compute) : hw.peak("f32");
   const double rows = s.op == Op::Score ? 1.0 : std::max(1.0, s.rows);
@@ -117,7 +118,8 @@ RunMeasurement measurement_from_run_json(const json& j, const std::string& origi
   } catch (const json::exception& e) {
     fail("{}: not a `run --json` output with per-op timings ({})", origin, e.what());
   }
-  if (!(m.prefill_s > 0) || m.prompt_tokens < 1) fail("{}: prefill_ms and prompt_tokens must be positive", origin);
+  if (!(m.prefill_s > 0) || m.prompt_tokens < 1)
+    fail("{}: prefill_ms and prompt_tokens must be positive", origin);
   return m;
 }
 
@@ -131,7 +133,8 @@ double predict_prefill(const hw::Profile& hw, const RunMeasurement& m) {
   return t;
 }
 
-hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>& runs, CalibrationReport* report) {
+hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>& runs,
+                      CalibrationReport* report) {
   if (runs.empty()) fail("calibrate: no runs to fit");
   hw::Profile p = base;
   p.efficiency_default = false;
@@ -179,7 +182,8 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
       const std::string what = fmt::format("calibrate: the {} fit", hw::family_name(fam));
       // A stop short of convergence (NLopt's ROUNDOFF_LIMITED on a noisy family, say) still
       // returns the best point seen; the report says how it stopped.
-      fit.stop = describe_stop(minimize_bobyqa(4, x.data(), lo.data(), hi.data(), objective, &d, 4000, 1e-6, what.c_str()));
+      fit.stop = describe_stop(
+          minimize_bobyqa(4, x.data(), lo.data(), hi.data(), objective, &d, 4000, 1e-6, what.c_str()));
       hw::Efficiency fitted = from_x(x.data());
       if (!d.fit_half_rows) fitted.half_rows = e.half_rows;
       e = fitted;

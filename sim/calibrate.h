@@ -30,11 +30,11 @@ struct OpSample {
 };
 
 struct RunMeasurement {
-  std::string origin;        // file name or case label
-  std::string compute;       // the dtype GEMMs ran at ("f32", "bf16")
+  std::string origin;   // file name or case label
+  std::string compute;  // the dtype GEMMs ran at ("f32", "bf16")
   int64_t prompt_tokens = 0;
-  double prefill_s = 0;      // measured wall time of the prefill
-  std::vector<OpSample> ops; // the prefill's ops, per layer
+  double prefill_s = 0;       // measured wall time of the prefill
+  std::vector<OpSample> ops;  // the prefill's ops, per layer
 };
 
 // Reads a run --json object. Throws lp::Error naming `origin` and the missing or bad field.
@@ -48,12 +48,12 @@ double predict_prefill(const hw::Profile& hw, const RunMeasurement& m);
 struct FamilyFit {
   hw::Family family;
   int samples = 0;
-  bool fitted = false;        // false: too few samples, base values kept
+  bool fitted = false;  // false: too few samples, base values kept
   bool half_rows_fitted = false;
   double median_abs_err = 0;  // |predicted / measured - 1| over the family's samples, after the fit
   double p90_abs_err = 0;
-  double time_share = 0;      // share of the measured time in this family
-  std::string stop;           // how the optimiser stopped when it did not converge ("" when it did)
+  double time_share = 0;  // share of the measured time in this family
+  std::string stop;       // how the optimiser stopped when it did not converge ("" when it did)
 };
 
 struct CalibrationReport {
@@ -63,6 +63,7 @@ struct CalibrationReport {
 
 // The base profile with efficiencies fitted to `runs` (efficiency.default = false; the caller
 // records the provenance). Throws lp::Error when there is nothing to fit.
-hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>& runs, CalibrationReport* report);
+hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>& runs,
+                      CalibrationReport* report);
 
 }  // namespace lp::sim

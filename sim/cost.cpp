@@ -45,7 +45,8 @@ void validate(const Precision& p) {
   dtype_bytes(p.weights, "weight");
   if (p.kv != "f32" && p.kv != "bf16" && p.kv != "f16" && p.kv != "int8")
     fail("KV dtype must be one of f32, bf16, f16, int8; got '{}'", p.kv);
-  if (p.compute != "f32" && p.compute != "tf32" && p.compute != "bf16" && p.compute != "f16" && p.compute != "int8")
+  if (p.compute != "f32" && p.compute != "tf32" && p.compute != "bf16" && p.compute != "f16" &&
+      p.compute != "int8")
     fail("compute dtype must be one of f32, tf32, bf16, f16, int8; got '{}'", p.compute);
 }
 
@@ -75,10 +76,12 @@ double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
 }
 }  // namespace
 
-CostContext::CostContext(const hw::Profile& hw, const Precision& p) : bandwidth(hw.memory_bandwidth), dtypes(p.op_dtypes()) {
+CostContext::CostContext(const hw::Profile& hw, const Precision& p)
+    : bandwidth(hw.memory_bandwidth), dtypes(p.op_dtypes()) {
   for (int f = 0; f < hw::kNumFamilies; ++f) {
     const hw::Family fam = hw::Family(f);
-    peak[size_t(f)] = fam == hw::Family::Gemm || fam == hw::Family::Attention ? hw.peak(p.compute) : hw.peak("f32");
+    peak[size_t(f)] =
+        fam == hw::Family::Gemm || fam == hw::Family::Attention ? hw.peak(p.compute) : hw.peak("f32");
     eff[size_t(f)] = hw.eff(fam);
   }
 }

@@ -3,16 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <boost/math/distributions/fisher_f.hpp>
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "model/error.h"
 #include "model/presets.h"
 #include "sim/bobyqa.h"
-
-#include <boost/math/distributions/fisher_f.hpp>
-#include <set>
 #include "sim/replay.h"
 #include "traces/schedule.h"
 #include "traces/synthetic.h"
@@ -77,18 +76,21 @@ std::pair<double, double> bounds(const std::string& name) {
 
 }  // namespace
 
-std::optional<std::string> match_preset(const std::string& file_name, const std::map<std::string, std::string>& map) {
+std::optional<std::string> match_preset(const std::string& file_name,
+                                        const std::map<std::string, std::string>& map) {
   if (const auto it = map.find(file_name); it != map.end()) return it->second;
   const std::string key = model_key(file_name);
   std::optional<std::string> best;
   for (const std::string& p : preset_names()) {
-    const bool match = key == p || (key.size() > p.size() && key.starts_with(p) && (key[p.size()] == '-' || key[p.size()] == '.'));
+    const bool match = key == p || (key.size() > p.size() && key.starts_with(p) &&
+                                    (key[p.size()] == '-' || key[p.size()] == '.'));
     if (match && (!best || p.size() > best->size())) best = p;  // the most specific
   }
   return best;
 }
 
-std::optional<std::string> match_profile(const std::string& file_name, const std::map<std::string, std::string>& map) {
+std::optional<std::string> match_profile(const std::string& file_name,
+                                         const std::map<std::string, std::string>& map) {
   if (const auto it = map.find(file_name); it != map.end()) return it->second;
   const std::string key = dashed(file_name);
   for (const std::string& name : hw::builtin_profile_names()) {
@@ -116,15 +118,41 @@ struct LlamaFtype {
   double bits;  // 0: a float type, below
 };
 constexpr LlamaFtype kLlamaFtypes[] = {
-    {"all F32", 0},  {"F16", 0},   {"BF16", 0}, {"Q1_0", 1.5}, {"Q2_0", 2.5}, {"Q4_0", 4.5},
-    {"Q4_1", 5.0},   {"Q5_0", 5.5}, {"Q5_1", 6.0}, {"Q8_0", 8.5}, {"MXFP4 MoE", 4.25}, {"NVFP4", 4.5},
-    {"Q2_K - Medium", 2.625}, {"Q2_K - Small", 2.625}, {"Q3_K - Small", 3.4375}, {"Q3_K - Medium", 3.4375},
-    {"Q3_K - Large", 3.4375}, {"Q4_K - Small", 4.5}, {"Q4_K - Medium", 4.5}, {"Q5_K - Small", 5.5},
-    {"Q5_K - Medium", 5.5}, {"Q6_K", 6.5625}, {"TQ1_0 - 1.69 bpw ternary", 1.69},
-    {"TQ2_0 - 2.06 bpw ternary", 2.06}, {"IQ2_XXS - 2.0625 bpw", 2.0625}, {"IQ2_XS - 2.3125 bpw", 2.3125},
-    {"IQ2_S - 2.5 bpw", 2.5}, {"IQ2_M - 2.7 bpw", 2.7}, {"IQ3_XS - 3.3 bpw", 3.3},
-    {"IQ3_XXS - 3.0625 bpw", 3.0625}, {"IQ1_S - 1.5625 bpw", 1.5625}, {"IQ1_M - 1.75 bpw", 1.75},
-    {"IQ4_NL - 4.5 bpw", 4.5}, {"IQ4_XS - 4.25 bpw", 4.25}, {"IQ3_S - 3.4375 bpw", 3.4375},
+    {"all F32", 0},
+    {"F16", 0},
+    {"BF16", 0},
+    {"Q1_0", 1.5},
+    {"Q2_0", 2.5},
+    {"Q4_0", 4.5},
+    {"Q4_1", 5.0},
+    {"Q5_0", 5.5},
+    {"Q5_1", 6.0},
+    {"Q8_0", 8.5},
+    {"MXFP4 MoE", 4.25},
+    {"NVFP4", 4.5},
+    {"Q2_K - Medium", 2.625},
+    {"Q2_K - Small", 2.625},
+    {"Q3_K - Small", 3.4375},
+    {"Q3_K - Medium", 3.4375},
+    {"Q3_K - Large", 3.4375},
+    {"Q4_K - Small", 4.5},
+    {"Q4_K - Medium", 4.5},
+    {"Q5_K - Small", 5.5},
+    {"Q5_K - Medium", 5.5},
+    {"Q6_K", 6.5625},
+    {"TQ1_0 - 1.69 bpw ternary", 1.69},
+    {"TQ2_0 - 2.06 bpw ternary", 2.06},
+    {"IQ2_XXS - 2.0625 bpw", 2.0625},
+    {"IQ2_XS - 2.3125 bpw", 2.3125},
+    {"IQ2_S - 2.5 bpw", 2.5},
+    {"IQ2_M - 2.7 bpw", 2.7},
+    {"IQ3_XS - 3.3 bpw", 3.3},
+    {"IQ3_XXS - 3.0625 bpw", 3.0625},
+    {"IQ1_S - 1.5625 bpw", 1.5625},
+    {"IQ1_M - 1.75 bpw", 1.75},
+    {"IQ4_NL - 4.5 bpw", 4.5},
+    {"IQ4_XS - 4.25 bpw", 4.25},
+    {"IQ3_S - 3.4375 bpw", 3.4375},
     {"IQ3_S mix - 3.66 bpw", 3.66},
 };
 }  // namespace
@@ -165,12 +193,15 @@ Precision precision_for_dtype(const std::string& dtype_in) {
   if (d.starts_with("q2-k") || d.starts_with("q3-k") || d.starts_with("q4") || d.starts_with("q5") ||
       d.starts_with("q6-k") || d.starts_with("iq4") || d == "awq" || d == "gptq" || d == "int4")
     return weights("q4", "f16");
-  fail("unknown weight type '{}' (known: bf16, f16, f32, fp8, int8, awq, gptq, and llama.cpp's file types such as "
-       "'all F32', 'Q8_0', 'Q4_K - Medium', 'IQ2_XXS - 2.0625 bpw'; or give --weights/--compute/--kv)",
-       dtype_in);
+  fail(
+      "unknown weight type '{}' (known: bf16, f16, f32, fp8, int8, awq, gptq, and llama.cpp's file types "
+      "such as "
+      "'all F32', 'Q8_0', 'Q4_K - Medium', 'IQ2_XXS - 2.0625 bpw'; or give --weights/--compute/--kv)",
+      dtype_in);
 }
 
-Point make_point(const Measurement& m, const std::string& preset, const ModelConfig& model, const Precision& p) {
+Point make_point(const Measurement& m, const std::string& preset, const ModelConfig& model,
+                 const Precision& p) {
   Point pt;
   pt.m = &m;
   pt.preset = preset;
@@ -191,9 +222,11 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
     // The schedule decides what a pruned run computes: guessing one would fit the profile to the
     // wrong work.
     if (sched.empty())
-      fail("{}: record {}: method '{}' names no schedule; write it as '{} 0.3:0.3,0.6:0.3,0.9:0.3' (the schedule the "
-           "run used)",
-           m.file, m.record, m.method, policy);
+      fail(
+          "{}: record {}: method '{}' names no schedule; write it as '{} 0.3:0.3,0.6:0.3,0.9:0.3' (the "
+          "schedule the "
+          "run used)",
+          m.file, m.record, m.method, policy);
     try {
       steps = resolve_schedule(schedule_from_arg(sched), model.n_layer);
     } catch (const Error& e) {
@@ -201,9 +234,11 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
     }
   }
   // A decode latency is a mean over the output: one step at the middle of it.
-  const int64_t prompt = pt.ttft ? m.prompt_tokens : std::max<int64_t>(1, m.context_tokens + m.decode_tokens / 2);
+  const int64_t prompt =
+      pt.ttft ? m.prompt_tokens : std::max<int64_t>(1, m.context_tokens + m.decode_tokens / 2);
   if (model.n_ctx_train > 0 && prompt + (pt.ttft ? 0 : 1) > model.n_ctx_train)
-    fail("{}: record {}: {} tokens exceed {}'s context of {}", m.file, m.record, prompt, preset, model.n_ctx_train);
+    fail("{}: record {}: {} tokens exceed {}'s context of {}", m.file, m.record, prompt, preset,
+         model.n_ctx_train);
   pt.work = trace::synthetic_trace(model, policy, steps, prompt, pt.ttft ? 0 : 1);
   return pt;
 }
@@ -214,8 +249,9 @@ double predict_point(const hw::Profile& hw, const Point& pt) {
 }
 
 const std::vector<std::string>& fit_candidates() {
-  static const std::vector<std::string> c = {"gemm.compute", "overhead_us", "attention.compute", "gemm.half_rows",
-                                             "gemm.memory",  "interconnect", "pruning.stage_us"};
+  static const std::vector<std::string> c = {"gemm.compute",    "overhead_us", "attention.compute",
+                                             "gemm.half_rows",  "gemm.memory", "interconnect",
+                                             "pruning.stage_us"};
   return c;
 }
 
@@ -231,21 +267,30 @@ double get_param(const hw::Profile& p, const std::string& name) {
     for (const hw::Efficiency& e : p.efficiency) s += e.overhead_s;
     return s / hw::kNumFamilies * 1e6;
   }
-  usage_fail("unknown parameter '{}' (known: gemm.compute, overhead_us, attention.compute, gemm.half_rows, gemm.memory, "
-             "interconnect, pruning.stage_us)",
-             name);
+  usage_fail(
+      "unknown parameter '{}' (known: gemm.compute, overhead_us, attention.compute, gemm.half_rows, "
+      "gemm.memory, "
+      "interconnect, pruning.stage_us)",
+      name);
 }
 
 void set_param(hw::Profile& p, const std::string& name, double v) {
-  if (name == "gemm.compute") p.efficiency[size_t(hw::Family::Gemm)].compute = v;
-  else if (name == "attention.compute") p.efficiency[size_t(hw::Family::Attention)].compute = v;
-  else if (name == "gemm.memory") p.efficiency[size_t(hw::Family::Gemm)].memory = v;
-  else if (name == "gemm.half_rows") p.efficiency[size_t(hw::Family::Gemm)].half_rows = v;
-  else if (name == "interconnect") p.interconnect_efficiency = v;
-  else if (name == "pruning.stage_us") p.pruning_stage_s = v * 1e-6;
+  if (name == "gemm.compute")
+    p.efficiency[size_t(hw::Family::Gemm)].compute = v;
+  else if (name == "attention.compute")
+    p.efficiency[size_t(hw::Family::Attention)].compute = v;
+  else if (name == "gemm.memory")
+    p.efficiency[size_t(hw::Family::Gemm)].memory = v;
+  else if (name == "gemm.half_rows")
+    p.efficiency[size_t(hw::Family::Gemm)].half_rows = v;
+  else if (name == "interconnect")
+    p.interconnect_efficiency = v;
+  else if (name == "pruning.stage_us")
+    p.pruning_stage_s = v * 1e-6;
   else if (name == "overhead_us")
     for (hw::Efficiency& e : p.efficiency) e.overhead_s = v * 1e-6;
-  else get_param(p, name);  // the error
+  else
+    get_param(p, name);  // the error
 }
 
 namespace {
@@ -295,7 +340,8 @@ Fitted fit_subset(const hw::Profile& base, const std::vector<Point>& points, con
     hi[j] = std::log(b);
     x[j] = std::clamp(std::log(std::max(get_param(base, params[j]), a)), lo[j], hi[j]);
   }
-  const OptimizerStatus st = minimize_bobyqa(k, x.data(), lo.data(), hi.data(), objective, &pr, 2000, 1e-7, "the fit");
+  const OptimizerStatus st =
+      minimize_bobyqa(k, x.data(), lo.data(), hi.data(), objective, &pr, 2000, 1e-7, "the fit");
   return {with(pr, x.data()), st};
 }
 
@@ -317,7 +363,9 @@ double f_to_enter(double df1, double df2, double level) {
 hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& points,
                              const std::vector<std::string>& requested, MeasurementFit* out) {
   const size_t n = points.size();
-  if (n < 3) fail("{} usable measurement(s): calibration needs at least 3 points (one parameter and a held-out check)", n);
+  if (n < 3)
+    fail("{} usable measurement(s): calibration needs at least 3 points (one parameter and a held-out check)",
+         n);
   MeasurementFit f;
   const auto predict_all = [&](const hw::Profile& p) {
     std::vector<double> v;
@@ -327,9 +375,10 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   f.base_s = predict_all(base);
 
   const size_t max_params = n - 2;
-  const size_t decode_points = size_t(std::count_if(points.begin(), points.end(), [](const Point& p) { return !p.ttft; }));
-  const size_t pruned_points =
-      size_t(std::count_if(points.begin(), points.end(), [](const Point& p) { return !p.work.header.schedule_layers.empty(); }));
+  const size_t decode_points =
+      size_t(std::count_if(points.begin(), points.end(), [](const Point& p) { return !p.ttft; }));
+  const size_t pruned_points = size_t(std::count_if(
+      points.begin(), points.end(), [](const Point& p) { return !p.work.header.schedule_layers.empty(); }));
   std::set<int64_t> ttft_lengths;
   for (const Point& p : points)
     if (p.ttft) ttft_lengths.insert(p.m->prompt_tokens);
@@ -358,7 +407,8 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
     set_param(down, name, a);
     std::vector<double> col(n);
     for (size_t i = 0; i < n; ++i)
-      col[i] = (std::log(predict_point(up, points[i])) - std::log(predict_point(down, points[i]))) / ((b - a) / ref);
+      col[i] = (std::log(predict_point(up, points[i])) - std::log(predict_point(down, points[i]))) /
+               ((b - a) / ref);
     return col;
   };
   // The points a parameter can move: the pruned ones for the pruning stage cost (so one pruned
@@ -368,8 +418,9 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   };
   // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce,
   // over the points `name` can move.
-  const auto independence = [&](const hw::Profile& at, const std::string& name, const std::vector<double>& col,
-                                const std::vector<std::string>& params, bool base_units) {
+  const auto independence = [&](const hw::Profile& at, const std::string& name,
+                                const std::vector<double>& col, const std::vector<std::string>& params,
+                                bool base_units) {
     std::vector<std::vector<double>> basis;  // orthonormal (Gram-Schmidt)
     for (const std::string& q : params) {
       std::vector<double> v = elasticities(at, q, base_units);
@@ -401,20 +452,25 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   };
   // Identifiability of `name` beside `others`, judged both at `current` (the fit before it, with
   // it at its base value) and at `trial` (where the fit with it ends up); either suffices.
-  const auto judge = [&](ParamCheck& c, const hw::Profile& current, const std::vector<std::string>& others_current,
-                         const hw::Profile& trial, const std::vector<std::string>& others_trial) {
-    const auto [s1, i1] = independence(current, c.name, elasticities(current, c.name, true), others_current, true);
-    const auto [s2, i2] = independence(trial, c.name, elasticities(trial, c.name, false), others_trial, false);
+  const auto judge = [&](ParamCheck& c, const hw::Profile& current,
+                         const std::vector<std::string>& others_current, const hw::Profile& trial,
+                         const std::vector<std::string>& others_trial) {
+    const auto [s1, i1] =
+        independence(current, c.name, elasticities(current, c.name, true), others_current, true);
+    const auto [s2, i2] =
+        independence(trial, c.name, elasticities(trial, c.name, false), others_trial, false);
     c.sensitivity = std::max(s1, s2);
     c.independent = std::max(i1, i2);
     if (c.independent >= kMinElasticity) return true;
     if (c.sensitivity < kMinElasticity)
-      c.reason = fmt::format("the points barely depend on it (RMS elasticity {:.3f} < {}, at the base and at the fit)",
-                             c.sensitivity, kMinElasticity);
+      c.reason = fmt::format(
+          "the points barely depend on it (RMS elasticity {:.3f} < {}, at the base and at the fit)",
+          c.sensitivity, kMinElasticity);
     else
-      c.reason = fmt::format("the other parameters fitted already explain its effect (independent elasticity {:.3f} "
-                             "< {}, at the base and at the fit)",
-                             c.independent, kMinElasticity);
+      c.reason = fmt::format(
+          "the other parameters fitted already explain its effect (independent elasticity {:.3f} "
+          "< {}, at the base and at the fit)",
+          c.independent, kMinElasticity);
     return false;
   };
 
@@ -436,9 +492,10 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
     if (wanted && name == "attention.compute" && ttft_lengths.size() <= 1)
       c.reason = ttft_lengths.empty()
                      ? std::string("only TTFTs identify it (no TTFT points)")
-                     : fmt::format("only TTFTs of several prompt lengths identify it: every TTFT point has the same "
-                                   "prompt length ({} tokens), so attention cannot be told from the GEMMs",
-                                   *ttft_lengths.begin());
+                     : fmt::format(
+                           "only TTFTs of several prompt lengths identify it: every TTFT point has the same "
+                           "prompt length ({} tokens), so attention cannot be told from the GEMMs",
+                           *ttft_lengths.begin());
     checks.push_back(c);
   }
   const auto check_of = [&](const std::string& name) -> ParamCheck& {
@@ -473,14 +530,16 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
         trial_params.insert(trial_params.end(), block.begin(), block.end());
         if (trial_params.size() > max_params) {
           if (block.size() == 1)
-            check_of(block[0]).reason = fmt::format("{} points identify at most {} parameters (n - 2)", n, max_params);
+            check_of(block[0]).reason =
+                fmt::format("{} points identify at most {} parameters (n - 2)", n, max_params);
           continue;
         }
         const Fitted trial = fit_subset(base, points, all, trial_params);
         const double ss = sum_sq(trial.profile);
         const double dof = double(n - trial_params.size());
         const double gain = std::max(0.0, ss_current - ss) / double(block.size());
-        const double F = ss > 1e-24 ? gain / (ss / dof) : (gain > 1e-24 ? std::numeric_limits<double>::infinity() : 0);
+        const double F =
+            ss > 1e-24 ? gain / (ss / dof) : (gain > 1e-24 ? std::numeric_limits<double>::infinity() : 0);
         // A block's verdicts go to its parameters only when it is the better explanation: a
         // single parameter keeps its own reason otherwise.
         std::vector<ParamCheck> verdict;
@@ -488,19 +547,21 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
         for (const std::string& name : block) {
           ParamCheck c = check_of(name);
           c.f_stat = F;
-          ok = judge(c, current, without(trial_params, name) /* others at current */ , trial.profile,
-                     without(trial_params, name)) && ok;
+          ok = judge(c, current, without(trial_params, name), trial.profile, without(trial_params, name)) &&
+               ok;
           verdict.push_back(c);
         }
         const double need = !requested.empty() ? kMinRequestedF : f_to_enter(double(block.size()), dof, 0.95);
         if (ok && F < need) {
           ok = false;
           for (ParamCheck& c : verdict)
-            c.reason = !requested.empty()
-                           ? fmt::format("it does not improve the fit (F = {:.2f} < {})", F, kMinRequestedF)
-                           : fmt::format("it does not improve the fit significantly (F = {:.2f} < {:.2f}, the 5% point "
-                                         "of F({}, {:.0f}); --fit {} asks for it anyway)",
-                                         F, need, block.size(), dof, block[0]);
+            c.reason =
+                !requested.empty()
+                    ? fmt::format("it does not improve the fit (F = {:.2f} < {})", F, kMinRequestedF)
+                    : fmt::format(
+                          "it does not improve the fit significantly (F = {:.2f} < {:.2f}, the 5% point "
+                          "of F({}, {:.0f}); --fit {} asks for it anyway)",
+                          F, need, block.size(), dof, block[0]);
         }
         if (block.size() == 1 || ok)
           for (const ParamCheck& c : verdict) {
@@ -511,10 +572,10 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
             dst.reason = ok ? "" : c.reason;
           }
         if (!ok) continue;
-        const double p = std::isinf(F) ? 0
-                                       : 1 - boost::math::cdf(boost::math::fisher_f_distribution<double>(
-                                                                  double(block.size()), dof),
-                                                              F);
+        const double p =
+            std::isinf(F) ? 0
+                          : 1 - boost::math::cdf(
+                                    boost::math::fisher_f_distribution<double>(double(block.size()), dof), F);
         // The most significant block; between equals (p underflows to 0 on exact data), the one
         // that leaves the least error, then the smaller one.
         if (best < 0 || p < best_p || (p == best_p && ss < best_ss * (1 - 1e-9))) {
@@ -551,9 +612,10 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
     ParamCheck& w = check_of(weakest);
     w.fitted = false;
     w.dropped = true;
-    w.reason = fmt::format("dropped after the fit: the other parameters explain its effect there (independent "
-                           "elasticity {:.3f} < {})",
-                           weakest_indep, kMinElasticity);
+    w.reason = fmt::format(
+        "dropped after the fit: the other parameters explain its effect there (independent "
+        "elasticity {:.3f} < {})",
+        weakest_indep, kMinElasticity);
     f.params = without(f.params, weakest);
     const Fitted refit = fit_subset(base, points, all, f.params);
     current = refit.profile;
@@ -566,14 +628,16 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   f.params = ordered;
   f.checks = checks;
   for (const std::string& name : requested) {
-    const auto it = std::find_if(f.checks.begin(), f.checks.end(), [&](const ParamCheck& c) { return c.name == name; });
+    const auto it =
+        std::find_if(f.checks.begin(), f.checks.end(), [&](const ParamCheck& c) { return c.name == name; });
     if (it == f.checks.end()) get_param(base, name);  // unknown name: the error lists the known ones
     if (!it->fitted) usage_fail("cannot fit {}: {}", name, it->reason);
   }
   if (f.params.empty()) {
     std::string why;
     for (const ParamCheck& c : f.checks)
-      if (c.reason != "not requested") why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", c.name, c.reason);
+      if (c.reason != "not requested")
+        why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", c.name, c.reason);
     fail("these {} points identify no parameter of '{}' ({})", n, base.name, why);
   }
 

@@ -9,9 +9,9 @@
 // chosen parameters with NLopt's BOBYQA (bounded, derivative-free, deterministic), from the
 // base profile's values.
 //
-// Which parameters: forward stepwise selection over the candidates gemm.compute, overhead_us, attention.compute,
-// gemm.half_rows, gemm.memory, interconnect and pruning.stage_us, tried one at a time and, while
-// neither is in and the TTFTs span at least three prompt lengths, gemm.compute and attention.compute
+// Which parameters: forward stepwise selection over the candidates gemm.compute, overhead_us,
+// attention.compute, gemm.half_rows, gemm.memory, interconnect and pruning.stage_us, tried one at a time and,
+// while neither is in and the TTFTs span at least three prompt lengths, gemm.compute and attention.compute
 // together (attention's quadratic growth with the prompt shows only when both move: at the base
 // profile attention may look negligible). Each round fits every block with those accepted and
 // accepts the most significant one (smallest p-value) that (a) is identifiable: each parameter's
@@ -52,11 +52,13 @@ namespace lp::sim {
 // "Qwen2.5-7B-Instruct-Q4_K_M.gguf"): the explicit map first, then a preset whose name the
 // normalised file name (lower case, folder and ".gguf" dropped, '_' and ' ' as '-', a leading
 // "meta-" dropped) equals or starts with followed by '-' or '.'. nullopt when none matches.
-std::optional<std::string> match_preset(const std::string& file_name, const std::map<std::string, std::string>& map);
+std::optional<std::string> match_preset(const std::string& file_name,
+                                        const std::map<std::string, std::string>& map);
 
 // A hardware profile name for a hardware name as a file writes it: the explicit map first, then a
 // built-in profile whose name or one of its `aliases` equals it (case, spaces and '_' ignored).
-std::optional<std::string> match_profile(const std::string& file_name, const std::map<std::string, std::string>& map);
+std::optional<std::string> match_profile(const std::string& file_name,
+                                         const std::map<std::string, std::string>& map);
 
 // The simulator's precision for a weight type as files write it: bf16/bfloat16, f16/fp16/
 // float16/half, f32/fp32/float32, fp8 (costed as int8: same size and, on Hopper/Ada, the same
@@ -77,14 +79,15 @@ struct Point {
   std::string preset;
   ModelConfig model;
   Precision precision;
-  bool ttft = true;        // else a decode latency
-  double measured_s = 0;   // TTFT, or seconds per generated token
-  trace::Trace work;       // the prompt, or the prompt so far plus one decoding step
+  bool ttft = true;       // else a decode latency
+  double measured_s = 0;  // TTFT, or seconds per generated token
+  trace::Trace work;      // the prompt, or the prompt so far plus one decoding step
 };
 
 // A Point for `m` on `model` (its decode step at context + decode_tokens / 2). Throws lp::Error
 // naming the record when the method or schedule cannot be read or the work exceeds the context.
-Point make_point(const Measurement& m, const std::string& preset, const ModelConfig& model, const Precision& p);
+Point make_point(const Measurement& m, const std::string& preset, const ModelConfig& model,
+                 const Precision& p);
 
 // The profile's prediction for a point, seconds.
 double predict_point(const hw::Profile& hw, const Point& pt);
@@ -100,9 +103,9 @@ struct ParamCheck {
   double independent = 0;  // RMS of the part no earlier accepted parameter reproduces
   double f_stat = 0;       // F-to-enter: drop in squared log error / (remaining error per dof)
   bool fitted = false;
-  bool at_bound = false;   // fitted to a bound ([0.01, 1] for shares, [0.01, 5000] us): poorly determined
-  bool dropped = false;    // accepted, then dropped when judged again at the final fit
-  std::string reason;      // why it was not fitted
+  bool at_bound = false;  // fitted to a bound ([0.01, 1] for shares, [0.01, 5000] us): poorly determined
+  bool dropped = false;   // accepted, then dropped when judged again at the final fit
+  std::string reason;     // why it was not fitted
 };
 
 // The `level` quantile of Fisher's F(df1, df2) (Boost.Math): the F-to-enter a block of df1
@@ -113,9 +116,9 @@ struct MeasurementFit {
   std::vector<std::string> params;  // fitted, in candidate order
   std::vector<ParamCheck> checks;
   std::vector<double> base_s, fit_s, heldout_s;  // per point
-  std::string cv;                   // "leave-one-out" or "10-fold"
-  std::string stop;                 // how the final fit's optimiser stopped, "" when it converged
-  int heldout_unconverged = 0;      // cross-validation fits that stopped short of convergence
+  std::string cv;                                // "leave-one-out" or "10-fold"
+  std::string stop;             // how the final fit's optimiser stopped, "" when it converged
+  int heldout_unconverged = 0;  // cross-validation fits that stopped short of convergence
   // Mean |predicted / measured - 1| over TTFT and decode points: base profile, fitted (in-sample),
   // held out. NaN when there are no such points.
   double ttft_mape_base = 0, ttft_mape_fit = 0, ttft_mape_heldout = 0;

@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <initializer_list>
-#include <fstream>
 #include <cmath>
+#include <fstream>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -56,9 +56,11 @@ T field(const json& o, const char* key, const std::string& path, int rec) {
   const auto it = o.find(key);
   if (it == o.end()) fail("{}: record {}: missing field '{}'", path, rec, key);
   if constexpr (std::is_integral_v<T>)
-    if (!it->is_number_integer()) fail("{}: record {}: field '{}' must be a whole number, got {}", path, rec, key, it->dump());
+    if (!it->is_number_integer())
+      fail("{}: record {}: field '{}' must be a whole number, got {}", path, rec, key, it->dump());
   if constexpr (std::is_floating_point_v<T>)
-    if (!it->is_number()) fail("{}: record {}: field '{}' must be a number, got {}", path, rec, key, it->dump());
+    if (!it->is_number())
+      fail("{}: record {}: field '{}' must be a number, got {}", path, rec, key, it->dump());
   try {
     return it->get<T>();
   } catch (const json::exception&) {
@@ -94,9 +96,10 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
   if (const size_t slash = m.model.find_last_of('/'); slash != std::string::npos) m.model.erase(0, slash + 1);
   // Settings that change speed between otherwise equal tests (a -t 4,8 or -fa 0,1 sweep).
   const auto opt_text = [&](const char* k) { return o.contains(k) ? o.at(k).dump() : std::string("-"); };
-  m.config = fmt::format("threads={} batch={} ubatch={} flash_attn={} type_k={} type_v={} ngl={} split={}",
-                         opt_text("n_threads"), opt_text("n_batch"), opt_text("n_ubatch"), opt_text("flash_attn"),
-                         opt_text("type_k"), opt_text("type_v"), opt_text("n_gpu_layers"), opt_text("split_mode"));
+  m.config =
+      fmt::format("threads={} batch={} ubatch={} flash_attn={} type_k={} type_v={} ngl={} split={}",
+                  opt_text("n_threads"), opt_text("n_batch"), opt_text("n_ubatch"), opt_text("flash_attn"),
+                  opt_text("type_k"), opt_text("type_v"), opt_text("n_gpu_layers"), opt_text("split_mode"));
   const int64_t ngl = field<int64_t>(o, "n_gpu_layers", path, rec);
   const std::string gpu = o.contains("gpu_info") ? field<std::string>(o, "gpu_info", path, rec) : "";
   m.hardware = ngl > 0 && !gpu.empty() ? gpu : field<std::string>(o, "cpu_info", path, rec);
@@ -114,9 +117,10 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
     fail("{}: record {}: n_prompt, n_gen or n_depth above {}", path, rec, kMaxCount);
   if (!(avg_ns > 0)) fail("{}: record {}: field 'avg_ns' must be positive, got {}", path, rec, avg_ns);
   if (n_prompt > 0 && n_gen > 0)
-    fail("{}: record {}: a combined prompt+generation test (-pg {},{}) cannot be split into TTFT and decode; "
-         "run llama-bench with -p and -n instead",
-         path, rec, n_prompt, n_gen);
+    fail(
+        "{}: record {}: a combined prompt+generation test (-pg {},{}) cannot be split into TTFT and decode; "
+        "run llama-bench with -p and -n instead",
+        path, rec, n_prompt, n_gen);
   if (n_prompt == 0 && n_gen == 0) fail("{}: record {}: n_prompt and n_gen are both 0", path, rec);
   if (n_prompt > 0) {
     m.prompt_tokens = n_prompt;
@@ -157,20 +161,22 @@ double csv_number(const std::string& cell, const char* column, const std::string
   return v;
 }
 
-int64_t csv_count(const std::string& cell, const char* column, const std::string& path, int rec, int64_t min) {
+int64_t csv_count(const std::string& cell, const char* column, const std::string& path, int rec,
+                  int64_t min) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), v);
   if (ec != std::errc() || end != cell.data() + cell.size())
     fail("{}: line {}: column '{}': '{}' is not a whole number", path, rec, column, cell);
   if (v < min) fail("{}: line {}: column '{}' must be at least {}, got {}", path, rec, column, min, v);
-  if (v > kMaxCount) fail("{}: line {}: column '{}' is implausibly large ({} > {})", path, rec, column, v, kMaxCount);
+  if (v > kMaxCount)
+    fail("{}: line {}: column '{}' is implausibly large ({} > {})", path, rec, column, v, kMaxCount);
   return v;
 }
 
 }  // namespace
 
 std::vector<Measurement> import_csv(const std::string& path) {
-  std::string text = read_text(path);  // a readable file, or our own one-line error
+  std::string text = read_text(path);                      // a readable file, or our own one-line error
   if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 byte-order mark (spreadsheet exports)
   // Every column the format knows (docs/measurements.md); any other column is an error.
   std::string model, hardware, framework, version, dtype, method, batch, tp, prompt, context, ttft_ms, ttft_s,
@@ -180,24 +186,26 @@ std::vector<Measurement> import_csv(const std::string& path) {
     io::CSVReader<15, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>, io::throw_on_overflow,
                   io::single_line_comment<'#'>>
         in(path, text.data(), text.data() + text.size());
-    in.read_header(io::ignore_missing_column, "model", "hardware", "framework", "framework_version", "dtype", "method",
-                   "batch", "tp", "prompt_tokens", "context_tokens", "ttft_ms", "ttft_s", "decode_ms_per_token",
-                   "decode_tokens", "repetitions");
+    in.read_header(io::ignore_missing_column, "model", "hardware", "framework", "framework_version", "dtype",
+                   "method", "batch", "tp", "prompt_tokens", "context_tokens", "ttft_ms", "ttft_s",
+                   "decode_ms_per_token", "decode_tokens", "repetitions");
     for (const char* need : {"model", "hardware", "prompt_tokens"})
-      if (!in.has_column(need)) fail("{}: missing column '{}' (docs/measurements.md lists the format)", path, need);
+      if (!in.has_column(need))
+        fail("{}: missing column '{}' (docs/measurements.md lists the format)", path, need);
     if (in.has_column("ttft_ms") && in.has_column("ttft_s"))
       fail("{}: mixed units: both 'ttft_ms' and 'ttft_s' columns; keep one", path);
     const bool has_ttft = in.has_column("ttft_ms") || in.has_column("ttft_s");
     if (!has_ttft && !in.has_column("decode_ms_per_token"))
       fail("{}: no time column: give 'ttft_ms' (or 'ttft_s') and/or 'decode_ms_per_token'", path);
     const double ttft_scale = in.has_column("ttft_s") ? 1e3 : 1.0;
-    while (in.read_row(model, hardware, framework, version, dtype, method, batch, tp, prompt, context, ttft_ms, ttft_s,
-                       decode_ms, decode_tokens, reps)) {
+    while (in.read_row(model, hardware, framework, version, dtype, method, batch, tp, prompt, context,
+                       ttft_ms, ttft_s, decode_ms, decode_tokens, reps)) {
       const int rec = int(in.get_file_line());  // the physical line, as the reader's own errors count
       Measurement m;
       m.file = path;
       m.record = rec;
-      if (model.empty() || hardware.empty()) fail("{}: line {}: 'model' and 'hardware' must not be empty", path, rec);
+      if (model.empty() || hardware.empty())
+        fail("{}: line {}: 'model' and 'hardware' must not be empty", path, rec);
       m.model = model;
       m.hardware = hardware;
       m.framework = framework.empty() ? "unknown" : framework;
@@ -211,7 +219,8 @@ std::vector<Measurement> import_csv(const std::string& path) {
       if (!reps.empty()) m.repetitions = int(csv_count(reps, "repetitions", path, rec, 1));
       const std::string& ttft = in.has_column("ttft_s") ? ttft_s : ttft_ms;
       if (!ttft.empty()) {
-        const double v = csv_number(ttft, in.has_column("ttft_s") ? "ttft_s" : "ttft_ms", path, rec) * ttft_scale;
+        const double v =
+            csv_number(ttft, in.has_column("ttft_s") ? "ttft_s" : "ttft_ms", path, rec) * ttft_scale;
         if (!(v > 0)) fail("{}: line {}: TTFT must be positive, got {}", path, rec, ttft);
         if (m.prompt_tokens < 1) fail("{}: line {}: a TTFT needs prompt_tokens >= 1", path, rec);
         m.ttft_ms = v;
@@ -226,8 +235,8 @@ std::vector<Measurement> import_csv(const std::string& path) {
       if (!m.decode_ms_per_token && !decode_tokens.empty())
         fail("{}: line {}: decode_tokens without decode_ms_per_token", path, rec);
       push_split(out, std::move(m));
-      for (std::string* cell : {&framework, &version, &dtype, &method, &batch, &tp, &context, &ttft_ms, &ttft_s,
-                                &decode_ms, &decode_tokens, &reps})
+      for (std::string* cell : {&framework, &version, &dtype, &method, &batch, &tp, &context, &ttft_ms,
+                                &ttft_s, &decode_ms, &decode_tokens, &reps})
         cell->clear();  // a missing column leaves its variable as it was
     }
   } catch (const io::error::base& e) {
@@ -291,7 +300,8 @@ std::vector<Measurement> import_run_json(const std::string& path) {
   m.dtype = field<std::string>(o, "dtype", path, 1);
   m.prompt_tokens = field<int64_t>(o, "prompt_tokens", path, 1);
   m.ttft_ms = field<double>(o, "ttft_ms", path, 1);
-  if (!(*m.ttft_ms > 0) || m.prompt_tokens < 1) fail("{}: record 1: ttft_ms and prompt_tokens must be positive", path);
+  if (!(*m.ttft_ms > 0) || m.prompt_tokens < 1)
+    fail("{}: record 1: ttft_ms and prompt_tokens must be positive", path);
   const std::string prune = field<std::string>(o, "prune", path, 1);
   if (prune != "none") m.method = prune + " " + field<std::string>(o, "schedule", path, 1);
   // The first token comes from the prefill; each later one is a decoding step.
@@ -362,7 +372,8 @@ std::string opt_text(const json& o, std::initializer_list<const char*> keys) {
   return "";
 }
 
-const json& object_field(const json& o, const char* key, const std::string& path, int rec, const char* hint = "") {
+const json& object_field(const json& o, const char* key, const std::string& path, int rec,
+                         const char* hint = "") {
   const auto it = o.find(key);
   if (it == o.end() || !it->is_object()) fail("{}: record {}: missing object '{}'{}", path, rec, key, hint);
   return *it;
@@ -378,7 +389,8 @@ int64_t whole_tokens(double v, const char* what, const std::string& path, int re
 // output tokens (the first comes from the prefill). A present but non-positive time is an error.
 bool has_decode(const std::optional<double>& tpot, double output_tokens, const std::string& path, int rec) {
   if (!tpot || output_tokens < 2) return false;
-  if (!(*tpot > 0)) fail("{}: record {}: the time per output token must be positive, got {}", path, rec, *tpot);
+  if (!(*tpot > 0))
+    fail("{}: record {}: the time per output token must be positive, got {}", path, rec, *tpot);
   return true;
 }
 
@@ -395,8 +407,9 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   m.dtype = opt_text(o, {"dtype"});
   std::vector<std::string> notes;
   if (m.hardware.empty()) notes.push_back("hardware not recorded");
-  if (const auto tp = opt_number(o, "tensor_parallel_size", path, rec) ? opt_number(o, "tensor_parallel_size", path, rec)
-                                                                        : opt_number(o, "tp", path, rec)) {
+  if (const auto tp = opt_number(o, "tensor_parallel_size", path, rec)
+                          ? opt_number(o, "tensor_parallel_size", path, rec)
+                          : opt_number(o, "tp", path, rec)) {
     if (*tp < 1 || *tp > 4096 || *tp != std::floor(*tp))
       fail("{}: record {}: the tensor-parallel degree must be a whole number from 1 to 4096", path, rec);
     m.tp = int(*tp);
@@ -413,16 +426,19 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
     prompt /= double(it->size());
   } else if (const auto total = opt_number(o, "total_input_tokens", path, rec)) {
     const auto done = opt_number(o, "completed", path, rec);
-    if (!done || !(*done >= 1)) fail("{}: record {}: field 'completed' must be at least 1 with 'total_input_tokens'", path, rec);
+    if (!done || !(*done >= 1))
+      fail("{}: record {}: field 'completed' must be at least 1 with 'total_input_tokens'", path, rec);
     prompt = *total / *done;
     if (const auto out_total = opt_number(o, "total_output_tokens", path, rec)) output = *out_total / *done;
-  } else if (const auto len = opt_number(o, "input_len", path, rec) ? opt_number(o, "input_len", path, rec)
-                                                                    : opt_number(o, "random_input_len", path, rec)) {
+  } else if (const auto len = opt_number(o, "input_len", path, rec)
+                                  ? opt_number(o, "input_len", path, rec)
+                                  : opt_number(o, "random_input_len", path, rec)) {
     prompt = *len;
   } else {
-    fail("{}: record {}: no prompt length: none of 'input_lens', 'total_input_tokens' with 'completed', or a "
-         "metadata 'input_len'",
-         path, rec);
+    fail(
+        "{}: record {}: no prompt length: none of 'input_lens', 'total_input_tokens' with 'completed', or a "
+        "metadata 'input_len'",
+        path, rec);
   }
   if (const auto it = o.find("output_lens"); output == 0 && it != o.end() && it->is_array() && !it->empty()) {
     for (const json& v : *it) {
@@ -433,7 +449,8 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   }
   if (output == 0)
     if (const auto out_total = opt_number(o, "total_output_tokens", path, rec))
-      if (const auto done = opt_number(o, "completed", path, rec); done && *done >= 1) output = *out_total / *done;
+      if (const auto done = opt_number(o, "completed", path, rec); done && *done >= 1)
+        output = *out_total / *done;
   if (output == 0)
     if (const auto len = opt_number(o, "output_len", path, rec)) output = *len;
   m.prompt_tokens = whole_tokens(prompt, "the mean prompt", path, rec);
@@ -454,7 +471,8 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
   m.config = fmt::format("request_rate={} max_concurrency={}", rate, conc ? fmt::format("{}", *conc) : "-");
   m.isolated = conc && *conc == 1;
   if (!m.isolated) notes.push_back("under load (max_concurrency is not 1): TTFT includes queueing");
-  if (const auto done = opt_number(o, "completed", path, rec)) m.repetitions = int(std::clamp(*done, 1.0, 1e9));
+  if (const auto done = opt_number(o, "completed", path, rec))
+    m.repetitions = int(std::clamp(*done, 1.0, 1e9));
   for (const std::string& n : notes) m.note += (m.note.empty() ? "" : "; ") + n;
   return m;
 }
@@ -473,7 +491,8 @@ std::vector<Measurement> import_vllm_serving(const std::string& path) {
 
 std::vector<Measurement> import_vllm_latency(const std::string& path) {
   const auto recs = json_records(path, read_text(path));
-  if (recs.size() != 1 || !recs[0].second.is_object()) fail("{}: a vLLM latency result is one JSON object", path);
+  if (recs.size() != 1 || !recs[0].second.is_object())
+    fail("{}: a vLLM latency result is one JSON object", path);
   const json& o = recs[0].second;
   const double avg_s = field<double>(o, "avg_latency", path, 1);
   if (!(avg_s > 0)) fail("{}: record 1: field 'avg_latency' must be positive, got {}", path, avg_s);
@@ -483,9 +502,10 @@ std::vector<Measurement> import_vllm_latency(const std::string& path) {
   side += ".pytorch.json";
   std::ifstream probe(side);
   if (!probe)
-    fail("{}: a vLLM latency JSON does not record the prompt length, output length or batch; rerun with "
-         "SAVE_TO_PYTORCH_BENCHMARK_FORMAT=1 so vLLM writes {} beside it, or enter the point in the plain CSV",
-         path, side);
+    fail(
+        "{}: a vLLM latency JSON does not record the prompt length, output length or batch; rerun with "
+        "SAVE_TO_PYTORCH_BENCHMARK_FORMAT=1 so vLLM writes {} beside it, or enter the point in the plain CSV",
+        path, side);
   const auto side_recs = json_records(side, read_text(side));
   const json* args = nullptr;
   for (const auto& [rec, r] : side_recs) {
@@ -514,18 +534,24 @@ std::vector<Measurement> import_vllm_latency(const std::string& path) {
   const int64_t input = field<int64_t>(*args, "input_len", side, 1);
   const int64_t output = field<int64_t>(*args, "output_len", side, 1);
   m.batch = int(field<int64_t>(*args, "batch_size", side, 1));
-  m.tp = args->contains("tensor_parallel_size") ? int(field<int64_t>(*args, "tensor_parallel_size", side, 1)) : 1;
-  if (input < 1 || m.batch < 1 || m.tp < 1) fail("{}: record 1: input_len, batch_size and tensor_parallel_size must be at least 1", side);
+  m.tp = args->contains("tensor_parallel_size") ? int(field<int64_t>(*args, "tensor_parallel_size", side, 1))
+                                                : 1;
+  if (input < 1 || m.batch < 1 || m.tp < 1)
+    fail("{}: record 1: input_len, batch_size and tensor_parallel_size must be at least 1", side);
   if (output != 1)
-    fail("{}: record 1: output_len {}: the latency covers the prefill and {} decoding steps and cannot be split; "
-         "`vllm bench latency --output-len 1` measures the TTFT",
-         path, output, output - 1);
+    fail(
+        "{}: record 1: output_len {}: the latency covers the prefill and {} decoding steps and cannot be "
+        "split; "
+        "`vllm bench latency --output-len 1` measures the TTFT",
+        path, output, output - 1);
   m.prompt_tokens = input;
   m.ttft_ms = avg_s * 1e3;
-  if (o.contains("latencies") && o["latencies"].is_array()) m.repetitions = std::max(1, int(o["latencies"].size()));
-  m.config = fmt::format("enforce_eager={} enable_chunked_prefill={}",
-                         args->contains("enforce_eager") ? (*args)["enforce_eager"].dump() : "-",
-                         args->contains("enable_chunked_prefill") ? (*args)["enable_chunked_prefill"].dump() : "-");
+  if (o.contains("latencies") && o["latencies"].is_array())
+    m.repetitions = std::max(1, int(o["latencies"].size()));
+  m.config =
+      fmt::format("enforce_eager={} enable_chunked_prefill={}",
+                  args->contains("enforce_eager") ? (*args)["enforce_eager"].dump() : "-",
+                  args->contains("enable_chunked_prefill") ? (*args)["enable_chunked_prefill"].dump() : "-");
   return {m};
 }
 
@@ -537,25 +563,28 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
     const json& engine = object_field(o, "engine", path, rec);
     const json& world = object_field(o, "world_info", path, rec);
     const json& req = object_field(o, "request_info", path, rec);
-    const json& stream =
-        object_field(o, "streaming_metrics", path, rec, " (TTFT is reported only by `trtllm-bench ... --streaming`)");
+    const json& stream = object_field(o, "streaming_metrics", path, rec,
+                                      " (TTFT is reported only by `trtllm-bench ... --streaming`)");
     Measurement m;
     m.file = path;
     m.record = rec;
     m.framework = "tensorrt-llm";
     m.framework_version = opt_text(engine, {"version"});
     m.model = field<std::string>(engine, "model", path, rec);
-    if (const size_t slash = m.model.find_last_of('/'); slash != std::string::npos) m.model.erase(0, slash + 1);
+    if (const size_t slash = m.model.find_last_of('/'); slash != std::string::npos)
+      m.model.erase(0, slash + 1);
     m.dtype = opt_text(engine, {"quantization"});
     if (m.dtype.empty() || m.dtype == "None") m.dtype = opt_text(engine, {"dtype"});
-    if (const auto it = o.find("machine"); it != o.end() && it->is_object()) m.hardware = opt_text(*it, {"name"});
+    if (const auto it = o.find("machine"); it != o.end() && it->is_object())
+      m.hardware = opt_text(*it, {"name"});
     if (m.hardware.empty()) m.note = "hardware not recorded";
     m.tp = int(std::clamp<int64_t>(field<int64_t>(world, "tp_size", path, rec), 0, 4097));
     const int64_t pp = world.contains("pp_size") ? field<int64_t>(world, "pp_size", path, rec) : 1;
     if (m.tp < 1 || m.tp > 4096) fail("{}: record {}: world_info.tp_size must be from 1 to 4096", path, rec);
     if (pp != 1) fail("{}: record {}: pipeline parallelism (pp_size {}) is not modelled", path, rec, pp);
     const double input = field<double>(req, "avg_input_length", path, rec);
-    const double output = req.contains("avg_output_length") ? field<double>(req, "avg_output_length", path, rec) : 0;
+    const double output =
+        req.contains("avg_output_length") ? field<double>(req, "avg_output_length", path, rec) : 0;
     m.prompt_tokens = whole_tokens(input, "request_info.avg_input_length", path, rec);
     const auto p50 = [&](const char* pct, const char* avg) -> std::optional<double> {
       if (const auto it = stream.find(pct); it != stream.end() && it->is_object())
@@ -563,7 +592,8 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
       return opt_number(stream, avg, path, rec);
     };
     const auto ttft = p50("ttft_percentiles", "avg_ttft_ms");
-    if (!ttft || !(*ttft > 0)) fail("{}: record {}: streaming_metrics has no positive TTFT (avg_ttft_ms)", path, rec);
+    if (!ttft || !(*ttft > 0))
+      fail("{}: record {}: streaming_metrics has no positive TTFT (avg_ttft_ms)", path, rec);
     m.ttft_ms = *ttft;
     const double conc = req.contains("avg_num_concurrent_requests")
                             ? field<double>(req, "avg_num_concurrent_requests", path, rec)
@@ -572,8 +602,11 @@ std::vector<Measurement> import_trtllm_bench(const std::string& path) {
     m.config = fmt::format("max_batch_size={} max_num_tokens={} concurrency={:.2f}",
                            world.contains("max_batch_size") ? world["max_batch_size"].dump() : "-",
                            world.contains("max_num_tokens") ? world["max_num_tokens"].dump() : "-", conc);
-    if (!m.isolated) m.note += std::string(m.note.empty() ? "" : "; ") + "under load (concurrency above 1): TTFT includes queueing";
-    if (const auto n = opt_number(req, "num_requests", path, rec)) m.repetitions = int(std::clamp(*n, 1.0, 1e9));
+    if (!m.isolated)
+      m.note += std::string(m.note.empty() ? "" : "; ") +
+                "under load (concurrency above 1): TTFT includes queueing";
+    if (const auto n = opt_number(req, "num_requests", path, rec))
+      m.repetitions = int(std::clamp(*n, 1.0, 1e9));
     const auto tpot = p50("tpot_percentiles", "avg_tpot_ms");
     if (has_decode(tpot, output, path, rec)) {
       Measurement d = m;
@@ -597,7 +630,8 @@ namespace {
 // Control characters in names from a file become spaces: every message stays one line.
 void clean_names(std::vector<Measurement>& ms) {
   for (Measurement& m : ms)
-    for (std::string* t : {&m.model, &m.hardware, &m.framework, &m.framework_version, &m.dtype, &m.method, &m.config})
+    for (std::string* t :
+         {&m.model, &m.hardware, &m.framework, &m.framework_version, &m.dtype, &m.method, &m.config})
       for (char& c : *t)
         if (std::iscntrl(static_cast<unsigned char>(c))) c = ' ';
 }
@@ -606,7 +640,8 @@ std::vector<Measurement> import_any(const std::string& path);
 
 }  // namespace
 
-std::vector<Measurement> import_measurements(const std::string& path, std::vector<MeasurementSource>* sources) {
+std::vector<Measurement> import_measurements(const std::string& path,
+                                             std::vector<MeasurementSource>* sources) {
   std::vector<MeasurementSource> read;
   g_reading = &read;
   struct Done {
@@ -627,7 +662,8 @@ std::vector<Measurement> import_any(const std::string& path) {
   if (first == std::string::npos) fail("{}: empty file", path);
   const bool json_like = text[first] == '{' || text[first] == '[';
   // A .csv by name; a name without it (a pipe, <(...)) by content: a first line with commas.
-  if (path.ends_with(".csv") || (!json_like && text.substr(0, text.find('\n')).find(',') != std::string::npos))
+  if (path.ends_with(".csv") ||
+      (!json_like && text.substr(0, text.find('\n')).find(',') != std::string::npos))
     return import_csv(path);
   if (json_like) {
     // By the keys of the first record (an object, an array's first element, or the first line).
@@ -644,9 +680,10 @@ std::vector<Measurement> import_any(const std::string& path) {
       if (o.contains("engine") && o.contains("world_info")) return import_trtllm_bench(path);
     }
   }
-  fail("{}: not a recognised measurement file (llama-bench -o json/jsonl, vLLM serving or latency JSON, "
-       "trtllm-bench --report_json, lazyprefill run --json, or a .csv)",
-       path);
+  fail(
+      "{}: not a recognised measurement file (llama-bench -o json/jsonl, vLLM serving or latency JSON, "
+      "trtllm-bench --report_json, lazyprefill run --json, or a .csv)",
+      path);
 }
 
 }  // namespace
@@ -660,9 +697,19 @@ std::string name_key(const std::string& name) {
 
 namespace {
 auto point_key(const Measurement& m) {
-  return std::tuple{name_key(m.model), name_key(m.hardware), name_key(m.framework), m.framework_version, name_key(m.dtype),
-                    m.method,          m.config,           m.batch,             m.tp,                m.prompt_tokens,
-                    m.context_tokens,  m.decode_tokens,    m.ttft_ms.has_value()};
+  return std::tuple{name_key(m.model),
+                    name_key(m.hardware),
+                    name_key(m.framework),
+                    m.framework_version,
+                    name_key(m.dtype),
+                    m.method,
+                    m.config,
+                    m.batch,
+                    m.tp,
+                    m.prompt_tokens,
+                    m.context_tokens,
+                    m.decode_tokens,
+                    m.ttft_ms.has_value()};
 }
 }  // namespace
 
@@ -684,7 +731,8 @@ std::vector<Measurement> merge_repetitions(std::vector<Measurement> ms, int* mer
     mean(a.ttft_ms, m.ttft_ms);
     mean(a.decode_ms_per_token, m.decode_ms_per_token);
     a.repetitions = int(std::min<int64_t>(int64_t(a.repetitions) + m.repetitions, int64_t(1) << 30));
-    a.note += fmt::format("{}repetition: {} record {} averaged in", a.note.empty() ? "" : "; ", m.file, m.record);
+    a.note +=
+        fmt::format("{}repetition: {} record {} averaged in", a.note.empty() ? "" : "; ", m.file, m.record);
     ++folded;
   }
   if (merged) *merged = folded;
@@ -692,19 +740,31 @@ std::vector<Measurement> merge_repetitions(std::vector<Measurement> ms, int* mer
 }
 
 void check_no_duplicates(const std::vector<Measurement>& ms) {
-  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string, std::string,
-                         int, int, int64_t, int64_t, int64_t, bool>;
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string,
+                         std::string, int, int, int64_t, int64_t, int64_t, bool>;
   std::map<Key, const Measurement*> seen;
   for (const Measurement& m : ms) {
-    const Key key{name_key(m.model), name_key(m.hardware), name_key(m.framework), m.framework_version, name_key(m.dtype),
-                  m.method,        m.config,        m.batch,          m.tp,                m.prompt_tokens,
-                  m.context_tokens, m.decode_tokens, m.ttft_ms.has_value()};
+    const Key key{name_key(m.model),
+                  name_key(m.hardware),
+                  name_key(m.framework),
+                  m.framework_version,
+                  name_key(m.dtype),
+                  m.method,
+                  m.config,
+                  m.batch,
+                  m.tp,
+                  m.prompt_tokens,
+                  m.context_tokens,
+                  m.decode_tokens,
+                  m.ttft_ms.has_value()};
     const auto [it, fresh] = seen.emplace(key, &m);
     if (!fresh)
-      fail("duplicate measurement: {} record {} and {} record {} are the same point ({} on {}, {} prompt tokens, "
-           "{} generated)",
-           it->second->file, it->second->record, m.file, m.record, m.model, m.hardware, m.prompt_tokens,
-           m.decode_tokens);
+      fail(
+          "duplicate measurement: {} record {} and {} record {} are the same point ({} on {}, {} prompt "
+          "tokens, "
+          "{} generated)",
+          it->second->file, it->second->record, m.file, m.record, m.model, m.hardware, m.prompt_tokens,
+          m.decode_tokens);
   }
 }
 

@@ -17,13 +17,14 @@ struct Measurement {
   std::string file;  // where it came from
   int record = 0;    // 1-based: the JSON array element, or the file's line (JSON Lines, CSV)
   std::string framework, framework_version;
-  std::string model;     // as the file names it (e.g. llama-bench's model_type)
-  std::string hardware;  // as the file names it (GPU name, or the CPU when nothing ran on a GPU)
-  std::string dtype;     // the weights' type as the file names it ("Q4_K - Medium", "f32")
+  std::string model;            // as the file names it (e.g. llama-bench's model_type)
+  std::string hardware;         // as the file names it (GPU name, or the CPU when nothing ran on a GPU)
+  std::string dtype;            // the weights' type as the file names it ("Q4_K - Medium", "f32")
   std::string method = "none";  // token pruning: "none", or "lazyllm 0.3:0.3,..." (our runs)
-  std::string config;            // other settings that change speed (llama-bench: threads, ubatch, flash attention, KV types)
-  int batch = 1;         // sequences processed together
-  int tp = 1;            // tensor-parallel degree
+  std::string
+      config;  // other settings that change speed (llama-bench: threads, ubatch, flash attention, KV types)
+  int batch = 1;               // sequences processed together
+  int tp = 1;                  // tensor-parallel degree
   int64_t prompt_tokens = 0;   // tokens prefilled (0 for a decode-only test)
   int64_t context_tokens = 0;  // tokens already in the KV cache before this work (a decode record
                                // of a run that prefilled P tokens has context P)
@@ -41,7 +42,7 @@ struct Measurement {
   // flight): then TTFT includes queueing and batching with other requests, which the simulator
   // does not model, and calibration leaves the record out (saying so).
   bool isolated = true;
-  std::string note;     // what the importer assumed, printed by calibrate ("tp not recorded: 1")
+  std::string note;  // what the importer assumed, printed by calibrate ("tp not recorded: 1")
 };
 
 // llama-bench -o json (an array) or -o jsonl (one object per line). A prompt-processing test

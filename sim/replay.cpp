@@ -14,7 +14,8 @@ double Prediction::prefill_flops() const {
 }
 
 nlohmann::ordered_json Memory::to_json() const {
-  return {{"weights", weights}, {"kv", kv}, {"aux_cache", aux}, {"activations", activations}, {"total", total()}};
+  return {
+      {"weights", weights}, {"kv", kv}, {"aux_cache", aux}, {"activations", activations}, {"total", total()}};
 }
 
 double Prediction::decode_step_mean_s() const {
@@ -62,7 +63,9 @@ trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens
     o.new_tokens = prefill ? prompt_tokens : s.new_tokens;
     // Prefill counts are shares of the prompt; a decoding step's one new row stays one row and
     // its other counts (keys seen, revived rows) scale with the context.
-    const auto rows = [&](int64_t v) { return prefill ? std::max<int64_t>(1, scale(v, r)) : std::max<int64_t>(1, 1 + scale(v - 1, r)); };
+    const auto rows = [&](int64_t v) {
+      return prefill ? std::max<int64_t>(1, scale(v, r)) : std::max<int64_t>(1, 1 + scale(v - 1, r));
+    };
     for (int l = 0; l < n_layer; ++l) {
       const size_t k = size_t(src(l));
       o.queries.push_back(rows(s.queries[k]));
@@ -180,8 +183,8 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       comm.add(oc);
     };
     // `fixed_s`: a cost beyond the op's roofline and per-call overhead (a pruning stage's).
-    const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1,
-                         double fixed_s = 0) {
+    const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape,
+                         int64_t calls = 1, double fixed_s = 0) {
       OpCost oc = op_cost(cc, cfg, op, shape, calls);
       oc.overhead_s += fixed_s;
       oc.time_s += fixed_s;
@@ -201,7 +204,8 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       // keys held and at most its pairs, an over-count once revived rows add their pairs).
       const int64_t keys =
           B * (prefill ? s.keys[size_t(l)]
-                       : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)]) : s.attended[size_t(l)]));
+                       : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
+                                             : s.attended[size_t(l)]));
       const OpShape rows{T, 0, 0};
       add(layer, cfg, Op::AttnNorm, rows);
       add(layer, cfg, Op::QKV, rows);

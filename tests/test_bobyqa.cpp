@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlopt.h>
 
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <limits>
 
 #include "model/error.h"
@@ -81,7 +81,8 @@ double nan_outside(unsigned, const double* x, double*, void*) {
 TEST(Bobyqa, NonFiniteValuesNeverWinAndAllOfThemIsAnError) {
   double x[1] = {0.4};
   const double lo[1] = {-1}, hi[1] = {1};
-  const sim::OptimizerStatus s = sim::minimize_bobyqa(1, x, lo, hi, nan_outside, nullptr, 500, 1e-9, "partly NaN");
+  const sim::OptimizerStatus s =
+      sim::minimize_bobyqa(1, x, lo, hi, nan_outside, nullptr, 500, 1e-9, "partly NaN");
   EXPECT_TRUE(std::isfinite(s.best));
   EXPECT_LE(x[0], 0.5);
   double y[1] = {0.4};
@@ -89,7 +90,8 @@ TEST(Bobyqa, NonFiniteValuesNeverWinAndAllOfThemIsAnError) {
     sim::minimize_bobyqa(1, y, lo, hi, nan_everywhere, nullptr, 50, 1e-9, "the test fit");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the test fit: every prediction was NaN"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the test fit: every prediction was NaN"), std::string::npos)
+        << e.what();
   }
 }
 

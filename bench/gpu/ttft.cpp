@@ -12,9 +12,9 @@
 // (--layers keeps the first N layers of the shape, so a model too big for one GPU can be timed
 // per layer). Built a second time over the host emulation (lp_gpu_bench_on_host), where ctest runs
 // it on a small shape so that its code has run before a GPU does; its times there mean nothing.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -89,7 +89,8 @@ std::unique_ptr<Model> random_model(const std::string& preset, int layers) {
   };
   Weights w;
   w.dtype = DType::BF16;
-  const int64_t D = c.n_embd, F = c.n_ff, Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim;
+  const int64_t D = c.n_embd, F = c.n_ff, Q = int64_t(c.n_head) * c.head_dim,
+                KV = int64_t(c.n_head_kv) * c.head_dim;
   w.tok_embd = fill(c.n_vocab, D);
   if (!c.tied_embeddings) w.output = fill(c.n_vocab, D);
   w.output_norm.assign(size_t(D), 1.0f);
@@ -111,8 +112,8 @@ double pass_flops(const ModelConfig& c, const ForwardStats& st) {
   double f = 0;
   for (int l = 0; l < c.n_layer; ++l) {
     const OpShape s{st.computed[size_t(l)], st.pairs[size_t(l)], st.keys[size_t(l)]};
-    for (Op op : {Op::AttnNorm, Op::QKV, Op::Rope, Op::Attention, Op::OProj, Op::FfnNorm, Op::GateUp, Op::SwiGLU,
-                  Op::Down})
+    for (Op op : {Op::AttnNorm, Op::QKV, Op::Rope, Op::Attention, Op::OProj, Op::FfnNorm, Op::GateUp,
+                  Op::SwiGLU, Op::Down})
       f += op_flops(c, op, s);
   }
   return f;
@@ -142,8 +143,8 @@ void ttft_rows(const Model& m, int64_t T) {
     pass(&st);
     const double flops = pass_flops(c, st);
     if (!prune) base_ms = ms, base_flops = flops;
-    fmt::print("  {:<28} {:>7} tokens  {:>10.2f} ms  speedup {:>5.2f}x  FLOP-ideal {:>5.2f}x  ratio {:.2f}\n", sched, T,
-               ms, base_ms / ms, base_flops / flops, (base_ms / ms) / (base_flops / flops));
+    fmt::print("  {:<28} {:>7} tokens  {:>10.2f} ms  speedup {:>5.2f}x  FLOP-ideal {:>5.2f}x  ratio {:.2f}\n",
+               sched, T, ms, base_ms / ms, base_flops / flops, (base_ms / ms) / (base_flops / flops));
   }
 }
 
@@ -158,7 +159,8 @@ int main(int argc, char** argv) {
   app.add_option("tokens", T, "Prompt tokens")->check(CLI::Range(int64_t(2), int64_t(1) << 20));
   app.add_option("--shape", shape, "Model preset whose shape gets random bf16 weights")
       ->check(CLI::IsMember(preset_names()));
-  app.add_option("--layers", layers, "Keep only the first N layers of the shape (0: all)")->check(CLI::Range(0, 1024));
+  app.add_option("--layers", layers, "Keep only the first N layers of the shape (0: all)")
+      ->check(CLI::Range(0, 1024));
   app.add_flag("--no-default-model", no_default, "Skip the default model's TTFT rows");
   app.add_option("--runs", g_runs, "Timed runs per figure, after one warm-up (the median is printed)")
       ->check(CLI::Range(1, 1000));
@@ -171,7 +173,8 @@ int main(int argc, char** argv) {
       std::printf("SKIPPED: %s\n", e.what());
       return 77;
     }
-    fmt::print("GPU: {} (sm_{}{}, {:.1f} GiB)\n", d.name, d.cc_major, d.cc_minor, double(d.total_bytes) / 1073741824.0);
+    fmt::print("GPU: {} (sm_{}{}, {:.1f} GiB)\n", d.name, d.cc_major, d.cc_minor,
+               double(d.total_bytes) / 1073741824.0);
     // The GPU's dense bf16 peak, from the profile whose name or aliases name it (as calibrate matches
     // hardware names: case, spaces and '_' ignored).
     double peak = 0;
@@ -196,7 +199,9 @@ int main(int argc, char** argv) {
     fmt::print("\nGEMM, bf16 inputs, f32 accumulation ({} rows):\n", T);
     const ModelConfig c = mr->config();
     const int64_t D = c.n_embd, F = c.n_ff, QKV = int64_t(c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    for (auto [name, K, N] : {std::tuple<const char*, int64_t, int64_t>{"qkv", D, QKV}, {"o", D, D}, {"gate_up", D, 2 * F},
+    for (auto [name, K, N] : {std::tuple<const char*, int64_t, int64_t>{"qkv", D, QKV},
+                              {"o", D, D},
+                              {"gate_up", D, 2 * F},
                               {"down", F, D}}) {
       void* a = cuda::device_alloc(size_t(T * K) * 2, "bench A");
       void* w = cuda::device_alloc(size_t(N * K) * 2, "bench W");
@@ -206,7 +211,8 @@ int main(int argc, char** argv) {
       const double ms = median_ms([&] { cuda::gemm_bf16((uint16_t*)a, (uint16_t*)w, (float*)o, T, K, N); });
       const double tflops = 2.0 * T * K * N / (ms * 1e-3) / 1e12;
       fmt::print("  {:<8} [{}x{}]x[{}x{}]  {:>8.3f} ms  {:>7.1f} TFLOP/s{}\n", name, T, K, K, N, ms, tflops,
-                 peak > 0 ? fmt::format("  {:.0f}% of the {:.0f} TFLOP/s dense peak", 100 * tflops * 1e12 / peak, peak / 1e12)
+                 peak > 0 ? fmt::format("  {:.0f}% of the {:.0f} TFLOP/s dense peak",
+                                        100 * tflops * 1e12 / peak, peak / 1e12)
                           : "");
       cuda::device_free(a), cuda::device_free(w), cuda::device_free(o);
     }
@@ -220,7 +226,8 @@ int main(int argc, char** argv) {
     // index, or skipped tiles by index, would read the wrong pairs or waste tiles here.
     fmt::print("\nattention, {} heads / {} KV heads, Dh {}:\n", c.n_head, c.n_head_kv, c.head_dim);
     const int64_t H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, Tq = std::max<int64_t>(1, T / 2);
-    std::vector<int32_t> all(static_cast<size_t>(T)), kept(static_cast<size_t>(Tq)), dense(static_cast<size_t>(Tq));
+    std::vector<int32_t> all(static_cast<size_t>(T)), kept(static_cast<size_t>(Tq)),
+        dense(static_cast<size_t>(Tq));
     std::iota(all.begin(), all.end(), 0);
     std::mt19937 pick(7);
     std::shuffle(all.begin(), all.end() - 1, pick);  // the last token is always kept
@@ -248,13 +255,15 @@ int main(int argc, char** argv) {
       cuda::copy_to_device(qp, pos.data(), size_t(Tq) * 4);
       cuda::copy_to_device(kp, pos.data(), size_t(Tq) * 4);
       return median_ms([&] {
-        cuda::attention((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh, (float*)out);
+        cuda::attention((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh,
+                        (float*)out);
       });
     };
     const double pruned_ms = time_at(kept), dense_ms = time_at(dense);
-    fmt::print("  {} kept rows of {} over their own keys {:.3f} ms, {} dense rows {:.3f} ms ({} causal pairs each): "
-               "ratio {:.2f}\n",
-               Tq, T, pruned_ms, Tq, dense_ms, Tq * (Tq + 1) / 2, pruned_ms / dense_ms);
+    fmt::print(
+        "  {} kept rows of {} over their own keys {:.3f} ms, {} dense rows {:.3f} ms ({} causal pairs each): "
+        "ratio {:.2f}\n",
+        Tq, T, pruned_ms, Tq, dense_ms, Tq * (Tq + 1) / 2, pruned_ms / dense_ms);
     for (void* p : {q, k, v, out, qp, kp}) cuda::device_free(p);
     return 0;
   } catch (const Error& e) {

@@ -77,7 +77,8 @@ inline __m512 exp512(__m512 x) {
 inline __m256 exp256(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
   x = _mm256_min_ps(x, _mm256_set1_ps(89.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
   __m256 p = _mm256_set1_ps(1.0f / 5040);
@@ -217,7 +218,8 @@ inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; k + 16 <= K; k += 16) {
     const __m256i w0 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + k))), 16);
-    const __m256i w1 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + k + 8))), 16);
+    const __m256i w1 =
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + k + 8))), 16);
     acc0 = _mm256_fmadd_ps(_mm256_castsi256_ps(w0), _mm256_loadu_ps(x + k), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_castsi256_ps(w1), _mm256_loadu_ps(x + k + 8), acc1);
   }
@@ -289,7 +291,8 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
     M = (M + 15) / 16 * 16;
     impl_->a_pad.assign(size_t(M * K) * a_esz, 0);
     for (int64_t m = 0; m < M_in; ++m)
-      std::memcpy(impl_->a_pad.data() + m * K * a_esz, static_cast<const char*>(a_ptr) + m * a_ld * a_esz, K * a_esz);
+      std::memcpy(impl_->a_pad.data() + m * K * a_esz, static_cast<const char*>(a_ptr) + m * a_ld * a_esz,
+                  K * a_esz);
     a_ptr = impl_->a_pad.data();
     a_ld = K;
     impl_->c_pad.resize(size_t(M * N));
@@ -554,7 +557,8 @@ inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, f
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 // AVX2 (16 registers): S[r][0..15] = sum_d qs[r][d] * kt[d][0..15] for 4 rows, 8 accumulators,
 // 2 key loads and 4 broadcasts per dimension; each score sums over d in order.
-inline void scores_step_avx2(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S, int64_t lds) {
+inline void scores_step_avx2(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S,
+                             int64_t lds) {
   __m256 acc[4][2];
   for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < Dh; ++d) {
@@ -574,10 +578,12 @@ inline void scores_step_avx2(const float* qs, int64_t Dh, const float* kt, int64
 
 // O[r][0..31] += sum_k P[r][k] * V[k][0..31] for 2 rows and nk keys (v rows Dh floats apart;
 // O rows Dh apart): 8 accumulators, 4 value loads and 2 broadcasts per key.
-inline void pv_step32_avx2(const float* P, int64_t ldp, const float* v, int64_t Dh, int64_t nk, float* O, int nr) {
+inline void pv_step32_avx2(const float* P, int64_t ldp, const float* v, int64_t Dh, int64_t nk, float* O,
+                           int nr) {
   __m256 acc[2][4];
   for (int r = 0; r < 2; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = r < nr ? _mm256_loadu_ps(O + r * Dh + 8 * j) : _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j)
+      acc[r][j] = r < nr ? _mm256_loadu_ps(O + r * Dh + 8 * j) : _mm256_setzero_ps();
   for (int64_t k = 0; k < nk; ++k) {
     const float* vk = v + k * Dh;
     const __m256 v0 = _mm256_loadu_ps(vk), v1 = _mm256_loadu_ps(vk + 8);
@@ -648,7 +654,8 @@ struct KeyBlock {
   int64_t ldk;
   const float* v;  // [bk][Dh]
 };
-inline KeyBlock key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t bk, float* kt_buf, float* v_buf) {
+inline KeyBlock key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t bk, float* kt_buf,
+                          float* v_buf) {
   const LayerKV& kv = keys.kv;
   const int64_t Dh = kv.Dh;
   const float* kt = kv.kt.data() + g * Dh * kv.kt_ld;
@@ -804,11 +811,12 @@ void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* score
   }
 }
 
-void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T, const KeySet& keys,
-               int64_t H, float* out, int64_t ldo) {
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
+               const KeySet& keys, int64_t H, float* out, int64_t ldo) {
   const LayerKV& kv = keys.kv;
   const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv;
-  if (keys.slots.empty() && !kv.sorted) fail("attention: the KV cache is not in position order; pass its slots");
+  if (keys.slots.empty() && !kv.sorted)
+    fail("attention: the KV cache is not in position order; pass its slots");
   const float scale = 1.0f / std::sqrt(float(Dh));
   // Keys visible to each query: the key set's prefix with position <= the query's position.
   const int64_t nk = keys.size();
