@@ -5,7 +5,6 @@
 //   build/lp_bench --benchmark_filter='Replay|Sweep'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
-
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 
@@ -25,7 +24,10 @@ void BM_Replay(benchmark::State& st) {
   const int64_t steps = st.range(0);
   const lp::ModelConfig c = lp::preset_config("llama-3.1-8b");  // 32 layers
   const auto sched = lp::resolve_schedule(lp::default_schedule(), c.n_layer);
-  const lp::trace::Trace t = lp::trace::synthetic_trace(c, "lazyllm", sched, 8192, steps, 0.01);
+  const lp::trace::Trace t =
+      lp::trace::synthetic_trace(c, "lazyllm", sched, 8192, steps, [](size_t, int64_t) {
+        return lp::trace::StageRevival{0.01, -1};
+      });
   const lp::hw::Profile hw = lp::hw::load_profile("h100-sxm");
   for (auto _ : st) {
     const lp::sim::Prediction p = lp::sim::replay(t, c, hw, lp::sim::Precision{});
@@ -33,8 +35,8 @@ void BM_Replay(benchmark::State& st) {
   }
   st.counters["step_layers"] = double((steps + 1) * c.n_layer);
   st.counters["ns_per_step_layer"] =
-      benchmark::Counter(double((steps + 1) * c.n_layer), benchmark::Counter::kIsIterationInvariantRate |
-                                                              benchmark::Counter::kInvert);
+      benchmark::Counter(double((steps + 1) * c.n_layer),
+                         benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_Replay)->Arg(0)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 
@@ -48,8 +50,8 @@ void BM_Sweep(benchmark::State& st) {
   std::vector<std::vector<lp::PruneStep>> schedules;
   for (int i = 0; i < 10; ++i) {
     const double share = 0.1 + 0.05 * i;
-    schedules.push_back(lp::resolve_schedule(
-        lp::parse_schedule(fmt::format("0.3:{0},0.6:{0},0.9:{0}", share)), c.n_layer));
+    schedules.push_back(
+        lp::resolve_schedule(lp::parse_schedule(fmt::format("0.3:{0},0.6:{0},0.9:{0}", share)), c.n_layer));
   }
   std::vector<int64_t> lengths;
   for (int i = 1; i <= 112; ++i) lengths.push_back(256 * i);
@@ -60,8 +62,10 @@ void BM_Sweep(benchmark::State& st) {
       const lp::hw::Profile& hw = hws[k % hws.size()];
       const auto& sched = schedules[(k / hws.size()) % schedules.size()];
       const int64_t T = lengths[k / (hws.size() * schedules.size())];
-      const lp::sim::Prediction p = lp::sim::replay(lp::trace::synthetic_trace(c, "lazyllm", sched, T, 0), c, hw, {});
-      const lp::sim::Prediction b = lp::sim::replay(lp::trace::synthetic_trace(c, "none", {}, T, 0), c, hw, {});
+      const lp::sim::Prediction p =
+          lp::sim::replay(lp::trace::synthetic_trace(c, "lazyllm", sched, T, 0), c, hw, {});
+      const lp::sim::Prediction b =
+          lp::sim::replay(lp::trace::synthetic_trace(c, "none", {}, T, 0), c, hw, {});
       sum_speedup_milli += int64_t(1000 * b.ttft_s / p.ttft_s);
     });
   }

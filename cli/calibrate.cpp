@@ -42,6 +42,16 @@ std::string today() {
 }
 }  // namespace
 
+std::string sha256_hex(const std::string& data, const std::string& path) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1)
+    fail("SHA-256 of '{}' failed", path);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
   auto* c = app.add_subcommand(
       "calibrate",
@@ -130,16 +140,6 @@ std::map<std::string, std::string> parse_map(const std::vector<std::string>& ite
     m[it.substr(0, eq)] = it.substr(eq + 1);
   }
   return m;
-}
-
-std::string sha256_hex(const std::string& data, const std::string& path) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1)
-    fail("SHA-256 of '{}' failed", path);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
 }
 
 std::string known_hardware() {

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "hwmodels/profile.h"
+#include "traces/schedule.h"
+#include "traces/synthetic.h"
 
 namespace lp::cli {
 
@@ -18,12 +20,23 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
 // Loads every profile a --hw list names; an empty list is a usage error.
 std::vector<hw::Profile> load_profiles(const std::string& list);
 
+// How synthetic decoding revives tokens (sim/revival.h), and the line that says so in outputs.
+struct RevivalChoice {
+  trace::Revivals share;
+  std::string description;
+};
+// `model`: a calibrate-revivals file, or "" / "builtin"; `share` >= 0 replaces the model with a
+// constant share (0: the optimistic bound). Policies that do not revive get an empty share.
+RevivalChoice choose_revivals(const std::string& model, double share, const std::string& policy, int n_layer,
+                              const std::vector<PruneStep>& steps, bool map);
+
 struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw;
   std::string weights = "bf16", compute = "bf16", kv = "bf16";
   int64_t prompt_tokens = 0, new_tokens = 0;
+  std::string revival_model;  // "" or "builtin": the built-in revival model
   int tp = 1;
-  double revival_share = 0;
+  double revival_share = -1;  // >= 0: a constant share instead of the revival model
   bool map = false, json_out = false, per_layer = false;
 };
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
@@ -38,6 +51,18 @@ struct CalibrateArgs {
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);
 int cmd_calibrate(const CalibrateArgs& a);
 
+struct CalibrateRevivalsArgs {
+  std::vector<std::string> traces, held_out;
+  std::string model, out, hw = "cpu-local";
+  std::string weights = "bf16", compute = "bf16", kv = "bf16";
+  bool map = false, json_out = false;
+};
+CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a);
+int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a);
+
+// Lower-case hex SHA-256 of `data` (read from `path`, named in the error).
+std::string sha256_hex(const std::string& data, const std::string& path);
+
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir;
   int threads = 0;
@@ -50,9 +75,11 @@ struct ReportArgs {
   std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out;
   std::vector<std::string> schedules;
   std::string weights = "bf16", compute = "bf16", kv = "bf16";
+  std::string revival_model;  // "" or "builtin": the built-in revival model
   int64_t new_tokens = 0, batch = 1;
   double slo_ttft_ms = 0, mem_budget_gib = 0;
-  bool json_out = false;
+  double revival_share = -1;  // >= 0: a constant share instead of the revival model
+  bool json_out = false, map = false;
 };
 CLI::App* add_report(CLI::App& app, ReportArgs& a);
 int cmd_report(const ReportArgs& a);

@@ -14,24 +14,22 @@
 #include <span>
 #include <sstream>
 
-#include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "cli/commands.h"
 #include "cli/run_output.h"
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "kernels/context.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_session.h"
 #include "kernels/generate.h"
 #include "kernels/pruning.h"
 #include "kernels/runner.h"
-#include "traces/schedule.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/vocab.h"
-#include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/cuda_session.h"
-#include "model/config.h"
-#include "model/gguf.h"
+#include "traces/schedule.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 
@@ -60,9 +58,10 @@ lp::cuda::Device check_cuda_backend(const std::string& path, lp::DType dtype) {
   const lp::ModelConfig c = lp::config_from_gguf(lp::GgufFile::open(path));
   const double weight_bytes = double(c.n_params()) * (dtype == lp::DType::F32 ? 4 : 2);
   if (weight_bytes > double(d.free_bytes))
-    lp::fail("the model needs {:.2f} GiB on the GPU for its {} weights alone but {} has {:.2f} GiB free of {:.2f}",
-             weight_bytes / 1073741824.0, lp::dtype_name(dtype), d.name, double(d.free_bytes) / 1073741824.0,
-             double(d.total_bytes) / 1073741824.0);
+    lp::fail(
+        "the model needs {:.2f} GiB on the GPU for its {} weights alone but {} has {:.2f} GiB free of {:.2f}",
+        weight_bytes / 1073741824.0, lp::dtype_name(dtype), d.name, double(d.free_bytes) / 1073741824.0,
+        double(d.total_bytes) / 1073741824.0);
   return d;
 }
 
@@ -86,7 +85,8 @@ lp::DType parse_dtype(const std::string& s, const std::string& backend) {
 
 int cmd_run(const RunArgs& a) {
   const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
-  if (a.prompt_given == !a.prompt_file.empty()) lp::usage_fail("give exactly one of --prompt or --prompt-file");
+  if (a.prompt_given == !a.prompt_file.empty())
+    lp::usage_fail("give exactly one of --prompt or --prompt-file");
   std::string text = a.prompt_given ? a.prompt : read_prompt_file(a.prompt_file);
   if (const int64_t bad = lp::find_invalid_utf8(text); bad >= 0)
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
@@ -102,7 +102,8 @@ int cmd_run(const RunArgs& a) {
     if (std::filesystem::is_directory(a.trace)) lp::fail("cannot write trace '{}': it is a folder", a.trace);
   }
   lp::cuda::Device gpu;
-  if (a.op_timers && a.backend != "cuda") lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
+  if (a.op_timers && a.backend != "cuda")
+    lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
   if (a.backend == "cuda") {
     if (!a.trace.empty()) lp::usage_fail("--trace is recorded by the CPU backend only (use --backend cpu)");
     gpu = check_cuda_backend(path, dtype);
@@ -141,35 +142,37 @@ int cmd_run(const RunArgs& a) {
       std::puts(j.dump(2).c_str());
     } else if (a.json_out) {
       // The fields `calibrate --measurements` reads from a run (sim/measurements.h), the GPU as hardware.
-      const json j = {{"backend", "cuda"},
-                      {"version", LP_VERSION},
-                      {"git_commit", LP_GIT_COMMIT},
-                      {"gpu", gpu.name},
-                      {"hardware", gpu.name},
-                      {"model", path},
-                      {"dtype", lp::dtype_name(dtype)},
-                      {"prune", a.prune},
-                      {"schedule", opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string()},
-                      {"prompt_tokens", r.prompt_ids.size()},
-                      {"generated_tokens", r.generated_ids.size()},
-                      {"text", r.text},
-                      {"ttft_ms", r.ttft_s * 1e3},
-                      {"prefill_ms", r.prefill_s * 1e3},
-                      {"decode_tokens_per_s", decode_tps},
-                      {"ops", json::array()},  // per-op timings are recorded by the CPU backend only
-                      {"prompt_tokens_computed_fraction", r.prompt_tokens_computed_fraction},
-                      {"decode", opt.policy == lp::PolicyKind::None
-                                     ? "plain forward passes over every cached key"
-                                     : "pruned decoding steps: re-selection at every pruning layer, revival from the "
-                                       "Aux Cache"}};
+      const json j = {
+          {"backend", "cuda"},
+          {"version", LP_VERSION},
+          {"git_commit", LP_GIT_COMMIT},
+          {"gpu", gpu.name},
+          {"hardware", gpu.name},
+          {"model", path},
+          {"dtype", lp::dtype_name(dtype)},
+          {"prune", a.prune},
+          {"schedule", opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string()},
+          {"prompt_tokens", r.prompt_ids.size()},
+          {"generated_tokens", r.generated_ids.size()},
+          {"text", r.text},
+          {"ttft_ms", r.ttft_s * 1e3},
+          {"prefill_ms", r.prefill_s * 1e3},
+          {"decode_tokens_per_s", decode_tps},
+          {"ops", json::array()},  // per-op timings are recorded by the CPU backend only
+          {"prompt_tokens_computed_fraction", r.prompt_tokens_computed_fraction},
+          {"decode", opt.policy == lp::PolicyKind::None
+                         ? "plain forward passes over every cached key"
+                         : "pruned decoding steps: re-selection at every pruning layer, revival from the "
+                           "Aux Cache"}};
       std::puts(j.dump(2).c_str());
     } else {
       std::puts(r.text.c_str());
-      fmt::print(stderr,
-                 "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | decode {:.1f} tok/s | {} on {} | prune {} "
-                 "({:.1f}% of prompt token-layers computed)\n",
-                 r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, decode_tps, lp::dtype_name(dtype),
-                 gpu.name, a.prune, 100.0 * r.prompt_tokens_computed_fraction);
+      fmt::print(
+          stderr,
+          "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | decode {:.1f} tok/s | {} on {} | prune {} "
+          "({:.1f}% of prompt token-layers computed)\n",
+          r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, decode_tps, lp::dtype_name(dtype),
+          gpu.name, a.prune, 100.0 * r.prompt_tokens_computed_fraction);
     }
     return 0;
   }
@@ -324,11 +327,11 @@ int main(int argc, char** argv) {
   });
 
   RunArgs ra;
-  auto* run = app.add_subcommand(
-      "run",
-      "Generate from a GGUF model on the CPU and report timings.\n"
-      "  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16\n"
-      "  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json");
+  auto* run =
+      app.add_subcommand("run",
+                         "Generate from a GGUF model on the CPU and report timings.\n"
+                         "  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16\n"
+                         "  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json");
   run->add_option("--model", ra.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)");
   run->add_option("--prompt", ra.prompt, "Prompt text");
   run->add_option("--prompt-file", ra.prompt_file, "File holding the prompt (UTF-8)");
@@ -338,10 +341,12 @@ int main(int argc, char** argv) {
                   "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), or auto: bf16 with "
                   "--backend cuda; on the CPU bf16 where it has native bf16 (AVX-512 BF16/AMX), else f32")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}));
-  run->add_option("--backend", ra.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
+  run->add_option("--backend", ra.backend,
+                  "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  run->add_flag("--op-timers", ra.op_timers,
-                "With --backend cuda: time every op (the GPU synchronised around each) and put them in --json");
+  run->add_flag(
+      "--op-timers", ra.op_timers,
+      "With --backend cuda: time every op (the GPU synchronised around each) and put them in --json");
   run->add_flag("--chat", ra.chat, "Wrap the prompt in the model's chat template (ChatML)");
   run->add_flag("--json", ra.json_out, "Print one JSON object");
   run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)")
@@ -363,10 +368,11 @@ int main(int argc, char** argv) {
 
   std::string inspect_model, inspect_trace;
   bool inspect_json = false;
-  auto* inspect = app.add_subcommand("inspect",
-                                     "Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.\n"
-                                     "  lazyprefill inspect --model model.gguf --json\n"
-                                     "  lazyprefill inspect --trace run.jsonl");
+  auto* inspect =
+      app.add_subcommand("inspect",
+                         "Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.\n"
+                         "  lazyprefill inspect --model model.gguf --json\n"
+                         "  lazyprefill inspect --trace run.jsonl");
   inspect->add_option("--model", inspect_model, "GGUF model file (default: the cached SmolLM2)");
   inspect->add_option("--trace", inspect_trace, "Summarise a trace written by run --trace instead");
   inspect->add_flag("--json", inspect_json, "Print JSON");
@@ -375,6 +381,8 @@ int main(int argc, char** argv) {
   auto* simulate = lp::cli::add_simulate(app, sa);
   lp::cli::CalibrateArgs ca;
   auto* calibrate = lp::cli::add_calibrate(app, ca);
+  lp::cli::CalibrateRevivalsArgs cra;
+  auto* calibrate_revivals = lp::cli::add_calibrate_revivals(app, cra);
   lp::cli::ValidateArgs va;
   auto* validate = lp::cli::add_validate(app, va);
   lp::cli::ReportArgs rpa;
@@ -395,6 +403,7 @@ int main(int argc, char** argv) {
     if (*run) return cmd_run(ra);
     if (*simulate) return lp::cli::cmd_simulate(sa, *simulate);
     if (*calibrate) return lp::cli::cmd_calibrate(ca);
+    if (*calibrate_revivals) return lp::cli::cmd_calibrate_revivals(cra);
     if (*validate) return lp::cli::cmd_validate(va);
     if (*report) return lp::cli::cmd_report(rpa);
     if (*sweep) return lp::cli::cmd_sweep(swa);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "hwmodels/profile.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -14,7 +15,6 @@
 #include "model/presets.h"
 #include "reports/capacity.h"
 #include "traces/trace.h"
-#include "git_commit.h"  // generated: LP_GIT_COMMIT
 
 namespace lp::cli {
 
@@ -39,24 +39,38 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   auto* r = app.add_subcommand(
       "report",
       "Write a capacity report (JSON, SVG charts, HTML) for a model on hardware over prompt lengths.\n"
-      "  lazyprefill report --model-config llama-3.1-8b --hw h100-sxm,l4 --prompt-lengths 2048,8192,32768 \\\n"
+      "  lazyprefill report --model-config llama-3.1-8b --hw h100-sxm,l4 --prompt-lengths 2048,8192,32768 "
+      "\\\n"
       "      --slo-ttft-ms 500 --mem-budget-gib 40 --out reports/out\n"
-      "  lazyprefill report --model-config llama-2-7b --hw a100-80gb --trace run.jsonl --prompt-lengths 1024,4096 --out r/");
+      "  lazyprefill report --model-config llama-2-7b --hw a100-80gb --trace run.jsonl --prompt-lengths "
+      "1024,4096 --out r/");
   auto* model = r->add_option("--model", a.model, "GGUF file whose configuration to report on");
   auto* preset = r->add_option("--model-config", a.model_config, "A preset model configuration");
   model->excludes(preset);
   r->add_option("--hw", a.hw, "Hardware profiles, comma-separated names or .json files")->required();
   r->add_option("--trace", a.trace, "A recorded trace whose pruning pattern is mapped to each length");
-  r->add_option("--prune", a.prune, "Methods besides none: any of lazyllm, static, random (default all three)");
+  r->add_option("--prune", a.prune,
+                "Methods besides none: any of lazyllm, static, random (default all three)");
   r->add_option("--schedule", a.schedules,
                 "A LazyLLM schedule to report (repeat for several; default 0.3:0.3,0.6:0.3,0.9:0.3 without a "
                 "trace); static and random use the trace's or the first");
   r->add_option("--prompt-lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
   r->add_option("--new-tokens", a.new_tokens, "Tokens generated after each prompt (default 0: TTFT only)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+  auto* share =
+      r->add_option("--revival-share", a.revival_share,
+                    "Decoding: a constant share of the active tokens revived after each pruning layer "
+                    "instead of the revival model (0: the optimistic bound)")
+          ->check(CLI::Range(0.0, 1.0));
+  r->add_option("--revival-model", a.revival_model,
+                "Decoding: revival model file from calibrate-revivals (default: the built-in one)")
+      ->excludes(share);
+  r->add_flag("--map", a.map,
+              "Allow a --revival-model fitted on another layer count (stages by relative depth)");
   r->add_option("--slo-ttft-ms", a.slo_ttft_ms, "TTFT objective: report the longest prompt that meets it");
   r->add_option("--mem-budget-gib", a.mem_budget_gib, "Memory budget per device (default: its capacity)");
-  r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")->check(CLI::Range(int64_t(1), int64_t(4096)));
+  r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
   r->add_option("--weights", a.weights, "Weight dtype: bf16, f16, f32, int8, q4 (default bf16)");
   r->add_option("--compute", a.compute, "Compute dtype: bf16, f16, f32, tf32, int8 (default bf16)");
   r->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8 (default bf16)");
@@ -93,7 +107,9 @@ int cmd_report(const ReportArgs& a) {
   for (const std::string& p : policies)
     if (p != "lazyllm" && p != "static" && p != "random" && p != "none")
       usage_fail("--prune: unknown method '{}' (expected lazyllm, static, random)", p);
-  const auto wants = [&](const char* p) { return std::find(policies.begin(), policies.end(), p) != policies.end(); };
+  const auto wants = [&](const char* p) {
+    return std::find(policies.begin(), policies.end(), p) != policies.end();
+  };
   req.methods.push_back({"none", "none", "none", {}, nullptr});
   trace::Trace recorded;
   std::vector<Schedule> scheds;
@@ -102,7 +118,8 @@ int cmd_report(const ReportArgs& a) {
     req.trace_origin = a.trace;
     const std::string name = fmt::format("trace {} {}", recorded.header.policy, recorded.header.schedule);
     req.methods.push_back({name, recorded.header.policy, recorded.header.schedule, {}, &recorded});
-    scheds.push_back(recorded.header.schedule == "none" ? Schedule{} : schedule_from_arg(recorded.header.schedule));
+    scheds.push_back(recorded.header.schedule == "none" ? Schedule{}
+                                                        : schedule_from_arg(recorded.header.schedule));
   }
   // Synthetic LazyLLM schedules: those asked for (besides a trace), else the default.
   std::vector<Schedule> lazy;
@@ -110,12 +127,24 @@ int cmd_report(const ReportArgs& a) {
   if (lazy.empty() && a.trace.empty()) lazy.push_back(default_schedule());
   if (wants("lazyllm"))
     for (const Schedule& s : lazy)
-      req.methods.push_back({"lazyllm " + s.to_string(), "lazyllm", s.to_string(), resolve_schedule(s, req.model.n_layer)});
+      req.methods.push_back(
+          {"lazyllm " + s.to_string(), "lazyllm", s.to_string(), resolve_schedule(s, req.model.n_layer)});
   scheds.insert(scheds.end(), lazy.begin(), lazy.end());
   for (const char* p : {"static", "random"})
     if (wants(p) && !scheds.front().steps.empty())
       req.methods.push_back({std::string(p) + " " + scheds.front().to_string(), p, scheds.front().to_string(),
                              resolve_schedule(scheds.front(), req.model.n_layer)});
+
+  for (report::Method& m : req.methods) {
+    if (m.trace) {
+      m.revivals = "recorded in the trace";
+      continue;
+    }
+    RevivalChoice rv =
+        choose_revivals(a.revival_model, a.revival_share, m.policy, req.model.n_layer, m.steps, a.map);
+    m.revival = std::move(rv.share);
+    m.revivals = std::move(rv.description);
+  }
 
   nlohmann::json validation;
   if (!a.validation.empty()) {
@@ -126,7 +155,8 @@ int cmd_report(const ReportArgs& a) {
     } catch (const nlohmann::json::exception& e) {
       fail("--validation '{}' is not valid JSON ({})", a.validation, e.what());
     }
-    if (!validation.contains("cases")) fail("--validation '{}' is not a `validate --json` output", a.validation);
+    if (!validation.contains("cases"))
+      fail("--validation '{}' is not a `validate --json` output", a.validation);
   }
 
   // The output folder: created if its parent exists; every file is written whole or not at all.

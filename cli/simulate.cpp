@@ -11,6 +11,7 @@
 #include "model/gguf.h"
 #include "model/presets.h"
 #include "sim/replay.h"
+#include "sim/revival.h"
 #include "traces/schedule.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
@@ -66,6 +67,21 @@ std::vector<hw::Profile> load_profiles(const std::string& list) {
   return hws;
 }
 
+RevivalChoice choose_revivals(const std::string& model, double share, const std::string& policy, int n_layer,
+                              const std::vector<PruneStep>& steps, bool map) {
+  if (policy != "lazyllm" && policy != "random")
+    return {{}, fmt::format("none (the {} policy revives nothing)", policy)};
+  if (share >= 0) {
+    if (share == 0) return {sim::constant_revival_share(0), "none: --revival-share 0, the optimistic bound"};
+    return {sim::constant_revival_share(share),
+            fmt::format("a constant share of {} (--revival-share)", share)};
+  }
+  const sim::RevivalModel m = sim::load_revival_model(model);
+  return {sim::revival_shares(m, n_layer, steps, map),
+          fmt::format("revival model {}, fitted on {} traces of {} ({} layers, schedule {})", m.origin,
+                      m.traces.size(), m.model.empty() ? "?" : m.model, m.n_layer, m.schedule)};
+}
+
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
   auto* s = app.add_subcommand(
       "simulate",
@@ -91,10 +107,15 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
        "(default 0)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
       ->excludes(trace);
-  s->add_option("--revival-share", a.revival_share,
-                "Synthetic decoding: share of the active tokens revived after each pruning layer (default 0)")
-      ->check(CLI::Range(0.0, 1.0))
-      ->excludes(trace);
+  auto* share = s->add_option("--revival-share", a.revival_share,
+                              "Synthetic decoding: a constant share of the active tokens revived after each "
+                              "pruning layer instead of the revival model (0: the optimistic bound)")
+                    ->check(CLI::Range(0.0, 1.0))
+                    ->excludes(trace);
+  s->add_option("--revival-model", a.revival_model,
+                "Synthetic decoding: revival model file from calibrate-revivals (default: the built-in one)")
+      ->excludes(trace)
+      ->excludes(share);
   auto* model = s->add_option("--model", a.model, "GGUF file whose configuration to cost");
   auto* preset =
       s->add_option("--model-config", a.model_config, "A preset model configuration (see --help-models)");
@@ -109,8 +130,8 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "memory are per GPU, all-reduces included")
       ->check(CLI::Range(1, 4096));
   s->add_flag("--map", a.map,
-              "Allow a trace recorded on another model or prompt length: layers map by relative depth, "
-              "token counts by share of the prompt");
+              "Allow a trace (or --revival-model) recorded on another model or prompt length: layers map by "
+              "relative depth, token counts by share of the prompt");
   s->add_flag("--per-layer", a.per_layer, "With --json: also the prefill's per-op costs per layer");
   s->add_flag("--json", a.json_out, "Print one JSON object");
   return s;
@@ -132,7 +153,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
 
   trace::Trace t;
   ModelConfig c;
-  std::string origin;
+  std::string origin, revivals = "recorded in the trace";
   if (!a.trace.empty()) {
     t = trace::read_trace(a.trace);
     origin = a.trace;
@@ -160,9 +181,13 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     else
       usage_fail("give --model PATH or --model-config NAME");
     const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+    const std::vector<PruneStep> steps = resolve_schedule(sched, c.n_layer);
+    const RevivalChoice rv =
+        choose_revivals(a.revival_model, a.revival_share, policy, c.n_layer, steps, a.map);
+    revivals = rv.description;
     // M new tokens take M - 1 decoding steps, as in run: the prefill produces the first.
-    t = trace::synthetic_trace(c, policy, resolve_schedule(sched, c.n_layer), a.prompt_tokens,
-                               std::max<int64_t>(0, a.new_tokens - 1), a.revival_share);
+    t = trace::synthetic_trace(c, policy, steps, a.prompt_tokens, std::max<int64_t>(0, a.new_tokens - 1),
+                               rv.share);
     t.header.schedule = policy == "none" ? "none" : sched.to_string();
     origin = "synthetic";
   }
@@ -182,6 +207,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"schedule", t.header.schedule},
               {"prompt_tokens", t.header.prompt_tokens},
               {"decode_steps", int64_t(t.steps.size()) - 1},
+              {"revivals", revivals},
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
               {"tp", a.tp},
               {"results", json::array()}};
@@ -192,6 +218,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
         out["model"].get<std::string>(), c.n_layer, c.n_params() / 1e9, t.header.policy, t.header.schedule,
         t.header.prompt_tokens, t.steps.size() - 1, prec.weights, prec.compute, prec.kv,
         a.tp > 1 ? fmt::format(", tensor parallel {}", a.tp) : "");
+  if (!a.json_out && t.steps.size() > 1) fmt::print("revivals: {}\n", revivals);
   for (const hw::Profile& hw : hws) {
     const sim::Prediction p = sim::replay(t, c, hw, prec, 1, a.tp);
     const sim::Prediction b = sim::replay(base, c, hw, prec, 1, a.tp);

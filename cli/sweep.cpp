@@ -56,13 +56,17 @@ CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
   auto* s = app.add_subcommand(
       "sweep",
       "Simulate a grid of hardware x models x schedules x prompt lengths, one JSON line per configuration.\n"
-      "  lazyprefill sweep --grid grid.json --out sweep.jsonl   # rerun to resume: rows already there are kept\n"
-      "  grid.json: {\"lazyprefill_sweep\": 1, \"hardware\": [\"h100-sxm\", \"l4\"], \"models\": [\"llama-3.1-8b\"],\n"
-      "              \"methods\": [{\"policy\": \"none\"}, {\"policy\": \"lazyllm\", \"schedule\": \"0.3:0.3,0.6:0.3,0.9:0.3\"}],\n"
+      "  lazyprefill sweep --grid grid.json --out sweep.jsonl   # rerun to resume: rows already there are "
+      "kept\n"
+      "  grid.json: {\"lazyprefill_sweep\": 1, \"hardware\": [\"h100-sxm\", \"l4\"], \"models\": "
+      "[\"llama-3.1-8b\"],\n"
+      "              \"methods\": [{\"policy\": \"none\"}, {\"policy\": \"lazyllm\", \"schedule\": "
+      "\"0.3:0.3,0.6:0.3,0.9:0.3\"}],\n"
       "              \"prompt_lengths\": [1024, 4096, 16384]}");
   s->add_option("--grid", a.grid, "The grid (JSON, see above and docs/simulator.md)")->required();
   s->add_option("--out", a.out, "JSON Lines output; configurations already in it are skipped")->required();
-  s->add_option("--threads", a.threads, "Threads (default: all this process may use)")->check(CLI::Range(1, 1024));
+  s->add_option("--threads", a.threads, "Threads (default: all this process may use)")
+      ->check(CLI::Range(1, 1024));
   return s;
 }
 
@@ -75,7 +79,8 @@ int cmd_sweep(const SweepArgs& a) {
   } catch (const json::exception& e) {
     fail("{}: not valid JSON ({})", a.grid, e.what());
   }
-  if (!g.is_object() || g.value("lazyprefill_sweep", 0) != 1) fail("{}: not a sweep grid (\"lazyprefill_sweep\": 1)", a.grid);
+  if (!g.is_object() || g.value("lazyprefill_sweep", 0) != 1)
+    fail("{}: not a sweep grid (\"lazyprefill_sweep\": 1)", a.grid);
   std::vector<hw::Profile> hws;
   for (const std::string& h : list<std::string>(g, "hardware", a.grid)) hws.push_back(hw::load_profile(h));
   const auto model_names = list<std::string>(g, "models", a.grid);
@@ -87,7 +92,8 @@ int cmd_sweep(const SweepArgs& a) {
     if (x.policy != "none" && x.policy != "lazyllm" && x.policy != "static" && x.policy != "random")
       fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", a.grid, x.policy);
     if (x.policy == "none") x.schedule = "none";
-    for (const ModelConfig& c : models) resolve_schedule(parse_schedule(x.schedule), c.n_layer);  // validate early
+    for (const ModelConfig& c : models)
+      resolve_schedule(parse_schedule(x.schedule), c.n_layer);  // validate early
     x.schedule = parse_schedule(x.schedule).to_string();
     methods.push_back(x);
   }
@@ -101,6 +107,19 @@ int cmd_sweep(const SweepArgs& a) {
     prec = {p.value("weights", prec.weights), p.value("compute", prec.compute), p.value("kv", prec.kv)};
   }
   sim::validate(prec);
+  // Decoding revivals: the built-in revival model unless the grid names a file or a constant share.
+  const std::string revival_model = g.value("revival_model", std::string());
+  const double revival_share = g.value("revival_share", -1.0);
+  if (g.contains("revival_share") && !(revival_share >= 0 && revival_share <= 1))
+    fail("{}: revival_share must be in [0, 1]", a.grid);
+  if (g.contains("revival_share") && g.contains("revival_model"))
+    fail("{}: give revival_model or revival_share, not both", a.grid);
+  std::vector<RevivalChoice> revivals(models.size() * methods.size());  // [model][method]
+  for (size_t m = 0; m < models.size(); ++m)
+    for (size_t k = 0; k < methods.size(); ++k)
+      revivals[m * methods.size() + k] = choose_revivals(
+          revival_model, revival_share, methods[k].policy, models[m].n_layer,
+          resolve_schedule(parse_schedule(methods[k].schedule), models[m].n_layer), g.value("map", false));
 
   // Resume: keep every complete row already written; drop a torn last line.
   std::set<std::string> done;
@@ -111,7 +130,8 @@ int cmd_sweep(const SweepArgs& a) {
     while (std::getline(old, line)) {
       try {
         const json r = json::parse(line);
-        done.insert(key_of(r.at("hw"), r.at("model"), r.at("policy"), r.at("schedule"), r.at("prompt_tokens")));
+        done.insert(
+            key_of(r.at("hw"), r.at("model"), r.at("policy"), r.at("schedule"), r.at("prompt_tokens")));
         kept += line + "\n";
       } catch (const json::exception&) {
         break;  // a line cut short by an interrupted run: everything from here is redone
@@ -123,7 +143,8 @@ int cmd_sweep(const SweepArgs& a) {
     for (size_t h = 0; h < hws.size(); ++h)
       for (size_t k = 0; k < methods.size(); ++k)
         for (int64_t n : lengths) {
-          if (models[m].n_ctx_train > 0 && n + std::max<int64_t>(0, new_tokens - 1) > models[m].n_ctx_train) continue;
+          if (models[m].n_ctx_train > 0 && n + std::max<int64_t>(0, new_tokens - 1) > models[m].n_ctx_train)
+            continue;
           if (!done.count(key_of(hws[h].name, model_names[m], methods[k].policy, methods[k].schedule, n)))
             todo.push_back({h, m, k, n});
         }
@@ -149,9 +170,11 @@ int cmd_sweep(const SweepArgs& a) {
       const Method& m = methods[cf.method];
       const auto steps = resolve_schedule(parse_schedule(m.schedule), c.n_layer);
       const int64_t dec = std::max<int64_t>(0, new_tokens - 1);
-      const trace::Trace t = trace::synthetic_trace(c, m.policy, steps, cf.tokens, dec);
+      const RevivalChoice& rv = revivals[cf.model * methods.size() + cf.method];
+      const trace::Trace t = trace::synthetic_trace(c, m.policy, steps, cf.tokens, dec, rv.share);
       const sim::Prediction p = sim::replay(t, c, hws[cf.hw], prec, batch);
-      const sim::Prediction b = sim::replay(trace::synthetic_trace(c, "none", {}, cf.tokens, dec), c, hws[cf.hw], prec, batch);
+      const sim::Prediction b =
+          sim::replay(trace::synthetic_trace(c, "none", {}, cf.tokens, dec), c, hws[cf.hw], prec, batch);
       json r = {{"hw", hws[cf.hw].name},
                 {"model", model_names[cf.model]},
                 {"policy", m.policy},
@@ -165,7 +188,8 @@ int cmd_sweep(const SweepArgs& a) {
                 {"memory_gib", p.memory.total() / 1073741824.0},
                 {"kv_gib", p.memory.kv / 1073741824.0},
                 {"fits_in_memory", p.memory.total() <= hws[cf.hw].memory_capacity},
-                {"bound_op", std::string(op_name(p.prefill_bound_op()))}};
+                {"bound_op", std::string(op_name(p.prefill_bound_op()))},
+                {"revivals", rv.description}};
       rows[i - c0] = r.dump();
     });
     for (size_t i = c0; i < c1; ++i) out << rows[i - c0] << '\n';

@@ -21,12 +21,14 @@ using json = nlohmann::ordered_json;
 
 trace::Trace method_trace(const Request& r, const Method& m, int64_t N, int64_t new_tokens) {
   if (m.trace) return sim::map_trace(*m.trace, r.model.n_layer, N);
-  return trace::synthetic_trace(r.model, m.policy, m.steps, N, std::max<int64_t>(0, new_tokens - 1));
+  return trace::synthetic_trace(r.model, m.policy, m.steps, N, std::max<int64_t>(0, new_tokens - 1),
+                                m.revival);
 }
 
 // The memory a deployment may use on one device: the user's budget, never more than the device.
 double budget_bytes(const Request& r, const hw::Profile& hw) {
-  return r.mem_budget_gib ? std::min(*r.mem_budget_gib * 1073741824.0, hw.memory_capacity) : hw.memory_capacity;
+  return r.mem_budget_gib ? std::min(*r.mem_budget_gib * 1073741824.0, hw.memory_capacity)
+                          : hw.memory_capacity;
 }
 
 std::string utc_now() {
@@ -59,8 +61,8 @@ json build_report(const Request& r) {
   for (int64_t N : r.lengths) {
     if (N < 1) usage_fail("prompt length {} is not positive", N);
     if (r.model.n_ctx_train > 0 && N + std::max<int64_t>(0, r.new_tokens - 1) > r.model.n_ctx_train)
-      usage_fail("prompt length {} (+ {} new tokens) exceeds the model's context of {} tokens", N, r.new_tokens,
-                 r.model.n_ctx_train);
+      usage_fail("prompt length {} (+ {} new tokens) exceeds the model's context of {} tokens", N,
+                 r.new_tokens, r.model.n_ctx_train);
   }
   if (r.slo_ttft_ms && !(*r.slo_ttft_ms > 0)) usage_fail("--slo-ttft-ms must be positive");
   if (r.mem_budget_gib && !(*r.mem_budget_gib > 0)) usage_fail("--mem-budget-gib must be positive");
@@ -122,19 +124,23 @@ json build_report(const Request& r) {
 
   // Per hardware and method: the longest prompt within the TTFT objective (bisection on the
   // prefill, which grows with the prompt) and the sequences that fit at the longest length.
-  const int64_t ctx = r.model.n_ctx_train > 0 ? r.model.n_ctx_train : *std::max_element(r.lengths.begin(), r.lengths.end());
+  const int64_t ctx =
+      r.model.n_ctx_train > 0 ? r.model.n_ctx_train : *std::max_element(r.lengths.begin(), r.lengths.end());
   std::vector<json> capacity(H * M);
   tbb::parallel_for(size_t(0), H * M, [&](size_t k) {
     const size_t h = k / M, m = k % M;
     const auto ttft_ms = [&](int64_t N) {
-      return sim::replay(method_trace(r, r.methods[m], N, 0), r.model, r.hws[h], r.precision, r.batch).ttft_s * 1e3;
+      return sim::replay(method_trace(r, r.methods[m], N, 0), r.model, r.hws[h], r.precision, r.batch)
+                 .ttft_s *
+             1e3;
     };
     json c = {{"hw", r.hws[h].name}, {"method", r.methods[m].name}};
     if (r.slo_ttft_ms) {
       const double slo = *r.slo_ttft_ms;
       if (ttft_ms(1) > slo) {
         c["max_prompt_tokens_within_slo"] = nullptr;
-        c["slo_note"] = fmt::format("no prompt length meets {} ms (a 1-token prompt takes {:.3g} ms)", slo, ttft_ms(1));
+        c["slo_note"] =
+            fmt::format("no prompt length meets {} ms (a 1-token prompt takes {:.3g} ms)", slo, ttft_ms(1));
       } else if (ttft_ms(ctx) <= slo) {
         c["max_prompt_tokens_within_slo"] = ctx;
         c["slo_note"] = fmt::format("the whole context ({} tokens) meets {} ms", ctx, slo);
@@ -164,19 +170,22 @@ json build_report(const Request& r) {
                    {"peak_source", p.sources.count("peak_tflops") ? p.sources.at("peak_tflops") : ""}});
   json methods = json::array();
   for (const Method& m : r.methods)
-    methods.push_back({{"name", m.name}, {"policy", m.policy}, {"schedule", m.schedule}});
-  json prov = {{"tool_version", r.tool_version},
-               {"git_commit", r.git_commit},
-               {"generated_utc", utc_now()},
-               {"model", {{"name", r.model.name}, {"source", r.model_source}, {"config", config_to_json(r.model)}}},
-               {"hardware", hws},
-               {"trace", r.trace_origin.empty() ? json(nullptr) : json(r.trace_origin)},
-               {"methods", methods},
-               {"precision", {{"weights", r.precision.weights}, {"compute", r.precision.compute}, {"kv", r.precision.kv}}},
-               {"batch", r.batch},
-               {"new_tokens", r.new_tokens},
-               {"slo_ttft_ms", r.slo_ttft_ms ? json(*r.slo_ttft_ms) : json(nullptr)},
-               {"mem_budget_gib", r.mem_budget_gib ? json(*r.mem_budget_gib) : json(nullptr)}};
+    methods.push_back(
+        {{"name", m.name}, {"policy", m.policy}, {"schedule", m.schedule}, {"revivals", m.revivals}});
+  json prov = {
+      {"tool_version", r.tool_version},
+      {"git_commit", r.git_commit},
+      {"generated_utc", utc_now()},
+      {"model", {{"name", r.model.name}, {"source", r.model_source}, {"config", config_to_json(r.model)}}},
+      {"hardware", hws},
+      {"trace", r.trace_origin.empty() ? json(nullptr) : json(r.trace_origin)},
+      {"methods", methods},
+      {"precision",
+       {{"weights", r.precision.weights}, {"compute", r.precision.compute}, {"kv", r.precision.kv}}},
+      {"batch", r.batch},
+      {"new_tokens", r.new_tokens},
+      {"slo_ttft_ms", r.slo_ttft_ms ? json(*r.slo_ttft_ms) : json(nullptr)},
+      {"mem_budget_gib", r.mem_budget_gib ? json(*r.mem_budget_gib) : json(nullptr)}};
   return {{"lazyprefill_capacity_report", 1},
           {"provenance", prov},
           {"prompt_lengths", r.lengths},
@@ -198,7 +207,8 @@ std::string summary_text(const json& rep) {
   out += fmt::format("capacity report: {} ({}), batch {}, weights {} compute {} kv {}\n",
                      prov["model"]["name"].get<std::string>(), prov["model"]["source"].get<std::string>(),
                      prov["batch"].get<int64_t>(), prov["precision"]["weights"].get<std::string>(),
-                     prov["precision"]["compute"].get<std::string>(), prov["precision"]["kv"].get<std::string>());
+                     prov["precision"]["compute"].get<std::string>(),
+                     prov["precision"]["kv"].get<std::string>());
   for (const std::string& h : hw_order) {
     out += fmt::format("\n{}: TTFT in ms (speedup over none) per prompt length\n{:<40}", h, "method");
     for (const auto& n : lengths) out += fmt::format(" {:>18}", n.get<int64_t>());
@@ -210,13 +220,15 @@ std::string summary_text(const json& rep) {
         method = (*x)["method"].get<std::string>();
         out += fmt::format("{:<40}", method.substr(0, 40));
       }
-      out += fmt::format(" {:>10.4g} ({:.2f}x)", (*x)["ttft_ms"].get<double>(), (*x)["speedup"].get<double>());
+      out +=
+          fmt::format(" {:>10.4g} ({:.2f}x)", (*x)["ttft_ms"].get<double>(), (*x)["speedup"].get<double>());
     }
     out += "\n";
     for (const json& c : rep["capacity"])
       if (c["hw"] == h) {
-        out += fmt::format("  {:<38} {} sequences fit at {} tokens", c["method"].get<std::string>().substr(0, 38),
-                           c["concurrent_sequences_at_longest"].get<int64_t>(), c["longest_prompt_tokens"].get<int64_t>());
+        out += fmt::format(
+            "  {:<38} {} sequences fit at {} tokens", c["method"].get<std::string>().substr(0, 38),
+            c["concurrent_sequences_at_longest"].get<int64_t>(), c["longest_prompt_tokens"].get<int64_t>());
         if (c.contains("slo_note")) out += "; " + c["slo_note"].get<std::string>();
         out += "\n";
       }
@@ -224,7 +236,8 @@ std::string summary_text(const json& rep) {
   return out;
 }
 
-std::vector<std::pair<std::string, std::string>> report_charts(const json& rep, const nlohmann::json* validation) {
+std::vector<std::pair<std::string, std::string>> report_charts(const json& rep,
+                                                               const nlohmann::json* validation) {
   std::vector<std::pair<std::string, std::string>> out;
   std::vector<std::string> hws, methods;
   for (const json& h : rep["provenance"]["hardware"]) hws.push_back(h["name"].get<std::string>());
@@ -333,28 +346,41 @@ std::vector<std::pair<std::string, std::string>> report_charts(const json& rep, 
 std::string report_html(const json& rep, const std::vector<std::pair<std::string, std::string>>& charts) {
   const auto& prov = rep["provenance"];
   std::string h =
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>lazyprefill capacity report</title>\n"
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>lazyprefill capacity "
+      "report</title>\n"
       "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
-      "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+      "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px "
+      "8px;text-align:right}"
       "th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}figure{margin:1.5em 0}"
       "code{background:#f4f4f4;padding:1px 4px}</style></head><body>\n";
   h += fmt::format("<h1>Capacity report: {}</h1>\n", xml_escape(prov["model"]["name"].get<std::string>()));
   h += fmt::format(
-      "<p>Model source <code>{}</code>; batch {}; weights {}, compute {}, KV {}; generated {} by lazyprefill {} "
+      "<p>Model source <code>{}</code>; batch {}; weights {}, compute {}, KV {}; generated {} by lazyprefill "
+      "{} "
       "({}).</p>\n",
       xml_escape(prov["model"]["source"].get<std::string>()), prov["batch"].get<int64_t>(),
-      xml_escape(prov["precision"]["weights"].get<std::string>()), xml_escape(prov["precision"]["compute"].get<std::string>()),
-      xml_escape(prov["precision"]["kv"].get<std::string>()), xml_escape(prov["generated_utc"].get<std::string>()),
+      xml_escape(prov["precision"]["weights"].get<std::string>()),
+      xml_escape(prov["precision"]["compute"].get<std::string>()),
+      xml_escape(prov["precision"]["kv"].get<std::string>()),
+      xml_escape(prov["generated_utc"].get<std::string>()),
       xml_escape(prov["tool_version"].get<std::string>()), xml_escape(prov["git_commit"].get<std::string>()));
   if (!prov["trace"].is_null())
-    h += fmt::format("<p>Pruning pattern from the recorded trace <code>{}</code>, mapped to each prompt length.</p>\n",
-                     xml_escape(prov["trace"].get<std::string>()));
+    h += fmt::format(
+        "<p>Pruning pattern from the recorded trace <code>{}</code>, mapped to each prompt length.</p>\n",
+        xml_escape(prov["trace"].get<std::string>()));
+  if (prov["new_tokens"].get<int64_t>() > 1)
+    for (const json& m : prov["methods"])
+      if (m["policy"] == "lazyllm" || m["policy"] == "random")
+        h +=
+            fmt::format("<p>Revivals while decoding, {}: {}.</p>\n", xml_escape(m["name"].get<std::string>()),
+                        xml_escape(m["revivals"].get<std::string>()));
   h += "<h2>Hardware</h2>\n<table><tr><th>profile</th><th>part</th><th>efficiencies</th></tr>\n";
   for (const auto& x : prov["hardware"])
-    h += fmt::format("<tr><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
-                     xml_escape(x["name"].get<std::string>()), xml_escape(x["description"].get<std::string>()),
-                     x["efficiency_default"].get<bool>() ? "datasheet defaults"
-                                                        : xml_escape(x["efficiency_source"].get<std::string>()));
+    h += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
+        xml_escape(x["name"].get<std::string>()), xml_escape(x["description"].get<std::string>()),
+        x["efficiency_default"].get<bool>() ? "datasheet defaults"
+                                            : xml_escape(x["efficiency_source"].get<std::string>()));
   h += "</table>\n<h2>TTFT (ms) and speedup over no pruning</h2>\n";
   h += "<table><tr><th>hardware / method</th>";
   for (const auto& n : rep["prompt_lengths"]) h += fmt::format("<th>{} tokens</th>", n.get<int64_t>());
@@ -369,17 +395,20 @@ std::string report_html(const json& rep, const std::vector<std::pair<std::string
     }
     h += fmt::format("<td>{:.4g} ({:.2f}x)</td>", x["ttft_ms"].get<double>(), x["speedup"].get<double>());
   }
-  h += "</tr></table>\n<h2>Capacity</h2>\n<table><tr><th>hardware / method</th><th>longest prompt within the TTFT "
+  h += "</tr></table>\n<h2>Capacity</h2>\n<table><tr><th>hardware / method</th><th>longest prompt within the "
+       "TTFT "
        "objective</th><th>sequences that fit at the longest length</th></tr>\n";
   for (const auto& c : rep["capacity"])
-    h += fmt::format("<tr><td>{} / {}</td><td>{}</td><td>{} at {} tokens</td></tr>\n",
-                     xml_escape(c["hw"].get<std::string>()), xml_escape(c["method"].get<std::string>()),
-                     c.contains("slo_note") ? xml_escape(c["slo_note"].get<std::string>()) : "no objective given",
-                     c["concurrent_sequences_at_longest"].get<int64_t>(), c["longest_prompt_tokens"].get<int64_t>());
+    h += fmt::format(
+        "<tr><td>{} / {}</td><td>{}</td><td>{} at {} tokens</td></tr>\n",
+        xml_escape(c["hw"].get<std::string>()), xml_escape(c["method"].get<std::string>()),
+        c.contains("slo_note") ? xml_escape(c["slo_note"].get<std::string>()) : "no objective given",
+        c["concurrent_sequences_at_longest"].get<int64_t>(), c["longest_prompt_tokens"].get<int64_t>());
   h += "</table>\n<h2>Charts</h2>\n";
   for (const auto& [name, svg] : charts) {
     // Inline SVG in HTML takes no XML declaration.
-    const std::string_view body = svg.starts_with("<?xml") ? std::string_view(svg).substr(svg.find("?>") + 2) : svg;
+    const std::string_view body =
+        svg.starts_with("<?xml") ? std::string_view(svg).substr(svg.find("?>") + 2) : svg;
     h += fmt::format("<figure>{}<figcaption>{}</figcaption></figure>\n", body, name);
   }
   h += "</body></html>\n";

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "sim/cost.h"
 #include "traces/schedule.h"
+#include "traces/synthetic.h"
 #include "traces/trace.h"
 
 namespace lp::report {
@@ -24,8 +25,10 @@ struct Method {
   std::string name;    // "none", "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3", "trace: run.jsonl", ...
   std::string policy;  // none | lazyllm | static | random
   std::string schedule = "none";
-  std::vector<PruneStep> steps;  // resolved for the model
+  std::vector<PruneStep> steps;         // resolved for the model
   const trace::Trace* trace = nullptr;  // a recorded trace, mapped to each prompt length
+  trace::Revivals revival;              // synthetic decoding's revivals (empty: none)
+  std::string revivals = "none";        // what the report says about them
 };
 
 struct Request {

@@ -805,6 +805,84 @@ TEST_F(CliSim, ReportBadInput) {
 namespace lp {
 namespace {
 
+// calibrate-revivals fits the tiny model's LazyLLM traces, writes the model atomically, and the
+// model it wrote is what simulate and report use; a model of another layer count needs --map,
+// and without it nothing is written (issue 17, item 3).
+TEST_F(CliSim, CalibrateRevivalsFitsAndIsUsed) {
+  std::vector<std::string> traces;
+  for (int k = 0; k < 3; ++k) {
+    std::string prompt;
+    for (int i = 0; i < 50 + 10 * k; ++i) prompt += i % 3 ? "b a " : "c ";
+    const std::string t = dir_.file(fmt::format("r{}.jsonl", k));
+    const CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "6",
+                                       "--prune", "lazyllm", "--schedule", "0:0.6", "--trace", t, "--json"});
+    ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+    traces.push_back(t);
+  }
+  const std::string model = dir_.file("rv.json");
+  CliResult r = run_cli(dir_, {"calibrate-revivals", traces[0], traces[1], "--held-out", traces[2], "--out", model,
+                               "--json", "--compute", "f32"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  const auto m = nlohmann::json::parse(slurp_text(model));
+  EXPECT_EQ(m["n_layer"], 2);
+  ASSERT_EQ(m["stages"].size(), 1u);
+  EXPECT_EQ(m["stages"][0]["points"], 2 * 5);
+  ASSERT_EQ(m["traces"].size(), 2u);
+  EXPECT_EQ(m["traces"][0]["sha256"].get<std::string>().size(), 64u);
+  ASSERT_EQ(j["held_out"].size(), 1u);
+  EXPECT_TRUE(j["held_out"][0]["error"].contains("kv"));
+
+  // simulate: the built-in model by default, the file when named, --revival-share 0 as the bound.
+  const auto sim = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"simulate", "--prune", "lazyllm", "--prompt-tokens", "2000", "--new-tokens", "16",
+                                     "--model-config", "llama-2-7b", "--hw", "l4", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult res = run_cli(dir_, args);
+    EXPECT_TRUE(res.exited && res.code == 0) << describe(res);
+    return nlohmann::json::parse(res.out);
+  };
+  const auto builtin = sim({}), bound = sim({"--revival-share", "0"}), fitted = sim({"--revival-model", model, "--map"});
+  EXPECT_NE(builtin["revivals"].get<std::string>().find("built-in"), std::string::npos) << builtin["revivals"];
+  EXPECT_NE(bound["revivals"].get<std::string>().find("optimistic bound"), std::string::npos) << bound["revivals"];
+  EXPECT_NE(fitted["revivals"].get<std::string>().find("rv.json"), std::string::npos) << fitted["revivals"];
+  // Revivals cost decode time and KV: the bound is the cheapest.
+  EXPECT_GT(builtin["results"][0]["decode_step_mean_ms"].get<double>(),
+            bound["results"][0]["decode_step_mean_ms"].get<double>());
+  EXPECT_GT(builtin["results"][0]["memory_bytes"]["kv"].get<double>(),
+            bound["results"][0]["memory_bytes"]["kv"].get<double>());
+
+  // A 2-layer model on a 32-layer target without --map: one line naming the file, nothing written.
+  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "2000", "--new-tokens",
+                                       "4", "--model-config", "llama-2-7b", "--hw", "l4", "--revival-model", model}),
+                        {"rv.json", "2-layer", "32 layers", "--map"});
+  const std::string out = dir_.file("rep");
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
+                                       "1024", "--new-tokens", "8", "--revival-model", model, "--out", out}),
+                        {"rv.json", "2-layer", "--map"});
+  EXPECT_FALSE(std::filesystem::exists(out));
+  r = run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths", "1024",
+                     "--new-tokens", "8", "--prune", "lazyllm", "--out", out, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto rep = nlohmann::json::parse(r.out);
+  EXPECT_NE(rep["provenance"]["methods"][1]["revivals"].get<std::string>().find("built-in"), std::string::npos);
+
+  // Bad input to calibrate-revivals itself.
+  const std::string none = dir_.file("none.jsonl");
+  r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", "a b c a b c", "--max-new-tokens", "3", "--trace", none});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const std::string never = dir_.file("never.json");
+  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", none, "--out", never}), {"none.jsonl", "no revivals"});
+  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", traces[0], traces[0], "--out", never}),
+                        {"same trace"});
+  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", traces[0], "--held-out", traces[0]}),
+                        {"--held-out", "fitted on"});
+  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", "--revival-model", tiny_, "--held-out", traces[2]}),
+                        {"tiny.gguf", "not valid JSON"});
+  expect_one_line_error(run_cli(dir_, {"calibrate-revivals"}), {"give traces to fit"});
+  EXPECT_FALSE(std::filesystem::exists(never));
+}
+
 TEST_F(CliSim, SweepWritesJsonLinesAndResumes) {
   const std::string grid = write_text(
       R"({"lazyprefill_sweep": 1, "hardware": ["h100-sxm", "l4"], "models": ["llama-2-7b", "smollm2-135m"],

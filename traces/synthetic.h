@@ -7,12 +7,16 @@
 //     pruned tokens are written to the Aux Cache once.
 //   - Decoding: every step re-selects with the same shares from all tokens (static keeps the
 //     prefill's set plus the new tokens), the new token runs through every layer and attends to
-//     the step's active set, and `revival_share` of the tokens active after each pruning layer
-//     are revived there (0 by default: the steady state, when the selected tokens already have
-//     K/V). Measured traces replace this guess where they exist.
+//     the step's active set; `revivals(i, s).share` of the tokens active after the i-th pruning
+//     layer are revived there in decoding step s, capped by the tokens that lack K/V there (none
+//     by default: the optimistic bound, when the selected tokens already have K/V; the fitted
+//     revival model of sim/revival.h is what the CLI uses). Revived rows run on through the
+//     following layers, adding K/V at each, until a later pruning layer drops them (it keeps
+//     `survival` of them). Measured traces replace this where they exist.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,8 +26,22 @@
 
 namespace lp::trace {
 
-// policy: none | lazyllm | static | random. Throws lp::Error for a bad argument.
+// What decoding does at pruning stage `stage` (0-based, schedule order) in decoding step `step`
+// (1-based): `share` of the stage's active tokens other than the new one are revived there from
+// the Aux Cache, and `survival` of the rows revived at earlier stages and still running are kept
+// by its selection (< 0: the stage's kept fraction, as for any token); each running row attends
+// `key_share` of the active keys at the layers up to the next pruning layer (causally: about half
+// if revived positions were spread evenly). All in [0, 1].
+struct StageRevival {
+  double share = 0;
+  double survival = -1;
+  double key_share = 0.5;
+};
+using Revivals = std::function<StageRevival(size_t stage, int64_t step)>;
+
+// policy: none | lazyllm | static | random. Throws lp::Error for a bad argument (a revival share
+// outside [0, 1] included). An empty `revivals` revives nothing.
 Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
-                      int64_t prompt_tokens, int64_t new_tokens, double revival_share = 0);
+                      int64_t prompt_tokens, int64_t new_tokens, const Revivals& revivals = {});
 
 }  // namespace lp::trace
