@@ -88,6 +88,7 @@ CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
                 "Compute dtype for every measurement (default: from each one's dtype)")
       ->needs(meas);
   c->add_option("--kv", a.kv, "KV dtype for every measurement (default: from each one's dtype)")->needs(meas);
+  c->add_option("--engine", a.engine, kEngineHelp)->needs(meas);
   c->add_flag("--json", a.json_out, "Print the fit report as JSON");
   return c;
 }
@@ -167,7 +168,8 @@ bool same_name(const std::string& a, const std::string& b) {
 }
 
 int calibrate_measurements(const CalibrateArgs& a) {
-  const hw::Profile base = hw::load_profile(a.base);
+  hw::Profile base = hw::load_profile(a.base);
+  if (!a.engine.empty()) base.engine = hw::engine_preset(a.engine);
   const auto model_map = parse_map(a.model_map, "--model-map");
   const auto hw_map = parse_map(a.hw_map, "--hw-map");
   for (const auto& [file_name, preset] : model_map) preset_config(preset);  // unknown presets fail here

@@ -62,6 +62,7 @@ json fitted_profile_json(const hw::Profile& fitted, const std::string& name, con
   j["name"] = name;
   j["efficiency"] = hw::efficiency_json(fitted);
   j["sources"]["efficiency"] = provenance;
+  if (fitted.engine.name != "custom") j["engine"] = fitted.engine.name;  // what the fit was costed with
   return j;
 }
 

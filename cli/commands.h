@@ -17,8 +17,15 @@ std::vector<std::string> split_list(const std::string& s);
 // "1024,4096" -> {1024, 4096}; anything but positive whole numbers, or none, is a usage error
 // naming `option`.
 std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
-// Loads every profile a --hw list names; an empty list is a usage error.
-std::vector<hw::Profile> load_profiles(const std::string& list);
+// Loads every profile a --hw list names; an empty list is a usage error. A non-empty `engine`
+// (--engine) replaces each profile's engine preset.
+std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine = "");
+// The --engine option's help, listing the presets.
+inline constexpr const char* kEngineHelp =
+    "Serving engine whose elementwise costing to use: lazyprefill, llamacpp (f32, nothing fused), vllm "
+    "(compute dtype, add+RMSNorm fused), trtllm (also RoPE and SwiGLU fused); default: the profile's (vllm "
+    "on "
+    "GPUs, lazyprefill on CPUs)";
 
 // How synthetic decoding revives tokens (sim/revival.h), and the line that says so in outputs.
 struct RevivalChoice {
@@ -31,7 +38,7 @@ RevivalChoice choose_revivals(const std::string& model, double share, const std:
                               const std::vector<PruneStep>& steps, bool map);
 
 struct SimulateArgs {
-  std::string trace, prune, schedule, model, model_config, hw;
+  std::string trace, prune, schedule, model, model_config, hw, engine;
   std::string weights = "bf16", compute = "bf16", kv = "bf16";
   int64_t prompt_tokens = 0, new_tokens = 0;
   std::string revival_model;  // "" or "builtin": the built-in revival model
@@ -43,7 +50,7 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
 
 struct CalibrateArgs {
-  std::string runs, base, out, name;
+  std::string runs, base, out, name, engine;
   std::vector<std::string> measurements, model_map, hw_map, fit;
   std::string weights, compute, kv;  // override the precision each measurement's dtype implies
   bool json_out = false;
@@ -72,7 +79,8 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a);
 int cmd_validate(const ValidateArgs& a);
 
 struct ReportArgs {
-  std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out;
+  std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out,
+                                              engine;
   std::vector<std::string> schedules;
   std::string weights = "bf16", compute = "bf16", kv = "bf16";
   std::string revival_model;  // "" or "builtin": the built-in revival model

@@ -1,5 +1,7 @@
 // `lazyprefill eval`: accuracy under pruning on long-context tasks made from public-domain text,
 // with the measured TTFT speedup of each method, as a table, JSON and speed-accuracy charts.
+#include "evals/eval.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -8,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "evals/eval.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "kernels/context.h"
 #include "kernels/runner.h"
@@ -65,10 +66,13 @@ json run_json(const eval::RunResult& r, bool qa) {
 json result_json(const eval::TaskResult& r) {
   const eval::TaskInfo& info = eval::task_info(r.task);
   const bool qa = eval::is_qa(r.task);
-  json j = {{"task", info.name}, {"description", info.description}, {"metric", info.metric}, {"length", r.length}};
+  json j = {
+      {"task", info.name}, {"description", info.description}, {"metric", info.metric}, {"length", r.length}};
   if (qa) j["chance_accuracy"] = r.chance;
   j["counts"] = r.counts;
-  if (!r.counts) j["note"] = "the unpruned model is not clearly above chance (accuracy < chance + 0.2): failed at baseline";
+  if (!r.counts)
+    j["note"] =
+        "the unpruned model is not clearly above chance (accuracy < chance + 0.2): failed at baseline";
   j["baseline"] = cell_json(r.baseline, qa);
   json cells = json::array();
   for (const auto& c : r.cells) cells.push_back(cell_json(c, qa));
@@ -92,8 +96,8 @@ std::string chart(const eval::TaskResult& r, const std::string& model_name) {
   const eval::TaskInfo& info = eval::task_info(r.task);
   const bool qa = eval::is_qa(r.task);
   report::LineChart c;
-  c.title = fmt::format("{}: {} vs measured TTFT speedup, {} tokens", info.name, qa ? "accuracy" : "NLL change",
-                        r.length);
+  c.title = fmt::format("{}: {} vs measured TTFT speedup, {} tokens", info.name,
+                        qa ? "accuracy" : "NLL change", r.length);
   c.subtitle = fmt::format("{}, {} samples; each point a schedule (mild to aggressive){}", model_name,
                            r.baseline.n, qa && !r.counts ? "; FAILED AT BASELINE (near chance)" : "");
   c.x = {"TTFT speedup over unpruned (x, measured)"};
@@ -126,22 +130,25 @@ std::string chart(const eval::TaskResult& r, const std::string& model_name) {
   return report::svg_line_chart(c);
 }
 
-void print_table(const std::vector<eval::TaskResult>& results, const std::vector<eval::TargetCheck>& targets) {
+void print_table(const std::vector<eval::TaskResult>& results,
+                 const std::vector<eval::TargetCheck>& targets) {
   for (const auto& r : results) {
     const eval::TaskInfo& info = eval::task_info(r.task);
     const bool qa = eval::is_qa(r.task);
     if (qa)
-      fmt::print("\n{} at {} tokens, {} samples: unpruned accuracy {:.0f}% [{:.0f}-{:.0f}], chance {:.3g}%{}\n",
-                 info.name, r.length, r.baseline.n, 100 * r.baseline.accuracy, 100 * r.baseline.accuracy_lo,
-                 100 * r.baseline.accuracy_hi, 100 * r.chance,
-                 r.counts ? "" : "  -> FAILED AT BASELINE: says nothing about pruning");
+      fmt::print(
+          "\n{} at {} tokens, {} samples: unpruned accuracy {:.0f}% [{:.0f}-{:.0f}], chance {:.3g}%{}\n",
+          info.name, r.length, r.baseline.n, 100 * r.baseline.accuracy, 100 * r.baseline.accuracy_lo,
+          100 * r.baseline.accuracy_hi, 100 * r.chance,
+          r.counts ? "" : "  -> FAILED AT BASELINE: says nothing about pruning");
     else
-      fmt::print("\n{} at {} tokens, {} samples: unpruned NLL {:.3f} nats/token over {} tokens\n", info.name, r.length,
-                 r.baseline.n, r.baseline.nll, info.max_new_tokens);
+      fmt::print("\n{} at {} tokens, {} samples: unpruned NLL {:.3f} nats/token over {} tokens\n", info.name,
+                 r.length, r.baseline.n, r.baseline.nll, info.max_new_tokens);
     fmt::print("  {:<38} {:>7} {:>8} {:>9}  {}\n", "method", "share", "speedup", "TTFT ms",
                qa ? "accuracy [95% CI]   change (+gained/-lost)  first-k agree" : "NLL change  top-1 agree");
     for (const auto& c : r.cells) {
-      fmt::print("  {:<38} {:>6.1f}% {:>7.2f}x {:>9.0f}  ", c.method.label(), 100 * c.share, c.speedup, c.ttft_s * 1e3);
+      fmt::print("  {:<38} {:>6.1f}% {:>7.2f}x {:>9.0f}  ", c.method.label(), 100 * c.share, c.speedup,
+                 c.ttft_s * 1e3);
       if (qa)
         fmt::print("{:>4.0f}% [{:.0f}-{:.0f}]   {:>+5.1f} pt (+{}/-{})  {:>12.0f}%\n", 100 * c.accuracy,
                    100 * c.accuracy_lo, 100 * c.accuracy_hi, 100 * c.accuracy_change, c.gained, c.lost,
@@ -150,14 +157,16 @@ void print_table(const std::vector<eval::TaskResult>& results, const std::vector
         fmt::print("{:>+10.4f}  {:>10.1f}%\n", c.nll_change, 100 * c.agreement);
     }
   }
-  fmt::print("\nTargets (LazyLLM >= 1.8x measured TTFT speedup with <= 1 point accuracy loss on the QA tasks the\n"
-             "unpruned model solves; LazyLLM at or above static/random at the same schedule):\n");
+  fmt::print(
+      "\nTargets (LazyLLM >= 1.8x measured TTFT speedup with <= 1 point accuracy loss on the QA tasks the\n"
+      "unpruned model solves; LazyLLM at or above static/random at the same schedule):\n");
   for (const auto& t : targets) {
     if (t.counted_tasks == 0)
-      fmt::print("  {} tokens: no QA task the unpruned model solves was evaluated at this length\n", t.length);
+      fmt::print("  {} tokens: no QA task the unpruned model solves was evaluated at this length\n",
+                 t.length);
     else if (t.found)
-      fmt::print("  {} tokens: fastest LazyLLM within 1 point: {} at {:.2f}x ({}), worst change {:+.1f} pt\n", t.length,
-                 t.best.schedule.to_string(), t.best_speedup, t.speedup_met ? "met" : "below 1.8x",
+      fmt::print("  {} tokens: fastest LazyLLM within 1 point: {} at {:.2f}x ({}), worst change {:+.1f} pt\n",
+                 t.length, t.best.schedule.to_string(), t.best_speedup, t.speedup_met ? "met" : "below 1.8x",
                  100 * t.best_worst_change);
     else
       fmt::print("  {} tokens: no LazyLLM schedule within 1 point on the {} counted QA task(s)\n", t.length,
@@ -175,20 +184,23 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
       "eval",
       "Measure accuracy under pruning on long-context tasks from public-domain text (and the TTFT speedup).\n"
       "  lazyprefill eval --task passkey,kv --lengths 2048 --samples 20 --prune lazyllm,static,random\n"
-      "  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule 0.3:0.3,0.6:0.3,0.9:0.3 "
+      "  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule "
+      "0.3:0.3,0.6:0.3,0.9:0.3 "
       "--json");
   e->add_option("--model", a.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)");
   e->add_option("--task", a.tasks, "Comma-separated tasks: passkey, kv, mdqa, nll (default passkey)");
   e->add_option("--lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
   e->add_option("--samples", a.samples, "Samples per task and length (default 20)");
-  e->add_option("--prune", a.prune, "Policies compared with the unpruned run: lazyllm, static, random (default all)");
+  e->add_option("--prune", a.prune,
+                "Policies compared with the unpruned run: lazyllm, static, random (default all)");
   e->add_option("--schedule", a.schedules,
                 std::string("A schedule (repeat for a curve; default four from mild to aggressive: ") +
                     kDefaultLadder[0] + " ... " + kDefaultLadder[3] + ")");
   e->add_option("--seed", a.seed, "Seed of the samples and of --prune random (default 1)");
   e->add_option("--threads", a.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
-  e->add_option("--agreement-tokens", a.agreement_tokens,
-                "k: greedy tokens compared with the unpruned run, at most the 8 a QA task generates (default 8)")
+  e->add_option(
+       "--agreement-tokens", a.agreement_tokens,
+       "k: greedy tokens compared with the unpruned run, at most the 8 a QA task generates (default 8)")
       ->check(CLI::Range(1, 8));
   e->add_option("--corpus", a.corpus, "The text (default: the KJV extract scripts/setup installs)");
   e->add_option("--out", a.out, "Folder for eval.json and one speed-accuracy SVG per task and length");
@@ -250,7 +262,8 @@ int cmd_eval(const EvalArgs& a) {
   j["results"] = rs;
   json ts = json::array();
   for (const auto& t : targets) {
-    json tj = {{"length", t.length}, {"counted_qa_tasks", t.counted_tasks}, {"lazyllm_within_1pt_found", t.found}};
+    json tj = {
+        {"length", t.length}, {"counted_qa_tasks", t.counted_tasks}, {"lazyllm_within_1pt_found", t.found}};
     if (t.found) {
       tj["fastest_lazyllm_within_1pt"] = t.best.schedule.to_string();
       tj["its_speedup"] = t.best_speedup;
@@ -267,8 +280,9 @@ int cmd_eval(const EvalArgs& a) {
     const std::filesystem::path dir(a.out);
     write_file_atomic((dir / "eval.json").string(), j.dump(2) + "\n", "evaluation");
     for (const auto& r : results)
-      write_file_atomic((dir / fmt::format("speed-accuracy-{}-{}.svg", eval::task_info(r.task).name, r.length)).string(),
-                        chart(r, model->config().name), "chart");
+      write_file_atomic(
+          (dir / fmt::format("speed-accuracy-{}-{}.svg", eval::task_info(r.task).name, r.length)).string(),
+          chart(r, model->config().name), "chart");
   }
   if (a.json_out)
     std::puts(j.dump(2).c_str());

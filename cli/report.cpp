@@ -71,9 +71,11 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   r->add_option("--mem-budget-gib", a.mem_budget_gib, "Memory budget per device (default: its capacity)");
   r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
-  r->add_option("--weights", a.weights, "Weight dtype: bf16, f16, f32, int8, q4 (default bf16)");
-  r->add_option("--compute", a.compute, "Compute dtype: bf16, f16, f32, tf32, int8 (default bf16)");
-  r->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8 (default bf16)");
+  r->add_option("--weights", a.weights,
+                "Weight dtype: bf16, f16, f32, int8, fp8, q4, <bits>bpw (default bf16)");
+  r->add_option("--compute", a.compute, "Compute dtype: bf16, f16, f32, tf32, int8, fp8 (default bf16)");
+  r->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8, fp8 (default bf16)");
+  r->add_option("--engine", a.engine, kEngineHelp);
   r->add_option("--validation", a.validation, "validate --json output, for the measured-vs-predicted chart");
   r->add_option("--out", a.out, "Folder for capacity-report.json, the charts and report.html")->required();
   r->add_flag("--json", a.json_out, "Print the report JSON instead of the summary table");
@@ -92,7 +94,7 @@ int cmd_report(const ReportArgs& a) {
     usage_fail("give --model PATH or --model-config NAME");
   }
   if (req.model.name.empty()) req.model.name = a.model_config.empty() ? a.model : a.model_config;
-  req.hws = load_profiles(a.hw);
+  req.hws = load_profiles(a.hw, a.engine);
   req.lengths = parse_lengths(a.lengths, "--prompt-lengths");
   req.precision = {a.weights, a.compute, a.kv};
   sim::validate(req.precision);

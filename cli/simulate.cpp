@@ -60,9 +60,12 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::vector<hw::Profile> load_profiles(const std::string& list) {
+std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine) {
   std::vector<hw::Profile> hws;
-  for (const std::string& name : split_list(list)) hws.push_back(hw::load_profile(name));
+  for (const std::string& name : split_list(list)) {
+    hws.push_back(hw::load_profile(name));
+    if (!engine.empty()) hws.back().engine = hw::engine_preset(engine);
+  }
   if (hws.empty()) usage_fail("--hw names no hardware profile");
   return hws;
 }
@@ -121,10 +124,12 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
       s->add_option("--model-config", a.model_config, "A preset model configuration (see --help-models)");
   model->excludes(preset);
   s->add_option("--hw", a.hw, "Hardware profiles, comma-separated names or .json files")->required();
-  s->add_option("--weights", a.weights, "Weight dtype: bf16, f16, f32, int8, q4 (default bf16)");
+  s->add_option("--weights", a.weights,
+                "Weight dtype: bf16, f16, f32, int8, fp8, q4, <bits>bpw (default bf16)");
   s->add_option("--compute", a.compute,
-                "GEMM/attention compute dtype: bf16, f16, f32, tf32, int8 (default bf16)");
-  s->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8 (default bf16)");
+                "GEMM/attention compute dtype: bf16, f16, f32, tf32, int8, fp8 (default bf16)");
+  s->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8, fp8 (default bf16)");
+  s->add_option("--engine", a.engine, kEngineHelp);
   s->add_option("--tp", a.tp,
                 "Tensor-parallel degree: spread the model over N GPUs of each profile (default 1); times and "
                 "memory are per GPU, all-reduces included")
@@ -149,7 +154,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     usage_fail("--new-tokens applies to synthetic traces, not to --trace");
   sim::Precision prec{a.weights, a.compute, a.kv};
   sim::validate(prec);
-  const std::vector<hw::Profile> hws = load_profiles(a.hw);
+  const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
 
   trace::Trace t;
   ModelConfig c;
@@ -225,6 +230,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     const double fits = p.memory.total() <= hw.memory_capacity;
     json r = {{"hw", hw.name},
               {"hw_description", hw.description},
+              {"engine", hw.engine.name},
               {"efficiency_default", hw.efficiency_default},
               {"ttft_ms", p.ttft_s * 1e3},
               {"baseline_ttft_ms", b.ttft_s * 1e3},

@@ -82,7 +82,13 @@ int cmd_sweep(const SweepArgs& a) {
   if (!g.is_object() || g.value("lazyprefill_sweep", 0) != 1)
     fail("{}: not a sweep grid (\"lazyprefill_sweep\": 1)", a.grid);
   std::vector<hw::Profile> hws;
-  for (const std::string& h : list<std::string>(g, "hardware", a.grid)) hws.push_back(hw::load_profile(h));
+  for (const std::string& h : list<std::string>(g, "hardware", a.grid)) {
+    hws.push_back(hw::load_profile(h));
+    if (g.contains("engine")) {
+      if (!g["engine"].is_string()) fail("{}: 'engine' must be a preset name", a.grid);
+      hws.back().engine = hw::engine_preset(g["engine"].get<std::string>());
+    }
+  }
   const auto model_names = list<std::string>(g, "models", a.grid);
   std::vector<ModelConfig> models;
   for (const std::string& m : model_names) models.push_back(preset_config(m));

@@ -51,10 +51,12 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
       "Measure the engine here over prompt lengths x schedules, calibrate on half, predict the other half.\n"
       "  lazyprefill validate --quick\n"
       "  lazyprefill validate --json --out-dir runs/   # also keeps every run's JSON for calibrate");
-  v->add_flag("--quick", a.quick, "Prompts of 256-2048 tokens instead of 256-8192 (under 5 minutes on 2 cores)");
+  v->add_flag("--quick", a.quick,
+              "Prompts of 256-2048 tokens instead of 256-8192 (under 5 minutes on 2 cores)");
   v->add_option("--model", a.model, "GGUF model (default: the cached SmolLM2-135M-Instruct)");
   v->add_option("--base", a.base, "Profile to calibrate (default cpu-local)");
-  v->add_option("--threads", a.threads, "CPU threads (default: all this process may use)")->check(CLI::Range(1, 1024));
+  v->add_option("--threads", a.threads, "CPU threads (default: all this process may use)")
+      ->check(CLI::Range(1, 1024));
   v->add_option("--out-dir", a.out_dir, "Also write each run's run --json output here");
   v->add_flag("--json", a.json_out, "Print one JSON object");
   return v;
@@ -69,11 +71,10 @@ int cmd_validate(const ValidateArgs& a) {
   const std::vector<int32_t> text = model->tokenizer().encode(builtin_english_text(), true, false);
   const std::vector<int64_t> lengths =
       a.quick ? std::vector<int64_t>{256, 512, 1024, 2048} : std::vector<int64_t>{256, 1024, 4096, 8192};
-  const std::vector<std::pair<std::string, std::string>> schedules = {
-      {"none", "none"},
-      {"lazyllm", "0.3:0.3,0.6:0.3,0.9:0.3"},
-      {"lazyllm", "0.1:0.5,0.3:0.5,0.5:0.5"},
-      {"static", "0.3:0.3,0.6:0.3,0.9:0.3"}};
+  const std::vector<std::pair<std::string, std::string>> schedules = {{"none", "none"},
+                                                                      {"lazyllm", "0.3:0.3,0.6:0.3,0.9:0.3"},
+                                                                      {"lazyllm", "0.1:0.5,0.3:0.5,0.5:0.5"},
+                                                                      {"static", "0.3:0.3,0.6:0.3,0.9:0.3"}};
   std::vector<Case> cases;
   for (size_t li = 0; li < lengths.size(); ++li)
     for (size_t si = 0; si < schedules.size(); ++si)
@@ -94,12 +95,14 @@ int cmd_validate(const ValidateArgs& a) {
       GenerateResult r = generate(ctx, *model, ids, opt);
       if (rep == 0 || r.prefill_s < best.prefill_s) best = std::move(r);
     }
-    Measured m{c, {}, run_trace(model->config(), opt, best, "f32", 0, false),
+    Measured m{c,
+               {},
+               run_trace(model->config(), opt, best, "f32", 0, false),
                run_json(*model, opt, best, "f32", ctx.threads())};
     m.m = sim::measurement_from_run_json(m.run, c.label());
     if (!a.out_dir.empty())
-      write_file_atomic((std::filesystem::path(a.out_dir) / (c.label() + ".json")).string(), m.run.dump(2) + "\n",
-                        "run output");
+      write_file_atomic((std::filesystem::path(a.out_dir) / (c.label() + ".json")).string(),
+                        m.run.dump(2) + "\n", "run output");
     fmt::print(stderr, "validate: case {:>2}/{} {:<44} {:>9.1f} ms ({})\n", i + 1, cases.size(), c.label(),
                best.prefill_s * 1e3, c.train ? "calibration" : "held out");
     runs.push_back(std::move(m));
@@ -126,7 +129,8 @@ int cmd_validate(const ValidateArgs& a) {
       const std::string name(op_name(Op(i)));
       if (!measured_ops.contains(name)) continue;
       const double mo = measured_ops[name]["ms"].get<double>(), po = p.prefill_ops[size_t(i)].time_s * 1e3;
-      ops[name] = {{"measured_ms", mo}, {"predicted_ms", po}, {"error_pct", mo > 0 ? 100 * (po / mo - 1) : 0.0}};
+      ops[name] = {
+          {"measured_ms", mo}, {"predicted_ms", po}, {"error_pct", mo > 0 ? 100 * (po / mo - 1) : 0.0}};
     }
     held.push_back({{"case", m.c.label()},
                     {"prompt_tokens", m.c.tokens},
@@ -150,8 +154,9 @@ int cmd_validate(const ValidateArgs& a) {
   double worst_held = 0, worst_all = 0;
   for (const Measured& m : runs) {
     if (m.c.policy == "none") continue;
-    const auto none = std::find_if(runs.begin(), runs.end(),
-                                   [&](const Measured& x) { return x.c.policy == "none" && x.c.tokens == m.c.tokens; });
+    const auto none = std::find_if(runs.begin(), runs.end(), [&](const Measured& x) {
+      return x.c.policy == "none" && x.c.tokens == m.c.tokens;
+    });
     if (none == runs.end()) continue;
     const double measured = none->m.prefill_s / m.m.prefill_s;
     const double predicted = sim::replay(none->trace, model->config(), fitted, f32).ttft_s /
@@ -183,8 +188,8 @@ int cmd_validate(const ValidateArgs& a) {
   }
   fmt::print("calibration on {} cases (profile {}):\n", train.size(), base.name);
   print_calibration(fitted, rep, train);
-  fmt::print("\nheld-out cases:\n{:<44} {:>12} {:>12} {:>8} {:>14}   worst op\n", "case", "measured ms", "predicted ms",
-             "error", "base profile");
+  fmt::print("\nheld-out cases:\n{:<44} {:>12} {:>12} {:>8} {:>14}   worst op\n", "case", "measured ms",
+             "predicted ms", "error", "base profile");
   for (const json& h : held) {
     std::string worst;
     double we = -1;
@@ -195,18 +200,19 @@ int cmd_validate(const ValidateArgs& a) {
         worst = fmt::format("{} {:+.0f}%", name, o["error_pct"].get<double>());
       }
     fmt::print("{:<44} {:>12.1f} {:>12.1f} {:>+7.1f}% {:>12.1f}ms   {}\n", h["case"].get<std::string>(),
-               h["measured_ttft_ms"].get<double>(), h["predicted_ttft_ms"].get<double>(), h["error_pct"].get<double>(),
-               h["base_predicted_ttft_ms"].get<double>(), worst);
+               h["measured_ttft_ms"].get<double>(), h["predicted_ttft_ms"].get<double>(),
+               h["error_pct"].get<double>(), h["base_predicted_ttft_ms"].get<double>(), worst);
   }
   fmt::print("\nheld-out TTFT MAPE {:.1f}% (the base profile before this fit: {:.1f}%)\n", mape, base_mape);
-  fmt::print("\nspeedup over the unpruned run at the same length:\n{:<44} {:>9} {:>10} {:>8}\n", "case", "measured",
-             "predicted", "error");
+  fmt::print("\nspeedup over the unpruned run at the same length:\n{:<44} {:>9} {:>10} {:>8}\n", "case",
+             "measured", "predicted", "error");
   for (const json& x : speedups)
     fmt::print("{:<44} {:>8.3f}x {:>9.3f}x {:>+6.1f} pt{}\n", x["case"].get<std::string>(),
                x["measured_speedup"].get<double>(), x["predicted_speedup"].get<double>(),
-               x["error_points"].get<double>(), x["held_out"].get<bool>() ? "" : "   (both runs calibrated on)");
-  fmt::print("largest speedup error: {:.1f} points over cases with a held-out run, {:.1f} over all\n", worst_held,
-             worst_all);
+               x["error_points"].get<double>(),
+               x["held_out"].get<bool>() ? "" : "   (both runs calibrated on)");
+  fmt::print("largest speedup error: {:.1f} points over cases with a held-out run, {:.1f} over all\n",
+             worst_held, worst_all);
   return 0;
 }
 

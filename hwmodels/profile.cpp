@@ -48,6 +48,11 @@ const char* family_name(Family f) {
 
 double Profile::peak(const std::string& dtype) const {
   if (auto it = peak_flops.find(dtype); it != peak_flops.end()) return it->second;
+  if (dtype == "fp8")
+    usage_fail(
+        "hardware '{}' has no FP8 peak ({} does not run FP8 natively; FP8 needs Hopper or Ada tensor "
+        "cores): use --compute bf16 or int8",
+        name, description);
   if (auto it = peak_flops.find("f32"); it != peak_flops.end()) return it->second;
   fail("hardware profile '{}' has no peak for {} or f32", name, dtype);
 }
@@ -78,9 +83,9 @@ Profile parse_profile(const json& j, const std::string& origin) {
   if (!peaks.is_object() || peaks.empty())
     fail("{}: 'peak_tflops' must be an object of dtype: TFLOP/s", origin);
   for (const auto& [dtype, v] : peaks.items()) {
-    static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "int8"};
+    static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "int8", "fp8"};
     if (std::find(known.begin(), known.end(), dtype) == known.end())
-      fail("{}: unknown dtype '{}' in 'peak_tflops' (known: f32, tf32, bf16, f16, int8)", origin, dtype);
+      fail("{}: unknown dtype '{}' in 'peak_tflops' (known: f32, tf32, bf16, f16, int8, fp8)", origin, dtype);
     if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
       fail("{}: 'peak_tflops.{}' must be a number greater than 0", origin, dtype);
     p.peak_flops[dtype] = v.get<double>() * 1e12;
@@ -123,6 +128,42 @@ Profile parse_profile(const json& j, const std::string& origin) {
   p.pruning_stage_s = eff.contains("pruning_stage_us")
                           ? positive(eff, "pruning_stage_us", origin + ": efficiency", true) * 1e-6
                           : default_pruning_stage_s(p.kind, p.dispatch_overhead);
+  p.engine = default_engine(p.kind);
+  if (const auto it = j.find("engine"); it != j.end()) {
+    if (it->is_string()) {
+      try {
+        p.engine = engine_preset(it->get<std::string>());
+      } catch (const UsageError& e) {
+        fail("{}: 'engine': {}", origin, e.what());
+      }
+    } else if (it->is_object()) {
+      p.engine = Engine{"custom"};
+      for (const auto& [k, v] : it->items()) {
+        if (k == "elementwise") {
+          if (!v.is_string() || (v != "f32" && v != "compute"))
+            fail("{}: 'engine.elementwise' must be \"f32\" or \"compute\"", origin);
+          p.engine.elementwise_at_compute = v == "compute";
+        } else if (k == "fuse") {
+          if (!v.is_array()) fail("{}: 'engine.fuse' must be an array", origin);
+          for (const json& f : v) {
+            const std::string n = f.is_string() ? f.get<std::string>() : f.dump();
+            if (n == "add_rmsnorm")
+              p.engine.fuse_add_rmsnorm = true;
+            else if (n == "rope")
+              p.engine.fuse_rope = true;
+            else if (n == "swiglu")
+              p.engine.fuse_swiglu = true;
+            else
+              fail("{}: 'engine.fuse': unknown fusion '{}' (known: add_rmsnorm, rope, swiglu)", origin, n);
+          }
+        } else {
+          fail("{}: 'engine': unknown key '{}' (a preset name, or {{\"elementwise\", \"fuse\"}})", origin, k);
+        }
+      }
+    } else {
+      fail("{}: 'engine' must be a preset name or an object", origin);
+    }
+  }
   p.interconnect_efficiency = positive(eff, "interconnect", origin + ": efficiency");
   if (p.interconnect_efficiency > 1)
     fail("{}: 'efficiency.interconnect' is a share of the bandwidth, at most 1", origin);
@@ -140,6 +181,21 @@ Profile parse_profile(const json& j, const std::string& origin) {
     if (!p.sources.count(k))
       fail("{}: 'sources' has no entry for '{}' (every number needs a source)", origin, k);
   return p;
+}
+
+std::vector<std::string> engine_names() {
+  return {"lazyprefill", "llamacpp", "vllm", "trtllm"};
+}
+
+Engine engine_preset(const std::string& name) {
+  if (name == "lazyprefill" || name == "llamacpp") return Engine{name};
+  if (name == "vllm") return Engine{name, true, true, false, false};
+  if (name == "trtllm") return Engine{name, true, true, true, true};
+  usage_fail("unknown engine '{}' (known: lazyprefill, llamacpp, vllm, trtllm)", name);
+}
+
+Engine default_engine(const std::string& kind) {
+  return engine_preset(kind == "gpu" ? "vllm" : "lazyprefill");
 }
 
 double default_pruning_stage_s(const std::string& kind, double dispatch_overhead_s) {

@@ -25,10 +25,27 @@ struct Efficiency {
   double overhead_s = 0;  // per call, >= 0
 };
 
+// How the serving engine runs the elementwise ops (docs/simulator.md, "Engines"): activations
+// between ops at f32 or at the compute dtype, and which ops it fuses into a neighbour.
+struct Engine {
+  std::string name = "lazyprefill";     // a preset (engine_names()) or "custom"
+  bool elementwise_at_compute = false;  // activations between ops at the compute dtype (else f32)
+  bool fuse_add_rmsnorm = false;        // each residual add fused into the RMSNorm after it
+  bool fuse_rope = false;               // RoPE applied inside the QKV / attention kernels
+  bool fuse_swiglu = false;             // SwiGLU in the gate_up GEMM's epilogue
+};
+// lazyprefill (this engine on a CPU) and llamacpp: f32, nothing fused; vllm: compute dtype,
+// add+RMSNorm fused; trtllm: compute dtype, add+RMSNorm, RoPE and SwiGLU fused. Throws
+// lp::UsageError listing the known names.
+Engine engine_preset(const std::string& name);
+std::vector<std::string> engine_names();
+// The engine of a profile without an 'engine' field: vllm on a GPU, lazyprefill on a CPU.
+Engine default_engine(const std::string& kind);
+
 struct Profile {
   std::string name, description, kind;       // kind: "gpu" or "cpu"
   std::vector<std::string> aliases;          // names tools print for the part ("NVIDIA H100 80GB HBM3")
-  std::map<std::string, double> peak_flops;  // dtype ("f32", "tf32", "bf16", "f16", "int8") -> FLOP/s
+  std::map<std::string, double> peak_flops;  // dtype ("f32", "tf32", "bf16", "f16", "int8", "fp8") -> FLOP/s
   double memory_bandwidth = 0;               // bytes/s
   double memory_capacity = 0;                // bytes
   double onchip_cache = 0;                   // bytes
@@ -43,6 +60,7 @@ struct Profile {
   // gather ops: synchronisation and the small kernels of the selection. s. Optional in a file
   // (efficiency.pruning_stage_us); absent, it is default_pruning_stage_s(kind, dispatch_overhead).
   double pruning_stage_s = 0;
+  Engine engine;  // optional 'engine' in a file (a preset name or {elementwise, fuse}); default_engine(kind)
   std::array<Efficiency, kNumFamilies> efficiency{};
   bool efficiency_default = true;  // false once calibrated
   std::map<std::string, std::string> sources;
@@ -50,7 +68,8 @@ struct Profile {
 
   const Efficiency& eff(Family f) const { return efficiency[size_t(f)]; }
   // Peak FLOP/s for a compute dtype, falling back to f32 when the part has no native support
-  // for it (as a CPU without AVX512_BF16 runs bf16 through f32 units). Throws if neither exists.
+  // for it (as a CPU without AVX512_BF16 runs bf16 through f32 units). Throws if neither exists,
+  // and for fp8 without an fp8 peak (no part emulates FP8 GEMMs at its f32 rate).
   double peak(const std::string& dtype) const;
 };
 

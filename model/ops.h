@@ -22,22 +22,22 @@ namespace lp {
 // The ops as the engine executes them (QKV and gate/up are fused GEMMs). The CLI's per-op
 // timings, the benchmarks and the simulator all use this list.
 enum class Op : int {
-  Embed,      // gather T rows of the embedding table
-  AttnNorm,   // RMSNorm before attention
-  QKV,        // [T][D] x [D][(H + 2 Hkv) Dh], the fused q, k, v projections; K/V appended to the cache
-  Rope,       // rotate q and k at the tokens' original positions
-  Attention,  // causal GQA over the keys each query sees
-  Score,      // LazyLLM: the last token's attention over the active keys, mean over heads
-  Select,     // choosing the kept tokens from the scores (or at random)
-  OProj,      // [T][H Dh] x [H Dh][D]
-  FfnNorm,    // RMSNorm before the MLP
-  GateUp,     // [T][D] x [D][2F], the fused gate and up projections
-  SwiGLU,     // silu(gate) * up
-  Down,       // [T][F] x [F][D]
-  Residual,   // one residual add (two per layer)
-  Gather,     // moving rows: compacting kept rows, Aux Cache writes of pruned ones and reads of revived ones
-  OutputNorm, // final RMSNorm on the rows that need logits
-  LmHead,     // [R][D] x [D][V]
+  Embed,       // gather T rows of the embedding table
+  AttnNorm,    // RMSNorm before attention
+  QKV,         // [T][D] x [D][(H + 2 Hkv) Dh], the fused q, k, v projections; K/V appended to the cache
+  Rope,        // rotate q and k at the tokens' original positions
+  Attention,   // causal GQA over the keys each query sees
+  Score,       // LazyLLM: the last token's attention over the active keys, mean over heads
+  Select,      // choosing the kept tokens from the scores (or at random)
+  OProj,       // [T][H Dh] x [H Dh][D]
+  FfnNorm,     // RMSNorm before the MLP
+  GateUp,      // [T][D] x [D][2F], the fused gate and up projections
+  SwiGLU,      // silu(gate) * up
+  Down,        // [T][F] x [F][D]
+  Residual,    // one residual add (two per layer)
+  Gather,      // moving rows: compacting kept rows, Aux Cache writes of pruned ones and reads of revived ones
+  OutputNorm,  // final RMSNorm on the rows that need logits
+  LmHead,      // [R][D] x [D][V]
   kCount,
 };
 
@@ -58,6 +58,9 @@ struct OpDtypes {
   double weight_bytes = 4;  // 4 f32, 2 bf16, 0.5625 for 4.5-bit quantized weights
   double act_bytes = 4;     // activations entering GEMMs
   double kv_bytes = 4;
+  // Activations between ops (the residual stream, norm and RoPE inputs, GEMM outputs, attention's
+  // Q and O): f32 in this engine and llama.cpp, the compute dtype in GPU serving engines.
+  double elem_bytes = 4;
 };
 
 double op_flops(const ModelConfig& c, Op op, const OpShape& s);

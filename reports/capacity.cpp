@@ -165,6 +165,7 @@ json build_report(const Request& r) {
   for (const hw::Profile& p : r.hws)
     hws.push_back({{"name", p.name},
                    {"description", p.description},
+                   {"engine", p.engine.name},
                    {"efficiency_default", p.efficiency_default},
                    {"efficiency_source", p.sources.count("efficiency") ? p.sources.at("efficiency") : ""},
                    {"peak_source", p.sources.count("peak_tflops") ? p.sources.at("peak_tflops") : ""}});

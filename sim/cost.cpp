@@ -30,7 +30,7 @@ hw::Family op_family(Op op) {
 double dtype_bytes(const std::string& dtype, const char* what) {
   if (dtype == "f32") return 4;
   if (dtype == "bf16" || dtype == "f16") return 2;
-  if (dtype == "int8") return 1;
+  if (dtype == "int8" || dtype == "fp8") return 1;
   if (dtype == "q4") return 4.5 / 8;
   if (dtype.size() > 3 && dtype.ends_with("bpw")) {
     const std::string num = dtype.substr(0, dtype.size() - 3);
@@ -38,22 +38,25 @@ double dtype_bytes(const std::string& dtype, const char* what) {
     const double bits = std::strtod(num.c_str(), &end);
     if (end == num.c_str() + num.size() && bits > 0 && bits <= 32) return bits / 8;
   }
-  fail("{} dtype must be one of f32, bf16, f16, int8, q4 or <bits>bpw; got '{}'", what, dtype);
+  fail("{} dtype must be one of f32, bf16, f16, int8, fp8, q4 or <bits>bpw; got '{}'", what, dtype);
 }
 
 void validate(const Precision& p) {
   dtype_bytes(p.weights, "weight");
-  if (p.kv != "f32" && p.kv != "bf16" && p.kv != "f16" && p.kv != "int8")
-    fail("KV dtype must be one of f32, bf16, f16, int8; got '{}'", p.kv);
+  if (p.kv != "f32" && p.kv != "bf16" && p.kv != "f16" && p.kv != "int8" && p.kv != "fp8")
+    fail("KV dtype must be one of f32, bf16, f16, int8, fp8; got '{}'", p.kv);
   if (p.compute != "f32" && p.compute != "tf32" && p.compute != "bf16" && p.compute != "f16" &&
-      p.compute != "int8")
-    fail("compute dtype must be one of f32, tf32, bf16, f16, int8; got '{}'", p.compute);
+      p.compute != "int8" && p.compute != "fp8")
+    fail("compute dtype must be one of f32, tf32, bf16, f16, int8, fp8; got '{}'", p.compute);
 }
 
 OpDtypes Precision::op_dtypes() const {
   OpDtypes d;
   d.weight_bytes = dtype_bytes(weights, "weight");
-  d.act_bytes = compute == "f32" || compute == "tf32" ? 4 : 2;
+  // GEMM inputs: f32/tf32 4 bytes; 8-bit GEMMs (int8 W8A8, fp8) read 8-bit activations; else 16-bit.
+  d.act_bytes = compute == "f32" || compute == "tf32" ? 4 : compute == "fp8" || compute == "int8" ? 1 : 2;
+  // Between ops: the compute dtype's 16-bit (or f32) activations; see CostContext for engines.
+  d.elem_bytes = 4;
   d.kv_bytes = dtype_bytes(kv, "KV");
   return d;
 }
@@ -77,7 +80,9 @@ double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
 }  // namespace
 
 CostContext::CostContext(const hw::Profile& hw, const Precision& p)
-    : bandwidth(hw.memory_bandwidth), dtypes(p.op_dtypes()) {
+    : bandwidth(hw.memory_bandwidth), dtypes(p.op_dtypes()), engine(hw.engine) {
+  // An engine that keeps activations at the compute dtype keeps them 16-bit for 8-bit compute.
+  if (engine.elementwise_at_compute) dtypes.elem_bytes = p.compute == "f32" || p.compute == "tf32" ? 4 : 2;
   for (int f = 0; f < hw::kNumFamilies; ++f) {
     const hw::Family fam = hw::Family(f);
     peak[size_t(f)] =
@@ -93,12 +98,24 @@ OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape
   const hw::Efficiency& e = cc.eff[f];
   r.calls = calls;
   r.flops = op_flops(c, op, s) * double(calls);
+  // Ops the engine fuses into a neighbour cost no time of their own (their FLOPs still count).
+  if ((op == Op::Rope && cc.engine.fuse_rope) || (op == Op::SwiGLU && cc.engine.fuse_swiglu)) return r;
   r.bytes = op_bytes(c, op, s, cc.dtypes) * double(calls);
+  const double T = double(s.tokens), el = cc.dtypes.elem_bytes;
+  bool launched = true;
+  if (op == Op::Residual && cc.engine.fuse_add_rmsnorm) {
+    // Fused into the RMSNorm after it: the sum is written but never read back (2 passes of 3),
+    // in the norm's kernel.
+    r.bytes -= T * double(c.n_embd) * el * double(calls);
+    launched = false;
+  }
+  if (op == Op::GateUp && cc.engine.fuse_swiglu)  // the epilogue writes F columns, not 2F
+    r.bytes -= T * double(c.n_ff) * el * double(calls);
   const double rows = op == Op::Score ? 1.0 : double(std::max<int64_t>(s.tokens, 1));
   const double eff = e.compute * rows / (rows + e.half_rows);
   r.compute_s = r.flops > 0 ? r.flops / (cc.peak[f] * eff) : 0;
   r.memory_s = r.bytes / (cc.bandwidth * e.memory);
-  r.overhead_s = double(calls) * e.overhead_s;
+  r.overhead_s = launched ? double(calls) * e.overhead_s : 0.0;
   r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
   return r;
 }

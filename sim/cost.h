@@ -24,14 +24,14 @@ hw::Family op_family(Op op);
 // Element types of a simulated deployment. Weights may be quantized (bytes per weight below 2);
 // GEMMs then still compute in `compute` (weight-only quantization).
 struct Precision {
-  // bf16 | f16 | f32 | int8 | q4 (4.5 bits per weight, as Q4_0) | "<bits>bpw" (any bits per
+  // bf16 | f16 | f32 | int8 | fp8 | q4 (4.5 bits per weight, as Q4_0) | "<bits>bpw" (any bits per
   // weight, e.g. "4.5625bpw" for a llama.cpp Q4_1 file: what a quantized file really holds)
   std::string weights = "bf16";
-  std::string compute = "bf16";  // the peak_tflops dtype GEMMs and attention run at
-  std::string kv = "bf16";       // bf16 | f16 | f32 | int8
+  std::string compute = "bf16";  // the peak_tflops dtype GEMMs and attention run at (fp8 needs an fp8 peak)
+  std::string kv = "bf16";       // bf16 | f16 | f32 | int8 | fp8
   OpDtypes op_dtypes() const;
 };
-// "bf16", "f16", "f32", "int8", "q4", "<bits>bpw" (0 < bits <= 32) -> bytes per element; anything
+// "bf16", "f16", "f32", "int8", "fp8", "q4", "<bits>bpw" (0 < bits <= 32) -> bytes per element; anything
 // else throws lp::Error.
 double dtype_bytes(const std::string& dtype, const char* what);
 // Checks the names; throws lp::Error naming the bad one.
@@ -54,7 +54,8 @@ struct CostContext {
   std::array<double, hw::kNumFamilies> peak{};  // FLOP/s each family runs at
   std::array<hw::Efficiency, hw::kNumFamilies> eff{};
   double bandwidth = 0;
-  OpDtypes dtypes;
+  OpDtypes dtypes;    // elem_bytes per the profile's engine
+  hw::Engine engine;  // which elementwise ops are fused
 };
 
 // Cost of `calls` invocations of `op` with shape `s` on a layer shaped `c` (ModelConfig::layer).

@@ -188,7 +188,8 @@ Precision precision_for_dtype(const std::string& dtype_in) {
   if (d.empty() || d == "auto" || d == "bf16" || d == "bfloat16") return p;
   if (d == "f16" || d == "fp16" || d == "float16" || d == "half") return {"f16", "f16", "f16"};
   if (d == "f32" || d == "fp32" || d == "float32" || d == "float") return {"f32", "f32", "f32"};
-  if (d == "fp8" || d == "int8" || d == "w8a8" || d == "fp8-e4m3") return {"int8", "int8", "int8"};
+  if (d == "fp8" || d == "fp8-e4m3" || d == "float8") return {"fp8", "fp8", "fp8"};
+  if (d == "int8" || d == "w8a8") return {"int8", "int8", "int8"};
   if (d == "q8-0") return weights("int8", "f16");
   if (d.starts_with("q2-k") || d.starts_with("q3-k") || d.starts_with("q4") || d.starts_with("q5") ||
       d.starts_with("q6-k") || d.starts_with("iq4") || d == "awq" || d == "gptq" || d == "int4")

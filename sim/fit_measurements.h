@@ -61,8 +61,8 @@ std::optional<std::string> match_profile(const std::string& file_name,
                                          const std::map<std::string, std::string>& map);
 
 // The simulator's precision for a weight type as files write it: bf16/bfloat16, f16/fp16/
-// float16/half, f32/fp32/float32, fp8 (costed as int8: same size and, on Hopper/Ada, the same
-// dense peak), int8/w8a8, llama.cpp's Q8_0 (int8 weights) and Q2..Q6 K-quants and Q4_0/Q4_1/
+// float16/half, f32/fp32/float32, fp8/fp8-e4m3 (FP8 weights, compute and KV; the profile needs an
+// fp8 peak), int8/w8a8, llama.cpp's Q8_0 (int8 weights) and Q2..Q6 K-quants and Q4_0/Q4_1/
 // IQ4 (4-bit weights), awq/gptq (4-bit weights); 4- and 8-bit weights compute in f16, as
 // llama.cpp and weight-only kernels do. An empty or "auto" dtype is bf16. Throws lp::Error
 // naming the dtype otherwise.

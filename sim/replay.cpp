@@ -163,8 +163,8 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       if (first_prune < 0) first_prune = l;
     }
   const std::string& policy = t.header.policy;
-  const OpDtypes dt = p.op_dtypes();
   const CostContext cc(hw, p);
+  const OpDtypes& dt = cc.dtypes;  // activations, the Aux Cache and collectives at elem_bytes (the engine's)
 
   Prediction r;
   r.hw = hw.name;
@@ -193,7 +193,7 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       if (layer) (*layer)[size_t(op)].add(oc);
     };
     add(nullptr, g, Op::Embed, {B * s.new_tokens, 0, 0});
-    reduce(allreduce_cost(hw, tp, double(B * s.new_tokens) * D * dt.act_bytes));
+    reduce(allreduce_cost(hw, tp, double(B * s.new_tokens) * D * dt.elem_bytes));
     for (int l = 0; l < L; ++l) {
       const int64_t T = B * s.queries[size_t(l)];
       if (T <= 0) continue;
@@ -212,13 +212,13 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       add(layer, cfg, Op::Rope, rows);
       add(layer, cfg, Op::Attention, {T, B * s.pairs[size_t(l)], keys});
       add(layer, cfg, Op::OProj, rows);
-      reduce(allreduce_cost(hw, tp, double(T) * D * dt.act_bytes));
+      reduce(allreduce_cost(hw, tp, double(T) * D * dt.elem_bytes));
       add(layer, cfg, Op::Residual, rows, 2);
       add(layer, cfg, Op::FfnNorm, rows);
       add(layer, cfg, Op::GateUp, rows);
       add(layer, cfg, Op::SwiGLU, rows);
       add(layer, cfg, Op::Down, rows);
-      reduce(allreduce_cost(hw, tp, double(T) * D * dt.act_bytes));
+      reduce(allreduce_cost(hw, tp, double(T) * D * dt.elem_bytes));
       if (prune_at[size_t(l)] && policy != "none") {
         const bool scores = policy == "lazyllm" || (policy == "static" && prefill && l == first_prune);
         if (scores) {
@@ -233,7 +233,7 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
       const int64_t moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
                                     : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
       if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
-      peak_act = std::max(peak_act, activation_bytes(cfg, T, dt.act_bytes));
+      peak_act = std::max(peak_act, activation_bytes(cfg, T, dt.elem_bytes));
     }
     add(nullptr, g, Op::OutputNorm, {B, 0, 0});
     add(nullptr, g, Op::LmHead, {B, 0, 0});
@@ -262,7 +262,7 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
         for (int64_t w : s.aux_writes) aux_entries += double(w);
     aux_entries = std::min(aux_entries, double(t.header.prompt_tokens));
   }
-  r.memory.aux = double(B) * aux_entries * c.n_embd * dt.act_bytes;
+  r.memory.aux = double(B) * aux_entries * c.n_embd * dt.elem_bytes;
   r.memory.activations = peak_act + double(B) * c.n_vocab * 4;
   return r;
 }

@@ -11,8 +11,8 @@
 
 #include "model/error.h"
 #include "model/presets.h"
-#include "sim/replay.h"
 #include "sim/fit_measurements.h"
+#include "sim/replay.h"
 
 namespace lp {
 namespace {
@@ -24,13 +24,14 @@ TEST(FitMeasurements, MapsFileNamesToPresets) {
   EXPECT_EQ(sim::match_preset("meta-llama/Llama-3.1-8B-Instruct", none), "llama-3.1-8b");
   EXPECT_EQ(sim::match_preset("Meta-Llama-3.1-70B-Instruct", none), "llama-3.1-70b");
   EXPECT_EQ(sim::match_preset("Qwen2.5-7B-Instruct-Q4_K_M.gguf", none), "qwen2.5-7b");
-  EXPECT_EQ(sim::match_preset("Llama-2-7b-chat-hf", none), "llama-2-7b");   // not llama-2-70b
+  EXPECT_EQ(sim::match_preset("Llama-2-7b-chat-hf", none), "llama-2-7b");  // not llama-2-70b
   EXPECT_EQ(sim::match_preset("Llama-2-70b-hf", none), "llama-2-70b");
   EXPECT_EQ(sim::match_preset("SmolLM2-135M-Instruct.Q4_1.gguf", none), "smollm2-135m");
   EXPECT_EQ(sim::match_preset("smollm2-1.7b", none), "smollm2-1.7b");
   EXPECT_FALSE(sim::match_preset("Llama-3.2-3B-Instruct", none));
   EXPECT_FALSE(sim::match_preset("llama-2-7", none));
-  EXPECT_EQ(sim::match_preset("Llama-3.2-3B-Instruct", {{"Llama-3.2-3B-Instruct", "llama-3.1-8b"}}), "llama-3.1-8b");
+  EXPECT_EQ(sim::match_preset("Llama-3.2-3B-Instruct", {{"Llama-3.2-3B-Instruct", "llama-3.1-8b"}}),
+            "llama-3.1-8b");
 }
 
 TEST(FitMeasurements, MapsHardwareNamesToProfiles) {
@@ -48,7 +49,9 @@ TEST(FitMeasurements, PrecisionFromTheFilesDtype) {
   EXPECT_EQ(sim::precision_for_dtype("bfloat16").weights, "bf16");
   EXPECT_EQ(sim::precision_for_dtype("").compute, "bf16");
   EXPECT_EQ(sim::precision_for_dtype("float16").compute, "f16");
-  EXPECT_EQ(sim::precision_for_dtype("FP8").compute, "int8");
+  EXPECT_EQ(sim::precision_for_dtype("FP8").compute, "fp8");
+  EXPECT_EQ(sim::precision_for_dtype("fp8-e4m3").kv, "fp8");
+  EXPECT_EQ(sim::precision_for_dtype("w8a8").compute, "int8");
   const sim::Precision q4 = sim::precision_for_dtype("Q4_K - Medium");
   EXPECT_EQ(q4.weights, "4.5bpw");
   EXPECT_EQ(q4.compute, "f16");
@@ -63,18 +66,42 @@ TEST(FitMeasurements, PrecisionFromTheFilesDtype) {
 // per weight each type stores: stated in the name, or ggml's block size (bytes per block x 8 /
 // weights per block).
 TEST(FitMeasurements, EveryLlamaCppFileTypeNameMaps) {
-  const std::vector<std::pair<std::string, double>> llama = {
-      {"all F32", 32},  {"F16", 16},  {"BF16", 16}, {"Q1_0", 1.5}, {"Q2_0", 2.5},
-      {"Q4_0", 18 * 8 / 32.0}, {"Q4_1", 20 * 8 / 32.0}, {"Q5_0", 22 * 8 / 32.0}, {"Q5_1", 24 * 8 / 32.0},
-      {"Q8_0", 34 * 8 / 32.0}, {"MXFP4 MoE", 17 * 8 / 32.0}, {"NVFP4", 9 * 8 / 16.0},
-      {"Q2_K - Medium", 84 * 8 / 256.0}, {"Q2_K - Small", 84 * 8 / 256.0}, {"Q3_K - Small", 110 * 8 / 256.0},
-      {"Q3_K - Medium", 110 * 8 / 256.0}, {"Q3_K - Large", 110 * 8 / 256.0}, {"Q4_K - Small", 144 * 8 / 256.0},
-      {"Q4_K - Medium", 144 * 8 / 256.0}, {"Q5_K - Small", 176 * 8 / 256.0}, {"Q5_K - Medium", 176 * 8 / 256.0},
-      {"Q6_K", 210 * 8 / 256.0}, {"TQ1_0 - 1.69 bpw ternary", 1.69}, {"TQ2_0 - 2.06 bpw ternary", 2.06},
-      {"IQ2_XXS - 2.0625 bpw", 2.0625}, {"IQ2_XS - 2.3125 bpw", 2.3125}, {"IQ2_S - 2.5 bpw", 2.5},
-      {"IQ2_M - 2.7 bpw", 2.7}, {"IQ3_XS - 3.3 bpw", 3.3}, {"IQ3_XXS - 3.0625 bpw", 3.0625},
-      {"IQ1_S - 1.5625 bpw", 1.5625}, {"IQ1_M - 1.75 bpw", 1.75}, {"IQ4_NL - 4.5 bpw", 4.5},
-      {"IQ4_XS - 4.25 bpw", 4.25}, {"IQ3_S - 3.4375 bpw", 3.4375}, {"IQ3_S mix - 3.66 bpw", 3.66}};
+  const std::vector<std::pair<std::string, double>> llama = {{"all F32", 32},
+                                                             {"F16", 16},
+                                                             {"BF16", 16},
+                                                             {"Q1_0", 1.5},
+                                                             {"Q2_0", 2.5},
+                                                             {"Q4_0", 18 * 8 / 32.0},
+                                                             {"Q4_1", 20 * 8 / 32.0},
+                                                             {"Q5_0", 22 * 8 / 32.0},
+                                                             {"Q5_1", 24 * 8 / 32.0},
+                                                             {"Q8_0", 34 * 8 / 32.0},
+                                                             {"MXFP4 MoE", 17 * 8 / 32.0},
+                                                             {"NVFP4", 9 * 8 / 16.0},
+                                                             {"Q2_K - Medium", 84 * 8 / 256.0},
+                                                             {"Q2_K - Small", 84 * 8 / 256.0},
+                                                             {"Q3_K - Small", 110 * 8 / 256.0},
+                                                             {"Q3_K - Medium", 110 * 8 / 256.0},
+                                                             {"Q3_K - Large", 110 * 8 / 256.0},
+                                                             {"Q4_K - Small", 144 * 8 / 256.0},
+                                                             {"Q4_K - Medium", 144 * 8 / 256.0},
+                                                             {"Q5_K - Small", 176 * 8 / 256.0},
+                                                             {"Q5_K - Medium", 176 * 8 / 256.0},
+                                                             {"Q6_K", 210 * 8 / 256.0},
+                                                             {"TQ1_0 - 1.69 bpw ternary", 1.69},
+                                                             {"TQ2_0 - 2.06 bpw ternary", 2.06},
+                                                             {"IQ2_XXS - 2.0625 bpw", 2.0625},
+                                                             {"IQ2_XS - 2.3125 bpw", 2.3125},
+                                                             {"IQ2_S - 2.5 bpw", 2.5},
+                                                             {"IQ2_M - 2.7 bpw", 2.7},
+                                                             {"IQ3_XS - 3.3 bpw", 3.3},
+                                                             {"IQ3_XXS - 3.0625 bpw", 3.0625},
+                                                             {"IQ1_S - 1.5625 bpw", 1.5625},
+                                                             {"IQ1_M - 1.75 bpw", 1.75},
+                                                             {"IQ4_NL - 4.5 bpw", 4.5},
+                                                             {"IQ4_XS - 4.25 bpw", 4.25},
+                                                             {"IQ3_S - 3.4375 bpw", 3.4375},
+                                                             {"IQ3_S mix - 3.66 bpw", 3.66}};
   EXPECT_EQ(sim::llama_ftype_names().size(), llama.size());
   for (const auto& [name, bits] : llama) {
     SCOPED_TRACE(name);
@@ -148,7 +175,8 @@ TEST(FitMeasurements, RecoversTheEfficienciesThatMadeTheData) {
   const hw::Profile autofit = sim::fit_measurements(base, s.points, {}, &fit);
   EXPECT_NE(std::find(fit.params.begin(), fit.params.end(), "gemm.compute"), fit.params.end());
   EXPECT_NE(std::find(fit.params.begin(), fit.params.end(), "overhead_us"), fit.params.end());
-  EXPECT_EQ(std::find(fit.params.begin(), fit.params.end(), "gemm.memory"), fit.params.end());  // no decode points
+  EXPECT_EQ(std::find(fit.params.begin(), fit.params.end(), "gemm.memory"),
+            fit.params.end());  // no decode points
   for (const std::string& p : fit.params)
     EXPECT_NEAR(sim::get_param(autofit, p), sim::get_param(truth, p), 0.01 * sim::get_param(truth, p)) << p;
   EXPECT_LT(fit.ttft_mape_heldout, 1e-2);
@@ -168,7 +196,8 @@ TEST(FitMeasurements, DecodeLatenciesIdentifyTheGemmBandwidth) {
   EXPECT_LT(fit.decode_mape_heldout, 1e-3);
 }
 
-std::string usage_error(const hw::Profile& base, const std::vector<sim::Point>& pts, std::vector<std::string> ask) {
+std::string usage_error(const hw::Profile& base, const std::vector<sim::Point>& pts,
+                        std::vector<std::string> ask) {
   try {
     sim::fit_measurements(base, pts, ask, nullptr);
   } catch (const UsageError& e) {
@@ -186,7 +215,8 @@ TEST(FitMeasurements, RefusesWhatTheDataCannotIdentify) {
   for (int64_t n : {128, 512, 2048}) s.add(truth, "llama-3.1-8b", 1, n, false);
   // Three points: at most one parameter, although both would be identifiable and either helps.
   EXPECT_NO_THROW(sim::fit_measurements(base, s.points, {"overhead_us"}, nullptr));
-  EXPECT_NE(usage_error(base, s.points, {"gemm.compute", "overhead_us"}).find("at most 1"), std::string::npos);
+  EXPECT_NE(usage_error(base, s.points, {"gemm.compute", "overhead_us"}).find("at most 1"),
+            std::string::npos);
   // One GPU: TP's interconnect plays no part; the bandwidth needs decode points.
   EXPECT_NE(usage_error(base, s.points, {"interconnect"}).find("barely depend"), std::string::npos);
   EXPECT_NE(usage_error(base, s.points, {"gemm.memory"}).find("only decode"), std::string::npos);
@@ -194,13 +224,13 @@ TEST(FitMeasurements, RefusesWhatTheDataCannotIdentify) {
   // Data the base profile already predicts exactly: no parameter improves the fit.
   Synthetic exact;
   for (int64_t n : {128, 512, 2048, 8192}) exact.add(base, "llama-3.1-8b", 1, n, false);
-  EXPECT_NE(usage_error(base, exact.points, {"gemm.compute"}).find("does not improve the fit"), std::string::npos);
+  EXPECT_NE(usage_error(base, exact.points, {"gemm.compute"}).find("does not improve the fit"),
+            std::string::npos);
   EXPECT_THROW(sim::fit_measurements(base, exact.points, {}, nullptr), Error);
   // Two points are not enough for a fit and a held-out check.
   s.points.pop_back();
   EXPECT_THROW(sim::fit_measurements(base, s.points, {}, nullptr), Error);
 }
-
 
 // The 5% points of Fisher's F from a standard table (e.g. NIST/SEMATECH e-Handbook, table
 // 1.3.6.7.3), to the table's three decimals.
@@ -257,7 +287,8 @@ TEST(FitMeasurements, OnePromptLengthFitsGemmAndSaysWhyNotAttention) {
   s.add(truth, "llama-2-70b", 4, 4096, false);
   sim::MeasurementFit fit;
   sim::fit_measurements(base, s.points, {}, &fit);
-  EXPECT_EQ(std::find(fit.params.begin(), fit.params.end(), "attention.compute"), fit.params.end()) << describe(fit);
+  EXPECT_EQ(std::find(fit.params.begin(), fit.params.end(), "attention.compute"), fit.params.end())
+      << describe(fit);
   const auto att = std::find_if(fit.checks.begin(), fit.checks.end(),
                                 [](const sim::ParamCheck& c) { return c.name == "attention.compute"; });
   ASSERT_NE(att, fit.checks.end());
@@ -278,7 +309,8 @@ TEST(FitMeasurements, OnePrunedRunIdentifiesThePruningStageCost) {
   s.add(truth, "llama-3.1-8b", 1, 512, false, "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3");
   sim::MeasurementFit fit;
   const hw::Profile got = sim::fit_measurements(base, s.points, {}, &fit);
-  EXPECT_NE(std::find(fit.params.begin(), fit.params.end(), "pruning.stage_us"), fit.params.end()) << describe(fit);
+  EXPECT_NE(std::find(fit.params.begin(), fit.params.end(), "pruning.stage_us"), fit.params.end())
+      << describe(fit);
   EXPECT_NEAR(sim::get_param(got, "pruning.stage_us"), 400, 4);
   Synthetic others;
   others.add(truth, "llama-3.1-8b", 1, 1024, false, "lazyllm 0.1:0.5,0.3:0.5,0.5:0.5");
@@ -292,7 +324,8 @@ TEST(FitMeasurements, OnePrunedRunIdentifiesThePruningStageCost) {
   // Without a pruned point the stage cost cannot be seen.
   Synthetic dense;
   for (int64_t n : {512, 2048, 8192, 16384}) dense.add(truth, "llama-3.1-8b", 1, n, false);
-  EXPECT_NE(usage_error(base, dense.points, {"pruning.stage_us"}).find("only pruned runs"), std::string::npos);
+  EXPECT_NE(usage_error(base, dense.points, {"pruning.stage_us"}).find("only pruned runs"),
+            std::string::npos);
 }
 
 TEST(FitMeasurements, APrunedMeasurementNeedsItsSchedule) {
@@ -307,7 +340,8 @@ TEST(FitMeasurements, APrunedMeasurementNeedsItsSchedule) {
     sim::make_point(m, "llama-3.1-8b", preset_config("llama-3.1-8b"), sim::Precision{});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("runs.csv: record 3: method 'lazyllm' names no schedule"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("runs.csv: record 3: method 'lazyllm' names no schedule"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -40,7 +40,12 @@ json round_profile() {
           {"interconnect_latency_us", 0},
           {"max_tp", 1},
           {"efficiency",
-           {{"default", true}, {"gemm", e}, {"attention", e}, {"elementwise", e}, {"data_movement", e}, {"interconnect", 1.0}}},
+           {{"default", true},
+            {"gemm", e},
+            {"attention", e},
+            {"elementwise", e},
+            {"data_movement", e},
+            {"interconnect", 1.0}}},
           {"sources",
            {{"peak_tflops", "test"},
             {"memory_bandwidth_gbs", "test"},
@@ -66,8 +71,8 @@ std::string error_of(const json& j) {
 
 TEST(HwProfiles, EveryBuiltInLoadsWithUnitsConverted) {
   const auto names = hw::builtin_profile_names();
-  for (const char* n : {"h100-sxm", "h200", "a100-80gb", "a100-40gb", "l4", "rtx-4090", "m2-pro-cpu", "xeon-avx512",
-                        "cpu-local"})
+  for (const char* n : {"h100-sxm", "h200", "a100-80gb", "a100-40gb", "l4", "rtx-4090", "m2-pro-cpu",
+                        "xeon-avx512", "cpu-local"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   for (const std::string& n : names) {
     const hw::Profile p = hw::load_profile(n);
@@ -160,7 +165,9 @@ ModelConfig tiny() {
 }
 
 TEST(SimCost, RooflineByHand) {
-  const hw::Profile hw = hw::parse_profile(round_profile(), "round");
+  json j = round_profile();
+  j["engine"] = "lazyprefill";  // f32 between ops, nothing fused (the engine of this repository)
+  const hw::Profile hw = hw::parse_profile(j, "round");
   const ModelConfig c = tiny();
   const sim::Precision p{"bf16", "bf16", "bf16"};
   // QKV over 4 rows: [4][8] x [8][16]: 2*4*8*16 = 1024 FLOPs. Bytes: weights 8*16*2 = 256, input
@@ -183,12 +190,80 @@ TEST(SimCost, RooflineByHand) {
   EXPECT_THROW(sim::validate({"bf17", "bf16", "bf16"}), Error);
 }
 
+// Engines (docs/simulator.md, "Engines"), worked by hand on the tiny layer (D 8, F 16, q 8, kv 4)
+// over T = 4 rows in bf16: a GPU serving engine keeps activations at 2 bytes between ops, and
+// what it fuses costs no time of its own.
+TEST(SimCost, EnginesByHand) {
+  const ModelConfig c = tiny();
+  const sim::Precision p{"bf16", "bf16", "bf16"};
+  json j = round_profile();
+  const auto cost = [&](const char* engine, Op op) {
+    j["engine"] = engine;
+    return sim::op_cost(hw::parse_profile(j, "round"), c, op, {4, 10, 4}, p);
+  };
+  // f32 engines: residual 3 passes of 4*8 f32 = 384 B; RoPE 2*4*(8+4)*4 = 384 B.
+  EXPECT_DOUBLE_EQ(cost("llamacpp", Op::Residual).bytes, 384);
+  EXPECT_DOUBLE_EQ(cost("lazyprefill", Op::Rope).bytes, 384);
+  // vllm: bf16 between ops; residual fused into the next RMSNorm: 2 passes of 4*8*2 = 128 B and
+  // no launch of its own; RoPE its own kernel at 2 bytes: 192 B; SwiGLU reads gate and up (2 B)
+  // and writes the GEMM input (2 B): 4*16*6 = 384 B.
+  const sim::OpCost r = cost("vllm", Op::Residual);
+  EXPECT_DOUBLE_EQ(r.bytes, 128);
+  EXPECT_DOUBLE_EQ(r.overhead_s, 0);
+  EXPECT_DOUBLE_EQ(r.time_s, 128 / 50e9);
+  EXPECT_DOUBLE_EQ(cost("vllm", Op::Rope).bytes, 192);
+  EXPECT_DOUBLE_EQ(cost("vllm", Op::SwiGLU).bytes, 384);
+  // GEMM output at 2 bytes: gate_up [4][8] x [8][32]: weights 512, input 64, output 4*32*2 = 256.
+  EXPECT_DOUBLE_EQ(cost("vllm", Op::GateUp).bytes, 512 + 64 + 256);
+  // trtllm: RoPE and SwiGLU fused (no time, FLOPs still counted), gate_up writes F columns.
+  const sim::OpCost rope = cost("trtllm", Op::Rope), glu = cost("trtllm", Op::SwiGLU);
+  EXPECT_DOUBLE_EQ(rope.time_s, 0);
+  EXPECT_DOUBLE_EQ(glu.time_s, 0);
+  EXPECT_DOUBLE_EQ(glu.flops, 5.0 * 4 * 16);
+  EXPECT_DOUBLE_EQ(cost("trtllm", Op::GateUp).bytes, 512 + 64 + 128);
+  // A custom engine from its parts; unknown parts are refused.
+  j["engine"] = {{"elementwise", "compute"}, {"fuse", {"rope"}}};
+  const hw::Profile custom = hw::parse_profile(j, "round");
+  EXPECT_EQ(custom.engine.name, "custom");
+  EXPECT_DOUBLE_EQ(sim::op_cost(custom, c, Op::Residual, {4, 0, 0}, p).bytes, 192);
+  j["engine"] = {{"fuse", {"layernorm"}}};
+  EXPECT_THROW(hw::parse_profile(j, "round"), Error);
+  j["engine"] = "sglang";
+  EXPECT_THROW(hw::parse_profile(j, "round"), Error);
+  // The defaults: vllm on a GPU, lazyprefill on a CPU.
+  EXPECT_EQ(hw::load_profile("h100-sxm").engine.name, "vllm");
+  EXPECT_EQ(hw::load_profile("cpu-local").engine.name, "lazyprefill");
+}
+
+// FP8 runs at the part's FP8 peak where it has one, and is refused where it has none.
+TEST(SimCost, Fp8NeedsAnFp8Peak) {
+  const ModelConfig c = preset_config("llama-3.1-8b");
+  const sim::Precision fp8{"fp8", "fp8", "fp8"};
+  for (const char* name : {"h100-sxm", "h200", "l4", "rtx-4090"}) {
+    const hw::Profile hw = hw::load_profile(name);
+    ASSERT_TRUE(hw.peak_flops.count("fp8")) << name;
+    const sim::OpCost g = sim::op_cost(hw, c, Op::GateUp, {4096, 0, 0}, fp8);
+    EXPECT_DOUBLE_EQ(g.compute_s, g.flops / (hw.peak_flops.at("fp8") * hw.eff(hw::Family::Gemm).compute *
+                                             4096 / (4096 + hw.eff(hw::Family::Gemm).half_rows)))
+        << name;
+    // FP8 weights are one byte each, FP8 GEMMs read one-byte activations.
+    EXPECT_DOUBLE_EQ(g.bytes, 4096.0 * 2 * 14336 * 1 + 4096.0 * 4096 * 1 + 4096.0 * 2 * 14336 * 2) << name;
+  }
+  for (const char* name : {"a100-80gb", "cpu-local"}) {
+    try {
+      sim::op_cost(hw::load_profile(name), c, Op::GateUp, {16, 0, 0}, fp8);
+      ADD_FAILURE() << name << ": fp8 accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no FP8 peak"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SimReplay, DensePrefillFlopsAreTheClosedForm) {
   const ModelConfig c = preset_config("llama-3.1-8b");
   const hw::Profile hw = hw::load_profile("h100-sxm");
   const int64_t T = 4096;
-  const sim::Prediction p =
-      sim::replay(trace::synthetic_trace(c, "none", {}, T, 0), c, hw, sim::Precision{});
+  const sim::Prediction p = sim::replay(trace::synthetic_trace(c, "none", {}, T, 0), c, hw, sim::Precision{});
   // Per token and layer: 2 * (4096*(4096 + 2*1024) + 4096*4096 + 3*4096*14336) GEMM FLOPs;
   // attention 2*128*2 + 5 per pair and head over T(T+1)/2 pairs, 32 heads; norms 2 * 4*4096,
   // RoPE 3 * 40 * 128, SwiGLU 5 * 14336, residuals 2 * 4096 per token; LM head for one row.
@@ -211,8 +286,10 @@ TEST(SimReplay, PruningCutsComputeBoundTimeLikeItsFlops) {
   const hw::Profile hw = hw::load_profile("a100-80gb");
   const auto steps = resolve_schedule(default_schedule(), c.n_layer);
   const int64_t T = 8192;
-  const sim::Prediction none = sim::replay(trace::synthetic_trace(c, "none", {}, T, 4), c, hw, sim::Precision{});
-  const sim::Prediction lazy = sim::replay(trace::synthetic_trace(c, "lazyllm", steps, T, 4), c, hw, sim::Precision{});
+  const sim::Prediction none =
+      sim::replay(trace::synthetic_trace(c, "none", {}, T, 4), c, hw, sim::Precision{});
+  const sim::Prediction lazy =
+      sim::replay(trace::synthetic_trace(c, "lazyllm", steps, T, 4), c, hw, sim::Precision{});
   const double flop_ratio = none.prefill_flops() / lazy.prefill_flops();
   EXPECT_GT(flop_ratio, 1.3);
   // Prefill at 8192 tokens is compute-bound: time falls with FLOPs, within the score/select cost.
@@ -285,8 +362,8 @@ std::vector<sim::RunMeasurement> synthetic_runs(const hw::Profile& truth) {
     m.compute = "f32";
     m.prompt_tokens = T;
     for (int l = 0; l < 4; ++l)
-      for (Op op : {Op::AttnNorm, Op::QKV, Op::Rope, Op::Attention, Op::OProj, Op::FfnNorm, Op::GateUp, Op::SwiGLU,
-                    Op::Down, Op::Gather, Op::Select}) {
+      for (Op op : {Op::AttnNorm, Op::QKV, Op::Rope, Op::Attention, Op::OProj, Op::FfnNorm, Op::GateUp,
+                    Op::SwiGLU, Op::Down, Op::Gather, Op::Select}) {
         const OpShape s{T, T * (T + 1) / 2, T};
         sim::OpSample x{op, l, double(T), op_flops(c, op, s), op_bytes(c, op, s, dt), 0, 1};
         x.seconds = sim::predict_sample(truth, x, "f32");
@@ -334,13 +411,14 @@ TEST(SimCalibrate, BadRunFilesNameTheProblem) {
     return std::string();
   };
   EXPECT_NE(err(nlohmann::json::object()).find("r.json: not a `run --json` output"), std::string::npos);
-  nlohmann::json j = {{"dtype", "f32"},
-                      {"prompt_tokens", 4},
-                      {"prefill_ms", 1.0},
-                      {"ops",
-                       {{"prefill",
-                         {{"layers", {{{"qkv", {{"ms", 1.0}, {"flop", 1.0}, {"bytes", 1.0}, {"rows", 4}, {"calls", 1}}}}}},
-                          {"outside_layers", nlohmann::json::object()}}}}}};
+  nlohmann::json j = {
+      {"dtype", "f32"},
+      {"prompt_tokens", 4},
+      {"prefill_ms", 1.0},
+      {"ops",
+       {{"prefill",
+         {{"layers", {{{"qkv", {{"ms", 1.0}, {"flop", 1.0}, {"bytes", 1.0}, {"rows", 4}, {"calls", 1}}}}}},
+          {"outside_layers", nlohmann::json::object()}}}}}};
   EXPECT_EQ(err(j), "");
   j["ops"]["prefill"]["layers"][0]["warp"] = j["ops"]["prefill"]["layers"][0]["qkv"];
   EXPECT_NE(err(j).find("unknown op 'warp'"), std::string::npos) << err(j);
@@ -394,7 +472,8 @@ TEST(TensorParallel, OneGpuIsUnchangedAndMoreGpusShareTheWork) {
   const hw::Profile h100 = hw::load_profile("h100-sxm");
   const ModelConfig c = preset_config("llama-3.1-70b");
   const sim::Precision p;
-  const trace::Trace t = trace::synthetic_trace(c, "lazyllm", resolve_schedule(default_schedule(), c.n_layer), 8192, 3);
+  const trace::Trace t =
+      trace::synthetic_trace(c, "lazyllm", resolve_schedule(default_schedule(), c.n_layer), 8192, 3);
   const sim::Prediction one = sim::replay(t, c, h100, p);
   const sim::Prediction one_tp = sim::replay(t, c, h100, p, 1, 1);
   EXPECT_EQ(one.ttft_s, one_tp.ttft_s);
@@ -437,15 +516,16 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
     const std::string label = in_.dump();
     SCOPED_TRACE(label);
     const ModelConfig c = preset_config(in_["model"].get<std::string>());
-    const hw::Profile hw = hw::load_profile(in_["hw"].get<std::string>());
+    hw::Profile hw = hw::load_profile(in_["hw"].get<std::string>());
+    if (in_.contains("engine")) hw.engine = hw::engine_preset(in_["engine"].get<std::string>());
     const std::string policy = in_["policy"].get<std::string>();
     const auto steps = resolve_schedule(parse_schedule(in_["schedule"].get<std::string>()), c.n_layer);
     const int64_t N = in_["prompt_tokens"].get<int64_t>();
     const int64_t decode = std::max<int64_t>(0, in_["new_tokens"].get<int64_t>() - 1);
     const sim::Precision p{in_["weights"].get<std::string>(), in_["compute"].get<std::string>(),
                            in_["kv"].get<std::string>()};
-    const trace::Trace t = trace::synthetic_trace(c, policy, policy == "none" ? std::vector<PruneStep>{} : steps, N,
-                                                  decode);
+    const trace::Trace t =
+        trace::synthetic_trace(c, policy, policy == "none" ? std::vector<PruneStep>{} : steps, N, decode);
     EXPECT_EQ(t.steps[0].queries, out["prefill_queries"].get<std::vector<int64_t>>());
     const int tp = in_.value("tp", 1);
     const sim::Prediction pr = sim::replay(t, c, hw, p, 1, tp);
@@ -474,7 +554,6 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
   }
 }
 
-
 // The Aux Cache holds one entry per token: a decoding step's writes (revived rows pruned again)
 // overwrite entries the prefill made. And a decoding step attends over its recorded active set,
 // not min(keys held, pairs), which revived rows' pairs inflate.
@@ -486,10 +565,11 @@ TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
   t.header.policy = "lazyllm";
   t.header.prompt_tokens = 100;
   t.header.schedule_layers = {{0, 0.5}, {1, 0.5}};
-  trace::Step p{"prefill", 100, {100, 50, 25}, {100, 50, 25}, {5050, 1275, 325}, {0, 0, 0}, {0, 0, 0}, {50, 25, 0},
-                {}, {}, {}};
+  trace::Step p{
+      "prefill", 100, {100, 50, 25}, {100, 50, 25}, {5050, 1275, 325}, {0, 0, 0}, {0, 0, 0}, {50, 25, 0}, {},
+      {},        {}};
   // Revives 10 rows at layer 1, 6 of which are pruned again after it (overwrites).
-  trace::Step d{"decode", 1, {1, 11, 5}, {101, 61, 30}, {51, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
+  trace::Step d{"decode",     1,  {1, 11, 5}, {101, 61, 30}, {51, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
                 {51, 26, 26}, {}, {}};
   t.steps = {p, d};
   const hw::Profile hw = hw::load_profile("h100-sxm");
@@ -504,8 +584,9 @@ TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
   const sim::OpCost want = sim::op_cost(hw, c, Op::Attention, OpShape{11, 300, 26}, prec);
   const sim::OpCost old = sim::op_cost(hw, c, Op::Attention, OpShape{11, 300, 61}, prec);
   EXPECT_GT(old.bytes, want.bytes);
-  EXPECT_NEAR(without.decode_ops[size_t(Op::Attention)].bytes - with_keys.decode_ops[size_t(Op::Attention)].bytes,
-              old.bytes - want.bytes, 1e-6 * old.bytes);
+  EXPECT_NEAR(
+      without.decode_ops[size_t(Op::Attention)].bytes - with_keys.decode_ops[size_t(Op::Attention)].bytes,
+      old.bytes - want.bytes, 1e-6 * old.bytes);
 }
 
 }  // namespace
