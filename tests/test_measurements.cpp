@@ -63,6 +63,33 @@ TEST(Measurements, LlamaBenchJsonGivesTtftAndDecodeRecords) {
   EXPECT_NO_THROW(sim::check_no_duplicates(ms));
 }
 
+// Our own llama-bench runs on the CPU (tests/fixtures/measurements/README.md): F32 and Q8_0 at
+// 512-8192 tokens, twice in opposite orders; every record imports, the file type maps to its bits
+// per weight from model_size / model_n_params, and the two runs merge as repetitions.
+TEST(Measurements, LlamaBenchCpuRunsImportAndMergeAsRepetitions) {
+  auto a = sim::import_measurements(sample("llama-bench-smollm2-135m-epyc.json"));
+  const auto b = sim::import_measurements(sample("llama-bench-smollm2-135m-epyc-2.json"));
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  for (const Measurement& m : a) {
+    SCOPED_TRACE(m.record);
+    EXPECT_EQ(m.framework, "llama.cpp");
+    EXPECT_EQ(m.framework_version, "0c1e5709 (11312)");
+    EXPECT_EQ(m.hardware, "AMD EPYC");
+    EXPECT_TRUE(m.ttft_ms.has_value());
+    EXPECT_EQ(m.repetitions, 5);
+    const bool f32 = m.dtype == "all F32";
+    EXPECT_TRUE(f32 || m.dtype == "Q8_0") << m.dtype;
+    // 538,060,032 B over 134,515,008 weights is 32 bits; Q8_0 stores 34 B per 32 weights (8.5),
+    // the embedding included.
+    EXPECT_NEAR(m.weight_bits, f32 ? 32.0 : 8.5, f32 ? 1e-9 : 0.01);
+  }
+  a.insert(a.end(), b.begin(), b.end());
+  const auto merged = sim::merge_repetitions(a);
+  ASSERT_EQ(merged.size(), 10u);
+  for (const Measurement& m : merged) EXPECT_EQ(m.repetitions, 10);
+}
+
 TEST(Measurements, LlamaBenchJsonLinesAndDuplicatesAcrossFiles) {
   const auto jl = sim::import_measurements(sample("llama-bench-rtx4080.jsonl"));
   ASSERT_EQ(jl.size(), 2u);
