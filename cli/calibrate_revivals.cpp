@@ -160,6 +160,7 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
     const double e_rows = rel(rows_per_step(modelled), rows_per_step(t));
     const double e_rows0 = rel(rows_per_step(bound), rows_per_step(t));
     r["error"] = {{"kv", e_kv},
+                  {"aux", rel(pm.memory.aux, pr.memory.aux)},
                   {"kv_share_0", e_kv0},
                   {"decode_step_mean", e_step},
                   {"decode_step_mean_share_0", e_step0},
@@ -171,12 +172,14 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
       fmt::print(
           "held out {} ({} prompt tokens, {} steps) on {}:\n"
           "  KV at the end   replayed {:8.2f} MiB  model {:8.2f} ({:+.1f}%)  share 0 {:8.2f} ({:+.1f}%)\n"
+          "  Aux Cache       replayed {:8.2f} MiB  model {:8.2f} ({:+.1f}%)\n"
           "  decode step     replayed {:8.3f} ms   model {:8.3f} ({:+.1f}%, worst step {:.1f}%)  share 0 "
           "{:8.3f} "
           "({:+.1f}%)\n"
           "  rows per step   replayed {:8.1f}      model {:8.1f} ({:+.1f}%)  share 0 {:8.1f} ({:+.1f}%)\n",
           name, t.header.prompt_tokens, dec, hw.name, pr.memory.kv / 1048576.0, pm.memory.kv / 1048576.0,
-          100 * e_kv, pb.memory.kv / 1048576.0, 100 * e_kv0, pr.decode_step_mean_s() * 1e3,
+          100 * e_kv, pb.memory.kv / 1048576.0, 100 * e_kv0, pr.memory.aux / 1048576.0,
+          pm.memory.aux / 1048576.0, 100 * rel(pm.memory.aux, pr.memory.aux), pr.decode_step_mean_s() * 1e3,
           pm.decode_step_mean_s() * 1e3, 100 * e_step, 100 * step_worst, pb.decode_step_mean_s() * 1e3,
           100 * e_step0, rows_per_step(t), rows_per_step(modelled), 100 * e_rows, rows_per_step(bound),
           100 * e_rows0);

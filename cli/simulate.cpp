@@ -81,8 +81,9 @@ RevivalChoice choose_revivals(const std::string& model, double share, const std:
   }
   const sim::RevivalModel m = sim::load_revival_model(model);
   return {sim::revival_shares(m, n_layer, steps, map),
-          fmt::format("revival model {}, fitted on {} traces of {} ({} layers, schedule {})", m.origin,
-                      m.traces.size(), m.model.empty() ? "?" : m.model, m.n_layer, m.schedule)};
+          fmt::format("revival model {}, fitted on {} {} traces of {} ({} layers, schedule {}){}", m.origin,
+                      m.traces.size(), m.policy, m.model.empty() ? "?" : m.model, m.n_layer, m.schedule,
+                      m.policy == policy ? "" : fmt::format("; applied to {} as a guess", policy))};
 }
 
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {

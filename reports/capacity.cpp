@@ -210,6 +210,11 @@ std::string summary_text(const json& rep) {
                      prov["batch"].get<int64_t>(), prov["precision"]["weights"].get<std::string>(),
                      prov["precision"]["compute"].get<std::string>(),
                      prov["precision"]["kv"].get<std::string>());
+  if (prov["new_tokens"].get<int64_t>() > 1)  // decoding is costed: say how revivals were modelled
+    for (const json& m : prov["methods"])
+      if (m["policy"] == "lazyllm" || m["policy"] == "random")
+        out += fmt::format("revivals ({}): {}\n", m["name"].get<std::string>(),
+                           m["revivals"].get<std::string>());
   for (const std::string& h : hw_order) {
     out += fmt::format("\n{}: TTFT in ms (speedup over none) per prompt length\n{:<40}", h, "method");
     for (const auto& n : lengths) out += fmt::format(" {:>18}", n.get<int64_t>());
