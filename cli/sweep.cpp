@@ -114,6 +114,11 @@ int cmd_sweep(const SweepArgs& a) {
   }
   sim::validate(prec);
   // Decoding revivals: the built-in revival model unless the grid names a file or a constant share.
+  if (g.contains("revival_model") && !g["revival_model"].is_string())
+    fail("{}: 'revival_model' must be a file name (or \"builtin\")", a.grid);
+  if (g.contains("revival_share") && !g["revival_share"].is_number())
+    fail("{}: 'revival_share' must be a number in [0, 1]", a.grid);
+  if (g.contains("map") && !g["map"].is_boolean()) fail("{}: 'map' must be true or false", a.grid);
   const std::string revival_model = g.value("revival_model", std::string());
   const double revival_share = g.value("revival_share", -1.0);
   if (g.contains("revival_share") && !(revival_share >= 0 && revival_share <= 1))

@@ -907,6 +907,25 @@ TEST_F(CliSim, SweepWritesJsonLinesAndResumes) {
     EXPECT_TRUE(nlohmann::json::accept(again.substr(a, b - a))) << again.substr(a, b - a);
   const std::string bad = write_text(R"({"lazyprefill_sweep": 1, "hardware": [], "models": ["x"]})", "bad.json");
   expect_one_line_error(run_cli(dir_, {"sweep", "--grid", bad, "--out", out}), {"bad.json", "'hardware'"});
+  // Revivals and engines in a grid: rows say how revivals were modelled; bad values are one line.
+  const std::string rv = write_text(
+      R"({"lazyprefill_sweep": 1, "hardware": ["h100-sxm"], "models": ["llama-2-7b"], "engine": "trtllm",
+          "methods": [{"policy": "lazyllm", "schedule": "0.3:0.3"}], "prompt_lengths": [1024], "new_tokens": 8,
+          "revival_share": 0})",
+      "rv.json");
+  const std::string rv_out = dir_.file("rv.jsonl");
+  r = run_cli(dir_, {"sweep", "--grid", rv, "--out", rv_out});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(slurp_text(rv_out).find("optimistic bound"), std::string::npos) << slurp_text(rv_out);
+  for (const char* g : {R"("engine": "sglang")", R"("revival_share": "lots")", R"("revival_share": 2)",
+                        R"("map": "yes")", R"("revival_model": 3)"}) {
+    const std::string f = write_text(fmt::format(R"({{"lazyprefill_sweep": 1, "hardware": ["l4"], "models":
+        ["llama-2-7b"], "methods": [{{"policy": "lazyllm"}}], "prompt_lengths": [512], {}}})", g),
+                                     "badrv.json");
+    SCOPED_TRACE(g);
+    expect_one_line_error(run_cli(dir_, {"sweep", "--grid", f, "--out", dir_.file("never.jsonl")}), {});
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("never.jsonl")));
 }
 
 }  // namespace
