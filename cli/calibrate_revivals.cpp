@@ -137,16 +137,14 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
     const sim::Prediction pr = sim::replay(t, c, hw, prec);
     const sim::Prediction pm = sim::replay(modelled, c, hw, prec);
     const sim::Prediction pb = sim::replay(bound, c, hw, prec);
+    const double rows_r = rows_per_step(t), rows_m = rows_per_step(modelled), rows_b = rows_per_step(bound);
     json r = {
         {"trace", name},
         {"prompt_tokens", t.header.prompt_tokens},
         {"decode_steps", dec},
         {"kv_bytes", {{"replayed", pr.memory.kv}, {"model", pm.memory.kv}, {"share_0", pb.memory.kv}}},
         {"aux_bytes", {{"replayed", pr.memory.aux}, {"model", pm.memory.aux}, {"share_0", pb.memory.aux}}},
-        {"rows_per_step",
-         {{"replayed", rows_per_step(t)},
-          {"model", rows_per_step(modelled)},
-          {"share_0", rows_per_step(bound)}}},
+        {"rows_per_step", {{"replayed", rows_r}, {"model", rows_m}, {"share_0", rows_b}}},
         {"decode_step_mean_ms",
          {{"replayed", pr.decode_step_mean_s() * 1e3},
           {"model", pm.decode_step_mean_s() * 1e3},
@@ -157,8 +155,7 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
     const double e_kv = rel(pm.memory.kv, pr.memory.kv), e_kv0 = rel(pb.memory.kv, pr.memory.kv);
     const double e_step = rel(pm.decode_step_mean_s(), pr.decode_step_mean_s());
     const double e_step0 = rel(pb.decode_step_mean_s(), pr.decode_step_mean_s());
-    const double e_rows = rel(rows_per_step(modelled), rows_per_step(t));
-    const double e_rows0 = rel(rows_per_step(bound), rows_per_step(t));
+    const double e_rows = rel(rows_m, rows_r), e_rows0 = rel(rows_b, rows_r);
     r["error"] = {{"kv", e_kv},
                   {"aux", rel(pm.memory.aux, pr.memory.aux)},
                   {"kv_share_0", e_kv0},
@@ -181,8 +178,7 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
           100 * e_kv, pb.memory.kv / 1048576.0, 100 * e_kv0, pr.memory.aux / 1048576.0,
           pm.memory.aux / 1048576.0, 100 * rel(pm.memory.aux, pr.memory.aux), pr.decode_step_mean_s() * 1e3,
           pm.decode_step_mean_s() * 1e3, 100 * e_step, 100 * step_worst, pb.decode_step_mean_s() * 1e3,
-          100 * e_step0, rows_per_step(t), rows_per_step(modelled), 100 * e_rows, rows_per_step(bound),
-          100 * e_rows0);
+          100 * e_step0, rows_r, rows_m, 100 * e_rows, rows_b, 100 * e_rows0);
     out["held_out"].push_back(std::move(r));
   }
   if (!held.empty()) {

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "hwmodels/profile.h"
+#include "sim/revival.h"
 #include "traces/schedule.h"
 #include "traces/synthetic.h"
 
@@ -32,10 +34,14 @@ struct RevivalChoice {
   trace::Revivals share;
   std::string description;
 };
-// `model`: a calibrate-revivals file, or "" / "builtin"; `share` >= 0 replaces the model with a
-// constant share (0: the optimistic bound). Policies that do not revive get an empty share.
-RevivalChoice choose_revivals(const std::string& model, double share, const std::string& policy, int n_layer,
-                              const std::vector<PruneStep>& steps, bool map);
+// The revival model the options name: a calibrate-revivals file, or "" / "builtin"; none when
+// `share` >= 0 (a constant share replaces the model). Read once per command.
+std::optional<sim::RevivalModel> load_revivals(const std::string& model, double share);
+// What one method's synthetic decoding revives: `model` (from load_revivals), else the constant
+// `share` (0: the optimistic bound). Policies that do not revive get an empty share.
+RevivalChoice choose_revivals(const std::optional<sim::RevivalModel>& model, double share,
+                              const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
+                              bool map);
 
 struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw, engine;

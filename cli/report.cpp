@@ -137,13 +137,14 @@ int cmd_report(const ReportArgs& a) {
       req.methods.push_back({std::string(p) + " " + scheds.front().to_string(), p, scheds.front().to_string(),
                              resolve_schedule(scheds.front(), req.model.n_layer)});
 
+  const std::optional<sim::RevivalModel> revival_model = load_revivals(a.revival_model, a.revival_share);
   for (report::Method& m : req.methods) {
     if (m.trace) {
       m.revivals = "recorded in the trace";
       continue;
     }
     RevivalChoice rv =
-        choose_revivals(a.revival_model, a.revival_share, m.policy, req.model.n_layer, m.steps, a.map);
+        choose_revivals(revival_model, a.revival_share, m.policy, req.model.n_layer, m.steps, a.map);
     m.revival = std::move(rv.share);
     m.revivals = std::move(rv.description);
   }

@@ -70,16 +70,22 @@ std::vector<hw::Profile> load_profiles(const std::string& list, const std::strin
   return hws;
 }
 
-RevivalChoice choose_revivals(const std::string& model, double share, const std::string& policy, int n_layer,
-                              const std::vector<PruneStep>& steps, bool map) {
+std::optional<sim::RevivalModel> load_revivals(const std::string& model, double share) {
+  if (share >= 0) return std::nullopt;
+  return sim::load_revival_model(model);
+}
+
+RevivalChoice choose_revivals(const std::optional<sim::RevivalModel>& model, double share,
+                              const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
+                              bool map) {
   if (policy != "lazyllm" && policy != "random")
     return {{}, fmt::format("none (the {} policy revives nothing)", policy)};
-  if (share >= 0) {
+  if (!model) {
     if (share == 0) return {sim::constant_revival_share(0), "none: --revival-share 0, the optimistic bound"};
     return {sim::constant_revival_share(share),
             fmt::format("a constant share of {} (--revival-share)", share)};
   }
-  const sim::RevivalModel m = sim::load_revival_model(model);
+  const sim::RevivalModel& m = *model;
   return {sim::revival_shares(m, n_layer, steps, map),
           fmt::format("revival model {}, fitted on {} {} traces of {} ({} layers, schedule {}){}", m.origin,
                       m.traces.size(), m.policy, m.model.empty() ? "?" : m.model, m.n_layer, m.schedule,
@@ -188,8 +194,8 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
       usage_fail("give --model PATH or --model-config NAME");
     const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
     const std::vector<PruneStep> steps = resolve_schedule(sched, c.n_layer);
-    const RevivalChoice rv =
-        choose_revivals(a.revival_model, a.revival_share, policy, c.n_layer, steps, a.map);
+    const RevivalChoice rv = choose_revivals(load_revivals(a.revival_model, a.revival_share), a.revival_share,
+                                             policy, c.n_layer, steps, a.map);
     revivals = rv.description;
     // M new tokens take M - 1 decoding steps, as in run: the prefill produces the first.
     t = trace::synthetic_trace(c, policy, steps, a.prompt_tokens, std::max<int64_t>(0, a.new_tokens - 1),

@@ -125,11 +125,12 @@ int cmd_sweep(const SweepArgs& a) {
     fail("{}: revival_share must be in [0, 1]", a.grid);
   if (g.contains("revival_share") && g.contains("revival_model"))
     fail("{}: give revival_model or revival_share, not both", a.grid);
+  const std::optional<sim::RevivalModel> revival_from = load_revivals(revival_model, revival_share);
   std::vector<RevivalChoice> revivals(models.size() * methods.size());  // [model][method]
   for (size_t m = 0; m < models.size(); ++m)
     for (size_t k = 0; k < methods.size(); ++k)
       revivals[m * methods.size() + k] = choose_revivals(
-          revival_model, revival_share, methods[k].policy, models[m].n_layer,
+          revival_from, revival_share, methods[k].policy, models[m].n_layer,
           resolve_schedule(parse_schedule(methods[k].schedule), models[m].n_layer), g.value("map", false));
 
   // Resume: keep every complete row already written; drop a torn last line.

@@ -103,8 +103,8 @@ AuxCache::RevivalPlan AuxCache::plan_revival(int l, std::vector<int32_t>& rows,
     if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
       const int64_t e = find(revive[v]);
       if (e < 0 || layer[size_t(e)] != l)
-        fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it", revive[v],
-             l);
+        fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it",
+             revive[v], l);
       plan.aux_src.push_back(e);
       plan.aux_dst.push_back(at);
       merged.push_back(revive[v++]);
@@ -168,7 +168,8 @@ std::vector<int64_t> zeros(int n) {
 void reset_stats(ForwardStats* stats, int L) {
   if (!stats) return;
   *stats = ForwardStats{};
-  stats->computed = stats->keys = stats->pairs = stats->attended = stats->aux_written = stats->revived = zeros(L);
+  stats->computed = stats->keys = stats->pairs = stats->attended = stats->aux_written = stats->revived =
+      zeros(L);
   stats->revived_pos.assign(size_t(L), {});
 }
 }  // namespace
@@ -203,7 +204,8 @@ void Session::run_layer(CpuContext& ctx, int l, std::span<const int32_t> rows, c
   std::span<const int32_t> key_pos;
   if (!keys.empty()) {
     key_pos = keys;
-    const bool all_held = kv.sorted && int64_t(keys.size()) == kv.n && std::equal(keys.begin(), keys.end(), kv.pos.begin());
+    const bool all_held =
+        kv.sorted && int64_t(keys.size()) == kv.n && std::equal(keys.begin(), keys.end(), kv.pos.begin());
     if (!all_held) {
       slots_.resize(keys.size());
       for (size_t i = 0; i < keys.size(); ++i) {
@@ -215,7 +217,8 @@ void Session::run_layer(CpuContext& ctx, int l, std::span<const int32_t> rows, c
   } else {
     if (!kv.sorted) slots_ = kv.slots_in_order();
     key_pos_.resize(size_t(kv.n));
-    for (int64_t i = 0; i < kv.n; ++i) key_pos_[size_t(i)] = kv.pos[size_t(slots_.empty() ? i : slots_[size_t(i)])];
+    for (int64_t i = 0; i < kv.n; ++i)
+      key_pos_[size_t(i)] = kv.pos[size_t(slots_.empty() ? i : slots_[size_t(i)])];
     key_pos = key_pos_;
   }
   const KeySet ks{kv, slots_};
@@ -444,7 +447,8 @@ void Session::decode_step(CpuContext& ctx, int32_t id, int32_t p, float* logits,
     // and its state is saved then).
     revive.clear();
     for (int32_t ap : active)
-      if (kv.find(ap) < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap)) revive.push_back(ap);
+      if (kv.find(ap) < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap))
+        revive.push_back(ap);
     if (!revive.empty()) {
       Timed tm{timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, c};
       const AuxCache::RevivalPlan plan = aux_.plan_revival(l, rows, revive);

@@ -15,11 +15,11 @@
 #include "kernels/context.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/pruning.h"
-#include "traces/schedule.h"
 #include "kernels/weights.h"
 #include "model/config.h"
 #include "model/ops.h"
 #include "model/tokenizer.h"
+#include "traces/schedule.h"
 
 namespace lp {
 
@@ -75,16 +75,16 @@ struct PruneRequest {
 
 // What a forward pass computed.
 struct ForwardStats {
-  std::vector<int64_t> computed;           // [L] tokens computed at each layer (queries)
-  std::vector<int64_t> keys;               // [L] tokens with K/V at each layer after the pass
-  std::vector<int64_t> pairs;              // [L] causal (query, key) pairs attended
-  std::vector<int64_t> attended;           // [L] keys the layer attended over (a decoding step: its active set)
-  std::vector<int64_t> aux_written;        // [L] tokens pruned after layer l, saved to the Aux Cache
-  std::vector<int64_t> revived;            // [L] tokens revived from the Aux Cache at layer l
-  std::vector<std::vector<int32_t>> kept;  // per pruning step: positions kept after it
-  std::vector<std::vector<float>> scores;  // per pruning step: scores of the active tokens (if any)
+  std::vector<int64_t> computed;     // [L] tokens computed at each layer (queries)
+  std::vector<int64_t> keys;         // [L] tokens with K/V at each layer after the pass
+  std::vector<int64_t> pairs;        // [L] causal (query, key) pairs attended
+  std::vector<int64_t> attended;     // [L] keys the layer attended over (a decoding step: its active set)
+  std::vector<int64_t> aux_written;  // [L] tokens pruned after layer l, saved to the Aux Cache
+  std::vector<int64_t> revived;      // [L] tokens revived from the Aux Cache at layer l
+  std::vector<std::vector<int32_t>> kept;         // per pruning step: positions kept after it
+  std::vector<std::vector<float>> scores;         // per pruning step: scores of the active tokens (if any)
   std::vector<std::vector<int32_t>> revived_pos;  // [L] positions revived at layer l (decoding)
-  int64_t aux_writes = 0;                  // hidden states saved to the Aux Cache
+  int64_t aux_writes = 0;                         // hidden states saved to the Aux Cache
 };
 
 // Hidden states of pruned tokens: the input of the first layer at which each has no K/V.
@@ -169,11 +169,11 @@ class Session {
   // The pruning step at layer l (after run_layer): scores the keys by the last row's attention if
   // the policy wants them and returns the indices of the keys to keep (ascending, the last one
   // included).
-  std::vector<int64_t> select(int l, std::span<const int32_t> keys, double share,
-                              PruningPolicy& policy, OpTimers* timers, ForwardStats* stats);
+  std::vector<int64_t> select(int l, std::span<const int32_t> keys, double share, PruningPolicy& policy,
+                              OpTimers* timers, ForwardStats* stats);
   size_t last_rows_ = 0;          // rows of the last run_layer (the scoring row is the last)
   std::vector<int32_t> key_pos_;  // scratch: key positions when run_layer was given none
-  std::vector<int32_t> slots_;  // key slots of the last run_layer (empty: all held, in order)
+  std::vector<int32_t> slots_;    // key slots of the last run_layer (empty: all held, in order)
   Gemm gemm_;
   // Scratch, grown on demand: x [T][D], xn [T][D], qkv [T][(H+2Hkv)Dh], attn [T][H Dh],
   // ff [T][2F], act [T][F], tmp [T][D].

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "model/error.h"
 
@@ -711,10 +712,11 @@ auto point_key(const Measurement& m) {
                     m.decode_tokens,
                     m.ttft_ms.has_value()};
 }
+using PointKey = decltype(point_key(std::declval<const Measurement&>()));
 }  // namespace
 
 std::vector<Measurement> merge_repetitions(std::vector<Measurement> ms, int* merged) {
-  std::map<decltype(point_key(ms.front())), size_t> first;
+  std::map<PointKey, size_t> first;
   std::vector<Measurement> out;
   int folded = 0;
   for (Measurement& m : ms) {
@@ -740,24 +742,9 @@ std::vector<Measurement> merge_repetitions(std::vector<Measurement> ms, int* mer
 }
 
 void check_no_duplicates(const std::vector<Measurement>& ms) {
-  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string,
-                         std::string, int, int, int64_t, int64_t, int64_t, bool>;
-  std::map<Key, const Measurement*> seen;
+  std::map<PointKey, const Measurement*> seen;
   for (const Measurement& m : ms) {
-    const Key key{name_key(m.model),
-                  name_key(m.hardware),
-                  name_key(m.framework),
-                  m.framework_version,
-                  name_key(m.dtype),
-                  m.method,
-                  m.config,
-                  m.batch,
-                  m.tp,
-                  m.prompt_tokens,
-                  m.context_tokens,
-                  m.decode_tokens,
-                  m.ttft_ms.has_value()};
-    const auto [it, fresh] = seen.emplace(key, &m);
+    const auto [it, fresh] = seen.emplace(point_key(m), &m);
     if (!fresh)
       fail(
           "duplicate measurement: {} record {} and {} record {} are the same point ({} on {}, {} prompt "

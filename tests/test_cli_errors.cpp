@@ -5,8 +5,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-
-#include "traces/trace.h"
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,6 +22,7 @@
 #include <vector>
 
 #include "tests/gguf_writer.h"
+#include "traces/trace.h"
 
 extern char** environ;
 
@@ -485,8 +484,8 @@ TEST_F(CliSim, ReplayedAuxCacheAndDecodeKeysAreTheEngines) {
   std::string prompt;
   for (int i = 0; i < 60; ++i) prompt += "b a ";
   const std::string t = dir_.file("revive.jsonl");
-  CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "8", "--prune",
-                               "lazyllm", "--schedule", "0:0.6", "--trace", t, "--json"});
+  CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "8",
+                               "--prune", "lazyllm", "--schedule", "0:0.6", "--trace", t, "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   run = nlohmann::json::parse(r.out);
   const trace::Trace tr = trace::read_trace(t);
@@ -539,8 +538,8 @@ TEST_F(CliSim, SimulateATraceAndASchedule) {
     EXPECT_TRUE(res.exited && res.code == 0) << describe(res);
     return nlohmann::json::parse(res.out)["results"][0];
   };
-  const auto plain = ttft({"simulate", "--prompt-tokens", "3000", "--new-tokens", "3", "--model-config", "llama-2-7b",
-                           "--hw", "l4", "--json"});
+  const auto plain = ttft({"simulate", "--prompt-tokens", "3000", "--new-tokens", "3", "--model-config",
+                           "llama-2-7b", "--hw", "l4", "--json"});
   const auto none = ttft({"simulate", "--prune", "none", "--prompt-tokens", "3000", "--new-tokens", "3",
                           "--model-config", "llama-2-7b", "--hw", "l4", "--json"});
   EXPECT_EQ(plain["ttft_ms"], none["ttft_ms"]);
@@ -554,19 +553,23 @@ TEST_F(CliSim, SimulateBadInput) {
                         {"unknown hardware 'h1000'", "h100-sxm", "cpu-local"});
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--model-config", "llama-9b"}),
                         {"unknown model configuration 'llama-9b'", "llama-3.1-8b"});
-  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--model-config", "llama-2-7b"}),
-                        {"2 layers", "32 layers", "--map"});
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--model-config", "llama-2-7b"}),
+      {"2 layers", "32 layers", "--map"});
   const std::string full = slurp_text(t);
-  const std::string half = write_text(full.substr(0, full.find('\n') + 60), "half.jsonl");  // a step cut short
+  const std::string half =
+      write_text(full.substr(0, full.find('\n') + 60), "half.jsonl");  // a step cut short
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", half, "--hw", "l4"}), {"half.jsonl", "line 2"});
-  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", tiny_, "--hw", "l4"}), {"not a lazyprefill trace"});
-  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--model-config", "llama-2-7b", "--hw", "l4"}),
-                        {"--prompt-tokens"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", tiny_, "--hw", "l4"}),
+                        {"not a lazyprefill trace"});
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--prune", "lazyllm", "--model-config", "llama-2-7b", "--hw", "l4"}),
+      {"--prompt-tokens"});
   expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "9000",
                                        "--model-config", "llama-2-7b", "--hw", "l4"}),
                         {"context of 4096"});
-  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "100", "--schedule",
-                                       "40:0.3", "--model-config", "llama-2-7b", "--hw", "l4"}),
+  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "100",
+                                       "--schedule", "40:0.3", "--model-config", "llama-2-7b", "--hw", "l4"}),
                         {"layer"});
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--kv", "q3"}), {"'q3'"});
   const std::string prof = write_text(R"({"lazyprefill_hw": 1, "name": "x"})", "x.json");
@@ -589,29 +592,34 @@ TEST_F(CliSim, CalibrateFromRunsAndUseTheProfile) {
   const auto prof = nlohmann::json::parse(slurp_text(out));
   EXPECT_EQ(prof["name"], "tiny-local");
   EXPECT_EQ(prof["efficiency"]["default"], false);
-  EXPECT_NE(prof["sources"]["efficiency"].get<std::string>().find("lazyprefill calibrate"), std::string::npos);
+  EXPECT_NE(prof["sources"]["efficiency"].get<std::string>().find("lazyprefill calibrate"),
+            std::string::npos);
   r = run_cli(dir_, {"simulate", "--trace", dir_.file("t20.jsonl"), "--hw", out, "--compute", "f32"});
   EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
 
-  expect_one_line_error(run_cli(dir_, {"calibrate", "--runs", dir_.file("none"), "--base", "l4", "--out", out}),
-                        {"is not a folder"});
+  expect_one_line_error(
+      run_cli(dir_, {"calibrate", "--runs", dir_.file("none"), "--base", "l4", "--out", out}),
+      {"is not a folder"});
   write_text("{\"hello\": 1}", "runs/zz.json");
-  expect_one_line_error(run_cli(dir_, {"calibrate", "--runs", dir_.file("runs"), "--base", "l4", "--out", out}),
-                        {"zz.json", "not a `run --json` output"});
+  expect_one_line_error(
+      run_cli(dir_, {"calibrate", "--runs", dir_.file("runs"), "--base", "l4", "--out", out}),
+      {"zz.json", "not a `run --json` output"});
 }
 
 // End-to-end measurements (sim/fit_measurements.h): a small CSV whose SHA-256 was computed with
 // coreutils' sha256sum, the published TensorRT-LLM table, and the refusals.
 TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
   const std::string csv = write_text(
-      "model,hardware,prompt_tokens,ttft_ms,tp\nllama-2-7b,a100-80gb,512,40.5,1\nllama-2-7b,a100-80gb,1024,75.25,1\n"
+      "model,hardware,prompt_tokens,ttft_ms,tp\nllama-2-7b,a100-80gb,512,40.5,1\nllama-2-7b,a100-80gb,1024,"
+      "75.25,1\n"
       "llama-2-7b,a100-80gb,2048,150,1\nllama-2-70b,a100-80gb,2048,380,4\n",
       "k.csv");
   const std::string out = dir_.file("a100-fit.json");
   // Four points: the per-op overhead explains the short prompts' gap significantly (judged where
   // its fit ends up); GEMM efficiency beside it falls short of the 5% point of F(1, 2), 18.5, and
   // is left out unless asked for.
-  CliResult r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--out", out, "--json"});
+  CliResult r =
+      run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--out", out, "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   for (const auto& c : nlohmann::json::parse(r.out)["parameters"]) {
     if (c["name"] == "overhead_us") {
@@ -619,11 +627,12 @@ TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
     }
     if (c["name"] == "gemm.compute") {
       EXPECT_FALSE(c["fitted"].get<bool>()) << c.dump();
-      EXPECT_NE(c["reason"].get<std::string>().find("the 5% point of F(1, 2)"), std::string::npos) << c.dump();
+      EXPECT_NE(c["reason"].get<std::string>().find("the 5% point of F(1, 2)"), std::string::npos)
+          << c.dump();
     }
   }
-  r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--fit", "gemm.compute", "--out", out,
-                     "--json"});
+  r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "a100-80gb", "--fit", "gemm.compute",
+                     "--out", out, "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto rep = nlohmann::json::parse(r.out);
   ASSERT_EQ(rep["points"].size(), 4u);
@@ -639,14 +648,15 @@ TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
   EXPECT_TRUE(cal["ttft_mape_pct"]["held_out"].is_number());
   EXPECT_NE(prof["sources"]["efficiency"].get<std::string>().find("held-out TTFT MAPE"), std::string::npos);
   // The fitted profile is a profile.
-  r = run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "1000", "--model-config", "llama-2-7b", "--hw",
-                     out});
+  r = run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "1000", "--model-config", "llama-2-7b",
+                     "--hw", out});
   EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
 
   // The published TensorRT-LLM table: its "A100" must be mapped to a profile.
-  const std::string trt = std::string(LP_SOURCE_DIR) + "/tests/fixtures/measurements/trtllm-v0.5-first-token.csv";
-  r = run_cli(dir_, {"calibrate", "--measurements", trt, "--base", "a100-80gb", "--hw-map", "A100=a100-80gb", "--out",
-                     dir_.file("trt.json")});
+  const std::string trt =
+      std::string(LP_SOURCE_DIR) + "/tests/fixtures/measurements/trtllm-v0.5-first-token.csv";
+  r = run_cli(dir_, {"calibrate", "--measurements", trt, "--base", "a100-80gb", "--hw-map", "A100=a100-80gb",
+                     "--out", dir_.file("trt.json")});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   EXPECT_NE(r.out.find("skipped: 4 on h100-sxm"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("held out (leave-one-out)"), std::string::npos) << r.out;
@@ -663,24 +673,30 @@ TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
   const std::string head = "model,hardware,prompt_tokens,ttft_ms,tp\n";
   // 1.3 times the base profile's predictions: a gemm.compute (or overhead) fit explains them.
   const std::string ok =
-      head + "llama-2-7b,h100-sxm,512,17.82,1\nllama-2-7b,h100-sxm,1024,33.29,1\nllama-2-7b,h100-sxm,2048,64.77,1\n";
-  expect_one_line_error(calibrate(ok + "llama-2-7b,NVIDIA H100 PCIe,512,30,1\n"),
-                        {"m.csv", "record 5", "unknown hardware 'NVIDIA H100 PCIe'", "h100-sxm", "a100-80gb", "--hw-map"});
+      head +
+      "llama-2-7b,h100-sxm,512,17.82,1\nllama-2-7b,h100-sxm,1024,33.29,1\nllama-2-7b,h100-sxm,2048,64.77,1\n";
+  expect_one_line_error(
+      calibrate(ok + "llama-2-7b,NVIDIA H100 PCIe,512,30,1\n"),
+      {"m.csv", "record 5", "unknown hardware 'NVIDIA H100 PCIe'", "h100-sxm", "a100-80gb", "--hw-map"});
   expect_one_line_error(calibrate(ok + "Llama-3.2-3B,h100-sxm,512,10,1\n"),
                         {"m.csv", "record 5", "unknown model 'Llama-3.2-3B'", "llama-2-7b", "--model-map"});
-  expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,20,16\n"), {"m.csv", "record 5", "--tp 16", "max_tp 8"});
+  expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,20,16\n"),
+                        {"m.csv", "record 5", "--tp 16", "max_tp 8"});
   // A pruned record without its schedule, and the same file given twice.
-  expect_one_line_error(calibrate("model,hardware,prompt_tokens,ttft_ms,method\n" +
-                                  std::string("llama-2-7b,h100-sxm,512,17.82,none\nllama-2-7b,h100-sxm,1024,33.29,none\n") +
-                                  "llama-2-7b,h100-sxm,2048,50,lazyllm\n"),
-                        {"m.csv", "record 4", "method 'lazyllm' names no schedule"});
+  expect_one_line_error(
+      calibrate("model,hardware,prompt_tokens,ttft_ms,method\n" +
+                std::string("llama-2-7b,h100-sxm,512,17.82,none\nllama-2-7b,h100-sxm,1024,33.29,none\n") +
+                "llama-2-7b,h100-sxm,2048,50,lazyllm\n"),
+      {"m.csv", "record 4", "method 'lazyllm' names no schedule"});
   {
     const std::string f = write_text(ok, "twice.csv");
-    expect_one_line_error(run_cli(dir_, {"calibrate", "--measurements", f, f, "--base", "h100-sxm", "--out", out}),
-                          {"twice.csv", "same bytes"});
+    expect_one_line_error(
+        run_cli(dir_, {"calibrate", "--measurements", f, f, "--base", "h100-sxm", "--out", out}),
+        {"twice.csv", "same bytes"});
   }
-  expect_one_line_error(calibrate("model,hardware,prompt_tokens,ttft_ms,ttft_s\nllama-2-7b,h100-sxm,512,20,0.02\n"),
-                        {"m.csv", "mixed units"});
+  expect_one_line_error(
+      calibrate("model,hardware,prompt_tokens,ttft_ms,ttft_s\nllama-2-7b,h100-sxm,512,20,0.02\n"),
+      {"m.csv", "mixed units"});
   expect_one_line_error(calibrate(ok, {"--fit", "gemm.memory"}), {"cannot fit gemm.memory", "decode"});
   expect_one_line_error(calibrate(ok, {"--model-map", "x=llama-9"}), {"llama-9"});
   expect_one_line_error(calibrate(head + "llama-2-7b,h100-sxm,512,20,1\n"), {"at least 3 points"});
@@ -696,7 +712,8 @@ TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
     EXPECT_DOUBLE_EQ(j["points"][0]["measured_ms"].get<double>(), (17.82 + 18.82) / 2);
   }
   // A model name the presets know under another spelling is accepted with --model-map.
-  const CliResult r = calibrate(ok + "Llama-3.2-3B,h100-sxm,4096,133.0,1\n", {"--model-map", "Llama-3.2-3B=llama-2-7b"});
+  const CliResult r =
+      calibrate(ok + "Llama-3.2-3B,h100-sxm,4096,133.0,1\n", {"--model-map", "Llama-3.2-3B=llama-2-7b"});
   EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
 }
 
@@ -711,10 +728,11 @@ namespace {
 TEST_F(CliErrors, CudaBackendWithoutAGpuIsOneClearLine) {
   const CliResult r = run_cli(dir_, {"run", "--backend", "cuda", "--model", tiny_, "--prompt", "a b"});
   if (!(r.exited && r.code == 0)) expect_one_line_error(r, {"CUDA"});  // exit 0 only where a GPU ran it
-  expect_one_line_error(run_cli(dir_, {"run", "--backend", "cuda", "--model", tiny_, "--prompt", "a b", "--trace",
-                                       dir_.file("t.jsonl")}),
+  expect_one_line_error(run_cli(dir_, {"run", "--backend", "cuda", "--model", tiny_, "--prompt", "a b",
+                                       "--trace", dir_.file("t.jsonl")}),
                         {"--trace", "CPU backend"});
-  expect_one_line_error(run_cli(dir_, {"run", "--backend", "tpu", "--model", tiny_, "--prompt", "a b"}), {"--backend"});
+  expect_one_line_error(run_cli(dir_, {"run", "--backend", "tpu", "--model", tiny_, "--prompt", "a b"}),
+                        {"--backend"});
 }
 
 // Documented exit codes: 0 ok, 1 runtime failure, 2 usage error.
@@ -722,11 +740,16 @@ TEST_F(CliErrors, ExitCodesSeparateUsageFromRuntimeErrors) {
   EXPECT_EQ(run_cli(dir_, {"run", "--bogus"}).code, 2);
   EXPECT_EQ(run_cli(dir_, {}).code, 2);
   EXPECT_EQ(run_cli(dir_, {"run", "--model", tiny_}).code, 2);  // neither --prompt nor --prompt-file
-  EXPECT_EQ(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "a", "--prune", "lazyllm", "--schedule", "0:1.5"}).code, 2);
-  EXPECT_EQ(run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "8", "--model-config", "x", "--hw", "l4"}).code,
+  EXPECT_EQ(
+      run_cli(dir_, {"run", "--model", tiny_, "--prompt", "a", "--prune", "lazyllm", "--schedule", "0:1.5"})
+          .code,
+      2);
+  EXPECT_EQ(run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "8", "--model-config", "x",
+                           "--hw", "l4"})
+                .code,
             2);
-  EXPECT_EQ(run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "8", "--model-config", "llama-2-7b", "--hw",
-                           "h1000"})
+  EXPECT_EQ(run_cli(dir_, {"simulate", "--prune", "none", "--prompt-tokens", "8", "--model-config",
+                           "llama-2-7b", "--hw", "h1000"})
                 .code,
             2);
   EXPECT_EQ(run_cli(dir_, {"run", "--model", dir_.file("missing.gguf"), "--prompt", "a"}).code, 1);
@@ -746,9 +769,10 @@ namespace {
 // report, bad input refused with nothing half-written.
 TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
   const std::string out = dir_.file("rep");
-  CliResult r = run_cli(dir_, {"report", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm,l4", "--prompt-lengths",
-                               "1024,8192", "--slo-ttft-ms", "0.001", "--mem-budget-gib", "30", "--schedule",
-                               "0.3:0.3,0.6:0.3,0.9:0.3", "--schedule", "0.1:0.5,0.3:0.5,0.5:0.5", "--out", out});
+  CliResult r =
+      run_cli(dir_, {"report", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm,l4", "--prompt-lengths",
+                     "1024,8192", "--slo-ttft-ms", "0.001", "--mem-budget-gib", "30", "--schedule",
+                     "0.3:0.3,0.6:0.3,0.9:0.3", "--schedule", "0.1:0.5,0.3:0.5,0.5:0.5", "--out", out});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   EXPECT_NE(r.out.find("h100-sxm"), std::string::npos);
   const std::string schema = std::string(LP_SOURCE_DIR) + "/reports/capacity-report.schema.json";
@@ -765,7 +789,8 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
     EXPECT_TRUE(c["max_prompt_tokens_within_slo"].is_null());
     EXPECT_NE(c["slo_note"].get<std::string>().find("no prompt length meets"), std::string::npos);
   }
-  for (const char* f : {"report.html", "ttft-vs-prompt-length.svg", "speedup-vs-share-computed.svg", "op-breakdown.svg"})
+  for (const char* f :
+       {"report.html", "ttft-vs-prompt-length.svg", "speedup-vs-share-computed.svg", "op-breakdown.svg"})
     EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
   // The pruned methods are faster than none everywhere in this compute-bound regime.
   for (const auto& x : rep["results"]) {
@@ -777,25 +802,25 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
 
 TEST_F(CliSim, ReportBadInput) {
   const std::string out = dir_.file("rep");
-  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "h1000", "--prompt-lengths",
-                                       "1024", "--out", out}),
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "h1000",
+                                       "--prompt-lengths", "1024", "--out", out}),
                         {"unknown hardware 'h1000'", "h100-sxm"});
-  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "gpt-5", "--hw", "l4", "--prompt-lengths", "1024",
-                                       "--out", out}),
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "gpt-5", "--hw", "l4", "--prompt-lengths",
+                                       "1024", "--out", out}),
                         {"unknown model configuration 'gpt-5'", "llama-2-7b"});
-  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
-                                       "1024,lots", "--out", out}),
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
+                                       "--prompt-lengths", "1024,lots", "--out", out}),
                         {"'lots'"});
-  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths", ",",
-                                       "--out", out}),
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
+                                       "--prompt-lengths", ",", "--out", out}),
                         {"--prompt-lengths is empty"});
-  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
-                                       "100000", "--out", out}),
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
+                                       "--prompt-lengths", "100000", "--out", out}),
                         {"exceeds the model's context of 4096"});
   EXPECT_FALSE(std::filesystem::exists(out + "/capacity-report.json"));
   const std::string bad = dir_.file("no/such/folder");
-  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
-                                       "1024", "--out", bad}),
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
+                                       "--prompt-lengths", "1024", "--out", bad}),
                         {"cannot write the report", "no/such/folder"});
 }
 
@@ -820,8 +845,8 @@ TEST_F(CliSim, CalibrateRevivalsFitsAndIsUsed) {
     traces.push_back(t);
   }
   const std::string model = dir_.file("rv.json");
-  CliResult r = run_cli(dir_, {"calibrate-revivals", traces[0], traces[1], "--held-out", traces[2], "--out", model,
-                               "--json", "--compute", "f32"});
+  CliResult r = run_cli(dir_, {"calibrate-revivals", traces[0], traces[1], "--held-out", traces[2], "--out",
+                               model, "--json", "--compute", "f32"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   const auto m = nlohmann::json::parse(slurp_text(model));
@@ -835,16 +860,20 @@ TEST_F(CliSim, CalibrateRevivalsFitsAndIsUsed) {
 
   // simulate: the built-in model by default, the file when named, --revival-share 0 as the bound.
   const auto sim = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {"simulate", "--prune", "lazyllm", "--prompt-tokens", "2000", "--new-tokens", "16",
-                                     "--model-config", "llama-2-7b", "--hw", "l4", "--json"};
+    std::vector<std::string> args = {"simulate",   "--prune",      "lazyllm", "--prompt-tokens",
+                                     "2000",       "--new-tokens", "16",      "--model-config",
+                                     "llama-2-7b", "--hw",         "l4",      "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
     const CliResult res = run_cli(dir_, args);
     EXPECT_TRUE(res.exited && res.code == 0) << describe(res);
     return nlohmann::json::parse(res.out);
   };
-  const auto builtin = sim({}), bound = sim({"--revival-share", "0"}), fitted = sim({"--revival-model", model, "--map"});
-  EXPECT_NE(builtin["revivals"].get<std::string>().find("built-in"), std::string::npos) << builtin["revivals"];
-  EXPECT_NE(bound["revivals"].get<std::string>().find("optimistic bound"), std::string::npos) << bound["revivals"];
+  const auto builtin = sim({}), bound = sim({"--revival-share", "0"}),
+             fitted = sim({"--revival-model", model, "--map"});
+  EXPECT_NE(builtin["revivals"].get<std::string>().find("built-in"), std::string::npos)
+      << builtin["revivals"];
+  EXPECT_NE(bound["revivals"].get<std::string>().find("optimistic bound"), std::string::npos)
+      << bound["revivals"];
   EXPECT_NE(fitted["revivals"].get<std::string>().find("rv.json"), std::string::npos) << fitted["revivals"];
   // Revivals cost decode time and KV: the bound is the cheapest.
   EXPECT_GT(builtin["results"][0]["decode_step_mean_ms"].get<double>(),
@@ -853,32 +882,38 @@ TEST_F(CliSim, CalibrateRevivalsFitsAndIsUsed) {
             bound["results"][0]["memory_bytes"]["kv"].get<double>());
 
   // A 2-layer model on a 32-layer target without --map: one line naming the file, nothing written.
-  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "2000", "--new-tokens",
-                                       "4", "--model-config", "llama-2-7b", "--hw", "l4", "--revival-model", model}),
-                        {"rv.json", "2-layer", "32 layers", "--map"});
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "2000", "--new-tokens", "4",
+                     "--model-config", "llama-2-7b", "--hw", "l4", "--revival-model", model}),
+      {"rv.json", "2-layer", "32 layers", "--map"});
   const std::string out = dir_.file("rep");
-  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths",
-                                       "1024", "--new-tokens", "8", "--revival-model", model, "--out", out}),
-                        {"rv.json", "2-layer", "--map"});
+  expect_one_line_error(
+      run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths", "1024",
+                     "--new-tokens", "8", "--revival-model", model, "--out", out}),
+      {"rv.json", "2-layer", "--map"});
   EXPECT_FALSE(std::filesystem::exists(out));
   r = run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4", "--prompt-lengths", "1024",
                      "--new-tokens", "8", "--prune", "lazyllm", "--out", out, "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto rep = nlohmann::json::parse(r.out);
-  EXPECT_NE(rep["provenance"]["methods"][1]["revivals"].get<std::string>().find("built-in"), std::string::npos);
+  EXPECT_NE(rep["provenance"]["methods"][1]["revivals"].get<std::string>().find("built-in"),
+            std::string::npos);
 
   // Bad input to calibrate-revivals itself.
   const std::string none = dir_.file("none.jsonl");
-  r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", "a b c a b c", "--max-new-tokens", "3", "--trace", none});
+  r = run_cli(dir_,
+              {"run", "--model", tiny_, "--prompt", "a b c a b c", "--max-new-tokens", "3", "--trace", none});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const std::string never = dir_.file("never.json");
-  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", none, "--out", never}), {"none.jsonl", "no revivals"});
+  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", none, "--out", never}),
+                        {"none.jsonl", "no revivals"});
   expect_one_line_error(run_cli(dir_, {"calibrate-revivals", traces[0], traces[0], "--out", never}),
                         {"same trace"});
   expect_one_line_error(run_cli(dir_, {"calibrate-revivals", traces[0], "--held-out", traces[0]}),
                         {"--held-out", "fitted on"});
-  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", "--revival-model", tiny_, "--held-out", traces[2]}),
-                        {"tiny.gguf", "not valid JSON"});
+  expect_one_line_error(
+      run_cli(dir_, {"calibrate-revivals", "--revival-model", tiny_, "--held-out", traces[2]}),
+      {"tiny.gguf", "not valid JSON"});
   expect_one_line_error(run_cli(dir_, {"calibrate-revivals"}), {"give traces to fit"});
   EXPECT_FALSE(std::filesystem::exists(never));
 }
@@ -905,7 +940,8 @@ TEST_F(CliSim, SweepWritesJsonLinesAndResumes) {
   EXPECT_EQ(again.size(), text.size());
   for (size_t a = 0, b; (b = again.find('\n', a)) != std::string::npos; a = b + 1)
     EXPECT_TRUE(nlohmann::json::accept(again.substr(a, b - a))) << again.substr(a, b - a);
-  const std::string bad = write_text(R"({"lazyprefill_sweep": 1, "hardware": [], "models": ["x"]})", "bad.json");
+  const std::string bad =
+      write_text(R"({"lazyprefill_sweep": 1, "hardware": [], "models": ["x"]})", "bad.json");
   expect_one_line_error(run_cli(dir_, {"sweep", "--grid", bad, "--out", out}), {"bad.json", "'hardware'"});
   // Revivals and engines in a grid: rows say how revivals were modelled; bad values are one line.
   const std::string rv = write_text(
@@ -920,7 +956,8 @@ TEST_F(CliSim, SweepWritesJsonLinesAndResumes) {
   for (const char* g : {R"("engine": "sglang")", R"("revival_share": "lots")", R"("revival_share": 2)",
                         R"("map": "yes")", R"("revival_model": 3)"}) {
     const std::string f = write_text(fmt::format(R"({{"lazyprefill_sweep": 1, "hardware": ["l4"], "models":
-        ["llama-2-7b"], "methods": [{{"policy": "lazyllm"}}], "prompt_lengths": [512], {}}})", g),
+        ["llama-2-7b"], "methods": [{{"policy": "lazyllm"}}], "prompt_lengths": [512], {}}})",
+                                                 g),
                                      "badrv.json");
     SCOPED_TRACE(g);
     expect_one_line_error(run_cli(dir_, {"sweep", "--grid", f, "--out", dir_.file("never.jsonl")}), {});
@@ -950,9 +987,9 @@ class CliEval : public CliErrors {
 
 TEST_F(CliEval, WritesJsonAndChartsOnTheTinyModel) {
   const std::string out = dir_.file("ev");
-  CliResult r = run_cli(dir_, {"eval", "--model", six_layers(), "--task", "kv,nll", "--lengths", "300", "--samples",
-                               "2", "--prune", "lazyllm,random", "--schedule", "0.3:0.3,0.6:0.3", "--threads", "1",
-                               "--out", out, "--json"});
+  CliResult r = run_cli(dir_, {"eval", "--model", six_layers(), "--task", "kv,nll", "--lengths", "300",
+                               "--samples", "2", "--prune", "lazyllm,random", "--schedule", "0.3:0.3,0.6:0.3",
+                               "--threads", "1", "--out", out, "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j, nlohmann::json::parse(slurp_text(out + "/eval.json")));
@@ -962,7 +999,8 @@ TEST_F(CliEval, WritesJsonAndChartsOnTheTinyModel) {
     EXPECT_EQ(res["samples"].size(), 2u);
     EXPECT_DOUBLE_EQ(res["baseline"]["prompt_tokens_computed_fraction"].get<double>(), 1.0);
     EXPECT_LT(res["methods"][0]["prompt_tokens_computed_fraction"].get<double>(), 1.0);
-    const std::string svg = slurp_text(fmt::format("{}/speed-accuracy-{}-300.svg", out, res["task"].get<std::string>()));
+    const std::string svg =
+        slurp_text(fmt::format("{}/speed-accuracy-{}-300.svg", out, res["task"].get<std::string>()));
     EXPECT_TRUE(svg.starts_with("<svg") || svg.starts_with("<?xml")) << svg.substr(0, 80);
   }
   EXPECT_EQ(j["results"][0]["task"], "kv");
@@ -1002,8 +1040,9 @@ TEST_F(CliEval, BadInput) {
 // The eval path with --prune none is the plain `run`: same prompt tokens, same greedy answer.
 TEST_F(CliEval, UnprunedEvalAnswersExactlyLikeRunOnTheRealModel) {
   const std::string model = testing::real_model_path();
-  CliResult r = run_cli(dir_, {"eval", "--model", model, "--task", "passkey,kv,mdqa", "--lengths", "400", "--samples",
-                               "2", "--prune", "none", "--seed", "3", "--threads", "1", "--with-prompts", "--json"});
+  CliResult r =
+      run_cli(dir_, {"eval", "--model", model, "--task", "passkey,kv,mdqa", "--lengths", "400", "--samples",
+                     "2", "--prune", "none", "--seed", "3", "--threads", "1", "--with-prompts", "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   const Tokenizer tok(vocab_from_gguf(GgufFile::open(model)));
@@ -1017,8 +1056,8 @@ TEST_F(CliEval, UnprunedEvalAnswersExactlyLikeRunOnTheRealModel) {
       EXPECT_EQ(s["answer"], sample.answer);
       EXPECT_EQ(s["prompt"], sample.prompt);
       const std::string prompt = write_text(sample.prompt, "prompt.txt");
-      const CliResult run = run_cli(dir_, {"run", "--model", model, "--prompt-file", prompt, "--max-new-tokens", "8",
-                                           "--threads", "1", "--json"});
+      const CliResult run = run_cli(dir_, {"run", "--model", model, "--prompt-file", prompt,
+                                           "--max-new-tokens", "8", "--threads", "1", "--json"});
       ASSERT_TRUE(run.exited && run.code == 0) << describe(run);
       const auto rj = nlohmann::json::parse(run.out);
       EXPECT_EQ(rj["prompt_tokens"].get<int64_t>(), s["tokens"].get<int64_t>());

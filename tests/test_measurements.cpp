@@ -33,7 +33,8 @@ void expect_error(const std::string& path, std::initializer_list<std::string> ne
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
   }
 }
 
@@ -186,15 +187,18 @@ TEST(Measurements, BadInputNamesFileRecordAndField) {
                {"type.jsonl", "record 1", "'n_prompt'", "whole number"});
   expect_error(write(dir, "frac.jsonl", replaced(l1, "\"n_prompt\": 512", "\"n_prompt\": 512.7") + "\n"),
                {"frac.jsonl", "record 1", "'n_prompt'", "whole number"});
-  expect_error(write(dir, "reps.jsonl", replaced(l1, "[ 71551000, 71222800, 70364100, 69439100, 69909100 ]", "[]") + "\n"),
+  expect_error(write(dir, "reps.jsonl",
+                     replaced(l1, "[ 71551000, 71222800, 70364100, 69439100, 69909100 ]", "[]") + "\n"),
                {"reps.jsonl", "'samples_ns' is empty"});
   expect_error(write(dir, "pg.jsonl", replaced(l1, "\"n_gen\": 0", "\"n_gen\": 128") + "\n"),
                {"pg.jsonl", "record 1", "-pg 512,128"});
   expect_error(write(dir, "zero.jsonl", replaced(l1, "\"avg_ns\": 70497220", "\"avg_ns\": 0") + "\n"),
                {"zero.jsonl", "'avg_ns' must be positive"});
-  expect_error(write(dir, "cut.jsonl", l1 + "\n\n" + l2.substr(0, 100) + "\n"), {"cut.jsonl", "line 3", "not valid JSON"});
+  expect_error(write(dir, "cut.jsonl", l1 + "\n\n" + l2.substr(0, 100) + "\n"),
+               {"cut.jsonl", "line 3", "not valid JSON"});
   expect_error(write(dir, "empty.json", "  \n"), {"empty.json", "empty"});
-  expect_error(write(dir, "table.md", "| model | size |\n"), {"table.md", "not a recognised measurement file"});
+  expect_error(write(dir, "table.md", "| model | size |\n"),
+               {"table.md", "not a recognised measurement file"});
   expect_error(write(dir, "arr.json", "[1, 2]"), {"arr.json", "record 1", "not a JSON object"});
   expect_error(dir.file("missing.json"), {"cannot read measurements", "missing.json"});
 }
@@ -230,7 +234,8 @@ TEST(Measurements, PlainCsvWithCommentsQuotesAndEmptyCells) {
 
 TEST(Measurements, CsvUnitsAndBadInput) {
   testing::TempDir dir;
-  const auto seconds = sim::import_measurements(write(dir, "s.csv", "model,hardware,prompt_tokens,ttft_s\nm,h,100,0.25\n"));
+  const auto seconds =
+      sim::import_measurements(write(dir, "s.csv", "model,hardware,prompt_tokens,ttft_s\nm,h,100,0.25\n"));
   EXPECT_DOUBLE_EQ(*seconds[0].ttft_ms, 250.0);
   expect_error(write(dir, "mixed.csv", "model,hardware,prompt_tokens,ttft_ms,ttft_s\nm,h,1,1,1\n"),
                {"mixed.csv", "mixed units", "'ttft_ms'", "'ttft_s'"});
@@ -238,15 +243,18 @@ TEST(Measurements, CsvUnitsAndBadInput) {
                {"extra.csv", "ttft_msec"});
   expect_error(write(dir, "dup.csv", "model,hardware,prompt_tokens,ttft_ms,model\nm,h,1,1,m\n"),
                {"dup.csv", "model"});
-  expect_error(write(dir, "nohw.csv", "model,prompt_tokens,ttft_ms\nm,1,1\n"), {"nohw.csv", "missing column 'hardware'"});
-  expect_error(write(dir, "notime.csv", "model,hardware,prompt_tokens\nm,h,1\n"), {"notime.csv", "no time column"});
+  expect_error(write(dir, "nohw.csv", "model,prompt_tokens,ttft_ms\nm,1,1\n"),
+               {"nohw.csv", "missing column 'hardware'"});
+  expect_error(write(dir, "notime.csv", "model,hardware,prompt_tokens\nm,h,1\n"),
+               {"notime.csv", "no time column"});
   expect_error(write(dir, "nan.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1,1\nm,h,2,fast\n"),
                {"nan.csv", "line 3", "'ttft_ms'", "'fast'"});
   expect_error(write(dir, "frac.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,1.5,1\n"),
                {"frac.csv", "line 2", "'prompt_tokens'", "whole number"});
   expect_error(write(dir, "neg.csv", "model,hardware,prompt_tokens,ttft_ms\nm,h,10,-3\n"),
                {"neg.csv", "line 2", "must be positive"});
-  const auto bom = sim::import_measurements(write(dir, "bom.csv", "\xEF\xBB\xBFmodel,hardware,prompt_tokens,ttft_ms\nm,h,1,2\n"));
+  const auto bom = sim::import_measurements(
+      write(dir, "bom.csv", "\xEF\xBB\xBFmodel,hardware,prompt_tokens,ttft_ms\nm,h,1,2\n"));
   EXPECT_EQ(bom[0].model, "m");
   expect_error(write(dir, "dt.csv", "model,hardware,prompt_tokens,ttft_ms,decode_tokens\nm,h,1,2,5\n"),
                {"dt.csv", "line 2", "decode_tokens without decode_ms_per_token"});
@@ -263,9 +271,10 @@ TEST(Measurements, CsvUnitsAndBadInput) {
 // non-positive decode figures and control characters in names.
 TEST(Measurements, ReviewedEdgeCases) {
   testing::TempDir dir;
-  const auto cased = sim::import_measurements(write(
-      dir, "cased.csv", "model,hardware,dtype,prompt_tokens,ttft_ms\nLlama-3.1-8B,A100-80GB,BF16,100,1\n"
-                        "llama_3.1_8b,a100 80gb,bf16,100,2\n"));
+  const auto cased = sim::import_measurements(
+      write(dir, "cased.csv",
+            "model,hardware,dtype,prompt_tokens,ttft_ms\nLlama-3.1-8B,A100-80GB,BF16,100,1\n"
+            "llama_3.1_8b,a100 80gb,bf16,100,2\n"));
   EXPECT_THROW(sim::check_no_duplicates(cased), Error);
   const auto dec = sim::import_measurements(write(
       dir, "dec.csv", "model,hardware,prompt_tokens,context_tokens,decode_ms_per_token\nm,h,8000,100,5\n"));
@@ -274,18 +283,21 @@ TEST(Measurements, ReviewedEdgeCases) {
   EXPECT_EQ(dec[0].prompt_tokens, 0);
   expect_error(write(dir, "big.csv", "model,hardware,batch,prompt_tokens,ttft_ms\nm,h,4294967297,1,1\n"),
                {"big.csv", "line 2", "'batch'", "implausibly large"});
-  expect_error(write(dir, "huge.csv", "model,hardware,prompt_tokens,context_tokens,ttft_ms\nm,h,1,9223372036854775807,1\n"),
+  expect_error(write(dir, "huge.csv",
+                     "model,hardware,prompt_tokens,context_tokens,ttft_ms\nm,h,1,9223372036854775807,1\n"),
                {"huge.csv", "'context_tokens'"});
-  expect_error(write(dir, "inf.json",
-                     R"({"model_id": "m", "median_ttft_ms": 1e400, "input_lens": [10], "max_concurrency": 1})"),
-               {"inf.json"});
+  expect_error(
+      write(dir, "inf.json",
+            R"({"model_id": "m", "median_ttft_ms": 1e400, "input_lens": [10], "max_concurrency": 1})"),
+      {"inf.json"});
   expect_error(write(dir, "tpot.json",
                      R"({"model_id": "m", "median_ttft_ms": 10, "median_tpot_ms": -1, "input_lens": [10],)"
                      R"( "output_lens": [20], "max_concurrency": 1})"),
                {"tpot.json", "record 1", "positive"});
   const auto lens = sim::import_measurements(
-      write(dir, "lens.json", R"({"model_id": "m", "median_ttft_ms": 10, "median_tpot_ms": 5, "input_lens": [10, 30],)"
-                              R"( "output_lens": [20, 40], "max_concurrency": 1})"));
+      write(dir, "lens.json",
+            R"({"model_id": "m", "median_ttft_ms": 10, "median_tpot_ms": 5, "input_lens": [10, 30],)"
+            R"( "output_lens": [20, 40], "max_concurrency": 1})"));
   ASSERT_EQ(lens.size(), 2u);  // the decode latency is not lost when the lengths are per request
   EXPECT_EQ(lens[1].decode_tokens, 29);
   EXPECT_EQ(lens[1].context_tokens, 20);
@@ -297,8 +309,9 @@ TEST(Measurements, ReviewedEdgeCases) {
   ASSERT_EQ(piped.size(), 1u);
   ASSERT_EQ(read.size(), 1u);
   EXPECT_EQ(read[0].bytes, csv_text);
-  const auto ctl = sim::import_measurements(
-      write(dir, "ctl.json", R"({"model_id": "evil\nmodel", "median_ttft_ms": 10, "input_lens": [10], "max_concurrency": 1})"));
+  const auto ctl = sim::import_measurements(write(
+      dir, "ctl.json",
+      R"({"model_id": "evil\nmodel", "median_ttft_ms": 10, "input_lens": [10], "max_concurrency": 1})"));
   ASSERT_EQ(ctl.size(), 1u);
   EXPECT_EQ(ctl[0].model, "evil model");
 }
@@ -311,16 +324,16 @@ TEST(Measurements, VllmServingJsonLines) {
   const Measurement& t = ms[0];
   EXPECT_EQ(t.framework, "vllm");
   EXPECT_EQ(t.model, "Llama-3.2-3B-Instruct");
-  EXPECT_EQ(t.hardware, "4xNVIDIA_L40S");  // --metadata gpu=...
-  EXPECT_EQ(t.prompt_tokens, 999);          // 299700 input tokens / 300 requests
+  EXPECT_EQ(t.hardware, "4xNVIDIA_L40S");            // --metadata gpu=...
+  EXPECT_EQ(t.prompt_tokens, 999);                   // 299700 input tokens / 300 requests
   EXPECT_DOUBLE_EQ(*t.ttft_ms, 52.868896000063614);  // median_ttft_ms
-  EXPECT_FALSE(t.isolated);                 // max_concurrency null: Poisson arrivals at 10 requests/s
+  EXPECT_FALSE(t.isolated);  // max_concurrency null: Poisson arrivals at 10 requests/s
   EXPECT_NE(t.note.find("tp not recorded"), std::string::npos);
   EXPECT_EQ(t.repetitions, 300);
   const Measurement& d = ms[1];
   EXPECT_DOUBLE_EQ(*d.decode_ms_per_token, 13.686303201518745);  // median_tpot_ms
-  EXPECT_EQ(d.decode_tokens, 270 - 1);       // 80945 / 300 = 269.8 output tokens, rounded to 270
-  EXPECT_EQ(d.context_tokens, 999);  // decoding starts after the prompt
+  EXPECT_EQ(d.decode_tokens, 270 - 1);  // 80945 / 300 = 269.8 output tokens, rounded to 270
+  EXPECT_EQ(d.context_tokens, 999);     // decoding starts after the prompt
   EXPECT_EQ(ms[4].config, "request_rate=\"inf\" max_concurrency=-");
   EXPECT_NO_THROW(sim::check_no_duplicates(ms));
 }
@@ -329,8 +342,9 @@ TEST(Measurements, VllmFilesWithoutWhatTheyMeasureAreRefused) {
   // Real files from a vllm-ascend benchmark run: the serving result lacks every prompt-length
   // field, and the latency result (as always) lacks its settings, with no .pytorch.json beside it.
   expect_error(sample("vllm-serve-ascend.json"), {"vllm-serve-ascend.json", "record 1", "no prompt length"});
-  expect_error(sample("vllm-latency-ascend.json"),
-               {"vllm-latency-ascend.json", "does not record the prompt length", "vllm-latency-ascend.pytorch.json"});
+  expect_error(
+      sample("vllm-latency-ascend.json"),
+      {"vllm-latency-ascend.json", "does not record the prompt length", "vllm-latency-ascend.pytorch.json"});
 }
 
 TEST(Measurements, VllmLatencyReadsItsSettingsFromThePytorchFile) {
@@ -341,7 +355,8 @@ TEST(Measurements, VllmLatencyReadsItsSettingsFromThePytorchFile) {
   EXPECT_EQ(read[0].path, sample("vllm-latency-h100.json"));
   EXPECT_EQ(read[1].path, sample("vllm-latency-h100.pytorch.json"));
   std::ifstream side_in(read[1].path, std::ios::binary);
-  EXPECT_EQ(read[1].bytes, std::string((std::istreambuf_iterator<char>(side_in)), std::istreambuf_iterator<char>()));
+  EXPECT_EQ(read[1].bytes,
+            std::string((std::istreambuf_iterator<char>(side_in)), std::istreambuf_iterator<char>()));
   ASSERT_EQ(ms.size(), 1u);
   EXPECT_EQ(ms[0].model, "Llama-3.1-8B-Instruct");
   EXPECT_EQ(ms[0].prompt_tokens, 4096);

@@ -1,7 +1,5 @@
 #include "traces/trace.h"
 
-#include "model/io.h"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 #include <iterator>
 
 #include "model/error.h"
+#include "model/io.h"
 
 namespace lp::trace {
 
@@ -276,7 +275,8 @@ Summary summarize(const Trace& t) {
   const int L = t.header.n_layer;
   const Step& pre = t.steps.front();
   const int64_t T = pre.new_tokens > 0 ? pre.new_tokens : t.header.prompt_tokens;
-  for (int l = 0; l < L; ++l) s.prompt_share_per_layer.push_back(T > 0 ? double(pre.queries[l]) / double(T) : 0.0);
+  for (int l = 0; l < L; ++l)
+    s.prompt_share_per_layer.push_back(T > 0 ? double(pre.queries[l]) / double(T) : 0.0);
   s.prompt_share = prompt_computed_fraction(t);
   // Over the whole generation: a dense run computes every new token at every layer once.
   double all = 0, dense = 0;

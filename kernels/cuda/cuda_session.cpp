@@ -5,12 +5,11 @@
 #include <cstring>
 #include <numeric>
 
-#include "model/ops.h"
-
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_math.h"
 #include "kernels/sampler.h"
 #include "model/error.h"
+#include "model/ops.h"
 #include "traces/schedule.h"
 
 namespace lp::cuda {
@@ -75,7 +74,7 @@ DMatrix upload(const Matrix& m, const char* what) {
 struct DLayer {
   DBuf attn_norm, ffn_norm;
   DMatrix wqkv, wo, w_gate_up, w_down;
-  DBuf k, v, pos, bits;      // K/V [n_ctx][kv], positions [n_ctx], has-KV bits
+  DBuf k, v, pos, bits;           // K/V [n_ctx][kv], positions [n_ctx], has-KV bits
   std::vector<int32_t> pos_host;  // position of each slot
   std::vector<int64_t> slot_of;   // position -> slot, -1 when the layer has no K/V for it
   int64_t n = 0;
@@ -138,23 +137,27 @@ struct CudaSession::Impl {
   }
 
   // dst[to[i]] = src[from[i]], rows of D floats.
-  void copy_indexed(const DBuf& src, const std::vector<int64_t>& from, DBuf& dst, const std::vector<int64_t>& to) {
+  void copy_indexed(const DBuf& src, const std::vector<int64_t>& from, DBuf& dst,
+                    const std::vector<int64_t>& to) {
     if (from.empty()) return;
     idx.reserve(from.size() * 8, "row indices");
     idx2.reserve(to.size() * 8, "row indices");
     copy_to_device(idx.as<void>(), from.data(), from.size() * 8);
     copy_to_device(idx2.as<void>(), to.data(), to.size() * 8);
-    copy_rows(src.as<float>(), idx.as<int64_t>(), dst.as<float>(), idx2.as<int64_t>(), int64_t(from.size()), c.n_embd);
+    copy_rows(src.as<float>(), idx.as<int64_t>(), dst.as<float>(), idx2.as<int64_t>(), int64_t(from.size()),
+              c.n_embd);
   }
 
   // Rows `rows` of x (tokens at positions pos[i]) into the Aux Cache as the input of layer
   // `layer`: the host index records the entry, the device holds the state.
-  void store_aux(AuxCache& aux, const std::vector<int64_t>& rows, const std::vector<int32_t>& pos, int layer) {
+  void store_aux(AuxCache& aux, const std::vector<int64_t>& rows, const std::vector<int32_t>& pos,
+                 int layer) {
     std::vector<int64_t> entries(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       aux.put(pos[i], layer, nullptr, 0);  // the index only: D = 0 on the host
       entries[i] = aux.find(pos[i]);
-      if (entries[i] >= n_ctx) fail("internal error: Aux Cache entry {} beyond its {} rows", entries[i], n_ctx);
+      if (entries[i] >= n_ctx)
+        fail("internal error: Aux Cache entry {} beyond its {} rows", entries[i], n_ctx);
     }
     copy_indexed(x, rows, aux_states, entries);
   }
@@ -224,7 +227,8 @@ struct CudaSession::Impl {
     const int64_t Q = H * Dh, KV = Hkv * Dh, QKV = Q + 2 * KV;
     DLayer& L = layers[size_t(l)];
     const OpShape rows{T, 0, 0};
-    time_op(tm, l, Op::AttnNorm, rows, c, [&] { rmsnorm(x.as<float>(), L.attn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps); });
+    time_op(tm, l, Op::AttnNorm, rows, c,
+            [&] { rmsnorm(x.as<float>(), L.attn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps); });
     time_op(tm, l, Op::QKV, rows, c, [&] {
       mm(xn.as<float>(), T, L.wqkv, qkv.as<float>());
       copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T);
@@ -256,8 +260,8 @@ struct CudaSession::Impl {
     const int64_t n_keys = keys ? int64_t(keys->size()) : L.n;
     time_op(tm, l, Op::Attention, OpShape{T, pairs, n_keys}, c, [&] {
       if (!keys) {
-        attention(q.as<float>(), pos_dev.as<int32_t>(), T, L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.n,
-                  H, Hkv, Dh, attn.as<float>());
+        attention(q.as<float>(), pos_dev.as<int32_t>(), T, L.k.as<float>(), L.v.as<float>(),
+                  L.pos.as<int32_t>(), L.n, H, Hkv, Dh, attn.as<float>());
         return;
       }
       // A subset: its K/V rows gathered by slot, in the order of `keys`.
@@ -274,12 +278,13 @@ struct CudaSession::Impl {
       gather_rows(L.k.as<float>(), idx.as<int64_t>(), kbuf.as<float>(), n_keys, KV);
       gather_rows(L.v.as<float>(), idx.as<int64_t>(), vbuf.as<float>(), n_keys, KV);
       copy_to_device(kpos.as<void>(), keys->data(), keys->size() * 4);
-      attention(q.as<float>(), pos_dev.as<int32_t>(), T, kbuf.as<float>(), vbuf.as<float>(), kpos.as<int32_t>(), n_keys,
-                H, Hkv, Dh, attn.as<float>());
+      attention(q.as<float>(), pos_dev.as<int32_t>(), T, kbuf.as<float>(), vbuf.as<float>(),
+                kpos.as<int32_t>(), n_keys, H, Hkv, Dh, attn.as<float>());
     });
     time_op(tm, l, Op::OProj, rows, c, [&] { mm(attn.as<float>(), T, L.wo, tmp.as<float>()); });
     time_op(tm, l, Op::Residual, rows, c, [&] { add_inplace(x.as<float>(), tmp.as<float>(), T * D); });
-    time_op(tm, l, Op::FfnNorm, rows, c, [&] { rmsnorm(x.as<float>(), L.ffn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps); });
+    time_op(tm, l, Op::FfnNorm, rows, c,
+            [&] { rmsnorm(x.as<float>(), L.ffn_norm.as<float>(), xn.as<float>(), T, D, c.rms_eps); });
     time_op(tm, l, Op::GateUp, rows, c, [&] { mm(xn.as<float>(), T, L.w_gate_up, ff.as<float>()); });
     time_op(tm, l, Op::SwiGLU, rows, c, [&] { swiglu_fused(ff.as<float>(), act.as<float>(), T, F); });
     time_op(tm, l, Op::Down, rows, c, [&] { mm(act.as<float>(), T, L.w_down, tmp.as<float>()); });
@@ -317,10 +322,13 @@ CudaSession::CudaSession(const Model& m, int64_t n_ctx) {
   const double library_bytes = 256.0 * 1048576;
   const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes + library_bytes;
   if (need > double(dev.free_bytes))
-    fail("the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations {:.2f} "
-         "for {} tokens + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
-         need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0, aux_bytes / 1073741824.0,
-         act_bytes / 1073741824.0, n_ctx, dev.name, double(dev.free_bytes) / 1073741824.0);
+    fail(
+        "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations "
+        "{:.2f} "
+        "for {} tokens + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
+        need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0,
+        aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, dev.name,
+        double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
   impl_ = std::make_unique<Impl>(m, n_ctx);
   Impl& s = *impl_;
@@ -386,9 +394,10 @@ int64_t CudaSession::device_bytes() const {
   const Impl& s = *impl_;
   int64_t b = s.weight_bytes;
   for (const DLayer& L : s.layers) b += int64_t(L.k.bytes() + L.v.bytes() + L.pos.bytes() + L.bits.bytes());
-  for (const DBuf* d : {&s.x, &s.x2, &s.xn, &s.qkv, &s.q, &s.k, &s.v, &s.attn, &s.tmp, &s.ff, &s.act, &s.a16,
-                        &s.pos_dev, &s.idx, &s.idx2, &s.scores, &s.logits, &s.kbuf, &s.vbuf, &s.kpos, &s.slot_ids,
-                        &s.keep_dev, &s.aux_states})
+  for (const DBuf* d :
+       {&s.x,      &s.x2,   &s.xn,   &s.qkv,  &s.q,        &s.k,        &s.v,         &s.attn,
+        &s.tmp,    &s.ff,   &s.act,  &s.a16,  &s.pos_dev,  &s.idx,      &s.idx2,      &s.scores,
+        &s.logits, &s.kbuf, &s.vbuf, &s.kpos, &s.slot_ids, &s.keep_dev, &s.aux_states})
     b += int64_t(d->bytes());
   return b;
 }
@@ -416,7 +425,8 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
   if (n_cached() + T > s.n_ctx)
     fail("context full: {} cached + {} new tokens exceed the context size {}", n_cached(), T, s.n_ctx);
   for (int64_t t = 0; t < T; ++t) {
-    if (ids[t] < 0 || ids[t] >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", ids[t], c.n_vocab);
+    if (ids[t] < 0 || ids[t] >= c.n_vocab)
+      fail("token id {} is outside the vocabulary [0, {})", ids[t], c.n_vocab);
     if (pos[t] < 0 || int64_t(pos[t]) >= s.bit_words * 32)
       fail("forward: position {} outside [0, {})", pos[t], s.bit_words * 32);
     if (t > 0 && pos[t] <= pos[t - 1]) fail("forward: positions must be strictly increasing");
@@ -426,7 +436,8 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
   const bool pruning = prune && prune->policy && !prune->steps.empty();
   if (pruning) {
     if (n_cached() != 0) fail("forward: pruning needs an empty cache (a prefill)");
-    if (logit_rows.size() != 1 || logit_rows[0] != T - 1) fail("forward: with pruning only the last row can have logits");
+    if (logit_rows.size() != 1 || logit_rows[0] != T - 1)
+      fail("forward: with pruning only the last row can have logits");
   }
   const int64_t D = c.n_embd, Q = int64_t(c.n_head) * c.head_dim;
   if (stats) {
@@ -460,38 +471,40 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
     std::vector<float> scores;
     if (prune->policy->needs_scores()) {
       time_op(timers, l, Op::Score, OpShape{1, 0, Tl}, c, [&] {
-        last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.layers[size_t(l)].k.as<float>(), Tl, c.n_head, c.n_head_kv,
-                        c.head_dim, s.scores.as<float>());
+        last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.layers[size_t(l)].k.as<float>(), Tl, c.n_head,
+                        c.n_head_kv, c.head_dim, s.scores.as<float>());
       });
     }
-    const std::vector<int64_t> keep = s.select(*prune->policy, l, act_pos, s.pos_dev.as<int32_t>(),
-                                               tokens_kept(Tl, share), stats ? &scores : nullptr, true, timers);
+    const std::vector<int64_t> keep =
+        s.select(*prune->policy, l, act_pos, s.pos_dev.as<int32_t>(), tokens_kept(Tl, share),
+                 stats ? &scores : nullptr, true, timers);
     if (keep.empty() || keep.back() != Tl - 1) fail("pruning policy dropped the last token");
     if (stats) stats->scores.push_back(scores);
-    if (int64_t(keep.size()) < Tl) time_op(timers, l, Op::Gather, OpShape{Tl, 0, 0}, c, [&] {
-      // Pruned rows' hidden states (the input of layer l + 1) to the Aux Cache.
-      size_t k = 0;
-      std::vector<int32_t> kept_pos, pruned_pos;
-      std::vector<int64_t> pruned;
-      for (int64_t r = 0; r < Tl; ++r) {
-        if (k < keep.size() && keep[k] == r) {
-          kept_pos.push_back(act_pos[size_t(r)]);
-          ++k;
-          continue;
+    if (int64_t(keep.size()) < Tl)
+      time_op(timers, l, Op::Gather, OpShape{Tl, 0, 0}, c, [&] {
+        // Pruned rows' hidden states (the input of layer l + 1) to the Aux Cache.
+        size_t k = 0;
+        std::vector<int32_t> kept_pos, pruned_pos;
+        std::vector<int64_t> pruned;
+        for (int64_t r = 0; r < Tl; ++r) {
+          if (k < keep.size() && keep[k] == r) {
+            kept_pos.push_back(act_pos[size_t(r)]);
+            ++k;
+            continue;
+          }
+          pruned.push_back(r);
+          pruned_pos.push_back(act_pos[size_t(r)]);
+          if (stats) {
+            ++stats->aux_writes;
+            ++stats->aux_written[size_t(l)];
+          }
         }
-        pruned.push_back(r);
-        pruned_pos.push_back(act_pos[size_t(r)]);
-        if (stats) {
-          ++stats->aux_writes;
-          ++stats->aux_written[size_t(l)];
-        }
-      }
-      s.store_aux(aux_, pruned, pruned_pos, l + 1);
-      gather_rows(s.x.as<float>(), s.keep_dev.as<int64_t>(), s.x2.as<float>(), int64_t(keep.size()), D);
-      std::swap(s.x, s.x2);
-      act_pos = std::move(kept_pos);
-      copy_to_device(s.pos_dev.as<void>(), act_pos.data(), act_pos.size() * 4);
-    });
+        s.store_aux(aux_, pruned, pruned_pos, l + 1);
+        gather_rows(s.x.as<float>(), s.keep_dev.as<int64_t>(), s.x2.as<float>(), int64_t(keep.size()), D);
+        std::swap(s.x, s.x2);
+        act_pos = std::move(kept_pos);
+        copy_to_device(s.pos_dev.as<void>(), act_pos.data(), act_pos.size() * 4);
+      });
     if (stats) stats->kept.push_back(act_pos);
   }
 
@@ -501,7 +514,8 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
     return;
   }
   std::vector<int64_t> rows(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) rows[size_t(r)] = pruning ? int64_t(act_pos.size()) - 1 : logit_rows[size_t(r)];
+  for (int64_t r = 0; r < R; ++r)
+    rows[size_t(r)] = pruning ? int64_t(act_pos.size()) - 1 : logit_rows[size_t(r)];
   copy_to_device(s.idx.as<void>(), rows.data(), size_t(R) * 8);
   gather_rows(s.x.as<float>(), s.idx.as<int64_t>(), s.xn.as<float>(), R, D);
   time_op(timers, c.n_layer, Op::OutputNorm, OpShape{R, 0, 0}, c,
@@ -513,14 +527,15 @@ void CudaSession::forward(std::span<const int32_t> ids, std::span<const int32_t>
   });
 }
 
-void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune, ForwardStats* stats,
-                              OpTimers* timers) {
+void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune,
+                              ForwardStats* stats, OpTimers* timers) {
   Impl& s = *impl_;
   const ModelConfig& c = s.c;
   if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
   if (!prune.policy) fail("decode_step: no pruning policy");
   if (n_cached() + 1 > s.n_ctx) fail("context full: {} cached + 1 new token exceed {}", n_cached(), s.n_ctx);
-  if (p < 0 || int64_t(p) >= s.bit_words * 32) fail("decode_step: position {} outside [0, {})", p, s.bit_words * 32);
+  if (p < 0 || int64_t(p) >= s.bit_words * 32)
+    fail("decode_step: position {} outside [0, {})", p, s.bit_words * 32);
   const DLayer& L0 = s.layers[0];
   // Layer 0 holds every token in position order (nothing is pruned before it).
   if (L0.n > 0 && p <= L0.pos_host.back()) fail("decode_step: position must be new");
@@ -577,12 +592,13 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
         // in kpos) by run_layer.
         s.scores.reserve(size_t(n) * 4, "scores");
         time_op(timers, l, Op::Score, OpShape{1, 0, n}, c, [&] {
-          last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.kbuf.as<float>(), n, c.n_head, c.n_head_kv, c.head_dim,
-                          s.scores.as<float>());
+          last_row_scores(s.q.as<float>() + (Tl - 1) * Q, s.kbuf.as<float>(), n, c.n_head, c.n_head_kv,
+                          c.head_dim, s.scores.as<float>());
         });
       }
-      const std::vector<int64_t> keep = s.select(*prune.policy, l, active, s.kpos.as<int32_t>(), tokens_kept(n, share),
-                                                 stats ? &scores : nullptr, false, timers);
+      const std::vector<int64_t> keep =
+          s.select(*prune.policy, l, active, s.kpos.as<int32_t>(), tokens_kept(n, share),
+                   stats ? &scores : nullptr, false, timers);
       if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
       if (stats) stats->scores.push_back(scores);
       std::vector<int32_t> kept;
@@ -637,14 +653,17 @@ void CudaSession::decode_step(int32_t id, int32_t p, float* logits, const PruneR
 GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt) {
   const ModelConfig& c = m.config();
   if (!opt.forced_ids.empty()) fail("teacher forcing is not available on the CUDA backend");
-  if (opt.record_steps) fail("traces are recorded by the CPU backend only (drop --trace or use --backend cpu)");
+  if (opt.record_steps)
+    fail("traces are recorded by the CPU backend only (drop --trace or use --backend cpu)");
   const int64_t N = int64_t(prompt_ids.size());
   if (N == 0) fail("the prompt is empty (no tokens)");
   if (c.n_ctx_train > 0 && N + opt.max_new_tokens > c.n_ctx_train)
-    fail("{} prompt tokens + {} new tokens exceed the model's context of {}", N, opt.max_new_tokens, c.n_ctx_train);
+    fail("{} prompt tokens + {} new tokens exceed the model's context of {}", N, opt.max_new_tokens,
+         c.n_ctx_train);
   GenerateResult r;
   r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
-  r.prune_steps = opt.policy == PolicyKind::None ? std::vector<PruneStep>{} : resolve_schedule(opt.schedule, c.n_layer);
+  r.prune_steps =
+      opt.policy == PolicyKind::None ? std::vector<PruneStep>{} : resolve_schedule(opt.schedule, c.n_layer);
   auto policy = make_policy(opt.policy, opt.prune_seed);
   const PruneRequest req{r.prune_steps, policy.get()};
   CudaSession s(m, N + std::max(1, opt.max_new_tokens));
@@ -654,8 +673,8 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   Sampler sampler(opt.sampler);
   const int64_t last = N - 1;
   const auto t0 = std::chrono::steady_clock::now();
-  s.forward(prompt_ids, pos, {&last, 1}, logits.data(), r.prune_steps.empty() ? nullptr : &req, &r.prefill_stats,
-            opt.gpu_op_timers ? &r.prefill_ops : nullptr);
+  s.forward(prompt_ids, pos, {&last, 1}, logits.data(), r.prune_steps.empty() ? nullptr : &req,
+            &r.prefill_stats, opt.gpu_op_timers ? &r.prefill_ops : nullptr);
   r.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.last_prefill_logits = logits;
   int32_t next = sampler.sample(logits);
