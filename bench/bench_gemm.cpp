@@ -110,7 +110,7 @@ void BM_Gemm_Cblas(benchmark::State& st, const char* lib) {
 
 // M, K, N, threads: SmolLM2's gate/up (576 -> 1536) and down (1536 -> 576) at 2048 tokens; the
 // fused gate/up (576 -> 3072) at decode sizes: one row, and 33/64/128 rows (a decode step with
-// revived tokens, where the column-split tiling of Gemm::run applies).
+// revived tokens, where Gemm::run keeps one row block and splits the columns).
 void shapes(benchmark::internal::Benchmark* b) {
   b->Args({2048, 576, 1536, 2})
       ->Args({2048, 1536, 576, 2})
@@ -121,6 +121,47 @@ void shapes(benchmark::internal::Benchmark* b) {
       ->Args({128, 576, 3072, 2});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
+
+// The engine's condition: every layer's weights have left the caches by the time the layer runs
+// again (SmolLM2-135M's f32 weights are 540 MB). So each iteration multiplies by the next of 16
+// distinct weights (the fused gate/up, 576 -> 3072, 7 MiB each; the down projection, 1536 -> 576,
+// 3.4 MiB), so what a prefill GEMM pays to read and pack W from memory shows, where
+// BM_Gemm_OneDNN keeps one W in the cache. Args: M, K, N.
+void BM_Gemm_ColdWeights(benchmark::State& st) {
+  constexpr int kMats = 16;
+  const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  Problem p(M, K, N);
+  lp::CpuContext ctx(2);
+  std::vector<lp::Matrix> ws(kMats);
+  for (lp::Matrix& w : ws) {
+    w.rows = N;
+    w.cols = K;
+    w.dtype = lp::DType::F32;
+    w.f32.resize(size_t(N * K));
+    std::copy(p.w.begin(), p.w.end(), w.f32.data());
+  }
+  lp::Gemm g;
+  g.run(ctx, p.a.data(), M, K, ws[0], p.c.data(), N);
+  if (!p.check(1e-6)) {
+    st.SkipWithError("result differs from the reference");
+    return;
+  }
+  size_t i = 0;
+  for (auto _ : st) {
+    g.run(ctx, p.a.data(), M, K, ws[i], p.c.data(), N);
+    i = (i + 1) % ws.size();
+  }
+  report(st, p);
+}
+void cold_shapes(benchmark::internal::Benchmark* b) {
+  for (const int64_t m : {32, 64, 128, 192, 256, 512, 1024, 2048}) {
+    b->Args({m, 576, 3072});
+    b->Args({m, 1536, 576});
+    b->Args({m, 576, 576});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_Gemm_ColdWeights)->Apply(cold_shapes);
 
 BENCHMARK_CAPTURE(BM_Gemm_OneDNN, f32, lp::DType::F32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_Gemm_OneDNN, bf16, lp::DType::BF16)->Apply(shapes);

@@ -105,7 +105,9 @@ void BM_Decode(benchmark::State& st, lp::DType dt) {
 }
 
 BENCHMARK_CAPTURE(BM_Prefill, f32, lp::DType::F32)
+    ->Arg(256)
     ->Arg(512)
+    ->Arg(1024)
     ->Arg(2048)
     ->Arg(4096)
     ->Unit(benchmark::kMillisecond)

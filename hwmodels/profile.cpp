@@ -119,8 +119,9 @@ Profile parse_profile(const json& j, const std::string& origin) {
     Efficiency& x = p.efficiency[size_t(f)];
     x.compute = positive(e, "compute", where);
     x.memory = positive(e, "memory", where);
-    if (x.compute > 1 || x.memory > 1)
-      fail("{}: 'compute' and 'memory' are shares of peak, at most 1", where);
+    if (x.compute > 1) fail("{}: 'compute' is a share of peak, at most 1", where);
+    if (x.memory > kMaxMemoryEfficiency)
+      fail("{}: 'memory' is effective over peak bandwidth, at most {} (caches)", where, kMaxMemoryEfficiency);
     x.half_rows = positive(e, "half_rows", where, true);
     x.overhead_s = positive(e, "overhead_us", where, true) * 1e-6;
   }

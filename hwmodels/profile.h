@@ -21,9 +21,16 @@ const char* family_name(Family f);
 struct Efficiency {
   double compute = 0.5;   // share of peak FLOP/s at large shapes, (0, 1]
   double half_rows = 1;   // rows at which compute efficiency is half of `compute`, >= 0
-  double memory = 0.7;    // share of peak bandwidth, (0, 1]
+  double memory = 0.7;    // effective bandwidth / peak, (0, kMaxMemoryEfficiency]: above 1 only
+                          // where caches serve the family's traffic (see kMaxMemoryEfficiency)
   double overhead_s = 0;  // per call, >= 0
 };
+
+// Upper bound of Efficiency::memory. The model has no cache term: an op whose working set was
+// just written by the op before it (a CPU's elementwise ops over one layer's activations) reads
+// it from the last-level cache, at several times the DRAM bandwidth. Calibrating per-op timings
+// of this machine's engine measured 2.5x for the elementwise family (hwmodels/README.md).
+inline constexpr double kMaxMemoryEfficiency = 8;
 
 // How the serving engine runs the elementwise ops (docs/simulator.md, "Engines"): activations
 // between ops at f32 or at the compute dtype, and which ops it fuses into a neighbour.

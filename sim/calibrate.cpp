@@ -177,7 +177,13 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
       std::array<double, 4> x = to_x(e);
       const std::array<double, 4> lo = {std::log(1e-4), 0.0, std::log(1e-3), std::log(1e-9)};
       // Per-call overhead at most 100 us: more is never dispatch cost, only noise being absorbed.
-      const std::array<double, 4> hi = {0.0, std::log1p(1e5), 0.0, std::log(1e-4)};
+      // Memory efficiency above 1 (caches serving the traffic, kMaxMemoryEfficiency) only for
+      // the families that move activations an op before just wrote. GEMMs and attention stream
+      // weights and K/V, whose prefill timings (compute-bound) do not identify it anyway: left
+      // free, it drifted to 3x DRAM bandwidth and would have made decode steps look 3x cheaper.
+      const bool cached = fam == hw::Family::Elementwise || fam == hw::Family::DataMovement;
+      const std::array<double, 4> hi = {0.0, std::log1p(1e5),
+                                        cached ? std::log(hw::kMaxMemoryEfficiency) : 0.0, std::log(1e-4)};
       for (int k = 0; k < 4; ++k) x[size_t(k)] = std::clamp(x[size_t(k)], lo[size_t(k)], hi[size_t(k)]);
       const std::string what = fmt::format("calibrate: the {} fit", hw::family_name(fam));
       // A stop short of convergence (NLopt's ROUNDOFF_LIMITED on a noisy family, say) still

@@ -172,7 +172,8 @@ Gemm::~Gemm() = default;
 // each output element is one dot product in one task (thread-count independent).
 namespace {
 constexpr int64_t kGemvRows = 4;
-constexpr int64_t kColRows = 192;  // GEMMs up to this many rows split the columns (see Gemm::run)
+constexpr int64_t kPadRows = 192;       // GEMMs up to this many rows are padded to a multiple of 16
+constexpr double kMinPartFlops = 16e6;  // a GEMM part's least work (see Gemm::run)
 
 inline float dot_f32(const float* w, const float* x, int64_t K) {
   int64_t k = 0;
@@ -287,7 +288,7 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   float* c_out = C;
   int64_t c_ld = ldc;
   const int64_t M_in = M;
-  if (M <= kColRows && M % 16 != 0) {
+  if (M <= kPadRows && M % 16 != 0) {
     M = (M + 15) / 16 * 16;
     impl_->a_pad.assign(size_t(M * K) * a_esz, 0);
     for (int64_t m = 0; m < M_in; ++m)
@@ -301,11 +302,21 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   }
   // Tiles depend only on the shape, never on the thread count, so every element is computed
   // by the same kernel call whatever --threads is (results are bitwise thread-independent).
-  // Up to kColRows rows (decoding, revivals): 16 column blocks over all rows, so each weight is
-  // read once (row blocks would each re-read all of W: at M = 33..128 that ran at a quarter of
-  // the speed). Prefill-sized M: about 8 row blocks over the full N.
-  const int64_t mc = M <= kColRows ? M : std::max<int64_t>(16, ((M + 7) / 8 + 15) / 16 * 16);
-  const int64_t nc = M <= kColRows ? std::max<int64_t>(64, ((N + 15) / 16 + 63) / 64 * 64) : N;
+  // Up to 16 parts: rb row blocks x cb column blocks. Each part reads (and oneDNN packs) its
+  // slice of W once and its rows of A once, so W is read rb times and A cb times; rb is the power
+  // of two nearest sqrt(parts M / N), which makes that traffic least. Small M (decoding,
+  // revivals) gets one row block, each weight read once: row blocks that each re-read all of W
+  // ran at a quarter of the speed at M = 33..128, and a fixed 8 row blocks for prefill-sized M
+  // cost 20-25% of a 200-256-row GEMM whose W comes from memory. Fewer parts for small products
+  // (at least kMinPartFlops each): a 32-row down projection in 9 column blocks of 64 ran at half
+  // the speed of 2 blocks (lp_bench's BM_Gemm_ColdWeights). Only the shape decides the tiles.
+  int64_t parts = 16;
+  while (parts > 2 && 2.0 * double(M) * double(N) * double(K) < kMinPartFlops * double(parts)) parts /= 2;
+  int64_t rb = 1;
+  while (rb < parts && double(rb) * double(rb) * 2 < double(parts) * double(M) / double(N)) rb *= 2;
+  const int64_t cb = parts / rb;
+  const int64_t mc = ((M + rb - 1) / rb + 15) / 16 * 16;
+  const int64_t nc = std::max<int64_t>(64, ((N + cb - 1) / cb + 63) / 64 * 64);
   struct Part {
     int64_t m0, m, n0, n;
     Impl::Prim p;
