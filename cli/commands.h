@@ -78,7 +78,7 @@ std::string sha256_hex(const std::string& data, const std::string& path);
 
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir;
-  int threads = 0;
+  int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };
 CLI::App* add_validate(CLI::App& app, ValidateArgs& a);

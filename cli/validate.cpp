@@ -57,6 +57,10 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
   v->add_option("--base", a.base, "Profile to calibrate (default cpu-local)");
   v->add_option("--threads", a.threads, "CPU threads (default: all this process may use)")
       ->check(CLI::Range(1, 1024));
+  v->add_option(
+       "--rounds", a.rounds,
+       "Rounds over all cases, the fastest run of each case kept (default 3; more on a busy machine)")
+      ->check(CLI::Range(1, 20));
   v->add_option("--out-dir", a.out_dir, "Also write each run's run --json output here");
   v->add_flag("--json", a.json_out, "Print one JSON object");
   return v;
@@ -80,8 +84,8 @@ int cmd_validate(const ValidateArgs& a) {
     for (size_t si = 0; si < schedules.size(); ++si)
       cases.push_back({lengths[li], schedules[si].first, schedules[si].second, (li + si) % 2 == 0});
 
-  // Three rounds over every case, the fastest of each kept: noise on a shared machine only ever
-  // adds time, and alternating the cases spreads a slow minute over all of them instead of one.
+  // Rounds over every case (--rounds, default 3), the fastest of each kept: noise on a shared machine only
+  // ever adds time, and alternating the cases spreads a slow minute over all of them instead of one.
   std::vector<std::vector<int32_t>> prompts(cases.size());
   std::vector<GenerateOptions> opts(cases.size());
   std::vector<GenerateResult> best(cases.size());
@@ -93,7 +97,7 @@ int cmd_validate(const ValidateArgs& a) {
     opts[i].policy = parse_policy(c.policy);
     opts[i].schedule = parse_schedule(c.schedule);
   }
-  constexpr int kRounds = 3;
+  const int kRounds = a.rounds;
   for (int rep = 0; rep < kRounds; ++rep)
     for (size_t i = 0; i < cases.size(); ++i) {
       GenerateResult r = generate(ctx, *model, prompts[i], opts[i]);
@@ -186,6 +190,7 @@ int cmd_validate(const ValidateArgs& a) {
               {"threads", ctx.threads()},
               {"base_profile", base.name},
               {"quick", a.quick},
+              {"rounds", a.rounds},
               {"cases", held},
               {"ttft_mape", mape},
               {"base_ttft_mape", base_mape},

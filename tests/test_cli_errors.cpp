@@ -377,6 +377,11 @@ TEST_F(CliErrors, ZeroThreads) {
                         {"--threads", "0"});
 }
 
+TEST_F(CliErrors, ValidateRoundsOutOfRange) {
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "0"}), {"--rounds", "0"});
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "21"}), {"--rounds", "21"});
+}
+
 TEST_F(CliErrors, NoSubcommand) {
   expect_one_line_error(run_cli(dir_, {}), {"subcommand"});
 }
