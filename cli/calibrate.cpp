@@ -104,10 +104,10 @@ int calibrate_runs(const CalibrateArgs& a) {
   if (files.empty()) fail("--runs '{}' holds no .json files", a.runs);
   std::vector<sim::RunMeasurement> runs;
   for (const fs::path& f : files) {
-    std::ifstream in(f);
+    const std::string text = read_input_file(f.string(), "run --json file", input_cap::kResults);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       fail("{}: not valid JSON ({})", f.string(), e.what());
     }

@@ -23,11 +23,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read trace '{}'", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return read_input_file(path, "trace", input_cap::kTrace);
 }
 
 double rows_per_step(const trace::Trace& t) {

@@ -26,6 +26,7 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
+#include "model/io.h"
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/vocab.h"
@@ -66,12 +67,7 @@ lp::cuda::Device check_cuda_backend(const std::string& path, lp::DType dtype) {
 }
 
 std::string read_prompt_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) lp::fail("cannot read prompt file '{}'", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) lp::fail("error while reading prompt file '{}'", path);
-  return ss.str();
+  return lp::read_input_file(path, "prompt file", lp::input_cap::kPrompt);
 }
 
 // auto: on the CPU the fastest this CPU has (bf16 where it has AVX-512 bf16); on a GPU bf16

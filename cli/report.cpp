@@ -151,10 +151,9 @@ int cmd_report(const ReportArgs& a) {
 
   nlohmann::json validation;
   if (!a.validation.empty()) {
-    std::ifstream in(a.validation);
-    if (!in) fail("cannot read --validation '{}'", a.validation);
+    const std::string text = read_input_file(a.validation, "--validation file", input_cap::kResults);
     try {
-      validation = nlohmann::json::parse(in);
+      validation = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       fail("--validation '{}' is not valid JSON ({})", a.validation, e.what());
     }

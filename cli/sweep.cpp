@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "hwmodels/profile.h"
 #include "model/error.h"
+#include "model/io.h"
 #include "model/presets.h"
 #include "sim/replay.h"
 #include "traces/schedule.h"
@@ -71,11 +72,10 @@ CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
 }
 
 int cmd_sweep(const SweepArgs& a) {
-  std::ifstream in(a.grid);
-  if (!in) usage_fail("cannot read --grid '{}'", a.grid);
+  const std::string grid_text = read_input_file(a.grid, "sweep grid", input_cap::kSmallJson);
   json g;
   try {
-    g = json::parse(in);
+    g = json::parse(grid_text);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON ({})", a.grid, e.what());
   }
@@ -137,7 +137,10 @@ int cmd_sweep(const SweepArgs& a) {
   std::set<std::string> done;
   std::string kept;
   {
-    std::ifstream old(a.out);
+    std::error_code ec;
+    std::istringstream old(std::filesystem::exists(a.out, ec)
+                               ? read_input_file(a.out, "sweep output", input_cap::kTrace)
+                               : std::string());
     std::string line;
     while (std::getline(old, line)) {
       try {

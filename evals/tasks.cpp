@@ -1,12 +1,16 @@
 #include "evals/tasks.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
-#include <fmt/format.h>
+#include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "model/error.h"
+#include "model/io.h"
 #include "model/paths.h"
 
 namespace lp::eval {
@@ -14,22 +18,22 @@ namespace {
 
 // Nouns for the kv keys and the mdqa document titles; names for the mdqa answers. None of the
 // names occurs in the extracted text, so the only place a name appears is its fact.
-constexpr const char* kNouns[] = {"lion",   "eagle",   "river",   "garden", "lamp",     "tower",
-                                  "harbour", "orchard", "mill",    "bridge", "forest",   "valley",
-                                  "lantern", "anchor",  "meadow",  "castle", "chariot",  "vineyard",
-                                  "compass", "fountain", "granary", "bell",  "workshop", "library"};
-constexpr const char* kNames[] = {"Edmund",  "Harriet", "Percival", "Rosalind",   "Ambrose", "Beatrice",
-                                  "Cedric",  "Winifred", "Oswald",  "Marguerite", "Leopold", "Imogen",
-                                  "Reginald", "Philippa", "Horace", "Cordelia"};
+constexpr const char* kNouns[] = {"lion",    "eagle",    "river",   "garden", "lamp",     "tower",
+                                  "harbour", "orchard",  "mill",    "bridge", "forest",   "valley",
+                                  "lantern", "anchor",   "meadow",  "castle", "chariot",  "vineyard",
+                                  "compass", "fountain", "granary", "bell",   "workshop", "library"};
+constexpr const char* kNames[] = {"Edmund",   "Harriet",  "Percival", "Rosalind",   "Ambrose", "Beatrice",
+                                  "Cedric",   "Winifred", "Oswald",   "Marguerite", "Leopold", "Imogen",
+                                  "Reginald", "Philippa", "Horace",   "Cordelia"};
 constexpr int kKvPairs = 4;
 constexpr int kDocuments = 5;
 constexpr int kContinuation = 64;
 
 const std::vector<TaskInfo> kTasks = {
-    {Task::Passkey, "passkey", "a five-digit pass key hidden once in the text, asked at the end", "exact match", 0,
-     8},
-    {Task::KeyValue, "kv", "four secret numbers of named things spread through the text, one asked", "exact match",
-     kKvPairs, 8},
+    {Task::Passkey, "passkey", "a five-digit pass key hidden once in the text, asked at the end",
+     "exact match", 0, 8},
+    {Task::KeyValue, "kv", "four secret numbers of named things spread through the text, one asked",
+     "exact match", kKvPairs, 8},
     {Task::MultiDocQA, "mdqa", "five titled documents, each naming a keeper; the keeper of one asked",
      "exact match", kDocuments, 8},
     {Task::ContinuationNLL, "nll", "loss of the next 64 tokens of the text, teacher-forced", "NLL", 0,
@@ -52,8 +56,8 @@ int64_t count_tokens(const Tokenizer& tok, const std::string& text) {
 
 // Consecutive verses from a random start until they hold about `budget` tokens (counted verse by
 // verse; the caller trims the whole prompt to size). The first has no leading space.
-std::vector<std::string> verse_run(const Corpus& c, const Tokenizer& tok, std::mt19937_64& rng, int64_t budget,
-                                   int64_t total_tokens) {
+std::vector<std::string> verse_run(const Corpus& c, const Tokenizer& tok, std::mt19937_64& rng,
+                                   int64_t budget, int64_t total_tokens) {
   std::vector<std::string> out;
   int64_t have = 0;
   for (size_t v = size_t(rng() % (c.verses.size() / 2)); have < budget; ++v) {
@@ -71,14 +75,16 @@ struct Insert {
   std::string text;
 };
 
-std::string join_with_inserts(const std::vector<std::string>& verses, size_t count, std::vector<Insert> inserts) {
+std::string join_with_inserts(const std::vector<std::string>& verses, size_t count,
+                              std::vector<Insert> inserts) {
   std::sort(inserts.begin(), inserts.end(), [](const Insert& a, const Insert& b) { return a.at < b.at; });
   size_t total = 0;
   for (size_t k = 0; k < count; ++k) total += verses[k].size();
   std::string text;
   size_t next = 0, done = 0;
   for (size_t k = 0; k < count; ++k) {
-    while (next < inserts.size() && double(done) >= inserts[next].at * double(total)) text += inserts[next++].text;
+    while (next < inserts.size() && double(done) >= inserts[next].at * double(total))
+      text += inserts[next++].text;
     text += verses[k];
     done += verses[k].size();
   }
@@ -88,7 +94,8 @@ std::string join_with_inserts(const std::vector<std::string>& verses, size_t cou
 
 void check_room(int64_t tokens, int64_t fixed, const char* task) {
   if (tokens <= fixed + 16)
-    fail("{}: {} tokens leave no room for the text around the question (it needs {})", task, tokens, fixed + 17);
+    fail("{}: {} tokens leave no room for the text around the question (it needs {})", task, tokens,
+         fixed + 17);
 }
 
 // Drops verses (through `build(count)`) until the prompt fits `tokens`; fills the sample's ids.
@@ -104,7 +111,8 @@ std::string fit(const Tokenizer& tok, int64_t tokens, size_t count, Build build,
     ids = tok.encode(prompt, true, false);
   }
   if (int64_t(ids.size()) > tokens)
-    fail("{} tokens are too few for this task's text (the question and facts alone take {})", tokens, ids.size());
+    fail("{} tokens are too few for this task's text (the question and facts alone take {})", tokens,
+         ids.size());
   return prompt;
 }
 
@@ -125,9 +133,12 @@ Sample passkey(const Corpus& c, const Tokenizer& tok, int64_t tokens, int i, std
   Sample s;
   s.task = Task::Passkey;
   s.answer = key;
-  s.prompt = fit(tok, tokens, verses.size(), [&](size_t n) {
-    return join_with_inserts(verses, n, {{depth, needle}}) + question;
-  }, s.prompt_ids);
+  s.prompt = fit(
+      tok, tokens, verses.size(),
+      [&](size_t n) {
+        return join_with_inserts(verses, n, {{depth, needle}}) + question;
+      },
+      s.prompt_ids);
   s.depth = share_of(s.prompt, needle);
   return s;
 }
@@ -152,8 +163,9 @@ Sample key_value(const Corpus& c, const Tokenizer& tok, int64_t tokens, std::mt1
   Sample s;
   s.task = Task::KeyValue;
   s.answer = values[q];
-  s.prompt = fit(tok, tokens, verses.size(), [&](size_t n) { return join_with_inserts(verses, n, facts) + question; },
-                 s.prompt_ids);
+  s.prompt = fit(
+      tok, tokens, verses.size(), [&](size_t n) { return join_with_inserts(verses, n, facts) + question; },
+      s.prompt_ids);
   s.depth = share_of(s.prompt, facts[q].text);
   return s;
 }
@@ -169,8 +181,8 @@ Sample multi_doc(const Corpus& c, const Tokenizer& tok, int64_t tokens, std::mt1
     fixed_text += heads.back() + facts.back();
   }
   const size_t q = size_t(rng() % kDocuments);
-  const std::string question = "\n\nQuestion: According to the documents, who was the keeper of the " + titles[q] +
-                               "?\nAnswer: The keeper of the " + titles[q] + " was named";
+  const std::string question = "\n\nQuestion: According to the documents, who was the keeper of the " +
+                               titles[q] + "?\nAnswer: The keeper of the " + titles[q] + " was named";
   const int64_t fixed = count_tokens(tok, fixed_text + question) + 1;
   check_room(tokens, fixed, "mdqa");
   std::vector<std::vector<std::string>> docs;
@@ -201,7 +213,8 @@ Sample multi_doc(const Corpus& c, const Tokenizer& tok, int64_t tokens, std::mt1
     s.prompt_ids = tok.encode(s.prompt, true, false);
   }
   if (s.tokens() > tokens)
-    fail("mdqa: {} tokens are too few for five documents and the question (they take {})", tokens, s.tokens());
+    fail("mdqa: {} tokens are too few for five documents and the question (they take {})", tokens,
+         s.tokens());
   s.depth = share_of(s.prompt, facts[q]);
   return s;
 }
@@ -230,15 +243,18 @@ std::string default_corpus_path() {
 }
 
 Corpus load_corpus(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("cannot read the evaluation text '{}' (scripts/setup extracts it from Debian's bible-kjv)", path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    fail("{}: no such file (scripts/setup extracts the evaluation text from Debian's bible-kjv)", path);
+  std::istringstream in(read_input_file(path, "evaluation text", input_cap::kCorpus));
   Corpus c;
   std::string line;
   while (std::getline(in, line)) {
     const size_t tab = line.find('\t');
     if (tab != std::string::npos && tab + 1 < line.size()) c.verses.push_back(line.substr(tab + 1));
   }
-  if (c.verses.size() < 1000) fail("'{}' holds {} verses; expected the KJV extract of scripts/setup", path, c.verses.size());
+  if (c.verses.size() < 1000)
+    fail("'{}' holds {} verses; expected the KJV extract of scripts/setup", path, c.verses.size());
   return c;
 }
 
@@ -274,10 +290,18 @@ std::vector<Sample> make_samples(Task task, const Corpus& c, const Tokenizer& to
   std::vector<Sample> out;
   for (int i = 0; i < n; ++i) {
     switch (task) {
-      case Task::Passkey: out.push_back(passkey(c, tok, tokens, i, rng)); break;
-      case Task::KeyValue: out.push_back(key_value(c, tok, tokens, rng)); break;
-      case Task::MultiDocQA: out.push_back(multi_doc(c, tok, tokens, rng)); break;
-      case Task::ContinuationNLL: out.push_back(continuation(c, tok, tokens, rng)); break;
+      case Task::Passkey:
+        out.push_back(passkey(c, tok, tokens, i, rng));
+        break;
+      case Task::KeyValue:
+        out.push_back(key_value(c, tok, tokens, rng));
+        break;
+      case Task::MultiDocQA:
+        out.push_back(multi_doc(c, tok, tokens, rng));
+        break;
+      case Task::ContinuationNLL:
+        out.push_back(continuation(c, tok, tokens, rng));
+        break;
     }
   }
   return out;
@@ -285,8 +309,9 @@ std::vector<Sample> make_samples(Task task, const Corpus& c, const Tokenizer& to
 
 bool answer_correct(Task task, std::string_view generated, std::string_view answer) {
   using Pred = bool (*)(unsigned char);
-  const Pred is_word = task == Task::MultiDocQA ? Pred([](unsigned char ch) { return std::isalpha(ch) != 0; })
-                                                : Pred([](unsigned char ch) { return std::isdigit(ch) != 0; });
+  const Pred is_word = task == Task::MultiDocQA
+                           ? Pred([](unsigned char ch) { return std::isalpha(ch) != 0; })
+                           : Pred([](unsigned char ch) { return std::isdigit(ch) != 0; });
   size_t b = 0;
   while (b < generated.size() && !is_word(static_cast<unsigned char>(generated[b]))) ++b;
   size_t e = b;
@@ -295,7 +320,8 @@ bool answer_correct(Task task, std::string_view generated, std::string_view answ
   const std::string_view first = generated.substr(b, e - b);
   if (first.size() != answer.size()) return false;
   for (size_t k = 0; k < first.size(); ++k)
-    if (std::tolower(static_cast<unsigned char>(first[k])) != std::tolower(static_cast<unsigned char>(answer[k])))
+    if (std::tolower(static_cast<unsigned char>(first[k])) !=
+        std::tolower(static_cast<unsigned char>(answer[k])))
       return false;
   return true;
 }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "model/error.h"
+#include "model/io.h"
 
 namespace lp::hw {
 
@@ -214,11 +215,10 @@ Profile load_profile(const std::string& name_or_path) {
   const bool is_path = name_or_path.find('/') != std::string::npos ||
                        (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
   if (is_path) {
-    std::ifstream in(name_or_path);
-    if (!in) fail("cannot open hardware profile '{}'", name_or_path);
+    const std::string text = read_input_file(name_or_path, "hardware profile", input_cap::kSmallJson);
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       fail("hardware profile '{}' is not valid JSON: {}", name_or_path, e.what());
     }

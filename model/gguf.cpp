@@ -185,7 +185,8 @@ const char* gguf_type_name(GgufType t) {
 GgufFile GgufFile::open(const std::string& path) {
   GgufFile f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking, so a FIFO given as the model cannot hang open(); it is refused below.
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (f.fd_ < 0) fail("{}: cannot open model file: {}", path, std::strerror(errno));
   struct stat st {};
   if (::fstat(f.fd_, &st) != 0) fail("{}: cannot stat: {}", path, std::strerror(errno));

@@ -1,5 +1,7 @@
 #include "model/io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +13,39 @@
 #include "model/error.h"
 
 namespace lp {
+
+std::string read_input_file(const std::string& path, const char* what, uint64_t max_bytes) {
+  if (path.empty()) fail("the path of the {} is empty", what);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) fail("{}: cannot read {}: {}", path, what, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail("{}: cannot read {}: {}", path, what, std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) fail("{}: is a directory, not a {}", path, what);
+  if (!S_ISREG(st.st_mode))
+    fail("{}: the {} must be a regular file, not a device, FIFO or socket", path, what);
+  const auto mib = [](uint64_t b) { return double(b) / double(input_cap::kMiB); };
+  if (uint64_t(st.st_size) > max_bytes)
+    fail("{}: {:.1f} MiB is over the {:.0f} MiB limit for {}s", path, mib(uint64_t(st.st_size)),
+         mib(max_bytes), what);
+  // Read to the end, not to st_size: a file that grows while read is still capped.
+  std::string out;
+  out.reserve(size_t(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("cannot read {} '{}': {}", what, path, std::strerror(errno));
+    if (n == 0) break;
+    if (out.size() + size_t(n) > max_bytes)
+      fail("{}: grew past the {:.0f} MiB limit for {}s while being read", path, mib(max_bytes), what);
+    out.append(buf, size_t(n));
+  }
+  return out;
+}
 
 void write_file_atomic(const std::string& path, std::string_view content, const char* what) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());

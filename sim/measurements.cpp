@@ -10,6 +10,8 @@
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -24,6 +26,7 @@
 #include <utility>
 
 #include "model/error.h"
+#include "model/io.h"
 
 namespace lp::sim {
 namespace {
@@ -43,12 +46,9 @@ std::string read_text(const std::string& path) {
   if (g_reading)
     for (const MeasurementSource& f : *g_reading)
       if (f.path == path) return f.bytes;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read measurements '{}'", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (g_reading) g_reading->push_back({path, ss.str()});
-  return ss.str();
+  std::string text = read_input_file(path, "measurement file", input_cap::kResults);
+  if (g_reading) g_reading->push_back({path, text});
+  return text;
 }
 
 // A field of record `rec` of `path`, of the JSON type T; errors name all three.
@@ -501,8 +501,7 @@ std::vector<Measurement> import_vllm_latency(const std::string& path) {
   std::string side = path;
   if (side.ends_with(".json")) side.resize(side.size() - 5);
   side += ".pytorch.json";
-  std::ifstream probe(side);
-  if (!probe)
+  if (::access(side.c_str(), F_OK) != 0)
     fail(
         "{}: a vLLM latency JSON does not record the prompt length, output length or batch; rerun with "
         "SAVE_TO_PYTORCH_BENCHMARK_FORMAT=1 so vLLM writes {} beside it, or enter the point in the plain CSV",

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "model/error.h"
+#include "model/io.h"
 #include "sim/bobyqa.h"
 
 namespace lp::sim {
@@ -262,15 +263,10 @@ RevivalModel load_revival_model(const std::string& path) {
     m.builtin = true;
     return m;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open revival model '{}'", path);
-  in.seekg(0, std::ios::end);
-  const auto size = in.tellg();
-  if (size < 0 || size > (16 << 20)) fail("{}: not a revival model (larger than 16 MiB)", path);
-  in.seekg(0);
+  const std::string text = read_input_file(path, "revival model", input_cap::kModelFile);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", path, e.what());
   }

@@ -377,6 +377,53 @@ TEST_F(CliErrors, ZeroThreads) {
                         {"--threads", "0"});
 }
 
+// Every input is read by read_input_file: regular files only, refused from fstat before any read
+// (a FIFO cannot hang the open), and capped in size from the file's length (issue 18, defects 1
+// and 5): before, /dev/zero as a prompt grew by 0.8 GB/s until killed and a FIFO blocked open().
+TEST_F(CliErrors, InputsMustBeRegularFilesOfBoundedSize) {
+  const std::string fifo = dir_.file("fifo.json");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string sparse = dir_.file("sparse.txt");  // 8 GiB of holes: instant, no disk used
+  {
+    const int fd = ::open(sparse.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, off_t(8) << 30), 0);
+    ::close(fd);
+  }
+  const std::string out = dir_.file("out.json");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", "/dev/zero"}),
+                        {"/dev/zero", "prompt file must be a regular file"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", fifo}),
+                        {fifo, "must be a regular file"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", sparse}),
+                        {sparse, "8192.0 MiB is over the 64 MiB limit for prompt files"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", dir_.path()}),
+                        {dir_.path(), "is a directory"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", fifo, "--prompt", "hi"}),
+                        {fifo, "not a regular file"});
+  expect_one_line_error(
+      run_cli(dir_, {"run", "--model", tiny_, "--prompt", "hi", "--prune", "lazyllm", "--schedule", fifo}),
+      {fifo, "schedule file"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", fifo, "--hw", "cpu-local"}), {fifo, "trace"});
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--model-config", "smollm2-135m", "--prompt-tokens", "64", "--hw", fifo}),
+      {fifo, "hardware profile"});
+  const std::string big = dir_.file("big.json");  // a 2 MiB "profile": over its 1 MiB cap
+  ASSERT_EQ(::truncate(sparse.c_str(), off_t(2) << 20), 0);
+  std::filesystem::rename(sparse, big);
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--model-config", "smollm2-135m", "--prompt-tokens", "64", "--hw", big}),
+      {big, "2.0 MiB is over the 1 MiB limit for hardware profiles"});
+  expect_one_line_error(
+      run_cli(dir_, {"calibrate", "--measurements", fifo, "--base", "cpu-local", "--out", out}),
+      {fifo, "measurement file must be a regular file"});
+  expect_one_line_error(run_cli(dir_, {"calibrate-revivals", fifo, "--out", out}), {fifo, "trace"});
+  expect_one_line_error(run_cli(dir_, {"sweep", "--grid", fifo, "--out", out}), {fifo, "sweep grid"});
+  expect_one_line_error(run_cli(dir_, {"eval", "--model", tiny_, "--lengths", "64", "--corpus", "/dev/zero"}),
+                        {"/dev/zero", "evaluation text must be a regular file"});
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 TEST_F(CliErrors, ValidateRoundsOutOfRange) {
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "0"}), {"--rounds", "0"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "21"}), {"--rounds", "21"});

@@ -200,7 +200,7 @@ TEST(Measurements, BadInputNamesFileRecordAndField) {
   expect_error(write(dir, "table.md", "| model | size |\n"),
                {"table.md", "not a recognised measurement file"});
   expect_error(write(dir, "arr.json", "[1, 2]"), {"arr.json", "record 1", "not a JSON object"});
-  expect_error(dir.file("missing.json"), {"cannot read measurements", "missing.json"});
+  expect_error(dir.file("missing.json"), {"cannot read measurement file", "missing.json"});
 }
 
 TEST(Measurements, PlainCsvWithCommentsQuotesAndEmptyCells) {

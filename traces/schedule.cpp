@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "model/error.h"
+#include "model/io.h"
 
 namespace lp {
 
@@ -194,17 +195,11 @@ Schedule parse_schedule(std::string_view inline_text) {
 }
 
 Schedule load_schedule_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail("{}: is a directory, not a schedule file", path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot read schedule file", path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) fail("{}: cannot read schedule file", path);
+  const std::string text = read_input_file(path, "schedule file", input_cap::kSmallJson);
 
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     // Drop nlohmann's "[json.exception.parse_error.101] " tag; the rest says where and why.
     std::string_view why = e.what();
@@ -255,7 +250,8 @@ Schedule schedule_from_arg(const std::string& arg) {
   std::error_code ec;
   if (std::filesystem::exists(arg, ec)) return load_schedule_file(arg);
   // Inline text never has a '/' or a ".json": a typo in a path should say so, not "malformed AT".
-  if (t.find('/') != std::string_view::npos || t.ends_with(".json")) usage_fail("{}: no such schedule file", arg);
+  if (t.find('/') != std::string_view::npos || t.ends_with(".json"))
+    usage_fail("{}: no such schedule file", arg);
   try {
     return parse_schedule(arg);
   } catch (const UsageError&) {

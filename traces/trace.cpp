@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "model/error.h"
 #include "model/io.h"
@@ -207,8 +208,7 @@ void write_trace(const Trace& t, const std::string& path) {
 }
 
 Trace read_trace(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read trace '{}': {}", path, std::strerror(errno));
+  std::istringstream in(read_input_file(path, "trace", input_cap::kTrace));
   std::string line;
   if (!std::getline(in, line)) fail("{}: empty file, not a lazyprefill trace", path);
   const json head = json::parse(line, nullptr, false);
