@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -395,29 +397,41 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   ra.prompt_given = run->count("--prompt") > 0;
-  try {
-    if (*run) return cmd_run(ra);
-    if (*simulate) return lp::cli::cmd_simulate(sa, *simulate);
-    if (*calibrate) return lp::cli::cmd_calibrate(ca);
-    if (*calibrate_revivals) return lp::cli::cmd_calibrate_revivals(cra);
-    if (*validate) return lp::cli::cmd_validate(va);
-    if (*report) return lp::cli::cmd_report(rpa);
-    if (*sweep) return lp::cli::cmd_sweep(swa);
-    if (*evalc) return lp::cli::cmd_eval(eva);
-    if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
-    if (*inspect) return cmd_inspect(inspect_model, inspect_json);
-  } catch (const lp::UsageError& e) {
-    fmt::print(stderr, "lazyprefill: error: {} (see --help)\n", e.what());
-    return 2;
-  } catch (const lp::Error& e) {
-    fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "lazyprefill: error: out of memory\n");
-    return 1;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
-    return 1;
+  const auto dispatch = [&]() -> int {
+    try {
+      if (*run) return cmd_run(ra);
+      if (*simulate) return lp::cli::cmd_simulate(sa, *simulate);
+      if (*calibrate) return lp::cli::cmd_calibrate(ca);
+      if (*calibrate_revivals) return lp::cli::cmd_calibrate_revivals(cra);
+      if (*validate) return lp::cli::cmd_validate(va);
+      if (*report) return lp::cli::cmd_report(rpa);
+      if (*sweep) return lp::cli::cmd_sweep(swa);
+      if (*evalc) return lp::cli::cmd_eval(eva);
+      if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
+      if (*inspect) return cmd_inspect(inspect_model, inspect_json);
+    } catch (const lp::UsageError& e) {
+      fmt::print(stderr, "lazyprefill: error: {} (see --help)\n", e.what());
+      return 2;
+    } catch (const lp::Error& e) {
+      fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {
+      fmt::print(stderr, "lazyprefill: error: out of memory\n");
+      return 1;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
+      return 1;
+    }
+    return 0;
+  };
+  int rc = dispatch();
+  // Standard output is an output like any other: a full disk or a closed pipe must not end in
+  // exit 0 with nothing written (simulate --json > /dev/full did).
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    fmt::print(stderr, "lazyprefill: error: cannot write standard output: {}\n",
+               errno != 0 ? std::strerror(errno) : "a write failed");
+    rc = rc == 0 ? 1 : rc;
   }
-  return 0;
+  return rc;
 }

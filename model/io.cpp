@@ -48,6 +48,14 @@ std::string read_input_file(const std::string& path, const char* what, uint64_t 
 }
 
 void write_file_atomic(const std::string& path, std::string_view content, const char* what) {
+  // Replace a regular file or create one, never anything else: the rename would turn a symlink
+  // or a device (/dev/null, /dev/stdout) into a regular file.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(
+        "{}: exists and is not a regular file (a symlink, device, FIFO or directory); not replacing it with "
+        "the {}",
+        path, what);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

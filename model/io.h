@@ -26,7 +26,9 @@ inline constexpr uint64_t kCorpus = 64 * kMiB;     // an evaluation text (the KJ
 std::string read_input_file(const std::string& path, const char* what, uint64_t max_bytes);
 
 // Writes `content` to a temporary file beside `path` and renames it into place, so a failure
-// never leaves a partial file. `what` names the file's kind in the one-line error ("profile").
+// never leaves a partial file. Refuses a `path` that exists and is not a regular file (a symlink,
+// device, FIFO or directory): the rename would replace it. `what` names the file's kind in the one-line error
+// ("profile").
 void write_file_atomic(const std::string& path, std::string_view content, const char* what);
 
 // Real English text every Debian system has (the licence texts in /usr/share/common-licenses,

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -422,6 +423,40 @@ TEST_F(CliErrors, InputsMustBeRegularFilesOfBoundedSize) {
   expect_one_line_error(run_cli(dir_, {"eval", "--model", tiny_, "--lengths", "64", "--corpus", "/dev/zero"}),
                         {"/dev/zero", "evaluation text must be a regular file"});
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// Outputs never replace what is not a regular file (issue 18, defect 2: the rename turned a
+// symlink, and as root /dev/null, into a regular file), and a failed write to standard output
+// is an error (defect 4: simulate --json > /dev/full exited 0).
+TEST_F(CliErrors, OutputsReplaceOnlyRegularFilesAndStdoutErrorsCount) {
+  const std::string target = dir_.file("target.txt"), link = dir_.file("link.jsonl");
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--max-new-tokens",
+                                       "1", "--trace", link}),
+                        {link, "not a regular file", "not replacing it"});
+  struct stat st {};
+  ASSERT_EQ(::lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  EXPECT_FALSE(std::filesystem::exists(target));
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--max-new-tokens",
+                                       "1", "--trace", "/dev/null"}),
+                        {"/dev/null", "not a regular file"});
+  // No leftover temporary files beside the outputs.
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+
+  const std::string err = dir_.file("full.err");
+  const std::string cmd = "'" + cli_path() +
+                          "' simulate --model-config smollm2-135m --prompt-tokens 64 --hw cpu-local --json "
+                          ">/dev/full 2>'" +
+                          err + "'";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  std::ifstream in(err);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("cannot write standard output"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
 }
 
 TEST_F(CliErrors, ValidateRoundsOutOfRange) {
