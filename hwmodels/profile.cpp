@@ -93,6 +93,9 @@ Profile parse_profile(const json& j, const std::string& origin) {
   }
   p.memory_bandwidth = positive(j, "memory_bandwidth_gbs", origin) * 1e9;
   p.memory_capacity = positive(j, "memory_capacity_gib", origin) * 1073741824.0;
+  // Bounded so that every count derived from it (sequences that fit) stays an exact integer.
+  if (p.memory_capacity > 1048576.0 * 1073741824.0)
+    fail("{}: 'memory_capacity_gib' must be at most 1048576 (1 PiB)", origin);
   p.onchip_cache = positive(j, "onchip_cache_mib", origin) * 1048576.0;
   p.shared_memory_per_unit = positive(j, "shared_memory_kib_per_unit", origin) * 1024.0;
   const double units = positive(j, "compute_units", origin);

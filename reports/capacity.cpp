@@ -90,7 +90,10 @@ json build_report(const Request& r) {
         const double budget = budget_bytes(r, r.hws[h]);
         const double per_seq = (p.memory.kv + p.memory.aux) / double(r.batch);
         const double free = budget - p.memory.weights - p.memory.activations;
-        const int64_t seqs = per_seq > 0 && free > 0 ? int64_t(std::floor(free / per_seq)) : 0;
+        // Capped where a double still counts exactly (a 1 PiB device of 1-byte sequences fits
+        // 2^50: never reached by a real profile, but a cast past int64_t would be undefined).
+        const int64_t seqs =
+            per_seq > 0 && free > 0 ? int64_t(std::min(std::floor(free / per_seq), 9007199254740992.0)) : 0;
         const Op bound = p.prefill_bound_op();
         json ops = json::object();
         for (int i = 0; i < kNumOps; ++i) {

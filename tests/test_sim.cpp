@@ -101,6 +101,9 @@ TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
   j = round_profile();
   j["efficiency"]["gemm"]["compute"] = 1.5;
   EXPECT_NE(error_of(j).find("efficiency.gemm"), std::string::npos);
+  j = round_profile();
+  j["memory_capacity_gib"] = 1e300;  // issue 18: "-9223372036854775808 sequences fit"
+  EXPECT_NE(error_of(j).find("'memory_capacity_gib' must be at most"), std::string::npos) << error_of(j);
   // Memory efficiency above 1 is a cache effect and allowed up to kMaxMemoryEfficiency (8).
   j = round_profile();
   j["efficiency"]["elementwise"]["memory"] = 2.5;
