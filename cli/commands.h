@@ -23,6 +23,16 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
 // (--engine) replaces each profile's engine preset.
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine = "");
 // The --engine option's help, listing the presets.
+// --schedule "" meant the default schedule in run and simulate but no pruning in report: an
+// empty schedule is a usage error everywhere ("none" says no pruning).
+inline CLI::Validator non_empty_schedule() {
+  return CLI::Validator(
+      [](const std::string& s) {
+        return s.empty() ? std::string("an empty schedule; give one, or none for no pruning") : std::string();
+      },
+      "SCHEDULE");
+}
+
 inline constexpr const char* kEngineHelp =
     "Serving engine whose elementwise costing to use: lazyprefill, llamacpp (f32, nothing fused), vllm "
     "(compute dtype, add+RMSNorm fused), trtllm (also RoPE and SwiGLU fused); default: the profile's (vllm "

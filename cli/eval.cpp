@@ -195,7 +195,8 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
                 "Policies compared with the unpruned run: lazyllm, static, random (default all)");
   e->add_option("--schedule", a.schedules,
                 std::string("A schedule (repeat for a curve; default four from mild to aggressive: ") +
-                    kDefaultLadder[0] + " ... " + kDefaultLadder[3] + ")");
+                    kDefaultLadder[0] + " ... " + kDefaultLadder[3] + ")")
+      ->check(non_empty_schedule());
   e->add_option("--seed", a.seed, "Seed of the samples and of --prune random (default 1)");
   e->add_option("--threads", a.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
   e->add_option(

@@ -362,7 +362,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
   run->add_option("--schedule", ra.schedule,
                   std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
-                      lp::kScheduleSyntaxHelp);
+                      lp::kScheduleSyntaxHelp)
+      ->check(lp::cli::non_empty_schedule());
 
   std::string inspect_model, inspect_trace;
   bool inspect_json = false;

@@ -53,7 +53,8 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
                 "Methods besides none: any of lazyllm, static, random (default all three)");
   r->add_option("--schedule", a.schedules,
                 "A LazyLLM schedule to report (repeat for several; default 0.3:0.3,0.6:0.3,0.9:0.3 without a "
-                "trace); static and random use the trace's or the first");
+                "trace); static and random use the trace's or the first")
+      ->check(non_empty_schedule());
   r->add_option("--prompt-lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
   r->add_option("--new-tokens", a.new_tokens, "Tokens generated after each prompt (default 0: TTFT only)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));

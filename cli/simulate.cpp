@@ -107,7 +107,8 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
           ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
   trace->excludes(prune);
   s->add_option("--schedule", a.schedule, "Pruning schedule for --prune (default 0.3:0.3,0.6:0.3,0.9:0.3)")
-      ->needs(prune);
+      ->needs(prune)
+      ->check(non_empty_schedule());
   s->add_option("--prompt-tokens", a.prompt_tokens,
                 "Prompt length (synthetic traces; with --trace and --map, rescales the trace)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));

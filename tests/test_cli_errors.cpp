@@ -459,6 +459,23 @@ TEST_F(CliErrors, OutputsReplaceOnlyRegularFilesAndStdoutErrorsCount) {
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
 }
 
+// --schedule "" meant the default in run and simulate and no pruning in report (issue 18, defect
+// 12): it is a usage error in every command.
+TEST_F(CliErrors, EmptyScheduleIsAUsageErrorEverywhere) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"run", "--model", tiny_, "--prompt", "the cat", "--schedule", ""},
+        {"simulate", "--prune", "lazyllm", "--schedule", "", "--prompt-tokens", "64", "--model-config",
+         "smollm2-135m", "--hw", "cpu-local"},
+        {"report", "--model-config", "smollm2-135m", "--hw", "cpu-local", "--prompt-lengths", "1024",
+         "--schedule", "", "--out", dir_.file("r")},
+        {"eval", "--model", tiny_, "--lengths", "64", "--schedule", ""}}) {
+    const CliResult r = run_cli(dir_, args);
+    expect_one_line_error(r, {"--schedule", "empty schedule"});
+    EXPECT_EQ(r.code, 2) << args[0];
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("r")));
+}
+
 TEST_F(CliErrors, ValidateRoundsOutOfRange) {
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "0"}), {"--rounds", "0"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "21"}), {"--rounds", "21"});
