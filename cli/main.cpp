@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // One line, like every other error (CLI11's default adds "Run with --help ..." on a second).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return fmt::format("lazyprefill: error: {} (see --help)\n", e.what());
+    return fmt::format("lazyprefill: error: {} (see --help)\n", lp::escape_text(e.what()));
   });
 
   RunArgs ra;
@@ -411,16 +411,16 @@ int main(int argc, char** argv) {
       if (*inspect && !inspect_trace.empty()) return cmd_inspect_trace(inspect_trace, inspect_json);
       if (*inspect) return cmd_inspect(inspect_model, inspect_json);
     } catch (const lp::UsageError& e) {
-      fmt::print(stderr, "lazyprefill: error: {} (see --help)\n", e.what());
+      fmt::print(stderr, "lazyprefill: error: {} (see --help)\n", lp::escape_text(e.what()));
       return 2;
     } catch (const lp::Error& e) {
-      fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
+      fmt::print(stderr, "lazyprefill: error: {}\n", lp::escape_text(e.what()));
       return 1;
     } catch (const std::bad_alloc&) {
       fmt::print(stderr, "lazyprefill: error: out of memory\n");
       return 1;
     } catch (const std::exception& e) {
-      fmt::print(stderr, "lazyprefill: error: {}\n", e.what());
+      fmt::print(stderr, "lazyprefill: error: {}\n", lp::escape_text(e.what()));
       return 1;
     }
     return 0;

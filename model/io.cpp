@@ -14,6 +14,30 @@
 
 namespace lp {
 
+std::string escape_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned char>(s[i + 1]));
+      ++i;
+    } else {
+      out += char(c);
+    }
+  }
+  return out;
+}
+
 std::string read_input_file(const std::string& path, const char* what, uint64_t max_bytes) {
   if (path.empty()) fail("the path of the {} is empty", what);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);

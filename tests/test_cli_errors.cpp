@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "model/error.h"
 #include "tests/gguf_writer.h"
 #include "traces/trace.h"
 
@@ -474,6 +475,24 @@ TEST_F(CliErrors, EmptyScheduleIsAUsageErrorEverywhere) {
     EXPECT_EQ(r.code, 2) << args[0];
   }
   EXPECT_FALSE(std::filesystem::exists(dir_.file("r")));
+}
+
+// Text from files and arguments is escaped in error lines (issue 18, defect 10: raw newlines
+// forged extra lines and escape sequences reached the terminal).
+TEST(EscapeText, WritesOutControlCharactersOnly) {
+  EXPECT_EQ(lp::escape_text("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+  EXPECT_EQ(lp::escape_text(std::string("\x1b[31m\x7f\0z", 8)), "\\x1b[31m\\x7f\\x00z");
+  EXPECT_EQ(lp::escape_text("\xc2\x9b"
+                            "1m"),
+            "\\u009b1m");  // C1 CSI in UTF-8
+  EXPECT_EQ(lp::escape_text("caf\xc3\xa9 \xe2\x80\x94 ok"), "caf\xc3\xa9 \xe2\x80\x94 ok");  // é, em dash
+}
+
+TEST_F(CliErrors, ControlCharactersInPathsAreEscaped) {
+  const std::string path = dir_.file("a\nlazyprefill: forged\x1b[31m");
+  const CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", path});
+  expect_one_line_error(r, {"a\\nlazyprefill: forged\\x1b[31m", "cannot read prompt file"});
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos);
 }
 
 TEST_F(CliErrors, ValidateRoundsOutOfRange) {
