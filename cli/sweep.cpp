@@ -41,6 +41,29 @@ std::string key_of(const std::string& hw, const std::string& model, const std::s
   return fmt::format("{}|{}|{}|{}|{}", hw, model, policy, schedule, tokens);
 }
 
+// Keys a grid (and a method, and a precision) may have: anything else is a typo that would
+// otherwise be ignored silently ("shedule" gave unpruned rows labelled lazyllm).
+void only_known_keys(const json& obj, std::initializer_list<const char*> known, const std::string& path,
+                     const std::string& where) {
+  for (const auto& [k, v] : obj.items()) {
+    (void)v;
+    if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; })) {
+      std::string names;
+      for (const char* n : known) names += (names.empty() ? "" : ", ") + std::string(n);
+      fail("{}: {}unknown key '{}' (known: {})", path, where, k, names);
+    }
+  }
+}
+
+// An integer field in [lo, hi]; a fraction (1.5), a string or a value out of range is refused.
+int64_t integer(const json& v, int64_t lo, int64_t hi, const std::string& path, const std::string& what) {
+  if (!v.is_number_integer()) fail("{}: {} must be a whole number, got {}", path, what, v.dump());
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(hi)
+                             : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+    fail("{}: {} must be in [{}, {}], got {}", path, what, lo, hi, v.dump());
+  return v.get<int64_t>();
+}
+
 template <class T>
 std::vector<T> list(const json& g, const char* key, const std::string& path) {
   if (!g.contains(key) || !g[key].is_array() || g[key].empty())
@@ -79,8 +102,19 @@ int cmd_sweep(const SweepArgs& a) {
   } catch (const json::exception& e) {
     fail("{}: not valid JSON ({})", a.grid, e.what());
   }
-  if (!g.is_object() || g.value("lazyprefill_sweep", 0) != 1)
+  if (!g.is_object() || !g.contains("lazyprefill_sweep"))
     fail("{}: not a sweep grid (\"lazyprefill_sweep\": 1)", a.grid);
+  if (integer(g["lazyprefill_sweep"], 0, 1 << 30, a.grid, "lazyprefill_sweep") != 1)
+    fail("{}: sweep grid version {} is not supported (1 is)", a.grid, g["lazyprefill_sweep"].dump());
+  only_known_keys(g,
+                  {"lazyprefill_sweep", "hardware", "models", "methods", "prompt_lengths", "new_tokens",
+                   "batch", "precision", "engine", "revival_model", "revival_share", "map"},
+                  a.grid, "");
+  {
+    std::error_code ec;
+    if (std::filesystem::exists(a.out, ec) && std::filesystem::equivalent(a.grid, a.out, ec))
+      usage_fail("--out '{}' is the grid itself; the sweep would overwrite it", a.out);
+  }
   std::vector<hw::Profile> hws;
   for (const std::string& h : list<std::string>(g, "hardware", a.grid)) {
     hws.push_back(hw::load_profile(h));
@@ -94,6 +128,13 @@ int cmd_sweep(const SweepArgs& a) {
   for (const std::string& m : model_names) models.push_back(preset_config(m));
   std::vector<Method> methods;
   for (const json& m : list<json>(g, "methods", a.grid)) {
+    if (!m.is_object())
+      fail("{}: methods: each method is an object such as {{\"policy\": \"lazyllm\"}}", a.grid);
+    only_known_keys(m, {"policy", "schedule"}, a.grid, "methods: ");
+    for (const char* k : {"policy", "schedule"})
+      if (m.contains(k) && !m[k].is_string()) fail("{}: methods: '{}' must be a string", a.grid, k);
+    if (m.contains("schedule") && m["schedule"].get<std::string>().empty())
+      fail("{}: methods: an empty schedule; give one, or none for no pruning", a.grid);
     Method x{m.value("policy", std::string()), m.value("schedule", std::string("none"))};
     if (x.policy != "none" && x.policy != "lazyllm" && x.policy != "static" && x.policy != "random")
       fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", a.grid, x.policy);
@@ -103,13 +144,19 @@ int cmd_sweep(const SweepArgs& a) {
     x.schedule = parse_schedule(x.schedule).to_string();
     methods.push_back(x);
   }
-  const auto lengths = list<int64_t>(g, "prompt_lengths", a.grid);
-  for (int64_t n : lengths)
-    if (n < 1) fail("{}: prompt_lengths: {} is not positive", a.grid, n);
-  const int64_t new_tokens = g.value("new_tokens", int64_t(0)), batch = g.value("batch", int64_t(1));
+  std::vector<int64_t> lengths;
+  for (const json& n : list<json>(g, "prompt_lengths", a.grid))
+    lengths.push_back(integer(n, 1, int64_t(1) << 24, a.grid, "prompt_lengths: a length"));
+  const int64_t new_tokens =
+      g.contains("new_tokens") ? integer(g["new_tokens"], 0, int64_t(1) << 20, a.grid, "new_tokens") : 0;
+  const int64_t batch = g.contains("batch") ? integer(g["batch"], 1, 1 << 16, a.grid, "batch") : 1;
   sim::Precision prec;
   if (g.contains("precision")) {
     const json& p = g["precision"];
+    if (!p.is_object()) fail("{}: 'precision' must be an object with weights, compute and kv", a.grid);
+    only_known_keys(p, {"weights", "compute", "kv"}, a.grid, "precision: ");
+    for (const char* k : {"weights", "compute", "kv"})
+      if (p.contains(k) && !p[k].is_string()) fail("{}: precision: '{}' must be a dtype name", a.grid, k);
     prec = {p.value("weights", prec.weights), p.value("compute", prec.compute), p.value("kv", prec.kv)};
   }
   sim::validate(prec);

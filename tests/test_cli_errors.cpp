@@ -1088,6 +1088,50 @@ TEST_F(CliSim, SweepWritesJsonLinesAndResumes) {
   EXPECT_FALSE(std::filesystem::exists(dir_.file("never.jsonl")));
 }
 
+// Grids are read strictly (issue 18, defects 8 and 13): a typo'd key, a fractional length, a
+// negative new_tokens, a wrongly typed field, a version that wraps to 1 in 32 bits, and --out
+// naming the grid itself are each one line naming the file and the field, with nothing written.
+TEST_F(CliSim, SweepGridsAreReadStrictly) {
+  const std::string base = R"("hardware": ["l4"], "models": ["llama-2-7b"], "prompt_lengths": [512])";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": "lazyllm", "shedule": "0.3:0.3"}])",
+       "unknown key 'shedule'"},
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": "none"}], "new_token": 4)",
+       "unknown key 'new_token'"},
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": "none"}], "new_tokens": -3)",
+       "new_tokens must be in [0"},
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": "none"}], "batch": "4")",
+       "batch must be a whole number"},
+      {R"("lazyprefill_sweep": 4294967297, "methods": [{"policy": "none"}])", "lazyprefill_sweep must be in"},
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": 3}])", "'policy' must be a string"},
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": "lazyllm", "schedule": ""}])", "empty schedule"},
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": "none"}], "precision": {"weight": "fp8"})",
+       "unknown key 'weight'"},
+  };
+  for (const auto& [fields, needle] : cases) {
+    SCOPED_TRACE(fields);
+    const std::string f = write_text("{" + fields + ", " + base + "}", "strict.json");
+    expect_one_line_error(run_cli(dir_, {"sweep", "--grid", f, "--out", dir_.file("never.jsonl")}),
+                          {"strict.json", needle});
+  }
+  const std::string frac =
+      write_text(R"({"lazyprefill_sweep": 1, "hardware": ["l4"], "models": ["llama-2-7b"],
+      "methods": [{"policy": "none"}], "prompt_lengths": [1.5]})",
+                 "frac.json");
+  expect_one_line_error(run_cli(dir_, {"sweep", "--grid", frac, "--out", dir_.file("never.jsonl")}),
+                        {"frac.json", "prompt_lengths: a length must be a whole number, got 1.5"});
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("never.jsonl")));
+  const std::string good = write_text(
+      R"({"lazyprefill_sweep": 1, "hardware": ["l4"], "models": ["llama-2-7b"], "methods": [{"policy": "none"}],
+          "prompt_lengths": [512]})",
+      "good.json");
+  const std::string before = slurp_text(good);
+  const CliResult r = run_cli(dir_, {"sweep", "--grid", good, "--out", good});
+  expect_one_line_error(r, {"is the grid itself"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(slurp_text(good), before);
+}
+
 }  // namespace
 }  // namespace lp
 
