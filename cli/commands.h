@@ -3,6 +3,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +25,33 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
 // (--engine) replaces each profile's engine preset.
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine = "");
 // The --engine option's help, listing the presets.
+// A path option given as "" silently meant the default model; an empty path is a usage error.
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](const std::string& s) { return s.empty() ? std::string("an empty path") : std::string(); }, "PATH");
+}
+
+// A finite number: CLI::Range lets NaN through (every comparison with it is false).
+inline CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](const std::string& s) {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        return std::isfinite(v) && end && *end == '\0' ? std::string() : "not a finite number: " + s;
+      },
+      "NUMBER");
+}
+
+// An unsigned integer written as digits: CLI11 reads "-1" into an unsigned option as 2^64 - 1.
+inline CLI::Validator digits_only() {
+  return CLI::Validator(
+      [](const std::string& s) {
+        const bool ok = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+        return ok ? std::string() : "not a non-negative whole number: " + s;
+      },
+      "UINT");
+}
+
 // --schedule "" meant the default schedule in run and simulate but no pruning in report: an
 // empty schedule is a usage error everywhere ("none" says no pruning).
 inline CLI::Validator non_empty_schedule() {

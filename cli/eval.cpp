@@ -187,7 +187,8 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
       "  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule "
       "0.3:0.3,0.6:0.3,0.9:0.3 "
       "--json");
-  e->add_option("--model", a.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)");
+  e->add_option("--model", a.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)")
+      ->check(non_empty_path());
   e->add_option("--task", a.tasks, "Comma-separated tasks: passkey, kv, mdqa, nll (default passkey)");
   e->add_option("--lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
   e->add_option("--samples", a.samples, "Samples per task and length (default 20)");
@@ -197,7 +198,8 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
                 std::string("A schedule (repeat for a curve; default four from mild to aggressive: ") +
                     kDefaultLadder[0] + " ... " + kDefaultLadder[3] + ")")
       ->check(non_empty_schedule());
-  e->add_option("--seed", a.seed, "Seed of the samples and of --prune random (default 1)");
+  e->add_option("--seed", a.seed, "Seed of the samples and of --prune random (default 1)")
+      ->check(digits_only());
   e->add_option("--threads", a.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
   e->add_option(
        "--agreement-tokens", a.agreement_tokens,

@@ -330,7 +330,8 @@ int main(int argc, char** argv) {
                          "Generate from a GGUF model on the CPU and report timings.\n"
                          "  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16\n"
                          "  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json");
-  run->add_option("--model", ra.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)");
+  run->add_option("--model", ra.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)")
+      ->check(lp::cli::non_empty_path());
   run->add_option("--prompt", ra.prompt, "Prompt text");
   run->add_option("--prompt-file", ra.prompt_file, "File holding the prompt (UTF-8)");
   run->add_option("--max-new-tokens", ra.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
@@ -348,9 +349,13 @@ int main(int argc, char** argv) {
   run->add_flag("--chat", ra.chat, "Wrap the prompt in the model's chat template (ChatML)");
   run->add_flag("--json", ra.json_out, "Print one JSON object");
   run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)")
-      ->check(CLI::Range(0.0, 100.0));
-  run->add_option("--top-p", ra.top_p, "Nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
-  run->add_option("--seed", ra.seed, "Random seed for sampling and for --prune random");
+      ->check(CLI::Range(0.0, 100.0))
+      ->check(lp::cli::finite_number());
+  run->add_option("--top-p", ra.top_p, "Nucleus sampling threshold")
+      ->check(CLI::Range(0.0, 1.0))
+      ->check(lp::cli::finite_number());
+  run->add_option("--seed", ra.seed, "Random seed for sampling and for --prune random")
+      ->check(lp::cli::digits_only());
   auto* trace_opt = run->add_option("--trace", ra.trace,
                                     "Write the run's trace (JSON Lines, traces/README.md) to this file");
   run->add_flag("--trace-detail", ra.trace_detail,
@@ -372,7 +377,8 @@ int main(int argc, char** argv) {
                          "Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.\n"
                          "  lazyprefill inspect --model model.gguf --json\n"
                          "  lazyprefill inspect --trace run.jsonl");
-  inspect->add_option("--model", inspect_model, "GGUF model file (default: the cached SmolLM2)");
+  inspect->add_option("--model", inspect_model, "GGUF model file (default: the cached SmolLM2)")
+      ->check(lp::cli::non_empty_path());
   inspect->add_option("--trace", inspect_trace, "Summarise a trace written by run --trace instead");
   inspect->add_flag("--json", inspect_json, "Print JSON");
 

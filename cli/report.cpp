@@ -44,7 +44,8 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
       "      --slo-ttft-ms 500 --mem-budget-gib 40 --out reports/out\n"
       "  lazyprefill report --model-config llama-2-7b --hw a100-80gb --trace run.jsonl --prompt-lengths "
       "1024,4096 --out r/");
-  auto* model = r->add_option("--model", a.model, "GGUF file whose configuration to report on");
+  auto* model = r->add_option("--model", a.model, "GGUF file whose configuration to report on")
+                    ->check(non_empty_path());
   auto* preset = r->add_option("--model-config", a.model_config, "A preset model configuration");
   model->excludes(preset);
   r->add_option("--hw", a.hw, "Hardware profiles, comma-separated names or .json files")->required();

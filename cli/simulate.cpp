@@ -127,7 +127,8 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "Synthetic decoding: revival model file from calibrate-revivals (default: the built-in one)")
       ->excludes(trace)
       ->excludes(share);
-  auto* model = s->add_option("--model", a.model, "GGUF file whose configuration to cost");
+  auto* model =
+      s->add_option("--model", a.model, "GGUF file whose configuration to cost")->check(non_empty_path());
   auto* preset =
       s->add_option("--model-config", a.model_config, "A preset model configuration (see --help-models)");
   model->excludes(preset);

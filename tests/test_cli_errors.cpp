@@ -495,6 +495,30 @@ TEST_F(CliErrors, ControlCharactersInPathsAreEscaped) {
   EXPECT_EQ(r.err.find('\x1b'), std::string::npos);
 }
 
+// Issue 18, low defects: --model '' silently meant the default model, --seed -1 was recorded as
+// 2^64 - 1, --temperature nan failed only after loading the model (exit 1): each is a usage
+// error up front.
+TEST_F(CliErrors, EmptyPathsNanAndNegativeSeedsAreUsageErrors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"run", "--model", "", "--prompt", "hi"}, "--model: an empty path"},
+      {{"inspect", "--model", ""}, "--model: an empty path"},
+      {{"simulate", "--model", "", "--prompt-tokens", "64", "--hw", "cpu-local"}, "--model: an empty path"},
+      {{"run", "--model", tiny_, "--prompt", "hi", "--temperature", "nan"},
+       "--temperature: not a finite number"},
+      {{"run", "--model", tiny_, "--prompt", "hi", "--top-p", "nan"}, "--top-p: not a finite number"},
+      {{"run", "--model", tiny_, "--prompt", "hi", "--seed", "-1"},
+       "--seed: not a non-negative whole number"},
+      {{"eval", "--model", tiny_, "--lengths", "64", "--seed", "-1"},
+       "--seed: not a non-negative whole number"},
+  };
+  for (const auto& [args, needle] : cases) {
+    SCOPED_TRACE(args[0] + " " + needle);
+    const CliResult r = run_cli(dir_, args);
+    expect_one_line_error(r, {needle});
+    EXPECT_EQ(r.code, 2);
+  }
+}
+
 TEST_F(CliErrors, ValidateRoundsOutOfRange) {
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "0"}), {"--rounds", "0"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "21"}), {"--rounds", "21"});
