@@ -2,6 +2,8 @@
 
 #include <fmt/ranges.h>
 
+#include <cmath>
+
 #include "model/error.h"
 #include "model/gguf.h"
 
@@ -145,7 +147,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     fail("{}: rope.dimension_count {} does not fit head width {}", f.path(), c.rope_dim, c.head_dim);
   c.rope_theta = static_cast<float>(f.opt_float(a + "rope.freq_base").value_or(10000.0));
   c.rms_eps = static_cast<float>(f.opt_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
-  if (!(c.rope_theta > 0) || !(c.rms_eps > 0) || c.rms_eps > 1)
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta) || !(c.rms_eps > 0) || c.rms_eps > 1)
     fail("{}: rope.freq_base {} or layer_norm_rms_epsilon {} is invalid", f.path(), c.rope_theta, c.rms_eps);
   if (f.has(a + "rope.scaling.type")) {
     const std::string& st = f.get_string(a + "rope.scaling.type");

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -309,6 +310,19 @@ void GgufFile::parse() {
       fail("{}: tensor '{}' ({} bytes at offset {}) extends beyond the end of the file ({} bytes)", path_,
            t.name, t.n_bytes, data_start + t.offset, size_);
     t.data = base_ + data_start + t.offset;
+  }
+  // Tensors whose data ranges overlap would load and run on each other's bytes.
+  std::vector<const GgufTensor*> by_offset;
+  for (const auto& t : tensors_)
+    if (t.n_bytes > 0) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensor& a = *by_offset[i - 1];
+    const GgufTensor& b = *by_offset[i];
+    if (a.offset + static_cast<uint64_t>(a.n_bytes) > b.offset)
+      fail("{}: tensors '{}' (offset {}, {} bytes) and '{}' (offset {}) overlap", path_, a.name, a.offset,
+           a.n_bytes, b.name, b.offset);
   }
 }
 

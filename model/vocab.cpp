@@ -56,6 +56,11 @@ VocabData vocab_from_gguf(const GgufFile& f) {
     }
   }
   if (f.has("tokenizer.ggml.merges")) d.merges = strings(f, "tokenizer.ggml.merges");
+  // Byte-level BPE merges pieces by rank; without merges every text splits into single bytes
+  // ("Hi" became 2 tokens), which is a broken file, not a tokenizer.
+  if (d.model == "gpt2" && d.merges.empty())
+    fail("{}: a byte-level BPE vocabulary (tokenizer.ggml.model gpt2) without tokenizer.ggml.merges",
+         f.path());
   d.bos_id = token_id(f, "tokenizer.ggml.bos_token_id", V);
   d.eos_id = token_id(f, "tokenizer.ggml.eos_token_id", V);
   d.eot_id = token_id(f, "tokenizer.ggml.eot_token_id", V);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -320,6 +321,20 @@ TEST_F(CliErrors, InconsistentModel) {
   w = testing::tiny_model_writer();
   w.add_u32("llama.block_count", 2);
   expect_model_error(write(w, "dup.gguf"), {"duplicate metadata key 'llama.block_count'"});
+}
+
+// Issue 18, defect 11: these loaded and ran on garbage (overlapping tensor data), tokenised
+// "Hi" as two bytes (BPE without merges), or accepted an infinite RoPE base.
+TEST_F(CliErrors, OverlappingTensorsMergelessBpeAndInfiniteRopeBase) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.find_tensor("blk.1.attn_norm.weight")->offset = 0;
+  expect_model_error(write(w, "overlap.gguf"), {"overlap"});
+  w = testing::tiny_model_writer();
+  ASSERT_TRUE(w.remove("tokenizer.ggml.merges"));
+  expect_model_error(write(w, "nomerges.gguf"), {"without tokenizer.ggml.merges"});
+  w = testing::tiny_model_writer();
+  w.set("llama.rope.freq_base", GgufWriterValue::f32(std::numeric_limits<float>::infinity()));
+  expect_model_error(write(w, "inf.gguf"), {"rope.freq_base inf"});
 }
 
 // ---- the prompt ------------------------------------------------------------------------------
