@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hwmodels/profile.h"
@@ -24,11 +25,18 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
 // Loads every profile a --hw list names; an empty list is a usage error. A non-empty `engine`
 // (--engine) replaces each profile's engine preset.
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine = "");
-// The --engine option's help, listing the presets.
-// A path option given as "" silently meant the default model; an empty path is a usage error.
+// An option that must not be given as "": a path ("" silently meant the default model) or a
+// schedule ("" meant the default in run and simulate but no pruning in report; "none" says no
+// pruning). `message` is the error.
+inline CLI::Validator non_empty(std::string message, std::string name) {
+  return CLI::Validator([message](const std::string& s) { return s.empty() ? message : std::string(); },
+                        std::move(name));
+}
 inline CLI::Validator non_empty_path() {
-  return CLI::Validator(
-      [](const std::string& s) { return s.empty() ? std::string("an empty path") : std::string(); }, "PATH");
+  return non_empty("an empty path", "PATH");
+}
+inline CLI::Validator non_empty_schedule() {
+  return non_empty("an empty schedule; give one, or none for no pruning", "SCHEDULE");
 }
 
 // A finite number: CLI::Range lets NaN through (every comparison with it is false).
@@ -52,16 +60,7 @@ inline CLI::Validator digits_only() {
       "UINT");
 }
 
-// --schedule "" meant the default schedule in run and simulate but no pruning in report: an
-// empty schedule is a usage error everywhere ("none" says no pruning).
-inline CLI::Validator non_empty_schedule() {
-  return CLI::Validator(
-      [](const std::string& s) {
-        return s.empty() ? std::string("an empty schedule; give one, or none for no pruning") : std::string();
-      },
-      "SCHEDULE");
-}
-
+// The --engine option's help, listing the presets.
 inline constexpr const char* kEngineHelp =
     "Serving engine whose elementwise costing to use: lazyprefill, llamacpp (f32, nothing fused), vllm "
     "(compute dtype, add+RMSNorm fused), trtllm (also RoPE and SwiGLU fused); default: the profile's (vllm "

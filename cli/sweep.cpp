@@ -45,8 +45,8 @@ std::string key_of(const std::string& hw, const std::string& model, const std::s
 // otherwise be ignored silently ("shedule" gave unpruned rows labelled lazyllm).
 void only_known_keys(const json& obj, std::initializer_list<const char*> known, const std::string& path,
                      const std::string& where) {
-  for (const auto& [k, v] : obj.items()) {
-    (void)v;
+  for (const auto& item : obj.items()) {
+    const std::string& k = item.key();
     if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; })) {
       std::string names;
       for (const char* n : known) names += (names.empty() ? "" : ", ") + std::string(n);

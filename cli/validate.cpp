@@ -98,16 +98,15 @@ int cmd_validate(const ValidateArgs& a) {
     opts[i].policy = parse_policy(c.policy);
     opts[i].schedule = parse_schedule(c.schedule);
   }
-  const int kRounds = a.rounds;
-  for (int rep = 0; rep < kRounds; ++rep)
+  for (int rep = 0; rep < a.rounds; ++rep)
     for (size_t i = 0; i < cases.size(); ++i) {
       GenerateResult r = generate(ctx, *model, prompts[i], opts[i]);
       if (rep == 0 || r.prefill_s < best[i].prefill_s) best[i] = std::move(r);
-      if (rep == kRounds - 1)
+      if (rep == a.rounds - 1)
         fmt::print(stderr, "validate: case {:>2}/{} {:<44} {:>9.1f} ms ({})\n", i + 1, cases.size(),
                    cases[i].label(), best[i].prefill_s * 1e3, cases[i].train ? "calibration" : "held out");
       else
-        fmt::print(stderr, "validate: round {}/{}, case {:>2}/{}\r", rep + 1, kRounds, i + 1, cases.size());
+        fmt::print(stderr, "validate: round {}/{}, case {:>2}/{}\r", rep + 1, a.rounds, i + 1, cases.size());
     }
   std::vector<Measured> runs;
   for (size_t i = 0; i < cases.size(); ++i) {

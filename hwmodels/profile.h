@@ -29,7 +29,7 @@ struct Efficiency {
 // Upper bound of Efficiency::memory. The model has no cache term: an op whose working set was
 // just written by the op before it (a CPU's elementwise ops over one layer's activations) reads
 // it from the last-level cache, at several times the DRAM bandwidth. Calibrating per-op timings
-// of this machine's engine measured 2.5x for the elementwise family (hwmodels/README.md).
+// of this machine's engine fitted 1.6-2.3x for the elementwise family (hwmodels/README.md).
 inline constexpr double kMaxMemoryEfficiency = 8;
 
 // How the serving engine runs the elementwise ops (docs/simulator.md, "Engines"): activations

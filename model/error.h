@@ -6,7 +6,6 @@
 
 #include <stdexcept>
 #include <string>
-#include <string_view>
 
 namespace lp {
 
@@ -22,11 +21,6 @@ class UsageError : public Error {
  public:
   using Error::Error;
 };
-
-// `s` with every control character written out (\n, \t, \r, \x1b, and the C1 controls
-// U+0080-U+009F as \u0080), so text from a file or an argument cannot forge extra lines or send
-// terminal escapes when printed. Other UTF-8 passes through unchanged.
-std::string escape_text(std::string_view s);
 
 template <class... Args>
 [[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {

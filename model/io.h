@@ -19,6 +19,11 @@ inline constexpr uint64_t kTrace = 1024 * kMiB;    // a trace (JSON Lines) or a 
 inline constexpr uint64_t kCorpus = 64 * kMiB;     // an evaluation text (the KJV extract: 4.4 MiB)
 }  // namespace input_cap
 
+// `s` with every control character written out (\n, \t, \r, \x1b, and the C1 controls
+// U+0080-U+009F as \u0080), so text from a file or an argument cannot forge extra lines or send
+// terminal escapes when printed. Other UTF-8 passes through unchanged.
+std::string escape_text(std::string_view s);
+
 // The one way the project reads an input file whole. Only a regular file is read: a directory,
 // device, FIFO or socket is refused from fstat before any read (the open is non-blocking, so a
 // FIFO cannot hang it), and a file over `max_bytes` is refused from its size, before reading.

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "model/error.h"
+#include "model/io.h"
 #include "tests/gguf_writer.h"
 #include "traces/trace.h"
 
