@@ -1143,6 +1143,7 @@ TEST_F(CliSim, SweepGridsAreReadStrictly) {
        "batch must be a whole number"},
       {R"("lazyprefill_sweep": 4294967297, "methods": [{"policy": "none"}])", "lazyprefill_sweep must be in"},
       {R"("lazyprefill_sweep": 1, "methods": [{"policy": 3}])", "'policy' must be a string"},
+      {R"("lazyprefill_sweep": 1, "methods": [{"policy": "none"}], "batch": 0)", "batch must be in [1"},
       {R"("lazyprefill_sweep": 1, "methods": [{"policy": "lazyllm", "schedule": ""}])", "empty schedule"},
       {R"("lazyprefill_sweep": 1, "methods": [{"policy": "none"}], "precision": {"weight": "fp8"})",
        "unknown key 'weight'"},
