@@ -87,6 +87,7 @@ struct SimulateArgs {
   int64_t prompt_tokens = 0, new_tokens = 0;
   std::string revival_model;  // "" or "builtin": the built-in revival model
   int tp = 1;
+  int64_t step_times = 4096;  // decoding steps whose times --json lists
   double revival_share = -1;  // >= 0: a constant share instead of the revival model
   bool map = false, json_out = false, per_layer = false;
 };

@@ -209,9 +209,13 @@ int cmd_run(const RunArgs& a) {
 }
 
 int cmd_inspect_trace(const std::string& path, bool json_out) {
-  const lp::trace::Trace t = lp::trace::read_trace(path);
-  const lp::trace::Summary s = lp::trace::summarize(t);
-  const auto& h = t.header;
+  // Streamed: memory is one step, whatever the trace's length.
+  lp::trace::TraceReader reader(path);
+  const auto& h = reader.header();
+  lp::trace::Summarizer sum(h);
+  for (lp::trace::Step st; reader.next(st);) sum.add(st);
+  const lp::trace::Summary s = sum.finish();
+  const int64_t steps = sum.steps();
   const int64_t kv_per_token_layer = 2LL * h.model.value("n_head_kv", 0) * h.model.value("head_dim", 0) * 4;
   const int64_t D = h.model.value("n_embd", 0);
   if (json_out) {
@@ -220,7 +224,7 @@ int cmd_inspect_trace(const std::string& path, bool json_out) {
               {"policy", h.policy},
               {"schedule", h.schedule},
               {"prompt_tokens", h.prompt_tokens},
-              {"steps", t.steps.size()},
+              {"steps", steps},
               {"detail", s.detail},
               {"prompt_share_per_layer", s.prompt_share_per_layer},
               {"prompt_tokens_computed_fraction", s.prompt_share},
@@ -230,11 +234,11 @@ int cmd_inspect_trace(const std::string& path, bool json_out) {
               {"aux_cache_bytes_f32", s.aux_writes * D * 4},
               {"aux_writes", s.aux_writes},
               {"revivals", s.revivals}};
-    std::puts(j.dump(2).c_str());
+    std::puts(j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return 0;
   }
-  fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps, {}\n", path,
-             h.version, h.policy, h.schedule, h.prompt_tokens, t.steps.size(),
+  fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps, {}\n",
+             lp::escape_text(path), h.version, h.policy, lp::escape_text(h.schedule), h.prompt_tokens, steps,
              s.detail ? "with detail (kept positions, scores, revived positions)" : "counts only");
   fmt::print("prompt (token, layer) pairs computed: {:.1f}%   whole generation: {:.1f}%   at most once: {}\n",
              100 * s.prompt_share, 100 * s.generation_share, s.at_most_once ? "yes" : "NO");
@@ -290,25 +294,27 @@ int cmd_inspect(const std::string& path_arg, bool json_out) {
                        {"shape", t.ne},
                        {"bytes", t.n_bytes}});
   j["tensors"] = tensors;
-  if (json_out) {
-    std::puts(j.dump(2).c_str());
+  if (json_out) {  // JSON escapes control characters; bytes that are not UTF-8 become U+FFFD
+    std::puts(j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return 0;
   }
-  fmt::print("{}  (GGUF v{}, {:.1f} MiB of tensors)\n", path, f.version(), total_bytes / 1048576.0);
-  fmt::print("architecture {}  \"{}\"\n", c.arch, c.name);
+  // Text from the file is escaped: a name cannot forge lines or send terminal escapes.
+  const auto esc = [](const std::string& x) { return lp::escape_text(x); };
+  fmt::print("{}  (GGUF v{}, {:.1f} MiB of tensors)\n", esc(path), f.version(), total_bytes / 1048576.0);
+  fmt::print("architecture {}  \"{}\"\n", esc(c.arch), esc(c.name));
   fmt::print("  layers {}  width {}  heads {} (kv {})  head dim {}  ffn {}  vocab {}  context {}\n",
              c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train);
   fmt::print("  rope theta {}  rope dims {}  rms eps {}  tied embeddings {}  params {:.1f} M\n", c.rope_theta,
              c.rope_dim, c.rms_eps, c.tied_embeddings ? "yes" : "no", c.n_params() / 1e6);
   fmt::print("tokenizer {} (pre '{}')  {} tokens  {} merges  bos {}  eos {}  add_bos {}  chat template {}\n",
-             v.model, v.pre, v.tokens.size(), v.merges.size(), v.bos_id, v.eos_id, v.add_bos,
+             esc(v.model), esc(v.pre), v.tokens.size(), v.merges.size(), v.bos_id, v.eos_id, v.add_bos,
              v.chat_template.empty() ? "no" : "yes");
   fmt::print("tensor types:\n");
   for (const auto& [k, e] : by_type)
     fmt::print("  {:<6} {:>4} tensors {:>10.2f} MiB\n", k, e.first, e.second / 1048576.0);
   fmt::print("tensors:\n");
   for (const auto& t : f.tensors())
-    fmt::print("  {:<28} {:<5} [{}] {} bytes\n", t.name, lp::type_info(uint32_t(t.type))->name,
+    fmt::print("  {:<28} {:<5} [{}] {} bytes\n", esc(t.name), lp::type_info(uint32_t(t.type))->name,
                fmt::join(t.ne, ", "), t.n_bytes);
   return 0;
 }
@@ -316,6 +322,7 @@ int cmd_inspect(const std::string& path_arg, bool json_out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  lp::remove_temp_files_on_signal();  // an interrupted command leaves no half-written temporary file
   CLI::App app{"lazyprefill: LazyLLM dynamic token pruning, run for real and simulated"};
   app.set_version_flag("--version", std::string(LP_VERSION) + " (" + LP_GIT_COMMIT + ")");
   app.require_subcommand(1);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "hwmodels/profile.h"
@@ -21,10 +22,8 @@ namespace {
 using json = nlohmann::ordered_json;
 
 // The model a trace was recorded on, from its header (enough to cost it).
-ModelConfig config_from_trace(const trace::Trace& t, const std::string& path) {
-  ModelConfig c = config_from_json(t.header.model, path + ": header model");
-  if (c.n_ctx_train <= 0) c.n_ctx_train = int(t.header.prompt_tokens + int64_t(t.steps.size()));
-  return c;
+ModelConfig config_from_trace(const trace::Header& h, const std::string& path) {
+  return config_from_json(h.model, path + ": header model");
 }
 
 json cost_json(const hw::Profile& hw, Op op, const sim::OpCost& o, const sim::Precision& p) {
@@ -147,6 +146,11 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
               "Allow a trace (or --revival-model) recorded on another model or prompt length: layers map by "
               "relative depth, token counts by share of the prompt");
   s->add_flag("--per-layer", a.per_layer, "With --json: also the prefill's per-op costs per layer");
+  s->add_option(
+       "--step-times", a.step_times,
+       "With --json: list the times of at most the first N decoding steps in decode_step_ms (default "
+       "4096; every step counts in the means and totals, and memory stays bounded whatever the steps)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   s->add_flag("--json", a.json_out, "Print one JSON object");
   return s;
 }
@@ -165,28 +169,38 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   sim::validate(prec);
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
 
-  trace::Trace t;
+  // The steps stream through the replays (memory: O(layers), whatever the decoding steps): a trace
+  // file read one step at a time, or synthetic steps made as they are costed.
+  std::optional<trace::TraceReader> reader;
+  std::optional<trace::SyntheticSteps> gen;
+  trace::Header src;         // the steps' own header
+  trace::Header header;      // as costed (mapped onto the target)
+  int64_t known_steps = -1;  // decoding steps, when known before reading them
+  bool map_steps = false;
   ModelConfig c;
   std::string origin, revivals = "recorded in the trace";
   if (!a.trace.empty()) {
-    t = trace::read_trace(a.trace);
+    reader.emplace(a.trace);
+    src = reader->header();
     origin = a.trace;
     if (!a.model.empty())
       c = config_from_gguf(GgufFile::open(a.model));
     else if (!a.model_config.empty())
       c = preset_config(a.model_config);
     else
-      c = config_from_trace(t, a.trace);
-    const int64_t N = a.prompt_tokens > 0 ? a.prompt_tokens : t.header.prompt_tokens;
-    if (c.n_layer != t.header.n_layer || N != t.header.prompt_tokens) {
+      c = config_from_trace(src, a.trace);
+    const int64_t N = a.prompt_tokens > 0 ? a.prompt_tokens : src.prompt_tokens;
+    if (c.n_layer != src.n_layer || N != src.prompt_tokens) {
       if (!a.map)
         usage_fail(
             "{}: the trace has {} layers and {} prompt tokens but the target has {} layers and {}; pass "
             "--map to "
             "map it (layers by relative depth, tokens by share)",
-            a.trace, t.header.n_layer, t.header.prompt_tokens, c.n_layer, N);
-      t = sim::map_trace(t, c.n_layer, N);
+            a.trace, src.n_layer, src.prompt_tokens, c.n_layer, N);
+      map_steps = true;
     }
+    header = sim::map_header(src, c.n_layer, N);
+    if (reader->declared_steps() > 0) known_steps = reader->declared_steps() - 1;
   } else {
     if (!a.model.empty())
       c = config_from_gguf(GgufFile::open(a.model));
@@ -200,27 +214,45 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
                                              policy, c.n_layer, steps, a.map);
     revivals = rv.description;
     // M new tokens take M - 1 decoding steps, as in run: the prefill produces the first.
-    t = trace::synthetic_trace(c, policy, steps, a.prompt_tokens, std::max<int64_t>(0, a.new_tokens - 1),
-                               rv.share);
-    t.header.schedule = policy == "none" ? "none" : sched.to_string();
+    known_steps = std::max<int64_t>(0, a.new_tokens - 1);
+    gen.emplace(c, policy, steps, a.prompt_tokens, known_steps, rv.share);
+    src = header = gen->header();
+    header.schedule = policy == "none" ? "none" : sched.to_string();
     origin = "synthetic";
   }
-  if (t.header.prompt_tokens + int64_t(t.steps.size()) - 1 > c.n_ctx_train && c.n_ctx_train > 0)
-    fail("{} prompt tokens + {} decoding steps exceed the model's context of {} tokens",
-         t.header.prompt_tokens, t.steps.size() - 1, c.n_ctx_train);
+  const auto check_context = [&](int64_t decode_steps) {
+    if (c.n_ctx_train > 0 && header.prompt_tokens + decode_steps > c.n_ctx_train)
+      fail("{} prompt tokens + {} decoding steps exceed the model's context of {} tokens",
+           header.prompt_tokens, decode_steps, c.n_ctx_train);
+  };
+  if (known_steps >= 0) check_context(known_steps);
   for (const hw::Profile& hw : hws) sim::check_tp(c, hw, a.tp);  // before any output
-  // The same work without pruning: every token at every layer, same prompt and steps.
-  const trace::Trace base =
-      trace::synthetic_trace(c, "none", {}, t.header.prompt_tokens, int64_t(t.steps.size()) - 1);
+  // The same work without pruning: every token at every layer, same prompt and steps, made step by
+  // step beside the others.
+  trace::SyntheticSteps base_gen(c, "none", {}, header.prompt_tokens, int64_t(1) << 40);
+  const size_t keep = a.json_out ? size_t(a.step_times) : 0;
+  std::vector<sim::Replayer> pruned, unpruned;
+  for (const hw::Profile& hw : hws) {
+    pruned.emplace_back(header, c, hw, prec, 1, a.tp, keep);
+    unpruned.emplace_back(base_gen.header(), c, hw, prec, 1, a.tp, keep);
+  }
+  int64_t decode_steps = -1;
+  for (trace::Step st, bs; reader ? reader->next(st) : gen->next(st);) {
+    if (map_steps) st = sim::map_step(src, st, c.n_layer, header.prompt_tokens);
+    base_gen.next(bs);
+    if (++decode_steps > 0 && known_steps < 0) check_context(decode_steps);
+    for (sim::Replayer& r : pruned) r.add(st);
+    for (sim::Replayer& r : unpruned) r.add(bs);
+  }
 
   json out = {{"model", c.name.empty() ? (a.model_config.empty() ? a.model : a.model_config) : c.name},
               {"n_layer", c.n_layer},
               {"n_params", c.n_params()},
               {"trace", origin},
-              {"policy", t.header.policy},
-              {"schedule", t.header.schedule},
-              {"prompt_tokens", t.header.prompt_tokens},
-              {"decode_steps", int64_t(t.steps.size()) - 1},
+              {"policy", header.policy},
+              {"schedule", header.schedule},
+              {"prompt_tokens", header.prompt_tokens},
+              {"decode_steps", decode_steps},
               {"revivals", revivals},
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
               {"tp", a.tp},
@@ -229,13 +261,14 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     fmt::print(
         "{} ({} layers, {:.2f} B params), {} {}, {} prompt tokens, {} decoding steps, weights {} compute {} "
         "kv {}{}\n",
-        out["model"].get<std::string>(), c.n_layer, c.n_params() / 1e9, t.header.policy, t.header.schedule,
-        t.header.prompt_tokens, t.steps.size() - 1, prec.weights, prec.compute, prec.kv,
+        out["model"].get<std::string>(), c.n_layer, c.n_params() / 1e9, header.policy, header.schedule,
+        header.prompt_tokens, decode_steps, prec.weights, prec.compute, prec.kv,
         a.tp > 1 ? fmt::format(", tensor parallel {}", a.tp) : "");
-  if (!a.json_out && t.steps.size() > 1) fmt::print("revivals: {}\n", revivals);
-  for (const hw::Profile& hw : hws) {
-    const sim::Prediction p = sim::replay(t, c, hw, prec, 1, a.tp);
-    const sim::Prediction b = sim::replay(base, c, hw, prec, 1, a.tp);
+  if (!a.json_out && decode_steps > 0) fmt::print("revivals: {}\n", revivals);
+  for (size_t i = 0; i < hws.size(); ++i) {
+    const hw::Profile& hw = hws[i];
+    const sim::Prediction p = std::move(pruned[i]).finish();
+    const sim::Prediction b = std::move(unpruned[i]).finish();
     const double fits = p.memory.total() <= hw.memory_capacity;
     json r = {{"hw", hw.name},
               {"hw_description", hw.description},
@@ -269,7 +302,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     if (!a.json_out) {
       fmt::print("  {:<12} TTFT {:>10.2f} ms (unpruned {:>10.2f}, {:.2f}x)", hw.name, p.ttft_s * 1e3,
                  b.ttft_s * 1e3, b.ttft_s / p.ttft_s);
-      if (!p.decode_step_s.empty())
+      if (p.decode_steps > 0)
         fmt::print("  decode step {:.2f} ms (unpruned {:.2f})  total {:.1f} ms ({:.2f}x)",
                    p.decode_step_mean_s() * 1e3, b.decode_step_mean_s() * 1e3, p.total_s * 1e3,
                    b.total_s / p.total_s);

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -26,6 +25,10 @@ namespace lp::cli {
 
 namespace {
 using json = nlohmann::json;
+
+// Configurations one sweep may hold (about 100 MiB of work list): a grid of a few lines can name
+// billions.
+constexpr int64_t kMaxConfigurations = int64_t(1) << 22;
 
 struct Config {
   size_t hw, model, method;
@@ -181,26 +184,34 @@ int cmd_sweep(const SweepArgs& a) {
           revival_from, revival_share, methods[k].policy, models[m].n_layer,
           resolve_schedule(parse_schedule(methods[k].schedule), models[m].n_layer), g.value("map", false));
 
-  // Resume: keep every complete row already written; drop a torn last line.
+  // The output, locked for this run (a second sweep on it is refused). Resume: keep every complete
+  // row already written and cut a torn last line off (a run killed mid-row); rows are appended.
+  AppendFile out(a.out, "sweep output", input_cap::kTrace);
   std::set<std::string> done;
-  std::string kept;
   {
-    std::error_code ec;
-    std::istringstream old(std::filesystem::exists(a.out, ec)
-                               ? read_input_file(a.out, "sweep output", input_cap::kTrace)
-                               : std::string());
-    std::string line;
-    while (std::getline(old, line)) {
+    const std::string old = out.read_all();
+    size_t good = 0;  // bytes of complete rows
+    for (size_t at = 0; at < old.size();) {
+      const size_t nl = old.find('\n', at);
+      if (nl == std::string::npos) break;  // no newline: cut short
       try {
-        const json r = json::parse(line);
+        const json r = json::parse(std::string_view(old).substr(at, nl - at));
         done.insert(
             key_of(r.at("hw"), r.at("model"), r.at("policy"), r.at("schedule"), r.at("prompt_tokens")));
-        kept += line + "\n";
       } catch (const json::exception&) {
         break;  // a line cut short by an interrupted run: everything from here is redone
       }
+      good = at = nl + 1;
     }
+    if (good < old.size()) out.truncate(good);
   }
+  // Every configuration the grid names, checked before it is listed (a grid of a few lines can
+  // name billions).
+  const double configurations =
+      double(models.size()) * double(hws.size()) * double(methods.size()) * double(lengths.size());
+  if (configurations > double(kMaxConfigurations))
+    fail("{}: the grid names {:.0f} configurations, over the limit of {} for one sweep; split it", a.grid,
+         configurations, kMaxConfigurations);
   std::vector<Config> todo;
   for (size_t m = 0; m < models.size(); ++m)
     for (size_t h = 0; h < hws.size(); ++h)
@@ -211,14 +222,6 @@ int cmd_sweep(const SweepArgs& a) {
           if (!done.count(key_of(hws[h].name, model_names[m], methods[k].policy, methods[k].schedule, n)))
             todo.push_back({h, m, k, n});
         }
-  {
-    // Rewrite the kept rows (without a torn tail) before appending.
-    std::ofstream out(a.out, std::ios::trunc);
-    if (!out) fail("cannot write --out '{}'", a.out);
-    out << kept;
-  }
-  std::ofstream out(a.out, std::ios::app);
-  if (!out) fail("cannot write --out '{}'", a.out);
   const bool tty = ::isatty(2);
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<tbb::global_control> limit;
@@ -234,10 +237,10 @@ int cmd_sweep(const SweepArgs& a) {
       const auto steps = resolve_schedule(parse_schedule(m.schedule), c.n_layer);
       const int64_t dec = std::max<int64_t>(0, new_tokens - 1);
       const RevivalChoice& rv = revivals[cf.model * methods.size() + cf.method];
-      const trace::Trace t = trace::synthetic_trace(c, m.policy, steps, cf.tokens, dec, rv.share);
-      const sim::Prediction p = sim::replay(t, c, hws[cf.hw], prec, batch);
+      const sim::Prediction p =
+          sim::replay_synthetic(c, m.policy, steps, cf.tokens, dec, rv.share, hws[cf.hw], prec, batch);
       const sim::Prediction b =
-          sim::replay(trace::synthetic_trace(c, "none", {}, cf.tokens, dec), c, hws[cf.hw], prec, batch);
+          sim::replay_synthetic(c, "none", {}, cf.tokens, dec, {}, hws[cf.hw], prec, batch);
       json r = {{"hw", hws[cf.hw].name},
                 {"model", model_names[cf.model]},
                 {"policy", m.policy},
@@ -246,7 +249,7 @@ int cmd_sweep(const SweepArgs& a) {
                 {"ttft_ms", p.ttft_s * 1e3},
                 {"baseline_ttft_ms", b.ttft_s * 1e3},
                 {"speedup", b.ttft_s / p.ttft_s},
-                {"prompt_tokens_computed_fraction", trace::prompt_computed_fraction(t)},
+                {"prompt_tokens_computed_fraction", p.prompt_share},
                 {"total_ms", p.total_s * 1e3},
                 {"memory_gib", p.memory.total() / 1073741824.0},
                 {"kv_gib", p.memory.kv / 1073741824.0},
@@ -255,9 +258,9 @@ int cmd_sweep(const SweepArgs& a) {
                 {"revivals", rv.description}};
       rows[i - c0] = r.dump();
     });
-    for (size_t i = c0; i < c1; ++i) out << rows[i - c0] << '\n';
-    out.flush();
-    if (!out) fail("cannot write --out '{}': write failed", a.out);
+    std::string chunk;
+    for (size_t i = c0; i < c1; ++i) chunk += rows[i - c0] + '\n';
+    out.append(chunk);
     if (tty) {
       const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double frac = double(c1) / double(todo.size());

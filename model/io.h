@@ -30,11 +30,77 @@ std::string escape_text(std::string_view s);
 // Throws lp::Error naming `what` ("prompt file") and the path.
 std::string read_input_file(const std::string& path, const char* what, uint64_t max_bytes);
 
+// An input file read line by line (JSON Lines), with read_input_file's checks and cap: memory is
+// one line, not the file. Throws lp::Error naming `what` and the path.
+class InputLines {
+ public:
+  InputLines(const std::string& path, const char* what, uint64_t max_bytes);
+  ~InputLines();
+  InputLines(const InputLines&) = delete;
+  InputLines& operator=(const InputLines&) = delete;
+  // The next line, without its newline; false at the end of the file.
+  bool next(std::string& line);
+  const std::string& path() const { return path_; }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  const char* what_;
+  uint64_t max_, read_ = 0;
+  std::string buf_;
+  size_t pos_ = 0;
+  bool eof_ = false;
+};
+
 // Writes `content` to a temporary file beside `path` and renames it into place, so a failure
 // never leaves a partial file. Refuses a `path` that exists and is not a regular file (a symlink,
 // device, FIFO or directory): the rename would replace it. `what` names the file's kind in the one-line error
 // ("profile").
 void write_file_atomic(const std::string& path, std::string_view content, const char* what);
+
+// A temporary file being written: removed when the guard dies unreleased (an error) and, once
+// remove_temp_files_on_signal has run, when the process gets SIGINT, SIGTERM or SIGHUP (up to 16
+// at once). release() once it has been renamed into place.
+class TempFileGuard {
+ public:
+  explicit TempFileGuard(const std::string& path);
+  ~TempFileGuard();
+  TempFileGuard(const TempFileGuard&) = delete;
+  TempFileGuard& operator=(const TempFileGuard&) = delete;
+  void release();
+
+ private:
+  std::string path_;
+  int slot_;
+  bool released_ = false;
+};
+
+// Installs SIGINT, SIGTERM and SIGHUP handlers that remove the temporary files write_file_atomic
+// is writing, then die of the signal as before: an interrupted command leaves no `*.tmp.*` beside
+// its outputs. Called once by main.
+void remove_temp_files_on_signal();
+
+// An output that grows by whole lines (a sweep's JSON Lines), held under an exclusive lock
+// (flock) for the object's life so that two processes cannot interleave their rows. Opened
+// without following a symlink and without blocking; only a regular file (created if missing, at
+// most `max_existing` bytes) is accepted. A failed append (a full disk) is cut back to where it
+// began: the file never ends in a torn line of ours. Throws lp::Error naming `what` and the path.
+class AppendFile {
+ public:
+  AppendFile(const std::string& path, const char* what, uint64_t max_existing);
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  std::string read_all();        // what the file held when opened
+  void truncate(uint64_t size);  // drop everything from `size` on (a torn tail)
+  void append(std::string_view text);
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  const char* what_;
+  uint64_t size_ = 0;
+};
 
 // Real English text every Debian system has (the licence texts in /usr/share/common-licenses,
 // about 150 KB), for benchmarks and validation prompts. Throws lp::Error if none is readable.

@@ -19,10 +19,22 @@ namespace lp::report {
 namespace {
 using json = nlohmann::ordered_json;
 
-trace::Trace method_trace(const Request& r, const Method& m, int64_t N, int64_t new_tokens) {
-  if (m.trace) return sim::map_trace(*m.trace, r.model.n_layer, N);
-  return trace::synthetic_trace(r.model, m.policy, m.steps, N, std::max<int64_t>(0, new_tokens - 1),
-                                m.revival);
+// One method's prediction at prompt length N, its steps streamed (memory O(layers), whatever the
+// decoding steps); the per-layer detail, which the report does not print, is dropped.
+sim::Prediction method_prediction(const Request& r, const Method& m, const hw::Profile& hw, int64_t N,
+                                  int64_t new_tokens) {
+  sim::Prediction p;
+  if (m.trace) {
+    const trace::Header h = sim::map_header(m.trace->header, r.model.n_layer, N);
+    sim::Replayer rp(h, r.model, hw, r.precision, r.batch, 1, 0);
+    for (const trace::Step& s : m.trace->steps) rp.add(sim::map_step(m.trace->header, s, r.model.n_layer, N));
+    p = std::move(rp).finish();
+  } else {
+    p = sim::replay_synthetic(r.model, m.policy, m.steps, N, std::max<int64_t>(0, new_tokens - 1), m.revival,
+                              hw, r.precision, r.batch);
+  }
+  p.prefill_layers = {};
+  return p;
 }
 
 // The memory a deployment may use on one device: the user's budget, never more than the device.
@@ -68,6 +80,16 @@ json build_report(const Request& r) {
   if (r.mem_budget_gib && !(*r.mem_budget_gib > 0)) usage_fail("--mem-budget-gib must be positive");
 
   const size_t H = r.hws.size(), M = r.methods.size(), NL = r.lengths.size();
+  // A report is read by people: its table has a column per length. Bounded before anything is
+  // allocated (a sweep streams grids of any size).
+  if (NL > kMaxLengths)
+    usage_fail("--prompt-lengths names {} lengths, over the {} a report shows (use sweep for more)", NL,
+               kMaxLengths);
+  if (H * M * NL > kMaxCells)
+    usage_fail(
+        "{} hardware profiles x {} methods x {} lengths is {} results, over the {} a report holds (use "
+        "sweep for more)",
+        H, M, NL, H * M * NL, kMaxCells);
   struct Cell {
     sim::Prediction p;
     double share = 1;
@@ -75,9 +97,8 @@ json build_report(const Request& r) {
   std::vector<Cell> cells(H * M * NL);
   tbb::parallel_for(size_t(0), cells.size(), [&](size_t k) {
     const size_t h = k / (M * NL), m = (k / NL) % M, n = k % NL;
-    const trace::Trace t = method_trace(r, r.methods[m], r.lengths[n], r.new_tokens);
-    cells[k].p = sim::replay(t, r.model, r.hws[h], r.precision, r.batch);
-    cells[k].share = trace::prompt_computed_fraction(t);
+    cells[k].p = method_prediction(r, r.methods[m], r.hws[h], r.lengths[n], r.new_tokens);
+    cells[k].share = cells[k].p.prompt_share;
   });
   const auto cell = [&](size_t h, size_t m, size_t n) -> const Cell& { return cells[(h * M + m) * NL + n]; };
 
@@ -133,9 +154,7 @@ json build_report(const Request& r) {
   tbb::parallel_for(size_t(0), H * M, [&](size_t k) {
     const size_t h = k / M, m = k % M;
     const auto ttft_ms = [&](int64_t N) {
-      return sim::replay(method_trace(r, r.methods[m], N, 0), r.model, r.hws[h], r.precision, r.batch)
-                 .ttft_s *
-             1e3;
+      return method_prediction(r, r.methods[m], r.hws[h], N, 0).ttft_s * 1e3;
     };
     json c = {{"hw", r.hws[h].name}, {"method", r.methods[m].name}};
     if (r.slo_ttft_ms) {

@@ -46,6 +46,10 @@ struct Request {
   std::string tool_version, git_commit;
 };
 
+// What one report holds: a column per prompt length, a row per hardware and method.
+inline constexpr size_t kMaxLengths = 1024;
+inline constexpr size_t kMaxCells = 16384;
+
 // Builds the report (replays every case; oneTBB-parallel over hardware x method x length).
 // Throws lp::Error for an empty or invalid request.
 nlohmann::ordered_json build_report(const Request& r);

@@ -19,9 +19,7 @@ nlohmann::ordered_json Memory::to_json() const {
 }
 
 double Prediction::decode_step_mean_s() const {
-  double s = 0;
-  for (double x : decode_step_s) s += x;
-  return decode_step_s.empty() ? 0 : s / double(decode_step_s.size());
+  return decode_steps > 0 ? decode_s / double(decode_steps) : 0;
 }
 
 Op Prediction::prefill_bound_op() const {
@@ -31,53 +29,73 @@ Op Prediction::prefill_bound_op() const {
   return Op(best);
 }
 
-trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens) {
-  const int Ls = t.header.n_layer;
-  const int64_t Ns = t.header.prompt_tokens;
-  if (prompt_tokens <= 0) prompt_tokens = Ns;
-  if (n_layer == Ls && prompt_tokens == Ns) return t;
+namespace {
+// The source layer target layer l reads.
+int source_layer(int l, int Ls, int n_layer) {
+  return std::min(Ls - 1, int((l + 0.5) * Ls / n_layer));
+}
+}  // namespace
+
+trace::Header map_header(const trace::Header& h, int n_layer, int64_t prompt_tokens) {
+  const int Ls = h.n_layer;
+  if (prompt_tokens <= 0) prompt_tokens = h.prompt_tokens;
+  if (n_layer == Ls && prompt_tokens == h.prompt_tokens) return h;
   if (n_layer < 1) fail("cannot map a trace onto {} layers", n_layer);
-  const double r = double(prompt_tokens) / double(Ns);
-  const auto src = [&](int l) { return std::min(Ls - 1, int((l + 0.5) * Ls / n_layer)); };
-  const auto scale = [](int64_t v, double f) { return int64_t(std::llround(double(v) * f)); };
-  trace::Trace m;
-  m.header = t.header;
-  m.header.n_layer = n_layer;
-  m.header.prompt_tokens = prompt_tokens;
-  m.header.model["n_layer"] = n_layer;
+  trace::Header m = h;
+  m.n_layer = n_layer;
+  m.prompt_tokens = prompt_tokens;
+  m.model["n_layer"] = n_layer;
   // Pruning layers: a source pruning layer p becomes the target layer whose mapped source is p
   // (the last such layer, so the tokens leave where they did in relative depth).
-  m.header.schedule_layers.clear();
-  for (const auto& [pl, share] : t.header.schedule_layers) {
+  m.schedule_layers.clear();
+  for (const auto& [pl, share] : h.schedule_layers) {
     int target = -1;
     for (int l = 0; l < n_layer; ++l)
-      if (src(l) == pl) target = l;
+      if (source_layer(l, Ls, n_layer) == pl) target = l;
     if (target < 0) target = std::min(n_layer - 1, int((pl + 0.5) * n_layer / Ls));
-    if (m.header.schedule_layers.empty() || target > m.header.schedule_layers.back().first)
-      m.header.schedule_layers.emplace_back(target, share);
+    if (m.schedule_layers.empty() || target > m.schedule_layers.back().first)
+      m.schedule_layers.emplace_back(target, share);
   }
-  for (const trace::Step& s : t.steps) {
-    trace::Step o;
-    o.kind = s.kind;
-    const bool prefill = s.kind == "prefill";
-    o.new_tokens = prefill ? prompt_tokens : s.new_tokens;
-    // Prefill counts are shares of the prompt; a decoding step's one new row stays one row and
-    // its other counts (keys seen, revived rows) scale with the context.
-    const auto rows = [&](int64_t v) {
-      return prefill ? std::max<int64_t>(1, scale(v, r)) : std::max<int64_t>(1, 1 + scale(v - 1, r));
-    };
-    for (int l = 0; l < n_layer; ++l) {
-      const size_t k = size_t(src(l));
-      o.queries.push_back(rows(s.queries[k]));
-      o.keys.push_back(scale(s.keys[k], r));
-      if (!s.attended.empty()) o.attended.push_back(scale(s.attended[k], r));
-      o.pairs.push_back(scale(s.pairs[k], prefill ? r * r : r));
-      o.revived.push_back(scale(s.revived[k], r));
-      o.aux_reads.push_back(scale(s.aux_reads[k], r));
-      o.aux_writes.push_back(scale(s.aux_writes[k], r));
-    }
-    m.steps.push_back(std::move(o));
+  return m;
+}
+
+trace::Step map_step(const trace::Header& h, const trace::Step& s, int n_layer, int64_t prompt_tokens) {
+  const int Ls = h.n_layer;
+  const int64_t Ns = h.prompt_tokens;
+  if (prompt_tokens <= 0) prompt_tokens = Ns;
+  if (n_layer == Ls && prompt_tokens == Ns) return s;
+  if (n_layer < 1) fail("cannot map a trace onto {} layers", n_layer);
+  const double r = double(prompt_tokens) / double(Ns);
+  const auto scale = [](int64_t v, double f) { return int64_t(std::llround(double(v) * f)); };
+  trace::Step o;
+  o.kind = s.kind;
+  const bool prefill = s.kind == "prefill";
+  o.new_tokens = prefill ? prompt_tokens : s.new_tokens;
+  // Prefill counts are shares of the prompt; a decoding step's one new row stays one row and
+  // its other counts (keys seen, revived rows) scale with the context.
+  const auto rows = [&](int64_t v) {
+    return prefill ? std::max<int64_t>(1, scale(v, r)) : std::max<int64_t>(1, 1 + scale(v - 1, r));
+  };
+  for (int l = 0; l < n_layer; ++l) {
+    const size_t k = size_t(source_layer(l, Ls, n_layer));
+    o.queries.push_back(rows(s.queries[k]));
+    o.keys.push_back(scale(s.keys[k], r));
+    if (!s.attended.empty()) o.attended.push_back(scale(s.attended[k], r));
+    o.pairs.push_back(scale(s.pairs[k], prefill ? r * r : r));
+    o.revived.push_back(scale(s.revived[k], r));
+    o.aux_reads.push_back(scale(s.aux_reads[k], r));
+    o.aux_writes.push_back(scale(s.aux_writes[k], r));
   }
+  return o;
+}
+
+trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens) {
+  if (prompt_tokens <= 0) prompt_tokens = t.header.prompt_tokens;
+  if (n_layer == t.header.n_layer && prompt_tokens == t.header.prompt_tokens) return t;
+  trace::Trace m;
+  m.header = map_header(t.header, n_layer, prompt_tokens);
+  m.steps.reserve(t.steps.size());
+  for (const trace::Step& s : t.steps) m.steps.push_back(map_step(t.header, s, n_layer, prompt_tokens));
   return m;
 }
 
@@ -142,129 +160,152 @@ double activation_bytes(const ModelConfig& c, int64_t T, double act_bytes) {
 }
 }  // namespace
 
-Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                  int64_t batch, int tp) {
+Replayer::Replayer(const trace::Header& h, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                   int64_t batch, int tp, size_t keep_steps)
+    : hw_(hw), c_(c), B_(batch), tp_(tp), keep_steps_(keep_steps), cc_(hw, p), policy_(h.policy) {
   const int L = c.n_layer;
   if (batch < 1) fail("batch must be at least 1, got {}", batch);
-  const int64_t B = batch;
-  if (t.header.n_layer != L)
-    fail("the trace has {} layers but the model has {} (map it onto the model first)", t.header.n_layer, L);
+  if (h.n_layer != L)
+    fail("the trace has {} layers but the model has {} (map it onto the model first)", h.n_layer, L);
   check_tp(c, hw, tp);
-  // One GPU's shape (the whole model for tp 1); the collectives below use the full width D.
-  const ModelConfig g = tp_shard(c, tp);
-  std::vector<ModelConfig> lc;
-  lc.reserve(size_t(L));
-  for (int l = 0; l < L; ++l) lc.push_back(g.uniform() ? g : g.layer(l));
-  std::vector<char> prune_at(size_t(L), 0);
-  int first_prune = -1;
-  for (const auto& [l, share] : t.header.schedule_layers)
+  // One GPU's shape (the whole model for tp 1); the collectives use the full width D.
+  g_ = tp_shard(c, tp);
+  lc_.reserve(size_t(L));
+  for (int l = 0; l < L; ++l) lc_.push_back(g_.uniform() ? g_ : g_.layer(l));
+  prune_at_.assign(size_t(L), 0);
+  for (const auto& [l, share] : h.schedule_layers)
     if (l >= 0 && l < L) {
-      prune_at[size_t(l)] = 1;
-      if (first_prune < 0) first_prune = l;
+      prune_at_[size_t(l)] = 1;
+      if (first_prune_ < 0) first_prune_ = l;
     }
-  const std::string& policy = t.header.policy;
-  const CostContext cc(hw, p);
-  const OpDtypes& dt = cc.dtypes;  // activations, the Aux Cache and collectives at elem_bytes (the engine's)
+  prompt_tokens_ = h.prompt_tokens;
+  r_.hw = hw.name;
+  r_.tp = tp;
+  r_.prefill_layers.assign(size_t(L), OpCosts{});
+}
 
-  Prediction r;
-  r.hw = hw.name;
-  r.tp = tp;
-  const double D = c.n_embd;
-  r.prefill_layers.assign(size_t(L), OpCosts{});
-  double peak_act = 0;
-  for (size_t si = 0; si < t.steps.size(); ++si) {
-    const trace::Step& s = t.steps[si];
-    const bool prefill = s.kind == "prefill";
-    OpCosts& sum = prefill ? r.prefill_ops : r.decode_ops;
-    OpCost& comm = prefill ? r.prefill_comm : r.decode_comm;
-    double step_s = 0;
-    const auto reduce = [&](const OpCost& oc) {
-      step_s += oc.time_s;
-      comm.add(oc);
-    };
-    // `fixed_s`: a cost beyond the op's roofline and per-call overhead (a pruning stage's).
-    const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape,
-                         int64_t calls = 1, double fixed_s = 0) {
-      OpCost oc = op_cost(cc, cfg, op, shape, calls);
-      oc.overhead_s += fixed_s;
-      oc.time_s += fixed_s;
-      step_s += oc.time_s;
-      sum[size_t(op)].add(oc);
-      if (layer) (*layer)[size_t(op)].add(oc);
-    };
-    add(nullptr, g, Op::Embed, {B * s.new_tokens, 0, 0});
-    reduce(allreduce_cost(hw, tp, double(B * s.new_tokens) * D * dt.elem_bytes));
-    for (int l = 0; l < L; ++l) {
-      const int64_t T = B * s.queries[size_t(l)];
-      if (T <= 0) continue;
-      const ModelConfig& cfg = lc[size_t(l)];
-      OpCosts* layer = prefill ? &r.prefill_layers[size_t(l)] : nullptr;
-      // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
-      // sees its active set, as the trace records it (a trace without `attended`: at most the
-      // keys held and at most its pairs, an over-count once revived rows add their pairs).
-      const int64_t keys =
-          B * (prefill ? s.keys[size_t(l)]
-                       : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
-                                             : s.attended[size_t(l)]));
-      const OpShape rows{T, 0, 0};
-      add(layer, cfg, Op::AttnNorm, rows);
-      add(layer, cfg, Op::QKV, rows);
-      add(layer, cfg, Op::Rope, rows);
-      add(layer, cfg, Op::Attention, {T, B * s.pairs[size_t(l)], keys});
-      add(layer, cfg, Op::OProj, rows);
-      reduce(allreduce_cost(hw, tp, double(T) * D * dt.elem_bytes));
-      add(layer, cfg, Op::Residual, rows, 2);
-      add(layer, cfg, Op::FfnNorm, rows);
-      add(layer, cfg, Op::GateUp, rows);
-      add(layer, cfg, Op::SwiGLU, rows);
-      add(layer, cfg, Op::Down, rows);
-      reduce(allreduce_cost(hw, tp, double(T) * D * dt.elem_bytes));
-      if (prune_at[size_t(l)] && policy != "none") {
-        const bool scores = policy == "lazyllm" || (policy == "static" && prefill && l == first_prune);
-        if (scores) {
-          add(layer, cfg, Op::Score, {1, 0, keys});
-          reduce(allreduce_cost(hw, tp, double(keys) * 4));  // each GPU summed its own heads
-        }
-        // The stage's fixed cost (synchronisation, the selection's small kernels) rides on its select.
-        add(layer, cfg, Op::Select, {0, 0, keys}, 1, hw.pruning_stage_s);
+void Replayer::add(const trace::Step& s) {
+  const int L = c_.n_layer;
+  const int64_t B = B_;
+  const OpDtypes& dt = cc_.dtypes;  // activations, the Aux Cache and collectives at elem_bytes (the engine's)
+  const double D = c_.n_embd;
+  for (const auto* v : {&s.queries, &s.keys, &s.pairs, &s.revived, &s.aux_reads, &s.aux_writes})
+    if (int(v->size()) != L) fail("a trace step has {} layers, the model {}", v->size(), L);
+  if (!s.attended.empty() && int(s.attended.size()) != L)
+    fail("a trace step has {} layers of attended keys, the model {}", s.attended.size(), L);
+  const bool prefill = s.kind == "prefill";
+  Prediction& r = r_;
+  OpCosts& sum = prefill ? r.prefill_ops : r.decode_ops;
+  OpCost& comm = prefill ? r.prefill_comm : r.decode_comm;
+  double step_s = 0;
+  const auto reduce = [&](const OpCost& oc) {
+    step_s += oc.time_s;
+    comm.add(oc);
+  };
+  // `fixed_s`: a cost beyond the op's roofline and per-call overhead (a pruning stage's).
+  const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1,
+                       double fixed_s = 0) {
+    OpCost oc = op_cost(cc_, cfg, op, shape, calls);
+    oc.overhead_s += fixed_s;
+    oc.time_s += fixed_s;
+    step_s += oc.time_s;
+    sum[size_t(op)].add(oc);
+    if (layer) (*layer)[size_t(op)].add(oc);
+  };
+  add(nullptr, g_, Op::Embed, {B * s.new_tokens, 0, 0});
+  reduce(allreduce_cost(hw_, tp_, double(B * s.new_tokens) * D * dt.elem_bytes));
+  for (int l = 0; l < L; ++l) {
+    const int64_t T = B * s.queries[size_t(l)];
+    if (T <= 0) continue;
+    const ModelConfig& cfg = lc_[size_t(l)];
+    OpCosts* layer = prefill ? &r.prefill_layers[size_t(l)] : nullptr;
+    // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
+    // sees its active set, as the trace records it (a trace without `attended`: at most the
+    // keys held and at most its pairs, an over-count once revived rows add their pairs).
+    const int64_t keys = B * (prefill ? s.keys[size_t(l)]
+                                      : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
+                                                            : s.attended[size_t(l)]));
+    const OpShape rows{T, 0, 0};
+    add(layer, cfg, Op::AttnNorm, rows);
+    add(layer, cfg, Op::QKV, rows);
+    add(layer, cfg, Op::Rope, rows);
+    add(layer, cfg, Op::Attention, {T, B * s.pairs[size_t(l)], keys});
+    add(layer, cfg, Op::OProj, rows);
+    reduce(allreduce_cost(hw_, tp_, double(T) * D * dt.elem_bytes));
+    add(layer, cfg, Op::Residual, rows, 2);
+    add(layer, cfg, Op::FfnNorm, rows);
+    add(layer, cfg, Op::GateUp, rows);
+    add(layer, cfg, Op::SwiGLU, rows);
+    add(layer, cfg, Op::Down, rows);
+    reduce(allreduce_cost(hw_, tp_, double(T) * D * dt.elem_bytes));
+    if (prune_at_[size_t(l)] && policy_ != "none") {
+      const bool scores = policy_ == "lazyllm" || (policy_ == "static" && prefill && l == first_prune_);
+      if (scores) {
+        add(layer, cfg, Op::Score, {1, 0, keys});
+        reduce(allreduce_cost(hw_, tp_, double(keys) * 4));  // each GPU summed its own heads
       }
-      // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
-      // pruned ones saved), in decoding the Aux Cache writes and reads.
-      const int64_t moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
-                                    : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
-      if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
-      peak_act = std::max(peak_act, activation_bytes(cfg, T, dt.elem_bytes));
+      // The stage's fixed cost (synchronisation, the selection's small kernels) rides on its select.
+      add(layer, cfg, Op::Select, {0, 0, keys}, 1, hw_.pruning_stage_s);
     }
-    add(nullptr, g, Op::OutputNorm, {B, 0, 0});
-    add(nullptr, g, Op::LmHead, {B, 0, 0});
-    reduce(allgather_cost(hw, tp, double(B) * c.n_vocab * 4));
-    if (prefill)
-      r.ttft_s = step_s;
-    else
-      r.decode_step_s.push_back(step_s);
-    r.total_s += step_s;
+    // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
+    // pruned ones saved), in decoding the Aux Cache writes and reads.
+    const int64_t moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
+                                  : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
+    if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
+    peak_act_ = std::max(peak_act_, activation_bytes(cfg, T, dt.elem_bytes));
   }
-
-  // Memory at the end: weights, the K/V each layer holds, the Aux Cache, the largest layer's
-  // activations plus one row of logits.
-  r.memory.weights = double(g.n_params()) * dt.weight_bytes;
-  double aux_entries = 0;
-  if (!t.steps.empty()) {
-    const trace::Step& last = t.steps.back();
-    for (int l = 0; l < L; ++l)
-      r.memory.kv += double(B * last.keys[size_t(l)]) * 2 * lc[size_t(l)].kv_dim() * dt.kv_bytes;
-    // One entry per token (a token pruned again overwrites its entry, kernels/runner.h): the
-    // prefill's writes are distinct tokens, and a decoding step writes only rows it revived,
+  add(nullptr, g_, Op::OutputNorm, {B, 0, 0});
+  add(nullptr, g_, Op::LmHead, {B, 0, 0});
+  reduce(allgather_cost(hw_, tp_, double(B) * c_.n_vocab * 4));
+  if (prefill) {
+    r.ttft_s = step_s;
+    // One Aux Cache entry per token (a token pruned again overwrites its entry, kernels/runner.h):
+    // the prefill's writes are distinct tokens, and a decoding step writes only rows it revived,
     // which already hold an entry (its new token is never pruned in its own step, and computes
     // every layer). So the entries are the prefill's writes.
-    for (const trace::Step& s : t.steps)
-      if (s.kind == "prefill")
-        for (int64_t w : s.aux_writes) aux_entries += double(w);
-    aux_entries = std::min(aux_entries, double(t.header.prompt_tokens));
+    for (int64_t w : s.aux_writes) aux_entries_ += double(w);
+    double computed = 0;
+    for (int64_t q : s.queries) computed += double(q);
+    const int64_t N = s.new_tokens > 0 ? s.new_tokens : prompt_tokens_;
+    r.prompt_share = N > 0 ? computed / (double(N) * L) : 0.0;
+  } else {
+    ++r.decode_steps;
+    r.decode_s += step_s;
+    if (r.decode_step_s.size() < keep_steps_) r.decode_step_s.push_back(step_s);
   }
-  r.memory.aux = double(B) * aux_entries * c.n_embd * dt.elem_bytes;
-  r.memory.activations = peak_act + double(B) * c.n_vocab * 4;
+  r.total_s += step_s;
+  last_keys_ = s.keys;
+  ++steps_;
+}
+
+Prediction Replayer::finish() && {
+  // Memory at the end: weights, the K/V each layer holds, the Aux Cache, the largest layer's
+  // activations plus one row of logits.
+  const OpDtypes& dt = cc_.dtypes;
+  Prediction r = std::move(r_);
+  r.memory.weights = double(g_.n_params()) * dt.weight_bytes;
+  for (size_t l = 0; l < last_keys_.size(); ++l)
+    r.memory.kv += double(B_ * last_keys_[l]) * 2 * lc_[l].kv_dim() * dt.kv_bytes;
+  const double aux_entries = steps_ > 0 ? std::min(aux_entries_, double(prompt_tokens_)) : 0;
+  r.memory.aux = double(B_) * aux_entries * c_.n_embd * dt.elem_bytes;
+  r.memory.activations = peak_act_ + double(B_) * c_.n_vocab * 4;
   return r;
+}
+
+Prediction replay_synthetic(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
+                            int64_t prompt_tokens, int64_t decode_steps, const trace::Revivals& revivals,
+                            const hw::Profile& hw, const Precision& p, int64_t batch, int tp, size_t keep_steps) {
+  trace::SyntheticSteps gen(c, policy, steps, prompt_tokens, decode_steps, revivals);
+  Replayer r(gen.header(), c, hw, p, batch, tp, keep_steps);
+  for (trace::Step s; gen.next(s);) r.add(s);
+  return std::move(r).finish();
+}
+
+Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                  int64_t batch, int tp) {
+  Replayer r(t.header, c, hw, p, batch, tp);
+  for (const trace::Step& s : t.steps) r.add(s);
+  return std::move(r).finish();
 }
 
 }  // namespace lp::sim

@@ -3,6 +3,7 @@
 // it (docs/simulator.md: layers map by relative depth, token counts by share of the prompt).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "hwmodels/profile.h"
 #include "model/config.h"
 #include "sim/cost.h"
+#include "traces/synthetic.h"
 #include "traces/trace.h"
 
 namespace lp::sim {
@@ -26,7 +28,10 @@ struct Prediction {
   std::string hw;
   int tp = 1;                         // GPUs the model is spread over; times and memory are one GPU's
   double ttft_s = 0;                  // the prefill step
-  std::vector<double> decode_step_s;  // one per decoding step
+  double prompt_share = 1;            // of the prompt's (token, layer) pairs, the prefill computed
+  int64_t decode_steps = 0;           // decoding steps costed
+  double decode_s = 0;                // their time, summed
+  std::vector<double> decode_step_s;  // one per decoding step, the first keep_steps (Replayer) of them
   double total_s = 0;
   std::vector<OpCosts> prefill_layers;  // [L] per-op costs of the prefill
   OpCosts prefill_ops{};                // the prefill, summed over layers (and embed / LM head)
@@ -45,6 +50,10 @@ struct Prediction {
 // the trace's prompt length, pairs by its square, and decoding steps keep their one new token.
 // Pruning layers map the same way. A trace that already matches is returned unchanged.
 trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens);
+// The same one step at a time (a trace streamed through a Replayer): the header, and each step
+// of a trace whose header is `h`.
+trace::Header map_header(const trace::Header& h, int n_layer, int64_t prompt_tokens);
+trace::Step map_step(const trace::Header& h, const trace::Step& s, int n_layer, int64_t prompt_tokens);
 
 // The shape one GPU computes under tensor parallelism of degree `tp` (docs/simulator.md, "Tensor
 // parallelism"): H/tp query heads, Hkv/tp KV heads (one, replicated, when Hkv < tp), F/tp of the
@@ -59,12 +68,47 @@ void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp);
 OpCost allreduce_cost(const hw::Profile& hw, int tp, double bytes);
 OpCost allgather_cost(const hw::Profile& hw, int tp, double bytes);
 
-// Predicts the trace on `hw` for model `c` (whose n_layer must equal the trace's: map first).
-// `batch` sequences run the same work together: every op's rows, pairs and keys scale by it
-// (GEMMs read their weights once for all), as do K/V, Aux Cache and activation memory. With
-// `tp` > 1 the model is spread over tp GPUs (tp_shard) and the collectives are added to each
-// step; times and memory are one GPU's. Throws lp::Error when the layer counts differ, batch < 1
-// or tp cannot be hosted.
+// Costs a trace step by step on `hw` for model `c` (whose n_layer must equal the header's: map
+// first), holding O(layers) state, so a generation of any length streams through it; per-step
+// decode times are kept for the first `keep_steps` steps only. `batch` sequences run the same
+// work together: every op's rows, pairs and keys scale by it (GEMMs read their weights once for
+// all), as do K/V, Aux Cache and activation memory. With `tp` > 1 the model is spread over tp
+// GPUs (tp_shard) and the collectives are added to each step; times and memory are one GPU's.
+// Throws lp::Error when the layer counts differ, batch < 1 or tp cannot be hosted.
+class Replayer {
+ public:
+  Replayer(const trace::Header& h, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+           int64_t batch = 1, int tp = 1, size_t keep_steps = SIZE_MAX);
+  void add(const trace::Step& s);
+  // The prediction, with the memory held at the end (K/V from the last step's keys).
+  Prediction finish() &&;
+
+ private:
+  const hw::Profile& hw_;
+  const ModelConfig& c_;
+  int64_t B_;
+  int tp_;
+  size_t keep_steps_;
+  CostContext cc_;
+  std::string policy_;
+  ModelConfig g_;                // one GPU's shape
+  std::vector<ModelConfig> lc_;  // per layer
+  std::vector<char> prune_at_;
+  int first_prune_ = -1;
+  int64_t prompt_tokens_ = 0, steps_ = 0;
+  double peak_act_ = 0, aux_entries_ = 0;
+  std::vector<int64_t> last_keys_;
+  Prediction r_;
+};
+
+// Replays synthetic steps (trace::SyntheticSteps) as they are made: memory O(layers) whatever
+// `decode_steps`; per-step decode times kept for the first `keep_steps`.
+Prediction replay_synthetic(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
+                            int64_t prompt_tokens, int64_t decode_steps, const trace::Revivals& revivals,
+                            const hw::Profile& hw, const Precision& p, int64_t batch = 1, int tp = 1,
+                            size_t keep_steps = 0);
+
+// Replays a whole trace held in memory (Replayer over its steps, every step's time kept).
 Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                   int64_t batch = 1, int tp = 1);
 

@@ -4,14 +4,18 @@
 // milliseconds.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +23,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,8 +51,9 @@ std::string cli_path() {
 }
 
 struct CliResult {
-  bool exited = false;  // false: killed by a signal
-  int code = -1;        // exit status, or the signal number
+  bool exited = false;   // false: killed by a signal
+  int code = -1;         // exit status, or the signal number
+  long max_rss_kib = 0;  // the child's peak resident memory
   std::string out, err;
 };
 
@@ -81,8 +87,10 @@ CliResult run_cli(const TempDir& dir, const std::vector<std::string>& args) {
     return r;
   }
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  struct rusage ru {};
+  while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
   }
+  r.max_rss_kib = ru.ru_maxrss;
   r.exited = WIFEXITED(status);
   r.code = r.exited ? WEXITSTATUS(status) : WTERMSIG(status);
   auto slurp = [](const std::string& p) {
@@ -436,9 +444,44 @@ TEST_F(CliErrors, InputsMustBeRegularFilesOfBoundedSize) {
       {fifo, "measurement file must be a regular file"});
   expect_one_line_error(run_cli(dir_, {"calibrate-revivals", fifo, "--out", out}), {fifo, "trace"});
   expect_one_line_error(run_cli(dir_, {"sweep", "--grid", fifo, "--out", out}), {fifo, "sweep grid"});
+  {
+    const std::string grid = write_text(
+        R"({"lazyprefill_sweep": 1, "hardware": ["l4"], "models": ["llama-2-7b"], "prompt_lengths": [512],
+            "methods": [{"policy": "none"}]})",
+        "g.json");
+    expect_one_line_error(run_cli(dir_, {"sweep", "--grid", grid, "--out", fifo}),
+                          {fifo, "sweep output must be a regular file"});
+    const std::string link = dir_.file("rows-link.jsonl");
+    ASSERT_EQ(::symlink(out.c_str(), link.c_str()), 0);
+    expect_one_line_error(run_cli(dir_, {"sweep", "--grid", grid, "--out", link}), {link, "symlink"});
+    ASSERT_EQ(::unlink(link.c_str()), 0);
+  }
   expect_one_line_error(run_cli(dir_, {"eval", "--model", tiny_, "--lengths", "64", "--corpus", "/dev/zero"}),
                         {"/dev/zero", "evaluation text must be a regular file"});
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// A temporary output being written is removed when the process is interrupted (issue 18: a
+// killed report left a 20 MB *.tmp.PID beside its output). Deterministic: the child registers
+// the file, then signals itself.
+TEST_F(CliErrors, TemporaryOutputsAreRemovedOnSignals) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    const std::string tmp = dir_.file("out.json.tmp.test");
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      remove_temp_files_on_signal();
+      TempFileGuard guard(tmp);
+      const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || ::write(fd, "partial", 7) != 7) ::_exit(3);
+      ::raise(sig);
+      ::_exit(4);  // not reached: the handler re-raises with the default action
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "status " << status;
+    EXPECT_FALSE(std::filesystem::exists(tmp)) << "signal " << sig;
+  }
 }
 
 // Outputs never replace what is not a regular file (issue 18, defect 2: the rename turned a
@@ -671,6 +714,113 @@ TEST_F(CliSim, ReplayedAuxCacheAndDecodeKeysAreTheEngines) {
   // (The 2-layer model's revived rows meet no later pruning layer, so its decoding writes nothing;
   // SimReplay.AuxCacheCountsEachTokenOnce covers the overwrites.)
   EXPECT_EQ(decode_writes, 0);
+}
+
+// Issue 18 defect 3: the simulator streams decoding steps, so its memory does not grow with them
+// (60,000 steps of an 80-layer model held 0.5 GB of trace before; the JSON lists the first 4,096
+// step times, --step-times N asks for more or fewer).
+TEST_F(CliSim, SimulateMemoryDoesNotGrowWithDecodingSteps) {
+  const auto sim = [&](const char* steps) {
+    return run_cli(
+        dir_, {"simulate", "--model-config", "llama-3.1-70b", "--prune", "lazyllm", "--prompt-tokens", "72",
+               "--new-tokens", steps, "--hw", "h100-sxm", "--json", "--step-times", "100"});
+  };
+  const CliResult small = sim("3"), big = sim("60000");
+  ASSERT_TRUE(small.exited && small.code == 0) << describe(small);
+  ASSERT_TRUE(big.exited && big.code == 0) << describe(big);
+  EXPECT_LT(big.max_rss_kib - small.max_rss_kib, 64 * 1024)
+      << "peak RSS " << small.max_rss_kib << " KiB with 2 decoding steps, " << big.max_rss_kib
+      << " with 59,999";
+  const auto j = nlohmann::json::parse(big.out);
+  EXPECT_EQ(j["decode_steps"].get<int64_t>(), 59999);
+  EXPECT_EQ(j["results"][0]["decode_step_ms"].size(), 100u);
+  EXPECT_GT(j["results"][0]["decode_step_mean_ms"].get<double>(), 0);
+}
+
+// Issue 18 defect 9, through the CLI: a trace cut short is refused, not summarised or replayed.
+TEST_F(CliSim, TruncatedTraceIsRefused) {
+  const std::string t = make_trace("t.jsonl", 40);
+  std::string text;
+  {
+    std::ifstream in(t);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t last = text.rfind('\n', text.size() - 2);  // drop the last step line
+  const std::string cut = write_text(text.substr(0, last + 1), "cut.jsonl");
+  expect_one_line_error(run_cli(dir_, {"inspect", "--trace", cut}), {"cut.jsonl", "the header says"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", cut, "--hw", "l4"}),
+                        {"cut.jsonl", "the header says"});
+  expect_one_line_error(run_cli(dir_, {"report", "--trace", cut, "--model-config", "llama-2-7b", "--hw", "l4",
+                                       "--prompt-lengths", "512", "--out", dir_.file("r")}),
+                        {"cut.jsonl", "the header says"});
+}
+
+// Issue 18 defect 6: a report holds what a reader can use; more is refused before it is computed.
+TEST_F(CliSim, ReportRefusesMoreResultsThanItHolds) {
+  std::vector<int> ns(1025);
+  std::iota(ns.begin(), ns.end(), 1);
+  const std::string lengths = fmt::format("{}", fmt::join(ns, ","));
+  expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
+                                       "--prompt-lengths", lengths, "--out", dir_.file("r")}),
+                        {"1025 lengths", "use sweep"});
+}
+
+// Issue 18 defect 8: a second sweep on a locked output is refused, and a write that fails (the
+// file-size limit standing in for a full disk) leaves whole rows only, which a resume completes.
+TEST_F(CliSim, SweepOutputIsLockedAndNeverTorn) {
+  const std::string grid = write_text(
+      R"({"lazyprefill_sweep": 1, "hardware": ["h100-sxm", "l4"], "models": ["llama-2-7b"],
+          "methods": [{"policy": "none"}, {"policy": "lazyllm"}], "prompt_lengths": [512, 1024, 2048, 4096]})",
+      "grid.json");
+  const std::string out = dir_.file("rows.jsonl");
+  {
+    const int fd = ::open(out.c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    expect_one_line_error(run_cli(dir_, {"sweep", "--grid", grid, "--out", out}), {"rows.jsonl", "locked"});
+    ::close(fd);
+  }
+  // Four rows written, then the whole grid under a 2.5 KiB file-size limit: its rows cannot be
+  // written, and the four already there stay whole, with nothing torn after them.
+  const std::string small = write_text(
+      R"({"lazyprefill_sweep": 1, "hardware": ["l4"], "models": ["llama-2-7b"],
+          "methods": [{"policy": "none"}, {"policy": "lazyllm"}], "prompt_lengths": [512, 1024]})",
+      "small.json");
+  CliResult r = run_cli(dir_, {"sweep", "--grid", small, "--out", out});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const Bytes before = testing::read_file(out);
+  ASSERT_EQ(std::count(before.begin(), before.end(), '\n'), 4);
+  ASSERT_LT(before.size(), 2560u);
+  const std::string cmd =
+      fmt::format("ulimit -f 5; trap '' XFSZ; exec '{}' sweep --grid '{}' --out '{}'", cli_path(), grid, out);
+  const std::string err = dir_.file("limited.err");
+  const int rc = std::system(("/bin/sh -c \"" + cmd + "\" > /dev/null 2> '" + err + "'").c_str());
+  EXPECT_NE(rc, 0) << "the sweep must fail when its rows cannot be written";
+  const Bytes eb = testing::read_file(err);
+  const std::string msg(eb.begin(), eb.end());
+  EXPECT_NE(msg.find("rows.jsonl"), std::string::npos) << msg;
+  EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 1) << msg;
+  EXPECT_TRUE(testing::read_file(out) == before);
+  r = run_cli(dir_, {"sweep", "--grid", grid, "--out", out});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const Bytes all = testing::read_file(out);
+  EXPECT_EQ(std::count(all.begin(), all.end(), '\n'), 16);
+}
+
+// Issue 18 defect 10: names from a model file are escaped in inspect's text and stay valid in
+// its JSON, whatever bytes they hold.
+TEST_F(CliErrors, InspectEscapesTextFromTheFile) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.set("general.name", GgufWriterValue::string("evil\n\x1b[2Jforged line\xff"));
+  const std::string m = write(w, "evil.gguf");
+  CliResult r = run_cli(dir_, {"inspect", "--model", m});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\nforged"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("evil\\n\\x1b[2Jforged line"), std::string::npos) << r.out;
+  r = run_cli(dir_, {"inspect", "--model", m, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["name"].get<std::string>().substr(0, 5), "evil\n");
 }
 
 TEST_F(CliSim, SimulateATraceAndASchedule) {

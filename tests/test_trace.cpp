@@ -28,10 +28,16 @@ extern char** environ;
 namespace lp {
 namespace {
 
+// A whole model configuration for a trace header (the reader checks it as the simulator would).
+nlohmann::json tiny_model(int n_layer) {
+  return {{"arch", "llama"}, {"n_layer", n_layer}, {"n_embd", 8}, {"n_head", 2},
+          {"n_head_kv", 1},  {"head_dim", 4},      {"n_ff", 16},  {"n_vocab", 32}};
+}
+
 trace::Trace sample() {
   trace::Trace t;
   t.header.n_layer = 3;
-  t.header.model = {{"n_layer", 3}, {"n_embd", 8}, {"n_head_kv", 1}, {"head_dim", 4}};
+  t.header.model = tiny_model(3);
   t.header.policy = "lazyllm";
   t.header.schedule = "0:0.5";
   t.header.schedule_layers = {{0, 0.5}};
@@ -105,6 +111,69 @@ TEST(Trace, BadFilesGiveOneClearError) {
   expect_error(write("garbage", head + "\n{oops\n"), "line 2: not a JSON object");
 }
 
+// Issue 18 defect 9: a trace whose header and body disagree, or whose counts no run can record,
+// is refused naming the file, line and field (it used to be summarised and replayed, exit 0).
+TEST(Trace, InconsistentTracesAreRefused) {
+  testing::TempDir dir;
+  const std::string good = dir.file("good.jsonl");
+  trace::write_trace(sample(), good);
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(good);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 3u);
+  int n = 0;
+  const auto expect = [&](const std::vector<std::string>& ls, const std::string& what) {
+    SCOPED_TRACE(what);
+    const std::string path = dir.file("bad" + std::to_string(n++) + ".jsonl");
+    {
+      std::ofstream out(path);
+      for (const auto& l : ls) out << l << '\n';
+    }
+    try {
+      trace::read_trace(path);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind(path + ": ", 0), 0u) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  };
+  const auto edit = [&](size_t line, const std::function<void(nlohmann::json&)>& f) {
+    std::vector<std::string> ls = lines;
+    nlohmann::json j = nlohmann::json::parse(ls[line]);
+    f(j);
+    ls[line] = j.dump();
+    return ls;
+  };
+  expect({lines[0], lines[1]}, "the header says 2 steps but the file holds 1");  // truncated
+  expect({lines[0], lines[1], lines[2], lines[2]}, "the header says 2 steps but the file holds more");
+  expect({lines[0], lines[2]}, "line 2: the first step must be the prefill");
+  expect({lines[0], lines[1], lines[1]}, "line 3: kind 'prefill': every step after the prefill");
+  expect(edit(0, [](auto& j) { j["model"]["n_head"] = 0; }), "n_head must be positive");
+  expect(edit(0, [](auto& j) { j["model"]["n_layer"] = 4; }),
+         "the header model has 4 layers but n_layer is 3");
+  expect(edit(0, [](auto& j) { j["policy"] = "fastest\x1b[2J"; }), "unknown policy 'fastest\\x1b[2J'");
+  expect(edit(0, [](auto& j) { j["dtype"] = "bf16\nforged"; }), "dtype 'bf16\\nforged' is not a dtype name");
+  expect(edit(0, [](auto& j) { j["schedule_layers"][0]["layer"] = 3; }),
+         "layer 3 is outside [0, n_layer = 3)");
+  expect(edit(0, [](auto& j) { j["schedule_layers"][0]["share"] = 1.5; }), "share 1.5 is outside [0, 1]");
+  expect(edit(0, [](auto& j) { j["prompt_tokens"] = 0; }), "prompt_tokens 0 is out of range");
+  expect(edit(0, [](auto& j) { j["steps"] = -1; }), "steps -1 is not a step count");
+  expect(edit(1, [](auto& j) { j["new_tokens"] = 9; }),
+         "the prefill appends 9 tokens but the header's prompt has 10");
+  expect(edit(1, [](auto& j) { j["keys"][1] = 11; }),
+         "'keys' at layer 1 is 11, more than the tokens in the context (10)");
+  expect(edit(1, [](auto& j) { j["queries"][2] = 12; }), "'queries' at layer 2 is 12");
+  expect(edit(2, [](auto& j) { j["revived"][0] = 2; }),
+         "'revived' at layer 0 is 2, more than the rows computed there (1)");
+  expect(edit(2, [](auto& j) { j["pairs"][0] = 12; }),
+         "'pairs' at layer 0 is 12, more than its 1 rows can attend");
+  expect(edit(2, [](auto& j) { j["new_tokens"] = 0; }), "line 3: a decoding step appends no token");
+}
+
 TEST(Trace, UnwritablePathLeavesNothingBehind) {
   testing::TempDir dir;
   const std::string path = dir.path() + "/no/such/dir/t.jsonl";
@@ -135,7 +204,7 @@ std::vector<float> awkward_scores(size_t n) {
 trace::Trace detail_sample() {
   trace::Trace t;
   t.header.n_layer = 3;
-  t.header.model = {{"n_layer", 3}, {"n_embd", 8}, {"n_head_kv", 1}, {"head_dim", 4}};
+  t.header.model = tiny_model(3);
   t.header.policy = "lazyllm";
   t.header.schedule = "0:0.5,1:0.4";
   t.header.schedule_layers = {{0, 0.5}, {1, 0.4}};
@@ -190,7 +259,7 @@ TEST(Trace, ScoresRoundTripBitForBit) {
   // 4096 scores with random bit patterns (every finite float is allowed), one pruning step.
   trace::Trace t;
   t.header.n_layer = 1;
-  t.header.model = {{"n_layer", 1}};
+  t.header.model = tiny_model(1);
   t.header.schedule_layers = {{0, 0.5}};
   t.header.prompt_tokens = 4096;
   trace::Step p{"prefill", 4096, {4096}, {4096}, {4096LL * 4097 / 2}, {0}, {0}, {2048}, {}, {}, {}};

@@ -39,8 +39,32 @@ struct StageRevival {
 };
 using Revivals = std::function<StageRevival(size_t stage, int64_t step)>;
 
-// policy: none | lazyllm | static | random. Throws lp::Error for a bad argument (a revival share
-// outside [0, 1] included). An empty `revivals` revives nothing.
+// The synthetic steps one at a time, O(layers) state: the prefill, then `new_tokens` decoding
+// steps. policy: none | lazyllm | static | random. Throws lp::Error for a bad argument (a revival
+// share outside [0, 1] included, when the step that draws it is made). An empty `revivals`
+// revives nothing.
+class SyntheticSteps {
+ public:
+  SyntheticSteps(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
+                 int64_t prompt_tokens, int64_t new_tokens, Revivals revivals = {});
+  const Header& header() const { return header_; }
+  // The next step into `out`; false after the last.
+  bool next(Step& out);
+
+ private:
+  void active(int64_t n);
+  int L_;
+  std::string policy_;
+  std::vector<PruneStep> steps_;
+  int64_t prompt_tokens_, new_tokens_;
+  Revivals revivals_;
+  bool prunes_ = false;
+  Header header_;
+  int64_t next_ = 0;  // 0: the prefill, s: decoding step s
+  std::vector<int64_t> act_, dropped_, held_, prefill_act_;
+};
+
+// Every step at once (SyntheticSteps collected).
 Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
                       int64_t prompt_tokens, int64_t new_tokens, const Revivals& revivals = {});
 

@@ -13,6 +13,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "model/config.h"
 #include "model/error.h"
 #include "model/io.h"
 
@@ -207,58 +208,149 @@ void write_trace(const Trace& t, const std::string& path) {
   write_file_atomic(path, out, "trace");
 }
 
-Trace read_trace(const std::string& path) {
-  std::istringstream in(read_input_file(path, "trace", input_cap::kTrace));
+namespace {
+// A header or step field's name: lowercase letters, digits, '_' and '-', as the tools write them.
+bool plain_name(const std::string& s) {
+  if (s.size() > 32) return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
+  return true;
+}
+constexpr int64_t kMaxTokens = int64_t(1) << 31;  // positions are int32_t
+}  // namespace
+
+TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap::kTrace) {
   std::string line;
-  if (!std::getline(in, line)) fail("{}: empty file, not a lazyprefill trace", path);
+  if (!in_.next(line)) fail("{}: empty file, not a lazyprefill trace", path);
   const json head = json::parse(line, nullptr, false);
   if (head.is_discarded() || !head.is_object() || !head.contains("lazyprefill_trace"))
     fail("{}: not a lazyprefill trace (line 1 is not a trace header)", path);
-  Trace t;
-  Header& h = t.header;
+  Header& h = header_;
+  const std::string where = path + ": line 1";
   try {
-    h.version = head.at("lazyprefill_trace").get<int>();
-    if (h.version != kVersion)
-      fail("{}: trace version {} is not supported (expected {})", path, h.version, kVersion);
-    h.n_layer = head.at("n_layer").get<int>();
-    if (h.n_layer < 1 || h.n_layer > 1024) fail("{}: n_layer {} is out of range", path, h.n_layer);
+    if (!head.at("lazyprefill_trace").is_number_integer() ||
+        head.at("lazyprefill_trace").get<int64_t>() != kVersion)
+      fail("{}: trace version {} is not supported (expected {})", path, head.at("lazyprefill_trace").dump(),
+           kVersion);
+    h.version = kVersion;
+    const json& nl = head.at("n_layer");
+    if (!nl.is_number_integer() || nl.get<int64_t>() < 1 || nl.get<int64_t>() > 1024)
+      fail("{}: n_layer {} is out of range [1, 1024]", where, nl.dump());
+    h.n_layer = nl.get<int>();
     h.model = head.at("model");
+    // The model must be one the simulator can cost, and the one the counts are per layer of.
+    const ModelConfig c = config_from_json(h.model, where + ": header model");
+    if (c.n_layer != h.n_layer)
+      fail("{}: the header model has {} layers but n_layer is {}", where, c.n_layer, h.n_layer);
     h.policy = head.at("policy").get<std::string>();
+    if (h.policy != "none" && h.policy != "lazyllm" && h.policy != "static" && h.policy != "random")
+      fail("{}: unknown policy '{}' (expected none, lazyllm, static or random)", where,
+           escape_text(h.policy));
     h.schedule = head.at("schedule").get<std::string>();
-    for (const auto& s : head.at("schedule_layers"))
-      h.schedule_layers.emplace_back(s.at("layer"), s.at("share"));
-    h.prompt_tokens = head.at("prompt_tokens").get<int64_t>();
+    if (h.schedule.size() > 4096) fail("{}: the schedule is {} bytes long", where, h.schedule.size());
+    for (const auto& e : head.at("schedule_layers")) {
+      const json& l = e.at("layer");
+      const double share = e.at("share").get<double>();
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= h.n_layer)
+        fail("{}: schedule_layers: layer {} is outside [0, n_layer = {})", where, l.dump(), h.n_layer);
+      if (!(share >= 0 && share <= 1)) fail("{}: schedule_layers: share {} is outside [0, 1]", where, share);
+      if (!h.schedule_layers.empty() && l.get<int>() <= h.schedule_layers.back().first)
+        fail("{}: schedule_layers must be in ascending layer order", where);
+      h.schedule_layers.emplace_back(l.get<int>(), share);
+    }
+    const json& pt = head.at("prompt_tokens");
+    if (!pt.is_number_integer() || pt.get<int64_t>() < 1 || pt.get<int64_t>() >= kMaxTokens)
+      fail("{}: prompt_tokens {} is out of range [1, 2^31)", where, pt.dump());
+    h.prompt_tokens = pt.get<int64_t>();
     h.dtype = head.value("dtype", "");
+    if (!plain_name(h.dtype)) fail("{}: dtype '{}' is not a dtype name", where, escape_text(h.dtype));
     h.tool_version = head.value("tool_version", "");
     h.git_commit = head.value("git_commit", "");
     h.seed = head.value("seed", uint64_t{0});
+    if (head.contains("steps")) {
+      const json& n = head["steps"];
+      if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() >= kMaxTokens)
+        fail("{}: steps {} is not a step count", where, n.dump());
+      declared_ = n.get<int64_t>();
+    }
   } catch (const json::exception& e) {
-    fail("{}: line 1: bad trace header ({})", path, e.what());
+    fail("{}: bad trace header ({})", where, e.what());
   }
-  int64_t n = 1, context = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty()) continue;
-    const std::string where = fmt::format("{}: line {}", path, n);
-    const json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", where);
-    Step s;
-    if (!j.contains("kind") || !j["kind"].is_string()) fail("{}: missing 'kind'", where);
-    s.kind = j["kind"].get<std::string>();
-    s.new_tokens = j.value("new_tokens", int64_t{0});
-    s.queries = layer_array(j, "queries", h.n_layer, where);
-    s.keys = layer_array(j, "keys", h.n_layer, where);
-    s.pairs = layer_array(j, "pairs", h.n_layer, where);
-    s.revived = layer_array(j, "revived", h.n_layer, where);
-    s.aux_reads = layer_array(j, "aux_reads", h.n_layer, where);
-    s.aux_writes = layer_array(j, "aux_writes", h.n_layer, where);
-    if (j.contains("attended")) s.attended = layer_array(j, "attended", h.n_layer, where);
-    context += t.steps.empty() && s.new_tokens == 0 ? h.prompt_tokens : s.new_tokens;
-    read_detail(j, h, context, s, where);
-    t.steps.push_back(std::move(s));
+}
+
+bool TraceReader::next(Step& out) {
+  const Header& h = header_;
+  const std::string& path = in_.path();
+  std::string line;
+  for (;;) {
+    if (!in_.next(line)) {
+      if (steps_ == 0) fail("{}: trace has no steps", path);
+      if (declared_ >= 0 && steps_ != declared_)
+        fail("{}: the header says {} steps but the file holds {} (truncated or appended to)", path, declared_,
+             steps_);
+      return false;
+    }
+    ++line_no_;
+    if (!line.empty()) break;
   }
-  if (t.steps.empty()) fail("{}: trace has no steps", path);
-  if (t.steps[0].kind != "prefill") fail("{}: the first step must be the prefill", path);
+  const std::string where = fmt::format("{}: line {}", path, line_no_);
+  const json j = json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", where);
+  Step s;
+  if (!j.contains("kind") || !j["kind"].is_string()) fail("{}: missing 'kind'", where);
+  s.kind = j["kind"].get<std::string>();
+  if (steps_ == 0 && s.kind != "prefill") fail("{}: the first step must be the prefill", where);
+  if (steps_ > 0 && s.kind != "decode")
+    fail("{}: kind '{}': every step after the prefill is a decoding step", where, escape_text(s.kind));
+  if (declared_ >= 0 && steps_ >= declared_)
+    fail("{}: the header says {} steps but the file holds more", where, declared_);
+  const json nt = j.value("new_tokens", json(0));
+  if (!nt.is_number_integer() || nt.get<int64_t>() < 0 || nt.get<int64_t>() >= kMaxTokens)
+    fail("{}: 'new_tokens' {} is out of range", where, nt.dump());
+  s.new_tokens = nt.get<int64_t>();
+  if (steps_ == 0 && s.new_tokens != 0 && s.new_tokens != h.prompt_tokens)
+    fail("{}: the prefill appends {} tokens but the header's prompt has {}", where, s.new_tokens,
+         h.prompt_tokens);
+  if (steps_ > 0 && s.new_tokens < 1) fail("{}: a decoding step appends no token", where);
+  s.queries = layer_array(j, "queries", h.n_layer, where);
+  s.keys = layer_array(j, "keys", h.n_layer, where);
+  s.pairs = layer_array(j, "pairs", h.n_layer, where);
+  s.revived = layer_array(j, "revived", h.n_layer, where);
+  s.aux_reads = layer_array(j, "aux_reads", h.n_layer, where);
+  s.aux_writes = layer_array(j, "aux_writes", h.n_layer, where);
+  if (j.contains("attended")) s.attended = layer_array(j, "attended", h.n_layer, where);
+  context_ += steps_ == 0 && s.new_tokens == 0 ? h.prompt_tokens : s.new_tokens;
+  if (context_ >= kMaxTokens) fail("{}: the context reaches {} tokens, past 2^31", where, context_);
+  // Counts a run can record: nothing at a layer exceeds the tokens in the context, a row attends
+  // at most every position, and only computed rows were revived.
+  for (int l = 0; l < h.n_layer; ++l) {
+    const size_t i = size_t(l);
+    const auto over = [&](const char* what, int64_t v, int64_t cap, const char* bound) {
+      if (v > cap) fail("{}: '{}' at layer {} is {}, more than {} ({})", where, what, l, v, bound, cap);
+    };
+    over("queries", s.queries[i], context_, "the tokens in the context");
+    over("keys", s.keys[i], context_, "the tokens in the context");
+    if (!s.attended.empty()) over("attended", s.attended[i], context_, "the tokens in the context");
+    over("aux_writes", s.aux_writes[i], context_, "the tokens in the context");
+    over("aux_reads", s.aux_reads[i], context_, "the tokens in the context");
+    over("revived", s.revived[i], s.queries[i], "the rows computed there");
+    // pairs <= queries x context, in doubles: both below 2^31, the product exact below 2^62.
+    if (double(s.pairs[i]) > double(s.queries[i]) * double(context_))
+      fail("{}: 'pairs' at layer {} is {}, more than its {} rows can attend in a context of {}", where, l,
+           s.pairs[i], s.queries[i], context_);
+  }
+  read_detail(j, h, context_, s, where);
+  ++steps_;
+  out = std::move(s);
+  return true;
+}
+
+Trace read_trace(const std::string& path) {
+  TraceReader r(path);
+  Trace t;
+  t.header = r.header();
+  Step s;
+  while (r.next(s)) t.steps.push_back(std::move(s));
   return t;
 }
 
@@ -270,33 +362,45 @@ double prompt_computed_fraction(const Trace& t) {
   return T > 0 ? computed / (double(T) * t.header.n_layer) : 0.0;
 }
 
-Summary summarize(const Trace& t) {
-  Summary s;
-  const int L = t.header.n_layer;
-  const Step& pre = t.steps.front();
-  const int64_t T = pre.new_tokens > 0 ? pre.new_tokens : t.header.prompt_tokens;
-  for (int l = 0; l < L; ++l)
-    s.prompt_share_per_layer.push_back(T > 0 ? double(pre.queries[l]) / double(T) : 0.0);
-  s.prompt_share = prompt_computed_fraction(t);
-  // Over the whole generation: a dense run computes every new token at every layer once.
-  double all = 0, dense = 0;
-  int64_t tokens = 0;
-  std::vector<int64_t> per_layer(size_t(L), 0);
-  for (const Step& st : t.steps) {
-    tokens += st.new_tokens;
-    dense += double(st.new_tokens) * L;
+Summarizer::Summarizer(const Header& h)
+    : L_(h.n_layer), prompt_tokens_(h.prompt_tokens), per_layer_(size_t(h.n_layer), 0) {}
+
+void Summarizer::add(const Step& st) {
+  const int L = L_;
+  if (steps_++ == 0) {
+    const int64_t T = st.new_tokens > 0 ? st.new_tokens : prompt_tokens_;
+    double computed = 0;
     for (int l = 0; l < L; ++l) {
-      all += double(st.queries[l]);
-      per_layer[size_t(l)] += st.queries[l];
-      s.aux_writes += st.aux_writes[l];
-      s.revivals += st.revived[l];
+      s_.prompt_share_per_layer.push_back(T > 0 ? double(st.queries[size_t(l)]) / double(T) : 0.0);
+      computed += double(st.queries[size_t(l)]);
     }
-    s.detail = s.detail || st.pruning || st.revived_positions;
+    s_.prompt_share = T > 0 ? computed / (double(T) * L) : 0.0;
   }
-  s.generation_share = dense > 0 ? all / dense : 0.0;
-  for (int l = 0; l < L; ++l) s.at_most_once = s.at_most_once && per_layer[size_t(l)] <= tokens;
-  for (int l = 0; l < L; ++l) s.kv_tokens_final += t.steps.back().keys[l];
+  // Over the whole generation: a dense run computes every new token at every layer once.
+  tokens_ += st.new_tokens;
+  dense_ += double(st.new_tokens) * L;
+  for (int l = 0; l < L; ++l) {
+    all_ += double(st.queries[size_t(l)]);
+    per_layer_[size_t(l)] += st.queries[size_t(l)];
+    s_.aux_writes += st.aux_writes[size_t(l)];
+    s_.revivals += st.revived[size_t(l)];
+  }
+  s_.detail = s_.detail || st.pruning || st.revived_positions;
+  s_.kv_tokens_final = 0;
+  for (int l = 0; l < L; ++l) s_.kv_tokens_final += st.keys[size_t(l)];
+}
+
+Summary Summarizer::finish() const {
+  Summary s = s_;
+  s.generation_share = dense_ > 0 ? all_ / dense_ : 0.0;
+  for (int l = 0; l < L_; ++l) s.at_most_once = s.at_most_once && per_layer_[size_t(l)] <= tokens_;
   return s;
+}
+
+Summary summarize(const Trace& t) {
+  Summarizer s(t.header);
+  for (const Step& st : t.steps) s.add(st);
+  return s.finish();
 }
 
 }  // namespace lp::trace

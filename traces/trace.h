@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/io.h"
+
 namespace lp::trace {
 
 inline constexpr int kVersion = 1;
@@ -63,8 +65,27 @@ struct Trace {
 // and renames it into place: a failed write leaves no partial trace. Throws lp::Error.
 void write_trace(const Trace& t, const std::string& path);
 
-// Reads and validates a trace file, the optional detail included. Throws lp::Error naming the
-// file, line and field.
+// A trace file read one step at a time (memory: one step, whatever the file's length), each line
+// validated as it is read: the header's names, model and schedule; per step its kind and counts
+// against the context (no layer computes, holds or attends more tokens than exist), the optional
+// detail; at the end, the step count against the header's `steps` (a truncated trace is refused).
+// Throws lp::Error naming the file, line and field.
+class TraceReader {
+ public:
+  explicit TraceReader(const std::string& path);
+  const Header& header() const { return header_; }
+  // The header's step count, -1 when the file predates it.
+  int64_t declared_steps() const { return declared_; }
+  // The next step into `out`; false after the last (having checked the count).
+  bool next(Step& out);
+
+ private:
+  InputLines in_;
+  Header header_;
+  int64_t declared_ = -1, steps_ = 0, context_ = 0, line_no_ = 1;
+};
+
+// Reads and validates a whole trace file (TraceReader), the optional detail included.
 Trace read_trace(const std::string& path);
 
 // What `inspect --trace` prints.
@@ -78,6 +99,21 @@ struct Summary {
   bool detail = false;  // the steps carry the optional detail (pruning, revived_positions)
 };
 Summary summarize(const Trace& t);
+// The same a step at a time (a TraceReader's steps), O(layers) memory.
+class Summarizer {
+ public:
+  explicit Summarizer(const Header& h);
+  void add(const Step& s);
+  Summary finish() const;
+  int64_t steps() const { return steps_; }
+
+ private:
+  int L_;
+  int64_t prompt_tokens_, steps_ = 0, tokens_ = 0;
+  double all_ = 0, dense_ = 0;
+  std::vector<int64_t> per_layer_;
+  Summary s_;
+};
 
 // Share of the prompt's (token, layer) pairs the prefill computed: its queries over
 // prompt tokens x layers (Summary::prompt_share).
