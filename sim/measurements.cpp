@@ -6,7 +6,9 @@
 // file names with strncpy into fixed buffers, which GCC flags; the truncation is intended.
 #define CSV_IO_NO_THREAD
 #pragma GCC diagnostic push
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wstringop-truncation"
+#endif
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
@@ -558,7 +560,9 @@ std::vector<Measurement> import_vllm_latency(const std::string& path) {
 std::vector<Measurement> import_trtllm_bench(const std::string& path) {
   const auto recs = json_records(path, read_text(path));
   std::vector<Measurement> out;
-  for (const auto& [rec, o] : recs) {
+  for (const auto& r : recs) {
+    const auto& rec = r.first;  // not a structured binding: the lambdas below capture it
+    const json& o = r.second;
     if (!o.is_object()) fail("{}: record {}: not a JSON object", path, rec);
     const json& engine = object_field(o, "engine", path, rec);
     const json& world = object_field(o, "world_info", path, rec);

@@ -324,6 +324,9 @@ TEST_F(ScheduleFile, RejectsFilesThatAreNotSchedules) {
        "(step 1: \"depth\" must be a number)"},
       {R"({"lazyprefill_schedule": 1, "steps": [{"depth": 0.3, "share": null}]})",
        "(step 1: \"share\" must be a number)"},
+      // Found by fuzz_schedule: a number JSON cannot hold escaped as a raw library exception.
+      {R"({"lazyprefill_schedule": 1, "steps": [{"depth": 0.3, "share": 1e400}]})",
+       "(not JSON: number overflow parsing '1e400')"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.text);

@@ -200,7 +200,7 @@ Schedule load_schedule_file(const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number such as 1e400
     // Drop nlohmann's "[json.exception.parse_error.101] " tag; the rest says where and why.
     std::string_view why = e.what();
     if (const size_t tag = why.find("] "); why.starts_with("[json.") && tag != std::string_view::npos)
