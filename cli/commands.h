@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -130,7 +131,8 @@ struct ReportArgs {
   std::string weights = "bf16", compute = "bf16", kv = "bf16";
   std::string revival_model;  // "" or "builtin": the built-in revival model
   int64_t new_tokens = 0, batch = 1;
-  double slo_ttft_ms = 0, mem_budget_gib = 0;
+  // NaN: not given (a given 0 is refused, not taken for "none").
+  double slo_ttft_ms = std::numeric_limits<double>::quiet_NaN(), mem_budget_gib = slo_ttft_ms;
   double revival_share = -1;  // >= 0: a constant share instead of the revival model
   bool json_out = false, map = false;
 };

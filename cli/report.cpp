@@ -2,6 +2,7 @@
 // SVG charts and one HTML page) for a model on hardware profiles over prompt lengths.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -69,8 +70,10 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
       ->excludes(share);
   r->add_flag("--map", a.map,
               "Allow a --revival-model fitted on another layer count (stages by relative depth)");
-  r->add_option("--slo-ttft-ms", a.slo_ttft_ms, "TTFT objective: report the longest prompt that meets it");
-  r->add_option("--mem-budget-gib", a.mem_budget_gib, "Memory budget per device (default: its capacity)");
+  r->add_option("--slo-ttft-ms", a.slo_ttft_ms, "TTFT objective: report the longest prompt that meets it")
+      ->check(finite_number());
+  r->add_option("--mem-budget-gib", a.mem_budget_gib, "Memory budget per device (default: its capacity)")
+      ->check(finite_number());
   r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   r->add_option("--weights", a.weights,
@@ -102,8 +105,8 @@ int cmd_report(const ReportArgs& a) {
   sim::validate(req.precision);
   req.new_tokens = a.new_tokens;
   req.batch = a.batch;
-  if (a.slo_ttft_ms != 0) req.slo_ttft_ms = a.slo_ttft_ms;
-  if (a.mem_budget_gib != 0) req.mem_budget_gib = a.mem_budget_gib;
+  if (!std::isnan(a.slo_ttft_ms)) req.slo_ttft_ms = a.slo_ttft_ms;
+  if (!std::isnan(a.mem_budget_gib)) req.mem_budget_gib = a.mem_budget_gib;
   req.tool_version = LP_VERSION;
   req.git_commit = LP_GIT_COMMIT;
 

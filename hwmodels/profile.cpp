@@ -61,7 +61,7 @@ double Profile::peak(const std::string& dtype) const {
 Profile parse_profile(const json& j, const std::string& origin) {
   if (!j.is_object()) fail("{}: a hardware profile must be a JSON object", origin);
   const json& version = field(j, "lazyprefill_hw", origin);
-  if (!version.is_number_integer() || version.get<int>() != 1)
+  if (!version.is_number_integer() || version.get<int64_t>() != 1)  // not get<int>: 4294967297 reads as 1
     fail("{}: 'lazyprefill_hw' must be 1 (this build reads version 1 profiles)", origin);
   Profile p;
   p.json = j;

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "model/error.h"
 #include "model/gguf.h"
@@ -67,30 +68,58 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   return j;
 }
 
+namespace {
+// An integer field that fits an int: nlohmann's get<int>() would truncate 4294967297 to 1.
+int int_value(const nlohmann::json& v, const std::string& what, const std::string& origin) {
+  if (!v.is_number_integer()) fail("{}: {} must be an integer, got {}", origin, what, v.dump());
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT32_MAX)
+                             : (v.get<int64_t>() > INT32_MAX || v.get<int64_t>() < INT32_MIN))
+    fail("{}: {} {} is out of range", origin, what, v.dump());
+  return int(v.get<int64_t>());
+}
+int int_field(const nlohmann::json& j, const char* key, const std::string& origin) {
+  if (!j.contains(key)) fail("{}: missing '{}'", origin, key);
+  return int_value(j[key], key, origin);
+}
+std::vector<int> int_array(const nlohmann::json& j, const char* key, const std::string& origin) {
+  std::vector<int> out;
+  if (!j.contains(key)) return out;
+  if (!j[key].is_array()) fail("{}: {} must be an array of integers", origin, key);
+  for (const auto& v : j[key]) out.push_back(int_value(v, key, origin));
+  return out;
+}
+}  // namespace
+
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin) {
   ModelConfig c;
+  if (!j.is_object()) fail("{}: a model configuration must be a JSON object", origin);
   try {
     c.arch = j.at("arch").get<std::string>();
     c.name = j.value("name", std::string());
-    c.n_layer = j.at("n_layer").get<int>();
-    c.n_embd = j.at("n_embd").get<int>();
-    c.n_head = j.at("n_head").get<int>();
-    c.n_head_kv = j.at("n_head_kv").get<int>();
-    c.head_dim = j.at("head_dim").get<int>();
-    c.n_ff = j.at("n_ff").get<int>();
-    c.n_vocab = j.at("n_vocab").get<int>();
-    c.n_ctx_train = j.value("n_ctx_train", 0);
+    c.n_layer = int_field(j, "n_layer", origin);
+    if (c.n_layer > 1024) fail("{}: n_layer {} is over 1024", origin, c.n_layer);
+    c.n_embd = int_field(j, "n_embd", origin);
+    c.n_head = int_field(j, "n_head", origin);
+    c.n_head_kv = int_field(j, "n_head_kv", origin);
+    c.head_dim = int_field(j, "head_dim", origin);
+    c.n_ff = int_field(j, "n_ff", origin);
+    c.n_vocab = int_field(j, "n_vocab", origin);
+    c.n_ctx_train = j.contains("n_ctx_train") ? int_field(j, "n_ctx_train", origin) : 0;
     c.rope_dim = c.head_dim;
     c.rope_theta = j.value("rope_theta", 10000.0f);
     c.rms_eps = j.value("rms_eps", 1e-5f);
     c.tied_embeddings = j.value("tied_embeddings", false);
     c.attention_bias = j.value("attention_bias", false);
-    c.layer_n_head = j.value("layer_n_head", std::vector<int>{});
-    c.layer_n_head_kv = j.value("layer_n_head_kv", std::vector<int>{});
-    c.layer_n_ff = j.value("layer_n_ff", std::vector<int>{});
+    c.layer_n_head = int_array(j, "layer_n_head", origin);
+    c.layer_n_head_kv = int_array(j, "layer_n_head_kv", origin);
+    c.layer_n_ff = int_array(j, "layer_n_ff", origin);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: {}", origin, e.what());
   }
+  if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0))
+    fail("{}: rope_theta must be a positive finite number, got {}", origin, c.rope_theta);
+  if (!(std::isfinite(c.rms_eps) && c.rms_eps > 0))
+    fail("{}: rms_eps must be a positive finite number, got {}", origin, c.rms_eps);
   validate_config(c, origin);
   return c;
 }

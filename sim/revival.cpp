@@ -205,7 +205,9 @@ ojson revival_model_json(const RevivalModel& m) {
 
 RevivalModel parse_revival_model(const json& j, const std::string& origin) {
   if (!j.is_object()) fail("{}: not a JSON object", origin);
-  if (field<int>(j, "lazyprefill_revival_model", origin) != 1)
+  // Compared as the integer written (get<int> would read 4294967297 as 1).
+  if (!j.contains("lazyprefill_revival_model") || !j["lazyprefill_revival_model"].is_number_integer() ||
+      j["lazyprefill_revival_model"].get<int64_t>() != 1)
     fail("{}: unknown revival model version {} (this build reads 1)", origin,
          j.at("lazyprefill_revival_model").dump());
   RevivalModel m;

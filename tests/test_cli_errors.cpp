@@ -767,6 +767,15 @@ TEST_F(CliSim, TruncatedTraceIsRefused) {
                         {"cut.jsonl", "the header says"});
 }
 
+// Issue 18 (low): a given 0 (or NaN) budget or objective is refused, not taken for "none".
+TEST_F(CliSim, ReportRefusesAZeroBudgetOrObjective) {
+  for (const char* opt : {"--mem-budget-gib", "--slo-ttft-ms"})
+    for (const char* v : {"0", "-1", "nan"})
+      expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
+                                           "--prompt-lengths", "512", "--out", dir_.file("r"), opt, v}),
+                            {opt});
+}
+
 // Issue 18 defect 6: a report holds what a reader can use; more is refused before it is computed.
 TEST_F(CliSim, ReportRefusesMoreResultsThanItHolds) {
   std::vector<int> ns(1025);

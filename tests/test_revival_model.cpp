@@ -148,6 +148,8 @@ TEST(RevivalModel, BadFilesAreRefused) {
   json j = good;
   j["lazyprefill_revival_model"] = 2;
   refused(j, "version 2");
+  j["lazyprefill_revival_model"] = 4294967297ULL;  // 2^32 + 1: read as an int it was 1 (issue 18)
+  refused(j, "version 4294967297");
   j = good;
   j["stages"][1]["start"] = 1.5;
   refused(j, "'start' must be in [0, 1]");

@@ -116,6 +116,8 @@ TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
   j = round_profile();
   j["lazyprefill_hw"] = 2;
   EXPECT_NE(error_of(j).find("must be 1"), std::string::npos);
+  j["lazyprefill_hw"] = 4294967297ULL;  // 2^32 + 1: read as an int it was 1 (issue 18)
+  EXPECT_NE(error_of(j).find("must be 1"), std::string::npos);
   j = round_profile();
   j["peak_tflops"]["fp4"] = 1;
   EXPECT_NE(error_of(j).find("unknown dtype 'fp4'"), std::string::npos);

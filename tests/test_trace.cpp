@@ -153,6 +153,9 @@ TEST(Trace, InconsistentTracesAreRefused) {
   expect({lines[0], lines[2]}, "line 2: the first step must be the prefill");
   expect({lines[0], lines[1], lines[1]}, "line 3: kind 'prefill': every step after the prefill");
   expect(edit(0, [](auto& j) { j["model"]["n_head"] = 0; }), "n_head must be positive");
+  expect(edit(0, [](auto& j) { j["model"]["n_head"] = 4294967298ULL; }), "n_head 4294967298 is out of range");
+  expect(edit(0, [](auto& j) { j["model"]["rope_theta"] = 1e300; }),
+         "rope_theta must be a positive finite number");
   expect(edit(0, [](auto& j) { j["model"]["n_layer"] = 4; }),
          "the header model has 4 layers but n_layer is 3");
   expect(edit(0, [](auto& j) { j["policy"] = "fastest\x1b[2J"; }), "unknown policy 'fastest\\x1b[2J'");
