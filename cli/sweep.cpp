@@ -17,6 +17,7 @@
 #include "model/error.h"
 #include "model/io.h"
 #include "model/presets.h"
+#include "reports/sweep_grid.h"
 #include "sim/replay.h"
 #include "traces/schedule.h"
 #include "traces/synthetic.h"
@@ -35,49 +36,11 @@ struct Config {
   int64_t tokens;
 };
 
-struct Method {
-  std::string policy, schedule;
-};
-
 std::string key_of(const std::string& hw, const std::string& model, const std::string& policy,
                    const std::string& schedule, int64_t tokens) {
   return fmt::format("{}|{}|{}|{}|{}", hw, model, policy, schedule, tokens);
 }
 
-// Keys a grid (and a method, and a precision) may have: anything else is a typo that would
-// otherwise be ignored silently ("shedule" gave unpruned rows labelled lazyllm).
-void only_known_keys(const json& obj, std::initializer_list<const char*> known, const std::string& path,
-                     const std::string& where) {
-  for (const auto& item : obj.items()) {
-    const std::string& k = item.key();
-    if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; })) {
-      std::string names;
-      for (const char* n : known) names += (names.empty() ? "" : ", ") + std::string(n);
-      fail("{}: {}unknown key '{}' (known: {})", path, where, k, names);
-    }
-  }
-}
-
-// An integer field in [lo, hi]; a fraction (1.5), a string or a value out of range is refused.
-int64_t integer(const json& v, int64_t lo, int64_t hi, const std::string& path, const std::string& what) {
-  if (!v.is_number_integer()) fail("{}: {} must be a whole number, got {}", path, what, v.dump());
-  // Non-negative JSON integers are unsigned: a huge one is out of range before the signed read.
-  if ((v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) || v.get<int64_t>() < lo ||
-      v.get<int64_t>() > hi)
-    fail("{}: {} must be in [{}, {}], got {}", path, what, lo, hi, v.dump());
-  return v.get<int64_t>();
-}
-
-template <class T>
-std::vector<T> list(const json& g, const char* key, const std::string& path) {
-  if (!g.contains(key) || !g[key].is_array() || g[key].empty())
-    fail("{}: '{}' must be a non-empty array", path, key);
-  try {
-    return g[key].get<std::vector<T>>();
-  } catch (const json::exception& e) {
-    fail("{}: '{}': {}", path, key, e.what());
-  }
-}
 }  // namespace
 
 CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
@@ -99,90 +62,28 @@ CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
 }
 
 int cmd_sweep(const SweepArgs& a) {
-  const std::string grid_text = read_input_file(a.grid, "sweep grid", input_cap::kSmallJson);
-  json g;
-  try {
-    g = json::parse(grid_text);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON ({})", a.grid, e.what());
-  }
-  if (!g.is_object() || !g.contains("lazyprefill_sweep"))
-    fail("{}: not a sweep grid (\"lazyprefill_sweep\": 1)", a.grid);
-  if (integer(g["lazyprefill_sweep"], 0, 1 << 30, a.grid, "lazyprefill_sweep") != 1)
-    fail("{}: sweep grid version {} is not supported (1 is)", a.grid, g["lazyprefill_sweep"].dump());
-  only_known_keys(g,
-                  {"lazyprefill_sweep", "hardware", "models", "methods", "prompt_lengths", "new_tokens",
-                   "batch", "precision", "engine", "revival_model", "revival_share", "map"},
-                  a.grid, "");
+  const report::SweepGrid grid = report::read_sweep_grid(a.grid);
   {
     std::error_code ec;
     if (std::filesystem::exists(a.out, ec) && std::filesystem::equivalent(a.grid, a.out, ec))
       usage_fail("--out '{}' is the grid itself; the sweep would overwrite it", a.out);
   }
-  std::vector<hw::Profile> hws;
-  for (const std::string& h : list<std::string>(g, "hardware", a.grid)) {
-    hws.push_back(hw::load_profile(h));
-    if (g.contains("engine")) {
-      if (!g["engine"].is_string()) fail("{}: 'engine' must be a preset name", a.grid);
-      hws.back().engine = hw::engine_preset(g["engine"].get<std::string>());
-    }
-  }
-  const auto model_names = list<std::string>(g, "models", a.grid);
-  std::vector<ModelConfig> models;
-  for (const std::string& m : model_names) models.push_back(preset_config(m));
-  std::vector<Method> methods;
-  for (const json& m : list<json>(g, "methods", a.grid)) {
-    if (!m.is_object())
-      fail("{}: methods: each method is an object such as {{\"policy\": \"lazyllm\"}}", a.grid);
-    only_known_keys(m, {"policy", "schedule"}, a.grid, "methods: ");
-    for (const char* k : {"policy", "schedule"})
-      if (m.contains(k) && !m[k].is_string()) fail("{}: methods: '{}' must be a string", a.grid, k);
-    if (m.contains("schedule") && m["schedule"].get<std::string>().empty())
-      fail("{}: methods: an empty schedule; give one, or none for no pruning", a.grid);
-    Method x{m.value("policy", std::string()), m.value("schedule", std::string("none"))};
-    if (x.policy != "none" && x.policy != "lazyllm" && x.policy != "static" && x.policy != "random")
-      fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", a.grid, x.policy);
-    if (x.policy == "none") x.schedule = "none";
-    for (const ModelConfig& c : models)
-      resolve_schedule(parse_schedule(x.schedule), c.n_layer);  // validate early
-    x.schedule = parse_schedule(x.schedule).to_string();
-    methods.push_back(x);
-  }
-  std::vector<int64_t> lengths;
-  for (const json& n : list<json>(g, "prompt_lengths", a.grid))
-    lengths.push_back(integer(n, 1, int64_t(1) << 24, a.grid, "prompt_lengths: a length"));
-  const int64_t new_tokens =
-      g.contains("new_tokens") ? integer(g["new_tokens"], 0, int64_t(1) << 20, a.grid, "new_tokens") : 0;
-  const int64_t batch = g.contains("batch") ? integer(g["batch"], 1, 1 << 16, a.grid, "batch") : 1;
-  sim::Precision prec;
-  if (g.contains("precision")) {
-    const json& p = g["precision"];
-    if (!p.is_object()) fail("{}: 'precision' must be an object with weights, compute and kv", a.grid);
-    only_known_keys(p, {"weights", "compute", "kv"}, a.grid, "precision: ");
-    for (const char* k : {"weights", "compute", "kv"})
-      if (p.contains(k) && !p[k].is_string()) fail("{}: precision: '{}' must be a dtype name", a.grid, k);
-    prec = {p.value("weights", prec.weights), p.value("compute", prec.compute), p.value("kv", prec.kv)};
-  }
-  sim::validate(prec);
-  // Decoding revivals: the built-in revival model unless the grid names a file or a constant share.
-  if (g.contains("revival_model") && !g["revival_model"].is_string())
-    fail("{}: 'revival_model' must be a file name (or \"builtin\")", a.grid);
-  if (g.contains("revival_share") && !g["revival_share"].is_number())
-    fail("{}: 'revival_share' must be a number in [0, 1]", a.grid);
-  if (g.contains("map") && !g["map"].is_boolean()) fail("{}: 'map' must be true or false", a.grid);
-  const std::string revival_model = g.value("revival_model", std::string());
-  const double revival_share = g.value("revival_share", -1.0);
-  if (g.contains("revival_share") && !(revival_share >= 0 && revival_share <= 1))
-    fail("{}: revival_share must be in [0, 1]", a.grid);
-  if (g.contains("revival_share") && g.contains("revival_model"))
-    fail("{}: give revival_model or revival_share, not both", a.grid);
+  const std::vector<hw::Profile>& hws = grid.hws;
+  const std::vector<std::string>& model_names = grid.model_names;
+  const std::vector<ModelConfig>& models = grid.models;
+  const std::vector<report::SweepMethod>& methods = grid.methods;
+  const std::vector<int64_t>& lengths = grid.lengths;
+  const int64_t new_tokens = grid.new_tokens, batch = grid.batch;
+  const sim::Precision& prec = grid.precision;
+  const std::string& revival_model = grid.revival_model;
+  const double revival_share = grid.revival_share;
   const std::optional<sim::RevivalModel> revival_from = load_revivals(revival_model, revival_share);
   std::vector<RevivalChoice> revivals(models.size() * methods.size());  // [model][method]
   for (size_t m = 0; m < models.size(); ++m)
     for (size_t k = 0; k < methods.size(); ++k)
-      revivals[m * methods.size() + k] = choose_revivals(
-          revival_from, revival_share, methods[k].policy, models[m].n_layer,
-          resolve_schedule(parse_schedule(methods[k].schedule), models[m].n_layer), g.value("map", false));
+      revivals[m * methods.size() + k] =
+          choose_revivals(revival_from, revival_share, methods[k].policy, models[m].n_layer,
+                          resolve_schedule(parse_schedule(methods[k].schedule), models[m].n_layer), grid.map);
 
   // The output, locked for this run (a second sweep on it is refused). Resume: keep every complete
   // row already written and cut a torn last line off (a run killed mid-row); rows are appended.
@@ -233,7 +134,7 @@ int cmd_sweep(const SweepArgs& a) {
     tbb::parallel_for(c0, c1, [&](size_t i) {
       const Config& cf = todo[i];
       const ModelConfig& c = models[cf.model];
-      const Method& m = methods[cf.method];
+      const report::SweepMethod& m = methods[cf.method];
       const auto steps = resolve_schedule(parse_schedule(m.schedule), c.n_layer);
       const int64_t dec = std::max<int64_t>(0, new_tokens - 1);
       const RevivalChoice& rv = revivals[cf.model * methods.size() + cf.method];

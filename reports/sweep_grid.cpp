@@ -1,0 +1,128 @@
+#include "reports/sweep_grid.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "model/error.h"
+#include "model/io.h"
+#include "model/presets.h"
+#include "traces/schedule.h"
+
+namespace lp::report {
+
+namespace {
+using json = nlohmann::json;
+
+// Keys a grid (and a method, and a precision) may have: anything else is a typo that would
+// otherwise be ignored silently ("shedule" gave unpruned rows labelled lazyllm).
+void only_known_keys(const json& obj, std::initializer_list<const char*> known, const std::string& path,
+                     const std::string& where) {
+  for (const auto& item : obj.items()) {
+    const std::string& k = item.key();
+    if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; })) {
+      std::string names;
+      for (const char* n : known) names += (names.empty() ? "" : ", ") + std::string(n);
+      fail("{}: {}unknown key '{}' (known: {})", path, where, k, names);
+    }
+  }
+}
+
+// An integer field in [lo, hi]; a fraction (1.5), a string or a value out of range is refused.
+int64_t integer(const json& v, int64_t lo, int64_t hi, const std::string& path, const std::string& what) {
+  if (!v.is_number_integer()) fail("{}: {} must be a whole number, got {}", path, what, v.dump());
+  // Non-negative JSON integers are unsigned: a huge one is out of range before the signed read.
+  if ((v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) || v.get<int64_t>() < lo ||
+      v.get<int64_t>() > hi)
+    fail("{}: {} must be in [{}, {}], got {}", path, what, lo, hi, v.dump());
+  return v.get<int64_t>();
+}
+
+template <class T>
+std::vector<T> list(const json& g, const char* key, const std::string& path) {
+  if (!g.contains(key) || !g[key].is_array() || g[key].empty())
+    fail("{}: '{}' must be a non-empty array", path, key);
+  try {
+    return g[key].get<std::vector<T>>();
+  } catch (const json::exception& e) {
+    fail("{}: '{}': {}", path, key, e.what());
+  }
+}
+}  // namespace
+
+SweepGrid read_sweep_grid(const std::string& path) {
+  SweepGrid grid;
+  const std::string grid_text = read_input_file(path, "sweep grid", input_cap::kSmallJson);
+  json g;
+  try {
+    g = json::parse(grid_text);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON ({})", path, e.what());
+  }
+  if (!g.is_object() || !g.contains("lazyprefill_sweep"))
+    fail("{}: not a sweep grid (\"lazyprefill_sweep\": 1)", path);
+  if (integer(g["lazyprefill_sweep"], 0, 1 << 30, path, "lazyprefill_sweep") != 1)
+    fail("{}: sweep grid version {} is not supported (1 is)", path, g["lazyprefill_sweep"].dump());
+  only_known_keys(g,
+                  {"lazyprefill_sweep", "hardware", "models", "methods", "prompt_lengths", "new_tokens",
+                   "batch", "precision", "engine", "revival_model", "revival_share", "map"},
+                  path, "");
+  for (const std::string& h : list<std::string>(g, "hardware", path)) {
+    grid.hws.push_back(hw::load_profile(h));
+    if (g.contains("engine")) {
+      if (!g["engine"].is_string()) fail("{}: 'engine' must be a preset name", path);
+      grid.hws.back().engine = hw::engine_preset(g["engine"].get<std::string>());
+    }
+  }
+  grid.model_names = list<std::string>(g, "models", path);
+  for (const std::string& m : grid.model_names) grid.models.push_back(preset_config(m));
+  for (const json& m : list<json>(g, "methods", path)) {
+    if (!m.is_object())
+      fail("{}: methods: each method is an object such as {{\"policy\": \"lazyllm\"}}", path);
+    only_known_keys(m, {"policy", "schedule"}, path, "methods: ");
+    for (const char* k : {"policy", "schedule"})
+      if (m.contains(k) && !m[k].is_string()) fail("{}: methods: '{}' must be a string", path, k);
+    if (m.contains("schedule") && m["schedule"].get<std::string>().empty())
+      fail("{}: methods: an empty schedule; give one, or none for no pruning", path);
+    SweepMethod x{m.value("policy", std::string()), m.value("schedule", std::string("none"))};
+    if (x.policy != "none" && x.policy != "lazyllm" && x.policy != "static" && x.policy != "random")
+      fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", path, x.policy);
+    if (x.policy == "none") x.schedule = "none";
+    for (const ModelConfig& c : grid.models)
+      resolve_schedule(parse_schedule(x.schedule), c.n_layer);  // validate early
+    x.schedule = parse_schedule(x.schedule).to_string();
+    grid.methods.push_back(x);
+  }
+  for (const json& n : list<json>(g, "prompt_lengths", path))
+    grid.lengths.push_back(integer(n, 1, int64_t(1) << 24, path, "prompt_lengths: a length"));
+  grid.new_tokens =
+      g.contains("new_tokens") ? integer(g["new_tokens"], 0, int64_t(1) << 20, path, "new_tokens") : 0;
+  grid.batch = g.contains("batch") ? integer(g["batch"], 1, 1 << 16, path, "batch") : 1;
+  if (g.contains("precision")) {
+    const json& p = g["precision"];
+    if (!p.is_object()) fail("{}: 'precision' must be an object with weights, compute and kv", path);
+    only_known_keys(p, {"weights", "compute", "kv"}, path, "precision: ");
+    for (const char* k : {"weights", "compute", "kv"})
+      if (p.contains(k) && !p[k].is_string()) fail("{}: precision: '{}' must be a dtype name", path, k);
+    grid.precision = {p.value("weights", grid.precision.weights), p.value("compute", grid.precision.compute),
+                      p.value("kv", grid.precision.kv)};
+  }
+  sim::validate(grid.precision);
+  // Decoding revivals: the built-in revival model unless the grid names a file or a constant share.
+  if (g.contains("revival_model") && !g["revival_model"].is_string())
+    fail("{}: 'revival_model' must be a file name (or \"builtin\")", path);
+  if (g.contains("revival_share") && !g["revival_share"].is_number())
+    fail("{}: 'revival_share' must be a number in [0, 1]", path);
+  if (g.contains("map") && !g["map"].is_boolean()) fail("{}: 'map' must be true or false", path);
+  grid.revival_model = g.value("revival_model", std::string());
+  grid.revival_share = g.value("revival_share", -1.0);
+  if (g.contains("revival_share") && !(grid.revival_share >= 0 && grid.revival_share <= 1))
+    fail("{}: revival_share must be in [0, 1]", path);
+  if (g.contains("revival_share") && g.contains("revival_model"))
+    fail("{}: give revival_model or revival_share, not both", path);
+  grid.map = g.value("map", false);
+  return grid;
+}
+
+}  // namespace lp::report

@@ -1,0 +1,36 @@
+// A sweep grid (`lazyprefill sweep --grid`, docs/simulator.md): hardware x models x methods x
+// prompt lengths, read strictly (unknown keys, fractional or out-of-range numbers, a version that
+// is not 1 are refused), every name resolved (profiles, presets, schedules) before any work.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hwmodels/profile.h"
+#include "model/config.h"
+#include "sim/cost.h"
+
+namespace lp::report {
+
+struct SweepMethod {
+  std::string policy, schedule;  // schedule in its canonical text ("none" for none)
+};
+
+struct SweepGrid {
+  std::vector<hw::Profile> hws;
+  std::vector<std::string> model_names;
+  std::vector<ModelConfig> models;
+  std::vector<SweepMethod> methods;
+  std::vector<int64_t> lengths;
+  int64_t new_tokens = 0, batch = 1;
+  sim::Precision precision;
+  std::string revival_model;  // "" or a file, "builtin"
+  double revival_share = -1;  // >= 0: a constant share
+  bool map = false;
+};
+
+// Reads and checks a grid file. Throws lp::Error naming the file and the key.
+SweepGrid read_sweep_grid(const std::string& path);
+
+}  // namespace lp::report
