@@ -412,6 +412,9 @@ int calibrate_measurements(const CalibrateArgs& a) {
 
 int cmd_calibrate(const CalibrateArgs& a) {
   if (a.runs.empty() && a.measurements.empty()) usage_fail("give --runs DIR or --measurements FILE...");
+  std::vector<std::string> inputs = a.measurements;
+  inputs.push_back(a.base);
+  refuse_output_over_input(a.out, "--out", inputs);
   return a.runs.empty() ? calibrate_measurements(a) : calibrate_runs(a);
 }
 

@@ -68,6 +68,12 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
     usage_fail("give traces to fit, or --revival-model FILE with --held-out");
   if (!a.model.empty() && !a.traces.empty())
     usage_fail("give traces to fit or --revival-model to judge, not both");
+  {
+    std::vector<std::string> inputs = a.traces;
+    inputs.insert(inputs.end(), a.held_out.begin(), a.held_out.end());
+    inputs.push_back(a.model);
+    refuse_output_over_input(a.out, "--out", inputs);
+  }
   if (!a.model.empty() && a.held_out.empty())
     usage_fail("--revival-model needs --held-out traces to judge it on");
   if (!a.model.empty() && !a.out.empty())

@@ -83,6 +83,7 @@ lp::DType parse_dtype(const std::string& s, const std::string& backend) {
 
 int cmd_run(const RunArgs& a) {
   const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
+  lp::refuse_output_over_input(a.trace, "--trace", {path, a.prompt_file, a.schedule});
   if (a.prompt_given == !a.prompt_file.empty())
     lp::usage_fail("give exactly one of --prompt or --prompt-file");
   std::string text = a.prompt_given ? a.prompt : read_prompt_file(a.prompt_file);

@@ -174,6 +174,12 @@ int cmd_report(const ReportArgs& a) {
   const nlohmann::ordered_json rep = report::build_report(req);
   const auto charts = report::report_charts(rep, a.validation.empty() ? nullptr : &validation);
   const fs::path dir(a.out);
+  {
+    std::vector<std::string> inputs = split_list(a.hw);
+    inputs.insert(inputs.end(), {a.trace, a.validation, a.revival_model, a.model});
+    for (const char* f : {"capacity-report.json", "report.html"})
+      refuse_output_over_input((dir / f).string(), "--out", inputs);
+  }
   write_file_atomic((dir / "capacity-report.json").string(), rep.dump(2) + "\n", "report");
   for (const auto& [name, svg] : charts) write_file_atomic((dir / name).string(), svg, "chart");
   write_file_atomic((dir / "report.html").string(), report::report_html(rep, charts), "report page");

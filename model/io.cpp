@@ -195,6 +195,17 @@ void TempFileGuard::release() {
   slot_ = -1;
 }
 
+void refuse_output_over_input(const std::string& out, const char* option,
+                              const std::vector<std::string>& inputs) {
+  struct stat o {};
+  if (out.empty() || ::stat(out.c_str(), &o) != 0 || !S_ISREG(o.st_mode)) return;
+  for (const std::string& in : inputs) {
+    struct stat i {};
+    if (!in.empty() && ::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino)
+      usage_fail("{} '{}' is the input file '{}'; writing it would destroy it", option, out, in);
+  }
+}
+
 void remove_temp_files_on_signal() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;

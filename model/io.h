@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lp {
 
@@ -74,6 +75,13 @@ class TempFileGuard {
   int slot_;
   bool released_ = false;
 };
+
+// Refuses (usage error) an output path that is one of the command's input files (the same file by
+// device and inode: another name or a link to it included): writing it would destroy an input.
+// `option` names the output ("--trace"); inputs that do not exist, or that are not files, are
+// skipped.
+void refuse_output_over_input(const std::string& out, const char* option,
+                              const std::vector<std::string>& inputs);
 
 // Installs SIGINT, SIGTERM and SIGHUP handlers that remove the temporary files write_file_atomic
 // is writing, then die of the signal as before: an interrupted command leaves no `*.tmp.*` beside

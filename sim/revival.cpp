@@ -52,6 +52,17 @@ T field(const json& j, const char* key, const std::string& origin) {
   }
 }
 
+// An optional count: a non-negative integer or absent (0). A float read as an integer is undefined
+// behaviour once out of range (fuzz_trace found the same in a trace header).
+int64_t count_field(const json& j, const char* key, const std::string& origin) {
+  if (!j.contains(key)) return 0;
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0) ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+    fail("{}: '{}' must be a non-negative integer, got {}", origin, key, v.dump());
+  return v.get<int64_t>();
+}
+
 double unit_field(const json& j, const char* key, const std::string& origin, double lo, double hi) {
   const double v = field<double>(j, key, origin);
   if (!(v >= lo && v <= hi)) fail("{}: '{}' must be in [{}, {}], got {}", origin, key, lo, hi, v);
@@ -245,14 +256,14 @@ RevivalModel parse_revival_model(const json& j, const std::string& origin) {
     st.floor = unit_field(s, "floor", o, 0, 1);
     st.tau_steps = unit_field(s, "tau_steps", o, kTauMin, kTauMax);
     st.rms_error = s.value("rms_error", 0.0);
-    st.points = s.value("points", int64_t(0));
+    st.points = count_field(s, "points", o);
     m.stages.push_back(st);
   }
   if (j.contains("traces") && j.at("traces").is_array())
     for (const json& t : j.at("traces"))
       if (t.is_object())
         m.traces.push_back({t.value("file", std::string()), t.value("sha256", std::string()),
-                            t.value("prompt_tokens", int64_t(0)), t.value("decode_steps", int64_t(0))});
+                            count_field(t, "prompt_tokens", origin), count_field(t, "decode_steps", origin)});
   return m;
 }
 

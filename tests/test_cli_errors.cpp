@@ -500,6 +500,16 @@ TEST_F(CliErrors, OutputsReplaceOnlyRegularFilesAndStdoutErrorsCount) {
   expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--max-new-tokens",
                                        "1", "--trace", "/dev/null"}),
                         {"/dev/null", "not a regular file"});
+  // An output that is one of the command's inputs (by another name too) is refused, untouched.
+  const std::string prompt = write_text("the cat sat", "prompt.txt");
+  const std::string alias = dir_.file("alias.txt");
+  ASSERT_EQ(::link(prompt.c_str(), alias.c_str()), 0);
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", prompt, "--max-new-tokens",
+                                       "1", "--trace", alias}),
+                        {"--trace", "is the input file", "prompt.txt"});
+  const Bytes kept = testing::read_file(prompt);
+  EXPECT_EQ(std::string(kept.begin(), kept.end()), "the cat sat");
+  ASSERT_EQ(::unlink(alias.c_str()), 0);
   // No leftover temporary files beside the outputs.
   for (const auto& e : std::filesystem::directory_iterator(dir_.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();

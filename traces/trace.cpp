@@ -266,7 +266,12 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
     if (!plain_name(h.dtype)) fail("{}: dtype '{}' is not a dtype name", where, escape_text(h.dtype));
     h.tool_version = head.value("tool_version", "");
     h.git_commit = head.value("git_commit", "");
-    h.seed = head.value("seed", uint64_t{0});
+    if (head.contains("seed")) {  // an unsigned integer (a float read as one would be undefined)
+      const json& sd = head["seed"];
+      if (!sd.is_number_unsigned() && !(sd.is_number_integer() && sd.get<int64_t>() >= 0))
+        fail("{}: seed {} is not a non-negative integer", where, sd.dump());
+      h.seed = sd.get<uint64_t>();
+    }
     if (head.contains("steps")) {
       const json& n = head["steps"];
       if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() >= kMaxTokens)
