@@ -162,8 +162,7 @@ int cmd_report(const ReportArgs& a) {
     } catch (const nlohmann::json::exception& e) {
       fail("--validation '{}' is not valid JSON ({})", a.validation, e.what());
     }
-    if (!validation.contains("cases"))
-      fail("--validation '{}' is not a `validate --json` output", a.validation);
+    report::check_validation(validation, a.validation);
   }
 
   // The output folder: created if its parent exists; every file is written whole or not at all.

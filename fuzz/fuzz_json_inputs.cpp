@@ -1,10 +1,12 @@
 // The small JSON inputs: hardware profiles, model configurations (presets and trace headers use
-// the same reader) and revival models, from any bytes.
+// the same reader), revival models and `report --validation` files, from any bytes.
 #include <nlohmann/json.hpp>
 
 #include "fuzz/fuzz_util.h"
 #include "hwmodels/profile.h"
 #include "model/config.h"
+#include "model/presets.h"
+#include "reports/capacity.h"
 #include "sim/revival.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -18,5 +20,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   lp::fuzz::refuses_cleanly([&] { (void)lp::hw::parse_profile(oj, "fuzz"); });
   lp::fuzz::refuses_cleanly([&] { (void)lp::config_from_json(j, "fuzz"); });
   lp::fuzz::refuses_cleanly([&] { (void)lp::sim::parse_revival_model(j, "fuzz"); });
+  // A `report --validation` file: checked, then drawn into the measured-vs-predicted chart.
+  lp::fuzz::refuses_cleanly([&] {
+    lp::report::check_validation(j, "fuzz");
+    static const nlohmann::ordered_json rep = [] {
+      lp::report::Request r;
+      r.model = lp::preset_config("llama-2-7b");
+      r.hws = {lp::hw::load_profile("l4")};
+      r.methods = {{"none", "none", "none", {}, nullptr, {}, "none"}};
+      r.lengths = {512, 1024};
+      return lp::report::build_report(r);
+    }();
+    (void)lp::report::report_charts(rep, &j);
+  });
   return 0;
 }

@@ -264,6 +264,24 @@ std::string summary_text(const json& rep) {
   return out;
 }
 
+void check_validation(const nlohmann::json& v, const std::string& origin) {
+  if (!v.is_object() || !v.contains("cases") || !v["cases"].is_array())
+    fail("{}: not a `validate --json` output (no \"cases\" array)", origin);
+  if (v.contains("ttft_mape") && !v["ttft_mape"].is_number())
+    fail("{}: 'ttft_mape' must be a number", origin);
+  size_t i = 0;
+  for (const auto& k : v["cases"]) {
+    ++i;
+    if (!k.is_object()) fail("{}: case {} is not an object", origin, i);
+    for (const char* f : {"measured_ttft_ms", "predicted_ttft_ms"})
+      if (!k.contains(f) || !k[f].is_number() || !(k[f].get<double>() > 0) ||
+          !std::isfinite(k[f].get<double>()))
+        fail("{}: case {}: '{}' must be a positive number", origin, i, f);
+    for (const char* f : {"policy", "schedule"})
+      if (k.contains(f) && !k[f].is_string()) fail("{}: case {}: '{}' must be a string", origin, i, f);
+  }
+}
+
 std::vector<std::pair<std::string, std::string>> report_charts(const json& rep,
                                                                const nlohmann::json* validation) {
   std::vector<std::pair<std::string, std::string>> out;

@@ -63,6 +63,12 @@ std::string summary_text(const nlohmann::ordered_json& report);
 std::vector<std::pair<std::string, std::string>> report_charts(const nlohmann::ordered_json& report,
                                                                const nlohmann::json* validation);
 
+// Checks a `validate --json` output before report_charts draws it: an object whose "cases" is an
+// array of objects with finite, positive "measured_ttft_ms" and "predicted_ttft_ms" (optional
+// string "policy" and "schedule"), and an optional numeric "ttft_mape". Throws lp::Error naming
+// `origin` and the case.
+void check_validation(const nlohmann::json& v, const std::string& origin);
+
 // One self-contained HTML page: provenance, the tables and the charts inline.
 std::string report_html(const nlohmann::ordered_json& report,
                         const std::vector<std::pair<std::string, std::string>>& charts);

@@ -1146,6 +1146,16 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
 
 TEST_F(CliSim, ReportBadInput) {
   const std::string out = dir_.file("rep");
+  // A --validation file whose cases lack what the chart draws: one line naming it (a raw
+  // library type error before).
+  for (const char* v : {R"({"cases": [{"policy": "none"}]})", R"({"cases": [{"measured_ttft_ms": 5,
+      "predicted_ttft_ms": "6"}]})",
+                        R"({"cases": 3})", R"([1, 2])"}) {
+    const std::string f = write_text(v, "validation.json");
+    expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
+                                         "--prompt-lengths", "1024", "--out", out, "--validation", f}),
+                          {"validation.json"});
+  }
   expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "h1000",
                                        "--prompt-lengths", "1024", "--out", out}),
                         {"unknown hardware 'h1000'", "h100-sxm"});
