@@ -220,12 +220,14 @@ RevivalModel parse_revival_model(const json& j, const std::string& origin) {
   if (!j.contains("lazyprefill_revival_model") || !j["lazyprefill_revival_model"].is_number_integer() ||
       j["lazyprefill_revival_model"].get<int64_t>() != 1)
     fail("{}: unknown revival model version {} (this build reads 1)", origin,
-         j.at("lazyprefill_revival_model").dump());
+         j.contains("lazyprefill_revival_model") ? j["lazyprefill_revival_model"].dump() : "(none)");
   RevivalModel m;
   m.origin = origin;
   m.policy = field<std::string>(j, "policy", origin);
   m.model = j.value("model", std::string());
-  m.n_layer = field<int>(j, "n_layer", origin);
+  if (!j.contains("n_layer")) fail("{}: missing 'n_layer'", origin);
+  const int64_t n_layer = count_field(j, "n_layer", origin);  // an integer, never a float cast
+  m.n_layer = int(std::min<int64_t>(n_layer, 1 << 30));
   if (m.n_layer < 1 || m.n_layer > 100000)
     fail("{}: 'n_layer' must be in [1, 100000], got {}", origin, m.n_layer);
   m.schedule = j.value("schedule", std::string());
@@ -241,7 +243,8 @@ RevivalModel parse_revival_model(const json& j, const std::string& origin) {
     const json& s = stages[i];
     if (!s.is_object()) fail("{}: not an object", o);
     RevivalStage st;
-    st.layer = field<int>(s, "layer", o);
+    if (!s.contains("layer")) fail("{}: missing 'layer'", o);
+    st.layer = int(std::min<int64_t>(count_field(s, "layer", o), 1 << 30));
     if (st.layer <= prev || st.layer >= m.n_layer)
       fail("{}: 'layer' {} must be after the previous stage's and below n_layer {}", o, st.layer, m.n_layer);
     prev = st.layer;

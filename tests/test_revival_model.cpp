@@ -150,6 +150,11 @@ TEST(RevivalModel, BadFilesAreRefused) {
   refused(j, "version 2");
   j["lazyprefill_revival_model"] = 4294967297ULL;  // 2^32 + 1: read as an int it was 1 (issue 18)
   refused(j, "version 4294967297");
+  j.erase("lazyprefill_revival_model");  // found by fuzz_json_inputs: the message read the missing key
+  refused(j, "version (none)");
+  j = good;
+  j["n_layer"] = 3e10;  // a float: converting it to int was undefined behaviour
+  refused(j, "'n_layer' must be a non-negative integer");
   j = good;
   j["stages"][1]["start"] = 1.5;
   refused(j, "'start' must be in [0, 1]");
