@@ -117,14 +117,24 @@ int cmd_report(const ReportArgs& a) {
   const auto wants = [&](const char* p) {
     return std::find(policies.begin(), policies.end(), p) != policies.end();
   };
-  req.methods.push_back({"none", "none", "none", {}, nullptr});
+  const auto method = [](std::string name, std::string policy, std::string schedule,
+                         std::vector<PruneStep> steps = {}, const trace::Trace* recorded = nullptr) {
+    report::Method m;  // field by field: the revival fields keep their defaults
+    m.name = std::move(name);
+    m.policy = std::move(policy);
+    m.schedule = std::move(schedule);
+    m.steps = std::move(steps);
+    m.trace = recorded;
+    return m;
+  };
+  req.methods.push_back(method("none", "none", "none"));
   trace::Trace recorded;
   std::vector<Schedule> scheds;
   if (!a.trace.empty()) {
     recorded = trace::read_trace(a.trace);
     req.trace_origin = a.trace;
     const std::string name = fmt::format("trace {} {}", recorded.header.policy, recorded.header.schedule);
-    req.methods.push_back({name, recorded.header.policy, recorded.header.schedule, {}, &recorded});
+    req.methods.push_back(method(name, recorded.header.policy, recorded.header.schedule, {}, &recorded));
     scheds.push_back(recorded.header.schedule == "none" ? Schedule{}
                                                         : schedule_from_arg(recorded.header.schedule));
   }
@@ -134,13 +144,14 @@ int cmd_report(const ReportArgs& a) {
   if (lazy.empty() && a.trace.empty()) lazy.push_back(default_schedule());
   if (wants("lazyllm"))
     for (const Schedule& s : lazy)
-      req.methods.push_back(
-          {"lazyllm " + s.to_string(), "lazyllm", s.to_string(), resolve_schedule(s, req.model.n_layer)});
+      req.methods.push_back(method("lazyllm " + s.to_string(), "lazyllm", s.to_string(),
+                                   resolve_schedule(s, req.model.n_layer)));
   scheds.insert(scheds.end(), lazy.begin(), lazy.end());
   for (const char* p : {"static", "random"})
     if (wants(p) && !scheds.front().steps.empty())
-      req.methods.push_back({std::string(p) + " " + scheds.front().to_string(), p, scheds.front().to_string(),
-                             resolve_schedule(scheds.front(), req.model.n_layer)});
+      req.methods.push_back(method(std::string(p) + " " + scheds.front().to_string(), p,
+                                   scheds.front().to_string(),
+                                   resolve_schedule(scheds.front(), req.model.n_layer)));
 
   const std::optional<sim::RevivalModel> revival_model = load_revivals(a.revival_model, a.revival_share);
   for (report::Method& m : req.methods) {
