@@ -292,9 +292,10 @@ Prediction Replayer::finish() && {
   return r;
 }
 
-Prediction replay_synthetic(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
-                            int64_t prompt_tokens, int64_t decode_steps, const trace::Revivals& revivals,
-                            const hw::Profile& hw, const Precision& p, int64_t batch, int tp, size_t keep_steps) {
+Prediction replay_synthetic(const ModelConfig& c, const std::string& policy,
+                            const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t decode_steps,
+                            const trace::Revivals& revivals, const hw::Profile& hw, const Precision& p,
+                            int64_t batch, int tp, size_t keep_steps) {
   trace::SyntheticSteps gen(c, policy, steps, prompt_tokens, decode_steps, revivals);
   Replayer r(gen.header(), c, hw, p, batch, tp, keep_steps);
   for (trace::Step s; gen.next(s);) r.add(s);

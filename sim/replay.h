@@ -103,10 +103,10 @@ class Replayer {
 
 // Replays synthetic steps (trace::SyntheticSteps) as they are made: memory O(layers) whatever
 // `decode_steps`; per-step decode times kept for the first `keep_steps`.
-Prediction replay_synthetic(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
-                            int64_t prompt_tokens, int64_t decode_steps, const trace::Revivals& revivals,
-                            const hw::Profile& hw, const Precision& p, int64_t batch = 1, int tp = 1,
-                            size_t keep_steps = 0);
+Prediction replay_synthetic(const ModelConfig& c, const std::string& policy,
+                            const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t decode_steps,
+                            const trace::Revivals& revivals, const hw::Profile& hw, const Precision& p,
+                            int64_t batch = 1, int tp = 1, size_t keep_steps = 0);
 
 // Replays a whole trace held in memory (Replayer over its steps, every step's time kept).
 Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "traces/schedule.h"
 #include "model/error.h"
+#include "traces/schedule.h"
 
 namespace lp {
 namespace {
