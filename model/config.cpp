@@ -7,6 +7,7 @@
 
 #include "model/error.h"
 #include "model/gguf.h"
+#include "model/json_checks.h"
 
 namespace lp {
 
@@ -72,10 +73,9 @@ namespace {
 // An integer field that fits an int: nlohmann's get<int>() would truncate 4294967297 to 1.
 int int_value(const nlohmann::json& v, const std::string& what, const std::string& origin) {
   if (!v.is_number_integer()) fail("{}: {} must be an integer, got {}", origin, what, v.dump());
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT32_MAX)
-                             : (v.get<int64_t>() > INT32_MAX || v.get<int64_t>() < INT32_MIN))
-    fail("{}: {} {} is out of range", origin, what, v.dump());
-  return int(v.get<int64_t>());
+  const std::optional<int64_t> x = json_integer(v, INT32_MIN, INT32_MAX);
+  if (!x) fail("{}: {} {} is out of range", origin, what, v.dump());
+  return int(*x);
 }
 int int_field(const nlohmann::json& j, const char* key, const std::string& origin) {
   if (!j.contains(key)) fail("{}: missing '{}'", origin, key);

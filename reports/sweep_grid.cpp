@@ -7,6 +7,7 @@
 
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "model/presets.h"
 #include "traces/schedule.h"
 
@@ -32,11 +33,9 @@ void only_known_keys(const json& obj, std::initializer_list<const char*> known, 
 // An integer field in [lo, hi]; a fraction (1.5), a string or a value out of range is refused.
 int64_t integer(const json& v, int64_t lo, int64_t hi, const std::string& path, const std::string& what) {
   if (!v.is_number_integer()) fail("{}: {} must be a whole number, got {}", path, what, v.dump());
-  // Non-negative JSON integers are unsigned: a huge one is out of range before the signed read.
-  if ((v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) || v.get<int64_t>() < lo ||
-      v.get<int64_t>() > hi)
-    fail("{}: {} must be in [{}, {}], got {}", path, what, lo, hi, v.dump());
-  return v.get<int64_t>();
+  const std::optional<int64_t> x = json_integer(v, lo, hi);
+  if (!x) fail("{}: {} must be in [{}, {}], got {}", path, what, lo, hi, v.dump());
+  return *x;
 }
 
 template <class T>

@@ -264,10 +264,7 @@ void Replayer::add(const trace::Step& s) {
     // which already hold an entry (its new token is never pruned in its own step, and computes
     // every layer). So the entries are the prefill's writes.
     for (int64_t w : s.aux_writes) aux_entries_ += double(w);
-    double computed = 0;
-    for (int64_t q : s.queries) computed += double(q);
-    const int64_t N = s.new_tokens > 0 ? s.new_tokens : prompt_tokens_;
-    r.prompt_share = N > 0 ? computed / (double(N) * L) : 0.0;
+    r.prompt_share = trace::prefill_computed_fraction(s, prompt_tokens_);
   } else {
     ++r.decode_steps;
     r.decode_s += step_s;

@@ -9,6 +9,7 @@
 
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "sim/bobyqa.h"
 
 namespace lp::sim {
@@ -57,10 +58,9 @@ T field(const json& j, const char* key, const std::string& origin) {
 int64_t count_field(const json& j, const char* key, const std::string& origin) {
   if (!j.contains(key)) return 0;
   const json& v = j.at(key);
-  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0) ||
-      (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
-    fail("{}: '{}' must be a non-negative integer, got {}", origin, key, v.dump());
-  return v.get<int64_t>();
+  const std::optional<int64_t> x = json_integer(v, 0, INT64_MAX);
+  if (!x) fail("{}: '{}' must be a non-negative integer, got {}", origin, key, v.dump());
+  return *x;
 }
 
 double unit_field(const json& j, const char* key, const std::string& origin, double lo, double hi) {

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 
 namespace lp::trace {
 
@@ -234,8 +235,7 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
            kVersion);
     h.version = kVersion;
     const json& nl = head.at("n_layer");
-    if (!nl.is_number_integer() || nl.get<int64_t>() < 1 || nl.get<int64_t>() > 1024)
-      fail("{}: n_layer {} is out of range [1, 1024]", where, nl.dump());
+    if (!json_integer(nl, 1, 1024)) fail("{}: n_layer {} is out of range [1, 1024]", where, nl.dump());
     h.n_layer = nl.get<int>();
     h.model = head.at("model");
     // The model must be one the simulator can cost, and the one the counts are per layer of.
@@ -251,7 +251,7 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
     for (const auto& e : head.at("schedule_layers")) {
       const json& l = e.at("layer");
       const double share = e.at("share").get<double>();
-      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= h.n_layer)
+      if (!json_integer(l, 0, h.n_layer - 1))
         fail("{}: schedule_layers: layer {} is outside [0, n_layer = {})", where, l.dump(), h.n_layer);
       if (!(share >= 0 && share <= 1)) fail("{}: schedule_layers: share {} is outside [0, 1]", where, share);
       if (!h.schedule_layers.empty() && l.get<int>() <= h.schedule_layers.back().first)
@@ -259,7 +259,7 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
       h.schedule_layers.emplace_back(l.get<int>(), share);
     }
     const json& pt = head.at("prompt_tokens");
-    if (!pt.is_number_integer() || pt.get<int64_t>() < 1 || pt.get<int64_t>() >= kMaxTokens)
+    if (!json_integer(pt, 1, kMaxTokens - 1))
       fail("{}: prompt_tokens {} is out of range [1, 2^31)", where, pt.dump());
     h.prompt_tokens = pt.get<int64_t>();
     h.dtype = head.value("dtype", "");
@@ -274,8 +274,7 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
     }
     if (head.contains("steps")) {
       const json& n = head["steps"];
-      if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() >= kMaxTokens)
-        fail("{}: steps {} is not a step count", where, n.dump());
+      if (!json_integer(n, 1, kMaxTokens - 1)) fail("{}: steps {} is not a step count", where, n.dump());
       declared_ = n.get<int64_t>();
     }
   } catch (const json::exception& e) {
@@ -310,8 +309,7 @@ bool TraceReader::next(Step& out) {
   if (declared_ >= 0 && steps_ >= declared_)
     fail("{}: the header says {} steps but the file holds more", where, declared_);
   const json nt = j.value("new_tokens", json(0));
-  if (!nt.is_number_integer() || nt.get<int64_t>() < 0 || nt.get<int64_t>() >= kMaxTokens)
-    fail("{}: 'new_tokens' {} is out of range", where, nt.dump());
+  if (!json_integer(nt, 0, kMaxTokens - 1)) fail("{}: 'new_tokens' {} is out of range", where, nt.dump());
   s.new_tokens = nt.get<int64_t>();
   if (steps_ == 0 && s.new_tokens != 0 && s.new_tokens != h.prompt_tokens)
     fail("{}: the prefill appends {} tokens but the header's prompt has {}", where, s.new_tokens,
@@ -359,12 +357,15 @@ Trace read_trace(const std::string& path) {
   return t;
 }
 
-double prompt_computed_fraction(const Trace& t) {
-  const Step& pre = t.steps.front();
-  const int64_t T = pre.new_tokens > 0 ? pre.new_tokens : t.header.prompt_tokens;
+double prefill_computed_fraction(const Step& prefill, int64_t prompt_tokens) {
+  const int64_t T = prefill.new_tokens > 0 ? prefill.new_tokens : prompt_tokens;
   double computed = 0;
-  for (int64_t q : pre.queries) computed += double(q);
-  return T > 0 ? computed / (double(T) * t.header.n_layer) : 0.0;
+  for (int64_t q : prefill.queries) computed += double(q);
+  return T > 0 && !prefill.queries.empty() ? computed / (double(T) * double(prefill.queries.size())) : 0.0;
+}
+
+double prompt_computed_fraction(const Trace& t) {
+  return prefill_computed_fraction(t.steps.front(), t.header.prompt_tokens);
 }
 
 Summarizer::Summarizer(const Header& h)
@@ -374,12 +375,9 @@ void Summarizer::add(const Step& st) {
   const int L = L_;
   if (steps_++ == 0) {
     const int64_t T = st.new_tokens > 0 ? st.new_tokens : prompt_tokens_;
-    double computed = 0;
-    for (int l = 0; l < L; ++l) {
+    for (int l = 0; l < L; ++l)
       s_.prompt_share_per_layer.push_back(T > 0 ? double(st.queries[size_t(l)]) / double(T) : 0.0);
-      computed += double(st.queries[size_t(l)]);
-    }
-    s_.prompt_share = T > 0 ? computed / (double(T) * L) : 0.0;
+    s_.prompt_share = prefill_computed_fraction(st, prompt_tokens_);
   }
   // Over the whole generation: a dense run computes every new token at every layer once.
   tokens_ += st.new_tokens;

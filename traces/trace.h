@@ -118,5 +118,7 @@ class Summarizer {
 // Share of the prompt's (token, layer) pairs the prefill computed: its queries over
 // prompt tokens x layers (Summary::prompt_share).
 double prompt_computed_fraction(const Trace& t);
+// The same from the prefill step alone (its queries over its new tokens x layers).
+double prefill_computed_fraction(const Step& prefill, int64_t prompt_tokens);
 
 }  // namespace lp::trace
