@@ -299,10 +299,11 @@ void AppendFile::truncate(uint64_t size) {
 void AppendFile::append(std::string_view text) {
   if (::lseek(fd_, off_t(size_), SEEK_SET) < 0 || !write_all(fd_, text)) {
     const int e = errno;
-    // Whole lines or nothing: cut a partial write (a full disk) back to where it began.
-    if (::ftruncate(fd_, off_t(size_)) != 0) {
-    }
-    fail("cannot write the {} '{}': {}", what_, path_, std::strerror(e));
+    // Whole lines or nothing: cut a partial write (a full disk) back to where it began. Shrinking
+    // needs no space; should it still fail, the error below is the one to report.
+    const bool cut = ::ftruncate(fd_, off_t(size_)) == 0;
+    fail("cannot write the {} '{}': {}{}", what_, path_, std::strerror(e),
+         cut ? "" : " (and a partial row could not be removed)");
   }
   size_ += text.size();
 }
