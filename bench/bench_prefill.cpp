@@ -16,9 +16,9 @@
 #include <numeric>
 #include <random>
 
+#include "engine/sampler.h"
+#include "engine/session.h"
 #include "kernels/context.h"
-#include "kernels/runner.h"
-#include "kernels/sampler.h"
 #include "model/ops.h"
 #include "model/paths.h"
 
@@ -47,12 +47,12 @@ std::vector<int32_t> prompt(int64_t n, int32_t vocab) {
 }
 
 std::vector<float> last_logits(const lp::Model& m, const std::vector<int32_t>& ids) {
-  lp::Session s(m, int64_t(ids.size()));
+  lp::Session s(ctx(), m, int64_t(ids.size()));
   std::vector<int32_t> pos(ids.size());
   std::iota(pos.begin(), pos.end(), 0);
   const int64_t last = int64_t(ids.size()) - 1;
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
-  s.forward(ctx(), ids, pos, {&last, 1}, logits.data());
+  s.forward(ids, pos, {&last, 1}, logits.data());
   return logits;
 }
 
@@ -66,14 +66,14 @@ void BM_Prefill(benchmark::State& st, lp::DType dt) {
     st.SkipWithError("last-row logits disagree with the f32 path");
     return;
   }
-  lp::Session s(m, N);
+  lp::Session s(ctx(), m, N);
   std::vector<int32_t> pos(static_cast<size_t>(N));
   std::iota(pos.begin(), pos.end(), 0);
   const int64_t last = N - 1;
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
   for (auto _ : st) {
     s.reset();
-    s.forward(ctx(), ids, pos, {&last, 1}, logits.data());
+    s.forward(ids, pos, {&last, 1}, logits.data());
   }
   st.counters["tokens/s"] = benchmark::Counter(double(N), benchmark::Counter::kIsIterationInvariantRate);
   st.counters["GFLOP/s"] = benchmark::Counter(lp::prefill_flops(m.config(), N, 1) / 1e9,
@@ -85,7 +85,7 @@ void BM_Decode(benchmark::State& st, lp::DType dt) {
   const int64_t N = 512, steps = st.range(0);
   const lp::Model& m = model(dt);
   const auto ids = prompt(N, m.config().n_vocab);
-  lp::Session s(m, N + steps);
+  lp::Session s(ctx(), m, N + steps);
   std::vector<int32_t> pos(static_cast<size_t>(N));
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
@@ -93,11 +93,11 @@ void BM_Decode(benchmark::State& st, lp::DType dt) {
   for (auto _ : st) {
     st.PauseTiming();
     s.reset();
-    s.forward(ctx(), ids, pos, {&last, 1}, logits.data());
+    s.forward(ids, pos, {&last, 1}, logits.data());
     st.ResumeTiming();
     for (int64_t i = 0; i < steps; ++i) {
       const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
-      s.forward(ctx(), {&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
+      s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
     }
   }
   st.counters["tokens/s"] = benchmark::Counter(double(steps), benchmark::Counter::kIsIterationInvariantRate);

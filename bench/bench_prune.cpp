@@ -17,18 +17,18 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
-#include <string>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <string>
 
+#include "engine/pruning.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
 #include "kernels/context.h"
-#include "kernels/pruning.h"
-#include "kernels/runner.h"
-#include "kernels/sampler.h"
-#include "traces/schedule.h"
 #include "model/io.h"
 #include "model/paths.h"
+#include "traces/schedule.h"
 
 namespace {
 
@@ -65,7 +65,7 @@ void BM_Prune(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
   const lp::Model& m = model();
   const auto [ids, pos] = prompt(N, m);
   const auto steps = lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer);
-  lp::Session s(m, N);
+  lp::Session s(ctx(), m, N);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
   const int64_t last = N - 1;
   double seconds = 0, flops = 0;
@@ -76,7 +76,8 @@ void BM_Prune(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
     lp::PruneRequest req{steps, policy.get()};
     lp::OpTimers t;
     const auto t0 = std::chrono::steady_clock::now();
-    s.forward(ctx(), ids, pos, {&last, 1}, logits.data(), &t, kind == lp::PolicyKind::None ? nullptr : &req);
+    s.forward(ids, pos, {&last, 1}, logits.data(), kind == lp::PolicyKind::None ? nullptr : &req, nullptr,
+              &t);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     flops = t.total_flops();
     ++iters;
@@ -131,7 +132,7 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
   const lp::Model& m = model();
   const auto [ids, pos] = prompt(N, m);
   const auto steps = lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer);
-  lp::Session s(m, N + kSteps);
+  lp::Session s(ctx(), m, N + kSteps);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
   const int64_t last = N - 1, row = 0;
   double prefill = 0, decode = 0, late = 0, bookkeeping = 0, rows = 0;
@@ -141,7 +142,7 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
     auto policy = lp::make_policy(kind, 1);
     lp::PruneRequest req{steps, policy.get()};
     const auto t0 = std::chrono::steady_clock::now();
-    s.forward(ctx(), ids, pos, {&last, 1}, logits.data(), nullptr, kind == lp::PolicyKind::None ? nullptr : &req);
+    s.forward(ids, pos, {&last, 1}, logits.data(), kind == lp::PolicyKind::None ? nullptr : &req);
     const auto t1 = std::chrono::steady_clock::now();
     prefill += std::chrono::duration<double>(t1 - t0).count();
     lp::OpTimers t;
@@ -151,9 +152,9 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
       const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
       lp::ForwardStats fs;
       if (kind == lp::PolicyKind::None)
-        s.forward(ctx(), {&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), &t, nullptr, &fs);
+        s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &fs, &t);
       else
-        s.decode_step(ctx(), tok, p, logits.data(), &t, req, &fs);
+        s.decode_step(tok, p, logits.data(), req, &fs, &t);
       for (int64_t r : fs.computed) rows += double(r);
     }
     const auto t2 = std::chrono::steady_clock::now();

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "engine/session.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "kernels/context.h"
-#include "kernels/runner.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "model/ops.h"

@@ -18,13 +18,13 @@
 
 #include "cli/commands.h"
 #include "cli/run_output.h"
+#include "engine/generate.h"
+#include "engine/pruning.h"
+#include "engine/session.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "kernels/context.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/cuda_session.h"
-#include "kernels/generate.h"
-#include "kernels/pruning.h"
-#include "kernels/runner.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -104,7 +104,6 @@ int cmd_run(const RunArgs& a) {
   if (a.op_timers && a.backend != "cuda")
     lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
   if (a.backend == "cuda") {
-    if (!a.trace.empty()) lp::usage_fail("--trace is recorded by the CPU backend only (use --backend cpu)");
     gpu = check_cuda_backend(path, dtype);
   }
   lp::CpuContext ctx(a.threads);
@@ -125,57 +124,15 @@ int cmd_run(const RunArgs& a) {
   opt.schedule = a.schedule.empty() ? lp::default_schedule() : lp::schedule_from_arg(a.schedule);
   opt.prune_seed = a.seed;
   opt.record_steps = !a.trace.empty();
-  if (a.backend == "cuda") {
-    // The GPU path (kernels/cuda/cuda_session.h): pruned prefill; decoding steps that re-select
-    // and revive from the Aux Cache when pruning (plain forward passes without).
-    opt.gpu_op_timers = a.op_timers;
-    const lp::GenerateResult r = lp::cuda::generate(*model, ids, opt);
-    const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
-    if (a.json_out && a.op_timers) {
-      // The CPU run's JSON (per-op timings included, so `calibrate --runs` fits GPU efficiencies).
-      json j = lp::cli::run_json(*model, opt, r, lp::dtype_name(dtype), a.threads);
-      j["backend"] = "cuda";
-      j["gpu"] = gpu.name;
-      j["hardware"] = gpu.name;
-      j["op_timers"] = "device synchronised around every op: TTFT includes the lost overlap";
-      std::puts(j.dump(2).c_str());
-    } else if (a.json_out) {
-      // The fields `calibrate --measurements` reads from a run (sim/measurements.h), the GPU as hardware.
-      const json j = {
-          {"backend", "cuda"},
-          {"version", LP_VERSION},
-          {"git_commit", LP_GIT_COMMIT},
-          {"gpu", gpu.name},
-          {"hardware", gpu.name},
-          {"model", path},
-          {"dtype", lp::dtype_name(dtype)},
-          {"prune", a.prune},
-          {"schedule", opt.policy == lp::PolicyKind::None ? "none" : opt.schedule.to_string()},
-          {"prompt_tokens", r.prompt_ids.size()},
-          {"generated_tokens", r.generated_ids.size()},
-          {"text", r.text},
-          {"ttft_ms", r.ttft_s * 1e3},
-          {"prefill_ms", r.prefill_s * 1e3},
-          {"decode_tokens_per_s", decode_tps},
-          {"ops", json::array()},  // per-op timings are recorded by the CPU backend only
-          {"prompt_tokens_computed_fraction", r.prompt_tokens_computed_fraction},
-          {"decode", opt.policy == lp::PolicyKind::None
-                         ? "plain forward passes over every cached key"
-                         : "pruned decoding steps: re-selection at every pruning layer, revival from the "
-                           "Aux Cache"}};
-      std::puts(j.dump(2).c_str());
-    } else {
-      std::puts(r.text.c_str());
-      fmt::print(
-          stderr,
-          "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | decode {:.1f} tok/s | {} on {} | prune {} "
-          "({:.1f}% of prompt token-layers computed)\n",
-          r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, decode_tps, lp::dtype_name(dtype),
-          gpu.name, a.prune, 100.0 * r.prompt_tokens_computed_fraction);
-    }
-    return 0;
-  }
-  const lp::GenerateResult r = lp::generate(ctx, *model, ids, opt);
+  if (a.backend == "cuda") opt.gpu_op_timers = a.op_timers;
+  // One engine (engine/session.h) on the chosen backend.
+  const lp::GenerateResult r =
+      a.backend == "cuda"
+          ? lp::generate(*model, ids, opt,
+                         [&](int64_t n_ctx) {
+                           return lp::cuda::make_backend(model->config(), model->weights(), n_ctx);
+                         })
+          : lp::generate(ctx, *model, ids, opt);
 
   double trace_write_s = 0;
   if (!a.trace.empty()) {
@@ -191,6 +148,14 @@ int cmd_run(const RunArgs& a) {
   if (a.json_out) {
     json j;
     j = lp::cli::run_json(*model, opt, r, lp::dtype_name(dtype), a.threads);
+    j["backend"] = a.backend;
+    if (a.backend == "cuda") {
+      // `calibrate --measurements` reads `hardware` (sim/measurements.h): the GPU.
+      j["gpu"] = gpu.name;
+      j["hardware"] = gpu.name;
+      j["op_timers"] = a.op_timers ? "device synchronised around every op: TTFT includes the lost overlap"
+                                   : "off (--op-timers records them, at the cost of the overlap between ops)";
+    }
     j["seed"] = a.seed;
     j["temperature"] = a.temperature;
     j["top_p"] = a.top_p;
@@ -198,12 +163,14 @@ int cmd_run(const RunArgs& a) {
     std::puts(j.dump(2).c_str());
   } else {
     std::puts(r.text.c_str());
+    const std::string where =
+        a.backend == "cuda" ? fmt::format("on {}", gpu.name) : fmt::format("{} threads", a.threads);
+    const std::string rate = r.prefill_ops.empty() ? "" : fmt::format(" ({:.1f} GFLOP/s)", gflops);
     fmt::print(stderr,
-               "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | prefill {:.1f} tok/s ({:.1f} "
-               "GFLOP/s) | decode {:.1f} tok/s | peak RSS {:.0f} MiB | {} {} threads | prune {} "
-               "({:.1f}% of prompt token-layers computed)\n",
-               r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, prefill_tps, gflops, decode_tps,
-               lp::peak_rss_mib(), lp::dtype_name(dtype), a.threads, a.prune,
+               "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | prefill {:.1f} tok/s{} | decode {:.1f} "
+               "tok/s | peak RSS {:.0f} MiB | {} {} | prune {} ({:.1f}% of prompt token-layers computed)\n",
+               r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, prefill_tps, rate, decode_tps,
+               lp::peak_rss_mib(), lp::dtype_name(dtype), where, a.prune,
                100.0 * r.prompt_tokens_computed_fraction);
   }
   return 0;

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "kernels/generate.h"
+#include "engine/generate.h"
 #include "traces/trace.h"
 
 namespace lp::cli {
@@ -17,7 +17,7 @@ trace::Trace run_trace(const ModelConfig& c, const GenerateOptions& opt, const G
                        const std::string& dtype, uint64_t seed, bool detail);
 
 // The run --json object without the sampling settings (the caller adds those).
-nlohmann::json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& r, const std::string& dtype,
-                        int threads);
+nlohmann::json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& r,
+                        const std::string& dtype, int threads);
 
 }  // namespace lp::cli

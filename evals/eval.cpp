@@ -6,7 +6,7 @@
 #include <cmath>
 #include <tuple>
 
-#include "kernels/generate.h"
+#include "engine/generate.h"
 #include "model/error.h"
 
 namespace lp::eval {
@@ -26,8 +26,8 @@ std::pair<double, double> wilson_interval(int k, int n) {
 
 namespace {
 
-RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskInfo& info, const Method& method,
-                  uint64_t seed) {
+RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskInfo& info,
+                  const Method& method, uint64_t seed) {
   GenerateOptions g;
   g.max_new_tokens = info.max_new_tokens;
   g.sampler = {0.0f, 1.0f, seed};  // greedy
@@ -109,7 +109,8 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
 
 }  // namespace
 
-std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& corpus, const EvalOptions& opt) {
+std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& corpus,
+                                 const EvalOptions& opt) {
   const ModelConfig& cfg = m.config();
   if (opt.tasks.empty()) usage_fail("no task to evaluate");
   if (opt.lengths.empty()) usage_fail("no prompt length to evaluate");
@@ -118,8 +119,8 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
     for (const int64_t len : opt.lengths) {
       const int64_t need = len + task_info(t).max_new_tokens;
       if (len < 1 || need > cfg.n_ctx_train)
-        usage_fail("a prompt of {} tokens plus {} new tokens does not fit the model's context of {} tokens", len,
-                   task_info(t).max_new_tokens, cfg.n_ctx_train);
+        usage_fail("a prompt of {} tokens plus {} new tokens does not fit the model's context of {} tokens",
+                   len, task_info(t).max_new_tokens, cfg.n_ctx_train);
     }
   for (const Method& me : opt.methods)
     if (me.policy != PolicyKind::None) {
@@ -157,8 +158,8 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
         if (is_qa(task)) sr.answer = s.answer;
         if (opt.keep_prompts) sr.prompt = s.prompt;
         sr.baseline = run_one(ctx, m, s, info, none, seed);
-        std::string line = fmt::format("{} {} tokens, sample {}/{}: none {} {:.2f} s", info.name, sr.tokens, i + 1,
-                                       samples.size(),
+        std::string line = fmt::format("{} {} tokens, sample {}/{}: none {} {:.2f} s", info.name, sr.tokens,
+                                       i + 1, samples.size(),
                                        !is_qa(task) ? fmt::format("nll {:.3f}", sr.baseline.nll)
                                                     : (sr.baseline.correct ? "right" : "wrong"),
                                        sr.baseline.ttft_s);

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/pruning.h"
+#include "engine/session.h"
 #include "evals/tasks.h"
 #include "kernels/context.h"
-#include "kernels/pruning.h"
-#include "kernels/runner.h"
 #include "traces/schedule.h"
 
 namespace lp::eval {
@@ -19,7 +19,7 @@ namespace lp::eval {
 // One point of a speed-accuracy curve.
 struct Method {
   PolicyKind policy = PolicyKind::None;
-  Schedule schedule;  // ignored for none
+  Schedule schedule;          // ignored for none
   std::string label() const;  // "none", "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3"
 };
 
@@ -30,22 +30,22 @@ struct EvalOptions {
   uint64_t seed = 1;
   // Evaluated against the unpruned baseline, which always runs first on every sample.
   std::vector<Method> methods;
-  int agreement_tokens = 8;  // k: the first k greedy tokens are compared with the baseline's
-  bool warm_up = true;       // one untimed unpruned prefill before the first sample
-  bool keep_prompts = false; // keep each sample's prompt text in its SampleResult
+  int agreement_tokens = 8;   // k: the first k greedy tokens are compared with the baseline's
+  bool warm_up = true;        // one untimed unpruned prefill before the first sample
+  bool keep_prompts = false;  // keep each sample's prompt text in its SampleResult
   // Called with one line per sample (progress), may be empty.
   std::function<void(const std::string&)> progress;
 };
 
 // One method on one sample.
 struct RunResult {
-  std::string generated;     // QA: the generated text
-  bool correct = false;      // QA: answer_correct
+  std::string generated;  // QA: the generated text
+  bool correct = false;   // QA: answer_correct
   double ttft_s = 0;
-  double share = 1;          // prompt (token, layer) pairs computed
-  double nll = 0;            // nll: mean negative log-likelihood per continuation token (nats)
-  double agreement = 1;      // QA: common prefix of the first k tokens with the baseline's / k;
-                             // nll: share of continuation positions whose argmax equals the baseline's
+  double share = 1;      // prompt (token, layer) pairs computed
+  double nll = 0;        // nll: mean negative log-likelihood per continuation token (nats)
+  double agreement = 1;  // QA: common prefix of the first k tokens with the baseline's / k;
+                         // nll: share of continuation positions whose argmax equals the baseline's
   std::vector<int32_t> compared_ids;  // what the agreement compares; cleared once it is computed
 };
 
@@ -53,10 +53,10 @@ struct SampleResult {
   int index = 0;
   int64_t tokens = 0;
   double depth = 0;
-  std::string answer;               // QA only
-  std::string prompt;               // the prompt text, when EvalOptions::keep_prompts
+  std::string answer;  // QA only
+  std::string prompt;  // the prompt text, when EvalOptions::keep_prompts
   RunResult baseline;
-  std::vector<RunResult> methods;   // parallel to EvalOptions::methods
+  std::vector<RunResult> methods;  // parallel to EvalOptions::methods
 };
 
 // A method's figures over the samples of one task and length.
@@ -64,9 +64,9 @@ struct Cell {
   Method method;
   int n = 0;
   double accuracy = 0, accuracy_lo = 0, accuracy_hi = 0;  // QA: share correct, Wilson 95% interval
-  double accuracy_change = 0;  // QA: accuracy - baseline accuracy (paired: same samples)
-  int gained = 0, lost = 0;    // QA: samples right only here / only in the baseline
-  double agreement = 1;        // mean RunResult::agreement
+  double accuracy_change = 0;      // QA: accuracy - baseline accuracy (paired: same samples)
+  int gained = 0, lost = 0;        // QA: samples right only here / only in the baseline
+  double agreement = 1;            // mean RunResult::agreement
   double nll = 0, nll_change = 0;  // nll: mean over samples, and minus the baseline's
   double share = 1;                // mean share of prompt (token, layer) pairs computed
   double ttft_s = 0;               // mean
@@ -87,7 +87,8 @@ struct TaskResult {
 
 // Throws lp::Error for a length the model cannot hold, a schedule that does not fit it, or a
 // corpus too short for a length; before any sample runs.
-std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& corpus, const EvalOptions& opt);
+std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& corpus,
+                                 const EvalOptions& opt);
 
 // Wilson score interval for k successes in n trials (z = 1.96).
 std::pair<double, double> wilson_interval(int k, int n);
@@ -100,9 +101,9 @@ struct TargetCheck {
   // falls by at most `max_loss` on every counted QA task; none if no method qualifies.
   bool found = false;
   Method best;
-  double best_speedup = 0;      // smallest over the counted tasks
-  double best_worst_change = 0; // largest accuracy loss (negative change) over the counted tasks
-  bool speedup_met = false;     // best_speedup >= min_speedup
+  double best_speedup = 0;       // smallest over the counted tasks
+  double best_worst_change = 0;  // largest accuracy loss (negative change) over the counted tasks
+  bool speedup_met = false;      // best_speedup >= min_speedup
   // At every schedule where lazyllm and a baseline policy (static, random) both ran: per counted
   // QA task, whether lazyllm's accuracy is at or above the baseline's (same share computed).
   int matched_comparisons = 0, lazyllm_at_or_above = 0;

@@ -24,7 +24,9 @@ Corpus load_corpus(const std::string& path);
 
 enum class Task { Passkey, KeyValue, MultiDocQA, ContinuationNLL };
 // Whether a task is scored by its answer (accuracy) rather than by a loss (nll).
-inline bool is_qa(Task t) { return t != Task::ContinuationNLL; }
+inline bool is_qa(Task t) {
+  return t != Task::ContinuationNLL;
+}
 
 struct TaskInfo {
   Task task;
@@ -45,7 +47,7 @@ struct Sample {
   Task task = Task::Passkey;
   std::string prompt;  // plain text (no chat template)
   std::string answer;  // QA: what the model must say first; nll: the continuation's text
-  double depth = 0;    // where the needle, the asked pair or the asked fact starts: share of the prompt's bytes
+  double depth = 0;  // where the needle, the asked pair or the asked fact starts: share of the prompt's bytes
   std::vector<int32_t> prompt_ids;        // with BOS; its size is the prompt's length in tokens
   std::vector<int32_t> continuation_ids;  // nll: the tokens scored with teacher forcing
   int64_t tokens() const { return int64_t(prompt_ids.size()); }

@@ -20,7 +20,8 @@ const json& presets() {
     for (const auto& [name, text] : builtin_preset_files())
       if (name == "presets") {
         json j = json::parse(text);
-        if (j.value("lazyprefill_model_presets", 0) != 1 || !j.contains("presets") || !j["presets"].is_array())
+        if (j.value("lazyprefill_model_presets", 0) != 1 || !j.contains("presets") ||
+            !j["presets"].is_array())
           fail("model/presets.json: not a version 1 preset file");
         return j["presets"];
       }

@@ -473,8 +473,9 @@ void draw_legend(Svg& svg, const std::vector<LegendItem>& items, const LegendLay
 
 // The legend (right of the plot at (plot_right, plot_top), or in rows above the notes) and the
 // notes under the chart, then the closing tag: the same for every chart kind.
-std::string finish_chart(Svg& svg, const std::vector<LegendItem>& items, const LegendLayout& L, double plot_right,
-                         double plot_top, const std::vector<std::string>& notes, int height) {
+std::string finish_chart(Svg& svg, const std::vector<LegendItem>& items, const LegendLayout& L,
+                         double plot_right, double plot_top, const std::vector<std::string>& notes,
+                         int height) {
   if (!items.empty()) {
     if (L.right)
       draw_legend(svg, items, L, plot_right + 18, plot_top);

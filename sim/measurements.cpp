@@ -299,7 +299,9 @@ std::vector<Measurement> import_run_json(const std::string& path) {
   m.model = field<std::string>(o, "model", path, 1);
   // Our CPU runs are this machine's; a `run --backend cuda` names its GPU.
   m.hardware = o.contains("hardware") ? field<std::string>(o, "hardware", path, 1) : "cpu-local";
-  if (o.contains("backend")) m.framework = "lazyprefill-" + field<std::string>(o, "backend", path, 1);
+  if (o.contains("backend"))
+    if (const auto b = field<std::string>(o, "backend", path, 1); b != "cpu")
+      m.framework = "lazyprefill-" + b;
   m.dtype = field<std::string>(o, "dtype", path, 1);
   m.prompt_tokens = field<int64_t>(o, "prompt_tokens", path, 1);
   m.ttft_ms = field<double>(o, "ttft_ms", path, 1);

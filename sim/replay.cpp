@@ -259,7 +259,7 @@ void Replayer::add(const trace::Step& s) {
   reduce(allgather_cost(hw_, tp_, double(B) * c_.n_vocab * 4));
   if (prefill) {
     r.ttft_s = step_s;
-    // One Aux Cache entry per token (a token pruned again overwrites its entry, kernels/runner.h):
+    // One Aux Cache entry per token (a token pruned again overwrites its entry, engine/session.h):
     // the prefill's writes are distinct tokens, and a decoding step writes only rows it revived,
     // which already hold an entry (its new token is never pruned in its own step, and computes
     // every layer). So the entries are the prefill's writes.

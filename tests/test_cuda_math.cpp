@@ -6,16 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
-#include "tests/test_util.h"
+#include "engine/pruning.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/device_math.h"
-#include "kernels/pruning.h"
+#include "tests/test_util.h"
 #include "traces/schedule.h"
 
 namespace lp {
@@ -38,9 +38,11 @@ TEST(CudaMath, RmsNormMatchesTheReference) {
       for (int off = 16; off > 0; off /= 2)
         for (int l = 0; l < off; ++l) lanes[l] += lanes[l + off];
       const float scale = cm::rms_scale(lanes[0], D, 1e-5f);
-      for (int64_t i = 0; i < D; ++i) got[size_t(t * D + i)] = cm::rms_apply(x[size_t(t * D + i)], scale, w[size_t(i)]);
+      for (int64_t i = 0; i < D; ++i)
+        got[size_t(t * D + i)] = cm::rms_apply(x[size_t(t * D + i)], scale, w[size_t(i)]);
     }
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-5f * (1 + std::fabs(want[i]))) << D;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 2e-5f * (1 + std::fabs(want[i]))) << D;
   }
 }
 
@@ -71,7 +73,8 @@ TEST(CudaMath, SwigluMatchesTheReference) {
   const auto g = randn(1000, 4, 4.0f), u = randn(1000, 5);
   std::vector<float> want(1000);
   ref::swiglu(g.data(), u.data(), want.data(), 1000);
-  for (size_t i = 0; i < 1000; ++i) EXPECT_NEAR(cm::silu_mul(g[i], u[i]), want[i], 1e-5f * (1 + std::fabs(want[i])));
+  for (size_t i = 0; i < 1000; ++i)
+    EXPECT_NEAR(cm::silu_mul(g[i], u[i]), want[i], 1e-5f * (1 + std::fabs(want[i])));
 }
 
 // The online-softmax recurrence: per (query row, head), key tiles of `tile` in order, logits in
@@ -98,7 +101,8 @@ std::vector<float> tiled_attention(const std::vector<float>& q, const std::vecto
             continue;
           }
           float dot = 0;
-          for (int64_t d = 0; d < Dh; ++d) dot += q[size_t((t * H + h) * Dh + d)] * k[size_t((s * Hkv + g) * Dh + d)];
+          for (int64_t d = 0; d < Dh; ++d)
+            dot += q[size_t((t * H + h) * Dh + d)] * k[size_t((s * Hkv + g) * Dh + d)];
           logit[size_t(j)] = dot * scale;
           tmax = std::max(tmax, logit[size_t(j)]);
         }
@@ -111,7 +115,8 @@ std::vector<float> tiled_attention(const std::vector<float>& q, const std::vecto
           for (int64_t d = 0; d < Dh; ++d) acc[size_t(d)] += w * v[size_t(((s0 + j) * Hkv + g) * Dh + d)];
         }
       }
-      for (int64_t d = 0; d < Dh; ++d) out[size_t((t * H + h) * Dh + d)] = cm::online_finish(st, acc[size_t(d)]);
+      for (int64_t d = 0; d < Dh; ++d)
+        out[size_t((t * H + h) * Dh + d)] = cm::online_finish(st, acc[size_t(d)]);
     }
   return out;
 }
@@ -134,7 +139,8 @@ TEST(CudaMath, TiledOnlineSoftmaxAttentionMatchesTheReference) {
     const auto k = randn(size_t(c.S * c.Hkv * c.Dh), 8, 2.0f);
     const auto v = randn(size_t(c.S * c.Hkv * c.Dh), 9);
     std::vector<float> want(q.size());
-    ref::attention(q.data(), q_pos.data(), c.T, k.data(), v.data(), k_pos.data(), c.S, c.H, c.Hkv, c.Dh, want.data());
+    ref::attention(q.data(), q_pos.data(), c.T, k.data(), v.data(), k_pos.data(), c.S, c.H, c.Hkv, c.Dh,
+                   want.data());
     const auto got = tiled_attention(q, q_pos, k, v, k_pos, c.H, c.Hkv, c.Dh, c.tile);
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-5f * (1 + std::fabs(want[i])));
   }
@@ -151,7 +157,8 @@ TEST(CudaMath, LastRowScoresMatchTheReference) {
   for (int64_t h = 0; h < H; ++h)
     for (int64_t s = 0; s < S; ++s) {
       float dot = 0;
-      for (int64_t d = 0; d < Dh; ++d) dot += q[size_t(h * Dh + d)] * k[size_t((s * Hkv + h / (H / Hkv)) * Dh + d)];
+      for (int64_t d = 0; d < Dh; ++d)
+        dot += q[size_t(h * Dh + d)] * k[size_t((s * Hkv + h / (H / Hkv)) * Dh + d)];
       logit[size_t(h * S + s)] = dot / std::sqrt(float(Dh));
       m[size_t(h)] = std::max(m[size_t(h)], logit[size_t(h * S + s)]);
     }
@@ -160,7 +167,8 @@ TEST(CudaMath, LastRowScoresMatchTheReference) {
   double total = 0;
   for (int64_t s = 0; s < S; ++s) {
     float score = 0;
-    for (int64_t h = 0; h < H; ++h) score += cm::head_share(logit[size_t(h * S + s)], m[size_t(h)], l[size_t(h)], H);
+    for (int64_t h = 0; h < H; ++h)
+      score += cm::head_share(logit[size_t(h * S + s)], m[size_t(h)], l[size_t(h)], H);
     EXPECT_NEAR(score, want[size_t(s)], 1e-5 * (1 + want[size_t(s)]) + 1e-7);
     total += score;
   }
@@ -179,14 +187,19 @@ TEST(CudaMath, SelectionKeysKeepWhatTheEnginesSelectionKeeps) {
       pos[size_t(i)] = p;
       // Ties on purpose, zeros, negatives and tiny values.
       const int r = int(rng() % 6);
-      scores[size_t(i)] = r == 0 ? 0.0f : r == 1 ? 0.25f : r == 2 ? -1e-30f : r == 3 ? -0.0f : float(rng() % 1000) * 1e-4f;
+      scores[size_t(i)] = r == 0   ? 0.0f
+                          : r == 1 ? 0.25f
+                          : r == 2 ? -1e-30f
+                          : r == 3 ? -0.0f
+                                   : float(rng() % 1000) * 1e-4f;
     }
     const int64_t keep = 1 + int64_t(rng() % uint32_t(n));
     const auto want = select_top(pos, scores, keep);
     // The kernel: keys of all but the last token sorted descending, the first keep - 1 kept, the
     // last token always, then by position.
     std::vector<std::pair<uint64_t, int64_t>> keys;
-    for (int64_t i = 0; i + 1 < n; ++i) keys.emplace_back(cm::selection_key(scores[size_t(i)], pos[size_t(i)]), i);
+    for (int64_t i = 0; i + 1 < n; ++i)
+      keys.emplace_back(cm::selection_key(scores[size_t(i)], pos[size_t(i)]), i);
     std::sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<int64_t> got;
     for (int64_t i = 0; i < std::min<int64_t>(keep, n) - 1; ++i) got.push_back(keys[size_t(i)].second);
@@ -207,7 +220,8 @@ TEST(CudaMath, CountsAndBitsAgreeWithTheHost) {
   std::vector<uint32_t> bits(4, 0);
   for (int32_t pos : {0, 31, 32, 77, 127}) cm::set_has_kv(bits.data(), pos);
   for (int32_t pos = 0; pos < 128; ++pos)
-    EXPECT_EQ(cm::has_kv(bits.data(), pos), pos == 0 || pos == 31 || pos == 32 || pos == 77 || pos == 127) << pos;
+    EXPECT_EQ(cm::has_kv(bits.data(), pos), pos == 0 || pos == 31 || pos == 32 || pos == 77 || pos == 127)
+        << pos;
 }
 
 TEST(CudaMath, Bf16RoundsToNearestEven) {

@@ -2,20 +2,19 @@
 // where they say; answer checks take only the first number or word; teacher-forced
 // log-probabilities equal a whole-sequence prefill's; the runner's baseline is a plain generate()
 // and its cells and targets add up.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <numeric>
 
+#include "engine/generate.h"
 #include "evals/eval.h"
 #include "evals/tasks.h"
-#include "kernels/generate.h"
-#include "tests/gguf_writer.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/vocab.h"
+#include "tests/gguf_writer.h"
 #include "tests/test_util.h"
 
 namespace lp {
@@ -201,8 +200,8 @@ TEST_F(TinyEval, ForcedLogProbsEqualAWholeSequencePrefill) {
   std::vector<int64_t> rows;
   for (size_t i = 0; i < cont.size(); ++i) rows.push_back(int64_t(prompt.size() - 1 + i));
   std::vector<float> logits(rows.size() * size_t(V));
-  Session s(*m, int64_t(all.size()));
-  s.forward(ctx, all, pos, rows, logits.data());
+  Session s(ctx, *m, int64_t(all.size()));
+  s.forward(all, pos, rows, logits.data());
   for (size_t i = 0; i < cont.size(); ++i) {
     const float* row = logits.data() + i * size_t(V);
     double mx = row[0], sum = 0;
@@ -257,7 +256,8 @@ TEST_F(TinyEval, RunnerComparesEachMethodWithTheUnprunedRunOfTheSameSample) {
     for (const auto& s : r.samples) {
       EXPECT_LE(s.tokens, r.length);
       // The baseline equals a direct generate() on the same sample.
-      const auto sample = eval::make_samples(r.task, corpus(), m->tokenizer(), r.length, 3, opt.seed)[size_t(s.index)];
+      const auto sample =
+          eval::make_samples(r.task, corpus(), m->tokenizer(), r.length, 3, opt.seed)[size_t(s.index)];
       GenerateOptions g;
       g.max_new_tokens = eval::task_info(r.task).max_new_tokens;
       g.forced_ids = sample.continuation_ids;
@@ -305,10 +305,14 @@ TEST(EvalTargets, FastestLazyLLMWithinOnePointAndMatchedComparisons) {
   a.task = eval::Task::Passkey;
   b.task = eval::Task::KeyValue;
   a.length = b.length = 2048;
-  a.cells = {cell(PolicyKind::LazyLLM, "0.3:0.3", 0.8, 0.0, 1.5), cell(PolicyKind::LazyLLM, "0.2:0.4", 0.8, 0.0, 2.1),
-             cell(PolicyKind::LazyLLM, "0.1:0.5", 0.6, -0.2, 3.0), cell(PolicyKind::Static, "0.2:0.4", 0.7, -0.1, 2.2)};
-  b.cells = {cell(PolicyKind::LazyLLM, "0.3:0.3", 0.9, 0.0, 1.4), cell(PolicyKind::LazyLLM, "0.2:0.4", 0.9, 0.0, 1.9),
-             cell(PolicyKind::LazyLLM, "0.1:0.5", 0.9, 0.0, 2.8), cell(PolicyKind::Static, "0.2:0.4", 0.95, 0.05, 2.0)};
+  a.cells = {cell(PolicyKind::LazyLLM, "0.3:0.3", 0.8, 0.0, 1.5),
+             cell(PolicyKind::LazyLLM, "0.2:0.4", 0.8, 0.0, 2.1),
+             cell(PolicyKind::LazyLLM, "0.1:0.5", 0.6, -0.2, 3.0),
+             cell(PolicyKind::Static, "0.2:0.4", 0.7, -0.1, 2.2)};
+  b.cells = {cell(PolicyKind::LazyLLM, "0.3:0.3", 0.9, 0.0, 1.4),
+             cell(PolicyKind::LazyLLM, "0.2:0.4", 0.9, 0.0, 1.9),
+             cell(PolicyKind::LazyLLM, "0.1:0.5", 0.9, 0.0, 2.8),
+             cell(PolicyKind::Static, "0.2:0.4", 0.95, 0.05, 2.0)};
   const auto t = eval::check_targets({a, b});
   ASSERT_EQ(t.size(), 1u);
   EXPECT_TRUE(t[0].found);

@@ -7,10 +7,10 @@
 #include <numeric>
 #include <vector>
 
+#include "engine/generate.h"
+#include "engine/session.h"
 #include "kernels/context.h"
 #include "kernels/cpu/ref.h"
-#include "kernels/generate.h"
-#include "kernels/runner.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -41,11 +41,11 @@ std::vector<float> reference_forward(const GgufFile& f, const ModelConfig& c, co
 
 std::vector<float> engine_forward(const Model& m, CpuContext& ctx, const std::vector<int32_t>& ids,
                                   const std::vector<int32_t>& pos) {
-  Session s(m, int64_t(ids.size()) + 4);
+  Session s(ctx, m, int64_t(ids.size()) + 4);
   std::vector<int64_t> rows(ids.size());
   std::iota(rows.begin(), rows.end(), 0);
   std::vector<float> logits(ids.size() * size_t(m.config().n_vocab));
-  s.forward(ctx, ids, pos, rows, logits.data());
+  s.forward(ids, pos, rows, logits.data());
   return logits;
 }
 
@@ -116,15 +116,15 @@ TEST(TinyForwardDecode, IncrementalDecodeMatchesOnePrefill) {
   const auto all = engine_forward(*m, ctx, ids, pos);
 
   // Prefill 17 tokens, then 6 single-token steps.
-  Session s(*m, 32);
+  Session s(ctx, *m, 32);
   std::vector<float> logits(static_cast<size_t>(V));
   const int64_t last = 16;
-  s.forward(ctx, {ids.data(), 17}, {pos.data(), 17}, {&last, 1}, logits.data());
+  s.forward({ids.data(), 17}, {pos.data(), 17}, {&last, 1}, logits.data());
   const double tol = 1e-4 * rms(all);  // same arithmetic, only GEMM blocking differs
   for (int64_t j = 0; j < V; ++j) ASSERT_NEAR(logits[j], all[16 * V + j], tol);
   for (size_t t = 17; t < ids.size(); ++t) {
     const int64_t row = 0;
-    s.forward(ctx, {&ids[t], 1}, {&pos[t], 1}, {&row, 1}, logits.data());
+    s.forward({&ids[t], 1}, {&pos[t], 1}, {&row, 1}, logits.data());
     for (int64_t j = 0; j < V; ++j) ASSERT_NEAR(logits[j], all[t * V + j], tol) << "t=" << t;
   }
   EXPECT_EQ(s.n_cached(), 23);
@@ -169,15 +169,15 @@ TEST(TinyForwardDecode, RejectsBadInput) {
   const std::string path = testing::write_tiny_model(dir.path() + "/tiny.gguf", {});
   CpuContext ctx(1);
   const auto m = Model::load(path, DType::F32, ctx);
-  Session s(*m, 4);
+  Session s(ctx, *m, 4);
   std::vector<float> logits(static_cast<size_t>(m->config().n_vocab));
   const int64_t row = 0;
   const int32_t bad_id = m->config().n_vocab, ok = 1, p0 = 0;
-  EXPECT_THROW(s.forward(ctx, {&bad_id, 1}, {&p0, 1}, {&row, 1}, logits.data()), Error);
+  EXPECT_THROW(s.forward({&bad_id, 1}, {&p0, 1}, {&row, 1}, logits.data()), Error);
   const std::vector<int32_t> five(5, ok), pos5 = {0, 1, 2, 3, 4};
-  EXPECT_THROW(s.forward(ctx, five, pos5, {&row, 1}, logits.data()), Error);  // context full
+  EXPECT_THROW(s.forward(five, pos5, {&row, 1}, logits.data()), Error);  // context full
   const std::vector<int32_t> two(2, ok), back = {3, 2};
-  EXPECT_THROW(s.forward(ctx, two, back, {&row, 1}, logits.data()), Error);  // positions decrease
+  EXPECT_THROW(s.forward(two, back, {&row, 1}, logits.data()), Error);  // positions decrease
 }
 
 }  // namespace

@@ -8,12 +8,12 @@
 #include <random>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "kernels/context.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "model/error.h"
 #include "model/quant.h"
+#include "tests/test_util.h"
 
 namespace lp {
 namespace {

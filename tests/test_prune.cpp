@@ -1,26 +1,26 @@
 // LazyLLM pruning in the engine against an independent slow formulation: every token present
 // at every layer (double-accumulating reference kernels), with masks that hide pruned keys and
 // rows of pruned tokens frozen (not updated) after they are pruned.
-#include <cctype>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <numeric>
 #include <set>
 #include <vector>
 
+#include "engine/pruning.h"
+#include "engine/session.h"
 #include "kernels/context.h"
 #include "kernels/cpu/ref.h"
-#include "kernels/pruning.h"
-#include "kernels/runner.h"
-#include "traces/schedule.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "tests/gguf_writer.h"
 #include "tests/reference_model.h"
+#include "traces/schedule.h"
 
 namespace lp {
 namespace {
@@ -116,10 +116,10 @@ TEST_P(PrunedForward, MatchesSlowMaskedFormulation) {
   auto policy = make_policy(pc.policy, 5);
   PruneRequest req{steps, policy.get()};
   ForwardStats st;
-  Session s(*m, pc.T);
+  Session s(ctx, *m, pc.T);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   const int64_t last = pc.T - 1;
-  s.forward(ctx, ids, pos, {&last, 1}, logits.data(), nullptr, &req, &st);
+  s.forward(ids, pos, {&last, 1}, logits.data(), &req, &st);
 
   // Bookkeeping: each step keeps tokens_kept(active, share), the last token always; each layer's
   // KV holds exactly the tokens computed there; every pruned token is in the Aux Cache once.
@@ -128,7 +128,7 @@ TEST_P(PrunedForward, MatchesSlowMaskedFormulation) {
   size_t k = 0;
   for (int l = 0; l < c.n_layer; ++l) {
     EXPECT_EQ(st.computed[size_t(l)], active) << "layer " << l;
-    EXPECT_EQ(s.layer_kv(l).n, active);
+    EXPECT_EQ(s.keys_held(l), active);
     if (k < steps.size() && steps[k].layer == l) {
       const int64_t kept = tokens_kept(active, steps[k].share);
       ASSERT_EQ(int64_t(st.kept[k].size()), kept);
@@ -148,9 +148,14 @@ TEST_P(PrunedForward, MatchesSlowMaskedFormulation) {
   // The Aux Cache holds the frozen hidden states, in pruning order.
   std::vector<float> frozen;
   for (const auto& fz : want.frozen) frozen.insert(frozen.end(), fz.begin(), fz.end());
-  ASSERT_EQ(frozen.size(), s.aux().h.size());
+  std::vector<float> held;  // the backend's states, entry by entry
+  for (const int32_t p : s.aux().pos) {
+    const std::vector<float> h = s.aux_state(p);
+    held.insert(held.end(), h.begin(), h.end());
+  }
+  ASSERT_EQ(frozen.size(), held.size());
   const double htol = 1e-4 * rms(frozen) + 1e-30;
-  for (size_t j = 0; j < frozen.size(); ++j) ASSERT_NEAR(s.aux().h[j], frozen[j], htol);
+  for (size_t j = 0; j < frozen.size(); ++j) ASSERT_NEAR(held[j], frozen[j], htol);
 
   if (pc.policy == PolicyKind::LazyLLM) {
     // The engine's scores match the reference's (softmax probabilities: absolute 1e-5 covers
@@ -191,12 +196,12 @@ TEST(PrunedForwardExact, ZeroShareIsBitwiseTheUnprunedForward) {
   for (int i = 0; i < 37; ++i) ids[size_t(i)] = (i * 13) % m->config().n_vocab, pos[size_t(i)] = i;
   const int64_t last = 36;
   std::vector<float> a(static_cast<size_t>(m->config().n_vocab)), b(a.size());
-  Session s1(*m, 37), s2(*m, 37);
-  s1.forward(ctx, ids, pos, {&last, 1}, a.data());
+  Session s1(ctx, *m, 37), s2(ctx, *m, 37);
+  s1.forward(ids, pos, {&last, 1}, a.data());
   const std::vector<PruneStep> steps = {{0, 0.0}, {1, 0.0}};
   auto policy = make_policy(PolicyKind::LazyLLM);
   PruneRequest req{steps, policy.get()};
-  s2.forward(ctx, ids, pos, {&last, 1}, b.data(), nullptr, &req);
+  s2.forward(ids, pos, {&last, 1}, b.data(), &req);
   EXPECT_EQ(a, b);
   EXPECT_EQ(s2.aux().size(), 0);
 }

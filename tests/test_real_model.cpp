@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "engine/generate.h"
+#include "engine/session.h"
 #include "kernels/context.h"
-#include "kernels/generate.h"
-#include "kernels/runner.h"
 #include "tests/test_util.h"
 
 namespace lp {
@@ -43,13 +43,13 @@ const Model& model(DType dt) {
 
 // All-row logits [T][V] of a prompt in one prefill.
 std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& ids) {
-  Session s(m, int64_t(ids.size()));
+  Session s(ctx(), m, int64_t(ids.size()));
   std::vector<int32_t> pos(ids.size());
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<int64_t> rows(ids.size());
   std::iota(rows.begin(), rows.end(), 0);
   std::vector<float> logits(ids.size() * size_t(m.config().n_vocab));
-  s.forward(ctx(), ids, pos, rows, logits.data());
+  s.forward(ids, pos, rows, logits.data());
   return logits;
 }
 

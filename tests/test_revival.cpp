@@ -7,25 +7,25 @@
 // previous layer's output if it was computed there in this step, else its stored state. Keys at
 // layer l are exactly the step's active tokens at or before the query's position. Arithmetic is
 // the scalar reference kernels (double accumulation), one row at a time.
-#include <cctype>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
 #include <vector>
 
+#include "engine/pruning.h"
+#include "engine/session.h"
 #include "kernels/context.h"
 #include "kernels/cpu/ref.h"
-#include "kernels/pruning.h"
-#include "kernels/runner.h"
-#include "traces/schedule.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "tests/gguf_writer.h"
 #include "tests/reference_model.h"
+#include "traces/schedule.h"
 
 namespace lp {
 namespace {
@@ -165,12 +165,12 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
   for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
   std::iota(pos.begin(), pos.end(), 0);
 
-  Session s(*m, rc.T + rc.decode_steps);
+  Session s(ctx, *m, rc.T + rc.decode_steps);
   Dense ref(f, c);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   ForwardStats st;
   const int64_t last = rc.T - 1;
-  s.forward(ctx, ids, pos, {&last, 1}, logits.data(), nullptr, &req, &st);
+  s.forward(ids, pos, {&last, 1}, logits.data(), &req, &st);
   std::vector<int64_t> computed;
   auto want = ref.step(ids, pos, steps, st.kept, &computed);
   EXPECT_EQ(st.computed, computed) << "prefill";
@@ -181,7 +181,7 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
       ASSERT_NEAR(logits[j], want[j], 1e-4 * rms(want)) << "step " << d;
     const int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t p = int32_t(rc.T + d);
-    s.decode_step(ctx, tok, p, logits.data(), nullptr, req, &st);
+    s.decode_step(tok, p, logits.data(), req, &st);
     want = ref.step({tok}, {p}, steps, st.kept, &computed);
     EXPECT_EQ(st.computed, computed) << "decode step " << d;
     for (int l = 0; l < c.n_layer; ++l) {
@@ -210,9 +210,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, Revival,
                                            RevivalCase{111, PolicyKind::LazyLLM, "1:0.6", 4}),
                          [](const ::testing::TestParamInfo<RevivalCase>& info) {
                            const RevivalCase& c = info.param;
-                           std::string name = "T";  // appended, not "T" + ...: gcc 12 warns falsely (-Wrestrict)
-                           name += std::to_string(c.T) + "_" + policy_name(c.policy) + "_" + c.schedule + "_steps" +
-                                   std::to_string(c.decode_steps);
+                           std::string name =
+                               "T";  // appended, not "T" + ...: gcc 12 warns falsely (-Wrestrict)
+                           name += std::to_string(c.T) + "_" + policy_name(c.policy) + "_" + c.schedule +
+                                   "_steps" + std::to_string(c.decode_steps);
                            for (char& ch : name)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name + "_" + std::to_string(info.index);

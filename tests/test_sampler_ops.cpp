@@ -4,7 +4,7 @@
 #include <map>
 #include <vector>
 
-#include "kernels/sampler.h"
+#include "engine/sampler.h"
 #include "model/error.h"
 #include "model/ops.h"
 

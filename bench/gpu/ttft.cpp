@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/session.h"
 #include "hwmodels/profile.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/cuda_session.h"
-#include "kernels/runner.h"
 #include "model/error.h"
 #include "model/ops.h"
 #include "model/paths.h"
@@ -127,7 +127,7 @@ void ttft_rows(const Model& m, int64_t T) {
   const int64_t last = T - 1;
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   double base_ms = 0, base_flops = 0;
-  cuda::CudaSession s(m, T);  // weights uploaded once, outside the timings
+  Session s(m, cuda::make_backend(c, m.weights(), T));  // weights uploaded once, outside the timings
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3", "0.1:0.5,0.3:0.5,0.5:0.5"}) {
     const bool prune = std::string(sched) != "none";
     const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer) : std::vector<PruneStep>{};

@@ -97,9 +97,7 @@ struct LayerKV {
   // none held yet). Positions before held ones are allowed (revival) and clear `sorted`.
   void append(const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int64_t T);
   // Slot holding position p, or -1.
-  int64_t find(int32_t p) const {
-    return p >= 0 && size_t(p) < slot_of.size() ? slot_of[size_t(p)] : -1;
-  }
+  int64_t find(int32_t p) const { return p >= 0 && size_t(p) < slot_of.size() ? slot_of[size_t(p)] : -1; }
   // Every held slot in position order.
   std::vector<int32_t> slots_in_order() const;
 };
@@ -115,8 +113,8 @@ struct KeySet {
 
 // Causal GQA attention of T queries q [T][H*Dh] (row stride ldq) at positions q_pos over the
 // keys of `keys` with position <= the query's; writes out [T][H*Dh] (row stride ldo).
-void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T, const KeySet& keys,
-               int64_t H, float* out, int64_t ldo);
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
+               const KeySet& keys, int64_t H, float* out, int64_t ldo);
 
 // LazyLLM importance scores: scores[i] = mean over the H query heads of softmax_i(q . K^T /
 // sqrt(Dh)) for one query row q [H*Dh] (the last token) over the keys of `keys` (all of them:

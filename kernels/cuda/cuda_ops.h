@@ -56,11 +56,12 @@ void add_inplace(float* x, const float* y, int64_t n);
 void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
 // Causal GQA over the active keys, mask on original positions (ref::attention), tiled with an
 // online softmax and f32 accumulation (kernels.cuh). Head widths: multiples of 4 up to 256.
-void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v, const int32_t* k_pos,
-               int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
+void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
 // The last token's attention over S keys, averaged over heads (ref::last_row_scores), into scores[S].
-void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* scores);
-// LazyLLM's selection (kernels/pruning.h select_top) with CUB radix sorts: keep[n_keep] the kept
+void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+                     float* scores);
+// LazyLLM's selection (kernels/select.h select_top) with CUB radix sorts: keep[n_keep] the kept
 // indices in increasing order; the last token always kept. n_keep in [1, n].
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);
 // K/V append: rows of k_new/v_new [T][kv] into cache slots slot[T] of k_cache/v_cache [cap][kv],

@@ -41,7 +41,8 @@ LP_HD float rms_apply(float x, float scale, float w) {
 // freq = theta^(-2i / rope_dim) / freq_factor (1 when the model has no factors). In double: at
 // 100k positions an f32 angle is off by ~1e-2 rad. rope_kernel has one thread per (token, pair):
 // it computes this once, in double, and rotates that pair of every head in f32.
-LP_HD void rope_cos_sin(int32_t pos, int64_t i, int64_t rope_dim, float theta, float freq_factor, float* c, float* s) {
+LP_HD void rope_cos_sin(int32_t pos, int64_t i, int64_t rope_dim, float theta, float freq_factor, float* c,
+                        float* s) {
   const double freq = pow(double(theta), -2.0 * double(i) / double(rope_dim)) / double(freq_factor);
   const double a = double(pos) * freq;
   *c = float(cos(a));
@@ -100,7 +101,7 @@ LP_HD float head_share(float logit, float m_h, float l_h, int64_t H) {
 }
 
 // Selection keys: a key that sorts (descending, as unsigned 64-bit) in the order LazyLLM keeps
-// tokens: higher score first, equal scores by later position first (kernels/pruning.cpp
+// tokens: higher score first, equal scores by later position first (kernels/select.cpp
 // select_top). The float's bits are mapped to an order-preserving unsigned value.
 LP_HD uint64_t selection_key(float score, int32_t pos) {
   if (score == 0.0f) score = 0.0f;  // -0 and +0 are equal scores: the position decides

@@ -39,7 +39,7 @@ struct Launch {
   int current = -1;
   size_t shared_bytes = 0;
   std::vector<std::array<unsigned char, 16>> slots;  // shuffle exchange, one per thread
-  std::exception_ptr error;                           // thrown by a thread: rethrown by the scheduler
+  std::exception_ptr error;                          // thrown by a thread: rethrown by the scheduler
 };
 
 Launch* g_launch = nullptr;  // the launch in progress: one at a time, on the calling thread
@@ -117,8 +117,7 @@ void run_block(Launch& l, uint64_t block_linear) {
   for (;;) {
     if (g_order == Order::WarpByWarp) {
       // Each warp, last first, runs until all its lanes wait at the block barrier or return.
-      for (int w = (n - 1) / kWarp * kWarp; w >= 0; w -= kWarp)
-        do {
+      for (int w = (n - 1) / kWarp * kWarp; w >= 0; w -= kWarp) do {
           for (int i = w; i < std::min(n, w + kWarp); ++i) run(i);
         } while (open_warp(w));
     } else {
@@ -178,8 +177,10 @@ void sync_warp() {
 }
 
 void fail_shuffle(unsigned mask, int lane_mask, int width) {
-  fail("host_threads: __shfl_xor_sync with mask {:#x}, lane mask {}, width {} (supported: the full mask, "
-       "0 < lane mask < width, width a power of 2 up to 32)", mask, lane_mask, width);
+  fail(
+      "host_threads: __shfl_xor_sync with mask {:#x}, lane mask {}, width {} (supported: the full mask, "
+      "0 < lane mask < width, width a power of 2 up to 32)",
+      mask, lane_mask, width);
 }
 
 void* shuffle_slot(int linear) {
@@ -198,15 +199,17 @@ void run_grid(Dim3 grid, Dim3 block, size_t shared_bytes, const std::function<vo
   if (g_launch) fail("host_threads: a launch inside a launch");
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0)
-    fail("host_threads: launch with an empty grid ({},{},{}) or block ({},{},{})", grid.x, grid.y, grid.z, block.x,
-         block.y, block.z);
+    fail("host_threads: launch with an empty grid ({},{},{}) or block ({},{},{})", grid.x, grid.y, grid.z,
+         block.x, block.y, block.z);
   if (threads > 1024) fail("host_threads: {} threads per block (CUDA allows 1024)", threads);
-  if (grid.y > 65535 || grid.z > 65535) fail("host_threads: grid ({},{},{}) over CUDA's y/z limit", grid.x, grid.y, grid.z);
-  if (shared_bytes > (size_t(227) << 10)) fail("host_threads: {} bytes of dynamic shared memory", shared_bytes);
+  if (grid.y > 65535 || grid.z > 65535)
+    fail("host_threads: grid ({},{},{}) over CUDA's y/z limit", grid.x, grid.y, grid.z);
+  if (shared_bytes > (size_t(227) << 10))
+    fail("host_threads: {} bytes of dynamic shared memory", shared_bytes);
   while (g_stacks.size() < threads) g_stacks.push_back(std::make_unique<char[]>(kStackBytes));
   if (shared_bytes > g_shared_bytes) {
     g_shared = std::make_unique<std::max_align_t[]>((shared_bytes + sizeof(std::max_align_t) - 1) /
-                                                     sizeof(std::max_align_t));
+                                                    sizeof(std::max_align_t));
     g_shared_bytes = shared_bytes;
   }
   Launch l;

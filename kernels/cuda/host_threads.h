@@ -15,8 +15,8 @@
 //
 // `__shfl_xor_sync` exchanges through per-thread slots between two warp barriers (all 32 lanes of
 // the warp must take part, as the full mask says). Not emulated: other shuffles and votes, atomics
-// across blocks running at once (blocks are sequential), memory fences, and timing. Plain C++; only this header's macros make kernel code
-// compile on the host.
+// across blocks running at once (blocks are sequential), memory fences, and timing. Plain C++; only this
+// header's macros make kernel code compile on the host.
 #pragma once
 
 #if defined(__CUDACC__)

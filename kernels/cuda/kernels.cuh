@@ -25,15 +25,15 @@ inline void check_launch(const char* what) {
 }
 }  // namespace lp::cuda::kernels
 // The block's dynamic shared memory as `type* name`.
-#define LP_DYNAMIC_SHARED(type, name)                  \
+#define LP_DYNAMIC_SHARED(type, name)                                \
   extern __shared__ __align__(16) unsigned char lp_dynamic_shared[]; \
   type* name = reinterpret_cast<type*>(lp_dynamic_shared)
 #define LP_UNROLL _Pragma("unroll")
 // kernel<<<grid, block, shared_bytes>>>(args...), then the launch's error check.
-#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)                \
-  do {                                                                   \
-    (kernel)<<<(grid), (block), (shared_bytes)>>>(__VA_ARGS__);          \
-    ::lp::cuda::kernels::check_launch(#kernel);                          \
+#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)       \
+  do {                                                          \
+    (kernel)<<<(grid), (block), (shared_bytes)>>>(__VA_ARGS__); \
+    ::lp::cuda::kernels::check_launch(#kernel);                 \
   } while (0)
 #else
 #include "kernels/cuda/host_threads.h"
@@ -78,8 +78,8 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float* out, int64
 }
 
 // One thread per (token, pair): the table entry is computed once per pair and applied to every head.
-__global__ void rope_kernel(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim,
-                            float theta, const float* freq_factors) {
+__global__ void rope_kernel(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh,
+                            int64_t rope_dim, float theta, const float* freq_factors) {
   const int64_t half = rope_dim / 2;
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * half) return;
@@ -126,8 +126,9 @@ __global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, floa
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::bf16_to_f32(s[i]);
 }
 
-__global__ void kv_append_kernel(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos,
-                                 int64_t kv, float* k_cache, float* v_cache, uint32_t* bits) {
+__global__ void kv_append_kernel(const float* k_new, const float* v_new, const int64_t* slot,
+                                 const int32_t* pos, int64_t kv, float* k_cache, float* v_cache,
+                                 uint32_t* bits) {
   const int64_t t = blockIdx.x;
   for (int64_t i = threadIdx.x; i < kv; i += blockDim.x) {
     k_cache[slot[t] * kv + i] = k_new[t * kv + i];
@@ -167,7 +168,8 @@ inline size_t attention_shared_bytes(int64_t Dh, int BK) {
 
 // n rows of per_row float4 each, src rows `stride` floats apart, into dst rows `ld` floats apart:
 // four loads in flight per thread before their stores.
-__device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int64_t stride, int n, int per_row) {
+__device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int64_t stride, int n,
+                                          int per_row) {
   const int total = n * per_row;
   for (int base = int(threadIdx.x); base < total; base += 4 * kAttnThreads) {
     float4 buf[4];
@@ -193,8 +195,8 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, 
 template <int BK, int DC>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                     const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, int64_t tiles_per_split,
-                     float* out, float* part_acc, float* part_m, float* part_l) {
+                     const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+                     int64_t tiles_per_split, float* out, float* part_acc, float* part_m, float* part_l) {
   static_assert(BK % 16 == 0 && BK <= kAttnThreads, "a tile is loaded one position per thread");
   constexpr int KJ = BK / 16;
   constexpr int ldp = BK + 4;
@@ -207,7 +209,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* kvs = qs + kAttnRows * ld;  // [BK][ld]: the tile's K rows, then its V rows
   float* ps = kvs + BK * ld;         // [kAttnRows][ldp]: the tile's weights
   int32_t* qp = reinterpret_cast<int32_t*>(ps + kAttnRows * ldp);  // [kAttnRows]
-  int32_t* kp = qp + kAttnRows;                                     // [BK]
+  int32_t* kp = qp + kAttnRows;                                    // [BK]
 
   for (int e = tid; e < kAttnRows * per_row; e += kAttnThreads) {
     const int r = e / per_row, d4 = e - r * per_row;
@@ -250,11 +252,10 @@ __global__ void __launch_bounds__(kAttnThreads)
       LP_UNROLL
       for (int j = 0; j < KJ; ++j) kv[j] = *reinterpret_cast<const float4*>(kvs + (tx + 16 * j) * ld + d);
       LP_UNROLL
-      for (int i = 0; i < 4; ++i)
-        LP_UNROLL
-        for (int j = 0; j < KJ; ++j)
-          sc[i][j] = fmaf(qv[i].w, kv[j].w,
-                          fmaf(qv[i].z, kv[j].z, fmaf(qv[i].y, kv[j].y, fmaf(qv[i].x, kv[j].x, sc[i][j]))));
+      for (int i = 0; i < 4; ++i) LP_UNROLL
+      for (int j = 0; j < KJ; ++j)
+        sc[i][j] = fmaf(qv[i].w, kv[j].w,
+                        fmaf(qv[i].z, kv[j].z, fmaf(qv[i].y, kv[j].y, fmaf(qv[i].x, kv[j].x, sc[i][j]))));
     }
     // The online softmax of each row over this tile, across the 16 lanes holding its keys.
     LP_UNROLL
@@ -281,15 +282,15 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int off = 8; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off, 16);
       st[i].l += sum;
       LP_UNROLL
-      for (int cc = 0; cc < DC; ++cc)
-        LP_UNROLL
-        for (int e = 0; e < 4; ++e) acc[i][cc][e] *= alpha;
+      for (int cc = 0; cc < DC; ++cc) LP_UNROLL
+      for (int e = 0; e < 4; ++e) acc[i][cc][e] *= alpha;
     }
     __syncthreads();  // every thread is done with the K rows and has written its weights
     load_rows(kvs, ld, v + (s0 * Hkv + g) * Dh, Hkv * Dh, n, per_row);
     const int n4 = (n + 3) & ~3;  // P V reads keys four at a time: rows n .. n4 - 1 are zeros
     for (int e = tid; e < (n4 - n) * per_row; e += kAttnThreads)
-      *reinterpret_cast<float4*>(kvs + (n + e / per_row) * ld + 4 * (e % per_row)) = float4{0.0f, 0.0f, 0.0f, 0.0f};
+      *reinterpret_cast<float4*>(kvs + (n + e / per_row) * ld + 4 * (e % per_row)) =
+          float4{0.0f, 0.0f, 0.0f, 0.0f};
     __syncthreads();
     for (int c = 0; c < n4; c += 4) {
       float4 p[4];
@@ -305,10 +306,14 @@ __global__ void __launch_bounds__(kAttnThreads)
           const float4 v3 = *reinterpret_cast<const float4*>(kvs + (c + 3) * ld + d);
           LP_UNROLL
           for (int i = 0; i < 4; ++i) {
-            acc[i][cc][0] = fmaf(p[i].w, v3.x, fmaf(p[i].z, v2.x, fmaf(p[i].y, v1.x, fmaf(p[i].x, v0.x, acc[i][cc][0]))));
-            acc[i][cc][1] = fmaf(p[i].w, v3.y, fmaf(p[i].z, v2.y, fmaf(p[i].y, v1.y, fmaf(p[i].x, v0.y, acc[i][cc][1]))));
-            acc[i][cc][2] = fmaf(p[i].w, v3.z, fmaf(p[i].z, v2.z, fmaf(p[i].y, v1.z, fmaf(p[i].x, v0.z, acc[i][cc][2]))));
-            acc[i][cc][3] = fmaf(p[i].w, v3.w, fmaf(p[i].z, v2.w, fmaf(p[i].y, v1.w, fmaf(p[i].x, v0.w, acc[i][cc][3]))));
+            acc[i][cc][0] =
+                fmaf(p[i].w, v3.x, fmaf(p[i].z, v2.x, fmaf(p[i].y, v1.x, fmaf(p[i].x, v0.x, acc[i][cc][0]))));
+            acc[i][cc][1] =
+                fmaf(p[i].w, v3.y, fmaf(p[i].z, v2.y, fmaf(p[i].y, v1.y, fmaf(p[i].x, v0.y, acc[i][cc][1]))));
+            acc[i][cc][2] =
+                fmaf(p[i].w, v3.z, fmaf(p[i].z, v2.z, fmaf(p[i].y, v1.z, fmaf(p[i].x, v0.z, acc[i][cc][2]))));
+            acc[i][cc][3] =
+                fmaf(p[i].w, v3.w, fmaf(p[i].z, v2.w, fmaf(p[i].y, v1.w, fmaf(p[i].x, v0.w, acc[i][cc][3]))));
           }
         }
       }
@@ -322,16 +327,15 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (row >= rows) break;
     const int64_t o = (row / G) * H + g * G + row % G;  // output row (token, head)
     LP_UNROLL
-    for (int cc = 0; cc < DC; ++cc)
-      LP_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int64_t d = 4 * tx + 64 * cc + e;
-        if (d >= Dh) continue;
-        if (part_acc)
-          part_acc[(split * T * H + o) * Dh + d] = acc[i][cc][e];
-        else
-          out[o * Dh + d] = cm::online_finish(st[i], acc[i][cc][e]);
-      }
+    for (int cc = 0; cc < DC; ++cc) LP_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int64_t d = 4 * tx + 64 * cc + e;
+      if (d >= Dh) continue;
+      if (part_acc)
+        part_acc[(split * T * H + o) * Dh + d] = acc[i][cc][e];
+      else
+        out[o * Dh + d] = cm::online_finish(st[i], acc[i][cc][e]);
+    }
     if (part_acc && tx == 0) {
       part_m[split * T * H + o] = st[i].m;
       part_l[split * T * H + o] = st[i].l;
@@ -346,7 +350,8 @@ __global__ void attention_combine_kernel(const float* part_acc, const float* par
   float m = -INFINITY;
   for (int64_t s = 0; s < splits; ++s) m = fmaxf(m, part_m[s * n_rows + o]);
   float l = 0;
-  for (int64_t s = 0; s < splits; ++s) l += part_l[s * n_rows + o] * cm::split_weight(part_m[s * n_rows + o], m);
+  for (int64_t s = 0; s < splits; ++s)
+    l += part_l[s * n_rows + o] * cm::split_weight(part_m[s * n_rows + o], m);
   const cm::OnlineSoftmax st{m, l};
   for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) {
     float a = 0;
@@ -359,8 +364,8 @@ __global__ void attention_combine_kernel(const float* part_acc, const float* par
 // ---- the last-row score ---------------------------------------------------------------------
 
 // One thread per (head, key): the scaled logit of the last query row.
-__global__ void score_logits_kernel(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                                    float* logits) {
+__global__ void score_logits_kernel(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv,
+                                    int64_t Dh, float* logits) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= H * S) return;
   const int64_t h = id / S, s = id % S;

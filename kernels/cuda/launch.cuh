@@ -44,8 +44,8 @@ void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, 
           const float* freq_factors) {
   const int64_t n = T * (rope_dim / 2);
   if (n <= 0) return;
-  LP_LAUNCH(kernels::rope_kernel, blocks_for(n, kThreads), kThreads, 0, x, pos, T, n_heads, Dh, rope_dim, theta,
-            freq_factors);
+  LP_LAUNCH(kernels::rope_kernel, blocks_for(n, kThreads), kThreads, 0, x, pos, T, n_heads, Dh, rope_dim,
+            theta, freq_factors);
 }
 
 void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F) {
@@ -74,10 +74,11 @@ void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64
   LP_LAUNCH(kernels::gather_bf16_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
 }
 
-void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T, int64_t kv,
-               float* k_cache, float* v_cache, uint32_t* bits) {
+void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T,
+               int64_t kv, float* k_cache, float* v_cache, uint32_t* bits) {
   if (T <= 0) return;
-  LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, slot, pos, kv, k_cache, v_cache, bits);
+  LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, slot, pos, kv, k_cache,
+            v_cache, bits);
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {
@@ -97,10 +98,12 @@ void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float
   // Once per instance: allow the shared memory of its widest head, then ask the occupancy.
   static const int fit = [&] {
     const size_t most = kernels::attention_shared_bytes(64 * DC, BK);
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
     if (e != cudaSuccess) fail("CUDA attention: cannot reserve shared memory: {}", cudaGetErrorString(e));
     int n = 0;
-    const cudaError_t o = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kernels::kAttnThreads, most);
+    const cudaError_t o =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kernels::kAttnThreads, most);
     if (o != cudaSuccess) cudaGetLastError();  // not sticky: clear it, or the next launch check reports it
     return o == cudaSuccess && n > 0 ? n : 2;
   }();
@@ -118,28 +121,29 @@ void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float
   }
   const dim3 grid{unsigned(row_blocks), unsigned(Hkv), unsigned(splits)};
   if (splits == 1) {
-    LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split, out,
-              static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split,
+              out, static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
     return;
   }
   const int64_t n_rows = T * H;
-  Scratch acc(size_t(splits * n_rows * Dh) * 4, "attention splits"), m(size_t(splits * n_rows) * 4, "attention splits"),
-      l(size_t(splits * n_rows) * 4, "attention splits");
-  LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split, out,
-            acc.as<float>(), m.as<float>(), l.as<float>());
+  Scratch acc(size_t(splits * n_rows * Dh) * 4, "attention splits"),
+      m(size_t(splits * n_rows) * 4, "attention splits"), l(size_t(splits * n_rows) * 4, "attention splits");
+  LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split,
+            out, acc.as<float>(), m.as<float>(), l.as<float>());
   LP_LAUNCH(kernels::attention_combine_kernel, unsigned(n_rows), 128, 0, acc.as<float>(), m.as<float>(),
             l.as<float>(), n_rows, Dh, splits, out);
 }
 
 }  // namespace
 
-void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v, const int32_t* k_pos,
-               int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
+void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
   if (Dh <= 0 || Dh > 256 || Dh % 4 != 0)
     fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
   if (Hkv <= 0 || H % Hkv != 0) fail("CUDA attention: {} heads do not group over {} KV heads", H, Hkv);
   if (Hkv > 65535) fail("CUDA attention: {} KV heads", Hkv);
-  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)})
+  for (const void* p :
+       {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("CUDA attention: q, k and v must be 16-byte aligned");
   if (T <= 0) return;
   if (Dh <= 64)
@@ -152,15 +156,17 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
     attention_with<32, 4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
 }
 
-void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* scores) {
+void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+                     float* scores) {
   if (S <= 0) return;
   Scratch logits(size_t(H * S) * sizeof(float), "score logits"), m(size_t(H) * sizeof(float), "score max"),
       l(size_t(H) * sizeof(float), "score sum");
   LP_LAUNCH(kernels::score_logits_kernel, blocks_for(H * S, kThreads), kThreads, 0, q, k, S, H, Hkv, Dh,
             logits.as<float>());
-  LP_LAUNCH(kernels::score_norm_kernel, unsigned(H), kThreads, 0, logits.as<float>(), S, m.as<float>(), l.as<float>());
-  LP_LAUNCH(kernels::score_sum_kernel, blocks_for(S, kThreads), kThreads, 0, logits.as<float>(), m.as<float>(),
-            l.as<float>(), S, H, scores);
+  LP_LAUNCH(kernels::score_norm_kernel, unsigned(H), kThreads, 0, logits.as<float>(), S, m.as<float>(),
+            l.as<float>());
+  LP_LAUNCH(kernels::score_sum_kernel, blocks_for(S, kThreads), kThreads, 0, logits.as<float>(),
+            m.as<float>(), l.as<float>(), S, H, scores);
 }
 
 }  // namespace lp::cuda

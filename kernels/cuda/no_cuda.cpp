@@ -11,33 +11,81 @@ namespace {
 }
 }  // namespace
 
-bool compiled() { return false; }
-Device open_device() { unavailable(); }
-void* device_alloc(size_t, const char*) { unavailable(); }
+bool compiled() {
+  return false;
+}
+Device open_device() {
+  unavailable();
+}
+void* device_alloc(size_t, const char*) {
+  unavailable();
+}
 void device_free(void*) {}
-void copy_to_device(void*, const void*, size_t) { unavailable(); }
-void copy_to_host(void*, const void*, size_t) { unavailable(); }
-void copy_on_device(void*, const void*, size_t) { unavailable(); }
-void synchronize(const char*) { unavailable(); }
-void* device_alloc_async(size_t, const char*) { unavailable(); }
+void copy_to_device(void*, const void*, size_t) {
+  unavailable();
+}
+void copy_to_host(void*, const void*, size_t) {
+  unavailable();
+}
+void copy_on_device(void*, const void*, size_t) {
+  unavailable();
+}
+void synchronize(const char*) {
+  unavailable();
+}
+void* device_alloc_async(size_t, const char*) {
+  unavailable();
+}
 void device_free_async(void*) {}
-int multiprocessors() { unavailable(); }
-void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) { unavailable(); }
-void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*) { unavailable(); }
-void add_inplace(float*, const float*, int64_t) { unavailable(); }
-void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) { unavailable(); }
-void attention(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t, int64_t,
-               int64_t, int64_t, float*) { unavailable(); }
-void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*) { unavailable(); }
-void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) { unavailable(); }
+int multiprocessors() {
+  unavailable();
+}
+void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) {
+  unavailable();
+}
+void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*) {
+  unavailable();
+}
+void add_inplace(float*, const float*, int64_t) {
+  unavailable();
+}
+void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) {
+  unavailable();
+}
+void attention(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
+               int64_t, int64_t, int64_t, float*) {
+  unavailable();
+}
+void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*) {
+  unavailable();
+}
+void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) {
+  unavailable();
+}
 void kv_append(const float*, const float*, const int64_t*, const int32_t*, int64_t, int64_t, float*, float*,
-               uint32_t*) { unavailable(); }
-void copy_columns(const float*, int64_t, float*, int64_t, int64_t, int64_t) { unavailable(); }
-void swiglu_fused(const float*, float*, int64_t, int64_t) { unavailable(); }
-void copy_rows(const float*, const int64_t*, float*, const int64_t*, int64_t, int64_t) { unavailable(); }
-void gather_rows_bf16(const uint16_t*, const int64_t*, float*, int64_t, int64_t) { unavailable(); }
-void to_bf16(const float*, uint16_t*, int64_t) { unavailable(); }
-void gemm_f32(const float*, const float*, float*, int64_t, int64_t, int64_t) { unavailable(); }
-void gemm_bf16(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t) { unavailable(); }
+               uint32_t*) {
+  unavailable();
+}
+void copy_columns(const float*, int64_t, float*, int64_t, int64_t, int64_t) {
+  unavailable();
+}
+void swiglu_fused(const float*, float*, int64_t, int64_t) {
+  unavailable();
+}
+void copy_rows(const float*, const int64_t*, float*, const int64_t*, int64_t, int64_t) {
+  unavailable();
+}
+void gather_rows_bf16(const uint16_t*, const int64_t*, float*, int64_t, int64_t) {
+  unavailable();
+}
+void to_bf16(const float*, uint16_t*, int64_t) {
+  unavailable();
+}
+void gemm_f32(const float*, const float*, float*, int64_t, int64_t, int64_t) {
+  unavailable();
+}
+void gemm_bf16(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t) {
+  unavailable();
+}
 
 }  // namespace lp::cuda

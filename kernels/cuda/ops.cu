@@ -42,8 +42,8 @@ Device open_device() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess)
-    fail("no usable CUDA device: {} ({}); is an NVIDIA driver installed and a GPU visible?", cudaGetErrorString(e),
-         cudaGetErrorName(e));
+    fail("no usable CUDA device: {} ({}); is an NVIDIA driver installed and a GPU visible?",
+         cudaGetErrorString(e), cudaGetErrorName(e));
   if (count == 0) fail("no CUDA device found (cudaGetDeviceCount returned 0)");
   check(cudaSetDevice(0), "cudaSetDevice");
   cudaDeviceProp prop{};
@@ -74,8 +74,9 @@ void* device_alloc(size_t bytes, const char* what) {
     size_t free_b = 0, total_b = 0;
     cudaGetLastError();
     cudaMemGetInfo(&free_b, &total_b);
-    fail("cannot allocate {:.2f} GiB on the GPU for {} ({:.2f} GiB free of {:.2f}): {}", double(bytes) / 1073741824.0,
-         what, double(free_b) / 1073741824.0, double(total_b) / 1073741824.0, cudaGetErrorString(e));
+    fail("cannot allocate {:.2f} GiB on the GPU for {} ({:.2f} GiB free of {:.2f}): {}",
+         double(bytes) / 1073741824.0, what, double(free_b) / 1073741824.0, double(total_b) / 1073741824.0,
+         cudaGetErrorString(e));
   }
   return p;
 }
@@ -133,15 +134,17 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
   Scratch keys(size_t(m) * 8, "selection keys"), keys_sorted(size_t(m) * 8, "selection keys"),
       idx(size_t(m) * 8, "selection order"), idx_sorted(size_t(n) * 8, "selection order");
   if (m > 0) {
-    LP_LAUNCH(kernels::selection_keys_kernel, blocks_for(m, kThreads), kThreads, 0, scores, pos, m, keys.as<uint64_t>(),
-              idx.as<int64_t>());
+    LP_LAUNCH(kernels::selection_keys_kernel, blocks_for(m, kThreads), kThreads, 0, scores, pos, m,
+              keys.as<uint64_t>(), idx.as<int64_t>());
     size_t bytes = 0;
-    check(cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, keys.as<uint64_t>(), keys_sorted.as<uint64_t>(),
-                                                    idx.as<int64_t>(), idx_sorted.as<int64_t>(), int(m)),
+    check(cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, keys.as<uint64_t>(),
+                                                    keys_sorted.as<uint64_t>(), idx.as<int64_t>(),
+                                                    idx_sorted.as<int64_t>(), int(m)),
           "selection sort (size)");
     Scratch tmp(bytes, "selection sort");
-    check(cub::DeviceRadixSort::SortPairsDescending(tmp.p, bytes, keys.as<uint64_t>(), keys_sorted.as<uint64_t>(),
-                                                    idx.as<int64_t>(), idx_sorted.as<int64_t>(), int(m)),
+    check(cub::DeviceRadixSort::SortPairsDescending(tmp.p, bytes, keys.as<uint64_t>(),
+                                                    keys_sorted.as<uint64_t>(), idx.as<int64_t>(),
+                                                    idx_sorted.as<int64_t>(), int(m)),
           "selection sort");
   }
   // The best n_keep - 1 candidates and the last token, in increasing order.
@@ -150,7 +153,8 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
   check(cub::DeviceRadixSort::SortKeys(nullptr, bytes, idx_sorted.as<int64_t>(), keep, int(n_keep)),
         "selection order (size)");
   Scratch tmp(bytes, "selection order");
-  check(cub::DeviceRadixSort::SortKeys(tmp.p, bytes, idx_sorted.as<int64_t>(), keep, int(n_keep)), "selection order");
+  check(cub::DeviceRadixSort::SortKeys(tmp.p, bytes, idx_sorted.as<int64_t>(), keep, int(n_keep)),
+        "selection order");
 }
 
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
@@ -165,16 +169,16 @@ void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, 
 void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
   if (T <= 0 || N <= 0) return;
   const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, int(K), a, int(K), &zero,
-                         out, int(N)),
+  check_blas(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, int(K), a, int(K),
+                         &zero, out, int(N)),
              "gemm_f32");
 }
 
 void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int64_t K, int64_t N) {
   if (T <= 0 || N <= 0) return;
   const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, CUDA_R_16BF, int(K), a,
-                          CUDA_R_16BF, int(K), &zero, out, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F,
+  check_blas(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, CUDA_R_16BF,
+                          int(K), a, CUDA_R_16BF, int(K), &zero, out, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT),
              "gemm_bf16");
 }

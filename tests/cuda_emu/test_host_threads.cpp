@@ -15,7 +15,8 @@ namespace {
 
 namespace ht = lp::host_threads;
 
-constexpr ht::Order kOrders[] = {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled, ht::Order::WarpByWarp};
+constexpr ht::Order kOrders[] = {ht::Order::Forward, ht::Order::Reverse, ht::Order::Shuffled,
+                                 ht::Order::WarpByWarp};
 
 struct OrderGuard {
   ht::Order saved = ht::order();

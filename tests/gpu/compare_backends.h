@@ -1,5 +1,5 @@
-// Comparisons of the CUDA session (kernels/cuda/cuda_session.h) with the CPU backend, for the GPU
-// suite (tests/gpu/test_gpu_ops.cpp) on a device and on host threads.
+// Comparisons of the engine on the CUDA backend (kernels/cuda/cuda_backend.h) with the CPU backend,
+// for the GPU suite (tests/gpu/test_gpu_ops.cpp) on a device and on host threads.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_session.h"
-#include "kernels/generate.h"
-#include "kernels/runner.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "tests/gguf_writer.h"
 #include "tests/test_util.h"
 #include "traces/schedule.h"
@@ -50,9 +50,9 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
   ForwardStats s_cpu, s_gpu;
   const int64_t last = T - 1;
   std::vector<float> l_cpu(static_cast<size_t>(c.n_vocab)), l_gpu(l_cpu.size());
-  Session cpu(*m, T);
-  cpu.forward(ctx, ids, pos, {&last, 1}, l_cpu.data(), nullptr, &r_cpu, &s_cpu);
-  cuda::CudaSession gpu(*m, T);
+  Session cpu(ctx, *m, T);
+  cpu.forward(ids, pos, {&last, 1}, l_cpu.data(), &r_cpu, &s_cpu);
+  Session gpu(*m, cuda::make_backend(c, m->weights(), T));
   gpu.forward(ids, pos, {&last, 1}, l_gpu.data(), &r_gpu, &s_gpu);
   ASSERT_EQ(s_gpu.kept.size(), s_cpu.kept.size());
   for (size_t k = 0; k < s_cpu.kept.size(); ++k) EXPECT_EQ(s_gpu.kept[k], s_cpu.kept[k]) << "step " << k;
@@ -64,7 +64,7 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
     std::vector<int32_t> want;
     for (int32_t p = 0; p < int32_t(T); ++p)
       if (cpu.computed(l, p)) want.push_back(p);
-    EXPECT_EQ(gpu.kv_positions(l), want) << "layer " << l;
+    EXPECT_EQ(gpu.backend().kv_positions(l), want) << "layer " << l;
   }
   float worst = 0, scale = 0;
   for (size_t i = 0; i < l_cpu.size(); ++i) {
@@ -79,8 +79,9 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
             std::max_element(l_cpu.begin(), l_cpu.end()) - l_cpu.begin());
 }
 
-// Generation with LazyLLM in prefill and decoding (re-selection and revival every step): the same
-// greedy tokens, the same revivals, the same share of prompt (token, layer) pairs as the CPU.
+// Generation with LazyLLM in prefill and decoding (re-selection and revival every step): one engine
+// on both backends, so the same GenerateResult: the same greedy tokens and text, the same revivals,
+// shares of (token, layer) pairs, K/V and Aux Cache bytes, and the same recorded steps (traces).
 inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind) {
   CpuContext ctx(2);
   const auto m = Model::load(path, DType::F32, ctx);
@@ -92,11 +93,26 @@ inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind
   opt.stop_at_end_of_generation = false;
   opt.policy = kind;
   opt.schedule = parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3");
+  opt.record_steps = true;
   const GenerateResult cpu = generate(ctx, *m, ids, opt);
-  const GenerateResult gpu = cuda::generate(*m, ids, opt);
+  const GenerateResult gpu =
+      generate(*m, ids, opt, [&](int64_t n) { return cuda::make_backend(m->config(), m->weights(), n); });
   EXPECT_EQ(gpu.generated_ids, cpu.generated_ids);
+  EXPECT_EQ(gpu.text, cpu.text);
   EXPECT_EQ(gpu.revivals, cpu.revivals);
+  EXPECT_EQ(gpu.decode_steps, cpu.decode_steps);
   EXPECT_DOUBLE_EQ(gpu.prompt_tokens_computed_fraction, cpu.prompt_tokens_computed_fraction);
+  EXPECT_DOUBLE_EQ(gpu.generation_tokens_computed_fraction, cpu.generation_tokens_computed_fraction);
+  EXPECT_EQ(gpu.kv_bytes_used, cpu.kv_bytes_used);
+  EXPECT_EQ(gpu.aux_cache_bytes, cpu.aux_cache_bytes);
+  EXPECT_EQ(gpu.prefill_stats.computed, cpu.prefill_stats.computed);
+  ASSERT_EQ(gpu.decode_stats.size(), cpu.decode_stats.size());
+  for (size_t i = 0; i < cpu.decode_stats.size(); ++i) {
+    EXPECT_EQ(gpu.decode_stats[i].computed, cpu.decode_stats[i].computed) << "step " << i;
+    EXPECT_EQ(gpu.decode_stats[i].attended, cpu.decode_stats[i].attended) << "step " << i;
+    EXPECT_EQ(gpu.decode_stats[i].revived, cpu.decode_stats[i].revived) << "step " << i;
+    EXPECT_EQ(gpu.decode_stats[i].kept, cpu.decode_stats[i].kept) << "step " << i;
+  }
 }
 
 }  // namespace lp

@@ -4,33 +4,34 @@
 //   prints why and exits 77, which ctest reports as skipped, not passed.
 // - lp_gpu_tests_on_host (LP_HOST_THREADS, in the normal suite) over kernels/cuda/host_emulation.cpp:
 //   the same kernels run thread by thread on the host, once per thread order (forward, reverse,
-//   shuffled, warp by warp), with cuBLAS and CUB replaced by references; the default-model test is left to the GPU.
+//   shuffled, warp by warp), with cuBLAS and CUB replaced by references; the default-model test is left to
+//   the GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <tuple>
 #include <vector>
 
+#include "engine/generate.h"
+#include "engine/pruning.h"
+#include "engine/session.h"
 #include "kernels/cpu/ref.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/cuda_session.h"
 #include "kernels/cuda/device_math.h"
-#include "kernels/generate.h"
-#include "kernels/runner.h"
+#include "model/error.h"
 #include "model/gguf.h"
 #include "model/paths.h"
 #include "tests/gguf_writer.h"
+#include "tests/gpu/compare_backends.h"
 #include "tests/test_util.h"
 #include "traces/schedule.h"
-#include <filesystem>
-#include "kernels/pruning.h"
-#include "tests/gpu/compare_backends.h"
-#include "model/error.h"
 #if defined(LP_HOST_THREADS)
 #include "kernels/cuda/host_threads.h"
 #endif
@@ -49,7 +50,9 @@ struct Dev {
     p = static_cast<T*>(cuda::device_alloc(std::max<size_t>(1, n) * sizeof(T), "test buffer"));
     if (n) cuda::copy_to_device(p, h.data(), n * sizeof(T));
   }
-  explicit Dev(size_t count) : n(count) { p = static_cast<T*>(cuda::device_alloc(std::max<size_t>(1, n) * sizeof(T), "test buffer")); }
+  explicit Dev(size_t count) : n(count) {
+    p = static_cast<T*>(cuda::device_alloc(std::max<size_t>(1, n) * sizeof(T), "test buffer"));
+  }
   ~Dev() { cuda::device_free(p); }
   std::vector<T> host() const {
     cuda::synchronize("test");
@@ -59,7 +62,8 @@ struct Dev {
   }
 };
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel, const char* what) {
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel,
+                  const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], rel * (1 + std::fabs(want[i]))) << what << " at " << i;
@@ -105,7 +109,8 @@ TEST(GpuOps, RmsNormSwigluAddAndColumnCopies) {
   const auto got = dst.host();
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < ld_dst; ++i)
-      ASSERT_EQ(got[size_t(r * ld_dst + i)], i < width ? src[size_t(r * ld_src + off + i)] : -7.0f) << r << "," << i;
+      ASSERT_EQ(got[size_t(r * ld_dst + i)], i < width ? src[size_t(r * ld_src + off + i)] : -7.0f)
+          << r << "," << i;
 }
 
 TEST(GpuOps, RopeAtPrunedPositions) {
@@ -126,8 +131,8 @@ TEST(GpuOps, AttentionOverPrunedKeys) {
   };
   // One key; 9 heads over 3 KV heads with key splits; 132 rows of a GQA group over 5 row blocks;
   // head width 80 (a partial 64-dim chunk) and 256; a decode-like single query over 1,000 keys.
-  for (const Case c : {Case{1, 1, 1, 1, 8}, Case{7, 300, 9, 3, 64}, Case{33, 129, 32, 8, 128}, Case{5, 70, 4, 2, 80},
-                       Case{4, 1000, 8, 8, 256}, Case{1, 1000, 32, 8, 128}}) {
+  for (const Case c : {Case{1, 1, 1, 1, 8}, Case{7, 300, 9, 3, 64}, Case{33, 129, 32, 8, 128},
+                       Case{5, 70, 4, 2, 80}, Case{4, 1000, 8, 8, 256}, Case{1, 1000, 32, 8, 128}}) {
     SCOPED_TRACE(::testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh);
     std::vector<int32_t> k_pos(static_cast<size_t>(c.S)), q_pos(static_cast<size_t>(c.T));
     for (int64_t s = 0; s < c.S; ++s) k_pos[size_t(s)] = int32_t(2 * s + (s % 5 == 0));
@@ -135,7 +140,8 @@ TEST(GpuOps, AttentionOverPrunedKeys) {
     const auto q = randn(size_t(c.T * c.H * c.Dh), 6, 2.0f), k = randn(size_t(c.S * c.Hkv * c.Dh), 7, 2.0f),
                v = randn(size_t(c.S * c.Hkv * c.Dh), 8);
     std::vector<float> want(q.size());
-    ref::attention(q.data(), q_pos.data(), c.T, k.data(), v.data(), k_pos.data(), c.S, c.H, c.Hkv, c.Dh, want.data());
+    ref::attention(q.data(), q_pos.data(), c.T, k.data(), v.data(), k_pos.data(), c.S, c.H, c.Hkv, c.Dh,
+                   want.data());
     Dev<float> dq(q), dk(k), dv(v), out(q.size());
     Dev<int32_t> dqp(q_pos), dkp(k_pos);
     cuda::attention(dq.p, dqp.p, c.T, dk.p, dv.p, dkp.p, c.S, c.H, c.Hkv, c.Dh, out.p);
@@ -168,7 +174,8 @@ TEST(GpuOps, ScoresAndSelection) {
   Dev<float> dq(q), dk(k), scores(static_cast<size_t>(S));
   cuda::last_row_scores(dq.p, dk.p, S, H, Hkv, Dh, scores.p);
   const auto got = scores.host();
-  for (int64_t s = 0; s < S; ++s) ASSERT_NEAR(got[size_t(s)], want[size_t(s)], 1e-5 * (1 + want[size_t(s)]) + 1e-7);
+  for (int64_t s = 0; s < S; ++s)
+    ASSERT_NEAR(got[size_t(s)], want[size_t(s)], 1e-5 * (1 + want[size_t(s)]) + 1e-7);
   std::vector<int32_t> pos(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = int32_t(3 * s);
   Dev<int32_t> dpos(pos);
@@ -210,11 +217,13 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   cuda::copy_rows(dsrc.p, dfrom.p, aux.p, dinto.p, 3, width);
   const auto a = aux.host();
   for (size_t r = 0; r < from.size(); ++r)
-    for (int64_t i = 0; i < width; ++i) ASSERT_EQ(a[size_t(into[r] * width + i)], src[size_t(from[r] * width + i)]);
+    for (int64_t i = 0; i < width; ++i)
+      ASSERT_EQ(a[size_t(into[r] * width + i)], src[size_t(from[r] * width + i)]);
   for (int64_t i = 0; i < width; ++i) ASSERT_EQ(a[size_t(3 * width + i)], 0.0f);
   const int64_t kv = 64;
   const auto kn = randn(size_t(2 * kv), 12), vn = randn(size_t(2 * kv), 13);
-  Dev<float> dk(kn), dv(vn), kc(std::vector<float>(size_t(8 * kv), 0.0f)), vc(std::vector<float>(size_t(8 * kv), 0.0f));
+  Dev<float> dk(kn), dv(vn), kc(std::vector<float>(size_t(8 * kv), 0.0f)),
+      vc(std::vector<float>(size_t(8 * kv), 0.0f));
   Dev<int64_t> slot(std::vector<int64_t>{5, 2});
   Dev<int32_t> p(std::vector<int32_t>{37, 100});
   Dev<uint32_t> bits(std::vector<uint32_t>(4, 0));
@@ -223,7 +232,9 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   const auto bh = bits.host();
   for (int64_t s = 0; s < 8; ++s)
     for (int64_t i = 0; i < kv; ++i) {
-      const int64_t row = s == 5 ? 0 : s == 2 ? 1 : -1;  // slot 5 holds row 0, slot 2 row 1, the rest untouched
+      const int64_t row = s == 5   ? 0
+                          : s == 2 ? 1
+                                   : -1;  // slot 5 holds row 0, slot 2 row 1, the rest untouched
       ASSERT_EQ(kh[size_t(s * kv + i)], row < 0 ? 0.0f : kn[size_t(row * kv + i)]) << s;
       ASSERT_EQ(vh[size_t(s * kv + i)], row < 0 ? 0.0f : vn[size_t(row * kv + i)]) << s;
     }
@@ -231,7 +242,8 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
 }
 
 TEST(GpuOps, GemmF32AndBf16) {
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{1, 576, 1536}, {37, 1000, 77}, {512, 4096, 1024}};
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {1, 576, 1536}, {37, 1000, 77}, {512, 4096, 1024}};
 #if defined(LP_HOST_THREADS)
   shapes.pop_back();  // on the host the GEMM is the reference itself; the bf16 conversion is what runs
 #endif
@@ -243,7 +255,8 @@ TEST(GpuOps, GemmF32AndBf16) {
     cuda::gemm_f32(da.p, dw.p, out.p, T, K, N);
     // cuBLAS may use TF32 only when asked; the default SGEMM is f32.
     const auto got = out.host();
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f * std::sqrt(float(K)) * (1 + std::fabs(want[i])));
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-4f * std::sqrt(float(K)) * (1 + std::fabs(want[i])));
     // bf16 inputs, f32 accumulation: against the reference on the same rounded inputs.
     std::vector<float> ar(a.size()), wr(w.size());
     for (size_t i = 0; i < a.size(); ++i) ar[i] = cuda_math::bf16_to_f32(cuda_math::f32_to_bf16(a[i]));
@@ -254,7 +267,8 @@ TEST(GpuOps, GemmF32AndBf16) {
     cuda::to_bf16(dw.p, w16.p, int64_t(w.size()));
     cuda::gemm_bf16(a16.p, w16.p, out.p, T, K, N);
     const auto g16 = out.host();
-    for (size_t i = 0; i < g16.size(); ++i) ASSERT_NEAR(g16[i], want[i], 1e-4f * std::sqrt(float(K)) * (1 + std::fabs(want[i])));
+    for (size_t i = 0; i < g16.size(); ++i)
+      ASSERT_NEAR(g16[i], want[i], 1e-4f * std::sqrt(float(K)) * (1 + std::fabs(want[i])));
   }
 }
 
@@ -294,7 +308,7 @@ TEST(GpuForward, ASessionThatDoesNotFitIsRefusedSayingWhatItNeeds) {
   CpuContext ctx(1);
   const auto m = Model::load(write_compare_model(dir), DType::F32, ctx);
   try {
-    cuda::CudaSession s(*m, int64_t(1) << 30);
+    const auto b = cuda::make_backend(m->config(), m->weights(), int64_t(1) << 30);
     ADD_FAILURE() << "a 2^30-token session was accepted";
   } catch (const Error& e) {
     const std::string msg = e.what();

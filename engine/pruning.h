@@ -1,5 +1,5 @@
 // Token-pruning policies (LazyLLM and the baselines it is compared with), behind one interface
-// that Session::forward calls at every pruning layer of a schedule (traces/schedule.h).
+// that the engine (engine/session.h) calls at every pruning layer of a schedule (traces/schedule.h).
 //
 //   none     never prunes
 //   lazyllm  keeps the tokens the last token attends to most (mean over heads of its softmax
@@ -19,6 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/select.h"
+
 namespace lp {
 
 enum class PolicyKind { None, LazyLLM, Static, Random };
@@ -31,6 +33,9 @@ class PruningPolicy {
   virtual PolicyKind kind() const = 0;
   // Whether select() needs the last token's attention scores (computing them costs a little).
   virtual bool needs_scores() const = 0;
+  // Whether select() is exactly select_top of the scores it is given (kernels/select.h): then a
+  // backend may select where the scores are (on a GPU) instead of reading them back.
+  virtual bool keeps_top_scores() const { return false; }
   // Chooses n_keep of the active tokens (positions pos, ascending; the last one is the last
   // token) and returns their indices into pos, ascending, always including pos.size() - 1.
   // scores[i] is the last token's mean attention probability on token i (empty if not needed).
@@ -39,9 +44,5 @@ class PruningPolicy {
 };
 
 std::unique_ptr<PruningPolicy> make_policy(PolicyKind kind, uint64_t seed = 0);
-
-// The n_keep - 1 highest-scoring tokens other than the last, plus the last; ties go to the later
-// position. Shared by lazyllm and static.
-std::vector<int64_t> select_top(std::span<const int32_t> pos, std::span<const float> scores, int64_t n_keep);
 
 }  // namespace lp

@@ -1,4 +1,4 @@
-#include "kernels/generate.h"
+#include "engine/generate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,12 +6,13 @@
 #include <memory>
 #include <numeric>
 
+#include "kernels/cpu/backend.h"
 #include "model/error.h"
 
 namespace lp {
 
-GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t> prompt_ids,
-                        const GenerateOptions& opt) {
+GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt,
+                        const BackendFactory& make_backend) {
   using Clock = std::chrono::steady_clock;
   const ModelConfig& c = m.config();
   const int64_t T = int64_t(prompt_ids.size());
@@ -27,7 +28,12 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
 
   GenerateResult r;
   r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
-  Session s(m, T + std::max<int64_t>(n_new, 1));
+  Session s(m, make_backend(T + std::max<int64_t>(n_new, 1)));
+  // A synchronous backend always times its ops; an asynchronous one only when asked (timing
+  // synchronises the device around every op).
+  const bool time_ops = !s.backend().asynchronous() || opt.gpu_op_timers;
+  OpTimers* prefill_ops = time_ops ? &r.prefill_ops : nullptr;
+  OpTimers* decode_ops = time_ops ? &r.decode_ops : nullptr;
   Sampler sampler(opt.sampler);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   std::vector<int32_t> pos(static_cast<size_t>(T));
@@ -43,8 +49,8 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
   }
 
   const auto t0 = Clock::now();
-  s.forward(ctx, prompt_ids, pos, {&last, 1}, logits.data(), &r.prefill_ops, policy ? &req : nullptr,
-            &r.prefill_stats);
+  s.forward(prompt_ids, pos, {&last, 1}, logits.data(), policy ? &req : nullptr, &r.prefill_stats,
+            prefill_ops);
   const auto t1 = Clock::now();
   double computed = 0;
   for (int64_t n : r.prefill_stats.computed) computed += double(n);
@@ -78,9 +84,9 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
     const int64_t row = 0;
     ForwardStats st;
     if (policy)
-      s.decode_step(ctx, next, p, logits.data(), &r.decode_ops, req, &st);
+      s.decode_step(next, p, logits.data(), req, &st, decode_ops);
     else
-      s.forward(ctx, {&next, 1}, {&p, 1}, {&row, 1}, logits.data(), &r.decode_ops, nullptr, &st);
+      s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &st, decode_ops);
     for (size_t l = 0; l < st.computed.size(); ++l) {
       decode_computed += double(st.computed[l]);
       r.revivals += st.revived[l];
@@ -96,6 +102,13 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
   if (!shown.empty() && m.tokenizer().is_end_of_generation(shown.back())) shown.pop_back();
   r.text = m.tokenizer().decode(shown);
   return r;
+}
+
+GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t> prompt_ids,
+                        const GenerateOptions& opt) {
+  return generate(m, prompt_ids, opt, [&](int64_t n_ctx) -> std::unique_ptr<Backend> {
+    return std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx);
+  });
 }
 
 }  // namespace lp

@@ -1,4 +1,4 @@
-#include "kernels/sampler.h"
+#include "engine/sampler.h"
 
 #include <algorithm>
 #include <cmath>

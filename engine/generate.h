@@ -1,12 +1,14 @@
-// Prompt -> prefill -> sampled continuation, with the timings `run` reports.
+// Prompt -> prefill -> sampled continuation, with the timings `run` reports, on any backend.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "kernels/runner.h"
-#include "kernels/sampler.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
 
 namespace lp {
 
@@ -24,8 +26,8 @@ struct GenerateOptions {
   // instead of sampled ones, max_new_tokens and stopping at end of generation are ignored, and
   // the result holds each forced token's log-probability and the greedy choice at its place.
   std::vector<int32_t> forced_ids;
-  // CUDA backend only (lp::cuda::generate): time every op (the device synchronised around each, so
-  // TTFT grows by the lost overlap); the CPU backend always times its ops.
+  // Time every op on an asynchronous backend (a GPU: the device is synchronised around each op, so
+  // TTFT grows by the lost overlap). A synchronous backend (the CPU) always times its ops.
   bool gpu_op_timers = false;
 };
 
@@ -47,7 +49,7 @@ struct GenerateResult {
   // decoding step, over (prompt + decoded tokens) x layers. The paper's headline figure.
   double generation_tokens_computed_fraction = 1;
   int64_t revivals = 0;
-  int64_t kv_bytes_used = 0;                   // after prefill, over all layers
+  int64_t kv_bytes_used = 0;  // after prefill, over all layers
   int64_t aux_cache_bytes = 0;
   // With forced_ids: log p(forced_ids[i] | prompt, forced_ids[0..i)) in nats, and the argmax of
   // the logits it was read from (what greedy decoding would have chosen there).
@@ -55,7 +57,13 @@ struct GenerateResult {
   std::vector<int32_t> forced_argmax;
 };
 
+// Makes the backend a generation runs on, for a capacity of n_ctx tokens.
+using BackendFactory = std::function<std::unique_ptr<Backend>(int64_t n_ctx)>;
+
 // Throws lp::Error for an empty prompt or one that does not fit the model's context.
+GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, const GenerateOptions& opt,
+                        const BackendFactory& make_backend);
+// On the CPU backend.
 GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t> prompt_ids,
                         const GenerateOptions& opt);
 

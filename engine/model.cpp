@@ -1,0 +1,27 @@
+#include "engine/model.h"
+
+#include <sys/resource.h>
+
+#include "model/error.h"
+#include "model/gguf.h"
+#include "model/vocab.h"
+
+namespace lp {
+
+std::unique_ptr<Model> Model::load(const std::string& path, DType dtype, CpuContext& ctx) {
+  GgufFile f = GgufFile::open(path);
+  ModelConfig c = config_from_gguf(f);
+  auto tok = std::make_unique<Tokenizer>(vocab_from_gguf(f));
+  if (tok->n_vocab() != c.n_vocab)
+    fail("{}: tokenizer has {} tokens but the embedding has {} rows", path, tok->n_vocab(), c.n_vocab);
+  Weights w = load_weights(f, c, dtype, ctx);
+  return std::make_unique<Model>(std::move(c), std::move(w), std::move(tok), path);
+}
+
+double peak_rss_mib() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+}  // namespace lp

@@ -1,0 +1,38 @@
+// A loaded model: its configuration, tokenizer and weights (dequantized at load into the compute
+// dtype, kernels/weights.h). Backends borrow the weights; sessions run over a backend.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/context.h"
+#include "kernels/weights.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
+
+namespace lp {
+
+class Model {
+ public:
+  // Loads config, tokenizer and weights. Throws lp::Error on any problem with the file.
+  static std::unique_ptr<Model> load(const std::string& path, DType dtype, CpuContext& ctx);
+
+  const ModelConfig& config() const { return cfg_; }
+  const Weights& weights() const { return w_; }
+  const Tokenizer& tokenizer() const { return *tok_; }
+  const std::string& path() const { return path_; }
+
+  Model(ModelConfig c, Weights w, std::unique_ptr<Tokenizer> t, std::string path)
+      : cfg_(std::move(c)), w_(std::move(w)), tok_(std::move(t)), path_(std::move(path)) {}
+
+ private:
+  ModelConfig cfg_;
+  Weights w_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::string path_;
+};
+
+// Peak resident set size of this process so far, in MiB.
+double peak_rss_mib();
+
+}  // namespace lp

@@ -1,0 +1,176 @@
+// The LazyLLM engine, written once over the ops of a backend (kernels/backend.h): a session holds
+// one sequence's per-layer K/V index, the Aux Cache's index and the at-most-once record, and runs
+// forward passes over explicit token ids at explicit positions, with pruning in the prefill and
+// re-selection and revival in every decoding step. The backend (CPU or CUDA) holds the weights,
+// the activations, the K/V and the Aux Cache's states.
+//
+// Positions are passed in, never implied by row index: pruning computes gathered subsets of tokens
+// that keep their original positions for RoPE and the causal mask.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/pruning.h"
+#include "kernels/backend.h"
+#include "kernels/context.h"
+#include "model/config.h"
+#include "model/ops.h"
+#include "traces/schedule.h"
+
+namespace lp {
+
+// Wall time and counted work of one op kind, summed over calls.
+struct OpStat {
+  double seconds = 0, flops = 0, bytes = 0;
+  double rows = 0;  // the OpShape::tokens of every call, summed
+  int64_t calls = 0;
+  void add(const OpStat& o);
+};
+
+// Per-op timings of forward passes: one OpStat per (layer, op), FLOPs and bytes from the shared
+// op_flops / op_bytes (model/ops.h). Sized by the first pass that records into it.
+struct OpTimers {
+  int n_layer = 0;
+  OpDtypes dtypes;
+  std::vector<OpStat> stat;  // [n_layer + 1][kNumOps]; row n_layer: ops outside the layers
+  void init(int layers, const OpDtypes& d);
+  bool empty() const { return stat.empty(); }
+  const OpStat& at(int layer, Op op) const { return stat[size_t(layer) * kNumOps + size_t(op)]; }
+  void add(int layer, Op op, double seconds, double flops, double bytes, double rows);
+  OpStat total(Op op) const;  // over all layers
+  double total_seconds() const;
+  double total_flops() const;
+};
+
+// Pruning for one forward pass: at each step's layer the policy keeps tokens_kept(active,
+// share) of the active tokens; the rest are not computed in the layers after it.
+struct PruneRequest {
+  std::span<const PruneStep> steps;  // resolved, strictly increasing layers
+  PruningPolicy* policy = nullptr;
+};
+
+// What a forward pass computed.
+struct ForwardStats {
+  std::vector<int64_t> computed;     // [L] tokens computed at each layer (queries)
+  std::vector<int64_t> keys;         // [L] tokens with K/V at each layer after the pass
+  std::vector<int64_t> pairs;        // [L] causal (query, key) pairs attended
+  std::vector<int64_t> attended;     // [L] keys the layer attended over (a decoding step: its active set)
+  std::vector<int64_t> aux_written;  // [L] tokens pruned after layer l, saved to the Aux Cache
+  std::vector<int64_t> revived;      // [L] tokens revived from the Aux Cache at layer l
+  std::vector<std::vector<int32_t>> kept;         // per pruning step: positions kept after it
+  std::vector<std::vector<float>> scores;         // per pruning step: scores of the active tokens (if any)
+  std::vector<std::vector<int32_t>> revived_pos;  // [L] positions revived at layer l (decoding)
+  int64_t aux_writes = 0;                         // hidden states saved to the Aux Cache
+};
+
+// Which tokens a layer holds K/V for: slots in arrival order (as the backend fills them).
+// Prefill and plain decoding append in position order, so the slots stay sorted and attention
+// reads them as one causal prefix; revived tokens are appended at their old positions wherever
+// they fall, and from then on attention and scores take an explicit list of slots.
+struct KvIndex {
+  std::vector<int32_t> pos;      // [n] position of each slot
+  std::vector<int32_t> slot_of;  // [max position + 1] slot of each position, -1: no K/V here
+  bool sorted = true;            // slot positions ascending
+  int64_t n() const { return int64_t(pos.size()); }
+  int64_t find(int32_t p) const { return p >= 0 && size_t(p) < slot_of.size() ? slot_of[size_t(p)] : -1; }
+  // Appends rows at positions `rows` (ascending). A position that already has K/V here breaks
+  // the at-most-once rule: lp::Error naming it and `layer`.
+  void append(std::span<const int32_t> rows, int layer);
+  std::vector<int32_t> slots_in_order() const;  // every slot, in position order
+};
+
+// The index of the hidden states of pruned tokens: for each token, the layer whose input its
+// state is (the first layer at which it has no K/V). The states are in the backend, by entry.
+// A token pruned again later overwrites its entry (one entry per token, the latest state).
+struct AuxCache {
+  std::vector<int32_t> pos;                    // [entries]
+  std::vector<int32_t> layer;                  // [entries]
+  std::unordered_map<int32_t, int64_t> index;  // pos -> entry
+  int64_t width = 0;                           // D: floats per state
+  int64_t size() const { return int64_t(pos.size()); }
+  int64_t bytes() const { return size() * (width * 4 + 8); }  // f32 states + position and layer
+  int64_t put(int32_t p, int32_t l);                          // the entry now holding p's state at l
+  // Entry of token p, or -1.
+  int64_t find(int32_t p) const {
+    auto it = index.find(p);
+    return it == index.end() ? -1 : it->second;
+  }
+  // Revival at layer l of a decoding step: the tokens `revive` (ascending, each with its state
+  // saved at layer l) merged into the ascending `rows`, which becomes the merged positions; the
+  // plan says where each merged row's state comes from. Throws lp::Error when a token has no
+  // state for layer l.
+  RowMerge plan_revival(int l, std::vector<int32_t>& rows, const std::vector<int32_t>& revive) const;
+};
+
+class Session {
+ public:
+  // A session over `backend`, whose capacity is the most tokens it will hold (prompt + generated).
+  Session(const Model& m, std::unique_ptr<Backend> backend);
+  // On the CPU backend (kernels/cpu/backend.h) with n_ctx tokens of K/V.
+  Session(CpuContext& ctx, const Model& m, int64_t n_ctx);
+
+  // Runs tokens ids[T] at positions pos[T] (ascending, after every position already cached)
+  // through all layers, appending their K/V. Writes logits [R][V] for the rows listed in
+  // logit_rows (indices into ids) to `logits`. Throws lp::Error on a bad id or a full cache.
+  //
+  // With `prune` (only on an empty cache, with logits for the last row only): at each pruning
+  // step's layer the last token's attention scores the active tokens and the policy keeps some;
+  // the others are not computed in later layers, so each layer's KV cache holds exactly the
+  // tokens computed there, and each pruned token's hidden state goes to the Aux Cache.
+  //
+  // With `timers`, every op's wall time is recorded with its FLOPs and bytes; on an asynchronous
+  // backend the device is synchronised around each op.
+  void forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
+               std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune = nullptr,
+               ForwardStats* stats = nullptr, OpTimers* timers = nullptr);
+
+  // One decoding step with LazyLLM-style re-selection (lazyllm, random) or the static set:
+  // every step starts from all tokens; at each pruning layer the new token's attention selects;
+  // a selected token without K/V at a layer is revived from the Aux Cache and computed from
+  // there on; keys at each layer are exactly the step's active set. Every (token, layer) pair is
+  // computed at most once over the session (checked: a violation throws).
+  void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest& prune,
+                   ForwardStats* stats = nullptr, OpTimers* timers = nullptr);
+
+  int64_t n_cached() const { return kv_[0].n(); }
+  int64_t n_ctx() const { return be_->capacity(); }
+  void reset();
+  int64_t kv_bytes() const { return be_->kv_bytes(); }  // allocated
+  int64_t kv_bytes_used() const;                        // held by the tokens cached at each layer
+  int64_t keys_held(int l) const { return kv_[size_t(l)].n(); }
+  // Whether position p was computed at layer l (its (token, layer) pair).
+  bool computed(int l, int32_t p) const { return kv_[size_t(l)].find(p) >= 0; }
+  const AuxCache& aux() const { return aux_; }
+  std::vector<float> aux_state(int32_t p);  // token p's saved state (lp::Error when it has none)
+  Backend& backend() { return *be_; }
+  const Model& model() const { return m_; }
+
+ private:
+  const Model& m_;
+  std::unique_ptr<Backend> be_;
+  std::vector<KvIndex> kv_;  // [L]
+  AuxCache aux_;
+  std::vector<int32_t> slots_;    // key slots of the last layer() (empty: every held slot, in order)
+  std::vector<int32_t> key_pos_;  // scratch: key positions when layer() was given none
+
+  // Records op's time (when timers), FLOPs and bytes around f.
+  template <class F>
+  void timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f);
+  // One layer over the backend's rows (positions `rows`, ascending): attention block and MLP with
+  // their residuals. The rows' K/V are appended to the layer's cache first; they attend to the keys
+  // at positions `keys` (ascending, all holding K/V once the rows are appended) or, when `keys` is
+  // empty, to every key the layer holds. Leaves the key slots in slots_ (for scoring).
+  void layer(int l, std::span<const int32_t> rows, std::span<const int32_t> keys, OpTimers* t,
+             ForwardStats* stats);
+  // The pruning step at layer l (after layer()): scores the keys by the last row's attention if
+  // the policy wants them and returns the indices of the keys to keep (ascending, the last one
+  // included).
+  std::vector<int64_t> select(int l, std::span<const int32_t> keys, double share, PruningPolicy& policy,
+                              OpTimers* t, ForwardStats* stats);
+};
+
+}  // namespace lp

@@ -1,0 +1,91 @@
+// The ops a transformer layer needs, as one interface that every backend implements (the CPU in
+// kernels/cpu/backend.h, CUDA in kernels/cuda/cuda_backend.h). The LazyLLM engine
+// (engine/session.h) is written once over it: it decides which tokens are computed, which keys
+// each row attends to and where pruned states go; a backend only runs ops on memory it owns.
+//
+// A backend holds, for one model and a capacity of n_ctx tokens:
+//   weights                            in its own layout and dtype
+//   the rows: T tokens at positions pos[T], set by set_rows, with activations
+//     x      [T][D]                    the residual stream
+//     xn     [T][D]                    rmsnorm(x)
+//     qkv    [T][(H + 2 Hkv) Dh]       q, k and v of the rows (RoPE applied in place)
+//     attn   [T][H Dh]                 attention output
+//     ff     [T][2F]                   gate | up
+//     act    [T][F]                    silu(gate) * up
+//     branch [T][D]                    the output of o_proj or down, added back into x
+//   K/V per layer [n_ctx][Hkv Dh]      filled in arrival order: slot i is the i-th row appended
+//   scores [n]                         the last row's attention over a key set
+//   Aux Cache states [entries][D]      hidden states of pruned tokens, by entry number
+// The engine keeps every index (which position each slot and entry holds); a backend is told slots
+// and entries, never asked which tokens exist.
+//
+// Dimension names as everywhere: T rows, D width, H heads, Hkv KV heads, Dh head width, F FFN width,
+// V vocabulary.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace lp {
+
+enum class Proj {
+  QKV,
+  O,
+  GateUp,
+  Down
+};  // qkv = xn Wqkv^T, branch = attn Wo^T, ff = xn Wgu^T, branch = act Wd^T
+enum class Norm { Attn, Ffn, Output };  // which weight rmsnorm scales by
+
+// How a set of rows is rebuilt from the current rows and Aux Cache entries (a decoding step's
+// revival): new row x_dst[i] = current row x_src[i]; new row aux_dst[i] = entry aux_src[i].
+struct RowMerge {
+  std::vector<int64_t> x_src, x_dst, aux_src, aux_dst;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;  // "cpu", "cuda"
+  virtual int64_t capacity() const = 0;  // tokens the K/V cache and the Aux Cache hold
+
+  // A backend that queues work (a GPU) returns true; op timers then synchronise around every op,
+  // so its wall time is its own (and the overlap between ops is lost while timing).
+  virtual bool asynchronous() const { return false; }
+  virtual void synchronize() {}
+
+  // The rows from now on: their count and positions (RoPE angles, the causal mask). Room for them
+  // in every activation; x keeps its first rows when it grows.
+  virtual void set_rows(std::span<const int32_t> pos) = 0;
+  virtual void embed(std::span<const int32_t> ids) = 0;  // x[t] = embedding of ids[t]
+  virtual void rmsnorm(Norm n, int layer) = 0;           // xn = rmsnorm(x) * w  (Output: layer unused)
+  virtual void matmul(Proj p, int layer) = 0;
+  virtual void rope() = 0;                // q and k heads of qkv, at the rows' positions
+  virtual void kv_append(int layer) = 0;  // the rows' k, v into the next slots of the layer's cache
+  // attn = causal attention of the rows' q over the keys in `slots` (ascending positions); empty:
+  // every slot the layer holds, which are then in position order.
+  virtual void attention(int layer, std::span<const int32_t> slots) = 0;
+  virtual void swiglu() = 0;    // act = silu(gate) * up
+  virtual void residual() = 0;  // x += branch
+  // scores[i] = the last row's attention on key i of `slots` (as attention), averaged over heads.
+  virtual void last_row_scores(int layer, std::span<const int32_t> slots) = 0;
+  virtual std::vector<float> scores(int64_t n) = 0;  // the scores, read back
+  // LazyLLM's selection run where the scores are (select_top in engine/pruning.h): the n_keep best
+  // of the n = pos.size() scored keys, the last always kept; indices ascending.
+  virtual std::vector<int64_t> select_top(std::span<const int32_t> pos, int64_t n_keep) = 0;
+  virtual void gather_rows(std::span<const int64_t> rows) = 0;  // x = x[rows] (x only)
+  // Aux Cache states: entry entries[i] = x[rows[i]]; entries grow the cache as needed.
+  virtual void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) = 0;
+  virtual void merge_rows(const RowMerge& m, int64_t n_rows) = 0;  // x = the merge, n_rows rows
+  virtual void lm_head(float* logits) = 0;  // logits [T][V] = xn Wlm^T, on the host when it returns
+
+  virtual void reset() = 0;                  // empty K/V and Aux Cache (the weights stay)
+  virtual int64_t kv_bytes() const = 0;      // K/V allocated
+  virtual int64_t device_bytes() const = 0;  // everything this backend allocated (weights included)
+  // For checks: the positions whose K/V layer `layer` holds, ascending, as the backend's own record
+  // says (the CPU's slot table, the GPU's has-KV bits); and one Aux Cache state.
+  virtual std::vector<int32_t> kv_positions(int layer) = 0;
+  virtual std::vector<float> aux_state(int64_t entry) = 0;
+};
+
+}  // namespace lp

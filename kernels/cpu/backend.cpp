@@ -1,0 +1,183 @@
+#include "kernels/cpu/backend.h"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/select.h"
+#include "model/error.h"
+#include "model/quant.h"
+
+namespace lp {
+
+CpuBackend::CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, int64_t n_ctx)
+    : ctx_(ctx), c_(c), w_(w), n_ctx_(n_ctx) {
+  if (n_ctx < 1) fail("context size must be positive, got {}", n_ctx);
+  D_ = c.n_embd, H_ = c.n_head, Hkv_ = c.n_head_kv, Dh_ = c.head_dim, F_ = c.n_ff;
+  Q_ = H_ * Dh_, QKV_ = (H_ + 2 * Hkv_) * Dh_;
+  kv_.resize(size_t(c.n_layer));
+  for (auto& kv : kv_) kv.init(n_ctx, Hkv_, Dh_);
+}
+
+void CpuBackend::grow(int64_t T) {
+  if (T <= rows_cap_) return;
+  Buffer<float> x(T * D_, false);
+  if (rows_cap_ > 0) std::memcpy(x.data(), x_.data(), size_t(rows_cap_ * D_) * 4);
+  x_ = std::move(x);
+  xn_.resize(T * D_, false);
+  qkv_.resize(T * QKV_, false);
+  attn_.resize(T * Q_, false);
+  ff_.resize(T * 2 * F_, false);
+  act_.resize(T * F_, false);
+  branch_.resize(T * D_, false);
+  tmp_.resize(T * D_, false);
+  rows_cap_ = T;
+}
+
+void CpuBackend::set_rows(std::span<const int32_t> pos) {
+  grow(int64_t(pos.size()));
+  pos_.assign(pos.begin(), pos.end());
+  rope_ = rope_table(pos_.data(), T(), c_.rope_dim, c_.rope_theta,
+                     w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data());
+}
+
+void CpuBackend::embed(std::span<const int32_t> ids) {
+  const Matrix& E = w_.tok_embd;
+  const int64_t D = D_;
+  ctx_.run([&] {
+    tbb::parallel_for(int64_t(0), int64_t(ids.size()), [&](int64_t t) {
+      float* dst = x_.data() + t * D;
+      if (E.dtype == DType::F32)
+        std::memcpy(dst, E.f32.data() + int64_t(ids[t]) * D, size_t(D) * 4);
+      else
+        for (int64_t i = 0; i < D; ++i) dst[i] = bf16_to_f32(E.bf16[int64_t(ids[t]) * D + i]);
+    });
+  });
+}
+
+void CpuBackend::rmsnorm(Norm n, int l) {
+  const std::vector<float>& w = n == Norm::Output ? w_.output_norm
+                                : n == Norm::Attn ? w_.layers[size_t(l)].attn_norm
+                                                  : w_.layers[size_t(l)].ffn_norm;
+  lp::rmsnorm(ctx_, x_.data(), w.data(), xn_.data(), T(), D_, c_.rms_eps);
+}
+
+void CpuBackend::matmul(Proj p, int l) {
+  const LayerWeights& L = w_.layers[size_t(l)];
+  switch (p) {
+    case Proj::QKV:
+      return gemm_.run(ctx_, xn_.data(), T(), D_, L.wqkv, qkv_.data(), QKV_);
+    case Proj::O:
+      return gemm_.run(ctx_, attn_.data(), T(), Q_, L.wo, branch_.data(), D_);
+    case Proj::GateUp:
+      return gemm_.run(ctx_, xn_.data(), T(), D_, L.w_gate_up, ff_.data(), 2 * F_);
+    case Proj::Down:
+      return gemm_.run(ctx_, act_.data(), T(), F_, L.w_down, branch_.data(), D_);
+  }
+}
+
+void CpuBackend::rope() {
+  lp::rope(ctx_, qkv_.data(), T(), QKV_, H_ + Hkv_, Dh_, rope_);  // q and k heads are adjacent
+}
+
+void CpuBackend::kv_append(int l) {
+  kv_[size_t(l)].append(qkv_.data() + Q_, QKV_, qkv_.data() + Q_ + Hkv_ * Dh_, QKV_, pos_.data(), T());
+}
+
+void CpuBackend::attention(int l, std::span<const int32_t> slots) {
+  lp::attention(ctx_, qkv_.data(), QKV_, pos_.data(), T(), KeySet{kv_[size_t(l)], slots}, H_, attn_.data(),
+                Q_);
+}
+
+void CpuBackend::swiglu() {
+  lp::swiglu(ctx_, ff_.data(), 2 * F_, ff_.data() + F_, 2 * F_, act_.data(), F_, T(), F_);
+}
+
+void CpuBackend::residual() {
+  add_inplace(ctx_, x_.data(), branch_.data(), T() * D_);
+}
+
+void CpuBackend::last_row_scores(int l, std::span<const int32_t> slots) {
+  const KeySet ks{kv_[size_t(l)], slots};
+  scores_.resize(size_t(ks.size()));
+  lp::last_row_scores(qkv_.data() + (T() - 1) * QKV_, ks, H_, scores_.data());
+}
+
+std::vector<float> CpuBackend::scores(int64_t n) {
+  if (n > int64_t(scores_.size())) fail("internal error: {} scores asked, {} computed", n, scores_.size());
+  return {scores_.begin(), scores_.begin() + n};
+}
+
+std::vector<int64_t> CpuBackend::select_top(std::span<const int32_t> pos, int64_t n_keep) {
+  return lp::select_top(pos, {scores_.data(), pos.size()}, n_keep);
+}
+
+void CpuBackend::gather_rows(std::span<const int64_t> rows) {
+  const int64_t R = int64_t(rows.size()), D = D_;
+  grow(R);
+  // Increasing rows (compaction after pruning) move down in place: row rows[i] >= i is read
+  // before anything is written over it. Any other order goes through tmp.
+  bool in_place = true;
+  for (int64_t i = 0; i < R && in_place; ++i)
+    in_place = rows[size_t(i)] >= i && (i == 0 || rows[i] > rows[i - 1]);
+  float* dst = in_place ? x_.data() : tmp_.data();
+  for (int64_t i = 0; i < R; ++i)
+    if (!in_place || rows[size_t(i)] != i)
+      std::memcpy(dst + i * D, x_.data() + rows[size_t(i)] * D, size_t(D) * 4);
+  if (!in_place) std::memcpy(x_.data(), tmp_.data(), size_t(R * D) * 4);
+}
+
+void CpuBackend::aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) {
+  const int64_t D = D_;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t end = size_t(entries[i] + 1) * size_t(D);
+    if (aux_.size() < end) aux_.resize(end);
+    std::memcpy(aux_.data() + entries[i] * D, x_.data() + rows[i] * D, size_t(D) * 4);
+  }
+}
+
+void CpuBackend::merge_rows(const RowMerge& m, int64_t n_rows) {
+  const int64_t D = D_;
+  std::vector<float> merged(size_t(n_rows * D));
+  for (size_t i = 0; i < m.x_src.size(); ++i)
+    std::copy_n(x_.data() + m.x_src[i] * D, D, merged.data() + m.x_dst[i] * D);
+  for (size_t i = 0; i < m.aux_src.size(); ++i)
+    std::copy_n(aux_.data() + m.aux_src[i] * D, D, merged.data() + m.aux_dst[i] * D);
+  grow(n_rows);
+  std::copy(merged.begin(), merged.end(), x_.data());
+}
+
+void CpuBackend::lm_head(float* logits) {
+  gemm_.run(ctx_, xn_.data(), T(), D_, w_.lm_head(), logits, c_.n_vocab);
+}
+
+void CpuBackend::reset() {
+  for (auto& kv : kv_) kv.clear();
+  aux_.clear();
+}
+
+int64_t CpuBackend::kv_bytes() const {
+  int64_t b = 0;
+  for (const auto& kv : kv_) b += (kv.kt.size() + kv.v.size()) * 4;
+  return b;
+}
+
+int64_t CpuBackend::device_bytes() const {
+  const int64_t act = rows_cap_ * (4 * D_ + QKV_ + Q_ + 3 * F_) * 4;
+  return w_.bytes() + kv_bytes() + int64_t(aux_.size()) * 4 + act;
+}
+
+std::vector<int32_t> CpuBackend::kv_positions(int l) {
+  const LayerKV& kv = kv_[size_t(l)];
+  std::vector<int32_t> out(kv.pos.begin(), kv.pos.begin() + kv.n);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<float> CpuBackend::aux_state(int64_t e) {
+  if (e < 0 || size_t(e + 1) * size_t(D_) > aux_.size()) fail("aux_state: no Aux Cache entry {}", e);
+  return {aux_.begin() + e * D_, aux_.begin() + (e + 1) * D_};
+}
+
+}  // namespace lp

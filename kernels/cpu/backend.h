@@ -1,0 +1,66 @@
+// The CPU backend: the layer ops of kernels/backend.h over the fast CPU kernels (kernels/cpu/ops.h:
+// oneDNN GEMMs, AVX-512/AVX2 elementwise ops and attention) in a CpuContext's threads, on the
+// weights as loaded (kernels/weights.h), with its K/V cache in LayerKV and the Aux Cache's states
+// in host memory.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/context.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/weights.h"
+#include "model/config.h"
+
+namespace lp {
+
+class CpuBackend final : public Backend {
+ public:
+  // Borrows the context, config and weights (they outlive the backend); K/V for n_ctx tokens.
+  CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, int64_t n_ctx);
+
+  const char* name() const override { return "cpu"; }
+  int64_t capacity() const override { return n_ctx_; }
+  void set_rows(std::span<const int32_t> pos) override;
+  void embed(std::span<const int32_t> ids) override;
+  void rmsnorm(Norm n, int layer) override;
+  void matmul(Proj p, int layer) override;
+  void rope() override;
+  void kv_append(int layer) override;
+  void attention(int layer, std::span<const int32_t> slots) override;
+  void swiglu() override;
+  void residual() override;
+  void last_row_scores(int layer, std::span<const int32_t> slots) override;
+  std::vector<float> scores(int64_t n) override;
+  std::vector<int64_t> select_top(std::span<const int32_t> pos, int64_t n_keep) override;
+  void gather_rows(std::span<const int64_t> rows) override;
+  void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) override;
+  void merge_rows(const RowMerge& m, int64_t n_rows) override;
+  void lm_head(float* logits) override;
+  void reset() override;
+  int64_t kv_bytes() const override;
+  int64_t device_bytes() const override;
+  std::vector<int32_t> kv_positions(int layer) override;
+  std::vector<float> aux_state(int64_t entry) override;
+
+ private:
+  CpuContext& ctx_;
+  const ModelConfig& c_;
+  const Weights& w_;
+  int64_t n_ctx_;
+  int64_t D_, H_, Hkv_, Dh_, F_, QKV_, Q_;  // widths (ModelConfig)
+  std::vector<LayerKV> kv_;                 // [L]
+  std::vector<float> aux_;                  // [entries][D]
+  std::vector<int32_t> pos_;                // [T] the rows' positions
+  RopeTable rope_;                          // for pos_
+  std::vector<float> scores_;               // [n] of the last last_row_scores
+  Gemm gemm_;
+  // Activations, grown on demand (kernels/backend.h): x, xn, qkv, attn, ff, act, branch, and tmp
+  // for row moves.
+  Buffer<float> x_, xn_, qkv_, attn_, ff_, act_, branch_, tmp_;
+  int64_t rows_cap_ = 0;
+  int64_t T() const { return int64_t(pos_.size()); }
+  void grow(int64_t T);
+};
+
+}  // namespace lp

@@ -1,0 +1,441 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_math.h"
+#include "model/error.h"
+
+namespace lp::cuda {
+namespace {
+
+// Device memory freed at scope exit; regrown (contents dropped) by reserve().
+class DBuf {
+ public:
+  DBuf() = default;
+  DBuf(size_t bytes, const char* what) { reserve(bytes, what); }
+  ~DBuf() { device_free(p_); }
+  DBuf(const DBuf&) = delete;
+  DBuf& operator=(const DBuf&) = delete;
+  DBuf(DBuf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  DBuf& operator=(DBuf&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  void reserve(size_t bytes, const char* what) {
+    if (bytes <= bytes_) return;
+    device_free(p_);
+    p_ = nullptr;
+    p_ = device_alloc(bytes, what);
+    bytes_ = bytes;
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <class T>
+DBuf upload(const T* data, size_t count, const char* what) {
+  DBuf b(std::max<size_t>(1, count) * sizeof(T), what);
+  if (count) copy_to_device(b.as<void>(), data, count * sizeof(T));
+  return b;
+}
+
+// A weight matrix [N][K] on the device in the model's dtype.
+struct DMatrix {
+  int64_t rows = 0, cols = 0;
+  bool bf16 = false;
+  DBuf data;
+};
+
+DMatrix upload(const Matrix& m, const char* what) {
+  DMatrix d;
+  d.rows = m.rows;
+  d.cols = m.cols;
+  d.bf16 = m.dtype == DType::BF16;
+  d.data = d.bf16 ? upload(m.bf16.data(), size_t(m.rows * m.cols), what)
+                  : upload(m.f32.data(), size_t(m.rows * m.cols), what);
+  return d;
+}
+
+struct DLayer {
+  DBuf attn_norm, ffn_norm;
+  DMatrix wqkv, wo, w_gate_up, w_down;
+  DBuf k, v, pos, bits;           // K/V [n_ctx][Hkv Dh], positions [n_ctx], has-KV bits
+  std::vector<int32_t> pos_host;  // [n] position of each slot (uploaded for a gathered key set)
+  int64_t n = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx);
+
+  const char* name() const override { return "cuda"; }
+  int64_t capacity() const override { return n_ctx; }
+  bool asynchronous() const override { return true; }
+  void synchronize() override { lp::cuda::synchronize("op timer"); }
+
+  void set_rows(std::span<const int32_t> p) override {
+    const int64_t T = int64_t(p.size());
+    reserve(T);
+    pos.assign(p.begin(), p.end());
+    for (const int32_t q : pos)
+      if (q < 0 || int64_t(q) >= bit_words * 32) fail("position {} outside [0, {})", q, bit_words * 32);
+    copy_to_device(pos_dev.as<void>(), pos.data(), size_t(T) * 4);
+  }
+
+  void embed(std::span<const int32_t> ids) override {
+    const int64_t T = int64_t(ids.size());
+    const std::vector<int64_t> id64(ids.begin(), ids.end());
+    idx.reserve(size_t(T) * 8, "row indices");
+    copy_to_device(idx.as<void>(), id64.data(), size_t(T) * 8);
+    if (tok_embd.bf16)
+      gather_rows_bf16(tok_embd.data.as<uint16_t>(), idx.as<int64_t>(), x.as<float>(), T, c.n_embd);
+    else
+      cuda::gather_rows(tok_embd.data.as<float>(), idx.as<int64_t>(), x.as<float>(), T, c.n_embd);
+  }
+
+  void rmsnorm(Norm n, int l) override {
+    const DBuf& g = n == Norm::Output ? output_norm
+                    : n == Norm::Attn ? layers[size_t(l)].attn_norm
+                                      : layers[size_t(l)].ffn_norm;
+    cuda::rmsnorm(x.as<float>(), g.as<float>(), xn.as<float>(), T(), c.n_embd, c.rms_eps);
+  }
+
+  void matmul(Proj p, int l) override {
+    const DLayer& L = layers[size_t(l)];
+    switch (p) {
+      case Proj::QKV:
+        mm(xn.as<float>(), L.wqkv, qkv.as<float>());
+        copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T());
+        copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T());
+        copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T());
+        return;
+      case Proj::O:
+        return mm(attn.as<float>(), L.wo, branch.as<float>());
+      case Proj::GateUp:
+        return mm(xn.as<float>(), L.w_gate_up, ff.as<float>());
+      case Proj::Down:
+        return mm(act.as<float>(), L.w_down, branch.as<float>());
+    }
+  }
+
+  void rope() override {
+    const float* freqs = has_freqs ? rope_freqs.as<float>() : nullptr;
+    cuda::rope(q.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head, c.head_dim, c.rope_dim, c.rope_theta,
+               freqs);
+    cuda::rope(k.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head_kv, c.head_dim, c.rope_dim, c.rope_theta,
+               freqs);
+  }
+
+  // Slots n .. n + T - 1, positions recorded on both sides. Nothing here waits for the device: the
+  // slots are a slice of slot_ids and the positions come from pos_dev.
+  void kv_append(int l) override {
+    DLayer& L = layers[size_t(l)];
+    const int64_t T = this->T();
+    if (L.n + T > n_ctx) fail("KV cache full: {} + {} tokens exceed its capacity {}", L.n, T, n_ctx);
+    cuda::kv_append(k.as<float>(), v.as<float>(), slot_ids.as<int64_t>() + L.n, pos_dev.as<int32_t>(), T, KV,
+                    L.k.as<float>(), L.v.as<float>(), L.bits.as<uint32_t>());
+    copy_on_device(L.pos.as<int32_t>() + L.n, pos_dev.as<void>(), size_t(T) * 4);
+    L.pos_host.insert(L.pos_host.end(), pos.begin(), pos.end());
+    L.n += T;
+    if (gathered_layer == l) gathered_layer = -1;
+  }
+
+  void attention(int l, std::span<const int32_t> slots) override {
+    const DLayer& L = layers[size_t(l)];
+    if (slots.empty()) {
+      cuda::attention(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(),
+                      L.pos.as<int32_t>(), L.n, c.n_head, c.n_head_kv, c.head_dim, attn.as<float>());
+      return;
+    }
+    gather_keys(l, slots, true);
+    cuda::attention(q.as<float>(), pos_dev.as<int32_t>(), T(), kbuf.as<float>(), vbuf.as<float>(),
+                    kpos.as<int32_t>(), int64_t(slots.size()), c.n_head, c.n_head_kv, c.head_dim,
+                    attn.as<float>());
+  }
+
+  void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff); }
+  void residual() override { add_inplace(x.as<float>(), branch.as<float>(), T() * c.n_embd); }
+
+  void last_row_scores(int l, std::span<const int32_t> slots) override {
+    const DLayer& L = layers[size_t(l)];
+    const int64_t n = slots.empty() ? L.n : int64_t(slots.size());
+    const float* keys = L.k.as<float>();
+    if (!slots.empty()) {
+      gather_keys(l, slots, false);  // already there when attention gathered the same set
+      keys = kbuf.as<float>();
+    }
+    scores_dev.reserve(size_t(n) * 4, "scores");
+    cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, keys, n, c.n_head, c.n_head_kv, c.head_dim,
+                          scores_dev.as<float>());
+  }
+
+  std::vector<float> scores(int64_t n) override {
+    std::vector<float> h(static_cast<size_t>(n));
+    copy_to_host(h.data(), scores_dev.as<void>(), size_t(n) * 4);
+    return h;
+  }
+
+  std::vector<int64_t> select_top(std::span<const int32_t> p, int64_t n_keep) override {
+    const int64_t n = int64_t(p.size());
+    sel_pos.reserve(size_t(n) * 4, "selection positions");
+    keep_dev.reserve(size_t(n_keep) * 8, "kept indices");
+    copy_to_device(sel_pos.as<void>(), p.data(), size_t(n) * 4);
+    cuda::select_top(scores_dev.as<float>(), sel_pos.as<int32_t>(), n, n_keep, keep_dev.as<int64_t>());
+    std::vector<int64_t> keep(static_cast<size_t>(n_keep));
+    copy_to_host(keep.data(), keep_dev.as<void>(), keep.size() * 8);
+    return keep;
+  }
+
+  void gather_rows(std::span<const int64_t> rows) override {
+    const int64_t R = int64_t(rows.size());
+    idx.reserve(size_t(R) * 8, "row indices");
+    copy_to_device(idx.as<void>(), rows.data(), size_t(R) * 8);
+    x2.reserve(std::max(x.bytes(), size_t(R * c.n_embd) * 4), "hidden states");
+    cuda::gather_rows(x.as<float>(), idx.as<int64_t>(), x2.as<float>(), R, c.n_embd);
+    std::swap(x, x2);
+  }
+
+  void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) override {
+    for (const int64_t e : entries)
+      if (e >= n_ctx) fail("internal error: Aux Cache entry {} beyond its {} rows", e, n_ctx);
+    copy_indexed(x, rows, aux_states, entries);
+  }
+
+  void merge_rows(const RowMerge& m, int64_t n_rows) override {
+    x2.reserve(std::max(x.bytes(), size_t(n_rows * c.n_embd) * 4), "hidden states");
+    copy_indexed(x, m.x_src, x2, m.x_dst);
+    copy_indexed(aux_states, m.aux_src, x2, m.aux_dst);
+    std::swap(x, x2);
+  }
+
+  void lm_head(float* out) override {
+    const int64_t R = T();
+    logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
+    mm(xn.as<float>(), *lm_head_w, logits.as<float>());
+    copy_to_host(out, logits.as<void>(), size_t(R * c.n_vocab) * 4);
+  }
+
+  void reset() override {
+    const std::vector<uint32_t> zero(size_t(bit_words), 0u);
+    for (DLayer& L : layers) {
+      L.n = 0;
+      L.pos_host.clear();
+      copy_to_device(L.bits.as<void>(), zero.data(), zero.size() * 4);
+    }
+    gathered_layer = -1;
+  }
+
+  int64_t kv_bytes() const override {
+    int64_t b = 0;
+    for (const DLayer& L : layers) b += int64_t(L.k.bytes() + L.v.bytes());
+    return b;
+  }
+
+  int64_t device_bytes() const override {
+    int64_t b = w.bytes();
+    for (const DLayer& L : layers) b += int64_t(L.k.bytes() + L.v.bytes() + L.pos.bytes() + L.bits.bytes());
+    for (const DBuf* d : {&x,      &x2,   &xn,   &qkv,  &q,        &k,        &v,       &attn,
+                          &branch, &ff,   &act,  &a16,  &pos_dev,  &idx,      &idx2,    &scores_dev,
+                          &logits, &kbuf, &vbuf, &kpos, &slot_ids, &keep_dev, &sel_pos, &aux_states})
+      b += int64_t(d->bytes());
+    return b;
+  }
+
+  std::vector<int32_t> kv_positions(int l) override {
+    if (l < 0 || l >= int(layers.size())) fail("kv_positions: layer {} outside [0, {})", l, layers.size());
+    std::vector<uint32_t> bits(static_cast<size_t>(bit_words));
+    lp::cuda::synchronize("has-KV bits");
+    copy_to_host(bits.data(), layers[size_t(l)].bits.as<void>(), bits.size() * 4);
+    std::vector<int32_t> out;
+    for (int64_t p = 0; p < bit_words * 32; ++p)
+      if (cuda_math::has_kv(bits.data(), int32_t(p))) out.push_back(int32_t(p));
+    return out;
+  }
+
+  std::vector<float> aux_state(int64_t e) override {
+    if (e < 0 || e >= n_ctx) fail("aux_state: no Aux Cache entry {}", e);
+    std::vector<float> h(static_cast<size_t>(c.n_embd));
+    copy_to_host(h.data(), aux_states.as<float>() + e * c.n_embd, h.size() * 4);
+    return h;
+  }
+
+ private:
+  const ModelConfig& c;
+  const Weights& w;
+  int64_t n_ctx;
+  const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
+  std::vector<DLayer> layers;
+  DMatrix tok_embd, own_lm_head;
+  const DMatrix* lm_head_w = nullptr;  // &tok_embd when the embeddings are tied (uploaded once)
+  DBuf output_norm, rope_freqs;
+  DBuf slot_ids;  // 0 .. n_ctx - 1: a layer's K/V append writes slots n .. n + T - 1 = slot_ids + n
+  bool has_freqs = false;
+  int64_t bit_words = 0;
+  std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
+  // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
+  DBuf x, x2, xn, qkv, q, k, v, attn, branch, ff, act, a16, pos_dev, idx, idx2, scores_dev, logits;
+  DBuf kbuf, vbuf, kpos;    // the K/V rows and positions of a key subset, gathered by slot
+  int gathered_layer = -1;  // the layer and slots kbuf/vbuf/kpos hold (-1: none)
+  std::vector<int32_t> gathered_slots;
+  DBuf keep_dev, sel_pos;  // a device selection's kept indices and the positions it ranks by
+  DBuf aux_states;         // the Aux Cache's states [n_ctx][D]: entry e is row e
+
+  int64_t T() const { return int64_t(pos.size()); }
+
+  // Room for T rows in every activation; x keeps its rows when it grows.
+  void reserve(int64_t T) {
+    const int64_t D = c.n_embd, F = c.n_ff;
+    const size_t f = 4;
+    if (x.bytes() < size_t(T * D) * f) {
+      DBuf grown(size_t(T * D) * f, "hidden states");
+      if (x.bytes()) copy_on_device(grown.as<void>(), x.as<void>(), x.bytes());
+      x = std::move(grown);
+    }
+    x2.reserve(size_t(T * D) * f, "hidden states");
+    xn.reserve(size_t(T * D) * f, "normed states");
+    qkv.reserve(size_t(T * QKV) * f, "qkv");
+    q.reserve(size_t(T * Q) * f, "q");
+    k.reserve(size_t(T * KV) * f, "k");
+    v.reserve(size_t(T * KV) * f, "v");
+    attn.reserve(size_t(T * Q) * f, "attention output");
+    branch.reserve(size_t(T * D) * f, "residual branch");
+    ff.reserve(size_t(T * 2 * F) * f, "gate/up");
+    act.reserve(size_t(T * F) * f, "SwiGLU");
+    pos_dev.reserve(size_t(T) * 4, "positions");
+  }
+
+  // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16.
+  void mm(const float* a, const DMatrix& m, float* out) {
+    const int64_t T = this->T();
+    if (m.bf16) {
+      a16.reserve(size_t(T * m.cols) * 2, "bf16 activations");
+      to_bf16(a, a16.as<uint16_t>(), T * m.cols);
+      gemm_bf16(a16.as<uint16_t>(), m.data.as<uint16_t>(), out, T, m.cols, m.rows);
+    } else {
+      gemm_f32(a, m.data.as<float>(), out, T, m.cols, m.rows);
+    }
+  }
+
+  // The K rows (and V rows, with_v) of layer l's slots, in the order given, with their positions,
+  // into kbuf, vbuf and kpos. A second call for the same set (the scores after the attention)
+  // reuses them.
+  void gather_keys(int l, std::span<const int32_t> slots, bool with_v) {
+    const DLayer& L = layers[size_t(l)];
+    const int64_t n = int64_t(slots.size());
+    const bool have = gathered_layer == l &&
+                      std::equal(slots.begin(), slots.end(), gathered_slots.begin(), gathered_slots.end());
+    if (have) return;  // gathered_layer is set only by a gather with V
+    std::vector<int64_t> s64(slots.begin(), slots.end());
+    std::vector<int32_t> kp(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) kp[size_t(i)] = L.pos_host[size_t(slots[size_t(i)])];
+    kbuf.reserve(size_t(n * KV) * 4, "gathered K");
+    vbuf.reserve(size_t(n * KV) * 4, "gathered V");
+    kpos.reserve(size_t(n) * 4, "gathered positions");
+    idx2.reserve(size_t(n) * 8, "row indices");
+    copy_to_device(idx2.as<void>(), s64.data(), s64.size() * 8);
+    cuda::gather_rows(L.k.as<float>(), idx2.as<int64_t>(), kbuf.as<float>(), n, KV);
+    if (with_v) cuda::gather_rows(L.v.as<float>(), idx2.as<int64_t>(), vbuf.as<float>(), n, KV);
+    copy_to_device(kpos.as<void>(), kp.data(), kp.size() * 4);
+    // Only a gather with V is reusable by the attention; the scores need K alone.
+    gathered_layer = with_v ? l : -1;
+    gathered_slots.assign(slots.begin(), slots.end());
+  }
+
+  // dst[to[i]] = src[from[i]], rows of D floats.
+  void copy_indexed(const DBuf& src, std::span<const int64_t> from, DBuf& dst, std::span<const int64_t> to) {
+    if (from.empty()) return;
+    idx.reserve(from.size() * 8, "row indices");
+    idx2.reserve(to.size() * 8, "row indices");
+    copy_to_device(idx.as<void>(), from.data(), from.size() * 8);
+    copy_to_device(idx2.as<void>(), to.data(), to.size() * 8);
+    copy_rows(src.as<float>(), idx.as<int64_t>(), dst.as<float>(), idx2.as<int64_t>(), int64_t(from.size()),
+              c.n_embd);
+  }
+};
+
+CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx)
+    : c(cfg), w(wts), n_ctx(ctx) {
+  const Device dev = open_device();
+  const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
+  // Everything the backend allocates, counted before anything is: K/V with positions and has-KV
+  // bits, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
+  // tokens at once (reserve and mm's bf16 copy: x, x2, xn and the residual branch, qkv and
+  // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
+  // decoding step adds over n_ctx keys (the gathered K, V and positions, a second row index) and
+  // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
+  const int64_t words = (std::max<int64_t>(c.n_ctx_train, n_ctx) + 31) / 32;
+  const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(words) * 4);
+  const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
+  const double Q = double(c.n_head) * c.head_dim, F = double(c.n_ff), D = double(c.n_embd);
+  const double bf16_copy = w.dtype == DType::BF16 ? 2 * std::max({D, Q, F}) : 0;
+  const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24;
+  const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4, slot_id_bytes = 8;
+  const double act_bytes =
+      double(n_ctx) * (prefill + decode + selection + slot_id_bytes) + double(c.n_vocab) * 4 /* logits */;
+  // cuBLAS's workspace and the kernels' modules: a margin, not a count.
+  const double library_bytes = 256.0 * 1048576;
+  const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes + library_bytes;
+  if (need > double(dev.free_bytes))
+    fail(
+        "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations "
+        "{:.2f} "
+        "for {} tokens + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
+        need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0,
+        aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, dev.name,
+        double(dev.free_bytes) / 1073741824.0);
+  if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
+  tok_embd = upload(w.tok_embd, "token embeddings");
+  if (c.tied_embeddings) {
+    lm_head_w = &tok_embd;
+  } else {
+    own_lm_head = upload(w.lm_head(), "LM head");
+    lm_head_w = &own_lm_head;
+  }
+  output_norm = upload(w.output_norm.data(), w.output_norm.size(), "output norm");
+  has_freqs = !w.rope_freqs.empty();
+  if (has_freqs) rope_freqs = upload(w.rope_freqs.data(), w.rope_freqs.size(), "RoPE factors");
+  // One has-KV bit per position a session may use: up to the model's context (or n_ctx).
+  bit_words = words;
+  std::vector<int64_t> ids(static_cast<size_t>(n_ctx));
+  std::iota(ids.begin(), ids.end(), int64_t(0));
+  slot_ids = upload(ids.data(), ids.size(), "K/V slots");
+  layers.resize(size_t(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& lw = w.layers[size_t(l)];
+    DLayer& L = layers[size_t(l)];
+    L.attn_norm = upload(lw.attn_norm.data(), lw.attn_norm.size(), "attention norm");
+    L.ffn_norm = upload(lw.ffn_norm.data(), lw.ffn_norm.size(), "FFN norm");
+    L.wqkv = upload(lw.wqkv, "qkv weights");
+    L.wo = upload(lw.wo, "o weights");
+    L.w_gate_up = upload(lw.w_gate_up, "gate/up weights");
+    L.w_down = upload(lw.w_down, "down weights");
+    L.k.reserve(size_t(n_ctx * KV) * 4, "K cache");
+    L.v.reserve(size_t(n_ctx * KV) * 4, "V cache");
+    L.pos.reserve(size_t(n_ctx) * 4, "K/V positions");
+    const std::vector<uint32_t> zero(size_t(bit_words), 0u);
+    L.bits = upload(zero.data(), zero.size(), "has-KV bits");
+  }
+  aux_states.reserve(size_t(n_ctx * c.n_embd) * 4, "Aux Cache");
+  lp::cuda::synchronize("weight upload");
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx) {
+  return std::make_unique<CudaBackend>(c, w, n_ctx);
+}
+
+}  // namespace lp::cuda

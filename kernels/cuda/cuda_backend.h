@@ -1,0 +1,24 @@
+// The CUDA backend: the layer ops of kernels/backend.h over the launchers of cuda_ops.h. The
+// model's weights are uploaded once in its dtype (f32 GEMMs exact, bf16 GEMMs with f32
+// accumulation; a tied LM head is the embedding table, not a second copy); K/V per layer lives on
+// the device with positions and has-KV bits, and so do the Aux Cache's states, so no hidden
+// state crosses PCIe. LazyLLM's selection runs on the device (select_top, CUB); only the kept
+// indices come back. Plain C++ over the launchers, so it builds without CUDA headers; in a build
+// without CUDA, make_backend fails with the reason.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/weights.h"
+#include "model/config.h"
+
+namespace lp::cuda {
+
+// Opens the first GPU, checks that the weights, K/V and Aux Cache for n_ctx tokens and the
+// activations of an n_ctx-token prefill fit in its free memory (lp::Error naming what it needs
+// and has, otherwise), and uploads the weights. Borrows c and w.
+std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx);
+
+}  // namespace lp::cuda
