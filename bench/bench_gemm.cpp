@@ -1,4 +1,4 @@
-// GEMM library comparison on SmolLM2-shaped products (why oneDNN, see README).
+// GEMM library comparison on SmolLM2-shaped products (why oneDNN: docs/cpu-kernels.md).
 //
 //   build/lp_bench --benchmark_filter=Gemm
 //

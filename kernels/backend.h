@@ -27,8 +27,11 @@
 #include <span>
 #include <vector>
 
+#include "model/config.h"
+
 namespace lp {
 
+enum class Tensor { X, XN, QKV, Attn, FF, Act, Branch };  // the activations above
 enum class Proj {
   QKV,
   O,
@@ -42,6 +45,22 @@ enum class Norm { Attn, Ffn, Output };  // which weight rmsnorm scales by
 struct RowMerge {
   std::vector<int64_t> x_src, x_dst, aux_src, aux_dst;
 };
+
+// Floats per row of an activation.
+inline int64_t tensor_width(const ModelConfig& c, Tensor t) {
+  switch (t) {
+    case Tensor::QKV:
+      return int64_t(c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    case Tensor::Attn:
+      return int64_t(c.n_head) * c.head_dim;
+    case Tensor::FF:
+      return 2 * int64_t(c.n_ff);
+    case Tensor::Act:
+      return c.n_ff;
+    default:
+      return c.n_embd;
+  }
+}
 
 class Backend {
  public:
@@ -78,6 +97,11 @@ class Backend {
   virtual void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) = 0;
   virtual void merge_rows(const RowMerge& m, int64_t n_rows) = 0;  // x = the merge, n_rows rows
   virtual void lm_head(float* logits) = 0;  // logits [T][V] = xn Wlm^T, on the host when it returns
+
+  // For tests and checks (the op harness, tests/backend_ops.h): an activation of the rows,
+  // [T][tensor_width] on the host, written or read back.
+  virtual void write(Tensor t, std::span<const float> data) = 0;
+  virtual std::vector<float> read(Tensor t) = 0;
 
   virtual void reset() = 0;                  // empty K/V and Aux Cache (the weights stay)
   virtual int64_t kv_bytes() const = 0;      // K/V allocated

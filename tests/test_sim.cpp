@@ -343,7 +343,7 @@ TEST(SimReplay, SyntheticPrefillMatchesTheEngineCounting) {
   const ModelConfig c = preset_config("smollm2-135m");
   const auto steps = resolve_schedule(parse_schedule("8:0.3,17:0.3,26:0.3"), c.n_layer);
   const trace::Trace t = trace::synthetic_trace(c, "lazyllm", steps, 174, 0);
-  // The engine's counts on the 174-token demo prompt (README): 174 through layer 8, then 122,
+  // The engine's counts on the 174-token demo prompt: 174 through layer 8, then 122,
   // 86, 61 (each keeps 174 - floor(0.3 * 174) = 122, ...).
   EXPECT_EQ(t.steps[0].queries[8], 174);
   EXPECT_EQ(t.steps[0].queries[9], 122);

@@ -152,6 +152,38 @@ void CpuBackend::lm_head(float* logits) {
   gemm_.run(ctx_, xn_.data(), T(), D_, w_.lm_head(), logits, c_.n_vocab);
 }
 
+Buffer<float>& CpuBackend::tensor(Tensor t) {
+  switch (t) {
+    case Tensor::X:
+      return x_;
+    case Tensor::XN:
+      return xn_;
+    case Tensor::QKV:
+      return qkv_;
+    case Tensor::Attn:
+      return attn_;
+    case Tensor::FF:
+      return ff_;
+    case Tensor::Act:
+      return act_;
+    case Tensor::Branch:
+      return branch_;
+  }
+  fail("unknown tensor");
+}
+
+void CpuBackend::write(Tensor t, std::span<const float> data) {
+  const int64_t n = T() * tensor_width(c_, t);
+  if (int64_t(data.size()) != n)
+    fail("write: {} floats for {} rows of {}", data.size(), T(), tensor_width(c_, t));
+  std::copy(data.begin(), data.end(), tensor(t).data());
+}
+
+std::vector<float> CpuBackend::read(Tensor t) {
+  const float* p = tensor(t).data();
+  return {p, p + T() * tensor_width(c_, t)};
+}
+
 void CpuBackend::reset() {
   for (auto& kv : kv_) kv.clear();
   aux_.clear();

@@ -14,7 +14,7 @@
 
 namespace lp {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   // Borrows the context, config and weights (they outlive the backend); K/V for n_ctx tokens.
   CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, int64_t n_ctx);
@@ -37,6 +37,8 @@ class CpuBackend final : public Backend {
   void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) override;
   void merge_rows(const RowMerge& m, int64_t n_rows) override;
   void lm_head(float* logits) override;
+  void write(Tensor t, std::span<const float> data) override;
+  std::vector<float> read(Tensor t) override;
   void reset() override;
   int64_t kv_bytes() const override;
   int64_t device_bytes() const override;
@@ -60,6 +62,7 @@ class CpuBackend final : public Backend {
   Buffer<float> x_, xn_, qkv_, attn_, ff_, act_, branch_, tmp_;
   int64_t rows_cap_ = 0;
   int64_t T() const { return int64_t(pos_.size()); }
+  Buffer<float>& tensor(Tensor t);
   void grow(int64_t T);
 };
 

@@ -1,6 +1,7 @@
 #include "kernels/cpu/ref.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace lp::ref {
@@ -99,6 +100,40 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
     const double g = gate[i];
     out[i] = float(g / (1.0 + std::exp(-g)) * up[i]);
   }
+}
+
+void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; ++i) dst[r * width + i] = src[idx[r] * width + i];
+}
+
+void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,
+               int64_t width) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; ++i) dst[dst_idx[r] * width + i] = src[src_idx[r] * width + i];
+}
+
+int64_t kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv, float* k,
+                  float* v, int32_t* k_pos, int64_t n) {
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < kv; ++i) {
+      k[(n + t) * kv + i] = k_new[t * kv + i];
+      v[(n + t) * kv + i] = v_new[t * kv + i];
+    }
+    k_pos[n + t] = pos[t];
+  }
+  return n + T;
+}
+
+float round_bf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  if ((b & 0x7f800000u) == 0x7f800000u) return x;  // inf and nan unchanged
+  b += 0x7fffu + ((b >> 16) & 1u);                 // round to nearest, ties to even
+  b &= 0xffff0000u;
+  float y;
+  std::memcpy(&y, &b, 4);
+  return y;
 }
 
 }  // namespace lp::ref

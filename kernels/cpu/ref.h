@@ -36,4 +36,19 @@ void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64
 // out[t][i] = silu(gate[t][i]) * up[t][i]
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
+// dst[r][:] = src[idx[r]][:], rows of `width` floats (row compaction, gathers by slot).
+void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
+
+// dst[dst_idx[r]][:] = src[src_idx[r]][:] (Aux Cache stores, revival merges).
+void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,
+               int64_t width);
+
+// K/V append into plain caches k, v [cap][kv] with positions k_pos [cap]: rows of k_new, v_new
+// [T][kv] at positions pos[T] go to slots n .. n + T - 1 (arrival order); returns n + T.
+int64_t kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv, float* k,
+                  float* v, int32_t* k_pos, int64_t n);
+
+// x rounded to bf16 (round to nearest, ties to even) and widened back: what a bf16 GEMM input holds.
+float round_bf16(float x);
+
 }  // namespace lp::ref

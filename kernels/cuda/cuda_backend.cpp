@@ -228,6 +228,29 @@ class CudaBackend final : public Backend {
     copy_to_host(out, logits.as<void>(), size_t(R * c.n_vocab) * 4);
   }
 
+  void write(Tensor t, std::span<const float> data) override {
+    const int64_t width = tensor_width(c, t);
+    if (int64_t(data.size()) != T() * width)
+      fail("write: {} floats for {} rows of {}", data.size(), T(), width);
+    copy_to_device(tensor(t).as<void>(), data.data(), data.size() * 4);
+    if (t == Tensor::QKV) {  // the ops read q, k and v split
+      copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T());
+      copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T());
+      copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T());
+    }
+  }
+
+  std::vector<float> read(Tensor t) override {
+    if (t == Tensor::QKV) {  // RoPE rotated q and k in their own buffers
+      copy_columns(q.as<float>(), Q, qkv.as<float>(), QKV, Q, T());
+      copy_columns(k.as<float>(), KV, qkv.as<float>() + Q, QKV, KV, T());
+      copy_columns(v.as<float>(), KV, qkv.as<float>() + Q + KV, QKV, KV, T());
+    }
+    std::vector<float> h(static_cast<size_t>(T() * tensor_width(c, t)));
+    copy_to_host(h.data(), tensor(t).as<void>(), h.size() * 4);
+    return h;
+  }
+
   void reset() override {
     const std::vector<uint32_t> zero(size_t(bit_words), 0u);
     for (DLayer& L : layers) {
@@ -294,6 +317,26 @@ class CudaBackend final : public Backend {
   DBuf aux_states;         // the Aux Cache's states [n_ctx][D]: entry e is row e
 
   int64_t T() const { return int64_t(pos.size()); }
+
+  DBuf& tensor(Tensor t) {
+    switch (t) {
+      case Tensor::X:
+        return x;
+      case Tensor::XN:
+        return xn;
+      case Tensor::QKV:
+        return qkv;
+      case Tensor::Attn:
+        return attn;
+      case Tensor::FF:
+        return ff;
+      case Tensor::Act:
+        return act;
+      case Tensor::Branch:
+        return branch;
+    }
+    fail("unknown tensor");
+  }
 
   // Room for T rows in every activation; x keeps its rows when it grows.
   void reserve(int64_t T) {

@@ -1,0 +1,474 @@
+// One op-test harness for every backend (in the manner of ggml's test-backend-ops): one table of
+// cases — op × awkward row counts (1, 17, 111, 989) × GQA ratio (1, 3, 6) × weight dtype — each
+// run through the Backend interface (kernels/backend.h) and compared with the scalar references
+// (kernels/cpu/ref.h, kernels/select.h). The CPU backend runs it in lp_tests
+// (tests/test_backend_ops.cpp); the CUDA backend in the GPU suite, on a device and on host threads
+// (tests/gpu/test_gpu_ops.cpp). A case a backend cannot run is reported as not supported, not failed.
+//
+// Tolerances come from the math: the normalised squared error sum((got - ref)^2) / sum(ref^2) of
+// an op whose outputs accumulate K terms in f32 is at most (c K u)^2 with u = 2^-24, the worst-case
+// relative error of a length-K f32 sum; c = 4 covers the few roundings around the sum. A bf16 GEMM
+// rounds its inputs to bf16 and the reference does the same (ref::round_bf16), so the same bound
+// holds. Moves (gathers, copies, K/V append, embedding) and the selection must be exact.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/ref.h"
+#include "kernels/select.h"
+#include "kernels/weights.h"
+#include "model/quant.h"
+
+namespace lp::testing {
+
+enum class OpKind {
+  Embed,
+  RmsNorm,
+  MatmulQKV,
+  MatmulO,
+  MatmulGateUp,
+  MatmulDown,
+  LmHead,
+  Rope,
+  KvAppend,
+  Attention,
+  AttentionSubset,
+  AttentionUnordered,
+  Scores,
+  SelectTop,
+  SwiGLU,
+  Residual,
+  GatherRows,
+  AuxStoreMerge
+};
+
+inline const char* op_name(OpKind k) {
+  static const char* names[] = {
+      "embed",   "rmsnorm",    "matmul_qkv", "matmul_o",  "matmul_gateup",    "matmul_down",
+      "lm_head", "rope",       "kv_append",  "attention", "attention_subset", "attention_unordered",
+      "scores",  "select_top", "swiglu",     "residual",  "gather_rows",      "aux_store_merge"};
+  return names[int(k)];
+}
+
+struct OpCase {
+  OpKind op;
+  int64_t T;    // rows
+  int gqa;      // H / Hkv
+  DType dtype;  // of the weights
+};
+
+inline std::string case_name(const OpCase& c) {
+  return std::string(op_name(c.op)) + "_T" + std::to_string(c.T) + "_gqa" + std::to_string(c.gqa) + "_" +
+         dtype_name(c.dtype);
+}
+
+// The table. Row counts are the ones pruning produces: a single token, odd and prime counts, and a
+// long prefill. GEMMs run in both dtypes; the other ops do not read weights' dtype (f32 only).
+inline std::vector<OpCase> op_cases() {
+  std::vector<OpCase> out;
+  for (int k = 0; k <= int(OpKind::AuxStoreMerge); ++k) {
+    const OpKind op = OpKind(k);
+    const bool gemm = op == OpKind::MatmulQKV || op == OpKind::MatmulO || op == OpKind::MatmulGateUp ||
+                      op == OpKind::MatmulDown || op == OpKind::LmHead;
+    const bool heads = op == OpKind::Rope || op == OpKind::KvAppend || op == OpKind::Attention ||
+                       op == OpKind::AttentionSubset || op == OpKind::AttentionUnordered ||
+                       op == OpKind::Scores || op == OpKind::SelectTop || op == OpKind::MatmulQKV;
+    for (const int64_t T : {1, 17, 111, 989})
+      for (const int gqa : heads ? std::vector<int>{1, 3, 6} : std::vector<int>{3})
+        for (const DType dt :
+             gemm ? std::vector<DType>{DType::F32, DType::BF16} : std::vector<DType>{DType::F32})
+          out.push_back({op, T, gqa, dt});
+  }
+  return out;
+}
+
+// A one-layer model with random weights: 6 query heads of width 16 over 6 / gqa KV heads, FFN 160,
+// vocabulary 300, untied LM head.
+struct OpModel {
+  ModelConfig c;
+  Weights w;
+};
+
+inline Matrix random_matrix(int64_t rows, int64_t cols, DType dt, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(cols)));
+  Matrix m;
+  m.rows = rows, m.cols = cols, m.dtype = dt;
+  if (dt == DType::F32) {
+    m.f32.resize(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) m.f32[i] = nd(rng);
+  } else {
+    m.bf16.resize(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) m.bf16[i] = f32_to_bf16(nd(rng));
+  }
+  return m;
+}
+
+inline std::vector<float> widened(const Matrix& m) {
+  std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = m.dtype == DType::F32 ? m.f32[int64_t(i)] : bf16_to_f32(m.bf16[int64_t(i)]);
+  return out;
+}
+
+inline const OpModel& op_model(int gqa, DType dt) {
+  static std::map<std::pair<int, int>, std::unique_ptr<OpModel>> models;
+  auto& m = models[{gqa, int(dt)}];
+  if (m) return *m;
+  m = std::make_unique<OpModel>();
+  ModelConfig& c = m->c;
+  c.arch = "llama";
+  c.n_layer = 1, c.n_head = 6, c.n_head_kv = 6 / gqa, c.head_dim = 16, c.n_embd = 96, c.n_ff = 160;
+  c.n_vocab = 300, c.n_ctx_train = 8192, c.rope_dim = 16, c.rope_theta = 10000.0f, c.rms_eps = 1e-5f;
+  std::mt19937 rng(uint32_t(17 * gqa + int(dt)));
+  std::uniform_real_distribution<float> un(0.5f, 1.5f);
+  Weights& w = m->w;
+  w.dtype = dt;
+  w.tok_embd = random_matrix(c.n_vocab, c.n_embd, dt, rng);
+  w.output = random_matrix(c.n_vocab, c.n_embd, dt, rng);
+  w.output_norm.resize(size_t(c.n_embd));
+  for (auto& v : w.output_norm) v = un(rng);
+  LayerWeights L;
+  L.attn_norm.resize(size_t(c.n_embd));
+  L.ffn_norm.resize(size_t(c.n_embd));
+  for (auto& v : L.attn_norm) v = un(rng);
+  for (auto& v : L.ffn_norm) v = un(rng);
+  L.wqkv = random_matrix((c.n_head + 2 * c.n_head_kv) * c.head_dim, c.n_embd, dt, rng);
+  L.wo = random_matrix(c.n_embd, c.n_head * c.head_dim, dt, rng);
+  L.w_gate_up = random_matrix(2 * c.n_ff, c.n_embd, dt, rng);
+  L.w_down = random_matrix(c.n_embd, c.n_ff, dt, rng);
+  w.layers.push_back(std::move(L));
+  return *m;
+}
+
+// Normalised squared error of got against ref.
+inline double nmse(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+inline double f32_bound(double K) {
+  const double u = std::ldexp(1.0, -24);
+  return (4 * K * u) * (4 * K * u);
+}
+
+inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+inline std::vector<double> to_double(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
+
+// Positions with gaps, as pruning leaves them: 3 apart, starting at 5.
+inline std::vector<int32_t> gapped_positions(int64_t T, int32_t first = 5, int32_t stride = 3) {
+  std::vector<int32_t> p(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) p[size_t(i)] = first + stride * int32_t(i);
+  return p;
+}
+
+// Makes the backend under test for a model and a capacity in tokens.
+using MakeOpBackend = std::function<std::unique_ptr<Backend>(const ModelConfig&, const Weights&, int64_t)>;
+
+// Runs one case on a backend made by `make`; mismatches are gtest failures.
+inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
+  const OpModel& om = op_model(oc.gqa, oc.dtype);
+  const ModelConfig& c = om.c;
+  const Weights& w = om.w;
+  const int64_t T = oc.T, D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
+  const int64_t Q = H * Dh, KV = Hkv * Dh, QKV = Q + 2 * KV;
+  std::mt19937 rng(uint32_t(T * 31 + oc.gqa));
+  const int64_t cached = T;  // attention cases hold this many earlier tokens before the rows
+  auto b = make(c, w, 2 * T + 2);
+  const std::vector<int32_t> pos = gapped_positions(T, int32_t(3 * cached + 7));
+  b->set_rows(pos);
+
+  const auto gemm_case = [&](Tensor in, Proj p, const Matrix& W, Tensor out) {
+    const int64_t K = W.cols, N = W.rows;
+    const auto a = random_vec(size_t(T * K), rng);
+    b->write(in, a);
+    b->matmul(p, 0);
+    const auto got = b->read(out);
+    std::vector<float> a_in = a, ref(static_cast<size_t>(T * N));
+    if (W.dtype == DType::BF16)
+      for (auto& x : a_in) x = ref::round_bf16(x);
+    ref::matmul(a_in.data(), widened(W).data(), ref.data(), T, K, N);
+    const double e = nmse(got, to_double(ref));
+    EXPECT_LE(e, f32_bound(double(K))) << case_name(oc) << " nmse " << e;
+  };
+
+  // The K/V of `n` tokens at positions kpos appended (in this order) from random q|k|v rows; the
+  // rows' q are left in the backend's qkv; returns the appended k, v rows ([n][KV] each).
+  const auto fill_cache = [&](const std::vector<int32_t>& kpos, std::vector<float>& k,
+                              std::vector<float>& v) {
+    const int64_t n = int64_t(kpos.size());
+    k.clear(), v.clear();
+    b->set_rows(kpos);
+    const auto rows = random_vec(size_t(n * QKV), rng);
+    b->write(Tensor::QKV, rows);
+    b->kv_append(0);
+    for (int64_t t = 0; t < n; ++t) {
+      k.insert(k.end(), rows.begin() + t * QKV + Q, rows.begin() + t * QKV + Q + KV);
+      v.insert(v.end(), rows.begin() + t * QKV + Q + KV, rows.begin() + (t + 1) * QKV);
+    }
+  };
+
+  switch (oc.op) {
+    case OpKind::Embed: {
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
+      b->embed(ids);
+      const auto got = b->read(Tensor::X);
+      const auto table = widened(w.tok_embd);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < D; ++i)
+          ASSERT_EQ(got[size_t(t * D + i)], table[size_t(ids[size_t(t)] * D + i)]) << case_name(oc);
+      return;
+    }
+    case OpKind::RmsNorm: {
+      const auto x = random_vec(size_t(T * D), rng, 3.0f);
+      b->write(Tensor::X, x);
+      b->rmsnorm(Norm::Attn, 0);
+      std::vector<float> ref(x.size());
+      ref::rmsnorm(x.data(), w.layers[0].attn_norm.data(), ref.data(), T, D, c.rms_eps);
+      const double e = nmse(b->read(Tensor::XN), to_double(ref));
+      EXPECT_LE(e, f32_bound(double(D + 4))) << case_name(oc) << " nmse " << e;
+      return;
+    }
+    case OpKind::MatmulQKV:
+      return gemm_case(Tensor::XN, Proj::QKV, w.layers[0].wqkv, Tensor::QKV);
+    case OpKind::MatmulO:
+      return gemm_case(Tensor::Attn, Proj::O, w.layers[0].wo, Tensor::Branch);
+    case OpKind::MatmulGateUp:
+      return gemm_case(Tensor::XN, Proj::GateUp, w.layers[0].w_gate_up, Tensor::FF);
+    case OpKind::MatmulDown:
+      return gemm_case(Tensor::Act, Proj::Down, w.layers[0].w_down, Tensor::Branch);
+    case OpKind::LmHead: {
+      const auto a = random_vec(size_t(T * D), rng);
+      b->write(Tensor::XN, a);
+      std::vector<float> got(static_cast<size_t>(T * c.n_vocab));
+      b->lm_head(got.data());
+      std::vector<float> a_in = a, ref(got.size());
+      if (w.dtype == DType::BF16)
+        for (auto& x : a_in) x = ref::round_bf16(x);
+      ref::matmul(a_in.data(), widened(w.lm_head()).data(), ref.data(), T, D, c.n_vocab);
+      const double e = nmse(got, to_double(ref));
+      EXPECT_LE(e, f32_bound(double(D))) << case_name(oc) << " nmse " << e;
+      return;
+    }
+    case OpKind::Rope: {
+      const auto x = random_vec(size_t(T * QKV), rng);
+      b->write(Tensor::QKV, x);
+      b->rope();
+      const auto got = b->read(Tensor::QKV);
+      std::vector<float> q(static_cast<size_t>(T * Q)), k(static_cast<size_t>(T * KV)), ref = x;
+      for (int64_t t = 0; t < T; ++t) {
+        std::copy_n(x.begin() + t * QKV, Q, q.begin() + t * Q);
+        std::copy_n(x.begin() + t * QKV + Q, KV, k.begin() + t * KV);
+      }
+      ref::rope(q.data(), pos.data(), T, H, Dh, c.rope_dim, c.rope_theta, nullptr);
+      ref::rope(k.data(), pos.data(), T, Hkv, Dh, c.rope_dim, c.rope_theta, nullptr);
+      for (int64_t t = 0; t < T; ++t) {
+        std::copy_n(q.begin() + t * Q, Q, ref.begin() + t * QKV);
+        std::copy_n(k.begin() + t * KV, KV, ref.begin() + t * QKV + Q);
+      }
+      // The angle pos * theta^(-2i/d) carries a relative error of a few u, so a rotation at
+      // position p is off by about p * u: the bound is the f32 one with K = the largest position.
+      const double e = nmse(got, to_double(ref));
+      EXPECT_LE(e, f32_bound(double(pos.back()) + 16)) << case_name(oc) << " nmse " << e;
+      return;
+    }
+    case OpKind::KvAppend: {
+      // Two appends, the second at positions between the first's (a revival): the backend's own
+      // record of positions holds exactly both sets, and attention over them equals the
+      // reference over plain arrays filled by ref::kv_append.
+      std::vector<int32_t> first = gapped_positions(T, 0, 2), second = gapped_positions(T, 1, 2);
+      std::vector<float> k1, v1, k2, v2;
+      fill_cache(first, k1, v1);
+      fill_cache(second, k2, v2);
+      std::vector<float> kr(static_cast<size_t>(2 * T * KV)), vr(kr.size());
+      std::vector<int32_t> kp(static_cast<size_t>(2 * T));
+      int64_t n =
+          ref::kv_append(k1.data(), v1.data(), first.data(), T, KV, kr.data(), vr.data(), kp.data(), 0);
+      n = ref::kv_append(k2.data(), v2.data(), second.data(), T, KV, kr.data(), vr.data(), kp.data(), n);
+      std::vector<int32_t> want(kp.begin(), kp.begin() + n);
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(b->kv_positions(0), want) << case_name(oc);
+      return;
+    }
+    case OpKind::Attention:
+    case OpKind::AttentionSubset:
+    case OpKind::AttentionUnordered:
+    case OpKind::Scores:
+    case OpKind::SelectTop: {
+      // `cached` earlier tokens at gapped positions, then the T rows (their q attend). Subset: the
+      // keys are every other cached token and all the rows (a decoding step's active set).
+      // Unordered: the cached tokens arrive in two halves, the second at positions between the
+      // first's, so slots are not in position order and the keys are listed by slot.
+      std::vector<int32_t> cpos = gapped_positions(cached, 0, 3);
+      std::vector<float> kc, vc, kr, vr;
+      std::vector<int32_t> slot_pos;  // position of each slot, in arrival order
+      if (oc.op == OpKind::AttentionUnordered) {
+        std::vector<int32_t> a, bb;
+        for (size_t i = 0; i < cpos.size(); ++i) (i % 2 ? bb : a).push_back(cpos[i]);
+        std::vector<float> ka, va, kb, vb;
+        fill_cache(a, ka, va);
+        if (!bb.empty()) fill_cache(bb, kb, vb);
+        kc = ka, vc = va;
+        kc.insert(kc.end(), kb.begin(), kb.end());
+        vc.insert(vc.end(), vb.begin(), vb.end());
+        slot_pos = a;
+        slot_pos.insert(slot_pos.end(), bb.begin(), bb.end());
+      } else {
+        fill_cache(cpos, kc, vc);
+        slot_pos = cpos;
+      }
+      // The rows: their K/V appended too, their q left for the attention.
+      b->set_rows(pos);
+      const auto rows = random_vec(size_t(T * QKV), rng);
+      b->write(Tensor::QKV, rows);
+      b->kv_append(0);
+      for (int64_t t = 0; t < T; ++t) {
+        kc.insert(kc.end(), rows.begin() + t * QKV + Q, rows.begin() + t * QKV + Q + KV);
+        vc.insert(vc.end(), rows.begin() + t * QKV + Q + KV, rows.begin() + (t + 1) * QKV);
+        slot_pos.push_back(pos[size_t(t)]);
+      }
+      // The key set, in position order: slots (empty = all, already in order).
+      std::vector<int32_t> slots;
+      std::vector<int64_t> order(slot_pos.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return slot_pos[x] < slot_pos[y]; });
+      for (const int64_t s : order) {
+        const bool cached_tok = s < int64_t(slot_pos.size()) - T;
+        if (oc.op == OpKind::AttentionSubset && cached_tok && (slot_pos[size_t(s)] / 3) % 2) continue;
+        slots.push_back(int32_t(s));
+      }
+      const bool all_in_order =
+          oc.op == OpKind::Attention || oc.op == OpKind::Scores || oc.op == OpKind::SelectTop;
+      const int64_t S = int64_t(slots.size());
+      std::vector<float> ks(static_cast<size_t>(S * KV)), vs(ks.size()), q(static_cast<size_t>(T * Q));
+      std::vector<int32_t> kpos(static_cast<size_t>(S));
+      std::vector<int64_t> sl64(slots.begin(), slots.end());
+      ref::gather_rows(kc.data(), sl64.data(), ks.data(), S, KV);
+      ref::gather_rows(vc.data(), sl64.data(), vs.data(), S, KV);
+      for (int64_t i = 0; i < S; ++i) kpos[size_t(i)] = slot_pos[size_t(slots[size_t(i)])];
+      for (int64_t t = 0; t < T; ++t) std::copy_n(rows.begin() + t * QKV, Q, q.begin() + t * Q);
+      const std::span<const int32_t> given = all_in_order ? std::span<const int32_t>{} : slots;
+      if (oc.op == OpKind::Scores || oc.op == OpKind::SelectTop) {
+        b->last_row_scores(0, given);
+        const auto got = b->scores(S);
+        std::vector<double> ref(static_cast<size_t>(S));
+        ref::last_row_scores(q.data() + (T - 1) * Q, ks.data(), S, H, Hkv, Dh, ref.data());
+        const double e = nmse(got, ref);
+        EXPECT_LE(e, f32_bound(double(S + Dh))) << case_name(oc) << " nmse " << e;
+        if (oc.op == OpKind::SelectTop)
+          for (const int64_t keep : {int64_t(1), (S + 1) / 2, S}) {
+            // Exact: the same scores, the same order (ties to the later position).
+            EXPECT_EQ(b->select_top(kpos, keep), select_top(kpos, got, keep))
+                << case_name(oc) << " keep " << keep;
+          }
+        return;
+      }
+      b->attention(0, given);
+      std::vector<float> ref(static_cast<size_t>(T * Q));
+      ref::attention(q.data(), pos.data(), T, ks.data(), vs.data(), kpos.data(), S, H, Hkv, Dh, ref.data());
+      const double e = nmse(b->read(Tensor::Attn), to_double(ref));
+      EXPECT_LE(e, f32_bound(double(S + Dh))) << case_name(oc) << " nmse " << e;
+      return;
+    }
+    case OpKind::SwiGLU: {
+      const auto ff = random_vec(size_t(T * 2 * F), rng, 2.0f);
+      b->write(Tensor::FF, ff);
+      b->swiglu();
+      std::vector<float> ref(static_cast<size_t>(T * F));
+      for (int64_t t = 0; t < T; ++t)
+        ref::swiglu(ff.data() + t * 2 * F, ff.data() + t * 2 * F + F, ref.data() + t * F, F);
+      const double e = nmse(b->read(Tensor::Act), to_double(ref));
+      EXPECT_LE(e, f32_bound(8)) << case_name(oc) << " nmse " << e;  // exp and a division: a few u
+      return;
+    }
+    case OpKind::Residual: {
+      const auto x = random_vec(size_t(T * D), rng), y = random_vec(size_t(T * D), rng);
+      b->write(Tensor::X, x);
+      b->write(Tensor::Branch, y);
+      b->residual();
+      const auto got = b->read(Tensor::X);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], x[i] + y[i]) << case_name(oc);  // one rounding
+      return;
+    }
+    case OpKind::GatherRows: {
+      // Increasing (compaction after pruning), then reversed with a repeat (any order).
+      const auto x = random_vec(size_t(T * D), rng);
+      b->write(Tensor::X, x);
+      std::vector<int64_t> up, down;
+      for (int64_t i = 0; i < T; i += 2) up.push_back(i);
+      for (int64_t i = T - 1; i >= 0; i -= 3) down.push_back(i);
+      down.push_back(0);
+      std::vector<float> want(static_cast<size_t>(T * D));
+      ref::gather_rows(x.data(), up.data(), want.data(), int64_t(up.size()), D);
+      b->gather_rows(up);
+      std::vector<int32_t> p_up(up.size());
+      for (size_t i = 0; i < up.size(); ++i) p_up[i] = pos[size_t(up[i])];
+      b->set_rows(p_up);
+      auto got = b->read(Tensor::X);
+      want.resize(got.size());
+      EXPECT_EQ(got, want) << case_name(oc);
+      b->set_rows(pos);
+      b->write(Tensor::X, x);
+      b->gather_rows(down);
+      b->set_rows(std::vector<int32_t>(down.size(), 0));
+      want.assign(down.size() * size_t(D), 0.0f);
+      ref::gather_rows(x.data(), down.data(), want.data(), int64_t(down.size()), D);
+      EXPECT_EQ(b->read(Tensor::X), want) << case_name(oc);
+      return;
+    }
+    case OpKind::AuxStoreMerge: {
+      // Every third row to the Aux Cache (entries in reverse order), then a merge of the other rows
+      // and those entries, interleaved: exactly ref::copy_rows of both sources.
+      const auto x = random_vec(size_t(T * D), rng);
+      b->write(Tensor::X, x);
+      std::vector<int64_t> rows, entries;
+      for (int64_t i = 0; i < T; i += 3) rows.push_back(i);
+      for (size_t i = 0; i < rows.size(); ++i) entries.push_back(int64_t(rows.size() - 1 - i));
+      b->aux_store(rows, entries);
+      std::vector<float> aux(rows.size() * size_t(D));
+      ref::copy_rows(x.data(), rows.data(), aux.data(), entries.data(), int64_t(rows.size()), D);
+      for (size_t e = 0; e < rows.size(); ++e)
+        EXPECT_EQ(b->aux_state(int64_t(e)),
+                  std::vector<float>(aux.begin() + e * D, aux.begin() + (e + 1) * D))
+            << case_name(oc) << " entry " << e;
+      // The first R current rows each followed by an entry, then the remaining rows.
+      const int64_t R = int64_t(rows.size()), n_rows = T + R;
+      RowMerge m;
+      for (int64_t i = 0; i < T; ++i) m.x_src.push_back(i), m.x_dst.push_back(i + std::min(i, R));
+      for (int64_t e = 0; e < R; ++e) m.aux_src.push_back(e), m.aux_dst.push_back(2 * e + 1);
+      b->merge_rows(m, n_rows);
+      b->set_rows(std::vector<int32_t>(static_cast<size_t>(n_rows), 0));
+      std::vector<float> want(static_cast<size_t>(n_rows * D));
+      ref::copy_rows(x.data(), m.x_src.data(), want.data(), m.x_dst.data(), T, D);
+      ref::copy_rows(aux.data(), m.aux_src.data(), want.data(), m.aux_dst.data(), int64_t(m.aux_src.size()),
+                     D);
+      EXPECT_EQ(b->read(Tensor::X), want) << case_name(oc);
+      return;
+    }
+  }
+}
+
+}  // namespace lp::testing
