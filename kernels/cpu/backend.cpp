@@ -153,23 +153,8 @@ void CpuBackend::lm_head(float* logits) {
 }
 
 Buffer<float>& CpuBackend::tensor(Tensor t) {
-  switch (t) {
-    case Tensor::X:
-      return x_;
-    case Tensor::XN:
-      return xn_;
-    case Tensor::QKV:
-      return qkv_;
-    case Tensor::Attn:
-      return attn_;
-    case Tensor::FF:
-      return ff_;
-    case Tensor::Act:
-      return act_;
-    case Tensor::Branch:
-      return branch_;
-  }
-  fail("unknown tensor");
+  Buffer<float>* const by_tensor[] = {&x_, &xn_, &qkv_, &attn_, &ff_, &act_, &branch_};  // Tensor's order
+  return *by_tensor[int(t)];
 }
 
 void CpuBackend::write(Tensor t, std::span<const float> data) {

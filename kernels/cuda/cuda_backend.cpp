@@ -319,23 +319,8 @@ class CudaBackend final : public Backend {
   int64_t T() const { return int64_t(pos.size()); }
 
   DBuf& tensor(Tensor t) {
-    switch (t) {
-      case Tensor::X:
-        return x;
-      case Tensor::XN:
-        return xn;
-      case Tensor::QKV:
-        return qkv;
-      case Tensor::Attn:
-        return attn;
-      case Tensor::FF:
-        return ff;
-      case Tensor::Act:
-        return act;
-      case Tensor::Branch:
-        return branch;
-    }
-    fail("unknown tensor");
+    DBuf* const by_tensor[] = {&x, &xn, &qkv, &attn, &ff, &act, &branch};  // Tensor's order
+    return *by_tensor[int(t)];
   }
 
   // Room for T rows in every activation; x keeps its rows when it grows.
