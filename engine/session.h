@@ -139,15 +139,13 @@ class Session {
   int64_t n_cached() const { return kv_[0].n(); }
   int64_t n_ctx() const { return be_->capacity(); }
   void reset();
-  int64_t kv_bytes() const { return be_->kv_bytes(); }  // allocated
-  int64_t kv_bytes_used() const;                        // held by the tokens cached at each layer
+  int64_t kv_bytes_used() const;  // held by the tokens cached at each layer
   int64_t keys_held(int l) const { return kv_[size_t(l)].n(); }
   // Whether position p was computed at layer l (its (token, layer) pair).
   bool computed(int l, int32_t p) const { return kv_[size_t(l)].find(p) >= 0; }
   const AuxCache& aux() const { return aux_; }
   std::vector<float> aux_state(int32_t p);  // token p's saved state (lp::Error when it has none)
   Backend& backend() { return *be_; }
-  const Model& model() const { return m_; }
 
  private:
   const Model& m_;

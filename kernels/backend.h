@@ -65,7 +65,6 @@ inline int64_t tensor_width(const ModelConfig& c, Tensor t) {
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual const char* name() const = 0;  // "cpu", "cuda"
   virtual int64_t capacity() const = 0;  // tokens the K/V cache and the Aux Cache hold
 
   // A backend that queues work (a GPU) returns true; op timers then synchronise around every op,
@@ -103,9 +102,7 @@ class Backend {
   virtual void write(Tensor t, std::span<const float> data) = 0;
   virtual std::vector<float> read(Tensor t) = 0;
 
-  virtual void reset() = 0;                  // empty K/V and Aux Cache (the weights stay)
-  virtual int64_t kv_bytes() const = 0;      // K/V allocated
-  virtual int64_t device_bytes() const = 0;  // everything this backend allocated (weights included)
+  virtual void reset() = 0;  // empty K/V and Aux Cache (the weights stay)
   // For checks: the positions whose K/V layer `layer` holds, ascending, as the backend's own record
   // says (the CPU's slot table, the GPU's has-KV bits); and one Aux Cache state.
   virtual std::vector<int32_t> kv_positions(int layer) = 0;

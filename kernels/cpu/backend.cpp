@@ -174,17 +174,6 @@ void CpuBackend::reset() {
   aux_.clear();
 }
 
-int64_t CpuBackend::kv_bytes() const {
-  int64_t b = 0;
-  for (const auto& kv : kv_) b += (kv.kt.size() + kv.v.size()) * 4;
-  return b;
-}
-
-int64_t CpuBackend::device_bytes() const {
-  const int64_t act = rows_cap_ * (4 * D_ + QKV_ + Q_ + 3 * F_) * 4;
-  return w_.bytes() + kv_bytes() + int64_t(aux_.size()) * 4 + act;
-}
-
 std::vector<int32_t> CpuBackend::kv_positions(int l) {
   const LayerKV& kv = kv_[size_t(l)];
   std::vector<int32_t> out(kv.pos.begin(), kv.pos.begin() + kv.n);

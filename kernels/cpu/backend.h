@@ -19,7 +19,6 @@ class CpuBackend : public Backend {
   // Borrows the context, config and weights (they outlive the backend); K/V for n_ctx tokens.
   CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, int64_t n_ctx);
 
-  const char* name() const override { return "cpu"; }
   int64_t capacity() const override { return n_ctx_; }
   void set_rows(std::span<const int32_t> pos) override;
   void embed(std::span<const int32_t> ids) override;
@@ -40,8 +39,6 @@ class CpuBackend : public Backend {
   void write(Tensor t, std::span<const float> data) override;
   std::vector<float> read(Tensor t) override;
   void reset() override;
-  int64_t kv_bytes() const override;
-  int64_t device_bytes() const override;
   std::vector<int32_t> kv_positions(int layer) override;
   std::vector<float> aux_state(int64_t entry) override;
 

@@ -81,7 +81,6 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx);
 
-  const char* name() const override { return "cuda"; }
   int64_t capacity() const override { return n_ctx; }
   bool asynchronous() const override { return true; }
   void synchronize() override { lp::cuda::synchronize("op timer"); }
@@ -259,22 +258,6 @@ class CudaBackend final : public Backend {
       copy_to_device(L.bits.as<void>(), zero.data(), zero.size() * 4);
     }
     gathered_layer = -1;
-  }
-
-  int64_t kv_bytes() const override {
-    int64_t b = 0;
-    for (const DLayer& L : layers) b += int64_t(L.k.bytes() + L.v.bytes());
-    return b;
-  }
-
-  int64_t device_bytes() const override {
-    int64_t b = w.bytes();
-    for (const DLayer& L : layers) b += int64_t(L.k.bytes() + L.v.bytes() + L.pos.bytes() + L.bits.bytes());
-    for (const DBuf* d : {&x,      &x2,   &xn,   &qkv,  &q,        &k,        &v,       &attn,
-                          &branch, &ff,   &act,  &a16,  &pos_dev,  &idx,      &idx2,    &scores_dev,
-                          &logits, &kbuf, &vbuf, &kpos, &slot_ids, &keep_dev, &sel_pos, &aux_states})
-      b += int64_t(d->bytes());
-    return b;
   }
 
   std::vector<int32_t> kv_positions(int l) override {
