@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/context.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/gemm.h"
 #include "model/ops.h"
 #include "model/quant.h"
 

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "kernels/context.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ref.h"
 #include "model/ops.h"
 

@@ -1,4 +1,4 @@
-// Simulator speed (issue 4 targets): replaying a trace of 8192 prompt tokens, 32 layers and 256
+// Simulator speed: replaying a trace of 8192 prompt tokens, 32 layers and 256
 // decoding steps in <= 5 ms, growing linearly with steps x layers; a sweep of 10,000 (profile x
 // schedule x prompt length) configurations in <= 10 s on 2 cores with oneTBB.
 //
@@ -14,8 +14,8 @@
 
 #include "hwmodels/profile.h"
 #include "model/presets.h"
+#include "pruning/schedule.h"
 #include "sim/replay.h"
-#include "traces/schedule.h"
 #include "traces/synthetic.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // `lazyprefill calibrate`: fit a hardware profile's efficiencies to measured `run --json` outputs
-// (per-op, every family) or to end-to-end measurements from other tools (sim/fit_measurements.h).
-#include "sim/calibrate.h"
+// (per-op, every family) or to end-to-end measurements from other tools (calibrate/fit_measurements.h).
+#include "calibrate/calibrate.h"
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
@@ -14,13 +14,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "calibrate/fit_measurements.h"
+#include "calibrate/measurements.h"
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "model/presets.h"
-#include "sim/fit_measurements.h"
-#include "sim/measurements.h"
 #include "sim/replay.h"
 
 namespace lp::cli {
@@ -102,7 +102,7 @@ int calibrate_runs(const CalibrateArgs& a) {
     if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   if (files.empty()) fail("--runs '{}' holds no .json files", a.runs);
-  std::vector<sim::RunMeasurement> runs;
+  std::vector<calib::RunMeasurement> runs;
   for (const fs::path& f : files) {
     const std::string text = read_input_file(f.string(), "run --json file", input_cap::kResults);
     nlohmann::json j;
@@ -111,11 +111,11 @@ int calibrate_runs(const CalibrateArgs& a) {
     } catch (const nlohmann::json::exception& e) {
       fail("{}: not valid JSON ({})", f.string(), e.what());
     }
-    runs.push_back(sim::measurement_from_run_json(j, f.filename().string()));
+    runs.push_back(calib::measurement_from_run_json(j, f.filename().string()));
   }
   const hw::Profile base = hw::load_profile(a.base);
-  sim::CalibrationReport rep;
-  const hw::Profile fitted = sim::calibrate(base, runs, &rep);
+  calib::CalibrationReport rep;
+  const hw::Profile fitted = calib::calibrate(base, runs, &rep);
   const std::string name = a.name.empty() ? base.name : a.name;
   const std::string provenance =
       fmt::format("calibrated on {} by `lazyprefill calibrate --base {}` from {} runs in {}", today(), a.base,
@@ -164,7 +164,7 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 bool same_name(const std::string& a, const std::string& b) {
-  return sim::name_key(a) == sim::name_key(b);
+  return calib::name_key(a) == calib::name_key(b);
 }
 
 int calibrate_measurements(const CalibrateArgs& a) {
@@ -187,17 +187,17 @@ int calibrate_measurements(const CalibrateArgs& a) {
   sim::validate(override_precision({}));
 
   // Everything is read and checked before anything is fitted or written.
-  std::vector<sim::Measurement> records;
+  std::vector<calib::Measurement> records;
   json files = json::array();
   for (const std::string& f : a.measurements) {
-    std::vector<sim::MeasurementSource> read;
-    std::vector<sim::Measurement> ms = sim::import_measurements(f, &read);
+    std::vector<calib::MeasurementSource> read;
+    std::vector<calib::Measurement> ms = calib::import_measurements(f, &read);
     json entry = {{"path", f}, {"sha256", sha256_hex(read.at(0).bytes, f)}, {"records", ms.size()}};
     for (size_t i = 1; i < read.size(); ++i)
       entry["side_files"].push_back(
           {{"path", read[i].path}, {"sha256", sha256_hex(read[i].bytes, read[i].path)}});
     files.push_back(std::move(entry));
-    for (sim::Measurement& m : ms) records.push_back(std::move(m));
+    for (calib::Measurement& m : ms) records.push_back(std::move(m));
   }
   // The same file twice would count its figures as repetitions of themselves.
   for (size_t i = 0; i < files.size(); ++i)
@@ -207,13 +207,13 @@ int calibrate_measurements(const CalibrateArgs& a) {
                    files[k]["path"].get<std::string>(), files[i]["path"].get<std::string>());
   // Records of one point (a benchmark run again) are repetitions: averaged, not refused.
   int repeated = 0;
-  records = sim::merge_repetitions(std::move(records), &repeated);
+  records = calib::merge_repetitions(std::move(records), &repeated);
 
-  std::vector<sim::Point> points;
+  std::vector<calib::Point> points;
   int under_load = 0, unnamed_hw = 0, pruned_decode = 0, cached_context = 0;
   std::map<std::string, int> other_hw;
   std::map<std::string, int> notes;
-  for (const sim::Measurement& m : records) {
+  for (const calib::Measurement& m : records) {
     if (!m.note.empty()) ++notes[m.note];
     if (!m.isolated) {
       ++under_load;
@@ -241,7 +241,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
                std::any_of(base.aliases.begin(), base.aliases.end(),
                            [&](const std::string& al) { return same_name(al, m.hardware); })) {
       profile = base.name;
-    } else if (const auto p = sim::match_profile(m.hardware, {})) {
+    } else if (const auto p = calib::match_profile(m.hardware, {})) {
       profile = *p;
     } else {
       usage_fail("{}: record {}: unknown hardware '{}' (known: {}); map it with --hw-map '{}=PROFILE'",
@@ -251,7 +251,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
       ++other_hw[profile];
       continue;
     }
-    const auto preset = sim::match_preset(m.model, model_map);
+    const auto preset = calib::match_preset(m.model, model_map);
     if (!preset)
       usage_fail("{}: record {}: unknown model '{}' (known presets: {}); map it with --model-map '{}=PRESET'",
                  m.file, m.record, m.model, join(preset_names()), m.model);
@@ -259,20 +259,20 @@ int calibrate_measurements(const CalibrateArgs& a) {
     sim::Precision prec;
     if (!force_all) {
       try {
-        prec = sim::precision_for_dtype(m.dtype);
+        prec = calib::precision_for_dtype(m.dtype);
       } catch (const Error& e) {
         usage_fail("{}: record {}: {}", m.file, m.record, e.what());
       }
     }
     // A quantized file's real mean bits per weight (llama-bench records them) over its type's nominal.
-    if (m.weight_bits > 0 && prec.weights.ends_with("bpw")) prec.weights = sim::bpw_dtype(m.weight_bits);
+    if (m.weight_bits > 0 && prec.weights.ends_with("bpw")) prec.weights = calib::bpw_dtype(m.weight_bits);
     prec = override_precision(prec);
     try {
       sim::check_tp(cfg, base, m.tp);
     } catch (const Error& e) {
       usage_fail("{}: record {}: {}", m.file, m.record, e.what());
     }
-    points.push_back(sim::make_point(m, *preset, cfg, prec));
+    points.push_back(calib::make_point(m, *preset, cfg, prec));
   }
   std::string skipped;
   if (under_load) skipped += fmt::format("{} measured under load (TTFT includes queueing)", under_load);
@@ -288,15 +288,15 @@ int calibrate_measurements(const CalibrateArgs& a) {
     fail("no measurement to fit {} to: {} record(s) read{}", base.name, records.size(),
          skipped.empty() ? "" : ", skipped: " + skipped);
 
-  sim::MeasurementFit fit;
-  const hw::Profile fitted = sim::fit_measurements(base, points, a.fit, &fit);
+  calib::MeasurementFit fit;
+  const hw::Profile fitted = calib::fit_measurements(base, points, a.fit, &fit);
 
   const std::string name = a.name.empty() ? base.name : a.name;
   const auto pct = [](double x) { return std::isnan(x) ? json(nullptr) : json(100 * x); };
   json fitted_params = json::array();
   for (const std::string& p : fit.params)
     fitted_params.push_back(
-        {{"name", p}, {"base", sim::get_param(base, p)}, {"value", sim::get_param(fitted, p)}});
+        {{"name", p}, {"base", calib::get_param(base, p)}, {"value", calib::get_param(fitted, p)}});
   json cal = {{"date", today()},
               {"command", "lazyprefill calibrate --measurements"},
               {"base", a.base},
@@ -330,7 +330,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
 
   json pts = json::array();
   for (size_t i = 0; i < points.size(); ++i) {
-    const sim::Point& p = points[i];
+    const calib::Point& p = points[i];
     pts.push_back({{"file", p.m->file},
                    {"record", p.m->record},
                    {"model", p.m->model},
@@ -348,7 +348,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
                    {"held_out_error_pct", 100 * (fit.heldout_s[i] / p.measured_s - 1)}});
   }
   json checks = json::array();
-  for (const sim::ParamCheck& c : fit.checks)
+  for (const calib::ParamCheck& c : fit.checks)
     checks.push_back({{"name", c.name},
                       {"rms_elasticity", c.sensitivity},
                       {"independent_elasticity", c.independent},
@@ -374,7 +374,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
   fmt::print("\n{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "measurement",
              "preset", "tokens", "b", "tp", "what", "measured", "base", "fitted", "held-out", "error");
   for (size_t i = 0; i < points.size(); ++i) {
-    const sim::Point& p = points[i];
+    const calib::Point& p = points[i];
     const std::string where = fmt::format("{}:{}", fs::path(p.m->file).filename().string(), p.m->record);
     fmt::print(
         "{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>+7.1f}%\n",
@@ -384,12 +384,13 @@ int calibrate_measurements(const CalibrateArgs& a) {
   }
   fmt::print("\n{:<18} {:>10} {:>12} {:>10} {:>10}  {}\n", "parameter", "elasticity", "independent", "base",
              "fitted", "");
-  for (const sim::ParamCheck& c : fit.checks)
-    fmt::print(
-        "{:<18} {:>10.3f} {:>12.3f} {:>10.4g} {:>10}  {}\n", c.name, c.sensitivity, c.independent,
-        sim::get_param(base, c.name), c.fitted ? fmt::format("{:.4g}", sim::get_param(fitted, c.name)) : "-",
-        c.fitted ? (c.at_bound ? "at its bound: the data push it to the limit (poorly determined)" : "")
-                 : c.reason);
+  for (const calib::ParamCheck& c : fit.checks)
+    fmt::print("{:<18} {:>10.3f} {:>12.3f} {:>10.4g} {:>10}  {}\n", c.name, c.sensitivity, c.independent,
+               calib::get_param(base, c.name),
+               c.fitted ? fmt::format("{:.4g}", calib::get_param(fitted, c.name)) : "-",
+               c.fitted
+                   ? (c.at_bound ? "at its bound: the data push it to the limit (poorly determined)" : "")
+                   : c.reason);
   const auto line = [&](const char* what, int n, double b, double f, double h) {
     if (n)
       fmt::print("{} MAPE over {} point(s): base {:.1f}%, fitted {:.1f}%, held out ({}) {:.1f}%\n", what, n,

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "calibrate/revivals.h"
 #include "cli/commands.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "model/config.h"
@@ -102,7 +103,7 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
   if (!a.model.empty()) {
     m = sim::load_revival_model(a.model);
   } else {
-    m = sim::fit_revival_model(traces, a.traces, shas);
+    m = calib::fit_revival_model(traces, a.traces, shas);
     m.tool_version = LP_VERSION;
     m.git_commit = LP_GIT_COMMIT;
     m.origin = a.out.empty() ? "fitted" : a.out;

@@ -8,10 +8,10 @@ namespace lp::cli {
 
 using json = nlohmann::ordered_json;
 
-json calibration_json(const hw::Profile& fitted, const sim::CalibrationReport& rep,
-                      const std::vector<sim::RunMeasurement>& runs) {
+json calibration_json(const hw::Profile& fitted, const calib::CalibrationReport& rep,
+                      const std::vector<calib::RunMeasurement>& runs) {
   json fams = json::array();
-  for (const sim::FamilyFit& f : rep.families) {
+  for (const calib::FamilyFit& f : rep.families) {
     const hw::Efficiency& e = fitted.eff(f.family);
     fams.push_back({{"family", hw::family_name(f.family)},
                     {"samples", f.samples},
@@ -36,11 +36,11 @@ json calibration_json(const hw::Profile& fitted, const sim::CalibrationReport& r
   return {{"families", fams}, {"runs", rs}};
 }
 
-void print_calibration(const hw::Profile& fitted, const sim::CalibrationReport& rep,
-                       const std::vector<sim::RunMeasurement>& runs) {
+void print_calibration(const hw::Profile& fitted, const calib::CalibrationReport& rep,
+                       const std::vector<calib::RunMeasurement>& runs) {
   fmt::print("{:<14} {:>7} {:>6} {:>8} {:>9} {:>7} {:>10} {:>9} {:>9}\n", "family", "samples", "time%",
              "compute", "half_rows", "memory", "overhead", "median|e|", "p90|e|");
-  for (const sim::FamilyFit& f : rep.families) {
+  for (const calib::FamilyFit& f : rep.families) {
     const hw::Efficiency& e = fitted.eff(f.family);
     fmt::print(
         "{:<14} {:>7} {:>5.1f}% {:>8.3f} {:>9.1f} {:>7.3f} {:>8.1f}us {:>8.1f}% {:>8.1f}%{}\n",

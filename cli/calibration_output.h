@@ -5,18 +5,18 @@
 #include <string>
 #include <vector>
 
+#include "calibrate/calibrate.h"
 #include "hwmodels/profile.h"
-#include "sim/calibrate.h"
 
 namespace lp::cli {
 
 // The report as JSON: per family the fitted parameters and residuals, per run measured vs
 // predicted prefill time.
-nlohmann::ordered_json calibration_json(const hw::Profile& fitted, const sim::CalibrationReport& rep,
-                                        const std::vector<sim::RunMeasurement>& runs);
+nlohmann::ordered_json calibration_json(const hw::Profile& fitted, const calib::CalibrationReport& rep,
+                                        const std::vector<calib::RunMeasurement>& runs);
 // The same as a readable table on stdout.
-void print_calibration(const hw::Profile& fitted, const sim::CalibrationReport& rep,
-                       const std::vector<sim::RunMeasurement>& runs);
+void print_calibration(const hw::Profile& fitted, const calib::CalibrationReport& rep,
+                       const std::vector<calib::RunMeasurement>& runs);
 // The fitted profile document: the base's fields, the fitted efficiency block, `name`, and
 // sources.efficiency naming how it was made (`provenance`).
 nlohmann::ordered_json fitted_profile_json(const hw::Profile& fitted, const std::string& name,

@@ -1,4 +1,4 @@
-// Subcommands that live outside cli/main.cpp. Each registers its options on the app and runs
+// The subcommands, one file each (cli/README.md). Each registers its options on the app and runs
 // when selected; errors are lp::Error, printed by main as one line.
 #pragma once
 
@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "hwmodels/profile.h"
+#include "kernels/context.h"
+#include "pruning/schedule.h"
 #include "sim/revival.h"
-#include "traces/schedule.h"
 #include "traces/synthetic.h"
 
 namespace lp::cli {
@@ -81,6 +82,27 @@ std::optional<sim::RevivalModel> load_revivals(const std::string& model, double 
 RevivalChoice choose_revivals(const std::optional<sim::RevivalModel>& model, double share,
                               const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
                               bool map);
+
+struct RunArgs {
+  std::string model, prompt, prompt_file, dtype = "auto";
+  int max_new_tokens = 64;
+  int threads = default_thread_count();
+  bool chat = false, json_out = false, trace_detail = false;
+  float temperature = 0.0f, top_p = 1.0f;
+  uint64_t seed = 0;
+  std::string prune = "none", schedule, trace;
+  std::string backend = "cpu";
+  bool op_timers = false;
+};
+CLI::App* add_run(CLI::App& app, RunArgs& a);
+int cmd_run(const RunArgs& a, const CLI::App& sub);
+
+struct InspectArgs {
+  std::string model, trace;  // a trace given: summarise it instead of the model
+  bool json_out = false;
+};
+CLI::App* add_inspect(CLI::App& app, InspectArgs& a);
+int cmd_inspect(const InspectArgs& a);
 
 struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw, engine;

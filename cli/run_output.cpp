@@ -2,9 +2,9 @@
 
 #include <span>
 
-#include "engine/pruning.h"
 #include "engine/session.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
+#include "pruning/policy.h"
 #include "traces/synthetic.h"
 
 namespace lp::cli {

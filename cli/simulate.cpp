@@ -11,9 +11,9 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/presets.h"
+#include "pruning/schedule.h"
 #include "sim/replay.h"
 #include "sim/revival.h"
-#include "traces/schedule.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 

@@ -17,9 +17,9 @@
 #include "model/error.h"
 #include "model/io.h"
 #include "model/presets.h"
+#include "pruning/schedule.h"
 #include "reports/sweep_grid.h"
 #include "sim/replay.h"
-#include "traces/schedule.h"
 #include "traces/synthetic.h"
 
 namespace lp::cli {

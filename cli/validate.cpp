@@ -8,16 +8,16 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "calibrate/calibrate.h"
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "cli/run_output.h"
 #include "engine/generate.h"
-#include "engine/pruning.h"
 #include "kernels/context.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "model/paths.h"
-#include "sim/calibrate.h"
+#include "pruning/policy.h"
 #include "sim/replay.h"
 
 namespace lp::cli {
@@ -39,7 +39,7 @@ struct Case {
 
 struct Measured {
   Case c;
-  sim::RunMeasurement m;
+  calib::RunMeasurement m;
   trace::Trace trace;
   nlohmann::json run;
 };
@@ -115,18 +115,18 @@ int cmd_validate(const ValidateArgs& a) {
                {},
                run_trace(model->config(), opts[i], best[i], "f32", 0, false),
                run_json(*model, opts[i], best[i], "f32", ctx.threads())};
-    m.m = sim::measurement_from_run_json(m.run, c.label());
+    m.m = calib::measurement_from_run_json(m.run, c.label());
     if (!a.out_dir.empty())
       write_file_atomic((std::filesystem::path(a.out_dir) / (c.label() + ".json")).string(),
                         m.run.dump(2) + "\n", "run output");
     runs.push_back(std::move(m));
   }
 
-  std::vector<sim::RunMeasurement> train;
+  std::vector<calib::RunMeasurement> train;
   for (const Measured& m : runs)
     if (m.c.train) train.push_back(m.m);
-  sim::CalibrationReport rep;
-  const hw::Profile fitted = sim::calibrate(base, train, &rep);
+  calib::CalibrationReport rep;
+  const hw::Profile fitted = calib::calibrate(base, train, &rep);
   const sim::Precision f32{"f32", "f32", "f32"};
 
   json held = json::array();

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "engine/model.h"
-#include "engine/pruning.h"
 #include "kernels/backend.h"
 #include "kernels/context.h"
 #include "model/config.h"
 #include "model/ops.h"
-#include "traces/schedule.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
 
 namespace lp {
 

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/pruning.h"
 #include "engine/session.h"
 #include "evals/tasks.h"
 #include "kernels/context.h"
-#include "traces/schedule.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
 
 namespace lp::eval {
 

@@ -1,4 +1,4 @@
-// Long-context evaluation tasks made from public-domain text (issue 6; docs/eval.md).
+// Long-context evaluation tasks made from public-domain text (docs/eval.md).
 // A task turns the corpus and a seed into samples: a prompt of about a given number of tokens
 // and the answer the model should give. Samples are reproducible: the same corpus, tokenizer,
 // length, count and seed give the same prompts.

@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "fuzz/fuzz_util.h"
-#include "traces/schedule.h"
+#include "pruning/schedule.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text = lp::fuzz::as_text(data, size);

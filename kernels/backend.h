@@ -88,7 +88,7 @@ class Backend {
   // scores[i] = the last row's attention on key i of `slots` (as attention), averaged over heads.
   virtual void last_row_scores(int layer, std::span<const int32_t> slots) = 0;
   virtual std::vector<float> scores(int64_t n) = 0;  // the scores, read back
-  // LazyLLM's selection run where the scores are (select_top in engine/pruning.h): the n_keep best
+  // LazyLLM's selection run where the scores are (select_top in pruning/policy.h): the n_keep best
   // of the n = pos.size() scored keys, the last always kept; indices ascending.
   virtual std::vector<int64_t> select_top(std::span<const int32_t> pos, int64_t n_keep) = 0;
   virtual void gather_rows(std::span<const int64_t> rows) = 0;  // x = x[rows] (x only)

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/context.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/gemm.h"
 #include "model/config.h"
 
 namespace lp {

@@ -14,8 +14,8 @@
 
 #include "hwmodels/profile.h"
 #include "model/config.h"
+#include "pruning/schedule.h"
 #include "sim/cost.h"
-#include "traces/schedule.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 

@@ -9,7 +9,7 @@
 #include "model/io.h"
 #include "model/json_checks.h"
 #include "model/presets.h"
-#include "traces/schedule.h"
+#include "pruning/schedule.h"
 
 namespace lp::report {
 

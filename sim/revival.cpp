@@ -10,7 +10,6 @@
 #include "model/error.h"
 #include "model/io.h"
 #include "model/json_checks.h"
-#include "sim/bobyqa.h"
 
 namespace lp::sim {
 
@@ -20,28 +19,6 @@ std::vector<std::pair<std::string_view, std::string_view>> builtin_revival_files
 namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
-
-constexpr double kTauMin = 0.05, kTauMax = 1e4;
-
-struct StagePoints {
-  std::vector<double> step, share;
-};
-
-double stage_sse(unsigned n, const double* x, double* grad, void* data) {
-  (void)n;
-  (void)grad;
-  const auto& p = *static_cast<const StagePoints*>(data);
-  RevivalStage st;
-  st.start = x[0];
-  st.floor = x[1];
-  st.tau_steps = x[2];
-  double sse = 0;
-  for (size_t i = 0; i < p.step.size(); ++i) {
-    const double r = st.share(int64_t(p.step[i])) - p.share[i];
-    sse += r * r;
-  }
-  return sse;
-}
 
 template <class T>
 T field(const json& j, const char* key, const std::string& origin) {
@@ -74,114 +51,6 @@ double unit_field(const json& j, const char* key, const std::string& origin, dou
 double RevivalStage::share(int64_t step) const {
   const double s = double(std::max<int64_t>(step, 1));
   return floor + (start - floor) * std::exp(-(s - 1) / tau_steps);
-}
-
-std::vector<std::vector<double>> observed_revival_shares(const trace::Trace& t) {
-  const int L = t.header.n_layer;
-  const size_t P = t.header.schedule_layers.size();
-  std::vector<std::vector<double>> out(P);
-  for (size_t s = 1; s < t.steps.size(); ++s) {
-    const trace::Step& st = t.steps[s];
-    for (size_t i = 0; i < P; ++i) {
-      const int l = t.header.schedule_layers[i].first + 1;
-      double share = std::numeric_limits<double>::quiet_NaN();
-      if (l < L && size_t(l) < st.attended.size() && st.attended[size_t(l)] > 1)
-        share = double(st.revived[size_t(l)]) / double(st.attended[size_t(l)] - 1);
-      out[i].push_back(share);
-    }
-  }
-  return out;
-}
-
-RevivalModel fit_revival_model(const std::vector<trace::Trace>& traces, const std::vector<std::string>& names,
-                               const std::vector<std::string>& sha256s) {
-  if (traces.empty()) usage_fail("calibrate-revivals needs at least one trace");
-  const trace::Trace& t0 = traces[0];
-  RevivalModel m;
-  m.policy = t0.header.policy;
-  m.n_layer = t0.header.n_layer;
-  m.model = t0.header.model.value("name", std::string());
-  m.schedule = t0.header.schedule;
-  for (size_t k = 0; k < traces.size(); ++k) {
-    const trace::Trace& t = traces[k];
-    const std::string& name = names.at(k);
-    if (t.header.policy != "lazyllm" && t.header.policy != "random")
-      fail("{}: a {} run has no revivals to fit (record one with run --prune lazyllm --trace)", name,
-           t.header.policy);
-    if (t.header.policy != m.policy)
-      fail("{}: a {} run, but {} is a {} run: fit one policy at a time", name, t.header.policy, names[0],
-           m.policy);
-    if (t.header.n_layer != m.n_layer)
-      fail("{}: {} layers, but {} has {}: fit one model at a time", name, t.header.n_layer, names[0],
-           m.n_layer);
-    if (t.header.schedule_layers != t0.header.schedule_layers)
-      fail("{}: schedule {} differs from {} in {}: fit one schedule at a time", name, t.header.schedule,
-           t0.header.schedule, names[0]);
-    if (t.steps.size() < 2) fail("{}: no decoding steps (record with run --max-new-tokens 2 or more)", name);
-    for (size_t s = 1; s < t.steps.size(); ++s)
-      if (t.steps[s].attended.empty())
-        fail("{}: decoding step {} lacks 'attended' (a trace written before it existed): record it again",
-             name, s);
-    m.traces.push_back({name, sha256s.at(k), t.header.prompt_tokens, int64_t(t.steps.size()) - 1});
-  }
-  const size_t P = t0.header.schedule_layers.size();
-  if (P == 0) fail("{}: its schedule has no pruning layer", names[0]);
-  std::vector<StagePoints> pts(P);
-  std::vector<double> running(P, 0), kept(P, 0);        // rows revived earlier reaching / passing each stage
-  std::vector<double> row_pairs(P, 0), row_keys(P, 0);  // running rows' pairs / (rows x active keys)
-  for (const trace::Trace& t : traces) {
-    for (size_t s = 1; s < t.steps.size(); ++s)
-      for (size_t i = 0; i < P; ++i) {
-        const int p = t.header.schedule_layers[i].first;
-        if (p + 1 >= m.n_layer) continue;
-        const trace::Step& st = t.steps[s];
-        running[i] += double(st.queries[size_t(p)] - 1);
-        kept[i] += double(st.queries[size_t(p) + 1] - 1 - st.revived[size_t(p) + 1]);
-        const int end = i + 1 < P ? t.header.schedule_layers[i + 1].first + 1 : m.n_layer;
-        for (int l = p + 1; l < end; ++l) {
-          row_pairs[i] += double(st.pairs[size_t(l)] - st.attended[size_t(l)]);
-          row_keys[i] += double(st.queries[size_t(l)] - 1) * double(st.attended[size_t(l)]);
-        }
-      }
-    const auto obs = observed_revival_shares(t);
-    for (size_t i = 0; i < P; ++i)
-      for (size_t s = 0; s < obs[i].size(); ++s)
-        if (std::isfinite(obs[i][s])) {
-          pts[i].step.push_back(double(s + 1));
-          pts[i].share.push_back(obs[i][s]);
-        }
-  }
-  for (size_t i = 0; i < P; ++i) {
-    RevivalStage st;
-    st.layer = t0.header.schedule_layers[i].first;
-    st.prune_share = t0.header.schedule_layers[i].second;
-    st.depth = double(st.layer + 1) / double(m.n_layer);
-    st.points = int64_t(pts[i].step.size());
-    if (running[i] > 0) st.survival = std::clamp(kept[i] / running[i], 0.0, 1.0);
-    if (row_keys[i] > 0) st.key_share = std::clamp(row_pairs[i] / row_keys[i], 0.0, 1.0);
-    if (st.points > 0) {
-      // Start from the first step's mean share decaying to the last steps' mean.
-      double first = 0, last = 0;
-      int64_t nf = 0, nl = 0;
-      const double smax = *std::max_element(pts[i].step.begin(), pts[i].step.end());
-      for (size_t k = 0; k < pts[i].step.size(); ++k) {
-        if (pts[i].step[k] == 1) first += pts[i].share[k], ++nf;
-        if (pts[i].step[k] >= 0.75 * smax) last += pts[i].share[k], ++nl;
-      }
-      double x[3] = {nf ? first / double(nf) : pts[i].share[0], nl ? last / double(nl) : 0, 4};
-      x[2] = std::clamp(smax / 4, 1.0, kTauMax);
-      const double lo[3] = {0, 0, kTauMin}, hi[3] = {1, 1, kTauMax};
-      for (int d = 0; d < 3; ++d) x[d] = std::clamp(x[d], lo[d], hi[d]);
-      const std::string what = fmt::format("the revival fit at pruning layer {}", st.layer);
-      const OptimizerStatus os = minimize_bobyqa(3, x, lo, hi, stage_sse, &pts[i], 4000, 1e-10, what.c_str());
-      st.start = x[0];
-      st.floor = x[1];
-      st.tau_steps = x[2];
-      st.rms_error = std::sqrt(os.best / double(st.points));
-    }
-    m.stages.push_back(st);
-  }
-  return m;
 }
 
 ojson revival_model_json(const RevivalModel& m) {
@@ -257,7 +126,7 @@ RevivalModel parse_revival_model(const json& j, const std::string& origin) {
     st.key_share = s.contains("key_share") ? unit_field(s, "key_share", o, 0, 1) : 0.5;
     st.start = unit_field(s, "start", o, 0, 1);
     st.floor = unit_field(s, "floor", o, 0, 1);
-    st.tau_steps = unit_field(s, "tau_steps", o, kTauMin, kTauMax);
+    st.tau_steps = unit_field(s, "tau_steps", o, RevivalStage::kTauMin, RevivalStage::kTauMax);
     st.rms_error = s.value("rms_error", 0.0);
     st.points = count_field(s, "points", o);
     m.stages.push_back(st);

@@ -11,7 +11,7 @@
 // active keys a running revived row attends at the layers up to the next stage (`key_share`:
 // revived rows sit early in the context, so causally they see fewer than half). Synthetic decoding
 // (traces/synthetic.h) draws its revivals from it; a built-in model, fitted on the demo model's traces, is
-// the default of simulate --prune, report and sweep.
+// the default of simulate --prune, report and sweep. The fit to traces is calibrate/revivals.h.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "traces/schedule.h"
+#include "pruning/schedule.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 
@@ -34,8 +34,9 @@ struct RevivalStage {
   double start = 0;        // share at the first decoding step
   double floor = 0;        // share it decays to
   double tau_steps = 1;    // decay constant, in decoding steps
-  double rms_error = 0;    // of the fit over its points (share units)
-  int64_t points = 0;      // (trace, step) points it was fitted on
+  static constexpr double kTauMin = 0.05, kTauMax = 1e4;  // the range a file and the fit may give tau
+  double rms_error = 0;                                   // of the fit over its points (share units)
+  int64_t points = 0;                                     // (trace, step) points it was fitted on
   double share(int64_t step) const;
 };
 
@@ -55,16 +56,6 @@ struct RevivalModel {
   std::string origin;  // the file it was read from, or "built-in"
   bool builtin = false;
 };
-
-// Fits one stage per pruning layer of the traces' schedule. Every trace must be a LazyLLM (or
-// random) run of the same model and schedule with at least one decoding step and the per-layer
-// `attended` counts (traces written since issue 17); `names` label them in errors and
-// provenance. Throws lp::Error naming the trace and the problem.
-RevivalModel fit_revival_model(const std::vector<trace::Trace>& traces, const std::vector<std::string>& names,
-                               const std::vector<std::string>& sha256s);
-
-// The shares one recorded trace shows: [stage][step - 1], NaN where a stage had no candidates.
-std::vector<std::vector<double>> observed_revival_shares(const trace::Trace& t);
 
 nlohmann::ordered_json revival_model_json(const RevivalModel& m);
 // Parses a revival model file's JSON; throws lp::Error naming `origin` and the field.

@@ -1,8 +1,8 @@
 // One op-test harness for every backend (in the manner of ggml's test-backend-ops): one table of
 // cases — op × awkward row counts (1, 17, 111, 989) × GQA ratio (1, 3, 6) × weight dtype — each
 // run through the Backend interface (kernels/backend.h) and compared with the scalar references
-// (kernels/cpu/ref.h, kernels/select.h). The CPU backend runs it in lp_tests
-// (tests/test_backend_ops.cpp); the CUDA backend in the GPU suite, on a device and on host threads
+// (kernels/cpu/ref.h, pruning/select.h). The CPU backend runs it in lp_tests
+// (tests/kernels/test_backend_ops.cpp); the CUDA backend in the GPU suite, on a device and on host threads
 // (tests/gpu/test_gpu_ops.cpp). Both backends run every case (the CUDA head-width limits, multiples
 // of 4 up to 256, hold for the table); a backend that cannot should skip the case saying why.
 //
@@ -27,9 +27,9 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/ref.h"
-#include "kernels/select.h"
 #include "kernels/weights.h"
 #include "model/quant.h"
+#include "pruning/select.h"
 
 namespace lp::testing {
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "model/config.h"
-#include "traces/schedule.h"
+#include "pruning/schedule.h"
 #include "traces/trace.h"
 
 namespace lp::trace {

@@ -1,5 +1,5 @@
 // The trace: what a run computed, step by step and layer by layer. It is the contract between
-// kernels/ (the engine, through the CLI, writes it) and sim/ (which replays it); it knows
+// engine/ (whose runs write it, through the CLI) and sim/ (which replays it); it knows
 // nothing of either. Format: traces/README.md.
 #pragma once
 

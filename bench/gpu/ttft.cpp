@@ -1,4 +1,4 @@
-// lp_gpu_bench: TTFT on the CUDA backend with and without LazyLLM pruning (issue 8), on the default
+// lp_gpu_bench: TTFT on the CUDA backend with and without LazyLLM pruning, on the default
 // model (its real weights) and on a Llama-3.1-8B-shaped model with random bf16 weights (speed does
 // not depend on the weights), plus the GEMM and attention checks of the issue's speed targets:
 //   - GEMM TFLOP/s at the 8B shapes against the GPU's dense bf16 peak (its hardware profile);
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "calibrate/fit_measurements.h"
 #include "engine/session.h"
 #include "hwmodels/profile.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -35,8 +36,7 @@
 #include "model/paths.h"
 #include "model/presets.h"
 #include "model/quant.h"
-#include "sim/fit_measurements.h"
-#include "traces/schedule.h"
+#include "pruning/schedule.h"
 
 namespace {
 
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     // The GPU's dense bf16 peak, from the profile whose name or aliases name it (as calibrate matches
     // hardware names: case, spaces and '_' ignored).
     double peak = 0;
-    if (const auto profile = sim::match_profile(d.name, {})) {
+    if (const auto profile = calib::match_profile(d.name, {})) {
       peak = hw::load_profile(*profile).peak("bf16");
       fmt::print("hardware profile: {} (dense bf16 peak {:.0f} TFLOP/s)\n", *profile, peak / 1e12);
     } else {

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/select.h"
 #include "model/error.h"
 #include "model/quant.h"
+#include "pruning/select.h"
 
 namespace lp {
 

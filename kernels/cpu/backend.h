@@ -1,14 +1,17 @@
-// The CPU backend: the layer ops of kernels/backend.h over the fast CPU kernels (kernels/cpu/ops.h:
-// oneDNN GEMMs, AVX-512/AVX2 elementwise ops and attention) in a CpuContext's threads, on the
-// weights as loaded (kernels/weights.h), with its K/V cache in LayerKV and the Aux Cache's states
-// in host memory.
+// The CPU backend: the layer ops of kernels/backend.h over the fast CPU kernels (oneDNN GEMMs in
+// kernels/cpu/gemm.h, AVX-512/AVX2 row ops in elementwise.h, attention in attention.h) in a CpuContext's
+// threads, on the weights as loaded (kernels/weights.h), with its K/V cache in LayerKV and the Aux Cache's
+// states in host memory.
 #pragma once
 
 #include <memory>
 
 #include "kernels/backend.h"
 #include "kernels/context.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kv_cache.h"
 #include "kernels/weights.h"
 #include "model/config.h"
 

@@ -1,5 +1,6 @@
 // Scalar reference kernels. Kept forever: tests and benchmarks compare the fast kernels
-// (kernels/cpu/ops.h) against these. They are written for clarity, accumulate in double where
+// (kernels/cpu/gemm.h,
+// elementwise.h, attention.h) against these. They are written for clarity, accumulate in double where
 // a reduction is long, and never change for speed.
 //
 // Dimension names: T tokens, D width, H heads, Hkv kv heads, Dh head width, F ffn width.

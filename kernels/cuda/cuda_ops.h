@@ -1,4 +1,4 @@
-// The CUDA backend's device, memory and op launchers (issue 8), as plain C++ declarations so that
+// The CUDA backend's device, memory and op launchers, as plain C++ declarations so that
 // code without CUDA headers (the CLI, the tests) can call them. Built from kernels/cuda/*.cu when
 // CMake finds nvcc (LP_CUDA); otherwise kernels/cuda/no_cuda.cpp provides the same functions,
 // and open_device() says that this build has no CUDA backend.
@@ -61,7 +61,7 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
 // The last token's attention over S keys, averaged over heads (ref::last_row_scores), into scores[S].
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
                      float* scores);
-// LazyLLM's selection (kernels/select.h select_top) with CUB radix sorts: keep[n_keep] the kept
+// LazyLLM's selection (pruning/select.h select_top) with CUB radix sorts: keep[n_keep] the kept
 // indices in increasing order; the last token always kept. n_keep in [1, n].
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);
 // K/V append: rows of k_new/v_new [T][kv] into cache slots slot[T] of k_cache/v_cache [cap][kv],

@@ -1,6 +1,6 @@
 // The per-element and per-row arithmetic of the CUDA kernels (kernels/cuda/*.cu), as
 // `__host__ __device__` functions: the GPU runs exactly these, and the CPU test suite runs them
-// too (tests/test_cuda_math.cpp) against the scalar references (kernels/cpu/ref.h), so the
+// too (tests/kernels/test_cuda_math.cpp) against the scalar references (kernels/cpu/ref.h), so the
 // arithmetic is tested on machines without a GPU. The launchers stay thin: indexing and
 // reductions around these calls.
 //
@@ -101,7 +101,7 @@ LP_HD float head_share(float logit, float m_h, float l_h, int64_t H) {
 }
 
 // Selection keys: a key that sorts (descending, as unsigned 64-bit) in the order LazyLLM keeps
-// tokens: higher score first, equal scores by later position first (kernels/select.cpp
+// tokens: higher score first, equal scores by later position first (pruning/select.cpp
 // select_top). The float's bits are mapped to an order-preserving unsigned value.
 LP_HD uint64_t selection_key(float score, int32_t pos) {
   if (score == 0.0f) score = 0.0f;  // -0 and +0 are equal scores: the position decides
@@ -111,7 +111,7 @@ LP_HD uint64_t selection_key(float score, int32_t pos) {
   return (uint64_t(u) << 32) | uint64_t(uint32_t(pos));
 }
 
-// Tokens kept at a pruning layer: as traces/schedule.h tokens_kept (the host computes it; this
+// Tokens kept at a pruning layer: as pruning/schedule.h tokens_kept (the host computes it; this
 // copy lets a device-side loop check its bound). share in [0, 1), n_active >= 1.
 LP_HD int64_t tokens_kept(int64_t n_active, double share) {
   const double x = share * double(n_active);

@@ -1,5 +1,5 @@
 // The CUDA kernels of the backend. nvcc compiles them for the GPU (kernels/cuda/ops.cu); the host
-// compiler compiles the same text for tests (kernels/cuda/host_emulation.cpp), where
+// compiler compiles the same text for tests (tests/cuda_emu/host_emulation.cpp), where
 // host_threads.h runs every CUDA thread of a block as a fiber with real barriers and shared
 // memory. The per-element arithmetic is device_math.h; this file is the indexing, the tiling,
 // the reductions and the barriers.
@@ -36,7 +36,7 @@ inline void check_launch(const char* what) {
     ::lp::cuda::kernels::check_launch(#kernel);                 \
   } while (0)
 #else
-#include "kernels/cuda/host_threads.h"
+#include "tests/cuda_emu/host_threads.h"
 
 struct alignas(16) float4 {
   float x, y, z, w;

@@ -1,7 +1,7 @@
 // The launchers of the backend's own kernels (cuda_ops.h), written once for both builds: ops.cu
-// includes this under nvcc (LP_LAUNCH is <<<...>>>) and host_emulation.cpp under the host
-// compiler (LP_LAUNCH runs the block's threads as fibers, host_threads.h). What differs between
-// the two, device memory, cuBLAS, CUB sorts and copies, is in those files.
+// includes this under nvcc (LP_LAUNCH is <<<...>>>) and tests/cuda_emu/host_emulation.cpp under
+// the host compiler (LP_LAUNCH runs the block's threads as fibers, tests/cuda_emu/host_threads.h). What
+// differs between the two, device memory, cuBLAS, CUB sorts and copies, is in those files.
 #pragma once
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // The CUDA backend's device side (cuda_ops.h): memory, the device, cuBLAS GEMMs, the CUB sorts of
 // the selection, and, through launch.cuh, the launchers of the own kernels (kernels.cuh). The
 // arithmetic per element and per row is device_math.h (tested on the CPU); the kernels also run on
-// the host, thread by thread, in the tests (host_emulation.cpp, host_threads.h).
+// the host, thread by thread, in the tests (tests/cuda_emu/).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

@@ -1,4 +1,4 @@
-// The host executor of CUDA thread blocks (kernels/cuda/host_threads.h) that runs the backend's
+// The host executor of CUDA thread blocks (tests/cuda_emu/host_threads.h) that runs the backend's
 // kernels in the normal suite: barriers open only when every live thread has reached them, a
 // missing barrier changes the result under some thread order, threads stuck at different
 // barriers are reported, and launches CUDA would refuse are refused.

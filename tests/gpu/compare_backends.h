@@ -13,9 +13,9 @@
 #include "engine/generate.h"
 #include "engine/session.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "pruning/schedule.h"
 #include "tests/gguf_writer.h"
 #include "tests/test_util.h"
-#include "traces/schedule.h"
 
 namespace lp {
 

@@ -2,7 +2,7 @@
 // awkward shapes and pruned gathers, and the CUDA session against the CPU backend. Built twice:
 // - lp_gpu_tests (ctest label `gpu`) on the device. Without a GPU (or in a build without CUDA) it
 //   prints why and exits 77, which ctest reports as skipped, not passed.
-// - lp_gpu_tests_on_host (LP_HOST_THREADS, in the normal suite) over kernels/cuda/host_emulation.cpp:
+// - lp_gpu_tests_on_host (LP_HOST_THREADS, in the normal suite) over tests/cuda_emu/host_emulation.cpp:
 //   the same kernels run thread by thread on the host, once per thread order (forward, reverse,
 //   shuffled, warp by warp), with cuBLAS and CUB replaced by references; the default-model test is left to
 //   the GPU.
@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "engine/generate.h"
-#include "engine/pruning.h"
 #include "engine/session.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -28,13 +27,14 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/paths.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
 #include "tests/backend_ops.h"
 #include "tests/gguf_writer.h"
 #include "tests/gpu/compare_backends.h"
 #include "tests/test_util.h"
-#include "traces/schedule.h"
 #if defined(LP_HOST_THREADS)
-#include "kernels/cuda/host_threads.h"
+#include "tests/cuda_emu/host_threads.h"
 #endif
 
 namespace lp {

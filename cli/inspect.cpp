@@ -1,0 +1,173 @@
+// `lazyprefill inspect`: a GGUF model's architecture, tensors and tokenizer, or the summary of a
+// trace (streamed: memory is one step), as text (text from the file escaped) or JSON.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/run_output.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "kernels/context.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/config.h"
+#include "model/error.h"
+#include "model/gguf.h"
+#include "model/io.h"
+#include "model/ops.h"
+#include "model/paths.h"
+#include "model/vocab.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
+#include "traces/synthetic.h"
+#include "traces/trace.h"
+
+namespace lp::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+int inspect_trace(const std::string& path, bool json_out) {
+  // Streamed: memory is one step, whatever the trace's length.
+  lp::trace::TraceReader reader(path);
+  const auto& h = reader.header();
+  lp::trace::Summarizer sum(h);
+  for (lp::trace::Step st; reader.next(st);) sum.add(st);
+  const lp::trace::Summary s = sum.finish();
+  const int64_t steps = sum.steps();
+  const int64_t kv_per_token_layer = 2LL * h.model.value("n_head_kv", 0) * h.model.value("head_dim", 0) * 4;
+  const int64_t D = h.model.value("n_embd", 0);
+  if (json_out) {
+    json j = {{"trace", path},
+              {"version", h.version},
+              {"policy", h.policy},
+              {"schedule", h.schedule},
+              {"prompt_tokens", h.prompt_tokens},
+              {"steps", steps},
+              {"detail", s.detail},
+              {"prompt_share_per_layer", s.prompt_share_per_layer},
+              {"prompt_tokens_computed_fraction", s.prompt_share},
+              {"generation_tokens_computed_fraction", s.generation_share},
+              {"at_most_once", s.at_most_once},
+              {"kv_bytes_final_f32", s.kv_tokens_final * kv_per_token_layer},
+              {"aux_cache_bytes_f32", s.aux_writes * D * 4},
+              {"aux_writes", s.aux_writes},
+              {"revivals", s.revivals}};
+    std::puts(j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps, {}\n",
+             lp::escape_text(path), h.version, h.policy, lp::escape_text(h.schedule), h.prompt_tokens, steps,
+             s.detail ? "with detail (kept positions, scores, revived positions)" : "counts only");
+  fmt::print("prompt (token, layer) pairs computed: {:.1f}%   whole generation: {:.1f}%   at most once: {}\n",
+             100 * s.prompt_share, 100 * s.generation_share, s.at_most_once ? "yes" : "NO");
+  fmt::print("KV at the end: {:.2f} MiB (f32)   Aux Cache: {} states, {:.2f} MiB   revivals: {}\n",
+             double(s.kv_tokens_final * kv_per_token_layer) / 1048576.0, s.aux_writes,
+             double(s.aux_writes * D * 4) / 1048576.0, s.revivals);
+  fmt::print("share of prompt tokens computed per layer:\n");
+  for (size_t l = 0; l < s.prompt_share_per_layer.size(); ++l)
+    fmt::print("  layer {:>3}: {:>6.1f}%\n", l, 100 * s.prompt_share_per_layer[l]);
+  return 0;
+}
+
+int inspect_model(const std::string& path_arg, bool json_out) {
+  const std::string path = path_arg.empty() ? lp::default_model_path() : path_arg;
+  const lp::GgufFile f = lp::GgufFile::open(path);
+  const lp::ModelConfig c = lp::config_from_gguf(f);
+  const lp::VocabData v = lp::vocab_from_gguf(f);
+  std::map<std::string, std::pair<int, int64_t>> by_type;
+  int64_t total_bytes = 0;
+  for (const auto& t : f.tensors()) {
+    auto& e = by_type[std::string(lp::type_info(uint32_t(t.type))->name)];
+    e.first += 1;
+    e.second += t.n_bytes;
+    total_bytes += t.n_bytes;
+  }
+  json j;
+  j["file"] = path;
+  j["gguf_version"] = f.version();
+  j["architecture"] = c.arch;
+  j["name"] = c.name;
+  j["config"] = {
+      {"n_layer", c.n_layer},     {"n_embd", c.n_embd},           {"n_head", c.n_head},
+      {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},       {"n_ff", c.n_ff},
+      {"n_vocab", c.n_vocab},     {"n_ctx_train", c.n_ctx_train}, {"rope_theta", c.rope_theta},
+      {"rope_dim", c.rope_dim},   {"rms_eps", c.rms_eps},         {"tied_embeddings", c.tied_embeddings},
+      {"n_params", c.n_params()}};
+  j["tokenizer"] = {{"model", v.model},
+                    {"pre", v.pre},
+                    {"n_tokens", v.tokens.size()},
+                    {"n_merges", v.merges.size()},
+                    {"bos_id", v.bos_id},
+                    {"eos_id", v.eos_id},
+                    {"add_bos", v.add_bos},
+                    {"has_chat_template", !v.chat_template.empty()}};
+  json types = json::object();
+  for (const auto& [k, e] : by_type) types[k] = {{"tensors", e.first}, {"bytes", e.second}};
+  j["tensor_types"] = types;
+  j["tensor_bytes"] = total_bytes;
+  json tensors = json::array();
+  for (const auto& t : f.tensors())
+    tensors.push_back({{"name", t.name},
+                       {"type", lp::type_info(uint32_t(t.type))->name},
+                       {"shape", t.ne},
+                       {"bytes", t.n_bytes}});
+  j["tensors"] = tensors;
+  if (json_out) {  // JSON escapes control characters; bytes that are not UTF-8 become U+FFFD
+    std::puts(j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  // Text from the file is escaped: a name cannot forge lines or send terminal escapes.
+  const auto esc = [](const std::string& x) { return lp::escape_text(x); };
+  fmt::print("{}  (GGUF v{}, {:.1f} MiB of tensors)\n", esc(path), f.version(), total_bytes / 1048576.0);
+  fmt::print("architecture {}  \"{}\"\n", esc(c.arch), esc(c.name));
+  fmt::print("  layers {}  width {}  heads {} (kv {})  head dim {}  ffn {}  vocab {}  context {}\n",
+             c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train);
+  fmt::print("  rope theta {}  rope dims {}  rms eps {}  tied embeddings {}  params {:.1f} M\n", c.rope_theta,
+             c.rope_dim, c.rms_eps, c.tied_embeddings ? "yes" : "no", c.n_params() / 1e6);
+  fmt::print("tokenizer {} (pre '{}')  {} tokens  {} merges  bos {}  eos {}  add_bos {}  chat template {}\n",
+             esc(v.model), esc(v.pre), v.tokens.size(), v.merges.size(), v.bos_id, v.eos_id, v.add_bos,
+             v.chat_template.empty() ? "no" : "yes");
+  fmt::print("tensor types:\n");
+  for (const auto& [k, e] : by_type)
+    fmt::print("  {:<6} {:>4} tensors {:>10.2f} MiB\n", k, e.first, e.second / 1048576.0);
+  fmt::print("tensors:\n");
+  for (const auto& t : f.tensors())
+    fmt::print("  {:<28} {:<5} [{}] {} bytes\n", esc(t.name), lp::type_info(uint32_t(t.type))->name,
+               fmt::join(t.ne, ", "), t.n_bytes);
+  return 0;
+}
+
+}  // namespace
+
+CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
+  auto* inspect =
+      app.add_subcommand("inspect",
+                         "Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.\n"
+                         "  lazyprefill inspect --model model.gguf --json\n"
+                         "  lazyprefill inspect --trace run.jsonl");
+  inspect->add_option("--model", a.model, "GGUF model file (default: the cached SmolLM2)")
+      ->check(lp::cli::non_empty_path());
+  inspect->add_option("--trace", a.trace, "Summarise a trace written by run --trace instead");
+  inspect->add_flag("--json", a.json_out, "Print JSON");
+  return inspect;
+}
+
+int cmd_inspect(const InspectArgs& a) {
+  return a.trace.empty() ? inspect_model(a.model, a.json_out) : inspect_trace(a.trace, a.json_out);
+}
+
+}  // namespace lp::cli

@@ -1,0 +1,217 @@
+// `lazyprefill run`: generate from a GGUF model on the CPU or CUDA backend (one engine,
+// engine/generate.h), with LazyLLM or a baseline pruning when asked, and report the timings: text,
+// or one JSON object in the same shape for both backends (the measurement `calibrate` reads).
+// --trace records the run's trace (traces/README.md).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/run_output.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "kernels/context.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/config.h"
+#include "model/error.h"
+#include "model/gguf.h"
+#include "model/io.h"
+#include "model/ops.h"
+#include "model/paths.h"
+#include "model/vocab.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
+#include "traces/synthetic.h"
+#include "traces/trace.h"
+
+namespace lp::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// --backend cuda: the device, and whether the model's weights alone fit in its free memory, before
+// the (long) load. The session counts the rest (K/V, Aux Cache, activations) for the prompt's
+// tokens once it is tokenised, and refuses before allocating.
+lp::cuda::Device check_cuda_backend(const std::string& path, lp::DType dtype) {
+  const lp::cuda::Device d = lp::cuda::open_device();  // one line saying why not, else the GPU
+  const lp::ModelConfig c = lp::config_from_gguf(lp::GgufFile::open(path));
+  const double weight_bytes = double(c.n_params()) * (dtype == lp::DType::F32 ? 4 : 2);
+  if (weight_bytes > double(d.free_bytes))
+    lp::fail(
+        "the model needs {:.2f} GiB on the GPU for its {} weights alone but {} has {:.2f} GiB free of {:.2f}",
+        weight_bytes / 1073741824.0, lp::dtype_name(dtype), d.name, double(d.free_bytes) / 1073741824.0,
+        double(d.total_bytes) / 1073741824.0);
+  return d;
+}
+
+std::string read_prompt_file(const std::string& path) {
+  return lp::read_input_file(path, "prompt file", lp::input_cap::kPrompt);
+}
+
+// auto: on the CPU the fastest this CPU has (bf16 where it has AVX-512 bf16); on a GPU bf16
+// (tensor cores, half the weight memory).
+lp::DType parse_dtype(const std::string& s, const std::string& backend) {
+  if (s == "auto") return backend == "cuda" ? lp::DType::BF16 : lp::fastest_dtype();
+  if (s == "f32") return lp::DType::F32;
+  if (s == "bf16") return lp::DType::BF16;
+  lp::usage_fail("--dtype must be auto, f32 or bf16, got '{}'", s);
+}
+
+}  // namespace
+
+CLI::App* add_run(CLI::App& app, RunArgs& a) {
+  auto* run =
+      app.add_subcommand("run",
+                         "Generate from a GGUF model on the CPU and report timings.\n"
+                         "  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16\n"
+                         "  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json");
+  run->add_option("--model", a.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)")
+      ->check(lp::cli::non_empty_path());
+  run->add_option("--prompt", a.prompt, "Prompt text");
+  run->add_option("--prompt-file", a.prompt_file, "File holding the prompt (UTF-8)");
+  run->add_option("--max-new-tokens", a.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
+  run->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
+  run->add_option("--dtype", a.dtype,
+                  "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), or auto: bf16 with "
+                  "--backend cuda; on the CPU bf16 where it has native bf16 (AVX-512 BF16/AMX), else f32")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  run->add_option("--backend", a.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  run->add_flag(
+      "--op-timers", a.op_timers,
+      "With --backend cuda: time every op (the GPU synchronised around each) and put them in --json");
+  run->add_flag("--chat", a.chat, "Wrap the prompt in the model's chat template (ChatML)");
+  run->add_flag("--json", a.json_out, "Print one JSON object");
+  run->add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->check(lp::cli::finite_number());
+  run->add_option("--top-p", a.top_p, "Nucleus sampling threshold")
+      ->check(CLI::Range(0.0, 1.0))
+      ->check(lp::cli::finite_number());
+  run->add_option("--seed", a.seed, "Random seed for sampling and for --prune random")
+      ->check(lp::cli::digits_only());
+  auto* trace_opt = run->add_option("--trace", a.trace,
+                                    "Write the run's trace (JSON Lines, traces/README.md) to this file");
+  run->add_flag("--trace-detail", a.trace_detail,
+                "Also record in the trace the positions kept and the scores at each pruning layer, and the "
+                "positions revived")
+      ->needs(trace_opt);
+  run->add_option("--prune", a.prune,
+                  "Prefill token pruning: none, lazyllm (LazyLLM), static (select once) or random")
+      ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
+  run->add_option("--schedule", a.schedule,
+                  std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
+                      lp::kScheduleSyntaxHelp)
+      ->check(lp::cli::non_empty_schedule());
+  return run;
+}
+
+int cmd_run(const RunArgs& a, const CLI::App& sub) {
+  const bool prompt_given = sub.count("--prompt") > 0;  // --prompt "" is an empty prompt, not a missing one
+  const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
+  lp::refuse_output_over_input(a.trace, "--trace", {path, a.prompt_file, a.schedule});
+  if (prompt_given == !a.prompt_file.empty()) lp::usage_fail("give exactly one of --prompt or --prompt-file");
+  std::string text = prompt_given ? a.prompt : read_prompt_file(a.prompt_file);
+  if (const int64_t bad = lp::find_invalid_utf8(text); bad >= 0)
+    lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
+             a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
+  if (text.empty()) lp::fail("the prompt is empty");
+  const lp::DType dtype = parse_dtype(a.dtype, a.backend);
+  if (!a.trace.empty()) {
+    // Fail before the (long) run when the trace could not be written afterwards.
+    const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();
+    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+      lp::fail("cannot write trace '{}': folder '{}' does not exist or is not writable", a.trace,
+               dir.string());
+    if (std::filesystem::is_directory(a.trace)) lp::fail("cannot write trace '{}': it is a folder", a.trace);
+  }
+  lp::cuda::Device gpu;
+  if (a.op_timers && a.backend != "cuda")
+    lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
+  if (a.backend == "cuda") {
+    gpu = check_cuda_backend(path, dtype);
+  }
+  lp::CpuContext ctx(a.threads);
+  const auto model = lp::Model::load(path, dtype, ctx);
+  const lp::Tokenizer& tok = model->tokenizer();
+  std::vector<int32_t> ids;
+  if (a.chat) {
+    const lp::ChatMessage msg{"user", text};
+    ids = tok.encode(tok.apply_chat_template({&msg, 1}, true), false, true);
+  } else {
+    ids = tok.encode(text, true, false);
+  }
+  if (ids.empty()) lp::fail("the prompt is empty (no tokens)");
+  lp::GenerateOptions opt;
+  opt.max_new_tokens = a.max_new_tokens;
+  opt.sampler = {a.temperature, a.top_p, a.seed};
+  opt.policy = lp::parse_policy(a.prune);
+  opt.schedule = a.schedule.empty() ? lp::default_schedule() : lp::schedule_from_arg(a.schedule);
+  opt.prune_seed = a.seed;
+  opt.record_steps = !a.trace.empty();
+  if (a.backend == "cuda") opt.gpu_op_timers = a.op_timers;
+  // One engine (engine/session.h) on the chosen backend.
+  const lp::GenerateResult r =
+      a.backend == "cuda"
+          ? lp::generate(*model, ids, opt,
+                         [&](int64_t n_ctx) {
+                           return lp::cuda::make_backend(model->config(), model->weights(), n_ctx);
+                         })
+          : lp::generate(ctx, *model, ids, opt);
+
+  double trace_write_s = 0;
+  if (!a.trace.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const lp::trace::Trace t =
+        lp::cli::run_trace(model->config(), opt, r, lp::dtype_name(dtype), a.seed, a.trace_detail);
+    lp::trace::write_trace(t, a.trace);
+    trace_write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double prefill_tps = r.prompt_ids.size() / r.prefill_s;
+  const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
+  const double gflops = r.prefill_ops.total_flops() / r.prefill_s / 1e9;
+  if (a.json_out) {
+    json j;
+    j = lp::cli::run_json(*model, opt, r, lp::dtype_name(dtype), a.threads);
+    j["backend"] = a.backend;
+    if (a.backend == "cuda") {
+      // `calibrate --measurements` reads `hardware` (calibrate/measurements.h): the GPU.
+      j["gpu"] = gpu.name;
+      j["hardware"] = gpu.name;
+      j["op_timers"] = a.op_timers ? "device synchronised around every op: TTFT includes the lost overlap"
+                                   : "off (--op-timers records them, at the cost of the overlap between ops)";
+    }
+    j["seed"] = a.seed;
+    j["temperature"] = a.temperature;
+    j["top_p"] = a.top_p;
+    if (!a.trace.empty()) j["trace_write_ms"] = trace_write_s * 1e3;  // assembling and writing the trace
+    std::puts(j.dump(2).c_str());
+  } else {
+    std::puts(r.text.c_str());
+    const std::string where =
+        a.backend == "cuda" ? fmt::format("on {}", gpu.name) : fmt::format("{} threads", a.threads);
+    const std::string rate = r.prefill_ops.empty() ? "" : fmt::format(" ({:.1f} GFLOP/s)", gflops);
+    fmt::print(stderr,
+               "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | prefill {:.1f} tok/s{} | decode {:.1f} "
+               "tok/s | peak RSS {:.0f} MiB | {} {} | prune {} ({:.1f}% of prompt token-layers computed)\n",
+               r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, prefill_tps, rate, decode_tps,
+               lp::peak_rss_mib(), lp::dtype_name(dtype), where, a.prune,
+               100.0 * r.prompt_tokens_computed_fraction);
+  }
+  return 0;
+}
+
+}  // namespace lp::cli

@@ -1,0 +1,371 @@
+#include "kernels/cpu/attention.h"
+
+#include <immintrin.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/simd.h"
+#include "model/error.h"
+
+namespace lp {
+
+using namespace simd;
+
+// Attention, flash-style. Work item: a tile of up to kTileRows (query, head) rows of one kv
+// group, enumerated token-major so the heads sharing a kv head share every key block. For each
+// block of kBlock keys: S = Q K^T (kept in L1), an online softmax per row (running max m and
+// sum l, earlier output rescaled when the max grows), O += P V. Each tile reads the keys and
+// values it needs once; nothing of size T x T is ever stored.
+namespace {
+constexpr int kTileRows = 64;  // rows per work item
+constexpr int kBlock = 64;     // keys per block (two 32-key score steps)
+constexpr int kSubRows = 8;    // rows per score microkernel call
+
+struct TileRow {
+  const float* q;
+  float* o;
+  int64_t len;  // keys visible to this row (a prefix of the cache)
+};
+
+#if defined(__AVX512F__)
+// S[r][0..31] = sum_d qs[r][d] * kt[d][0..31] for NR rows: 2*NR accumulators, 2 key loads and
+// NR broadcasts per dimension.
+template <int NR>
+inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S, int64_t lds) {
+  __m512 acc[NR][2];
+  for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < Dh; ++d) {
+    const __m512 k0v = _mm512_loadu_ps(kt + d * ldk);
+    const __m512 k1v = _mm512_loadu_ps(kt + d * ldk + 16);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 b = _mm512_set1_ps(qs[r * Dh + d]);
+      acc[r][0] = _mm512_fmadd_ps(b, k0v, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(b, k1v, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    _mm512_storeu_ps(S + r * lds, acc[r][0]);
+    _mm512_storeu_ps(S + r * lds + 16, acc[r][1]);
+  }
+}
+
+// O[r][0..63] += sum_k P[r][k] * V[k][0..63] for 4 rows and nk keys (Dh = 64).
+inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, float* O, int nr) {
+  __m512 acc[4][4];
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 4; ++j)
+      acc[r][j] = r < nr ? _mm512_loadu_ps(O + r * 64 + 16 * j) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < nk; ++k) {
+    const float* vk = v + k * 64;
+    const __m512 v0 = _mm512_loadu_ps(vk), v1 = _mm512_loadu_ps(vk + 16);
+    const __m512 v2 = _mm512_loadu_ps(vk + 32), v3 = _mm512_loadu_ps(vk + 48);
+    for (int r = 0; r < 4; ++r) {
+      const __m512 p = _mm512_set1_ps(P[r * ldp + k]);
+      acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(O + r * 64 + 16 * j, acc[r][j]);
+}
+#endif
+
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// AVX2 (16 registers): S[r][0..15] = sum_d qs[r][d] * kt[d][0..15] for 4 rows, 8 accumulators,
+// 2 key loads and 4 broadcasts per dimension; each score sums over d in order.
+inline void scores_step_avx2(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S,
+                             int64_t lds) {
+  __m256 acc[4][2];
+  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < Dh; ++d) {
+    const __m256 k0v = _mm256_loadu_ps(kt + d * ldk);
+    const __m256 k1v = _mm256_loadu_ps(kt + d * ldk + 8);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 b = _mm256_broadcast_ss(qs + r * Dh + d);
+      acc[r][0] = _mm256_fmadd_ps(b, k0v, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(b, k1v, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    _mm256_storeu_ps(S + r * lds, acc[r][0]);
+    _mm256_storeu_ps(S + r * lds + 8, acc[r][1]);
+  }
+}
+
+// O[r][0..31] += sum_k P[r][k] * V[k][0..31] for 2 rows and nk keys (v rows Dh floats apart;
+// O rows Dh apart): 8 accumulators, 4 value loads and 2 broadcasts per key.
+inline void pv_step32_avx2(const float* P, int64_t ldp, const float* v, int64_t Dh, int64_t nk, float* O,
+                           int nr) {
+  __m256 acc[2][4];
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 4; ++j)
+      acc[r][j] = r < nr ? _mm256_loadu_ps(O + r * Dh + 8 * j) : _mm256_setzero_ps();
+  for (int64_t k = 0; k < nk; ++k) {
+    const float* vk = v + k * Dh;
+    const __m256 v0 = _mm256_loadu_ps(vk), v1 = _mm256_loadu_ps(vk + 8);
+    const __m256 v2 = _mm256_loadu_ps(vk + 16), v3 = _mm256_loadu_ps(vk + 24);
+    for (int r = 0; r < 2; ++r) {
+      const __m256 p = _mm256_broadcast_ss(P + r * ldp + k);
+      acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(p, v2, acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(p, v3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(O + r * Dh + 8 * j, acc[r][j]);
+}
+#endif
+
+// For one row of a score block: mx = max(m_old, s[0..valid)), s[k] = exp(s[k] - mx) for k < valid
+// and 0 up to bk, sum = sum of s.
+inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, float* mx_out, float* sum_out) {
+  float mx = m_old;
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  __m512 vm = _mm512_set1_ps(m_old);
+  for (; k + 16 <= valid; k += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + k));
+  mx = _mm512_reduce_max_ps(vm);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 vm = _mm256_set1_ps(m_old);
+  for (; k + 8 <= valid; k += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + k));
+  mx = reduce_max256(vm);
+#endif
+  for (; k < valid; ++k) mx = std::max(mx, s[k]);
+  float sum = 0;
+  k = 0;
+#if defined(__AVX512F__)
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 vs = _mm512_setzero_ps();
+  for (; k + 16 <= valid; k += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + k), vmx));
+    _mm512_storeu_ps(s + k, e);
+    vs = _mm512_add_ps(vs, e);
+  }
+  sum = _mm512_reduce_add_ps(vs);
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vs = _mm256_setzero_ps();
+  for (; k + 8 <= valid; k += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + k), vmx));
+    _mm256_storeu_ps(s + k, e);
+    vs = _mm256_add_ps(vs, e);
+  }
+  sum = reduce_add256(vs);
+#endif
+  for (; k < valid; ++k) {
+    s[k] = exp1(s[k] - mx);
+    sum += s[k];
+  }
+  std::fill(s + valid, s + bk, 0.0f);
+  *mx_out = mx;
+  *sum_out = sum;
+}
+
+// Keys [k0, k0 + bk) of a key set for kv group g: pointers into the cache when the set is the
+// sorted prefix, else a copy of the listed slots in a tile-local block (zero past bk, so the
+// 32-key score steps read finite values). Values are copied only when v_buf is given.
+struct KeyBlock {
+  const float* kt;  // [Dh][ldk]
+  int64_t ldk;
+  const float* v;  // [bk][Dh]
+};
+inline KeyBlock key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t bk, float* kt_buf,
+                          float* v_buf) {
+  const LayerKV& kv = keys.kv;
+  const int64_t Dh = kv.Dh;
+  const float* kt = kv.kt.data() + g * Dh * kv.kt_ld;
+  const float* v = kv.v.data() + g * kv.cap * Dh;
+  if (keys.slots.empty()) return {kt + k0, kv.kt_ld, v + k0 * Dh};
+  const int32_t* sl = keys.slots.data() + k0;
+  for (int64_t d = 0; d < Dh; ++d) {
+    const float* src = kt + d * kv.kt_ld;
+    float* dst = kt_buf + d * kBlock;
+    for (int64_t j = 0; j < bk; ++j) dst[j] = src[sl[j]];
+    std::fill(dst + bk, dst + kBlock, 0.0f);
+  }
+  if (v_buf)
+    for (int64_t j = 0; j < bk; ++j) std::memcpy(v_buf + j * Dh, v + int64_t(sl[j]) * Dh, size_t(Dh) * 4);
+  return {kt_buf, kBlock, v_buf};
+}
+
+void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale) {
+  const int64_t Dh = keys.kv.Dh;
+  thread_local std::vector<float> kt_buf, v_buf;
+  if (!keys.slots.empty()) {
+    kt_buf.resize(size_t(Dh * kBlock));
+    v_buf.resize(size_t(kBlock * Dh));
+  }
+  int64_t nk = 0;
+  for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
+
+  // Tile-local state: pre-scaled queries, the score block, running max/sum, the output.
+  thread_local std::vector<float> qs_buf, o_buf;
+  alignas(64) float S[kTileRows * kBlock];
+  float m[kTileRows], l[kTileRows];
+  const int nr_pad = (nr + kSubRows - 1) / kSubRows * kSubRows;
+  qs_buf.assign(size_t(nr_pad * Dh), 0.0f);
+  o_buf.assign(size_t(nr * Dh), 0.0f);
+  float* qs = qs_buf.data();
+  float* O = o_buf.data();
+  for (int r = 0; r < nr; ++r) {
+    for (int64_t d = 0; d < Dh; ++d) qs[r * Dh + d] = rows[r].q[d] * scale;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
+
+  for (int64_t k0 = 0; k0 < nk; k0 += kBlock) {
+    const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
+    const KeyBlock kb = key_block(keys, g, k0, bk, kt_buf.data(), v_buf.data());
+    // Scores for the block (the cache is zero past n, so the padded lanes are finite).
+#if defined(__AVX512F__)
+    const bool vector_scores = Dh <= 256;
+#elif defined(__AVX2__) && defined(__FMA__)
+    const bool vector_scores = true;
+#else
+    const bool vector_scores = false;
+#endif
+    if (vector_scores) {
+#if defined(__AVX512F__)
+      for (int64_t s0 = 0; s0 < bk; s0 += 32)
+        for (int r0 = 0; r0 < nr; r0 += kSubRows)
+          scores_step<kSubRows>(qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
+#elif defined(__AVX2__) && defined(__FMA__)
+      for (int64_t s0 = 0; s0 < bk; s0 += 16)
+        for (int r0 = 0; r0 < nr; r0 += 4)
+          scores_step_avx2(qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
+#endif
+    } else {
+      // Without AVX2 (or with AVX-512 past width 256): an axpy per dimension over the contiguous
+      // keys of the block, which the compiler vectorises; each score still sums over d in order.
+      for (int r = 0; r < nr; ++r) {
+        float* sr = S + r * kBlock;
+        std::fill(sr, sr + bk, 0.0f);
+        for (int64_t d = 0; d < Dh; ++d) {
+          const float qd = qs[r * Dh + d];
+          const float* kr = kb.kt + d * kb.ldk;
+#pragma omp simd
+          for (int64_t k = 0; k < bk; ++k) sr[k] += qd * kr[k];
+        }
+      }
+    }
+    // Online softmax: keys at or past a row's length are masked (their P is 0).
+    for (int r = 0; r < nr; ++r) {
+      float* sr = S + r * kBlock;
+      const int64_t valid = std::clamp<int64_t>(rows[r].len - k0, 0, bk);
+      if (valid == 0) {
+        std::fill(sr, sr + bk, 0.0f);
+        continue;
+      }
+      float mx, sum;
+      block_softmax(sr, valid, bk, m[r], &mx, &sum);
+      if (mx != m[r]) {
+        const float c = m[r] == -INFINITY ? 0.0f : std::exp(m[r] - mx);
+        l[r] *= c;
+        for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] *= c;
+        m[r] = mx;
+      }
+      l[r] += sum;
+    }
+    // O += P V for the block.
+#if defined(__AVX512F__)
+    if (Dh == 64) {
+      for (int r0 = 0; r0 < nr; r0 += 4)
+        pv_step64(S + r0 * kBlock, kBlock, kb.v, bk, O + r0 * 64, std::min(4, nr - r0));
+      continue;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (Dh % 32 == 0) {
+      for (int r0 = 0; r0 < nr; r0 += 2)
+        for (int64_t d0 = 0; d0 < Dh; d0 += 32)
+          pv_step32_avx2(S + r0 * kBlock, kBlock, kb.v + d0, Dh, bk, O + r0 * Dh + d0, std::min(2, nr - r0));
+      continue;
+    }
+#endif
+    for (int r = 0; r < nr; ++r)
+      for (int64_t k = 0; k < bk; ++k) {
+        const float p = S[r * kBlock + k];
+        const float* vk = kb.v + k * Dh;
+        for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * vk[d];
+      }
+  }
+  for (int r = 0; r < nr; ++r) {
+    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    for (int64_t d = 0; d < Dh; ++d) rows[r].o[d] = O[r * Dh + d] * inv;
+  }
+}
+}  // namespace
+
+void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores) {
+  const LayerKV& kv = keys.kv;
+  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, ldk = kv.kt_ld, n_keys = keys.size();
+  // Logits are computed for every held slot, contiguously (an axpy per dimension), and a listed
+  // key set then picks its slots: one gather per key and head instead of one per key, head and
+  // dimension. The listed keys are most of the held ones (decoding keeps >= 1/3 of them).
+  const int64_t n_held = keys.slots.empty() ? n_keys : kv.n;
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  std::vector<float> logit(static_cast<size_t>(n_held)), p(static_cast<size_t>(n_keys));
+  std::fill(scores, scores + n_keys, 0.0f);
+  for (int64_t h = 0; h < H; ++h) {
+    const float* kt = kv.kt.data() + (h / group) * Dh * ldk;
+    std::fill(logit.begin(), logit.end(), 0.0f);
+    for (int64_t d = 0; d < Dh; ++d) {
+      const float qd = q[h * Dh + d] * scale;
+      const float* row = kt + d * ldk;
+#pragma omp simd
+      for (int64_t k = 0; k < n_held; ++k) logit[k] += qd * row[k];
+    }
+    if (keys.slots.empty())
+      std::copy(logit.begin(), logit.end(), p.begin());
+    else
+      for (int64_t k = 0; k < n_keys; ++k) p[size_t(k)] = logit[size_t(keys.slots[size_t(k)])];
+    float mx, sum;
+    block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
+    const float w = 1.0f / (sum * float(H));
+#pragma omp simd
+    for (int64_t k = 0; k < n_keys; ++k) scores[k] += p[k] * w;
+  }
+}
+
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
+               const KeySet& keys, int64_t H, float* out, int64_t ldo) {
+  const LayerKV& kv = keys.kv;
+  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv;
+  if (keys.slots.empty() && !kv.sorted)
+    fail("attention: the KV cache is not in position order; pass its slots");
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  // Keys visible to each query: the key set's prefix with position <= the query's position.
+  const int64_t nk = keys.size();
+  std::vector<int32_t> kpos;
+  const int32_t* kp = kv.pos.data();
+  if (!keys.slots.empty()) {
+    kpos.resize(size_t(nk));
+    for (int64_t i = 0; i < nk; ++i) kpos[size_t(i)] = kv.pos[size_t(keys.slots[size_t(i)])];
+    kp = kpos.data();
+  }
+  std::vector<int64_t> len(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) len[t] = std::upper_bound(kp, kp + nk, q_pos[t]) - kp;
+  const int64_t rows_per_group = T * group;
+  const int64_t tiles_per_group = (rows_per_group + kTileRows - 1) / kTileRows;
+  ctx.run([&] {
+    // Largest tiles (latest queries) first, so the causal imbalance evens out at the end.
+    tbb::parallel_for(int64_t(0), Hkv * tiles_per_group, [&](int64_t w) {
+      const int64_t g = w % Hkv;
+      const int64_t tile = tiles_per_group - 1 - w / Hkv;
+      TileRow rows[kTileRows];
+      int nr = 0;
+      for (int64_t i = tile * kTileRows; i < std::min(rows_per_group, (tile + 1) * kTileRows); ++i) {
+        const int64_t t = i / group, h = g * group + i % group;
+        rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[t]};
+      }
+      attention_tile(rows, nr, keys, g, scale);
+    });
+  });
+}
+
+}  // namespace lp

@@ -1,0 +1,25 @@
+// Attention on the CPU: causal GQA attention over a key set of a layer's K/V, flash-style (keys in
+// position order, so the causal mask is a prefix length; an online softmax; nothing T x T stored),
+// and LazyLLM's last-row importance scores. AVX-512 and AVX2 microkernels with a portable path.
+// Scalar twins: ref::attention and ref::last_row_scores (kernels/cpu/ref.h).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/context.h"
+#include "kernels/cpu/kv_cache.h"
+
+namespace lp {
+
+// Causal GQA attention of T queries q [T][H*Dh] (row stride ldq) at positions q_pos over the
+// keys of `keys` with position <= the query's; writes out [T][H*Dh] (row stride ldo).
+void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
+               const KeySet& keys, int64_t H, float* out, int64_t ldo);
+
+// LazyLLM importance scores: scores[i] = mean over the H query heads of softmax_i(q . K^T /
+// sqrt(Dh)) for one query row q [H*Dh] (the last token) over the keys of `keys` (all of them:
+// the scoring row is the newest token). One extra query row: H * n * Dh multiply-adds; the full
+// probability matrix is never formed.
+void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores);
+
+}  // namespace lp

@@ -1,0 +1,115 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <immintrin.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+
+#include "kernels/cpu/simd.h"
+
+namespace lp {
+
+using namespace simd;
+
+void exp_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp512(_mm512_loadu_ps(x + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp256(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = exp1(x[i]);
+}
+
+void rmsnorm(CpuContext& ctx, const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
+      const float* xr = x + t * D;
+      float ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
+      const float scale = 1.0f / std::sqrt(ss / float(D) + eps);
+      float* o = out + t * D;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) o[i] = xr[i] * scale * w[i];
+    });
+  });
+}
+
+RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* ff) {
+  RopeTable tab;
+  tab.T = T;
+  tab.half = rope_dim / 2;
+  tab.cos.resize(size_t(T * tab.half));
+  tab.sin.resize(size_t(T * tab.half));
+  std::vector<double> freq(size_t(tab.half));
+  for (int64_t i = 0; i < tab.half; ++i) {
+    freq[i] = std::pow(double(theta), -2.0 * double(i) / double(rope_dim));
+    if (ff) freq[i] /= ff[i];
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < tab.half; ++i) {
+      const double a = double(pos[t]) * freq[i];
+      tab.cos[t * tab.half + i] = float(std::cos(a));
+      tab.sin[t * tab.half + i] = float(std::sin(a));
+    }
+  return tab;
+}
+
+void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh,
+          const RopeTable& tab) {
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
+      const float* c = tab.cos.data() + t * tab.half;
+      const float* s = tab.sin.data() + t * tab.half;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* v = x + t * ld + h * Dh;
+        for (int64_t i = 0; i < tab.half; ++i) {
+          const float x0 = v[2 * i], x1 = v[2 * i + 1];
+          v[2 * i] = x0 * c[i] - x1 * s[i];
+          v[2 * i + 1] = x0 * s[i] + x1 * c[i];
+        }
+      }
+    });
+  });
+}
+
+void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+            int64_t ld_out, int64_t T, int64_t F) {
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
+      const float* g = gate + t * ld_gate;
+      const float* u = up + t * ld_up;
+      float* o = out + t * ld_out;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= F; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+      }
+#elif defined(__AVX2__) && defined(__FMA__)
+      for (; i + 8 <= F; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+      }
+#endif
+      for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+    });
+  });
+}
+
+void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n) {
+  ctx.run([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 4096), [&](const tbb::blocked_range<int64_t>& r) {
+#pragma omp simd
+      for (int64_t i = r.begin(); i < r.end(); ++i) x[i] += y[i];
+    });
+  });
+}
+
+}  // namespace lp

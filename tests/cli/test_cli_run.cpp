@@ -1,0 +1,338 @@
+// `lazyprefill run` and `inspect` through the real binary on generated tiny models: the happy
+// paths, every kind of broken model file (each refused by both), prompts, options, pruning
+// options, traces, and --backend cuda without a GPU.
+#include "tests/cli/cli_harness.h"
+
+namespace lp {
+namespace {
+
+using namespace cli_test;
+
+TEST_F(CliErrors, RunJsonHappyPath) {
+  const CliResult r =
+      run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--max-new-tokens", "3", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "stdout is not JSON:\n" << r.out;
+  for (const char* k : {"text", "prompt_tokens", "generated_tokens", "ttft_ms", "prefill_tokens_per_s",
+                        "decode_tokens_per_s", "peak_rss_mib"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_TRUE(j["text"].is_string());
+  // "the cat" is "the" + "Ġcat" with the tiny vocabulary's merges; add_bos_token is false.
+  EXPECT_EQ(j["prompt_tokens"], 2);
+  EXPECT_EQ(j["generated_tokens"], 3);
+  EXPECT_GT(j["ttft_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GE(j["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["peak_rss_mib"].get<double>(), 0.0);
+}
+
+TEST_F(CliErrors, RunChatWithBf16Weights) {
+  TinyModelSpec s;
+  s.weight_type = GgmlType::BF16;
+  s.tied = false;
+  const std::string m = testing::write_tiny_model(dir_.file("bf16.gguf"), s);
+  const CliResult r = run_cli(dir_, {"run", "--model", m, "--prompt", "the cat", "--max-new-tokens", "2",
+                                     "--chat", "--dtype", "f32"});
+  EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+}
+
+TEST_F(CliErrors, InspectHappyPath) {
+  const CliResult r = run_cli(dir_, {"inspect", "--model", tiny_});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("blk.1.ffn_down.weight"), std::string::npos) << r.out;
+  const CliResult rj = run_cli(dir_, {"inspect", "--model", tiny_, "--json"});
+  ASSERT_TRUE(rj.exited && rj.code == 0) << describe(rj);
+  const auto j = nlohmann::json::parse(rj.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << rj.out;
+  EXPECT_EQ(j["config"]["n_layer"], 2);
+  EXPECT_EQ(j["tokenizer"]["n_tokens"], 299);
+}
+
+TEST_F(CliErrors, MissingModelFile) {
+  expect_model_error(dir_.file("no_such_model.gguf"), {"no_such_model.gguf", "cannot open model file"});
+}
+
+TEST_F(CliErrors, ModelPathIsADirectory) {
+  expect_model_error(dir_.path(), {"not a regular file"});
+}
+
+TEST_F(CliErrors, EmptyModelFile) {
+  expect_model_error(write_text("", "empty.gguf"), {"not a GGUF file"});
+}
+
+TEST_F(CliErrors, TruncatedModel) {
+  GgufLayout lay;
+  GgufWriter w = testing::tiny_model_writer();
+  const Bytes full = w.bytes(&lay);
+  // In the metadata (inside the token list), in the tensor infos, in the tensor data.
+  size_t tokens_kv = 0;
+  while (w.kvs.at(tokens_kv).key != "tokenizer.ggml.tokens") ++tokens_kv;
+  // Near the end of the token strings, so the array's count still passes the size check.
+  expect_model_error(
+      write_bytes(Bytes(full.begin(), full.begin() + lay.kv_starts[tokens_kv + 1] - 5), "t1.gguf"),
+      {"t1.gguf", "truncated"});
+  expect_model_error(
+      write_bytes(Bytes(full.begin(), full.begin() + lay.tensor_info_starts[5] + 20), "t2.gguf"),
+      {"t2.gguf", "truncated"});
+  expect_model_error(write_bytes(Bytes(full.begin(), full.begin() + lay.size / 2), "t3.gguf"),
+                     {"t3.gguf", "extends beyond the end of the file"});
+}
+
+TEST_F(CliErrors, WrongMagic) {
+  Bytes b = testing::read_file(tiny_);
+  b[0] = 'P';
+  b[1] = 'K';
+  expect_model_error(write_bytes(b, "zip.gguf"), {"not a GGUF file"});
+}
+
+TEST_F(CliErrors, UnsupportedVersion) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.version = 4;
+  expect_model_error(write(w, "v4.gguf"), {"unsupported GGUF version 4"});
+  w.version = 1;
+  expect_model_error(write(w, "v1.gguf"), {"GGUF version 1 is not supported"});
+}
+
+TEST_F(CliErrors, BigEndianModel) {
+  Bytes b = testing::read_file(tiny_);
+  b[4] = 0, b[5] = 0, b[6] = 0, b[7] = 3;
+  expect_model_error(write_bytes(b, "be.gguf"), {"big-endian"});
+}
+
+TEST_F(CliErrors, UnsupportedArchitecture) {
+  TinyModelSpec s;
+  s.arch = "gpt2";
+  expect_model_error(testing::write_tiny_model(dir_.file("gpt2.gguf"), s),
+                     {"unsupported architecture 'gpt2'"});
+}
+
+// A model whose attn_q is Q3_K (a real ggml type with a known size that lp does not dequantize).
+// D = 256 so rows hold whole Q3_K blocks (256 elements, 110 bytes). `inspect` only lists types,
+// so only `run` must refuse it.
+TEST_F(CliErrors, UnsupportedTensorType) {
+  TinyModelSpec s;
+  s.n_embd = 256;
+  s.n_ff = 64;
+  s.n_layer = 1;
+  GgufWriter w = testing::tiny_model_writer(s);
+  auto* q = w.find_tensor("blk.0.attn_q.weight");
+  ASSERT_NE(q, nullptr);
+  q->type = uint32_t(GgmlType::Q3_K);
+  q->data.assign(256 * 110, 0);
+  std::mt19937 rng(3);
+  for (auto& x : q->data) x = uint8_t(rng());
+  const std::string m = write(w, "q3k.gguf");
+  expect_model_error(m, {"blk.0.attn_q.weight", "unsupported", "Q3_K"}, /*also_inspect=*/false);
+  const CliResult r = run_cli(dir_, {"inspect", "--model", m});
+  EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("Q3_K"), std::string::npos) << r.out;
+}
+
+TEST_F(CliErrors, UnknownTensorType) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.find_tensor("blk.1.attn_v.weight")->type = 4;  // retired Q4_2
+  expect_model_error(write(w, "type4.gguf"), {"blk.1.attn_v.weight", "unknown type id 4"});
+}
+
+TEST_F(CliErrors, TensorDataBeyondEndOfFile) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.pad_after_last_tensor = false;
+  Bytes b = w.bytes();
+  b.resize(b.size() - 100);  // the last tensor loses its tail
+  expect_model_error(write_bytes(b, "short.gguf"),
+                     {"blk.1.ffn_down.weight", "extends beyond the end of the file"});
+  w = testing::tiny_model_writer();
+  w.find_tensor("output_norm.weight")->offset = 1ull << 36;
+  expect_model_error(write(w, "far.gguf"), {"output_norm.weight", "extends beyond the end of the file"});
+}
+
+TEST_F(CliErrors, AbsurdDimensions) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.set("llama.embedding_length", GgufWriterValue::u64(1ull << 40));
+  expect_model_error(write(w, "wide.gguf"), {"embedding_length", "1099511627776"});
+  w = testing::tiny_model_writer();
+  w.find_tensor("blk.0.ffn_up.weight")->ne = {64, 1ull << 40};
+  expect_model_error(write(w, "dim40.gguf"), {"blk.0.ffn_up.weight"});
+  w = testing::tiny_model_writer();
+  w.find_tensor("blk.0.ffn_up.weight")->ne = {64, 1ull << 62};
+  expect_model_error(write(w, "dim62.gguf"), {"blk.0.ffn_up.weight", "absurd dimension"});
+  w = testing::tiny_model_writer();
+  w.set("llama.block_count", GgufWriterValue::u32(4000000000u));
+  expect_model_error(write(w, "layers.gguf"), {"block_count", "plausible range"});
+}
+
+TEST_F(CliErrors, InconsistentModel) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.remove_tensor("blk.1.ffn_gate.weight");
+  expect_model_error(write(w, "missing.gguf"), {"missing tensor 'blk.1.ffn_gate.weight'"});
+  w = testing::tiny_model_writer();
+  w.set("llama.attention.head_count_kv", GgufWriterValue::u32(3));
+  expect_model_error(write(w, "heads.gguf"), {"head_count_kv 3"});
+  w = testing::tiny_model_writer();
+  w.add_u32("llama.block_count", 2);
+  expect_model_error(write(w, "dup.gguf"), {"duplicate metadata key 'llama.block_count'"});
+}
+
+// These once loaded and ran on garbage (overlapping tensor data), tokenised
+// "Hi" as two bytes (BPE without merges), or accepted an infinite RoPE base.
+TEST_F(CliErrors, OverlappingTensorsMergelessBpeAndInfiniteRopeBase) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.find_tensor("blk.1.attn_norm.weight")->offset = 0;
+  expect_model_error(write(w, "overlap.gguf"), {"overlap"});
+  w = testing::tiny_model_writer();
+  ASSERT_TRUE(w.remove("tokenizer.ggml.merges"));
+  expect_model_error(write(w, "nomerges.gguf"), {"without tokenizer.ggml.merges"});
+  w = testing::tiny_model_writer();
+  w.set("llama.rope.freq_base", GgufWriterValue::f32(std::numeric_limits<float>::infinity()));
+  expect_model_error(write(w, "inf.gguf"), {"rope.freq_base inf"});
+}
+
+TEST_F(CliErrors, PromptLongerThanContext) {
+  TinyModelSpec s;
+  s.n_ctx = 64;
+  const std::string m = testing::write_tiny_model(dir_.file("ctx64.gguf"), s);
+  std::string prompt;
+  for (int i = 0; i < 100; ++i) prompt += "the cat ";
+  expect_one_line_error(run_cli(dir_, {"run", "--model", m, "--prompt", prompt, "--max-new-tokens", "3"}),
+                        {"context", "64"});
+  // Fits alone, not with the tokens to generate.
+  expect_one_line_error(run_cli(dir_, {"run", "--model", m, "--prompt", "the cat", "--max-new-tokens", "63"}),
+                        {"context", "64"});
+}
+
+TEST_F(CliErrors, EmptyPrompt) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", ""}), {"prompt", "empty"});
+}
+
+TEST_F(CliErrors, EmptyPromptFile) {
+  const std::string p = write_text("", "empty.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", p}), {"prompt", "empty"});
+}
+
+TEST_F(CliErrors, InvalidUtf8PromptFile) {
+  const std::string p = write_bytes({0xFF, 0xFE, 'h', 'i'}, "bad_utf8.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", p}),
+                        {"bad_utf8.txt", "not valid UTF-8"});
+  // Invalid bytes after valid text, and a truncated sequence at the end.
+  const std::string p2 = write_text("the cat \xE2\x82", "cut_utf8.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", p2}), {"not valid UTF-8"});
+}
+
+TEST_F(CliErrors, MissingPromptFile) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt-file", dir_.file("nope.txt")}),
+                        {"nope.txt", "prompt file"});
+}
+
+TEST_F(CliErrors, PromptAndPromptFileBothOrNeither) {
+  const std::string p = write_text("the cat", "prompt.txt");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prompt-file", p}),
+                        {"--prompt", "--prompt-file"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_}), {"--prompt", "--prompt-file"});
+}
+
+TEST_F(CliErrors, BadDtype) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--dtype", "f16"}),
+                        {"--dtype", "f16"});
+}
+
+TEST_F(CliErrors, ZeroThreads) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--threads", "0"}),
+                        {"--threads", "0"});
+}
+
+TEST_F(CliErrors, RunWithLazyLLMReportsTheComputedShare) {
+  // 40 tokens on the 2-layer tiny model, pruning half after layer 0: layer 0 computes 40, layer
+  // 1 computes 20, so 60 of 80 (token, layer) pairs.
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "a ";
+  prompt.pop_back();
+  const CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "2",
+                                     "--prune", "lazyllm", "--schedule", "0:0.5", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  const int64_t T = j["prompt_tokens"].get<int64_t>();
+  ASSERT_EQ(j["prefill_tokens_computed_per_layer"], (std::vector<int64_t>{T, T - T / 2}));
+  EXPECT_DOUBLE_EQ(j["prompt_tokens_computed_fraction"].get<double>(), double(2 * T - T / 2) / double(2 * T));
+  EXPECT_EQ(j["prune"], "lazyllm");
+  EXPECT_GT(j["aux_cache_bytes"].get<int64_t>(), 0);
+}
+
+TEST_F(CliErrors, UnknownPrunePolicy) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "fastest"}),
+                        {"--prune", "fastest"});
+}
+
+TEST_F(CliErrors, MalformedSchedule) {
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "lazyllm",
+                                       "--schedule", "0:1.5"}),
+                        {"share"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "lazyllm",
+                                       "--schedule", "7:0.3"}),
+                        {"layer"});
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "lazyllm",
+                                       "--schedule", "/no/such/schedule.json"}),
+                        {"no such schedule file"});
+}
+
+TEST_F(CliErrors, TraceToAnUnwritablePath) {
+  const std::string bad = dir_.file("no/such/folder/t.jsonl");
+  expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--trace", bad}),
+                        {"cannot write trace", "t.jsonl"});
+  EXPECT_FALSE(std::filesystem::exists(bad));
+}
+
+TEST_F(CliErrors, TraceIsWrittenAndInspected) {
+  std::string prompt;
+  for (int i = 0; i < 30; ++i) prompt += "a ";
+  const std::string t = dir_.file("run.jsonl");
+  const CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "3",
+                                     "--prune", "lazyllm", "--schedule", "0:0.5", "--trace", t, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto run = nlohmann::json::parse(r.out);
+  const CliResult ri = run_cli(dir_, {"inspect", "--trace", t, "--json"});
+  ASSERT_TRUE(ri.exited && ri.code == 0) << describe(ri);
+  const auto j = nlohmann::json::parse(ri.out);
+  EXPECT_DOUBLE_EQ(j["prompt_tokens_computed_fraction"].get<double>(),
+                   run["prompt_tokens_computed_fraction"].get<double>());
+  EXPECT_EQ(j["steps"], 3);  // the prefill and two decoding steps (the third token needs no step)
+  EXPECT_EQ(j["at_most_once"], true);
+  expect_one_line_error(run_cli(dir_, {"inspect", "--trace", tiny_}), {"not a lazyprefill trace"});
+}
+
+// names from a model file are escaped in inspect's text and stay valid in
+// its JSON, whatever bytes they hold.
+TEST_F(CliErrors, InspectEscapesTextFromTheFile) {
+  GgufWriter w = testing::tiny_model_writer();
+  w.set("general.name", GgufWriterValue::string("evil\n\x1b[2Jforged line\xff"));
+  const std::string m = write(w, "evil.gguf");
+  CliResult r = run_cli(dir_, {"inspect", "--model", m});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\nforged"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("evil\\n\\x1b[2Jforged line"), std::string::npos) << r.out;
+  r = run_cli(dir_, {"inspect", "--model", m, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["name"].get<std::string>().substr(0, 5), "evil\n");
+}
+
+// --backend cuda without a GPU (or without a driver, or in a build without CUDA) is one line and
+// exit 1. (Where a GPU exists, the gpu suite and `run --backend cuda` itself are the checks.)
+TEST_F(CliErrors, CudaBackendWithoutAGpuIsOneClearLine) {
+  const CliResult r = run_cli(dir_, {"run", "--backend", "cuda", "--model", tiny_, "--prompt", "a b"});
+  if (!(r.exited && r.code == 0)) expect_one_line_error(r, {"CUDA"});  // exit 0 only where a GPU ran it
+  // Both backends record traces (one engine); without a GPU the one line is the device's, and no
+  // trace is written.
+  const CliResult t = run_cli(dir_, {"run", "--backend", "cuda", "--model", tiny_, "--prompt", "a b",
+                                     "--trace", dir_.file("t.jsonl")});
+  if (!(t.exited && t.code == 0)) {
+    expect_one_line_error(t, {"CUDA"});
+    EXPECT_FALSE(std::filesystem::exists(dir_.file("t.jsonl")));
+  }
+  expect_one_line_error(run_cli(dir_, {"run", "--backend", "tpu", "--model", tiny_, "--prompt", "a b"}),
+                        {"--backend"});
+}
+
+}  // namespace
+}  // namespace lp

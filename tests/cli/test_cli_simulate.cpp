@@ -1,0 +1,162 @@
+// `lazyprefill simulate` through the real binary: replaying the tiny model's traces and
+// synthetic schedules, what the replay must agree on with the engine, and bad input.
+#include "tests/cli/cli_harness.h"
+
+namespace lp {
+namespace {
+
+using namespace cli_test;
+
+// The replayed Aux Cache holds what the engine's holds: one entry per token, whatever the
+// decoding steps overwrote (the sum of every write was reported), and a decoding step
+// attends over its recorded active set.
+TEST_F(CliSim, ReplayedAuxCacheAndDecodeKeysAreTheEngines) {
+  nlohmann::json run;
+  std::string prompt;
+  for (int i = 0; i < 60; ++i) prompt += "b a ";
+  const std::string t = dir_.file("revive.jsonl");
+  CliResult r = run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "8",
+                               "--prune", "lazyllm", "--schedule", "0:0.6", "--trace", t, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  run = nlohmann::json::parse(r.out);
+  const trace::Trace tr = trace::read_trace(t);
+  int64_t writes = 0, decode_writes = 0;
+  for (const trace::Step& s : tr.steps)
+    for (int64_t w : s.aux_writes) (s.kind == "prefill" ? writes : decode_writes) += w;
+  ASSERT_GT(run["revivals"].get<int64_t>(), 0) << "the case must revive for the check to mean anything";
+  r = run_cli(dir_, {"simulate", "--trace", t, "--hw", "cpu-local", "--compute", "f32", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto sim = nlohmann::json::parse(r.out)["results"][0];
+  const int64_t D = tr.header.model["n_embd"].get<int64_t>();
+  // The engine stores f32 states and an 8-byte index entry per token; the simulator the states.
+  const int64_t engine_entries = run["aux_cache_bytes"].get<int64_t>() / (4 * D + 8);
+  EXPECT_EQ(engine_entries, writes);
+  EXPECT_DOUBLE_EQ(sim["memory_bytes"]["aux_cache"].get<double>(), double(engine_entries) * double(D) * 4);
+  // Every decoding step recorded the keys it attended: its active set, never more than held.
+  for (const trace::Step& s : tr.steps) {
+    ASSERT_EQ(s.attended.size(), s.keys.size());
+    for (size_t l = 0; l < s.keys.size(); ++l) EXPECT_LE(s.attended[l], s.keys[l]);
+  }
+  // (The 2-layer model's revived rows meet no later pruning layer, so its decoding writes nothing;
+  // SimReplay.AuxCacheCountsEachTokenOnce covers the overwrites.)
+  EXPECT_EQ(decode_writes, 0);
+}
+
+// the simulator streams decoding steps, so its memory does not grow with them
+// (60,000 steps of an 80-layer model held 0.5 GB of trace before; the JSON lists the first 4,096
+// step times, --step-times N asks for more or fewer).
+TEST_F(CliSim, SimulateMemoryDoesNotGrowWithDecodingSteps) {
+  // Under AddressSanitizer (LP_SANITIZE) freed memory waits in a quarantine of up to 256 MiB,
+  // which would count as growth: the children run without one (ignored by a normal build).
+  const char* old_asan = std::getenv("ASAN_OPTIONS");
+  const std::string saved = old_asan ? old_asan : "";
+  ::setenv(
+      "ASAN_OPTIONS",
+      (saved + (saved.empty() ? "" : ":") + "quarantine_size_mb=0:thread_local_quarantine_size_kb=0").c_str(),
+      1);
+  const auto sim = [&](const char* steps) {
+    return run_cli(
+        dir_, {"simulate", "--model-config", "llama-3.1-70b", "--prune", "lazyllm", "--prompt-tokens", "72",
+               "--new-tokens", steps, "--hw", "h100-sxm", "--json", "--step-times", "100"});
+  };
+  const CliResult small = sim("3"), big = sim("60000");
+  if (old_asan)
+    ::setenv("ASAN_OPTIONS", saved.c_str(), 1);
+  else
+    ::unsetenv("ASAN_OPTIONS");
+  ASSERT_TRUE(small.exited && small.code == 0) << describe(small);
+  ASSERT_TRUE(big.exited && big.code == 0) << describe(big);
+  EXPECT_LT(big.max_rss_kib - small.max_rss_kib, 64 * 1024)
+      << "peak RSS " << small.max_rss_kib << " KiB with 2 decoding steps, " << big.max_rss_kib
+      << " with 59,999";
+  const auto j = nlohmann::json::parse(big.out);
+  EXPECT_EQ(j["decode_steps"].get<int64_t>(), 59999);
+  EXPECT_EQ(j["results"][0]["decode_step_ms"].size(), 100u);
+  EXPECT_GT(j["results"][0]["decode_step_mean_ms"].get<double>(), 0);
+}
+
+// Through the CLI: a trace cut short is refused, not summarised or replayed.
+TEST_F(CliSim, TruncatedTraceIsRefused) {
+  const std::string t = make_trace("t.jsonl", 40);
+  std::string text;
+  {
+    std::ifstream in(t);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t last = text.rfind('\n', text.size() - 2);  // drop the last step line
+  const std::string cut = write_text(text.substr(0, last + 1), "cut.jsonl");
+  expect_one_line_error(run_cli(dir_, {"inspect", "--trace", cut}), {"cut.jsonl", "the header says"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", cut, "--hw", "l4"}),
+                        {"cut.jsonl", "the header says"});
+  expect_one_line_error(run_cli(dir_, {"report", "--trace", cut, "--model-config", "llama-2-7b", "--hw", "l4",
+                                       "--prompt-lengths", "512", "--out", dir_.file("r")}),
+                        {"cut.jsonl", "the header says"});
+}
+
+TEST_F(CliSim, SimulateATraceAndASchedule) {
+  const std::string t = make_trace("t.jsonl", 40);
+  CliResult r = run_cli(dir_, {"simulate", "--trace", t, "--hw", "h100-sxm,cpu-local", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["decode_steps"], 2);
+  for (const auto& x : j["results"]) {
+    EXPECT_GT(x["ttft_ms"].get<double>(), 0);
+    EXPECT_EQ(x["decode_step_ms"].size(), 2u);
+    EXPECT_TRUE(x["prefill_ops"].contains("qkv"));
+  }
+  r = run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "4096", "--new-tokens", "4",
+                     "--model-config", "llama-3.1-8b", "--hw", "a100-80gb", "--json", "--per-layer"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  j = nlohmann::json::parse(r.out);
+  const auto& x = j["results"][0];
+  EXPECT_GT(x["ttft_speedup"].get<double>(), 1.2);
+  EXPECT_LT(x["ttft_speedup"].get<double>(), 2.0);
+  EXPECT_EQ(x["prefill_layers"].size(), 32u);
+  EXPECT_LT(x["memory_bytes"]["kv"].get<double>(), x["baseline_memory_bytes"]["kv"].get<double>());
+  // Without --prune a synthetic run is the unpruned one: the same figures as --prune none.
+  const auto ttft = [&](std::vector<std::string> args) {
+    const CliResult res = run_cli(dir_, args);
+    EXPECT_TRUE(res.exited && res.code == 0) << describe(res);
+    return nlohmann::json::parse(res.out)["results"][0];
+  };
+  const auto plain = ttft({"simulate", "--prompt-tokens", "3000", "--new-tokens", "3", "--model-config",
+                           "llama-2-7b", "--hw", "l4", "--json"});
+  const auto none = ttft({"simulate", "--prune", "none", "--prompt-tokens", "3000", "--new-tokens", "3",
+                          "--model-config", "llama-2-7b", "--hw", "l4", "--json"});
+  EXPECT_EQ(plain["ttft_ms"], none["ttft_ms"]);
+  EXPECT_EQ(plain["decode_step_ms"], none["decode_step_ms"]);
+  EXPECT_DOUBLE_EQ(plain["ttft_speedup"].get<double>(), 1.0);
+}
+
+TEST_F(CliSim, SimulateBadInput) {
+  const std::string t = make_trace("t.jsonl", 40);
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "h1000"}),
+                        {"unknown hardware 'h1000'", "h100-sxm", "cpu-local"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--model-config", "llama-9b"}),
+                        {"unknown model configuration 'llama-9b'", "llama-3.1-8b"});
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--model-config", "llama-2-7b"}),
+      {"2 layers", "32 layers", "--map"});
+  const std::string full = slurp_text(t);
+  const std::string half =
+      write_text(full.substr(0, full.find('\n') + 60), "half.jsonl");  // a step cut short
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", half, "--hw", "l4"}), {"half.jsonl", "line 2"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", tiny_, "--hw", "l4"}),
+                        {"not a lazyprefill trace"});
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--prune", "lazyllm", "--model-config", "llama-2-7b", "--hw", "l4"}),
+      {"--prompt-tokens"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "9000",
+                                       "--model-config", "llama-2-7b", "--hw", "l4"}),
+                        {"context of 4096"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--prune", "lazyllm", "--prompt-tokens", "100",
+                                       "--schedule", "40:0.3", "--model-config", "llama-2-7b", "--hw", "l4"}),
+                        {"layer"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--kv", "q3"}), {"'q3'"});
+  const std::string prof = write_text(R"({"lazyprefill_hw": 1, "name": "x"})", "x.json");
+  expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", prof}), {"x.json", "missing field"});
+}
+
+}  // namespace
+}  // namespace lp

@@ -1,0 +1,243 @@
+// The CUDA kernels' arithmetic (kernels/cuda/device_math.h), function by function, against the
+// scalar references (kernels/cpu/ref.h) and the engine's own selection and pruning counts: the
+// online-softmax recurrence over any tiling, the selection keys' order over 200 random cases.
+// The kernels themselves (indexing, tiles, barriers) run thread by thread on the host in the GPU
+// suite's host build (lp_gpu_tests_on_host), and on a device in the GPU suite (label `gpu`).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ref.h"
+#include "kernels/cuda/device_math.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
+#include "tests/test_util.h"
+
+namespace lp {
+namespace {
+
+using testing::randn;
+
+namespace cm = lp::cuda_math;
+
+TEST(CudaMath, RmsNormMatchesTheReference) {
+  for (int64_t D : {1, 7, 576, 4096}) {
+    const int64_t T = 3;
+    const auto x = randn(size_t(T * D), 1, 2.0f), w = randn(size_t(D), 2);
+    std::vector<float> want(x.size()), got(x.size());
+    ref::rmsnorm(x.data(), w.data(), want.data(), T, D, 1e-5f);
+    for (int64_t t = 0; t < T; ++t) {
+      // The kernel: 32-lane partial sums in f32, then a tree over the lanes.
+      float lanes[32] = {};
+      for (int64_t i = 0; i < D; ++i) lanes[i % 32] += x[size_t(t * D + i)] * x[size_t(t * D + i)];
+      for (int off = 16; off > 0; off /= 2)
+        for (int l = 0; l < off; ++l) lanes[l] += lanes[l + off];
+      const float scale = cm::rms_scale(lanes[0], D, 1e-5f);
+      for (int64_t i = 0; i < D; ++i)
+        got[size_t(t * D + i)] = cm::rms_apply(x[size_t(t * D + i)], scale, w[size_t(i)]);
+    }
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 2e-5f * (1 + std::fabs(want[i]))) << D;
+  }
+}
+
+TEST(CudaMath, RopeAtOriginalPositionsMatchesTheReference) {
+  const int64_t H = 3, Dh = 64, rope_dim = 64;
+  const std::vector<int32_t> pos = {0, 5, 17, 1000, 131071};  // pruned gathers: any positions
+  const int64_t T = int64_t(pos.size());
+  std::vector<float> factors(static_cast<size_t>(rope_dim / 2));
+  for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + float(i % 5);
+  for (const float* ff : {static_cast<const float*>(nullptr), static_cast<const float*>(factors.data())}) {
+    const auto x = randn(size_t(T * H * Dh), 3);
+    std::vector<float> want = x, got = x;
+    ref::rope(want.data(), pos.data(), T, H, Dh, rope_dim, 500000.0f, ff);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < rope_dim / 2; ++i) {
+        float c, s;
+        cm::rope_cos_sin(pos[size_t(t)], i, rope_dim, 500000.0f, ff ? ff[i] : 1.0f, &c, &s);
+        for (int64_t h = 0; h < H; ++h) {
+          float* v = got.data() + (t * H + h) * Dh;
+          cm::rope_rotate(v[2 * i], v[2 * i + 1], c, s, &v[2 * i], &v[2 * i + 1]);
+        }
+      }
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])));
+  }
+}
+
+TEST(CudaMath, SwigluMatchesTheReference) {
+  const auto g = randn(1000, 4, 4.0f), u = randn(1000, 5);
+  std::vector<float> want(1000);
+  ref::swiglu(g.data(), u.data(), want.data(), 1000);
+  for (size_t i = 0; i < 1000; ++i)
+    EXPECT_NEAR(cm::silu_mul(g[i], u[i]), want[i], 1e-5f * (1 + std::fabs(want[i])));
+}
+
+// The online-softmax recurrence: per (query row, head), key tiles of `tile` in order, logits in
+// f32, f32 accumulators (tile sizes other than the kernel's, to check the recurrence itself).
+std::vector<float> tiled_attention(const std::vector<float>& q, const std::vector<int32_t>& q_pos,
+                                   const std::vector<float>& k, const std::vector<float>& v,
+                                   const std::vector<int32_t>& k_pos, int64_t H, int64_t Hkv, int64_t Dh,
+                                   int64_t tile) {
+  const int64_t T = int64_t(q_pos.size()), S = int64_t(k_pos.size());
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  std::vector<float> out(static_cast<size_t>(T * H * Dh));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / Hkv);
+      cm::OnlineSoftmax st;
+      std::vector<float> acc(static_cast<size_t>(Dh), 0.0f), logit(static_cast<size_t>(tile));
+      for (int64_t s0 = 0; s0 < S; s0 += tile) {
+        const int64_t n = std::min(tile, S - s0);
+        float tmax = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t s = s0 + j;
+          if (!cm::visible(k_pos[size_t(s)], q_pos[size_t(t)])) {
+            logit[size_t(j)] = -INFINITY;
+            continue;
+          }
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; ++d)
+            dot += q[size_t((t * H + h) * Dh + d)] * k[size_t((s * Hkv + g) * Dh + d)];
+          logit[size_t(j)] = dot * scale;
+          tmax = std::max(tmax, logit[size_t(j)]);
+        }
+        if (tmax == -INFINITY) continue;  // a tile with no visible key changes nothing
+        const float alpha = cm::online_rescale(st, tmax);
+        for (float& a : acc) a *= alpha;
+        for (int64_t j = 0; j < n; ++j) {
+          const float w = cm::online_weight(st, logit[size_t(j)]);
+          st.l += w;
+          for (int64_t d = 0; d < Dh; ++d) acc[size_t(d)] += w * v[size_t(((s0 + j) * Hkv + g) * Dh + d)];
+        }
+      }
+      for (int64_t d = 0; d < Dh; ++d)
+        out[size_t((t * H + h) * Dh + d)] = cm::online_finish(st, acc[size_t(d)]);
+    }
+  return out;
+}
+
+TEST(CudaMath, TiledOnlineSoftmaxAttentionMatchesTheReference) {
+  struct Case {
+    int64_t T, S, H, Hkv, Dh, tile;
+  };
+  // Awkward shapes: S not a multiple of the tile, one query row, 3 heads per KV head, a tile of 1.
+  for (const Case c : {Case{5, 37, 6, 2, 16, 16}, Case{1, 130, 9, 3, 64, 64}, Case{8, 8, 4, 4, 8, 1},
+                       Case{3, 200, 32, 8, 128, 64}}) {
+    SCOPED_TRACE(::testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh);
+    // Pruned keys: an increasing subset of positions; queries at the last positions, one of
+    // them before every key (a row that sees nothing gives zeros).
+    std::vector<int32_t> k_pos(static_cast<size_t>(c.S)), q_pos(static_cast<size_t>(c.T));
+    for (int64_t s = 0; s < c.S; ++s) k_pos[size_t(s)] = int32_t(3 + 2 * s + (s % 3));
+    for (int64_t t = 0; t < c.T; ++t) q_pos[size_t(t)] = k_pos[size_t(c.S - 1)] - int32_t(c.T - 1 - t) * 3;
+    q_pos[0] = std::min(q_pos[0], 1);
+    const auto q = randn(size_t(c.T * c.H * c.Dh), 7, 2.0f);
+    const auto k = randn(size_t(c.S * c.Hkv * c.Dh), 8, 2.0f);
+    const auto v = randn(size_t(c.S * c.Hkv * c.Dh), 9);
+    std::vector<float> want(q.size());
+    ref::attention(q.data(), q_pos.data(), c.T, k.data(), v.data(), k_pos.data(), c.S, c.H, c.Hkv, c.Dh,
+                   want.data());
+    const auto got = tiled_attention(q, q_pos, k, v, k_pos, c.H, c.Hkv, c.Dh, c.tile);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-5f * (1 + std::fabs(want[i])));
+  }
+}
+
+TEST(CudaMath, LastRowScoresMatchTheReference) {
+  const int64_t S = 300, H = 9, Hkv = 3, Dh = 64;
+  const auto q = randn(size_t(H * Dh), 10, 2.0f), k = randn(size_t(S * Hkv * Dh), 11, 2.0f);
+  std::vector<double> want(static_cast<size_t>(S));
+  ref::last_row_scores(q.data(), k.data(), S, H, Hkv, Dh, want.data());
+  // The kernel: logits [H][S] in f32, per-head max and sum (f32), then per key the sum over heads.
+  std::vector<float> logit(static_cast<size_t>(H * S));
+  std::vector<float> m(static_cast<size_t>(H), -INFINITY), l(static_cast<size_t>(H), 0.0f);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t s = 0; s < S; ++s) {
+      float dot = 0;
+      for (int64_t d = 0; d < Dh; ++d)
+        dot += q[size_t(h * Dh + d)] * k[size_t((s * Hkv + h / (H / Hkv)) * Dh + d)];
+      logit[size_t(h * S + s)] = dot / std::sqrt(float(Dh));
+      m[size_t(h)] = std::max(m[size_t(h)], logit[size_t(h * S + s)]);
+    }
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t s = 0; s < S; ++s) l[size_t(h)] += std::exp(logit[size_t(h * S + s)] - m[size_t(h)]);
+  double total = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    float score = 0;
+    for (int64_t h = 0; h < H; ++h)
+      score += cm::head_share(logit[size_t(h * S + s)], m[size_t(h)], l[size_t(h)], H);
+    EXPECT_NEAR(score, want[size_t(s)], 1e-5 * (1 + want[size_t(s)]) + 1e-7);
+    total += score;
+  }
+  EXPECT_NEAR(total, 1.0, 1e-4);  // a mean of probability distributions
+}
+
+TEST(CudaMath, SelectionKeysKeepWhatTheEnginesSelectionKeeps) {
+  std::mt19937 rng(12);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 2 + int64_t(rng() % 300);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    std::vector<float> scores(static_cast<size_t>(n));
+    int32_t p = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      p += 1 + int32_t(rng() % 4);
+      pos[size_t(i)] = p;
+      // Ties on purpose, zeros, negatives and tiny values.
+      const int r = int(rng() % 6);
+      scores[size_t(i)] = r == 0   ? 0.0f
+                          : r == 1 ? 0.25f
+                          : r == 2 ? -1e-30f
+                          : r == 3 ? -0.0f
+                                   : float(rng() % 1000) * 1e-4f;
+    }
+    const int64_t keep = 1 + int64_t(rng() % uint32_t(n));
+    const auto want = select_top(pos, scores, keep);
+    // The kernel: keys of all but the last token sorted descending, the first keep - 1 kept, the
+    // last token always, then by position.
+    std::vector<std::pair<uint64_t, int64_t>> keys;
+    for (int64_t i = 0; i + 1 < n; ++i)
+      keys.emplace_back(cm::selection_key(scores[size_t(i)], pos[size_t(i)]), i);
+    std::sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<int64_t> got;
+    for (int64_t i = 0; i < std::min<int64_t>(keep, n) - 1; ++i) got.push_back(keys[size_t(i)].second);
+    got.push_back(n - 1);
+    std::sort(got.begin(), got.end());
+    if (keep >= n) {
+      got.resize(size_t(n));
+      std::iota(got.begin(), got.end(), 0);
+    }
+    ASSERT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+TEST(CudaMath, CountsAndBitsAgreeWithTheHost) {
+  for (int64_t n = 1; n < 3000; n += 7)
+    for (double share : {0.0, 0.1, 0.3, 0.5, 0.7, 0.99})
+      ASSERT_EQ(cm::tokens_kept(n, share), lp::tokens_kept(n, share)) << n << " " << share;
+  std::vector<uint32_t> bits(4, 0);
+  for (int32_t pos : {0, 31, 32, 77, 127}) cm::set_has_kv(bits.data(), pos);
+  for (int32_t pos = 0; pos < 128; ++pos)
+    EXPECT_EQ(cm::has_kv(bits.data(), pos), pos == 0 || pos == 31 || pos == 32 || pos == 77 || pos == 127)
+        << pos;
+}
+
+TEST(CudaMath, Bf16RoundsToNearestEven) {
+  const auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  EXPECT_EQ(cm::f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(cm::f32_to_bf16(bits(0x3f808000u)), 0x3f80);  // a tie: to the even mantissa
+  EXPECT_EQ(cm::f32_to_bf16(bits(0x3f818000u)), 0x3f82);  // a tie: up to the even one
+  EXPECT_EQ(cm::f32_to_bf16(bits(0x3f808001u)), 0x3f81);  // above the tie
+  EXPECT_EQ(cm::f32_to_bf16(-2.0f), 0xc000);
+  EXPECT_TRUE(std::isnan(cm::bf16_to_f32(cm::f32_to_bf16(NAN))));
+  EXPECT_EQ(cm::bf16_to_f32(0x3f80), 1.0f);
+}
+
+}  // namespace
+}  // namespace lp
