@@ -150,12 +150,12 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
     for (int64_t i = 0; i < kSteps; ++i) {
       if (i == kSteps - kLate) tl = std::chrono::steady_clock::now();
       const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
-      lp::ForwardStats fs;
+      lp::trace::Step fs;
       if (kind == lp::PolicyKind::None)
         s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &fs, &t);
       else
         s.decode_step(tok, p, logits.data(), req, &fs, &t);
-      for (int64_t r : fs.computed) rows += double(r);
+      for (int64_t r : fs.queries) rows += double(r);
     }
     const auto t2 = std::chrono::steady_clock::now();
     decode += std::chrono::duration<double>(t2 - t1).count();

@@ -29,6 +29,7 @@
 
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 
 namespace lp::calib {
 namespace {
@@ -53,22 +54,10 @@ std::string read_text(const std::string& path) {
   return text;
 }
 
-// A field of record `rec` of `path`, of the JSON type T; errors name all three.
+// A field of record `rec` of `path`, of the JSON type T (model/json_checks.h); errors name all three.
 template <class T>
 T field(const json& o, const char* key, const std::string& path, int rec) {
-  const auto it = o.find(key);
-  if (it == o.end()) fail("{}: record {}: missing field '{}'", path, rec, key);
-  if constexpr (std::is_integral_v<T>)
-    if (!it->is_number_integer())
-      fail("{}: record {}: field '{}' must be a whole number, got {}", path, rec, key, it->dump());
-  if constexpr (std::is_floating_point_v<T>)
-    if (!it->is_number())
-      fail("{}: record {}: field '{}' must be a number, got {}", path, rec, key, it->dump());
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail("{}: record {}: field '{}' has the wrong type ({})", path, rec, key, it->dump());
-  }
+  return json_field<T>(o, key, fmt::format("{}: record {}", path, rec));
 }
 
 // "qwen2 7B Q4_K - Medium" -> "Q4_K - Medium": llama.cpp's model_type is "<arch> <size> <ftype>".

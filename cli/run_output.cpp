@@ -11,26 +11,14 @@ namespace lp::cli {
 namespace {
 using json = nlohmann::json;
 
-// One trace step from a forward pass's stats; with `detail`, the kept positions and scores of each
-// pruning step (at the schedule's layers `steps`) and, when decoding, the revived positions.
-trace::Step trace_step(const char* kind, int64_t new_tokens, const ForwardStats& f,
-                       std::span<const PruneStep> steps, bool detail) {
-  trace::Step s;
-  s.kind = kind;
-  s.new_tokens = new_tokens;
-  s.queries = f.computed;
-  s.keys = f.keys;
-  s.pairs = f.pairs;
-  s.attended = f.attended;
-  s.revived = f.revived;
-  s.aux_reads = f.revived;  // every revival reads its state from the Aux Cache once
-  s.aux_writes = f.aux_written;
-  if (!detail) return s;
-  s.pruning.emplace();
-  for (size_t i = 0; i < f.kept.size() && i < steps.size(); ++i)
-    s.pruning->push_back(
-        {steps[i].layer, f.kept[i], i < f.scores.size() ? f.scores[i] : std::vector<float>{}});
-  if (s.kind == "decode") s.revived_positions = f.revived_pos;
+// The engine's trace step as the trace keeps it: without `detail`, the kept positions, scores
+// and revived positions are left out.
+trace::Step trace_step(const trace::Step& engine_step, bool detail) {
+  trace::Step s = engine_step;
+  if (!detail) {
+    s.pruning.reset();
+    s.revived_positions.reset();
+  }
   return s;
 }
 
@@ -80,9 +68,8 @@ trace::Trace run_trace(const ModelConfig& c, const GenerateOptions& opt, const G
   t.header.tool_version = LP_VERSION;
   t.header.git_commit = LP_GIT_COMMIT;
   t.header.seed = seed;
-  t.steps.push_back(
-      trace_step("prefill", int64_t(r.prompt_ids.size()), r.prefill_stats, r.prune_steps, detail));
-  for (const auto& st : r.decode_stats) t.steps.push_back(trace_step("decode", 1, st, r.prune_steps, detail));
+  t.steps.push_back(trace_step(r.prefill_stats, detail));
+  for (const auto& st : r.decode_stats) t.steps.push_back(trace_step(st, detail));
   return t;
 }
 
@@ -115,7 +102,7 @@ json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& 
   // The engine throws if any (token, layer) pair is computed twice, so reaching here proves it.
   j["each_token_layer_computed_at_most_once"] = true;
   j["revivals"] = r.revivals;
-  j["prefill_tokens_computed_per_layer"] = r.prefill_stats.computed;
+  j["prefill_tokens_computed_per_layer"] = r.prefill_stats.queries;
   j["kv_bytes_after_prefill"] = r.kv_bytes_used;
   j["aux_cache_bytes"] = r.aux_cache_bytes;
   j["ops"] = ops_json(r);

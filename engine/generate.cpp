@@ -53,7 +53,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
             prefill_ops);
   const auto t1 = Clock::now();
   double computed = 0;
-  for (int64_t n : r.prefill_stats.computed) computed += double(n);
+  for (int64_t n : r.prefill_stats.queries) computed += double(n);
   r.prompt_tokens_computed_fraction = computed / (double(T) * c.n_layer);
   r.kv_bytes_used = s.kv_bytes_used();
   r.aux_cache_bytes = s.aux().bytes();
@@ -82,13 +82,13 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
     if (int64_t(r.generated_ids.size()) == n_new) break;
     const int32_t p = int32_t(T + r.generated_ids.size() - 1);
     const int64_t row = 0;
-    ForwardStats st;
+    trace::Step st;
     if (policy)
       s.decode_step(next, p, logits.data(), req, &st, decode_ops);
     else
       s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &st, decode_ops);
-    for (size_t l = 0; l < st.computed.size(); ++l) {
-      decode_computed += double(st.computed[l]);
+    for (size_t l = 0; l < st.queries.size(); ++l) {
+      decode_computed += double(st.queries[l]);
       r.revivals += st.revived[l];
     }
     if (opt.record_steps) r.decode_stats.push_back(std::move(st));

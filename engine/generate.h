@@ -21,7 +21,7 @@ struct GenerateOptions {
   PolicyKind policy = PolicyKind::None;
   Schedule schedule = default_schedule();
   uint64_t prune_seed = 0;
-  bool record_steps = false;  // keep ForwardStats of every decoding step (for traces)
+  bool record_steps = false;  // keep the trace step of every decoding step (for traces)
   // Teacher forcing (continuation NLL in `eval`): when not empty, these tokens are fed one by one
   // instead of sampled ones, max_new_tokens and stopping at end of generation are ignored, and
   // the result holds each forced token's log-probability and the greedy choice at its place.
@@ -40,10 +40,10 @@ struct GenerateResult {
   double decode_s = 0;       // all decoding steps after the first token
   int64_t decode_steps = 0;  // forward passes after prefill
   OpTimers prefill_ops, decode_ops;
-  std::vector<float> last_prefill_logits;  // [V] logits of the last prompt token
-  std::vector<PruneStep> prune_steps;      // the schedule resolved for this model
-  ForwardStats prefill_stats;
-  std::vector<ForwardStats> decode_stats;      // one per decoding step, when record_steps
+  std::vector<float> last_prefill_logits;      // [V] logits of the last prompt token
+  std::vector<PruneStep> prune_steps;          // the schedule resolved for this model
+  trace::Step prefill_stats;                   // the prefill's trace step, with its detail
+  std::vector<trace::Step> decode_stats;       // one per decoding step, when record_steps
   double prompt_tokens_computed_fraction = 1;  // share of prompt (token, layer) pairs computed
   // The same over the whole generation: (token, layer) pairs computed in the prefill and every
   // decoding step, over (prompt + decoded tokens) x layers. The paper's headline figure.

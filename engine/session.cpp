@@ -144,12 +144,17 @@ OpDtypes dtypes_of(const Weights& w) {
   return {b, b, 4};  // GEMM inputs are rounded to the weights' dtype; the KV cache is f32
 }
 
-void reset_stats(ForwardStats* stats, int L) {
+// A trace step with every per-layer count zero and an empty detail (revived positions only for a
+// decoding step).
+void reset_stats(trace::Step* stats, int L, const char* kind, int64_t new_tokens) {
   if (!stats) return;
-  *stats = ForwardStats{};
-  stats->computed = stats->keys = stats->pairs = stats->attended = stats->aux_written = stats->revived =
-      std::vector<int64_t>(size_t(L), 0);
-  stats->revived_pos.assign(size_t(L), {});
+  *stats = trace::Step{};
+  stats->kind = kind;
+  stats->new_tokens = new_tokens;
+  stats->queries = stats->keys = stats->pairs = stats->attended = stats->revived = stats->aux_reads =
+      stats->aux_writes = std::vector<int64_t>(size_t(L), 0);
+  stats->pruning.emplace();
+  if (stats->kind == "decode") stats->revived_positions.emplace(size_t(L));
 }
 
 }  // namespace
@@ -171,7 +176,7 @@ void Session::timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f) 
 }
 
 void Session::layer(int l, std::span<const int32_t> rows, std::span<const int32_t> keys, OpTimers* t,
-                    ForwardStats* stats) {
+                    trace::Step* stats) {
   Backend& b = *be_;
   KvIndex& kv = kv_[size_t(l)];
   const int64_t T = int64_t(rows.size());
@@ -209,7 +214,7 @@ void Session::layer(int l, std::span<const int32_t> rows, std::span<const int32_
   for (int32_t p : rows) pairs += std::upper_bound(key_pos.begin(), key_pos.end(), p) - key_pos.begin();
   timed(t, l, Op::Attention, OpShape{T, pairs, n_keys}, [&] { b.attention(l, slots_); });
   if (stats) {
-    stats->computed[size_t(l)] = T;
+    stats->queries[size_t(l)] = T;
     stats->keys[size_t(l)] = kv.n();
     stats->pairs[size_t(l)] = pairs;
     stats->attended[size_t(l)] = n_keys;
@@ -224,7 +229,7 @@ void Session::layer(int l, std::span<const int32_t> rows, std::span<const int32_
 }
 
 std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, double share,
-                                     PruningPolicy& policy, OpTimers* t, ForwardStats* stats) {
+                                     PruningPolicy& policy, OpTimers* t, trace::Step* stats) {
   Backend& b = *be_;
   const int64_t n = int64_t(keys.size()), n_keep = tokens_kept(n, share);
   // A policy that keeps the top scores selects where the scores are; the others read them back.
@@ -239,13 +244,13 @@ std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, doubl
   timed(t, l, Op::Select, OpShape{0, 0, n},
         [&] { keep = on_backend ? b.select_top(keys, n_keep) : policy.select(l, keys, scores, n_keep); });
   if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
-  if (stats) stats->scores.push_back(std::move(scores));
+  if (stats) stats->pruning->push_back({l, {}, std::move(scores)});  // kept: once the caller knows it
   return keep;
 }
 
 void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
                       std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
-                      ForwardStats* stats, OpTimers* timers) {
+                      trace::Step* stats, OpTimers* timers) {
   const ModelConfig& c = m_.config();
   Backend& b = *be_;
   const int64_t T = int64_t(ids.size());
@@ -272,7 +277,7 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
         fail("forward: pruning layers must be increasing and inside the model");
   }
   if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
-  reset_stats(stats, c.n_layer);
+  reset_stats(stats, c.n_layer, n_cached() == 0 ? "prefill" : "decode", T);
 
   // The active rows: backend row i holds the token at rows[i]. Pruning only removes rows, so
   // positions stay ascending; with pruning the last row is the last token throughout.
@@ -307,15 +312,12 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
         }
         b.aux_store(pruned, entries);
         b.gather_rows(keep);
-        if (stats) {
-          stats->aux_writes += int64_t(pruned.size());
-          stats->aux_written[size_t(l)] += int64_t(pruned.size());
-        }
+        if (stats) stats->aux_writes[size_t(l)] += int64_t(pruned.size());
       });
       rows.swap(kept);
       b.set_rows(rows);
     }
-    if (stats) stats->kept.push_back(rows);
+    if (stats) stats->pruning->back().kept = rows;
   }
 
   // Final norm and LM head only for the rows that need logits.
@@ -336,8 +338,8 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
   timed(timers, c.n_layer, Op::LmHead, OpShape{R, 0, 0}, [&] { b.lm_head(logits); });
 }
 
-void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune,
-                          ForwardStats* stats, OpTimers* timers) {
+void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune, trace::Step* stats,
+                          OpTimers* timers) {
   const ModelConfig& c = m_.config();
   Backend& b = *be_;
   if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
@@ -347,7 +349,7 @@ void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneReque
   const KvIndex& kv0 = kv_[0];
   if (p < 0 || (kv0.n() > 0 && p <= kv0.pos.back())) fail("decode_step: position must be new");
   if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
-  reset_stats(stats, c.n_layer);
+  reset_stats(stats, c.n_layer, "decode", 1);
 
   // The step's active set (positions, ascending): every token, the new one last.
   std::vector<int32_t> active(kv0.pos.begin(), kv0.pos.end());
@@ -374,8 +376,8 @@ void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneReque
         b.merge_rows(plan, int64_t(rows.size()));
       });
       if (stats) {
-        stats->revived[size_t(l)] = int64_t(revive.size());
-        stats->revived_pos[size_t(l)] = revive;
+        stats->revived[size_t(l)] = stats->aux_reads[size_t(l)] = int64_t(revive.size());  // one read each
+        (*stats->revived_positions)[size_t(l)] = revive;
       }
     }
     const int64_t Tl = int64_t(rows.size());
@@ -390,7 +392,7 @@ void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneReque
       kept.reserve(keep.size());
       for (int64_t i : keep) kept.push_back(active[size_t(i)]);
       active.swap(kept);
-      if (stats) stats->kept.push_back(active);
+      if (stats) stats->pruning->back().kept = active;
     }
     // Rows not selected stop here; their state (the next layer's input) goes to the Aux Cache.
     // Rows that already have K/V at the next layer also stop: they are not recomputed there.
@@ -411,10 +413,7 @@ void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneReque
       }
       b.aux_store(leave, entries);
       if (int64_t(stay.size()) < Tl) b.gather_rows(stay);
-      if (stats) {
-        stats->aux_writes += int64_t(leave.size());
-        stats->aux_written[size_t(l)] += int64_t(leave.size());
-      }
+      if (stats) stats->aux_writes[size_t(l)] += int64_t(leave.size());
       rows.swap(next);
     });
     if (rows.empty() || rows.back() != p) fail("internal error: the new token left the step");

@@ -20,6 +20,7 @@
 #include "model/ops.h"
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
+#include "traces/trace.h"
 
 namespace lp {
 
@@ -51,20 +52,6 @@ struct OpTimers {
 struct PruneRequest {
   std::span<const PruneStep> steps;  // resolved, strictly increasing layers
   PruningPolicy* policy = nullptr;
-};
-
-// What a forward pass computed.
-struct ForwardStats {
-  std::vector<int64_t> computed;     // [L] tokens computed at each layer (queries)
-  std::vector<int64_t> keys;         // [L] tokens with K/V at each layer after the pass
-  std::vector<int64_t> pairs;        // [L] causal (query, key) pairs attended
-  std::vector<int64_t> attended;     // [L] keys the layer attended over (a decoding step: its active set)
-  std::vector<int64_t> aux_written;  // [L] tokens pruned after layer l, saved to the Aux Cache
-  std::vector<int64_t> revived;      // [L] tokens revived from the Aux Cache at layer l
-  std::vector<std::vector<int32_t>> kept;         // per pruning step: positions kept after it
-  std::vector<std::vector<float>> scores;         // per pruning step: scores of the active tokens (if any)
-  std::vector<std::vector<int32_t>> revived_pos;  // [L] positions revived at layer l (decoding)
-  int64_t aux_writes = 0;                         // hidden states saved to the Aux Cache
 };
 
 // Which tokens a layer holds K/V for: slots in arrival order (as the backend fills them).
@@ -122,19 +109,23 @@ class Session {
   // the others are not computed in later layers, so each layer's KV cache holds exactly the
   // tokens computed there, and each pruned token's hidden state goes to the Aux Cache.
   //
-  // With `timers`, every op's wall time is recorded with its FLOPs and bytes; on an asynchronous
-  // backend the device is synchronised around each op.
+  // With `stats`, the pass's trace step (traces/trace.h: "prefill" on an empty cache, else
+  // "decode"): per layer the rows computed, keys held and attended, pairs, Aux Cache writes, and
+  // the detail (kept positions and scores per pruning step). With `timers`, every op's wall time
+  // is recorded with its FLOPs and bytes; on an asynchronous backend the device is synchronised
+  // around each op.
   void forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
                std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune = nullptr,
-               ForwardStats* stats = nullptr, OpTimers* timers = nullptr);
+               trace::Step* stats = nullptr, OpTimers* timers = nullptr);
 
   // One decoding step with LazyLLM-style re-selection (lazyllm, random) or the static set:
   // every step starts from all tokens; at each pruning layer the new token's attention selects;
   // a selected token without K/V at a layer is revived from the Aux Cache and computed from
   // there on; keys at each layer are exactly the step's active set. Every (token, layer) pair is
-  // computed at most once over the session (checked: a violation throws).
+  // computed at most once over the session (checked: a violation throws). `stats` receives the
+  // step's trace step, with the positions revived at each layer.
   void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest& prune,
-                   ForwardStats* stats = nullptr, OpTimers* timers = nullptr);
+                   trace::Step* stats = nullptr, OpTimers* timers = nullptr);
 
   int64_t n_cached() const { return kv_[0].n(); }
   int64_t n_ctx() const { return be_->capacity(); }
@@ -163,12 +154,12 @@ class Session {
   // at positions `keys` (ascending, all holding K/V once the rows are appended) or, when `keys` is
   // empty, to every key the layer holds. Leaves the key slots in slots_ (for scoring).
   void layer(int l, std::span<const int32_t> rows, std::span<const int32_t> keys, OpTimers* t,
-             ForwardStats* stats);
+             trace::Step* stats);
   // The pruning step at layer l (after layer()): scores the keys by the last row's attention if
   // the policy wants them and returns the indices of the keys to keep (ascending, the last one
   // included).
   std::vector<int64_t> select(int l, std::span<const int32_t> keys, double share, PruningPolicy& policy,
-                              OpTimers* t, ForwardStats* stats);
+                              OpTimers* t, trace::Step* stats);
 };
 
 }  // namespace lp

@@ -8,6 +8,7 @@
 
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 
 namespace lp::hw {
 
@@ -20,26 +21,17 @@ using json = nlohmann::ordered_json;
 constexpr std::array<const char*, kNumFamilies> kFamilyKeys = {"gemm", "attention", "elementwise",
                                                                "data_movement"};
 
-const json& field(const json& j, const char* key, const std::string& origin) {
-  auto it = j.find(key);
-  if (it == j.end()) fail("{}: missing field '{}'", origin, key);
-  return *it;
-}
-
 double positive(const json& j, const char* key, const std::string& origin, bool allow_zero = false) {
-  const json& v = field(j, key, origin);
-  if (!v.is_number()) fail("{}: field '{}' must be a number", origin, key);
-  const double x = v.get<double>();
-  if (!std::isfinite(x) || x < 0 || (!allow_zero && x == 0))
+  const double x = json_field<double>(j, key, origin);
+  if (x < 0 || (!allow_zero && x == 0))
     fail("{}: field '{}' must be {} than 0, got {}", origin, key, allow_zero ? "no less" : "greater", x);
   return x;
 }
 
 std::string text(const json& j, const char* key, const std::string& origin) {
-  const json& v = field(j, key, origin);
-  if (!v.is_string() || v.get<std::string>().empty())
-    fail("{}: field '{}' must be a non-empty string", origin, key);
-  return v.get<std::string>();
+  std::string s = json_field<std::string>(j, key, origin);
+  if (s.empty()) fail("{}: field '{}' must be a non-empty string", origin, key);
+  return s;
 }
 }  // namespace
 
@@ -60,7 +52,7 @@ double Profile::peak(const std::string& dtype) const {
 
 Profile parse_profile(const json& j, const std::string& origin) {
   if (!j.is_object()) fail("{}: a hardware profile must be a JSON object", origin);
-  const json& version = field(j, "lazyprefill_hw", origin);
+  const json& version = json_member(j, "lazyprefill_hw", origin);
   if (!version.is_number_integer() || version.get<int64_t>() != 1)  // not get<int>: 4294967297 reads as 1
     fail("{}: 'lazyprefill_hw' must be 1 (this build reads version 1 profiles)", origin);
   Profile p;
@@ -80,7 +72,7 @@ Profile parse_profile(const json& j, const std::string& origin) {
     }
   }
 
-  const json& peaks = field(j, "peak_tflops", origin);
+  const json& peaks = json_member(j, "peak_tflops", origin);
   if (!peaks.is_object() || peaks.empty())
     fail("{}: 'peak_tflops' must be an object of dtype: TFLOP/s", origin);
   for (const auto& [dtype, v] : peaks.items()) {
@@ -111,14 +103,14 @@ Profile parse_profile(const json& j, const std::string& origin) {
   if (p.max_tp > 1 && p.interconnect_bandwidth <= 0)
     fail("{}: 'max_tp' is {} but 'interconnect_bandwidth_gbs' is 0", origin, p.max_tp);
 
-  const json& eff = field(j, "efficiency", origin);
+  const json& eff = json_member(j, "efficiency", origin);
   if (!eff.is_object()) fail("{}: 'efficiency' must be an object", origin);
-  const json& def = field(eff, "default", origin);
+  const json& def = json_member(eff, "default", origin);
   if (!def.is_boolean()) fail("{}: 'efficiency.default' must be true or false", origin);
   p.efficiency_default = def.get<bool>();
   for (int f = 0; f < kNumFamilies; ++f) {
     const std::string where = origin + ": efficiency." + kFamilyKeys[size_t(f)];
-    const json& e = field(eff, kFamilyKeys[size_t(f)], origin + ": efficiency");
+    const json& e = json_member(eff, kFamilyKeys[size_t(f)], origin + ": efficiency");
     if (!e.is_object()) fail("{} must be an object", where);
     Efficiency& x = p.efficiency[size_t(f)];
     x.compute = positive(e, "compute", where);
@@ -173,7 +165,7 @@ Profile parse_profile(const json& j, const std::string& origin) {
   if (p.interconnect_efficiency > 1)
     fail("{}: 'efficiency.interconnect' is a share of the bandwidth, at most 1", origin);
 
-  const json& src = field(j, "sources", origin);
+  const json& src = json_member(j, "sources", origin);
   if (!src.is_object()) fail("{}: 'sources' must be an object of field: source", origin);
   for (const auto& [k, v] : src.items()) {
     if (!v.is_string() || v.get<std::string>().empty())

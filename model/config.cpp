@@ -77,10 +77,6 @@ int int_value(const nlohmann::json& v, const std::string& what, const std::strin
   if (!x) fail("{}: {} {} is out of range", origin, what, v.dump());
   return int(*x);
 }
-int int_field(const nlohmann::json& j, const char* key, const std::string& origin) {
-  if (!j.contains(key)) fail("{}: missing '{}'", origin, key);
-  return int_value(j[key], key, origin);
-}
 std::vector<int> int_array(const nlohmann::json& j, const char* key, const std::string& origin) {
   std::vector<int> out;
   if (!j.contains(key)) return out;
@@ -96,15 +92,15 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
   try {
     c.arch = j.at("arch").get<std::string>();
     c.name = j.value("name", std::string());
-    c.n_layer = int_field(j, "n_layer", origin);
+    c.n_layer = json_field<int>(j, "n_layer", origin);
     if (c.n_layer > 1024) fail("{}: n_layer {} is over 1024", origin, c.n_layer);
-    c.n_embd = int_field(j, "n_embd", origin);
-    c.n_head = int_field(j, "n_head", origin);
-    c.n_head_kv = int_field(j, "n_head_kv", origin);
-    c.head_dim = int_field(j, "head_dim", origin);
-    c.n_ff = int_field(j, "n_ff", origin);
-    c.n_vocab = int_field(j, "n_vocab", origin);
-    c.n_ctx_train = j.contains("n_ctx_train") ? int_field(j, "n_ctx_train", origin) : 0;
+    c.n_embd = json_field<int>(j, "n_embd", origin);
+    c.n_head = json_field<int>(j, "n_head", origin);
+    c.n_head_kv = json_field<int>(j, "n_head_kv", origin);
+    c.head_dim = json_field<int>(j, "head_dim", origin);
+    c.n_ff = json_field<int>(j, "n_ff", origin);
+    c.n_vocab = json_field<int>(j, "n_vocab", origin);
+    c.n_ctx_train = j.contains("n_ctx_train") ? json_field<int>(j, "n_ctx_train", origin) : 0;
     c.rope_dim = c.head_dim;
     c.rope_theta = j.value("rope_theta", 10000.0f);
     c.rms_eps = j.value("rms_eps", 1e-5f);

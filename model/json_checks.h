@@ -1,11 +1,26 @@
-// Reading integers from JSON a user wrote. nlohmann's get<int>() truncates 4294967297 to 1, and
-// reading a float such as 3.9e19 as an integer is undefined behaviour; every reader of counts,
-// sizes and versions goes through json_integer instead and words its own refusal.
+// Reading fields from JSON a user wrote, the one way every reader does it. nlohmann's get<int>()
+// truncates 4294967297 to 1, and reading a float such as 3.9e19 as an integer is undefined
+// behaviour; a missing or mistyped field must be one error naming the file and the field.
+//   json_integer   an integer within [lo, hi], or nothing (the caller words its own refusal)
+//   json_field     a required field of a type: "<where>: missing field 'k'" or
+//                  "<where>: field 'k' must be <kind>, got <value>"
+//   json_optional  the same for a field that may be absent (or null)
+//   json_member    a required field as it is (an object or array the caller reads on)
+// `where` names the file and, where it helps, the place in it ("runs.json: record 3").
 #pragma once
 
+#include <fmt/format.h>
+
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "model/error.h"
 
 namespace lp {
 
@@ -18,6 +33,59 @@ std::optional<int64_t> json_integer(const Json& v, int64_t lo, int64_t hi) {
   const int64_t x = v.template get<int64_t>();
   if (x < lo || x > hi) return std::nullopt;
   return x;
+}
+
+// The value `v` of field `key` as a T, or lp::Error naming `where`, the field and what it holds.
+template <class T, class Json>
+T json_value(const Json& v, std::string_view key, std::string_view where) {
+  const auto refuse = [&](const char* kind) {
+    fail("{}: field '{}' must be {}, got {}", where, key, kind,
+         v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) refuse("true or false");
+    return v.template get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    const auto x = json_integer(
+        v, int64_t(std::numeric_limits<T>::lowest()),
+        std::is_unsigned_v<T> && sizeof(T) >= 8 ? INT64_MAX : int64_t(std::numeric_limits<T>::max()));
+    if (!x) refuse(v.is_number_integer() ? "a whole number in range" : "a whole number");
+    return T(*x);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number() || !std::isfinite(v.template get<double>())) refuse("a number");
+    return v.template get<T>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) refuse("a string");
+    return v.template get<std::string>();
+  } else {
+    try {
+      return v.template get<T>();
+    } catch (const nlohmann::json::exception&) {
+      refuse("of another type");
+    }
+    return T{};  // not reached: refuse throws
+  }
+}
+
+template <class Json>
+const Json& json_member(const Json& j, const char* key, std::string_view where) {
+  const auto it = j.find(key);
+  if (it == j.end()) fail("{}: missing field '{}'", where, key);
+  return *it;
+}
+
+template <class T, class Json>
+T json_field(const Json& j, const char* key, std::string_view where) {
+  const auto it = j.find(key);
+  if (it == j.end()) fail("{}: missing field '{}'", where, key);
+  return json_value<T>(*it, key, where);
+}
+
+template <class T, class Json>
+std::optional<T> json_optional(const Json& j, const char* key, std::string_view where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  return json_value<T>(*it, key, where);
 }
 
 }  // namespace lp

@@ -20,16 +20,6 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-template <class T>
-T field(const json& j, const char* key, const std::string& origin) {
-  if (!j.contains(key)) fail("{}: missing '{}'", origin, key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    fail("{}: '{}' has the wrong type", origin, key);
-  }
-}
-
 // An optional count: a non-negative integer or absent (0). A float read as an integer is undefined
 // behaviour once out of range (fuzz_trace found the same in a trace header).
 int64_t count_field(const json& j, const char* key, const std::string& origin) {
@@ -41,7 +31,7 @@ int64_t count_field(const json& j, const char* key, const std::string& origin) {
 }
 
 double unit_field(const json& j, const char* key, const std::string& origin, double lo, double hi) {
-  const double v = field<double>(j, key, origin);
+  const double v = json_field<double>(j, key, origin);
   if (!(v >= lo && v <= hi)) fail("{}: '{}' must be in [{}, {}], got {}", origin, key, lo, hi, v);
   return v;
 }
@@ -92,7 +82,7 @@ RevivalModel parse_revival_model(const json& j, const std::string& origin) {
          j.contains("lazyprefill_revival_model") ? j["lazyprefill_revival_model"].dump() : "(none)");
   RevivalModel m;
   m.origin = origin;
-  m.policy = field<std::string>(j, "policy", origin);
+  m.policy = json_field<std::string>(j, "policy", origin);
   m.model = j.value("model", std::string());
   if (!j.contains("n_layer")) fail("{}: missing 'n_layer'", origin);
   const int64_t n_layer = count_field(j, "n_layer", origin);  // an integer, never a float cast

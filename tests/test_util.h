@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/paths.h"
+#include "traces/trace.h"
 
 namespace lp::testing {
 
@@ -29,6 +30,14 @@ inline std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
 
 inline std::string fixture_path(const std::string& name) {
   return std::string(LP_SOURCE_DIR) + "/tests/fixtures/" + name;
+}
+
+// The positions kept after each pruning step of an engine's trace step, in order (its detail).
+inline std::vector<std::vector<int32_t>> kept_of(const trace::Step& s) {
+  std::vector<std::vector<int32_t>> out;
+  if (s.pruning)
+    for (const trace::Pruning& p : *s.pruning) out.push_back(p.kept);
+  return out;
 }
 
 }  // namespace lp::testing

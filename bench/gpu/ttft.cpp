@@ -108,10 +108,10 @@ std::unique_ptr<Model> random_model(const std::string& preset, int layers) {
 }
 
 // Prefill FLOPs of a pass from its per-layer counts (model/ops.h), for the FLOP-ideal speedup.
-double pass_flops(const ModelConfig& c, const ForwardStats& st) {
+double pass_flops(const ModelConfig& c, const trace::Step& st) {
   double f = 0;
   for (int l = 0; l < c.n_layer; ++l) {
-    const OpShape s{st.computed[size_t(l)], st.pairs[size_t(l)], st.keys[size_t(l)]};
+    const OpShape s{st.queries[size_t(l)], st.pairs[size_t(l)], st.keys[size_t(l)]};
     for (Op op : {Op::AttnNorm, Op::QKV, Op::Rope, Op::Attention, Op::OProj, Op::FfnNorm, Op::GateUp,
                   Op::SwiGLU, Op::Down})
       f += op_flops(c, op, s);
@@ -131,8 +131,8 @@ void ttft_rows(const Model& m, int64_t T) {
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3", "0.1:0.5,0.3:0.5,0.5:0.5"}) {
     const bool prune = std::string(sched) != "none";
     const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer) : std::vector<PruneStep>{};
-    ForwardStats st;
-    const auto pass = [&](ForwardStats* stats) {
+    trace::Step st;
+    const auto pass = [&](trace::Step* stats) {
       auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
       const PruneRequest req{steps, policy.get()};
       s.reset();

@@ -22,6 +22,7 @@
 #include "pruning/schedule.h"
 #include "tests/gguf_writer.h"
 #include "tests/reference_model.h"
+#include "tests/test_util.h"
 
 namespace lp {
 namespace {
@@ -116,24 +117,25 @@ TEST_P(PrunedForward, MatchesSlowMaskedFormulation) {
   const auto steps = resolve_schedule(parse_schedule(pc.schedule), c.n_layer);
   auto policy = make_policy(pc.policy, 5);
   PruneRequest req{steps, policy.get()};
-  ForwardStats st;
+  trace::Step st;
   Session s(ctx, *m, pc.T);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   const int64_t last = pc.T - 1;
   s.forward(ids, pos, {&last, 1}, logits.data(), &req, &st);
+  const auto kept_sets = testing::kept_of(st);
 
   // Bookkeeping: each step keeps tokens_kept(active, share), the last token always; each layer's
   // KV holds exactly the tokens computed there; every pruned token is in the Aux Cache once.
-  ASSERT_EQ(st.kept.size(), steps.size());
+  ASSERT_EQ(kept_sets.size(), steps.size());
   int64_t active = pc.T, pruned = 0;
   size_t k = 0;
   for (int l = 0; l < c.n_layer; ++l) {
-    EXPECT_EQ(st.computed[size_t(l)], active) << "layer " << l;
+    EXPECT_EQ(st.queries[size_t(l)], active) << "layer " << l;
     EXPECT_EQ(s.keys_held(l), active);
     if (k < steps.size() && steps[k].layer == l) {
       const int64_t kept = tokens_kept(active, steps[k].share);
-      ASSERT_EQ(int64_t(st.kept[k].size()), kept);
-      EXPECT_EQ(st.kept[k].back(), pos.back());
+      ASSERT_EQ(int64_t(kept_sets[k].size()), kept);
+      EXPECT_EQ(kept_sets[k].back(), pos.back());
       pruned += active - kept;
       active = kept;
       ++k;
@@ -142,7 +144,7 @@ TEST_P(PrunedForward, MatchesSlowMaskedFormulation) {
   EXPECT_EQ(s.aux().size(), pruned);
   EXPECT_EQ(std::set<int32_t>(s.aux().pos.begin(), s.aux().pos.end()).size(), size_t(pruned));
 
-  const SlowResult want = slow_pruned_forward(f, c, ids, pos, steps, st.kept);
+  const SlowResult want = slow_pruned_forward(f, c, ids, pos, steps, kept_sets);
   // Same tolerance argument as tests/engine/test_forward.cpp: per-op K*u relative error, a few layers.
   const double tol = 1e-4 * rms(want.last_logits);
   for (size_t j = 0; j < logits.size(); ++j) ASSERT_NEAR(logits[j], want.last_logits[j], tol) << j;
@@ -163,9 +165,9 @@ TEST_P(PrunedForward, MatchesSlowMaskedFormulation) {
     // the f32 dot products' K*u error amplified by at most a factor ~2 through the softmax), and
     // the selection keeps the highest-scoring tokens by the reference's scores too.
     for (size_t i = 0; i < want.scores.size(); ++i) {
-      ASSERT_EQ(st.scores[i].size(), want.scores[i].size());
+      ASSERT_EQ((*st.pruning)[i].scores.size(), want.scores[i].size());
       for (size_t j = 0; j < want.scores[i].size(); ++j)
-        ASSERT_NEAR(st.scores[i][j], want.scores[i][j], 1e-5);
+        ASSERT_NEAR((*st.pruning)[i].scores[j], want.scores[i][j], 1e-5);
     }
   }
 }

@@ -26,6 +26,7 @@
 #include "pruning/schedule.h"
 #include "tests/gguf_writer.h"
 #include "tests/reference_model.h"
+#include "tests/test_util.h"
 
 namespace lp {
 namespace {
@@ -168,25 +169,25 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
   Session s(ctx, *m, rc.T + rc.decode_steps);
   Dense ref(f, c);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
-  ForwardStats st;
+  trace::Step st;
   const int64_t last = rc.T - 1;
   s.forward(ids, pos, {&last, 1}, logits.data(), &req, &st);
   std::vector<int64_t> computed;
-  auto want = ref.step(ids, pos, steps, st.kept, &computed);
-  EXPECT_EQ(st.computed, computed) << "prefill";
+  auto want = ref.step(ids, pos, steps, testing::kept_of(st), &computed);
+  EXPECT_EQ(st.queries, computed) << "prefill";
   int64_t revivals = 0;
-  std::vector<int64_t> per_layer_total = st.computed;
+  std::vector<int64_t> per_layer_total = st.queries;
   for (int d = 0; d < rc.decode_steps; ++d) {
     for (size_t j = 0; j < want.size(); ++j)
       ASSERT_NEAR(logits[j], want[j], 1e-4 * rms(want)) << "step " << d;
     const int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t p = int32_t(rc.T + d);
     s.decode_step(tok, p, logits.data(), req, &st);
-    want = ref.step({tok}, {p}, steps, st.kept, &computed);
-    EXPECT_EQ(st.computed, computed) << "decode step " << d;
+    want = ref.step({tok}, {p}, steps, testing::kept_of(st), &computed);
+    EXPECT_EQ(st.queries, computed) << "decode step " << d;
     for (int l = 0; l < c.n_layer; ++l) {
       revivals += st.revived[size_t(l)];
-      per_layer_total[size_t(l)] += st.computed[size_t(l)];
+      per_layer_total[size_t(l)] += st.queries[size_t(l)];
       // At most once over the whole generation: no layer computed more tokens than exist.
       EXPECT_LE(per_layer_total[size_t(l)], rc.T + d + 1);
     }

@@ -47,16 +47,17 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
   const auto steps = resolve_schedule(parse_schedule(schedule), c.n_layer);
   auto p_cpu = make_policy(kind, 5), p_gpu = make_policy(kind, 5);
   PruneRequest r_cpu{steps, p_cpu.get()}, r_gpu{steps, p_gpu.get()};
-  ForwardStats s_cpu, s_gpu;
+  trace::Step s_cpu, s_gpu;
   const int64_t last = T - 1;
   std::vector<float> l_cpu(static_cast<size_t>(c.n_vocab)), l_gpu(l_cpu.size());
   Session cpu(ctx, *m, T);
   cpu.forward(ids, pos, {&last, 1}, l_cpu.data(), &r_cpu, &s_cpu);
   Session gpu(*m, cuda::make_backend(c, m->weights(), T));
   gpu.forward(ids, pos, {&last, 1}, l_gpu.data(), &r_gpu, &s_gpu);
-  ASSERT_EQ(s_gpu.kept.size(), s_cpu.kept.size());
-  for (size_t k = 0; k < s_cpu.kept.size(); ++k) EXPECT_EQ(s_gpu.kept[k], s_cpu.kept[k]) << "step " << k;
-  EXPECT_EQ(s_gpu.computed, s_cpu.computed);
+  const auto k_cpu = testing::kept_of(s_cpu), k_gpu = testing::kept_of(s_gpu);
+  ASSERT_EQ(k_gpu.size(), k_cpu.size());
+  for (size_t k = 0; k < k_cpu.size(); ++k) EXPECT_EQ(k_gpu[k], k_cpu[k]) << "step " << k;
+  EXPECT_EQ(s_gpu.queries, s_cpu.queries);
   EXPECT_EQ(s_gpu.pairs, s_cpu.pairs);
   EXPECT_EQ(gpu.aux().size(), cpu.aux().size());
   // The device's has-KV bits: exactly the (token, layer) pairs the CPU computed.
@@ -105,13 +106,13 @@ inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind
   EXPECT_DOUBLE_EQ(gpu.generation_tokens_computed_fraction, cpu.generation_tokens_computed_fraction);
   EXPECT_EQ(gpu.kv_bytes_used, cpu.kv_bytes_used);
   EXPECT_EQ(gpu.aux_cache_bytes, cpu.aux_cache_bytes);
-  EXPECT_EQ(gpu.prefill_stats.computed, cpu.prefill_stats.computed);
+  EXPECT_EQ(gpu.prefill_stats.queries, cpu.prefill_stats.queries);
   ASSERT_EQ(gpu.decode_stats.size(), cpu.decode_stats.size());
   for (size_t i = 0; i < cpu.decode_stats.size(); ++i) {
-    EXPECT_EQ(gpu.decode_stats[i].computed, cpu.decode_stats[i].computed) << "step " << i;
+    EXPECT_EQ(gpu.decode_stats[i].queries, cpu.decode_stats[i].queries) << "step " << i;
     EXPECT_EQ(gpu.decode_stats[i].attended, cpu.decode_stats[i].attended) << "step " << i;
     EXPECT_EQ(gpu.decode_stats[i].revived, cpu.decode_stats[i].revived) << "step " << i;
-    EXPECT_EQ(gpu.decode_stats[i].kept, cpu.decode_stats[i].kept) << "step " << i;
+    EXPECT_EQ(testing::kept_of(gpu.decode_stats[i]), testing::kept_of(cpu.decode_stats[i])) << "step " << i;
   }
 }
 

@@ -170,7 +170,7 @@ TEST(RevivalModel, BadFilesAreRefused) {
   refused(j, "missing 'n_layer'");
   j = good;
   j["stages"][2]["tau_steps"] = "x";
-  refused(j, "wrong type");
+  refused(j, "field 'tau_steps' must be a number, got \"x\"");
   refused(json::array(), "not a JSON object");
   EXPECT_THROW(sim::load_revival_model("/nonexistent/m.json"), Error);
 }

@@ -153,9 +153,11 @@ TEST(Trace, InconsistentTracesAreRefused) {
   expect({lines[0], lines[2]}, "line 2: the first step must be the prefill");
   expect({lines[0], lines[1], lines[1]}, "line 3: kind 'prefill': every step after the prefill");
   expect(edit(0, [](auto& j) { j["model"]["n_head"] = 0; }), "n_head must be positive");
-  expect(edit(0, [](auto& j) { j["model"]["n_head"] = 4294967298ULL; }), "n_head 4294967298 is out of range");
+  expect(edit(0, [](auto& j) { j["model"]["n_head"] = 4294967298ULL; }),
+         "field 'n_head' must be a whole number in range, got 4294967298");
   // Found by fuzz_trace: a float where an integer belongs was converted, undefined behaviour.
-  expect(edit(0, [](auto& j) { j["model"]["n_head_kv"] = 3.9e19; }), "n_head_kv must be an integer");
+  expect(edit(0, [](auto& j) { j["model"]["n_head_kv"] = 3.9e19; }),
+         "field 'n_head_kv' must be a whole number, got 3.9e+19");
   expect(edit(0, [](auto& j) { j["seed"] = 1e30; }), "seed 1e+30 is not a non-negative integer");
   expect(edit(0, [](auto& j) { j["model"]["rope_theta"] = 1e300; }),
          "rope_theta must be a positive finite number");

@@ -1,0 +1,71 @@
+// Reading fields from a user's JSON (model/json_checks.h): every refusal is one error naming the
+// place and the field, integers are never truncated or read from floats, and absent optional
+// fields are not errors.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/error.h"
+#include "model/json_checks.h"
+
+namespace lp {
+namespace {
+
+using nlohmann::json;
+
+template <class T>
+std::string refusal(const json& j, const char* key) {
+  try {
+    (void)json_field<T>(j, key, "f.json: record 2");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for '" << key << "' in " << j.dump();
+  return "";
+}
+
+TEST(JsonField, ReadsEachKindAndNamesTheFieldWhenItCannot) {
+  const json j = json::parse(R"({"n": 7, "big": 4294967297, "x": 1.5, "s": "hi", "b": true, "neg": -3,
+                                 "huge": 18446744073709551615, "v": [1, 2]})");
+  EXPECT_EQ(json_field<int>(j, "n", "f"), 7);
+  EXPECT_EQ(json_field<int64_t>(j, "big", "f"), 4294967297);
+  EXPECT_DOUBLE_EQ(json_field<double>(j, "x", "f"), 1.5);
+  EXPECT_DOUBLE_EQ(json_field<double>(j, "n", "f"), 7.0);  // an integer is a number
+  EXPECT_EQ(json_field<std::string>(j, "s", "f"), "hi");
+  EXPECT_TRUE(json_field<bool>(j, "b", "f"));
+  EXPECT_EQ(json_field<std::vector<int>>(j, "v", "f"), (std::vector<int>{1, 2}));
+
+  EXPECT_EQ(refusal<int>(j, "missing"), "f.json: record 2: missing field 'missing'");
+  // 2^32 + 1 read as an int was 1: it is out of range instead.
+  EXPECT_EQ(refusal<int>(j, "big"),
+            "f.json: record 2: field 'big' must be a whole number in range, got 4294967297");
+  EXPECT_EQ(refusal<int>(j, "x"), "f.json: record 2: field 'x' must be a whole number, got 1.5");
+  EXPECT_EQ(refusal<uint32_t>(j, "neg"),
+            "f.json: record 2: field 'neg' must be a whole number in range, got -3");
+  EXPECT_EQ(refusal<int64_t>(j, "huge"),
+            "f.json: record 2: field 'huge' must be a whole number in range, got 18446744073709551615");
+  EXPECT_EQ(refusal<double>(j, "s"), "f.json: record 2: field 's' must be a number, got \"hi\"");
+  EXPECT_EQ(refusal<std::string>(j, "n"), "f.json: record 2: field 'n' must be a string, got 7");
+  EXPECT_EQ(refusal<bool>(j, "n"), "f.json: record 2: field 'n' must be true or false, got 7");
+  EXPECT_EQ(refusal<std::vector<int>>(j, "s"),
+            "f.json: record 2: field 's' must be of another type, got \"hi\"");
+  json nan;
+  nan["x"] = std::nan("");
+  EXPECT_NE(refusal<double>(nan, "x").find("field 'x' must be a number"), std::string::npos);
+}
+
+TEST(JsonField, OptionalFieldsMayBeAbsentOrNullButNotWrong) {
+  const json j = json::parse(R"({"a": null, "b": 3, "c": "x"})");
+  EXPECT_FALSE(json_optional<int>(j, "a", "f").has_value());
+  EXPECT_FALSE(json_optional<int>(j, "missing", "f").has_value());
+  EXPECT_EQ(json_optional<int>(j, "b", "f"), 3);
+  EXPECT_THROW(json_optional<int>(j, "c", "f"), Error);
+  EXPECT_EQ(&json_member(j, "b", "f"), &j["b"]);
+  EXPECT_THROW(json_member(j, "missing", "f"), Error);
+}
+
+}  // namespace
+}  // namespace lp
