@@ -117,26 +117,27 @@ int cmd_report(const ReportArgs& a) {
   const auto wants = [&](const char* p) {
     return std::find(policies.begin(), policies.end(), p) != policies.end();
   };
-  const auto method = [](std::string name, std::string policy, std::string schedule,
-                         std::vector<PruneStep> steps = {}, const trace::Trace* recorded = nullptr) {
-    report::Method m;  // field by field: the revival fields keep their defaults
+  const auto method = [](std::string name, Method pm, std::vector<PruneStep> steps = {},
+                         const trace::Trace* recorded = nullptr) {
+    report::ReportedMethod m;  // field by field: the revival fields keep their defaults
     m.name = std::move(name);
-    m.policy = std::move(policy);
-    m.schedule = std::move(schedule);
+    m.method = std::move(pm);
     m.steps = std::move(steps);
     m.trace = recorded;
     return m;
   };
-  req.methods.push_back(method("none", "none", "none"));
+  req.methods.push_back(method("none", Method{}));
   trace::Trace recorded;
   std::vector<Schedule> scheds;
   if (!a.trace.empty()) {
     recorded = trace::read_trace(a.trace);
     req.trace_origin = a.trace;
     const std::string name = fmt::format("trace {} {}", recorded.header.policy, recorded.header.schedule);
-    req.methods.push_back(method(name, recorded.header.policy, recorded.header.schedule, {}, &recorded));
-    scheds.push_back(recorded.header.schedule == "none" ? Schedule{}
-                                                        : schedule_from_arg(recorded.header.schedule));
+    const Schedule recorded_schedule =
+        recorded.header.schedule == "none" ? Schedule{} : parse_schedule(recorded.header.schedule);
+    req.methods.push_back(
+        method(name, {parse_policy(recorded.header.policy), recorded_schedule}, {}, &recorded));
+    scheds.push_back(recorded_schedule);
   }
   // Synthetic LazyLLM schedules: those asked for (besides a trace), else the default.
   std::vector<Schedule> lazy;
@@ -144,23 +145,23 @@ int cmd_report(const ReportArgs& a) {
   if (lazy.empty() && a.trace.empty()) lazy.push_back(default_schedule());
   if (wants("lazyllm"))
     for (const Schedule& s : lazy)
-      req.methods.push_back(method("lazyllm " + s.to_string(), "lazyllm", s.to_string(),
+      req.methods.push_back(method("lazyllm " + s.to_string(), {PolicyKind::LazyLLM, s},
                                    resolve_schedule(s, req.model.n_layer)));
   scheds.insert(scheds.end(), lazy.begin(), lazy.end());
   for (const char* p : {"static", "random"})
     if (wants(p) && !scheds.front().steps.empty())
-      req.methods.push_back(method(std::string(p) + " " + scheds.front().to_string(), p,
-                                   scheds.front().to_string(),
+      req.methods.push_back(method(std::string(p) + " " + scheds.front().to_string(),
+                                   {parse_policy(p), scheds.front()},
                                    resolve_schedule(scheds.front(), req.model.n_layer)));
 
   const std::optional<sim::RevivalModel> revival_model = load_revivals(a.revival_model, a.revival_share);
-  for (report::Method& m : req.methods) {
+  for (report::ReportedMethod& m : req.methods) {
     if (m.trace) {
       m.revivals = "recorded in the trace";
       continue;
     }
-    RevivalChoice rv =
-        choose_revivals(revival_model, a.revival_share, m.policy, req.model.n_layer, m.steps, a.map);
+    RevivalChoice rv = choose_revivals(revival_model, a.revival_share, m.method.policy_name(),
+                                       req.model.n_layer, m.steps, a.map);
     m.revival = std::move(rv.share);
     m.revivals = std::move(rv.description);
   }

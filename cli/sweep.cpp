@@ -71,7 +71,7 @@ int cmd_sweep(const SweepArgs& a) {
   const std::vector<hw::Profile>& hws = grid.hws;
   const std::vector<std::string>& model_names = grid.model_names;
   const std::vector<ModelConfig>& models = grid.models;
-  const std::vector<report::SweepMethod>& methods = grid.methods;
+  const std::vector<Method>& methods = grid.methods;
   const std::vector<int64_t>& lengths = grid.lengths;
   const int64_t new_tokens = grid.new_tokens, batch = grid.batch;
   const sim::Precision& prec = grid.precision;
@@ -82,8 +82,8 @@ int cmd_sweep(const SweepArgs& a) {
   for (size_t m = 0; m < models.size(); ++m)
     for (size_t k = 0; k < methods.size(); ++k)
       revivals[m * methods.size() + k] =
-          choose_revivals(revival_from, revival_share, methods[k].policy, models[m].n_layer,
-                          resolve_schedule(parse_schedule(methods[k].schedule), models[m].n_layer), grid.map);
+          choose_revivals(revival_from, revival_share, methods[k].policy_name(), models[m].n_layer,
+                          resolve_schedule(methods[k].schedule, models[m].n_layer), grid.map);
 
   // The output, locked for this run (a second sweep on it is refused). Resume: keep every complete
   // row already written and cut a torn last line off (a run killed mid-row); rows are appended.
@@ -120,7 +120,8 @@ int cmd_sweep(const SweepArgs& a) {
         for (int64_t n : lengths) {
           if (models[m].n_ctx_train > 0 && n + std::max<int64_t>(0, new_tokens - 1) > models[m].n_ctx_train)
             continue;
-          if (!done.count(key_of(hws[h].name, model_names[m], methods[k].policy, methods[k].schedule, n)))
+          if (!done.count(key_of(hws[h].name, model_names[m], methods[k].policy_name(),
+                                 methods[k].schedule_text(), n)))
             todo.push_back({h, m, k, n});
         }
   const bool tty = ::isatty(2);
@@ -134,18 +135,18 @@ int cmd_sweep(const SweepArgs& a) {
     tbb::parallel_for(c0, c1, [&](size_t i) {
       const Config& cf = todo[i];
       const ModelConfig& c = models[cf.model];
-      const report::SweepMethod& m = methods[cf.method];
-      const auto steps = resolve_schedule(parse_schedule(m.schedule), c.n_layer);
+      const Method& m = methods[cf.method];
+      const auto steps = resolve_schedule(m.schedule, c.n_layer);
       const int64_t dec = std::max<int64_t>(0, new_tokens - 1);
       const RevivalChoice& rv = revivals[cf.model * methods.size() + cf.method];
       const sim::Prediction p =
-          sim::replay_synthetic(c, m.policy, steps, cf.tokens, dec, rv.share, hws[cf.hw], prec, batch);
+          sim::replay_synthetic(c, m.policy_name(), steps, cf.tokens, dec, rv.share, hws[cf.hw], prec, batch);
       const sim::Prediction b =
           sim::replay_synthetic(c, "none", {}, cf.tokens, dec, {}, hws[cf.hw], prec, batch);
       json r = {{"hw", hws[cf.hw].name},
                 {"model", model_names[cf.model]},
-                {"policy", m.policy},
-                {"schedule", m.schedule},
+                {"policy", m.policy_name()},
+                {"schedule", m.schedule_text()},
                 {"prompt_tokens", cf.tokens},
                 {"ttft_ms", p.ttft_s * 1e3},
                 {"baseline_ttft_ms", b.ttft_s * 1e3},

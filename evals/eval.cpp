@@ -11,11 +11,6 @@
 
 namespace lp::eval {
 
-std::string Method::label() const {
-  if (policy == PolicyKind::None) return "none";
-  return fmt::format("{} {}", policy_name(policy), schedule.to_string());
-}
-
 std::pair<double, double> wilson_interval(int k, int n) {
   if (n <= 0) return {0.0, 1.0};
   const double z = 1.96, p = double(k) / n, z2n = z * z / n;

@@ -11,17 +11,9 @@
 #include "engine/session.h"
 #include "evals/tasks.h"
 #include "kernels/context.h"
-#include "pruning/policy.h"
-#include "pruning/schedule.h"
+#include "pruning/method.h"
 
 namespace lp::eval {
-
-// One point of a speed-accuracy curve.
-struct Method {
-  PolicyKind policy = PolicyKind::None;
-  Schedule schedule;          // ignored for none
-  std::string label() const;  // "none", "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3"
-};
 
 struct EvalOptions {
   std::vector<Task> tasks;

@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       lp::report::Request r;
       r.model = lp::preset_config("llama-2-7b");
       r.hws = {lp::hw::load_profile("l4")};
-      r.methods = {{"none", "none", "none", {}, nullptr, {}, "none"}};
+      r.methods = {{"none", lp::Method{}, {}, nullptr, {}, "none"}};
       r.lengths = {512, 1024};
       return lp::report::build_report(r);
     }();

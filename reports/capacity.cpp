@@ -21,7 +21,7 @@ using json = nlohmann::ordered_json;
 
 // One method's prediction at prompt length N, its steps streamed (memory O(layers), whatever the
 // decoding steps); the per-layer detail, which the report does not print, is dropped.
-sim::Prediction method_prediction(const Request& r, const Method& m, const hw::Profile& hw, int64_t N,
+sim::Prediction method_prediction(const Request& r, const ReportedMethod& m, const hw::Profile& hw, int64_t N,
                                   int64_t new_tokens) {
   sim::Prediction p;
   if (m.trace) {
@@ -30,8 +30,8 @@ sim::Prediction method_prediction(const Request& r, const Method& m, const hw::P
     for (const trace::Step& s : m.trace->steps) rp.add(sim::map_step(m.trace->header, s, r.model.n_layer, N));
     p = std::move(rp).finish();
   } else {
-    p = sim::replay_synthetic(r.model, m.policy, m.steps, N, std::max<int64_t>(0, new_tokens - 1), m.revival,
-                              hw, r.precision, r.batch);
+    p = sim::replay_synthetic(r.model, m.method.policy_name(), m.steps, N,
+                              std::max<int64_t>(0, new_tokens - 1), m.revival, hw, r.precision, r.batch);
   }
   p.prefill_layers = {};
   return p;
@@ -67,7 +67,8 @@ const std::vector<std::pair<std::string, std::vector<Op>>>& op_groups() {
 
 json build_report(const Request& r) {
   if (r.hws.empty()) fail("report: no hardware profile");
-  if (r.methods.empty() || r.methods[0].policy != "none") fail("report: the first method must be none");
+  if (r.methods.empty() || r.methods[0].method.policy != PolicyKind::None)
+    fail("report: the first method must be none");
   if (r.lengths.empty()) usage_fail("--prompt-lengths is empty");
   if (r.batch < 1) usage_fail("--batch must be at least 1, got {}", r.batch);
   for (int64_t N : r.lengths) {
@@ -192,9 +193,11 @@ json build_report(const Request& r) {
                    {"efficiency_source", p.sources.count("efficiency") ? p.sources.at("efficiency") : ""},
                    {"peak_source", p.sources.count("peak_tflops") ? p.sources.at("peak_tflops") : ""}});
   json methods = json::array();
-  for (const Method& m : r.methods)
-    methods.push_back(
-        {{"name", m.name}, {"policy", m.policy}, {"schedule", m.schedule}, {"revivals", m.revivals}});
+  for (const ReportedMethod& m : r.methods)
+    methods.push_back({{"name", m.name},
+                       {"policy", m.method.policy_name()},
+                       {"schedule", m.method.schedule_text()},
+                       {"revivals", m.revivals}});
   json prov = {
       {"tool_version", r.tool_version},
       {"git_commit", r.git_commit},

@@ -14,6 +14,7 @@
 
 #include "hwmodels/profile.h"
 #include "model/config.h"
+#include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
 #include "traces/synthetic.h"
@@ -21,10 +22,10 @@
 
 namespace lp::report {
 
-struct Method {
-  std::string name;    // "none", "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3", "trace: run.jsonl", ...
-  std::string policy;  // none | lazyllm | static | random
-  std::string schedule = "none";
+// A method as the report states it: its name, the policy and schedule, and how it is costed.
+struct ReportedMethod {
+  std::string name;                     // "none", "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3", "trace: run.jsonl", ...
+  lp::Method method;                    // the policy and schedule (a trace's: as recorded)
   std::vector<PruneStep> steps;         // resolved for the model
   const trace::Trace* trace = nullptr;  // a recorded trace, mapped to each prompt length
   trace::Revivals revival;              // synthetic decoding's revivals (empty: none)
@@ -35,8 +36,8 @@ struct Request {
   ModelConfig model;
   std::string model_source;  // "preset llama-3.1-8b" or the GGUF path
   std::vector<hw::Profile> hws;
-  std::vector<Method> methods;  // the first must be "none" (the baseline)
-  std::string trace_origin;     // the trace file, if a method replays one
+  std::vector<ReportedMethod> methods;  // the first must be "none" (the baseline)
+  std::string trace_origin;             // the trace file, if a method replays one
   std::vector<int64_t> lengths;
   int64_t new_tokens = 0;
   std::optional<double> slo_ttft_ms;

@@ -84,13 +84,12 @@ SweepGrid read_sweep_grid(const std::string& path) {
       if (m.contains(k) && !m[k].is_string()) fail("{}: methods: '{}' must be a string", path, k);
     if (m.contains("schedule") && m["schedule"].get<std::string>().empty())
       fail("{}: methods: an empty schedule; give one, or none for no pruning", path);
-    SweepMethod x{m.value("policy", std::string()), m.value("schedule", std::string("none"))};
-    if (x.policy != "none" && x.policy != "lazyllm" && x.policy != "static" && x.policy != "random")
-      fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", path, x.policy);
-    if (x.policy == "none") x.schedule = "none";
-    for (const ModelConfig& c : grid.models)
-      resolve_schedule(parse_schedule(x.schedule), c.n_layer);  // validate early
-    x.schedule = parse_schedule(x.schedule).to_string();
+    const std::string policy = m.value("policy", std::string());
+    if (policy != "none" && policy != "lazyllm" && policy != "static" && policy != "random")
+      fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", path, policy);
+    Method x{parse_policy(policy), {}};
+    if (x.policy != PolicyKind::None) x.schedule = parse_schedule(m.value("schedule", std::string("none")));
+    for (const ModelConfig& c : grid.models) resolve_schedule(x.schedule, c.n_layer);  // validate early
     grid.methods.push_back(x);
   }
   for (const json& n : list<json>(g, "prompt_lengths", path))

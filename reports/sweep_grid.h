@@ -9,19 +9,16 @@
 
 #include "hwmodels/profile.h"
 #include "model/config.h"
+#include "pruning/method.h"
 #include "sim/cost.h"
 
 namespace lp::report {
-
-struct SweepMethod {
-  std::string policy, schedule;  // schedule in its canonical text ("none" for none)
-};
 
 struct SweepGrid {
   std::vector<hw::Profile> hws;
   std::vector<std::string> model_names;
   std::vector<ModelConfig> models;
-  std::vector<SweepMethod> methods;
+  std::vector<Method> methods;  // the none policy always with no schedule
   std::vector<int64_t> lengths;
   int64_t new_tokens = 0, batch = 1;
   sim::Precision precision;
