@@ -54,9 +54,7 @@ CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a) {
   c->add_option("--revival-model", a.model,
                 "With --held-out: judge this model file (or 'builtin') instead of fitting one");
   c->add_option("--hw", a.hw, "Profile the held-out comparison is costed on (default cpu-local)");
-  c->add_option("--weights", a.weights, "Weight dtype of the comparison (default bf16)");
-  c->add_option("--compute", a.compute, "Compute dtype of the comparison (default bf16)");
-  c->add_option("--kv", a.kv, "KV dtype of the comparison (default bf16)");
+  add_precision(*c, a.precision, " of the comparison");
   c->add_flag("--map", a.map,
               "Allow a --revival-model fitted on another layer count (stages by relative depth)");
   c->add_option("--out", a.out, "Write the fitted model here (JSON)");
@@ -79,7 +77,7 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
     usage_fail("--revival-model needs --held-out traces to judge it on");
   if (!a.model.empty() && !a.out.empty())
     usage_fail("--out writes a fitted model; with --revival-model nothing is fitted");
-  sim::Precision prec{a.weights, a.compute, a.kv};
+  sim::Precision prec = a.precision;
   sim::validate(prec);
   const hw::Profile hw = hw::load_profile(a.hw);
   std::vector<trace::Trace> traces;

@@ -14,6 +14,7 @@
 #include "hwmodels/profile.h"
 #include "kernels/context.h"
 #include "pruning/schedule.h"
+#include "sim/cost.h"
 #include "sim/revival.h"
 #include "traces/synthetic.h"
 
@@ -62,6 +63,18 @@ inline CLI::Validator digits_only() {
       "UINT");
 }
 
+// Options several subcommands share, declared once (cli/options.cpp).
+// --model FILE: the GGUF the engine runs (absent: the default model in the cache).
+CLI::Option* add_gguf_model(CLI::App& sub, std::string& gguf);
+// --model FILE or --model-config PRESET, not both: the model a subcommand costs; `what` ends the
+// help ("cost", "report on").
+void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, const char* what);
+// --hw (required) and --engine: the hardware profiles a subcommand costs on.
+void add_hardware(CLI::App& sub, std::string& hw, std::string& engine);
+// --weights, --compute, --kv: the precision a prediction assumes; `of` qualifies the help
+// (" of the comparison", or ""); the defaults shown are p's.
+void add_precision(CLI::App& sub, sim::Precision& p, const char* of = "");
+
 // The --engine option's help, listing the presets.
 inline constexpr const char* kEngineHelp =
     "Serving engine whose elementwise costing to use: lazyprefill, llamacpp (f32, nothing fused), vllm "
@@ -106,7 +119,7 @@ int cmd_inspect(const InspectArgs& a);
 
 struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw, engine;
-  std::string weights = "bf16", compute = "bf16", kv = "bf16";
+  sim::Precision precision;
   int64_t prompt_tokens = 0, new_tokens = 0;
   std::string revival_model;  // "" or "builtin": the built-in revival model
   int tp = 1;
@@ -129,7 +142,7 @@ int cmd_calibrate(const CalibrateArgs& a);
 struct CalibrateRevivalsArgs {
   std::vector<std::string> traces, held_out;
   std::string model, out, hw = "cpu-local";
-  std::string weights = "bf16", compute = "bf16", kv = "bf16";
+  sim::Precision precision;  // of the held-out comparison
   bool map = false, json_out = false;
 };
 CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a);
@@ -150,7 +163,7 @@ struct ReportArgs {
   std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out,
                                               engine;
   std::vector<std::string> schedules;
-  std::string weights = "bf16", compute = "bf16", kv = "bf16";
+  sim::Precision precision;
   std::string revival_model;  // "" or "builtin": the built-in revival model
   int64_t new_tokens = 0, batch = 1;
   // NaN: not given (a given 0 is refused, not taken for "none").

@@ -187,8 +187,7 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
       "  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule "
       "0.3:0.3,0.6:0.3,0.9:0.3 "
       "--json");
-  e->add_option("--model", a.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)")
-      ->check(non_empty_path());
+  add_gguf_model(*e, a.model);
   e->add_option("--task", a.tasks, "Comma-separated tasks: passkey, kv, mdqa, nll (default passkey)");
   e->add_option("--lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
   e->add_option("--samples", a.samples, "Samples per task and length (default 20)");

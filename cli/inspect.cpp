@@ -159,8 +159,7 @@ CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
                          "Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.\n"
                          "  lazyprefill inspect --model model.gguf --json\n"
                          "  lazyprefill inspect --trace run.jsonl");
-  inspect->add_option("--model", a.model, "GGUF model file (default: the cached SmolLM2)")
-      ->check(lp::cli::non_empty_path());
+  add_gguf_model(*inspect, a.model);
   inspect->add_option("--trace", a.trace, "Summarise a trace written by run --trace instead");
   inspect->add_flag("--json", a.json_out, "Print JSON");
   return inspect;

@@ -45,11 +45,8 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
       "      --slo-ttft-ms 500 --mem-budget-gib 40 --out reports/out\n"
       "  lazyprefill report --model-config llama-2-7b --hw a100-80gb --trace run.jsonl --prompt-lengths "
       "1024,4096 --out r/");
-  auto* model = r->add_option("--model", a.model, "GGUF file whose configuration to report on")
-                    ->check(non_empty_path());
-  auto* preset = r->add_option("--model-config", a.model_config, "A preset model configuration");
-  model->excludes(preset);
-  r->add_option("--hw", a.hw, "Hardware profiles, comma-separated names or .json files")->required();
+  add_model_choice(*r, a.model, a.model_config, "report on");
+  add_hardware(*r, a.hw, a.engine);
   r->add_option("--trace", a.trace, "A recorded trace whose pruning pattern is mapped to each length");
   r->add_option("--prune", a.prune,
                 "Methods besides none: any of lazyllm, static, random (default all three)");
@@ -76,11 +73,7 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
       ->check(finite_number());
   r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
-  r->add_option("--weights", a.weights,
-                "Weight dtype: bf16, f16, f32, int8, fp8, q4, <bits>bpw (default bf16)");
-  r->add_option("--compute", a.compute, "Compute dtype: bf16, f16, f32, tf32, int8, fp8 (default bf16)");
-  r->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8, fp8 (default bf16)");
-  r->add_option("--engine", a.engine, kEngineHelp);
+  add_precision(*r, a.precision);
   r->add_option("--validation", a.validation, "validate --json output, for the measured-vs-predicted chart");
   r->add_option("--out", a.out, "Folder for capacity-report.json, the charts and report.html")->required();
   r->add_flag("--json", a.json_out, "Print the report JSON instead of the summary table");
@@ -101,7 +94,7 @@ int cmd_report(const ReportArgs& a) {
   if (req.model.name.empty()) req.model.name = a.model_config.empty() ? a.model : a.model_config;
   req.hws = load_profiles(a.hw, a.engine);
   req.lengths = parse_lengths(a.lengths, "--prompt-lengths");
-  req.precision = {a.weights, a.compute, a.kv};
+  req.precision = a.precision;
   sim::validate(req.precision);
   req.new_tokens = a.new_tokens;
   req.batch = a.batch;

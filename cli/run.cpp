@@ -78,8 +78,7 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
                          "Generate from a GGUF model on the CPU and report timings.\n"
                          "  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16\n"
                          "  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json");
-  run->add_option("--model", a.model, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)")
-      ->check(lp::cli::non_empty_path());
+  add_gguf_model(*run, a.model);
   run->add_option("--prompt", a.prompt, "Prompt text");
   run->add_option("--prompt-file", a.prompt_file, "File holding the prompt (UTF-8)");
   run->add_option("--max-new-tokens", a.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));

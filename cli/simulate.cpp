@@ -126,18 +126,9 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "Synthetic decoding: revival model file from calibrate-revivals (default: the built-in one)")
       ->excludes(trace)
       ->excludes(share);
-  auto* model =
-      s->add_option("--model", a.model, "GGUF file whose configuration to cost")->check(non_empty_path());
-  auto* preset =
-      s->add_option("--model-config", a.model_config, "A preset model configuration (see --help-models)");
-  model->excludes(preset);
-  s->add_option("--hw", a.hw, "Hardware profiles, comma-separated names or .json files")->required();
-  s->add_option("--weights", a.weights,
-                "Weight dtype: bf16, f16, f32, int8, fp8, q4, <bits>bpw (default bf16)");
-  s->add_option("--compute", a.compute,
-                "GEMM/attention compute dtype: bf16, f16, f32, tf32, int8, fp8 (default bf16)");
-  s->add_option("--kv", a.kv, "KV cache dtype: bf16, f16, f32, int8, fp8 (default bf16)");
-  s->add_option("--engine", a.engine, kEngineHelp);
+  add_model_choice(*s, a.model, a.model_config, "cost");
+  add_hardware(*s, a.hw, a.engine);
+  add_precision(*s, a.precision);
   s->add_option("--tp", a.tp,
                 "Tensor-parallel degree: spread the model over N GPUs of each profile (default 1); times and "
                 "memory are per GPU, all-reduces included")
@@ -165,7 +156,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
         "unpruned)");
   if (!a.trace.empty() && a.new_tokens > 0)
     usage_fail("--new-tokens applies to synthetic traces, not to --trace");
-  sim::Precision prec{a.weights, a.compute, a.kv};
+  sim::Precision prec = a.precision;
   sim::validate(prec);
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
 

@@ -53,8 +53,7 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
       "  lazyprefill validate --json --out-dir runs/   # also keeps every run's JSON for calibrate");
   v->add_flag("--quick", a.quick,
               "Prompts of 256-2048 tokens instead of 256-8192 (under 5 minutes on 2 cores)");
-  v->add_option("--model", a.model, "GGUF model (default: the cached SmolLM2-135M-Instruct)")
-      ->check(non_empty_path());
+  add_gguf_model(*v, a.model);
   v->add_option("--base", a.base, "Profile to calibrate (default cpu-local)");
   v->add_option("--threads", a.threads, "CPU threads (default: all this process may use)")
       ->check(CLI::Range(1, 1024));

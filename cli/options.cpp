@@ -1,0 +1,39 @@
+// The options several subcommands share, declared once so that they read and check the same
+// everywhere (commands.h).
+#include <string>
+
+#include "cli/commands.h"
+
+namespace lp::cli {
+
+CLI::Option* add_gguf_model(CLI::App& sub, std::string& gguf) {
+  return sub.add_option("--model", gguf, "GGUF model file (default: the SmolLM2-135M-Instruct in the cache)")
+      ->check(non_empty_path());
+}
+
+void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, const char* what) {
+  auto* model = sub.add_option("--model", gguf, std::string("GGUF file whose configuration to ") + what)
+                    ->check(non_empty_path());
+  auto* config = sub.add_option("--model-config", preset, "A preset model configuration (see --help-models)");
+  model->excludes(config);
+}
+
+void add_hardware(CLI::App& sub, std::string& hw, std::string& engine) {
+  sub.add_option("--hw", hw, "Hardware profiles, comma-separated names or .json files")->required();
+  sub.add_option("--engine", engine, kEngineHelp);
+}
+
+void add_precision(CLI::App& sub, sim::Precision& p, const char* of) {
+  sub.add_option("--weights", p.weights,
+                 "Weight dtype" + std::string(of) +
+                     ": bf16, f16, f32, int8, fp8, q4, "
+                     "<bits>bpw (default " +
+                     p.weights + ")");
+  sub.add_option("--compute", p.compute,
+                 "GEMM/attention compute dtype" + std::string(of) +
+                     ": bf16, f16, f32, tf32, int8, fp8 (default " + p.compute + ")");
+  sub.add_option("--kv", p.kv,
+                 "KV cache dtype" + std::string(of) + ": bf16, f16, f32, int8, fp8 (default " + p.kv + ")");
+}
+
+}  // namespace lp::cli
