@@ -2,37 +2,22 @@
 // trace (streamed: memory is one step), as text (text from the file escaped) or JSON.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <cerrno>
-#include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <span>
-#include <sstream>
+#include <string>
+#include <utility>
 
 #include "cli/commands.h"
-#include "cli/run_output.h"
-#include "engine/generate.h"
-#include "engine/session.h"
-#include "kernels/context.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/cuda_ops.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/io.h"
-#include "model/ops.h"
 #include "model/paths.h"
+#include "model/quant.h"
 #include "model/vocab.h"
-#include "pruning/policy.h"
-#include "pruning/schedule.h"
-#include "traces/synthetic.h"
 #include "traces/trace.h"
 
 namespace lp::cli {
