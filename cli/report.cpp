@@ -175,7 +175,7 @@ int cmd_report(const ReportArgs& a) {
   std::error_code ec;
   if (!fs::is_directory(a.out) && !fs::create_directory(a.out, ec))
     fail("cannot write the report to '{}': {}", a.out, ec ? ec.message() : "not a folder");
-  const nlohmann::ordered_json rep = report::build_report(req);
+  const report::Report rep = report::build_report(req);
   const auto charts = report::report_charts(rep, a.validation.empty() ? nullptr : &validation);
   const fs::path dir(a.out);
   {
@@ -184,11 +184,12 @@ int cmd_report(const ReportArgs& a) {
     for (const char* f : {"capacity-report.json", "report.html"})
       refuse_output_over_input((dir / f).string(), "--out", inputs);
   }
-  write_file_atomic((dir / "capacity-report.json").string(), rep.dump(2) + "\n", "report");
+  const std::string rep_json = rep.to_json().dump(2);
+  write_file_atomic((dir / "capacity-report.json").string(), rep_json + "\n", "report");
   for (const auto& [name, svg] : charts) write_file_atomic((dir / name).string(), svg, "chart");
   write_file_atomic((dir / "report.html").string(), report::report_html(rep, charts), "report page");
   if (a.json_out) {
-    std::puts(rep.dump(2).c_str());
+    std::puts(rep_json.c_str());
   } else {
     std::fputs(report::summary_text(rep).c_str(), stdout);
     fmt::print("\nwrote {}/capacity-report.json, report.html and {} charts\n", a.out, charts.size());

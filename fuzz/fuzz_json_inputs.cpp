@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A `report --validation` file: checked, then drawn into the measured-vs-predicted chart.
   lp::fuzz::refuses_cleanly([&] {
     lp::report::check_validation(j, "fuzz");
-    static const nlohmann::ordered_json rep = [] {
+    static const lp::report::Report rep = [] {
       lp::report::Request r;
       r.model = lp::preset_config("llama-2-7b");
       r.hws = {lp::hw::load_profile("l4")};

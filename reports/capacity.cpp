@@ -65,7 +65,7 @@ const std::vector<std::pair<std::string, std::vector<Op>>>& op_groups() {
 }
 }  // namespace
 
-json build_report(const Request& r) {
+Report build_report(const Request& r) {
   if (r.hws.empty()) fail("report: no hardware profile");
   if (r.methods.empty() || r.methods[0].method.policy != PolicyKind::None)
     fail("report: the first method must be none");
@@ -91,176 +91,209 @@ json build_report(const Request& r) {
         "{} hardware profiles x {} methods x {} lengths is {} results, over the {} a report holds (use "
         "sweep for more)",
         H, M, NL, H * M * NL, kMaxCells);
-  struct Cell {
-    sim::Prediction p;
-    double share = 1;
-  };
-  std::vector<Cell> cells(H * M * NL);
+
+  Report rep;
+  Provenance& prov = rep.provenance;
+  prov.tool_version = r.tool_version;
+  prov.git_commit = r.git_commit;
+  prov.generated_utc = utc_now();
+  prov.model = r.model;
+  prov.model_source = r.model_source;
+  for (const hw::Profile& p : r.hws)
+    prov.hardware.push_back({p.name, p.description, p.engine.name, p.efficiency_default,
+                             p.sources.count("efficiency") ? p.sources.at("efficiency") : "",
+                             p.sources.count("peak_tflops") ? p.sources.at("peak_tflops") : ""});
+  if (!r.trace_origin.empty()) prov.trace = r.trace_origin;
+  for (const ReportedMethod& m : r.methods) prov.methods.push_back({m.name, m.method, m.revivals});
+  prov.precision = r.precision;
+  prov.batch = r.batch;
+  prov.new_tokens = r.new_tokens;
+  prov.slo_ttft_ms = r.slo_ttft_ms;
+  prov.mem_budget_gib = r.mem_budget_gib;
+  rep.prompt_lengths = r.lengths;
+
+  std::vector<sim::Prediction> cells(H * M * NL);
   tbb::parallel_for(size_t(0), cells.size(), [&](size_t k) {
     const size_t h = k / (M * NL), m = (k / NL) % M, n = k % NL;
-    cells[k].p = method_prediction(r, r.methods[m], r.hws[h], r.lengths[n], r.new_tokens);
-    cells[k].share = cells[k].p.prompt_share;
+    cells[k] = method_prediction(r, r.methods[m], r.hws[h], r.lengths[n], r.new_tokens);
   });
-  const auto cell = [&](size_t h, size_t m, size_t n) -> const Cell& { return cells[(h * M + m) * NL + n]; };
-
-  json results = json::array();
-  for (size_t h = 0; h < H; ++h)
-    for (size_t m = 0; m < M; ++m)
-      for (size_t n = 0; n < NL; ++n) {
-        const sim::Prediction& p = cell(h, m, n).p;
-        const sim::Prediction& b = cell(h, 0, n).p;
-        const double budget = budget_bytes(r, r.hws[h]);
-        const double per_seq = (p.memory.kv + p.memory.aux) / double(r.batch);
-        const double free = budget - p.memory.weights - p.memory.activations;
-        // Capped where a double still counts exactly (a 1 PiB device of 1-byte sequences fits
-        // 2^50: never reached by a real profile, but a cast past int64_t would be undefined).
-        const int64_t seqs =
-            per_seq > 0 && free > 0 ? int64_t(std::min(std::floor(free / per_seq), 9007199254740992.0)) : 0;
-        const Op bound = p.prefill_bound_op();
-        json ops = json::object();
-        for (int i = 0; i < kNumOps; ++i) {
-          const sim::OpCost& o = p.prefill_ops[size_t(i)];
-          if (o.calls == 0) continue;
-          ops[std::string(op_name(Op(i)))] = {{"time_ms", o.time_s * 1e3},
-                                              {"flop", o.flops},
-                                              {"bytes", o.bytes},
-                                              {"bound", o.memory_bound() ? "memory" : "compute"}};
-        }
-        double bytes = 0;
-        for (const sim::OpCost& o : p.prefill_ops) bytes += o.bytes;
-        results.push_back({{"hw", r.hws[h].name},
-                           {"method", r.methods[m].name},
-                           {"prompt_tokens", r.lengths[n]},
-                           {"ttft_ms", p.ttft_s * 1e3},
-                           {"baseline_ttft_ms", b.ttft_s * 1e3},
-                           {"speedup", b.ttft_s / p.ttft_s},
-                           {"prompt_tokens_computed_fraction", cell(h, m, n).share},
-                           {"prefill_flop", p.prefill_flops()},
-                           {"prefill_bytes", bytes},
-                           {"decode_step_mean_ms", p.decode_step_mean_s() * 1e3},
-                           {"total_ms", p.total_s * 1e3},
-                           {"memory_bytes", p.memory.to_json()},
-                           {"fits_in_memory", p.memory.total() <= budget},
-                           {"concurrent_sequences", seqs},
-                           {"bound_op", std::string(op_name(bound))},
-                           {"bound", p.prefill_ops[size_t(bound)].memory_bound() ? "memory" : "compute"},
-                           {"ops", ops}});
-      }
+  rep.results.resize(cells.size());
+  for (size_t k = 0; k < cells.size(); ++k) {
+    const size_t h = k / (M * NL), m = (k / NL) % M, n = k % NL;
+    const sim::Prediction& p = cells[k];
+    const sim::Prediction& b = cells[h * M * NL + n];  // none, same hardware and length
+    const double budget = budget_bytes(r, r.hws[h]);
+    const double per_seq = (p.memory.kv + p.memory.aux) / double(r.batch);
+    const double free = budget - p.memory.weights - p.memory.activations;
+    Result& x = rep.results[k];
+    x.hw = h;
+    x.method = m;
+    x.prompt_tokens = r.lengths[n];
+    x.ttft_ms = p.ttft_s * 1e3;
+    x.baseline_ttft_ms = b.ttft_s * 1e3;
+    x.speedup = b.ttft_s / p.ttft_s;
+    x.prompt_tokens_computed_fraction = p.prompt_share;
+    x.prefill_flop = p.prefill_flops();
+    for (const sim::OpCost& o : p.prefill_ops) x.prefill_bytes += o.bytes;
+    x.decode_step_mean_ms = p.decode_step_mean_s() * 1e3;
+    x.total_ms = p.total_s * 1e3;
+    x.memory = p.memory;
+    x.fits_in_memory = p.memory.total() <= budget;
+    // Capped where a double still counts exactly (a 1 PiB device of 1-byte sequences fits 2^50:
+    // never reached by a real profile, but a cast past int64_t would be undefined).
+    x.concurrent_sequences =
+        per_seq > 0 && free > 0 ? int64_t(std::min(std::floor(free / per_seq), 9007199254740992.0)) : 0;
+    x.bound_op = p.prefill_bound_op();
+    x.ops = p.prefill_ops;
+  }
 
   // Per hardware and method: the longest prompt within the TTFT objective (bisection on the
   // prefill, which grows with the prompt) and the sequences that fit at the longest length.
   const int64_t ctx =
       r.model.n_ctx_train > 0 ? r.model.n_ctx_train : *std::max_element(r.lengths.begin(), r.lengths.end());
-  std::vector<json> capacity(H * M);
+  const size_t nmax = size_t(std::max_element(r.lengths.begin(), r.lengths.end()) - r.lengths.begin());
+  rep.capacity.resize(H * M);
   tbb::parallel_for(size_t(0), H * M, [&](size_t k) {
     const size_t h = k / M, m = k % M;
     const auto ttft_ms = [&](int64_t N) {
       return method_prediction(r, r.methods[m], r.hws[h], N, 0).ttft_s * 1e3;
     };
-    json c = {{"hw", r.hws[h].name}, {"method", r.methods[m].name}};
+    Capacity& c = rep.capacity[k];
+    c.hw = h;
+    c.method = m;
     if (r.slo_ttft_ms) {
       const double slo = *r.slo_ttft_ms;
       if (ttft_ms(1) > slo) {
-        c["max_prompt_tokens_within_slo"] = nullptr;
-        c["slo_note"] =
+        c.slo_note =
             fmt::format("no prompt length meets {} ms (a 1-token prompt takes {:.3g} ms)", slo, ttft_ms(1));
       } else if (ttft_ms(ctx) <= slo) {
-        c["max_prompt_tokens_within_slo"] = ctx;
-        c["slo_note"] = fmt::format("the whole context ({} tokens) meets {} ms", ctx, slo);
+        c.max_prompt_tokens_within_slo = ctx;
+        c.slo_note = fmt::format("the whole context ({} tokens) meets {} ms", ctx, slo);
       } else {
         int64_t lo = 1, hi = ctx;  // ttft(lo) <= slo < ttft(hi)
         while (hi - lo > 1) {
           const int64_t mid = lo + (hi - lo) / 2;
           (ttft_ms(mid) <= slo ? lo : hi) = mid;
         }
-        c["max_prompt_tokens_within_slo"] = lo;
-        c["slo_note"] = fmt::format("prompts up to {} tokens meet {} ms", lo, slo);
+        c.max_prompt_tokens_within_slo = lo;
+        c.slo_note = fmt::format("prompts up to {} tokens meet {} ms", lo, slo);
       }
     }
-    const size_t nmax = size_t(std::max_element(r.lengths.begin(), r.lengths.end()) - r.lengths.begin());
-    c["longest_prompt_tokens"] = r.lengths[nmax];
-    c["concurrent_sequences_at_longest"] = results[(h * M + m) * NL + nmax]["concurrent_sequences"];
-    c["memory_budget_bytes"] = budget_bytes(r, r.hws[h]);
-    capacity[k] = std::move(c);
+    c.longest_prompt_tokens = r.lengths[nmax];
+    c.concurrent_sequences_at_longest = rep.result(h, m, nmax).concurrent_sequences;
+    c.memory_budget_bytes = budget_bytes(r, r.hws[h]);
   });
+  return rep;
+}
 
+json Report::to_json() const {
+  const Provenance& p = provenance;
+  const auto bound = [](const sim::OpCost& o) { return o.memory_bound() ? "memory" : "compute"; };
+  json results_json = json::array();
+  for (const Result& x : results) {
+    json ops = json::object();
+    for (int i = 0; i < kNumOps; ++i) {
+      const sim::OpCost& o = x.ops[size_t(i)];
+      if (o.calls == 0) continue;
+      ops[std::string(op_name(Op(i)))] = {
+          {"time_ms", o.time_s * 1e3}, {"flop", o.flops}, {"bytes", o.bytes}, {"bound", bound(o)}};
+    }
+    results_json.push_back({{"hw", p.hardware[x.hw].name},
+                            {"method", p.methods[x.method].name},
+                            {"prompt_tokens", x.prompt_tokens},
+                            {"ttft_ms", x.ttft_ms},
+                            {"baseline_ttft_ms", x.baseline_ttft_ms},
+                            {"speedup", x.speedup},
+                            {"prompt_tokens_computed_fraction", x.prompt_tokens_computed_fraction},
+                            {"prefill_flop", x.prefill_flop},
+                            {"prefill_bytes", x.prefill_bytes},
+                            {"decode_step_mean_ms", x.decode_step_mean_ms},
+                            {"total_ms", x.total_ms},
+                            {"memory_bytes", x.memory.to_json()},
+                            {"fits_in_memory", x.fits_in_memory},
+                            {"concurrent_sequences", x.concurrent_sequences},
+                            {"bound_op", std::string(op_name(x.bound_op))},
+                            {"bound", bound(x.ops[size_t(x.bound_op)])},
+                            {"ops", ops}});
+  }
+  json capacity_json = json::array();
+  for (const Capacity& c : capacity) {
+    json j = {{"hw", p.hardware[c.hw].name}, {"method", p.methods[c.method].name}};
+    if (p.slo_ttft_ms) {
+      j["max_prompt_tokens_within_slo"] =
+          c.max_prompt_tokens_within_slo ? json(*c.max_prompt_tokens_within_slo) : json(nullptr);
+      j["slo_note"] = c.slo_note;
+    }
+    j["longest_prompt_tokens"] = c.longest_prompt_tokens;
+    j["concurrent_sequences_at_longest"] = c.concurrent_sequences_at_longest;
+    j["memory_budget_bytes"] = c.memory_budget_bytes;
+    capacity_json.push_back(std::move(j));
+  }
   json hws = json::array();
-  for (const hw::Profile& p : r.hws)
-    hws.push_back({{"name", p.name},
-                   {"description", p.description},
-                   {"engine", p.engine.name},
-                   {"efficiency_default", p.efficiency_default},
-                   {"efficiency_source", p.sources.count("efficiency") ? p.sources.at("efficiency") : ""},
-                   {"peak_source", p.sources.count("peak_tflops") ? p.sources.at("peak_tflops") : ""}});
+  for (const Provenance::HardwareLine& h : p.hardware)
+    hws.push_back({{"name", h.name},
+                   {"description", h.description},
+                   {"engine", h.engine},
+                   {"efficiency_default", h.efficiency_default},
+                   {"efficiency_source", h.efficiency_source},
+                   {"peak_source", h.peak_source}});
   json methods = json::array();
-  for (const ReportedMethod& m : r.methods)
+  for (const Provenance::MethodLine& m : p.methods)
     methods.push_back({{"name", m.name},
                        {"policy", m.method.policy_name()},
                        {"schedule", m.method.schedule_text()},
                        {"revivals", m.revivals}});
+  const auto or_null = [](const auto& v) { return v ? json(*v) : json(nullptr); };
   json prov = {
-      {"tool_version", r.tool_version},
-      {"git_commit", r.git_commit},
-      {"generated_utc", utc_now()},
-      {"model", {{"name", r.model.name}, {"source", r.model_source}, {"config", config_to_json(r.model)}}},
+      {"tool_version", p.tool_version},
+      {"git_commit", p.git_commit},
+      {"generated_utc", p.generated_utc},
+      {"model", {{"name", p.model.name}, {"source", p.model_source}, {"config", config_to_json(p.model)}}},
       {"hardware", hws},
-      {"trace", r.trace_origin.empty() ? json(nullptr) : json(r.trace_origin)},
+      {"trace", or_null(p.trace)},
       {"methods", methods},
       {"precision",
-       {{"weights", r.precision.weights}, {"compute", r.precision.compute}, {"kv", r.precision.kv}}},
-      {"batch", r.batch},
-      {"new_tokens", r.new_tokens},
-      {"slo_ttft_ms", r.slo_ttft_ms ? json(*r.slo_ttft_ms) : json(nullptr)},
-      {"mem_budget_gib", r.mem_budget_gib ? json(*r.mem_budget_gib) : json(nullptr)}};
+       {{"weights", p.precision.weights}, {"compute", p.precision.compute}, {"kv", p.precision.kv}}},
+      {"batch", p.batch},
+      {"new_tokens", p.new_tokens},
+      {"slo_ttft_ms", or_null(p.slo_ttft_ms)},
+      {"mem_budget_gib", or_null(p.mem_budget_gib)}};
   return {{"lazyprefill_capacity_report", 1},
           {"provenance", prov},
-          {"prompt_lengths", r.lengths},
-          {"results", results},
-          {"capacity", capacity}};
+          {"prompt_lengths", prompt_lengths},
+          {"results", results_json},
+          {"capacity", capacity_json}};
 }
 
-std::string summary_text(const json& rep) {
-  std::string out;
-  const auto& lengths = rep["prompt_lengths"];
-  std::map<std::string, std::vector<const json*>> by_hw;
-  std::vector<std::string> hw_order;
-  for (const json& x : rep["results"]) {
-    const std::string h = x["hw"].get<std::string>();
-    if (!by_hw.count(h)) hw_order.push_back(h);
-    by_hw[h].push_back(&x);
-  }
-  const auto& prov = rep["provenance"];
-  out += fmt::format("capacity report: {} ({}), batch {}, weights {} compute {} kv {}\n",
-                     prov["model"]["name"].get<std::string>(), prov["model"]["source"].get<std::string>(),
-                     prov["batch"].get<int64_t>(), prov["precision"]["weights"].get<std::string>(),
-                     prov["precision"]["compute"].get<std::string>(),
-                     prov["precision"]["kv"].get<std::string>());
-  if (prov["new_tokens"].get<int64_t>() > 1)  // decoding is costed: say how revivals were modelled
-    for (const json& m : prov["methods"])
-      if (m["policy"] == "lazyllm" || m["policy"] == "random")
-        out += fmt::format("revivals ({}): {}\n", m["name"].get<std::string>(),
-                           m["revivals"].get<std::string>());
-  for (const std::string& h : hw_order) {
-    out += fmt::format("\n{}: TTFT in ms (speedup over none) per prompt length\n{:<40}", h, "method");
-    for (const auto& n : lengths) out += fmt::format(" {:>18}", n.get<int64_t>());
+std::string summary_text(const Report& rep) {
+  const Provenance& prov = rep.provenance;
+  std::string out = fmt::format("capacity report: {} ({}), batch {}, weights {} compute {} kv {}\n",
+                                prov.model.name, prov.model_source, prov.batch, prov.precision.weights,
+                                prov.precision.compute, prov.precision.kv);
+  if (prov.new_tokens > 1)  // decoding is costed: say how revivals were modelled
+    for (const Provenance::MethodLine& m : prov.methods)
+      if (m.method.policy == PolicyKind::LazyLLM || m.method.policy == PolicyKind::Random)
+        out += fmt::format("revivals ({}): {}\n", m.name, m.revivals);
+  for (size_t h = 0; h < prov.hardware.size(); ++h) {
+    out += fmt::format("\n{}: TTFT in ms (speedup over none) per prompt length\n{:<40}",
+                       prov.hardware[h].name, "method");
+    for (int64_t n : rep.prompt_lengths) out += fmt::format(" {:>18}", n);
     out += "\n";
-    std::string method;
-    for (const json* x : by_hw[h]) {
-      if ((*x)["method"].get<std::string>() != method) {
-        if (!method.empty()) out += "\n";
-        method = (*x)["method"].get<std::string>();
-        out += fmt::format("{:<40}", method.substr(0, 40));
+    for (size_t m = 0; m < prov.methods.size(); ++m) {
+      if (m > 0) out += "\n";
+      out += fmt::format("{:<40}", prov.methods[m].name.substr(0, 40));
+      for (size_t n = 0; n < rep.prompt_lengths.size(); ++n) {
+        const Result& x = rep.result(h, m, n);
+        out += fmt::format(" {:>10.4g} ({:.2f}x)", x.ttft_ms, x.speedup);
       }
-      out +=
-          fmt::format(" {:>10.4g} ({:.2f}x)", (*x)["ttft_ms"].get<double>(), (*x)["speedup"].get<double>());
     }
     out += "\n";
-    for (const json& c : rep["capacity"])
-      if (c["hw"] == h) {
-        out += fmt::format(
-            "  {:<38} {} sequences fit at {} tokens", c["method"].get<std::string>().substr(0, 38),
-            c["concurrent_sequences_at_longest"].get<int64_t>(), c["longest_prompt_tokens"].get<int64_t>());
-        if (c.contains("slo_note")) out += "; " + c["slo_note"].get<std::string>();
+    for (const Capacity& c : rep.capacity)
+      if (c.hw == h) {
+        out +=
+            fmt::format("  {:<38} {} sequences fit at {} tokens", prov.methods[c.method].name.substr(0, 38),
+                        c.concurrent_sequences_at_longest, c.longest_prompt_tokens);
+        if (!c.slo_note.empty()) out += "; " + c.slo_note;
         out += "\n";
       }
   }
@@ -285,40 +318,41 @@ void check_validation(const nlohmann::json& v, const std::string& origin) {
   }
 }
 
-std::vector<std::pair<std::string, std::string>> report_charts(const json& rep,
+std::vector<std::pair<std::string, std::string>> report_charts(const Report& rep,
                                                                const nlohmann::json* validation) {
   std::vector<std::pair<std::string, std::string>> out;
-  std::vector<std::string> hws, methods;
-  for (const json& h : rep["provenance"]["hardware"]) hws.push_back(h["name"].get<std::string>());
-  for (const json& m : rep["provenance"]["methods"]) methods.push_back(m["name"].get<std::string>());
-  const std::string pruned = methods.size() > 1 ? methods[1] : methods[0];
-  const std::string model = rep["provenance"]["model"]["name"].get<std::string>();
-  const auto pts = [&](const std::string& h, const std::string& m, const char* xk, const char* yk) {
+  const Provenance& prov = rep.provenance;
+  const size_t H = prov.hardware.size(), M = prov.methods.size(), NL = rep.prompt_lengths.size();
+  const size_t pruned = M > 1 ? 1 : 0;  // the method the charts set against none
+  const std::string& model = prov.model.name;
+  // One hardware and method's results along the prompt lengths, as (x, y).
+  const auto pts = [&](size_t h, size_t m, auto x_of, auto y_of) {
     std::vector<double> x, y;
-    for (const json& r : rep["results"])
-      if (r["hw"] == h && r["method"] == m) {
-        x.push_back(r[xk].get<double>());
-        y.push_back(r[yk].get<double>());
-      }
+    for (size_t n = 0; n < NL; ++n) {
+      x.push_back(double(x_of(rep.result(h, m, n))));
+      y.push_back(y_of(rep.result(h, m, n)));
+    }
     return std::make_pair(x, y);
   };
-  std::vector<double> lengths;
-  for (const auto& n : rep["prompt_lengths"]) lengths.push_back(double(n.get<int64_t>()));
+  const auto tokens = [](const Result& x) { return x.prompt_tokens; };
+  const auto ttft = [](const Result& x) { return x.ttft_ms; };
+  std::vector<double> lengths(rep.prompt_lengths.begin(), rep.prompt_lengths.end());
   const bool wide = lengths.size() > 1 && *std::max_element(lengths.begin(), lengths.end()) >=
                                               4 * *std::min_element(lengths.begin(), lengths.end());
   {
     LineChart c;
     c.title = "Time to first token vs prompt length";
-    c.subtitle = fmt::format("{}; dashed: no pruning, solid: {}", model, pruned);
+    c.subtitle = fmt::format("{}; dashed: no pruning, solid: {}", model, prov.methods[pruned].name);
     c.x = {"prompt length (tokens)", wide};
     c.x.ticks = lengths;
     c.y = {"TTFT (ms)", true};
-    for (size_t i = 0; i < hws.size(); ++i) {
-      auto [x0, y0] = pts(hws[i], methods[0], "prompt_tokens", "ttft_ms");
-      c.series.push_back({hws[i] + " none", x0, y0, true, true, true, int(i)});
-      if (methods.size() > 1) {
-        auto [x1, y1] = pts(hws[i], pruned, "prompt_tokens", "ttft_ms");
-        c.series.push_back({hws[i] + " pruned", x1, y1, true, true, false, int(i)});
+    for (size_t h = 0; h < H; ++h) {
+      const std::string& name = prov.hardware[h].name;
+      auto [x0, y0] = pts(h, 0, tokens, ttft);
+      c.series.push_back({name + " none", x0, y0, true, true, true, int(h)});
+      if (M > 1) {
+        auto [x1, y1] = pts(h, pruned, tokens, ttft);
+        c.series.push_back({name + " pruned", x1, y1, true, true, false, int(h)});
       }
     }
     out.emplace_back("ttft-vs-prompt-length.svg", svg_line_chart(c));
@@ -329,10 +363,12 @@ std::vector<std::pair<std::string, std::string>> report_charts(const json& rep,
     c.subtitle = fmt::format("{}; every method and prompt length, one colour per hardware", model);
     c.x = {"share of prompt (token, layer) pairs computed", false, 0.0, 1.0};
     c.y = {"TTFT speedup over no pruning (x)", false};
-    for (size_t i = 0; i < hws.size(); ++i) {
-      Series s{hws[i], {}, {}, false, true, false, int(i)};
-      for (size_t m = 1; m < methods.size(); ++m) {
-        auto [x, y] = pts(hws[i], methods[m], "prompt_tokens_computed_fraction", "speedup");
+    for (size_t h = 0; h < H; ++h) {
+      Series s{prov.hardware[h].name, {}, {}, false, true, false, int(h)};
+      for (size_t m = 1; m < M; ++m) {
+        auto [x, y] = pts(
+            h, m, [](const Result& r) { return r.prompt_tokens_computed_fraction; },
+            [](const Result& r) { return r.speedup; });
         s.x.insert(s.x.end(), x.begin(), x.end());
         s.y.insert(s.y.end(), y.begin(), y.end());
       }
@@ -341,28 +377,25 @@ std::vector<std::pair<std::string, std::string>> report_charts(const json& rep,
     out.emplace_back("speedup-vs-share-computed.svg", svg_line_chart(c));
   }
   {
-    const int64_t longest = int64_t(*std::max_element(lengths.begin(), lengths.end()));
+    const size_t longest = size_t(std::max_element(rep.prompt_lengths.begin(), rep.prompt_lengths.end()) -
+                                  rep.prompt_lengths.begin());
     StackedBarChart c;
-    c.title = fmt::format("Where the prefill time goes at {} tokens", longest);
+    c.title = fmt::format("Where the prefill time goes at {} tokens", rep.prompt_lengths[longest]);
     c.subtitle = "per op group, as a share of the unpruned TTFT on the same hardware";
     c.y = {"prefill time (% of unpruned TTFT)"};
-    std::vector<const json*> bars;
-    for (const std::string& h : hws)
-      for (const std::string& m : {methods[0], pruned})
-        for (const json& r : rep["results"])
-          if (r["hw"] == h && r["method"] == m && r["prompt_tokens"].get<int64_t>() == longest) {
-            bars.push_back(&r);
-            c.categories.push_back(h + (m == methods[0] ? " none" : " pruned"));
-          }
+    std::vector<const Result*> bars;
+    for (size_t h = 0; h < H; ++h)
+      for (size_t m : {size_t(0), pruned}) {
+        bars.push_back(&rep.result(h, m, longest));
+        c.categories.push_back(prov.hardware[h].name + (m == 0 ? " none" : " pruned"));
+      }
     for (const auto& [name, ops] : op_groups()) {
       BarSegment seg{name, {}};
-      for (const json* b : bars) {
+      for (const Result* b : bars) {
         double t = 0;
-        for (Op op : ops) {
-          const std::string n(op_name(op));
-          if ((*b)["ops"].contains(n)) t += (*b)["ops"][n]["time_ms"].get<double>();
-        }
-        seg.values.push_back(100 * t / (*b)["baseline_ttft_ms"].get<double>());
+        for (Op op : ops)
+          if (b->ops[size_t(op)].calls > 0) t += b->ops[size_t(op)].time_s * 1e3;
+        seg.values.push_back(100 * t / b->baseline_ttft_ms);
       }
       c.segments.push_back(std::move(seg));
     }
@@ -392,8 +425,8 @@ std::vector<std::pair<std::string, std::string>> report_charts(const json& rep,
   return out;
 }
 
-std::string report_html(const json& rep, const std::vector<std::pair<std::string, std::string>>& charts) {
-  const auto& prov = rep["provenance"];
+std::string report_html(const Report& rep, const std::vector<std::pair<std::string, std::string>>& charts) {
+  const Provenance& prov = rep.provenance;
   std::string h =
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>lazyprefill capacity "
       "report</title>\n"
@@ -402,57 +435,47 @@ std::string report_html(const json& rep, const std::vector<std::pair<std::string
       "8px;text-align:right}"
       "th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}figure{margin:1.5em 0}"
       "code{background:#f4f4f4;padding:1px 4px}</style></head><body>\n";
-  h += fmt::format("<h1>Capacity report: {}</h1>\n", xml_escape(prov["model"]["name"].get<std::string>()));
+  h += fmt::format("<h1>Capacity report: {}</h1>\n", xml_escape(prov.model.name));
   h += fmt::format(
       "<p>Model source <code>{}</code>; batch {}; weights {}, compute {}, KV {}; generated {} by lazyprefill "
-      "{} "
-      "({}).</p>\n",
-      xml_escape(prov["model"]["source"].get<std::string>()), prov["batch"].get<int64_t>(),
-      xml_escape(prov["precision"]["weights"].get<std::string>()),
-      xml_escape(prov["precision"]["compute"].get<std::string>()),
-      xml_escape(prov["precision"]["kv"].get<std::string>()),
-      xml_escape(prov["generated_utc"].get<std::string>()),
-      xml_escape(prov["tool_version"].get<std::string>()), xml_escape(prov["git_commit"].get<std::string>()));
-  if (!prov["trace"].is_null())
+      "{} ({}).</p>\n",
+      xml_escape(prov.model_source), prov.batch, xml_escape(prov.precision.weights),
+      xml_escape(prov.precision.compute), xml_escape(prov.precision.kv), xml_escape(prov.generated_utc),
+      xml_escape(prov.tool_version), xml_escape(prov.git_commit));
+  if (prov.trace)
     h += fmt::format(
         "<p>Pruning pattern from the recorded trace <code>{}</code>, mapped to each prompt length.</p>\n",
-        xml_escape(prov["trace"].get<std::string>()));
-  if (prov["new_tokens"].get<int64_t>() > 1)
-    for (const json& m : prov["methods"])
-      if (m["policy"] == "lazyllm" || m["policy"] == "random")
-        h +=
-            fmt::format("<p>Revivals while decoding, {}: {}.</p>\n", xml_escape(m["name"].get<std::string>()),
-                        xml_escape(m["revivals"].get<std::string>()));
+        xml_escape(*prov.trace));
+  if (prov.new_tokens > 1)
+    for (const Provenance::MethodLine& m : prov.methods)
+      if (m.method.policy == PolicyKind::LazyLLM || m.method.policy == PolicyKind::Random)
+        h += fmt::format("<p>Revivals while decoding, {}: {}.</p>\n", xml_escape(m.name),
+                         xml_escape(m.revivals));
   h += "<h2>Hardware</h2>\n<table><tr><th>profile</th><th>part</th><th>efficiencies</th></tr>\n";
-  for (const auto& x : prov["hardware"])
-    h += fmt::format(
-        "<tr><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
-        xml_escape(x["name"].get<std::string>()), xml_escape(x["description"].get<std::string>()),
-        x["efficiency_default"].get<bool>() ? "datasheet defaults"
-                                            : xml_escape(x["efficiency_source"].get<std::string>()));
+  for (const Provenance::HardwareLine& x : prov.hardware)
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
+                     xml_escape(x.name), xml_escape(x.description),
+                     x.efficiency_default ? "datasheet defaults" : xml_escape(x.efficiency_source));
   h += "</table>\n<h2>TTFT (ms) and speedup over no pruning</h2>\n";
   h += "<table><tr><th>hardware / method</th>";
-  for (const auto& n : rep["prompt_lengths"]) h += fmt::format("<th>{} tokens</th>", n.get<int64_t>());
+  for (int64_t n : rep.prompt_lengths) h += fmt::format("<th>{} tokens</th>", n);
   h += "</tr>\n";
-  std::string key;
-  for (const auto& x : rep["results"]) {
-    const std::string k = x["hw"].get<std::string>() + " / " + x["method"].get<std::string>();
-    if (k != key) {
-      if (!key.empty()) h += "</tr>\n";
-      key = k;
-      h += fmt::format("<tr><td>{}</td>", xml_escape(k));
+  for (size_t hw = 0; hw < prov.hardware.size(); ++hw)
+    for (size_t m = 0; m < prov.methods.size(); ++m) {
+      h += fmt::format("<tr><td>{}</td>", xml_escape(prov.hardware[hw].name + " / " + prov.methods[m].name));
+      for (size_t n = 0; n < rep.prompt_lengths.size(); ++n) {
+        const Result& x = rep.result(hw, m, n);
+        h += fmt::format("<td>{:.4g} ({:.2f}x)</td>", x.ttft_ms, x.speedup);
+      }
+      h += "</tr>\n";
     }
-    h += fmt::format("<td>{:.4g} ({:.2f}x)</td>", x["ttft_ms"].get<double>(), x["speedup"].get<double>());
-  }
-  h += "</tr></table>\n<h2>Capacity</h2>\n<table><tr><th>hardware / method</th><th>longest prompt within the "
-       "TTFT "
-       "objective</th><th>sequences that fit at the longest length</th></tr>\n";
-  for (const auto& c : rep["capacity"])
-    h += fmt::format(
-        "<tr><td>{} / {}</td><td>{}</td><td>{} at {} tokens</td></tr>\n",
-        xml_escape(c["hw"].get<std::string>()), xml_escape(c["method"].get<std::string>()),
-        c.contains("slo_note") ? xml_escape(c["slo_note"].get<std::string>()) : "no objective given",
-        c["concurrent_sequences_at_longest"].get<int64_t>(), c["longest_prompt_tokens"].get<int64_t>());
+  h += "</table>\n<h2>Capacity</h2>\n<table><tr><th>hardware / method</th><th>longest prompt within the "
+       "TTFT objective</th><th>sequences that fit at the longest length</th></tr>\n";
+  for (const Capacity& c : rep.capacity)
+    h += fmt::format("<tr><td>{} / {}</td><td>{}</td><td>{} at {} tokens</td></tr>\n",
+                     xml_escape(prov.hardware[c.hw].name), xml_escape(prov.methods[c.method].name),
+                     c.slo_note.empty() ? "no objective given" : xml_escape(c.slo_note),
+                     c.concurrent_sequences_at_longest, c.longest_prompt_tokens);
   h += "</table>\n<h2>Charts</h2>\n";
   for (const auto& [name, svg] : charts) {
     // Inline SVG in HTML takes no XML declaration.

@@ -17,6 +17,7 @@
 #include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
+#include "sim/replay.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 
@@ -51,17 +52,78 @@ struct Request {
 inline constexpr size_t kMaxLengths = 1024;
 inline constexpr size_t kMaxCells = 16384;
 
+// One cell of the report: a hardware profile, a method and a prompt length.
+struct Result {
+  size_t hw = 0, method = 0;  // indices into Provenance::hardware and ::methods
+  int64_t prompt_tokens = 0;
+  double ttft_ms = 0, baseline_ttft_ms = 0, speedup = 0;
+  double prompt_tokens_computed_fraction = 1;
+  double prefill_flop = 0, prefill_bytes = 0;
+  double decode_step_mean_ms = 0, total_ms = 0;
+  sim::Memory memory;
+  bool fits_in_memory = false;
+  int64_t concurrent_sequences = 0;  // sequences whose KV and Aux Cache fit beside the weights
+  Op bound_op = Op::QKV;             // the op that takes the longest in the prefill
+  sim::OpCosts ops{};                // the prefill per op (calls == 0: the op did not run)
+};
+
+// Per hardware and method: the longest prompt within the TTFT objective, the sequences that fit.
+struct Capacity {
+  size_t hw = 0, method = 0;
+  std::optional<int64_t> max_prompt_tokens_within_slo;  // empty: no length meets the objective
+  std::string slo_note;                                 // empty: no objective was given
+  int64_t longest_prompt_tokens = 0;
+  int64_t concurrent_sequences_at_longest = 0;
+  double memory_budget_bytes = 0;
+};
+
+// Where the numbers come from.
+struct Provenance {
+  struct HardwareLine {
+    std::string name, description, engine;
+    bool efficiency_default = true;  // datasheet defaults, or calibrated
+    std::string efficiency_source, peak_source;
+  };
+  struct MethodLine {
+    std::string name;
+    lp::Method method;
+    std::string revivals;
+  };
+  std::string tool_version, git_commit, generated_utc;
+  ModelConfig model;
+  std::string model_source;
+  std::vector<HardwareLine> hardware;
+  std::optional<std::string> trace;  // the recorded trace replayed, if any
+  std::vector<MethodLine> methods;   // the first is "none", the baseline
+  sim::Precision precision;
+  int64_t batch = 1, new_tokens = 0;
+  std::optional<double> slo_ttft_ms, mem_budget_gib;
+};
+
+struct Report {
+  Provenance provenance;
+  std::vector<int64_t> prompt_lengths;
+  std::vector<Result> results;     // hardware-major, then method, then prompt length
+  std::vector<Capacity> capacity;  // hardware-major, then method
+
+  const Result& result(size_t hw, size_t method, size_t length) const {
+    return results[(hw * provenance.methods.size() + method) * prompt_lengths.size() + length];
+  }
+  // The report as reports/capacity-report.schema.json (version 1) lays it out.
+  nlohmann::ordered_json to_json() const;
+};
+
 // Builds the report (replays every case; oneTBB-parallel over hardware x method x length).
 // Throws lp::Error for an empty or invalid request.
-nlohmann::ordered_json build_report(const Request& r);
+Report build_report(const Request& r);
 
 // A readable table of the report, for stdout.
-std::string summary_text(const nlohmann::ordered_json& report);
+std::string summary_text(const Report& report);
 
 // The report's charts as (file name, SVG): TTFT vs prompt length, speedup vs share of tokens
 // computed, per-op breakdown, and measured vs predicted when `validation` (validate --json) is
 // given.
-std::vector<std::pair<std::string, std::string>> report_charts(const nlohmann::ordered_json& report,
+std::vector<std::pair<std::string, std::string>> report_charts(const Report& report,
                                                                const nlohmann::json* validation);
 
 // Checks a `validate --json` output before report_charts draws it: an object whose "cases" is an
@@ -71,7 +133,6 @@ std::vector<std::pair<std::string, std::string>> report_charts(const nlohmann::o
 void check_validation(const nlohmann::json& v, const std::string& origin);
 
 // One self-contained HTML page: provenance, the tables and the charts inline.
-std::string report_html(const nlohmann::ordered_json& report,
-                        const std::vector<std::pair<std::string, std::string>>& charts);
+std::string report_html(const Report& report, const std::vector<std::pair<std::string, std::string>>& charts);
 
 }  // namespace lp::report
