@@ -1,10 +1,10 @@
-// One op-test harness for every backend (in the manner of ggml's test-backend-ops): one table of
-// cases — op × awkward row counts (1, 17, 111, 989) × GQA ratio (1, 3, 6) × weight dtype — each
-// run through the Backend interface (kernels/backend.h) and compared with the scalar references
-// (kernels/cpu/ref.h, pruning/select.h). The CPU backend runs it in lp_tests
-// (tests/kernels/test_backend_ops.cpp); the CUDA backend in the GPU suite, on a device and on host threads
-// (tests/gpu/test_gpu_ops.cpp). Both backends run every case (the CUDA head-width limits, multiples
-// of 4 up to 256, hold for the table); a backend that cannot should skip the case saying why.
+// One op-test harness for every backend (in the manner of ggml's test-backend-ops): every case of
+// the table (tests/op_cases.h: op × awkward row counts × GQA ratio × weight dtype), each run through the
+// Backend interface (kernels/backend.h) and compared with the scalar references (kernels/cpu/ref.h,
+// pruning/select.h). The CPU backend runs it in lp_tests (tests/kernels/test_backend_ops.cpp); the CUDA
+// backend in the GPU suite, on a device and on host threads (tests/gpu/test_gpu_ops.cpp). Both backends run
+// every case (the CUDA head-width limits, multiples of 4 up to 256, hold for the table); a backend that
+// cannot should skip the case saying why.
 //
 // Tolerances come from the math: the normalised squared error sum((got - ref)^2) / sum(ref^2) of
 // an op whose outputs accumulate K terms in f32 is at most (c K u)^2 with u = 2^-24, the worst-case
@@ -27,130 +27,10 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/ref.h"
-#include "kernels/weights.h"
-#include "model/quant.h"
 #include "pruning/select.h"
+#include "tests/op_cases.h"
 
 namespace lp::testing {
-
-enum class OpKind {
-  Embed,
-  RmsNorm,
-  MatmulQKV,
-  MatmulO,
-  MatmulGateUp,
-  MatmulDown,
-  LmHead,
-  Rope,
-  KvAppend,
-  Attention,
-  AttentionSubset,
-  AttentionUnordered,
-  Scores,
-  SelectTop,
-  SwiGLU,
-  Residual,
-  GatherRows,
-  AuxStoreMerge
-};
-
-inline const char* op_name(OpKind k) {
-  static const char* names[] = {
-      "embed",   "rmsnorm",    "matmul_qkv", "matmul_o",  "matmul_gateup",    "matmul_down",
-      "lm_head", "rope",       "kv_append",  "attention", "attention_subset", "attention_unordered",
-      "scores",  "select_top", "swiglu",     "residual",  "gather_rows",      "aux_store_merge"};
-  return names[int(k)];
-}
-
-struct OpCase {
-  OpKind op;
-  int64_t T;    // rows
-  int gqa;      // H / Hkv
-  DType dtype;  // of the weights
-};
-
-inline std::string case_name(const OpCase& c) {
-  return std::string(op_name(c.op)) + "_T" + std::to_string(c.T) + "_gqa" + std::to_string(c.gqa) + "_" +
-         dtype_name(c.dtype);
-}
-
-// The table. Row counts are the ones pruning produces: a single token, odd and prime counts, and a
-// long prefill. GEMMs run in both dtypes; the other ops do not read weights' dtype (f32 only).
-inline std::vector<OpCase> op_cases() {
-  std::vector<OpCase> out;
-  for (int k = 0; k <= int(OpKind::AuxStoreMerge); ++k) {
-    const OpKind op = OpKind(k);
-    const bool gemm = op == OpKind::MatmulQKV || op == OpKind::MatmulO || op == OpKind::MatmulGateUp ||
-                      op == OpKind::MatmulDown || op == OpKind::LmHead;
-    const bool heads = op == OpKind::Rope || op == OpKind::KvAppend || op == OpKind::Attention ||
-                       op == OpKind::AttentionSubset || op == OpKind::AttentionUnordered ||
-                       op == OpKind::Scores || op == OpKind::SelectTop || op == OpKind::MatmulQKV;
-    for (const int64_t T : {1, 17, 111, 989})
-      for (const int gqa : heads ? std::vector<int>{1, 3, 6} : std::vector<int>{3})
-        for (const DType dt :
-             gemm ? std::vector<DType>{DType::F32, DType::BF16} : std::vector<DType>{DType::F32})
-          out.push_back({op, T, gqa, dt});
-  }
-  return out;
-}
-
-// A one-layer model with random weights: 6 query heads of width 16 over 6 / gqa KV heads, FFN 160,
-// vocabulary 300, untied LM head.
-struct OpModel {
-  ModelConfig c;
-  Weights w;
-};
-
-inline Matrix random_matrix(int64_t rows, int64_t cols, DType dt, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(cols)));
-  Matrix m;
-  m.rows = rows, m.cols = cols, m.dtype = dt;
-  if (dt == DType::F32) {
-    m.f32.resize(rows * cols);
-    for (int64_t i = 0; i < rows * cols; ++i) m.f32[i] = nd(rng);
-  } else {
-    m.bf16.resize(rows * cols);
-    for (int64_t i = 0; i < rows * cols; ++i) m.bf16[i] = f32_to_bf16(nd(rng));
-  }
-  return m;
-}
-
-inline std::vector<float> widened(const Matrix& m) {
-  std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = m.dtype == DType::F32 ? m.f32[int64_t(i)] : bf16_to_f32(m.bf16[int64_t(i)]);
-  return out;
-}
-
-inline const OpModel& op_model(int gqa, DType dt) {
-  static std::map<std::pair<int, int>, std::unique_ptr<OpModel>> models;
-  auto& m = models[{gqa, int(dt)}];
-  if (m) return *m;
-  m = std::make_unique<OpModel>();
-  ModelConfig& c = m->c;
-  c.arch = "llama";
-  c.n_layer = 1, c.n_head = 6, c.n_head_kv = 6 / gqa, c.head_dim = 16, c.n_embd = 96, c.n_ff = 160;
-  c.n_vocab = 300, c.n_ctx_train = 8192, c.rope_dim = 16, c.rope_theta = 10000.0f, c.rms_eps = 1e-5f;
-  std::mt19937 rng(uint32_t(17 * gqa + int(dt)));
-  std::uniform_real_distribution<float> un(0.5f, 1.5f);
-  Weights& w = m->w;
-  w.dtype = dt;
-  w.tok_embd = random_matrix(c.n_vocab, c.n_embd, dt, rng);
-  w.output = random_matrix(c.n_vocab, c.n_embd, dt, rng);
-  w.output_norm.resize(size_t(c.n_embd));
-  for (auto& v : w.output_norm) v = un(rng);
-  LayerWeights L;
-  L.attn_norm.resize(size_t(c.n_embd));
-  L.ffn_norm.resize(size_t(c.n_embd));
-  for (auto& v : L.attn_norm) v = un(rng);
-  for (auto& v : L.ffn_norm) v = un(rng);
-  L.wqkv = random_matrix((c.n_head + 2 * c.n_head_kv) * c.head_dim, c.n_embd, dt, rng);
-  L.wo = random_matrix(c.n_embd, c.n_head * c.head_dim, dt, rng);
-  L.w_gate_up = random_matrix(2 * c.n_ff, c.n_embd, dt, rng);
-  L.w_down = random_matrix(c.n_embd, c.n_ff, dt, rng);
-  w.layers.push_back(std::move(L));
-  return *m;
-}
 
 // Normalised squared error of got against ref.
 inline double nmse(const std::vector<float>& got, const std::vector<double>& ref) {

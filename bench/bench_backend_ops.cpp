@@ -1,0 +1,181 @@
+// Every case of the op table (tests/op_cases.h) timed on the CPU backend through the Backend
+// interface: the shapes the op tests check (lp_tests' CpuBackendOps) are the shapes measured here,
+// on the tests' model (head width 16: what a call costs at awkward row counts) and on a wider one
+// (head width 64: per-head work as in a real model). Ops that change their inputs (K/V append, row
+// gather, Aux Cache store and merge) have them put back outside the timed region (manual timing).
+//
+//   build/lp_bench --benchmark_filter='BackendOps/attention_T989'
+//   build/lp_bench --benchmark_filter='BackendOps/.*/w64'
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/context.h"
+#include "kernels/cpu/backend.h"
+#include "tests/op_cases.h"
+
+namespace lp::testing {
+namespace {
+
+// One case ready to time: `run` is the op, `restore` (may be empty) puts back what it changed.
+struct ReadyOp {
+  std::function<void()> restore, run;
+};
+
+std::vector<float> random_floats(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Positions with gaps, as pruning leaves them.
+std::vector<int32_t> gapped(int64_t n, int32_t first, int32_t stride) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = first + stride * int32_t(i);
+  return p;
+}
+
+// The inputs each op reads, random, and the op: as in tests/backend_ops.h, the attention cases
+// hold T earlier tokens at gapped positions before the T rows (subset: every other earlier token
+// as keys; unordered: the earlier tokens arrived in two interleaved halves).
+ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
+  const int64_t T = oc.T, D = c.n_embd, Q = c.n_head * c.head_dim, KV = c.n_head_kv * c.head_dim;
+  const int64_t QKV = Q + 2 * KV;
+  std::mt19937 rng(uint32_t(T * 31 + oc.gqa));
+  const std::vector<int32_t> pos = gapped(T, int32_t(3 * T + 7), 3);
+  b.set_rows(pos);
+  for (const Tensor t :
+       {Tensor::X, Tensor::XN, Tensor::QKV, Tensor::Attn, Tensor::FF, Tensor::Act, Tensor::Branch})
+    b.write(t, random_floats(T * tensor_width(c, t), rng));
+  const auto append = [&](const std::vector<int32_t>& p) {
+    b.set_rows(p);
+    b.write(Tensor::QKV, random_floats(int64_t(p.size()) * QKV, rng));
+    b.kv_append(0);
+  };
+
+  switch (oc.op) {
+    case OpKind::Embed: {
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
+      return {{}, [&b, ids] { b.embed(ids); }};
+    }
+    case OpKind::RmsNorm:
+      return {{}, [&b] { b.rmsnorm(Norm::Attn, 0); }};
+    case OpKind::MatmulQKV:
+      return {{}, [&b] { b.matmul(Proj::QKV, 0); }};
+    case OpKind::MatmulO:
+      return {{}, [&b] { b.matmul(Proj::O, 0); }};
+    case OpKind::MatmulGateUp:
+      return {{}, [&b] { b.matmul(Proj::GateUp, 0); }};
+    case OpKind::MatmulDown:
+      return {{}, [&b] { b.matmul(Proj::Down, 0); }};
+    case OpKind::LmHead: {
+      auto logits = std::make_shared<std::vector<float>>(static_cast<size_t>(T * c.n_vocab));
+      return {{}, [&b, logits] { b.lm_head(logits->data()); }};
+    }
+    case OpKind::Rope:  // a rotation: the values keep their size however often it runs
+      return {{}, [&b] { b.rope(); }};
+    case OpKind::KvAppend:
+      return {[&b] { b.reset(); }, [&b] { b.kv_append(0); }};
+    case OpKind::Attention:
+    case OpKind::AttentionSubset:
+    case OpKind::AttentionUnordered:
+    case OpKind::Scores:
+    case OpKind::SelectTop: {
+      const std::vector<int32_t> earlier = gapped(T, 0, 3);
+      std::vector<int32_t> slot_pos;  // the position in each slot, in arrival order
+      if (oc.op == OpKind::AttentionUnordered) {
+        std::vector<int32_t> halves[2];
+        for (size_t i = 0; i < earlier.size(); ++i) halves[i % 2].push_back(earlier[i]);
+        for (const auto& h : halves)
+          if (!h.empty()) append(h), slot_pos.insert(slot_pos.end(), h.begin(), h.end());
+      } else {
+        append(earlier);
+        slot_pos = earlier;
+      }
+      append(pos);  // the rows: their K/V appended, their q left in qkv
+      slot_pos.insert(slot_pos.end(), pos.begin(), pos.end());
+      std::vector<int32_t> order(slot_pos.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(),
+                [&](int32_t x, int32_t y) { return slot_pos[size_t(x)] < slot_pos[size_t(y)]; });
+      std::vector<int32_t> slots, kpos;
+      for (const int32_t s : order) {
+        const bool is_earlier = s < int32_t(T);
+        if (oc.op == OpKind::AttentionSubset && is_earlier && (slot_pos[size_t(s)] / 3) % 2) continue;
+        slots.push_back(s);
+        kpos.push_back(slot_pos[size_t(s)]);
+      }
+      if (oc.op == OpKind::Attention || oc.op == OpKind::Scores || oc.op == OpKind::SelectTop)
+        slots.clear();  // every key, in order
+      if (oc.op == OpKind::Scores) return {{}, [&b, slots] { b.last_row_scores(0, slots); }};
+      if (oc.op == OpKind::SelectTop) {
+        b.last_row_scores(0, slots);
+        const int64_t keep = (int64_t(kpos.size()) + 1) / 2;
+        return {{}, [&b, kpos, keep] { benchmark::DoNotOptimize(b.select_top(kpos, keep)); }};
+      }
+      return {{}, [&b, slots] { b.attention(0, slots); }};
+    }
+    case OpKind::SwiGLU:
+      return {{}, [&b] { b.swiglu(); }};
+    case OpKind::Residual:
+      return {{}, [&b] { b.residual(); }};
+    case OpKind::GatherRows: {  // compaction after pruning: every other row
+      const auto x = random_floats(T * D, rng);
+      std::vector<int64_t> rows;
+      for (int64_t i = 0; i < T; i += 2) rows.push_back(i);
+      return {[&b, pos, x] { b.set_rows(pos), b.write(Tensor::X, x); }, [&b, rows] { b.gather_rows(rows); }};
+    }
+    case OpKind::AuxStoreMerge: {  // every third row stored, then merged back between the others
+      const auto x = random_floats(T * D, rng);
+      std::vector<int64_t> rows, entries;
+      for (int64_t i = 0; i < T; i += 3) rows.push_back(i);
+      for (size_t i = 0; i < rows.size(); ++i) entries.push_back(int64_t(i));
+      const int64_t R = int64_t(rows.size());
+      RowMerge m;
+      for (int64_t i = 0; i < T; ++i) m.x_src.push_back(i), m.x_dst.push_back(i + std::min(i, R));
+      for (int64_t e = 0; e < R; ++e) m.aux_src.push_back(e), m.aux_dst.push_back(2 * e + 1);
+      return {[&b, pos, x] { b.set_rows(pos), b.write(Tensor::X, x); },
+              [&b, rows, entries, m, T, R] {
+                b.aux_store(rows, entries);
+                b.merge_rows(m, T + R);
+              }};
+    }
+  }
+  return {};
+}
+
+void BM_BackendOp(benchmark::State& st, OpCase oc, int head_dim) {
+  const OpModel& om = op_model(oc.gqa, oc.dtype, head_dim);
+  CpuContext ctx(2);
+  CpuBackend b(ctx, om.c, om.w, 2 * oc.T + 2);
+  const ReadyOp op = prepare(oc, om.c, b);
+  for (auto _ : st) {
+    if (op.restore) op.restore();
+    const auto t0 = std::chrono::steady_clock::now();
+    op.run();
+    b.synchronize();
+    st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()) * oc.T);  // rows per second
+}
+
+const bool registered = [] {
+  for (const int head_dim : {16, 64})
+    for (const OpCase& oc : op_cases())
+      benchmark::RegisterBenchmark(("BackendOps/" + case_name(oc) + "/w" + std::to_string(head_dim)).c_str(),
+                                   BM_BackendOp, oc, head_dim)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+  return true;
+}();
+
+}  // namespace
+}  // namespace lp::testing
