@@ -55,11 +55,10 @@ std::string sha256_hex(const std::string& data, const std::string& path) {
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
   auto* c = app.add_subcommand(
       "calibrate",
-      "Fit a hardware profile's efficiencies to measurements: per-op timings of our own runs (--runs), or\n"
-      "end-to-end TTFT and decode figures from llama-bench, vLLM, trtllm-bench, run --json or a CSV "
-      "(--measurements).\n"
-      "  lazyprefill calibrate --runs runs/ --base cpu-local --out cpu-local.json\n"
-      "  lazyprefill calibrate --measurements bench.jsonl results.csv --base h100-sxm --out h100-mine.json");
+      R"(Fit a hardware profile's efficiencies to measurements: per-op timings of our own runs (--runs), or
+end-to-end TTFT and decode figures from llama-bench, vLLM, trtllm-bench, run --json or a CSV (--measurements).
+  lazyprefill calibrate --runs runs/ --base cpu-local --out cpu-local.json
+  lazyprefill calibrate --measurements bench.jsonl results.csv --base h100-sxm --out h100-mine.json)");
   auto* runs = c->add_option("--runs", a.runs, "Folder of run --json outputs (*.json): fits every op family");
   auto* meas =
       c->add_option("--measurements", a.measurements,
@@ -411,7 +410,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
 
 }  // namespace
 
-int cmd_calibrate(const CalibrateArgs& a) {
+int cmd_calibrate(const CalibrateArgs& a, const CLI::App& /*sub*/) {
   if (a.runs.empty() && a.measurements.empty()) usage_fail("give --runs DIR or --measurements FILE...");
   std::vector<std::string> inputs = a.measurements;
   inputs.push_back(a.base);

@@ -44,11 +44,10 @@ double rel(double predicted, double actual) {
 CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a) {
   auto* c = app.add_subcommand(
       "calibrate-revivals",
-      "Fit the revival model (the share of each pruning stage's tokens revived per decoding step) to\n"
-      "recorded LazyLLM traces; with --held-out, compare synthetic decoding with it to replaying other "
-      "runs.\n"
-      "  lazyprefill calibrate-revivals a.jsonl b.jsonl --out revivals.json\n"
-      "  lazyprefill calibrate-revivals a.jsonl b.jsonl --held-out c.jsonl --hw cpu-local");
+      R"(Fit the revival model (the share of each pruning stage's tokens revived per decoding step) to
+recorded LazyLLM traces; with --held-out, compare synthetic decoding with it to replaying other runs.
+  lazyprefill calibrate-revivals a.jsonl b.jsonl --out revivals.json
+  lazyprefill calibrate-revivals a.jsonl b.jsonl --held-out c.jsonl --hw cpu-local)");
   c->add_option("traces", a.traces, "Traces of run --prune lazyllm --trace to fit, decoding steps included");
   c->add_option("--held-out", a.held_out, "Traces not fitted on: replay them and the model's prediction");
   c->add_option("--revival-model", a.model,
@@ -62,7 +61,7 @@ CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a) {
   return c;
 }
 
-int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
+int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a, const CLI::App& /*sub*/) {
   if (a.model.empty() && a.traces.empty())
     usage_fail("give traces to fit, or --revival-model FILE with --held-out");
   if (!a.model.empty() && !a.traces.empty())

@@ -1,5 +1,6 @@
-// The subcommands, one file each (cli/README.md). Each registers its options on the app and runs
-// when selected; errors are lp::Error, printed by main as one line.
+// The subcommands, one file each (cli/README.md). Each has add_X, which registers its options on the
+// app, and cmd_X, which runs it when selected (`sub`: the parsed subcommand, for the options whose
+// presence matters); main lists them in one table. Errors are lp::Error, printed by main as one line.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -115,7 +116,7 @@ struct InspectArgs {
   bool json_out = false;
 };
 CLI::App* add_inspect(CLI::App& app, InspectArgs& a);
-int cmd_inspect(const InspectArgs& a);
+int cmd_inspect(const InspectArgs& a, const CLI::App& sub);
 
 struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw, engine;
@@ -137,7 +138,7 @@ struct CalibrateArgs {
   bool json_out = false;
 };
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);
-int cmd_calibrate(const CalibrateArgs& a);
+int cmd_calibrate(const CalibrateArgs& a, const CLI::App& sub);
 
 struct CalibrateRevivalsArgs {
   std::vector<std::string> traces, held_out;
@@ -146,7 +147,7 @@ struct CalibrateRevivalsArgs {
   bool map = false, json_out = false;
 };
 CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a);
-int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a);
+int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a, const CLI::App& sub);
 
 // Lower-case hex SHA-256 of `data` (read from `path`, named in the error).
 std::string sha256_hex(const std::string& data, const std::string& path);
@@ -157,7 +158,7 @@ struct ValidateArgs {
   bool quick = false, json_out = false;
 };
 CLI::App* add_validate(CLI::App& app, ValidateArgs& a);
-int cmd_validate(const ValidateArgs& a);
+int cmd_validate(const ValidateArgs& a, const CLI::App& sub);
 
 struct ReportArgs {
   std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out,
@@ -172,14 +173,14 @@ struct ReportArgs {
   bool json_out = false, map = false;
 };
 CLI::App* add_report(CLI::App& app, ReportArgs& a);
-int cmd_report(const ReportArgs& a);
+int cmd_report(const ReportArgs& a, const CLI::App& sub);
 
 struct SweepArgs {
   std::string grid, out;
   int threads = 0;
 };
 CLI::App* add_sweep(CLI::App& app, SweepArgs& a);
-int cmd_sweep(const SweepArgs& a);
+int cmd_sweep(const SweepArgs& a, const CLI::App& sub);
 
 struct EvalArgs {
   std::string model, tasks = "passkey", lengths, prune = "lazyllm,static,random", corpus, out;
@@ -189,6 +190,6 @@ struct EvalArgs {
   bool json_out = false, with_prompts = false;
 };
 CLI::App* add_eval(CLI::App& app, EvalArgs& a);
-int cmd_eval(const EvalArgs& a);
+int cmd_eval(const EvalArgs& a, const CLI::App& sub);
 
 }  // namespace lp::cli

@@ -182,11 +182,9 @@ void print_table(const std::vector<eval::TaskResult>& results,
 CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   auto* e = app.add_subcommand(
       "eval",
-      "Measure accuracy under pruning on long-context tasks from public-domain text (and the TTFT speedup).\n"
-      "  lazyprefill eval --task passkey,kv --lengths 2048 --samples 20 --prune lazyllm,static,random\n"
-      "  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule "
-      "0.3:0.3,0.6:0.3,0.9:0.3 "
-      "--json");
+      R"(Measure accuracy under pruning on long-context tasks from public-domain text (and the TTFT speedup).
+  lazyprefill eval --task passkey,kv --lengths 2048 --samples 20 --prune lazyllm,static,random
+  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule 0.3:0.3,0.6:0.3,0.9:0.3 --json)");
   add_gguf_model(*e, a.model);
   e->add_option("--task", a.tasks, "Comma-separated tasks: passkey, kv, mdqa, nll (default passkey)");
   e->add_option("--lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
@@ -212,7 +210,7 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   return e;
 }
 
-int cmd_eval(const EvalArgs& a) {
+int cmd_eval(const EvalArgs& a, const CLI::App& /*sub*/) {
   eval::EvalOptions opt;
   for (const std::string& t : split_list(a.tasks)) opt.tasks.push_back(eval::task_info(t).task);
   if (opt.tasks.empty()) usage_fail("--task is empty (known: passkey, kv, mdqa, nll)");

@@ -139,18 +139,17 @@ int inspect_model(const std::string& path_arg, bool json_out) {
 }  // namespace
 
 CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
-  auto* inspect =
-      app.add_subcommand("inspect",
-                         "Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.\n"
-                         "  lazyprefill inspect --model model.gguf --json\n"
-                         "  lazyprefill inspect --trace run.jsonl");
+  auto* inspect = app.add_subcommand(
+      "inspect", R"(Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.
+  lazyprefill inspect --model model.gguf --json
+  lazyprefill inspect --trace run.jsonl)");
   add_gguf_model(*inspect, a.model);
   inspect->add_option("--trace", a.trace, "Summarise a trace written by run --trace instead");
   inspect->add_flag("--json", a.json_out, "Print JSON");
   return inspect;
 }
 
-int cmd_inspect(const InspectArgs& a) {
+int cmd_inspect(const InspectArgs& a, const CLI::App& /*sub*/) {
   return a.trace.empty() ? inspect_model(a.model, a.json_out) : inspect_trace(a.trace, a.json_out);
 }
 

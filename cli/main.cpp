@@ -7,12 +7,32 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <new>
 
 #include "cli/commands.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "model/error.h"
 #include "model/io.h"
+
+namespace {
+
+// A subcommand: its arguments, registered on the app, and what runs when it is selected.
+struct Subcommand {
+  CLI::App* sub;
+  std::function<int()> run;
+};
+
+template <class Args>
+Subcommand subcommand(CLI::App& app, CLI::App* (*add)(CLI::App&, Args&),
+                      int (*cmd)(const Args&, const CLI::App&)) {
+  auto args = std::make_shared<Args>();
+  CLI::App* sub = add(app, *args);
+  return {sub, [args, sub, cmd] { return cmd(*args, *sub); }};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   lp::remove_temp_files_on_signal();  // an interrupted command leaves no half-written temporary file
@@ -24,26 +44,19 @@ int main(int argc, char** argv) {
     return fmt::format("lazyprefill: error: {} (see --help)\n", lp::escape_text(e.what()));
   });
 
-  lp::cli::RunArgs ra;
-  auto* run = lp::cli::add_run(app, ra);
-
-  lp::cli::InspectArgs ia;
-  auto* inspect = lp::cli::add_inspect(app, ia);
-
-  lp::cli::SimulateArgs sa;
-  auto* simulate = lp::cli::add_simulate(app, sa);
-  lp::cli::CalibrateArgs ca;
-  auto* calibrate = lp::cli::add_calibrate(app, ca);
-  lp::cli::CalibrateRevivalsArgs cra;
-  auto* calibrate_revivals = lp::cli::add_calibrate_revivals(app, cra);
-  lp::cli::ValidateArgs va;
-  auto* validate = lp::cli::add_validate(app, va);
-  lp::cli::ReportArgs rpa;
-  auto* report = lp::cli::add_report(app, rpa);
-  lp::cli::SweepArgs swa;
-  auto* sweep = lp::cli::add_sweep(app, swa);
-  lp::cli::EvalArgs eva;
-  auto* evalc = lp::cli::add_eval(app, eva);
+  // In the order --help lists them.
+  using namespace lp::cli;
+  const Subcommand commands[] = {
+      subcommand(app, add_run, cmd_run),
+      subcommand(app, add_inspect, cmd_inspect),
+      subcommand(app, add_simulate, cmd_simulate),
+      subcommand(app, add_calibrate, cmd_calibrate),
+      subcommand(app, add_calibrate_revivals, cmd_calibrate_revivals),
+      subcommand(app, add_validate, cmd_validate),
+      subcommand(app, add_report, cmd_report),
+      subcommand(app, add_sweep, cmd_sweep),
+      subcommand(app, add_eval, cmd_eval),
+  };
 
   try {
     app.parse(argc, argv);
@@ -53,15 +66,8 @@ int main(int argc, char** argv) {
   }
   const auto dispatch = [&]() -> int {
     try {
-      if (*run) return lp::cli::cmd_run(ra, *run);
-      if (*simulate) return lp::cli::cmd_simulate(sa, *simulate);
-      if (*calibrate) return lp::cli::cmd_calibrate(ca);
-      if (*calibrate_revivals) return lp::cli::cmd_calibrate_revivals(cra);
-      if (*validate) return lp::cli::cmd_validate(va);
-      if (*report) return lp::cli::cmd_report(rpa);
-      if (*sweep) return lp::cli::cmd_sweep(swa);
-      if (*evalc) return lp::cli::cmd_eval(eva);
-      if (*inspect) return lp::cli::cmd_inspect(ia);
+      for (const Subcommand& c : commands)
+        if (*c.sub) return c.run();
     } catch (const lp::UsageError& e) {
       fmt::print(stderr, "lazyprefill: error: {} (see --help)\n", lp::escape_text(e.what()));
       return 2;

@@ -39,12 +39,10 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* option) {
 CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   auto* r = app.add_subcommand(
       "report",
-      "Write a capacity report (JSON, SVG charts, HTML) for a model on hardware over prompt lengths.\n"
-      "  lazyprefill report --model-config llama-3.1-8b --hw h100-sxm,l4 --prompt-lengths 2048,8192,32768 "
-      "\\\n"
-      "      --slo-ttft-ms 500 --mem-budget-gib 40 --out reports/out\n"
-      "  lazyprefill report --model-config llama-2-7b --hw a100-80gb --trace run.jsonl --prompt-lengths "
-      "1024,4096 --out r/");
+      R"(Write a capacity report (JSON, SVG charts, HTML) for a model on hardware over prompt lengths.
+  lazyprefill report --model-config llama-3.1-8b --hw h100-sxm,l4 --prompt-lengths 2048,8192,32768 \
+      --slo-ttft-ms 500 --mem-budget-gib 40 --out reports/out
+  lazyprefill report --model-config llama-2-7b --hw a100-80gb --trace run.jsonl --prompt-lengths 1024,4096 --out r/)");
   add_model_choice(*r, a.model, a.model_config, "report on");
   add_hardware(*r, a.hw, a.engine);
   r->add_option("--trace", a.trace, "A recorded trace whose pruning pattern is mapped to each length");
@@ -80,7 +78,7 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   return r;
 }
 
-int cmd_report(const ReportArgs& a) {
+int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   report::Request req;
   if (!a.model.empty()) {
     req.model = config_from_gguf(GgufFile::open(a.model));

@@ -73,11 +73,10 @@ lp::DType parse_dtype(const std::string& s, const std::string& backend) {
 }  // namespace
 
 CLI::App* add_run(CLI::App& app, RunArgs& a) {
-  auto* run =
-      app.add_subcommand("run",
-                         "Generate from a GGUF model on the CPU and report timings.\n"
-                         "  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16\n"
-                         "  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json");
+  auto* run = app.add_subcommand(
+      "run", R"(Generate from a GGUF model on the CPU (or a GPU: --backend cuda) and report timings.
+  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16
+  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json)");
   add_gguf_model(*run, a.model);
   run->add_option("--prompt", a.prompt, "Prompt text");
   run->add_option("--prompt-file", a.prompt_file, "File holding the prompt (UTF-8)");

@@ -46,14 +46,11 @@ std::string key_of(const std::string& hw, const std::string& model, const std::s
 CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
   auto* s = app.add_subcommand(
       "sweep",
-      "Simulate a grid of hardware x models x schedules x prompt lengths, one JSON line per configuration.\n"
-      "  lazyprefill sweep --grid grid.json --out sweep.jsonl   # rerun to resume: rows already there are "
-      "kept\n"
-      "  grid.json: {\"lazyprefill_sweep\": 1, \"hardware\": [\"h100-sxm\", \"l4\"], \"models\": "
-      "[\"llama-3.1-8b\"],\n"
-      "              \"methods\": [{\"policy\": \"none\"}, {\"policy\": \"lazyllm\", \"schedule\": "
-      "\"0.3:0.3,0.6:0.3,0.9:0.3\"}],\n"
-      "              \"prompt_lengths\": [1024, 4096, 16384]}");
+      R"(Simulate a grid of hardware x models x schedules x prompt lengths, one JSON line per configuration.
+  lazyprefill sweep --grid grid.json --out sweep.jsonl   # rerun to resume: rows already there are kept
+  grid.json: {"lazyprefill_sweep": 1, "hardware": ["h100-sxm", "l4"], "models": ["llama-3.1-8b"],
+              "methods": [{"policy": "none"}, {"policy": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3"}],
+              "prompt_lengths": [1024, 4096, 16384]})");
   s->add_option("--grid", a.grid, "The grid (JSON, see above and docs/simulator.md)")->required();
   s->add_option("--out", a.out, "JSON Lines output; configurations already in it are skipped")->required();
   s->add_option("--threads", a.threads, "Threads (default: all this process may use)")
@@ -61,7 +58,7 @@ CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
   return s;
 }
 
-int cmd_sweep(const SweepArgs& a) {
+int cmd_sweep(const SweepArgs& a, const CLI::App& /*sub*/) {
   const report::SweepGrid grid = report::read_sweep_grid(a.grid);
   {
     std::error_code ec;

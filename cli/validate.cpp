@@ -48,9 +48,9 @@ struct Measured {
 CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
   auto* v = app.add_subcommand(
       "validate",
-      "Measure the engine here over prompt lengths x schedules, calibrate on half, predict the other half.\n"
-      "  lazyprefill validate --quick\n"
-      "  lazyprefill validate --json --out-dir runs/   # also keeps every run's JSON for calibrate");
+      R"(Measure the engine here over prompt lengths x schedules, calibrate on half, predict the other half.
+  lazyprefill validate --quick
+  lazyprefill validate --json --out-dir runs/   # also keeps every run's JSON for calibrate)");
   v->add_flag("--quick", a.quick,
               "Prompts of 256-2048 tokens instead of 256-8192 (under 5 minutes on 2 cores)");
   add_gguf_model(*v, a.model);
@@ -66,7 +66,7 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
   return v;
 }
 
-int cmd_validate(const ValidateArgs& a) {
+int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   if (!a.out_dir.empty() && !std::filesystem::is_directory(a.out_dir))
     usage_fail("--out-dir '{}' is not a folder", a.out_dir);
   const hw::Profile base = hw::load_profile(a.base);
