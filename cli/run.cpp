@@ -3,20 +3,12 @@
 // or one JSON object in the same shape for both backends (the measurement `calibrate` reads).
 // --trace records the run's trace (traces/README.md).
 #include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <span>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/run_output.h"
@@ -29,12 +21,9 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/io.h"
-#include "model/ops.h"
 #include "model/paths.h"
-#include "model/vocab.h"
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
-#include "traces/synthetic.h"
 #include "traces/trace.h"
 
 namespace lp::cli {
