@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -46,9 +47,9 @@ T json_value(const Json& v, std::string_view key, std::string_view where) {
     if (!v.is_boolean()) refuse("true or false");
     return v.template get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
-    const auto x = json_integer(
-        v, int64_t(std::numeric_limits<T>::lowest()),
-        std::is_unsigned_v<T> && sizeof(T) >= 8 ? INT64_MAX : int64_t(std::numeric_limits<T>::max()));
+    // T's range as it fits in int64_t (a uint64_t field takes up to INT64_MAX).
+    const auto x = json_integer(v, int64_t(std::numeric_limits<T>::lowest()),
+                                int64_t(std::min<uintmax_t>(std::numeric_limits<T>::max(), INT64_MAX)));
     if (!x) refuse(v.is_number_integer() ? "a whole number in range" : "a whole number");
     return T(*x);
   } else if constexpr (std::is_floating_point_v<T>) {
