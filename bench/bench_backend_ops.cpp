@@ -12,7 +12,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <vector>
 
@@ -28,35 +27,20 @@ struct ReadyOp {
   std::function<void()> restore, run;
 };
 
-std::vector<float> random_floats(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> nd;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// Positions with gaps, as pruning leaves them.
-std::vector<int32_t> gapped(int64_t n, int32_t first, int32_t stride) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = first + stride * int32_t(i);
-  return p;
-}
-
-// The inputs each op reads, random, and the op: as in tests/backend_ops.h, the attention cases
-// hold T earlier tokens at gapped positions before the T rows (subset: every other earlier token
-// as keys; unordered: the earlier tokens arrived in two interleaved halves).
+// The inputs each op reads, random, and the op; the attention cases hold the keys the op tests
+// give them (tests/op_cases.h, key_layout).
 ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
   const int64_t T = oc.T, D = c.n_embd, Q = c.n_head * c.head_dim, KV = c.n_head_kv * c.head_dim;
   const int64_t QKV = Q + 2 * KV;
   std::mt19937 rng(uint32_t(T * 31 + oc.gqa));
-  const std::vector<int32_t> pos = gapped(T, int32_t(3 * T + 7), 3);
+  const std::vector<int32_t> pos = row_positions(T);
   b.set_rows(pos);
   for (const Tensor t :
        {Tensor::X, Tensor::XN, Tensor::QKV, Tensor::Attn, Tensor::FF, Tensor::Act, Tensor::Branch})
-    b.write(t, random_floats(T * tensor_width(c, t), rng));
+    b.write(t, random_vec(size_t(T * tensor_width(c, t)), rng));
   const auto append = [&](const std::vector<int32_t>& p) {
     b.set_rows(p);
-    b.write(Tensor::QKV, random_floats(int64_t(p.size()) * QKV, rng));
+    b.write(Tensor::QKV, random_vec(p.size() * size_t(QKV), rng));
     b.kv_append(0);
   };
 
@@ -89,32 +73,12 @@ ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
     case OpKind::AttentionUnordered:
     case OpKind::Scores:
     case OpKind::SelectTop: {
-      const std::vector<int32_t> earlier = gapped(T, 0, 3);
-      std::vector<int32_t> slot_pos;  // the position in each slot, in arrival order
-      if (oc.op == OpKind::AttentionUnordered) {
-        std::vector<int32_t> halves[2];
-        for (size_t i = 0; i < earlier.size(); ++i) halves[i % 2].push_back(earlier[i]);
-        for (const auto& h : halves)
-          if (!h.empty()) append(h), slot_pos.insert(slot_pos.end(), h.begin(), h.end());
-      } else {
-        append(earlier);
-        slot_pos = earlier;
-      }
+      const KeyLayout lay = key_layout(oc.op, pos);
+      for (const std::vector<int32_t>& batch : lay.earlier) append(batch);
       append(pos);  // the rows: their K/V appended, their q left in qkv
-      slot_pos.insert(slot_pos.end(), pos.begin(), pos.end());
-      std::vector<int32_t> order(slot_pos.size());
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(),
-                [&](int32_t x, int32_t y) { return slot_pos[size_t(x)] < slot_pos[size_t(y)]; });
-      std::vector<int32_t> slots, kpos;
-      for (const int32_t s : order) {
-        const bool is_earlier = s < int32_t(T);
-        if (oc.op == OpKind::AttentionSubset && is_earlier && (slot_pos[size_t(s)] / 3) % 2) continue;
-        slots.push_back(s);
-        kpos.push_back(slot_pos[size_t(s)]);
-      }
-      if (oc.op == OpKind::Attention || oc.op == OpKind::Scores || oc.op == OpKind::SelectTop)
-        slots.clear();  // every key, in order
+      std::vector<int32_t> kpos;
+      for (const int32_t s : lay.slots) kpos.push_back(lay.slot_pos[size_t(s)]);
+      const std::vector<int32_t> slots = lay.all_in_order ? std::vector<int32_t>{} : lay.slots;
       if (oc.op == OpKind::Scores) return {{}, [&b, slots] { b.last_row_scores(0, slots); }};
       if (oc.op == OpKind::SelectTop) {
         b.last_row_scores(0, slots);
@@ -128,13 +92,13 @@ ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
     case OpKind::Residual:
       return {{}, [&b] { b.residual(); }};
     case OpKind::GatherRows: {  // compaction after pruning: every other row
-      const auto x = random_floats(T * D, rng);
+      const auto x = random_vec(size_t(T * D), rng);
       std::vector<int64_t> rows;
       for (int64_t i = 0; i < T; i += 2) rows.push_back(i);
       return {[&b, pos, x] { b.set_rows(pos), b.write(Tensor::X, x); }, [&b, rows] { b.gather_rows(rows); }};
     }
     case OpKind::AuxStoreMerge: {  // every third row stored, then merged back between the others
-      const auto x = random_floats(T * D, rng);
+      const auto x = random_vec(size_t(T * D), rng);
       std::vector<int64_t> rows, entries;
       for (int64_t i = 0; i < T; i += 3) rows.push_back(i);
       for (size_t i = 0; i < rows.size(); ++i) entries.push_back(int64_t(i));

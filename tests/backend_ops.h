@@ -47,22 +47,8 @@ inline double f32_bound(double K) {
   return (4 * K * u) * (4 * K * u);
 }
 
-inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
 inline std::vector<double> to_double(const std::vector<float>& v) {
   return {v.begin(), v.end()};
-}
-
-// Positions with gaps, as pruning leaves them: 3 apart, starting at 5.
-inline std::vector<int32_t> gapped_positions(int64_t T, int32_t first = 5, int32_t stride = 3) {
-  std::vector<int32_t> p(static_cast<size_t>(T));
-  for (int64_t i = 0; i < T; ++i) p[size_t(i)] = first + stride * int32_t(i);
-  return p;
 }
 
 // Makes the backend under test for a model and a capacity in tokens.
@@ -76,9 +62,8 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
   const int64_t T = oc.T, D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
   const int64_t Q = H * Dh, KV = Hkv * Dh, QKV = Q + 2 * KV;
   std::mt19937 rng(uint32_t(T * 31 + oc.gqa));
-  const int64_t cached = T;  // attention cases hold this many earlier tokens before the rows
   auto b = make(c, w, 2 * T + 2);
-  const std::vector<int32_t> pos = gapped_positions(T, int32_t(3 * cached + 7));
+  const std::vector<int32_t> pos = row_positions(T);
   b->set_rows(pos);
 
   // A GEMM by W from the activation `in`: `run` multiplies and returns the product.
@@ -198,27 +183,14 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
     case OpKind::AttentionUnordered:
     case OpKind::Scores:
     case OpKind::SelectTop: {
-      // `cached` earlier tokens at gapped positions, then the T rows (their q attend). Subset: the
-      // keys are every other cached token and all the rows (a decoding step's active set).
-      // Unordered: the cached tokens arrive in two halves, the second at positions between the
-      // first's, so slots are not in position order and the keys are listed by slot.
-      std::vector<int32_t> cpos = gapped_positions(cached, 0, 3);
-      std::vector<float> kc, vc, kr, vr;
-      std::vector<int32_t> slot_pos;  // position of each slot, in arrival order
-      if (oc.op == OpKind::AttentionUnordered) {
-        std::vector<int32_t> a, bb;
-        for (size_t i = 0; i < cpos.size(); ++i) (i % 2 ? bb : a).push_back(cpos[i]);
-        std::vector<float> ka, va, kb, vb;
-        fill_cache(a, ka, va);
-        if (!bb.empty()) fill_cache(bb, kb, vb);
-        kc = ka, vc = va;
-        kc.insert(kc.end(), kb.begin(), kb.end());
-        vc.insert(vc.end(), vb.begin(), vb.end());
-        slot_pos = a;
-        slot_pos.insert(slot_pos.end(), bb.begin(), bb.end());
-      } else {
-        fill_cache(cpos, kc, vc);
-        slot_pos = cpos;
+      // The earlier tokens (tests/op_cases.h, key_layout), then the T rows (their q attend).
+      const KeyLayout lay = key_layout(oc.op, pos);
+      std::vector<float> kc, vc;
+      for (const std::vector<int32_t>& batch : lay.earlier) {
+        std::vector<float> k, v;
+        fill_cache(batch, k, v);
+        kc.insert(kc.end(), k.begin(), k.end());
+        vc.insert(vc.end(), v.begin(), v.end());
       }
       // The rows: their K/V appended too, their q left for the attention.
       b->set_rows(pos);
@@ -228,29 +200,17 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
       for (int64_t t = 0; t < T; ++t) {
         kc.insert(kc.end(), rows.begin() + t * QKV + Q, rows.begin() + t * QKV + Q + KV);
         vc.insert(vc.end(), rows.begin() + t * QKV + Q + KV, rows.begin() + (t + 1) * QKV);
-        slot_pos.push_back(pos[size_t(t)]);
       }
-      // The key set, in position order: slots (empty = all, already in order).
-      std::vector<int32_t> slots;
-      std::vector<int64_t> order(slot_pos.size());
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return slot_pos[x] < slot_pos[y]; });
-      for (const int64_t s : order) {
-        const bool cached_tok = s < int64_t(slot_pos.size()) - T;
-        if (oc.op == OpKind::AttentionSubset && cached_tok && (slot_pos[size_t(s)] / 3) % 2) continue;
-        slots.push_back(int32_t(s));
-      }
-      const bool all_in_order =
-          oc.op == OpKind::Attention || oc.op == OpKind::Scores || oc.op == OpKind::SelectTop;
+      const std::vector<int32_t>& slots = lay.slots;
       const int64_t S = int64_t(slots.size());
       std::vector<float> ks(static_cast<size_t>(S * KV)), vs(ks.size()), q(static_cast<size_t>(T * Q));
       std::vector<int32_t> kpos(static_cast<size_t>(S));
       std::vector<int64_t> sl64(slots.begin(), slots.end());
       ref::gather_rows(kc.data(), sl64.data(), ks.data(), S, KV);
       ref::gather_rows(vc.data(), sl64.data(), vs.data(), S, KV);
-      for (int64_t i = 0; i < S; ++i) kpos[size_t(i)] = slot_pos[size_t(slots[size_t(i)])];
+      for (int64_t i = 0; i < S; ++i) kpos[size_t(i)] = lay.slot_pos[size_t(slots[size_t(i)])];
       for (int64_t t = 0; t < T; ++t) std::copy_n(rows.begin() + t * QKV, Q, q.begin() + t * Q);
-      const std::span<const int32_t> given = all_in_order ? std::span<const int32_t>{} : slots;
+      const std::span<const int32_t> given = lay.all_in_order ? std::span<const int32_t>{} : slots;
       if (oc.op == OpKind::Scores || oc.op == OpKind::SelectTop) {
         b->last_row_scores(0, given);
         const auto got = b->scores(S);

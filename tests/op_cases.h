@@ -4,9 +4,12 @@
 // bench/bench_backend_ops.cpp. Nothing here depends on a test framework.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -79,6 +82,60 @@ inline std::vector<OpCase> op_cases() {
           out.push_back({op, T, gqa, dt});
   }
   return out;
+}
+
+inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Positions with gaps, as pruning leaves them: 3 apart, starting at 5.
+inline std::vector<int32_t> gapped_positions(int64_t T, int32_t first = 5, int32_t stride = 3) {
+  std::vector<int32_t> p(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) p[size_t(i)] = first + stride * int32_t(i);
+  return p;
+}
+
+// The positions of a case's T rows: gapped, and after the T earlier tokens of the attention cases.
+inline std::vector<int32_t> row_positions(int64_t T) {
+  return gapped_positions(T, int32_t(3 * T + 7));
+}
+
+// The keys of an attention-family case (attention and its subset and unordered forms, scores,
+// select_top): T earlier tokens at positions 0, 3, 6, ... appended before the T rows. Unordered:
+// the earlier tokens arrive in two interleaved halves, the second at positions between the
+// first's, so slots are not in position order. Subset: every other earlier token is left out of
+// the keys (a decoding step's active set).
+struct KeyLayout {
+  std::vector<std::vector<int32_t>> earlier;  // the earlier tokens' positions, appended batch by batch
+  std::vector<int32_t> slot_pos;              // the position in each slot, in arrival order, rows last
+  std::vector<int32_t> slots;                 // the keys, by slot, in position order
+  bool all_in_order = false;                  // the keys are every slot, in order: the op gets no list
+};
+
+inline KeyLayout key_layout(OpKind op, const std::vector<int32_t>& rows) {
+  const int64_t T = int64_t(rows.size());
+  const std::vector<int32_t> earlier = gapped_positions(T, 0, 3);
+  KeyLayout k;
+  if (op == OpKind::AttentionUnordered) {
+    k.earlier.resize(2);
+    for (size_t i = 0; i < earlier.size(); ++i) k.earlier[i % 2].push_back(earlier[i]);
+    if (k.earlier[1].empty()) k.earlier.pop_back();
+  } else {
+    k.earlier = {earlier};
+  }
+  for (const auto& batch : k.earlier) k.slot_pos.insert(k.slot_pos.end(), batch.begin(), batch.end());
+  k.slot_pos.insert(k.slot_pos.end(), rows.begin(), rows.end());
+  std::vector<int32_t> order(k.slot_pos.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t x, int32_t y) { return k.slot_pos[size_t(x)] < k.slot_pos[size_t(y)]; });
+  for (const int32_t s : order)
+    if (!(op == OpKind::AttentionSubset && s < T && (k.slot_pos[size_t(s)] / 3) % 2)) k.slots.push_back(s);
+  k.all_in_order = op == OpKind::Attention || op == OpKind::Scores || op == OpKind::SelectTop;
+  return k;
 }
 
 // A one-layer model with random weights: 6 query heads of width `head_dim` over 6 / gqa KV heads,
