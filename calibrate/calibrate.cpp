@@ -57,10 +57,10 @@ hw::Efficiency from_x(const double* x) {
 
 double sample_time(const hw::Profile& hw, const hw::Efficiency& e, const OpSample& s,
                    const std::string& compute) {
-  const hw::Family f = op_family(s.op);
-  const double peak = f == hw::Family::Gemm || f == hw::Family::Attention ? hw.peak(compute) : hw.peak("f32");
+  const std::string dtype = hw::family_dtype(op_family(s.op), compute);
+  const double peak = hw.peak(dtype);
   const double rows = s.op == Op::Score ? 1.0 : std::max(1.0, s.rows);
-  const double c = s.flops > 0 ? s.flops / (peak * e.compute * rows / (rows + e.half_rows)) : 0;
+  const double c = s.flops > 0 ? s.flops / (peak * e.compute_for(dtype) * rows / (rows + e.half_rows)) : 0;
   const double m = s.bytes / (hw.memory_bandwidth * e.memory);
   // A select is where a pruning stage's fixed cost lands (as replay charges it).
   const double stage = s.op == Op::Select ? double(s.calls) * hw.pruning_stage_s : 0;
@@ -87,6 +87,7 @@ double objective(unsigned n, const double* x, double* grad, void* data) {
   const FitData& d = *static_cast<const FitData*>(data);
   hw::Efficiency e = from_x(x);
   if (!d.fit_half_rows) e.half_rows = d.base.half_rows;
+  e.compute_by_dtype = d.base.compute_by_dtype;
   double loss = 0;
   for (size_t i = 0; i < d.samples->size(); ++i) {
     const OpSample& s = *(*d.samples)[i];
@@ -194,6 +195,7 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
           minimize_bobyqa(4, x.data(), lo.data(), hi.data(), objective, &d, 4000, 1e-6, what.c_str()));
       hw::Efficiency fitted = from_x(x.data());
       if (!d.fit_half_rows) fitted.half_rows = e.half_rows;
+      fitted.compute_by_dtype = e.compute_by_dtype;  // a dtype's own share is fitted end to end
       e = fitted;
       fit.fitted = true;
       fit.half_rows_fitted = d.fit_half_rows;

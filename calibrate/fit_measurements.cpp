@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <string_view>
 
 #include "calibrate/bobyqa.h"
 #include "model/error.h"
@@ -114,7 +115,10 @@ namespace {
 // little more; llama-bench's model_size / model_n_params gives the exact figure, which the
 // importer records and calibrate prefers. Q1_0 and Q2_0 (new 32-weight block types) are taken by
 // analogy with Q4_0 (one f16 scale per 32 weights): 1.5 and 2.5, not checked against ggml.
-// Quantized weights compute in f16, as llama.cpp's GPU kernels and weight-only kernels do.
+// Quantized weights compute in int8: llama.cpp quantizes the activations to 8 bits per block (q8_0,
+// q8_1, q8_K) and multiplies with integer dot products, on CPUs (ggml's vec_dot_*_q8_* with
+// AVX2/AVX-512 VNNI) and on GPUs (the MMQ kernels, its default for quantized types); attention
+// stays f16 over its f16 KV cache (hw::family_dtype).
 struct LlamaFtype {
   const char* name;
   double bits;  // 0: a float type, below
@@ -175,7 +179,7 @@ Precision precision_for_dtype(const std::string& dtype_in) {
   if (dtype.starts_with("(guessed) ")) dtype.erase(0, 10);
   for (const LlamaFtype& t : kLlamaFtypes)
     if (dashed(dtype) == dashed(t.name)) {
-      if (t.bits > 0) return {bpw_dtype(t.bits), "f16", "f16"};
+      if (t.bits > 0) return {bpw_dtype(t.bits), "int8", "f16"};
       const std::string w = dashed(t.name) == "all-f32" ? "f32" : dashed(t.name) == "f16" ? "f16" : "bf16";
       return {w, w, "f16"};  // llama.cpp's KV cache is f16 by default
     }
@@ -192,10 +196,11 @@ Precision precision_for_dtype(const std::string& dtype_in) {
   if (d == "f32" || d == "fp32" || d == "float32" || d == "float") return {"f32", "f32", "f32"};
   if (d == "fp8" || d == "fp8-e4m3" || d == "float8") return {"fp8", "fp8", "fp8"};
   if (d == "int8" || d == "w8a8") return {"int8", "int8", "int8"};
-  if (d == "q8-0") return weights("int8", "f16");
+  if (d == "q8-0") return weights("int8", "int8");
   if (d.starts_with("q2-k") || d.starts_with("q3-k") || d.starts_with("q4") || d.starts_with("q5") ||
-      d.starts_with("q6-k") || d.starts_with("iq4") || d == "awq" || d == "gptq" || d == "int4")
-    return weights("q4", "f16");
+      d.starts_with("q6-k") || d.starts_with("iq4"))
+    return weights("q4", "int8");
+  if (d == "awq" || d == "gptq" || d == "int4") return weights("q4", "f16");
   fail(
       "unknown weight type '{}' (known: bf16, f16, f32, fp8, int8, awq, gptq, and llama.cpp's file types "
       "such as "
@@ -258,8 +263,33 @@ const std::vector<std::string>& fit_candidates() {
   return c;
 }
 
+namespace {
+constexpr std::string_view kGemmComputeOf = "gemm.compute.";  // + a compute dtype
+}  // namespace
+
+std::vector<std::string> dtype_candidates(const hw::Profile& base, const std::vector<Point>& points) {
+  std::map<std::string, int> count;
+  for (const Point& pt : points) ++count[pt.precision.compute];
+  const hw::Efficiency& gemm = base.eff(hw::Family::Gemm);
+  // The dtype gemm.compute stands for: the most frequent one without a share of its own (the
+  // first in name order between equals); every other dtype gets its own.
+  std::string shared;
+  int most = 0;
+  for (const auto& [dtype, k] : count)
+    if (!gemm.compute_by_dtype.contains(dtype) && k > most) {
+      shared = dtype;
+      most = k;
+    }
+  std::vector<std::string> names;
+  for (const auto& [dtype, k] : count)
+    if (dtype != shared) names.push_back(std::string(kGemmComputeOf) + dtype);
+  return names;
+}
+
 double get_param(const hw::Profile& p, const std::string& name) {
   if (name == "gemm.compute") return p.eff(hw::Family::Gemm).compute;
+  if (name.starts_with(kGemmComputeOf))
+    return p.eff(hw::Family::Gemm).compute_for(name.substr(kGemmComputeOf.size()));
   if (name == "attention.compute") return p.eff(hw::Family::Attention).compute;
   if (name == "gemm.memory") return p.eff(hw::Family::Gemm).memory;
   if (name == "gemm.half_rows") return p.eff(hw::Family::Gemm).half_rows;
@@ -271,15 +301,16 @@ double get_param(const hw::Profile& p, const std::string& name) {
     return s / hw::kNumFamilies * 1e6;
   }
   usage_fail(
-      "unknown parameter '{}' (known: gemm.compute, overhead_us, attention.compute, gemm.half_rows, "
-      "gemm.memory, "
-      "interconnect, pruning.stage_us)",
+      "unknown parameter '{}' (known: gemm.compute, gemm.compute.<dtype>, overhead_us, attention.compute, "
+      "gemm.half_rows, gemm.memory, interconnect, pruning.stage_us)",
       name);
 }
 
 void set_param(hw::Profile& p, const std::string& name, double v) {
   if (name == "gemm.compute")
     p.efficiency[size_t(hw::Family::Gemm)].compute = v;
+  else if (name.starts_with(kGemmComputeOf))
+    p.efficiency[size_t(hw::Family::Gemm)].compute_by_dtype[name.substr(kGemmComputeOf.size())] = v;
   else if (name == "attention.compute")
     p.efficiency[size_t(hw::Family::Attention)].compute = v;
   else if (name == "gemm.memory")
@@ -478,7 +509,10 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   };
 
   std::vector<ParamCheck> checks;
-  for (const std::string& name : fit_candidates()) {
+  std::vector<std::string> candidates = fit_candidates();
+  const std::vector<std::string> by_dtype = dtype_candidates(base, points);
+  candidates.insert(candidates.begin() + 1, by_dtype.begin(), by_dtype.end());
+  for (const std::string& name : candidates) {
     ParamCheck c;
     c.name = name;
     const bool wanted = requested.empty() || contains(requested, name);
@@ -633,7 +667,11 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   for (const std::string& name : requested) {
     const auto it =
         std::find_if(f.checks.begin(), f.checks.end(), [&](const ParamCheck& c) { return c.name == name; });
-    if (it == f.checks.end()) get_param(base, name);  // unknown name: the error lists the known ones
+    if (it == f.checks.end()) {
+      get_param(base, name);  // unknown name: the error lists the known ones
+      usage_fail("cannot fit {}: no point computes in {} beside another dtype", name,
+                 name.substr(kGemmComputeOf.size()));
+    }
     if (!it->fitted) usage_fail("cannot fit {}: {}", name, it->reason);
   }
   if (f.params.empty()) {

@@ -9,7 +9,8 @@
 // chosen parameters with NLopt's BOBYQA (bounded, derivative-free, deterministic), from the
 // base profile's values.
 //
-// Which parameters: forward stepwise selection over the candidates gemm.compute, overhead_us,
+// Which parameters: forward stepwise selection over the candidates gemm.compute, gemm.compute.<dtype>
+// (one per further compute dtype among the points, dtype_candidates), overhead_us,
 // attention.compute, gemm.half_rows, gemm.memory, interconnect and pruning.stage_us, tried one at a time and,
 // while neither is in and the TTFTs span at least three prompt lengths, gemm.compute and attention.compute
 // together (attention's quadratic growth with the prompt shows only when both move: at the base
@@ -63,9 +64,9 @@ std::optional<std::string> match_profile(const std::string& file_name,
 // The simulator's precision for a weight type as files write it: bf16/bfloat16, f16/fp16/
 // float16/half, f32/fp32/float32, fp8/fp8-e4m3 (FP8 weights, compute and KV; the profile needs an
 // fp8 peak), int8/w8a8, llama.cpp's Q8_0 (int8 weights) and Q2..Q6 K-quants and Q4_0/Q4_1/
-// IQ4 (4-bit weights), awq/gptq (4-bit weights); 4- and 8-bit weights compute in f16, as
-// llama.cpp and weight-only kernels do. An empty or "auto" dtype is bf16. Throws lp::Error
-// naming the dtype otherwise.
+// IQ4 (4-bit weights), which compute in int8 as llama.cpp runs them (8-bit activations, integer
+// dot products), and awq/gptq (4-bit weights, f16 compute as weight-only kernels run). An empty or
+// "auto" dtype is bf16. Throws lp::Error naming the dtype otherwise.
 // llama.cpp's file types (llama-bench's model_type, "<arch> <size> <type>") map exactly, each to its
 // bits per weight ("<bits>bpw", see kLlamaFtypes); a "(guessed) " prefix is ignored.
 sim::Precision precision_for_dtype(const std::string& dtype);
@@ -94,6 +95,11 @@ double predict_point(const hw::Profile& hw, const Point& pt);
 
 // The parameters end-to-end figures may identify, in the order they are tried.
 const std::vector<std::string>& fit_candidates();
+// With points in several compute dtypes (llama-bench's F32 and Q8_0 files: f32 and int8), the
+// GEMM share of peak of each dtype but one as its own parameter, gemm.compute.<dtype> (stored in
+// efficiency.gemm.compute_by_dtype); gemm.compute stays the share of the most frequent dtype that
+// has no share of its own in `base`. Tried right after gemm.compute.
+std::vector<std::string> dtype_candidates(const hw::Profile& base, const std::vector<Point>& points);
 double get_param(const hw::Profile& p, const std::string& name);
 void set_param(hw::Profile& p, const std::string& name, double v);
 

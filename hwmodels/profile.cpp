@@ -33,10 +33,19 @@ std::string text(const json& j, const char* key, const std::string& origin) {
   if (s.empty()) fail("{}: field '{}' must be a non-empty string", origin, key);
   return s;
 }
+bool is_compute_dtype(const std::string& d) {
+  return d == "f32" || d == "tf32" || d == "bf16" || d == "f16" || d == "int8" || d == "fp8";
+}
 }  // namespace
 
 const char* family_name(Family f) {
   return kFamilyKeys[size_t(f)];
+}
+
+std::string family_dtype(Family f, const std::string& compute) {
+  if (f == Family::Gemm) return compute;
+  if (f == Family::Attention) return compute == "int8" ? "f16" : compute;
+  return "f32";
 }
 
 double Profile::peak(const std::string& dtype) const {
@@ -120,6 +129,17 @@ Profile parse_profile(const json& j, const std::string& origin) {
       fail("{}: 'memory' is effective over peak bandwidth, at most {} (caches)", where, kMaxMemoryEfficiency);
     x.half_rows = positive(e, "half_rows", where, true);
     x.overhead_s = positive(e, "overhead_us", where, true) * 1e-6;
+    if (const auto it = e.find("compute_by_dtype"); it != e.end()) {
+      if (!it->is_object()) fail("{}: 'compute_by_dtype' must be an object of dtype: share", where);
+      for (const auto& [dtype, v] : it->items()) {
+        if (!is_compute_dtype(dtype))
+          fail("{}: 'compute_by_dtype' names '{}', not a compute dtype (f32, tf32, bf16, f16, int8, fp8)",
+               where, dtype);
+        const double share = positive(*it, dtype.c_str(), where + ".compute_by_dtype");
+        if (share > 1) fail("{}: 'compute_by_dtype.{}' is a share of peak, at most 1", where, dtype);
+        x.compute_by_dtype[dtype] = share;
+      }
+    }
   }
 
   p.pruning_stage_s = eff.contains("pruning_stage_us")
@@ -238,10 +258,11 @@ json efficiency_json(const Profile& p) {
   json e = {{"default", p.efficiency_default}};
   for (int f = 0; f < kNumFamilies; ++f) {
     const Efficiency& x = p.efficiency[size_t(f)];
-    e[kFamilyKeys[size_t(f)]] = {{"compute", x.compute},
-                                 {"half_rows", x.half_rows},
-                                 {"memory", x.memory},
-                                 {"overhead_us", x.overhead_s * 1e6}};
+    json& fam = e[kFamilyKeys[size_t(f)]] = {{"compute", x.compute},
+                                             {"half_rows", x.half_rows},
+                                             {"memory", x.memory},
+                                             {"overhead_us", x.overhead_s * 1e6}};
+    if (!x.compute_by_dtype.empty()) fam["compute_by_dtype"] = x.compute_by_dtype;
   }
   e["pruning_stage_us"] = p.pruning_stage_s * 1e6;
   e["interconnect"] = p.interconnect_efficiency;

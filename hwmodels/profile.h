@@ -24,6 +24,15 @@ struct Efficiency {
   double memory = 0.7;    // effective bandwidth / peak, (0, kMaxMemoryEfficiency]: above 1 only
                           // where caches serve the family's traffic (see kMaxMemoryEfficiency)
   double overhead_s = 0;  // per call, >= 0
+  // `compute` for a compute dtype the family runs at a different share of its peak (llama.cpp's
+  // int8 dot products over quantized weights beside its f32 GEMMs on one CPU). Optional in a file
+  // (efficiency.<family>.compute_by_dtype); calibrate fits an entry as gemm.compute.<dtype>.
+  std::map<std::string, double> compute_by_dtype;
+
+  double compute_for(const std::string& dtype) const {
+    const auto it = compute_by_dtype.find(dtype);
+    return it != compute_by_dtype.end() ? it->second : compute;
+  }
 };
 
 // Upper bound of Efficiency::memory. The model has no cache term: an op whose working set was
@@ -79,6 +88,11 @@ struct Profile {
   // and for fp8 without an fp8 peak (no part emulates FP8 GEMMs at its f32 rate).
   double peak(const std::string& dtype) const;
 };
+
+// The dtype an op family computes in for a compute dtype: GEMMs in it; attention in it, except
+// that int8 engines (llama.cpp's quantized types, SmoothQuant) keep activations and the KV cache
+// 16-bit and run attention in f16; norms, RoPE and the other elementwise ops in f32.
+std::string family_dtype(Family f, const std::string& compute);
 
 // The documented default of efficiency.pruning_stage_us for a profile that has none (files
 // written before it existed): GPUs 40 us (about 7 extra launches and a host synchronisation),

@@ -72,10 +72,9 @@ void OpCost::add(const OpCost& o) {
 }
 
 namespace {
-// The peak an op runs at: GEMMs and attention in the compute dtype, the rest on f32 vector units.
+// The peak an op runs at: its family's dtype (hw::family_dtype) for the compute dtype.
 double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
-  const hw::Family f = op_family(op);
-  return f == hw::Family::Gemm || f == hw::Family::Attention ? hw.peak(p.compute) : hw.peak("f32");
+  return hw.peak(hw::family_dtype(op_family(op), p.compute));
 }
 }  // namespace
 
@@ -85,9 +84,10 @@ CostContext::CostContext(const hw::Profile& hw, const Precision& p)
   if (engine.elementwise_at_compute) dtypes.elem_bytes = p.compute == "f32" || p.compute == "tf32" ? 4 : 2;
   for (int f = 0; f < hw::kNumFamilies; ++f) {
     const hw::Family fam = hw::Family(f);
-    peak[size_t(f)] =
-        fam == hw::Family::Gemm || fam == hw::Family::Attention ? hw.peak(p.compute) : hw.peak("f32");
+    const std::string dtype = hw::family_dtype(fam, p.compute);
+    peak[size_t(f)] = hw.peak(dtype);
     eff[size_t(f)] = hw.eff(fam);
+    eff[size_t(f)].compute = hw.eff(fam).compute_for(dtype);
   }
 }
 

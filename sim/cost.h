@@ -6,7 +6,9 @@
 //   memory_s  = B / (bandwidth * e.memory)
 //   time_s    = max(compute_s, memory_s) + calls * e.overhead_s
 //
-// where R is the op's row count (tokens; 1 for the score row) and e the op family's efficiency.
+// where R is the op's row count (tokens; 1 for the score row), e the op family's efficiency and
+// dtype the family's (hw::family_dtype: GEMMs at the compute dtype, attention at f16 under int8
+// compute, the rest at f32); e.compute is the family's share for that dtype (compute_for).
 #pragma once
 
 #include <array>

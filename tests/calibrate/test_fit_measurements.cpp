@@ -52,11 +52,19 @@ TEST(FitMeasurements, PrecisionFromTheFilesDtype) {
   EXPECT_EQ(calib::precision_for_dtype("FP8").compute, "fp8");
   EXPECT_EQ(calib::precision_for_dtype("fp8-e4m3").kv, "fp8");
   EXPECT_EQ(calib::precision_for_dtype("w8a8").compute, "int8");
+  // llama.cpp's quantized types run int8 dot products over 8-bit activations, over an f16 KV cache.
   const sim::Precision q4 = calib::precision_for_dtype("Q4_K - Medium");
   EXPECT_EQ(q4.weights, "4.5bpw");
-  EXPECT_EQ(q4.compute, "f16");
+  EXPECT_EQ(q4.compute, "int8");
+  EXPECT_EQ(q4.kv, "f16");
   EXPECT_EQ(calib::precision_for_dtype("Q8_0").weights, "8.5bpw");
+  EXPECT_EQ(calib::precision_for_dtype("Q8_0").compute, "int8");
+  EXPECT_EQ(calib::precision_for_dtype("q4_k_m").compute, "int8");
+  EXPECT_EQ(calib::precision_for_dtype("all F32").compute, "f32");
+  EXPECT_EQ(calib::precision_for_dtype("F16").compute, "f16");
+  // Weight-only 4-bit kernels compute in f16.
   EXPECT_EQ(calib::precision_for_dtype("gptq").weights, "q4");
+  EXPECT_EQ(calib::precision_for_dtype("awq").compute, "f16");
   EXPECT_EQ(calib::precision_for_dtype("f32").kv, "f32");
   EXPECT_THROW(calib::precision_for_dtype("nf4-double"), Error);
 }
@@ -125,7 +133,7 @@ struct Synthetic {
   std::deque<Measurement> records;  // stable addresses: points point at them
   std::vector<calib::Point> points;
   void add(const hw::Profile& truth, const std::string& preset, int tp, int64_t prompt, bool decode,
-           const std::string& method = "none") {
+           const std::string& method = "none", const sim::Precision& precision = {}) {
     Measurement m;
     m.method = method;
     m.file = "synthetic";
@@ -141,7 +149,7 @@ struct Synthetic {
       m.ttft_ms = 1;
     }
     records.push_back(m);
-    calib::Point p = calib::make_point(records.back(), preset, preset_config(preset), sim::Precision{});
+    calib::Point p = calib::make_point(records.back(), preset, preset_config(preset), precision);
     p.measured_s = calib::predict_point(truth, p);
     points.push_back(std::move(p));
   }
@@ -272,6 +280,40 @@ TEST(FitMeasurements, FitsGemmAndAttentionTogetherOverManyLengths) {
   EXPECT_LT(fit.ttft_mape_heldout, 0.01);
   for (size_t i = 0; i < s.points.size(); ++i)
     EXPECT_NEAR(fit.heldout_s[i] / s.points[i].measured_s, 1, 0.02) << s.points[i].m->prompt_tokens;
+}
+
+// llama-bench's F32 and Q8_0 files on one CPU: f32 GEMMs and int8 dot products reach different
+// shares of the peak. Each dtype's share is fitted (gemm.compute for the one with more points,
+// gemm.compute.int8 for the other) beside attention, and recovered; asking for a dtype no point
+// computes in is refused.
+TEST(FitMeasurements, EachComputeDtypeGetsItsOwnGemmShare) {
+  hw::Profile base = hw::load_profile("cpu-local");
+  hw::Profile truth = base;
+  calib::set_param(truth, "gemm.compute", 0.36);
+  calib::set_param(truth, "gemm.compute.int8", 0.5);
+  calib::set_param(truth, "attention.compute", 0.15);
+  const sim::Precision f32 = calib::precision_for_dtype("all F32"), q8 = calib::precision_for_dtype("Q8_0");
+  Synthetic s;
+  for (int64_t n : {512, 1024, 2048, 4096, 8192}) {
+    s.add(truth, "smollm2-135m", 1, n, false, "none", f32);
+    s.add(truth, "smollm2-135m", 1, n, false, "none", q8);
+  }
+  s.add(truth, "smollm2-135m", 1, 768, false, "none", f32);  // f32 the more frequent: gemm.compute
+  EXPECT_EQ(calib::dtype_candidates(base, s.points), (std::vector<std::string>{"gemm.compute.int8"}));
+  calib::MeasurementFit fit;
+  const hw::Profile got = calib::fit_measurements(base, s.points, {}, &fit);
+  for (const char* p : {"gemm.compute", "gemm.compute.int8", "attention.compute"}) {
+    EXPECT_NE(std::find(fit.params.begin(), fit.params.end(), p), fit.params.end()) << p;
+    EXPECT_NEAR(calib::get_param(got, p), calib::get_param(truth, p), 0.01 * calib::get_param(truth, p)) << p;
+  }
+  EXPECT_LT(fit.ttft_mape_heldout, 0.01);
+  // One dtype alone: gemm.compute stands for it, and gemm.compute.int8 cannot be asked for.
+  Synthetic one;
+  for (int64_t n : {512, 2048, 8192}) one.add(truth, "smollm2-135m", 1, n, false, "none", f32);
+  EXPECT_TRUE(calib::dtype_candidates(base, one.points).empty());
+  EXPECT_NE(usage_error(base, one.points, {"gemm.compute.int8"}).find("no point computes in int8"),
+            std::string::npos)
+      << usage_error(base, one.points, {"gemm.compute.int8"});
 }
 
 // Bad input: every prompt of one length cannot tell attention from the GEMMs. Say so, fit what

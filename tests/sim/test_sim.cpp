@@ -134,6 +134,17 @@ TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
   j["efficiency"].erase("interconnect");
   EXPECT_NE(error_of(j).find("missing field 'interconnect'"), std::string::npos) << error_of(j);
   j = round_profile();
+  j["efficiency"]["gemm"]["compute_by_dtype"] = {{"int8", 0.4}};
+  EXPECT_EQ(error_of(j), "");
+  j["efficiency"]["gemm"]["compute_by_dtype"] = {{"q8", 0.4}};
+  EXPECT_NE(error_of(j).find("'compute_by_dtype' names 'q8'"), std::string::npos) << error_of(j);
+  j["efficiency"]["gemm"]["compute_by_dtype"] = {{"int8", 1.2}};
+  EXPECT_NE(error_of(j).find("'compute_by_dtype.int8' is a share of peak"), std::string::npos) << error_of(j);
+  j["efficiency"]["gemm"]["compute_by_dtype"] = {{"int8", -1}};
+  EXPECT_NE(error_of(j).find("'int8' must be greater than 0"), std::string::npos) << error_of(j);
+  j["efficiency"]["gemm"]["compute_by_dtype"] = 0.4;
+  EXPECT_NE(error_of(j).find("'compute_by_dtype' must be an object"), std::string::npos) << error_of(j);
+  j = round_profile();
   j["aliases"] = "H100";
   EXPECT_NE(error_of(j).find("'aliases' must be an array"), std::string::npos) << error_of(j);
   try {
@@ -199,6 +210,26 @@ TEST(SimCost, RooflineByHand) {
   const sim::OpCost n = sim::op_cost(hw, c, Op::AttnNorm, {4, 0, 0}, p);
   EXPECT_DOUBLE_EQ(n.compute_s, 128 / (0.5e12 * 0.25));
   EXPECT_THROW(sim::validate({"bf17", "bf16", "bf16"}), Error);
+}
+
+// A compute dtype with a GEMM share of its own (llama.cpp's int8 dot products beside its f32
+// GEMMs): the GEMMs use that share at that dtype's peak (here none: the f32 peak, 0.5e12);
+// attention under int8 compute runs at f16 (no f16 peak: f32) with the family's own share.
+TEST(SimCost, ComputeShareByDtypeByHand) {
+  json j = round_profile();
+  j["efficiency"]["gemm"]["compute_by_dtype"] = {{"int8", 0.25}};
+  const hw::Profile hw = hw::parse_profile(j, "round");
+  const ModelConfig c = tiny();
+  const sim::Precision int8{"int8", "int8", "f16"}, bf16{"bf16", "bf16", "bf16"};
+  // QKV over 4 rows: 1024 FLOPs at 0.5e12 * 0.25 * 4/(4+4).
+  EXPECT_DOUBLE_EQ(sim::op_cost(hw, c, Op::QKV, {4, 0, 0}, int8).compute_s, 1024 / (0.5e12 * 0.125));
+  // bf16 keeps the family's share: 1e12 * 0.5 * 0.5.
+  EXPECT_DOUBLE_EQ(sim::op_cost(hw, c, Op::QKV, {4, 0, 0}, bf16).compute_s, 1024 / (1e12 * 0.25));
+  // Attention (420 FLOPs over 4 rows) at f16 -> f32 peak, share 0.5 * 4/8.
+  EXPECT_DOUBLE_EQ(sim::op_cost(hw, c, Op::Attention, {4, 10, 4}, int8).compute_s, 420 / (0.5e12 * 0.25));
+  // The share is written back with the rest of the efficiency block.
+  EXPECT_DOUBLE_EQ(hw::efficiency_json(hw)["gemm"]["compute_by_dtype"]["int8"].get<double>(), 0.25);
+  EXPECT_FALSE(hw::efficiency_json(hw)["attention"].contains("compute_by_dtype"));
 }
 
 // Engines (docs/simulator.md, "Engines"), worked by hand on the tiny layer (D 8, F 16, q 8, kv 4)
