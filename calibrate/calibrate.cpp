@@ -184,7 +184,14 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
       // the families that move activations an op before just wrote. GEMMs and attention stream
       // weights and K/V, whose prefill timings (compute-bound) do not identify it anyway: left
       // free, it drifted to 3x DRAM bandwidth and would have made decode steps look 3x cheaper.
-      const bool cached = fam == hw::Family::Elementwise || fam == hw::Family::DataMovement;
+      // GEMMs may exceed it too where samples show it: matrix-vector products (the prefill's
+      // one-row LM head, decoding steps) only stream their weights in, and reads alone run
+      // faster than the STREAM triad that sets the profile's bandwidth (here 27-33 GB/s against
+      // 20.6). Those samples are what identify it; prefill-sized GEMMs never do.
+      const bool gemv =
+          fam == hw::Family::Gemm &&
+          std::any_of(samples.begin(), samples.end(), [](const OpSample* s) { return s->rows <= 4; });
+      const bool cached = fam == hw::Family::Elementwise || fam == hw::Family::DataMovement || gemv;
       const std::array<double, 4> hi = {0.0, std::log1p(1e5),
                                         cached ? std::log(hw::kMaxMemoryEfficiency) : 0.0, std::log(1e-4)};
       for (int k = 0; k < 4; ++k) x[size_t(k)] = std::clamp(x[size_t(k)], lo[size_t(k)], hi[size_t(k)]);

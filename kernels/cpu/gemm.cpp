@@ -213,11 +213,22 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
   const int64_t M_in = M;
   if (M <= kPadRows && M % 16 != 0) {
     M = (M + 15) / 16 * 16;
-    impl_->a_pad.assign(size_t(M * K) * a_esz, 0);
-    for (int64_t m = 0; m < M_in; ++m)
-      std::memcpy(impl_->a_pad.data() + m * K * a_esz, static_cast<const char*>(a_ptr) + m * a_ld * a_esz,
-                  K * a_esz);
-    a_ptr = impl_->a_pad.data();
+    // Both threads copy (a serial copy in and out cost 5-12% of a 126-row GEMM); only the pad
+    // rows are zeroed.
+    impl_->a_pad.resize(size_t(M * K) * a_esz);
+    uint8_t* pad = impl_->a_pad.data();
+    const char* src = static_cast<const char*>(a_ptr);
+    const int64_t src_ld = a_ld;
+    ctx.run([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, M, 16), [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t m = r.begin(); m < r.end(); ++m)
+          if (m < M_in)
+            std::memcpy(pad + m * K * a_esz, src + m * src_ld * a_esz, size_t(K) * a_esz);
+          else
+            std::memset(pad + m * K * a_esz, 0, size_t(K) * a_esz);
+      });
+    });
+    a_ptr = pad;
     a_ld = K;
     impl_->c_pad.resize(size_t(M * N));
     c_out = impl_->c_pad.data();
@@ -294,7 +305,12 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
     });
   });
   if (c_out != C)
-    for (int64_t m = 0; m < M_in; ++m) std::memcpy(C + m * ldc, c_out + m * c_ld, size_t(N) * 4);
+    ctx.run([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, M_in, 16), [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t m = r.begin(); m < r.end(); ++m)
+          std::memcpy(C + m * ldc, c_out + m * c_ld, size_t(N) * 4);
+      });
+    });
 }
 
 }  // namespace lp

@@ -237,6 +237,33 @@ TEST_F(CliSim, CalibrateRevivalsFitsAndIsUsed) {
   EXPECT_FALSE(std::filesystem::exists(never));
 }
 
+// validate end to end on the tiny model: every pruned case's measured speedup is the median of the
+// rounds' paired ratios, inside their range, and the count of predictions inside it adds up.
+TEST_F(CliSim, ValidateReportsPairedSpeedupsWithTheirRange) {
+  testing::TinyModelSpec spec;
+  spec.n_layer = 10;  // the aggressive schedule (0.1, 0.3, 0.5) needs distinct layers
+  spec.n_ctx = 2048;
+  const std::string model = testing::write_tiny_model(dir_.file("tiny4.gguf"), spec);
+  const CliResult r = run_cli(dir_, {"validate", "--model", model, "--quick", "--rounds", "3", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cases"].size(), 8u);  // the held-out half of 4 lengths x 4 methods
+  ASSERT_EQ(j["speedups"].size(), 12u);
+  int inside = 0;
+  for (const auto& x : j["speedups"]) {
+    const double lo = x["measured_speedup_min"], mid = x["measured_speedup"], hi = x["measured_speedup_max"];
+    EXPECT_GT(lo, 0) << x.dump();
+    EXPECT_LE(lo, mid) << x.dump();
+    EXPECT_LE(mid, hi) << x.dump();
+    EXPECT_GT(x["measured_speedup_fastest_runs"].get<double>(), 0) << x.dump();
+    const double pred = x["predicted_speedup"];
+    EXPECT_EQ(x["predicted_within_measured_range"].get<bool>(), pred >= lo && pred <= hi) << x.dump();
+    EXPECT_NEAR(x["error_points"].get<double>(), 100 * (pred - mid), 1e-9) << x.dump();
+    inside += x["predicted_within_measured_range"].get<bool>();
+  }
+  EXPECT_EQ(j["speedups_predicted_within_measured_range"].get<int>(), inside);
+}
+
 TEST_F(CliErrors, ValidateRoundsOutOfRange) {
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "0"}), {"--rounds", "0"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "21"}), {"--rounds", "21"});

@@ -449,6 +449,30 @@ TEST(SimCalibrate, RecoversKnownEfficienciesAndIgnoresAnOutlier) {
   EXPECT_EQ(hw::efficiency_json(again).dump(), hw::efficiency_json(fit).dump());
 }
 
+// Each run's one-row LM head streams its weights at 1.4x the profile's (triad) bandwidth, as this
+// machine's reads do: those samples identify the GEMM memory efficiency above 1, and the
+// compute-bound GEMMs keep theirs.
+TEST(SimCalibrate, OneRowGemmsIdentifyTheGemmBandwidth) {
+  json j = round_profile();
+  j["memory_bandwidth_gbs"] = 20;  // a CPU's bandwidth: the one-row product memory-bound
+  hw::Profile truth = hw::parse_profile(j, "round");
+  truth.efficiency[size_t(hw::Family::Gemm)] = {0.6, 4, 1.4, 20e-6};
+  std::vector<calib::RunMeasurement> runs = synthetic_runs(truth);
+  const ModelConfig c = preset_config("smollm2-135m");
+  for (calib::RunMeasurement& m : runs) {
+    const OpShape s{1, 0, 0};
+    calib::OpSample x{Op::LmHead, -1, 1.0, op_flops(c, Op::LmHead, s), op_bytes(c, Op::LmHead, s, {4, 4, 4}),
+                      0,          1};
+    x.seconds = calib::predict_sample(truth, x, "f32");
+    ASSERT_GT(x.seconds, 2 * x.flops / (truth.peak("f32") * 0.6 / 5));  // memory-bound, by far
+    m.ops.push_back(x);
+    m.prefill_s += x.seconds;
+  }
+  const hw::Profile fit = calib::calibrate(hw::parse_profile(j, "round"), runs, nullptr);
+  EXPECT_NEAR(fit.eff(hw::Family::Gemm).memory, 1.4, 0.03) << hw::efficiency_json(fit).dump();
+  EXPECT_NEAR(fit.eff(hw::Family::Gemm).compute, 0.6, 0.03);
+}
+
 TEST(SimCalibrate, BadRunFilesNameTheProblem) {
   const auto err = [](const nlohmann::json& j) {
     try {
