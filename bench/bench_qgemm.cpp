@@ -1,0 +1,151 @@
+// The integer GEMM over GGUF blocks (kernels/cpu/qgemm.h) beside this machine's peaks.
+//
+//   build/lp_bench --benchmark_filter='Peak|QGemm|ColdWeights/512/'
+//
+// BM_Peak_*: 2 threads, each a loop of independent FMAs (f32, 512- and 256-bit) or vpdpbusd
+// (int8, 4 multiply-adds per 32-bit lane) on registers only: the peak a kernel could reach here,
+// counted as 2 operations per multiply-add. Each kind runs only where cpuid says the CPU has it.
+// BM_QGemm: every kernel this CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes, the
+// weights cycling through 16 matrices so they come from memory as in a prefill (as
+// BM_Gemm_ColdWeights does for the f32 GEMM); counters: int8 Gop/s (2 M N K per call).
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/context.h"
+#include "kernels/cpu/qgemm.h"
+#include "model/quant.h"
+
+namespace {
+
+constexpr int64_t kIters = 1 << 22;
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+float fma256_loop() {
+  __m256 a[10];
+  for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(float(i));
+  const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+  for (int64_t it = 0; it < kIters; ++it)
+    for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  float s = 0;
+  for (int i = 0; i < 10; ++i) s += _mm256_cvtss_f32(a[i]);
+  return s;
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+float fma512_loop() {
+  __m512 a[10];
+  for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(float(i));
+  const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
+  for (int64_t it = 0; it < kIters; ++it)
+    for (int i = 0; i < 10; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  float s = 0;
+  for (int i = 0; i < 10; ++i) s += _mm512_reduce_add_ps(a[i]);
+  return s;
+}
+int vnni_loop(bool wide) {
+  const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
+  int s = 0;
+  if (wide) {
+    __m512i a[10];
+    for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_epi32(i);
+    for (int64_t it = 0; it < kIters; ++it)
+      for (int i = 0; i < 10; ++i) a[i] = _mm512_dpbusd_epi32(a[i], u, v);
+    for (int i = 0; i < 10; ++i) s += _mm512_reduce_add_epi32(a[i]);
+  } else {
+    __m256i a[10];
+    const __m256i u2 = _mm512_castsi512_si256(u), v2 = _mm512_castsi512_si256(v);
+    for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_epi32(i);
+    for (int64_t it = 0; it < kIters; ++it)
+      for (int i = 0; i < 10; ++i) a[i] = _mm256_dpbusd_epi32(a[i], u2, v2);
+    for (int i = 0; i < 10; ++i) s += _mm256_extract_epi32(a[i], 0);
+  }
+  return s;
+}
+#pragma GCC pop_options
+
+// ops per call of the loop: 10 chains x kIters x lanes x ops per lane.
+template <class F>
+void peak(benchmark::State& st, bool supported, double ops_per_thread, F loop) {
+  if (!supported) {
+    st.SkipWithError("this CPU lacks the instructions");
+    return;
+  }
+  for (auto _ : st) {
+    std::thread t1([&] { benchmark::DoNotOptimize(loop()); });
+    std::thread t2([&] { benchmark::DoNotOptimize(loop()); });
+    t1.join();
+    t2.join();
+  }
+  st.counters["Gop/s"] = benchmark::Counter(2 * ops_per_thread, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Peak_Fma256(benchmark::State& st) {
+  peak(st, lp::qkernel_supported(lp::QKernel::Avx2), 10.0 * kIters * 8 * 2, fma256_loop);
+}
+void BM_Peak_Fma512(benchmark::State& st) {
+  peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 16 * 2, fma512_loop);
+}
+void BM_Peak_Vnni256(benchmark::State& st) {
+  peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 8 * 8, [] { return vnni_loop(false); });
+}
+void BM_Peak_Vnni512(benchmark::State& st) {
+  peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 16 * 8, [] { return vnni_loop(true); });
+}
+BENCHMARK(BM_Peak_Fma256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Peak_Fma512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Peak_Vnni256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Peak_Vnni512)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_QGemm(benchmark::State& st) {
+  const auto k = lp::QKernel(st.range(0));
+  const auto t = lp::GgmlType(st.range(1));
+  const int64_t M = st.range(2), K = st.range(3), N = st.range(4);
+  if (!lp::qkernel_supported(k)) {
+    st.SkipWithError("this CPU lacks the instructions");
+    return;
+  }
+  const int64_t bytes = lp::type_info(uint32_t(t))->block_bytes * (K / lp::kQBlock) * N;
+  std::mt19937 rng(1);
+  std::vector<std::vector<uint8_t>> ws(16, std::vector<uint8_t>(static_cast<size_t>(bytes)));
+  for (auto& w : ws) {
+    for (auto& b : w) b = uint8_t(rng());
+    // Scales of 0.01 (f16 0x211f) at the start of every block.
+    const int64_t bb = lp::type_info(uint32_t(t))->block_bytes;
+    for (int64_t i = 0; i < bytes; i += bb) {
+      w[size_t(i)] = 0x1f;
+      w[size_t(i + 1)] = 0x21;
+    }
+  }
+  std::vector<float> a(static_cast<size_t>(M * K)), c(static_cast<size_t>(M * N));
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : a) x = u(rng);
+  lp::CpuContext ctx(2);
+  size_t i = 0;
+  for (auto _ : st) {
+    lp::qgemm(ctx, k, t, a.data(), M, K, ws[i].data(), N, K, c.data(), N);
+    i = (i + 1) % ws.size();
+  }
+  st.SetLabel(std::string(lp::qkernel_name(k)) + " " + std::string(lp::type_info(uint32_t(t))->name));
+  st.counters["Gop/s"] = benchmark::Counter(2.0 * double(M) * double(N) * double(K),
+                                            benchmark::Counter::kIsIterationInvariantRate);
+}
+void qgemm_shapes(benchmark::internal::Benchmark* b) {
+  for (int k : {0, 1, 2})
+    for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1)})
+      for (int64_t m : {64, 512}) {
+        b->Args({k, t, m, 576, 3072});
+        b->Args({k, t, m, 1536, 576});
+        b->Args({k, t, m, 576, 576});
+      }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_QGemm)->Apply(qgemm_shapes);
+
+}  // namespace

@@ -1,0 +1,280 @@
+#include "kernels/cpu/qgemm.h"
+
+#include <immintrin.h>
+#include <tbb/blocked_range2d.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/error.h"
+
+namespace lp {
+
+namespace {
+
+constexpr int64_t block_bytes(GgmlType t) {
+  return t == GgmlType::Q8_0 ? 34 : t == GgmlType::Q4_0 ? 18 : 20;
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  return uint16_t(p[0] | (p[1] << 8));  // little-endian, as GGUF stores it
+}
+
+// One weight block as 32 int8 values in element order: Q8_0's bytes; Q4_0's nibbles minus 8;
+// Q4_1's nibbles (0..15; the scale and minimum are applied outside). Element j < 16 is the low
+// nibble of byte j, element j >= 16 the high nibble of byte j - 16.
+void decode_scalar(GgmlType t, const uint8_t* blk, int8_t* w) {
+  if (t == GgmlType::Q8_0) {
+    std::memcpy(w, blk + 2, kQBlock);
+    return;
+  }
+  const uint8_t* qs = blk + (t == GgmlType::Q4_0 ? 2 : 4);
+  const int off = t == GgmlType::Q4_0 ? 8 : 0;
+  for (int j = 0; j < 16; ++j) {
+    w[j] = int8_t((qs[j] & 15) - off);
+    w[j + 16] = int8_t((qs[j] >> 4) - off);
+  }
+}
+
+// The fixed reduction of the 8 lane accumulators: (l, l + 4), then (l, l + 2), then (0, 1).
+float reduce8_scalar(const float* a) {
+  float s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) s4[i] = a[i] + a[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  return s2[0] + s2[1];
+}
+
+float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t nb) {
+  const int64_t bytes = block_bytes(t);
+  float acc[8] = {}, corr = 0;
+  int8_t w[kQBlock];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w_row + b * bytes;
+    decode_scalar(t, blk, w);
+    const float scale = f16_to_f32(load_u16(blk)) * a[b].d;
+    for (int l = 0; l < 8; ++l) {
+      int32_t s = 0;
+      for (int j = 4 * l; j < 4 * l + 4; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
+      acc[l] = std::fma(float(s), scale, acc[l]);
+    }
+    if (t == GgmlType::Q4_1) corr = std::fma(f16_to_f32(load_u16(blk + 2)), a[b].s, corr);
+  }
+  return reduce8_scalar(acc) + corr;
+}
+
+}  // namespace
+
+// ---- AVX2: vpmaddubsw (u8 x s8 -> pairs of s16) + vpmaddwd (-> 8 x s32 lanes) ----
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+namespace {
+template <GgmlType T>
+inline __m256i load_w(const uint8_t* blk) {
+  if constexpr (T == GgmlType::Q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == GgmlType::Q4_0 ? 2 : 4)));
+    const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15));
+    const __m256i w = _mm256_set_m128i(hi, lo);
+    return T == GgmlType::Q4_0 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
+  }
+}
+struct WPrep {
+  __m256i w, absw;
+};
+template <bool Signed>
+inline WPrep prep_w(__m256i w) {
+  return {w, Signed ? _mm256_abs_epi8(w) : w};
+}
+struct APrep {
+  __m256i a;
+};
+template <bool Signed>
+inline APrep prep_a(const QActBlock& a) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q))};
+}
+// Lane l: the sum of w_j a_j over bytes 4l..4l+3 (|w| <= 128, |a| <= 127: no pair saturates).
+template <bool Signed>
+inline __m256i isum(const WPrep& w, const APrep& a) {
+  const __m256i p = Signed ? _mm256_maddubs_epi16(w.absw, _mm256_sign_epi8(a.a, w.w))
+                           : _mm256_maddubs_epi16(w.w, a.a);
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+inline float reduce8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+// 16 ymm registers: 4 x 2 tiles (8 accumulators) keep the weights' vectors in registers too
+// (2 x 4 and 4 x 4 ran 1.4-2.4x slower, 2 x 2 1.4x; BM_QGemm Q8_0 512 x 576 x 3072, 2026-11-24).
+constexpr int kMR = 4, kNR = 2, kMR1 = 4, kNR1 = 2;
+#include "kernels/cpu/qgemm_tile.inc"
+}  // namespace
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ---- AVX-512 VNNI: vpdpbusd (u8 x s8, 4 products summed into each s32 lane), 256-bit ----
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+namespace vnni {
+namespace {
+template <GgmlType T>
+inline __m256i load_w(const uint8_t* blk) {
+  return avx2::load_w<T>(blk);
+}
+// Signed weights: vpdpbusd multiplies unsigned by signed, so the activations go in as q + 128
+// and the lanes start at -128 * (sum of their 4 weights), computed once per weight block.
+struct WPrep {
+  __m256i w, start;
+};
+template <bool Signed>
+inline WPrep prep_w(__m256i w) {
+  if (!Signed) return {w, _mm256_setzero_si256()};
+  const __m256i comp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w);
+  return {w, _mm256_sub_epi32(_mm256_setzero_si256(), comp)};
+}
+struct APrep {
+  __m256i a;  // q + 128 as u8 for signed weights, q (s8) for Q4_1's unsigned nibbles
+};
+template <bool Signed>
+inline APrep prep_a(const QActBlock& a) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
+  return {Signed ? _mm256_xor_si256(q, _mm256_set1_epi8(char(0x80))) : q};
+}
+template <bool Signed>
+inline __m256i isum(const WPrep& w, const APrep& a) {
+  return Signed ? _mm256_dpbusd_epi32(w.start, a.a, w.w) : _mm256_dpbusd_epi32(w.start, w.w, a.a);
+}
+inline float reduce8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+// 32 ymm registers with AVX-512VL. Tall tiles share each weight block's preparation over more
+// rows: Q8_0 512 x 576 x 3072 took 11.1 ms in 8 x 2, 12.7 in 6 x 2, 14.0 in 4 x 2, 16.4 in 4 x 4,
+// 24.8 in 2 x 4; Q4_1 (a scalar minimum term per pair) 19.9 in 6 x 2, 21.9 in 4 x 4, 29.7 in 8 x 2
+// (BM_QGemm, medians of 3, 2026-11-24, AMD EPYC).
+constexpr int kMR = 8, kNR = 2, kMR1 = 6, kNR1 = 2;
+#include "kernels/cpu/qgemm_tile.inc"
+}  // namespace
+}  // namespace vnni
+#pragma GCC pop_options
+
+void quantize_activations(const float* x, int64_t K, QActBlock* out) {
+  if (K % kQBlock != 0) fail("quantize_activations: {} values are not a multiple of {}", K, kQBlock);
+  for (int64_t b = 0; b < K / kQBlock; ++b) {
+    const float* v = x + b * kQBlock;
+    float amax = 0;
+    for (int j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
+    QActBlock& o = out[b];
+    o.d = amax / 127.f;
+    const float id = amax > 0 ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < kQBlock; ++j) {
+      const int32_t q = int32_t(std::nearbyint(v[j] * id));
+      o.q[j] = int8_t(std::clamp(q, -127, 127));
+      sum += o.q[j];
+    }
+    o.s = o.d * float(sum);
+  }
+}
+
+const char* qkernel_name(QKernel k) {
+  switch (k) {
+    case QKernel::Scalar:
+      return "scalar";
+    case QKernel::Avx2:
+      return "avx2";
+    case QKernel::Avx512Vnni:
+      return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool qkernel_supported(QKernel k) {
+  __builtin_cpu_init();
+  switch (k) {
+    case QKernel::Scalar:
+      return true;
+    case QKernel::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case QKernel::Avx512Vnni:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
+}
+
+QKernel best_qkernel() {
+  static const QKernel k = qkernel_supported(QKernel::Avx512Vnni) ? QKernel::Avx512Vnni
+                           : qkernel_supported(QKernel::Avx2)     ? QKernel::Avx2
+                                                                  : QKernel::Scalar;
+  return k;
+}
+
+std::vector<QKernel> supported_qkernels() {
+  std::vector<QKernel> v;
+  for (QKernel k : {QKernel::Scalar, QKernel::Avx2, QKernel::Avx512Vnni})
+    if (qkernel_supported(k)) v.push_back(k);
+  return v;
+}
+
+bool qgemm_supports(GgmlType t) {
+  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1;
+}
+
+namespace {
+void check(QKernel k, GgmlType t) {
+  if (!qgemm_supports(t)) fail("the integer GEMM does not multiply {} weights", type_info(uint32_t(t))->name);
+  if (!qkernel_supported(k)) fail("this CPU cannot run the {} integer kernel", qkernel_name(k));
+}
+}  // namespace
+
+float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t nblocks) {
+  check(k, t);
+  const auto* w = static_cast<const uint8_t*>(w_row);
+  switch (k) {
+    case QKernel::Avx2:
+      return avx2::dot(t, w, a, nblocks);
+    case QKernel::Avx512Vnni:
+      return vnni::dot(t, w, a, nblocks);
+    case QKernel::Scalar:
+      break;
+  }
+  return dot_scalar(t, w, a, nblocks);
+}
+
+void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
+           int64_t N, int64_t K, float* C, int64_t ldc) {
+  check(k, t);
+  if (K % kQBlock != 0) fail("qgemm: K = {} is not a multiple of {}", K, kQBlock);
+  if (M == 0 || N == 0) return;
+  const int64_t nb = K / kQBlock, row_bytes = nb * block_bytes(t);
+  const auto* w = static_cast<const uint8_t*>(W);
+  thread_local std::vector<QActBlock> qa;
+  qa.resize(size_t(M * nb));
+  QActBlock* q = qa.data();
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), M, [&](int64_t m) { quantize_activations(A + m * lda, K, q + m * nb); });
+    // Chunks of 64 rows x 64 outputs: a chunk's weight and activation rows stay in L2.
+    tbb::parallel_for(tbb::blocked_range2d<int64_t>(0, M, 64, 0, N, 64), [&](const tbb::blocked_range2d<int64_t>& r) {
+      const int64_t m0 = r.rows().begin(), m1 = r.rows().end(), n0 = r.cols().begin(), n1 = r.cols().end();
+      switch (k) {
+        case QKernel::Avx512Vnni:
+          return vnni::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
+        case QKernel::Avx2:
+          return avx2::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
+        case QKernel::Scalar:
+          for (int64_t m = m0; m < m1; ++m)
+            for (int64_t n = n0; n < n1; ++n) C[m * ldc + n] = dot_scalar(t, w + n * row_bytes, q + m * nb, nb);
+      }
+    });
+  });
+}
+
+}  // namespace lp

@@ -1,0 +1,55 @@
+// Integer GEMMs over weights kept in their GGUF block format (issue 20, docs/cpu-kernels.md,
+// "Quantized GEMMs"). Activations are quantized per block of 32 to 8 bits (round to nearest,
+// scale max|x| / 127, as llama.cpp's q8_0 does), each (activation block, weight block) pair is an
+// exact integer dot product, and the per-block scales are applied in f32.
+//
+// Three kernels compute every product, chosen at run time (never assumed from the build):
+// AVX-512 VNNI (`vpdpbusd`, 256-bit), AVX2 (`vpmaddubsw` + `vpmaddwd`) and a scalar twin that is
+// kept as the reference. All three give bitwise the same result: the integer sums are exact, and
+// the f32 arithmetic is the same sequence in each (8 lane accumulators, lane l summing the products
+// of bytes 4l..4l+3 of every block, fused multiply-adds with the block's scale d_w * d_a, a fixed
+// reduction tree over the lanes, then Q4_1's minimum term), so a test can compare them exactly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/context.h"
+#include "model/quant.h"
+
+namespace lp {
+
+inline constexpr int64_t kQBlock = 32;  // elements per block of every type here
+
+// One activation block: q = round(x / d) in [-127, 127], d = max|x| / 127 (0 for a zero block),
+// s = d * sum(q) (what Q4_1's per-block minimum multiplies).
+struct QActBlock {
+  float d = 0, s = 0;
+  int8_t q[kQBlock] = {};
+};
+
+// Quantizes K values (a multiple of kQBlock) into K / kQBlock blocks.
+void quantize_activations(const float* x, int64_t K, QActBlock* out);
+
+enum class QKernel { Scalar, Avx2, Avx512Vnni };
+const char* qkernel_name(QKernel k);
+bool qkernel_supported(QKernel k);  // this CPU runs it (cpuid, at run time)
+QKernel best_qkernel();             // VNNI, else AVX2, else scalar
+std::vector<QKernel> supported_qkernels();
+
+// Weight types the integer GEMM multiplies (the rest are dequantized at load).
+bool qgemm_supports(GgmlType t);
+
+// The dot product of one weight row (nblocks blocks of type t, as GGUF stores them) with one
+// quantized activation row.
+float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t nblocks);
+
+// C[M][N] (row stride ldc) = A[M][K] (row stride lda, f32) x W^T, W [N][K] in blocks of type t
+// (row r at W + r * row bytes). K must be a multiple of kQBlock. Rows of A are quantized once;
+// tiles of 4 x 4 (row, output) pairs share their loads; every output element is computed the
+// same way whatever the tiling and the thread count.
+void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
+           int64_t N, int64_t K, float* C, int64_t ldc);
+
+}  // namespace lp

@@ -1,0 +1,150 @@
+// The integer GEMM over GGUF blocks (kernels/cpu/qgemm.h): every kernel this CPU runs against the
+// scalar twin (bitwise), against the math (weights dequantized by model/quant's dequantizer,
+// activations as d * q, summed in double), and the quantization error against the bound it
+// implies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/context.h"
+#include "kernels/cpu/qgemm.h"
+#include "model/error.h"
+#include "model/quant.h"
+
+namespace lp {
+namespace {
+
+constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1};
+
+int64_t block_bytes(GgmlType t) {
+  return type_info(uint32_t(t))->block_bytes;
+}
+
+// Random blocks of type t: every byte of the quants random (Q8_0's -128 included), scales f16 in
+// [0.001, 0.1), Q4_1's minimum in [-0.1, 0.1).
+std::vector<uint8_t> random_rows(GgmlType t, int64_t rows, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(0.001f, 0.1f), minimum(-0.1f, 0.1f);
+  const int64_t nb = K / kQBlock, bytes = block_bytes(t);
+  std::vector<uint8_t> w(size_t(rows * nb * bytes));
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    uint8_t* blk = w.data() + i * bytes;
+    for (int64_t j = 0; j < bytes; ++j) blk[j] = uint8_t(rng());
+    const uint16_t d = f32_to_f16(scale(rng));
+    blk[0] = uint8_t(d & 255);
+    blk[1] = uint8_t(d >> 8);
+    if (t == GgmlType::Q4_1) {
+      const uint16_t m = f32_to_f16(minimum(rng));
+      blk[2] = uint8_t(m & 255);
+      blk[3] = uint8_t(m >> 8);
+    }
+  }
+  return w;
+}
+
+std::vector<float> random_floats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = g(rng);
+  return v;
+}
+
+TEST(QGemm, ActivationQuantizationByHand) {
+  std::vector<float> x(64, 0.f);
+  for (int j = 0; j < 32; ++j) x[size_t(j)] = float(j - 16) / 16.f;  // max |x| = 1 (at j = 0)
+  QActBlock q[2];
+  quantize_activations(x.data(), 64, q);
+  EXPECT_FLOAT_EQ(q[0].d, 1.f / 127.f);
+  int32_t sum = 0;
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(q[0].q[j], int(std::nearbyint(float(j - 16) / 16.f * 127.f))) << j;
+    sum += q[0].q[j];
+  }
+  EXPECT_FLOAT_EQ(q[0].s, q[0].d * float(sum));
+  // A zero block: scale 0, every q 0.
+  EXPECT_EQ(q[1].d, 0.f);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(q[1].q[j], 0);
+  EXPECT_THROW(quantize_activations(x.data(), 40, q), Error);
+}
+
+TEST(QGemm, DotIsTheMathOfTheDequantizedBlocks) {
+  const int64_t K = 256, nb = K / kQBlock;
+  for (GgmlType t : kTypes) {
+    const std::vector<uint8_t> w = random_rows(t, 1, K, 7);
+    std::vector<float> wd(static_cast<size_t>(K));
+    dequantize(t, w.data(), wd.data(), K);
+    const std::vector<float> x = random_floats(K, 11);
+    std::vector<QActBlock> a(static_cast<size_t>(nb));
+    quantize_activations(x.data(), K, a.data());
+    double exact = 0, mag = 0, bound = 0, wabs = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      double wb = 0;
+      for (int j = 0; j < kQBlock; ++j) {
+        const double wj = wd[size_t(b * kQBlock + j)];
+        exact += wj * double(a[size_t(b)].d) * a[size_t(b)].q[j];
+        mag += std::fabs(wj * double(a[size_t(b)].d) * a[size_t(b)].q[j]);
+        wb += std::fabs(wj);
+      }
+      // Rounding each activation moves it by at most d / 2.
+      bound += wb * double(a[size_t(b)].d) / 2;
+      wabs += wb;
+    }
+    double f32_dot = 0;
+    for (int64_t j = 0; j < K; ++j) f32_dot += double(wd[size_t(j)]) * x[size_t(j)];
+    for (QKernel k : supported_qkernels()) {
+      const float got = qdot(k, t, w.data(), a.data(), nb);
+      EXPECT_NEAR(got, exact, 1e-5 * mag + 1e-7) << type_info(uint32_t(t))->name << " " << qkernel_name(k);
+      // Against the f32 activations: within the activation quantization's own bound.
+      EXPECT_LE(std::fabs(got - f32_dot), bound + 1e-5 * mag) << type_info(uint32_t(t))->name;
+    }
+    EXPECT_GT(bound, 0) << wabs;
+  }
+}
+
+// Every kernel this CPU runs gives the scalar twin's bits, over M and N that are not multiples of
+// the 4 x 4 tiles or the 64 x 64 chunks, with row strides wider than the rows, on 1 and 2 threads.
+TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
+  const int64_t M = 37, N = 70, K = 96, lda = K + 5, ldc = N + 3, nb = K / kQBlock;
+  const std::vector<float> A = random_floats(M * lda, 3);
+  CpuContext one(1), two(2);
+  for (GgmlType t : kTypes) {
+    const std::vector<uint8_t> W = random_rows(t, N, K, 5);
+    std::vector<float> ref(size_t(M * ldc), -1.f);
+    qgemm(one, QKernel::Scalar, t, A.data(), M, lda, W.data(), N, K, ref.data(), ldc);
+    // The scalar GEMM is the scalar dot of each row pair.
+    for (int64_t m = 0; m < M; m += 9) {
+      std::vector<QActBlock> a(static_cast<size_t>(nb));
+      quantize_activations(A.data() + m * lda, K, a.data());
+      for (int64_t n = 0; n < N; n += 7)
+        EXPECT_EQ(ref[size_t(m * ldc + n)], qdot(QKernel::Scalar, t, W.data() + n * nb * block_bytes(t), a.data(), nb));
+    }
+    for (QKernel k : supported_qkernels())
+      for (CpuContext* ctx : {&one, &two}) {
+        std::vector<float> got(size_t(M * ldc), -1.f);
+        qgemm(*ctx, k, t, A.data(), M, lda, W.data(), N, K, got.data(), ldc);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < ldc; ++n)
+            ASSERT_EQ(got[size_t(m * ldc + n)], ref[size_t(m * ldc + n)])
+                << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " threads " << ctx->threads() << " m "
+                << m << " n " << n;
+      }
+  }
+}
+
+TEST(QGemm, RefusesWhatItCannotMultiply) {
+  CpuContext ctx(1);
+  std::vector<float> A(64), C(4);
+  std::vector<uint8_t> W(1024);
+  EXPECT_THROW(qgemm(ctx, QKernel::Scalar, GgmlType::Q4_K, A.data(), 1, 64, W.data(), 1, 64, C.data(), 1), Error);
+  EXPECT_THROW(qgemm(ctx, QKernel::Scalar, GgmlType::Q8_0, A.data(), 1, 40, W.data(), 1, 40, C.data(), 1), Error);
+  EXPECT_TRUE(qgemm_supports(GgmlType::Q4_1));
+  EXPECT_FALSE(qgemm_supports(GgmlType::F32));
+  EXPECT_EQ(supported_qkernels().front(), QKernel::Scalar);
+  EXPECT_TRUE(qkernel_supported(best_qkernel()));
+}
+
+}  // namespace
+}  // namespace lp
