@@ -23,9 +23,7 @@ namespace {
 
 constexpr int64_t kIters = 1 << 22;
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-float fma256_loop() {
+__attribute__((target("avx2,fma"))) float fma256_loop() {
   __m256 a[10];
   for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(float(i));
   const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
@@ -35,11 +33,8 @@ float fma256_loop() {
   for (int i = 0; i < 10; ++i) s += _mm256_cvtss_f32(a[i]);
   return s;
 }
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
-float fma512_loop() {
+#define LP_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+LP_TARGET_VNNI float fma512_loop() {
   __m512 a[10];
   for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(float(i));
   const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
@@ -49,7 +44,7 @@ float fma512_loop() {
   for (int i = 0; i < 10; ++i) s += _mm512_reduce_add_ps(a[i]);
   return s;
 }
-int vnni_loop(bool wide) {
+LP_TARGET_VNNI int vnni_loop(bool wide) {
   const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
   int s = 0;
   if (wide) {
@@ -68,7 +63,6 @@ int vnni_loop(bool wide) {
   }
   return s;
 }
-#pragma GCC pop_options
 
 // ops per call of the loop: 10 chains x kIters x lanes x ops per lane.
 template <class F>
@@ -83,7 +77,8 @@ void peak(benchmark::State& st, bool supported, double ops_per_thread, F loop) {
     t1.join();
     t2.join();
   }
-  st.counters["Gop/s"] = benchmark::Counter(2 * ops_per_thread, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["Gop/s"] =
+      benchmark::Counter(2 * ops_per_thread, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Peak_Fma256(benchmark::State& st) {
@@ -93,10 +88,12 @@ void BM_Peak_Fma512(benchmark::State& st) {
   peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 16 * 2, fma512_loop);
 }
 void BM_Peak_Vnni256(benchmark::State& st) {
-  peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 8 * 8, [] { return vnni_loop(false); });
+  peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 8 * 8,
+       [] { return vnni_loop(false); });
 }
 void BM_Peak_Vnni512(benchmark::State& st) {
-  peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 16 * 8, [] { return vnni_loop(true); });
+  peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 16 * 8,
+       [] { return vnni_loop(true); });
 }
 BENCHMARK(BM_Peak_Fma256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_Fma512)->Unit(benchmark::kMillisecond)->UseRealTime();

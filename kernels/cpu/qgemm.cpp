@@ -66,13 +66,17 @@ float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t n
 
 }  // namespace
 
+// Each instruction set's functions carry its target attribute (GCC and clang alike), so the
+// build's own -march never decides what the kernels may use.
+#define LP_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define LP_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+
 // ---- AVX2: vpmaddubsw (u8 x s8 -> pairs of s16) + vpmaddwd (-> 8 x s32 lanes) ----
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
 namespace avx2 {
 namespace {
+#define LP_QTARGET LP_TARGET_AVX2
 template <GgmlType T>
-inline __m256i load_w(const uint8_t* blk) {
+LP_QTARGET inline __m256i load_w(const uint8_t* blk) {
   if constexpr (T == GgmlType::Q8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   } else {
@@ -87,24 +91,24 @@ struct WPrep {
   __m256i w, absw;
 };
 template <bool Signed>
-inline WPrep prep_w(__m256i w) {
+LP_QTARGET inline WPrep prep_w(__m256i w) {
   return {w, Signed ? _mm256_abs_epi8(w) : w};
 }
 struct APrep {
   __m256i a;
 };
 template <bool Signed>
-inline APrep prep_a(const QActBlock& a) {
+LP_QTARGET inline APrep prep_a(const QActBlock& a) {
   return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q))};
 }
 // Lane l: the sum of w_j a_j over bytes 4l..4l+3 (|w| <= 128, |a| <= 127: no pair saturates).
 template <bool Signed>
-inline __m256i isum(const WPrep& w, const APrep& a) {
-  const __m256i p = Signed ? _mm256_maddubs_epi16(w.absw, _mm256_sign_epi8(a.a, w.w))
-                           : _mm256_maddubs_epi16(w.w, a.a);
+LP_QTARGET inline __m256i isum(const WPrep& w, const APrep& a) {
+  const __m256i p =
+      Signed ? _mm256_maddubs_epi16(w.absw, _mm256_sign_epi8(a.a, w.w)) : _mm256_maddubs_epi16(w.w, a.a);
   return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
-inline float reduce8(__m256 v) {
+LP_QTARGET inline float reduce8(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
@@ -113,18 +117,17 @@ inline float reduce8(__m256 v) {
 // (2 x 4 and 4 x 4 ran 1.4-2.4x slower, 2 x 2 1.4x; BM_QGemm Q8_0 512 x 576 x 3072, 2026-11-24).
 constexpr int kMR = 4, kNR = 2, kMR1 = 4, kNR1 = 2;
 #include "kernels/cpu/qgemm_tile.inc"
+#undef LP_QTARGET
 }  // namespace
 }  // namespace avx2
-#pragma GCC pop_options
 
 // ---- AVX-512 VNNI: vpdpbusd (u8 x s8, 4 products summed into each s32 lane), 256-bit ----
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
 namespace vnni {
 namespace {
+#define LP_QTARGET LP_TARGET_VNNI
 template <GgmlType T>
-inline __m256i load_w(const uint8_t* blk) {
-  return avx2::load_w<T>(blk);
+LP_QTARGET inline __m256i load_w(const uint8_t* blk) {
+  return avx2::load_w<T>(blk);  // AVX2's subset of this target: inlined
 }
 // Signed weights: vpdpbusd multiplies unsigned by signed, so the activations go in as q + 128
 // and the lanes start at -128 * (sum of their 4 weights), computed once per weight block.
@@ -132,7 +135,7 @@ struct WPrep {
   __m256i w, start;
 };
 template <bool Signed>
-inline WPrep prep_w(__m256i w) {
+LP_QTARGET inline WPrep prep_w(__m256i w) {
   if (!Signed) return {w, _mm256_setzero_si256()};
   const __m256i comp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w);
   return {w, _mm256_sub_epi32(_mm256_setzero_si256(), comp)};
@@ -141,15 +144,15 @@ struct APrep {
   __m256i a;  // q + 128 as u8 for signed weights, q (s8) for Q4_1's unsigned nibbles
 };
 template <bool Signed>
-inline APrep prep_a(const QActBlock& a) {
+LP_QTARGET inline APrep prep_a(const QActBlock& a) {
   const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
   return {Signed ? _mm256_xor_si256(q, _mm256_set1_epi8(char(0x80))) : q};
 }
 template <bool Signed>
-inline __m256i isum(const WPrep& w, const APrep& a) {
+LP_QTARGET inline __m256i isum(const WPrep& w, const APrep& a) {
   return Signed ? _mm256_dpbusd_epi32(w.start, a.a, w.w) : _mm256_dpbusd_epi32(w.start, w.w, a.a);
 }
-inline float reduce8(__m256 v) {
+LP_QTARGET inline float reduce8(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
@@ -160,9 +163,9 @@ inline float reduce8(__m256 v) {
 // (BM_QGemm, medians of 3, 2026-11-24, AMD EPYC).
 constexpr int kMR = 8, kNR = 2, kMR1 = 6, kNR1 = 2;
 #include "kernels/cpu/qgemm_tile.inc"
+#undef LP_QTARGET
 }  // namespace
 }  // namespace vnni
-#pragma GCC pop_options
 
 void quantize_activations(const float* x, int64_t K, QActBlock* out) {
   if (K % kQBlock != 0) fail("quantize_activations: {} values are not a multiple of {}", K, kQBlock);
@@ -262,18 +265,21 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), M, [&](int64_t m) { quantize_activations(A + m * lda, K, q + m * nb); });
     // Chunks of 64 rows x 64 outputs: a chunk's weight and activation rows stay in L2.
-    tbb::parallel_for(tbb::blocked_range2d<int64_t>(0, M, 64, 0, N, 64), [&](const tbb::blocked_range2d<int64_t>& r) {
-      const int64_t m0 = r.rows().begin(), m1 = r.rows().end(), n0 = r.cols().begin(), n1 = r.cols().end();
-      switch (k) {
-        case QKernel::Avx512Vnni:
-          return vnni::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
-        case QKernel::Avx2:
-          return avx2::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
-        case QKernel::Scalar:
-          for (int64_t m = m0; m < m1; ++m)
-            for (int64_t n = n0; n < n1; ++n) C[m * ldc + n] = dot_scalar(t, w + n * row_bytes, q + m * nb, nb);
-      }
-    });
+    tbb::parallel_for(tbb::blocked_range2d<int64_t>(0, M, 64, 0, N, 64),
+                      [&](const tbb::blocked_range2d<int64_t>& r) {
+                        const int64_t m0 = r.rows().begin(), m1 = r.rows().end(), n0 = r.cols().begin(),
+                                      n1 = r.cols().end();
+                        switch (k) {
+                          case QKernel::Avx512Vnni:
+                            return vnni::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
+                          case QKernel::Avx2:
+                            return avx2::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
+                          case QKernel::Scalar:
+                            for (int64_t m = m0; m < m1; ++m)
+                              for (int64_t n = n0; n < n1; ++n)
+                                C[m * ldc + n] = dot_scalar(t, w + n * row_bytes, q + m * nb, nb);
+                        }
+                      });
   });
 }
 

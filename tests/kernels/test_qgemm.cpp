@@ -119,7 +119,8 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
       std::vector<QActBlock> a(static_cast<size_t>(nb));
       quantize_activations(A.data() + m * lda, K, a.data());
       for (int64_t n = 0; n < N; n += 7)
-        EXPECT_EQ(ref[size_t(m * ldc + n)], qdot(QKernel::Scalar, t, W.data() + n * nb * block_bytes(t), a.data(), nb));
+        EXPECT_EQ(ref[size_t(m * ldc + n)],
+                  qdot(QKernel::Scalar, t, W.data() + n * nb * block_bytes(t), a.data(), nb));
     }
     for (QKernel k : supported_qkernels())
       for (CpuContext* ctx : {&one, &two}) {
@@ -128,8 +129,8 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
         for (int64_t m = 0; m < M; ++m)
           for (int64_t n = 0; n < ldc; ++n)
             ASSERT_EQ(got[size_t(m * ldc + n)], ref[size_t(m * ldc + n)])
-                << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " threads " << ctx->threads() << " m "
-                << m << " n " << n;
+                << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " threads " << ctx->threads()
+                << " m " << m << " n " << n;
       }
   }
 }
@@ -138,8 +139,10 @@ TEST(QGemm, RefusesWhatItCannotMultiply) {
   CpuContext ctx(1);
   std::vector<float> A(64), C(4);
   std::vector<uint8_t> W(1024);
-  EXPECT_THROW(qgemm(ctx, QKernel::Scalar, GgmlType::Q4_K, A.data(), 1, 64, W.data(), 1, 64, C.data(), 1), Error);
-  EXPECT_THROW(qgemm(ctx, QKernel::Scalar, GgmlType::Q8_0, A.data(), 1, 40, W.data(), 1, 40, C.data(), 1), Error);
+  EXPECT_THROW(qgemm(ctx, QKernel::Scalar, GgmlType::Q4_K, A.data(), 1, 64, W.data(), 1, 64, C.data(), 1),
+               Error);
+  EXPECT_THROW(qgemm(ctx, QKernel::Scalar, GgmlType::Q8_0, A.data(), 1, 40, W.data(), 1, 40, C.data(), 1),
+               Error);
   EXPECT_TRUE(qgemm_supports(GgmlType::Q4_1));
   EXPECT_FALSE(qgemm_supports(GgmlType::F32));
   EXPECT_EQ(supported_qkernels().front(), QKernel::Scalar);
