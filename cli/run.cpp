@@ -56,7 +56,12 @@ lp::DType parse_dtype(const std::string& s, const std::string& backend) {
   if (s == "auto") return backend == "cuda" ? lp::DType::BF16 : lp::fastest_dtype();
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
-  lp::usage_fail("--dtype must be auto, f32 or bf16, got '{}'", s);
+  if (s == "int8") {
+    if (backend == "cuda")
+      lp::usage_fail("--dtype int8 runs on the CPU backend only (for now); use --dtype bf16");
+    return lp::DType::Int8;
+  }
+  lp::usage_fail("--dtype must be auto, f32, bf16 or int8, got '{}'", s);
 }
 
 }  // namespace
@@ -71,10 +76,13 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--prompt-file", a.prompt_file, "File holding the prompt (UTF-8)");
   run->add_option("--max-new-tokens", a.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   run->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
-  run->add_option("--dtype", a.dtype,
-                  "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), or auto: bf16 with "
-                  "--backend cuda; on the CPU bf16 where it has native bf16 (AVX-512 BF16/AMX), else f32")
-      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  run->add_option(
+         "--dtype", a.dtype,
+         "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
+         "kept in the file's Q8_0/Q4_0/Q4_1 blocks, others requantized to Q8_0, 8-bit activations, "
+         "integer dot products), or auto: bf16 with --backend cuda; on the CPU bf16 where it has native "
+         "bf16 (AVX-512 BF16/AMX), else f32")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   run->add_option("--backend", a.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   run->add_flag(

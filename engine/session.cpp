@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "kernels/cpu/backend.h"
+#include "kernels/cpu/qgemm.h"
 #include "model/error.h"
 
 namespace lp {
@@ -140,8 +141,13 @@ std::vector<float> Session::aux_state(int32_t p) {
 namespace {
 
 OpDtypes dtypes_of(const Weights& w) {
+  // GEMM inputs are rounded to the weights' dtype (8-bit blocks in int8 mode, whose weights count
+  // their blocks' bytes); the KV cache is f32.
+  if (w.dtype == DType::Int8)
+    return {double(w.layers.at(0).w_gate_up.row_bytes()) / double(w.layers.at(0).w_gate_up.cols),
+            double(sizeof(QActBlock)) / double(kQBlock), 4};
   const double b = w.dtype == DType::BF16 ? 2 : 4;
-  return {b, b, 4};  // GEMM inputs are rounded to the weights' dtype; the KV cache is f32
+  return {b, b, 4};
 }
 
 // A trace step with every per-layer count zero and an empty detail (revived positions only for a

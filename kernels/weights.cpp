@@ -2,6 +2,11 @@
 
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/qgemm.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/quant.h"
@@ -24,6 +29,60 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name) {
   return v;
 }
 
+// Int8 mode: the tensors' own blocks when the integer GEMM multiplies their type and every tensor
+// of the matrix has it, else every row requantized to Q8_0 (its dequantized values rounded per
+// block of 32 to 8 bits, as llama.cpp's quantizer does).
+Matrix load_int8(const GgufFile& f, std::vector<const GgufTensor*> ts, Matrix m, CpuContext& ctx) {
+  const GgmlType t0 = ts.front()->type;
+  const bool keep = qgemm_supports(t0) &&
+                    std::all_of(ts.begin(), ts.end(), [&](const GgufTensor* t) { return t->type == t0; });
+  if (m.cols % kQBlock != 0)
+    fail(
+        "{}: tensor '{}' has rows of {} values, not a multiple of {}: --dtype int8 cannot hold it (--dtype "
+        "f32 "
+        "loads it)",
+        f.path(), ts.front()->name, m.cols, kQBlock);
+  m.qtype = keep ? t0 : GgmlType::Q8_0;
+  const int64_t K = m.cols, out_bytes = m.row_bytes();
+  m.q.resize(size_t(m.rows * out_bytes), false);
+  int64_t row0 = 0;
+  for (const GgufTensor* t : ts) {
+    const size_t in_bytes = size_t(*type_bytes(t->type, K));
+    ctx.run([&] {
+      tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
+        const uint8_t* src = t->data + r * in_bytes;
+        uint8_t* dst = m.q.data() + (row0 + r) * out_bytes;
+        if (keep) {
+          std::memcpy(dst, src, in_bytes);
+          return;
+        }
+        thread_local std::vector<float> tmp;
+        tmp.resize(size_t(K));
+        dequantize(t->type, src, tmp.data(), K);
+        quantize_q8_0(tmp.data(), K, dst);
+      });
+    });
+    row0 += t->rows();
+  }
+  // Scales no arithmetic survives (a file's NaN or infinite f16, or a requantized NaN): refused,
+  // naming the tensor.
+  const int64_t bb = *type_bytes(m.qtype, kQBlock), nb = K / kQBlock;
+  for (int64_t r = 0, ti = 0, t_end = ts[0]->rows(); r < m.rows; ++r) {
+    while (r >= t_end) t_end += ts[size_t(++ti)]->rows();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = m.q.data() + r * out_bytes + b * bb;
+      for (int k = 0; k < (m.qtype == GgmlType::Q4_1 ? 2 : 1); ++k) {
+        const uint16_t h = uint16_t(blk[2 * k] | (blk[2 * k + 1] << 8));
+        if ((h & 0x7C00) == 0x7C00)
+          fail("{}: tensor '{}' has a block scale that is {} (row {}, block {})", f.path(),
+               ts[size_t(ti)]->name, (h & 0x3FF) ? "NaN" : "infinite", r - (t_end - ts[size_t(ti)]->rows()),
+               b);
+      }
+    }
+  }
+  return m;
+}
+
 // Stacks the named [rows_i][K] tensors into one matrix.
 Matrix load_matrix(const GgufFile& f, const std::vector<std::string>& names, DType dtype, CpuContext& ctx) {
   Matrix m;
@@ -36,6 +95,7 @@ Matrix load_matrix(const GgufFile& f, const std::vector<std::string>& names, DTy
     m.cols = ts.back()->ne[0];
     m.rows += ts.back()->rows();
   }
+  if (dtype == DType::Int8) return load_int8(f, ts, std::move(m), ctx);
   if (dtype == DType::F32)
     m.f32.resize(m.rows * m.cols, false);
   else

@@ -46,13 +46,8 @@ void CpuBackend::embed(std::span<const int32_t> ids) {
   const Matrix& E = w_.tok_embd;
   const int64_t D = D_;
   ctx_.run([&] {
-    tbb::parallel_for(int64_t(0), int64_t(ids.size()), [&](int64_t t) {
-      float* dst = x_.data() + t * D;
-      if (E.dtype == DType::F32)
-        std::memcpy(dst, E.f32.data() + int64_t(ids[t]) * D, size_t(D) * 4);
-      else
-        for (int64_t i = 0; i < D; ++i) dst[i] = bf16_to_f32(E.bf16[int64_t(ids[t]) * D + i]);
-    });
+    tbb::parallel_for(int64_t(0), int64_t(ids.size()),
+                      [&](int64_t t) { E.row_f32(int64_t(ids[t]), x_.data() + t * D); });
   });
 }
 

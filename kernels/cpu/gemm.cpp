@@ -10,6 +10,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 
+#include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/simd.h"
 #include "model/quant.h"
 
@@ -18,7 +19,20 @@ namespace lp {
 using namespace simd;
 
 const char* dtype_name(DType d) {
-  return d == DType::F32 ? "f32" : "bf16";
+  return d == DType::F32 ? "f32" : d == DType::BF16 ? "bf16" : "int8";
+}
+
+int64_t Matrix::row_bytes() const {
+  return dtype == DType::F32 ? cols * 4 : dtype == DType::BF16 ? cols * 2 : *type_bytes(qtype, cols);
+}
+
+void Matrix::row_f32(int64_t r, float* out) const {
+  if (dtype == DType::F32)
+    std::memcpy(out, f32.data() + r * cols, size_t(cols) * 4);
+  else if (dtype == DType::BF16)
+    for (int64_t i = 0; i < cols; ++i) out[i] = bf16_to_f32(bf16[r * cols + i]);
+  else
+    dequantize(qtype, q.data() + r * row_bytes(), out, cols);
 }
 
 bool cpu_has_native_bf16() {
@@ -176,6 +190,8 @@ void gemv(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix&
 void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C,
                int64_t ldc) {
   if (M == 0) return;
+  if (W.dtype == DType::Int8)
+    return qgemm(ctx, best_qkernel(), W.qtype, A, M, lda, W.q.data(), W.rows, W.cols, C, ldc);
   if (M <= kGemvRows) return gemv(ctx, A, M, lda, W, C, ldc);
   const int64_t N = W.rows, K = W.cols;
   const void* a_ptr = A;

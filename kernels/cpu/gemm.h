@@ -9,10 +9,13 @@
 
 #include "kernels/context.h"
 #include "kernels/cpu/buffer.h"
+#include "model/quant.h"
 
 namespace lp {
 
-enum class DType { F32, BF16 };
+// F32: exact; BF16: bf16 GEMM inputs, f32 accumulation; Int8: weights in GGUF blocks multiplied by
+// 8-bit activations with integer dot products (kernels/cpu/qgemm.h).
+enum class DType { F32, BF16, Int8 };
 const char* dtype_name(DType d);
 // True when the CPU multiplies bf16 natively (AVX-512 BF16 or AMX), so bf16 GEMMs run at about
 // twice the f32 rate; without it oneDNN emulates bf16 and f32 is the faster mode.
@@ -20,17 +23,25 @@ bool cpu_has_native_bf16();
 // The `--dtype auto` choice: bf16 where it is native, else f32.
 DType fastest_dtype();
 
-// A weight matrix [N][K] (N outputs, K inputs), row-major as GGUF stores it, in f32 or bf16.
+// A weight matrix [N][K] (N outputs, K inputs), row-major as GGUF stores it: f32 or bf16
+// elements, or (Int8) rows of GGUF blocks of `qtype` (Q8_0, Q4_0 or Q4_1), K / 32 blocks a row.
 struct Matrix {
   int64_t rows = 0;  // N
   int64_t cols = 0;  // K
   DType dtype = DType::F32;
   Buffer<float> f32;      // [N][K] when dtype == F32
   Buffer<uint16_t> bf16;  // [N][K] when dtype == BF16
+  GgmlType qtype = GgmlType::Q8_0;
+  Buffer<uint8_t> q;  // [N][row_bytes()] when dtype == Int8
   const void* data() const {
-    return dtype == DType::F32 ? (const void*)f32.data() : (const void*)bf16.data();
+    return dtype == DType::F32    ? (const void*)f32.data()
+           : dtype == DType::BF16 ? (const void*)bf16.data()
+                                  : q.data();
   }
-  int64_t bytes() const { return rows * cols * (dtype == DType::F32 ? 4 : 2); }
+  int64_t row_bytes() const;  // bytes of one row in its storage
+  int64_t bytes() const { return rows * row_bytes(); }
+  // Row r as f32 (the embedding lookup).
+  void row_f32(int64_t r, float* out) const;
 };
 
 // C[M][N] (row stride ldc) = A[M][K] (row stride lda, f32) x W^T.

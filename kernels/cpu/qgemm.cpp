@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "model/error.h"
 
@@ -172,8 +173,17 @@ void quantize_activations(const float* x, int64_t K, QActBlock* out) {
   for (int64_t b = 0; b < K / kQBlock; ++b) {
     const float* v = x + b * kQBlock;
     float amax = 0;
-    for (int j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
+    bool finite = true;
+    for (int j = 0; j < kQBlock; ++j) {
+      amax = std::max(amax, std::fabs(v[j]));
+      finite = finite && std::isfinite(v[j]);
+    }
     QActBlock& o = out[b];
+    if (!finite) {  // NaN out, as the f32 product would give (never a cast of NaN to int)
+      o.d = o.s = std::numeric_limits<float>::quiet_NaN();
+      std::fill(o.q, o.q + kQBlock, int8_t(0));
+      continue;
+    }
     o.d = amax / 127.f;
     const float id = amax > 0 ? 127.f / amax : 0.f;
     int32_t sum = 0;
@@ -183,6 +193,27 @@ void quantize_activations(const float* x, int64_t K, QActBlock* out) {
       sum += o.q[j];
     }
     o.s = o.d * float(sum);
+  }
+}
+
+void quantize_q8_0(const float* x, int64_t K, uint8_t* out) {
+  if (K % kQBlock != 0) fail("quantize_q8_0: {} values are not a multiple of {}", K, kQBlock);
+  for (int64_t b = 0; b < K / kQBlock; ++b) {
+    const float* v = x + b * kQBlock;
+    uint8_t* blk = out + b * 34;
+    float amax = 0;
+    bool finite = true;
+    for (int j = 0; j < kQBlock; ++j) {
+      amax = std::max(amax, std::fabs(v[j]));
+      finite = finite && std::isfinite(v[j]);
+    }
+    const float d = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
+    const float id = finite && amax > 0 ? 127.f / amax : 0.f;
+    const uint16_t h = f32_to_f16(d);  // NaN or, past f16's range, infinite: the loader refuses it
+    blk[0] = uint8_t(h & 255);
+    blk[1] = uint8_t(h >> 8);
+    for (int j = 0; j < kQBlock; ++j)
+      blk[2 + j] = uint8_t(int8_t(std::clamp(int32_t(std::nearbyint(v[j] * id)), -127, 127)));
   }
 }
 

@@ -32,6 +32,10 @@ struct QActBlock {
 // Quantizes K values (a multiple of kQBlock) into K / kQBlock blocks.
 void quantize_activations(const float* x, int64_t K, QActBlock* out);
 
+// Quantizes K weights (a multiple of kQBlock) into GGUF Q8_0 blocks (34 bytes: f16 scale
+// max|x| / 127, then 32 int8 values round(x / scale)), as llama.cpp's quantizer writes them.
+void quantize_q8_0(const float* x, int64_t K, uint8_t* out);
+
 enum class QKernel { Scalar, Avx2, Avx512Vnni };
 const char* qkernel_name(QKernel k);
 bool qkernel_supported(QKernel k);  // this CPU runs it (cpuid, at run time)

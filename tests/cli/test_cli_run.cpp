@@ -107,6 +107,46 @@ TEST_F(CliErrors, UnsupportedArchitecture) {
                      {"unsupported architecture 'gpt2'"});
 }
 
+// --dtype int8 (weights in GGUF blocks, integer GEMMs): runs on the tiny model (its accuracy is
+// measured on the real one, RealModel.Int8*); refuses rows that do not hold whole blocks of 32, NaN block
+// scales (a Q8_0 tensor kept as stored, and one requantized beside f32 tensors), and the CUDA backend; one
+// line each.
+TEST_F(CliErrors, Int8ModeRunsAndRefusesWhatItCannotHold) {
+  const CliResult ok = run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat sat", "--max-new-tokens",
+                                      "3", "--dtype", "int8", "--json"});
+  ASSERT_TRUE(ok.exited && ok.code == 0) << describe(ok);
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["dtype"], "int8");
+
+  TinyModelSpec s48;
+  s48.n_embd = 48;  // rows of 48 values: one and a half blocks
+  expect_one_line_error(
+      run_cli(dir_, {"run", "--model", testing::write_tiny_model(dir_.file("d48.gguf"), s48), "--prompt",
+                     "the cat", "--dtype", "int8"}),
+      {"d48.gguf", "not a multiple of 32", "--dtype f32"});
+
+  // ffn_down [F = 96][D = 64] as Q8_0: 64 rows of 3 blocks of 34 bytes, zero but one NaN scale.
+  const auto nan_q8 = [](testing::GgufWriterTensor* t, int64_t blocks) {
+    t->type = uint32_t(GgmlType::Q8_0);
+    t->data.assign(size_t(blocks * 34), 0);
+    t->data[34 * 4] = 0x00;  // block 4: f16 0x7E00, a NaN
+    t->data[34 * 4 + 1] = 0x7E;
+  };
+  GgufWriter w = testing::tiny_model_writer();
+  nan_q8(w.find_tensor("blk.1.ffn_down.weight"), 64 * 3);
+  expect_one_line_error(
+      run_cli(dir_, {"run", "--model", write(w, "nan-down.gguf"), "--prompt", "the cat", "--dtype", "int8"}),
+      {"nan-down.gguf", "blk.1.ffn_down.weight", "block scale that is NaN", "row 1, block 1"});
+  // attn_q as Q8_0 beside f32 attn_k/attn_v: the fused matrix is requantized, the NaN found there.
+  GgufWriter w2 = testing::tiny_model_writer();
+  nan_q8(w2.find_tensor("blk.0.attn_q.weight"), 64 * 2);
+  expect_one_line_error(
+      run_cli(dir_, {"run", "--model", write(w2, "nan-q.gguf"), "--prompt", "the cat", "--dtype", "int8"}),
+      {"nan-q.gguf", "blk.0.attn_q.weight", "NaN"});
+  expect_one_line_error(
+      run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--dtype", "int8", "--backend", "cuda"}),
+      {"--dtype int8", "CPU backend only"});
+}
+
 // A model whose attn_q is Q3_K (a real ggml type with a known size that lp does not dequantize).
 // D = 256 so rows hold whole Q3_K blocks (256 elements, 110 bytes). `inspect` only lists types,
 // so only `run` must refuse it.

@@ -35,8 +35,8 @@ CpuContext& ctx() {
 }
 
 const Model& model(DType dt) {
-  static std::unique_ptr<Model> f32, bf16;
-  auto& m = dt == DType::F32 ? f32 : bf16;
+  static std::unique_ptr<Model> f32, bf16, int8;
+  auto& m = dt == DType::F32 ? f32 : dt == DType::BF16 ? bf16 : int8;
   if (!m) m = Model::load(testing::real_model_path(), dt, ctx());
   return *m;
 }
@@ -150,6 +150,63 @@ TEST(RealModel, Bf16Top1AgreesWithF32) {
   std::printf("bf16 vs f32: %lld positions, top-1 agreement %.4f, max logit diff %.3f\n",
               (long long)positions, double(same) / double(positions), worst);
   EXPECT_GE(double(same) / double(positions), 0.95);
+}
+
+// int8 mode on the Q4_1 file: the file's own blocks times 8-bit activations, the arithmetic
+// llama.cpp runs for it. Against our f32 mode (the same weights dequantized) it differs only by the
+// activations' rounding; llama.cpp's Q4_1 run against its f32 run of the same weights (the
+// fixture's q41_vs_f32) shows what that costs: top-1 agreement 1.0, 1.0 and 0.963, logits within
+// 1.6-2.8. Require over all positions at least llama.cpp's agreement less two points (one near-tie
+// flip is 8 points of the 13-position prompt, so not per prompt), the logits within 2x llama.cpp's
+// largest difference, and report both.
+TEST(RealModel, Int8AgreesWithF32AsLlamaCppsQ41Does) {
+  int64_t positions = 0, same = 0;
+  double worst = 0, llama_worst = 0, llama_same = 0;
+  for (const auto& p : fixture()["prompts"]) {
+    const auto ids = p["ids"].get<std::vector<int32_t>>();
+    const auto a = all_logits(model(DType::F32), ids), b = all_logits(model(DType::Int8), ids);
+    const int64_t V = model(DType::F32).config().n_vocab;
+    int64_t ps = 0, ss = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const float* ra = a.data() + t * V;
+      const float* rb = b.data() + t * V;
+      ss += (std::max_element(ra, ra + V) - ra) == (std::max_element(rb, rb + V) - rb);
+      for (int64_t j = 0; j < V; ++j) worst = std::max(worst, double(std::fabs(ra[j] - rb[j])));
+      ++ps;
+    }
+    const auto& q = fixture()["q41_vs_f32"][p["name"].get<std::string>()];
+    llama_worst = std::max(llama_worst, q["max_abs_logit_diff"].get<double>());
+    std::printf("int8 vs f32, %s: %lld positions, top-1 agreement %.4f (llama.cpp Q4_1 vs F32: %.4f)\n",
+                p["name"].get<std::string>().c_str(), (long long)ps, double(ss) / double(ps),
+                q["top1_agreement"].get<double>());
+    llama_same += q["top1_agreement"].get<double>() * double(ps);
+    positions += ps;
+    same += ss;
+  }
+  std::printf(
+      "int8 vs f32: %lld positions, top-1 agreement %.4f, max logit diff %.3f (llama.cpp Q4_1: %.3f)\n",
+      (long long)positions, double(same) / double(positions), worst, llama_worst);
+  EXPECT_GE(double(same) / double(positions), llama_same / double(positions) - 0.02);
+  EXPECT_LE(worst, 2 * llama_worst);
+}
+
+// Greedy continuations of int8 mode and of llama.cpp running the same Q4_1 file: the number of
+// leading tokens they share, reported; the first 4 must agree.
+TEST(RealModel, Int8GreedyContinuationsBesideLlamaCppsQ41) {
+  for (const auto& p : fixture()["prompts"]) {
+    const auto ids = p["ids"].get<std::vector<int32_t>>();
+    const auto want = p["greedy_q41"].get<std::vector<int32_t>>();
+    GenerateOptions opt;
+    opt.max_new_tokens = int(want.size());
+    opt.stop_at_end_of_generation = false;
+    const GenerateResult r = generate(ctx(), model(DType::Int8), ids, opt);
+    size_t prefix = 0;
+    while (prefix < want.size() && prefix < r.generated_ids.size() && r.generated_ids[prefix] == want[prefix])
+      ++prefix;
+    std::printf("int8 vs llama.cpp Q4_1, %s: %zu of %zu greedy tokens equal before the first difference\n",
+                p["name"].get<std::string>().c_str(), prefix, want.size());
+    EXPECT_GE(prefix, 4u) << p["name"];
+  }
 }
 
 }  // namespace
