@@ -69,8 +69,8 @@ float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t n
 
 // Each instruction set's functions carry its target attribute (GCC and clang alike), so the
 // build's own -march never decides what the kernels may use.
-#define LP_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define LP_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define LP_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LP_TARGET_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 // ---- AVX2: vpmaddubsw (u8 x s8 -> pairs of s16) + vpmaddwd (-> 8 x s32 lanes) ----
 namespace avx2 {
@@ -113,6 +113,10 @@ LP_QTARGET inline float reduce8(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+// A block's f16 scale or minimum (F16C: exact, as model/quant's f16_to_f32).
+LP_QTARGET inline float half(const uint8_t* p) {
+  return _cvtsh_ss(load_u16(p));
 }
 // 16 ymm registers: 4 x 2 tiles (8 accumulators) keep the weights' vectors in registers too
 // (2 x 4 and 4 x 4 ran 1.4-2.4x slower, 2 x 2 1.4x; BM_QGemm Q8_0 512 x 576 x 3072, 2026-11-24).
@@ -158,11 +162,14 @@ LP_QTARGET inline float reduce8(__m256 v) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
+LP_QTARGET inline float half(const uint8_t* p) {
+  return _cvtsh_ss(load_u16(p));
+}
 // 32 ymm registers with AVX-512VL. Tall tiles share each weight block's preparation over more
 // rows: Q8_0 512 x 576 x 3072 took 11.1 ms in 8 x 2, 12.7 in 6 x 2, 14.0 in 4 x 2, 16.4 in 4 x 4,
 // 24.8 in 2 x 4; Q4_1 (a scalar minimum term per pair) 19.9 in 6 x 2, 21.9 in 4 x 4, 29.7 in 8 x 2
 // (BM_QGemm, medians of 3, 2026-11-24, AMD EPYC).
-constexpr int kMR = 8, kNR = 2, kMR1 = 6, kNR1 = 2;
+constexpr int kMR = 8, kNR = 2, kMR1 = 8, kNR1 = 2;
 #include "kernels/cpu/qgemm_tile.inc"
 #undef LP_QTARGET
 }  // namespace
@@ -235,11 +242,13 @@ bool qkernel_supported(QKernel k) {
     case QKernel::Scalar:
       return true;
     case QKernel::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
     case QKernel::Avx512Vnni:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
