@@ -160,6 +160,7 @@ void cold_shapes(benchmark::internal::Benchmark* b) {
     b->Args({m, 1536, 576});
     b->Args({m, 576, 576});
   }
+  b->Args({512, 4096, 4096});  // Llama-3.1-8B's attention output (BM_QGemm has it too)
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_Gemm_ColdWeights)->Apply(cold_shapes);

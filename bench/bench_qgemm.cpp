@@ -108,17 +108,18 @@ void BM_QGemm(benchmark::State& st) {
     st.SkipWithError("this CPU lacks the instructions");
     return;
   }
-  const int64_t bytes = lp::type_info(uint32_t(t))->block_bytes * (K / lp::kQBlock) * N;
+  const int64_t bytes = *lp::type_bytes(t, K) * N;
   std::mt19937 rng(1);
   std::vector<std::vector<uint8_t>> ws(16, std::vector<uint8_t>(static_cast<size_t>(bytes)));
   for (auto& w : ws) {
     for (auto& b : w) b = uint8_t(rng());
-    // Scales of 0.01 (f16 0x211f) at the start of every block.
+    // Scales (and Q4_1's minimum, Q4_K's dmin) of 0.01 (f16 0x211f) at the start of every block.
     const int64_t bb = lp::type_info(uint32_t(t))->block_bytes;
-    for (int64_t i = 0; i < bytes; i += bb) {
-      w[size_t(i)] = 0x1f;
-      w[size_t(i + 1)] = 0x21;
-    }
+    for (int64_t i = 0; i < bytes; i += bb)
+      for (int64_t j = 0; j < 4; j += 2) {
+        w[size_t(i + j)] = 0x1f;
+        w[size_t(i + j + 1)] = 0x21;
+      }
   }
   std::vector<float> a(static_cast<size_t>(M * K)), c(static_cast<size_t>(M * N));
   std::uniform_real_distribution<float> u(-1, 1);
@@ -134,13 +135,19 @@ void BM_QGemm(benchmark::State& st) {
                                             benchmark::Counter::kIsIterationInvariantRate);
 }
 void qgemm_shapes(benchmark::internal::Benchmark* b) {
-  for (int k : {0, 1, 2})
+  for (int k : {0, 1, 2}) {
     for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1)})
       for (int64_t m : {64, 512}) {
         b->Args({k, t, m, 576, 3072});
         b->Args({k, t, m, 1536, 576});
         b->Args({k, t, m, 576, 576});
       }
+    // Llama-3.1-8B's attention output shape (K-quants need rows of whole 256-blocks; SmolLM2's 576
+    // are not), every type.
+    for (int t :
+         {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1), int(lp::GgmlType::Q4_K)})
+      b->Args({k, t, 512, 4096, 4096});
+  }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_QGemm)->Apply(qgemm_shapes);

@@ -79,7 +79,7 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option(
          "--dtype", a.dtype,
          "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
-         "kept in the file's Q8_0/Q4_0/Q4_1 blocks, others requantized to Q8_0, 8-bit activations, "
+         "kept in the file's Q8_0/Q4_0/Q4_1/Q4_K blocks, others requantized to Q8_0, 8-bit activations, "
          "integer dot products), or auto: bf16 with --backend cuda; on the CPU bf16 where it has native "
          "bf16 (AVX-512 BF16/AMX), else f32")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));

@@ -66,12 +66,14 @@ Matrix load_int8(const GgufFile& f, std::vector<const GgufTensor*> ts, Matrix m,
   }
   // Scales no arithmetic survives (a file's NaN or infinite f16, or a requantized NaN): refused,
   // naming the tensor.
-  const int64_t bb = *type_bytes(m.qtype, kQBlock), nb = K / kQBlock;
+  const TypeInfo info = *type_info(uint32_t(m.qtype));
+  const int64_t bb = info.block_bytes, nb = K / info.block_elems;
+  const int scales = m.qtype == GgmlType::Q4_1 || m.qtype == GgmlType::Q4_K ? 2 : 1;  // d (and m / dmin)
   for (int64_t r = 0, ti = 0, t_end = ts[0]->rows(); r < m.rows; ++r) {
     while (r >= t_end) t_end += ts[size_t(++ti)]->rows();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = m.q.data() + r * out_bytes + b * bb;
-      for (int k = 0; k < (m.qtype == GgmlType::Q4_1 ? 2 : 1); ++k) {
+      for (int k = 0; k < scales; ++k) {
         const uint16_t h = uint16_t(blk[2 * k] | (blk[2 * k + 1] << 8));
         if ((h & 0x7C00) == 0x7C00)
           fail("{}: tensor '{}' has a block scale that is {} (row {}, block {})", f.path(),

@@ -1,5 +1,6 @@
 #include "kernels/cpu/qgemm.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <tbb/blocked_range2d.h>
 #include <tbb/parallel_for.h>
@@ -15,27 +16,91 @@ namespace lp {
 
 namespace {
 
-constexpr int64_t block_bytes(GgmlType t) {
-  return t == GgmlType::Q8_0 ? 34 : t == GgmlType::Q4_0 ? 18 : 20;
-}
-
 inline uint16_t load_u16(const uint8_t* p) {
   return uint16_t(p[0] | (p[1] << 8));  // little-endian, as GGUF stores it
 }
 
-// One weight block as 32 int8 values in element order: Q8_0's bytes; Q4_0's nibbles minus 8;
-// Q4_1's nibbles (0..15; the scale and minimum are applied outside). Element j < 16 is the low
-// nibble of byte j, element j >= 16 the high nibble of byte j - 16.
-void decode_scalar(GgmlType t, const uint8_t* blk, int8_t* w) {
+// Every type here is read as blocks of 32 weights: Q8_0, Q4_0 and Q4_1 are such blocks; a Q4_K
+// super-block of 256 is 8 of them, sub-block j with scale d * sc[j] and minimum -dmin * mn[j]
+// (sc, mn: 6-bit, docs/gguf.md), its 32 nibbles the low (j even) or high (j odd) halves of the 32
+// bytes qs[32 (j / 2) ...]. Weights multiply as signed int8 (Q8_0; Q4_0's nibbles minus 8) or as
+// unsigned nibbles with a per-block minimum (Q4_1, Q4_K).
+constexpr bool is_signed(GgmlType t) {
+  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0;
+}
+constexpr bool has_min(GgmlType t) {
+  return t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
+}
+constexpr int64_t block_bytes(GgmlType t) {  // of the type's own block (256 weights for Q4_K)
+  return t == GgmlType::Q8_0 ? 34 : t == GgmlType::Q4_0 ? 18 : t == GgmlType::Q4_1 ? 20 : 144;
+}
+// The bytes holding block b's quants (Q4_K: the 32 bytes its nibbles share with its pair).
+inline const uint8_t* quants(GgmlType t, const uint8_t* row, int64_t b) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return row + b * 34 + 2;
+    case GgmlType::Q4_0:
+      return row + b * 18 + 2;
+    case GgmlType::Q4_1:
+      return row + b * 20 + 4;
+    default:
+      return row + (b >> 3) * 144 + 16 + ((b & 7) >> 1) * 32;
+  }
+}
+// The f16 scale (and minimum) bits of block b, and Q4_K's 6-bit multipliers of them.
+struct BlockScale {
+  uint16_t d = 0, m = 0;
+  int sc = 1, mn = 1;
+};
+inline BlockScale block_scale(GgmlType t, const uint8_t* row, int64_t b) {
+  if (t != GgmlType::Q4_K) {
+    const uint8_t* blk = row + b * block_bytes(t);
+    return {load_u16(blk), t == GgmlType::Q4_1 ? load_u16(blk + 2) : uint16_t(0), 1, 1};
+  }
+  const uint8_t* sb = row + (b >> 3) * 144;
+  const uint8_t* p = sb + 4;
+  const int j = int(b & 7);
+  BlockScale s{load_u16(sb), load_u16(sb + 2), 0, 0};
+  if (j < 4) {
+    s.sc = p[j] & 63;
+    s.mn = p[j + 4] & 63;
+  } else {
+    s.sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
+    s.mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+  }
+  return s;
+}
+// The block's scale and minimum as f32, from the f16 values `h` converts: Q4_K's d * sc and
+// -(dmin * mn), each one rounding.
+template <class Half>
+inline void block_scale_f32(GgmlType t, const BlockScale& s, Half h, float* d, float* m) {
+  if (t == GgmlType::Q4_K) {
+    *d = h(s.d) * float(s.sc);
+    *m = -(h(s.m) * float(s.mn));
+  } else {
+    *d = h(s.d);
+    *m = t == GgmlType::Q4_1 ? h(s.m) : 0.f;
+  }
+}
+
+// One weight block as 32 int8 values in element order.
+void decode_scalar(GgmlType t, const uint8_t* row, int64_t b, int8_t* w) {
+  const uint8_t* q = quants(t, row, b);
   if (t == GgmlType::Q8_0) {
-    std::memcpy(w, blk + 2, kQBlock);
+    std::memcpy(w, q, kQBlock);
     return;
   }
-  const uint8_t* qs = blk + (t == GgmlType::Q4_0 ? 2 : 4);
+  if (t == GgmlType::Q4_K) {
+    const int shift = (b & 1) ? 4 : 0;
+    for (int j = 0; j < kQBlock; ++j) w[j] = int8_t((q[j] >> shift) & 15);
+    return;
+  }
+  // Q4_0 / Q4_1: element j < 16 is the low nibble of byte j, element j >= 16 the high nibble of
+  // byte j - 16.
   const int off = t == GgmlType::Q4_0 ? 8 : 0;
   for (int j = 0; j < 16; ++j) {
-    w[j] = int8_t((qs[j] & 15) - off);
-    w[j + 16] = int8_t((qs[j] >> 4) - off);
+    w[j] = int8_t((q[j] & 15) - off);
+    w[j + 16] = int8_t((q[j] >> 4) - off);
   }
 }
 
@@ -48,19 +113,19 @@ float reduce8_scalar(const float* a) {
 }
 
 float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t nb) {
-  const int64_t bytes = block_bytes(t);
   float acc[8] = {}, corr = 0;
   int8_t w[kQBlock];
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w_row + b * bytes;
-    decode_scalar(t, blk, w);
-    const float scale = f16_to_f32(load_u16(blk)) * a[b].d;
+    decode_scalar(t, w_row, b, w);
+    float dw, mw;
+    block_scale_f32(t, block_scale(t, w_row, b), f16_to_f32, &dw, &mw);
+    const float scale = dw * a[b].d;
     for (int l = 0; l < 8; ++l) {
       int32_t s = 0;
       for (int j = 4 * l; j < 4 * l + 4; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
       acc[l] = std::fma(float(s), scale, acc[l]);
     }
-    if (t == GgmlType::Q4_1) corr = std::fma(f16_to_f32(load_u16(blk + 2)), a[b].s, corr);
+    if (has_min(t)) corr = std::fma(mw, a[b].s, corr);
   }
   return reduce8_scalar(acc) + corr;
 }
@@ -77,11 +142,15 @@ namespace avx2 {
 namespace {
 #define LP_QTARGET LP_TARGET_AVX2
 template <GgmlType T>
-LP_QTARGET inline __m256i load_w(const uint8_t* blk) {
+LP_QTARGET inline __m256i load_w(const uint8_t* row, int64_t b) {
+  const uint8_t* q = quants(T, row, b);
   if constexpr (T == GgmlType::Q8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  } else if constexpr (T == GgmlType::Q4_K) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    return _mm256_and_si256((b & 1) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
   } else {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == GgmlType::Q4_0 ? 2 : 4)));
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
     const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15));
     const __m256i w = _mm256_set_m128i(hi, lo);
@@ -114,9 +183,11 @@ LP_QTARGET inline float reduce8(__m256 v) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
-// A block's f16 scale or minimum (F16C: exact, as model/quant's f16_to_f32).
-LP_QTARGET inline float half(const uint8_t* p) {
-  return _cvtsh_ss(load_u16(p));
+// Block b's scale and minimum, f16 converted by F16C (exact, as model/quant's f16_to_f32).
+template <GgmlType T>
+LP_QTARGET inline void scales(const uint8_t* row, int64_t b, float* d, float* m) {
+  block_scale_f32(
+      T, block_scale(T, row, b), [](uint16_t h) LP_QTARGET { return _cvtsh_ss(h); }, d, m);
 }
 // 16 ymm registers: 4 x 2 tiles (8 accumulators) keep the weights' vectors in registers too
 // (2 x 4 and 4 x 4 ran 1.4-2.4x slower, 2 x 2 1.4x; BM_QGemm Q8_0 512 x 576 x 3072, 2026-11-24).
@@ -131,8 +202,8 @@ namespace vnni {
 namespace {
 #define LP_QTARGET LP_TARGET_VNNI
 template <GgmlType T>
-LP_QTARGET inline __m256i load_w(const uint8_t* blk) {
-  return avx2::load_w<T>(blk);  // AVX2's subset of this target: inlined
+LP_QTARGET inline __m256i load_w(const uint8_t* row, int64_t b) {
+  return avx2::load_w<T>(row, b);  // AVX2's subset of this target: inlined
 }
 // Signed weights: vpdpbusd multiplies unsigned by signed, so the activations go in as q + 128
 // and the lanes start at -128 * (sum of their 4 weights), computed once per weight block.
@@ -162,8 +233,10 @@ LP_QTARGET inline float reduce8(__m256 v) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
-LP_QTARGET inline float half(const uint8_t* p) {
-  return _cvtsh_ss(load_u16(p));
+template <GgmlType T>
+LP_QTARGET inline void scales(const uint8_t* row, int64_t b, float* d, float* m) {
+  block_scale_f32(
+      T, block_scale(T, row, b), [](uint16_t h) LP_QTARGET { return _cvtsh_ss(h); }, d, m);
 }
 // 32 ymm registers with AVX-512VL. Tall tiles share each weight block's preparation over more
 // rows: Q8_0 512 x 576 x 3072 took 11.1 ms in 8 x 2, 12.7 in 6 x 2, 14.0 in 4 x 2, 16.4 in 4 x 4,
@@ -236,19 +309,25 @@ const char* qkernel_name(QKernel k) {
   return "?";
 }
 
+namespace {
+// cpuid leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+}  // namespace
+
 bool qkernel_supported(QKernel k) {
   __builtin_cpu_init();
   switch (k) {
     case QKernel::Scalar:
       return true;
     case QKernel::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case QKernel::Avx512Vnni:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512vnni");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() &&
+             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
@@ -268,7 +347,7 @@ std::vector<QKernel> supported_qkernels() {
 }
 
 bool qgemm_supports(GgmlType t) {
-  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1;
+  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
 }
 
 namespace {
@@ -295,9 +374,10 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
 void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
            int64_t N, int64_t K, float* C, int64_t ldc) {
   check(k, t);
-  if (K % kQBlock != 0) fail("qgemm: K = {} is not a multiple of {}", K, kQBlock);
+  const auto row = type_bytes(t, K);
+  if (!row) fail("qgemm: K = {} is not a whole number of {} blocks", K, type_info(uint32_t(t))->name);
   if (M == 0 || N == 0) return;
-  const int64_t nb = K / kQBlock, row_bytes = nb * block_bytes(t);
+  const int64_t nb = K / kQBlock, row_bytes = *row;
   const auto* w = static_cast<const uint8_t*>(W);
   thread_local std::vector<QActBlock> qa;
   qa.resize(size_t(M * nb));

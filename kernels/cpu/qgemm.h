@@ -1,6 +1,6 @@
-// Integer GEMMs over weights kept in their GGUF block format (issue 20, docs/cpu-kernels.md,
-// "Quantized GEMMs"). Activations are quantized per block of 32 to 8 bits (round to nearest,
-// scale max|x| / 127, as llama.cpp's q8_0 does), each (activation block, weight block) pair is an
+// Integer GEMMs over weights kept in their GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K; issue 20,
+// docs/cpu-kernels.md, "Quantized GEMMs"). Activations are quantized per block of 32 to 8 bits (round to
+// nearest, scale max|x| / 127, as llama.cpp's q8_0 does), each (activation block, weight block) pair is an
 // exact integer dot product, and the per-block scales are applied in f32.
 //
 // Three kernels compute every product, chosen at run time (never assumed from the build):

@@ -5,29 +5,35 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/context.h"
 #include "kernels/cpu/qgemm.h"
+#include "kernels/weights.h"
+#include "model/config.h"
 #include "model/error.h"
+#include "model/gguf.h"
 #include "model/quant.h"
+#include "tests/gguf_writer.h"
+#include "tests/test_util.h"
 
 namespace lp {
 namespace {
 
-constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1};
+constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K};
 
 int64_t block_bytes(GgmlType t) {
   return type_info(uint32_t(t))->block_bytes;
 }
 
-// Random blocks of type t: every byte of the quants random (Q8_0's -128 included), scales f16 in
-// [0.001, 0.1), Q4_1's minimum in [-0.1, 0.1).
+// Random blocks of type t: every byte of the quants (and Q4_K's 6-bit sub-scales) random, Q8_0's
+// -128 included; scales f16 in [0.001, 0.1), Q4_1's minimum and Q4_K's dmin in [-0.1, 0.1).
 std::vector<uint8_t> random_rows(GgmlType t, int64_t rows, int64_t K, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> scale(0.001f, 0.1f), minimum(-0.1f, 0.1f);
-  const int64_t nb = K / kQBlock, bytes = block_bytes(t);
+  const int64_t nb = K / type_info(uint32_t(t))->block_elems, bytes = block_bytes(t);
   std::vector<uint8_t> w(size_t(rows * nb * bytes));
   for (int64_t i = 0; i < rows * nb; ++i) {
     uint8_t* blk = w.data() + i * bytes;
@@ -35,7 +41,7 @@ std::vector<uint8_t> random_rows(GgmlType t, int64_t rows, int64_t K, uint32_t s
     const uint16_t d = f32_to_f16(scale(rng));
     blk[0] = uint8_t(d & 255);
     blk[1] = uint8_t(d >> 8);
-    if (t == GgmlType::Q4_1) {
+    if (t == GgmlType::Q4_1 || t == GgmlType::Q4_K) {
       const uint16_t m = f32_to_f16(minimum(rng));
       blk[2] = uint8_t(m & 255);
       blk[3] = uint8_t(m >> 8);
@@ -107,7 +113,7 @@ TEST(QGemm, DotIsTheMathOfTheDequantizedBlocks) {
 // Every kernel this CPU runs gives the scalar twin's bits, over M and N that are not multiples of
 // the 4 x 4 tiles or the 64 x 64 chunks, with row strides wider than the rows, on 1 and 2 threads.
 TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
-  const int64_t M = 37, N = 70, K = 96, lda = K + 5, ldc = N + 3, nb = K / kQBlock;
+  const int64_t M = 37, N = 70, K = 512, lda = K + 5, ldc = N + 3, nb = K / kQBlock;
   const std::vector<float> A = random_floats(M * lda, 3);
   CpuContext one(1), two(2);
   for (GgmlType t : kTypes) {
@@ -120,7 +126,7 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
       quantize_activations(A.data() + m * lda, K, a.data());
       for (int64_t n = 0; n < N; n += 7)
         EXPECT_EQ(ref[size_t(m * ldc + n)],
-                  qdot(QKernel::Scalar, t, W.data() + n * nb * block_bytes(t), a.data(), nb));
+                  qdot(QKernel::Scalar, t, W.data() + n * *type_bytes(t, K), a.data(), nb));
     }
     for (QKernel k : supported_qkernels())
       for (CpuContext* ctx : {&one, &two}) {
@@ -147,6 +153,43 @@ TEST(QGemm, RefusesWhatItCannotMultiply) {
   EXPECT_FALSE(qgemm_supports(GgmlType::F32));
   EXPECT_EQ(supported_qkernels().front(), QKernel::Scalar);
   EXPECT_TRUE(qkernel_supported(best_qkernel()));
+}
+
+}  // namespace
+}  // namespace lp
+
+namespace lp {
+namespace {
+
+// --dtype int8 at load: a Q4_K tensor is kept as stored (its bytes, not a copy through f32), a
+// matrix of f32 tensors is requantized to Q8_0 (each row's blocks as quantize_q8_0 writes them).
+TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
+  testing::TinyModelSpec spec;
+  spec.n_embd = 256;  // rows of whole Q4_K super-blocks
+  spec.n_ff = 256;
+  spec.n_layer = 1;
+  testing::GgufWriter w = testing::tiny_model_writer(spec);
+  testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");  // [256][256]
+  ASSERT_NE(o, nullptr);
+  o->type = uint32_t(GgmlType::Q4_K);
+  o->data = random_rows(GgmlType::Q4_K, 256, 256, 9);
+  testing::TempDir dir;
+  const std::string path = dir.file("q4k.gguf");
+  w.write(path);
+  const GgufFile f = GgufFile::open(path);
+  CpuContext ctx(2);
+  const Weights wt = load_weights(f, config_from_gguf(f), DType::Int8, ctx);
+  const Matrix& wo = wt.layers[0].wo;
+  EXPECT_EQ(wo.qtype, GgmlType::Q4_K);
+  ASSERT_EQ(wo.bytes(), int64_t(o->data.size()));
+  EXPECT_EQ(std::memcmp(wo.q.data(), o->data.data(), o->data.size()), 0);
+  const Matrix& down = wt.layers[0].w_down;
+  EXPECT_EQ(down.qtype, GgmlType::Q8_0);
+  std::vector<float> row(static_cast<size_t>(down.cols));
+  dequantize(GgmlType::F32, f.tensor("blk.0.ffn_down.weight").data, row.data(), down.cols);
+  std::vector<uint8_t> q8(static_cast<size_t>(*type_bytes(GgmlType::Q8_0, down.cols)));
+  quantize_q8_0(row.data(), down.cols, q8.data());
+  EXPECT_EQ(std::memcmp(down.q.data(), q8.data(), q8.size()), 0);
 }
 
 }  // namespace
