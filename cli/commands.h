@@ -107,6 +107,7 @@ struct RunArgs {
   std::string prune = "none", schedule, trace;
   std::string backend = "cpu";
   bool op_timers = false;
+  std::string warmup = "auto";  // auto (on with --backend cuda), on, off
 };
 CLI::App* add_run(CLI::App& app, RunArgs& a);
 int cmd_run(const RunArgs& a, const CLI::App& sub);

@@ -88,6 +88,11 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_flag(
       "--op-timers", a.op_timers,
       "With --backend cuda: time every op (the GPU synchronised around each) and put them in --json");
+  run->add_option("--warmup", a.warmup,
+                  "Run the prefill and one decoding step once, untimed, before the timed run (the caches "
+                  "emptied between): on, off, or auto (on with --backend cuda, whose first launches load "
+                  "kernels and create the cuBLAS handle; off on the CPU)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   run->add_flag("--chat", a.chat, "Wrap the prompt in the model's chat template (ChatML)");
   run->add_flag("--json", a.json_out, "Print one JSON object");
   run->add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")
@@ -158,6 +163,7 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
   opt.prune_seed = a.seed;
   opt.record_steps = !a.trace.empty();
   if (a.backend == "cuda") opt.gpu_op_timers = a.op_timers;
+  opt.warmup = a.warmup == "on" || (a.warmup == "auto" && a.backend == "cuda");
   // One engine (engine/session.h) on the chosen backend.
   const lp::GenerateResult r =
       a.backend == "cuda"

@@ -82,6 +82,7 @@ json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& 
   j["generated_ids"] = r.generated_ids;
   j["ttft_ms"] = r.ttft_s * 1e3;
   j["prefill_ms"] = r.prefill_s * 1e3;
+  j["warmup_ms"] = r.warmup_s * 1e3;  // 0: no warm-up (run --warmup)
   j["prefill_tokens_per_s"] = double(r.prompt_ids.size()) / r.prefill_s;
   j["prefill_gflops"] = r.prefill_ops.total_flops() / r.prefill_s / 1e9;
   j["decode_tokens_per_s"] = r.decode_steps > 0 ? double(r.decode_steps) / r.decode_s : 0.0;

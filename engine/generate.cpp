@@ -48,6 +48,25 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
     req = {r.prune_steps, policy.get()};
   }
 
+  if (opt.warmup) {
+    const auto w0 = Clock::now();
+    std::unique_ptr<PruningPolicy> wp = policy ? make_policy(opt.policy, opt.prune_seed) : nullptr;
+    PruneRequest wreq{r.prune_steps, wp.get()};
+    trace::Step ws;
+    s.forward(prompt_ids, pos, {&last, 1}, logits.data(), wp ? &wreq : nullptr, &ws, nullptr);
+    if (n_new > 1) {  // the decoding kernels (key splits, re-selection, revival) too
+      const int32_t tok = argmax(logits), p = int32_t(T);
+      const int64_t row = 0;
+      if (wp)
+        s.decode_step(tok, p, logits.data(), wreq, &ws, nullptr);
+      else
+        s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &ws, nullptr);
+    }
+    s.backend().synchronize();
+    s.reset();
+    r.warmup_s = std::chrono::duration<double>(Clock::now() - w0).count();
+  }
+
   const auto t0 = Clock::now();
   s.forward(prompt_ids, pos, {&last, 1}, logits.data(), policy ? &req : nullptr, &r.prefill_stats,
             prefill_ops);

@@ -29,6 +29,11 @@ struct GenerateOptions {
   // Time every op on an asynchronous backend (a GPU: the device is synchronised around each op, so
   // TTFT grows by the lost overlap). A synchronous backend (the CPU) always times its ops.
   bool gpu_op_timers = false;
+  // Before the timed prefill, run the same prefill (same policy and seed) and one decoding step,
+  // then empty the caches (Session::reset): a GPU's first launches load kernel modules, create the
+  // cuBLAS handle and grow the allocator's pool, one-off costs a serving process has paid before
+  // its first request (llama-bench likewise runs a warm-up). The result is unchanged by it.
+  bool warmup = false;
 };
 
 struct GenerateResult {
@@ -38,6 +43,7 @@ struct GenerateResult {
   double ttft_s = 0;  // prefill + first token sampled
   double prefill_s = 0;
   double decode_s = 0;       // all decoding steps after the first token
+  double warmup_s = 0;       // the untimed warm-up (GenerateOptions::warmup), 0 without one
   int64_t decode_steps = 0;  // forward passes after prefill
   OpTimers prefill_ops, decode_ops;
   std::vector<float> last_prefill_logits;      // [V] logits of the last prompt token

@@ -94,6 +94,24 @@ TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
   EXPECT_NE(r.out.find("held out (leave-one-out)"), std::string::npos) << r.out;
 }
 
+// Our own GPU measurements (tests/fixtures/measurements/README.md): SmolLM2-135M runs and the
+// Llama-3.1-8B shape of lp_gpu_bench on one H100. The datasheet profile misses them by ~77% (our
+// attention runs on CUDA cores in f32, and the tiny model's kernels are launch-bound); fitted on
+// both models it must hold every point out within reach (5.9% measured when the fixture was made).
+TEST_F(CliSim, CalibrateOnMeasuredH100RunsOfTwoModels) {
+  const std::string csv = std::string(LP_SOURCE_DIR) + "/tests/fixtures/measurements/lazyprefill-h100.csv";
+  const std::string out = dir_.file("h100.json");
+  const auto r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "h100-sxm", "--engine", "lazyprefill",
+                                "--out", out, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto cal = nlohmann::json::parse(slurp_text(out))["calibration"];
+  EXPECT_EQ(cal["ttft_points"], 21);
+  EXPECT_EQ(cal["decode_points"], 5);
+  EXPECT_GT(cal["ttft_mape_pct"]["base"].get<double>(), 50);
+  EXPECT_LT(cal["ttft_mape_pct"]["held_out"].get<double>(), 8);
+  EXPECT_LT(cal["decode_mape_pct"]["held_out"].get<double>(), 12);
+}
+
 TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
   const std::string out = dir_.file("never.json");
   const auto calibrate = [&](const std::string& text, std::vector<std::string> extra = {}) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -75,9 +76,29 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
   // bf16: 3e-3 of (1 + the largest logit). On the tiny model the two bf16 paths differ by at most
   // 0.006 (scale 2.9, bound 0.012), while f32 weights on one side and bf16 on the other differ
   // by 0.017, which fails.
-  EXPECT_LT(worst, (dtype == DType::F32 ? 1e-3f : 3e-3f) * (1 + scale)) << path << " " << dtype_name(dtype);
-  EXPECT_EQ(std::max_element(l_gpu.begin(), l_gpu.end()) - l_gpu.begin(),
-            std::max_element(l_cpu.begin(), l_cpu.end()) - l_cpu.begin());
+  const float tol = (dtype == DType::F32 ? 1e-3f : 3e-3f) * (1 + scale);
+  EXPECT_LT(worst, tol) << path << " " << dtype_name(dtype);
+  // The same argmax, unless the CPU's two best logits lie within the two paths' own disagreement
+  // (2 x tol): such a near-tie is decided by summation order, not by the arithmetic under test
+  // (the first GPU run met one with bf16 weights on the tiny random model). Then the GPU's pick
+  // must be one of the tied candidates: within 2 x tol of the CPU's best.
+  const auto a_cpu = size_t(std::max_element(l_cpu.begin(), l_cpu.end()) - l_cpu.begin());
+  const auto a_gpu = size_t(std::max_element(l_gpu.begin(), l_gpu.end()) - l_gpu.begin());
+  float second = -INFINITY;
+  for (size_t i = 0; i < l_cpu.size(); ++i)
+    if (i != a_cpu) second = std::max(second, l_cpu[i]);
+  const float gap = l_cpu[a_cpu] - second;
+  if (gap > 2 * tol)
+    EXPECT_EQ(a_gpu, a_cpu) << path << " " << dtype_name(dtype) << ": top-2 gap " << gap << ", tolerance "
+                            << tol;
+  else {
+    std::printf(
+        "note: %s %s: the CPU's top-2 logits are %g apart (tolerance %g): the GPU picked %zu, the CPU %zu\n",
+        path.c_str(), dtype_name(dtype), double(gap), double(tol), a_gpu, a_cpu);
+    EXPECT_GE(l_cpu[a_gpu], l_cpu[a_cpu] - 2 * tol)
+        << path << " " << dtype_name(dtype) << ": near-tie (gap " << gap << ") but the GPU picked token "
+        << a_gpu << " at " << l_cpu[a_gpu] << " against the CPU's best " << l_cpu[a_cpu];
+  }
 }
 
 // Generation with LazyLLM in prefill and decoding (re-selection and revival every step): one engine
