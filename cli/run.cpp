@@ -37,7 +37,10 @@ using json = nlohmann::ordered_json;
 lp::cuda::Device check_cuda_backend(const std::string& path, lp::DType dtype) {
   const lp::cuda::Device d = lp::cuda::open_device();  // one line saying why not, else the GPU
   const lp::ModelConfig c = lp::config_from_gguf(lp::GgufFile::open(path));
-  const double weight_bytes = double(c.n_params()) * (dtype == lp::DType::F32 ? 4 : 2);
+  // int8: blocks as stored, or Q8_0 (34 bytes per 32 weights) for the types requantized: at most that.
+  const double weight_bytes = double(c.n_params()) * (dtype == lp::DType::F32    ? 4
+                                                      : dtype == lp::DType::BF16 ? 2
+                                                                                 : 34.0 / 32);
   if (weight_bytes > double(d.free_bytes))
     lp::fail(
         "the model needs {:.2f} GiB on the GPU for its {} weights alone but {} has {:.2f} GiB free of {:.2f}",
@@ -56,11 +59,7 @@ lp::DType parse_dtype(const std::string& s, const std::string& backend) {
   if (s == "auto") return backend == "cuda" ? lp::DType::BF16 : lp::fastest_dtype();
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
-  if (s == "int8") {
-    if (backend == "cuda")
-      lp::usage_fail("--dtype int8 runs on the CPU backend only (for now); use --dtype bf16");
-    return lp::DType::Int8;
-  }
+  if (s == "int8") return lp::DType::Int8;
   lp::usage_fail("--dtype must be auto, f32, bf16 or int8, got '{}'", s);
 }
 
@@ -80,7 +79,8 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
          "--dtype", a.dtype,
          "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
          "kept in the file's Q8_0/Q4_0/Q4_1/Q4_K blocks, others requantized to Q8_0, 8-bit activations, "
-         "integer dot products), or auto: bf16 with --backend cuda; on the CPU bf16 where it has native "
+         "integer dot products; with --backend cuda the blocks stay on the GPU and multiply bf16 "
+         "activations), or auto: bf16 with --backend cuda; on the CPU bf16 where it has native "
          "bf16 (AVX-512 BF16/AMX), else f32")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   run->add_option("--backend", a.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")

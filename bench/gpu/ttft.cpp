@@ -8,7 +8,7 @@
 // Each figure is the median of 5 runs (--runs) after a warm-up, same process, same GPU. Without a GPU it
 // prints why and exits 77.
 // Usage: lp_gpu_bench [TOKENS (4096)] [--shape PRESET (llama-3.1-8b)] [--layers N] [--runs N]
-//                     [--no-default-model]
+//                     [--no-default-model] [--int8 (the shape again with random Q8_0 weights)]
 // (--layers keeps the first N layers of the shape, so a model too big for one GPU can be timed
 // per layer). Built a second time over the host emulation (lp_gpu_bench_on_host), where ctest runs
 // it on a small shape so that its code has run before a GPU does; its times there mean nothing.
@@ -66,8 +66,9 @@ double median_ms(const std::function<void()>& f) {
   return t[t.size() / 2];
 }
 
-// Random bf16 weights of a preset's shape (a cheap generator: values in about [-0.02, 0.02]).
-std::unique_ptr<Model> random_model(const std::string& preset, int layers) {
+// Random bf16 weights of a preset's shape (a cheap generator: values in about [-0.02, 0.02]), or
+// with int8 random Q8_0 blocks (--dtype int8 on the GPU: scale 0.02 / 127, random quants).
+std::unique_ptr<Model> random_model(const std::string& preset, int layers, bool int8) {
   ModelConfig c = preset_config(preset);
   if (layers > 0) c.n_layer = std::min(c.n_layer, layers);
   uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -75,6 +76,21 @@ std::unique_ptr<Model> random_model(const std::string& preset, int layers) {
     Matrix m;
     m.rows = rows;
     m.cols = cols;
+    if (int8) {
+      m.dtype = DType::Int8;
+      m.qtype = GgmlType::Q8_0;
+      m.q.resize(rows * m.row_bytes(), false);
+      const uint16_t d = f32_to_f16(0.02f / 127);
+      uint8_t* p = m.q.data();
+      for (int64_t b = 0; b < rows * cols / 32; ++b, p += 34) {
+        p[0] = uint8_t(d & 255), p[1] = uint8_t(d >> 8);
+        for (int j = 0; j < 32; j += 8) {
+          state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+          std::memcpy(p + 2 + j, &state, 8);
+        }
+      }
+      return m;
+    }
     m.dtype = DType::BF16;
     m.bf16.resize(rows * cols, false);
     uint16_t* p = m.bf16.data();
@@ -88,7 +104,7 @@ std::unique_ptr<Model> random_model(const std::string& preset, int layers) {
     return m;
   };
   Weights w;
-  w.dtype = DType::BF16;
+  w.dtype = int8 ? DType::Int8 : DType::BF16;
   const int64_t D = c.n_embd, F = c.n_ff, Q = int64_t(c.n_head) * c.head_dim,
                 KV = int64_t(c.n_head_kv) * c.head_dim;
   w.tok_embd = fill(c.n_vocab, D);
@@ -127,7 +143,8 @@ void ttft_rows(const Model& m, int64_t T) {
   const int64_t last = T - 1;
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   double base_ms = 0, base_flops = 0;
-  Session s(m, cuda::make_backend(c, m.weights(), T));  // weights uploaded once, outside the timings
+  // Weights uploaded once, outside the timings; room for the decoding steps timed after the prefill.
+  Session s(m, cuda::make_backend(c, m.weights(), T + g_runs + 2));
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3", "0.1:0.5,0.3:0.5,0.5:0.5"}) {
     const bool prune = std::string(sched) != "none";
     const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer) : std::vector<PruneStep>{};
@@ -145,6 +162,16 @@ void ttft_rows(const Model& m, int64_t T) {
     if (!prune) base_ms = ms, base_flops = flops;
     fmt::print("  {:<28} {:>7} tokens  {:>10.2f} ms  speedup {:>5.2f}x  FLOP-ideal {:>5.2f}x  ratio {:.2f}\n",
                sched, T, ms, base_ms / ms, base_flops / flops, (base_ms / ms) / (base_flops / flops));
+    if (!prune) {  // dense decoding steps after this prefill: one token over T keys each
+      int32_t p = int32_t(T);
+      const int64_t row = 0;
+      const double step = median_ms([&] {
+        const int32_t id = 1, at = p++;
+        s.forward({&id, 1}, {&at, 1}, {&row, 1}, logits.data());
+      });
+      fmt::print("  {:<28} {:>7} keys    {:>10.2f} ms  ({:.0f} tokens/s)\n", "decoding step (dense)", T, step,
+                 1e3 / step);
+    }
   }
 }
 
@@ -157,6 +184,8 @@ int main(int argc, char** argv) {
   int layers = 0;
   bool no_default = false;
   app.add_option("tokens", T, "Prompt tokens")->check(CLI::Range(int64_t(2), int64_t(1) << 20));
+  bool int8 = false;
+  app.add_flag("--int8", int8, "Also time the shape with random Q8_0 weights (--dtype int8 on the GPU)");
   app.add_option("--shape", shape, "Model preset whose shape gets random bf16 weights")
       ->check(CLI::IsMember(preset_names()));
   app.add_option("--layers", layers, "Keep only the first N layers of the shape (0: all)")
@@ -191,9 +220,15 @@ int main(int argc, char** argv) {
       fmt::print("default model (SmolLM2-135M, f32):\n");
       ttft_rows(*m, std::min<int64_t>(T, 8192));
     }
-    const auto mr = random_model(shape, layers);
+    const auto mr = random_model(shape, layers, false);
     fmt::print("{} shape ({} layers), random bf16 weights:\n", shape, mr->config().n_layer);
     ttft_rows(*mr, T);
+    if (int8) {
+      const auto mq = random_model(shape, layers, true);
+      fmt::print("{} shape ({} layers), random Q8_0 weights (--dtype int8: bf16 activations):\n", shape,
+                 mq->config().n_layer);
+      ttft_rows(*mq, T);
+    }
 
     // GEMMs at the shape's prefill sizes.
     fmt::print("\nGEMM, bf16 inputs, f32 accumulation ({} rows):\n", T);

@@ -52,10 +52,13 @@ DBuf upload(const T* data, size_t count, const char* what) {
   return b;
 }
 
-// A weight matrix [N][K] on the device in the model's dtype.
+// A weight matrix [N][K] on the device in the model's dtype: f32, bf16, or (--dtype int8) its
+// GGUF blocks as stored (qtype: a cuda_math::QType; 0 otherwise), row_bytes bytes a row.
 struct DMatrix {
   int64_t rows = 0, cols = 0;
   bool bf16 = false;
+  int qtype = 0;
+  int64_t row_bytes = 0;
   DBuf data;
 };
 
@@ -64,10 +67,24 @@ DMatrix upload(const Matrix& m, const char* what) {
   d.rows = m.rows;
   d.cols = m.cols;
   d.bf16 = m.dtype == DType::BF16;
-  d.data = d.bf16 ? upload(m.bf16.data(), size_t(m.rows * m.cols), what)
-                  : upload(m.f32.data(), size_t(m.rows * m.cols), what);
+  d.row_bytes = m.row_bytes();
+  if (m.dtype == DType::Int8) {
+    d.qtype = int(m.qtype);
+    if (d.qtype != cuda_math::kQ8_0 && d.qtype != cuda_math::kQ4_0 && d.qtype != cuda_math::kQ4_1 &&
+        d.qtype != cuda_math::kQ4_K)
+      fail("the CUDA backend cannot read {} blocks of type {} (Q8_0, Q4_0, Q4_1 and Q4_K only)", what,
+           d.qtype);
+    d.data = upload(m.q.data(), size_t(m.bytes()), what);
+  } else {
+    d.data = d.bf16 ? upload(m.bf16.data(), size_t(m.rows * m.cols), what)
+                    : upload(m.f32.data(), size_t(m.rows * m.cols), what);
+  }
   return d;
 }
+
+// Rows a matrix of blocks multiplies by reading its blocks directly (gemv_q); above, the prefill
+// dequantizes it to bf16 once and runs the tensor-core GEMM.
+constexpr int64_t kGemvMaxRows = 4;
 
 struct DLayer {
   DBuf attn_norm, ffn_norm;
@@ -99,7 +116,10 @@ class CudaBackend final : public Backend {
     const std::vector<int64_t> id64(ids.begin(), ids.end());
     idx.reserve(size_t(T) * 8, "row indices");
     copy_to_device(idx.as<void>(), id64.data(), size_t(T) * 8);
-    if (tok_embd.bf16)
+    if (tok_embd.qtype)
+      gather_rows_q(tok_embd.data.as<uint8_t>(), tok_embd.qtype, tok_embd.row_bytes, idx.as<int64_t>(),
+                    x.as<float>(), T, c.n_embd);
+    else if (tok_embd.bf16)
       gather_rows_bf16(tok_embd.data.as<uint16_t>(), idx.as<int64_t>(), x.as<float>(), T, c.n_embd);
     else
       cuda::gather_rows(tok_embd.data.as<float>(), idx.as<int64_t>(), x.as<float>(), T, c.n_embd);
@@ -223,7 +243,14 @@ class CudaBackend final : public Backend {
   void lm_head(float* out) override {
     const int64_t R = T();
     logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
-    mm(xn.as<float>(), *lm_head_w, logits.as<float>());
+    if (lm_head_w->qtype) {  // any number of rows: never a bf16 copy of the vocabulary's matrix
+      a16.reserve(size_t(R * lm_head_w->cols) * 2, "bf16 activations");
+      to_bf16(xn.as<float>(), a16.as<uint16_t>(), R * lm_head_w->cols);
+      gemv_q(a16.as<uint16_t>(), lm_head_w->data.as<uint8_t>(), lm_head_w->qtype, lm_head_w->row_bytes,
+             logits.as<float>(), R, lm_head_w->cols, lm_head_w->rows);
+    } else {
+      mm(xn.as<float>(), *lm_head_w, logits.as<float>());
+    }
     copy_to_host(out, logits.as<void>(), size_t(R * c.n_vocab) * 4);
   }
 
@@ -293,6 +320,7 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
   // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
   DBuf x, x2, xn, qkv, q, k, v, attn, branch, ff, act, a16, pos_dev, idx, idx2, scores_dev, logits;
+  DBuf w16;  // --dtype int8: the bf16 copy of the matrix a prefill GEMM is multiplying (one at a time)
   DBuf kbuf, vbuf, kpos;    // the K/V rows and positions of a key subset, gathered by slot
   int gathered_layer = -1;  // the layer and slots kbuf/vbuf/kpos hold (-1: none)
   std::vector<int32_t> gathered_slots;
@@ -331,7 +359,17 @@ class CudaBackend final : public Backend {
   // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16.
   void mm(const float* a, const DMatrix& m, float* out) {
     const int64_t T = this->T();
-    if (m.bf16) {
+    if (m.qtype) {
+      a16.reserve(size_t(T * m.cols) * 2, "bf16 activations");
+      to_bf16(a, a16.as<uint16_t>(), T * m.cols);
+      if (T <= kGemvMaxRows) {
+        gemv_q(a16.as<uint16_t>(), m.data.as<uint8_t>(), m.qtype, m.row_bytes, out, T, m.cols, m.rows);
+        return;
+      }
+      w16.reserve(size_t(m.rows * m.cols) * 2, "dequantized weights");
+      dequant_bf16(m.data.as<uint8_t>(), m.qtype, m.row_bytes, m.rows, m.cols, w16.as<uint16_t>());
+      gemm_bf16(a16.as<uint16_t>(), w16.as<uint16_t>(), out, T, m.cols, m.rows);
+    } else if (m.bf16) {
       a16.reserve(size_t(T * m.cols) * 2, "bf16 activations");
       to_bf16(a, a16.as<uint16_t>(), T * m.cols);
       gemm_bf16(a16.as<uint16_t>(), m.data.as<uint16_t>(), out, T, m.cols, m.rows);
@@ -391,21 +429,23 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(words) * 4);
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
   const double Q = double(c.n_head) * c.head_dim, F = double(c.n_ff), D = double(c.n_embd);
-  const double bf16_copy = w.dtype == DType::BF16 ? 2 * std::max({D, Q, F}) : 0;
+  const double bf16_copy = w.dtype != DType::F32 ? 2 * std::max({D, Q, F}) : 0;
+  // --dtype int8: the largest layer matrix dequantized to bf16 for a prefill GEMM.
+  const double w16_bytes =
+      w.dtype == DType::Int8 ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F}) : 0;
   const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24;
   const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4, slot_id_bytes = 8;
   const double act_bytes =
       double(n_ctx) * (prefill + decode + selection + slot_id_bytes) + double(c.n_vocab) * 4 /* logits */;
   // cuBLAS's workspace and the kernels' modules: a margin, not a count.
   const double library_bytes = 256.0 * 1048576;
-  const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes + library_bytes;
+  const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes + w16_bytes + library_bytes;
   if (need > double(dev.free_bytes))
     fail(
         "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations "
-        "{:.2f} "
-        "for {} tokens + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
+        "{:.2f} for {} tokens + {:.2f} of dequantized weights + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
         need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0,
-        aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, dev.name,
+        aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
         double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
   tok_embd = upload(w.tok_embd, "token embeddings");

@@ -78,6 +78,18 @@ void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64
                int64_t width);
 // dst[r][:] = src[idx[r]][:] widened from bf16 (embedding rows of a bf16 table).
 void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
+// GGUF blocks (--dtype int8): N rows of `row_bytes` bytes holding K elements each of block type
+// `qtype` (device_math.h QType: Q8_0, Q4_0, Q4_1, Q4_K).
+// y[N][K] = bf16 of each element (the prefill's GEMMs then run gemm_bf16 on it).
+void dequant_bf16(const uint8_t* q, int qtype, int64_t row_bytes, int64_t N, int64_t K, uint16_t* y);
+// dst[r][:] = row idx[r] in f32 (embedding rows).
+void gather_rows_q(const uint8_t* q, int qtype, int64_t row_bytes, const int64_t* idx, float* dst,
+                   int64_t rows, int64_t width);
+// out[T][N] = a[T][K] . w[N][K]^T with f32 sums, a in bf16 (to_bf16), reading the blocks
+// directly: for few rows (decoding steps, the LM head), where dequantizing the whole matrix would
+// cost more than the products. a 8-byte aligned, K % 32 == 0.
+void gemv_q(const uint16_t* a, const uint8_t* q, int qtype, int64_t row_bytes, float* out, int64_t T,
+            int64_t K, int64_t N);
 // f32 -> bf16 (round to nearest even).
 void to_bf16(const float* x, uint16_t* y, int64_t n);
 // out[T][N] = a[T][K] . w[N][K]^T with cuBLAS: f32 inputs (exact path), or bf16 inputs with f32

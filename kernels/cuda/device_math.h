@@ -143,4 +143,168 @@ LP_HD float bf16_to_f32(uint16_t h) {
   return f;
 }
 
+// ---- GGUF quantized blocks (--dtype int8 on the GPU) --------------------------------------------
+// The weights stay in their blocks on the device; a kernel reads element k of a row as below.
+// model/quant.cpp's dequantizers are the reference (tests/kernels/test_cuda_math.cpp).
+
+// ggml type ids of the block types the GPU reads.
+enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12 };
+
+// IEEE half -> f32, exact (subnormals, infinities and NaN included).
+LP_HD float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: normalise
+    exp = 113;
+    while (!(man & 0x400u)) {
+      man <<= 1;
+      --exp;
+    }
+    u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+LP_HD uint16_t load_u16(const uint8_t* p) {
+  return uint16_t(p[0] | (p[1] << 8));
+}
+
+// Four (two-byte aligned) bytes p[0..3] as one little-endian word: two 16-bit loads on the device
+// (a block's quants are only two-byte aligned: Q8_0 and Q4_0 blocks are 34 and 18 bytes).
+LP_HD uint32_t load_4_bytes(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return uint32_t(h[0]) | uint32_t(h[1]) << 16;
+#else
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+#endif
+}
+
+// Element k of a row of blocks of type `qt` (one row: K / 32 or K / 256 whole blocks), in f32:
+// Q8_0 d*q; Q4_0 d*(q-8); Q4_1 d*q + m; Q4_K d*sc[j]*q - dmin*mn[j] with the 6-bit scales and
+// minima of sub-block j unpacked from the 12-byte field.
+LP_HD float q_element(const uint8_t* row, int qt, int64_t k) {
+  if (qt == kQ8_0) {
+    const uint8_t* b = row + (k >> 5) * 34;
+    return float(int8_t(b[2 + (k & 31)])) * f16_to_f32(load_u16(b));
+  }
+  if (qt == kQ4_0 || qt == kQ4_1) {
+    const int size = qt == kQ4_0 ? 18 : 20;
+    const uint8_t* b = row + (k >> 5) * size;
+    const int j = int(k & 31);
+    const uint8_t byte = b[size - 16 + (j & 15)];
+    const int q = j < 16 ? (byte & 0xF) : (byte >> 4);
+    const float d = f16_to_f32(load_u16(b));
+    return qt == kQ4_0 ? float(q - 8) * d : float(q) * d + f16_to_f32(load_u16(b + 2));
+  }
+  // Q4_K: 144 bytes per 256: d, dmin, scales[12], qs[128]; sub-blocks 2g and 2g+1 share qs[32g..].
+  const uint8_t* b = row + (k >> 8) * 144;
+  const int e = int(k & 255), j = e >> 5, g = j >> 1, l = e & 31;
+  const uint8_t* p = b + 4;
+  int sc, mn;
+  if (j < 4) {
+    sc = p[j] & 63;
+    mn = p[j + 4] & 63;
+  } else {
+    sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
+    mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+  }
+  const uint8_t byte = b[16 + 32 * g + l];
+  const int q = (j & 1) ? (byte >> 4) : (byte & 0xF);
+  return f16_to_f32(load_u16(b)) * float(sc) * float(q) - f16_to_f32(load_u16(b + 2)) * float(mn);
+}
+
+// The unit of work of the GPU's block kernels: 8 elements of a row, two runs of 4 consecutive
+// elements starting at k[0] and k[1], read from 8 (Q8_0) or 4 (4-bit types) consecutive bytes of
+// one block. Unit u of a row: Q8_0 block u/4, elements 8(u%4)..+7 (k[1] = k[0] + 4); Q4_0/Q4_1
+// block u/4, quant bytes 4(u%4)..+3, whose low nibbles are elements 4(u%4)..+3 and high nibbles
+// 16 + 4(u%4)..+3; Q4_K super-block u/32, quant bytes 4(u%32)..+3 of its 128, low nibbles in
+// sub-block 2g, high in 2g+1 (g = (u%32)/8). So a warp's 32 lanes read 32 consecutive units: 256
+// contiguous bytes of Q8_0, 144 of the others. A row has K / 8 units.
+//
+// q_unit_parts gives element 4h + i as qv[4h + i] * s[h] + m[h]: the quants as exact small
+// integers in f32 (Q4_0's already less 8), a scale and a minimum per run (m = 0 for Q8_0 and Q4_0),
+// so a dot product can take the scale out of each run's sum. q_unit gives the elements, equal to
+// q_element's.
+
+// f32 of a small integer v (< 2^23) less `bias - 2^23`, from the bits of 2^23 + v: one add, where
+// a conversion instruction would run at a quarter of the rate. Exact.
+LP_HD float small_int_to_f32(uint32_t v, float bias) {
+  const uint32_t u = 0x4B000000u | v;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f - bias;
+}
+
+LP_HD void q_unit_parts(const uint8_t* row, int qt, int64_t u, int64_t k[2], float qv[8], float s[2],
+                        float m[2]) {
+  constexpr float k2p23 = 8388608.0f;
+  if (qt == kQ8_0) {
+    const uint8_t* b = row + (u >> 2) * 34;
+    const int part = int(u & 3);
+    s[0] = s[1] = f16_to_f32(load_u16(b));
+    m[0] = m[1] = 0.0f;
+    const uint8_t* qs = b + 2 + 8 * part;
+    const uint32_t lo = load_4_bytes(qs) ^ 0x80808080u, hi = load_4_bytes(qs + 4) ^ 0x80808080u;  // q + 128
+    for (int i = 0; i < 4; ++i) {
+      qv[i] = small_int_to_f32(lo >> 8 * i & 0xFF, k2p23 + 128);
+      qv[4 + i] = small_int_to_f32(hi >> 8 * i & 0xFF, k2p23 + 128);
+    }
+    k[0] = (u >> 2) * 32 + 8 * part;
+    k[1] = k[0] + 4;
+    return;
+  }
+  if (qt == kQ4_0 || qt == kQ4_1) {
+    const int size = qt == kQ4_0 ? 18 : 20;
+    const uint8_t* b = row + (u >> 2) * size;
+    const int part = int(u & 3);
+    s[0] = s[1] = f16_to_f32(load_u16(b));
+    m[0] = m[1] = qt == kQ4_0 ? 0.0f : f16_to_f32(load_u16(b + 2));
+    const float bias = qt == kQ4_0 ? k2p23 + 8 : k2p23;
+    const uint32_t qs = load_4_bytes(b + size - 16 + 4 * part);
+    for (int i = 0; i < 4; ++i) {
+      qv[i] = small_int_to_f32(qs >> 8 * i & 0xF, bias);
+      qv[4 + i] = small_int_to_f32(qs >> (8 * i + 4) & 0xF, bias);
+    }
+    k[0] = (u >> 2) * 32 + 4 * part;
+    k[1] = k[0] + 16;
+    return;
+  }
+  const uint8_t* b = row + (u >> 5) * 144;
+  const int l = int(u & 31), g = l >> 3, off = 4 * (l & 7);
+  const uint8_t* p = b + 4;
+  const float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
+  const uint32_t qs = load_4_bytes(b + 16 + 4 * l);
+  for (int half = 0; half < 2; ++half) {
+    const int j = 2 * g + half;
+    int sc, mn;
+    if (j < 4) {
+      sc = p[j] & 63;
+      mn = p[j + 4] & 63;
+    } else {
+      sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
+      mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+    }
+    s[half] = d * float(sc);
+    m[half] = -(dmin * float(mn));
+    for (int i = 0; i < 4; ++i) qv[4 * half + i] = small_int_to_f32(qs >> (8 * i + 4 * half) & 0xF, k2p23);
+  }
+  k[0] = (u >> 5) * 256 + 64 * g + off;
+  k[1] = k[0] + 32;
+}
+
+LP_HD void q_unit(const uint8_t* row, int qt, int64_t u, int64_t k[2], float w[8]) {
+  float qv[8], s[2], m[2];
+  q_unit_parts(row, qt, u, k, qv, s, m);
+  for (int e = 0; e < 8; ++e) w[e] = qv[e] * s[e >> 2] + m[e >> 2];
+}
+
 }  // namespace lp::cuda_math

@@ -56,6 +56,16 @@ namespace cm = lp::cuda_math;
 
 constexpr int kThreads = 256;
 
+// Four consecutive 16-bit values from an 8-byte aligned address: one load on the device.
+__device__ __forceinline__ void load4_u16(const uint16_t* p, uint16_t v[4]) {
+#if defined(__CUDA_ARCH__)
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  v[0] = uint16_t(w.x), v[1] = uint16_t(w.x >> 16), v[2] = uint16_t(w.y), v[3] = uint16_t(w.y >> 16);
+#else
+  memcpy(v, p, 8);
+#endif
+}
+
 struct MaxOp {
   __host__ __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
@@ -140,6 +150,80 @@ __global__ void kv_append_kernel(const float* k_new, const float* v_new, const i
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = cm::f32_to_bf16(x[i]);
+}
+
+// ---- GGUF blocks (--dtype int8): rows of `row_bytes` bytes, K elements each ---------------------
+
+// y[n][k] = bf16(element k of row n), for the tensor-core GEMM of a prefill: one thread per unit
+// of 8 elements (cuda_math::q_unit), units = N * K / 8.
+__global__ void dequant_bf16_kernel(const uint8_t* q, int qt, int64_t row_bytes, int64_t K, uint16_t* y,
+                                    int64_t units) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= units) return;
+  const int64_t per_row = K / 8, n = i / per_row;
+  int64_t k[2];
+  float w[8];
+  cm::q_unit(q + n * row_bytes, qt, i - n * per_row, k, w);
+  uint16_t* out = y + n * K;
+  for (int h = 0; h < 2; ++h)
+    for (int e = 0; e < 4; ++e) out[k[h] + e] = cm::f32_to_bf16(w[4 * h + e]);
+}
+
+// dst[r][:] = row idx[r] of the blocks, in f32 (the embedding lookup, exact as on the CPU).
+__global__ void gather_q_kernel(const uint8_t* q, int qt, int64_t row_bytes, const int64_t* idx, float* dst,
+                                int64_t width) {
+  const int64_t r = blockIdx.x;
+  const uint8_t* row = q + idx[r] * row_bytes;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::q_element(row, qt, i);
+}
+
+// out[t][n] = sum_k a[t][k] * w[n][k] for few rows of bf16 activations a (a decoding step, the LM
+// head), w the blocks' elements in f32: one warp per output n (kGemvWarps per block), each lane
+// over units of 8 elements (cuda_math::q_unit_parts: a warp reads 256 or 144 contiguous bytes per
+// step) with the scale and minimum taken out of each run of 4, rows in groups of 4 held in
+// registers, the lanes' partial sums added by shuffles. Unlike the prefill's GEMM the weights are
+// not rounded to bf16: that would cost more instructions per weight than the product. K % 32 == 0,
+// a 8-byte aligned (4 activations per load).
+constexpr int kGemvWarps = 4;
+__global__ void gemv_q_kernel(const uint16_t* a, const uint8_t* q, int qt, int64_t row_bytes, float* out,
+                              int64_t T, int64_t K, int64_t N) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (int(threadIdx.x) >> 5);
+  const uint8_t* row = q + (n < N ? n : 0) * row_bytes;
+  const int64_t units = K / 8;
+  const bool minima = qt == cm::kQ4_1 || qt == cm::kQ4_K;
+  for (int64_t t0 = 0; t0 < T; t0 += 4) {
+    const int rows = int(T - t0 < 4 ? T - t0 : 4);
+    float acc[4] = {0, 0, 0, 0};
+    if (n < N) {
+      for (int64_t u = lane; u < units; u += 32) {
+        int64_t k[2];
+        float qv[8], s[2], m[2];
+        cm::q_unit_parts(row, qt, u, k, qv, s, m);
+        for (int t = 0; t < rows; ++t) {
+          const uint16_t* x = a + (t0 + t) * K;
+          LP_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            uint16_t v[4];
+            load4_u16(x + k[h], v);
+            float dot = 0, sum = 0;
+            LP_UNROLL
+            for (int e = 0; e < 4; ++e) {
+              const float xe = cm::bf16_to_f32(v[e]);
+              dot += xe * qv[4 * h + e];
+              sum += xe;
+            }
+            acc[t] += s[h] * dot;
+            if (minima) acc[t] += m[h] * sum;
+          }
+        }
+      }
+    }
+    for (int t = 0; t < 4; ++t)
+      for (int off = 16; off > 0; off /= 2) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off, 32);
+    if (lane == 0 && n < N)
+      for (int t = 0; t < rows; ++t) out[(t0 + t) * N + n] = acc[t];
+  }
 }
 
 // ---- attention ------------------------------------------------------------------------------

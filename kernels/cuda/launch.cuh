@@ -86,6 +86,26 @@ void to_bf16(const float* x, uint16_t* y, int64_t n) {
   LP_LAUNCH(kernels::to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, x, y, n);
 }
 
+void dequant_bf16(const uint8_t* q, int qtype, int64_t row_bytes, int64_t N, int64_t K, uint16_t* y) {
+  const int64_t units = N * (K / 8);
+  if (units <= 0) return;
+  LP_LAUNCH(kernels::dequant_bf16_kernel, blocks_for(units, kThreads), kThreads, 0, q, qtype, row_bytes, K, y,
+            units);
+}
+
+void gather_rows_q(const uint8_t* q, int qtype, int64_t row_bytes, const int64_t* idx, float* dst,
+                   int64_t rows, int64_t width) {
+  if (rows <= 0) return;
+  LP_LAUNCH(kernels::gather_q_kernel, unsigned(rows), kThreads, 0, q, qtype, row_bytes, idx, dst, width);
+}
+
+void gemv_q(const uint16_t* a, const uint8_t* q, int qtype, int64_t row_bytes, float* out, int64_t T,
+            int64_t K, int64_t N) {
+  if (T <= 0 || N <= 0) return;
+  LP_LAUNCH(kernels::gemv_q_kernel, blocks_for(N, kernels::kGemvWarps), 32 * kernels::kGemvWarps, 0, a, q,
+            qtype, row_bytes, out, T, K, N);
+}
+
 namespace {
 
 template <int BK, int DC>

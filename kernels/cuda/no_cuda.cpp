@@ -81,6 +81,15 @@ void gather_rows_bf16(const uint16_t*, const int64_t*, float*, int64_t, int64_t)
 void to_bf16(const float*, uint16_t*, int64_t) {
   unavailable();
 }
+void dequant_bf16(const uint8_t*, int, int64_t, int64_t, int64_t, uint16_t*) {
+  unavailable();
+}
+void gather_rows_q(const uint8_t*, int, int64_t, const int64_t*, float*, int64_t, int64_t) {
+  unavailable();
+}
+void gemv_q(const uint16_t*, const uint8_t*, int, int64_t, float*, int64_t, int64_t, int64_t) {
+  unavailable();
+}
 void gemm_f32(const float*, const float*, float*, int64_t, int64_t, int64_t) {
   unavailable();
 }

@@ -101,8 +101,8 @@ TEST_F(CliSim, CalibrateFromMeasurementsRecordsProvenance) {
 TEST_F(CliSim, CalibrateOnMeasuredH100RunsOfTwoModels) {
   const std::string csv = std::string(LP_SOURCE_DIR) + "/tests/fixtures/measurements/lazyprefill-h100.csv";
   const std::string out = dir_.file("h100.json");
-  const auto r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "h100-sxm", "--engine", "lazyprefill",
-                                "--out", out, "--json"});
+  const auto r = run_cli(dir_, {"calibrate", "--measurements", csv, "--base", "h100-sxm", "--engine",
+                                "lazyprefill", "--out", out, "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto cal = nlohmann::json::parse(slurp_text(out))["calibration"];
   EXPECT_EQ(cal["ttft_points"], 21);

@@ -142,9 +142,10 @@ TEST_F(CliErrors, Int8ModeRunsAndRefusesWhatItCannotHold) {
   expect_one_line_error(
       run_cli(dir_, {"run", "--model", write(w2, "nan-q.gguf"), "--prompt", "the cat", "--dtype", "int8"}),
       {"nan-q.gguf", "blk.0.attn_q.weight", "NaN"});
-  expect_one_line_error(
-      run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--dtype", "int8", "--backend", "cuda"}),
-      {"--dtype int8", "CPU backend only"});
+  // On the GPU the blocks stay blocks (docs/cuda.md); without one, the device's one line.
+  const CliResult g =
+      run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--dtype", "int8", "--backend", "cuda"});
+  if (!(g.exited && g.code == 0)) expect_one_line_error(g, {"CUDA"});
 }
 
 // A model whose attn_q is Q3_K (a real ggml type with a known size that lp does not dequantize).

@@ -13,7 +13,9 @@
 
 #include "engine/generate.h"
 #include "engine/session.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "model/quant.h"
 #include "pruning/schedule.h"
 #include "tests/gguf_writer.h"
 #include "tests/test_util.h"
@@ -30,6 +32,51 @@ inline std::string write_compare_model(const testing::TempDir& dir, bool tied = 
   spec.n_embd = 96;
   spec.tied = tied;
   return testing::write_tiny_model(dir.path() + (tied ? "/tiny.gguf" : "/tiny-untied.gguf"), spec);
+}
+
+// The arithmetic of --dtype int8 on the GPU as weights the CPU backend multiplies: every matrix
+// of blocks dequantized and rounded to bf16 (the GPU's GEMM inputs), the embeddings dequantized to
+// f32 (the GPU's lookup), and the LM head in f32 even when tied (the GPU's gemv_q multiplies the
+// blocks' elements unrounded, by bf16 activations).
+inline Weights int8_as_cpu_weights(const Weights& q) {
+  const auto as = [](const Matrix& m, DType dt) {
+    Matrix r;
+    r.rows = m.rows;
+    r.cols = m.cols;
+    r.dtype = dt;
+    std::vector<float> row(static_cast<size_t>(m.cols));
+    if (dt == DType::F32)
+      r.f32.resize(m.rows * m.cols);
+    else
+      r.bf16.resize(m.rows * m.cols);
+    for (int64_t i = 0; i < m.rows; ++i) {
+      m.row_f32(i, row.data());
+      for (int64_t k = 0; k < m.cols; ++k) {
+        if (dt == DType::F32)
+          r.f32.data()[i * m.cols + k] = row[size_t(k)];
+        else
+          r.bf16.data()[i * m.cols + k] = f32_to_bf16(row[size_t(k)]);
+      }
+    }
+    return r;
+  };
+  Weights w;
+  w.dtype = DType::BF16;
+  w.tok_embd = as(q.tok_embd, DType::F32);
+  w.output = as(q.lm_head(), DType::F32);
+  w.output_norm = q.output_norm;
+  w.rope_freqs = q.rope_freqs;
+  for (const LayerWeights& l : q.layers) {
+    LayerWeights o;
+    o.attn_norm = l.attn_norm;
+    o.ffn_norm = l.ffn_norm;
+    o.wqkv = as(l.wqkv, DType::BF16);
+    o.wo = as(l.wo, DType::BF16);
+    o.w_gate_up = as(l.w_gate_up, DType::BF16);
+    o.w_down = as(l.w_down, DType::BF16);
+    w.layers.push_back(std::move(o));
+  }
+  return w;
 }
 
 // The whole pruned forward on the GPU against the CPU backend: the same kept tokens at every
@@ -51,7 +98,11 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
   trace::Step s_cpu, s_gpu;
   const int64_t last = T - 1;
   std::vector<float> l_cpu(static_cast<size_t>(c.n_vocab)), l_gpu(l_cpu.size());
-  Session cpu(ctx, *m, T);
+  // int8: the CPU backend over the blocks dequantized as the GPU reads them (int8_as_cpu_weights).
+  const Weights as_cpu = dtype == DType::Int8 ? int8_as_cpu_weights(m->weights()) : Weights{};
+  Session cpu(*m, dtype == DType::Int8
+                      ? std::unique_ptr<Backend>(std::make_unique<CpuBackend>(ctx, c, as_cpu, T))
+                      : std::unique_ptr<Backend>(std::make_unique<CpuBackend>(ctx, c, m->weights(), T)));
   cpu.forward(ids, pos, {&last, 1}, l_cpu.data(), &r_cpu, &s_cpu);
   Session gpu(*m, cuda::make_backend(c, m->weights(), T));
   gpu.forward(ids, pos, {&last, 1}, l_gpu.data(), &r_gpu, &s_gpu);
@@ -76,7 +127,7 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
   // bf16: 3e-3 of (1 + the largest logit). On the tiny model the two bf16 paths differ by at most
   // 0.006 (scale 2.9, bound 0.012), while f32 weights on one side and bf16 on the other differ
   // by 0.017, which fails.
-  const float tol = (dtype == DType::F32 ? 1e-3f : 3e-3f) * (1 + scale);
+  const float tol = (dtype == DType::F32 ? 1e-3f : 3e-3f) * (1 + scale);  // int8: bf16 GEMMs as bf16
   EXPECT_LT(worst, tol) << path << " " << dtype_name(dtype);
   // The same argmax, unless the CPU's two best logits lie within the two paths' own disagreement
   // (2 x tol): such a near-tie is decided by summation order, not by the arithmetic under test

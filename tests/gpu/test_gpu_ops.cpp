@@ -32,6 +32,7 @@
 #include "tests/backend_ops.h"
 #include "tests/gguf_writer.h"
 #include "tests/gpu/compare_backends.h"
+#include "tests/random_blocks.h"
 #include "tests/test_util.h"
 #if defined(LP_HOST_THREADS)
 #include "tests/cuda_emu/host_threads.h"
@@ -112,6 +113,54 @@ TEST(GpuOps, RmsNormSwigluAddAndColumnCopies) {
     for (int64_t i = 0; i < ld_dst; ++i)
       ASSERT_EQ(got[size_t(r * ld_dst + i)], i < width ? src[size_t(r * ld_src + off + i)] : -7.0f)
           << r << "," << i;
+}
+
+// --dtype int8 on the GPU: rows of GGUF blocks dequantized to bf16 (the prefill's GEMM input),
+// gathered as f32 rows (embeddings), and multiplied by few activation rows straight from the
+// blocks (gemv_q: 1, 4 and 5 rows, the last in two groups; 9 outputs, a partial block of warps),
+// against model/quant's dequantizer and sums in double.
+TEST(GpuOps, QuantizedBlocksDequantizeGatherAndMultiply) {
+  // Rows of 3 blocks (fewer units than a warp's lanes) and of 36 (several steps per lane).
+  for (const GgmlType t : testing::kQuantTypes)
+    for (const int64_t blocks : {3, 36}) {
+      SCOPED_TRACE(::testing::Message() << "type " << int(t) << ", " << blocks << " blocks");
+      const int64_t N = 9, K = blocks * (t == GgmlType::Q4_K ? 256 : 32), row_bytes = *type_bytes(t, K);
+      const auto q = testing::random_q_rows(t, N, K, 21);
+      std::vector<float> W(size_t(N * K));
+      dequantize(t, q.data(), W.data(), N * K);
+      Dev<uint8_t> dq(q);
+      Dev<uint16_t> d16(size_t(N * K));
+      cuda::dequant_bf16(dq.p, int(t), row_bytes, N, K, d16.p);
+      const auto got16 = d16.host();
+      for (size_t i = 0; i < W.size();
+           ++i)  // one bf16 step at most (an FMA on the device may round once less)
+        ASSERT_NEAR(bf16_to_f32(got16[i]), W[i], std::fabs(W[i]) / 128 + 1e-30f) << i;
+      const std::vector<int64_t> idx = {3, 0, 8, 3};
+      Dev<int64_t> didx(idx);
+      Dev<float> rows(idx.size() * size_t(K));
+      cuda::gather_rows_q(dq.p, int(t), row_bytes, didx.p, rows.p, int64_t(idx.size()), K);
+      const auto got_rows = rows.host();
+      for (size_t r = 0; r < idx.size(); ++r)
+        for (int64_t k = 0; k < K; ++k)
+          ASSERT_NEAR(got_rows[r * size_t(K) + size_t(k)], W[size_t(idx[r] * K + k)], 1e-6f) << r << "," << k;
+      for (const int64_t T : {1, 4, 5}) {
+        const auto a = randn(size_t(T * K), uint32_t(T), 2.0f);
+        std::vector<float> want(size_t(T * N));
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t n = 0; n < N; ++n) {
+            double sum = 0;
+            for (int64_t k = 0; k < K; ++k)
+              sum += double(bf16_to_f32(f32_to_bf16(a[size_t(i * K + k)]))) * double(W[size_t(n * K + k)]);
+            want[size_t(i * N + n)] = float(sum);
+          }
+        std::vector<uint16_t> a16(a.size());
+        for (size_t i = 0; i < a.size(); ++i) a16[i] = f32_to_bf16(a[i]);
+        Dev<uint16_t> da(a16);
+        Dev<float> out(want.size());
+        cuda::gemv_q(da.p, dq.p, int(t), row_bytes, out.p, T, K, N);
+        expect_close(out.host(), want, 1e-3f, "gemv_q");
+      }
+    }
 }
 
 TEST(GpuOps, RopeAtPrunedPositions) {
@@ -317,6 +366,17 @@ TEST(GpuForward, Bf16PrunedPrefillMatchesTheCpuBackend) {
   compare_forward(path, 150, "none", PolicyKind::None, DType::BF16);
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM, DType::BF16);
   compare_forward(write_compare_model(dir, false), 100, "2:0.5", PolicyKind::LazyLLM, DType::BF16);
+}
+
+// --dtype int8 (GGUF blocks on the GPU, bf16 activations): against the CPU backend over the same
+// blocks dequantized (layer matrices and LM head as bf16, embeddings as f32), which is the GPU's
+// arithmetic up to summation order. The tiny model's f32 tensors become Q8_0 at load; a tied and an
+// untied LM head, prefill GEMMs (dequantized copies) and the LM head's row (gemv_q).
+TEST(GpuForward, Int8PrunedPrefillMatchesTheCpuBackend) {
+  testing::TempDir dir;
+  compare_forward(write_compare_model(dir), 150, "none", PolicyKind::None, DType::Int8);
+  compare_forward(write_compare_model(dir), 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM, DType::Int8);
+  compare_forward(write_compare_model(dir, false), 100, "2:0.5", PolicyKind::LazyLLM, DType::Int8);
 }
 
 TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {

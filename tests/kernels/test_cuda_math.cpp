@@ -14,8 +14,10 @@
 
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/device_math.h"
+#include "model/quant.h"
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
+#include "tests/random_blocks.h"
 #include "tests/test_util.h"
 
 namespace lp {
@@ -237,6 +239,50 @@ TEST(CudaMath, Bf16RoundsToNearestEven) {
   EXPECT_EQ(cm::f32_to_bf16(-2.0f), 0xc000);
   EXPECT_TRUE(std::isnan(cm::bf16_to_f32(cm::f32_to_bf16(NAN))));
   EXPECT_EQ(cm::bf16_to_f32(0x3f80), 1.0f);
+}
+
+// The half -> f32 conversion the GPU's block reads use, for all 65,536 halves, against the CPU's.
+TEST(CudaMath, HalfToFloatIsExactForEveryHalf) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float want = f16_to_f32(uint16_t(h)), got = cuda_math::f16_to_f32(uint16_t(h));
+    if (std::isnan(want))
+      ASSERT_TRUE(std::isnan(got)) << std::hex << h;
+    else
+      ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << std::hex << h << ": " << got << " vs " << want;
+  }
+}
+
+// Element k of a row of blocks, read where it lies (the GPU's int8 path), against model/quant's
+// dequantizer of the whole row; the ggml type ids the GPU names are the file's.
+TEST(CudaMath, BlockElementsAreWhatTheDequantizerGives) {
+  EXPECT_EQ(int(cuda_math::kQ8_0), int(GgmlType::Q8_0));
+  EXPECT_EQ(int(cuda_math::kQ4_0), int(GgmlType::Q4_0));
+  EXPECT_EQ(int(cuda_math::kQ4_1), int(GgmlType::Q4_1));
+  EXPECT_EQ(int(cuda_math::kQ4_K), int(GgmlType::Q4_K));
+  for (const GgmlType t : testing::kQuantTypes) {
+    const int64_t K = 768;  // 24 blocks of 32, 3 super-blocks of 256
+    const auto row = testing::random_q_rows(t, 1, K, 11);
+    std::vector<float> want(static_cast<size_t>(K));
+    dequantize(t, row.data(), want.data(), K);
+    for (int64_t k = 0; k < K; ++k)
+      ASSERT_NEAR(cuda_math::q_element(row.data(), int(t), k), want[size_t(k)],
+                  1e-6f * (1 + std::fabs(want[size_t(k)])))
+          << "type " << int(t) << " element " << k;
+    // The 8-element units of the GPU's block kernels cover the row once, each element as q_element.
+    std::vector<int> seen(static_cast<size_t>(K));
+    for (int64_t u = 0; u < K / 8; ++u) {
+      int64_t k[2];
+      float w[8];
+      cuda_math::q_unit(row.data(), int(t), u, k, w);
+      for (int e = 0; e < 8; ++e) {
+        const int64_t at = k[e / 4] + e % 4;
+        ASSERT_TRUE(at >= 0 && at < K) << "type " << int(t) << " unit " << u;
+        ++seen[size_t(at)];
+        ASSERT_EQ(w[e], cuda_math::q_element(row.data(), int(t), at)) << "type " << int(t) << " unit " << u;
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) ASSERT_EQ(seen[size_t(k)], 1) << "type " << int(t) << " element " << k;
+  }
 }
 
 }  // namespace

@@ -17,38 +17,14 @@
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "tests/gguf_writer.h"
+#include "tests/random_blocks.h"
 #include "tests/test_util.h"
 
 namespace lp {
 namespace {
 
-constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K};
-
-int64_t block_bytes(GgmlType t) {
-  return type_info(uint32_t(t))->block_bytes;
-}
-
-// Random blocks of type t: every byte of the quants (and Q4_K's 6-bit sub-scales) random, Q8_0's
-// -128 included; scales f16 in [0.001, 0.1), Q4_1's minimum and Q4_K's dmin in [-0.1, 0.1).
-std::vector<uint8_t> random_rows(GgmlType t, int64_t rows, int64_t K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> scale(0.001f, 0.1f), minimum(-0.1f, 0.1f);
-  const int64_t nb = K / type_info(uint32_t(t))->block_elems, bytes = block_bytes(t);
-  std::vector<uint8_t> w(size_t(rows * nb * bytes));
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    uint8_t* blk = w.data() + i * bytes;
-    for (int64_t j = 0; j < bytes; ++j) blk[j] = uint8_t(rng());
-    const uint16_t d = f32_to_f16(scale(rng));
-    blk[0] = uint8_t(d & 255);
-    blk[1] = uint8_t(d >> 8);
-    if (t == GgmlType::Q4_1 || t == GgmlType::Q4_K) {
-      const uint16_t m = f32_to_f16(minimum(rng));
-      blk[2] = uint8_t(m & 255);
-      blk[3] = uint8_t(m >> 8);
-    }
-  }
-  return w;
-}
+using testing::kQuantTypes;
+using testing::random_q_rows;
 
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -78,8 +54,8 @@ TEST(QGemm, ActivationQuantizationByHand) {
 
 TEST(QGemm, DotIsTheMathOfTheDequantizedBlocks) {
   const int64_t K = 256, nb = K / kQBlock;
-  for (GgmlType t : kTypes) {
-    const std::vector<uint8_t> w = random_rows(t, 1, K, 7);
+  for (GgmlType t : kQuantTypes) {
+    const std::vector<uint8_t> w = random_q_rows(t, 1, K, 7);
     std::vector<float> wd(static_cast<size_t>(K));
     dequantize(t, w.data(), wd.data(), K);
     const std::vector<float> x = random_floats(K, 11);
@@ -116,8 +92,8 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
   const int64_t M = 37, N = 70, K = 512, lda = K + 5, ldc = N + 3, nb = K / kQBlock;
   const std::vector<float> A = random_floats(M * lda, 3);
   CpuContext one(1), two(2);
-  for (GgmlType t : kTypes) {
-    const std::vector<uint8_t> W = random_rows(t, N, K, 5);
+  for (GgmlType t : kQuantTypes) {
+    const std::vector<uint8_t> W = random_q_rows(t, N, K, 5);
     std::vector<float> ref(size_t(M * ldc), -1.f);
     qgemm(one, QKernel::Scalar, t, A.data(), M, lda, W.data(), N, K, ref.data(), ldc);
     // The scalar GEMM is the scalar dot of each row pair.
@@ -172,7 +148,7 @@ TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
   testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");  // [256][256]
   ASSERT_NE(o, nullptr);
   o->type = uint32_t(GgmlType::Q4_K);
-  o->data = random_rows(GgmlType::Q4_K, 256, 256, 9);
+  o->data = random_q_rows(GgmlType::Q4_K, 256, 256, 9);
   testing::TempDir dir;
   const std::string path = dir.file("q4k.gguf");
   w.write(path);
