@@ -31,11 +31,14 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name) {
 
 // Int8 mode: the tensors' own blocks when the integer GEMM multiplies their type and every tensor
 // of the matrix has it, else every row requantized to Q8_0 (its dequantized values rounded per
-// block of 32 to 8 bits, as llama.cpp's quantizer does).
-Matrix load_int8(const GgufFile& f, std::vector<const GgufTensor*> ts, Matrix m, CpuContext& ctx) {
+// block of 32 to 8 bits, as llama.cpp's quantizer does). A matrix of one tensor kept as stored is
+// not copied: it reads the file's mapping (`mapping` keeps it alive).
+Matrix load_int8(const GgufFile& f, const std::shared_ptr<const GgufFile>& mapping,
+                 std::vector<const GgufTensor*> ts, Matrix m, CpuContext& ctx) {
   const GgmlType t0 = ts.front()->type;
   const bool keep = qgemm_supports(t0) &&
                     std::all_of(ts.begin(), ts.end(), [&](const GgufTensor* t) { return t->type == t0; });
+  const bool mapped = keep && mapping && ts.size() == 1;
   if (m.cols % kQBlock != 0)
     fail(
         "{}: tensor '{}' has rows of {} values, not a multiple of {}: --dtype int8 cannot hold it (--dtype "
@@ -44,9 +47,15 @@ Matrix load_int8(const GgufFile& f, std::vector<const GgufTensor*> ts, Matrix m,
         f.path(), ts.front()->name, m.cols, kQBlock);
   m.qtype = keep ? t0 : GgmlType::Q8_0;
   const int64_t K = m.cols, out_bytes = m.row_bytes();
-  m.q.resize(size_t(m.rows * out_bytes), false);
+  if (mapped) {
+    m.q_mapped = ts.front()->data;
+    m.q_owner = mapping;
+  } else {
+    m.q.resize(size_t(m.rows * out_bytes), false);
+  }
   int64_t row0 = 0;
   for (const GgufTensor* t : ts) {
+    if (mapped) break;
     const size_t in_bytes = size_t(*type_bytes(t->type, K));
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
@@ -72,7 +81,7 @@ Matrix load_int8(const GgufFile& f, std::vector<const GgufTensor*> ts, Matrix m,
   for (int64_t r = 0, ti = 0, t_end = ts[0]->rows(); r < m.rows; ++r) {
     while (r >= t_end) t_end += ts[size_t(++ti)]->rows();
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = m.q.data() + r * out_bytes + b * bb;
+      const uint8_t* blk = m.qdata() + r * out_bytes + b * bb;
       for (int k = 0; k < scales; ++k) {
         const uint16_t h = uint16_t(blk[2 * k] | (blk[2 * k + 1] << 8));
         if ((h & 0x7C00) == 0x7C00)
@@ -86,7 +95,8 @@ Matrix load_int8(const GgufFile& f, std::vector<const GgufTensor*> ts, Matrix m,
 }
 
 // Stacks the named [rows_i][K] tensors into one matrix.
-Matrix load_matrix(const GgufFile& f, const std::vector<std::string>& names, DType dtype, CpuContext& ctx) {
+Matrix load_matrix(const GgufFile& f, const std::shared_ptr<const GgufFile>& mapping,
+                   const std::vector<std::string>& names, DType dtype, CpuContext& ctx) {
   Matrix m;
   m.dtype = dtype;
   std::vector<const GgufTensor*> ts;
@@ -97,7 +107,16 @@ Matrix load_matrix(const GgufFile& f, const std::vector<std::string>& names, DTy
     m.cols = ts.back()->ne[0];
     m.rows += ts.back()->rows();
   }
-  if (dtype == DType::Int8) return load_int8(f, ts, std::move(m), ctx);
+  // The file's pages of these tensors leave the resident set once copied or checked (a mapped
+  // matrix's pages come back as the GEMMs read them; the embedding's only for the rows looked up).
+  struct Drop {
+    const GgufFile& f;
+    const std::vector<const GgufTensor*>& ts;
+    ~Drop() {
+      for (const GgufTensor* t : ts) f.drop_pages(t->data, uint64_t(t->n_bytes));
+    }
+  } drop{f, ts};
+  if (dtype == DType::Int8) return load_int8(f, mapping, ts, std::move(m), ctx);
   if (dtype == DType::F32)
     m.f32.resize(m.rows * m.cols, false);
   else
@@ -133,11 +152,16 @@ int64_t Weights::bytes() const {
   return b;
 }
 
-Weights load_weights(const GgufFile& f, const ModelConfig& c, DType dtype, CpuContext& ctx) {
+Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelConfig& c, DType dtype,
+                     CpuContext& ctx) {
+  const GgufFile& f = *file;
+  const auto load_matrix = [&](const std::vector<std::string>& names, DType dt, CpuContext& cx) {
+    return lp::load_matrix(f, file, names, dt, cx);
+  };
   Weights w;
   w.dtype = dtype;
-  w.tok_embd = load_matrix(f, {"token_embd.weight"}, dtype, ctx);
-  if (!c.tied_embeddings) w.output = load_matrix(f, {"output.weight"}, dtype, ctx);
+  w.tok_embd = load_matrix({"token_embd.weight"}, dtype, ctx);
+  if (!c.tied_embeddings) w.output = load_matrix({"output.weight"}, dtype, ctx);
   w.output_norm = load_vector(f, "output_norm.weight");
   if (c.has_rope_freqs) w.rope_freqs = load_vector(f, "rope_freqs.weight");
   w.layers.resize(size_t(c.n_layer));
@@ -146,10 +170,10 @@ Weights load_weights(const GgufFile& f, const ModelConfig& c, DType dtype, CpuCo
     LayerWeights& L = w.layers[size_t(l)];
     L.attn_norm = load_vector(f, p + "attn_norm.weight");
     L.ffn_norm = load_vector(f, p + "ffn_norm.weight");
-    L.wqkv = load_matrix(f, {p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, dtype, ctx);
-    L.wo = load_matrix(f, {p + "attn_output.weight"}, dtype, ctx);
-    L.w_gate_up = load_matrix(f, {p + "ffn_gate.weight", p + "ffn_up.weight"}, dtype, ctx);
-    L.w_down = load_matrix(f, {p + "ffn_down.weight"}, dtype, ctx);
+    L.wqkv = load_matrix({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, dtype, ctx);
+    L.wo = load_matrix({p + "attn_output.weight"}, dtype, ctx);
+    L.w_gate_up = load_matrix({p + "ffn_gate.weight", p + "ffn_up.weight"}, dtype, ctx);
+    L.w_down = load_matrix({p + "ffn_down.weight"}, dtype, ctx);
   }
   return w;
 }

@@ -3,6 +3,7 @@
 // gate/up are concatenated so each is one GEMM.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,10 @@ struct Weights {
   int64_t bytes() const;
 };
 
-// Dequantizes every tensor the config names into `dtype`. Throws lp::Error for a tensor type
-// that cannot be dequantized.
-Weights load_weights(const GgufFile& f, const ModelConfig& c, DType dtype, CpuContext& ctx);
+// Dequantizes every tensor the config names into `dtype` (Int8: keeps or requantizes the blocks;
+// a matrix kept as stored reads the file's mapping, which it keeps alive). Throws lp::Error for a
+// tensor type that cannot be dequantized.
+Weights load_weights(const std::shared_ptr<const GgufFile>& f, const ModelConfig& c, DType dtype,
+                     CpuContext& ctx);
 
 }  // namespace lp

@@ -224,6 +224,14 @@ GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
   return *this;
 }
 
+void GgufFile::drop_pages(const uint8_t* p, uint64_t n) const {
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  if (!base_ || p < base_ || n == 0) return;
+  const uint64_t from = (uint64_t(p - base_) + page - 1) / page * page,
+                 to = std::min<uint64_t>(uint64_t(p - base_) + n, size_) / page * page;
+  if (to > from) ::madvise(const_cast<uint8_t*>(base_ + from), to - from, MADV_DONTNEED);  // advice only
+}
+
 GgufFile::~GgufFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
   if (fd_ >= 0) ::close(fd_);

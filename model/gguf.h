@@ -95,6 +95,12 @@ class GgufFile {
   std::optional<bool> opt_bool(const std::string& key) const;
   std::optional<std::string> opt_string(const std::string& key) const;
 
+  // Drops the mapping's pages inside [p, p + n) from this process's resident set (madvise
+  // MADV_DONTNEED on the whole pages within): the kernel reads them from the page cache again if
+  // they are touched. For tensors that were copied out, or checked and not needed yet, so that
+  // loading does not hold the file's pages and their copies at once.
+  void drop_pages(const uint8_t* p, uint64_t n) const;
+
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(const std::string& name) const;
   const GgufTensor& tensor(const std::string& name) const;  // throws if missing

@@ -32,7 +32,7 @@ void Matrix::row_f32(int64_t r, float* out) const {
   else if (dtype == DType::BF16)
     for (int64_t i = 0; i < cols; ++i) out[i] = bf16_to_f32(bf16[r * cols + i]);
   else
-    dequantize(qtype, q.data() + r * row_bytes(), out, cols);
+    dequantize(qtype, qdata() + r * row_bytes(), out, cols);
 }
 
 bool cpu_has_native_bf16() {
@@ -191,7 +191,7 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
                int64_t ldc) {
   if (M == 0) return;
   if (W.dtype == DType::Int8)
-    return qgemm(ctx, best_qkernel(), W.qtype, A, M, lda, W.q.data(), W.rows, W.cols, C, ldc);
+    return qgemm(ctx, best_qkernel(), W.qtype, A, M, lda, W.qdata(), W.rows, W.cols, C, ldc);
   if (M <= kGemvRows) return gemv(ctx, A, M, lda, W, C, ldc);
   const int64_t N = W.rows, K = W.cols;
   const void* a_ptr = A;

@@ -32,11 +32,14 @@ struct Matrix {
   Buffer<float> f32;      // [N][K] when dtype == F32
   Buffer<uint16_t> bf16;  // [N][K] when dtype == BF16
   GgmlType qtype = GgmlType::Q8_0;
-  Buffer<uint8_t> q;  // [N][row_bytes()] when dtype == Int8
+  Buffer<uint8_t> q;                    // [N][row_bytes()] when dtype == Int8, unless the blocks are mapped:
+  const uint8_t* q_mapped = nullptr;    // the model file's own blocks (one tensor as stored),
+  std::shared_ptr<const void> q_owner;  // kept mapped by this
+  const uint8_t* qdata() const { return q_mapped ? q_mapped : q.data(); }
   const void* data() const {
     return dtype == DType::F32    ? (const void*)f32.data()
            : dtype == DType::BF16 ? (const void*)bf16.data()
-                                  : q.data();
+                                  : qdata();
   }
   int64_t row_bytes() const;  // bytes of one row in its storage
   int64_t bytes() const { return rows * row_bytes(); }

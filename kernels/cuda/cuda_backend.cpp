@@ -74,7 +74,7 @@ DMatrix upload(const Matrix& m, const char* what) {
         d.qtype != cuda_math::kQ4_K)
       fail("the CUDA backend cannot read {} blocks of type {} (Q8_0, Q4_0, Q4_1 and Q4_K only)", what,
            d.qtype);
-    d.data = upload(m.q.data(), size_t(m.bytes()), what);
+    d.data = upload(m.qdata(), size_t(m.bytes()), what);
   } else {
     d.data = d.bf16 ? upload(m.bf16.data(), size_t(m.rows * m.cols), what)
                     : upload(m.f32.data(), size_t(m.rows * m.cols), what);

@@ -137,8 +137,9 @@ TEST(QGemm, RefusesWhatItCannotMultiply) {
 namespace lp {
 namespace {
 
-// --dtype int8 at load: a Q4_K tensor is kept as stored (its bytes, not a copy through f32), a
-// matrix of f32 tensors is requantized to Q8_0 (each row's blocks as quantize_q8_0 writes them).
+// --dtype int8 at load: a Q4_K tensor is kept as stored (read where the file is mapped, not
+// copied), a matrix of f32 tensors is requantized to Q8_0 (each row's blocks as quantize_q8_0
+// writes them).
 TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
   testing::TinyModelSpec spec;
   spec.n_embd = 256;  // rows of whole Q4_K super-blocks
@@ -152,19 +153,22 @@ TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
   testing::TempDir dir;
   const std::string path = dir.file("q4k.gguf");
   w.write(path);
-  const GgufFile f = GgufFile::open(path);
+  const auto f = std::make_shared<const GgufFile>(GgufFile::open(path));
   CpuContext ctx(2);
-  const Weights wt = load_weights(f, config_from_gguf(f), DType::Int8, ctx);
+  const Weights wt = load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
   const Matrix& wo = wt.layers[0].wo;
   EXPECT_EQ(wo.qtype, GgmlType::Q4_K);
   ASSERT_EQ(wo.bytes(), int64_t(o->data.size()));
-  EXPECT_EQ(std::memcmp(wo.q.data(), o->data.data(), o->data.size()), 0);
+  EXPECT_EQ(wo.q_mapped, f->tensor("blk.0.attn_output.weight").data);
+  EXPECT_EQ(wo.q.size(), 0);
+  EXPECT_EQ(std::memcmp(wo.qdata(), o->data.data(), o->data.size()), 0);
   const Matrix& down = wt.layers[0].w_down;
   EXPECT_EQ(down.qtype, GgmlType::Q8_0);
   std::vector<float> row(static_cast<size_t>(down.cols));
-  dequantize(GgmlType::F32, f.tensor("blk.0.ffn_down.weight").data, row.data(), down.cols);
+  dequantize(GgmlType::F32, f->tensor("blk.0.ffn_down.weight").data, row.data(), down.cols);
   std::vector<uint8_t> q8(static_cast<size_t>(*type_bytes(GgmlType::Q8_0, down.cols)));
   quantize_q8_0(row.data(), down.cols, q8.data());
+  EXPECT_EQ(down.q_mapped, nullptr);
   EXPECT_EQ(std::memcmp(down.q.data(), q8.data(), q8.size()), 0);
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -1040,6 +1041,48 @@ TEST(ConfigBad, MissingTensors) {
   w = testing::tiny_model_writer();
   w.set("llama.block_count", V::u32(3));  // claims a layer the file does not have
   EXPECT_HAS(config_error(dir, w), "missing tensor 'blk.2.attn_norm.weight'");
+}
+
+}  // namespace
+}  // namespace lp
+
+namespace lp {
+namespace {
+
+// This process's resident file-backed memory (RssFile in /proc/self/status), in KiB.
+int64_t rss_file_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
+  return -1;
+}
+
+// drop_pages takes a tensor's pages out of the resident set and leaves its bytes readable and
+// unchanged (the kernel reads them again); ranges outside the mapping and empty ones are ignored.
+TEST(GgufRead, DroppedPagesReadTheSameBytes) {
+  TempDir dir;
+  testing::GgufWriter w;
+  w.set_alignment(4096);
+  std::vector<float> v(1 << 20);  // 4 MiB: 1,024 pages
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.5f;
+  w.add_tensor_f32("t", {int64_t(v.size())}, v);
+  const std::string path = dir.file("pages.gguf");
+  w.write(path);
+  const GgufFile f = GgufFile::open(path);
+  const GgufTensor& t = f.tensor("t");
+  ASSERT_EQ(std::memcmp(t.data, v.data(), v.size() * 4), 0);
+  const int64_t read = rss_file_kib();
+  f.drop_pages(t.data, uint64_t(t.n_bytes));
+  f.drop_pages(t.data, 0);
+  f.drop_pages(reinterpret_cast<const uint8_t*>(v.data()), 64);  // not in the mapping: ignored
+  const int64_t dropped = rss_file_kib();
+  EXPECT_EQ(std::memcmp(t.data, v.data(), v.size() * 4), 0);
+  const int64_t again = rss_file_kib();
+  ASSERT_GT(read, 0);
+  EXPECT_GE(read - dropped, 3 * 1024) << read << " KiB resident before, " << dropped << " after";
+  EXPECT_GE(again - dropped, 3 * 1024)
+      << dropped << " KiB resident after the drop, " << again << " read again";
 }
 
 }  // namespace
