@@ -9,13 +9,14 @@
 namespace lp {
 
 std::unique_ptr<Model> Model::load(const std::string& path, DType dtype, CpuContext& ctx) {
-  const auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
+  const auto file = std::make_shared<GgufFile>(GgufFile::open(path));
   const GgufFile& f = *file;
   ModelConfig c = config_from_gguf(f);
   auto tok = std::make_unique<Tokenizer>(vocab_from_gguf(f));
   if (tok->n_vocab() != c.n_vocab)
     fail("{}: tokenizer has {} tokens but the embedding has {} rows", path, tok->n_vocab(), c.n_vocab);
   Weights w = load_weights(file, c, dtype, ctx);
+  file->drop_metadata();  // int8 weights may keep the mapping; nothing reads the metadata again
   return std::make_unique<Model>(std::move(c), std::move(w), std::move(tok), path);
 }
 

@@ -101,6 +101,10 @@ class GgufFile {
   // loading does not hold the file's pages and their copies at once.
   void drop_pages(const uint8_t* p, uint64_t n) const;
 
+  // Frees the metadata (the tokenizer's arrays are most of it) once the model has read it: a
+  // file kept mapped for its weights need not hold it. Metadata lookups find nothing after.
+  void drop_metadata() { std::map<std::string, GgufValue>().swap(kv_); }
+
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(const std::string& name) const;
   const GgufTensor& tensor(const std::string& name) const;  // throws if missing
