@@ -188,6 +188,17 @@ LP_HD uint32_t load_4_bytes(const uint8_t* p) {
 #endif
 }
 
+// Q4_K's 6-bit scale and minimum of sub-block j (0..7) from the super-block's 12-byte field.
+LP_HD void q4k_scale_min(const uint8_t* p, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = p[j] & 63;
+    mn = p[j + 4] & 63;
+  } else {
+    sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
+    mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+  }
+}
+
 // Element k of a row of blocks of type `qt` (one row: K / 32 or K / 256 whole blocks), in f32:
 // Q8_0 d*q; Q4_0 d*(q-8); Q4_1 d*q + m; Q4_K d*sc[j]*q - dmin*mn[j] with the 6-bit scales and
 // minima of sub-block j unpacked from the 12-byte field.
@@ -208,15 +219,8 @@ LP_HD float q_element(const uint8_t* row, int qt, int64_t k) {
   // Q4_K: 144 bytes per 256: d, dmin, scales[12], qs[128]; sub-blocks 2g and 2g+1 share qs[32g..].
   const uint8_t* b = row + (k >> 8) * 144;
   const int e = int(k & 255), j = e >> 5, g = j >> 1, l = e & 31;
-  const uint8_t* p = b + 4;
   int sc, mn;
-  if (j < 4) {
-    sc = p[j] & 63;
-    mn = p[j + 4] & 63;
-  } else {
-    sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
-    mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
-  }
+  q4k_scale_min(b + 4, j, sc, mn);
   const uint8_t byte = b[16 + 32 * g + l];
   const int q = (j & 1) ? (byte >> 4) : (byte & 0xF);
   return f16_to_f32(load_u16(b)) * float(sc) * float(q) - f16_to_f32(load_u16(b + 2)) * float(mn);
@@ -280,19 +284,11 @@ LP_HD void q_unit_parts(const uint8_t* row, int qt, int64_t u, int64_t k[2], flo
   }
   const uint8_t* b = row + (u >> 5) * 144;
   const int l = int(u & 31), g = l >> 3, off = 4 * (l & 7);
-  const uint8_t* p = b + 4;
   const float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
   const uint32_t qs = load_4_bytes(b + 16 + 4 * l);
   for (int half = 0; half < 2; ++half) {
-    const int j = 2 * g + half;
     int sc, mn;
-    if (j < 4) {
-      sc = p[j] & 63;
-      mn = p[j + 4] & 63;
-    } else {
-      sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
-      mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
-    }
+    q4k_scale_min(b + 4, 2 * g + half, sc, mn);
     s[half] = d * float(sc);
     m[half] = -(dmin * float(mn));
     for (int i = 0; i < 4; ++i) qv[4 * half + i] = small_int_to_f32(qs >> (8 * i + 4 * half) & 0xF, k2p23);
