@@ -32,13 +32,14 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name) {
 // Int8 mode: the tensors' own blocks when the integer GEMM multiplies their type and every tensor
 // of the matrix has it, else every row requantized to Q8_0 (its dequantized values rounded per
 // block of 32 to 8 bits, as llama.cpp's quantizer does). A matrix of one tensor kept as stored is
-// not copied: it reads the file's mapping (`mapping` keeps it alive).
-Matrix load_int8(const GgufFile& f, const std::shared_ptr<const GgufFile>& mapping,
-                 std::vector<const GgufTensor*> ts, Matrix m, CpuContext& ctx) {
+// not copied: it reads the file's mapping (which `file` keeps alive).
+Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const GgufTensor*> ts, Matrix m,
+                 CpuContext& ctx) {
+  const GgufFile& f = *file;
   const GgmlType t0 = ts.front()->type;
   const bool keep = qgemm_supports(t0) &&
                     std::all_of(ts.begin(), ts.end(), [&](const GgufTensor* t) { return t->type == t0; });
-  const bool mapped = keep && mapping && ts.size() == 1;
+  const bool mapped = keep && ts.size() == 1;
   if (m.cols % kQBlock != 0)
     fail(
         "{}: tensor '{}' has rows of {} values, not a multiple of {}: --dtype int8 cannot hold it (--dtype "
@@ -49,29 +50,28 @@ Matrix load_int8(const GgufFile& f, const std::shared_ptr<const GgufFile>& mappi
   const int64_t K = m.cols, out_bytes = m.row_bytes();
   if (mapped) {
     m.q_mapped = ts.front()->data;
-    m.q_owner = mapping;
+    m.q_owner = file;
   } else {
     m.q.resize(size_t(m.rows * out_bytes), false);
-  }
-  int64_t row0 = 0;
-  for (const GgufTensor* t : ts) {
-    if (mapped) break;
-    const size_t in_bytes = size_t(*type_bytes(t->type, K));
-    ctx.run([&] {
-      tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
-        const uint8_t* src = t->data + r * in_bytes;
-        uint8_t* dst = m.q.data() + (row0 + r) * out_bytes;
-        if (keep) {
-          std::memcpy(dst, src, in_bytes);
-          return;
-        }
-        thread_local std::vector<float> tmp;
-        tmp.resize(size_t(K));
-        dequantize(t->type, src, tmp.data(), K);
-        quantize_q8_0(tmp.data(), K, dst);
+    int64_t row0 = 0;
+    for (const GgufTensor* t : ts) {
+      const size_t in_bytes = size_t(*type_bytes(t->type, K));
+      ctx.run([&] {
+        tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
+          const uint8_t* src = t->data + r * in_bytes;
+          uint8_t* dst = m.q.data() + (row0 + r) * out_bytes;
+          if (keep) {
+            std::memcpy(dst, src, in_bytes);
+            return;
+          }
+          thread_local std::vector<float> tmp;
+          tmp.resize(size_t(K));
+          dequantize(t->type, src, tmp.data(), K);
+          quantize_q8_0(tmp.data(), K, dst);
+        });
       });
-    });
-    row0 += t->rows();
+      row0 += t->rows();
+    }
   }
   // Scales no arithmetic survives (a file's NaN or infinite f16, or a requantized NaN): refused,
   // naming the tensor.
@@ -95,8 +95,9 @@ Matrix load_int8(const GgufFile& f, const std::shared_ptr<const GgufFile>& mappi
 }
 
 // Stacks the named [rows_i][K] tensors into one matrix.
-Matrix load_matrix(const GgufFile& f, const std::shared_ptr<const GgufFile>& mapping,
-                   const std::vector<std::string>& names, DType dtype, CpuContext& ctx) {
+Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vector<std::string>& names,
+                   DType dtype, CpuContext& ctx) {
+  const GgufFile& f = *file;
   Matrix m;
   m.dtype = dtype;
   std::vector<const GgufTensor*> ts;
@@ -116,7 +117,7 @@ Matrix load_matrix(const GgufFile& f, const std::shared_ptr<const GgufFile>& map
       for (const GgufTensor* t : ts) f.drop_pages(t->data, uint64_t(t->n_bytes));
     }
   } drop{f, ts};
-  if (dtype == DType::Int8) return load_int8(f, mapping, ts, std::move(m), ctx);
+  if (dtype == DType::Int8) return load_int8(file, ts, std::move(m), ctx);
   if (dtype == DType::F32)
     m.f32.resize(m.rows * m.cols, false);
   else
@@ -155,13 +156,13 @@ int64_t Weights::bytes() const {
 Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelConfig& c, DType dtype,
                      CpuContext& ctx) {
   const GgufFile& f = *file;
-  const auto load_matrix = [&](const std::vector<std::string>& names, DType dt, CpuContext& cx) {
-    return lp::load_matrix(f, file, names, dt, cx);
+  const auto load_matrix = [&](const std::vector<std::string>& names) {
+    return lp::load_matrix(file, names, dtype, ctx);
   };
   Weights w;
   w.dtype = dtype;
-  w.tok_embd = load_matrix({"token_embd.weight"}, dtype, ctx);
-  if (!c.tied_embeddings) w.output = load_matrix({"output.weight"}, dtype, ctx);
+  w.tok_embd = load_matrix({"token_embd.weight"});
+  if (!c.tied_embeddings) w.output = load_matrix({"output.weight"});
   w.output_norm = load_vector(f, "output_norm.weight");
   if (c.has_rope_freqs) w.rope_freqs = load_vector(f, "rope_freqs.weight");
   w.layers.resize(size_t(c.n_layer));
@@ -170,10 +171,10 @@ Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelCon
     LayerWeights& L = w.layers[size_t(l)];
     L.attn_norm = load_vector(f, p + "attn_norm.weight");
     L.ffn_norm = load_vector(f, p + "ffn_norm.weight");
-    L.wqkv = load_matrix({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, dtype, ctx);
-    L.wo = load_matrix({p + "attn_output.weight"}, dtype, ctx);
-    L.w_gate_up = load_matrix({p + "ffn_gate.weight", p + "ffn_up.weight"}, dtype, ctx);
-    L.w_down = load_matrix({p + "ffn_down.weight"}, dtype, ctx);
+    L.wqkv = load_matrix({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"});
+    L.wo = load_matrix({p + "attn_output.weight"});
+    L.w_gate_up = load_matrix({p + "ffn_gate.weight", p + "ffn_up.weight"});
+    L.w_down = load_matrix({p + "ffn_down.weight"});
   }
   return w;
 }

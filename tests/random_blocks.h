@@ -1,7 +1,10 @@
-// Random rows of GGUF blocks for the quantized kernels' tests (CPU qgemm, CUDA int8).
+// Random rows of GGUF blocks for the quantized kernels' tests (CPU qgemm, CUDA int8) and for the
+// benches' random models (lp_make_gguf, lp_gpu_bench --int8).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -34,6 +37,25 @@ inline std::vector<uint8_t> random_q_rows(GgmlType t, int64_t rows, int64_t K, u
     }
   }
   return w;
+}
+
+// n_blocks blocks of type t at p, fast enough for a model of billions of weights (xorshift, 8
+// bytes at a time): every byte random, then the f16 scale fields set to d (and Q4_1/Q5_1's
+// minimum, Q4_K/Q5_K's dmin to -8d), so every scale is finite. For timing and memory, not numerics.
+inline void fill_random_blocks(GgmlType t, uint8_t* p, int64_t n_blocks, uint64_t seed, float d) {
+  const TypeInfo info = *type_info(uint32_t(t));
+  const bool two = t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
+  const int d_at = t == GgmlType::Q6_K ? 208 : 0;  // Q6_K: d after ql[128], qh[64], scales[16]
+  const uint16_t hd = f32_to_f16(d), hm = f32_to_f16(-8 * d);
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t b = 0; b < n_blocks; ++b, p += info.block_bytes) {
+    for (int64_t j = 0; j < info.block_bytes; j += 8) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      std::memcpy(p + j, &s, size_t(std::min<int64_t>(8, info.block_bytes - j)));
+    }
+    p[d_at] = uint8_t(hd & 255), p[d_at + 1] = uint8_t(hd >> 8);
+    if (two) p[2] = uint8_t(hm & 255), p[3] = uint8_t(hm >> 8);
+  }
 }
 
 }  // namespace lp::testing

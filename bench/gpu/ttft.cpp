@@ -37,6 +37,7 @@
 #include "model/presets.h"
 #include "model/quant.h"
 #include "pruning/schedule.h"
+#include "tests/random_blocks.h"
 
 namespace {
 
@@ -80,15 +81,7 @@ std::unique_ptr<Model> random_model(const std::string& preset, int layers, bool 
       m.dtype = DType::Int8;
       m.qtype = GgmlType::Q8_0;
       m.q.resize(rows * m.row_bytes(), false);
-      const uint16_t d = f32_to_f16(0.02f / 127);
-      uint8_t* p = m.q.data();
-      for (int64_t b = 0; b < rows * cols / 32; ++b, p += 34) {
-        p[0] = uint8_t(d & 255), p[1] = uint8_t(d >> 8);
-        for (int j = 0; j < 32; j += 8) {
-          state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-          std::memcpy(p + 2 + j, &state, 8);
-        }
-      }
+      testing::fill_random_blocks(GgmlType::Q8_0, m.q.data(), rows * cols / 32, state++, 0.02f / 127);
       return m;
     }
     m.dtype = DType::BF16;

@@ -25,6 +25,7 @@
 #include "model/presets.h"
 #include "model/quant.h"
 #include "tests/gguf_writer.h"
+#include "tests/random_blocks.h"
 
 namespace lp {
 namespace {
@@ -37,42 +38,6 @@ struct Planned {
   uint64_t bytes = 0;
   uint64_t seed = 0;
 };
-
-// The scale fields of each block type (f16 at these byte offsets); everything else is random.
-struct ScaleFields {
-  std::vector<int> at;
-};
-ScaleFields scale_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_1:
-    case GgmlType::Q5_1:
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K:
-      return {{0, 2}};  // d and m (or dmin)
-    case GgmlType::Q6_K:
-      return {{208}};  // d after ql[128], qh[64], scales[16]
-    default:
-      return {{0}};  // Q8_0, Q4_0, Q5_0
-  }
-}
-
-// Random blocks: xorshift bytes, then small finite scales (d about 1e-3, minima about -1e-3 x 8).
-void fill_blocks(GgmlType t, uint8_t* p, int64_t n_blocks, uint64_t seed) {
-  const TypeInfo info = *type_info(uint32_t(t));
-  const ScaleFields sf = scale_fields(t);
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  const uint16_t d = f32_to_f16(1e-3f), m = f32_to_f16(-8e-3f);
-  for (int64_t b = 0; b < n_blocks; ++b, p += info.block_bytes) {
-    for (int64_t j = 0; j < info.block_bytes; j += 8) {
-      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-      std::memcpy(p + j, &s, size_t(std::min<int64_t>(8, info.block_bytes - j)));
-    }
-    for (size_t k = 0; k < sf.at.size(); ++k) {
-      const uint16_t v = k == 0 ? d : m;
-      p[sf.at[k]] = uint8_t(v & 255), p[sf.at[k] + 1] = uint8_t(v >> 8);
-    }
-  }
-}
 
 // llama.cpp's use_more_bits(i_layer, n_layer).
 bool more_bits(int i, int n) {
@@ -198,7 +163,8 @@ int run(int argc, char** argv) {
       const int64_t blocks = int64_t(t.bytes) / info.block_bytes, chunk = 4096;
       tbb::parallel_for(int64_t(0), (blocks + chunk - 1) / chunk, [&](int64_t i) {
         const int64_t b0 = i * chunk, n = std::min(chunk, blocks - b0);
-        fill_blocks(t.type, buf.data() + b0 * info.block_bytes, n, t.seed * 65537 + uint64_t(i));
+        testing::fill_random_blocks(t.type, buf.data() + b0 * info.block_bytes, n,
+                                    t.seed * 65537 + uint64_t(i), 1e-3f);
       });
     }
     put(buf.data(), buf.size(), layout.data_start + t.offset);

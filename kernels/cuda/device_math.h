@@ -144,7 +144,7 @@ LP_HD float bf16_to_f32(uint16_t h) {
 }
 
 // ---- GGUF quantized blocks (--dtype int8 on the GPU) --------------------------------------------
-// The weights stay in their blocks on the device; a kernel reads element k of a row as below.
+// The weights stay in their blocks on the device; the kernels read a row 8 elements at a time (below).
 // model/quant.cpp's dequantizers are the reference (tests/kernels/test_cuda_math.cpp).
 
 // ggml type ids of the block types the GPU reads.
@@ -199,45 +199,18 @@ LP_HD void q4k_scale_min(const uint8_t* p, int j, int& sc, int& mn) {
   }
 }
 
-// Element k of a row of blocks of type `qt` (one row: K / 32 or K / 256 whole blocks), in f32:
-// Q8_0 d*q; Q4_0 d*(q-8); Q4_1 d*q + m; Q4_K d*sc[j]*q - dmin*mn[j] with the 6-bit scales and
-// minima of sub-block j unpacked from the 12-byte field.
-LP_HD float q_element(const uint8_t* row, int qt, int64_t k) {
-  if (qt == kQ8_0) {
-    const uint8_t* b = row + (k >> 5) * 34;
-    return float(int8_t(b[2 + (k & 31)])) * f16_to_f32(load_u16(b));
-  }
-  if (qt == kQ4_0 || qt == kQ4_1) {
-    const int size = qt == kQ4_0 ? 18 : 20;
-    const uint8_t* b = row + (k >> 5) * size;
-    const int j = int(k & 31);
-    const uint8_t byte = b[size - 16 + (j & 15)];
-    const int q = j < 16 ? (byte & 0xF) : (byte >> 4);
-    const float d = f16_to_f32(load_u16(b));
-    return qt == kQ4_0 ? float(q - 8) * d : float(q) * d + f16_to_f32(load_u16(b + 2));
-  }
-  // Q4_K: 144 bytes per 256: d, dmin, scales[12], qs[128]; sub-blocks 2g and 2g+1 share qs[32g..].
-  const uint8_t* b = row + (k >> 8) * 144;
-  const int e = int(k & 255), j = e >> 5, g = j >> 1, l = e & 31;
-  int sc, mn;
-  q4k_scale_min(b + 4, j, sc, mn);
-  const uint8_t byte = b[16 + 32 * g + l];
-  const int q = (j & 1) ? (byte >> 4) : (byte & 0xF);
-  return f16_to_f32(load_u16(b)) * float(sc) * float(q) - f16_to_f32(load_u16(b + 2)) * float(mn);
-}
-
 // The unit of work of the GPU's block kernels: 8 elements of a row, two runs of 4 consecutive
 // elements starting at k[0] and k[1], read from 8 (Q8_0) or 4 (4-bit types) consecutive bytes of
 // one block. Unit u of a row: Q8_0 block u/4, elements 8(u%4)..+7 (k[1] = k[0] + 4); Q4_0/Q4_1
 // block u/4, quant bytes 4(u%4)..+3, whose low nibbles are elements 4(u%4)..+3 and high nibbles
 // 16 + 4(u%4)..+3; Q4_K super-block u/32, quant bytes 4(u%32)..+3 of its 128, low nibbles in
 // sub-block 2g, high in 2g+1 (g = (u%32)/8). So a warp's 32 lanes read 32 consecutive units: 256
-// contiguous bytes of Q8_0, 144 of the others. A row has K / 8 units.
+// contiguous bytes of Q8_0, 144 of the others. A row has K / 8 units. Block layouts: Q8_0 d,
+// q[32]; Q4_0 d, qs[16]; Q4_1 d, m, qs[16]; Q4_K d, dmin, scales[12], qs[128] (docs/gguf.md).
 //
 // q_unit_parts gives element 4h + i as qv[4h + i] * s[h] + m[h]: the quants as exact small
 // integers in f32 (Q4_0's already less 8), a scale and a minimum per run (m = 0 for Q8_0 and Q4_0),
-// so a dot product can take the scale out of each run's sum. q_unit gives the elements, equal to
-// q_element's.
+// so a dot product can take the scale out of each run's sum. q_unit gives the elements.
 
 // f32 of a small integer v (< 2^23) less `bias - 2^23`, from the bits of 2^23 + v: one add, where
 // a conversion instruction would run at a quarter of the rate. Exact.

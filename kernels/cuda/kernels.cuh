@@ -174,7 +174,12 @@ __global__ void gather_q_kernel(const uint8_t* q, int qt, int64_t row_bytes, con
                                 int64_t width) {
   const int64_t r = blockIdx.x;
   const uint8_t* row = q + idx[r] * row_bytes;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::q_element(row, qt, i);
+  for (int64_t u = threadIdx.x; u < width / 8; u += blockDim.x) {
+    int64_t k[2];
+    float w[8];
+    cm::q_unit(row, qt, u, k, w);
+    for (int e = 0; e < 8; ++e) dst[r * width + k[e >> 2] + (e & 3)] = w[e];
+  }
 }
 
 // out[t][n] = sum_k a[t][k] * w[n][k] for few rows of bf16 activations a (a decoding step, the LM

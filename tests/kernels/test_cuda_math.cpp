@@ -252,8 +252,9 @@ TEST(CudaMath, HalfToFloatIsExactForEveryHalf) {
   }
 }
 
-// Element k of a row of blocks, read where it lies (the GPU's int8 path), against model/quant's
-// dequantizer of the whole row; the ggml type ids the GPU names are the file's.
+// The elements of a row of blocks as the GPU's int8 kernels read them (8-element units, which must
+// cover the row once), against model/quant's dequantizer of the whole row; the ggml type ids the
+// GPU names are the file's.
 TEST(CudaMath, BlockElementsAreWhatTheDequantizerGives) {
   EXPECT_EQ(int(cuda_math::kQ8_0), int(GgmlType::Q8_0));
   EXPECT_EQ(int(cuda_math::kQ4_0), int(GgmlType::Q4_0));
@@ -264,11 +265,6 @@ TEST(CudaMath, BlockElementsAreWhatTheDequantizerGives) {
     const auto row = testing::random_q_rows(t, 1, K, 11);
     std::vector<float> want(static_cast<size_t>(K));
     dequantize(t, row.data(), want.data(), K);
-    for (int64_t k = 0; k < K; ++k)
-      ASSERT_NEAR(cuda_math::q_element(row.data(), int(t), k), want[size_t(k)],
-                  1e-6f * (1 + std::fabs(want[size_t(k)])))
-          << "type " << int(t) << " element " << k;
-    // The 8-element units of the GPU's block kernels cover the row once, each element as q_element.
     std::vector<int> seen(static_cast<size_t>(K));
     for (int64_t u = 0; u < K / 8; ++u) {
       int64_t k[2];
@@ -278,7 +274,8 @@ TEST(CudaMath, BlockElementsAreWhatTheDequantizerGives) {
         const int64_t at = k[e / 4] + e % 4;
         ASSERT_TRUE(at >= 0 && at < K) << "type " << int(t) << " unit " << u;
         ++seen[size_t(at)];
-        ASSERT_EQ(w[e], cuda_math::q_element(row.data(), int(t), at)) << "type " << int(t) << " unit " << u;
+        ASSERT_NEAR(w[e], want[size_t(at)], 1e-6f * (1 + std::fabs(want[size_t(at)])))
+            << "type " << int(t) << " element " << at;
       }
     }
     for (int64_t k = 0; k < K; ++k) ASSERT_EQ(seen[size_t(k)], 1) << "type " << int(t) << " element " << k;
