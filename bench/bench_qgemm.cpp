@@ -5,7 +5,8 @@
 // BM_Peak_*: 2 threads, each a loop of independent FMAs (f32, 512- and 256-bit) or vpdpbusd
 // (int8, 4 multiply-adds per 32-bit lane) on registers only: the peak a kernel could reach here,
 // counted as 2 operations per multiply-add. Each kind runs only where cpuid says the CPU has it.
-// BM_QGemm: every kernel this CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes, the
+// BM_QGemm: every kernel this CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes (and
+// every kept type at Llama-3.1-8B's attention output, 512 x 4096 -> 4096), the
 // weights cycling through 16 matrices so they come from memory as in a prefill (as
 // BM_Gemm_ColdWeights does for the f32 GEMM); counters: int8 Gop/s (2 M N K per call).
 #include <benchmark/benchmark.h>
@@ -18,6 +19,7 @@
 #include "kernels/context.h"
 #include "kernels/cpu/qgemm.h"
 #include "model/quant.h"
+#include "tests/random_blocks.h"
 
 namespace {
 
@@ -109,18 +111,12 @@ void BM_QGemm(benchmark::State& st) {
     return;
   }
   const int64_t bytes = *lp::type_bytes(t, K) * N;
-  std::mt19937 rng(1);
   std::vector<std::vector<uint8_t>> ws(16, std::vector<uint8_t>(static_cast<size_t>(bytes)));
-  for (auto& w : ws) {
-    for (auto& b : w) b = uint8_t(rng());
-    // Scales (and Q4_1's minimum, Q4_K's dmin) of 0.01 (f16 0x211f) at the start of every block.
-    const int64_t bb = lp::type_info(uint32_t(t))->block_bytes;
-    for (int64_t i = 0; i < bytes; i += bb)
-      for (int64_t j = 0; j < 4; j += 2) {
-        w[size_t(i + j)] = 0x1f;
-        w[size_t(i + j + 1)] = 0x21;
-      }
-  }
+  uint64_t seed = 1;
+  for (auto& w : ws)  // every byte random, each scale field 0.01 (and each minimum -0.08)
+    lp::testing::fill_random_blocks(t, w.data(), bytes / lp::type_info(uint32_t(t))->block_bytes, seed++,
+                                    0.01f);
+  std::mt19937 rng(1);
   std::vector<float> a(static_cast<size_t>(M * K)), c(static_cast<size_t>(M * N));
   std::uniform_real_distribution<float> u(-1, 1);
   for (float& x : a) x = u(rng);
@@ -144,9 +140,7 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
       }
     // Llama-3.1-8B's attention output shape (K-quants need rows of whole 256-blocks; SmolLM2's 576
     // are not), every type.
-    for (int t :
-         {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1), int(lp::GgmlType::Q4_K)})
-      b->Args({k, t, 512, 4096, 4096});
+    for (const lp::GgmlType t : lp::testing::kQuantTypes) b->Args({k, int(t), 512, 4096, 4096});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

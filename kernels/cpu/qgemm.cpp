@@ -20,87 +20,140 @@ inline uint16_t load_u16(const uint8_t* p) {
   return uint16_t(p[0] | (p[1] << 8));  // little-endian, as GGUF stores it
 }
 
-// Every type here is read as blocks of 32 weights: Q8_0, Q4_0 and Q4_1 are such blocks; a Q4_K
-// super-block of 256 is 8 of them, sub-block j with scale d * sc[j] and minimum -dmin * mn[j]
-// (sc, mn: 6-bit, docs/gguf.md), its 32 nibbles the low (j even) or high (j odd) halves of the 32
-// bytes qs[32 (j / 2) ...]. Weights multiply as signed int8 (Q8_0; Q4_0's nibbles minus 8) or as
-// unsigned nibbles with a per-block minimum (Q4_1, Q4_K).
+// Every type here is read as blocks of 32 weights (docs/gguf.md has the layouts): Q8_0, Q4_0,
+// Q4_1, Q5_0 and Q5_1 are such blocks; a K-quant super-block of 256 is 8 of them. Q4_K and Q5_K
+// sub-block j has scale d * sc[j] and minimum -dmin * mn[j] (6-bit multipliers), its low four
+// bits the low (j even) or high (j odd) nibbles of 32 bytes shared with its pair, Q5_K's fifth
+// bit bit j of qh[l]. Q6_K's 32-block j (half h = j / 4, k = j % 4) takes nibbles of ql[64h +
+// 32(k % 2) + l] (low for k < 2), bits 2k..2k+1 of qh[32h + l] as bits 4-5, less 32, and has two
+// scales, d * sc[2j] for its first 16 elements and d * sc[2j + 1] for the rest: lanes 0-3 of a
+// block's 8 lanes of 4 products use the first, lanes 4-7 the second. Weights multiply as signed
+// int8 (Q8_0; Q4_0, Q5_0 and Q6_K less their offset) or as unsigned values with a per-block
+// minimum (Q4_1, Q5_1, Q4_K, Q5_K).
 constexpr bool is_signed(GgmlType t) {
-  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0;
+  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q6_K;
 }
 constexpr bool has_min(GgmlType t) {
-  return t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
+  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
 }
-constexpr int64_t block_bytes(GgmlType t) {  // of the type's own block (256 weights for Q4_K)
-  return t == GgmlType::Q8_0 ? 34 : t == GgmlType::Q4_0 ? 18 : t == GgmlType::Q4_1 ? 20 : 144;
+constexpr int n_scales(GgmlType t) {  // per block of 32: Q6_K's sub-blocks are 16 elements
+  return t == GgmlType::Q6_K ? 2 : 1;
 }
-// The bytes holding block b's quants (Q4_K: the 32 bytes its nibbles share with its pair).
-inline const uint8_t* quants(GgmlType t, const uint8_t* row, int64_t b) {
+constexpr int64_t block_bytes(GgmlType t) {  // of the type's own block (256 weights for the K-quants)
   switch (t) {
     case GgmlType::Q8_0:
-      return row + b * 34 + 2;
+      return 34;
     case GgmlType::Q4_0:
-      return row + b * 18 + 2;
+      return 18;
     case GgmlType::Q4_1:
-      return row + b * 20 + 4;
+      return 20;
+    case GgmlType::Q5_0:
+      return 22;
+    case GgmlType::Q5_1:
+      return 24;
+    case GgmlType::Q4_K:
+      return 144;
+    case GgmlType::Q5_K:
+      return 176;
     default:
-      return row + (b >> 3) * 144 + 16 + ((b & 7) >> 1) * 32;
+      return 210;  // Q6_K
   }
 }
-// The f16 scale (and minimum) bits of block b, and Q4_K's 6-bit multipliers of them.
+// Four bytes as one little-endian word (a Q5_0/Q5_1 block's qh: element e's fifth bit is bit e).
+inline uint32_t load_u32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+inline int q5_high_offset(GgmlType t) {  // where a Q5_0/Q5_1 block's qh[4] starts
+  return t == GgmlType::Q5_0 ? 2 : 4;
+}
+
+// Block b's scales as f32 (lanes 0-3 take d[0], lanes 4-7 d[1]; equal but for Q6_K) and its
+// minimum (0 for the signed types), from the f16 values `h` converts: a K-quant's d * sc and
+// -(dmin * mn) are each one rounding.
 struct BlockScale {
-  uint16_t d = 0, m = 0;
-  int sc = 1, mn = 1;
+  float d[2];
+  float m;
 };
-inline BlockScale block_scale(GgmlType t, const uint8_t* row, int64_t b) {
-  if (t != GgmlType::Q4_K) {
-    const uint8_t* blk = row + b * block_bytes(t);
-    return {load_u16(blk), t == GgmlType::Q4_1 ? load_u16(blk + 2) : uint16_t(0), 1, 1};
+template <class Half>
+inline BlockScale block_scale(GgmlType t, const uint8_t* row, int64_t b, Half h) {
+  switch (t) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0: {
+      const float d = h(load_u16(row + b * block_bytes(t)));
+      return {{d, d}, 0.f};
+    }
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1: {
+      const uint8_t* blk = row + b * block_bytes(t);
+      const float d = h(load_u16(blk));
+      return {{d, d}, h(load_u16(blk + 2))};
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* sb = row + (b >> 3) * 210;
+      const float d = h(load_u16(sb + 208));
+      const auto* sc = reinterpret_cast<const int8_t*>(sb + 192) + 2 * (b & 7);
+      return {{d * float(sc[0]), d * float(sc[1])}, 0.f};
+    }
+    default:
+      break;
   }
-  const uint8_t* sb = row + (b >> 3) * 144;
+  // Q4_K, Q5_K: the 6-bit scale and minimum of sub-block j in the 12-byte field at byte 4.
+  const uint8_t* sb = row + (b >> 3) * block_bytes(t);
   const uint8_t* p = sb + 4;
   const int j = int(b & 7);
-  BlockScale s{load_u16(sb), load_u16(sb + 2), 0, 0};
+  int sc, mn;
   if (j < 4) {
-    s.sc = p[j] & 63;
-    s.mn = p[j + 4] & 63;
+    sc = p[j] & 63;
+    mn = p[j + 4] & 63;
   } else {
-    s.sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
-    s.mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+    sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
+    mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
   }
-  return s;
-}
-// The block's scale and minimum as f32, from the f16 values `h` converts: Q4_K's d * sc and
-// -(dmin * mn), each one rounding.
-template <class Half>
-inline void block_scale_f32(GgmlType t, const BlockScale& s, Half h, float* d, float* m) {
-  if (t == GgmlType::Q4_K) {
-    *d = h(s.d) * float(s.sc);
-    *m = -(h(s.m) * float(s.mn));
-  } else {
-    *d = h(s.d);
-    *m = t == GgmlType::Q4_1 ? h(s.m) : 0.f;
-  }
+  const float d = h(load_u16(sb)) * float(sc);
+  return {{d, d}, -(h(load_u16(sb + 2)) * float(mn))};
 }
 
 // One weight block as 32 int8 values in element order.
 void decode_scalar(GgmlType t, const uint8_t* row, int64_t b, int8_t* w) {
-  const uint8_t* q = quants(t, row, b);
-  if (t == GgmlType::Q8_0) {
-    std::memcpy(w, q, kQBlock);
-    return;
+  switch (t) {
+    case GgmlType::Q8_0:
+      std::memcpy(w, row + b * 34 + 2, kQBlock);
+      return;
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const uint8_t* sb = row + (b >> 3) * block_bytes(t);
+      const int j = int(b & 7), shift = (j & 1) ? 4 : 0;
+      const uint8_t* q = sb + (t == GgmlType::Q4_K ? 16 : 48) + 32 * (j >> 1);
+      for (int l = 0; l < kQBlock; ++l) {
+        const int high = t == GgmlType::Q5_K ? ((sb[16 + l] >> j) & 1) << 4 : 0;
+        w[l] = int8_t(((q[l] >> shift) & 15) | high);
+      }
+      return;
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* sb = row + (b >> 3) * 210;
+      const int h = int(b & 7) >> 2, k = int(b & 3), shift = k >= 2 ? 4 : 0;
+      const uint8_t* ql = sb + 64 * h + 32 * (k & 1);
+      const uint8_t* qh = sb + 128 + 32 * h;
+      for (int l = 0; l < kQBlock; ++l)
+        w[l] = int8_t((((ql[l] >> shift) & 15) | ((qh[l] >> (2 * k)) & 3) << 4) - 32);
+      return;
+    }
+    default:
+      break;
   }
-  if (t == GgmlType::Q4_K) {
-    const int shift = (b & 1) ? 4 : 0;
-    for (int j = 0; j < kQBlock; ++j) w[j] = int8_t((q[j] >> shift) & 15);
-    return;
-  }
-  // Q4_0 / Q4_1: element j < 16 is the low nibble of byte j, element j >= 16 the high nibble of
-  // byte j - 16.
-  const int off = t == GgmlType::Q4_0 ? 8 : 0;
+  // Q4_0, Q4_1, Q5_0, Q5_1: element j < 16 is the low nibble of qs[j], element j >= 16 the high
+  // nibble of qs[j - 16]; Q5's fifth bit of element j is bit j of qh.
+  const int64_t bb = block_bytes(t);
+  const uint8_t* blk = row + b * bb;
+  const uint8_t* q = blk + bb - 16;
+  const bool five = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
+  const uint32_t qh = five ? load_u32(blk + q5_high_offset(t)) : 0;
+  const int off = t == GgmlType::Q4_0 ? 8 : t == GgmlType::Q5_0 ? 16 : 0;
   for (int j = 0; j < 16; ++j) {
-    w[j] = int8_t((q[j] & 15) - off);
-    w[j + 16] = int8_t((q[j] >> 4) - off);
+    w[j] = int8_t(((q[j] & 15) | ((qh >> j) & 1) << 4) - off);
+    w[j + 16] = int8_t(((q[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - off);
   }
 }
 
@@ -117,15 +170,14 @@ float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t n
   int8_t w[kQBlock];
   for (int64_t b = 0; b < nb; ++b) {
     decode_scalar(t, w_row, b, w);
-    float dw, mw;
-    block_scale_f32(t, block_scale(t, w_row, b), f16_to_f32, &dw, &mw);
-    const float scale = dw * a[b].d;
+    const BlockScale bs = block_scale(t, w_row, b, f16_to_f32);
+    const float scale[2] = {bs.d[0] * a[b].d, bs.d[1] * a[b].d};
     for (int l = 0; l < 8; ++l) {
       int32_t s = 0;
       for (int j = 4 * l; j < 4 * l + 4; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
-      acc[l] = std::fma(float(s), scale, acc[l]);
+      acc[l] = std::fma(float(s), scale[l >> 2], acc[l]);
     }
-    if (has_min(t)) corr = std::fma(mw, a[b].s, corr);
+    if (has_min(t)) corr = std::fma(bs.m, a[b].s, corr);
   }
   return reduce8_scalar(acc) + corr;
 }
@@ -141,20 +193,54 @@ float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t n
 namespace avx2 {
 namespace {
 #define LP_QTARGET LP_TARGET_AVX2
+// Byte e of the result: 16 where bit e of qh is set, else 0 (each byte takes qh's byte e / 8 and
+// tests its bit e % 8).
+LP_QTARGET inline __m256i fifth_bits(uint32_t qh) {
+  const __m256i bytes =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+}
+// Block b's 32 weights as bytes in element order (decode_scalar's values).
 template <GgmlType T>
 LP_QTARGET inline __m256i load_w(const uint8_t* row, int64_t b) {
-  const uint8_t* q = quants(T, row, b);
+  const __m256i nib = _mm256_set1_epi8(15);
   if constexpr (T == GgmlType::Q8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  } else if constexpr (T == GgmlType::Q4_K) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-    return _mm256_and_si256((b & 1) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
-  } else {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 34 + 2));
+  } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    const uint8_t* sb = row + (b >> 3) * block_bytes(T);
+    const int j = int(b & 7);
+    const __m256i v = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(sb + (T == GgmlType::Q4_K ? 16 : 48) + 32 * (j >> 1)));
+    const __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, nib);
+    if constexpr (T == GgmlType::Q4_K) return w;
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 16));
+    const __m256i m = _mm256_set1_epi8(char(1 << j));
+    return _mm256_or_si256(
+        w, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(16)));
+  } else if constexpr (T == GgmlType::Q6_K) {
+    const uint8_t* sb = row + (b >> 3) * 210;
+    const int h = int(b & 7) >> 2, k = int(b & 3);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * h + 32 * (k & 1)));
+    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(v, 4) : v, nib);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * h));
+    // Bits 2k..2k+1 of each byte to bits 4-5: a 16-bit shift right by 2k < 8 leaves each byte's
+    // own bits at 0-1, the mask drops what crossed from its neighbour.
+    const __m256i hi = _mm256_slli_epi16(
+        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+  } else {  // Q4_0, Q4_1, Q5_0, Q5_1
+    const uint8_t* blk = row + b * block_bytes(T);
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + block_bytes(T) - 16));
     const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15));
-    const __m256i w = _mm256_set_m128i(hi, lo);
-    return T == GgmlType::Q4_0 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
+    __m256i w = _mm256_set_m128i(hi, lo);
+    if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1)
+      w = _mm256_or_si256(w, fifth_bits(load_u32(blk + q5_high_offset(T))));
+    if constexpr (T == GgmlType::Q4_0) return _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    if constexpr (T == GgmlType::Q5_0) return _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+    return w;
   }
 }
 struct WPrep {
@@ -183,11 +269,10 @@ LP_QTARGET inline float reduce8(__m256 v) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
-// Block b's scale and minimum, f16 converted by F16C (exact, as model/quant's f16_to_f32).
+// Block b's scales and minimum, f16 converted by F16C (exact, as model/quant's f16_to_f32).
 template <GgmlType T>
-LP_QTARGET inline void scales(const uint8_t* row, int64_t b, float* d, float* m) {
-  block_scale_f32(
-      T, block_scale(T, row, b), [](uint16_t h) LP_QTARGET { return _cvtsh_ss(h); }, d, m);
+LP_QTARGET inline BlockScale scales(const uint8_t* row, int64_t b) {
+  return block_scale(T, row, b, [](uint16_t h) LP_QTARGET { return _cvtsh_ss(h); });
 }
 // 16 ymm registers: 4 x 2 tiles (8 accumulators) keep the weights' vectors in registers too
 // (2 x 4 and 4 x 4 ran 1.4-2.4x slower, 2 x 2 1.4x; BM_QGemm Q8_0 512 x 576 x 3072, 2026-11-24).
@@ -234,9 +319,8 @@ LP_QTARGET inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 template <GgmlType T>
-LP_QTARGET inline void scales(const uint8_t* row, int64_t b, float* d, float* m) {
-  block_scale_f32(
-      T, block_scale(T, row, b), [](uint16_t h) LP_QTARGET { return _cvtsh_ss(h); }, d, m);
+LP_QTARGET inline BlockScale scales(const uint8_t* row, int64_t b) {
+  return block_scale(T, row, b, [](uint16_t h) LP_QTARGET { return _cvtsh_ss(h); });
 }
 // 32 ymm registers with AVX-512VL. Tall tiles share each weight block's preparation over more
 // rows: Q8_0 512 x 576 x 3072 took 11.1 ms in 8 x 2, 12.7 in 6 x 2, 14.0 in 4 x 2, 16.4 in 4 x 4,
@@ -347,7 +431,19 @@ std::vector<QKernel> supported_qkernels() {
 }
 
 bool qgemm_supports(GgmlType t) {
-  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
+  switch (t) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
 }
 
 namespace {

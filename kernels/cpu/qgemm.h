@@ -1,14 +1,16 @@
-// Integer GEMMs over weights kept in their GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K; issue 20,
-// docs/cpu-kernels.md, "Quantized GEMMs"). Activations are quantized per block of 32 to 8 bits (round to
-// nearest, scale max|x| / 127, as llama.cpp's q8_0 does), each (activation block, weight block) pair is an
-// exact integer dot product, and the per-block scales are applied in f32.
+// Integer GEMMs over weights kept in their GGUF block format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+// Q5_K, Q6_K; issue 20, docs/cpu-kernels.md, "Quantized GEMMs"). Activations are quantized per
+// block of 32 to 8 bits (round to nearest, scale max|x| / 127, as llama.cpp's q8_0 does), each
+// (activation block, weight block) pair is an exact integer dot product, and the per-block scales
+// are applied in f32.
 //
 // Three kernels compute every product, chosen at run time (never assumed from the build):
 // AVX-512 VNNI (`vpdpbusd`, 256-bit), AVX2 (`vpmaddubsw` + `vpmaddwd`) and a scalar twin that is
 // kept as the reference. All three give bitwise the same result: the integer sums are exact, and
 // the f32 arithmetic is the same sequence in each (8 lane accumulators, lane l summing the products
-// of bytes 4l..4l+3 of every block, fused multiply-adds with the block's scale d_w * d_a, a fixed
-// reduction tree over the lanes, then Q4_1's minimum term), so a test can compare them exactly.
+// of bytes 4l..4l+3 of every block, fused multiply-adds with the block's scale d_w * d_a (Q6_K: one
+// per 16 elements, lanes 0-3 and 4-7), a fixed reduction tree over the lanes, then the minimum
+// term of the types that have one), so a test can compare them exactly.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,7 @@ namespace lp {
 inline constexpr int64_t kQBlock = 32;  // elements per block of every type here
 
 // One activation block: q = round(x / d) in [-127, 127], d = max|x| / 127 (0 for a zero block),
-// s = d * sum(q) (what Q4_1's per-block minimum multiplies).
+// s = d * sum(q) (what a weight block's minimum multiplies).
 struct QActBlock {
   float d = 0, s = 0;
   int8_t q[kQBlock] = {};

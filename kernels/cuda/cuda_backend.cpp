@@ -70,10 +70,11 @@ DMatrix upload(const Matrix& m, const char* what) {
   d.row_bytes = m.row_bytes();
   if (m.dtype == DType::Int8) {
     d.qtype = int(m.qtype);
-    if (d.qtype != cuda_math::kQ8_0 && d.qtype != cuda_math::kQ4_0 && d.qtype != cuda_math::kQ4_1 &&
-        d.qtype != cuda_math::kQ4_K)
-      fail("the CUDA backend cannot read {} blocks of type {} (Q8_0, Q4_0, Q4_1 and Q4_K only)", what,
-           d.qtype);
+    if (!cuda_math::readable(d.qtype))
+      fail(
+          "the CUDA backend cannot read {} blocks of type {} (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and "
+          "Q6_K only)",
+          what, d.qtype);
     d.data = upload(m.qdata(), size_t(m.bytes()), what);
   } else {
     d.data = d.bf16 ? upload(m.bf16.data(), size_t(m.rows * m.cols), what)

@@ -148,7 +148,26 @@ LP_HD float bf16_to_f32(uint16_t h) {
 // model/quant.cpp's dequantizers are the reference (tests/kernels/test_cuda_math.cpp).
 
 // ggml type ids of the block types the GPU reads.
-enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12 };
+enum QType : int {
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14
+};
+
+// Whether the kernels below read blocks of ggml type qt.
+LP_HD bool readable(int qt) {
+  return qt == kQ4_0 || qt == kQ4_1 || qt == kQ5_0 || qt == kQ5_1 || qt == kQ8_0 || qt == kQ4_K ||
+         qt == kQ5_K || qt == kQ6_K;
+}
+// Whether element values carry a per-run minimum (Q4_1, Q5_1, Q4_K, Q5_K).
+LP_HD bool has_minima(int qt) {
+  return qt == kQ4_1 || qt == kQ5_1 || qt == kQ4_K || qt == kQ5_K;
+}
 
 // IEEE half -> f32, exact (subnormals, infinities and NaN included).
 LP_HD float f16_to_f32(uint16_t h) {
@@ -188,7 +207,7 @@ LP_HD uint32_t load_4_bytes(const uint8_t* p) {
 #endif
 }
 
-// Q4_K's 6-bit scale and minimum of sub-block j (0..7) from the super-block's 12-byte field.
+// Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j (0..7) from the super-block's 12-byte field.
 LP_HD void q4k_scale_min(const uint8_t* p, int j, int& sc, int& mn) {
   if (j < 4) {
     sc = p[j] & 63;
@@ -200,17 +219,23 @@ LP_HD void q4k_scale_min(const uint8_t* p, int j, int& sc, int& mn) {
 }
 
 // The unit of work of the GPU's block kernels: 8 elements of a row, two runs of 4 consecutive
-// elements starting at k[0] and k[1], read from 8 (Q8_0) or 4 (4-bit types) consecutive bytes of
-// one block. Unit u of a row: Q8_0 block u/4, elements 8(u%4)..+7 (k[1] = k[0] + 4); Q4_0/Q4_1
-// block u/4, quant bytes 4(u%4)..+3, whose low nibbles are elements 4(u%4)..+3 and high nibbles
-// 16 + 4(u%4)..+3; Q4_K super-block u/32, quant bytes 4(u%32)..+3 of its 128, low nibbles in
-// sub-block 2g, high in 2g+1 (g = (u%32)/8). So a warp's 32 lanes read 32 consecutive units: 256
-// contiguous bytes of Q8_0, 144 of the others. A row has K / 8 units. Block layouts: Q8_0 d,
-// q[32]; Q4_0 d, qs[16]; Q4_1 d, m, qs[16]; Q4_K d, dmin, scales[12], qs[128] (docs/gguf.md).
+// elements starting at k[0] and k[1], read from 8 (Q8_0) or 4 (the others) consecutive quant
+// bytes of one block. Unit u of a row:
+// - Q8_0: block u/4, elements 8(u%4)..+7 (k[1] = k[0] + 4);
+// - Q4_0, Q4_1, Q5_0, Q5_1: block u/4, quant bytes 4(u%4)..+3, whose low nibbles are elements
+//   4(u%4)..+3 and high nibbles 16 + 4(u%4)..+3 (Q5's fifth bit of element e: bit e of qh);
+// - Q4_K, Q5_K: super-block u/32, quant bytes 4(u%32)..+3 of its 128, low nibbles in sub-block 2g,
+//   high in 2g+1 (g = (u%32)/8; Q5_K's fifth bits from the same 4 bytes of qh[32]);
+// - Q6_K: super-block u/32, ql bytes 4(u%32)..+3 of its 128: half h = (u%32)/16, position
+//   p = 4(u%16) % 32 in 32-block c = 4(u%16) / 32, low nibbles in 32-block c, high in c + 2, bits
+//   4-5 from qh[32h + p..] (bits 2c.. and 2(c+2)..), scale sc[8h + 2c + p/16] and sc[8h + 2c + 4 + p/16].
+// So a warp's 32 lanes read 32 consecutive units: 256 contiguous bytes of Q8_0, 128 of quants in
+// the others. A row has K / 8 units. Block layouts: docs/gguf.md.
 //
 // q_unit_parts gives element 4h + i as qv[4h + i] * s[h] + m[h]: the quants as exact small
-// integers in f32 (Q4_0's already less 8), a scale and a minimum per run (m = 0 for Q8_0 and Q4_0),
-// so a dot product can take the scale out of each run's sum. q_unit gives the elements.
+// integers in f32 (less Q4_0's 8, Q5_0's 16, Q6_K's 32), a scale and a minimum per run (m = 0 for
+// the signed types), so a dot product can take the scale out of each run's sum. q_unit gives the
+// elements.
 
 // f32 of a small integer v (< 2^23) less `bias - 2^23`, from the bits of 2^23 + v: one add, where
 // a conversion instruction would run at a quarter of the rate. Exact.
@@ -239,32 +264,57 @@ LP_HD void q_unit_parts(const uint8_t* row, int qt, int64_t u, int64_t k[2], flo
     k[1] = k[0] + 4;
     return;
   }
-  if (qt == kQ4_0 || qt == kQ4_1) {
-    const int size = qt == kQ4_0 ? 18 : 20;
+  if (qt == kQ4_0 || qt == kQ4_1 || qt == kQ5_0 || qt == kQ5_1) {
+    const bool five = qt == kQ5_0 || qt == kQ5_1, minimum = qt == kQ4_1 || qt == kQ5_1;
+    const int size = qt == kQ4_0 ? 18 : qt == kQ4_1 ? 20 : qt == kQ5_0 ? 22 : 24;
     const uint8_t* b = row + (u >> 2) * size;
     const int part = int(u & 3);
     s[0] = s[1] = f16_to_f32(load_u16(b));
-    m[0] = m[1] = qt == kQ4_0 ? 0.0f : f16_to_f32(load_u16(b + 2));
-    const float bias = qt == kQ4_0 ? k2p23 + 8 : k2p23;
+    m[0] = m[1] = minimum ? f16_to_f32(load_u16(b + 2)) : 0.0f;
+    const float bias = k2p23 + (qt == kQ4_0 ? 8 : qt == kQ5_0 ? 16 : 0);
     const uint32_t qs = load_4_bytes(b + size - 16 + 4 * part);
+    // Q5: bits 4part..+3 (low nibbles' elements) and 16 + 4part..+3 (high) of qh, as bit 4.
+    const uint32_t qh = five ? load_4_bytes(b + (minimum ? 4 : 2)) >> 4 * part : 0;
     for (int i = 0; i < 4; ++i) {
-      qv[i] = small_int_to_f32(qs >> 8 * i & 0xF, bias);
-      qv[4 + i] = small_int_to_f32(qs >> (8 * i + 4) & 0xF, bias);
+      qv[i] = small_int_to_f32((qs >> 8 * i & 0xF) | (qh >> i & 1) << 4, bias);
+      qv[4 + i] = small_int_to_f32((qs >> (8 * i + 4) & 0xF) | (qh >> (16 + i) & 1) << 4, bias);
     }
     k[0] = (u >> 2) * 32 + 4 * part;
     k[1] = k[0] + 16;
     return;
   }
-  const uint8_t* b = row + (u >> 5) * 144;
-  const int l = int(u & 31), g = l >> 3, off = 4 * (l & 7);
+  const int l = int(u & 31);
+  if (qt == kQ6_K) {
+    const uint8_t* b = row + (u >> 5) * 210;
+    const int h = l >> 4, c = (l & 15) >> 3, p = 4 * (l & 7);
+    const float d = f16_to_f32(load_u16(b + 208));
+    const uint32_t ql = load_4_bytes(b + 4 * l), qh = load_4_bytes(b + 128 + 32 * h + p);
+    for (int half = 0; half < 2; ++half) {
+      const int blk = c + 2 * half;  // the 32-block of the half this run is in
+      s[half] = d * float(int8_t(b[192 + 8 * h + 2 * blk + p / 16]));
+      m[half] = 0.0f;
+      for (int i = 0; i < 4; ++i)
+        qv[4 * half + i] = small_int_to_f32(
+            (ql >> (8 * i + 4 * half) & 0xF) | (qh >> (8 * i + 2 * blk) & 3) << 4, k2p23 + 32);
+    }
+    k[0] = (u >> 5) * 256 + 128 * h + 32 * c + p;
+    k[1] = k[0] + 64;
+    return;
+  }
+  // Q4_K, Q5_K
+  const bool five = qt == kQ5_K;
+  const uint8_t* b = row + (u >> 5) * (five ? 176 : 144);
+  const int g = l >> 3, off = 4 * (l & 7);
   const float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
-  const uint32_t qs = load_4_bytes(b + 16 + 4 * l);
+  const uint32_t qs = load_4_bytes(b + (five ? 48 : 16) + 4 * l), qh = five ? load_4_bytes(b + 16 + off) : 0;
   for (int half = 0; half < 2; ++half) {
     int sc, mn;
     q4k_scale_min(b + 4, 2 * g + half, sc, mn);
     s[half] = d * float(sc);
     m[half] = -(dmin * float(mn));
-    for (int i = 0; i < 4; ++i) qv[4 * half + i] = small_int_to_f32(qs >> (8 * i + 4 * half) & 0xF, k2p23);
+    for (int i = 0; i < 4; ++i)
+      qv[4 * half + i] =
+          small_int_to_f32((qs >> (8 * i + 4 * half) & 0xF) | (qh >> (8 * i + 2 * g + half) & 1) << 4, k2p23);
   }
   k[0] = (u >> 5) * 256 + 64 * g + off;
   k[1] = k[0] + 32;

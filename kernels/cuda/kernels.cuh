@@ -196,7 +196,7 @@ __global__ void gemv_q_kernel(const uint16_t* a, const uint8_t* q, int qt, int64
   const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (int(threadIdx.x) >> 5);
   const uint8_t* row = q + (n < N ? n : 0) * row_bytes;
   const int64_t units = K / 8;
-  const bool minima = qt == cm::kQ4_1 || qt == cm::kQ4_K;
+  const bool minima = cm::has_minima(qt);
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
     const int rows = int(T - t0 < 4 ? T - t0 : 4);
     float acc[4] = {0, 0, 0, 0};

@@ -124,7 +124,7 @@ TEST(GpuOps, QuantizedBlocksDequantizeGatherAndMultiply) {
   for (const GgmlType t : testing::kQuantTypes)
     for (const int64_t blocks : {3, 36}) {
       SCOPED_TRACE(::testing::Message() << "type " << int(t) << ", " << blocks << " blocks");
-      const int64_t N = 9, K = blocks * (t == GgmlType::Q4_K ? 256 : 32), row_bytes = *type_bytes(t, K);
+      const int64_t N = 9, K = blocks * type_info(uint32_t(t))->block_elems, row_bytes = *type_bytes(t, K);
       const auto q = testing::random_q_rows(t, N, K, 21);
       std::vector<float> W(size_t(N * K));
       dequantize(t, q.data(), W.data(), N * K);

@@ -172,5 +172,58 @@ TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
   EXPECT_EQ(std::memcmp(down.q.data(), q8.data(), q8.size()), 0);
 }
 
+// The types kept as stored keep their blocks whatever the field order: Q6_K's scale is its last
+// two bytes, Q5_1's minimum follows its scale. A NaN or infinite one is refused at load, naming the
+// tensor, the row and the block.
+TEST(QGemm, Int8LoadChecksEveryScaleFieldOfTheKeptTypes) {
+  struct Case {
+    GgmlType t;
+    int field;  // byte offset of the f16 to spoil in block 1 of row 2
+    uint16_t bad;
+    const char* what;
+  };
+  for (const Case c : {Case{GgmlType::Q6_K, 208, 0x7E00, "NaN"}, Case{GgmlType::Q5_1, 2, 0x7C00, "infinite"},
+                       Case{GgmlType::Q5_K, 2, 0xFC00, "infinite"}, Case{GgmlType::Q5_0, 0, 0x7E01, "NaN"}}) {
+    SCOPED_TRACE(type_info(uint32_t(c.t))->name);
+    testing::TinyModelSpec spec;
+    spec.n_embd = 512;  // rows of two K-quant super-blocks
+    spec.n_ff = 256;
+    spec.n_layer = 1;
+    testing::GgufWriter w = testing::tiny_model_writer(spec);
+    testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");  // [512][512]
+    ASSERT_NE(o, nullptr);
+    o->type = uint32_t(c.t);
+    o->data = random_q_rows(c.t, 512, 512, 13);
+    testing::TempDir dir;
+    const std::string good = dir.file("good.gguf");
+    w.write(good);
+    {
+      const auto f = std::make_shared<const GgufFile>(GgufFile::open(good));
+      CpuContext ctx(1);
+      const Weights wt = load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
+      EXPECT_EQ(wt.layers[0].wo.qtype, c.t);
+      EXPECT_EQ(wt.layers[0].wo.q_mapped, f->tensor("blk.0.attn_output.weight").data);
+    }
+    const TypeInfo info = *type_info(uint32_t(c.t));
+    const int64_t row_bytes = *type_bytes(c.t, 512);
+    uint8_t* f16 = o->data.data() + 2 * row_bytes + info.block_bytes + c.field;
+    f16[0] = uint8_t(c.bad & 255);
+    f16[1] = uint8_t(c.bad >> 8);
+    const std::string bad = dir.file("bad.gguf");
+    w.write(bad);
+    const auto f = std::make_shared<const GgufFile>(GgufFile::open(bad));
+    CpuContext ctx(1);
+    try {
+      (void)load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
+      ADD_FAILURE() << "loaded a " << c.what << " scale";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const std::string& part :
+           {std::string("blk.0.attn_output.weight"), std::string(c.what), std::string("row 2, block 1")})
+        EXPECT_NE(msg.find(part), std::string::npos) << msg;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lp
