@@ -131,7 +131,7 @@ void BM_QGemm(benchmark::State& st) {
                                             benchmark::Counter::kIsIterationInvariantRate);
 }
 void qgemm_shapes(benchmark::internal::Benchmark* b) {
-  for (int k : {0, 1, 2}) {
+  for (int k : {0, 1, 2, 3}) {
     for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1)})
       for (int64_t m : {64, 512}) {
         b->Args({k, t, m, 576, 3072});

@@ -4,12 +4,12 @@
 // (activation block, weight block) pair is an exact integer dot product, and the per-block scales
 // are applied in f32.
 //
-// Three kernels compute every product, chosen at run time (never assumed from the build):
-// AVX-512 VNNI (`vpdpbusd`, 256-bit), AVX2 (`vpmaddubsw` + `vpmaddwd`) and a scalar twin that is
-// kept as the reference. All three give bitwise the same result: the integer sums are exact, and
-// the f32 arithmetic is the same sequence in each (8 lane accumulators, lane l summing the products
-// of bytes 4l..4l+3 of every block, fused multiply-adds with the block's scale d_w * d_a (Q6_K: one
-// per 16 elements, lanes 0-3 and 4-7), a fixed reduction tree over the lanes, then the minimum
+// Four kernels compute every product, chosen at run time (never assumed from the build):
+// AVX-512 VNNI (`vpdpbusd`, 512-bit with two outputs per vector, and 256-bit), AVX2 (`vpmaddubsw` +
+// `vpmaddwd`) and a scalar twin that is kept as the reference. All of them give bitwise the same result: the
+// integer sums are exact, and the f32 arithmetic is the same sequence in each (8 lane accumulators, lane l
+// summing the products of bytes 4l..4l+3 of every block, fused multiply-adds with the block's scale d_w * d_a
+// (Q6_K: one per 16 elements, lanes 0-3 and 4-7), a fixed reduction tree over the lanes, then the minimum
 // term of the types that have one), so a test can compare them exactly.
 #pragma once
 
@@ -38,10 +38,10 @@ void quantize_activations(const float* x, int64_t K, QActBlock* out);
 // max|x| / 127, then 32 int8 values round(x / scale)), as llama.cpp's quantizer writes them.
 void quantize_q8_0(const float* x, int64_t K, uint8_t* out);
 
-enum class QKernel { Scalar, Avx2, Avx512Vnni };
+enum class QKernel { Scalar, Avx2, Avx512Vnni, Avx512Vnni512 };
 const char* qkernel_name(QKernel k);
 bool qkernel_supported(QKernel k);  // this CPU runs it (cpuid, at run time)
-QKernel best_qkernel();             // VNNI, else AVX2, else scalar
+QKernel best_qkernel();             // VNNI (512-bit), else AVX2, else scalar
 std::vector<QKernel> supported_qkernels();
 
 // Weight types the integer GEMM multiplies (the rest are dequantized at load).
