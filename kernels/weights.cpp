@@ -77,12 +77,7 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const 
   // naming the tensor.
   const TypeInfo info = *type_info(uint32_t(m.qtype));
   const int64_t bb = info.block_bytes, nb = K / info.block_elems;
-  // The f16 fields of a block: d at byte 0 (Q6_K: 208, after its quants and sub-scales), and the
-  // minimum or dmin at byte 2 of Q4_1, Q5_1, Q4_K and Q5_K.
-  const int d_at = m.qtype == GgmlType::Q6_K ? 208 : 0;
-  const bool with_min = m.qtype == GgmlType::Q4_1 || m.qtype == GgmlType::Q5_1 || m.qtype == GgmlType::Q4_K ||
-                        m.qtype == GgmlType::Q5_K;
-  const int scales = with_min ? 2 : 1;
+  const int d_at = block_scale_offset(m.qtype), scales = block_has_min(m.qtype) ? 2 : 1;
   for (int64_t r = 0, ti = 0, t_end = ts[0]->rows(); r < m.rows; ++r) {
     while (r >= t_end) t_end += ts[size_t(++ti)]->rows();
     for (int64_t b = 0; b < nb; ++b) {

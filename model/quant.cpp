@@ -223,16 +223,13 @@ void dequant_q8_0(const uint8_t* src, float* dst, int64_t nb) {  // 34 bytes: d,
 
 // ---- K-quants: 256-element super-blocks ---------------------------------------------------------
 
-// Unpacks the 12-byte field holding eight 6-bit scales and eight 6-bit mins of Q4_K/Q5_K.
-// Bytes 0-3: low 6 bits = scale[0..3], top 2 bits = bits 4-5 of scale[4..7].
-// Bytes 4-7: low 6 bits = min[0..3],   top 2 bits = bits 4-5 of min[4..7].
-// Bytes 8-11: low nibble = bits 0-3 of scale[4..7], high nibble = bits 0-3 of min[4..7].
+// Unpacks the eight 6-bit scales and mins of a Q4_K/Q5_K super-block (kquant_scale_min).
 void unpack_scales_mins(const uint8_t* p, uint8_t scale[8], uint8_t min[8]) {
-  for (int i = 0; i < 4; ++i) {
-    scale[i] = p[i] & 63;
-    min[i] = p[i + 4] & 63;
-    scale[i + 4] = uint8_t((p[i + 8] & 0xF) | (p[i] >> 6) << 4);
-    min[i + 4] = uint8_t((p[i + 8] >> 4) | (p[i + 4] >> 6) << 4);
+  for (int j = 0; j < 8; ++j) {
+    int sc = 0, mn = 0;
+    kquant_scale_min(p, j, sc, mn);
+    scale[j] = uint8_t(sc);
+    min[j] = uint8_t(mn);
   }
 }
 

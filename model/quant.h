@@ -52,6 +52,30 @@ enum class GgmlType : uint32_t {
   Q2_0 = 42,
 };
 
+// Where a block of type t keeps its f16 scale d (Q6_K: byte 208, after ql[128], qh[64] and its
+// int8 sub-scales; the other block types: byte 0), and whether an f16 minimum (Q4_1, Q5_1) or dmin
+// (Q4_K, Q5_K) follows it at byte 2.
+constexpr int block_scale_offset(GgmlType t) {
+  return t == GgmlType::Q6_K ? 208 : 0;
+}
+constexpr bool block_has_min(GgmlType t) {
+  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
+}
+
+// The 6-bit scale and minimum of sub-block j (0..7) from a Q4_K/Q5_K super-block's 12-byte field
+// p: bytes 0-3 hold scale[0..3] in their low 6 bits and bits 4-5 of scale[4..7] in their top 2;
+// bytes 4-7 the same for the minima; bytes 8-11 bits 0-3 of scale[4..7] (low nibble) and of
+// min[4..7] (high). Constexpr so the CUDA kernels call it too (kernels/cuda/device_math.h).
+constexpr void kquant_scale_min(const uint8_t* p, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = p[j] & 63;
+    mn = p[j + 4] & 63;
+  } else {
+    sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
+    mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+  }
+}
+
 struct TypeInfo {
   std::string_view name;  // "Q4_K"
   int64_t block_elems;    // elements per block (1 for plain types)

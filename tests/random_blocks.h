@@ -16,15 +16,6 @@ namespace lp::testing {
 constexpr GgmlType kQuantTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
                                     GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
-// Where a block keeps its f16 scale (Q6_K: after ql[128], qh[64] and scales[16]), and whether an
-// f16 minimum (Q4_1, Q5_1) or dmin (Q4_K, Q5_K) follows it at byte 2.
-constexpr int scale_offset(GgmlType t) {
-  return t == GgmlType::Q6_K ? 208 : 0;
-}
-constexpr bool has_min_field(GgmlType t) {
-  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
-}
-
 // `rows` rows of K elements of type t: every byte of the quants, the high bits and the K-quants'
 // sub-scales random (Q8_0's -128 and Q6_K's -128 sub-scale included); scales f16 in [0.001, 0.1),
 // minima (Q4_1, Q5_1) and dmin (Q4_K, Q5_K) in [-0.1, 0.1).
@@ -38,9 +29,9 @@ inline std::vector<uint8_t> random_q_rows(GgmlType t, int64_t rows, int64_t K, u
     uint8_t* blk = w.data() + i * bytes;
     for (int64_t j = 0; j < bytes; ++j) blk[j] = uint8_t(rng());
     const uint16_t d = f32_to_f16(scale(rng));
-    blk[scale_offset(t)] = uint8_t(d & 255);
-    blk[scale_offset(t) + 1] = uint8_t(d >> 8);
-    if (has_min_field(t)) {
+    blk[block_scale_offset(t)] = uint8_t(d & 255);
+    blk[block_scale_offset(t) + 1] = uint8_t(d >> 8);
+    if (block_has_min(t)) {
       const uint16_t m = f32_to_f16(minimum(rng));
       blk[2] = uint8_t(m & 255);
       blk[3] = uint8_t(m >> 8);
@@ -54,8 +45,8 @@ inline std::vector<uint8_t> random_q_rows(GgmlType t, int64_t rows, int64_t K, u
 // minimum, Q4_K/Q5_K's dmin to -8d), so every scale is finite. For timing and memory, not numerics.
 inline void fill_random_blocks(GgmlType t, uint8_t* p, int64_t n_blocks, uint64_t seed, float d) {
   const TypeInfo info = *type_info(uint32_t(t));
-  const bool two = has_min_field(t);
-  const int d_at = scale_offset(t);
+  const bool two = block_has_min(t);
+  const int d_at = block_scale_offset(t);
   const uint16_t hd = f32_to_f16(d), hm = f32_to_f16(-8 * d);
   uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
   for (int64_t b = 0; b < n_blocks; ++b, p += info.block_bytes) {

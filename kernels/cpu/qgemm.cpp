@@ -33,9 +33,6 @@ inline uint16_t load_u16(const uint8_t* p) {
 constexpr bool is_signed(GgmlType t) {
   return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q6_K;
 }
-constexpr bool has_min(GgmlType t) {
-  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
-}
 constexpr int n_scales(GgmlType t) {  // per block of 32: Q6_K's sub-blocks are 16 elements
   return t == GgmlType::Q6_K ? 2 : 1;
 }
@@ -98,18 +95,11 @@ inline BlockScale block_scale(GgmlType t, const uint8_t* row, int64_t b, Half h)
     default:
       break;
   }
-  // Q4_K, Q5_K: the 6-bit scale and minimum of sub-block j in the 12-byte field at byte 4.
+  // Q4_K, Q5_K: the 6-bit scale and minimum of sub-block b % 8 in the 12-byte field at byte 4.
   const uint8_t* sb = row + (b >> 3) * block_bytes(t);
   const uint8_t* p = sb + 4;
-  const int j = int(b & 7);
-  int sc, mn;
-  if (j < 4) {
-    sc = p[j] & 63;
-    mn = p[j + 4] & 63;
-  } else {
-    sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
-    mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
-  }
+  int sc = 0, mn = 0;
+  kquant_scale_min(p, int(b & 7), sc, mn);
   const float d = h(load_u16(sb)) * float(sc);
   return {{d, d}, -(h(load_u16(sb + 2)) * float(mn))};
 }
@@ -177,7 +167,7 @@ float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t n
       for (int j = 4 * l; j < 4 * l + 4; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
       acc[l] = std::fma(float(s), scale[l >> 2], acc[l]);
     }
-    if (has_min(t)) corr = std::fma(bs.m, a[b].s, corr);
+    if (block_has_min(t)) corr = std::fma(bs.m, a[b].s, corr);
   }
   return reduce8_scalar(acc) + corr;
 }

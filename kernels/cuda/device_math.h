@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "model/quant.h"  // kquant_scale_min (constexpr: the device calls it too)
+
 #if defined(__CUDACC__)
 #define LP_HD __host__ __device__ __forceinline__
 #else
@@ -207,17 +209,6 @@ LP_HD uint32_t load_4_bytes(const uint8_t* p) {
 #endif
 }
 
-// Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j (0..7) from the super-block's 12-byte field.
-LP_HD void q4k_scale_min(const uint8_t* p, int j, int& sc, int& mn) {
-  if (j < 4) {
-    sc = p[j] & 63;
-    mn = p[j + 4] & 63;
-  } else {
-    sc = (p[j + 4] & 0xF) | (p[j - 4] >> 6) << 4;
-    mn = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
-  }
-}
-
 // The unit of work of the GPU's block kernels: 8 elements of a row, two runs of 4 consecutive
 // elements starting at k[0] and k[1], read from 8 (Q8_0) or 4 (the others) consecutive quant
 // bytes of one block. Unit u of a row:
@@ -309,7 +300,7 @@ LP_HD void q_unit_parts(const uint8_t* row, int qt, int64_t u, int64_t k[2], flo
   const uint32_t qs = load_4_bytes(b + (five ? 48 : 16) + 4 * l), qh = five ? load_4_bytes(b + 16 + off) : 0;
   for (int half = 0; half < 2; ++half) {
     int sc, mn;
-    q4k_scale_min(b + 4, 2 * g + half, sc, mn);
+    kquant_scale_min(b + 4, 2 * g + half, sc, mn);
     s[half] = d * float(sc);
     m[half] = -(dmin * float(mn));
     for (int i = 0; i < 4; ++i)

@@ -266,7 +266,7 @@ TEST(CudaMath, BlockElementsAreWhatTheDequantizerGives) {
   EXPECT_EQ(int(cuda_math::kQ6_K), int(GgmlType::Q6_K));
   for (const GgmlType t : testing::kQuantTypes) {
     EXPECT_TRUE(cuda_math::readable(int(t)));
-    EXPECT_EQ(cuda_math::has_minima(int(t)), testing::has_min_field(t));
+    EXPECT_EQ(cuda_math::has_minima(int(t)), block_has_min(t));
     const int64_t K = 768;  // 24 blocks of 32, 3 super-blocks of 256
     const auto row = testing::random_q_rows(t, 1, K, 11);
     std::vector<float> want(static_cast<size_t>(K));

@@ -140,22 +140,35 @@ namespace {
 // --dtype int8 at load: a Q4_K tensor is kept as stored (read where the file is mapped, not
 // copied), a matrix of f32 tensors is requantized to Q8_0 (each row's blocks as quantize_q8_0
 // writes them).
-TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
+// A one-layer model of width D (whole K-quant super-blocks) whose attn_output [D][D] holds random
+// blocks of type t; the rest f32.
+testing::GgufWriter model_with_wo(GgmlType t, int64_t D, uint32_t seed) {
   testing::TinyModelSpec spec;
-  spec.n_embd = 256;  // rows of whole Q4_K super-blocks
+  spec.n_embd = D;
   spec.n_ff = 256;
   spec.n_layer = 1;
   testing::GgufWriter w = testing::tiny_model_writer(spec);
-  testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");  // [256][256]
-  ASSERT_NE(o, nullptr);
-  o->type = uint32_t(GgmlType::Q4_K);
-  o->data = random_q_rows(GgmlType::Q4_K, 256, 256, 9);
+  testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");
+  o->type = uint32_t(t);
+  o->data = random_q_rows(t, D, D, seed);
+  return w;
+}
+
+// The file at `path`, opened into `f`, loaded in --dtype int8.
+Weights load_int8(const std::string& path, std::shared_ptr<const GgufFile>& f, int threads) {
+  f = std::make_shared<const GgufFile>(GgufFile::open(path));
+  CpuContext ctx(threads);
+  return load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
+}
+
+TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
+  testing::GgufWriter w = model_with_wo(GgmlType::Q4_K, 256, 9);
+  const testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");
   testing::TempDir dir;
   const std::string path = dir.file("q4k.gguf");
   w.write(path);
-  const auto f = std::make_shared<const GgufFile>(GgufFile::open(path));
-  CpuContext ctx(2);
-  const Weights wt = load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
+  std::shared_ptr<const GgufFile> f;
+  const Weights wt = load_int8(path, f, 2);
   const Matrix& wo = wt.layers[0].wo;
   EXPECT_EQ(wo.qtype, GgmlType::Q4_K);
   ASSERT_EQ(wo.bytes(), int64_t(o->data.size()));
@@ -185,22 +198,14 @@ TEST(QGemm, Int8LoadChecksEveryScaleFieldOfTheKeptTypes) {
   for (const Case c : {Case{GgmlType::Q6_K, 208, 0x7E00, "NaN"}, Case{GgmlType::Q5_1, 2, 0x7C00, "infinite"},
                        Case{GgmlType::Q5_K, 2, 0xFC00, "infinite"}, Case{GgmlType::Q5_0, 0, 0x7E01, "NaN"}}) {
     SCOPED_TRACE(type_info(uint32_t(c.t))->name);
-    testing::TinyModelSpec spec;
-    spec.n_embd = 512;  // rows of two K-quant super-blocks
-    spec.n_ff = 256;
-    spec.n_layer = 1;
-    testing::GgufWriter w = testing::tiny_model_writer(spec);
-    testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");  // [512][512]
-    ASSERT_NE(o, nullptr);
-    o->type = uint32_t(c.t);
-    o->data = random_q_rows(c.t, 512, 512, 13);
+    testing::GgufWriter w = model_with_wo(c.t, 512, 13);  // rows of two K-quant super-blocks
+    testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");
     testing::TempDir dir;
     const std::string good = dir.file("good.gguf");
     w.write(good);
     {
-      const auto f = std::make_shared<const GgufFile>(GgufFile::open(good));
-      CpuContext ctx(1);
-      const Weights wt = load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
+      std::shared_ptr<const GgufFile> f;
+      const Weights wt = load_int8(good, f, 1);
       EXPECT_EQ(wt.layers[0].wo.qtype, c.t);
       EXPECT_EQ(wt.layers[0].wo.q_mapped, f->tensor("blk.0.attn_output.weight").data);
     }
@@ -211,10 +216,9 @@ TEST(QGemm, Int8LoadChecksEveryScaleFieldOfTheKeptTypes) {
     f16[1] = uint8_t(c.bad >> 8);
     const std::string bad = dir.file("bad.gguf");
     w.write(bad);
-    const auto f = std::make_shared<const GgufFile>(GgufFile::open(bad));
-    CpuContext ctx(1);
+    std::shared_ptr<const GgufFile> f;
     try {
-      (void)load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
+      (void)load_int8(bad, f, 1);
       ADD_FAILURE() << "loaded a " << c.what << " scale";
     } catch (const Error& e) {
       const std::string msg = e.what();
