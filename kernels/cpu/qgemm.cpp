@@ -147,29 +147,24 @@ void decode_scalar(GgmlType t, const uint8_t* row, int64_t b, int8_t* w) {
   }
 }
 
-// The fixed reduction of the 8 lane accumulators: (l, l + 4), then (l, l + 2), then (0, 1).
-float reduce8_scalar(const float* a) {
-  float s4[4], s2[2];
-  for (int i = 0; i < 4; ++i) s4[i] = a[i] + a[i + 4];
-  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
-  return s2[0] + s2[1];
-}
-
+// The reference arithmetic of every kernel (qgemm.h): per block, and per 16-element half for Q6_K,
+// the exact integer dot product, one fused multiply-add with the scale d_w * d_a (rounded once)
+// into a single accumulator in block order, then the minimum terms' own chain added at the end.
 float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t nb) {
-  float acc[8] = {}, corr = 0;
+  const int S = n_scales(t), len = kQBlock / S;
+  float acc = 0, corr = 0;
   int8_t w[kQBlock];
   for (int64_t b = 0; b < nb; ++b) {
     decode_scalar(t, w_row, b, w);
     const BlockScale bs = block_scale(t, w_row, b, f16_to_f32);
-    const float scale[2] = {bs.d[0] * a[b].d, bs.d[1] * a[b].d};
-    for (int l = 0; l < 8; ++l) {
+    for (int h = 0; h < S; ++h) {
       int32_t s = 0;
-      for (int j = 4 * l; j < 4 * l + 4; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
-      acc[l] = std::fma(float(s), scale[l >> 2], acc[l]);
+      for (int j = h * len; j < (h + 1) * len; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
+      acc = std::fma(float(s), bs.d[h] * a[b].d, acc);
     }
     if (block_has_min(t)) corr = std::fma(bs.m, a[b].s, corr);
   }
-  return reduce8_scalar(acc) + corr;
+  return acc + corr;
 }
 
 }  // namespace
@@ -254,11 +249,6 @@ LP_QTARGET inline __m256i isum(const WPrep& w, const APrep& a) {
       Signed ? _mm256_maddubs_epi16(w.absw, _mm256_sign_epi8(a.a, w.w)) : _mm256_maddubs_epi16(w.w, a.a);
   return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
-LP_QTARGET inline float reduce8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 // Block b's scales and minimum, f16 converted by F16C (exact, as model/quant's f16_to_f32).
 template <GgmlType T>
 LP_QTARGET inline BlockScale scales(const uint8_t* row, int64_t b) {
@@ -305,11 +295,6 @@ template <bool Signed>
 LP_QTARGET inline __m256i isum(const WPrep& w, const APrep& a) {
   return Signed ? _mm256_dpbusd_epi32(w.start, a.a, w.w) : _mm256_dpbusd_epi32(w.start, w.w, a.a);
 }
-LP_QTARGET inline float reduce8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 template <GgmlType T>
 LP_QTARGET inline BlockScale scales(const uint8_t* row, int64_t b) {
   return block_scale(T, row, b, [](uint16_t h) LP_QTARGET { return _cvtsh_ss(h); });
@@ -326,85 +311,192 @@ constexpr int kMR = 8, kNR = 2, kMR1 = 8, kNR1 = 2;
 }  // namespace
 }  // namespace vnni
 
-// ---- AVX-512 VNNI, 512-bit: two outputs per vector ----
-// A zmm holds the same block b of two weight rows (outputs n, n + 1: lanes 0-7 and 8-15) and
-// the activation block twice, so each 256-bit half is exactly the 256-bit kernel's arithmetic for
-// its output (same lanes, same block order, same reduction): bitwise the scalar twin still, at
-// half the instructions per product. CPUs with two 512-bit ports (Intel Xeons from Ice Lake on)
-// run it twice as fast as 256-bit; Zen 4 splits it in two halves.
+// ---- AVX-512 VNNI, 512-bit: outputs across the lanes, weights packed per panel ----
+// The 256-bit kernels above hold one output's block in a vector and reduce its lanes per block.
+// This one holds 16 outputs in the 16 lanes of a zmm: each vpdpbusd adds 4 products to each of 16
+// outputs (the activations' 4 bytes broadcast from memory), and after 8 of them a block's exact
+// sums are in the lanes, ready for one conversion, one multiply and one fused multiply-add per 16
+// outputs. The weights of a panel of 32 outputs are copied once per GEMM into that order, as the
+// unsigned bytes vpdpbusd needs (a signed type's offset, 128 for Q8_0 and 8, 16, 32 for Q4_0,
+// Q5_0, Q6_K, is added to each weight and taken back as -offset x the activation block's sum, the
+// lanes' starting value), and every row of the GEMM passes over the panel. Per output it is the
+// scalar twin's arithmetic. Small M (decoding) runs the 256-bit tiles: a panel costs about as much
+// as 30 rows.
 namespace vnni512 {
 namespace {
 #define LP_QTARGET LP_TARGET_VNNI
-LP_QTARGET inline __m512i pair(__m256i lo, __m256i hi) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+constexpr int kLanes = 16, kNV = 2, kPanel = kLanes * kNV;
+// 6 rows x 2 vectors: 12 f32 accumulators, 12 integer block sums and the 2 weight vectors in the 32
+// zmm registers.
+constexpr int kMR = 6;
+constexpr int offset(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return 128;
+    case GgmlType::Q4_0:
+      return 8;
+    case GgmlType::Q5_0:
+      return 16;
+    case GgmlType::Q6_K:
+      return 32;
+    default:
+      return 0;
+  }
 }
-LP_QTARGET inline __m512 pair(__m256 lo, __m256 hi) {
-  return _mm512_castpd_ps(
-      _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-}
+// Block b of a weight row as the panel's unsigned bytes: the decoded values plus the offset.
 template <GgmlType T>
-LP_QTARGET inline BlockScale scales(const uint8_t* row, int64_t b) {
-  return vnni::scales<T>(row, b);
+LP_QTARGET inline __m256i load_u(const uint8_t* row, int64_t b) {
+  const __m256i w = avx2::load_w<T>(row, b);
+  if constexpr (offset(T) != 0) return _mm256_add_epi8(w, _mm256_set1_epi8(char(offset(T))));
+  return w;
 }
-// Output n's scale vector for block b from the chunk's converted scales (lanes 0-3 and 4-7).
-template <int S>
-LP_QTARGET inline __m256 scale8(const float* scl, int64_t nb, int n, int64_t b) {
-  if constexpr (S == 2)
-    return _mm256_set_m128(_mm_set1_ps(scl[(n * nb + b) * 2 + 1]), _mm_set1_ps(scl[(n * nb + b) * 2]));
-  else
-    return _mm256_set1_ps(scl[n * nb + b]);
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
-template <GgmlType T, int MR, int NR>
-LP_QTARGET inline void tile(const uint8_t* W, int64_t row_bytes, int64_t n0, const float* scl,
-                            const QActBlock* qa, int64_t nb, int64_t m0, float* C, int64_t ldc) {
-  if constexpr (NR % 2 != 0) {
-    vnni::tile<T, MR, NR>(W, row_bytes, n0, scl, qa, nb, m0, C, ldc);
-  } else {
-    constexpr bool kSigned = is_signed(T);
-    constexpr int P = NR / 2;
-    __m512 acc[MR][P];
-    for (int m = 0; m < MR; ++m)
-      for (int p = 0; p < P; ++p) acc[m][p] = _mm512_setzero_ps();
+
+// A panel of up to 32 outputs: weights [nb][kNV][8 groups of 4 elements][16 lanes][4 bytes], scales
+// [nb][S][kNV][16], minima [nb][outputs] (min_terms' layout). Lanes past the outputs are zero.
+struct Panel {
+  std::vector<uint8_t> bytes;
+  std::vector<float> d, mins;
+  uint8_t* w() {  // 64-byte aligned: each group of 16 lanes is one cache line
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 63) & ~uintptr_t(63));
+  }
+};
+template <GgmlType T>
+LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, Panel& p) {
+  constexpr int S = n_scales(T);
+  p.bytes.assign(size_t(nb * kNV * 8 * 64 + 64), 0);
+  p.d.assign(size_t(nb * S * kPanel), 0.f);
+  if constexpr (block_has_min(T)) p.mins.resize(size_t(nb * cnt));
+  uint8_t* pw = p.w();
+  const __m256i groups = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+  for (int n = 0; n < cnt; ++n) {
+    const int j = n / kLanes, lane = n % kLanes;
+    const uint8_t* row = W + (n0 + n) * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
-      __m512i w[P], start[P];
-      __m512 dw[P];
-      for (int p = 0; p < P; ++p) {
-        w[p] = pair(vnni::load_w<T>(W + (n0 + 2 * p) * row_bytes, b),
-                    vnni::load_w<T>(W + (n0 + 2 * p + 1) * row_bytes, b));
-        // Signed weights: the activations go in as q + 128, the lanes start at -128 * sum(w).
-        start[p] = kSigned ? _mm512_sub_epi32(_mm512_setzero_si512(),
-                                              _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                                                  _mm512_set1_epi8(char(0x80)), w[p]))
-                           : _mm512_setzero_si512();
-        dw[p] = pair(scale8<n_scales(T)>(scl, nb, 2 * p, b), scale8<n_scales(T)>(scl, nb, 2 * p + 1, b));
+      _mm256_i32scatter_epi32(pw + (b * kNV + j) * 8 * 64 + lane * 4, groups, load_u<T>(row, b), 1);
+      const BlockScale bs = vnni::scales<T>(row, b);
+      for (int h = 0; h < S; ++h) p.d[size_t(((b * S + h) * kNV + j) * kLanes + lane)] = bs.d[h];
+      if constexpr (block_has_min(T)) p.mins[size_t(b * cnt + n)] = bs.m;
+    }
+  }
+}
+// Rows m0..m0+MR of a panel's outputs (C points at its first output; k[j] masks the lanes that are
+// outputs). bias: -offset x the sum of each activation block (half for Q6_K), [M][nb][S].
+template <GgmlType T, int MR>
+LP_QTARGET inline void tile(const uint8_t* pw, const float* pd, const QActBlock* qa, const int32_t* bias,
+                            int64_t nb, int64_t m0, float* C, int64_t ldc, const __mmask16 (&k)[kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  __m512 acc[MR][kNV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int h = 0; h < S; ++h) {
+      __m512i s[MR][kNV];
+      for (int m = 0; m < MR; ++m) {
+        const __m512i start =
+            offset(T) != 0 ? _mm512_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm512_setzero_si512();
+        for (int j = 0; j < kNV; ++j) s[m][j] = start;
+      }
+      for (int g = h * G; g < (h + 1) * G; ++g) {
+        __m512i w[kNV];
+        for (int j = 0; j < kNV; ++j) w[j] = _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64);
+        for (int m = 0; m < MR; ++m) {
+          const __m512i a = _mm512_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+          for (int j = 0; j < kNV; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], w[j], a);
+        }
       }
       for (int m = 0; m < MR; ++m) {
-        const QActBlock& a = qa[(m0 + m) * nb + b];
-        __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q)));
-        if (kSigned) av = _mm512_xor_si512(av, _mm512_set1_epi8(char(0x80)));
-        const __m512 da = _mm512_set1_ps(a.d);
-        for (int p = 0; p < P; ++p) {
-          const __m512i s =
-              kSigned ? _mm512_dpbusd_epi32(start[p], av, w[p]) : _mm512_dpbusd_epi32(start[p], w[p], av);
-          acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[p], da), acc[m][p]);
+        const __m512 da = _mm512_set1_ps(qa[(m0 + m) * nb + b].d);
+        for (int j = 0; j < kNV; ++j) {
+          const __m512 dw = _mm512_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
+          acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][j]), _mm512_mul_ps(dw, da), acc[m][j]);
         }
       }
     }
-    for (int m = 0; m < MR; ++m)
-      for (int p = 0; p < P; ++p) {
-        const __m256 lo = _mm512_castps512_ps256(acc[m][p]);
-        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m][p]), 1));
-        C[(m0 + m) * ldc + n0 + 2 * p] = vnni::reduce8(lo);
-        C[(m0 + m) * ldc + n0 + 2 * p + 1] = vnni::reduce8(hi);
-      }
+  }
+  // The minimum terms (Q4_1, Q5_1, Q4_K, Q5_K) are added by min_terms() once the tiles are done.
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) _mm512_mask_storeu_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
+}
+// Every row of outputs n0..n0 + cnt (cnt <= kPanel).
+template <GgmlType T>
+LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
+                      int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc) {
+  thread_local Panel p;
+  pack<T>(W, row_bytes, n0, cnt, nb, p);
+  __mmask16 k[kNV];
+  for (int j = 0; j < kNV; ++j) {
+    const int lanes = std::clamp(cnt - j * kLanes, 0, kLanes);
+    k[j] = __mmask16((1u << lanes) - 1);
+  }
+  const uint8_t* pw = p.w();
+  const float* pd = p.d.data();
+  float* c = C + n0;
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) tile<T, kMR>(pw, pd, qa, bias, nb, m, c, ldc, k);
+  switch (M - m) {
+    case 5:
+      tile<T, 5>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      break;
+    case 4:
+      tile<T, 4>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      break;
+    case 3:
+      tile<T, 3>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      break;
+    case 2:
+      tile<T, 2>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      break;
+    case 1:
+      tile<T, 1>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      break;
+    default:
+      break;
+  }
+  if constexpr (block_has_min(T)) vnni::min_terms(p.mins, qa, nb, 0, M, n0, n0 + cnt, C, ldc);
+}
+LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
+                          const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
+                          int64_t ldc) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return panel<GgmlType::Q8_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q4_0:
+      return panel<GgmlType::Q4_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q4_1:
+      return panel<GgmlType::Q4_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q4_K:
+      return panel<GgmlType::Q4_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q5_0:
+      return panel<GgmlType::Q5_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q5_1:
+      return panel<GgmlType::Q5_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q5_K:
+      return panel<GgmlType::Q5_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q6_K:
+      return panel<GgmlType::Q6_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    default:
+      break;
   }
 }
-// 32 zmm registers: 8 rows x 4 outputs (2 pairs) hold 16 accumulators, 2 weight pairs with their
-// starts and scales.
-constexpr int kMR = 8, kNR = 4, kMR1 = 8, kNR1 = 4;
-#include "kernels/cpu/qgemm_rows.inc"
 #undef LP_QTARGET
 }  // namespace
+
+// Row m's starting values: -offset x the integer sum of each activation block (each half for
+// Q6_K), [nb][S]; nothing for the unsigned types.
+void activation_bias(GgmlType t, const QActBlock* a, int64_t nb, int32_t* out) {
+  const int S = n_scales(t), len = kQBlock / S, off = offset(t);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int h = 0; h < S; ++h) {
+      int32_t sum = 0;
+      for (int j = h * len; j < (h + 1) * len; ++j) sum += a[b].q[j];
+      out[b * S + h] = -off * sum;
+    }
+}
 }  // namespace vnni512
 
 void quantize_activations(const float* x, int64_t K, QActBlock* out) {
@@ -525,6 +617,9 @@ bool qgemm_supports(GgmlType t) {
 }
 
 namespace {
+// Fewer rows than this run the 256-bit tiles under the 512-bit kernel: packing a panel costs about
+// what 30 rows of it do (BM_QGemm at M = 8, 16, 32, 64).
+constexpr int64_t kPanelMinRows = 16;
 void check(QKernel k, GgmlType t) {
   if (!qgemm_supports(t)) fail("the integer GEMM does not multiply {} weights", type_info(uint32_t(t))->name);
   if (!qkernel_supported(k)) fail("this CPU cannot run the {} integer kernel", qkernel_name(k));
@@ -538,9 +633,8 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
     case QKernel::Avx2:
       return avx2::dot(t, w, a, nblocks);
     case QKernel::Avx512Vnni:
+    case QKernel::Avx512Vnni512:  // one row: the 256-bit tiles (see qgemm)
       return vnni::dot(t, w, a, nblocks);
-    case QKernel::Avx512Vnni512:
-      return vnni512::dot(t, w, a, nblocks);
     case QKernel::Scalar:
       break;
   }
@@ -558,6 +652,24 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
   thread_local std::vector<QActBlock> qa;
   qa.resize(size_t(M * nb));
   QActBlock* q = qa.data();
+  if (k == QKernel::Avx512Vnni512 && M >= kPanelMinRows) {
+    const int64_t S = t == GgmlType::Q6_K ? 2 : 1;
+    thread_local std::vector<int32_t> bias;
+    bias.resize(size_t(M * nb * S));
+    int32_t* bs = bias.data();
+    ctx.run([&] {
+      tbb::parallel_for(int64_t(0), M, [&](int64_t m) {
+        quantize_activations(A + m * lda, K, q + m * nb);
+        vnni512::activation_bias(t, q + m * nb, nb, bs + m * nb * S);
+      });
+      // One task per panel of 32 outputs, each over every row.
+      tbb::parallel_for(int64_t(0), (N + 31) / 32, [&](int64_t p) {
+        vnni512::run_panel(t, w, row_bytes, q, bs, nb, M, p * 32, int(std::min<int64_t>(32, N - p * 32)), C,
+                           ldc);
+      });
+    });
+    return;
+  }
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), M, [&](int64_t m) { quantize_activations(A + m * lda, K, q + m * nb); });
     // Chunks of 64 rows x 64 outputs: a chunk's weight and activation rows stay in L2.
@@ -566,8 +678,7 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
                         const int64_t m0 = r.rows().begin(), m1 = r.rows().end(), n0 = r.cols().begin(),
                                       n1 = r.cols().end();
                         switch (k) {
-                          case QKernel::Avx512Vnni512:
-                            return vnni512::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
+                          case QKernel::Avx512Vnni512:  // too few rows for panels
                           case QKernel::Avx512Vnni:
                             return vnni::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
                           case QKernel::Avx2:

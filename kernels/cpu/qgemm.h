@@ -4,13 +4,15 @@
 // (activation block, weight block) pair is an exact integer dot product, and the per-block scales
 // are applied in f32.
 //
-// Four kernels compute every product, chosen at run time (never assumed from the build):
-// AVX-512 VNNI (`vpdpbusd`, 512-bit with two outputs per vector, and 256-bit), AVX2 (`vpmaddubsw` +
-// `vpmaddwd`) and a scalar twin that is kept as the reference. All of them give bitwise the same result: the
-// integer sums are exact, and the f32 arithmetic is the same sequence in each (8 lane accumulators, lane l
-// summing the products of bytes 4l..4l+3 of every block, fused multiply-adds with the block's scale d_w * d_a
-// (Q6_K: one per 16 elements, lanes 0-3 and 4-7), a fixed reduction tree over the lanes, then the minimum
-// term of the types that have one), so a test can compare them exactly.
+// Four kernels compute every product, chosen at run time (never assumed from the build): AVX-512
+// VNNI (`vpdpbusd`) 512-bit, with 16 outputs across a vector's lanes over weights packed per panel
+// of 32 outputs (for 16 rows or more; fewer run its 256-bit tiles), and 256-bit; AVX2 (`vpmaddubsw`
+// + `vpmaddwd`); and a scalar twin that is kept as the reference. All of them give bitwise the same
+// result: per block (per 16-element half for Q6_K, which has a scale for each) the integer dot
+// product is exact, and each output is then one f32 sequence, the same in every kernel: a fused
+// multiply-add of that sum with the scale d_w * d_a (rounded once) into one accumulator in block
+// order, then, for the types with a minimum, the chain of the minimum terms added at the end. So a
+// test can compare them exactly.
 #pragma once
 
 #include <cstdint>
@@ -53,8 +55,8 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
 
 // C[M][N] (row stride ldc) = A[M][K] (row stride lda, f32) x W^T, W [N][K] in blocks of type t
 // (row r at W + r * row bytes). K must be a multiple of kQBlock. Rows of A are quantized once;
-// tiles of 4 x 4 (row, output) pairs share their loads; every output element is computed the
-// same way whatever the tiling and the thread count.
+// tiles of (row, output) pairs share their loads; every output element is computed the same way
+// whatever the tiling, the kernel and the thread count.
 void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
            int64_t N, int64_t K, float* C, int64_t ldc);
 

@@ -87,33 +87,36 @@ TEST(QGemm, DotIsTheMathOfTheDequantizedBlocks) {
 }
 
 // Every kernel this CPU runs gives the scalar twin's bits, over M and N that are not multiples of
-// the 4 x 4 tiles or the 64 x 64 chunks, with row strides wider than the rows, on 1 and 2 threads.
+// the tiles, the 32-output panels or the 64 x 64 chunks, with row strides wider than the rows, on 1
+// and 2 threads; 37 rows take the 512-bit kernel's panels, 7 its 256-bit tiles.
 TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
-  const int64_t M = 37, N = 70, K = 512, lda = K + 5, ldc = N + 3, nb = K / kQBlock;
-  const std::vector<float> A = random_floats(M * lda, 3);
+  const int64_t N = 70, K = 512, lda = K + 5, ldc = N + 3, nb = K / kQBlock;
   CpuContext one(1), two(2);
-  for (GgmlType t : kQuantTypes) {
-    const std::vector<uint8_t> W = random_q_rows(t, N, K, 5);
-    std::vector<float> ref(size_t(M * ldc), -1.f);
-    qgemm(one, QKernel::Scalar, t, A.data(), M, lda, W.data(), N, K, ref.data(), ldc);
-    // The scalar GEMM is the scalar dot of each row pair.
-    for (int64_t m = 0; m < M; m += 9) {
-      std::vector<QActBlock> a(static_cast<size_t>(nb));
-      quantize_activations(A.data() + m * lda, K, a.data());
-      for (int64_t n = 0; n < N; n += 7)
-        EXPECT_EQ(ref[size_t(m * ldc + n)],
-                  qdot(QKernel::Scalar, t, W.data() + n * *type_bytes(t, K), a.data(), nb));
-    }
-    for (QKernel k : supported_qkernels())
-      for (CpuContext* ctx : {&one, &two}) {
-        std::vector<float> got(size_t(M * ldc), -1.f);
-        qgemm(*ctx, k, t, A.data(), M, lda, W.data(), N, K, got.data(), ldc);
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = 0; n < ldc; ++n)
-            ASSERT_EQ(got[size_t(m * ldc + n)], ref[size_t(m * ldc + n)])
-                << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " threads " << ctx->threads()
-                << " m " << m << " n " << n;
+  for (int64_t M : {37, 7}) {
+    const std::vector<float> A = random_floats(M * lda, 3);
+    for (GgmlType t : kQuantTypes) {
+      const std::vector<uint8_t> W = random_q_rows(t, N, K, 5);
+      std::vector<float> ref(size_t(M * ldc), -1.f);
+      qgemm(one, QKernel::Scalar, t, A.data(), M, lda, W.data(), N, K, ref.data(), ldc);
+      // The scalar GEMM is the scalar dot of each row pair.
+      for (int64_t m = 0; m < M; m += 3) {
+        std::vector<QActBlock> a(static_cast<size_t>(nb));
+        quantize_activations(A.data() + m * lda, K, a.data());
+        for (int64_t n = 0; n < N; n += 7)
+          EXPECT_EQ(ref[size_t(m * ldc + n)],
+                    qdot(QKernel::Scalar, t, W.data() + n * *type_bytes(t, K), a.data(), nb));
       }
+      for (QKernel k : supported_qkernels())
+        for (CpuContext* ctx : {&one, &two}) {
+          std::vector<float> got(size_t(M * ldc), -1.f);
+          qgemm(*ctx, k, t, A.data(), M, lda, W.data(), N, K, got.data(), ldc);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < ldc; ++n)
+              ASSERT_EQ(got[size_t(m * ldc + n)], ref[size_t(m * ldc + n)])
+                  << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " threads " << ctx->threads()
+                  << " M " << M << " m " << m << " n " << n;
+        }
+    }
   }
 }
 
