@@ -148,11 +148,12 @@ void decode_scalar(GgmlType t, const uint8_t* row, int64_t b, int8_t* w) {
 }
 
 // The reference arithmetic of every kernel (qgemm.h): per block, and per 16-element half for Q6_K,
-// the exact integer dot product, one fused multiply-add with the scale d_w * d_a (rounded once)
-// into a single accumulator in block order, then the minimum terms' own chain added at the end.
+// the exact integer dot product and one fused multiply-add with the scale d_w * d_a (rounded once),
+// then for the types with a minimum one fused multiply-add of m_w with s_a, all into a single
+// accumulator in block order.
 float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t nb) {
   const int S = n_scales(t), len = kQBlock / S;
-  float acc = 0, corr = 0;
+  float acc = 0;
   int8_t w[kQBlock];
   for (int64_t b = 0; b < nb; ++b) {
     decode_scalar(t, w_row, b, w);
@@ -162,9 +163,9 @@ float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t n
       for (int j = h * len; j < (h + 1) * len; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
       acc = std::fma(float(s), bs.d[h] * a[b].d, acc);
     }
-    if (block_has_min(t)) corr = std::fma(bs.m, a[b].s, corr);
+    if (block_has_min(t)) acc = std::fma(bs.m, a[b].s, acc);
   }
-  return acc + corr;
+  return acc;
 }
 
 }  // namespace
@@ -357,7 +358,7 @@ inline int32_t load_i32(const int8_t* p) {
 }
 
 // A panel of up to 32 outputs: weights [nb][kNV][8 groups of 4 elements][16 lanes][4 bytes], scales
-// [nb][S][kNV][16], minima [nb][outputs] (min_terms' layout). Lanes past the outputs are zero.
+// [nb][S][kNV][16], minima [nb][kNV][16]. Lanes past the outputs are zero.
 struct Panel {
   std::vector<uint8_t> bytes;
   std::vector<float> d, mins;
@@ -370,7 +371,7 @@ LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, i
   constexpr int S = n_scales(T);
   p.bytes.assign(size_t(nb * kNV * 8 * 64 + 64), 0);
   p.d.assign(size_t(nb * S * kPanel), 0.f);
-  if constexpr (block_has_min(T)) p.mins.resize(size_t(nb * cnt));
+  if constexpr (block_has_min(T)) p.mins.assign(size_t(nb * kPanel), 0.f);
   uint8_t* pw = p.w();
   const __m256i groups = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
   for (int n = 0; n < cnt; ++n) {
@@ -380,15 +381,16 @@ LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, i
       _mm256_i32scatter_epi32(pw + (b * kNV + j) * 8 * 64 + lane * 4, groups, load_u<T>(row, b), 1);
       const BlockScale bs = vnni::scales<T>(row, b);
       for (int h = 0; h < S; ++h) p.d[size_t(((b * S + h) * kNV + j) * kLanes + lane)] = bs.d[h];
-      if constexpr (block_has_min(T)) p.mins[size_t(b * cnt + n)] = bs.m;
+      if constexpr (block_has_min(T)) p.mins[size_t((b * kNV + j) * kLanes + lane)] = bs.m;
     }
   }
 }
 // Rows m0..m0+MR of a panel's outputs (C points at its first output; k[j] masks the lanes that are
 // outputs). bias: -offset x the sum of each activation block (half for Q6_K), [M][nb][S].
 template <GgmlType T, int MR>
-LP_QTARGET inline void tile(const uint8_t* pw, const float* pd, const QActBlock* qa, const int32_t* bias,
-                            int64_t nb, int64_t m0, float* C, int64_t ldc, const __mmask16 (&k)[kNV]) {
+LP_QTARGET inline void tile(const uint8_t* pw, const float* pd, const float* pm, const QActBlock* qa,
+                            const int32_t* bias, int64_t nb, int64_t m0, float* C, int64_t ldc,
+                            const __mmask16 (&k)[kNV]) {
   constexpr int S = n_scales(T), G = 8 / S;
   __m512 acc[MR][kNV];
   for (int m = 0; m < MR; ++m)
@@ -417,8 +419,13 @@ LP_QTARGET inline void tile(const uint8_t* pw, const float* pd, const QActBlock*
         }
       }
     }
+    if constexpr (block_has_min(T))
+      for (int m = 0; m < MR; ++m) {
+        const __m512 sa = _mm512_set1_ps(qa[(m0 + m) * nb + b].s);
+        for (int j = 0; j < kNV; ++j)
+          acc[m][j] = _mm512_fmadd_ps(_mm512_loadu_ps(pm + (b * kNV + j) * kLanes), sa, acc[m][j]);
+      }
   }
-  // The minimum terms (Q4_1, Q5_1, Q4_K, Q5_K) are added by min_terms() once the tiles are done.
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) _mm512_mask_storeu_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
 }
@@ -435,29 +442,29 @@ LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
   }
   const uint8_t* pw = p.w();
   const float* pd = p.d.data();
+  const float* pm = block_has_min(T) ? p.mins.data() : nullptr;
   float* c = C + n0;
   int64_t m = 0;
-  for (; m + kMR <= M; m += kMR) tile<T, kMR>(pw, pd, qa, bias, nb, m, c, ldc, k);
+  for (; m + kMR <= M; m += kMR) tile<T, kMR>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
   switch (M - m) {
     case 5:
-      tile<T, 5>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      tile<T, 5>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
       break;
     case 4:
-      tile<T, 4>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      tile<T, 4>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
       break;
     case 3:
-      tile<T, 3>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      tile<T, 3>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
       break;
     case 2:
-      tile<T, 2>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      tile<T, 2>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
       break;
     case 1:
-      tile<T, 1>(pw, pd, qa, bias, nb, m, c, ldc, k);
+      tile<T, 1>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
       break;
     default:
       break;
   }
-  if constexpr (block_has_min(T)) vnni::min_terms(p.mins, qa, nb, 0, M, n0, n0 + cnt, C, ldc);
 }
 LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
                           const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
