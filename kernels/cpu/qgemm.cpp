@@ -56,6 +56,38 @@ constexpr int64_t block_bytes(GgmlType t) {  // of the type's own block (256 wei
       return 210;  // Q6_K
   }
 }
+// What a signed type's stored values are offset by (their unsigned form: Q8_0's int8 + 128 and the
+// nibbles of Q4_0/Q5_0/Q6_K before their -8/-16/-32); 0 for the unsigned types.
+constexpr int unsigned_offset(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return 128;
+    case GgmlType::Q4_0:
+      return 8;
+    case GgmlType::Q5_0:
+      return 16;
+    case GgmlType::Q6_K:
+      return 32;
+    default:
+      return 0;
+  }
+}
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// Row m's starting values for the panels: -offset x the integer sum of each activation block (each
+// half for Q6_K), [nb][S].
+void activation_bias(GgmlType t, int off, const QActBlock* a, int64_t nb, int32_t* out) {
+  const int S = n_scales(t), len = kQBlock / S;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int h = 0; h < S; ++h) {
+      int32_t sum = 0;
+      for (int j = h * len; j < (h + 1) * len; ++j) sum += a[b].q[j];
+      out[b * S + h] = -off * sum;
+    }
+}
 // Four bytes as one little-endian word (a Q5_0/Q5_1 block's qh: element e's fifth bit is bit e).
 inline uint32_t load_u32(const uint8_t* p) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
@@ -331,18 +363,7 @@ constexpr int kLanes = 16, kNV = 2, kPanel = kLanes * kNV;
 // zmm registers.
 constexpr int kMR = 6;
 constexpr int offset(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q8_0:
-      return 128;
-    case GgmlType::Q4_0:
-      return 8;
-    case GgmlType::Q5_0:
-      return 16;
-    case GgmlType::Q6_K:
-      return 32;
-    default:
-      return 0;
-  }
+  return unsigned_offset(t);
 }
 // Block b of a weight row as the panel's unsigned bytes: the decoded values plus the offset.
 template <GgmlType T>
@@ -351,12 +372,6 @@ LP_QTARGET inline __m256i load_u(const uint8_t* row, int64_t b) {
   if constexpr (offset(T) != 0) return _mm256_add_epi8(w, _mm256_set1_epi8(char(offset(T))));
   return w;
 }
-inline int32_t load_i32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
 // A panel of up to 32 outputs: weights [nb][kNV][8 groups of 4 elements][16 lanes][4 bytes], scales
 // [nb][S][kNV][16], minima [nb][kNV][16]. Lanes past the outputs are zero.
 struct Panel {
@@ -492,19 +507,166 @@ LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const
 }
 #undef LP_QTARGET
 }  // namespace
-
-// Row m's starting values: -offset x the integer sum of each activation block (each half for
-// Q6_K), [nb][S]; nothing for the unsigned types.
-void activation_bias(GgmlType t, const QActBlock* a, int64_t nb, int32_t* out) {
-  const int S = n_scales(t), len = kQBlock / S, off = offset(t);
-  for (int64_t b = 0; b < nb; ++b)
-    for (int h = 0; h < S; ++h) {
-      int32_t sum = 0;
-      for (int j = h * len; j < (h + 1) * len; ++j) sum += a[b].q[j];
-      out[b * S + h] = -off * sum;
-    }
-}
 }  // namespace vnni512
+
+// ---- AVX2 panels: 8 outputs across a ymm's lanes ----
+// The 512-bit kernel's panel order on AVX2 (no vpdpbusd): vpmaddubsw (u8 x s8 -> pairs of s16)
+// then vpmaddwd with ones give each lane the sum of its 4 products, as one vpdpbusd does, and a
+// block's exact sums are again in the lanes with no reduction. Q4_0, Q5_0 and Q6_K carry their
+// offset as there (pair sums at most 2 x 63 x 127); Q8_0 cannot (2 x 255 x 127 would saturate), so
+// its panel holds the signed weights and their absolute values and multiplies |w| by the
+// activations with w's sign, as the 256-bit tiles do.
+namespace avx2p {
+namespace {
+#define LP_QTARGET LP_TARGET_AVX2
+constexpr int kLanes = 8, kNV = 2, kPanel = kLanes * kNV;
+// 2 rows x 2 vectors: 4 f32 accumulators, 4 integer block sums, 2 weight vectors (4 for Q8_0) and
+// the broadcast activations in the 16 ymm registers.
+constexpr int kMR = 2;
+constexpr int offset(GgmlType t) {
+  return t == GgmlType::Q8_0 ? 0 : unsigned_offset(t);
+}
+template <GgmlType T>
+LP_QTARGET inline __m256i load_u(const uint8_t* row, int64_t b) {
+  const __m256i w = avx2::load_w<T>(row, b);
+  if constexpr (offset(T) != 0) return _mm256_add_epi8(w, _mm256_set1_epi8(char(offset(T))));
+  return w;
+}
+// Weights [nb][kNV][8 groups][8 lanes][4 bytes] (Q8_0: then the same again as absolute values),
+// scales [nb][S][kNV][8], minima [nb][kNV][8]; lanes past the outputs are zero.
+struct Panel {
+  std::vector<uint8_t> bytes;
+  std::vector<float> d, mins;
+  uint8_t* w() {  // 32-byte aligned
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 31) & ~uintptr_t(31));
+  }
+};
+template <GgmlType T>
+LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, Panel& p) {
+  constexpr int S = n_scales(T);
+  const int64_t plane = nb * kNV * 8 * 32;
+  p.bytes.assign(size_t((T == GgmlType::Q8_0 ? 2 : 1) * plane + 32), 0);
+  p.d.assign(size_t(nb * S * kPanel), 0.f);
+  if constexpr (block_has_min(T)) p.mins.assign(size_t(nb * kPanel), 0.f);
+  uint8_t* pw = p.w();
+  alignas(32) uint8_t u[32], a[32];
+  for (int n = 0; n < cnt; ++n) {
+    const int j = n / kLanes, lane = n % kLanes;
+    const uint8_t* row = W + (n0 + n) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i v = load_u<T>(row, b);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u), v);
+      if constexpr (T == GgmlType::Q8_0)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(a), _mm256_abs_epi8(v));
+      for (int g = 0; g < 8; ++g) {
+        uint8_t* dst = pw + ((b * kNV + j) * 8 + g) * 32 + lane * 4;
+        std::memcpy(dst, u + 4 * g, 4);
+        if constexpr (T == GgmlType::Q8_0) std::memcpy(dst + plane, a + 4 * g, 4);
+      }
+      const BlockScale bs = avx2::scales<T>(row, b);
+      for (int h = 0; h < S; ++h) p.d[size_t(((b * S + h) * kNV + j) * kLanes + lane)] = bs.d[h];
+      if constexpr (block_has_min(T)) p.mins[size_t((b * kNV + j) * kLanes + lane)] = bs.m;
+    }
+  }
+}
+template <GgmlType T, int MR>
+LP_QTARGET inline void tile(const uint8_t* pw, int64_t plane, const float* pd, const float* pm,
+                            const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0, float* C,
+                            int64_t ldc, const __m256i (&k)[kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  constexpr bool kQ8 = T == GgmlType::Q8_0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][kNV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) acc[m][j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int h = 0; h < S; ++h) {
+      __m256i s[MR][kNV];
+      for (int m = 0; m < MR; ++m) {
+        const __m256i start =
+            offset(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm256_setzero_si256();
+        for (int j = 0; j < kNV; ++j) s[m][j] = start;
+      }
+      for (int g = h * G; g < (h + 1) * G; ++g) {
+        __m256i w[kNV];
+        for (int j = 0; j < kNV; ++j)
+          w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
+        for (int m = 0; m < MR; ++m) {
+          const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+          for (int j = 0; j < kNV; ++j) {
+            __m256i pairs;
+            if constexpr (kQ8)
+              pairs = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                               pw + plane + ((b * kNV + j) * 8 + g) * 32)),
+                                           _mm256_sign_epi8(a, w[j]));
+            else
+              pairs = _mm256_maddubs_epi16(w[j], a);
+            s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m256 da = _mm256_set1_ps(qa[(m0 + m) * nb + b].d);
+        for (int j = 0; j < kNV; ++j) {
+          const __m256 dw = _mm256_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
+          acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m][j]), _mm256_mul_ps(dw, da), acc[m][j]);
+        }
+      }
+    }
+    if constexpr (block_has_min(T))
+      for (int m = 0; m < MR; ++m) {
+        const __m256 sa = _mm256_set1_ps(qa[(m0 + m) * nb + b].s);
+        for (int j = 0; j < kNV; ++j)
+          acc[m][j] = _mm256_fmadd_ps(_mm256_loadu_ps(pm + (b * kNV + j) * kLanes), sa, acc[m][j]);
+      }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) _mm256_maskstore_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
+}
+template <GgmlType T>
+LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
+                      int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc) {
+  thread_local Panel p;
+  pack<T>(W, row_bytes, n0, cnt, nb, p);
+  __m256i k[kNV];
+  for (int j = 0; j < kNV; ++j)
+    k[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - j * kLanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const uint8_t* pw = p.w();
+  const int64_t plane = nb * kNV * 8 * 32;
+  const float* pd = p.d.data();
+  const float* pm = block_has_min(T) ? p.mins.data() : nullptr;
+  float* c = C + n0;
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) tile<T, kMR>(pw, plane, pd, pm, qa, bias, nb, m, c, ldc, k);
+  for (; m < M; ++m) tile<T, 1>(pw, plane, pd, pm, qa, bias, nb, m, c, ldc, k);
+}
+LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
+                          const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
+                          int64_t ldc) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return panel<GgmlType::Q8_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q4_0:
+      return panel<GgmlType::Q4_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q4_1:
+      return panel<GgmlType::Q4_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q4_K:
+      return panel<GgmlType::Q4_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q5_0:
+      return panel<GgmlType::Q5_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q5_1:
+      return panel<GgmlType::Q5_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q5_K:
+      return panel<GgmlType::Q5_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    case GgmlType::Q6_K:
+      return panel<GgmlType::Q6_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
+    default:
+      break;
+  }
+}
+#undef LP_QTARGET
+}  // namespace
+}  // namespace avx2p
 
 void quantize_activations(const float* x, int64_t K, QActBlock* out) {
   if (K % kQBlock != 0) fail("quantize_activations: {} values are not a multiple of {}", K, kQBlock);
@@ -624,8 +786,8 @@ bool qgemm_supports(GgmlType t) {
 }
 
 namespace {
-// Fewer rows than this run the 256-bit tiles under the 512-bit kernel: packing a panel costs about
-// what 30 rows of it do (BM_QGemm at M = 8, 16, 32, 64).
+// Fewer rows than this run the 256-bit tiles under the 512-bit and AVX2 kernels: packing a panel
+// costs what some 10-30 rows of it do.
 constexpr int64_t kPanelMinRows = 16;
 void check(QKernel k, GgmlType t) {
   if (!qgemm_supports(t)) fail("the integer GEMM does not multiply {} weights", type_info(uint32_t(t))->name);
@@ -659,20 +821,26 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
   thread_local std::vector<QActBlock> qa;
   qa.resize(size_t(M * nb));
   QActBlock* q = qa.data();
-  if (k == QKernel::Avx512Vnni512 && M >= kPanelMinRows) {
-    const int64_t S = t == GgmlType::Q6_K ? 2 : 1;
+  if ((k == QKernel::Avx512Vnni512 || k == QKernel::Avx2) && M >= kPanelMinRows) {
+    const bool v512 = k == QKernel::Avx512Vnni512;
+    const int64_t S = n_scales(t), width = v512 ? vnni512::kPanel : avx2p::kPanel;
+    const int off = v512 ? vnni512::offset(t) : avx2p::offset(t);
     thread_local std::vector<int32_t> bias;
     bias.resize(size_t(M * nb * S));
     int32_t* bs = bias.data();
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), M, [&](int64_t m) {
         quantize_activations(A + m * lda, K, q + m * nb);
-        vnni512::activation_bias(t, q + m * nb, nb, bs + m * nb * S);
+        activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
       });
-      // One task per panel of 32 outputs, each over every row.
-      tbb::parallel_for(int64_t(0), (N + 31) / 32, [&](int64_t p) {
-        vnni512::run_panel(t, w, row_bytes, q, bs, nb, M, p * 32, int(std::min<int64_t>(32, N - p * 32)), C,
-                           ldc);
+      // One task per panel of outputs, each over every row.
+      tbb::parallel_for(int64_t(0), (N + width - 1) / width, [&](int64_t p) {
+        const int64_t n0 = p * width;
+        const int cnt = int(std::min(width, N - n0));
+        if (v512)
+          vnni512::run_panel(t, w, row_bytes, q, bs, nb, M, n0, cnt, C, ldc);
+        else
+          avx2p::run_panel(t, w, row_bytes, q, bs, nb, M, n0, cnt, C, ldc);
       });
     });
     return;
