@@ -75,13 +75,14 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--prompt-file", a.prompt_file, "File holding the prompt (UTF-8)");
   run->add_option("--max-new-tokens", a.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   run->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
-  run->add_option(
-         "--dtype", a.dtype,
-         "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
-         "kept in the file's Q8_0/Q4_0/Q4_1/Q4_K blocks, others requantized to Q8_0, 8-bit activations, "
-         "integer dot products; with --backend cuda the blocks stay on the GPU and multiply bf16 "
-         "activations), or auto: bf16 with --backend cuda; on the CPU bf16 where it has native "
-         "bf16 (AVX-512 BF16/AMX), else f32")
+  run->add_option("--dtype", a.dtype,
+                  "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
+                  "kept in the file's Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks, others requantized to "
+                  "Q8_0, 8-bit "
+                  "activations, "
+                  "integer dot products; with --backend cuda the blocks stay on the GPU and multiply bf16 "
+                  "activations), or auto: bf16 with --backend cuda; on the CPU bf16 where it has native "
+                  "bf16 (AVX-512 BF16/AMX), else f32")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   run->add_option("--backend", a.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
