@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "model/error.h"
 
@@ -88,6 +89,39 @@ void activation_bias(GgmlType t, int off, const QActBlock* a, int64_t nb, int32_
       out[b * S + h] = -off * sum;
     }
 }
+// Calls f with std::integral_constant<GgmlType, t>: one switch for every kernel's per-type template.
+template <class F>
+void with_type(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return f(std::integral_constant<GgmlType, GgmlType::Q8_0>{});
+    case GgmlType::Q4_0:
+      return f(std::integral_constant<GgmlType, GgmlType::Q4_0>{});
+    case GgmlType::Q4_1:
+      return f(std::integral_constant<GgmlType, GgmlType::Q4_1>{});
+    case GgmlType::Q5_0:
+      return f(std::integral_constant<GgmlType, GgmlType::Q5_0>{});
+    case GgmlType::Q5_1:
+      return f(std::integral_constant<GgmlType, GgmlType::Q5_1>{});
+    case GgmlType::Q4_K:
+      return f(std::integral_constant<GgmlType, GgmlType::Q4_K>{});
+    case GgmlType::Q5_K:
+      return f(std::integral_constant<GgmlType, GgmlType::Q5_K>{});
+    case GgmlType::Q6_K:
+      return f(std::integral_constant<GgmlType, GgmlType::Q6_K>{});
+    default:
+      break;
+  }
+}
+// A panel's storage (the 512-bit and AVX2 kernels each describe their layout): weight bytes, f32
+// scales and minima.
+struct Panel {
+  std::vector<uint8_t> bytes;
+  std::vector<float> d, mins;
+  uint8_t* w() {  // 64-byte aligned: a group of 16 lanes (two of 8) is one cache line
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 63) & ~uintptr_t(63));
+  }
+};
 // Four bytes as one little-endian word (a Q5_0/Q5_1 block's qh: element e's fifth bit is bit e).
 inline uint32_t load_u32(const uint8_t* p) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
@@ -261,6 +295,14 @@ LP_QTARGET inline __m256i load_w(const uint8_t* row, int64_t b) {
     return w;
   }
 }
+// Block b as unsigned bytes for the panels: the decoded values plus Offset (the type's
+// unsigned_offset, or 0 where a kernel keeps them signed).
+template <GgmlType T, int Offset>
+LP_QTARGET inline __m256i load_u(const uint8_t* row, int64_t b) {
+  const __m256i w = load_w<T>(row, b);
+  if constexpr (Offset != 0) return _mm256_add_epi8(w, _mm256_set1_epi8(char(Offset)));
+  return w;
+}
 struct WPrep {
   __m256i w, absw;
 };
@@ -353,8 +395,7 @@ constexpr int kMR = 8, kNR = 2, kMR1 = 8, kNR1 = 2;
 // unsigned bytes vpdpbusd needs (a signed type's offset, 128 for Q8_0 and 8, 16, 32 for Q4_0,
 // Q5_0, Q6_K, is added to each weight and taken back as -offset x the activation block's sum, the
 // lanes' starting value), and every row of the GEMM passes over the panel. Per output it is the
-// scalar twin's arithmetic. Small M (decoding) runs the 256-bit tiles: a panel costs about as much
-// as 30 rows.
+// scalar twin's arithmetic. Small M (decoding) runs the 256-bit tiles (kPanelMinRows).
 namespace vnni512 {
 namespace {
 #define LP_QTARGET LP_TARGET_VNNI
@@ -365,22 +406,8 @@ constexpr int kMR = 6;
 constexpr int offset(GgmlType t) {
   return unsigned_offset(t);
 }
-// Block b of a weight row as the panel's unsigned bytes: the decoded values plus the offset.
-template <GgmlType T>
-LP_QTARGET inline __m256i load_u(const uint8_t* row, int64_t b) {
-  const __m256i w = avx2::load_w<T>(row, b);
-  if constexpr (offset(T) != 0) return _mm256_add_epi8(w, _mm256_set1_epi8(char(offset(T))));
-  return w;
-}
-// A panel of up to 32 outputs: weights [nb][kNV][8 groups of 4 elements][16 lanes][4 bytes], scales
+// A Panel of up to 32 outputs: weights [nb][kNV][8 groups of 4 elements][16 lanes][4 bytes], scales
 // [nb][S][kNV][16], minima [nb][kNV][16]. Lanes past the outputs are zero.
-struct Panel {
-  std::vector<uint8_t> bytes;
-  std::vector<float> d, mins;
-  uint8_t* w() {  // 64-byte aligned: each group of 16 lanes is one cache line
-    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 63) & ~uintptr_t(63));
-  }
-};
 template <GgmlType T>
 LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, Panel& p) {
   constexpr int S = n_scales(T);
@@ -393,7 +420,8 @@ LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, i
     const int j = n / kLanes, lane = n % kLanes;
     const uint8_t* row = W + (n0 + n) * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
-      _mm256_i32scatter_epi32(pw + (b * kNV + j) * 8 * 64 + lane * 4, groups, load_u<T>(row, b), 1);
+      _mm256_i32scatter_epi32(pw + (b * kNV + j) * 8 * 64 + lane * 4, groups,
+                              avx2::load_u<T, offset(T)>(row, b), 1);
       const BlockScale bs = vnni::scales<T>(row, b);
       for (int h = 0; h < S; ++h) p.d[size_t(((b * S + h) * kNV + j) * kLanes + lane)] = bs.d[h];
       if constexpr (block_has_min(T)) p.mins[size_t((b * kNV + j) * kLanes + lane)] = bs.m;
@@ -484,26 +512,8 @@ LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
 LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
                           const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
                           int64_t ldc) {
-  switch (t) {
-    case GgmlType::Q8_0:
-      return panel<GgmlType::Q8_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q4_0:
-      return panel<GgmlType::Q4_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q4_1:
-      return panel<GgmlType::Q4_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q4_K:
-      return panel<GgmlType::Q4_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q5_0:
-      return panel<GgmlType::Q5_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q5_1:
-      return panel<GgmlType::Q5_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q5_K:
-      return panel<GgmlType::Q5_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q6_K:
-      return panel<GgmlType::Q6_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    default:
-      break;
-  }
+  with_type(t,
+            [&](auto type) { panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc); });
 }
 #undef LP_QTARGET
 }  // namespace
@@ -526,26 +536,13 @@ constexpr int kMR = 2;
 constexpr int offset(GgmlType t) {
   return t == GgmlType::Q8_0 ? 0 : unsigned_offset(t);
 }
-template <GgmlType T>
-LP_QTARGET inline __m256i load_u(const uint8_t* row, int64_t b) {
-  const __m256i w = avx2::load_w<T>(row, b);
-  if constexpr (offset(T) != 0) return _mm256_add_epi8(w, _mm256_set1_epi8(char(offset(T))));
-  return w;
-}
-// Weights [nb][kNV][8 groups][8 lanes][4 bytes] (Q8_0: then the same again as absolute values),
-// scales [nb][S][kNV][8], minima [nb][kNV][8]; lanes past the outputs are zero.
-struct Panel {
-  std::vector<uint8_t> bytes;
-  std::vector<float> d, mins;
-  uint8_t* w() {  // 32-byte aligned
-    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 31) & ~uintptr_t(31));
-  }
-};
+// A Panel: weights [nb][kNV][8 groups][8 lanes][4 bytes] (Q8_0: then the same again as absolute
+// values), scales [nb][S][kNV][8], minima [nb][kNV][8]; lanes past the outputs are zero.
 template <GgmlType T>
 LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, Panel& p) {
   constexpr int S = n_scales(T);
   const int64_t plane = nb * kNV * 8 * 32;
-  p.bytes.assign(size_t((T == GgmlType::Q8_0 ? 2 : 1) * plane + 32), 0);
+  p.bytes.assign(size_t((T == GgmlType::Q8_0 ? 2 : 1) * plane + 64), 0);
   p.d.assign(size_t(nb * S * kPanel), 0.f);
   if constexpr (block_has_min(T)) p.mins.assign(size_t(nb * kPanel), 0.f);
   uint8_t* pw = p.w();
@@ -554,7 +551,7 @@ LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, i
     const int j = n / kLanes, lane = n % kLanes;
     const uint8_t* row = W + (n0 + n) * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
-      const __m256i v = load_u<T>(row, b);
+      const __m256i v = avx2::load_u<T, offset(T)>(row, b);
       _mm256_store_si256(reinterpret_cast<__m256i*>(u), v);
       if constexpr (T == GgmlType::Q8_0)
         _mm256_store_si256(reinterpret_cast<__m256i*>(a), _mm256_abs_epi8(v));
@@ -643,26 +640,8 @@ LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
 LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
                           const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
                           int64_t ldc) {
-  switch (t) {
-    case GgmlType::Q8_0:
-      return panel<GgmlType::Q8_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q4_0:
-      return panel<GgmlType::Q4_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q4_1:
-      return panel<GgmlType::Q4_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q4_K:
-      return panel<GgmlType::Q4_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q5_0:
-      return panel<GgmlType::Q5_0>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q5_1:
-      return panel<GgmlType::Q5_1>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q5_K:
-      return panel<GgmlType::Q5_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    case GgmlType::Q6_K:
-      return panel<GgmlType::Q6_K>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc);
-    default:
-      break;
-  }
+  with_type(t,
+            [&](auto type) { panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc); });
 }
 #undef LP_QTARGET
 }  // namespace
@@ -786,8 +765,8 @@ bool qgemm_supports(GgmlType t) {
 }
 
 namespace {
-// Fewer rows than this run the 256-bit tiles under the 512-bit and AVX2 kernels: packing a panel
-// costs what some 10-30 rows of it do.
+// Fewer rows than this run the 256-bit tiles under the 512-bit and AVX2 kernels. Packing a panel
+// costs roughly what 10-30 rows of it do by instruction count; the crossover is not yet measured.
 constexpr int64_t kPanelMinRows = 16;
 void check(QKernel k, GgmlType t) {
   if (!qgemm_supports(t)) fail("the integer GEMM does not multiply {} weights", type_info(uint32_t(t))->name);
@@ -831,7 +810,7 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), M, [&](int64_t m) {
         quantize_activations(A + m * lda, K, q + m * nb);
-        activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
+        if (off != 0) activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
       });
       // One task per panel of outputs, each over every row.
       tbb::parallel_for(int64_t(0), (N + width - 1) / width, [&](int64_t p) {
