@@ -6,7 +6,8 @@
 // each iteration. Counters: tokens/s and GFLOP/s, FLOPs from model/ops (prefill_flops, the same
 // counting the simulator uses). Decode: tokens/s of single-token steps after a 512-token prompt.
 // Before timing, the last-row logits are checked against a second run of the f32 path (same
-// weights, tokens and positions): bf16 must agree on the argmax, f32 must be bitwise repeatable.
+// weights, tokens and positions): bf16 and int8 must agree on the argmax, f32 must be bitwise
+// repeatable.
 // peak_rss_mib is the process high-water mark when the case ends.
 #include <benchmark/benchmark.h>
 
@@ -120,7 +121,15 @@ BENCHMARK_CAPTURE(BM_Prefill, bf16, lp::DType::BF16)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_Prefill, int8, lp::DType::Int8)
+    ->Arg(512)
+    ->Arg(2048)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
 BENCHMARK_CAPTURE(BM_Decode, f32, lp::DType::F32)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Decode, bf16, lp::DType::BF16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode, int8, lp::DType::Int8)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/context.h"
@@ -139,8 +140,15 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
         b->Args({k, t, m, 576, 576});
       }
     // Llama-3.1-8B's attention output shape (K-quants need rows of whole 256-blocks; SmolLM2's 576
-    // are not), every type.
-    for (const lp::GgmlType t : lp::testing::kQuantTypes) b->Args({k, int(t), 512, 4096, 4096});
+    // are not), every type; one row of it (decoding) too.
+    for (const lp::GgmlType t : lp::testing::kQuantTypes) {
+      b->Args({k, int(t), 512, 4096, 4096});
+      b->Args({k, int(t), 1, 4096, 4096});
+    }
+    // Decoding SmolLM2-135M: one row through gate|up, down and the tied output (49,152 outputs).
+    for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_1)})
+      for (const auto& [K, N] : {std::pair<int64_t, int64_t>{576, 3072}, {1536, 576}, {576, 49152}})
+        b->Args({k, t, 1, K, N});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

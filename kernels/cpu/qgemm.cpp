@@ -647,6 +647,313 @@ LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const
 }  // namespace
 }  // namespace avx2p
 
+// ---- Decoding: fewer rows than a panel pays for, weights read where they lie ----
+// A decoding step multiplies one activation row by every weight once, so copying weights into
+// panels would double its memory traffic. These kernels read each output's blocks in place, as the
+// 256-bit tiles do, but 8 outputs at a time: each output's block gives a vector of 8 lanes of 4
+// products (lanes 0-3 its first 16 elements, 4-7 the rest), and the 8 outputs' lanes are summed
+// together by one transpose-and-add (reduce4, 2.25 instructions per output and block where the
+// tiles spent about 5), leaving each output's two half-block sums in the lanes of two vectors of
+// 8. Then per block one conversion, one multiply and one fused multiply-add per 8 outputs (two for
+// Q6_K's halves, one more for a minimum): per output the scalar twin's arithmetic. The weights go in
+// as the panels hold them (a signed type's offset added, taken back as -offset x the activation
+// block's sum), the block scales are converted once per tile of 8 outputs into [nb][S][8], and the
+// activations' bytes, one load per block, serve all 8 outputs.
+namespace gemv {
+constexpr int kOut = 8;
+// The simple types' scales sit at the start of each block (Q4_1 and Q5_1: d, then m), read in the
+// tile's loop; the K-quants' are converted here once per tile, per super-block of 8 blocks (d and
+// dmin once, the 6-bit multipliers of all 8 at once), into [nb][S][8] and minima [nb][8]: the same
+// values as block_scale's, one rounding each. Lanes past cnt repeat the last output (their results
+// are never stored).
+constexpr bool scales_in_loop(GgmlType t) {
+  return t != GgmlType::Q4_K && t != GgmlType::Q5_K && t != GgmlType::Q6_K;
+}
+template <GgmlType T>
+LP_TARGET_AVX2 void tile_scales(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb,
+                                float* d, float* mins) {
+  for (int i = 0; i < kOut; ++i) {
+    const uint8_t* row = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+    for (int64_t sb = 0; sb < nb / 8; ++sb) {
+      const uint8_t* p = row + sb * block_bytes(T);
+      if constexpr (T == GgmlType::Q6_K) {  // [8 blocks][2 halves] = its 16 int8 scales in order
+        const float dd = _cvtsh_ss(load_u16(p + 208));
+        const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
+        for (int j = 0; j < 16; ++j) d[(sb * 16 + j) * kOut + i] = dd * float(sc[j]);
+      } else {
+        const float dd = _cvtsh_ss(load_u16(p)), dmin = _cvtsh_ss(load_u16(p + 2));
+        for (int j = 0; j < 8; ++j) {
+          int sc = 0, mn = 0;
+          kquant_scale_min(p + 4, j, sc, mn);
+          d[(sb * 8 + j) * kOut + i] = dd * float(sc);
+          mins[(sb * 8 + j) * kOut + i] = -(dmin * float(mn));
+        }
+      }
+    }
+  }
+}
+// A simple type's 8 outputs' scales of block b (f16 at the block's start) and, for Q4_1 and Q5_1,
+// minima (the f16 after it).
+template <GgmlType T>
+LP_TARGET_AVX2 inline void loop_scales(const uint8_t* const (&row)[kOut], int64_t b, __m256& d, __m256& m) {
+  const int64_t off = b * block_bytes(T);
+  const __m256i h = _mm256_setr_epi32(load_i32(reinterpret_cast<const int8_t*>(row[0] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[1] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[2] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[3] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[4] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[5] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[6] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[7] + off)));
+  // Each 128-bit lane's four low (then high) halves to its low 8 bytes, then the two lanes' together.
+  const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9,
+                                      12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+  const __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, sh), _MM_SHUFFLE(3, 1, 2, 0));
+  d = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+  if constexpr (block_has_min(T)) m = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+}
+// A tile reads 8 rows block by block, 8 short interleaved streams the hardware prefetcher hardly
+// follows (a row of SmolLM2's Q4_1 576 is 6 cache lines), so each tile asks for the tile after next,
+// spread over its blocks, and never past the matrix's last row (a prefetch of an unmapped address
+// cost about 1.5 us a line here: 12 us of a 15 us one-tile call).
+struct Prefetch {
+  const char* next;
+  int64_t lines, per_block;
+  Prefetch(const uint8_t* W, int64_t row_bytes, int64_t n0, int64_t N, int64_t nb)
+      : next(reinterpret_cast<const char*>(W + (n0 + kAhead * kOut) * row_bytes)),
+        lines((std::clamp<int64_t>(N - n0 - kAhead * kOut, 0, kOut) * row_bytes + 63) / 64),
+        per_block((lines + nb - 1) / nb) {}
+  void step(int64_t b) const {
+    for (int64_t l = b * per_block; l < std::min(lines, (b + 1) * per_block); ++l)
+      __builtin_prefetch(next + l * 64);
+  }
+  static constexpr int kAhead = 2;
+};
+// Per 128-bit chunk c: lane k = the sum of the 4 lanes of v_k's chunk c.
+template <class V, class Lo32, class Hi32, class Lo64, class Hi64, class Add>
+inline V reduce4(V v0, V v1, V v2, V v3, Lo32 lo32, Hi32 hi32, Lo64 lo64, Hi64 hi64, Add add) {
+  const V t0 = add(lo32(v0, v1), hi32(v0, v1)), t1 = add(lo32(v2, v3), hi32(v2, v3));
+  return add(lo64(t0, t1), hi64(t0, t1));
+}
+}  // namespace gemv
+
+namespace vnni512 {
+namespace {
+#define LP_QTARGET LP_TARGET_VNNI
+LP_QTARGET inline __m512i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+  return gemv::reduce4(
+      v0, v1, v2, v3, [](__m512i a, __m512i b) LP_QTARGET { return _mm512_unpacklo_epi32(a, b); },
+      [](__m512i a, __m512i b) LP_QTARGET { return _mm512_unpackhi_epi32(a, b); },
+      [](__m512i a, __m512i b) LP_QTARGET { return _mm512_unpacklo_epi64(a, b); },
+      [](__m512i a, __m512i b) LP_QTARGET { return _mm512_unpackhi_epi64(a, b); },
+      [](__m512i a, __m512i b) LP_QTARGET { return _mm512_add_epi32(a, b); });
+}
+// Block b of two rows as one zmm of unsigned bytes (load_u's values, row r0 in the low half). The
+// simple types decode both at once: Q4_0 and Q4_1's 16 bytes broadcast to both 128-bit lanes of a
+// half, the second lane shifted right by 4 (its high nibbles), Q5's fifth bits as a 64-bit mask.
+template <GgmlType T>
+LP_QTARGET inline __m512i load_u2(const uint8_t* r0, const uint8_t* r1, int64_t b) {
+  if constexpr (T == GgmlType::Q8_0) {
+    const __m512i w = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 34 + 2))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 34 + 2)), 1);
+    return _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));  // + 128
+  } else if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 ||
+                       T == GgmlType::Q5_1) {
+    constexpr int64_t bb = block_bytes(T);
+    const uint8_t* b0 = r0 + b * bb;
+    const uint8_t* b1 = r1 + b * bb;
+    const __m512i x = _mm512_inserti64x4(
+        _mm512_castsi256_si512(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + bb - 16)))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + bb - 16))), 1);
+    __m512i w = _mm512_and_si512(
+        _mm512_srlv_epi16(x, _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                               0x0004000400040004, 0x0004000400040004)),
+        _mm512_set1_epi8(15));
+    if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+      const __mmask64 hi =
+          __mmask64(load_u32(b0 + q5_high_offset(T))) | __mmask64(load_u32(b1 + q5_high_offset(T))) << 32;
+      w = _mm512_mask_add_epi8(w, hi, w, _mm512_set1_epi8(16));
+    }
+    return w;  // Q4_0 and Q5_0's offsets (8, 16) are the nibbles' own: nothing to add
+  } else {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(avx2::load_u<T, offset(T)>(r0, b)),
+                              avx2::load_u<T, offset(T)>(r1, b), 1);
+  }
+}
+// Rows m0..m0+MR x outputs n0..n0+cnt (cnt <= 8). Output k and k + 4 share a zmm (one vpdpbusd for
+// both, the activation block broadcast to both halves), so after reduce4 chunk c lane k holds output
+// k + 4 (c / 2)'s half c % 2.
+template <GgmlType T, int MR>
+LP_QTARGET inline void gemv_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
+                                 const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
+                                 int64_t nb, int64_t m0, float* C, int64_t ldc) {
+  constexpr int S = n_scales(T);
+  const uint8_t* row[gemv::kOut];
+  for (int i = 0; i < gemv::kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+  __m256 acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+  gemv::Prefetch pf(W, row_bytes, n0, N, nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.step(b);
+    __m256 dw = _mm256_setzero_ps(), mw = _mm256_setzero_ps();
+    if constexpr (gemv::scales_in_loop(T)) {
+      gemv::loop_scales<T>(row, b, dw, mw);
+    } else {
+      dw = _mm256_loadu_ps(pd + b * S * 8);
+      if constexpr (block_has_min(T)) mw = _mm256_loadu_ps(pm + b * 8);
+    }
+    __m512i w[4];
+    for (int k = 0; k < 4; ++k) w[k] = load_u2<T>(row[k], row[k + 4], b);
+    for (int m = 0; m < MR; ++m) {
+      const QActBlock& a = qa[(m0 + m) * nb + b];
+      const __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q)));
+      __m512i s[4];
+      for (int k = 0; k < 4; ++k) s[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], av);
+      const __m512i r = reduce4(s[0], s[1], s[2], s[3]);
+      const __m512i hh = _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // [half 0 | half 1]
+      __m256i h0 = _mm512_castsi512_si256(hh), h1 = _mm512_extracti64x4_epi64(hh, 1);
+      const __m256 da = _mm256_set1_ps(a.d);
+      const int32_t* bi = bias + ((m0 + m) * nb + b) * S;
+      if constexpr (S == 1) {
+        __m256i sum = _mm256_add_epi32(h0, h1);
+        if constexpr (offset(T) != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(bi[0]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, da), acc[m]);
+      } else {
+        h0 = _mm256_add_epi32(h0, _mm256_set1_epi32(bi[0]));
+        h1 = _mm256_add_epi32(h1, _mm256_set1_epi32(bi[1]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(dw, da), acc[m]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(_mm256_loadu_ps(pd + b * 16 + 8), da),
+                                 acc[m]);
+      }
+      if constexpr (block_has_min(T)) acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[m]);
+    }
+  }
+  const __mmask8 k = __mmask8((1u << cnt) - 1);
+  for (int m = 0; m < MR; ++m) _mm256_mask_storeu_ps(C + (m0 + m) * ldc + n0, k, acc[m]);
+}
+#undef LP_QTARGET
+}  // namespace
+}  // namespace vnni512
+
+namespace avx2p {
+namespace {
+#define LP_QTARGET LP_TARGET_AVX2
+LP_QTARGET inline __m256i reduce4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  return gemv::reduce4(
+      v0, v1, v2, v3, [](__m256i a, __m256i b) LP_QTARGET { return _mm256_unpacklo_epi32(a, b); },
+      [](__m256i a, __m256i b) LP_QTARGET { return _mm256_unpackhi_epi32(a, b); },
+      [](__m256i a, __m256i b) LP_QTARGET { return _mm256_unpacklo_epi64(a, b); },
+      [](__m256i a, __m256i b) LP_QTARGET { return _mm256_unpackhi_epi64(a, b); },
+      [](__m256i a, __m256i b) LP_QTARGET { return _mm256_add_epi32(a, b); });
+}
+// The 512-bit decoding tile on AVX2: one ymm per output, the panels' arithmetic per block (Q8_0
+// signed, |w| x sign(a, w); the others unsigned with their offset).
+template <GgmlType T, int MR>
+LP_QTARGET inline void gemv_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
+                                 const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
+                                 int64_t nb, int64_t m0, float* C, int64_t ldc) {
+  constexpr int S = n_scales(T);
+  constexpr bool kQ8 = T == GgmlType::Q8_0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* row[gemv::kOut];
+  for (int i = 0; i < gemv::kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+  __m256 acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+  gemv::Prefetch pf(W, row_bytes, n0, N, nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.step(b);
+    __m256 dw = _mm256_setzero_ps(), mw = _mm256_setzero_ps();
+    if constexpr (gemv::scales_in_loop(T)) {
+      gemv::loop_scales<T>(row, b, dw, mw);
+    } else {
+      dw = _mm256_loadu_ps(pd + b * S * 8);
+      if constexpr (block_has_min(T)) mw = _mm256_loadu_ps(pm + b * 8);
+    }
+    __m256i w[gemv::kOut];
+    for (int k = 0; k < gemv::kOut; ++k) w[k] = avx2::load_u<T, offset(T)>(row[k], b);
+    for (int m = 0; m < MR; ++m) {
+      const QActBlock& a = qa[(m0 + m) * nb + b];
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
+      __m256i s[gemv::kOut];
+      for (int k = 0; k < gemv::kOut; ++k) {
+        const __m256i pairs = kQ8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(av, w[k]))
+                                  : _mm256_maddubs_epi16(w[k], av);
+        s[k] = _mm256_madd_epi16(pairs, ones);
+      }
+      const __m256i ra = reduce4(s[0], s[1], s[2], s[3]), rb = reduce4(s[4], s[5], s[6], s[7]);
+      __m256i h0 = _mm256_permute2x128_si256(ra, rb, 0x20), h1 = _mm256_permute2x128_si256(ra, rb, 0x31);
+      const __m256 da = _mm256_set1_ps(a.d);
+      const int32_t* bi = bias + ((m0 + m) * nb + b) * S;
+      if constexpr (S == 1) {
+        __m256i sum = _mm256_add_epi32(h0, h1);
+        if constexpr (offset(T) != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(bi[0]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, da), acc[m]);
+      } else {
+        h0 = _mm256_add_epi32(h0, _mm256_set1_epi32(bi[0]));
+        h1 = _mm256_add_epi32(h1, _mm256_set1_epi32(bi[1]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(dw, da), acc[m]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(_mm256_loadu_ps(pd + b * 16 + 8), da),
+                                 acc[m]);
+      }
+      if constexpr (block_has_min(T)) acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[m]);
+    }
+  }
+  const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int m = 0; m < MR; ++m) _mm256_maskstore_ps(C + (m0 + m) * ldc + n0, k, acc[m]);
+}
+#undef LP_QTARGET
+}  // namespace
+}  // namespace avx2p
+
+namespace gemv {
+// Every row (M < kPanelMinRows) of the outputs n0..n0+cnt, in row groups of up to kMR.
+constexpr int kMR = 4;
+// No target attribute: it calls each instruction set's tile, which is not inlined into it.
+template <bool V512, GgmlType T>
+void run_tile(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
+              int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc) {
+  constexpr int S = n_scales(T);
+  thread_local std::vector<float> d, mins;
+  if constexpr (!scales_in_loop(T)) {
+    d.resize(size_t(nb * S * kOut));
+    if constexpr (block_has_min(T)) mins.resize(size_t(nb * kOut));
+    tile_scales<T>(W, row_bytes, n0, cnt, nb, d.data(), mins.data());
+  }
+  auto go = [&](auto mr, int64_t m) {
+    constexpr int MR = decltype(mr)::value;
+    if constexpr (V512)
+      vnni512::gemv_tile<T, MR>(W, row_bytes, N, n0, cnt, d.data(), mins.data(), qa, bias, nb, m, C, ldc);
+    else
+      avx2p::gemv_tile<T, MR>(W, row_bytes, N, n0, cnt, d.data(), mins.data(), qa, bias, nb, m, C, ldc);
+  };
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) go(std::integral_constant<int, kMR>{}, m);
+  switch (M - m) {
+    case 3:
+      return go(std::integral_constant<int, 3>{}, m);
+    case 2:
+      return go(std::integral_constant<int, 2>{}, m);
+    case 1:
+      return go(std::integral_constant<int, 1>{}, m);
+    default:
+      return;
+  }
+}
+// Outputs n0..n0+cnt of N.
+void run(bool v512, GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
+         int64_t nb, int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc) {
+  with_type(t, [&](auto type) {
+    constexpr GgmlType T = decltype(type)::value;
+    if (v512)
+      run_tile<true, T>(W, row_bytes, qa, bias, nb, M, N, n0, cnt, C, ldc);
+    else
+      run_tile<false, T>(W, row_bytes, qa, bias, nb, M, N, n0, cnt, C, ldc);
+  });
+}
+}  // namespace gemv
+
 void quantize_activations(const float* x, int64_t K, QActBlock* out) {
   if (K % kQBlock != 0) fail("quantize_activations: {} values are not a multiple of {}", K, kQBlock);
   for (int64_t b = 0; b < K / kQBlock; ++b) {
@@ -716,9 +1023,7 @@ bool has_f16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }
-}  // namespace
-
-bool qkernel_supported(QKernel k) {
+bool detect(QKernel k) {
   __builtin_cpu_init();
   switch (k) {
     case QKernel::Scalar:
@@ -732,6 +1037,15 @@ bool qkernel_supported(QKernel k) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   }
   return false;
+}
+}  // namespace
+
+// Asked on every GEMM (check), so detected once: cpuid traps to the hypervisor in a virtual machine,
+// and asking each time cost 14 us a call here, more than a decoding step's 576 x 576 GEMM itself.
+bool qkernel_supported(QKernel k) {
+  static const bool supported[] = {detect(QKernel::Scalar), detect(QKernel::Avx2),
+                                   detect(QKernel::Avx512Vnni), detect(QKernel::Avx512Vnni512)};
+  return supported[int(k)];
 }
 
 QKernel best_qkernel() {
@@ -800,6 +1114,26 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
   thread_local std::vector<QActBlock> qa;
   qa.resize(size_t(M * nb));
   QActBlock* q = qa.data();
+  if ((k == QKernel::Avx512Vnni512 || k == QKernel::Avx2) && M < kPanelMinRows) {
+    const bool v512 = k == QKernel::Avx512Vnni512;
+    const int64_t S = n_scales(t);
+    const int off = v512 ? vnni512::offset(t) : avx2p::offset(t);
+    thread_local std::vector<int32_t> bias;
+    bias.resize(size_t(M * nb * S));
+    int32_t* bs = bias.data();
+    for (int64_t m = 0; m < M; ++m) {  // at most 15 rows: not worth a task each
+      quantize_activations(A + m * lda, K, q + m * nb);
+      activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
+    }
+    ctx.run([&] {
+      tbb::parallel_for(int64_t(0), (N + gemv::kOut - 1) / gemv::kOut, [&](int64_t i) {
+        const int64_t n0 = i * gemv::kOut;
+        gemv::run(v512, t, w, row_bytes, q, bs, nb, M, N, n0, int(std::min<int64_t>(gemv::kOut, N - n0)), C,
+                  ldc);
+      });
+    });
+    return;
+  }
   if ((k == QKernel::Avx512Vnni512 || k == QKernel::Avx2) && M >= kPanelMinRows) {
     const bool v512 = k == QKernel::Avx512Vnni512;
     const int64_t S = n_scales(t), width = v512 ? vnni512::kPanel : avx2p::kPanel;
