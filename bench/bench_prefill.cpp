@@ -6,12 +6,13 @@
 // each iteration. Counters: tokens/s and GFLOP/s, FLOPs from model/ops (prefill_flops, the same
 // counting the simulator uses). Decode: tokens/s of single-token steps after a 512-token prompt.
 // Before timing, the last-row logits are checked against a second run of the f32 path (same
-// weights, tokens and positions): bf16 and int8 must agree on the argmax, f32 must be bitwise
-// repeatable.
+// weights, tokens and positions): f32 must be bitwise repeatable, bf16 must agree on the argmax,
+// int8's logits must correlate with f32's at 0.99 or more.
 // peak_rss_mib is the process high-water mark when the case ends.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -57,13 +58,31 @@ std::vector<float> last_logits(const lp::Model& m, const std::vector<int32_t>& i
   return logits;
 }
 
+double correlation(const std::vector<float>& a, const std::vector<float>& b) {
+  const double n = double(a.size());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < a.size(); ++i) ma += a[i] / n, mb += b[i] / n;
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    sab += (a[i] - ma) * (b[i] - mb);
+    saa += (a[i] - ma) * (a[i] - ma);
+    sbb += (b[i] - mb) * (b[i] - mb);
+  }
+  return sab / std::sqrt(saa * sbb);
+}
+
 void BM_Prefill(benchmark::State& st, lp::DType dt) {
   const int64_t N = st.range(0);
   const lp::Model& m = model(dt);
   const auto ids = prompt(N, m.config().n_vocab);
   const auto got = last_logits(m, ids);
   const auto ref = last_logits(model(lp::DType::F32), ids);
-  if (dt == lp::DType::F32 ? got != ref : lp::argmax(got) != lp::argmax(ref)) {
+  // int8 quantizes every activation, so on random tokens (flat logits) its argmax may differ; a
+  // broken kernel shows as logits uncorrelated with f32's.
+  const bool ok = dt == lp::DType::F32    ? got == ref
+                  : dt == lp::DType::BF16 ? lp::argmax(got) == lp::argmax(ref)
+                                          : correlation(got, ref) >= 0.99;
+  if (!ok) {
     st.SkipWithError("last-row logits disagree with the f32 path");
     return;
   }
@@ -125,6 +144,7 @@ BENCHMARK_CAPTURE(BM_Prefill, int8, lp::DType::Int8)
     ->Arg(512)
     ->Arg(2048)
     ->Arg(4096)
+    ->Arg(8192)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(2.0);

@@ -52,17 +52,42 @@ inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ld
   }
 }
 
-// O[r][0..63] += sum_k P[r][k] * V[k][0..63] for 4 rows and nk keys (Dh = 64).
-inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, float* O, int nr) {
-  __m512 acc[4][4];
-  for (int r = 0; r < 4; ++r)
-    for (int j = 0; j < 4; ++j)
-      acc[r][j] = r < nr ? _mm512_loadu_ps(O + r * 64 + 16 * j) : _mm512_setzero_ps();
+// scores_step for the rows left (at most kSubRows): a decoding step's tile has only its kv group's
+// 3 or 4 heads, and 8-row steps spent 5 of 8 rows' multiply-adds on padding. Each row's scores are
+// the same whatever the rows beside it.
+inline void scores_rows(int left, const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S,
+                        int64_t lds) {
+  switch (std::min(left, kSubRows)) {
+    case 1:
+      return scores_step<1>(qs, Dh, kt, ldk, S, lds);
+    case 2:
+      return scores_step<2>(qs, Dh, kt, ldk, S, lds);
+    case 3:
+      return scores_step<3>(qs, Dh, kt, ldk, S, lds);
+    case 4:
+      return scores_step<4>(qs, Dh, kt, ldk, S, lds);
+    case 5:
+      return scores_step<5>(qs, Dh, kt, ldk, S, lds);
+    case 6:
+      return scores_step<6>(qs, Dh, kt, ldk, S, lds);
+    case 7:
+      return scores_step<7>(qs, Dh, kt, ldk, S, lds);
+    default:
+      return scores_step<kSubRows>(qs, Dh, kt, ldk, S, lds);
+  }
+}
+
+// O[r][0..63] += sum_k P[r][k] * V[k][0..63] for NR <= 4 rows and nk keys (Dh = 64).
+template <int NR>
+inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, float* O) {
+  __m512 acc[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_loadu_ps(O + r * 64 + 16 * j);
   for (int64_t k = 0; k < nk; ++k) {
     const float* vk = v + k * 64;
     const __m512 v0 = _mm512_loadu_ps(vk), v1 = _mm512_loadu_ps(vk + 16);
     const __m512 v2 = _mm512_loadu_ps(vk + 32), v3 = _mm512_loadu_ps(vk + 48);
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < NR; ++r) {
       const __m512 p = _mm512_set1_ps(P[r * ldp + k]);
       acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
       acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
@@ -70,8 +95,20 @@ inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t nk, f
       acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
     }
   }
-  for (int r = 0; r < nr; ++r)
+  for (int r = 0; r < NR; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(O + r * 64 + 16 * j, acc[r][j]);
+}
+inline void pv_rows(int left, const float* P, int64_t ldp, const float* v, int64_t nk, float* O) {
+  switch (std::min(left, 4)) {
+    case 1:
+      return pv_step64<1>(P, ldp, v, nk, O);
+    case 2:
+      return pv_step64<2>(P, ldp, v, nk, O);
+    case 3:
+      return pv_step64<3>(P, ldp, v, nk, O);
+    default:
+      return pv_step64<4>(P, ldp, v, nk, O);
+  }
 }
 #endif
 
@@ -234,7 +271,7 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 #if defined(__AVX512F__)
       for (int64_t s0 = 0; s0 < bk; s0 += 32)
         for (int r0 = 0; r0 < nr; r0 += kSubRows)
-          scores_step<kSubRows>(qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
+          scores_rows(nr - r0, qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
 #elif defined(__AVX2__) && defined(__FMA__)
       for (int64_t s0 = 0; s0 < bk; s0 += 16)
         for (int r0 = 0; r0 < nr; r0 += 4)
@@ -275,8 +312,7 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     // O += P V for the block.
 #if defined(__AVX512F__)
     if (Dh == 64) {
-      for (int r0 = 0; r0 < nr; r0 += 4)
-        pv_step64(S + r0 * kBlock, kBlock, kb.v, bk, O + r0 * 64, std::min(4, nr - r0));
+      for (int r0 = 0; r0 < nr; r0 += 4) pv_rows(nr - r0, S + r0 * kBlock, kBlock, kb.v, bk, O + r0 * 64);
       continue;
     }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -351,7 +387,12 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
   std::vector<int64_t> len(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) len[t] = std::upper_bound(kp, kp + nk, q_pos[t]) - kp;
   const int64_t rows_per_group = T * group;
-  const int64_t tiles_per_group = (rows_per_group + kTileRows - 1) / kTileRows;
+  // A decoding step has one tile per kv group (3 here for 2 threads): rows are split further until
+  // there are at least two tiles per thread; each row's result is the same in any tile.
+  int64_t tile_rows = kTileRows;
+  while (tile_rows > 1 && Hkv * ((rows_per_group + tile_rows - 1) / tile_rows) < 2 * ctx.threads())
+    tile_rows /= 2;
+  const int64_t tiles_per_group = (rows_per_group + tile_rows - 1) / tile_rows;
   ctx.run([&] {
     // Largest tiles (latest queries) first, so the causal imbalance evens out at the end.
     tbb::parallel_for(int64_t(0), Hkv * tiles_per_group, [&](int64_t w) {
@@ -359,7 +400,7 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
       const int64_t tile = tiles_per_group - 1 - w / Hkv;
       TileRow rows[kTileRows];
       int nr = 0;
-      for (int64_t i = tile * kTileRows; i < std::min(rows_per_group, (tile + 1) * kTileRows); ++i) {
+      for (int64_t i = tile * tile_rows; i < std::min(rows_per_group, (tile + 1) * tile_rows); ++i) {
         const int64_t t = i / group, h = g * group + i % group;
         rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[t]};
       }

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Side by side with llama.cpp, in one run: prefill and decode speed on the same GGUF file.
+
+OPTIONAL COMPARISON SCRIPT, NOT RUN BY CI. It needs a llama-bench binary built outside this
+repository (any llama.cpp checkout: cmake -B build -DGGML_NATIVE=ON && cmake --build build
+--target llama-bench); nothing here builds it.
+
+For each repetition it alternates the engines, so a noisy machine hurts them alike:
+  lazyprefill  build/lp_bench BM_Prefill/<dtype>/N (one forward pass over N tokens, fresh KV cache)
+               and BM_Decode/<dtype>/32 (32 single-token steps after a 512-token prompt), the
+               model given by LAZYPREFILL_MODEL;
+  llama.cpp    llama-bench -p N -n 0 (prompt processing) and -p 0 -n 32 -d 512 (32 generated tokens
+               after a 512-token context), once with its defaults (micro-batch 512, flash attention
+               "auto") and once with flash attention on (-fa 1), its fastest CPU setting here.
+Both use --threads threads and random token ids. Prints a table of medians (tokens/s) and the
+ratios lazyprefill / llama.cpp, and with --json every sample.
+
+Example (the default model; a Q8_0 copy made with llama-quantize --allow-requantize):
+    python3 bench/compare_llamacpp.py --llama-bench ~/llama.cpp/build/bin/llama-bench \\
+        --model ~/.cache/lazyprefill/models/SmolLM2-135M-Instruct.Q4_1.gguf --tokens 512,2048,8192
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def llama(bench, model, threads, args, fa):
+    cmd = [bench, "-m", model, "-t", str(threads), "-r", "1", "-o", "json"] + args
+    if fa is not None:
+        cmd += ["-fa", fa]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    return rows[0]["avg_ts"], rows[0].get("build_commit", "?")
+
+
+def lp(lp_bench, model, name):
+    env = dict(os.environ, LAZYPREFILL_MODEL=model)
+    out = subprocess.run([lp_bench, f"--benchmark_filter=^{name}$", "--benchmark_format=json"], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    rows = [b for b in json.loads(out)["benchmarks"] if b["name"].startswith(name)]
+    if not rows:
+        sys.exit(f"compare_llamacpp: {lp_bench} has no benchmark {name}")
+    if "error_message" in rows[0]:
+        sys.exit(f"compare_llamacpp: {name}: {rows[0]['error_message']}")
+    return rows[0]["tokens/s"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--lp-bench", default="build/lp_bench")
+    ap.add_argument("--dtype", default="int8", choices=["int8", "f32", "bf16"])
+    ap.add_argument("--tokens", default="512,2048,8192")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", help="write every sample here")
+    a = ap.parse_args()
+    lengths = [int(t) for t in a.tokens.split(",")]
+    cases = [(f"pp{n}", f"BM_Prefill/{a.dtype}/{n}/min_time:2.000/real_time", ["-p", str(n), "-n", "0"])
+             for n in lengths]
+    cases.append(("tg32@512", f"BM_Decode/{a.dtype}/32/real_time", ["-p", "0", "-n", "32", "-d", "512"]))
+    samples = {c[0]: {"lazyprefill": [], "llama.cpp": [], "llama.cpp -fa 1": []} for c in cases}
+    commit = "?"
+    for rep in range(a.reps):
+        for label, lp_name, largs in cases:
+            samples[label]["lazyprefill"].append(lp(a.lp_bench, a.model, lp_name))
+            ts, commit = llama(a.llama_bench, a.model, a.threads, largs, None)
+            samples[label]["llama.cpp"].append(ts)
+            samples[label]["llama.cpp -fa 1"].append(llama(a.llama_bench, a.model, a.threads, largs, "1")[0])
+            print(f"rep {rep + 1}/{a.reps} {label}: " +
+                  ", ".join(f"{k} {v[-1]:.1f}" for k, v in samples[label].items()), file=sys.stderr)
+    print(f"model {os.path.basename(a.model)}, {a.threads} threads, lazyprefill --dtype {a.dtype}, "
+          f"llama.cpp {commit}, medians of {a.reps} (tokens/s)")
+    print(f"{'case':>9} {'lazyprefill':>12} {'llama.cpp':>10} {'ratio':>6} {'llama -fa 1':>12} {'ratio':>6}")
+    for label, _, _ in cases:
+        m = {k: statistics.median(v) for k, v in samples[label].items()}
+        print(f"{label:>9} {m['lazyprefill']:>12.1f} {m['llama.cpp']:>10.1f} "
+              f"{m['lazyprefill'] / m['llama.cpp']:>5.2f}x {m['llama.cpp -fa 1']:>12.1f} "
+              f"{m['lazyprefill'] / m['llama.cpp -fa 1']:>5.2f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": a.model, "llama_cpp_commit": commit, "threads": a.threads, "dtype": a.dtype,
+                       "samples": samples}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
