@@ -29,68 +29,62 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name) {
   return v;
 }
 
-// Int8 mode: the tensors' own blocks when the integer GEMM multiplies their type and every tensor
-// of the matrix has it, else every row requantized to Q8_0 (its dequantized values rounded per
-// block of 32 to 8 bits, as llama.cpp's quantizer does). A matrix of one tensor kept as stored is
-// not copied: it reads the file's mapping (which `file` keeps alive).
+// Int8 mode: each tensor of the matrix is one part, its own blocks where the integer GEMM multiplies
+// its type (read where the file is mapped, which `file` keeps alive: never copied), else its rows
+// requantized to Q8_0 (the dequantized values rounded per block of 32 to 8 bits, as llama.cpp's
+// quantizer does). So Q4_K_M's attn_q|k|v, Q4_K and Q6_K, stays Q4_K and Q6_K.
 Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const GgufTensor*> ts, Matrix m,
                  CpuContext& ctx) {
   const GgufFile& f = *file;
-  const GgmlType t0 = ts.front()->type;
-  const bool keep = qgemm_supports(t0) &&
-                    std::all_of(ts.begin(), ts.end(), [&](const GgufTensor* t) { return t->type == t0; });
-  const bool mapped = keep && ts.size() == 1;
   if (m.cols % kQBlock != 0)
     fail(
         "{}: tensor '{}' has rows of {} values, not a multiple of {}: --dtype int8 cannot hold it (--dtype "
-        "f32 "
-        "loads it)",
+        "f32 loads it)",
         f.path(), ts.front()->name, m.cols, kQBlock);
-  m.qtype = keep ? t0 : GgmlType::Q8_0;
-  const int64_t K = m.cols, out_bytes = m.row_bytes();
-  if (mapped) {
-    m.q_mapped = ts.front()->data;
-    m.q_owner = file;
-  } else {
-    m.q.resize(size_t(m.rows * out_bytes), false);
-    int64_t row0 = 0;
-    for (const GgufTensor* t : ts) {
-      const size_t in_bytes = size_t(*type_bytes(t->type, K));
-      ctx.run([&] {
-        tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
-          const uint8_t* src = t->data + r * in_bytes;
-          uint8_t* dst = m.q.data() + (row0 + r) * out_bytes;
-          if (keep) {
-            std::memcpy(dst, src, in_bytes);
-            return;
-          }
-          thread_local std::vector<float> tmp;
-          tmp.resize(size_t(K));
-          dequantize(t->type, src, tmp.data(), K);
-          quantize_q8_0(tmp.data(), K, dst);
-        });
-      });
-      row0 += t->rows();
+  const int64_t K = m.cols, q8_bytes = *type_bytes(GgmlType::Q8_0, K);
+  int64_t requantized = 0;
+  for (const GgufTensor* t : ts)
+    if (!qgemm_supports(t->type)) requantized += t->rows();
+  m.q.resize(size_t(requantized * q8_bytes), false);
+  m.q_owner = file;
+  int64_t q_row = 0;
+  for (const GgufTensor* t : ts) {
+    if (qgemm_supports(t->type)) {
+      m.parts.push_back({t->type, t->rows(), t->data});
+      continue;
     }
+    uint8_t* dst = m.q.data() + q_row * q8_bytes;
+    const size_t in_bytes = size_t(*type_bytes(t->type, K));
+    ctx.run([&] {
+      tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
+        thread_local std::vector<float> tmp;
+        tmp.resize(size_t(K));
+        dequantize(t->type, t->data + r * in_bytes, tmp.data(), K);
+        quantize_q8_0(tmp.data(), K, dst + r * q8_bytes);
+      });
+    });
+    m.parts.push_back({GgmlType::Q8_0, t->rows(), dst});
+    q_row += t->rows();
   }
+  m.qtype = m.parts.front().type;
   // Scales no arithmetic survives (a file's NaN or infinite f16, or a requantized NaN): refused,
   // naming the tensor.
-  const TypeInfo info = *type_info(uint32_t(m.qtype));
-  const int64_t bb = info.block_bytes, nb = K / info.block_elems;
-  const int d_at = block_scale_offset(m.qtype), scales = block_has_min(m.qtype) ? 2 : 1;
-  for (int64_t r = 0, ti = 0, t_end = ts[0]->rows(); r < m.rows; ++r) {
-    while (r >= t_end) t_end += ts[size_t(++ti)]->rows();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = m.qdata() + r * out_bytes + b * bb;
-      for (int k = 0; k < scales; ++k) {
-        const uint8_t* f16 = blk + d_at + 2 * k;
-        const uint16_t h = uint16_t(f16[0] | (f16[1] << 8));
-        if ((h & 0x7C00) == 0x7C00)
-          fail("{}: tensor '{}' has a block scale that is {} (row {}, block {})", f.path(),
-               ts[size_t(ti)]->name, (h & 0x3FF) ? "NaN" : "infinite", r - (t_end - ts[size_t(ti)]->rows()),
-               b);
+  for (size_t i = 0; i < m.parts.size(); ++i) {
+    const QPart& p = m.parts[i];
+    const TypeInfo info = *type_info(uint32_t(p.type));
+    const int64_t bb = info.block_bytes, nb = K / info.block_elems, row_bytes = *type_bytes(p.type, K);
+    const int d_at = block_scale_offset(p.type), scales = block_has_min(p.type) ? 2 : 1;
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = p.data + r * row_bytes + b * bb;
+        for (int k = 0; k < scales; ++k) {
+          const uint8_t* f16 = blk + d_at + 2 * k;
+          const uint16_t h = uint16_t(f16[0] | (f16[1] << 8));
+          if ((h & 0x7C00) == 0x7C00)
+            fail("{}: tensor '{}' has a block scale that is {} (row {}, block {})", f.path(), ts[i]->name,
+                 (h & 0x3FF) ? "NaN" : "infinite", r, b);
+        }
       }
-    }
   }
   return m;
 }

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/qgemm.h"
 #include "kernels/cpu/simd.h"
+#include "model/error.h"
 #include "model/quant.h"
 
 namespace lp {
@@ -22,17 +23,57 @@ const char* dtype_name(DType d) {
   return d == DType::F32 ? "f32" : d == DType::BF16 ? "bf16" : "int8";
 }
 
+bool Matrix::mixed() const {
+  return std::any_of(parts.begin(), parts.end(),
+                     [&](const QPart& p) { return p.type != parts.front().type; });
+}
+
+int64_t Matrix::bytes() const {
+  if (dtype != DType::Int8) return rows * row_bytes();
+  int64_t b = 0;
+  for (const QPart& p : parts) b += p.rows * *type_bytes(p.type, cols);
+  return b;
+}
+
 int64_t Matrix::row_bytes() const {
-  return dtype == DType::F32 ? cols * 4 : dtype == DType::BF16 ? cols * 2 : *type_bytes(qtype, cols);
+  if (dtype == DType::Int8) return mixed() ? bytes() / std::max<int64_t>(rows, 1) : *type_bytes(qtype, cols);
+  return dtype == DType::F32 ? cols * 4 : cols * 2;
 }
 
 void Matrix::row_f32(int64_t r, float* out) const {
-  if (dtype == DType::F32)
+  if (dtype == DType::F32) {
     std::memcpy(out, f32.data() + r * cols, size_t(cols) * 4);
-  else if (dtype == DType::BF16)
+  } else if (dtype == DType::BF16) {
     for (int64_t i = 0; i < cols; ++i) out[i] = bf16_to_f32(bf16[r * cols + i]);
-  else
-    dequantize(qtype, qdata() + r * row_bytes(), out, cols);
+  } else {
+    for (const QPart& p : parts) {
+      if (r < p.rows) return dequantize(p.type, p.data + r * *type_bytes(p.type, cols), out, cols);
+      r -= p.rows;
+    }
+    fail("Matrix::row_f32: row past the matrix");
+  }
+}
+
+std::vector<uint8_t> Matrix::contiguous_blocks(GgmlType* type) const {
+  *type = mixed() ? GgmlType::Q8_0 : qtype;
+  const int64_t out_bytes = *type_bytes(*type, cols);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * out_bytes));
+  std::vector<float> tmp(static_cast<size_t>(cols));
+  int64_t row0 = 0;
+  for (const QPart& p : parts) {
+    const int64_t in_bytes = *type_bytes(p.type, cols);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      uint8_t* dst = out.data() + (row0 + r) * out_bytes;
+      if (p.type == *type) {
+        std::memcpy(dst, p.data + r * in_bytes, size_t(in_bytes));
+      } else {
+        dequantize(p.type, p.data + r * in_bytes, tmp.data(), cols);
+        quantize_q8_0(tmp.data(), cols, dst);
+      }
+    }
+    row0 += p.rows;
+  }
+  return out;
 }
 
 bool cpu_has_native_bf16() {
@@ -190,8 +231,7 @@ void gemv(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix&
 void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Matrix& W, float* C,
                int64_t ldc) {
   if (M == 0) return;
-  if (W.dtype == DType::Int8)
-    return qgemm(ctx, best_qkernel(), W.qtype, A, M, lda, W.qdata(), W.rows, W.cols, C, ldc);
+  if (W.dtype == DType::Int8) return qgemm(ctx, best_qkernel(), A, M, lda, W.parts, W.cols, C, ldc);
   if (M <= kGemvRows) return gemv(ctx, A, M, lda, W, C, ldc);
   const int64_t N = W.rows, K = W.cols;
   const void* a_ptr = A;

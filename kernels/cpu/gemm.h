@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/context.h"
 #include "kernels/cpu/buffer.h"
+#include "kernels/cpu/qgemm.h"
 #include "model/quant.h"
 
 namespace lp {
@@ -24,25 +26,31 @@ bool cpu_has_native_bf16();
 DType fastest_dtype();
 
 // A weight matrix [N][K] (N outputs, K inputs), row-major as GGUF stores it: f32 or bf16
-// elements, or (Int8) rows of GGUF blocks of `qtype` (Q8_0, Q4_0 or Q4_1), K / 32 blocks a row.
+// elements, or (Int8) runs of rows in GGUF blocks (QPart: one per tensor the matrix stacks, each in
+// its own type), K / 32 blocks a row.
 struct Matrix {
   int64_t rows = 0;  // N
   int64_t cols = 0;  // K
   DType dtype = DType::F32;
   Buffer<float> f32;      // [N][K] when dtype == F32
   Buffer<uint16_t> bf16;  // [N][K] when dtype == BF16
-  GgmlType qtype = GgmlType::Q8_0;
-  Buffer<uint8_t> q;                    // [N][row_bytes()] when dtype == Int8, unless the blocks are mapped:
-  const uint8_t* q_mapped = nullptr;    // the model file's own blocks (one tensor as stored),
-  std::shared_ptr<const void> q_owner;  // kept mapped by this
-  const uint8_t* qdata() const { return q_mapped ? q_mapped : q.data(); }
+  // Int8: the rows in order. A part of a type the integer GEMM multiplies reads the model file's own
+  // blocks (q_owner keeps the mapping); the others point into q, requantized to Q8_0.
+  std::vector<QPart> parts;
+  GgmlType qtype = GgmlType::Q8_0;  // Int8: the parts' type when they share one, else the first's
+  Buffer<uint8_t> q;
+  std::shared_ptr<const void> q_owner;
+  bool mixed() const;  // Int8 parts of more than one type
   const void* data() const {
     return dtype == DType::F32    ? (const void*)f32.data()
            : dtype == DType::BF16 ? (const void*)bf16.data()
-                                  : qdata();
+                                  : nullptr;
   }
-  int64_t row_bytes() const;  // bytes of one row in its storage
-  int64_t bytes() const { return rows * row_bytes(); }
+  int64_t row_bytes() const;  // bytes of one row in its storage (Int8: on average, when mixed)
+  int64_t bytes() const;
+  // Int8: every row's blocks contiguous in one type (what the CUDA backend uploads): the parts'
+  // bytes when they share a type, else every row requantized to Q8_0 (*type says which).
+  std::vector<uint8_t> contiguous_blocks(GgmlType* type) const;
   // Row r as f32 (the embedding lookup).
   void row_f32(int64_t r, float* out) const;
 };

@@ -1103,49 +1103,36 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
   return dot_scalar(t, w, a, nblocks);
 }
 
-void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
-           int64_t N, int64_t K, float* C, int64_t ldc) {
-  check(k, t);
-  const auto row = type_bytes(t, K);
-  if (!row) fail("qgemm: K = {} is not a whole number of {} blocks", K, type_info(uint32_t(t))->name);
-  if (M == 0 || N == 0) return;
-  const int64_t nb = K / kQBlock, row_bytes = *row;
-  const auto* w = static_cast<const uint8_t*>(W);
-  thread_local std::vector<QActBlock> qa;
-  qa.resize(size_t(M * nb));
-  QActBlock* q = qa.data();
-  if ((k == QKernel::Avx512Vnni512 || k == QKernel::Avx2) && M < kPanelMinRows) {
-    const bool v512 = k == QKernel::Avx512Vnni512;
+namespace {
+// One part's outputs from the quantized rows q [M][nb] (C already offset to its first column).
+void run_part(CpuContext& ctx, QKernel k, GgmlType t, const QActBlock* q, int64_t M, int64_t nb,
+              const uint8_t* w, int64_t N, float* C, int64_t ldc) {
+  const int64_t row_bytes = *type_bytes(t, nb * kQBlock);
+  const bool v512 = k == QKernel::Avx512Vnni512;
+  if (k == QKernel::Avx512Vnni512 || k == QKernel::Avx2) {
+    // -offset x each activation block's sum, for the types these kernels multiply unsigned.
     const int64_t S = n_scales(t);
     const int off = v512 ? vnni512::offset(t) : avx2p::offset(t);
     thread_local std::vector<int32_t> bias;
     bias.resize(size_t(M * nb * S));
     int32_t* bs = bias.data();
-    for (int64_t m = 0; m < M; ++m) {  // at most 15 rows: not worth a task each
-      quantize_activations(A + m * lda, K, q + m * nb);
-      activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
+    if (M < kPanelMinRows) {
+      if (off != 0 || S > 1)  // the decoding tiles read Q6_K's per half, offset or not
+        for (int64_t m = 0; m < M; ++m) activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
+      ctx.run([&] {
+        tbb::parallel_for(int64_t(0), (N + gemv::kOut - 1) / gemv::kOut, [&](int64_t i) {
+          const int64_t n0 = i * gemv::kOut;
+          gemv::run(v512, t, w, row_bytes, q, bs, nb, M, N, n0, int(std::min<int64_t>(gemv::kOut, N - n0)), C,
+                    ldc);
+        });
+      });
+      return;
     }
+    const int64_t width = v512 ? vnni512::kPanel : avx2p::kPanel;
     ctx.run([&] {
-      tbb::parallel_for(int64_t(0), (N + gemv::kOut - 1) / gemv::kOut, [&](int64_t i) {
-        const int64_t n0 = i * gemv::kOut;
-        gemv::run(v512, t, w, row_bytes, q, bs, nb, M, N, n0, int(std::min<int64_t>(gemv::kOut, N - n0)), C,
-                  ldc);
-      });
-    });
-    return;
-  }
-  if ((k == QKernel::Avx512Vnni512 || k == QKernel::Avx2) && M >= kPanelMinRows) {
-    const bool v512 = k == QKernel::Avx512Vnni512;
-    const int64_t S = n_scales(t), width = v512 ? vnni512::kPanel : avx2p::kPanel;
-    const int off = v512 ? vnni512::offset(t) : avx2p::offset(t);
-    thread_local std::vector<int32_t> bias;
-    bias.resize(size_t(M * nb * S));
-    int32_t* bs = bias.data();
-    ctx.run([&] {
-      tbb::parallel_for(int64_t(0), M, [&](int64_t m) {
-        quantize_activations(A + m * lda, K, q + m * nb);
-        if (off != 0) activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
-      });
+      if (off != 0)
+        tbb::parallel_for(int64_t(0), M,
+                          [&](int64_t m) { activation_bias(t, off, q + m * nb, nb, bs + m * nb * S); });
       // One task per panel of outputs, each over every row.
       tbb::parallel_for(int64_t(0), (N + width - 1) / width, [&](int64_t p) {
         const int64_t n0 = p * width;
@@ -1159,25 +1146,52 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
     return;
   }
   ctx.run([&] {
-    tbb::parallel_for(int64_t(0), M, [&](int64_t m) { quantize_activations(A + m * lda, K, q + m * nb); });
     // Chunks of 64 rows x 64 outputs: a chunk's weight and activation rows stay in L2.
     tbb::parallel_for(tbb::blocked_range2d<int64_t>(0, M, 64, 0, N, 64),
                       [&](const tbb::blocked_range2d<int64_t>& r) {
                         const int64_t m0 = r.rows().begin(), m1 = r.rows().end(), n0 = r.cols().begin(),
                                       n1 = r.cols().end();
-                        switch (k) {
-                          case QKernel::Avx512Vnni512:  // too few rows for panels
-                          case QKernel::Avx512Vnni:
-                            return vnni::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
-                          case QKernel::Avx2:
-                            return avx2::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
-                          case QKernel::Scalar:
-                            for (int64_t m = m0; m < m1; ++m)
-                              for (int64_t n = n0; n < n1; ++n)
-                                C[m * ldc + n] = dot_scalar(t, w + n * row_bytes, q + m * nb, nb);
-                        }
+                        if (k == QKernel::Avx512Vnni)
+                          return vnni::run(t, w, row_bytes, q, nb, m0, m1, n0, n1, C, ldc);
+                        for (int64_t m = m0; m < m1; ++m)
+                          for (int64_t n = n0; n < n1; ++n)
+                            C[m * ldc + n] = dot_scalar(t, w + n * row_bytes, q + m * nb, nb);
                       });
   });
+}
+}  // namespace
+
+void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, std::span<const QPart> parts,
+           int64_t K, float* C, int64_t ldc) {
+  for (const QPart& p : parts) {
+    check(k, p.type);
+    if (!type_bytes(p.type, K))
+      fail("qgemm: K = {} is not a whole number of {} blocks", K, type_info(uint32_t(p.type))->name);
+  }
+  if (M == 0 || parts.empty()) return;
+  // The rows are quantized once for every part.
+  const int64_t nb = K / kQBlock;
+  thread_local std::vector<QActBlock> qa;
+  qa.resize(size_t(M * nb));
+  QActBlock* q = qa.data();
+  if (M < kPanelMinRows)
+    for (int64_t m = 0; m < M; ++m)
+      quantize_activations(A + m * lda, K, q + m * nb);  // not worth a task each
+  else
+    ctx.run([&] {
+      tbb::parallel_for(int64_t(0), M, [&](int64_t m) { quantize_activations(A + m * lda, K, q + m * nb); });
+    });
+  int64_t n0 = 0;
+  for (const QPart& p : parts) {
+    if (p.rows > 0) run_part(ctx, k, p.type, q, M, nb, p.data, p.rows, C + n0, ldc);
+    n0 += p.rows;
+  }
+}
+
+void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
+           int64_t N, int64_t K, float* C, int64_t ldc) {
+  const QPart part{t, N, static_cast<const uint8_t*>(W)};
+  qgemm(ctx, k, A, M, lda, {&part, 1}, K, C, ldc);
 }
 
 }  // namespace lp

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,5 +60,18 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
 // whatever the tiling, the kernel and the thread count.
 void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
            int64_t N, int64_t K, float* C, int64_t ldc);
+
+// Consecutive rows of a weight matrix in one block type: `rows` rows of type_bytes(type, K) bytes at
+// `data`. A matrix stacked from tensors of different types (Q4_K_M's attn_q, attn_k in Q4_K and
+// attn_v in Q6_K) is a list of them.
+struct QPart {
+  GgmlType type = GgmlType::Q8_0;
+  int64_t rows = 0;
+  const uint8_t* data = nullptr;
+};
+// The same over parts, their outputs side by side in C (part i's first output after the rows of
+// parts 0..i-1); A is quantized once. Each output is what the single-part qgemm gives.
+void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, std::span<const QPart> parts,
+           int64_t K, float* C, int64_t ldc);
 
 }  // namespace lp

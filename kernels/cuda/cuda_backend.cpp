@@ -69,13 +69,20 @@ DMatrix upload(const Matrix& m, const char* what) {
   d.bf16 = m.dtype == DType::BF16;
   d.row_bytes = m.row_bytes();
   if (m.dtype == DType::Int8) {
-    d.qtype = int(m.qtype);
+    // One type per device matrix: a matrix of one part goes up as the file holds it, parts of one
+    // type side by side, mixed parts (Q4_K_M's attn_q|k|v) requantized to Q8_0.
+    GgmlType t = m.qtype;
+    std::vector<uint8_t> joined;
+    if (m.parts.size() > 1) joined = m.contiguous_blocks(&t);
+    d.qtype = int(t);
+    d.row_bytes = *type_bytes(t, m.cols);
     if (!cuda_math::readable(d.qtype))
       fail(
           "the CUDA backend cannot read {} blocks of type {} (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and "
           "Q6_K only)",
           what, d.qtype);
-    d.data = upload(m.qdata(), size_t(m.bytes()), what);
+    d.data = m.parts.size() > 1 ? upload(joined.data(), joined.size(), what)
+                                : upload(m.parts.front().data, size_t(m.bytes()), what);
   } else {
     d.data = d.bf16 ? upload(m.bf16.data(), size_t(m.rows * m.cols), what)
                     : upload(m.f32.data(), size_t(m.rows * m.cols), what);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/context.h"
@@ -176,17 +177,84 @@ TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
   const Matrix& wo = wt.layers[0].wo;
   EXPECT_EQ(wo.qtype, GgmlType::Q4_K);
   ASSERT_EQ(wo.bytes(), int64_t(o->data.size()));
-  EXPECT_EQ(wo.q_mapped, f->tensor("blk.0.attn_output.weight").data);
+  ASSERT_EQ(wo.parts.size(), 1u);
+  EXPECT_EQ(wo.parts[0].data, f->tensor("blk.0.attn_output.weight").data);
   EXPECT_EQ(wo.q.size(), 0);
-  EXPECT_EQ(std::memcmp(wo.qdata(), o->data.data(), o->data.size()), 0);
+  EXPECT_EQ(std::memcmp(wo.parts[0].data, o->data.data(), o->data.size()), 0);
   const Matrix& down = wt.layers[0].w_down;
   EXPECT_EQ(down.qtype, GgmlType::Q8_0);
   std::vector<float> row(static_cast<size_t>(down.cols));
   dequantize(GgmlType::F32, f->tensor("blk.0.ffn_down.weight").data, row.data(), down.cols);
   std::vector<uint8_t> q8(static_cast<size_t>(*type_bytes(GgmlType::Q8_0, down.cols)));
   quantize_q8_0(row.data(), down.cols, q8.data());
-  EXPECT_EQ(down.q_mapped, nullptr);
+  ASSERT_EQ(down.parts.size(), 1u);
+  EXPECT_EQ(down.parts[0].data, down.q.data());
   EXPECT_EQ(std::memcmp(down.q.data(), q8.data(), q8.size()), 0);
+}
+
+// A matrix stacked from tensors of different kept types (Q4_K_M's attn_q and attn_k in Q4_K,
+// attn_v in Q6_K) keeps each as stored, one part per tensor read where the file is mapped; its GEMM
+// gives each part's own outputs bitwise, and the CUDA upload's contiguous copy requantizes the
+// mixed matrix to Q8_0 row by row.
+TEST(QGemm, Int8LoadKeepsMixedTypesAsParts) {
+  testing::TinyModelSpec spec;
+  spec.n_embd = 256;
+  spec.n_ff = 256;
+  spec.n_layer = 1;
+  testing::GgufWriter w = testing::tiny_model_writer(spec);
+  uint32_t seed = 21;
+  for (const auto& [name, t] : {std::pair<const char*, GgmlType>{"blk.0.attn_q.weight", GgmlType::Q4_K},
+                                {"blk.0.attn_k.weight", GgmlType::Q4_K},
+                                {"blk.0.attn_v.weight", GgmlType::Q6_K}}) {
+    testing::GgufWriterTensor* x = w.find_tensor(name);
+    x->type = uint32_t(t);
+    x->data = random_q_rows(t, int64_t(x->ne[1]), 256, seed++);
+  }
+  testing::TempDir dir;
+  const std::string path = dir.file("mixed.gguf");
+  w.write(path);
+  std::shared_ptr<const GgufFile> f;
+  const Weights wt = load_int8(path, f, 2);
+  const Matrix& qkv = wt.layers[0].wqkv;
+  ASSERT_EQ(qkv.parts.size(), 3u);
+  EXPECT_TRUE(qkv.mixed());
+  EXPECT_EQ(qkv.q.size(), 0);
+  int64_t bytes = 0;
+  for (const auto& [i, name, t] :
+       {std::tuple<int, const char*, GgmlType>{0, "blk.0.attn_q.weight", GgmlType::Q4_K},
+        {1, "blk.0.attn_k.weight", GgmlType::Q4_K},
+        {2, "blk.0.attn_v.weight", GgmlType::Q6_K}}) {
+    EXPECT_EQ(qkv.parts[size_t(i)].type, t);
+    EXPECT_EQ(qkv.parts[size_t(i)].data, f->tensor(name).data);
+    bytes += int64_t(f->tensor(name).n_bytes);
+  }
+  EXPECT_EQ(qkv.bytes(), bytes);
+  // The stacked GEMM is each part's GEMM, side by side.
+  const int64_t M = 5, K = qkv.cols, N = qkv.rows;
+  const std::vector<float> A = random_floats(M * K, 8);
+  CpuContext ctx(2);
+  for (QKernel k : supported_qkernels()) {
+    std::vector<float> got(static_cast<size_t>(M * N)), want(static_cast<size_t>(M * N));
+    qgemm(ctx, k, A.data(), M, K, qkv.parts, K, got.data(), N);
+    int64_t n0 = 0;
+    for (const QPart& p : qkv.parts) {
+      qgemm(ctx, QKernel::Scalar, p.type, A.data(), M, K, p.data, p.rows, K, want.data() + n0, N);
+      n0 += p.rows;
+    }
+    EXPECT_EQ(got, want) << qkernel_name(k);
+  }
+  GgmlType t = GgmlType::F32;
+  const std::vector<uint8_t> joined = qkv.contiguous_blocks(&t);
+  EXPECT_EQ(t, GgmlType::Q8_0);
+  const int64_t rb = *type_bytes(GgmlType::Q8_0, K);
+  ASSERT_EQ(int64_t(joined.size()), N * rb);
+  std::vector<float> row(static_cast<size_t>(K));
+  std::vector<uint8_t> q8(static_cast<size_t>(rb));
+  for (int64_t r : {int64_t(0), qkv.parts[0].rows + 3, N - 1}) {
+    qkv.row_f32(r, row.data());
+    quantize_q8_0(row.data(), K, q8.data());
+    EXPECT_EQ(std::memcmp(joined.data() + r * rb, q8.data(), size_t(rb)), 0) << "row " << r;
+  }
 }
 
 // The types kept as stored keep their blocks whatever the field order: Q6_K's scale is its last
@@ -211,7 +279,7 @@ TEST(QGemm, Int8LoadChecksEveryScaleFieldOfTheKeptTypes) {
       std::shared_ptr<const GgufFile> f;
       const Weights wt = load_int8(good, f, 1);
       EXPECT_EQ(wt.layers[0].wo.qtype, c.t);
-      EXPECT_EQ(wt.layers[0].wo.q_mapped, f->tensor("blk.0.attn_output.weight").data);
+      EXPECT_EQ(wt.layers[0].wo.parts.at(0).data, f->tensor("blk.0.attn_output.weight").data);
     }
     const TypeInfo info = *type_info(uint32_t(c.t));
     const int64_t row_bytes = *type_bytes(c.t, 512);
