@@ -122,6 +122,27 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
   }
 }
 
+// Many panels (19 of 32 outputs, 38 of 16) over more rows than the tiles' multiples, on 2 threads.
+TEST(QGemm, ManyPanelsMatchTheScalarTwin) {
+  const int64_t M = 101, N = 600, K = 256, nb = K / kQBlock;
+  CpuContext two(2);
+  const std::vector<float> A = random_floats(M * K, 17);
+  for (GgmlType t : kQuantTypes) {
+    const std::vector<uint8_t> W = random_q_rows(t, N, K, 19);
+    std::vector<QActBlock> a(static_cast<size_t>(M * nb));
+    for (int64_t m = 0; m < M; ++m) quantize_activations(A.data() + m * K, K, a.data() + m * nb);
+    for (QKernel k : supported_qkernels()) {
+      std::vector<float> got(static_cast<size_t>(M * N));
+      qgemm(two, k, t, A.data(), M, K, W.data(), N, K, got.data(), N);
+      for (int64_t m = 0; m < M; m += 5)
+        for (int64_t n = 0; n < N; n += 3)
+          ASSERT_EQ(got[size_t(m * N + n)],
+                    qdot(QKernel::Scalar, t, W.data() + n * *type_bytes(t, K), a.data() + m * nb, nb))
+              << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " m " << m << " n " << n;
+    }
+  }
+}
+
 TEST(QGemm, RefusesWhatItCannotMultiply) {
   CpuContext ctx(1);
   std::vector<float> A(64), C(4);
