@@ -109,7 +109,8 @@ RunMeasurement measurement_from_run_json(const json& j, const std::string& origi
   m.origin = origin;
   try {
     const std::string dtype = j.at("dtype").get<std::string>();
-    if (dtype != "f32" && dtype != "bf16") fail("{}: 'dtype' must be f32 or bf16, got '{}'", origin, dtype);
+    if (dtype != "f32" && dtype != "bf16" && dtype != "int8")
+      fail("{}: 'dtype' must be f32, bf16 or int8, got '{}'", origin, dtype);
     m.compute = dtype;
     m.prompt_tokens = j.at("prompt_tokens").get<int64_t>();
     m.prefill_s = j.at("prefill_ms").get<double>() * 1e-3;

@@ -154,7 +154,7 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a, const CLI::App& sub);
 std::string sha256_hex(const std::string& data, const std::string& path);
 
 struct ValidateArgs {
-  std::string model, base = "cpu-local", out_dir;
+  std::string model, base = "cpu-local", out_dir, dtype = "f32";
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };

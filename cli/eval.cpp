@@ -13,7 +13,9 @@
 #include "engine/session.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "kernels/context.h"
+#include "kernels/weights.h"
 #include "model/error.h"
+#include "model/gguf.h"
 #include "model/io.h"
 #include "model/ops.h"
 #include "model/paths.h"
@@ -242,7 +244,8 @@ int cmd_eval(const EvalArgs& a, const CLI::App& /*sub*/) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   const int threads = a.threads > 0 ? a.threads : default_thread_count();
   CpuContext ctx(threads);
-  const auto model = Model::load(path, fastest_dtype(), ctx);
+  const DType dtype = auto_cpu_dtype(GgufFile::open(path));  // as `run --dtype auto`
+  const auto model = Model::load(path, dtype, ctx);
   opt.progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
   const std::vector<eval::TaskResult> results = eval::run_eval(ctx, *model, corpus, opt);
   const std::vector<eval::TargetCheck> targets = eval::check_targets(results);
@@ -251,7 +254,7 @@ int cmd_eval(const EvalArgs& a, const CLI::App& /*sub*/) {
             {"git_commit", LP_GIT_COMMIT},
             {"model", path},
             {"model_name", model->config().name},
-            {"dtype", dtype_name(fastest_dtype())},
+            {"dtype", dtype_name(dtype)},
             {"threads", threads},
             {"seed", a.seed},
             {"samples", a.samples},

@@ -17,6 +17,7 @@
 #include "kernels/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/weights.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -53,10 +54,10 @@ std::string read_prompt_file(const std::string& path) {
   return lp::read_input_file(path, "prompt file", lp::input_cap::kPrompt);
 }
 
-// auto: on the CPU the fastest this CPU has (bf16 where it has AVX-512 bf16); on a GPU bf16
-// (tensor cores, half the weight memory).
-lp::DType parse_dtype(const std::string& s, const std::string& backend) {
-  if (s == "auto") return backend == "cuda" ? lp::DType::BF16 : lp::fastest_dtype();
+// auto: on the CPU int8 for a quantized file, else the fastest float mode this CPU has (bf16 where
+// it has AVX-512 bf16); on a GPU bf16 (tensor cores, half the weight memory).
+lp::DType parse_dtype(const std::string& s, const std::string& backend, const std::string& path) {
+  if (s == "auto") return backend == "cuda" ? lp::DType::BF16 : lp::auto_cpu_dtype(lp::GgufFile::open(path));
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
   if (s == "int8") return lp::DType::Int8;
@@ -75,14 +76,15 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--prompt-file", a.prompt_file, "File holding the prompt (UTF-8)");
   run->add_option("--max-new-tokens", a.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   run->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
-  run->add_option("--dtype", a.dtype,
-                  "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
-                  "kept in the file's Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks, others requantized to "
-                  "Q8_0, 8-bit "
-                  "activations, "
-                  "integer dot products; with --backend cuda the blocks stay on the GPU and multiply bf16 "
-                  "activations), or auto: bf16 with --backend cuda; on the CPU bf16 where it has native "
-                  "bf16 (AVX-512 BF16/AMX), else f32")
+  run->add_option(
+         "--dtype", a.dtype,
+         "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
+         "kept in the file's Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks, others requantized to "
+         "Q8_0, 8-bit "
+         "activations, "
+         "integer dot products; with --backend cuda the blocks stay on the GPU and multiply bf16 "
+         "activations), or auto: bf16 with --backend cuda; on the CPU int8 for a file whose layers are all "
+         "in those types, else bf16 where the CPU has native bf16 (AVX-512 BF16/AMX), else f32")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   run->add_option("--backend", a.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -130,7 +132,7 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
   if (text.empty()) lp::fail("the prompt is empty");
-  const lp::DType dtype = parse_dtype(a.dtype, a.backend);
+  const lp::DType dtype = parse_dtype(a.dtype, a.backend, path);
   if (!a.trace.empty()) {
     // Fail before the (long) run when the trace could not be written afterwards.
     const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();

@@ -61,6 +61,11 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
        "--rounds", a.rounds,
        "Rounds over all cases, the fastest run of each case kept (default 3; more on a busy machine)")
       ->check(CLI::Range(1, 20));
+  v->add_option("--dtype", a.dtype,
+                "Engine dtype: f32 (default) or int8 (weights in the file's blocks, integer GEMMs; the "
+                "simulator then prices GEMMs at the profile's int8 peak and the weights at the file's "
+                "bits per weight)")
+      ->check(CLI::IsMember({"f32", "int8"}));
   v->add_option("--out-dir", a.out_dir, "Also write each run's run --json output here");
   v->add_flag("--json", a.json_out, "Print one JSON object");
   return v;
@@ -71,7 +76,9 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
     usage_fail("--out-dir '{}' is not a folder", a.out_dir);
   const hw::Profile base = hw::load_profile(a.base);
   CpuContext ctx(a.threads > 0 ? a.threads : default_thread_count());
-  const auto model = Model::load(a.model.empty() ? default_model_path() : a.model, DType::F32, ctx);
+  const bool int8 = a.dtype == "int8";
+  const auto model =
+      Model::load(a.model.empty() ? default_model_path() : a.model, int8 ? DType::Int8 : DType::F32, ctx);
   const std::vector<int32_t> text = model->tokenizer().encode(builtin_english_text(), true, false);
   const std::vector<int64_t> lengths =
       a.quick ? std::vector<int64_t>{256, 512, 1024, 2048} : std::vector<int64_t>{256, 1024, 4096, 8192};
@@ -114,8 +121,8 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
     const Case& c = cases[i];
     Measured m{c,
                {},
-               run_trace(model->config(), opts[i], best[i], "f32", 0, false),
-               run_json(*model, opts[i], best[i], "f32", ctx.threads())};
+               run_trace(model->config(), opts[i], best[i], a.dtype, 0, false),
+               run_json(*model, opts[i], best[i], a.dtype, ctx.threads())};
     m.m = calib::measurement_from_run_json(m.run, c.label());
     if (!a.out_dir.empty())
       write_file_atomic((std::filesystem::path(a.out_dir) / (c.label() + ".json")).string(),
@@ -128,7 +135,15 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
     if (m.c.train) train.push_back(m.m);
   calib::CalibrationReport rep;
   const hw::Profile fitted = calib::calibrate(base, train, &rep);
-  const sim::Precision f32{"f32", "f32", "f32"};
+  // What the engine ran: f32 throughout, or (int8) 8-bit GEMMs over the file's blocks, their bits per
+  // weight as the engine counts them (gate|up's, model/ops), the KV cache f32 either way.
+  const Weights& w = model->weights();
+  const sim::Precision f32 =
+      int8 ? sim::Precision{fmt::format("{}bpw", 8.0 * double(w.layers.at(0).w_gate_up.bytes()) /
+                                                     double(w.layers.at(0).w_gate_up.rows *
+                                                            w.layers.at(0).w_gate_up.cols)),
+                            "int8", "f32"}
+           : sim::Precision{"f32", "f32", "f32"};
 
   json held = json::array();
   double ape = 0, base_ape = 0;
@@ -205,6 +220,7 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   }
   if (a.json_out) {
     json j = {{"model", model->path()},
+              {"dtype", a.dtype},
               {"threads", ctx.threads()},
               {"base_profile", base.name},
               {"quick", a.quick},

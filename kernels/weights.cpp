@@ -174,4 +174,23 @@ Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelCon
   return w;
 }
 
+bool int8_keeps_layers(const GgufFile& f) {
+  bool any = false;
+  for (const GgufTensor& t : f.tensors()) {
+    const std::string& n = t.name;
+    if (n.rfind("blk.", 0) != 0) continue;
+    for (const char* m : {".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight",
+                          ".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight"})
+      if (n.size() > std::strlen(m) && n.compare(n.size() - std::strlen(m), std::string::npos, m) == 0) {
+        if (!qgemm_supports(t.type)) return false;
+        any = true;
+      }
+  }
+  return any;
+}
+
+DType auto_cpu_dtype(const GgufFile& f) {
+  return int8_keeps_layers(f) ? DType::Int8 : fastest_dtype();
+}
+
 }  // namespace lp

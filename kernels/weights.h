@@ -42,4 +42,11 @@ struct Weights {
 Weights load_weights(const std::shared_ptr<const GgufFile>& f, const ModelConfig& c, DType dtype,
                      CpuContext& ctx);
 
+// A quantized file: every layer's matrix (attn_q/k/v/output, ffn_gate/up/down) is in a type the
+// integer GEMM multiplies as stored, so --dtype int8 keeps all of them.
+bool int8_keeps_layers(const GgufFile& f);
+// --dtype auto on the CPU: int8 for a quantized file (its weights multiplied as stored, in about
+// the file's memory), else the fastest float mode this CPU has (fastest_dtype).
+DType auto_cpu_dtype(const GgufFile& f);
+
 }  // namespace lp
