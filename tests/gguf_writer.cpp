@@ -360,7 +360,7 @@ int tiny_vocab_size() {
 void add_tiny_tokenizer(GgufWriter& w) {
   const TinyVocab v = tiny_vocab();
   w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", "gpt2");
+  w.add_string("tokenizer.ggml.pre", "gpt-2");  // llama.cpp knows "gpt-2", not "gpt2"
   w.add_array_string("tokenizer.ggml.tokens", v.tokens);
   w.add_array_i32("tokenizer.ggml.token_type", v.token_types);
   w.add_array_string("tokenizer.ggml.merges", v.merges);

@@ -190,6 +190,70 @@ TEST(RealModel, Int8AgreesWithF32AsLlamaCppsQ41Does) {
   EXPECT_LE(worst, 2 * llama_worst);
 }
 
+const nlohmann::json& q41_fixture() {
+  static const nlohmann::json j = [] {
+    std::ifstream in(testing::fixture_path("smollm2_logits_q41.json"));
+    if (!in) throw std::runtime_error("missing fixture smollm2_logits_q41.json");
+    return nlohmann::json::parse(in);
+  }();
+  return j;
+}
+
+// int8 mode against llama.cpp running the same Q4_1 file (smollm2_logits_q41.json: its own
+// quantized matmuls, q8 activations times the file's blocks), position by position: the top-1
+// token, and our logits at llama.cpp's top-10 ids against its values. Measured 2026-11-25: 96.1%
+// top-1, logits within 1.65 (mean 0.25), about as far apart as each engine is from f32 (llama.cpp
+// Q4_1 vs F32: 96.6%, within 2.85, mean 0.23-0.28). Two int8 engines do not track each other more
+// closely than they track f32: an activation within float rounding of a half-step boundary rounds
+// to a different 8-bit value under any change of summation order, and those flips compound over 30
+// layers, so each engine is f32 plus its own rounding noise. Required: llama.cpp's own agreement
+// with f32 less two points, and logits within its largest difference from f32 (a wrong scale or
+// layout drops both far below: the Q4_1 minima scaled by 0.98 in the panels gave 2.1% top-1).
+TEST(RealModel, Int8AgreesWithLlamaCppRunningTheSameQ41File) {
+  int64_t positions = 0, same = 0;
+  double worst = 0, sum = 0;
+  int64_t n = 0;
+  const auto& prompts = q41_fixture()["prompts"];
+  ASSERT_EQ(prompts.size(), fixture()["prompts"].size());
+  for (const auto& p : prompts) {
+    const auto ids = p["ids"].get<std::vector<int32_t>>();
+    const auto got = all_logits(model(DType::Int8), ids);
+    const int64_t V = model(DType::Int8).config().n_vocab;
+    ASSERT_EQ(p["positions"].size(), ids.size());
+    int64_t ps = 0, ss = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const float* row = got.data() + t * V;
+      const auto& want = p["positions"][t];
+      const auto top = want["top_ids"].get<std::vector<int32_t>>();
+      const auto val = want["top_logits"].get<std::vector<double>>();
+      ss += (std::max_element(row, row + V) - row) == top[0];
+      for (size_t k = 0; k < top.size(); ++k) {
+        const double d = std::fabs(double(row[top[k]]) - val[k]);
+        worst = std::max(worst, d);
+        sum += d;
+        ++n;
+      }
+      ++ps;
+    }
+    std::printf("int8 vs llama.cpp Q4_1, %s: %lld positions, top-1 agreement %.4f\n",
+                p["name"].get<std::string>().c_str(), (long long)ps, double(ss) / double(ps));
+    positions += ps;
+    same += ss;
+  }
+  std::printf(
+      "int8 vs llama.cpp Q4_1: %lld positions, top-1 agreement %.4f, logits at its top-10 within %.4f "
+      "(mean %.4f)\n",
+      (long long)positions, double(same) / double(positions), worst, sum / double(n));
+  double llama_same = 0, llama_worst = 0;
+  for (const auto& p : fixture()["prompts"]) {
+    const auto& q = fixture()["q41_vs_f32"][p["name"].get<std::string>()];
+    llama_same += q["top1_agreement"].get<double>() * double(p["ids"].size());
+    llama_worst = std::max(llama_worst, q["max_abs_logit_diff"].get<double>());
+  }
+  EXPECT_GE(double(same) / double(positions), llama_same / double(positions) - 0.02);
+  EXPECT_LE(worst, llama_worst);
+}
+
 // Greedy continuations of int8 mode and of llama.cpp running the same Q4_1 file: the number of
 // leading tokens they share, reported; the first 4 must agree.
 TEST(RealModel, Int8GreedyContinuationsBesideLlamaCppsQ41) {
