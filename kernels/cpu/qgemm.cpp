@@ -661,6 +661,24 @@ LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const
 // activations' bytes, one load per block, serve all 8 outputs.
 namespace gemv {
 constexpr int kOut = 8;
+// Stores the 8 x 8 matrix whose rows are r[0..7] column by column: out[8j + i] = r[i][j].
+LP_TARGET_AVX2 inline void transpose8(const __m256 (&r)[8], float* out) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    _mm256_storeu_ps(out + 8 * j, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+    _mm256_storeu_ps(out + 8 * (j + 4), _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+  }
+}
 // The simple types' scales sit at the start of each block (Q4_1 and Q5_1: d, then m), read in the
 // tile's loop; the K-quants' are converted here once per tile, per super-block of 8 blocks (d and
 // dmin once, the 6-bit multipliers of all 8 at once), into [nb][S][8] and minima [nb][8]: the same
@@ -672,23 +690,41 @@ constexpr bool scales_in_loop(GgmlType t) {
 template <GgmlType T>
 LP_TARGET_AVX2 void tile_scales(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb,
                                 float* d, float* mins) {
-  for (int i = 0; i < kOut; ++i) {
-    const uint8_t* row = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
-    for (int64_t sb = 0; sb < nb / 8; ++sb) {
-      const uint8_t* p = row + sb * block_bytes(T);
-      if constexpr (T == GgmlType::Q6_K) {  // [8 blocks][2 halves] = its 16 int8 scales in order
-        const float dd = _cvtsh_ss(load_u16(p + 208));
-        const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
-        for (int j = 0; j < 16; ++j) d[(sb * 16 + j) * kOut + i] = dd * float(sc[j]);
+  const uint8_t* row[kOut];
+  for (int i = 0; i < kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+  // Each output's 8 (Q6_K: 16) values of a super-block as vectors, then transposed to [block][8].
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    __m256 v[2][kOut], m[kOut];
+    for (int i = 0; i < kOut; ++i) {
+      const uint8_t* p = row[i] + sb * block_bytes(T);
+      if constexpr (T == GgmlType::Q6_K) {  // its 16 int8 scales, [8 blocks][2 halves] in order
+        const __m256 dd = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 208)));
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+        v[0][i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        v[1][i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
       } else {
-        const float dd = _cvtsh_ss(load_u16(p)), dmin = _cvtsh_ss(load_u16(p + 2));
-        for (int j = 0; j < 8; ++j) {
-          int sc = 0, mn = 0;
-          kquant_scale_min(p + 4, j, sc, mn);
-          d[(sb * 8 + j) * kOut + i] = dd * float(sc);
-          mins[(sb * 8 + j) * kOut + i] = -(dmin * float(mn));
-        }
+        // kquant_scale_min for all 8 sub-blocks at once, four bytes a word: sub-blocks 0-3 the low
+        // 6 bits of bytes 0-3 (scales) and 4-7 (minima); 4-7 a nibble of bytes 8-11 below the top
+        // 2 bits of bytes 0-3 (scales) and 4-7 (minima).
+        const uint32_t u0 = load_u32(p + 4), u1 = load_u32(p + 8), u2 = load_u32(p + 12);
+        const uint32_t sc_lo = u0 & 0x3f3f3f3f, mn_lo = u1 & 0x3f3f3f3f;
+        const uint32_t sc_hi = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4;
+        const uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
+        const __m128i sc = _mm_setr_epi32(int(sc_lo), int(sc_hi), 0, 0),
+                      mn = _mm_setr_epi32(int(mn_lo), int(mn_hi), 0, 0);
+        v[0][i] = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p))),
+                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+        m[i] =
+            _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))),
+                                                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
       }
+    }
+    if constexpr (T == GgmlType::Q6_K) {
+      transpose8(v[0], d + sb * 16 * kOut);
+      transpose8(v[1], d + (sb * 16 + 8) * kOut);
+    } else {
+      transpose8(v[0], d + sb * 8 * kOut);
+      transpose8(m, mins + sb * 8 * kOut);
     }
   }
 }
