@@ -244,8 +244,8 @@ int cmd_eval(const EvalArgs& a, const CLI::App& /*sub*/) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   const int threads = a.threads > 0 ? a.threads : default_thread_count();
   CpuContext ctx(threads);
-  const DType dtype = auto_cpu_dtype(GgufFile::open(path));  // as `run --dtype auto`
-  const auto model = Model::load(path, dtype, ctx);
+  const auto model = Model::load_auto(path, ctx);  // as `run --dtype auto`
+  const DType dtype = model->weights().dtype;
   opt.progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
   const std::vector<eval::TaskResult> results = eval::run_eval(ctx, *model, corpus, opt);
   const std::vector<eval::TargetCheck> targets = eval::check_targets(results);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/run_output.h"
@@ -54,10 +55,10 @@ std::string read_prompt_file(const std::string& path) {
   return lp::read_input_file(path, "prompt file", lp::input_cap::kPrompt);
 }
 
-// auto: on the CPU int8 for a quantized file, else the fastest float mode this CPU has (bf16 where
-// it has AVX-512 bf16); on a GPU bf16 (tensor cores, half the weight memory).
-lp::DType parse_dtype(const std::string& s, const std::string& backend, const std::string& path) {
-  if (s == "auto") return backend == "cuda" ? lp::DType::BF16 : lp::auto_cpu_dtype(lp::GgufFile::open(path));
+// auto: on a GPU bf16 (tensor cores, half the weight memory); on the CPU none here, the file decides
+// as it loads (Model::load_auto: int8 for a quantized file, else the fastest float mode this CPU has).
+std::optional<lp::DType> parse_dtype(const std::string& s, const std::string& backend) {
+  if (s == "auto") return backend == "cuda" ? std::optional(lp::DType::BF16) : std::nullopt;
   if (s == "f32") return lp::DType::F32;
   if (s == "bf16") return lp::DType::BF16;
   if (s == "int8") return lp::DType::Int8;
@@ -132,7 +133,7 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
   if (text.empty()) lp::fail("the prompt is empty");
-  const lp::DType dtype = parse_dtype(a.dtype, a.backend, path);
+  const std::optional<lp::DType> asked = parse_dtype(a.dtype, a.backend);
   if (!a.trace.empty()) {
     // Fail before the (long) run when the trace could not be written afterwards.
     const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();
@@ -145,10 +146,11 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
   if (a.op_timers && a.backend != "cuda")
     lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
   if (a.backend == "cuda") {
-    gpu = check_cuda_backend(path, dtype);
+    gpu = check_cuda_backend(path, *asked);  // never auto's CPU choice: bf16 on a GPU
   }
   lp::CpuContext ctx(a.threads);
-  const auto model = lp::Model::load(path, dtype, ctx);
+  const auto model = asked ? lp::Model::load(path, *asked, ctx) : lp::Model::load_auto(path, ctx);
+  const lp::DType dtype = model->weights().dtype;
   const lp::Tokenizer& tok = model->tokenizer();
   std::vector<int32_t> ids;
   if (a.chat) {

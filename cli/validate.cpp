@@ -135,14 +135,10 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
     if (m.c.train) train.push_back(m.m);
   calib::CalibrationReport rep;
   const hw::Profile fitted = calib::calibrate(base, train, &rep);
-  // What the engine ran: f32 throughout, or (int8) 8-bit GEMMs over the file's blocks, their bits per
-  // weight as the engine counts them (gate|up's, model/ops), the KV cache f32 either way.
-  const Weights& w = model->weights();
-  const sim::Precision f32 =
-      int8 ? sim::Precision{fmt::format("{}bpw", 8.0 * double(w.layers.at(0).w_gate_up.bytes()) /
-                                                     double(w.layers.at(0).w_gate_up.rows *
-                                                            w.layers.at(0).w_gate_up.cols)),
-                            "int8", "f32"}
+  // What the engine ran: f32 throughout, or (int8) 8-bit GEMMs over the file's blocks at their bits
+  // per weight as the engine counts them, the KV cache f32 either way.
+  const sim::Precision precision =
+      int8 ? sim::Precision{fmt::format("{}bpw", 8 * model->weights().gemm_bytes_per_weight()), "int8", "f32"}
            : sim::Precision{"f32", "f32", "f32"};
 
   json held = json::array();
@@ -150,8 +146,8 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   int n = 0;
   for (const Measured& m : runs) {
     if (m.c.train) continue;
-    const sim::Prediction p = sim::replay(m.trace, model->config(), fitted, f32);
-    const sim::Prediction b = sim::replay(m.trace, model->config(), base, f32);
+    const sim::Prediction p = sim::replay(m.trace, model->config(), fitted, precision);
+    const sim::Prediction b = sim::replay(m.trace, model->config(), base, precision);
     const double meas = m.m.prefill_s;
     json ops = json::object();
     const auto& measured_ops = m.run["ops"]["prefill"]["total"];
@@ -200,8 +196,8 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
     const size_t h = ratios.size() / 2;
     const double measured = ratios.size() % 2 ? ratios[h] : 0.5 * (ratios[h - 1] + ratios[h]);
     const double fastest = none->m.prefill_s / m.m.prefill_s;
-    const double predicted = sim::replay(none->trace, model->config(), fitted, f32).ttft_s /
-                             sim::replay(m.trace, model->config(), fitted, f32).ttft_s;
+    const double predicted = sim::replay(none->trace, model->config(), fitted, precision).ttft_s /
+                             sim::replay(m.trace, model->config(), fitted, precision).ttft_s;
     const bool held_out = !m.c.train || !none->c.train;
     const double err = 100 * (predicted - measured);
     worst_all = std::max(worst_all, std::fabs(err));

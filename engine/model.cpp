@@ -8,8 +8,9 @@
 
 namespace lp {
 
-std::unique_ptr<Model> Model::load(const std::string& path, DType dtype, CpuContext& ctx) {
-  const auto file = std::make_shared<GgufFile>(GgufFile::open(path));
+namespace {
+std::unique_ptr<Model> from_file(const std::shared_ptr<GgufFile>& file, const std::string& path, DType dtype,
+                                 CpuContext& ctx) {
   const GgufFile& f = *file;
   ModelConfig c = config_from_gguf(f);
   auto tok = std::make_unique<Tokenizer>(vocab_from_gguf(f));
@@ -18,6 +19,16 @@ std::unique_ptr<Model> Model::load(const std::string& path, DType dtype, CpuCont
   Weights w = load_weights(file, c, dtype, ctx);
   file->drop_metadata();  // int8 weights may keep the mapping; nothing reads the metadata again
   return std::make_unique<Model>(std::move(c), std::move(w), std::move(tok), path);
+}
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& path, DType dtype, CpuContext& ctx) {
+  return from_file(std::make_shared<GgufFile>(GgufFile::open(path)), path, dtype, ctx);
+}
+
+std::unique_ptr<Model> Model::load_auto(const std::string& path, CpuContext& ctx) {
+  const auto file = std::make_shared<GgufFile>(GgufFile::open(path));
+  return from_file(file, path, auto_cpu_dtype(*file), ctx);
 }
 
 double peak_rss_mib() {

@@ -144,8 +144,7 @@ OpDtypes dtypes_of(const Weights& w) {
   // GEMM inputs are rounded to the weights' dtype (8-bit blocks in int8 mode, whose weights count
   // their blocks' bytes); the KV cache is f32.
   if (w.dtype == DType::Int8)
-    return {double(w.layers.at(0).w_gate_up.row_bytes()) / double(w.layers.at(0).w_gate_up.cols),
-            double(sizeof(QActBlock)) / double(kQBlock), 4};
+    return {w.gemm_bytes_per_weight(), double(sizeof(QActBlock)) / double(kQBlock), 4};
   const double b = w.dtype == DType::BF16 ? 2 : 4;
   return {b, b, 4};
 }

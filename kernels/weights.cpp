@@ -66,7 +66,6 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const 
     m.parts.push_back({GgmlType::Q8_0, t->rows(), dst});
     q_row += t->rows();
   }
-  m.qtype = m.parts.front().type;
   // Scales no arithmetic survives (a file's NaN or infinite f16, or a requantized NaN): refused,
   // naming the tensor.
   for (size_t i = 0; i < m.parts.size(); ++i) {
@@ -146,6 +145,11 @@ int64_t Weights::bytes() const {
   int64_t b = tok_embd.bytes() + output.bytes();
   for (const auto& l : layers) b += l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes();
   return b;
+}
+
+double Weights::gemm_bytes_per_weight() const {
+  const Matrix& m = layers.at(0).w_gate_up;
+  return double(m.bytes()) / double(m.rows * m.cols);
 }
 
 Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelConfig& c, DType dtype,

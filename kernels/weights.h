@@ -34,6 +34,9 @@ struct Weights {
 
   const Matrix& lm_head() const { return output.rows ? output : tok_embd; }
   int64_t bytes() const;
+  // Bytes a layer GEMM's weight takes as held (gate|up's, the widest): 4 in f32, 2 in bf16, the
+  // blocks' share in int8 (Q4_1: 0.625). What model/ops and the simulator count the weights at.
+  double gemm_bytes_per_weight() const;
 };
 
 // Dequantizes every tensor the config names into `dtype` (Int8: keeps or requantizes the blocks;

@@ -79,7 +79,6 @@ std::unique_ptr<Model> random_model(const std::string& preset, int layers, bool 
     m.cols = cols;
     if (int8) {
       m.dtype = DType::Int8;
-      m.qtype = GgmlType::Q8_0;
       m.q.resize(rows * m.row_bytes(), false);
       testing::fill_random_blocks(GgmlType::Q8_0, m.q.data(), rows * cols / 32, state++, 0.02f / 127);
       m.parts = {{GgmlType::Q8_0, rows, m.q.data()}};

@@ -57,24 +57,7 @@ inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ld
 // the same whatever the rows beside it.
 inline void scores_rows(int left, const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S,
                         int64_t lds) {
-  switch (std::min(left, kSubRows)) {
-    case 1:
-      return scores_step<1>(qs, Dh, kt, ldk, S, lds);
-    case 2:
-      return scores_step<2>(qs, Dh, kt, ldk, S, lds);
-    case 3:
-      return scores_step<3>(qs, Dh, kt, ldk, S, lds);
-    case 4:
-      return scores_step<4>(qs, Dh, kt, ldk, S, lds);
-    case 5:
-      return scores_step<5>(qs, Dh, kt, ldk, S, lds);
-    case 6:
-      return scores_step<6>(qs, Dh, kt, ldk, S, lds);
-    case 7:
-      return scores_step<7>(qs, Dh, kt, ldk, S, lds);
-    default:
-      return scores_step<kSubRows>(qs, Dh, kt, ldk, S, lds);
-  }
+  with_rows<kSubRows>(left, [&](auto nr) { scores_step<decltype(nr)::value>(qs, Dh, kt, ldk, S, lds); });
 }
 
 // O[r][0..63] += sum_k P[r][k] * V[k][0..63] for NR <= 4 rows and nk keys: one 64-wide column
@@ -100,16 +83,7 @@ inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t ld, i
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(O + r * ld + 16 * j, acc[r][j]);
 }
 inline void pv_rows(int left, const float* P, int64_t ldp, const float* v, int64_t ld, int64_t nk, float* O) {
-  switch (std::min(left, 4)) {
-    case 1:
-      return pv_step64<1>(P, ldp, v, ld, nk, O);
-    case 2:
-      return pv_step64<2>(P, ldp, v, ld, nk, O);
-    case 3:
-      return pv_step64<3>(P, ldp, v, ld, nk, O);
-    default:
-      return pv_step64<4>(P, ldp, v, ld, nk, O);
-  }
+  with_rows<4>(left, [&](auto nr) { pv_step64<decltype(nr)::value>(P, ldp, v, ld, nk, O); });
 }
 #endif
 

@@ -36,7 +36,8 @@ int64_t Matrix::bytes() const {
 }
 
 int64_t Matrix::row_bytes() const {
-  if (dtype == DType::Int8) return mixed() ? bytes() / std::max<int64_t>(rows, 1) : *type_bytes(qtype, cols);
+  if (dtype == DType::Int8)
+    return mixed() ? bytes() / std::max<int64_t>(rows, 1) : *type_bytes(qtype(), cols);
   return dtype == DType::F32 ? cols * 4 : cols * 2;
 }
 
@@ -55,7 +56,7 @@ void Matrix::row_f32(int64_t r, float* out) const {
 }
 
 std::vector<uint8_t> Matrix::contiguous_blocks(GgmlType* type) const {
-  *type = mixed() ? GgmlType::Q8_0 : qtype;
+  *type = mixed() ? GgmlType::Q8_0 : qtype();
   const int64_t out_bytes = *type_bytes(*type, cols);
   std::vector<uint8_t> out(static_cast<size_t>(rows * out_bytes));
   std::vector<float> tmp(static_cast<size_t>(cols));

@@ -37,10 +37,11 @@ struct Matrix {
   // Int8: the rows in order. A part of a type the integer GEMM multiplies reads the model file's own
   // blocks (q_owner keeps the mapping); the others point into q, requantized to Q8_0.
   std::vector<QPart> parts;
-  GgmlType qtype = GgmlType::Q8_0;  // Int8: the parts' type when they share one, else the first's
   Buffer<uint8_t> q;
   std::shared_ptr<const void> q_owner;
   bool mixed() const;  // Int8 parts of more than one type
+  // Int8: the parts' type when they share one, else the first's (Q8_0 before there are parts).
+  GgmlType qtype() const { return parts.empty() ? GgmlType::Q8_0 : parts.front().type; }
   const void* data() const {
     return dtype == DType::F32    ? (const void*)f32.data()
            : dtype == DType::BF16 ? (const void*)bf16.data()

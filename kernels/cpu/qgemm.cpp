@@ -11,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/simd.h"
 #include "model/error.h"
 
 namespace lp {
@@ -487,27 +488,9 @@ LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
   const float* pd = p.d.data();
   const float* pm = block_has_min(T) ? p.mins.data() : nullptr;
   float* c = C + n0;
-  int64_t m = 0;
-  for (; m + kMR <= M; m += kMR) tile<T, kMR>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
-  switch (M - m) {
-    case 5:
-      tile<T, 5>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
-      break;
-    case 4:
-      tile<T, 4>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
-      break;
-    case 3:
-      tile<T, 3>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
-      break;
-    case 2:
-      tile<T, 2>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
-      break;
-    case 1:
-      tile<T, 1>(pw, pd, pm, qa, bias, nb, m, c, ldc, k);
-      break;
-    default:
-      break;
-  }
+  for (int64_t m = 0; m < M; m += kMR)
+    simd::with_rows<kMR>(
+        int(M - m), [&](auto mr) { tile<T, decltype(mr)::value>(pw, pd, pm, qa, bias, nb, m, c, ldc, k); });
 }
 LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
                           const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
@@ -633,9 +616,10 @@ LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
   const float* pd = p.d.data();
   const float* pm = block_has_min(T) ? p.mins.data() : nullptr;
   float* c = C + n0;
-  int64_t m = 0;
-  for (; m + kMR <= M; m += kMR) tile<T, kMR>(pw, plane, pd, pm, qa, bias, nb, m, c, ldc, k);
-  for (; m < M; ++m) tile<T, 1>(pw, plane, pd, pm, qa, bias, nb, m, c, ldc, k);
+  for (int64_t m = 0; m < M; m += kMR)
+    simd::with_rows<kMR>(int(M - m), [&](auto mr) {
+      tile<T, decltype(mr)::value>(pw, plane, pd, pm, qa, bias, nb, m, c, ldc, k);
+    });
 }
 LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
                           const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
@@ -652,12 +636,12 @@ LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const
 // panels would double its memory traffic. These kernels read each output's blocks in place, as the
 // 256-bit tiles do, but 8 outputs at a time: each output's block gives a vector of 8 lanes of 4
 // products (lanes 0-3 its first 16 elements, 4-7 the rest), and the 8 outputs' lanes are summed
-// together by one transpose-and-add (reduce4, 2.25 instructions per output and block where the
-// tiles spent about 5), leaving each output's two half-block sums in the lanes of two vectors of
-// 8. Then per block one conversion, one multiply and one fused multiply-add per 8 outputs (two for
-// Q6_K's halves, one more for a minimum): per output the scalar twin's arithmetic. The weights go in
-// as the panels hold them (a signed type's offset added, taken back as -offset x the activation
-// block's sum), the block scales are converted once per tile of 8 outputs into [nb][S][8], and the
+// together by one transpose-and-add (reduce4: 9 instructions per 4 vectors), leaving each
+// output's two half-block sums in the lanes of two vectors of 8. Then per block one conversion, one
+// multiply and one fused multiply-add per 8 outputs (two for Q6_K's halves, one more for a
+// minimum): per output the scalar twin's arithmetic. The weights go in as the panels hold them (a
+// signed type's offset added, taken back as -offset x the activation block's sum); the simple
+// types' scales are read in the loop, the K-quants' converted once per tile into [nb][S][8]; the
 // activations' bytes, one load per block, serve all 8 outputs.
 namespace gemv {
 constexpr int kOut = 8;
@@ -748,23 +732,69 @@ LP_TARGET_AVX2 inline void loop_scales(const uint8_t* const (&row)[kOut], int64_
   d = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
   if constexpr (block_has_min(T)) m = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
 }
-// A tile reads 8 rows block by block, 8 short interleaved streams the hardware prefetcher hardly
-// follows (a row of SmolLM2's Q4_1 576 is 6 cache lines), so each tile asks for the tile after next,
-// spread over its blocks, and never past the matrix's last row (a prefetch of an unmapped address
-// cost about 1.5 us a line here: 12 us of a 15 us one-tile call).
-struct Prefetch {
-  const char* next;
-  int64_t lines, per_block;
-  Prefetch(const uint8_t* W, int64_t row_bytes, int64_t n0, int64_t N, int64_t nb)
-      : next(reinterpret_cast<const char*>(W + (n0 + kAhead * kOut) * row_bytes)),
-        lines((std::clamp<int64_t>(N - n0 - kAhead * kOut, 0, kOut) * row_bytes + 63) / 64),
-        per_block((lines + nb - 1) / nb) {}
-  void step(int64_t b) const {
+// A tile's 8 rows (outputs past cnt repeat the last; their results are never stored). It reads
+// them block by block, 8 short interleaved streams the hardware prefetcher hardly follows (a row
+// of SmolLM2's Q4_1 576 is 6 cache lines), so each tile asks for the tile after next, spread over
+// its blocks, and only for rows the matrix has.
+struct Tile {
+  const uint8_t* row[kOut];
+  const char* next = nullptr;
+  int64_t lines = 0, per_block = 0;
+  static constexpr int kAhead = 2;
+  Tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt, int64_t nb) {
+    for (int i = 0; i < kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+    const int64_t ahead = std::clamp<int64_t>(N - n0 - kAhead * kOut, 0, kOut);
+    if (ahead > 0) {
+      next = reinterpret_cast<const char*>(W + (n0 + kAhead * kOut) * row_bytes);
+      lines = (ahead * row_bytes + 63) / 64;
+      per_block = (lines + nb - 1) / nb;
+    }
+  }
+  void prefetch(int64_t b) const {
     for (int64_t l = b * per_block; l < std::min(lines, (b + 1) * per_block); ++l)
       __builtin_prefetch(next + l * 64);
   }
-  static constexpr int kAhead = 2;
 };
+// Block b's scales for the tile's 8 outputs: d0 (d1: Q6_K's second half) and the minima m.
+struct BlockScales {
+  __m256 d0, d1, m;
+};
+template <GgmlType T>
+LP_TARGET_AVX2 inline BlockScales block_scales(const Tile& t, int64_t b, const float* pd, const float* pm) {
+  BlockScales s{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  if constexpr (scales_in_loop(T)) {
+    loop_scales<T>(t.row, b, s.d0, s.m);
+  } else {
+    s.d0 = _mm256_loadu_ps(pd + b * n_scales(T) * kOut);
+    if constexpr (n_scales(T) == 2) s.d1 = _mm256_loadu_ps(pd + b * 2 * kOut + kOut);
+    if constexpr (block_has_min(T)) s.m = _mm256_loadu_ps(pm + b * kOut);
+  }
+  return s;
+}
+// One row's block into its 8 accumulators, from the 8 outputs' half-block sums h0 and h1: the
+// offset taken back (-Offset x the activation half's sum, bi), then the scalar twin's sequence.
+template <GgmlType T, int Offset>
+LP_TARGET_AVX2 inline __m256 accumulate(__m256i h0, __m256i h1, const BlockScales& sc, const QActBlock& a,
+                                        const int32_t* bi, __m256 acc) {
+  const __m256 da = _mm256_set1_ps(a.d);
+  if constexpr (n_scales(T) == 1) {
+    __m256i sum = _mm256_add_epi32(h0, h1);
+    if constexpr (Offset != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(bi[0]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc.d0, da), acc);
+  } else {
+    h0 = _mm256_add_epi32(h0, _mm256_set1_epi32(bi[0]));
+    h1 = _mm256_add_epi32(h1, _mm256_set1_epi32(bi[1]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(sc.d0, da), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(sc.d1, da), acc);
+  }
+  if constexpr (block_has_min(T)) acc = _mm256_fmadd_ps(sc.m, _mm256_set1_ps(a.s), acc);
+  return acc;
+}
+// The first cnt of a row's 8 outputs.
+LP_TARGET_AVX2 inline void store(float* c, int cnt, __m256 acc) {
+  _mm256_maskstore_ps(
+      c, _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), acc);
+}
 // Per 128-bit chunk c: lane k = the sum of the 4 lanes of v_k's chunk c.
 template <class V, class Lo32, class Hi32, class Lo64, class Hi64, class Add>
 inline V reduce4(V v0, V v1, V v2, V v3, Lo32 lo32, Hi32 hi32, Lo64 lo64, Hi64 hi64, Add add) {
@@ -825,23 +855,14 @@ template <GgmlType T, int MR>
 LP_QTARGET inline void gemv_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
                                  const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
                                  int64_t nb, int64_t m0, float* C, int64_t ldc) {
-  constexpr int S = n_scales(T);
-  const uint8_t* row[gemv::kOut];
-  for (int i = 0; i < gemv::kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+  const gemv::Tile t(W, row_bytes, N, n0, cnt, nb);
   __m256 acc[MR];
   for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
-  gemv::Prefetch pf(W, row_bytes, n0, N, nb);
   for (int64_t b = 0; b < nb; ++b) {
-    pf.step(b);
-    __m256 dw = _mm256_setzero_ps(), mw = _mm256_setzero_ps();
-    if constexpr (gemv::scales_in_loop(T)) {
-      gemv::loop_scales<T>(row, b, dw, mw);
-    } else {
-      dw = _mm256_loadu_ps(pd + b * S * 8);
-      if constexpr (block_has_min(T)) mw = _mm256_loadu_ps(pm + b * 8);
-    }
+    t.prefetch(b);
+    const auto sc = gemv::block_scales<T>(t, b, pd, pm);
     __m512i w[4];
-    for (int k = 0; k < 4; ++k) w[k] = load_u2<T>(row[k], row[k + 4], b);
+    for (int k = 0; k < 4; ++k) w[k] = load_u2<T>(t.row[k], t.row[k + 4], b);
     for (int m = 0; m < MR; ++m) {
       const QActBlock& a = qa[(m0 + m) * nb + b];
       const __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q)));
@@ -849,25 +870,11 @@ LP_QTARGET inline void gemv_tile(const uint8_t* W, int64_t row_bytes, int64_t N,
       for (int k = 0; k < 4; ++k) s[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], av);
       const __m512i r = reduce4(s[0], s[1], s[2], s[3]);
       const __m512i hh = _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // [half 0 | half 1]
-      __m256i h0 = _mm512_castsi512_si256(hh), h1 = _mm512_extracti64x4_epi64(hh, 1);
-      const __m256 da = _mm256_set1_ps(a.d);
-      const int32_t* bi = bias + ((m0 + m) * nb + b) * S;
-      if constexpr (S == 1) {
-        __m256i sum = _mm256_add_epi32(h0, h1);
-        if constexpr (offset(T) != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(bi[0]));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, da), acc[m]);
-      } else {
-        h0 = _mm256_add_epi32(h0, _mm256_set1_epi32(bi[0]));
-        h1 = _mm256_add_epi32(h1, _mm256_set1_epi32(bi[1]));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(dw, da), acc[m]);
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(_mm256_loadu_ps(pd + b * 16 + 8), da),
-                                 acc[m]);
-      }
-      if constexpr (block_has_min(T)) acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[m]);
+      acc[m] = gemv::accumulate<T, offset(T)>(_mm512_castsi512_si256(hh), _mm512_extracti64x4_epi64(hh, 1),
+                                              sc, a, bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
     }
   }
-  const __mmask8 k = __mmask8((1u << cnt) - 1);
-  for (int m = 0; m < MR; ++m) _mm256_mask_storeu_ps(C + (m0 + m) * ldc + n0, k, acc[m]);
+  for (int m = 0; m < MR; ++m) gemv::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
 }
 #undef LP_QTARGET
 }  // namespace
@@ -890,25 +897,16 @@ template <GgmlType T, int MR>
 LP_QTARGET inline void gemv_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
                                  const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
                                  int64_t nb, int64_t m0, float* C, int64_t ldc) {
-  constexpr int S = n_scales(T);
   constexpr bool kQ8 = T == GgmlType::Q8_0;
   const __m256i ones = _mm256_set1_epi16(1);
-  const uint8_t* row[gemv::kOut];
-  for (int i = 0; i < gemv::kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+  const gemv::Tile t(W, row_bytes, N, n0, cnt, nb);
   __m256 acc[MR];
   for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
-  gemv::Prefetch pf(W, row_bytes, n0, N, nb);
   for (int64_t b = 0; b < nb; ++b) {
-    pf.step(b);
-    __m256 dw = _mm256_setzero_ps(), mw = _mm256_setzero_ps();
-    if constexpr (gemv::scales_in_loop(T)) {
-      gemv::loop_scales<T>(row, b, dw, mw);
-    } else {
-      dw = _mm256_loadu_ps(pd + b * S * 8);
-      if constexpr (block_has_min(T)) mw = _mm256_loadu_ps(pm + b * 8);
-    }
+    t.prefetch(b);
+    const auto sc = gemv::block_scales<T>(t, b, pd, pm);
     __m256i w[gemv::kOut];
-    for (int k = 0; k < gemv::kOut; ++k) w[k] = avx2::load_u<T, offset(T)>(row[k], b);
+    for (int k = 0; k < gemv::kOut; ++k) w[k] = avx2::load_u<T, offset(T)>(t.row[k], b);
     for (int m = 0; m < MR; ++m) {
       const QActBlock& a = qa[(m0 + m) * nb + b];
       const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
@@ -919,25 +917,12 @@ LP_QTARGET inline void gemv_tile(const uint8_t* W, int64_t row_bytes, int64_t N,
         s[k] = _mm256_madd_epi16(pairs, ones);
       }
       const __m256i ra = reduce4(s[0], s[1], s[2], s[3]), rb = reduce4(s[4], s[5], s[6], s[7]);
-      __m256i h0 = _mm256_permute2x128_si256(ra, rb, 0x20), h1 = _mm256_permute2x128_si256(ra, rb, 0x31);
-      const __m256 da = _mm256_set1_ps(a.d);
-      const int32_t* bi = bias + ((m0 + m) * nb + b) * S;
-      if constexpr (S == 1) {
-        __m256i sum = _mm256_add_epi32(h0, h1);
-        if constexpr (offset(T) != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(bi[0]));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, da), acc[m]);
-      } else {
-        h0 = _mm256_add_epi32(h0, _mm256_set1_epi32(bi[0]));
-        h1 = _mm256_add_epi32(h1, _mm256_set1_epi32(bi[1]));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(dw, da), acc[m]);
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(_mm256_loadu_ps(pd + b * 16 + 8), da),
-                                 acc[m]);
-      }
-      if constexpr (block_has_min(T)) acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[m]);
+      acc[m] = gemv::accumulate<T, offset(T)>(_mm256_permute2x128_si256(ra, rb, 0x20),
+                                              _mm256_permute2x128_si256(ra, rb, 0x31), sc, a,
+                                              bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
     }
   }
-  const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  for (int m = 0; m < MR; ++m) _mm256_maskstore_ps(C + (m0 + m) * ldc + n0, k, acc[m]);
+  for (int m = 0; m < MR; ++m) gemv::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
 }
 #undef LP_QTARGET
 }  // namespace
@@ -957,25 +942,14 @@ void run_tile(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const in
     if constexpr (block_has_min(T)) mins.resize(size_t(nb * kOut));
     tile_scales<T>(W, row_bytes, n0, cnt, nb, d.data(), mins.data());
   }
-  auto go = [&](auto mr, int64_t m) {
-    constexpr int MR = decltype(mr)::value;
-    if constexpr (V512)
-      vnni512::gemv_tile<T, MR>(W, row_bytes, N, n0, cnt, d.data(), mins.data(), qa, bias, nb, m, C, ldc);
-    else
-      avx2p::gemv_tile<T, MR>(W, row_bytes, N, n0, cnt, d.data(), mins.data(), qa, bias, nb, m, C, ldc);
-  };
-  int64_t m = 0;
-  for (; m + kMR <= M; m += kMR) go(std::integral_constant<int, kMR>{}, m);
-  switch (M - m) {
-    case 3:
-      return go(std::integral_constant<int, 3>{}, m);
-    case 2:
-      return go(std::integral_constant<int, 2>{}, m);
-    case 1:
-      return go(std::integral_constant<int, 1>{}, m);
-    default:
-      return;
-  }
+  for (int64_t m = 0; m < M; m += kMR)
+    simd::with_rows<kMR>(int(M - m), [&](auto mr) {
+      constexpr int MR = decltype(mr)::value;
+      if constexpr (V512)
+        vnni512::gemv_tile<T, MR>(W, row_bytes, N, n0, cnt, d.data(), mins.data(), qa, bias, nb, m, C, ldc);
+      else
+        avx2p::gemv_tile<T, MR>(W, row_bytes, N, n0, cnt, d.data(), mins.data(), qa, bias, nb, m, C, ldc);
+    });
 }
 // Outputs n0..n0+cnt of N.
 void run(bool v512, GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,

@@ -7,10 +7,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 // exp: e^x = 2^n * e^r with n = round(x / ln2), |r| <= ln2/2, e^r by its degree-7 Taylor
 // polynomial (truncation error < r^8/8! ~ 5e-9 relative, below float rounding).
 namespace lp::simd {
+
+// Calls f(std::integral_constant<int, k>{}) with k = min(n, Max), for n >= 1: a run-time count of
+// rows left as a tile's compile-time height.
+template <int Max, class F>
+inline void with_rows(int n, F&& f) {
+  const int k = std::min(n, Max);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (void)((k == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+  }
+  (std::make_integer_sequence<int, Max>{});
+}
+
 constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
 constexpr float kLog2e = 1.4426950408889634f;
 

@@ -71,7 +71,7 @@ DMatrix upload(const Matrix& m, const char* what) {
   if (m.dtype == DType::Int8) {
     // One type per device matrix: a matrix of one part goes up as the file holds it, parts of one
     // type side by side, mixed parts (Q4_K_M's attn_q|k|v) requantized to Q8_0.
-    GgmlType t = m.qtype;
+    GgmlType t = m.qtype();
     std::vector<uint8_t> joined;
     if (m.parts.size() > 1) joined = m.contiguous_blocks(&t);
     d.qtype = int(t);

@@ -20,12 +20,19 @@
 namespace lp {
 namespace {
 
+nlohmann::json load_fixture(const std::string& name) {
+  std::ifstream in(testing::fixture_path(name));
+  if (!in) throw std::runtime_error("missing fixture " + name);
+  return nlohmann::json::parse(in);
+}
+// llama.cpp on the all-F32 copy (and its Q4_1 greedy continuations and agreement figures).
 const nlohmann::json& fixture() {
-  static const nlohmann::json j = [] {
-    std::ifstream in(testing::fixture_path("smollm2_logits.json"));
-    if (!in) throw std::runtime_error("missing fixture smollm2_logits.json");
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json j = load_fixture("smollm2_logits.json");
+  return j;
+}
+// llama.cpp on the Q4_1 file itself.
+const nlohmann::json& q41_fixture() {
+  static const nlohmann::json j = load_fixture("smollm2_logits_q41.json");
   return j;
 }
 
@@ -188,15 +195,6 @@ TEST(RealModel, Int8AgreesWithF32AsLlamaCppsQ41Does) {
       (long long)positions, double(same) / double(positions), worst, llama_worst);
   EXPECT_GE(double(same) / double(positions), llama_same / double(positions) - 0.02);
   EXPECT_LE(worst, 2 * llama_worst);
-}
-
-const nlohmann::json& q41_fixture() {
-  static const nlohmann::json j = [] {
-    std::ifstream in(testing::fixture_path("smollm2_logits_q41.json"));
-    if (!in) throw std::runtime_error("missing fixture smollm2_logits_q41.json");
-    return nlohmann::json::parse(in);
-  }();
-  return j;
 }
 
 // int8 mode against llama.cpp running the same Q4_1 file (smollm2_logits_q41.json: its own

@@ -186,24 +186,29 @@ Weights load_int8(const std::string& path, std::shared_ptr<const GgufFile>& f, i
   CpuContext ctx(threads);
   return load_weights(f, config_from_gguf(*f), DType::Int8, ctx);
 }
+// `w` written as `name` in `dir`, then as load_int8 on 2 threads.
+Weights write_and_load_int8(const testing::GgufWriter& w, const testing::TempDir& dir,
+                            const std::string& name, std::shared_ptr<const GgufFile>& f) {
+  const std::string path = dir.file(name);
+  w.write(path);
+  return load_int8(path, f, 2);
+}
 
 TEST(QGemm, Int8LoadKeepsQ4KBlocksAndRequantizesTheRest) {
   testing::GgufWriter w = model_with_wo(GgmlType::Q4_K, 256, 9);
   const testing::GgufWriterTensor* o = w.find_tensor("blk.0.attn_output.weight");
   testing::TempDir dir;
-  const std::string path = dir.file("q4k.gguf");
-  w.write(path);
   std::shared_ptr<const GgufFile> f;
-  const Weights wt = load_int8(path, f, 2);
+  const Weights wt = write_and_load_int8(w, dir, "q4k.gguf", f);
   const Matrix& wo = wt.layers[0].wo;
-  EXPECT_EQ(wo.qtype, GgmlType::Q4_K);
+  EXPECT_EQ(wo.qtype(), GgmlType::Q4_K);
   ASSERT_EQ(wo.bytes(), int64_t(o->data.size()));
   ASSERT_EQ(wo.parts.size(), 1u);
   EXPECT_EQ(wo.parts[0].data, f->tensor("blk.0.attn_output.weight").data);
   EXPECT_EQ(wo.q.size(), 0);
   EXPECT_EQ(std::memcmp(wo.parts[0].data, o->data.data(), o->data.size()), 0);
   const Matrix& down = wt.layers[0].w_down;
-  EXPECT_EQ(down.qtype, GgmlType::Q8_0);
+  EXPECT_EQ(down.qtype(), GgmlType::Q8_0);
   std::vector<float> row(static_cast<size_t>(down.cols));
   dequantize(GgmlType::F32, f->tensor("blk.0.ffn_down.weight").data, row.data(), down.cols);
   std::vector<uint8_t> q8(static_cast<size_t>(*type_bytes(GgmlType::Q8_0, down.cols)));
@@ -232,10 +237,8 @@ TEST(QGemm, Int8LoadKeepsMixedTypesAsParts) {
     x->data = random_q_rows(t, int64_t(x->ne[1]), 256, seed++);
   }
   testing::TempDir dir;
-  const std::string path = dir.file("mixed.gguf");
-  w.write(path);
   std::shared_ptr<const GgufFile> f;
-  const Weights wt = load_int8(path, f, 2);
+  const Weights wt = write_and_load_int8(w, dir, "mixed.gguf", f);
   const Matrix& qkv = wt.layers[0].wqkv;
   ASSERT_EQ(qkv.parts.size(), 3u);
   EXPECT_TRUE(qkv.mixed());
@@ -299,7 +302,7 @@ TEST(QGemm, Int8LoadChecksEveryScaleFieldOfTheKeptTypes) {
     {
       std::shared_ptr<const GgufFile> f;
       const Weights wt = load_int8(good, f, 1);
-      EXPECT_EQ(wt.layers[0].wo.qtype, c.t);
+      EXPECT_EQ(wt.layers[0].wo.qtype(), c.t);
       EXPECT_EQ(wt.layers[0].wo.parts.at(0).data, f->tensor("blk.0.attn_output.weight").data);
     }
     const TypeInfo info = *type_info(uint32_t(c.t));
