@@ -57,10 +57,7 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const 
     const size_t in_bytes = size_t(*type_bytes(t->type, K));
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
-        thread_local std::vector<float> tmp;
-        tmp.resize(size_t(K));
-        dequantize(t->type, t->data + r * in_bytes, tmp.data(), K);
-        quantize_q8_0(tmp.data(), K, dst + r * q8_bytes);
+        requantize_q8_0(t->type, t->data + r * in_bytes, K, dst + r * q8_bytes);
       });
     });
     m.parts.push_back({GgmlType::Q8_0, t->rows(), dst});

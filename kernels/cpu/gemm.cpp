@@ -59,18 +59,15 @@ std::vector<uint8_t> Matrix::contiguous_blocks(GgmlType* type) const {
   *type = mixed() ? GgmlType::Q8_0 : qtype();
   const int64_t out_bytes = *type_bytes(*type, cols);
   std::vector<uint8_t> out(static_cast<size_t>(rows * out_bytes));
-  std::vector<float> tmp(static_cast<size_t>(cols));
   int64_t row0 = 0;
   for (const QPart& p : parts) {
     const int64_t in_bytes = *type_bytes(p.type, cols);
     for (int64_t r = 0; r < p.rows; ++r) {
       uint8_t* dst = out.data() + (row0 + r) * out_bytes;
-      if (p.type == *type) {
+      if (p.type == *type)
         std::memcpy(dst, p.data + r * in_bytes, size_t(in_bytes));
-      } else {
-        dequantize(p.type, p.data + r * in_bytes, tmp.data(), cols);
-        quantize_q8_0(tmp.data(), cols, dst);
-      }
+      else
+        requantize_q8_0(p.type, p.data + r * in_bytes, cols, dst);
     }
     row0 += p.rows;
   }

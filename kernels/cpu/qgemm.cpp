@@ -1013,6 +1013,13 @@ void quantize_q8_0(const float* x, int64_t K, uint8_t* out) {
   }
 }
 
+void requantize_q8_0(GgmlType t, const uint8_t* row, int64_t K, uint8_t* out) {
+  thread_local std::vector<float> tmp;
+  tmp.resize(size_t(K));
+  dequantize(t, row, tmp.data(), K);
+  quantize_q8_0(tmp.data(), K, out);
+}
+
 const char* qkernel_name(QKernel k) {
   switch (k) {
     case QKernel::Scalar:

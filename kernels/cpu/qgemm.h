@@ -40,6 +40,9 @@ void quantize_activations(const float* x, int64_t K, QActBlock* out);
 // Quantizes K weights (a multiple of kQBlock) into GGUF Q8_0 blocks (34 bytes: f16 scale
 // max|x| / 127, then 32 int8 values round(x / scale)), as llama.cpp's quantizer writes them.
 void quantize_q8_0(const float* x, int64_t K, uint8_t* out);
+// One row of K weights of type t (any dequantizable type) as Q8_0 blocks: dequantized, then
+// quantize_q8_0 (how --dtype int8 holds a type the integer GEMM does not multiply).
+void requantize_q8_0(GgmlType t, const uint8_t* row, int64_t K, uint8_t* out);
 
 enum class QKernel { Scalar, Avx2, Avx512Vnni, Avx512Vnni512 };
 const char* qkernel_name(QKernel k);
