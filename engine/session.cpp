@@ -180,15 +180,47 @@ void Session::timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f) 
          op_bytes(c, op, shape, t->dtypes), double(shape.tokens));
 }
 
-void Session::layer(int l, std::span<const int32_t> rows, std::span<const int32_t> keys, OpTimers* t,
-                    trace::Step* stats) {
+void Session::before_layer(Pass& ps, int l) {
+  Backend& b = *be_;
+  if (ps.decode) {
+    // Revival: active tokens without K/V here that are not rows yet come back from the Aux Cache,
+    // whose entry is exactly this layer's input (a token leaves the rows only when it is pruned,
+    // and its state is saved then).
+    const KvIndex& kv = kv_[size_t(l)];
+    std::vector<int32_t> revive;
+    for (int32_t ap : ps.active)
+      if (kv.find(ap) < 0 && ap != ps.new_pos && !std::binary_search(ps.rows.begin(), ps.rows.end(), ap))
+        revive.push_back(ap);
+    if (!revive.empty()) {
+      timed(ps.timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, [&] {
+        const RowMerge plan = aux_.plan_revival(l, ps.rows, revive);
+        b.merge_rows(plan, int64_t(ps.rows.size()));
+      });
+      if (ps.stats) {
+        ps.stats->revived[size_t(l)] = ps.stats->aux_reads[size_t(l)] =
+            int64_t(revive.size());  // one read each
+        (*ps.stats->revived_positions)[size_t(l)] = std::move(revive);
+      }
+      ps.rows_changed = true;
+    }
+  }
+  if (ps.rows_changed) b.set_rows(ps.rows);
+  ps.rows_changed = false;
+  timed(ps.timers, l, Op::AttnNorm, OpShape{int64_t(ps.rows.size()), 0, 0},
+        [&] { b.rmsnorm(Norm::Attn, l); });
+}
+
+// The rows' K/V are appended to the layer's cache first; they attend to the keys at positions
+// `active` (decode: ascending, all holding K/V once the rows are appended) or (forward) to every
+// key the layer holds. Leaves the key slots in slots_ (for scoring).
+void Session::attend(Pass& ps, int l) {
   Backend& b = *be_;
   KvIndex& kv = kv_[size_t(l)];
+  const std::span<const int32_t> rows = ps.rows;
+  const std::span<const int32_t> keys =
+      ps.decode ? std::span<const int32_t>(ps.active) : std::span<const int32_t>{};
   const int64_t T = int64_t(rows.size());
-  const OpShape shape{T, 0, 0};
-  timed(t, l, Op::AttnNorm, shape, [&] { b.rmsnorm(Norm::Attn, l); });
-  timed(t, l, Op::QKV, shape, [&] { b.matmul(Proj::QKV, l); });
-  timed(t, l, Op::Rope, shape, [&] { b.rope(); });
+  timed(ps.timers, l, Op::Rope, OpShape{T, 0, 0}, [&] { b.rope(); });
   kv.append(rows, l);  // the (token, layer) pairs computed: at most once
   b.kv_append(l);      // untimed: the Attention op's bytes count this write
 
@@ -217,20 +249,43 @@ void Session::layer(int l, std::span<const int32_t> rows, std::span<const int32_
   const int64_t n_keys = int64_t(key_pos.size());
   int64_t pairs = 0;  // each query sees the keys at or before its position
   for (int32_t p : rows) pairs += std::upper_bound(key_pos.begin(), key_pos.end(), p) - key_pos.begin();
-  timed(t, l, Op::Attention, OpShape{T, pairs, n_keys}, [&] { b.attention(l, slots_); });
-  if (stats) {
-    stats->queries[size_t(l)] = T;
-    stats->keys[size_t(l)] = kv.n();
-    stats->pairs[size_t(l)] = pairs;
-    stats->attended[size_t(l)] = n_keys;
+  timed(ps.timers, l, Op::Attention, OpShape{T, pairs, n_keys}, [&] { b.attention(l, slots_); });
+  if (ps.stats) {
+    ps.stats->queries[size_t(l)] = T;
+    ps.stats->keys[size_t(l)] = kv.n();
+    ps.stats->pairs[size_t(l)] = pairs;
+    ps.stats->attended[size_t(l)] = n_keys;
   }
-  timed(t, l, Op::OProj, shape, [&] { b.matmul(Proj::O, l); });
-  timed(t, l, Op::Residual, shape, [&] { b.residual(); });
-  timed(t, l, Op::FfnNorm, shape, [&] { b.rmsnorm(Norm::Ffn, l); });
-  timed(t, l, Op::GateUp, shape, [&] { b.matmul(Proj::GateUp, l); });
-  timed(t, l, Op::SwiGLU, shape, [&] { b.swiglu(); });
-  timed(t, l, Op::Down, shape, [&] { b.matmul(Proj::Down, l); });
-  timed(t, l, Op::Residual, shape, [&] { b.residual(); });
+}
+
+void Session::mlp_in(Pass& ps, int l) {
+  Backend& b = *be_;
+  const OpShape shape{int64_t(ps.rows.size()), 0, 0};
+  timed(ps.timers, l, Op::Residual, shape, [&] { b.residual(); });
+  timed(ps.timers, l, Op::FfnNorm, shape, [&] { b.rmsnorm(Norm::Ffn, l); });
+}
+
+void Session::mlp_act(Pass& ps, int l) {
+  timed(ps.timers, l, Op::SwiGLU, OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->swiglu(); });
+}
+
+void Session::matmul(Pass& ps, Proj p, int l) {
+  static constexpr Op kOp[] = {Op::QKV, Op::OProj, Op::GateUp, Op::Down};  // Proj's order
+  timed(ps.timers, l, kOp[int(p)], OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->matmul(p, l); });
+}
+
+void Session::run_layers(Pass& ps) {
+  for (int l = 0; l < m_.config().n_layer; ++l) {
+    before_layer(ps, l);
+    matmul(ps, Proj::QKV, l);
+    attend(ps, l);
+    matmul(ps, Proj::O, l);
+    mlp_in(ps, l);
+    matmul(ps, Proj::GateUp, l);
+    mlp_act(ps, l);
+    matmul(ps, Proj::Down, l);
+    after_layer(ps, l);
+  }
 }
 
 std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, double share,
@@ -253,9 +308,9 @@ std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, doubl
   return keep;
 }
 
-void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
-                      std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
-                      trace::Step* stats, OpTimers* timers) {
+Session::Pass Session::begin_forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
+                                     std::span<const int64_t> logit_rows, const PruneRequest* prune,
+                                     trace::Step* stats, OpTimers* timers) {
   const ModelConfig& c = m_.config();
   Backend& b = *be_;
   const int64_t T = int64_t(ids.size());
@@ -271,8 +326,9 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
   }
   for (int64_t r : logit_rows)
     if (r < 0 || r >= T) fail("forward: logit row {} out of range", r);
-  const bool pruning = prune && prune->policy && !prune->steps.empty();
-  if (pruning) {
+  Pass ps;
+  ps.pruning = prune && prune->policy && !prune->steps.empty();
+  if (ps.pruning) {
     if (n_cached() != 0) fail("forward: pruning needs an empty cache (a prefill)");
     if (logit_rows.size() != 1 || logit_rows[0] != T - 1)
       fail("forward: with pruning only the last row can have logits");
@@ -280,25 +336,69 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
       if (prune->steps[i].layer < 0 || prune->steps[i].layer >= c.n_layer ||
           (i > 0 && prune->steps[i].layer <= prune->steps[i - 1].layer))
         fail("forward: pruning layers must be increasing and inside the model");
+    ps.prune = prune;
   }
   if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
   reset_stats(stats, c.n_layer, n_cached() == 0 ? "prefill" : "decode", T);
+  ps.stats = stats;
+  ps.timers = timers;
+  ps.logit_rows.assign(logit_rows.begin(), logit_rows.end());
 
   // The active rows: backend row i holds the token at rows[i]. Pruning only removes rows, so
   // positions stay ascending; with pruning the last row is the last token throughout.
-  std::vector<int32_t> rows(pos.begin(), pos.end());
-  b.set_rows(rows);
+  ps.rows.assign(pos.begin(), pos.end());
+  b.set_rows(ps.rows);
+  ps.rows_changed = false;
   timed(timers, c.n_layer, Op::Embed, OpShape{T, 0, 0}, [&] { b.embed(ids); });
-  size_t next_step = 0;
-  for (int l = 0; l < c.n_layer; ++l) {
-    const int64_t Tl = int64_t(rows.size());
-    layer(l, rows, {}, timers, stats);
-    if (!pruning || next_step == prune->steps.size() || prune->steps[next_step].layer != l) continue;
+  return ps;
+}
 
+Session::Pass Session::begin_decode(int32_t id, int32_t p, const PruneRequest& prune, trace::Step* stats,
+                                    OpTimers* timers) {
+  const ModelConfig& c = m_.config();
+  Backend& b = *be_;
+  if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
+  if (!prune.policy) fail("decode_step: no pruning policy");
+  if (n_cached() + 1 > n_ctx()) fail("context full: {} cached + 1 new token exceed {}", n_cached(), n_ctx());
+  // Layer 0 holds every token in position order (nothing is pruned before it).
+  const KvIndex& kv0 = kv_[0];
+  if (p < 0 || (kv0.n() > 0 && p <= kv0.pos.back())) fail("decode_step: position must be new");
+  if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
+  reset_stats(stats, c.n_layer, "decode", 1);
+
+  Pass ps;
+  ps.decode = true;
+  ps.new_pos = p;
+  ps.prune = &prune;
+  ps.stats = stats;
+  ps.timers = timers;
+  // The step's active set (positions, ascending): every token, the new one last.
+  ps.active.assign(kv0.pos.begin(), kv0.pos.end());
+  ps.active.push_back(p);
+  // Rows computed in this step (ascending positions, the new token last); backend row i holds rows[i].
+  ps.rows = {p};
+  b.set_rows(ps.rows);
+  ps.rows_changed = false;
+  timed(timers, c.n_layer, Op::Embed, OpShape{1, 0, 0}, [&] { b.embed({&id, 1}); });
+  return ps;
+}
+
+void Session::after_layer(Pass& ps, int l) {
+  const ModelConfig& c = m_.config();
+  Backend& b = *be_;
+  std::vector<int32_t>& rows = ps.rows;
+  const int64_t Tl = int64_t(rows.size());
+  timed(ps.timers, l, Op::Residual, OpShape{Tl, 0, 0}, [&] { b.residual(); });
+  trace::Step* stats = ps.stats;
+  OpTimers* timers = ps.timers;
+
+  if (!ps.decode) {
+    if (!ps.pruning || ps.next_step == ps.prune->steps.size() || ps.prune->steps[ps.next_step].layer != l)
+      return;
     // A pruning layer: the keys here are exactly the active rows (the cache started empty), and
     // the last row's attention over them scores them.
     const std::vector<int64_t> keep =
-        select(l, rows, prune->steps[next_step++].share, *prune->policy, timers, stats);
+        select(l, rows, ps.prune->steps[ps.next_step++].share, *ps.prune->policy, timers, stats);
     if (int64_t(keep.size()) < Tl) {
       // Pruned rows: their hidden state (the input of layer l + 1, where they have no K/V) goes
       // to the Aux Cache; the kept rows stay, in order.
@@ -320,115 +420,95 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
         if (stats) stats->aux_writes[size_t(l)] += int64_t(pruned.size());
       });
       rows.swap(kept);
-      b.set_rows(rows);
+      ps.rows_changed = true;
     }
     if (stats) stats->pruning->back().kept = rows;
-  }
-
-  // Final norm and LM head only for the rows that need logits.
-  const int64_t R = int64_t(logit_rows.size());
-  if (R == 0) {
-    b.synchronize();
     return;
   }
-  std::vector<int64_t> head(logit_rows.begin(), logit_rows.end());
-  std::vector<int32_t> head_pos(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) {
-    if (pruning) head[size_t(r)] = int64_t(rows.size()) - 1;
-    head_pos[size_t(r)] = rows[size_t(head[size_t(r)])];
+
+  const PruneRequest& prune = *ps.prune;
+  const bool prune_here = ps.next_step < prune.steps.size() && prune.steps[ps.next_step].layer == l;
+  if (prune_here) {
+    const std::vector<int64_t> keep =
+        select(l, ps.active, prune.steps[ps.next_step++].share, *prune.policy, timers, stats);
+    std::vector<int32_t> kept;
+    kept.reserve(keep.size());
+    for (int64_t i : keep) kept.push_back(ps.active[size_t(i)]);
+    ps.active.swap(kept);
+    if (stats) stats->pruning->back().kept = ps.active;
   }
+  // Rows not selected stop here; their state (the next layer's input) goes to the Aux Cache.
+  // Rows that already have K/V at the next layer also stop: they are not recomputed there.
+  timed(timers, l, Op::Gather, OpShape{Tl, 0, 0}, [&] {
+    std::vector<int64_t> stay, leave, entries;
+    std::vector<int32_t> next;
+    for (int64_t r = 0; r < Tl; ++r) {
+      const int32_t rp = rows[size_t(r)];
+      const bool kept = !prune_here || std::binary_search(ps.active.begin(), ps.active.end(), rp);
+      const bool next_has_kv = l + 1 < c.n_layer && kv_[size_t(l + 1)].find(rp) >= 0;
+      if (kept && !next_has_kv) {
+        stay.push_back(r);
+        next.push_back(rp);
+      } else if (!kept && l + 1 < c.n_layer) {
+        leave.push_back(r);
+        entries.push_back(aux_.put(rp, l + 1));
+      }
+    }
+    b.aux_store(leave, entries);
+    if (int64_t(stay.size()) < Tl) {
+      b.gather_rows(stay);
+      ps.rows_changed = true;
+    }
+    if (stats) stats->aux_writes[size_t(l)] += int64_t(leave.size());
+    rows.swap(next);
+  });
+  if (rows.empty() || rows.back() != ps.new_pos) fail("internal error: the new token left the step");
+}
+
+int64_t Session::head(Pass& ps) {
+  const ModelConfig& c = m_.config();
+  Backend& b = *be_;
+  std::vector<int64_t> head;
+  if (ps.decode) {
+    head = {int64_t(ps.rows.size()) - 1};
+  } else {
+    head = ps.logit_rows;
+    if (ps.pruning) head.assign(head.size(), int64_t(ps.rows.size()) - 1);
+  }
+  const int64_t R = int64_t(head.size());
+  if (R == 0) {
+    b.synchronize();
+    return 0;
+  }
+  // Final norm and LM head only for the rows that need logits.
+  std::vector<int32_t> head_pos(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) head_pos[size_t(r)] = ps.rows[size_t(head[size_t(r)])];
   b.gather_rows(head);
   b.set_rows(head_pos);
-  timed(timers, c.n_layer, Op::OutputNorm, OpShape{R, 0, 0}, [&] { b.rmsnorm(Norm::Output, c.n_layer); });
-  timed(timers, c.n_layer, Op::LmHead, OpShape{R, 0, 0}, [&] { b.lm_head(logits); });
+  timed(ps.timers, c.n_layer, Op::OutputNorm, OpShape{R, 0, 0}, [&] { b.rmsnorm(Norm::Output, c.n_layer); });
+  return R;
+}
+
+void Session::lm_head(Pass& ps, float* logits) {
+  const ModelConfig& c = m_.config();
+  const int64_t R = ps.decode ? 1 : int64_t(ps.logit_rows.size());
+  timed(ps.timers, c.n_layer, Op::LmHead, OpShape{R, 0, 0}, [&] { be_->lm_head(logits); });
+}
+
+void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
+                      std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
+                      trace::Step* stats, OpTimers* timers) {
+  Pass ps = begin_forward(ids, pos, logit_rows, prune, stats, timers);
+  run_layers(ps);
+  if (head(ps) > 0) lm_head(ps, logits);
 }
 
 void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune, trace::Step* stats,
                           OpTimers* timers) {
-  const ModelConfig& c = m_.config();
-  Backend& b = *be_;
-  if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
-  if (!prune.policy) fail("decode_step: no pruning policy");
-  if (n_cached() + 1 > n_ctx()) fail("context full: {} cached + 1 new token exceed {}", n_cached(), n_ctx());
-  // Layer 0 holds every token in position order (nothing is pruned before it).
-  const KvIndex& kv0 = kv_[0];
-  if (p < 0 || (kv0.n() > 0 && p <= kv0.pos.back())) fail("decode_step: position must be new");
-  if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
-  reset_stats(stats, c.n_layer, "decode", 1);
-
-  // The step's active set (positions, ascending): every token, the new one last.
-  std::vector<int32_t> active(kv0.pos.begin(), kv0.pos.end());
-  active.push_back(p);
-  // Rows computed in this step (ascending positions, the new token last); backend row i holds rows[i].
-  std::vector<int32_t> rows = {p};
-  b.set_rows(rows);
-  timed(timers, c.n_layer, Op::Embed, OpShape{1, 0, 0}, [&] { b.embed({&id, 1}); });
-  size_t next_step = 0;
-  std::vector<int32_t> revive;
-
-  for (int l = 0; l < c.n_layer; ++l) {
-    const KvIndex& kv = kv_[size_t(l)];
-    // Revival: active tokens without K/V here that are not rows yet come back from the Aux Cache,
-    // whose entry is exactly this layer's input (a token leaves the rows only when it is pruned,
-    // and its state is saved then).
-    revive.clear();
-    for (int32_t ap : active)
-      if (kv.find(ap) < 0 && ap != p && !std::binary_search(rows.begin(), rows.end(), ap))
-        revive.push_back(ap);
-    if (!revive.empty()) {
-      timed(timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, [&] {
-        const RowMerge plan = aux_.plan_revival(l, rows, revive);
-        b.merge_rows(plan, int64_t(rows.size()));
-      });
-      if (stats) {
-        stats->revived[size_t(l)] = stats->aux_reads[size_t(l)] = int64_t(revive.size());  // one read each
-        (*stats->revived_positions)[size_t(l)] = revive;
-      }
-    }
-    const int64_t Tl = int64_t(rows.size());
-    b.set_rows(rows);
-    layer(l, rows, active, timers, stats);
-
-    const bool prune_here = next_step < prune.steps.size() && prune.steps[next_step].layer == l;
-    if (prune_here) {
-      const std::vector<int64_t> keep =
-          select(l, active, prune.steps[next_step++].share, *prune.policy, timers, stats);
-      std::vector<int32_t> kept;
-      kept.reserve(keep.size());
-      for (int64_t i : keep) kept.push_back(active[size_t(i)]);
-      active.swap(kept);
-      if (stats) stats->pruning->back().kept = active;
-    }
-    // Rows not selected stop here; their state (the next layer's input) goes to the Aux Cache.
-    // Rows that already have K/V at the next layer also stop: they are not recomputed there.
-    timed(timers, l, Op::Gather, OpShape{Tl, 0, 0}, [&] {
-      std::vector<int64_t> stay, leave, entries;
-      std::vector<int32_t> next;
-      for (int64_t r = 0; r < Tl; ++r) {
-        const int32_t rp = rows[size_t(r)];
-        const bool kept = !prune_here || std::binary_search(active.begin(), active.end(), rp);
-        const bool next_has_kv = l + 1 < c.n_layer && kv_[size_t(l + 1)].find(rp) >= 0;
-        if (kept && !next_has_kv) {
-          stay.push_back(r);
-          next.push_back(rp);
-        } else if (!kept && l + 1 < c.n_layer) {
-          leave.push_back(r);
-          entries.push_back(aux_.put(rp, l + 1));
-        }
-      }
-      b.aux_store(leave, entries);
-      if (int64_t(stay.size()) < Tl) b.gather_rows(stay);
-      if (stats) stats->aux_writes[size_t(l)] += int64_t(leave.size());
-      rows.swap(next);
-    });
-    if (rows.empty() || rows.back() != p) fail("internal error: the new token left the step");
-  }
-
-  const int64_t last = int64_t(rows.size()) - 1;
-  b.gather_rows({&last, 1});
-  b.set_rows({&p, 1});
-  timed(timers, c.n_layer, Op::OutputNorm, OpShape{1, 0, 0}, [&] { b.rmsnorm(Norm::Output, c.n_layer); });
-  timed(timers, c.n_layer, Op::LmHead, OpShape{1, 0, 0}, [&] { b.lm_head(logits); });
+  Pass ps = begin_decode(id, p, prune, stats, timers);
+  run_layers(ps);
+  head(ps);
+  lm_head(ps, logits);
 }
 
 }  // namespace lp

@@ -127,6 +127,40 @@ class Session {
   void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest& prune,
                    trace::Step* stats = nullptr, OpTimers* timers = nullptr);
 
+  // One forward pass in progress, layer by layer. forward() and decode_step() run one alone; a
+  // batch (engine/batch.h) runs the passes of several sessions together, each GEMM once over all
+  // their rows. A layer's parts, in order: before_layer, [QKV], attend, [O], mlp_in, [GateUp],
+  // mlp_act, [Down], after_layer; after the last layer head, then [LM head] when it returns rows.
+  // The bracketed GEMMs are the caller's (Backend::matmul, or matmul_batched over the members).
+  struct Pass {
+    bool decode = false;
+    int32_t new_pos = 0;              // decode: the new token's position
+    std::vector<int32_t> rows;        // positions of the backend's rows, ascending
+    std::vector<int32_t> active;      // decode: the step's active set, the keys of each layer
+    std::vector<int64_t> logit_rows;  // forward: the input rows that get logits
+    const PruneRequest* prune = nullptr;
+    bool pruning = false;      // forward: prune has steps and a policy
+    size_t next_step = 0;      // the next pruning step
+    bool rows_changed = true;  // the backend needs set_rows before the next layer
+    trace::Step* stats = nullptr;
+    OpTimers* timers = nullptr;
+  };
+  // forward()'s and decode_step()'s checks, then the rows embedded.
+  Pass begin_forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
+                     std::span<const int64_t> logit_rows, const PruneRequest* prune, trace::Step* stats,
+                     OpTimers* timers);
+  Pass begin_decode(int32_t id, int32_t pos, const PruneRequest& prune, trace::Step* stats, OpTimers* timers);
+  void before_layer(Pass& ps, int l);  // decode: revival; the rows set; the attention norm
+  void attend(Pass& ps, int l);        // RoPE, K/V append, attention over the layer's key set
+  void mlp_in(Pass& ps, int l);        // residual, FFN norm
+  void mlp_act(Pass& ps, int l);       // SwiGLU
+  void after_layer(Pass& ps, int l);   // residual; pruning (forward) or re-selection (decode)
+  // The rows that get logits gathered and normed; returns their count (0: no LM head to run).
+  int64_t head(Pass& ps);
+  // The alone path's GEMM of one part, timed.
+  void matmul(Pass& ps, Proj p, int l);
+  void lm_head(Pass& ps, float* logits);
+
   int64_t n_cached() const { return kv_[0].n(); }
   int64_t n_ctx() const { return be_->capacity(); }
   void reset();
@@ -137,6 +171,7 @@ class Session {
   const AuxCache& aux() const { return aux_; }
   std::vector<float> aux_state(int32_t p);  // token p's saved state (lp::Error when it has none)
   Backend& backend() { return *be_; }
+  const Model& model() const { return m_; }
 
  private:
   const Model& m_;
@@ -149,12 +184,8 @@ class Session {
   // Records op's time (when timers), FLOPs and bytes around f.
   template <class F>
   void timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f);
-  // One layer over the backend's rows (positions `rows`, ascending): attention block and MLP with
-  // their residuals. The rows' K/V are appended to the layer's cache first; they attend to the keys
-  // at positions `keys` (ascending, all holding K/V once the rows are appended) or, when `keys` is
-  // empty, to every key the layer holds. Leaves the key slots in slots_ (for scoring).
-  void layer(int l, std::span<const int32_t> rows, std::span<const int32_t> keys, OpTimers* t,
-             trace::Step* stats);
+  // A pass's layers alone, its GEMMs on this session's backend.
+  void run_layers(Pass& ps);
   // The pruning step at layer l (after layer()): scores the keys by the last row's attention if
   // the policy wants them and returns the indices of the keys to keep (ascending, the last one
   // included).

@@ -97,6 +97,23 @@ class Backend {
   virtual void merge_rows(const RowMerge& m, int64_t n_rows) = 0;  // x = the merge, n_rows rows
   virtual void lm_head(float* logits) = 0;  // logits [T][V] = xn Wlm^T, on the host when it returns
 
+  // Continuous batching (engine/batch.h): the rows of several backends over one set of weights
+  // multiplied together, as matmul and lm_head would each member's. `members` hold this backend's
+  // model and weights (made by the same factory), this one usually among them; their input rows
+  // are taken in order, and each member's output rows land in its own activation (lm_head: logits
+  // [sum of T][V], members in order). The default runs each member's own product, which gives the
+  // same numbers; a backend overrides it to run one GEMM over all the rows.
+  virtual void matmul_batched(Proj p, int layer, std::span<Backend* const> members) {
+    for (Backend* m : members) m->matmul(p, layer);
+  }
+  virtual void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {
+    for (Backend* m : members) {
+      m->lm_head(logits);
+      logits += m->rows() * n_vocab;
+    }
+  }
+  virtual int64_t rows() const = 0;  // T: the rows set by set_rows
+
   // For tests and checks (the op harness, tests/backend_ops.h): an activation of the rows,
   // [T][tensor_width] on the host, written or read back.
   virtual void write(Tensor t, std::span<const float> data) = 0;

@@ -147,6 +147,71 @@ void CpuBackend::lm_head(float* logits) {
   gemm_.run(ctx_, xn_.data(), T(), D_, w_.lm_head(), logits, c_.n_vocab);
 }
 
+std::vector<CpuBackend*> CpuBackend::members_of(std::span<Backend* const> members, int64_t* total) const {
+  std::vector<CpuBackend*> out;
+  *total = 0;
+  for (Backend* b : members) {
+    auto* m = dynamic_cast<CpuBackend*>(b);
+    if (!m || &m->w_ != &w_) fail("internal error: a batch mixes backends or weights");
+    out.push_back(m);
+    *total += m->T();
+  }
+  return out;
+}
+
+namespace {
+
+// The rows of `from` of each member, width w, into one buffer (and back).
+template <class Get>
+void concat_rows(const std::vector<CpuBackend*>& ms, Get from, int64_t w, float* dst) {
+  for (CpuBackend* m : ms) {
+    const int64_t T = m->rows();
+    std::memcpy(dst, from(m), size_t(T * w) * 4);
+    dst += T * w;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::matmul_batched(Proj p, int l, std::span<Backend* const> members) {
+  if (members.size() == 1 && members[0] == this) return matmul(p, l);
+  int64_t total = 0;
+  const std::vector<CpuBackend*> ms = members_of(members, &total);
+  const LayerWeights& L = w_.layers[size_t(l)];
+  // Input, its width, the weights, output and its width, as matmul() has them.
+  const auto in = [p](CpuBackend* m) -> float* {
+    return p == Proj::O ? m->attn_.data() : p == Proj::Down ? m->act_.data() : m->xn_.data();
+  };
+  const auto out = [p](CpuBackend* m) -> float* {
+    return p == Proj::QKV ? m->qkv_.data() : p == Proj::GateUp ? m->ff_.data() : m->branch_.data();
+  };
+  const int64_t K = p == Proj::O ? Q_ : p == Proj::Down ? F_ : D_;
+  const int64_t N = p == Proj::QKV ? QKV_ : p == Proj::GateUp ? 2 * F_ : D_;
+  const Matrix& W = p == Proj::QKV      ? L.wqkv
+                    : p == Proj::O      ? L.wo
+                    : p == Proj::GateUp ? L.w_gate_up
+                                        : L.w_down;
+  if (batch_in_.size() < total * K) batch_in_.resize(total * K, false);
+  if (batch_out_.size() < total * N) batch_out_.resize(total * N, false);
+  concat_rows(ms, in, K, batch_in_.data());
+  gemm_.run(ctx_, batch_in_.data(), total, K, W, batch_out_.data(), N);
+  const float* src = batch_out_.data();
+  for (CpuBackend* m : ms) {
+    std::memcpy(out(m), src, size_t(m->T() * N) * 4);
+    src += m->T() * N;
+  }
+}
+
+void CpuBackend::lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {
+  if (members.size() == 1 && members[0] == this) return lm_head(logits);
+  int64_t total = 0;
+  const std::vector<CpuBackend*> ms = members_of(members, &total);
+  if (batch_in_.size() < total * D_) batch_in_.resize(total * D_, false);
+  concat_rows(
+      ms, [](CpuBackend* m) { return m->xn_.data(); }, D_, batch_in_.data());
+  gemm_.run(ctx_, batch_in_.data(), total, D_, w_.lm_head(), logits, c_.n_vocab);
+}
+
 Buffer<float>& CpuBackend::tensor(Tensor t) {
   Buffer<float>* const by_tensor[] = {&x_, &xn_, &qkv_, &attn_, &ff_, &act_, &branch_};  // Tensor's order
   return *by_tensor[int(t)];

@@ -39,6 +39,10 @@ class CpuBackend : public Backend {
   void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) override;
   void merge_rows(const RowMerge& m, int64_t n_rows) override;
   void lm_head(float* logits) override;
+  // One GEMM over the members' rows (CpuBackends over the same weights; lp::Error otherwise).
+  void matmul_batched(Proj p, int layer, std::span<Backend* const> members) override;
+  void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) override;
+  int64_t rows() const override { return T(); }
   void write(Tensor t, std::span<const float> data) override;
   std::vector<float> read(Tensor t) override;
   void reset() override;
@@ -60,10 +64,13 @@ class CpuBackend : public Backend {
   // Activations, grown on demand (kernels/backend.h): x, xn, qkv, attn, ff, act, branch, and tmp
   // for row moves.
   Buffer<float> x_, xn_, qkv_, attn_, ff_, act_, branch_, tmp_;
+  Buffer<float> batch_in_, batch_out_;  // matmul_batched: the members' rows, concatenated
   int64_t rows_cap_ = 0;
   int64_t T() const { return int64_t(pos_.size()); }
   Buffer<float>& tensor(Tensor t);
   void grow(int64_t T);
+  // Members as CpuBackends over this one's weights, and their total rows.
+  std::vector<CpuBackend*> members_of(std::span<Backend* const> members, int64_t* total) const;
 };
 
 }  // namespace lp

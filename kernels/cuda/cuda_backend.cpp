@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
 
   int64_t capacity() const override { return n_ctx; }
   bool asynchronous() const override { return true; }
+  int64_t rows() const override { return T(); }
   void synchronize() override { lp::cuda::synchronize("op timer"); }
 
   void set_rows(std::span<const int32_t> p) override {

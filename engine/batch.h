@@ -1,0 +1,26 @@
+// One iteration of continuous batching (iteration-level scheduling, as Orca and vLLM run it): the
+// forward passes of several sessions, prefills and decoding steps alike, run layer by layer
+// together. Each GEMM runs once over the rows of every member (Backend::matmul_batched), so
+// decoding rows stop being one GEMV per request; attention, pruning, revival and the K/V and
+// Aux Cache stay each session's own, over its own key set. A member's numbers are those of its
+// pass run alone wherever a GEMM row does not depend on the other rows (the int8 kernels, whose
+// activations are quantized per row: `Batch.GreedyOutputIsTheSameAloneOrBatched`).
+#pragma once
+
+#include <span>
+
+#include "engine/session.h"
+
+namespace lp {
+
+struct BatchMember {
+  Session* session = nullptr;
+  Session::Pass* pass = nullptr;  // begun (Session::begin_forward / begin_decode), not yet run
+  float* logits = nullptr;        // [rows that get logits][V], as forward / decode_step write them
+};
+
+// Runs the members' passes to the end. Their sessions' backends must share one model's weights
+// (the same backend factory). Throws lp::Error as the passes alone would.
+void run_batch(std::span<const BatchMember> members);
+
+}  // namespace lp

@@ -1,0 +1,281 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "engine/batch.h"
+#include "kernels/cpu/backend.h"
+#include "model/error.h"
+
+namespace lp {
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::Length:
+      return "length";
+    case Finish::Stop:
+      return "stop";
+    case Finish::Cancelled:
+      return "cancelled";
+    case Finish::Error:
+      return "error";
+  }
+  return "?";
+}
+
+struct Scheduler::Request {
+  uint64_t id = 0;
+  RequestParams p;
+  RequestRecord rec;
+  int64_t reservation = 0;
+  bool cancelled = false;
+  std::unique_ptr<Session> session;
+  std::unique_ptr<PruningPolicy> policy;
+  std::vector<PruneStep> steps;
+  PruneRequest prune;
+  std::optional<Sampler> sampler;
+  std::vector<int32_t> generated;  // the last one is fed to the next decoding step
+  std::vector<float> logits;
+  trace::Step stats;  // of the pass in flight
+  Session::Pass pass;
+};
+
+Scheduler::Scheduler(const Model& m, SchedulerOptions opt) : m_(m), opt_(std::move(opt)) {
+  if (opt_.max_batch_tokens < 1) fail("--max-batch-tokens must be at least 1, got {}", opt_.max_batch_tokens);
+  if (opt_.kv_budget_bytes < 1) fail("the K/V budget must be positive");
+  if (!opt_.make_backend) fail("internal error: the scheduler has no backend factory");
+}
+
+Scheduler::~Scheduler() = default;
+
+int64_t Scheduler::reservation_bytes(int64_t prompt_tokens, int64_t max_tokens, bool pruning) const {
+  const ModelConfig& c = m_.config();
+  // The CPU backend's K/V layout (kernels/cpu/kv_cache.h): capacity rounded up to 32 slots, keys
+  // with 16 slots of row padding, f32 K and V, every layer.
+  const int64_t cap = (prompt_tokens + max_tokens + 31) / 32 * 32;
+  const int64_t kv = int64_t(c.n_layer) * c.n_head_kv * c.head_dim * (2 * cap + 16) * 4;
+  const int64_t aux = pruning ? prompt_tokens * c.n_embd * 4 : 0;
+  return kv + aux;
+}
+
+uint64_t Scheduler::submit(RequestParams p) {
+  const ModelConfig& c = m_.config();
+  const int64_t T = int64_t(p.prompt.size());
+  if (T == 0) fail("the prompt is empty (no tokens)");
+  if (p.max_tokens < 1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
+  if (T + p.max_tokens > c.n_ctx_train)
+    fail("the prompt's {} tokens + max_tokens {} exceed the model's context of {} tokens", T, p.max_tokens,
+         c.n_ctx_train);
+  for (const int32_t id : p.prompt)
+    if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary of {}", id, c.n_vocab);
+  auto r = std::make_unique<Request>();
+  const bool pruning = p.policy != PolicyKind::None && !p.schedule.steps.empty();
+  r->steps = pruning ? resolve_schedule(p.schedule, c.n_layer) : std::vector<PruneStep>{};
+  r->reservation = reservation_bytes(T, p.max_tokens, pruning);
+  if (r->reservation > opt_.kv_budget_bytes)
+    fail("the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V, over the whole budget of {:.1f} MiB", T,
+         p.max_tokens, double(r->reservation) / (1 << 20), double(opt_.kv_budget_bytes) / (1 << 20));
+  r->rec.arrival = Clock::now();
+  r->rec.prompt_tokens = T;
+  r->rec.policy = pruning ? p.policy : PolicyKind::None;
+  r->rec.schedule = pruning ? p.schedule.to_string() : "none";
+  r->p = std::move(p);
+  std::lock_guard lk(inbox_mu_);
+  r->id = r->rec.id = next_id_++;
+  const uint64_t id = r->id;
+  inbox_.push_back(std::move(r));
+  inbox_cv_.notify_one();
+  return id;
+}
+
+void Scheduler::cancel(uint64_t id) {
+  std::lock_guard lk(inbox_mu_);
+  cancels_.push_back(id);
+  inbox_cv_.notify_one();
+}
+
+void Scheduler::wake() {
+  std::lock_guard lk(inbox_mu_);
+  woken_ = true;
+  inbox_cv_.notify_one();
+}
+
+void Scheduler::wait_for_work(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(inbox_mu_);
+  inbox_cv_.wait_for(lk, timeout, [&] { return !inbox_.empty() || !cancels_.empty() || woken_; });
+  woken_ = false;
+}
+
+void Scheduler::take_inbox() {
+  std::vector<std::unique_ptr<Request>> in;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard lk(inbox_mu_);
+    in.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& r : in) queue_.push_back(std::move(r));
+  for (const uint64_t id : cancels) {
+    for (auto& r : queue_)
+      if (r->id == id) r->cancelled = true;
+    for (auto& r : running_)
+      if (r->id == id) r->cancelled = true;
+  }
+}
+
+void Scheduler::finish(std::unique_ptr<Request> r, Finish f, std::string error) {
+  if (r->session) reserved_ -= r->reservation;
+  r->session.reset();  // the K/V and the Aux Cache go now
+  r->rec.finish = f;
+  r->rec.error = std::move(error);
+  r->rec.finished = Clock::now();
+  if (r->rec.first_token == Clock::time_point{}) r->rec.first_token = r->rec.finished;
+  if (r->rec.admitted == Clock::time_point{}) r->rec.admitted = r->rec.finished;
+  r->rec.output_tokens = int64_t(r->generated.size());
+  if (r->p.on_finish) r->p.on_finish(r->rec);
+}
+
+int64_t Scheduler::kv_bytes_in_use() const {
+  int64_t b = 0;
+  for (const auto& r : running_) b += r->session->kv_bytes_used();
+  return b;
+}
+
+int64_t Scheduler::aux_cache_bytes() const {
+  int64_t b = 0;
+  for (const auto& r : running_) b += r->session->aux().bytes();
+  return b;
+}
+
+bool Scheduler::step() {
+  take_inbox();
+  // Cancelled requests leave first, queued or running.
+  for (auto it = queue_.begin(); it != queue_.end();)
+    if ((*it)->cancelled) {
+      auto r = std::move(*it);
+      it = queue_.erase(it);
+      finish(std::move(r), Finish::Cancelled);
+    } else {
+      ++it;
+    }
+  for (size_t i = 0; i < running_.size();)
+    if (running_[i]->cancelled) {
+      auto r = std::move(running_[i]);
+      running_.erase(running_.begin() + std::ptrdiff_t(i));
+      finish(std::move(r), Finish::Cancelled);
+    } else {
+      ++i;
+    }
+  if (queue_.empty() && running_.empty()) return false;
+  const auto t0 = Clock::now();
+  const ModelConfig& c = m_.config();
+
+  // Admission, first come first served: the queue's head while its reservation fits the budget and
+  // its prompt the iteration's token budget. A prompt longer than the token budget runs as the
+  // only prefill of its iteration (prompts are not chunked: LazyLLM scores with the last token's
+  // attention over the whole prompt).
+  int64_t rows = int64_t(running_.size());
+  const size_t n_decoding = running_.size();
+  while (!queue_.empty()) {
+    Request& h = *queue_.front();
+    const int64_t T = int64_t(h.p.prompt.size());
+    if (reserved_ + h.reservation > opt_.kv_budget_bytes) break;
+    if (running_.size() > n_decoding && rows + T > opt_.max_batch_tokens) break;
+    auto r = std::move(queue_.front());
+    queue_.pop_front();
+    try {
+      r->session = std::make_unique<Session>(m_, opt_.make_backend(T + r->p.max_tokens));
+    } catch (const std::exception& e) {
+      finish(std::move(r), Finish::Error, e.what());
+      continue;
+    }
+    reserved_ += r->reservation;
+    r->rec.admitted = Clock::now();
+    r->sampler.emplace(r->p.sampler);
+    if (r->p.policy != PolicyKind::None) {  // as generate(): with no steps, decode_step prunes nothing
+      r->policy = make_policy(r->p.policy, r->p.prune_seed);
+      r->prune = PruneRequest{r->steps, r->policy.get()};
+    }
+    r->logits.resize(size_t(c.n_vocab));
+    rows += T;
+    running_.push_back(std::move(r));
+  }
+
+  // The batch: a decoding row for every request that was running, the prefill of each admitted one.
+  std::vector<BatchMember> members;
+  std::vector<Request*> in_batch;
+  std::vector<std::pair<Request*, std::string>> failed;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request& r = *running_[i];
+    try {
+      if (i < n_decoding) {
+        const int32_t tok = r.generated.back();
+        const int32_t p = int32_t(int64_t(r.p.prompt.size()) + int64_t(r.generated.size()) - 1);
+        if (r.policy) {
+          r.pass = r.session->begin_decode(tok, p, r.prune, &r.stats, nullptr);
+        } else {
+          const int64_t row = 0;
+          r.pass = r.session->begin_forward({&tok, 1}, {&p, 1}, {&row, 1}, nullptr, &r.stats, nullptr);
+        }
+      } else {
+        std::vector<int32_t> pos(r.p.prompt.size());
+        std::iota(pos.begin(), pos.end(), 0);
+        const int64_t last = int64_t(pos.size()) - 1;
+        r.pass = r.session->begin_forward(r.p.prompt, pos, {&last, 1}, r.steps.empty() ? nullptr : &r.prune,
+                                          &r.stats, nullptr);
+      }
+      members.push_back({r.session.get(), &r.pass, r.logits.data()});
+      in_batch.push_back(&r);
+    } catch (const std::exception& e) {
+      failed.emplace_back(&r, e.what());
+    }
+  }
+  std::string batch_error;
+  try {
+    run_batch(members);
+  } catch (const std::exception& e) {
+    batch_error = e.what();  // every member's state is unknown now: they all end
+  }
+  const auto t1 = Clock::now();
+  ++iterations_;
+  busy_s_ += std::chrono::duration<double>(t1 - t0).count();
+
+  // Sample, emit, and finish what is done.
+  std::vector<std::pair<Request*, Finish>> done;
+  for (auto& [r, e] : failed) done.emplace_back(r, Finish::Error), r->rec.error = e;
+  for (Request* r : in_batch) {
+    if (!batch_error.empty()) {
+      r->rec.error = batch_error;
+      done.emplace_back(r, Finish::Error);
+      continue;
+    }
+    const bool prefill = r->generated.empty();
+    if (prefill) {
+      double computed = 0;
+      for (const int64_t n : r->stats.queries) computed += double(n);
+      r->rec.prompt_tokens_computed_fraction = computed / (double(r->rec.prompt_tokens) * c.n_layer);
+      r->rec.kv_bytes_after_prefill = r->session->kv_bytes_used();
+      r->rec.aux_cache_bytes = r->session->aux().bytes();
+      r->rec.first_token = t1;
+    } else {
+      for (const int64_t n : r->stats.revived) r->rec.revivals += n;
+    }
+    const int32_t tok = r->sampler->sample(r->logits);
+    r->generated.push_back(tok);
+    const bool go_on = !r->p.on_token || r->p.on_token(tok);
+    if (!go_on || (r->p.stop_at_end_of_generation && m_.tokenizer().is_end_of_generation(tok)))
+      done.emplace_back(r, Finish::Stop);
+    else if (int64_t(r->generated.size()) >= r->p.max_tokens)
+      done.emplace_back(r, Finish::Length);
+  }
+  for (auto& [r, f] : done) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& u) { return u.get() == r; });
+    auto owned = std::move(*it);
+    running_.erase(it);
+    std::string err = owned->rec.error;
+    finish(std::move(owned), f, std::move(err));
+  }
+  return true;
+}
+
+}  // namespace lp

@@ -1,0 +1,136 @@
+// Continuous batching's scheduler (iteration-level, as Orca and vLLM schedule): requests wait in a
+// FIFO queue until their K/V fits the budget, then every iteration runs one batch (engine/batch.h)
+// holding the decoding row of each running request and the whole prefills of newly admitted ones,
+// under a token budget per iteration. LazyLLM (or any policy) is chosen per request and runs in
+// its own session: its selection, Aux Cache, revival and the at-most-once rule are per request.
+//
+// Admission reserves each request's worst case: K/V for prompt + max_tokens tokens at every layer
+// (what its session allocates), plus, with pruning, the Aux Cache's worst case (every prompt
+// token's state once). A pruned prefill holds less K/V than that, but a later decoding step may
+// revive any pruned token at any layer, growing it back to the unpruned size; admitting against
+// the K/V in use would then overrun the budget (docs/serving.md). So pruning admits no more
+// requests than no pruning does; what it saves is time, and the K/V it does not hold shows in
+// kv_bytes_in_use() against kv_bytes_reserved().
+//
+// Not thread-safe except where said: submit() and cancel() may be called from any thread, every
+// other member from the one thread that runs step().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
+
+namespace lp {
+
+using Clock = std::chrono::steady_clock;
+
+// Why a request ended.
+enum class Finish { Length, Stop, Cancelled, Error };
+const char* finish_name(Finish f);  // "length", "stop", "cancelled", "error"
+
+// What a finished request did: the record `serve --log-requests` writes.
+struct RequestRecord {
+  uint64_t id = 0;
+  Clock::time_point arrival, admitted, first_token, finished;
+  int64_t prompt_tokens = 0, output_tokens = 0;
+  Finish finish = Finish::Length;
+  std::string error;                           // Finish::Error: what went wrong
+  PolicyKind policy = PolicyKind::None;
+  std::string schedule;                        // as given (Schedule::to_string), "none" without pruning
+  double prompt_tokens_computed_fraction = 1;  // share of the prompt's (token, layer) pairs computed
+  int64_t revivals = 0;
+  int64_t kv_bytes_after_prefill = 0;
+  int64_t aux_cache_bytes = 0;
+};
+
+struct RequestParams {
+  std::vector<int32_t> prompt;  // token ids, not empty
+  int64_t max_tokens = 16;      // >= 1
+  SamplerParams sampler;
+  bool stop_at_end_of_generation = true;
+  PolicyKind policy = PolicyKind::None;
+  Schedule schedule = default_schedule();
+  uint64_t prune_seed = 0;
+  // Called on the step() thread with each generated token; return false to stop the request
+  // there (a stop string matched, or the client left: Finish::Stop; see cancel() for the other).
+  std::function<bool(int32_t token)> on_token;
+  // Called once on the step() thread when the request leaves, its K/V already freed.
+  std::function<void(const RequestRecord&)> on_finish;
+};
+
+struct SchedulerOptions {
+  int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
+  int64_t kv_budget_bytes = int64_t(1) << 30;
+  // Makes a request's backend for a capacity of n_ctx tokens (the CPU backend by default).
+  BackendFactory make_backend;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& m, SchedulerOptions opt);
+  ~Scheduler();
+
+  // The reservation a request of this many prompt and new tokens needs (bytes), and whether the
+  // budget could ever hold it.
+  int64_t reservation_bytes(int64_t prompt_tokens, int64_t max_tokens, bool pruning) const;
+
+  // Queues a request (any thread). Throws lp::Error, and queues nothing, when it can never run: an
+  // empty prompt, a token outside the vocabulary, prompt + max_tokens beyond the model's context,
+  // or a reservation over the whole budget.
+  uint64_t submit(RequestParams r);
+  // Cancels a queued or running request (any thread): it leaves at the next iteration boundary
+  // with Finish::Cancelled, its K/V freed. Unknown or finished ids are ignored.
+  void cancel(uint64_t id);
+
+  // One iteration: takes in submissions and cancellations, admits from the queue's head what fits,
+  // runs the batch, samples, and finishes requests. Returns false when there was nothing to do.
+  bool step();
+  // Blocks until a submission or cancellation arrives, or `timeout` passes, or wake() is called.
+  void wait_for_work(std::chrono::milliseconds timeout);
+  void wake();
+
+  // State, for metrics (step() thread; the counters are plain reads).
+  int64_t queued() const { return int64_t(queue_.size()); }
+  int64_t running() const { return int64_t(running_.size()); }
+  int64_t kv_bytes_reserved() const { return reserved_; }
+  int64_t kv_bytes_in_use() const;
+  int64_t aux_cache_bytes() const;
+  int64_t budget_bytes() const { return opt_.kv_budget_bytes; }
+  // Cumulative: iterations, their rows, prefill and decoding rows.
+  int64_t iterations() const { return iterations_; }
+  double busy_seconds() const { return busy_s_; }
+
+ private:
+  struct Request;
+  const Model& m_;
+  SchedulerOptions opt_;
+  std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<uint64_t> cancels_;
+  bool woken_ = false;
+  uint64_t next_id_ = 1;
+  std::deque<std::unique_ptr<Request>> queue_;
+  std::vector<std::unique_ptr<Request>> running_;
+  int64_t reserved_ = 0;
+  int64_t iterations_ = 0;
+  double busy_s_ = 0;
+
+  void take_inbox();
+  void finish(std::unique_ptr<Request> r, Finish f, std::string error = {});
+};
+
+}  // namespace lp

@@ -1,0 +1,252 @@
+// Continuous batching (engine/batch.h, engine/scheduler.h): a request's greedy output is the same
+// alone (generate()) and batched with others, prefills and decoding steps mixed, every pruning
+// policy; admission against the K/V budget, first come first served; the token budget; cancelling
+// and stopping; what can never run is refused at submission.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <vector>
+
+#include "engine/generate.h"
+#include "engine/scheduler.h"
+#include "kernels/context.h"
+#include "kernels/cpu/backend.h"
+#include "model/error.h"
+#include "pruning/schedule.h"
+#include "tests/gguf_writer.h"
+#include "tests/test_util.h"
+
+namespace lp {
+namespace {
+
+CpuContext& ctx() {
+  static CpuContext c(2);
+  return c;
+}
+
+const Model& tiny(DType dt) {
+  static testing::TempDir dir;
+  static std::map<DType, std::unique_ptr<Model>> models;
+  auto& m = models[dt];
+  if (!m) {
+    testing::TinyModelSpec spec;
+    spec.n_layer = 6;
+    const auto path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+    m = Model::load(path, dt, ctx());
+  }
+  return *m;
+}
+
+SchedulerOptions options(const Model& m, int64_t budget, int64_t batch_tokens = 4096) {
+  SchedulerOptions o;
+  o.kv_budget_bytes = budget;
+  o.max_batch_tokens = batch_tokens;
+  o.make_backend = [&m](int64_t n_ctx) -> std::unique_ptr<Backend> {
+    return std::make_unique<CpuBackend>(ctx(), m.config(), m.weights(), n_ctx);
+  };
+  return o;
+}
+
+std::vector<int32_t> random_ids(int64_t n, int V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& i : ids) i = int32_t(rng() % uint32_t(V));
+  return ids;
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  PolicyKind policy;
+};
+
+// Each case alone through generate(), then all through the scheduler: the first `at_once` submitted
+// together, the others one per iteration while those decode (prefills batched with decoding rows).
+void expect_same_alone_and_batched(const Model& m, const std::vector<Case>& cases, const Schedule& schedule,
+                                   int64_t max_tokens, size_t at_once) {
+  std::vector<std::vector<int32_t>> alone;
+  for (const Case& c : cases) {
+    GenerateOptions opt;
+    opt.max_new_tokens = int(max_tokens);
+    opt.stop_at_end_of_generation = false;
+    opt.policy = c.policy;
+    opt.schedule = schedule;
+    opt.prune_seed = 5;
+    alone.push_back(generate(ctx(), m, c.prompt, opt).generated_ids);
+  }
+  Scheduler s(m, options(m, int64_t(1) << 32));
+  std::vector<std::vector<int32_t>> got(cases.size());
+  std::vector<RequestRecord> records(cases.size());
+  int64_t most_running = 0;
+  const auto submit = [&](size_t i) {
+    RequestParams p;
+    p.prompt = cases[i].prompt;
+    p.max_tokens = max_tokens;
+    p.stop_at_end_of_generation = false;
+    p.policy = cases[i].policy;
+    p.schedule = schedule;
+    p.prune_seed = 5;
+    p.on_token = [&got, i](int32_t t) {
+      got[i].push_back(t);
+      return true;
+    };
+    p.on_finish = [&records, i](const RequestRecord& r) { records[i] = r; };
+    s.submit(std::move(p));
+  };
+  size_t next = 0;
+  for (; next < at_once && next < cases.size(); ++next) submit(next);
+  while (true) {
+    if (next < cases.size()) submit(next++);
+    if (!s.step()) break;
+    most_running = std::max(most_running, s.running() + 1);
+  }
+  EXPECT_GE(most_running, 3) << "the requests never ran together";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(got[i], alone[i]) << "request " << i << " (" << policy_name(cases[i].policy) << ", "
+                                << cases[i].prompt.size() << " prompt tokens)";
+    EXPECT_EQ(records[i].finish, Finish::Length) << records[i].error;
+    EXPECT_EQ(records[i].output_tokens, max_tokens);
+  }
+  EXPECT_EQ(s.kv_bytes_reserved(), 0);
+}
+
+TEST(Batch, GreedyOutputIsTheSameAloneOrBatched) {
+  const Model& m = tiny(DType::Int8);
+  const int V = m.config().n_vocab;
+  const std::vector<Case> cases = {
+      {random_ids(90, V, 1), PolicyKind::None},   {random_ids(33, V, 2), PolicyKind::LazyLLM},
+      {random_ids(150, V, 3), PolicyKind::Random}, {random_ids(7, V, 4), PolicyKind::Static},
+      {random_ids(60, V, 5), PolicyKind::LazyLLM}, {random_ids(41, V, 6), PolicyKind::None},
+  };
+  expect_same_alone_and_batched(m, cases, parse_schedule("1:0.4,3:0.4"), 10, 3);
+}
+
+// The default model in int8 (what `serve` runs by default), LazyLLM and none.
+TEST(RealModelBatch, GreedyOutputIsTheSameAloneOrBatched) {
+  static std::unique_ptr<Model> m = Model::load(testing::real_model_path(), DType::Int8, ctx());
+  const int V = m->config().n_vocab;
+  std::vector<Case> cases;
+  for (int i = 0; i < 5; ++i)
+    cases.push_back({random_ids(40 + 70 * i, V, 11 + i), i % 2 ? PolicyKind::LazyLLM : PolicyKind::None});
+  expect_same_alone_and_batched(*m, cases, default_schedule(), 8, 2);
+}
+
+TEST(Scheduler, AdmitsInArrivalOrderWithinTheKvBudget) {
+  const Model& m = tiny(DType::Int8);
+  const int V = m.config().n_vocab;
+  Scheduler probe(m, options(m, 1));
+  const int64_t one = probe.reservation_bytes(50, 6, false);
+  Scheduler s(m, options(m, 2 * one + one / 2));  // room for two at a time
+  std::vector<RequestRecord> done;
+  for (int i = 0; i < 5; ++i) {
+    RequestParams p;
+    p.prompt = random_ids(50, V, uint32_t(20 + i));
+    p.max_tokens = 6;
+    p.stop_at_end_of_generation = false;
+    p.on_finish = [&done](const RequestRecord& r) { done.push_back(r); };
+    s.submit(std::move(p));
+  }
+  int64_t most = 0;
+  while (s.step()) {
+    most = std::max(most, s.running());
+    EXPECT_LE(s.kv_bytes_reserved(), s.budget_bytes());
+    EXPECT_LE(s.kv_bytes_in_use(), s.kv_bytes_reserved());
+  }
+  EXPECT_EQ(most, 2);
+  ASSERT_EQ(done.size(), 5u);
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_EQ(done[i].finish, Finish::Length);
+    if (i > 0) EXPECT_LE(done[i - 1].admitted, done[i].admitted) << "not first come first served";
+  }
+  EXPECT_EQ(s.kv_bytes_reserved(), 0);
+}
+
+TEST(Scheduler, TheTokenBudgetHoldsPrefillsBack) {
+  const Model& m = tiny(DType::Int8);
+  const int V = m.config().n_vocab;
+  Scheduler s(m, options(m, int64_t(1) << 32, 100));
+  for (int i = 0; i < 2; ++i) {
+    RequestParams p;
+    p.prompt = random_ids(80, V, uint32_t(30 + i));
+    p.max_tokens = 4;
+    s.submit(std::move(p));
+  }
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(s.running(), 1);  // 80 + 80 > 100: the second waits for the next iteration
+  EXPECT_EQ(s.queued(), 1);
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(s.running(), 2);  // 1 decoding row + 80 <= 100
+  EXPECT_EQ(s.queued(), 0);
+  // A prompt longer than the budget still runs, as its iteration's only prefill.
+  RequestParams p;
+  p.prompt = random_ids(300, V, 40);
+  p.max_tokens = 2;
+  Finish f = Finish::Error;
+  p.on_finish = [&f](const RequestRecord& r) { f = r.finish; };
+  s.submit(std::move(p));
+  while (s.step()) {
+  }
+  EXPECT_EQ(f, Finish::Length);
+}
+
+TEST(Scheduler, CancelAndStopFreeTheRequest) {
+  const Model& m = tiny(DType::Int8);
+  const int V = m.config().n_vocab;
+  Scheduler s(m, options(m, int64_t(1) << 32));
+  std::map<uint64_t, RequestRecord> done;
+  const auto req = [&](int n_stop) {
+    RequestParams p;
+    p.prompt = random_ids(30, V, 50);
+    p.max_tokens = 20;
+    p.stop_at_end_of_generation = false;
+    p.policy = PolicyKind::LazyLLM;
+    p.schedule = parse_schedule("1:0.5");
+    auto count = std::make_shared<int>(0);
+    p.on_token = [count, n_stop](int32_t) { return ++*count < n_stop; };
+    p.on_finish = [&done](const RequestRecord& r) { done[r.id] = r; };
+    return s.submit(std::move(p));
+  };
+  const uint64_t a = req(1000), b = req(3), c = req(1000);
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(s.running(), 3);
+  s.cancel(a);
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(done.at(a).finish, Finish::Cancelled);
+  EXPECT_EQ(done.at(a).output_tokens, 1);
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(done.at(b).finish, Finish::Stop);  // its callback said stop at its third token
+  EXPECT_EQ(done.at(b).output_tokens, 3);
+  EXPECT_EQ(s.running(), 1);
+  s.cancel(c);
+  s.cancel(12345);  // unknown: ignored
+  EXPECT_FALSE(s.step());
+  EXPECT_EQ(done.at(c).finish, Finish::Cancelled);
+  EXPECT_LT(done.at(c).prompt_tokens_computed_fraction, 1.0);
+  EXPECT_EQ(s.kv_bytes_reserved(), 0);
+  EXPECT_EQ(s.running(), 0);
+}
+
+TEST(Scheduler, RefusesWhatCanNeverRun) {
+  const Model& m = tiny(DType::Int8);
+  Scheduler s(m, options(m, int64_t(1) << 16));
+  const auto submit = [&](std::vector<int32_t> ids, int64_t max_tokens) {
+    RequestParams p;
+    p.prompt = std::move(ids);
+    p.max_tokens = max_tokens;
+    s.submit(std::move(p));
+  };
+  EXPECT_THROW(submit({}, 4), Error);
+  EXPECT_THROW(submit({1, 2}, 0), Error);
+  EXPECT_THROW(submit({1, m.config().n_vocab}, 4), Error);
+  EXPECT_THROW(submit({1, 2}, m.config().n_ctx_train), Error);
+  try {
+    submit(random_ids(400, m.config().n_vocab, 1), 100);  // K/V over the 64 KiB budget
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("over the whole budget"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(s.step());
+}
+
+}  // namespace
+}  // namespace lp
