@@ -64,7 +64,8 @@ void BM_BatchedDecode(benchmark::State& st) {
       const int64_t row = 0;
       for (int64_t i = 0; i < N; ++i) {
         const int32_t tok = lp::argmax(logits[size_t(i)]);
-        passes[size_t(i)] = sessions[size_t(i)]->begin_forward({&tok, 1}, {&p, 1}, {&row, 1}, nullptr, nullptr, nullptr);
+        passes[size_t(i)] =
+            sessions[size_t(i)]->begin_forward({&tok, 1}, {&p, 1}, {&row, 1}, nullptr, nullptr, nullptr);
         members[size_t(i)] = {sessions[size_t(i)].get(), &passes[size_t(i)], logits[size_t(i)].data()};
       }
       lp::run_batch(members);
@@ -74,6 +75,13 @@ void BM_BatchedDecode(benchmark::State& st) {
       benchmark::Counter(double(N * steps), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_BatchedDecode)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_BatchedDecode)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace

@@ -38,7 +38,8 @@ void run_batch(std::span<const BatchMember> ms) {
       total += R;
     }
   if (heads.empty()) return;
-  if (heads.size() == 1) return with_logits[0]->session->lm_head(*with_logits[0]->pass, with_logits[0]->logits);
+  if (heads.size() == 1)
+    return with_logits[0]->session->lm_head(*with_logits[0]->pass, with_logits[0]->logits);
   const int64_t V = c.n_vocab;
   std::vector<float> logits(size_t(total * V));
   heads[0]->lm_head_batched(heads, logits.data(), V);

@@ -73,8 +73,8 @@ uint64_t Scheduler::submit(RequestParams p) {
   r->steps = pruning ? resolve_schedule(p.schedule, c.n_layer) : std::vector<PruneStep>{};
   r->reservation = reservation_bytes(T, p.max_tokens, pruning);
   if (r->reservation > opt_.kv_budget_bytes)
-    fail("the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V, over the whole budget of {:.1f} MiB", T,
-         p.max_tokens, double(r->reservation) / (1 << 20), double(opt_.kv_budget_bytes) / (1 << 20));
+    fail("the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V, over the whole budget of {:.1f} MiB",
+         T, p.max_tokens, double(r->reservation) / (1 << 20), double(opt_.kv_budget_bytes) / (1 << 20));
   r->rec.arrival = Clock::now();
   r->rec.prompt_tokens = T;
   r->rec.policy = pruning ? p.policy : PolicyKind::None;

@@ -47,7 +47,7 @@ struct RequestRecord {
   Clock::time_point arrival, admitted, first_token, finished;
   int64_t prompt_tokens = 0, output_tokens = 0;
   Finish finish = Finish::Length;
-  std::string error;                           // Finish::Error: what went wrong
+  std::string error;  // Finish::Error: what went wrong
   PolicyKind policy = PolicyKind::None;
   std::string schedule;                        // as given (Schedule::to_string), "none" without pruning
   double prompt_tokens_computed_fraction = 1;  // share of the prompt's (token, layer) pairs computed

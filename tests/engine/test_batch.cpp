@@ -114,7 +114,7 @@ TEST(Batch, GreedyOutputIsTheSameAloneOrBatched) {
   const Model& m = tiny(DType::Int8);
   const int V = m.config().n_vocab;
   const std::vector<Case> cases = {
-      {random_ids(90, V, 1), PolicyKind::None},   {random_ids(33, V, 2), PolicyKind::LazyLLM},
+      {random_ids(90, V, 1), PolicyKind::None},    {random_ids(33, V, 2), PolicyKind::LazyLLM},
       {random_ids(150, V, 3), PolicyKind::Random}, {random_ids(7, V, 4), PolicyKind::Static},
       {random_ids(60, V, 5), PolicyKind::LazyLLM}, {random_ids(41, V, 6), PolicyKind::None},
   };
