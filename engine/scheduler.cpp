@@ -9,6 +9,8 @@
 
 namespace lp {
 
+using Clock = std::chrono::steady_clock;
+
 const char* finish_name(Finish f) {
   switch (f) {
     case Finish::Length:
@@ -123,14 +125,13 @@ void Scheduler::take_inbox() {
   }
 }
 
-void Scheduler::finish(std::unique_ptr<Request> r, Finish f, std::string error) {
+void Scheduler::finish(std::unique_ptr<Request> r, Finish f) {
   if (r->session) reserved_ -= r->reservation;
   r->session.reset();  // the K/V and the Aux Cache go now
   r->rec.finish = f;
-  r->rec.error = std::move(error);
   r->rec.finished = Clock::now();
-  if (r->rec.first_token == Clock::time_point{}) r->rec.first_token = r->rec.finished;
-  if (r->rec.admitted == Clock::time_point{}) r->rec.admitted = r->rec.finished;
+  if (r->rec.first_token == RequestRecord::Time{}) r->rec.first_token = r->rec.finished;
+  if (r->rec.admitted == RequestRecord::Time{}) r->rec.admitted = r->rec.finished;
   r->rec.output_tokens = int64_t(r->generated.size());
   if (r->p.on_finish) r->p.on_finish(r->rec);
 }
@@ -186,7 +187,8 @@ bool Scheduler::step() {
     try {
       r->session = std::make_unique<Session>(m_, opt_.make_backend(T + r->p.max_tokens));
     } catch (const std::exception& e) {
-      finish(std::move(r), Finish::Error, e.what());
+      r->rec.error = e.what();
+      finish(std::move(r), Finish::Error);
       continue;
     }
     reserved_ += r->reservation;
@@ -204,7 +206,7 @@ bool Scheduler::step() {
   // The batch: a decoding row for every request that was running, the prefill of each admitted one.
   std::vector<BatchMember> members;
   std::vector<Request*> in_batch;
-  std::vector<std::pair<Request*, std::string>> failed;
+  std::vector<Request*> failed;  // their pass could not begin (rec.error says why)
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
     try {
@@ -227,7 +229,8 @@ bool Scheduler::step() {
       members.push_back({r.session.get(), &r.pass, r.logits.data()});
       in_batch.push_back(&r);
     } catch (const std::exception& e) {
-      failed.emplace_back(&r, e.what());
+      r.rec.error = e.what();
+      failed.push_back(&r);
     }
   }
   std::string batch_error;
@@ -242,7 +245,7 @@ bool Scheduler::step() {
 
   // Sample, emit, and finish what is done.
   std::vector<std::pair<Request*, Finish>> done;
-  for (auto& [r, e] : failed) done.emplace_back(r, Finish::Error), r->rec.error = e;
+  for (Request* r : failed) done.emplace_back(r, Finish::Error);
   for (Request* r : in_batch) {
     if (!batch_error.empty()) {
       r->rec.error = batch_error;
@@ -272,8 +275,7 @@ bool Scheduler::step() {
     auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& u) { return u.get() == r; });
     auto owned = std::move(*it);
     running_.erase(it);
-    std::string err = owned->rec.error;
-    finish(std::move(owned), f, std::move(err));
+    finish(std::move(owned), f);
   }
   return true;
 }

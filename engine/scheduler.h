@@ -35,16 +35,15 @@
 
 namespace lp {
 
-using Clock = std::chrono::steady_clock;
-
 // Why a request ended.
 enum class Finish { Length, Stop, Cancelled, Error };
 const char* finish_name(Finish f);  // "length", "stop", "cancelled", "error"
 
 // What a finished request did: the record `serve --log-requests` writes.
 struct RequestRecord {
+  using Time = std::chrono::steady_clock::time_point;
   uint64_t id = 0;
-  Clock::time_point arrival, admitted, first_token, finished;
+  Time arrival, admitted, first_token, finished;
   int64_t prompt_tokens = 0, output_tokens = 0;
   Finish finish = Finish::Length;
   std::string error;  // Finish::Error: what went wrong
@@ -109,7 +108,7 @@ class Scheduler {
   int64_t kv_bytes_in_use() const;
   int64_t aux_cache_bytes() const;
   int64_t budget_bytes() const { return opt_.kv_budget_bytes; }
-  // Cumulative: iterations, their rows, prefill and decoding rows.
+  // Cumulative: iterations run, and the seconds they took.
   int64_t iterations() const { return iterations_; }
   double busy_seconds() const { return busy_s_; }
 
@@ -130,7 +129,8 @@ class Scheduler {
   double busy_s_ = 0;
 
   void take_inbox();
-  void finish(std::unique_ptr<Request> r, Finish f, std::string error = {});
+  // Frees r's session (its K/V and Aux Cache) and reports it (rec.error already set for Error).
+  void finish(std::unique_ptr<Request> r, Finish f);
 };
 
 }  // namespace lp

@@ -490,9 +490,9 @@ int64_t Session::head(Pass& ps) {
 }
 
 void Session::lm_head(Pass& ps, float* logits) {
-  const ModelConfig& c = m_.config();
-  const int64_t R = ps.decode ? 1 : int64_t(ps.logit_rows.size());
-  timed(ps.timers, c.n_layer, Op::LmHead, OpShape{R, 0, 0}, [&] { be_->lm_head(logits); });
+  // head() left the backend with exactly the rows that get logits.
+  timed(ps.timers, m_.config().n_layer, Op::LmHead, OpShape{be_->rows(), 0, 0},
+        [&] { be_->lm_head(logits); });
 }
 
 void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,

@@ -28,6 +28,14 @@ inline std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
+// n token ids uniform in [0, V), reproducible from `seed`.
+inline std::vector<int32_t> random_ids(int64_t n, int32_t V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& i : ids) i = int32_t(rng() % uint32_t(V));
+  return ids;
+}
+
 inline std::string fixture_path(const std::string& name) {
   return std::string(LP_SOURCE_DIR) + "/tests/fixtures/" + name;
 }

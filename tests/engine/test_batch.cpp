@@ -48,12 +48,7 @@ SchedulerOptions options(const Model& m, int64_t budget, int64_t batch_tokens = 
   return o;
 }
 
-std::vector<int32_t> random_ids(int64_t n, int V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& i : ids) i = int32_t(rng() % uint32_t(V));
-  return ids;
-}
+using testing::random_ids;
 
 struct Case {
   std::vector<int32_t> prompt;

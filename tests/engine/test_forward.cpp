@@ -17,6 +17,7 @@
 #include "model/quant.h"
 #include "tests/gguf_writer.h"
 #include "tests/reference_model.h"
+#include "tests/test_util.h"
 
 namespace lp {
 namespace {
@@ -51,12 +52,7 @@ std::vector<float> engine_forward(const Model& m, CpuContext& ctx, const std::ve
 
 using testing::rms;
 
-std::vector<int32_t> some_ids(int64_t T, int32_t V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  for (auto& i : ids) i = int32_t(rng() % uint32_t(V));
-  return ids;
-}
+using testing::random_ids;
 
 struct ForwardCase {
   int64_t T;
@@ -81,7 +77,7 @@ TEST_P(TinyForward, F32MatchesSlowReference) {
   const ModelConfig c = config_from_gguf(f);
   CpuContext ctx(2);
   const auto m = Model::load(path, DType::F32, ctx);
-  const auto ids = some_ids(p.T, c.n_vocab, 7);
+  const auto ids = random_ids(p.T, c.n_vocab, 7);
   std::vector<int32_t> pos(ids.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(p.gapped ? 3 * i + i % 2 : i);
   const auto want = reference_forward(f, c, ids, pos);
@@ -110,7 +106,7 @@ TEST(TinyForwardDecode, IncrementalDecodeMatchesOnePrefill) {
   CpuContext ctx(2);
   const auto m = Model::load(path, DType::F32, ctx);
   const int32_t V = m->config().n_vocab;
-  const auto ids = some_ids(23, V, 3);
+  const auto ids = random_ids(23, V, 3);
   std::vector<int32_t> pos(ids.size());
   std::iota(pos.begin(), pos.end(), 0);
   const auto all = engine_forward(*m, ctx, ids, pos);
@@ -137,7 +133,7 @@ TEST(TinyForwardDecode, ResultsDoNotDependOnThreadCount) {
   for (int threads : {1, 2, 3}) {
     CpuContext ctx(threads);
     const auto m = Model::load(path, DType::BF16, ctx);
-    const auto ids = some_ids(45, m->config().n_vocab, 5);
+    const auto ids = random_ids(45, m->config().n_vocab, 5);
     std::vector<int32_t> pos(ids.size());
     std::iota(pos.begin(), pos.end(), 0);
     out.push_back(engine_forward(*m, ctx, ids, pos));
@@ -152,7 +148,7 @@ TEST(TinyForwardDecode, Bf16StaysCloseToF32) {
   CpuContext ctx(2);
   const auto m32 = Model::load(path, DType::F32, ctx);
   const auto m16 = Model::load(path, DType::BF16, ctx);
-  const auto ids = some_ids(30, m32->config().n_vocab, 9);
+  const auto ids = random_ids(30, m32->config().n_vocab, 9);
   std::vector<int32_t> pos(ids.size());
   std::iota(pos.begin(), pos.end(), 0);
   const auto a = engine_forward(*m32, ctx, ids, pos), b = engine_forward(*m16, ctx, ids, pos);

@@ -23,9 +23,7 @@ TEST(Generate, AWarmUpLeavesTheTimedRunUnchanged) {
   const auto path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
   CpuContext ctx(2);
   const auto m = Model::load(path, DType::F32, ctx);
-  std::mt19937 rng(7);
-  std::vector<int32_t> ids(90);
-  for (auto& i : ids) i = int32_t(rng() % uint32_t(m->config().n_vocab));
+  const std::vector<int32_t> ids = testing::random_ids(90, m->config().n_vocab, 7);
   for (const PolicyKind kind : {PolicyKind::None, PolicyKind::LazyLLM, PolicyKind::Random}) {
     GenerateOptions opt;
     opt.max_new_tokens = 8;

@@ -158,9 +158,7 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
 inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind) {
   CpuContext ctx(2);
   const auto m = Model::load(path, DType::F32, ctx);
-  std::mt19937 rng(static_cast<uint32_t>(T) + 1);
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  for (auto& i : ids) i = int32_t(rng() % uint32_t(m->config().n_vocab));
+  const std::vector<int32_t> ids = testing::random_ids(T, m->config().n_vocab, static_cast<uint32_t>(T) + 1);
   GenerateOptions opt;
   opt.max_new_tokens = 12;
   opt.stop_at_end_of_generation = false;
