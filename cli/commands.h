@@ -193,4 +193,14 @@ struct EvalArgs {
 CLI::App* add_eval(CLI::App& app, EvalArgs& a);
 int cmd_eval(const EvalArgs& a, const CLI::App& sub);
 
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", served_name, prune = "none", schedule, dtype = "auto",
+                     backend = "cpu", log_requests;
+  int port = 8000, threads = default_thread_count(), max_connections = 256;
+  int64_t max_batch_tokens = 2048, kv_budget_mib = 1024, max_body_kib = 4096, chat_max_tokens = 512;
+  double header_timeout_s = 10, body_timeout_s = 30, shutdown_grace_s = 30;
+};
+CLI::App* add_serve(CLI::App& app, ServeArgs& a);
+int cmd_serve(const ServeArgs& a, const CLI::App& sub);
+
 }  // namespace lp::cli

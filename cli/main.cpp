@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
       subcommand(app, add_report, cmd_report),
       subcommand(app, add_sweep, cmd_sweep),
       subcommand(app, add_eval, cmd_eval),
+      subcommand(app, add_serve, cmd_serve),
   };
 
   try {

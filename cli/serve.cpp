@@ -1,0 +1,134 @@
+// `lazyprefill serve`: the OpenAI-compatible HTTP server (server/http_server.h) over the engine's
+// continuous-batching scheduler, LazyLLM chosen per server and per request. docs/serving.md.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "engine/model.h"
+#include "kernels/cpu/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/error.h"
+#include "model/io.h"
+#include "model/paths.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
+#include "server/http_server.h"
+
+namespace lp::cli {
+
+CLI::App* add_serve(CLI::App& app, ServeArgs& a) {
+  auto* s = app.add_subcommand(
+      "serve", R"(Serve a GGUF model over HTTP with OpenAI's API (completions, chat completions, streaming),
+continuous batching and LazyLLM per request; /metrics in the Prometheus format. Binds 127.0.0.1 unless
+--host says otherwise. Stops on SIGINT/SIGTERM after the requests in flight finish.
+  lazyprefill serve --port 8000 --prune lazyllm --kv-budget-mib 1024
+  curl localhost:8000/v1/completions -d '{"prompt": "In the beginning", "max_tokens": 16}')");
+  add_gguf_model(*s, a.model);
+  s->add_option(
+      "--host", a.host,
+      "Address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 serves every interface)");
+  s->add_option("--port", a.port, "TCP port (0: any free one, printed)")->check(CLI::Range(0, 65535));
+  s->add_option("--served-model-name", a.served_name,
+                "The model's name in the API (default: the GGUF file's name without .gguf)");
+  s->add_option(
+       "--prune", a.prune,
+       "Pruning for requests that do not choose (their \"lazyprefill\" field): none, lazyllm, static, "
+       "random")
+      ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
+  s->add_option(
+       "--schedule", a.schedule,
+       std::string("Default pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
+           kScheduleSyntaxHelp)
+      ->check(non_empty_schedule());
+  s->add_option("--max-batch-tokens", a.max_batch_tokens,
+                "Rows per iteration: decoding rows + prefill tokens (a longer prompt runs alone)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  s->add_option("--kv-budget-mib", a.kv_budget_mib,
+                "K/V memory requests may reserve (prompt + max_tokens each, and the Aux Cache); a request "
+                "waits until its reservation fits")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  s->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
+  s->add_option("--dtype", a.dtype, "Compute dtype, as for run: auto, f32, bf16, int8")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
+  s->add_option("--backend", a.backend, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  s->add_option("--log-requests", a.log_requests,
+                "Append one JSON line per finished request to this file (times, tokens, pruning share, "
+                "revivals)")
+      ->check(non_empty_path());
+  s->add_option("--max-connections", a.max_connections, "Open connections; one more is answered 429")
+      ->check(CLI::Range(1, 100000));
+  s->add_option("--max-body-kib", a.max_body_kib, "Largest request body (413 beyond)")
+      ->check(CLI::Range(1, 1 << 20));
+  s->add_option("--chat-max-tokens", a.chat_max_tokens,
+                "max_tokens of a chat request that gives none (bounded by the context)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  s->add_option("--header-timeout-s", a.header_timeout_s, "Seconds a request's header may take to arrive")
+      ->check(CLI::Range(0.01, 3600.0));
+  s->add_option("--body-timeout-s", a.body_timeout_s, "Seconds a request's body may take to arrive")
+      ->check(CLI::Range(0.01, 3600.0));
+  s->add_option("--shutdown-grace-s", a.shutdown_grace_s,
+                "On SIGINT/SIGTERM, seconds requests in flight get to finish before they are cancelled")
+      ->check(CLI::Range(0.0, 3600.0));
+  return s;
+}
+
+int cmd_serve(const ServeArgs& a, const CLI::App&) {
+  const std::string path = a.model.empty() ? default_model_path() : a.model;
+  if (!a.log_requests.empty()) refuse_output_over_input(a.log_requests, "--log-requests", {path, a.schedule});
+  server::ServerOptions so;
+  so.host = a.host;
+  so.port = uint16_t(a.port);
+  so.max_connections = a.max_connections;
+  so.max_body_bytes = a.max_body_kib << 10;
+  so.log_requests = a.log_requests;
+  const auto ms = [](double s) { return std::chrono::milliseconds(int64_t(s * 1e3)); };
+  so.header_timeout = ms(a.header_timeout_s);
+  so.body_timeout = ms(a.body_timeout_s);
+  so.shutdown_grace = ms(a.shutdown_grace_s);
+  so.api.model_name = a.served_name.empty()
+                          ? std::filesystem::path(path).filename().replace_extension().string()
+                          : a.served_name;
+  so.api.policy = parse_policy(a.prune);
+  so.api.schedule = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+  so.api.chat_max_tokens = a.chat_max_tokens;
+
+  if (a.backend == "cuda") (void)cuda::open_device();  // one line saying why not, before the load
+  CpuContext ctx(a.threads);
+  const auto model = a.dtype == "auto" && a.backend == "cpu" ? Model::load_auto(path, ctx)
+                     : a.dtype == "auto"                     ? Model::load(path, DType::BF16, ctx)
+                     : a.dtype == "f32"                      ? Model::load(path, DType::F32, ctx)
+                     : a.dtype == "bf16"                     ? Model::load(path, DType::BF16, ctx)
+                                                             : Model::load(path, DType::Int8, ctx);
+  if (so.api.policy != PolicyKind::None) (void)resolve_schedule(so.api.schedule, model->config().n_layer);
+  if (model->config().n_ctx_train < 2) fail("'{}' gives no context length (llama.context_length)", path);
+
+  SchedulerOptions sched;
+  sched.max_batch_tokens = a.max_batch_tokens;
+  sched.kv_budget_bytes = a.kv_budget_mib << 20;
+  const Model& m = *model;
+  if (a.backend == "cuda")
+    sched.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };
+  else
+    sched.make_backend = [&m, &ctx](int64_t n_ctx) -> std::unique_ptr<Backend> {
+      return std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx);
+    };
+
+  server::Server srv(m, std::move(sched), so);
+  const bool loopback = so.host == "127.0.0.1" || so.host == "::1";
+  fmt::print(
+      stderr,
+      "lazyprefill serve: {} ({}, {}) on http://{}:{} ({}); prune {} by default; K/V budget {} MiB; {} "
+      "threads\n",
+      so.api.model_name, dtype_name(m.weights().dtype), a.backend,
+      so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, srv.port(),
+      loopback ? "this machine only" : "reachable from the network", a.prune, a.kv_budget_mib, a.threads);
+  std::fflush(stderr);
+  srv.run(true);
+  fmt::print(stderr, "lazyprefill serve: stopped\n");
+  return 0;
+}
+
+}  // namespace lp::cli

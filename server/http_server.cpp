@@ -1,0 +1,589 @@
+#include "server/http_server.h"
+
+#include <fmt/format.h>
+#include <time.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without including it
+
+#include "model/error.h"
+#include "model/io.h"
+#include "server/text_stream.h"
+
+namespace lp::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using asio::awaitable;
+using asio::use_awaitable;
+
+namespace {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One request in flight, as its connection sees it: the text the engine has made final and, at
+// the end, the record. Touched on the network thread only (the engine posts there).
+struct Pending {
+  uint64_t id = 0;
+  std::deque<std::string> pieces;
+  std::optional<RequestRecord> done;
+  std::string finish_reason;
+  bool client_gone = false;
+  bool released = false;                 // the connection has moved on: its socket is not to be touched
+  asio::steady_timer* waiter = nullptr;  // wakes the connection's coroutine
+  void wake() {
+    if (waiter) waiter->cancel();
+  }
+};
+
+// What the engine thread keeps of a request between its callbacks.
+struct EngineSide {
+  TextStream text;
+  Clock::time_point last_token{};
+  EngineSide(const Tokenizer& t, std::vector<std::string> stop) : text(t, std::move(stop)) {}
+};
+
+}  // namespace
+
+struct Server::Impl {
+  const Model& m;
+  ServerOptions opt;
+  Scheduler sched;
+  Metrics metrics;
+  asio::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
+  std::optional<AppendFile> log;
+  Clock::time_point started = Clock::now();
+  int64_t created = unix_now();
+  std::mt19937_64 seeds{std::random_device{}()};
+  double cpu_at_start = 0;  // the network thread's CPU seconds when run() began (the model load before)
+
+  // Network thread only.
+  int connections = 0;
+  std::set<uint64_t> in_flight;
+  bool draining = false;
+  asio::steady_timer grace{ioc};
+  std::set<tcp::socket*> idle;  // connections waiting for their next request, closed on shutdown
+  bool destroying = false;  // ~Impl has begun: coroutine frames left in ioc touch nothing on their way out
+  // Engine thread.
+  std::thread engine;
+  std::atomic<bool> engine_stop{false};
+
+  Impl(const Model& model, SchedulerOptions so, ServerOptions o)
+      : m(model), opt(std::move(o)), sched(model, std::move(so)) {
+    if (!opt.log_requests.empty()) log.emplace(opt.log_requests, "request log", uint64_t(1) << 40);
+    const auto addr = [&] {
+      boost::system::error_code ec;
+      const auto a = asio::ip::make_address(opt.host, ec);
+      if (ec) fail("--host '{}' is not an IP address", opt.host);
+      return a;
+    }();
+    const tcp::endpoint ep(addr, opt.port);
+    boost::system::error_code ec;
+    acceptor.open(ep.protocol(), ec);
+    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor.bind(ep, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) fail("cannot listen on {}:{}: {}", opt.host, opt.port, ec.message());
+  }
+
+  ~Impl() { destroying = true; }
+
+  // ---- the engine thread ----
+
+  void engine_loop() {
+    while (true) {
+      bool worked = false;
+      try {
+        worked = sched.step();
+      } catch (const std::exception& e) {  // out of memory while admitting, say: keep serving the others
+        fmt::print(stderr, "lazyprefill serve: engine: {}\n", escape_text(e.what()));
+      }
+      metrics.engine_state(sched);
+      if (!worked) {
+        if (engine_stop.load() && sched.queued() == 0 && sched.running() == 0) return;
+        sched.wait_for_work(std::chrono::milliseconds(100));
+      }
+    }
+  }
+
+  void write_log(const RequestRecord& r, Endpoint e) {
+    json j;
+    const auto t = [&](Clock::time_point x) { return seconds_between(started, x); };
+    j["id"] = r.id;
+    j["endpoint"] = e == Endpoint::Completions ? "completions" : "chat";
+    j["arrival_s"] = t(r.arrival);  // seconds since the server started
+    j["admitted_s"] = t(r.admitted);
+    j["first_token_s"] = t(r.first_token);
+    j["finished_s"] = t(r.finished);
+    j["queue_s"] = seconds_between(r.arrival, r.admitted);
+    j["ttft_s"] = seconds_between(r.arrival, r.first_token);
+    j["e2e_s"] = seconds_between(r.arrival, r.finished);
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["output_tokens"] = r.output_tokens;
+    j["finish"] = finish_name(r.finish);
+    if (!r.error.empty()) j["error"] = r.error;
+    j["prune"] = policy_name(r.policy);
+    j["schedule"] = r.schedule;
+    j["prompt_tokens_computed_fraction"] = r.prompt_tokens_computed_fraction;
+    j["revivals"] = r.revivals;
+    j["kv_bytes_after_prefill"] = r.kv_bytes_after_prefill;
+    j["aux_cache_bytes"] = r.aux_cache_bytes;
+    try {
+      log->append(dump(j) + "\n");
+    } catch (const std::exception& ex) {  // a full disk: say so once per request, keep serving
+      fmt::print(stderr, "lazyprefill serve: {}\n", escape_text(ex.what()));
+    }
+  }
+
+  // Queues a parsed request; its callbacks (engine thread) post text and the end to `p`.
+  uint64_t submit(const ApiRequest& a, const std::shared_ptr<Pending>& p) {
+    RequestParams rp;
+    rp.prompt = a.prompt;
+    rp.max_tokens = a.max_tokens;
+    rp.sampler = a.sampler;
+    rp.policy = a.policy;
+    rp.schedule = a.schedule;
+    rp.prune_seed = a.prune_seed;
+    auto side = std::make_shared<EngineSide>(m.tokenizer(), a.stop);
+    rp.on_token = [this, p, side](int32_t tok) {
+      const auto now = Clock::now();
+      if (side->last_token != Clock::time_point{})
+        metrics.inter_token(seconds_between(side->last_token, now));
+      side->last_token = now;
+      std::string piece = side->text.push(tok);
+      if (!piece.empty())
+        asio::post(ioc, [p, piece = std::move(piece)]() mutable {
+          p->pieces.push_back(std::move(piece));
+          p->wake();
+        });
+      return !side->text.stopped();
+    };
+    const Endpoint e = a.endpoint;
+    rp.on_finish = [this, p, side, e](const RequestRecord& r) {
+      std::string tail = r.finish == Finish::Length || r.finish == Finish::Stop ? side->text.finish() : "";
+      metrics.finished(r, m.config().n_layer);
+      if (log) write_log(r, e);
+      asio::post(ioc, [p, tail = std::move(tail), r]() mutable {
+        if (!tail.empty()) p->pieces.push_back(std::move(tail));
+        p->done = r;
+        p->wake();
+      });
+    };
+    return sched.submit(std::move(rp));
+  }
+
+  // ---- the network thread ----
+
+  using Request = http::request<http::string_body>;
+
+  template <class Body>
+  void common_headers(http::response<Body>& res, bool keep_alive) {
+    res.set(http::field::server, "lazyprefill");
+    res.keep_alive(keep_alive && !draining);
+  }
+
+  awaitable<void> write(beast::tcp_stream& s, http::response<http::string_body>& res) {
+    res.prepare_payload();
+    s.expires_after(opt.write_timeout);
+    co_await http::async_write(s, res, use_awaitable);
+    s.expires_never();
+  }
+
+  awaitable<void> send_json(beast::tcp_stream& s, unsigned version, bool keep_alive, int status,
+                            const json& body) {
+    http::response<http::string_body> res{http::status(status), version};
+    common_headers(res, keep_alive);
+    res.set(http::field::content_type, "application/json");
+    res.body() = dump(body);
+    co_await write(s, res);
+  }
+
+  // A request refused before the scheduler ran it (counted as such in the metrics).
+  awaitable<void> send_error(beast::tcp_stream& s, unsigned version, bool keep_alive, const ApiError& e) {
+    metrics.rejected(e.status);
+    co_await send_json(s, version, keep_alive, e.status, error_body(e));
+  }
+
+  // Closes the connection when the client has gone while its request waits or streams; touches the
+  // socket only while the connection still owns the request.
+  void watch_disconnect(tcp::socket& sock, const std::shared_ptr<Pending>& p) {
+    sock.async_wait(tcp::socket::wait_read, [this, &sock, p](const boost::system::error_code& ec) {
+      if (ec == asio::error::operation_aborted || p->released || p->done) return;
+      boost::system::error_code ec2;
+      if (!ec && sock.available(ec2) > 0 && !ec2) return;  // a pipelined request, not a hang-up
+      p->client_gone = true;
+      sched.cancel(p->id);
+      p->wake();
+    });
+  }
+
+  awaitable<void> completion(beast::tcp_stream& s, const Request& req, Endpoint e, bool& keep_alive) {
+    const ApiRequest a = parse_request(req.body(), e, m.tokenizer(), m.config(), opt.api, seeds());
+    auto p = std::make_shared<Pending>();
+    try {
+      p->id = submit(a, p);
+    } catch (const lp::Error& ex) {  // the scheduler's refusals: over the whole K/V budget
+      throw ApiError(400, ex.what(), "max_tokens", "kv_budget_exceeded");
+    }
+    in_flight.insert(p->id);
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    p->waiter = &timer;
+    watch_disconnect(s.socket(), p);
+    const std::string id = response_id(e, p->id);
+    const std::string& model = opt.api.model_name;
+    const int64_t created_at = unix_now();
+    std::optional<http::response_serializer<http::empty_body>> sr;
+    http::response<http::empty_body> head{http::status::ok, req.version()};
+    std::string text;  // non-streaming: the whole answer
+    bool first = true;
+    const auto sse = [](const json& j) { return "data: " + dump(j) + "\n\n"; };
+    try {
+      if (a.stream) {
+        common_headers(head, keep_alive);
+        head.set(http::field::content_type, "text/event-stream");
+        head.set(http::field::cache_control, "no-cache");
+        head.chunked(true);
+        sr.emplace(head);
+        s.expires_after(opt.write_timeout);
+        co_await http::async_write_header(s, *sr, use_awaitable);
+        s.expires_never();
+      }
+      while (true) {
+        if (!p->pieces.empty()) {
+          std::string out;
+          for (std::string& piece : p->pieces) {
+            if (a.stream)
+              out += sse(chunk_body(e, id, created_at, model, piece, "", first));
+            else
+              text += piece;
+            first = false;
+          }
+          p->pieces.clear();
+          if (!out.empty()) {
+            s.expires_after(opt.write_timeout);
+            co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_awaitable);
+            s.expires_never();
+          }
+        }
+        if (p->client_gone) break;
+        if (!p->pieces.empty()) continue;  // more came while the last chunk was being written
+        if (p->done) break;
+        timer.expires_at(asio::steady_timer::time_point::max());
+        boost::system::error_code ec;
+        co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+      }
+    } catch (const boost::system::system_error&) {  // the client went away mid-stream
+      p->client_gone = true;
+      sched.cancel(p->id);
+    }
+    p->waiter = nullptr;
+    p->released = true;
+    in_flight.erase(p->id);
+    boost::system::error_code ignored;
+    s.socket().cancel(ignored);  // the disconnect watch
+    if (p->client_gone || !p->done) {
+      keep_alive = false;
+      co_return;
+    }
+    const RequestRecord& r = *p->done;
+    if (r.finish == Finish::Error || r.finish == Finish::Cancelled) {
+      const ApiError err(r.finish == Finish::Error ? 500 : 503,
+                         r.finish == Finish::Error
+                             ? "the engine failed: " + r.error
+                             : "the request was cancelled: the server is shutting down");
+      if (!a.stream) {  // the scheduler's record has counted it already
+        co_await send_json(s, req.version(), keep_alive, err.status, error_body(err));
+        co_return;
+      }
+      const std::string out = sse(error_body(err)) + "data: [DONE]\n\n";
+      s.expires_after(opt.write_timeout);
+      co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_awaitable);
+      co_await asio::async_write(s, http::make_chunk_last(), use_awaitable);
+      s.expires_never();
+      co_return;
+    }
+    Outcome o;
+    o.finish_reason = r.finish == Finish::Length ? "length" : "stop";
+    o.prompt_tokens = r.prompt_tokens;
+    o.completion_tokens = r.output_tokens;
+    o.policy = policy_name(r.policy);
+    o.schedule = r.schedule;
+    o.prompt_tokens_computed_fraction = r.prompt_tokens_computed_fraction;
+    o.revivals = r.revivals;
+    o.queue_s = seconds_between(r.arrival, r.admitted);
+    o.ttft_s = seconds_between(r.arrival, r.first_token);
+    if (!a.stream) {
+      co_await send_json(s, req.version(), keep_alive, 200,
+                         completion_body(e, id, created_at, model, text, o));
+      co_return;
+    }
+    std::string out;
+    if (first && e == Endpoint::ChatCompletions)
+      out += sse(chunk_body(e, id, created_at, model, "", "", true));  // the role, at least
+    out += sse(chunk_body(e, id, created_at, model, "", o.finish_reason, false));
+    if (a.include_usage) out += sse(usage_chunk_body(e, id, created_at, model, o));
+    out += "data: [DONE]\n\n";
+    s.expires_after(opt.write_timeout);
+    co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_awaitable);
+    co_await asio::async_write(s, http::make_chunk_last(), use_awaitable);
+    s.expires_never();
+  }
+
+  awaitable<void> route(beast::tcp_stream& s, const Request& req, bool& keep_alive) {
+    const std::string target(req.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+    if (path == "/health" && get) {
+      if (draining) throw ApiError(503, "the server is shutting down");
+      json ok;
+      ok["status"] = "ok";
+      co_await send_json(s, req.version(), keep_alive, 200, ok);
+    } else if (path == "/v1/models" && get) {
+      co_await send_json(s, req.version(), keep_alive, 200,
+                         models_body(opt.api.model_name, created, m.config().n_ctx_train));
+    } else if (path == "/metrics" && get) {
+      metrics.set_server_cpu_seconds(thread_cpu_seconds() - cpu_at_start);
+      http::response<http::string_body> res{http::status::ok, req.version()};
+      common_headers(res, keep_alive);
+      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res.body() = metrics.text();
+      co_await write(s, res);
+    } else if ((path == "/v1/completions" || path == "/v1/chat/completions") && post) {
+      if (draining) throw ApiError(503, "the server is shutting down");
+      co_await completion(
+          s, req, path == "/v1/completions" ? Endpoint::Completions : Endpoint::ChatCompletions, keep_alive);
+    } else if (path == "/health" || path == "/v1/models" || path == "/metrics" || path == "/v1/completions" ||
+               path == "/v1/chat/completions") {
+      throw ApiError(405,
+                     fmt::format("method {} is not allowed on {}", std::string(req.method_string()), path));
+    } else {
+      throw ApiError(404, fmt::format("no such endpoint: {}", path));
+    }
+  }
+
+  ApiError body_too_large() const {
+    return ApiError(413, fmt::format("the body is over the limit of {} bytes", opt.max_body_bytes));
+  }
+
+  awaitable<void> connection(tcp::socket sock) {
+    struct Count {  // the connection leaves the count however the coroutine ends
+      Impl& impl;
+      ~Count() {
+        if (impl.destroying) return;  // a frame destroyed with the io_context, after the members it counts
+        --impl.connections;
+        impl.maybe_finish_shutdown();
+      }
+    } count{*this};
+    beast::tcp_stream s(std::move(sock));
+    beast::flat_buffer buf;
+    bool first_request = true;
+    try {
+      if (connections > opt.max_connections) {
+        const ApiError e(429, fmt::format("too many connections (the limit is {})", opt.max_connections));
+        co_await send_error(s, 11, false, e);
+        s.socket().shutdown(tcp::socket::shutdown_send);
+        co_return;
+      }
+      while (!draining) {
+        http::request_parser<http::string_body> parser;
+        parser.body_limit(uint64_t(opt.max_body_bytes));
+        parser.header_limit(uint32_t(opt.max_header_bytes));
+        s.expires_after(first_request ? opt.header_timeout : opt.keep_alive + opt.header_timeout);
+        first_request = false;
+        boost::system::error_code ec;
+        idle.insert(&s.socket());
+        co_await http::async_read_header(s, buf, parser, asio::redirect_error(use_awaitable, ec));
+        idle.erase(&s.socket());
+        if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+            ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
+            ec == asio::error::eof)
+          break;
+        if (ec == http::error::header_limit) {
+          co_await send_error(s, 11, false, ApiError(431, "the request's header is too large"));
+          break;
+        }
+        if (ec == http::error::body_limit) {  // a Content-Length over the limit, seen with the header
+          co_await send_error(s, 11, false, body_too_large());
+          break;
+        }
+        if (ec) {
+          co_await send_error(s, 11, false,
+                              ApiError(400, fmt::format("malformed HTTP request: {}", ec.message())));
+          break;
+        }
+        // A client that waits for "100 Continue" before its body (curl does, for large ones).
+        if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+          if (parser.content_length() && *parser.content_length() > uint64_t(opt.max_body_bytes)) {
+            co_await send_error(s, 11, false, body_too_large());
+            break;
+          }
+          http::response<http::empty_body> cont{http::status::continue_, 11};
+          co_await http::async_write(s, cont, use_awaitable);
+        }
+        s.expires_after(opt.body_timeout);
+        co_await http::async_read(s, buf, parser, asio::redirect_error(use_awaitable, ec));
+        s.expires_never();
+        if (ec == beast::error::timeout || ec == http::error::end_of_stream || ec == asio::error::eof ||
+            ec == asio::error::connection_reset)
+          break;
+        if (ec == http::error::body_limit) {  // chunked: found while reading
+          co_await send_error(s, 11, false, body_too_large());
+          break;
+        }
+        if (ec) {
+          co_await send_error(s, 11, false,
+                              ApiError(400, fmt::format("malformed HTTP request: {}", ec.message())));
+          break;
+        }
+        const Request req = parser.release();
+        bool keep_alive = req.keep_alive();
+        std::optional<ApiError> refused;
+        try {
+          co_await route(s, req, keep_alive);
+        } catch (const ApiError& e) {
+          refused = e;
+        }
+        if (refused) co_await send_error(s, req.version(), keep_alive, *refused);
+        if (!keep_alive || draining) break;
+      }
+      boost::system::error_code ignored;
+      s.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    } catch (const std::exception&) {
+      // A write failed or timed out: the client is gone; its request, if any, was cancelled.
+    }
+    idle.erase(&s.socket());
+  }
+
+  awaitable<void> accept_loop() {
+    while (acceptor.is_open()) {
+      boost::system::error_code ec;
+      tcp::socket sock = co_await acceptor.async_accept(asio::redirect_error(use_awaitable, ec));
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
+      if (ec) continue;  // out of descriptors and the like: keep serving the others
+      ++connections;
+      asio::co_spawn(ioc, connection(std::move(sock)), asio::detached);
+    }
+  }
+
+  // ---- shutdown ----
+
+  void begin_shutdown() {
+    if (draining) {  // a second signal: cancel what is in flight now
+      cancel_all();
+      return;
+    }
+    draining = true;
+    fmt::print(stderr, "lazyprefill serve: shutting down: {} request(s) in flight get {:.0f} s to finish\n",
+               in_flight.size(), std::chrono::duration<double>(opt.shutdown_grace).count());
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
+    for (tcp::socket* s : idle) s->close(ignored);  // connections between requests
+    grace.expires_after(opt.shutdown_grace);
+    grace.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      cancel_all();
+      // The cancelled requests end at the engine's next iteration; a connection that still has not
+      // closed 5 s later (a client that reads nothing) is dropped with the rest.
+      grace.expires_after(std::chrono::seconds(5));
+      grace.async_wait([this](const boost::system::error_code& ec2) {
+        if (!ec2) ioc.stop();
+      });
+    });
+    maybe_finish_shutdown();
+  }
+
+  void cancel_all() {
+    for (const uint64_t id : in_flight) sched.cancel(id);
+  }
+
+  void maybe_finish_shutdown() {
+    if (!draining || connections > 0) return;
+    grace.cancel();
+    ioc.stop();
+  }
+};
+
+Server::Server(const Model& m, SchedulerOptions sched, ServerOptions opt)
+    : impl_(std::make_unique<Impl>(m, std::move(sched), std::move(opt))) {}
+
+Server::~Server() {
+  // run() normally joins the engine; a Server destroyed without run() never started one.
+  if (impl_->engine.joinable()) {
+    impl_->engine_stop = true;
+    impl_->sched.wake();
+    impl_->engine.join();
+  }
+}
+
+uint16_t Server::port() const {
+  return impl_->acceptor.local_endpoint().port();
+}
+
+Scheduler& Server::scheduler() {
+  return impl_->sched;
+}
+
+Metrics& Server::metrics() {
+  return impl_->metrics;
+}
+
+void Server::stop() {
+  asio::post(impl_->ioc, [this] { impl_->begin_shutdown(); });
+}
+
+void Server::run(bool handle_signals) {
+  Impl& s = *impl_;
+  s.engine = std::thread([&s] { s.engine_loop(); });
+  std::optional<asio::signal_set> signals;
+  std::function<void(const boost::system::error_code&, int)> on_signal;
+  if (handle_signals) {
+    signals.emplace(s.ioc, SIGINT, SIGTERM);
+    on_signal = [&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      s.begin_shutdown();
+      signals->async_wait(on_signal);
+    };
+    signals->async_wait(on_signal);
+  }
+  asio::co_spawn(s.ioc, s.accept_loop(), asio::detached);
+  s.cpu_at_start = thread_cpu_seconds();
+  s.ioc.run();
+  // Every connection has ended. Anything still in the scheduler (a request whose client left in
+  // the last instant) is cancelled, and the engine stops once it is empty.
+  s.cancel_all();
+  s.engine_stop = true;
+  s.sched.wake();
+  s.engine.join();
+  if (signals) {
+    boost::system::error_code ignored;
+    signals->cancel(ignored);
+  }
+}
+
+}  // namespace lp::server

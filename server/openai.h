@@ -1,0 +1,100 @@
+// The OpenAI-compatible API apart from the network: a request body checked and turned into what
+// the scheduler runs (ApiRequest), the response and stream-chunk bodies, and the error shape. Pure
+// functions of their inputs, so every rule here is tested without a socket (tests/server/).
+//
+// The API follows OpenAI's completions and chat completions (docs/serving.md lists what is and
+// is not supported); one extension field, "lazyprefill", chooses the pruning per request:
+//   "lazyprefill": {"prune": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3", "seed": 7}
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
+
+namespace lp::server {
+
+using json = nlohmann::ordered_json;
+
+// A request the API refuses, as OpenAI reports it: an HTTP status and
+// {"error": {"message", "type", "param", "code"}}.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = "", std::string code = "");
+  int status;
+  std::string type;   // invalid_request_error (4xx), server_error (5xx)
+  std::string param;  // the body field at fault, "" when none
+  std::string code;   // model_not_found, context_length_exceeded, ... or ""
+};
+json error_body(const ApiError& e);
+
+enum class Endpoint { Completions, ChatCompletions };
+
+// What the server applies where a request is silent.
+struct ApiDefaults {
+  std::string model_name;  // the one model served; a request naming another gets 404
+  PolicyKind policy = PolicyKind::None;
+  Schedule schedule = default_schedule();
+  // max_tokens when a request gives none: completions 16 (OpenAI's default); chat the rest of
+  // the context in OpenAI's API, here at most this many, because every token of max_tokens is
+  // reserved K/V (docs/serving.md).
+  int64_t chat_max_tokens = 512;
+};
+
+// A request ready for the scheduler.
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplerParams sampler;
+  std::vector<std::string> stop;  // up to 4, none empty
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  PolicyKind policy = PolicyKind::None;
+  Schedule schedule;
+  uint64_t prune_seed = 0;
+};
+
+// Parses and checks a request body. `fallback_seed` seeds sampling (and --prune random) when the
+// body gives no seed. Throws ApiError: 400 for a malformed or unsupported request (not JSON,
+// invalid UTF-8, a field of the wrong type or out of range, a prompt plus max_tokens beyond the
+// context, a bad pruning override), 404 for another model's name.
+ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok, const ModelConfig& c,
+                         const ApiDefaults& d, uint64_t fallback_seed);
+
+// What a finished request returns, beside its text.
+struct Outcome {
+  std::string finish_reason;  // "stop" or "length"
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  // The "lazyprefill" block of the response: what pruning did.
+  std::string policy, schedule;
+  double prompt_tokens_computed_fraction = 1;
+  int64_t revivals = 0;
+  double queue_s = 0, ttft_s = 0;
+};
+
+// Response bodies. `id` is "cmpl-..." or "chatcmpl-..." (response_id), `created` Unix seconds.
+std::string response_id(Endpoint e, uint64_t request_id);
+json completion_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
+                     const std::string& text, const Outcome& o);
+// One streamed chunk: a piece of text, or (finish_reason set, text empty) the last one. For chat,
+// `first` adds the assistant role to the delta.
+json chunk_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
+                const std::string& text, const std::string& finish_reason, bool first);
+// stream_options.include_usage: the chunk after the last, with no choices and the usage.
+json usage_chunk_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
+                      const Outcome& o);
+json models_body(const std::string& model, int64_t created, int64_t context_length);
+
+// A JSON document as text, invalid UTF-8 (a token cut inside a character) replaced by U+FFFD.
+std::string dump(const json& j);
+
+}  // namespace lp::server

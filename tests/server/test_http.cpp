@@ -1,0 +1,407 @@
+// `lazyprefill serve`'s server over real sockets (server/http_server.h), on a tiny model: answers
+// equal to the engine's own greedy output alone, streaming and not, several clients at once; every
+// bad input's status; slow clients and too many connections; a client that leaves frees its K/V;
+// the request log; a graceful stop.
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <utility>  // before Asio (Boost 1.74)
+#include <vector>
+
+#include "engine/generate.h"
+#include "kernels/context.h"
+#include "kernels/cpu/backend.h"
+#include "server/http_server.h"
+#include "tests/gguf_writer.h"
+
+namespace lp::server {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using namespace std::chrono_literals;
+
+CpuContext& ctx() {
+  static CpuContext c(2);
+  return c;
+}
+
+const Model& tiny() {
+  static testing::TempDir dir;
+  static std::unique_ptr<Model> m = [] {
+    testing::TinyModelSpec spec;
+    spec.n_layer = 4;
+    spec.n_ctx = 256;
+    return Model::load(testing::write_tiny_model(dir.path() + "/tiny.gguf", spec), DType::F32, ctx());
+  }();
+  return *m;
+}
+
+// A server on a free port, run on its own thread for the test's life.
+struct Running {
+  std::unique_ptr<Server> srv;
+  std::thread t;
+  explicit Running(ServerOptions o = options(), int64_t budget = int64_t(64) << 20) {
+    SchedulerOptions so;
+    so.kv_budget_bytes = budget;
+    so.make_backend = [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+      return std::make_unique<CpuBackend>(ctx(), tiny().config(), tiny().weights(), n_ctx);
+    };
+    srv = std::make_unique<Server>(tiny(), std::move(so), std::move(o));
+    t = std::thread([this] { srv->run(false); });
+  }
+  ~Running() {
+    if (t.joinable()) {
+      srv->stop();
+      t.join();
+    }
+  }
+  uint16_t port() const { return srv->port(); }
+  static ServerOptions options() {
+    ServerOptions o;
+    o.port = 0;
+    o.api.model_name = "tiny";
+    o.header_timeout = 500ms;
+    o.body_timeout = 500ms;
+    o.keep_alive = 500ms;
+    o.max_body_bytes = 64 << 10;
+    o.max_connections = 8;
+    return o;
+  }
+};
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::string content_type;
+};
+
+Reply request(uint16_t port, http::verb verb, const std::string& target, const std::string& body = "") {
+  asio::io_context io;
+  beast::tcp_stream s(io);
+  s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  http::request<http::string_body> req{verb, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::content_type, "application/json");
+  req.body() = body;
+  req.prepare_payload();
+  http::write(s, req);
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> res;
+  res.body_limit(64 << 20);
+  http::read(s, buf, res);
+  return {int(res.get().result_int()), res.get().body(), std::string(res.get()[http::field::content_type])};
+}
+
+Reply post(uint16_t port, const std::string& target, const std::string& body) {
+  return request(port, http::verb::post, target, body);
+}
+
+json parsed(const Reply& r) {
+  return json::parse(r.body);
+}
+
+// A metric's value from the exposition (the first line with this name and labels), or -1.
+double metric(uint16_t port, const std::string& series) {
+  const std::string text = request(port, http::verb::get, "/metrics").body;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  return -1;
+}
+
+// The engine's own greedy continuation of `prompt`, as text, and its token count.
+std::pair<std::string, int64_t> greedy_alone(const std::vector<int32_t>& prompt, int n) {
+  GenerateOptions o;
+  o.max_new_tokens = n;
+  const GenerateResult r = generate(ctx(), tiny(), prompt, o);
+  std::vector<int32_t> ids;
+  for (const int32_t t : r.generated_ids)
+    if (!tiny().tokenizer().is_end_of_generation(t)) ids.push_back(t);
+  std::string text;
+  for (const int32_t t : ids) text += tiny().tokenizer().token_bytes(t);
+  // The random model's tokens are often lone bytes of no character: JSON carries them as U+FFFD.
+  return {json::parse(dump(json(text))).get<std::string>(), int64_t(r.generated_ids.size())};
+}
+
+std::string ids_json(const std::vector<int32_t>& ids) {
+  return json(ids).dump();
+}
+
+std::vector<int32_t> prompt_of(int n, uint32_t seed) {
+  std::vector<int32_t> ids;
+  std::mt19937 rng(seed);
+  for (int i = 0; i < n; ++i) ids.push_back(int32_t(rng() % 250));
+  return ids;
+}
+
+// The text of an SSE stream's chunks, and whether it ended in [DONE].
+struct Stream {
+  std::string text, finish_reason;
+  json usage;
+  bool done = false;
+  int chunks = 0;
+};
+Stream read_sse(const std::string& body, Endpoint e) {
+  Stream s;
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    const std::string data = line.substr(6);
+    if (data == "[DONE]") {
+      s.done = true;
+      continue;
+    }
+    const json j = json::parse(data);
+    if (j.contains("usage")) s.usage = j["usage"];
+    if (j["choices"].empty()) continue;
+    const json& c = j["choices"][0];
+    s.text += e == Endpoint::Completions ? c["text"].get<std::string>() : c["delta"].value("content", "");
+    if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
+    ++s.chunks;
+  }
+  return s;
+}
+
+TEST(Server, CompletionEqualsTheEngineAloneStreamingOrNot) {
+  Running r;
+  const auto prompt = prompt_of(40, 1);
+  const auto [want, n] = greedy_alone(prompt, 12);
+  const Reply plain =
+      post(r.port(), "/v1/completions",
+           R"({"model": "tiny", "temperature": 0, "max_tokens": 12, "prompt": )" + ids_json(prompt) + "}");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(plain.content_type, "application/json");
+  const json j = parsed(plain);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], want);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 40);
+  EXPECT_EQ(j["usage"]["completion_tokens"], n);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], n == 12 ? "length" : "stop");
+
+  const Reply streamed = post(r.port(), "/v1/completions",
+                              R"({"temperature": 0, "max_tokens": 12, "stream": true,
+                                  "stream_options": {"include_usage": true}, "prompt": )" +
+                                  ids_json(prompt) + "}");
+  ASSERT_EQ(streamed.status, 200);
+  EXPECT_EQ(streamed.content_type, "text/event-stream");
+  const Stream s = read_sse(streamed.body, Endpoint::Completions);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.text, want);
+  EXPECT_EQ(s.finish_reason, j["choices"][0]["finish_reason"]);
+  EXPECT_EQ(s.usage["completion_tokens"], n);
+  EXPECT_GE(s.chunks, 2);
+}
+
+TEST(Server, ChatStreamsRoleThenContent) {
+  Running r;
+  const std::string body = R"({"messages": [{"role": "user", "content": "hello there"}], "temperature": 0,
+                               "max_tokens": 6)";
+  const json j = parsed(post(r.port(), "/v1/chat/completions", body + "}"));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  const Reply streamed = post(r.port(), "/v1/chat/completions", body + R"(, "stream": true})");
+  const Stream s = read_sse(streamed.body, Endpoint::ChatCompletions);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.text, j["choices"][0]["message"]["content"]);
+  EXPECT_NE(streamed.body.find(R"("delta":{"role":"assistant")"), std::string::npos);
+}
+
+TEST(Server, ClientsAtOnceGetWhatEachGetsAlone) {
+  Running r;
+  const int n = 5;
+  std::vector<std::string> want(n), got(n);
+  for (int i = 0; i < n; ++i)
+    want[size_t(i)] = greedy_alone(prompt_of(20 + 7 * i, uint32_t(10 + i)), 10).first;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      const std::string body = R"({"temperature": 0, "max_tokens": 10, "stream": )" +
+                               std::string(i % 2 ? "true" : "false") + R"(, "prompt": )" +
+                               ids_json(prompt_of(20 + 7 * i, uint32_t(10 + i))) + "}";
+      const Reply rep = post(r.port(), "/v1/completions", body);
+      got[size_t(i)] = i % 2 ? read_sse(rep.body, Endpoint::Completions).text
+                             : parsed(rep)["choices"][0]["text"].get<std::string>();
+    });
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < n; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i)]) << "client " << i;
+  EXPECT_EQ(metric(r.port(), R"(lazyprefill_requests_total{outcome="length"})") +
+                std::max(0.0, metric(r.port(), R"(lazyprefill_requests_total{outcome="stop"})")),
+            n);
+}
+
+TEST(Server, StopStringsAndThePruningOverride) {
+  Running r;
+  const auto prompt = prompt_of(60, 3);
+  const std::string base = R"({"temperature": 0, "max_tokens": 12, "prompt": )" + ids_json(prompt);
+  const std::string full = parsed(post(r.port(), "/v1/completions", base + "}"))["choices"][0]["text"];
+  ASSERT_GE(full.size(), 4u);
+  const std::string stop = full.substr(2, 2);
+  const size_t at = full.find(stop);
+  const json j = parsed(post(r.port(), "/v1/completions", base + R"(, "stop": )" + json(stop).dump() + "}"));
+  EXPECT_EQ(j["choices"][0]["text"], full.substr(0, at));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+
+  const json pruned = parsed(post(r.port(), "/v1/completions",
+                                  base + R"(, "lazyprefill": {"prune": "lazyllm", "schedule": "0.5:0.5"}})"));
+  EXPECT_EQ(pruned["lazyprefill"]["prune"], "lazyllm");
+  EXPECT_EQ(pruned["lazyprefill"]["schedule"], "0.5:0.5");
+  // 4 layers, pruning half of the 60 tokens after layer 1: 2 x 60 + 2 x 30 of 4 x 60 pairs.
+  EXPECT_DOUBLE_EQ(pruned["lazyprefill"]["prompt_tokens_computed_fraction"].get<double>(), 180.0 / 240.0);
+}
+
+TEST(Server, EachBadRequestGetsItsStatusAndTheServerGoesOn) {
+  Running r;
+  const uint16_t p = r.port();
+  const auto expect_error = [&](const Reply& rep, int status) {
+    EXPECT_EQ(rep.status, status) << rep.body;
+    const json j = json::parse(rep.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << rep.body;
+    EXPECT_TRUE(j["error"]["message"].is_string()) << rep.body;
+  };
+  expect_error(post(p, "/v1/completions", "{\"prompt\": "), 400);
+  expect_error(post(p, "/v1/completions", "{\"prompt\": \"\xc3\x28\"}"), 400);
+  expect_error(post(p, "/v1/completions", R"({"model": "gpt-4", "prompt": "x"})"), 404);
+  expect_error(post(p, "/v1/completions", R"({"prompt": "x", "max_tokens": 100000})"), 400);
+  expect_error(post(p, "/v1/completions", R"({"prompt": "x", "temperature": -1})"), 400);
+  expect_error(post(p, "/v1/completions", R"({"prompt": "x", "top_p": NaN})"), 400);
+  expect_error(
+      post(p, "/v1/completions", R"({"prompt": "x", "lazyprefill": {"prune": "lazyllm", "schedule": "x"}})"),
+      400);
+  expect_error(post(p, "/v1/completions", "{\"prompt\": \"" + std::string(100 << 10, 'a') + "\"}"), 413);
+  expect_error(post(p, "/v1/nothing", "{}"), 404);
+  expect_error(request(p, http::verb::get, "/v1/completions"), 405);
+  // A request over the whole K/V budget: refused at once, never queued forever.
+  {
+    Running small(Running::options(), int64_t(64) << 10);
+    expect_error(post(small.port(), "/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 200})"), 400);
+  }
+  EXPECT_EQ(post(p, "/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 2})").status, 200);
+  EXPECT_EQ(metric(p, R"(lazyprefill_requests_total{outcome="400"})"), 6);
+  EXPECT_EQ(metric(p, R"(lazyprefill_requests_total{outcome="413"})"), 1);
+}
+
+// Bytes written on a raw socket, and what comes back before the server closes it (or `wait` ends).
+std::string raw_exchange(uint16_t port, const std::string& bytes, std::chrono::milliseconds wait) {
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  asio::write(s, asio::buffer(bytes));
+  std::string got;
+  const auto until = std::chrono::steady_clock::now() + wait;
+  s.non_blocking(true);
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < until) {
+    boost::system::error_code ec;
+    const size_t n = s.read_some(asio::buffer(buf), ec);
+    if (ec == asio::error::would_block) {
+      std::this_thread::sleep_for(10ms);
+      continue;
+    }
+    if (ec) return got + "<closed>";
+    got.append(buf, n);
+  }
+  return got;
+}
+
+TEST(Server, SlowClientsAreCutOffAndMalformedHttpRefused) {
+  Running r;  // header and body timeouts of 0.5 s
+  // A header that never ends, a body that never comes: closed without an answer.
+  EXPECT_EQ(raw_exchange(r.port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\n", 3s), "<closed>");
+  EXPECT_EQ(
+      raw_exchange(r.port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{", 3s),
+      "<closed>");
+  const std::string garbage = raw_exchange(r.port(), "HELLO\r\n\r\n", 3s);
+  EXPECT_EQ(garbage.rfind("HTTP/1.1 400", 0), 0u) << garbage;
+  const std::string huge_header =
+      raw_exchange(r.port(), "GET /health HTTP/1.1\r\nX: " + std::string(100 << 10, 'a') + "\r\n\r\n", 3s);
+  EXPECT_EQ(huge_header.rfind("HTTP/1.1 431", 0), 0u) << huge_header.substr(0, 40);
+  EXPECT_EQ(request(r.port(), http::verb::get, "/health").status, 200);
+}
+
+TEST(Server, ConnectionsBeyondTheLimitGet429) {
+  Running r;  // 8 connections
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> held;
+  for (int i = 0; i < 8; ++i) {
+    held.push_back(std::make_unique<tcp::socket>(io));
+    held.back()->connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), r.port()));
+  }
+  std::this_thread::sleep_for(100ms);
+  const std::string over = raw_exchange(r.port(), "", 2s);
+  EXPECT_EQ(over.rfind("HTTP/1.1 429", 0), 0u) << over;
+  held.clear();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(request(r.port(), http::verb::get, "/health").status, 200);
+}
+
+TEST(Server, AClientThatLeavesCancelsItsRequestAndFreesItsKv) {
+  Running r;
+  {
+    asio::io_context io;
+    beast::tcp_stream s(io);
+    s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), r.port()));
+    http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+    req.body() = R"({"temperature": 0.7, "max_tokens": 200, "stream": true, "prompt": )" +
+                 ids_json(prompt_of(30, 5)) + "}";
+    req.prepare_payload();
+    http::write(s, req);
+    beast::flat_buffer buf;
+    http::response_parser<http::buffer_body> res;
+    http::read_header(s, buf, res);  // streaming has begun
+    EXPECT_EQ(res.get().result_int(), 200u);
+  }  // the client hangs up
+  double cancelled = -1;
+  for (int i = 0; i < 200 && cancelled < 1; ++i) {
+    std::this_thread::sleep_for(20ms);
+    cancelled = metric(r.port(), R"(lazyprefill_requests_total{outcome="cancelled"})");
+  }
+  EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(metric(r.port(), "lazyprefill_kv_cache_bytes_reserved"), 0);
+  EXPECT_EQ(metric(r.port(), "lazyprefill_requests_running"), 0);
+}
+
+TEST(Server, StopsGracefullyAndLogsEveryRequest) {
+  testing::TempDir dir;
+  ServerOptions o = Running::options();
+  o.log_requests = dir.path() + "/requests.jsonl";
+  auto r = std::make_unique<Running>(o);
+  const uint16_t port = r->port();
+  Reply last;
+  std::thread client([&] {
+    last = post(port, "/v1/completions", R"({"temperature": 0, "max_tokens": 100, "prompt": [1, 2, 3]})");
+  });
+  std::this_thread::sleep_for(50ms);
+  r->srv->stop();  // while the request is in flight: it finishes
+  r->t.join();
+  client.join();
+  EXPECT_EQ(last.status, 200) << last.body;
+  // The server is gone: a new connection is refused.
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), ec);
+  EXPECT_TRUE(ec);
+  std::ifstream log(o.log_requests);
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line));
+  const json rec = json::parse(line);
+  EXPECT_EQ(rec["prompt_tokens"], 3);
+  EXPECT_EQ(rec["output_tokens"], parsed(last)["usage"]["completion_tokens"]);
+  EXPECT_LE(rec["arrival_s"].get<double>(), rec["first_token_s"].get<double>());
+  EXPECT_LE(rec["first_token_s"].get<double>(), rec["finished_s"].get<double>());
+  EXPECT_EQ(rec["prune"], "none");
+  EXPECT_FALSE(std::getline(log, line));
+}
+
+}  // namespace
+}  // namespace lp::server

@@ -1,0 +1,205 @@
+// The OpenAI API's rules without a socket (server/openai.h): what a body must hold, what each
+// refusal says and its status; and the text stream (server/text_stream.h): stop strings held back
+// across tokens, characters cut between tokens.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine/model.h"
+#include "kernels/context.h"
+#include "model/error.h"
+#include "server/openai.h"
+#include "server/text_stream.h"
+#include "tests/gguf_writer.h"
+
+namespace lp::server {
+namespace {
+
+const Model& tiny() {
+  static CpuContext ctx(1);
+  static testing::TempDir dir;
+  static std::unique_ptr<Model> m =
+      Model::load(testing::write_tiny_model(dir.path() + "/tiny.gguf"), DType::F32, ctx);
+  return *m;
+}
+
+ApiDefaults defaults() {
+  ApiDefaults d;
+  d.model_name = "tiny";
+  return d;
+}
+
+ApiRequest parse(const std::string& body, Endpoint e = Endpoint::Completions) {
+  return parse_request(body, e, tiny().tokenizer(), tiny().config(), defaults(), 42);
+}
+
+// The refusal a body gets: its status and the field it names.
+std::pair<int, std::string> refusal(const std::string& body, Endpoint e = Endpoint::Completions) {
+  try {
+    parse(body, e);
+  } catch (const ApiError& x) {
+    EXPECT_FALSE(std::string(x.what()).empty());
+    return {x.status, x.param};
+  }
+  return {200, ""};
+}
+
+TEST(OpenAiRequest, CompletionDefaultsAreOpenAis) {
+  const ApiRequest r = parse(R"({"model": "tiny", "prompt": "hello"})");
+  EXPECT_EQ(r.prompt, tiny().tokenizer().encode("hello", true, false));
+  EXPECT_EQ(r.max_tokens, 16);
+  EXPECT_EQ(r.sampler.temperature, 1.0f);
+  EXPECT_EQ(r.sampler.top_p, 1.0f);
+  EXPECT_EQ(r.sampler.seed, 42u);  // the fallback seed
+  EXPECT_FALSE(r.stream);
+  EXPECT_EQ(r.policy, PolicyKind::None);
+}
+
+TEST(OpenAiRequest, FieldsAndTheOverride) {
+  const ApiRequest r = parse(
+      R"({"prompt": [[5, 6, 7]], "max_tokens": 3, "temperature": 0, "top_p": 0.5, "seed": 9,
+          "stop": ["ab", "c"], "stream": true, "stream_options": {"include_usage": true}, "user": "x",
+          "lazyprefill": {"prune": "lazyllm", "schedule": "0.5:0.5", "seed": 3}})");
+  EXPECT_EQ(r.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(r.max_tokens, 3);
+  EXPECT_EQ(r.sampler.temperature, 0.0f);
+  EXPECT_EQ(r.sampler.top_p, 0.5f);
+  EXPECT_EQ(r.sampler.seed, 9u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"ab", "c"}));
+  EXPECT_TRUE(r.stream && r.include_usage);
+  EXPECT_EQ(r.policy, PolicyKind::LazyLLM);
+  EXPECT_EQ(r.schedule.to_string(), "0.5:0.5");
+  EXPECT_EQ(r.prune_seed, 3u);
+}
+
+TEST(OpenAiRequest, ChatUsesTheTemplate) {
+  const ApiRequest r = parse(R"({"messages": [{"role": "developer", "content": "Be brief."},
+                                              {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})",
+                             Endpoint::ChatCompletions);
+  const Tokenizer& tok = tiny().tokenizer();
+  const ChatMessage msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
+  EXPECT_EQ(r.prompt, tok.encode(tok.apply_chat_template(msgs, true), false, true));
+  // The server's chat default, within the context.
+  EXPECT_EQ(r.max_tokens, std::min<int64_t>(512, tiny().config().n_ctx_train - int64_t(r.prompt.size())));
+}
+
+TEST(OpenAiRequest, EachBadBodyGetsItsStatusAndField) {
+  const int ctx = tiny().config().n_ctx_train;
+  const std::map<std::string, std::pair<int, std::string>> cases = {
+      {"{\"prompt\": \"x\",", {400, ""}},                                 // malformed JSON
+      {"[1, 2]", {400, ""}},                                              // not an object
+      {"{\"prompt\": \"x\", \"temperature\": NaN}", {400, ""}},           // JSON has no NaN
+      {"{\"prompt\": \"\xff\xfe\"}", {400, ""}},                          // invalid UTF-8
+      {R"({"model": "gpt-4", "prompt": "x"})", {404, "model"}},           // another model
+      {R"({"max_tokens": 3})", {400, "prompt"}},                          // no prompt
+      {R"({"prompt": ""})", {400, "prompt"}},                             // empty
+      {R"({"prompt": ["a", "b"]})", {400, "prompt"}},                     // several prompts
+      {R"({"prompt": [1, 99999]})", {400, "prompt"}},                     // outside the vocabulary
+      {R"({"prompt": "x", "max_tokens": 0})", {400, "max_tokens"}},       //
+      {R"({"prompt": "x", "max_tokens": 1.5})", {400, "max_tokens"}},     //
+      {R"({"prompt": "x", "max_tokens": "8"})", {400, "max_tokens"}},     //
+      {R"({"prompt": "x", "temperature": -0.5})", {400, "temperature"}},  //
+      {R"({"prompt": "x", "temperature": 3})", {400, "temperature"}},     //
+      {R"({"prompt": "x", "top_p": 0})", {400, "top_p"}},                 //
+      {R"({"prompt": "x", "top_p": 1.5})", {400, "top_p"}},               //
+      {R"({"prompt": "x", "stop": ""})", {400, "stop"}},                  //
+      {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", {400, "stop"}},
+      {R"({"prompt": "x", "n": 2})", {400, "n"}},                //
+      {R"({"prompt": "x", "logprobs": 2})", {400, "logprobs"}},  //
+      {R"({"prompt": "x", "stream": "yes"})", {400, "stream"}},  //
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", {400, "stream_options"}},
+      {R"({"prompt": "x", "lazyprefill": {"prune": "magic"}})", {400, "lazyprefill.prune"}},
+      {R"({"prompt": "x", "lazyprefill": {"prune": "lazyllm", "schedule": "0.5:1.5"}})",
+       {400, "lazyprefill.schedule"}},
+      {R"({"prompt": "x", "lazyprefill": {"prune": "lazyllm", "schedule": "/etc/passwd"}})",
+       {400, "lazyprefill.schedule"}},  // never a file on the server
+      {R"({"prompt": "x", "lazyprefill": {"prune": "lazyllm", "schedule": "40:0.5"}})",
+       {400, "lazyprefill.schedule"}},  // beyond this model's layers
+      {R"({"prompt": "x", "lazyprefill": {"colour": 1}})", {400, "lazyprefill"}},
+      {R"({"prompt": "x", "lazyprefill": 1})", {400, "lazyprefill"}},
+  };
+  for (const auto& [body, want] : cases) EXPECT_EQ(refusal(body), want) << body;
+  // The context: a prompt that fills it, and max_tokens past it.
+  std::string ones = "[1";
+  for (int i = 1; i < ctx; ++i) ones += ",1";
+  ones += "]";
+  EXPECT_EQ(refusal("{\"prompt\": " + ones + "}"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(refusal(R"({"prompt": [1, 2], "max_tokens": )" + std::to_string(ctx) + "}"),
+            std::make_pair(400, std::string("max_tokens")));
+  EXPECT_EQ(refusal(R"({"prompt": [1, 2], "max_tokens": )" + std::to_string(ctx - 2) + "}").first, 200);
+  // Chat.
+  EXPECT_EQ(refusal(R"({"messages": []})", Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("messages")));
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "tool", "content": "x"}]})", Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("messages")));
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "user"}]})", Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("messages")));
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+                    Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("messages")));
+}
+
+TEST(OpenAiRequest, ErrorBodyHasOpenAisShape) {
+  const json j = error_body(ApiError(404, "no such model", "model", "model_not_found"));
+  EXPECT_EQ(j["error"]["message"], "no such model");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "model");
+  EXPECT_EQ(j["error"]["code"], "model_not_found");
+  EXPECT_TRUE(error_body(ApiError(400, "x"))["error"]["code"].is_null());
+  EXPECT_EQ(error_body(ApiError(500, "x"))["error"]["type"], "server_error");
+}
+
+// The id of the token whose bytes are `s`.
+int32_t token_of(const std::string& s) {
+  const Tokenizer& tok = tiny().tokenizer();
+  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+    if (tok.token_bytes(id) == s) return id;
+  ADD_FAILURE() << "no token for '" << s << "'";
+  return 0;
+}
+
+TEST(TextStream, HoldsBackWhatMayStartAStopString) {
+  TextStream ts(tiny().tokenizer(), {"XYZ"});
+  EXPECT_EQ(ts.push(token_of("a")), "a");
+  EXPECT_EQ(ts.push(token_of("X")), "");  // may begin "XYZ"
+  EXPECT_EQ(ts.push(token_of("Y")), "");
+  EXPECT_EQ(ts.push(token_of("b")), "XYb");  // it did not
+  EXPECT_EQ(ts.push(token_of("X")), "");
+  EXPECT_EQ(ts.push(token_of("Y")), "");
+  EXPECT_FALSE(ts.stopped());
+  EXPECT_EQ(ts.push(token_of("Z")), "");  // the stop string: neither it nor anything after
+  EXPECT_TRUE(ts.stopped());
+  EXPECT_EQ(ts.push(token_of("c")), "");
+  EXPECT_EQ(ts.finish(), "");
+  EXPECT_EQ(ts.text(), "aXYb");
+}
+
+TEST(TextStream, ReturnsTheTextBeforeAStopInsideOneToken) {
+  TextStream ts(tiny().tokenizer(), {"b"});
+  EXPECT_EQ(ts.push(token_of("a")), "a");
+  EXPECT_EQ(ts.push(token_of("b")), "");
+  EXPECT_TRUE(ts.stopped());
+  TextStream held(tiny().tokenizer(), {"XY"});
+  EXPECT_EQ(held.push(token_of("X")), "");
+  EXPECT_EQ(held.finish(), "X");  // the end came first: what was held back is text after all
+}
+
+TEST(TextStream, KeepsACharacterCutBetweenTokensWhole) {
+  // "é" is C3 A9 in UTF-8: two byte tokens.
+  TextStream ts(tiny().tokenizer(), {});
+  EXPECT_EQ(ts.push(token_of("\xC3")), "");
+  EXPECT_EQ(ts.push(token_of("\xA9")), "\xC3\xA9");
+  EXPECT_EQ(ts.push(token_of("\xE2")), "");  // 3 bytes announced, the generation ends
+  EXPECT_EQ(ts.finish(), "\xE2");
+  EXPECT_EQ(dump(json("\xE2")), "\"\xEF\xBF\xBD\"");  // written as U+FFFD
+  const Tokenizer& tok = tiny().tokenizer();
+  EXPECT_EQ(TextStream(tok, {}).push(tok.eos_id()), "");  // end of generation: no text
+  EXPECT_EQ(incomplete_utf8_tail("ab\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(incomplete_utf8_tail("ab\xF0\x9F\x98\x80"), 0u);
+  EXPECT_EQ(incomplete_utf8_tail("\x80\x80"), 0u);
+}
+
+}  // namespace
+}  // namespace lp::server
