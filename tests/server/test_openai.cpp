@@ -10,9 +10,11 @@
 #include "engine/model.h"
 #include "kernels/context.h"
 #include "model/error.h"
+#include "model/io.h"
 #include "server/openai.h"
 #include "server/text_stream.h"
 #include "tests/gguf_writer.h"
+#include "tests/test_util.h"
 
 namespace lp::server {
 namespace {
@@ -20,8 +22,11 @@ namespace {
 const Model& tiny() {
   static CpuContext ctx(1);
   static testing::TempDir dir;
-  static std::unique_ptr<Model> m =
-      Model::load(testing::write_tiny_model(dir.path() + "/tiny.gguf"), DType::F32, ctx);
+  static std::unique_ptr<Model> m = [] {
+    testing::TinyModelSpec spec;
+    spec.n_layer = 6;  // deep enough for the default schedule
+    return Model::load(testing::write_tiny_model(dir.path() + "/tiny.gguf", spec), DType::F32, ctx);
+  }();
   return *m;
 }
 
@@ -139,6 +144,34 @@ TEST(OpenAiRequest, EachBadBodyGetsItsStatusAndField) {
   EXPECT_EQ(refusal(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
                     Endpoint::ChatCompletions),
             std::make_pair(400, std::string("messages")));
+}
+
+// The bodies the official openai client (3.57.0) sent, recorded by tests/clients/openai_client.py
+// --record: each parses into what it asked for.
+TEST(OpenAiRequest, ParsesWhatTheOfficialClientSends) {
+  const json f =
+      json::parse(read_input_file(testing::fixture_path("openai_client_requests.json"), "fixture", 1 << 20));
+  ASSERT_EQ(f["requests"].size(), 4u);
+  ApiDefaults d = defaults();
+  d.model_name = "m";
+  std::vector<ApiRequest> r;
+  for (const json& q : f["requests"])
+    r.push_back(parse_request(
+        q["body"].dump(), q["path"] == "/v1/completions" ? Endpoint::Completions : Endpoint::ChatCompletions,
+        tiny().tokenizer(), tiny().config(), d, 42));
+  EXPECT_EQ(r[0].max_tokens, 8);
+  EXPECT_EQ(r[0].sampler.temperature, 0.0f);
+  EXPECT_FALSE(r[0].stream);
+  EXPECT_TRUE(r[1].stream && r[1].include_usage);
+  EXPECT_EQ(r[1].stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r[1].sampler.seed, 3u);
+  EXPECT_EQ(r[1].sampler.top_p, 0.9f);
+  EXPECT_EQ(r[2].endpoint, Endpoint::ChatCompletions);
+  EXPECT_EQ(r[2].max_tokens, 8);  // max_completion_tokens
+  EXPECT_EQ(r[2].policy, PolicyKind::LazyLLM);
+  EXPECT_EQ(r[2].schedule.to_string(), default_schedule().to_string());
+  EXPECT_TRUE(r[3].stream);
+  EXPECT_EQ(r[3].stop, std::vector<std::string>{"x"});
 }
 
 TEST(OpenAiRequest, ErrorBodyHasOpenAisShape) {

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""`lazyprefill serve` driven by the official `openai` Python client (pinned in scripts/setup).
+
+Starts the server on the default model (a free port), then, through the client: lists the model;
+completions and chat completions, streamed and not (greedy: the streamed text equals the whole);
+the usage chunk; the "lazyprefill" pruning override (extra_body) on a long prompt; four streams at
+once, each equal to its answer alone; the client's own error types for an unknown model, a bad
+temperature, a context overrun; then SIGTERM: exit 0, one log line per request.
+
+  tests/clients/openai_client.py --cli build/lazyprefill [--record tests/fixtures/openai_client_requests.json]
+
+--record also writes the request bodies the client sent (the fixture the C++ suite parses).
+Exits non-zero with the reason on the first failure.
+"""
+import argparse
+import concurrent.futures
+import http.server
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+import openai
+
+
+def fail(msg):
+    print(f"openai_client: FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def kjv_text(words):
+    home = os.environ.get("LAZYPREFILL_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lazyprefill")
+    with open(os.path.join(home, "text", "kjv.txt"), encoding="utf-8") as f:
+        verses = [line.split("\t", 1)[1].strip() for line in f if "\t" in line]
+    return " ".join(" ".join(verses).split()[:words])
+
+
+def start_server(cli, log):
+    proc = subprocess.Popen([cli, "serve", "--port", "0", "--log-requests", log, "--kv-budget-mib", "512",
+                             "--shutdown-grace-s", "20"],
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    if not m:
+        proc.kill()
+        fail(f"the server did not say where it listens: {line!r} {proc.stderr.read()!r}")
+    threading.Thread(target=lambda: [sys.stderr.write(l) for l in proc.stderr], daemon=True).start()
+    return proc, int(m.group(1))
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """A stand-in endpoint that keeps what the client sends (for --record) and forwards nothing."""
+    bodies = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        Recorder.bodies.append({"path": self.path, "body": json.loads(body)})
+        self.send_response(500)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def record(path):
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server_port}/v1", api_key="none", max_retries=0)
+    calls = [
+        lambda: c.completions.create(model="m", prompt="In the beginning", max_tokens=8, temperature=0),
+        lambda: c.completions.create(model="m", prompt="In the beginning", max_tokens=8, stream=True,
+                                     stream_options={"include_usage": True}, stop=["\n"], seed=3, top_p=0.9),
+        lambda: c.chat.completions.create(model="m", messages=[{"role": "system", "content": "Be brief."},
+                                                               {"role": "user", "content": "Hello"}],
+                                          max_completion_tokens=8, temperature=0.7,
+                                          extra_body={"lazyprefill": {"prune": "lazyllm"}}),
+        lambda: c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello"}],
+                                          stream=True, max_tokens=8, stop="x"),
+    ]
+    for call in calls:
+        try:
+            r = call()
+            if hasattr(r, "__iter__"):
+                list(r)
+        except openai.APIError:
+            pass
+    srv.shutdown()
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"made_by": f"tests/clients/openai_client.py --record (openai {openai.__version__})",
+                   "requests": Recorder.bodies}, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--record")
+    args = ap.parse_args()
+    if args.record:
+        record(args.record)
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "requests.jsonl")
+        proc, port = start_server(args.cli, log)
+        try:
+            n = run_checks(port)
+        except BaseException:
+            proc.kill()
+            raise
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        check(rc == 0, f"the server exited {rc} after SIGTERM")
+        with open(log, encoding="utf-8") as f:
+            lines = [json.loads(l) for l in f]
+        check(len(lines) == n, f"{len(lines)} log lines for {n} requests")
+        check(all(l["first_token_s"] >= l["arrival_s"] and l["finished_s"] >= l["first_token_s"] for l in lines),
+              "log times out of order")
+    print(f"openai_client: ok ({n} requests through openai {openai.__version__})")
+
+
+def run_checks(port):
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    requests = 0
+
+    models = c.models.list().data
+    check(len(models) == 1, f"models: {models}")
+    model = models[0].id
+
+    # Completions: whole and streamed, greedy.
+    prompt = "In the beginning God created the heaven and the earth. And the earth was"
+    whole = c.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0)
+    requests += 1
+    text = whole.choices[0].text
+    check(text and whole.usage.completion_tokens > 0, f"completion: {whole}")
+    check(whole.choices[0].finish_reason in ("stop", "length"), f"finish_reason {whole.choices[0].finish_reason}")
+    pieces, usage = [], None
+    for chunk in c.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0, stream=True,
+                                      stream_options={"include_usage": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].text)
+        if chunk.usage:
+            usage = chunk.usage
+    requests += 1
+    check("".join(pieces) == text, f"streamed {''.join(pieces)!r} != whole {text!r}")
+    check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens, f"usage {usage}")
+
+    # Chat: whole and streamed.
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = c.chat.completions.create(model=model, messages=msgs, max_tokens=20, temperature=0)
+    requests += 1
+    answer = chat.choices[0].message.content
+    check(chat.choices[0].message.role == "assistant" and answer, f"chat: {chat}")
+    check("Paris" in answer, f"the default model should know: {answer!r}")
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                       c.chat.completions.create(model=model, messages=msgs, max_tokens=20, temperature=0,
+                                                 stream=True) if ch.choices)
+    requests += 1
+    check(streamed == answer, f"chat streamed {streamed!r} != whole {answer!r}")
+
+    # The pruning override on a long prompt: LazyLLM computes a share of the prompt's pairs.
+    long_prompt = kjv_text(900)
+    pruned = c.completions.create(model=model, prompt=long_prompt, max_tokens=8, temperature=0,
+                                  extra_body={"lazyprefill": {"prune": "lazyllm"}})
+    requests += 1
+    lp = (pruned.model_extra or {}).get("lazyprefill")
+    check(lp and lp["prune"] == "lazyllm" and 0.5 < lp["prompt_tokens_computed_fraction"] < 1,
+          f"lazyprefill block {lp}")
+    check(pruned.usage.prompt_tokens > 800, f"prompt tokens {pruned.usage.prompt_tokens}")
+
+    # Four streams at once: each the same as alone.
+    prompts = [kjv_text(50 + 40 * i) for i in range(4)]
+    alone = []
+    for p in prompts:
+        alone.append(c.completions.create(model=model, prompt=p, max_tokens=16, temperature=0).choices[0].text)
+        requests += 1
+
+    def stream(p):
+        return "".join(ch.choices[0].text for ch in c.completions.create(
+            model=model, prompt=p, max_tokens=16, temperature=0, stream=True) if ch.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(stream, prompts))
+    requests += 4
+    for i, (a, t) in enumerate(zip(alone, together)):
+        check(a == t, f"stream {i} batched {t!r} != alone {a!r}")
+
+    # Sampling with a seed repeats itself.
+    s1 = c.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0.8, seed=11).choices[0].text
+    s2 = c.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0.8, seed=11).choices[0].text
+    requests += 2
+    check(s1 == s2, f"seeded sampling differs: {s1!r} {s2!r}")
+
+    # Errors, as the client raises them.
+    for kwargs, exc, code in [
+        (dict(model="gpt-4"), openai.NotFoundError, "model_not_found"),
+        (dict(temperature=-1), openai.BadRequestError, None),
+        (dict(max_tokens=100000), openai.BadRequestError, "context_length_exceeded"),
+        (dict(extra_body={"lazyprefill": {"prune": "lazyllm", "schedule": "2:0.5,1:0.5"}}), openai.BadRequestError,
+         None),
+    ]:
+        args = dict(model=model, prompt="x", max_tokens=4) | kwargs
+        try:
+            c.completions.create(**args)
+            fail(f"{kwargs} was accepted")
+        except exc as e:
+            check(e.code == code, f"{kwargs}: code {e.code!r}, expected {code!r}")
+            check(isinstance(e.body, dict) and e.body.get("message"), f"{kwargs}: error body {e.body}")
+    return requests
+
+
+if __name__ == "__main__":
+    main()
