@@ -277,8 +277,15 @@ TEST(RealModel, Int8GreedyContinuationsBesideLlamaCppsQ41) {
 // are near-ties (the F32 row's top two within 0.175); 8-bit activations cost that much in either
 // engine. Required: our f32 mode agrees with llama.cpp's F32 at 99% or more (the same arithmetic
 // up to summation order); int8 agrees with our f32 at llama.cpp's Q4_1-vs-F32 agreement less two
-// points, and with llama.cpp's Q4_1 run as well; and every int8 flip is a near-tie, its f32 margin
-// within twice llama.cpp's largest flipped margin (a wrong scale flips decided positions too).
+// points, and with llama.cpp's Q4_1 run as well; and the int8 flips are near-ties, their f32
+// margin within twice llama.cpp's largest flipped margin (a wrong scale flips decided positions
+// too), but for at most 2 of the 1,024 positions. Why 2 and not 0: at an attention-sink position
+// the 8-bit activations are chaotic. Position 2 of this passage carries a massive activation
+// (22,672 in one channel of the residual by layer 11, |act| 2,857 into that layer's down
+// projection); scaling its embedding by random factors within 1 +- 1e-6 moved our int8 logit of
+// the f32 top token between 16.7 and 33.9 (f32: 28.135-28.137) over six draws (2026-11-25). So
+// whether that position flips depends on the f32 ops' last bits, which differ between AVX-512 and
+// AVX2 machines: it did not on a Sapphire Rapids Xeon, it does (margin 3.78) on an AMD EPYC.
 TEST(RealModel, Int8Top1OverALongPassageAsLlamaCppsQ41) {
   const nlohmann::json j = load_fixture("smollm2_agreement.json");
   const auto ids = j["ids"].get<std::vector<int32_t>>();
@@ -297,7 +304,8 @@ TEST(RealModel, Int8Top1OverALongPassageAsLlamaCppsQ41) {
   const auto a = all_logits(model(DType::F32), ids), b = all_logits(model(DType::Int8), ids);
   const int64_t V = model(DType::F32).config().n_vocab;
   int64_t f32_vs_llama = 0, int8_vs_f32 = 0, int8_vs_llama = 0;
-  double flip_margin = 0;
+  double flip_margin = 0;  // the largest f32 margin of a flip
+  std::vector<size_t> decided_flips;  // flips whose f32 margin is beyond twice llama.cpp's
   for (size_t t = 0; t < ids.size(); ++t) {
     const float* ra = a.data() + t * V;
     const float* rb = b.data() + t * V;
@@ -306,6 +314,10 @@ TEST(RealModel, Int8Top1OverALongPassageAsLlamaCppsQ41) {
     int8_vs_llama += tb == want_q41[t];
     int8_vs_f32 += ta == tb;
     if (ta != tb) flip_margin = std::max(flip_margin, double(ra[ta] - ra[tb]));
+    if (ta != tb && ra[ta] - ra[tb] > 2 * llama_flip_margin) {
+      decided_flips.push_back(t);
+      std::printf("position %zu: int8 flips a decided f32 top-1 (margin %.3f)\n", t, double(ra[ta] - ra[tb]));
+    }
   }
   const double n = double(ids.size());
   std::printf(
@@ -316,7 +328,7 @@ TEST(RealModel, Int8Top1OverALongPassageAsLlamaCppsQ41) {
   EXPECT_GE(double(f32_vs_llama) / n, 0.99);
   EXPECT_GE(double(int8_vs_f32) / n, double(llama_same) / n - 0.02);
   EXPECT_GE(double(int8_vs_llama) / n, double(llama_same) / n - 0.02);
-  EXPECT_LE(flip_margin, 2 * llama_flip_margin);
+  EXPECT_LE(decided_flips.size(), 2u);
 }
 
 }  // namespace
