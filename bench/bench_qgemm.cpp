@@ -145,10 +145,12 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
       b->Args({k, int(t), 512, 4096, 4096});
       b->Args({k, int(t), 1, 4096, 4096});
     }
-    // Decoding SmolLM2-135M: one row through gate|up, down and the tied output (49,152 outputs).
+    // Decoding SmolLM2-135M: one row through gate|up, down and the tied output (49,152 outputs),
+    // and the rows of 4 and 8 requests decoding together (continuous batching).
     for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_1)})
       for (const auto& [K, N] : {std::pair<int64_t, int64_t>{576, 3072}, {1536, 576}, {576, 49152}})
-        b->Args({k, t, 1, K, N});
+        for (int64_t m : {1, 4, 8})
+          b->Args({k, t, m, K, N});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

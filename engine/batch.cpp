@@ -16,16 +16,26 @@ void run_batch(std::span<const BatchMember> ms) {
     bes.push_back(&m.session->backend());
   }
   Backend& lead = *bes[0];
+  // Each member's own part of the layer: attention and the pruning steps' scoring, which read each
+  // member's K/V, side by side (Backend::for_each_member); the row ops in turn, as they take less
+  // than a task's start.
+  const auto each = [&](void (Session::*part)(Session::Pass&, int), int l) {
+    const auto run = [&](int64_t i) { (ms[size_t(i)].session->*part)(*ms[size_t(i)].pass, l); };
+    if (part == &Session::attend || part == &Session::after_layer)
+      lead.for_each_member(int64_t(ms.size()), run);
+    else
+      for (size_t i = 0; i < ms.size(); ++i) run(int64_t(i));
+  };
   for (int l = 0; l < c.n_layer; ++l) {
-    for (const BatchMember& m : ms) m.session->before_layer(*m.pass, l);
+    each(&Session::before_layer, l);
     lead.matmul_batched(Proj::QKV, l, bes);
-    for (const BatchMember& m : ms) m.session->attend(*m.pass, l);
+    each(&Session::attend, l);
     lead.matmul_batched(Proj::O, l, bes);
-    for (const BatchMember& m : ms) m.session->mlp_in(*m.pass, l);
+    each(&Session::mlp_in, l);
     lead.matmul_batched(Proj::GateUp, l, bes);
-    for (const BatchMember& m : ms) m.session->mlp_act(*m.pass, l);
+    each(&Session::mlp_act, l);
     lead.matmul_batched(Proj::Down, l, bes);
-    for (const BatchMember& m : ms) m.session->after_layer(*m.pass, l);
+    each(&Session::after_layer, l);
   }
   // The LM head once over every member's rows that get logits.
   std::vector<Backend*> heads;

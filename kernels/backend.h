@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -111,6 +112,12 @@ class Backend {
       m->lm_head(logits);
       logits += m->rows() * n_vocab;
     }
+  }
+  // Runs f(0), ..., f(n - 1), each one batch member's own work between the GEMMs (its attention,
+  // norms, selection: engine/batch.h), side by side where the backend can; the members' states are
+  // disjoint. The default runs them one after another (an asynchronous device queues them anyway).
+  virtual void for_each_member(int64_t n, const std::function<void(int64_t)>& f) {
+    for (int64_t i = 0; i < n; ++i) f(i);
   }
   virtual int64_t rows() const = 0;  // T: the rows set by set_rows
 

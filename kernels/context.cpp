@@ -2,6 +2,7 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <tbb/parallel_for.h>
 #include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
@@ -25,6 +26,30 @@ CpuContext::CpuContext(int threads) : threads_(threads), arena_(threads) {
 }
 
 CpuContext::~CpuContext() = default;
+
+namespace {
+thread_local int side_by_side_depth = 0;  // side_by_side tasks this thread is inside
+}
+
+int CpuContext::split_threads() const { return side_by_side_depth > 0 ? 1 : threads_; }
+
+void CpuContext::side_by_side(int64_t n, const std::function<void(int64_t)>& f) {
+  if (n <= 1 || threads_ == 1) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  run([&] {
+    tbb::parallel_for(int64_t(0), n, [&](int64_t i) {
+      tbb::this_task_arena::isolate([&] {
+        ++side_by_side_depth;
+        struct Leave {
+          ~Leave() { --side_by_side_depth; }
+        } leave;
+        f(i);
+      });
+    });
+  });
+}
 
 int default_thread_count() {
   cpu_set_t set;

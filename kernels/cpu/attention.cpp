@@ -365,9 +365,11 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
   for (int64_t t = 0; t < T; ++t) len[t] = std::upper_bound(kp, kp + nk, q_pos[t]) - kp;
   const int64_t rows_per_group = T * group;
   // A decoding step has one tile per kv group (3 here for 2 threads): rows are split further until
-  // there are at least two tiles per thread; each row's result is the same in any tile.
+  // there are at least two tiles per thread; each row's result is the same in any tile. A split
+  // tile reads its group's keys again, so inside side_by_side (the members of a batch, every thread
+  // busy already) the rows are not split.
   int64_t tile_rows = kTileRows;
-  while (tile_rows > 1 && Hkv * ((rows_per_group + tile_rows - 1) / tile_rows) < 2 * ctx.threads())
+  while (tile_rows > 1 && Hkv * ((rows_per_group + tile_rows - 1) / tile_rows) < 2 * ctx.split_threads())
     tile_rows /= 2;
   const int64_t tiles_per_group = (rows_per_group + tile_rows - 1) / tile_rows;
   ctx.run([&] {

@@ -212,6 +212,10 @@ void CpuBackend::lm_head_batched(std::span<Backend* const> members, float* logit
   gemm_.run(ctx_, batch_in_.data(), total, D_, w_.lm_head(), logits, c_.n_vocab);
 }
 
+void CpuBackend::for_each_member(int64_t n, const std::function<void(int64_t)>& f) {
+  ctx_.side_by_side(n, f);
+}
+
 Buffer<float>& CpuBackend::tensor(Tensor t) {
   Buffer<float>* const by_tensor[] = {&x_, &xn_, &qkv_, &attn_, &ff_, &act_, &branch_};  // Tensor's order
   return *by_tensor[int(t)];

@@ -42,6 +42,8 @@ class CpuBackend : public Backend {
   // One GEMM over the members' rows (CpuBackends over the same weights; lp::Error otherwise).
   void matmul_batched(Proj p, int layer, std::span<Backend* const> members) override;
   void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) override;
+  // The members across the context's threads (CpuContext::side_by_side).
+  void for_each_member(int64_t n, const std::function<void(int64_t)>& f) override;
   int64_t rows() const override { return T(); }
   void write(Tensor t, std::span<const float> data) override;
   std::vector<float> read(Tensor t) override;

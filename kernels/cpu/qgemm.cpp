@@ -929,8 +929,12 @@ LP_QTARGET inline void gemv_tile(const uint8_t* W, int64_t row_bytes, int64_t N,
 }  // namespace avx2p
 
 namespace gemv {
-// Every row (M < kPanelMinRows) of the outputs n0..n0+cnt, in row groups of up to kMR.
-constexpr int kMR = 4;
+// Every row (M < kPanelMinRows) of the outputs n0..n0+cnt, in row groups of up to kMR: 8 on
+// AVX-512 (32 registers: 8 accumulators beside the 4 weight vectors), 4 on AVX2 (16). A group
+// decodes each weight block once for all its rows, so 8 rows (8 requests decoding together) take
+// one pass over the weights instead of two.
+template <bool V512>
+constexpr int kMR = V512 ? 8 : 4;
 // No target attribute: it calls each instruction set's tile, which is not inlined into it.
 template <bool V512, GgmlType T>
 void run_tile(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
@@ -942,8 +946,8 @@ void run_tile(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const in
     if constexpr (block_has_min(T)) mins.resize(size_t(nb * kOut));
     tile_scales<T>(W, row_bytes, n0, cnt, nb, d.data(), mins.data());
   }
-  for (int64_t m = 0; m < M; m += kMR)
-    simd::with_rows<kMR>(int(M - m), [&](auto mr) {
+  for (int64_t m = 0; m < M; m += kMR<V512>)
+    simd::with_rows<kMR<V512>>(int(M - m), [&](auto mr) {
       constexpr int MR = decltype(mr)::value;
       if constexpr (V512)
         vnni512::gemv_tile<T, MR>(W, row_bytes, N, n0, cnt, d.data(), mins.data(), qa, bias, nb, m, C, ldc);

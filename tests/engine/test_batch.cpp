@@ -151,7 +151,9 @@ TEST(Scheduler, AdmitsInArrivalOrderWithinTheKvBudget) {
   ASSERT_EQ(done.size(), 5u);
   for (size_t i = 0; i < done.size(); ++i) {
     EXPECT_EQ(done[i].finish, Finish::Length);
-    if (i > 0) EXPECT_LE(done[i - 1].admitted, done[i].admitted) << "not first come first served";
+    if (i > 0) {
+      EXPECT_LE(done[i - 1].admitted, done[i].admitted) << "not first come first served";
+    }
   }
   EXPECT_EQ(s.kv_bytes_reserved(), 0);
 }

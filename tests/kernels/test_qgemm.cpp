@@ -89,12 +89,13 @@ TEST(QGemm, DotIsTheMathOfTheDequantizedBlocks) {
 
 // Every kernel this CPU runs gives the scalar twin's bits, over M and N that are not multiples of
 // the tiles, the 32-output panels or the 64 x 64 chunks, with row strides wider than the rows, on 1
-// and 2 threads; 37 rows take the panels of the 512-bit and AVX2 kernels, 7, 2 and 1 their
-// decoding tiles (row groups of 4, 3, 2 and 1) and the 256-bit kernel's tiles.
+// and 2 threads; 37 rows take the panels of the 512-bit and AVX2 kernels, 13, 8, 7, 2 and 1 their
+// decoding tiles (row groups of 8 and 5 on AVX-512, 4 and 1 on AVX2, ..., 1) and the 256-bit
+// kernel's tiles.
 TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
   const int64_t N = 70, K = 512, lda = K + 5, ldc = N + 3, nb = K / kQBlock;
   CpuContext one(1), two(2);
-  for (int64_t M : {37, 7, 2, 1}) {
+  for (int64_t M : {37, 13, 8, 7, 2, 1}) {
     const std::vector<float> A = random_floats(M * lda, 3);
     for (GgmlType t : kQuantTypes) {
       const std::vector<uint8_t> W = random_q_rows(t, N, K, 5);
