@@ -149,8 +149,7 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
     // and the rows of 4 and 8 requests decoding together (continuous batching).
     for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_1)})
       for (const auto& [K, N] : {std::pair<int64_t, int64_t>{576, 3072}, {1536, 576}, {576, 49152}})
-        for (int64_t m : {1, 4, 8})
-          b->Args({k, t, m, K, N});
+        for (int64_t m : {1, 4, 8}) b->Args({k, t, m, K, N});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

@@ -31,7 +31,9 @@ namespace {
 thread_local int side_by_side_depth = 0;  // side_by_side tasks this thread is inside
 }
 
-int CpuContext::split_threads() const { return side_by_side_depth > 0 ? 1 : threads_; }
+int CpuContext::split_threads() const {
+  return side_by_side_depth > 0 ? 1 : threads_;
+}
 
 void CpuContext::side_by_side(int64_t n, const std::function<void(int64_t)>& f) {
   if (n <= 1 || threads_ == 1) {

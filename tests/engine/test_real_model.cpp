@@ -304,7 +304,7 @@ TEST(RealModel, Int8Top1OverALongPassageAsLlamaCppsQ41) {
   const auto a = all_logits(model(DType::F32), ids), b = all_logits(model(DType::Int8), ids);
   const int64_t V = model(DType::F32).config().n_vocab;
   int64_t f32_vs_llama = 0, int8_vs_f32 = 0, int8_vs_llama = 0;
-  double flip_margin = 0;  // the largest f32 margin of a flip
+  double flip_margin = 0;             // the largest f32 margin of a flip
   std::vector<size_t> decided_flips;  // flips whose f32 margin is beyond twice llama.cpp's
   for (size_t t = 0; t < ids.size(); ++t) {
     const float* ra = a.data() + t * V;
