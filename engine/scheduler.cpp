@@ -149,6 +149,7 @@ int64_t Scheduler::aux_cache_bytes() const {
 }
 
 bool Scheduler::step() {
+  const auto start = Clock::now();
   take_inbox();
   // Cancelled requests leave first, queued or running.
   for (auto it = queue_.begin(); it != queue_.end();)
@@ -240,13 +241,21 @@ bool Scheduler::step() {
     batch_error = e.what();  // every member's state is unknown now: they all end
   }
   const auto t1 = Clock::now();
-  ++iterations_;
-  busy_s_ += std::chrono::duration<double>(t1 - t0).count();
+  iterations_.fetch_add(1, std::memory_order_relaxed);
+  busy_s_.store(busy_s_.load(std::memory_order_relaxed) + std::chrono::duration<double>(t1 - t0).count(),
+                std::memory_order_relaxed);
 
-  // Sample, emit, and finish what is done.
+  // Sample, emit, and finish what is done. The sampling (a pass over each member's V logits) runs
+  // side by side like the members' attention; the callbacks run in order on this thread.
+  std::vector<int32_t> sampled(in_batch.size());
+  if (batch_error.empty() && !in_batch.empty())
+    in_batch[0]->session->backend().for_each_member(int64_t(in_batch.size()), [&](int64_t i) {
+      sampled[size_t(i)] = in_batch[size_t(i)]->sampler->sample(in_batch[size_t(i)]->logits);
+    });
   std::vector<std::pair<Request*, Finish>> done;
   for (Request* r : failed) done.emplace_back(r, Finish::Error);
-  for (Request* r : in_batch) {
+  for (size_t i = 0; i < in_batch.size(); ++i) {
+    Request* r = in_batch[i];
     if (!batch_error.empty()) {
       r->rec.error = batch_error;
       done.emplace_back(r, Finish::Error);
@@ -263,7 +272,7 @@ bool Scheduler::step() {
     } else {
       for (const int64_t n : r->stats.revived) r->rec.revivals += n;
     }
-    const int32_t tok = r->sampler->sample(r->logits);
+    const int32_t tok = sampled[i];
     r->generated.push_back(tok);
     const bool go_on = !r->p.on_token || r->p.on_token(tok);
     if (!go_on || (r->p.stop_at_end_of_generation && m_.tokenizer().is_end_of_generation(tok)))
@@ -277,6 +286,9 @@ bool Scheduler::step() {
     running_.erase(it);
     finish(std::move(owned), f);
   }
+  step_s_.store(
+      step_s_.load(std::memory_order_relaxed) + std::chrono::duration<double>(Clock::now() - start).count(),
+      std::memory_order_relaxed);
   return true;
 }
 

@@ -16,6 +16,7 @@
 // other member from the one thread that runs step().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -108,9 +109,12 @@ class Scheduler {
   int64_t kv_bytes_in_use() const;
   int64_t aux_cache_bytes() const;
   int64_t budget_bytes() const { return opt_.kv_budget_bytes; }
-  // Cumulative: iterations run, and the seconds they took.
-  int64_t iterations() const { return iterations_; }
-  double busy_seconds() const { return busy_s_; }
+  // Cumulative: iterations run, the seconds their batches took (the passes begun and run), and
+  // the seconds of the steps that ran them, all told (admission, sampling, the callbacks, finishing
+  // requests: the scheduling overhead is the difference). Any thread may read them.
+  int64_t iterations() const { return iterations_.load(std::memory_order_relaxed); }
+  double busy_seconds() const { return busy_s_.load(std::memory_order_relaxed); }
+  double step_seconds() const { return step_s_.load(std::memory_order_relaxed); }
 
  private:
   struct Request;
@@ -125,8 +129,8 @@ class Scheduler {
   std::deque<std::unique_ptr<Request>> queue_;
   std::vector<std::unique_ptr<Request>> running_;
   int64_t reserved_ = 0;
-  int64_t iterations_ = 0;
-  double busy_s_ = 0;
+  std::atomic<int64_t> iterations_{0};
+  std::atomic<double> busy_s_{0}, step_s_{0};  // written by the step() thread only
 
   void take_inbox();
   // Frees r's session (its K/V and Aux Cache) and reports it (rec.error already set for Error).

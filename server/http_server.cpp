@@ -170,6 +170,7 @@ struct Server::Impl {
     rp.policy = a.policy;
     rp.schedule = a.schedule;
     rp.prune_seed = a.prune_seed;
+    rp.stop_at_end_of_generation = !a.ignore_eos;
     auto side = std::make_shared<EngineSide>(m.tokenizer(), a.stop);
     rp.on_token = [this, p, side](int32_t tok) {
       const auto now = Clock::now();

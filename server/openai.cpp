@@ -258,6 +258,8 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
       if (!v.is_object()) bad("stream_options", "'stream_options' must be an object");
       if (const auto u = v.find("include_usage"); u != v.end() && !u->is_null())
         r.include_usage = boolean(*u, "stream_options.include_usage");
+    } else if (key == "ignore_eos") {  // vLLM's and SGLang's; load generators send it
+      r.ignore_eos = boolean(v, "ignore_eos");
     } else if (key == "n") {
       if (integer(v, "n") != 1) bad("n", "only n = 1 is supported");
     } else if (key == "best_of") {

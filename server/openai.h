@@ -58,6 +58,7 @@ struct ApiRequest {
   std::vector<std::string> stop;  // up to 4, none empty
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  bool ignore_eos = false;     // vLLM's extension: generate max_tokens even past end of generation
   PolicyKind policy = PolicyKind::None;
   Schedule schedule;
   uint64_t prune_seed = 0;

@@ -1,7 +1,9 @@
 // Sampling and op counting.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -15,6 +17,31 @@ TEST(Sampler, GreedyTakesArgmaxAndLowestIdOnTies) {
   Sampler s({0.0f, 1.0f, 0});
   EXPECT_EQ(s.sample(std::vector<float>{0.1f, 3.0f, -1.0f, 2.0f}), 1);
   EXPECT_EQ(s.sample(std::vector<float>{5.0f, 1.0f, 5.0f}), 0);
+}
+
+// argmax is the one-pass scan's answer (the first index of the largest value; a NaN is never
+// chosen, but a NaN at 0, which nothing beats, gives 0) over awkward vectors: ties, +0 and -0,
+// infinities, NaNs, lengths around the vector widths.
+TEST(Sampler, ArgmaxIsTheOnePassScan) {
+  const auto scan = [](const std::vector<float>& x) {
+    int32_t best = 0;
+    for (size_t i = 1; i < x.size(); ++i)
+      if (x[i] > x[best]) best = int32_t(i);
+    return best;
+  };
+  std::mt19937 rng(5);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.0f, -0.0f, inf, -inf, nan, 1.0f, 1.0f};
+  for (size_t n : {1, 2, 7, 15, 16, 17, 33, 64, 1000, 49152})
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x) v = float(int(rng() % 7)) - 3;  // many ties
+      for (int k = 0; k < trial % 5; ++k) x[rng() % n] = specials[rng() % 7];
+      ASSERT_EQ(argmax(x), scan(x)) << "n " << n << " trial " << trial;
+    }
+  EXPECT_EQ(argmax(std::vector<float>{nan, 5.0f, 6.0f}), 0);
+  EXPECT_EQ(argmax(std::vector<float>{-inf, -inf}), 0);
+  EXPECT_EQ(argmax(std::vector<float>{-0.0f, 0.0f}), 0);
 }
 
 TEST(Sampler, SameSeedSameTokensAndTopPRestricts) {

@@ -202,6 +202,24 @@ TEST(Server, CompletionEqualsTheEngineAloneStreamingOrNot) {
   EXPECT_GE(s.chunks, 2);
 }
 
+// ignore_eos (vLLM's extension, which load generators send) generates max_tokens past the end of
+// generation: a seeded sampled request that ends early, asked again with it. (The tiny model's
+// greedy continuations never reach its end token; hot sampling does, for some seeds.)
+TEST(Server, IgnoreEosGeneratesMaxTokens) {
+  Running r;
+  const auto body = [](uint32_t seed) {
+    return R"({"temperature": 2, "max_tokens": 48, "seed": )" + std::to_string(seed) + R"(, "prompt": )" +
+           ids_json(prompt_of(8, 3));
+  };
+  uint32_t seed = 0;
+  for (uint32_t s = 1; s < 200 && seed == 0; ++s)
+    if (parsed(post(r.port(), "/v1/completions", body(s) + "}"))["usage"]["completion_tokens"] < 48) seed = s;
+  ASSERT_NE(seed, 0u) << "no seed ends early";
+  const json full = parsed(post(r.port(), "/v1/completions", body(seed) + R"(, "ignore_eos": true})"));
+  EXPECT_EQ(full["usage"]["completion_tokens"], 48);
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "length");
+}
+
 TEST(Server, ChatStreamsRoleThenContent) {
   Running r;
   const std::string body = R"({"messages": [{"role": "user", "content": "hello there"}], "temperature": 0,

@@ -59,6 +59,7 @@ TEST(OpenAiRequest, CompletionDefaultsAreOpenAis) {
   EXPECT_EQ(r.sampler.top_p, 1.0f);
   EXPECT_EQ(r.sampler.seed, 42u);  // the fallback seed
   EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.ignore_eos);
   EXPECT_EQ(r.policy, PolicyKind::None);
 }
 
@@ -66,7 +67,7 @@ TEST(OpenAiRequest, FieldsAndTheOverride) {
   const ApiRequest r = parse(
       R"({"prompt": [[5, 6, 7]], "max_tokens": 3, "temperature": 0, "top_p": 0.5, "seed": 9,
           "stop": ["ab", "c"], "stream": true, "stream_options": {"include_usage": true}, "user": "x",
-          "lazyprefill": {"prune": "lazyllm", "schedule": "0.5:0.5", "seed": 3}})");
+          "ignore_eos": true, "lazyprefill": {"prune": "lazyllm", "schedule": "0.5:0.5", "seed": 3}})");
   EXPECT_EQ(r.prompt, (std::vector<int32_t>{5, 6, 7}));
   EXPECT_EQ(r.max_tokens, 3);
   EXPECT_EQ(r.sampler.temperature, 0.0f);
@@ -74,6 +75,7 @@ TEST(OpenAiRequest, FieldsAndTheOverride) {
   EXPECT_EQ(r.sampler.seed, 9u);
   EXPECT_EQ(r.stop, (std::vector<std::string>{"ab", "c"}));
   EXPECT_TRUE(r.stream && r.include_usage);
+  EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.policy, PolicyKind::LazyLLM);
   EXPECT_EQ(r.schedule.to_string(), "0.5:0.5");
   EXPECT_EQ(r.prune_seed, 3u);
@@ -114,6 +116,7 @@ TEST(OpenAiRequest, EachBadBodyGetsItsStatusAndField) {
       {R"({"prompt": "x", "n": 2})", {400, "n"}},                //
       {R"({"prompt": "x", "logprobs": 2})", {400, "logprobs"}},  //
       {R"({"prompt": "x", "stream": "yes"})", {400, "stream"}},  //
+      {R"({"prompt": "x", "ignore_eos": 1})", {400, "ignore_eos"}},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", {400, "stream_options"}},
       {R"({"prompt": "x", "lazyprefill": {"prune": "magic"}})", {400, "lazyprefill.prune"}},
       {R"({"prompt": "x", "lazyprefill": {"prune": "lazyllm", "schedule": "0.5:1.5"}})",
