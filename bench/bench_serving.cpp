@@ -2,7 +2,7 @@
 // threads: N requests decoding together, one batch per step (engine/batch.h), every GEMM once over
 // their N rows, against one request alone (N = 1).
 //
-//   build/lp_bench --benchmark_filter=BatchedDecode
+//   build/lp_bench --benchmark_filter='BatchedDecode/(1|8)/'
 //
 // Each request has its own 256-token prompt (prefilled untimed) and its own K/V; a timed iteration
 // is 16 decoding steps of all N. Counter tokens/s: generated tokens of all N per second. The

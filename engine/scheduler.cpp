@@ -148,6 +148,9 @@ int64_t Scheduler::aux_cache_bytes() const {
   return b;
 }
 
+// Rows of activations a request keeps between iterations after its prefill.
+constexpr int64_t kDecodeRows = 16;
+
 bool Scheduler::step() {
   const auto start = Clock::now();
   take_inbox();
@@ -269,6 +272,8 @@ bool Scheduler::step() {
       r->rec.kv_bytes_after_prefill = r->session->kv_bytes_used();
       r->rec.aux_cache_bytes = r->session->aux().bytes();
       r->rec.first_token = t1;
+      // Decoding needs one row: the prompt's activations go back (revivals grow them again).
+      r->session->backend().release_activations(kDecodeRows);
     } else {
       for (const int64_t n : r->stats.revived) r->rec.revivals += n;
     }

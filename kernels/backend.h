@@ -127,6 +127,10 @@ class Backend {
   virtual std::vector<float> read(Tensor t) = 0;
 
   virtual void reset() = 0;  // empty K/V and Aux Cache (the weights stay)
+  // Between passes: gives back the activations of more than `rows` rows (a prefill's), which the
+  // next pass grows again if it needs them. K/V and Aux Cache stay. A server calls it after a
+  // request's prefill, so a decoding request holds its K/V, not its prompt's activations.
+  virtual void release_activations(int64_t /*rows*/) {}
   // For checks: the positions whose K/V layer `layer` holds, ascending, as the backend's own record
   // says (the CPU's slot table, the GPU's has-KV bits); and one Aux Cache state.
   virtual std::vector<int32_t> kv_positions(int layer) = 0;

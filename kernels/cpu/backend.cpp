@@ -21,9 +21,18 @@ CpuBackend::CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, 
 }
 
 void CpuBackend::grow(int64_t T) {
-  if (T <= rows_cap_) return;
+  if (T > rows_cap_) allocate_rows(T);
+}
+
+void CpuBackend::release_activations(int64_t rows) {
+  if (rows_cap_ <= rows) return;
+  allocate_rows(rows);
+  if (T() > rows) pos_.clear();  // no rows until the next pass sets them (T() <= the buffers' rows)
+}
+
+void CpuBackend::allocate_rows(int64_t T) {
   Buffer<float> x(T * D_, false);
-  if (rows_cap_ > 0) std::memcpy(x.data(), x_.data(), size_t(rows_cap_ * D_) * 4);
+  if (rows_cap_ > 0) std::memcpy(x.data(), x_.data(), size_t(std::min(rows_cap_, T) * D_) * 4);
   x_ = std::move(x);
   xn_.resize(T * D_, false);
   qkv_.resize(T * QKV_, false);

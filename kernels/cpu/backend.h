@@ -44,6 +44,7 @@ class CpuBackend : public Backend {
   void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) override;
   // The members across the context's threads (CpuContext::side_by_side).
   void for_each_member(int64_t n, const std::function<void(int64_t)>& f) override;
+  void release_activations(int64_t rows) override;
   int64_t rows() const override { return T(); }
   void write(Tensor t, std::span<const float> data) override;
   std::vector<float> read(Tensor t) override;
@@ -71,6 +72,7 @@ class CpuBackend : public Backend {
   int64_t T() const { return int64_t(pos_.size()); }
   Buffer<float>& tensor(Tensor t);
   void grow(int64_t T);
+  void allocate_rows(int64_t T);  // every activation for T rows (x's rows kept)
   // Members as CpuBackends over this one's weights, and their total rows.
   std::vector<CpuBackend*> members_of(std::span<Backend* const> members, int64_t* total) const;
 };

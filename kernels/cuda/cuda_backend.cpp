@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -94,9 +97,69 @@ DMatrix upload(const Matrix& m, const char* what) {
 // dequantizes it to bf16 once and runs the tensor-core GEMM.
 constexpr int64_t kGemvMaxRows = 4;
 
-struct DLayer {
+// The model's weights on the device, uploaded once and shared by every backend made from the same
+// Weights (each request of `serve` has its own backend: its own K/V, Aux Cache and activations).
+struct DLayerWeights {
   DBuf attn_norm, ffn_norm;
   DMatrix wqkv, wo, w_gate_up, w_down;
+};
+struct DeviceWeights {
+  DMatrix tok_embd, own_lm_head;
+  const DMatrix* lm_head_w = nullptr;  // &tok_embd when the embeddings are tied (uploaded once)
+  DBuf output_norm, rope_freqs;
+  bool has_freqs = false;
+  std::vector<DLayerWeights> layers;
+};
+
+// The device copy of w while any backend holds it; uploaded by the first (`*uploaded` says
+// whether this call must upload, so the caller counts the weights in its memory check first).
+class WeightCache {
+ public:
+  std::shared_ptr<DeviceWeights> find(const Weights& w) {
+    std::lock_guard lock(mu_);
+    return cache_[&w].lock();
+  }
+  void put(const Weights& w, const std::shared_ptr<DeviceWeights>& d) {
+    std::lock_guard lock(mu_);
+    cache_[&w] = d;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<const Weights*, std::weak_ptr<DeviceWeights>> cache_;
+};
+WeightCache& weight_cache() {
+  static WeightCache c;
+  return c;
+}
+
+std::shared_ptr<DeviceWeights> upload_weights(const ModelConfig& c, const Weights& w) {
+  auto d = std::make_shared<DeviceWeights>();
+  d->tok_embd = upload(w.tok_embd, "token embeddings");
+  if (c.tied_embeddings) {
+    d->lm_head_w = &d->tok_embd;
+  } else {
+    d->own_lm_head = upload(w.lm_head(), "LM head");
+    d->lm_head_w = &d->own_lm_head;
+  }
+  d->output_norm = upload(w.output_norm.data(), w.output_norm.size(), "output norm");
+  d->has_freqs = !w.rope_freqs.empty();
+  if (d->has_freqs) d->rope_freqs = upload(w.rope_freqs.data(), w.rope_freqs.size(), "RoPE factors");
+  d->layers.resize(size_t(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& lw = w.layers[size_t(l)];
+    DLayerWeights& L = d->layers[size_t(l)];
+    L.attn_norm = upload(lw.attn_norm.data(), lw.attn_norm.size(), "attention norm");
+    L.ffn_norm = upload(lw.ffn_norm.data(), lw.ffn_norm.size(), "FFN norm");
+    L.wqkv = upload(lw.wqkv, "qkv weights");
+    L.wo = upload(lw.wo, "o weights");
+    L.w_gate_up = upload(lw.w_gate_up, "gate/up weights");
+    L.w_down = upload(lw.w_down, "down weights");
+  }
+  return d;
+}
+
+struct DLayer {
   DBuf k, v, pos, bits;           // K/V [n_ctx][Hkv Dh], positions [n_ctx], has-KV bits
   std::vector<int32_t> pos_host;  // [n] position of each slot (uploaded for a gathered key set)
   int64_t n = 0;
@@ -125,6 +188,7 @@ class CudaBackend final : public Backend {
     const std::vector<int64_t> id64(ids.begin(), ids.end());
     idx.reserve(size_t(T) * 8, "row indices");
     copy_to_device(idx.as<void>(), id64.data(), size_t(T) * 8);
+    const DMatrix& tok_embd = dw->tok_embd;
     if (tok_embd.qtype)
       gather_rows_q(tok_embd.data.as<uint8_t>(), tok_embd.qtype, tok_embd.row_bytes, idx.as<int64_t>(),
                     x.as<float>(), T, c.n_embd);
@@ -135,32 +199,56 @@ class CudaBackend final : public Backend {
   }
 
   void rmsnorm(Norm n, int l) override {
-    const DBuf& g = n == Norm::Output ? output_norm
-                    : n == Norm::Attn ? layers[size_t(l)].attn_norm
-                                      : layers[size_t(l)].ffn_norm;
+    const DBuf& g = n == Norm::Output ? dw->output_norm
+                    : n == Norm::Attn ? dw->layers[size_t(l)].attn_norm
+                                      : dw->layers[size_t(l)].ffn_norm;
     cuda::rmsnorm(x.as<float>(), g.as<float>(), xn.as<float>(), T(), c.n_embd, c.rms_eps);
   }
 
   void matmul(Proj p, int l) override {
-    const DLayer& L = layers[size_t(l)];
-    switch (p) {
-      case Proj::QKV:
-        mm(xn.as<float>(), L.wqkv, qkv.as<float>());
-        copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T());
-        copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T());
-        copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T());
-        return;
-      case Proj::O:
-        return mm(attn.as<float>(), L.wo, branch.as<float>());
-      case Proj::GateUp:
-        return mm(xn.as<float>(), L.w_gate_up, ff.as<float>());
-      case Proj::Down:
-        return mm(act.as<float>(), L.w_down, branch.as<float>());
+    mm(input(p), weight(p, l), output(p), T());
+    if (p == Proj::QKV) split_qkv();
+  }
+
+  // Continuous batching: the members' input rows side by side in one buffer, one GEMM over all of
+  // them, each member's output rows copied back (device to device). A member's rows get the
+  // arithmetic they get alone: with weights in blocks, rows of members of at most kGemvMaxRows rows
+  // (decoding steps) go through the block-reading GEMV together and the longer members' rows
+  // (prefills) through the bf16 GEMM together, as each would alone. (Host emulation's GEMMs give a
+  // row the same bits whatever the row count; cuBLAS may order a row's sums by the shape.)
+  void matmul_batched(Proj p, int l, std::span<Backend* const> members) override {
+    if (members.size() == 1 && members[0] == this) return matmul(p, l);
+    const DMatrix& W = weight(p, l);
+    const std::vector<CudaBackend*> all = members_of(members);
+    if (!W.qtype)
+      return batched(p, W, all,
+                     [&](const DMatrix& m, float* in, float* out, int64_t n) { mm(in, m, out, n); });
+    std::vector<CudaBackend*> short_rows, long_rows;
+    for (CudaBackend* m : all) (m->T() <= kGemvMaxRows ? short_rows : long_rows).push_back(m);
+    for (const auto* group : {&short_rows, &long_rows})
+      if (!group->empty())
+        batched(p, W, *group, [&](const DMatrix& m, float* in, float* out, int64_t n) {
+          mm(in, m, out, n, group == &short_rows);
+        });
+  }
+
+  void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
+    if (members.size() == 1 && members[0] == this) return lm_head(logits_out);
+    const std::vector<CudaBackend*> all = members_of(members);
+    int64_t total = 0;
+    for (CudaBackend* m : all) total += m->T();
+    batch_in.reserve(size_t(total * c.n_embd) * 4, "batched rows");
+    int64_t at = 0;
+    for (CudaBackend* m : all) {
+      copy_on_device(batch_in.as<float>() + at * c.n_embd, m->xn.as<void>(), size_t(m->T() * c.n_embd) * 4);
+      at += m->T();
     }
+    head(batch_in.as<float>(), total);
+    copy_to_host(logits_out, logits.as<void>(), size_t(total * n_vocab) * 4);
   }
 
   void rope() override {
-    const float* freqs = has_freqs ? rope_freqs.as<float>() : nullptr;
+    const float* freqs = dw->has_freqs ? dw->rope_freqs.as<float>() : nullptr;
     cuda::rope(q.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head, c.head_dim, c.rope_dim, c.rope_theta,
                freqs);
     cuda::rope(k.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head_kv, c.head_dim, c.rope_dim, c.rope_theta,
@@ -250,17 +338,8 @@ class CudaBackend final : public Backend {
   }
 
   void lm_head(float* out) override {
-    const int64_t R = T();
-    logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
-    if (lm_head_w->qtype) {  // any number of rows: never a bf16 copy of the vocabulary's matrix
-      a16.reserve(size_t(R * lm_head_w->cols) * 2, "bf16 activations");
-      to_bf16(xn.as<float>(), a16.as<uint16_t>(), R * lm_head_w->cols);
-      gemv_q(a16.as<uint16_t>(), lm_head_w->data.as<uint8_t>(), lm_head_w->qtype, lm_head_w->row_bytes,
-             logits.as<float>(), R, lm_head_w->cols, lm_head_w->rows);
-    } else {
-      mm(xn.as<float>(), *lm_head_w, logits.as<float>());
-    }
-    copy_to_host(out, logits.as<void>(), size_t(R * c.n_vocab) * 4);
+    head(xn.as<float>(), T());
+    copy_to_host(out, logits.as<void>(), size_t(T() * c.n_vocab) * 4);
   }
 
   void write(Tensor t, std::span<const float> data) override {
@@ -268,11 +347,7 @@ class CudaBackend final : public Backend {
     if (int64_t(data.size()) != T() * width)
       fail("write: {} floats for {} rows of {}", data.size(), T(), width);
     copy_to_device(tensor(t).as<void>(), data.data(), data.size() * 4);
-    if (t == Tensor::QKV) {  // the ops read q, k and v split
-      copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T());
-      copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T());
-      copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T());
-    }
+    if (t == Tensor::QKV) split_qkv();
   }
 
   std::vector<float> read(Tensor t) override {
@@ -319,12 +394,9 @@ class CudaBackend final : public Backend {
   const Weights& w;
   int64_t n_ctx;
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
+  std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
-  DMatrix tok_embd, own_lm_head;
-  const DMatrix* lm_head_w = nullptr;  // &tok_embd when the embeddings are tied (uploaded once)
-  DBuf output_norm, rope_freqs;
   DBuf slot_ids;  // 0 .. n_ctx - 1: a layer's K/V append writes slots n .. n + T - 1 = slot_ids + n
-  bool has_freqs = false;
   int64_t bit_words = 0;
   std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
   // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
@@ -333,8 +405,9 @@ class CudaBackend final : public Backend {
   DBuf kbuf, vbuf, kpos;    // the K/V rows and positions of a key subset, gathered by slot
   int gathered_layer = -1;  // the layer and slots kbuf/vbuf/kpos hold (-1: none)
   std::vector<int32_t> gathered_slots;
-  DBuf keep_dev, sel_pos;  // a device selection's kept indices and the positions it ranks by
-  DBuf aux_states;         // the Aux Cache's states [n_ctx][D]: entry e is row e
+  DBuf keep_dev, sel_pos;    // a device selection's kept indices and the positions it ranks by
+  DBuf aux_states;           // the Aux Cache's states [n_ctx][D]: entry e is row e
+  DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
 
   int64_t T() const { return int64_t(pos.size()); }
 
@@ -365,13 +438,75 @@ class CudaBackend final : public Backend {
     pos_dev.reserve(size_t(T) * 4, "positions");
   }
 
-  // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16.
-  void mm(const float* a, const DMatrix& m, float* out) {
-    const int64_t T = this->T();
+  const DMatrix& weight(Proj p, int l) const {
+    const DLayerWeights& L = dw->layers[size_t(l)];
+    return p == Proj::QKV ? L.wqkv : p == Proj::O ? L.wo : p == Proj::GateUp ? L.w_gate_up : L.w_down;
+  }
+  float* input(Proj p) const {
+    return p == Proj::O ? attn.as<float>() : p == Proj::Down ? act.as<float>() : xn.as<float>();
+  }
+  float* output(Proj p) const {
+    return p == Proj::QKV ? qkv.as<float>() : p == Proj::GateUp ? ff.as<float>() : branch.as<float>();
+  }
+  void split_qkv() {  // the ops read q, k and v from their own buffers
+    copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T());
+    copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T());
+    copy_columns(qkv.as<float>() + Q + KV, QKV, v.as<float>(), KV, KV, T());
+  }
+
+  std::vector<CudaBackend*> members_of(std::span<Backend* const> members) const {
+    std::vector<CudaBackend*> out;
+    for (Backend* b : members) {
+      auto* m = dynamic_cast<CudaBackend*>(b);
+      if (!m || m->dw != dw) fail("internal error: a batch mixes backends or weights");
+      out.push_back(m);
+    }
+    return out;
+  }
+  // The members' rows of p's input concatenated, multiplied by `gemm` (W, in, out, rows), and each
+  // member's output rows copied back into its own activation.
+  template <class Gemm>
+  void batched(Proj p, const DMatrix& W, const std::vector<CudaBackend*>& ms, Gemm&& gemm) {
+    int64_t total = 0;
+    for (CudaBackend* m : ms) total += m->T();
+    batch_in.reserve(size_t(total * W.cols) * 4, "batched rows");
+    batch_out.reserve(size_t(total * W.rows) * 4, "batched rows");
+    int64_t at = 0;
+    for (CudaBackend* m : ms) {
+      copy_on_device(batch_in.as<float>() + at * W.cols, m->input(p), size_t(m->T() * W.cols) * 4);
+      at += m->T();
+    }
+    gemm(W, batch_in.as<float>(), batch_out.as<float>(), total);
+    at = 0;
+    for (CudaBackend* m : ms) {
+      copy_on_device(m->output(p), batch_out.as<float>() + at * W.rows, size_t(m->T() * W.rows) * 4);
+      if (p == Proj::QKV) m->split_qkv();
+      at += m->T();
+    }
+  }
+
+  // logits[R][V] = a[R][D] . lm_head^T.
+  void head(const float* a, int64_t R) {
+    const DMatrix& m = *dw->lm_head_w;
+    logits.reserve(size_t(R * c.n_vocab) * 4, "logits");
+    if (m.qtype) {  // any number of rows: never a bf16 copy of the vocabulary's matrix
+      a16.reserve(size_t(R * m.cols) * 2, "bf16 activations");
+      to_bf16(a, a16.as<uint16_t>(), R * m.cols);
+      gemv_q(a16.as<uint16_t>(), m.data.as<uint8_t>(), m.qtype, m.row_bytes, logits.as<float>(), R, m.cols,
+             m.rows);
+    } else {
+      mm(a, m, logits.as<float>(), R);
+    }
+  }
+
+  // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16. Weights in blocks
+  // are read by the GEMV for at most kGemvMaxRows rows (or whenever `gemv`), else dequantized to
+  // bf16 for the tensor-core GEMM.
+  void mm(const float* a, const DMatrix& m, float* out, int64_t T, bool gemv = false) {
     if (m.qtype) {
       a16.reserve(size_t(T * m.cols) * 2, "bf16 activations");
       to_bf16(a, a16.as<uint16_t>(), T * m.cols);
-      if (T <= kGemvMaxRows) {
+      if (T <= kGemvMaxRows || gemv) {
         gemv_q(a16.as<uint16_t>(), m.data.as<uint8_t>(), m.qtype, m.row_bytes, out, T, m.cols, m.rows);
         return;
       }
@@ -428,7 +563,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
     : c(cfg), w(wts), n_ctx(ctx) {
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
-  // Everything the backend allocates, counted before anything is: K/V with positions and has-KV
+  // Everything the backend allocates, counted before anything is (the weights only when no other
+  // backend has put them on the device): K/V with positions and has-KV
   // bits, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
   // tokens at once (reserve and mm's bf16 copy: x, x2, xn and the residual branch, qkv and
   // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
@@ -448,25 +584,22 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
       double(n_ctx) * (prefill + decode + selection + slot_id_bytes) + double(c.n_vocab) * 4 /* logits */;
   // cuBLAS's workspace and the kernels' modules: a margin, not a count.
   const double library_bytes = 256.0 * 1048576;
-  const double need = double(w.bytes()) + kv_bytes + aux_bytes + act_bytes + w16_bytes + library_bytes;
+  dw = weight_cache().find(w);
+  const double weight_bytes = dw ? 0.0 : double(w.bytes());
+  const double need = weight_bytes + kv_bytes + aux_bytes + act_bytes + w16_bytes + library_bytes;
   if (need > double(dev.free_bytes))
     fail(
         "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations "
         "{:.2f} for {} tokens + {:.2f} of dequantized weights + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
-        need / 1073741824.0, double(w.bytes()) / 1073741824.0, kv_bytes / 1073741824.0,
-        aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
+        need / 1073741824.0, weight_bytes / 1073741824.0, kv_bytes / 1073741824.0, aux_bytes / 1073741824.0,
+        act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
         double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
-  tok_embd = upload(w.tok_embd, "token embeddings");
-  if (c.tied_embeddings) {
-    lm_head_w = &tok_embd;
-  } else {
-    own_lm_head = upload(w.lm_head(), "LM head");
-    lm_head_w = &own_lm_head;
+  if (!dw) {
+    auto uploaded = upload_weights(c, w);
+    weight_cache().put(w, uploaded);
+    dw = std::move(uploaded);
   }
-  output_norm = upload(w.output_norm.data(), w.output_norm.size(), "output norm");
-  has_freqs = !w.rope_freqs.empty();
-  if (has_freqs) rope_freqs = upload(w.rope_freqs.data(), w.rope_freqs.size(), "RoPE factors");
   // One has-KV bit per position a session may use: up to the model's context (or n_ctx).
   bit_words = words;
   std::vector<int64_t> ids(static_cast<size_t>(n_ctx));
@@ -474,14 +607,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   slot_ids = upload(ids.data(), ids.size(), "K/V slots");
   layers.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
-    const LayerWeights& lw = w.layers[size_t(l)];
     DLayer& L = layers[size_t(l)];
-    L.attn_norm = upload(lw.attn_norm.data(), lw.attn_norm.size(), "attention norm");
-    L.ffn_norm = upload(lw.ffn_norm.data(), lw.ffn_norm.size(), "FFN norm");
-    L.wqkv = upload(lw.wqkv, "qkv weights");
-    L.wo = upload(lw.wo, "o weights");
-    L.w_gate_up = upload(lw.w_gate_up, "gate/up weights");
-    L.w_down = upload(lw.w_down, "down weights");
     L.k.reserve(size_t(n_ctx * KV) * 4, "K cache");
     L.v.reserve(size_t(n_ctx * KV) * 4, "V cache");
     L.pos.reserve(size_t(n_ctx) * 4, "K/V positions");

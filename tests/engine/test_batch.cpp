@@ -14,6 +14,7 @@
 #include "kernels/cpu/backend.h"
 #include "model/error.h"
 #include "pruning/schedule.h"
+#include "tests/batch_check.h"
 #include "tests/gguf_writer.h"
 #include "tests/test_util.h"
 
@@ -48,67 +49,18 @@ SchedulerOptions options(const Model& m, int64_t budget, int64_t batch_tokens = 
   return o;
 }
 
+using testing::BatchCase;
 using testing::random_ids;
 
-struct Case {
-  std::vector<int32_t> prompt;
-  PolicyKind policy;
-};
-
-// Each case alone through generate(), then all through the scheduler: the first `at_once` submitted
-// together, the others one per iteration while those decode (prefills batched with decoding rows).
-void expect_same_alone_and_batched(const Model& m, const std::vector<Case>& cases, const Schedule& schedule,
-                                   int64_t max_tokens, size_t at_once) {
-  std::vector<std::vector<int32_t>> alone;
-  for (const Case& c : cases) {
-    GenerateOptions opt;
-    opt.max_new_tokens = int(max_tokens);
-    opt.stop_at_end_of_generation = false;
-    opt.policy = c.policy;
-    opt.schedule = schedule;
-    opt.prune_seed = 5;
-    alone.push_back(generate(ctx(), m, c.prompt, opt).generated_ids);
-  }
-  Scheduler s(m, options(m, int64_t(1) << 32));
-  std::vector<std::vector<int32_t>> got(cases.size());
-  std::vector<RequestRecord> records(cases.size());
-  int64_t most_running = 0;
-  const auto submit = [&](size_t i) {
-    RequestParams p;
-    p.prompt = cases[i].prompt;
-    p.max_tokens = max_tokens;
-    p.stop_at_end_of_generation = false;
-    p.policy = cases[i].policy;
-    p.schedule = schedule;
-    p.prune_seed = 5;
-    p.on_token = [&got, i](int32_t t) {
-      got[i].push_back(t);
-      return true;
-    };
-    p.on_finish = [&records, i](const RequestRecord& r) { records[i] = r; };
-    s.submit(std::move(p));
-  };
-  size_t next = 0;
-  for (; next < at_once && next < cases.size(); ++next) submit(next);
-  while (true) {
-    if (next < cases.size()) submit(next++);
-    if (!s.step()) break;
-    most_running = std::max(most_running, s.running() + 1);
-  }
-  EXPECT_GE(most_running, 3) << "the requests never ran together";
-  for (size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_EQ(got[i], alone[i]) << "request " << i << " (" << policy_name(cases[i].policy) << ", "
-                                << cases[i].prompt.size() << " prompt tokens)";
-    EXPECT_EQ(records[i].finish, Finish::Length) << records[i].error;
-    EXPECT_EQ(records[i].output_tokens, max_tokens);
-  }
-  EXPECT_EQ(s.kv_bytes_reserved(), 0);
+void expect_same_alone_and_batched(const Model& m, const std::vector<BatchCase>& cases,
+                                   const Schedule& schedule, int64_t max_tokens, size_t at_once) {
+  testing::expect_same_alone_and_batched(m, cases, schedule, max_tokens, at_once, options(m, 0).make_backend);
 }
 
 TEST(Batch, GreedyOutputIsTheSameAloneOrBatched) {
   const Model& m = tiny(DType::Int8);
   const int V = m.config().n_vocab;
-  const std::vector<Case> cases = {
+  const std::vector<BatchCase> cases = {
       {random_ids(90, V, 1), PolicyKind::None},    {random_ids(33, V, 2), PolicyKind::LazyLLM},
       {random_ids(150, V, 3), PolicyKind::Random}, {random_ids(7, V, 4), PolicyKind::Static},
       {random_ids(60, V, 5), PolicyKind::LazyLLM}, {random_ids(41, V, 6), PolicyKind::None},
@@ -120,7 +72,7 @@ TEST(Batch, GreedyOutputIsTheSameAloneOrBatched) {
 TEST(RealModelBatch, GreedyOutputIsTheSameAloneOrBatched) {
   static std::unique_ptr<Model> m = Model::load(testing::real_model_path(), DType::Int8, ctx());
   const int V = m->config().n_vocab;
-  std::vector<Case> cases;
+  std::vector<BatchCase> cases;
   for (int i = 0; i < 5; ++i)
     cases.push_back({random_ids(40 + 70 * i, V, 11 + i), i % 2 ? PolicyKind::LazyLLM : PolicyKind::None});
   expect_same_alone_and_batched(*m, cases, default_schedule(), 8, 2);

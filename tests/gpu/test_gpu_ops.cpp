@@ -30,6 +30,7 @@
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
 #include "tests/backend_ops.h"
+#include "tests/batch_check.h"
 #include "tests/gguf_writer.h"
 #include "tests/gpu/compare_backends.h"
 #include "tests/random_blocks.h"
@@ -386,6 +387,29 @@ TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
   compare_generate(path, 120, PolicyKind::Static);
   compare_generate(path, 60, PolicyKind::Random);
   compare_generate(path, 120, PolicyKind::None);
+}
+
+// Continuous batching on the CUDA backend (matmul_batched, lm_head_batched: the members' rows
+// concatenated on the device, one GEMM, the rows copied back): every request's greedy output is
+// its output alone, prefills batched with decoding rows, with and without pruning, in int8: its
+// decoding rows keep the block-reading GEMV and its prefills the dequantized GEMM, as alone, and
+// the LM head reads the blocks (f32 and bf16 take the same concatenation into one GEMM). Every
+// backend shares one upload of the weights. Small: the emulation runs each kernel thread by
+// thread, in four thread orders, and under ASan in CI.
+TEST(GpuForward, GreedyOutputIsTheSameAloneOrBatched) {
+  testing::TempDir dir;
+  const std::string path = write_compare_model(dir);
+  CpuContext ctx(1);
+  const auto m = Model::load(path, DType::Int8, ctx);
+  const int V = m->config().n_vocab;
+  const std::vector<testing::BatchCase> cases = {
+      {testing::random_ids(9, V, 1), PolicyKind::None},
+      {testing::random_ids(8, V, 2), PolicyKind::LazyLLM},
+      {testing::random_ids(3, V, 3), PolicyKind::None},
+  };
+  testing::expect_same_alone_and_batched(*m, cases, parse_schedule("1:0.4,3:0.4"), 3, 3, [&m](int64_t n_ctx) {
+    return cuda::make_backend(m->config(), m->weights(), n_ctx);
+  });
 }
 
 // A session whose K/V and Aux Cache cannot fit (2^30 tokens of the tiny model: 2 TB, more
