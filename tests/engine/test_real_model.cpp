@@ -284,8 +284,9 @@ TEST(RealModel, Int8GreedyContinuationsBesideLlamaCppsQ41) {
 // (22,672 in one channel of the residual by layer 11, |act| 2,857 into that layer's down
 // projection); scaling its embedding by random factors within 1 +- 1e-6 moved our int8 logit of
 // the f32 top token between 16.7 and 33.9 (f32: 28.135-28.137) over six draws (2026-11-25). So
-// whether that position flips depends on the f32 ops' last bits, which differ between AVX-512 and
-// AVX2 machines: it did not on a Sapphire Rapids Xeon, it does (margin 3.78) on an AMD EPYC.
+// whether that position flips depends on the last bits of the f32 ops before the integer GEMMs,
+// which differ between CPUs (oneDNN picks its kernels per CPU): it did not flip on a Sapphire
+// Rapids Xeon, it does (margin 3.78) on an AMD EPYC Zen 4.
 TEST(RealModel, Int8Top1OverALongPassageAsLlamaCppsQ41) {
   const nlohmann::json j = load_fixture("smollm2_agreement.json");
   const auto ids = j["ids"].get<std::vector<int32_t>>();
