@@ -27,6 +27,7 @@
 #include "kernels/cpu/backend.h"
 #include "model/paths.h"
 #include "server/http_server.h"
+#include "tests/http_client.h"
 
 namespace {
 
@@ -110,10 +111,6 @@ BENCHMARK(BM_BatchedDecode)
 //   overhead_% the two together.
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-
 double thread_cpu_seconds(std::thread& t) {
   clockid_t id;
   if (pthread_getcpuclockid(t.native_handle(), &id) != 0) return 0;
@@ -124,22 +121,9 @@ double thread_cpu_seconds(std::thread& t) {
 
 // One streamed completion, read to its end; returns the body's bytes.
 size_t stream_completion(uint16_t port, const std::string& body) {
-  asio::io_context io;
-  beast::tcp_stream s(io);
-  s.connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-  http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::content_type, "application/json");
-  req.body() = body;
-  req.prepare_payload();
-  http::write(s, req);
-  beast::flat_buffer buf;
-  http::response_parser<http::string_body> res;
-  res.body_limit(16 << 20);
-  http::read(s, buf, res);
-  if (res.get().result_int() != 200)
-    throw std::runtime_error("status " + std::to_string(res.get().result_int()));
-  return res.get().body().size();
+  const auto r = lp::testing::http_request(port, boost::beast::http::verb::post, "/v1/completions", body);
+  if (r.status != 200) throw std::runtime_error("status " + std::to_string(r.status));
+  return r.body.size();
 }
 
 void BM_ServeOverhead(benchmark::State& st) {

@@ -20,6 +20,7 @@
 #include "kernels/cpu/backend.h"
 #include "server/http_server.h"
 #include "tests/gguf_writer.h"
+#include "tests/http_client.h"
 
 namespace lp::server {
 namespace {
@@ -79,27 +80,10 @@ struct Running {
   }
 };
 
-struct Reply {
-  int status = 0;
-  std::string body;
-  std::string content_type;
-};
+using Reply = testing::HttpReply;
 
 Reply request(uint16_t port, http::verb verb, const std::string& target, const std::string& body = "") {
-  asio::io_context io;
-  beast::tcp_stream s(io);
-  s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-  http::request<http::string_body> req{verb, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::content_type, "application/json");
-  req.body() = body;
-  req.prepare_payload();
-  http::write(s, req);
-  beast::flat_buffer buf;
-  http::response_parser<http::string_body> res;
-  res.body_limit(64 << 20);
-  http::read(s, buf, res);
-  return {int(res.get().result_int()), res.get().body(), std::string(res.get()[http::field::content_type])};
+  return testing::http_request(port, verb, target, body);
 }
 
 Reply post(uint16_t port, const std::string& target, const std::string& body) {
