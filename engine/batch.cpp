@@ -19,23 +19,24 @@ void run_batch(std::span<const BatchMember> ms) {
   // Each member's own part of the layer: attention and the pruning steps' scoring, which read each
   // member's K/V, side by side (Backend::for_each_member); the row ops in turn, as they take less
   // than a task's start.
-  const auto each = [&](void (Session::*part)(Session::Pass&, int), int l) {
-    const auto run = [&](int64_t i) { (ms[size_t(i)].session->*part)(*ms[size_t(i)].pass, l); };
-    if (part == &Session::attend || part == &Session::after_layer)
-      lead.for_each_member(int64_t(ms.size()), run);
-    else
-      for (size_t i = 0; i < ms.size(); ++i) run(int64_t(i));
+  using Part = void (Session::*)(Session::Pass&, int);
+  const auto in_turn = [&](Part part, int l) {
+    for (const BatchMember& m : ms) (m.session->*part)(*m.pass, l);
+  };
+  const auto side_by_side = [&](Part part, int l) {
+    lead.for_each_member(int64_t(ms.size()),
+                         [&](int64_t i) { (ms[size_t(i)].session->*part)(*ms[size_t(i)].pass, l); });
   };
   for (int l = 0; l < c.n_layer; ++l) {
-    each(&Session::before_layer, l);
+    in_turn(&Session::before_layer, l);
     lead.matmul_batched(Proj::QKV, l, bes);
-    each(&Session::attend, l);
+    side_by_side(&Session::attend, l);
     lead.matmul_batched(Proj::O, l, bes);
-    each(&Session::mlp_in, l);
+    in_turn(&Session::mlp_in, l);
     lead.matmul_batched(Proj::GateUp, l, bes);
-    each(&Session::mlp_act, l);
+    in_turn(&Session::mlp_act, l);
     lead.matmul_batched(Proj::Down, l, bes);
-    each(&Session::after_layer, l);
+    side_by_side(&Session::after_layer, l);
   }
   // The LM head once over every member's rows that get logits.
   std::vector<Backend*> heads;

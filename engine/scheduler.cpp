@@ -151,6 +151,12 @@ int64_t Scheduler::aux_cache_bytes() const {
 // Rows of activations a request keeps between iterations after its prefill.
 constexpr int64_t kDecodeRows = 16;
 
+// x += s for a counter only the step() thread writes (others may read it).
+void add_seconds(std::atomic<double>& x, Clock::time_point from, Clock::time_point to) {
+  x.store(x.load(std::memory_order_relaxed) + std::chrono::duration<double>(to - from).count(),
+          std::memory_order_relaxed);
+}
+
 bool Scheduler::step() {
   const auto start = Clock::now();
   take_inbox();
@@ -245,8 +251,7 @@ bool Scheduler::step() {
   }
   const auto t1 = Clock::now();
   iterations_.fetch_add(1, std::memory_order_relaxed);
-  busy_s_.store(busy_s_.load(std::memory_order_relaxed) + std::chrono::duration<double>(t1 - t0).count(),
-                std::memory_order_relaxed);
+  add_seconds(busy_s_, t0, t1);
 
   // Sample, emit, and finish what is done. The sampling (a pass over each member's V logits) runs
   // side by side like the members' attention; the callbacks run in order on this thread.
@@ -291,9 +296,7 @@ bool Scheduler::step() {
     running_.erase(it);
     finish(std::move(owned), f);
   }
-  step_s_.store(
-      step_s_.load(std::memory_order_relaxed) + std::chrono::duration<double>(Clock::now() - start).count(),
-      std::memory_order_relaxed);
+  add_seconds(step_s_, start, Clock::now());
   return true;
 }
 

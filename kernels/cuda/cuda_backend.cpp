@@ -111,8 +111,8 @@ struct DeviceWeights {
   std::vector<DLayerWeights> layers;
 };
 
-// The device copy of w while any backend holds it; uploaded by the first (`*uploaded` says
-// whether this call must upload, so the caller counts the weights in its memory check first).
+// The device copy of each Weights while any backend holds it: the first backend finds none, counts
+// the weights in its memory check and uploads them (put); the others find it.
 class WeightCache {
  public:
   std::shared_ptr<DeviceWeights> find(const Weights& w) {
@@ -219,30 +219,17 @@ class CudaBackend final : public Backend {
   void matmul_batched(Proj p, int l, std::span<Backend* const> members) override {
     if (members.size() == 1 && members[0] == this) return matmul(p, l);
     const DMatrix& W = weight(p, l);
-    const std::vector<CudaBackend*> all = members_of(members);
-    if (!W.qtype)
-      return batched(p, W, all,
-                     [&](const DMatrix& m, float* in, float* out, int64_t n) { mm(in, m, out, n); });
-    std::vector<CudaBackend*> short_rows, long_rows;
-    for (CudaBackend* m : all) (m->T() <= kGemvMaxRows ? short_rows : long_rows).push_back(m);
-    for (const auto* group : {&short_rows, &long_rows})
-      if (!group->empty())
-        batched(p, W, *group, [&](const DMatrix& m, float* in, float* out, int64_t n) {
-          mm(in, m, out, n, group == &short_rows);
-        });
+    std::vector<CudaBackend*> gemv_rows, gemm_rows;
+    for (CudaBackend* m : members_of(members))
+      (W.qtype && m->T() <= kGemvMaxRows ? gemv_rows : gemm_rows).push_back(m);
+    batched(p, W, gemv_rows, true);
+    batched(p, W, gemm_rows, false);
   }
 
   void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
     if (members.size() == 1 && members[0] == this) return lm_head(logits_out);
-    const std::vector<CudaBackend*> all = members_of(members);
-    int64_t total = 0;
-    for (CudaBackend* m : all) total += m->T();
-    batch_in.reserve(size_t(total * c.n_embd) * 4, "batched rows");
-    int64_t at = 0;
-    for (CudaBackend* m : all) {
-      copy_on_device(batch_in.as<float>() + at * c.n_embd, m->xn.as<void>(), size_t(m->T() * c.n_embd) * 4);
-      at += m->T();
-    }
+    const int64_t total = concat_rows(
+        members_of(members), [](CudaBackend* m) { return m->xn.as<float>(); }, c.n_embd);
     head(batch_in.as<float>(), total);
     copy_to_host(logits_out, logits.as<void>(), size_t(total * n_vocab) * 4);
   }
@@ -463,21 +450,28 @@ class CudaBackend final : public Backend {
     }
     return out;
   }
-  // The members' rows of p's input concatenated, multiplied by `gemm` (W, in, out, rows), and each
-  // member's output rows copied back into its own activation.
-  template <class Gemm>
-  void batched(Proj p, const DMatrix& W, const std::vector<CudaBackend*>& ms, Gemm&& gemm) {
+  // The members' rows of `from` (width floats each) one after another in batch_in; returns how many.
+  template <class From>
+  int64_t concat_rows(const std::vector<CudaBackend*>& ms, From from, int64_t width) {
     int64_t total = 0;
     for (CudaBackend* m : ms) total += m->T();
-    batch_in.reserve(size_t(total * W.cols) * 4, "batched rows");
-    batch_out.reserve(size_t(total * W.rows) * 4, "batched rows");
+    batch_in.reserve(size_t(total * width) * 4, "batched rows");
     int64_t at = 0;
     for (CudaBackend* m : ms) {
-      copy_on_device(batch_in.as<float>() + at * W.cols, m->input(p), size_t(m->T() * W.cols) * 4);
+      copy_on_device(batch_in.as<float>() + at * width, from(m), size_t(m->T() * width) * 4);
       at += m->T();
     }
-    gemm(W, batch_in.as<float>(), batch_out.as<float>(), total);
-    at = 0;
+    return total;
+  }
+  // The members' rows of p's input multiplied together by mm (through the GEMV where `gemv`), each
+  // member's output rows copied back into its own activation.
+  void batched(Proj p, const DMatrix& W, const std::vector<CudaBackend*>& ms, bool gemv) {
+    if (ms.empty()) return;
+    const int64_t total = concat_rows(
+        ms, [p](CudaBackend* m) { return m->input(p); }, W.cols);
+    batch_out.reserve(size_t(total * W.rows) * 4, "batched rows");
+    mm(batch_in.as<float>(), W, batch_out.as<float>(), total, gemv);
+    int64_t at = 0;
     for (CudaBackend* m : ms) {
       copy_on_device(m->output(p), batch_out.as<float>() + at * W.rows, size_t(m->T() * W.rows) * 4);
       if (p == Proj::QKV) m->split_qkv();
