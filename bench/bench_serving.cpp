@@ -13,8 +13,6 @@
 #include <pthread.h>
 #include <time.h>
 
-#include <boost/asio.hpp>
-#include <boost/beast.hpp>
 #include <memory>
 #include <numeric>
 #include <random>
