@@ -3,6 +3,10 @@
 // O(T^2) in double and too slow at 4096).
 //
 //   build/lp_bench --benchmark_filter=Attention
+//
+// BM_DecodeAttention/keys/N: a decoding step's attention for N requests one after another (one
+// query row each, SmolLM2's 30 layers, each request's own cache of `keys` keys); GB/s counts the
+// K/V bytes read once. Its figures and what was tried on them: docs/serving.md.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -59,6 +63,36 @@ BENCHMARK(BM_Attention)
     ->Args({2048, 2})
     ->Args({2048, 1})
     ->Args({4096, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_DecodeAttention(benchmark::State& st) {
+  const int64_t keys = st.range(0), N = st.range(1), L = 30, H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh;
+  lp::CpuContext ctx(2);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(keys * KV), v(keys * KV), q(N * L * Q), out(Q);
+  for (auto* vec : {&q, &k, &v})
+    for (auto& x : *vec) x = nd(rng);
+  std::vector<int32_t> pos(keys);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<lp::LayerKV> kv(size_t(N * L));
+  for (auto& c : kv) {
+    c.init(keys + 16, Hkv, Dh);
+    c.append(k.data(), KV, v.data(), KV, pos.data(), keys);
+  }
+  const int32_t last = int32_t(keys - 1);
+  for (auto _ : st)
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t i = 0; i < N; ++i)
+        lp::attention(ctx, q.data() + (l * N + i) * Q, Q, &last, 1, lp::KeySet{kv[size_t(l * N + i)]}, H, out.data(),
+                      Q);
+  st.counters["GB/s"] = benchmark::Counter(double(N * L * keys * KV * 2 * 4),
+                                           benchmark::Counter::kIsIterationInvariantRate,
+                                           benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_DecodeAttention)
+    ->ArgsProduct({{256, 2048}, {1, 8}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
