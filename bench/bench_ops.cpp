@@ -67,7 +67,8 @@ BENCHMARK(BM_Attention)
     ->UseRealTime();
 
 void BM_DecodeAttention(benchmark::State& st) {
-  const int64_t keys = st.range(0), N = st.range(1), L = 30, H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh;
+  const int64_t keys = st.range(0), N = st.range(1), L = 30, H = 9, Hkv = 3, Dh = 64, Q = H * Dh,
+                KV = Hkv * Dh;
   lp::CpuContext ctx(2);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
@@ -85,11 +86,11 @@ void BM_DecodeAttention(benchmark::State& st) {
   for (auto _ : st)
     for (int64_t l = 0; l < L; ++l)
       for (int64_t i = 0; i < N; ++i)
-        lp::attention(ctx, q.data() + (l * N + i) * Q, Q, &last, 1, lp::KeySet{kv[size_t(l * N + i)]}, H, out.data(),
-                      Q);
-  st.counters["GB/s"] = benchmark::Counter(double(N * L * keys * KV * 2 * 4),
-                                           benchmark::Counter::kIsIterationInvariantRate,
-                                           benchmark::Counter::kIs1000);
+        lp::attention(ctx, q.data() + (l * N + i) * Q, Q, &last, 1, lp::KeySet{kv[size_t(l * N + i)]}, H,
+                      out.data(), Q);
+  st.counters["GB/s"] =
+      benchmark::Counter(double(N * L * keys * KV * 2 * 4), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgsProduct({{256, 2048}, {1, 8}})
