@@ -4,9 +4,10 @@
 //
 //   build/lp_bench --benchmark_filter=Attention
 //
-// BM_DecodeAttention/keys/N: a decoding step's attention for N requests one after another (one
-// query row each, SmolLM2's 30 layers, each request's own cache of `keys` keys); GB/s counts the
-// K/V bytes read once. Its figures and what was tried on them: docs/serving.md.
+// BM_DecodeAttention/type/keys/N: a decoding step's attention for N requests one after another
+// (one query row each, SmolLM2's 30 layers, each request's own cache of `keys` keys) over an f32
+// (type 0) or f16 (1) cache; GB/s counts the K/V bytes read once. Its figures and what was tried on them:
+// docs/serving.md.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -67,7 +68,8 @@ BENCHMARK(BM_Attention)
     ->UseRealTime();
 
 void BM_DecodeAttention(benchmark::State& st) {
-  const int64_t keys = st.range(0), N = st.range(1), L = 30, H = 9, Hkv = 3, Dh = 64, Q = H * Dh,
+  const auto type = st.range(0) ? lp::KvType::F16 : lp::KvType::F32;
+  const int64_t keys = st.range(1), N = st.range(2), L = 30, H = 9, Hkv = 3, Dh = 64, Q = H * Dh,
                 KV = Hkv * Dh;
   lp::CpuContext ctx(2);
   std::mt19937 rng(1);
@@ -79,7 +81,7 @@ void BM_DecodeAttention(benchmark::State& st) {
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<lp::LayerKV> kv(size_t(N * L));
   for (auto& c : kv) {
-    c.init(keys + 16, Hkv, Dh);
+    c.init(keys + 16, Hkv, Dh, type);
     c.append(k.data(), KV, v.data(), KV, pos.data(), keys);
   }
   const int32_t last = int32_t(keys - 1);
@@ -93,7 +95,7 @@ void BM_DecodeAttention(benchmark::State& st) {
                          benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_DecodeAttention)
-    ->ArgsProduct({{256, 2048}, {1, 8}})
+    ->ArgsProduct({{0, 1}, {256, 2048}, {1, 8}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

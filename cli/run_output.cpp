@@ -105,6 +105,7 @@ json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& 
   j["revivals"] = r.revivals;
   j["prefill_tokens_computed_per_layer"] = r.prefill_stats.queries;
   j["kv_bytes_after_prefill"] = r.kv_bytes_used;
+  j["kv_dtype"] = r.kv_element_bytes == 2 ? "f16" : "f32";
   j["aux_cache_bytes"] = r.aux_cache_bytes;
   j["ops"] = ops_json(r);
   return j;

@@ -109,6 +109,7 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   sched.max_batch_tokens = a.max_batch_tokens;
   sched.kv_budget_bytes = a.kv_budget_mib << 20;
   const Model& m = *model;
+  sched.kv_element_bytes = a.backend == "cuda" ? 4 : kv_type_bytes(kv_type_for(m.weights().dtype));
   if (a.backend == "cuda")
     sched.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };
   else
@@ -116,15 +117,17 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
       return std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx);
     };
 
+  const char* kv_dtype = sched.kv_element_bytes == 2 ? "f16" : "f32";
   server::Server srv(m, std::move(sched), so);
   const bool loopback = so.host == "127.0.0.1" || so.host == "::1";
-  fmt::print(
-      stderr,
-      "lazyprefill serve: {} ({}, {}) on http://{}:{} ({}); prune {} by default; K/V budget {} MiB; {} "
-      "threads\n",
-      so.api.model_name, dtype_name(m.weights().dtype), a.backend,
-      so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, srv.port(),
-      loopback ? "this machine only" : "reachable from the network", a.prune, a.kv_budget_mib, a.threads);
+  fmt::print(stderr,
+             "lazyprefill serve: {} ({}, {}) on http://{}:{} ({}); prune {} by default; K/V budget {} MiB "
+             "({} K/V); {} "
+             "threads\n",
+             so.api.model_name, dtype_name(m.weights().dtype), a.backend,
+             so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, srv.port(),
+             loopback ? "this machine only" : "reachable from the network", a.prune, a.kv_budget_mib,
+             kv_dtype, a.threads);
   std::fflush(stderr);
   srv.run(true);
   fmt::print(stderr, "lazyprefill serve: stopped\n");

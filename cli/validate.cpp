@@ -136,9 +136,10 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   calib::CalibrationReport rep;
   const hw::Profile fitted = calib::calibrate(base, train, &rep);
   // What the engine ran: f32 throughout, or (int8) 8-bit GEMMs over the file's blocks at their bits
-  // per weight as the engine counts them, the KV cache f32 either way.
+  // per weight as the engine counts them, and the f16 K/V cache the CPU backend keeps then
+  // (kernels/cpu/kv_cache.h: kv_type_for).
   const sim::Precision precision =
-      int8 ? sim::Precision{fmt::format("{}bpw", 8 * model->weights().gemm_bytes_per_weight()), "int8", "f32"}
+      int8 ? sim::Precision{fmt::format("{}bpw", 8 * model->weights().gemm_bytes_per_weight()), "int8", "f16"}
            : sim::Precision{"f32", "f32", "f32"};
 
   json held = json::array();

@@ -75,6 +75,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   for (int64_t n : r.prefill_stats.queries) computed += double(n);
   r.prompt_tokens_computed_fraction = computed / (double(T) * c.n_layer);
   r.kv_bytes_used = s.kv_bytes_used();
+  r.kv_element_bytes = s.backend().kv_element_bytes();
   r.aux_cache_bytes = s.aux().bytes();
   r.last_prefill_logits = logits;
   // Under teacher forcing: record the forced token's log-probability and the greedy choice.

@@ -56,6 +56,7 @@ struct GenerateResult {
   double generation_tokens_computed_fraction = 1;
   int64_t revivals = 0;
   int64_t kv_bytes_used = 0;  // after prefill, over all layers
+  int kv_element_bytes = 4;   // of one cached value: 2 for the CPU backend's f16 cache
   int64_t aux_cache_bytes = 0;
   // With forced_ids: log p(forced_ids[i] | prompt, forced_ids[0..i)) in nats, and the argmax of
   // the logits it was read from (what greedy decoding would have chosen there).

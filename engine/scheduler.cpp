@@ -52,10 +52,10 @@ Scheduler::~Scheduler() = default;
 
 int64_t Scheduler::reservation_bytes(int64_t prompt_tokens, int64_t max_tokens, bool pruning) const {
   const ModelConfig& c = m_.config();
-  // The CPU backend's K/V layout (kernels/cpu/kv_cache.h): capacity rounded up to 32 slots, keys
-  // with 16 slots of row padding, f32 K and V, every layer.
-  const int64_t cap = (prompt_tokens + max_tokens + 31) / 32 * 32;
-  const int64_t kv = int64_t(c.n_layer) * c.n_head_kv * c.head_dim * (2 * cap + 16) * 4;
+  // The CPU backend's K/V layout (kernels/cpu/kv_cache.h): capacity rounded up to a key block of
+  // 64 slots, K and V of the backends' element size, every layer.
+  const int64_t cap = (prompt_tokens + max_tokens + 63) / 64 * 64;
+  const int64_t kv = int64_t(c.n_layer) * c.n_head_kv * c.head_dim * 2 * cap * opt_.kv_element_bytes;
   const int64_t aux = pruning ? prompt_tokens * c.n_embd * 4 : 0;
   return kv + aux;
 }

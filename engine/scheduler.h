@@ -74,6 +74,9 @@ struct RequestParams {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
   int64_t kv_budget_bytes = int64_t(1) << 30;
+  // Bytes of one cached K or V value in the backends make_backend makes (their
+  // Backend::kv_element_bytes: 2 for the CPU backend's f16 cache); reservations count with it.
+  int64_t kv_element_bytes = 4;
   // Makes a request's backend for a capacity of n_ctx tokens (the CPU backend by default).
   BackendFactory make_backend;
 };

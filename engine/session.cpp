@@ -128,7 +128,8 @@ void Session::reset() {
 int64_t Session::kv_bytes_used() const {
   const ModelConfig& c = m_.config();
   int64_t b = 0;
-  for (const auto& kv : kv_) b += kv.n() * c.n_head_kv * c.head_dim * 2 * 4;  // f32 K and V
+  const int64_t e = be_->kv_element_bytes();
+  for (const auto& kv : kv_) b += kv.n() * c.n_head_kv * c.head_dim * 2 * e;  // K and V
   return b;
 }
 

@@ -67,6 +67,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual int64_t capacity() const = 0;  // tokens the K/V cache and the Aux Cache hold
+  // Bytes of one cached K or V value: 4 (f32) unless the backend stores them narrower (the CPU
+  // backend's f16 cache: kernels/cpu/kv_cache.h).
+  virtual int kv_element_bytes() const { return 4; }
 
   // A backend that queues work (a GPU) returns true; op timers then synchronise around every op,
   // so its wall time is its own (and the overlap between ops is lost while timing).

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/simd.h"
 #include "model/error.h"
+#include "model/quant.h"
 
 namespace lp {
 
@@ -30,16 +32,47 @@ struct TileRow {
   int64_t len;  // keys visible to this row (a prefix of the cache)
 };
 
+// Cached keys and values are float or f16 (uint16_t, KvType::F16); these load either as f32, an
+// f16 converted in registers (F16C), so attention reads an f16 cache's bytes once and nothing
+// else.
+inline float load1(float x) {
+  return x;
+}
+inline float load1(uint16_t h) {
+  return f16_to_f32(h);
+}
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline __m256 load8(const uint16_t* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(32) float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = f16_to_f32(p[i]);
+  return _mm256_load_ps(f);
+#endif
+}
+#endif
+
 #if defined(__AVX512F__)
 // S[r][0..31] = sum_d qs[r][d] * kt[d][0..31] for NR rows: 2*NR accumulators, 2 key loads and
 // NR broadcasts per dimension.
-template <int NR>
-inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S, int64_t lds) {
+template <int NR, class E>
+inline void scores_step(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds) {
   __m512 acc[NR][2];
   for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t d = 0; d < Dh; ++d) {
-    const __m512 k0v = _mm512_loadu_ps(kt + d * ldk);
-    const __m512 k1v = _mm512_loadu_ps(kt + d * ldk + 16);
+    const __m512 k0v = load16(kt + d * ldk);
+    const __m512 k1v = load16(kt + d * ldk + 16);
     for (int r = 0; r < NR; ++r) {
       const __m512 b = _mm512_set1_ps(qs[r * Dh + d]);
       acc[r][0] = _mm512_fmadd_ps(b, k0v, acc[r][0]);
@@ -55,22 +88,23 @@ inline void scores_step(const float* qs, int64_t Dh, const float* kt, int64_t ld
 // scores_step for the rows left (at most kSubRows): a decoding step's tile has only its kv group's
 // 3 or 4 heads, and 8-row steps spent 5 of 8 rows' multiply-adds on padding. Each row's scores are
 // the same whatever the rows beside it.
-inline void scores_rows(int left, const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S,
+template <class E>
+inline void scores_rows(int left, const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S,
                         int64_t lds) {
-  with_rows<kSubRows>(left, [&](auto nr) { scores_step<decltype(nr)::value>(qs, Dh, kt, ldk, S, lds); });
+  with_rows<kSubRows>(left, [&](auto nr) { scores_step<decltype(nr)::value, E>(qs, Dh, kt, ldk, S, lds); });
 }
 
 // O[r][0..63] += sum_k P[r][k] * V[k][0..63] for NR <= 4 rows and nk keys: one 64-wide column
 // block of V (rows ld floats apart) and of O (rows ld apart), so Dh = 128 runs two of them.
-template <int NR>
-inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t ld, int64_t nk, float* O) {
+template <int NR, class E>
+inline void pv_step64(const float* P, int64_t ldp, const E* v, int64_t ld, int64_t nk, float* O) {
   __m512 acc[NR][4];
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_loadu_ps(O + r * ld + 16 * j);
   for (int64_t k = 0; k < nk; ++k) {
-    const float* vk = v + k * ld;
-    const __m512 v0 = _mm512_loadu_ps(vk), v1 = _mm512_loadu_ps(vk + 16);
-    const __m512 v2 = _mm512_loadu_ps(vk + 32), v3 = _mm512_loadu_ps(vk + 48);
+    const E* vk = v + k * ld;
+    const __m512 v0 = load16(vk), v1 = load16(vk + 16);
+    const __m512 v2 = load16(vk + 32), v3 = load16(vk + 48);
     for (int r = 0; r < NR; ++r) {
       const __m512 p = _mm512_set1_ps(P[r * ldp + k]);
       acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
@@ -82,21 +116,22 @@ inline void pv_step64(const float* P, int64_t ldp, const float* v, int64_t ld, i
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(O + r * ld + 16 * j, acc[r][j]);
 }
-inline void pv_rows(int left, const float* P, int64_t ldp, const float* v, int64_t ld, int64_t nk, float* O) {
-  with_rows<4>(left, [&](auto nr) { pv_step64<decltype(nr)::value>(P, ldp, v, ld, nk, O); });
+template <class E>
+inline void pv_rows(int left, const float* P, int64_t ldp, const E* v, int64_t ld, int64_t nk, float* O) {
+  with_rows<4>(left, [&](auto nr) { pv_step64<decltype(nr)::value, E>(P, ldp, v, ld, nk, O); });
 }
 #endif
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 // AVX2 (16 registers): S[r][0..15] = sum_d qs[r][d] * kt[d][0..15] for 4 rows, 8 accumulators,
 // 2 key loads and 4 broadcasts per dimension; each score sums over d in order.
-inline void scores_step_avx2(const float* qs, int64_t Dh, const float* kt, int64_t ldk, float* S,
-                             int64_t lds) {
+template <class E>
+inline void scores_step_avx2(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds) {
   __m256 acc[4][2];
   for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < Dh; ++d) {
-    const __m256 k0v = _mm256_loadu_ps(kt + d * ldk);
-    const __m256 k1v = _mm256_loadu_ps(kt + d * ldk + 8);
+    const __m256 k0v = load8(kt + d * ldk);
+    const __m256 k1v = load8(kt + d * ldk + 8);
     for (int r = 0; r < 4; ++r) {
       const __m256 b = _mm256_broadcast_ss(qs + r * Dh + d);
       acc[r][0] = _mm256_fmadd_ps(b, k0v, acc[r][0]);
@@ -111,16 +146,17 @@ inline void scores_step_avx2(const float* qs, int64_t Dh, const float* kt, int64
 
 // O[r][0..31] += sum_k P[r][k] * V[k][0..31] for 2 rows and nk keys (v rows Dh floats apart;
 // O rows Dh apart): 8 accumulators, 4 value loads and 2 broadcasts per key.
-inline void pv_step32_avx2(const float* P, int64_t ldp, const float* v, int64_t Dh, int64_t nk, float* O,
+template <class E>
+inline void pv_step32_avx2(const float* P, int64_t ldp, const E* v, int64_t Dh, int64_t nk, float* O,
                            int nr) {
   __m256 acc[2][4];
   for (int r = 0; r < 2; ++r)
     for (int j = 0; j < 4; ++j)
       acc[r][j] = r < nr ? _mm256_loadu_ps(O + r * Dh + 8 * j) : _mm256_setzero_ps();
   for (int64_t k = 0; k < nk; ++k) {
-    const float* vk = v + k * Dh;
-    const __m256 v0 = _mm256_loadu_ps(vk), v1 = _mm256_loadu_ps(vk + 8);
-    const __m256 v2 = _mm256_loadu_ps(vk + 16), v3 = _mm256_loadu_ps(vk + 24);
+    const E* vk = v + k * Dh;
+    const __m256 v0 = load8(vk), v1 = load8(vk + 8);
+    const __m256 v2 = load8(vk + 16), v3 = load8(vk + 24);
     for (int r = 0; r < 2; ++r) {
       const __m256 p = _mm256_broadcast_ss(P + r * ldp + k);
       acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
@@ -179,36 +215,56 @@ inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, floa
   *sum_out = sum;
 }
 
-// Keys [k0, k0 + bk) of a key set for kv group g: pointers into the cache when the set is the
-// sorted prefix, else a copy of the listed slots in a tile-local block (zero past bk, so the
-// 32-key score steps read finite values). Values are copied only when v_buf is given.
+// The cache's storage of element type E (float for KvType::F32, uint16_t for F16).
+template <class E>
+const E* kt_data(const LayerKV& kv) {
+  if constexpr (std::is_same_v<E, float>)
+    return kv.kt.data();
+  else
+    return kv.kt16.data();
+}
+template <class E>
+const E* v_data(const LayerKV& kv) {
+  if constexpr (std::is_same_v<E, float>)
+    return kv.v.data();
+  else
+    return kv.v16.data();
+}
+
+// Keys [k0, k0 + bk) of a key set for kv group g (k0 a multiple of kBlock, the cache's key
+// block): pointers into the cache when the set is the sorted prefix (its block, zero past n),
+// else a copy of the listed slots in a tile-local block (zero past bk, so the 32-key score steps
+// read finite values). Values are copied only when v_buf is given.
+template <class E>
 struct KeyBlock {
-  const float* kt;  // [Dh][ldk]
+  const E* kt;  // [Dh][ldk]
   int64_t ldk;
-  const float* v;  // [bk][Dh]
+  const E* v;  // [bk][Dh]
 };
-inline KeyBlock key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t bk, float* kt_buf,
-                          float* v_buf) {
+template <class E>
+inline KeyBlock<E> key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t bk, E* kt_buf, E* v_buf) {
+  static_assert(kBlock == kKeyBlock, "attention's key blocks are the cache's");
   const LayerKV& kv = keys.kv;
   const int64_t Dh = kv.Dh;
-  const float* kt = kv.kt.data() + g * Dh * kv.kt_ld;
-  const float* v = kv.v.data() + g * kv.cap * Dh;
-  if (keys.slots.empty()) return {kt + k0, kv.kt_ld, v + k0 * Dh};
+  const E* kt = kt_data<E>(kv);
+  const E* v = v_data<E>(kv);
+  if (keys.slots.empty()) return {kt + kv.kt_index(g, 0, k0), kBlock, v + kv.v_index(g, k0)};
   const int32_t* sl = keys.slots.data() + k0;
   for (int64_t d = 0; d < Dh; ++d) {
-    const float* src = kt + d * kv.kt_ld;
-    float* dst = kt_buf + d * kBlock;
-    for (int64_t j = 0; j < bk; ++j) dst[j] = src[sl[j]];
-    std::fill(dst + bk, dst + kBlock, 0.0f);
+    E* dst = kt_buf + d * kBlock;
+    for (int64_t j = 0; j < bk; ++j) dst[j] = kt[kv.kt_index(g, d, sl[j])];
+    std::fill(dst + bk, dst + kBlock, E(0));
   }
   if (v_buf)
-    for (int64_t j = 0; j < bk; ++j) std::memcpy(v_buf + j * Dh, v + int64_t(sl[j]) * Dh, size_t(Dh) * 4);
+    for (int64_t j = 0; j < bk; ++j)
+      std::memcpy(v_buf + j * Dh, v + kv.v_index(g, sl[j]), size_t(Dh) * sizeof(E));
   return {kt_buf, kBlock, v_buf};
 }
 
+template <class E>
 void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale) {
   const int64_t Dh = keys.kv.Dh;
-  thread_local std::vector<float> kt_buf, v_buf;
+  thread_local std::vector<E> kt_buf, v_buf;
   if (!keys.slots.empty()) {
     kt_buf.resize(size_t(Dh * kBlock));
     v_buf.resize(size_t(kBlock * Dh));
@@ -233,7 +289,7 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 
   for (int64_t k0 = 0; k0 < nk; k0 += kBlock) {
     const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
-    const KeyBlock kb = key_block(keys, g, k0, bk, kt_buf.data(), v_buf.data());
+    const KeyBlock<E> kb = key_block<E>(keys, g, k0, bk, kt_buf.data(), v_buf.data());
     // Scores for the block (the cache is zero past n, so the padded lanes are finite).
 #if defined(__AVX512F__)
     const bool vector_scores = Dh <= 256;
@@ -260,9 +316,9 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
         std::fill(sr, sr + bk, 0.0f);
         for (int64_t d = 0; d < Dh; ++d) {
           const float qd = qs[r * Dh + d];
-          const float* kr = kb.kt + d * kb.ldk;
+          const E* kr = kb.kt + d * kb.ldk;
 #pragma omp simd
-          for (int64_t k = 0; k < bk; ++k) sr[k] += qd * kr[k];
+          for (int64_t k = 0; k < bk; ++k) sr[k] += qd * load1(kr[k]);
         }
       }
     }
@@ -303,8 +359,8 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     for (int r = 0; r < nr; ++r)
       for (int64_t k = 0; k < bk; ++k) {
         const float p = S[r * kBlock + k];
-        const float* vk = kb.v + k * Dh;
-        for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * vk[d];
+        const E* vk = kb.v + k * Dh;
+        for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * load1(vk[d]);
       }
   }
   for (int r = 0; r < nr; ++r) {
@@ -314,35 +370,62 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 }
 }  // namespace
 
-void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores) {
+namespace {
+template <class E>
+void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* scores) {
   const LayerKV& kv = keys.kv;
-  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, ldk = kv.kt_ld, n_keys = keys.size();
-  // Logits are computed for every held slot, contiguously (an axpy per dimension), and a listed
-  // key set then picks its slots: one gather per key and head instead of one per key, head and
-  // dimension. The listed keys are most of the held ones (decoding keeps >= 1/3 of them).
+  const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, n_keys = keys.size();
+  // Logits are computed for every held slot, contiguously (an axpy per dimension over each key
+  // block, once for all of a kv group's heads), and a listed key set then picks its slots: one
+  // gather per key and head instead of one per key, head and dimension. The listed keys are most
+  // of the held ones (decoding keeps >= 1/3 of them).
   const int64_t n_held = keys.slots.empty() ? n_keys : kv.n;
   const float scale = 1.0f / std::sqrt(float(Dh));
-  std::vector<float> logit(static_cast<size_t>(n_held)), p(static_cast<size_t>(n_keys));
+  std::vector<float> logit(static_cast<size_t>(group * n_held)), p(static_cast<size_t>(n_keys));
+  std::vector<float> row(static_cast<size_t>(kKeyBlock));
   std::fill(scores, scores + n_keys, 0.0f);
-  for (int64_t h = 0; h < H; ++h) {
-    const float* kt = kv.kt.data() + (h / group) * Dh * ldk;
+  const E* kt = kt_data<E>(kv);
+  for (int64_t g = 0; g < Hkv; ++g) {
     std::fill(logit.begin(), logit.end(), 0.0f);
-    for (int64_t d = 0; d < Dh; ++d) {
-      const float qd = q[h * Dh + d] * scale;
-      const float* row = kt + d * ldk;
+    for (int64_t k0 = 0; k0 < n_held; k0 += kKeyBlock) {
+      const int64_t bk = std::min(kKeyBlock, n_held - k0);
+      for (int64_t d = 0; d < Dh; ++d) {
+        const E* src = kt + kv.kt_index(g, d, k0);
+        const float* r = reinterpret_cast<const float*>(src);
+        if constexpr (!std::is_same_v<E, float>) {
+          f16_to_f32_n(src, row.data(), bk);
+          r = row.data();
+        }
+        for (int64_t i = 0; i < group; ++i) {
+          const float qd = q[(g * group + i) * Dh + d] * scale;
+          float* lg = logit.data() + i * n_held + k0;
 #pragma omp simd
-      for (int64_t k = 0; k < n_held; ++k) logit[k] += qd * row[k];
+          for (int64_t k = 0; k < bk; ++k) lg[k] += qd * r[k];
+        }
+      }
     }
-    if (keys.slots.empty())
-      std::copy(logit.begin(), logit.end(), p.begin());
-    else
-      for (int64_t k = 0; k < n_keys; ++k) p[size_t(k)] = logit[size_t(keys.slots[size_t(k)])];
-    float mx, sum;
-    block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
-    const float w = 1.0f / (sum * float(H));
+    // The heads in order, as the scores sum them.
+    for (int64_t i = 0; i < group; ++i) {
+      const float* lg = logit.data() + i * n_held;
+      if (keys.slots.empty())
+        std::copy(lg, lg + n_held, p.begin());
+      else
+        for (int64_t k = 0; k < n_keys; ++k) p[size_t(k)] = lg[keys.slots[size_t(k)]];
+      float mx, sum;
+      block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
+      const float w = 1.0f / (sum * float(H));
 #pragma omp simd
-    for (int64_t k = 0; k < n_keys; ++k) scores[k] += p[k] * w;
+      for (int64_t k = 0; k < n_keys; ++k) scores[k] += p[k] * w;
+    }
   }
+}
+}  // namespace
+
+void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores) {
+  if (keys.kv.type == KvType::F16)
+    last_row_scores_t<uint16_t>(q, keys, H, scores);
+  else
+    last_row_scores_t<float>(q, keys, H, scores);
 }
 
 void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
@@ -383,7 +466,10 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
         const int64_t t = i / group, h = g * group + i % group;
         rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[t]};
       }
-      attention_tile(rows, nr, keys, g, scale);
+      if (kv.type == KvType::F16)
+        attention_tile<uint16_t>(rows, nr, keys, g, scale);
+      else
+        attention_tile<float>(rows, nr, keys, g, scale);
     });
   });
 }

@@ -17,7 +17,7 @@ CpuBackend::CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, 
   D_ = c.n_embd, H_ = c.n_head, Hkv_ = c.n_head_kv, Dh_ = c.head_dim, F_ = c.n_ff;
   Q_ = H_ * Dh_, QKV_ = (H_ + 2 * Hkv_) * Dh_;
   kv_.resize(size_t(c.n_layer));
-  for (auto& kv : kv_) kv.init(n_ctx, Hkv_, Dh_);
+  for (auto& kv : kv_) kv.init(n_ctx, Hkv_, Dh_, kv_type_for(w.dtype));
 }
 
 void CpuBackend::grow(int64_t T) {

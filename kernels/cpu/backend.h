@@ -23,6 +23,7 @@ class CpuBackend : public Backend {
   CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, int64_t n_ctx);
 
   int64_t capacity() const override { return n_ctx_; }
+  int kv_element_bytes() const override { return kv_type_bytes(kv_.front().type); }
   void set_rows(std::span<const int32_t> pos) override;
   void embed(std::span<const int32_t> ids) override;
   void rmsnorm(Norm n, int layer) override;

@@ -22,18 +22,31 @@ void exp_inplace(float* x, int64_t n) {
   for (; i < n; ++i) x[i] = exp1(x[i]);
 }
 
+// Rows t = 0..T-1 of an elementwise op, each `per_row` values: across the threads, or on the
+// calling thread when the whole op is smaller than entering the thread arena costs. A batch of
+// decoding requests runs each member's one-row norms, RoPE, SwiGLU and residual in turn (engine/
+// batch.cpp), about five ops per member and layer: 1,200 arena entries a step for 8 members, which
+// cost more than the ops. Each row's arithmetic is the same either way.
+template <class F>
+void for_rows(CpuContext& ctx, int64_t T, int64_t per_row, F&& f) {
+  constexpr int64_t kInline = 16384;  // values
+  if (T * per_row <= kInline) {
+    for (int64_t t = 0; t < T; ++t) f(t);
+    return;
+  }
+  ctx.run([&] { tbb::parallel_for(int64_t(0), T, f); });
+}
+
 void rmsnorm(CpuContext& ctx, const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
-  ctx.run([&] {
-    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
-      const float* xr = x + t * D;
-      float ss = 0;
+  for_rows(ctx, T, D, [&](int64_t t) {
+    const float* xr = x + t * D;
+    float ss = 0;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
-      const float scale = 1.0f / std::sqrt(ss / float(D) + eps);
-      float* o = out + t * D;
+    for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
+    const float scale = 1.0f / std::sqrt(ss / float(D) + eps);
+    float* o = out + t * D;
 #pragma omp simd
-      for (int64_t i = 0; i < D; ++i) o[i] = xr[i] * scale * w[i];
-    });
+    for (int64_t i = 0; i < D; ++i) o[i] = xr[i] * scale * w[i];
   });
 }
 
@@ -59,37 +72,34 @@ RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float thet
 
 void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh,
           const RopeTable& tab) {
-  ctx.run([&] {
-    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
-      const float* c = tab.cos.data() + t * tab.half;
-      const float* s = tab.sin.data() + t * tab.half;
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* v = x + t * ld + h * Dh;
-        for (int64_t i = 0; i < tab.half; ++i) {
-          const float x0 = v[2 * i], x1 = v[2 * i + 1];
-          v[2 * i] = x0 * c[i] - x1 * s[i];
-          v[2 * i + 1] = x0 * s[i] + x1 * c[i];
-        }
+  for_rows(ctx, T, n_heads * Dh, [&](int64_t t) {
+    const float* c = tab.cos.data() + t * tab.half;
+    const float* s = tab.sin.data() + t * tab.half;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + t * ld + h * Dh;
+      for (int64_t i = 0; i < tab.half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * c[i] - x1 * s[i];
+        v[2 * i + 1] = x0 * s[i] + x1 * c[i];
       }
-    });
+    }
   });
 }
 
 void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
             int64_t ld_out, int64_t T, int64_t F) {
-  ctx.run([&] {
-    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
-      const float* g = gate + t * ld_gate;
-      const float* u = up + t * ld_up;
-      float* o = out + t * ld_out;
-      int64_t i = 0;
+  for_rows(ctx, T, F, [&](int64_t t) {
+    const float* g = gate + t * ld_gate;
+    const float* u = up + t * ld_up;
+    float* o = out + t * ld_out;
+    int64_t i = 0;
 #if defined(__AVX512F__)
-      for (; i + 16 <= F; i += 16) {
-        const __m512 gv = _mm512_loadu_ps(g + i);
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
-      }
+    for (; i + 16 <= F; i += 16) {
+      const __m512 gv = _mm512_loadu_ps(g + i);
+      const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+    }
 #elif defined(__AVX2__) && defined(__FMA__)
       for (; i + 8 <= F; i += 8) {
         const __m256 gv = _mm256_loadu_ps(g + i);
@@ -98,12 +108,16 @@ void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up
         _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
       }
 #endif
-      for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
-    });
+    for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
   });
 }
 
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n) {
+  if (n <= 16384) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    return;
+  }
   ctx.run([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 4096), [&](const tbb::blocked_range<int64_t>& r) {
 #pragma omp simd

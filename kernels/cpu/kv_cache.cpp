@@ -1,17 +1,47 @@
 #include "kernels/cpu/kv_cache.h"
 
+#include <immintrin.h>
+
 #include "model/error.h"
+#include "model/quant.h"
 
 namespace lp {
 
-void LayerKV::init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim) {
-  // Capacity rounded up to the key tile so tiles may read (zeroed) slots past n.
-  cap = (capacity + 31) / 32 * 32;
-  kt_ld = cap + 16;
+const char* kv_type_name(KvType t) {
+  return t == KvType::F16 ? "f16" : "f32";
+}
+
+void f16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
+void f32_to_f16_n(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(dst + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+
+void LayerKV::init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim, KvType t) {
+  // Capacity rounded up to the key block so blocks may read (zeroed) slots past n.
+  cap = (capacity + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
   Hkv = n_kv_heads;
   Dh = head_dim;
-  kt.resize(Hkv * Dh * kt_ld);
-  v.resize(Hkv * cap * Dh);
+  type = t;
+  const int64_t nk = Hkv * Dh * cap, nv = Hkv * cap * Dh;
+  kt.resize(t == KvType::F32 ? nk : 0);
+  v.resize(t == KvType::F32 ? nv : 0);
+  kt16.resize(t == KvType::F16 ? nk : 0);
+  v16.resize(t == KvType::F16 ? nv : 0);
   pos.assign(size_t(cap), 0);
   clear();
 }
@@ -27,15 +57,25 @@ void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, 
     if (p[t] < 0) fail("KV append: negative position {}", p[t]);
     if (t > 0 && p[t] <= p[t - 1]) fail("KV append: positions must increase within a call");
   }
+  thread_local std::vector<uint16_t> k16;  // one token's keys, converted together
+  k16.resize(size_t(Hkv * Dh));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t s = n + t;
     if (s > 0 && p[t] < pos[size_t(s - 1)]) sorted = false;
     pos[size_t(s)] = p[t];
-    for (int64_t g = 0; g < Hkv; ++g)
-      for (int64_t d = 0; d < Dh; ++d) {
-        kt[(g * Dh + d) * kt_ld + s] = k[t * ldk + g * Dh + d];
-        v[(g * cap + s) * Dh + d] = vv[t * ldv + g * Dh + d];
-      }
+    if (type == KvType::F32) {
+      for (int64_t g = 0; g < Hkv; ++g)
+        for (int64_t d = 0; d < Dh; ++d) {
+          kt[kt_index(g, d, s)] = k[t * ldk + g * Dh + d];
+          v[v_index(g, s) + d] = vv[t * ldv + g * Dh + d];
+        }
+      continue;
+    }
+    f32_to_f16_n(k + t * ldk, k16.data(), Hkv * Dh);
+    for (int64_t g = 0; g < Hkv; ++g) {
+      for (int64_t d = 0; d < Dh; ++d) kt16[kt_index(g, d, s)] = k16[size_t(g * Dh + d)];
+      f32_to_f16_n(vv + t * ldv + g * Dh, v16.data() + v_index(g, s), Dh);
+    }
   }
   n += T;
 }

@@ -8,24 +8,56 @@
 #include <vector>
 
 #include "kernels/cpu/buffer.h"
+#include "kernels/cpu/gemm.h"  // DType
 
 namespace lp {
+
+// How K and V are stored. F16 halves the cache's bytes (so the requests a K/V budget holds) and
+// what a decoding step reads: attention loads f16 and converts in registers (F16C), computing in
+// f32 as before. llama.cpp's cache is f16 by default too. Values past f16's range (65,504) would
+// become infinities; rounding is to nearest even.
+enum class KvType { F32, F16 };
+inline int kv_type_bytes(KvType t) {
+  return t == KvType::F16 ? 2 : 4;
+}
+// The CPU backend's choice: f32 when the compute dtype is f32 (the reference arithmetic), else f16.
+inline KvType kv_type_for(DType compute) {
+  return compute == DType::F32 ? KvType::F32 : KvType::F16;
+}
+const char* kv_type_name(KvType t);
+
+// n values converted; F16C's instructions where the build has them, model/quant's exact scalar
+// conversions otherwise (the same results: both round to nearest even).
+void f16_to_f32_n(const uint16_t* src, float* dst, int64_t n);
+void f32_to_f16_n(const float* src, uint16_t* dst, int64_t n);
 
 // One layer's K/V. Slots are filled in arrival order. Prefill and plain decoding append in
 // position order, so the slots stay sorted and attention reads them as one causal prefix; revived
 // tokens are appended at their old positions wherever they fall, and from then on attention and
-// scores take an explicit list of slots in position order (`KeySet`).
-//   kt  [Hkv][Dh][kt_ld]   keys, transposed so a key tile is contiguous per dimension; the row
-//                        stride kt_ld = cap + 16 is never a multiple of 4 KiB, so the Dh rows a
-//                        tile reads do not all fall into the same L1 set
+// scores take an explicit list of slots in position order (`KeySet`). Storage of `type`: kt, v
+// when F32, kt16, v16 (the same layouts) when F16.
+//   kt  [Hkv][cap / 64][Dh][64]  keys in blocks of kKeyBlock slots, each block transposed (a key
+//                               tile is contiguous per dimension) and each one contiguous run
+//                               (16 KiB in f32 at Dh 64) read front to back, which the hardware
+//                               prefetchers follow; one [Dh][cap] matrix per group made a block
+//                               Dh separate streams
 //   v   [Hkv][cap][Dh]
-//   pos [cap]            position of each slot
+//   pos [cap]                    position of each slot
+inline constexpr int64_t kKeyBlock = 64;
 struct LayerKV {
-  int64_t cap = 0, kt_ld = 0, n = 0, Hkv = 0, Dh = 0;
+  int64_t cap = 0, n = 0, Hkv = 0, Dh = 0;  // cap: a multiple of kKeyBlock
+  KvType type = KvType::F32;
   Buffer<float> kt, v;
+  Buffer<uint16_t> kt16, v16;
   std::vector<int32_t> pos;
   bool sorted = true;  // slot positions ascending (else attention needs a slot list)
-  void init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim);
+  // Where slot s's dimension d of group g is in kt (kt16), and where its values start in v (v16).
+  int64_t kt_index(int64_t g, int64_t d, int64_t s) const {
+    return ((g * (cap / kKeyBlock) + s / kKeyBlock) * Dh + d) * kKeyBlock + s % kKeyBlock;
+  }
+  int64_t v_index(int64_t g, int64_t s) const { return (g * cap + s) * Dh; }
+  int64_t bytes_per_slot() const { return 2 * Hkv * Dh * kv_type_bytes(type); }
+  void init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim, KvType t = KvType::F32);
   void clear();
   // Appends T rows of k, v [T][Hkv*Dh] (row strides ldk/ldv) at positions pos[T] (ascending
   // within the call). Positions before held ones are allowed (revival) and clear `sorted`; that a

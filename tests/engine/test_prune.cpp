@@ -219,42 +219,48 @@ TEST(PruningPolicy, SelectTopKeepsHighestAndLastAndBreaksTiesToLaterPositions) {
   EXPECT_THROW(parse_policy("fastest"), Error);
 }
 
+// Over an f16 cache too, against the reference over the keys rounded to f16 (GCC's _Float16).
 TEST(PruningPolicy, LastRowScoresMatchReferenceAndSumToOne) {
-  const int64_t S = 77, H = 6, Hkv = 2, Dh = 64;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd;
-  std::vector<float> q(H * Dh), k(S * Hkv * Dh), v(k.size());
-  for (auto* vec : {&q, &k, &v})
-    for (auto& x : *vec) x = nd(rng);
-  std::vector<int32_t> pos(S);
-  std::iota(pos.begin(), pos.end(), 0);
-  LayerKV kv;
-  kv.init(S, Hkv, Dh);
-  kv.append(k.data(), Hkv * Dh, v.data(), Hkv * Dh, pos.data(), S);
-  std::vector<float> got(S);
-  std::vector<double> want(S);
-  last_row_scores(q.data(), KeySet{kv}, H, got.data());
-  ref::last_row_scores(q.data(), k.data(), S, H, Hkv, Dh, want.data());
-  double sum = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    ASSERT_NEAR(got[s], want[s], 1e-5);
-    sum += got[s];
-  }
-  EXPECT_NEAR(sum, 1.0, 1e-5);
+  for (const KvType type : {KvType::F32, KvType::F16}) {
+    SCOPED_TRACE(kv_type_name(type));
+    const int64_t S = 77, H = 6, Hkv = 2, Dh = 64;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    std::vector<float> q(H * Dh), k(S * Hkv * Dh), v(k.size());
+    for (auto* vec : {&q, &k, &v})
+      for (auto& x : *vec) x = nd(rng);
+    std::vector<int32_t> pos(S);
+    std::iota(pos.begin(), pos.end(), 0);
+    LayerKV kv;
+    kv.init(S, Hkv, Dh, type);
+    kv.append(k.data(), Hkv * Dh, v.data(), Hkv * Dh, pos.data(), S);
+    if (type == KvType::F16)
+      for (float& x : k) x = float(static_cast<_Float16>(x));
+    std::vector<float> got(S);
+    std::vector<double> want(S);
+    last_row_scores(q.data(), KeySet{kv}, H, got.data());
+    ref::last_row_scores(q.data(), k.data(), S, H, Hkv, Dh, want.data());
+    double sum = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      ASSERT_NEAR(got[s], want[s], 1e-5);
+      sum += got[s];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
 
-  // Over a listed subset of slots: the same as scoring a cache holding only those keys.
-  std::vector<int32_t> slots;
-  std::vector<float> ks;
-  for (int32_t s = 0; s < S; s += 3) {
-    slots.push_back(s);
-    ks.insert(ks.end(), k.begin() + s * Hkv * Dh, k.begin() + (s + 1) * Hkv * Dh);
+    // Over a listed subset of slots: the same as scoring a cache holding only those keys.
+    std::vector<int32_t> slots;
+    std::vector<float> ks;
+    for (int32_t s = 0; s < S; s += 3) {
+      slots.push_back(s);
+      ks.insert(ks.end(), k.begin() + s * Hkv * Dh, k.begin() + (s + 1) * Hkv * Dh);
+    }
+    const int64_t n = int64_t(slots.size());
+    std::vector<float> sub(static_cast<size_t>(n));
+    std::vector<double> sub_want(static_cast<size_t>(n));
+    last_row_scores(q.data(), KeySet{kv, slots}, H, sub.data());
+    ref::last_row_scores(q.data(), ks.data(), n, H, Hkv, Dh, sub_want.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(sub[i], sub_want[i], 1e-5);
   }
-  const int64_t n = int64_t(slots.size());
-  std::vector<float> sub(static_cast<size_t>(n));
-  std::vector<double> sub_want(static_cast<size_t>(n));
-  last_row_scores(q.data(), KeySet{kv, slots}, H, sub.data());
-  ref::last_row_scores(q.data(), ks.data(), n, H, Hkv, Dh, sub_want.data());
-  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(sub[i], sub_want[i], 1e-5);
 }
 
 }  // namespace

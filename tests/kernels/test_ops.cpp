@@ -3,6 +3,7 @@
 // Tolerances are derived from the arithmetic, not tuned: see each bound's comment.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -147,21 +148,31 @@ struct AttnCase {
   bool gapped;
 };
 
-class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+// The values an f16 cache holds: GCC's _Float16 conversion (round to nearest even), not ours.
+std::vector<float> f16_rounded(std::vector<float> x) {
+  for (float& e : x) e = float(static_cast<_Float16>(e));
+  return x;
+}
 
+class AttentionTest : public ::testing::TestWithParam<std::tuple<AttnCase, KvType>> {};
+
+// With an f16 cache, the reference attends over the keys and values rounded to f16 (the inputs'
+// rounding, the cache's only difference), within the same bound.
 TEST_P(AttentionTest, MatchesReference) {
-  const AttnCase p = GetParam();
+  const auto [p, type] = GetParam();
   const int64_t S = p.cached + p.T, Q = p.H * p.Dh, KV = p.Hkv * p.Dh;
   std::vector<int32_t> pos(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s) pos[s] = int32_t(p.gapped ? 3 * s + (s % 2) : s);
-  const auto q = randn(p.T * Q, 11), k = randn(S * KV, 12), v = randn(S * KV, 13);
+  const auto q = randn(p.T * Q, 11);
+  auto k = randn(S * KV, 12), v = randn(S * KV, 13);
   CpuContext ctx(2);
   LayerKV kv;
-  kv.init(S + 5, p.Hkv, p.Dh);
+  kv.init(S + 5, p.Hkv, p.Dh, type);
   if (p.cached) kv.append(k.data(), KV, v.data(), KV, pos.data(), p.cached);
   kv.append(k.data() + p.cached * KV, KV, v.data() + p.cached * KV, KV, pos.data() + p.cached, p.T);
   std::vector<float> out(size_t(p.T * Q)), ref(size_t(p.T * Q));
   attention(ctx, q.data(), Q, pos.data() + p.cached, p.T, KeySet{kv}, p.H, out.data(), Q);
+  if (type == KvType::F16) k = f16_rounded(k), v = f16_rounded(v);
   ref::attention(q.data(), pos.data() + p.cached, p.T, k.data(), v.data(), pos.data(), S, p.H, p.Hkv, p.Dh,
                  ref.data());
   // A score q.k/sqrt(Dh) carries error <= Dh*u*sum|q_d k_d|/sqrt(Dh) =: delta; softmax weights
@@ -182,12 +193,41 @@ TEST_P(AttentionTest, MatchesReference) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], tol) << "i=" << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttnCase{1, 0, 4, 2, 64, false}, AttnCase{2, 0, 9, 3, 64, false},
-                                           AttnCase{17, 0, 9, 3, 64, true}, AttnCase{111, 0, 4, 4, 64, false},
-                                           AttnCase{1, 110, 9, 3, 64, true}, AttnCase{19, 40, 6, 2, 64, true},
-                                           AttnCase{17, 5, 4, 2, 32, true}, AttnCase{111, 0, 2, 1, 48, false},
-                                           AttnCase{33, 0, 6, 2, 16, false}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionTest,
+    ::testing::Combine(::testing::Values(AttnCase{1, 0, 4, 2, 64, false}, AttnCase{2, 0, 9, 3, 64, false},
+                                         AttnCase{17, 0, 9, 3, 64, true}, AttnCase{111, 0, 4, 4, 64, false},
+                                         AttnCase{1, 110, 9, 3, 64, true}, AttnCase{19, 40, 6, 2, 64, true},
+                                         AttnCase{17, 5, 4, 2, 32, true}, AttnCase{111, 0, 2, 1, 48, false},
+                                         AttnCase{33, 0, 6, 2, 16, false}, AttnCase{1, 300, 9, 3, 64, false}),
+                       ::testing::Values(KvType::F32, KvType::F16)));
+
+// An f16 cache holds each value as _Float16 rounds it, including the signed zero, the largest
+// finite f16, values past it (infinity) and subnormals; positions and order as an f32 cache.
+TEST(Ops, F16CacheHoldsTheRoundedValues) {
+  const std::vector<float> special = {0.0f, -0.0f, 65504.0f, 65520.0f, -1e6f, 6.0e-8f, 1.0f / 3, 3.14159f};
+  const int64_t Hkv = 2, Dh = 4, KV = Hkv * Dh, T = 70;  // past one key block of 64
+  auto k = randn(T * KV, 41), v = randn(T * KV, 42);
+  std::copy(special.begin(), special.end(), k.begin());
+  std::copy(special.rbegin(), special.rend(), v.begin() + KV);
+  std::vector<int32_t> pos(T);
+  std::iota(pos.begin(), pos.end(), 3);
+  LayerKV kv;
+  kv.init(T, Hkv, Dh, KvType::F16);
+  kv.append(k.data(), KV, v.data(), KV, pos.data(), T);
+  const auto kr = f16_rounded(k), vr = f16_rounded(v);
+  for (int64_t s = 0; s < T; ++s)
+    for (int64_t g = 0; g < Hkv; ++g)
+      for (int64_t d = 0; d < Dh; ++d) {
+        const float key = f16_to_f32(kv.kt16[kv.kt_index(g, d, s)]);
+        const float val = f16_to_f32(kv.v16[kv.v_index(g, s) + d]);
+        ASSERT_EQ(std::bit_cast<uint32_t>(key), std::bit_cast<uint32_t>(kr[size_t(s * KV + g * Dh + d)]))
+            << "key slot " << s;
+        ASSERT_EQ(std::bit_cast<uint32_t>(val), std::bit_cast<uint32_t>(vr[size_t(s * KV + g * Dh + d)]))
+            << "value slot " << s;
+      }
+  EXPECT_EQ(kv.bytes_per_slot(), 2 * KV * 2);
+}
 
 TEST(Ops, KvAppendKeepsSlotOrderAndRejectsBadRows) {
   LayerKV kv;
@@ -205,17 +245,26 @@ TEST(Ops, KvAppendKeepsSlotOrderAndRejectsBadRows) {
   EXPECT_FALSE(kv.sorted);
   EXPECT_EQ(kv.n, 3);
   EXPECT_EQ(std::vector<int32_t>(kv.pos.begin(), kv.pos.begin() + 3), (std::vector<int32_t>{5, 9, 7}));
-  std::vector<float> many(8 * 4 * 32, 1.0f);
-  std::vector<int32_t> far(30);
+  EXPECT_EQ(kv.cap, kKeyBlock);  // 8 rounded up to a key block
+  std::vector<float> many(4 * 62, 1.0f);
+  std::vector<int32_t> far(62);
   std::iota(far.begin(), far.end(), 100);
-  EXPECT_THROW(kv.append(many.data(), 4, many.data(), 4, far.data(), 30), Error);  // past capacity 32
+  EXPECT_THROW(kv.append(many.data(), 4, many.data(), 4, far.data(), 62), Error);  // 3 + 62 > 64
 }
 
 // Attention over a key subset listed by slot in a cache whose slots are out of position order
 // (revived tokens appended late), against the reference over exactly those keys.
+void attention_over_slot_list(KvType type);
 TEST(Ops, AttentionOverSlotListMatchesReference) {
+  for (const KvType type : {KvType::F32, KvType::F16}) {
+    SCOPED_TRACE(kv_type_name(type));
+    attention_over_slot_list(type);
+  }
+}
+
+void attention_over_slot_list(KvType type) {
   const int64_t H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh, S = 150;
-  const auto k = randn(S * KV, 31), v = randn(S * KV, 32);
+  auto k = randn(S * KV, 31), v = randn(S * KV, 32);
   // Slot order: even positions first (as a pruned prefill would hold them), then the odd ones
   // appended later in two revival batches.
   std::vector<int32_t> order;
@@ -223,7 +272,7 @@ TEST(Ops, AttentionOverSlotListMatchesReference) {
   for (int32_t p = 1; p < S; p += 4) order.push_back(p);
   for (int32_t p = 3; p < S; p += 4) order.push_back(p);
   LayerKV kv;
-  kv.init(S, Hkv, Dh);
+  kv.init(S, Hkv, Dh, type);
   std::vector<int32_t> slot_of(S);
   for (size_t j = 0; j < order.size(); ++j) slot_of[size_t(order[j])] = int32_t(j);
   size_t i = 0;
@@ -251,6 +300,7 @@ TEST(Ops, AttentionOverSlotListMatchesReference) {
   CpuContext ctx(2);
   std::vector<float> out(qpos.size() * Q);
   attention(ctx, q.data(), Q, qpos.data(), int64_t(qpos.size()), KeySet{kv, slots}, H, out.data(), Q);
+  if (type == KvType::F16) k = f16_rounded(k), v = f16_rounded(v);
   std::vector<float> ks, vs;
   for (int32_t p : keys) {
     ks.insert(ks.end(), k.begin() + p * KV, k.begin() + (p + 1) * KV);
