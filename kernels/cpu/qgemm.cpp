@@ -968,31 +968,67 @@ void run(bool v512, GgmlType t, const uint8_t* W, int64_t row_bytes, const QActB
 }
 }  // namespace gemv
 
+namespace {
+// One block: d = max|v| / 127, q = round-half-even(v * 127 / max|v|) clamped to +-127, s = d * sum q;
+// a block with a NaN or an infinity gets NaN scales and zero bytes (as the f32 product would be
+// NaN, never a cast of NaN to int).
+void quantize_block_scalar(const float* v, QActBlock& o) {
+  float amax = 0;
+  bool finite = true;
+  for (int j = 0; j < kQBlock; ++j) {
+    amax = std::max(amax, std::fabs(v[j]));
+    finite = finite && std::isfinite(v[j]);
+  }
+  if (!finite) {
+    o.d = o.s = std::numeric_limits<float>::quiet_NaN();
+    std::fill(o.q, o.q + kQBlock, int8_t(0));
+    return;
+  }
+  o.d = amax / 127.f;
+  const float id = amax > 0 ? 127.f / amax : 0.f;
+  int32_t sum = 0;
+  for (int j = 0; j < kQBlock; ++j) {
+    const int32_t q = int32_t(std::nearbyint(v[j] * id));
+    o.q[j] = int8_t(std::clamp(q, -127, 127));
+    sum += o.q[j];
+  }
+  o.s = o.d * float(sum);
+}
+}  // namespace
+
+// The same arithmetic in vectors (each value's product and rounding are the scalar ones, the max
+// and the integer sum exact in any order): the same bits. It ran per activation row of every GEMM
+// in scalar code, 4-6% of a decoding step.
 void quantize_activations(const float* x, int64_t K, QActBlock* out) {
   if (K % kQBlock != 0) fail("quantize_activations: {} values are not a multiple of {}", K, kQBlock);
   for (int64_t b = 0; b < K / kQBlock; ++b) {
     const float* v = x + b * kQBlock;
-    float amax = 0;
-    bool finite = true;
-    for (int j = 0; j < kQBlock; ++j) {
-      amax = std::max(amax, std::fabs(v[j]));
-      finite = finite && std::isfinite(v[j]);
-    }
     QActBlock& o = out[b];
-    if (!finite) {  // NaN out, as the f32 product would give (never a cast of NaN to int)
-      o.d = o.s = std::numeric_limits<float>::quiet_NaN();
-      std::fill(o.q, o.q + kQBlock, int8_t(0));
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    static_assert(kQBlock == 32);
+    const __m512 a0 = _mm512_loadu_ps(v), a1 = _mm512_loadu_ps(v + 16);
+    // x - x is 0 exactly when x is finite.
+    const __mmask16 f0 = _mm512_cmp_ps_mask(_mm512_sub_ps(a0, a0), _mm512_setzero_ps(), _CMP_EQ_OQ);
+    const __mmask16 f1 = _mm512_cmp_ps_mask(_mm512_sub_ps(a1, a1), _mm512_setzero_ps(), _CMP_EQ_OQ);
+    if ((f0 & f1) != 0xffff) {
+      quantize_block_scalar(v, o);
       continue;
     }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
     o.d = amax / 127.f;
-    const float id = amax > 0 ? 127.f / amax : 0.f;
-    int32_t sum = 0;
-    for (int j = 0; j < kQBlock; ++j) {
-      const int32_t q = int32_t(std::nearbyint(v[j] * id));
-      o.q[j] = int8_t(std::clamp(q, -127, 127));
-      sum += o.q[j];
-    }
-    o.s = o.d * float(sum);
+    const __m512 id = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    const auto q = [&](__m512 a) {
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(a, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      return _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(r), lo), hi);
+    };
+    const __m512i q0 = q(a0), q1 = q(a1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q + 16), _mm512_cvtepi32_epi8(q1));
+    o.s = o.d * float(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+#else
+    quantize_block_scalar(v, o);
+#endif
   }
 }
 

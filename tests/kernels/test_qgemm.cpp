@@ -4,6 +4,8 @@
 // implies.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -51,6 +53,55 @@ TEST(QGemm, ActivationQuantizationByHand) {
   EXPECT_EQ(q[1].d, 0.f);
   for (int j = 0; j < 32; ++j) EXPECT_EQ(q[1].q[j], 0);
   EXPECT_THROW(quantize_activations(x.data(), 40, q), Error);
+}
+
+// Against the rule written out here per value (d = max|v| / 127, q = v * (127 / max|v|) rounded
+// half to even, clamped to +-127, s = d * sum q; NaN scales and zero bytes for a block with a NaN
+// or an infinity), bit for bit, on random blocks and on blocks of exact ties, zeros, subnormals,
+// huge values and non-finite ones.
+TEST(QGemm, ActivationQuantizationIsTheRuleBitForBit) {
+  std::vector<float> x = random_floats(32 * 64, 5);
+  // Exact ties: max 127 makes the factor 1 and v = k + 0.5; max 254 makes it 0.5 and v odd.
+  for (int j = 0; j < 32; ++j) x[size_t(32 + j)] = j == 0 ? 127.f : float(j) - 15.5f;
+  for (int j = 0; j < 32; ++j) x[size_t(64 + j)] = j == 0 ? -254.f : float(2 * j - 31);
+  for (int j = 0; j < 32; ++j) x[size_t(96 + j)] = 0.f;
+  for (int j = 0; j < 32; ++j) x[size_t(128 + j)] = 1e-42f * float(j);  // subnormals
+  for (int j = 0; j < 32; ++j) x[size_t(160 + j)] = 3e38f * (j % 3 == 0 ? -1.f : 0.5f);
+  x[200] = std::numeric_limits<float>::quiet_NaN();
+  x[250] = std::numeric_limits<float>::infinity();
+  x[290] = -std::numeric_limits<float>::infinity();
+  for (int64_t b = 12; b < 64; b += 7) x[size_t(b * 32 + 3)] *= 1000.f;  // one outlier a block
+  const int64_t nb = int64_t(x.size()) / kQBlock;
+  std::vector<QActBlock> q(static_cast<size_t>(nb));
+  quantize_activations(x.data(), int64_t(x.size()), q.data());
+  const auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* v = x.data() + b * kQBlock;
+    float amax = 0;
+    bool finite = true;
+    for (int j = 0; j < kQBlock; ++j) {
+      finite = finite && std::isfinite(v[j]);
+      amax = std::max(amax, std::fabs(v[j]));
+    }
+    if (!finite) {
+      EXPECT_TRUE(std::isnan(q[size_t(b)].d) && std::isnan(q[size_t(b)].s)) << "block " << b;
+      for (int j = 0; j < kQBlock; ++j) EXPECT_EQ(q[size_t(b)].q[j], 0) << "block " << b;
+      continue;
+    }
+    const float d = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < kQBlock; ++j) {
+      const float r = v[j] * id;
+      float rounded = std::floor(r);
+      const float frac = r - rounded;
+      if (frac > 0.5f || (frac == 0.5f && std::fmod(rounded, 2.f) != 0.f)) rounded += 1.f;
+      const int want = std::clamp(int(rounded), -127, 127);
+      ASSERT_EQ(q[size_t(b)].q[j], want) << "block " << b << " value " << j << " = " << v[j];
+      sum += want;
+    }
+    EXPECT_EQ(bits(q[size_t(b)].d), bits(d)) << "block " << b;
+    EXPECT_EQ(bits(q[size_t(b)].s), bits(d * float(sum))) << "block " << b;
+  }
 }
 
 TEST(QGemm, DotIsTheMathOfTheDequantizedBlocks) {
