@@ -1019,7 +1019,8 @@ void quantize_activations(const float* x, int64_t K, QActBlock* out) {
     const __m512 id = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
     const auto q = [&](__m512 a) {
-      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(a, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512 r =
+          _mm512_roundscale_ps(_mm512_mul_ps(a, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       return _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(r), lo), hi);
     };
     const __m512i q0 = q(a0), q1 = q(a1);

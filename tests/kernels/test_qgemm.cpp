@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <bit>
-
 #include <cmath>
 #include <cstring>
 #include <random>
