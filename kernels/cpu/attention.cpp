@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cpu/simd.h"
 #include "model/error.h"
@@ -215,20 +216,13 @@ inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, floa
   *sum_out = sum;
 }
 
-// The cache's storage of element type E (float for KvType::F32, uint16_t for F16).
+// The cache's keys and values as element type E (float for KvType::F32, uint16_t for F16).
 template <class E>
-const E* kt_data(const LayerKV& kv) {
+std::pair<const E*, const E*> storage(const LayerKV& kv) {
   if constexpr (std::is_same_v<E, float>)
-    return kv.kt.data();
+    return {kv.kt.data(), kv.v.data()};
   else
-    return kv.kt16.data();
-}
-template <class E>
-const E* v_data(const LayerKV& kv) {
-  if constexpr (std::is_same_v<E, float>)
-    return kv.v.data();
-  else
-    return kv.v16.data();
+    return {kv.kt16.data(), kv.v16.data()};
 }
 
 // Keys [k0, k0 + bk) of a key set for kv group g (k0 a multiple of kBlock, the cache's key
@@ -246,8 +240,7 @@ inline KeyBlock<E> key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t 
   static_assert(kBlock == kKeyBlock, "attention's key blocks are the cache's");
   const LayerKV& kv = keys.kv;
   const int64_t Dh = kv.Dh;
-  const E* kt = kt_data<E>(kv);
-  const E* v = v_data<E>(kv);
+  const auto [kt, v] = storage<E>(kv);
   if (keys.slots.empty()) return {kt + kv.kt_index(g, 0, k0), kBlock, v + kv.v_index(g, k0)};
   const int32_t* sl = keys.slots.data() + k0;
   for (int64_t d = 0; d < Dh; ++d) {
@@ -384,7 +377,7 @@ void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* sco
   std::vector<float> logit(static_cast<size_t>(group * n_held)), p(static_cast<size_t>(n_keys));
   std::vector<float> row(static_cast<size_t>(kKeyBlock));
   std::fill(scores, scores + n_keys, 0.0f);
-  const E* kt = kt_data<E>(kv);
+  const E* kt = storage<E>(kv).first;
   for (int64_t g = 0; g < Hkv; ++g) {
     std::fill(logit.begin(), logit.end(), 0.0f);
     for (int64_t k0 = 0; k0 < n_held; k0 += kKeyBlock) {
