@@ -47,14 +47,28 @@ const Model& tiny() {
   return *m;
 }
 
+// The CPU backend, each token's logits `delay` late: a generation that cannot end before a test's
+// client has left (the tiny model makes 200 tokens in tens of milliseconds).
+struct SlowCpuBackend : CpuBackend {
+  std::chrono::milliseconds delay;
+  SlowCpuBackend(int64_t n_ctx, std::chrono::milliseconds d)
+      : CpuBackend(ctx(), tiny().config(), tiny().weights(), n_ctx), delay(d) {}
+  void lm_head(float* logits) override {
+    std::this_thread::sleep_for(delay);
+    CpuBackend::lm_head(logits);
+  }
+};
+
 // A server on a free port, run on its own thread for the test's life.
 struct Running {
   std::unique_ptr<Server> srv;
   std::thread t;
-  explicit Running(ServerOptions o = options(), int64_t budget = int64_t(64) << 20) {
+  explicit Running(ServerOptions o = options(), int64_t budget = int64_t(64) << 20,
+                   std::chrono::milliseconds step_delay = 0ms) {
     SchedulerOptions so;
     so.kv_budget_bytes = budget;
-    so.make_backend = [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+    so.make_backend = [step_delay](int64_t n_ctx) -> std::unique_ptr<Backend> {
+      if (step_delay > 0ms) return std::make_unique<SlowCpuBackend>(n_ctx, step_delay);
       return std::make_unique<CpuBackend>(ctx(), tiny().config(), tiny().weights(), n_ctx);
     };
     srv = std::make_unique<Server>(tiny(), std::move(so), std::move(o));
@@ -347,13 +361,13 @@ TEST(Server, ConnectionsBeyondTheLimitGet429) {
 }
 
 TEST(Server, AClientThatLeavesCancelsItsRequestAndFreesItsKv) {
-  Running r;
+  Running r(Running::options(), int64_t(64) << 20, 10ms);  // 200 tokens take 2 s at least
   {
     asio::io_context io;
     beast::tcp_stream s(io);
     s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), r.port()));
     http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
-    req.body() = R"({"temperature": 0.7, "max_tokens": 200, "stream": true, "prompt": )" +
+    req.body() = R"({"temperature": 0.7, "max_tokens": 200, "ignore_eos": true, "stream": true, "prompt": )" +
                  ids_json(prompt_of(30, 5)) + "}";
     req.prepare_payload();
     http::write(s, req);
