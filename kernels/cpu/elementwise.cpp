@@ -22,15 +22,18 @@ void exp_inplace(float* x, int64_t n) {
   for (; i < n; ++i) x[i] = exp1(x[i]);
 }
 
+// Elementwise ops of at most this many values run on the calling thread: entering the thread arena
+// costs more than they do.
+constexpr int64_t kInlineValues = 16384;
+
 // Rows t = 0..T-1 of an elementwise op, each `per_row` values: across the threads, or on the
-// calling thread when the whole op is smaller than entering the thread arena costs. A batch of
+// calling thread when the whole op is at most kInlineValues. A batch of
 // decoding requests runs each member's one-row norms, RoPE, SwiGLU and residual in turn (engine/
 // batch.cpp), about five ops per member and layer: 1,200 arena entries a step for 8 members, which
 // cost more than the ops. Each row's arithmetic is the same either way.
 template <class F>
 void for_rows(CpuContext& ctx, int64_t T, int64_t per_row, F&& f) {
-  constexpr int64_t kInline = 16384;  // values
-  if (T * per_row <= kInline) {
+  if (T * per_row <= kInlineValues) {
     for (int64_t t = 0; t < T; ++t) f(t);
     return;
   }
@@ -113,7 +116,7 @@ void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up
 }
 
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n) {
-  if (n <= 16384) {
+  if (n <= kInlineValues) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
     return;

@@ -56,7 +56,6 @@ struct LayerKV {
     return ((g * (cap / kKeyBlock) + s / kKeyBlock) * Dh + d) * kKeyBlock + s % kKeyBlock;
   }
   int64_t v_index(int64_t g, int64_t s) const { return (g * cap + s) * Dh; }
-  int64_t bytes_per_slot() const { return 2 * Hkv * Dh * kv_type_bytes(type); }
   void init(int64_t capacity, int64_t n_kv_heads, int64_t head_dim, KvType t = KvType::F32);
   void clear();
   // Appends T rows of k, v [T][Hkv*Dh] (row strides ldk/ldv) at positions pos[T] (ascending

@@ -997,8 +997,8 @@ void quantize_block_scalar(const float* v, QActBlock& o) {
 }  // namespace
 
 // The same arithmetic in vectors (each value's product and rounding are the scalar ones, the max
-// and the integer sum exact in any order): the same bits. It ran per activation row of every GEMM
-// in scalar code, 4-6% of a decoding step.
+// and the integer sum exact in any order): the same bits. In scalar code it took 3.6-5.8% of the
+// samples of `perf record` over BatchedDecode/8 (prefill included), 2026-11-26.
 void quantize_activations(const float* x, int64_t K, QActBlock* out) {
   if (K % kQBlock != 0) fail("quantize_activations: {} values are not a multiple of {}", K, kQBlock);
   for (int64_t b = 0; b < K / kQBlock; ++b) {
