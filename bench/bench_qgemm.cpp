@@ -155,4 +155,48 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QGemm)->Apply(qgemm_shapes);
 
+// The 512-bit kernel over weights packed once at load (qpack, as the CPU backend holds Q4_0, Q4_1
+// and Q8_0), beside BM_QGemm/3 over the same shapes, which packs per call (16 rows or more) or
+// reads the blocks as stored (fewer).
+void BM_QGemmPacked(benchmark::State& st) {
+  const auto t = lp::GgmlType(st.range(0));
+  const int64_t M = st.range(1), K = st.range(2), N = st.range(3);
+  if (!lp::qkernel_supported(lp::QKernel::Avx512Vnni512)) {
+    st.SkipWithError("this CPU lacks the instructions");
+    return;
+  }
+  lp::CpuContext ctx(2);
+  const int64_t bytes = *lp::type_bytes(t, K) * N;
+  std::vector<std::vector<uint8_t>> ws(16, std::vector<uint8_t>(static_cast<size_t>(bytes)));
+  std::vector<std::shared_ptr<const lp::QPacked>> packs;
+  uint64_t seed = 1;
+  for (auto& w : ws) {
+    lp::testing::fill_random_blocks(t, w.data(), bytes / lp::type_info(uint32_t(t))->block_bytes, seed++,
+                                    0.01f);
+    packs.push_back(lp::qpack(ctx, t, w.data(), N, K));
+  }
+  std::mt19937 rng(1);
+  std::vector<float> a(static_cast<size_t>(M * K)), c(static_cast<size_t>(M * N));
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : a) x = u(rng);
+  size_t i = 0;
+  for (auto _ : st) {
+    const lp::QPart part{t, N, ws[i].data(), packs[i].get()};
+    lp::qgemm(ctx, lp::QKernel::Avx512Vnni512, a.data(), M, K, {&part, 1}, K, c.data(), N);
+    i = (i + 1) % ws.size();
+  }
+  st.SetLabel(std::string(lp::type_info(uint32_t(t))->name) + " packed");
+  st.counters["Gop/s"] = benchmark::Counter(2.0 * double(M) * double(N) * double(K),
+                                            benchmark::Counter::kIsIterationInvariantRate);
+}
+void packed_shapes(benchmark::internal::Benchmark* b) {
+  for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1)}) {
+    for (int64_t m : {64, 512}) b->Args({t, m, 576, 3072});
+    for (const auto& [K, N] : {std::pair<int64_t, int64_t>{576, 3072}, {1536, 576}, {576, 49152}})
+      for (int64_t m : {1, 4, 8}) b->Args({t, m, K, N});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_QGemmPacked)->Apply(packed_shapes);
+
 }  // namespace

@@ -149,7 +149,8 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
     gpu = check_cuda_backend(path, *asked);  // never auto's CPU choice: bf16 on a GPU
   }
   lp::CpuContext ctx(a.threads);
-  const auto model = asked ? lp::Model::load(path, *asked, ctx) : lp::Model::load_auto(path, ctx);
+  const auto model =
+      asked ? lp::Model::load(path, *asked, ctx, a.backend != "cuda") : lp::Model::load_auto(path, ctx);
   const lp::DType dtype = model->weights().dtype;
   const lp::Tokenizer& tok = model->tokenizer();
   std::vector<int32_t> ids;

@@ -10,20 +10,20 @@ namespace lp {
 
 namespace {
 std::unique_ptr<Model> from_file(const std::shared_ptr<GgufFile>& file, const std::string& path, DType dtype,
-                                 CpuContext& ctx) {
+                                 CpuContext& ctx, bool for_cpu = true) {
   const GgufFile& f = *file;
   ModelConfig c = config_from_gguf(f);
   auto tok = std::make_unique<Tokenizer>(vocab_from_gguf(f));
   if (tok->n_vocab() != c.n_vocab)
     fail("{}: tokenizer has {} tokens but the embedding has {} rows", path, tok->n_vocab(), c.n_vocab);
-  Weights w = load_weights(file, c, dtype, ctx);
+  Weights w = load_weights(file, c, dtype, ctx, for_cpu);
   file->drop_metadata();  // int8 weights may keep the mapping; nothing reads the metadata again
   return std::make_unique<Model>(std::move(c), std::move(w), std::move(tok), path);
 }
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path, DType dtype, CpuContext& ctx) {
-  return from_file(std::make_shared<GgufFile>(GgufFile::open(path)), path, dtype, ctx);
+std::unique_ptr<Model> Model::load(const std::string& path, DType dtype, CpuContext& ctx, bool for_cpu) {
+  return from_file(std::make_shared<GgufFile>(GgufFile::open(path)), path, dtype, ctx, for_cpu);
 }
 
 std::unique_ptr<Model> Model::load_auto(const std::string& path, CpuContext& ctx) {

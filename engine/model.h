@@ -15,7 +15,9 @@ namespace lp {
 class Model {
  public:
   // Loads config, tokenizer and weights. Throws lp::Error on any problem with the file.
-  static std::unique_ptr<Model> load(const std::string& path, DType dtype, CpuContext& ctx);
+  // for_cpu: false for a model a GPU backend runs (load_weights: no CPU packing).
+  static std::unique_ptr<Model> load(const std::string& path, DType dtype, CpuContext& ctx,
+                                     bool for_cpu = true);
   // The same in `--dtype auto`'s choice for the CPU (auto_cpu_dtype, kernels/weights.h: int8 for a
   // quantized file), the file opened once; weights().dtype says which.
   static std::unique_ptr<Model> load_auto(const std::string& path, CpuContext& ctx);

@@ -34,7 +34,7 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name) {
 // requantized to Q8_0 (the dequantized values rounded per block of 32 to 8 bits, as llama.cpp's
 // quantizer does). So Q4_K_M's attn_q|k|v, Q4_K and Q6_K, stays Q4_K and Q6_K.
 Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const GgufTensor*> ts, Matrix m,
-                 CpuContext& ctx) {
+                 CpuContext& ctx, bool pack) {
   const GgufFile& f = *file;
   if (m.cols % kQBlock != 0)
     fail(
@@ -63,6 +63,13 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const 
     m.parts.push_back({GgmlType::Q8_0, t->rows(), dst});
     q_row += t->rows();
   }
+  // The 512-bit kernel's order, copied once (qpack: null where it does not apply); the file's pages
+  // then leave the resident set for good (load_matrix's Drop), as only the embedding lookup reads
+  // them.
+  for (QPart& p : m.parts) {
+    m.packs.push_back(pack ? qpack(ctx, p.type, p.data, p.rows, K) : nullptr);
+    p.packed = m.packs.back().get();
+  }
   // Scales no arithmetic survives (a file's NaN or infinite f16, or a requantized NaN): refused,
   // naming the tensor.
   for (size_t i = 0; i < m.parts.size(); ++i) {
@@ -87,7 +94,7 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, std::vector<const 
 
 // Stacks the named [rows_i][K] tensors into one matrix.
 Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vector<std::string>& names,
-                   DType dtype, CpuContext& ctx) {
+                   DType dtype, CpuContext& ctx, bool for_cpu) {
   const GgufFile& f = *file;
   Matrix m;
   m.dtype = dtype;
@@ -108,7 +115,7 @@ Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vecto
       for (const GgufTensor* t : ts) f.drop_pages(t->data, uint64_t(t->n_bytes));
     }
   } drop{f, ts};
-  if (dtype == DType::Int8) return load_int8(file, ts, std::move(m), ctx);
+  if (dtype == DType::Int8) return load_int8(file, ts, std::move(m), ctx, for_cpu);
   if (dtype == DType::F32)
     m.f32.resize(m.rows * m.cols, false);
   else
@@ -150,10 +157,10 @@ double Weights::gemm_bytes_per_weight() const {
 }
 
 Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelConfig& c, DType dtype,
-                     CpuContext& ctx) {
+                     CpuContext& ctx, bool for_cpu) {
   const GgufFile& f = *file;
   const auto load_matrix = [&](const std::vector<std::string>& names) {
-    return lp::load_matrix(file, names, dtype, ctx);
+    return lp::load_matrix(file, names, dtype, ctx, for_cpu);
   };
   Weights w;
   w.dtype = dtype;

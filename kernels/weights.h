@@ -42,8 +42,10 @@ struct Weights {
 // Dequantizes every tensor the config names into `dtype` (Int8: keeps or requantizes the blocks;
 // a matrix kept as stored reads the file's mapping, which it keeps alive). Throws lp::Error for a
 // tensor type that cannot be dequantized.
+// for_cpu: int8 matrices are also packed for the CPU's 512-bit kernel where it runs (qpack: as many
+// bytes again); a GPU backend, which uploads the blocks as stored, passes false.
 Weights load_weights(const std::shared_ptr<const GgufFile>& f, const ModelConfig& c, DType dtype,
-                     CpuContext& ctx);
+                     CpuContext& ctx, bool for_cpu = true);
 
 // A quantized file: every layer's matrix (attn_q/k/v/output, ffn_gate/up/down) is in a type the
 // integer GEMM multiplies as stored, so --dtype int8 keeps all of them.

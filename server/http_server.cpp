@@ -116,6 +116,9 @@ struct Server::Impl {
 
   // ---- the engine thread ----
 
+  // What the step's callbacks have for the network thread (engine thread only).
+  std::vector<std::function<void()>> outbox;
+
   void engine_loop() {
     while (true) {
       bool worked = false;
@@ -124,6 +127,10 @@ struct Server::Impl {
       } catch (const std::exception& e) {  // out of memory while admitting, say: keep serving the others
         fmt::print(stderr, "lazyprefill serve: engine: {}\n", escape_text(e.what()));
       }
+      if (!outbox.empty())  // the step's text and ends, in order, in one post (one wake-up)
+        asio::post(ioc, [v = std::exchange(outbox, {})]() mutable {
+          for (auto& f : v) f();
+        });
       metrics.engine_state(sched);
       if (!worked) {
         if (engine_stop.load() && sched.queued() == 0 && sched.running() == 0) return;
@@ -179,7 +186,7 @@ struct Server::Impl {
       side->last_token = now;
       std::string piece = side->text.push(tok);
       if (!piece.empty())
-        asio::post(ioc, [p, piece = std::move(piece)]() mutable {
+        outbox.push_back([p, piece = std::move(piece)]() mutable {
           p->pieces.push_back(std::move(piece));
           p->wake();
         });
@@ -190,7 +197,7 @@ struct Server::Impl {
       std::string tail = r.finish == Finish::Length || r.finish == Finish::Stop ? side->text.finish() : "";
       metrics.finished(r, m.config().n_layer);
       if (log) write_log(r, e);
-      asio::post(ioc, [p, tail = std::move(tail), r]() mutable {
+      outbox.push_back([p, tail = std::move(tail), r]() mutable {
         if (!tail.empty()) p->pieces.push_back(std::move(tail));
         p->done = r;
         p->wake();

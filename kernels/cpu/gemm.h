@@ -39,7 +39,8 @@ struct Matrix {
   std::vector<QPart> parts;
   Buffer<uint8_t> q;
   std::shared_ptr<const void> q_owner;
-  bool mixed() const;  // Int8 parts of more than one type
+  std::vector<std::shared_ptr<const QPacked>> packs;  // each part's QPart::packed (qpack)
+  bool mixed() const;                                 // Int8 parts of more than one type
   // Int8: the parts' type when they share one, else the first's (Q8_0 before there are parts).
   GgmlType qtype() const { return parts.empty() ? GgmlType::Q8_0 : parts.front().type; }
   const void* data() const {

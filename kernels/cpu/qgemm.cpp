@@ -11,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/buffer.h"
 #include "kernels/cpu/simd.h"
 #include "model/error.h"
 
@@ -123,6 +124,19 @@ struct Panel {
     return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 63) & ~uintptr_t(63));
   }
 };
+}  // namespace
+
+// Panels of 32 outputs, each [nb][2 vectors][groups][64 bytes] of weights (groups: 4 of nibbles
+// for Q4_0 and Q4_1, 8 of bytes for Q8_0; vnni512::PackedPanel reads them) and [nb][32] f16
+// scales and minima as the file stores them. Lanes past N are zero.
+struct QPacked {
+  GgmlType type = GgmlType::Q8_0;
+  int64_t N = 0, nb = 0, panel_bytes = 0;
+  Buffer<uint8_t> w;
+  Buffer<uint16_t> d, m;
+};
+
+namespace {
 // Four bytes as one little-endian word (a Q5_0/Q5_1 block's qh: element e's fifth bit is bit e).
 inline uint32_t load_u32(const uint8_t* p) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
@@ -396,7 +410,8 @@ constexpr int kMR = 8, kNR = 2, kMR1 = 8, kNR1 = 2;
 // unsigned bytes vpdpbusd needs (a signed type's offset, 128 for Q8_0 and 8, 16, 32 for Q4_0,
 // Q5_0, Q6_K, is added to each weight and taken back as -offset x the activation block's sum, the
 // lanes' starting value), and every row of the GEMM passes over the panel. Per output it is the
-// scalar twin's arithmetic. Small M (decoding) runs the 256-bit tiles (kPanelMinRows).
+// scalar twin's arithmetic. Weights packed once at load (qpack, PackedPanel) run every M here;
+// otherwise small M (decoding) runs the 256-bit tiles (kPanelMinRows).
 namespace vnni512 {
 namespace {
 #define LP_QTARGET LP_TARGET_VNNI
@@ -429,17 +444,57 @@ LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, i
     }
   }
 }
+// A panel as the GEMM packs it per call: the weights' unsigned bytes, f32 scales and minima.
+struct BytePanel {
+  const uint8_t* pw;
+  const float *pd, *pm;
+  LP_QTARGET __m512i w(int64_t b, int j, int g) const {
+    return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64);
+  }
+  LP_QTARGET __m512 d(int64_t b, int S, int h, int j) const {
+    return _mm512_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
+  }
+  LP_QTARGET __m512 m(int64_t b, int j) const { return _mm512_loadu_ps(pm + (b * kNV + j) * kLanes); }
+  void prefetch(int64_t) const {}  // packed per call: in cache
+};
+// A panel as qpack keeps it (QPacked below): Q4_0 and Q4_1 as nibbles, groups 2q and 2q + 1 in
+// the low and high halves of 64 bytes [nb][kNV][4][64]; Q8_0 as BytePanel's bytes; the f16 scales
+// and minima of the file, [nb][kNV][16] each, widened in registers (exactly).
+template <GgmlType T>
+struct PackedPanel {
+  static constexpr bool kNibbles = T != GgmlType::Q8_0;
+  const uint8_t* pw;
+  const uint16_t *pd, *pm;
+  LP_QTARGET __m512i w(int64_t b, int j, int g) const {
+    if constexpr (!kNibbles) return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64);
+    const __m512i x = _mm512_load_si512(pw + ((b * kNV + j) * 4 + g / 2) * 64);
+    return _mm512_and_si512(g % 2 ? _mm512_srli_epi16(x, 4) : x, _mm512_set1_epi8(15));
+  }
+  LP_QTARGET __m512 d(int64_t b, int, int, int j) const {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pd + (b * kNV + j) * kLanes)));
+  }
+  LP_QTARGET __m512 m(int64_t b, int j) const {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pm + (b * kNV + j) * kLanes)));
+  }
+  // Block b + kAhead's lines, read from memory while block b multiplies.
+  static constexpr int64_t kAhead = 4, kLines = kNV * (kNibbles ? 4 : 8);
+  void prefetch(int64_t b) const {
+    const uint8_t* p = pw + (b + kAhead) * kLines * 64;
+    for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + l * 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pd + (b + kAhead) * kPanel), _MM_HINT_T0);
+  }
+};
 // Rows m0..m0+MR of a panel's outputs (C points at its first output; k[j] masks the lanes that are
 // outputs). bias: -offset x the sum of each activation block (half for Q6_K), [M][nb][S].
-template <GgmlType T, int MR>
-LP_QTARGET inline void tile(const uint8_t* pw, const float* pd, const float* pm, const QActBlock* qa,
-                            const int32_t* bias, int64_t nb, int64_t m0, float* C, int64_t ldc,
-                            const __mmask16 (&k)[kNV]) {
+template <GgmlType T, int MR, class Src>
+LP_QTARGET inline void tile(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0,
+                            float* C, int64_t ldc, const __mmask16 (&k)[kNV]) {
   constexpr int S = n_scales(T), G = 8 / S;
   __m512 acc[MR][kNV];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
+    src.prefetch(b);
     for (int h = 0; h < S; ++h) {
       __m512i s[MR][kNV];
       for (int m = 0; m < MR; ++m) {
@@ -449,7 +504,7 @@ LP_QTARGET inline void tile(const uint8_t* pw, const float* pd, const float* pm,
       }
       for (int g = h * G; g < (h + 1) * G; ++g) {
         __m512i w[kNV];
-        for (int j = 0; j < kNV; ++j) w[j] = _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64);
+        for (int j = 0; j < kNV; ++j) w[j] = src.w(b, j, g);
         for (int m = 0; m < MR; ++m) {
           const __m512i a = _mm512_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
           for (int j = 0; j < kNV; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], w[j], a);
@@ -457,21 +512,32 @@ LP_QTARGET inline void tile(const uint8_t* pw, const float* pd, const float* pm,
       }
       for (int m = 0; m < MR; ++m) {
         const __m512 da = _mm512_set1_ps(qa[(m0 + m) * nb + b].d);
-        for (int j = 0; j < kNV; ++j) {
-          const __m512 dw = _mm512_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
-          acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][j]), _mm512_mul_ps(dw, da), acc[m][j]);
-        }
+        for (int j = 0; j < kNV; ++j)
+          acc[m][j] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][j]), _mm512_mul_ps(src.d(b, S, h, j), da), acc[m][j]);
       }
     }
     if constexpr (block_has_min(T))
       for (int m = 0; m < MR; ++m) {
         const __m512 sa = _mm512_set1_ps(qa[(m0 + m) * nb + b].s);
-        for (int j = 0; j < kNV; ++j)
-          acc[m][j] = _mm512_fmadd_ps(_mm512_loadu_ps(pm + (b * kNV + j) * kLanes), sa, acc[m][j]);
+        for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_fmadd_ps(src.m(b, j), sa, acc[m][j]);
       }
   }
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) _mm512_mask_storeu_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
+}
+// Every row over one panel of cnt outputs (<= kPanel) at C.
+template <GgmlType T, class Src>
+LP_QTARGET void rows(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t M, int cnt,
+                     float* C, int64_t ldc) {
+  __mmask16 k[kNV];
+  for (int j = 0; j < kNV; ++j) {
+    const int lanes = std::clamp(cnt - j * kLanes, 0, kLanes);
+    k[j] = __mmask16((1u << lanes) - 1);
+  }
+  for (int64_t m = 0; m < M; m += kMR)
+    simd::with_rows<kMR>(int(M - m),
+                         [&](auto mr) { tile<T, decltype(mr)::value>(src, qa, bias, nb, m, C, ldc, k); });
 }
 // Every row of outputs n0..n0 + cnt (cnt <= kPanel).
 template <GgmlType T>
@@ -479,24 +545,52 @@ LP_QTARGET void panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
                       int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc) {
   thread_local Panel p;
   pack<T>(W, row_bytes, n0, cnt, nb, p);
-  __mmask16 k[kNV];
-  for (int j = 0; j < kNV; ++j) {
-    const int lanes = std::clamp(cnt - j * kLanes, 0, kLanes);
-    k[j] = __mmask16((1u << lanes) - 1);
-  }
-  const uint8_t* pw = p.w();
-  const float* pd = p.d.data();
-  const float* pm = block_has_min(T) ? p.mins.data() : nullptr;
-  float* c = C + n0;
-  for (int64_t m = 0; m < M; m += kMR)
-    simd::with_rows<kMR>(
-        int(M - m), [&](auto mr) { tile<T, decltype(mr)::value>(pw, pd, pm, qa, bias, nb, m, c, ldc, k); });
+  const BytePanel src{p.w(), p.d.data(), block_has_min(T) ? p.mins.data() : nullptr};
+  rows<T>(src, qa, bias, nb, M, cnt, C + n0, ldc);
 }
 LP_QTARGET void run_panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
                           const int32_t* bias, int64_t nb, int64_t M, int64_t n0, int cnt, float* C,
                           int64_t ldc) {
   with_type(t,
             [&](auto type) { panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc); });
+}
+constexpr bool packs(GgmlType t) {
+  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1;
+}
+// A packed panel widened into BytePanel's storage: nibbles to bytes, f16 to f32.
+template <GgmlType T>
+LP_QTARGET void widen(const PackedPanel<T>& src, int64_t nb, Panel& p) {
+  p.bytes.resize(size_t(nb * kNV * 8 * 64 + 64));
+  p.d.resize(size_t(nb * kPanel));
+  if constexpr (block_has_min(T)) p.mins.resize(size_t(nb * kPanel));
+  uint8_t* pw = p.w();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < kNV; ++j) {
+      for (int g = 0; g < 8; ++g) _mm512_store_si512(pw + ((b * kNV + j) * 8 + g) * 64, src.w(b, j, g));
+      _mm512_storeu_ps(p.d.data() + (b * kNV + j) * kLanes, src.d(b, 1, 0, j));
+      if constexpr (block_has_min(T)) _mm512_storeu_ps(p.mins.data() + (b * kNV + j) * kLanes, src.m(b, j));
+    }
+}
+// Every row over panel p of a packed matrix. Many rows (wide) multiply it widened once to bytes:
+// each tile of 6 rows passes over the panel again, and as bytes vpdpbusd reads its weights from
+// memory, where nibbles take a shift and a mask per tile (Q4_1 512 x 576 x 3072: 4.9 ms from the
+// nibbles, 3.7 ms packing per call, BM_QGemmPacked, 2026-11-26).
+LP_QTARGET void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M,
+                           bool wide, float* C, int64_t ldc) {
+  const int64_t n0 = p * kPanel, scales = p * P.nb * kPanel;
+  const int cnt = int(std::min<int64_t>(kPanel, P.N - n0));
+  with_type(P.type, [&](auto type) {
+    constexpr GgmlType T = decltype(type)::value;
+    if constexpr (packs(T)) {
+      const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, P.d.data() + scales,
+                               block_has_min(T) ? P.m.data() + scales : nullptr};
+      if (!wide || !src.kNibbles) return rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
+      thread_local Panel w;
+      widen<T>(src, P.nb, w);
+      rows<T>(BytePanel{w.w(), w.d.data(), block_has_min(T) ? w.mins.data() : nullptr}, qa, bias, P.nb, M,
+              cnt, C + n0, ldc);
+    }
+  });
 }
 #undef LP_QTARGET
 }  // namespace
@@ -1137,8 +1231,10 @@ bool qgemm_supports(GgmlType t) {
 }
 
 namespace {
-// Fewer rows than this run the 256-bit tiles under the 512-bit and AVX2 kernels. Packing a panel
-// costs roughly what 10-30 rows of it do by instruction count; the crossover is not yet measured.
+// Fewer rows than this run the 256-bit tiles under the 512-bit (where the part is not packed at
+// load) and AVX2 kernels. Packing per call does not pay at 8 rows: BM_QGemm Q4_1 8 x 576 x 3072
+// took 0.19 ms packing per call, 0.14-0.22 ms in the tiles (2026-11-26, AMD EPYC); packed at load,
+// 0.06-0.08 ms (BM_QGemmPacked).
 constexpr int64_t kPanelMinRows = 16;
 void check(QKernel k, GgmlType t) {
   if (!qgemm_supports(t)) fail("the integer GEMM does not multiply {} weights", type_info(uint32_t(t))->name);
@@ -1163,9 +1259,11 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
 
 namespace {
 // One part's outputs from the quantized rows q [M][nb] (C already offset to its first column).
-void run_part(CpuContext& ctx, QKernel k, GgmlType t, const QActBlock* q, int64_t M, int64_t nb,
-              const uint8_t* w, int64_t N, float* C, int64_t ldc) {
-  const int64_t row_bytes = *type_bytes(t, nb * kQBlock);
+void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q, int64_t M, int64_t nb,
+              float* C, int64_t ldc) {
+  const GgmlType t = part.type;
+  const uint8_t* w = part.data;
+  const int64_t N = part.rows, row_bytes = *type_bytes(t, nb * kQBlock);
   const bool v512 = k == QKernel::Avx512Vnni512;
   if (k == QKernel::Avx512Vnni512 || k == QKernel::Avx2) {
     // -offset x each activation block's sum, for the types these kernels multiply unsigned.
@@ -1174,6 +1272,18 @@ void run_part(CpuContext& ctx, QKernel k, GgmlType t, const QActBlock* q, int64_
     thread_local std::vector<int32_t> bias;
     bias.resize(size_t(M * nb * S));
     int32_t* bs = bias.data();
+    if (v512 && part.packed) {
+      const QPacked& P = *part.packed;
+      if (P.type != t || P.N != N || P.nb != nb) fail("qgemm: a packed part does not match its blocks");
+      if (off != 0)
+        for (int64_t m = 0; m < M; ++m) activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
+      ctx.run([&] {
+        tbb::parallel_for(int64_t(0), (N + vnni512::kPanel - 1) / vnni512::kPanel, [&](int64_t p) {
+          vnni512::run_packed(P, p, q, bs, M, M >= kPanelMinRows, C, ldc);
+        });
+      });
+      return;
+    }
     if (M < kPanelMinRows) {
       if (off != 0 || S > 1)  // the decoding tiles read Q6_K's per half, offset or not
         for (int64_t m = 0; m < M; ++m) activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
@@ -1219,6 +1329,50 @@ void run_part(CpuContext& ctx, QKernel k, GgmlType t, const QActBlock* q, int64_
 }
 }  // namespace
 
+std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t* W, int64_t N, int64_t K) {
+  if (!qkernel_supported(QKernel::Avx512Vnni512) || !vnni512::packs(t) || K % kQBlock != 0 || N <= 0)
+    return {};
+  using vnni512::kLanes, vnni512::kNV, vnni512::kPanel;
+  auto P = std::make_shared<QPacked>();
+  const bool nibbles = t != GgmlType::Q8_0;
+  const int groups = nibbles ? 4 : 8, off = unsigned_offset(t);
+  const int64_t nb = K / kQBlock, panels = (N + kPanel - 1) / kPanel, row_bytes = *type_bytes(t, K);
+  P->type = t, P->N = N, P->nb = nb, P->panel_bytes = nb * kNV * groups * 64;
+  P->w.resize(panels * P->panel_bytes);
+  P->d.resize(panels * nb * kPanel);
+  if (block_has_min(t)) P->m.resize(panels * nb * kPanel);
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), panels, [&](int64_t p) {
+      uint8_t* pw = P->w.data() + p * P->panel_bytes;
+      for (int64_t n = p * kPanel; n < std::min(N, (p + 1) * kPanel); ++n) {
+        const int j = int(n % kPanel) / kLanes, lane = int(n % kLanes);
+        const uint8_t* row = W + n * row_bytes;
+        for (int64_t b = 0; b < nb; ++b) {
+          int8_t v[kQBlock];
+          decode_scalar(t, row, b, v);
+          uint8_t u[kQBlock];  // the unsigned form vpdpbusd multiplies
+          for (int e = 0; e < kQBlock; ++e) u[e] = uint8_t(v[e] + off);
+          // Group g is elements 4g..4g+3; with nibbles, groups 2q and 2q + 1 share byte q's halves.
+          for (int g = 0; g < 8; ++g)
+            for (int i = 0; i < 4; ++i) {
+              uint8_t* at = pw + ((b * kNV + j) * groups + (nibbles ? g / 2 : g)) * 64 + lane * 4 + i;
+              *at |= uint8_t(nibbles && g % 2 ? u[4 * g + i] << 4 : u[4 * g + i]);
+            }
+          const uint8_t* blk = row + b * block_bytes(t);
+          const int64_t at = (p * nb + b) * kPanel + j * kLanes + lane;
+          P->d[at] = load_u16(blk);
+          if (block_has_min(t)) P->m[at] = load_u16(blk + 2);
+        }
+      }
+    });
+  });
+  return P;
+}
+
+int64_t qpacked_bytes(const QPacked& p) {
+  return p.w.size() + 2 * (p.d.size() + p.m.size());
+}
+
 void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, std::span<const QPart> parts,
            int64_t K, float* C, int64_t ldc) {
   for (const QPart& p : parts) {
@@ -1241,7 +1395,7 @@ void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, s
     });
   int64_t n0 = 0;
   for (const QPart& p : parts) {
-    if (p.rows > 0) run_part(ctx, k, p.type, q, M, nb, p.data, p.rows, C + n0, ldc);
+    if (p.rows > 0) run_part(ctx, k, p, q, M, nb, C + n0, ldc);
     n0 += p.rows;
   }
 }

@@ -173,6 +173,40 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
   }
 }
 
+// Weights packed once (qpack) give the scalar twin's bits through the 512-bit kernel for every row
+// count (37: 6 tiles of 6 and one of 1; 8: 6 and 2; 1), 70 outputs (two full panels and one of 6
+// lanes), strided rows, 1 and 2 threads. Types without a packed form, and CPUs without the kernel,
+// get none.
+TEST(QGemm, PackedWeightsMatchTheScalarTwinBitForBit) {
+  const int64_t N = 70, K = 512, lda = K + 5, ldc = N + 3;
+  CpuContext one(1), two(2);
+  const bool v512 = qkernel_supported(QKernel::Avx512Vnni512);
+  for (GgmlType t : kQuantTypes) {
+    const std::vector<uint8_t> W = random_q_rows(t, N, K, 23);
+    const auto packed = qpack(two, t, W.data(), N, K);
+    const bool packs = t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1;
+    ASSERT_EQ(packed != nullptr, v512 && packs) << type_info(uint32_t(t))->name;
+    if (!packed) continue;
+    // As many bytes as the blocks (f16 scales and nibbles kept), rounded up to whole panels.
+    EXPECT_EQ(qpacked_bytes(*packed), 3 * 32 * *type_bytes(t, K));
+    for (int64_t M : {37, 8, 7, 1}) {
+      const std::vector<float> A = random_floats(M * lda, 29);
+      std::vector<float> ref(size_t(M * ldc), -1.f);
+      qgemm(one, QKernel::Scalar, t, A.data(), M, lda, W.data(), N, K, ref.data(), ldc);
+      const QPart part{t, N, W.data(), packed.get()};
+      for (CpuContext* ctx : {&one, &two}) {
+        std::vector<float> got(size_t(M * ldc), -1.f);
+        qgemm(*ctx, QKernel::Avx512Vnni512, A.data(), M, lda, {&part, 1}, K, got.data(), ldc);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < ldc; ++n)
+            ASSERT_EQ(got[size_t(m * ldc + n)], ref[size_t(m * ldc + n)])
+                << type_info(uint32_t(t))->name << " threads " << ctx->threads() << " M " << M << " m " << m
+                << " n " << n;
+      }
+    }
+  }
+}
+
 // Many panels (19 of 32 outputs, 38 of 16) over more rows than the tiles' multiples, on 2 threads.
 TEST(QGemm, ManyPanelsMatchTheScalarTwin) {
   const int64_t M = 101, N = 600, K = 256, nb = K / kQBlock;
