@@ -72,7 +72,7 @@ constexpr double kMinRequestedF = 2;
 // Bounds of each parameter (in its own unit): shares of a peak, or microseconds.
 std::pair<double, double> bounds(const std::string& name) {
   if (name == "overhead_us") return {0.01, 5000};
-  if (name == "gemm.half_rows") return {0.01, 4096};
+  if (name == "gemm.half_rows" || name == "attention.half_rows") return {0.01, 4096};
   if (name == "pruning.stage_us") return {0.01, 1e5};
   return {0.01, 1};
 }
@@ -257,9 +257,9 @@ double predict_point(const hw::Profile& hw, const Point& pt) {
 }
 
 const std::vector<std::string>& fit_candidates() {
-  static const std::vector<std::string> c = {"gemm.compute",    "overhead_us", "attention.compute",
-                                             "gemm.half_rows",  "gemm.memory", "interconnect",
-                                             "pruning.stage_us"};
+  static const std::vector<std::string> c = {"gemm.compute",   "overhead_us",         "attention.compute",
+                                             "gemm.half_rows", "attention.half_rows", "gemm.memory",
+                                             "interconnect",   "pruning.stage_us"};
   return c;
 }
 
@@ -293,6 +293,7 @@ double get_param(const hw::Profile& p, const std::string& name) {
   if (name == "attention.compute") return p.eff(hw::Family::Attention).compute;
   if (name == "gemm.memory") return p.eff(hw::Family::Gemm).memory;
   if (name == "gemm.half_rows") return p.eff(hw::Family::Gemm).half_rows;
+  if (name == "attention.half_rows") return p.eff(hw::Family::Attention).half_rows;
   if (name == "interconnect") return p.interconnect_efficiency;
   if (name == "pruning.stage_us") return p.pruning_stage_s * 1e6;
   if (name == "overhead_us") {
@@ -302,7 +303,7 @@ double get_param(const hw::Profile& p, const std::string& name) {
   }
   usage_fail(
       "unknown parameter '{}' (known: gemm.compute, gemm.compute.<dtype>, overhead_us, attention.compute, "
-      "gemm.half_rows, gemm.memory, interconnect, pruning.stage_us)",
+      "gemm.half_rows, attention.half_rows, gemm.memory, interconnect, pruning.stage_us)",
       name);
 }
 
@@ -317,6 +318,8 @@ void set_param(hw::Profile& p, const std::string& name, double v) {
     p.efficiency[size_t(hw::Family::Gemm)].memory = v;
   else if (name == "gemm.half_rows")
     p.efficiency[size_t(hw::Family::Gemm)].half_rows = v;
+  else if (name == "attention.half_rows")
+    p.efficiency[size_t(hw::Family::Attention)].half_rows = v;
   else if (name == "interconnect")
     p.interconnect_efficiency = v;
   else if (name == "pruning.stage_us")
@@ -519,7 +522,8 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
     if (!wanted) c.reason = "not requested";
     // Prefill GEMMs of short prompts can look memory-bound or row-starved; a TTFT-only fit would
     // use these to absorb their fixed costs and then mispredict every decoding step.
-    if (wanted && (name == "gemm.memory" || name == "gemm.half_rows") && decode_points == 0)
+    if (wanted && (name == "gemm.memory" || name == "gemm.half_rows" || name == "attention.half_rows") &&
+        decode_points == 0)
       c.reason = "only decode latencies identify it (no decode points)";
     if (wanted && name == "pruning.stage_us" && pruned_points == 0)
       c.reason = "only pruned runs identify it (no point with a pruning schedule)";

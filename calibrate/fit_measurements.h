@@ -11,10 +11,10 @@
 //
 // Which parameters: forward stepwise selection over the candidates gemm.compute, gemm.compute.<dtype>
 // (one per further compute dtype among the points, dtype_candidates), overhead_us,
-// attention.compute, gemm.half_rows, gemm.memory, interconnect and pruning.stage_us, tried one at a time and,
-// while neither is in and the TTFTs span at least three prompt lengths, gemm.compute and attention.compute
-// together (attention's quadratic growth with the prompt shows only when both move: at the base
-// profile attention may look negligible). Each round fits every block with those accepted and
+// attention.compute, gemm.half_rows, attention.half_rows, gemm.memory, interconnect and pruning.stage_us,
+// tried one at a time and, while neither is in and the TTFTs span at least three prompt lengths, gemm.compute
+// and attention.compute together (attention's quadratic growth with the prompt shows only when both move: at
+// the base profile attention may look negligible). Each round fits every block with those accepted and
 // accepts the most significant one (smallest p-value) that (a) is identifiable: each parameter's
 // elasticities (d log(predicted) per relative change) over the points, less the part the other
 // parameters' elasticities reproduce (least squares), have an RMS of at least 0.05 (a 10% change
@@ -24,8 +24,8 @@
 // least the 5% point of F(k, dof) (Boost.Math; F >= 2 for parameters asked for with --fit); (c)
 // keeps at most n - 2 parameters for n points. After the selection every accepted parameter is
 // judged again at the final fit; one whose effect the others now explain is dropped and the
-// selection runs again. gemm.half_rows and gemm.memory are candidates only with decode points (a
-// TTFT-only fit would use them to absorb short prompts' fixed costs), pruning.stage_us only with
+// selection runs again. gemm.half_rows, attention.half_rows and gemm.memory are candidates only with decode
+// points (a TTFT-only fit would use them to absorb short prompts' fixed costs), pruning.stage_us only with
 // pruned points. A parameter the user asks for (--fit) that is not accepted is refused with the
 // reason.
 //

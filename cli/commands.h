@@ -132,6 +132,25 @@ struct SimulateArgs {
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
 
+struct SimulateServingArgs {
+  std::string model, model_config, hw, engine, prune = "none,lazyllm", schedule, revival_model, arrival_file;
+  sim::Precision precision;
+  double revival_share = -1;
+  std::vector<std::string> rates;
+  double cv = 1;
+  int64_t requests = 1000;
+  std::string prompt_tokens = "2048", output_tokens = "32";
+  uint64_t seed = 0;
+  int64_t max_batch_tokens = 2048, chunk_tokens = 0;
+  double kv_budget_mib = 1024, kv_element_bytes = 0, iteration_overhead_ms = 0;
+  int tp = 1, seeds = 3;
+  bool capacity = false, json_out = false;
+  double slo_ttft_ms = 0, slo_itl_ms = 0, tolerance = 0.01;
+  std::string out;
+};
+CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a);
+int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub);
+
 struct CalibrateArgs {
   std::string runs, base, out, name, engine;
   std::vector<std::string> measurements, model_map, hw_map, fit;
@@ -155,11 +174,13 @@ std::string sha256_hex(const std::string& data, const std::string& path);
 
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir, dtype = "f32";
+  std::string serving, model_config, serving_dtype = "Q4_1";  // --serving DIR: a measured load test
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };
 CLI::App* add_validate(CLI::App& app, ValidateArgs& a);
 int cmd_validate(const ValidateArgs& a, const CLI::App& sub);
+int cmd_validate_serving(const ValidateArgs& a);  // cli/validate_serving.cpp
 
 struct ReportArgs {
   std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out,

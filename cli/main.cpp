@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
       subcommand(app, add_run, cmd_run),
       subcommand(app, add_inspect, cmd_inspect),
       subcommand(app, add_simulate, cmd_simulate),
+      subcommand(app, add_simulate_serving, cmd_simulate_serving),
       subcommand(app, add_calibrate, cmd_calibrate),
       subcommand(app, add_calibrate_revivals, cmd_calibrate_revivals),
       subcommand(app, add_validate, cmd_validate),

@@ -67,11 +67,19 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
                 "bits per weight)")
       ->check(CLI::IsMember({"f32", "int8"}));
   v->add_option("--out-dir", a.out_dir, "Also write each run's run --json output here");
+  v->add_option("--serving", a.serving,
+                "Validate the serving simulation instead, against a measured load test: a folder with "
+                "bench/serve_load.py's serve_load_summary.json and the server's requests_none.jsonl and "
+                "requests_lazyllm.jsonl (tests/fixtures/serving)")
+      ->check(CLI::ExistingDirectory);
+  v->add_option("--model-config", a.model_config,
+                "With --serving: the model preset the logs ran (default smollm2-135m)");
   v->add_flag("--json", a.json_out, "Print one JSON object");
   return v;
 }
 
 int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
+  if (!a.serving.empty()) return cmd_validate_serving(a);
   if (!a.out_dir.empty() && !std::filesystem::is_directory(a.out_dir))
     usage_fail("--out-dir '{}' is not a folder", a.out_dir);
   const hw::Profile base = hw::load_profile(a.base);

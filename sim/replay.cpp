@@ -202,61 +202,38 @@ void Replayer::add(const trace::Step& s) {
     step_s += oc.time_s;
     comm.add(oc);
   };
-  // `fixed_s`: a cost beyond the op's roofline and per-call overhead (a pruning stage's).
-  const auto add = [&](OpCosts* layer, const ModelConfig& cfg, Op op, const OpShape& shape, int64_t calls = 1,
-                       double fixed_s = 0) {
-    OpCost oc = op_cost(cc_, cfg, op, shape, calls);
-    oc.overhead_s += fixed_s;
-    oc.time_s += fixed_s;
-    step_s += oc.time_s;
-    sum[size_t(op)].add(oc);
-    if (layer) (*layer)[size_t(op)].add(oc);
+  const auto op = [&](OpCosts* layer) {
+    return [&sum, &step_s, layer](Op o, const OpCost& oc) {
+      step_s += oc.time_s;
+      sum[size_t(o)].add(oc);
+      if (layer) (*layer)[size_t(o)].add(oc);
+    };
   };
-  add(nullptr, g_, Op::Embed, {B * s.new_tokens, 0, 0});
-  reduce(allreduce_cost(hw_, tp_, double(B * s.new_tokens) * D * dt.elem_bytes));
+  cost_embed(cc_, hw_, tp_, g_, B * s.new_tokens, D, op(nullptr), reduce);
   for (int l = 0; l < L; ++l) {
     const int64_t T = B * s.queries[size_t(l)];
     if (T <= 0) continue;
     const ModelConfig& cfg = lc_[size_t(l)];
-    OpCosts* layer = prefill ? &r.prefill_layers[size_t(l)] : nullptr;
     // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
     // sees its active set, as the trace records it (a trace without `attended`: at most the
     // keys held and at most its pairs, an over-count once revived rows add their pairs).
     const int64_t keys = B * (prefill ? s.keys[size_t(l)]
                                       : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
                                                             : s.attended[size_t(l)]));
-    const OpShape rows{T, 0, 0};
-    add(layer, cfg, Op::AttnNorm, rows);
-    add(layer, cfg, Op::QKV, rows);
-    add(layer, cfg, Op::Rope, rows);
-    add(layer, cfg, Op::Attention, {T, B * s.pairs[size_t(l)], keys});
-    add(layer, cfg, Op::OProj, rows);
-    reduce(allreduce_cost(hw_, tp_, double(T) * D * dt.elem_bytes));
-    add(layer, cfg, Op::Residual, rows, 2);
-    add(layer, cfg, Op::FfnNorm, rows);
-    add(layer, cfg, Op::GateUp, rows);
-    add(layer, cfg, Op::SwiGLU, rows);
-    add(layer, cfg, Op::Down, rows);
-    reduce(allreduce_cost(hw_, tp_, double(T) * D * dt.elem_bytes));
+    LayerWork w{T, B * s.pairs[size_t(l)], keys};
     if (prune_at_[size_t(l)] && policy_ != "none") {
       const bool scores = policy_ == "lazyllm" || (policy_ == "static" && prefill && l == first_prune_);
-      if (scores) {
-        add(layer, cfg, Op::Score, {1, 0, keys});
-        reduce(allreduce_cost(hw_, tp_, double(keys) * 4));  // each GPU summed its own heads
-      }
-      // The stage's fixed cost (synchronisation, the selection's small kernels) rides on its select.
-      add(layer, cfg, Op::Select, {0, 0, keys}, 1, hw_.pruning_stage_s);
+      if (scores) w.scorers = 1, w.score_keys = keys;
+      w.selects = 1, w.select_keys = keys;
     }
     // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
     // pruned ones saved), in decoding the Aux Cache writes and reads.
-    const int64_t moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
-                                  : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
-    if (moved > 0) add(layer, cfg, Op::Gather, {moved, 0, 0});
+    w.moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
+                      : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
+    cost_layer(cc_, hw_, tp_, cfg, D, w, op(prefill ? &r.prefill_layers[size_t(l)] : nullptr), reduce);
     peak_act_ = std::max(peak_act_, activation_bytes(cfg, T, dt.elem_bytes));
   }
-  add(nullptr, g_, Op::OutputNorm, {B, 0, 0});
-  add(nullptr, g_, Op::LmHead, {B, 0, 0});
-  reduce(allgather_cost(hw_, tp_, double(B) * c_.n_vocab * 4));
+  cost_head(cc_, hw_, tp_, g_, B, double(c_.n_vocab), op(nullptr), reduce);
   if (prefill) {
     r.ttft_s = step_s;
     // One Aux Cache entry per token (a token pruned again overwrites its entry, engine/session.h):

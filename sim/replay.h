@@ -11,6 +11,7 @@
 #include "hwmodels/profile.h"
 #include "model/config.h"
 #include "sim/cost.h"
+#include "sim/layer_cost.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 
@@ -63,10 +64,7 @@ ModelConfig tp_shard(const ModelConfig& c, int tp);
 // Checks that `hw` can host `tp` GPUs (its max_tp) and that `c` splits over them.
 void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp);
 
-// Ring collectives over `tp` GPUs of `hw` (docs/simulator.md): all-reduce of `bytes`, and
-// all-gather of `bytes` in total. Zero for tp 1.
-OpCost allreduce_cost(const hw::Profile& hw, int tp, double bytes);
-OpCost allgather_cost(const hw::Profile& hw, int tp, double bytes);
+// allreduce_cost and allgather_cost, the ring collectives: sim/layer_cost.h.
 
 // Costs a trace step by step on `hw` for model `c` (whose n_layer must equal the header's: map
 // first), holding O(layers) state, so a generation of any length streams through it; per-step

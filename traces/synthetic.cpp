@@ -34,7 +34,7 @@ SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
 
 // Active tokens per layer for a context of n tokens, and the tokens each pruning layer drops.
 void SyntheticSteps::active(int64_t n) {
-  act_.assign(size_t(L_), n);
+  act_.resize(size_t(L_));
   dropped_.assign(size_t(L_), 0);
   int64_t cur = n;
   size_t k = 0;
@@ -77,19 +77,27 @@ bool SyntheticSteps::next(Step& out) {
   } else {
     active(n);
   }
-  Step d;
+  // Filled in place: a serving simulation makes millions of these, and reusing `out`'s vectors
+  // keeps that free of allocations.
+  Step& d = out;
   d.kind = "decode";
   d.new_tokens = 1;
-  d.revived.assign(size_t(L), 0);
+  for (auto* v : {&d.revived, &d.queries, &d.keys, &d.attended, &d.pairs, &d.aux_reads, &d.aux_writes})
+    v->assign(size_t(L), 0);
+  d.pruning.reset();
+  d.revived_positions.reset();
+  const bool revives = policy_ == "lazyllm" || policy_ == "random";
   int64_t carried = 0;     // revived rows still running (they lack K/V at every layer they reach)
   size_t next_stage = 0;   // the schedule entry of the next pruning layer
   double key_share = 0.5;  // of the active keys, what a running row attends
+  int64_t seen_act = -1, seen_keys = 0;
+  double seen_share = -1;
   for (int l = 0; l < L; ++l) {
     // Revivals at the layer after a pruning layer: a share of the tokens still active there.
     const bool after_stage =
         prunes_ && l > 0 && next_stage < steps_.size() && steps_[next_stage].layer == l - 1;
     const size_t stage = after_stage ? next_stage++ : next_stage;
-    if (policy_ == "lazyllm" || policy_ == "random") {
+    if (revives) {
       if (after_stage && dropped_[size_t(l - 1)] > 0) {
         const StageRevival r = revivals_ ? revivals_(stage, s) : StageRevival{};
         if (!(r.share >= 0 && r.share <= 1) || !(r.survival <= 1) || !(r.key_share >= 0 && r.key_share <= 1))
@@ -115,15 +123,18 @@ bool SyntheticSteps::next(Step& out) {
     }
     const int64_t rows = 1 + carried;
     held_[size_t(l)] += rows;  // every row computed here gains K/V here
-    d.queries.push_back(rows);
-    d.keys.push_back(held_[size_t(l)]);
-    d.attended.push_back(act_[size_t(l)]);  // the step's active set, the new token included
-    // The new token sees every active key; a running revived row key_share of them.
-    d.pairs.push_back(act_[size_t(l)] + carried * int64_t(std::llround(key_share * double(act_[size_t(l)]))));
-    d.aux_reads.push_back(d.revived[size_t(l)]);
-    d.aux_writes.push_back(0);
+    d.queries[size_t(l)] = rows;
+    d.keys[size_t(l)] = held_[size_t(l)];
+    d.attended[size_t(l)] = act_[size_t(l)];  // the step's active set, the new token included
+    // The new token sees every active key; a running revived row key_share of them (rounded once
+    // per run of layers with the same active set).
+    if (carried > 0 && (act_[size_t(l)] != seen_act || key_share != seen_share)) {
+      seen_act = act_[size_t(l)], seen_share = key_share;
+      seen_keys = int64_t(std::llround(key_share * double(seen_act)));
+    }
+    d.pairs[size_t(l)] = act_[size_t(l)] + (carried > 0 ? carried * seen_keys : 0);
+    d.aux_reads[size_t(l)] = d.revived[size_t(l)];
   }
-  out = std::move(d);
   return true;
 }
 

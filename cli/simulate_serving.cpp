@@ -1,0 +1,286 @@
+// `lazyprefill simulate-serving`: a serving deployment under load (sim/serving.h), per hardware
+// profile and method: latency percentiles, throughput, goodput and K/V use at arrival rates, or
+// the highest rate that meets latency objectives.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "model/error.h"
+#include "model/gguf.h"
+#include "model/io.h"
+#include "model/presets.h"
+#include "sim/replay.h"
+#include "sim/serving.h"
+
+namespace lp::cli {
+namespace {
+using json = nlohmann::ordered_json;
+
+json pct_json(const sim::Percentiles& p) {
+  return {{"p50", p.p50 * 1e3}, {"p90", p.p90 * 1e3}, {"p99", p.p99 * 1e3}, {"mean", p.mean * 1e3}};
+}
+
+}  // namespace
+
+json serving_metrics_json(const sim::ServingMetrics& m) {
+  return {{"requests", m.requests},
+          {"duration_s", m.duration_s},
+          {"requests_per_s", m.requests_per_s},
+          {"output_tokens_per_s", m.output_tokens_per_s},
+          {"prompt_tokens_per_s", m.prompt_tokens_per_s},
+          {"goodput_per_s", m.goodput_per_s},
+          {"ttft_ms", pct_json(m.ttft)},
+          {"itl_ms", pct_json(m.itl)},
+          {"e2e_ms", pct_json(m.e2e)},
+          {"queue_ms", pct_json(m.queue)},
+          {"kv_utilisation_mean", m.kv_utilisation_mean},
+          {"kv_utilisation_peak", m.kv_utilisation_peak},
+          {"prompt_share_mean", m.prompt_share_mean}};
+}
+
+CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
+  auto* s =
+      app.add_subcommand("simulate-serving",
+                         R"(Predict serving under load: the scheduler of `serve` run on costed iterations.
+  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --rate 1,2,4 --prompt-tokens 8192 --output-tokens 128
+  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --prompt-tokens 4096:8192 --capacity --slo-ttft-p90-ms 500 --slo-itl-p90-ms 50
+  lazyprefill simulate-serving --model model.gguf --hw local.json --arrival-file requests.jsonl --json)");
+  add_model_choice(*s, a.model, a.model_config, "cost");
+  add_hardware(*s, a.hw, a.engine);
+  add_precision(*s, a.precision);
+  s->add_option("--prune", a.prune,
+                "Methods, comma-separated: none, lazyllm, static, random (default none,lazyllm)");
+  s->add_option("--schedule", a.schedule, "Pruning schedule (default 0.3:0.3,0.6:0.3,0.9:0.3)")
+      ->check(non_empty_schedule());
+  s->add_option("--revival-model", a.revival_model,
+                "Revival model file from calibrate-revivals (default: the built-in one)");
+  s->add_option(
+       "--revival-share", a.revival_share,
+       "A constant share of the active tokens revived after each pruning layer instead of the revival "
+       "model (0: none)")
+      ->check(CLI::Range(0.0, 1.0));
+  auto* file = s->add_option("--arrival-file", a.arrival_file,
+                             "Requests from a file: a `serve --log-requests` file or a CSV with arrival_s, "
+                             "prompt_tokens, output_tokens (docs/simulator.md)")
+                   ->check(non_empty_path());
+  s->add_option("--rate", a.rates, "Arrival rates, requests/s, comma-separated (default 1)")->excludes(file);
+  s->add_option("--cv", a.cv,
+                "Coefficient of variation of the gaps between arrivals: 1 Poisson (default), above 1 bursty "
+                "(gamma-distributed gaps)")
+      ->check(CLI::Range(0.01, 100.0))
+      ->excludes(file);
+  s->add_option("--requests", a.requests, "Requests per run (default 1000)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24))
+      ->excludes(file);
+  s->add_option("--prompt-tokens", a.prompt_tokens,
+                "Prompt lengths: N, LO:HI (uniform) or file:PATH (default 2048)")
+      ->excludes(file);
+  s->add_option("--output-tokens", a.output_tokens, "Output lengths: N, LO:HI or file:PATH (default 32)")
+      ->excludes(file);
+  s->add_option("--seed", a.seed, "Seed of arrivals and lengths (default 0)")->check(digits_only());
+  s->add_option("--max-batch-tokens", a.max_batch_tokens, "Rows per iteration, as serve's (default 2048)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  s->add_option("--kv-budget-mib", a.kv_budget_mib, "K/V budget, as serve's (default 1024)")
+      ->check(CLI::Range(1.0, double(int64_t(1) << 30)));
+  s->add_option("--kv-element-bytes", a.kv_element_bytes,
+                "Bytes of a K/V element in the cache the budget counts (default: the --kv precision's)")
+      ->check(CLI::Range(0.5, 8.0));
+  s->add_option(
+       "--chunk-tokens", a.chunk_tokens,
+       "Chunked prefill: prompts in chunks of at most N tokens (0, default: whole, as serve runs them)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  s->add_option("--iteration-overhead-ms", a.iteration_overhead_ms,
+                "Scheduler time per iteration beyond the batch (default 0)")
+      ->check(CLI::Range(0.0, 1e4));
+  s->add_option("--tp", a.tp, "Tensor-parallel degree (default 1)")->check(CLI::Range(1, 4096));
+  s->add_flag("--capacity", a.capacity, "Search the highest rate that meets the objectives");
+  s->add_option("--slo-ttft-p90-ms", a.slo_ttft_ms, "Objective: p90 time to first token, ms")
+      ->check(CLI::Range(1e-3, 1e9));
+  s->add_option("--slo-itl-p90-ms", a.slo_itl_ms,
+                "Objective: p90 inter-token latency (each request's mean), ms")
+      ->check(CLI::Range(1e-3, 1e9));
+  s->add_option("--seeds", a.seeds, "Capacity: workloads searched, their median reported (default 3)")
+      ->check(CLI::Range(1, 64));
+  s->add_option("--tolerance", a.tolerance, "Capacity: relative resolution of the search (default 0.01)")
+      ->check(CLI::Range(1e-4, 0.5));
+  s->add_option("--out", a.out, "Also write the JSON to this file (atomically)")->check(non_empty_path());
+  s->add_flag("--json", a.json_out, "Print one JSON object");
+  return s;
+}
+
+int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
+  (void)sub;
+  ModelConfig c;
+  std::string model_name;
+  if (!a.model.empty()) {
+    c = config_from_gguf(GgufFile::open(a.model));
+    model_name = a.model;
+  } else if (!a.model_config.empty()) {
+    c = preset_config(a.model_config);
+    model_name = a.model_config;
+  } else {
+    usage_fail("give --model PATH or --model-config NAME");
+  }
+  sim::Precision prec = a.precision;
+  sim::validate(prec);
+  const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
+  for (const hw::Profile& hw : hws) sim::check_tp(c, hw, a.tp);
+  if (!a.out.empty()) refuse_output_over_input(a.out, "--out", {a.model, a.arrival_file, a.revival_model});
+
+  const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+  const std::vector<PruneStep> steps = resolve_schedule(sched, c.n_layer);
+  const auto revival_model = load_revivals(a.revival_model, a.revival_share);
+  std::vector<sim::ServingMethod> methods;
+  std::vector<std::string> revival_lines;
+  for (const std::string& name : split_list(a.prune)) {
+    if (name != "none" && name != "lazyllm" && name != "static" && name != "random")
+      usage_fail("--prune: '{}' is not none, lazyllm, static or random", escape_text(name));
+    sim::ServingMethod m;
+    m.name = m.policy = name;
+    if (name != "none") {
+      m.steps = steps;
+      const RevivalChoice rv = choose_revivals(revival_model, a.revival_share, name, c.n_layer, steps, true);
+      m.revivals = rv.share;
+      revival_lines.push_back(name + ": " + rv.description);
+    }
+    methods.push_back(std::move(m));
+  }
+  if (methods.empty()) usage_fail("--prune names no method");
+
+  sim::ServingConfig cfg;
+  cfg.max_batch_tokens = a.max_batch_tokens;
+  cfg.kv_budget_bytes = a.kv_budget_mib * double(1 << 20);
+  cfg.kv_element_bytes = a.kv_element_bytes > 0 ? a.kv_element_bytes : sim::dtype_bytes(prec.kv, "--kv");
+  cfg.chunk_tokens = a.chunk_tokens;
+  cfg.iteration_overhead_s = a.iteration_overhead_ms * 1e-3;
+  cfg.tp = a.tp;
+  sim::Objectives obj{a.slo_ttft_ms * 1e-3, a.slo_itl_ms * 1e-3};
+  if (a.capacity && !obj.any()) usage_fail("--capacity needs --slo-ttft-p90-ms and/or --slo-itl-p90-ms");
+  if (a.capacity && !a.arrival_file.empty())
+    usage_fail("--capacity draws its own arrivals; drop --arrival-file");
+
+  json out;
+  out["tool"] = "lazyprefill simulate-serving";
+  out["model"] = model_name;
+  json sched_j = {{"max_batch_tokens", cfg.max_batch_tokens},         {"kv_budget_mib", a.kv_budget_mib},
+                  {"kv_element_bytes", cfg.kv_element_bytes},         {"chunk_tokens", cfg.chunk_tokens},
+                  {"iteration_overhead_ms", a.iteration_overhead_ms}, {"tp", cfg.tp}};
+  out["scheduler"] = sched_j;
+  out["schedule"] = sched.to_string();
+  out["revivals"] = revival_lines;
+  if (obj.any())
+    out["objectives"] = {{"ttft_p90_ms", a.slo_ttft_ms > 0 ? json(a.slo_ttft_ms) : json(nullptr)},
+                         {"itl_p90_ms", a.slo_itl_ms > 0 ? json(a.slo_itl_ms) : json(nullptr)}};
+  std::string text;
+
+  if (a.capacity) {
+    const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
+    const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
+    out["workload"] = {{"arrivals", a.cv == 1 ? "poisson" : fmt::format("gamma, cv {}", a.cv)},
+                       {"requests", a.requests},
+                       {"prompt_tokens", prompt.describe()},
+                       {"output_tokens", output.describe()},
+                       {"seed", a.seed},
+                       {"seeds", a.seeds}};
+    sim::CapacityOptions co;
+    co.objectives = obj;
+    co.tolerance = a.tolerance;
+    co.seeds = a.seeds;
+    co.requests = a.requests;
+    co.seed = a.seed;
+    json caps = json::array();
+    text += fmt::format("capacity at p90 TTFT <= {} and p90 ITL <= {} ({} requests x {} seeds, Poisson{})\n",
+                        a.slo_ttft_ms > 0 ? fmt::format("{} ms", a.slo_ttft_ms) : "-",
+                        a.slo_itl_ms > 0 ? fmt::format("{} ms", a.slo_itl_ms) : "-", a.requests, a.seeds,
+                        a.cv == 1 ? "" : fmt::format(", cv {}", a.cv));
+    text += fmt::format("{:<18} {:<9} {:>12} {:>20} {:>12} {:>12}\n", "hardware", "method", "req/s",
+                        "over seeds", "TTFT p90 ms", "ITL p90 ms");
+    for (const hw::Profile& hw : hws)
+      for (const sim::ServingMethod& m : methods) {
+        const sim::CapacityResult r =
+            sim::find_capacity(c, hw, prec, m, cfg, {1.0, a.cv}, prompt, output, co);
+        json j = {{"hw", hw.name},
+                  {"method", m.name},
+                  {"met", r.met},
+                  {"rate_per_s", r.rate},
+                  {"rate_min_per_s", r.rate_min},
+                  {"rate_max_per_s", r.rate_max},
+                  {"resolution", r.bracket},
+                  {"simulations", r.simulations}};
+        if (r.met) {
+          j["at_rate"] = serving_metrics_json(r.at_rate);
+          text += fmt::format("{:<18} {:<9} {:>12.4g} {:>20} {:>12.1f} {:>12.2f}\n", hw.name, m.name, r.rate,
+                              fmt::format("{:.4g}-{:.4g}", r.rate_min, r.rate_max), r.at_rate.ttft.p90 * 1e3,
+                              r.at_rate.itl.p90 * 1e3);
+        } else {
+          j["best_at_lowest_rate"] = serving_metrics_json(r.best);
+          text += fmt::format(
+              "{:<18} {:<9} {:>12} {:>20} {:>12.1f} {:>12.2f}  objectives unmet: best p90s at {} req/s\n",
+              hw.name, m.name, "none", "-", r.best.ttft.p90 * 1e3, r.best.itl.p90 * 1e3, co.rate_lo);
+        }
+        caps.push_back(std::move(j));
+      }
+    out["capacity"] = std::move(caps);
+  } else {
+    std::vector<std::pair<double, std::vector<sim::ServingRequest>>> runs;  // (rate or 0, requests)
+    if (!a.arrival_file.empty()) {
+      runs.emplace_back(0.0, sim::read_requests(a.arrival_file));
+      out["workload"] = {{"arrival_file", a.arrival_file}, {"requests", runs.back().second.size()}};
+    } else {
+      const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
+      const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
+      const auto unit = sim::make_workload(a.requests, {1.0, a.cv}, prompt, output, a.seed);
+      const std::vector<std::string> rate_list = a.rates.empty() ? std::vector<std::string>{"1"} : a.rates;
+      for (const std::string& rs : rate_list)
+        for (const std::string& r : split_list(rs)) {
+          char* end = nullptr;
+          const double v = std::strtod(r.c_str(), &end);
+          if (!end || *end || !std::isfinite(v) || v <= 0)
+            usage_fail("--rate: '{}' is not a positive number of requests/s", escape_text(r));
+          runs.emplace_back(v, sim::at_rate(unit, v));
+        }
+      out["workload"] = {{"arrivals", a.cv == 1 ? "poisson" : fmt::format("gamma, cv {}", a.cv)},
+                         {"requests", a.requests},
+                         {"prompt_tokens", prompt.describe()},
+                         {"output_tokens", output.describe()},
+                         {"seed", a.seed}};
+    }
+    json results = json::array();
+    text += fmt::format("{:<18} {:<9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}\n",
+                        "hardware", "method", "rate/s", "req/s", "TTFT p50", "p90", "p99", "ITL p50", "p90",
+                        "queue p90", "goodput", "KV");
+    for (const hw::Profile& hw : hws)
+      for (const sim::ServingMethod& m : methods)
+        for (const auto& [rate, reqs] : runs) {
+          const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);
+          const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
+          json j = {{"hw", hw.name}, {"method", m.name}};
+          j["rate_per_s"] = rate > 0 ? json(rate) : json(nullptr);
+          j["metrics"] = serving_metrics_json(mm);
+          j["iterations"] = run.iterations;
+          json kv = json::array();
+          for (const sim::KvPoint& p : run.kv)
+            kv.push_back({p.t_s, p.reserved / (1 << 20), p.used / (1 << 20)});
+          j["kv_mib_over_time"] = {{"columns", {"t_s", "reserved", "used"}}, {"points", std::move(kv)}};
+          results.push_back(std::move(j));
+          text += fmt::format(
+              "{:<18} {:<9} {:>8} {:>8.3f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.2f} {:>9.2f} {:>9.1f} {:>8} "
+              "{:>5.0f}%\n",
+              hw.name, m.name, rate > 0 ? fmt::format("{:.4g}", rate) : "file", mm.requests_per_s,
+              mm.ttft.p50 * 1e3, mm.ttft.p90 * 1e3, mm.ttft.p99 * 1e3, mm.itl.p50 * 1e3, mm.itl.p90 * 1e3,
+              mm.queue.p90 * 1e3, obj.any() ? fmt::format("{:.3f}", mm.goodput_per_s) : "-",
+              mm.kv_utilisation_mean * 100);
+        }
+    out["results"] = std::move(results);
+  }
+  const std::string dumped = out.dump(2) + "\n";
+  if (!a.out.empty()) write_file_atomic(a.out, dumped, "serving simulation");
+  if (a.json_out)
+    fmt::print("{}", dumped);
+  else
+    fmt::print("{}times in ms; ITL each request's mean; KV the mean share of the budget reserved\n", text);
+  return 0;
+}
+
+}  // namespace lp::cli

@@ -1,0 +1,104 @@
+// One engine step's ops, costed: what Replayer (sim/replay.h) charges for a step of one trace and
+// the serving simulation (sim/serving.h) for an iteration of many requests. A layer's work is the
+// sum over the sequences the step runs: GEMMs read their weights once for all rows, attention
+// reads each sequence's own keys (so keys add up), and each sequence that scores or selects at a
+// pruning layer does so in a call of its own.
+#pragma once
+
+#include <cstdint>
+
+#include "hwmodels/profile.h"
+#include "model/config.h"
+#include "model/ops.h"
+#include "sim/cost.h"
+
+namespace lp::sim {
+
+// One layer of a step, summed over its sequences.
+struct LayerWork {
+  int64_t rows = 0;                      // queries computed
+  int64_t pairs = 0;                     // (query, key) pairs attended
+  int64_t keys = 0;                      // keys attended
+  int64_t scorers = 0, score_keys = 0;   // sequences scoring here (LazyLLM) and the keys they score
+  int64_t selects = 0, select_keys = 0;  // selections made here and the keys they choose from
+  int64_t moved = 0;                     // rows gathered (compacted, saved to or read from the Aux Cache)
+  bool operator==(const LayerWork&) const = default;
+};
+
+// Ring collectives over `tp` GPUs of `hw` (docs/simulator.md): all-reduce of `bytes`, and
+// all-gather of `bytes` in total. Zero for tp 1.
+OpCost allreduce_cost(const hw::Profile& hw, int tp, double bytes);
+OpCost allgather_cost(const hw::Profile& hw, int tp, double bytes);
+
+// Which of a layer's ops cost_layer prices: all of them, only those whose cost depends on the
+// rows alone (norms, GEMMs, RoPE, SwiGLU, residuals and their collectives: what a serving
+// simulation caches per row count), or the rest (attention, scoring, selection, gathers).
+enum class LayerPart { All, RowsOnly, Rest };
+
+// Costs layer work `w` on one GPU's layer shape `cfg` (the model width D for the collectives):
+// op(Op, const OpCost&) for each op, comm(const OpCost&) for each tensor-parallel collective.
+template <class OpSink, class CommSink>
+void cost_layer(const CostContext& cc, const hw::Profile& hw, int tp, const ModelConfig& cfg, double D,
+                const LayerWork& w, OpSink&& op, CommSink&& comm, LayerPart part = LayerPart::All) {
+  if (w.rows <= 0) return;
+  const double el = cc.dtypes.elem_bytes;  // activations, the Aux Cache and collectives (the engine's)
+  const OpShape rows{w.rows, 0, 0};
+  const bool by_rows = part != LayerPart::Rest, rest = part != LayerPart::RowsOnly;
+  if (by_rows) {
+    op(Op::AttnNorm, op_cost(cc, cfg, Op::AttnNorm, rows));
+    op(Op::QKV, op_cost(cc, cfg, Op::QKV, rows));
+    op(Op::Rope, op_cost(cc, cfg, Op::Rope, rows));
+  }
+  if (rest) op(Op::Attention, op_cost(cc, cfg, Op::Attention, {w.rows, w.pairs, w.keys}));
+  if (by_rows) {
+    op(Op::OProj, op_cost(cc, cfg, Op::OProj, rows));
+    comm(allreduce_cost(hw, tp, double(w.rows) * D * el));
+    op(Op::Residual, op_cost(cc, cfg, Op::Residual, rows, 2));
+    op(Op::FfnNorm, op_cost(cc, cfg, Op::FfnNorm, rows));
+    op(Op::GateUp, op_cost(cc, cfg, Op::GateUp, rows));
+    op(Op::SwiGLU, op_cost(cc, cfg, Op::SwiGLU, rows));
+    op(Op::Down, op_cost(cc, cfg, Op::Down, rows));
+    comm(allreduce_cost(hw, tp, double(w.rows) * D * el));
+  }
+  if (!rest) return;
+  // Calls beyond the first of a summed op: each sequence's own launch overhead.
+  const auto more_calls = [&](OpCost oc, Op o, int64_t n) {
+    const double extra = double(n - 1) * cc.eff[size_t(op_family(o))].overhead_s;
+    oc.calls += n - 1;
+    oc.overhead_s += extra;
+    oc.time_s += extra;
+    return oc;
+  };
+  if (w.scorers > 0) {
+    op(Op::Score, more_calls(op_cost(cc, cfg, Op::Score, {1, 0, w.score_keys}), Op::Score, w.scorers));
+    comm(allreduce_cost(hw, tp, double(w.score_keys) * 4));  // each GPU summed its own heads
+  }
+  if (w.selects > 0) {
+    // A stage's fixed cost (synchronisation, the selection's small kernels) rides on each select.
+    OpCost oc = more_calls(op_cost(cc, cfg, Op::Select, {0, 0, w.select_keys}), Op::Select, w.selects);
+    const double fixed = double(w.selects) * hw.pruning_stage_s;
+    oc.overhead_s += fixed;
+    oc.time_s += fixed;
+    op(Op::Select, oc);
+  }
+  if (w.moved > 0) op(Op::Gather, op_cost(cc, cfg, Op::Gather, {w.moved, 0, 0}));
+}
+
+// The embedding of a step's `new_rows` rows, before its layers.
+template <class OpSink, class CommSink>
+void cost_embed(const CostContext& cc, const hw::Profile& hw, int tp, const ModelConfig& g, int64_t new_rows,
+                double D, OpSink&& op, CommSink&& comm) {
+  op(Op::Embed, op_cost(cc, g, Op::Embed, {new_rows, 0, 0}));
+  comm(allreduce_cost(hw, tp, double(new_rows) * D * cc.dtypes.elem_bytes));
+}
+// The final norm and LM head over `logit_rows`, after the layers (the logits of the whole
+// vocabulary V gathered).
+template <class OpSink, class CommSink>
+void cost_head(const CostContext& cc, const hw::Profile& hw, int tp, const ModelConfig& g, int64_t logit_rows,
+               double V, OpSink&& op, CommSink&& comm) {
+  op(Op::OutputNorm, op_cost(cc, g, Op::OutputNorm, {logit_rows, 0, 0}));
+  op(Op::LmHead, op_cost(cc, g, Op::LmHead, {logit_rows, 0, 0}));
+  comm(allgather_cost(hw, tp, double(logit_rows) * V * 4));
+}
+
+}  // namespace lp::sim

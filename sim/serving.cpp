@@ -1,0 +1,707 @@
+#include "sim/serving.h"
+
+#include <fmt/format.h>
+
+// Debian's libfccp-dev (fast-cpp-csv-parser), as calibrate/measurements.cpp includes it.
+#define CSV_IO_NO_THREAD
+#pragma GCC diagnostic push
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wstringop-truncation"
+#endif
+#include <libfccp/csv.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <boost/random/gamma_distribution.hpp>
+#include <boost/random/mersenne_twister.hpp>
+#include <boost/random/uniform_int_distribution.hpp>
+#include <charconv>
+#include <cmath>
+#include <deque>
+#include <nlohmann/json.hpp>
+
+#include "model/error.h"
+#include "model/io.h"
+#include "sim/layer_cost.h"
+#include "sim/replay.h"
+
+namespace lp::sim {
+
+namespace {
+
+constexpr int64_t kMaxRequests = int64_t(1) << 24;  // a file or workload: 16.7M requests at most
+constexpr int64_t kMaxTokens = int64_t(1) << 24;
+
+// A whole number in [1, kMaxTokens] or a finite double, from a field; nullopt when it is not one.
+std::optional<int64_t> whole(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.remove_suffix(1);
+  int64_t v = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+std::optional<double> number(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.remove_suffix(1);
+  double v = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+void check_tokens(int64_t v, const std::string& where, const char* what) {
+  if (v < 1 || v > kMaxTokens) fail("{}: {} {} is not in [1, {}]", where, what, v, kMaxTokens);
+}
+
+// Requests of a `serve --log-requests` file, sorted by arrival.
+std::vector<ServingRequest> read_log(const std::string& path) {
+  InputLines in(path, "request log", input_cap::kTrace);
+  std::vector<ServingRequest> out;
+  std::string line;
+  int64_t n = 0;
+  while (in.next(line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", path, n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      fail("{}: not a JSON object", where);
+    }
+    if (!j.is_object()) fail("{}: not a JSON object", where);
+    for (const char* k : {"arrival_s", "prompt_tokens", "output_tokens"})
+      if (!j.contains(k) || !j[k].is_number()) fail("{}: no number '{}'", where, k);
+    if (j.contains("error") || j.value("finish", "") == "error") continue;
+    const double a = j["arrival_s"].get<double>();
+    if (!std::isfinite(a) || a < 0) fail("{}: arrival_s {} is negative or not finite", where, a);
+    if (!j["prompt_tokens"].is_number_integer() || !j["output_tokens"].is_number_integer())
+      fail("{}: token counts must be whole numbers", where);
+    ServingRequest r{a, j["prompt_tokens"].get<int64_t>(), j["output_tokens"].get<int64_t>()};
+    check_tokens(r.prompt_tokens, where, "prompt_tokens");
+    // A request cancelled before its first token generated nothing; it still arrived and was
+    // prefilled, so it counts with one output token.
+    r.output_tokens = std::max<int64_t>(r.output_tokens, 1);
+    check_tokens(r.output_tokens, where, "output_tokens");
+    if (int64_t(out.size()) >= kMaxRequests) fail("{}: more than {} requests", path, kMaxRequests);
+    out.push_back(r);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const ServingRequest& a, const ServingRequest& b) {
+    return a.arrival_s < b.arrival_s;
+  });
+  return out;
+}
+
+// A CSV of requests (fast-cpp-csv-parser, as calibrate/'s importers read theirs).
+std::vector<ServingRequest> read_csv(const std::string& path) {
+  const std::string text = read_input_file(path, "arrival file", input_cap::kTrace);
+  std::vector<ServingRequest> out;
+  try {
+    io::CSVReader<3, io::trim_chars<' ', '\t', '\r'>, io::double_quote_escape<',', '"'>,
+                  io::throw_on_overflow, io::single_line_comment<'#'>>
+        in(path, text.data(), text.data() + text.size());
+    in.read_header(io::ignore_extra_column, "arrival_s", "prompt_tokens", "output_tokens");
+    std::string a, pt, ot;
+    while (in.read_row(a, pt, ot)) {
+      const std::string where = fmt::format("{}:{}", path, in.get_file_line());
+      const auto at = number(a);
+      if (!at) fail("{}: arrival_s '{}' is not a number", where, escape_text(a));
+      if (*at < 0) fail("{}: arrival_s {} is negative", where, *at);
+      if (!out.empty() && *at < out.back().arrival_s)
+        fail("{}: arrival_s {} is before the previous row's {} (arrival times must be sorted)", where, *at,
+             out.back().arrival_s);
+      ServingRequest r{*at};
+      const auto p = whole(pt), o = whole(ot);
+      if (!p) fail("{}: prompt_tokens '{}' is not a whole number", where, escape_text(pt));
+      if (!o) fail("{}: output_tokens '{}' is not a whole number", where, escape_text(ot));
+      check_tokens(*p, where, "prompt_tokens");
+      check_tokens(*o, where, "output_tokens");
+      r.prompt_tokens = *p, r.output_tokens = *o;
+      if (int64_t(out.size()) >= kMaxRequests) fail("{}: more than {} requests", path, kMaxRequests);
+      out.push_back(r);
+    }
+  } catch (const io::error::base& e) {
+    fail("{}: {}", path, e.what());
+  }
+  return out;
+}
+
+bool looks_like_log(const std::string& path) {
+  InputLines in(path, "request file", input_cap::kTrace);
+  std::string line;
+  while (in.next(line)) {
+    const size_t i = line.find_first_not_of(" \t\r");
+    if (i != std::string::npos) return line[i] == '{';
+  }
+  return false;
+}
+
+}  // namespace
+
+// ---- workloads ----
+
+LengthDist LengthDist::parse(const std::string& s, const std::string& what, const std::string& column) {
+  LengthDist d;
+  if (s.rfind("file:", 0) == 0) {
+    const std::string path = s.substr(5);
+    if (path.empty()) fail("{}: 'file:' names no file", what);
+    d.kind = Kind::Samples;
+    std::string first;
+    {
+      InputLines in(path, "length file", input_cap::kTrace);
+      while (in.next(first) && first.find_first_not_of(" \t\r") == std::string::npos) {
+      }
+    }
+    if (whole(first)) {  // one length a line
+      InputLines in(path, "length file", input_cap::kTrace);
+      std::string line;
+      int64_t n = 0;
+      while (in.next(line)) {
+        ++n;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const auto v = whole(line);
+        const std::string where = fmt::format("{}:{}", path, n);
+        if (!v) fail("{}: '{}' is not a whole number", where, escape_text(line));
+        check_tokens(*v, where, "length");
+        if (int64_t(d.samples.size()) >= kMaxRequests) fail("{}: more than {} lengths", path, kMaxRequests);
+        d.samples.push_back(*v);
+      }
+    } else {
+      for (const ServingRequest& r : read_requests(path))
+        d.samples.push_back(column == "output_tokens" ? r.output_tokens : r.prompt_tokens);
+    }
+    if (d.samples.empty()) fail("{}: {} holds no lengths", what, path);
+    d.lo = *std::min_element(d.samples.begin(), d.samples.end());
+    d.hi = *std::max_element(d.samples.begin(), d.samples.end());
+    return d;
+  }
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos) {
+    const auto v = whole(s);
+    if (!v) fail("{}: '{}' is not a whole number, LO:HI or file:PATH", what, escape_text(s));
+    check_tokens(*v, what, "length");
+    d.lo = d.hi = *v;
+    return d;
+  }
+  const auto lo = whole(std::string_view(s).substr(0, colon)),
+             hi = whole(std::string_view(s).substr(colon + 1));
+  if (!lo || !hi) fail("{}: '{}' is not LO:HI with whole numbers", what, escape_text(s));
+  check_tokens(*lo, what, "length");
+  check_tokens(*hi, what, "length");
+  if (*lo > *hi) fail("{}: '{}' has LO above HI", what, escape_text(s));
+  d.kind = *lo == *hi ? Kind::Fixed : Kind::Uniform;
+  d.lo = *lo, d.hi = *hi;
+  return d;
+}
+
+std::string LengthDist::describe() const {
+  switch (kind) {
+    case Kind::Fixed:
+      return fmt::format("{}", lo);
+    case Kind::Uniform:
+      return fmt::format("uniform {}-{}", lo, hi);
+    case Kind::Samples:
+      break;
+  }
+  return fmt::format("{} samples of {}-{}", samples.size(), lo, hi);
+}
+
+int64_t LengthDist::max() const {
+  return hi;
+}
+
+std::vector<ServingRequest> make_workload(int64_t n, const Arrivals& a, const LengthDist& prompt,
+                                          const LengthDist& output, uint64_t seed) {
+  if (n < 1 || n > kMaxRequests) fail("the number of requests must be in [1, {}], got {}", kMaxRequests, n);
+  if (!(a.rate > 0) || !std::isfinite(a.rate)) fail("the arrival rate must be positive, got {}", a.rate);
+  if (!(a.cv > 0) || !std::isfinite(a.cv) || a.cv > 100)
+    fail("the arrivals' coefficient of variation must be in (0, 100], got {}", a.cv);
+  // Gamma gaps of shape k = 1 / cv^2 and scale 1 / k: mean 1, variance cv^2 (k = 1: exponential).
+  const double k = 1 / (a.cv * a.cv);
+  boost::random::mt19937_64 gap_rng(seed), len_rng(seed ^ 0x9e3779b97f4a7c15ull);
+  boost::random::gamma_distribution<double> gap(k, 1 / k);
+  const auto draw = [&](const LengthDist& d) -> int64_t {
+    switch (d.kind) {
+      case LengthDist::Kind::Fixed:
+        return d.lo;
+      case LengthDist::Kind::Uniform:
+        return boost::random::uniform_int_distribution<int64_t>(d.lo, d.hi)(len_rng);
+      case LengthDist::Kind::Samples:
+        break;
+    }
+    return d
+        .samples[size_t(boost::random::uniform_int_distribution<size_t>(0, d.samples.size() - 1)(len_rng))];
+  };
+  std::vector<ServingRequest> out(static_cast<size_t>(n));
+  double t = 0;
+  for (ServingRequest& r : out) {
+    t += gap(gap_rng);
+    r.arrival_s = t / a.rate;
+    r.prompt_tokens = draw(prompt);
+    r.output_tokens = draw(output);
+  }
+  return out;
+}
+
+std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double rate) {
+  if (!(rate > 0) || !std::isfinite(rate)) fail("the arrival rate must be positive, got {}", rate);
+  std::vector<ServingRequest> out(unit.begin(), unit.end());
+  for (ServingRequest& r : out) r.arrival_s /= rate;
+  return out;
+}
+
+std::vector<ServingRequest> read_requests(const std::string& path) {
+  std::vector<ServingRequest> r = looks_like_log(path) ? read_log(path) : read_csv(path);
+  if (r.empty()) fail("{}: no requests", path);
+  return r;
+}
+
+// ---- the simulation ----
+
+double RequestOutcome::itl_s() const {
+  return output_tokens > 1 ? (finished_s - first_token_s) / double(output_tokens - 1) : 0.0;
+}
+
+double reservation_bytes(const ModelConfig& c, const ServingConfig& cfg, int64_t prompt_tokens,
+                         int64_t output_tokens, bool pruning) {
+  const int64_t block = std::max<int64_t>(cfg.kv_block, 1);
+  const double cap = double((prompt_tokens + output_tokens + block - 1) / block * block);
+  const double kv =
+      double(c.n_layer) * double(c.n_head_kv) * double(c.head_dim) * 2 * cap * cfg.kv_element_bytes;
+  const double aux = pruning ? double(prompt_tokens) * double(c.n_embd) * 4 : 0;
+  return kv + aux;
+}
+
+namespace {
+
+// A request between its admission and its last token.
+struct Active {
+  size_t idx = 0;
+  double reservation = 0, kv_used = 0, kv_next = 0;  // K/V held, and after this iteration
+  int64_t prefilled = 0;  // prompt tokens computed (chunked prefill: those of earlier chunks)
+  int64_t generated = 0;  // tokens out
+  std::optional<trace::SyntheticSteps> steps;
+  trace::Step step;  // its step in this iteration
+  bool prefill_done = false;
+  bool prefilled_now = false;  // its prefill (or last chunk) ran in this iteration
+};
+
+// Costs iterations: the summed layer work of their members, consecutive layers with the same
+// work and shape costed once.
+class IterationCost {
+ public:
+  IterationCost(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp)
+      : c_(c), hw_(hw), tp_(tp), cc_(hw, p) {
+    check_tp(c, hw, tp);
+    g_ = tp_shard(c, tp);
+    for (int l = 0; l < c.n_layer; ++l) lc_.push_back(g_.uniform() ? g_ : g_.layer(l));
+    uniform_ = g_.uniform();
+  }
+  double operator()(const std::vector<LayerWork>& w, int64_t new_rows, int64_t logit_rows) const {
+    double t = 0;
+    const auto sink = [&t](const OpCost& oc) { t += oc.time_s; };
+    const auto op = [&t](Op, const OpCost& oc) { t += oc.time_s; };
+    const double D = c_.n_embd;
+    cost_embed(cc_, hw_, tp_, g_, new_rows, D, op, sink);
+    double last = 0;
+    for (size_t l = 0; l < w.size(); ++l) {
+      if (l > 0 && uniform_ && w[l] == w[l - 1]) {
+        t += last;
+        continue;
+      }
+      const double before = t;
+      if (uniform_ && w[l].rows > 0) {
+        t += rows_only(w[l].rows);
+        cost_layer(cc_, hw_, tp_, lc_[l], D, w[l], op, sink, LayerPart::Rest);
+      } else {
+        cost_layer(cc_, hw_, tp_, lc_[l], D, w[l], op, sink);
+      }
+      last = t - before;
+    }
+    cost_head(cc_, hw_, tp_, g_, logit_rows, double(c_.n_vocab), op, sink);
+    return t;
+  }
+
+ private:
+  const ModelConfig& c_;
+  const hw::Profile& hw_;
+  int tp_;
+  CostContext cc_;
+  ModelConfig g_;
+  std::vector<ModelConfig> lc_;
+  bool uniform_ = true;
+  mutable std::vector<double> rows_only_;  // [rows]: a layer's ops priced by rows alone, < 0 not yet
+
+  double rows_only(int64_t rows) const {
+    if (rows < int64_t(1) << 16) {
+      if (size_t(rows) >= rows_only_.size()) rows_only_.resize(size_t(rows) + 1, -1.0);
+      if (rows_only_[size_t(rows)] >= 0) return rows_only_[size_t(rows)];
+    }
+    double t = 0;
+    const auto add = [&t](const OpCost& oc) { t += oc.time_s; };
+    cost_layer(
+        cc_, hw_, tp_, g_, double(c_.n_embd), LayerWork{rows}, [&](Op, const OpCost& oc) { add(oc); }, add,
+        LayerPart::RowsOnly);
+    if (rows < int64_t(1) << 16) rows_only_[size_t(rows)] = t;
+    return t;
+  }
+};
+
+}  // namespace
+
+ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                            const ServingMethod& m, const ServingConfig& cfg,
+                            std::span<const ServingRequest> reqs) {
+  const int L = c.n_layer;
+  if (!(cfg.kv_budget_bytes > 0)) fail("the K/V budget must be positive, got {} bytes", cfg.kv_budget_bytes);
+  if (cfg.max_batch_tokens < 1)
+    fail("the iteration's token budget must be at least 1, got {}", cfg.max_batch_tokens);
+  if (cfg.chunk_tokens < 0) fail("the prefill chunk must be positive, got {}", cfg.chunk_tokens);
+  if (!(cfg.iteration_overhead_s >= 0) || !std::isfinite(cfg.iteration_overhead_s))
+    fail("the iteration overhead must be a non-negative time, got {}", cfg.iteration_overhead_s);
+  const bool pruning = m.policy != "none" && !m.steps.empty();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const ServingRequest& r = reqs[i];
+    if (i > 0 && r.arrival_s < reqs[i - 1].arrival_s) fail("request {}: arrivals are not sorted", i);
+    if (!(r.arrival_s >= 0) || !std::isfinite(r.arrival_s))
+      fail("request {}: arrival {} is negative", i, r.arrival_s);
+    if (r.prompt_tokens < 1 || r.output_tokens < 1) fail("request {}: empty prompt or no output", i);
+    if (r.prompt_tokens + r.output_tokens > c.n_ctx_train && c.n_ctx_train > 0)
+      fail("request {}: {} prompt + {} output tokens exceed the model's context of {}", i, r.prompt_tokens,
+           r.output_tokens, c.n_ctx_train);
+    const double res = reservation_bytes(c, cfg, r.prompt_tokens, r.output_tokens, pruning);
+    if (res > cfg.kv_budget_bytes)
+      fail(
+          "request {} ({} prompt + {} output tokens) needs {:.1f} MiB of K/V, more than the budget of {:.1f} "
+          "MiB: "
+          "it could never run",
+          i, r.prompt_tokens, r.output_tokens, res / (1 << 20), cfg.kv_budget_bytes / (1 << 20));
+  }
+  std::vector<char> prune_at(size_t(L), 0);
+  int first_prune = -1;
+  if (pruning)
+    for (const PruneStep& s : m.steps)
+      if (s.layer >= 0 && s.layer < L) {
+        prune_at[size_t(s.layer)] = 1;
+        if (first_prune < 0 || s.layer < first_prune) first_prune = s.layer;
+      }
+  const double kv_token_layer = double(c.n_head_kv) * double(c.head_dim) * 2 * cfg.kv_element_bytes;
+  const IterationCost cost(c, hw, p, cfg.tp);
+  // The revival model's shares per (stage, step), computed once: every request asks the same.
+  trace::Revivals revivals;
+  if (m.revivals) {
+    auto table = std::make_shared<std::vector<std::vector<std::optional<trace::StageRevival>>>>();
+    revivals = [table, f = m.revivals](size_t stage, int64_t step) {
+      if (stage >= table->size()) table->resize(stage + 1);
+      auto& row = (*table)[stage];
+      if (step >= int64_t(row.size())) {
+        if (step > int64_t(1) << 20) return f(stage, step);
+        row.resize(size_t(step) + 1);
+      }
+      auto& v = row[size_t(step)];
+      if (!v) v = f(stage, step);
+      return *v;
+    };
+  }
+
+  ServingRun run;
+  run.kv_capacity = cfg.kv_budget_bytes;
+  run.requests.resize(reqs.size());
+  std::deque<size_t> queue;
+  std::vector<std::unique_ptr<Active>> running;
+  std::vector<LayerWork> work(static_cast<size_t>(L));
+  size_t next = 0, done = 0;
+  double t = 0, reserved = 0, used = 0;
+  int64_t kv_stride = 1;
+
+  // One request's step into the iteration's work. `rows` of a chunk: its tokens (no pruning).
+  const bool scores_always = m.policy == "lazyllm", scores_first = m.policy == "static";
+  // One request's step into the iteration's work; returns the K/V it holds after it, bytes.
+  const auto add_step = [&](const trace::Step& s, bool prefill) {
+    const bool attended = !s.attended.empty();
+    int64_t held = 0;
+    for (int l = 0; l < L; ++l) {
+      held += s.keys[size_t(l)];
+      const int64_t q = s.queries[size_t(l)];
+      if (q <= 0) continue;
+      LayerWork& w = work[size_t(l)];
+      const int64_t keys = prefill    ? s.keys[size_t(l)]
+                           : attended ? s.attended[size_t(l)]
+                                      : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]);
+      w.rows += q;
+      w.pairs += s.pairs[size_t(l)];
+      w.keys += keys;
+      if (prune_at[size_t(l)]) {
+        if (scores_always || (scores_first && prefill && l == first_prune)) ++w.scorers, w.score_keys += keys;
+        ++w.selects, w.select_keys += keys;
+      }
+      w.moved +=
+          prefill ? (s.aux_writes[size_t(l)] > 0 ? q : 0) : s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)];
+    }
+    return double(held) * kv_token_layer;
+  };
+
+  while (done < reqs.size()) {
+    while (next < reqs.size() && reqs[next].arrival_s <= t) queue.push_back(next++);
+    if (queue.empty() && running.empty()) {
+      t = reqs[next].arrival_s;
+      continue;
+    }
+    // Admission (Scheduler::step): the queue's head while its reservation fits and, past the
+    // iteration's first prefill, its prompt fits the token budget. Chunked: while the budget has
+    // tokens left after the decoding rows and the chunks of earlier prefills.
+    int64_t rows = 0;
+    for (const auto& a : running) rows += a->prefill_done ? 1 : 0;
+    for (const auto& a : running)
+      if (!a->prefill_done)  // chunked prefills still running take their next chunk first
+        rows += std::min({cfg.chunk_tokens, reqs[a->idx].prompt_tokens - a->prefilled,
+                          std::max<int64_t>(cfg.max_batch_tokens - rows, 0)});
+    const size_t n_before = running.size();
+    while (!queue.empty()) {
+      const ServingRequest& h = reqs[queue.front()];
+      const double res = reservation_bytes(c, cfg, h.prompt_tokens, h.output_tokens, pruning);
+      if (reserved + res > cfg.kv_budget_bytes) break;
+      if (cfg.chunk_tokens > 0) {
+        if (rows >= cfg.max_batch_tokens) break;
+      } else if (running.size() > n_before && rows + h.prompt_tokens > cfg.max_batch_tokens) {
+        break;
+      }
+      auto a = std::make_unique<Active>();
+      a->idx = queue.front();
+      queue.pop_front();
+      a->reservation = res;
+      reserved += res;
+      a->steps.emplace(c, m.policy, m.steps, h.prompt_tokens, h.output_tokens - 1, revivals);
+      RequestOutcome& o = run.requests[a->idx];
+      o.arrival_s = h.arrival_s, o.admitted_s = t;
+      o.prompt_tokens = h.prompt_tokens, o.output_tokens = h.output_tokens;
+      rows += cfg.chunk_tokens > 0
+                  ? std::min({cfg.chunk_tokens, h.prompt_tokens, cfg.max_batch_tokens - rows})
+                  : h.prompt_tokens;
+      running.push_back(std::move(a));
+    }
+
+    // The batch: every running request's step (a chunk for a chunked prefill before its last).
+    std::fill(work.begin(), work.end(), LayerWork{});
+    int64_t new_rows = 0, logit_rows = 0, budget = cfg.max_batch_tokens;
+    for (const auto& a : running) budget -= a->prefill_done ? 1 : 0;
+    for (auto& a : running) {
+      const ServingRequest& r = reqs[a->idx];
+      if (a->prefill_done) {
+        a->steps->next(a->step);
+        a->kv_next = add_step(a->step, false);
+        new_rows += 1, logit_rows += 1;
+        continue;
+      }
+      const int64_t left = r.prompt_tokens - a->prefilled;
+      const int64_t chunk =
+          cfg.chunk_tokens > 0 ? std::min({cfg.chunk_tokens, left, std::max<int64_t>(budget, 0)}) : left;
+      if (chunk <= 0) continue;  // no budget left this iteration
+      budget -= chunk;
+      new_rows += chunk;
+      if (chunk < left) {  // an earlier chunk: every layer, attending the prefix and itself
+        const int64_t pre = a->prefilled;
+        for (int l = 0; l < L; ++l) {
+          LayerWork& w = work[size_t(l)];
+          w.rows += chunk;
+          w.pairs += chunk * pre + chunk * (chunk + 1) / 2;
+          w.keys += pre + chunk;
+        }
+        a->prefilled += chunk;
+        continue;
+      }
+      // The prefill (whole, or its last chunk): the synthetic prefill of the whole prompt; a last
+      // chunk of `chunk` rows after `pre` computed ones keeps the same share of its rows at each
+      // layer, attends every earlier token (their K/V exist at every layer) and its own kept rows.
+      a->steps->next(a->step);
+      if (a->prefilled == 0) {
+        a->kv_next = add_step(a->step, true);
+      } else {
+        const int64_t pre = a->prefilled, T = r.prompt_tokens;
+        trace::Step& s = a->step;
+        for (int l = 0; l < L; ++l) {
+          const int64_t q = (s.queries[size_t(l)] * chunk + T - 1) / T;
+          s.queries[size_t(l)] = q;
+          s.pairs[size_t(l)] = q * pre + q * (q + 1) / 2;
+          s.keys[size_t(l)] = pre + q;
+          if (s.aux_writes[size_t(l)] > 0)
+            s.aux_writes[size_t(l)] = std::max<int64_t>(s.aux_writes[size_t(l)] * chunk / T, 1);
+        }
+        a->kv_next = add_step(s, true);
+      }
+      a->prefilled = r.prompt_tokens;
+      a->prefilled_now = true;
+      logit_rows += 1;
+    }
+    const double dt = cost(work, new_rows, logit_rows) + cfg.iteration_overhead_s;
+    // K/V utilisation over the iteration (what it held at its start), time-weighted.
+    run.kv_reserved_mean += reserved * dt;
+    run.kv_used_mean += used * dt;
+    run.kv_reserved_peak = std::max(run.kv_reserved_peak, reserved);
+    if (run.iterations % kv_stride == 0) {
+      run.kv.push_back({t, reserved, used});
+      if (int64_t(run.kv.size()) >= 2 * std::max<int64_t>(cfg.kv_samples, 1)) {
+        for (size_t i = 0; 2 * i < run.kv.size(); ++i) run.kv[i] = run.kv[2 * i];
+        run.kv.resize((run.kv.size() + 1) / 2);
+        kv_stride *= 2;
+      }
+    }
+    t += dt;
+    run.busy_s += dt;
+    ++run.iterations;
+
+    // Tokens out; finished requests leave.
+    for (auto& a : running) {
+      const ServingRequest& r = reqs[a->idx];
+      RequestOutcome& o = run.requests[a->idx];
+      if (!a->prefill_done) {
+        if (!a->prefilled_now) continue;  // a chunk before the last
+        a->prefilled_now = false;
+        a->prefill_done = true;
+        o.first_token_s = t;
+        o.prompt_share = trace::prefill_computed_fraction(a->step, r.prompt_tokens);
+      }
+      ++a->generated;
+      used += a->kv_next - a->kv_used;
+      a->kv_used = a->kv_next;
+      if (a->generated >= r.output_tokens) o.finished_s = t;
+    }
+    for (size_t i = 0; i < running.size();) {
+      Active& a = *running[i];
+      if (a.prefill_done && a.generated >= reqs[a.idx].output_tokens) {
+        reserved -= a.reservation;
+        used -= a.kv_used;
+        running[i] = std::move(running.back());
+        running.pop_back();
+        ++done;
+      } else {
+        ++i;
+      }
+    }
+    run.kv_used_peak = std::max(run.kv_used_peak, used);
+  }
+  run.end_s = t;
+  const double span = run.requests.empty() ? 0 : t - run.requests.front().arrival_s;
+  if (span > 0) run.kv_reserved_mean /= span, run.kv_used_mean /= span;
+  return run;
+}
+
+// ---- metrics ----
+
+Percentiles percentiles(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  const auto at = [&](double q) {
+    const double x = q * double(v.size() - 1);
+    const size_t i = size_t(x);
+    const double f = x - double(i);
+    return i + 1 < v.size() ? v[i] + f * (v[i + 1] - v[i]) : v[i];
+  };
+  p.p50 = at(0.5), p.p90 = at(0.9), p.p99 = at(0.99);
+  double s = 0;
+  for (double x : v) s += x;
+  p.mean = s / double(v.size());
+  return p;
+}
+
+ServingMetrics serving_metrics(const ServingRun& r, const Objectives& o, size_t begin, size_t end) {
+  end = std::min(end, r.requests.size());
+  ServingMetrics m;
+  if (begin >= end) return m;
+  std::vector<double> ttft, itl, e2e, queue;
+  double first = r.requests[begin].arrival_s, last = 0, out = 0, in = 0, share = 0;
+  int64_t good = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const RequestOutcome& q = r.requests[i];
+    ttft.push_back(q.ttft_s());
+    if (q.output_tokens > 1) itl.push_back(q.itl_s());
+    e2e.push_back(q.e2e_s());
+    queue.push_back(q.queue_s());
+    first = std::min(first, q.arrival_s);
+    last = std::max(last, q.finished_s);
+    out += double(q.output_tokens), in += double(q.prompt_tokens), share += q.prompt_share;
+    if ((o.ttft_p90_s <= 0 || q.ttft_s() <= o.ttft_p90_s) && (o.itl_p90_s <= 0 || q.itl_s() <= o.itl_p90_s))
+      ++good;
+  }
+  m.requests = int64_t(end - begin);
+  m.duration_s = last - first;
+  m.ttft = percentiles(std::move(ttft));
+  m.itl = percentiles(std::move(itl));
+  m.e2e = percentiles(std::move(e2e));
+  m.queue = percentiles(std::move(queue));
+  if (m.duration_s > 0) {
+    m.requests_per_s = double(m.requests) / m.duration_s;
+    m.output_tokens_per_s = out / m.duration_s;
+    m.prompt_tokens_per_s = in / m.duration_s;
+    m.goodput_per_s = double(good) / m.duration_s;
+  }
+  m.prompt_share_mean = share / double(m.requests);
+  if (r.kv_capacity > 0) {
+    m.kv_utilisation_mean = r.kv_reserved_mean / r.kv_capacity;
+    m.kv_utilisation_peak = r.kv_reserved_peak / r.kv_capacity;
+  }
+  return m;
+}
+
+// ---- capacity ----
+
+namespace {
+bool meets(const ServingMetrics& m, const Objectives& o) {
+  return (o.ttft_p90_s <= 0 || m.ttft.p90 <= o.ttft_p90_s) && (o.itl_p90_s <= 0 || m.itl.p90 <= o.itl_p90_s);
+}
+}  // namespace
+
+CapacityResult find_capacity(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                             const ServingMethod& m, const ServingConfig& cfg, const Arrivals& shape,
+                             const LengthDist& prompt, const LengthDist& output, const CapacityOptions& o) {
+  if (!o.objectives.any())
+    fail("a capacity search needs an objective (--slo-ttft-p90-ms or --slo-itl-p90-ms)");
+  if (o.seeds < 1) fail("a capacity search needs at least one seed, got {}", o.seeds);
+  if (!(o.tolerance > 0 && o.tolerance < 1))
+    fail("the search's tolerance must be in (0, 1), got {}", o.tolerance);
+  if (!(o.rate_lo > 0)) fail("the lowest rate must be positive, got {}", o.rate_lo);
+  CapacityResult res;
+  std::vector<double> rates;
+  for (int k = 0; k < o.seeds; ++k) {
+    const auto unit = make_workload(o.requests, {1.0, shape.cv}, prompt, output, o.seed + uint64_t(k));
+    const auto metrics_at = [&](double rate) {
+      ++res.simulations;
+      return serving_metrics(simulate_serving(c, hw, p, m, cfg, at_rate(unit, rate)), o.objectives);
+    };
+    double lo = o.rate_lo;
+    const ServingMetrics at_lo = metrics_at(lo);
+    if (!meets(at_lo, o.objectives)) {
+      if (k == 0) res.best = at_lo;
+      rates.push_back(0);
+      continue;
+    }
+    double hi = o.rate_hi > lo ? o.rate_hi : lo * 2;
+    ServingMetrics at_best = at_lo;
+    for (int i = 0; i < 40; ++i) {  // double until it fails
+      const ServingMetrics mm = metrics_at(hi);
+      if (!meets(mm, o.objectives)) break;
+      lo = hi, at_best = mm, hi *= 2;
+    }
+    while ((hi - lo) / lo > o.tolerance) {
+      const double mid = std::sqrt(lo * hi);
+      const ServingMetrics mm = metrics_at(mid);
+      if (meets(mm, o.objectives))
+        lo = mid, at_best = mm;
+      else
+        hi = mid;
+    }
+    rates.push_back(lo);
+    if (k == 0) res.at_rate = at_best;
+  }
+  std::vector<double> sorted = rates;
+  std::sort(sorted.begin(), sorted.end());
+  res.rate = sorted[sorted.size() / 2];
+  if (sorted.size() % 2 == 0) res.rate = 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  res.rate_min = sorted.front(), res.rate_max = sorted.back();
+  res.met = res.rate > 0;
+  res.bracket = o.tolerance;
+  return res;
+}
+
+}  // namespace lp::sim

@@ -1,0 +1,106 @@
+// `lazyprefill simulate-serving` and `validate --serving` through the real binary: outputs, the
+// capacity search's unmet case, and bad input (one line, non-zero exit, no output file).
+#include <filesystem>
+#include <fstream>
+
+#include "tests/cli/cli_harness.h"
+
+namespace lp {
+namespace {
+
+using namespace cli_test;
+
+const std::vector<std::string> kBase = {
+    "simulate-serving", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm", "--requests", "200",
+    "--kv-budget-mib",  "30000"};
+std::vector<std::string> with(std::vector<std::string> more) {
+  std::vector<std::string> a = kBase;
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+TEST_F(CliSim, ServingSimulationReportsEveryRateAndMethod) {
+  const std::string out = dir_.file("serving.json");
+  const CliResult r =
+      run_cli(dir_, with({"--rate", "0.5,2", "--prompt-tokens", "2048:4096", "--json", "--out", out}));
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 4u);  // 2 methods x 2 rates
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["metrics"]["requests"].get<int64_t>(), 200);
+    EXPECT_GT(row["metrics"]["ttft_ms"]["p90"].get<double>(), row["metrics"]["ttft_ms"]["p50"].get<double>());
+    EXPECT_FALSE(row["kv_mib_over_time"]["points"].empty());
+  }
+  // Pruned prefills are shorter: LazyLLM's p50 TTFT is below the unpruned one at the same rate.
+  EXPECT_LT(j["results"][2]["metrics"]["ttft_ms"]["p50"].get<double>(),
+            j["results"][0]["metrics"]["ttft_ms"]["p50"].get<double>());
+  std::ifstream f(out);
+  const auto saved = nlohmann::json::parse(f);
+  EXPECT_EQ(saved, j);
+}
+
+TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {
+  const CliResult r = run_cli(dir_, with({"--capacity", "--slo-ttft-p90-ms", "0.001", "--prompt-tokens",
+                                          "4096", "--seeds", "1", "--json"}));
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& c : j["capacity"]) {
+    EXPECT_FALSE(c["met"].get<bool>());
+    EXPECT_GT(c["best_at_lowest_rate"]["ttft_ms"]["p90"].get<double>(), 0.001);
+  }
+}
+
+TEST_F(CliSim, ServingSimulationRefusesBadInput) {
+  const auto file = [&](const char* name, const char* text) {
+    const std::string p = dir_.file(name);
+    std::ofstream(p) << text;
+    return p;
+  };
+  const std::string out = dir_.file("never.json");
+  expect_one_line_error(run_cli(dir_, with({"--rate", "0", "--out", out})), {"--rate", "'0'"});
+  expect_one_line_error(run_cli(dir_, with({"--rate", "abc"})), {"--rate", "abc"});
+  expect_one_line_error(run_cli(dir_, with({"--prompt-tokens", "9:3"})), {"--prompt-tokens", "LO above HI"});
+  expect_one_line_error(run_cli(dir_, with({"--prompt-tokens", "200000"})), {"exceed the model's context"});
+  expect_one_line_error(run_cli(dir_, {"simulate-serving", "--model-config", "llama-3.1-8b", "--hw",
+                                       "h100-sxm", "--prompt-tokens", "100000", "--kv-budget-mib", "1000"}),
+                        {"could never run"});
+  expect_one_line_error(run_cli(dir_, with({"--capacity"})), {"--capacity needs"});
+  const std::vector<std::string> file_base = {
+      "simulate-serving", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm", "--out", out,
+      "--arrival-file"};
+  const auto from_file = [&](const std::string& p) {
+    std::vector<std::string> a = file_base;
+    a.push_back(p);
+    return run_cli(dir_, a);
+  };
+  expect_one_line_error(
+      from_file(file("unsorted.csv", "arrival_s,prompt_tokens,output_tokens\n2,100,4\n1,100,4\n")),
+      {"unsorted.csv:3", "sorted"});
+  expect_one_line_error(from_file(file("negative.csv", "arrival_s,prompt_tokens,output_tokens\n-1,100,4\n")),
+                        {"negative.csv:2", "negative"});
+  expect_one_line_error(from_file(file("words.csv", "arrival_s,prompt_tokens,output_tokens\n1,many,4\n")),
+                        {"words.csv:2", "'many'"});
+  expect_one_line_error(from_file(file("cols.csv", "arrival_s,output_tokens\n1,4\n")),
+                        {"cols.csv", "prompt_tokens"});
+  expect_one_line_error(from_file(dir_.file("missing.csv")), {"missing.csv"});
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// The measured load test kept as fixtures, replayed. What holds today (docs/serving.md has the
+// table; issue 22's targets are not all met): the unpruned saturation throughput within 15%, and
+// TTFT p50 and p90 within 10% at the two lightest rates for both methods.
+TEST_F(CliSim, ServingValidationAgainstTheMeasuredLoadTest) {
+  const CliResult r = run_cli(
+      dir_, {"validate", "--serving", std::string(LP_SOURCE_DIR) + "/tests/fixtures/serving", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rates"].size(), 10u);
+  EXPECT_LE(std::fabs(j["saturation"]["none"]["error"].get<double>()), 0.15) << j["saturation"].dump();
+  for (const auto& g : j["rates"])
+    if (g["rate"].get<double>() <= 0.2)
+      for (const char* k : {"ttft_p50", "ttft_p90"})
+        EXPECT_LE(std::fabs(g["error"][k].get<double>()), 0.10) << g.dump();
+}
+
+}  // namespace
+}  // namespace lp
