@@ -1,17 +1,6 @@
 #include "calibrate/measurements.h"
 
 #include <fmt/format.h>
-
-// Debian's libfccp-dev (fast-cpp-csv-parser); without its reader thread. Its error types copy
-// file names with strncpy into fixed buffers, which GCC flags; the truncation is intended.
-#define CSV_IO_NO_THREAD
-#pragma GCC diagnostic push
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wstringop-truncation"
-#endif
-#include <libfccp/csv.h>
-#pragma GCC diagnostic pop
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "model/csv_reader.h"  // fast-cpp-csv-parser
 #include "model/error.h"
 #include "model/io.h"
 #include "model/json_checks.h"

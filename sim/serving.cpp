@@ -2,15 +2,6 @@
 
 #include <fmt/format.h>
 
-// Debian's libfccp-dev (fast-cpp-csv-parser), as calibrate/measurements.cpp includes it.
-#define CSV_IO_NO_THREAD
-#pragma GCC diagnostic push
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wstringop-truncation"
-#endif
-#include <libfccp/csv.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <boost/random/gamma_distribution.hpp>
 #include <boost/random/mersenne_twister.hpp>
@@ -20,6 +11,7 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 
+#include "model/csv_reader.h"  // fast-cpp-csv-parser
 #include "model/error.h"
 #include "model/io.h"
 #include "sim/layer_cost.h"
@@ -297,26 +289,24 @@ class IterationCost {
     for (int l = 0; l < c.n_layer; ++l) lc_.push_back(g_.uniform() ? g_ : g_.layer(l));
     uniform_ = g_.uniform();
   }
-  double operator()(const std::vector<LayerWork>& w, int64_t new_rows, int64_t logit_rows) const {
+  // Work per run of layers: w[k] is the work of each of the len[k] layers from start[k].
+  double operator()(const std::vector<LayerWork>& w, const std::vector<int>& start,
+                    const std::vector<int>& len, int64_t new_rows, int64_t logit_rows) const {
     double t = 0;
     const auto sink = [&t](const OpCost& oc) { t += oc.time_s; };
     const auto op = [&t](Op, const OpCost& oc) { t += oc.time_s; };
     const double D = c_.n_embd;
     cost_embed(cc_, hw_, tp_, g_, new_rows, D, op, sink);
-    double last = 0;
-    for (size_t l = 0; l < w.size(); ++l) {
-      if (l > 0 && uniform_ && w[l] == w[l - 1]) {
-        t += last;
-        continue;
-      }
+    for (size_t k = 0; k < w.size(); ++k) {
+      if (w[k].rows <= 0) continue;
       const double before = t;
-      if (uniform_ && w[l].rows > 0) {
-        t += rows_only(w[l].rows);
-        cost_layer(cc_, hw_, tp_, lc_[l], D, w[l], op, sink, LayerPart::Rest);
+      if (uniform_) {
+        t += rows_only(w[k].rows);
+        cost_layer(cc_, hw_, tp_, g_, D, w[k], op, sink, LayerPart::Rest);
       } else {
-        cost_layer(cc_, hw_, tp_, lc_[l], D, w[l], op, sink);
+        cost_layer(cc_, hw_, tp_, lc_[size_t(start[k])], D, w[k], op, sink);
       }
-      last = t - before;
+      t += (t - before) * double(len[k] - 1);
     }
     cost_head(cc_, hw_, tp_, g_, logit_rows, double(c_.n_vocab), op, sink);
     return t;
@@ -329,7 +319,11 @@ class IterationCost {
   CostContext cc_;
   ModelConfig g_;
   std::vector<ModelConfig> lc_;
+
+ public:
   bool uniform_ = true;
+
+ private:
   mutable std::vector<double> rows_only_;  // [rows]: a layer's ops priced by rows alone, < 0 not yet
 
   double rows_only(int64_t rows) const {
@@ -409,7 +403,29 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
   run.requests.resize(reqs.size());
   std::deque<size_t> queue;
   std::vector<std::unique_ptr<Active>> running;
-  std::vector<LayerWork> work(static_cast<size_t>(L));
+  // Runs of layers where every request's step does the same work (a uniform model's layers between
+  // pruning layers: the pruning layer, the one after it, where revivals start, and the rest of
+  // the stage), each summed and costed once; a model whose layers differ, one run per layer.
+  std::vector<int> seg_start, seg_len;
+  {
+    std::vector<int> cut{0};
+    if (cost.uniform_) {
+      for (int l = 0; l < L; ++l)
+        if (prune_at[size_t(l)])
+          for (int b : {l, l + 1, l + 2}) cut.push_back(b);
+    } else {
+      for (int l = 1; l < L; ++l) cut.push_back(l);
+    }
+    std::sort(cut.begin(), cut.end());
+    cut.erase(std::unique(cut.begin(), cut.end()), cut.end());
+    while (!cut.empty() && cut.back() >= L) cut.pop_back();
+    for (size_t k = 0; k < cut.size(); ++k) {
+      seg_start.push_back(cut[k]);
+      seg_len.push_back((k + 1 < cut.size() ? cut[k + 1] : L) - cut[k]);
+    }
+  }
+  const size_t S = seg_start.size();
+  std::vector<LayerWork> work(S);
   size_t next = 0, done = 0;
   double t = 0, reserved = 0, used = 0;
   int64_t kv_stride = 1;
@@ -420,11 +436,12 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
   const auto add_step = [&](const trace::Step& s, bool prefill) {
     const bool attended = !s.attended.empty();
     int64_t held = 0;
-    for (int l = 0; l < L; ++l) {
-      held += s.keys[size_t(l)];
+    for (size_t k = 0; k < S; ++k) {
+      const int l = seg_start[k];
+      held += s.keys[size_t(l)] * seg_len[k];
       const int64_t q = s.queries[size_t(l)];
       if (q <= 0) continue;
-      LayerWork& w = work[size_t(l)];
+      LayerWork& w = work[k];
       const int64_t keys = prefill    ? s.keys[size_t(l)]
                            : attended ? s.attended[size_t(l)]
                                       : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]);
@@ -501,8 +518,7 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
       new_rows += chunk;
       if (chunk < left) {  // an earlier chunk: every layer, attending the prefix and itself
         const int64_t pre = a->prefilled;
-        for (int l = 0; l < L; ++l) {
-          LayerWork& w = work[size_t(l)];
+        for (LayerWork& w : work) {
           w.rows += chunk;
           w.pairs += chunk * pre + chunk * (chunk + 1) / 2;
           w.keys += pre + chunk;
@@ -533,7 +549,7 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
       a->prefilled_now = true;
       logit_rows += 1;
     }
-    const double dt = cost(work, new_rows, logit_rows) + cfg.iteration_overhead_s;
+    const double dt = cost(work, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s;
     // K/V utilisation over the iteration (what it held at its start), time-weighted.
     run.kv_reserved_mean += reserved * dt;
     run.kv_used_mean += used * dt;
