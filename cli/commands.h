@@ -193,6 +193,11 @@ struct ReportArgs {
   double slo_ttft_ms = std::numeric_limits<double>::quiet_NaN(), mem_budget_gib = slo_ttft_ms;
   double revival_share = -1;  // >= 0: a constant share instead of the revival model
   bool json_out = false, map = false;
+  // Serving capacity (0: no objective; the section is left out without one).
+  double serving_ttft_p90_ms = 0, serving_itl_p90_ms = 0, serving_kv_budget_gib = 0;
+  std::string serving_prompt_tokens = "2048", serving_output_tokens = "128";
+  int64_t serving_requests = 1000, serving_max_batch_tokens = 8192;
+  int serving_seeds = 1;
 };
 CLI::App* add_report(CLI::App& app, ReportArgs& a);
 int cmd_report(const ReportArgs& a, const CLI::App& sub);

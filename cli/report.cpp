@@ -72,6 +72,29 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   add_precision(*r, a.precision);
+  r->add_option("--serving-slo-ttft-p90-ms", a.serving_ttft_p90_ms,
+                "Serving capacity: the highest Poisson arrival rate whose p90 TTFT stays under this, per "
+                "hardware and method, and a chart of p90 TTFT against the rate (sim/serving.h)")
+      ->check(CLI::Range(1e-3, 1e9));
+  r->add_option("--serving-slo-itl-p90-ms", a.serving_itl_p90_ms,
+                "Serving capacity: also (or only) p90 inter-token latency under this")
+      ->check(CLI::Range(1e-3, 1e9));
+  r->add_option("--serving-prompt-tokens", a.serving_prompt_tokens,
+                "Serving: prompt lengths, N, LO:HI or file:PATH (default 2048)");
+  r->add_option("--serving-output-tokens", a.serving_output_tokens,
+                "Serving: output lengths, N, LO:HI or file:PATH (default 128)");
+  r->add_option("--serving-requests", a.serving_requests,
+                "Serving: requests per simulated run (default 1000)")
+      ->check(CLI::Range(int64_t(10), int64_t(1) << 22));
+  r->add_option("--serving-seeds", a.serving_seeds,
+                "Serving: workloads per search, their median kept (default 1)")
+      ->check(CLI::Range(1, 64));
+  r->add_option("--serving-max-batch-tokens", a.serving_max_batch_tokens,
+                "Serving: rows per iteration (default 8192)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  r->add_option("--serving-kv-budget-gib", a.serving_kv_budget_gib,
+                "Serving: K/V budget per device (default: the memory budget less the weights)")
+      ->check(CLI::Range(1e-3, 1e6));
   r->add_option("--validation", a.validation, "validate --json output, for the measured-vs-predicted chart");
   r->add_option("--out", a.out, "Folder for capacity-report.json, the charts and report.html")->required();
   r->add_flag("--json", a.json_out, "Print the report JSON instead of the summary table");
@@ -98,6 +121,17 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   req.batch = a.batch;
   if (!std::isnan(a.slo_ttft_ms)) req.slo_ttft_ms = a.slo_ttft_ms;
   if (!std::isnan(a.mem_budget_gib)) req.mem_budget_gib = a.mem_budget_gib;
+  if (a.serving_ttft_p90_ms > 0 || a.serving_itl_p90_ms > 0) {
+    report::ServingSpec s;
+    s.objectives = {a.serving_ttft_p90_ms * 1e-3, a.serving_itl_p90_ms * 1e-3};
+    s.prompt_tokens = a.serving_prompt_tokens;
+    s.output_tokens = a.serving_output_tokens;
+    s.requests = a.serving_requests;
+    s.seeds = a.serving_seeds;
+    s.max_batch_tokens = a.serving_max_batch_tokens;
+    if (a.serving_kv_budget_gib > 0) s.kv_budget_gib = a.serving_kv_budget_gib;
+    req.serving = s;
+  }
   req.tool_version = LP_VERSION;
   req.git_commit = LP_GIT_COMMIT;
 

@@ -63,6 +63,88 @@ const std::vector<std::pair<std::string, std::vector<Op>>>& op_groups() {
       {"embed, LM head", {Op::Embed, Op::OutputNorm, Op::LmHead}}};
   return g;
 }
+// Serving capacity per hardware x method (the methods a server runs: not a recorded trace), then
+// p90 TTFT and ITL along one grid of rates per hardware: 10 rates from a quarter of the lowest
+// capacity found to 1.5 times the highest.
+void add_serving(const Request& r, Report& rep) {
+  const ServingSpec& s = *r.serving;
+  rep.serving = s;
+  const auto prompt = sim::LengthDist::parse(s.prompt_tokens, "--serving-prompt-tokens", "prompt_tokens");
+  const auto output = sim::LengthDist::parse(s.output_tokens, "--serving-output-tokens", "output_tokens");
+  std::vector<std::pair<size_t, size_t>> cells;
+  std::vector<sim::ServingMethod> methods(r.methods.size());
+  for (size_t m = 0; m < r.methods.size(); ++m) {
+    const ReportedMethod& rm = r.methods[m];
+    if (rm.trace) continue;
+    sim::ServingMethod& sm = methods[m];
+    sm.name = rm.name;
+    sm.policy = rm.method.policy_name();
+    sm.steps = rm.steps;
+    sm.revivals = rm.revival;
+    for (size_t h = 0; h < r.hws.size(); ++h) cells.emplace_back(h, m);
+  }
+  std::sort(cells.begin(), cells.end());
+  rep.serving_capacity.resize(cells.size());
+  const auto config = [&](size_t h) {
+    sim::ServingConfig cfg;
+    cfg.max_batch_tokens = s.max_batch_tokens;
+    cfg.kv_element_bytes = sim::dtype_bytes(r.precision.kv, "--kv");
+    const double weights = method_prediction(r, r.methods[0], r.hws[h], 1, 0).memory.weights;
+    cfg.kv_budget_bytes =
+        s.kv_budget_gib ? *s.kv_budget_gib * double(1 << 30) : budget_bytes(r, r.hws[h]) - weights;
+    if (!(cfg.kv_budget_bytes > 0))
+      fail("{}: the weights ({:.1f} GiB) leave no memory for the K/V cache under the budget", r.hws[h].name,
+           weights / double(1 << 30));
+    return cfg;
+  };
+  sim::CapacityOptions co;
+  co.objectives = s.objectives;
+  co.requests = s.requests;
+  co.seeds = s.seeds;
+  co.tolerance = s.tolerance;
+  tbb::parallel_for(size_t(0), cells.size(), [&](size_t k) {
+    const auto [h, m] = cells[k];
+    const sim::ServingConfig cfg = config(h);
+    const sim::CapacityResult c =
+        sim::find_capacity(r.model, r.hws[h], r.precision, methods[m], cfg, {1, 1}, prompt, output, co);
+    ServingCapacity& x = rep.serving_capacity[k];
+    x.hw = h, x.method = m, x.met = c.met, x.kv_budget_bytes = cfg.kv_budget_bytes;
+    x.rate = c.rate, x.rate_min = c.rate_min, x.rate_max = c.rate_max, x.resolution = c.bracket;
+    const sim::ServingMetrics& at = c.met ? c.at_rate : c.best;
+    x.ttft_p90_ms = at.ttft.p90 * 1e3, x.itl_p90_ms = at.itl.p90 * 1e3;
+  });
+  const auto unit = sim::make_workload(s.requests, {1, 1}, prompt, output, 0);
+  for (size_t h = 0; h < r.hws.size(); ++h) {
+    double lo = 0, hi = 0;
+    for (const ServingCapacity& x : rep.serving_capacity)
+      if (x.hw == h && x.met) lo = lo > 0 ? std::min(lo, x.rate) : x.rate, hi = std::max(hi, x.rate);
+    if (hi <= 0) lo = hi = co.rate_lo * 4;
+    const double a = lo / 4, b = hi * 1.5;
+    std::vector<double> grid;
+    for (int i = 0; i < 10; ++i) grid.push_back(a * std::pow(b / a, i / 9.0));
+    std::vector<size_t> mine;
+    for (size_t k = 0; k < rep.serving_capacity.size(); ++k)
+      if (rep.serving_capacity[k].hw == h) mine.push_back(k);
+    for (size_t k : mine) {
+      ServingCapacity& x = rep.serving_capacity[k];
+      x.curve_rate = grid;
+      x.curve_ttft_p90_ms.assign(grid.size(), 0);
+      x.curve_itl_p90_ms.assign(grid.size(), 0);
+    }
+    const sim::ServingConfig cfg = config(h);
+    tbb::parallel_for(size_t(0), mine.size() * grid.size(), [&](size_t i) {
+      ServingCapacity& x = rep.serving_capacity[mine[i / grid.size()]];
+      const size_t g = i % grid.size();
+      const sim::ServingMetrics mm =
+          sim::serving_metrics(sim::simulate_serving(r.model, r.hws[h], r.precision, methods[x.method], cfg,
+                                                     sim::at_rate(unit, grid[g])),
+                               s.objectives);
+      x.curve_ttft_p90_ms[g] = mm.ttft.p90 * 1e3;
+      x.curve_itl_p90_ms[g] = mm.itl.p90 * 1e3;
+    });
+  }
+}
+
 }  // namespace
 
 Report build_report(const Request& r) {
@@ -183,6 +265,7 @@ Report build_report(const Request& r) {
     c.concurrent_sequences_at_longest = rep.result(h, m, nmax).concurrent_sequences;
     c.memory_budget_bytes = budget_bytes(r, r.hws[h]);
   });
+  if (r.serving) add_serving(r, rep);
   return rep;
 }
 
@@ -258,11 +341,38 @@ json Report::to_json() const {
       {"new_tokens", p.new_tokens},
       {"slo_ttft_ms", or_null(p.slo_ttft_ms)},
       {"mem_budget_gib", or_null(p.mem_budget_gib)}};
-  return {{"lazyprefill_capacity_report", 1},
-          {"provenance", prov},
-          {"prompt_lengths", prompt_lengths},
-          {"results", results_json},
-          {"capacity", capacity_json}};
+  json serving_json = nullptr;
+  if (serving) {
+    const ServingSpec& s = *serving;
+    json caps = json::array();
+    for (const ServingCapacity& x : serving_capacity)
+      caps.push_back({{"hardware", p.hardware[x.hw].name},
+                      {"method", p.methods[x.method].name},
+                      {"met", x.met},
+                      {"rate_per_s", x.met ? json(x.rate) : json(nullptr)},
+                      {"rate_range_per_s", x.met ? json::array({x.rate_min, x.rate_max}) : json(nullptr)},
+                      {"resolution", x.resolution},
+                      {"ttft_p90_ms", x.ttft_p90_ms},
+                      {"itl_p90_ms", x.itl_p90_ms},
+                      {"kv_budget_bytes", x.kv_budget_bytes},
+                      {"curve",
+                       {{"rate_per_s", x.curve_rate},
+                        {"ttft_p90_ms", x.curve_ttft_p90_ms},
+                        {"itl_p90_ms", x.curve_itl_p90_ms}}}});
+    const auto ms_or_null = [](double v) { return v > 0 ? json(v * 1e3) : json(nullptr); };
+    serving_json = {{"objectives",
+                     {{"ttft_p90_ms", ms_or_null(s.objectives.ttft_p90_s)},
+                      {"itl_p90_ms", ms_or_null(s.objectives.itl_p90_s)}}},
+                    {"arrivals", "poisson"},
+                    {"prompt_tokens", s.prompt_tokens},
+                    {"output_tokens", s.output_tokens},
+                    {"requests", s.requests},
+                    {"seeds", s.seeds},
+                    {"max_batch_tokens", s.max_batch_tokens},
+                    {"capacity", caps}};
+  }
+  return {{"lazyprefill_capacity_report", 2}, {"provenance", prov},        {"prompt_lengths", prompt_lengths},
+          {"results", results_json},          {"capacity", capacity_json}, {"serving", serving_json}};
 }
 
 std::string summary_text(const Report& rep) {
@@ -296,6 +406,17 @@ std::string summary_text(const Report& rep) {
         if (!c.slo_note.empty()) out += "; " + c.slo_note;
         out += "\n";
       }
+    for (const ServingCapacity& x : rep.serving_capacity)
+      if (x.hw == h)
+        out += x.met ? fmt::format(
+                           "  {:<38} serves {:.3g} requests/s within the serving objectives ({:.3g}-{:.3g} "
+                           "over seeds; p90 TTFT {:.4g} ms, ITL {:.3g} ms)\n",
+                           prov.methods[x.method].name.substr(0, 38), x.rate, x.rate_min, x.rate_max,
+                           x.ttft_p90_ms, x.itl_p90_ms)
+                     : fmt::format(
+                           "  {:<38} meets the serving objectives at no rate (p90 TTFT {:.4g} ms, ITL "
+                           "{:.3g} ms at the lowest)\n",
+                           prov.methods[x.method].name.substr(0, 38), x.ttft_p90_ms, x.itl_p90_ms);
   }
   return out;
 }
@@ -401,6 +522,32 @@ std::vector<std::pair<std::string, std::string>> report_charts(const Report& rep
     }
     out.emplace_back("op-breakdown.svg", svg_stacked_bars(c, 860, 480));
   }
+  if (!rep.serving_capacity.empty()) {
+    const ServingSpec& s = *rep.serving;
+    LineChart c;
+    c.title = "p90 time to first token vs arrival rate (serving)";
+    c.subtitle = fmt::format("{}; Poisson arrivals, prompts {}, outputs {}; dashed: no pruning", model,
+                             s.prompt_tokens, s.output_tokens);
+    c.x = {"arrival rate (requests/s)", true};
+    c.y = {"p90 TTFT (ms)", true};
+    for (const ServingCapacity& x : rep.serving_capacity)
+      c.series.push_back({prov.hardware[x.hw].name + " " + prov.methods[x.method].name, x.curve_rate,
+                          x.curve_ttft_p90_ms, true, true, x.method == 0, -1});
+    if (s.objectives.ttft_p90_s > 0) {
+      double lo = 1e300, hi = 0;
+      for (const ServingCapacity& x : rep.serving_capacity)
+        for (double v : x.curve_rate) lo = std::min(lo, v), hi = std::max(hi, v);
+      if (hi > 0)
+        c.series.push_back({"objective",
+                            {lo, hi},
+                            {s.objectives.ttft_p90_s * 1e3, s.objectives.ttft_p90_s * 1e3},
+                            true,
+                            false,
+                            true,
+                            -1});
+    }
+    out.emplace_back("serving-ttft-vs-rate.svg", svg_line_chart(c));
+  }
   if (validation && validation->contains("cases")) {
     LineChart c;
     c.title = "Simulator: measured vs predicted TTFT (held-out cases)";
@@ -476,6 +623,17 @@ std::string report_html(const Report& rep, const std::vector<std::pair<std::stri
                      xml_escape(prov.hardware[c.hw].name), xml_escape(prov.methods[c.method].name),
                      c.slo_note.empty() ? "no objective given" : xml_escape(c.slo_note),
                      c.concurrent_sequences_at_longest, c.longest_prompt_tokens);
+  if (!rep.serving_capacity.empty()) {
+    h +=
+        "</table>\n<h2>Serving capacity (Poisson arrivals, p90 objectives)</h2>\n<table><tr><th>hardware / "
+        "method</th><th>requests/s</th><th>over seeds</th><th>p90 TTFT (ms)</th><th>p90 ITL (ms)</th></tr>\n";
+    for (const ServingCapacity& x : rep.serving_capacity)
+      h += fmt::format("<tr><td>{} / {}</td><td>{}</td><td>{}</td><td>{:.4g}</td><td>{:.3g}</td></tr>\n",
+                       xml_escape(prov.hardware[x.hw].name), xml_escape(prov.methods[x.method].name),
+                       x.met ? fmt::format("{:.3g}", x.rate) : "objectives unmet",
+                       x.met ? fmt::format("{:.3g}-{:.3g}", x.rate_min, x.rate_max) : "-", x.ttft_p90_ms,
+                       x.itl_p90_ms);
+  }
   h += "</table>\n<h2>Charts</h2>\n";
   for (const auto& [name, svg] : charts) {
     // Inline SVG in HTML takes no XML declaration.

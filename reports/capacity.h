@@ -18,6 +18,7 @@
 #include "pruning/schedule.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
+#include "sim/serving.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 
@@ -33,6 +34,17 @@ struct ReportedMethod {
   std::string revivals = "none";        // what the report says about them
 };
 
+// Serving capacity (sim/serving.h): asked for with at least one objective.
+struct ServingSpec {
+  sim::Objectives objectives;
+  std::string prompt_tokens = "2048", output_tokens = "128";  // LengthDist forms
+  int64_t requests = 1000;
+  int seeds = 1;
+  int64_t max_batch_tokens = 8192;
+  std::optional<double> kv_budget_gib;  // default: the memory budget less the weights
+  double tolerance = 0.02;
+};
+
 struct Request {
   ModelConfig model;
   std::string model_source;  // "preset llama-3.1-8b" or the GGUF path
@@ -45,6 +57,7 @@ struct Request {
   std::optional<double> mem_budget_gib;  // default: each profile's memory capacity
   int64_t batch = 1;
   sim::Precision precision;
+  std::optional<ServingSpec> serving;
   std::string tool_version, git_commit;
 };
 
@@ -77,6 +90,17 @@ struct Capacity {
   double memory_budget_bytes = 0;
 };
 
+// Per hardware and method under load: the highest Poisson arrival rate that meets the serving
+// objectives, and p90 TTFT and ITL along a grid of rates (shared by the methods of a hardware).
+struct ServingCapacity {
+  size_t hw = 0, method = 0;
+  bool met = false;
+  double rate = 0, rate_min = 0, rate_max = 0, resolution = 0;  // requests/s
+  double ttft_p90_ms = 0, itl_p90_ms = 0;  // at `rate`; unmet: at the lowest rate tried (the best)
+  double kv_budget_bytes = 0;
+  std::vector<double> curve_rate, curve_ttft_p90_ms, curve_itl_p90_ms;
+};
+
 // Where the numbers come from.
 struct Provenance {
   struct HardwareLine {
@@ -105,11 +129,14 @@ struct Report {
   std::vector<int64_t> prompt_lengths;
   std::vector<Result> results;     // hardware-major, then method, then prompt length
   std::vector<Capacity> capacity;  // hardware-major, then method
+  std::optional<ServingSpec> serving;
+  std::vector<ServingCapacity> serving_capacity;  // hardware-major, then the methods a server runs
 
   const Result& result(size_t hw, size_t method, size_t length) const {
     return results[(hw * provenance.methods.size() + method) * prompt_lengths.size() + length];
   }
-  // The report as reports/capacity-report.schema.json (version 1) lays it out.
+  // The report as reports/capacity-report.schema.json (version 2: version 1 and `serving`) lays it
+  // out.
   nlohmann::ordered_json to_json() const;
 };
 

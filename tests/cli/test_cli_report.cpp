@@ -31,10 +31,31 @@ TEST_F(CliSim, ReportRefusesMoreResultsThanItHolds) {
 // report, bad input refused with nothing half-written.
 TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
   const std::string out = dir_.file("rep");
-  CliResult r =
-      run_cli(dir_, {"report", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm,l4", "--prompt-lengths",
-                     "1024,8192", "--slo-ttft-ms", "0.001", "--mem-budget-gib", "30", "--schedule",
-                     "0.3:0.3,0.6:0.3,0.9:0.3", "--schedule", "0.1:0.5,0.3:0.5,0.5:0.5", "--out", out});
+  CliResult r = run_cli(dir_, {"report",
+                               "--model-config",
+                               "llama-3.1-8b",
+                               "--hw",
+                               "h100-sxm,l4",
+                               "--prompt-lengths",
+                               "1024,8192",
+                               "--slo-ttft-ms",
+                               "0.001",
+                               "--mem-budget-gib",
+                               "30",
+                               "--schedule",
+                               "0.3:0.3,0.6:0.3,0.9:0.3",
+                               "--schedule",
+                               "0.1:0.5,0.3:0.5,0.5:0.5",
+                               "--out",
+                               out,
+                               "--serving-slo-ttft-p90-ms",
+                               "1500",
+                               "--serving-prompt-tokens",
+                               "4096",
+                               "--serving-output-tokens",
+                               "32",
+                               "--serving-requests",
+                               "200"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   EXPECT_NE(r.out.find("h100-sxm"), std::string::npos);
   const std::string schema = std::string(LP_SOURCE_DIR) + "/reports/capacity-report.schema.json";
@@ -51,9 +72,23 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
     EXPECT_TRUE(c["max_prompt_tokens_within_slo"].is_null());
     EXPECT_NE(c["slo_note"].get<std::string>().find("no prompt length meets"), std::string::npos);
   }
-  for (const char* f :
-       {"report.html", "ttft-vs-prompt-length.svg", "speedup-vs-share-computed.svg", "op-breakdown.svg"})
+  for (const char* f : {"report.html", "ttft-vs-prompt-length.svg", "speedup-vs-share-computed.svg",
+                        "op-breakdown.svg", "serving-ttft-vs-rate.svg"})
     EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
+  // Serving capacity: every hardware x method; on the H100 each meets 1.5 s at some rate, and
+  // pruning's shorter prefills serve at least as many requests/s as none.
+  EXPECT_EQ(rep["lazyprefill_capacity_report"].get<int>(), 2);
+  const auto& caps = rep["serving"]["capacity"];
+  ASSERT_EQ(caps.size(), 2u * 5);
+  for (const auto& c : caps) {
+    EXPECT_EQ(c["curve"]["rate_per_s"].size(), 10u);
+    if (c["hardware"] == "h100-sxm") {
+      ASSERT_TRUE(c["met"].get<bool>()) << c.dump();
+      EXPECT_LE(c["ttft_p90_ms"].get<double>(), 1500);
+      if (c["method"] != "none")
+        EXPECT_GE(c["rate_per_s"].get<double>(), caps[0]["rate_per_s"].get<double>() * 0.98);
+    }
+  }
   // The pruned methods are faster than none everywhere in this compute-bound regime.
   for (const auto& x : rep["results"]) {
     if (x["method"] != "none") {
