@@ -21,8 +21,6 @@ json pct_json(const sim::Percentiles& p) {
   return {{"p50", p.p50 * 1e3}, {"p90", p.p90 * 1e3}, {"p99", p.p99 * 1e3}, {"mean", p.mean * 1e3}};
 }
 
-}  // namespace
-
 json serving_metrics_json(const sim::ServingMetrics& m) {
   return {{"requests", m.requests},
           {"duration_s", m.duration_s},
@@ -38,6 +36,8 @@ json serving_metrics_json(const sim::ServingMetrics& m) {
           {"kv_utilisation_peak", m.kv_utilisation_peak},
           {"prompt_share_mean", m.prompt_share_mean}};
 }
+
+}  // namespace
 
 CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
   auto* s =

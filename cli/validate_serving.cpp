@@ -26,41 +26,19 @@ namespace lp::cli {
 namespace {
 using json = nlohmann::ordered_json;
 
-struct Logged {
-  double arrival = 0, admitted = 0, first = 0, finished = 0;
-  int64_t prompt = 0, output = 0, revivals = 0;
-};
+using Logged = sim::LoggedRequest;
 
+// A load test's log: its requests that did not end in an error, each with its times in order.
 std::vector<Logged> read_logged(const std::string& path) {
-  InputLines in(path, "request log", input_cap::kTrace);
   std::vector<Logged> out;
-  std::string line;
-  int n = 0;
-  while (in.next(line)) {
-    ++n;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const std::exception&) {
-      fail("{}:{}: not a JSON object", path, n);
-    }
-    Logged r;
-    try {
-      if (j.contains("error")) continue;
-      r = {j.at("arrival_s").get<double>(),      j.at("admitted_s").get<double>(),
-           j.at("first_token_s").get<double>(),  j.at("finished_s").get<double>(),
-           j.at("prompt_tokens").get<int64_t>(), j.at("output_tokens").get<int64_t>(),
-           j.value("revivals", int64_t(0))};
-    } catch (const std::exception& e) {
-      fail("{}:{}: {}", path, n, e.what());
-    }
-    if (!(r.arrival >= 0 && r.admitted >= r.arrival && r.first >= r.admitted && r.finished >= r.first) ||
-        r.prompt < 1 || r.output < 1)
-      fail("{}:{}: times out of order or empty counts", path, n);
+  for (const Logged& r : sim::read_request_log(path)) {
+    if (r.error) continue;
+    if (!(r.admitted_s >= r.arrival_s && r.first_token_s >= r.admitted_s &&
+          r.finished_s >= r.first_token_s) ||
+        r.prompt_tokens < 1 || r.output_tokens < 1)
+      fail("{}:{}: times missing or out of order, or empty counts", path, r.line);
     out.push_back(r);
   }
-  std::sort(out.begin(), out.end(), [](const Logged& a, const Logged& b) { return a.arrival < b.arrival; });
   return out;
 }
 
@@ -118,8 +96,9 @@ int cmd_validate_serving(const ValidateArgs& a) {
     const std::string path = (dir / fmt::format("requests_{}.jsonl", m)).string();
     std::vector<Logged> log = read_logged(path);
     // The script's short preflight request is not one of the load's.
-    log.erase(std::remove_if(log.begin(), log.end(), [&](const Logged& r) { return r.prompt < min_prompt; }),
-              log.end());
+    log.erase(
+        std::remove_if(log.begin(), log.end(), [&](const Logged& r) { return r.prompt_tokens < min_prompt; }),
+        log.end());
     if (log.size() != rates.size() * size_t(per_rate))
       fail("{}: {} requests, but the summary's {} rates x {} make {}", path, log.size(), rates.size(),
            per_rate, rates.size() * size_t(per_rate));
@@ -136,7 +115,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
       const Logged& r = ml.log[size_t(i)];
       bool alone = true;
       for (const Logged& o : ml.log)
-        if (&o != &r && o.admitted < r.finished && o.finished > r.admitted) alone = false;
+        if (&o != &r && o.admitted_s < r.finished_s && o.finished_s > r.admitted_s) alone = false;
       if (!alone) continue;
       calib::Measurement t;
       t.file = ml.name;
@@ -146,18 +125,18 @@ int cmd_validate_serving(const ValidateArgs& a) {
       t.hardware = a.base;
       t.dtype = a.serving_dtype;
       t.method = method;
-      t.prompt_tokens = r.prompt;
-      t.ttft_ms = (r.first - r.admitted) * 1e3;
+      t.prompt_tokens = r.prompt_tokens;
+      t.ttft_ms = (r.first_token_s - r.admitted_s) * 1e3;
       ms.push_back(t);
       // A pruned run's decoding steps revive tokens, which single-request points do not model
       // (calibrate leaves them out too); the serving simulation prices them with the revival model.
-      if (r.output > 1 && ml.name == "none") {
+      if (r.output_tokens > 1 && ml.name == "none") {
         calib::Measurement d = t;
         d.ttft_ms.reset();
         d.prompt_tokens = 0;
-        d.context_tokens = r.prompt;
-        d.decode_tokens = r.output - 1;
-        d.decode_ms_per_token = (r.finished - r.first) / double(r.output - 1) * 1e3;
+        d.context_tokens = r.prompt_tokens;
+        d.decode_tokens = r.output_tokens - 1;
+        d.decode_ms_per_token = (r.finished_s - r.first_token_s) / double(r.output_tokens - 1) * 1e3;
         ms.push_back(d);
       }
     }
@@ -187,7 +166,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
       for (int64_t i = 0; i < per_rate; ++i) {
         const Logged& r = ml.log[size_t(i)];
         revived += double(r.revivals);
-        exposure += double(r.output - 1) * double(r.prompt) * active_per_token;
+        exposure += double(r.output_tokens - 1) * double(r.prompt_tokens) * active_per_token;
       }
   const double revival_share = exposure > 0 ? revived / exposure : 0;
 
@@ -223,7 +202,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
       m.revivals = sim::constant_revival_share(revival_share);
     }
     std::vector<sim::ServingRequest> reqs;
-    for (const Logged& r : ml.log) reqs.push_back({r.arrival, r.prompt, r.output});
+    for (const Logged& r : ml.log) reqs.push_back({r.arrival_s, r.prompt_tokens, r.output_tokens});
     const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);
     double measured_sat = 0, predicted_sat = 0;
     std::vector<json> groups;
@@ -233,9 +212,9 @@ int cmd_validate_serving(const ValidateArgs& a) {
       for (size_t i = g * size_t(per_rate); i < (g + 1) * size_t(per_rate); ++i) {
         const Logged& r = ml.log[i];
         const sim::RequestOutcome& o = run.requests[i];
-        mt.push_back(r.first - r.arrival);
-        if (r.output > 1) mi.push_back((r.finished - r.first) / double(r.output - 1));
-        m_first = std::min(m_first, r.arrival), m_last = std::max(m_last, r.finished);
+        mt.push_back(r.first_token_s - r.arrival_s);
+        if (r.output_tokens > 1) mi.push_back((r.finished_s - r.first_token_s) / double(r.output_tokens - 1));
+        m_first = std::min(m_first, r.arrival_s), m_last = std::max(m_last, r.finished_s);
         pt.push_back(o.ttft_s());
         if (o.output_tokens > 1) pi.push_back(o.itl_s());
         p_first = std::min(p_first, o.arrival_s), p_last = std::max(p_last, o.finished_s);

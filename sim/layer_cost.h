@@ -22,7 +22,6 @@ struct LayerWork {
   int64_t scorers = 0, score_keys = 0;   // sequences scoring here (LazyLLM) and the keys they score
   int64_t selects = 0, select_keys = 0;  // selections made here and the keys they choose from
   int64_t moved = 0;                     // rows gathered (compacted, saved to or read from the Aux Cache)
-  bool operator==(const LayerWork&) const = default;
 };
 
 // Ring collectives over `tp` GPUs of `hw` (docs/simulator.md): all-reduce of `bytes`, and

@@ -9,7 +9,9 @@
 #include <charconv>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "model/csv_reader.h"  // fast-cpp-csv-parser
 #include "model/error.h"
@@ -24,63 +26,43 @@ namespace {
 constexpr int64_t kMaxRequests = int64_t(1) << 24;  // a file or workload: 16.7M requests at most
 constexpr int64_t kMaxTokens = int64_t(1) << 24;
 
-// A whole number in [1, kMaxTokens] or a finite double, from a field; nullopt when it is not one.
-std::optional<int64_t> whole(std::string_view s) {
+// The whole field, spaces (and a line's \r) around it aside, as a T (a finite one for double);
+// nullopt when it is not one.
+template <class T>
+std::optional<T> parse_field(std::string_view s) {
   while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.remove_suffix(1);
-  int64_t v = 0;
+  T v{};
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(v)) return std::nullopt;
   return v;
 }
+std::optional<int64_t> whole(std::string_view s) {
+  return parse_field<int64_t>(s);
+}
 std::optional<double> number(std::string_view s) {
-  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.remove_suffix(1);
-  double v = 0;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
-  return v;
+  return parse_field<double>(s);
 }
 void check_tokens(int64_t v, const std::string& where, const char* what) {
   if (v < 1 || v > kMaxTokens) fail("{}: {} {} is not in [1, {}]", where, what, v, kMaxTokens);
 }
 
-// Requests of a `serve --log-requests` file, sorted by arrival.
+// Requests of a `serve --log-requests` file, sorted by arrival; those that ended in an error left
+// out.
 std::vector<ServingRequest> read_log(const std::string& path) {
-  InputLines in(path, "request log", input_cap::kTrace);
   std::vector<ServingRequest> out;
-  std::string line;
-  int64_t n = 0;
-  while (in.next(line)) {
-    ++n;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, n);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-      fail("{}: not a JSON object", where);
-    }
-    if (!j.is_object()) fail("{}: not a JSON object", where);
-    for (const char* k : {"arrival_s", "prompt_tokens", "output_tokens"})
-      if (!j.contains(k) || !j[k].is_number()) fail("{}: no number '{}'", where, k);
-    if (j.contains("error") || j.value("finish", "") == "error") continue;
-    const double a = j["arrival_s"].get<double>();
-    if (!std::isfinite(a) || a < 0) fail("{}: arrival_s {} is negative or not finite", where, a);
-    if (!j["prompt_tokens"].is_number_integer() || !j["output_tokens"].is_number_integer())
-      fail("{}: token counts must be whole numbers", where);
-    ServingRequest r{a, j["prompt_tokens"].get<int64_t>(), j["output_tokens"].get<int64_t>()};
+  for (const LoggedRequest& r : read_request_log(path)) {
+    if (r.error) continue;
+    const std::string where = fmt::format("{}:{}", path, r.line);
     check_tokens(r.prompt_tokens, where, "prompt_tokens");
     // A request cancelled before its first token generated nothing; it still arrived and was
     // prefilled, so it counts with one output token.
-    r.output_tokens = std::max<int64_t>(r.output_tokens, 1);
-    check_tokens(r.output_tokens, where, "output_tokens");
-    if (int64_t(out.size()) >= kMaxRequests) fail("{}: more than {} requests", path, kMaxRequests);
-    out.push_back(r);
+    const int64_t output = std::max<int64_t>(r.output_tokens, 1);
+    check_tokens(output, where, "output_tokens");
+    out.push_back({r.arrival_s, r.prompt_tokens, output});
   }
-  std::stable_sort(out.begin(), out.end(), [](const ServingRequest& a, const ServingRequest& b) {
-    return a.arrival_s < b.arrival_s;
-  });
   return out;
 }
 
@@ -242,6 +224,50 @@ std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double
   return out;
 }
 
+std::vector<LoggedRequest> read_request_log(const std::string& path) {
+  InputLines in(path, "request log", input_cap::kTrace);
+  std::vector<LoggedRequest> out;
+  std::string line;
+  int64_t n = 0;
+  while (in.next(line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", path, n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      fail("{}: not a JSON object", where);
+    }
+    if (!j.is_object()) fail("{}: not a JSON object", where);
+    for (const char* k : {"arrival_s", "prompt_tokens", "output_tokens"})
+      if (!j.contains(k) || !j[k].is_number()) fail("{}: no number '{}'", where, k);
+    LoggedRequest r;
+    r.line = n;
+    r.error = j.contains("error") || j.value("finish", "") == "error";
+    r.arrival_s = j["arrival_s"].get<double>();
+    if (!std::isfinite(r.arrival_s) || r.arrival_s < 0)
+      fail("{}: arrival_s {} is negative or not finite", where, r.arrival_s);
+    if (!j["prompt_tokens"].is_number_integer() || !j["output_tokens"].is_number_integer())
+      fail("{}: token counts must be whole numbers", where);
+    r.prompt_tokens = j["prompt_tokens"].get<int64_t>();
+    r.output_tokens = j["output_tokens"].get<int64_t>();
+    const auto time = [&](const char* k) {
+      return j.contains(k) && j[k].is_number() ? j[k].get<double>()
+                                               : std::numeric_limits<double>::quiet_NaN();
+    };
+    r.admitted_s = time("admitted_s"), r.first_token_s = time("first_token_s"),
+    r.finished_s = time("finished_s");
+    if (j.contains("revivals") && j["revivals"].is_number_integer())
+      r.revivals = j["revivals"].get<int64_t>();
+    if (int64_t(out.size()) >= kMaxRequests) fail("{}: more than {} requests", path, kMaxRequests);
+    out.push_back(r);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const LoggedRequest& a, const LoggedRequest& b) { return a.arrival_s < b.arrival_s; });
+  return out;
+}
+
 std::vector<ServingRequest> read_requests(const std::string& path) {
   std::vector<ServingRequest> r = looks_like_log(path) ? read_log(path) : read_csv(path);
   if (r.empty()) fail("{}: no requests", path);
@@ -289,6 +315,7 @@ class IterationCost {
     for (int l = 0; l < c.n_layer; ++l) lc_.push_back(g_.uniform() ? g_ : g_.layer(l));
     uniform_ = g_.uniform();
   }
+  bool uniform() const { return uniform_; }  // every layer the same shape
   // Work per run of layers: w[k] is the work of each of the len[k] layers from start[k].
   double operator()(const std::vector<LayerWork>& w, const std::vector<int>& start,
                     const std::vector<int>& len, int64_t new_rows, int64_t logit_rows) const {
@@ -319,11 +346,7 @@ class IterationCost {
   CostContext cc_;
   ModelConfig g_;
   std::vector<ModelConfig> lc_;
-
- public:
   bool uniform_ = true;
-
- private:
   mutable std::vector<double> rows_only_;  // [rows]: a layer's ops priced by rows alone, < 0 not yet
 
   double rows_only(int64_t rows) const {
@@ -409,7 +432,7 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
   std::vector<int> seg_start, seg_len;
   {
     std::vector<int> cut{0};
-    if (cost.uniform_) {
+    if (cost.uniform()) {
       for (int l = 0; l < L; ++l)
         if (prune_at[size_t(l)])
           for (int b : {l, l + 1, l + 2}) cut.push_back(b);
@@ -552,7 +575,6 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
     const double dt = cost(work, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s;
     // K/V utilisation over the iteration (what it held at its start), time-weighted.
     run.kv_reserved_mean += reserved * dt;
-    run.kv_used_mean += used * dt;
     run.kv_reserved_peak = std::max(run.kv_reserved_peak, reserved);
     if (run.iterations % kv_stride == 0) {
       run.kv.push_back({t, reserved, used});
@@ -563,7 +585,6 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
       }
     }
     t += dt;
-    run.busy_s += dt;
     ++run.iterations;
 
     // Tokens out; finished requests leave.
@@ -594,11 +615,10 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
         ++i;
       }
     }
-    run.kv_used_peak = std::max(run.kv_used_peak, used);
   }
   run.end_s = t;
   const double span = run.requests.empty() ? 0 : t - run.requests.front().arrival_s;
-  if (span > 0) run.kv_reserved_mean /= span, run.kv_used_mean /= span;
+  if (span > 0) run.kv_reserved_mean /= span;
   return run;
 }
 

@@ -63,6 +63,19 @@ std::vector<ServingRequest> make_workload(int64_t n, const Arrivals& a, const Le
 // The same requests at `rate` (scaling a workload made at rate 1).
 std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double rate);
 
+// One line of a `serve --log-requests` file: its times (seconds since the server started; NaN where
+// the line has none), counts, and whether it ended in an error.
+struct LoggedRequest {
+  double arrival_s = 0, admitted_s = 0, first_token_s = 0, finished_s = 0;
+  int64_t prompt_tokens = 0, output_tokens = 0, revivals = 0;
+  bool error = false;
+  int64_t line = 0;  // in the file, for messages
+};
+// Every line of a request log, sorted by arrival (the server writes them as requests finish).
+// Throws lp::Error naming the file, line and problem: not a JSON object, no number arrival_s,
+// prompt_tokens or output_tokens, a negative or non-finite arrival, counts that are not whole.
+std::vector<LoggedRequest> read_request_log(const std::string& path);
+
 // Requests from a file: a CSV with a header naming arrival_s, prompt_tokens and output_tokens (any
 // order, other columns ignored) whose arrival times are sorted and non-negative; or a `serve
 // --log-requests` file (JSON lines, written as requests finish, so sorted here by arrival_s; its
@@ -109,13 +122,11 @@ struct KvPoint {
 struct ServingRun {
   std::vector<RequestOutcome> requests;  // in arrival order
   int64_t iterations = 0;
-  double busy_s = 0;            // time with work
   double end_s = 0;             // the last request's finish
   double kv_capacity = 0;       // the budget, bytes
   std::vector<KvPoint> kv;      // utilisation over time (sampled)
   double kv_reserved_mean = 0;  // time-weighted over the run, bytes
-  double kv_used_mean = 0;
-  double kv_reserved_peak = 0, kv_used_peak = 0;
+  double kv_reserved_peak = 0;
 };
 
 // The K/V reservation of a request (Scheduler::reservation_bytes): its prompt plus output slots,
