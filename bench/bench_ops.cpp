@@ -10,6 +10,7 @@
 // docs/serving.md.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -21,6 +22,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ref.h"
 #include "model/ops.h"
+#include "model/quant.h"
 
 namespace {
 
@@ -96,6 +98,82 @@ void BM_DecodeAttention(benchmark::State& st) {
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgsProduct({{0, 1}, {256, 2048}, {1, 8}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// BM_RevivalAttention/rows/layers: a LazyLLM decoding step's attention at a layer past a pruning step
+// (SmolLM2's heads, an f16 cache): the cache holds 70% of 3,310 prompt positions (the prefill's
+// kept tokens, in order) and then `rows - 1` revived ones appended out of order; the query rows
+// are the revived tokens and the new one, each seeing the listed keys up to its position. The
+// rows' causal lengths differ, so a key block past a row's position is work the row must skip.
+void BM_RevivalAttention(benchmark::State& st) {
+  const int64_t S = 3310, R = st.range(0), H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh;
+  lp::CpuContext ctx(2);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> k((S + 1) * KV), v((S + 1) * KV), q(R * Q), out(R * Q);
+  for (auto* vec : {&q, &k, &v})
+    for (auto& x : *vec) x = nd(rng);
+  std::vector<int32_t> held, rest;
+  std::bernoulli_distribution keep(0.7);
+  for (int32_t p = 0; p < S; ++p) (keep(rng) ? held : rest).push_back(p);
+  std::shuffle(rest.begin(), rest.end(), rng);
+  std::vector<int32_t> revived(rest.begin(), rest.begin() + (R - 1));
+  std::sort(revived.begin(), revived.end());
+  std::vector<int32_t> order = held;  // slot order: the prefill's, then the revived, then the new token
+  order.insert(order.end(), revived.begin(), revived.end());
+  order.push_back(int32_t(S));
+  // `layers` caches of the same content, visited in turn: 1 stays in the CPU's caches, 30 (a
+  // model's worth, 2.5 MB each) come from memory as a decoding step's do.
+  std::vector<lp::LayerKV> kvs(size_t(st.range(1)));
+  std::vector<int32_t> slot_of(size_t(S + 1));
+  for (lp::LayerKV& kv : kvs) {
+    kv.init(S + 1, Hkv, Dh, lp::KvType::F16);
+    for (size_t j = 0; j < order.size(); ++j) {
+      kv.append(k.data() + order[j] * KV, KV, v.data() + order[j] * KV, KV, &order[j], 1);
+      slot_of[size_t(order[j])] = int32_t(j);
+    }
+  }
+  const lp::LayerKV& kv = kvs[0];
+  std::vector<int32_t> keys = order, slots;
+  std::sort(keys.begin(), keys.end());
+  for (int32_t p : keys) slots.push_back(slot_of[size_t(p)]);
+  std::vector<int32_t> qpos = revived;
+  qpos.push_back(int32_t(S));
+  lp::attention(ctx, q.data(), Q, qpos.data(), R, lp::KeySet{kv, slots}, H, out.data(), Q);
+  // Check the first revived row and the new one against the reference over the same keys.
+  std::vector<float> ks, vs;
+  for (int32_t p : keys) {
+    for (int64_t i = 0; i < KV; ++i) ks.push_back(lp::f16_to_f32(lp::f32_to_f16(k[size_t(p * KV + i)])));
+    for (int64_t i = 0; i < KV; ++i) vs.push_back(lp::f16_to_f32(lp::f32_to_f16(v[size_t(p * KV + i)])));
+  }
+  for (int64_t r : {int64_t(0), R - 1}) {
+    std::vector<float> ref(Q);
+    lp::ref::attention(q.data() + r * Q, &qpos[size_t(r)], 1, ks.data(), vs.data(), keys.data(),
+                       int64_t(keys.size()), H, Hkv, Dh, ref.data());
+    for (int64_t i = 0; i < Q; ++i)
+      if (std::fabs(ref[size_t(i)] - out[size_t(r * Q + i)]) > 1e-4) {
+        st.SkipWithError("attention differs from the reference");
+        return;
+      }
+  }
+  int64_t pairs = 0;
+  for (int32_t p : qpos) pairs += std::upper_bound(keys.begin(), keys.end(), p) - keys.begin();
+  size_t layer = 0;
+  for (auto _ : st) {
+    lp::attention(ctx, q.data(), Q, qpos.data(), R, lp::KeySet{kvs[layer], slots}, H, out.data(), Q);
+    layer = (layer + 1) % kvs.size();
+  }
+  lp::ModelConfig c;
+  c.n_head = int(H);
+  c.n_head_kv = int(Hkv);
+  c.head_dim = int(Dh);
+  const double flops = lp::op_flops(c, lp::Op::Attention, {R, pairs, int64_t(keys.size())});
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_RevivalAttention)
+    ->ArgsProduct({{1, 8, 40, 200}, {1, 30}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -30,7 +31,8 @@ constexpr int kSubRows = 8;    // rows per score microkernel call
 struct TileRow {
   const float* q;
   float* o;
-  int64_t len;  // keys visible to this row (a prefix of the cache)
+  int64_t len;  // keys visible to this row: a prefix of the key set (a prefix set only)
+  int32_t pos;  // the query's position
 };
 
 // Cached keys and values are float or f16 (uint16_t, KvType::F16); these load either as f32, an
@@ -225,45 +227,35 @@ std::pair<const E*, const E*> storage(const LayerKV& kv) {
     return {kv.kt16.data(), kv.v16.data()};
 }
 
-// Keys [k0, k0 + bk) of a key set for kv group g (k0 a multiple of kBlock, the cache's key
-// block): pointers into the cache when the set is the sorted prefix (its block, zero past n),
-// else a copy of the listed slots in a tile-local block (zero past bk, so the 32-key score steps
-// read finite values). Values are copied only when v_buf is given.
-template <class E>
-struct KeyBlock {
-  const E* kt;  // [Dh][ldk]
-  int64_t ldk;
-  const E* v;  // [bk][Dh]
+// A listed key set's visibility, read in the cache's slot order (softmax does not care about key
+// order): slot s is visible to a query at position q when vis[s] <= q (vis[s] is the slot's
+// position if listed, else INT32_MAX). Per block of kBlock slots, lo is the least vis and hi the
+// greatest: a query before lo sees none of the block, one at or past hi sees all of it, and the
+// ones between are masked key by key. So revived tokens appended out of order, and the held keys
+// a decoding step leaves out, cost no gather: the tiles read the cache's blocks as they lie.
+struct KeyMask {
+  const int32_t* vis;
+  const int32_t* lo;
+  const int32_t* hi;
 };
+
 template <class E>
-inline KeyBlock<E> key_block(const KeySet& keys, int64_t g, int64_t k0, int64_t bk, E* kt_buf, E* v_buf) {
-  static_assert(kBlock == kKeyBlock, "attention's key blocks are the cache's");
+void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale,
+                    const KeyMask* mask) {
   const LayerKV& kv = keys.kv;
   const int64_t Dh = kv.Dh;
   const auto [kt, v] = storage<E>(kv);
-  if (keys.slots.empty()) return {kt + kv.kt_index(g, 0, k0), kBlock, v + kv.v_index(g, k0)};
-  const int32_t* sl = keys.slots.data() + k0;
-  for (int64_t d = 0; d < Dh; ++d) {
-    E* dst = kt_buf + d * kBlock;
-    for (int64_t j = 0; j < bk; ++j) dst[j] = kt[kv.kt_index(g, d, sl[j])];
-    std::fill(dst + bk, dst + kBlock, E(0));
-  }
-  if (v_buf)
-    for (int64_t j = 0; j < bk; ++j)
-      std::memcpy(v_buf + j * Dh, v + kv.v_index(g, sl[j]), size_t(Dh) * sizeof(E));
-  return {kt_buf, kBlock, v_buf};
-}
-
-template <class E>
-void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale) {
-  const int64_t Dh = keys.kv.Dh;
-  thread_local std::vector<E> kt_buf, v_buf;
-  if (!keys.slots.empty()) {
-    kt_buf.resize(size_t(Dh * kBlock));
-    v_buf.resize(size_t(kBlock * Dh));
-  }
-  int64_t nk = 0;
-  for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
+  // Keys to read: a prefix of the slots (the longest row's, or every held slot for a listed set).
+  int64_t nk = mask ? kv.n : 0;
+  if (!mask)
+    for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
+  // Rows in position order (a tile's rows are token-major; tokens ascend in every pass the engine
+  // runs) see a block from some row on, so the rows before it skip the block's work.
+  bool ascending = true;
+  for (int r = 1; r < nr; ++r) ascending = ascending && rows[r].pos >= rows[r - 1].pos;
+  const auto sees_block = [&](int r, int64_t k0) {
+    return mask ? rows[r].pos >= mask->lo[k0 / kBlock] : rows[r].len > k0;
+  };
 
   // Tile-local state: pre-scaled queries, the score block, running max/sum, the output.
   thread_local std::vector<float> qs_buf, o_buf;
@@ -282,7 +274,12 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 
   for (int64_t k0 = 0; k0 < nk; k0 += kBlock) {
     const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
-    const KeyBlock<E> kb = key_block<E>(keys, g, k0, bk, kt_buf.data(), v_buf.data());
+    int r_lo = 0;                                           // rows before r_lo see none of it
+    if (ascending)
+      while (r_lo < nr && !sees_block(r_lo, k0)) ++r_lo;
+    if (r_lo == nr) continue;
+    const E* bkt = kt + kv.kt_index(g, 0, k0);  // [Dh][kBlock]
+    const E* bv = v + kv.v_index(g, k0);        // [bk][Dh]
     // Scores for the block (the cache is zero past n, so the padded lanes are finite).
 #if defined(__AVX512F__)
     const bool vector_scores = Dh <= 256;
@@ -294,31 +291,40 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     if (vector_scores) {
 #if defined(__AVX512F__)
       for (int64_t s0 = 0; s0 < bk; s0 += 32)
-        for (int r0 = 0; r0 < nr; r0 += kSubRows)
-          scores_rows(nr - r0, qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
+        for (int r0 = r_lo; r0 < nr; r0 += kSubRows)
+          scores_rows(nr - r0, qs + r0 * Dh, Dh, bkt + s0, kBlock, S + r0 * kBlock + s0, kBlock);
 #elif defined(__AVX2__) && defined(__FMA__)
       for (int64_t s0 = 0; s0 < bk; s0 += 16)
-        for (int r0 = 0; r0 < nr; r0 += 4)
-          scores_step_avx2(qs + r0 * Dh, Dh, kb.kt + s0, kb.ldk, S + r0 * kBlock + s0, kBlock);
+        for (int r0 = r_lo; r0 < nr; r0 += 4)
+          scores_step_avx2(qs + r0 * Dh, Dh, bkt + s0, kBlock, S + r0 * kBlock + s0, kBlock);
 #endif
     } else {
       // Without AVX2 (or with AVX-512 past width 256): an axpy per dimension over the contiguous
       // keys of the block, which the compiler vectorises; each score still sums over d in order.
-      for (int r = 0; r < nr; ++r) {
+      for (int r = r_lo; r < nr; ++r) {
         float* sr = S + r * kBlock;
         std::fill(sr, sr + bk, 0.0f);
         for (int64_t d = 0; d < Dh; ++d) {
           const float qd = qs[r * Dh + d];
-          const E* kr = kb.kt + d * kb.ldk;
+          const E* kr = bkt + d * kBlock;
 #pragma omp simd
           for (int64_t k = 0; k < bk; ++k) sr[k] += qd * load1(kr[k]);
         }
       }
     }
-    // Online softmax: keys at or past a row's length are masked (their P is 0).
-    for (int r = 0; r < nr; ++r) {
+    // Online softmax: keys a row does not see get P = 0 (a prefix set: those at or past its
+    // length; a listed set: those its mask hides, set to -inf, whose exp is 0).
+    for (int r = r_lo; r < nr; ++r) {
       float* sr = S + r * kBlock;
-      const int64_t valid = std::clamp<int64_t>(rows[r].len - k0, 0, bk);
+      int64_t valid = 0;
+      if (!mask) {
+        valid = std::clamp<int64_t>(rows[r].len - k0, 0, bk);
+      } else if (sees_block(r, k0)) {
+        valid = bk;
+        if (rows[r].pos < mask->hi[k0 / kBlock])
+          for (int64_t k = 0; k < bk; ++k)
+            if (mask->vis[k0 + k] > rows[r].pos) sr[k] = -INFINITY;
+      }
       if (valid == 0) {
         std::fill(sr, sr + bk, 0.0f);
         continue;
@@ -336,23 +342,23 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     // O += P V for the block.
 #if defined(__AVX512F__)
     if (Dh % 64 == 0) {  // 64 (SmolLM2), 128 (Llama): before, 128 took the scalar loop below at 1/6 the speed
-      for (int r0 = 0; r0 < nr; r0 += 4)
+      for (int r0 = r_lo; r0 < nr; r0 += 4)
         for (int64_t d0 = 0; d0 < Dh; d0 += 64)
-          pv_rows(nr - r0, S + r0 * kBlock, kBlock, kb.v + d0, Dh, bk, O + r0 * Dh + d0);
+          pv_rows(nr - r0, S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0);
       continue;
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     if (Dh % 32 == 0) {
-      for (int r0 = 0; r0 < nr; r0 += 2)
+      for (int r0 = r_lo; r0 < nr; r0 += 2)
         for (int64_t d0 = 0; d0 < Dh; d0 += 32)
-          pv_step32_avx2(S + r0 * kBlock, kBlock, kb.v + d0, Dh, bk, O + r0 * Dh + d0, std::min(2, nr - r0));
+          pv_step32_avx2(S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0, std::min(2, nr - r0));
       continue;
     }
 #endif
-    for (int r = 0; r < nr; ++r)
+    for (int r = r_lo; r < nr; ++r)
       for (int64_t k = 0; k < bk; ++k) {
         const float p = S[r * kBlock + k];
-        const E* vk = kb.v + k * Dh;
+        const E* vk = bv + k * Dh;
         for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * load1(vk[d]);
       }
   }
@@ -428,17 +434,28 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
   if (keys.slots.empty() && !kv.sorted)
     fail("attention: the KV cache is not in position order; pass its slots");
   const float scale = 1.0f / std::sqrt(float(Dh));
-  // Keys visible to each query: the key set's prefix with position <= the query's position.
-  const int64_t nk = keys.size();
-  std::vector<int32_t> kpos;
-  const int32_t* kp = kv.pos.data();
-  if (!keys.slots.empty()) {
-    kpos.resize(size_t(nk));
-    for (int64_t i = 0; i < nk; ++i) kpos[size_t(i)] = kv.pos[size_t(keys.slots[size_t(i)])];
-    kp = kpos.data();
-  }
+  // A prefix set: the keys visible to each query are those with position <= its own, a prefix.
+  // A listed set: a mask over the held slots (KeyMask).
   std::vector<int64_t> len(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) len[t] = std::upper_bound(kp, kp + nk, q_pos[t]) - kp;
+  std::vector<int32_t> vis, lo, hi;
+  KeyMask mask{};
+  const bool listed = !keys.slots.empty();
+  if (!listed) {
+    const int32_t* kp = kv.pos.data();
+    for (int64_t t = 0; t < T; ++t) len[size_t(t)] = std::upper_bound(kp, kp + kv.n, q_pos[t]) - kp;
+  } else {
+    constexpr int32_t kHidden = std::numeric_limits<int32_t>::max();
+    vis.assign(size_t(kv.n), kHidden);
+    for (const int32_t sl : keys.slots) vis[size_t(sl)] = kv.pos[size_t(sl)];
+    const int64_t nb = (kv.n + kBlock - 1) / kBlock;
+    lo.assign(size_t(nb), kHidden);
+    hi.assign(size_t(nb), std::numeric_limits<int32_t>::min());
+    for (int64_t s = 0; s < kv.n; ++s) {
+      lo[size_t(s / kBlock)] = std::min(lo[size_t(s / kBlock)], vis[size_t(s)]);
+      hi[size_t(s / kBlock)] = std::max(hi[size_t(s / kBlock)], vis[size_t(s)]);
+    }
+    mask = {vis.data(), lo.data(), hi.data()};
+  }
   const int64_t rows_per_group = T * group;
   // A decoding step has one tile per kv group (3 here for 2 threads): rows are split further until
   // there are at least two tiles per thread; each row's result is the same in any tile. A split
@@ -448,6 +465,7 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
   while (tile_rows > 1 && Hkv * ((rows_per_group + tile_rows - 1) / tile_rows) < 2 * ctx.split_threads())
     tile_rows /= 2;
   const int64_t tiles_per_group = (rows_per_group + tile_rows - 1) / tile_rows;
+  const KeyMask* mk = listed ? &mask : nullptr;
   ctx.run([&] {
     // Largest tiles (latest queries) first, so the causal imbalance evens out at the end.
     tbb::parallel_for(int64_t(0), Hkv * tiles_per_group, [&](int64_t w) {
@@ -457,12 +475,12 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
       int nr = 0;
       for (int64_t i = tile * tile_rows; i < std::min(rows_per_group, (tile + 1) * tile_rows); ++i) {
         const int64_t t = i / group, h = g * group + i % group;
-        rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[t]};
+        rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[size_t(t)], q_pos[t]};
       }
       if (kv.type == KvType::F16)
-        attention_tile<uint16_t>(rows, nr, keys, g, scale);
+        attention_tile<uint16_t>(rows, nr, keys, g, scale, mk);
       else
-        attention_tile<float>(rows, nr, keys, g, scale);
+        attention_tile<float>(rows, nr, keys, g, scale, mk);
     });
   });
 }

@@ -1,5 +1,6 @@
-// Attention on the CPU: causal GQA attention over a key set of a layer's K/V, flash-style (keys in
-// position order, so the causal mask is a prefix length; an online softmax; nothing T x T stored),
+// Attention on the CPU: causal GQA attention over a key set of a layer's K/V, flash-style (an
+// online softmax; nothing T x T stored; the causal mask a prefix length when the set is the held
+// slots in position order, else a mask over the held slots read as they lie, gather-free),
 // and LazyLLM's last-row importance scores. AVX-512 and AVX2 microkernels with a portable path.
 // Scalar twins: ref::attention and ref::last_row_scores (kernels/cpu/ref.h).
 #pragma once

@@ -3,6 +3,7 @@
 // Tolerances are derived from the arithmetic, not tuned: see each bound's comment.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <numeric>
@@ -311,6 +312,66 @@ void attention_over_slot_list(KvType type) {
   for (size_t j = 0; j < out.size(); ++j) ASSERT_NEAR(out[j], ref[j], 2e-5) << "j=" << j;
   // Without a slot list an out-of-order cache is refused rather than misread.
   EXPECT_THROW(attention(ctx, q.data(), Q, qpos.data(), 1, KeySet{kv}, H, out.data(), Q), Error);
+}
+
+// A decoding step past a pruning layer: the cache holds a random 70% of 700 positions in order,
+// then revived ones appended out of order; the key set leaves some held keys out; the query rows
+// (revived tokens and the new one, in position order, then the same rows shuffled) see the listed
+// keys up to their positions, block by block and key by key. Against the reference over exactly
+// the keys each row sees.
+TEST(Ops, AttentionOverRevivedKeysMatchesReference) {
+  for (const KvType type : {KvType::F32, KvType::F16}) {
+    SCOPED_TRACE(kv_type_name(type));
+    const int64_t H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh, S = 700;
+    auto k = randn(S * KV, 41), v = randn(S * KV, 42);
+    std::mt19937 rng(43);
+    std::bernoulli_distribution coin(0.7);
+    std::vector<int32_t> held, rest;
+    for (int32_t p = 0; p < S - 1; ++p) (coin(rng) ? held : rest).push_back(p);
+    std::shuffle(rest.begin(), rest.end(), rng);
+    std::vector<int32_t> revived(rest.begin(), rest.begin() + 24);
+    std::sort(revived.begin(), revived.end());
+    std::vector<int32_t> order = held;
+    order.insert(order.end(), revived.begin(), revived.end());
+    order.push_back(int32_t(S - 1));  // the new token
+    LayerKV kv;
+    kv.init(S, Hkv, Dh, type);
+    std::vector<int32_t> slot_of(S, -1);
+    for (size_t j = 0; j < order.size(); ++j) {
+      kv.append(k.data() + order[j] * KV, KV, v.data() + order[j] * KV, KV, &order[j], 1);
+      slot_of[size_t(order[j])] = int32_t(j);
+    }
+    ASSERT_FALSE(kv.sorted);
+    // Listed: the rows, and every other held position except one in five (a decoding step's
+    // selection left those out).
+    std::vector<int32_t> qpos = revived;
+    qpos.push_back(int32_t(S - 1));
+    std::vector<int32_t> keys, slots;
+    for (int32_t p = 0; p < S; ++p)
+      if (slot_of[size_t(p)] >= 0 && (p % 5 != 2 || std::binary_search(qpos.begin(), qpos.end(), p))) {
+        keys.push_back(p);
+        slots.push_back(slot_of[size_t(p)]);
+      }
+    if (type == KvType::F16) k = f16_rounded(k), v = f16_rounded(v);
+    std::vector<float> ks, vs;
+    for (int32_t p : keys) {
+      ks.insert(ks.end(), k.begin() + p * KV, k.begin() + (p + 1) * KV);
+      vs.insert(vs.end(), v.begin() + p * KV, v.begin() + (p + 1) * KV);
+    }
+    for (const bool shuffled : {false, true}) {
+      SCOPED_TRACE(shuffled ? "rows shuffled" : "rows in position order");
+      if (shuffled) std::shuffle(qpos.begin(), qpos.end(), rng);
+      const int64_t T = int64_t(qpos.size());
+      const auto q = randn(T * Q, 44);
+      CpuContext ctx(2);
+      std::vector<float> out(size_t(T * Q)), ref(size_t(T * Q));
+      attention(ctx, q.data(), Q, qpos.data(), T, KeySet{kv, slots}, H, out.data(), Q);
+      for (int64_t t = 0; t < T; ++t)
+        ref::attention(q.data() + t * Q, &qpos[size_t(t)], 1, ks.data(), vs.data(), keys.data(),
+                       int64_t(keys.size()), H, Hkv, Dh, ref.data() + t * Q);
+      for (size_t j = 0; j < out.size(); ++j) ASSERT_NEAR(out[j], ref[j], 2e-5) << "j=" << j;
+    }
+  }
 }
 
 TEST(Ops, ResultsDoNotDependOnThreadCount) {
