@@ -404,20 +404,20 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
       }
   const double kv_token_layer = double(c.n_head_kv) * double(c.head_dim) * 2 * cfg.kv_element_bytes;
   const IterationCost cost(c, hw, p, cfg.tp);
-  // The revival model's shares per (stage, step), computed once: every request asks the same.
+  // The revival model's shares per (stage, step), computed once before the run (every request
+  // asks the same, three times a decoding step): a table lookup, the model asked only past it.
   trace::Revivals revivals;
   if (m.revivals) {
-    auto table = std::make_shared<std::vector<std::vector<std::optional<trace::StageRevival>>>>();
+    int64_t max_steps = 0;
+    for (const ServingRequest& r : reqs) max_steps = std::max(max_steps, r.output_tokens - 1);
+    max_steps = std::min<int64_t>(max_steps, int64_t(1) << 20);
+    auto table = std::make_shared<std::vector<std::vector<trace::StageRevival>>>(m.steps.size());
+    for (size_t st = 0; st < m.steps.size(); ++st)
+      for (int64_t s = 1; s <= max_steps; ++s) (*table)[st].push_back(m.revivals(st, s));
     revivals = [table, f = m.revivals](size_t stage, int64_t step) {
-      if (stage >= table->size()) table->resize(stage + 1);
-      auto& row = (*table)[stage];
-      if (step >= int64_t(row.size())) {
-        if (step > int64_t(1) << 20) return f(stage, step);
-        row.resize(size_t(step) + 1);
-      }
-      auto& v = row[size_t(step)];
-      if (!v) v = f(stage, step);
-      return *v;
+      if (stage < table->size() && step >= 1 && step <= int64_t((*table)[stage].size()))
+        return (*table)[stage][size_t(step - 1)];
+      return f(stage, step);
     };
   }
 
@@ -512,6 +512,7 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
       a->reservation = res;
       reserved += res;
       a->steps.emplace(c, m.policy, m.steps, h.prompt_tokens, h.output_tokens - 1, revivals);
+      a->steps->only_run_starts(seg_start);  // add_step reads the first layer of each run
       RequestOutcome& o = run.requests[a->idx];
       o.arrival_s = h.arrival_s, o.admitted_s = t;
       o.prompt_tokens = h.prompt_tokens, o.output_tokens = h.output_tokens;

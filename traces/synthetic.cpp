@@ -30,22 +30,38 @@ SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
   if (prunes_)
     for (const PruneStep& s : steps) header_.schedule_layers.emplace_back(s.layer, s.share);
   header_.schedule = prunes_ ? "" : "none";
+  for (int l = 0; l < L_; ++l) layers_.push_back(l);
+}
+
+void SyntheticSteps::only_run_starts(const std::vector<int>& starts) {
+  const auto begins = [&](int l) { return l >= L_ || std::binary_search(starts.begin(), starts.end(), l); };
+  bool ok = !starts.empty() && starts.front() == 0 && std::is_sorted(starts.begin(), starts.end()) &&
+            starts.back() < L_;
+  if (prunes_)
+    for (const PruneStep& st : steps_) ok = ok && begins(st.layer) && begins(st.layer + 1);
+  if (!ok)
+    fail("synthetic steps: runs of layers must start at 0 and at every pruning layer and the one after it");
+  layers_ = starts;
 }
 
 // Active tokens per layer for a context of n tokens, and the tokens each pruning layer drops.
+// Filled a run of layers at a time (from one pruning layer to the next): a serving simulation
+// asks this for every request at every decoding step.
 void SyntheticSteps::active(int64_t n) {
   act_.resize(size_t(L_));
   dropped_.assign(size_t(L_), 0);
   int64_t cur = n;
-  size_t k = 0;
-  for (int l = 0; l < L_; ++l) {
-    act_[size_t(l)] = cur;
-    if (prunes_ && k < steps_.size() && steps_[k].layer == l) {
-      const int64_t kept = tokens_kept(cur, steps_[k++].share);
-      dropped_[size_t(l)] = cur - kept;
+  int from = 0;
+  if (prunes_)
+    for (const PruneStep& st : steps_) {
+      if (st.layer < from || st.layer >= L_) continue;
+      std::fill(act_.begin() + from, act_.begin() + st.layer + 1, cur);
+      const int64_t kept = tokens_kept(cur, st.share);
+      dropped_[size_t(st.layer)] = cur - kept;
       cur = kept;
+      from = st.layer + 1;
     }
-  }
+  std::fill(act_.begin() + from, act_.end(), cur);
 }
 
 bool SyntheticSteps::next(Step& out) {
@@ -82,8 +98,9 @@ bool SyntheticSteps::next(Step& out) {
   Step& d = out;
   d.kind = "decode";
   d.new_tokens = 1;
-  for (auto* v : {&d.revived, &d.queries, &d.keys, &d.attended, &d.pairs, &d.aux_reads, &d.aux_writes})
-    v->assign(size_t(L), 0);
+  // Every layer's entry of these is written below; revivals and Aux Cache writes only at some.
+  for (auto* v : {&d.queries, &d.keys, &d.attended, &d.pairs, &d.aux_reads}) v->resize(size_t(L));
+  for (auto* v : {&d.revived, &d.aux_writes}) v->assign(size_t(L), 0);
   d.pruning.reset();
   d.revived_positions.reset();
   const bool revives = policy_ == "lazyllm" || policy_ == "random";
@@ -92,13 +109,21 @@ bool SyntheticSteps::next(Step& out) {
   double key_share = 0.5;  // of the active keys, what a running row attends
   int64_t seen_act = -1, seen_keys = 0;
   double seen_share = -1;
-  for (int l = 0; l < L; ++l) {
+  // Raw pointers: the loop below runs for every request at every decoding step of a serving
+  // simulation, and through the vectors the compiler reloaded each one's data at every store.
+  const int64_t* act = act_.data();
+  const int64_t* dropped = dropped_.data();
+  int64_t* held = held_.data();
+  int64_t *revived = d.revived.data(), *queries = d.queries.data(), *keys = d.keys.data(),
+          *attended = d.attended.data(), *pairs = d.pairs.data(), *aux_reads = d.aux_reads.data(),
+          *aux_writes = d.aux_writes.data();
+  for (const int l : layers_) {
     // Revivals at the layer after a pruning layer: a share of the tokens still active there.
     const bool after_stage =
         prunes_ && l > 0 && next_stage < steps_.size() && steps_[next_stage].layer == l - 1;
     const size_t stage = after_stage ? next_stage++ : next_stage;
     if (revives) {
-      if (after_stage && dropped_[size_t(l - 1)] > 0) {
+      if (after_stage && dropped[l - 1] > 0) {
         const StageRevival r = revivals_ ? revivals_(stage, s) : StageRevival{};
         if (!(r.share >= 0 && r.share <= 1) || !(r.survival <= 1) || !(r.key_share >= 0 && r.key_share <= 1))
           fail(
@@ -106,34 +131,33 @@ bool SyntheticSteps::next(Step& out) {
               "in [0, 1]",
               r.share, r.survival, r.key_share, stage + 1, s);
         key_share = r.key_share;
-        const double kept = double(act_[size_t(l)]) / double(act_[size_t(l - 1)]);
+        const double kept = double(act[l]) / double(act[l - 1]);
         const double survival = r.survival >= 0 ? r.survival : kept;
-        const int64_t survivors =
-            std::min(int64_t(std::llround(survival * double(carried))), act_[size_t(l)] - 1);
-        d.aux_writes[size_t(l - 1)] = carried - survivors;  // dropped again: their entries are overwritten
+        const int64_t survivors = std::min(int64_t(std::llround(survival * double(carried))), act[l] - 1);
+        aux_writes[l - 1] = carried - survivors;  // dropped again: their entries are overwritten
         // Revived from the tokens without K/V here, neither the new one nor a running row.
-        const int64_t room = std::min(n - 1 - held_[size_t(l)] - survivors, act_[size_t(l)] - 1 - survivors);
-        const int64_t rv = std::max<int64_t>(
-            0, std::min(int64_t(std::llround(r.share * double(act_[size_t(l)] - 1))), room));
-        d.revived[size_t(l)] = rv;
+        const int64_t room = std::min(n - 1 - held[l] - survivors, act[l] - 1 - survivors);
+        const int64_t rv =
+            std::max<int64_t>(0, std::min(int64_t(std::llround(r.share * double(act[l] - 1))), room));
+        revived[l] = rv;
         carried = survivors + rv;
       } else {
-        carried = std::min(carried, act_[size_t(l)] - 1);
+        carried = std::min(carried, act[l] - 1);
       }
     }
     const int64_t rows = 1 + carried;
-    held_[size_t(l)] += rows;  // every row computed here gains K/V here
-    d.queries[size_t(l)] = rows;
-    d.keys[size_t(l)] = held_[size_t(l)];
-    d.attended[size_t(l)] = act_[size_t(l)];  // the step's active set, the new token included
+    held[l] += rows;  // every row computed here gains K/V here
+    queries[l] = rows;
+    keys[l] = held[l];
+    attended[l] = act[l];  // the step's active set, the new token included
     // The new token sees every active key; a running revived row key_share of them (rounded once
     // per run of layers with the same active set).
-    if (carried > 0 && (act_[size_t(l)] != seen_act || key_share != seen_share)) {
-      seen_act = act_[size_t(l)], seen_share = key_share;
+    if (carried > 0 && (act[l] != seen_act || key_share != seen_share)) {
+      seen_act = act[l], seen_share = key_share;
       seen_keys = int64_t(std::llround(key_share * double(seen_act)));
     }
-    d.pairs[size_t(l)] = act_[size_t(l)] + (carried > 0 ? carried * seen_keys : 0);
-    d.aux_reads[size_t(l)] = d.revived[size_t(l)];
+    pairs[l] = act[l] + (carried > 0 ? carried * seen_keys : 0);
+    aux_reads[l] = revived[l];
   }
   return true;
 }

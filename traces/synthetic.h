@@ -48,6 +48,12 @@ class SyntheticSteps {
   SyntheticSteps(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
                  int64_t prompt_tokens, int64_t new_tokens, Revivals revivals = {});
   const Header& header() const { return header_; }
+  // Decoding steps from now on only at the first layer of each run of layers that `starts` (ascending,
+  // from 0) begins: every layer of a run then holds the same counts, which needs each pruning
+  // layer, and the layer after it (where revivals enter), to begin a run. The other layers' entries
+  // of a decoding step are left as they were. A serving simulation, which reads one layer per run,
+  // makes its steps in a third of the time this way. Throws lp::Error for runs that break that rule.
+  void only_run_starts(const std::vector<int>& starts);
   // The next step into `out`; false after the last.
   bool next(Step& out);
 
@@ -62,6 +68,7 @@ class SyntheticSteps {
   Header header_;
   int64_t next_ = 0;  // 0: the prefill, s: decoding step s
   std::vector<int64_t> act_, dropped_, held_, prefill_act_;
+  std::vector<int> layers_;  // the layers a decoding step computes (every one, or run starts)
 };
 
 // Every step at once (SyntheticSteps collected).
