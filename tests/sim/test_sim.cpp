@@ -385,6 +385,47 @@ TEST(SimReplay, SyntheticPrefillMatchesTheEngineCounting) {
   EXPECT_THROW(trace::synthetic_trace(c, "fastest", steps, 10, 0), Error);
 }
 
+// Decoding steps made only at the first layer of each run of layers hold, there, what every-layer
+// steps hold at that layer (every layer of a run the same), revivals carried between stages
+// included; runs that would split a stage's layers unevenly are refused.
+TEST(SimReplay, SyntheticRunStartsMatchEveryLayer) {
+  const ModelConfig c = preset_config("smollm2-135m");
+  const auto steps = resolve_schedule(parse_schedule("8:0.3,17:0.3,26:0.3"), c.n_layer);
+  const trace::Revivals rv = [](size_t stage, int64_t step) {
+    return trace::StageRevival{0.02 + 0.01 * double(stage) + 0.001 * double(step % 5), 0.6, 0.4};
+  };
+  const std::vector<int> starts = {0, 8, 9, 10, 17, 18, 19, 26, 27, 28};
+  trace::SyntheticSteps all(c, "lazyllm", steps, 3000, 12, rv), runs(c, "lazyllm", steps, 3000, 12, rv);
+  runs.only_run_starts(starts);
+  trace::Step a, r;
+  int decoding = 0;
+  while (all.next(a)) {
+    ASSERT_TRUE(runs.next(r));
+    if (a.kind != "decode") continue;
+    ++decoding;
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const int l = starts[k], end = k + 1 < starts.size() ? starts[k + 1] : c.n_layer;
+      SCOPED_TRACE(fmt::format("step {} layer {}", decoding, l));
+      EXPECT_EQ(r.queries[size_t(l)], a.queries[size_t(l)]);
+      EXPECT_EQ(r.keys[size_t(l)], a.keys[size_t(l)]);
+      EXPECT_EQ(r.pairs[size_t(l)], a.pairs[size_t(l)]);
+      EXPECT_EQ(r.attended[size_t(l)], a.attended[size_t(l)]);
+      EXPECT_EQ(r.revived[size_t(l)], a.revived[size_t(l)]);
+      EXPECT_EQ(r.aux_writes[size_t(l)], a.aux_writes[size_t(l)]);
+      for (int j = l + 1; j < end; ++j) {  // the run's other layers: the same as its first
+        EXPECT_EQ(a.queries[size_t(j)], a.queries[size_t(l)]);
+        EXPECT_EQ(a.keys[size_t(j)], a.keys[size_t(l)]);
+        EXPECT_EQ(a.pairs[size_t(j)], a.pairs[size_t(l)]);
+      }
+    }
+    EXPECT_GT(a.revived[9], 0);
+  }
+  EXPECT_EQ(decoding, 12);
+  trace::SyntheticSteps bad(c, "lazyllm", steps, 3000, 12, rv);
+  EXPECT_THROW(bad.only_run_starts({0, 8, 10, 17, 18, 19, 26, 27, 28}), Error);  // 9 is not a start
+  EXPECT_THROW(bad.only_run_starts({1, 8, 9, 17, 18, 26, 27}), Error);           // nor is 0
+}
+
 }  // namespace
 }  // namespace lp
 
