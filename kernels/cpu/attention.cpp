@@ -278,6 +278,9 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     if (ascending)
       while (r_lo < nr && !sees_block(r_lo, k0)) ++r_lo;
     if (r_lo == nr) continue;
+    // From a whole sub-row step: the AVX2 score step always computes 4 rows, and the row buffers
+    // are padded to kSubRows; the rows before the true r_lo get valid == 0 below.
+    r_lo = r_lo / kSubRows * kSubRows;
     const E* bkt = kt + kv.kt_index(g, 0, k0);  // [Dh][kBlock]
     const E* bv = v + kv.v_index(g, k0);        // [bk][Dh]
     // Scores for the block (the cache is zero past n, so the padded lanes are finite).
