@@ -127,12 +127,10 @@ void BM_RevivalAttention(benchmark::State& st) {
   // model's worth, 2.5 MB each) come from memory as a decoding step's do.
   std::vector<lp::LayerKV> kvs(size_t(st.range(1)));
   std::vector<int32_t> slot_of(size_t(S + 1));
+  for (size_t j = 0; j < order.size(); ++j) slot_of[size_t(order[j])] = int32_t(j);
   for (lp::LayerKV& kv : kvs) {
     kv.init(S + 1, Hkv, Dh, lp::KvType::F16);
-    for (size_t j = 0; j < order.size(); ++j) {
-      kv.append(k.data() + order[j] * KV, KV, v.data() + order[j] * KV, KV, &order[j], 1);
-      slot_of[size_t(order[j])] = int32_t(j);
-    }
+    for (const int32_t p : order) kv.append(k.data() + p * KV, KV, v.data() + p * KV, KV, &p, 1);
   }
   const lp::LayerKV& kv = kvs[0];
   std::vector<int32_t> keys = order, slots;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -242,6 +241,7 @@ struct KeyMask {
 template <class E>
 void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale,
                     const KeyMask* mask) {
+  static_assert(kBlock == kKeyBlock, "attention's key blocks are the cache's (read in place)");
   const LayerKV& kv = keys.kv;
   const int64_t Dh = kv.Dh;
   const auto [kt, v] = storage<E>(kv);
