@@ -92,6 +92,71 @@ BENCHMARK(BM_BatchedDecode)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// A mixed iteration, as `serve` runs one when a request arrives while others decode: one prompt's
+// prefill (2,048 tokens) and N requests' decoding steps (each over its own 2,048-token context) in
+// one batch, against the prefill alone (N = 0). What each decoding member adds to the iteration is
+// what the serving simulation prices as N more rows in the GEMMs and N rows of attention.
+//
+//   build/lp_bench --benchmark_filter='MixedIteration'
+void BM_MixedIteration(benchmark::State& st) {
+  const int64_t N = st.range(0), ctx_len = 2048, prompt = 2048, max_iters = 64;
+  const lp::Model& m = int8_model();
+  const int32_t V = m.config().n_vocab;
+  const auto random_ids = [&](uint32_t seed, int64_t n) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (auto& id : ids) id = int32_t(100 + rng() % uint32_t(V - 100));
+    return ids;
+  };
+  std::vector<int32_t> pos(static_cast<size_t>(std::max(ctx_len, prompt)));
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<std::unique_ptr<lp::Session>> dec;
+  std::vector<std::vector<float>> logits(static_cast<size_t>(N + 1), std::vector<float>(size_t(V)));
+  for (int64_t i = 0; i < N; ++i) {  // the decoders' contexts, untimed, once
+    dec.push_back(std::make_unique<lp::Session>(ctx(), m, ctx_len + max_iters));
+    const int64_t last = ctx_len - 1;
+    dec.back()->forward(random_ids(uint32_t(31 + i), ctx_len), {pos.data(), size_t(ctx_len)}, {&last, 1},
+                        logits[size_t(i)].data());
+  }
+  lp::Session pre(ctx(), m, prompt);
+  const std::vector<int32_t> prompt_ids = random_ids(5, prompt);
+  const int64_t last = prompt - 1, row = 0;
+  std::vector<lp::Session::Pass> passes(static_cast<size_t>(N + 1));
+  std::vector<lp::BatchMember> members(static_cast<size_t>(N + 1));
+  int64_t step = 0;
+  for (auto _ : st) {
+    if (step == max_iters) {
+      st.SkipWithError("more iterations than the decoders' room");
+      break;
+    }
+    st.PauseTiming();
+    pre.reset();
+    st.ResumeTiming();
+    passes[0] =
+        pre.begin_forward(prompt_ids, {pos.data(), size_t(prompt)}, {&last, 1}, nullptr, nullptr, nullptr);
+    members[0] = {&pre, &passes[0], logits[size_t(N)].data()};
+    const int32_t p = int32_t(ctx_len + step);
+    std::vector<int32_t> toks(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) {
+      toks[size_t(i)] = lp::argmax(logits[size_t(i)]);
+      passes[size_t(i + 1)] =
+          dec[size_t(i)]->begin_forward({&toks[size_t(i)], 1}, {&p, 1}, {&row, 1}, nullptr, nullptr, nullptr);
+      members[size_t(i + 1)] = {dec[size_t(i)].get(), &passes[size_t(i + 1)], logits[size_t(i)].data()};
+    }
+    lp::run_batch(members);
+    ++step;
+  }
+}
+
+BENCHMARK(BM_MixedIteration)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(8)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
+
 }  // namespace
 
 // ---- The server's own overhead at 8 concurrent streams ----
