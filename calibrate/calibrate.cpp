@@ -204,6 +204,7 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
       hw::Efficiency fitted = from_x(x.data());
       if (!d.fit_half_rows) fitted.half_rows = e.half_rows;
       fitted.compute_by_dtype = e.compute_by_dtype;  // a dtype's own share is fitted end to end
+      fitted.decode_compute = e.decode_compute;      // and decoding attention's, by validate --serving
       e = fitted;
       fit.fitted = true;
       fit.half_rows_fitted = d.fit_half_rows;

@@ -294,6 +294,10 @@ double get_param(const hw::Profile& p, const std::string& name) {
   if (name == "gemm.memory") return p.eff(hw::Family::Gemm).memory;
   if (name == "gemm.half_rows") return p.eff(hw::Family::Gemm).half_rows;
   if (name == "attention.half_rows") return p.eff(hw::Family::Attention).half_rows;
+  if (name == "attention.decode_compute") {
+    const hw::Efficiency& a = p.eff(hw::Family::Attention);
+    return a.decode_compute > 0 ? a.decode_compute : a.compute;
+  }
   if (name == "interconnect") return p.interconnect_efficiency;
   if (name == "pruning.stage_us") return p.pruning_stage_s * 1e6;
   if (name == "overhead_us") {
@@ -303,7 +307,8 @@ double get_param(const hw::Profile& p, const std::string& name) {
   }
   usage_fail(
       "unknown parameter '{}' (known: gemm.compute, gemm.compute.<dtype>, overhead_us, attention.compute, "
-      "gemm.half_rows, attention.half_rows, gemm.memory, interconnect, pruning.stage_us)",
+      "gemm.half_rows, attention.half_rows, attention.decode_compute, gemm.memory, interconnect, "
+      "pruning.stage_us)",
       name);
 }
 
@@ -320,6 +325,8 @@ void set_param(hw::Profile& p, const std::string& name, double v) {
     p.efficiency[size_t(hw::Family::Gemm)].half_rows = v;
   else if (name == "attention.half_rows")
     p.efficiency[size_t(hw::Family::Attention)].half_rows = v;
+  else if (name == "attention.decode_compute")
+    p.efficiency[size_t(hw::Family::Attention)].decode_compute = v;
   else if (name == "interconnect")
     p.interconnect_efficiency = v;
   else if (name == "pruning.stage_us")

@@ -147,6 +147,7 @@ struct SimulateServingArgs {
   bool capacity = false, json_out = false;
   double slo_ttft_ms = 0, slo_itl_ms = 0, tolerance = 0.01;
   std::string out;
+  std::string log_requests;  // one run's simulated requests, as serve --log-requests writes them
 };
 CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a);
 int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub);
@@ -175,6 +176,7 @@ std::string sha256_hex(const std::string& data, const std::string& path);
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir, dtype = "f32";
   std::string serving, model_config, serving_dtype = "Q4_1";  // --serving DIR: a measured load test
+  std::string profile_out;                                    // --serving: also write the fitted profile here
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };

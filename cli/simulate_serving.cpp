@@ -105,9 +105,40 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
   s->add_option("--tolerance", a.tolerance, "Capacity: relative resolution of the search (default 0.01)")
       ->check(CLI::Range(1e-4, 0.5));
   s->add_option("--out", a.out, "Also write the JSON to this file (atomically)")->check(non_empty_path());
+  s->add_option("--log-requests", a.log_requests,
+                "Also write the simulated requests, one JSON line each in serve --log-requests' fields "
+                "(one hardware, method and workload only), to compare with a measured log request by "
+                "request")
+      ->check(non_empty_path());
   s->add_flag("--json", a.json_out, "Print one JSON object");
   return s;
 }
+
+namespace {
+// A run's requests as `serve --log-requests` lines (the fields a simulation has), in arrival order:
+// read_requests takes it back as an arrival file.
+std::string simulated_request_log(const sim::ServingRun& run, const std::string& method) {
+  std::string out;
+  int64_t id = 0;
+  for (const sim::RequestOutcome& o : run.requests) {
+    const json j = {{"id", ++id},
+                    {"arrival_s", o.arrival_s},
+                    {"admitted_s", o.admitted_s},
+                    {"first_token_s", o.first_token_s},
+                    {"finished_s", o.finished_s},
+                    {"queue_s", o.queue_s()},
+                    {"ttft_s", o.ttft_s()},
+                    {"e2e_s", o.e2e_s()},
+                    {"prompt_tokens", o.prompt_tokens},
+                    {"output_tokens", o.output_tokens},
+                    {"prune", method},
+                    {"prompt_tokens_computed_fraction", o.prompt_share},
+                    {"simulated", true}};
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+}  // namespace
 
 int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
   (void)sub;
@@ -127,6 +158,9 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
   for (const hw::Profile& hw : hws) sim::check_tp(c, hw, a.tp);
   if (!a.out.empty()) refuse_output_over_input(a.out, "--out", {a.model, a.arrival_file, a.revival_model});
+  if (!a.log_requests.empty())
+    refuse_output_over_input(a.log_requests, "--log-requests",
+                             {a.model, a.arrival_file, a.revival_model, a.out});
 
   const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
   const std::vector<PruneStep> steps = resolve_schedule(sched, c.n_layer);
@@ -159,6 +193,15 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
   if (a.capacity && !obj.any()) usage_fail("--capacity needs --slo-ttft-p90-ms and/or --slo-itl-p90-ms");
   if (a.capacity && !a.arrival_file.empty())
     usage_fail("--capacity draws its own arrivals; drop --arrival-file");
+  if (!a.log_requests.empty()) {
+    if (a.capacity) usage_fail("--log-requests writes one run's requests; --capacity makes many");
+    size_t n_rates = 0;
+    for (const std::string& rs : a.rates) n_rates += split_list(rs).size();
+    if (hws.size() != 1 || methods.size() != 1 || n_rates > 1)
+      usage_fail(
+          "--log-requests writes one run's requests: give one --hw, one --prune method and one "
+          "--rate (or --arrival-file)");
+  }
 
   json out;
   out["tool"] = "lazyprefill simulate-serving";
@@ -247,6 +290,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
                          {"seed", a.seed}};
     }
     json results = json::array();
+    std::string request_log;
     text += fmt::format("{:<18} {:<9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}\n",
                         "hardware", "method", "rate/s", "req/s", "TTFT p50", "p90", "p99", "ITL p50", "p90",
                         "queue p90", "goodput", "KV");
@@ -255,6 +299,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
         for (const auto& [rate, reqs] : runs) {
           const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);
           const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
+          if (!a.log_requests.empty()) request_log = simulated_request_log(run, m.name);
           json j = {{"hw", hw.name}, {"method", m.name}};
           j["rate_per_s"] = rate > 0 ? json(rate) : json(nullptr);
           j["metrics"] = serving_metrics_json(mm);
@@ -273,6 +318,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
               mm.kv_utilisation_mean * 100);
         }
     out["results"] = std::move(results);
+    if (!a.log_requests.empty()) write_file_atomic(a.log_requests, request_log, "request log");
   }
   const std::string dumped = out.dump(2) + "\n";
   if (!a.out.empty()) write_file_atomic(a.out, dumped, "serving simulation");

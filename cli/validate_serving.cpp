@@ -9,11 +9,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <boost/math/tools/minima.hpp>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "calibrate/fit_measurements.h"
+#include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
@@ -108,37 +111,45 @@ int cmd_validate_serving(const ValidateArgs& a) {
   // Calibration: the lowest rate's requests that ran alone (no other request between their
   // admission and their last token), as single-request measurements: both methods' prefills and
   // the unpruned decoding.
-  std::vector<calib::Measurement> ms;
-  for (const MethodLog& ml : methods) {
-    const std::string method = ml.name == "none" ? "none" : "lazyllm " + sched.to_string();
+  struct Lone {
+    const MethodLog* method;
+    const Logged* r;
+  };
+  std::vector<Lone> lone;
+  for (const MethodLog& ml : methods)
     for (int64_t i = 0; i < per_rate; ++i) {
       const Logged& r = ml.log[size_t(i)];
       bool alone = true;
       for (const Logged& o : ml.log)
         if (&o != &r && o.admitted_s < r.finished_s && o.finished_s > r.admitted_s) alone = false;
-      if (!alone) continue;
-      calib::Measurement t;
-      t.file = ml.name;
-      t.record = int(i) + 1;
-      t.framework = "lazyprefill serve";
-      t.model = preset;
-      t.hardware = a.base;
-      t.dtype = a.serving_dtype;
-      t.method = method;
-      t.prompt_tokens = r.prompt_tokens;
-      t.ttft_ms = (r.first_token_s - r.admitted_s) * 1e3;
-      ms.push_back(t);
-      // A pruned run's decoding steps revive tokens, which single-request points do not model
-      // (calibrate leaves them out too); the serving simulation prices them with the revival model.
-      if (r.output_tokens > 1 && ml.name == "none") {
-        calib::Measurement d = t;
-        d.ttft_ms.reset();
-        d.prompt_tokens = 0;
-        d.context_tokens = r.prompt_tokens;
-        d.decode_tokens = r.output_tokens - 1;
-        d.decode_ms_per_token = (r.finished_s - r.first_token_s) / double(r.output_tokens - 1) * 1e3;
-        ms.push_back(d);
-      }
+      if (alone) lone.push_back({&ml, &r});
+    }
+  std::vector<calib::Measurement> ms;
+  for (const Lone& l : lone) {
+    const Logged& r = *l.r;
+    const bool pruned = l.method->name != "none";
+    calib::Measurement t;
+    t.file = l.method->name;
+    t.record = int(l.r - l.method->log.data()) + 1;
+    t.framework = "lazyprefill serve";
+    t.model = preset;
+    t.hardware = a.base;
+    t.dtype = a.serving_dtype;
+    t.method = pruned ? "lazyllm " + sched.to_string() : "none";
+    t.prompt_tokens = r.prompt_tokens;
+    t.ttft_ms = (r.first_token_s - r.admitted_s) * 1e3;
+    ms.push_back(t);
+    // A pruned run's decoding steps revive tokens, which single-request points do not model
+    // (calibrate leaves them out too); decoding attention's own share is fitted on them below,
+    // through the serving simulation and its revival model.
+    if (r.output_tokens > 1 && !pruned) {
+      calib::Measurement d = t;
+      d.ttft_ms.reset();
+      d.prompt_tokens = 0;
+      d.context_tokens = r.prompt_tokens;
+      d.decode_tokens = r.output_tokens - 1;
+      d.decode_ms_per_token = (r.finished_s - r.first_token_s) / double(r.output_tokens - 1) * 1e3;
+      ms.push_back(d);
     }
   }
   if (ms.size() < 4)
@@ -153,7 +164,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
   hw::Profile base = hw::load_profile(a.base);
   calib::set_param(base, "gemm.half_rows", 1);
   calib::set_param(base, "attention.half_rows", 1);
-  const hw::Profile hw = calib::fit_measurements(base, points, {}, &fit);
+  hw::Profile hw = calib::fit_measurements(base, points, {}, &fit);
 
   // Revivals, from the same requests' log: the share of each stage's active tokens revived per
   // decoding step that gives the revivals the server counted (active after stage s: the product
@@ -169,11 +180,87 @@ int cmd_validate_serving(const ValidateArgs& a) {
         exposure += double(r.output_tokens - 1) * double(r.prompt_tokens) * active_per_token;
       }
   const double revival_share = exposure > 0 ? revived / exposure : 0;
+  const auto serving_method = [&](const std::string& name) {
+    sim::ServingMethod m;
+    m.name = m.policy = name;
+    if (name != "none") {
+      m.steps = steps;
+      m.revivals = sim::constant_revival_share(revival_share);
+    }
+    return m;
+  };
 
   sim::ServingConfig cfg;
   cfg.kv_budget_bytes = double(kv_mib) * (1 << 20);
   cfg.max_batch_tokens = max_batch;
   cfg.kv_element_bytes = 2;  // the CPU backend's f16 cache
+
+  // Decoding attention's share of peak (efficiency.attention.decode_compute): LazyLLM's decoding
+  // steps attend with the rows they revive, hundreds in a step's first layers, each over keys
+  // read back from memory, in small tiles that run at a third of prefill's rate on this engine
+  // (docs/serving.md). Fitted on the same lone requests' decoding, both methods, through the
+  // serving simulation: the share minimising the squared log error of each request's mean time
+  // per token (Brent's method over its log).
+  struct LoneDecode {
+    const MethodLog* method;
+    sim::ServingRequest req;
+    double itl_s;
+  };
+  std::vector<LoneDecode> decodes;
+  for (const Lone& l : lone)
+    if (l.r->output_tokens > 1)
+      decodes.push_back({l.method,
+                         {0, l.r->prompt_tokens, l.r->output_tokens},
+                         (l.r->finished_s - l.r->first_token_s) / double(l.r->output_tokens - 1)});
+  const std::map<std::string, sim::ServingMethod> by_name = {{"none", serving_method("none")},
+                                                             {"lazyllm", serving_method("lazyllm")}};
+  // Per method, the RMS log error of the lone decodes' time per token under profile `p`.
+  const auto decode_errors = [&](const hw::Profile& p) {
+    std::map<std::string, std::pair<double, int>> sse;
+    for (const LoneDecode& d : decodes) {
+      const sim::ServingRun one =
+          sim::simulate_serving(c, p, prec, by_name.at(d.method->name), cfg, std::span(&d.req, 1));
+      const double e = std::log(one.requests[0].itl_s() / d.itl_s);
+      sse[d.method->name].first += e * e;
+      ++sse[d.method->name].second;
+    }
+    return sse;
+  };
+  const auto total = [](const std::map<std::string, std::pair<double, int>>& sse) {
+    double s = 0;
+    for (const auto& [m, v] : sse) s += v.first;
+    return s;
+  };
+  const auto rms = [](const std::map<std::string, std::pair<double, int>>& sse) {
+    json j = json::object();
+    for (const auto& [m, v] : sse) j[m] = std::sqrt(v.first / std::max(v.second, 1));
+    return j;
+  };
+  const json decode_rms_before = rms(decode_errors(hw));
+  {
+    hw::Profile trial = hw;
+    const auto [x, err] = boost::math::tools::brent_find_minima(
+        [&](double lx) {
+          calib::set_param(trial, "attention.decode_compute", std::exp(lx));
+          return total(decode_errors(trial));
+        },
+        std::log(0.005), std::log(1.0), 20);
+    (void)err;
+    calib::set_param(hw, "attention.decode_compute", std::exp(x));
+  }
+  const double decode_compute = calib::get_param(hw, "attention.decode_compute");
+  const json decode_rms_after = rms(decode_errors(hw));
+  if (!a.profile_out.empty())
+    write_file_atomic(
+        a.profile_out,
+        fitted_profile_json(hw, hw.name + "-serving",
+                            fmt::format("lazyprefill validate --serving {}: fitted on the lowest rate's lone "
+                                        "requests",
+                                        a.serving))
+                .dump(2, ' ', false, json::error_handler_t::replace) +
+            "\n",
+        "profile");
+
   json out;
   out["validation"] = "serving";
   out["fixtures"] = a.serving;
@@ -183,24 +270,22 @@ int cmd_validate_serving(const ValidateArgs& a) {
                         {"fitted", fit.params},
                         {"ttft_mape_fit", fit.ttft_mape_fit},
                         {"decode_mape_fit", fit.decode_mape_fit},
-                        {"revival_share", revival_share}};
+                        {"revival_share", revival_share},
+                        {"decode_attention_compute", decode_compute},
+                        {"decode_rms_log_error_before", decode_rms_before},
+                        {"decode_rms_log_error_after", decode_rms_after}};
   json rows = json::array();
   std::string text = fmt::format(
       "serving validation on {}: calibrated on {} single-request points of the lowest rate (fitted {}; "
-      "revival "
-      "share {:.4f} per stage and step from its log), every request replayed at its logged arrival\n",
-      a.serving, points.size(), fmt::join(fit.params, ", "), revival_share);
+      "revival share {:.4f} per stage and step from its log; decoding attention at {:.3f} of peak, "
+      "fitted on {} lone decodes), every request replayed at its logged arrival\n",
+      a.serving, points.size(), fmt::join(fit.params, ", "), revival_share, decode_compute, decodes.size());
   text += fmt::format("{:>6} {:<8} {:>17} {:>17} {:>15} {:>15}\n", "rate/s", "method", "TTFT p50 ms (err)",
                       "TTFT p90 ms (err)", "ITL p50 (err)", "req/s (err)");
   bool ok = true;
   double worst = 0;
   for (const MethodLog& ml : methods) {
-    sim::ServingMethod m;
-    m.name = m.policy = ml.name;
-    if (ml.name != "none") {
-      m.steps = steps;
-      m.revivals = sim::constant_revival_share(revival_share);
-    }
+    const sim::ServingMethod& m = by_name.at(ml.name);
     std::vector<sim::ServingRequest> reqs;
     for (const Logged& r : ml.log) reqs.push_back({r.arrival_s, r.prompt_tokens, r.output_tokens});
     const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);

@@ -140,6 +140,11 @@ Profile parse_profile(const json& j, const std::string& origin) {
         x.compute_by_dtype[dtype] = share;
       }
     }
+    if (e.contains("decode_compute")) {
+      if (Family(f) != Family::Attention) fail("{}: 'decode_compute' is attention's alone", where);
+      x.decode_compute = positive(e, "decode_compute", where);
+      if (x.decode_compute > 1) fail("{}: 'decode_compute' is a share of peak, at most 1", where);
+    }
   }
 
   p.pruning_stage_s = eff.contains("pruning_stage_us")
@@ -263,6 +268,7 @@ json efficiency_json(const Profile& p) {
                                              {"memory", x.memory},
                                              {"overhead_us", x.overhead_s * 1e6}};
     if (!x.compute_by_dtype.empty()) fam["compute_by_dtype"] = x.compute_by_dtype;
+    if (x.decode_compute > 0) fam["decode_compute"] = x.decode_compute;
   }
   e["pruning_stage_us"] = p.pruning_stage_s * 1e6;
   e["interconnect"] = p.interconnect_efficiency;

@@ -28,6 +28,11 @@ struct Efficiency {
   // int8 dot products over quantized weights beside its f32 GEMMs on one CPU). Optional in a file
   // (efficiency.<family>.compute_by_dtype); calibrate fits an entry as gemm.compute.<dtype>.
   std::map<std::string, double> compute_by_dtype;
+  // Attention only: the share of peak on decoding rows (a step that extends a held cache: its new
+  // row and the rows LazyLLM revives, each attending keys read back from memory), where a CPU
+  // engine's small tiles run far below its prefill rate. Optional in a file
+  // (efficiency.attention.decode_compute); 0 (absent): decoding rows run at `compute` like the rest.
+  double decode_compute = 0;
 
   double compute_for(const std::string& dtype) const {
     const auto it = compute_by_dtype.find(dtype);

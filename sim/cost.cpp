@@ -89,13 +89,21 @@ CostContext::CostContext(const hw::Profile& hw, const Precision& p)
     eff[size_t(f)] = hw.eff(fam);
     eff[size_t(f)].compute = hw.eff(fam).compute_for(dtype);
   }
+  const hw::Efficiency& attn = hw.eff(hw::Family::Attention);
+  decode_attention_own = attn.decode_compute > 0;
+  decode_attention = eff[size_t(hw::Family::Attention)];
+  if (decode_attention_own) {
+    decode_attention.compute = attn.decode_compute;
+    decode_attention.half_rows = 0;
+  }
 }
 
-OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls) {
+OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls,
+               bool decoding) {
   OpCost r;
   if (calls <= 0) return r;
   const size_t f = size_t(op_family(op));
-  const hw::Efficiency& e = cc.eff[f];
+  const hw::Efficiency& e = decoding && op == Op::Attention ? cc.decode_attention : cc.eff[f];
   r.calls = calls;
   r.flops = op_flops(c, op, s) * double(calls);
   // Ops the engine fuses into a neighbour cost no time of their own (their FLOPs still count).

@@ -55,13 +55,20 @@ struct CostContext {
   CostContext(const hw::Profile& hw, const Precision& p);
   std::array<double, hw::kNumFamilies> peak{};  // FLOP/s each family runs at
   std::array<hw::Efficiency, hw::kNumFamilies> eff{};
+  // Attention over decoding rows, when the profile gives it a share of its own
+  // (Efficiency::decode_compute): attention's efficiency with that share as `compute`.
+  bool decode_attention_own = false;
+  hw::Efficiency decode_attention;
   double bandwidth = 0;
   OpDtypes dtypes;    // elem_bytes per the profile's engine
   hw::Engine engine;  // which elementwise ops are fused
 };
 
 // Cost of `calls` invocations of `op` with shape `s` on a layer shaped `c` (ModelConfig::layer).
-OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls = 1);
+// `decoding`: the rows are decoding rows, which attention prices at cc.decode_attention when the
+// profile has one.
+OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls = 1,
+               bool decoding = false);
 OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
                int64_t calls = 1);
 

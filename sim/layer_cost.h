@@ -16,9 +16,12 @@ namespace lp::sim {
 
 // One layer of a step, summed over its sequences.
 struct LayerWork {
-  int64_t rows = 0;                      // queries computed
-  int64_t pairs = 0;                     // (query, key) pairs attended
-  int64_t keys = 0;                      // keys attended
+  int64_t rows = 0;   // queries computed
+  int64_t pairs = 0;  // (query, key) pairs attended
+  int64_t keys = 0;   // keys attended
+  // The part of rows, pairs and keys that decoding steps bring (their new rows and revived ones),
+  // which attention prices apart when the profile gives decoding its own share (CostContext).
+  int64_t decode_rows = 0, decode_pairs = 0, decode_keys = 0;
   int64_t scorers = 0, score_keys = 0;   // sequences scoring here (LazyLLM) and the keys they score
   int64_t selects = 0, select_keys = 0;  // selections made here and the keys they choose from
   int64_t moved = 0;                     // rows gathered (compacted, saved to or read from the Aux Cache)
@@ -48,7 +51,18 @@ void cost_layer(const CostContext& cc, const hw::Profile& hw, int tp, const Mode
     op(Op::QKV, op_cost(cc, cfg, Op::QKV, rows));
     op(Op::Rope, op_cost(cc, cfg, Op::Rope, rows));
   }
-  if (rest) op(Op::Attention, op_cost(cc, cfg, Op::Attention, {w.rows, w.pairs, w.keys}));
+  if (rest) {
+    if (cc.decode_attention_own && w.decode_rows > 0) {
+      // Prefill rows and decoding rows in kernels of their own, each at its share of peak.
+      OpCost oc = op_cost(cc, cfg, Op::Attention, {w.decode_rows, w.decode_pairs, w.decode_keys}, 1, true);
+      if (w.rows > w.decode_rows)
+        oc.add(op_cost(cc, cfg, Op::Attention,
+                       {w.rows - w.decode_rows, w.pairs - w.decode_pairs, w.keys - w.decode_keys}));
+      op(Op::Attention, oc);
+    } else {
+      op(Op::Attention, op_cost(cc, cfg, Op::Attention, {w.rows, w.pairs, w.keys}));
+    }
+  }
   if (by_rows) {
     op(Op::OProj, op_cost(cc, cfg, Op::OProj, rows));
     comm(allreduce_cost(hw, tp, double(w.rows) * D * el));

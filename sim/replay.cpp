@@ -221,6 +221,7 @@ void Replayer::add(const trace::Step& s) {
                                       : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
                                                             : s.attended[size_t(l)]));
     LayerWork w{T, B * s.pairs[size_t(l)], keys};
+    if (!prefill) w.decode_rows = w.rows, w.decode_pairs = w.pairs, w.decode_keys = w.keys;
     if (prune_at_[size_t(l)] && policy_ != "none") {
       const bool scores = policy_ == "lazyllm" || (policy_ == "static" && prefill && l == first_prune_);
       if (scores) w.scorers = 1, w.score_keys = keys;

@@ -471,6 +471,7 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
       w.rows += q;
       w.pairs += s.pairs[size_t(l)];
       w.keys += keys;
+      if (!prefill) w.decode_rows += q, w.decode_pairs += s.pairs[size_t(l)], w.decode_keys += keys;
       if (prune_at[size_t(l)]) {
         if (scores_always || (scores_first && prefill && l == first_prune)) ++w.scorers, w.score_keys += keys;
         ++w.selects, w.select_keys += keys;

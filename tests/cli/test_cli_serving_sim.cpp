@@ -39,6 +39,53 @@ TEST_F(CliSim, ServingSimulationReportsEveryRateAndMethod) {
   EXPECT_EQ(saved, j);
 }
 
+// --log-requests writes one run's requests in serve --log-requests' fields: the same arrivals and
+// lengths it was given, times in order, and a file --arrival-file reads back to the same run.
+TEST_F(CliSim, ServingSimulationWritesItsRequestsAsAServerLog) {
+  const std::string log = dir_.file("sim.jsonl"), again = dir_.file("again.jsonl");
+  const CliResult r = run_cli(dir_, with({"--prune", "lazyllm", "--rate", "3", "--prompt-tokens", "1024:4096",
+                                          "--log-requests", log, "--json"}));
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  std::ifstream f(log);
+  std::string line;
+  std::vector<nlohmann::json> rows;
+  while (std::getline(f, line)) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 200u);
+  double last_arrival = 0;
+  for (const auto& o : rows) {
+    const double a = o["arrival_s"], ad = o["admitted_s"], ft = o["first_token_s"], fin = o["finished_s"];
+    EXPECT_GE(a, last_arrival);
+    EXPECT_LE(a, ad);
+    EXPECT_LE(ad, ft);
+    EXPECT_LE(ft, fin);
+    EXPECT_NEAR(o["ttft_s"].get<double>(), ft - a, 1e-9);
+    EXPECT_GE(o["prompt_tokens"].get<int64_t>(), 1024);
+    EXPECT_LE(o["prompt_tokens"].get<int64_t>(), 4096);
+    EXPECT_EQ(o["output_tokens"].get<int64_t>(), 32);
+    EXPECT_EQ(o["prune"], "lazyllm");
+    last_arrival = a;
+  }
+  // Read back as an arrival file: the same workload, so the same figures.
+  const CliResult b = run_cli(
+      dir_, {"simulate-serving", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm", "--kv-budget-mib",
+             "30000", "--prune", "lazyllm", "--arrival-file", log, "--log-requests", again, "--json"});
+  ASSERT_TRUE(b.exited && b.code == 0) << describe(b);
+  const auto ja = nlohmann::json::parse(r.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_NEAR(ja["results"][0]["metrics"]["ttft_ms"]["p90"].get<double>(),
+              jb["results"][0]["metrics"]["ttft_ms"]["p90"].get<double>(), 1e-6);
+  // One run only; the log never replaces an input.
+  expect_one_line_error(run_cli(dir_, with({"--rate", "1,2", "--log-requests", dir_.file("x.jsonl")})),
+                        {"--log-requests", "one --rate"});
+  expect_one_line_error(run_cli(dir_, with({"--log-requests", dir_.file("y.jsonl")})),
+                        {"one --prune method"});
+  expect_one_line_error(run_cli(dir_, {"simulate-serving", "--model-config", "llama-3.1-8b", "--hw",
+                                       "h100-sxm", "--kv-budget-mib", "30000", "--prune", "none",
+                                       "--arrival-file", log, "--log-requests", log}),
+                        {"--log-requests"});
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("x.jsonl")));
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("y.jsonl")));
+}
+
 TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {
   const CliResult r = run_cli(dir_, with({"--capacity", "--slo-ttft-p90-ms", "0.001", "--prompt-tokens",
                                           "4096", "--seeds", "1", "--json"}));
@@ -87,19 +134,42 @@ TEST_F(CliSim, ServingSimulationRefusesBadInput) {
 }
 
 // The measured load test kept as fixtures, replayed. What holds today (docs/serving.md has the
-// table; issue 22's targets are not all met): the unpruned saturation throughput within 15%, and
-// TTFT p50 and p90 within 10% at the two lightest rates for both methods.
+// table; issue 22's targets are not all met): both methods' saturation throughput within 15%;
+// TTFT p50 and p90 within 10% at every rate up to 0.3 requests/s (80-90% of saturation); ITL p50
+// within 10% at the calibration rate and at 0.3; throughput within 5% at every rate below
+// saturation. The fitted profile comes out as a file simulate --hw takes.
 TEST_F(CliSim, ServingValidationAgainstTheMeasuredLoadTest) {
-  const CliResult r = run_cli(
-      dir_, {"validate", "--serving", std::string(LP_SOURCE_DIR) + "/tests/fixtures/serving", "--json"});
+  const std::string prof = dir_.file("fitted.json");
+  const CliResult r =
+      run_cli(dir_, {"validate", "--serving", std::string(LP_SOURCE_DIR) + "/tests/fixtures/serving",
+                     "--json", "--profile-out", prof});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rates"].size(), 10u);
-  EXPECT_LE(std::fabs(j["saturation"]["none"]["error"].get<double>()), 0.15) << j["saturation"].dump();
-  for (const auto& g : j["rates"])
-    if (g["rate"].get<double>() <= 0.2)
+  for (const char* m : {"none", "lazyllm"})
+    EXPECT_LE(std::fabs(j["saturation"][m]["error"].get<double>()), 0.15) << j["saturation"].dump();
+  for (const auto& g : j["rates"]) {
+    const double rate = g["rate"].get<double>();
+    if (rate <= 0.3)
       for (const char* k : {"ttft_p50", "ttft_p90"})
         EXPECT_LE(std::fabs(g["error"][k].get<double>()), 0.10) << g.dump();
+    if (rate == 0.1 || rate == 0.3)
+      EXPECT_LE(std::fabs(g["error"]["itl_p50"].get<double>()), 0.10) << g.dump();
+    if (g["below_saturation"].get<bool>())
+      EXPECT_LE(std::fabs(g["error"]["requests_per_s"].get<double>()), 0.05) << g.dump();
+  }
+  // Decoding attention got a share of its own, below prefill attention's (docs/serving.md).
+  const double decode = j["calibration"]["decode_attention_compute"].get<double>();
+  std::ifstream f(prof);
+  const auto p = nlohmann::json::parse(f);
+  EXPECT_DOUBLE_EQ(p["efficiency"]["attention"]["decode_compute"].get<double>(), decode);
+  EXPECT_LT(decode, p["efficiency"]["attention"]["compute"].get<double>());
+  // simulate takes it back.
+  const CliResult s = run_cli(dir_, {"simulate", "--model-config", "smollm2-135m", "--hw", prof,
+                                     "--prompt-tokens", "2048", "--new-tokens", "8", "--json"});
+  EXPECT_TRUE(s.exited && s.code == 0) << describe(s);
+  expect_one_line_error(run_cli(dir_, {"validate", "--profile-out", dir_.file("p.json")}),
+                        {"--profile-out needs --serving"});
 }
 
 }  // namespace

@@ -145,6 +145,21 @@ TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
   j["efficiency"]["gemm"]["compute_by_dtype"] = 0.4;
   EXPECT_NE(error_of(j).find("'compute_by_dtype' must be an object"), std::string::npos) << error_of(j);
   j = round_profile();
+  j["efficiency"]["attention"]["decode_compute"] = 0.15;
+  EXPECT_EQ(error_of(j), "");
+  EXPECT_DOUBLE_EQ(hw::parse_profile(j, "p").eff(hw::Family::Attention).decode_compute, 0.15);
+  EXPECT_DOUBLE_EQ(
+      hw::efficiency_json(hw::parse_profile(j, "p"))["attention"]["decode_compute"].get<double>(), 0.15);
+  j["efficiency"]["attention"]["decode_compute"] = 1.5;
+  EXPECT_NE(error_of(j).find("'decode_compute' is a share of peak"), std::string::npos) << error_of(j);
+  j["efficiency"]["attention"]["decode_compute"] = 0;
+  EXPECT_NE(error_of(j).find("'decode_compute' must be greater than 0"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["efficiency"]["gemm"]["decode_compute"] = 0.2;
+  EXPECT_NE(error_of(j).find("'decode_compute' is attention's alone"), std::string::npos) << error_of(j);
+  EXPECT_FALSE(
+      hw::efficiency_json(hw::parse_profile(round_profile(), "p"))["attention"].contains("decode_compute"));
+  j = round_profile();
   j["aliases"] = "H100";
   EXPECT_NE(error_of(j).find("'aliases' must be an array"), std::string::npos) << error_of(j);
   try {
@@ -631,6 +646,9 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
     const ModelConfig c = preset_config(in_["model"].get<std::string>());
     hw::Profile hw = hw::load_profile(in_["hw"].get<std::string>());
     if (in_.contains("engine")) hw.engine = hw::engine_preset(in_["engine"].get<std::string>());
+    if (in_.contains("attention_decode_compute"))
+      hw.efficiency[size_t(hw::Family::Attention)].decode_compute =
+          in_["attention_decode_compute"].get<double>();
     const std::string policy = in_["policy"].get<std::string>();
     const auto steps = resolve_schedule(parse_schedule(in_["schedule"].get<std::string>()), c.n_layer);
     const int64_t N = in_["prompt_tokens"].get<int64_t>();
