@@ -128,9 +128,14 @@ struct SimulateArgs {
   int64_t step_times = 4096;  // decoding steps whose times --json lists
   double revival_share = -1;  // >= 0: a constant share instead of the revival model
   bool map = false, json_out = false, per_layer = false;
+  // KV-Runahead (sim/runahead.h): ranks (0: off), the partition, the link, each rank's share.
+  int runahead = 0;
+  std::string partition = "auto";
+  double link_gbs = 0, link_latency_us = -1, rank_share = 1;
 };
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
+int cmd_simulate_runahead(const SimulateArgs& a);  // cli/simulate_runahead.cpp
 
 struct SimulateServingArgs {
   std::string model, model_config, hw, engine, prune = "none,lazyllm", schedule, revival_model, arrival_file;

@@ -139,6 +139,29 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
        "With --json: list the times of at most the first N decoding steps in decode_step_ms (default "
        "4096; every step counts in the means and totals, and memory stays bounded whatever the steps)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+  auto* ra = s->add_option("--runahead", a.runahead,
+                           "KV-Runahead: the prompt's prefill over P ranks, each a chunk, the K/V prefix "
+                           "handed on point to point (docs/simulator.md); with --prompt-tokens, unpruned")
+                 ->check(CLI::Range(1, 4096))
+                 ->excludes(trace);
+  s->add_option("--partition", a.partition,
+                "With --runahead: auto (balanced by the cost model, default), even, or chunk sizes n1,n2,...")
+      ->needs(ra);
+  s->add_option(
+       "--link-gbs", a.link_gbs,
+       "With --runahead: the link's bandwidth, GB/s (default: the profile's interconnect, or half its "
+       "memory bandwidth for ranks on one machine)")
+      ->check(CLI::Range(1e-6, 1e9))
+      ->needs(ra);
+  s->add_option("--link-latency-us", a.link_latency_us,
+                "With --runahead: the link's latency per message, us (default: the profile's)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->needs(ra);
+  s->add_option("--rank-share", a.rank_share,
+                "With --runahead: the share of a device each rank runs on (default 1; 0.5 for two processes "
+                "on one CPU's two halves)")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->needs(ra);
   s->add_flag("--json", a.json_out, "Print one JSON object");
   return s;
 }
@@ -146,6 +169,7 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   (void)sub;
   // Without --trace the work is synthetic: --prune POLICY, or the unpruned run when it is left out.
+  if (a.runahead > 0) return cmd_simulate_runahead(a);
   const std::string policy = a.prune.empty() ? "none" : a.prune;
   if (a.trace.empty() && a.prompt_tokens <= 0)
     usage_fail(

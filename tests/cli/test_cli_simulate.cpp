@@ -158,5 +158,45 @@ TEST_F(CliSim, SimulateBadInput) {
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", prof}), {"x.json", "missing field"});
 }
 
+// simulate --runahead: the balanced partition sums to the prompt and beats the even one, which
+// beats one device; tensor parallelism over the same GPUs is set beside it; a rank that cannot
+// hold the weights is said so; bad partitions get one line.
+TEST_F(CliSim, RunaheadPredictsRanksAgainstOneDeviceAndTensorParallelism) {
+  const std::vector<std::string> base = {
+      "simulate",       "--runahead",   "4",    "--prompt-tokens", "32768",
+      "--model-config", "llama-3.1-8b", "--hw", "h100-sxm",        "--json"};
+  const CliResult r = run_cli(dir_, base);
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out)["results"][0];
+  int64_t sum = 0;
+  for (const auto& k : j["ranks_detail"]) sum += k["tokens"].get<int64_t>();
+  EXPECT_EQ(sum, 32768);
+  EXPECT_GT(j["speedup_vs_single_device"].get<double>(), 1);
+  EXPECT_TRUE(j["tp_ttft_ms"].is_number());
+  EXPECT_TRUE(j["fits_in_memory"].get<bool>());
+  std::vector<std::string> even = base;
+  even.insert(even.end(), {"--partition", "even"});
+  const CliResult e = run_cli(dir_, even);
+  ASSERT_TRUE(e.exited && e.code == 0) << describe(e);
+  EXPECT_LT(j["ttft_ms"].get<double>(), nlohmann::json::parse(e.out)["results"][0]["ttft_ms"].get<double>());
+  const CliResult big = run_cli(dir_, {"simulate", "--runahead", "8", "--prompt-tokens", "8192",
+                                       "--model-config", "llama-3.1-70b", "--hw", "h100-sxm"});
+  ASSERT_TRUE(big.exited && big.code == 0) << describe(big);
+  EXPECT_NE(big.out.find("does not fit"), std::string::npos) << big.out;
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = {"simulate",       "--runahead",   "2",    "--prompt-tokens", "100",
+                                  "--model-config", "smollm2-135m", "--hw", "cpu-local"};
+    a.insert(a.end(), more.begin(), more.end());
+    return run_cli(dir_, a);
+  };
+  expect_one_line_error(with({"--partition", "60,30"}), {"sums to 90 tokens, the prompt has 100"});
+  expect_one_line_error(with({"--partition", "100,0"}), {"'0' is not a chunk"});
+  expect_one_line_error(with({"--partition", "50,25,25"}), {"3 chunks for --runahead 2"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--runahead", "200", "--prompt-tokens", "100",
+                                       "--model-config", "smollm2-135m", "--hw", "cpu-local"}),
+                        {"fewer than the ranks"});
+  expect_one_line_error(with({"--prune", "lazyllm"}), {"not simulated yet"});
+}
+
 }  // namespace
 }  // namespace lp
