@@ -132,10 +132,12 @@ struct SimulateArgs {
   int runahead = 0;
   std::string partition = "auto";
   double link_gbs = 0, link_latency_us = -1, rank_share = 1;
+  std::string kv_predict;  // KV Prediction's auxiliary preset (sim/kv_predict.h); "" off
 };
 CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
-int cmd_simulate_runahead(const SimulateArgs& a);  // cli/simulate_runahead.cpp
+int cmd_simulate_runahead(const SimulateArgs& a);    // cli/simulate_runahead.cpp
+int cmd_simulate_kv_predict(const SimulateArgs& a);  // cli/simulate_kv_predict.cpp
 
 struct SimulateServingArgs {
   std::string model, model_config, hw, engine, prune = "none,lazyllm", schedule, revival_model, arrival_file;

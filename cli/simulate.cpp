@@ -162,6 +162,11 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "on one CPU's two halves)")
       ->check(CLI::Range(1e-6, 1.0))
       ->needs(ra);
+  s->add_option("--kv-predict", a.kv_predict,
+                "KV Prediction: this auxiliary preset runs the prefill and per-layer linear maps predict the "
+                "base model's K/V (docs/simulator.md); accuracy is not modelled")
+      ->excludes(trace)
+      ->excludes(ra);
   s->add_flag("--json", a.json_out, "Print one JSON object");
   return s;
 }
@@ -170,6 +175,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   (void)sub;
   // Without --trace the work is synthetic: --prune POLICY, or the unpruned run when it is left out.
   if (a.runahead > 0) return cmd_simulate_runahead(a);
+  if (!a.kv_predict.empty()) return cmd_simulate_kv_predict(a);
   const std::string policy = a.prune.empty() ? "none" : a.prune;
   if (a.trace.empty() && a.prompt_tokens <= 0)
     usage_fail(

@@ -133,6 +133,22 @@ OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape
   return op_cost(CostContext(hw, p), c, op, s, calls);
 }
 
+OpCost gemm_cost(const CostContext& cc, int64_t rows, int64_t k, int64_t n) {
+  OpCost r;
+  if (rows <= 0 || k <= 0 || n <= 0) return r;
+  const size_t f = size_t(hw::Family::Gemm);
+  const hw::Efficiency& e = cc.eff[f];
+  const double R = double(rows), K = double(k), N = double(n);
+  r.calls = 1;
+  r.flops = 2 * R * K * N;
+  r.bytes = K * N * cc.dtypes.weight_bytes + R * (K + N) * cc.dtypes.kv_bytes;
+  r.compute_s = r.flops / (cc.peak[f] * e.compute * R / (R + e.half_rows));
+  r.memory_s = r.bytes / (cc.bandwidth * e.memory);
+  r.overhead_s = e.overhead_s;
+  r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
+  return r;
+}
+
 double utilisation(const hw::Profile& hw, Op op, const OpCost& cost, const Precision& p) {
   return cost.time_s > 0 ? cost.flops / cost.time_s / op_peak(hw, op, p) : 0;
 }

@@ -72,6 +72,12 @@ OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape
 OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
                int64_t calls = 1);
 
+// A GEMM outside the model's op list (KV Prediction's per-layer linear maps, sim/kv_predict.h):
+// `rows` x `k` by `k` x `n` weights, reading its input from and writing its output to K/V caches
+// (kv_bytes each), at the GEMM family's efficiency: F = 2 rows k n, B = k n weight_bytes +
+// rows (k + n) kv_bytes, one call.
+OpCost gemm_cost(const CostContext& cc, int64_t rows, int64_t k, int64_t n);
+
 // FLOP/s the op achieved against the peak it runs at: flops / time / peak.
 double utilisation(const hw::Profile& hw, Op op, const OpCost& cost, const Precision& p);
 

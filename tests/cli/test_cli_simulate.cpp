@@ -198,5 +198,31 @@ TEST_F(CliSim, RunaheadPredictsRanksAgainstOneDeviceAndTensorParallelism) {
   expect_one_line_error(with({"--prune", "lazyllm"}), {"not simulated yet"});
 }
 
+// simulate --kv-predict: the three parts, the speedup over the base's prefill, the statement that
+// accuracy is not modelled; an auxiliary model that cannot pair gets one line.
+TEST_F(CliSim, KvPredictionPricesTheAuxiliaryPrefillAndStatesAccuracyIsNotModelled) {
+  const CliResult r =
+      run_cli(dir_, {"simulate", "--kv-predict", "openelm-1.1b", "--model-config", "openelm-3b",
+                     "--prompt-tokens", "4096", "--hw", "h100-sxm,m2-pro-cpu", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["accuracy"].get<std::string>().find("not modelled"), std::string::npos);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& x : j["results"]) {
+    EXPECT_NEAR(x["ttft_ms"].get<double>(),
+                x["aux_prefill_ms"].get<double>() + x["predictor_ms"].get<double>() +
+                    x["base_first_token_ms"].get<double>(),
+                1e-6 * x["ttft_ms"].get<double>());
+    EXPECT_GT(x["speedup"].get<double>(), 1);
+    EXPECT_EQ(x["layer_map"].size(), 36u);
+  }
+  expect_one_line_error(run_cli(dir_, {"simulate", "--kv-predict", "smollm2-135m", "--model-config",
+                                       "llama-3.1-8b", "--prompt-tokens", "4096", "--hw", "h100-sxm"}),
+                        {"vocabulary", "tokenizer"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--kv-predict", "openelm-1.1b", "--model-config",
+                                       "openelm-3b", "--hw", "h100-sxm"}),
+                        {"--kv-predict needs --prompt-tokens"});
+}
+
 }  // namespace
 }  // namespace lp
