@@ -496,6 +496,26 @@ void Session::lm_head(Pass& ps, float* logits) {
         [&] { be_->lm_head(logits); });
 }
 
+void Session::import_kv(int l, std::span<const int32_t> pos, std::span<const std::byte> rows) {
+  KvIndex& kv = kv_[size_t(l)];
+  if (!pos.empty() && kv.n() > 0 && pos.front() <= kv.pos.back())
+    fail("KV import at layer {}: position {} is not after the {} held", l, pos.front(), kv.n());
+  be_->kv_import(l, pos, rows);
+  kv.append(pos, l);
+}
+
+void Session::export_kv(int l, int64_t n, std::span<std::byte> out) {
+  if (n > kv_[size_t(l)].n())
+    fail("KV export at layer {}: {} tokens asked, {} held", l, n, kv_[size_t(l)].n());
+  be_->kv_export(l, n, out);
+}
+
+int64_t Session::kv_token_bytes(int l) const {
+  const ModelConfig& c = m_.config();
+  const int64_t hkv = c.uniform() ? c.n_head_kv : c.layer(l).n_head_kv;
+  return 2 * hkv * c.head_dim * be_->kv_element_bytes();
+}
+
 void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
                       std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
                       trace::Step* stats, OpTimers* timers) {

@@ -161,6 +161,14 @@ class Session {
   void matmul(Pass& ps, Proj p, int l);
   void lm_head(Pass& ps, float* logits);
 
+  // KV-Runahead (engine/runahead.h): K/V computed in another process for positions `pos`
+  // (ascending, none held here) taken in at layer l, as rows in the backend's layout
+  // (Backend::kv_import); and the layer's first n held positions' K/V out. Bytes of one token's K
+  // and V at layer l.
+  void import_kv(int l, std::span<const int32_t> pos, std::span<const std::byte> rows);
+  void export_kv(int l, int64_t n, std::span<std::byte> out);
+  int64_t kv_token_bytes(int l) const;
+
   int64_t n_cached() const { return kv_[0].n(); }
   int64_t n_ctx() const { return be_->capacity(); }
   void reset();

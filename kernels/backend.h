@@ -23,6 +23,7 @@
 // V vocabulary.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -137,6 +138,12 @@ class Backend {
   // For checks: the positions whose K/V layer `layer` holds, ascending, as the backend's own record
   // says (the CPU's slot table, the GPU's has-KV bits); and one Aux Cache state.
   virtual std::vector<int32_t> kv_positions(int layer) = 0;
+  // KV-Runahead (engine/runahead.h): the layer's first n held tokens' K/V as rows, all of K then
+  // all of V, in the cache's element type (kv_element_bytes() each, Hkv * Dh per row), into
+  // `out` (2 * n * Hkv * Dh * kv_element_bytes() bytes); and such rows appended at positions
+  // `pos`. A backend without them refuses.
+  virtual void kv_export(int layer, int64_t n, std::span<std::byte> out);
+  virtual void kv_import(int layer, std::span<const int32_t> pos, std::span<const std::byte> rows);
   virtual std::vector<float> aux_state(int64_t entry) = 0;
 };
 

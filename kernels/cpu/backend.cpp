@@ -266,6 +266,21 @@ void CpuBackend::reset() {
   aux_.clear();
 }
 
+void CpuBackend::kv_export(int l, int64_t n, std::span<std::byte> out) {
+  const LayerKV& kv = kv_[size_t(l)];
+  if (int64_t(out.size()) != 2 * n * kv.row_bytes())
+    fail("KV export: {} bytes for {} tokens of {} bytes (K and V)", out.size(), n, 2 * kv.row_bytes());
+  kv.export_rows(n, out.data());
+}
+
+void CpuBackend::kv_import(int l, std::span<const int32_t> pos, std::span<const std::byte> rows) {
+  LayerKV& kv = kv_[size_t(l)];
+  const int64_t n = int64_t(pos.size());
+  if (int64_t(rows.size()) != 2 * n * kv.row_bytes())
+    fail("KV import: {} bytes for {} tokens of {} bytes (K and V)", rows.size(), n, 2 * kv.row_bytes());
+  kv.import_rows(rows.data(), pos.data(), n);
+}
+
 std::vector<int32_t> CpuBackend::kv_positions(int l) {
   const LayerKV& kv = kv_[size_t(l)];
   std::vector<int32_t> out(kv.pos.begin(), kv.pos.begin() + kv.n);

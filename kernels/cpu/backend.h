@@ -24,6 +24,8 @@ class CpuBackend : public Backend {
 
   int64_t capacity() const override { return n_ctx_; }
   int kv_element_bytes() const override { return kv_type_bytes(kv_.front().type); }
+  void kv_export(int layer, int64_t n, std::span<std::byte> out) override;
+  void kv_import(int layer, std::span<const int32_t> pos, std::span<const std::byte> rows) override;
   void set_rows(std::span<const int32_t> pos) override;
   void embed(std::span<const int32_t> ids) override;
   void rmsnorm(Norm n, int layer) override;

@@ -80,4 +80,56 @@ void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, 
   n += T;
 }
 
+namespace {
+// Element e of slot s, group g, dimension d of K and of V, in a storage of element type T.
+template <class T>
+void export_as(const LayerKV& kv, const T* kt, const T* v, int64_t n, T* out) {
+  const int64_t W = kv.Hkv * kv.Dh;
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t g = 0; g < kv.Hkv; ++g)
+      for (int64_t d = 0; d < kv.Dh; ++d) {
+        out[s * W + g * kv.Dh + d] = kt[kv.kt_index(g, d, s)];
+        out[(n + s) * W + g * kv.Dh + d] = v[kv.v_index(g, s) + d];
+      }
+}
+template <class T>
+void import_as(LayerKV& kv, T* kt, T* v, const T* in, int64_t T_rows) {
+  const int64_t W = kv.Hkv * kv.Dh;
+  for (int64_t t = 0; t < T_rows; ++t) {
+    const int64_t s = kv.n + t;
+    for (int64_t g = 0; g < kv.Hkv; ++g)
+      for (int64_t d = 0; d < kv.Dh; ++d) {
+        kt[kv.kt_index(g, d, s)] = in[t * W + g * kv.Dh + d];
+        v[kv.v_index(g, s) + d] = in[(T_rows + t) * W + g * kv.Dh + d];
+      }
+  }
+}
+}  // namespace
+
+void LayerKV::export_rows(int64_t n_slots, std::byte* out) const {
+  if (n_slots < 0 || n_slots > n) fail("KV export: {} slots asked, {} held", n_slots, n);
+  if (type == KvType::F32)
+    export_as(*this, kt.data(), v.data(), n_slots, reinterpret_cast<float*>(out));
+  else
+    export_as(*this, kt16.data(), v16.data(), n_slots, reinterpret_cast<uint16_t*>(out));
+}
+
+void LayerKV::import_rows(const std::byte* in, const int32_t* p, int64_t T) {
+  if (n + T > cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", n, T, cap);
+  for (int64_t t = 0; t < T; ++t) {
+    if (p[t] < 0) fail("KV import: negative position {}", p[t]);
+    if (t > 0 && p[t] <= p[t - 1]) fail("KV import: positions must increase within a call");
+  }
+  if (type == KvType::F32)
+    import_as(*this, kt.data(), v.data(), reinterpret_cast<const float*>(in), T);
+  else
+    import_as(*this, kt16.data(), v16.data(), reinterpret_cast<const uint16_t*>(in), T);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = n + t;
+    if (s > 0 && p[t] < pos[size_t(s - 1)]) sorted = false;
+    pos[size_t(s)] = p[t];
+  }
+  n += T;
+}
+
 }  // namespace lp

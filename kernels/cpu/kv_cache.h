@@ -3,6 +3,7 @@
 // engine/session.h), which passes explicit slot lists once the slots leave position order.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -62,6 +63,12 @@ struct LayerKV {
   // within the call). Positions before held ones are allowed (revival) and clear `sorted`; that a
   // position is held at most once is the caller's index's rule (KvIndex).
   void append(const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int64_t T);
+  // KV-Runahead hands K/V between processes in the storage's own element type: the first n slots
+  // as rows, all of K [n][Hkv*Dh] then all of V, raw (2 * n * row_bytes() bytes into `out`); and
+  // such rows appended at positions pos[T] (ascending within the call, as append).
+  int64_t row_bytes() const { return Hkv * Dh * kv_type_bytes(type); }
+  void export_rows(int64_t n_slots, std::byte* out) const;
+  void import_rows(const std::byte* in, const int32_t* pos, int64_t T);
 };
 
 // The keys a query block may see: slots of a LayerKV in ascending position order. An empty

@@ -1,0 +1,75 @@
+#include "engine/runahead.h"
+
+#include <chrono>
+#include <numeric>
+#include <vector>
+
+#include "model/error.h"
+
+namespace lp {
+
+RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, const RunaheadPart& part,
+                               KvLink* from_prev, KvLink* to_next, float* logits) {
+  using Clock = std::chrono::steady_clock;
+  const auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  const auto t0 = Clock::now();
+  const int64_t N = int64_t(prompt.size());
+  if (part.ranks < 1 || part.rank < 0 || part.rank >= part.ranks)
+    fail("KV-Runahead: rank {} of {}", part.rank, part.ranks);
+  if (part.tokens < 1 || part.start < 0 || part.start + part.tokens > N)
+    fail("KV-Runahead: rank {}'s chunk [{}, {}) is not inside the prompt's {} tokens", part.rank, part.start,
+         part.start + part.tokens, N);
+  const bool first = part.rank == 0, last = part.rank + 1 == part.ranks;
+  if (first != (part.start == 0)) fail("KV-Runahead: rank 0, and only rank 0, starts at the prompt's start");
+  if (last != (part.start + part.tokens == N))
+    fail("KV-Runahead: the last rank, and only it, ends the prompt");
+  if ((from_prev == nullptr) != first || (to_next == nullptr) != last)
+    fail("internal error: KV-Runahead rank {} of {} without its links", part.rank, part.ranks);
+  if (s.n_cached() != 0) fail("KV-Runahead needs an empty session");
+
+  std::vector<int32_t> pos(size_t(part.start + part.tokens));
+  std::iota(pos.begin(), pos.end(), 0);
+  const std::span<const int32_t> own(pos.data() + part.start, size_t(part.tokens));
+  const std::span<const int32_t> prefix(pos.data(), size_t(part.start));
+  const int64_t last_row = part.tokens - 1;
+  Session::Pass ps = s.begin_forward(
+      prompt.subspan(size_t(part.start), size_t(part.tokens)), own,
+      last ? std::span<const int64_t>(&last_row, 1) : std::span<const int64_t>{}, nullptr, nullptr, nullptr);
+  RunaheadTimes t;
+  std::vector<std::byte> in, out[2];
+  const int L = s.model().config().n_layer;
+  for (int l = 0; l < L; ++l) {
+    s.before_layer(ps, l);
+    s.matmul(ps, Proj::QKV, l);
+    if (!first) {  // the prefix's K/V of this layer, before attention reads it
+      in.resize(size_t(part.start * s.kv_token_bytes(l)));
+      const auto w0 = Clock::now();
+      from_prev->recv(l, in);
+      t.wait_s += secs(Clock::now() - w0);
+      s.import_kv(l, prefix, in);
+    }
+    s.attend(ps, l);
+    if (!last) {  // the grown prefix on to the next rank (the buffer two layers back is free)
+      std::vector<std::byte>& buf = out[l % 2];
+      const int64_t n = part.start + part.tokens;
+      buf.resize(size_t(n * s.kv_token_bytes(l)));
+      const auto e0 = Clock::now();
+      s.export_kv(l, n, buf);
+      t.export_s += secs(Clock::now() - e0);
+      to_next->send(l, buf);
+      t.sent_bytes += double(buf.size());
+    }
+    s.matmul(ps, Proj::O, l);
+    s.mlp_in(ps, l);
+    s.matmul(ps, Proj::GateUp, l);
+    s.mlp_act(ps, l);
+    s.matmul(ps, Proj::Down, l);
+    s.after_layer(ps, l);
+  }
+  if (s.head(ps) > 0) s.lm_head(ps, logits);
+  if (to_next) to_next->finish();
+  t.total_s = secs(Clock::now() - t0);
+  return t;
+}
+
+}  // namespace lp

@@ -1,0 +1,14 @@
+#include "kernels/backend.h"
+
+#include "model/error.h"
+
+namespace lp {
+
+void Backend::kv_export(int, int64_t, std::span<std::byte>) {
+  fail("this backend cannot hand its K/V to another process (KV-Runahead runs on the CPU backend)");
+}
+void Backend::kv_import(int, std::span<const int32_t>, std::span<const std::byte>) {
+  fail("this backend cannot take K/V from another process (KV-Runahead runs on the CPU backend)");
+}
+
+}  // namespace lp
