@@ -108,9 +108,15 @@ struct RunArgs {
   std::string backend = "cpu";
   bool op_timers = false;
   std::string warmup = "auto";  // auto (on with --backend cuda), on, off
+  // KV-Runahead under mpirun (cli/run_runahead.cpp): the partition, the profile that balances it,
+  // and the bound on each wait for another rank.
+  bool runahead = false;
+  std::string partition = "auto", runahead_hw = "cpu-local";
+  double runahead_timeout_s = 300;
 };
 CLI::App* add_run(CLI::App& app, RunArgs& a);
 int cmd_run(const RunArgs& a, const CLI::App& sub);
+int cmd_run_runahead(const RunArgs& a, const CLI::App& sub);  // cli/run_runahead.cpp
 
 struct InspectArgs {
   std::string model, trace;  // a trace given: summarise it instead of the model

@@ -120,10 +120,28 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
                   std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
                       lp::kScheduleSyntaxHelp)
       ->check(lp::cli::non_empty_schedule());
+  auto* ra =
+      run->add_flag("--runahead", a.runahead,
+                    "KV-Runahead: under mpirun -n P, the prompt's prefill split over the P ranks (each a "
+                    "chunk, the K/V prefix handed on layer by layer); the last rank decodes and prints "
+                    "(docs/runahead.md)");
+  run->add_option(
+         "--partition", a.partition,
+         "With --runahead: auto (balanced by the cost model on --runahead-hw, default), even, or chunk "
+         "sizes n1,n2,... summing to the prompt's tokens")
+      ->needs(ra);
+  run->add_option("--runahead-hw", a.runahead_hw,
+                  "With --runahead: the hardware profile that balances the partition (default cpu-local)")
+      ->needs(ra);
+  run->add_option("--runahead-timeout", a.runahead_timeout_s,
+                  "With --runahead: seconds a rank waits for another before giving up (default 300)")
+      ->check(CLI::Range(0.001, 1e6))
+      ->needs(ra);
   return run;
 }
 
 int cmd_run(const RunArgs& a, const CLI::App& sub) {
+  if (a.runahead) return cmd_run_runahead(a, sub);
   const bool prompt_given = sub.count("--prompt") > 0;  // --prompt "" is an empty prompt, not a missing one
   const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
   lp::refuse_output_over_input(a.trace, "--trace", {path, a.prompt_file, a.schedule});

@@ -60,18 +60,11 @@ struct CliResult {
   std::string out, err;
 };
 
-// Runs the CLI with `args` (no shell: empty arguments pass through as they are), stdin from
-// /dev/null, stdout and stderr into files under `dir`.
-inline CliResult run_cli(const TempDir& dir, const std::vector<std::string>& args) {
+// Runs `argv_s` (its first element the program, found on PATH; no shell: empty arguments pass
+// through as they are), stdin from /dev/null, stdout and stderr into files under `dir`.
+inline CliResult run_program(const TempDir& dir, std::vector<std::string> argv_s) {
   const std::string out_path = dir.file("stdout.txt"), err_path = dir.file("stderr.txt");
-  const std::string exe = cli_path();
-  std::vector<std::string> argv_s = {exe};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  // One thread keeps the shared test machine calm, unless the test sets --threads itself.
-  if (!args.empty() && args[0] == "run" && std::find(args.begin(), args.end(), "--threads") == args.end()) {
-    argv_s.push_back("--threads");
-    argv_s.push_back("1");
-  }
+  const std::string exe = argv_s.at(0);
   std::vector<char*> argv;
   for (auto& s : argv_s) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -82,7 +75,7 @@ inline CliResult run_cli(const TempDir& dir, const std::vector<std::string>& arg
   posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawnp(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   CliResult r;
   if (rc != 0) {
@@ -103,6 +96,33 @@ inline CliResult run_cli(const TempDir& dir, const std::vector<std::string>& arg
   r.out = slurp(out_path);
   r.err = slurp(err_path);
   return r;
+}
+
+inline std::vector<std::string> cli_argv(const std::vector<std::string>& args) {
+  std::vector<std::string> argv_s = {cli_path()};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  // One thread keeps the shared test machine calm, unless the test sets --threads itself.
+  if (!args.empty() && args[0] == "run" && std::find(args.begin(), args.end(), "--threads") == args.end()) {
+    argv_s.push_back("--threads");
+    argv_s.push_back("1");
+  }
+  return argv_s;
+}
+
+// Runs the CLI with `args`.
+inline CliResult run_cli(const TempDir& dir, const std::vector<std::string>& args) {
+  return run_program(dir, cli_argv(args));
+}
+
+// The CLI under Open MPI's mpirun with `ranks` processes (allowed to run as root, as CI does, and
+// more ranks than cores).
+inline CliResult run_mpi(const TempDir& dir, int ranks, const std::vector<std::string>& args) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  std::vector<std::string> argv_s = {"mpirun", "-n", std::to_string(ranks), "--oversubscribe"};
+  const std::vector<std::string> cli = cli_argv(args);
+  argv_s.insert(argv_s.end(), cli.begin(), cli.end());
+  return run_program(dir, argv_s);
 }
 
 inline std::string describe(const CliResult& r) {

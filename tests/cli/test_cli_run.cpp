@@ -375,5 +375,61 @@ TEST_F(CliErrors, CudaBackendWithoutAGpuIsOneClearLine) {
                         {"--backend"});
 }
 
+// KV-Runahead under mpirun (cli/run_runahead.cpp): 2 and 3 ranks give the single process's greedy
+// text (int8: bitwise the same logits, engine/runahead.h); outside mpirun, with a partition that
+// does not fit, with ranks on different model files: non-zero exit and one line saying why.
+TEST_F(CliErrors, RunaheadOverMpiGivesTheSingleProcessText) {
+  std::string prompt;
+  for (int i = 0; i < 20; ++i) prompt += "the cat sat on the mat and the dog ";
+  const std::vector<std::string> common = {"--model", tiny_,     "--prompt", prompt,  "--max-new-tokens",
+                                           "6",       "--dtype", "int8",     "--json"};
+  std::vector<std::string> single = {"run"};
+  single.insert(single.end(), common.begin(), common.end());
+  const CliResult one = run_cli(dir_, single);
+  ASSERT_TRUE(one.exited && one.code == 0) << describe(one);
+  const auto want = nlohmann::json::parse(one.out);
+  for (const auto& [ranks, partition] :
+       {std::pair{2, std::string("auto")}, std::pair{3, std::string("even")}}) {
+    std::vector<std::string> args = {"run", "--runahead", "--partition", partition};
+    args.insert(args.end(), common.begin(), common.end());
+    const CliResult r = run_mpi(dir_, ranks, args);
+    ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+    const auto got = nlohmann::json::parse(r.out);
+    EXPECT_EQ(got["text"], want["text"]) << ranks;
+    EXPECT_EQ(got["ranks"].get<int>(), ranks);
+    int64_t sum = 0;
+    for (const auto& c : got["partition"]) sum += c.get<int64_t>();
+    EXPECT_EQ(sum, got["prompt_tokens"].get<int64_t>());
+    EXPECT_EQ(got["ranks_detail"].size(), size_t(ranks));
+    EXPECT_GT(got["ranks_detail"][0]["sent_mib"].get<double>(), 0);
+  }
+  // Outside mpirun: one process.
+  std::vector<std::string> alone = {"run", "--runahead"};
+  alone.insert(alone.end(), common.begin(), common.end());
+  expect_one_line_error(run_cli(dir_, alone), {"mpirun -n P"});
+  // A partition that does not sum to the prompt.
+  std::vector<std::string> bad = {"run", "--runahead", "--partition", "5,5"};
+  bad.insert(bad.end(), common.begin(), common.end());
+  const CliResult b = run_mpi(dir_, 2, bad);
+  EXPECT_TRUE(b.exited && b.code != 0) << describe(b);
+  EXPECT_NE(b.err.find("--partition sums to 10 tokens"), std::string::npos) << describe(b);
+  // Ranks on different model files (mpirun's MPMD form: one program per rank).
+  TinyModelSpec other;
+  other.seed = 99;
+  const std::string m2 = testing::write_tiny_model(dir_.file("other.gguf"), other);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  std::vector<std::string> mpmd = {"mpirun", "--oversubscribe", "-n", "1"};
+  for (const std::string& m : {tiny_, m2}) {
+    const std::vector<std::string> rank = cli_argv(
+        {"run", "--runahead", "--model", m, "--prompt", prompt, "--max-new-tokens", "2", "--dtype", "int8"});
+    mpmd.insert(mpmd.end(), rank.begin(), rank.end());
+    if (m == tiny_) mpmd.insert(mpmd.end(), {":", "-n", "1"});
+  }
+  const CliResult d = run_program(dir_, mpmd);
+  EXPECT_TRUE(d.exited && d.code != 0) << describe(d);
+  EXPECT_NE(d.err.find("rank 1's model file differs from rank 0's"), std::string::npos) << describe(d);
+}
+
 }  // namespace
 }  // namespace lp

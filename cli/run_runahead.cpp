@@ -1,0 +1,319 @@
+// `mpirun -n P lazyprefill run --runahead ...`: KV-Runahead's prefill over P processes
+// (engine/runahead.h), the K/V prefix handed from rank to rank with Open MPI's point-to-point
+// messages, one per layer. Every rank loads the model and tokenizes the prompt itself; they check
+// that they agree (SHA-256 of the model file and of the prompt's token ids) before any work. The
+// partition is computed on every rank alike (deterministic; rank 0 prints it). The last rank
+// decodes on and prints the text and the timings of every rank. Each wait for another rank is
+// bounded (--runahead-timeout): a rank that died or hangs makes the others stop with one line,
+// not wait forever. Docs: docs/runahead.md.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <mpi.h>
+#include <openssl/evp.h>
+
+#include <CLI/CLI.hpp>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <thread>
+
+#include "cli/commands.h"
+#include "engine/runahead.h"
+#include "engine/sampler.h"
+#include "hwmodels/profile.h"
+#include "kernels/context.h"
+#include "model/error.h"
+#include "model/io.h"
+#include "model/paths.h"
+#include "sim/runahead.h"
+
+namespace lp::cli {
+namespace {
+
+// MPI for the life of the command: initialised once, finalised unless aborted.
+struct Mpi {
+  int rank = 0, size = 1;
+  Mpi() {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      fail("--runahead: MPI could not start");
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  ~Mpi() { MPI_Finalize(); }
+};
+
+// Waits for `req` up to `timeout_s`, sleeping between tests so a waiting rank leaves the cores to
+// the ranks that compute. Throws lp::Error naming `what` on time out.
+void wait_bounded(MPI_Request& req, double timeout_s, const std::string& what) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
+  int done = 0;
+  auto nap = std::chrono::microseconds(20);
+  for (;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (Clock::now() > end) fail("{}: nothing within {} s (did that rank stop?)", what, timeout_s);
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(500));
+  }
+}
+
+// One direction between neighbouring ranks: MPI_Isend / MPI_Irecv of raw bytes, tag = layer.
+class MpiLink : public KvLink {
+ public:
+  MpiLink(int peer, double timeout_s) : peer_(peer), timeout_s_(timeout_s) {}
+  void send(int layer, std::span<const std::byte> bytes) override {
+    finish();
+    if (bytes.size() > size_t(INT_MAX))
+      fail("KV-Runahead: a layer's K/V of {} bytes is over MPI's limit", bytes.size());
+    MPI_Isend(bytes.data(), int(bytes.size()), MPI_BYTE, peer_, layer, MPI_COMM_WORLD, &pending_);
+    sending_ = true;
+    layer_ = layer;
+  }
+  void finish() override {
+    if (!sending_) return;
+    wait_bounded(pending_, timeout_s_, fmt::format("sending layer {}'s K/V to rank {}", layer_, peer_));
+    sending_ = false;
+  }
+  void recv(int layer, std::span<std::byte> out) override {
+    if (out.size() > size_t(INT_MAX))
+      fail("KV-Runahead: a layer's K/V of {} bytes is over MPI's limit", out.size());
+    MPI_Request r;
+    MPI_Irecv(out.data(), int(out.size()), MPI_BYTE, peer_, layer, MPI_COMM_WORLD, &r);
+    wait_bounded(r, timeout_s_, fmt::format("waiting for layer {}'s K/V from rank {}", layer, peer_));
+  }
+
+ private:
+  int peer_;
+  double timeout_s_;
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  bool sending_ = false;
+  int layer_ = 0;
+};
+
+using Digest = std::array<unsigned char, 32>;
+
+Digest sha256_of_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot read", path);
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    EVP_DigestUpdate(ctx, buf.data(), size_t(in.gcount()));
+  }
+  Digest d{};
+  unsigned len = 0;
+  EVP_DigestFinal_ex(ctx, d.data(), &len);
+  EVP_MD_CTX_free(ctx);
+  return d;
+}
+
+Digest sha256_of(std::span<const int32_t> ids) {
+  Digest d{};
+  unsigned len = 0;
+  EVP_Digest(ids.data(), ids.size_bytes(), d.data(), &len, EVP_sha256(), nullptr);
+  return d;
+}
+
+std::string hex(const Digest& d) {
+  std::string s;
+  for (unsigned char c : d) s += fmt::format("{:02x}", c);
+  return s;
+}
+
+}  // namespace
+
+int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
+  Mpi mpi;
+  const int P = mpi.size, me = mpi.rank;
+  // Checks every rank makes alike: only rank 0 speaks, the others exit with the same code.
+  const auto agreed = [&](auto&& body) {
+    try {
+      body();
+    } catch (const UsageError&) {
+      if (me == 0) throw;
+      return 2;
+    } catch (const Error&) {
+      if (me == 0) throw;
+      return 1;
+    }
+    return 0;
+  };
+  const std::string path = a.model.empty() ? default_model_path() : a.model;
+  std::unique_ptr<CpuContext> ctx;
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> chunks;
+  if (const int rc = agreed([&] {
+        if (P < 2)
+          usage_fail(
+              "--runahead splits the prefill over MPI ranks: start it with mpirun -n P (P >= 2); this is {} "
+              "process",
+              P);
+        if (a.prune != "none") usage_fail("--runahead with --prune is not supported yet (docs/runahead.md)");
+        if (a.backend != "cpu") usage_fail("--runahead runs on the CPU backend");
+        if (!a.trace.empty()) usage_fail("--runahead does not write traces");
+        if (a.temperature != 0) usage_fail("--runahead decodes greedily (--temperature 0)");
+        const bool prompt_given = sub.count("--prompt") > 0;
+        if (prompt_given == !a.prompt_file.empty())
+          usage_fail("give exactly one of --prompt or --prompt-file");
+        const std::string text =
+            prompt_given ? a.prompt : read_input_file(a.prompt_file, "prompt file", input_cap::kPrompt);
+        if (text.empty()) fail("the prompt is empty");
+        if (a.dtype != "auto" && a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "int8")
+          usage_fail("--dtype must be auto, f32, bf16 or int8, got '{}'", a.dtype);
+        ctx = std::make_unique<CpuContext>(a.threads);
+        model = a.dtype == "auto" ? Model::load_auto(path, *ctx)
+                                  : Model::load(path,
+                                                a.dtype == "f32"    ? DType::F32
+                                                : a.dtype == "bf16" ? DType::BF16
+                                                                    : DType::Int8,
+                                                *ctx);
+        ids = model->tokenizer().encode(text, true, false);
+        if (int64_t(ids.size()) + a.max_new_tokens > model->config().n_ctx_train)
+          fail("prompt of {} tokens + {} new tokens exceeds the model's context of {} tokens", ids.size(),
+               a.max_new_tokens, model->config().n_ctx_train);
+        if (int64_t(ids.size()) < P)
+          usage_fail("--runahead: the prompt has {} tokens, fewer than the {} ranks", ids.size(), P);
+      });
+      rc != 0)
+    return rc;
+
+  // The ranks must run the same model on the same tokens.
+  std::array<unsigned char, 64> mine{};
+  const Digest md = sha256_of_file(path), pd = sha256_of(ids);
+  std::copy(md.begin(), md.end(), mine.begin());
+  std::copy(pd.begin(), pd.end(), mine.begin() + 32);
+  std::vector<unsigned char> all(size_t(64) * size_t(P));
+  MPI_Allgather(mine.data(), 64, MPI_UNSIGNED_CHAR, all.data(), 64, MPI_UNSIGNED_CHAR, MPI_COMM_WORLD);
+  if (const int rc = agreed([&] {
+        for (int r = 1; r < P; ++r) {
+          if (!std::equal(all.begin(), all.begin() + 32, all.begin() + 64 * r)) {
+            Digest d{};
+            std::copy_n(all.begin() + 64 * r, 32, d.begin());
+            fail(
+                "--runahead: rank {}'s model file differs from rank 0's (sha256 {} against {}): every rank "
+                "must "
+                "load the same file",
+                r, hex(d), hex(md));
+          }
+          if (!std::equal(all.begin() + 32, all.begin() + 64, all.begin() + 64 * r + 32))
+            fail(
+                "--runahead: rank {}'s prompt tokens differ from rank 0's: every rank must be given the same "
+                "prompt",
+                r);
+        }
+        const ModelConfig& c = model->config();
+        const bool f32 = model->weights().dtype == DType::F32;
+        const sim::Precision prec{f32 ? "f32" : "int8", f32 ? "f32" : "int8", f32 ? "f32" : "f16"};
+        const hw::Profile hw = hw::load_profile(a.runahead_hw);
+        const double share = std::min(1.0, double(a.threads) / std::max(1, hw.compute_units));
+        chunks = sim::parse_partition(a.partition, c, hw, prec, int64_t(ids.size()), P, sim::default_link(hw),
+                                      share);
+        if (me == 0) {
+          const sim::RunaheadPrediction pr =
+              sim::predict_runahead(c, hw, prec, chunks, sim::default_link(hw), share);
+          std::string line;
+          for (const sim::RunaheadRank& k : pr.ranks)
+            line += fmt::format(" {}:{:.0f}ms", k.tokens, k.done_s * 1e3);
+          fmt::print(stderr,
+                     "runahead: {} ranks, partition {} ({}); predicted on {} at {:.2f} of it per rank:{}\n",
+                     P, fmt::join(chunks, ","), a.partition, hw.name, share, line);
+        }
+      });
+      rc != 0)
+    return rc;
+
+  int64_t start = 0;
+  for (int r = 0; r < me; ++r) start += chunks[size_t(r)];
+  const RunaheadPart part{me, P, start, chunks[size_t(me)]};
+  const bool last = me + 1 == P;
+  const int64_t N = int64_t(ids.size());
+  const int64_t n_ctx = last ? N + a.max_new_tokens + 1 : start + part.tokens;
+  std::array<double, 4> mine_t{};  // total, wait, export, sent bytes
+  std::string text;
+  double ttft_s = 0, decode_s = 0;
+  int64_t generated = 0;
+  try {
+    Session s(*ctx, *model, n_ctx);
+    std::unique_ptr<MpiLink> prev, next;
+    if (me > 0) prev = std::make_unique<MpiLink>(me - 1, a.runahead_timeout_s);
+    if (!last) next = std::make_unique<MpiLink>(me + 1, a.runahead_timeout_s);
+    std::vector<float> logits(size_t(model->config().n_vocab));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    const RunaheadTimes t = runahead_prefill(s, ids, part, prev.get(), next.get(), logits.data());
+    mine_t = {t.total_s, t.wait_s, t.export_s, t.sent_bytes};
+    if (last) {
+      ttft_s = MPI_Wtime() - t0;
+      std::vector<int32_t> out;
+      const double d0 = MPI_Wtime();
+      for (int i = 0; i < a.max_new_tokens; ++i) {
+        const int32_t tok = argmax(logits);
+        out.push_back(tok);
+        if (tok == model->tokenizer().eos_id() || i + 1 == a.max_new_tokens) break;
+        const int32_t p = int32_t(N + i);
+        const int64_t row = 0;
+        s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
+      }
+      decode_s = MPI_Wtime() - d0;
+      generated = int64_t(out.size());
+      text = model->tokenizer().decode(out);
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lazyprefill: error: rank {} of {}: {}\n", me, P, escape_text(e.what()));
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  std::vector<double> times(size_t(4) * size_t(P));
+  MPI_Gather(mine_t.data(), 4, MPI_DOUBLE, times.data(), 4, MPI_DOUBLE, P - 1, MPI_COMM_WORLD);
+  if (last) {
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    int64_t s0 = 0;
+    for (int r = 0; r < P; ++r) {
+      ranks.push_back({{"rank", r},
+                       {"start", s0},
+                       {"tokens", chunks[size_t(r)]},
+                       {"prefill_ms", times[size_t(4 * r)] * 1e3},
+                       {"wait_ms", times[size_t(4 * r + 1)] * 1e3},
+                       {"export_ms", times[size_t(4 * r + 2)] * 1e3},
+                       {"sent_mib", times[size_t(4 * r + 3)] / (1 << 20)}});
+      s0 += chunks[size_t(r)];
+    }
+    if (a.json_out) {
+      nlohmann::ordered_json j = {
+          {"tool", "lazyprefill run --runahead"},
+          {"model", path},
+          {"ranks", P},
+          {"threads_per_rank", a.threads},
+          {"partition", chunks},
+          {"partition_rule", a.partition},
+          {"prompt_tokens", N},
+          {"generated_tokens", generated},
+          {"ttft_ms", ttft_s * 1e3},
+          {"decode_tokens_per_s", generated > 1 ? double(generated - 1) / decode_s : 0.0},
+          {"text", text},
+          {"ranks_detail", ranks}};
+      std::puts(j.dump(2).c_str());
+    } else {
+      std::puts(text.c_str());
+      std::string per;
+      for (const auto& r : ranks)
+        per += fmt::format(" | rank {} {} tokens {:.1f} ms (waited {:.1f})", r["rank"].get<int>(),
+                           r["tokens"].get<int64_t>(), r["prefill_ms"].get<double>(),
+                           r["wait_ms"].get<double>());
+      fmt::print(stderr, "\nprompt {} tokens over {} ranks, generated {} | TTFT {:.1f} ms{}\n", N, P,
+                 generated, ttft_s * 1e3, per);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace lp::cli
