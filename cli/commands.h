@@ -29,6 +29,9 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
 // Loads every profile a --hw list names; an empty list is a usage error. A non-empty `engine`
 // (--engine) replaces each profile's engine preset.
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine = "");
+// The model a simulation costs: the configuration of the GGUF file `model`, else the preset
+// `model_config` (lp::UsageError when neither is given); `name` gets what names it in outputs.
+ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name);
 // An option that must not be given as "": a path ("" silently meant the default model) or a
 // schedule ("" meant the default in run and simulate but no pruning in report; "none" says no
 // pruning). `message` is the error.

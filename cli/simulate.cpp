@@ -59,6 +59,18 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name) {
+  if (!model.empty()) {
+    *name = model;
+    return config_from_gguf(GgufFile::open(model));
+  }
+  if (!model_config.empty()) {
+    *name = model_config;
+    return preset_config(model_config);
+  }
+  usage_fail("give --model PATH or --model-config NAME");
+}
+
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine) {
   std::vector<hw::Profile> hws;
   for (const std::string& name : split_list(list)) {

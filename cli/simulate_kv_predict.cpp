@@ -20,17 +20,8 @@ int cmd_simulate_kv_predict(const SimulateArgs& a) {
     usage_fail(
         "--kv-predict predicts the unpruned base with a predicted cache; LazyLLM with it is not simulated");
   if (a.tp != 1) usage_fail("--kv-predict runs on one device; drop --tp");
-  ModelConfig base;
   std::string base_name;
-  if (!a.model.empty()) {
-    base = config_from_gguf(GgufFile::open(a.model));
-    base_name = a.model;
-  } else if (!a.model_config.empty()) {
-    base = preset_config(a.model_config);
-    base_name = a.model_config;
-  } else {
-    usage_fail("give --model PATH or --model-config NAME for the base model");
-  }
+  const ModelConfig base = model_to_cost(a.model, a.model_config, &base_name);
   const ModelConfig aux = preset_config(a.kv_predict);
   sim::check_kv_predict_pair(base, base_name, aux, a.kv_predict);
   sim::Precision prec = a.precision;

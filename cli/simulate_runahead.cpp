@@ -23,17 +23,8 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
   if (!a.prune.empty() && a.prune != "none")
     usage_fail("--runahead predicts the unpruned prefill; LazyLLM with KV-Runahead is not simulated yet");
   if (a.tp != 1) usage_fail("--runahead runs one device per rank; drop --tp (the output compares with it)");
-  ModelConfig c;
   std::string model_name;
-  if (!a.model.empty()) {
-    c = config_from_gguf(GgufFile::open(a.model));
-    model_name = a.model;
-  } else if (!a.model_config.empty()) {
-    c = preset_config(a.model_config);
-    model_name = a.model_config;
-  } else {
-    usage_fail("give --model PATH or --model-config NAME");
-  }
+  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const int P = a.runahead;

@@ -142,17 +142,8 @@ std::string simulated_request_log(const sim::ServingRun& run, const std::string&
 
 int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
   (void)sub;
-  ModelConfig c;
   std::string model_name;
-  if (!a.model.empty()) {
-    c = config_from_gguf(GgufFile::open(a.model));
-    model_name = a.model;
-  } else if (!a.model_config.empty()) {
-    c = preset_config(a.model_config);
-    model_name = a.model_config;
-  } else {
-    usage_fail("give --model PATH or --model-config NAME");
-  }
+  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
