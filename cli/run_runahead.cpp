@@ -16,6 +16,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <thread>
@@ -129,7 +130,22 @@ std::string hex(const Digest& d) {
 
 }  // namespace
 
+// Whether a launcher started this process as one of several MPI ranks: Open MPI's mpirun sets
+// OMPI_COMM_WORLD_SIZE, PMIx launchers (srun --mpi=pmix) PMIX_RANK. Without one, MPI_Init would
+// start a singleton of 1 rank, which can only be refused.
+namespace {
+bool launched_as_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (const char* e = std::getenv(v); e && *e) return true;
+  return false;
+}
+}  // namespace
+
 int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
+  if (!launched_as_rank())
+    usage_fail(
+        "--runahead splits the prefill over MPI ranks: start it with mpirun -n P (P >= 2); this process "
+        "was not started by mpirun");
   Mpi mpi;
   const int P = mpi.size, me = mpi.rank;
   // Checks every rank makes alike: only rank 0 speaks, the others exit with the same code.

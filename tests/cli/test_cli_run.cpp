@@ -417,8 +417,7 @@ TEST_F(CliErrors, RunaheadOverMpiGivesTheSingleProcessText) {
   TinyModelSpec other;
   other.seed = 99;
   const std::string m2 = testing::write_tiny_model(dir_.file("other.gguf"), other);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  mpi_env();
   std::vector<std::string> mpmd = {"mpirun", "--oversubscribe", "-n", "1"};
   for (const std::string& m : {tiny_, m2}) {
     const std::vector<std::string> rank = cli_argv(
