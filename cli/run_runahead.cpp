@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <thread>
 
@@ -96,36 +97,24 @@ class MpiLink : public KvLink {
   int layer_ = 0;
 };
 
-using Digest = std::array<unsigned char, 32>;
-
-Digest sha256_of_file(const std::string& path) {
+// SHA-256 of a file, read in 1 MiB pieces (a model can be larger than memory wants to hold
+// twice); the in-memory twin is sha256_hex (cli/calibrate.cpp).
+std::string sha256_file_hex(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot read", path);
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  bool ok = ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1;
   std::vector<char> buf(1 << 20);
-  while (in) {
+  while (ok && in) {
     in.read(buf.data(), std::streamsize(buf.size()));
-    EVP_DigestUpdate(ctx, buf.data(), size_t(in.gcount()));
+    ok = EVP_DigestUpdate(ctx.get(), buf.data(), size_t(in.gcount())) == 1;
   }
-  Digest d{};
+  unsigned char md[EVP_MAX_MD_SIZE];
   unsigned len = 0;
-  EVP_DigestFinal_ex(ctx, d.data(), &len);
-  EVP_MD_CTX_free(ctx);
-  return d;
-}
-
-Digest sha256_of(std::span<const int32_t> ids) {
-  Digest d{};
-  unsigned len = 0;
-  EVP_Digest(ids.data(), ids.size_bytes(), d.data(), &len, EVP_sha256(), nullptr);
-  return d;
-}
-
-std::string hex(const Digest& d) {
-  std::string s;
-  for (unsigned char c : d) s += fmt::format("{:02x}", c);
-  return s;
+  if (!ok || EVP_DigestFinal_ex(ctx.get(), md, &len) != 1) fail("SHA-256 of '{}' failed", path);
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
 }
 
 }  // namespace
@@ -201,25 +190,31 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
       rc != 0)
     return rc;
 
-  // The ranks must run the same model on the same tokens.
-  std::array<unsigned char, 64> mine{};
-  const Digest md = sha256_of_file(path), pd = sha256_of(ids);
-  std::copy(md.begin(), md.end(), mine.begin());
-  std::copy(pd.begin(), pd.end(), mine.begin() + 32);
-  std::vector<unsigned char> all(size_t(64) * size_t(P));
-  MPI_Allgather(mine.data(), 64, MPI_UNSIGNED_CHAR, all.data(), 64, MPI_UNSIGNED_CHAR, MPI_COMM_WORLD);
+  // The ranks must run the same model on the same tokens: each one's two SHA-256s in hex.
+  const std::string model_sha = sha256_file_hex(path),
+                    prompt_sha = sha256_hex(
+                        std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t)),
+                        "the prompt's tokens");
+  const std::string mine = model_sha + prompt_sha;
+  std::string all(mine.size() * size_t(P), '\0');
+  {
+    MPI_Request req;
+    MPI_Iallgather(mine.data(), int(mine.size()), MPI_CHAR, all.data(), int(mine.size()), MPI_CHAR,
+                   MPI_COMM_WORLD, &req);
+    wait_bounded(req, a.runahead_timeout_s, "waiting for every rank's model and prompt checksums");
+  }
+  // Every rank compares every other rank with rank 0, so all of them stop alike.
+  const std::string first = all.substr(0, mine.size());
   if (const int rc = agreed([&] {
         for (int r = 1; r < P; ++r) {
-          if (!std::equal(all.begin(), all.begin() + 32, all.begin() + 64 * r)) {
-            Digest d{};
-            std::copy_n(all.begin() + 64 * r, 32, d.begin());
+          const std::string theirs = all.substr(mine.size() * size_t(r), mine.size());
+          if (theirs.compare(0, 64, first, 0, 64) != 0)
             fail(
                 "--runahead: rank {}'s model file differs from rank 0's (sha256 {} against {}): every rank "
                 "must "
                 "load the same file",
-                r, hex(d), hex(md));
-          }
-          if (!std::equal(all.begin() + 32, all.begin() + 64, all.begin() + 64 * r + 32))
+                r, theirs.substr(0, 64), first.substr(0, 64));
+          if (theirs.compare(64, 64, first, 64, 64) != 0)
             fail(
                 "--runahead: rank {}'s prompt tokens differ from rank 0's: every rank must be given the same "
                 "prompt",
@@ -262,7 +257,9 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
     if (me > 0) prev = std::make_unique<MpiLink>(me - 1, a.runahead_timeout_s);
     if (!last) next = std::make_unique<MpiLink>(me + 1, a.runahead_timeout_s);
     std::vector<float> logits(size_t(model->config().n_vocab));
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Request ready;
+    MPI_Ibarrier(MPI_COMM_WORLD, &ready);
+    wait_bounded(ready, a.runahead_timeout_s, "waiting for every rank to be ready");
     const double t0 = MPI_Wtime();
     const RunaheadTimes t = runahead_prefill(s, ids, part, prev.get(), next.get(), logits.data());
     mine_t = {t.total_s, t.wait_s, t.export_s, t.sent_bytes};
@@ -288,7 +285,15 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   std::vector<double> times(size_t(4) * size_t(P));
-  MPI_Gather(mine_t.data(), 4, MPI_DOUBLE, times.data(), 4, MPI_DOUBLE, P - 1, MPI_COMM_WORLD);
+  try {
+    MPI_Request req;
+    MPI_Igather(mine_t.data(), 4, MPI_DOUBLE, times.data(), 4, MPI_DOUBLE, P - 1, MPI_COMM_WORLD, &req);
+    wait_bounded(req, a.runahead_timeout_s, "gathering every rank's times");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lazyprefill: error: rank {} of {}: {}\n", me, P, escape_text(e.what()));
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   if (last) {
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
     int64_t s0 = 0;

@@ -5,7 +5,7 @@
 // tokens) on to rank p + 1 after it, so the next rank's wait overlaps this rank's remaining layer
 // work. The last rank ends with the whole prompt's K/V and the logits of its last token, and can
 // go on decoding as a plain session. The transport is a KvLink: an in-process one in the tests, MPI
-// between processes (cli/runahead_mpi.cpp).
+// between processes (cli/run_runahead.cpp).
 //
 // Unpruned, every rank's rows are computed exactly as in one pass over the whole prompt: the same
 // GEMM rows (the int8 kernels quantize activations per row), the same keys in the same slot order

@@ -78,6 +78,17 @@ double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
 }
 }  // namespace
 
+namespace {
+// The roofline of sim/cost.h on r's flops and bytes: compute, memory and `launches` overheads.
+void roofline(OpCost& r, double peak, double bandwidth, const hw::Efficiency& e, double rows,
+              double launches) {
+  r.compute_s = r.flops > 0 ? r.flops / (peak * e.compute * rows / (rows + e.half_rows)) : 0;
+  r.memory_s = r.bytes / (bandwidth * e.memory);
+  r.overhead_s = launches * e.overhead_s;
+  r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
+}
+}  // namespace
+
 CostContext::CostContext(const hw::Profile& hw, const Precision& p)
     : bandwidth(hw.memory_bandwidth), dtypes(p.op_dtypes()), engine(hw.engine) {
   // An engine that keeps activations at the compute dtype keeps them 16-bit for 8-bit compute.
@@ -120,11 +131,7 @@ OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape
   if (op == Op::GateUp && cc.engine.fuse_swiglu)  // the epilogue writes F columns, not 2F
     r.bytes -= T * double(c.n_ff) * el * double(calls);
   const double rows = op == Op::Score ? 1.0 : double(std::max<int64_t>(s.tokens, 1));
-  const double eff = e.compute * rows / (rows + e.half_rows);
-  r.compute_s = r.flops > 0 ? r.flops / (cc.peak[f] * eff) : 0;
-  r.memory_s = r.bytes / (cc.bandwidth * e.memory);
-  r.overhead_s = launched ? double(calls) * e.overhead_s : 0.0;
-  r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
+  roofline(r, cc.peak[f], cc.bandwidth, e, rows, launched ? double(calls) : 0.0);
   return r;
 }
 
@@ -137,15 +144,11 @@ OpCost gemm_cost(const CostContext& cc, int64_t rows, int64_t k, int64_t n) {
   OpCost r;
   if (rows <= 0 || k <= 0 || n <= 0) return r;
   const size_t f = size_t(hw::Family::Gemm);
-  const hw::Efficiency& e = cc.eff[f];
   const double R = double(rows), K = double(k), N = double(n);
   r.calls = 1;
   r.flops = 2 * R * K * N;
   r.bytes = K * N * cc.dtypes.weight_bytes + R * (K + N) * cc.dtypes.kv_bytes;
-  r.compute_s = r.flops / (cc.peak[f] * e.compute * R / (R + e.half_rows));
-  r.memory_s = r.bytes / (cc.bandwidth * e.memory);
-  r.overhead_s = e.overhead_s;
-  r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
+  roofline(r, cc.peak[f], cc.bandwidth, cc.eff[f], R, 1);
   return r;
 }
 

@@ -51,12 +51,19 @@ void LayerKV::clear() {
   sorted = true;
 }
 
-void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, const int32_t* p, int64_t T) {
-  if (n + T > cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", n, T, cap);
+namespace {
+// What append and import_rows require of T new positions p: room, and ascending, non-negative.
+void check_room(const LayerKV& kv, const int32_t* p, int64_t T, const char* what) {
+  if (kv.n + T > kv.cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", kv.n, T, kv.cap);
   for (int64_t t = 0; t < T; ++t) {
-    if (p[t] < 0) fail("KV append: negative position {}", p[t]);
-    if (t > 0 && p[t] <= p[t - 1]) fail("KV append: positions must increase within a call");
+    if (p[t] < 0) fail("KV {}: negative position {}", what, p[t]);
+    if (t > 0 && p[t] <= p[t - 1]) fail("KV {}: positions must increase within a call", what);
   }
+}
+}  // namespace
+
+void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, const int32_t* p, int64_t T) {
+  check_room(*this, p, T, "append");
   thread_local std::vector<uint16_t> k16;  // one token's keys, converted together
   k16.resize(size_t(Hkv * Dh));
   for (int64_t t = 0; t < T; ++t) {
@@ -81,7 +88,7 @@ void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, 
 }
 
 namespace {
-// Element e of slot s, group g, dimension d of K and of V, in a storage of element type T.
+// The first n slots' K then V as rows [n][Hkv*Dh], from (and back into) a storage of elements T.
 template <class T>
 void export_as(const LayerKV& kv, const T* kt, const T* v, int64_t n, T* out) {
   const int64_t W = kv.Hkv * kv.Dh;
@@ -115,11 +122,7 @@ void LayerKV::export_rows(int64_t n_slots, std::byte* out) const {
 }
 
 void LayerKV::import_rows(const std::byte* in, const int32_t* p, int64_t T) {
-  if (n + T > cap) fail("KV cache full: {} + {} tokens exceed its capacity {}", n, T, cap);
-  for (int64_t t = 0; t < T; ++t) {
-    if (p[t] < 0) fail("KV import: negative position {}", p[t]);
-    if (t > 0 && p[t] <= p[t - 1]) fail("KV import: positions must increase within a call");
-  }
+  check_room(*this, p, T, "import");
   if (type == KvType::F32)
     import_as(*this, kt.data(), v.data(), reinterpret_cast<const float*>(in), T);
   else
