@@ -56,12 +56,12 @@ hw::Efficiency from_x(const double* x) {
 }
 
 double sample_time(const hw::Profile& hw, const hw::Efficiency& e, const OpSample& s,
-                   const std::string& compute) {
+                   const std::string& compute, double share) {
   const std::string dtype = hw::family_dtype(op_family(s.op), compute);
-  const double peak = hw.peak(dtype);
+  const double peak = hw.peak(dtype) * share;
   const double rows = s.op == Op::Score ? 1.0 : std::max(1.0, s.rows);
   const double c = s.flops > 0 ? s.flops / (peak * e.compute_for(dtype) * rows / (rows + e.half_rows)) : 0;
-  const double m = s.bytes / (hw.memory_bandwidth * e.memory);
+  const double m = s.bytes / (hw.memory_bandwidth * share * e.memory);
   // A select is where a pruning stage's fixed cost lands (as replay charges it).
   const double stage = s.op == Op::Select ? double(s.calls) * hw.pruning_stage_s : 0;
   return std::max(c, m) + double(s.calls) * e.overhead_s + stage;
@@ -72,6 +72,7 @@ struct FitData {
   const std::vector<const OpSample*>* samples;
   const std::vector<double>* weights;
   const std::vector<std::string>* compute;
+  const std::vector<double>* shares;
   hw::Efficiency base;
   bool fit_half_rows;
 };
@@ -91,7 +92,7 @@ double objective(unsigned n, const double* x, double* grad, void* data) {
   double loss = 0;
   for (size_t i = 0; i < d.samples->size(); ++i) {
     const OpSample& s = *(*d.samples)[i];
-    const double pred = sample_time(*d.hw, e, s, (*d.compute)[i]);
+    const double pred = sample_time(*d.hw, e, s, (*d.compute)[i], (*d.shares)[i]);
     loss += (*d.weights)[i] * huber(std::log(std::max(pred, 1e-12) / std::max(s.seconds, 1e-12)), 0.2);
   }
   return loss;
@@ -114,6 +115,11 @@ RunMeasurement measurement_from_run_json(const json& j, const std::string& origi
     m.compute = dtype;
     m.prompt_tokens = j.at("prompt_tokens").get<int64_t>();
     m.prefill_s = j.at("prefill_ms").get<double>() * 1e-3;
+    // Older outputs have no threads; a CUDA run's threads are the host's, not the part's.
+    if (j.contains("threads") && j.value("backend", "cpu") == "cpu") {
+      m.threads = j.at("threads").get<int>();
+      if (m.threads < 1) fail("{}: 'threads' must be at least 1, got {}", origin, m.threads);
+    }
     const json& pre = j.at("ops").at("prefill");
     const json& layers = pre.at("layers");
     if (!layers.is_array() || layers.empty()) fail("{}: ops.prefill.layers is empty", origin);
@@ -127,13 +133,14 @@ RunMeasurement measurement_from_run_json(const json& j, const std::string& origi
   return m;
 }
 
-double predict_sample(const hw::Profile& hw, const OpSample& s, const std::string& compute) {
-  return sample_time(hw, hw.eff(op_family(s.op)), s, compute);
+double predict_sample(const hw::Profile& hw, const OpSample& s, const std::string& compute, double share) {
+  return sample_time(hw, hw.eff(op_family(s.op)), s, compute, share);
 }
 
 double predict_prefill(const hw::Profile& hw, const RunMeasurement& m) {
+  const double share = hw::thread_share(hw, m.threads);
   double t = 0;
-  for (const OpSample& s : m.ops) t += predict_sample(hw, s, m.compute);
+  for (const OpSample& s : m.ops) t += predict_sample(hw, s, m.compute, share);
   return t;
 }
 
@@ -150,7 +157,7 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
     const hw::Family fam = hw::Family(fi);
     std::vector<const OpSample*> samples;
     std::vector<std::string> compute;
-    std::vector<double> weights;
+    std::vector<double> weights, shares;
     double fam_time = 0, rmin = 1e300, rmax = 0;
     for (const RunMeasurement& r : runs) {
       // Weights: each sample's share of its run's time in this family, so every run counts the
@@ -162,6 +169,7 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
         if (op_family(s.op) == fam && s.seconds > 0) {
           samples.push_back(&s);
           compute.push_back(r.compute);
+          shares.push_back(hw::thread_share(base, r.threads));
           run_time += s.seconds;
           rmin = std::min(rmin, std::max(1.0, s.rows));
           rmax = std::max(rmax, std::max(1.0, s.rows));
@@ -177,7 +185,7 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
     fit.time_share = total_time > 0 ? fam_time / total_time : 0;
     hw::Efficiency& e = p.efficiency[size_t(fi)];
     if (samples.size() >= 4) {
-      FitData d{&p, &samples, &weights, &compute, e, rmax >= 4 * rmin};
+      FitData d{&p, &samples, &weights, &compute, &shares, e, rmax >= 4 * rmin};
       std::array<double, 4> x = to_x(e);
       const std::array<double, 4> lo = {std::log(1e-4), 0.0, std::log(1e-3), std::log(1e-9)};
       // Per-call overhead at most 100 us: more is never dispatch cost, only noise being absorbed.
@@ -211,7 +219,8 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
     }
     std::vector<double> errs;
     for (size_t i = 0; i < samples.size(); ++i)
-      errs.push_back(std::fabs(sample_time(p, e, *samples[i], compute[i]) / samples[i]->seconds - 1));
+      errs.push_back(
+          std::fabs(sample_time(p, e, *samples[i], compute[i], shares[i]) / samples[i]->seconds - 1));
     fit.median_abs_err = quantile(errs, 0.5);
     fit.p90_abs_err = quantile(errs, 0.9);
     rep.families.push_back(fit);

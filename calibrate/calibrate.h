@@ -33,6 +33,7 @@ struct RunMeasurement {
   std::string origin;   // file name or case label
   std::string compute;  // the dtype GEMMs ran at ("f32", "bf16")
   int64_t prompt_tokens = 0;
+  int threads = 0;            // the CPU engine's threads (0: unknown or a GPU run: the whole part)
   double prefill_s = 0;       // measured wall time of the prefill
   std::vector<OpSample> ops;  // the prefill's ops, per layer
 };
@@ -40,9 +41,12 @@ struct RunMeasurement {
 // Reads a run --json object. Throws lp::Error naming `origin` and the missing or bad field.
 RunMeasurement measurement_from_run_json(const nlohmann::json& j, const std::string& origin);
 
-// Predicted time of one sample on a profile (the cost model on the sample's own counts).
-double predict_sample(const hw::Profile& hw, const OpSample& s, const std::string& compute);
-// Predicted prefill time of a run: its samples' predictions summed.
+// Predicted time of one sample on a profile (the cost model on the sample's own counts), on
+// `share` of the part (hw::thread_share).
+double predict_sample(const hw::Profile& hw, const OpSample& s, const std::string& compute, double share = 1);
+// Predicted prefill time of a run: its samples' predictions summed, on the share of a CPU profile
+// its threads had (a one-thread run on a two-core profile: half its peaks and bandwidth), so runs
+// on any number of threads calibrate one profile of the whole part.
 double predict_prefill(const hw::Profile& hw, const RunMeasurement& m);
 
 struct FamilyFit {

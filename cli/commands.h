@@ -192,13 +192,15 @@ std::string sha256_hex(const std::string& data, const std::string& path);
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir, dtype = "f32";
   std::string serving, model_config, serving_dtype = "Q4_1";  // --serving DIR: a measured load test
-  std::string profile_out;                                    // --serving: also write the fitted profile here
+  std::string runahead;     // --runahead DIR: measured KV-Runahead runs and single-process runs
+  std::string profile_out;  // --serving, --runahead: also write the fitted profile here
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };
 CLI::App* add_validate(CLI::App& app, ValidateArgs& a);
 int cmd_validate(const ValidateArgs& a, const CLI::App& sub);
-int cmd_validate_serving(const ValidateArgs& a);  // cli/validate_serving.cpp
+int cmd_validate_serving(const ValidateArgs& a);   // cli/validate_serving.cpp
+int cmd_validate_runahead(const ValidateArgs& a);  // cli/validate_runahead.cpp
 
 struct ReportArgs {
   std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out,
@@ -219,6 +221,16 @@ struct ReportArgs {
 };
 CLI::App* add_report(CLI::App& app, ReportArgs& a);
 int cmd_report(const ReportArgs& a, const CLI::App& sub);
+
+struct CompareArgs {  // cli/compare.cpp
+  std::string model, model_config, hw, engine, prompt_tokens = "8192,32768,131072", kv_predict, eval, chart;
+  std::vector<std::string> schedules;
+  sim::Precision precision;
+  int devices = 8;
+  bool json_out = false;
+};
+CLI::App* add_compare(CLI::App& app, CompareArgs& a);
+int cmd_compare(const CompareArgs& a, const CLI::App& sub);
 
 struct SweepArgs {
   std::string grid, out;

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
       subcommand(app, add_calibrate_revivals, cmd_calibrate_revivals),
       subcommand(app, add_validate, cmd_validate),
       subcommand(app, add_report, cmd_report),
+      subcommand(app, add_compare, cmd_compare),
       subcommand(app, add_sweep, cmd_sweep),
       subcommand(app, add_eval, cmd_eval),
       subcommand(app, add_serve, cmd_serve),

@@ -25,11 +25,14 @@
 #include "cli/commands.h"
 #include "engine/runahead.h"
 #include "engine/sampler.h"
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "hwmodels/profile.h"
 #include "kernels/context.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "model/paths.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
 #include "sim/runahead.h"
 
 namespace lp::cli {
@@ -155,13 +158,15 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
   std::unique_ptr<Model> model;
   std::vector<int32_t> ids;
   std::vector<int64_t> chunks;
+  PolicyKind policy_kind = PolicyKind::None;
+  std::vector<PruneStep> steps;
+  std::unique_ptr<PruningPolicy> policy;
   if (const int rc = agreed([&] {
         if (P < 2)
           usage_fail(
               "--runahead splits the prefill over MPI ranks: start it with mpirun -n P (P >= 2); this is {} "
               "process",
               P);
-        if (a.prune != "none") usage_fail("--runahead with --prune is not supported yet (docs/runahead.md)");
         if (a.backend != "cpu") usage_fail("--runahead runs on the CPU backend");
         if (!a.trace.empty()) usage_fail("--runahead does not write traces");
         if (a.temperature != 0) usage_fail("--runahead decodes greedily (--temperature 0)");
@@ -186,6 +191,13 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
                a.max_new_tokens, model->config().n_ctx_train);
         if (int64_t(ids.size()) < P)
           usage_fail("--runahead: the prompt has {} tokens, fewer than the {} ranks", ids.size(), P);
+        // LazyLLM on the last rank (engine/runahead.h); every rank knows the steps, for the partition.
+        policy_kind = parse_policy(a.prune);
+        if (policy_kind != PolicyKind::None) {
+          steps = resolve_schedule(a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule),
+                                   model->config().n_layer);
+          policy = make_policy(policy_kind, a.seed);
+        }
       });
       rc != 0)
     return rc;
@@ -224,12 +236,12 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
         const bool f32 = model->weights().dtype == DType::F32;
         const sim::Precision prec{f32 ? "f32" : "int8", f32 ? "f32" : "int8", f32 ? "f32" : "f16"};
         const hw::Profile hw = hw::load_profile(a.runahead_hw);
-        const double share = std::min(1.0, double(a.threads) / std::max(1, hw.compute_units));
+        const double share = hw::thread_share(hw, a.threads);
         chunks = sim::parse_partition(a.partition, c, hw, prec, int64_t(ids.size()), P, sim::default_link(hw),
-                                      share);
+                                      share, steps);
         if (me == 0) {
           const sim::RunaheadPrediction pr =
-              sim::predict_runahead(c, hw, prec, chunks, sim::default_link(hw), share);
+              sim::predict_runahead(c, hw, prec, chunks, sim::default_link(hw), share, steps);
           std::string line;
           for (const sim::RunaheadRank& k : pr.ranks)
             line += fmt::format(" {}:{:.0f}ms", k.tokens, k.done_s * 1e3);
@@ -261,7 +273,9 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
     MPI_Ibarrier(MPI_COMM_WORLD, &ready);
     wait_bounded(ready, a.runahead_timeout_s, "waiting for every rank to be ready");
     const double t0 = MPI_Wtime();
-    const RunaheadTimes t = runahead_prefill(s, ids, part, prev.get(), next.get(), logits.data());
+    const PruneRequest req{steps, policy.get()};
+    const RunaheadTimes t =
+        runahead_prefill(s, ids, part, prev.get(), next.get(), logits.data(), policy ? &req : nullptr);
     mine_t = {t.total_s, t.wait_s, t.export_s, t.sent_bytes};
     if (last) {
       ttft_s = MPI_Wtime() - t0;
@@ -273,7 +287,10 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
         if (tok == model->tokenizer().eos_id() || i + 1 == a.max_new_tokens) break;
         const int32_t p = int32_t(N + i);
         const int64_t row = 0;
-        s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
+        if (policy)  // re-selection at every step, reviving the last rank's own dropped rows
+          s.decode_step(tok, p, logits.data(), req);
+        else
+          s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
       }
       decode_s = MPI_Wtime() - d0;
       generated = int64_t(out.size());
@@ -313,8 +330,17 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
           {"model", path},
           {"ranks", P},
           {"threads_per_rank", a.threads},
+          {"model_config", config_to_json(model->config())},
+          {"dtype", dtype_name(model->weights().dtype)},
+          {"kv_dtype", model->weights().dtype == DType::F32 ? "f32" : "f16"},
+          {"version", LP_VERSION},
+          {"git_commit", LP_GIT_COMMIT},
           {"partition", chunks},
           {"partition_rule", a.partition},
+          {"prune", policy_name(policy_kind)},
+          {"schedule",
+           policy ? (a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule)).to_string()
+                  : std::string("none")},
           {"prompt_tokens", N},
           {"generated_tokens", generated},
           {"ttft_ms", ttft_s * 1e3},

@@ -10,6 +10,7 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/presets.h"
+#include "pruning/schedule.h"
 #include "sim/replay.h"
 #include "sim/runahead.h"
 #include "traces/synthetic.h"
@@ -20,8 +21,10 @@ using json = nlohmann::ordered_json;
 
 int cmd_simulate_runahead(const SimulateArgs& a) {
   if (a.prompt_tokens <= 0) usage_fail("--runahead needs --prompt-tokens N");
-  if (!a.prune.empty() && a.prune != "none")
-    usage_fail("--runahead predicts the unpruned prefill; LazyLLM with KV-Runahead is not simulated yet");
+  const bool pruned = !a.prune.empty() && a.prune != "none";
+  if (pruned && a.prune != "lazyllm")
+    usage_fail("--runahead prunes with --prune lazyllm on the last rank (docs/runahead.md), not '{}'",
+               a.prune);
   if (a.tp != 1) usage_fail("--runahead runs one device per rank; drop --tp (the output compares with it)");
   std::string model_name;
   const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
@@ -30,12 +33,17 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
   const int P = a.runahead;
   const int64_t N = a.prompt_tokens;
   if (N < P) usage_fail("--runahead {}: the prompt has {} tokens, fewer than the ranks", P, N);
+  // LazyLLM on the last rank (engine/runahead.h): the partition is balanced knowing it prunes.
+  const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+  const std::vector<PruneStep> steps = pruned ? resolve_schedule(sched, c.n_layer) : std::vector<PruneStep>{};
 
   json out;
   out["tool"] = "lazyprefill simulate --runahead";
   out["model"] = model_name;
   out["prompt_tokens"] = N;
   out["ranks"] = P;
+  out["prune"] = pruned ? "lazyllm" : "none";
+  out["schedule"] = pruned ? sched.to_string() : "none";
   json results = json::array();
   std::string text;
   for (const hw::Profile& hw : load_profiles(a.hw, a.engine)) {
@@ -43,10 +51,10 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
     if (a.link_gbs > 0) link.bandwidth = a.link_gbs * 1e9, link.source = "--link-gbs";
     if (a.link_latency_us >= 0) link.latency_s = a.link_latency_us * 1e-6;
     const std::vector<int64_t> chunks =
-        sim::parse_partition(a.partition, c, hw, prec, N, P, link, a.rank_share);
-    const sim::RunaheadPrediction r = sim::predict_runahead(c, hw, prec, chunks, link, a.rank_share);
+        sim::parse_partition(a.partition, c, hw, prec, N, P, link, a.rank_share, steps);
+    const sim::RunaheadPrediction r = sim::predict_runahead(c, hw, prec, chunks, link, a.rank_share, steps);
     const std::vector<int64_t> one = {N};
-    // One device: the whole of it (rank_share 1), and one rank's share of it.
+    // One device: the whole of it (rank_share 1), and one rank's share of it, unpruned.
     const double single = sim::predict_runahead(c, hw, prec, one, link, 1).ttft_s;
     const double single_share =
         a.rank_share < 1 ? sim::predict_runahead(c, hw, prec, one, link, a.rank_share).ttft_s : single;
@@ -71,14 +79,23 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
         {"single_device_ttft_ms", single * 1e3},
         {"speedup_vs_single_device", single / r.ttft_s},
         {"ranks_detail", ranks}};
+    if (pruned) {  // the same pruning on one device, and KV-Runahead without it
+      const double lazy = sim::predict_runahead(c, hw, prec, one, link, 1, steps).ttft_s;
+      const std::vector<int64_t> plain_chunks =
+          sim::parse_partition(a.partition, c, hw, prec, N, P, link, a.rank_share);
+      const double plain = sim::predict_runahead(c, hw, prec, plain_chunks, link, a.rank_share).ttft_s;
+      j["single_device_lazyllm_ttft_ms"] = lazy * 1e3;
+      j["unpruned_runahead_ttft_ms"] = plain * 1e3;
+      j["unpruned_partition"] = plain_chunks;
+    }
     if (a.rank_share < 1) {
       j["single_rank_share_ttft_ms"] = single_share * 1e3;
       j["speedup_vs_one_rank_share"] = single_share / r.ttft_s;
     }
     text += fmt::format(
-        "{}: KV-Runahead over {} ranks, {} tokens, partition {} ({}), link {:.1f} GB/s + {:.1f} us ({})\n",
-        hw.name, P, N, fmt::join(chunks, ","), a.partition, link.bandwidth / 1e9, link.latency_s * 1e6,
-        link.source);
+        "{}: KV-Runahead over {} ranks{}, {} tokens, partition {} ({}), link {:.1f} GB/s + {:.1f} us ({})\n",
+        hw.name, P, pruned ? fmt::format(", LazyLLM {} on the last rank", sched.to_string()) : "", N,
+        fmt::join(chunks, ","), a.partition, link.bandwidth / 1e9, link.latency_s * 1e6, link.source);
     text += fmt::format("  {:>4} {:>9} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "rank", "start", "tokens",
                         "done ms", "compute ms", "wait ms", "sent MiB", "mem GiB");
     for (size_t p = 0; p < r.ranks.size(); ++p) {
@@ -100,6 +117,10 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
     if (a.rank_share < 1)
       text += fmt::format("; one rank's share alone {:.1f} ms ({:.2f}x)", single_share * 1e3,
                           single_share / r.ttft_s);
+    if (pruned)
+      text += fmt::format("; unpruned KV-Runahead {:.1f} ms; LazyLLM on one device {:.1f} ms",
+                          j["unpruned_runahead_ttft_ms"].get<double>(),
+                          j["single_device_lazyllm_ttft_ms"].get<double>());
     // Tensor parallelism over the same P devices, where the profile and the model allow it.
     if (P > 1 && a.rank_share == 1) {
       try {

@@ -72,18 +72,27 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
                 "bench/serve_load.py's serve_load_summary.json and the server's requests_none.jsonl and "
                 "requests_lazyllm.jsonl (tests/fixtures/serving)")
       ->check(CLI::ExistingDirectory);
+  v->add_option(
+       "--runahead", a.runahead,
+       "Validate the KV-Runahead simulation instead, against measured runs: a folder of `mpirun -n P "
+       "run --runahead --json` outputs and single-process `run --json` outputs to calibrate on "
+       "(tests/fixtures/runahead; bench/runahead_ttft.sh with KEEP=DIR makes one)")
+      ->check(CLI::ExistingDirectory)
+      ->excludes("--serving");
   v->add_option("--model-config", a.model_config,
                 "With --serving: the model preset the logs ran (default smollm2-135m)");
-  v->add_option("--profile-out", a.profile_out,
-                "With --serving: also write the profile it fitted (a hardware profile .json, for "
-                "simulate --hw FILE)");
+  v->add_option(
+      "--profile-out", a.profile_out,
+      "With --serving or --runahead: also write the profile it fitted (a hardware profile .json, for "
+      "simulate --hw FILE)");
   v->add_flag("--json", a.json_out, "Print one JSON object");
   return v;
 }
 
 int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   if (!a.serving.empty()) return cmd_validate_serving(a);
-  if (!a.profile_out.empty()) usage_fail("--profile-out needs --serving");
+  if (!a.runahead.empty()) return cmd_validate_runahead(a);
+  if (!a.profile_out.empty()) usage_fail("--profile-out needs --serving or --runahead");
   if (!a.out_dir.empty() && !std::filesystem::is_directory(a.out_dir))
     usage_fail("--out-dir '{}' is not a folder", a.out_dir);
   const hw::Profile base = hw::load_profile(a.base);

@@ -9,7 +9,7 @@
 namespace lp {
 
 RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, const RunaheadPart& part,
-                               KvLink* from_prev, KvLink* to_next, float* logits) {
+                               KvLink* from_prev, KvLink* to_next, float* logits, const PruneRequest* prune) {
   using Clock = std::chrono::steady_clock;
   const auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const auto t0 = Clock::now();
@@ -32,9 +32,14 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
   const std::span<const int32_t> own(pos.data() + part.start, size_t(part.tokens));
   const std::span<const int32_t> prefix(pos.data(), size_t(part.start));
   const int64_t last_row = part.tokens - 1;
-  Session::Pass ps = s.begin_forward(
-      prompt.subspan(size_t(part.start), size_t(part.tokens)), own,
-      last ? std::span<const int64_t>(&last_row, 1) : std::span<const int64_t>{}, nullptr, nullptr, nullptr);
+  Session::Pass ps =
+      s.begin_forward(prompt.subspan(size_t(part.start), size_t(part.tokens)), own,
+                      last ? std::span<const int64_t>(&last_row, 1) : std::span<const int64_t>{},
+                      last ? prune : nullptr, nullptr, nullptr);
+  if (last && ps.pruning && !first) {
+    ps.prefix.assign(prefix.begin(), prefix.end());
+    ps.keyed_prefix = true;
+  }
   RunaheadTimes t;
   std::vector<std::byte> in, out[2];
   const int L = s.model().config().n_layer;

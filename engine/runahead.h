@@ -50,7 +50,19 @@ struct RunaheadTimes {
 // empty and hold at least start + tokens tokens. `from_prev` is null on rank 0, `to_next` on the
 // last rank. The last rank writes the logits [V] of the prompt's last token to `logits`. Throws
 // lp::Error for a part outside the prompt or a link failure.
+//
+// LazyLLM (`prune`, used by the last rank only; docs/runahead.md): only the last rank has the last
+// token, whose attention LazyLLM prunes by, so the earlier ranks compute every row of their chunks
+// at every layer and send every prefix row on. The last rank prunes as one process would over the
+// whole prompt: at each pruning layer the last token's attention scores every active key, the
+// received prefix's and its own rows', and the policy keeps its share of all of them; its own rows
+// not kept stop there (their states to the Aux Cache, for revival while decoding), and the prefix
+// positions not kept are not attended by its later layers (their K/V still arrives and is kept,
+// so decoding can select them again without recomputing). Where no prefix token is dropped the
+// logits are exactly one process's LazyLLM logits; where some are, the prefix tokens kept were
+// computed by the earlier ranks over the whole prefix, not over the kept tokens only.
 RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, const RunaheadPart& part,
-                               KvLink* from_prev, KvLink* to_next, float* logits);
+                               KvLink* from_prev, KvLink* to_next, float* logits,
+                               const PruneRequest* prune = nullptr);
 
 }  // namespace lp

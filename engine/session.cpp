@@ -218,8 +218,13 @@ void Session::attend(Pass& ps, int l) {
   Backend& b = *be_;
   KvIndex& kv = kv_[size_t(l)];
   const std::span<const int32_t> rows = ps.rows;
-  const std::span<const int32_t> keys =
-      ps.decode ? std::span<const int32_t>(ps.active) : std::span<const int32_t>{};
+  if (!ps.decode && ps.keyed_prefix) {  // an imported prefix, then the pass's rows
+    keys_.assign(ps.prefix.begin(), ps.prefix.end());
+    keys_.insert(keys_.end(), rows.begin(), rows.end());
+  }
+  const std::span<const int32_t> keys = ps.decode         ? std::span<const int32_t>(ps.active)
+                                        : ps.keyed_prefix ? std::span<const int32_t>(keys_)
+                                                          : std::span<const int32_t>{};
   const int64_t T = int64_t(rows.size());
   timed(ps.timers, l, Op::Rope, OpShape{T, 0, 0}, [&] { b.rope(); });
   kv.append(rows, l);  // the (token, layer) pairs computed: at most once
@@ -396,10 +401,26 @@ void Session::after_layer(Pass& ps, int l) {
   if (!ps.decode) {
     if (!ps.pruning || ps.next_step == ps.prune->steps.size() || ps.prune->steps[ps.next_step].layer != l)
       return;
-    // A pruning layer: the keys here are exactly the active rows (the cache started empty), and
-    // the last row's attention over them scores them.
-    const std::vector<int64_t> keep =
-        select(l, rows, ps.prune->steps[ps.next_step++].share, *ps.prune->policy, timers, stats);
+    // A pruning layer: the keys here are exactly the active rows (the cache started empty), after
+    // the active imported prefix if there is one (attend's key set), and the last row's attention
+    // over them scores them. Kept prefix positions stay keys; dropped ones are not attended again.
+    const int64_t np = int64_t(ps.prefix.size());
+    std::vector<int64_t> keep =
+        select(l, ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows),
+               ps.prune->steps[ps.next_step++].share, *ps.prune->policy, timers, stats);
+    if (np > 0) {
+      std::vector<int32_t> prefix;
+      size_t own = 0;
+      for (; own < keep.size() && keep[own] < np; ++own) prefix.push_back(ps.prefix[size_t(keep[own])]);
+      ps.prefix.swap(prefix);
+      keep.erase(keep.begin(), keep.begin() + std::ptrdiff_t(own));
+      for (int64_t& k : keep) k -= np;
+    }
+    if (stats && ps.keyed_prefix) {  // the trace's kept positions: the prefix's and the rows'
+      std::vector<int32_t> kept = ps.prefix;
+      for (int64_t k : keep) kept.push_back(rows[size_t(k)]);
+      stats->pruning->back().kept = std::move(kept);
+    }
     if (int64_t(keep.size()) < Tl) {
       // Pruned rows: their hidden state (the input of layer l + 1, where they have no K/V) goes
       // to the Aux Cache; the kept rows stay, in order.
@@ -423,7 +444,7 @@ void Session::after_layer(Pass& ps, int l) {
       rows.swap(kept);
       ps.rows_changed = true;
     }
-    if (stats) stats->pruning->back().kept = rows;
+    if (stats && !ps.keyed_prefix) stats->pruning->back().kept = rows;
     return;
   }
 

@@ -138,6 +138,13 @@ class Session {
     std::vector<int32_t> rows;        // positions of the backend's rows, ascending
     std::vector<int32_t> active;      // decode: the step's active set, the keys of each layer
     std::vector<int64_t> logit_rows;  // forward: the input rows that get logits
+    // forward: positions before the pass's own rows whose K/V another process computed and this
+    // session imported (KV-Runahead's last rank, engine/runahead.h) and that are still active.
+    // With `keyed_prefix`, each layer's keys are these and the pass's rows, and a pruning step
+    // scores and keeps or drops them with the rows (a dropped one stays in the cache, unattended
+    // by this pass).
+    std::vector<int32_t> prefix;
+    bool keyed_prefix = false;
     const PruneRequest* prune = nullptr;
     bool pruning = false;      // forward: prune has steps and a policy
     size_t next_step = 0;      // the next pruning step
@@ -188,6 +195,7 @@ class Session {
   AuxCache aux_;
   std::vector<int32_t> slots_;    // key slots of the last layer() (empty: every held slot, in order)
   std::vector<int32_t> key_pos_;  // scratch: key positions when layer() was given none
+  std::vector<int32_t> keys_;     // scratch: a forward pass's prefix and rows
 
   // Records op's time (when timers), FLOPs and bytes around f.
   template <class F>

@@ -275,4 +275,17 @@ json efficiency_json(const Profile& p) {
   return e;
 }
 
+Profile share_of(const Profile& p, double share) {
+  if (!(share > 0 && share <= 1)) fail("a share of the device must be in (0, 1], got {}", share);
+  Profile s = p;
+  for (auto& [dtype, flops] : s.peak_flops) flops *= share;
+  s.memory_bandwidth *= share;
+  return s;
+}
+
+double thread_share(const Profile& p, int threads) {
+  if (p.kind != "cpu" || threads <= 0 || p.compute_units <= 0) return 1;
+  return std::min(1.0, double(threads) / double(p.compute_units));
+}
+
 }  // namespace lp::hw

@@ -94,6 +94,14 @@ struct Profile {
   double peak(const std::string& dtype) const;
 };
 
+// A part of the device: its peaks and memory bandwidth times `share` (one process on some of a
+// CPU's cores, a rank of KV-Runahead on one core of two). Throws lp::Error for a share outside
+// (0, 1].
+Profile share_of(const Profile& p, double share);
+// The share of a CPU profile that `threads` threads get: threads / compute_units, at most 1 (1 for
+// a GPU, and for threads <= 0: unknown, the whole part).
+double thread_share(const Profile& p, int threads);
+
 // The dtype an op family computes in for a compute dtype: GEMMs in it; attention in it, except
 // that int8 engines (llama.cpp's quantized types, SmoothQuant) keep activations and the KV cache
 // 16-bit and run attention in f16; norms, RoPE and the other elementwise ops in f32.

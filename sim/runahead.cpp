@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "model/error.h"
+#include "pruning/schedule.h"
 #include "sim/layer_cost.h"
 
 namespace lp::sim {
@@ -34,10 +35,45 @@ struct RankCosts {
 
 class RunaheadModel {
  public:
-  RunaheadModel(const ModelConfig& c, const hw::Profile& hw, const Precision& p, double share)
-      : c_(c), hw_(scaled(hw, share)), cc_(hw_, p) {
-    if (!(share > 0 && share <= 1)) fail("a rank's share of the device must be in (0, 1], got {}", share);
+  RunaheadModel(const ModelConfig& c, const hw::Profile& hw, const Precision& p, double share,
+                std::span<const PruneStep> prune = {})
+      : c_(c), hw_(hw::share_of(hw, share)), cc_(hw_, p), prune_(prune.begin(), prune.end()) {
+    for (const PruneStep& st : prune_)
+      if (st.layer < 0 || st.layer >= c.n_layer || !(st.share >= 0 && st.share < 1))
+        fail("a pruning step at layer {} (share {}) is outside the model's {} layers or [0, 1)", st.layer,
+             st.share, c.n_layer);
     for (int l = 0; l < (c.uniform() ? 1 : c.n_layer); ++l) lc_.push_back(c.uniform() ? c : c.layer(l));
+  }
+
+  // The work of each layer of a chunk: every row at every layer, except on a pruning last rank,
+  // which keeps tokens_kept of all active tokens at each pruning layer (engine/runahead.h), the
+  // dropped ones spread evenly over the prefix and its own rows.
+  std::vector<LayerWork> work(int64_t start, int64_t tokens, bool last) const {
+    LayerWork w;
+    w.rows = tokens;
+    w.keys = start + tokens;
+    w.pairs = tokens * start + tokens * (tokens + 1) / 2;
+    if (!last || prune_.empty()) return std::vector<LayerWork>(lc_.size(), w);
+    std::vector<LayerWork> out;
+    const int64_t n = start + tokens;
+    int64_t active = n;
+    size_t next = 0;
+    for (int l = 0; l < c_.n_layer; ++l) {
+      LayerWork x;
+      x.rows = std::max<int64_t>(1, std::llround(double(tokens) * double(active) / double(n)));
+      const int64_t prefix = active - x.rows;
+      x.keys = active;
+      x.pairs = x.rows * prefix + x.rows * (x.rows + 1) / 2;
+      if (next < prune_.size() && prune_[next].layer == l) {
+        const int64_t kept = tokens_kept(active, prune_[next++].share);
+        x.scorers = x.selects = 1;
+        x.score_keys = x.select_keys = active;
+        x.moved = x.rows;  // the kept rows compacted, the dropped ones saved
+        active = kept;
+      }
+      out.push_back(x);
+    }
+    return out;
   }
 
   RankCosts rank(int64_t start, int64_t tokens, bool last) const {
@@ -46,11 +82,10 @@ class RunaheadModel {
     const auto none = [](const OpCost&) {};
     cost_embed(
         cc_, hw_, 1, c_, tokens, D, [&](Op, const OpCost& oc) { r.embed += oc.time_s; }, none);
-    LayerWork w;
-    w.rows = tokens;
-    w.keys = start + tokens;
-    w.pairs = tokens * start + tokens * (tokens + 1) / 2;
-    for (const ModelConfig& cfg : lc_) {
+    const std::vector<LayerWork> works = work(start, tokens, last);
+    for (size_t i = 0; i < works.size(); ++i) {
+      const LayerWork& w = works[i];
+      const ModelConfig& cfg = lc_[lc_.size() == 1 ? 0 : i];
       LayerParts parts;
       cost_layer(
           cc_, hw_, 1, cfg, D, w,
@@ -87,15 +122,10 @@ class RunaheadModel {
   const ModelConfig& config() const { return c_; }
 
  private:
-  static hw::Profile scaled(const hw::Profile& hw, double share) {
-    hw::Profile s = hw;
-    for (auto& [dtype, flops] : s.peak_flops) flops *= share;
-    s.memory_bandwidth *= share;
-    return s;
-  }
   const ModelConfig& c_;
   hw::Profile hw_;
   CostContext cc_;
+  std::vector<PruneStep> prune_;  // the last rank's
   std::vector<ModelConfig> lc_;
 };
 
@@ -160,8 +190,8 @@ RunaheadPrediction predict(const RunaheadModel& m, std::span<const int64_t> chun
 
 RunaheadPrediction predict_runahead(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                                     std::span<const int64_t> chunks, const RunaheadLink& link,
-                                    double rank_share) {
-  return predict(RunaheadModel(c, hw, p, rank_share), chunks, link);
+                                    double rank_share, std::span<const PruneStep> last_rank_prune) {
+  return predict(RunaheadModel(c, hw, p, rank_share, last_rank_prune), chunks, link);
 }
 
 std::vector<int64_t> even_partition(int64_t n, int p) {
@@ -172,10 +202,11 @@ std::vector<int64_t> even_partition(int64_t n, int p) {
 }
 
 std::vector<int64_t> optimise_partition(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                                        int64_t n, int ranks, const RunaheadLink& link, double rank_share) {
+                                        int64_t n, int ranks, const RunaheadLink& link, double rank_share,
+                                        std::span<const PruneStep> last_rank_prune) {
   std::vector<int64_t> chunks = even_partition(n, ranks);
   if (ranks == 1) return chunks;
-  const RunaheadModel m(c, hw, p, rank_share);
+  const RunaheadModel m(c, hw, p, rank_share, last_rank_prune);
   // Start from equal work: the least time T for which ranks given, in order, the most tokens
   // their own work fits in T cover the prompt (bisection on T; a rank's work grows with its
   // tokens and with its start). TTFT is the last rank's finish, a max over the ranks' chains, so
@@ -264,12 +295,12 @@ std::vector<int64_t> optimise_partition(const ModelConfig& c, const hw::Profile&
 
 std::vector<int64_t> parse_partition(const std::string& arg, const ModelConfig& c, const hw::Profile& hw,
                                      const Precision& p, int64_t n, int ranks, const RunaheadLink& link,
-                                     double rank_share) {
+                                     double rank_share, std::span<const PruneStep> last_rank_prune) {
   std::string low = arg;
   std::transform(low.begin(), low.end(), low.begin(),
                  [](unsigned char ch) { return char(std::tolower(ch)); });
   if (n < ranks) usage_fail("--runahead {}: the prompt has {} tokens, fewer than the ranks", ranks, n);
-  if (low == "auto") return optimise_partition(c, hw, p, n, ranks, link, rank_share);
+  if (low == "auto") return optimise_partition(c, hw, p, n, ranks, link, rank_share, last_rank_prune);
   if (low == "even") return even_partition(n, ranks);
   std::vector<int64_t> out;
   size_t pos = 0;

@@ -24,6 +24,7 @@
 
 #include "hwmodels/profile.h"
 #include "model/config.h"
+#include "pruning/schedule.h"
 #include "sim/cost.h"
 
 namespace lp::sim {
@@ -56,11 +57,15 @@ struct RunaheadPrediction {
 
 // Predicts the prefill of `chunks` (their sum is the prompt; every chunk at least 1) on ranks of
 // `hw` each running at `rank_share` of its compute and bandwidth (1: a device each; 1/2: two
-// processes sharing one 2-core CPU, one core each). Throws lp::Error for an empty partition, a
-// chunk below 1, a share outside (0, 1] or a link without bandwidth.
+// processes sharing one 2-core CPU, one core each). With `last_rank_prune` (resolved steps), the
+// last rank prunes as engine/runahead.h does: at each step's layer it keeps tokens_kept of all the
+// active tokens, the dropped ones taken evenly from the prefix and its own rows (its later layers
+// compute fewer rows over fewer keys); the earlier ranks compute everything. Throws lp::Error for an
+// empty partition, a chunk below 1, a share outside (0, 1], a link without bandwidth or a step
+// outside the model.
 RunaheadPrediction predict_runahead(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                                     std::span<const int64_t> chunks, const RunaheadLink& link,
-                                    double rank_share = 1);
+                                    double rank_share = 1, std::span<const PruneStep> last_rank_prune = {});
 
 // N tokens over P ranks as evenly as the count allows (the first N mod P ranks one more).
 std::vector<int64_t> even_partition(int64_t n, int p);
@@ -72,13 +77,13 @@ std::vector<int64_t> even_partition(int64_t n, int p);
 // TTFT by more than a part in 10^6. (The paper builds a lookup table by a hierarchical grid search
 // over measured runs; this searches the cost model.) Deterministic. Throws lp::Error when N < P.
 std::vector<int64_t> optimise_partition(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                                        int64_t n, int ranks, const RunaheadLink& link,
-                                        double rank_share = 1);
+                                        int64_t n, int ranks, const RunaheadLink& link, double rank_share = 1,
+                                        std::span<const PruneStep> last_rank_prune = {});
 
 // A --partition argument: "auto", "even" (any case) or chunk sizes "n1,n2,..." that must sum to
 // `n` with every chunk at least 1, for `ranks` ranks. Throws lp::UsageError naming the problem.
 std::vector<int64_t> parse_partition(const std::string& arg, const ModelConfig& c, const hw::Profile& hw,
                                      const Precision& p, int64_t n, int ranks, const RunaheadLink& link,
-                                     double rank_share = 1);
+                                     double rank_share = 1, std::span<const PruneStep> last_rank_prune = {});
 
 }  // namespace lp::sim

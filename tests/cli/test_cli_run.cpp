@@ -376,7 +376,8 @@ TEST_F(CliErrors, CudaBackendWithoutAGpuIsOneClearLine) {
 }
 
 // KV-Runahead under mpirun (cli/run_runahead.cpp): 2 and 3 ranks give the single process's greedy
-// text (int8: bitwise the same logits, engine/runahead.h); outside mpirun, with a partition that
+// text (int8: bitwise the same logits, engine/runahead.h), and prune with LazyLLM on the last rank;
+// outside mpirun, with a partition that
 // does not fit, with ranks on different model files: non-zero exit and one line saying why.
 TEST_F(CliErrors, RunaheadOverMpiGivesTheSingleProcessText) {
   std::string prompt;
@@ -388,6 +389,7 @@ TEST_F(CliErrors, RunaheadOverMpiGivesTheSingleProcessText) {
   const CliResult one = run_cli(dir_, single);
   ASSERT_TRUE(one.exited && one.code == 0) << describe(one);
   const auto want = nlohmann::json::parse(one.out);
+  int64_t unpruned_last = 0;
   for (const auto& [ranks, partition] :
        {std::pair{2, std::string("auto")}, std::pair{3, std::string("even")}}) {
     std::vector<std::string> args = {"run", "--runahead", "--partition", partition};
@@ -402,6 +404,22 @@ TEST_F(CliErrors, RunaheadOverMpiGivesTheSingleProcessText) {
     EXPECT_EQ(sum, got["prompt_tokens"].get<int64_t>());
     EXPECT_EQ(got["ranks_detail"].size(), size_t(ranks));
     EXPECT_GT(got["ranks_detail"][0]["sent_mib"].get<double>(), 0);
+    if (ranks == 2) unpruned_last = got["partition"][1].get<int64_t>();
+  }
+  // LazyLLM on the last rank: it runs and decodes on with re-selection, and the balanced
+  // partition knows the last rank prunes (on this tiny model the pruning stage's fixed cost
+  // outweighs the rows it saves, so the last rank gets fewer tokens; sim tests the large-model case).
+  {
+    std::vector<std::string> args = {"run", "--runahead", "--prune", "lazyllm", "--schedule", "0.5:0.5"};
+    args.insert(args.end(), common.begin(), common.end());
+    const CliResult r = run_mpi(dir_, 2, args);
+    ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+    const auto got = nlohmann::json::parse(r.out);
+    EXPECT_EQ(got["prune"], "lazyllm");
+    EXPECT_GE(got["generated_tokens"].get<int>(), 1);
+    EXPECT_EQ(got["partition"][0].get<int64_t>() + got["partition"][1].get<int64_t>(),
+              got["prompt_tokens"].get<int64_t>());
+    EXPECT_NE(got["partition"][1].get<int64_t>(), unpruned_last);  // balanced knowing the last rank prunes
   }
   // Outside mpirun: one process.
   std::vector<std::string> alone = {"run", "--runahead"};

@@ -9,6 +9,7 @@
 #include "hwmodels/profile.h"
 #include "model/error.h"
 #include "model/presets.h"
+#include "pruning/schedule.h"
 #include "sim/replay.h"
 #include "sim/runahead.h"
 #include "traces/synthetic.h"
@@ -101,6 +102,34 @@ TEST(SimRunahead, ARanksShareSlowsItsCompute) {
   EXPECT_LE(half, 2.0 * whole);
   EXPECT_THROW(sim::predict_runahead(c, hw, p, one, link, 0), Error);
   EXPECT_THROW(sim::predict_runahead(c, hw, p, one, link, 1.5), Error);
+}
+
+// LazyLLM on the last rank (engine/runahead.h): alone, it is the plain LazyLLM prefill; with
+// earlier ranks, it makes the last rank cheaper, so the balanced partition hands it more tokens
+// and TTFT drops.
+TEST(SimRunahead, PruningOnTheLastRank) {
+  const ModelConfig c = preset_config("llama-3.1-8b");
+  const hw::Profile hw = hw::load_profile("h100-sxm");
+  const sim::RunaheadLink link = sim::default_link(hw);
+  const int64_t n = 32768;
+  const std::vector<PruneStep> steps = resolve_schedule(default_schedule(), c.n_layer);
+  const std::vector<int64_t> one = {n};
+  const double alone = sim::predict_runahead(c, hw, kBf16, one, link, 1, steps).ttft_s;
+  const sim::Prediction lazy = sim::replay(trace::synthetic_trace(c, "lazyllm", steps, n, 0), c, hw, kBf16);
+  EXPECT_NEAR(alone, lazy.ttft_s, 0.01 * lazy.ttft_s);
+  const std::vector<int64_t> plain = sim::optimise_partition(c, hw, kBf16, n, 4, link);
+  const std::vector<int64_t> pruned = sim::optimise_partition(c, hw, kBf16, n, 4, link, 1, steps);
+  EXPECT_GT(pruned.back(), plain.back());
+  const double t_plain = sim::predict_runahead(c, hw, kBf16, plain, link).ttft_s;
+  const double t_same = sim::predict_runahead(c, hw, kBf16, plain, link, 1, steps).ttft_s;
+  const double t_pruned = sim::predict_runahead(c, hw, kBf16, pruned, link, 1, steps).ttft_s;
+  EXPECT_LT(t_same, t_plain);
+  EXPECT_LT(t_pruned, t_same);
+  // The earlier ranks do not prune: their compute is the same.
+  EXPECT_DOUBLE_EQ(sim::predict_runahead(c, hw, kBf16, plain, link, 1, steps).ranks[0].compute_s,
+                   sim::predict_runahead(c, hw, kBf16, plain, link).ranks[0].compute_s);
+  const std::vector<PruneStep> outside = {{c.n_layer, 0.5}};
+  EXPECT_THROW(sim::predict_runahead(c, hw, kBf16, plain, link, 1, outside), Error);
 }
 
 TEST(SimRunahead, BadPartitionsAreRefused) {

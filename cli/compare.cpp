@@ -1,0 +1,277 @@
+// `lazyprefill compare`: every way this tool knows to cut time to first token, side by side, for
+// one model on one kind of device at several prompt lengths: the plain prefill on one device,
+// LazyLLM (each schedule), tensor parallelism over P devices with and without LazyLLM, KV-Runahead
+// over P devices with and without LazyLLM on its last rank (sim/runahead.h), and KV Prediction with
+// an auxiliary model (sim/kv_predict.h). Per method: TTFT, speedup over the plain prefill, devices
+// used, memory per device and whether it fits, and what it costs in accuracy where that is known
+// (LazyLLM: from an `eval --json` output when given; the exact methods: exact; the rest: not
+// measured). One table (or --json) and one chart (--chart FILE.svg: TTFT against prompt length).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "cli/commands.h"
+#include "model/error.h"
+#include "model/io.h"
+#include "model/presets.h"
+#include "pruning/schedule.h"
+#include "reports/plot.h"
+#include "sim/kv_predict.h"
+#include "sim/replay.h"
+#include "sim/runahead.h"
+#include "traces/synthetic.h"
+
+namespace lp::cli {
+namespace {
+using json = nlohmann::ordered_json;
+
+// What one LazyLLM schedule did in an `eval --json` output, over its tasks and lengths.
+struct EvalFigures {
+  std::string model;
+  int qa_tasks = 0, nll_tasks = 0;
+  double worst_accuracy_change = 0, worst_nll_change = 0;  // points (QA), nats (NLL)
+};
+
+std::optional<EvalFigures> eval_figures(const nlohmann::json& e, const std::string& schedule,
+                                        const std::string& origin) {
+  EvalFigures f;
+  f.model = e.value("model_name", std::string("?"));
+  try {
+    for (const auto& r : e.at("results")) {
+      if (!r.value("counts", true)) continue;  // failed at baseline: says nothing about pruning
+      for (const auto& c : r.at("cells")) {
+        if (c.at("policy").get<std::string>() != "lazyllm" || c.at("schedule").get<std::string>() != schedule)
+          continue;
+        if (c.contains("accuracy_change")) {
+          const double d = 100 * c.at("accuracy_change").get<double>();
+          f.worst_accuracy_change = f.qa_tasks++ ? std::min(f.worst_accuracy_change, d) : d;
+        } else if (c.contains("nll_change")) {
+          const double d = c.at("nll_change").get<double>();
+          f.worst_nll_change = f.nll_tasks++ ? std::max(f.worst_nll_change, d) : d;
+        }
+      }
+    }
+  } catch (const nlohmann::json::exception& ex) {
+    fail("{}: not an `eval --json` output ({})", origin, ex.what());
+  }
+  if (f.qa_tasks + f.nll_tasks == 0) return std::nullopt;
+  return f;
+}
+
+std::string eval_text(const std::optional<EvalFigures>& f) {
+  if (!f) return "not measured (lazyprefill eval --json, then --eval FILE)";
+  std::string s = fmt::format("eval on {}:", f->model);
+  if (f->qa_tasks)
+    s += fmt::format(" worst QA accuracy change {:+.1f} pt over {}", f->worst_accuracy_change, f->qa_tasks);
+  if (f->nll_tasks)
+    s += fmt::format("{} worst NLL change {:+.3f} over {}", f->qa_tasks ? ";" : "", f->worst_nll_change,
+                     f->nll_tasks);
+  return s;
+}
+
+struct Row {
+  std::string method, family;  // family: the chart's series
+  int devices = 1;
+  double ttft_s = 0, memory_bytes = 0;
+  std::string accuracy, note;
+  bool refused = false;
+};
+
+}  // namespace
+
+CLI::App* add_compare(CLI::App& app, CompareArgs& a) {
+  CLI::App* c = app.add_subcommand(
+      "compare",
+      "Every way to cut time to first token side by side: the plain prefill, LazyLLM, tensor parallelism, "
+      "KV-Runahead (with and without LazyLLM), KV Prediction; TTFT, speedup, devices, memory per device, "
+      "accuracy where known");
+  c->footer(R"(
+Examples:
+  lazyprefill compare --model-config llama-3.1-70b --hw h100-sxm --devices 8 --prompt-tokens 32768,131072 \
+      --weights fp8 --compute fp8 --kv fp8
+  lazyprefill compare --model-config llama-3.1-8b --hw h100-sxm --devices 4 --kv-predict llama-3.2-1b \
+      --schedule 0.3:0.3,0.6:0.3,0.9:0.3 --schedule 0.1:0.5,0.3:0.5,0.5:0.5 --chart ttft.svg --json)");
+  add_model_choice(*c, a.model, a.model_config, "compare on");
+  c->add_option("--hw", a.hw, "Hardware profile: a built-in name or a .json file (one device)")->required();
+  c->add_option("--engine", a.engine, kEngineHelp);
+  c->add_option("--devices", a.devices, "Devices for tensor parallelism and KV-Runahead (default 8)")
+      ->check(CLI::Range(2, 1024));
+  c->add_option("--prompt-tokens", a.prompt_tokens,
+                "Prompt lengths, comma-separated (default 8192,32768,131072)");
+  c->add_option("--schedule", a.schedules,
+                "A LazyLLM schedule to compare (repeatable; default 0.3:0.3,0.6:0.3,0.9:0.3); the first one "
+                "is the one combined with tensor parallelism and KV-Runahead")
+      ->check(non_empty_schedule());
+  c->add_option("--kv-predict", a.kv_predict,
+                "Also KV Prediction with this auxiliary model preset (sharing the base's vocabulary)");
+  c->add_option("--eval", a.eval, "An `eval --json` output whose LazyLLM cells give the schedules' accuracy")
+      ->check(non_empty_path());
+  c->add_option("--chart", a.chart, "Also write the chart, TTFT against prompt length per method (SVG)")
+      ->check(non_empty_path());
+  add_precision(*c, a.precision);
+  c->add_flag("--json", a.json_out, "Print one JSON object");
+  return c;
+}
+
+int cmd_compare(const CompareArgs& a, const CLI::App& /*sub*/) {
+  std::string model_name;
+  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
+  sim::Precision prec = a.precision;
+  sim::validate(prec);
+  const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
+  if (hws.size() != 1) usage_fail("--hw names one profile for compare, got {}", hws.size());
+  const hw::Profile& hw = hws[0];
+  const int P = a.devices;
+  const std::vector<int64_t> lengths = parse_lengths(a.prompt_tokens, "--prompt-tokens");
+  std::vector<Schedule> schedules;
+  for (const std::string& s : a.schedules) schedules.push_back(schedule_from_arg(s));
+  if (schedules.empty()) schedules.push_back(default_schedule());
+  std::vector<std::vector<PruneStep>> steps;
+  for (const Schedule& s : schedules) steps.push_back(resolve_schedule(s, c.n_layer));
+  std::optional<ModelConfig> aux;
+  if (!a.kv_predict.empty()) {
+    aux = preset_config(a.kv_predict);
+    sim::check_kv_predict_pair(c, model_name, *aux, a.kv_predict);
+  }
+  std::vector<std::optional<EvalFigures>> evals(schedules.size());
+  if (!a.eval.empty()) {
+    const nlohmann::json e = nlohmann::json::parse(
+        read_input_file(a.eval, "eval --json file", input_cap::kResults), nullptr, false);
+    if (e.is_discarded() || !e.is_object()) fail("{}: not a JSON object", a.eval);
+    for (size_t i = 0; i < schedules.size(); ++i)
+      evals[i] = eval_figures(e, schedules[i].to_string(), a.eval);
+  }
+  // Tensor parallelism over P of these devices, where the profile joins P and the model splits.
+  std::string tp_refused;
+  try {
+    sim::check_tp(c, hw, P);
+  } catch (const UsageError& e) {
+    tp_refused = e.what();
+  }
+  const sim::RunaheadLink link = sim::default_link(hw);
+  const std::string exact = "exact (the same computation)";
+  const std::string first = schedules[0].to_string();
+
+  json out;
+  out["tool"] = "lazyprefill compare";
+  out["model"] = model_name;
+  out["hw"] = hw.name;
+  out["devices"] = P;
+  out["combined_schedule"] = first;
+  out["precision"] = {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}};
+  out["memory_per_device_gib"] = hw.memory_capacity / (1 << 30);
+  if (!tp_refused.empty()) out["tp_refused"] = tp_refused;
+  if (aux) out["kv_prediction_accuracy"] = sim::kv_predict_accuracy_note();
+  json tables = json::array();
+  std::map<std::string, report::Series> series;  // the chart's, by family
+  std::vector<std::string> order;
+  std::string text =
+      fmt::format("{} on {} ({} {}/{}/{}; {} devices for the parallel methods, {:.0f} GiB each)\n",
+                  model_name, hw.name, hw.kind == "gpu" ? "GPU" : "CPU", prec.weights, prec.compute, prec.kv,
+                  P, hw.memory_capacity / (1 << 30));
+  for (const int64_t N : lengths) {
+    std::vector<Row> rows;
+    const auto plain = sim::replay(trace::synthetic_trace(c, "none", {}, N, 0), c, hw, prec);
+    rows.push_back({"baseline: one device", "baseline", 1, plain.ttft_s, plain.memory.total(), exact, ""});
+    for (size_t i = 0; i < schedules.size(); ++i) {
+      const auto lazy = sim::replay(trace::synthetic_trace(c, "lazyllm", steps[i], N, 0), c, hw, prec);
+      rows.push_back({fmt::format("LazyLLM {}", schedules[i].to_string()),
+                      "LazyLLM " + schedules[i].to_string(), 1, lazy.ttft_s, lazy.memory.total(),
+                      eval_text(evals[i]), ""});
+    }
+    if (tp_refused.empty()) {
+      const auto tp = sim::replay(trace::synthetic_trace(c, "none", {}, N, 0), c, hw, prec, 1, P);
+      rows.push_back({fmt::format("tensor parallelism (TP) {}", P), "tensor parallelism", P, tp.ttft_s,
+                      tp.memory.total(), exact, ""});
+      const auto tpl = sim::replay(trace::synthetic_trace(c, "lazyllm", steps[0], N, 0), c, hw, prec, 1, P);
+      rows.push_back({fmt::format("LazyLLM + TP {}", P), "LazyLLM + tensor parallelism", P, tpl.ttft_s,
+                      tpl.memory.total(), eval_text(evals[0]), ""});
+    } else {
+      Row r{fmt::format("tensor parallelism (TP) {}", P),
+            "tensor parallelism",
+            P,
+            0,
+            0,
+            exact,
+            tp_refused,
+            true};
+      rows.push_back(r);
+    }
+    if (N >= P) {
+      const std::vector<int64_t> chunks = sim::optimise_partition(c, hw, prec, N, P, link);
+      const sim::RunaheadPrediction ra = sim::predict_runahead(c, hw, prec, chunks, link);
+      const std::vector<int64_t> lchunks = sim::optimise_partition(c, hw, prec, N, P, link, 1, steps[0]);
+      const sim::RunaheadPrediction rl = sim::predict_runahead(c, hw, prec, lchunks, link, 1, steps[0]);
+      const auto most = [](const sim::RunaheadPrediction& r) {
+        double m = 0;
+        for (const auto& k : r.ranks) m = std::max(m, k.memory_bytes);
+        return m;
+      };
+      rows.push_back({fmt::format("KV-Runahead {}", P), "KV-Runahead", P, ra.ttft_s, most(ra), exact,
+                      fmt::format("chunks {} to {} tokens", chunks.front(), chunks.back())});
+      rows.push_back({fmt::format("LazyLLM + KV-Runahead {}", P), "LazyLLM + KV-Runahead", P, rl.ttft_s,
+                      most(rl), "not measured (the last rank prunes; docs/runahead.md)",
+                      fmt::format("chunks {} to {} tokens", lchunks.front(), lchunks.back())});
+    }
+    if (aux) {
+      const sim::KvPredictPrediction kp = sim::predict_kv_prediction(c, *aux, hw, prec, N);
+      rows.push_back({fmt::format("KV Prediction from {}", a.kv_predict), "KV Prediction", 1, kp.ttft_s,
+                      kp.memory.total(), "not modelled (the trained predictor's; the paper's figures below)",
+                      ""});
+    }
+    json tj = json::array();
+    text += fmt::format("\nprompt {} tokens\n  {:<34} {:>7} {:>11} {:>8} {:>10}  {}\n", N, "method",
+                        "devices", "TTFT ms", "speedup", "GiB/device", "accuracy");
+    for (const Row& r : rows) {
+      json rj = {{"method", r.method}, {"devices", r.devices}};
+      if (r.refused) {
+        rj["refused"] = r.note;
+        text += fmt::format("  {:<34} {:>7} {:>11}  {}\n", r.method, r.devices, "-", r.note);
+      } else {
+        const bool fits = r.memory_bytes <= hw.memory_capacity;
+        rj["ttft_ms"] = r.ttft_s * 1e3;
+        rj["speedup"] = plain.ttft_s / r.ttft_s;
+        rj["memory_per_device_gib"] = r.memory_bytes / (1 << 30);
+        rj["fits_in_memory"] = fits;
+        if (!r.note.empty()) rj["note"] = r.note;
+        text += fmt::format("  {:<34} {:>7} {:>11.1f} {:>7.2f}x {:>9.1f}{}  {}\n", r.method, r.devices,
+                            r.ttft_s * 1e3, plain.ttft_s / r.ttft_s, r.memory_bytes / (1 << 30),
+                            fits ? " " : "!", r.accuracy);
+        if (!series.count(r.family)) {
+          order.push_back(r.family);
+          series[r.family].name = r.family;
+        }
+        series[r.family].x.push_back(double(N));
+        series[r.family].y.push_back(r.ttft_s * 1e3);
+      }
+      rj["accuracy"] = r.accuracy;
+      tj.push_back(rj);
+    }
+    tables.push_back({{"prompt_tokens", N}, {"methods", tj}});
+  }
+  text += fmt::format("\nThe combinations use LazyLLM {}. ! : needs more memory than a device has.\n", first);
+  if (aux) text += fmt::format("KV Prediction's accuracy: {}\n", sim::kv_predict_accuracy_note());
+  out["prompts"] = tables;
+  if (!a.chart.empty()) {
+    report::LineChart ch;
+    ch.title = fmt::format("Time to first token: {} on {}", model_name, hw.name);
+    ch.subtitle = fmt::format("one device, or {} for tensor parallelism and KV-Runahead; predicted", P);
+    ch.x = {"prompt (tokens)", true};
+    ch.y = {"TTFT (ms)", true};
+    for (const std::string& f : order) ch.series.push_back(series[f]);
+    write_file_atomic(a.chart, report::svg_line_chart(ch), "chart");
+    out["chart"] = a.chart;
+  }
+  if (a.json_out)
+    fmt::print("{}\n", out.dump(2));
+  else
+    fmt::print("{}", text);
+  return 0;
+}
+
+}  // namespace lp::cli
