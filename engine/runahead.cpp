@@ -1,6 +1,7 @@
 #include "engine/runahead.h"
 
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -41,8 +42,16 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
     ps.keyed_prefix = true;
   }
   RunaheadTimes t;
-  std::vector<std::byte> in, out[2];
+  std::vector<std::byte> in, out[2], kept;
   const int L = s.model().config().n_layer;
+  // A pruning last rank: the prefix positions it dropped, per layer, with their K/V, taken into
+  // the cache after the pass (so its attention reads only the kept keys, contiguous in the cache,
+  // and decoding can still select them).
+  struct Dropped {
+    std::vector<int32_t> pos;
+    std::vector<std::byte> rows;
+  };
+  std::vector<Dropped> dropped(ps.keyed_prefix ? size_t(L) : 0);
   for (int l = 0; l < L; ++l) {
     s.before_layer(ps, l);
     s.matmul(ps, Proj::QKV, l);
@@ -51,7 +60,28 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
       const auto w0 = Clock::now();
       from_prev->recv(l, in);
       t.wait_s += secs(Clock::now() - w0);
-      s.import_kv(l, prefix, in);
+      if (ps.keyed_prefix && int64_t(ps.prefix.size()) < part.start) {
+        // The message holds K rows then V rows of positions 0..start-1: the kept ones now.
+        const size_t row = size_t(s.kv_token_bytes(l) / 2), n = size_t(part.start);
+        const size_t nk = ps.prefix.size(), nd = n - nk;
+        Dropped& d = dropped[size_t(l)];
+        kept.resize(2 * nk * row);
+        d.rows.resize(2 * nd * row);
+        for (size_t p = 0, k = 0, j = 0; p < n; ++p) {
+          const bool keep = k < nk && ps.prefix[k] == int32_t(p);
+          std::byte* dst = keep ? kept.data() + k * row : d.rows.data() + j * row;
+          const size_t other = keep ? nk : nd;  // the V rows follow the block's K rows
+          std::memcpy(dst, in.data() + p * row, row);
+          std::memcpy(dst + other * row, in.data() + (n + p) * row, row);
+          if (keep)
+            ++k;
+          else
+            d.pos.push_back(int32_t(p)), ++j;
+        }
+        s.import_kv(l, ps.prefix, kept);
+      } else {
+        s.import_kv(l, prefix, in);
+      }
     }
     s.attend(ps, l);
     if (!last) {  // the grown prefix on to the next rank (the buffer two layers back is free)
@@ -72,6 +102,9 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
     s.after_layer(ps, l);
   }
   if (s.head(ps) > 0) s.lm_head(ps, logits);
+  for (int l = 0; l < int(dropped.size()); ++l)
+    if (!dropped[size_t(l)].pos.empty())
+      s.import_kv(l, dropped[size_t(l)].pos, dropped[size_t(l)].rows, true);
   if (to_next) to_next->finish();
   t.total_s = secs(Clock::now() - t0);
   return t;

@@ -517,9 +517,9 @@ void Session::lm_head(Pass& ps, float* logits) {
         [&] { be_->lm_head(logits); });
 }
 
-void Session::import_kv(int l, std::span<const int32_t> pos, std::span<const std::byte> rows) {
+void Session::import_kv(int l, std::span<const int32_t> pos, std::span<const std::byte> rows, bool anywhere) {
   KvIndex& kv = kv_[size_t(l)];
-  if (!pos.empty() && kv.n() > 0 && pos.front() <= kv.pos.back())
+  if (!anywhere && !pos.empty() && kv.n() > 0 && pos.front() <= kv.pos.back())
     fail("KV import at layer {}: position {} is not after the {} held", l, pos.front(), kv.n());
   be_->kv_import(l, pos, rows);
   kv.append(pos, l);

@@ -172,7 +172,9 @@ class Session {
   // (ascending, none held here) taken in at layer l, as rows in the backend's layout
   // (Backend::kv_import); and the layer's first n held positions' K/V out. Bytes of one token's K
   // and V at layer l.
-  void import_kv(int l, std::span<const int32_t> pos, std::span<const std::byte> rows);
+  // `anywhere`: the positions may fall before held ones (a pruned prefix's K/V taken in after the
+  // pass that skipped it, as revival appends out of order); else they must follow every held one.
+  void import_kv(int l, std::span<const int32_t> pos, std::span<const std::byte> rows, bool anywhere = false);
   void export_kv(int l, int64_t n, std::span<std::byte> out);
   int64_t kv_token_bytes(int l) const;
 

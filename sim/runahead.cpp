@@ -46,8 +46,8 @@ class RunaheadModel {
   }
 
   // The work of each layer of a chunk: every row at every layer, except on a pruning last rank,
-  // which keeps tokens_kept of all active tokens at each pruning layer (engine/runahead.h), the
-  // dropped ones spread evenly over the prefix and its own rows.
+  // which keeps tokens_kept of all active tokens at each pruning layer (engine/runahead.h), its
+  // own (recent) rows dropped at kRecentDropRate times the prefix's rate per token.
   std::vector<LayerWork> work(int64_t start, int64_t tokens, bool last) const {
     LayerWork w;
     w.rows = tokens;
@@ -58,9 +58,10 @@ class RunaheadModel {
     const int64_t n = start + tokens;
     int64_t active = n;
     size_t next = 0;
+    int64_t own_rows = tokens;
     for (int l = 0; l < c_.n_layer; ++l) {
       LayerWork x;
-      x.rows = std::max<int64_t>(1, std::llround(double(tokens) * double(active) / double(n)));
+      x.rows = std::min(own_rows, active);
       const int64_t prefix = active - x.rows;
       x.keys = active;
       x.pairs = x.rows * prefix + x.rows * (x.rows + 1) / 2;
@@ -69,6 +70,12 @@ class RunaheadModel {
         x.scorers = x.selects = 1;
         x.score_keys = x.select_keys = active;
         x.moved = x.rows;  // the kept rows compacted, the dropped ones saved
+        // Dropped: d tokens, prefix ones at rate r and own ones at kRecentDropRate x r, the prefix
+        // never below none and the own rows never below the last one.
+        const double d = double(active - kept), own = double(own_rows), pre = double(active - own_rows);
+        const double r = d / (pre + kRecentDropRate * own);
+        const double pre_drop = std::min(pre, r * pre);
+        own_rows = std::max<int64_t>(1, std::llround(own - std::min(own - 1, d - pre_drop)));
         active = kept;
       }
       out.push_back(x);
