@@ -36,6 +36,7 @@ json cell_json(const eval::Cell& c, bool qa) {
             {"schedule", c.method.policy == PolicyKind::None ? "none" : c.method.schedule.to_string()},
             {"samples", c.n},
             {"prompt_tokens_computed_fraction", c.share},
+            {"prompt_tokens_computed_fraction_after_generation", c.share_after},
             {"ttft_ms_mean", c.ttft_s * 1e3},
             {"ttft_speedup", c.speedup}};
   if (qa) {

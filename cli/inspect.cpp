@@ -45,7 +45,8 @@ int inspect_trace(const std::string& path, bool json_out) {
               {"detail", s.detail},
               {"prompt_share_per_layer", s.prompt_share_per_layer},
               {"prompt_tokens_computed_fraction", s.prompt_share},
-              {"generation_tokens_computed_fraction", s.generation_share},
+              {"prompt_tokens_computed_fraction_after_generation", s.prompt_share_after_generation},
+              {"all_tokens_computed_fraction", s.all_share},
               {"at_most_once", s.at_most_once},
               {"kv_bytes_final_f32", s.kv_tokens_final * kv_per_token_layer},
               {"aux_cache_bytes_f32", s.aux_writes * D * 4},
@@ -57,8 +58,12 @@ int inspect_trace(const std::string& path, bool json_out) {
   fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps, {}\n",
              lp::escape_text(path), h.version, h.policy, lp::escape_text(h.schedule), h.prompt_tokens, steps,
              s.detail ? "with detail (kept positions, scores, revived positions)" : "counts only");
-  fmt::print("prompt (token, layer) pairs computed: {:.1f}%   whole generation: {:.1f}%   at most once: {}\n",
-             100 * s.prompt_share, 100 * s.generation_share, s.at_most_once ? "yes" : "NO");
+  fmt::print(
+      "prompt (token, layer) pairs computed: {:.1f}% in the prefill, {:.1f}% by the end (the paper's \"% of "
+      "prompt "
+      "tokens computed\")   all tokens, whole generation: {:.1f}%   at most once: {}\n",
+      100 * s.prompt_share, 100 * s.prompt_share_after_generation, 100 * s.all_share,
+      s.at_most_once ? "yes" : "NO");
   fmt::print("KV at the end: {:.2f} MiB (f32)   Aux Cache: {} states, {:.2f} MiB   revivals: {}\n",
              double(s.kv_tokens_final * kv_per_token_layer) / 1048576.0, s.aux_writes,
              double(s.aux_writes * D * 4) / 1048576.0, s.revivals);

@@ -99,7 +99,8 @@ json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& 
   for (const auto& st : r.prune_steps) steps.push_back({{"layer", st.layer}, {"share", st.share}});
   j["schedule_layers"] = steps;
   j["prompt_tokens_computed_fraction"] = r.prompt_tokens_computed_fraction;
-  j["generation_tokens_computed_fraction"] = r.generation_tokens_computed_fraction;
+  j["prompt_tokens_computed_fraction_after_generation"] = r.prompt_tokens_computed_fraction_after_generation;
+  j["all_tokens_computed_fraction"] = r.all_tokens_computed_fraction;
   // The engine throws if any (token, layer) pair is computed twice, so reaching here proves it.
   j["each_token_layer_computed_at_most_once"] = true;
   j["revivals"] = r.revivals;

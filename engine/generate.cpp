@@ -116,8 +116,9 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
     next = choose(r.generated_ids.size());
   }
   r.decode_s = std::chrono::duration<double>(Clock::now() - d0).count();
-  r.generation_tokens_computed_fraction =
-      (computed + decode_computed) / (double(T + r.decode_steps) * c.n_layer);
+  r.all_tokens_computed_fraction = (computed + decode_computed) / (double(T + r.decode_steps) * c.n_layer);
+  r.prompt_tokens_computed_fraction_after_generation =
+      (computed + decode_computed - double(r.decode_steps) * c.n_layer) / (double(T) * c.n_layer);
   std::vector<int32_t> shown = r.generated_ids;
   if (!shown.empty() && m.tokenizer().is_end_of_generation(shown.back())) shown.pop_back();
   r.text = m.tokenizer().decode(shown);

@@ -50,10 +50,15 @@ struct GenerateResult {
   std::vector<PruneStep> prune_steps;          // the schedule resolved for this model
   trace::Step prefill_stats;                   // the prefill's trace step, with its detail
   std::vector<trace::Step> decode_stats;       // one per decoding step, when record_steps
-  double prompt_tokens_computed_fraction = 1;  // share of prompt (token, layer) pairs computed
-  // The same over the whole generation: (token, layer) pairs computed in the prefill and every
-  // decoding step, over (prompt + decoded tokens) x layers. The paper's headline figure.
-  double generation_tokens_computed_fraction = 1;
+  double prompt_tokens_computed_fraction = 1;  // share of prompt (token, layer) pairs the prefill computed
+  // The paper's "% of prompt tokens computed" (its Table 2): prompt (token, layer) pairs computed by
+  // the end of generation, in the prefill or revived by a decoding step, over prompt tokens x
+  // layers. (Generated tokens are computed at every layer as they are made, so a decoding step's
+  // rows beyond its new token are all revived prompt tokens.)
+  double prompt_tokens_computed_fraction_after_generation = 1;
+  // Every (token, layer) pair computed, prompt and generated, over a dense run's: (prompt + decoded
+  // tokens) x layers. Not a figure the paper reports.
+  double all_tokens_computed_fraction = 1;
   int64_t revivals = 0;
   int64_t kv_bytes_used = 0;  // after prefill, over all layers
   int kv_element_bytes = 4;   // of one cached value: 2 for the CPU backend's f16 cache

@@ -34,6 +34,7 @@ RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskIn
   RunResult out;
   out.ttft_s = r.ttft_s;
   out.share = r.prompt_tokens_computed_fraction;
+  out.share_after = r.prompt_tokens_computed_fraction_after_generation;
   if (!is_qa(info.task)) {
     double sum = 0;
     for (const double lp : r.forced_logprobs) sum -= lp;
@@ -72,7 +73,7 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
   c.method = method;
   c.n = int(runs.size());
   int right = 0, base_right = 0;
-  double agreement = 0, nll = 0, nll_change = 0, share = 0, ttft = 0, base_ttft = 0;
+  double agreement = 0, nll = 0, nll_change = 0, share = 0, share_after = 0, ttft = 0, base_ttft = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunResult& r = *runs[i];
     const RunResult& b = *base[i];
@@ -84,6 +85,7 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
     nll += r.nll;
     nll_change += r.nll - b.nll;
     share += r.share;
+    share_after += r.share_after;
     ttft += r.ttft_s;
     base_ttft += b.ttft_s;
   }
@@ -92,6 +94,7 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
   c.nll = nll / n;
   c.nll_change = nll_change / n;
   c.share = share / n;
+  c.share_after = share_after / n;
   c.ttft_s = ttft / n;
   c.speedup = ttft > 0 ? base_ttft / ttft : 1;
   if (is_qa(task)) {

@@ -34,10 +34,11 @@ struct RunResult {
   std::string generated;  // QA: the generated text
   bool correct = false;   // QA: answer_correct
   double ttft_s = 0;
-  double share = 1;      // prompt (token, layer) pairs computed
-  double nll = 0;        // nll: mean negative log-likelihood per continuation token (nats)
-  double agreement = 1;  // QA: common prefix of the first k tokens with the baseline's / k;
-                         // nll: share of continuation positions whose argmax equals the baseline's
+  double share = 1;        // prompt (token, layer) pairs computed
+  double share_after = 1;  // the same by the end of generation, revivals included (the paper's figure)
+  double nll = 0;          // nll: mean negative log-likelihood per continuation token (nats)
+  double agreement = 1;    // QA: common prefix of the first k tokens with the baseline's / k;
+                           // nll: share of continuation positions whose argmax equals the baseline's
   std::vector<int32_t> compared_ids;  // what the agreement compares; cleared once it is computed
 };
 
@@ -61,6 +62,7 @@ struct Cell {
   double agreement = 1;            // mean RunResult::agreement
   double nll = 0, nll_change = 0;  // nll: mean over samples, and minus the baseline's
   double share = 1;                // mean share of prompt (token, layer) pairs computed
+  double share_after = 1;          // the same by the end of generation (the paper's Table 2 figure)
   double ttft_s = 0;               // mean
   double speedup = 1;              // baseline TTFT summed over samples / this method's, same run
 };

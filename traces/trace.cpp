@@ -378,6 +378,11 @@ void Summarizer::add(const Step& st) {
     for (int l = 0; l < L; ++l)
       s_.prompt_share_per_layer.push_back(T > 0 ? double(st.queries[size_t(l)]) / double(T) : 0.0);
     s_.prompt_share = prefill_computed_fraction(st, prompt_tokens_);
+    prompt_dense_ = double(T) * L;
+    for (int l = 0; l < L; ++l) prompt_pairs_ += double(st.queries[size_t(l)]);
+  } else {  // a decoding step's rows beyond its new tokens (computed at every layer) are revived prompt
+            // tokens
+    for (int l = 0; l < L; ++l) prompt_pairs_ += double(st.queries[size_t(l)] - st.new_tokens);
   }
   // Over the whole generation: a dense run computes every new token at every layer once.
   tokens_ += st.new_tokens;
@@ -395,7 +400,8 @@ void Summarizer::add(const Step& st) {
 
 Summary Summarizer::finish() const {
   Summary s = s_;
-  s.generation_share = dense_ > 0 ? all_ / dense_ : 0.0;
+  s.all_share = dense_ > 0 ? all_ / dense_ : 0.0;
+  s.prompt_share_after_generation = prompt_dense_ > 0 ? prompt_pairs_ / prompt_dense_ : 0.0;
   for (int l = 0; l < L_; ++l) s.at_most_once = s.at_most_once && per_layer_[size_t(l)] <= tokens_;
   return s;
 }

@@ -91,10 +91,13 @@ Trace read_trace(const std::string& path);
 // What `inspect --trace` prints.
 struct Summary {
   std::vector<double> prompt_share_per_layer;  // share of prompt tokens computed at each layer (prefill)
-  double prompt_share = 1;                     // over all prompt (token, layer) pairs
-  double generation_share = 1;                 // all steps: pairs computed / pairs of a dense run
-  bool at_most_once = true;                    // no layer computed more tokens than exist
-  int64_t kv_tokens_final = 0;                 // (token, layer) pairs holding K/V at the end
+  double prompt_share = 1;                     // the prefill: over all prompt (token, layer) pairs
+  // The paper's "% of prompt tokens computed": prompt (token, layer) pairs computed by the last
+  // step, in the prefill or revived while decoding, over all of them.
+  double prompt_share_after_generation = 1;
+  double all_share = 1;         // all steps: pairs computed / pairs of a dense run
+  bool at_most_once = true;     // no layer computed more tokens than exist
+  int64_t kv_tokens_final = 0;  // (token, layer) pairs holding K/V at the end
   int64_t aux_writes = 0, revivals = 0;
   bool detail = false;  // the steps carry the optional detail (pruning, revived_positions)
 };
@@ -110,7 +113,7 @@ class Summarizer {
  private:
   int L_;
   int64_t prompt_tokens_, steps_ = 0, tokens_ = 0;
-  double all_ = 0, dense_ = 0;
+  double all_ = 0, dense_ = 0, prompt_pairs_ = 0, prompt_dense_ = 0;
   std::vector<int64_t> per_layer_;
   Summary s_;
 };

@@ -175,6 +175,8 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
   std::vector<int64_t> computed;
   auto want = ref.step(ids, pos, steps, testing::kept_of(st), &computed);
   EXPECT_EQ(st.queries, computed) << "prefill";
+  const trace::Step prefill_step = st;
+  std::vector<trace::Step> decoded;
   int64_t revivals = 0;
   std::vector<int64_t> per_layer_total = st.queries;
   for (int d = 0; d < rc.decode_steps; ++d) {
@@ -183,6 +185,7 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
     const int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t p = int32_t(rc.T + d);
     s.decode_step(tok, p, logits.data(), req, &st);
+    decoded.push_back(st);
     want = ref.step({tok}, {p}, steps, testing::kept_of(st), &computed);
     EXPECT_EQ(st.queries, computed) << "decode step " << d;
     for (int l = 0; l < c.n_layer; ++l) {
@@ -193,6 +196,20 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
     }
   }
   for (size_t j = 0; j < want.size(); ++j) ASSERT_NEAR(logits[j], want[j], 1e-4 * rms(want)) << "last step";
+  // The paper's "% of prompt tokens computed", from the trace steps' counts, against the session's
+  // own record of which (prompt token, layer) pairs hold K/V (computed there, once).
+  {
+    trace::Header h;
+    h.n_layer = c.n_layer;
+    h.prompt_tokens = rc.T;
+    trace::Summarizer sum(h);
+    sum.add(prefill_step);
+    for (const trace::Step& d : decoded) sum.add(d);
+    int64_t held = 0;
+    for (int l = 0; l < c.n_layer; ++l)
+      for (int32_t p = 0; p < int32_t(rc.T); ++p) held += s.computed(l, p);
+    EXPECT_NEAR(sum.finish().prompt_share_after_generation, double(held) / double(rc.T * c.n_layer), 1e-12);
+  }
   std::printf("revivals: %lld\n", (long long)revivals);
   if (rc.policy == PolicyKind::Static) {
     EXPECT_EQ(revivals, 0);  // static never revives

@@ -173,7 +173,9 @@ inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind
   EXPECT_EQ(gpu.revivals, cpu.revivals);
   EXPECT_EQ(gpu.decode_steps, cpu.decode_steps);
   EXPECT_DOUBLE_EQ(gpu.prompt_tokens_computed_fraction, cpu.prompt_tokens_computed_fraction);
-  EXPECT_DOUBLE_EQ(gpu.generation_tokens_computed_fraction, cpu.generation_tokens_computed_fraction);
+  EXPECT_DOUBLE_EQ(gpu.all_tokens_computed_fraction, cpu.all_tokens_computed_fraction);
+  EXPECT_DOUBLE_EQ(gpu.prompt_tokens_computed_fraction_after_generation,
+                   cpu.prompt_tokens_computed_fraction_after_generation);
   EXPECT_EQ(gpu.kv_bytes_used, cpu.kv_bytes_used);
   EXPECT_EQ(gpu.aux_cache_bytes, cpu.aux_cache_bytes);
   EXPECT_EQ(gpu.prefill_stats.queries, cpu.prefill_stats.queries);

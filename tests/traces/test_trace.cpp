@@ -64,7 +64,14 @@ TEST(Trace, RoundTripsAndSummarises) {
   EXPECT_DOUBLE_EQ(s.prompt_share, 20.0 / 30.0);
   EXPECT_EQ(s.prompt_share_per_layer, (std::vector<double>{1.0, 0.5, 0.5}));
   // Whole generation: 20 + 3 of 11 tokens x 3 layers.
-  EXPECT_DOUBLE_EQ(s.generation_share, 23.0 / 33.0);
+  EXPECT_DOUBLE_EQ(s.all_share, 23.0 / 33.0);
+  // The paper's figure: the decoding step revived nothing, so still 20 of 30.
+  EXPECT_DOUBLE_EQ(s.prompt_share_after_generation, 20.0 / 30.0);
+  // A decoding step that brings 2 revived prompt tokens back at layers 1 and 2: 24 of 30.
+  trace::Trace r = t;
+  r.steps[1].queries = {1, 3, 3};
+  r.steps[1].revived = {0, 2, 0};
+  EXPECT_DOUBLE_EQ(trace::summarize(r).prompt_share_after_generation, 24.0 / 30.0);
   EXPECT_TRUE(s.at_most_once);
   EXPECT_EQ(s.kv_tokens_final, 23);
   EXPECT_EQ(s.aux_writes, 5);
