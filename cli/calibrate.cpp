@@ -119,7 +119,7 @@ int calibrate_runs(const CalibrateArgs& a) {
   const std::string provenance =
       fmt::format("calibrated on {} by `lazyprefill calibrate --base {}` from {} runs in {}", today(), a.base,
                   runs.size(), a.runs);
-  write_file_atomic(a.out, to_text(fitted_profile_json(fitted, name, provenance)) + "\n", "profile");
+  write_fitted_profile(a.out, fitted, name, provenance);
   if (a.json_out) {
     nlohmann::ordered_json j = calibration_json(fitted, rep, runs);
     j["profile"] = a.out;

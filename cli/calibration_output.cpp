@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "model/io.h"
+
 namespace lp::cli {
 
 using json = nlohmann::ordered_json;
@@ -64,6 +66,22 @@ json fitted_profile_json(const hw::Profile& fitted, const std::string& name, con
   j["sources"]["efficiency"] = provenance;
   if (fitted.engine.name != "custom") j["engine"] = fitted.engine.name;  // what the fit was costed with
   return j;
+}
+
+void write_fitted_profile(const std::string& path, const hw::Profile& fitted, const std::string& name,
+                          const std::string& provenance) {
+  write_file_atomic(path,
+                    fitted_profile_json(fitted, name, provenance)
+                            .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+                        "\n",
+                    "profile");
+}
+
+void print_result(bool json_out, const nlohmann::ordered_json& out, const std::string& text) {
+  if (json_out)
+    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+  else
+    fmt::print("{}", text);
 }
 
 }  // namespace lp::cli

@@ -21,5 +21,11 @@ void print_calibration(const hw::Profile& fitted, const calib::CalibrationReport
 // sources.efficiency naming how it was made (`provenance`).
 nlohmann::ordered_json fitted_profile_json(const hw::Profile& fitted, const std::string& name,
                                            const std::string& provenance);
+// That document written whole to `path` (write_file_atomic), its text UTF-8 safe.
+void write_fitted_profile(const std::string& path, const hw::Profile& fitted, const std::string& name,
+                          const std::string& provenance);
+
+// A subcommand's result: `out` as indented JSON with --json, else `text`.
+void print_result(bool json_out, const nlohmann::ordered_json& out, const std::string& text);
 
 }  // namespace lp::cli

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
@@ -267,10 +268,7 @@ int cmd_compare(const CompareArgs& a, const CLI::App& /*sub*/) {
     write_file_atomic(a.chart, report::svg_line_chart(ch), "chart");
     out["chart"] = a.chart;
   }
-  if (a.json_out)
-    fmt::print("{}\n", out.dump(2));
-  else
-    fmt::print("{}", text);
+  print_result(a.json_out, out, text);
   return 0;
 }
 

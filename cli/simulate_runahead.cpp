@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -139,10 +140,7 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
     results.push_back(std::move(j));
   }
   out["results"] = std::move(results);
-  if (a.json_out)
-    fmt::print("{}\n", out.dump(2));
-  else
-    fmt::print("{}", text);
+  print_result(a.json_out, out, text);
   return 0;
 }
 

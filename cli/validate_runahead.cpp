@@ -111,15 +111,10 @@ int cmd_validate_runahead(const ValidateArgs& a) {
   calib::CalibrationReport rep;
   const hw::Profile hw = calib::calibrate(base, singles, &rep);
   if (!a.profile_out.empty())
-    write_file_atomic(
-        a.profile_out,
-        fitted_profile_json(hw, hw.name + "-runahead",
-                            fmt::format("lazyprefill validate --runahead {}: calibrated from --base {} on {} "
-                                        "single-process runs",
-                                        a.runahead, a.base, singles.size()))
-                .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
-            "\n",
-        "profile");
+    write_fitted_profile(a.profile_out, hw, hw.name + "-runahead",
+                         fmt::format("lazyprefill validate --runahead {}: calibrated from --base {} on {} "
+                                     "single-process runs",
+                                     a.runahead, a.base, singles.size()));
 
   // The single processes: medians per (prompt, threads).
   std::map<std::pair<int64_t, int>, std::pair<std::vector<double>, std::vector<double>>> single_groups;

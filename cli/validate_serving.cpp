@@ -251,15 +251,10 @@ int cmd_validate_serving(const ValidateArgs& a) {
   const double decode_compute = calib::get_param(hw, "attention.decode_compute");
   const json decode_rms_after = rms(decode_errors(hw));
   if (!a.profile_out.empty())
-    write_file_atomic(
-        a.profile_out,
-        fitted_profile_json(hw, hw.name + "-serving",
-                            fmt::format("lazyprefill validate --serving {}: fitted on the lowest rate's lone "
-                                        "requests",
-                                        a.serving))
-                .dump(2, ' ', false, json::error_handler_t::replace) +
-            "\n",
-        "profile");
+    write_fitted_profile(
+        a.profile_out, hw, hw.name + "-serving",
+        fmt::format("lazyprefill validate --serving {}: fitted on the lowest rate's lone requests",
+                    a.serving));
 
   json out;
   out["validation"] = "serving";
@@ -360,10 +355,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
   out["within_targets"] = ok;
   text += fmt::format("worst error below saturation {:.1f}% (target 10%); {}\n", 100 * worst,
                       ok ? "within the targets" : "NOT within the targets");
-  if (a.json_out)
-    fmt::print("{}\n", out.dump(2));
-  else
-    fmt::print("{}", text);
+  print_result(a.json_out, out, text);
   return 0;
 }
 
