@@ -123,6 +123,7 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub);  // cli/run_runahea
 
 struct InspectArgs {
   std::string model, trace;  // a trace given: summarise it instead of the model
+  std::string kv_growth;     // with a trace: the paper's Figure 7 (prompt K/V per layer group) as SVG
   bool json_out = false;
 };
 CLI::App* add_inspect(CLI::App& app, InspectArgs& a);

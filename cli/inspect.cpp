@@ -18,6 +18,7 @@
 #include "model/paths.h"
 #include "model/quant.h"
 #include "model/vocab.h"
+#include "reports/plot.h"
 #include "traces/trace.h"
 
 namespace lp::cli {
@@ -25,12 +26,70 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-int inspect_trace(const std::string& path, bool json_out) {
-  // Streamed: memory is one step, whatever the trace's length.
+// The LazyLLM paper's Figure 7: as decoding proceeds, the share of the prompt's tokens that have
+// K/V (were computed) at each layer, averaged over four groups of layers. A decoding step's keys
+// at a layer are the prompt tokens computed there so far plus every generated token (each computed
+// at every layer as it was made), so the prompt's share is (keys - generated) / prompt tokens.
+struct KvGrowth {
+  std::vector<std::pair<int, int>> groups;  // [first, last] layers
+  std::vector<double> steps;                // decoding step numbers, 0 = after the prefill
+  std::vector<std::vector<double>> share;   // [group][step]
+};
+
+KvGrowth kv_growth_start(int L) {
+  KvGrowth g;
+  const int G = std::min(4, L);
+  for (int i = 0; i < G; ++i) g.groups.push_back({i * L / G, (i + 1) * L / G - 1});
+  g.share.resize(g.groups.size());
+  return g;
+}
+
+void kv_growth_add(KvGrowth& g, const lp::trace::Step& st, int64_t prompt_tokens, int64_t generated) {
+  g.steps.push_back(double(g.steps.size()));
+  for (size_t i = 0; i < g.groups.size(); ++i) {
+    double sum = 0;
+    for (int l = g.groups[i].first; l <= g.groups[i].second; ++l)
+      sum += double(st.keys[size_t(l)] - generated) / double(prompt_tokens);
+    g.share[i].push_back(sum / double(g.groups[i].second - g.groups[i].first + 1));
+  }
+}
+
+int inspect_trace(const std::string& path, bool json_out, const std::string& kv_growth_svg) {
+  // Streamed: memory is one step, whatever the trace's length (and with --kv-growth, four numbers
+  // per step).
   lp::trace::TraceReader reader(path);
   const auto& h = reader.header();
   lp::trace::Summarizer sum(h);
-  for (lp::trace::Step st; reader.next(st);) sum.add(st);
+  KvGrowth growth = kv_growth_start(h.n_layer);
+  int64_t generated = 0, prompt_tokens = h.prompt_tokens;
+  for (lp::trace::Step st; reader.next(st);) {
+    if (sum.steps() == 0) {
+      prompt_tokens = st.new_tokens > 0 ? st.new_tokens : prompt_tokens;
+    } else {
+      generated += st.new_tokens;
+    }
+    if (!kv_growth_svg.empty() && prompt_tokens > 0) kv_growth_add(growth, st, prompt_tokens, generated);
+    sum.add(st);
+  }
+  if (!kv_growth_svg.empty()) {
+    if (growth.steps.size() < 2)
+      fail("{}: --kv-growth needs a trace with decoding steps (run --max-new-tokens N --trace)", path);
+    lp::report::LineChart ch;
+    ch.title = "Prompt tokens computed per layer group as decoding proceeds";
+    ch.subtitle = fmt::format("{} ({} {}), {} prompt tokens: the LazyLLM paper's Figure 7",
+                              lp::escape_text(path), h.policy, h.schedule, prompt_tokens);
+    ch.x = {"decoding step", false, 0.0};
+    ch.y = {"prompt tokens with K/V (%)", false, 0.0, 100.0};
+    for (size_t i = 0; i < growth.groups.size(); ++i) {
+      lp::report::Series se;
+      se.name = fmt::format("layers {}-{}", growth.groups[i].first, growth.groups[i].second);
+      se.x = growth.steps;
+      for (double v : growth.share[i]) se.y.push_back(100 * v);
+      se.points = growth.steps.size() <= 64;
+      ch.series.push_back(se);
+    }
+    write_file_atomic(kv_growth_svg, lp::report::svg_line_chart(ch), "chart");
+  }
   const lp::trace::Summary s = sum.finish();
   const int64_t steps = sum.steps();
   const int64_t kv_per_token_layer = 2LL * h.model.value("n_head_kv", 0) * h.model.value("head_dim", 0) * 4;
@@ -52,6 +111,13 @@ int inspect_trace(const std::string& path, bool json_out) {
               {"aux_cache_bytes_f32", s.aux_writes * D * 4},
               {"aux_writes", s.aux_writes},
               {"revivals", s.revivals}};
+    if (!kv_growth_svg.empty()) {
+      json groups = json::array();
+      for (size_t i = 0; i < growth.groups.size(); ++i)
+        groups.push_back({{"layers", {growth.groups[i].first, growth.groups[i].second}},
+                          {"prompt_kv_share", growth.share[i]}});
+      j["kv_growth"] = {{"chart", kv_growth_svg}, {"groups", groups}};
+    }
     std::puts(j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return 0;
   }
@@ -150,12 +216,19 @@ CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
   lazyprefill inspect --trace run.jsonl)");
   add_gguf_model(*inspect, a.model);
   inspect->add_option("--trace", a.trace, "Summarise a trace written by run --trace instead");
+  inspect
+      ->add_option("--kv-growth", a.kv_growth,
+                   "With --trace: also draw, as SVG, the share of the prompt's tokens with K/V per group of "
+                   "layers at each decoding step (the LazyLLM paper's Figure 7)")
+      ->needs("--trace")
+      ->check(non_empty_path());
   inspect->add_flag("--json", a.json_out, "Print JSON");
   return inspect;
 }
 
 int cmd_inspect(const InspectArgs& a, const CLI::App& /*sub*/) {
-  return a.trace.empty() ? inspect_model(a.model, a.json_out) : inspect_trace(a.trace, a.json_out);
+  return a.trace.empty() ? inspect_model(a.model, a.json_out)
+                         : inspect_trace(a.trace, a.json_out, a.kv_growth);
 }
 
 }  // namespace lp::cli

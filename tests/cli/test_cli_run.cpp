@@ -339,7 +339,38 @@ TEST_F(CliErrors, TraceIsWrittenAndInspected) {
                    run["prompt_tokens_computed_fraction"].get<double>());
   EXPECT_EQ(j["steps"], 3);  // the prefill and two decoding steps (the third token needs no step)
   EXPECT_EQ(j["at_most_once"], true);
+  EXPECT_DOUBLE_EQ(j["prompt_tokens_computed_fraction_after_generation"].get<double>(),
+                   run["prompt_tokens_computed_fraction_after_generation"].get<double>());
   expect_one_line_error(run_cli(dir_, {"inspect", "--trace", tiny_}), {"not a lazyprefill trace"});
+  // The paper's Figure 7 from the trace: per layer group (two layers: one each), the share of the
+  // prompt with K/V after the prefill and each decoding step. From the steps' keys, it must agree
+  // with the run's counts: the prefill's rows per layer, and at the end the paper's figure.
+  const std::string svg = dir_.file("growth.svg");
+  const CliResult g = run_cli(dir_, {"inspect", "--trace", t, "--kv-growth", svg, "--json"});
+  ASSERT_TRUE(g.exited && g.code == 0) << describe(g);
+  const auto groups = nlohmann::json::parse(g.out)["kv_growth"]["groups"];
+  ASSERT_EQ(groups.size(), 2u);
+  const double T = run["prompt_tokens"].get<double>();
+  double final_mean = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const auto share = groups[i]["prompt_kv_share"].get<std::vector<double>>();
+    ASSERT_EQ(share.size(), 3u);
+    EXPECT_DOUBLE_EQ(share[0], run["prefill_tokens_computed_per_layer"][i].get<double>() / T);
+    for (size_t k = 1; k < share.size(); ++k) EXPECT_GE(share[k], share[k - 1]);  // K/V is never dropped
+    final_mean += share.back() / 2;
+  }
+  EXPECT_DOUBLE_EQ(groups[0]["prompt_kv_share"][0].get<double>(), 1.0);
+  EXPECT_NEAR(final_mean, run["prompt_tokens_computed_fraction_after_generation"].get<double>(), 1e-12);
+  EXPECT_TRUE(std::filesystem::exists(svg));
+  // A trace without decoding steps has nothing to draw; --kv-growth needs --trace.
+  const std::string t1 = dir_.file("prefill.jsonl");
+  ASSERT_EQ(
+      run_cli(dir_, {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "1", "--trace", t1})
+          .code,
+      0);
+  expect_one_line_error(run_cli(dir_, {"inspect", "--trace", t1, "--kv-growth", dir_.file("x.svg")}),
+                        {"prefill.jsonl", "decoding steps"});
+  expect_one_line_error(run_cli(dir_, {"inspect", "--kv-growth", dir_.file("x.svg")}), {"--trace"});
 }
 
 // names from a model file are escaped in inspect's text and stay valid in
