@@ -243,6 +243,7 @@ int cmd_sweep(const SweepArgs& a, const CLI::App& sub);
 struct EvalArgs {
   std::string model, tasks = "passkey", lengths, prune = "lazyllm,static,random", corpus, out;
   std::vector<std::string> schedules;
+  std::string grid;  // "single-layer": the paper's Figure 6 grid instead of --schedule
   int samples = 20, threads = 0, agreement_tokens = 8;
   uint64_t seed = 1;
   bool json_out = false, with_prompts = false;

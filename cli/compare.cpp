@@ -45,7 +45,7 @@ std::optional<EvalFigures> eval_figures(const nlohmann::json& e, const std::stri
   try {
     for (const auto& r : e.at("results")) {
       if (!r.value("counts", true)) continue;  // failed at baseline: says nothing about pruning
-      for (const auto& c : r.at("cells")) {
+      for (const auto& c : r.at("methods")) {
         if (c.at("policy").get<std::string>() != "lazyllm" || c.at("schedule").get<std::string>() != schedule)
           continue;
         if (c.contains("accuracy_change")) {

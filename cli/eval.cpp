@@ -133,6 +133,46 @@ std::string chart(const eval::TaskResult& r, const std::string& model_name) {
   return report::svg_line_chart(c);
 }
 
+// The LazyLLM paper's Figure 6 grid: one pruning layer at each depth, keeping each share of the
+// tokens there (the schedule "DEPTH:1-KEEP").
+constexpr double kGridDepths[] = {0.1, 0.3, 0.5, 0.7, 0.9};
+constexpr double kGridKeeps[] = {0.1, 0.3, 0.5, 0.7, 0.9};
+
+Schedule grid_schedule(double depth, double keep) {
+  return parse_schedule(fmt::format("{}:{}", depth, std::round((1 - keep) * 10) / 10));
+}
+
+// Accuracy (or NLL change) against the share kept, one line per depth: the grid's cells of one
+// task and length for `policy`.
+std::string grid_chart(const eval::TaskResult& r, const std::string& model_name, PolicyKind policy) {
+  const eval::TaskInfo& info = eval::task_info(r.task);
+  const bool qa = eval::is_qa(r.task);
+  report::LineChart c;
+  c.title = fmt::format("{}: one pruning layer at each depth, {} tokens ({})", info.name, r.length,
+                        policy_name(policy));
+  c.subtitle = fmt::format("{}, {} samples; the LazyLLM paper's Figure 6 grid{}", model_name, r.baseline.n,
+                           qa && !r.counts ? "; FAILED AT BASELINE (near chance)" : "");
+  c.x = {"tokens kept at the pruning layer (%)", false, 0.0, 100.0};
+  c.y = {qa ? "accuracy (%)" : "NLL change (nats/token)"};
+  if (qa) c.y.min = 0, c.y.max = 100;
+  for (const double d : kGridDepths) {
+    report::Series s;
+    s.name = fmt::format("pruned after {:.0f}% of the layers", 100 * d);
+    for (const double k : kGridKeeps) {
+      const std::string want = grid_schedule(d, k).to_string();
+      for (const auto& cell : r.cells)
+        if (cell.method.policy == policy && cell.method.schedule.to_string() == want) {
+          s.x.push_back(100 * k);
+          s.y.push_back(qa ? 100 * cell.accuracy : cell.nll_change);
+        }
+    }
+    if (!s.x.empty()) c.series.push_back(s);
+  }
+  const double base = qa ? 100 * r.baseline.accuracy : 0.0;
+  c.series.push_back({"none (unpruned)", {0.0, 100.0}, {base, base}, true, false, true});
+  return report::svg_line_chart(c);
+}
+
 void print_table(const std::vector<eval::TaskResult>& results,
                  const std::vector<eval::TargetCheck>& targets) {
   for (const auto& r : results) {
@@ -198,6 +238,13 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
                 std::string("A schedule (repeat for a curve; default four from mild to aggressive: ") +
                     kDefaultLadder[0] + " ... " + kDefaultLadder[3] + ")")
       ->check(non_empty_schedule());
+  e->add_option(
+       "--grid", a.grid,
+       "single-layer: instead of --schedule, the LazyLLM paper's Figure 6 grid: one pruning layer after "
+       "10, 30, 50, 70 or 90% of the depth, keeping 10, 30, 50, 70 or 90% of the tokens there (25 "
+       "schedules; --prune defaults to lazyllm; with --out, one grid chart per task and length)")
+      ->check(CLI::IsMember({"single-layer"}))
+      ->excludes("--schedule");
   e->add_option("--seed", a.seed, "Seed of the samples and of --prune random (default 1)")
       ->check(digits_only());
   e->add_option("--threads", a.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
@@ -213,7 +260,7 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   return e;
 }
 
-int cmd_eval(const EvalArgs& a, const CLI::App& /*sub*/) {
+int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
   eval::EvalOptions opt;
   for (const std::string& t : split_list(a.tasks)) opt.tasks.push_back(eval::task_info(t).task);
   if (opt.tasks.empty()) usage_fail("--task is empty (known: passkey, kv, mdqa, nll)");
@@ -227,9 +274,15 @@ int cmd_eval(const EvalArgs& a, const CLI::App& /*sub*/) {
   opt.keep_prompts = a.with_prompts;
   std::vector<Schedule> schedules;
   for (const std::string& s : a.schedules) schedules.push_back(schedule_from_arg(s));
+  const bool grid = !a.grid.empty();
+  if (grid)
+    for (const double d : kGridDepths)
+      for (const double k : kGridKeeps) schedules.push_back(grid_schedule(d, k));
   if (schedules.empty())
     for (const char* s : kDefaultLadder) schedules.push_back(parse_schedule(s));
-  for (const std::string& p : split_list(a.prune)) {
+  // The grid is the paper's LazyLLM figure: lazyllm alone unless --prune says otherwise.
+  const std::string prune = grid && sub.count("--prune") == 0 ? std::string("lazyllm") : a.prune;
+  for (const std::string& p : split_list(prune)) {
     const PolicyKind k = parse_policy(p);
     if (k == PolicyKind::None) continue;  // the baseline always runs
     for (const Schedule& s : schedules) opt.methods.push_back({k, s});
@@ -287,6 +340,14 @@ int cmd_eval(const EvalArgs& a, const CLI::App& /*sub*/) {
       write_file_atomic(
           (dir / fmt::format("speed-accuracy-{}-{}.svg", eval::task_info(r.task).name, r.length)).string(),
           chart(r, model->config().name), "chart");
+    if (grid)
+      for (const auto& r : results)
+        for (const std::string& p : split_list(prune))
+          if (parse_policy(p) != PolicyKind::None)
+            write_file_atomic((dir / fmt::format("grid-single-layer-{}-{}-{}.svg",
+                                                 eval::task_info(r.task).name, r.length, p))
+                                  .string(),
+                              grid_chart(r, model->config().name, parse_policy(p)), "chart");
   }
   if (a.json_out)
     std::puts(j.dump(2).c_str());

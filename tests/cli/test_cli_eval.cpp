@@ -1,5 +1,7 @@
 // `lazyprefill eval` through the real binary: JSON and charts on the tiny model, bad input, and
 // an unpruned eval that answers exactly like `run` on the real model.
+#include <set>
+
 #include "evals/tasks.h"
 #include "model/gguf.h"
 #include "model/vocab.h"
@@ -43,6 +45,36 @@ TEST_F(CliEval, WritesJsonAndChartsOnTheTinyModel) {
   EXPECT_TRUE(j["results"][1]["baseline"].contains("nll_mean"));
   // One progress line per sample on stderr.
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 4) << r.err;
+}
+
+// The LazyLLM paper's Figure 6 grid: 25 single-layer schedules (5 depths x 5 shares kept), LazyLLM
+// only unless --prune says otherwise, and one grid chart per task and length.
+TEST_F(CliEval, SingleLayerGridIsThePapersFigureSix) {
+  const std::string out = dir_.file("grid");
+  const CliResult r =
+      run_cli(dir_, {"eval", "--model", six_layers(), "--task", "nll", "--lengths", "300", "--samples", "1",
+                     "--grid", "single-layer", "--threads", "1", "--out", out, "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto methods = nlohmann::json::parse(r.out)["results"][0]["methods"];
+  ASSERT_EQ(methods.size(), 25u);
+  std::set<std::string> schedules;
+  for (const auto& m : methods) {
+    EXPECT_EQ(m["policy"], "lazyllm");
+    const std::string sched = m["schedule"].get<std::string>();
+    EXPECT_EQ(std::count(sched.begin(), sched.end(), ':'), 1) << sched;  // one pruning layer
+    schedules.insert(sched);
+  }
+  EXPECT_EQ(schedules.size(), 25u);
+  EXPECT_TRUE(schedules.count("0.1:0.9"));  // after 10% of the depth, keep 10%
+  EXPECT_TRUE(schedules.count("0.9:0.1"));  // after 90%, keep 90%
+  const std::string svg = slurp_text(out + "/grid-single-layer-nll-300-lazyllm.svg");
+  EXPECT_NE(svg.find("pruned after 50% of the layers"), std::string::npos);
+  // Not with --schedule; only the named grid.
+  expect_one_line_error(run_cli(dir_, {"eval", "--model", six_layers(), "--lengths", "300", "--grid",
+                                       "single-layer", "--schedule", "0.5:0.5"}),
+                        {"--schedule"});
+  expect_one_line_error(
+      run_cli(dir_, {"eval", "--model", six_layers(), "--lengths", "300", "--grid", "figure9"}), {"--grid"});
 }
 
 TEST_F(CliEval, BadInput) {
