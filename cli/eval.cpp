@@ -217,6 +217,14 @@ void print_table(const std::vector<eval::TaskResult>& results,
     if (t.matched_comparisons > 0)
       fmt::print("  {} tokens: LazyLLM at or above static/random in {} of {} matched comparisons\n", t.length,
                  t.lazyllm_at_or_above, t.matched_comparisons);
+    if (!t.ttft_matched.empty()) {
+      fmt::print("  {} tokens, at matched measured TTFT: LazyLLM at or above in {} of {}\n", t.length,
+                 t.lazyllm_at_or_above_ttft, t.ttft_matched.size());
+      for (const auto& m : t.ttft_matched)
+        fmt::print("    {:<8} {:<32} at {:.2f}x: {:5.1f}% vs LazyLLM {:5.1f}%\n",
+                   eval::task_info(m.task).name, m.baseline.label(), m.speedup, 100 * m.baseline_accuracy,
+                   100 * m.lazyllm_accuracy);
+    }
   }
 }
 
@@ -329,6 +337,15 @@ int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
     }
     tj["matched_comparisons"] = t.matched_comparisons;
     tj["lazyllm_at_or_above"] = t.lazyllm_at_or_above;
+    json tm = json::array();
+    for (const auto& m : t.ttft_matched)
+      tm.push_back({{"task", eval::task_info(m.task).name},
+                    {"baseline", m.baseline.label()},
+                    {"measured_speedup", m.speedup},
+                    {"baseline_accuracy", m.baseline_accuracy},
+                    {"lazyllm_accuracy_at_that_speedup", m.lazyllm_accuracy}});
+    tj["ttft_matched_comparisons"] = tm;
+    tj["lazyllm_at_or_above_at_matched_ttft"] = t.lazyllm_at_or_above_ttft;
     ts.push_back(tj);
   }
   j["targets"] = ts;

@@ -101,6 +101,17 @@ struct TargetCheck {
   // At every schedule where lazyllm and a baseline policy (static, random) both ran: per counted
   // QA task, whether lazyllm's accuracy is at or above the baseline's (same share computed).
   int matched_comparisons = 0, lazyllm_at_or_above = 0;
+  // At matched measured TTFT, as the paper's Table 1 compares: per counted QA task and baseline
+  // cell (static, random, any schedule) whose measured speedup LazyLLM's cells of that task span,
+  // LazyLLM's accuracy at that speedup, interpolated linearly along its cells sorted by speedup (the
+  // unpruned run as the point at 1x), against the baseline's.
+  struct TtftMatch {
+    Task task;
+    Method baseline;
+    double speedup = 0, baseline_accuracy = 0, lazyllm_accuracy = 0;
+  };
+  std::vector<TtftMatch> ttft_matched;
+  int lazyllm_at_or_above_ttft = 0;
 };
 std::vector<TargetCheck> check_targets(const std::vector<TaskResult>& results, double min_speedup = 1.8,
                                        double max_loss = 0.01);

@@ -322,6 +322,23 @@ TEST(EvalTargets, FastestLazyLLMWithinOnePointAndMatchedComparisons) {
   EXPECT_TRUE(t[0].speedup_met);
   EXPECT_EQ(t[0].matched_comparisons, 2);
   EXPECT_EQ(t[0].lazyllm_at_or_above, 1);  // above static on passkey, below on kv
+  // At matched measured TTFT: static's 2.2x on passkey falls between LazyLLM's 2.1x (0.8) and
+  // 3.0x (0.6): 0.8 - 0.2 x 0.1 / 0.9 = 0.7778, above static's 0.7; on kv its 2.0x falls between
+  // 1.9x (0.9) and 2.8x (0.9): 0.9, below static's 0.95.
+  ASSERT_EQ(t[0].ttft_matched.size(), 2u);
+  EXPECT_NEAR(t[0].ttft_matched[0].lazyllm_accuracy, 0.8 - 0.2 * 0.1 / 0.9, 1e-12);
+  EXPECT_DOUBLE_EQ(t[0].ttft_matched[0].baseline_accuracy, 0.7);
+  EXPECT_NEAR(t[0].ttft_matched[1].lazyllm_accuracy, 0.9, 1e-12);
+  EXPECT_EQ(t[0].lazyllm_at_or_above_ttft, 1);
+  // A baseline faster than every LazyLLM cell is not extrapolated to; one between the unpruned
+  // run (1x, its accuracy) and LazyLLM's slowest cell is interpolated from the unpruned point.
+  eval::TaskResult c = a;
+  c.baseline.accuracy = 1.0;
+  c.cells.push_back(cell(PolicyKind::Random, "0.1:0.5", 0.1, -0.9, 3.5));
+  c.cells.push_back(cell(PolicyKind::Random, "0.3:0.1", 0.9, -0.1, 1.25));
+  const auto t3 = eval::check_targets({c});
+  ASSERT_EQ(t3[0].ttft_matched.size(), 2u);  // static 2.2x and random 1.25x; not random 3.5x
+  EXPECT_NEAR(t3[0].ttft_matched[1].lazyllm_accuracy, 1.0 - 0.2 * 0.25 / 0.5, 1e-12);
   // A task that fails at baseline is left out.
   b.counts = false;
   const auto t2 = eval::check_targets({a, b});
