@@ -125,9 +125,8 @@ int inspect_trace(const std::string& path, bool json_out, const std::string& kv_
              lp::escape_text(path), h.version, h.policy, lp::escape_text(h.schedule), h.prompt_tokens, steps,
              s.detail ? "with detail (kept positions, scores, revived positions)" : "counts only");
   fmt::print(
-      "prompt (token, layer) pairs computed: {:.1f}% in the prefill, {:.1f}% by the end (the paper's \"% of "
-      "prompt "
-      "tokens computed\")   all tokens, whole generation: {:.1f}%   at most once: {}\n",
+      "prompt (token, layer) pairs computed: {:.1f}% in the prefill, {:.1f}% by the end (the paper's "
+      "\"% of prompt tokens computed\")   all tokens, whole generation: {:.1f}%   at most once: {}\n",
       100 * s.prompt_share, 100 * s.prompt_share_after_generation, 100 * s.all_share,
       s.at_most_once ? "yes" : "NO");
   fmt::print("KV at the end: {:.2f} MiB (f32)   Aux Cache: {} states, {:.2f} MiB   revivals: {}\n",

@@ -159,6 +159,7 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
   std::vector<int32_t> ids;
   std::vector<int64_t> chunks;
   PolicyKind policy_kind = PolicyKind::None;
+  Schedule sched;  // with --prune: the schedule, resolved into steps
   std::vector<PruneStep> steps;
   std::unique_ptr<PruningPolicy> policy;
   if (const int rc = agreed([&] {
@@ -194,8 +195,8 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
         // LazyLLM on the last rank (engine/runahead.h); every rank knows the steps, for the partition.
         policy_kind = parse_policy(a.prune);
         if (policy_kind != PolicyKind::None) {
-          steps = resolve_schedule(a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule),
-                                   model->config().n_layer);
+          sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+          steps = resolve_schedule(sched, model->config().n_layer);
           policy = make_policy(policy_kind, a.seed);
         }
       });
@@ -338,9 +339,7 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
           {"partition", chunks},
           {"partition_rule", a.partition},
           {"prune", policy_name(policy_kind)},
-          {"schedule",
-           policy ? (a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule)).to_string()
-                  : std::string("none")},
+          {"schedule", policy ? sched.to_string() : std::string("none")},
           {"prompt_tokens", N},
           {"generated_tokens", generated},
           {"ttft_ms", ttft_s * 1e3},

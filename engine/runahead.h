@@ -57,8 +57,9 @@ struct RunaheadTimes {
 // whole prompt: at each pruning layer the last token's attention scores every active key, the
 // received prefix's and its own rows', and the policy keeps its share of all of them; its own rows
 // not kept stop there (their states to the Aux Cache, for revival while decoding), and the prefix
-// positions not kept are not attended by its later layers (their K/V still arrives and is kept,
-// so decoding can select them again without recomputing). Where no prefix token is dropped the
+// positions not kept are not attended by its later layers: their K/V still arrives, but is taken
+// into the cache only after the pass (so the pass's keys stay contiguous), where decoding can
+// select them again without recomputing. Where no prefix token is dropped the
 // logits are exactly one process's LazyLLM logits; where some are, the prefix tokens kept were
 // computed by the earlier ranks over the whole prefix, not over the kept tokens only.
 RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, const RunaheadPart& part,

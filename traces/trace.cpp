@@ -380,8 +380,8 @@ void Summarizer::add(const Step& st) {
     s_.prompt_share = prefill_computed_fraction(st, prompt_tokens_);
     prompt_dense_ = double(T) * L;
     for (int l = 0; l < L; ++l) prompt_pairs_ += double(st.queries[size_t(l)]);
-  } else {  // a decoding step's rows beyond its new tokens (computed at every layer) are revived prompt
-            // tokens
+  } else {
+    // A decoding step's rows beyond its new tokens (computed at every layer) are revived prompt tokens.
     for (int l = 0; l < L; ++l) prompt_pairs_ += double(st.queries[size_t(l)] - st.new_tokens);
   }
   // Over the whole generation: a dense run computes every new token at every layer once.
