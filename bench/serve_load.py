@@ -160,9 +160,10 @@ def parse_args(argv):
     a = ap.parse_args(argv)
 
     a.prune = [p.strip() for p in a.prune.split(",") if p.strip()]
-    bad = [p for p in a.prune if p not in ("none", "lazyllm", "static", "random")]
+    known = ("none", "lazyllm", "static-paper", "random-drop", "frozen", "random-layers")
+    bad = [p for p in a.prune if p not in known]
     if not a.prune or bad:
-        ap.error(f"--prune: unknown method(s) {bad or a.prune} (none, lazyllm, static, random)")
+        ap.error(f"--prune: unknown method(s) {bad or a.prune} ({', '.join(known)})")
     if len(set(a.prune)) != len(a.prune):
         ap.error("--prune: a method is named twice")
     if a.requests is None and a.duration is None:

@@ -13,6 +13,7 @@
 #include "calibrate/bobyqa.h"
 #include "model/error.h"
 #include "model/presets.h"
+#include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/replay.h"
 #include "traces/synthetic.h"
@@ -223,9 +224,13 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
     policy = m.method.substr(0, sp);
     sched = m.method.substr(sp + 1);
   }
-  if (policy != "none" && policy != "lazyllm" && policy != "static" && policy != "random")
-    fail("{}: record {}: method '{}' is not none, lazyllm, static or random", m.file, m.record, m.method);
+  // Measurements from before the paper's baselines existed name "static" and "random".
+  if (!check_policy_arg(policy).empty() && policy != "static" && policy != "random")
+    fail("{}: record {}: method '{}' is not a pruning method ({})", m.file, m.record, m.method, kPolicyNames);
+  const PolicyKind kind = parse_policy(policy, true);
+  policy = policy_name(kind);
   std::vector<PruneStep> steps;
+  double dropped = 0;
   if (policy != "none") {
     // The schedule decides what a pruned run computes: guessing one would fit the profile to the
     // wrong work.
@@ -236,7 +241,9 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
           "run used)",
           m.file, m.record, m.method, policy);
     try {
-      steps = resolve_schedule(schedule_from_arg(sched), model.n_layer);
+      const Schedule s = schedule_from_arg(sched);
+      steps = resolve_method(kind, s, model.n_layer);
+      dropped = drop_share(s).value_or(0);
     } catch (const Error& e) {
       fail("{}: record {}: {}", m.file, m.record, e.what());
     }
@@ -247,7 +254,7 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
   if (model.n_ctx_train > 0 && prompt + (pt.ttft ? 0 : 1) > model.n_ctx_train)
     fail("{}: record {}: {} tokens exceed {}'s context of {}", m.file, m.record, prompt, preset,
          model.n_ctx_train);
-  pt.work = trace::synthetic_trace(model, policy, steps, prompt, pt.ttft ? 0 : 1);
+  pt.work = trace::synthetic_trace(model, policy, steps, prompt, pt.ttft ? 0 : 1, {}, dropped);
   return pt;
 }
 

@@ -65,7 +65,7 @@ RevivalModel fit_revival_model(const std::vector<trace::Trace>& traces, const st
   for (size_t k = 0; k < traces.size(); ++k) {
     const trace::Trace& t = traces[k];
     const std::string& name = names.at(k);
-    if (t.header.policy != "lazyllm" && t.header.policy != "random")
+    if (t.header.policy != "lazyllm" && t.header.policy != "random-layers")
       fail("{}: a {} run has no revivals to fit (record one with run --prune lazyllm --trace)", name,
            t.header.policy);
     if (t.header.policy != m.policy)

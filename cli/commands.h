@@ -14,6 +14,7 @@
 
 #include "hwmodels/profile.h"
 #include "kernels/context.h"
+#include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
 #include "sim/revival.h"
@@ -65,6 +66,24 @@ inline CLI::Validator digits_only() {
         return ok ? std::string() : "not a non-negative whole number: " + s;
       },
       "UINT");
+}
+
+// A pruning policy's name (pruning/policy.h), or with `list` a comma-separated list of them; the
+// old names "static" and "random" get a line naming what they became.
+inline CLI::Validator policy_names(bool list = false) {
+  return CLI::Validator(
+      [list](const std::string& s) {
+        if (!list) return check_policy_arg(s);
+        size_t b = 0;
+        while (true) {
+          const size_t c = s.find(',', b);
+          const std::string item = s.substr(b, c == std::string::npos ? c : c - b);
+          if (const std::string why = check_policy_arg(item); !why.empty()) return why;
+          if (c == std::string::npos) return std::string();
+          b = c + 1;
+        }
+      },
+      list ? "POLICY,..." : "POLICY");
 }
 
 // Options several subcommands share, declared once (cli/options.cpp).
@@ -204,8 +223,8 @@ int cmd_validate_serving(const ValidateArgs& a);   // cli/validate_serving.cpp
 int cmd_validate_runahead(const ValidateArgs& a);  // cli/validate_runahead.cpp
 
 struct ReportArgs {
-  std::string model, model_config, hw, trace, prune = "lazyllm,static,random", lengths, validation, out,
-                                              engine;
+  std::string model, model_config, hw, trace, prune = "lazyllm,static-paper,random-drop", lengths, validation,
+                                              out, engine;
   std::vector<std::string> schedules;
   sim::Precision precision;
   std::string revival_model;  // "" or "builtin": the built-in revival model
@@ -241,10 +260,10 @@ CLI::App* add_sweep(CLI::App& app, SweepArgs& a);
 int cmd_sweep(const SweepArgs& a, const CLI::App& sub);
 
 struct EvalArgs {
-  std::string model, tasks = "passkey", lengths, prune = "lazyllm,static,random", corpus, out;
+  std::string model, tasks = "passkey", lengths, prune = "lazyllm,static-paper,random-drop", corpus, out;
   std::vector<std::string> schedules;
   std::string grid;  // "single-layer": the paper's Figure 6 grid instead of --schedule
-  int samples = 20, threads = 0, agreement_tokens = 8;
+  int samples = 20, threads = 0, agreement_tokens = 8, drop_seeds = 5;
   uint64_t seed = 1;
   bool json_out = false, with_prompts = false;
 };

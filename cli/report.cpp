@@ -46,11 +46,15 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   add_model_choice(*r, a.model, a.model_config, "report on");
   add_hardware(*r, a.hw, a.engine);
   r->add_option("--trace", a.trace, "A recorded trace whose pruning pattern is mapped to each length");
-  r->add_option("--prune", a.prune,
-                "Methods besides none: any of lazyllm, static, random (default all three)");
+  r->add_option(
+       "--prune", a.prune,
+       "Methods besides none, comma-separated: lazyllm, the paper's baselines static-paper and "
+       "random-drop, the ablations frozen and random-layers (default lazyllm,static-paper,random-drop)")
+      ->check(policy_names(true));
   r->add_option("--schedule", a.schedules,
                 "A LazyLLM schedule to report (repeat for several; default 0.3:0.3,0.6:0.3,0.9:0.3 without a "
-                "trace); static and random use the trace's or the first")
+                "trace); frozen and random-layers use the trace's or the first; static-paper and random-drop "
+                "those that fit them (one L:S step; a share alone), else their defaults 0.1:0.35 and 0.3")
       ->check(non_empty_schedule());
   r->add_option("--prompt-lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
   r->add_option("--new-tokens", a.new_tokens, "Tokens generated after each prompt (default 0: TTFT only)")
@@ -137,8 +141,7 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
 
   std::vector<std::string> policies = split_list(a.prune);
   for (const std::string& p : policies)
-    if (p != "lazyllm" && p != "static" && p != "random" && p != "none")
-      usage_fail("--prune: unknown method '{}' (expected lazyllm, static, random)", p);
+    if (const std::string why = check_policy_arg(p); !why.empty()) usage_fail("--prune: {}", why);
   const auto wants = [&](const char* p) {
     return std::find(policies.begin(), policies.end(), p) != policies.end();
   };
@@ -161,23 +164,31 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
     const Schedule recorded_schedule =
         recorded.header.schedule == "none" ? Schedule{} : parse_schedule(recorded.header.schedule);
     req.methods.push_back(
-        method(name, {parse_policy(recorded.header.policy), recorded_schedule}, {}, &recorded));
+        method(name, {parse_policy(recorded.header.policy, true), recorded_schedule}, {}, &recorded));
     scheds.push_back(recorded_schedule);
   }
-  // Synthetic LazyLLM schedules: those asked for (besides a trace), else the default.
-  std::vector<Schedule> lazy;
-  for (const std::string& s : a.schedules) lazy.push_back(schedule_from_arg(s));
+  // Synthetic LazyLLM schedules: those asked for (besides a trace) that fit LazyLLM, else the default.
+  std::vector<Schedule> given, lazy;
+  for (const std::string& s : a.schedules) given.push_back(schedule_from_arg(s));
+  for (const Schedule& s : given)
+    if (method_problem(PolicyKind::LazyLLM, s).empty()) lazy.push_back(s);
   if (lazy.empty() && a.trace.empty()) lazy.push_back(default_schedule());
   if (wants("lazyllm"))
     for (const Schedule& s : lazy)
       req.methods.push_back(method("lazyllm " + s.to_string(), {PolicyKind::LazyLLM, s},
                                    resolve_schedule(s, req.model.n_layer)));
   scheds.insert(scheds.end(), lazy.begin(), lazy.end());
-  for (const char* p : {"static", "random"})
-    if (wants(p) && !scheds.front().steps.empty())
-      req.methods.push_back(method(std::string(p) + " " + scheds.front().to_string(),
-                                   {parse_policy(p), scheds.front()},
-                                   resolve_schedule(scheds.front(), req.model.n_layer)));
+  // The ablations at LazyLLM's (first) schedule; the paper's baselines at theirs.
+  for (const PolicyKind k : {PolicyKind::Frozen, PolicyKind::RandomLayers})
+    if (wants(policy_name(k)) && !scheds.empty() && !scheds.front().steps.empty() &&
+        method_problem(k, scheds.front()).empty())
+      req.methods.push_back(method(fmt::format("{} {}", policy_name(k), scheds.front().to_string()),
+                                   {k, scheds.front()}, resolve_schedule(scheds.front(), req.model.n_layer)));
+  for (const PolicyKind k : {PolicyKind::StaticPaper, PolicyKind::RandomDrop})
+    if (wants(policy_name(k)))
+      for (const Schedule& s : schedules_fitting(k, given))
+        req.methods.push_back(method(fmt::format("{} {}", policy_name(k), s.to_string()), {k, s},
+                                     resolve_method(k, s, req.model.n_layer)));
 
   const std::optional<sim::RevivalModel> revival_model = load_revivals(a.revival_model, a.revival_share);
   for (report::ReportedMethod& m : req.methods) {

@@ -24,6 +24,7 @@
 #include "model/gguf.h"
 #include "model/io.h"
 #include "model/paths.h"
+#include "pruning/method.h"
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
 #include "traces/trace.h"
@@ -105,7 +106,7 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_option("--top-p", a.top_p, "Nucleus sampling threshold")
       ->check(CLI::Range(0.0, 1.0))
       ->check(lp::cli::finite_number());
-  run->add_option("--seed", a.seed, "Random seed for sampling and for --prune random")
+  run->add_option("--seed", a.seed, "Random seed for sampling and for --prune random-drop and random-layers")
       ->check(lp::cli::digits_only());
   auto* trace_opt = run->add_option("--trace", a.trace,
                                     "Write the run's trace (JSON Lines, traces/README.md) to this file");
@@ -113,11 +114,15 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
                 "Also record in the trace the positions kept and the scores at each pruning layer, and the "
                 "positions revived")
       ->needs(trace_opt);
-  run->add_option("--prune", a.prune,
-                  "Prefill token pruning: none, lazyllm (LazyLLM), static (select once) or random")
-      ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
+  run->add_option(
+         "--prune", a.prune,
+         "Token pruning: none, lazyllm (LazyLLM); the paper's baselines static-paper (one step L:S, "
+         "scores from layers 0..L) and random-drop (a share of the prompt dropped before the model); "
+         "the ablations frozen (LazyLLM's layers, scores frozen at the first) and random-layers")
+      ->check(lp::cli::policy_names());
   run->add_option("--schedule", a.schedule,
-                  std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
+                  std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3; "
+                              "static-paper 0.1:0.35, random-drop 0.3). ") +
                       lp::kScheduleSyntaxHelp)
       ->check(lp::cli::non_empty_schedule());
   auto* ra =
@@ -183,7 +188,8 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
   opt.max_new_tokens = a.max_new_tokens;
   opt.sampler = {a.temperature, a.top_p, a.seed};
   opt.policy = lp::parse_policy(a.prune);
-  opt.schedule = a.schedule.empty() ? lp::default_schedule() : lp::schedule_from_arg(a.schedule);
+  opt.schedule = a.schedule.empty() ? lp::default_schedule(opt.policy) : lp::schedule_from_arg(a.schedule);
+  lp::check_method(opt.policy, opt.schedule);
   opt.prune_seed = a.seed;
   opt.record_steps = !a.trace.empty();
   if (a.backend == "cuda") opt.gpu_op_timers = a.op_timers;

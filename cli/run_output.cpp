@@ -63,7 +63,9 @@ trace::Trace run_trace(const ModelConfig& c, const GenerateOptions& opt, const G
   t.header.policy = policy_name(opt.policy);
   t.header.schedule = opt.policy == PolicyKind::None ? "none" : opt.schedule.to_string();
   for (const auto& st : r.prune_steps) t.header.schedule_layers.emplace_back(st.layer, st.share);
-  t.header.prompt_tokens = int64_t(r.prompt_ids.size());
+  t.header.prompt_tokens =
+      int64_t(r.prompt_ids.size()) - r.prompt_tokens_dropped;  // the tokens the model saw
+  t.header.prompt_tokens_dropped = r.prompt_tokens_dropped;
   t.header.dtype = dtype;
   t.header.tool_version = LP_VERSION;
   t.header.git_commit = LP_GIT_COMMIT;
@@ -78,6 +80,7 @@ json run_json(const Model& m, const GenerateOptions& opt, const GenerateResult& 
   json j;
   j["text"] = r.text;
   j["prompt_tokens"] = r.prompt_ids.size();
+  if (opt.policy == PolicyKind::RandomDrop) j["prompt_tokens_dropped"] = r.prompt_tokens_dropped;
   j["generated_tokens"] = r.generated_ids.size();
   j["generated_ids"] = r.generated_ids;
   j["ttft_ms"] = r.ttft_s * 1e3;

@@ -31,6 +31,7 @@
 #include "model/error.h"
 #include "model/io.h"
 #include "model/paths.h"
+#include "pruning/method.h"
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
 #include "sim/runahead.h"
@@ -194,8 +195,12 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
           usage_fail("--runahead: the prompt has {} tokens, fewer than the {} ranks", ids.size(), P);
         // LazyLLM on the last rank (engine/runahead.h); every rank knows the steps, for the partition.
         policy_kind = parse_policy(a.prune);
+        if (policy_kind == PolicyKind::StaticPaper || policy_kind == PolicyKind::RandomDrop)
+          usage_fail("--runahead prunes on the last rank with lazyllm, frozen or random-layers, not {}",
+                     policy_name(policy_kind));
         if (policy_kind != PolicyKind::None) {
           sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+          check_method(policy_kind, sched);
           steps = resolve_schedule(sched, model->config().n_layer);
           policy = make_policy(policy_kind, a.seed);
         }

@@ -35,9 +35,9 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
                 "The model's name in the API (default: the GGUF file's name without .gguf)");
   s->add_option(
        "--prune", a.prune,
-       "Pruning for requests that do not choose (their \"lazyprefill\" field): none, lazyllm, static, "
-       "random")
-      ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
+       "Pruning for requests that do not choose (their \"lazyprefill\" field): none, lazyllm, static-paper, "
+       "random-drop, frozen, random-layers (run --help says what each does)")
+      ->check(policy_names());
   s->add_option(
        "--schedule", a.schedule,
        std::string("Default pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3). ") +
@@ -92,7 +92,8 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
                           ? std::filesystem::path(path).filename().replace_extension().string()
                           : a.served_name;
   so.api.policy = parse_policy(a.prune);
-  so.api.schedule = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+  so.api.schedule = a.schedule.empty() ? default_schedule(so.api.policy) : schedule_from_arg(a.schedule);
+  check_method(so.api.policy, so.api.schedule);
   so.api.chat_max_tokens = a.chat_max_tokens;
 
   if (a.backend == "cuda") (void)cuda::open_device();  // one line saying why not, before the load

@@ -89,7 +89,7 @@ std::optional<sim::RevivalModel> load_revivals(const std::string& model, double 
 RevivalChoice choose_revivals(const std::optional<sim::RevivalModel>& model, double share,
                               const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
                               bool map) {
-  if (policy != "lazyllm" && policy != "random")
+  if (!policy_revives(parse_policy(policy, true)))
     return {{}, fmt::format("none (the {} policy revives nothing)", policy)};
   if (!model) {
     if (share == 0) return {sim::constant_revival_share(0), "none: --revival-share 0, the optimistic bound"};
@@ -112,9 +112,11 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
   auto* trace = s->add_option("--trace", a.trace, "Replay this trace (written by run --trace)");
   auto* prune =
       s->add_option("--prune", a.prune, "Without a trace: the policy of a synthetic trace (default none)")
-          ->check(CLI::IsMember({"none", "lazyllm", "static", "random"}));
+          ->check(policy_names());
   trace->excludes(prune);
-  s->add_option("--schedule", a.schedule, "Pruning schedule for --prune (default 0.3:0.3,0.6:0.3,0.9:0.3)")
+  s->add_option("--schedule", a.schedule,
+                "Pruning schedule for --prune (default 0.3:0.3,0.6:0.3,0.9:0.3; static-paper 0.1:0.35, "
+                "random-drop 0.3)")
       ->needs(prune)
       ->check(non_empty_schedule());
   s->add_option("--prompt-tokens", a.prompt_tokens,
@@ -238,14 +240,15 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
       c = preset_config(a.model_config);
     else
       usage_fail("give --model PATH or --model-config NAME");
-    const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
-    const std::vector<PruneStep> steps = resolve_schedule(sched, c.n_layer);
+    const PolicyKind kind = parse_policy(policy);
+    const Schedule sched = a.schedule.empty() ? default_schedule(kind) : schedule_from_arg(a.schedule);
+    const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer);
     const RevivalChoice rv = choose_revivals(load_revivals(a.revival_model, a.revival_share), a.revival_share,
                                              policy, c.n_layer, steps, a.map);
     revivals = rv.description;
     // M new tokens take M - 1 decoding steps, as in run: the prefill produces the first.
     known_steps = std::max<int64_t>(0, a.new_tokens - 1);
-    gen.emplace(c, policy, steps, a.prompt_tokens, known_steps, rv.share);
+    gen.emplace(c, policy, steps, a.prompt_tokens, known_steps, rv.share, drop_share(sched).value_or(0));
     src = header = gen->header();
     header.schedule = policy == "none" ? "none" : sched.to_string();
     origin = "synthetic";
@@ -259,7 +262,9 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   for (const hw::Profile& hw : hws) sim::check_tp(c, hw, a.tp);  // before any output
   // The same work without pruning: every token at every layer, same prompt and steps, made step by
   // step beside the others.
-  trace::SyntheticSteps base_gen(c, "none", {}, header.prompt_tokens, int64_t(1) << 40);
+  // The unpruned baseline runs the prompt as given (random-drop's dropped tokens included).
+  trace::SyntheticSteps base_gen(c, "none", {}, header.prompt_tokens + header.prompt_tokens_dropped,
+                                 int64_t(1) << 40);
   const size_t keep = a.json_out ? size_t(a.step_times) : 0;
   std::vector<sim::Replayer> pruned, unpruned;
   for (const hw::Profile& hw : hws) {
@@ -281,18 +286,24 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"trace", origin},
               {"policy", header.policy},
               {"schedule", header.schedule},
-              {"prompt_tokens", header.prompt_tokens},
+              {"prompt_tokens", header.prompt_tokens + header.prompt_tokens_dropped},
               {"decode_steps", decode_steps},
               {"revivals", revivals},
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
               {"tp", a.tp},
               {"results", json::array()}};
+  if (header.prompt_tokens_dropped > 0) out["prompt_tokens_dropped"] = header.prompt_tokens_dropped;
   if (!a.json_out)
     fmt::print(
-        "{} ({} layers, {:.2f} B params), {} {}, {} prompt tokens, {} decoding steps, weights {} compute {} "
+        "{} ({} layers, {:.2f} B params), {} {}, {} prompt tokens{}, {} decoding steps, weights {} compute "
+        "{} "
         "kv {}{}\n",
         out["model"].get<std::string>(), c.n_layer, c.n_params() / 1e9, header.policy, header.schedule,
-        header.prompt_tokens, decode_steps, prec.weights, prec.compute, prec.kv,
+        header.prompt_tokens + header.prompt_tokens_dropped,
+        header.prompt_tokens_dropped > 0
+            ? fmt::format(" ({} dropped before the model)", header.prompt_tokens_dropped)
+            : "",
+        decode_steps, prec.weights, prec.compute, prec.kv,
         a.tp > 1 ? fmt::format(", tensor parallel {}", a.tp) : "");
   if (!a.json_out && decode_steps > 0) fmt::print("revivals: {}\n", revivals);
   for (size_t i = 0; i < hws.size(); ++i) {

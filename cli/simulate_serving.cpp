@@ -49,9 +49,15 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
   add_model_choice(*s, a.model, a.model_config, "cost");
   add_hardware(*s, a.hw, a.engine);
   add_precision(*s, a.precision);
-  s->add_option("--prune", a.prune,
-                "Methods, comma-separated: none, lazyllm, static, random (default none,lazyllm)");
-  s->add_option("--schedule", a.schedule, "Pruning schedule (default 0.3:0.3,0.6:0.3,0.9:0.3)")
+  s->add_option(
+       "--prune", a.prune,
+       "Methods, comma-separated: none, lazyllm, static-paper, random-drop, frozen, random-layers (default "
+       "none,lazyllm)")
+      ->check(policy_names(true));
+  s->add_option("--schedule", a.schedule,
+                "Pruning schedule (default 0.3:0.3,0.6:0.3,0.9:0.3); a policy it does not fit (static-paper "
+                "takes one L:S "
+                "step, random-drop a share alone) runs its own default, named beside it")
       ->check(non_empty_schedule());
   s->add_option("--revival-model", a.revival_model,
                 "Revival model file from calibrate-revivals (default: the built-in one)");
@@ -153,16 +159,23 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
     refuse_output_over_input(a.log_requests, "--log-requests",
                              {a.model, a.arrival_file, a.revival_model, a.out});
 
-  const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
-  const std::vector<PruneStep> steps = resolve_schedule(sched, c.n_layer);
+  // Each policy prunes by --schedule where it fits it, else by its own default (schedules_fitting).
+  std::vector<Schedule> given;
+  if (!a.schedule.empty()) given.push_back(schedule_from_arg(a.schedule));
+  const Schedule main_sched = given.empty() ? default_schedule() : given.front();
   const auto revival_model = load_revivals(a.revival_model, a.revival_share);
   std::vector<sim::ServingMethod> methods;
   std::vector<std::string> revival_lines;
   for (const std::string& name : split_list(a.prune)) {
-    if (name != "none" && name != "lazyllm" && name != "static" && name != "random")
-      usage_fail("--prune: '{}' is not none, lazyllm, static or random", escape_text(name));
+    if (const std::string why = check_policy_arg(name); !why.empty()) usage_fail("--prune: {}", why);
+    const PolicyKind kind = parse_policy(name);
+    const Schedule sched = schedules_fitting(kind, given).front();
+    const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer);
     sim::ServingMethod m;
     m.name = m.policy = name;
+    if (kind != PolicyKind::None && sched.to_string() != main_sched.to_string())
+      m.name += " " + sched.to_string();
+    m.drop_share = drop_share(sched).value_or(0);
     if (name != "none") {
       m.steps = steps;
       const RevivalChoice rv = choose_revivals(revival_model, a.revival_share, name, c.n_layer, steps, true);
@@ -201,7 +214,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
                   {"kv_element_bytes", cfg.kv_element_bytes},         {"chunk_tokens", cfg.chunk_tokens},
                   {"iteration_overhead_ms", a.iteration_overhead_ms}, {"tp", cfg.tp}};
   out["scheduler"] = sched_j;
-  out["schedule"] = sched.to_string();
+  out["schedule"] = main_sched.to_string();
   out["revivals"] = revival_lines;
   if (obj.any())
     out["objectives"] = {{"ttft_p90_ms", a.slo_ttft_ms > 0 ? json(a.slo_ttft_ms) : json(nullptr)},

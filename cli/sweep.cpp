@@ -17,6 +17,7 @@
 #include "model/error.h"
 #include "model/io.h"
 #include "model/presets.h"
+#include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "reports/sweep_grid.h"
 #include "sim/replay.h"
@@ -78,9 +79,9 @@ int cmd_sweep(const SweepArgs& a, const CLI::App& /*sub*/) {
   std::vector<RevivalChoice> revivals(models.size() * methods.size());  // [model][method]
   for (size_t m = 0; m < models.size(); ++m)
     for (size_t k = 0; k < methods.size(); ++k)
-      revivals[m * methods.size() + k] =
-          choose_revivals(revival_from, revival_share, methods[k].policy_name(), models[m].n_layer,
-                          resolve_schedule(methods[k].schedule, models[m].n_layer), grid.map);
+      revivals[m * methods.size() + k] = choose_revivals(
+          revival_from, revival_share, methods[k].policy_name(), models[m].n_layer,
+          resolve_method(methods[k].policy, methods[k].schedule, models[m].n_layer), grid.map);
 
   // The output, locked for this run (a second sweep on it is refused). Resume: keep every complete
   // row already written and cut a torn last line off (a run killed mid-row); rows are appended.
@@ -133,11 +134,12 @@ int cmd_sweep(const SweepArgs& a, const CLI::App& /*sub*/) {
       const Config& cf = todo[i];
       const ModelConfig& c = models[cf.model];
       const Method& m = methods[cf.method];
-      const auto steps = resolve_schedule(m.schedule, c.n_layer);
+      const auto steps = resolve_method(m.policy, m.schedule, c.n_layer);
       const int64_t dec = std::max<int64_t>(0, new_tokens - 1);
       const RevivalChoice& rv = revivals[cf.model * methods.size() + cf.method];
       const sim::Prediction p =
-          sim::replay_synthetic(c, m.policy_name(), steps, cf.tokens, dec, rv.share, hws[cf.hw], prec, batch);
+          sim::replay_synthetic(c, m.policy_name(), steps, cf.tokens, dec, rv.share, hws[cf.hw], prec, batch,
+                                1, 0, drop_share(m.schedule).value_or(0));
       const sim::Prediction b =
           sim::replay_synthetic(c, "none", {}, cf.tokens, dec, {}, hws[cf.hw], prec, batch);
       json r = {{"hw", hws[cf.hw].name},

@@ -106,7 +106,7 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   const std::vector<std::pair<std::string, std::string>> schedules = {{"none", "none"},
                                                                       {"lazyllm", "0.3:0.3,0.6:0.3,0.9:0.3"},
                                                                       {"lazyllm", "0.1:0.5,0.3:0.5,0.5:0.5"},
-                                                                      {"static", "0.3:0.3,0.6:0.3,0.9:0.3"}};
+                                                                      {"frozen", "0.3:0.3,0.6:0.3,0.9:0.3"}};
   std::vector<Case> cases;
   for (size_t li = 0; li < lengths.size(); ++li)
     for (size_t si = 0; si < schedules.size(); ++si)

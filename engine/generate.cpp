@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/backend.h"
 #include "model/error.h"
+#include "pruning/method.h"
 
 namespace lp {
 
@@ -25,6 +26,26 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
          c.n_ctx_train);
   for (const int32_t id : opt.forced_ids)
     if (id < 0 || id >= c.n_vocab) fail("forced token id {} is outside the vocabulary of {}", id, c.n_vocab);
+
+  if (opt.policy == PolicyKind::RandomDrop) {
+    // The paper's random token drop: a shorter prompt, then an unpruned run. Its fractions are of
+    // the prompt as given: the dropped tokens were computed at no layer.
+    check_method(opt.policy, opt.schedule);
+    std::vector<int32_t> kept;
+    for (const int64_t i : random_drop(T, *drop_share(opt.schedule), opt.prune_seed))
+      kept.push_back(prompt_ids[size_t(i)]);
+    GenerateOptions inner = opt;
+    inner.policy = PolicyKind::None;
+    GenerateResult r = generate(m, kept, inner, make_backend);
+    const double seen = double(kept.size()), steps = double(r.decode_steps);
+    r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
+    r.prompt_tokens_dropped = T - int64_t(kept.size());
+    r.prompt_tokens_computed_fraction *= seen / double(T);
+    r.prompt_tokens_computed_fraction_after_generation *= seen / double(T);
+    r.all_tokens_computed_fraction *= (seen + steps) / (double(T) + steps);
+    return r;
+  }
+  check_method(opt.policy, opt.schedule);
 
   GenerateResult r;
   r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());

@@ -37,7 +37,10 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
-  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> prompt_ids;  // as given (with random-drop, before the drop)
+  // random-drop: the prompt's tokens the model never saw (the prefill and decoding ran on the
+  // others, positions renumbered as for a shorter prompt); 0 for every other policy.
+  int64_t prompt_tokens_dropped = 0;
   std::vector<int32_t> generated_ids;
   std::string text;   // decoded generated tokens
   double ttft_s = 0;  // prefill + first token sampled

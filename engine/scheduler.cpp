@@ -6,6 +6,7 @@
 #include "engine/batch.h"
 #include "kernels/cpu/backend.h"
 #include "model/error.h"
+#include "pruning/method.h"
 
 namespace lp {
 
@@ -70,17 +71,29 @@ uint64_t Scheduler::submit(RequestParams p) {
          c.n_ctx_train);
   for (const int32_t id : p.prompt)
     if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary of {}", id, c.n_vocab);
+  check_method(p.policy, p.schedule);
   auto r = std::make_unique<Request>();
+  if (p.policy == PolicyKind::RandomDrop) {  // the model sees a shorter prompt, unpruned
+    r->rec.policy = p.policy;
+    r->rec.schedule = p.schedule.to_string();
+    std::vector<int32_t> kept;
+    for (const int64_t i : random_drop(T, *drop_share(p.schedule), p.prune_seed))
+      kept.push_back(p.prompt[size_t(i)]);
+    p.prompt = std::move(kept);
+    p.policy = PolicyKind::None;
+  }
   const bool pruning = p.policy != PolicyKind::None && !p.schedule.steps.empty();
   r->steps = pruning ? resolve_schedule(p.schedule, c.n_layer) : std::vector<PruneStep>{};
-  r->reservation = reservation_bytes(T, p.max_tokens, pruning);
+  r->reservation = reservation_bytes(int64_t(p.prompt.size()), p.max_tokens, pruning);
   if (r->reservation > opt_.kv_budget_bytes)
     fail("the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V, over the whole budget of {:.1f} MiB",
          T, p.max_tokens, double(r->reservation) / (1 << 20), double(opt_.kv_budget_bytes) / (1 << 20));
   r->rec.arrival = Clock::now();
-  r->rec.prompt_tokens = T;
-  r->rec.policy = pruning ? p.policy : PolicyKind::None;
-  r->rec.schedule = pruning ? p.schedule.to_string() : "none";
+  r->rec.prompt_tokens = T;  // as sent: with random-drop, the computed fraction says how many the model saw
+  if (r->rec.policy != PolicyKind::RandomDrop) {
+    r->rec.policy = pruning ? p.policy : PolicyKind::None;
+    r->rec.schedule = pruning ? p.schedule.to_string() : "none";
+  }
   r->p = std::move(p);
   std::lock_guard lk(inbox_mu_);
   r->id = r->rec.id = next_id_++;

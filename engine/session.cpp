@@ -399,6 +399,15 @@ void Session::after_layer(Pass& ps, int l) {
   OpTimers* timers = ps.timers;
 
   if (!ps.decode) {
+    if (ps.pruning && ps.next_step == 0 && ps.prune->steps[0].layer != l && ps.prune->policy->observes(l)) {
+      // A layer before the first pruning layer whose scores the policy takes in (static-paper).
+      const std::span<const int32_t> keys =
+          ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows);
+      const int64_t n = int64_t(keys.size());
+      timed(timers, l, Op::Score, OpShape{1, 0, n}, [&] { b.last_row_scores(l, slots_); });
+      const std::vector<float> scores = b.scores(n);
+      ps.prune->policy->observe(l, keys, scores);
+    }
     if (!ps.pruning || ps.next_step == ps.prune->steps.size() || ps.prune->steps[ps.next_step].layer != l)
       return;
     // A pruning layer: the keys here are exactly the active rows (the cache started empty), after

@@ -11,24 +11,28 @@
 
 namespace lp::eval {
 
-std::pair<double, double> wilson_interval(int k, int n) {
+std::pair<double, double> wilson_interval(double k, int n) {
   if (n <= 0) return {0.0, 1.0};
-  const double z = 1.96, p = double(k) / n, z2n = z * z / n;
+  const double z = 1.96, p = std::clamp(k / n, 0.0, 1.0), z2n = z * z / n;
   const double centre = (p + z2n / 2) / (1 + z2n);
   const double half = z * std::sqrt(p * (1 - p) / n + z2n / (4.0 * n)) / (1 + z2n);
   return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
 }
 
+bool is_baseline(PolicyKind p) {
+  return p != PolicyKind::None && p != PolicyKind::LazyLLM;
+}
+
 namespace {
 
-RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskInfo& info,
-                  const Method& method, uint64_t seed) {
+RunResult run_once(CpuContext& ctx, const Model& m, const Sample& s, const TaskInfo& info,
+                   const Method& method, uint64_t seed, uint64_t prune_seed) {
   GenerateOptions g;
   g.max_new_tokens = info.max_new_tokens;
   g.sampler = {0.0f, 1.0f, seed};  // greedy
   g.policy = method.policy;
   if (method.policy != PolicyKind::None) g.schedule = method.schedule;
-  g.prune_seed = seed;
+  g.prune_seed = prune_seed;
   g.forced_ids = s.continuation_ids;
   const GenerateResult r = generate(ctx, m, s.prompt_ids, g);
   RunResult out;
@@ -43,9 +47,26 @@ RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskIn
   } else {
     out.generated = r.text;
     out.correct = answer_correct(info.task, r.text, s.answer);
+    out.score = out.correct ? 1 : 0;
     out.compared_ids = r.generated_ids;
   }
   return out;
+}
+
+// One method on one sample: random-drop over `drop_seeds` seeds, averaged (the agreement is
+// averaged by the caller's agreement() over each seed's tokens: see run_eval).
+std::vector<RunResult> run_seeds(CpuContext& ctx, const Model& m, const Sample& s, const TaskInfo& info,
+                                 const Method& method, uint64_t seed, int drop_seeds) {
+  if (method.policy != PolicyKind::RandomDrop) return {run_once(ctx, m, s, info, method, seed, seed)};
+  std::vector<RunResult> runs;
+  for (int k = 0; k < drop_seeds; ++k)
+    runs.push_back(run_once(ctx, m, s, info, method, seed, seed * 1000 + uint64_t(k)));
+  return runs;
+}
+
+RunResult run_one(CpuContext& ctx, const Model& m, const Sample& s, const TaskInfo& info,
+                  const Method& method, uint64_t seed) {
+  return run_once(ctx, m, s, info, method, seed, seed);
 }
 
 // QA: common prefix of the first k generated tokens / the tokens compared; nll: share of
@@ -72,12 +93,13 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
   Cell c;
   c.method = method;
   c.n = int(runs.size());
-  int right = 0, base_right = 0;
+  double right = 0;
+  int base_right = 0;
   double agreement = 0, nll = 0, nll_change = 0, share = 0, share_after = 0, ttft = 0, base_ttft = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunResult& r = *runs[i];
     const RunResult& b = *base[i];
-    right += r.correct;
+    right += r.score;
     base_right += b.correct;
     c.gained += r.correct && !b.correct;
     c.lost += !r.correct && b.correct;
@@ -98,9 +120,9 @@ Cell summarize(const Method& method, const std::vector<const RunResult*>& runs,
   c.ttft_s = ttft / n;
   c.speedup = ttft > 0 ? base_ttft / ttft : 1;
   if (is_qa(task)) {
-    c.accuracy = double(right) / n;
+    c.accuracy = right / n;
     std::tie(c.accuracy_lo, c.accuracy_hi) = wilson_interval(right, c.n);
-    c.accuracy_change = double(right - base_right) / n;
+    c.accuracy_change = (right - base_right) / n;
   }
   return c;
 }
@@ -113,6 +135,7 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
   if (opt.tasks.empty()) usage_fail("no task to evaluate");
   if (opt.lengths.empty()) usage_fail("no prompt length to evaluate");
   if (opt.samples < 1) usage_fail("--samples must be at least 1, got {}", opt.samples);
+  if (opt.drop_seeds < 1) usage_fail("--drop-seeds must be at least 1, got {}", opt.drop_seeds);
   for (const Task t : opt.tasks)
     for (const int64_t len : opt.lengths) {
       const int64_t need = len + task_info(t).max_new_tokens;
@@ -123,7 +146,7 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
   for (const Method& me : opt.methods)
     if (me.policy != PolicyKind::None) {
       try {
-        resolve_schedule(me.schedule, cfg.n_layer);
+        resolve_method(me.policy, me.schedule, cfg.n_layer);
       } catch (const Error& e) {
         usage_fail("schedule '{}' does not fit this {}-layer model: {}", me.schedule.to_string(), cfg.n_layer,
                    e.what());
@@ -162,8 +185,21 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
                                                     : (sr.baseline.correct ? "right" : "wrong"),
                                        sr.baseline.ttft_s);
         for (const Method& me : opt.methods) {
-          RunResult r = run_one(ctx, m, s, info, me, seed);
-          r.agreement = agreement(sr.baseline, r, task, opt.agreement_tokens);
+          const std::vector<RunResult> runs = run_seeds(ctx, m, s, info, me, seed, opt.drop_seeds);
+          RunResult r = runs.front();
+          if (runs.size() > 1) {  // random-drop: the seeds' mean
+            const double k = double(runs.size());
+            double agree = 0, score = 0, ttft = 0, nll = 0, share = 0, after = 0;
+            for (const RunResult& x : runs) {
+              agree += agreement(sr.baseline, x, task, opt.agreement_tokens);
+              score += x.score, ttft += x.ttft_s, nll += x.nll, share += x.share, after += x.share_after;
+            }
+            r.agreement = agree / k, r.score = score / k, r.ttft_s = ttft / k, r.nll = nll / k;
+            r.share = share / k, r.share_after = after / k;
+            r.correct = r.score >= 0.5;
+          } else {
+            r.agreement = agreement(sr.baseline, r, task, opt.agreement_tokens);
+          }
           line += fmt::format(" | {} {} {:.2f} s", me.label(),
                               !is_qa(task) ? fmt::format("nll {:+.3f}", r.nll - sr.baseline.nll)
                                            : (r.correct ? "right" : "wrong"),
@@ -221,7 +257,7 @@ std::vector<TargetCheck> check_targets(const std::vector<TaskResult>& results, d
       // Matched share: the same schedule under the baselines.
       for (size_t j = 0; j < methods.size(); ++j) {
         const Method& other = methods[j].method;
-        if (other.policy != PolicyKind::Static && other.policy != PolicyKind::Random) continue;
+        if (other.policy != PolicyKind::Frozen && other.policy != PolicyKind::RandomLayers) continue;
         if (other.schedule.to_string() != me.schedule.to_string()) continue;
         for (const TaskResult* r : counted) {
           ++t.matched_comparisons;
@@ -243,7 +279,7 @@ std::vector<TargetCheck> check_targets(const std::vector<TaskResult>& results, d
         if (c.method.policy == PolicyKind::LazyLLM) curve.push_back({c.speedup, c.accuracy});
       std::sort(curve.begin(), curve.end());
       for (const Cell& c : r->cells) {
-        if (c.method.policy != PolicyKind::Static && c.method.policy != PolicyKind::Random) continue;
+        if (!is_baseline(c.method.policy)) continue;
         if (curve.size() < 2 || c.speedup < curve.front().first || c.speedup > curve.back().first) continue;
         size_t i = 1;
         while (i + 1 < curve.size() && curve[i].first < c.speedup) ++i;

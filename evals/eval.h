@@ -22,7 +22,10 @@ struct EvalOptions {
   uint64_t seed = 1;
   // Evaluated against the unpruned baseline, which always runs first on every sample.
   std::vector<Method> methods;
-  int agreement_tokens = 8;   // k: the first k greedy tokens are compared with the baseline's
+  int agreement_tokens = 8;  // k: the first k greedy tokens are compared with the baseline's
+  // random-drop runs each sample this many times, with drop seeds seed * 1000 + 0, 1, ..., and
+  // averages (the paper averages its random token drop over 5 seeds). At least 1.
+  int drop_seeds = 5;
   bool warm_up = true;        // one untimed unpruned prefill before the first sample
   bool keep_prompts = false;  // keep each sample's prompt text in its SampleResult
   // Called with one line per sample (progress), may be empty.
@@ -31,8 +34,9 @@ struct EvalOptions {
 
 // One method on one sample.
 struct RunResult {
-  std::string generated;  // QA: the generated text
-  bool correct = false;   // QA: answer_correct
+  std::string generated;  // QA: the generated text (random-drop: its first seed's)
+  bool correct = false;   // QA: answer_correct (random-drop: right in at least half of its seeds)
+  double score = 0;       // QA: 1 right, 0 wrong; random-drop: the share of its seeds right
   double ttft_s = 0;
   double share = 1;        // prompt (token, layer) pairs computed
   double share_after = 1;  // the same by the end of generation, revivals included (the paper's figure)
@@ -56,9 +60,11 @@ struct SampleResult {
 struct Cell {
   Method method;
   int n = 0;
-  double accuracy = 0, accuracy_lo = 0, accuracy_hi = 0;  // QA: share correct, Wilson 95% interval
+  // QA: mean score (share correct; random-drop's averaged over its seeds), Wilson 95% interval over
+  // the samples
+  double accuracy = 0, accuracy_lo = 0, accuracy_hi = 0;
   double accuracy_change = 0;      // QA: accuracy - baseline accuracy (paired: same samples)
-  int gained = 0, lost = 0;        // QA: samples right only here / only in the baseline
+  int gained = 0, lost = 0;        // QA: samples right (RunResult::correct) only here / only in the baseline
   double agreement = 1;            // mean RunResult::agreement
   double nll = 0, nll_change = 0;  // nll: mean over samples, and minus the baseline's
   double share = 1;                // mean share of prompt (token, layer) pairs computed
@@ -84,8 +90,13 @@ struct TaskResult {
 std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& corpus,
                                  const EvalOptions& opt);
 
-// Wilson score interval for k successes in n trials (z = 1.96).
-std::pair<double, double> wilson_interval(int k, int n);
+// Wilson score interval for k successes in n trials (z = 1.96); k may be fractional (a mean score
+// times n: random-drop's seeds averaged per sample).
+std::pair<double, double> wilson_interval(double k, int n);
+
+// Whether a policy is one LazyLLM is compared with: the paper's baselines (static-paper,
+// random-drop) and the ablations (frozen, random-layers).
+bool is_baseline(PolicyKind p);
 
 // The targets, read off the results for one length.
 struct TargetCheck {
@@ -98,11 +109,11 @@ struct TargetCheck {
   double best_speedup = 0;       // smallest over the counted tasks
   double best_worst_change = 0;  // largest accuracy loss (negative change) over the counted tasks
   bool speedup_met = false;      // best_speedup >= min_speedup
-  // At every schedule where lazyllm and a baseline policy (static, random) both ran: per counted
-  // QA task, whether lazyllm's accuracy is at or above the baseline's (same share computed).
+  // At every schedule where lazyllm and an ablation (frozen, random-layers) both ran: per counted
+  // QA task, whether lazyllm's accuracy is at or above the ablation's (same share computed).
   int matched_comparisons = 0, lazyllm_at_or_above = 0;
   // At matched measured TTFT, as the paper's Table 1 compares: per counted QA task and baseline
-  // cell (static, random, any schedule) whose measured speedup LazyLLM's cells of that task span,
+  // cell (is_baseline, any schedule) whose measured speedup LazyLLM's cells of that task span,
   // LazyLLM's accuracy at that speedup, interpolated linearly along its cells sorted by speedup (the
   // unpruned run as the point at 1x), against the baseline's.
   struct TtftMatch {

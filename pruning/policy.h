@@ -1,12 +1,21 @@
 // Token-pruning policies (LazyLLM and the baselines it is compared with), behind one interface
 // that the engine (engine/session.h) calls at every pruning layer of a schedule (pruning/schedule.h).
 //
-//   none     never prunes
-//   lazyllm  keeps the tokens the last token attends to most (mean over heads of its softmax
-//            row at the pruning layer), progressively, re-selected at every pruning layer
-//   static   scores once, at the first pruning layer it sees, and keeps selecting by those
-//            scores afterwards (the tokens dropped early never come back)
-//   random   same layers and rates, uniform choice, seeded
+//   none           never prunes
+//   lazyllm        keeps the tokens the last token attends to most (mean over heads of its softmax
+//                  row at the pruning layer), progressively, re-selected at every pruning layer and
+//                  decoding step (pruned tokens can come back: revival)
+//   static-paper   the LazyLLM paper's static pruning baseline: one step L:S; the last token's
+//                  attention averaged over layers 0..L scores the prompt once, S of it is pruned after
+//                  layer L and never computed again (no revival)
+//   random-drop    the paper's random token drop baseline: a share S of the prompt's tokens (never
+//                  the first or the last) is removed before the model, seeded (random_drop below);
+//                  the model then runs unpruned on a shorter prompt. Not a PruningPolicy: callers
+//                  shorten the prompt (engine/generate.cpp, engine/scheduler.cpp)
+//   frozen         an ablation of LazyLLM: scores once, at the first pruning layer, and selects
+//                  by those frozen scores at every pruning layer (was called "static")
+//   random-layers  an ablation: LazyLLM's layers and rates, a uniform seeded choice, re-drawn at
+//                  every decoding step, with revival (was called "random")
 // The last token (the one that predicts the next) is always kept.
 #pragma once
 
@@ -23,9 +32,29 @@
 
 namespace lp {
 
-enum class PolicyKind { None, LazyLLM, Static, Random };
-PolicyKind parse_policy(std::string_view name);  // throws lp::Error for an unknown name
+enum class PolicyKind { None, LazyLLM, Frozen, RandomLayers, StaticPaper, RandomDrop };
+// A policy's name as written on the command line and in files. The names before the paper's
+// baselines existed, "static" (now frozen) and "random" (now random-layers), are read only where
+// `legacy` is set: from files written then (traces, measurements, eval JSON). On the command line
+// they are refused with a line that names both meanings (check_policy_arg).
+PolicyKind parse_policy(std::string_view name, bool legacy = false);  // throws lp::Error
 const char* policy_name(PolicyKind k);
+// "none, lazyllm, static-paper, random-drop, frozen or random-layers", for messages.
+extern const char* const kPolicyNames;
+// For a command-line option: "" if `name` is a policy, else the problem in one line.
+std::string check_policy_arg(std::string_view name);
+// Whether pruned tokens can come back while decoding (the Aux Cache's revival).
+bool policy_revives(PolicyKind k);
+// Whether the selection is made once, in the prefill, and kept by every later decoding step.
+bool policy_freezes(PolicyKind k);
+
+// random-drop: the indices into a prompt of n tokens that are kept when `share` of them is dropped
+// (tokens_kept(n, share) kept, but never fewer than the first and the last), ascending; the first
+// token (often an attention sink such as BOS) and the last are always kept; the choice is uniform
+// over the others and a function of `seed` alone.
+std::vector<int64_t> random_drop(int64_t n, double share, uint64_t seed);
+// How many tokens random_drop keeps of n.
+int64_t random_drop_kept(int64_t n, double share);
 
 class PruningPolicy {
  public:
@@ -41,6 +70,10 @@ class PruningPolicy {
   // scores[i] is the last token's mean attention probability on token i (empty if not needed).
   virtual std::vector<int64_t> select(int layer, std::span<const int32_t> pos, std::span<const float> scores,
                                       int64_t n_keep) = 0;
+  // The prefill's layers before the first pruning layer whose last-token scores the policy wants
+  // (static-paper averages layers 0..L): the engine scores them and calls observe().
+  virtual bool observes(int /*layer*/) const { return false; }
+  virtual void observe(int /*layer*/, std::span<const int32_t> /*pos*/, std::span<const float> /*scores*/) {}
 };
 
 std::unique_ptr<PruningPolicy> make_policy(PolicyKind kind, uint64_t seed = 0);

@@ -22,6 +22,7 @@ const char* const kScheduleSyntaxHelp =
     "         model is layer round(f*L)-1: 0.3 of 30 layers is layer 8, so layers 0-8 see all tokens.\n"
     "  SHARE  share of the tokens still active there that the later layers do not compute:\n"
     "         a fraction (0.3) or a percentage (30%), at least 0 and below 1.\n"
+    "  A share alone (0.3) drops that share of the prompt before the model: random-drop's schedule.\n"
     "  Steps go in increasing order. Default 0.3:0.3,0.6:0.3,0.9:0.3 (30% of the active tokens\n"
     "  after 30%, 60% and 90% of depth), on 30 layers the same as 8:0.3,17:0.3,26:0.3.\n"
     "  File (JSON): {\"lazyprefill_schedule\": 1, \"steps\": [{\"depth\": 0.3, \"share\": 0.3},\n"
@@ -85,11 +86,16 @@ std::optional<Written> read_number(std::string_view t) {
 }
 
 std::string describe(const ScheduleStep& s) {
+  if (s.before_model) return "before the model";
   return s.fraction ? fmt::format("depth {}", fixed(s.at)) : fmt::format("layer {}", fixed(s.at));
 }
 
 // The checks that need no model: ranges of one step. `where` starts the message.
 void check_step(const ScheduleStep& s, const std::string& where) {
+  if (s.before_model) {
+    if (!(s.share >= 0 && s.share < 1)) fail("{}: drop share {} must be in [0, 1)", where, s.share);
+    return;
+  }
   if (s.fraction) {
     if (!(s.at > 0 && s.at < 1)) fail("{}: depth fraction {} must be in (0, 1)", where, s.at);
   } else {
@@ -102,6 +108,10 @@ void check_step(const ScheduleStep& s, const std::string& where) {
 // Steps of the same kind (layers, depths) must be strictly increasing as written; a layer and a
 // depth can only be compared once resolved against a model.
 void check_order(const std::vector<ScheduleStep>& steps, const std::string& where) {
+  for (const ScheduleStep& s : steps)
+    if (s.before_model && steps.size() > 1)
+      fail("{}: a share alone (a drop before the model, random-drop's) must be the schedule's only step",
+           where);
   for (size_t i = 0; i < steps.size(); ++i) {
     for (size_t j = i; j-- > 0;) {
       if (steps[j].fraction != steps[i].fraction) continue;
@@ -117,8 +127,18 @@ void check_order(const std::vector<ScheduleStep>& steps, const std::string& wher
 
 ScheduleStep parse_item(std::string_view item) {
   const size_t colon = item.find(':');
-  if (colon == std::string_view::npos)
-    fail("schedule item '{}': expected AT:SHARE, e.g. 0.3:0.3, 30%:30% or 8:0.3", item);
+  if (colon == std::string_view::npos) {  // a share alone: a drop before the model
+    const auto s = read_number(item);
+    if (!item.starts_with('-') && s) {
+      ScheduleStep step{0, false, s->value, true};
+      check_step(step, fmt::format("schedule item '{}'", item));
+      return step;
+    }
+    fail(
+        "schedule item '{}': expected AT:SHARE, e.g. 0.3:0.3, 30%:30% or 8:0.3 (or a share alone, 0.3, "
+        "for random-drop)",
+        item);
+  }
   const std::string_view at = trim(item.substr(0, colon));
   const std::string_view share = trim(item.substr(colon + 1));
   if (at.starts_with('-')) fail("schedule item '{}': AT '{}' is negative", item, at);
@@ -153,7 +173,7 @@ std::string Schedule::to_string() const {
   for (const ScheduleStep& s : steps) {
     if (!out.empty()) out += ',';
     // A depth fraction in (0, 1) always prints with a decimal point, a whole layer never does.
-    out += fixed(s.at) + ':' + fixed(s.share);
+    out += s.before_model ? fixed(s.share) : fixed(s.at) + ':' + fixed(s.share);
   }
   return out;
 }
@@ -162,7 +182,9 @@ json Schedule::to_json() const {
   json arr = json::array();
   for (const ScheduleStep& s : steps) {
     json o = json::object();
-    if (s.fraction)
+    if (s.before_model)
+      o["before_model"] = true;
+    else if (s.fraction)
       o["depth"] = s.at;
     else if (s.at == std::floor(s.at) && std::abs(s.at) < 0x1p53)
       o["layer"] = int64_t(s.at);
@@ -224,9 +246,21 @@ Schedule load_schedule_file(const std::string& path) {
     const size_t n = out.steps.size() + 1;
     if (!st.is_object()) not_schedule(fmt::format("step {} is not an object", n));
     for (const auto& [key, value] : st.items())
-      if (key != "layer" && key != "depth" && key != "share")
+      if (key != "layer" && key != "depth" && key != "share" && key != "before_model")
         not_schedule(fmt::format(
             "step {}: unknown key \"{}\" (a step has \"layer\" or \"depth\", and \"share\")", n, key));
+    if (st.contains("before_model")) {
+      if (st["before_model"] != true)
+        not_schedule(fmt::format("step {}: \"before_model\" can only be true", n));
+      if (st.contains("layer") || st.contains("depth"))
+        not_schedule(fmt::format("step {}: a step before the model has no \"layer\" or \"depth\"", n));
+      if (!st.contains("share") || !st["share"].is_number())
+        not_schedule(fmt::format("step {}: \"share\" must be a number", n));
+      ScheduleStep step{0, false, st["share"].get<double>(), true};
+      check_step(step, fmt::format("{}: step {}", path, n));
+      out.steps.push_back(step);
+      continue;
+    }
     const bool has_layer = st.contains("layer"), has_depth = st.contains("depth");
     if (has_layer == has_depth)
       not_schedule(fmt::format("step {} must have exactly one of \"layer\" and \"depth\"", n));
@@ -270,6 +304,9 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer) {
     const ScheduleStep& st = s.steps[i];
     const std::string where = fmt::format("schedule step {} ({})", i + 1, describe(st));
     check_step(st, where);
+    if (st.before_model)
+      fail("{}: a share alone ({}) drops tokens before the model, which only random-drop does", where,
+           fixed(st.share));
     if (last < 0) fail("{}: a {}-layer model has no layer to prune after", where, n_layer);
     int layer;
     std::string clamped;
@@ -301,6 +338,11 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer) {
     out.push_back({layer, st.share});
   }
   return out;
+}
+
+std::optional<double> drop_share(const Schedule& s) {
+  if (s.steps.size() == 1 && s.steps[0].before_model) return s.steps[0].share;
+  return std::nullopt;
 }
 
 int64_t tokens_kept(int64_t n_active, double share) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,9 @@ struct ScheduleStep {
   double at = 0;          // layer index (if !fraction; a whole number) or depth fraction in (0, 1)
   bool fraction = false;  // whether `at` is a depth fraction
   double share = 0;       // share of the active tokens pruned here, in [0, 1)
+  // A share alone ("0.3"): tokens dropped before the model (random-drop); `at` is unused. Only
+  // ever a schedule's one step; resolve_schedule() refuses it (see drop_share()).
+  bool before_model = false;
 };
 
 struct Schedule {
@@ -60,8 +64,12 @@ struct PruneStep {
 // depth, run on all tokens), clamped to [0, n_layer - 2]. Validates: every layer in
 // [0, n_layer - 2] (a prune after the last layer would do nothing; absolute layers are never
 // clamped), layers strictly increasing after resolution (so a clamp that makes two steps meet is
-// an error for that model), share in [0, 1). An empty schedule is valid for any depth.
+// an error for that model), share in [0, 1). An empty schedule is valid for any depth. A step
+// before the model (random-drop's) has no layer: it is refused here, naming random-drop.
 std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer);
+
+// The share a schedule drops before the model (its one step written as a share alone), if it does.
+std::optional<double> drop_share(const Schedule& s);
 
 // How many of n_active tokens (>= 1) are kept after pruning `share` (in [0, 1)) of them:
 // n_active - floor(share * n_active), but at least 1 (the last token is never pruned). Every

@@ -31,7 +31,8 @@ sim::Prediction method_prediction(const Request& r, const ReportedMethod& m, con
     p = std::move(rp).finish();
   } else {
     p = sim::replay_synthetic(r.model, m.method.policy_name(), m.steps, N,
-                              std::max<int64_t>(0, new_tokens - 1), m.revival, hw, r.precision, r.batch);
+                              std::max<int64_t>(0, new_tokens - 1), m.revival, hw, r.precision, r.batch, 1, 0,
+                              drop_share(m.method.schedule).value_or(0));
   }
   p.prefill_layers = {};
   return p;
@@ -80,6 +81,7 @@ void add_serving(const Request& r, Report& rep) {
     sm.name = rm.name;
     sm.policy = rm.method.policy_name();
     sm.steps = rm.steps;
+    sm.drop_share = drop_share(rm.method.schedule).value_or(0);
     sm.revivals = rm.revival;
     for (size_t h = 0; h < r.hws.size(); ++h) cells.emplace_back(h, m);
   }
@@ -382,8 +384,7 @@ std::string summary_text(const Report& rep) {
                                 prov.precision.compute, prov.precision.kv);
   if (prov.new_tokens > 1)  // decoding is costed: say how revivals were modelled
     for (const Provenance::MethodLine& m : prov.methods)
-      if (m.method.policy == PolicyKind::LazyLLM || m.method.policy == PolicyKind::Random)
-        out += fmt::format("revivals ({}): {}\n", m.name, m.revivals);
+      if (policy_revives(m.method.policy)) out += fmt::format("revivals ({}): {}\n", m.name, m.revivals);
   for (size_t h = 0; h < prov.hardware.size(); ++h) {
     out += fmt::format("\n{}: TTFT in ms (speedup over none) per prompt length\n{:<40}",
                        prov.hardware[h].name, "method");
@@ -595,7 +596,7 @@ std::string report_html(const Report& rep, const std::vector<std::pair<std::stri
         xml_escape(*prov.trace));
   if (prov.new_tokens > 1)
     for (const Provenance::MethodLine& m : prov.methods)
-      if (m.method.policy == PolicyKind::LazyLLM || m.method.policy == PolicyKind::Random)
+      if (policy_revives(m.method.policy))
         h += fmt::format("<p>Revivals while decoding, {}: {}.</p>\n", xml_escape(m.name),
                          xml_escape(m.revivals));
   h += "<h2>Hardware</h2>\n<table><tr><th>profile</th><th>part</th><th>efficiencies</th></tr>\n";

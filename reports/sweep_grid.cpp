@@ -9,6 +9,7 @@
 #include "model/io.h"
 #include "model/json_checks.h"
 #include "model/presets.h"
+#include "pruning/method.h"
 #include "pruning/schedule.h"
 
 namespace lp::report {
@@ -85,11 +86,16 @@ SweepGrid read_sweep_grid(const std::string& path) {
     if (m.contains("schedule") && m["schedule"].get<std::string>().empty())
       fail("{}: methods: an empty schedule; give one, or none for no pruning", path);
     const std::string policy = m.value("policy", std::string());
-    if (policy != "none" && policy != "lazyllm" && policy != "static" && policy != "random")
-      fail("{}: methods: unknown policy '{}' (expected none, lazyllm, static, random)", path, policy);
-    Method x{parse_policy(policy), {}};
+    // Grids written before the paper's baselines existed say "static" and "random": read as today's.
+    if (const std::string why = check_policy_arg(policy);
+        !why.empty() && policy != "static" && policy != "random")
+      fail("{}: methods: {}", path, why);
+    Method x{parse_policy(policy, true), {}};
     if (x.policy != PolicyKind::None) x.schedule = parse_schedule(m.value("schedule", std::string("none")));
-    for (const ModelConfig& c : grid.models) resolve_schedule(x.schedule, c.n_layer);  // validate early
+    if (const std::string why = method_problem(x.policy, x.schedule); !why.empty())
+      fail("{}: methods: {}", path, why);
+    for (const ModelConfig& c : grid.models)
+      resolve_method(x.policy, x.schedule, c.n_layer);  // validate early
     grid.methods.push_back(x);
   }
   for (const json& n : list<json>(g, "prompt_lengths", path))

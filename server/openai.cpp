@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "model/error.h"
+#include "pruning/method.h"
 
 namespace lp::server {
 
@@ -140,6 +141,7 @@ std::vector<std::string> stop_strings(const json& s) {
 // not name files on the server.
 void pruning_override(const json& o, ApiRequest& r) {
   if (!o.is_object()) bad("lazyprefill", "'lazyprefill' must be an object (prune, schedule, seed)");
+  const PolicyKind before = r.policy;
   for (const auto& [key, v] : o.items()) {
     if (key == "prune") {
       if (!v.is_string()) bad("lazyprefill.prune", "'lazyprefill.prune' must be a string");
@@ -161,6 +163,11 @@ void pruning_override(const json& o, ApiRequest& r) {
       bad("lazyprefill", "unknown field 'lazyprefill.{}' (prune, schedule, seed)", key);
     }
   }
+  // Another policy than the server's and no schedule: that policy's own default.
+  if (o.contains("prune") && !o.contains("schedule") && r.policy != before)
+    r.schedule = default_schedule(r.policy);
+  if (const std::string why = method_problem(r.policy, r.schedule); !why.empty())
+    bad("lazyprefill.schedule", "{}", why);
 }
 
 }  // namespace

@@ -44,6 +44,9 @@ trace::Header map_header(const trace::Header& h, int n_layer, int64_t prompt_tok
   trace::Header m = h;
   m.n_layer = n_layer;
   m.prompt_tokens = prompt_tokens;
+  // random-drop: the tokens dropped in the same proportion to those the model saw.
+  m.prompt_tokens_dropped =
+      std::llround(double(h.prompt_tokens_dropped) * double(prompt_tokens) / double(h.prompt_tokens));
   m.model["n_layer"] = n_layer;
   // Pruning layers: a source pruning layer p becomes the target layer whose mapped source is p
   // (the last such layer, so the tokens leave where they did in relative depth).
@@ -179,6 +182,7 @@ Replayer::Replayer(const trace::Header& h, const ModelConfig& c, const hw::Profi
       if (first_prune_ < 0) first_prune_ = l;
     }
   prompt_tokens_ = h.prompt_tokens;
+  dropped_ = h.prompt_tokens_dropped;
   r_.hw = hw.name;
   r_.tp = tp;
   r_.prefill_layers.assign(size_t(L), OpCosts{});
@@ -223,9 +227,13 @@ void Replayer::add(const trace::Step& s) {
     LayerWork w{T, B * s.pairs[size_t(l)], keys};
     if (!prefill) w.decode_rows = w.rows, w.decode_pairs = w.pairs, w.decode_keys = w.keys;
     if (prune_at_[size_t(l)] && policy_ != "none") {
-      const bool scores = policy_ == "lazyllm" || (policy_ == "static" && prefill && l == first_prune_);
+      // lazyllm scores at every pruning layer and step; frozen and static-paper once, in the prefill.
+      const bool scores = policy_ == "lazyllm" || ((policy_ == "frozen" || policy_ == "static-paper") &&
+                                                   prefill && l == first_prune_);
       if (scores) w.scorers = 1, w.score_keys = keys;
       w.selects = 1, w.select_keys = keys;
+    } else if (policy_ == "static-paper" && prefill && l < first_prune_) {
+      w.scorers = 1, w.score_keys = keys;  // its scores average the layers up to its pruning layer
     }
     // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
     // pruned ones saved), in decoding the Aux Cache writes and reads.
@@ -242,7 +250,7 @@ void Replayer::add(const trace::Step& s) {
     // which already hold an entry (its new token is never pruned in its own step, and computes
     // every layer). So the entries are the prefill's writes.
     for (int64_t w : s.aux_writes) aux_entries_ += double(w);
-    r.prompt_share = trace::prefill_computed_fraction(s, prompt_tokens_);
+    r.prompt_share = trace::prefill_computed_fraction(s, prompt_tokens_, dropped_);
   } else {
     ++r.decode_steps;
     r.decode_s += step_s;
@@ -270,8 +278,8 @@ Prediction Replayer::finish() && {
 Prediction replay_synthetic(const ModelConfig& c, const std::string& policy,
                             const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t decode_steps,
                             const trace::Revivals& revivals, const hw::Profile& hw, const Precision& p,
-                            int64_t batch, int tp, size_t keep_steps) {
-  trace::SyntheticSteps gen(c, policy, steps, prompt_tokens, decode_steps, revivals);
+                            int64_t batch, int tp, size_t keep_steps, double drop_share) {
+  trace::SyntheticSteps gen(c, policy, steps, prompt_tokens, decode_steps, revivals, drop_share);
   Replayer r(gen.header(), c, hw, p, batch, tp, keep_steps);
   for (trace::Step s; gen.next(s);) r.add(s);
   return std::move(r).finish();

@@ -93,18 +93,19 @@ class Replayer {
   std::vector<ModelConfig> lc_;  // per layer
   std::vector<char> prune_at_;
   int first_prune_ = -1;
-  int64_t prompt_tokens_ = 0, steps_ = 0;
+  int64_t prompt_tokens_ = 0, dropped_ = 0, steps_ = 0;
   double peak_act_ = 0, aux_entries_ = 0;
   std::vector<int64_t> last_keys_;
   Prediction r_;
 };
 
 // Replays synthetic steps (trace::SyntheticSteps) as they are made: memory O(layers) whatever
-// `decode_steps`; per-step decode times kept for the first `keep_steps`.
+// `decode_steps`; per-step decode times kept for the first `keep_steps`; random-drop's
+// `drop_share` as trace::SyntheticSteps takes it.
 Prediction replay_synthetic(const ModelConfig& c, const std::string& policy,
                             const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t decode_steps,
                             const trace::Revivals& revivals, const hw::Profile& hw, const Precision& p,
-                            int64_t batch = 1, int tp = 1, size_t keep_steps = 0);
+                            int64_t batch = 1, int tp = 1, size_t keep_steps = 0, double drop_share = 0);
 
 // Replays a whole trace held in memory (Replayer over its steps, every step's time kept).
 Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,

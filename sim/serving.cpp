@@ -16,6 +16,7 @@
 #include "model/csv_reader.h"  // fast-cpp-csv-parser
 #include "model/error.h"
 #include "model/io.h"
+#include "pruning/policy.h"
 #include "sim/layer_cost.h"
 #include "sim/replay.h"
 
@@ -366,9 +367,41 @@ class IterationCost {
 
 }  // namespace
 
+namespace {
+// The discrete-event simulation itself (below), for every policy but random-drop's shortening.
+ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                             const ServingMethod& m, const ServingConfig& cfg,
+                             std::span<const ServingRequest> reqs);
+}  // namespace
+
 ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                             const ServingMethod& m, const ServingConfig& cfg,
                             std::span<const ServingRequest> reqs) {
+  if (m.policy != "random-drop") return simulate_requests(c, hw, p, m, cfg, reqs);
+  // random-drop: every request's prompt shorter before the model, then served unpruned; the
+  // outcomes keep the prompts as sent, and the share of their pairs computed says what was dropped.
+  if (!(m.drop_share >= 0 && m.drop_share < 1))
+    fail("random-drop: drop share {} must be in [0, 1)", m.drop_share);
+  std::vector<ServingRequest> shorter(reqs.begin(), reqs.end());
+  for (ServingRequest& r : shorter)
+    if (r.prompt_tokens >= 1) r.prompt_tokens = random_drop_kept(r.prompt_tokens, m.drop_share);
+  ServingMethod plain = m;
+  plain.steps.clear();
+  plain.revivals = {};
+  ServingRun run = simulate_requests(c, hw, p, plain, cfg, shorter);
+  for (size_t i = 0; i < run.requests.size() && i < reqs.size(); ++i) {
+    RequestOutcome& o = run.requests[i];
+    o.prompt_share *= double(o.prompt_tokens) / double(reqs[i].prompt_tokens);
+    o.prompt_tokens = reqs[i].prompt_tokens;
+  }
+  return run;
+}
+
+namespace {
+
+ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                             const ServingMethod& m, const ServingConfig& cfg,
+                             std::span<const ServingRequest> reqs) {
   const int L = c.n_layer;
   if (!(cfg.kv_budget_bytes > 0)) fail("the K/V budget must be positive, got {} bytes", cfg.kv_budget_bytes);
   if (cfg.max_batch_tokens < 1)
@@ -454,7 +487,10 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
   int64_t kv_stride = 1;
 
   // One request's step into the iteration's work. `rows` of a chunk: its tokens (no pruning).
-  const bool scores_always = m.policy == "lazyllm", scores_first = m.policy == "static";
+  // frozen and static-paper score once, at the prefill's pruning layer (static-paper also at the
+  // layers before it: rows of one query each, left out here as a negligible cost).
+  const bool scores_always = m.policy == "lazyllm",
+             scores_first = m.policy == "frozen" || m.policy == "static-paper";
   // One request's step into the iteration's work; returns the K/V it holds after it, bytes.
   const auto add_step = [&](const trace::Step& s, bool prefill) {
     const bool attended = !s.attended.empty();
@@ -623,6 +659,8 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
   if (span > 0) run.kv_reserved_mean /= span;
   return run;
 }
+
+}  // namespace
 
 // ---- metrics ----
 

@@ -87,8 +87,9 @@ std::vector<ServingRequest> read_requests(const std::string& path);
 
 struct ServingMethod {
   std::string name = "none";
-  std::string policy = "none";  // none | lazyllm | static | random
+  std::string policy = "none";  // a policy_name (pruning/policy.h)
   std::vector<PruneStep> steps;
+  double drop_share = 0;     // random-drop: the share of each prompt dropped before the model
   trace::Revivals revivals;  // synthetic decoding's revivals (empty: none)
 };
 

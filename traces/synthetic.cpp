@@ -4,27 +4,36 @@
 #include <cmath>
 
 #include "model/error.h"
+#include "pruning/policy.h"
 
 namespace lp::trace {
 
 SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
                                const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t new_tokens,
-                               Revivals revivals)
+                               Revivals revivals, double drop_share)
     : L_(c.n_layer),
       policy_(policy),
       steps_(steps),
       prompt_tokens_(prompt_tokens),
       new_tokens_(new_tokens),
       revivals_(std::move(revivals)) {
-  if (policy != "none" && policy != "lazyllm" && policy != "static" && policy != "random")
-    fail("unknown pruning policy '{}' (expected none, lazyllm, static or random)", policy);
+  const PolicyKind kind = parse_policy(policy);
   if (prompt_tokens < 1) fail("--prompt-tokens must be at least 1, got {}", prompt_tokens);
   if (new_tokens < 0) fail("--new-tokens must be >= 0, got {}", new_tokens);
-  prunes_ = policy != "none";
+  if (kind == PolicyKind::RandomDrop) {  // a shorter prompt, unpruned
+    if (!(drop_share >= 0 && drop_share < 1))
+      fail("random-drop: drop share {} must be in [0, 1)", drop_share);
+    prompt_tokens_ = random_drop_kept(prompt_tokens, drop_share);
+    header_.prompt_tokens_dropped = prompt_tokens - prompt_tokens_;
+    steps_.clear();
+  }
+  prunes_ = kind != PolicyKind::None && kind != PolicyKind::RandomDrop;
+  frozen_ = policy_freezes(kind);
+  revives_ = policy_revives(kind);
   header_.model = config_to_json(c);
   header_.n_layer = L_;
   header_.policy = policy;
-  header_.prompt_tokens = prompt_tokens;
+  header_.prompt_tokens = prompt_tokens_;
   header_.dtype = "synthetic";
   header_.tool_version = "synthetic";
   if (prunes_)
@@ -87,7 +96,7 @@ bool SyntheticSteps::next(Step& out) {
   if (next_ > new_tokens_) return false;
   const int64_t s = next_++;
   const int64_t n = prompt_tokens_ + s;
-  if (policy_ == "static") {
+  if (frozen_) {
     for (int l = 0; l < L; ++l) act_[size_t(l)] = prefill_act_[size_t(l)] + s;
     std::fill(dropped_.begin(), dropped_.end(), 0);
   } else {
@@ -103,7 +112,7 @@ bool SyntheticSteps::next(Step& out) {
   for (auto* v : {&d.revived, &d.aux_writes}) v->assign(size_t(L), 0);
   d.pruning.reset();
   d.revived_positions.reset();
-  const bool revives = policy_ == "lazyllm" || policy_ == "random";
+  const bool revives = revives_;
   int64_t carried = 0;     // revived rows still running (they lack K/V at every layer they reach)
   size_t next_stage = 0;   // the schedule entry of the next pruning layer
   double key_share = 0.5;  // of the active keys, what a running row attends
@@ -163,8 +172,9 @@ bool SyntheticSteps::next(Step& out) {
 }
 
 Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
-                      int64_t prompt_tokens, int64_t new_tokens, const Revivals& revivals) {
-  SyntheticSteps gen(c, policy, steps, prompt_tokens, new_tokens, revivals);
+                      int64_t prompt_tokens, int64_t new_tokens, const Revivals& revivals,
+                      double drop_share) {
+  SyntheticSteps gen(c, policy, steps, prompt_tokens, new_tokens, revivals, drop_share);
   Trace t;
   t.header = gen.header();
   t.steps.reserve(size_t(new_tokens) + 1);

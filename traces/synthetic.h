@@ -40,13 +40,15 @@ struct StageRevival {
 using Revivals = std::function<StageRevival(size_t stage, int64_t step)>;
 
 // The synthetic steps one at a time, O(layers) state: the prefill, then `new_tokens` decoding
-// steps. policy: none | lazyllm | static | random. Throws lp::Error for a bad argument (a revival
-// share outside [0, 1] included, when the step that draws it is made). An empty `revivals`
-// revives nothing.
+// steps. policy: a policy_name (pruning/policy.h). random-drop's `drop_share` of the prompt is
+// dropped before the model (random_drop_kept tokens remain, as a shorter unpruned prompt; the
+// header's prompt_tokens_dropped says how many went). Throws lp::Error for a bad argument (a
+// revival share outside [0, 1] included, when the step that draws it is made). An empty
+// `revivals` revives nothing.
 class SyntheticSteps {
  public:
   SyntheticSteps(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
-                 int64_t prompt_tokens, int64_t new_tokens, Revivals revivals = {});
+                 int64_t prompt_tokens, int64_t new_tokens, Revivals revivals = {}, double drop_share = 0);
   const Header& header() const { return header_; }
   // Decoding steps from now on only at the first layer of each run of layers that `starts` (ascending,
   // from 0) begins: every layer of a run then holds the same counts, which needs each pruning
@@ -62,6 +64,7 @@ class SyntheticSteps {
   void active(int64_t n);
   int L_;
   std::string policy_;
+  bool frozen_ = false, revives_ = false;
   std::vector<PruneStep> steps_;
   int64_t prompt_tokens_, new_tokens_;
   Revivals revivals_;
@@ -74,6 +77,7 @@ class SyntheticSteps {
 
 // Every step at once (SyntheticSteps collected).
 Trace synthetic_trace(const ModelConfig& c, const std::string& policy, const std::vector<PruneStep>& steps,
-                      int64_t prompt_tokens, int64_t new_tokens, const Revivals& revivals = {});
+                      int64_t prompt_tokens, int64_t new_tokens, const Revivals& revivals = {},
+                      double drop_share = 0);
 
 }  // namespace lp::trace

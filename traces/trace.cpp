@@ -17,6 +17,7 @@
 #include "model/error.h"
 #include "model/io.h"
 #include "model/json_checks.h"
+#include "pruning/policy.h"
 
 namespace lp::trace {
 
@@ -183,18 +184,19 @@ void write_trace(const Trace& t, const std::string& path) {
     const Header& h = t.header;
     json steps_sched = json::array();
     for (const auto& [l, s] : h.schedule_layers) steps_sched.push_back({{"layer", l}, {"share", s}});
-    const json head = {{"lazyprefill_trace", h.version},
-                       {"tool_version", h.tool_version},
-                       {"git_commit", h.git_commit},
-                       {"model", h.model},
-                       {"n_layer", h.n_layer},
-                       {"dtype", h.dtype},
-                       {"policy", h.policy},
-                       {"schedule", h.schedule},
-                       {"schedule_layers", steps_sched},
-                       {"prompt_tokens", h.prompt_tokens},
-                       {"seed", h.seed},
-                       {"steps", t.steps.size()}};
+    json head = {{"lazyprefill_trace", h.version},
+                 {"tool_version", h.tool_version},
+                 {"git_commit", h.git_commit},
+                 {"model", h.model},
+                 {"n_layer", h.n_layer},
+                 {"dtype", h.dtype},
+                 {"policy", h.policy},
+                 {"schedule", h.schedule},
+                 {"schedule_layers", steps_sched},
+                 {"prompt_tokens", h.prompt_tokens},
+                 {"seed", h.seed},
+                 {"steps", t.steps.size()}};
+    if (h.prompt_tokens_dropped > 0) head["prompt_tokens_dropped"] = h.prompt_tokens_dropped;
     out = head.dump() + '\n';
     fmt::memory_buffer b;
     for (const Step& s : t.steps) {
@@ -242,10 +244,12 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
     const ModelConfig c = config_from_json(h.model, where + ": header model");
     if (c.n_layer != h.n_layer)
       fail("{}: the header model has {} layers but n_layer is {}", where, c.n_layer, h.n_layer);
-    h.policy = head.at("policy").get<std::string>();
-    if (h.policy != "none" && h.policy != "lazyllm" && h.policy != "static" && h.policy != "random")
-      fail("{}: unknown policy '{}' (expected none, lazyllm, static or random)", where,
-           escape_text(h.policy));
+    // The names before the paper's baselines existed ("static", "random") are read as what they
+    // became, so every reader sees today's names.
+    const std::string policy = head.at("policy").get<std::string>();
+    if (!check_policy_arg(policy).empty() && policy != "static" && policy != "random")
+      fail("{}: unknown policy '{}' (expected {})", where, escape_text(policy), kPolicyNames);
+    h.policy = policy_name(parse_policy(policy, true));
     h.schedule = head.at("schedule").get<std::string>();
     if (h.schedule.size() > 4096) fail("{}: the schedule is {} bytes long", where, h.schedule.size());
     for (const auto& e : head.at("schedule_layers")) {
@@ -262,6 +266,12 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
     if (!json_integer(pt, 1, kMaxTokens - 1))
       fail("{}: prompt_tokens {} is out of range [1, 2^31)", where, pt.dump());
     h.prompt_tokens = pt.get<int64_t>();
+    if (head.contains("prompt_tokens_dropped")) {
+      const json& d = head["prompt_tokens_dropped"];
+      if (!json_integer(d, 0, kMaxTokens - 1 - h.prompt_tokens))
+        fail("{}: prompt_tokens_dropped {} is out of range", where, d.dump());
+      h.prompt_tokens_dropped = d.get<int64_t>();
+    }
     h.dtype = head.value("dtype", "");
     if (!plain_name(h.dtype)) fail("{}: dtype '{}' is not a dtype name", where, escape_text(h.dtype));
     h.tool_version = head.value("tool_version", "");
@@ -357,27 +367,32 @@ Trace read_trace(const std::string& path) {
   return t;
 }
 
-double prefill_computed_fraction(const Step& prefill, int64_t prompt_tokens) {
-  const int64_t T = prefill.new_tokens > 0 ? prefill.new_tokens : prompt_tokens;
+double prefill_computed_fraction(const Step& prefill, int64_t prompt_tokens, int64_t dropped) {
+  const int64_t T = (prefill.new_tokens > 0 ? prefill.new_tokens : prompt_tokens) + dropped;
   double computed = 0;
   for (int64_t q : prefill.queries) computed += double(q);
   return T > 0 && !prefill.queries.empty() ? computed / (double(T) * double(prefill.queries.size())) : 0.0;
 }
 
 double prompt_computed_fraction(const Trace& t) {
-  return prefill_computed_fraction(t.steps.front(), t.header.prompt_tokens);
+  return prefill_computed_fraction(t.steps.front(), t.header.prompt_tokens, t.header.prompt_tokens_dropped);
 }
 
 Summarizer::Summarizer(const Header& h)
-    : L_(h.n_layer), prompt_tokens_(h.prompt_tokens), per_layer_(size_t(h.n_layer), 0) {}
+    : L_(h.n_layer),
+      prompt_tokens_(h.prompt_tokens),
+      dropped_(h.prompt_tokens_dropped),
+      per_layer_(size_t(h.n_layer), 0) {}
 
 void Summarizer::add(const Step& st) {
   const int L = L_;
   if (steps_++ == 0) {
-    const int64_t T = st.new_tokens > 0 ? st.new_tokens : prompt_tokens_;
+    // Of the prompt as given: random-drop's dropped tokens were computed at no layer.
+    const int64_t T = (st.new_tokens > 0 ? st.new_tokens : prompt_tokens_) + dropped_;
+    dense_ += double(dropped_) * L;
     for (int l = 0; l < L; ++l)
       s_.prompt_share_per_layer.push_back(T > 0 ? double(st.queries[size_t(l)]) / double(T) : 0.0);
-    s_.prompt_share = prefill_computed_fraction(st, prompt_tokens_);
+    s_.prompt_share = prefill_computed_fraction(st, prompt_tokens_, dropped_);
     prompt_dense_ = double(T) * L;
     for (int l = 0; l < L; ++l) prompt_pairs_ += double(st.queries[size_t(l)]);
   } else {

@@ -46,11 +46,13 @@ struct Step {
 
 struct Header {
   int version = kVersion;
-  nlohmann::json model;                                 // ModelConfig fields: n_layer, n_embd, n_head, ...
-  std::string policy = "none";                          // none | lazyllm | static | random
-  std::string schedule = "none";                        // inline form
+  nlohmann::json model;           // ModelConfig fields: n_layer, n_embd, n_head, ...
+  std::string policy = "none";    // a policy_name (pruning/policy.h); files' old names read as today's
+  std::string schedule = "none";  // inline form
   std::vector<std::pair<int, double>> schedule_layers;  // resolved (layer, share)
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0;                            // the tokens the model saw
+  // random-drop: the prompt's tokens dropped before the model (prompt_tokens + these were given).
+  int64_t prompt_tokens_dropped = 0;
   int n_layer = 0;
   std::string dtype, tool_version, git_commit;
   uint64_t seed = 0;
@@ -112,7 +114,7 @@ class Summarizer {
 
  private:
   int L_;
-  int64_t prompt_tokens_, steps_ = 0, tokens_ = 0;
+  int64_t prompt_tokens_, dropped_, steps_ = 0, tokens_ = 0;
   double all_ = 0, dense_ = 0, prompt_pairs_ = 0, prompt_dense_ = 0;
   std::vector<int64_t> per_layer_;
   Summary s_;
@@ -122,6 +124,6 @@ class Summarizer {
 // prompt tokens x layers (Summary::prompt_share).
 double prompt_computed_fraction(const Trace& t);
 // The same from the prefill step alone (its queries over its new tokens x layers).
-double prefill_computed_fraction(const Step& prefill, int64_t prompt_tokens);
+double prefill_computed_fraction(const Step& prefill, int64_t prompt_tokens, int64_t dropped = 0);
 
 }  // namespace lp::trace

@@ -24,8 +24,8 @@ class CliEval : public CliErrors {
 TEST_F(CliEval, WritesJsonAndChartsOnTheTinyModel) {
   const std::string out = dir_.file("ev");
   CliResult r = run_cli(dir_, {"eval", "--model", six_layers(), "--task", "kv,nll", "--lengths", "300",
-                               "--samples", "2", "--prune", "lazyllm,random", "--schedule", "0.3:0.3,0.6:0.3",
-                               "--threads", "1", "--out", out, "--json"});
+                               "--samples", "2", "--prune", "lazyllm,random-layers", "--schedule",
+                               "0.3:0.3,0.6:0.3", "--threads", "1", "--out", out, "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j, nlohmann::json::parse(slurp_text(out + "/eval.json")));
@@ -45,6 +45,45 @@ TEST_F(CliEval, WritesJsonAndChartsOnTheTinyModel) {
   EXPECT_TRUE(j["results"][1]["baseline"].contains("nll_mean"));
   // One progress line per sample on stderr.
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 4) << r.err;
+}
+
+// The paper's baselines: each policy takes the --schedule values that fit it; random-drop's accuracy
+// is averaged over --drop-seeds seeds per sample, so it moves in steps of 1 / (samples x seeds).
+TEST_F(CliEval, PapersBaselinesTakeTheirSchedulesAndRandomDropAveragesItsSeeds) {
+  const CliResult r = run_cli(dir_, {"eval",
+                                     "--model",
+                                     six_layers(),
+                                     "--task",
+                                     "kv",
+                                     "--lengths",
+                                     "300",
+                                     "--samples",
+                                     "2",
+                                     "--prune",
+                                     "random-drop,static-paper",
+                                     "--schedule",
+                                     "0.3",
+                                     "--schedule",
+                                     "2:0.5",
+                                     "--drop-seeds",
+                                     "3",
+                                     "--threads",
+                                     "1",
+                                     "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["drop_seeds"], 3);
+  const auto& methods = j["results"][0]["methods"];
+  ASSERT_EQ(methods.size(), 2u);
+  EXPECT_EQ(methods[0]["method"], "random-drop 0.3");
+  EXPECT_EQ(methods[1]["method"], "static-paper 2:0.5");
+  const double acc = methods[0]["accuracy"].get<double>() * 6;
+  EXPECT_NEAR(acc, std::round(acc), 1e-9);
+  // random-drop computes 1 - floor(0.3 T) / T of the prompt, T the sample's tokens.
+  for (const auto& s : j["results"][0]["samples"]) {
+    const double T = s["tokens"].get<double>();
+    EXPECT_NEAR(s["methods"][0]["share"].get<double>(), (T - std::floor(0.3 * T)) / T, 1e-12);
+  }
 }
 
 // The LazyLLM paper's Figure 6 grid: 25 single-layer schedules (5 depths x 5 shares kept), LazyLLM
@@ -96,6 +135,11 @@ TEST_F(CliEval, BadInput) {
   expect_one_line_error(eval({"--lengths", "300,200,300"}), {"--lengths lists 300 twice"});
   expect_one_line_error(eval({"--lengths", "300", "--agreement-tokens", "9"}), {"--agreement-tokens"});
   expect_one_line_error(eval({"--lengths", "300", "--prune", "lazy"}), {"lazy"});
+  expect_one_line_error(eval({"--lengths", "300", "--prune", "random-drop", "--drop-seeds", "0"}),
+                        {"--drop-seeds"});
+  expect_one_line_error(eval({"--lengths", "300", "--prune", "static-paper", "--schedule", "6:0.5"}),
+                        {"'6:0.5'", "6-layer model"});
+  expect_one_line_error(eval({"--lengths", "300", "--prune", "random-drop", "--schedule", "1.5"}), {"1.5"});
   expect_one_line_error(eval({"--lengths", "300", "--corpus", "/no/such/text.txt"}), {"/no/such/text.txt"});
   // The default schedules need at least 4 layers; the 2-layer model says so.
   expect_one_line_error(run_cli(dir_, {"eval", "--model", tiny_, "--lengths", "300", "--out", out}),

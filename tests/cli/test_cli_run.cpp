@@ -300,6 +300,47 @@ TEST_F(CliErrors, RunWithLazyLLMReportsTheComputedShare) {
   EXPECT_GT(j["aux_cache_bytes"].get<int64_t>(), 0);
 }
 
+// The paper's baselines through run: random-drop's JSON counts the dropped tokens, static-paper
+// prunes once; a schedule that does not fit the policy, a share of 1, a depth past the model and
+// the renamed policies each get one line.
+TEST_F(CliErrors, RunWithThePapersBaselines) {
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "a ";
+  prompt.pop_back();
+  const auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run", "--model", tiny_, "--prompt", prompt, "--max-new-tokens", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(dir_, args);
+  };
+  CliResult r = run({"--prune", "random-drop", "--schedule", "25%", "--seed", "3", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  auto j = nlohmann::json::parse(r.out);
+  const int64_t T = j["prompt_tokens"].get<int64_t>();
+  EXPECT_EQ(j["prune"], "random-drop");
+  EXPECT_EQ(j["schedule"], "0.25");
+  EXPECT_EQ(j["prompt_tokens_dropped"], T / 4);
+  EXPECT_DOUBLE_EQ(j["prompt_tokens_computed_fraction"].get<double>(), double(T - T / 4) / double(T));
+  r = run({"--prune", "static-paper", "--schedule", "0:0.5", "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prune"], "static-paper");
+  EXPECT_DOUBLE_EQ(j["prompt_tokens_computed_fraction"].get<double>(), double(2 * T - T / 2) / double(2 * T));
+  r = run({"--prune", "static-paper", "--json"});  // its default, 0.1:0.35, on 2 layers: after layer 0
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["schedule"], "0.1:0.35");
+
+  expect_one_line_error(run({"--prune", "static-paper", "--schedule", "0.3:0.3,0.6:0.3"}),
+                        {"static-paper prunes once", "one step"});
+  expect_one_line_error(run({"--prune", "static-paper", "--schedule", "5:0.3"}), {"layer", "2-layer model"});
+  expect_one_line_error(run({"--prune", "random-drop", "--schedule", "1"}),
+                        {"drop share 1 must be in [0, 1)"});
+  expect_one_line_error(run({"--prune", "random-drop", "--schedule", "0:0.3"}),
+                        {"random-drop", "share dropped alone"});
+  expect_one_line_error(run({"--prune", "lazyllm", "--schedule", "0.3"}), {"only random-drop"});
+  expect_one_line_error(run({"--prune", "static"}), {"'static' was renamed", "frozen", "static-paper"});
+  expect_one_line_error(run({"--prune", "random"}), {"'random' was renamed", "random-layers", "random-drop"});
+}
+
 TEST_F(CliErrors, UnknownPrunePolicy) {
   expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--prune", "fastest"}),
                         {"--prune", "fastest"});

@@ -39,6 +39,29 @@ TEST_F(CliSim, ServingSimulationReportsEveryRateAndMethod) {
   EXPECT_EQ(saved, j);
 }
 
+// The paper's baselines under load, each at its default: random-drop serves every prompt 30% shorter
+// (floor(0.3 x 2048) = 614 tokens dropped), static-paper computes 3 of the 32 layers on all 2,048
+// tokens and the other 29 on 2,048 - floor(0.35 x 2048) = 1,332; both cut p50 TTFT.
+TEST_F(CliSim, ServingSimulationRunsThePapersBaselines) {
+  const CliResult r = run_cli(dir_, with({"--rate", "2", "--prompt-tokens", "2048", "--prune",
+                                          "none,random-drop,static-paper", "--json"}));
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 3u);
+  EXPECT_EQ(j["results"][1]["method"], "random-drop 0.3");
+  EXPECT_EQ(j["results"][2]["method"], "static-paper 0.1:0.35");
+  const auto share = [&](int i) { return j["results"][i]["metrics"]["prompt_share_mean"].get<double>(); };
+  EXPECT_NEAR(share(1), (2048.0 - 614) / 2048, 1e-12);
+  EXPECT_NEAR(share(2), (3 * 2048.0 + 29 * 1332.0) / (32 * 2048.0), 1e-12);
+  const auto p50 = [&](int i) { return j["results"][i]["metrics"]["ttft_ms"]["p50"].get<double>(); };
+  EXPECT_LT(p50(1), p50(0));
+  EXPECT_LT(p50(2), p50(0));
+  // Prompts are counted as sent.
+  EXPECT_NEAR(j["results"][1]["metrics"]["prompt_tokens_per_s"].get<double>(),
+              j["results"][0]["metrics"]["prompt_tokens_per_s"].get<double>(),
+              0.01 * j["results"][0]["metrics"]["prompt_tokens_per_s"].get<double>());
+}
+
 // --log-requests writes one run's requests in serve --log-requests' fields: the same arrivals and
 // lengths it was given, times in order, and a file --arrival-file reads back to the same run.
 TEST_F(CliSim, ServingSimulationWritesItsRequestsAsAServerLog) {

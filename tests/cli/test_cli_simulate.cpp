@@ -133,6 +133,38 @@ TEST_F(CliSim, SimulateATraceAndASchedule) {
   EXPECT_DOUBLE_EQ(plain["ttft_speedup"].get<double>(), 1.0);
 }
 
+// A synthetic random-drop run costs the unpruned prefill of the tokens left, against the unpruned
+// prefill of the prompt as given; static-paper and frozen run; the old names are refused.
+TEST_F(CliSim, SimulateThePapersBaselines) {
+  const auto sim = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"simulate", "--model-config", "llama-3.1-8b",
+                                     "--hw",     "h100-sxm",       "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_cli(dir_, args);
+    EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+    return nlohmann::json::parse(r.out);
+  };
+  const auto drop = sim({"--prune", "random-drop", "--schedule", "0.3", "--prompt-tokens", "1000"});
+  const auto short_plain = sim({"--prune", "none", "--prompt-tokens", "700"});
+  const auto plain = sim({"--prune", "none", "--prompt-tokens", "1000"});
+  EXPECT_EQ(drop["prompt_tokens"], 1000);
+  EXPECT_EQ(drop["prompt_tokens_dropped"], 300);
+  EXPECT_DOUBLE_EQ(drop["results"][0]["ttft_ms"].get<double>(),
+                   short_plain["results"][0]["ttft_ms"].get<double>());
+  EXPECT_DOUBLE_EQ(drop["results"][0]["baseline_ttft_ms"].get<double>(),
+                   plain["results"][0]["ttft_ms"].get<double>());
+  const auto sp = sim({"--prune", "static-paper", "--prompt-tokens", "1000"});
+  EXPECT_EQ(sp["schedule"], "0.1:0.35");
+  EXPECT_GT(sp["results"][0]["ttft_speedup"].get<double>(), 1.0);
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm", "--prune", "static"}),
+      {"'static' was renamed"});
+  expect_one_line_error(
+      run_cli(dir_, {"simulate", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm", "--prune",
+                     "static-paper", "--schedule", "40:0.5", "--prompt-tokens", "100"}),
+      {"layer 40", "32-layer model can prune after layers 0 to 30"});
+}
+
 TEST_F(CliSim, SimulateBadInput) {
   const std::string t = make_trace("t.jsonl", 40);
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "h1000"}),
@@ -199,7 +231,7 @@ TEST_F(CliSim, RunaheadPredictsRanksAgainstOneDeviceAndTensorParallelism) {
   expect_one_line_error(run_cli(dir_, {"simulate", "--runahead", "200", "--prompt-tokens", "100",
                                        "--model-config", "smollm2-135m", "--hw", "cpu-local"}),
                         {"fewer than the ranks"});
-  expect_one_line_error(with({"--prune", "static"}), {"--prune lazyllm"});
+  expect_one_line_error(with({"--prune", "frozen"}), {"--prune lazyllm"});
   // LazyLLM on the last rank: faster than unpruned KV-Runahead, and the last rank gets more tokens.
   std::vector<std::string> lazy = base;
   lazy.insert(lazy.end(), {"--prune", "lazyllm"});

@@ -24,7 +24,7 @@ TEST(Generate, AWarmUpLeavesTheTimedRunUnchanged) {
   CpuContext ctx(2);
   const auto m = Model::load(path, DType::F32, ctx);
   const std::vector<int32_t> ids = testing::random_ids(90, m->config().n_vocab, 7);
-  for (const PolicyKind kind : {PolicyKind::None, PolicyKind::LazyLLM, PolicyKind::Random}) {
+  for (const PolicyKind kind : {PolicyKind::None, PolicyKind::LazyLLM, PolicyKind::RandomLayers}) {
     GenerateOptions opt;
     opt.max_new_tokens = 8;
     opt.stop_at_end_of_generation = false;

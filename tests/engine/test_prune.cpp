@@ -178,9 +178,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrunedForward,
                                            PruneCase{17, PolicyKind::LazyLLM, "0:0.3,1:0.3,2:0.3"},
                                            PruneCase{111, PolicyKind::LazyLLM, "0.5:0.5"},
                                            PruneCase{111, PolicyKind::LazyLLM, "0:0.3,2:0.6"},
-                                           PruneCase{17, PolicyKind::Random, "0:0.5,1:0.5"},
-                                           PruneCase{111, PolicyKind::Static, "0:0.3,1:0.3,2:0.3"},
-                                           PruneCase{40, PolicyKind::Random, "1:0.9"}),
+                                           PruneCase{17, PolicyKind::RandomLayers, "0:0.5,1:0.5"},
+                                           PruneCase{111, PolicyKind::Frozen, "0:0.3,1:0.3,2:0.3"},
+                                           PruneCase{40, PolicyKind::RandomLayers, "1:0.9"}),
                          [](const ::testing::TestParamInfo<PruneCase>& info) {
                            const PruneCase& c = info.param;
                            std::string name = "T" + std::to_string(c.T) + "_" + policy_name(c.policy) + "_" +

@@ -211,10 +211,10 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
     EXPECT_NEAR(sum.finish().prompt_share_after_generation, double(held) / double(rc.T * c.n_layer), 1e-12);
   }
   std::printf("revivals: %lld\n", (long long)revivals);
-  if (rc.policy == PolicyKind::Static) {
+  if (rc.policy == PolicyKind::Frozen) {
     EXPECT_EQ(revivals, 0);  // static never revives
   }
-  if (rc.policy == PolicyKind::Random && rc.T > 8) {
+  if (rc.policy == PolicyKind::RandomLayers && rc.T > 8) {
     EXPECT_GT(revivals, 0);  // random re-selects
   }
 }
@@ -223,8 +223,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, Revival,
                          ::testing::Values(RevivalCase{1, PolicyKind::LazyLLM, "0:0.5", 3},
                                            RevivalCase{2, PolicyKind::LazyLLM, "0:0.5,1:0.5", 3},
                                            RevivalCase{17, PolicyKind::LazyLLM, "0:0.3,1:0.3,2:0.3", 5},
-                                           RevivalCase{40, PolicyKind::Random, "0:0.5,2:0.5", 6},
-                                           RevivalCase{33, PolicyKind::Static, "0:0.3,1:0.3", 4},
+                                           RevivalCase{40, PolicyKind::RandomLayers, "0:0.5,2:0.5", 6},
+                                           RevivalCase{33, PolicyKind::Frozen, "0:0.3,1:0.3", 4},
                                            RevivalCase{111, PolicyKind::LazyLLM, "1:0.6", 4}),
                          [](const ::testing::TestParamInfo<RevivalCase>& info) {
                            const RevivalCase& c = info.param;

@@ -158,7 +158,7 @@ TEST(Runahead, LogitsAreTheSingleProcessOnes) {
 // the last rank's chunk.
 class KeepEarliest : public PruningPolicy {
  public:
-  PolicyKind kind() const override { return PolicyKind::Static; }
+  PolicyKind kind() const override { return PolicyKind::Frozen; }
   bool needs_scores() const override { return false; }
   std::vector<int64_t> select(int, std::span<const int32_t> pos, std::span<const float>,
                               int64_t n_keep) override {

@@ -232,7 +232,7 @@ TEST_F(TinyEval, RunnerComparesEachMethodWithTheUnprunedRunOfTheSameSample) {
   opt.samples = 3;
   opt.warm_up = false;
   const Schedule sched = parse_schedule("0.3:0.3,0.6:0.3");
-  opt.methods = {{PolicyKind::LazyLLM, sched}, {PolicyKind::Random, sched}, {PolicyKind::None, {}}};
+  opt.methods = {{PolicyKind::LazyLLM, sched}, {PolicyKind::RandomLayers, sched}, {PolicyKind::None, {}}};
   int lines = 0;
   opt.progress = [&](const std::string&) { ++lines; };
   const auto results = eval::run_eval(ctx, *m, corpus(), opt);
@@ -308,11 +308,11 @@ TEST(EvalTargets, FastestLazyLLMWithinOnePointAndMatchedComparisons) {
   a.cells = {cell(PolicyKind::LazyLLM, "0.3:0.3", 0.8, 0.0, 1.5),
              cell(PolicyKind::LazyLLM, "0.2:0.4", 0.8, 0.0, 2.1),
              cell(PolicyKind::LazyLLM, "0.1:0.5", 0.6, -0.2, 3.0),
-             cell(PolicyKind::Static, "0.2:0.4", 0.7, -0.1, 2.2)};
+             cell(PolicyKind::Frozen, "0.2:0.4", 0.7, -0.1, 2.2)};
   b.cells = {cell(PolicyKind::LazyLLM, "0.3:0.3", 0.9, 0.0, 1.4),
              cell(PolicyKind::LazyLLM, "0.2:0.4", 0.9, 0.0, 1.9),
              cell(PolicyKind::LazyLLM, "0.1:0.5", 0.9, 0.0, 2.8),
-             cell(PolicyKind::Static, "0.2:0.4", 0.95, 0.05, 2.0)};
+             cell(PolicyKind::Frozen, "0.2:0.4", 0.95, 0.05, 2.0)};
   const auto t = eval::check_targets({a, b});
   ASSERT_EQ(t.size(), 1u);
   EXPECT_TRUE(t[0].found);
@@ -334,8 +334,8 @@ TEST(EvalTargets, FastestLazyLLMWithinOnePointAndMatchedComparisons) {
   // run (1x, its accuracy) and LazyLLM's slowest cell is interpolated from the unpruned point.
   eval::TaskResult c = a;
   c.baseline.accuracy = 1.0;
-  c.cells.push_back(cell(PolicyKind::Random, "0.1:0.5", 0.1, -0.9, 3.5));
-  c.cells.push_back(cell(PolicyKind::Random, "0.3:0.1", 0.9, -0.1, 1.25));
+  c.cells.push_back(cell(PolicyKind::RandomLayers, "0.1:0.5", 0.1, -0.9, 3.5));
+  c.cells.push_back(cell(PolicyKind::RandomLayers, "0.3:0.1", 0.9, -0.1, 1.25));
   const auto t3 = eval::check_targets({c});
   ASSERT_EQ(t3[0].ttft_matched.size(), 2u);  // static 2.2x and random 1.25x; not random 3.5x
   EXPECT_NEAR(t3[0].ttft_matched[1].lazyllm_accuracy, 1.0 - 0.2 * 0.25 / 0.5, 1e-12);

@@ -355,8 +355,8 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   const std::string path = write_compare_model(dir);
   compare_forward(path, 150, "none", PolicyKind::None);
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
-  compare_forward(path, 77, "2:0.4", PolicyKind::Static);
-  compare_forward(path, 64, "0:0.5,1:0.5,2:0.5", PolicyKind::Random);
+  compare_forward(path, 77, "2:0.4", PolicyKind::Frozen);
+  compare_forward(path, 64, "0:0.5,1:0.5,2:0.5", PolicyKind::RandomLayers);
 }
 
 // bf16 weights (the GPU's default dtype): bf16 GEMMs (cuBLAS GemmEx, f32 accumulation), the bf16
@@ -384,8 +384,8 @@ TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
   testing::TempDir dir;
   const std::string path = write_compare_model(dir);
   compare_generate(path, 120, PolicyKind::LazyLLM);
-  compare_generate(path, 120, PolicyKind::Static);
-  compare_generate(path, 60, PolicyKind::Random);
+  compare_generate(path, 120, PolicyKind::Frozen);
+  compare_generate(path, 60, PolicyKind::RandomLayers);
   compare_generate(path, 120, PolicyKind::None);
 }
 

@@ -114,7 +114,12 @@ TEST(ScheduleParse, LayersFractionsPercentagesAndNone) {
 }
 
 TEST(ScheduleParse, RejectsMalformedText) {
-  expect_error([] { parse_schedule("0.3"); }, "expected AT:SHARE");
+  expect_error([] { parse_schedule("abc"); }, "expected AT:SHARE");
+  expect_error([] { parse_schedule("-0.3"); }, "expected AT:SHARE");
+  expect_error([] { parse_schedule("0.3,0.5"); }, "must be the schedule's only step");
+  expect_error([] { parse_schedule("0.3,0.3:0.5"); }, "must be the schedule's only step");
+  expect_error([] { parse_schedule("1"); }, "drop share 1 must be in [0, 1)");
+  expect_error([] { parse_schedule("100%"); }, "drop share 1 must be in [0, 1)");
   expect_error([] { parse_schedule("0.3:0.3;0.6:0.3"); }, "malformed share '0.3;0.6:0.3'");
   expect_error([] { parse_schedule("0.3:0.3:0.3"); }, "malformed share '0.3:0.3'");
   expect_error([] { parse_schedule("abc:0.3"); }, "malformed AT 'abc'");

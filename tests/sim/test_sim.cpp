@@ -12,6 +12,7 @@
 #include "model/error.h"
 #include "model/ops.h"
 #include "model/presets.h"
+#include "pruning/policy.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
@@ -649,7 +650,8 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
     if (in_.contains("attention_decode_compute"))
       hw.efficiency[size_t(hw::Family::Attention)].decode_compute =
           in_["attention_decode_compute"].get<double>();
-    const std::string policy = in_["policy"].get<std::string>();
+    // The reference names the ablations as they were called when it was written (static, random).
+    const std::string policy = policy_name(parse_policy(in_["policy"].get<std::string>(), true));
     const auto steps = resolve_schedule(parse_schedule(in_["schedule"].get<std::string>()), c.n_layer);
     const int64_t N = in_["prompt_tokens"].get<int64_t>();
     const int64_t decode = std::max<int64_t>(0, in_["new_tokens"].get<int64_t>() - 1);

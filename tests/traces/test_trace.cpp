@@ -78,6 +78,30 @@ TEST(Trace, RoundTripsAndSummarises) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
+// Traces written before the paper's baselines existed name the ablations "static" and "random":
+// they read as today's names. A random-drop trace's dropped tokens count as computed nowhere.
+TEST(Trace, OldPolicyNamesAndDroppedTokens) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/t.jsonl";
+  trace::Trace t = sample();
+  for (const auto& [old, now] : {std::pair{"static", "frozen"}, std::pair{"random", "random-layers"}}) {
+    t.header.policy = old;
+    trace::write_trace(t, path);
+    EXPECT_EQ(trace::read_trace(path).header.policy, now);
+  }
+  t.header.policy = "fastest";
+  trace::write_trace(t, path);
+  EXPECT_THROW(trace::read_trace(path), Error);
+  // 10 tokens seen of 15 given: the same 20 pairs of 3 layers over 15 tokens.
+  t.header.policy = "random-drop";
+  t.header.prompt_tokens_dropped = 5;
+  trace::write_trace(t, path);
+  const trace::Trace back = trace::read_trace(path);
+  EXPECT_EQ(back.header.prompt_tokens_dropped, 5);
+  EXPECT_DOUBLE_EQ(trace::summarize(back).prompt_share, 20.0 / 45.0);
+  EXPECT_DOUBLE_EQ(trace::prompt_computed_fraction(back), 20.0 / 45.0);
+}
+
 TEST(Trace, AtMostOnceFailsWhenALayerComputesTooMuch) {
   trace::Trace t = sample();
   t.steps[1].queries = {1, 9, 1};  // 5 + 9 > 11 tokens at layer 1
@@ -521,7 +545,7 @@ TEST(TraceCli, DetailIsOptional) {
   const std::string path = dir.file("run.jsonl");
   std::vector<std::string> base = {
       "run", "--model", model, "--prompt", repeated("a ", 20), "--max-new-tokens", "3"};
-  base.insert(base.end(), {"--prune", "random", "--schedule", "0:0.5", "--trace", path});
+  base.insert(base.end(), {"--prune", "random-layers", "--schedule", "0:0.5", "--trace", path});
   // Without --trace-detail: counts only.
   CliRun r = run_cli(dir, base);
   ASSERT_EQ(r.code, 0) << r.err;
