@@ -155,7 +155,8 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
 // Generation with LazyLLM in prefill and decoding (re-selection and revival every step): one engine
 // on both backends, so the same GenerateResult: the same greedy tokens and text, the same revivals,
 // shares of (token, layer) pairs, K/V and Aux Cache bytes, and the same recorded steps (traces).
-inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind) {
+inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind,
+                             const char* schedule = "0.3:0.3,0.6:0.3,0.9:0.3") {
   CpuContext ctx(2);
   const auto m = Model::load(path, DType::F32, ctx);
   const std::vector<int32_t> ids = testing::random_ids(T, m->config().n_vocab, static_cast<uint32_t>(T) + 1);
@@ -163,7 +164,7 @@ inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind
   opt.max_new_tokens = 12;
   opt.stop_at_end_of_generation = false;
   opt.policy = kind;
-  opt.schedule = parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3");
+  opt.schedule = parse_schedule(schedule);
   opt.record_steps = true;
   const GenerateResult cpu = generate(ctx, *m, ids, opt);
   const GenerateResult gpu =

@@ -387,6 +387,9 @@ TEST(GpuForward, GenerationWithRevivalMatchesTheCpuBackend) {
   compare_generate(path, 120, PolicyKind::Frozen);
   compare_generate(path, 60, PolicyKind::RandomLayers);
   compare_generate(path, 120, PolicyKind::None);
+  // The paper's baselines: static-paper scores at the layers before its pruning layer too.
+  compare_generate(path, 120, PolicyKind::StaticPaper, "2:0.4");
+  compare_generate(path, 90, PolicyKind::RandomDrop, "0.3");
 }
 
 // Continuous batching on the CUDA backend (matmul_batched, lm_head_batched: the members' rows
