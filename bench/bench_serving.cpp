@@ -25,6 +25,8 @@
 #include "kernels/context.h"
 #include "kernels/cpu/backend.h"
 #include "model/paths.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
 #include "server/http_server.h"
 #include "tests/http_client.h"
 
@@ -99,10 +101,24 @@ BENCHMARK(BM_BatchedDecode)
 // prefill (2,048 tokens) and N requests' decoding steps (each over its own 2,048-token context) in
 // one batch, against the prefill alone (N = 0). What each decoding member adds to the iteration is
 // what the serving simulation prices as N more rows in the GEMMs and N rows of attention.
+// /N/1: every member with LazyLLM (the default schedule): the prefill prunes, and the decoders,
+// prefilled with LazyLLM, take their first decoding steps with re-selection and revival (the
+// steps that revive the most rows; the serving validation's open question, docs/serving.md).
 //
 //   build/lp_bench --benchmark_filter='MixedIteration'
 void BM_MixedIteration(benchmark::State& st) {
   const int64_t N = st.range(0), ctx_len = 2048, prompt = 2048, max_iters = 64;
+  const bool lazy = st.range(1) != 0;
+  const std::vector<lp::PruneStep> steps =
+      lazy ? lp::resolve_schedule(lp::default_schedule(), int8_model().config().n_layer)
+           : std::vector<lp::PruneStep>{};
+  std::vector<std::unique_ptr<lp::PruningPolicy>> policies;
+  std::vector<lp::PruneRequest> prunes(static_cast<size_t>(N + 1));
+  for (int64_t i = 0; i <= N; ++i) {
+    policies.push_back(lp::make_policy(lazy ? lp::PolicyKind::LazyLLM : lp::PolicyKind::None));
+    prunes[size_t(i)] = {steps, policies.back().get()};
+  }
+  const auto prune_of = [&](int64_t i) { return lazy ? &prunes[size_t(i)] : nullptr; };
   const lp::Model& m = int8_model();
   const int32_t V = m.config().n_vocab;
   const auto random_ids = [&](uint32_t seed, int64_t n) {
@@ -119,7 +135,7 @@ void BM_MixedIteration(benchmark::State& st) {
     dec.push_back(std::make_unique<lp::Session>(ctx(), m, ctx_len + max_iters));
     const int64_t last = ctx_len - 1;
     dec.back()->forward(random_ids(uint32_t(31 + i), ctx_len), {pos.data(), size_t(ctx_len)}, {&last, 1},
-                        logits[size_t(i)].data());
+                        logits[size_t(i)].data(), prune_of(i));
   }
   lp::Session pre(ctx(), m, prompt);
   const std::vector<int32_t> prompt_ids = random_ids(5, prompt);
@@ -134,16 +150,21 @@ void BM_MixedIteration(benchmark::State& st) {
     }
     st.PauseTiming();
     pre.reset();
+    if (lazy)
+      policies[size_t(N)] = lp::make_policy(lp::PolicyKind::LazyLLM),
+      prunes[size_t(N)].policy = policies[size_t(N)].get();
     st.ResumeTiming();
-    passes[0] =
-        pre.begin_forward(prompt_ids, {pos.data(), size_t(prompt)}, {&last, 1}, nullptr, nullptr, nullptr);
+    passes[0] = pre.begin_forward(prompt_ids, {pos.data(), size_t(prompt)}, {&last, 1}, prune_of(N), nullptr,
+                                  nullptr);
     members[0] = {&pre, &passes[0], logits[size_t(N)].data()};
     const int32_t p = int32_t(ctx_len + step);
     std::vector<int32_t> toks(static_cast<size_t>(N));
     for (int64_t i = 0; i < N; ++i) {
       toks[size_t(i)] = lp::argmax(logits[size_t(i)]);
       passes[size_t(i + 1)] =
-          dec[size_t(i)]->begin_forward({&toks[size_t(i)], 1}, {&p, 1}, {&row, 1}, nullptr, nullptr, nullptr);
+          lazy ? dec[size_t(i)]->begin_decode(toks[size_t(i)], p, prunes[size_t(i)], nullptr, nullptr)
+               : dec[size_t(i)]->begin_forward({&toks[size_t(i)], 1}, {&p, 1}, {&row, 1}, nullptr, nullptr,
+                                               nullptr);
       members[size_t(i + 1)] = {dec[size_t(i)].get(), &passes[size_t(i + 1)], logits[size_t(i)].data()};
     }
     lp::run_batch(members);
@@ -152,10 +173,14 @@ void BM_MixedIteration(benchmark::State& st) {
 }
 
 BENCHMARK(BM_MixedIteration)
-    ->Arg(0)
-    ->Arg(1)
-    ->Arg(4)
-    ->Arg(8)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({4, 0})
+    ->Args({8, 0})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Args({4, 1})
+    ->Args({8, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);

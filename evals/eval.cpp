@@ -273,23 +273,21 @@ std::vector<TargetCheck> check_targets(const std::vector<TaskResult>& results, d
       }
     }
     t.speedup_met = t.found && t.best_speedup >= min_speedup;
-    for (const TaskResult* r : counted) {
-      std::vector<std::pair<double, double>> curve = {{1.0, r->baseline.accuracy}};  // (speedup, accuracy)
-      for (const Cell& c : r->cells)
-        if (c.method.policy == PolicyKind::LazyLLM) curve.push_back({c.speedup, c.accuracy});
-      std::sort(curve.begin(), curve.end());
+    for (const TaskResult* r : counted)
       for (const Cell& c : r->cells) {
         if (!is_baseline(c.method.policy)) continue;
-        if (curve.size() < 2 || c.speedup < curve.front().first || c.speedup > curve.back().first) continue;
-        size_t i = 1;
-        while (i + 1 < curve.size() && curve[i].first < c.speedup) ++i;
-        const auto [x0, y0] = curve[i - 1];
-        const auto [x1, y1] = curve[i];
-        const double lazy = x1 > x0 ? y0 + (y1 - y0) * (c.speedup - x0) / (x1 - x0) : std::max(y0, y1);
-        t.ttft_matched.push_back({r->task, c.method, c.speedup, c.accuracy, lazy});
-        t.lazyllm_at_or_above_ttft += lazy >= c.accuracy - 1e-12;
+        // The best LazyLLM cell of the task at least as fast as the baseline cell.
+        const Cell* best = nullptr;
+        for (const Cell& l : r->cells)
+          if (l.method.policy == PolicyKind::LazyLLM && l.speedup >= c.speedup &&
+              (!best || l.accuracy > best->accuracy ||
+               (l.accuracy == best->accuracy && l.speedup > best->speedup)))
+            best = &l;
+        if (!best) continue;  // faster than every LazyLLM cell: no extrapolation
+        t.ttft_matched.push_back(
+            {r->task, c.method, c.speedup, c.accuracy, best->accuracy, best->method, best->speedup});
+        t.lazyllm_at_or_above_ttft += best->accuracy >= c.accuracy - 1e-12;
       }
-    }
     out.push_back(t);
   }
   return out;
