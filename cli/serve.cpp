@@ -104,7 +104,8 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
                      : a.dtype == "f32"       ? Model::load(path, DType::F32, ctx, cpu)
                      : a.dtype == "bf16"      ? Model::load(path, DType::BF16, ctx, cpu)
                                               : Model::load(path, DType::Int8, ctx, cpu);
-  if (so.api.policy != PolicyKind::None) (void)resolve_schedule(so.api.schedule, model->config().n_layer);
+  if (so.api.policy != PolicyKind::None)
+    (void)resolve_method(so.api.policy, so.api.schedule, model->config().n_layer);
   if (model->config().n_ctx_train < 2) fail("'{}' gives no context length (llama.context_length)", path);
 
   SchedulerOptions sched;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "engine/generate.h"
@@ -17,6 +18,7 @@ namespace lp::testing {
 struct BatchCase {
   std::vector<int32_t> prompt;
   PolicyKind policy;
+  std::string schedule = "";  // its own schedule (inline); empty: the one all cases share
 };
 
 // Each case alone through generate(), then all through the scheduler: the first `at_once` submitted
@@ -25,15 +27,21 @@ struct BatchCase {
 inline void expect_same_alone_and_batched(const Model& m, const std::vector<BatchCase>& cases,
                                           const Schedule& schedule, int64_t max_tokens, size_t at_once,
                                           const BackendFactory& make_backend) {
+  const auto schedule_of = [&](const BatchCase& c) {
+    return c.schedule.empty() ? schedule : parse_schedule(c.schedule);
+  };
   std::vector<std::vector<int32_t>> alone;
+  std::vector<double> alone_share;
   for (const BatchCase& c : cases) {
     GenerateOptions opt;
     opt.max_new_tokens = int(max_tokens);
     opt.stop_at_end_of_generation = false;
     opt.policy = c.policy;
-    opt.schedule = schedule;
+    opt.schedule = schedule_of(c);
     opt.prune_seed = 5;
-    alone.push_back(generate(m, c.prompt, opt, make_backend).generated_ids);
+    const GenerateResult r = generate(m, c.prompt, opt, make_backend);
+    alone.push_back(r.generated_ids);
+    alone_share.push_back(r.prompt_tokens_computed_fraction);
   }
   SchedulerOptions so;
   so.kv_budget_bytes = int64_t(1) << 32;
@@ -49,7 +57,7 @@ inline void expect_same_alone_and_batched(const Model& m, const std::vector<Batc
     p.max_tokens = max_tokens;
     p.stop_at_end_of_generation = false;
     p.policy = cases[i].policy;
-    p.schedule = schedule;
+    p.schedule = schedule_of(cases[i]);
     p.prune_seed = 5;
     p.on_token = [&got, i](int32_t t) {
       got[i].push_back(t);
@@ -71,6 +79,10 @@ inline void expect_same_alone_and_batched(const Model& m, const std::vector<Batc
                                 << cases[i].prompt.size() << " prompt tokens)";
     EXPECT_EQ(records[i].finish, Finish::Length) << records[i].error;
     EXPECT_EQ(records[i].output_tokens, max_tokens);
+    // The prompt as sent (random-drop: before the drop) and the share of its pairs computed.
+    EXPECT_EQ(records[i].prompt_tokens, int64_t(cases[i].prompt.size()));
+    EXPECT_EQ(records[i].policy, cases[i].policy);
+    EXPECT_DOUBLE_EQ(records[i].prompt_tokens_computed_fraction, alone_share[i]);
   }
   EXPECT_EQ(s.kv_bytes_reserved(), 0);
 }

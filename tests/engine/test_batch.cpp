@@ -61,9 +61,15 @@ TEST(Batch, GreedyOutputIsTheSameAloneOrBatched) {
   const Model& m = tiny(DType::Int8);
   const int V = m.config().n_vocab;
   const std::vector<BatchCase> cases = {
-      {random_ids(90, V, 1), PolicyKind::None},          {random_ids(33, V, 2), PolicyKind::LazyLLM},
-      {random_ids(150, V, 3), PolicyKind::RandomLayers}, {random_ids(7, V, 4), PolicyKind::Frozen},
-      {random_ids(60, V, 5), PolicyKind::LazyLLM},       {random_ids(41, V, 6), PolicyKind::None},
+      {random_ids(90, V, 1), PolicyKind::None},
+      {random_ids(33, V, 2), PolicyKind::LazyLLM},
+      {random_ids(150, V, 3), PolicyKind::RandomLayers},
+      {random_ids(7, V, 4), PolicyKind::Frozen},
+      {random_ids(60, V, 5), PolicyKind::LazyLLM},
+      {random_ids(41, V, 6), PolicyKind::None},
+      // The paper's baselines: static-paper's one step, random-drop's shorter prompt.
+      {random_ids(70, V, 7), PolicyKind::StaticPaper, "2:0.5"},
+      {random_ids(80, V, 8), PolicyKind::RandomDrop, "0.3"},
   };
   expect_same_alone_and_batched(m, cases, parse_schedule("1:0.4,3:0.4"), 10, 3);
 }

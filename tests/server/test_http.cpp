@@ -275,6 +275,32 @@ TEST(Server, StopStringsAndThePruningOverride) {
   EXPECT_DOUBLE_EQ(pruned["lazyprefill"]["prompt_tokens_computed_fraction"].get<double>(), 180.0 / 240.0);
 }
 
+// The paper's baselines per request: a policy without a schedule takes its own default
+// (random-drop 0.3: 18 of the 60 tokens dropped), static-paper prunes once; a schedule that does not
+// fit the policy and a renamed policy are 400s.
+TEST(Server, ThePapersBaselinesPerRequest) {
+  Running r;
+  const auto prompt = prompt_of(60, 3);
+  const std::string base = R"({"temperature": 0, "max_tokens": 4, "prompt": )" + ids_json(prompt);
+  const Reply dr = post(r.port(), "/v1/completions", base + R"(, "lazyprefill": {"prune": "random-drop"}})");
+  ASSERT_EQ(dr.status, 200) << dr.body;
+  const json drop = parsed(dr);
+  EXPECT_EQ(drop["lazyprefill"]["prune"], "random-drop");
+  EXPECT_EQ(drop["lazyprefill"]["schedule"], "0.3");
+  EXPECT_DOUBLE_EQ(drop["lazyprefill"]["prompt_tokens_computed_fraction"].get<double>(), 42.0 / 60.0);
+  const json stat =
+      parsed(post(r.port(), "/v1/completions",
+                  base + R"(, "lazyprefill": {"prune": "static-paper", "schedule": "1:0.5"}})"));
+  EXPECT_EQ(stat["lazyprefill"]["prune"], "static-paper");
+  EXPECT_DOUBLE_EQ(stat["lazyprefill"]["prompt_tokens_computed_fraction"].get<double>(), 180.0 / 240.0);
+  for (const char* bad :
+       {R"({"prune": "random-drop", "schedule": "1:0.5"})", R"({"prune": "static-paper", "schedule": "0.3"})",
+        R"({"prune": "static"})", R"({"prune": "random-drop", "schedule": "1"})"}) {
+    const Reply rep = post(r.port(), "/v1/completions", base + R"(, "lazyprefill": )" + bad + "}");
+    EXPECT_EQ(rep.status, 400) << bad << ": " << rep.body;
+  }
+}
+
 TEST(Server, EachBadRequestGetsItsStatusAndTheServerGoesOn) {
   Running r;
   const uint16_t p = r.port();
