@@ -225,9 +225,10 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
     sched = m.method.substr(sp + 1);
   }
   // Measurements from before the paper's baselines existed name "static" and "random".
-  if (!check_policy_arg(policy).empty() && policy != "static" && policy != "random")
+  const std::optional<PolicyKind> in_file = policy_in_file(policy);
+  if (!in_file)
     fail("{}: record {}: method '{}' is not a pruning method ({})", m.file, m.record, m.method, kPolicyNames);
-  const PolicyKind kind = parse_policy(policy, true);
+  const PolicyKind kind = *in_file;
   policy = policy_name(kind);
   std::vector<PruneStep> steps;
   double dropped = 0;

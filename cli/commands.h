@@ -74,14 +74,9 @@ inline CLI::Validator policy_names(bool list = false) {
   return CLI::Validator(
       [list](const std::string& s) {
         if (!list) return check_policy_arg(s);
-        size_t b = 0;
-        while (true) {
-          const size_t c = s.find(',', b);
-          const std::string item = s.substr(b, c == std::string::npos ? c : c - b);
-          if (const std::string why = check_policy_arg(item); !why.empty()) return why;
-          if (c == std::string::npos) return std::string();
-          b = c + 1;
-        }
+        for (const std::string& item : split_list(s))
+          if (std::string why = check_policy_arg(item); !why.empty()) return why;
+        return std::string();
       },
       list ? "POLICY,..." : "POLICY");
 }

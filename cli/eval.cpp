@@ -37,20 +37,17 @@ const char* const kRandomDropLadder[] = {"0.2", "0.3", "0.5", "0.67"};
 
 // The schedules a policy runs in an eval: the given ones that fit it, else its ladder.
 std::vector<Schedule> eval_schedules(PolicyKind k, const std::vector<Schedule>& given) {
-  std::vector<Schedule> out;
-  for (const Schedule& s : given)
-    if (method_problem(k, s).empty()) out.push_back(s);
-  if (!out.empty()) return out;
-  const auto ladder = [&](const auto& names) {
-    for (const char* s : names) out.push_back(parse_schedule(s));
+  std::vector<Schedule> ladder;
+  const auto add = [&](const auto& names) {
+    for (const char* s : names) ladder.push_back(parse_schedule(s));
   };
   if (k == PolicyKind::StaticPaper)
-    ladder(kStaticPaperLadder);
+    add(kStaticPaperLadder);
   else if (k == PolicyKind::RandomDrop)
-    ladder(kRandomDropLadder);
+    add(kRandomDropLadder);
   else
-    ladder(kDefaultLadder);
-  return out;
+    add(kDefaultLadder);
+  return schedules_fitting(k, given, std::move(ladder));
 }
 
 json cell_json(const eval::Cell& c, bool qa) {

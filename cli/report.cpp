@@ -140,8 +140,6 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   req.git_commit = LP_GIT_COMMIT;
 
   std::vector<std::string> policies = split_list(a.prune);
-  for (const std::string& p : policies)
-    if (const std::string why = check_policy_arg(p); !why.empty()) usage_fail("--prune: {}", why);
   const auto wants = [&](const char* p) {
     return std::find(policies.begin(), policies.end(), p) != policies.end();
   };
@@ -164,15 +162,15 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
     const Schedule recorded_schedule =
         recorded.header.schedule == "none" ? Schedule{} : parse_schedule(recorded.header.schedule);
     req.methods.push_back(
-        method(name, {parse_policy(recorded.header.policy, true), recorded_schedule}, {}, &recorded));
+        method(name, {parse_policy(recorded.header.policy), recorded_schedule}, {}, &recorded));
     scheds.push_back(recorded_schedule);
   }
   // Synthetic LazyLLM schedules: those asked for (besides a trace) that fit LazyLLM, else the default.
-  std::vector<Schedule> given, lazy;
+  std::vector<Schedule> given;
   for (const std::string& s : a.schedules) given.push_back(schedule_from_arg(s));
-  for (const Schedule& s : given)
-    if (method_problem(PolicyKind::LazyLLM, s).empty()) lazy.push_back(s);
-  if (lazy.empty() && a.trace.empty()) lazy.push_back(default_schedule());
+  const std::vector<Schedule> lazy = schedules_fitting(
+      PolicyKind::LazyLLM, given,
+      a.trace.empty() ? std::vector<Schedule>{default_schedule()} : std::vector<Schedule>{});
   if (wants("lazyllm"))
     for (const Schedule& s : lazy)
       req.methods.push_back(method("lazyllm " + s.to_string(), {PolicyKind::LazyLLM, s},

@@ -89,7 +89,7 @@ std::optional<sim::RevivalModel> load_revivals(const std::string& model, double 
 RevivalChoice choose_revivals(const std::optional<sim::RevivalModel>& model, double share,
                               const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
                               bool map) {
-  if (!policy_revives(parse_policy(policy, true)))
+  if (!policy_revives(parse_policy(policy)))
     return {{}, fmt::format("none (the {} policy revives nothing)", policy)};
   if (!model) {
     if (share == 0) return {sim::constant_revival_share(0), "none: --revival-share 0, the optimistic bound"};

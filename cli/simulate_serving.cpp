@@ -167,7 +167,6 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
   std::vector<sim::ServingMethod> methods;
   std::vector<std::string> revival_lines;
   for (const std::string& name : split_list(a.prune)) {
-    if (const std::string why = check_policy_arg(name); !why.empty()) usage_fail("--prune: {}", why);
     const PolicyKind kind = parse_policy(name);
     const Schedule sched = schedules_fitting(kind, given).front();
     const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer);

@@ -31,9 +31,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
     // The paper's random token drop: a shorter prompt, then an unpruned run. Its fractions are of
     // the prompt as given: the dropped tokens were computed at no layer.
     check_method(opt.policy, opt.schedule);
-    std::vector<int32_t> kept;
-    for (const int64_t i : random_drop(T, *drop_share(opt.schedule), opt.prune_seed))
-      kept.push_back(prompt_ids[size_t(i)]);
+    const std::vector<int32_t> kept = random_drop_ids(prompt_ids, *drop_share(opt.schedule), opt.prune_seed);
     GenerateOptions inner = opt;
     inner.policy = PolicyKind::None;
     GenerateResult r = generate(m, kept, inner, make_backend);

@@ -73,13 +73,9 @@ uint64_t Scheduler::submit(RequestParams p) {
     if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary of {}", id, c.n_vocab);
   check_method(p.policy, p.schedule);
   auto r = std::make_unique<Request>();
-  if (p.policy == PolicyKind::RandomDrop) {  // the model sees a shorter prompt, unpruned
-    r->rec.policy = p.policy;
-    r->rec.schedule = p.schedule.to_string();
-    std::vector<int32_t> kept;
-    for (const int64_t i : random_drop(T, *drop_share(p.schedule), p.prune_seed))
-      kept.push_back(p.prompt[size_t(i)]);
-    p.prompt = std::move(kept);
+  const bool drop = p.policy == PolicyKind::RandomDrop;
+  if (drop) {  // the model sees a shorter prompt, unpruned
+    p.prompt = random_drop_ids(p.prompt, *drop_share(p.schedule), p.prune_seed);
     p.policy = PolicyKind::None;
   }
   const bool pruning = p.policy != PolicyKind::None && !p.schedule.steps.empty();
@@ -90,10 +86,8 @@ uint64_t Scheduler::submit(RequestParams p) {
          T, p.max_tokens, double(r->reservation) / (1 << 20), double(opt_.kv_budget_bytes) / (1 << 20));
   r->rec.arrival = Clock::now();
   r->rec.prompt_tokens = T;  // as sent: with random-drop, the computed fraction says how many the model saw
-  if (r->rec.policy != PolicyKind::RandomDrop) {
-    r->rec.policy = pruning ? p.policy : PolicyKind::None;
-    r->rec.schedule = pruning ? p.schedule.to_string() : "none";
-  }
+  r->rec.policy = drop ? PolicyKind::RandomDrop : pruning ? p.policy : PolicyKind::None;
+  r->rec.schedule = drop || pruning ? p.schedule.to_string() : "none";
   r->p = std::move(p);
   std::lock_guard lk(inbox_mu_);
   r->id = r->rec.id = next_id_++;

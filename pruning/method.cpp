@@ -58,12 +58,16 @@ void check_method(PolicyKind policy, const Schedule& schedule) {
   if (!why.empty()) usage_fail("{}", why);
 }
 
-std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Schedule>& given) {
+std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Schedule>& given,
+                                        std::vector<Schedule> otherwise) {
   std::vector<Schedule> out;
   for (const Schedule& s : given)
     if (method_problem(policy, s).empty()) out.push_back(s);
-  if (out.empty()) out.push_back(default_schedule(policy));
-  return out;
+  return out.empty() ? otherwise : out;
+}
+
+std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Schedule>& given) {
+  return schedules_fitting(policy, given, {default_schedule(policy)});
 }
 
 std::vector<PruneStep> resolve_method(PolicyKind policy, const Schedule& schedule, int n_layer) {

@@ -33,9 +33,12 @@ std::string method_problem(PolicyKind policy, const Schedule& schedule);
 // method_problem as a usage error.
 void check_method(PolicyKind policy, const Schedule& schedule);
 // For commands that cross a list of policies with schedules: the given schedules that fit
-// `policy` (method_problem), or, when none does, the policy's default_schedule. So
-// "--prune lazyllm,random-drop --schedule 0.3:0.3,0.6:0.3,0.9:0.3" runs random-drop at its default.
+// `policy` (method_problem), or, when none does, `otherwise` (by default the policy's
+// default_schedule). So "--prune lazyllm,random-drop --schedule 0.3:0.3,0.6:0.3,0.9:0.3" runs
+// random-drop at its default.
 std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Schedule>& given);
+std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Schedule>& given,
+                                        std::vector<Schedule> otherwise);
 
 // check_method, then the schedule resolved for an n_layer model (resolve_schedule): none for
 // none and random-drop, which prune inside no layer.

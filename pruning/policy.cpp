@@ -34,12 +34,18 @@ std::string check_policy_arg(std::string_view name) {
   return fmt::format("unknown pruning policy '{}' (expected {})", name, kPolicyNames);
 }
 
-PolicyKind parse_policy(std::string_view name, bool legacy) {
+PolicyKind parse_policy(std::string_view name) {
   for (const PolicyKind k : kAll)
     if (name == policy_name(k)) return k;
-  if (legacy && name == "static") return PolicyKind::Frozen;
-  if (legacy && name == "random") return PolicyKind::RandomLayers;
   usage_fail("{}", check_policy_arg(name));
+}
+
+std::optional<PolicyKind> policy_in_file(std::string_view name) {
+  for (const PolicyKind k : kAll)
+    if (name == policy_name(k)) return k;
+  if (name == "static") return PolicyKind::Frozen;
+  if (name == "random") return PolicyKind::RandomLayers;
+  return std::nullopt;
 }
 
 const char* policy_name(PolicyKind k) {
@@ -69,6 +75,7 @@ bool policy_freezes(PolicyKind k) {
 
 int64_t random_drop_kept(int64_t n, double share) {
   if (n < 1) fail("random-drop: a prompt of {} tokens", n);
+  if (!(share >= 0 && share < 1)) fail("random-drop: drop share {} must be in [0, 1)", share);
   return std::max<int64_t>(std::min<int64_t>(n, 2), tokens_kept(n, share));
 }
 
@@ -91,6 +98,12 @@ std::vector<int64_t> random_drop(int64_t n, double share, uint64_t seed) {
   }
   if (n > 1) kept.push_back(n - 1);
   return kept;
+}
+
+std::vector<int32_t> random_drop_ids(std::span<const int32_t> ids, double share, uint64_t seed) {
+  std::vector<int32_t> out;
+  for (const int64_t i : random_drop(int64_t(ids.size()), share, seed)) out.push_back(ids[size_t(i)]);
+  return out;
 }
 
 namespace {

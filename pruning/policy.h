@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -33,11 +34,12 @@
 namespace lp {
 
 enum class PolicyKind { None, LazyLLM, Frozen, RandomLayers, StaticPaper, RandomDrop };
-// A policy's name as written on the command line and in files. The names before the paper's
-// baselines existed, "static" (now frozen) and "random" (now random-layers), are read only where
-// `legacy` is set: from files written then (traces, measurements, eval JSON). On the command line
-// they are refused with a line that names both meanings (check_policy_arg).
-PolicyKind parse_policy(std::string_view name, bool legacy = false);  // throws lp::Error
+// A policy's name (policy_name's); throws lp::UsageError with check_policy_arg's line otherwise.
+PolicyKind parse_policy(std::string_view name);
+// A policy's name as read from a file: today's names, and the names files were written with before
+// the paper's baselines existed, "static" (now frozen) and "random" (now random-layers); nullopt
+// for anything else. (On the command line the old names are refused: check_policy_arg.)
+std::optional<PolicyKind> policy_in_file(std::string_view name);
 const char* policy_name(PolicyKind k);
 // "none, lazyllm, static-paper, random-drop, frozen or random-layers", for messages.
 extern const char* const kPolicyNames;
@@ -53,8 +55,10 @@ bool policy_freezes(PolicyKind k);
 // token (often an attention sink such as BOS) and the last are always kept; the choice is uniform
 // over the others and a function of `seed` alone.
 std::vector<int64_t> random_drop(int64_t n, double share, uint64_t seed);
-// How many tokens random_drop keeps of n.
+// How many tokens random_drop keeps of n; throws lp::Error for a share outside [0, 1).
 int64_t random_drop_kept(int64_t n, double share);
+// The prompt the model sees under random-drop: the tokens of `ids` that random_drop keeps.
+std::vector<int32_t> random_drop_ids(std::span<const int32_t> ids, double share, uint64_t seed);
 
 class PruningPolicy {
  public:

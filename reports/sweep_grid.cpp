@@ -87,10 +87,9 @@ SweepGrid read_sweep_grid(const std::string& path) {
       fail("{}: methods: an empty schedule; give one, or none for no pruning", path);
     const std::string policy = m.value("policy", std::string());
     // Grids written before the paper's baselines existed say "static" and "random": read as today's.
-    if (const std::string why = check_policy_arg(policy);
-        !why.empty() && policy != "static" && policy != "random")
-      fail("{}: methods: {}", path, why);
-    Method x{parse_policy(policy, true), {}};
+    const std::optional<PolicyKind> kind = policy_in_file(policy);
+    if (!kind) fail("{}: methods: {}", path, check_policy_arg(policy));
+    Method x{*kind, {}};
     if (x.policy != PolicyKind::None) x.schedule = parse_schedule(m.value("schedule", std::string("none")));
     if (const std::string why = method_problem(x.policy, x.schedule); !why.empty())
       fail("{}: methods: {}", path, why);

@@ -365,40 +365,7 @@ class IterationCost {
   }
 };
 
-}  // namespace
-
-namespace {
-// The discrete-event simulation itself (below), for every policy but random-drop's shortening.
-ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                             const ServingMethod& m, const ServingConfig& cfg,
-                             std::span<const ServingRequest> reqs);
-}  // namespace
-
-ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                            const ServingMethod& m, const ServingConfig& cfg,
-                            std::span<const ServingRequest> reqs) {
-  if (m.policy != "random-drop") return simulate_requests(c, hw, p, m, cfg, reqs);
-  // random-drop: every request's prompt shorter before the model, then served unpruned; the
-  // outcomes keep the prompts as sent, and the share of their pairs computed says what was dropped.
-  if (!(m.drop_share >= 0 && m.drop_share < 1))
-    fail("random-drop: drop share {} must be in [0, 1)", m.drop_share);
-  std::vector<ServingRequest> shorter(reqs.begin(), reqs.end());
-  for (ServingRequest& r : shorter)
-    if (r.prompt_tokens >= 1) r.prompt_tokens = random_drop_kept(r.prompt_tokens, m.drop_share);
-  ServingMethod plain = m;
-  plain.steps.clear();
-  plain.revivals = {};
-  ServingRun run = simulate_requests(c, hw, p, plain, cfg, shorter);
-  for (size_t i = 0; i < run.requests.size() && i < reqs.size(); ++i) {
-    RequestOutcome& o = run.requests[i];
-    o.prompt_share *= double(o.prompt_tokens) / double(reqs[i].prompt_tokens);
-    o.prompt_tokens = reqs[i].prompt_tokens;
-  }
-  return run;
-}
-
-namespace {
-
+// The discrete-event simulation itself, for every policy but random-drop's shortening.
 ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                              const ServingMethod& m, const ServingConfig& cfg,
                              std::span<const ServingRequest> reqs) {
@@ -661,6 +628,27 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
 }
 
 }  // namespace
+
+ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                            const ServingMethod& m, const ServingConfig& cfg,
+                            std::span<const ServingRequest> reqs) {
+  if (m.policy != "random-drop") return simulate_requests(c, hw, p, m, cfg, reqs);
+  // random-drop: every request's prompt shorter before the model, then served unpruned; the
+  // outcomes keep the prompts as sent, and the share of their pairs computed says what was dropped.
+  std::vector<ServingRequest> shorter(reqs.begin(), reqs.end());
+  for (ServingRequest& r : shorter)
+    if (r.prompt_tokens >= 1) r.prompt_tokens = random_drop_kept(r.prompt_tokens, m.drop_share);
+  ServingMethod plain = m;
+  plain.steps.clear();
+  plain.revivals = {};
+  ServingRun run = simulate_requests(c, hw, p, plain, cfg, shorter);
+  for (size_t i = 0; i < run.requests.size() && i < reqs.size(); ++i) {
+    RequestOutcome& o = run.requests[i];
+    o.prompt_share *= double(o.prompt_tokens) / double(reqs[i].prompt_tokens);
+    o.prompt_tokens = reqs[i].prompt_tokens;
+  }
+  return run;
+}
 
 // ---- metrics ----
 

@@ -12,7 +12,6 @@ SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
                                const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t new_tokens,
                                Revivals revivals, double drop_share)
     : L_(c.n_layer),
-      policy_(policy),
       steps_(steps),
       prompt_tokens_(prompt_tokens),
       new_tokens_(new_tokens),
@@ -21,8 +20,6 @@ SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
   if (prompt_tokens < 1) fail("--prompt-tokens must be at least 1, got {}", prompt_tokens);
   if (new_tokens < 0) fail("--new-tokens must be >= 0, got {}", new_tokens);
   if (kind == PolicyKind::RandomDrop) {  // a shorter prompt, unpruned
-    if (!(drop_share >= 0 && drop_share < 1))
-      fail("random-drop: drop share {} must be in [0, 1)", drop_share);
     prompt_tokens_ = random_drop_kept(prompt_tokens, drop_share);
     header_.prompt_tokens_dropped = prompt_tokens - prompt_tokens_;
     steps_.clear();

@@ -63,7 +63,6 @@ class SyntheticSteps {
  private:
   void active(int64_t n);
   int L_;
-  std::string policy_;
   bool frozen_ = false, revives_ = false;
   std::vector<PruneStep> steps_;
   int64_t prompt_tokens_, new_tokens_;

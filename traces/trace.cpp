@@ -247,9 +247,9 @@ TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap
     // The names before the paper's baselines existed ("static", "random") are read as what they
     // became, so every reader sees today's names.
     const std::string policy = head.at("policy").get<std::string>();
-    if (!check_policy_arg(policy).empty() && policy != "static" && policy != "random")
-      fail("{}: unknown policy '{}' (expected {})", where, escape_text(policy), kPolicyNames);
-    h.policy = policy_name(parse_policy(policy, true));
+    const std::optional<PolicyKind> kind = policy_in_file(policy);
+    if (!kind) fail("{}: unknown policy '{}' (expected {})", where, escape_text(policy), kPolicyNames);
+    h.policy = policy_name(*kind);
     h.schedule = head.at("schedule").get<std::string>();
     if (h.schedule.size() > 4096) fail("{}: the schedule is {} bytes long", where, h.schedule.size());
     for (const auto& e : head.at("schedule_layers")) {

@@ -224,8 +224,9 @@ TEST(PaperBaselines, SchedulesMustFitThePolicy) {
   EXPECT_NE(check_policy_arg("static").find("frozen"), std::string::npos);
   EXPECT_NE(check_policy_arg("random").find("random-drop"), std::string::npos);
   EXPECT_THROW(parse_policy("static"), Error);
-  EXPECT_EQ(parse_policy("static", true), PolicyKind::Frozen);
-  EXPECT_EQ(parse_policy("random", true), PolicyKind::RandomLayers);
+  EXPECT_EQ(policy_in_file("static"), PolicyKind::Frozen);
+  EXPECT_EQ(policy_in_file("random"), PolicyKind::RandomLayers);
+  EXPECT_EQ(policy_in_file("fastest"), std::nullopt);
   for (const char* n : {"none", "lazyllm", "static-paper", "random-drop", "frozen", "random-layers"})
     EXPECT_EQ(policy_name(parse_policy(n)), std::string(n));
 }

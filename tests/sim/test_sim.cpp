@@ -651,7 +651,7 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
       hw.efficiency[size_t(hw::Family::Attention)].decode_compute =
           in_["attention_decode_compute"].get<double>();
     // The reference names the ablations as they were called when it was written (static, random).
-    const std::string policy = policy_name(parse_policy(in_["policy"].get<std::string>(), true));
+    const std::string policy = policy_name(*policy_in_file(in_["policy"].get<std::string>()));
     const auto steps = resolve_schedule(parse_schedule(in_["schedule"].get<std::string>()), c.n_layer);
     const int64_t N = in_["prompt_tokens"].get<int64_t>();
     const int64_t decode = std::max<int64_t>(0, in_["new_tokens"].get<int64_t>() - 1);
