@@ -104,11 +104,13 @@ BENCHMARK(BM_BatchedDecode)
 // /N/1: every member with LazyLLM (the default schedule): the prefill prunes, and the decoders,
 // prefilled with LazyLLM, take their first decoding steps with re-selection and revival (the
 // steps that revive the most rows; the serving validation's open question, docs/serving.md).
+// /N/L/0: the same N decoding steps without the prefill, so that a member's cost beside a prefill
+// can be told from its cost alone.
 //
 //   build/lp_bench --benchmark_filter='MixedIteration'
 void BM_MixedIteration(benchmark::State& st) {
   const int64_t N = st.range(0), ctx_len = 2048, prompt = 2048, max_iters = 64;
-  const bool lazy = st.range(1) != 0;
+  const bool lazy = st.range(1) != 0, with_prefill = st.range(2) != 0;
   const std::vector<lp::PruneStep> steps =
       lazy ? lp::resolve_schedule(lp::default_schedule(), int8_model().config().n_layer)
            : std::vector<lp::PruneStep>{};
@@ -154,9 +156,11 @@ void BM_MixedIteration(benchmark::State& st) {
       policies[size_t(N)] = lp::make_policy(lp::PolicyKind::LazyLLM),
       prunes[size_t(N)].policy = policies[size_t(N)].get();
     st.ResumeTiming();
-    passes[0] = pre.begin_forward(prompt_ids, {pos.data(), size_t(prompt)}, {&last, 1}, prune_of(N), nullptr,
-                                  nullptr);
-    members[0] = {&pre, &passes[0], logits[size_t(N)].data()};
+    if (with_prefill) {
+      passes[0] = pre.begin_forward(prompt_ids, {pos.data(), size_t(prompt)}, {&last, 1}, prune_of(N),
+                                    nullptr, nullptr);
+      members[0] = {&pre, &passes[0], logits[size_t(N)].data()};
+    }
     const int32_t p = int32_t(ctx_len + step);
     std::vector<int32_t> toks(static_cast<size_t>(N));
     for (int64_t i = 0; i < N; ++i) {
@@ -167,20 +171,24 @@ void BM_MixedIteration(benchmark::State& st) {
                                                nullptr);
       members[size_t(i + 1)] = {dec[size_t(i)].get(), &passes[size_t(i + 1)], logits[size_t(i)].data()};
     }
-    lp::run_batch(members);
+    lp::run_batch(std::span(members).subspan(with_prefill ? 0 : 1));
     ++step;
   }
 }
 
 BENCHMARK(BM_MixedIteration)
-    ->Args({0, 0})
-    ->Args({1, 0})
-    ->Args({4, 0})
-    ->Args({8, 0})
-    ->Args({0, 1})
-    ->Args({1, 1})
-    ->Args({4, 1})
-    ->Args({8, 1})
+    ->ArgNames({"decoders", "lazy", "prefill"})
+    ->Args({0, 0, 1})
+    ->Args({1, 0, 1})
+    ->Args({4, 0, 1})
+    ->Args({8, 0, 1})
+    ->Args({0, 1, 1})
+    ->Args({1, 1, 1})
+    ->Args({4, 1, 1})
+    ->Args({8, 1, 1})
+    ->Args({1, 1, 0})
+    ->Args({4, 1, 0})
+    ->Args({8, 1, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);

@@ -178,8 +178,15 @@ Profile parse_profile(const json& j, const std::string& origin) {
             else
               fail("{}: 'engine.fuse': unknown fusion '{}' (known: add_rmsnorm, rope, swiglu)", origin, n);
           }
+        } else if (k == "own_gemm_rows") {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t(1) << 24))
+            fail("{}: 'engine.own_gemm_rows' must be a whole number from 0 to 16777216", origin);
+          p.engine.own_gemm_rows = v.get<int64_t>();
         } else {
-          fail("{}: 'engine': unknown key '{}' (a preset name, or {{\"elementwise\", \"fuse\"}})", origin, k);
+          fail(
+              "{}: 'engine': unknown key '{}' (a preset name, or {{\"elementwise\", \"fuse\", "
+              "\"own_gemm_rows\"}})",
+              origin, k);
         }
       }
     } else {
@@ -210,7 +217,8 @@ std::vector<std::string> engine_names() {
 }
 
 Engine engine_preset(const std::string& name) {
-  if (name == "lazyprefill" || name == "llamacpp") return Engine{name};
+  if (name == "lazyprefill") return Engine{name, false, false, false, false, 64};
+  if (name == "llamacpp") return Engine{name};
   if (name == "vllm") return Engine{name, true, true, false, false};
   if (name == "trtllm") return Engine{name, true, true, true, true};
   usage_fail("unknown engine '{}' (known: lazyprefill, llamacpp, vllm, trtllm)", name);

@@ -54,9 +54,15 @@ struct Engine {
   bool fuse_add_rmsnorm = false;        // each residual add fused into the RMSNorm after it
   bool fuse_rope = false;               // RoPE applied inside the QKV / attention kernels
   bool fuse_swiglu = false;             // SwiGLU in the gate_up GEMM's epilogue
+  // How a batch's GEMMs are grouped (the serving simulation's iterations): a member with at least
+  // this many rows at a layer runs its own GEMMs over them, reading the weights once more, and the
+  // others share one; 0: one GEMM over every member's rows (vLLM, TensorRT-LLM, llama.cpp's
+  // ubatch). lazyprefill's CPU backend: 64 (kRowsForOwnGemm in kernels/cpu/backend.cpp).
+  int64_t own_gemm_rows = 0;
 };
 // lazyprefill (this engine on a CPU) and llamacpp: f32, nothing fused; vllm: compute dtype,
-// add+RMSNorm fused; trtllm: compute dtype, add+RMSNorm, RoPE and SwiGLU fused. Throws
+// add+RMSNorm fused; trtllm: compute dtype, add+RMSNorm, RoPE and SwiGLU fused. lazyprefill
+// alone gives a member of 64 rows or more its own GEMMs. Throws
 // lp::UsageError listing the known names.
 Engine engine_preset(const std::string& name);
 std::vector<std::string> engine_names();

@@ -305,8 +305,16 @@ struct Active {
   bool prefilled_now = false;  // its prefill (or last chunk) ran in this iteration
 };
 
+// The GEMMs of one layer of an iteration that some members run on their own (Engine::own_gemm_rows):
+// their rows, and the row-priced ops of those rows, seconds.
+struct OwnGemms {
+  int64_t rows = 0;
+  double s = 0;
+};
+
 // Costs iterations: the summed layer work of their members, consecutive layers with the same
-// work and shape costed once.
+// work and shape costed once. The row-priced ops (norms, GEMMs, RoPE, SwiGLU) run once over the
+// rows of the members that share them and once per member that runs its own (OwnGemms).
 class IterationCost {
  public:
   IterationCost(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp)
@@ -317,9 +325,21 @@ class IterationCost {
     uniform_ = g_.uniform();
   }
   bool uniform() const { return uniform_; }  // every layer the same shape
-  // Work per run of layers: w[k] is the work of each of the len[k] layers from start[k].
-  double operator()(const std::vector<LayerWork>& w, const std::vector<int>& start,
-                    const std::vector<int>& len, int64_t new_rows, int64_t logit_rows) const {
+  // The row-priced ops of `rows` rows at layer l.
+  double rows_time(int l, int64_t rows) const {
+    if (uniform_) return rows_only(rows);
+    double t = 0;
+    const auto add = [&t](const OpCost& oc) { t += oc.time_s; };
+    cost_layer(
+        cc_, hw_, tp_, lc_[size_t(l)], double(c_.n_embd), LayerWork{rows},
+        [&](Op, const OpCost& oc) { add(oc); }, add, LayerPart::RowsOnly);
+    return t;
+  }
+  // Work per run of layers: w[k] is the work of each of the len[k] layers from start[k], own[k]
+  // the part of its rows in GEMMs of their own.
+  double operator()(const std::vector<LayerWork>& w, const std::vector<OwnGemms>& own,
+                    const std::vector<int>& start, const std::vector<int>& len, int64_t new_rows,
+                    int64_t logit_rows) const {
     double t = 0;
     const auto sink = [&t](const OpCost& oc) { t += oc.time_s; };
     const auto op = [&t](Op, const OpCost& oc) { t += oc.time_s; };
@@ -328,12 +348,8 @@ class IterationCost {
     for (size_t k = 0; k < w.size(); ++k) {
       if (w[k].rows <= 0) continue;
       const double before = t;
-      if (uniform_) {
-        t += rows_only(w[k].rows);
-        cost_layer(cc_, hw_, tp_, g_, D, w[k], op, sink, LayerPart::Rest);
-      } else {
-        cost_layer(cc_, hw_, tp_, lc_[size_t(start[k])], D, w[k], op, sink);
-      }
+      t += rows_time(start[k], w[k].rows - own[k].rows) + own[k].s;
+      cost_layer(cc_, hw_, tp_, uniform_ ? g_ : lc_[size_t(start[k])], D, w[k], op, sink, LayerPart::Rest);
       t += (t - before) * double(len[k] - 1);
     }
     cost_head(cc_, hw_, tp_, g_, logit_rows, double(c_.n_vocab), op, sink);
@@ -449,6 +465,11 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   }
   const size_t S = seg_start.size();
   std::vector<LayerWork> work(S);
+  std::vector<OwnGemms> own(S);
+  const int64_t own_from = hw.engine.own_gemm_rows;  // rows from which a member runs its own GEMMs
+  const auto gemm_rows = [&](size_t k, int64_t q) {
+    if (own_from > 0 && q >= own_from) own[k].rows += q, own[k].s += cost.rows_time(seg_start[k], q);
+  };
   size_t next = 0, done = 0;
   double t = 0, reserved = 0, used = 0;
   int64_t kv_stride = 1;
@@ -468,6 +489,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       const int64_t q = s.queries[size_t(l)];
       if (q <= 0) continue;
       LayerWork& w = work[k];
+      gemm_rows(k, q);
       const int64_t keys = prefill    ? s.keys[size_t(l)]
                            : attended ? s.attended[size_t(l)]
                                       : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]);
@@ -528,6 +550,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
 
     // The batch: every running request's step (a chunk for a chunked prefill before its last).
     std::fill(work.begin(), work.end(), LayerWork{});
+    std::fill(own.begin(), own.end(), OwnGemms{});
     int64_t new_rows = 0, logit_rows = 0, budget = cfg.max_batch_tokens;
     for (const auto& a : running) budget -= a->prefill_done ? 1 : 0;
     for (auto& a : running) {
@@ -546,7 +569,9 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       new_rows += chunk;
       if (chunk < left) {  // an earlier chunk: every layer, attending the prefix and itself
         const int64_t pre = a->prefilled;
-        for (LayerWork& w : work) {
+        for (size_t k = 0; k < S; ++k) {
+          LayerWork& w = work[k];
+          gemm_rows(k, chunk);
           w.rows += chunk;
           w.pairs += chunk * pre + chunk * (chunk + 1) / 2;
           w.keys += pre + chunk;
@@ -577,7 +602,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       a->prefilled_now = true;
       logit_rows += 1;
     }
-    const double dt = cost(work, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s;
+    const double dt = cost(work, own, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s;
     // K/V utilisation over the iteration (what it held at its start), time-weighted.
     run.kv_reserved_mean += reserved * dt;
     run.kv_reserved_peak = std::max(run.kv_reserved_peak, reserved);

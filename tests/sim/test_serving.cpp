@@ -11,6 +11,7 @@
 #include "model/error.h"
 #include "model/presets.h"
 #include "pruning/schedule.h"
+#include "sim/layer_cost.h"
 #include "sim/replay.h"
 #include "sim/serving.h"
 
@@ -126,6 +127,48 @@ TEST(ServingSim, BatchedDecodingSharesTheWeights) {
     EXPECT_LT(o.itl_s(), 2 * itl1);  // an 8B model's decoding step is bound by its weights
   }
   EXPECT_EQ(run.iterations, 65);
+}
+
+// How the batch's GEMMs are grouped (hwmodels::Engine::own_gemm_rows): lazyprefill's CPU backend
+// runs a member of 64 rows or more (a prefill) in GEMMs of its own and the others in one shared
+// GEMM, so a decoding request beside a prefill reads the weights once more; vLLM runs one GEMM over
+// all rows. The difference is, per layer, the row-priced ops of the decoder's row alone and of the
+// prefill's rows alone against those of all rows together (cost_layer's RowsOnly part).
+TEST(ServingSim, OwnGemmsForLargeMembersAsTheCpuBackendRunsThem) {
+  World s;
+  const int64_t P = 1024;
+  const auto rows_cost = [&](int64_t n) {
+    double t = 0;
+    const auto add = [&t](const sim::OpCost& oc) { t += oc.time_s; };
+    sim::cost_layer(
+        sim::CostContext(s.hw, s.p), s.hw, 1, s.c, double(s.c.n_embd), sim::LayerWork{n},
+        [&](Op, const sim::OpCost& oc) { add(oc); }, add, sim::LayerPart::RowsOnly);
+    return t;
+  };
+  const auto ttft_beside_decoder = [&](int64_t own_from) {
+    s.hw.engine.own_gemm_rows = own_from;
+    const ServingRequest a{0, 512, 3};
+    const double t1 =
+        sim::simulate_serving(s.c, s.hw, s.p, unpruned(), s.cfg, {&a, 1}).requests[0].first_token_s;
+    const std::vector<ServingRequest> two{a, {t1, P, 1}};  // B arrives as A starts decoding
+    const sim::ServingRun run = sim::simulate_serving(s.c, s.hw, s.p, unpruned(), s.cfg, two);
+    EXPECT_DOUBLE_EQ(run.requests[1].queue_s(), 0);
+    return run.requests[1].ttft_s();
+  };
+  const double shared = ttft_beside_decoder(0), own = ttft_beside_decoder(64);
+  const double extra = double(s.c.n_layer) * (rows_cost(1) + rows_cost(P) - rows_cost(P + 1));
+  EXPECT_GT(extra, 0);
+  EXPECT_NEAR(own - shared, extra, 1e-9 * own);
+  EXPECT_DOUBLE_EQ(ttft_beside_decoder(P + 2), shared);  // no member that large: one GEMM
+  // Alone, a request's GEMMs are its own either way.
+  const ServingRequest b{0, P, 4};
+  s.hw.engine.own_gemm_rows = 64;
+  const sim::ServingRun own_alone = sim::simulate_serving(s.c, s.hw, s.p, unpruned(), s.cfg, {&b, 1});
+  s.hw.engine.own_gemm_rows = 0;
+  const sim::ServingRun shared_alone = sim::simulate_serving(s.c, s.hw, s.p, unpruned(), s.cfg, {&b, 1});
+  EXPECT_DOUBLE_EQ(own_alone.requests[0].finished_s, shared_alone.requests[0].finished_s);
+  EXPECT_EQ(hw::engine_preset("lazyprefill").own_gemm_rows, 64);
+  EXPECT_EQ(hw::engine_preset("vllm").own_gemm_rows, 0);
 }
 
 // The K/V budget admits two reservations at once: the third request starts only when one of the

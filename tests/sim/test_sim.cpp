@@ -284,6 +284,13 @@ TEST(SimCost, EnginesByHand) {
   const hw::Profile custom = hw::parse_profile(j, "round");
   EXPECT_EQ(custom.engine.name, "custom");
   EXPECT_DOUBLE_EQ(sim::op_cost(custom, c, Op::Residual, {4, 0, 0}, p).bytes, 192);
+  EXPECT_EQ(custom.engine.own_gemm_rows, 0);
+  j["engine"] = {{"own_gemm_rows", 32}};
+  EXPECT_EQ(hw::parse_profile(j, "round").engine.own_gemm_rows, 32);
+  for (const json bad : {json(-1), json(0.5), json("64")}) {
+    j["engine"] = {{"own_gemm_rows", bad}};
+    EXPECT_THROW(hw::parse_profile(j, "round"), Error) << bad;
+  }
   j["engine"] = {{"fuse", {"layernorm"}}};
   EXPECT_THROW(hw::parse_profile(j, "round"), Error);
   j["engine"] = "sglang";
