@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <boost/math/distributions/binomial.hpp>
 #include <boost/random/gamma_distribution.hpp>
 #include <boost/random/mersenne_twister.hpp>
 #include <boost/random/uniform_int_distribution.hpp>
@@ -392,6 +393,8 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   if (cfg.chunk_tokens < 0) fail("the prefill chunk must be positive, got {}", cfg.chunk_tokens);
   if (!(cfg.iteration_overhead_s >= 0) || !std::isfinite(cfg.iteration_overhead_s))
     fail("the iteration overhead must be a non-negative time, got {}", cfg.iteration_overhead_s);
+  if (!(cfg.time_scale > 0) || !std::isfinite(cfg.time_scale))
+    fail("the time scale must be a positive number, got {}", cfg.time_scale);
   const bool pruning = m.policy != "none" && !m.steps.empty();
   for (size_t i = 0; i < reqs.size(); ++i) {
     const ServingRequest& r = reqs[i];
@@ -602,7 +605,8 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       a->prefilled_now = true;
       logit_rows += 1;
     }
-    const double dt = cost(work, own, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s;
+    const double dt = (cost(work, own, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s) *
+                      cfg.time_scale;
     // K/V utilisation over the iteration (what it held at its start), time-weighted.
     run.kv_reserved_mean += reserved * dt;
     run.kv_reserved_peak = std::max(run.kv_reserved_peak, reserved);
@@ -692,6 +696,23 @@ Percentiles percentiles(std::vector<double> v) {
   for (double x : v) s += x;
   p.mean = s / double(v.size());
   return p;
+}
+
+QuantileInterval quantile_interval(std::vector<double> v, double q, double level) {
+  QuantileInterval r;
+  if (v.empty()) return r;
+  std::sort(v.begin(), v.end());
+  const int64_t n = int64_t(v.size());
+  const boost::math::binomial_distribution<double> B(double(n), std::clamp(q, 0.0, 1.0));
+  const double tail = (1 - level) / 2;
+  // l: the largest rank with P(B <= l - 1) <= tail; u: the smallest with P(B >= u) <= tail.
+  int64_t l = 0, u = n + 1;
+  while (l + 1 <= n && boost::math::cdf(B, double(l)) <= tail) ++l;
+  while (u - 1 >= 1 && 1 - boost::math::cdf(B, double(u - 2)) <= tail) --u;
+  r.lo_open = l<1, r.hi_open = u> n;
+  r.lo = v[size_t(std::clamp<int64_t>(l, 1, n) - 1)];
+  r.hi = v[size_t(std::clamp<int64_t>(u, 1, n) - 1)];
+  return r;
 }
 
 ServingMetrics serving_metrics(const ServingRun& r, const Objectives& o, size_t begin, size_t end) {

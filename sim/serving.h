@@ -100,6 +100,9 @@ struct ServingConfig {
   int64_t kv_block = 64;            // cache capacity rounded up to this many tokens (the CPU layout)
   int64_t chunk_tokens = 0;         // > 0: chunked prefill, chunks of at most this many prompt tokens
   double iteration_overhead_s = 0;  // the scheduler's time per iteration beyond the batch
+  // Every iteration's time multiplied by this: a machine that runs this much slower (> 1) or
+  // faster than its profile says (validate --serving's sensitivity to the machine's drift).
+  double time_scale = 1;
   int tp = 1;
   int64_t kv_samples = 512;  // points of the K/V utilisation series kept (evenly over the run)
 };
@@ -150,6 +153,16 @@ struct Percentiles {
 };
 // Of `v` (empty: zeros), by linear interpolation between order statistics (numpy's default).
 Percentiles percentiles(std::vector<double> v);
+
+// A distribution-free confidence interval for the q-quantile of the population `v` was drawn from:
+// the order statistics x(l) <= x(u) with P(l <= B <= u - 1) >= level for B ~ Binomial(n, q), each
+// end as far in as that allows. An end the sample cannot bound (too few samples beyond it) is the
+// sample's extreme, marked open.
+struct QuantileInterval {
+  double lo = 0, hi = 0;
+  bool lo_open = false, hi_open = false;
+};
+QuantileInterval quantile_interval(std::vector<double> v, double q, double level = 0.95);
 
 struct Objectives {
   double ttft_p90_s = 0;  // 0: none

@@ -181,6 +181,28 @@ TEST_F(CliSim, ServingValidationAgainstTheMeasuredLoadTest) {
     if (g["below_saturation"].get<bool>())
       EXPECT_LE(std::fabs(g["error"]["requests_per_s"].get<double>()), 0.05) << g.dump();
   }
+  // Each figure's uncertainty: the measured figure inside its 95% interval, the prediction inside
+  // its band over the machine's drift (the log's lone prefills move by a few percent between rates);
+  // every figure outside 10% below saturation is listed with its verdict.
+  const double drift = j["machine_drift"]["largest"].get<double>();
+  EXPECT_GT(drift, 0);
+  EXPECT_LT(drift, 0.10);
+  size_t outside = 0;
+  for (const auto& g : j["rates"])
+    for (const char* k : {"ttft_p50", "ttft_p90", "itl_p50", "requests_per_s"}) {
+      const auto& u = g["uncertainty"][k];
+      const std::string f = std::string(k) == "requests_per_s" ? k : std::string(k) + "_ms";
+      const double measured = g["measured"][f].get<double>(), predicted = g["predicted"][f].get<double>();
+      EXPECT_LE(u["predicted_band"][0].get<double>(), predicted) << g.dump();
+      EXPECT_GE(u["predicted_band"][1].get<double>(), predicted) << g.dump();
+      if (u.contains("measured_interval_95")) {
+        EXPECT_LE(u["measured_interval_95"][0].get<double>(), measured) << g.dump();
+        EXPECT_GE(u["measured_interval_95"][1].get<double>(), measured) << g.dump();
+      }
+      if (g["below_saturation"].get<bool>() && std::fabs(g["error"][k].get<double>()) > 0.10) ++outside;
+    }
+  EXPECT_EQ(j["outside_targets"].size(), outside);
+  EXPECT_EQ(j["within_targets"].get<bool>(), outside == 0);
   // Decoding attention got a share of its own, below prefill attention's (docs/serving.md).
   const double decode = j["calibration"]["decode_attention_compute"].get<double>();
   std::ifstream f(prof);

@@ -129,6 +129,49 @@ TEST(ServingSim, BatchedDecodingSharesTheWeights) {
   EXPECT_EQ(run.iterations, 65);
 }
 
+// Distribution-free quantile intervals: the order statistics' ranks from the binomial
+// distribution, against the textbook's (the median of 100: ranks 40 and 61; of 16: 4 and 13) and
+// ranks worked out from the binomial sums by hand (p90 of 16: from rank 12, no upper bound; p90 of
+// 100: 84 and 96); a median of 5 cannot be bounded at 95% on either side.
+TEST(ServingSim, QuantileIntervalsFromOrderStatistics) {
+  const auto ranks = [](int n) {
+    std::vector<double> v;
+    for (int i = n; i >= 1; --i) v.push_back(i);  // given unsorted
+    return v;
+  };
+  const auto check = [&](int n, double q, double lo, double hi, bool hi_open) {
+    const sim::QuantileInterval r = sim::quantile_interval(ranks(n), q);
+    EXPECT_EQ(r.lo, lo) << n << " " << q;
+    EXPECT_EQ(r.hi, hi) << n << " " << q;
+    EXPECT_FALSE(r.lo_open);
+    EXPECT_EQ(r.hi_open, hi_open);
+  };
+  check(100, 0.5, 40, 61, false);
+  check(16, 0.5, 4, 13, false);
+  check(16, 0.9, 12, 16, true);
+  check(100, 0.9, 84, 96, false);
+  const sim::QuantileInterval five = sim::quantile_interval(ranks(5), 0.5);
+  EXPECT_TRUE(five.lo_open && five.hi_open);
+  EXPECT_EQ(five.lo, 1);
+  EXPECT_EQ(five.hi, 5);
+}
+
+// A machine twice as slow: a lone request's every time doubles; a scale that is not a positive
+// number is refused.
+TEST(ServingSim, TimeScaleStretchesEveryIteration) {
+  World s;
+  const ServingRequest r{0, 2048, 9};
+  const sim::ServingRun one = sim::simulate_serving(s.c, s.hw, s.p, lazyllm(s.c), s.cfg, {&r, 1});
+  s.cfg.time_scale = 2;
+  const sim::ServingRun two = sim::simulate_serving(s.c, s.hw, s.p, lazyllm(s.c), s.cfg, {&r, 1});
+  EXPECT_NEAR(two.requests[0].ttft_s(), 2 * one.requests[0].ttft_s(), 1e-12);
+  EXPECT_NEAR(two.requests[0].e2e_s(), 2 * one.requests[0].e2e_s(), 1e-12);
+  for (const double bad : {0.0, -1.0, std::nan("")}) {
+    s.cfg.time_scale = bad;
+    EXPECT_THROW(sim::simulate_serving(s.c, s.hw, s.p, unpruned(), s.cfg, {&r, 1}), Error);
+  }
+}
+
 // How the batch's GEMMs are grouped (hwmodels::Engine::own_gemm_rows): lazyprefill's CPU backend
 // runs a member of 64 rows or more (a prefill) in GEMMs of its own and the others in one shared
 // GEMM, so a decoding request beside a prefill reads the weights once more; vLLM runs one GEMM over
