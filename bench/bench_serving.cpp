@@ -105,7 +105,9 @@ BENCHMARK(BM_BatchedDecode)
 // prefilled with LazyLLM, take their first decoding steps with re-selection and revival (the
 // steps that revive the most rows; the serving validation's open question, docs/serving.md).
 // /N/L/0: the same N decoding steps without the prefill, so that a member's cost beside a prefill
-// can be told from its cost alone.
+// can be told from its cost alone. With N > 0 and the prefill, each iteration also runs the same
+// prefill alone just before (untimed by the framework): `added_ms` is the pairs' mean difference,
+// what the decoders add to the prefill's iteration with the machine's drift between runs taken out.
 //
 //   build/lp_bench --benchmark_filter='MixedIteration'
 void BM_MixedIteration(benchmark::State& st) {
@@ -145,16 +147,28 @@ void BM_MixedIteration(benchmark::State& st) {
   std::vector<lp::Session::Pass> passes(static_cast<size_t>(N + 1));
   std::vector<lp::BatchMember> members(static_cast<size_t>(N + 1));
   int64_t step = 0;
+  double alone_s = 0, batch_s = 0;  // the prefill alone and the batch, summed over the steps
   for (auto _ : st) {
     if (step == max_iters) {
       st.SkipWithError("more iterations than the decoders' room");
       break;
     }
     st.PauseTiming();
-    pre.reset();
-    if (lazy)
-      policies[size_t(N)] = lp::make_policy(lp::PolicyKind::LazyLLM),
-      prunes[size_t(N)].policy = policies[size_t(N)].get();
+    const auto fresh_prefill = [&] {
+      pre.reset();
+      if (lazy)
+        policies[size_t(N)] = lp::make_policy(lp::PolicyKind::LazyLLM),
+        prunes[size_t(N)].policy = policies[size_t(N)].get();
+    };
+    if (with_prefill && N > 0) {  // the same prefill alone, just before: the pair's difference
+      fresh_prefill();
+      const auto t0 = std::chrono::steady_clock::now();
+      pre.forward(prompt_ids, {pos.data(), size_t(prompt)}, {&last, 1}, logits[size_t(N)].data(),
+                  prune_of(N));
+      alone_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    fresh_prefill();
+    const auto t1 = std::chrono::steady_clock::now();
     st.ResumeTiming();
     if (with_prefill) {
       passes[0] = pre.begin_forward(prompt_ids, {pos.data(), size_t(prompt)}, {&last, 1}, prune_of(N),
@@ -172,7 +186,14 @@ void BM_MixedIteration(benchmark::State& st) {
       members[size_t(i + 1)] = {dec[size_t(i)].get(), &passes[size_t(i + 1)], logits[size_t(i)].data()};
     }
     lp::run_batch(std::span(members).subspan(with_prefill ? 0 : 1));
+    st.PauseTiming();
+    batch_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    st.ResumeTiming();
     ++step;
+  }
+  if (with_prefill && N > 0 && step > 0) {
+    st.counters["alone_ms"] = alone_s / double(step) * 1e3;
+    st.counters["added_ms"] = (batch_s - alone_s) / double(step) * 1e3;  // the decoders, beside it
   }
 }
 

@@ -207,8 +207,9 @@ std::string sha256_hex(const std::string& data, const std::string& path);
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir, dtype = "f32";
   std::string serving, model_config, serving_dtype = "Q4_1";  // --serving DIR: a measured load test
-  std::string runahead;     // --runahead DIR: measured KV-Runahead runs and single-process runs
-  std::string profile_out;  // --serving, --runahead: also write the fitted profile here
+  std::string runahead;       // --runahead DIR: measured KV-Runahead runs and single-process runs
+  std::string profile_out;    // --serving, --runahead: also write the fitted profile here
+  std::string revival_model;  // --serving: LazyLLM's revivals from this model, not the log's constant share
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "calibrate/fit_measurements.h"
 #include "cli/calibration_output.h"
@@ -180,12 +181,17 @@ int cmd_validate_serving(const ValidateArgs& a) {
         exposure += double(r.output_tokens - 1) * double(r.prompt_tokens) * active_per_token;
       }
   const double revival_share = exposure > 0 ? revived / exposure : 0;
+  // With --revival-model, a fitted revival model instead (revivals come mostly in a request's
+  // first decoding steps; docs/serving.md compares the two).
+  std::optional<sim::RevivalModel> revival_model;
+  if (!a.revival_model.empty()) revival_model = sim::load_revival_model(a.revival_model);
   const auto serving_method = [&](const std::string& name) {
     sim::ServingMethod m;
     m.name = m.policy = name;
     if (name != "none") {
       m.steps = steps;
-      m.revivals = sim::constant_revival_share(revival_share);
+      m.revivals = revival_model ? sim::revival_shares(*revival_model, c.n_layer, steps, false)
+                                 : sim::constant_revival_share(revival_share);
     }
     return m;
   };
@@ -295,15 +301,19 @@ int cmd_validate_serving(const ValidateArgs& a) {
                         {"ttft_mape_fit", fit.ttft_mape_fit},
                         {"decode_mape_fit", fit.decode_mape_fit},
                         {"revival_share", revival_share},
+                        {"revival_model", revival_model ? json(revival_model->origin) : json(nullptr)},
                         {"decode_attention_compute", decode_compute},
                         {"decode_rms_log_error_before", decode_rms_before},
                         {"decode_rms_log_error_after", decode_rms_after}};
   json rows = json::array();
   std::string text = fmt::format(
       "serving validation on {}: calibrated on {} single-request points of the lowest rate (fitted {}; "
-      "revival share {:.4f} per stage and step from its log; decoding attention at {:.3f} of peak, "
-      "fitted on {} lone decodes), every request replayed at its logged arrival\n",
-      a.serving, points.size(), fmt::join(fit.params, ", "), revival_share, decode_compute, decodes.size());
+      "{}; decoding attention at {:.3f} of peak, fitted on {} lone decodes), every request replayed at its "
+      "logged arrival\n",
+      a.serving, points.size(), fmt::join(fit.params, ", "),
+      revival_model ? fmt::format("revivals from {}", revival_model->origin)
+                    : fmt::format("revival share {:.4f} per stage and step from its log", revival_share),
+      decode_compute, decodes.size());
   text += fmt::format("{:>6} {:<8} {:>17} {:>17} {:>15} {:>15}\n", "rate/s", "method", "TTFT p50 ms (err)",
                       "TTFT p90 ms (err)", "ITL p50 (err)", "req/s (err)");
   bool ok = true, all_consistent = true;

@@ -215,6 +215,25 @@ TEST_F(CliSim, ServingValidationAgainstTheMeasuredLoadTest) {
   EXPECT_TRUE(s.exited && s.code == 0) << describe(s);
   expect_one_line_error(run_cli(dir_, {"validate", "--profile-out", dir_.file("p.json")}),
                         {"--profile-out needs --serving"});
+  // The revival model fitted on the load test's own prompts instead of the log's constant share:
+  // the replay then puts a request's revivals in its first steps, and LazyLLM near saturation moves
+  // up (docs/serving.md has both tables).
+  const std::string fixtures = std::string(LP_SOURCE_DIR) + "/tests/fixtures/serving";
+  const CliResult m = run_cli(dir_, {"validate", "--serving", fixtures, "--revival-model",
+                                     fixtures + "/revivals_kjv.json", "--json"});
+  ASSERT_TRUE(m.exited && m.code == 0) << describe(m);
+  const auto jm = nlohmann::json::parse(m.out);
+  EXPECT_NE(jm["calibration"]["revival_model"].get<std::string>().find("revivals_kjv.json"),
+            std::string::npos);
+  const auto ttft_p90 = [](const nlohmann::json& v, double rate) {
+    for (const auto& g : v["rates"])
+      if (g["method"] == "lazyllm" && g["rate"].get<double>() == rate)
+        return g["predicted"]["ttft_p90_ms"].get<double>();
+    return 0.0;
+  };
+  EXPECT_GT(ttft_p90(jm, 0.45), ttft_p90(j, 0.45));
+  expect_one_line_error(run_cli(dir_, {"validate", "--revival-model", fixtures + "/revivals_kjv.json"}),
+                        {"--revival-model needs --serving"});
 }
 
 }  // namespace
