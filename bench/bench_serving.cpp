@@ -99,15 +99,16 @@ BENCHMARK(BM_BatchedDecode)
 
 // A mixed iteration, as `serve` runs one when a request arrives while others decode: one prompt's
 // prefill (2,048 tokens) and N requests' decoding steps (each over its own 2,048-token context) in
-// one batch, against the prefill alone (N = 0). What each decoding member adds to the iteration is
-// what the serving simulation prices as N more rows in the GEMMs and N rows of attention.
-// /N/1: every member with LazyLLM (the default schedule): the prefill prunes, and the decoders,
-// prefilled with LazyLLM, take their first decoding steps with re-selection and revival (the
-// steps that revive the most rows; the serving validation's open question, docs/serving.md).
-// /N/L/0: the same N decoding steps without the prefill, so that a member's cost beside a prefill
-// can be told from its cost alone. With N > 0 and the prefill, each iteration also runs the same
-// prefill alone just before (untimed by the framework): `added_ms` is the pairs' mean difference,
-// what the decoders add to the prefill's iteration with the machine's drift between runs taken out.
+// one batch (decoders:N/lazy:0/prefill:1), against the prefill alone (decoders:0). What each
+// decoding member adds is what the serving simulation prices as its rows in the GEMMs (its own
+// GEMMs from 64 rows, hw::Engine::own_gemm_rows) and its rows of attention.
+// lazy:1: every member with LazyLLM (the default schedule): the prefill prunes, and the decoders,
+// prefilled with LazyLLM, take their first decoding steps with re-selection and revival (random
+// token ids: their revivals are not a real prompt's).
+// prefill:0: the same N decoding steps without the prefill, so that a member's cost beside a
+// prefill can be told from its cost alone. With N > 0 and the prefill, each iteration also runs
+// the same prefill alone just before (outside the framework's timing): `added_ms` is the pairs'
+// mean difference, what the decoders add with the machine's drift between runs taken out.
 //
 //   build/lp_bench --benchmark_filter='MixedIteration'
 void BM_MixedIteration(benchmark::State& st) {

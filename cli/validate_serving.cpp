@@ -438,22 +438,19 @@ int cmd_validate_serving(const ValidateArgs& a) {
                              {"error", e},
                              {"consistent", consistent}});
           all_consistent = all_consistent && consistent;
-          const auto interval = [&](const char* name) {
-            if (!u.contains(name)) return std::string();
-            const bool lo_open = u["measured_interval_open"][0].get<bool>(),
-                       hi_open = u["measured_interval_open"][1].get<bool>();
-            return fmt::format(" [95%: {}{:.4g}-{:.4g}{}]", lo_open ? "<=" : "", u[name][0].get<double>(),
-                               u[name][1].get<double>(), hi_open ? "+" : "");
-          };
+          const std::string field = std::string(k) == "requests_per_s" ? k : std::string(k) + "_ms";
+          std::string interval;  // throughput has none
+          if (u.contains("measured_interval_95"))
+            interval = fmt::format(
+                " [95%: {}{:.4g}-{:.4g}{}]", u["measured_interval_open"][0].get<bool>() ? "<=" : "",
+                u["measured_interval_95"][0].get<double>(), u["measured_interval_95"][1].get<double>(),
+                u["measured_interval_open"][1].get<bool>() ? "+" : "");
           outside_text += fmt::format(
-              "  {} {} {}: measured {:.4g}{}, predicted {:.4g} ({:+.0f}%), {:.4g}-{:.4g} for the machine's "
+              "  {} {} {}: measured {:.4g}{}, predicted {:.4g} ({:+.0f}%), {:.4g}-{:.4g} over the machine's "
               "drift: {}\n",
-              gj["rate"].get<double>(), ml.name, k,
-              gj["measured"][std::string(k) == "requests_per_s" ? k : std::string(k) + "_ms"].get<double>(),
-              interval("measured_interval_95"),
-              gj["predicted"][std::string(k) == "requests_per_s" ? k : std::string(k) + "_ms"].get<double>(),
-              100 * gj["error"][k].get<double>(), u["predicted_band"][0].get<double>(),
-              u["predicted_band"][1].get<double>(),
+              gj["rate"].get<double>(), ml.name, k, gj["measured"][field].get<double>(), interval,
+              gj["predicted"][field].get<double>(), 100 * gj["error"][k].get<double>(),
+              u["predicted_band"][0].get<double>(), u["predicted_band"][1].get<double>(),
               consistent ? "within the measurement's own uncertainty" : "outside its uncertainty");
         }
       rows.push_back(gj);
