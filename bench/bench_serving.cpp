@@ -150,18 +150,18 @@ void BM_MixedIteration(benchmark::State& st) {
   std::vector<lp::Session::Pass> passes(static_cast<size_t>(N + 1));
   std::vector<lp::BatchMember> members(static_cast<size_t>(N + 1));
   int64_t step = 0;
-  const auto decoders_step = [&](std::vector<lp::BatchMember>& into) {  // the decoders' passes
+  const auto decoders_step = [&] {  // the decoders' passes into members[1..N]
     const int32_t p = int32_t(ctx_len + step);
     for (int64_t i = 0; i < N; ++i) {
       const int32_t tok = lp::argmax(logits[size_t(i)]);
       passes[size_t(i + 1)] =
           lazy ? dec[size_t(i)]->begin_decode(tok, p, prunes[size_t(i)], nullptr, nullptr)
                : dec[size_t(i)]->begin_forward({&tok, 1}, {&p, 1}, {&row, 1}, nullptr, nullptr, nullptr);
-      into[size_t(i + 1)] = {dec[size_t(i)].get(), &passes[size_t(i + 1)], logits[size_t(i)].data()};
+      members[size_t(i + 1)] = {dec[size_t(i)].get(), &passes[size_t(i + 1)], logits[size_t(i)].data()};
     }
   };
   for (; step < skip; ++step) {
-    decoders_step(members);
+    decoders_step();
     lp::run_batch(std::span(members).subspan(1));
   }
   double alone_s = 0, batch_s = 0;  // the prefill alone and the batch, summed over the steps
@@ -192,7 +192,7 @@ void BM_MixedIteration(benchmark::State& st) {
                                     nullptr, nullptr);
       members[0] = {&pre, &passes[0], logits[size_t(N)].data()};
     }
-    decoders_step(members);
+    decoders_step();
     lp::run_batch(std::span(members).subspan(with_prefill ? 0 : 1));
     st.PauseTiming();
     batch_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();

@@ -46,6 +46,13 @@ std::vector<Logged> read_logged(const std::string& path) {
   return out;
 }
 
+// Whether no other request of `log` was in the server between r's admission and `until`.
+bool ran_alone(const std::vector<Logged>& log, const Logged& r, double until) {
+  return std::none_of(log.begin(), log.end(), [&](const Logged& o) {
+    return &o != &r && o.admitted_s < until && o.finished_s > r.admitted_s;
+  });
+}
+
 double rel(double predicted, double measured) {
   return measured != 0 ? predicted / measured - 1 : 0;
 }
@@ -120,10 +127,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
   for (const MethodLog& ml : methods)
     for (int64_t i = 0; i < per_rate; ++i) {
       const Logged& r = ml.log[size_t(i)];
-      bool alone = true;
-      for (const Logged& o : ml.log)
-        if (&o != &r && o.admitted_s < r.finished_s && o.finished_s > r.admitted_s) alone = false;
-      if (alone) lone.push_back({&ml, &r});
+      if (ran_alone(ml.log, r, r.finished_s)) lone.push_back({&ml, &r});
     }
   std::vector<calib::Measurement> ms;
   for (const Lone& l : lone) {
@@ -272,10 +276,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
     std::vector<std::vector<double>> ratio(rates.size());
     for (size_t i = 0; i < ml.log.size(); ++i) {
       const Logged& r = ml.log[i];
-      bool alone = true;
-      for (const Logged& o : ml.log)
-        if (&o != &r && o.admitted_s < r.first_token_s && o.finished_s > r.admitted_s) alone = false;
-      if (!alone) continue;
+      if (!ran_alone(ml.log, r, r.first_token_s)) continue;  // its prefill alone
       const sim::ServingRequest one{0, r.prompt_tokens, 1};
       const double predicted =
           sim::simulate_serving(c, hw, prec, by_name.at(ml.name), cfg, {&one, 1}).requests[0].ttft_s();
@@ -374,16 +375,11 @@ int cmd_validate_serving(const ValidateArgs& a) {
                                           const sim::QuantileInterval* ci, double unit) {
         const auto [lo, hi] = band_of(f);
         json u = {{"predicted_band", {lo * unit, hi * unit}}};
-        bool overlap = true;
-        if (ci) {
+        bool overlap = lo <= mf.*f && mf.*f <= hi;  // throughput: the band holds the measured figure
+        if (ci) {  // the band meets the interval (an open end reaches as far as it must)
           u["measured_interval_95"] = {ci->lo * unit, ci->hi * unit};
           u["measured_interval_open"] = {ci->lo_open, ci->hi_open};
-          overlap = hi >= ci->lo && lo <= ci->hi;
-          if (ci->lo_open) overlap = overlap || lo <= ci->lo;
-          if (ci->hi_open) overlap = overlap || hi >= ci->hi;
-        } else {
-          const double m = mf.*f;
-          overlap = lo <= m && m <= hi;
+          overlap = (ci->hi_open || lo <= ci->hi) && (ci->lo_open || hi >= ci->lo);
         }
         u["consistent"] = overlap;
         uncertainty[key] = u;

@@ -708,8 +708,9 @@ QuantileInterval quantile_interval(std::vector<double> v, double q, double level
   // l: the largest rank with P(B <= l - 1) <= tail; u: the smallest with P(B >= u) <= tail.
   int64_t l = 0, u = n + 1;
   while (l + 1 <= n && boost::math::cdf(B, double(l)) <= tail) ++l;
-  while (u - 1 >= 1 && 1 - boost::math::cdf(B, double(u - 2)) <= tail) --u;
-  r.lo_open = l<1, r.hi_open = u> n;
+  while (u - 1 >= 1 && boost::math::cdf(boost::math::complement(B, double(u - 2))) <= tail) --u;
+  r.lo_open = l < 1;
+  r.hi_open = u > n;
   r.lo = v[size_t(std::clamp<int64_t>(l, 1, n) - 1)];
   r.hi = v[size_t(std::clamp<int64_t>(u, 1, n) - 1)];
   return r;
