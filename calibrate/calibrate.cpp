@@ -213,6 +213,7 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
       if (!d.fit_half_rows) fitted.half_rows = e.half_rows;
       fitted.compute_by_dtype = e.compute_by_dtype;  // a dtype's own share is fitted end to end
       fitted.decode_compute = e.decode_compute;      // and decoding attention's, by validate --serving
+      fitted.listed_compute = e.listed_compute, fitted.listed_memory = e.listed_memory;
       e = fitted;
       fit.fitted = true;
       fit.half_rows_fitted = d.fit_half_rows;

@@ -306,8 +306,11 @@ double get_param(const hw::Profile& p, const std::string& name) {
     const hw::Efficiency& a = p.eff(hw::Family::Attention);
     return a.decode_compute > 0 ? a.decode_compute : a.compute;
   }
+  if (name == "attention.listed_compute") return p.eff(hw::Family::Attention).listed_compute;
+  if (name == "attention.listed_memory") return p.eff(hw::Family::Attention).listed_memory;
   if (name == "interconnect") return p.interconnect_efficiency;
   if (name == "pruning.stage_us") return p.pruning_stage_s * 1e6;
+  if (name == "pruning.key_ns") return p.pruning_key_s * 1e9;
   if (name == "overhead_us") {
     double s = 0;
     for (const hw::Efficiency& e : p.efficiency) s += e.overhead_s;
@@ -315,8 +318,8 @@ double get_param(const hw::Profile& p, const std::string& name) {
   }
   usage_fail(
       "unknown parameter '{}' (known: gemm.compute, gemm.compute.<dtype>, overhead_us, attention.compute, "
-      "gemm.half_rows, attention.half_rows, attention.decode_compute, gemm.memory, interconnect, "
-      "pruning.stage_us)",
+      "gemm.half_rows, attention.half_rows, attention.decode_compute, attention.listed_compute, "
+      "attention.listed_memory, gemm.memory, interconnect, pruning.stage_us, pruning.key_ns)",
       name);
 }
 
@@ -335,10 +338,16 @@ void set_param(hw::Profile& p, const std::string& name, double v) {
     p.efficiency[size_t(hw::Family::Attention)].half_rows = v;
   else if (name == "attention.decode_compute")
     p.efficiency[size_t(hw::Family::Attention)].decode_compute = v;
+  else if (name == "attention.listed_compute")
+    p.efficiency[size_t(hw::Family::Attention)].listed_compute = v;
+  else if (name == "attention.listed_memory")
+    p.efficiency[size_t(hw::Family::Attention)].listed_memory = v;
   else if (name == "interconnect")
     p.interconnect_efficiency = v;
   else if (name == "pruning.stage_us")
     p.pruning_stage_s = v * 1e-6;
+  else if (name == "pruning.key_ns")
+    p.pruning_key_s = v * 1e-9;
   else if (name == "overhead_us")
     for (hw::Efficiency& e : p.efficiency) e.overhead_s = v * 1e-6;
   else

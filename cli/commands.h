@@ -209,7 +209,8 @@ struct ValidateArgs {
   std::string serving, model_config, serving_dtype = "Q4_1";  // --serving DIR: a measured load test
   std::string runahead;       // --runahead DIR: measured KV-Runahead runs and single-process runs
   std::string profile_out;    // --serving, --runahead: also write the fitted profile here
-  std::string revival_model;  // --serving: LazyLLM's revivals from this model, not the log's constant share
+  std::string revival_model;  // --serving: LazyLLM's revivals from this model (default DIR/revivals.json)
+  bool revival_share_from_log = false;  // --serving: a constant share per stage and step, from the log
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };

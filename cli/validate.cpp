@@ -81,11 +81,15 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
       ->excludes("--serving");
   v->add_option("--model-config", a.model_config,
                 "With --serving: the model preset the logs ran (default smollm2-135m)");
-  v->add_option("--revival-model", a.revival_model,
-                "With --serving: LazyLLM's revivals from this revival model (calibrate-revivals; "
-                "tests/fixtures/serving/revivals_kjv.json is fitted on the load test's own prompts) "
-                "instead of the constant share per stage and step that gives the log's revival count")
-      ->check(CLI::ExistingFile);
+  auto* rm = v->add_option("--revival-model", a.revival_model,
+                           "With --serving: LazyLLM's revivals from this revival model (calibrate-revivals; "
+                           "default DIR/revivals.json where it exists: tests/fixtures/serving/revivals.json "
+                           "is fitted on traces of the load test's own prompts)")
+                 ->check(CLI::ExistingFile);
+  v->add_flag("--revival-share-from-log", a.revival_share_from_log,
+              "With --serving: LazyLLM's revivals as one constant share per stage and step, the one that "
+              "gives the revivals the log counted, instead of a revival model")
+      ->excludes(rm);
   v->add_option(
       "--profile-out", a.profile_out,
       "With --serving or --runahead: also write the profile it fitted (a hardware profile .json, for "
@@ -99,6 +103,7 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   if (!a.runahead.empty()) return cmd_validate_runahead(a);
   if (!a.profile_out.empty()) usage_fail("--profile-out needs --serving or --runahead");
   if (!a.revival_model.empty()) usage_fail("--revival-model needs --serving");
+  if (a.revival_share_from_log) usage_fail("--revival-share-from-log needs --serving");
   if (!a.out_dir.empty() && !std::filesystem::is_directory(a.out_dir))
     usage_fail("--out-dir '{}' is not a folder", a.out_dir);
   const hw::Profile base = hw::load_profile(a.base);

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "calibrate/fit_measurements.h"
+#include "calibrate/lone_decode.h"
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "model/error.h"
@@ -171,10 +172,18 @@ int cmd_validate_serving(const ValidateArgs& a) {
   calib::set_param(base, "attention.half_rows", 1);
   hw::Profile hw = calib::fit_measurements(base, points, {}, &fit);
 
-  // Revivals, from the same requests' log: the share of each stage's active tokens revived per
-  // decoding step that gives the revivals the server counted (active after stage s: the product
-  // of the kept shares so far; the built-in revival model was fitted on other prompts and its
-  // decoding costs a third of what these logs show).
+  // Decoding over listed key sets and the pruning stages' cost, fitted on single LazyLLM requests
+  // measured op by op (DIR/lone, calibrate/lone_decode.h): a lone request's mean time per token
+  // cannot tell them from decoding attention's share of peak, fitted after them below.
+  std::optional<calib::LoneDecodeFit> lone_fit;
+  if (const std::filesystem::path lone_dir = dir / "lone"; std::filesystem::exists(lone_dir))
+    lone_fit = calib::fit_lone_decodes(hw, c, prec, calib::load_lone_decodes(lone_dir.string()));
+
+  // Revivals: a revival model fitted on traces of the load test's own prompts (DIR/revivals.json,
+  // or --revival-model: a request revives most in its first decoding steps, docs/serving.md), or
+  // with --revival-share-from-log the share of each stage's active tokens revived per decoding
+  // step that gives the revivals the server counted (active after stage s: the product of the
+  // kept shares so far; the built-in revival model was fitted on other prompts).
   double revived = 0, exposure = 0, active_per_token = 0, kept = 1;
   for (const PruneStep& st : steps) kept *= 1 - st.share, active_per_token += kept;
   for (const MethodLog& ml : methods)
@@ -185,10 +194,11 @@ int cmd_validate_serving(const ValidateArgs& a) {
         exposure += double(r.output_tokens - 1) * double(r.prompt_tokens) * active_per_token;
       }
   const double revival_share = exposure > 0 ? revived / exposure : 0;
-  // With --revival-model, a fitted revival model instead (revivals come mostly in a request's
-  // first decoding steps; docs/serving.md compares the two).
   std::optional<sim::RevivalModel> revival_model;
-  if (!a.revival_model.empty()) revival_model = sim::load_revival_model(a.revival_model);
+  if (!a.revival_model.empty())
+    revival_model = sim::load_revival_model(a.revival_model);
+  else if (const auto own = dir / "revivals.json"; !a.revival_share_from_log && std::filesystem::exists(own))
+    revival_model = sim::load_revival_model(own.string());
   const auto serving_method = [&](const std::string& name) {
     sim::ServingMethod m;
     m.name = m.policy = name;
@@ -259,6 +269,23 @@ int cmd_validate_serving(const ValidateArgs& a) {
     calib::set_param(hw, "attention.decode_compute", std::exp(x));
   }
   const double decode_compute = calib::get_param(hw, "attention.decode_compute");
+  // With the op-by-op fit: its level on the same lone LazyLLM decodes (a time scale on decoding
+  // over listed keys and the pruning stages, Brent's method over its log). The server's steps run
+  // about 10% slower than `run`'s on the same prompts; the form stays the single runs'.
+  if (lone_fit) {
+    hw::Profile trial = hw;
+    const auto [lo, hi] = calib::lone_decode_scale_range(*lone_fit);
+    const auto lazy_sse = [&](const hw::Profile& p) { return decode_errors(p)["lazyllm"].first; };
+    const auto [x, err] = boost::math::tools::brent_find_minima(
+        [&](double lt) {
+          calib::set_lone_decodes(trial, *lone_fit, std::exp(lt));
+          return lazy_sse(trial);
+        },
+        std::log(std::max(lo, 0.25)), std::log(std::min(hi, 4.0)), 20);
+    (void)err;
+    lone_fit->scale = std::exp(x);
+    calib::set_lone_decodes(hw, *lone_fit, lone_fit->scale);
+  }
   const json decode_rms_after = rms(decode_errors(hw));
   if (!a.profile_out.empty())
     write_fitted_profile(
@@ -296,16 +323,28 @@ int cmd_validate_serving(const ValidateArgs& a) {
   out["validation"] = "serving";
   out["fixtures"] = a.serving;
   out["model"] = preset;
-  out["calibration"] = {{"base", a.base},
-                        {"points", points.size()},
-                        {"fitted", fit.params},
-                        {"ttft_mape_fit", fit.ttft_mape_fit},
-                        {"decode_mape_fit", fit.decode_mape_fit},
-                        {"revival_share", revival_share},
-                        {"revival_model", revival_model ? json(revival_model->origin) : json(nullptr)},
-                        {"decode_attention_compute", decode_compute},
-                        {"decode_rms_log_error_before", decode_rms_before},
-                        {"decode_rms_log_error_after", decode_rms_after}};
+  out["calibration"] = {
+      {"base", a.base},
+      {"points", points.size()},
+      {"fitted", fit.params},
+      {"ttft_mape_fit", fit.ttft_mape_fit},
+      {"decode_mape_fit", fit.decode_mape_fit},
+      {"revival_share", revival_share},
+      {"revival_model", revival_model ? json(revival_model->origin) : json(nullptr)},
+      {"decode_attention_compute", decode_compute},
+      {"lone_decodes", lone_fit ? json{{"spans", lone_fit->spans},
+                                       {"listed_compute", lone_fit->listed_compute},
+                                       {"listed_memory", lone_fit->listed_memory},
+                                       {"pruning_stage_us", lone_fit->stage_us},
+                                       {"pruning_key_ns", lone_fit->key_ns},
+                                       {"scale_on_the_load_tests_lone_decodes", lone_fit->scale},
+                                       {"attention_rms_log_error_before", lone_fit->attention_rms_before},
+                                       {"attention_rms_log_error_after", lone_fit->attention_rms_after},
+                                       {"pruning_rms_log_error_before", lone_fit->pruning_rms_before},
+                                       {"pruning_rms_log_error_after", lone_fit->pruning_rms_after}}
+                                : json(nullptr)},
+      {"decode_rms_log_error_before", decode_rms_before},
+      {"decode_rms_log_error_after", decode_rms_after}};
   json rows = json::array();
   std::string text = fmt::format(
       "serving validation on {}: calibrated on {} single-request points of the lowest rate (fitted {}; "
@@ -315,6 +354,16 @@ int cmd_validate_serving(const ValidateArgs& a) {
       revival_model ? fmt::format("revivals from {}", revival_model->origin)
                     : fmt::format("revival share {:.4f} per stage and step from its log", revival_share),
       decode_compute, decodes.size());
+  if (lone_fit)
+    text += fmt::format(
+        "decoding over listed keys fitted on {} spans of lone LazyLLM runs ({}/lone): {:.3f} of peak over "
+        "rows x held keys plus the held K/V at {:.3f} of the bandwidth (attention RMS log error {:.3f} -> "
+        "{:.3f}); pruning stages {:.0f} us + {:.1f} ns a key (RMS log error {:.3f} -> {:.3f}); their time "
+        "x{:.3f} on the lone "
+        "LazyLLM decodes above\n",
+        lone_fit->spans, a.serving, lone_fit->listed_compute, lone_fit->listed_memory,
+        lone_fit->attention_rms_before, lone_fit->attention_rms_after, lone_fit->stage_us, lone_fit->key_ns,
+        lone_fit->pruning_rms_before, lone_fit->pruning_rms_after, lone_fit->scale);
   text += fmt::format("{:>6} {:<8} {:>17} {:>17} {:>15} {:>15}\n", "rate/s", "method", "TTFT p50 ms (err)",
                       "TTFT p90 ms (err)", "ITL p50 (err)", "req/s (err)");
   bool ok = true, all_consistent = true;

@@ -145,11 +145,26 @@ Profile parse_profile(const json& j, const std::string& origin) {
       x.decode_compute = positive(e, "decode_compute", where);
       if (x.decode_compute > 1) fail("{}: 'decode_compute' is a share of peak, at most 1", where);
     }
+    if (e.contains("listed_compute") || e.contains("listed_memory")) {
+      if (Family(f) != Family::Attention)
+        fail("{}: 'listed_compute' and 'listed_memory' are attention's alone", where);
+      if (!e.contains("listed_compute") || !e.contains("listed_memory"))
+        fail("{}: 'listed_compute' and 'listed_memory' come together", where);
+      x.listed_compute = positive(e, "listed_compute", where);
+      x.listed_memory = positive(e, "listed_memory", where);
+      if (x.listed_compute > 1) fail("{}: 'listed_compute' is a share of peak, at most 1", where);
+      if (x.listed_memory > kMaxMemoryEfficiency)
+        fail("{}: 'listed_memory' is effective over peak bandwidth, at most {} (caches)", where,
+             kMaxMemoryEfficiency);
+    }
   }
 
   p.pruning_stage_s = eff.contains("pruning_stage_us")
                           ? positive(eff, "pruning_stage_us", origin + ": efficiency", true) * 1e-6
                           : default_pruning_stage_s(p.kind, p.dispatch_overhead);
+  p.pruning_key_s = eff.contains("pruning_key_ns")
+                        ? positive(eff, "pruning_key_ns", origin + ": efficiency", true) * 1e-9
+                        : 0;
   p.engine = default_engine(p.kind);
   if (const auto it = j.find("engine"); it != j.end()) {
     if (it->is_string()) {
@@ -277,8 +292,11 @@ json efficiency_json(const Profile& p) {
                                              {"overhead_us", x.overhead_s * 1e6}};
     if (!x.compute_by_dtype.empty()) fam["compute_by_dtype"] = x.compute_by_dtype;
     if (x.decode_compute > 0) fam["decode_compute"] = x.decode_compute;
+    if (x.listed_compute > 0)
+      fam["listed_compute"] = x.listed_compute, fam["listed_memory"] = x.listed_memory;
   }
   e["pruning_stage_us"] = p.pruning_stage_s * 1e6;
+  if (p.pruning_key_s > 0) e["pruning_key_ns"] = p.pruning_key_s * 1e9;
   e["interconnect"] = p.interconnect_efficiency;
   return e;
 }

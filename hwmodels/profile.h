@@ -33,6 +33,14 @@ struct Efficiency {
   // engine's small tiles run far below its prefill rate. Optional in a file
   // (efficiency.attention.decode_compute); 0 (absent): decoding rows run at `compute` like the rest.
   double decode_compute = 0;
+  // Attention only: decoding rows over a *listed* key set (LazyLLM's active set once it is not
+  // every held slot in position order). The CPU engine reads every held slot's key blocks through
+  // a mask (docs/engine.md), so such a step computes rows x held (query, key) pairs at
+  // `listed_compute` of peak and reads the held K/V at `listed_memory` of the bandwidth, the two
+  // summed (the tiles' score work and their reads of the blocks do not overlap at these sizes).
+  // Optional in a file (efficiency.attention.listed_compute / listed_memory, both or neither);
+  // 0 (absent): listed rows are priced as other decoding rows, on their causal pairs.
+  double listed_compute = 0, listed_memory = 0;
 
   double compute_for(const std::string& dtype) const {
     const auto it = compute_by_dtype.find(dtype);
@@ -87,6 +95,10 @@ struct Profile {
   // gather ops: synchronisation and the small kernels of the selection. s. Optional in a file
   // (efficiency.pruning_stage_us); absent, it is default_pruning_stage_s(kind, dispatch_overhead).
   double pruning_stage_s = 0;
+  // Cost of one pruning stage per key it scores and selects from, beyond the score and select
+  // ops' roofline (a CPU engine's one-row softmax and top-k run on one thread), s per key.
+  // Optional in a file (efficiency.pruning_key_ns); absent, 0.
+  double pruning_key_s = 0;
   Engine engine;  // optional 'engine' in a file (a preset name or {elementwise, fuse}); default_engine(kind)
   std::array<Efficiency, kNumFamilies> efficiency{};
   bool efficiency_default = true;  // false once calibrated

@@ -107,6 +107,27 @@ CostContext::CostContext(const hw::Profile& hw, const Precision& p)
     decode_attention.compute = attn.decode_compute;
     decode_attention.half_rows = 0;
   }
+  listed_attention_own = attn.listed_compute > 0 && attn.listed_memory > 0;
+  listed_compute = attn.listed_compute;
+  listed_memory = attn.listed_memory;
+  listed_overhead_s = attn.overhead_s;
+  pruning_stage_s = hw.pruning_stage_s;
+  pruning_key_s = hw.pruning_key_s;
+}
+
+OpCost listed_attention_cost(const CostContext& cc, const ModelConfig& c, int64_t rows, int64_t row_keys,
+                             int64_t held, int64_t calls) {
+  OpCost r;
+  if (!cc.listed_attention_own || rows <= 0 || calls <= 0) return r;
+  const OpShape s{rows, row_keys, held};
+  r.calls = calls;
+  r.flops = op_flops(c, Op::Attention, s);
+  r.bytes = op_bytes(c, Op::Attention, s, cc.dtypes);
+  r.compute_s = r.flops / (cc.peak[size_t(hw::Family::Attention)] * cc.listed_compute);
+  r.memory_s = r.bytes / (cc.bandwidth * cc.listed_memory);
+  r.overhead_s = double(calls) * cc.listed_overhead_s;
+  r.time_s = r.compute_s + r.memory_s + r.overhead_s;
+  return r;
 }
 
 OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls,

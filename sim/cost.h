@@ -59,6 +59,11 @@ struct CostContext {
   // (Efficiency::decode_compute): attention's efficiency with that share as `compute`.
   bool decode_attention_own = false;
   hw::Efficiency decode_attention;
+  // Decoding rows over a listed key set priced apart (Efficiency::listed_compute > 0):
+  // listed_attention_cost.
+  bool listed_attention_own = false;
+  double listed_compute = 0, listed_memory = 0, listed_overhead_s = 0;
+  double pruning_stage_s = 0, pruning_key_s = 0;  // hw::Profile's, per stage and per key it scores
   double bandwidth = 0;
   OpDtypes dtypes;    // elem_bytes per the profile's engine
   hw::Engine engine;  // which elementwise ops are fused
@@ -71,6 +76,15 @@ OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape
                bool decoding = false);
 OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
                int64_t calls = 1);
+
+// Attention of `rows` decoding rows over a listed key set of `held` keys, summed over the
+// sequences of a layer (`row_keys`: the sum of each sequence's rows x its held keys; `calls`: the
+// sequences), as the CPU engine computes it (hwmodels/profile.h, Efficiency::listed_compute):
+// F = row_keys pairs' attention FLOPs at listed_compute of the attention peak, B = Q and O of the
+// rows and the held K/V read once, at listed_memory of the bandwidth; time = compute_s +
+// memory_s + calls x the attention overhead. Zero cost when the profile has no listed shares.
+OpCost listed_attention_cost(const CostContext& cc, const ModelConfig& c, int64_t rows, int64_t row_keys,
+                             int64_t held, int64_t calls = 1);
 
 // A GEMM outside the model's op list (KV Prediction's per-layer linear maps, sim/kv_predict.h):
 // `rows` x `k` by `k` x `n` weights, reading its input from and writing its output to K/V caches

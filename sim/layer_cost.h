@@ -22,10 +22,30 @@ struct LayerWork {
   // The part of rows, pairs and keys that decoding steps bring (their new rows and revived ones),
   // which attention prices apart when the profile gives decoding its own share (CostContext).
   int64_t decode_rows = 0, decode_pairs = 0, decode_keys = 0;
+  // The part of those decoding rows whose keys are a listed set (add_decoding), in the same causal
+  // counts (listed_rows, listed_pairs, listed_keys) and as the engine computes them: each row over
+  // every held key (listed_row_keys, the sum of rows x held per sequence), the held keys read once
+  // per sequence (listed_held), in `listed_seqs` calls.
+  int64_t listed_rows = 0, listed_pairs = 0, listed_keys = 0, listed_row_keys = 0, listed_held = 0,
+          listed_seqs = 0;
   int64_t scorers = 0, score_keys = 0;   // sequences scoring here (LazyLLM) and the keys they score
   int64_t selects = 0, select_keys = 0;  // selections made here and the keys they choose from
   int64_t moved = 0;                     // rows gathered (compacted, saved to or read from the Aux Cache)
 };
+
+// One sequence's decoding step at a layer into `w`, `scale` times (a batch of equal sequences):
+// `q` rows (its new token and the rows it revives) attending `attended` of the `held` keys of
+// the layer's cache in `pairs` causal (query, key) pairs. A set smaller than the cache is a listed
+// set, which the engine attends by reading every held key (LayerWork::listed_row_keys).
+inline void add_decoding(LayerWork& w, int64_t q, int64_t held, int64_t attended, int64_t pairs,
+                         int64_t scale = 1) {
+  w.rows += scale * q, w.pairs += scale * pairs, w.keys += scale * attended;
+  w.decode_rows += scale * q, w.decode_pairs += scale * pairs, w.decode_keys += scale * attended;
+  if (attended < held) {
+    w.listed_rows += scale * q, w.listed_pairs += scale * pairs, w.listed_keys += scale * attended;
+    w.listed_row_keys += scale * q * held, w.listed_held += scale * held, w.listed_seqs += scale;
+  }
+}
 
 // Ring collectives over `tp` GPUs of `hw` (docs/simulator.md): all-reduce of `bytes`, and
 // all-gather of `bytes` in total. Zero for tp 1.
@@ -52,16 +72,26 @@ void cost_layer(const CostContext& cc, const hw::Profile& hw, int tp, const Mode
     op(Op::Rope, op_cost(cc, cfg, Op::Rope, rows));
   }
   if (rest) {
-    if (cc.decode_attention_own && w.decode_rows > 0) {
+    // Decoding rows over listed key sets, where the profile prices them apart; the rest as before.
+    const bool listed = cc.listed_attention_own && w.listed_rows > 0;
+    OpCost oc = listed ? listed_attention_cost(cc, cfg, w.listed_rows, w.listed_row_keys, w.listed_held,
+                                               w.listed_seqs)
+                       : OpCost{};
+    const int64_t rows = w.rows - (listed ? w.listed_rows : 0),
+                  pairs = w.pairs - (listed ? w.listed_pairs : 0),
+                  keys = w.keys - (listed ? w.listed_keys : 0);
+    const int64_t d_rows = w.decode_rows - (listed ? w.listed_rows : 0),
+                  d_pairs = w.decode_pairs - (listed ? w.listed_pairs : 0),
+                  d_keys = w.decode_keys - (listed ? w.listed_keys : 0);
+    if (cc.decode_attention_own && d_rows > 0) {
       // Prefill rows and decoding rows in kernels of their own, each at its share of peak.
-      OpCost oc = op_cost(cc, cfg, Op::Attention, {w.decode_rows, w.decode_pairs, w.decode_keys}, 1, true);
-      if (w.rows > w.decode_rows)
-        oc.add(op_cost(cc, cfg, Op::Attention,
-                       {w.rows - w.decode_rows, w.pairs - w.decode_pairs, w.keys - w.decode_keys}));
-      op(Op::Attention, oc);
-    } else {
-      op(Op::Attention, op_cost(cc, cfg, Op::Attention, {w.rows, w.pairs, w.keys}));
+      oc.add(op_cost(cc, cfg, Op::Attention, {d_rows, d_pairs, d_keys}, 1, true));
+      if (rows > d_rows)
+        oc.add(op_cost(cc, cfg, Op::Attention, {rows - d_rows, pairs - d_pairs, keys - d_keys}));
+    } else if (rows > 0) {
+      oc.add(op_cost(cc, cfg, Op::Attention, {rows, pairs, keys}));
     }
+    op(Op::Attention, oc);
   }
   if (by_rows) {
     op(Op::OProj, op_cost(cc, cfg, Op::OProj, rows));
@@ -89,7 +119,7 @@ void cost_layer(const CostContext& cc, const hw::Profile& hw, int tp, const Mode
   if (w.selects > 0) {
     // A stage's fixed cost (synchronisation, the selection's small kernels) rides on each select.
     OpCost oc = more_calls(op_cost(cc, cfg, Op::Select, {0, 0, w.select_keys}), Op::Select, w.selects);
-    const double fixed = double(w.selects) * hw.pruning_stage_s;
+    const double fixed = double(w.selects) * cc.pruning_stage_s + double(w.select_keys) * cc.pruning_key_s;
     oc.overhead_s += fixed;
     oc.time_s += fixed;
     op(Op::Select, oc);

@@ -224,8 +224,12 @@ void Replayer::add(const trace::Step& s) {
     const int64_t keys = B * (prefill ? s.keys[size_t(l)]
                                       : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
                                                             : s.attended[size_t(l)]));
-    LayerWork w{T, B * s.pairs[size_t(l)], keys};
-    if (!prefill) w.decode_rows = w.rows, w.decode_pairs = w.pairs, w.decode_keys = w.keys;
+    LayerWork w;
+    if (prefill)
+      w = {T, B * s.pairs[size_t(l)], keys};
+    else  // a listed set where the trace says the step attended fewer keys than the layer held
+      add_decoding(w, s.queries[size_t(l)], s.attended.empty() ? keys / B : s.keys[size_t(l)], keys / B,
+                   s.pairs[size_t(l)], B);
     if (prune_at_[size_t(l)] && policy_ != "none") {
       // lazyllm scores at every pruning layer and step; frozen and static-paper once, in the prefill.
       const bool scores = policy_ == "lazyllm" || ((policy_ == "frozen" || policy_ == "static-paper") &&

@@ -496,10 +496,10 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       const int64_t keys = prefill    ? s.keys[size_t(l)]
                            : attended ? s.attended[size_t(l)]
                                       : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]);
-      w.rows += q;
-      w.pairs += s.pairs[size_t(l)];
-      w.keys += keys;
-      if (!prefill) w.decode_rows += q, w.decode_pairs += s.pairs[size_t(l)], w.decode_keys += keys;
+      if (prefill)
+        w.rows += q, w.pairs += s.pairs[size_t(l)], w.keys += keys;
+      else
+        add_decoding(w, q, attended ? s.keys[size_t(l)] : keys, keys, s.pairs[size_t(l)]);
       if (prune_at[size_t(l)]) {
         if (scores_always || (scores_first && prefill && l == first_prune)) ++w.scorers, w.score_keys += keys;
         ++w.selects, w.select_keys += keys;

@@ -160,6 +160,39 @@ TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
   EXPECT_NE(error_of(j).find("'decode_compute' is attention's alone"), std::string::npos) << error_of(j);
   EXPECT_FALSE(
       hw::efficiency_json(hw::parse_profile(round_profile(), "p"))["attention"].contains("decode_compute"));
+  // Decoding over listed keys: both shares or neither, attention's alone, within their bounds; the
+  // stages' cost per key in ns.
+  j = round_profile();
+  j["efficiency"]["attention"]["listed_compute"] = 0.9;
+  j["efficiency"]["attention"]["listed_memory"] = 0.6;
+  j["efficiency"]["pruning_key_ns"] = 170;
+  EXPECT_EQ(error_of(j), "");
+  {
+    const hw::Profile lp = hw::parse_profile(j, "p");
+    EXPECT_DOUBLE_EQ(lp.eff(hw::Family::Attention).listed_compute, 0.9);
+    EXPECT_DOUBLE_EQ(lp.eff(hw::Family::Attention).listed_memory, 0.6);
+    EXPECT_DOUBLE_EQ(lp.pruning_key_s, 170e-9);
+    const auto e = hw::efficiency_json(lp);
+    EXPECT_DOUBLE_EQ(e["attention"]["listed_memory"].get<double>(), 0.6);
+    EXPECT_DOUBLE_EQ(e["pruning_key_ns"].get<double>(), 170);
+  }
+  j["efficiency"]["attention"].erase("listed_memory");
+  EXPECT_NE(error_of(j).find("'listed_compute' and 'listed_memory' come together"), std::string::npos)
+      << error_of(j);
+  j["efficiency"]["attention"]["listed_memory"] = 9;
+  EXPECT_NE(error_of(j).find("'listed_memory' is effective over peak bandwidth"), std::string::npos)
+      << error_of(j);
+  j["efficiency"]["attention"]["listed_memory"] = 0.6;
+  j["efficiency"]["attention"]["listed_compute"] = 1.1;
+  EXPECT_NE(error_of(j).find("'listed_compute' is a share of peak"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["efficiency"]["gemm"]["listed_compute"] = 0.5;
+  j["efficiency"]["gemm"]["listed_memory"] = 0.5;
+  EXPECT_NE(error_of(j).find("are attention's alone"), std::string::npos) << error_of(j);
+  j = round_profile();
+  j["efficiency"]["pruning_key_ns"] = -1;
+  EXPECT_NE(error_of(j).find("pruning_key_ns"), std::string::npos) << error_of(j);
+  EXPECT_FALSE(hw::efficiency_json(hw::parse_profile(round_profile(), "p")).contains("pruning_key_ns"));
   j = round_profile();
   j["aliases"] = "H100";
   EXPECT_NE(error_of(j).find("'aliases' must be an array"), std::string::npos) << error_of(j);
@@ -727,6 +760,55 @@ TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
   EXPECT_NEAR(
       without.decode_ops[size_t(Op::Attention)].bytes - with_keys.decode_ops[size_t(Op::Attention)].bytes,
       old.bytes - want.bytes, 1e-6 * old.bytes);
+}
+
+// A profile with listed shares prices a decoding step over a listed key set (fewer attended keys
+// than the layer holds) as the CPU engine computes it: every row against every held key at
+// listed_compute of peak, plus Q, O and the held K/V read once at listed_memory of the bandwidth,
+// summed; and each pruning stage pays pruning_key_ns per key it selects from. By hand.
+TEST(SimReplay, ListedDecodingAttentionReadsEveryHeldKey) {
+  ModelConfig c = preset_config("llama-2-7b");
+  c.n_layer = 3;
+  trace::Trace t;
+  t.header.n_layer = 3;
+  t.header.policy = "lazyllm";
+  t.header.prompt_tokens = 100;
+  t.header.schedule_layers = {{0, 0.5}, {1, 0.5}};
+  trace::Step p{
+      "prefill", 100, {100, 50, 25}, {100, 50, 25}, {5050, 1275, 325}, {0, 0, 0}, {0, 0, 0}, {50, 25, 0}, {},
+      {},        {}};
+  // Layer 0 attends all it holds (a prefix: priced as before); layers 1 and 2 listed sets.
+  trace::Step d{"decode",       1,          {1, 11, 5}, {101, 61, 30},
+                {101, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
+                {101, 26, 26},  {},         {}};
+  t.steps = {p, d};
+  const sim::Precision prec{"bf16", "bf16", "bf16"};
+  const hw::Profile plain = hw::load_profile("h100-sxm");
+  hw::Profile hw = plain;
+  hw.efficiency[size_t(hw::Family::Attention)].listed_compute = 0.5;
+  hw.efficiency[size_t(hw::Family::Attention)].listed_memory = 0.4;
+  hw.pruning_key_s = 100e-9;
+  const sim::Prediction a = sim::replay(t, c, plain, prec), b = sim::replay(t, c, hw, prec);
+  // Per listed layer: rows R over held keys K, F = R K H (4 Dh + 5), B = 2 R q_dim el + 2 (R + K) kv_dim kv.
+  const double H = c.n_head, Dh = c.head_dim, q_dim = H * Dh, kv_dim = double(c.n_head_kv) * Dh;
+  const double el = sim::CostContext(hw, prec).dtypes.elem_bytes, kv = 2;
+  const double peak = hw.peak("bf16"), bw = hw.memory_bandwidth;
+  const double over = hw.eff(hw::Family::Attention).overhead_s;
+  double want = 0;
+  for (const auto [R, K] : {std::pair{11.0, 61.0}, std::pair{5.0, 30.0}})
+    want += R * K * H * (4 * Dh + 5) / (peak * 0.5) +
+            (2 * R * q_dim * el + 2 * (R + K) * kv_dim * kv) / (bw * 0.4) + over;
+  // Layer 0 as before: the same op_cost call both ways.
+  const sim::OpCost l0 = sim::op_cost(plain, c, Op::Attention, OpShape{1, 101, 101}, prec);
+  EXPECT_NEAR(b.decode_ops[size_t(Op::Attention)].time_s, want + l0.time_s, 1e-9 * want);
+  EXPECT_GT(b.decode_ops[size_t(Op::Attention)].time_s, a.decode_ops[size_t(Op::Attention)].time_s);
+  // Selection at layers 0 and 1 of 101 and 26 keys; the prefill's at 100 and 50.
+  EXPECT_NEAR(b.decode_ops[size_t(Op::Select)].time_s - a.decode_ops[size_t(Op::Select)].time_s, 127 * 100e-9,
+              1e-12);
+  EXPECT_NEAR(b.prefill_ops[size_t(Op::Select)].time_s - a.prefill_ops[size_t(Op::Select)].time_s,
+              150 * 100e-9, 1e-12);
+  // GEMMs and the rest do not change.
+  EXPECT_DOUBLE_EQ(b.decode_ops[size_t(Op::GateUp)].time_s, a.decode_ops[size_t(Op::GateUp)].time_s);
 }
 
 }  // namespace
