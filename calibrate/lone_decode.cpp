@@ -184,9 +184,10 @@ LoneDecodeFit fit_lone_decodes(hw::Profile& hw, const ModelConfig& c, const sim:
     }
   for (size_t i = 0; i < m_att.size(); ++i)
     if (!(m_att[i] > 0) || !(m_pr[i] > 0))
-      fail("lone decoding runs: span {} has no attention or pruning time (the step counts measured must "
-           "rise, and each run must decode with LazyLLM)",
-           i + 1);
+      fail(
+          "lone decoding runs: span {} has no attention or pruning time (the step counts measured must "
+          "rise, and each run must decode with LazyLLM)",
+          i + 1);
 
   LoneDecodeFit f;
   f.spans = m_att.size();

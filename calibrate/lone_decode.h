@@ -24,11 +24,11 @@ namespace lp::calib {
 // One prompt run alone: its trace, and the op time its decoding steps took, measured after
 // each of several step counts (cumulative from the first decoding step).
 struct LoneDecodeRun {
-  std::string name;                    // the trace's file name, for messages
-  trace::Trace trace;                  // the run's trace: its prefill and decoding steps
-  std::vector<int64_t> steps;          // decoding steps measured, ascending, each <= the trace's
-  std::vector<double> attention_s;     // attention's time over those steps (median of rounds)
-  std::vector<double> pruning_s;       // score's and select's together
+  std::string name;                 // the trace's file name, for messages
+  trace::Trace trace;               // the run's trace: its prefill and decoding steps
+  std::vector<int64_t> steps;       // decoding steps measured, ascending, each <= the trace's
+  std::vector<double> attention_s;  // attention's time over those steps (median of rounds)
+  std::vector<double> pruning_s;    // score's and select's together
 };
 
 // The runs in `dir`: for each `<name>.trace.jsonl`, the files `<name>-n<N>-r<R>.json` (`run

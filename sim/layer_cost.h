@@ -59,9 +59,12 @@ enum class LayerPart { All, RowsOnly, Rest };
 
 // Costs layer work `w` on one GPU's layer shape `cfg` (the model width D for the collectives):
 // op(Op, const OpCost&) for each op, comm(const OpCost&) for each tensor-parallel collective.
+// Inlined into its callers: the serving simulation calls it for every run of layers of every
+// iteration, where a call costs more than the few ops a decoding batch's layer prices.
 template <class OpSink, class CommSink>
-void cost_layer(const CostContext& cc, const hw::Profile& hw, int tp, const ModelConfig& cfg, double D,
-                const LayerWork& w, OpSink&& op, CommSink&& comm, LayerPart part = LayerPart::All) {
+[[gnu::always_inline]] inline void cost_layer(const CostContext& cc, const hw::Profile& hw, int tp,
+                                              const ModelConfig& cfg, double D, const LayerWork& w,
+                                              OpSink&& op, CommSink&& comm, LayerPart part = LayerPart::All) {
   if (w.rows <= 0) return;
   const double el = cc.dtypes.elem_bytes;  // activations, the Aux Cache and collectives (the engine's)
   const OpShape rows{w.rows, 0, 0};
@@ -71,27 +74,34 @@ void cost_layer(const CostContext& cc, const hw::Profile& hw, int tp, const Mode
     op(Op::QKV, op_cost(cc, cfg, Op::QKV, rows));
     op(Op::Rope, op_cost(cc, cfg, Op::Rope, rows));
   }
-  if (rest) {
-    // Decoding rows over listed key sets, where the profile prices them apart; the rest as before.
+  if (rest && !cc.listed_attention_own && !cc.decode_attention_own) {
+    op(Op::Attention, op_cost(cc, cfg, Op::Attention, {w.rows, w.pairs, w.keys}));  // one kernel, one share
+  } else if (rest) {
+    // Decoding rows over listed key sets, where the profile prices them apart (a call per
+    // sequence), and the other rows as below.
     const bool listed = cc.listed_attention_own && w.listed_rows > 0;
-    OpCost oc = listed ? listed_attention_cost(cc, cfg, w.listed_rows, w.listed_row_keys, w.listed_held,
-                                               w.listed_seqs)
-                       : OpCost{};
-    const int64_t rows = w.rows - (listed ? w.listed_rows : 0),
-                  pairs = w.pairs - (listed ? w.listed_pairs : 0),
-                  keys = w.keys - (listed ? w.listed_keys : 0);
-    const int64_t d_rows = w.decode_rows - (listed ? w.listed_rows : 0),
-                  d_pairs = w.decode_pairs - (listed ? w.listed_pairs : 0),
-                  d_keys = w.decode_keys - (listed ? w.listed_keys : 0);
-    if (cc.decode_attention_own && d_rows > 0) {
-      // Prefill rows and decoding rows in kernels of their own, each at its share of peak.
-      oc.add(op_cost(cc, cfg, Op::Attention, {d_rows, d_pairs, d_keys}, 1, true));
-      if (rows > d_rows)
-        oc.add(op_cost(cc, cfg, Op::Attention, {rows - d_rows, pairs - d_pairs, keys - d_keys}));
-    } else if (rows > 0) {
-      oc.add(op_cost(cc, cfg, Op::Attention, {rows, pairs, keys}));
+    const int64_t rows = w.rows - (listed ? w.listed_rows : 0);
+    const int64_t d_rows = w.decode_rows - (listed ? w.listed_rows : 0);
+    const OpShape all{rows, w.pairs - (listed ? w.listed_pairs : 0), w.keys - (listed ? w.listed_keys : 0)};
+    const OpShape dec{d_rows, w.decode_pairs - (listed ? w.listed_pairs : 0),
+                      w.decode_keys - (listed ? w.listed_keys : 0)};
+    if (!listed && !(cc.decode_attention_own && d_rows > 0)) {
+      op(Op::Attention, op_cost(cc, cfg, Op::Attention, all));  // one kernel at one share
+    } else {
+      OpCost oc = listed ? listed_attention_cost(cc, cfg, w.listed_rows, w.listed_row_keys, w.listed_held,
+                                                 w.listed_seqs)
+                         : OpCost{};
+      if (cc.decode_attention_own && d_rows > 0) {
+        // Prefill rows and decoding rows in kernels of their own, each at its share of peak.
+        oc.add(op_cost(cc, cfg, Op::Attention, dec, 1, true));
+        if (rows > d_rows)
+          oc.add(op_cost(cc, cfg, Op::Attention,
+                         {rows - d_rows, all.attn_pairs - dec.attn_pairs, all.kv_tokens - dec.kv_tokens}));
+      } else if (rows > 0) {
+        oc.add(op_cost(cc, cfg, Op::Attention, all));
+      }
+      op(Op::Attention, oc);
     }
-    op(Op::Attention, oc);
   }
   if (by_rows) {
     op(Op::OProj, op_cost(cc, cfg, Op::OProj, rows));

@@ -9,6 +9,7 @@
 #include <boost/random/uniform_int_distribution.hpp>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -552,8 +553,9 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
     }
 
     // The batch: every running request's step (a chunk for a chunked prefill before its last).
-    std::fill(work.begin(), work.end(), LayerWork{});
-    std::fill(own.begin(), own.end(), OwnGemms{});
+    static_assert(std::is_trivially_copyable_v<LayerWork> && std::is_trivially_copyable_v<OwnGemms>);
+    std::memset(static_cast<void*>(work.data()), 0, work.size() * sizeof(LayerWork));  // LayerWork{}: zeros
+    std::memset(static_cast<void*>(own.data()), 0, own.size() * sizeof(OwnGemms));
     int64_t new_rows = 0, logit_rows = 0, budget = cfg.max_batch_tokens;
     for (const auto& a : running) budget -= a->prefill_done ? 1 : 0;
     for (auto& a : running) {

@@ -65,7 +65,8 @@ TEST(LoneDecode, FindsPlantedSharesAndStageCosts) {
   // The synthetic steps do attend listed sets (fewer keys than held) after the first pruning layer.
   bool listed = false;
   for (const trace::Step& st : runs[0].trace.steps)
-    for (size_t l = 0; l < st.attended.size(); ++l) listed |= st.kind == "decode" && st.attended[l] < st.keys[l];
+    for (size_t l = 0; l < st.attended.size(); ++l)
+      listed |= st.kind == "decode" && st.attended[l] < st.keys[l];
   ASSERT_TRUE(listed);
 
   hw::Profile hw = s.base;

@@ -795,7 +795,7 @@ TEST(SimReplay, ListedDecodingAttentionReadsEveryHeldKey) {
   const double peak = hw.peak("bf16"), bw = hw.memory_bandwidth;
   const double over = hw.eff(hw::Family::Attention).overhead_s;
   double want = 0;
-  for (const auto [R, K] : {std::pair{11.0, 61.0}, std::pair{5.0, 30.0}})
+  for (const auto& [R, K] : {std::pair{11.0, 61.0}, std::pair{5.0, 30.0}})
     want += R * K * H * (4 * Dh + 5) / (peak * 0.5) +
             (2 * R * q_dim * el + 2 * (R + K) * kv_dim * kv) / (bw * 0.4) + over;
   // Layer 0 as before: the same op_cost call both ways.
