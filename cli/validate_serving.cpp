@@ -270,8 +270,9 @@ int cmd_validate_serving(const ValidateArgs& a) {
   }
   const double decode_compute = calib::get_param(hw, "attention.decode_compute");
   // With the op-by-op fit: its level on the same lone LazyLLM decodes (a time scale on decoding
-  // over listed keys and the pruning stages, Brent's method over its log). The server's steps run
-  // about 10% slower than `run`'s on the same prompts; the form stays the single runs'.
+  // over listed keys and the pruning stages, Brent's method over its log). The form stays the
+  // single runs'; the level is the load test's, whose lone decodes ran slower than the single runs
+  // recorded hours later (docs/serving.md: not the server, which decodes as fast as `run`).
   if (lone_fit) {
     hw::Profile trial = hw;
     const auto [lo, hi] = calib::lone_decode_scale_range(*lone_fit);

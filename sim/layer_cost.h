@@ -36,12 +36,13 @@ struct LayerWork {
 // One sequence's decoding step at a layer into `w`, `scale` times (a batch of equal sequences):
 // `q` rows (its new token and the rows it revives) attending `attended` of the `held` keys of
 // the layer's cache in `pairs` causal (query, key) pairs. A set smaller than the cache is a listed
-// set, which the engine attends by reading every held key (LayerWork::listed_row_keys).
-inline void add_decoding(LayerWork& w, int64_t q, int64_t held, int64_t attended, int64_t pairs,
+// set, which the engine attends by reading every held key (LayerWork::listed_row_keys), counted
+// where `listed` (CostContext::listed_attention_own: where the profile prices it).
+inline void add_decoding(LayerWork& w, int64_t q, int64_t held, int64_t attended, int64_t pairs, bool listed,
                          int64_t scale = 1) {
   w.rows += scale * q, w.pairs += scale * pairs, w.keys += scale * attended;
   w.decode_rows += scale * q, w.decode_pairs += scale * pairs, w.decode_keys += scale * attended;
-  if (attended < held) {
+  if (listed && attended < held) {
     w.listed_rows += scale * q, w.listed_pairs += scale * pairs, w.listed_keys += scale * attended;
     w.listed_row_keys += scale * q * held, w.listed_held += scale * held, w.listed_seqs += scale;
   }

@@ -229,7 +229,7 @@ void Replayer::add(const trace::Step& s) {
       w = {T, B * s.pairs[size_t(l)], keys};
     else  // a listed set where the trace says the step attended fewer keys than the layer held
       add_decoding(w, s.queries[size_t(l)], s.attended.empty() ? keys / B : s.keys[size_t(l)], keys / B,
-                   s.pairs[size_t(l)], B);
+                   s.pairs[size_t(l)], cc_.listed_attention_own, B);
     if (prune_at_[size_t(l)] && policy_ != "none") {
       // lazyllm scores at every pruning layer and step; frozen and static-paper once, in the prefill.
       const bool scores = policy_ == "lazyllm" || ((policy_ == "frozen" || policy_ == "static-paper") &&

@@ -484,6 +484,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   const bool scores_always = m.policy == "lazyllm",
              scores_first = m.policy == "frozen" || m.policy == "static-paper";
   // One request's step into the iteration's work; returns the K/V it holds after it, bytes.
+  const bool listed = CostContext(hw, p).listed_attention_own;  // listed key sets priced apart
   const auto add_step = [&](const trace::Step& s, bool prefill) {
     const bool attended = !s.attended.empty();
     int64_t held = 0;
@@ -500,7 +501,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       if (prefill)
         w.rows += q, w.pairs += s.pairs[size_t(l)], w.keys += keys;
       else
-        add_decoding(w, q, attended ? s.keys[size_t(l)] : keys, keys, s.pairs[size_t(l)]);
+        add_decoding(w, q, attended ? s.keys[size_t(l)] : keys, keys, s.pairs[size_t(l)], listed);
       if (prune_at[size_t(l)]) {
         if (scores_always || (scores_first && prefill && l == first_prune)) ++w.scorers, w.score_keys += keys;
         ++w.selects, w.select_keys += keys;
