@@ -61,6 +61,20 @@ std::vector<Parts> replay_parts(const LoneDecodeRun& run, const ModelConfig& c, 
   return out;
 }
 
+// The replay's attention and pruning time per span of steps (each run's step counts in turn, the
+// span from the previous count to this one), on profile `h`.
+std::vector<Parts> span_parts(const std::vector<LoneDecodeRun>& runs, const ModelConfig& c,
+                              const hw::Profile& h, const sim::Precision& p) {
+  std::vector<Parts> out;
+  for (const LoneDecodeRun& r : runs) {
+    const std::vector<Parts> cum = replay_parts(r, c, h, p);
+    for (size_t i = 0; i < cum.size(); ++i)
+      out.push_back(
+          {cum[i].attention - (i ? cum[i - 1].attention : 0), cum[i].pruning - (i ? cum[i - 1].pruning : 0)});
+  }
+  return out;
+}
+
 // Least squares of sum_i (r_i - a_i x - b_i y)^2 over x, y, with x >= x_lo and y >= y_lo (each
 // held at its bound when it comes out below, and the other refitted).
 std::pair<double, double> fit_two(const std::vector<double>& a, const std::vector<double>& b,
@@ -167,14 +181,7 @@ LoneDecodeFit fit_lone_decodes(hw::Profile& hw, const ModelConfig& c, const sim:
     set_param(h, "attention.listed_memory", lm);
     set_param(h, "pruning.stage_us", stage_us);
     set_param(h, "pruning.key_ns", key_ns);
-    std::vector<Parts> all;
-    for (const LoneDecodeRun& r : runs) {
-      const std::vector<Parts> cum = replay_parts(r, c, h, p);
-      for (size_t i = 0; i < cum.size(); ++i)
-        all.push_back({cum[i].attention - (i ? cum[i - 1].attention : 0),
-                       cum[i].pruning - (i ? cum[i - 1].pruning : 0)});
-    }
-    return all;
+    return span_parts(runs, c, h, p);
   };
   std::vector<double> m_att, m_pr;
   for (const LoneDecodeRun& r : runs)
@@ -192,15 +199,8 @@ LoneDecodeFit fit_lone_decodes(hw::Profile& hw, const ModelConfig& c, const sim:
   LoneDecodeFit f;
   f.spans = m_att.size();
   {
-    std::vector<Parts> before;
-    for (const LoneDecodeRun& r : runs) {
-      const std::vector<Parts> cum = replay_parts(r, c, hw, p);
-      for (size_t i = 0; i < cum.size(); ++i)
-        before.push_back({cum[i].attention - (i ? cum[i - 1].attention : 0),
-                          cum[i].pruning - (i ? cum[i - 1].pruning : 0)});
-    }
     std::vector<double> a, q;
-    for (const Parts& x : before) a.push_back(x.attention), q.push_back(x.pruning);
+    for (const Parts& x : span_parts(runs, c, hw, p)) a.push_back(x.attention), q.push_back(x.pruning);
     f.attention_rms_before = rms_log(a, m_att);
     f.pruning_rms_before = rms_log(q, m_pr);
   }

@@ -727,12 +727,14 @@ TEST(SimGolden, AgreesWithTheIndependentPythonReference) {
   }
 }
 
-// The Aux Cache holds one entry per token: a decoding step's writes (revived rows pruned again)
-// overwrite entries the prefill made. And a decoding step attends over its recorded active set,
-// not min(keys held, pairs), which revived rows' pairs inflate.
-TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
+// Llama-2-7B cut to 3 layers, and a LazyLLM trace of it: a 100-token prefill halved after layers
+// 0 and 1 (Aux Cache writes 50 and 25), then the decoding step `d`.
+ModelConfig three_layers() {
   ModelConfig c = preset_config("llama-2-7b");
   c.n_layer = 3;
+  return c;
+}
+trace::Trace three_layer_trace(const trace::Step& d) {
   trace::Trace t;
   t.header.n_layer = 3;
   t.header.policy = "lazyllm";
@@ -741,10 +743,19 @@ TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
   trace::Step p{
       "prefill", 100, {100, 50, 25}, {100, 50, 25}, {5050, 1275, 325}, {0, 0, 0}, {0, 0, 0}, {50, 25, 0}, {},
       {},        {}};
+  t.steps = {p, d};
+  return t;
+}
+
+// The Aux Cache holds one entry per token: a decoding step's writes (revived rows pruned again)
+// overwrite entries the prefill made. And a decoding step attends over its recorded active set,
+// not min(keys held, pairs), which revived rows' pairs inflate.
+TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
+  const ModelConfig c = three_layers();
   // Revives 10 rows at layer 1, 6 of which are pruned again after it (overwrites).
   trace::Step d{"decode",     1,  {1, 11, 5}, {101, 61, 30}, {51, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
                 {51, 26, 26}, {}, {}};
-  t.steps = {p, d};
+  const trace::Trace t = three_layer_trace(d);
   const hw::Profile hw = hw::load_profile("h100-sxm");
   const sim::Precision prec{"bf16", "bf16", "bf16"};
   const sim::Prediction r = sim::replay(t, c, hw, prec);
@@ -767,21 +778,12 @@ TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
 // listed_compute of peak, plus Q, O and the held K/V read once at listed_memory of the bandwidth,
 // summed; and each pruning stage pays pruning_key_ns per key it selects from. By hand.
 TEST(SimReplay, ListedDecodingAttentionReadsEveryHeldKey) {
-  ModelConfig c = preset_config("llama-2-7b");
-  c.n_layer = 3;
-  trace::Trace t;
-  t.header.n_layer = 3;
-  t.header.policy = "lazyllm";
-  t.header.prompt_tokens = 100;
-  t.header.schedule_layers = {{0, 0.5}, {1, 0.5}};
-  trace::Step p{
-      "prefill", 100, {100, 50, 25}, {100, 50, 25}, {5050, 1275, 325}, {0, 0, 0}, {0, 0, 0}, {50, 25, 0}, {},
-      {},        {}};
+  const ModelConfig c = three_layers();
   // Layer 0 attends all it holds (a prefix: priced as before); layers 1 and 2 listed sets.
   trace::Step d{"decode",       1,          {1, 11, 5}, {101, 61, 30},
                 {101, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
                 {101, 26, 26},  {},         {}};
-  t.steps = {p, d};
+  const trace::Trace t = three_layer_trace(d);
   const sim::Precision prec{"bf16", "bf16", "bf16"};
   const hw::Profile plain = hw::load_profile("h100-sxm");
   hw::Profile hw = plain;
