@@ -34,7 +34,7 @@ double op_seconds(const nlohmann::json& total, const char* op, const std::string
   return ms->get<double>() * 1e-3;
 }
 
-// The four parts of a replay that the fit needs, per span: attention and pruning time.
+// What the fit needs of a replay, per span of steps: attention and pruning (score + select) time.
 struct Parts {
   double attention = 0, pruning = 0;
 };
@@ -76,16 +76,18 @@ std::vector<Parts> span_parts(const std::vector<LoneDecodeRun>& runs, const Mode
 }
 
 // Least squares of sum_i (r_i - a_i x - b_i y)^2 over x, y, with x >= x_lo and y >= y_lo (each
-// held at its bound when it comes out below, and the other refitted).
+// held at its bound when it comes out below, and the other refitted). Throws lp::Error naming
+// `what` when the spans cannot tell x from y (the a and b columns proportional, or one zero).
 std::pair<double, double> fit_two(const std::vector<double>& a, const std::vector<double>& b,
-                                  const std::vector<double>& r, double x_lo, double y_lo) {
+                                  const std::vector<double>& r, double x_lo, double y_lo, const char* what) {
   double aa = 0, ab = 0, bb = 0, ar = 0, br = 0;
   for (size_t i = 0; i < r.size(); ++i)
     aa += a[i] * a[i], ab += a[i] * b[i], bb += b[i] * b[i], ar += a[i] * r[i], br += b[i] * r[i];
   const double det = aa * bb - ab * ab;
-  double x = det > 0 ? (ar * bb - br * ab) / det : x_lo, y = det > 0 ? (br * aa - ar * ab) / det : y_lo;
-  if (x < x_lo) x = x_lo, y = bb > 0 ? (br - ab * x) / bb : y_lo;
-  if (y < y_lo) y = y_lo, x = aa > 0 ? std::max((ar - ab * y) / aa, x_lo) : x_lo;
+  if (!(det > 1e-9 * aa * bb)) fail("lone decoding runs: the spans cannot determine {}", what);
+  double x = (ar * bb - br * ab) / det, y = (br * aa - ar * ab) / det;
+  if (x < x_lo) x = x_lo, y = (br - ab * x) / bb;
+  if (y < y_lo) y = y_lo, x = std::max((ar - ab * y) / aa, x_lo);
   return {x, y};
 }
 
@@ -215,11 +217,10 @@ LoneDecodeFit fit_lone_decodes(hw::Profile& hw, const ModelConfig& c, const sim:
     k.push_back((unit_m[i].pruning - base[i].pruning) / m_pr[i]);  // per ns of key cost
     rp.push_back(1 - base[i].pruning / m_pr[i]);
   }
-  const auto [x, y] = fit_two(a, b, r, 1.0, 1.0 / hw::kMaxMemoryEfficiency);
-  if (!(x > 0 && y > 0 && std::isfinite(x) && std::isfinite(y)))
-    fail("lone decoding runs: the spans cannot determine decoding attention over listed keys");
+  const auto [x, y] =
+      fit_two(a, b, r, 1.0, 1.0 / hw::kMaxMemoryEfficiency, "decoding attention's compute and memory shares");
   f.listed_compute = 1 / x, f.listed_memory = 1 / y;
-  const auto [st, kn] = fit_two(s, k, rp, 0, 0);
+  const auto [st, kn] = fit_two(s, k, rp, 0, 0, "the pruning stages' cost per stage and per key");
   f.stage_us = st, f.key_ns = kn;
   set_lone_decodes(hw, f);
   std::vector<double> pa, pq;

@@ -276,11 +276,10 @@ int cmd_validate_serving(const ValidateArgs& a) {
   if (lone_fit) {
     hw::Profile trial = hw;
     const auto [lo, hi] = calib::lone_decode_scale_range(*lone_fit);
-    const auto lazy_sse = [&](const hw::Profile& p) { return decode_errors(p)["lazyllm"].first; };
     const auto [x, err] = boost::math::tools::brent_find_minima(
         [&](double lt) {
           calib::set_lone_decodes(trial, *lone_fit, std::exp(lt));
-          return lazy_sse(trial);
+          return decode_errors(trial)["lazyllm"].first;
         },
         std::log(std::max(lo, 0.25)), std::log(std::min(hi, 4.0)), 20);
     (void)err;

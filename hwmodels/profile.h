@@ -41,6 +41,7 @@ struct Efficiency {
   // Optional in a file (efficiency.attention.listed_compute / listed_memory, both or neither);
   // 0 (absent): listed rows are priced as other decoding rows, on their causal pairs.
   double listed_compute = 0, listed_memory = 0;
+  bool prices_listed() const { return listed_compute > 0 && listed_memory > 0; }
 
   double compute_for(const std::string& dtype) const {
     const auto it = compute_by_dtype.find(dtype);

@@ -107,12 +107,7 @@ CostContext::CostContext(const hw::Profile& hw, const Precision& p)
     decode_attention.compute = attn.decode_compute;
     decode_attention.half_rows = 0;
   }
-  listed_attention_own = attn.listed_compute > 0 && attn.listed_memory > 0;
-  listed_compute = attn.listed_compute;
-  listed_memory = attn.listed_memory;
-  listed_overhead_s = attn.overhead_s;
-  pruning_stage_s = hw.pruning_stage_s;
-  pruning_key_s = hw.pruning_key_s;
+  listed_attention_own = attn.prices_listed();
 }
 
 OpCost listed_attention_cost(const CostContext& cc, const ModelConfig& c, int64_t rows, int64_t row_keys,
@@ -120,12 +115,14 @@ OpCost listed_attention_cost(const CostContext& cc, const ModelConfig& c, int64_
   OpCost r;
   if (!cc.listed_attention_own || rows <= 0 || calls <= 0) return r;
   const OpShape s{rows, row_keys, held};
+  const size_t f = size_t(hw::Family::Attention);
+  const hw::Efficiency& e = cc.eff[f];
   r.calls = calls;
   r.flops = op_flops(c, Op::Attention, s);
   r.bytes = op_bytes(c, Op::Attention, s, cc.dtypes);
-  r.compute_s = r.flops / (cc.peak[size_t(hw::Family::Attention)] * cc.listed_compute);
-  r.memory_s = r.bytes / (cc.bandwidth * cc.listed_memory);
-  r.overhead_s = double(calls) * cc.listed_overhead_s;
+  r.compute_s = r.flops / (cc.peak[f] * e.listed_compute);
+  r.memory_s = r.bytes / (cc.bandwidth * e.listed_memory);
+  r.overhead_s = double(calls) * e.overhead_s;
   r.time_s = r.compute_s + r.memory_s + r.overhead_s;
   return r;
 }

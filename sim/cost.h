@@ -59,11 +59,9 @@ struct CostContext {
   // (Efficiency::decode_compute): attention's efficiency with that share as `compute`.
   bool decode_attention_own = false;
   hw::Efficiency decode_attention;
-  // Decoding rows over a listed key set priced apart (Efficiency::listed_compute > 0):
-  // listed_attention_cost.
+  // Decoding rows over a listed key set priced apart (Efficiency::prices_listed, at the attention
+  // family's listed shares in `eff`): listed_attention_cost.
   bool listed_attention_own = false;
-  double listed_compute = 0, listed_memory = 0, listed_overhead_s = 0;
-  double pruning_stage_s = 0, pruning_key_s = 0;  // hw::Profile's, per stage and per key it scores
   double bandwidth = 0;
   OpDtypes dtypes;    // elem_bytes per the profile's engine
   hw::Engine engine;  // which elementwise ops are fused

@@ -75,30 +75,29 @@ template <class OpSink, class CommSink>
     op(Op::QKV, op_cost(cc, cfg, Op::QKV, rows));
     op(Op::Rope, op_cost(cc, cfg, Op::Rope, rows));
   }
-  if (rest && !cc.listed_attention_own && !cc.decode_attention_own) {
-    op(Op::Attention, op_cost(cc, cfg, Op::Attention, {w.rows, w.pairs, w.keys}));  // one kernel, one share
-  } else if (rest) {
-    // Decoding rows over listed key sets, where the profile prices them apart (a call per
-    // sequence), and the other rows as below.
+  if (rest) {
+    // Decoding rows over listed key sets where the profile prices them apart (a call per
+    // sequence); the other decoding rows where it gives decoding its own share; the rest in one
+    // kernel at attention's share.
     const bool listed = cc.listed_attention_own && w.listed_rows > 0;
-    const int64_t rows = w.rows - (listed ? w.listed_rows : 0);
-    const int64_t d_rows = w.decode_rows - (listed ? w.listed_rows : 0);
-    const OpShape all{rows, w.pairs - (listed ? w.listed_pairs : 0), w.keys - (listed ? w.listed_keys : 0)};
-    const OpShape dec{d_rows, w.decode_pairs - (listed ? w.listed_pairs : 0),
-                      w.decode_keys - (listed ? w.listed_keys : 0)};
-    if (!listed && !(cc.decode_attention_own && d_rows > 0)) {
-      op(Op::Attention, op_cost(cc, cfg, Op::Attention, all));  // one kernel at one share
+    const int64_t l_rows = listed ? w.listed_rows : 0, l_pairs = listed ? w.listed_pairs : 0,
+                  l_keys = listed ? w.listed_keys : 0;
+    const OpShape all{w.rows - l_rows, w.pairs - l_pairs, w.keys - l_keys};
+    const OpShape dec{w.decode_rows - l_rows, w.decode_pairs - l_pairs, w.decode_keys - l_keys};
+    const bool dec_apart = cc.decode_attention_own && dec.tokens > 0;
+    if (!listed && !dec_apart) {
+      op(Op::Attention, op_cost(cc, cfg, Op::Attention, all));
     } else {
       OpCost oc = listed ? listed_attention_cost(cc, cfg, w.listed_rows, w.listed_row_keys, w.listed_held,
                                                  w.listed_seqs)
                          : OpCost{};
-      if (cc.decode_attention_own && d_rows > 0) {
-        // Prefill rows and decoding rows in kernels of their own, each at its share of peak.
+      if (dec_apart) {
         oc.add(op_cost(cc, cfg, Op::Attention, dec, 1, true));
-        if (rows > d_rows)
-          oc.add(op_cost(cc, cfg, Op::Attention,
-                         {rows - d_rows, all.attn_pairs - dec.attn_pairs, all.kv_tokens - dec.kv_tokens}));
-      } else if (rows > 0) {
+        if (all.tokens > dec.tokens)
+          oc.add(op_cost(
+              cc, cfg, Op::Attention,
+              {all.tokens - dec.tokens, all.attn_pairs - dec.attn_pairs, all.kv_tokens - dec.kv_tokens}));
+      } else if (all.tokens > 0) {
         oc.add(op_cost(cc, cfg, Op::Attention, all));
       }
       op(Op::Attention, oc);
@@ -130,7 +129,7 @@ template <class OpSink, class CommSink>
   if (w.selects > 0) {
     // A stage's fixed cost (synchronisation, the selection's small kernels) rides on each select.
     OpCost oc = more_calls(op_cost(cc, cfg, Op::Select, {0, 0, w.select_keys}), Op::Select, w.selects);
-    const double fixed = double(w.selects) * cc.pruning_stage_s + double(w.select_keys) * cc.pruning_key_s;
+    const double fixed = double(w.selects) * hw.pruning_stage_s + double(w.select_keys) * hw.pruning_key_s;
     oc.overhead_s += fixed;
     oc.time_s += fixed;
     op(Op::Select, oc);

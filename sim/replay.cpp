@@ -221,14 +221,15 @@ void Replayer::add(const trace::Step& s) {
     // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
     // sees its active set, as the trace records it (a trace without `attended`: at most the
     // keys held and at most its pairs, an over-count once revived rows add their pairs).
-    const int64_t keys = B * (prefill ? s.keys[size_t(l)]
-                                      : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
-                                                            : s.attended[size_t(l)]));
+    const int64_t seq_keys = prefill ? s.keys[size_t(l)]
+                                     : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
+                                                           : s.attended[size_t(l)]);
+    const int64_t keys = B * seq_keys;
     LayerWork w;
     if (prefill)
       w = {T, B * s.pairs[size_t(l)], keys};
     else  // a listed set where the trace says the step attended fewer keys than the layer held
-      add_decoding(w, s.queries[size_t(l)], s.attended.empty() ? keys / B : s.keys[size_t(l)], keys / B,
+      add_decoding(w, s.queries[size_t(l)], s.attended.empty() ? seq_keys : s.keys[size_t(l)], seq_keys,
                    s.pairs[size_t(l)], cc_.listed_attention_own, B);
     if (prune_at_[size_t(l)] && policy_ != "none") {
       // lazyllm scores at every pruning layer and step; frozen and static-paper once, in the prefill.

@@ -484,7 +484,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   const bool scores_always = m.policy == "lazyllm",
              scores_first = m.policy == "frozen" || m.policy == "static-paper";
   // One request's step into the iteration's work; returns the K/V it holds after it, bytes.
-  const bool listed = CostContext(hw, p).listed_attention_own;  // listed key sets priced apart
+  const bool listed = hw.eff(hw::Family::Attention).prices_listed();  // listed key sets priced apart
   const auto add_step = [&](const trace::Step& s, bool prefill) {
     const bool attended = !s.attended.empty();
     int64_t held = 0;
