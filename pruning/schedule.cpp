@@ -32,12 +32,6 @@ namespace {
 
 using nlohmann::json;
 
-// Products like 0.29 * 100 land a hair below the integer they stand for (28.999999999999996).
-// Floors and roundings of such products get this relative slack, which is far above the
-// product's rounding error (a few 1e-16) and far below any real fractional part of a share or
-// depth written with up to 6 decimals times up to a million tokens or layers.
-constexpr double kSlack = 1e-12;
-
 std::string_view trim(std::string_view s) {
   const auto ws = " \t\r\n";
   const size_t b = s.find_first_not_of(ws);
@@ -313,7 +307,7 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer) {
     if (st.fraction) {
       // round(f * L) - 1, halves up: the first round(f * L) layers run on all tokens.
       const double fl = st.at * n_layer;
-      const int raw = int(std::floor(fl + fl * kSlack + 0.5)) - 1;
+      const int raw = int(std::floor(fl + fl * kShareSlack + 0.5)) - 1;
       layer = std::clamp(raw, 0, last);
       if (layer != raw) clamped = fmt::format(" (clamped from {})", raw);
     } else {
@@ -345,12 +339,9 @@ std::optional<double> drop_share(const Schedule& s) {
   return std::nullopt;
 }
 
-int64_t tokens_kept(int64_t n_active, double share) {
+void tokens_kept_fail(int64_t n_active, double share) {
   if (n_active < 1) fail("tokens_kept: n_active {} must be at least 1", n_active);
-  if (!(share >= 0 && share < 1)) fail("tokens_kept: share {} must be in [0, 1)", share);
-  const double x = share * double(n_active);
-  const int64_t pruned = int64_t(std::floor(x + x * kSlack));
-  return std::max<int64_t>(1, n_active - pruned);
+  fail("tokens_kept: share {} must be in [0, 1)", share);
 }
 
 }  // namespace lp

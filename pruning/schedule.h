@@ -71,9 +71,23 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer);
 // The share a schedule drops before the model (its one step written as a share alone), if it does.
 std::optional<double> drop_share(const Schedule& s);
 
+// Products like 0.29 * 100 land a hair below the integer they stand for (28.999999999999996).
+// Floors and roundings of such products get this relative slack, which is far above the
+// product's rounding error (a few 1e-16) and far below any real fractional part of a share or
+// depth written with up to 6 decimals times up to a million tokens or layers.
+inline constexpr double kShareSlack = 1e-12;
+
+[[noreturn]] void tokens_kept_fail(int64_t n_active, double share);
 // How many of n_active tokens (>= 1) are kept after pruning `share` (in [0, 1)) of them:
 // n_active - floor(share * n_active), but at least 1 (the last token is never pruned). Every
-// policy uses this, so they all round the same way.
-int64_t tokens_kept(int64_t n_active, double share);
+// policy uses this, so they all round the same way. Inline: a serving simulation asks it at every
+// pruning stage of every request's decoding steps.
+inline int64_t tokens_kept(int64_t n_active, double share) {
+  if (n_active < 1 || !(share >= 0 && share < 1)) [[unlikely]]
+    tokens_kept_fail(n_active, share);
+  const double x = share * double(n_active);
+  const auto pruned = int64_t(x + x * kShareSlack);  // x >= 0: the conversion's truncation is the floor
+  return n_active - pruned > 1 ? n_active - pruned : 1;
+}
 
 }  // namespace lp

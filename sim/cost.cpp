@@ -7,26 +7,6 @@
 
 namespace lp::sim {
 
-hw::Family op_family(Op op) {
-  switch (op) {
-    case Op::QKV:
-    case Op::OProj:
-    case Op::GateUp:
-    case Op::Down:
-    case Op::LmHead:
-      return hw::Family::Gemm;
-    case Op::Attention:
-    case Op::Score:
-      return hw::Family::Attention;
-    case Op::Select:
-    case Op::Gather:
-    case Op::Embed:
-      return hw::Family::DataMovement;
-    default:
-      return hw::Family::Elementwise;
-  }
-}
-
 double dtype_bytes(const std::string& dtype, const char* what) {
   if (dtype == "f32") return 4;
   if (dtype == "bf16" || dtype == "f16") return 2;
@@ -78,17 +58,6 @@ double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
 }
 }  // namespace
 
-namespace {
-// The roofline of sim/cost.h on r's flops and bytes: compute, memory and `launches` overheads.
-void roofline(OpCost& r, double peak, double bandwidth, const hw::Efficiency& e, double rows,
-              double launches) {
-  r.compute_s = r.flops > 0 ? r.flops / (peak * e.compute * rows / (rows + e.half_rows)) : 0;
-  r.memory_s = r.bytes / (bandwidth * e.memory);
-  r.overhead_s = launches * e.overhead_s;
-  r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
-}
-}  // namespace
-
 CostContext::CostContext(const hw::Profile& hw, const Precision& p)
     : bandwidth(hw.memory_bandwidth), dtypes(p.op_dtypes()), engine(hw.engine) {
   // An engine that keeps activations at the compute dtype keeps them 16-bit for 8-bit compute.
@@ -127,32 +96,6 @@ OpCost listed_attention_cost(const CostContext& cc, const ModelConfig& c, int64_
   return r;
 }
 
-OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls,
-               bool decoding) {
-  OpCost r;
-  if (calls <= 0) return r;
-  const size_t f = size_t(op_family(op));
-  const hw::Efficiency& e = decoding && op == Op::Attention ? cc.decode_attention : cc.eff[f];
-  r.calls = calls;
-  r.flops = op_flops(c, op, s) * double(calls);
-  // Ops the engine fuses into a neighbour cost no time of their own (their FLOPs still count).
-  if ((op == Op::Rope && cc.engine.fuse_rope) || (op == Op::SwiGLU && cc.engine.fuse_swiglu)) return r;
-  r.bytes = op_bytes(c, op, s, cc.dtypes) * double(calls);
-  const double T = double(s.tokens), el = cc.dtypes.elem_bytes;
-  bool launched = true;
-  if (op == Op::Residual && cc.engine.fuse_add_rmsnorm) {
-    // Fused into the RMSNorm after it: the sum is written but never read back (2 passes of 3),
-    // in the norm's kernel.
-    r.bytes -= T * double(c.n_embd) * el * double(calls);
-    launched = false;
-  }
-  if (op == Op::GateUp && cc.engine.fuse_swiglu)  // the epilogue writes F columns, not 2F
-    r.bytes -= T * double(c.n_ff) * el * double(calls);
-  const double rows = op == Op::Score ? 1.0 : double(std::max<int64_t>(s.tokens, 1));
-  roofline(r, cc.peak[f], cc.bandwidth, e, rows, launched ? double(calls) : 0.0);
-  return r;
-}
-
 OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
                int64_t calls) {
   return op_cost(CostContext(hw, p), c, op, s, calls);
@@ -166,7 +109,7 @@ OpCost gemm_cost(const CostContext& cc, int64_t rows, int64_t k, int64_t n) {
   r.calls = 1;
   r.flops = 2 * R * K * N;
   r.bytes = K * N * cc.dtypes.weight_bytes + R * (K + N) * cc.dtypes.kv_bytes;
-  roofline(r, cc.peak[f], cc.bandwidth, cc.eff[f], R, 1);
+  detail::roofline(r, cc.peak[f], cc.bandwidth, cc.eff[f], R, 1);
   return r;
 }
 

@@ -11,6 +11,7 @@
 // compute, the rest at f32); e.compute is the family's share for that dtype (compute_for).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -21,7 +22,25 @@
 
 namespace lp::sim {
 
-hw::Family op_family(Op op);
+inline hw::Family op_family(Op op) {
+  switch (op) {
+    case Op::QKV:
+    case Op::OProj:
+    case Op::GateUp:
+    case Op::Down:
+    case Op::LmHead:
+      return hw::Family::Gemm;
+    case Op::Attention:
+    case Op::Score:
+      return hw::Family::Attention;
+    case Op::Select:
+    case Op::Gather:
+    case Op::Embed:
+      return hw::Family::DataMovement;
+    default:
+      return hw::Family::Elementwise;
+  }
+}
 
 // Element types of a simulated deployment. Weights may be quantized (bytes per weight below 2);
 // GEMMs then still compute in `compute` (weight-only quantization).
@@ -67,11 +86,46 @@ struct CostContext {
   hw::Engine engine;  // which elementwise ops are fused
 };
 
+namespace detail {
+// The roofline of sim/cost.h on r's flops and bytes: compute, memory and `launches` overheads.
+inline void roofline(OpCost& r, double peak, double bandwidth, const hw::Efficiency& e, double rows,
+                     double launches) {
+  r.compute_s = r.flops > 0 ? r.flops / (peak * e.compute * rows / (rows + e.half_rows)) : 0;
+  r.memory_s = r.bytes / (bandwidth * e.memory);
+  r.overhead_s = launches * e.overhead_s;
+  r.time_s = std::max(r.compute_s, r.memory_s) + r.overhead_s;
+}
+}  // namespace detail
+
 // Cost of `calls` invocations of `op` with shape `s` on a layer shaped `c` (ModelConfig::layer).
 // `decoding`: the rows are decoding rows, which attention prices at cc.decode_attention when the
-// profile has one.
-OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op, const OpShape& s, int64_t calls = 1,
-               bool decoding = false);
+// profile has one. Inline, as op_flops and op_bytes are: the serving simulation prices millions
+// of iterations, and with the op known at the call site its branches fold away.
+[[gnu::always_inline]] inline OpCost op_cost(const CostContext& cc, const ModelConfig& c, Op op,
+                                             const OpShape& s, int64_t calls = 1, bool decoding = false) {
+  OpCost r;
+  if (calls <= 0) return r;
+  const size_t f = size_t(op_family(op));
+  const hw::Efficiency& e = decoding && op == Op::Attention ? cc.decode_attention : cc.eff[f];
+  r.calls = calls;
+  r.flops = op_flops(c, op, s) * double(calls);
+  // Ops the engine fuses into a neighbour cost no time of their own (their FLOPs still count).
+  if ((op == Op::Rope && cc.engine.fuse_rope) || (op == Op::SwiGLU && cc.engine.fuse_swiglu)) return r;
+  r.bytes = op_bytes(c, op, s, cc.dtypes) * double(calls);
+  const double T = double(s.tokens), el = cc.dtypes.elem_bytes;
+  bool launched = true;
+  if (op == Op::Residual && cc.engine.fuse_add_rmsnorm) {
+    // Fused into the RMSNorm after it: the sum is written but never read back (2 passes of 3),
+    // in the norm's kernel.
+    r.bytes -= T * double(c.n_embd) * el * double(calls);
+    launched = false;
+  }
+  if (op == Op::GateUp && cc.engine.fuse_swiglu)  // the epilogue writes F columns, not 2F
+    r.bytes -= T * double(c.n_ff) * el * double(calls);
+  const double rows = op == Op::Score ? 1.0 : double(std::max<int64_t>(s.tokens, 1));
+  detail::roofline(r, cc.peak[f], cc.bandwidth, e, rows, launched ? double(calls) : 0.0);
+  return r;
+}
 OpCost op_cost(const hw::Profile& hw, const ModelConfig& c, Op op, const OpShape& s, const Precision& p,
                int64_t calls = 1);
 

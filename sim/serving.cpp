@@ -338,10 +338,11 @@ class IterationCost {
     return t;
   }
   // Work per run of layers: w[k] is the work of each of the len[k] layers from start[k], own[k]
-  // the part of its rows in GEMMs of their own.
+  // the part of its rows in GEMMs of their own, moved[k] the rows gathered at its first layer
+  // alone (w[k].moved stays 0).
   double operator()(const std::vector<LayerWork>& w, const std::vector<OwnGemms>& own,
-                    const std::vector<int>& start, const std::vector<int>& len, int64_t new_rows,
-                    int64_t logit_rows) const {
+                    const std::vector<int64_t>& moved, const std::vector<int>& start,
+                    const std::vector<int>& len, int64_t new_rows, int64_t logit_rows) const {
     double t = 0;
     const auto sink = [&t](const OpCost& oc) { t += oc.time_s; };
     const auto op = [&t](Op, const OpCost& oc) { t += oc.time_s; };
@@ -351,8 +352,10 @@ class IterationCost {
       if (w[k].rows <= 0) continue;
       const double before = t;
       t += rows_time(start[k], w[k].rows - own[k].rows) + own[k].s;
-      cost_layer(cc_, hw_, tp_, uniform_ ? g_ : lc_[size_t(start[k])], D, w[k], op, sink, LayerPart::Rest);
+      const ModelConfig& g = uniform_ ? g_ : lc_[size_t(start[k])];
+      cost_layer(cc_, hw_, tp_, g, D, w[k], op, sink, LayerPart::Rest);
       t += (t - before) * double(len[k] - 1);
+      if (moved[k] > 0) t += op_cost(cc_, g, Op::Gather, {moved[k], 0, 0}).time_s;
     }
     cost_head(cc_, hw_, tp_, g_, logit_rows, double(c_.n_vocab), op, sink);
     return t;
@@ -369,16 +372,19 @@ class IterationCost {
   mutable std::vector<double> rows_only_;  // [rows]: a layer's ops priced by rows alone, < 0 not yet
 
   double rows_only(int64_t rows) const {
-    if (rows < int64_t(1) << 16) {
-      if (size_t(rows) >= rows_only_.size()) rows_only_.resize(size_t(rows) + 1, -1.0);
-      if (rows_only_[size_t(rows)] >= 0) return rows_only_[size_t(rows)];
-    }
+    if (size_t(rows) < rows_only_.size() && rows_only_[size_t(rows)] >= 0) return rows_only_[size_t(rows)];
+    return rows_only_priced(rows);
+  }
+  [[gnu::noinline]] double rows_only_priced(int64_t rows) const {
     double t = 0;
     const auto add = [&t](const OpCost& oc) { t += oc.time_s; };
     cost_layer(
         cc_, hw_, tp_, g_, double(c_.n_embd), LayerWork{rows}, [&](Op, const OpCost& oc) { add(oc); }, add,
         LayerPart::RowsOnly);
-    if (rows < int64_t(1) << 16) rows_only_[size_t(rows)] = t;
+    if (rows < int64_t(1) << 16) {
+      if (size_t(rows) >= rows_only_.size()) rows_only_.resize(size_t(rows) + 1, -1.0);
+      rows_only_[size_t(rows)] = t;
+    }
     return t;
   }
 };
@@ -426,19 +432,12 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   const IterationCost cost(c, hw, p, cfg.tp);
   // The revival model's shares per (stage, step), computed once before the run (every request
   // asks the same, three times a decoding step): a table lookup, the model asked only past it.
-  trace::Revivals revivals;
+  std::shared_ptr<const trace::RevivalTable> revivals;
   if (m.revivals) {
     int64_t max_steps = 0;
     for (const ServingRequest& r : reqs) max_steps = std::max(max_steps, r.output_tokens - 1);
-    max_steps = std::min<int64_t>(max_steps, int64_t(1) << 20);
-    auto table = std::make_shared<std::vector<std::vector<trace::StageRevival>>>(m.steps.size());
-    for (size_t st = 0; st < m.steps.size(); ++st)
-      for (int64_t s = 1; s <= max_steps; ++s) (*table)[st].push_back(m.revivals(st, s));
-    revivals = [table, f = m.revivals](size_t stage, int64_t step) {
-      if (stage < table->size() && step >= 1 && step <= int64_t((*table)[stage].size()))
-        return (*table)[stage][size_t(step - 1)];
-      return f(stage, step);
-    };
+    revivals = std::make_shared<const trace::RevivalTable>(m.revivals, m.steps.size(),
+                                                           std::min<int64_t>(max_steps, int64_t(1) << 20));
   }
 
   ServingRun run;
@@ -447,15 +446,16 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   std::deque<size_t> queue;
   std::vector<std::unique_ptr<Active>> running;
   // Runs of layers where every request's step does the same work (a uniform model's layers between
-  // pruning layers: the pruning layer, the one after it, where revivals start, and the rest of
-  // the stage), each summed and costed once; a model whose layers differ, one run per layer.
+  // pruning layers: the pruning layer, and the layers after it to the next one, where revivals
+  // enter at the first), each summed and costed once; a model whose layers differ, one run per
+  // layer. Rows moved to and from the Aux Cache come at a run's first layer alone (moved[]).
   std::vector<int> seg_start, seg_len;
   {
     std::vector<int> cut{0};
     if (cost.uniform()) {
       for (int l = 0; l < L; ++l)
         if (prune_at[size_t(l)])
-          for (int b : {l, l + 1, l + 2}) cut.push_back(b);
+          for (int b : {l, l + 1}) cut.push_back(b);
     } else {
       for (int l = 1; l < L; ++l) cut.push_back(l);
     }
@@ -470,6 +470,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   const size_t S = seg_start.size();
   std::vector<LayerWork> work(S);
   std::vector<OwnGemms> own(S);
+  std::vector<int64_t> moved(S);                     // rows gathered at each run's first layer
   const int64_t own_from = hw.engine.own_gemm_rows;  // rows from which a member runs its own GEMMs
   const auto gemm_rows = [&](size_t k, int64_t q) {
     if (own_from > 0 && q >= own_from) own[k].rows += q, own[k].s += cost.rows_time(seg_start[k], q);
@@ -486,28 +487,29 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   // One request's step into the iteration's work; returns the K/V it holds after it, bytes.
   const bool listed = hw.eff(hw::Family::Attention).prices_listed();  // listed key sets priced apart
   const auto add_step = [&](const trace::Step& s, bool prefill) {
-    const bool attended = !s.attended.empty();
+    // Raw pointers, as in SyntheticSteps::next: the stores into work[] are int64_t too, and through
+    // the vectors the compiler reloaded every array at every layer.
+    const int64_t *keys_at = s.keys.data(), *queries = s.queries.data(), *pairs = s.pairs.data(),
+                  *attended = s.attended.empty() ? nullptr : s.attended.data(),
+                  *aux_writes = s.aux_writes.data(), *aux_reads = s.aux_reads.data();
     int64_t held = 0;
     for (size_t k = 0; k < S; ++k) {
       const int l = seg_start[k];
-      held += s.keys[size_t(l)] * seg_len[k];
-      const int64_t q = s.queries[size_t(l)];
+      held += keys_at[l] * seg_len[k];
+      const int64_t q = queries[l];
       if (q <= 0) continue;
       LayerWork& w = work[k];
       gemm_rows(k, q);
-      const int64_t keys = prefill    ? s.keys[size_t(l)]
-                           : attended ? s.attended[size_t(l)]
-                                      : std::min(s.keys[size_t(l)], s.pairs[size_t(l)]);
+      const int64_t keys = prefill ? keys_at[l] : attended ? attended[l] : std::min(keys_at[l], pairs[l]);
       if (prefill)
-        w.rows += q, w.pairs += s.pairs[size_t(l)], w.keys += keys;
+        w.rows += q, w.pairs += pairs[l], w.keys += keys;
       else
-        add_decoding(w, q, attended ? s.keys[size_t(l)] : keys, keys, s.pairs[size_t(l)], listed);
+        add_decoding(w, q, attended ? keys_at[l] : keys, keys, pairs[l], listed);
       if (prune_at[size_t(l)]) {
         if (scores_always || (scores_first && prefill && l == first_prune)) ++w.scorers, w.score_keys += keys;
         ++w.selects, w.select_keys += keys;
       }
-      w.moved +=
-          prefill ? (s.aux_writes[size_t(l)] > 0 ? q : 0) : s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)];
+      moved[k] += prefill ? (aux_writes[l] > 0 ? q : 0) : aux_writes[l] + aux_reads[l];
     }
     return double(held) * kv_token_layer;
   };
@@ -542,7 +544,9 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       queue.pop_front();
       a->reservation = res;
       reserved += res;
-      a->steps.emplace(c, m.policy, m.steps, h.prompt_tokens, h.output_tokens - 1, revivals);
+      a->steps.emplace(c, m.policy, m.steps, h.prompt_tokens, h.output_tokens - 1,
+                       revivals ? trace::Revivals{} : m.revivals);
+      if (revivals) a->steps->use_table(revivals);
       a->steps->only_run_starts(seg_start);  // add_step reads the first layer of each run
       RequestOutcome& o = run.requests[a->idx];
       o.arrival_s = h.arrival_s, o.admitted_s = t;
@@ -557,6 +561,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
     static_assert(std::is_trivially_copyable_v<LayerWork> && std::is_trivially_copyable_v<OwnGemms>);
     std::memset(static_cast<void*>(work.data()), 0, work.size() * sizeof(LayerWork));  // LayerWork{}: zeros
     std::memset(static_cast<void*>(own.data()), 0, own.size() * sizeof(OwnGemms));
+    std::fill(moved.begin(), moved.end(), 0);
     int64_t new_rows = 0, logit_rows = 0, budget = cfg.max_batch_tokens;
     for (const auto& a : running) budget -= a->prefill_done ? 1 : 0;
     for (auto& a : running) {
@@ -608,8 +613,9 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       a->prefilled_now = true;
       logit_rows += 1;
     }
-    const double dt = (cost(work, own, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s) *
-                      cfg.time_scale;
+    const double dt =
+        (cost(work, own, moved, seg_start, seg_len, new_rows, logit_rows) + cfg.iteration_overhead_s) *
+        cfg.time_scale;
     // K/V utilisation over the iteration (what it held at its start), time-weighted.
     run.kv_reserved_mean += reserved * dt;
     run.kv_reserved_peak = std::max(run.kv_reserved_peak, reserved);

@@ -8,6 +8,21 @@
 
 namespace lp::trace {
 
+namespace {
+// std::llround for x >= 0 (halves away from zero), inline: a decoding step rounds a few of these
+// for every request of a serving simulation. x - trunc(x) is exact below 2^52.
+int64_t round_nonneg(double x) {
+  const int64_t t = int64_t(x);
+  return t + (x - double(t) >= 0.5 ? 1 : 0);
+}
+}  // namespace
+
+RevivalTable::RevivalTable(const Revivals& r, size_t stages, int64_t max_steps) : by_stage(stages), rest(r) {
+  if (r)
+    for (size_t st = 0; st < stages; ++st)
+      for (int64_t s = 1; s <= max_steps; ++s) by_stage[st].push_back(r(st, s));
+}
+
 SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
                                const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t new_tokens,
                                Revivals revivals, double drop_share)
@@ -50,30 +65,40 @@ void SyntheticSteps::only_run_starts(const std::vector<int>& starts) {
   layers_ = starts;
 }
 
-// Active tokens per layer for a context of n tokens, and the tokens each pruning layer drops.
-// Filled a run of layers at a time (from one pruning layer to the next): a serving simulation
-// asks this for every request at every decoding step.
-void SyntheticSteps::active(int64_t n) {
-  act_.resize(size_t(L_));
-  dropped_.assign(size_t(L_), 0);
+// Active tokens per layer for a context of n tokens, and the tokens each pruning layer drops
+// (dropped_ is zero at every other layer). Filled at every layer, or, for decoding steps, only at
+// those next() computes (layers_): a serving simulation asks this for every request at every
+// decoding step.
+void SyntheticSteps::active(int64_t n, bool every_layer) {
+  if (act_.empty()) act_.assign(size_t(L_), 0), dropped_.assign(size_t(L_), 0);
+  int filled = 0;                               // layers filled, or
+  size_t run = 0;                               // entries of layers_ filled
+  const auto fill = [&](int upto, int64_t v) {  // the layers before `upto` not yet filled
+    if (every_layer) {
+      std::fill(act_.begin() + filled, act_.begin() + upto, v);
+      filled = upto;
+    } else {
+      for (; run < layers_.size() && layers_[run] < upto; ++run) act_[size_t(layers_[run])] = v;
+    }
+  };
   int64_t cur = n;
   int from = 0;
   if (prunes_)
     for (const PruneStep& st : steps_) {
       if (st.layer < from || st.layer >= L_) continue;
-      std::fill(act_.begin() + from, act_.begin() + st.layer + 1, cur);
+      fill(st.layer + 1, cur);
       const int64_t kept = tokens_kept(cur, st.share);
       dropped_[size_t(st.layer)] = cur - kept;
       cur = kept;
       from = st.layer + 1;
     }
-  std::fill(act_.begin() + from, act_.end(), cur);
+  fill(L_, cur);
 }
 
 bool SyntheticSteps::next(Step& out) {
   const int L = L_;
   if (next_ == 0) {
-    active(prompt_tokens_);
+    active(prompt_tokens_, true);
     Step pre;
     pre.kind = "prefill";
     pre.new_tokens = prompt_tokens_;
@@ -97,16 +122,17 @@ bool SyntheticSteps::next(Step& out) {
     for (int l = 0; l < L; ++l) act_[size_t(l)] = prefill_act_[size_t(l)] + s;
     std::fill(dropped_.begin(), dropped_.end(), 0);
   } else {
-    active(n);
+    active(n, false);
   }
   // Filled in place: a serving simulation makes millions of these, and reusing `out`'s vectors
   // keeps that free of allocations.
   Step& d = out;
   d.kind = "decode";
   d.new_tokens = 1;
-  // Every layer's entry of these is written below; revivals and Aux Cache writes only at some.
-  for (auto* v : {&d.queries, &d.keys, &d.attended, &d.pairs, &d.aux_reads}) v->resize(size_t(L));
-  for (auto* v : {&d.revived, &d.aux_writes}) v->assign(size_t(L), 0);
+  // Each computed layer's entries are written below (revivals and Aux Cache writes zero where no
+  // stage sets them).
+  for (auto* v : {&d.queries, &d.keys, &d.attended, &d.pairs, &d.aux_reads, &d.revived, &d.aux_writes})
+    v->resize(size_t(L));
   d.pruning.reset();
   d.revived_positions.reset();
   const bool revives = revives_;
@@ -124,27 +150,29 @@ bool SyntheticSteps::next(Step& out) {
           *attended = d.attended.data(), *pairs = d.pairs.data(), *aux_reads = d.aux_reads.data(),
           *aux_writes = d.aux_writes.data();
   for (const int l : layers_) {
+    revived[l] = 0, aux_writes[l] = 0;  // set below where a stage revives or drops rows again
     // Revivals at the layer after a pruning layer: a share of the tokens still active there.
     const bool after_stage =
         prunes_ && l > 0 && next_stage < steps_.size() && steps_[next_stage].layer == l - 1;
     const size_t stage = after_stage ? next_stage++ : next_stage;
     if (revives) {
       if (after_stage && dropped[l - 1] > 0) {
-        const StageRevival r = revivals_ ? revivals_(stage, s) : StageRevival{};
+        const StageRevival r = table_      ? (*table_)(stage, s)
+                               : revivals_ ? revivals_(stage, s)
+                                           : StageRevival{};
         if (!(r.share >= 0 && r.share <= 1) || !(r.survival <= 1) || !(r.key_share >= 0 && r.key_share <= 1))
           fail(
               "revival share {} / survival {} / key share {} at pruning stage {}, decoding step {} must be "
               "in [0, 1]",
               r.share, r.survival, r.key_share, stage + 1, s);
         key_share = r.key_share;
-        const double kept = double(act[l]) / double(act[l - 1]);
-        const double survival = r.survival >= 0 ? r.survival : kept;
-        const int64_t survivors = std::min(int64_t(std::llround(survival * double(carried))), act[l] - 1);
+        double survival = r.survival;  // < 0: the stage's kept fraction, divided only then
+        if (survival < 0) survival = double(act[l]) / double(act[l - 1]);
+        const int64_t survivors = std::min(round_nonneg(survival * double(carried)), act[l] - 1);
         aux_writes[l - 1] = carried - survivors;  // dropped again: their entries are overwritten
         // Revived from the tokens without K/V here, neither the new one nor a running row.
         const int64_t room = std::min(n - 1 - held[l] - survivors, act[l] - 1 - survivors);
-        const int64_t rv =
-            std::max<int64_t>(0, std::min(int64_t(std::llround(r.share * double(act[l] - 1))), room));
+        const int64_t rv = std::max<int64_t>(0, std::min(round_nonneg(r.share * double(act[l] - 1)), room));
         revived[l] = rv;
         carried = survivors + rv;
       } else {
@@ -160,7 +188,7 @@ bool SyntheticSteps::next(Step& out) {
     // per run of layers with the same active set).
     if (carried > 0 && (act[l] != seen_act || key_share != seen_share)) {
       seen_act = act[l], seen_share = key_share;
-      seen_keys = int64_t(std::llround(key_share * double(seen_act)));
+      seen_keys = round_nonneg(key_share * double(seen_act));
     }
     pairs[l] = act[l] + (carried > 0 ? carried * seen_keys : 0);
     aux_reads[l] = revived[l];

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,20 @@ struct StageRevival {
 };
 using Revivals = std::function<StageRevival(size_t stage, int64_t step)>;
 
+// A Revivals asked ahead for decoding steps 1..max_steps of each of `stages` stages: what many
+// SyntheticSteps of one serving simulation share (every request asks the same, at each stage of
+// each decoding step), read as a table; the steps past it ask `rest`.
+struct RevivalTable {
+  RevivalTable(const Revivals& r, size_t stages, int64_t max_steps);
+  std::vector<std::vector<StageRevival>> by_stage;  // [stage][step - 1]
+  Revivals rest;
+  StageRevival operator()(size_t stage, int64_t step) const {
+    if (stage < by_stage.size() && step >= 1 && step <= int64_t(by_stage[stage].size()))
+      return by_stage[stage][size_t(step - 1)];
+    return rest ? rest(stage, step) : StageRevival{};
+  }
+};
+
 // The synthetic steps one at a time, O(layers) state: the prefill, then `new_tokens` decoding
 // steps. policy: a policy_name (pruning/policy.h). random-drop's `drop_share` of the prompt is
 // dropped before the model (random_drop_kept tokens remain, as a shorter unpruned prompt; the
@@ -57,16 +72,19 @@ class SyntheticSteps {
   // went from 33% to 21% of BM_ServingSim/100000's time under perf). Throws lp::Error for runs
   // that break that rule.
   void only_run_starts(const std::vector<int>& starts);
+  // Revivals from `t` instead of the constructor's (the same function, tabulated).
+  void use_table(std::shared_ptr<const RevivalTable> t) { table_ = std::move(t); }
   // The next step into `out`; false after the last.
   bool next(Step& out);
 
  private:
-  void active(int64_t n);
+  void active(int64_t n, bool every_layer);
   int L_;
   bool frozen_ = false, revives_ = false;
   std::vector<PruneStep> steps_;
   int64_t prompt_tokens_, new_tokens_;
   Revivals revivals_;
+  std::shared_ptr<const RevivalTable> table_;
   bool prunes_ = false;
   Header header_;
   int64_t next_ = 0;  // 0: the prefill, s: decoding step s
