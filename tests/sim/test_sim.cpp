@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "calibrate/calibrate.h"
@@ -480,6 +481,58 @@ TEST(SimReplay, SyntheticRunStartsMatchEveryLayer) {
   trace::SyntheticSteps bad(c, "lazyllm", steps, 3000, 12, rv);
   EXPECT_THROW(bad.only_run_starts({0, 8, 10, 17, 18, 19, 26, 27, 28}), Error);  // 9 is not a start
   EXPECT_THROW(bad.only_run_starts({1, 8, 9, 17, 18, 26, 27}), Error);           // nor is 0
+}
+
+// The serving simulation's steps: run starts at each pruning layer and the one after it alone
+// (the rest of a stage runs with the layer after the pruning layer, so rows moved to and from
+// the Aux Cache must come at a run's first layer only), revivals read from a RevivalTable shorter
+// than the request (the steps past it ask the function), survival left to the stage's kept share.
+TEST(SimReplay, SyntheticStepsFromARevivalTableMatchTheFunction) {
+  const ModelConfig c = preset_config("smollm2-135m");
+  const auto steps = resolve_schedule(parse_schedule("8:0.3,17:0.3,26:0.3"), c.n_layer);
+  const trace::Revivals rv = [](size_t stage, int64_t step) {
+    return trace::StageRevival{0.03 + 0.01 * double(stage) + 0.002 * double(step % 3), -1, 0.3};
+  };
+  const auto table = std::make_shared<const trace::RevivalTable>(rv, steps.size(), 8);
+  for (size_t st = 0; st < 4; ++st)  // stage 3: past the table's stages
+    for (int64_t s = 0; s <= 12; ++s) {
+      const trace::StageRevival want = rv(st, s), got = (*table)(st, s);
+      EXPECT_EQ(got.share, want.share);
+      EXPECT_EQ(got.survival, want.survival);
+      EXPECT_EQ(got.key_share, want.key_share);
+    }
+  const std::vector<int> starts = {0, 8, 9, 17, 18, 26, 27};
+  trace::SyntheticSteps all(c, "lazyllm", steps, 2500, 12, rv), tab(c, "lazyllm", steps, 2500, 12);
+  tab.only_run_starts(starts);
+  tab.use_table(table);
+  trace::Step a, r;
+  int decoding = 0;
+  while (all.next(a)) {
+    ASSERT_TRUE(tab.next(r));
+    if (a.kind != "decode") continue;
+    ++decoding;
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const int l = starts[k], end = k + 1 < starts.size() ? starts[k + 1] : c.n_layer;
+      SCOPED_TRACE(fmt::format("step {} layer {}", decoding, l));
+      EXPECT_EQ(r.queries[size_t(l)], a.queries[size_t(l)]);
+      EXPECT_EQ(r.keys[size_t(l)], a.keys[size_t(l)]);
+      EXPECT_EQ(r.pairs[size_t(l)], a.pairs[size_t(l)]);
+      EXPECT_EQ(r.attended[size_t(l)], a.attended[size_t(l)]);
+      EXPECT_EQ(r.revived[size_t(l)], a.revived[size_t(l)]);
+      EXPECT_EQ(r.aux_reads[size_t(l)], a.aux_reads[size_t(l)]);
+      EXPECT_EQ(r.aux_writes[size_t(l)], a.aux_writes[size_t(l)]);
+      for (int j = l + 1; j < end; ++j) {  // the run's other layers: its first's work, nothing moved
+        EXPECT_EQ(a.queries[size_t(j)], a.queries[size_t(l)]);
+        EXPECT_EQ(a.keys[size_t(j)], a.keys[size_t(l)]);
+        EXPECT_EQ(a.pairs[size_t(j)], a.pairs[size_t(l)]);
+        EXPECT_EQ(a.aux_reads[size_t(j)], 0);
+        EXPECT_EQ(a.aux_writes[size_t(j)], 0);
+      }
+    }
+    EXPECT_GT(a.revived[9], 0);
+    EXPECT_GT(a.revived[18], 0);
+  }
+  EXPECT_EQ(decoding, 12);
 }
 
 }  // namespace
