@@ -1,0 +1,50 @@
+// Serving request files: `simulate-serving --arrival-file` (a `serve --log-requests` log or a CSV,
+// told apart by content), `--prompt-tokens file:` / `--output-tokens file:` (one length a line,
+// or a column of either request file) and the logs `validate --serving` reads. What was read is
+// then served: a short LazyLLM simulation of the first 16 requests (SmolLM2-135M on cpu-local,
+// its 8,192-token context bounding each request's decoding), so arrival times and lengths that
+// parse must also simulate, or be refused with one line.
+#include <algorithm>
+
+#include "fuzz/fuzz_util.h"
+#include "hwmodels/profile.h"
+#include "model/presets.h"
+#include "pruning/schedule.h"
+#include "sim/revival.h"
+#include "sim/serving.h"
+
+namespace {
+
+struct Setup {
+  lp::ModelConfig c = lp::preset_config("smollm2-135m");
+  lp::hw::Profile hw = lp::hw::load_profile("cpu-local");
+  lp::sim::ServingMethod m;
+  lp::sim::ServingConfig cfg;
+  Setup() {
+    m.name = m.policy = "lazyllm";
+    m.steps = lp::resolve_schedule(lp::default_schedule(), c.n_layer);
+    m.revivals = lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer, m.steps, true);
+    cfg.kv_budget_bytes = 2048.0 * (1 << 20);
+    cfg.max_batch_tokens = 2048;
+  }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const Setup s;
+  const std::string& path = lp::fuzz::mem_file().write(data, size);
+  lp::fuzz::refuses_cleanly([&] {
+    std::vector<lp::sim::ServingRequest> reqs = lp::sim::read_requests(path);
+    reqs.resize(std::min<size_t>(reqs.size(), 16));
+    const lp::sim::ServingRun run = lp::sim::simulate_serving(s.c, s.hw, {}, s.m, s.cfg, reqs);
+    (void)lp::sim::serving_metrics(run, {});
+  });
+  lp::fuzz::refuses_cleanly([&] { (void)lp::sim::read_request_log(path); });
+  for (const char* column : {"prompt_tokens", "output_tokens"})
+    lp::fuzz::refuses_cleanly([&] {
+      const auto d = lp::sim::LengthDist::parse("file:" + path, "--prompt-tokens", column);
+      (void)lp::sim::make_workload(8, {1.0, 1.0}, d, d, 1);
+    });
+  return 0;
+}
