@@ -70,6 +70,46 @@ GroupFigures figures(const std::vector<double>& ttft, const std::vector<double>&
   return g;
 }
 
+// How well `n` requests a rate pin a percentile there (sim::sample_quantile_spread), on the
+// simulation's own long run: kLongRun Poisson requests at `rate` with the group's prompt and output
+// lengths, each request's TTFT (or mean ITL) in ms. "stable": false where the simulation saturates
+// at this rate (its throughput below 95% of the rate: no long run to draw from).
+json sampling_spread(const ModelConfig& c, const hw::Profile& hw, const sim::Precision& prec,
+                     const sim::ServingMethod& m, const sim::ServingConfig& cfg, double rate,
+                     const std::vector<Logged>& group, bool itl, double q, size_t n) {
+  constexpr int64_t kLongRun = 4000;
+  constexpr int kDraws = 4000;
+  sim::LengthDist prompt, output;
+  prompt.kind = output.kind = sim::LengthDist::Kind::Samples;
+  for (const Logged& r : group)
+    prompt.samples.push_back(r.prompt_tokens),
+        output.samples.push_back(std::max<int64_t>(r.output_tokens, 1));
+  for (sim::LengthDist* d : {&prompt, &output}) {
+    d->lo = *std::min_element(d->samples.begin(), d->samples.end());
+    d->hi = *std::max_element(d->samples.begin(), d->samples.end());
+  }
+  const sim::ServingRun run = sim::simulate_serving(
+      c, hw, prec, m, cfg, sim::make_workload(kLongRun, {rate, 1.0}, prompt, output, 1));
+  const sim::ServingMetrics mm = sim::serving_metrics(run, {});
+  json out = {{"requests", kLongRun},
+              {"draws", kDraws},
+              {"sample_size", n},
+              {"stable", mm.requests_per_s >= 0.95 * rate}};
+  if (!out["stable"].get<bool>()) return out;
+  std::vector<double> v;
+  for (const sim::RequestOutcome& o : run.requests)
+    if (!itl)
+      v.push_back(o.ttft_s() * 1e3);
+    else if (o.output_tokens > 1)
+      v.push_back(o.itl_s() * 1e3);
+  if (v.size() < n) return out["stable"] = false, out;
+  const sim::SampleSpread sp = sim::sample_quantile_spread(std::move(v), q, n, 0.10, kDraws, 1);
+  out["long_run"] = sp.population;
+  out["share_within_10pct"] = sp.share_within;
+  out["sample_range_90"] = {sp.lo, sp.hi};
+  return out;
+}
+
 }  // namespace
 
 int cmd_validate_serving(const ValidateArgs& a) {
@@ -466,7 +506,8 @@ int cmd_validate_serving(const ValidateArgs& a) {
           100 * rel(pf.throughput, mf.throughput), g == 0 ? "  (calibration rate)" : "");
     }
     // Below saturation: a rate under the measured saturation throughput.
-    for (json& gj : groups) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      json& gj = groups[g];
       const bool below = gj["rate"].get<double>() < measured_sat;
       gj["below_saturation"] = below;
       if (below)
@@ -484,6 +525,23 @@ int cmd_validate_serving(const ValidateArgs& a) {
                              {"consistent", consistent}});
           all_consistent = all_consistent && consistent;
           const std::string field = std::string(k) == "requests_per_s" ? k : std::string(k) + "_ms";
+          // A percentile: how well the rate's requests can pin it, by the simulation's own long run.
+          std::string sampling;
+          if (field != "requests_per_s") {
+            const auto first = ml.log.begin() + std::ptrdiff_t(g * size_t(per_rate));
+            const std::vector<Logged> group(first, first + per_rate);
+            const json sp = sampling_spread(c, hw, prec, m, cfg, gj["rate"].get<double>(), group,
+                                            std::string(k).starts_with("itl"),
+                                            std::string(k).ends_with("90") ? 0.9 : 0.5, size_t(per_rate));
+            outside.back()["sampling"] = sp;
+            if (sp.value("stable", false))
+              sampling = fmt::format(
+                  "; {}-request {}s of the simulation's own {} Poisson requests at this rate fall within 10% "
+                  "of their long-run {:.4g} in {:.0f}% of {} draws (5-95%: {:.4g}-{:.4g})",
+                  per_rate, k, sp["requests"].get<int64_t>(), sp["long_run"].get<double>(),
+                  100 * sp["share_within_10pct"].get<double>(), sp["draws"].get<int>(),
+                  sp["sample_range_90"][0].get<double>(), sp["sample_range_90"][1].get<double>());
+          }
           std::string interval;  // throughput has none
           if (u.contains("measured_interval_95"))
             interval = fmt::format(
@@ -492,11 +550,11 @@ int cmd_validate_serving(const ValidateArgs& a) {
                 u["measured_interval_open"][1].get<bool>() ? "+" : "");
           outside_text += fmt::format(
               "  {} {} {}: measured {:.4g}{}, predicted {:.4g} ({:+.0f}%), {:.4g}-{:.4g} over the machine's "
-              "drift: {}\n",
+              "drift: {}{}\n",
               gj["rate"].get<double>(), ml.name, k, gj["measured"][field].get<double>(), interval,
               gj["predicted"][field].get<double>(), 100 * gj["error"][k].get<double>(),
               u["predicted_band"][0].get<double>(), u["predicted_band"][1].get<double>(),
-              consistent ? "within the measurement's own uncertainty" : "outside its uncertainty");
+              consistent ? "within the measurement's own uncertainty" : "outside its uncertainty", sampling);
         }
       rows.push_back(gj);
     }

@@ -690,17 +690,18 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
 
 // ---- metrics ----
 
+double quantile_sorted(const std::vector<double>& v, double q) {
+  const double x = std::clamp(q, 0.0, 1.0) * double(v.size() - 1);
+  const size_t i = size_t(x);
+  const double f = x - double(i);
+  return i + 1 < v.size() ? v[i] + f * (v[i + 1] - v[i]) : v[i];
+}
+
 Percentiles percentiles(std::vector<double> v) {
   Percentiles p;
   if (v.empty()) return p;
   std::sort(v.begin(), v.end());
-  const auto at = [&](double q) {
-    const double x = q * double(v.size() - 1);
-    const size_t i = size_t(x);
-    const double f = x - double(i);
-    return i + 1 < v.size() ? v[i] + f * (v[i + 1] - v[i]) : v[i];
-  };
-  p.p50 = at(0.5), p.p90 = at(0.9), p.p99 = at(0.99);
+  p.p50 = quantile_sorted(v, 0.5), p.p90 = quantile_sorted(v, 0.9), p.p99 = quantile_sorted(v, 0.99);
   double s = 0;
   for (double x : v) s += x;
   p.mean = s / double(v.size());
@@ -722,6 +723,35 @@ QuantileInterval quantile_interval(std::vector<double> v, double q, double level
   r.hi_open = u > n;
   r.lo = v[size_t(std::clamp<int64_t>(l, 1, n) - 1)];
   r.hi = v[size_t(std::clamp<int64_t>(u, 1, n) - 1)];
+  return r;
+}
+
+SampleSpread sample_quantile_spread(std::vector<double> values, double q, size_t n, double tolerance,
+                                    int draws, uint64_t seed) {
+  if (n < 1 || n > values.size()) fail("a sample of {} cannot be drawn from {} values", n, values.size());
+  if (draws < 1) fail("the number of draws must be positive, got {}", draws);
+  SampleSpread r;
+  std::vector<double> sorted = values;
+  std::sort(sorted.begin(), sorted.end());
+  r.population = quantile_sorted(sorted, q);
+  boost::random::mt19937_64 rng(seed);
+  std::vector<double> sample(n), got;
+  got.reserve(size_t(draws));
+  int within = 0;
+  for (int d = 0; d < draws; ++d) {
+    for (size_t i = 0; i < n; ++i) {  // the first n of a partial Fisher-Yates shuffle
+      const size_t j = boost::random::uniform_int_distribution<size_t>(i, values.size() - 1)(rng);
+      std::swap(values[i], values[j]);
+      sample[i] = values[i];
+    }
+    std::sort(sample.begin(), sample.end());
+    const double x = quantile_sorted(sample, q);
+    within += std::fabs(x - r.population) <= tolerance * std::fabs(r.population) ? 1 : 0;
+    got.push_back(x);
+  }
+  std::sort(got.begin(), got.end());
+  r.share_within = double(within) / double(draws);
+  r.lo = quantile_sorted(got, 0.05), r.hi = quantile_sorted(got, 0.95);
   return r;
 }
 

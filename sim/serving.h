@@ -164,6 +164,22 @@ struct QuantileInterval {
 };
 QuantileInterval quantile_interval(std::vector<double> v, double q, double level = 0.95);
 
+// The q-quantile of sorted `v` (not empty), interpolated as percentiles() does.
+double quantile_sorted(const std::vector<double>& v, double q);
+
+// How well a sample of n pins the q-quantile of the population `values`: `draws` samples of n
+// without replacement (Boost.Random, seeded), each one's q-quantile; the share of them within
+// `tolerance` (relative) of the population's, and their 5th and 95th percentiles. What a load
+// test of n requests a rate can hold a percentile to, given the distribution the simulation
+// predicts. Throws lp::Error for n outside [1, values.size()] or draws < 1.
+struct SampleSpread {
+  double population = 0;    // the q-quantile of all of `values`
+  double share_within = 0;  // of the draws
+  double lo = 0, hi = 0;    // the draws' 5th and 95th percentiles
+};
+SampleSpread sample_quantile_spread(std::vector<double> values, double q, size_t n, double tolerance,
+                                    int draws = 4000, uint64_t seed = 1);
+
 struct Objectives {
   double ttft_p90_s = 0;  // 0: none
   double itl_p90_s = 0;

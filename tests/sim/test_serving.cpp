@@ -2,6 +2,7 @@
 // textbook queue, against the batch-1 replay where one request runs alone, and its inputs' errors.
 #include <gtest/gtest.h>
 
+#include <boost/math/distributions/beta.hpp>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -300,6 +301,35 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+// A sample's quantile against the order-statistic distribution (Boost.Math's beta, independent of
+// the sampling code): from a population spread evenly over (0, 1), the median of 15 is the 8th
+// order statistic, Beta(8, 8), and the 0.9-quantile of 11 (numpy's interpolation lands on a rank)
+// the 10th, Beta(10, 2). The share within 10% and the 5th/95th percentiles of 20,000 draws must
+// match those distributions to their Monte Carlo error.
+TEST(ServingSim, SampleQuantileSpreadIsTheOrderStatisticsDistribution) {
+  std::vector<double> pop;
+  for (int i = 0; i < 200000; ++i) pop.push_back((i + 0.5) / 200000);
+  const auto check = [&](double q, size_t n, double a, double b) {
+    const boost::math::beta_distribution<double> beta(a, b);
+    const sim::SampleSpread r = sim::sample_quantile_spread(pop, q, n, 0.10, 20000, 7);
+    EXPECT_NEAR(r.population, q, 1e-5);
+    const double want = boost::math::cdf(beta, q * 1.1) - boost::math::cdf(beta, q * 0.9);
+    EXPECT_NEAR(r.share_within, want, 0.015) << q << " of " << n;
+    EXPECT_NEAR(r.lo, boost::math::quantile(beta, 0.05), 0.01) << q << " of " << n;
+    EXPECT_NEAR(r.hi, boost::math::quantile(beta, 0.95), 0.01) << q << " of " << n;
+  };
+  check(0.5, 15, 8, 8);
+  check(0.9, 11, 10, 2);
+  const std::vector<double> three{1, 2, 3};
+  expect_error([&] { sim::sample_quantile_spread(three, 0.5, 4, 0.1); }, "cannot be drawn");
+  expect_error([&] { sim::sample_quantile_spread(three, 0.5, 0, 0.1); }, "cannot be drawn");
+  expect_error([&] { sim::sample_quantile_spread(three, 0.5, 2, 0.1, 0); }, "draws must be positive");
+  // All of a population, drawn whole: its own quantile every time.
+  const sim::SampleSpread whole = sim::sample_quantile_spread(three, 0.5, 3, 0.1, 10);
+  EXPECT_EQ(whole.share_within, 1.0);
+  EXPECT_EQ(whole.lo, 2.0);
 }
 
 TEST(ServingSim, ReadsArrivalFilesAndRefusesBadOnes) {
