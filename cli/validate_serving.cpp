@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 
 #include "calibrate/fit_measurements.h"
 #include "calibrate/lone_decode.h"
@@ -76,18 +77,14 @@ GroupFigures figures(const std::vector<double>& ttft, const std::vector<double>&
 // at this rate (its throughput below 95% of the rate: no long run to draw from).
 json sampling_spread(const ModelConfig& c, const hw::Profile& hw, const sim::Precision& prec,
                      const sim::ServingMethod& m, const sim::ServingConfig& cfg, double rate,
-                     const std::vector<Logged>& group, bool itl, double q, size_t n) {
+                     std::span<const Logged> group, bool itl, double q, size_t n) {
   constexpr int64_t kLongRun = 4000;
   constexpr int kDraws = 4000;
-  sim::LengthDist prompt, output;
-  prompt.kind = output.kind = sim::LengthDist::Kind::Samples;
+  std::vector<int64_t> prompts, outputs;
   for (const Logged& r : group)
-    prompt.samples.push_back(r.prompt_tokens),
-        output.samples.push_back(std::max<int64_t>(r.output_tokens, 1));
-  for (sim::LengthDist* d : {&prompt, &output}) {
-    d->lo = *std::min_element(d->samples.begin(), d->samples.end());
-    d->hi = *std::max_element(d->samples.begin(), d->samples.end());
-  }
+    prompts.push_back(r.prompt_tokens), outputs.push_back(std::max<int64_t>(r.output_tokens, 1));
+  const auto prompt = sim::LengthDist::from_samples(std::move(prompts)),
+             output = sim::LengthDist::from_samples(std::move(outputs));
   const sim::ServingRun run = sim::simulate_serving(
       c, hw, prec, m, cfg, sim::make_workload(kLongRun, {rate, 1.0}, prompt, output, 1));
   const sim::ServingMetrics mm = sim::serving_metrics(run, {});
@@ -102,7 +99,10 @@ json sampling_spread(const ModelConfig& c, const hw::Profile& hw, const sim::Pre
       v.push_back(o.ttft_s() * 1e3);
     else if (o.output_tokens > 1)
       v.push_back(o.itl_s() * 1e3);
-  if (v.size() < n) return out["stable"] = false, out;
+  if (v.size() < n) {  // too few requests with an ITL to draw from
+    out["stable"] = false;
+    return out;
+  }
   const sim::SampleSpread sp = sim::sample_quantile_spread(std::move(v), q, n, 0.10, kDraws, 1);
   out["long_run"] = sp.population;
   out["share_within_10pct"] = sp.share_within;
@@ -528,8 +528,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
           // A percentile: how well the rate's requests can pin it, by the simulation's own long run.
           std::string sampling;
           if (field != "requests_per_s") {
-            const auto first = ml.log.begin() + std::ptrdiff_t(g * size_t(per_rate));
-            const std::vector<Logged> group(first, first + per_rate);
+            const std::span<const Logged> group(ml.log.data() + g * size_t(per_rate), size_t(per_rate));
             const json sp = sampling_spread(c, hw, prec, m, cfg, gj["rate"].get<double>(), group,
                                             std::string(k).starts_with("itl"),
                                             std::string(k).ends_with("90") ? 0.9 : 0.5, size_t(per_rate));

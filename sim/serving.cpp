@@ -122,7 +122,6 @@ LengthDist LengthDist::parse(const std::string& s, const std::string& what, cons
   if (s.rfind("file:", 0) == 0) {
     const std::string path = s.substr(5);
     if (path.empty()) fail("{}: 'file:' names no file", what);
-    d.kind = Kind::Samples;
     std::string first;
     {
       InputLines in(path, "length file", input_cap::kTrace);
@@ -148,9 +147,7 @@ LengthDist LengthDist::parse(const std::string& s, const std::string& what, cons
         d.samples.push_back(column == "output_tokens" ? r.output_tokens : r.prompt_tokens);
     }
     if (d.samples.empty()) fail("{}: {} holds no lengths", what, path);
-    d.lo = *std::min_element(d.samples.begin(), d.samples.end());
-    d.hi = *std::max_element(d.samples.begin(), d.samples.end());
-    return d;
+    return from_samples(std::move(d.samples));
   }
   const size_t colon = s.find(':');
   if (colon == std::string::npos) {
@@ -168,6 +165,15 @@ LengthDist LengthDist::parse(const std::string& s, const std::string& what, cons
   if (*lo > *hi) fail("{}: '{}' has LO above HI", what, escape_text(s));
   d.kind = *lo == *hi ? Kind::Fixed : Kind::Uniform;
   d.lo = *lo, d.hi = *hi;
+  return d;
+}
+
+LengthDist LengthDist::from_samples(std::vector<int64_t> samples) {
+  LengthDist d;
+  d.kind = Kind::Samples;
+  const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
+  d.lo = *lo, d.hi = *hi;
+  d.samples = std::move(samples);
   return d;
 }
 

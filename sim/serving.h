@@ -43,6 +43,8 @@ struct LengthDist {
   // output_tokens column named by `column` of a CSV or a serve --log-requests file). Throws
   // lp::Error naming `what` and the problem.
   static LengthDist parse(const std::string& s, const std::string& what, const std::string& column);
+  // Lengths drawn uniformly from `samples` (not empty, each in [1, 2^24]; unchecked here).
+  static LengthDist from_samples(std::vector<int64_t> samples);
   std::string describe() const;
   int64_t max() const;
 };

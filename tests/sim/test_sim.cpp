@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -442,6 +443,46 @@ TEST(SimReplay, SyntheticPrefillMatchesTheEngineCounting) {
   EXPECT_THROW(trace::synthetic_trace(c, "fastest", steps, 10, 0), Error);
 }
 
+// Steps `all` (every layer) and `runs` (made at the run starts `starts` only) side by side: at each
+// decoding step every run start holds what the every-layer step holds there, and the run's other
+// layers do its first's work and move nothing to or from the Aux Cache (what the serving
+// simulation, which prices a run's gathers once, relies on). `each` sees every decoding step of
+// `all`; returns how many there were.
+int expect_run_starts_match(trace::SyntheticSteps& all, trace::SyntheticSteps& runs,
+                            const std::vector<int>& starts, int n_layer,
+                            const std::function<void(const trace::Step&)>& each) {
+  trace::Step a, r;
+  int decoding = 0;
+  while (all.next(a)) {
+    if (!runs.next(r)) {
+      ADD_FAILURE() << "the run-start steps ended first";
+      break;
+    }
+    if (a.kind != "decode") continue;
+    ++decoding;
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const int l = starts[k], end = k + 1 < starts.size() ? starts[k + 1] : n_layer;
+      SCOPED_TRACE(fmt::format("step {} layer {}", decoding, l));
+      EXPECT_EQ(r.queries[size_t(l)], a.queries[size_t(l)]);
+      EXPECT_EQ(r.keys[size_t(l)], a.keys[size_t(l)]);
+      EXPECT_EQ(r.pairs[size_t(l)], a.pairs[size_t(l)]);
+      EXPECT_EQ(r.attended[size_t(l)], a.attended[size_t(l)]);
+      EXPECT_EQ(r.revived[size_t(l)], a.revived[size_t(l)]);
+      EXPECT_EQ(r.aux_reads[size_t(l)], a.aux_reads[size_t(l)]);
+      EXPECT_EQ(r.aux_writes[size_t(l)], a.aux_writes[size_t(l)]);
+      for (int j = l + 1; j < end; ++j) {  // the run's other layers: its first's work, nothing moved
+        EXPECT_EQ(a.queries[size_t(j)], a.queries[size_t(l)]);
+        EXPECT_EQ(a.keys[size_t(j)], a.keys[size_t(l)]);
+        EXPECT_EQ(a.pairs[size_t(j)], a.pairs[size_t(l)]);
+        EXPECT_EQ(a.aux_reads[size_t(j)], 0);
+        EXPECT_EQ(a.aux_writes[size_t(j)], 0);
+      }
+    }
+    each(a);
+  }
+  return decoding;
+}
+
 // Decoding steps made only at the first layer of each run of layers hold, there, what every-layer
 // steps hold at that layer (every layer of a run the same), revivals carried between stages
 // included; runs that would split a stage's layers unevenly are refused.
@@ -454,29 +495,8 @@ TEST(SimReplay, SyntheticRunStartsMatchEveryLayer) {
   const std::vector<int> starts = {0, 8, 9, 10, 17, 18, 19, 26, 27, 28};
   trace::SyntheticSteps all(c, "lazyllm", steps, 3000, 12, rv), runs(c, "lazyllm", steps, 3000, 12, rv);
   runs.only_run_starts(starts);
-  trace::Step a, r;
-  int decoding = 0;
-  while (all.next(a)) {
-    ASSERT_TRUE(runs.next(r));
-    if (a.kind != "decode") continue;
-    ++decoding;
-    for (size_t k = 0; k < starts.size(); ++k) {
-      const int l = starts[k], end = k + 1 < starts.size() ? starts[k + 1] : c.n_layer;
-      SCOPED_TRACE(fmt::format("step {} layer {}", decoding, l));
-      EXPECT_EQ(r.queries[size_t(l)], a.queries[size_t(l)]);
-      EXPECT_EQ(r.keys[size_t(l)], a.keys[size_t(l)]);
-      EXPECT_EQ(r.pairs[size_t(l)], a.pairs[size_t(l)]);
-      EXPECT_EQ(r.attended[size_t(l)], a.attended[size_t(l)]);
-      EXPECT_EQ(r.revived[size_t(l)], a.revived[size_t(l)]);
-      EXPECT_EQ(r.aux_writes[size_t(l)], a.aux_writes[size_t(l)]);
-      for (int j = l + 1; j < end; ++j) {  // the run's other layers: the same as its first
-        EXPECT_EQ(a.queries[size_t(j)], a.queries[size_t(l)]);
-        EXPECT_EQ(a.keys[size_t(j)], a.keys[size_t(l)]);
-        EXPECT_EQ(a.pairs[size_t(j)], a.pairs[size_t(l)]);
-      }
-    }
-    EXPECT_GT(a.revived[9], 0);
-  }
+  const int decoding = expect_run_starts_match(all, runs, starts, c.n_layer,
+                                               [](const trace::Step& a) { EXPECT_GT(a.revived[9], 0); });
   EXPECT_EQ(decoding, 12);
   trace::SyntheticSteps bad(c, "lazyllm", steps, 3000, 12, rv);
   EXPECT_THROW(bad.only_run_starts({0, 8, 10, 17, 18, 19, 26, 27, 28}), Error);  // 9 is not a start
@@ -505,33 +525,10 @@ TEST(SimReplay, SyntheticStepsFromARevivalTableMatchTheFunction) {
   trace::SyntheticSteps all(c, "lazyllm", steps, 2500, 12, rv), tab(c, "lazyllm", steps, 2500, 12);
   tab.only_run_starts(starts);
   tab.use_table(table);
-  trace::Step a, r;
-  int decoding = 0;
-  while (all.next(a)) {
-    ASSERT_TRUE(tab.next(r));
-    if (a.kind != "decode") continue;
-    ++decoding;
-    for (size_t k = 0; k < starts.size(); ++k) {
-      const int l = starts[k], end = k + 1 < starts.size() ? starts[k + 1] : c.n_layer;
-      SCOPED_TRACE(fmt::format("step {} layer {}", decoding, l));
-      EXPECT_EQ(r.queries[size_t(l)], a.queries[size_t(l)]);
-      EXPECT_EQ(r.keys[size_t(l)], a.keys[size_t(l)]);
-      EXPECT_EQ(r.pairs[size_t(l)], a.pairs[size_t(l)]);
-      EXPECT_EQ(r.attended[size_t(l)], a.attended[size_t(l)]);
-      EXPECT_EQ(r.revived[size_t(l)], a.revived[size_t(l)]);
-      EXPECT_EQ(r.aux_reads[size_t(l)], a.aux_reads[size_t(l)]);
-      EXPECT_EQ(r.aux_writes[size_t(l)], a.aux_writes[size_t(l)]);
-      for (int j = l + 1; j < end; ++j) {  // the run's other layers: its first's work, nothing moved
-        EXPECT_EQ(a.queries[size_t(j)], a.queries[size_t(l)]);
-        EXPECT_EQ(a.keys[size_t(j)], a.keys[size_t(l)]);
-        EXPECT_EQ(a.pairs[size_t(j)], a.pairs[size_t(l)]);
-        EXPECT_EQ(a.aux_reads[size_t(j)], 0);
-        EXPECT_EQ(a.aux_writes[size_t(j)], 0);
-      }
-    }
+  const int decoding = expect_run_starts_match(all, tab, starts, c.n_layer, [](const trace::Step& a) {
     EXPECT_GT(a.revived[9], 0);
     EXPECT_GT(a.revived[18], 0);
-  }
+  });
   EXPECT_EQ(decoding, 12);
 }
 
