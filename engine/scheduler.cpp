@@ -298,7 +298,7 @@ bool Scheduler::step() {
       done.emplace_back(r, Finish::Length);
   }
   for (auto& [r, f] : done) {
-    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& u) { return u.get() == r; });
+    auto it = std::find_if(running_.begin(), running_.end(), [r = r](const auto& u) { return u.get() == r; });
     auto owned = std::move(*it);
     running_.erase(it);
     finish(std::move(owned), f);

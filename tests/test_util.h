@@ -1,6 +1,8 @@
 // Shared helpers for the test suites.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -20,6 +22,19 @@ inline std::string real_model_path() {
 }
 
 // n normal samples with standard deviation `scale`, reproducible from `seed`.
+// x rounded to IEEE half precision (to nearest even) and back: the compiler's _Float16 where it
+// has one on x86 (GCC 12), else the F16C instruction (clang 14, the sanitizer build). Either is
+// independent of the project's own conversion, which the tests check against it.
+#if defined(__FLT16_MAX__) && !defined(__clang__)
+inline float f16_round(float x) {
+  return float(static_cast<_Float16>(x));
+}
+#else
+__attribute__((target("f16c"))) inline float f16_round(float x) {
+  return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
 inline std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, scale);

@@ -236,7 +236,8 @@ int main(int argc, char** argv) {
       void* o = cuda::device_alloc(size_t(T * N) * 4, "bench C");
       upload_random_bf16(a, T * K, 1);  // defined inputs: the speed must not depend on what the memory held
       upload_random_bf16(w, N * K, 2);
-      const double ms = median_ms([&] { cuda::gemm_bf16((uint16_t*)a, (uint16_t*)w, (float*)o, T, K, N); });
+      const double ms =
+          median_ms([&, K = K, N = N] { cuda::gemm_bf16((uint16_t*)a, (uint16_t*)w, (float*)o, T, K, N); });
       const double tflops = 2.0 * T * K * N / (ms * 1e-3) / 1e12;
       fmt::print("  {:<8} [{}x{}]x[{}x{}]  {:>8.3f} ms  {:>7.1f} TFLOP/s{}\n", name, T, K, K, N, ms, tflops,
                  peak > 0 ? fmt::format("  {:.0f}% of the {:.0f} TFLOP/s dense peak",

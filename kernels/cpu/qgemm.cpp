@@ -436,8 +436,9 @@ LP_QTARGET void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, i
     const int j = n / kLanes, lane = n % kLanes;
     const uint8_t* row = W + (n0 + n) * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
+      // The template call in parentheses: clang's intrinsic is a macro, and its comma would split it.
       _mm256_i32scatter_epi32(pw + (b * kNV + j) * 8 * 64 + lane * 4, groups,
-                              avx2::load_u<T, offset(T)>(row, b), 1);
+                              (avx2::load_u<T, offset(T)>(row, b)), 1);
       const BlockScale bs = vnni::scales<T>(row, b);
       for (int h = 0; h < S; ++h) p.d[size_t(((b * S + h) * kNV + j) * kLanes + lane)] = bs.d[h];
       if constexpr (block_has_min(T)) p.mins[size_t((b * kNV + j) * kLanes + lane)] = bs.m;
@@ -939,7 +940,7 @@ LP_QTARGET inline __m512i load_u2(const uint8_t* r0, const uint8_t* r1, int64_t 
     return w;  // Q4_0 and Q5_0's offsets (8, 16) are the nibbles' own: nothing to add
   } else {
     return _mm512_inserti64x4(_mm512_castsi256_si512(avx2::load_u<T, offset(T)>(r0, b)),
-                              avx2::load_u<T, offset(T)>(r1, b), 1);
+                              (avx2::load_u<T, offset(T)>(r1, b)), 1);  // in parentheses: a macro in clang
   }
 }
 // Rows m0..m0+MR x outputs n0..n0+cnt (cnt <= 8). Output k and k + 4 share a zmm (one vpdpbusd for
@@ -1063,6 +1064,16 @@ void run(bool v512, GgmlType t, const uint8_t* W, int64_t row_bytes, const QActB
 }  // namespace gemv
 
 namespace {
+// 127 / amax, the factor that maps a block's largest magnitude to 127: 0 for an all-zero block and
+// for one whose largest magnitude is below 127 / FLT_MAX (about 3.7e-37), where it overflows. Such
+// a block quantizes to zeros, a contribution far below the float precision of any sum it joins;
+// with the infinite factor a zero became NaN, an undefined conversion to int (found by clang's
+// UBSan, issue 49) that gave -127.
+inline float inverse_scale(float amax) {
+  const float id = 127.f / amax;
+  return id <= std::numeric_limits<float>::max() ? id : 0.f;
+}
+
 // One block: d = max|v| / 127, q = round-half-even(v * 127 / max|v|) clamped to +-127, s = d * sum q;
 // a block with a NaN or an infinity gets NaN scales and zero bytes (as the f32 product would be
 // NaN, never a cast of NaN to int).
@@ -1079,7 +1090,7 @@ void quantize_block_scalar(const float* v, QActBlock& o) {
     return;
   }
   o.d = amax / 127.f;
-  const float id = amax > 0 ? 127.f / amax : 0.f;
+  const float id = inverse_scale(amax);
   int32_t sum = 0;
   for (int j = 0; j < kQBlock; ++j) {
     const int32_t q = int32_t(std::nearbyint(v[j] * id));
@@ -1110,7 +1121,7 @@ void quantize_activations(const float* x, int64_t K, QActBlock* out) {
     }
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
     o.d = amax / 127.f;
-    const __m512 id = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+    const __m512 id = _mm512_set1_ps(inverse_scale(amax));
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
     const auto q = [&](__m512 a) {
       const __m512 r =
@@ -1139,7 +1150,7 @@ void quantize_q8_0(const float* x, int64_t K, uint8_t* out) {
       finite = finite && std::isfinite(v[j]);
     }
     const float d = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
-    const float id = finite && amax > 0 ? 127.f / amax : 0.f;
+    const float id = finite ? inverse_scale(amax) : 0.f;
     const uint16_t h = f32_to_f16(d);  // NaN or, past f16's range, infinite: the loader refuses it
     blk[0] = uint8_t(h & 255);
     blk[1] = uint8_t(h >> 8);

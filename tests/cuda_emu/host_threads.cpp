@@ -1,12 +1,19 @@
 // CUDA thread blocks on the host (host_threads.h): one fiber per CUDA thread, a scheduler that
 // runs the block's fibers until each waits at a barrier or returns, then opens the barriers that
 // every live thread has reached.
+//
+// The fibers switch with Boost.Context's fcontext layer (make_fcontext, jump_fcontext: the
+// primitive its `fiber` and Boost.Coroutine2 are built on), not ucontext: glibc's swapcontext makes
+// a sigprocmask system call at every switch, which was 90% of the emulated suite's time (issue 49).
+// fcontext is used directly, not through boost::context::fiber, because fiber's constructor makes
+// a switch of its own that the AddressSanitizer annotations below could not see. Under ASan every
+// switch tells the sanitizer which stack it goes to (__sanitizer_start/finish_switch_fiber), so
+// its reports stay right on the fibers' stacks.
 #include "tests/cuda_emu/host_threads.h"
-
-#include <ucontext.h>
 
 #include <algorithm>
 #include <array>
+#include <boost/context/detail/fcontext.hpp>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -16,13 +23,46 @@
 
 #include "model/error.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define LP_FIBER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LP_FIBER_ASAN 1
+#endif
+#endif
+#if defined(LP_FIBER_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace lp::host_threads {
 namespace {
+
+namespace bc = boost::context::detail;
+
+// The sanitizer's side of a switch: start_switch before jumping to the stack [bottom, bottom +
+// size) (`fake` keeps the leaving context's fake stack; nullptr when it never comes back),
+// finish_switch right after arriving (reports the stack that was left).
+void start_switch(void** fake, const void* bottom, size_t size) {
+#if defined(LP_FIBER_ASAN)
+  __sanitizer_start_switch_fiber(fake, bottom, size);
+#else
+  (void)fake, (void)bottom, (void)size;
+#endif
+}
+void finish_switch(void* fake, const void** bottom_old, size_t* size_old) {
+#if defined(LP_FIBER_ASAN)
+  __sanitizer_finish_switch_fiber(fake, bottom_old, size_old);
+#else
+  (void)fake, (void)bottom_old, (void)size_old;
+#endif
+}
 
 enum class State { Ready, AtBlockBarrier, AtWarpBarrier, Done };
 
 struct Fiber {
-  ucontext_t ctx{};
+  bc::fcontext_t ctx = nullptr;  // where the fiber resumes
+  void* fake_stack = nullptr;    // ASan's fake stack of the fiber while it is switched out
+  const char* stack = nullptr;   // the bottom of its stack (kStackBytes)
   State state = State::Ready;
   Dim3 idx;
   int linear = 0;
@@ -35,7 +75,10 @@ struct Launch {
   Dim3 grid, block, block_idx;
   const std::function<void()>* body = nullptr;
   std::vector<Fiber> fibers;
-  ucontext_t scheduler{};
+  bc::fcontext_t scheduler = nullptr;  // where the scheduler resumes
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_stack = nullptr;  // the scheduler's stack, as ASan reports it
+  size_t scheduler_stack_bytes = 0;
   int current = -1;
   size_t shared_bytes = 0;
   std::vector<std::array<unsigned char, 16>> slots;  // shuffle exchange, one per thread
@@ -53,21 +96,33 @@ Launch& current() {
   return *g_launch;
 }
 
-void trampoline() {
+// Back to the scheduler; returns when the scheduler runs this fiber again (unless `last`).
+void to_scheduler(Launch& l, Fiber& f, bool last) {
+  start_switch(last ? nullptr : &f.fake_stack, l.scheduler_stack, l.scheduler_stack_bytes);
+  const bc::transfer_t t = bc::jump_fcontext(l.scheduler, nullptr);
+  l.scheduler = t.fctx;
+  finish_switch(f.fake_stack, &l.scheduler_stack, &l.scheduler_stack_bytes);
+}
+
+void trampoline(bc::transfer_t from) {
   Launch& l = *g_launch;
+  l.scheduler = from.fctx;
+  Fiber& f = l.fibers[size_t(l.current)];
+  finish_switch(nullptr, &l.scheduler_stack, &l.scheduler_stack_bytes);
   try {
     (*l.body)();
   } catch (...) {  // an exception cannot leave a fiber: the scheduler rethrows it
     l.error = std::current_exception();
   }
-  l.fibers[size_t(l.current)].state = State::Done;  // returns to uc_link: the scheduler
+  f.state = State::Done;
+  to_scheduler(l, f, true);  // never resumed: the next block reuses the stack
 }
 
 void wait_at(State s) {
   Launch& l = current();
   Fiber& f = l.fibers[size_t(l.current)];
   f.state = s;
-  swapcontext(&f.ctx, &l.scheduler);
+  to_scheduler(l, f, false);
 }
 
 std::vector<int> run_order(int n, uint64_t block_linear) {
@@ -87,17 +142,19 @@ void run_block(Launch& l, uint64_t block_linear) {
   for (int i = 0; i < n; ++i) {
     Fiber& f = l.fibers[size_t(i)];
     f.state = State::Ready;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = g_stacks[size_t(i)].get();
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = &l.scheduler;
-    makecontext(&f.ctx, trampoline, 0);
+    f.fake_stack = nullptr;
+    f.stack = g_stacks[size_t(i)].get();
+    f.ctx =
+        bc::make_fcontext(g_stacks[size_t(i)].get() + kStackBytes, kStackBytes, trampoline);  // grows down
   }
   const std::vector<int> order = run_order(n, block_linear);
   const auto run = [&](int i) {
     if (l.fibers[size_t(i)].state != State::Ready) return;
+    Fiber& f = l.fibers[size_t(i)];
     l.current = i;
-    swapcontext(&l.scheduler, &l.fibers[size_t(i)].ctx);
+    start_switch(&l.scheduler_fake_stack, f.stack, kStackBytes);
+    f.ctx = bc::jump_fcontext(f.ctx, nullptr).fctx;
+    finish_switch(l.scheduler_fake_stack, nullptr, nullptr);
     l.current = -1;
     if (l.error) std::rethrow_exception(l.error);
   };

@@ -2,7 +2,7 @@
 // compiled by the host compiler, run thread by thread with their own indexing, shared memory and
 // barriers, so a machine without a GPU checks what a launch computes, not a rewrite of it.
 //
-// Each CUDA thread of a block is a fiber (ucontext) on the calling thread; blocks run one after
+// Each CUDA thread of a block is a fiber (Boost.Context) on the calling thread; blocks run one after
 // the other. `__syncthreads()` and `__syncwarp()` switch fibers: a barrier opens when every thread
 // of the block (or of the warp) that has not returned waits at it; threads waiting at different
 // barriers that can never open is reported as a deadlock. Between barriers the threads run in the

@@ -219,7 +219,7 @@ TEST(PruningPolicy, SelectTopKeepsHighestAndLastAndBreaksTiesToLaterPositions) {
   EXPECT_THROW(parse_policy("fastest"), Error);
 }
 
-// Over an f16 cache too, against the reference over the keys rounded to f16 (GCC's _Float16).
+// Over an f16 cache too, against the reference over the keys rounded to f16 (testing::f16_round).
 TEST(PruningPolicy, LastRowScoresMatchReferenceAndSumToOne) {
   for (const KvType type : {KvType::F32, KvType::F16}) {
     SCOPED_TRACE(kv_type_name(type));
@@ -235,7 +235,7 @@ TEST(PruningPolicy, LastRowScoresMatchReferenceAndSumToOne) {
     kv.init(S, Hkv, Dh, type);
     kv.append(k.data(), Hkv * Dh, v.data(), Hkv * Dh, pos.data(), S);
     if (type == KvType::F16)
-      for (float& x : k) x = float(static_cast<_Float16>(x));
+      for (float& x : k) x = testing::f16_round(x);
     std::vector<float> got(S);
     std::vector<double> want(S);
     last_row_scores(q.data(), KeySet{kv}, H, got.data());

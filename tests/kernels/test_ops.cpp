@@ -149,9 +149,9 @@ struct AttnCase {
   bool gapped;
 };
 
-// The values an f16 cache holds: GCC's _Float16 conversion (round to nearest even), not ours.
+// The values an f16 cache holds: the compiler's or the CPU's f16 rounding (to nearest even), not ours.
 std::vector<float> f16_rounded(std::vector<float> x) {
-  for (float& e : x) e = float(static_cast<_Float16>(e));
+  for (float& e : x) e = testing::f16_round(e);
   return x;
 }
 
@@ -203,7 +203,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          AttnCase{33, 0, 6, 2, 16, false}, AttnCase{1, 300, 9, 3, 64, false}),
                        ::testing::Values(KvType::F32, KvType::F16)));
 
-// An f16 cache holds each value as _Float16 rounds it, including the signed zero, the largest
+// An f16 cache holds each value as f16_round rounds it, including the signed zero, the largest
 // finite f16, values past it (infinity) and subnormals; positions and order as an f32 cache.
 TEST(Ops, F16CacheHoldsTheRoundedValues) {
   const std::vector<float> special = {0.0f, -0.0f, 65504.0f, 65520.0f, -1e6f, 6.0e-8f, 1.0f / 3, 3.14159f};

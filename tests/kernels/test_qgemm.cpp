@@ -87,7 +87,10 @@ TEST(QGemm, ActivationQuantizationIsTheRuleBitForBit) {
       for (int j = 0; j < kQBlock; ++j) EXPECT_EQ(q[size_t(b)].q[j], 0) << "block " << b;
       continue;
     }
-    const float d = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
+    // The factor 127 / amax, 0 where it is not finite: an all-zero block, and the subnormal one
+    // (1e-42 x j), whose values all become 0 (the factor would be infinite and 0 x inf NaN).
+    const float inv = 127.f / amax;
+    const float d = amax / 127.f, id = std::isfinite(inv) ? inv : 0.f;
     int32_t sum = 0;
     for (int j = 0; j < kQBlock; ++j) {
       const float r = v[j] * id;

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <source_location>
 #include <string>
 #include <vector>
 
@@ -17,11 +16,11 @@ namespace lp {
 namespace {
 
 // Expects `f` to throw lp::Error whose one-line message contains `needle`. A failure names the
-// caller's line.
+// caller's line (__builtin_FILE/LINE: clang 14 has no std::source_location).
 template <class F>
-void expect_error(F&& f, const std::string& needle,
-                  std::source_location at = std::source_location::current()) {
-  const ::testing::ScopedTrace trace(at.file_name(), int(at.line()), "expect_error called here");
+void expect_error(F&& f, const std::string& needle, const char* file = __builtin_FILE(),
+                  int line = __builtin_LINE()) {
+  const ::testing::ScopedTrace trace(file, line, "expect_error called here");
   try {
     f();
     ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
