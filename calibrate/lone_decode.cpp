@@ -13,6 +13,7 @@
 #include "calibrate/fit_measurements.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "sim/replay.h"
 
 namespace lp::calib {
@@ -127,8 +128,7 @@ std::vector<LoneDecodeRun> load_lone_decodes(const std::string& dir) {
       const std::string f = e.path().filename().string();
       if (!std::regex_match(f, m, re)) continue;
       const std::string path = e.path().string();
-      const auto j = nlohmann::json::parse(read_input_file(path, "run --json output", input_cap::kResults),
-                                           nullptr, false);
+      const auto j = json_parse(read_input_file(path, "run --json output", input_cap::kResults), path, true);
       if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", path);
       const auto ops = j.find("ops");
       if (ops == j.end() || !ops->is_object() || !ops->contains("decode") || !(*ops)["decode"].is_object() ||

@@ -236,7 +236,7 @@ std::vector<Measurement> import_llama_bench(const std::string& path) {
   if (text[first] == '[') {
     json arr;
     try {
-      arr = json::parse(text);
+      arr = json_parse(text, path);
     } catch (const json::exception& e) {
       fail("{}: not valid JSON ({})", path, e.what());
     }
@@ -250,7 +250,7 @@ std::vector<Measurement> import_llama_bench(const std::string& path) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       json o;
       try {
-        o = json::parse(line);
+        o = json_parse(line, fmt::format("{}: line {}", path, rec));
       } catch (const json::exception& e) {
         fail("{}: line {}: not valid JSON ({})", path, rec, e.what());
       }
@@ -264,7 +264,7 @@ std::vector<Measurement> import_llama_bench(const std::string& path) {
 std::vector<Measurement> import_run_json(const std::string& path) {
   json o;
   try {
-    o = json::parse(read_text(path));
+    o = json_parse(read_text(path), path);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON ({})", path, e.what());
   }
@@ -309,7 +309,7 @@ namespace {
 std::vector<std::pair<int, json>> json_records(const std::string& path, const std::string& text) {
   std::vector<std::pair<int, json>> out;
   try {
-    json all = json::parse(text);
+    json all = json_parse(text, path);
     if (all.is_array()) {
       for (size_t i = 0; i < all.size(); ++i) out.emplace_back(int(i) + 1, std::move(all[i]));
     } else {
@@ -326,7 +326,7 @@ std::vector<std::pair<int, json>> json_records(const std::string& path, const st
     ++rec;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      out.emplace_back(rec, json::parse(line));
+      out.emplace_back(rec, json_parse(line, fmt::format("{}: line {}", path, rec)));
     } catch (const json::exception& e) {
       fail("{}: line {}: not valid JSON ({})", path, rec, e.what());
     }

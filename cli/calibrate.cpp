@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "model/presets.h"
 #include "sim/replay.h"
 
@@ -106,7 +107,7 @@ int calibrate_runs(const CalibrateArgs& a) {
     const std::string text = read_input_file(f.string(), "run --json file", input_cap::kResults);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(text);
+      j = json_parse(text, f.string());
     } catch (const nlohmann::json::exception& e) {
       fail("{}: not valid JSON ({})", f.string(), e.what());
     }

@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "model/presets.h"
 #include "pruning/schedule.h"
 #include "reports/plot.h"
@@ -141,8 +142,8 @@ int cmd_compare(const CompareArgs& a, const CLI::App& /*sub*/) {
   }
   std::vector<std::optional<EvalFigures>> evals(schedules.size());
   if (!a.eval.empty()) {
-    const nlohmann::json e = nlohmann::json::parse(
-        read_input_file(a.eval, "eval --json file", input_cap::kResults), nullptr, false);
+    const nlohmann::json e =
+        json_parse(read_input_file(a.eval, "eval --json file", input_cap::kResults), a.eval, true);
     if (e.is_discarded() || !e.is_object()) fail("{}: not a JSON object", a.eval);
     for (size_t i = 0; i < schedules.size(); ++i)
       evals[i] = eval_figures(e, schedules[i].to_string(), a.eval);

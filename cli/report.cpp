@@ -13,6 +13,7 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "model/presets.h"
 #include "reports/capacity.h"
 #include "traces/trace.h"
@@ -204,7 +205,7 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   if (!a.validation.empty()) {
     const std::string text = read_input_file(a.validation, "--validation file", input_cap::kResults);
     try {
-      validation = nlohmann::json::parse(text);
+      validation = json_parse(text, a.validation);
     } catch (const nlohmann::json::exception& e) {
       fail("--validation '{}' is not valid JSON ({})", a.validation, e.what());
     }

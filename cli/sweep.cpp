@@ -16,6 +16,7 @@
 #include "hwmodels/profile.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "model/presets.h"
 #include "pruning/method.h"
 #include "pruning/schedule.h"
@@ -94,7 +95,7 @@ int cmd_sweep(const SweepArgs& a, const CLI::App& /*sub*/) {
       const size_t nl = old.find('\n', at);
       if (nl == std::string::npos) break;  // no newline: cut short
       try {
-        const json r = json::parse(std::string_view(old).substr(at, nl - at));
+        const json r = json_parse(std::string_view(old).substr(at, nl - at), a.out);
         done.insert(
             key_of(r.at("hw"), r.at("model"), r.at("policy"), r.at("schedule"), r.at("prompt_tokens")));
       } catch (const json::exception&) {

@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "sim/runahead.h"
 
 namespace lp::cli {
@@ -92,8 +93,8 @@ int cmd_validate_runahead(const ValidateArgs& a) {
   std::vector<RunaheadRun> runs;
   for (const fs::path& f : files) {
     const std::string origin = f.string();
-    const nlohmann::json j = nlohmann::json::parse(
-        read_input_file(origin, "run --json file", input_cap::kResults), nullptr, false);
+    const nlohmann::json j =
+        json_parse(read_input_file(origin, "run --json file", input_cap::kResults), origin, true);
     if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", origin);
     if (j.value("tool", "") == "lazyprefill run --runahead")
       runs.push_back(read_runahead_run(j, origin));

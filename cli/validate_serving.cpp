@@ -23,6 +23,7 @@
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "model/presets.h"
 #include "pruning/schedule.h"
 #include "sim/revival.h"
@@ -115,8 +116,8 @@ json sampling_spread(const ModelConfig& c, const hw::Profile& hw, const sim::Pre
 int cmd_validate_serving(const ValidateArgs& a) {
   const std::filesystem::path dir(a.serving);
   const std::string summary_path = (dir / "serve_load_summary.json").string();
-  const json summary =
-      json::parse(read_input_file(summary_path, "load-test summary", input_cap::kResults), nullptr, false);
+  const json summary = json_parse<json>(
+      read_input_file(summary_path, "load-test summary", input_cap::kResults), summary_path, true);
   if (summary.is_discarded() || !summary.is_object()) fail("{}: not a JSON object", summary_path);
   std::vector<double> rates;
   int64_t per_rate = 0, kv_mib = 1024, max_batch = 2048, min_prompt = 1;

@@ -201,21 +201,26 @@ bool Scheduler::step() {
     if (running_.size() > n_decoding && rows + T > opt_.max_batch_tokens) break;
     auto r = std::move(queue_.front());
     queue_.pop_front();
+    // Everything admission builds, before the reservation counts: a failure here (no memory for
+    // the session, a sampler or policy that refuses its parameters) ends this request with its
+    // error and reserves nothing. Before issue 50 the sampler came after the reservation, and a
+    // top_p of 0 lost both the request and its K/V budget.
     try {
       r->session = std::make_unique<Session>(m_, opt_.make_backend(T + r->p.max_tokens));
+      r->sampler.emplace(r->p.sampler);
+      if (r->p.policy != PolicyKind::None) {  // as generate(): with no steps, decode_step prunes nothing
+        r->policy = make_policy(r->p.policy, r->p.prune_seed);
+        r->prune = PruneRequest{r->steps, r->policy.get()};
+      }
+      r->logits.resize(size_t(c.n_vocab));
     } catch (const std::exception& e) {
       r->rec.error = e.what();
+      r->session.reset();  // finish() releases a reservation only for a request that has a session
       finish(std::move(r), Finish::Error);
       continue;
     }
     reserved_ += r->reservation;
     r->rec.admitted = Clock::now();
-    r->sampler.emplace(r->p.sampler);
-    if (r->p.policy != PolicyKind::None) {  // as generate(): with no steps, decode_step prunes nothing
-      r->policy = make_policy(r->p.policy, r->p.prune_seed);
-      r->prune = PruneRequest{r->steps, r->policy.get()};
-    }
-    r->logits.resize(size_t(c.n_vocab));
     rows += T;
     running_.push_back(std::move(r));
   }

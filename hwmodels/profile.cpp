@@ -261,7 +261,7 @@ Profile load_profile(const std::string& name_or_path) {
     const std::string text = read_input_file(name_or_path, "hardware profile", input_cap::kSmallJson);
     json j;
     try {
-      j = json::parse(text);
+      j = json_parse<json>(text, "hardware profile '" + name_or_path + "'");
     } catch (const json::exception& e) {
       fail("hardware profile '{}' is not valid JSON: {}", name_or_path, e.what());
     }

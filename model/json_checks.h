@@ -6,6 +6,7 @@
 //                  "<where>: field 'k' must be <kind>, got <value>"
 //   json_optional  the same for a field that may be absent (or null)
 //   json_member    a required field as it is (an object or array the caller reads on)
+//   json_parse     JSON text parsed after its nesting depth is checked (kMaxJsonDepth)
 // `where` names the file and, where it helps, the place in it ("runs.json: record 3").
 #pragma once
 
@@ -24,6 +25,29 @@
 #include "model/error.h"
 
 namespace lp {
+
+// The deepest nesting of arrays and objects any JSON input may have. The deepest the project reads
+// or writes is 6 (an OpenAI chat request with content parts, a trace step); JSON schemas in tool
+// definitions reach a few tens. A bound this far above any real input and far below what a
+// recursive reader can take (nlohmann's copy and dump recurse per level) costs nothing to check:
+// a request nested a million levels deep crashed `serve` before it (issue 50).
+inline constexpr int kMaxJsonDepth = 256;
+
+// The byte offset of the first '[' or '{' in `text` (outside strings) that opens level `limit` + 1,
+// or std::string_view::npos. A linear scan, before anything is built; not a validator (the parser
+// after it is).
+size_t json_too_deep(std::string_view text, int limit = kMaxJsonDepth);
+
+// nlohmann's parse of `text` once its depth is within kMaxJsonDepth: deeper is lp::Error
+// "<where>: JSON nested deeper than 256 levels (at byte N)". The parser's own exceptions
+// (json::parse_error, json::out_of_range for a number such as 1e400) pass through to the caller;
+// with `lenient` it returns a discarded value instead, as json::parse(text, nullptr, false).
+template <class Json = nlohmann::json>
+Json json_parse(std::string_view text, std::string_view where, bool lenient = false) {
+  if (const size_t at = json_too_deep(text); at != std::string_view::npos)
+    fail("{}: JSON nested deeper than {} levels (at byte {})", where, kMaxJsonDepth, at);
+  return Json::parse(text, nullptr, !lenient);
+}
 
 // The integer `v` holds when it is an integer (not a float, string, ...) within [lo, hi].
 template <class Json>

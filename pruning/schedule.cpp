@@ -12,6 +12,7 @@
 
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 
 namespace lp {
 
@@ -215,7 +216,7 @@ Schedule load_schedule_file(const std::string& path) {
 
   json j;
   try {
-    j = json::parse(text);
+    j = json_parse(text, path);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number such as 1e400
     // Drop nlohmann's "[json.exception.parse_error.101] " tag; the rest says where and why.
     std::string_view why = e.what();

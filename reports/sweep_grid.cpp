@@ -56,7 +56,7 @@ SweepGrid read_sweep_grid(const std::string& path) {
   const std::string grid_text = read_input_file(path, "sweep grid", input_cap::kSmallJson);
   json g;
   try {
-    g = json::parse(grid_text);
+    g = json_parse(grid_text, path);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON ({})", path, e.what());
   }

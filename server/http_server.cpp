@@ -252,7 +252,12 @@ struct Server::Impl {
   }
 
   awaitable<void> completion(beast::tcp_stream& s, const Request& req, Endpoint e, bool& keep_alive) {
-    const ApiRequest a = parse_request(req.body(), e, m.tokenizer(), m.config(), opt.api, seeds());
+    ApiRequest a;
+    try {
+      a = parse_request(req.body(), e, m.tokenizer(), m.config(), opt.api, seeds());
+    } catch (const nlohmann::json::exception& ex) {  // any read the checks missed: still the body's fault
+      throw ApiError(400, fmt::format("the body could not be read: {}", ex.what()));
+    }
     auto p = std::make_shared<Pending>();
     try {
       p->id = submit(a, p);

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "model/error.h"
+#include "model/json_checks.h"
 #include "pruning/method.h"
 
 namespace lp::server {
@@ -174,10 +175,15 @@ void pruning_override(const json& o, ApiRequest& r) {
 
 ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok, const ModelConfig& c,
                          const ApiDefaults& d, uint64_t fallback_seed) {
+  // Nesting bounded before anything is built: a body a million levels deep took the server down
+  // (issue 50).
+  if (const size_t at = json_too_deep(body); at != std::string_view::npos)
+    throw ApiError(400,
+                   fmt::format("the body is nested deeper than {} levels (at byte {})", kMaxJsonDepth, at));
   json j;
   try {
-    j = json::parse(body);  // nlohmann rejects ill-formed UTF-8 in strings, NaN and Infinity
-  } catch (const json::parse_error& ex) {
+    j = json::parse(body);               // nlohmann rejects ill-formed UTF-8 in strings, NaN and Infinity
+  } catch (const json::exception& ex) {  // parse_error; out_of_range for a number such as 1e400
     // Its message ends in the offending bytes, which may not be UTF-8 themselves: keep the start.
     std::string what = ex.what();
     if (const auto cut = what.find("; last read:"); cut != std::string::npos) what.resize(cut);
@@ -252,7 +258,8 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
       r.sampler.temperature = float(t);
     } else if (key == "top_p") {
       const double p = number(v, "top_p");
-      if (!(p > 0 && p <= 1)) bad("top_p", "'top_p' must be in (0, 1], got {}", p);
+      // In the sampler's float: 1e-300 passes as a double and becomes 0 (issue 50).
+      if (!(p > 0 && p <= 1) || !(float(p) > 0)) bad("top_p", "'top_p' must be in (0, 1], got {}", p);
       r.sampler.top_p = float(p);
     } else if (key == "seed") {
       r.sampler.seed = uint64_t(integer(v, "seed"));

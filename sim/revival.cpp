@@ -141,7 +141,7 @@ RevivalModel load_revival_model(const std::string& path) {
   const std::string text = read_input_file(path, "revival model", input_cap::kModelFile);
   json j;
   try {
-    j = json::parse(text);
+    j = json_parse(text, path);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", path, e.what());
   }

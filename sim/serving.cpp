@@ -18,6 +18,7 @@
 #include "model/csv_reader.h"  // fast-cpp-csv-parser
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "pruning/policy.h"
 #include "sim/layer_cost.h"
 #include "sim/replay.h"
@@ -244,8 +245,8 @@ std::vector<LoggedRequest> read_request_log(const std::string& path) {
     const std::string where = fmt::format("{}:{}", path, n);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
+      j = json_parse(line, where);  // too deep: json_parse's own error, naming the depth
+    } catch (const nlohmann::json::exception&) {
       fail("{}: not a JSON object", where);
     }
     if (!j.is_object()) fail("{}: not a JSON object", where);

@@ -225,7 +225,7 @@ constexpr int64_t kMaxTokens = int64_t(1) << 31;  // positions are int32_t
 TraceReader::TraceReader(const std::string& path) : in_(path, "trace", input_cap::kTrace) {
   std::string line;
   if (!in_.next(line)) fail("{}: empty file, not a lazyprefill trace", path);
-  const json head = json::parse(line, nullptr, false);
+  const json head = json_parse(line, path, true);
   if (head.is_discarded() || !head.is_object() || !head.contains("lazyprefill_trace"))
     fail("{}: not a lazyprefill trace (line 1 is not a trace header)", path);
   Header& h = header_;
@@ -308,7 +308,7 @@ bool TraceReader::next(Step& out) {
     if (!line.empty()) break;
   }
   const std::string where = fmt::format("{}: line {}", path, line_no_);
-  const json j = json::parse(line, nullptr, false);
+  const json j = json_parse(line, where, true);
   if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", where);
   Step s;
   if (!j.contains("kind") || !j["kind"].is_string()) fail("{}: missing 'kind'", where);

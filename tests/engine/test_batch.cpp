@@ -181,6 +181,35 @@ TEST(Scheduler, CancelAndStopFreeTheRequest) {
   EXPECT_EQ(s.running(), 0);
 }
 
+// A request whose admission fails after its session is made (here its sampler refuses top_p 0, which
+// the server's float check now keeps out) ends with its error and reserves nothing; the request
+// beside it runs to its end and the budget returns to zero (issue 50: such requests once kept
+// their reservation and never finished, until nothing else could be admitted).
+TEST(Scheduler, AFailureAtAdmissionEndsTheRequestAndKeepsNoReservation) {
+  const Model& m = tiny(DType::Int8);
+  Scheduler s(m, options(m, int64_t(1) << 32));
+  std::map<uint64_t, RequestRecord> done;
+  const auto req = [&](float top_p) {
+    RequestParams p;
+    p.prompt = random_ids(12, m.config().n_vocab, 7);
+    p.max_tokens = 3;
+    p.stop_at_end_of_generation = false;
+    p.sampler.top_p = top_p;
+    p.on_finish = [&done](const RequestRecord& r) { done[r.id] = r; };
+    return s.submit(std::move(p));
+  };
+  const uint64_t bad = req(0.0f), good = req(1.0f);
+  while (s.step()) {
+  }
+  ASSERT_EQ(done.count(bad), 1u) << "the failed request never finished";
+  EXPECT_EQ(done.at(bad).finish, Finish::Error);
+  EXPECT_NE(done.at(bad).error.find("top-p"), std::string::npos) << done.at(bad).error;
+  EXPECT_EQ(done.at(good).finish, Finish::Length);
+  EXPECT_EQ(done.at(good).output_tokens, 3);
+  EXPECT_EQ(s.kv_bytes_reserved(), 0);
+  EXPECT_EQ(s.running(), 0);
+}
+
 TEST(Scheduler, RefusesWhatCanNeverRun) {
   const Model& m = tiny(DType::Int8);
   Scheduler s(m, options(m, int64_t(1) << 16));

@@ -67,5 +67,29 @@ TEST(JsonField, OptionalFieldsMayBeAbsentOrNullButNotWrong) {
   EXPECT_THROW(json_member(j, "missing", "f"), Error);
 }
 
+// Nesting is counted in arrays and objects outside strings, up to the bound and not past it, before
+// anything is parsed (issue 50): the levels in the bound are read, one more is refused by name.
+TEST(JsonParse, BoundsTheNestingDepthBeforeParsing) {
+  const auto nested = [](int levels) {
+    return std::string(size_t(levels), '[') + std::string(size_t(levels), ']');
+  };
+  EXPECT_EQ(json_too_deep(nested(kMaxJsonDepth)), std::string_view::npos);
+  EXPECT_EQ(json_too_deep(nested(kMaxJsonDepth + 1)), size_t(kMaxJsonDepth));  // the opening past it
+  EXPECT_EQ(json_too_deep(nested(3), 2), 2u);
+  // Brackets inside strings, escaped quotes included, are text.
+  EXPECT_EQ(json_too_deep(R"({"a": "[[[\"[[[", "b": [1]})", 2), std::string_view::npos);
+  EXPECT_EQ(json_too_deep(R"({"a": "\\", "b": [[1]]})", 2), 18u);  // "\\" ends the string
+  EXPECT_EQ(json_parse(nested(kMaxJsonDepth), "f.json").size(), 1u);
+  try {
+    (void)json_parse("{\"x\": " + nested(1000000) + "}", "f.json");
+    ADD_FAILURE() << "a million levels were parsed";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "f.json: JSON nested deeper than 256 levels (at byte 261)");
+  }
+  // The parser's own errors pass through (lenient: a discarded value), as json::parse's do.
+  EXPECT_THROW((void)json_parse("{\"a\": 1e400}", "f.json"), json::out_of_range);
+  EXPECT_TRUE(json_parse("[1,", "f.json", true).is_discarded());
+}
+
 }  // namespace
 }  // namespace lp

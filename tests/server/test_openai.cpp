@@ -11,6 +11,7 @@
 #include "kernels/context.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "server/openai.h"
 #include "server/text_stream.h"
 #include "tests/gguf_writer.h"
@@ -151,6 +152,26 @@ TEST(OpenAiRequest, EachBadBodyGetsItsStatusAndField) {
 
 // The bodies the official openai client (3.57.0) sent, recorded by tests/clients/openai_client.py
 // --record: each parses into what it asked for.
+// The three bodies of issue 50, each once a crash or a lost request: a body nested a million levels
+// deep before its prompt (a stack overflow), a top_p that is positive as a double and 0 as the
+// sampler's float, and a number past double's range. Each is a 400; the bound's edge is exact,
+// and brackets in strings are text.
+TEST(OpenAiRequest, DeepBodiesTinyFloatsAndHugeNumbersAreRefused) {
+  const auto deep = [](int arrays) {  // the object is one level, each array one more
+    return "{\"x\": " + std::string(size_t(arrays), '[') + std::string(size_t(arrays), ']') +
+           ", \"prompt\": \"hi\"}";
+  };
+  EXPECT_EQ(refusal(deep(1000000)).first, 400);
+  EXPECT_EQ(refusal(deep(kMaxJsonDepth)).first, 400);
+  EXPECT_EQ(refusal(deep(kMaxJsonDepth - 1)).first, 200);
+  EXPECT_EQ(refusal(R"({"prompt": ")" + std::string(300, '[') + "\"}").first, 200);  // text, not nesting
+  EXPECT_EQ(refusal(R"({"prompt": "x", "top_p": 1e-300})"), std::make_pair(400, std::string("top_p")));
+  EXPECT_EQ(refusal(R"({"prompt": "x", "top_p": 1e-45})").first, 200);  // a float subnormal, not 0
+  EXPECT_EQ(parse(R"({"prompt": "x", "top_p": 1e-45})").sampler.top_p, 1e-45f);
+  EXPECT_EQ(refusal(R"({"prompt": "x", "max_tokens": 1e400})").first, 400);
+  EXPECT_EQ(refusal(R"({"prompt": "x", "temperature": -1e400})").first, 400);
+}
+
 TEST(OpenAiRequest, ParsesWhatTheOfficialClientSends) {
   const json f =
       json::parse(read_input_file(testing::fixture_path("openai_client_requests.json"), "fixture", 1 << 20));
