@@ -332,6 +332,29 @@ TEST(Server, EachBadRequestGetsItsStatusAndTheServerGoesOn) {
   EXPECT_EQ(metric(p, R"(lazyprefill_requests_total{outcome="413"})"), 1);
 }
 
+// Issue 50's three bodies against a running server, each a 400 in OpenAI's shape: nesting past the
+// bound before the prompt (10,000 levels: within this server's 64 KiB body cap; a million levels
+// crashed it), a top_p that is 0 as a float (it once lost its request and its K/V reservation), a
+// number past double's range (once a closed connection with no reply). Then a plain request is
+// served and nothing stays reserved.
+TEST(Server, DeepTinyAndHugeBodiesAreRefusedAndLeakNothing) {
+  Running r;
+  const uint16_t p = r.port();
+  const auto expect_400 = [&](const std::string& body) {
+    const Reply rep = post(p, "/v1/completions", body);
+    EXPECT_EQ(rep.status, 400) << rep.body;
+    const json j = json::parse(rep.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << rep.body;
+    EXPECT_TRUE(j["error"]["message"].is_string()) << rep.body;
+  };
+  expect_400(R"({"x": )" + std::string(10000, '[') + std::string(10000, ']') + R"(, "prompt": "hi"})");
+  for (int i = 0; i < 3; ++i) expect_400(R"({"prompt": [1, 2, 3], "max_tokens": 2, "top_p": 1e-300})");
+  expect_400(R"({"prompt": "x", "max_tokens": 1e400})");
+  EXPECT_EQ(post(p, "/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 2})").status, 200);
+  EXPECT_EQ(metric(p, R"(lazyprefill_requests_total{outcome="400"})"), 5);
+  EXPECT_EQ(metric(p, "lazyprefill_kv_cache_bytes_reserved"), 0);
+}
+
 // Bytes written on a raw socket, and what comes back before the server closes it (or `wait` ends).
 std::string raw_exchange(uint16_t port, const std::string& bytes, std::chrono::milliseconds wait) {
   asio::io_context io;
