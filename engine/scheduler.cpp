@@ -1,6 +1,9 @@
 #include "engine/scheduler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <exception>
 #include <numeric>
 
 #include "engine/batch.h"
@@ -11,6 +14,21 @@
 namespace lp {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// What the exception in flight says (inside a catch block).
+std::string current_error() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+}  // namespace
 
 const char* finish_name(Finish f) {
   switch (f) {
@@ -66,7 +84,7 @@ uint64_t Scheduler::submit(RequestParams p) {
   const int64_t T = int64_t(p.prompt.size());
   if (T == 0) fail("the prompt is empty (no tokens)");
   if (p.max_tokens < 1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
-  if (T + p.max_tokens > c.n_ctx_train)
+  if (p.max_tokens > c.n_ctx_train - T)  // not T + max_tokens: that overflows near 2^63
     fail("the prompt's {} tokens + max_tokens {} exceed the model's context of {} tokens", T, p.max_tokens,
          c.n_ctx_train);
   for (const int32_t id : p.prompt)
@@ -140,7 +158,20 @@ void Scheduler::finish(std::unique_ptr<Request> r, Finish f) {
   if (r->rec.first_token == RequestRecord::Time{}) r->rec.first_token = r->rec.finished;
   if (r->rec.admitted == RequestRecord::Time{}) r->rec.admitted = r->rec.finished;
   r->rec.output_tokens = int64_t(r->generated.size());
-  if (r->p.on_finish) r->p.on_finish(r->rec);
+  if (!r->p.on_finish) return;
+  try {  // the request is gone from the scheduler whatever the callback does; the others go on
+    r->p.on_finish(r->rec);
+  } catch (...) {
+    callback_failures_.push_back(fmt::format("request {}'s finish callback: {}", r->id, current_error()));
+  }
+}
+
+void Scheduler::throw_callback_failures() {
+  if (callback_failures_.empty()) return;
+  std::string what = callback_failures_.front();
+  if (callback_failures_.size() > 1) what += fmt::format(" (and {} more)", callback_failures_.size() - 1);
+  callback_failures_.clear();
+  throw Error(what);
 }
 
 int64_t Scheduler::kv_bytes_in_use() const {
@@ -184,7 +215,10 @@ bool Scheduler::step() {
     } else {
       ++i;
     }
-  if (queue_.empty() && running_.empty()) return false;
+  if (queue_.empty() && running_.empty()) {
+    throw_callback_failures();
+    return false;
+  }
   const auto t0 = Clock::now();
   const ModelConfig& c = m_.config();
 
@@ -213,8 +247,8 @@ bool Scheduler::step() {
         r->prune = PruneRequest{r->steps, r->policy.get()};
       }
       r->logits.resize(size_t(c.n_vocab));
-    } catch (const std::exception& e) {
-      r->rec.error = e.what();
+    } catch (...) {
+      r->rec.error = "admission: " + current_error();
       r->session.reset();  // finish() releases a reservation only for a request that has a session
       finish(std::move(r), Finish::Error);
       continue;
@@ -250,16 +284,16 @@ bool Scheduler::step() {
       }
       members.push_back({r.session.get(), &r.pass, r.logits.data()});
       in_batch.push_back(&r);
-    } catch (const std::exception& e) {
-      r.rec.error = e.what();
+    } catch (...) {
+      r.rec.error = fmt::format("{}: {}", i < n_decoding ? "decoding step" : "prefill", current_error());
       failed.push_back(&r);
     }
   }
   std::string batch_error;
   try {
     run_batch(members);
-  } catch (const std::exception& e) {
-    batch_error = e.what();  // every member's state is unknown now: they all end
+  } catch (...) {
+    batch_error = "batch: " + current_error();  // every member's state is unknown now: they all end
   }
   const auto t1 = Clock::now();
   iterations_.fetch_add(1, std::memory_order_relaxed);
@@ -267,40 +301,52 @@ bool Scheduler::step() {
 
   // Sample, emit, and finish what is done. The sampling (a pass over each member's V logits) runs
   // side by side like the members' attention; the callbacks run in order on this thread.
+  // Each member's failure is its own: it ends with its error, the others go on.
   std::vector<int32_t> sampled(in_batch.size());
+  std::vector<std::string> sample_error(in_batch.size());
   if (batch_error.empty() && !in_batch.empty())
     in_batch[0]->session->backend().for_each_member(int64_t(in_batch.size()), [&](int64_t i) {
-      sampled[size_t(i)] = in_batch[size_t(i)]->sampler->sample(in_batch[size_t(i)]->logits);
+      try {
+        sampled[size_t(i)] = in_batch[size_t(i)]->sampler->sample(in_batch[size_t(i)]->logits);
+      } catch (...) {
+        sample_error[size_t(i)] = "sampling: " + current_error();
+      }
     });
   std::vector<std::pair<Request*, Finish>> done;
   for (Request* r : failed) done.emplace_back(r, Finish::Error);
   for (size_t i = 0; i < in_batch.size(); ++i) {
     Request* r = in_batch[i];
-    if (!batch_error.empty()) {
-      r->rec.error = batch_error;
+    if (!batch_error.empty() || !sample_error[i].empty()) {
+      r->rec.error = batch_error.empty() ? sample_error[i] : batch_error;
       done.emplace_back(r, Finish::Error);
       continue;
     }
     const bool prefill = r->generated.empty();
-    if (prefill) {
-      double computed = 0;
-      for (const int64_t n : r->stats.queries) computed += double(n);
-      r->rec.prompt_tokens_computed_fraction = computed / (double(r->rec.prompt_tokens) * c.n_layer);
-      r->rec.kv_bytes_after_prefill = r->session->kv_bytes_used();
-      r->rec.aux_cache_bytes = r->session->aux().bytes();
-      r->rec.first_token = t1;
-      // Decoding needs one row: the prompt's activations go back (revivals grow them again).
-      r->session->backend().release_activations(kDecodeRows);
-    } else {
-      for (const int64_t n : r->stats.revived) r->rec.revivals += n;
+    try {
+      if (prefill) {
+        double computed = 0;
+        for (const int64_t n : r->stats.queries) computed += double(n);
+        r->rec.prompt_tokens_computed_fraction = computed / (double(r->rec.prompt_tokens) * c.n_layer);
+        r->rec.kv_bytes_after_prefill = r->session->kv_bytes_used();
+        r->rec.aux_cache_bytes = r->session->aux().bytes();
+        r->rec.first_token = t1;
+        // Decoding needs one row: the prompt's activations go back (revivals grow them again).
+        r->session->backend().release_activations(kDecodeRows);
+      } else {
+        for (const int64_t n : r->stats.revived) r->rec.revivals += n;
+      }
+      const int32_t tok = sampled[i];
+      r->generated.push_back(tok);
+      // The caller's detokenisation and streaming: what it throws ends this request alone.
+      const bool go_on = !r->p.on_token || r->p.on_token(tok);
+      if (!go_on || (r->p.stop_at_end_of_generation && m_.tokenizer().is_end_of_generation(tok)))
+        done.emplace_back(r, Finish::Stop);
+      else if (int64_t(r->generated.size()) >= r->p.max_tokens)
+        done.emplace_back(r, Finish::Length);
+    } catch (...) {
+      r->rec.error = "emitting a token: " + current_error();
+      done.emplace_back(r, Finish::Error);
     }
-    const int32_t tok = sampled[i];
-    r->generated.push_back(tok);
-    const bool go_on = !r->p.on_token || r->p.on_token(tok);
-    if (!go_on || (r->p.stop_at_end_of_generation && m_.tokenizer().is_end_of_generation(tok)))
-      done.emplace_back(r, Finish::Stop);
-    else if (int64_t(r->generated.size()) >= r->p.max_tokens)
-      done.emplace_back(r, Finish::Length);
   }
   for (auto& [r, f] : done) {
     auto it = std::find_if(running_.begin(), running_.end(), [r = r](const auto& u) { return u.get() == r; });
@@ -309,6 +355,7 @@ bool Scheduler::step() {
     finish(std::move(owned), f);
   }
   add_seconds(step_s_, start, Clock::now());
+  throw_callback_failures();
   return true;
 }
 

@@ -100,6 +100,11 @@ class Scheduler {
 
   // One iteration: takes in submissions and cancellations, admits from the queue's head what fits,
   // runs the batch, samples, and finishes requests. Returns false when there was nothing to do.
+  // A failure at any stage of a request (admission, its prefill or decoding step, the batch,
+  // sampling, its on_token callback) finishes that request with Finish::Error, its reason in
+  // rec.error, and releases its reservation; the other requests go on (all of the batch's, when
+  // the batch itself failed). Throws only when an on_finish callback threw, after every request has
+  // been accounted for.
   bool step();
   // Blocks until a submission or cancellation arrives, or `timeout` passes, or wake() is called.
   void wait_for_work(std::chrono::milliseconds timeout);
@@ -135,9 +140,15 @@ class Scheduler {
   std::atomic<int64_t> iterations_{0};
   std::atomic<double> busy_s_{0}, step_s_{0};  // written by the step() thread only
 
+  std::vector<std::string> callback_failures_;  // on_finish callbacks that threw, this step
+
   void take_inbox();
   // Frees r's session (its K/V and Aux Cache) and reports it (rec.error already set for Error).
+  // An on_finish that throws is caught and kept for throw_callback_failures().
   void finish(std::unique_ptr<Request> r, Finish f);
+  // Throws lp::Error naming the on_finish callbacks that threw this step, once the scheduler's
+  // state is whole again (every request finished or running, every reservation counted once).
+  void throw_callback_failures();
 };
 
 }  // namespace lp

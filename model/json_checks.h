@@ -7,6 +7,7 @@
 //   json_optional  the same for a field that may be absent (or null)
 //   json_member    a required field as it is (an object or array the caller reads on)
 //   json_parse     JSON text parsed after its nesting depth is checked (kMaxJsonDepth)
+//   json_error_path  where a parse failed ("lazyprefill.seed"), for a refusal naming its field
 // `where` names the file and, where it helps, the place in it ("runs.json: record 3").
 #pragma once
 
@@ -37,6 +38,12 @@ inline constexpr int kMaxJsonDepth = 256;
 // or std::string_view::npos. A linear scan, before anything is built; not a validator (the parser
 // after it is).
 size_t json_too_deep(std::string_view text, int limit = kMaxJsonDepth);
+
+// Where nlohmann's parse of `text` fails: the path of the value being read, object keys joined by
+// '.' and array indices in brackets ("lazyprefill.seed", "messages[0].content"), "" when the error
+// is outside any member (or `text` parses). Lets a refusal of `{"max_tokens": 1e400}` name its
+// field. Reads with nlohmann's SAX parser, which does not recurse.
+std::string json_error_path(std::string_view text);
 
 // nlohmann's parse of `text` once its depth is within kMaxJsonDepth: deeper is lp::Error
 // "<where>: JSON nested deeper than 256 levels (at byte N)". The parser's own exceptions

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -92,6 +93,8 @@ struct Server::Impl {
   bool destroying = false;  // ~Impl has begun: coroutine frames left in ioc touch nothing on their way out
   // Engine thread.
   std::thread engine;
+  std::mutex state_mu;
+  EngineState state;  // after the last iteration, for /health (under state_mu)
   std::atomic<bool> engine_stop{false};
 
   Impl(const Model& model, SchedulerOptions so, ServerOptions o)
@@ -124,14 +127,20 @@ struct Server::Impl {
       bool worked = false;
       try {
         worked = sched.step();
-      } catch (const std::exception& e) {  // out of memory while admitting, say: keep serving the others
+      } catch (const std::exception& e) {  // out of memory taking in requests, say: keep serving the others
         fmt::print(stderr, "lazyprefill serve: engine: {}\n", escape_text(e.what()));
+      } catch (...) {
+        fmt::print(stderr, "lazyprefill serve: engine: an exception that is not a std::exception\n");
       }
       if (!outbox.empty())  // the step's text and ends, in order, in one post (one wake-up)
         asio::post(ioc, [v = std::exchange(outbox, {})]() mutable {
           for (auto& f : v) f();
         });
       metrics.engine_state(sched);
+      {
+        std::lock_guard lk(state_mu);
+        state = EngineState{sched.queued(), sched.running(), sched.kv_bytes_reserved(), sched.budget_bytes()};
+      }
       if (!worked) {
         if (engine_stop.load() && sched.queued() == 0 && sched.running() == 0) return;
         sched.wait_for_work(std::chrono::milliseconds(100));
@@ -373,7 +382,13 @@ struct Server::Impl {
     const std::string path = target.substr(0, target.find('?'));
     const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
     if (path == "/health" && get) {
-      if (draining) throw ApiError(503, "the server is shutting down");
+      const std::string problem = health_problem(
+          [&] {
+            std::lock_guard lk(state_mu);
+            return state;
+          }(),
+          draining);
+      if (!problem.empty()) throw ApiError(503, problem);
       json ok;
       ok["status"] = "ok";
       co_await send_json(s, req.version(), keep_alive, 200, ok);

@@ -42,14 +42,25 @@ double number(const json& v, const char* name) {
   return v.get<double>();
 }
 
-// A JSON integer (a float with no fraction is accepted, as OpenAI's API does), or a 400.
+// A JSON integer that an int64_t holds (a float with no fraction is accepted, as OpenAI's API
+// does, up to 2^53 where doubles stop holding every integer), or a 400. nlohmann keeps integers
+// above 2^63 - 1 unsigned: read as int64_t they would wrap to negative numbers.
 int64_t integer(const json& v, const char* name) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max()))
+      bad(name, "'{}' is out of range (at most 2^63 - 1), got {}", name, u);
+    return int64_t(u);
+  }
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (std::nearbyint(d) == d && std::fabs(d) < 9e15) return int64_t(d);
+    if (std::nearbyint(d) != d) bad(name, "'{}' must be an integer, got {}", name, d);
+    if (std::fabs(d) > 9007199254740992.0)  // 2^53
+      bad(name, "'{}' is out of range for an integer written with a fraction or exponent, got {}", name, d);
+    return int64_t(d);
   }
-  bad(name, "'{}' must be an integer", name);
+  bad(name, "'{}' must be an integer, got {}", name, v.type_name());
 }
 
 bool boolean(const json& v, const char* name) {
@@ -63,9 +74,11 @@ std::vector<int32_t> token_array(const json& a, int32_t n_vocab) {
   ids.reserve(a.size());
   for (const json& t : a) {
     if (!t.is_number_integer()) bad("prompt", "a prompt given as tokens must hold integers only");
-    const int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= n_vocab) bad("prompt", "token id {} is outside the vocabulary of {}", id, n_vocab);
-    ids.push_back(int32_t(id));
+    // Unsigned first: an id above 2^63 - 1 read as int64_t would wrap to a negative one.
+    const bool inside = t.is_number_unsigned() ? t.get<uint64_t>() < uint64_t(n_vocab)
+                                               : t.get<int64_t>() >= 0 && t.get<int64_t>() < n_vocab;
+    if (!inside) bad("prompt", "token id {} is outside the vocabulary of {}", t.dump(), n_vocab);
+    ids.push_back(t.get<int32_t>());
   }
   return ids;
 }
@@ -171,6 +184,50 @@ void pruning_override(const json& o, ApiRequest& r) {
     bad("lazyprefill.schedule", "{}", why);
 }
 
+// One optional field of the body (not the prompt, model or max_tokens), into `r`. Anything else
+// (user, metadata, store, ...) changes nothing here and is ignored, as OpenAI's own API ignores
+// fields it does not use.
+void read_field(const std::string& key, const json& v, ApiRequest& r) {
+  if (key == "temperature") {
+    const double t = number(v, "temperature");
+    if (!(t >= 0 && t <= 2)) bad("temperature", "'temperature' must be between 0 and 2, got {}", t);
+    r.sampler.temperature = float(t);
+  } else if (key == "top_p") {
+    const double p = number(v, "top_p");
+    // In the sampler's float: 1e-300 passes as a double and becomes 0 (issue 50).
+    if (!(p > 0 && p <= 1) || !(float(p) > 0)) bad("top_p", "'top_p' must be in (0, 1], got {}", p);
+    r.sampler.top_p = float(p);
+  } else if (key == "seed") {
+    r.sampler.seed = uint64_t(integer(v, "seed"));
+    r.prune_seed = r.sampler.seed;
+  } else if (key == "stop") {
+    r.stop = stop_strings(v);
+  } else if (key == "stream") {
+    r.stream = boolean(v, "stream");
+  } else if (key == "stream_options") {
+    if (!v.is_object()) bad("stream_options", "'stream_options' must be an object");
+    if (const auto u = v.find("include_usage"); u != v.end() && !u->is_null())
+      r.include_usage = boolean(*u, "stream_options.include_usage");
+  } else if (key == "ignore_eos") {  // vLLM's and SGLang's; load generators send it
+    r.ignore_eos = boolean(v, "ignore_eos");
+  } else if (key == "n") {
+    if (integer(v, "n") != 1) bad("n", "only n = 1 is supported");
+  } else if (key == "best_of") {
+    if (integer(v, "best_of") != 1) bad("best_of", "only best_of = 1 is supported");
+  } else if (key == "echo") {
+    if (boolean(v, "echo")) bad("echo", "echo is not supported");
+  } else if (key == "logprobs") {
+    if (!(v.is_boolean() && !v.get<bool>())) bad("logprobs", "logprobs are not supported");
+  } else if (key == "top_logprobs" || key == "tools" || key == "functions" || key == "response_format" ||
+             key == "logit_bias" || key == "suffix") {
+    bad(key, "'{}' is not supported", key);
+  } else if (key == "frequency_penalty" || key == "presence_penalty") {
+    if (number(v, key.c_str()) != 0) bad(key, "'{}' is not supported (only 0)", key);
+  } else if (key == "lazyprefill") {
+    pruning_override(v, r);
+  }
+}
+
 }  // namespace
 
 ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok, const ModelConfig& c,
@@ -187,7 +244,11 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
     // Its message ends in the offending bytes, which may not be UTF-8 themselves: keep the start.
     std::string what = ex.what();
     if (const auto cut = what.find("; last read:"); cut != std::string::npos) what.resize(cut);
-    throw ApiError(400, fmt::format("the body is not valid JSON: {}", what));
+    std::string at = json_error_path(body);  // the field, for a number such as 1e400
+    throw ApiError(400,
+                   at.empty() ? fmt::format("the body is not valid JSON: {}", what)
+                              : fmt::format("the body is not valid JSON at '{}': {}", at, what),
+                   at);
   }
   if (!j.is_object()) bad("", "the body must be a JSON object");
   ApiRequest r;
@@ -219,6 +280,8 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
     }
   } catch (const lp::Error& ex) {  // the tokenizer's own refusals
     bad(e == Endpoint::Completions ? "prompt" : "messages", "{}", ex.what());
+  } catch (const json::exception& ex) {  // a read the checks missed
+    bad(e == Endpoint::Completions ? "prompt" : "messages", "the prompt could not be read: {}", ex.what());
   }
   if (r.prompt.empty())
     bad(e == Endpoint::Completions ? "prompt" : "messages", "the prompt is empty (no tokens)");
@@ -238,12 +301,12 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
   if (max != j.end() && !max->is_null()) {
     r.max_tokens = integer(*max, max_name);
     if (r.max_tokens < 1) bad(max_name, "'{}' must be at least 1, got {}", max_name, r.max_tokens);
-    if (T + r.max_tokens > ctx)
+    if (r.max_tokens > ctx - T)  // not T + max_tokens: that overflows near 2^63
       throw ApiError(
           400,
           fmt::format("this model's maximum context length is {} tokens, but {} were asked: {} in the "
                       "prompt and {} to generate",
-                      ctx, T + r.max_tokens, T, r.max_tokens),
+                      ctx, uint64_t(T) + uint64_t(r.max_tokens), T, r.max_tokens),
           max_name, "context_length_exceeded");
   } else {
     r.max_tokens =
@@ -252,46 +315,11 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
 
   for (const auto& [key, v] : j.items()) {
     if (v.is_null()) continue;  // clients send explicit nulls for what they leave at the default
-    if (key == "temperature") {
-      const double t = number(v, "temperature");
-      if (!(t >= 0 && t <= 2)) bad("temperature", "'temperature' must be between 0 and 2, got {}", t);
-      r.sampler.temperature = float(t);
-    } else if (key == "top_p") {
-      const double p = number(v, "top_p");
-      // In the sampler's float: 1e-300 passes as a double and becomes 0 (issue 50).
-      if (!(p > 0 && p <= 1) || !(float(p) > 0)) bad("top_p", "'top_p' must be in (0, 1], got {}", p);
-      r.sampler.top_p = float(p);
-    } else if (key == "seed") {
-      r.sampler.seed = uint64_t(integer(v, "seed"));
-      r.prune_seed = r.sampler.seed;
-    } else if (key == "stop") {
-      r.stop = stop_strings(v);
-    } else if (key == "stream") {
-      r.stream = boolean(v, "stream");
-    } else if (key == "stream_options") {
-      if (!v.is_object()) bad("stream_options", "'stream_options' must be an object");
-      if (const auto u = v.find("include_usage"); u != v.end() && !u->is_null())
-        r.include_usage = boolean(*u, "stream_options.include_usage");
-    } else if (key == "ignore_eos") {  // vLLM's and SGLang's; load generators send it
-      r.ignore_eos = boolean(v, "ignore_eos");
-    } else if (key == "n") {
-      if (integer(v, "n") != 1) bad("n", "only n = 1 is supported");
-    } else if (key == "best_of") {
-      if (integer(v, "best_of") != 1) bad("best_of", "only best_of = 1 is supported");
-    } else if (key == "echo") {
-      if (boolean(v, "echo")) bad("echo", "echo is not supported");
-    } else if (key == "logprobs") {
-      if (!(v.is_boolean() && !v.get<bool>())) bad("logprobs", "logprobs are not supported");
-    } else if (key == "top_logprobs" || key == "tools" || key == "functions" || key == "response_format" ||
-               key == "logit_bias" || key == "suffix") {
-      bad(key, "'{}' is not supported", key);
-    } else if (key == "frequency_penalty" || key == "presence_penalty") {
-      if (number(v, key.c_str()) != 0) bad(key, "'{}' is not supported (only 0)", key);
-    } else if (key == "lazyprefill") {
-      pruning_override(v, r);
+    try {
+      read_field(key, v, r);
+    } catch (const json::exception& ex) {  // a read the checks above missed: still this field's fault
+      bad(key, "'{}' could not be read: {}", key, ex.what());
     }
-    // Anything else (user, metadata, store, ...) changes nothing here and is ignored, as OpenAI's
-    // own API ignores fields it does not use.
   }
   if (r.stream == false && r.include_usage) bad("stream_options", "'stream_options' needs 'stream': true");
   if (r.policy != PolicyKind::None) {
@@ -396,6 +424,16 @@ json models_body(const std::string& model, int64_t created, int64_t context_leng
   j["object"] = "list";
   j["data"] = json::array({m});
   return j;
+}
+
+std::string health_problem(const EngineState& s, bool draining) {
+  if (draining) return "the server is shutting down";
+  if (s.running == 0 && s.kv_reserved > 0)
+    return fmt::format(
+        "{} of the K/V budget's {} bytes are reserved with no request running ({} queued): the reservation "
+        "is lost; restart the server",
+        s.kv_reserved, s.kv_budget, s.queued);
+  return "";
 }
 
 std::string dump(const json& j) {

@@ -95,6 +95,17 @@ json usage_chunk_body(Endpoint e, const std::string& id, int64_t created, const 
                       const Outcome& o);
 json models_body(const std::string& model, int64_t created, int64_t context_length);
 
+// The engine's state after its last iteration, as GET /health judges it.
+struct EngineState {
+  int64_t queued = 0, running = 0;
+  int64_t kv_reserved = 0, kv_budget = 0;  // bytes
+};
+// Why the server cannot serve now (GET /health then answers 503 with it), or "" when it can: it is
+// shutting down, or K/V is reserved while no request runs. The scheduler releases a request's
+// reservation as it finishes, so a reservation with nothing running is one lost (issue 50's
+// starvation): requests then queue behind it forever, and only a restart frees it.
+std::string health_problem(const EngineState& s, bool draining);
+
 // A JSON document as text, invalid UTF-8 (a token cut inside a character) replaced by U+FFFD.
 std::string dump(const json& j);
 

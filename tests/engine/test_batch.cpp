@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/generate.h"
@@ -208,6 +211,107 @@ TEST(Scheduler, AFailureAtAdmissionEndsTheRequestAndKeepsNoReservation) {
   EXPECT_EQ(done.at(good).output_tokens, 3);
   EXPECT_EQ(s.kv_bytes_reserved(), 0);
   EXPECT_EQ(s.running(), 0);
+}
+
+// The CPU backend with a failure planted: its `n`-th pass of the chosen kind throws when the pass
+// begins (embed: that member alone) or in the middle of the batch (swiglu: every member's state is
+// then unknown).
+struct FaultyBackend : CpuBackend {
+  enum Where { PrefillStart, DecodeStart, DecodeMidBatch } where;
+  int n;  // the pass of that kind that fails, from 1
+  int seen = 0;
+  FaultyBackend(const Model& m, int64_t n_ctx, Where w, int nth)
+      : CpuBackend(ctx(), m.config(), m.weights(), n_ctx), where(w), n(nth) {}
+  void embed(std::span<const int32_t> ids) override {
+    const bool prefill = ids.size() > 1;
+    if ((where == PrefillStart && prefill) || (where != PrefillStart && !prefill)) ++seen;
+    if (where != DecodeMidBatch && seen == n) throw Error("planted failure");
+    CpuBackend::embed(ids);
+  }
+  void swiglu() override {
+    if (where == DecodeMidBatch && seen == n) throw Error("planted failure");
+    CpuBackend::swiglu();
+  }
+};
+
+// Issue 50: nothing after admission loses a request or its reservation. A failure planted at each
+// stage of one request's life (its admission, the start of its prefill, of a decoding step, the
+// middle of a batched step, its token callback, its finish callback) ends that request with an
+// error that names the stage; a request beside it runs to its end unless the batch itself failed;
+// the K/V budget returns to zero every time.
+TEST(Scheduler, AFailureAtAnyStageEndsItsRequestAndReleasesItsReservation) {
+  const Model& m = tiny(DType::Int8);
+  const int V = m.config().n_vocab;
+  enum Stage { Admission, Prefill, Decode, MidBatch, Token, Finished };
+  for (const Stage stage : {Admission, Prefill, Decode, MidBatch, Token, Finished}) {
+    SCOPED_TRACE(stage);
+    SchedulerOptions o = options(m, int64_t(1) << 32);
+    o.make_backend = [&m, stage, made = std::make_shared<int>(0)](int64_t n_ctx) -> std::unique_ptr<Backend> {
+      if (++*made > 1) return std::make_unique<CpuBackend>(ctx(), m.config(), m.weights(), n_ctx);
+      if (stage == Admission) throw Error("planted failure");
+      // The first request's backend: its third decoding step fails.
+      const auto w = stage == Prefill  ? FaultyBackend::PrefillStart
+                     : stage == Decode ? FaultyBackend::DecodeStart
+                                       : FaultyBackend::DecodeMidBatch;
+      return std::make_unique<FaultyBackend>(m, n_ctx, w,
+                                             stage == Prefill                       ? 1
+                                             : stage == MidBatch || stage == Decode ? 3
+                                                                                    : 1000);
+    };
+    Scheduler s(m, o);
+    std::map<uint64_t, RequestRecord> done;
+    const auto req = [&](uint32_t seed, bool faulty) {
+      RequestParams p;
+      p.prompt = random_ids(20, V, seed);
+      p.max_tokens = 6;
+      p.stop_at_end_of_generation = false;
+      p.policy = PolicyKind::LazyLLM;
+      p.schedule = parse_schedule("1:0.5");
+      auto count = std::make_shared<int>(0);
+      p.on_token = [count, faulty, stage](int32_t) {
+        if (faulty && stage == Token && ++*count == 2) throw std::runtime_error("planted failure");
+        return true;
+      };
+      p.on_finish = [&done, faulty, stage](const RequestRecord& r) {
+        done[r.id] = r;
+        if (faulty && stage == Finished) throw std::runtime_error("planted failure");
+      };
+      return s.submit(std::move(p));
+    };
+    const uint64_t bad = req(1, true), good = req(2, false);
+    bool threw = false;
+    for (int i = 0; i < 50; ++i) {
+      try {
+        if (!s.step()) break;
+      } catch (const Error& e) {  // only a finish callback's failure comes out of step()
+        EXPECT_EQ(stage, Finished) << e.what();
+        EXPECT_NE(std::string(e.what()).find("finish callback: planted failure"), std::string::npos)
+            << e.what();
+        threw = true;
+      }
+    }
+    EXPECT_EQ(threw, stage == Finished);
+    ASSERT_EQ(done.count(bad), 1u) << "the failed request never finished";
+    ASSERT_EQ(done.count(good), 1u);
+    const RequestRecord& b = done.at(bad);
+    if (stage == Finished) {
+      EXPECT_EQ(b.finish, Finish::Length);
+    } else {
+      EXPECT_EQ(b.finish, Finish::Error);
+      const char* named = stage == Admission  ? "admission: planted failure"
+                          : stage == Prefill  ? "prefill: planted failure"
+                          : stage == Decode   ? "decoding step: planted failure"
+                          : stage == MidBatch ? "batch: planted failure"
+                                              : "emitting a token: planted failure";
+      EXPECT_EQ(b.error, named);
+    }
+    // The batch's failure ends both; every other failure is the one request's.
+    EXPECT_EQ(done.at(good).finish, stage == MidBatch ? Finish::Error : Finish::Length);
+    if (stage != MidBatch) EXPECT_EQ(done.at(good).output_tokens, 6);
+    EXPECT_EQ(s.kv_bytes_reserved(), 0);
+    EXPECT_EQ(s.running(), 0);
+    EXPECT_EQ(s.queued(), 0);
+  }
 }
 
 TEST(Scheduler, RefusesWhatCanNeverRun) {

@@ -91,5 +91,20 @@ TEST(JsonParse, BoundsTheNestingDepthBeforeParsing) {
   EXPECT_TRUE(json_parse("[1,", "f.json", true).is_discarded());
 }
 
+// Where a parse fails, as a path a refusal can name: the member or element being read, "" between
+// members or at the top. Checked on every kind of parser error nlohmann reports: a number past
+// double (out_of_range 406), a bad token, a truncated document, invalid UTF-8.
+TEST(JsonErrorPath, NamesTheValueWhereTheParseFailed) {
+  EXPECT_EQ(json_error_path(R"({"max_tokens": 1e400})"), "max_tokens");
+  EXPECT_EQ(json_error_path(R"({"a": 1, "lazyprefill": {"prune": "x", "seed": 1e999}})"), "lazyprefill.seed");
+  EXPECT_EQ(json_error_path(R"({"messages": [{"role": "user"}, {"content": tru}]})"), "messages[1].content");
+  EXPECT_EQ(json_error_path(R"({"prompt": [1, 2, -1e500]})"), "prompt[2]");
+  EXPECT_EQ(json_error_path("{\"prompt\": \"\xff\"}"), "prompt");
+  EXPECT_EQ(json_error_path(R"({"a": 1 "b": 2})"), "");  // between members
+  EXPECT_EQ(json_error_path(R"({"a": [1, 2)"), "a[2]");  // truncated inside the array
+  EXPECT_EQ(json_error_path("[1, 2] x"), "");
+  EXPECT_EQ(json_error_path(R"({"a": {"b": [true]}})"), "");  // parses
+}
+
 }  // namespace
 }  // namespace lp

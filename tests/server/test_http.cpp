@@ -10,6 +10,8 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>  // before Asio (Boost 1.74)
@@ -18,6 +20,7 @@
 #include "engine/generate.h"
 #include "kernels/context.h"
 #include "kernels/cpu/backend.h"
+#include "model/error.h"
 #include "server/http_server.h"
 #include "tests/gguf_writer.h"
 #include "tests/http_client.h"
@@ -64,13 +67,14 @@ struct Running {
   std::unique_ptr<Server> srv;
   std::thread t;
   explicit Running(ServerOptions o = options(), int64_t budget = int64_t(64) << 20,
-                   std::chrono::milliseconds step_delay = 0ms) {
+                   std::chrono::milliseconds step_delay = 0ms, BackendFactory make_backend = {}) {
     SchedulerOptions so;
     so.kv_budget_bytes = budget;
     so.make_backend = [step_delay](int64_t n_ctx) -> std::unique_ptr<Backend> {
       if (step_delay > 0ms) return std::make_unique<SlowCpuBackend>(n_ctx, step_delay);
       return std::make_unique<CpuBackend>(ctx(), tiny().config(), tiny().weights(), n_ctx);
     };
+    if (make_backend) so.make_backend = std::move(make_backend);
     srv = std::make_unique<Server>(tiny(), std::move(so), std::move(o));
     t = std::thread([this] { srv->run(false); });
   }
@@ -353,6 +357,88 @@ TEST(Server, DeepTinyAndHugeBodiesAreRefusedAndLeakNothing) {
   EXPECT_EQ(post(p, "/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 2})").status, 200);
   EXPECT_EQ(metric(p, R"(lazyprefill_requests_total{outcome="400"})"), 5);
   EXPECT_EQ(metric(p, "lazyprefill_kv_cache_bytes_reserved"), 0);
+}
+
+// The CPU backend with failures planted: a prompt of 13 tokens fails as its prefill begins, any other
+// request at its third decoding step.
+struct FailingCpuBackend : CpuBackend {
+  int decodes = 0;
+  explicit FailingCpuBackend(int64_t n_ctx) : CpuBackend(ctx(), tiny().config(), tiny().weights(), n_ctx) {}
+  void embed(std::span<const int32_t> ids) override {
+    if (ids.size() == 13 || (ids.size() == 1 && ++decodes == 3)) throw Error("planted failure");
+    CpuBackend::embed(ids);
+  }
+};
+
+// Issue 50: an engine failure after admission reaches the client (a 500 in OpenAI's error shape, or
+// an SSE error event after the text already streamed), is counted and logged, and leaves no
+// reservation behind; the server goes on.
+TEST(Server, AnEngineFailureIsA500OrAnSseErrorAndReleasesItsKv) {
+  testing::TempDir dir;
+  ServerOptions o = Running::options();
+  o.log_requests = dir.path() + "/requests.jsonl";
+  Running r(o, int64_t(64) << 20, 0ms, [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+    return std::make_unique<FailingCpuBackend>(n_ctx);
+  });
+  const uint16_t p = r.port();
+  const std::string thirteen = ids_json(prompt_of(13, 1)), five = ids_json(prompt_of(5, 2));
+  for (const std::string& prompt : {thirteen, five}) {
+    const Reply rep =
+        post(p, "/v1/completions", R"({"max_tokens": 8, "ignore_eos": true, "prompt": )" + prompt + "}");
+    EXPECT_EQ(rep.status, 500) << rep.body;
+    const json e = parsed(rep)["error"];
+    EXPECT_EQ(e["type"], "server_error");
+    EXPECT_NE(e["message"].get<std::string>().find(prompt == thirteen ? "prefill: planted failure"
+                                                                      : "decoding step: planted failure"),
+              std::string::npos)
+        << rep.body;
+  }
+  // Streaming: the role and whatever text the first three tokens made, then the error event and
+  // the end.
+  const Reply st = post(p, "/v1/chat/completions",
+                        R"({"max_tokens": 8, "ignore_eos": true, "stream": true, "messages": [{"role": "user",
+                            "content": "hi"}]})");
+  EXPECT_EQ(st.status, 200);
+  std::vector<json> events;
+  bool done = false;
+  std::istringstream in(st.body);
+  for (std::string line; std::getline(in, line);) {
+    if (line == "data: [DONE]")
+      done = true;
+    else if (line.rfind("data: ", 0) == 0)
+      events.push_back(json::parse(line.substr(6)));
+  }
+  ASSERT_FALSE(events.empty()) << st.body;
+  EXPECT_TRUE(done) << st.body;
+  EXPECT_EQ(events.back()["error"]["type"], "server_error") << st.body;
+  for (size_t i = 0; i + 1 < events.size(); ++i) EXPECT_TRUE(events[i].contains("choices")) << st.body;
+  EXPECT_EQ(metric(p, R"(lazyprefill_requests_total{outcome="error"})"), 3);
+  EXPECT_EQ(metric(p, "lazyprefill_kv_cache_bytes_reserved"), 0);
+  EXPECT_EQ(metric(p, "lazyprefill_requests_running"), 0);
+  EXPECT_EQ(request(p, http::verb::get, "/health").status, 200);
+  std::ifstream log(o.log_requests);
+  int errors = 0;
+  for (std::string line; std::getline(log, line);) {
+    const json rec = json::parse(line);
+    EXPECT_EQ(rec["finish"], "error") << line;
+    EXPECT_NE(rec.value("error", "").find("planted failure"), std::string::npos) << line;
+    ++errors;
+  }
+  EXPECT_EQ(errors, 3);
+}
+
+// GET /health's verdict from the engine's state: 503 with a reservation and nothing running (the
+// state issue 50's lost reservations left, while /health said 200), while shutting down; 200 with
+// work running or nothing reserved, however full the budget or long the queue.
+TEST(Health, AReservationWithNothingRunningOrAShutdownIsUnhealthy) {
+  EXPECT_EQ(health_problem(EngineState{}, false), "");
+  EXPECT_EQ(health_problem(EngineState{5, 3, 1000, 1000}, false), "");  // full, and working
+  EXPECT_EQ(health_problem(EngineState{50, 0, 0, 1000}, false), "");    // a queue about to be admitted
+  const std::string lost = health_problem(EngineState{4, 0, 536739840, 536870912}, false);
+  EXPECT_NE(lost.find("536739840"), std::string::npos) << lost;
+  EXPECT_NE(lost.find("restart"), std::string::npos) << lost;
+  EXPECT_NE(health_problem(EngineState{0, 0, 1, 1000}, false), "");
+  EXPECT_EQ(health_problem(EngineState{}, true), "the server is shutting down");
 }
 
 // Bytes written on a raw socket, and what comes back before the server closes it (or `wait` ends).

@@ -96,23 +96,23 @@ TEST(OpenAiRequest, ChatUsesTheTemplate) {
 TEST(OpenAiRequest, EachBadBodyGetsItsStatusAndField) {
   const int ctx = tiny().config().n_ctx_train;
   const std::map<std::string, std::pair<int, std::string>> cases = {
-      {"{\"prompt\": \"x\",", {400, ""}},                                 // malformed JSON
-      {"[1, 2]", {400, ""}},                                              // not an object
-      {"{\"prompt\": \"x\", \"temperature\": NaN}", {400, ""}},           // JSON has no NaN
-      {"{\"prompt\": \"\xff\xfe\"}", {400, ""}},                          // invalid UTF-8
-      {R"({"model": "gpt-4", "prompt": "x"})", {404, "model"}},           // another model
-      {R"({"max_tokens": 3})", {400, "prompt"}},                          // no prompt
-      {R"({"prompt": ""})", {400, "prompt"}},                             // empty
-      {R"({"prompt": ["a", "b"]})", {400, "prompt"}},                     // several prompts
-      {R"({"prompt": [1, 99999]})", {400, "prompt"}},                     // outside the vocabulary
-      {R"({"prompt": "x", "max_tokens": 0})", {400, "max_tokens"}},       //
-      {R"({"prompt": "x", "max_tokens": 1.5})", {400, "max_tokens"}},     //
-      {R"({"prompt": "x", "max_tokens": "8"})", {400, "max_tokens"}},     //
-      {R"({"prompt": "x", "temperature": -0.5})", {400, "temperature"}},  //
-      {R"({"prompt": "x", "temperature": 3})", {400, "temperature"}},     //
-      {R"({"prompt": "x", "top_p": 0})", {400, "top_p"}},                 //
-      {R"({"prompt": "x", "top_p": 1.5})", {400, "top_p"}},               //
-      {R"({"prompt": "x", "stop": ""})", {400, "stop"}},                  //
+      {"{\"prompt\": \"x\",", {400, ""}},                                   // malformed JSON
+      {"[1, 2]", {400, ""}},                                                // not an object
+      {"{\"prompt\": \"x\", \"temperature\": NaN}", {400, "temperature"}},  // JSON has no NaN
+      {"{\"prompt\": \"\xff\xfe\"}", {400, "prompt"}},                      // invalid UTF-8
+      {R"({"model": "gpt-4", "prompt": "x"})", {404, "model"}},             // another model
+      {R"({"max_tokens": 3})", {400, "prompt"}},                            // no prompt
+      {R"({"prompt": ""})", {400, "prompt"}},                               // empty
+      {R"({"prompt": ["a", "b"]})", {400, "prompt"}},                       // several prompts
+      {R"({"prompt": [1, 99999]})", {400, "prompt"}},                       // outside the vocabulary
+      {R"({"prompt": "x", "max_tokens": 0})", {400, "max_tokens"}},         //
+      {R"({"prompt": "x", "max_tokens": 1.5})", {400, "max_tokens"}},       //
+      {R"({"prompt": "x", "max_tokens": "8"})", {400, "max_tokens"}},       //
+      {R"({"prompt": "x", "temperature": -0.5})", {400, "temperature"}},    //
+      {R"({"prompt": "x", "temperature": 3})", {400, "temperature"}},       //
+      {R"({"prompt": "x", "top_p": 0})", {400, "top_p"}},                   //
+      {R"({"prompt": "x", "top_p": 1.5})", {400, "top_p"}},                 //
+      {R"({"prompt": "x", "stop": ""})", {400, "stop"}},                    //
       {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", {400, "stop"}},
       {R"({"prompt": "x", "n": 2})", {400, "n"}},                //
       {R"({"prompt": "x", "logprobs": 2})", {400, "logprobs"}},  //
@@ -170,6 +170,111 @@ TEST(OpenAiRequest, DeepBodiesTinyFloatsAndHugeNumbersAreRefused) {
   EXPECT_EQ(parse(R"({"prompt": "x", "top_p": 1e-45})").sampler.top_p, 1e-45f);
   EXPECT_EQ(refusal(R"({"prompt": "x", "max_tokens": 1e400})").first, 400);
   EXPECT_EQ(refusal(R"({"prompt": "x", "temperature": -1e400})").first, 400);
+}
+
+// Every request parameter at its boundaries, judged in the representation the engine uses (the
+// sampler's float, int64_t counts): the last value accepted and the first refused on each side, a
+// subnormal, an integer past int64_t (nlohmann keeps it unsigned), one past double (1e400), and a
+// float spelling of an integer. Each refusal names its field.
+TEST(OpenAiRequest, EveryParameterAtItsBoundaries) {
+  const int64_t ctx = tiny().config().n_ctx_train;
+  const auto body = [](const std::string& field, const std::string& value) {
+    return R"({"prompt": [1, 2], )" + field + ": " + value + "}";
+  };
+  struct Case {
+    std::string field, value;
+    bool ok;
+  };
+  const std::string room = std::to_string(ctx - 2), over = std::to_string(ctx - 1);
+  const std::vector<Case> cases = {
+      // max_tokens: 1 to the context's room, integers only; past int64_t and past double refused.
+      {R"("max_tokens")", "1", true},
+      {R"("max_tokens")", room, true},
+      {R"("max_tokens")", room + ".0", true},
+      {R"("max_tokens")", "0", false},
+      {R"("max_tokens")", "-1", false},
+      {R"("max_tokens")", over, false},
+      {R"("max_tokens")", "9223372036854775807", false},   // 2^63 - 1: T + it would overflow
+      {R"("max_tokens")", "9223372036854775808", false},   // 2^63: unsigned in nlohmann
+      {R"("max_tokens")", "18446744073709551615", false},  // 2^64 - 1
+      {R"("max_tokens")", "-9223372036854775808", false},
+      {R"("max_tokens")", "1e19", false},
+      {R"("max_tokens")", "1e400", false},
+      {R"("max_tokens")", "2.5", false},
+      {R"("max_tokens")", "true", false},
+      {R"("max_completion_tokens")", "1", true},  // completions ignore the chat-only name
+      // temperature: [0, 2]; a tiny one is greedy in the sampler's float (0 or a subnormal).
+      {R"("temperature")", "0", true},
+      {R"("temperature")", "-0.0", true},
+      {R"("temperature")", "1e-300", true},
+      {R"("temperature")", "1e-45", true},
+      {R"("temperature")", "2", true},
+      {R"("temperature")", "2.0000001", false},
+      {R"("temperature")", "-1e-300", false},
+      {R"("temperature")", "1e400", false},
+      {R"("temperature")", R"("1")", false},
+      // top_p: (0, 1] as a float.
+      {R"("top_p")", "1", true},
+      {R"("top_p")", "1e-45", true},
+      {R"("top_p")", "1e-46", false},  // 0 as a float
+      {R"("top_p")", "0", false},
+      {R"("top_p")", "-0.5", false},
+      {R"("top_p")", "1.0000001", false},
+      // seed: any int64_t, as vLLM takes it.
+      {R"("seed")", "-9223372036854775808", true},
+      {R"("seed")", "9223372036854775807", true},
+      {R"("seed")", "9223372036854775808", false},
+      {R"("seed")", "0.5", false},
+      {R"("seed")", "1e400", false},
+      // n and best_of: 1 only.
+      {R"("n")", "1", true},
+      {R"("n")", "1.0", true},
+      {R"("n")", "0", false},
+      {R"("n")", "18446744073709551617", false},  // past uint64_t: a float to nlohmann
+      {R"("best_of")", "1", true},
+      {R"("best_of")", "2", false},
+      // stop: up to 4 non-empty strings.
+      {R"("stop")", R"(["a", "b", "c", "d"])", true},
+      {R"("stop")", R"(["a", "b", "c", "d", "e"])", false},
+      {R"("stop")", R"([""])", false},
+      {R"("stop")", "[1]", false},
+      // penalties: 0 only, however it is written.
+      {R"("frequency_penalty")", "0", true},
+      {R"("frequency_penalty")", "-0.0", true},
+      {R"("frequency_penalty")", "1e-300", false},
+      {R"("presence_penalty")", "1e400", false},
+      // the pruning seed: any int64_t.
+      {R"("lazyprefill")", R"({"seed": -1})", true},
+      {R"("lazyprefill")", R"({"seed": 9223372036854775808})", false},
+  };
+  for (const Case& c : cases) {
+    const std::string b = body(c.field, c.value);
+    const auto [status, param] = refusal(b);
+    if (c.ok) {
+      EXPECT_EQ(status, 200) << b;
+      continue;
+    }
+    EXPECT_EQ(status, 400) << b;
+    std::string field = c.field.substr(1, c.field.size() - 2);
+    if (field == "lazyprefill") field = "lazyprefill.seed";
+    EXPECT_EQ(param, field) << b;
+  }
+  // What the accepted edges become.
+  EXPECT_EQ(parse(body(R"("max_tokens")", room)).max_tokens, ctx - 2);
+  EXPECT_EQ(parse(body(R"("temperature")", "1e-300")).sampler.temperature, 0.0f);
+  EXPECT_EQ(parse(body(R"("seed")", "-1")).sampler.seed, ~uint64_t(0));
+  // Token ids: the vocabulary's last and the first past it, and one past int64_t, which once
+  // wrapped to a negative id in the message.
+  const int64_t V = tiny().config().n_vocab;
+  EXPECT_EQ(refusal("{\"prompt\": [" + std::to_string(V - 1) + "]}").first, 200);
+  EXPECT_EQ(refusal("{\"prompt\": [" + std::to_string(V) + "]}"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(refusal(R"({"prompt": [-1]})"), std::make_pair(400, std::string("prompt")));
+  try {
+    parse(R"({"prompt": [18446744073709551615]})");
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("18446744073709551615"), std::string::npos) << e.what();
+  }
 }
 
 TEST(OpenAiRequest, ParsesWhatTheOfficialClientSends) {
