@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "engine/generate.h"
 #include "engine/runahead.h"
 #include "engine/sampler.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
@@ -285,22 +286,16 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
     mine_t = {t.total_s, t.wait_s, t.export_s, t.sent_bytes};
     if (last) {
       ttft_s = MPI_Wtime() - t0;
-      std::vector<int32_t> out;
-      const double d0 = MPI_Wtime();
-      for (int i = 0; i < a.max_new_tokens; ++i) {
-        const int32_t tok = argmax(logits);
-        out.push_back(tok);
-        if (tok == model->tokenizer().eos_id() || i + 1 == a.max_new_tokens) break;
-        const int32_t p = int32_t(N + i);
-        const int64_t row = 0;
-        if (policy)  // re-selection at every step, reviving the last rank's own dropped rows
-          s.decode_step(tok, p, logits.data(), req);
-        else
-          s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
-      }
-      decode_s = MPI_Wtime() - d0;
-      generated = int64_t(out.size());
-      text = model->tokenizer().decode(out);
+      // generate()'s loop, greedy: with pruning, re-selection at every step, reviving the last
+      // rank's own dropped rows.
+      DecodeLoop loop;
+      loop.n_new = a.max_new_tokens;
+      loop.prune = policy ? &req : nullptr;
+      const Decoded d = decode_tokens(s, *model, N, argmax(logits), logits, loop,
+                                      [](size_t, std::span<const float> lg) { return argmax(lg); });
+      decode_s = d.seconds;
+      generated = int64_t(d.ids.size());
+      text = d.text;
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "lazyprefill: error: rank {} of {}: {}\n", me, P, escape_text(e.what()));

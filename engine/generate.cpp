@@ -98,50 +98,71 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   r.aux_cache_bytes = s.aux().bytes();
   r.last_prefill_logits = logits;
   // Under teacher forcing: record the forced token's log-probability and the greedy choice.
-  const auto choose = [&](size_t i) {
-    if (!forced) return sampler.sample(logits);
+  const auto choose = [&](size_t i, std::span<const float> lg) {
+    if (!forced) return sampler.sample(lg);
     const int32_t want = opt.forced_ids[i];
-    const float mx = *std::max_element(logits.begin(), logits.end());
+    const float mx = *std::max_element(lg.begin(), lg.end());
     double sum = 0;
-    for (const float v : logits) sum += std::exp(double(v) - double(mx));
-    r.forced_logprobs.push_back(double(logits[size_t(want)]) - double(mx) - std::log(sum));
-    r.forced_argmax.push_back(argmax(logits));
+    for (const float v : lg) sum += std::exp(double(v) - double(mx));
+    r.forced_logprobs.push_back(double(lg[size_t(want)]) - double(mx) - std::log(sum));
+    r.forced_argmax.push_back(argmax(lg));
     return want;
   };
-  int32_t next = n_new > 0 ? choose(0) : -1;
+  const int32_t first = n_new > 0 ? choose(0, logits) : -1;
   const auto t2 = Clock::now();
   r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
   r.ttft_s = std::chrono::duration<double>(t2 - t0).count();
 
-  double decode_computed = 0;
+  DecodeLoop loop;
+  loop.n_new = n_new;
+  loop.stop_at_end_of_generation = !forced && opt.stop_at_end_of_generation;
+  loop.prune = policy ? &req : nullptr;
+  loop.ops = decode_ops;
+  loop.record_steps = opt.record_steps;
+  Decoded d = decode_tokens(s, m, T, first, logits, loop, choose);
+  r.generated_ids = std::move(d.ids);
+  r.text = std::move(d.text);
+  r.decode_steps = d.steps;
+  r.revivals = d.revivals;
+  r.decode_s = d.seconds;
+  r.decode_stats = std::move(d.stats);
+  r.all_tokens_computed_fraction = (computed + d.computed) / (double(T + r.decode_steps) * c.n_layer);
+  r.prompt_tokens_computed_fraction_after_generation =
+      (computed + d.computed - double(r.decode_steps) * c.n_layer) / (double(T) * c.n_layer);
+  return r;
+}
+
+Decoded decode_tokens(Session& s, const Model& m, int64_t prompt_tokens, int32_t first,
+                      std::vector<float>& logits, const DecodeLoop& o,
+                      const std::function<int32_t(size_t i, std::span<const float>)>& choose) {
+  using Clock = std::chrono::steady_clock;
+  Decoded d;
   const auto d0 = Clock::now();
-  while (int64_t(r.generated_ids.size()) < n_new) {
-    r.generated_ids.push_back(next);
-    if (!forced && opt.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
-    if (int64_t(r.generated_ids.size()) == n_new) break;
-    const int32_t p = int32_t(T + r.generated_ids.size() - 1);
+  int32_t next = first;
+  while (int64_t(d.ids.size()) < o.n_new) {
+    d.ids.push_back(next);
+    if (o.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
+    if (int64_t(d.ids.size()) == o.n_new) break;
+    const int32_t p = int32_t(prompt_tokens + int64_t(d.ids.size()) - 1);
     const int64_t row = 0;
     trace::Step st;
-    if (policy)
-      s.decode_step(next, p, logits.data(), req, &st, decode_ops);
+    if (o.prune)
+      s.decode_step(next, p, logits.data(), *o.prune, &st, o.ops);
     else
-      s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &st, decode_ops);
+      s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &st, o.ops);
     for (size_t l = 0; l < st.queries.size(); ++l) {
-      decode_computed += double(st.queries[l]);
-      r.revivals += st.revived[l];
+      d.computed += double(st.queries[l]);
+      d.revivals += st.revived[l];
     }
-    if (opt.record_steps) r.decode_stats.push_back(std::move(st));
-    ++r.decode_steps;
-    next = choose(r.generated_ids.size());
+    if (o.record_steps) d.stats.push_back(std::move(st));
+    ++d.steps;
+    next = choose(d.ids.size(), logits);
   }
-  r.decode_s = std::chrono::duration<double>(Clock::now() - d0).count();
-  r.all_tokens_computed_fraction = (computed + decode_computed) / (double(T + r.decode_steps) * c.n_layer);
-  r.prompt_tokens_computed_fraction_after_generation =
-      (computed + decode_computed - double(r.decode_steps) * c.n_layer) / (double(T) * c.n_layer);
-  std::vector<int32_t> shown = r.generated_ids;
+  d.seconds = std::chrono::duration<double>(Clock::now() - d0).count();
+  std::vector<int32_t> shown = d.ids;
   if (!shown.empty() && m.tokenizer().is_end_of_generation(shown.back())) shown.pop_back();
-  r.text = m.tokenizer().decode(shown);
-  return r;
+  d.text = m.tokenizer().decode(shown);
+  return d;
 }
 
 GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t> prompt_ids,

@@ -72,6 +72,30 @@ struct GenerateResult {
   std::vector<int32_t> forced_argmax;
 };
 
+// The decoding loop every generator shares (generate(), KV-Runahead's last rank). From `first`, the
+// token chosen after a prefill of `prompt_tokens` tokens, it feeds each token back, one decoding
+// step at a time (with `prune`: LazyLLM's re-selection and revival; without: a plain pass), and
+// asks `choose(i, logits)` for the i-th token, until the end of generation or n_new tokens.
+struct DecodeLoop {
+  int64_t n_new = 0;                      // tokens to generate, `first` included
+  bool stop_at_end_of_generation = true;  // the tokenizer's end-of-generation tokens end it
+  const PruneRequest* prune = nullptr;    // the prefill's pruning, re-selecting at every step
+  OpTimers* ops = nullptr;                // per-op timers of the steps, or none
+  bool record_steps = false;              // keep every step's trace step
+};
+struct Decoded {
+  std::vector<int32_t> ids;  // the generated tokens, `first` included
+  std::string text;          // their text, a final end-of-generation token left out
+  int64_t steps = 0;         // decoding steps run (forward passes after the prefill)
+  int64_t revivals = 0;
+  double computed = 0;  // (token, layer) pairs the steps computed
+  double seconds = 0;
+  std::vector<trace::Step> stats;  // one per step, with record_steps
+};
+Decoded decode_tokens(Session& s, const Model& m, int64_t prompt_tokens, int32_t first,
+                      std::vector<float>& logits, const DecodeLoop& o,
+                      const std::function<int32_t(size_t i, std::span<const float>)>& choose);
+
 // Makes the backend a generation runs on, for a capacity of n_ctx tokens.
 using BackendFactory = std::function<std::unique_ptr<Backend>(int64_t n_ctx)>;
 
