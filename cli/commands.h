@@ -14,6 +14,7 @@
 
 #include "hwmodels/profile.h"
 #include "kernels/context.h"
+#include "kernels/weights.h"
 #include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
@@ -92,6 +93,8 @@ void add_hardware(CLI::App& sub, std::string& hw, std::string& engine);
 // --weights, --compute, --kv: the precision a prediction assumes; `of` qualifies the help
 // (" of the comparison", or ""); the defaults shown are p's.
 void add_precision(CLI::App& sub, sim::Precision& p, const char* of = "");
+// `--dtype`: auto (none: Model::load_as chooses per backend), f32, bf16 or int8; a usage error else.
+std::optional<DType> dtype_option(const std::string& s);
 
 // The --engine option's help, listing the presets.
 inline constexpr const char* kEngineHelp =

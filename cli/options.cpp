@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "model/error.h"
 
 namespace lp::cli {
 
@@ -34,6 +35,14 @@ void add_precision(CLI::App& sub, sim::Precision& p, const char* of) {
                      ": bf16, f16, f32, tf32, int8, fp8 (default " + p.compute + ")");
   sub.add_option("--kv", p.kv,
                  "KV cache dtype" + std::string(of) + ": bf16, f16, f32, int8, fp8 (default " + p.kv + ")");
+}
+
+std::optional<DType> dtype_option(const std::string& s) {
+  if (s == "auto") return std::nullopt;
+  if (s == "f32") return DType::F32;
+  if (s == "bf16") return DType::BF16;
+  if (s == "int8") return DType::Int8;
+  usage_fail("--dtype must be auto, f32, bf16 or int8, got '{}'", s);
 }
 
 }  // namespace lp::cli

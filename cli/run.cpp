@@ -56,16 +56,6 @@ std::string read_prompt_file(const std::string& path) {
   return lp::read_input_file(path, "prompt file", lp::input_cap::kPrompt);
 }
 
-// auto: on a GPU bf16 (tensor cores, half the weight memory); on the CPU none here, the file decides
-// as it loads (Model::load_auto: int8 for a quantized file, else the fastest float mode this CPU has).
-std::optional<lp::DType> parse_dtype(const std::string& s, const std::string& backend) {
-  if (s == "auto") return backend == "cuda" ? std::optional(lp::DType::BF16) : std::nullopt;
-  if (s == "f32") return lp::DType::F32;
-  if (s == "bf16") return lp::DType::BF16;
-  if (s == "int8") return lp::DType::Int8;
-  lp::usage_fail("--dtype must be auto, f32, bf16 or int8, got '{}'", s);
-}
-
 }  // namespace
 
 CLI::App* add_run(CLI::App& app, RunArgs& a) {
@@ -156,7 +146,7 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
   if (text.empty()) lp::fail("the prompt is empty");
-  const std::optional<lp::DType> asked = parse_dtype(a.dtype, a.backend);
+  const std::optional<lp::DType> asked = lp::cli::dtype_option(a.dtype);
   if (!a.trace.empty()) {
     // Fail before the (long) run when the trace could not be written afterwards.
     const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();
@@ -169,11 +159,10 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
   if (a.op_timers && a.backend != "cuda")
     lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
   if (a.backend == "cuda") {
-    gpu = check_cuda_backend(path, *asked);  // never auto's CPU choice: bf16 on a GPU
+    gpu = check_cuda_backend(path, asked.value_or(lp::DType::BF16));  // auto on a GPU: bf16 (Model::load_as)
   }
   lp::CpuContext ctx(a.threads);
-  const auto model =
-      asked ? lp::Model::load(path, *asked, ctx, a.backend != "cuda") : lp::Model::load_auto(path, ctx);
+  const auto model = lp::Model::load_as(path, asked, ctx, a.backend != "cuda");
   const lp::DType dtype = model->weights().dtype;
   const lp::Tokenizer& tok = model->tokenizer();
   std::vector<int32_t> ids;

@@ -179,15 +179,9 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
         const std::string text =
             prompt_given ? a.prompt : read_input_file(a.prompt_file, "prompt file", input_cap::kPrompt);
         if (text.empty()) fail("the prompt is empty");
-        if (a.dtype != "auto" && a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "int8")
-          usage_fail("--dtype must be auto, f32, bf16 or int8, got '{}'", a.dtype);
+        const std::optional<DType> dtype = cli::dtype_option(a.dtype);
         ctx = std::make_unique<CpuContext>(a.threads);
-        model = a.dtype == "auto" ? Model::load_auto(path, *ctx)
-                                  : Model::load(path,
-                                                a.dtype == "f32"    ? DType::F32
-                                                : a.dtype == "bf16" ? DType::BF16
-                                                                    : DType::Int8,
-                                                *ctx);
+        model = Model::load_as(path, dtype, *ctx, true);
         ids = model->tokenizer().encode(text, true, false);
         if (int64_t(ids.size()) + a.max_new_tokens > model->config().n_ctx_train)
           fail("prompt of {} tokens + {} new tokens exceeds the model's context of {} tokens", ids.size(),

@@ -99,11 +99,7 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   if (a.backend == "cuda") (void)cuda::open_device();  // one line saying why not, before the load
   CpuContext ctx(a.threads);
   const bool cpu = a.backend == "cpu";
-  const auto model = a.dtype == "auto" && cpu ? Model::load_auto(path, ctx)
-                     : a.dtype == "auto"      ? Model::load(path, DType::BF16, ctx, cpu)
-                     : a.dtype == "f32"       ? Model::load(path, DType::F32, ctx, cpu)
-                     : a.dtype == "bf16"      ? Model::load(path, DType::BF16, ctx, cpu)
-                                              : Model::load(path, DType::Int8, ctx, cpu);
+  const auto model = Model::load_as(path, dtype_option(a.dtype), ctx, cpu);
   if (so.api.policy != PolicyKind::None)
     (void)resolve_method(so.api.policy, so.api.schedule, model->config().n_layer);
   if (model->config().n_ctx_train < 2) fail("'{}' gives no context length (llama.context_length)", path);

@@ -31,6 +31,12 @@ std::unique_ptr<Model> Model::load_auto(const std::string& path, CpuContext& ctx
   return from_file(file, path, auto_cpu_dtype(*file), ctx);
 }
 
+std::unique_ptr<Model> Model::load_as(const std::string& path, std::optional<DType> dtype, CpuContext& ctx,
+                                      bool for_cpu) {
+  if (dtype) return load(path, *dtype, ctx, for_cpu);
+  return for_cpu ? load_auto(path, ctx) : load(path, DType::BF16, ctx, false);
+}
+
 double peak_rss_mib() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

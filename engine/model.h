@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kernels/context.h"
@@ -21,6 +22,10 @@ class Model {
   // The same in `--dtype auto`'s choice for the CPU (auto_cpu_dtype, kernels/weights.h: int8 for a
   // quantized file), the file opened once; weights().dtype says which.
   static std::unique_ptr<Model> load_auto(const std::string& path, CpuContext& ctx);
+  // As `--dtype` asks, for every command that loads a model: `dtype`, or with none (auto) bf16 for
+  // a GPU backend (tensor cores, half the weight memory) and load_auto's choice for the CPU.
+  static std::unique_ptr<Model> load_as(const std::string& path, std::optional<DType> dtype, CpuContext& ctx,
+                                        bool for_cpu);
 
   const ModelConfig& config() const { return cfg_; }
   const Weights& weights() const { return w_; }

@@ -272,8 +272,12 @@ TEST_F(CliErrors, PromptAndPromptFileBothOrNeither) {
   expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_}), {"--prompt", "--prompt-file"});
 }
 
+// Every command that loads a model reads --dtype one way (dtype_option): serve once took any
+// unknown name for int8 and served.
 TEST_F(CliErrors, BadDtype) {
   expect_one_line_error(run_cli(dir_, {"run", "--model", tiny_, "--prompt", "the cat", "--dtype", "f16"}),
+                        {"--dtype", "f16"});
+  expect_one_line_error(run_cli(dir_, {"serve", "--model", tiny_, "--port", "0", "--dtype", "f16"}),
                         {"--dtype", "f16"});
 }
 
