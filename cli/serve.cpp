@@ -108,7 +108,6 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   sched.max_batch_tokens = a.max_batch_tokens;
   sched.kv_budget_bytes = a.kv_budget_mib << 20;
   const Model& m = *model;
-  sched.kv_element_bytes = a.backend == "cuda" ? 4 : kv_type_bytes(kv_type_for(m.weights().dtype));
   if (a.backend == "cuda")
     sched.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };
   else
@@ -116,8 +115,8 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
       return std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx);
     };
 
-  const char* kv_dtype = sched.kv_element_bytes == 2 ? "f16" : "f32";
   server::Server srv(m, std::move(sched), so);
+  const char* kv_dtype = srv.scheduler().kv_layout().element_bytes == 2 ? "f16" : "f32";
   const bool loopback = so.host == "127.0.0.1" || so.host == "::1";
   fmt::print(stderr,
              "lazyprefill serve: {} ({}, {}) on http://{}:{} ({}); prune {} by default; K/V budget {} MiB "

@@ -65,18 +65,14 @@ Scheduler::Scheduler(const Model& m, SchedulerOptions opt) : m_(m), opt_(std::mo
   if (opt_.max_batch_tokens < 1) fail("--max-batch-tokens must be at least 1, got {}", opt_.max_batch_tokens);
   if (opt_.kv_budget_bytes < 1) fail("the K/V budget must be positive");
   if (!opt_.make_backend) fail("internal error: the scheduler has no backend factory");
+  const std::unique_ptr<Backend> probe = opt_.make_backend(1);
+  kv_ = KvLayout{double(probe->kv_element_bytes()), probe->kv_block()};
 }
 
 Scheduler::~Scheduler() = default;
 
 int64_t Scheduler::reservation_bytes(int64_t prompt_tokens, int64_t max_tokens, bool pruning) const {
-  const ModelConfig& c = m_.config();
-  // The CPU backend's K/V layout (kernels/cpu/kv_cache.h): capacity rounded up to a key block of
-  // 64 slots, K and V of the backends' element size, every layer.
-  const int64_t cap = (prompt_tokens + max_tokens + 63) / 64 * 64;
-  const int64_t kv = int64_t(c.n_layer) * c.n_head_kv * c.head_dim * 2 * cap * opt_.kv_element_bytes;
-  const int64_t aux = pruning ? prompt_tokens * c.n_embd * 4 : 0;
-  return kv + aux;
+  return int64_t(lp::reservation_bytes(m_.config(), kv_, prompt_tokens, max_tokens, pruning));
 }
 
 uint64_t Scheduler::submit(RequestParams p) {
@@ -222,17 +218,15 @@ bool Scheduler::step() {
   const auto t0 = Clock::now();
   const ModelConfig& c = m_.config();
 
-  // Admission, first come first served: the queue's head while its reservation fits the budget and
-  // its prompt the iteration's token budget. A prompt longer than the token budget runs as the
-  // only prefill of its iteration (prompts are not chunked: LazyLLM scores with the last token's
-  // attention over the whole prompt).
-  int64_t rows = int64_t(running_.size());
+  // Admission (admission/admission.h), whole prefills: the queue's head while its reservation fits
+  // the budget and its prompt the iteration's token budget; the decoding rows are already in it.
   const size_t n_decoding = running_.size();
+  Admission admission({double(opt_.kv_budget_bytes), opt_.max_batch_tokens, 0}, double(reserved_),
+                      int64_t(n_decoding));
   while (!queue_.empty()) {
     Request& h = *queue_.front();
     const int64_t T = int64_t(h.p.prompt.size());
-    if (reserved_ + h.reservation > opt_.kv_budget_bytes) break;
-    if (running_.size() > n_decoding && rows + T > opt_.max_batch_tokens) break;
+    if (!admission.fits(double(h.reservation), T)) break;
     auto r = std::move(queue_.front());
     queue_.pop_front();
     // Everything admission builds, before the reservation counts: a failure here (no memory for
@@ -253,9 +247,9 @@ bool Scheduler::step() {
       finish(std::move(r), Finish::Error);
       continue;
     }
+    admission.take(double(r->reservation), T);
     reserved_ += r->reservation;
     r->rec.admitted = Clock::now();
-    rows += T;
     running_.push_back(std::move(r));
   }
 

@@ -4,12 +4,13 @@
 // under a token budget per iteration. LazyLLM (or any policy) is chosen per request and runs in
 // its own session: its selection, Aux Cache, revival and the at-most-once rule are per request.
 //
-// Admission reserves each request's worst case: K/V for prompt + max_tokens tokens at every layer
-// (what its session allocates), plus, with pruning, the Aux Cache's worst case (every prompt
-// token's state once). A pruned prefill holds less K/V than that, but a later decoding step may
-// revive any pruned token at any layer, growing it back to the unpruned size; admitting against
-// the K/V in use would then overrun the budget (docs/serving.md). So pruning admits no more
-// requests than no pruning does; what it saves is time, and the K/V it does not hold shows in
+// Admission and reservations are the serving policy the simulator replays too
+// (admission/admission.h): each request reserves its worst case (K/V for prompt + max_tokens
+// tokens at every layer, in the backend's own layout, plus with pruning the Aux Cache's worst
+// case), first come first served. A pruned prefill holds less K/V than that, but a later decoding
+// step may revive any pruned token at any layer, growing it back to the unpruned size; admitting
+// against the K/V in use would then overrun the budget (docs/serving.md). So pruning admits no
+// more requests than no pruning does; what it saves is time, and the K/V it does not hold shows in
 // kv_bytes_in_use() against kv_bytes_reserved().
 //
 // Not thread-safe except where said: submit() and cancel() may be called from any thread, every
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "admission/admission.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -74,10 +76,9 @@ struct RequestParams {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
   int64_t kv_budget_bytes = int64_t(1) << 30;
-  // Bytes of one cached K or V value in the backends make_backend makes (their
-  // Backend::kv_element_bytes: 2 for the CPU backend's f16 cache); reservations count with it.
-  int64_t kv_element_bytes = 4;
-  // Makes a request's backend for a capacity of n_ctx tokens (the CPU backend by default).
+  // Makes a request's backend for a capacity of n_ctx tokens. The scheduler makes one of capacity
+  // 1 as it starts, to read the K/V layout reservations count in (Backend::kv_element_bytes,
+  // Backend::kv_block).
   BackendFactory make_backend;
 };
 
@@ -86,9 +87,9 @@ class Scheduler {
   Scheduler(const Model& m, SchedulerOptions opt);
   ~Scheduler();
 
-  // The reservation a request of this many prompt and new tokens needs (bytes), and whether the
-  // budget could ever hold it.
+  // The reservation a request of this many prompt and new tokens needs (bytes).
   int64_t reservation_bytes(int64_t prompt_tokens, int64_t max_tokens, bool pruning) const;
+  const KvLayout& kv_layout() const { return kv_; }
 
   // Queues a request (any thread). Throws lp::Error, and queues nothing, when it can never run: an
   // empty prompt, a token outside the vocabulary, prompt + max_tokens beyond the model's context,
@@ -128,6 +129,7 @@ class Scheduler {
   struct Request;
   const Model& m_;
   SchedulerOptions opt_;
+  KvLayout kv_;  // the backends' (a probe's)
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
   std::vector<std::unique_ptr<Request>> inbox_;

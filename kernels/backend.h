@@ -71,6 +71,9 @@ class Backend {
   // Bytes of one cached K or V value: 4 (f32) unless the backend stores them narrower (the CPU
   // backend's f16 cache: kernels/cpu/kv_cache.h).
   virtual int kv_element_bytes() const { return 4; }
+  // The K/V capacity's granularity: a cache for n tokens holds n rounded up to a multiple of this
+  // (the CPU backend's 64-slot key blocks; 1 where the capacity is exact). Reservations count it.
+  virtual int64_t kv_block() const { return 1; }
 
   // A backend that queues work (a GPU) returns true; op timers then synchronise around every op,
   // so its wall time is its own (and the overlap between ops is lost while timing).

@@ -290,16 +290,6 @@ double RequestOutcome::itl_s() const {
   return output_tokens > 1 ? (finished_s - first_token_s) / double(output_tokens - 1) : 0.0;
 }
 
-double reservation_bytes(const ModelConfig& c, const ServingConfig& cfg, int64_t prompt_tokens,
-                         int64_t output_tokens, bool pruning) {
-  const int64_t block = std::max<int64_t>(cfg.kv_block, 1);
-  const double cap = double((prompt_tokens + output_tokens + block - 1) / block * block);
-  const double kv =
-      double(c.n_layer) * double(c.n_head_kv) * double(c.head_dim) * 2 * cap * cfg.kv_element_bytes;
-  const double aux = pruning ? double(prompt_tokens) * double(c.n_embd) * 4 : 0;
-  return kv + aux;
-}
-
 namespace {
 
 // A request between its admission and its last token.
@@ -419,7 +409,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
     if (r.prompt_tokens + r.output_tokens > c.n_ctx_train && c.n_ctx_train > 0)
       fail("request {}: {} prompt + {} output tokens exceed the model's context of {}", i, r.prompt_tokens,
            r.output_tokens, c.n_ctx_train);
-    const double res = reservation_bytes(c, cfg, r.prompt_tokens, r.output_tokens, pruning);
+    const double res = reservation_bytes(c, kv_layout(cfg), r.prompt_tokens, r.output_tokens, pruning);
     if (res > cfg.kv_budget_bytes)
       fail(
           "request {} ({} prompt + {} output tokens) needs {:.1f} MiB of K/V, more than the budget of {:.1f} "
@@ -484,6 +474,8 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   };
   size_t next = 0, done = 0;
   double t = 0, reserved = 0, used = 0;
+  const AdmissionLimits limits{cfg.kv_budget_bytes, cfg.max_batch_tokens, cfg.chunk_tokens};
+  const KvLayout kv = kv_layout(cfg);
   int64_t kv_stride = 1;
 
   // One request's step into the iteration's work. `rows` of a chunk: its tokens (no pruning).
@@ -527,25 +519,20 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       t = reqs[next].arrival_s;
       continue;
     }
-    // Admission (Scheduler::step): the queue's head while its reservation fits and, past the
-    // iteration's first prefill, its prompt fits the token budget. Chunked: while the budget has
-    // tokens left after the decoding rows and the chunks of earlier prefills.
+    // Admission, as the engine's scheduler admits (admission/admission.h), after the iteration's
+    // decoding rows and, chunked, the next chunks of the prefills under way.
     int64_t rows = 0;
     for (const auto& a : running) rows += a->prefill_done ? 1 : 0;
     for (const auto& a : running)
       if (!a->prefill_done)  // chunked prefills still running take their next chunk first
         rows += std::min({cfg.chunk_tokens, reqs[a->idx].prompt_tokens - a->prefilled,
                           std::max<int64_t>(cfg.max_batch_tokens - rows, 0)});
-    const size_t n_before = running.size();
+    Admission admission(limits, reserved, rows);
     while (!queue.empty()) {
       const ServingRequest& h = reqs[queue.front()];
-      const double res = reservation_bytes(c, cfg, h.prompt_tokens, h.output_tokens, pruning);
-      if (reserved + res > cfg.kv_budget_bytes) break;
-      if (cfg.chunk_tokens > 0) {
-        if (rows >= cfg.max_batch_tokens) break;
-      } else if (running.size() > n_before && rows + h.prompt_tokens > cfg.max_batch_tokens) {
-        break;
-      }
+      const double res = reservation_bytes(c, kv, h.prompt_tokens, h.output_tokens, pruning);
+      if (!admission.fits(res, h.prompt_tokens)) break;
+      admission.take(res, h.prompt_tokens);
       auto a = std::make_unique<Active>();
       a->idx = queue.front();
       queue.pop_front();
@@ -558,9 +545,6 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       RequestOutcome& o = run.requests[a->idx];
       o.arrival_s = h.arrival_s, o.admitted_s = t;
       o.prompt_tokens = h.prompt_tokens, o.output_tokens = h.output_tokens;
-      rows += cfg.chunk_tokens > 0
-                  ? std::min({cfg.chunk_tokens, h.prompt_tokens, cfg.max_batch_tokens - rows})
-                  : h.prompt_tokens;
       running.push_back(std::move(a));
     }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "admission/admission.h"
 #include "hwmodels/profile.h"
 #include "model/config.h"
 #include "pruning/schedule.h"
@@ -135,11 +136,11 @@ struct ServingRun {
   double kv_reserved_peak = 0;
 };
 
-// The K/V reservation of a request (Scheduler::reservation_bytes): its prompt plus output slots,
-// rounded up to the cache's block, K and V at every layer; with pruning, its Aux Cache (a hidden
-// state per prompt token, f32).
-double reservation_bytes(const ModelConfig& c, const ServingConfig& cfg, int64_t prompt_tokens,
-                         int64_t output_tokens, bool pruning);
+// The K/V layout a configuration's reservations count in (lp::reservation_bytes, the policy the
+// engine's scheduler runs: admission/admission.h).
+inline KvLayout kv_layout(const ServingConfig& cfg) {
+  return KvLayout{cfg.kv_element_bytes, cfg.kv_block};
+}
 
 // Runs the requests (sorted by arrival) through the scheduler. Throws lp::Error for a request
 // whose reservation exceeds the K/V budget (it could never run), a budget of zero, or a bad

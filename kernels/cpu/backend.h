@@ -24,6 +24,7 @@ class CpuBackend : public Backend {
 
   int64_t capacity() const override { return n_ctx_; }
   int kv_element_bytes() const override { return kv_type_bytes(kv_.front().type); }
+  int64_t kv_block() const override { return kKeyBlock; }
   void kv_export(int layer, int64_t n, std::span<std::byte> out) override;
   void kv_import(int layer, std::span<const int32_t> pos, std::span<const std::byte> rows) override;
   void set_rows(std::span<const int32_t> pos) override;

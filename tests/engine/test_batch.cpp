@@ -247,7 +247,9 @@ TEST(Scheduler, AFailureAtAnyStageEndsItsRequestAndReleasesItsReservation) {
     SCOPED_TRACE(stage);
     SchedulerOptions o = options(m, int64_t(1) << 32);
     o.make_backend = [&m, stage, made = std::make_shared<int>(0)](int64_t n_ctx) -> std::unique_ptr<Backend> {
-      if (++*made > 1) return std::make_unique<CpuBackend>(ctx(), m.config(), m.weights(), n_ctx);
+      // The scheduler's probe of the K/V layout (capacity 1) and every request's but the first: sound.
+      if (n_ctx == 1 || ++*made > 1)
+        return std::make_unique<CpuBackend>(ctx(), m.config(), m.weights(), n_ctx);
       if (stage == Admission) throw Error("planted failure");
       // The first request's backend: its third decoding step fails.
       const auto w = stage == Prefill  ? FaultyBackend::PrefillStart

@@ -219,7 +219,7 @@ TEST(ServingSim, OwnGemmsForLargeMembersAsTheCpuBackendRunsThem) {
 // first two has finished, and the reserved bytes never pass the budget.
 TEST(ServingSim, AdmissionWaitsForKvBudget) {
   World s;
-  const double res = sim::reservation_bytes(s.c, s.cfg, 2048, 64, false);
+  const double res = reservation_bytes(s.c, sim::kv_layout(s.cfg), 2048, 64, false);
   s.cfg.kv_budget_bytes = 2.5 * res;
   std::vector<ServingRequest> four(4, ServingRequest{0, 2048, 64});
   const sim::ServingRun run = sim::simulate_serving(s.c, s.hw, s.p, unpruned(), s.cfg, four);

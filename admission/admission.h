@@ -1,0 +1,66 @@
+// The serving policy, written once: what a request reserves, and which queued requests an
+// iteration admits. `serve`'s scheduler (engine/scheduler.h) runs it on real passes and the serving
+// simulation (sim/serving.h) on costed time; tests/admission holds both to it on the same arrivals.
+//
+// A request reserves its worst case: K/V for prompt + max_tokens tokens at every layer, in its
+// backend's layout (element size, capacity rounded up to the backend's block), plus, with
+// pruning, the Aux Cache's worst case (every prompt token's state once, f32). A pruned prefill
+// holds less, but a decoding step may revive any pruned token at any layer (docs/serving.md).
+//
+// Admission is first come first served: the queue's head while its reservation fits the budget
+// and its prompt the iteration's token budget, nothing overtaking a head that waits. Whole
+// prefills: the iteration's first admitted prefill always fits (a prompt longer than the token
+// budget runs alone with the decoding rows: LazyLLM scores with the last token's attention over
+// the whole prompt), later ones only within the budget. Chunked prefills (chunk_tokens > 0):
+// admitted while the iteration has rows left, each taking its first chunk of them.
+#pragma once
+
+#include <cstdint>
+
+#include "model/config.h"
+
+namespace lp {
+
+// How a backend stores K/V, as reservations count it: bytes of one K or V element (2 for the CPU
+// backend's f16 cache, 4 for f32, 1 for fp8 in the simulator) and the block its capacity rounds
+// up to (the CPU backend's 64 key slots; 1 where the capacity is exact).
+struct KvLayout {
+  double element_bytes = 2;
+  int64_t block = 64;
+};
+
+// A request's reservation, bytes: K/V for prompt_tokens + max_tokens tokens at every layer in
+// `kv`'s layout, and with pruning the Aux Cache's worst case.
+double reservation_bytes(const ModelConfig& c, const KvLayout& kv, int64_t prompt_tokens, int64_t max_tokens,
+                         bool pruning);
+
+struct AdmissionLimits {
+  double kv_budget_bytes = 0;
+  int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
+  int64_t chunk_tokens = 0;         // > 0: chunked prefill, chunks of at most this many tokens
+};
+
+// One iteration's admission. Construct it with what the running requests reserve and the rows the
+// iteration already holds (a decoding row per decoding request, the next chunk of each chunked
+// prefill under way); then, for the queue's head in turn, fits() says whether it is admitted now
+// and take() counts it. After a head that does not fit, nothing more is admitted this iteration.
+class Admission {
+ public:
+  Admission(const AdmissionLimits& limits, double reserved_bytes, int64_t rows);
+  bool fits(double reservation, int64_t prompt_tokens) const;
+  // Counts an admitted request: its reservation and the rows its prefill (or first chunk) takes.
+  void take(double reservation, int64_t prompt_tokens);
+  // This iteration's first rows of a prefill admitted with take(): the whole prompt, or its first chunk.
+  int64_t first_rows(int64_t prompt_tokens) const;
+  double reserved_bytes() const { return reserved_; }
+  int64_t rows() const { return rows_; }
+  int64_t admitted() const { return admitted_; }
+
+ private:
+  AdmissionLimits limits_;
+  double reserved_;
+  int64_t rows_;
+  int64_t admitted_ = 0;
+};
+
+}  // namespace lp
