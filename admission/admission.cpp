@@ -10,14 +10,16 @@ double reservation_bytes(const ModelConfig& c, const KvLayout& kv, int64_t promp
                          bool pruning) {
   const int64_t block = std::max<int64_t>(kv.block, 1);
   const double cap = double((prompt_tokens + max_tokens + block - 1) / block * block);
-  const double k_and_v = double(c.n_layer) * double(c.n_head_kv) * double(c.head_dim) * 2 * cap * kv.element_bytes;
+  const double k_and_v =
+      double(c.n_layer) * double(c.n_head_kv) * double(c.head_dim) * 2 * cap * kv.element_bytes;
   const double aux = pruning ? double(prompt_tokens) * double(c.n_embd) * 4 : 0;
   return k_and_v + aux;
 }
 
 Admission::Admission(const AdmissionLimits& limits, double reserved_bytes, int64_t rows)
     : limits_(limits), reserved_(reserved_bytes), rows_(rows) {
-  if (!(limits_.kv_budget_bytes > 0)) fail("the K/V budget must be positive, got {} bytes", limits_.kv_budget_bytes);
+  if (!(limits_.kv_budget_bytes > 0))
+    fail("the K/V budget must be positive, got {} bytes", limits_.kv_budget_bytes);
   if (limits_.max_batch_tokens < 1)
     fail("the iteration's token budget must be at least 1, got {}", limits_.max_batch_tokens);
 }

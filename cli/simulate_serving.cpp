@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "admission/request_log.h"
 #include "cli/commands.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -125,22 +126,17 @@ namespace {
 // read_requests takes it back as an arrival file.
 std::string simulated_request_log(const sim::ServingRun& run, const std::string& method) {
   std::string out;
-  int64_t id = 0;
+  uint64_t id = 0;
   for (const sim::RequestOutcome& o : run.requests) {
-    const json j = {{"id", ++id},
-                    {"arrival_s", o.arrival_s},
-                    {"admitted_s", o.admitted_s},
-                    {"first_token_s", o.first_token_s},
-                    {"finished_s", o.finished_s},
-                    {"queue_s", o.queue_s()},
-                    {"ttft_s", o.ttft_s()},
-                    {"e2e_s", o.e2e_s()},
-                    {"prompt_tokens", o.prompt_tokens},
-                    {"output_tokens", o.output_tokens},
-                    {"prune", method},
-                    {"prompt_tokens_computed_fraction", o.prompt_share},
-                    {"simulated", true}};
-    out += j.dump() + "\n";
+    RequestLogLine l;
+    l.id = ++id;
+    l.arrival_s = o.arrival_s, l.admitted_s = o.admitted_s, l.first_token_s = o.first_token_s,
+    l.finished_s = o.finished_s;
+    l.prompt_tokens = o.prompt_tokens, l.output_tokens = o.output_tokens;
+    l.prune = method;
+    l.prompt_tokens_computed_fraction = o.prompt_share;
+    l.simulated = true;
+    out += request_log_line(l);
   }
   return out;
 }

@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without including it
 
+#include "admission/request_log.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "server/text_stream.h"
@@ -149,29 +150,26 @@ struct Server::Impl {
   }
 
   void write_log(const RequestRecord& r, Endpoint e) {
-    json j;
     const auto t = [&](Clock::time_point x) { return seconds_between(started, x); };
-    j["id"] = r.id;
-    j["endpoint"] = e == Endpoint::Completions ? "completions" : "chat";
-    j["arrival_s"] = t(r.arrival);  // seconds since the server started
-    j["admitted_s"] = t(r.admitted);
-    j["first_token_s"] = t(r.first_token);
-    j["finished_s"] = t(r.finished);
-    j["queue_s"] = seconds_between(r.arrival, r.admitted);
-    j["ttft_s"] = seconds_between(r.arrival, r.first_token);
-    j["e2e_s"] = seconds_between(r.arrival, r.finished);
-    j["prompt_tokens"] = r.prompt_tokens;
-    j["output_tokens"] = r.output_tokens;
-    j["finish"] = finish_name(r.finish);
-    if (!r.error.empty()) j["error"] = r.error;
-    j["prune"] = policy_name(r.policy);
-    j["schedule"] = r.schedule;
-    j["prompt_tokens_computed_fraction"] = r.prompt_tokens_computed_fraction;
-    j["revivals"] = r.revivals;
-    j["kv_bytes_after_prefill"] = r.kv_bytes_after_prefill;
-    j["aux_cache_bytes"] = r.aux_cache_bytes;
+    RequestLogLine l;
+    l.id = r.id;
+    l.endpoint = e == Endpoint::Completions ? "completions" : "chat";
+    l.arrival_s = t(r.arrival);  // seconds since the server started
+    l.admitted_s = t(r.admitted);
+    l.first_token_s = t(r.first_token);
+    l.finished_s = t(r.finished);
+    l.prompt_tokens = r.prompt_tokens;
+    l.output_tokens = r.output_tokens;
+    l.finish = finish_name(r.finish);
+    l.error = r.error;
+    l.prune = policy_name(r.policy);
+    l.schedule = r.schedule;
+    l.prompt_tokens_computed_fraction = r.prompt_tokens_computed_fraction;
+    l.revivals = r.revivals;
+    l.kv_bytes_after_prefill = r.kv_bytes_after_prefill;
+    l.aux_cache_bytes = r.aux_cache_bytes;
     try {
-      log->append(dump(j) + "\n");
+      log->append(request_log_line(l));
     } catch (const std::exception& ex) {  // a full disk: say so once per request, keep serving
       fmt::print(stderr, "lazyprefill serve: {}\n", escape_text(ex.what()));
     }

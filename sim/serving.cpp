@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <type_traits>
 
+#include "admission/request_log.h"
 #include "model/csv_reader.h"  // fast-cpp-csv-parser
 #include "model/error.h"
 #include "model/io.h"
@@ -242,34 +243,14 @@ std::vector<LoggedRequest> read_request_log(const std::string& path) {
   while (in.next(line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, n);
-    nlohmann::json j;
-    try {
-      j = json_parse(line, where);  // too deep: json_parse's own error, naming the depth
-    } catch (const nlohmann::json::exception&) {
-      fail("{}: not a JSON object", where);
-    }
-    if (!j.is_object()) fail("{}: not a JSON object", where);
-    for (const char* k : {"arrival_s", "prompt_tokens", "output_tokens"})
-      if (!j.contains(k) || !j[k].is_number()) fail("{}: no number '{}'", where, k);
+    const RequestLogLine l = parse_request_log_line(line, fmt::format("{}:{}", path, n));
     LoggedRequest r;
     r.line = n;
-    r.error = j.contains("error") || j.value("finish", "") == "error";
-    r.arrival_s = j["arrival_s"].get<double>();
-    if (!std::isfinite(r.arrival_s) || r.arrival_s < 0)
-      fail("{}: arrival_s {} is negative or not finite", where, r.arrival_s);
-    if (!j["prompt_tokens"].is_number_integer() || !j["output_tokens"].is_number_integer())
-      fail("{}: token counts must be whole numbers", where);
-    r.prompt_tokens = j["prompt_tokens"].get<int64_t>();
-    r.output_tokens = j["output_tokens"].get<int64_t>();
-    const auto time = [&](const char* k) {
-      return j.contains(k) && j[k].is_number() ? j[k].get<double>()
-                                               : std::numeric_limits<double>::quiet_NaN();
-    };
-    r.admitted_s = time("admitted_s"), r.first_token_s = time("first_token_s"),
-    r.finished_s = time("finished_s");
-    if (j.contains("revivals") && j["revivals"].is_number_integer())
-      r.revivals = j["revivals"].get<int64_t>();
+    r.error = l.failed();
+    r.arrival_s = l.arrival_s, r.admitted_s = l.admitted_s, r.first_token_s = l.first_token_s,
+    r.finished_s = l.finished_s;
+    r.prompt_tokens = l.prompt_tokens, r.output_tokens = l.output_tokens;
+    r.revivals = l.revivals.value_or(0);
     if (int64_t(out.size()) >= kMaxRequests) fail("{}: more than {} requests", path, kMaxRequests);
     out.push_back(r);
   }

@@ -1,4 +1,5 @@
-// The serving policy (admission/admission.h) on typed inputs, and the conformance of its two
+// The serving policy (admission/admission.h) on typed inputs, the request log's one format
+// (admission/request_log.h), and the conformance of its two
 // executors: `serve`'s scheduler on real passes (engine/scheduler.h) and the serving simulation on
 // costed time (sim/serving.h), fed the same arrivals, admit, batch and finish every request in the
 // same iteration.
@@ -7,9 +8,13 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "admission/admission.h"
+#include "admission/request_log.h"
 #include "engine/scheduler.h"
 #include "hwmodels/profile.h"
 #include "kernels/context.h"
@@ -102,7 +107,8 @@ std::vector<Seen> engine_run(const std::vector<Arrival>& arrivals, int64_t budge
   for (; finished < arrivals.size(); ++it) {
     for (; next < arrivals.size() && arrivals[next].iteration <= it; ++next) {
       RequestParams p;
-      p.prompt = testing::random_ids(int(arrivals[next].prompt_tokens), tiny().config().n_vocab, uint32_t(next));
+      p.prompt =
+          testing::random_ids(int(arrivals[next].prompt_tokens), tiny().config().n_vocab, uint32_t(next));
       p.max_tokens = arrivals[next].output_tokens;
       p.stop_at_end_of_generation = false;
       if (lazyllm) {
@@ -152,10 +158,12 @@ std::vector<Seen> sim_run(const std::vector<Arrival>& arrivals, int64_t budget, 
   sim::Precision p;
   p.weights = p.compute = "f32";
   p.kv = "f16";
-  const sim::ServingRun run = sim::simulate_serving(tiny().config(), hw::load_profile("cpu-local"), p, m, cfg, reqs);
+  const sim::ServingRun run =
+      sim::simulate_serving(tiny().config(), hw::load_profile("cpu-local"), p, m, cfg, reqs);
   std::vector<Seen> seen;
   for (const sim::RequestOutcome& o : run.requests)
-    seen.push_back({int64_t(std::lround(o.admitted_s / kIteration)), int64_t(std::lround(o.finished_s / kIteration)) - 1});
+    seen.push_back({int64_t(std::lround(o.admitted_s / kIteration)),
+                    int64_t(std::lround(o.finished_s / kIteration)) - 1});
   return seen;
 }
 
@@ -190,6 +198,58 @@ TEST(AdmissionConformance, TheSchedulerAndTheSimulationAdmitAndFinishInTheSameIt
     }
     EXPECT_GE(waited, 5);  // the budgets bind: the property is not vacuous
   }
+}
+
+// The request log's line, written and read by its one owner (admission/request_log.h): what the
+// server writes comes back whole; a simulated line carries no engine fields; what a reader
+// refuses names the line.
+TEST(RequestLog, ALineReadsBackAsItWasWritten) {
+  RequestLogLine l;
+  l.id = 7, l.endpoint = "chat";
+  l.arrival_s = 1.5, l.admitted_s = 1.75, l.first_token_s = 2.5, l.finished_s = 4;
+  l.prompt_tokens = 300, l.output_tokens = 12;
+  l.finish = "error", l.error = "prefill: planted failure";
+  l.prune = "lazyllm", l.schedule = "0.5:0.5";
+  l.prompt_tokens_computed_fraction = 0.625;
+  l.revivals = 3, l.kv_bytes_after_prefill = 1 << 20, l.aux_cache_bytes = 4096;
+  const std::string text = request_log_line(l);
+  ASSERT_EQ(text.back(), '\n');
+  const auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["ttft_s"], 1.0);  // derived from the times
+  EXPECT_EQ(j["queue_s"], 0.25);
+  const RequestLogLine r = parse_request_log_line(text, "log:1");
+  EXPECT_EQ(r.id, 7u);
+  EXPECT_EQ(r.endpoint, "chat");
+  EXPECT_EQ(r.first_token_s, 2.5);
+  EXPECT_EQ(r.output_tokens, 12);
+  EXPECT_TRUE(r.failed());
+  EXPECT_EQ(r.error, l.error);
+  EXPECT_EQ(r.schedule, "0.5:0.5");
+  EXPECT_EQ(r.prompt_tokens_computed_fraction, 0.625);
+  EXPECT_EQ(r.revivals, 3);
+  EXPECT_EQ(r.aux_cache_bytes, 4096);
+  RequestLogLine s;
+  s.arrival_s = 0.5, s.prompt_tokens = 10, s.output_tokens = 2, s.simulated = true;
+  const auto sj = nlohmann::json::parse(request_log_line(s));
+  EXPECT_FALSE(sj.contains("revivals") || sj.contains("finish") || sj.contains("endpoint"));
+  EXPECT_TRUE(parse_request_log_line(request_log_line(s), "x").simulated);
+  EXPECT_FALSE(parse_request_log_line(request_log_line(s), "x").failed());
+  const auto refused = [](const std::string& line) {
+    try {
+      (void)parse_request_log_line(line, "f.jsonl:4");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refused("[1]"), "f.jsonl:4: not a JSON object");
+  EXPECT_EQ(refused(R"({"arrival_s": 1, "prompt_tokens": 3})"), "f.jsonl:4: no number 'output_tokens'");
+  EXPECT_EQ(refused(R"({"arrival_s": -1, "prompt_tokens": 3, "output_tokens": 1})")
+                .rfind("f.jsonl:4: arrival_s", 0),
+            0u);
+  EXPECT_EQ(refused(R"({"arrival_s": 1, "prompt_tokens": 3.5, "output_tokens": 1})")
+                .rfind("f.jsonl:4: token counts", 0),
+            0u);
 }
 
 }  // namespace
