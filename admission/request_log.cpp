@@ -61,8 +61,11 @@ RequestLogLine parse_request_log_line(std::string_view line, std::string_view wh
   const auto time = [&](const char* k) {
     return j.contains(k) && j[k].is_number() ? j[k].get<double>() : std::numeric_limits<double>::quiet_NaN();
   };
-  r.admitted_s = time("admitted_s"), r.first_token_s = time("first_token_s"), r.finished_s = time("finished_s");
-  const auto text = [&](const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : ""; };
+  r.admitted_s = time("admitted_s"), r.first_token_s = time("first_token_s"),
+  r.finished_s = time("finished_s");
+  const auto text = [&](const char* k) {
+    return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : "";
+  };
   const auto whole = [&](const char* k) -> std::optional<int64_t> {
     if (!j.contains(k)) return std::nullopt;
     return json_integer(j[k], std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());

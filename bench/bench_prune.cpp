@@ -157,7 +157,7 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
       if (kind == lp::PolicyKind::None)
         s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &fs, &t);
       else
-        s.decode_step(tok, p, logits.data(), req, &fs, &t);
+        s.decode_step(tok, p, logits.data(), &req, &fs, &t);
       for (int64_t r : fs.queries) rows += double(r);
     }
     const auto t2 = std::chrono::steady_clock::now();

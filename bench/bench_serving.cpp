@@ -146,7 +146,7 @@ void BM_MixedIteration(benchmark::State& st) {
   }
   lp::Session pre(ctx(), m, prompt);
   const std::vector<int32_t> prompt_ids = random_ids(5, prompt);
-  const int64_t last = prompt - 1, row = 0;
+  const int64_t last = prompt - 1;
   std::vector<lp::Session::Pass> passes(static_cast<size_t>(N + 1));
   std::vector<lp::BatchMember> members(static_cast<size_t>(N + 1));
   int64_t step = 0;
@@ -155,8 +155,7 @@ void BM_MixedIteration(benchmark::State& st) {
     for (int64_t i = 0; i < N; ++i) {
       const int32_t tok = lp::argmax(logits[size_t(i)]);
       passes[size_t(i + 1)] =
-          lazy ? dec[size_t(i)]->begin_decode(tok, p, prunes[size_t(i)], nullptr, nullptr)
-               : dec[size_t(i)]->begin_forward({&tok, 1}, {&p, 1}, {&row, 1}, nullptr, nullptr, nullptr);
+          dec[size_t(i)]->begin_decode(tok, p, lazy ? &prunes[size_t(i)] : nullptr, nullptr, nullptr);
       members[size_t(i + 1)] = {dec[size_t(i)].get(), &passes[size_t(i + 1)], logits[size_t(i)].data()};
     }
   };

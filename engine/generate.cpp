@@ -75,11 +75,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
     s.forward(prompt_ids, pos, {&last, 1}, logits.data(), wp ? &wreq : nullptr, &ws, nullptr);
     if (n_new > 1) {  // the decoding kernels (key splits, re-selection, revival) too
       const int32_t tok = argmax(logits), p = int32_t(T);
-      const int64_t row = 0;
-      if (wp)
-        s.decode_step(tok, p, logits.data(), wreq, &ws, nullptr);
-      else
-        s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &ws, nullptr);
+      s.decode_step(tok, p, logits.data(), wp ? &wreq : nullptr, &ws, nullptr);
     }
     s.backend().synchronize();
     s.reset();
@@ -144,12 +140,8 @@ Decoded decode_tokens(Session& s, const Model& m, int64_t prompt_tokens, int32_t
     if (o.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
     if (int64_t(d.ids.size()) == o.n_new) break;
     const int32_t p = int32_t(prompt_tokens + int64_t(d.ids.size()) - 1);
-    const int64_t row = 0;
     trace::Step st;
-    if (o.prune)
-      s.decode_step(next, p, logits.data(), *o.prune, &st, o.ops);
-    else
-      s.forward({&next, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &st, o.ops);
+    s.decode_step(next, p, logits.data(), o.prune, &st, o.ops);
     for (size_t l = 0; l < st.queries.size(); ++l) {
       d.computed += double(st.queries[l]);
       d.revivals += st.revived[l];

@@ -263,12 +263,7 @@ bool Scheduler::step() {
       if (i < n_decoding) {
         const int32_t tok = r.generated.back();
         const int32_t p = int32_t(int64_t(r.p.prompt.size()) + int64_t(r.generated.size()) - 1);
-        if (r.policy) {
-          r.pass = r.session->begin_decode(tok, p, r.prune, &r.stats, nullptr);
-        } else {
-          const int64_t row = 0;
-          r.pass = r.session->begin_forward({&tok, 1}, {&p, 1}, {&row, 1}, nullptr, &r.stats, nullptr);
-        }
+        r.pass = r.session->begin_decode(tok, p, r.policy ? &r.prune : nullptr, &r.stats, nullptr);
       } else {
         std::vector<int32_t> pos(r.p.prompt.size());
         std::iota(pos.begin(), pos.end(), 0);

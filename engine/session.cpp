@@ -359,8 +359,13 @@ Session::Pass Session::begin_forward(std::span<const int32_t> ids, std::span<con
   return ps;
 }
 
-Session::Pass Session::begin_decode(int32_t id, int32_t p, const PruneRequest& prune, trace::Step* stats,
-                                    OpTimers* timers) {
+Session::Pass Session::begin_decode(int32_t id, int32_t p, const PruneRequest* prune_or_null,
+                                    trace::Step* stats, OpTimers* timers) {
+  if (!prune_or_null) {  // unpruned: the new row, with logits, over every cached token
+    const int64_t row = 0;
+    return begin_forward({&id, 1}, {&p, 1}, {&row, 1}, nullptr, stats, timers);
+  }
+  const PruneRequest& prune = *prune_or_null;
   const ModelConfig& c = m_.config();
   Backend& b = *be_;
   if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
@@ -554,7 +559,7 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
   if (head(ps) > 0) lm_head(ps, logits);
 }
 
-void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest& prune, trace::Step* stats,
+void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest* prune, trace::Step* stats,
                           OpTimers* timers) {
   Pass ps = begin_decode(id, p, prune, stats, timers);
   run_layers(ps);

@@ -118,13 +118,14 @@ class Session {
                std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune = nullptr,
                trace::Step* stats = nullptr, OpTimers* timers = nullptr);
 
-  // One decoding step with LazyLLM-style re-selection (lazyllm, random) or the static set:
+  // One decoding step. Without `prune` (null), a plain pass of the one new row over every cached
+  // token. With it, re-selection (lazyllm, random-layers) or the static set (frozen, static-paper):
   // every step starts from all tokens; at each pruning layer the new token's attention selects;
   // a selected token without K/V at a layer is revived from the Aux Cache and computed from
   // there on; keys at each layer are exactly the step's active set. Every (token, layer) pair is
   // computed at most once over the session (checked: a violation throws). `stats` receives the
   // step's trace step, with the positions revived at each layer.
-  void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest& prune,
+  void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest* prune,
                    trace::Step* stats = nullptr, OpTimers* timers = nullptr);
 
   // One forward pass in progress, layer by layer. forward() and decode_step() run one alone; a
@@ -156,7 +157,7 @@ class Session {
   Pass begin_forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
                      std::span<const int64_t> logit_rows, const PruneRequest* prune, trace::Step* stats,
                      OpTimers* timers);
-  Pass begin_decode(int32_t id, int32_t pos, const PruneRequest& prune, trace::Step* stats, OpTimers* timers);
+  Pass begin_decode(int32_t id, int32_t pos, const PruneRequest* prune, trace::Step* stats, OpTimers* timers);
   void before_layer(Pass& ps, int l);  // decode: revival; the rows set; the attention norm
   void attend(Pass& ps, int l);        // RoPE, K/V append, attention over the layer's key set
   void mlp_in(Pass& ps, int l);        // residual, FFN norm

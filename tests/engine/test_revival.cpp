@@ -184,7 +184,7 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
       ASSERT_NEAR(logits[j], want[j], 1e-4 * rms(want)) << "step " << d;
     const int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t p = int32_t(rc.T + d);
-    s.decode_step(tok, p, logits.data(), req, &st);
+    s.decode_step(tok, p, logits.data(), &req, &st);
     decoded.push_back(st);
     want = ref.step({tok}, {p}, steps, testing::kept_of(st), &computed);
     EXPECT_EQ(st.queries, computed) << "decode step " << d;

@@ -227,7 +227,7 @@ TEST(Runahead, LazyLlmOnTheLastRankPrunesThePrefixItHoldsAndDecodesOn) {
   std::vector<float> logits = pruned;
   for (int i = 0; i < 3; ++i) {
     const int32_t tok = argmax(logits), p = int32_t(n + i);
-    ASSERT_NO_THROW(tail->decode_step(tok, p, logits.data(), req));
+    ASSERT_NO_THROW(tail->decode_step(tok, p, logits.data(), &req));
     EXPECT_TRUE(std::isfinite(logits[0]));
   }
 }
