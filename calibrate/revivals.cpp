@@ -6,6 +6,7 @@
 
 #include "calibrate/bobyqa.h"
 #include "model/error.h"
+#include "pruning/policy.h"
 
 namespace lp::calib {
 
@@ -65,7 +66,8 @@ RevivalModel fit_revival_model(const std::vector<trace::Trace>& traces, const st
   for (size_t k = 0; k < traces.size(); ++k) {
     const trace::Trace& t = traces[k];
     const std::string& name = names.at(k);
-    if (t.header.policy != "lazyllm" && t.header.policy != "random-layers")
+    const std::optional<PolicyKind> kind = policy_in_file(t.header.policy);  // the trace reader checked it
+    if (!kind || !policy_revives(*kind))
       fail("{}: a {} run has no revivals to fit (record one with run --prune lazyllm --trace)", name,
            t.header.policy);
     if (t.header.policy != m.policy)

@@ -66,11 +66,40 @@ const char* policy_name(PolicyKind k) {
   return "?";
 }
 
+PolicyTraits policy_traits(PolicyKind k) {
+  PolicyTraits t;
+  switch (k) {
+    case PolicyKind::None:
+      break;
+    case PolicyKind::LazyLLM:
+      t.prunes = t.scores_always = t.revives = true;
+      break;
+    case PolicyKind::RandomLayers:  // LazyLLM's layers and revival, a random choice: no scores
+      t.prunes = t.revives = true;
+      break;
+    case PolicyKind::Frozen:
+      t.prunes = t.scores_once = t.freezes = true;
+      break;
+    case PolicyKind::StaticPaper:  // its scores average the layers up to its one pruning layer
+      t.prunes = t.scores_once = t.scores_before = t.freezes = true;
+      break;
+    case PolicyKind::RandomDrop:
+      t.drops_prompt = true;
+      break;
+  }
+  return t;
+}
+
+bool scores_at(const PolicyTraits& t, bool prefill, int l, bool prunes_here, int first_prune) {
+  if (prunes_here) return t.scores_always || (t.scores_once && prefill && l == first_prune);
+  return t.scores_before && prefill && l < first_prune;
+}
+
 bool policy_revives(PolicyKind k) {
-  return k == PolicyKind::LazyLLM || k == PolicyKind::RandomLayers;
+  return policy_traits(k).revives;
 }
 bool policy_freezes(PolicyKind k) {
-  return k == PolicyKind::Frozen || k == PolicyKind::StaticPaper;
+  return policy_traits(k).freezes;
 }
 
 int64_t random_drop_kept(int64_t n, double share) {

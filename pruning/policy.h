@@ -45,6 +45,23 @@ const char* policy_name(PolicyKind k);
 extern const char* const kPolicyNames;
 // For a command-line option: "" if `name` is a policy, else the problem in one line.
 std::string check_policy_arg(std::string_view name);
+// What a policy does that the engine's scheduling and the simulator's costing must agree on, as
+// data: one answer per question, for every reader (the engine's PruningPolicy objects are held to
+// it by a test, tests/pruning).
+struct PolicyTraits {
+  bool prunes = false;         // removes tokens at its pruning layers (not none, not random-drop)
+  bool scores_always = false;  // scores (the last token's attention) at every pruning layer of every pass
+  bool scores_once = false;    // scores at the prefill's first pruning layer only, then keeps that set
+  bool scores_before = false;  // also scores the prefill's layers before its first pruning layer
+  bool revives = false;        // decoding brings pruned tokens back (the Aux Cache's revival)
+  bool freezes = false;        // the selection is made in the prefill and kept by every decoding step
+  bool drops_prompt = false;   // drops prompt tokens before the model (no pruning inside it)
+};
+PolicyTraits policy_traits(PolicyKind k);
+// Whether a pass computes the last token's scores at layer `l` (whose pruning step, if any, is
+// `prunes_here`) when the prefill's first pruning layer is `first_prune`: the scoring that
+// LazyLLM-style selection costs.
+bool scores_at(const PolicyTraits& t, bool prefill, int l, bool prunes_here, int first_prune);
 // Whether pruned tokens can come back while decoding (the Aux Cache's revival).
 bool policy_revives(PolicyKind k);
 // Whether the selection is made once, in the prefill, and kept by every later decoding step.

@@ -133,15 +133,17 @@ struct Server::Impl {
       } catch (...) {
         fmt::print(stderr, "lazyprefill serve: engine: an exception that is not a std::exception\n");
       }
-      if (!outbox.empty())  // the step's text and ends, in order, in one post (one wake-up)
-        asio::post(ioc, [v = std::exchange(outbox, {})]() mutable {
-          for (auto& f : v) f();
-        });
+      // The state first, then the step's answers: a client that has its answer reads gauges (and a
+      // /health) that count its request as finished.
       metrics.engine_state(sched);
       {
         std::lock_guard lk(state_mu);
         state = EngineState{sched.queued(), sched.running(), sched.kv_bytes_reserved(), sched.budget_bytes()};
       }
+      if (!outbox.empty())  // the step's text and ends, in order, in one post (one wake-up)
+        asio::post(ioc, [v = std::exchange(outbox, {})]() mutable {
+          for (auto& f : v) f();
+        });
       if (!worked) {
         if (engine_stop.load() && sched.queued() == 0 && sched.running() == 0) return;
         sched.wait_for_work(std::chrono::milliseconds(100));

@@ -165,7 +165,10 @@ double activation_bytes(const ModelConfig& c, int64_t T, double act_bytes) {
 
 Replayer::Replayer(const trace::Header& h, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                    int64_t batch, int tp, size_t keep_steps)
-    : hw_(hw), c_(c), B_(batch), tp_(tp), keep_steps_(keep_steps), cc_(hw, p), policy_(h.policy) {
+    : hw_(hw), c_(c), B_(batch), tp_(tp), keep_steps_(keep_steps), cc_(hw, p) {
+  const std::optional<PolicyKind> kind = policy_in_file(h.policy);
+  if (!kind) fail("the trace's policy '{}' is not one of {}", h.policy, kPolicyNames);
+  traits_ = policy_traits(*kind);
   const int L = c.n_layer;
   if (batch < 1) fail("batch must be at least 1, got {}", batch);
   if (h.n_layer != L)
@@ -231,15 +234,11 @@ void Replayer::add(const trace::Step& s) {
     else  // a listed set where the trace says the step attended fewer keys than the layer held
       add_decoding(w, s.queries[size_t(l)], s.attended.empty() ? seq_keys : s.keys[size_t(l)], seq_keys,
                    s.pairs[size_t(l)], cc_.listed_attention_own, B);
-    if (prune_at_[size_t(l)] && policy_ != "none") {
-      // lazyllm scores at every pruning layer and step; frozen and static-paper once, in the prefill.
-      const bool scores = policy_ == "lazyllm" || ((policy_ == "frozen" || policy_ == "static-paper") &&
-                                                   prefill && l == first_prune_);
-      if (scores) w.scorers = 1, w.score_keys = keys;
-      w.selects = 1, w.select_keys = keys;
-    } else if (policy_ == "static-paper" && prefill && l < first_prune_) {
-      w.scorers = 1, w.score_keys = keys;  // its scores average the layers up to its pruning layer
-    }
+    // Scoring and selection as the policy's traits say (pruning/policy.h: the serving simulation
+    // reads the same).
+    const bool prunes_here = prune_at_[size_t(l)] && traits_.prunes;
+    if (scores_at(traits_, prefill, l, prunes_here, first_prune_)) w.scorers = 1, w.score_keys = keys;
+    if (prunes_here) w.selects = 1, w.select_keys = keys;
     // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
     // pruned ones saved), in decoding the Aux Cache writes and reads.
     w.moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)

@@ -10,6 +10,7 @@
 
 #include "hwmodels/profile.h"
 #include "model/config.h"
+#include "pruning/policy.h"
 #include "sim/cost.h"
 #include "sim/layer_cost.h"
 #include "traces/synthetic.h"
@@ -88,7 +89,7 @@ class Replayer {
   int tp_;
   size_t keep_steps_;
   CostContext cc_;
-  std::string policy_;
+  PolicyTraits traits_;          // the trace's policy
   ModelConfig g_;                // one GPU's shape
   std::vector<ModelConfig> lc_;  // per layer
   std::vector<char> prune_at_;

@@ -267,6 +267,15 @@ std::vector<ServingRequest> read_requests(const std::string& path) {
 
 // ---- the simulation ----
 
+namespace {
+// The method's policy, parsed once from its name (pruning/policy.h).
+PolicyKind method_kind(const ServingMethod& m) {
+  const std::optional<PolicyKind> k = policy_in_file(m.policy);
+  if (!k) fail("unknown policy '{}' (expected {})", m.policy, kPolicyNames);
+  return *k;
+}
+}  // namespace
+
 double RequestOutcome::itl_s() const {
   return output_tokens > 1 ? (finished_s - first_token_s) / double(output_tokens - 1) : 0.0;
 }
@@ -380,7 +389,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
     fail("the iteration overhead must be a non-negative time, got {}", cfg.iteration_overhead_s);
   if (!(cfg.time_scale > 0) || !std::isfinite(cfg.time_scale))
     fail("the time scale must be a positive number, got {}", cfg.time_scale);
-  const bool pruning = m.policy != "none" && !m.steps.empty();
+  const bool pruning = policy_traits(method_kind(m)).prunes && !m.steps.empty();
   for (size_t i = 0; i < reqs.size(); ++i) {
     const ServingRequest& r = reqs[i];
     if (i > 0 && r.arrival_s < reqs[i - 1].arrival_s) fail("request {}: arrivals are not sorted", i);
@@ -460,10 +469,8 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
   int64_t kv_stride = 1;
 
   // One request's step into the iteration's work. `rows` of a chunk: its tokens (no pruning).
-  // frozen and static-paper score once, at the prefill's pruning layer (static-paper also at the
-  // layers before it: rows of one query each, left out here as a negligible cost).
-  const bool scores_always = m.policy == "lazyllm",
-             scores_first = m.policy == "frozen" || m.policy == "static-paper";
+  // Scoring and selection as the policy's traits say, as the batch-1 replay costs them.
+  const PolicyTraits traits = policy_traits(method_kind(m));
   // One request's step into the iteration's work; returns the K/V it holds after it, bytes.
   const bool listed = hw.eff(hw::Family::Attention).prices_listed();  // listed key sets priced apart
   const auto add_step = [&](const trace::Step& s, bool prefill) {
@@ -485,10 +492,9 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
         w.rows += q, w.pairs += pairs[l], w.keys += keys;
       else
         add_decoding(w, q, attended ? keys_at[l] : keys, keys, pairs[l], listed);
-      if (prune_at[size_t(l)]) {
-        if (scores_always || (scores_first && prefill && l == first_prune)) ++w.scorers, w.score_keys += keys;
-        ++w.selects, w.select_keys += keys;
-      }
+      const bool prunes_here = prune_at[size_t(l)] && traits.prunes;
+      if (scores_at(traits, prefill, l, prunes_here, first_prune)) ++w.scorers, w.score_keys += keys;
+      if (prunes_here) ++w.selects, w.select_keys += keys;
       moved[k] += prefill ? (aux_writes[l] > 0 ? q : 0) : aux_writes[l] + aux_reads[l];
     }
     return double(held) * kv_token_layer;
@@ -642,7 +648,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
 ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                             const ServingMethod& m, const ServingConfig& cfg,
                             std::span<const ServingRequest> reqs) {
-  if (m.policy != "random-drop") return simulate_requests(c, hw, p, m, cfg, reqs);
+  if (!policy_traits(method_kind(m)).drops_prompt) return simulate_requests(c, hw, p, m, cfg, reqs);
   // random-drop: every request's prompt shorter before the model, then served unpruned; the
   // outcomes keep the prompts as sent, and the share of their pairs computed says what was dropped.
   std::vector<ServingRequest> shorter(reqs.begin(), reqs.end());

@@ -309,7 +309,9 @@ TEST(Scheduler, AFailureAtAnyStageEndsItsRequestAndReleasesItsReservation) {
     }
     // The batch's failure ends both; every other failure is the one request's.
     EXPECT_EQ(done.at(good).finish, stage == MidBatch ? Finish::Error : Finish::Length);
-    if (stage != MidBatch) EXPECT_EQ(done.at(good).output_tokens, 6);
+    if (stage != MidBatch) {
+      EXPECT_EQ(done.at(good).output_tokens, 6);
+    }
     EXPECT_EQ(s.kv_bytes_reserved(), 0);
     EXPECT_EQ(s.running(), 0);
     EXPECT_EQ(s.queued(), 0);
