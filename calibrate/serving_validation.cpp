@@ -25,7 +25,8 @@ std::vector<Logged> read_logged(const std::string& path) {
   std::vector<Logged> out;
   for (const Logged& r : sim::read_request_log(path)) {
     if (r.error) continue;
-    if (!(r.admitted_s >= r.arrival_s && r.first_token_s >= r.admitted_s && r.finished_s >= r.first_token_s) ||
+    if (!(r.admitted_s >= r.arrival_s && r.first_token_s >= r.admitted_s &&
+          r.finished_s >= r.first_token_s) ||
         r.prompt_tokens < 1 || r.output_tokens < 1)
       fail("{}:{}: times missing or out of order, or empty counts", path, r.line);
     out.push_back(r);
@@ -98,8 +99,9 @@ SamplingSpread sampling_spread(const ServingCalibration& cal, const sim::Serving
     prompts.push_back(r.prompt_tokens), outputs.push_back(std::max<int64_t>(r.output_tokens, 1));
   const auto prompt = sim::LengthDist::from_samples(std::move(prompts)),
              output = sim::LengthDist::from_samples(std::move(outputs));
-  const sim::ServingRun run = sim::simulate_serving(cal.model, cal.hw, cal.precision, m, cal.config,
-                                                    sim::make_workload(kLongRun, {rate, 1.0}, prompt, output, 1));
+  const sim::ServingRun run =
+      sim::simulate_serving(cal.model, cal.hw, cal.precision, m, cal.config,
+                            sim::make_workload(kLongRun, {rate, 1.0}, prompt, output, 1));
   const sim::ServingMetrics mm = sim::serving_metrics(run, {});
   SamplingSpread out;
   out.requests = kLongRun, out.draws = kDraws, out.sample_size = n;
@@ -171,7 +173,8 @@ LoadTest read_load_test(const std::string& dir_name) {
   } catch (const std::exception& e) {
     fail("{}: {}", summary_path, e.what());
   }
-  if (t.rates.empty() || t.per_rate < 3) fail("{}: needs rates and at least 3 requests per rate", summary_path);
+  if (t.rates.empty() || t.per_rate < 3)
+    fail("{}: needs rates and at least 3 requests per rate", summary_path);
   for (const char* m : {"none", "lazyllm"}) {
     const std::string path = (dir / fmt::format("requests_{}.jsonl", m)).string();
     std::vector<Logged> log = read_logged(path);
@@ -367,8 +370,8 @@ MachineDrift machine_drift(const LoadTest& t, const ServingCalibration& cal) {
       const Logged& r = ml.log[i];
       if (!ran_alone(ml.log, r, r.first_token_s)) continue;  // its prefill alone
       const sim::ServingRequest one{0, r.prompt_tokens, 1};
-      const double predicted = sim::simulate_serving(cal.model, cal.hw, cal.precision, cal.methods.at(ml.name),
-                                                     cal.config, {&one, 1})
+      const double predicted = sim::simulate_serving(cal.model, cal.hw, cal.precision,
+                                                     cal.methods.at(ml.name), cal.config, {&one, 1})
                                    .requests[0]
                                    .ttft_s();
       ratio[i / size_t(t.per_rate)].push_back((r.first_token_s - r.admitted_s) / predicted);

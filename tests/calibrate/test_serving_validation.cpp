@@ -44,19 +44,25 @@ TEST(ServingValidation, RefusesALoadTestItCannotUse) {
     return std::string("accepted");
   };
   EXPECT_NE(refusal().find("serve_load_summary.json"), std::string::npos);  // none there
-  write("serve_load_summary.json",
-        R"({"load": {"rates": [0.1], "requests_per_rate": 2}, "prompts": {"tokens": {"min": 1}}, "argv": []})");
+  write(
+      "serve_load_summary.json",
+      R"({"load": {"rates": [0.1], "requests_per_rate": 2}, "prompts": {"tokens": {"min": 1}}, "argv": []})");
   EXPECT_NE(refusal().find("at least 3 requests per rate"), std::string::npos) << refusal();
-  write("serve_load_summary.json",
-        R"({"load": {"rates": [0.1], "requests_per_rate": 3}, "prompts": {"tokens": {"min": 1}}, "argv": []})");
-  write("requests_none.jsonl",
-        R"({"arrival_s": 1, "admitted_s": 2, "first_token_s": 1.5, "finished_s": 3, "prompt_tokens": 5, "output_tokens": 2})"
-        "\n");
-  EXPECT_NE(refusal().find("requests_none.jsonl:1: times missing or out of order"), std::string::npos) << refusal();
-  write("requests_none.jsonl",
-        R"({"arrival_s": 1, "admitted_s": 1, "first_token_s": 1.5, "finished_s": 3, "prompt_tokens": 5, "output_tokens": 2})"
-        "\n");
-  EXPECT_NE(refusal().find("1 requests, but the summary's 1 rates x 3 make 3"), std::string::npos) << refusal();
+  write(
+      "serve_load_summary.json",
+      R"({"load": {"rates": [0.1], "requests_per_rate": 3}, "prompts": {"tokens": {"min": 1}}, "argv": []})");
+  write(
+      "requests_none.jsonl",
+      R"({"arrival_s": 1, "admitted_s": 2, "first_token_s": 1.5, "finished_s": 3, "prompt_tokens": 5, "output_tokens": 2})"
+      "\n");
+  EXPECT_NE(refusal().find("requests_none.jsonl:1: times missing or out of order"), std::string::npos)
+      << refusal();
+  write(
+      "requests_none.jsonl",
+      R"({"arrival_s": 1, "admitted_s": 1, "first_token_s": 1.5, "finished_s": 3, "prompt_tokens": 5, "output_tokens": 2})"
+      "\n");
+  EXPECT_NE(refusal().find("1 requests, but the summary's 1 rates x 3 make 3"), std::string::npos)
+      << refusal();
 }
 
 // A calibration made by hand: the default model's configuration on cpu-local, no fit.
@@ -90,7 +96,8 @@ LoadTest simulated(const ServingCalibration& cal, std::vector<double> slow, std:
       for (int i = 0; i < 8; ++i) reqs.push_back({i / t.rates[g], 600 + 97 * i, 4 + i % 3});
       sim::ServingConfig cfg = cal.config;
       cfg.time_scale = slow[g];
-      const sim::ServingRun run = sim::simulate_serving(cal.model, cal.hw, cal.precision, cal.methods.at(name), cfg, reqs);
+      const sim::ServingRun run =
+          sim::simulate_serving(cal.model, cal.hw, cal.precision, cal.methods.at(name), cfg, reqs);
       const double start = 1000.0 * double(g + 1);
       for (const sim::RequestOutcome& o : run.requests) {
         sim::LoggedRequest r;
@@ -123,7 +130,8 @@ TEST(ServingValidation, ItsOwnReplayComparesWithNoErrorAndADoubledTtftShows) {
       EXPECT_NEAR(r.figures.at(f).error, 0, 1e-9) << r.method << " " << r.rate << " " << figure_key(f);
       // A percentile's measured interval holds the prediction (throughput's zero-width band with no
       // drift holds it only to the last bit, which the arrivals' shift does not keep).
-      if (f != Figure::Throughput) EXPECT_TRUE(r.figures.at(f).consistent) << r.method << " " << figure_key(f);
+      if (f != Figure::Throughput)
+        EXPECT_TRUE(r.figures.at(f).consistent) << r.method << " " << figure_key(f);
     }
   EXPECT_TRUE(exact.rows[0].calibrated_on && !exact.rows[1].calibrated_on);
 

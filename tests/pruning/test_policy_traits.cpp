@@ -16,8 +16,8 @@ namespace {
 TEST(PolicyTraits, SayWhatThePoliciesDo) {
   const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7};
   const std::vector<float> favour_low = {8, 7, 6, 5, 4, 3, 2, 1}, favour_high = {1, 2, 3, 4, 5, 6, 7, 8};
-  for (const PolicyKind k : {PolicyKind::None, PolicyKind::LazyLLM, PolicyKind::Frozen, PolicyKind::RandomLayers,
-                             PolicyKind::StaticPaper, PolicyKind::RandomDrop}) {
+  for (const PolicyKind k : {PolicyKind::None, PolicyKind::LazyLLM, PolicyKind::Frozen,
+                             PolicyKind::RandomLayers, PolicyKind::StaticPaper, PolicyKind::RandomDrop}) {
     SCOPED_TRACE(policy_name(k));
     const PolicyTraits t = policy_traits(k);
     EXPECT_EQ(t.revives, policy_revives(k));
