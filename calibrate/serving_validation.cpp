@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/math/tools/minima.hpp>
 #include <cmath>
 #include <filesystem>
@@ -60,30 +61,15 @@ std::vector<Lone> lone_requests(const LoadTest& t) {
   return lone;
 }
 
-// Seconds: a rate's TTFT p50 and p90, ITL p50 and throughput.
+// Seconds: a rate's TTFT p50 and p90, ITL p50 and throughput, indexed by Figure.
 struct GroupFigures {
-  double ttft50 = 0, ttft90 = 0, itl50 = 0, throughput = 0;
-  double of(Figure f) const {
-    switch (f) {
-      case Figure::TtftP50:
-        return ttft50;
-      case Figure::TtftP90:
-        return ttft90;
-      case Figure::ItlP50:
-        return itl50;
-      case Figure::Throughput:
-        return throughput;
-    }
-    return 0;
-  }
+  std::array<double, 4> v{};
+  double of(Figure f) const { return v[size_t(f)]; }
 };
 GroupFigures figures(const std::vector<double>& ttft, const std::vector<double>& itl, double first_arrival,
                      double last_finish, size_t n) {
-  GroupFigures g;
   const sim::Percentiles t = sim::percentiles(ttft), i = sim::percentiles(itl);
-  g.ttft50 = t.p50, g.ttft90 = t.p90, g.itl50 = i.p50;
-  g.throughput = last_finish > first_arrival ? double(n) / (last_finish - first_arrival) : 0;
-  return g;
+  return {{t.p50, t.p90, i.p50, last_finish > first_arrival ? double(n) / (last_finish - first_arrival) : 0}};
 }
 
 // How well `n` requests a rate pin a percentile there (sim::sample_quantile_spread), on the
@@ -124,32 +110,22 @@ SamplingSpread sampling_spread(const ServingCalibration& cal, const sim::Serving
 
 }  // namespace
 
-const char* figure_key(Figure f) {
-  switch (f) {
-    case Figure::TtftP50:
-      return "ttft_p50";
-    case Figure::TtftP90:
-      return "ttft_p90";
-    case Figure::ItlP50:
-      return "itl_p50";
-    case Figure::Throughput:
-      return "requests_per_s";
-  }
-  return "?";
-}
+namespace {
+struct FigureNames {
+  const char* key;    // of an error or an uncertainty
+  const char* field;  // of a figure, with its unit
+};
+constexpr FigureNames kFigureNames[] = {{"ttft_p50", "ttft_p50_ms"},
+                                        {"ttft_p90", "ttft_p90_ms"},
+                                        {"itl_p50", "itl_p50_ms"},
+                                        {"requests_per_s", "requests_per_s"}};
+}  // namespace
 
+const char* figure_key(Figure f) {
+  return kFigureNames[size_t(f)].key;
+}
 const char* figure_field(Figure f) {
-  switch (f) {
-    case Figure::TtftP50:
-      return "ttft_p50_ms";
-    case Figure::TtftP90:
-      return "ttft_p90_ms";
-    case Figure::ItlP50:
-      return "itl_p50_ms";
-    case Figure::Throughput:
-      return "requests_per_s";
-  }
-  return "?";
+  return kFigureNames[size_t(f)].field;
 }
 
 LoadTest read_load_test(const std::string& dir_name) {
@@ -454,8 +430,8 @@ RateComparisons compare_rates(const LoadTest& t, const ServingCalibration& cal, 
         fc.consistent = overlap;
         row.figures[f] = fc;
       }
-      measured_sat = std::max(measured_sat, mf.throughput);
-      predicted_sat = std::max(predicted_sat, pf.throughput);
+      measured_sat = std::max(measured_sat, mf.of(Figure::Throughput));
+      predicted_sat = std::max(predicted_sat, pf.of(Figure::Throughput));
       out.rows.push_back(std::move(row));
     }
     // Below saturation: a rate under the measured saturation throughput.

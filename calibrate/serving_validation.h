@@ -96,7 +96,7 @@ struct FigureCheck {
   std::optional<sim::QuantileInterval> interval;
   bool consistent = false;
 };
-enum class Figure { TtftP50, TtftP90, ItlP50, Throughput };
+enum class Figure { TtftP50, TtftP90, ItlP50, Throughput };  // in this order (indexes)
 inline constexpr Figure kFigures[] = {Figure::TtftP50, Figure::TtftP90, Figure::ItlP50, Figure::Throughput};
 const char* figure_key(Figure f);    // "ttft_p50", ..., "requests_per_s"
 const char* figure_field(Figure f);  // "ttft_p50_ms", ..., "requests_per_s"
