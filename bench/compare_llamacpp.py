@@ -60,6 +60,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", help="write every sample here")
     a = ap.parse_args()
+    if not os.access(a.lp_bench, os.X_OK):
+        sys.exit(f"compare_llamacpp: {a.lp_bench} is not built (cmake --build build --target benches)")
     lengths = [int(t) for t in a.tokens.split(",")]
     cases = [(f"pp{n}", f"BM_Prefill/{a.dtype}/{n}/min_time:2.000/real_time", ["-p", str(n), "-n", "0"])
              for n in lengths]

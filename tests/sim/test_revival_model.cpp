@@ -68,7 +68,9 @@ TEST(RevivalModel, FitRecoversAKnownDecay) {
     EXPECT_NEAR(m.stages[i].tau_steps, truth(i).tau_steps, 0.1 * truth(i).tau_steps);
     EXPECT_LT(m.stages[i].rms_error, 2e-4);
     EXPECT_EQ(m.stages[i].points, 40 + 30);
-    if (i > 0) EXPECT_NEAR(m.stages[i].survival, 0.6, 0.01);  // stage 0 has no rows revived before it
+    if (i > 0) {  // stage 0 has no rows revived before it
+      EXPECT_NEAR(m.stages[i].survival, 0.6, 0.01);
+    }
   }
   EXPECT_LT(m.stages[0].survival, 0);
   // The fitted model regenerates the traces' counts closely.
