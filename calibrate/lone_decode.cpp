@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/math/statistics/univariate_statistics.hpp>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -20,9 +21,7 @@ namespace lp::calib {
 namespace {
 
 double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return boost::math::statistics::median(v);
 }
 
 // An op's measured time in a `run --json` output's ops.decode.total, seconds.

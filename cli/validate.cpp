@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "calibrate/calibrate.h"
+#include "calibrate/local_validation.h"
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
 #include "cli/run_output.h"
@@ -25,24 +26,70 @@ namespace lp::cli {
 namespace {
 using json = nlohmann::ordered_json;
 
-struct Case {
-  int64_t tokens;
-  std::string policy, schedule;
-  bool train;
-  std::string label() const {
-    std::string s = fmt::format("{}-{}-{}", tokens, policy, schedule);
-    std::replace(s.begin(), s.end(), ':', '_');
-    std::replace(s.begin(), s.end(), ',', '+');
-    return s;
+json local_validation_json(const calib::LocalValidation& v) {
+  json held = json::array();
+  for (const calib::HeldOutCase& h : v.held) {
+    json ops = json::object();
+    for (const calib::OpCheck& o : h.ops)
+      ops[std::string(op_name(o.op))] = {
+          {"measured_ms", o.measured_ms}, {"predicted_ms", o.predicted_ms}, {"error_pct", o.error_pct}};
+    held.push_back({{"case", h.c.label()},
+                    {"prompt_tokens", h.c.tokens},
+                    {"policy", h.c.policy},
+                    {"schedule", h.c.schedule},
+                    {"measured_ttft_ms", h.measured_ms},
+                    {"predicted_ttft_ms", h.predicted_ms},
+                    {"error_pct", h.error_pct},
+                    {"base_predicted_ttft_ms", h.base_predicted_ms},
+                    {"ops", ops}});
   }
-};
+  json speedups = json::array();
+  for (const calib::SpeedupCheck& x : v.speedups)
+    speedups.push_back({{"case", x.c.label()},
+                        {"held_out", x.held_out},
+                        {"measured_speedup", x.measured},
+                        {"measured_speedup_min", x.measured_min},
+                        {"measured_speedup_max", x.measured_max},
+                        {"measured_speedup_fastest_runs", x.fastest_runs},
+                        {"predicted_speedup", x.predicted},
+                        {"predicted_within_measured_range", x.within_range},
+                        {"error_points", x.error_points}});
+  return {{"cases", held},
+          {"ttft_mape", v.mape_pct},
+          {"base_ttft_mape", v.base_mape_pct},
+          {"speedups", speedups},
+          {"speedup_error_max_points", v.worst_points},
+          {"speedup_error_max_points_held_out", v.worst_points_held_out},
+          {"speedups_predicted_within_measured_range", v.within_range},
+          {"calibration", calibration_json(v.fitted, v.report, v.train)}};
+}
 
-struct Measured {
-  Case c;
-  calib::RunMeasurement m;
-  trace::Trace trace;
-  nlohmann::json run;
-};
+void print_local_validation(const calib::LocalValidation& v, const std::string& base) {
+  fmt::print("calibration on {} cases (profile {}):\n", v.train.size(), base);
+  print_calibration(v.fitted, v.report, v.train);
+  fmt::print("\nheld-out cases:\n{:<44} {:>12} {:>12} {:>8} {:>14}   worst op\n", "case", "measured ms",
+             "predicted ms", "error", "base profile");
+  for (const calib::HeldOutCase& h : v.held) {
+    const calib::OpCheck* w = h.worst_op();
+    fmt::print("{:<44} {:>12.1f} {:>12.1f} {:>+7.1f}% {:>12.1f}ms   {}\n", h.c.label(), h.measured_ms,
+               h.predicted_ms, h.error_pct, h.base_predicted_ms,
+               w ? fmt::format("{} {:+.0f}%", op_name(w->op), w->error_pct) : "");
+  }
+  fmt::print("\nheld-out TTFT MAPE {:.1f}% (the base profile before this fit: {:.1f}%)\n", v.mape_pct,
+             v.base_mape_pct);
+  fmt::print(
+      "\nspeedup over the unpruned run at the same length (median of the rounds' paired ratios, "
+      "their range):\n{:<44} {:>9} {:>17} {:>10} {:>8}\n",
+      "case", "measured", "range", "predicted", "error");
+  for (const calib::SpeedupCheck& x : v.speedups)
+    fmt::print("{:<44} {:>8.3f}x {:>7.3f}-{:.3f}x {:>9.3f}x {:>+6.1f} pt{}\n", x.c.label(), x.measured,
+               x.measured_min, x.measured_max, x.predicted, x.error_points,
+               x.held_out ? "" : "   (both runs calibrated on)");
+  fmt::print(
+      "largest speedup error: {:.1f} points over cases with a held-out run, {:.1f} over all; {} of {} "
+      "predictions inside the measured range\n",
+      v.worst_points_held_out, v.worst_points, v.within_range, v.speedups.size());
+}
 }  // namespace
 
 CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
@@ -112,191 +159,51 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   const auto model =
       Model::load(a.model.empty() ? default_model_path() : a.model, int8 ? DType::Int8 : DType::F32, ctx);
   const std::vector<int32_t> text = model->tokenizer().encode(builtin_english_text(), true, false);
-  const std::vector<int64_t> lengths =
-      a.quick ? std::vector<int64_t>{256, 512, 1024, 2048} : std::vector<int64_t>{256, 1024, 4096, 8192};
-  const std::vector<std::pair<std::string, std::string>> schedules = {{"none", "none"},
-                                                                      {"lazyllm", "0.3:0.3,0.6:0.3,0.9:0.3"},
-                                                                      {"lazyllm", "0.1:0.5,0.3:0.5,0.5:0.5"},
-                                                                      {"frozen", "0.3:0.3,0.6:0.3,0.9:0.3"}};
-  std::vector<Case> cases;
-  for (size_t li = 0; li < lengths.size(); ++li)
-    for (size_t si = 0; si < schedules.size(); ++si)
-      cases.push_back({lengths[li], schedules[si].first, schedules[si].second, (li + si) % 2 == 0});
-
-  // Rounds over every case (--rounds, default 3), the fastest of each kept: noise on a shared machine only
-  // ever adds time, and alternating the cases spreads a slow minute over all of them instead of one.
+  const std::vector<calib::LocalCase> cases = calib::local_cases(a.quick);
   std::vector<std::vector<int32_t>> prompts(cases.size());
   std::vector<GenerateOptions> opts(cases.size());
-  std::vector<GenerateResult> best(cases.size());
-  std::vector<std::vector<double>> prefill_s(cases.size());  // every round's, for paired ratios
   for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    prompts[i].resize(static_cast<size_t>(c.tokens));
+    prompts[i].resize(static_cast<size_t>(cases[i].tokens));
     for (size_t k = 0; k < prompts[i].size(); ++k) prompts[i][k] = text[k % text.size()];
     opts[i].max_new_tokens = 0;
-    opts[i].policy = parse_policy(c.policy);
-    opts[i].schedule = parse_schedule(c.schedule);
+    opts[i].policy = parse_policy(cases[i].policy);
+    opts[i].schedule = parse_schedule(cases[i].schedule);
   }
-  for (int rep = 0; rep < a.rounds; ++rep)
-    for (size_t i = 0; i < cases.size(); ++i) {
-      GenerateResult r = generate(ctx, *model, prompts[i], opts[i]);
-      prefill_s[i].push_back(r.prefill_s);
-      if (rep == 0 || r.prefill_s < best[i].prefill_s) best[i] = std::move(r);
-      if (rep == a.rounds - 1)
-        fmt::print(stderr, "validate: case {:>2}/{} {:<44} {:>9.1f} ms ({})\n", i + 1, cases.size(),
-                   cases[i].label(), best[i].prefill_s * 1e3, cases[i].train ? "calibration" : "held out");
-      else
-        fmt::print(stderr, "validate: round {}/{}, case {:>2}/{}\r", rep + 1, a.rounds, i + 1, cases.size());
-    }
-  std::vector<Measured> runs;
+  const Rounds rounds = generate_rounds(
+      ctx, *model, prompts, opts, a.rounds, [&](int round, size_t i, const GenerateResult& fastest) {
+        if (round == a.rounds - 1)
+          fmt::print(stderr, "validate: case {:>2}/{} {:<44} {:>9.1f} ms ({})\n", i + 1, cases.size(),
+                     cases[i].label(), fastest.prefill_s * 1e3, cases[i].train ? "calibration" : "held out");
+        else
+          fmt::print(stderr, "validate: round {}/{}, case {:>2}/{}\r", round + 1, a.rounds, i + 1,
+                     cases.size());
+      });
+  // Each case's fastest run as `run --json` writes it (the measurement format calibrate reads).
+  std::vector<calib::MeasuredCase> measured;
   for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    Measured m{c,
-               {},
-               run_trace(model->config(), opts[i], best[i], a.dtype, 0, false),
-               run_json(*model, opts[i], best[i], a.dtype, ctx.threads())};
-    m.m = calib::measurement_from_run_json(m.run, c.label());
+    const json run = run_json(*model, opts[i], rounds.fastest[i], a.dtype, ctx.threads());
     if (!a.out_dir.empty())
-      write_file_atomic((std::filesystem::path(a.out_dir) / (c.label() + ".json")).string(),
-                        m.run.dump(2) + "\n", "run output");
-    runs.push_back(std::move(m));
+      write_file_atomic((std::filesystem::path(a.out_dir) / (cases[i].label() + ".json")).string(),
+                        run.dump(2) + "\n", "run output");
+    measured.push_back({cases[i], calib::measurement_from_run_json(run, cases[i].label()),
+                        run_trace(model->config(), opts[i], rounds.fastest[i], a.dtype, 0, false),
+                        rounds.prefill_s[i]});
   }
-
-  std::vector<calib::RunMeasurement> train;
-  for (const Measured& m : runs)
-    if (m.c.train) train.push_back(m.m);
-  calib::CalibrationReport rep;
-  const hw::Profile fitted = calib::calibrate(base, train, &rep);
   // What the engine ran: f32 throughout, or (int8) 8-bit GEMMs over the file's blocks at their bits
   // per weight as the engine counts them, and the f16 K/V cache the CPU backend keeps then
   // (kernels/cpu/kv_cache.h: kv_type_for).
   const sim::Precision precision =
       int8 ? sim::Precision{fmt::format("{}bpw", 8 * model->weights().gemm_bytes_per_weight()), "int8", "f16"}
            : sim::Precision{"f32", "f32", "f32"};
-
-  json held = json::array();
-  double ape = 0, base_ape = 0;
-  int n = 0;
-  for (const Measured& m : runs) {
-    if (m.c.train) continue;
-    const sim::Prediction p = sim::replay(m.trace, model->config(), fitted, precision);
-    const sim::Prediction b = sim::replay(m.trace, model->config(), base, precision);
-    const double meas = m.m.prefill_s;
-    json ops = json::object();
-    const auto& measured_ops = m.run["ops"]["prefill"]["total"];
-    for (int i = 0; i < kNumOps; ++i) {
-      const std::string name(op_name(Op(i)));
-      if (!measured_ops.contains(name)) continue;
-      const double mo = measured_ops[name]["ms"].get<double>(), po = p.prefill_ops[size_t(i)].time_s * 1e3;
-      ops[name] = {
-          {"measured_ms", mo}, {"predicted_ms", po}, {"error_pct", mo > 0 ? 100 * (po / mo - 1) : 0.0}};
-    }
-    held.push_back({{"case", m.c.label()},
-                    {"prompt_tokens", m.c.tokens},
-                    {"policy", m.c.policy},
-                    {"schedule", m.c.schedule},
-                    {"measured_ttft_ms", meas * 1e3},
-                    {"predicted_ttft_ms", p.ttft_s * 1e3},
-                    {"error_pct", 100 * (p.ttft_s / meas - 1)},
-                    {"base_predicted_ttft_ms", b.ttft_s * 1e3},
-                    {"ops", ops}});
-    ape += std::fabs(p.ttft_s / meas - 1);
-    base_ape += std::fabs(b.ttft_s / meas - 1);
-    ++n;
-  }
-  const double mape = 100 * ape / n, base_mape = 100 * base_ape / n;
-
-  // Speedup of each pruned case over the unpruned run at its length, measured and predicted (with
-  // the fitted profile, from each run's own trace); the error in points (1.50x vs 1.47x: 3 points).
-  // A ratio of two runs: the case is held out when either run is. Measured as the median over the
-  // rounds of the ratio within each round (the two runs a few seconds apart, so a slow minute of
-  // this shared machine slows both), with the rounds' range as its spread; the ratio of the fastest
-  // runs is kept beside it.
-  json speedups = json::array();
-  double worst_held = 0, worst_all = 0;
-  int within_spread = 0;
-  for (size_t mi = 0; mi < runs.size(); ++mi) {
-    const Measured& m = runs[mi];
-    if (m.c.policy == "none") continue;
-    const auto none = std::find_if(runs.begin(), runs.end(), [&](const Measured& x) {
-      return x.c.policy == "none" && x.c.tokens == m.c.tokens;
-    });
-    if (none == runs.end()) continue;
-    const size_t ni = size_t(none - runs.begin());
-    std::vector<double> ratios;
-    for (size_t r = 0; r < prefill_s[mi].size(); ++r) ratios.push_back(prefill_s[ni][r] / prefill_s[mi][r]);
-    std::sort(ratios.begin(), ratios.end());
-    const size_t h = ratios.size() / 2;
-    const double measured = ratios.size() % 2 ? ratios[h] : 0.5 * (ratios[h - 1] + ratios[h]);
-    const double fastest = none->m.prefill_s / m.m.prefill_s;
-    const double predicted = sim::replay(none->trace, model->config(), fitted, precision).ttft_s /
-                             sim::replay(m.trace, model->config(), fitted, precision).ttft_s;
-    const bool held_out = !m.c.train || !none->c.train;
-    const double err = 100 * (predicted - measured);
-    worst_all = std::max(worst_all, std::fabs(err));
-    if (held_out) worst_held = std::max(worst_held, std::fabs(err));
-    const bool inside = predicted >= ratios.front() && predicted <= ratios.back();
-    within_spread += inside;
-    speedups.push_back({{"case", m.c.label()},
-                        {"held_out", held_out},
-                        {"measured_speedup", measured},
-                        {"measured_speedup_min", ratios.front()},
-                        {"measured_speedup_max", ratios.back()},
-                        {"measured_speedup_fastest_runs", fastest},
-                        {"predicted_speedup", predicted},
-                        {"predicted_within_measured_range", inside},
-                        {"error_points", err}});
-  }
-  if (a.json_out) {
-    json j = {{"model", model->path()},
-              {"dtype", a.dtype},
-              {"threads", ctx.threads()},
-              {"base_profile", base.name},
-              {"quick", a.quick},
-              {"rounds", a.rounds},
-              {"cases", held},
-              {"ttft_mape", mape},
-              {"base_ttft_mape", base_mape},
-              {"speedups", speedups},
-              {"speedup_error_max_points", worst_all},
-              {"speedup_error_max_points_held_out", worst_held},
-              {"speedups_predicted_within_measured_range", within_spread},
-              {"calibration", calibration_json(fitted, rep, train)}};
-    std::puts(j.dump(2).c_str());
+  const calib::LocalValidation v = calib::validate_local(base, model->config(), precision, measured);
+  if (!a.json_out) {
+    print_local_validation(v, base.name);
     return 0;
   }
-  fmt::print("calibration on {} cases (profile {}):\n", train.size(), base.name);
-  print_calibration(fitted, rep, train);
-  fmt::print("\nheld-out cases:\n{:<44} {:>12} {:>12} {:>8} {:>14}   worst op\n", "case", "measured ms",
-             "predicted ms", "error", "base profile");
-  for (const json& h : held) {
-    std::string worst;
-    double we = -1;
-    for (const auto& [name, o] : h["ops"].items())
-      if (o["measured_ms"].get<double>() > 0.05 * h["measured_ttft_ms"].get<double>() &&
-          std::fabs(o["error_pct"].get<double>()) > we) {
-        we = std::fabs(o["error_pct"].get<double>());
-        worst = fmt::format("{} {:+.0f}%", name, o["error_pct"].get<double>());
-      }
-    fmt::print("{:<44} {:>12.1f} {:>12.1f} {:>+7.1f}% {:>12.1f}ms   {}\n", h["case"].get<std::string>(),
-               h["measured_ttft_ms"].get<double>(), h["predicted_ttft_ms"].get<double>(),
-               h["error_pct"].get<double>(), h["base_predicted_ttft_ms"].get<double>(), worst);
-  }
-  fmt::print("\nheld-out TTFT MAPE {:.1f}% (the base profile before this fit: {:.1f}%)\n", mape, base_mape);
-  fmt::print(
-      "\nspeedup over the unpruned run at the same length (median of the rounds' paired ratios, "
-      "their range):\n{:<44} {:>9} {:>17} {:>10} {:>8}\n",
-      "case", "measured", "range", "predicted", "error");
-  for (const json& x : speedups)
-    fmt::print("{:<44} {:>8.3f}x {:>7.3f}-{:.3f}x {:>9.3f}x {:>+6.1f} pt{}\n", x["case"].get<std::string>(),
-               x["measured_speedup"].get<double>(), x["measured_speedup_min"].get<double>(),
-               x["measured_speedup_max"].get<double>(), x["predicted_speedup"].get<double>(),
-               x["error_points"].get<double>(),
-               x["held_out"].get<bool>() ? "" : "   (both runs calibrated on)");
-  fmt::print(
-      "largest speedup error: {:.1f} points over cases with a held-out run, {:.1f} over all; {} of {} "
-      "predictions inside the measured range\n",
-      worst_held, worst_all, within_spread, speedups.size());
+  json j = {{"model", model->path()},    {"dtype", a.dtype}, {"threads", ctx.threads()},
+            {"base_profile", base.name}, {"quick", a.quick}, {"rounds", a.rounds}};
+  j.update(local_validation_json(v));
+  std::puts(j.dump(2).c_str());
   return 0;
 }
 

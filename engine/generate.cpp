@@ -164,4 +164,24 @@ GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t
   });
 }
 
+Rounds generate_rounds(
+    CpuContext& ctx, const Model& m, const std::vector<std::vector<int32_t>>& prompts,
+    const std::vector<GenerateOptions>& opts, int rounds,
+    const std::function<void(int round, size_t i, const GenerateResult& fastest)>& progress) {
+  if (prompts.size() != opts.size())
+    fail("generate_rounds: {} prompts for {} options", prompts.size(), opts.size());
+  if (rounds < 1) fail("generate_rounds: rounds must be at least 1, got {}", rounds);
+  Rounds r;
+  r.fastest.resize(prompts.size());
+  r.prefill_s.resize(prompts.size());
+  for (int round = 0; round < rounds; ++round)
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerateResult g = generate(ctx, m, prompts[i], opts[i]);
+      r.prefill_s[i].push_back(g.prefill_s);
+      if (round == 0 || g.prefill_s < r.fastest[i].prefill_s) r.fastest[i] = std::move(g);
+      if (progress) progress(round, i, r.fastest[i]);
+    }
+  return r;
+}
+
 }  // namespace lp

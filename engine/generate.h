@@ -106,4 +106,17 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
 GenerateResult generate(CpuContext& ctx, const Model& m, std::span<const int32_t> prompt_ids,
                         const GenerateOptions& opt);
 
+// Timing cases on a shared machine: every case `rounds` times, the cases alternated within each
+// round (a slow minute spreads over all of them instead of landing on one), each case's fastest
+// run kept (noise only ever adds time) with every round's prefill time, for ratios of two cases
+// within a round. `progress(round, case, its fastest run so far)` after each run.
+struct Rounds {
+  std::vector<GenerateResult> fastest;
+  std::vector<std::vector<double>> prefill_s;  // [case][round]
+};
+Rounds generate_rounds(
+    CpuContext& ctx, const Model& m, const std::vector<std::vector<int32_t>>& prompts,
+    const std::vector<GenerateOptions>& opts, int rounds,
+    const std::function<void(int round, size_t i, const GenerateResult& fastest)>& progress = {});
+
 }  // namespace lp
