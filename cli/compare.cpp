@@ -6,6 +6,8 @@
 // used, memory per device and whether it fits, and what it costs in accuracy where that is known
 // (LazyLLM: from an `eval --json` output when given; the exact methods: exact; the rest: not
 // measured). One table (or --json) and one chart (--chart FILE.svg: TTFT against prompt length).
+#include "sim/compare.h"
+
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -24,9 +26,6 @@
 #include "pruning/schedule.h"
 #include "reports/plot.h"
 #include "sim/kv_predict.h"
-#include "sim/replay.h"
-#include "sim/runahead.h"
-#include "traces/synthetic.h"
 
 namespace lp::cli {
 namespace {
@@ -76,14 +75,6 @@ std::string eval_text(const std::optional<EvalFigures>& f) {
   return s;
 }
 
-struct Row {
-  std::string method, family;  // family: the chart's series
-  int devices = 1;
-  double ttft_s = 0, memory_bytes = 0;
-  std::string accuracy, note;
-  bool refused = false;
-};
-
 }  // namespace
 
 CLI::App* add_compare(CLI::App& app, CompareArgs& a) {
@@ -128,17 +119,18 @@ int cmd_compare(const CompareArgs& a, const CLI::App& /*sub*/) {
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
   if (hws.size() != 1) usage_fail("--hw names one profile for compare, got {}", hws.size());
   const hw::Profile& hw = hws[0];
-  const int P = a.devices;
   const std::vector<int64_t> lengths = parse_lengths(a.prompt_tokens, "--prompt-tokens");
   std::vector<Schedule> schedules;
   for (const std::string& s : a.schedules) schedules.push_back(schedule_from_arg(s));
   if (schedules.empty()) schedules.push_back(default_schedule());
-  std::vector<std::vector<PruneStep>> steps;
-  for (const Schedule& s : schedules) steps.push_back(resolve_schedule(s, c.n_layer));
-  std::optional<ModelConfig> aux;
+  sim::CompareOptions opt;
+  opt.devices = a.devices;
+  opt.prompt_tokens = lengths;
+  opt.schedules = schedules;
   if (!a.kv_predict.empty()) {
-    aux = preset_config(a.kv_predict);
-    sim::check_kv_predict_pair(c, model_name, *aux, a.kv_predict);
+    opt.kv_predict = preset_config(a.kv_predict);
+    opt.kv_predict_name = a.kv_predict;
+    sim::check_kv_predict_pair(c, model_name, *opt.kv_predict, a.kv_predict);
   }
   std::vector<std::optional<EvalFigures>> evals(schedules.size());
   if (!a.eval.empty()) {
@@ -148,121 +140,77 @@ int cmd_compare(const CompareArgs& a, const CLI::App& /*sub*/) {
     for (size_t i = 0; i < schedules.size(); ++i)
       evals[i] = eval_figures(e, schedules[i].to_string(), a.eval);
   }
-  // Tensor parallelism over P of these devices, where the profile joins P and the model splits.
-  std::string tp_refused;
-  try {
-    sim::check_tp(c, hw, P);
-  } catch (const UsageError& e) {
-    tp_refused = e.what();
-  }
-  const sim::RunaheadLink link = sim::default_link(hw);
-  const std::string exact = "exact (the same computation)";
+  const sim::Comparison cmp = sim::compare_methods(c, hw, prec, opt);
+  const auto accuracy = [&](const sim::CompareRow& r) -> std::string {
+    switch (r.accuracy) {
+      case sim::CompareAccuracy::Exact:
+        return "exact (the same computation)";
+      case sim::CompareAccuracy::Schedule:
+        return eval_text(evals[r.schedule]);
+      case sim::CompareAccuracy::RunaheadLastRank:
+        return "not measured (the last rank prunes; docs/runahead.md)";
+      case sim::CompareAccuracy::KvPrediction:
+        return "not modelled (the trained predictor's; the paper's figures below)";
+    }
+    return "";
+  };
   const std::string first = schedules[0].to_string();
 
   json out;
   out["tool"] = "lazyprefill compare";
   out["model"] = model_name;
   out["hw"] = hw.name;
-  out["devices"] = P;
+  out["devices"] = a.devices;
   out["combined_schedule"] = first;
   out["precision"] = {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}};
   out["memory_per_device_gib"] = hw.memory_capacity / (1 << 30);
-  if (!tp_refused.empty()) out["tp_refused"] = tp_refused;
-  if (aux) out["kv_prediction_accuracy"] = sim::kv_predict_accuracy_note();
+  if (!cmp.tp_refused.empty()) out["tp_refused"] = cmp.tp_refused;
+  if (opt.kv_predict) out["kv_prediction_accuracy"] = sim::kv_predict_accuracy_note();
   json tables = json::array();
   std::map<std::string, report::Series> series;  // the chart's, by family
   std::vector<std::string> order;
   std::string text =
       fmt::format("{} on {} ({} {}/{}/{}; {} devices for the parallel methods, {:.0f} GiB each)\n",
                   model_name, hw.name, hw.kind == "gpu" ? "GPU" : "CPU", prec.weights, prec.compute, prec.kv,
-                  P, hw.memory_capacity / (1 << 30));
-  for (const int64_t N : lengths) {
-    std::vector<Row> rows;
-    const auto plain = sim::replay(trace::synthetic_trace(c, "none", {}, N, 0), c, hw, prec);
-    rows.push_back({"baseline: one device", "baseline", 1, plain.ttft_s, plain.memory.total(), exact, ""});
-    for (size_t i = 0; i < schedules.size(); ++i) {
-      const auto lazy = sim::replay(trace::synthetic_trace(c, "lazyllm", steps[i], N, 0), c, hw, prec);
-      rows.push_back({fmt::format("LazyLLM {}", schedules[i].to_string()),
-                      "LazyLLM " + schedules[i].to_string(), 1, lazy.ttft_s, lazy.memory.total(),
-                      eval_text(evals[i]), ""});
-    }
-    if (tp_refused.empty()) {
-      const auto tp = sim::replay(trace::synthetic_trace(c, "none", {}, N, 0), c, hw, prec, 1, P);
-      rows.push_back({fmt::format("tensor parallelism (TP) {}", P), "tensor parallelism", P, tp.ttft_s,
-                      tp.memory.total(), exact, ""});
-      const auto tpl = sim::replay(trace::synthetic_trace(c, "lazyllm", steps[0], N, 0), c, hw, prec, 1, P);
-      rows.push_back({fmt::format("LazyLLM + TP {}", P), "LazyLLM + tensor parallelism", P, tpl.ttft_s,
-                      tpl.memory.total(), eval_text(evals[0]), ""});
-    } else {
-      Row r{fmt::format("tensor parallelism (TP) {}", P),
-            "tensor parallelism",
-            P,
-            0,
-            0,
-            exact,
-            tp_refused,
-            true};
-      rows.push_back(r);
-    }
-    if (N >= P) {
-      const std::vector<int64_t> chunks = sim::optimise_partition(c, hw, prec, N, P, link);
-      const sim::RunaheadPrediction ra = sim::predict_runahead(c, hw, prec, chunks, link);
-      const std::vector<int64_t> lchunks = sim::optimise_partition(c, hw, prec, N, P, link, 1, steps[0]);
-      const sim::RunaheadPrediction rl = sim::predict_runahead(c, hw, prec, lchunks, link, 1, steps[0]);
-      const auto most = [](const sim::RunaheadPrediction& r) {
-        double m = 0;
-        for (const auto& k : r.ranks) m = std::max(m, k.memory_bytes);
-        return m;
-      };
-      rows.push_back({fmt::format("KV-Runahead {}", P), "KV-Runahead", P, ra.ttft_s, most(ra), exact,
-                      fmt::format("chunks {} to {} tokens", chunks.front(), chunks.back())});
-      rows.push_back({fmt::format("LazyLLM + KV-Runahead {}", P), "LazyLLM + KV-Runahead", P, rl.ttft_s,
-                      most(rl), "not measured (the last rank prunes; docs/runahead.md)",
-                      fmt::format("chunks {} to {} tokens", lchunks.front(), lchunks.back())});
-    }
-    if (aux) {
-      const sim::KvPredictPrediction kp = sim::predict_kv_prediction(c, *aux, hw, prec, N);
-      rows.push_back({fmt::format("KV Prediction from {}", a.kv_predict), "KV Prediction", 1, kp.ttft_s,
-                      kp.memory.total(), "not modelled (the trained predictor's; the paper's figures below)",
-                      ""});
-    }
+                  a.devices, hw.memory_capacity / (1 << 30));
+  for (const sim::CompareTable& t : cmp.tables) {
     json tj = json::array();
-    text += fmt::format("\nprompt {} tokens\n  {:<34} {:>7} {:>11} {:>8} {:>10}  {}\n", N, "method",
-                        "devices", "TTFT ms", "speedup", "GiB/device", "accuracy");
-    for (const Row& r : rows) {
+    text += fmt::format("\nprompt {} tokens\n  {:<34} {:>7} {:>11} {:>8} {:>10}  {}\n", t.prompt_tokens,
+                        "method", "devices", "TTFT ms", "speedup", "GiB/device", "accuracy");
+    for (const sim::CompareRow& r : t.rows) {
       json rj = {{"method", r.method}, {"devices", r.devices}};
       if (r.refused) {
         rj["refused"] = r.note;
         text += fmt::format("  {:<34} {:>7} {:>11}  {}\n", r.method, r.devices, "-", r.note);
       } else {
-        const bool fits = r.memory_bytes <= hw.memory_capacity;
         rj["ttft_ms"] = r.ttft_s * 1e3;
-        rj["speedup"] = plain.ttft_s / r.ttft_s;
+        rj["speedup"] = r.speedup;
         rj["memory_per_device_gib"] = r.memory_bytes / (1 << 30);
-        rj["fits_in_memory"] = fits;
+        rj["fits_in_memory"] = r.fits;
         if (!r.note.empty()) rj["note"] = r.note;
         text += fmt::format("  {:<34} {:>7} {:>11.1f} {:>7.2f}x {:>9.1f}{}  {}\n", r.method, r.devices,
-                            r.ttft_s * 1e3, plain.ttft_s / r.ttft_s, r.memory_bytes / (1 << 30),
-                            fits ? " " : "!", r.accuracy);
+                            r.ttft_s * 1e3, r.speedup, r.memory_bytes / (1 << 30), r.fits ? " " : "!",
+                            accuracy(r));
         if (!series.count(r.family)) {
           order.push_back(r.family);
           series[r.family].name = r.family;
         }
-        series[r.family].x.push_back(double(N));
+        series[r.family].x.push_back(double(t.prompt_tokens));
         series[r.family].y.push_back(r.ttft_s * 1e3);
       }
-      rj["accuracy"] = r.accuracy;
+      rj["accuracy"] = accuracy(r);
       tj.push_back(rj);
     }
-    tables.push_back({{"prompt_tokens", N}, {"methods", tj}});
+    tables.push_back({{"prompt_tokens", t.prompt_tokens}, {"methods", tj}});
   }
   text += fmt::format("\nThe combinations use LazyLLM {}. ! : needs more memory than a device has.\n", first);
-  if (aux) text += fmt::format("KV Prediction's accuracy: {}\n", sim::kv_predict_accuracy_note());
+  if (opt.kv_predict) text += fmt::format("KV Prediction's accuracy: {}\n", sim::kv_predict_accuracy_note());
   out["prompts"] = tables;
   if (!a.chart.empty()) {
     report::LineChart ch;
     ch.title = fmt::format("Time to first token: {} on {}", model_name, hw.name);
-    ch.subtitle = fmt::format("one device, or {} for tensor parallelism and KV-Runahead; predicted", P);
+    ch.subtitle =
+        fmt::format("one device, or {} for tensor parallelism and KV-Runahead; predicted", a.devices);
     ch.x = {"prompt (tokens)", true};
     ch.y = {"TTFT (ms)", true};
     for (const std::string& f : order) ch.series.push_back(series[f]);
