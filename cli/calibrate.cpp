@@ -3,7 +3,6 @@
 #include "calibrate/calibrate.h"
 
 #include <fmt/format.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <cctype>
@@ -18,6 +17,7 @@
 #include "calibrate/measurements.h"
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
+#include "model/digest.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "model/json_checks.h"
@@ -42,16 +42,6 @@ std::string today() {
   return buf;
 }
 }  // namespace
-
-std::string sha256_hex(const std::string& data, const std::string& path) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1)
-    fail("SHA-256 of '{}' failed", path);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
-}
 
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
   auto* c = app.add_subcommand(

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "model/config.h"
+#include "model/digest.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "sim/replay.h"

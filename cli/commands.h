@@ -204,9 +204,6 @@ struct CalibrateRevivalsArgs {
 CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a);
 int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a, const CLI::App& sub);
 
-// Lower-case hex SHA-256 of `data` (read from `path`, named in the error).
-std::string sha256_hex(const std::string& data, const std::string& path);
-
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir, dtype = "f32";
   std::string serving, model_config, serving_dtype = "Q4_1";  // --serving DIR: a measured load test
