@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "calibrate/fit_measurements.h"
+#include "calibrate/measurement_points.h"
 #include "calibrate/measurements.h"
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
@@ -133,194 +134,55 @@ std::map<std::string, std::string> parse_map(const std::vector<std::string>& ite
   return m;
 }
 
-std::string known_hardware() {
-  std::string s;
-  for (const std::string& n : hw::builtin_profile_names()) {
-    const hw::Profile p = hw::load_profile(n);
-    s += (s.empty() ? "" : ", ") + n;
-    if (!p.aliases.empty()) {
-      s += " (";
-      for (size_t i = 0; i < p.aliases.size(); ++i) s += (i ? ", " : "") + p.aliases[i];
-      s += ")";
-    }
-  }
-  return s;
-}
-
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
   return s;
 }
 
-bool same_name(const std::string& a, const std::string& b) {
-  return calib::name_key(a) == calib::name_key(b);
-}
-
-int calibrate_measurements(const CalibrateArgs& a) {
-  hw::Profile base = hw::load_profile(a.base);
-  if (!a.engine.empty()) base.engine = hw::engine_preset(a.engine);
-  const auto model_map = parse_map(a.model_map, "--model-map");
-  const auto hw_map = parse_map(a.hw_map, "--hw-map");
-  for (const auto& [file_name, preset] : model_map) preset_config(preset);  // unknown presets fail here
-  for (const auto& [file_name, profile] : hw_map)
-    if (profile != base.name) hw::load_profile(profile);
-  // --weights/--compute/--kv override those fields of each record's precision; the others come
-  // from the record's dtype.
-  const bool force_all = !a.weights.empty() && !a.compute.empty() && !a.kv.empty();
-  const auto override_precision = [&](sim::Precision p) {
-    if (!a.weights.empty()) p.weights = a.weights;
-    if (!a.compute.empty()) p.compute = a.compute;
-    if (!a.kv.empty()) p.kv = a.kv;
-    return p;
-  };
-  sim::validate(override_precision({}));
-
-  // Everything is read and checked before anything is fitted or written.
-  std::vector<calib::Measurement> records;
-  json files = json::array();
-  for (const std::string& f : a.measurements) {
-    std::vector<calib::MeasurementSource> read;
-    std::vector<calib::Measurement> ms = calib::import_measurements(f, &read);
-    json entry = {{"path", f}, {"sha256", sha256_hex(read.at(0).bytes, f)}, {"records", ms.size()}};
-    for (size_t i = 1; i < read.size(); ++i)
-      entry["side_files"].push_back(
-          {{"path", read[i].path}, {"sha256", sha256_hex(read[i].bytes, read[i].path)}});
-    files.push_back(std::move(entry));
-    for (calib::Measurement& m : ms) records.push_back(std::move(m));
-  }
-  // The same file twice would count its figures as repetitions of themselves.
-  for (size_t i = 0; i < files.size(); ++i)
-    for (size_t k = 0; k < i; ++k)
-      if (files[i]["sha256"] == files[k]["sha256"])
-        usage_fail("{} and {} hold the same bytes: give each measurement file once",
-                   files[k]["path"].get<std::string>(), files[i]["path"].get<std::string>());
-  // Records of one point (a benchmark run again) are repetitions: averaged, not refused.
-  int repeated = 0;
-  records = calib::merge_repetitions(std::move(records), &repeated);
-
-  std::vector<calib::Point> points;
-  int under_load = 0, unnamed_hw = 0, pruned_decode = 0, cached_context = 0;
-  std::map<std::string, int> other_hw;
-  std::map<std::string, int> notes;
-  for (const calib::Measurement& m : records) {
-    if (!m.note.empty()) ++notes[m.note];
-    if (!m.isolated) {
-      ++under_load;
-      continue;
-    }
-    // A prompt processed after a cached context (llama-bench -d) is a prefill over more keys than
-    // its rows, which the synthetic traces do not model.
-    if (m.ttft_ms && m.context_tokens > 0) {
-      ++cached_context;
-      continue;
-    }
-    // A pruned run's first decoding steps revive tokens, which a synthetic trace (steady state)
-    // does not model: its decode latency would mislead the fit.
-    if (!m.ttft_ms && m.method != "none") {
-      ++pruned_decode;
-      continue;
-    }
-    std::string profile;
-    if (m.hardware.empty()) {
-      ++unnamed_hw;
-      profile = base.name;
-    } else if (const auto it = hw_map.find(m.hardware); it != hw_map.end()) {
-      profile = it->second;
-    } else if (same_name(m.hardware, base.name) ||
-               std::any_of(base.aliases.begin(), base.aliases.end(),
-                           [&](const std::string& al) { return same_name(al, m.hardware); })) {
-      profile = base.name;
-    } else if (const auto p = calib::match_profile(m.hardware, {})) {
-      profile = *p;
-    } else {
-      usage_fail("{}: record {}: unknown hardware '{}' (known: {}); map it with --hw-map '{}=PROFILE'",
-                 m.file, m.record, m.hardware, known_hardware(), m.hardware);
-    }
-    if (profile != base.name) {
-      ++other_hw[profile];
-      continue;
-    }
-    const auto preset = calib::match_preset(m.model, model_map);
-    if (!preset)
-      usage_fail("{}: record {}: unknown model '{}' (known presets: {}); map it with --model-map '{}=PRESET'",
-                 m.file, m.record, m.model, join(preset_names()), m.model);
-    const ModelConfig cfg = preset_config(*preset);
-    sim::Precision prec;
-    if (!force_all) {
-      try {
-        prec = calib::precision_for_dtype(m.dtype);
-      } catch (const Error& e) {
-        usage_fail("{}: record {}: {}", m.file, m.record, e.what());
-      }
-    }
-    // A quantized file's real mean bits per weight (llama-bench records them) over its type's nominal.
-    if (m.weight_bits > 0 && prec.weights.ends_with("bpw")) prec.weights = calib::bpw_dtype(m.weight_bits);
-    prec = override_precision(prec);
-    try {
-      sim::check_tp(cfg, base, m.tp);
-    } catch (const Error& e) {
-      usage_fail("{}: record {}: {}", m.file, m.record, e.what());
-    }
-    points.push_back(calib::make_point(m, *preset, cfg, prec));
-  }
-  std::string skipped;
-  if (under_load) skipped += fmt::format("{} measured under load (TTFT includes queueing)", under_load);
-  if (pruned_decode)
-    skipped += fmt::format("{}{} decode latencies of pruned runs (revivals not modelled)",
-                           skipped.empty() ? "" : "; ", pruned_decode);
-  if (cached_context)
-    skipped += fmt::format("{}{} prompts after a cached context (not modelled)", skipped.empty() ? "" : "; ",
-                           cached_context);
-  for (const auto& [p, k] : other_hw)
-    skipped += fmt::format("{}{} on {} (--base is {})", skipped.empty() ? "" : "; ", k, p, base.name);
-  if (points.empty())
-    fail("no measurement to fit {} to: {} record(s) read{}", base.name, records.size(),
-         skipped.empty() ? "" : ", skipped: " + skipped);
-
-  calib::MeasurementFit fit;
-  const hw::Profile fitted = calib::fit_measurements(base, points, a.fit, &fit);
-
-  const std::string name = a.name.empty() ? base.name : a.name;
+// The profile's `calibration` record: the inputs with their hashes, what was fitted, the errors.
+json calibration_record(const CalibrateArgs& a, const hw::Profile& base, const hw::Profile& fitted,
+                        const calib::MeasurementSet& set, const calib::PointSelection& sel,
+                        const calib::MeasurementFit& fit) {
   const auto pct = [](double x) { return std::isnan(x) ? json(nullptr) : json(100 * x); };
+  json files = json::array();
+  for (const calib::MeasurementFile& f : set.files) {
+    json entry = {{"path", f.path}, {"sha256", f.sha256}, {"records", f.records}};
+    for (const auto& [path, sha] : f.side_files)
+      entry["side_files"].push_back({{"path", path}, {"sha256", sha}});
+    files.push_back(std::move(entry));
+  }
   json fitted_params = json::array();
   for (const std::string& p : fit.params)
     fitted_params.push_back(
         {{"name", p}, {"base", calib::get_param(base, p)}, {"value", calib::get_param(fitted, p)}});
-  json cal = {{"date", today()},
-              {"command", "lazyprefill calibrate --measurements"},
-              {"base", a.base},
-              {"files", files},
-              {"points", points.size()},
-              {"ttft_points", fit.ttft_points},
-              {"decode_points", fit.decode_points},
-              {"fitted", fitted_params},
-              {"cross_validation", fit.cv},
-              {"optimizer", fit.stop.empty() ? "converged" : fit.stop},
-              {"held_out_fits_unconverged", fit.heldout_unconverged},
-              {"ttft_mape_pct",
-               {{"base", pct(fit.ttft_mape_base)},
-                {"fit", pct(fit.ttft_mape_fit)},
-                {"held_out", pct(fit.ttft_mape_heldout)}}},
-              {"decode_mape_pct",
-               {{"base", pct(fit.decode_mape_base)},
-                {"fit", pct(fit.decode_mape_fit)},
-                {"held_out", pct(fit.decode_mape_heldout)}}}};
-  std::string file_list;
-  for (const json& f : files) file_list += (file_list.empty() ? "" : ", ") + f["path"].get<std::string>();
-  const std::string provenance = fmt::format(
-      "calibrated on {} by `lazyprefill calibrate --measurements` from {} points ({} TTFT, {} decode) in {}: "
-      "fitted {}; "
-      "held-out TTFT MAPE {} ({}); other values from {}. File hashes in 'calibration'.",
-      today(), points.size(), fit.ttft_points, fit.decode_points, file_list, join(fit.params),
-      fit.ttft_points ? fmt::format("{:.1f}%", 100 * fit.ttft_mape_heldout) : "n/a", fit.cv, a.base);
-  json prof = fitted_profile_json(fitted, name, provenance);
-  prof["calibration"] = cal;
-  write_file_atomic(a.out, to_text(prof) + "\n", "profile");
+  return {{"date", today()},
+          {"command", "lazyprefill calibrate --measurements"},
+          {"base", a.base},
+          {"files", files},
+          {"points", sel.points.size()},
+          {"ttft_points", fit.ttft_points},
+          {"decode_points", fit.decode_points},
+          {"fitted", fitted_params},
+          {"cross_validation", fit.cv},
+          {"optimizer", fit.stop.empty() ? "converged" : fit.stop},
+          {"held_out_fits_unconverged", fit.heldout_unconverged},
+          {"ttft_mape_pct",
+           {{"base", pct(fit.ttft_mape_base)},
+            {"fit", pct(fit.ttft_mape_fit)},
+            {"held_out", pct(fit.ttft_mape_heldout)}}},
+          {"decode_mape_pct",
+           {{"base", pct(fit.decode_mape_base)},
+            {"fit", pct(fit.decode_mape_fit)},
+            {"held_out", pct(fit.decode_mape_heldout)}}}};
+}
 
+json measurement_fit_json(const CalibrateArgs& a, const json& cal, const calib::MeasurementSet& set,
+                          const calib::PointSelection& sel, const calib::MeasurementFit& fit,
+                          const std::string& base) {
   json pts = json::array();
-  for (size_t i = 0; i < points.size(); ++i) {
-    const calib::Point& p = points[i];
+  for (size_t i = 0; i < sel.points.size(); ++i) {
+    const calib::Point& p = sel.points[i];
     pts.push_back({{"file", p.m->file},
                    {"record", p.m->record},
                    {"model", p.m->model},
@@ -346,25 +208,31 @@ int calibrate_measurements(const CalibrateArgs& a) {
                       {"at_bound", c.at_bound},
                       {"f_statistic", c.f_stat},
                       {"reason", c.reason}});
-  if (a.json_out) {
-    json j = {{"profile", a.out},   {"calibration", cal},
-              {"skipped", skipped}, {"repetitions_merged", repeated},
-              {"points", pts},      {"parameters", checks}};
-    std::puts(to_text(j).c_str());
-    return 0;
-  }
-  fmt::print(
-      "{} record(s) from {} file(s); {} point(s) on {}{}{}\n", records.size(), files.size(), points.size(),
-      base.name, skipped.empty() ? "" : "; skipped: " + skipped,
-      unnamed_hw ? fmt::format("; {} without a hardware name taken as {}", unnamed_hw, base.name) : "");
-  if (repeated)
+  return {{"profile", a.out},
+          {"calibration", cal},
+          {"skipped", sel.skipped(base)},
+          {"repetitions_merged", set.repeated},
+          {"points", pts},
+          {"parameters", checks}};
+}
+
+void print_measurement_fit(const CalibrateArgs& a, const hw::Profile& base, const hw::Profile& fitted,
+                           const calib::MeasurementSet& set, const calib::PointSelection& sel,
+                           const calib::MeasurementFit& fit) {
+  const std::string skipped = sel.skipped(base.name);
+  fmt::print("{} record(s) from {} file(s); {} point(s) on {}{}{}\n", set.records.size(), set.files.size(),
+             sel.points.size(), base.name, skipped.empty() ? "" : "; skipped: " + skipped,
+             sel.unnamed_hw
+                 ? fmt::format("; {} without a hardware name taken as {}", sel.unnamed_hw, base.name)
+                 : "");
+  if (set.repeated)
     fmt::print("  {} record(s) repeated an earlier point and were averaged into it (see the notes)\n",
-               repeated);
-  for (const auto& [note, k] : notes) fmt::print("  note ({} record(s)): {}\n", k, note);
+               set.repeated);
+  for (const auto& [note, k] : sel.notes) fmt::print("  note ({} record(s)): {}\n", k, note);
   fmt::print("\n{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "measurement",
              "preset", "tokens", "b", "tp", "what", "measured", "base", "fitted", "held-out", "error");
-  for (size_t i = 0; i < points.size(); ++i) {
-    const calib::Point& p = points[i];
+  for (size_t i = 0; i < sel.points.size(); ++i) {
+    const calib::Point& p = sel.points[i];
     const std::string where = fmt::format("{}:{}", fs::path(p.m->file).filename().string(), p.m->record);
     fmt::print(
         "{:<34} {:<14} {:>6} {:>3} {:>3} {:>6} {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>8.2f}ms {:>+7.1f}%\n",
@@ -396,6 +264,40 @@ int calibrate_measurements(const CalibrateArgs& a) {
     fmt::print("note: {} of the held-out fits stopped short of convergence (best points kept)\n",
                fit.heldout_unconverged);
   fmt::print("wrote {}\n", a.out);
+}
+
+int calibrate_measurements(const CalibrateArgs& a) {
+  hw::Profile base = hw::load_profile(a.base);
+  if (!a.engine.empty()) base.engine = hw::engine_preset(a.engine);
+  calib::PointMapping map{parse_map(a.model_map, "--model-map"), parse_map(a.hw_map, "--hw-map"), a.weights,
+                          a.compute, a.kv};
+  for (const auto& [file_name, preset] : map.models) preset_config(preset);  // unknown presets fail here
+  for (const auto& [file_name, profile] : map.hardware)
+    if (profile != base.name) hw::load_profile(profile);
+  sim::validate(sim::Precision{a.weights.empty() ? "bf16" : a.weights, a.compute.empty() ? "bf16" : a.compute,
+                               a.kv.empty() ? "bf16" : a.kv});
+  // Everything is read and checked before anything is fitted or written.
+  const calib::MeasurementSet set = calib::read_measurement_set(a.measurements);
+  const calib::PointSelection sel = calib::select_points(set, base, map);
+  calib::MeasurementFit fit;
+  const hw::Profile fitted = calib::fit_measurements(base, sel.points, a.fit, &fit);
+
+  const json cal = calibration_record(a, base, fitted, set, sel, fit);
+  std::string file_list;
+  for (const calib::MeasurementFile& f : set.files) file_list += (file_list.empty() ? "" : ", ") + f.path;
+  const std::string provenance = fmt::format(
+      "calibrated on {} by `lazyprefill calibrate --measurements` from {} points ({} TTFT, {} decode) in {}: "
+      "fitted {}; "
+      "held-out TTFT MAPE {} ({}); other values from {}. File hashes in 'calibration'.",
+      today(), sel.points.size(), fit.ttft_points, fit.decode_points, file_list, join(fit.params),
+      fit.ttft_points ? fmt::format("{:.1f}%", 100 * fit.ttft_mape_heldout) : "n/a", fit.cv, a.base);
+  json prof = fitted_profile_json(fitted, a.name.empty() ? base.name : a.name, provenance);
+  prof["calibration"] = cal;
+  write_file_atomic(a.out, to_text(prof) + "\n", "profile");
+  if (a.json_out)
+    std::puts(to_text(measurement_fit_json(a, cal, set, sel, fit, base.name)).c_str());
+  else
+    print_measurement_fit(a, base, fitted, set, sel, fit);
   return 0;
 }
 
