@@ -89,10 +89,11 @@ void BM_ServingSim(benchmark::State& st) {
   const int64_t n = st.range(0);
   const lp::ModelConfig c = lp::preset_config("llama-3.1-8b");
   const lp::hw::Profile hw = lp::hw::load_profile("h100-sxm");
-  lp::sim::ServingMethod m;
-  m.name = m.policy = "lazyllm";
-  m.steps = lp::resolve_schedule(lp::default_schedule(), c.n_layer);
-  m.revivals = lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer, m.steps, true);
+  const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
+  const lp::sim::ServingMethod m = lp::sim::serving_method(
+      lazyllm, c.n_layer,
+      lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
+                              lp::resolve_schedule(lazyllm.schedule, c.n_layer), true));
   lp::sim::ServingConfig cfg;
   cfg.kv_budget_bytes = 40.0 * (1 << 30);
   cfg.max_batch_tokens = 8192;
@@ -133,9 +134,9 @@ void BM_ServingCapacity(benchmark::State& st) {
     for (const auto& hw : hws)
       for (const char* policy : {"none", "lazyllm"})
         for (const char* len : {"1024", "2048", "4096", "8192", "2048:8192"}) {
-          lp::sim::ServingMethod m;
-          m.name = m.policy = policy;
-          if (m.policy != "none") m.steps = lp::resolve_schedule(lp::default_schedule(), c.n_layer);
+          const lp::PolicyKind k = lp::parse_policy(policy);
+          const lp::sim::ServingMethod m = lp::sim::serving_method(
+              {k, k == lp::PolicyKind::None ? lp::Schedule{} : lp::default_schedule()}, c.n_layer);
           const auto r = lp::sim::find_capacity(c, hw, {}, m, cfg, {1, 1},
                                                 lp::sim::LengthDist::parse(len, "p", "p"), out, o);
           sims += r.simulations;

@@ -248,14 +248,11 @@ ServingCalibration calibrate_serving(const LoadTest& t, const ServingValidationO
   else if (const auto own = dir / "revivals.json"; !o.revival_share_from_log && std::filesystem::exists(own))
     cal.revival_model = sim::load_revival_model(own.string());
   for (const std::string name : {"none", "lazyllm"}) {
-    sim::ServingMethod m;
-    m.name = m.policy = name;
-    if (name != "none") {
-      m.steps = steps;
-      m.revivals = cal.revival_model ? sim::revival_shares(*cal.revival_model, c.n_layer, steps, false)
-                                     : sim::constant_revival_share(cal.revival_share);
-    }
-    cal.methods[name] = std::move(m);
+    const PolicyKind k = parse_policy(name);
+    cal.methods[name] = sim::serving_method(
+        {k, k == PolicyKind::None ? Schedule{} : cal.schedule}, c.n_layer,
+        cal.revival_model ? sim::revival_shares(*cal.revival_model, c.n_layer, steps, false)
+                          : sim::constant_revival_share(cal.revival_share));
   }
   cal.config.kv_budget_bytes = double(t.kv_budget_mib) * (1 << 20);
   cal.config.max_batch_tokens = t.max_batch_tokens;

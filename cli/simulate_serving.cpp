@@ -166,18 +166,16 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
     const PolicyKind kind = parse_policy(name);
     const Schedule sched = schedules_fitting(kind, given).front();
     const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer);
-    sim::ServingMethod m;
-    m.name = m.policy = name;
+    std::string label = name;
     if (kind != PolicyKind::None && sched.to_string() != main_sched.to_string())
-      m.name += " " + sched.to_string();
-    m.drop_share = drop_share(sched).value_or(0);
-    if (name != "none") {
-      m.steps = steps;
+      label += " " + sched.to_string();
+    trace::Revivals revivals;
+    if (kind != PolicyKind::None) {
       const RevivalChoice rv = choose_revivals(revival_model, a.revival_share, name, c.n_layer, steps, true);
-      m.revivals = rv.share;
+      revivals = rv.share;
       revival_lines.push_back(name + ": " + rv.description);
     }
-    methods.push_back(std::move(m));
+    methods.push_back(sim::serving_method({kind, sched}, c.n_layer, std::move(revivals), label));
   }
   if (methods.empty()) usage_fail("--prune names no method");
 

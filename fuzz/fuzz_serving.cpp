@@ -21,9 +21,11 @@ struct Setup {
   lp::sim::ServingMethod m;
   lp::sim::ServingConfig cfg;
   Setup() {
-    m.name = m.policy = "lazyllm";
-    m.steps = lp::resolve_schedule(lp::default_schedule(), c.n_layer);
-    m.revivals = lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer, m.steps, true);
+    const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
+    m = lp::sim::serving_method(
+        lazyllm, c.n_layer,
+        lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
+                                lp::resolve_schedule(lazyllm.schedule, c.n_layer), true));
     cfg.kv_budget_bytes = 2048.0 * (1 << 20);
     cfg.max_batch_tokens = 2048;
   }

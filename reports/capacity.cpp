@@ -79,8 +79,8 @@ void add_serving(const Request& r, Report& rep) {
     if (rm.trace) continue;
     sim::ServingMethod& sm = methods[m];
     sm.name = rm.name;
-    sm.policy = rm.method.policy_name();
-    sm.steps = rm.steps;
+    sm.method = rm.method;
+    sm.steps = rm.steps;  // resolved for the report's model already
     sm.drop_share = drop_share(rm.method.schedule).value_or(0);
     sm.revivals = rm.revival;
     for (size_t h = 0; h < r.hws.size(); ++h) cells.emplace_back(h, m);

@@ -267,14 +267,15 @@ std::vector<ServingRequest> read_requests(const std::string& path) {
 
 // ---- the simulation ----
 
-namespace {
-// The method's policy, parsed once from its name (pruning/policy.h).
-PolicyKind method_kind(const ServingMethod& m) {
-  const std::optional<PolicyKind> k = policy_in_file(m.policy);
-  if (!k) fail("unknown policy '{}' (expected {})", m.policy, kPolicyNames);
-  return *k;
+ServingMethod serving_method(const Method& method, int n_layer, trace::Revivals revivals, std::string name) {
+  ServingMethod m;
+  m.name = name.empty() ? std::string(method.policy_name()) : std::move(name);
+  m.method = method;
+  m.steps = resolve_method(method.policy, method.schedule, n_layer);
+  m.drop_share = drop_share(method.schedule).value_or(0);
+  if (method.policy != PolicyKind::None) m.revivals = std::move(revivals);
+  return m;
 }
-}  // namespace
 
 double RequestOutcome::itl_s() const {
   return output_tokens > 1 ? (finished_s - first_token_s) / double(output_tokens - 1) : 0.0;
@@ -389,7 +390,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
     fail("the iteration overhead must be a non-negative time, got {}", cfg.iteration_overhead_s);
   if (!(cfg.time_scale > 0) || !std::isfinite(cfg.time_scale))
     fail("the time scale must be a positive number, got {}", cfg.time_scale);
-  const bool pruning = policy_traits(method_kind(m)).prunes && !m.steps.empty();
+  const bool pruning = policy_traits(m.method.policy).prunes && !m.steps.empty();
   for (size_t i = 0; i < reqs.size(); ++i) {
     const ServingRequest& r = reqs[i];
     if (i > 0 && r.arrival_s < reqs[i - 1].arrival_s) fail("request {}: arrivals are not sorted", i);
@@ -470,7 +471,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
 
   // One request's step into the iteration's work. `rows` of a chunk: its tokens (no pruning).
   // Scoring and selection as the policy's traits say, as the batch-1 replay costs them.
-  const PolicyTraits traits = policy_traits(method_kind(m));
+  const PolicyTraits traits = policy_traits(m.method.policy);
   // One request's step into the iteration's work; returns the K/V it holds after it, bytes.
   const bool listed = hw.eff(hw::Family::Attention).prices_listed();  // listed key sets priced apart
   const auto add_step = [&](const trace::Step& s, bool prefill) {
@@ -525,7 +526,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
       queue.pop_front();
       a->reservation = res;
       reserved += res;
-      a->steps.emplace(c, m.policy, m.steps, h.prompt_tokens, h.output_tokens - 1,
+      a->steps.emplace(c, m.method.policy_name(), m.steps, h.prompt_tokens, h.output_tokens - 1,
                        revivals ? trace::Revivals{} : m.revivals);
       if (revivals) a->steps->use_table(revivals);
       a->steps->only_run_starts(seg_start);  // add_step reads the first layer of each run
@@ -648,7 +649,7 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
 ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                             const ServingMethod& m, const ServingConfig& cfg,
                             std::span<const ServingRequest> reqs) {
-  if (!policy_traits(method_kind(m)).drops_prompt) return simulate_requests(c, hw, p, m, cfg, reqs);
+  if (!policy_traits(m.method.policy).drops_prompt) return simulate_requests(c, hw, p, m, cfg, reqs);
   // random-drop: every request's prompt shorter before the model, then served unpruned; the
   // outcomes keep the prompts as sent, and the share of their pairs computed says what was dropped.
   std::vector<ServingRequest> shorter(reqs.begin(), reqs.end());

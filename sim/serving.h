@@ -21,6 +21,7 @@
 #include "admission/admission.h"
 #include "hwmodels/profile.h"
 #include "model/config.h"
+#include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
 #include "traces/synthetic.h"
@@ -90,11 +91,16 @@ std::vector<ServingRequest> read_requests(const std::string& path);
 
 struct ServingMethod {
   std::string name = "none";
-  std::string policy = "none";  // a policy_name (pruning/policy.h)
-  std::vector<PruneStep> steps;
-  double drop_share = 0;     // random-drop: the share of each prompt dropped before the model
-  trace::Revivals revivals;  // synthetic decoding's revivals (empty: none)
+  Method method;                 // the policy and the schedule it prunes by
+  std::vector<PruneStep> steps;  // the schedule resolved for the model
+  double drop_share = 0;         // random-drop: the share of each prompt dropped before the model
+  trace::Revivals revivals;      // synthetic decoding's revivals (empty: none)
 };
+// `method` as the serving simulation runs it on an n_layer model: its schedule resolved
+// (resolve_method: a lp::UsageError when it does not fit the policy) and random-drop's share,
+// with the revivals given; named `name`, or the policy's name when that is "".
+ServingMethod serving_method(const Method& method, int n_layer, trace::Revivals revivals = {},
+                             std::string name = "");
 
 struct ServingConfig {
   int64_t max_batch_tokens = 8192;  // rows per iteration (serve --max-batch-tokens)

@@ -144,11 +144,9 @@ std::vector<Seen> sim_run(const std::vector<Arrival>& arrivals, int64_t budget, 
   std::vector<sim::ServingRequest> reqs;
   for (const Arrival& a : arrivals)
     reqs.push_back({std::max(0.0, double(a.iteration) * kIteration - 0.5), a.prompt_tokens, a.output_tokens});
-  sim::ServingMethod m;
-  if (lazyllm) {
-    m.name = m.policy = "lazyllm";
-    m.steps = resolve_schedule(parse_schedule("1:0.5"), tiny().config().n_layer);
-  }
+  const sim::ServingMethod m =
+      lazyllm ? sim::serving_method({PolicyKind::LazyLLM, parse_schedule("1:0.5")}, tiny().config().n_layer)
+              : sim::ServingMethod{};
   sim::ServingConfig cfg;
   cfg.kv_budget_bytes = double(budget);
   cfg.max_batch_tokens = batch_tokens;

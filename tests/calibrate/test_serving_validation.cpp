@@ -72,10 +72,9 @@ ServingCalibration by_hand() {
   cal.precision = precision_for_dtype("Q4_1");
   cal.hw = hw::load_profile("cpu-local");
   for (const std::string name : {"none", "lazyllm"}) {
-    sim::ServingMethod m;
-    m.name = m.policy = name;
-    if (name != "none") m.steps = resolve_schedule(default_schedule(), cal.model.n_layer);
-    cal.methods[name] = m;
+    const PolicyKind k = parse_policy(name);
+    cal.methods[name] =
+        sim::serving_method({k, k == PolicyKind::None ? Schedule{} : default_schedule()}, cal.model.n_layer);
   }
   cal.config.kv_budget_bytes = 2048.0 * (1 << 20);
   cal.config.max_batch_tokens = 2048;

@@ -33,10 +33,7 @@ sim::ServingMethod unpruned() {
   return {};
 }
 sim::ServingMethod lazyllm(const ModelConfig& c) {
-  sim::ServingMethod m;
-  m.name = m.policy = "lazyllm";
-  m.steps = resolve_schedule(default_schedule(), c.n_layer);
-  return m;
+  return sim::serving_method({PolicyKind::LazyLLM, default_schedule()}, c.n_layer);
 }
 
 // One request alone is the batch-1 replay of its synthetic trace: TTFT its prefill, the rest its
@@ -46,7 +43,8 @@ TEST(ServingSim, OneRequestAloneIsTheBatchOneReplay) {
   for (const sim::ServingMethod& m : {unpruned(), lazyllm(s.c)}) {
     const ServingRequest r{0.5, 4096, 17};
     const sim::ServingRun run = sim::simulate_serving(s.c, s.hw, s.p, m, s.cfg, {&r, 1});
-    const sim::Prediction ref = sim::replay_synthetic(s.c, m.policy, m.steps, 4096, 16, {}, s.hw, s.p);
+    const sim::Prediction ref =
+        sim::replay_synthetic(s.c, m.method.policy_name(), m.steps, 4096, 16, {}, s.hw, s.p);
     ASSERT_EQ(run.requests.size(), 1u);
     const sim::RequestOutcome& o = run.requests[0];
     EXPECT_DOUBLE_EQ(o.queue_s(), 0);
