@@ -7,7 +7,7 @@
 
 namespace lp {
 
-void run_batch(std::span<const BatchMember> ms) {
+void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
   if (ms.empty()) return;
   const ModelConfig& c = ms[0].session->model().config();
   std::vector<Backend*> bes;
@@ -16,6 +16,7 @@ void run_batch(std::span<const BatchMember> ms) {
     bes.push_back(&m.session->backend());
   }
   Backend& lead = *bes[0];
+  const bool alone = ms.size() == 1;
   // Each member's own part of the layer: attention and the pruning steps' scoring, which read each
   // member's K/V, side by side (Backend::for_each_member); the row ops in turn, as they take less
   // than a task's start.
@@ -24,20 +25,34 @@ void run_batch(std::span<const BatchMember> ms) {
     for (const BatchMember& m : ms) (m.session->*part)(*m.pass, l);
   };
   const auto side_by_side = [&](Part part, int l) {
+    if (alone) return (ms[0].session->*part)(*ms[0].pass, l);
     lead.for_each_member(int64_t(ms.size()),
                          [&](int64_t i) { (ms[size_t(i)].session->*part)(*ms[size_t(i)].pass, l); });
   };
+  const auto gemm = [&](Proj p, int l) {
+    if (alone) return ms[0].session->matmul(*ms[0].pass, p, l);
+    lead.matmul_batched(p, l, bes);
+  };
   for (int l = 0; l < c.n_layer; ++l) {
-    in_turn(&Session::before_layer, l);
-    lead.matmul_batched(Proj::QKV, l, bes);
+    in_turn(&Session::revive, l);
+    in_turn(&Session::attn_norm, l);
+    gemm(Proj::QKV, l);
+    if (hooks.before_attention) hooks.before_attention(l);
     side_by_side(&Session::attend, l);
-    lead.matmul_batched(Proj::O, l, bes);
+    if (hooks.after_attention) hooks.after_attention(l);
+    gemm(Proj::O, l);
     in_turn(&Session::mlp_in, l);
-    lead.matmul_batched(Proj::GateUp, l, bes);
+    gemm(Proj::GateUp, l);
     in_turn(&Session::mlp_act, l);
-    lead.matmul_batched(Proj::Down, l, bes);
-    side_by_side(&Session::after_layer, l);
+    gemm(Proj::Down, l);
+    side_by_side(&Session::end_layer, l);
   }
+}
+
+void run_batch(std::span<const BatchMember> ms) {
+  if (ms.empty()) return;
+  run_layers(ms);
+  const ModelConfig& c = ms[0].session->model().config();
   // The LM head once over every member's rows that get logits.
   std::vector<Backend*> heads;
   std::vector<const BatchMember*> with_logits;

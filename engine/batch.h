@@ -7,6 +7,7 @@
 // activations are quantized per row: `Batch.GreedyOutputIsTheSameAloneOrBatched`).
 #pragma once
 
+#include <functional>
 #include <span>
 
 #include "engine/session.h"
@@ -18,6 +19,20 @@ struct BatchMember {
   Session::Pass* pass = nullptr;  // begun (Session::begin_forward / begin_decode), not yet run
   float* logits = nullptr;        // [rows that get logits][V], as forward / decode_step write them
 };
+
+// What a pass adds around a layer's attention, given the layer (KV-Runahead: the earlier ranks'
+// K/V taken in before it, the grown prefix handed on after it).
+struct LayerHooks {
+  std::function<void(int l)> before_attention, after_attention;
+};
+
+// The layers of the members' passes (begun, not yet run), in the one order a layer's parts run
+// (Session::Pass): each GEMM once over every member's rows (alone: the member's own, timed),
+// attention and the end of the layer (pruning, re-selection) side by side, the row ops in turn.
+void run_layers(std::span<const BatchMember> members, const LayerHooks& hooks = {});
+inline void run_layers(const BatchMember& alone, const LayerHooks& hooks = {}) {
+  run_layers(std::span<const BatchMember>(&alone, 1), hooks);
+}
 
 // Runs the members' passes to the end. Their sessions' backends must share one model's weights
 // (the same backend factory). Throws lp::Error as the passes alone would.

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "engine/batch.h"
 #include "model/error.h"
 
 namespace lp {
@@ -52,10 +53,9 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
     std::vector<std::byte> rows;
   };
   std::vector<Dropped> dropped(ps.keyed_prefix ? size_t(L) : 0);
-  for (int l = 0; l < L; ++l) {
-    s.before_layer(ps, l);
-    s.matmul(ps, Proj::QKV, l);
-    if (!first) {  // the prefix's K/V of this layer, before attention reads it
+  LayerHooks hooks;
+  if (!first)  // the prefix's K/V of this layer, before attention reads it
+    hooks.before_attention = [&](int l) {
       in.resize(size_t(part.start * s.kv_token_bytes(l)));
       const auto w0 = Clock::now();
       from_prev->recv(l, in);
@@ -82,9 +82,9 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
       } else {
         s.import_kv(l, prefix, in);
       }
-    }
-    s.attend(ps, l);
-    if (!last) {  // the grown prefix on to the next rank (the buffer two layers back is free)
+    };
+  if (!last)  // the grown prefix on to the next rank (the buffer two layers back is free)
+    hooks.after_attention = [&](int l) {
       std::vector<std::byte>& buf = out[l % 2];
       const int64_t n = part.start + part.tokens;
       buf.resize(size_t(n * s.kv_token_bytes(l)));
@@ -93,14 +93,8 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
       t.export_s += secs(Clock::now() - e0);
       to_next->send(l, buf);
       t.sent_bytes += double(buf.size());
-    }
-    s.matmul(ps, Proj::O, l);
-    s.mlp_in(ps, l);
-    s.matmul(ps, Proj::GateUp, l);
-    s.mlp_act(ps, l);
-    s.matmul(ps, Proj::Down, l);
-    s.after_layer(ps, l);
-  }
+    };
+  run_layers(BatchMember{&s, &ps, logits}, hooks);
   if (s.head(ps) > 0) s.lm_head(ps, logits);
   for (int l = 0; l < int(dropped.size()); ++l)
     if (!dropped[size_t(l)].pos.empty())

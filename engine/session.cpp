@@ -4,6 +4,7 @@
 #include <chrono>
 #include <numeric>
 
+#include "engine/batch.h"
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/qgemm.h"
 #include "model/error.h"
@@ -181,34 +182,33 @@ void Session::timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f) 
          op_bytes(c, op, shape, t->dtypes), double(shape.tokens));
 }
 
-void Session::before_layer(Pass& ps, int l) {
-  Backend& b = *be_;
-  if (ps.decode) {
-    // Revival: active tokens without K/V here that are not rows yet come back from the Aux Cache,
-    // whose entry is exactly this layer's input (a token leaves the rows only when it is pruned,
-    // and its state is saved then).
-    const KvIndex& kv = kv_[size_t(l)];
-    std::vector<int32_t> revive;
-    for (int32_t ap : ps.active)
-      if (kv.find(ap) < 0 && ap != ps.new_pos && !std::binary_search(ps.rows.begin(), ps.rows.end(), ap))
-        revive.push_back(ap);
-    if (!revive.empty()) {
-      timed(ps.timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, [&] {
-        const RowMerge plan = aux_.plan_revival(l, ps.rows, revive);
-        b.merge_rows(plan, int64_t(ps.rows.size()));
-      });
-      if (ps.stats) {
-        ps.stats->revived[size_t(l)] = ps.stats->aux_reads[size_t(l)] =
-            int64_t(revive.size());  // one read each
-        (*ps.stats->revived_positions)[size_t(l)] = std::move(revive);
-      }
-      ps.rows_changed = true;
-    }
+void Session::revive(Pass& ps, int l) {
+  if (!ps.decode) return;
+  // Active tokens without K/V here that are not rows yet come back from the Aux Cache, whose entry
+  // is exactly this layer's input (a token leaves the rows only when it is pruned, and its state
+  // is saved then).
+  const KvIndex& kv = kv_[size_t(l)];
+  std::vector<int32_t> revive;
+  for (int32_t ap : ps.active)
+    if (kv.find(ap) < 0 && ap != ps.new_pos && !std::binary_search(ps.rows.begin(), ps.rows.end(), ap))
+      revive.push_back(ap);
+  if (revive.empty()) return;
+  timed(ps.timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, [&] {
+    const RowMerge plan = aux_.plan_revival(l, ps.rows, revive);
+    be_->merge_rows(plan, int64_t(ps.rows.size()));
+  });
+  if (ps.stats) {
+    ps.stats->revived[size_t(l)] = ps.stats->aux_reads[size_t(l)] = int64_t(revive.size());  // one read each
+    (*ps.stats->revived_positions)[size_t(l)] = std::move(revive);
   }
-  if (ps.rows_changed) b.set_rows(ps.rows);
+  ps.rows_changed = true;
+}
+
+void Session::attn_norm(Pass& ps, int l) {
+  if (ps.rows_changed) be_->set_rows(ps.rows);
   ps.rows_changed = false;
   timed(ps.timers, l, Op::AttnNorm, OpShape{int64_t(ps.rows.size()), 0, 0},
-        [&] { b.rmsnorm(Norm::Attn, l); });
+        [&] { be_->rmsnorm(Norm::Attn, l); });
 }
 
 // The rows' K/V are appended to the layer's cache first; they attend to the keys at positions
@@ -278,20 +278,6 @@ void Session::mlp_act(Pass& ps, int l) {
 void Session::matmul(Pass& ps, Proj p, int l) {
   static constexpr Op kOp[] = {Op::QKV, Op::OProj, Op::GateUp, Op::Down};  // Proj's order
   timed(ps.timers, l, kOp[int(p)], OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->matmul(p, l); });
-}
-
-void Session::run_layers(Pass& ps) {
-  for (int l = 0; l < m_.config().n_layer; ++l) {
-    before_layer(ps, l);
-    matmul(ps, Proj::QKV, l);
-    attend(ps, l);
-    matmul(ps, Proj::O, l);
-    mlp_in(ps, l);
-    matmul(ps, Proj::GateUp, l);
-    mlp_act(ps, l);
-    matmul(ps, Proj::Down, l);
-    after_layer(ps, l);
-  }
 }
 
 std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, double share,
@@ -394,111 +380,112 @@ Session::Pass Session::begin_decode(int32_t id, int32_t p, const PruneRequest* p
   return ps;
 }
 
-void Session::after_layer(Pass& ps, int l) {
-  const ModelConfig& c = m_.config();
+void Session::end_layer(Pass& ps, int l) {
+  timed(ps.timers, l, Op::Residual, OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->residual(); });
+  if (ps.decode)
+    reselect(ps, l);
+  else
+    prune(ps, l);
+}
+
+void Session::compact_rows(Pass& ps, int l, std::span<const RowFate> fate) {
+  std::vector<int64_t> stay, leave, entries;
+  std::vector<int32_t> next;
+  for (size_t r = 0; r < fate.size(); ++r) {
+    const int32_t p = ps.rows[r];
+    if (fate[r] == RowFate::Stay) {
+      stay.push_back(int64_t(r));
+      next.push_back(p);
+    } else if (fate[r] == RowFate::Save) {
+      leave.push_back(int64_t(r));
+      entries.push_back(aux_.put(p, l + 1));
+    }
+  }
+  be_->aux_store(leave, entries);
+  if (stay.size() < fate.size()) {
+    be_->gather_rows(stay);
+    ps.rows_changed = true;
+  }
+  if (ps.stats) ps.stats->aux_writes[size_t(l)] += int64_t(leave.size());
+  ps.rows.swap(next);
+}
+
+void Session::prune(Pass& ps, int l) {
   Backend& b = *be_;
-  std::vector<int32_t>& rows = ps.rows;
+  const std::vector<int32_t>& rows = ps.rows;
   const int64_t Tl = int64_t(rows.size());
-  timed(ps.timers, l, Op::Residual, OpShape{Tl, 0, 0}, [&] { b.residual(); });
   trace::Step* stats = ps.stats;
   OpTimers* timers = ps.timers;
-
-  if (!ps.decode) {
-    if (ps.pruning && ps.next_step == 0 && ps.prune->steps[0].layer != l && ps.prune->policy->observes(l)) {
-      // A layer before the first pruning layer whose scores the policy takes in (static-paper).
-      const std::span<const int32_t> keys =
-          ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows);
-      const int64_t n = int64_t(keys.size());
-      timed(timers, l, Op::Score, OpShape{1, 0, n}, [&] { b.last_row_scores(l, slots_); });
-      const std::vector<float> scores = b.scores(n);
-      ps.prune->policy->observe(l, keys, scores);
-    }
-    if (!ps.pruning || ps.next_step == ps.prune->steps.size() || ps.prune->steps[ps.next_step].layer != l)
-      return;
-    // A pruning layer: the keys here are exactly the active rows (the cache started empty), after
-    // the active imported prefix if there is one (attend's key set), and the last row's attention
-    // over them scores them. Kept prefix positions stay keys; dropped ones are not attended again.
-    const int64_t np = int64_t(ps.prefix.size());
-    std::vector<int64_t> keep =
-        select(l, ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows),
-               ps.prune->steps[ps.next_step++].share, *ps.prune->policy, timers, stats);
-    if (np > 0) {
-      std::vector<int32_t> prefix;
-      size_t own = 0;
-      for (; own < keep.size() && keep[own] < np; ++own) prefix.push_back(ps.prefix[size_t(keep[own])]);
-      ps.prefix.swap(prefix);
-      keep.erase(keep.begin(), keep.begin() + std::ptrdiff_t(own));
-      for (int64_t& k : keep) k -= np;
-    }
-    if (stats && ps.keyed_prefix) {  // the trace's kept positions: the prefix's and the rows'
-      std::vector<int32_t> kept = ps.prefix;
-      for (int64_t k : keep) kept.push_back(rows[size_t(k)]);
-      stats->pruning->back().kept = std::move(kept);
-    }
-    if (int64_t(keep.size()) < Tl) {
-      // Pruned rows: their hidden state (the input of layer l + 1, where they have no K/V) goes
-      // to the Aux Cache; the kept rows stay, in order.
-      std::vector<int32_t> kept;
-      timed(timers, l, Op::Gather, OpShape{Tl, 0, 0}, [&] {
-        std::vector<int64_t> pruned, entries;
-        kept.reserve(keep.size());
-        for (int64_t r = 0, k = 0; r < Tl; ++r) {
-          if (k < int64_t(keep.size()) && keep[size_t(k)] == r) {
-            kept.push_back(rows[size_t(r)]);
-            ++k;
-            continue;
-          }
-          pruned.push_back(r);
-          entries.push_back(aux_.put(rows[size_t(r)], l + 1));
-        }
-        b.aux_store(pruned, entries);
-        b.gather_rows(keep);
-        if (stats) stats->aux_writes[size_t(l)] += int64_t(pruned.size());
-      });
-      rows.swap(kept);
-      ps.rows_changed = true;
-    }
-    if (stats && !ps.keyed_prefix) stats->pruning->back().kept = rows;
-    return;
+  if (ps.pruning && ps.next_step == 0 && ps.prune->steps[0].layer != l && ps.prune->policy->observes(l)) {
+    // A layer before the first pruning layer whose scores the policy takes in (static-paper).
+    const std::span<const int32_t> keys =
+        ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows);
+    const int64_t n = int64_t(keys.size());
+    timed(timers, l, Op::Score, OpShape{1, 0, n}, [&] { b.last_row_scores(l, slots_); });
+    const std::vector<float> scores = b.scores(n);
+    ps.prune->policy->observe(l, keys, scores);
   }
+  if (!ps.pruning || ps.next_step == ps.prune->steps.size() || ps.prune->steps[ps.next_step].layer != l)
+    return;
+  // A pruning layer: the keys here are exactly the active rows (the cache started empty), after
+  // the active imported prefix if there is one (attend's key set), and the last row's attention
+  // over them scores them. Kept prefix positions stay keys; dropped ones are not attended again.
+  const int64_t np = int64_t(ps.prefix.size());
+  std::vector<int64_t> keep =
+      select(l, ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows),
+             ps.prune->steps[ps.next_step++].share, *ps.prune->policy, timers, stats);
+  if (np > 0) {
+    std::vector<int32_t> prefix;
+    size_t own = 0;
+    for (; own < keep.size() && keep[own] < np; ++own) prefix.push_back(ps.prefix[size_t(keep[own])]);
+    ps.prefix.swap(prefix);
+    keep.erase(keep.begin(), keep.begin() + std::ptrdiff_t(own));
+    for (int64_t& k : keep) k -= np;
+  }
+  if (stats && ps.keyed_prefix) {  // the trace's kept positions: the prefix's and the rows'
+    std::vector<int32_t> kept = ps.prefix;
+    for (int64_t k : keep) kept.push_back(rows[size_t(k)]);
+    stats->pruning->back().kept = std::move(kept);
+  }
+  if (int64_t(keep.size()) < Tl) {
+    // Pruned rows: their hidden state (the input of layer l + 1, where they have no K/V) goes to
+    // the Aux Cache; the kept rows stay, in order.
+    std::vector<RowFate> fate(size_t(Tl), RowFate::Save);
+    for (int64_t k : keep) fate[size_t(k)] = RowFate::Stay;
+    timed(timers, l, Op::Gather, OpShape{Tl, 0, 0}, [&] { compact_rows(ps, l, fate); });
+  }
+  if (stats && !ps.keyed_prefix) stats->pruning->back().kept = ps.rows;
+}
 
+void Session::reselect(Pass& ps, int l) {
+  const int L = m_.config().n_layer;
+  const int64_t Tl = int64_t(ps.rows.size());
   const PruneRequest& prune = *ps.prune;
   const bool prune_here = ps.next_step < prune.steps.size() && prune.steps[ps.next_step].layer == l;
   if (prune_here) {
     const std::vector<int64_t> keep =
-        select(l, ps.active, prune.steps[ps.next_step++].share, *prune.policy, timers, stats);
+        select(l, ps.active, prune.steps[ps.next_step++].share, *prune.policy, ps.timers, ps.stats);
     std::vector<int32_t> kept;
     kept.reserve(keep.size());
     for (int64_t i : keep) kept.push_back(ps.active[size_t(i)]);
     ps.active.swap(kept);
-    if (stats) stats->pruning->back().kept = ps.active;
+    if (ps.stats) ps.stats->pruning->back().kept = ps.active;
   }
   // Rows not selected stop here; their state (the next layer's input) goes to the Aux Cache.
   // Rows that already have K/V at the next layer also stop: they are not recomputed there.
-  timed(timers, l, Op::Gather, OpShape{Tl, 0, 0}, [&] {
-    std::vector<int64_t> stay, leave, entries;
-    std::vector<int32_t> next;
+  timed(ps.timers, l, Op::Gather, OpShape{Tl, 0, 0}, [&] {
+    std::vector<RowFate> fate(static_cast<size_t>(Tl));
     for (int64_t r = 0; r < Tl; ++r) {
-      const int32_t rp = rows[size_t(r)];
+      const int32_t rp = ps.rows[size_t(r)];
       const bool kept = !prune_here || std::binary_search(ps.active.begin(), ps.active.end(), rp);
-      const bool next_has_kv = l + 1 < c.n_layer && kv_[size_t(l + 1)].find(rp) >= 0;
-      if (kept && !next_has_kv) {
-        stay.push_back(r);
-        next.push_back(rp);
-      } else if (!kept && l + 1 < c.n_layer) {
-        leave.push_back(r);
-        entries.push_back(aux_.put(rp, l + 1));
-      }
+      const bool next_has_kv = l + 1 < L && kv_[size_t(l + 1)].find(rp) >= 0;
+      fate[size_t(r)] = kept && !next_has_kv ? RowFate::Stay
+                        : !kept && l + 1 < L ? RowFate::Save
+                                             : RowFate::Drop;
     }
-    b.aux_store(leave, entries);
-    if (int64_t(stay.size()) < Tl) {
-      b.gather_rows(stay);
-      ps.rows_changed = true;
-    }
-    if (stats) stats->aux_writes[size_t(l)] += int64_t(leave.size());
-    rows.swap(next);
+    compact_rows(ps, l, fate);
   });
-  if (rows.empty() || rows.back() != ps.new_pos) fail("internal error: the new token left the step");
+  if (ps.rows.empty() || ps.rows.back() != ps.new_pos) fail("internal error: the new token left the step");
 }
 
 int64_t Session::head(Pass& ps) {
@@ -555,14 +542,14 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
                       std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
                       trace::Step* stats, OpTimers* timers) {
   Pass ps = begin_forward(ids, pos, logit_rows, prune, stats, timers);
-  run_layers(ps);
+  run_layers(BatchMember{this, &ps, logits});
   if (head(ps) > 0) lm_head(ps, logits);
 }
 
 void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest* prune, trace::Step* stats,
                           OpTimers* timers) {
   Pass ps = begin_decode(id, p, prune, stats, timers);
-  run_layers(ps);
+  run_layers(BatchMember{this, &ps, logits});
   head(ps);
   lm_head(ps, logits);
 }

@@ -8,6 +8,7 @@
 // that keep their original positions for RoPE and the causal mask.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -128,11 +129,12 @@ class Session {
   void decode_step(int32_t id, int32_t pos, float* logits, const PruneRequest* prune,
                    trace::Step* stats = nullptr, OpTimers* timers = nullptr);
 
-  // One forward pass in progress, layer by layer. forward() and decode_step() run one alone; a
-  // batch (engine/batch.h) runs the passes of several sessions together, each GEMM once over all
-  // their rows. A layer's parts, in order: before_layer, [QKV], attend, [O], mlp_in, [GateUp],
-  // mlp_act, [Down], after_layer; after the last layer head, then [LM head] when it returns rows.
-  // The bracketed GEMMs are the caller's (Backend::matmul, or matmul_batched over the members).
+  // One forward pass in progress, layer by layer. The order of a layer's parts is written once,
+  // in run_layers (engine/batch.h), for a pass alone (forward(), decode_step()), several sessions'
+  // passes together (each GEMM once over all their rows) and KV-Runahead's (engine/runahead.h):
+  // revive, attn_norm, [QKV], attend, [O], mlp_in, [GateUp], mlp_act, [Down], end_layer; after the
+  // last layer head, then [LM head] when it returns rows. The bracketed GEMMs are the loop's
+  // (matmul below alone, Backend::matmul_batched over the members).
   struct Pass {
     bool decode = false;
     int32_t new_pos = 0;              // decode: the new token's position
@@ -158,11 +160,18 @@ class Session {
                      std::span<const int64_t> logit_rows, const PruneRequest* prune, trace::Step* stats,
                      OpTimers* timers);
   Pass begin_decode(int32_t id, int32_t pos, const PruneRequest* prune, trace::Step* stats, OpTimers* timers);
-  void before_layer(Pass& ps, int l);  // decode: revival; the rows set; the attention norm
-  void attend(Pass& ps, int l);        // RoPE, K/V append, attention over the layer's key set
-  void mlp_in(Pass& ps, int l);        // residual, FFN norm
-  void mlp_act(Pass& ps, int l);       // SwiGLU
-  void after_layer(Pass& ps, int l);   // residual; pruning (forward) or re-selection (decode)
+  // A decoding step's revival: the step's active tokens without K/V at layer l that are not rows
+  // yet come back from the Aux Cache (their saved state is this layer's input). Nothing in a
+  // forward pass.
+  void revive(Pass& ps, int l);
+  void attn_norm(Pass& ps, int l);  // the rows set on the backend if they changed; the attention norm
+  void attend(Pass& ps, int l);     // RoPE, K/V append, attention over the layer's key set
+  void mlp_in(Pass& ps, int l);     // residual, FFN norm
+  void mlp_act(Pass& ps, int l);    // SwiGLU
+  // The residual; then a forward pass prunes (at a pruning layer: the rows the policy drops leave,
+  // their states to the Aux Cache) and a decoding step re-selects (at a pruning layer: the active
+  // set chosen again; rows not selected, or with K/V at the next layer, leave).
+  void end_layer(Pass& ps, int l);
   // The rows that get logits gathered and normed; returns their count (0: no LM head to run).
   int64_t head(Pass& ps);
   // The alone path's GEMM of one part, timed.
@@ -203,8 +212,15 @@ class Session {
   // Records op's time (when timers), FLOPs and bytes around f.
   template <class F>
   void timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f);
-  // A pass's layers alone, its GEMMs on this session's backend.
-  void run_layers(Pass& ps);
+  void prune(Pass& ps, int l);     // end_layer of a forward pass
+  void reselect(Pass& ps, int l);  // end_layer of a decoding step
+  // What becomes of each backend row at the end of layer l: stays a row, leaves with its state (the
+  // input of layer l + 1) saved to the Aux Cache, or leaves without (it has K/V there already, or
+  // the layer is the last).
+  enum class RowFate : uint8_t { Stay, Save, Drop };
+  // Applies `fate` (one per row): the states saved, the staying rows gathered in order, ps.rows
+  // updated. The one row-compaction of both end_layer paths.
+  void compact_rows(Pass& ps, int l, std::span<const RowFate> fate);
   // The pruning step at layer l (after layer()): scores the keys by the last row's attention if
   // the policy wants them and returns the indices of the keys to keep (ascending, the last one
   // included).
