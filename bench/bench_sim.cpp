@@ -22,7 +22,7 @@
 #include "pruning/schedule.h"
 #include "sim/replay.h"
 #include "sim/revival.h"
-#include "sim/serving.h"
+#include "sim/serving_capacity.h"
 #include "traces/synthetic.h"
 
 namespace {

@@ -28,7 +28,7 @@
 #include "model/config.h"
 #include "pruning/schedule.h"
 #include "sim/revival.h"
-#include "sim/serving.h"
+#include "sim/serving_metrics.h"
 
 namespace lp::calib {
 

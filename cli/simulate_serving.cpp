@@ -12,7 +12,7 @@
 #include "model/io.h"
 #include "model/presets.h"
 #include "sim/replay.h"
-#include "sim/serving.h"
+#include "sim/serving_capacity.h"
 
 namespace lp::cli {
 namespace {

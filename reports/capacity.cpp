@@ -12,6 +12,7 @@
 #include "model/error.h"
 #include "reports/plot.h"
 #include "sim/replay.h"
+#include "sim/serving_capacity.h"
 #include "traces/synthetic.h"
 
 namespace lp::report {

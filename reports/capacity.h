@@ -18,7 +18,7 @@
 #include "pruning/schedule.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
-#include "sim/serving.h"
+#include "sim/serving_metrics.h"
 #include "traces/synthetic.h"
 #include "traces/trace.h"
 

@@ -14,7 +14,7 @@
 #include "pruning/schedule.h"
 #include "sim/layer_cost.h"
 #include "sim/replay.h"
-#include "sim/serving.h"
+#include "sim/serving_capacity.h"
 
 namespace lp {
 namespace {

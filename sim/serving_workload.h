@@ -1,0 +1,69 @@
+// The serving simulation's inputs (sim/serving.h): requests as they arrive, drawn from length
+// distributions and arrival processes, or read from a CSV or a `serve --log-requests` file.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace lp::sim {
+
+// One request as it arrives.
+struct ServingRequest {
+  double arrival_s = 0;
+  int64_t prompt_tokens = 0, output_tokens = 0;
+};
+
+// A length distribution: fixed N, uniform over [lo, hi], or drawn from a list (a file's lengths).
+struct LengthDist {
+  enum class Kind { Fixed, Uniform, Samples } kind = Kind::Fixed;
+  int64_t lo = 1, hi = 1;
+  std::vector<int64_t> samples;
+  // "N", "LO:HI", or "file:PATH" (one positive whole number a line, or the prompt_tokens /
+  // output_tokens column named by `column` of a CSV or a serve --log-requests file). Throws
+  // lp::Error naming `what` and the problem.
+  static LengthDist parse(const std::string& s, const std::string& what, const std::string& column);
+  // Lengths drawn uniformly from `samples` (not empty, each in [1, 2^24]; unchecked here).
+  static LengthDist from_samples(std::vector<int64_t> samples);
+  std::string describe() const;
+  int64_t max() const;
+};
+
+// Arrivals: Poisson at `rate` requests/s, or gamma-distributed gaps of mean 1 / rate and
+// coefficient of variation `cv` (1 is Poisson; above 1, burstier).
+struct Arrivals {
+  double rate = 1;
+  double cv = 1;
+};
+
+// n requests, seeded: the gaps are drawn once as unit-mean variates and divided by the rate, so
+// the same seed at a higher rate gives the same requests, each arriving earlier in proportion
+// (common random numbers: a capacity search compares rates on the same draws). Boost.Random's
+// generators and distributions, so the draws are the same on every platform.
+std::vector<ServingRequest> make_workload(int64_t n, const Arrivals& a, const LengthDist& prompt,
+                                          const LengthDist& output, uint64_t seed);
+// The same requests at `rate` (scaling a workload made at rate 1).
+std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double rate);
+
+// One line of a `serve --log-requests` file: its times (seconds since the server started; NaN where
+// the line has none), counts, and whether it ended in an error.
+struct LoggedRequest {
+  double arrival_s = 0, admitted_s = 0, first_token_s = 0, finished_s = 0;
+  int64_t prompt_tokens = 0, output_tokens = 0, revivals = 0;
+  bool error = false;
+  int64_t line = 0;  // in the file, for messages
+};
+// Every line of a request log, sorted by arrival (the server writes them as requests finish).
+// Throws lp::Error naming the file, line and problem: not a JSON object, no number arrival_s,
+// prompt_tokens or output_tokens, a negative or non-finite arrival, counts that are not whole.
+std::vector<LoggedRequest> read_request_log(const std::string& path);
+
+// Requests from a file: a CSV with a header naming arrival_s, prompt_tokens and output_tokens (any
+// order, other columns ignored) whose arrival times are sorted and non-negative; or a `serve
+// --log-requests` file (JSON lines, written as requests finish, so sorted here by arrival_s; its
+// requests that ended in an error are left out). Throws lp::Error naming the file, line and
+// problem.
+std::vector<ServingRequest> read_requests(const std::string& path);
+
+}  // namespace lp::sim
