@@ -3,6 +3,8 @@
 // presence matters); main lists them in one table. Errors are lp::Error, printed by main as one line.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include "hwmodels/profile.h"
 #include "kernels/context.h"
 #include "kernels/weights.h"
+#include "model/error.h"
 #include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
@@ -22,6 +25,20 @@
 #include "traces/synthetic.h"
 
 namespace lp::cli {
+
+// Runs `f`, a library call that judges an option's value by the quantity it is, and puts the flag
+// before any lp::Error it throws (the same type): the library says "3 GPUs of tensor parallelism do
+// not divide the model's 32 attention heads", the user reads "--tp: 3 GPUs of ...".
+template <class F>
+decltype(auto) for_option(const char* flag, F&& f) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}: {}", flag, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", flag, e.what()));
+  }
+}
 
 // "a,b,,c" -> {"a", "b", "c"}: the comma lists of --hw, --prune, --prompt-lengths.
 std::vector<std::string> split_list(const std::string& s);

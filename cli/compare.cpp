@@ -130,7 +130,8 @@ int cmd_compare(const CompareArgs& a, const CLI::App& /*sub*/) {
   if (!a.kv_predict.empty()) {
     opt.kv_predict = preset_config(a.kv_predict);
     opt.kv_predict_name = a.kv_predict;
-    sim::check_kv_predict_pair(c, model_name, *opt.kv_predict, a.kv_predict);
+    for_option("--kv-predict",
+               [&] { sim::check_kv_predict_pair(c, model_name, *opt.kv_predict, a.kv_predict); });
   }
   std::vector<std::optional<EvalFigures>> evals(schedules.size());
   if (!a.eval.empty()) {

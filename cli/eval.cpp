@@ -267,7 +267,8 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   add_gguf_model(*e, a.model);
   e->add_option("--task", a.tasks, "Comma-separated tasks: passkey, kv, mdqa, nll (default passkey)");
   e->add_option("--lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
-  e->add_option("--samples", a.samples, "Samples per task and length (default 20)");
+  e->add_option("--samples", a.samples, "Samples per task and length (default 20)")
+      ->check(CLI::Range(1, 1000000));
   e->add_option(
        "--prune", a.prune,
        "Policies compared with the unpruned run: lazyllm, the paper's baselines static-paper and "

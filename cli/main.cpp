@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
     try {
       for (const Subcommand& c : commands)
         if (*c.sub) return c.run();
+    } catch (const lp::InternalError& e) {
+      fmt::print(stderr,
+                 "lazyprefill: {} (a bug in lazyprefill: please report it with the command that met it)\n",
+                 lp::escape_text(e.what()));
+      return 70;  // EX_SOFTWARE
     } catch (const lp::UsageError& e) {
       fmt::print(stderr, "lazyprefill: error: {} (see --help)\n", lp::escape_text(e.what()));
       return 2;

@@ -71,9 +71,9 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   r->add_flag("--map", a.map,
               "Allow a --revival-model fitted on another layer count (stages by relative depth)");
   r->add_option("--slo-ttft-ms", a.slo_ttft_ms, "TTFT objective: report the longest prompt that meets it")
-      ->check(finite_number());
+      ->check(finite_number() & CLI::PositiveNumber);
   r->add_option("--mem-budget-gib", a.mem_budget_gib, "Memory budget per device (default: its capacity)")
-      ->check(finite_number());
+      ->check(finite_number() & CLI::PositiveNumber);
   r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   add_precision(*r, a.precision);

@@ -152,8 +152,10 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
             const sim::Precision prec{f32 ? "f32" : "int8", f32 ? "f32" : "int8", f32 ? "f32" : "f16"};
             const hw::Profile hw = hw::load_profile(a.runahead_hw);
             const double share = hw::thread_share(hw, a.threads);
-            chunks = sim::parse_partition(a.partition, c, hw, prec, int64_t(ids.size()), P,
+            chunks = for_option("--partition", [&] {
+              return sim::parse_partition(a.partition, c, hw, prec, int64_t(ids.size()), P,
                                           sim::default_link(hw), share, steps);
+            });
             if (me == 0) {
               const sim::RunaheadPrediction pr =
                   sim::predict_runahead(c, hw, prec, chunks, sim::default_link(hw), share, steps);

@@ -259,7 +259,8 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
            header.prompt_tokens, decode_steps, c.n_ctx_train);
   };
   if (known_steps >= 0) check_context(known_steps);
-  for (const hw::Profile& hw : hws) sim::check_tp(c, hw, a.tp);  // before any output
+  for (const hw::Profile& hw : hws)
+    for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });  // before any output
   // The same work without pruning: every token at every layer, same prompt and steps, made step by
   // step beside the others.
   // The unpruned baseline runs the prompt as given (random-drop's dropped tokens included).

@@ -23,7 +23,7 @@ int cmd_simulate_kv_predict(const SimulateArgs& a) {
   std::string base_name;
   const ModelConfig base = model_to_cost(a.model, a.model_config, &base_name);
   const ModelConfig aux = preset_config(a.kv_predict);
-  sim::check_kv_predict_pair(base, base_name, aux, a.kv_predict);
+  for_option("--kv-predict", [&] { sim::check_kv_predict_pair(base, base_name, aux, a.kv_predict); });
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const int64_t N = a.prompt_tokens;

@@ -51,8 +51,9 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
     sim::RunaheadLink link = sim::default_link(hw);
     if (a.link_gbs > 0) link.bandwidth = a.link_gbs * 1e9, link.source = "--link-gbs";
     if (a.link_latency_us >= 0) link.latency_s = a.link_latency_us * 1e-6;
-    const std::vector<int64_t> chunks =
-        sim::parse_partition(a.partition, c, hw, prec, N, P, link, a.rank_share, steps);
+    const std::vector<int64_t> chunks = for_option("--partition", [&] {
+      return sim::parse_partition(a.partition, c, hw, prec, N, P, link, a.rank_share, steps);
+    });
     const sim::RunaheadPrediction r = sim::predict_runahead(c, hw, prec, chunks, link, a.rank_share, steps);
     const std::vector<int64_t> one = {N};
     // One device: the whole of it (rank_share 1), and one rank's share of it, unpruned.
@@ -82,8 +83,9 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
         {"ranks_detail", ranks}};
     if (pruned) {  // the same pruning on one device, and KV-Runahead without it
       const double lazy = sim::predict_runahead(c, hw, prec, one, link, 1, steps).ttft_s;
-      const std::vector<int64_t> plain_chunks =
-          sim::parse_partition(a.partition, c, hw, prec, N, P, link, a.rank_share);
+      const std::vector<int64_t> plain_chunks = for_option("--partition", [&] {
+        return sim::parse_partition(a.partition, c, hw, prec, N, P, link, a.rank_share);
+      });
       const double plain = sim::predict_runahead(c, hw, prec, plain_chunks, link, a.rank_share).ttft_s;
       j["single_device_lazyllm_ttft_ms"] = lazy * 1e3;
       j["unpruned_runahead_ttft_ms"] = plain * 1e3;

@@ -149,7 +149,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
-  for (const hw::Profile& hw : hws) sim::check_tp(c, hw, a.tp);
+  for (const hw::Profile& hw : hws) for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });
   if (!a.out.empty()) refuse_output_over_input(a.out, "--out", {a.model, a.arrival_file, a.revival_model});
   if (!a.log_requests.empty())
     refuse_output_over_input(a.log_requests, "--log-requests",

@@ -12,7 +12,7 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
   const ModelConfig& c = ms[0].session->model().config();
   std::vector<Backend*> bes;
   for (const BatchMember& m : ms) {
-    if (&m.session->model() != &ms[0].session->model()) fail("internal error: a batch mixes models");
+    if (&m.session->model() != &ms[0].session->model()) internal_fail("a batch mixes models");
     bes.push_back(&m.session->backend());
   }
   Backend& lead = *bes[0];

@@ -18,7 +18,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   const ModelConfig& c = m.config();
   const int64_t T = int64_t(prompt_ids.size());
   if (T == 0) fail("the prompt is empty (no tokens)");
-  if (opt.max_new_tokens < 0) fail("--max-new-tokens must be >= 0");
+  if (opt.max_new_tokens < 0) fail("the number of new tokens must be >= 0, got {}", opt.max_new_tokens);
   const bool forced = !opt.forced_ids.empty();
   const int64_t n_new = forced ? int64_t(opt.forced_ids.size()) : opt.max_new_tokens;
   if (T + n_new > c.n_ctx_train)

@@ -26,7 +26,7 @@ RunaheadTimes runahead_prefill(Session& s, std::span<const int32_t> prompt, cons
   if (last != (part.start + part.tokens == N))
     fail("KV-Runahead: the last rank, and only it, ends the prompt");
   if ((from_prev == nullptr) != first || (to_next == nullptr) != last)
-    fail("internal error: KV-Runahead rank {} of {} without its links", part.rank, part.ranks);
+    internal_fail("KV-Runahead rank {} of {} without its links", part.rank, part.ranks);
   if (s.n_cached() != 0) fail("KV-Runahead needs an empty session");
 
   std::vector<int32_t> pos(size_t(part.start + part.tokens));

@@ -25,8 +25,8 @@ int32_t argmax(std::span<const float> x) {
 
 Sampler::Sampler(SamplerParams p) : p_(p), rng_(p.seed) {
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
-    fail("--temperature must be >= 0, got {}", p.temperature);
-  if (!(p.top_p > 0 && p.top_p <= 1)) fail("--top-p must be in (0, 1], got {}", p.top_p);
+    fail("the sampling temperature must be >= 0, got {}", p.temperature);
+  if (!(p.top_p > 0 && p.top_p <= 1)) fail("top-p must be in (0, 1], got {}", p.top_p);
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {

@@ -62,9 +62,10 @@ struct Scheduler::Request {
 };
 
 Scheduler::Scheduler(const Model& m, SchedulerOptions opt) : m_(m), opt_(std::move(opt)) {
-  if (opt_.max_batch_tokens < 1) fail("--max-batch-tokens must be at least 1, got {}", opt_.max_batch_tokens);
+  if (opt_.max_batch_tokens < 1)
+    fail("an iteration's token budget must be at least 1, got {}", opt_.max_batch_tokens);
   if (opt_.kv_budget_bytes < 1) fail("the K/V budget must be positive");
-  if (!opt_.make_backend) fail("internal error: the scheduler has no backend factory");
+  if (!opt_.make_backend) internal_fail("the scheduler has no backend factory");
   const std::unique_ptr<Backend> probe = opt_.make_backend(1);
   kv_ = KvLayout{double(probe->kv_element_bytes()), probe->kv_block()};
 }

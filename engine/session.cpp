@@ -55,7 +55,7 @@ double OpTimers::total_flops() const {
 void KvIndex::append(std::span<const int32_t> rows, int layer) {
   for (const int32_t p : rows) {
     if (p < 0) fail("negative position {}", p);
-    if (find(p) >= 0) fail("internal error: token at position {} computed twice at layer {}", p, layer);
+    if (find(p) >= 0) internal_fail("token at position {} computed twice at layer {}", p, layer);
     if (!pos.empty() && p < pos.back()) sorted = false;
     if (size_t(p) >= slot_of.size()) slot_of.resize(size_t(p) + 1, -1);
     slot_of[size_t(p)] = int32_t(pos.size());
@@ -96,8 +96,8 @@ RowMerge AuxCache::plan_revival(int l, std::vector<int32_t>& rows, const std::ve
     if (v < revive.size() && (r == rows.size() || revive[v] < rows[r])) {
       const int64_t e = find(revive[v]);
       if (e < 0 || layer[size_t(e)] != l)
-        fail("internal error: token at position {} has no K/V at layer {} and no Aux Cache state for it",
-             revive[v], l);
+        internal_fail("token at position {} has no K/V at layer {} and no Aux Cache state for it", revive[v],
+                      l);
       plan.aux_src.push_back(e);
       plan.aux_dst.push_back(at);
       merged.push_back(revive[v++]);
@@ -241,7 +241,7 @@ void Session::attend(Pass& ps, int l) {
       slots_.resize(keys.size());
       for (size_t i = 0; i < keys.size(); ++i) {
         const int64_t sl = kv.find(keys[i]);
-        if (sl < 0) fail("internal error: token at position {} has no K/V at layer {}", keys[i], l);
+        if (sl < 0) internal_fail("token at position {} has no K/V at layer {}", keys[i], l);
         slots_[i] = int32_t(sl);
       }
     }
@@ -485,7 +485,7 @@ void Session::reselect(Pass& ps, int l) {
     }
     compact_rows(ps, l, fate);
   });
-  if (ps.rows.empty() || ps.rows.back() != ps.new_pos) fail("internal error: the new token left the step");
+  if (ps.rows.empty() || ps.rows.back() != ps.new_pos) internal_fail("the new token left the step");
 }
 
 int64_t Session::head(Pass& ps) {

@@ -134,8 +134,8 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
   const ModelConfig& cfg = m.config();
   if (opt.tasks.empty()) usage_fail("no task to evaluate");
   if (opt.lengths.empty()) usage_fail("no prompt length to evaluate");
-  if (opt.samples < 1) usage_fail("--samples must be at least 1, got {}", opt.samples);
-  if (opt.drop_seeds < 1) usage_fail("--drop-seeds must be at least 1, got {}", opt.drop_seeds);
+  if (opt.samples < 1) usage_fail("an evaluation needs at least 1 sample per task, got {}", opt.samples);
+  if (opt.drop_seeds < 1) usage_fail("an evaluation needs at least 1 drop seed, got {}", opt.drop_seeds);
   for (const Task t : opt.tasks)
     for (const int64_t len : opt.lengths) {
       const int64_t need = len + task_info(t).max_new_tokens;

@@ -19,7 +19,7 @@ struct CpuContext::Observer : tbb::task_scheduler_observer {
 };
 
 CpuContext::CpuContext(int threads) : threads_(threads), arena_(threads) {
-  if (threads < 1 || threads > 1024) fail("--threads must be between 1 and 1024, got {}", threads);
+  if (threads < 1 || threads > 1024) fail("a CPU context needs 1 to 1024 threads, got {}", threads);
   arena_.initialize();
   observer_ = std::make_unique<Observer>(arena_);
   omp_set_num_threads(1);

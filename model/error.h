@@ -22,6 +22,13 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// A broken invariant: a bug in lazyprefill, never the user's input. Its message starts
+// "internal error: ". The CLI exits 70 (EX_SOFTWARE) for it, the server answers 500.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
 template <class... Args>
 [[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
   throw UsageError(fmt::format(f, std::forward<Args>(args)...));
@@ -30,6 +37,11 @@ template <class... Args>
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));
+}
+
+template <class... Args>
+[[noreturn]] void internal_fail(fmt::format_string<Args...> f, Args&&... args) {
+  throw InternalError("internal error: " + fmt::format(f, std::forward<Args>(args)...));
 }
 
 }  // namespace lp

@@ -154,23 +154,22 @@ Report build_report(const Request& r) {
   if (r.hws.empty()) fail("report: no hardware profile");
   if (r.methods.empty() || r.methods[0].method.policy != PolicyKind::None)
     fail("report: the first method must be none");
-  if (r.lengths.empty()) usage_fail("--prompt-lengths is empty");
-  if (r.batch < 1) usage_fail("--batch must be at least 1, got {}", r.batch);
+  if (r.lengths.empty()) usage_fail("a report needs at least one prompt length");
+  if (r.batch < 1) usage_fail("a report's batch must be at least 1 sequence, got {}", r.batch);
   for (int64_t N : r.lengths) {
     if (N < 1) usage_fail("prompt length {} is not positive", N);
     if (r.model.n_ctx_train > 0 && N + std::max<int64_t>(0, r.new_tokens - 1) > r.model.n_ctx_train)
       usage_fail("prompt length {} (+ {} new tokens) exceeds the model's context of {} tokens", N,
                  r.new_tokens, r.model.n_ctx_train);
   }
-  if (r.slo_ttft_ms && !(*r.slo_ttft_ms > 0)) usage_fail("--slo-ttft-ms must be positive");
-  if (r.mem_budget_gib && !(*r.mem_budget_gib > 0)) usage_fail("--mem-budget-gib must be positive");
+  if (r.slo_ttft_ms && !(*r.slo_ttft_ms > 0)) usage_fail("the TTFT objective must be positive");
+  if (r.mem_budget_gib && !(*r.mem_budget_gib > 0)) usage_fail("the memory budget must be positive");
 
   const size_t H = r.hws.size(), M = r.methods.size(), NL = r.lengths.size();
   // A report is read by people: its table has a column per length. Bounded before anything is
   // allocated (a sweep streams grids of any size).
   if (NL > kMaxLengths)
-    usage_fail("--prompt-lengths names {} lengths, over the {} a report shows (use sweep for more)", NL,
-               kMaxLengths);
+    usage_fail("{} prompt lengths, over the {} a report shows (use sweep for more)", NL, kMaxLengths);
   if (H * M * NL > kMaxCells)
     usage_fail(
         "{} hardware profiles x {} methods x {} lengths is {} results, over the {} a report holds (use "

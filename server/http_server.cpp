@@ -104,7 +104,7 @@ struct Server::Impl {
     const auto addr = [&] {
       boost::system::error_code ec;
       const auto a = asio::ip::make_address(opt.host, ec);
-      if (ec) fail("--host '{}' is not an IP address", opt.host);
+      if (ec) fail("host '{}' is not an IP address", opt.host);
       return a;
     }();
     const tcp::endpoint ep(addr, opt.port);
@@ -270,6 +270,8 @@ struct Server::Impl {
     auto p = std::make_shared<Pending>();
     try {
       p->id = submit(a, p);
+    } catch (const lp::InternalError& ex) {  // a bug, not the request's fault
+      throw ApiError(500, ex.what());
     } catch (const lp::Error& ex) {  // the scheduler's refusals: over the whole K/V budget
       throw ApiError(400, ex.what(), "max_tokens", "kv_budget_exceeded");
     }

@@ -20,16 +20,16 @@ void check_kv_predict_pair(const ModelConfig& base, const std::string& base_name
                            const std::string& aux_name) {
   if (aux.n_vocab != base.n_vocab)
     usage_fail(
-        "--kv-predict {}: its vocabulary ({} tokens) is not the base {}'s ({}): the two models must share "
+        "auxiliary model {}: its vocabulary ({} tokens) is not the base {}'s ({}): the two models must share "
         "a tokenizer",
         aux_name, aux.n_vocab, base_name, base.n_vocab);
   if (aux.n_layer > base.n_layer)
     usage_fail(
-        "--kv-predict {}: it has {} layers, more than the base {}'s {} (each base layer is predicted from "
+        "auxiliary model {}: it has {} layers, more than the base {}'s {} (each base layer is predicted from "
         "one auxiliary layer)",
         aux_name, aux.n_layer, base_name, base.n_layer);
   if (aux.n_params() >= base.n_params())
-    usage_fail("--kv-predict {}: {} parameters, not fewer than the base {}'s {}: not an auxiliary model",
+    usage_fail("auxiliary model {}: {} parameters, not fewer than the base {}'s {}: not an auxiliary model",
                aux_name, aux.n_params(), base_name, base.n_params());
 }
 

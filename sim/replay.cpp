@@ -103,15 +103,16 @@ trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens
 }
 
 ModelConfig tp_shard(const ModelConfig& c, int tp) {
-  if (tp < 1) usage_fail("--tp must be at least 1, got {}", tp);
+  if (tp < 1) usage_fail("tensor parallelism needs at least 1 GPU, got {}", tp);
   if (tp == 1) return c;
   const auto heads = [&](int h, const char* what) {
-    if (h % tp != 0) usage_fail("--tp {} does not divide the model's {} {}", tp, h, what);
+    if (h % tp != 0) usage_fail("{} GPUs of tensor parallelism do not divide the model's {} {}", tp, h, what);
     return h / tp;
   };
   const auto kv_heads = [&](int hkv) {
     if (hkv >= tp) return heads(hkv, "KV heads");
-    if (tp % hkv != 0) usage_fail("--tp {} is not a multiple of the model's {} KV heads", tp, hkv);
+    if (tp % hkv != 0)
+      usage_fail("{} GPUs of tensor parallelism are not a multiple of the model's {} KV heads", tp, hkv);
     return 1;
   };
   ModelConfig s = c;
@@ -126,10 +127,10 @@ ModelConfig tp_shard(const ModelConfig& c, int tp) {
 }
 
 void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp) {
-  if (tp < 1) usage_fail("--tp must be at least 1, got {}", tp);
+  if (tp < 1) usage_fail("tensor parallelism needs at least 1 GPU, got {}", tp);
   if (tp > hw.max_tp)
-    usage_fail("--tp {} is more GPUs than '{}' can host (max_tp {}{})", tp, hw.name, hw.max_tp,
-               hw.kind == "cpu" ? ": a CPU profile" : "");
+    usage_fail("tensor parallelism over {} GPUs is more than '{}' can host (max_tp {}{})", tp, hw.name,
+               hw.max_tp, hw.kind == "cpu" ? ": a CPU profile" : "");
   tp_shard(c, tp);
 }
 

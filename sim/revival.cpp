@@ -171,7 +171,7 @@ trace::Revivals revival_shares(const RevivalModel& m, int n_layer, const std::ve
 }
 
 trace::Revivals constant_revival_share(double share) {
-  if (!(share >= 0 && share <= 1)) usage_fail("--revival-share must be in [0, 1], got {}", share);
+  if (!(share >= 0 && share <= 1)) usage_fail("a revival share must be in [0, 1], got {}", share);
   return [share](size_t, int64_t) { return trace::StageRevival{share, -1, 0.5}; };
 }
 

@@ -306,7 +306,7 @@ std::vector<int64_t> parse_partition(const std::string& arg, const ModelConfig& 
   std::string low = arg;
   std::transform(low.begin(), low.end(), low.begin(),
                  [](unsigned char ch) { return char(std::tolower(ch)); });
-  if (n < ranks) usage_fail("--runahead {}: the prompt has {} tokens, fewer than the ranks", ranks, n);
+  if (n < ranks) usage_fail("the prompt has {} tokens, fewer than the {} ranks", n, ranks);
   if (low == "auto") return optimise_partition(c, hw, p, n, ranks, link, rank_share, last_rank_prune);
   if (low == "even") return even_partition(n, ranks);
   std::vector<int64_t> out;
@@ -317,14 +317,13 @@ std::vector<int64_t> parse_partition(const std::string& arg, const ModelConfig& 
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || !end || *end || v < 1)
-      usage_fail("--partition: '{}' is not a chunk of at least 1 token (give auto, even or n1,n2,...)", item);
+      usage_fail("'{}' is not a chunk of at least 1 token (give auto, even or n1,n2,...)", item);
     out.push_back(v);
     pos = comma + 1;
   }
-  if (int(out.size()) != ranks)
-    usage_fail("--partition has {} chunks for --runahead {} ranks", out.size(), ranks);
+  if (int(out.size()) != ranks) usage_fail("{} chunks for {} ranks", out.size(), ranks);
   const int64_t sum = std::accumulate(out.begin(), out.end(), int64_t(0));
-  if (sum != n) usage_fail("--partition sums to {} tokens, the prompt has {}", sum, n);
+  if (sum != n) usage_fail("the chunks sum to {} tokens, the prompt has {}", sum, n);
   return out;
 }
 

@@ -16,8 +16,7 @@ bool meets(const ServingMetrics& m, const Objectives& o) {
 CapacityResult find_capacity(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                              const ServingMethod& m, const ServingConfig& cfg, const Arrivals& shape,
                              const LengthDist& prompt, const LengthDist& output, const CapacityOptions& o) {
-  if (!o.objectives.any())
-    fail("a capacity search needs an objective (--slo-ttft-p90-ms or --slo-itl-p90-ms)");
+  if (!o.objectives.any()) fail("a capacity search needs an objective (a p90 TTFT or a p90 ITL)");
   if (o.seeds < 1) fail("a capacity search needs at least one seed, got {}", o.seeds);
   if (!(o.tolerance > 0 && o.tolerance < 1))
     fail("the search's tolerance must be in (0, 1), got {}", o.tolerance);

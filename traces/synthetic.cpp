@@ -32,8 +32,8 @@ SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
       new_tokens_(new_tokens),
       revivals_(std::move(revivals)) {
   const PolicyKind kind = parse_policy(policy);
-  if (prompt_tokens < 1) fail("--prompt-tokens must be at least 1, got {}", prompt_tokens);
-  if (new_tokens < 0) fail("--new-tokens must be >= 0, got {}", new_tokens);
+  if (prompt_tokens < 1) fail("a synthetic trace needs a prompt of at least 1 token, got {}", prompt_tokens);
+  if (new_tokens < 0) fail("a synthetic trace's new tokens must be >= 0, got {}", new_tokens);
   if (kind == PolicyKind::RandomDrop) {  // a shorter prompt, unpruned
     prompt_tokens_ = random_drop_kept(prompt_tokens, drop_share);
     header_.prompt_tokens_dropped = prompt_tokens - prompt_tokens_;

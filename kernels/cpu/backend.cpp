@@ -109,7 +109,7 @@ void CpuBackend::last_row_scores(int l, std::span<const int32_t> slots) {
 }
 
 std::vector<float> CpuBackend::scores(int64_t n) {
-  if (n > int64_t(scores_.size())) fail("internal error: {} scores asked, {} computed", n, scores_.size());
+  if (n > int64_t(scores_.size())) internal_fail("{} scores asked, {} computed", n, scores_.size());
   return {scores_.begin(), scores_.begin() + n};
 }
 
@@ -161,7 +161,7 @@ std::vector<CpuBackend*> CpuBackend::members_of(std::span<Backend* const> member
   *total = 0;
   for (Backend* b : members) {
     auto* m = dynamic_cast<CpuBackend*>(b);
-    if (!m || &m->w_ != &w_) fail("internal error: a batch mixes backends or weights");
+    if (!m || &m->w_ != &w_) internal_fail("a batch mixes backends or weights");
     out.push_back(m);
     *total += m->T();
   }

@@ -313,7 +313,7 @@ class CudaBackend final : public Backend {
 
   void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) override {
     for (const int64_t e : entries)
-      if (e >= n_ctx) fail("internal error: Aux Cache entry {} beyond its {} rows", e, n_ctx);
+      if (e >= n_ctx) internal_fail("Aux Cache entry {} beyond its {} rows", e, n_ctx);
     copy_indexed(x, rows, aux_states, entries);
   }
 
@@ -445,7 +445,7 @@ class CudaBackend final : public Backend {
     std::vector<CudaBackend*> out;
     for (Backend* b : members) {
       auto* m = dynamic_cast<CudaBackend*>(b);
-      if (!m || m->dw != dw) fail("internal error: a batch mixes backends or weights");
+      if (!m || m->dw != dw) internal_fail("a batch mixes backends or weights");
       out.push_back(m);
     }
     return out;

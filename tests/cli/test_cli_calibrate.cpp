@@ -131,7 +131,7 @@ TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
   expect_one_line_error(calibrate(ok + "Llama-3.2-3B,h100-sxm,512,10,1\n"),
                         {"m.csv", "record 5", "unknown model 'Llama-3.2-3B'", "llama-2-7b", "--model-map"});
   expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,20,16\n"),
-                        {"m.csv", "record 5", "--tp 16", "max_tp 8"});
+                        {"m.csv", "record 5", "tensor parallelism over 16 GPUs", "max_tp 8"});
   // A pruned record without its schedule, and the same file given twice.
   expect_one_line_error(
       calibrate("model,hardware,prompt_tokens,ttft_ms,method\n" +

@@ -129,7 +129,7 @@ TEST_F(CliEval, BadInput) {
   r = eval({"--lengths", "600"});
   expect_one_line_error(r, {"600 tokens", "context of 512 tokens"});
   EXPECT_EQ(r.code, 2);
-  expect_one_line_error(eval({"--lengths", "300", "--samples", "0"}), {"--samples must be at least 1"});
+  expect_one_line_error(eval({"--lengths", "300", "--samples", "0"}), {"--samples: Value 0 not in range"});
   expect_one_line_error(eval({"--lengths", "300", "--schedule", "9:0.5"}), {"'9:0.5'", "6-layer model"});
   expect_one_line_error(eval({"--lengths", "300,many"}), {"--lengths", "'many'"});
   expect_one_line_error(eval({"--lengths", "300,200,300"}), {"--lengths lists 300 twice"});

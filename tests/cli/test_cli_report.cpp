@@ -23,7 +23,7 @@ TEST_F(CliSim, ReportRefusesMoreResultsThanItHolds) {
   const std::string lengths = fmt::format("{}", fmt::join(ns, ","));
   expect_one_line_error(run_cli(dir_, {"report", "--model-config", "llama-2-7b", "--hw", "l4",
                                        "--prompt-lengths", lengths, "--out", dir_.file("r")}),
-                        {"1025 lengths", "use sweep"});
+                        {"1025 prompt lengths", "use sweep"});
 }
 
 // The capacity report: valid against the shipped schema (checked by python3-jsonschema, an

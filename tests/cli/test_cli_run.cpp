@@ -506,7 +506,7 @@ TEST_F(CliErrors, RunaheadOverMpiGivesTheSingleProcessText) {
   bad.insert(bad.end(), common.begin(), common.end());
   const CliResult b = run_mpi(dir_, 2, bad);
   EXPECT_TRUE(b.exited && b.code != 0) << describe(b);
-  EXPECT_NE(b.err.find("--partition sums to 10 tokens"), std::string::npos) << describe(b);
+  EXPECT_NE(b.err.find("--partition: the chunks sum to 10 tokens"), std::string::npos) << describe(b);
   // Ranks on different model files (mpirun's MPMD form: one program per rank).
   TinyModelSpec other;
   other.seed = 99;

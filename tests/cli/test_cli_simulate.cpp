@@ -225,12 +225,13 @@ TEST_F(CliSim, RunaheadPredictsRanksAgainstOneDeviceAndTensorParallelism) {
     a.insert(a.end(), more.begin(), more.end());
     return run_cli(dir_, a);
   };
-  expect_one_line_error(with({"--partition", "60,30"}), {"sums to 90 tokens, the prompt has 100"});
+  expect_one_line_error(with({"--partition", "60,30"}),
+                        {"--partition: the chunks sum to 90 tokens, the prompt has 100"});
   expect_one_line_error(with({"--partition", "100,0"}), {"'0' is not a chunk"});
-  expect_one_line_error(with({"--partition", "50,25,25"}), {"3 chunks for --runahead 2"});
+  expect_one_line_error(with({"--partition", "50,25,25"}), {"--partition: 3 chunks for 2 ranks"});
   expect_one_line_error(run_cli(dir_, {"simulate", "--runahead", "200", "--prompt-tokens", "100",
                                        "--model-config", "smollm2-135m", "--hw", "cpu-local"}),
-                        {"fewer than the ranks"});
+                        {"--runahead 200", "fewer than the ranks"});
   expect_one_line_error(with({"--prune", "frozen"}), {"--prune lazyllm"});
   // LazyLLM on the last rank: faster than unpruned KV-Runahead, and the last rank gets more tokens.
   std::vector<std::string> lazy = base;

@@ -185,7 +185,7 @@ TEST(KvIndex, TracksSlotsAndRejectsHeldPositions) {
   EXPECT_TRUE(kv.sorted);
   EXPECT_EQ(kv.slots_in_order(), (std::vector<int32_t>{0, 1}));
   const int32_t again[1] = {9};
-  EXPECT_THROW(kv.append(again, 3), Error);
+  EXPECT_THROW(kv.append(again, 3), InternalError);  // the at-most-once rule: a bug if ever broken
   const int32_t negative[1] = {-2};
   EXPECT_THROW(kv.append(negative, 3), Error);
   const int32_t old[1] = {7};  // a revived token: before a held one

@@ -151,11 +151,11 @@ TEST(SimRunahead, BadPartitionsAreRefused) {
     }
     return std::string();
   };
-  EXPECT_NE(msg("6,3", 10, 2).find("sums to 9 tokens, the prompt has 10"), std::string::npos);
+  EXPECT_NE(msg("6,3", 10, 2).find("the chunks sum to 9 tokens, the prompt has 10"), std::string::npos);
   EXPECT_NE(msg("10,0", 10, 2).find("'0' is not a chunk"), std::string::npos);
-  EXPECT_NE(msg("5,5", 10, 3).find("2 chunks for --runahead 3"), std::string::npos);
+  EXPECT_NE(msg("5,5", 10, 3).find("2 chunks for 3 ranks"), std::string::npos);
   EXPECT_NE(msg("5,x", 10, 2).find("'x'"), std::string::npos);
-  EXPECT_NE(msg("even", 2, 3).find("fewer than the ranks"), std::string::npos);
+  EXPECT_NE(msg("even", 2, 3).find("fewer than the 3 ranks"), std::string::npos);
   const std::vector<int64_t> zero = {5, 0};
   EXPECT_THROW(sim::predict_runahead(c, hw, p, zero, link), Error);
   EXPECT_THROW(sim::predict_runahead(c, hw, p, std::vector<int64_t>{}, link), Error);
