@@ -142,26 +142,18 @@ std::string simulated_request_log(const sim::ServingRun& run, const std::string&
 }
 }  // namespace
 
-int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
-  (void)sub;
-  std::string model_name;
-  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
-  sim::Precision prec = a.precision;
-  sim::validate(prec);
-  const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
-  for (const hw::Profile& hw : hws) for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });
-  if (!a.out.empty()) refuse_output_over_input(a.out, "--out", {a.model, a.arrival_file, a.revival_model});
-  if (!a.log_requests.empty())
-    refuse_output_over_input(a.log_requests, "--log-requests",
-                             {a.model, a.arrival_file, a.revival_model, a.out});
+namespace {
 
-  // Each policy prunes by --schedule where it fits it, else by its own default (schedules_fitting).
+// The methods --prune names, each at --schedule where that fits it (else its own default), with the
+// revivals its synthetic decoding draws; one line per pruning method saying where they come from.
+std::vector<sim::ServingMethod> serving_methods(const SimulateServingArgs& a, const ModelConfig& c,
+                                                std::vector<std::string>& revival_lines,
+                                                Schedule& main_sched) {
   std::vector<Schedule> given;
   if (!a.schedule.empty()) given.push_back(schedule_from_arg(a.schedule));
-  const Schedule main_sched = given.empty() ? default_schedule() : given.front();
+  main_sched = given.empty() ? default_schedule() : given.front();
   const auto revival_model = load_revivals(a.revival_model, a.revival_share);
   std::vector<sim::ServingMethod> methods;
-  std::vector<std::string> revival_lines;
   for (const std::string& name : split_list(a.prune)) {
     const PolicyKind kind = parse_policy(name);
     const Schedule sched = schedules_fitting(kind, given).front();
@@ -178,6 +170,144 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
     methods.push_back(sim::serving_method({kind, sched}, c.n_layer, std::move(revivals), label));
   }
   if (methods.empty()) usage_fail("--prune names no method");
+  return methods;
+}
+
+json workload_json(const SimulateServingArgs& a, const sim::LengthDist& prompt,
+                   const sim::LengthDist& output) {
+  return {{"arrivals", a.cv == 1 ? "poisson" : fmt::format("gamma, cv {}", a.cv)},
+          {"requests", a.requests},
+          {"prompt_tokens", prompt.describe()},
+          {"output_tokens", output.describe()},
+          {"seed", a.seed}};
+}
+
+// --capacity: per hardware and method the highest rate meeting the objectives.
+void capacity_runs(const SimulateServingArgs& a, const ModelConfig& c, const std::vector<hw::Profile>& hws,
+                   const sim::Precision& prec, const std::vector<sim::ServingMethod>& methods,
+                   const sim::ServingConfig& cfg, const sim::Objectives& obj, json& out, std::string& text) {
+  const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
+  const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
+  out["workload"] = workload_json(a, prompt, output);
+  out["workload"]["seeds"] = a.seeds;
+  sim::CapacityOptions co;
+  co.objectives = obj;
+  co.tolerance = a.tolerance;
+  co.seeds = a.seeds;
+  co.requests = a.requests;
+  co.seed = a.seed;
+  json caps = json::array();
+  text += fmt::format("capacity at p90 TTFT <= {} and p90 ITL <= {} ({} requests x {} seeds, Poisson{})\n",
+                      a.slo_ttft_ms > 0 ? fmt::format("{} ms", a.slo_ttft_ms) : "-",
+                      a.slo_itl_ms > 0 ? fmt::format("{} ms", a.slo_itl_ms) : "-", a.requests, a.seeds,
+                      a.cv == 1 ? "" : fmt::format(", cv {}", a.cv));
+  text += fmt::format("{:<18} {:<9} {:>12} {:>20} {:>12} {:>12}\n", "hardware", "method", "req/s",
+                      "over seeds", "TTFT p90 ms", "ITL p90 ms");
+  for (const hw::Profile& hw : hws)
+    for (const sim::ServingMethod& m : methods) {
+      const sim::CapacityResult r = sim::find_capacity(c, hw, prec, m, cfg, {1.0, a.cv}, prompt, output, co);
+      json j = {{"hw", hw.name},
+                {"method", m.name},
+                {"met", r.met},
+                {"rate_per_s", r.rate},
+                {"rate_min_per_s", r.rate_min},
+                {"rate_max_per_s", r.rate_max},
+                {"resolution", r.bracket},
+                {"simulations", r.simulations}};
+      if (r.met) {
+        j["at_rate"] = serving_metrics_json(r.at_rate);
+        text += fmt::format("{:<18} {:<9} {:>12.4g} {:>20} {:>12.1f} {:>12.2f}\n", hw.name, m.name, r.rate,
+                            fmt::format("{:.4g}-{:.4g}", r.rate_min, r.rate_max), r.at_rate.ttft.p90 * 1e3,
+                            r.at_rate.itl.p90 * 1e3);
+      } else {
+        j["best_at_lowest_rate"] = serving_metrics_json(r.best);
+        text += fmt::format(
+            "{:<18} {:<9} {:>12} {:>20} {:>12.1f} {:>12.2f}  objectives unmet: best p90s at {} req/s\n",
+            hw.name, m.name, "none", "-", r.best.ttft.p90 * 1e3, r.best.itl.p90 * 1e3, co.rate_lo);
+      }
+      caps.push_back(std::move(j));
+    }
+  out["capacity"] = std::move(caps);
+}
+
+// The requests to simulate: the arrival file's, or the drawn workload at each --rate (0: a file).
+std::vector<std::pair<double, std::vector<sim::ServingRequest>>> request_runs(const SimulateServingArgs& a,
+                                                                              json& out) {
+  std::vector<std::pair<double, std::vector<sim::ServingRequest>>> runs;
+  if (!a.arrival_file.empty()) {
+    runs.emplace_back(0.0, sim::read_requests(a.arrival_file));
+    out["workload"] = {{"arrival_file", a.arrival_file}, {"requests", runs.back().second.size()}};
+    return runs;
+  }
+  const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
+  const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
+  const auto unit = sim::make_workload(a.requests, {1.0, a.cv}, prompt, output, a.seed);
+  const std::vector<std::string> rate_list = a.rates.empty() ? std::vector<std::string>{"1"} : a.rates;
+  for (const std::string& rs : rate_list)
+    for (const std::string& r : split_list(rs)) {
+      char* end = nullptr;
+      const double v = std::strtod(r.c_str(), &end);
+      if (!end || *end || !std::isfinite(v) || v <= 0)
+        usage_fail("--rate: '{}' is not a positive number of requests/s", escape_text(r));
+      runs.emplace_back(v, sim::at_rate(unit, v));
+    }
+  out["workload"] = workload_json(a, prompt, output);
+  return runs;
+}
+
+// Every hardware x method x rate simulated; with --log-requests, the (one) run's requests written.
+void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const std::vector<hw::Profile>& hws,
+                    const sim::Precision& prec, const std::vector<sim::ServingMethod>& methods,
+                    const sim::ServingConfig& cfg, const sim::Objectives& obj, json& out, std::string& text) {
+  const auto runs = request_runs(a, out);
+  json results = json::array();
+  std::string request_log;
+  text += fmt::format("{:<18} {:<9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}\n",
+                      "hardware", "method", "rate/s", "req/s", "TTFT p50", "p90", "p99", "ITL p50", "p90",
+                      "queue p90", "goodput", "KV");
+  for (const hw::Profile& hw : hws)
+    for (const sim::ServingMethod& m : methods)
+      for (const auto& [rate, reqs] : runs) {
+        const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);
+        const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
+        if (!a.log_requests.empty()) request_log = simulated_request_log(run, m.name);
+        json j = {{"hw", hw.name}, {"method", m.name}};
+        j["rate_per_s"] = rate > 0 ? json(rate) : json(nullptr);
+        j["metrics"] = serving_metrics_json(mm);
+        j["iterations"] = run.iterations;
+        json kv = json::array();
+        for (const sim::KvPoint& p : run.kv)
+          kv.push_back({p.t_s, p.reserved / (1 << 20), p.used / (1 << 20)});
+        j["kv_mib_over_time"] = {{"columns", {"t_s", "reserved", "used"}}, {"points", std::move(kv)}};
+        results.push_back(std::move(j));
+        text += fmt::format(
+            "{:<18} {:<9} {:>8} {:>8.3f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.2f} {:>9.2f} {:>9.1f} {:>8} "
+            "{:>5.0f}%\n",
+            hw.name, m.name, rate > 0 ? fmt::format("{:.4g}", rate) : "file", mm.requests_per_s,
+            mm.ttft.p50 * 1e3, mm.ttft.p90 * 1e3, mm.ttft.p99 * 1e3, mm.itl.p50 * 1e3, mm.itl.p90 * 1e3,
+            mm.queue.p90 * 1e3, obj.any() ? fmt::format("{:.3f}", mm.goodput_per_s) : "-",
+            mm.kv_utilisation_mean * 100);
+      }
+  out["results"] = std::move(results);
+  if (!a.log_requests.empty()) write_file_atomic(a.log_requests, request_log, "request log");
+}
+
+}  // namespace
+
+int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) {
+  std::string model_name;
+  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
+  sim::Precision prec = a.precision;
+  sim::validate(prec);
+  const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
+  for (const hw::Profile& hw : hws) for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });
+  if (!a.out.empty()) refuse_output_over_input(a.out, "--out", {a.model, a.arrival_file, a.revival_model});
+  if (!a.log_requests.empty())
+    refuse_output_over_input(a.log_requests, "--log-requests",
+                             {a.model, a.arrival_file, a.revival_model, a.out});
+  std::vector<std::string> revival_lines;
+  Schedule main_sched;
+  const std::vector<sim::ServingMethod> methods = serving_methods(a, c, revival_lines, main_sched);
 
   sim::ServingConfig cfg;
   cfg.max_batch_tokens = a.max_batch_tokens;
@@ -203,120 +333,19 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub) {
   json out;
   out["tool"] = "lazyprefill simulate-serving";
   out["model"] = model_name;
-  json sched_j = {{"max_batch_tokens", cfg.max_batch_tokens},         {"kv_budget_mib", a.kv_budget_mib},
-                  {"kv_element_bytes", cfg.kv_element_bytes},         {"chunk_tokens", cfg.chunk_tokens},
-                  {"iteration_overhead_ms", a.iteration_overhead_ms}, {"tp", cfg.tp}};
-  out["scheduler"] = sched_j;
+  out["scheduler"] = {{"max_batch_tokens", cfg.max_batch_tokens},         {"kv_budget_mib", a.kv_budget_mib},
+                      {"kv_element_bytes", cfg.kv_element_bytes},         {"chunk_tokens", cfg.chunk_tokens},
+                      {"iteration_overhead_ms", a.iteration_overhead_ms}, {"tp", cfg.tp}};
   out["schedule"] = main_sched.to_string();
   out["revivals"] = revival_lines;
   if (obj.any())
     out["objectives"] = {{"ttft_p90_ms", a.slo_ttft_ms > 0 ? json(a.slo_ttft_ms) : json(nullptr)},
                          {"itl_p90_ms", a.slo_itl_ms > 0 ? json(a.slo_itl_ms) : json(nullptr)}};
   std::string text;
-
-  if (a.capacity) {
-    const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
-    const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
-    out["workload"] = {{"arrivals", a.cv == 1 ? "poisson" : fmt::format("gamma, cv {}", a.cv)},
-                       {"requests", a.requests},
-                       {"prompt_tokens", prompt.describe()},
-                       {"output_tokens", output.describe()},
-                       {"seed", a.seed},
-                       {"seeds", a.seeds}};
-    sim::CapacityOptions co;
-    co.objectives = obj;
-    co.tolerance = a.tolerance;
-    co.seeds = a.seeds;
-    co.requests = a.requests;
-    co.seed = a.seed;
-    json caps = json::array();
-    text += fmt::format("capacity at p90 TTFT <= {} and p90 ITL <= {} ({} requests x {} seeds, Poisson{})\n",
-                        a.slo_ttft_ms > 0 ? fmt::format("{} ms", a.slo_ttft_ms) : "-",
-                        a.slo_itl_ms > 0 ? fmt::format("{} ms", a.slo_itl_ms) : "-", a.requests, a.seeds,
-                        a.cv == 1 ? "" : fmt::format(", cv {}", a.cv));
-    text += fmt::format("{:<18} {:<9} {:>12} {:>20} {:>12} {:>12}\n", "hardware", "method", "req/s",
-                        "over seeds", "TTFT p90 ms", "ITL p90 ms");
-    for (const hw::Profile& hw : hws)
-      for (const sim::ServingMethod& m : methods) {
-        const sim::CapacityResult r =
-            sim::find_capacity(c, hw, prec, m, cfg, {1.0, a.cv}, prompt, output, co);
-        json j = {{"hw", hw.name},
-                  {"method", m.name},
-                  {"met", r.met},
-                  {"rate_per_s", r.rate},
-                  {"rate_min_per_s", r.rate_min},
-                  {"rate_max_per_s", r.rate_max},
-                  {"resolution", r.bracket},
-                  {"simulations", r.simulations}};
-        if (r.met) {
-          j["at_rate"] = serving_metrics_json(r.at_rate);
-          text += fmt::format("{:<18} {:<9} {:>12.4g} {:>20} {:>12.1f} {:>12.2f}\n", hw.name, m.name, r.rate,
-                              fmt::format("{:.4g}-{:.4g}", r.rate_min, r.rate_max), r.at_rate.ttft.p90 * 1e3,
-                              r.at_rate.itl.p90 * 1e3);
-        } else {
-          j["best_at_lowest_rate"] = serving_metrics_json(r.best);
-          text += fmt::format(
-              "{:<18} {:<9} {:>12} {:>20} {:>12.1f} {:>12.2f}  objectives unmet: best p90s at {} req/s\n",
-              hw.name, m.name, "none", "-", r.best.ttft.p90 * 1e3, r.best.itl.p90 * 1e3, co.rate_lo);
-        }
-        caps.push_back(std::move(j));
-      }
-    out["capacity"] = std::move(caps);
-  } else {
-    std::vector<std::pair<double, std::vector<sim::ServingRequest>>> runs;  // (rate or 0, requests)
-    if (!a.arrival_file.empty()) {
-      runs.emplace_back(0.0, sim::read_requests(a.arrival_file));
-      out["workload"] = {{"arrival_file", a.arrival_file}, {"requests", runs.back().second.size()}};
-    } else {
-      const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
-      const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
-      const auto unit = sim::make_workload(a.requests, {1.0, a.cv}, prompt, output, a.seed);
-      const std::vector<std::string> rate_list = a.rates.empty() ? std::vector<std::string>{"1"} : a.rates;
-      for (const std::string& rs : rate_list)
-        for (const std::string& r : split_list(rs)) {
-          char* end = nullptr;
-          const double v = std::strtod(r.c_str(), &end);
-          if (!end || *end || !std::isfinite(v) || v <= 0)
-            usage_fail("--rate: '{}' is not a positive number of requests/s", escape_text(r));
-          runs.emplace_back(v, sim::at_rate(unit, v));
-        }
-      out["workload"] = {{"arrivals", a.cv == 1 ? "poisson" : fmt::format("gamma, cv {}", a.cv)},
-                         {"requests", a.requests},
-                         {"prompt_tokens", prompt.describe()},
-                         {"output_tokens", output.describe()},
-                         {"seed", a.seed}};
-    }
-    json results = json::array();
-    std::string request_log;
-    text += fmt::format("{:<18} {:<9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}\n",
-                        "hardware", "method", "rate/s", "req/s", "TTFT p50", "p90", "p99", "ITL p50", "p90",
-                        "queue p90", "goodput", "KV");
-    for (const hw::Profile& hw : hws)
-      for (const sim::ServingMethod& m : methods)
-        for (const auto& [rate, reqs] : runs) {
-          const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);
-          const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
-          if (!a.log_requests.empty()) request_log = simulated_request_log(run, m.name);
-          json j = {{"hw", hw.name}, {"method", m.name}};
-          j["rate_per_s"] = rate > 0 ? json(rate) : json(nullptr);
-          j["metrics"] = serving_metrics_json(mm);
-          j["iterations"] = run.iterations;
-          json kv = json::array();
-          for (const sim::KvPoint& p : run.kv)
-            kv.push_back({p.t_s, p.reserved / (1 << 20), p.used / (1 << 20)});
-          j["kv_mib_over_time"] = {{"columns", {"t_s", "reserved", "used"}}, {"points", std::move(kv)}};
-          results.push_back(std::move(j));
-          text += fmt::format(
-              "{:<18} {:<9} {:>8} {:>8.3f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.2f} {:>9.2f} {:>9.1f} {:>8} "
-              "{:>5.0f}%\n",
-              hw.name, m.name, rate > 0 ? fmt::format("{:.4g}", rate) : "file", mm.requests_per_s,
-              mm.ttft.p50 * 1e3, mm.ttft.p90 * 1e3, mm.ttft.p99 * 1e3, mm.itl.p50 * 1e3, mm.itl.p90 * 1e3,
-              mm.queue.p90 * 1e3, obj.any() ? fmt::format("{:.3f}", mm.goodput_per_s) : "-",
-              mm.kv_utilisation_mean * 100);
-        }
-    out["results"] = std::move(results);
-    if (!a.log_requests.empty()) write_file_atomic(a.log_requests, request_log, "request log");
-  }
+  if (a.capacity)
+    capacity_runs(a, c, hws, prec, methods, cfg, obj, out, text);
+  else
+    simulated_runs(a, c, hws, prec, methods, cfg, obj, out, text);
   const std::string dumped = out.dump(2) + "\n";
   if (!a.out.empty()) write_file_atomic(a.out, dumped, "serving simulation");
   if (a.json_out)
