@@ -185,6 +185,68 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
   return s;
 }
 
+namespace {
+
+// One profile's prediction beside the unpruned one, as --json reports it.
+json simulate_result_json(const SimulateArgs& a, const hw::Profile& hw, const sim::Prediction& p,
+                          const sim::Prediction& b, const sim::Precision& prec) {
+  const double fits = p.memory.total() <= hw.memory_capacity;
+  json r = {{"hw", hw.name},
+            {"hw_description", hw.description},
+            {"engine", hw.engine.name},
+            {"efficiency_default", hw.efficiency_default},
+            {"ttft_ms", p.ttft_s * 1e3},
+            {"baseline_ttft_ms", b.ttft_s * 1e3},
+            {"ttft_speedup", b.ttft_s / p.ttft_s},
+            {"decode_step_ms", json::array()},
+            {"decode_step_mean_ms", p.decode_step_mean_s() * 1e3},
+            {"baseline_decode_step_mean_ms", b.decode_step_mean_s() * 1e3},
+            {"total_ms", p.total_s * 1e3},
+            {"baseline_total_ms", b.total_s * 1e3},
+            {"total_speedup", b.total_s / p.total_s},
+            {"prefill_flop", p.prefill_flops()},
+            {"baseline_prefill_flop", b.prefill_flops()},
+            {"prefill_bound_op", std::string(op_name(p.prefill_bound_op()))},
+            {"prefill_comm_ms", p.prefill_comm.time_s * 1e3},
+            {"decode_comm_ms", p.decode_comm.time_s * 1e3},
+            {"memory_bytes", p.memory.to_json()},
+            {"baseline_memory_bytes", {{"kv", b.memory.kv}, {"total", b.memory.total()}}},
+            {"fits_in_memory", bool(fits)},
+            {"prefill_ops", ops_json(hw, p.prefill_ops, prec)},
+            {"decode_ops", ops_json(hw, p.decode_ops, prec)}};
+  for (double x : p.decode_step_s) r["decode_step_ms"].push_back(x * 1e3);
+  if (a.per_layer) {
+    json layers = json::array();
+    for (const sim::OpCosts& l : p.prefill_layers) layers.push_back(ops_json(hw, l, prec));
+    r["prefill_layers"] = layers;
+  }
+  return r;
+}
+
+// The same as text: TTFT and decoding beside the unpruned run, memory and the bound op.
+void print_simulate_result(const SimulateArgs& a, const hw::Profile& hw, const sim::Prediction& p,
+                           const sim::Prediction& b) {
+  const bool fits = p.memory.total() <= hw.memory_capacity;
+  fmt::print("  {:<12} TTFT {:>10.2f} ms (unpruned {:>10.2f}, {:.2f}x)", hw.name, p.ttft_s * 1e3,
+             b.ttft_s * 1e3, b.ttft_s / p.ttft_s);
+  if (p.decode_steps > 0)
+    fmt::print("  decode step {:.2f} ms (unpruned {:.2f})  total {:.1f} ms ({:.2f}x)",
+               p.decode_step_mean_s() * 1e3, b.decode_step_mean_s() * 1e3, p.total_s * 1e3,
+               b.total_s / p.total_s);
+  if (a.tp > 1)
+    fmt::print("\n  {:<12} tensor parallel over {} GPUs: all-reduces {:.2f} ms of the TTFT; memory per GPU",
+               "", a.tp, p.prefill_comm.time_s * 1e3);
+  fmt::print(
+      "\n  {:<12} memory {:.2f} GiB = weights {:.2f} + KV {:.3f} + Aux {:.3f} + activations {:.3f}{}; "
+      "bound by {}\n",
+      "", p.memory.total() / 1073741824.0, p.memory.weights / 1073741824.0, p.memory.kv / 1073741824.0,
+      p.memory.aux / 1073741824.0, p.memory.activations / 1073741824.0,
+      fits ? "" : fmt::format(" (does not fit {:.0f} GiB)", hw.memory_capacity / 1073741824.0),
+      op_name(p.prefill_bound_op()));
+}
+
+}  // namespace
+
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   (void)sub;
   // Without --trace the work is synthetic: --prune POLICY, or the unpruned run when it is left out.
@@ -253,33 +315,12 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     header.schedule = policy == "none" ? "none" : sched.to_string();
     origin = "synthetic";
   }
-  const auto check_context = [&](int64_t decode_steps) {
-    if (c.n_ctx_train > 0 && header.prompt_tokens + decode_steps > c.n_ctx_train)
-      fail("{} prompt tokens + {} decoding steps exceed the model's context of {} tokens",
-           header.prompt_tokens, decode_steps, c.n_ctx_train);
-  };
-  if (known_steps >= 0) check_context(known_steps);
   for (const hw::Profile& hw : hws)
     for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });  // before any output
-  // The same work without pruning: every token at every layer, same prompt and steps, made step by
-  // step beside the others.
-  // The unpruned baseline runs the prompt as given (random-drop's dropped tokens included).
-  trace::SyntheticSteps base_gen(c, "none", {}, header.prompt_tokens + header.prompt_tokens_dropped,
-                                 int64_t(1) << 40);
-  const size_t keep = a.json_out ? size_t(a.step_times) : 0;
-  std::vector<sim::Replayer> pruned, unpruned;
-  for (const hw::Profile& hw : hws) {
-    pruned.emplace_back(header, c, hw, prec, 1, a.tp, keep);
-    unpruned.emplace_back(base_gen.header(), c, hw, prec, 1, a.tp, keep);
-  }
-  int64_t decode_steps = -1;
-  for (trace::Step st, bs; reader ? reader->next(st) : gen->next(st);) {
-    if (map_steps) st = sim::map_step(src, st, c.n_layer, header.prompt_tokens);
-    base_gen.next(bs);
-    if (++decode_steps > 0 && known_steps < 0) check_context(decode_steps);
-    for (sim::Replayer& r : pruned) r.add(st);
-    for (sim::Replayer& r : unpruned) r.add(bs);
-  }
+  const sim::PairedReplay replayed = sim::replay_beside_unpruned(
+      [&](trace::Step& st) { return reader ? reader->next(st) : gen->next(st); }, src, header, map_steps, c,
+      hws, prec, a.tp, a.json_out ? size_t(a.step_times) : 0, known_steps);
+  const int64_t decode_steps = replayed.decode_steps;
 
   json out = {{"model", c.name.empty() ? (a.model_config.empty() ? a.model : a.model_config) : c.name},
               {"n_layer", c.n_layer},
@@ -308,59 +349,9 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
         a.tp > 1 ? fmt::format(", tensor parallel {}", a.tp) : "");
   if (!a.json_out && decode_steps > 0) fmt::print("revivals: {}\n", revivals);
   for (size_t i = 0; i < hws.size(); ++i) {
-    const hw::Profile& hw = hws[i];
-    const sim::Prediction p = std::move(pruned[i]).finish();
-    const sim::Prediction b = std::move(unpruned[i]).finish();
-    const double fits = p.memory.total() <= hw.memory_capacity;
-    json r = {{"hw", hw.name},
-              {"hw_description", hw.description},
-              {"engine", hw.engine.name},
-              {"efficiency_default", hw.efficiency_default},
-              {"ttft_ms", p.ttft_s * 1e3},
-              {"baseline_ttft_ms", b.ttft_s * 1e3},
-              {"ttft_speedup", b.ttft_s / p.ttft_s},
-              {"decode_step_ms", json::array()},
-              {"decode_step_mean_ms", p.decode_step_mean_s() * 1e3},
-              {"baseline_decode_step_mean_ms", b.decode_step_mean_s() * 1e3},
-              {"total_ms", p.total_s * 1e3},
-              {"baseline_total_ms", b.total_s * 1e3},
-              {"total_speedup", b.total_s / p.total_s},
-              {"prefill_flop", p.prefill_flops()},
-              {"baseline_prefill_flop", b.prefill_flops()},
-              {"prefill_bound_op", std::string(op_name(p.prefill_bound_op()))},
-              {"prefill_comm_ms", p.prefill_comm.time_s * 1e3},
-              {"decode_comm_ms", p.decode_comm.time_s * 1e3},
-              {"memory_bytes", p.memory.to_json()},
-              {"baseline_memory_bytes", {{"kv", b.memory.kv}, {"total", b.memory.total()}}},
-              {"fits_in_memory", bool(fits)},
-              {"prefill_ops", ops_json(hw, p.prefill_ops, prec)},
-              {"decode_ops", ops_json(hw, p.decode_ops, prec)}};
-    for (double s : p.decode_step_s) r["decode_step_ms"].push_back(s * 1e3);
-    if (a.per_layer) {
-      json layers = json::array();
-      for (const sim::OpCosts& l : p.prefill_layers) layers.push_back(ops_json(hw, l, prec));
-      r["prefill_layers"] = layers;
-    }
-    if (!a.json_out) {
-      fmt::print("  {:<12} TTFT {:>10.2f} ms (unpruned {:>10.2f}, {:.2f}x)", hw.name, p.ttft_s * 1e3,
-                 b.ttft_s * 1e3, b.ttft_s / p.ttft_s);
-      if (p.decode_steps > 0)
-        fmt::print("  decode step {:.2f} ms (unpruned {:.2f})  total {:.1f} ms ({:.2f}x)",
-                   p.decode_step_mean_s() * 1e3, b.decode_step_mean_s() * 1e3, p.total_s * 1e3,
-                   b.total_s / p.total_s);
-      if (a.tp > 1)
-        fmt::print(
-            "\n  {:<12} tensor parallel over {} GPUs: all-reduces {:.2f} ms of the TTFT; memory per GPU", "",
-            a.tp, p.prefill_comm.time_s * 1e3);
-      fmt::print(
-          "\n  {:<12} memory {:.2f} GiB = weights {:.2f} + KV {:.3f} + Aux {:.3f} + activations {:.3f}{}; "
-          "bound by {}\n",
-          "", p.memory.total() / 1073741824.0, p.memory.weights / 1073741824.0, p.memory.kv / 1073741824.0,
-          p.memory.aux / 1073741824.0, p.memory.activations / 1073741824.0,
-          fits ? "" : fmt::format(" (does not fit {:.0f} GiB)", hw.memory_capacity / 1073741824.0),
-          op_name(p.prefill_bound_op()));
-    }
-    out["results"].push_back(std::move(r));
+    const sim::PairedPrediction& pp = replayed.per_hw[i];
+    out["results"].push_back(simulate_result_json(a, hws[i], pp.pruned, pp.unpruned, prec));
+    if (!a.json_out) print_simulate_result(a, hws[i], pp.pruned, pp.unpruned);
   }
   if (a.json_out) std::puts(out.dump(2).c_str());
   return 0;

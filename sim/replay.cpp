@@ -297,4 +297,37 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
   return std::move(r).finish();
 }
 
+PairedReplay replay_beside_unpruned(const std::function<bool(trace::Step&)>& next, const trace::Header& src,
+                                    const trace::Header& costed, bool map, const ModelConfig& c,
+                                    const std::vector<hw::Profile>& hws, const Precision& p, int tp,
+                                    size_t keep_steps, int64_t known_steps) {
+  const auto check_context = [&](int64_t decode_steps) {
+    if (c.n_ctx_train > 0 && costed.prompt_tokens + decode_steps > c.n_ctx_train)
+      fail("{} prompt tokens + {} decoding steps exceed the model's context of {} tokens",
+           costed.prompt_tokens, decode_steps, c.n_ctx_train);
+  };
+  if (known_steps >= 0) check_context(known_steps);
+  for (const hw::Profile& hw : hws) check_tp(c, hw, tp);
+  trace::SyntheticSteps base(c, "none", {}, costed.prompt_tokens + costed.prompt_tokens_dropped,
+                             int64_t(1) << 40);
+  std::vector<Replayer> pruned, unpruned;
+  for (const hw::Profile& hw : hws) {
+    pruned.emplace_back(costed, c, hw, p, 1, tp, keep_steps);
+    unpruned.emplace_back(base.header(), c, hw, p, 1, tp, keep_steps);
+  }
+  PairedReplay out;
+  int64_t decode_steps = -1;
+  for (trace::Step st, bs; next(st);) {
+    if (map) st = map_step(src, st, c.n_layer, costed.prompt_tokens);
+    base.next(bs);
+    if (++decode_steps > 0 && known_steps < 0) check_context(decode_steps);
+    for (Replayer& r : pruned) r.add(st);
+    for (Replayer& r : unpruned) r.add(bs);
+  }
+  out.decode_steps = decode_steps;
+  for (size_t i = 0; i < hws.size(); ++i)
+    out.per_hw.push_back({std::move(pruned[i]).finish(), std::move(unpruned[i]).finish()});
+  return out;
+}
+
 }  // namespace lp::sim

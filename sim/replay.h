@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,24 @@ class Replayer {
   std::vector<int64_t> last_keys_;
   Prediction r_;
 };
+
+// A run's steps costed on every profile beside the same work unpruned (every token at every layer,
+// the same prompt as given, random-drop's dropped tokens included, and as many decoding steps), as
+// `simulate` reports it. The steps stream (memory O(layers) whatever their number): `next` gives
+// them one at a time in the header `src`'s shape, mapped onto `costed` (map_step) when `map`.
+// Throws lp::Error when the prompt and the decoding steps exceed the model's context (checked
+// before any step when `known_steps` >= 0, else as they come).
+struct PairedPrediction {
+  Prediction pruned, unpruned;
+};
+struct PairedReplay {
+  int64_t decode_steps = 0;
+  std::vector<PairedPrediction> per_hw;  // in the profiles' order
+};
+PairedReplay replay_beside_unpruned(const std::function<bool(trace::Step&)>& next, const trace::Header& src,
+                                    const trace::Header& costed, bool map, const ModelConfig& c,
+                                    const std::vector<hw::Profile>& hws, const Precision& p, int tp,
+                                    size_t keep_steps, int64_t known_steps);
 
 // Replays synthetic steps (trace::SyntheticSteps) as they are made: memory O(layers) whatever
 // `decode_steps`; per-step decode times kept for the first `keep_steps`; random-drop's
