@@ -7,6 +7,8 @@
 #include "calibrate/bobyqa.h"
 #include "model/error.h"
 #include "pruning/policy.h"
+#include "sim/replay.h"
+#include "traces/synthetic.h"
 
 namespace lp::calib {
 
@@ -144,6 +146,49 @@ RevivalModel fit_revival_model(const std::vector<trace::Trace>& traces, const st
     m.stages.push_back(st);
   }
   return m;
+}
+
+namespace {
+double rows_per_step(const trace::Trace& t) {
+  if (t.steps.size() < 2) return 0;
+  double rows = 0;
+  for (size_t s = 1; s < t.steps.size(); ++s)
+    for (int64_t q : t.steps[s].queries) rows += double(q);
+  return rows / double(t.steps.size() - 1);
+}
+}  // namespace
+
+RevivalCheck check_revival_model(const sim::RevivalModel& m, const trace::Trace& t, const std::string& name,
+                                 const hw::Profile& hw, const sim::Precision& p, bool map) {
+  if (t.header.policy == "none" || t.header.schedule_layers.empty())
+    usage_fail("{}: an unpruned run; --held-out takes pruned runs", name);
+  if (t.steps.size() < 2) usage_fail("{}: no decoding steps to compare", name);
+  ModelConfig c = config_from_json(t.header.model, name + ": header model");
+  if (c.n_ctx_train <= 0) c.n_ctx_train = int(t.header.prompt_tokens + int64_t(t.steps.size()));
+  std::vector<PruneStep> steps;
+  for (const auto& [layer, share] : t.header.schedule_layers) steps.push_back({layer, share});
+  RevivalCheck r;
+  r.trace = name;
+  r.prompt_tokens = t.header.prompt_tokens;
+  r.decode_steps = int64_t(t.steps.size()) - 1;
+  const trace::Trace modelled =
+      trace::synthetic_trace(c, t.header.policy, steps, t.header.prompt_tokens, r.decode_steps,
+                             sim::revival_shares(m, c.n_layer, steps, map));
+  const trace::Trace bound =
+      trace::synthetic_trace(c, t.header.policy, steps, t.header.prompt_tokens, r.decode_steps);
+  const sim::Prediction pr = sim::replay(t, c, hw, p);
+  const sim::Prediction pm = sim::replay(modelled, c, hw, p);
+  const sim::Prediction pb = sim::replay(bound, c, hw, p);
+  const auto figures = [](const sim::Prediction& x, const trace::Trace& tr) {
+    return RevivalCheck::Figures{x.memory.kv, x.memory.aux, rows_per_step(tr), x.decode_step_mean_s()};
+  };
+  r.replayed = figures(pr, t);
+  r.model = figures(pm, modelled);
+  r.share_0 = figures(pb, bound);
+  for (size_t s = 0; s < pr.decode_step_s.size(); ++s)
+    r.worst_step_error =
+        std::max(r.worst_step_error, std::abs(RevivalCheck::rel(pm.decode_step_s[s], pr.decode_step_s[s])));
+  return r;
 }
 
 }  // namespace lp::calib

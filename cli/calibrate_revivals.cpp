@@ -28,16 +28,52 @@ std::string file_bytes(const std::string& path) {
   return read_input_file(path, "trace", input_cap::kTrace);
 }
 
-double rows_per_step(const trace::Trace& t) {
-  if (t.steps.size() < 2) return 0;
-  double rows = 0;
-  for (size_t s = 1; s < t.steps.size(); ++s)
-    for (int64_t q : t.steps[s].queries) rows += double(q);
-  return rows / double(t.steps.size() - 1);
+using RC = calib::RevivalCheck;
+
+json revival_check_json(const RC& k) {
+  const auto three = [&](double RC::Figures::*f) {
+    return json{{"replayed", k.replayed.*f}, {"model", k.model.*f}, {"share_0", k.share_0.*f}};
+  };
+  json r = {{"trace", k.trace},
+            {"prompt_tokens", k.prompt_tokens},
+            {"decode_steps", k.decode_steps},
+            {"kv_bytes", three(&RC::Figures::kv_bytes)},
+            {"aux_bytes", three(&RC::Figures::aux_bytes)},
+            {"rows_per_step", three(&RC::Figures::rows_per_step)},
+            {"decode_step_mean_ms",
+             {{"replayed", k.replayed.decode_step_mean_s * 1e3},
+              {"model", k.model.decode_step_mean_s * 1e3},
+              {"share_0", k.share_0.decode_step_mean_s * 1e3}}}};
+  r["error"] = {
+      {"kv", RC::rel(k.model.kv_bytes, k.replayed.kv_bytes)},
+      {"aux", RC::rel(k.model.aux_bytes, k.replayed.aux_bytes)},
+      {"kv_share_0", RC::rel(k.share_0.kv_bytes, k.replayed.kv_bytes)},
+      {"decode_step_mean", RC::rel(k.model.decode_step_mean_s, k.replayed.decode_step_mean_s)},
+      {"decode_step_mean_share_0", RC::rel(k.share_0.decode_step_mean_s, k.replayed.decode_step_mean_s)},
+      {"rows_per_step", RC::rel(k.model.rows_per_step, k.replayed.rows_per_step)},
+      {"rows_per_step_share_0", RC::rel(k.share_0.rows_per_step, k.replayed.rows_per_step)},
+      {"decode_step_worst", k.worst_step_error}};
+  return r;
 }
 
-double rel(double predicted, double actual) {
-  return actual != 0 ? (predicted - actual) / actual : 0.0;
+void print_revival_check(const RC& k, const std::string& hw) {
+  const RC::Figures &r = k.replayed, &m = k.model, &b = k.share_0;
+  fmt::print(
+      "held out {} ({} prompt tokens, {} steps) on {}:\n"
+      "  KV at the end   replayed {:8.2f} MiB  model {:8.2f} ({:+.1f}%)  share 0 {:8.2f} ({:+.1f}%)\n"
+      "  Aux Cache       replayed {:8.2f} MiB  model {:8.2f} ({:+.1f}%)\n"
+      "  decode step     replayed {:8.3f} ms   model {:8.3f} ({:+.1f}%, worst step {:.1f}%)  share 0 "
+      "{:8.3f} "
+      "({:+.1f}%)\n"
+      "  rows per step   replayed {:8.1f}      model {:8.1f} ({:+.1f}%)  share 0 {:8.1f} ({:+.1f}%)\n",
+      k.trace, k.prompt_tokens, k.decode_steps, hw, r.kv_bytes / 1048576.0, m.kv_bytes / 1048576.0,
+      100 * RC::rel(m.kv_bytes, r.kv_bytes), b.kv_bytes / 1048576.0, 100 * RC::rel(b.kv_bytes, r.kv_bytes),
+      r.aux_bytes / 1048576.0, m.aux_bytes / 1048576.0, 100 * RC::rel(m.aux_bytes, r.aux_bytes),
+      r.decode_step_mean_s * 1e3, m.decode_step_mean_s * 1e3,
+      100 * RC::rel(m.decode_step_mean_s, r.decode_step_mean_s), 100 * k.worst_step_error,
+      b.decode_step_mean_s * 1e3, 100 * RC::rel(b.decode_step_mean_s, r.decode_step_mean_s), r.rows_per_step,
+      m.rows_per_step, 100 * RC::rel(m.rows_per_step, r.rows_per_step), b.rows_per_step,
+      100 * RC::rel(b.rows_per_step, r.rows_per_step));
 }
 
 }  // namespace
@@ -121,66 +157,11 @@ int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a, const CLI::App& /*sub
   }
   double worst = 0;
   for (size_t h = 0; h < held.size(); ++h) {
-    const trace::Trace& t = held[h];
-    const std::string& name = a.held_out[h];
-    if (t.header.policy == "none" || t.header.schedule_layers.empty())
-      usage_fail("{}: an unpruned run; --held-out takes pruned runs", name);
-    if (t.steps.size() < 2) usage_fail("{}: no decoding steps to compare", name);
-    ModelConfig c = config_from_json(t.header.model, name + ": header model");
-    if (c.n_ctx_train <= 0) c.n_ctx_train = int(t.header.prompt_tokens + int64_t(t.steps.size()));
-    std::vector<PruneStep> steps;
-    for (const auto& [layer, share] : t.header.schedule_layers) steps.push_back({layer, share});
-    const int64_t dec = int64_t(t.steps.size()) - 1;
-    const trace::Trace modelled =
-        trace::synthetic_trace(c, t.header.policy, steps, t.header.prompt_tokens, dec,
-                               sim::revival_shares(m, c.n_layer, steps, a.map));
-    const trace::Trace bound = trace::synthetic_trace(c, t.header.policy, steps, t.header.prompt_tokens, dec);
-    const sim::Prediction pr = sim::replay(t, c, hw, prec);
-    const sim::Prediction pm = sim::replay(modelled, c, hw, prec);
-    const sim::Prediction pb = sim::replay(bound, c, hw, prec);
-    const double rows_r = rows_per_step(t), rows_m = rows_per_step(modelled), rows_b = rows_per_step(bound);
-    json r = {
-        {"trace", name},
-        {"prompt_tokens", t.header.prompt_tokens},
-        {"decode_steps", dec},
-        {"kv_bytes", {{"replayed", pr.memory.kv}, {"model", pm.memory.kv}, {"share_0", pb.memory.kv}}},
-        {"aux_bytes", {{"replayed", pr.memory.aux}, {"model", pm.memory.aux}, {"share_0", pb.memory.aux}}},
-        {"rows_per_step", {{"replayed", rows_r}, {"model", rows_m}, {"share_0", rows_b}}},
-        {"decode_step_mean_ms",
-         {{"replayed", pr.decode_step_mean_s() * 1e3},
-          {"model", pm.decode_step_mean_s() * 1e3},
-          {"share_0", pb.decode_step_mean_s() * 1e3}}}};
-    double step_worst = 0;
-    for (size_t s = 0; s < pr.decode_step_s.size(); ++s)
-      step_worst = std::max(step_worst, std::abs(rel(pm.decode_step_s[s], pr.decode_step_s[s])));
-    const double e_kv = rel(pm.memory.kv, pr.memory.kv), e_kv0 = rel(pb.memory.kv, pr.memory.kv);
-    const double e_step = rel(pm.decode_step_mean_s(), pr.decode_step_mean_s());
-    const double e_step0 = rel(pb.decode_step_mean_s(), pr.decode_step_mean_s());
-    const double e_rows = rel(rows_m, rows_r), e_rows0 = rel(rows_b, rows_r);
-    r["error"] = {{"kv", e_kv},
-                  {"aux", rel(pm.memory.aux, pr.memory.aux)},
-                  {"kv_share_0", e_kv0},
-                  {"decode_step_mean", e_step},
-                  {"decode_step_mean_share_0", e_step0},
-                  {"rows_per_step", e_rows},
-                  {"rows_per_step_share_0", e_rows0},
-                  {"decode_step_worst", step_worst}};
-    worst = std::max({worst, std::abs(e_kv), std::abs(e_step)});
-    if (!a.json_out)
-      fmt::print(
-          "held out {} ({} prompt tokens, {} steps) on {}:\n"
-          "  KV at the end   replayed {:8.2f} MiB  model {:8.2f} ({:+.1f}%)  share 0 {:8.2f} ({:+.1f}%)\n"
-          "  Aux Cache       replayed {:8.2f} MiB  model {:8.2f} ({:+.1f}%)\n"
-          "  decode step     replayed {:8.3f} ms   model {:8.3f} ({:+.1f}%, worst step {:.1f}%)  share 0 "
-          "{:8.3f} "
-          "({:+.1f}%)\n"
-          "  rows per step   replayed {:8.1f}      model {:8.1f} ({:+.1f}%)  share 0 {:8.1f} ({:+.1f}%)\n",
-          name, t.header.prompt_tokens, dec, hw.name, pr.memory.kv / 1048576.0, pm.memory.kv / 1048576.0,
-          100 * e_kv, pb.memory.kv / 1048576.0, 100 * e_kv0, pr.memory.aux / 1048576.0,
-          pm.memory.aux / 1048576.0, 100 * rel(pm.memory.aux, pr.memory.aux), pr.decode_step_mean_s() * 1e3,
-          pm.decode_step_mean_s() * 1e3, 100 * e_step, 100 * step_worst, pb.decode_step_mean_s() * 1e3,
-          100 * e_step0, rows_r, rows_m, 100 * e_rows, rows_b, 100 * e_rows0);
-    out["held_out"].push_back(std::move(r));
+    const calib::RevivalCheck k = calib::check_revival_model(m, held[h], a.held_out[h], hw, prec, a.map);
+    out["held_out"].push_back(revival_check_json(k));
+    worst = std::max({worst, std::abs(RC::rel(k.model.kv_bytes, k.replayed.kv_bytes)),
+                      std::abs(RC::rel(k.model.decode_step_mean_s, k.replayed.decode_step_mean_s))});
+    if (!a.json_out) print_revival_check(k, hw.name);
   }
   if (!held.empty()) {
     out["worst_abs_error"] = worst;
