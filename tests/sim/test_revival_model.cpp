@@ -199,8 +199,22 @@ TEST(RevivalModel, BuiltInPredictsHeldOutRecordedRuns) {
     const sim::Prediction pr = sim::replay(t, c, hw, prec), pm = sim::replay(syn, c, hw, prec);
     EXPECT_NEAR(pm.memory.kv / pr.memory.kv, 1.0, 0.10);
     EXPECT_NEAR(pm.decode_step_mean_s() / pr.decode_step_mean_s(), 1.0, 0.10);
+    // calibrate-revivals' check (calib::check_revival_model) reports exactly these figures.
+    const calib::RevivalCheck k = calib::check_revival_model(m, t, "held", hw, prec, false);
+    EXPECT_EQ(k.decode_steps, dec);
+    EXPECT_EQ(k.replayed.kv_bytes, pr.memory.kv);
+    EXPECT_EQ(k.model.kv_bytes, pm.memory.kv);
+    EXPECT_EQ(k.model.decode_step_mean_s, pm.decode_step_mean_s());
+    EXPECT_EQ(k.replayed.aux_bytes, pr.memory.aux);
+    EXPECT_LT(k.share_0.rows_per_step, k.model.rows_per_step);  // no revivals: the new token alone
+    EXPECT_GE(k.worst_step_error,
+              std::abs(calib::RevivalCheck::rel(pm.decode_step_mean_s(), pr.decode_step_mean_s())) - 1e-12);
     ++n;
   }
+  const ModelConfig c = preset_config("smollm2-135m");
+  EXPECT_THROW(
+      calib::check_revival_model(m, trace::synthetic_trace(c, "none", {}, 64, 4), "plain", hw, prec, false),
+      UsageError);
   EXPECT_GE(n, 2);
   for (const sim::RevivalSource& s : m.traces)  // none of them is one it was fitted on
     for (const auto& e : std::filesystem::directory_iterator(dir))
