@@ -140,54 +140,15 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   req.tool_version = LP_VERSION;
   req.git_commit = LP_GIT_COMMIT;
 
-  std::vector<std::string> policies = split_list(a.prune);
-  const auto wants = [&](const char* p) {
-    return std::find(policies.begin(), policies.end(), p) != policies.end();
-  };
-  const auto method = [](std::string name, Method pm, std::vector<PruneStep> steps = {},
-                         const trace::Trace* recorded = nullptr) {
-    report::ReportedMethod m;  // field by field: the revival fields keep their defaults
-    m.name = std::move(name);
-    m.method = std::move(pm);
-    m.steps = std::move(steps);
-    m.trace = recorded;
-    return m;
-  };
-  req.methods.push_back(method("none", Method{}));
   trace::Trace recorded;
-  std::vector<Schedule> scheds;
   if (!a.trace.empty()) {
     recorded = trace::read_trace(a.trace);
     req.trace_origin = a.trace;
-    const std::string name = fmt::format("trace {} {}", recorded.header.policy, recorded.header.schedule);
-    const Schedule recorded_schedule =
-        recorded.header.schedule == "none" ? Schedule{} : parse_schedule(recorded.header.schedule);
-    req.methods.push_back(
-        method(name, {parse_policy(recorded.header.policy), recorded_schedule}, {}, &recorded));
-    scheds.push_back(recorded_schedule);
   }
-  // Synthetic LazyLLM schedules: those asked for (besides a trace) that fit LazyLLM, else the default.
   std::vector<Schedule> given;
   for (const std::string& s : a.schedules) given.push_back(schedule_from_arg(s));
-  const std::vector<Schedule> lazy = schedules_fitting(
-      PolicyKind::LazyLLM, given,
-      a.trace.empty() ? std::vector<Schedule>{default_schedule()} : std::vector<Schedule>{});
-  if (wants("lazyllm"))
-    for (const Schedule& s : lazy)
-      req.methods.push_back(method("lazyllm " + s.to_string(), {PolicyKind::LazyLLM, s},
-                                   resolve_schedule(s, req.model.n_layer)));
-  scheds.insert(scheds.end(), lazy.begin(), lazy.end());
-  // The ablations at LazyLLM's (first) schedule; the paper's baselines at theirs.
-  for (const PolicyKind k : {PolicyKind::Frozen, PolicyKind::RandomLayers})
-    if (wants(policy_name(k)) && !scheds.empty() && !scheds.front().steps.empty() &&
-        method_problem(k, scheds.front()).empty())
-      req.methods.push_back(method(fmt::format("{} {}", policy_name(k), scheds.front().to_string()),
-                                   {k, scheds.front()}, resolve_schedule(scheds.front(), req.model.n_layer)));
-  for (const PolicyKind k : {PolicyKind::StaticPaper, PolicyKind::RandomDrop})
-    if (wants(policy_name(k)))
-      for (const Schedule& s : schedules_fitting(k, given))
-        req.methods.push_back(method(fmt::format("{} {}", policy_name(k), s.to_string()), {k, s},
-                                     resolve_method(k, s, req.model.n_layer)));
+  req.methods =
+      report::methods_to_report(req.model, split_list(a.prune), given, a.trace.empty() ? nullptr : &recorded);
 
   const std::optional<sim::RevivalModel> revival_model = load_revivals(a.revival_model, a.revival_share);
   for (report::ReportedMethod& m : req.methods) {

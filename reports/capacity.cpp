@@ -150,6 +150,51 @@ void add_serving(const Request& r, Report& rep) {
 
 }  // namespace
 
+std::vector<ReportedMethod> methods_to_report(const ModelConfig& c, const std::vector<std::string>& policies,
+                                              const std::vector<Schedule>& given,
+                                              const trace::Trace* recorded) {
+  const auto wants = [&](const char* p) {
+    return std::find(policies.begin(), policies.end(), p) != policies.end();
+  };
+  const auto method = [](std::string name, Method pm, std::vector<PruneStep> steps = {},
+                         const trace::Trace* t = nullptr) {
+    ReportedMethod m;  // field by field: the revival fields keep their defaults
+    m.name = std::move(name);
+    m.method = std::move(pm);
+    m.steps = std::move(steps);
+    m.trace = t;
+    return m;
+  };
+  std::vector<ReportedMethod> out = {method("none", Method{})};
+  std::vector<Schedule> scheds;
+  if (recorded) {
+    const std::string name = fmt::format("trace {} {}", recorded->header.policy, recorded->header.schedule);
+    const Schedule recorded_schedule =
+        recorded->header.schedule == "none" ? Schedule{} : parse_schedule(recorded->header.schedule);
+    out.push_back(method(name, {parse_policy(recorded->header.policy), recorded_schedule}, {}, recorded));
+    scheds.push_back(recorded_schedule);
+  }
+  const std::vector<Schedule> lazy =
+      schedules_fitting(PolicyKind::LazyLLM, given,
+                        recorded ? std::vector<Schedule>{} : std::vector<Schedule>{default_schedule()});
+  if (wants("lazyllm"))
+    for (const Schedule& s : lazy)
+      out.push_back(
+          method("lazyllm " + s.to_string(), {PolicyKind::LazyLLM, s}, resolve_schedule(s, c.n_layer)));
+  scheds.insert(scheds.end(), lazy.begin(), lazy.end());
+  for (const PolicyKind k : {PolicyKind::Frozen, PolicyKind::RandomLayers})
+    if (wants(policy_name(k)) && !scheds.empty() && !scheds.front().steps.empty() &&
+        method_problem(k, scheds.front()).empty())
+      out.push_back(method(fmt::format("{} {}", policy_name(k), scheds.front().to_string()),
+                           {k, scheds.front()}, resolve_schedule(scheds.front(), c.n_layer)));
+  for (const PolicyKind k : {PolicyKind::StaticPaper, PolicyKind::RandomDrop})
+    if (wants(policy_name(k)))
+      for (const Schedule& s : schedules_fitting(k, given))
+        out.push_back(method(fmt::format("{} {}", policy_name(k), s.to_string()), {k, s},
+                             resolve_method(k, s, c.n_layer)));
+  return out;
+}
+
 Report build_report(const Request& r) {
   if (r.hws.empty()) fail("report: no hardware profile");
   if (r.methods.empty() || r.methods[0].method.policy != PolicyKind::None)

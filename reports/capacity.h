@@ -34,6 +34,15 @@ struct ReportedMethod {
   std::string revivals = "none";        // what the report says about them
 };
 
+// The methods a report compares, in its order: none; the recorded trace's (`recorded`, not null);
+// LazyLLM at each of `given` that fits it (else its default schedule, unless a trace is given);
+// the ablations (frozen, random-layers) at the first LazyLLM (or recorded) schedule; the paper's
+// baselines (static-paper, random-drop) at the given schedules that fit them, else their own.
+// Only the policies `policies` names besides none; revivals are the caller's to fill in.
+std::vector<ReportedMethod> methods_to_report(const ModelConfig& c, const std::vector<std::string>& policies,
+                                              const std::vector<Schedule>& given,
+                                              const trace::Trace* recorded);
+
 // Serving capacity (sim/serving.h): asked for with at least one objective.
 struct ServingSpec {
   sim::Objectives objectives;
