@@ -9,6 +9,8 @@
 #include "model/error.h"
 #include "pruning/schedule.h"
 #include "sim/layer_cost.h"
+#include "sim/replay.h"
+#include "traces/synthetic.h"
 
 namespace lp::sim {
 
@@ -324,6 +326,36 @@ std::vector<int64_t> parse_partition(const std::string& arg, const ModelConfig& 
   if (int(out.size()) != ranks) usage_fail("{} chunks for {} ranks", out.size(), ranks);
   const int64_t sum = std::accumulate(out.begin(), out.end(), int64_t(0));
   if (sum != n) usage_fail("the chunks sum to {} tokens, the prompt has {}", sum, n);
+  return out;
+}
+
+RunaheadComparison compare_runahead(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                                    std::span<const int64_t> chunks, std::span<const int64_t> plain_chunks,
+                                    const RunaheadLink& link, double rank_share,
+                                    std::span<const PruneStep> last_rank_prune) {
+  RunaheadComparison out;
+  out.runahead = predict_runahead(c, hw, p, chunks, link, rank_share, last_rank_prune);
+  int64_t n = 0;
+  for (int64_t k : chunks) n += k;
+  const std::vector<int64_t> one = {n};
+  out.single_s = predict_runahead(c, hw, p, one, link, 1).ttft_s;
+  out.single_share_s =
+      rank_share < 1 ? predict_runahead(c, hw, p, one, link, rank_share).ttft_s : out.single_s;
+  if (!last_rank_prune.empty()) {
+    out.lazy_single_s = predict_runahead(c, hw, p, one, link, 1, last_rank_prune).ttft_s;
+    out.plain_s = predict_runahead(c, hw, p, plain_chunks, link, rank_share).ttft_s;
+  }
+  for (const RunaheadRank& k : out.runahead.ranks)
+    out.most_memory_bytes = std::max(out.most_memory_bytes, k.memory_bytes);
+  const int P = int(chunks.size());
+  if (P > 1 && rank_share == 1) {
+    try {
+      check_tp(c, hw, P);
+      out.tp_s = replay(trace::synthetic_trace(c, "none", {}, n, 0), c, hw, p, 1, P).ttft_s;
+    } catch (const UsageError& e) {
+      out.tp_refused = e.what();
+    }
+  }
   return out;
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,5 +93,23 @@ std::vector<int64_t> optimise_partition(const ModelConfig& c, const hw::Profile&
 std::vector<int64_t> parse_partition(const std::string& arg, const ModelConfig& c, const hw::Profile& hw,
                                      const Precision& p, int64_t n, int ranks, const RunaheadLink& link,
                                      double rank_share = 1, std::span<const PruneStep> last_rank_prune = {});
+
+// KV-Runahead over `chunks` beside what else the same devices could do, as `simulate --runahead`
+// reports it: the whole prompt on one device (all of it, and one rank's share of it), with
+// LazyLLM (`last_rank_prune` not empty) the same pruning on one device and KV-Runahead unpruned
+// over `plain_chunks`, and tensor parallelism over as many devices where the profile and the model
+// allow it (rank_share 1).
+struct RunaheadComparison {
+  RunaheadPrediction runahead;
+  double single_s = 0, single_share_s = 0;
+  double lazy_single_s = 0, plain_s = 0;  // with pruning only
+  std::optional<double> tp_s;             // tensor parallelism's TTFT
+  std::string tp_refused;                 // why not, where asked (rank_share 1, two ranks or more)
+  double most_memory_bytes = 0;           // the fullest rank's
+};
+RunaheadComparison compare_runahead(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                                    std::span<const int64_t> chunks, std::span<const int64_t> plain_chunks,
+                                    const RunaheadLink& link, double rank_share,
+                                    std::span<const PruneStep> last_rank_prune);
 
 }  // namespace lp::sim

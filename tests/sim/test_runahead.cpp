@@ -4,6 +4,7 @@
 // partitions are refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "hwmodels/profile.h"
@@ -159,6 +160,37 @@ TEST(SimRunahead, BadPartitionsAreRefused) {
   const std::vector<int64_t> zero = {5, 0};
   EXPECT_THROW(sim::predict_runahead(c, hw, p, zero, link), Error);
   EXPECT_THROW(sim::predict_runahead(c, hw, p, std::vector<int64_t>{}, link), Error);
+}
+
+// simulate --runahead's comparison (sim::compare_runahead): one device is the one-chunk timeline,
+// LazyLLM on one device and KV-Runahead unpruned are those timelines, and tensor parallelism over
+// the same devices is the TP replay where the model splits, refused with its reason where not.
+TEST(SimRunahead, ComparedWithOneDeviceAndTensorParallelism) {
+  const ModelConfig c = preset_config("llama-3.1-8b");
+  const hw::Profile hw = hw::load_profile("h100-sxm");
+  const sim::RunaheadLink link = sim::default_link(hw);
+  const std::vector<PruneStep> steps = resolve_schedule(default_schedule(), c.n_layer);
+  const std::vector<int64_t> chunks = sim::optimise_partition(c, hw, kBf16, 8192, 4, link, 1, steps);
+  const std::vector<int64_t> plain = sim::even_partition(8192, 4), one = {8192};
+  const sim::RunaheadComparison r = sim::compare_runahead(c, hw, kBf16, chunks, plain, link, 1, steps);
+  EXPECT_EQ(r.runahead.ttft_s, sim::predict_runahead(c, hw, kBf16, chunks, link, 1, steps).ttft_s);
+  EXPECT_EQ(r.single_s, sim::predict_runahead(c, hw, kBf16, one, link).ttft_s);
+  EXPECT_EQ(r.single_share_s, r.single_s);
+  EXPECT_EQ(r.lazy_single_s, sim::predict_runahead(c, hw, kBf16, one, link, 1, steps).ttft_s);
+  EXPECT_EQ(r.plain_s, sim::predict_runahead(c, hw, kBf16, plain, link).ttft_s);
+  ASSERT_TRUE(r.tp_s.has_value());
+  EXPECT_EQ(*r.tp_s, sim::replay(trace::synthetic_trace(c, "none", {}, 8192, 0), c, hw, kBf16, 1, 4).ttft_s);
+  double most = 0;
+  for (const sim::RunaheadRank& k : r.runahead.ranks) most = std::max(most, k.memory_bytes);
+  EXPECT_EQ(r.most_memory_bytes, most);
+  const std::vector<int64_t> three = sim::even_partition(8192, 3);
+  const sim::RunaheadComparison t = sim::compare_runahead(c, hw, kBf16, three, {}, link, 1, {});
+  EXPECT_FALSE(t.tp_s.has_value());
+  EXPECT_NE(t.tp_refused.find("3 GPUs of tensor parallelism do not divide the model's 32 attention heads"),
+            std::string::npos)
+      << t.tp_refused;
+  EXPECT_EQ(sim::compare_runahead(c, hw, kBf16, three, {}, link, 0.5, {}).tp_refused,
+            "");  // shared devices: not asked
 }
 
 }  // namespace
