@@ -11,7 +11,7 @@
 #include "model/presets.h"
 #include "pruning/schedule.h"
 #include "sim/revival.h"
-#include "sim/serving.h"
+#include "sim/serving_metrics.h"
 
 namespace {
 
