@@ -6,7 +6,6 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "calibrate/revivals.h"
 #include "cli/commands.h"

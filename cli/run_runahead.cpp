@@ -71,10 +71,9 @@ void print_ranks(const RunArgs& a, const Model& model, const std::string& path,
   } else {
     std::puts(r.decoded.text.c_str());
     std::string per;
-    for (const auto& k : ranks)
-      per +=
-          fmt::format(" | rank {} {} tokens {:.1f} ms (waited {:.1f})", k["rank"].get<int>(),
-                      k["tokens"].get<int64_t>(), k["prefill_ms"].get<double>(), k["wait_ms"].get<double>());
+    for (int k = 0; k < P; ++k)
+      per += fmt::format(" | rank {} {} tokens {:.1f} ms (waited {:.1f})", k, chunks[size_t(k)],
+                         r.ranks[size_t(k)].prefill_s * 1e3, r.ranks[size_t(k)].wait_s * 1e3);
     fmt::print(stderr, "\nprompt {} tokens over {} ranks, generated {} | TTFT {:.1f} ms{}\n", prompt_tokens,
                P, generated, r.ttft_s * 1e3, per);
   }

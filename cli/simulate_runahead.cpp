@@ -3,7 +3,6 @@
 // and the model splits over them, tensor parallelism on the same P devices.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "cli/calibration_output.h"
@@ -12,9 +11,7 @@
 #include "model/gguf.h"
 #include "model/presets.h"
 #include "pruning/schedule.h"
-#include "sim/replay.h"
 #include "sim/runahead.h"
-#include "traces/synthetic.h"
 
 namespace lp::cli {
 

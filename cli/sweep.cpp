@@ -11,19 +11,14 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "hwmodels/profile.h"
 #include "model/error.h"
 #include "model/io.h"
-#include "model/json_checks.h"
 #include "model/presets.h"
 #include "pruning/method.h"
 #include "pruning/schedule.h"
-#include "sim/replay.h"
-#include "traces/synthetic.h"
 
 namespace lp::cli {
 

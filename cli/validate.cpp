@@ -3,8 +3,6 @@
 // and report the held-out TTFT error.
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -19,7 +17,6 @@
 #include "model/io.h"
 #include "model/paths.h"
 #include "pruning/policy.h"
-#include "sim/replay.h"
 
 namespace lp::cli {
 

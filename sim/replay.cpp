@@ -307,7 +307,6 @@ PairedReplay replay_beside_unpruned(const std::function<bool(trace::Step&)>& nex
            costed.prompt_tokens, decode_steps, c.n_ctx_train);
   };
   if (known_steps >= 0) check_context(known_steps);
-  for (const hw::Profile& hw : hws) check_tp(c, hw, tp);
   trace::SyntheticSteps base(c, "none", {}, costed.prompt_tokens + costed.prompt_tokens_dropped,
                              int64_t(1) << 40);
   std::vector<Replayer> pruned, unpruned;
