@@ -2,11 +2,15 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <tbb/cache_aligned_allocator.h>
+#include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
+#include <array>
 
+#include "kernels/cpu/buffer.h"
 #include "model/error.h"
 
 namespace lp {
@@ -18,7 +22,16 @@ struct CpuContext::Observer : tbb::task_scheduler_observer {
   void on_scheduler_entry(bool) override { omp_set_num_threads(1); }
 };
 
-CpuContext::CpuContext(int threads) : threads_(threads), arena_(threads) {
+// Each thread's buffers, one per slot; found through a thread-specific key of this context's own
+// (ets_key_per_instance: a pthread_getspecific, not a hash lookup, per call).
+struct CpuContext::Scratchpads {
+  using Slots = std::array<Buffer<std::byte>, size_t(Scratch::kCount)>;
+  tbb::enumerable_thread_specific<Slots, tbb::cache_aligned_allocator<Slots>, tbb::ets_key_per_instance>
+      per_thread;
+};
+
+CpuContext::CpuContext(int threads)
+    : threads_(threads), arena_(threads), scratch_(std::make_unique<Scratchpads>()) {
   if (threads < 1 || threads > 1024) fail("a CPU context needs 1 to 1024 threads, got {}", threads);
   arena_.initialize();
   observer_ = std::make_unique<Observer>(arena_);
@@ -51,6 +64,12 @@ void CpuContext::side_by_side(int64_t n, const std::function<void(int64_t)>& f) 
       });
     });
   });
+}
+
+void* CpuContext::scratch_bytes(Scratch slot, size_t bytes) {
+  Buffer<std::byte>& b = scratch_->per_thread.local()[size_t(slot)];
+  if (size_t(b.size()) < bytes) b.resize(int64_t(bytes), false);
+  return b.data();
 }
 
 int default_thread_count() {

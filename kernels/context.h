@@ -7,11 +7,25 @@
 
 #include <tbb/task_arena.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 
 namespace lp {
+
+// The working buffers an op takes from its context (CpuContext::scratch), one per buffer it keeps
+// alive at once; ops that never run inside one another may share a slot.
+enum class Scratch : int {
+  QActivations,    // the integer GEMM's quantized rows (kernels/cpu/qgemm.cpp)
+  QBias,           // its activation blocks' offset terms
+  QWeights,        // one task's panel of weights, packed or widened
+  QScales,         // that panel's (or decoding tile's) f32 scales
+  QMins,           // and minima
+  GemmWidened,     // oneDNN's GEMM: a task's bf16 weights widened to f32 (kernels/cpu/gemm.cpp)
+  GemmScratchpad,  // and its scratchpad (oneDNN's user-managed scratchpad mode)
+  kCount
+};
 
 class CpuContext {
  public:
@@ -38,11 +52,22 @@ class CpuContext {
   // batch), where splitting each part would only add overhead.
   void side_by_side(int64_t n, const std::function<void(int64_t)>& f);
 
+  // n elements of this thread's buffer in `slot`: 64-byte aligned, contents unspecified, valid
+  // until the same thread asks for that slot again (a task uses it and is done). Grown as needed
+  // and kept, so an op allocates once per thread, not once per call; freed with the context.
+  template <class T>
+  T* scratch(Scratch slot, int64_t n) {
+    return static_cast<T*>(scratch_bytes(slot, size_t(n) * sizeof(T)));
+  }
+  void* scratch_bytes(Scratch slot, size_t bytes);
+
  private:
   int threads_;
   tbb::task_arena arena_;
   struct Observer;
   std::unique_ptr<Observer> observer_;
+  struct Scratchpads;
+  std::unique_ptr<Scratchpads> scratch_;
 };
 
 // Number of hardware threads available to this process.

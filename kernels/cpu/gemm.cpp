@@ -338,21 +338,18 @@ void Gemm::run(CpuContext& ctx, const float* A, int64_t M, int64_t lda, const Ma
       dnnl::stream s(impl_->eng);
       const char* a_base = static_cast<const char*>(a_ptr) + p.m0 * a_ld * a_esz;
       const char* w_base = static_cast<const char*>(W.data()) + p.n0 * K * esz;
-      thread_local std::vector<float> w_wide;
       if (widen) {
-        w_wide.resize(size_t(p.n * K));
+        float* w_wide = ctx.scratch<float>(Scratch::GemmWidened, p.n * K);
         const uint16_t* w16 = reinterpret_cast<const uint16_t*>(w_base);
-        for (int64_t i = 0; i < p.n * K; ++i) w_wide[size_t(i)] = bf16_to_f32(w16[i]);
-        w_base = reinterpret_cast<const char*>(w_wide.data());
+        for (int64_t i = 0; i < p.n * K; ++i) w_wide[i] = bf16_to_f32(w16[i]);
+        w_base = reinterpret_cast<const char*>(w_wide);
       }
       dnnl::memory am(md({p.m, K}, mdt, mdims{a_ld, 1}), impl_->eng, const_cast<char*>(a_base));
       dnnl::memory bm(md({K, p.n}, mdt, mdims{1, K}), impl_->eng, const_cast<char*>(w_base));
       dnnl::memory cm(md({p.m, p.n}, dnnl::memory::data_type::f32, mdims{c_ld, 1}), impl_->eng,
                       c_out + p.m0 * c_ld + p.n0);
       const md& sp_md = p.p.scratch;
-      thread_local std::vector<uint8_t> scratch;
-      if (scratch.size() < sp_md.get_size()) scratch.resize(sp_md.get_size());
-      dnnl::memory sp(sp_md, impl_->eng, scratch.data());
+      dnnl::memory sp(sp_md, impl_->eng, ctx.scratch_bytes(Scratch::GemmScratchpad, sp_md.get_size()));
       p.p.p.execute(
           s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sp}});
       s.wait();

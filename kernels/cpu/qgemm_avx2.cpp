@@ -1,0 +1,253 @@
+// The integer GEMM's AVX2 kernels (qgemm_kernels.h): vpmaddubsw (u8 x s8 -> pairs of s16) then
+// vpmaddwd with ones (-> 8 s32 lanes, each the sum of 4 products). Everything from the target
+// region on is compiled for AVX2 + FMA + F16C whatever the build's -march; everything before it
+// (the standard library, the block formats) for the build's own target, so that no code the linker
+// might share with another file takes this one's instructions.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/qgemm_blocks.h"
+#include "kernels/cpu/qgemm_kernels.h"
+#include "kernels/cpu/simd.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include "kernels/cpu/qgemm_ymm.h"
+
+namespace lp::qk::avx2 {
+namespace {
+
+// The 256-bit tile's products: |w| x (a with w's sign) for signed weights, w x a for Q4_1's
+// unsigned nibbles, then pairs of s16 summed into s32 lanes. 16 ymm registers: 4 x 2 tiles (8
+// accumulators) keep the weights' vectors in registers too (2 x 4 and 4 x 4 ran 1.4-2.4x slower,
+// 2 x 2 1.4x; BM_QGemm Q8_0 512 x 576 x 3072, 2026-11-24).
+struct Dot {
+  static constexpr int kMR = 4, kNR = 2, kMR1 = 4, kNR1 = 2;
+  struct WPrep {
+    __m256i w, absw;
+  };
+  template <bool Signed>
+  static WPrep prep_w(__m256i w) {
+    return {w, Signed ? _mm256_abs_epi8(w) : w};
+  }
+  struct APrep {
+    __m256i a;
+  };
+  template <bool Signed>
+  static APrep prep_a(const QActBlock& a) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q))};
+  }
+  // Lane l: the sum of w_j a_j over bytes 4l..4l+3 (|w| <= 128, |a| <= 127: no pair saturates).
+  template <bool Signed>
+  static __m256i isum(const WPrep& w, const APrep& a) {
+    const __m256i p =
+        Signed ? _mm256_maddubs_epi16(w.absw, _mm256_sign_epi8(a.a, w.w)) : _mm256_maddubs_epi16(w.w, a.a);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  }
+};
+
+// ---- Panels: 8 outputs across a ymm's lanes ----
+// The 512-bit kernel's panel order on AVX2 (no vpdpbusd): vpmaddubsw (u8 x s8 -> pairs of s16)
+// then vpmaddwd with ones give each lane the sum of its 4 products, as one vpdpbusd does, and a
+// block's exact sums are again in the lanes with no reduction. Q4_0, Q5_0 and Q6_K carry their
+// offset as there (pair sums at most 2 x 63 x 127); Q8_0 cannot (2 x 255 x 127 would saturate), so
+// its panel holds the signed weights and their absolute values and multiplies |w| by the
+// activations with w's sign, as the 256-bit tiles do.
+// 2 rows x 2 vectors: 4 f32 accumulators, 4 integer block sums, 2 weight vectors (4 for Q8_0) and
+// the broadcast activations in the 16 ymm registers.
+constexpr int kMR = 2;
+constexpr int offset_of(GgmlType t) {
+  return t == GgmlType::Q8_0 ? 0 : unsigned_offset(t);
+}
+// Outputs n0..n0 + cnt into a panel (panel_scratch's layout); lanes past the outputs are zero.
+template <GgmlType T>
+void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, const Scratchpad& p) {
+  constexpr int S = n_scales(T);
+  const int64_t plane = nb * kNV * 8 * 32;
+  const ScratchSize size = panel_scratch(T, nb);
+  std::memset(p.w, 0, size_t(size.weight_bytes));
+  std::fill_n(p.d, size.scales, 0.f);
+  if constexpr (block_has_min(T)) std::fill_n(p.mins, size.mins, 0.f);
+  uint8_t* pw = p.w;
+  alignas(32) uint8_t u[32], a[32];
+  for (int n = 0; n < cnt; ++n) {
+    const int j = n / kLanes, lane = n % kLanes;
+    const uint8_t* row = W + (n0 + n) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i v = load_u<T, offset_of(T)>(row, b);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u), v);
+      if constexpr (T == GgmlType::Q8_0)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(a), _mm256_abs_epi8(v));
+      for (int g = 0; g < 8; ++g) {
+        uint8_t* dst = pw + ((b * kNV + j) * 8 + g) * 32 + lane * 4;
+        std::memcpy(dst, u + 4 * g, 4);
+        if constexpr (T == GgmlType::Q8_0) std::memcpy(dst + plane, a + 4 * g, 4);
+      }
+      const BlockScale bs = scales<T>(row, b);
+      for (int h = 0; h < S; ++h) p.d[((b * S + h) * kNV + j) * kLanes + lane] = bs.d[h];
+      if constexpr (block_has_min(T)) p.mins[(b * kNV + j) * kLanes + lane] = bs.m;
+    }
+  }
+}
+template <GgmlType T, int MR>
+inline void tile(const uint8_t* pw, int64_t plane, const float* pd, const float* pm, const QActBlock* qa,
+                 const int32_t* bias, int64_t nb, int64_t m0, float* C, int64_t ldc,
+                 const __m256i (&k)[kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  constexpr bool kQ8 = T == GgmlType::Q8_0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][kNV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) acc[m][j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int h = 0; h < S; ++h) {
+      __m256i s[MR][kNV];
+      for (int m = 0; m < MR; ++m) {
+        const __m256i start =
+            offset_of(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm256_setzero_si256();
+        for (int j = 0; j < kNV; ++j) s[m][j] = start;
+      }
+      for (int g = h * G; g < (h + 1) * G; ++g) {
+        __m256i w[kNV];
+        for (int j = 0; j < kNV; ++j)
+          w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
+        for (int m = 0; m < MR; ++m) {
+          const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+          for (int j = 0; j < kNV; ++j) {
+            __m256i pairs;
+            if constexpr (kQ8)
+              pairs = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                               pw + plane + ((b * kNV + j) * 8 + g) * 32)),
+                                           _mm256_sign_epi8(a, w[j]));
+            else
+              pairs = _mm256_maddubs_epi16(w[j], a);
+            s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m256 da = _mm256_set1_ps(qa[(m0 + m) * nb + b].d);
+        for (int j = 0; j < kNV; ++j) {
+          const __m256 dw = _mm256_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
+          acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m][j]), _mm256_mul_ps(dw, da), acc[m][j]);
+        }
+      }
+    }
+    if constexpr (block_has_min(T))
+      for (int m = 0; m < MR; ++m) {
+        const __m256 sa = _mm256_set1_ps(qa[(m0 + m) * nb + b].s);
+        for (int j = 0; j < kNV; ++j)
+          acc[m][j] = _mm256_fmadd_ps(_mm256_loadu_ps(pm + (b * kNV + j) * kLanes), sa, acc[m][j]);
+      }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) _mm256_maskstore_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
+}
+template <GgmlType T>
+void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
+                    int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& p) {
+  pack<T>(W, row_bytes, n0, cnt, nb, p);
+  __m256i k[kNV];
+  for (int j = 0; j < kNV; ++j)
+    k[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - j * kLanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const int64_t plane = nb * kNV * 8 * 32;
+  const float* pm = block_has_min(T) ? p.mins : nullptr;
+  float* c = C + n0;
+  for (int64_t m = 0; m < M; m += kMR)
+    simd::with_rows<kMR>(int(M - m), [&](auto mr) {
+      tile<T, decltype(mr)::value>(p.w, plane, p.d, pm, qa, bias, nb, m, c, ldc, k);
+    });
+}
+
+// ---- Decoding ----
+// Per 128-bit chunk c: lane k = the sum of the 4 lanes of v_k's chunk c.
+inline __m256i reduce4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
+  const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+}
+// The 512-bit decoding tile on AVX2: one ymm per output, the panels' arithmetic per block (Q8_0
+// signed, |w| x sign(a, w); the others unsigned with their offset).
+template <GgmlType T, int MR>
+inline void decoding_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
+                          const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
+                          int64_t nb, int64_t m0, float* C, int64_t ldc) {
+  constexpr bool kQ8 = T == GgmlType::Q8_0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
+  __m256 acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    t.prefetch(b);
+    const auto sc = decoding::block_scales<T>(t, b, pd, pm);
+    __m256i w[decoding::kOut];
+    for (int k = 0; k < decoding::kOut; ++k) w[k] = load_u<T, offset_of(T)>(t.row[k], b);
+    for (int m = 0; m < MR; ++m) {
+      const QActBlock& a = qa[(m0 + m) * nb + b];
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
+      __m256i s[decoding::kOut];
+      for (int k = 0; k < decoding::kOut; ++k) {
+        const __m256i pairs = kQ8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(av, w[k]))
+                                  : _mm256_maddubs_epi16(w[k], av);
+        s[k] = _mm256_madd_epi16(pairs, ones);
+      }
+      const __m256i ra = reduce4(s[0], s[1], s[2], s[3]), rb = reduce4(s[4], s[5], s[6], s[7]);
+      acc[m] = decoding::accumulate<T, offset_of(T)>(_mm256_permute2x128_si256(ra, rb, 0x20),
+                                                     _mm256_permute2x128_si256(ra, rb, 0x31), sc, a,
+                                                     bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
+}
+// The decoding tiles for decoding::run: 4 rows at a time (16 registers: 4 accumulators beside the
+// 8 weight vectors).
+struct Decoding {
+  static constexpr int kRows = 4;
+  template <GgmlType T, int MR>
+  static void run_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt, const float* pd,
+                       const float* pm, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0,
+                       float* C, int64_t ldc) {
+    decoding_tile<T, MR>(W, row_bytes, N, n0, cnt, pd, pm, qa, bias, nb, m0, C, ldc);
+  }
+};
+
+}  // namespace
+
+int offset(GgmlType t) {
+  return offset_of(t);
+}
+
+void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m0,
+           int64_t m1, int64_t n0, int64_t n1, float* C, int64_t ldc, const Scratchpad& s) {
+  qk::tiles<Dot>(t, W, row_bytes, qa, nb, m0, m1, n0, n1, C, ldc, s);
+}
+
+void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
+           int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s) {
+  with_type(t, [&](auto type) {
+    multiply_panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc, s);
+  });
+}
+
+void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
+          int64_t nb, int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s) {
+  with_type(t, [&](auto type) {
+    decoding::run<Decoding, decltype(type)::value>(W, row_bytes, qa, bias, nb, M, N, n0, cnt, C, ldc, s);
+  });
+}
+
+}  // namespace lp::qk::avx2
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

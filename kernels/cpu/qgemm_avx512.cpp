@@ -1,0 +1,348 @@
+// The integer GEMM's AVX-512 VNNI kernels (qgemm_kernels.h): vpdpbusd (u8 x s8, 4 products summed
+// into each s32 lane) in 256-bit tiles, 512-bit panels and 512-bit decoding tiles. Everything from
+// the target region on is compiled for AVX-512 F/BW/VL/VNNI (with AVX2 + FMA + F16C) whatever the
+// build's -march; everything before it for the build's own target (see qgemm_avx2.cpp).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/qgemm_blocks.h"
+#include "kernels/cpu/qgemm_kernels.h"
+#include "kernels/cpu/simd.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
+
+#include "kernels/cpu/qgemm_ymm.h"
+
+namespace lp::qk::avx512 {
+namespace {
+
+// The 256-bit tile's products with vpdpbusd. 32 ymm registers with AVX-512VL: tall tiles share
+// each weight block's preparation over more rows: Q8_0 512 x 576 x 3072 took 11.1 ms in 8 x 2,
+// 12.7 in 6 x 2, 14.0 in 4 x 2, 16.4 in 4 x 4, 24.8 in 2 x 4; Q4_1 (a scalar minimum term per
+// pair) 19.9 in 6 x 2, 21.9 in 4 x 4, 29.7 in 8 x 2 (BM_QGemm, medians of 3, 2026-11-24, AMD EPYC).
+struct Dot {
+  static constexpr int kMR = 8, kNR = 2, kMR1 = 8, kNR1 = 2;
+  // and the lanes start at -128 * (sum of their 4 weights), computed once per weight block.
+  struct WPrep {
+    __m256i w, start;
+  };
+  template <bool Signed>
+  static WPrep prep_w(__m256i w) {
+    if (!Signed) return {w, _mm256_setzero_si256()};
+    const __m256i comp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w);
+    return {w, _mm256_sub_epi32(_mm256_setzero_si256(), comp)};
+  }
+  struct APrep {
+    __m256i a;  // q + 128 as u8 for signed weights, q (s8) for Q4_1's unsigned nibbles
+  };
+  template <bool Signed>
+  static APrep prep_a(const QActBlock& a) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
+    return {Signed ? _mm256_xor_si256(q, _mm256_set1_epi8(char(0x80))) : q};
+  }
+  template <bool Signed>
+  static __m256i isum(const WPrep& w, const APrep& a) {
+    return Signed ? _mm256_dpbusd_epi32(w.start, a.a, w.w) : _mm256_dpbusd_epi32(w.start, w.w, a.a);
+  }
+};
+
+// ---- 512-bit panels: outputs across the lanes ----
+// The 256-bit kernels above hold one output's block in a vector and reduce its lanes per block.
+// This one holds 16 outputs in the 16 lanes of a zmm: each vpdpbusd adds 4 products to each of 16
+// outputs (the activations' 4 bytes broadcast from memory), and after 8 of them a block's exact
+// sums are in the lanes, ready for one conversion, one multiply and one fused multiply-add per 16
+// outputs. The weights of a panel of 32 outputs are copied once per GEMM into that order, as the
+// unsigned bytes vpdpbusd needs (a signed type's offset, 128 for Q8_0 and 8, 16, 32 for Q4_0,
+// Q5_0, Q6_K, is added to each weight and taken back as -offset x the activation block's sum, the
+// lanes' starting value), and every row of the GEMM passes over the panel. Per output it is the
+// scalar twin's arithmetic. Weights packed once at load (qpack, PackedPanel) run every M here;
+// 6 rows x 2 vectors: 12 f32 accumulators, 12 integer block sums and the 2 weight vectors in the 32
+// zmm registers.
+constexpr int kMR = 6;
+constexpr int offset_of(GgmlType t) {
+  return unsigned_offset(t);
+}
+// Outputs n0..n0 + cnt into a panel (panel_scratch's layout: weights [nb][kNV][8 groups of 4
+// elements][16 lanes][4 bytes]). Lanes past the outputs are zero.
+template <GgmlType T>
+void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, const Scratchpad& p) {
+  constexpr int S = n_scales(T);
+  const ScratchSize size = panel_scratch(T, nb);
+  std::memset(p.w, 0, size_t(size.weight_bytes));
+  std::fill_n(p.d, size.scales, 0.f);
+  if constexpr (block_has_min(T)) std::fill_n(p.mins, size.mins, 0.f);
+  uint8_t* pw = p.w;
+  const __m256i groups = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+  for (int n = 0; n < cnt; ++n) {
+    const int j = n / kLanes, lane = n % kLanes;
+    const uint8_t* row = W + (n0 + n) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      // The template call in parentheses: clang's intrinsic is a macro, and its comma would split it.
+      _mm256_i32scatter_epi32(pw + (b * kNV + j) * 8 * 64 + lane * 4, groups,
+                              (load_u<T, offset_of(T)>(row, b)), 1);
+      const BlockScale bs = scales<T>(row, b);
+      for (int h = 0; h < S; ++h) p.d[((b * S + h) * kNV + j) * kLanes + lane] = bs.d[h];
+      if constexpr (block_has_min(T)) p.mins[(b * kNV + j) * kLanes + lane] = bs.m;
+    }
+  }
+}
+// A panel as the GEMM packs it per call: the weights' unsigned bytes, f32 scales and minima.
+struct BytePanel {
+  const uint8_t* pw;
+  const float *pd, *pm;
+  __m512i w(int64_t b, int j, int g) const { return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64); }
+  __m512 d(int64_t b, int S, int h, int j) const {
+    return _mm512_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
+  }
+  __m512 m(int64_t b, int j) const { return _mm512_loadu_ps(pm + (b * kNV + j) * kLanes); }
+  void prefetch(int64_t) const {}  // packed per call: in cache
+};
+// A panel as qpack keeps it (QPacked below): Q4_0 and Q4_1 as nibbles, groups 2q and 2q + 1 in
+// the low and high halves of 64 bytes [nb][kNV][4][64]; Q8_0 as BytePanel's bytes; the f16 scales
+// and minima of the file, [nb][kNV][16] each, widened in registers (exactly).
+template <GgmlType T>
+struct PackedPanel {
+  static constexpr bool kNibbles = T != GgmlType::Q8_0;
+  const uint8_t* pw;
+  const uint16_t *pd, *pm;
+  __m512i w(int64_t b, int j, int g) const {
+    if constexpr (!kNibbles) return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64);
+    const __m512i x = _mm512_load_si512(pw + ((b * kNV + j) * 4 + g / 2) * 64);
+    return _mm512_and_si512(g % 2 ? _mm512_srli_epi16(x, 4) : x, _mm512_set1_epi8(15));
+  }
+  __m512 d(int64_t b, int, int, int j) const {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pd + (b * kNV + j) * kLanes)));
+  }
+  __m512 m(int64_t b, int j) const {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pm + (b * kNV + j) * kLanes)));
+  }
+  // Block b + kAhead's lines, read from memory while block b multiplies.
+  static constexpr int64_t kAhead = 4, kLines = kNV * (kNibbles ? 4 : 8);
+  void prefetch(int64_t b) const {
+    const uint8_t* p = pw + (b + kAhead) * kLines * 64;
+    for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + l * 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pd + (b + kAhead) * kPanel), _MM_HINT_T0);
+  }
+};
+// Rows m0..m0+MR of a panel's outputs (C points at its first output; k[j] masks the lanes that are
+// outputs). bias: -offset x the sum of each activation block (half for Q6_K), [M][nb][S].
+template <GgmlType T, int MR, class Src>
+inline void tile(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0, float* C,
+                 int64_t ldc, const __mmask16 (&k)[kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  __m512 acc[MR][kNV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    src.prefetch(b);
+    for (int h = 0; h < S; ++h) {
+      __m512i s[MR][kNV];
+      for (int m = 0; m < MR; ++m) {
+        const __m512i start =
+            offset_of(T) != 0 ? _mm512_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm512_setzero_si512();
+        for (int j = 0; j < kNV; ++j) s[m][j] = start;
+      }
+      for (int g = h * G; g < (h + 1) * G; ++g) {
+        __m512i w[kNV];
+        for (int j = 0; j < kNV; ++j) w[j] = src.w(b, j, g);
+        for (int m = 0; m < MR; ++m) {
+          const __m512i a = _mm512_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+          for (int j = 0; j < kNV; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], w[j], a);
+        }
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m512 da = _mm512_set1_ps(qa[(m0 + m) * nb + b].d);
+        for (int j = 0; j < kNV; ++j)
+          acc[m][j] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][j]), _mm512_mul_ps(src.d(b, S, h, j), da), acc[m][j]);
+      }
+    }
+    if constexpr (block_has_min(T))
+      for (int m = 0; m < MR; ++m) {
+        const __m512 sa = _mm512_set1_ps(qa[(m0 + m) * nb + b].s);
+        for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_fmadd_ps(src.m(b, j), sa, acc[m][j]);
+      }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) _mm512_mask_storeu_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
+}
+// Every row over one panel of cnt outputs (<= kPanel) at C.
+template <GgmlType T, class Src>
+void rows(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t M, int cnt, float* C,
+          int64_t ldc) {
+  __mmask16 k[kNV];
+  for (int j = 0; j < kNV; ++j) {
+    const int lanes = std::clamp(cnt - j * kLanes, 0, kLanes);
+    k[j] = __mmask16((1u << lanes) - 1);
+  }
+  for (int64_t m = 0; m < M; m += kMR)
+    simd::with_rows<kMR>(int(M - m),
+                         [&](auto mr) { tile<T, decltype(mr)::value>(src, qa, bias, nb, m, C, ldc, k); });
+}
+// Every row of outputs n0..n0 + cnt (cnt <= kPanel).
+template <GgmlType T>
+void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
+                    int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& p) {
+  pack<T>(W, row_bytes, n0, cnt, nb, p);
+  const BytePanel src{p.w, p.d, block_has_min(T) ? p.mins : nullptr};
+  rows<T>(src, qa, bias, nb, M, cnt, C + n0, ldc);
+}
+// A packed panel widened into BytePanel's storage: nibbles to bytes, f16 to f32.
+template <GgmlType T>
+void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p) {
+  uint8_t* pw = p.w;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < kNV; ++j) {
+      for (int g = 0; g < 8; ++g) _mm512_store_si512(pw + ((b * kNV + j) * 8 + g) * 64, src.w(b, j, g));
+      _mm512_storeu_ps(p.d + (b * kNV + j) * kLanes, src.d(b, 1, 0, j));
+      if constexpr (block_has_min(T)) _mm512_storeu_ps(p.mins + (b * kNV + j) * kLanes, src.m(b, j));
+    }
+}
+// Every row over panel p of a packed matrix. Many rows (wide) multiply it widened once to bytes:
+// each tile of 6 rows passes over the panel again, and as bytes vpdpbusd reads its weights from
+// memory, where nibbles take a shift and a mask per tile (Q4_1 512 x 576 x 3072: 4.9 ms from the
+// nibbles, 3.7 ms packing per call, BM_QGemmPacked, 2026-11-26).
+void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
+                float* C, int64_t ldc, const Scratchpad& w) {
+  const int64_t n0 = p * kPanel, scales = p * P.nb * kPanel;
+  const int cnt = int(std::min<int64_t>(kPanel, P.N - n0));
+  with_type(P.type, [&](auto type) {
+    constexpr GgmlType T = decltype(type)::value;
+    if constexpr (packs(T)) {
+      const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, P.d.data() + scales,
+                               block_has_min(T) ? P.m.data() + scales : nullptr};
+      if (!wide || !src.kNibbles) return rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
+      widen<T>(src, P.nb, w);
+      rows<T>(BytePanel{w.w, w.d, block_has_min(T) ? w.mins : nullptr}, qa, bias, P.nb, M, cnt, C + n0, ldc);
+    }
+  });
+}
+
+// ---- Decoding ----
+// Per 128-bit chunk c: lane k = the sum of the 4 lanes of v_k's chunk c.
+inline __m512i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+// Block b of two rows as one zmm of unsigned bytes (load_u's values, row r0 in the low half). The
+// simple types decode both at once: Q4_0 and Q4_1's 16 bytes broadcast to both 128-bit lanes of a
+// half, the second lane shifted right by 4 (its high nibbles), Q5's fifth bits as a 64-bit mask.
+template <GgmlType T>
+inline __m512i load_u2(const uint8_t* r0, const uint8_t* r1, int64_t b) {
+  if constexpr (T == GgmlType::Q8_0) {
+    const __m512i w = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + b * 34 + 2))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + b * 34 + 2)), 1);
+    return _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));  // + 128
+  } else if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 ||
+                       T == GgmlType::Q5_1) {
+    constexpr int64_t bb = block_bytes(T);
+    const uint8_t* b0 = r0 + b * bb;
+    const uint8_t* b1 = r1 + b * bb;
+    const __m512i x = _mm512_inserti64x4(
+        _mm512_castsi256_si512(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + bb - 16)))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + bb - 16))), 1);
+    __m512i w = _mm512_and_si512(
+        _mm512_srlv_epi16(x, _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                               0x0004000400040004, 0x0004000400040004)),
+        _mm512_set1_epi8(15));
+    if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+      const __mmask64 hi =
+          __mmask64(load_u32(b0 + q5_high_offset(T))) | __mmask64(load_u32(b1 + q5_high_offset(T))) << 32;
+      w = _mm512_mask_add_epi8(w, hi, w, _mm512_set1_epi8(16));
+    }
+    return w;  // Q4_0 and Q5_0's offsets (8, 16) are the nibbles' own: nothing to add
+  } else {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load_u<T, offset_of(T)>(r0, b)),
+                              (load_u<T, offset_of(T)>(r1, b)), 1);  // in parentheses: a macro in clang
+  }
+}
+// Rows m0..m0+MR x outputs n0..n0+cnt (cnt <= 8). Output k and k + 4 share a zmm (one vpdpbusd for
+// both, the activation block broadcast to both halves), so after reduce4 chunk c lane k holds output
+// k + 4 (c / 2)'s half c % 2.
+template <GgmlType T, int MR>
+inline void decoding_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
+                          const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
+                          int64_t nb, int64_t m0, float* C, int64_t ldc) {
+  const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
+  __m256 acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    t.prefetch(b);
+    const auto sc = decoding::block_scales<T>(t, b, pd, pm);
+    __m512i w[4];
+    for (int k = 0; k < 4; ++k) w[k] = load_u2<T>(t.row[k], t.row[k + 4], b);
+    for (int m = 0; m < MR; ++m) {
+      const QActBlock& a = qa[(m0 + m) * nb + b];
+      const __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q)));
+      __m512i s[4];
+      for (int k = 0; k < 4; ++k) s[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], av);
+      const __m512i r = reduce4(s[0], s[1], s[2], s[3]);
+      const __m512i hh = _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // [half 0 | half 1]
+      acc[m] =
+          decoding::accumulate<T, offset_of(T)>(_mm512_castsi512_si256(hh), _mm512_extracti64x4_epi64(hh, 1),
+                                                sc, a, bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
+}
+// The decoding tiles for decoding::run: 8 rows at a time (32 registers: 8 accumulators beside the
+// 4 weight vectors).
+struct Decoding {
+  static constexpr int kRows = 8;
+  template <GgmlType T, int MR>
+  static void run_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt, const float* pd,
+                       const float* pm, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0,
+                       float* C, int64_t ldc) {
+    decoding_tile<T, MR>(W, row_bytes, N, n0, cnt, pd, pm, qa, bias, nb, m0, C, ldc);
+  }
+};
+
+}  // namespace
+
+int offset(GgmlType t) {
+  return offset_of(t);
+}
+
+void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m0,
+           int64_t m1, int64_t n0, int64_t n1, float* C, int64_t ldc, const Scratchpad& s) {
+  qk::tiles<Dot>(t, W, row_bytes, qa, nb, m0, m1, n0, n1, C, ldc, s);
+}
+
+void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
+           int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s) {
+  with_type(t, [&](auto type) {
+    multiply_panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc, s);
+  });
+}
+
+void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
+            float* C, int64_t ldc, const Scratchpad& s) {
+  run_packed(P, p, qa, bias, M, wide, C, ldc, s);
+}
+
+void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
+          int64_t nb, int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s) {
+  with_type(t, [&](auto type) {
+    decoding::run<Decoding, decltype(type)::value>(W, row_bytes, qa, bias, nb, M, N, n0, cnt, C, ldc, s);
+  });
+}
+
+}  // namespace lp::qk::avx512
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

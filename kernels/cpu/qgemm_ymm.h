@@ -1,0 +1,385 @@
+// What both instruction sets' files build their kernels from, compiled under each file's target
+// (qgemm_avx2.cpp and qgemm_avx512.cpp include it inside their target region; AVX2 + F16C is the
+// least either has): a block's 32 weights as a 256-bit vector, the 256-bit tile over a `Dot` of
+// the file's own (how a weight block and an activation block give 8 lanes of 4 products), and
+// the decoding tiles' shared steps. Internal to those two files.
+//
+// In an anonymous namespace on purpose, as qgemm_blocks.h: each file's copy is compiled for its
+// own target and never merged with the other's by the linker.
+#pragma once
+
+// Its includes come first in the including file, outside the target region, so that nothing of
+// the standard library or of the other headers takes the region's target.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/qgemm_blocks.h"
+#include "kernels/cpu/qgemm_kernels.h"
+#include "kernels/cpu/simd.h"
+
+namespace lp::qk {
+namespace {
+
+// ---- A block's weights and scales ----
+// Byte e of the result: 16 where bit e of qh is set, else 0 (each byte takes qh's byte e / 8 and
+// tests its bit e % 8).
+inline __m256i fifth_bits(uint32_t qh) {
+  const __m256i bytes =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+}
+// Block b's 32 weights as bytes in element order (decode_scalar's values).
+template <GgmlType T>
+inline __m256i load_w(const uint8_t* row, int64_t b) {
+  const __m256i nib = _mm256_set1_epi8(15);
+  if constexpr (T == GgmlType::Q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 34 + 2));
+  } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    const uint8_t* sb = row + (b >> 3) * block_bytes(T);
+    const int j = int(b & 7);
+    const __m256i v = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(sb + (T == GgmlType::Q4_K ? 16 : 48) + 32 * (j >> 1)));
+    const __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, nib);
+    if constexpr (T == GgmlType::Q4_K) return w;
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 16));
+    const __m256i m = _mm256_set1_epi8(char(1 << j));
+    return _mm256_or_si256(
+        w, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(16)));
+  } else if constexpr (T == GgmlType::Q6_K) {
+    const uint8_t* sb = row + (b >> 3) * 210;
+    const int h = int(b & 7) >> 2, k = int(b & 3);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * h + 32 * (k & 1)));
+    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(v, 4) : v, nib);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * h));
+    // Bits 2k..2k+1 of each byte to bits 4-5: a 16-bit shift right by 2k < 8 leaves each byte's
+    // own bits at 0-1, the mask drops what crossed from its neighbour.
+    const __m256i hi = _mm256_slli_epi16(
+        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+  } else {  // Q4_0, Q4_1, Q5_0, Q5_1
+    const uint8_t* blk = row + b * block_bytes(T);
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + block_bytes(T) - 16));
+    const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15));
+    __m256i w = _mm256_set_m128i(hi, lo);
+    if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1)
+      w = _mm256_or_si256(w, fifth_bits(load_u32(blk + q5_high_offset(T))));
+    if constexpr (T == GgmlType::Q4_0) return _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    if constexpr (T == GgmlType::Q5_0) return _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+    return w;
+  }
+}
+// Block b as unsigned bytes for the panels: the decoded values plus Offset (the type's
+// unsigned_offset, or 0 where a kernel keeps them signed).
+template <GgmlType T, int Offset>
+inline __m256i load_u(const uint8_t* row, int64_t b) {
+  const __m256i w = load_w<T>(row, b);
+  if constexpr (Offset != 0) return _mm256_add_epi8(w, _mm256_set1_epi8(char(Offset)));
+  return w;
+}
+// Block b's scales and minimum, f16 converted by F16C (exact, as model/quant's f16_to_f32).
+template <GgmlType T>
+inline BlockScale scales(const uint8_t* row, int64_t b) {
+  return block_scale(T, row, b, [](uint16_t h) { return _cvtsh_ss(h); });
+}
+
+// ---- The 256-bit tile ----
+// A Dot gives: WPrep and APrep (a weight and an activation block made ready, once per block),
+// prep_w<Signed>, prep_a<Signed>, isum<Signed> (lane l: the exact sum of w_j a_j over bytes
+// 4l..4l+3), and the tile shapes kMR x kNR (signed weights) and kMR1 x kNR1 (with a minimum).
+inline __m256i halves4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+}
+
+// A tile of MR activation rows x NR weight rows (outputs): pairs p = m * NR + n in groups of four,
+// each group's exact block sums reduced together (halves4) and then one f32 vector of four
+// accumulators, the scalar twin's arithmetic (qgemm.h) for each, so tiles of any size give the
+// same bits.
+template <class Dot, GgmlType T, int MR, int NR>
+inline void tile(const uint8_t* W, int64_t row_bytes, int64_t n0, const float* scl, const float* mn,
+                 const QActBlock* qa, int64_t nb, int64_t m0, float* C, int64_t ldc) {
+  constexpr bool kSigned = is_signed(T);
+  constexpr int S = n_scales(T), P = MR * NR, G = (P + 3) / 4;
+  __m128 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    typename Dot::WPrep wp[NR];
+    for (int n = 0; n < NR; ++n)
+      wp[n] = Dot::template prep_w<kSigned>(load_w<T>(W + (n0 + n) * row_bytes, b));
+    // Pair 4g + i is (row (4g + i) / NR, output (4g + i) % NR); pairs past the tile are zero. With
+    // NR = 1 or 2 every group has the same outputs, so their scale vectors are made once per block.
+    static_assert(NR == 1 || NR == 2, "the groups of four pairs assume NR divides 4");
+    __m128 dwv[S];
+    for (int h = 0; h < S; ++h) {
+      const float x0 = scl[b * S + h], x1 = NR == 2 ? scl[(nb + b) * S + h] : x0;
+      dwv[h] = _mm_setr_ps(x0, x1, x0, x1);
+    }
+    __m128 mnv = _mm_setzero_ps();
+    if constexpr (block_has_min(T)) {
+      const float x0 = mn[b], x1 = NR == 2 ? mn[nb + b] : x0;
+      mnv = _mm_setr_ps(x0, x1, x0, x1);
+    }
+    for (int g = 0; g < G; ++g) {
+      __m256i v[4];
+      float da[4], sa[4];
+      for (int i = 0; i < 4; ++i) {
+        const int p = 4 * g + i;
+        if (p < P) {
+          const QActBlock& a = qa[(m0 + p / NR) * nb + b];
+          v[i] = Dot::template isum<kSigned>(wp[p % NR], Dot::template prep_a<kSigned>(a));
+          da[i] = a.d;
+          sa[i] = a.s;
+        } else {
+          v[i] = _mm256_setzero_si256();
+          da[i] = sa[i] = 0.f;
+        }
+      }
+      const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
+      const __m256i s = halves4(v[0], v[1], v[2], v[3]);
+      const __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+      // d_w * d_a rounded once, then one fused multiply-add per block (per half for Q6_K).
+      if constexpr (S == 1) {
+        acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_add_epi32(lo, hi)), _mm_mul_ps(dwv[0], dav), acc[g]);
+      } else {
+        acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(lo), _mm_mul_ps(dwv[0], dav), acc[g]);
+        acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(hi), _mm_mul_ps(dwv[1], dav), acc[g]);
+      }
+      if constexpr (block_has_min(T))  // Q4_1, Q5_1, Q4_K, Q5_K: m_w * s_a, in the same chain
+        acc[g] = _mm_fmadd_ps(mnv, _mm_setr_ps(sa[0], sa[1], sa[2], sa[3]), acc[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float out[4];
+    _mm_storeu_ps(out, acc[g]);
+    for (int i = 0; i < 4 && 4 * g + i < P; ++i) {
+      const int p = 4 * g + i;
+      C[(m0 + p / NR) * ldc + n0 + p % NR] = out[i];
+    }
+  }
+}
+
+// The outputs n_begin..n_end of rows m_begin..m_end over Dot's tiles (Dot::kMR activation rows x
+// Dot::kNR outputs for signed weights, kMR1 x kNR1 for the types with a minimum, sized to the
+// register file and measured with BM_QGemm). Each output's block scales (and minima) are converted
+// once into s.d ([width][nb][S]) and s.mins ([width][nb]), not once per tile.
+template <class Dot, GgmlType T>
+void rows(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m_begin,
+          int64_t m_end, int64_t n_begin, int64_t n_end, float* C, int64_t ldc, const Scratchpad& s) {
+  constexpr int MR = block_has_min(T) ? Dot::kMR1 : Dot::kMR, NR = block_has_min(T) ? Dot::kNR1 : Dot::kNR;
+  constexpr int S = n_scales(T);
+  const int64_t width = n_end - n_begin;
+  float* scl = s.d;
+  float* mins = s.mins;  // null for the types without a minimum, and read only by the others
+  for (int64_t n = 0; n < width; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockScale bs = scales<T>(W + (n_begin + n) * row_bytes, b);
+      for (int i = 0; i < S; ++i) scl[(n * nb + b) * S + i] = bs.d[i];
+      if constexpr (block_has_min(T)) mins[n * nb + b] = bs.m;
+    }
+  const auto mins_of = [&](int64_t n) { return block_has_min(T) ? mins + (n - n_begin) * nb : nullptr; };
+  int64_t n = n_begin;
+  for (; n + NR <= n_end; n += NR) {
+    const float* sc = scl + (n - n_begin) * nb * S;
+    int64_t m = m_begin;
+    for (; m + MR <= m_end; m += MR) tile<Dot, T, MR, NR>(W, row_bytes, n, sc, mins_of(n), qa, nb, m, C, ldc);
+    for (; m < m_end; ++m) tile<Dot, T, 1, NR>(W, row_bytes, n, sc, mins_of(n), qa, nb, m, C, ldc);
+  }
+  for (; n < n_end; ++n)
+    for (int64_t m = m_begin; m < m_end; ++m)
+      tile<Dot, T, 1, 1>(W, row_bytes, n, scl + (n - n_begin) * nb * S, mins_of(n), qa, nb, m, C, ldc);
+}
+template <class Dot>
+void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m_begin,
+           int64_t m_end, int64_t n_begin, int64_t n_end, float* C, int64_t ldc, const Scratchpad& s) {
+  with_type(t, [&](auto type) {
+    rows<Dot, decltype(type)::value>(W, row_bytes, qa, nb, m_begin, m_end, n_begin, n_end, C, ldc, s);
+  });
+}
+
+// ---- Decoding: fewer rows than a panel pays for, weights read where they lie ----
+// A decoding step multiplies one activation row by every weight once, so copying weights into
+// panels would double its memory traffic. These kernels read each output's blocks in place, as the
+// 256-bit tiles do, but 8 outputs at a time: each output's block gives a vector of 8 lanes of 4
+// products (lanes 0-3 its first 16 elements, 4-7 the rest), and the 8 outputs' lanes are summed
+// together by one transpose-and-add (reduce4: 9 instructions per 4 vectors), leaving each
+// output's two half-block sums in the lanes of two vectors of 8. Then per block one conversion, one
+// multiply and one fused multiply-add per 8 outputs (two for Q6_K's halves, one more for a
+// minimum): per output the scalar twin's arithmetic. The weights go in as the panels hold them (a
+// signed type's offset added, taken back as -offset x the activation block's sum); the simple
+// types' scales are read in the loop, the K-quants' converted once per tile into [nb][S][8]; the
+// activations' bytes, one load per block, serve all 8 outputs. Each file's gemv_tile does the
+// multiplying; these are the steps around it.
+namespace decoding {
+constexpr int kOut = kGemvOut;
+// Stores the 8 x 8 matrix whose rows are r[0..7] column by column: out[8j + i] = r[i][j].
+inline void transpose8(const __m256 (&r)[8], float* out) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    _mm256_storeu_ps(out + 8 * j, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+    _mm256_storeu_ps(out + 8 * (j + 4), _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+  }
+}
+// The simple types' scales sit at the start of each block (Q4_1 and Q5_1: d, then m), read in the
+// tile's loop; the K-quants' are converted here once per tile, per super-block of 8 blocks (d and
+// dmin once, the 6-bit multipliers of all 8 at once), into [nb][S][8] and minima [nb][8]: the same
+// values as block_scale's, one rounding each. Lanes past cnt repeat the last output (their results
+// are never stored).
+constexpr bool scales_in_loop(GgmlType t) {
+  return t != GgmlType::Q4_K && t != GgmlType::Q5_K && t != GgmlType::Q6_K;
+}
+template <GgmlType T>
+void tile_scales(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, float* d,
+                 float* mins) {
+  const uint8_t* row[kOut];
+  for (int i = 0; i < kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+  // Each output's 8 (Q6_K: 16) values of a super-block as vectors, then transposed to [block][8].
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    __m256 v[2][kOut], m[kOut];
+    for (int i = 0; i < kOut; ++i) {
+      const uint8_t* p = row[i] + sb * block_bytes(T);
+      if constexpr (T == GgmlType::Q6_K) {  // its 16 int8 scales, [8 blocks][2 halves] in order
+        const __m256 dd = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 208)));
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+        v[0][i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        v[1][i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+      } else {
+        // kquant_scale_min for all 8 sub-blocks at once, four bytes a word: sub-blocks 0-3 the low
+        // 6 bits of bytes 0-3 (scales) and 4-7 (minima); 4-7 a nibble of bytes 8-11 below the top
+        // 2 bits of bytes 0-3 (scales) and 4-7 (minima).
+        const uint32_t u0 = load_u32(p + 4), u1 = load_u32(p + 8), u2 = load_u32(p + 12);
+        const uint32_t sc_lo = u0 & 0x3f3f3f3f, mn_lo = u1 & 0x3f3f3f3f;
+        const uint32_t sc_hi = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4;
+        const uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
+        const __m128i sc = _mm_setr_epi32(int(sc_lo), int(sc_hi), 0, 0),
+                      mn = _mm_setr_epi32(int(mn_lo), int(mn_hi), 0, 0);
+        v[0][i] = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p))),
+                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+        m[i] =
+            _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))),
+                                                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
+      }
+    }
+    if constexpr (T == GgmlType::Q6_K) {
+      transpose8(v[0], d + sb * 16 * kOut);
+      transpose8(v[1], d + (sb * 16 + 8) * kOut);
+    } else {
+      transpose8(v[0], d + sb * 8 * kOut);
+      transpose8(m, mins + sb * 8 * kOut);
+    }
+  }
+}
+// A simple type's 8 outputs' scales of block b (f16 at the block's start) and, for Q4_1 and Q5_1,
+// minima (the f16 after it).
+template <GgmlType T>
+inline void loop_scales(const uint8_t* const (&row)[kOut], int64_t b, __m256& d, __m256& m) {
+  const int64_t off = b * block_bytes(T);
+  const __m256i h = _mm256_setr_epi32(load_i32(reinterpret_cast<const int8_t*>(row[0] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[1] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[2] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[3] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[4] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[5] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[6] + off)),
+                                      load_i32(reinterpret_cast<const int8_t*>(row[7] + off)));
+  // Each 128-bit lane's four low (then high) halves to its low 8 bytes, then the two lanes' together.
+  const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9,
+                                      12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+  const __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, sh), _MM_SHUFFLE(3, 1, 2, 0));
+  d = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+  if constexpr (block_has_min(T)) m = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+}
+// A tile's 8 rows (outputs past cnt repeat the last; their results are never stored). It reads
+// them block by block, 8 short interleaved streams the hardware prefetcher hardly follows (a row
+// of SmolLM2's Q4_1 576 is 6 cache lines), so each tile asks for the tile after next, spread over
+// its blocks, and only for rows the matrix has.
+struct Tile {
+  const uint8_t* row[kOut];
+  const char* next = nullptr;
+  int64_t lines = 0, per_block = 0;
+  static constexpr int kAhead = 2;
+  Tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt, int64_t nb) {
+    for (int i = 0; i < kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
+    const int64_t ahead = std::clamp<int64_t>(N - n0 - kAhead * kOut, 0, kOut);
+    if (ahead > 0) {
+      next = reinterpret_cast<const char*>(W + (n0 + kAhead * kOut) * row_bytes);
+      lines = (ahead * row_bytes + 63) / 64;
+      per_block = (lines + nb - 1) / nb;
+    }
+  }
+  void prefetch(int64_t b) const {
+    for (int64_t l = b * per_block; l < std::min(lines, (b + 1) * per_block); ++l)
+      __builtin_prefetch(next + l * 64);
+  }
+};
+// Block b's scales for the tile's 8 outputs: d0 (d1: Q6_K's second half) and the minima m.
+struct BlockScales {
+  __m256 d0, d1, m;
+};
+template <GgmlType T>
+inline BlockScales block_scales(const Tile& t, int64_t b, const float* pd, const float* pm) {
+  BlockScales s{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  if constexpr (scales_in_loop(T)) {
+    loop_scales<T>(t.row, b, s.d0, s.m);
+  } else {
+    s.d0 = _mm256_loadu_ps(pd + b * n_scales(T) * kOut);
+    if constexpr (n_scales(T) == 2) s.d1 = _mm256_loadu_ps(pd + b * 2 * kOut + kOut);
+    if constexpr (block_has_min(T)) s.m = _mm256_loadu_ps(pm + b * kOut);
+  }
+  return s;
+}
+// One row's block into its 8 accumulators, from the 8 outputs' half-block sums h0 and h1: the
+// offset taken back (-Offset x the activation half's sum, bi), then the scalar twin's sequence.
+template <GgmlType T, int Offset>
+inline __m256 accumulate(__m256i h0, __m256i h1, const BlockScales& sc, const QActBlock& a, const int32_t* bi,
+                         __m256 acc) {
+  const __m256 da = _mm256_set1_ps(a.d);
+  if constexpr (n_scales(T) == 1) {
+    __m256i sum = _mm256_add_epi32(h0, h1);
+    if constexpr (Offset != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(bi[0]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc.d0, da), acc);
+  } else {
+    h0 = _mm256_add_epi32(h0, _mm256_set1_epi32(bi[0]));
+    h1 = _mm256_add_epi32(h1, _mm256_set1_epi32(bi[1]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(sc.d0, da), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(sc.d1, da), acc);
+  }
+  if constexpr (block_has_min(T)) acc = _mm256_fmadd_ps(sc.m, _mm256_set1_ps(a.s), acc);
+  return acc;
+}
+// The first cnt of a row's 8 outputs.
+inline void store(float* c, int cnt, __m256 acc) {
+  _mm256_maskstore_ps(
+      c, _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), acc);
+}
+// Every row (M < kPanelMinRows) of outputs n0..n0 + cnt, in groups of up to Kernel::kRows rows,
+// each group Kernel::run_tile<T, rows>: a group decodes each weight block once for all its rows,
+// so 8 rows (8 requests decoding together) take one pass over the weights instead of two. The
+// K-quants' scales go to s.d and s.mins (gemv_scratch).
+template <class Kernel, GgmlType T>
+void run(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t M,
+         int64_t N, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s) {
+  if constexpr (!scales_in_loop(T)) tile_scales<T>(W, row_bytes, n0, cnt, nb, s.d, s.mins);
+  for (int64_t m = 0; m < M; m += Kernel::kRows)
+    simd::with_rows<Kernel::kRows>(int(M - m), [&](auto mr) {
+      Kernel::template run_tile<T, decltype(mr)::value>(W, row_bytes, N, n0, cnt, s.d, s.mins, qa, bias, nb,
+                                                        m, C, ldc);
+    });
+}
+}  // namespace decoding
+
+}  // namespace
+}  // namespace lp::qk
