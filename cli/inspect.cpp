@@ -103,8 +103,9 @@ int inspect_trace(const std::string& path, bool json_out, const std::string& kv_
               {"steps", steps},
               {"detail", s.detail},
               {"prompt_share_per_layer", s.prompt_share_per_layer},
-              {"prompt_tokens_computed_fraction", s.prompt_share},
-              {"prompt_tokens_computed_fraction_after_generation", s.prompt_share_after_generation},
+              {"prompt_tokens_computed_fraction", s.prompt_tokens_computed_fraction},
+              {"prompt_tokens_computed_fraction_after_generation",
+               s.prompt_tokens_computed_fraction_after_generation},
               {"all_tokens_computed_fraction", s.all_share},
               {"at_most_once", s.at_most_once},
               {"kv_bytes_final_f32", s.kv_tokens_final * kv_per_token_layer},
@@ -127,8 +128,8 @@ int inspect_trace(const std::string& path, bool json_out, const std::string& kv_
   fmt::print(
       "prompt (token, layer) pairs computed: {:.1f}% in the prefill, {:.1f}% by the end (the paper's "
       "\"% of prompt tokens computed\")   all tokens, whole generation: {:.1f}%   at most once: {}\n",
-      100 * s.prompt_share, 100 * s.prompt_share_after_generation, 100 * s.all_share,
-      s.at_most_once ? "yes" : "NO");
+      100 * s.prompt_tokens_computed_fraction, 100 * s.prompt_tokens_computed_fraction_after_generation,
+      100 * s.all_share, s.at_most_once ? "yes" : "NO");
   fmt::print("KV at the end: {:.2f} MiB (f32)   Aux Cache: {} states, {:.2f} MiB   revivals: {}\n",
              double(s.kv_tokens_final * kv_per_token_layer) / 1048576.0, s.aux_writes,
              double(s.aux_writes * D * 4) / 1048576.0, s.revivals);

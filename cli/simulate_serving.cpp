@@ -35,7 +35,7 @@ json serving_metrics_json(const sim::ServingMetrics& m) {
           {"queue_ms", pct_json(m.queue)},
           {"kv_utilisation_mean", m.kv_utilisation_mean},
           {"kv_utilisation_peak", m.kv_utilisation_peak},
-          {"prompt_share_mean", m.prompt_share_mean}};
+          {"prompt_share_mean", m.prompt_tokens_computed_fraction_mean}};
 }
 
 }  // namespace
@@ -134,7 +134,7 @@ std::string simulated_request_log(const sim::ServingRun& run, const std::string&
     l.finished_s = o.finished_s;
     l.prompt_tokens = o.prompt_tokens, l.output_tokens = o.output_tokens;
     l.prune = method;
-    l.prompt_tokens_computed_fraction = o.prompt_share;
+    l.prompt_tokens_computed_fraction = o.prompt_tokens_computed_fraction;
     l.simulated = true;
     out += request_log_line(l);
   }

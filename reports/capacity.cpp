@@ -261,7 +261,7 @@ Report build_report(const Request& r) {
     x.ttft_ms = p.ttft_s * 1e3;
     x.baseline_ttft_ms = b.ttft_s * 1e3;
     x.speedup = b.ttft_s / p.ttft_s;
-    x.prompt_tokens_computed_fraction = p.prompt_share;
+    x.prompt_tokens_computed_fraction = p.prompt_tokens_computed_fraction;
     x.prefill_flop = p.prefill_flops();
     for (const sim::OpCost& o : p.prefill_ops) x.prefill_bytes += o.bytes;
     x.decode_step_mean_ms = p.decode_step_mean_s() * 1e3;

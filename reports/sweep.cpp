@@ -82,7 +82,7 @@ std::string sweep_row(const SweepGrid& g, const SweepConfig& cf, const std::vect
                             {"ttft_ms", p.ttft_s * 1e3},
                             {"baseline_ttft_ms", b.ttft_s * 1e3},
                             {"speedup", b.ttft_s / p.ttft_s},
-                            {"prompt_tokens_computed_fraction", p.prompt_share},
+                            {"prompt_tokens_computed_fraction", p.prompt_tokens_computed_fraction},
                             {"total_ms", p.total_s * 1e3},
                             {"memory_gib", p.memory.total() / 1073741824.0},
                             {"kv_gib", p.memory.kv / 1073741824.0},

@@ -255,7 +255,7 @@ void Replayer::add(const trace::Step& s) {
     // which already hold an entry (its new token is never pruned in its own step, and computes
     // every layer). So the entries are the prefill's writes.
     for (int64_t w : s.aux_writes) aux_entries_ += double(w);
-    r.prompt_share = trace::prefill_computed_fraction(s, prompt_tokens_, dropped_);
+    r.prompt_tokens_computed_fraction = trace::prefill_computed_fraction(s, prompt_tokens_, dropped_);
   } else {
     ++r.decode_steps;
     r.decode_s += step_s;

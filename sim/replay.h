@@ -29,11 +29,11 @@ struct Memory {
 
 struct Prediction {
   std::string hw;
-  int tp = 1;                         // GPUs the model is spread over; times and memory are one GPU's
-  double ttft_s = 0;                  // the prefill step
-  double prompt_share = 1;            // of the prompt's (token, layer) pairs, the prefill computed
-  int64_t decode_steps = 0;           // decoding steps costed
-  double decode_s = 0;                // their time, summed
+  int tp = 1;         // GPUs the model is spread over; times and memory are one GPU's
+  double ttft_s = 0;  // the prefill step
+  double prompt_tokens_computed_fraction = 1;  // of the prompt's (token, layer) pairs, the prefill computed
+  int64_t decode_steps = 0;                    // decoding steps costed
+  double decode_s = 0;                         // their time, summed
   std::vector<double> decode_step_s;  // one per decoding step, the first keep_steps (Replayer) of them
   double total_s = 0;
   std::vector<OpCosts> prefill_layers;  // [L] per-op costs of the prefill

@@ -60,7 +60,7 @@ struct ServingConfig {
 struct RequestOutcome {
   double arrival_s = 0, admitted_s = 0, first_token_s = 0, finished_s = 0;
   int64_t prompt_tokens = 0, output_tokens = 0;
-  double prompt_share = 1;  // of its prompt's (token, layer) pairs, the prefill computed
+  double prompt_tokens_computed_fraction = 1;  // of its prompt's (token, layer) pairs, the prefill computed
   double ttft_s() const { return first_token_s - arrival_s; }
   double queue_s() const { return admitted_s - arrival_s; }
   double e2e_s() const { return finished_s - arrival_s; }

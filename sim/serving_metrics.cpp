@@ -90,7 +90,7 @@ ServingMetrics serving_metrics(const ServingRun& r, const Objectives& o, size_t 
     queue.push_back(q.queue_s());
     first = std::min(first, q.arrival_s);
     last = std::max(last, q.finished_s);
-    out += double(q.output_tokens), in += double(q.prompt_tokens), share += q.prompt_share;
+    out += double(q.output_tokens), in += double(q.prompt_tokens), share += q.prompt_tokens_computed_fraction;
     if ((o.ttft_p90_s <= 0 || q.ttft_s() <= o.ttft_p90_s) && (o.itl_p90_s <= 0 || q.itl_s() <= o.itl_p90_s))
       ++good;
   }
@@ -106,7 +106,7 @@ ServingMetrics serving_metrics(const ServingRun& r, const Objectives& o, size_t 
     m.prompt_tokens_per_s = in / m.duration_s;
     m.goodput_per_s = double(good) / m.duration_s;
   }
-  m.prompt_share_mean = share / double(m.requests);
+  m.prompt_tokens_computed_fraction_mean = share / double(m.requests);
   if (r.kv_capacity > 0) {
     m.kv_utilisation_mean = r.kv_reserved_mean / r.kv_capacity;
     m.kv_utilisation_peak = r.kv_reserved_peak / r.kv_capacity;

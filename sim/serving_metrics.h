@@ -54,7 +54,7 @@ struct ServingMetrics {
   double requests_per_s = 0, output_tokens_per_s = 0, prompt_tokens_per_s = 0;
   double goodput_per_s = 0;  // requests/s whose TTFT and ITL each meet the objectives
   double kv_utilisation_mean = 0, kv_utilisation_peak = 0;  // reserved / budget
-  double prompt_share_mean = 1;
+  double prompt_tokens_computed_fraction_mean = 1;
 };
 // Metrics of requests [begin, end) of a run (all: the default).
 ServingMetrics serving_metrics(const ServingRun& r, const Objectives& o, size_t begin = 0,

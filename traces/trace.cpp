@@ -392,7 +392,7 @@ void Summarizer::add(const Step& st) {
     dense_ += double(dropped_) * L;
     for (int l = 0; l < L; ++l)
       s_.prompt_share_per_layer.push_back(T > 0 ? double(st.queries[size_t(l)]) / double(T) : 0.0);
-    s_.prompt_share = prefill_computed_fraction(st, prompt_tokens_, dropped_);
+    s_.prompt_tokens_computed_fraction = prefill_computed_fraction(st, prompt_tokens_, dropped_);
     prompt_dense_ = double(T) * L;
     for (int l = 0; l < L; ++l) prompt_pairs_ += double(st.queries[size_t(l)]);
   } else {
@@ -416,7 +416,8 @@ void Summarizer::add(const Step& st) {
 Summary Summarizer::finish() const {
   Summary s = s_;
   s.all_share = dense_ > 0 ? all_ / dense_ : 0.0;
-  s.prompt_share_after_generation = prompt_dense_ > 0 ? prompt_pairs_ / prompt_dense_ : 0.0;
+  s.prompt_tokens_computed_fraction_after_generation =
+      prompt_dense_ > 0 ? prompt_pairs_ / prompt_dense_ : 0.0;
   for (int l = 0; l < L_; ++l) s.at_most_once = s.at_most_once && per_layer_[size_t(l)] <= tokens_;
   return s;
 }

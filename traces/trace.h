@@ -93,10 +93,10 @@ Trace read_trace(const std::string& path);
 // What `inspect --trace` prints.
 struct Summary {
   std::vector<double> prompt_share_per_layer;  // share of prompt tokens computed at each layer (prefill)
-  double prompt_share = 1;                     // the prefill: over all prompt (token, layer) pairs
+  double prompt_tokens_computed_fraction = 1;  // the prefill: over all prompt (token, layer) pairs
   // The paper's "% of prompt tokens computed": prompt (token, layer) pairs computed by the last
   // step, in the prefill or revived while decoding, over all of them.
-  double prompt_share_after_generation = 1;
+  double prompt_tokens_computed_fraction_after_generation = 1;
   double all_share = 1;         // all steps: pairs computed / pairs of a dense run
   bool at_most_once = true;     // no layer computed more tokens than exist
   int64_t kv_tokens_final = 0;  // (token, layer) pairs holding K/V at the end
@@ -121,7 +121,7 @@ class Summarizer {
 };
 
 // Share of the prompt's (token, layer) pairs the prefill computed: its queries over
-// prompt tokens x layers (Summary::prompt_share).
+// prompt tokens x layers (Summary::prompt_tokens_computed_fraction).
 double prompt_computed_fraction(const Trace& t);
 // The same from the prefill step alone (its queries over its new tokens x layers).
 double prefill_computed_fraction(const Step& prefill, int64_t prompt_tokens, int64_t dropped = 0);

@@ -208,7 +208,8 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
     int64_t held = 0;
     for (int l = 0; l < c.n_layer; ++l)
       for (int32_t p = 0; p < int32_t(rc.T); ++p) held += s.computed(l, p);
-    EXPECT_NEAR(sum.finish().prompt_share_after_generation, double(held) / double(rc.T * c.n_layer), 1e-12);
+    EXPECT_NEAR(sum.finish().prompt_tokens_computed_fraction_after_generation,
+                double(held) / double(rc.T * c.n_layer), 1e-12);
   }
   std::printf("revivals: %lld\n", (long long)revivals);
   if (rc.policy == PolicyKind::Frozen) {

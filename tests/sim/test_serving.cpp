@@ -50,7 +50,7 @@ TEST(ServingSim, OneRequestAloneIsTheBatchOneReplay) {
     EXPECT_DOUBLE_EQ(o.queue_s(), 0);
     EXPECT_NEAR(o.ttft_s(), ref.ttft_s, 1e-12 * ref.ttft_s) << m.name;
     EXPECT_NEAR(o.finished_s - o.first_token_s, ref.decode_s, 1e-9 * ref.decode_s) << m.name;
-    EXPECT_NEAR(o.prompt_share, ref.prompt_share, 1e-12);
+    EXPECT_NEAR(o.prompt_tokens_computed_fraction, ref.prompt_tokens_computed_fraction, 1e-12);
     EXPECT_EQ(run.iterations, 17);
   }
 }

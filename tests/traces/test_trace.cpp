@@ -61,17 +61,17 @@ TEST(Trace, RoundTripsAndSummarises) {
   EXPECT_EQ(t.steps[1].keys, (std::vector<int64_t>{11, 6, 6}));
   const trace::Summary s = trace::summarize(t);
   // Prefill computed 10 + 5 + 5 = 20 of 30 prompt (token, layer) pairs.
-  EXPECT_DOUBLE_EQ(s.prompt_share, 20.0 / 30.0);
+  EXPECT_DOUBLE_EQ(s.prompt_tokens_computed_fraction, 20.0 / 30.0);
   EXPECT_EQ(s.prompt_share_per_layer, (std::vector<double>{1.0, 0.5, 0.5}));
   // Whole generation: 20 + 3 of 11 tokens x 3 layers.
   EXPECT_DOUBLE_EQ(s.all_share, 23.0 / 33.0);
   // The paper's figure: the decoding step revived nothing, so still 20 of 30.
-  EXPECT_DOUBLE_EQ(s.prompt_share_after_generation, 20.0 / 30.0);
+  EXPECT_DOUBLE_EQ(s.prompt_tokens_computed_fraction_after_generation, 20.0 / 30.0);
   // A decoding step that brings 2 revived prompt tokens back at layers 1 and 2: 24 of 30.
   trace::Trace r = t;
   r.steps[1].queries = {1, 3, 3};
   r.steps[1].revived = {0, 2, 0};
-  EXPECT_DOUBLE_EQ(trace::summarize(r).prompt_share_after_generation, 24.0 / 30.0);
+  EXPECT_DOUBLE_EQ(trace::summarize(r).prompt_tokens_computed_fraction_after_generation, 24.0 / 30.0);
   EXPECT_TRUE(s.at_most_once);
   EXPECT_EQ(s.kv_tokens_final, 23);
   EXPECT_EQ(s.aux_writes, 5);
@@ -98,7 +98,7 @@ TEST(Trace, OldPolicyNamesAndDroppedTokens) {
   trace::write_trace(t, path);
   const trace::Trace back = trace::read_trace(path);
   EXPECT_EQ(back.header.prompt_tokens_dropped, 5);
-  EXPECT_DOUBLE_EQ(trace::summarize(back).prompt_share, 20.0 / 45.0);
+  EXPECT_DOUBLE_EQ(trace::summarize(back).prompt_tokens_computed_fraction, 20.0 / 45.0);
   EXPECT_DOUBLE_EQ(trace::prompt_computed_fraction(back), 20.0 / 45.0);
 }
 
