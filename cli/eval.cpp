@@ -307,7 +307,11 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   return e;
 }
 
-int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
+namespace {
+
+// The run's options from the command line; `prune` gets the policies run (the grid's default
+// lazyllm where --prune is left out).
+eval::EvalOptions eval_options(const EvalArgs& a, const CLI::App& sub, std::string& prune) {
   eval::EvalOptions opt;
   for (const std::string& t : split_list(a.tasks)) opt.tasks.push_back(eval::task_info(t).task);
   if (opt.tasks.empty()) usage_fail("--task is empty (known: passkey, kv, mdqa, nll)");
@@ -327,12 +331,65 @@ int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
     for (const double d : kGridDepths)
       for (const double k : kGridKeeps) schedules.push_back(grid_schedule(d, k));
   // The grid is the paper's LazyLLM figure: lazyllm alone unless --prune says otherwise.
-  const std::string prune = grid && sub.count("--prune") == 0 ? std::string("lazyllm") : a.prune;
+  prune = grid && sub.count("--prune") == 0 ? std::string("lazyllm") : a.prune;
   for (const std::string& p : split_list(prune)) {
     const PolicyKind k = parse_policy(p);
     if (k == PolicyKind::None) continue;  // the baseline always runs
     for (const Schedule& s : eval_schedules(k, schedules)) opt.methods.push_back({k, s});
   }
+  return opt;
+}
+
+json target_json(const eval::TargetCheck& t) {
+  json tj = {
+      {"length", t.length}, {"counted_qa_tasks", t.counted_tasks}, {"lazyllm_within_1pt_found", t.found}};
+  if (t.found) {
+    tj["fastest_lazyllm_within_1pt"] = t.best.schedule.to_string();
+    tj["its_speedup"] = t.best_speedup;
+    tj["its_worst_accuracy_change"] = t.best_worst_change;
+    tj["speedup_target_met"] = t.speedup_met;
+  }
+  tj["matched_comparisons"] = t.matched_comparisons;
+  tj["lazyllm_at_or_above"] = t.lazyllm_at_or_above;
+  json tm = json::array();
+  for (const auto& m : t.ttft_matched)
+    tm.push_back({{"task", eval::task_info(m.task).name},
+                  {"baseline", m.baseline.label()},
+                  {"measured_speedup", m.speedup},
+                  {"baseline_accuracy", m.baseline_accuracy},
+                  {"lazyllm_accuracy_at_that_speedup", m.lazyllm_accuracy},
+                  {"lazyllm_method", m.lazyllm.label()},
+                  {"lazyllm_measured_speedup", m.lazyllm_speedup}});
+  tj["ttft_matched_comparisons"] = tm;
+  tj["lazyllm_at_or_above_at_matched_ttft"] = t.lazyllm_at_or_above_ttft;
+  return tj;
+}
+
+// --out DIR: eval.json, a speed-accuracy chart per task and length, and with --grid a
+// single-layer grid chart per policy.
+void write_outputs(const std::string& out, const json& j, const std::vector<eval::TaskResult>& results,
+                   const std::string& model_name, bool grid, const std::string& prune) {
+  const std::filesystem::path dir(out);
+  write_file_atomic((dir / "eval.json").string(), j.dump(2) + "\n", "evaluation");
+  for (const auto& r : results)
+    write_file_atomic(
+        (dir / fmt::format("speed-accuracy-{}-{}.svg", eval::task_info(r.task).name, r.length)).string(),
+        chart(r, model_name), "chart");
+  if (!grid) return;
+  for (const auto& r : results)
+    for (const std::string& p : split_list(prune))
+      if (parse_policy(p) != PolicyKind::None)
+        write_file_atomic(
+            (dir / fmt::format("grid-single-layer-{}-{}-{}.svg", eval::task_info(r.task).name, r.length, p))
+                .string(),
+            grid_chart(r, model_name, parse_policy(p)), "chart");
+}
+
+}  // namespace
+
+int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
+  std::string prune;
+  eval::EvalOptions opt = eval_options(a, sub, prune);
   if (!a.out.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.out, ec);
@@ -365,48 +422,9 @@ int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
   for (const auto& r : results) rs.push_back(result_json(r));
   j["results"] = rs;
   json ts = json::array();
-  for (const auto& t : targets) {
-    json tj = {
-        {"length", t.length}, {"counted_qa_tasks", t.counted_tasks}, {"lazyllm_within_1pt_found", t.found}};
-    if (t.found) {
-      tj["fastest_lazyllm_within_1pt"] = t.best.schedule.to_string();
-      tj["its_speedup"] = t.best_speedup;
-      tj["its_worst_accuracy_change"] = t.best_worst_change;
-      tj["speedup_target_met"] = t.speedup_met;
-    }
-    tj["matched_comparisons"] = t.matched_comparisons;
-    tj["lazyllm_at_or_above"] = t.lazyllm_at_or_above;
-    json tm = json::array();
-    for (const auto& m : t.ttft_matched)
-      tm.push_back({{"task", eval::task_info(m.task).name},
-                    {"baseline", m.baseline.label()},
-                    {"measured_speedup", m.speedup},
-                    {"baseline_accuracy", m.baseline_accuracy},
-                    {"lazyllm_accuracy_at_that_speedup", m.lazyllm_accuracy},
-                    {"lazyllm_method", m.lazyllm.label()},
-                    {"lazyllm_measured_speedup", m.lazyllm_speedup}});
-    tj["ttft_matched_comparisons"] = tm;
-    tj["lazyllm_at_or_above_at_matched_ttft"] = t.lazyllm_at_or_above_ttft;
-    ts.push_back(tj);
-  }
+  for (const auto& t : targets) ts.push_back(target_json(t));
   j["targets"] = ts;
-
-  if (!a.out.empty()) {
-    const std::filesystem::path dir(a.out);
-    write_file_atomic((dir / "eval.json").string(), j.dump(2) + "\n", "evaluation");
-    for (const auto& r : results)
-      write_file_atomic(
-          (dir / fmt::format("speed-accuracy-{}-{}.svg", eval::task_info(r.task).name, r.length)).string(),
-          chart(r, model->config().name), "chart");
-    if (grid)
-      for (const auto& r : results)
-        for (const std::string& p : split_list(prune))
-          if (parse_policy(p) != PolicyKind::None)
-            write_file_atomic((dir / fmt::format("grid-single-layer-{}-{}-{}.svg",
-                                                 eval::task_info(r.task).name, r.length, p))
-                                  .string(),
-                              grid_chart(r, model->config().name, parse_policy(p)), "chart");
-  }
+  if (!a.out.empty()) write_outputs(a.out, j, results, model->config().name, !a.grid.empty(), prune);
   if (a.json_out)
     std::puts(j.dump(2).c_str());
   else

@@ -106,7 +106,10 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   return r;
 }
 
-int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
+namespace {
+
+// The report's request from the command line, its methods and their revivals included.
+report::Request report_request(const ReportArgs& a, trace::Trace& recorded) {
   report::Request req;
   if (!a.model.empty()) {
     req.model = config_from_gguf(GgufFile::open(a.model));
@@ -140,7 +143,6 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   req.tool_version = LP_VERSION;
   req.git_commit = LP_GIT_COMMIT;
 
-  trace::Trace recorded;
   if (!a.trace.empty()) {
     recorded = trace::read_trace(a.trace);
     req.trace_origin = a.trace;
@@ -149,7 +151,6 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   for (const std::string& s : a.schedules) given.push_back(schedule_from_arg(s));
   req.methods =
       report::methods_to_report(req.model, split_list(a.prune), given, a.trace.empty() ? nullptr : &recorded);
-
   const std::optional<sim::RevivalModel> revival_model = load_revivals(a.revival_model, a.revival_share);
   for (report::ReportedMethod& m : req.methods) {
     if (m.trace) {
@@ -161,17 +162,29 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
     m.revival = std::move(rv.share);
     m.revivals = std::move(rv.description);
   }
+  return req;
+}
 
+// --validation FILE: a `validate --json` output whose figures the charts draw beside the predictions.
+nlohmann::json read_validation(const std::string& path) {
   nlohmann::json validation;
-  if (!a.validation.empty()) {
-    const std::string text = read_input_file(a.validation, "--validation file", input_cap::kResults);
-    try {
-      validation = json_parse(text, a.validation);
-    } catch (const nlohmann::json::exception& e) {
-      fail("--validation '{}' is not valid JSON ({})", a.validation, e.what());
-    }
-    report::check_validation(validation, a.validation);
+  if (path.empty()) return validation;
+  const std::string text = read_input_file(path, "--validation file", input_cap::kResults);
+  try {
+    validation = json_parse(text, path);
+  } catch (const nlohmann::json::exception& e) {
+    fail("--validation '{}' is not valid JSON ({})", path, e.what());
   }
+  report::check_validation(validation, path);
+  return validation;
+}
+
+}  // namespace
+
+int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
+  trace::Trace recorded;  // --trace's, which the request's methods point into
+  const report::Request req = report_request(a, recorded);
+  const nlohmann::json validation = read_validation(a.validation);
 
   // The output folder: created if its parent exists; every file is written whole or not at all.
   namespace fs = std::filesystem;

@@ -135,26 +135,69 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   return run;
 }
 
-int cmd_run(const RunArgs& a, const CLI::App& sub) {
-  if (a.runahead) return cmd_run_runahead(a, sub);
+namespace {
+
+// The prompt's text, from exactly one of --prompt and --prompt-file, valid UTF-8 and not empty.
+std::string prompt_text(const RunArgs& a, const CLI::App& sub) {
   const bool prompt_given = sub.count("--prompt") > 0;  // --prompt "" is an empty prompt, not a missing one
-  const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
-  lp::refuse_output_over_input(a.trace, "--trace", {path, a.prompt_file, a.schedule});
   if (prompt_given == !a.prompt_file.empty()) lp::usage_fail("give exactly one of --prompt or --prompt-file");
   std::string text = prompt_given ? a.prompt : read_prompt_file(a.prompt_file);
   if (const int64_t bad = lp::find_invalid_utf8(text); bad >= 0)
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
   if (text.empty()) lp::fail("the prompt is empty");
+  return text;
+}
+
+// Fails before the (long) run when the trace could not be written afterwards.
+void check_trace_writable(const std::string& trace) {
+  if (trace.empty()) return;
+  const std::filesystem::path dir = std::filesystem::absolute(trace).parent_path();
+  if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+    lp::fail("cannot write trace '{}': folder '{}' does not exist or is not writable", trace, dir.string());
+  if (std::filesystem::is_directory(trace)) lp::fail("cannot write trace '{}': it is a folder", trace);
+}
+
+lp::GenerateOptions generate_options(const RunArgs& a) {
+  lp::GenerateOptions opt;
+  opt.max_new_tokens = a.max_new_tokens;
+  opt.sampler = {a.temperature, a.top_p, a.seed};
+  opt.policy = lp::parse_policy(a.prune);
+  opt.schedule = a.schedule.empty() ? lp::default_schedule(opt.policy) : lp::schedule_from_arg(a.schedule);
+  lp::check_method(opt.policy, opt.schedule);
+  opt.prune_seed = a.seed;
+  opt.record_steps = !a.trace.empty();
+  if (a.backend == "cuda") opt.gpu_op_timers = a.op_timers;
+  opt.warmup = a.warmup == "on" || (a.warmup == "auto" && a.backend == "cuda");
+  return opt;
+}
+
+// The text, then the one-line summary on stderr.
+void print_run_text(const RunArgs& a, const lp::GenerateResult& r, lp::DType dtype, const std::string& gpu) {
+  std::puts(r.text.c_str());
+  const double prefill_tps = r.prompt_ids.size() / r.prefill_s;
+  const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
+  const double gflops = r.prefill_ops.total_flops() / r.prefill_s / 1e9;
+  const std::string where =
+      a.backend == "cuda" ? fmt::format("on {}", gpu) : fmt::format("{} threads", a.threads);
+  const std::string rate = r.prefill_ops.empty() ? "" : fmt::format(" ({:.1f} GFLOP/s)", gflops);
+  fmt::print(stderr,
+             "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | prefill {:.1f} tok/s{} | decode {:.1f} "
+             "tok/s | peak RSS {:.0f} MiB | {} {} | prune {} ({:.1f}% of prompt token-layers computed)\n",
+             r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, prefill_tps, rate, decode_tps,
+             lp::peak_rss_mib(), lp::dtype_name(dtype), where, a.prune,
+             100.0 * r.prompt_tokens_computed_fraction);
+}
+
+}  // namespace
+
+int cmd_run(const RunArgs& a, const CLI::App& sub) {
+  if (a.runahead) return cmd_run_runahead(a, sub);
+  const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
+  lp::refuse_output_over_input(a.trace, "--trace", {path, a.prompt_file, a.schedule});
+  const std::string text = prompt_text(a, sub);
   const std::optional<lp::DType> asked = lp::cli::dtype_option(a.dtype);
-  if (!a.trace.empty()) {
-    // Fail before the (long) run when the trace could not be written afterwards.
-    const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();
-    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
-      lp::fail("cannot write trace '{}': folder '{}' does not exist or is not writable", a.trace,
-               dir.string());
-    if (std::filesystem::is_directory(a.trace)) lp::fail("cannot write trace '{}': it is a folder", a.trace);
-  }
+  check_trace_writable(a.trace);
   lp::cuda::Device gpu;
   if (a.op_timers && a.backend != "cuda")
     lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
@@ -173,16 +216,7 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
     ids = tok.encode(text, true, false);
   }
   if (ids.empty()) lp::fail("the prompt is empty (no tokens)");
-  lp::GenerateOptions opt;
-  opt.max_new_tokens = a.max_new_tokens;
-  opt.sampler = {a.temperature, a.top_p, a.seed};
-  opt.policy = lp::parse_policy(a.prune);
-  opt.schedule = a.schedule.empty() ? lp::default_schedule(opt.policy) : lp::schedule_from_arg(a.schedule);
-  lp::check_method(opt.policy, opt.schedule);
-  opt.prune_seed = a.seed;
-  opt.record_steps = !a.trace.empty();
-  if (a.backend == "cuda") opt.gpu_op_timers = a.op_timers;
-  opt.warmup = a.warmup == "on" || (a.warmup == "auto" && a.backend == "cuda");
+  const lp::GenerateOptions opt = generate_options(a);
   // One engine (engine/session.h) on the chosen backend.
   const lp::GenerateResult r =
       a.backend == "cuda"
@@ -200,37 +234,24 @@ int cmd_run(const RunArgs& a, const CLI::App& sub) {
     lp::trace::write_trace(t, a.trace);
     trace_write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const double prefill_tps = r.prompt_ids.size() / r.prefill_s;
-  const double decode_tps = r.decode_steps > 0 ? r.decode_steps / r.decode_s : 0.0;
-  const double gflops = r.prefill_ops.total_flops() / r.prefill_s / 1e9;
-  if (a.json_out) {
-    json j;
-    j = lp::cli::run_json(*model, opt, r, lp::dtype_name(dtype), a.threads);
-    j["backend"] = a.backend;
-    if (a.backend == "cuda") {
-      // `calibrate --measurements` reads `hardware` (calibrate/measurements.h): the GPU.
-      j["gpu"] = gpu.name;
-      j["hardware"] = gpu.name;
-      j["op_timers"] = a.op_timers ? "device synchronised around every op: TTFT includes the lost overlap"
-                                   : "off (--op-timers records them, at the cost of the overlap between ops)";
-    }
-    j["seed"] = a.seed;
-    j["temperature"] = a.temperature;
-    j["top_p"] = a.top_p;
-    if (!a.trace.empty()) j["trace_write_ms"] = trace_write_s * 1e3;  // assembling and writing the trace
-    std::puts(j.dump(2).c_str());
-  } else {
-    std::puts(r.text.c_str());
-    const std::string where =
-        a.backend == "cuda" ? fmt::format("on {}", gpu.name) : fmt::format("{} threads", a.threads);
-    const std::string rate = r.prefill_ops.empty() ? "" : fmt::format(" ({:.1f} GFLOP/s)", gflops);
-    fmt::print(stderr,
-               "\nprompt {} tokens, generated {} | TTFT {:.1f} ms | prefill {:.1f} tok/s{} | decode {:.1f} "
-               "tok/s | peak RSS {:.0f} MiB | {} {} | prune {} ({:.1f}% of prompt token-layers computed)\n",
-               r.prompt_ids.size(), r.generated_ids.size(), r.ttft_s * 1e3, prefill_tps, rate, decode_tps,
-               lp::peak_rss_mib(), lp::dtype_name(dtype), where, a.prune,
-               100.0 * r.prompt_tokens_computed_fraction);
+  if (!a.json_out) {
+    print_run_text(a, r, dtype, gpu.name);
+    return 0;
   }
+  json j = lp::cli::run_json(*model, opt, r, lp::dtype_name(dtype), a.threads);
+  j["backend"] = a.backend;
+  if (a.backend == "cuda") {
+    // `calibrate --measurements` reads `hardware` (calibrate/measurements.h): the GPU.
+    j["gpu"] = gpu.name;
+    j["hardware"] = gpu.name;
+    j["op_timers"] = a.op_timers ? "device synchronised around every op: TTFT includes the lost overlap"
+                                 : "off (--op-timers records them, at the cost of the overlap between ops)";
+  }
+  j["seed"] = a.seed;
+  j["temperature"] = a.temperature;
+  j["top_p"] = a.top_p;
+  if (!a.trace.empty()) j["trace_write_ms"] = trace_write_s * 1e3;  // assembling and writing the trace
+  std::puts(j.dump(2).c_str());
   return 0;
 }
 

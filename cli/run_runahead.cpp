@@ -82,6 +82,86 @@ void print_ranks(const RunArgs& a, const Model& model, const std::string& path,
 
 }  // namespace
 
+namespace {
+
+// What each rank loads and resolves before the prefill: the model, the prompt's tokens and, with
+// --prune, LazyLLM's steps and policy for the last rank.
+struct RankInputs {
+  std::unique_ptr<CpuContext> ctx;
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> ids;
+  PolicyKind policy_kind = PolicyKind::None;
+  Schedule sched;  // with --prune: the schedule, resolved into steps
+  std::vector<PruneStep> steps;
+  std::unique_ptr<PruningPolicy> policy;
+};
+
+// The checks every rank makes alike (mpi::agreed: only rank 0 speaks) and its inputs.
+void load_rank_inputs(const RunArgs& a, const CLI::App& sub, int P, const std::string& path, RankInputs& in) {
+  if (P < 2)
+    usage_fail(
+        "--runahead splits the prefill over MPI ranks: start it with mpirun -n P (P >= 2); this is "
+        "{} "
+        "process",
+        P);
+  if (a.backend != "cpu") usage_fail("--runahead runs on the CPU backend");
+  if (!a.trace.empty()) usage_fail("--runahead does not write traces");
+  if (a.temperature != 0) usage_fail("--runahead decodes greedily (--temperature 0)");
+  const bool prompt_given = sub.count("--prompt") > 0;
+  if (prompt_given == !a.prompt_file.empty()) usage_fail("give exactly one of --prompt or --prompt-file");
+  const std::string text =
+      prompt_given ? a.prompt : read_input_file(a.prompt_file, "prompt file", input_cap::kPrompt);
+  if (text.empty()) fail("the prompt is empty");
+  const std::optional<DType> dtype = cli::dtype_option(a.dtype);
+  in.ctx = std::make_unique<CpuContext>(a.threads);
+  in.model = Model::load_as(path, dtype, *in.ctx, true);
+  in.ids = in.model->tokenizer().encode(text, true, false);
+  if (int64_t(in.ids.size()) + a.max_new_tokens > in.model->config().n_ctx_train)
+    fail("prompt of {} tokens + {} new tokens exceeds the model's context of {} tokens", in.ids.size(),
+         a.max_new_tokens, in.model->config().n_ctx_train);
+  if (int64_t(in.ids.size()) < P)
+    usage_fail("--runahead: the prompt has {} tokens, fewer than the {} ranks", in.ids.size(), P);
+  // LazyLLM on the last rank (engine/runahead.h); every rank knows the steps, for the partition.
+  in.policy_kind = parse_policy(a.prune);
+  if (in.policy_kind == PolicyKind::StaticPaper || in.policy_kind == PolicyKind::RandomDrop)
+    usage_fail("--runahead prunes on the last rank with lazyllm, frozen or random-layers, not {}",
+               policy_name(in.policy_kind));
+  if (in.policy_kind != PolicyKind::None) {
+    in.sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
+    check_method(in.policy_kind, in.sched);
+    in.steps = resolve_schedule(in.sched, in.model->config().n_layer);
+    in.policy = make_policy(in.policy_kind, a.seed);
+  }
+}
+
+// The ranks' chunks of the prompt, computed on every rank alike (deterministic) after checking that
+// they run the same model on the same tokens; rank 0 prints it with its predicted times.
+std::vector<int64_t> rank_partition(const RunArgs& a, mpi::World& world, const std::string& path,
+                                    const RankInputs& in) {
+  mpi::check_same_inputs(world, path, in.ids, a.runahead_timeout_s);
+  const ModelConfig& c = in.model->config();
+  const bool f32 = in.model->weights().dtype == DType::F32;
+  const sim::Precision prec{f32 ? "f32" : "int8", f32 ? "f32" : "int8", f32 ? "f32" : "f16"};
+  const hw::Profile hw = hw::load_profile(a.runahead_hw);
+  const double share = hw::thread_share(hw, a.threads);
+  const int P = world.size();
+  std::vector<int64_t> chunks = for_option("--partition", [&] {
+    return sim::parse_partition(a.partition, c, hw, prec, int64_t(in.ids.size()), P, sim::default_link(hw),
+                                share, in.steps);
+  });
+  if (world.rank() == 0) {
+    const sim::RunaheadPrediction pr =
+        sim::predict_runahead(c, hw, prec, chunks, sim::default_link(hw), share, in.steps);
+    std::string line;
+    for (const sim::RunaheadRank& k : pr.ranks) line += fmt::format(" {}:{:.0f}ms", k.tokens, k.done_s * 1e3);
+    fmt::print(stderr, "runahead: {} ranks, partition {} ({}); predicted on {} at {:.2f} of it per rank:{}\n",
+               P, fmt::join(chunks, ","), a.partition, hw.name, share, line);
+  }
+  return chunks;
+}
+
+}  // namespace
+
 int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
   if (!mpi::launched_as_rank())
     usage_fail(
@@ -90,99 +170,25 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
   mpi::World world;
   const int P = world.size(), me = world.rank();
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  std::unique_ptr<CpuContext> ctx;
-  std::unique_ptr<Model> model;
-  std::vector<int32_t> ids;
+  RankInputs in;
   std::vector<int64_t> chunks;
-  PolicyKind policy_kind = PolicyKind::None;
-  Schedule sched;  // with --prune: the schedule, resolved into steps
-  std::vector<PruneStep> steps;
-  std::unique_ptr<PruningPolicy> policy;
-  // Checks every rank makes alike: only rank 0 speaks, the others exit with the same code.
-  if (const int rc = mpi::agreed(
-          world,
-          [&] {
-            if (P < 2)
-              usage_fail(
-                  "--runahead splits the prefill over MPI ranks: start it with mpirun -n P (P >= 2); this is "
-                  "{} "
-                  "process",
-                  P);
-            if (a.backend != "cpu") usage_fail("--runahead runs on the CPU backend");
-            if (!a.trace.empty()) usage_fail("--runahead does not write traces");
-            if (a.temperature != 0) usage_fail("--runahead decodes greedily (--temperature 0)");
-            const bool prompt_given = sub.count("--prompt") > 0;
-            if (prompt_given == !a.prompt_file.empty())
-              usage_fail("give exactly one of --prompt or --prompt-file");
-            const std::string text =
-                prompt_given ? a.prompt : read_input_file(a.prompt_file, "prompt file", input_cap::kPrompt);
-            if (text.empty()) fail("the prompt is empty");
-            const std::optional<DType> dtype = cli::dtype_option(a.dtype);
-            ctx = std::make_unique<CpuContext>(a.threads);
-            model = Model::load_as(path, dtype, *ctx, true);
-            ids = model->tokenizer().encode(text, true, false);
-            if (int64_t(ids.size()) + a.max_new_tokens > model->config().n_ctx_train)
-              fail("prompt of {} tokens + {} new tokens exceeds the model's context of {} tokens", ids.size(),
-                   a.max_new_tokens, model->config().n_ctx_train);
-            if (int64_t(ids.size()) < P)
-              usage_fail("--runahead: the prompt has {} tokens, fewer than the {} ranks", ids.size(), P);
-            // LazyLLM on the last rank (engine/runahead.h); every rank knows the steps, for the partition.
-            policy_kind = parse_policy(a.prune);
-            if (policy_kind == PolicyKind::StaticPaper || policy_kind == PolicyKind::RandomDrop)
-              usage_fail("--runahead prunes on the last rank with lazyllm, frozen or random-layers, not {}",
-                         policy_name(policy_kind));
-            if (policy_kind != PolicyKind::None) {
-              sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
-              check_method(policy_kind, sched);
-              steps = resolve_schedule(sched, model->config().n_layer);
-              policy = make_policy(policy_kind, a.seed);
-            }
-          });
-      rc != 0)
-    return rc;
-  // The ranks must run the same model on the same tokens; the partition is computed on every rank
-  // alike (deterministic; rank 0 prints it with its predicted times).
-  if (const int rc = mpi::agreed(
-          world,
-          [&] {
-            mpi::check_same_inputs(world, path, ids, a.runahead_timeout_s);
-            const ModelConfig& c = model->config();
-            const bool f32 = model->weights().dtype == DType::F32;
-            const sim::Precision prec{f32 ? "f32" : "int8", f32 ? "f32" : "int8", f32 ? "f32" : "f16"};
-            const hw::Profile hw = hw::load_profile(a.runahead_hw);
-            const double share = hw::thread_share(hw, a.threads);
-            chunks = for_option("--partition", [&] {
-              return sim::parse_partition(a.partition, c, hw, prec, int64_t(ids.size()), P,
-                                          sim::default_link(hw), share, steps);
-            });
-            if (me == 0) {
-              const sim::RunaheadPrediction pr =
-                  sim::predict_runahead(c, hw, prec, chunks, sim::default_link(hw), share, steps);
-              std::string line;
-              for (const sim::RunaheadRank& k : pr.ranks)
-                line += fmt::format(" {}:{:.0f}ms", k.tokens, k.done_s * 1e3);
-              fmt::print(
-                  stderr,
-                  "runahead: {} ranks, partition {} ({}); predicted on {} at {:.2f} of it per rank:{}\n", P,
-                  fmt::join(chunks, ","), a.partition, hw.name, share, line);
-            }
-          });
-      rc != 0)
+  if (const int rc = mpi::agreed(world, [&] { load_rank_inputs(a, sub, P, path, in); }); rc != 0) return rc;
+  if (const int rc = mpi::agreed(world, [&] { chunks = rank_partition(a, world, path, in); }); rc != 0)
     return rc;
 
-  const PruneRequest req{steps, policy.get()};
+  const PruneRequest req{in.steps, in.policy.get()};
   mpi::RanksResult r;
   try {
-    r = mpi::run_ranks(world, *ctx, *model, ids, chunks, policy ? &req : nullptr, a.max_new_tokens,
-                       a.runahead_timeout_s);
+    r = mpi::run_ranks(world, *in.ctx, *in.model, in.ids, chunks, in.policy ? &req : nullptr,
+                       a.max_new_tokens, a.runahead_timeout_s);
   } catch (const std::exception& e) {
     fmt::print(stderr, "lazyprefill: error: rank {} of {}: {}\n", me, P, escape_text(e.what()));
     std::fflush(stderr);
     world.abort();
   }
   if (world.last())
-    print_ranks(a, *model, path, chunks, policy_kind, policy ? sched.to_string() : std::string("none"),
-                int64_t(ids.size()), r);
+    print_ranks(a, *in.model, path, chunks, in.policy_kind,
+                in.policy ? in.sched.to_string() : std::string("none"), int64_t(in.ids.size()), r);
   return 0;
 }
 

@@ -245,6 +245,68 @@ void print_simulate_result(const SimulateArgs& a, const hw::Profile& hw, const s
       op_name(p.prefill_bound_op()));
 }
 
+// Where the simulated steps come from: a trace file read one step at a time, or synthetic steps
+// made as they are costed (memory: O(layers), whatever the decoding steps).
+struct StepSource {
+  std::optional<trace::TraceReader> reader;
+  std::optional<trace::SyntheticSteps> gen;
+  trace::Header src;         // the steps' own header
+  trace::Header header;      // as costed (mapped onto the target)
+  int64_t known_steps = -1;  // decoding steps, when known before reading them
+  bool map_steps = false;
+  ModelConfig c;
+  std::string origin, revivals = "recorded in the trace";
+  bool next(trace::Step& st) { return reader ? reader->next(st) : gen->next(st); }
+};
+
+// --trace FILE: the target from --model, --model-config or the trace itself; a trace of another
+// shape mapped onto it with --map.
+void trace_source(const SimulateArgs& a, StepSource& s) {
+  s.reader.emplace(a.trace);
+  s.src = s.reader->header();
+  s.origin = a.trace;
+  if (!a.model.empty())
+    s.c = config_from_gguf(GgufFile::open(a.model));
+  else if (!a.model_config.empty())
+    s.c = preset_config(a.model_config);
+  else
+    s.c = config_from_trace(s.src, a.trace);
+  const int64_t N = a.prompt_tokens > 0 ? a.prompt_tokens : s.src.prompt_tokens;
+  if (s.c.n_layer != s.src.n_layer || N != s.src.prompt_tokens) {
+    if (!a.map)
+      usage_fail(
+          "{}: the trace has {} layers and {} prompt tokens but the target has {} layers and {}; pass "
+          "--map to "
+          "map it (layers by relative depth, tokens by share)",
+          a.trace, s.src.n_layer, s.src.prompt_tokens, s.c.n_layer, N);
+    s.map_steps = true;
+  }
+  s.header = sim::map_header(s.src, s.c.n_layer, N);
+  if (s.reader->declared_steps() > 0) s.known_steps = s.reader->declared_steps() - 1;
+}
+
+// --prompt-tokens N: the policy's synthetic steps on the target, revivals from the revival model.
+void synthetic_source(const SimulateArgs& a, const std::string& policy, StepSource& s) {
+  if (!a.model.empty())
+    s.c = config_from_gguf(GgufFile::open(a.model));
+  else if (!a.model_config.empty())
+    s.c = preset_config(a.model_config);
+  else
+    usage_fail("give --model PATH or --model-config NAME");
+  const PolicyKind kind = parse_policy(policy);
+  const Schedule sched = a.schedule.empty() ? default_schedule(kind) : schedule_from_arg(a.schedule);
+  const std::vector<PruneStep> steps = resolve_method(kind, sched, s.c.n_layer);
+  const RevivalChoice rv = choose_revivals(load_revivals(a.revival_model, a.revival_share), a.revival_share,
+                                           policy, s.c.n_layer, steps, a.map);
+  s.revivals = rv.description;
+  // M new tokens take M - 1 decoding steps, as in run: the prefill produces the first.
+  s.known_steps = std::max<int64_t>(0, a.new_tokens - 1);
+  s.gen.emplace(s.c, policy, steps, a.prompt_tokens, s.known_steps, rv.share, drop_share(sched).value_or(0));
+  s.src = s.header = s.gen->header();
+  s.header.schedule = policy == "none" ? "none" : sched.to_string();
+  s.origin = "synthetic";
+}
+
 }  // namespace
 
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
@@ -262,75 +324,29 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);
-
-  // The steps stream through the replays (memory: O(layers), whatever the decoding steps): a trace
-  // file read one step at a time, or synthetic steps made as they are costed.
-  std::optional<trace::TraceReader> reader;
-  std::optional<trace::SyntheticSteps> gen;
-  trace::Header src;         // the steps' own header
-  trace::Header header;      // as costed (mapped onto the target)
-  int64_t known_steps = -1;  // decoding steps, when known before reading them
-  bool map_steps = false;
-  ModelConfig c;
-  std::string origin, revivals = "recorded in the trace";
-  if (!a.trace.empty()) {
-    reader.emplace(a.trace);
-    src = reader->header();
-    origin = a.trace;
-    if (!a.model.empty())
-      c = config_from_gguf(GgufFile::open(a.model));
-    else if (!a.model_config.empty())
-      c = preset_config(a.model_config);
-    else
-      c = config_from_trace(src, a.trace);
-    const int64_t N = a.prompt_tokens > 0 ? a.prompt_tokens : src.prompt_tokens;
-    if (c.n_layer != src.n_layer || N != src.prompt_tokens) {
-      if (!a.map)
-        usage_fail(
-            "{}: the trace has {} layers and {} prompt tokens but the target has {} layers and {}; pass "
-            "--map to "
-            "map it (layers by relative depth, tokens by share)",
-            a.trace, src.n_layer, src.prompt_tokens, c.n_layer, N);
-      map_steps = true;
-    }
-    header = sim::map_header(src, c.n_layer, N);
-    if (reader->declared_steps() > 0) known_steps = reader->declared_steps() - 1;
-  } else {
-    if (!a.model.empty())
-      c = config_from_gguf(GgufFile::open(a.model));
-    else if (!a.model_config.empty())
-      c = preset_config(a.model_config);
-    else
-      usage_fail("give --model PATH or --model-config NAME");
-    const PolicyKind kind = parse_policy(policy);
-    const Schedule sched = a.schedule.empty() ? default_schedule(kind) : schedule_from_arg(a.schedule);
-    const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer);
-    const RevivalChoice rv = choose_revivals(load_revivals(a.revival_model, a.revival_share), a.revival_share,
-                                             policy, c.n_layer, steps, a.map);
-    revivals = rv.description;
-    // M new tokens take M - 1 decoding steps, as in run: the prefill produces the first.
-    known_steps = std::max<int64_t>(0, a.new_tokens - 1);
-    gen.emplace(c, policy, steps, a.prompt_tokens, known_steps, rv.share, drop_share(sched).value_or(0));
-    src = header = gen->header();
-    header.schedule = policy == "none" ? "none" : sched.to_string();
-    origin = "synthetic";
-  }
+  StepSource s;
+  if (!a.trace.empty())
+    trace_source(a, s);
+  else
+    synthetic_source(a, policy, s);
+  const ModelConfig& c = s.c;
+  const trace::Header& header = s.header;
   for (const hw::Profile& hw : hws)
     for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });  // before any output
-  const sim::PairedReplay replayed = sim::replay_beside_unpruned(
-      [&](trace::Step& st) { return reader ? reader->next(st) : gen->next(st); }, src, header, map_steps, c,
-      hws, prec, a.tp, a.json_out ? size_t(a.step_times) : 0, known_steps);
+  const sim::PairedReplay replayed =
+      sim::replay_beside_unpruned([&](trace::Step& st) { return s.next(st); }, s.src, header, s.map_steps, c,
+                                  hws, prec, a.tp, a.json_out ? size_t(a.step_times) : 0, s.known_steps);
   const int64_t decode_steps = replayed.decode_steps;
 
   json out = {{"model", c.name.empty() ? (a.model_config.empty() ? a.model : a.model_config) : c.name},
               {"n_layer", c.n_layer},
               {"n_params", c.n_params()},
-              {"trace", origin},
+              {"trace", s.origin},
               {"policy", header.policy},
               {"schedule", header.schedule},
               {"prompt_tokens", header.prompt_tokens + header.prompt_tokens_dropped},
               {"decode_steps", decode_steps},
-              {"revivals", revivals},
+              {"revivals", s.revivals},
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
               {"tp", a.tp},
               {"results", json::array()}};
@@ -347,7 +363,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
             : "",
         decode_steps, prec.weights, prec.compute, prec.kv,
         a.tp > 1 ? fmt::format(", tensor parallel {}", a.tp) : "");
-  if (!a.json_out && decode_steps > 0) fmt::print("revivals: {}\n", revivals);
+  if (!a.json_out && decode_steps > 0) fmt::print("revivals: {}\n", s.revivals);
   for (size_t i = 0; i < hws.size(); ++i) {
     const sim::PairedPrediction& pp = replayed.per_hw[i];
     out["results"].push_back(simulate_result_json(a, hws[i], pp.pruned, pp.unpruned, prec));

@@ -111,29 +111,12 @@ std::string outside_line(const calib::OutsideTarget& o, const calib::RateCompari
       o.consistent ? "within the measurement's own uncertainty" : "outside its uncertainty", sampling);
 }
 
-}  // namespace
-
-int cmd_validate_serving(const ValidateArgs& a) {
-  const calib::LoadTest t = calib::read_load_test(a.serving);
-  calib::ServingValidationOptions o;
-  o.preset = a.model_config.empty() ? "smollm2-135m" : a.model_config;
-  o.base = a.base;
-  o.dtype = a.serving_dtype;
-  o.revival_model = a.revival_model;
-  o.revival_share_from_log = a.revival_share_from_log;
-  const calib::ServingCalibration cal = calib::calibrate_serving(t, o);
-  if (!a.profile_out.empty())
-    write_fitted_profile(
-        a.profile_out, cal.hw, cal.hw.name + "-serving",
-        fmt::format("lazyprefill validate --serving {}: fitted on the lowest rate's lone requests",
-                    a.serving));
-  const calib::MachineDrift drift = calib::machine_drift(t, cal);
-  const calib::RateComparisons cmp = calib::compare_rates(t, cal, drift);
-
+json validation_json(const ValidateArgs& a, const std::string& preset, const calib::ServingCalibration& cal,
+                     const calib::MachineDrift& drift, const calib::RateComparisons& cmp) {
   json out;
   out["validation"] = "serving";
   out["fixtures"] = a.serving;
-  out["model"] = o.preset;
+  out["model"] = preset;
   out["calibration"] = calibration_json(a, cal);
   for (const calib::Saturation& s : cmp.saturation)
     out["saturation"][s.method] = {{"measured_requests_per_s", s.measured},
@@ -154,6 +137,12 @@ int cmd_validate_serving(const ValidateArgs& a) {
   out["outside_targets"] = std::move(outside);
   out["outside_targets_within_uncertainty"] = cmp.outside_within_uncertainty;
 
+  return out;
+}
+
+std::string validation_text(const ValidateArgs& a, const calib::LoadTest& t,
+                            const calib::ServingCalibration& cal, const calib::MachineDrift& drift,
+                            const calib::RateComparisons& cmp) {
   std::string text = fmt::format(
       "serving validation on {}: calibrated on {} single-request points of the lowest rate (fitted {}; "
       "{}; decoding attention at {:.3f} of peak, fitted on {} lone decodes), every request replayed at its "
@@ -207,7 +196,29 @@ int cmd_validate_serving(const ValidateArgs& a) {
         "largest drift of lone prefills between rates in this log):\n{}",
         t.per_rate, 100 * drift.largest, outside_text);
   }
-  print_result(a.json_out, out, text);
+  return text;
+}
+
+}  // namespace
+
+int cmd_validate_serving(const ValidateArgs& a) {
+  const calib::LoadTest t = calib::read_load_test(a.serving);
+  calib::ServingValidationOptions o;
+  o.preset = a.model_config.empty() ? "smollm2-135m" : a.model_config;
+  o.base = a.base;
+  o.dtype = a.serving_dtype;
+  o.revival_model = a.revival_model;
+  o.revival_share_from_log = a.revival_share_from_log;
+  const calib::ServingCalibration cal = calib::calibrate_serving(t, o);
+  if (!a.profile_out.empty())
+    write_fitted_profile(
+        a.profile_out, cal.hw, cal.hw.name + "-serving",
+        fmt::format("lazyprefill validate --serving {}: fitted on the lowest rate's lone requests",
+                    a.serving));
+  const calib::MachineDrift drift = calib::machine_drift(t, cal);
+  const calib::RateComparisons cmp = calib::compare_rates(t, cal, drift);
+  print_result(a.json_out, validation_json(a, o.preset, cal, drift, cmp),
+               validation_text(a, t, cal, drift, cmp));
   return 0;
 }
 
