@@ -86,7 +86,7 @@ CLI::App* add_compare(CLI::App& app, CompareArgs& a) {
 Examples:
   lazyprefill compare --model-config llama-3.1-70b --hw h100-sxm --devices 8 --prompt-tokens 32768,131072 \
       --weights fp8 --compute fp8 --kv fp8
-  lazyprefill compare --model-config llama-3.1-8b --hw h100-sxm --devices 4 --kv-predict llama-3.2-1b \
+  lazyprefill compare --model-config openelm-3b --hw h100-sxm --devices 4 --kv-predict openelm-1.1b \
       --schedule 0.3:0.3,0.6:0.3,0.9:0.3 --schedule 0.1:0.5,0.3:0.5,0.5:0.5 --chart ttft.svg --json)");
   add_model_choice(*c, a.model, a.model_config, "compare on");
   c->add_option("--hw", a.hw, "Hardware profile: a built-in name or a .json file (one device)")->required();

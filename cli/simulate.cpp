@@ -107,7 +107,7 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
   auto* s = app.add_subcommand(
       "simulate", R"(Predict TTFT, decode latency, speedup and memory of a pruning run on hardware profiles.
   lazyprefill simulate --trace run.jsonl --model-config llama-3.1-8b --map --hw h100-sxm,l4
-  lazyprefill simulate --prune lazyllm --prompt-tokens 8192 --new-tokens 64 --model-config llama-2-7b --hw a100-80gb --json
+  lazyprefill simulate --prune lazyllm --prompt-tokens 8192 --new-tokens 64 --model-config llama-3.1-8b --hw a100-80gb --json
   lazyprefill simulate --prune lazyllm --prompt-tokens 32768 --model-config llama-3.1-70b --hw h100-sxm --tp 4)");
   auto* trace = s->add_option("--trace", a.trace, "Replay this trace (written by run --trace)");
   auto* prune =

@@ -44,8 +44,8 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
   auto* s =
       app.add_subcommand("simulate-serving",
                          R"(Predict serving under load: the scheduler of `serve` run on costed iterations.
-  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --rate 1,2,4 --prompt-tokens 8192 --output-tokens 128
-  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --prompt-tokens 4096:8192 --capacity --slo-ttft-p90-ms 500 --slo-itl-p90-ms 50
+  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --rate 1,2,4 --prompt-tokens 8192 --output-tokens 128 --kv-budget-mib 40000
+  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --prompt-tokens 4096:8192 --kv-budget-mib 40000 --capacity --slo-ttft-p90-ms 500 --slo-itl-p90-ms 50
   lazyprefill simulate-serving --model model.gguf --hw local.json --arrival-file requests.jsonl --json)");
   add_model_choice(*s, a.model, a.model_config, "cost");
   add_hardware(*s, a.hw, a.engine);

@@ -2,6 +2,8 @@
 // bad input and with its outputs (bounded regular-file inputs, atomic outputs that never replace
 // what is not a regular file, temporary files removed on signals, escaped text in error lines),
 // usage errors, and exit codes.
+#include <sstream>
+
 #include "tests/cli/cli_harness.h"
 
 namespace lp {
@@ -224,6 +226,46 @@ TEST_F(CliErrors, ExitCodesSeparateUsageFromRuntimeErrors) {
   const CliResult help = run_cli(dir_, {"simulate", "--help"});
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("lazyprefill simulate --trace"), std::string::npos) << help.out;  // an example
+}
+
+// The examples the help shows for the simulator run as a stranger would paste them: every one of
+// simulate, simulate-serving and compare whose inputs are built in (presets, profiles; an
+// example's continuation lines joined). Until issue 51 three of them failed: the first
+// simulate-serving example asked for more K/V than the default 1 GiB budget, the first simulate
+// example asked a 4k-context model for 8k tokens, and compare's --kv-predict named a model that is
+// not a preset. About 2 s: the capacity example searches rates (0.8 s).
+TEST_F(CliErrors, TheHelpsSimulatorExamplesRun) {
+  std::vector<std::string> examples;
+  for (const char* sub : {"", "compare"}) {
+    const CliResult help =
+        run_cli(dir_, *sub ? std::vector<std::string>{sub, "--help"} : std::vector<std::string>{"--help"});
+    ASSERT_EQ(help.code, 0);
+    std::istringstream lines(help.out);
+    std::string joined;
+    for (std::string line; std::getline(lines, line);) {
+      const bool more = !line.empty() && line.back() == '\\';
+      joined += more ? line.substr(0, line.size() - 1) : line;
+      if (more) continue;
+      examples.push_back(joined);
+      joined.clear();
+    }
+  }
+  int ran = 0;
+  for (const std::string& example : examples) {
+    std::istringstream words(example);
+    std::vector<std::string> args;
+    for (std::string w; words >> w;) args.push_back(w);
+    if (args.size() < 2 || args[0] != "lazyprefill") continue;
+    if (args[1] != "simulate" && args[1] != "simulate-serving" && args[1] != "compare") continue;
+    if (example.find(".json") != std::string::npos || example.find(".gguf") != std::string::npos) continue;
+    args.erase(args.begin());
+    for (std::string& a : args)
+      if (a.ends_with(".svg")) a = dir_.file(a);  // compare's chart, written here
+    const CliResult r = run_cli(dir_, args);
+    EXPECT_EQ(r.code, 0) << example << "\n" << r.err;
+    ++ran;
+  }
+  EXPECT_GE(ran, 6);  // two of each
 }
 
 }  // namespace
