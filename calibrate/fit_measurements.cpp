@@ -421,101 +421,86 @@ double f_to_enter(double df1, double df2, double level) {
   return boost::math::quantile(boost::math::fisher_f_distribution<double>(df1, df2), level);
 }
 
-hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& points,
-                             const std::vector<std::string>& requested, MeasurementFit* out) {
-  const size_t n = points.size();
-  if (n < 3)
-    fail("{} usable measurement(s): calibration needs at least 3 points (one parameter and a held-out check)",
-         n);
-  MeasurementFit f;
-  const auto predict_all = [&](const hw::Profile& p) {
-    std::vector<double> v;
-    for (const Point& pt : points) v.push_back(predict_point(p, pt));
-    return v;
-  };
-  f.base_s = predict_all(base);
+namespace {
 
-  const size_t max_params = n - 2;
-  const size_t decode_points =
-      size_t(std::count_if(points.begin(), points.end(), [](const Point& p) { return !p.ttft; }));
-  const size_t pruned_points = size_t(std::count_if(
-      points.begin(), points.end(), [](const Point& p) { return !p.work.header.schedule_layers.empty(); }));
-  std::set<int64_t> ttft_lengths;
-  for (const Point& p : points)
-    if (p.ttft) ttft_lengths.insert(p.m->prompt_tokens);
-  std::vector<size_t> all(n);
-  for (size_t i = 0; i < n; ++i) all[i] = i;
-  const auto sum_sq = [&](const hw::Profile& p) {
+// Forward stepwise selection of the parameters a set of points identifies (fit_measurements): its
+// state (the points, what they contain) and its steps, each a function.
+class Stepwise {
+ public:
+  Stepwise(const hw::Profile& base, const std::vector<Point>& points,
+           const std::vector<std::string>& requested)
+      : base_(base), points_(points), requested_(requested), n_(points.size()), all_(points.size()) {
+    for (size_t i = 0; i < n_; ++i) all_[i] = i;
+    for (const Point& p : points) {
+      if (!p.ttft) ++decode_points_;
+      if (!p.work.header.schedule_layers.empty()) ++pruned_points_;
+      if (p.ttft) ttft_lengths_.insert(p.m->prompt_tokens);
+    }
+  }
+
+  size_t max_params() const { return n_ - 2; }
+  const std::vector<size_t>& all() const { return all_; }
+
+  double sum_sq(const hw::Profile& p) const {
     double ss = 0;
-    for (const Point& pt : points) {
+    for (const Point& pt : points_) {
       const double r = std::log(predict_point(p, pt) / pt.measured_s);
       ss += r * r;
     }
     return ss;
-  };
-  // d log(predicted) per relative change of the parameter around its value at `at`: in units of
-  // its base value (`base_units`: a parameter fitted near zero, an overhead, keeps the elasticity
-  // it had at the base), or of its value at `at` (where a fit ended up: an attention efficiency
-  // fitted to a fifth of the base's makes attention five times the share of the time it was).
-  // Central differences of +-5%.
-  const auto elasticities = [&](const hw::Profile& at, const std::string& name, bool base_units) {
-    const auto [lo, hi] = bounds(name);
-    const double v = get_param(at, name);
-    const double ref = base_units ? std::max(get_param(base, name), lo) : std::max(v, lo);
-    const double a = std::max(lo, v - 0.05 * ref), b = std::min(hi, v + 0.05 * ref);
-    hw::Profile up = at, down = at;
-    set_param(up, name, b);
-    set_param(down, name, a);
-    std::vector<double> col(n);
-    for (size_t i = 0; i < n; ++i)
-      col[i] = (std::log(predict_point(up, points[i])) - std::log(predict_point(down, points[i]))) /
-               ((b - a) / ref);
-    return col;
-  };
-  // The points a parameter can move: the pruned ones for the pruning stage cost (so one pruned
-  // run among many dense ones can identify it), every point otherwise.
-  const auto moves = [&](const std::string& name, size_t i) {
-    return name != "pruning.stage_us" || !points[i].work.header.schedule_layers.empty();
-  };
-  // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce,
-  // over the points `name` can move.
-  const auto independence = [&](const hw::Profile& at, const std::string& name,
-                                const std::vector<double>& col, const std::vector<std::string>& params,
-                                bool base_units) {
-    std::vector<std::vector<double>> basis;  // orthonormal (Gram-Schmidt)
-    for (const std::string& q : params) {
-      std::vector<double> v = elasticities(at, q, base_units);
-      for (const auto& o : basis) {
-        double dot = 0;
-        for (size_t i = 0; i < n; ++i) dot += v[i] * o[i];
-        for (size_t i = 0; i < n; ++i) v[i] -= dot * o[i];
-      }
-      double vv = 0;
-      for (double e : v) vv += e * e;
-      if (vv <= 1e-30) continue;
-      for (double& e : v) e /= std::sqrt(vv);
-      basis.push_back(std::move(v));
+  }
+
+  // The candidates in order, each with the reason it cannot be fitted from these points, if any.
+  std::vector<ParamCheck> candidates() const {
+    std::vector<ParamCheck> checks;
+    std::vector<std::string> names = fit_candidates();
+    const std::vector<std::string> by_dtype = dtype_candidates(base_, points_);
+    names.insert(names.begin() + 1, by_dtype.begin(), by_dtype.end());
+    for (const std::string& name : names) {
+      ParamCheck c;
+      c.name = name;
+      const bool wanted = requested_.empty() || contains(requested_, name);
+      if (!wanted) c.reason = "not requested";
+      // Prefill GEMMs of short prompts can look memory-bound or row-starved; a TTFT-only fit would
+      // use these to absorb their fixed costs and then mispredict every decoding step.
+      if (wanted && (name == "gemm.memory" || name == "gemm.half_rows" || name == "attention.half_rows") &&
+          decode_points_ == 0)
+        c.reason = "only decode latencies identify it (no decode points)";
+      if (wanted && name == "pruning.stage_us" && pruned_points_ == 0)
+        c.reason = "only pruned runs identify it (no point with a pruning schedule)";
+      // Attention grows with the square of the prompt, the GEMMs linearly: only prompts of several
+      // lengths tell them apart (across models at one length the split rests on the architectures
+      // alone, which the cost model may not capture). Decoding's attention reads the KV cache.
+      if (wanted && name == "attention.compute" && ttft_lengths_.size() <= 1)
+        c.reason =
+            ttft_lengths_.empty()
+                ? std::string("only TTFTs identify it (no TTFT points)")
+                : fmt::format(
+                      "only TTFTs of several prompt lengths identify it: every TTFT point has the same "
+                      "prompt length ({} tokens), so attention cannot be told from the GEMMs",
+                      *ttft_lengths_.begin());
+      checks.push_back(c);
     }
-    std::vector<double> r = col;
-    for (const auto& o : basis) {
-      double dot = 0;
-      for (size_t i = 0; i < n; ++i) dot += r[i] * o[i];
-      for (size_t i = 0; i < n; ++i) r[i] -= dot * o[i];
-    }
-    double ss = 0, rr = 0, rows = 0;
-    for (size_t i = 0; i < n; ++i)
-      if (moves(name, i)) {
-        ss += col[i] * col[i];
-        rr += r[i] * r[i];
-        ++rows;
-      }
-    return std::pair{std::sqrt(ss / std::max(rows, 1.0)), std::sqrt(rr / std::max(rows, 1.0))};
-  };
+    return checks;
+  }
+
+  // The blocks a round tries: every open parameter alone, and GEMM and attention compute together
+  // while neither is in (a quadratic term in the prompt length can only be told from the linear
+  // one when both move at once: at the base, attention may look negligible).
+  std::vector<std::vector<std::string>> blocks(std::vector<ParamCheck>& checks) const {
+    std::vector<std::vector<std::string>> out;
+    for (const ParamCheck& c : checks)
+      if (open(c)) out.push_back({c.name});
+    if (ttft_lengths_.size() >= 3 && open(check_of(checks, "gemm.compute")) &&
+        open(check_of(checks, "attention.compute")))
+      out.push_back({"gemm.compute", "attention.compute"});
+    return out;
+  }
+
   // Identifiability of `name` beside `others`, judged both at `current` (the fit before it, with
   // it at its base value) and at `trial` (where the fit with it ends up); either suffices.
-  const auto judge = [&](ParamCheck& c, const hw::Profile& current,
-                         const std::vector<std::string>& others_current, const hw::Profile& trial,
-                         const std::vector<std::string>& others_trial) {
+  bool judge(ParamCheck& c, const hw::Profile& current, const std::vector<std::string>& others_current,
+             const hw::Profile& trial, const std::vector<std::string>& others_trial) const {
     const auto [s1, i1] =
         independence(current, c.name, elasticities(current, c.name, true), others_current, true);
     const auto [s2, i2] =
@@ -533,165 +518,206 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
           "< {}, at the base and at the fit)",
           c.independent, kMinElasticity);
     return false;
-  };
-
-  std::vector<ParamCheck> checks;
-  std::vector<std::string> candidates = fit_candidates();
-  const std::vector<std::string> by_dtype = dtype_candidates(base, points);
-  candidates.insert(candidates.begin() + 1, by_dtype.begin(), by_dtype.end());
-  for (const std::string& name : candidates) {
-    ParamCheck c;
-    c.name = name;
-    const bool wanted = requested.empty() || contains(requested, name);
-    if (!wanted) c.reason = "not requested";
-    // Prefill GEMMs of short prompts can look memory-bound or row-starved; a TTFT-only fit would
-    // use these to absorb their fixed costs and then mispredict every decoding step.
-    if (wanted && (name == "gemm.memory" || name == "gemm.half_rows" || name == "attention.half_rows") &&
-        decode_points == 0)
-      c.reason = "only decode latencies identify it (no decode points)";
-    if (wanted && name == "pruning.stage_us" && pruned_points == 0)
-      c.reason = "only pruned runs identify it (no point with a pruning schedule)";
-    // Attention grows with the square of the prompt, the GEMMs linearly: only prompts of several
-    // lengths tell them apart (across models at one length the split rests on the architectures
-    // alone, which the cost model may not capture). Decoding's attention reads the KV cache.
-    if (wanted && name == "attention.compute" && ttft_lengths.size() <= 1)
-      c.reason = ttft_lengths.empty()
-                     ? std::string("only TTFTs identify it (no TTFT points)")
-                     : fmt::format(
-                           "only TTFTs of several prompt lengths identify it: every TTFT point has the same "
-                           "prompt length ({} tokens), so attention cannot be told from the GEMMs",
-                           *ttft_lengths.begin());
-    checks.push_back(c);
   }
-  const auto check_of = [&](const std::string& name) -> ParamCheck& {
-    return *std::find_if(checks.begin(), checks.end(), [&](const ParamCheck& c) { return c.name == name; });
-  };
-  const auto open = [&](const ParamCheck& c) {
-    return !c.fitted && c.reason != "not requested" && !c.reason.starts_with("only ") && !c.dropped;
-  };
 
-  // Forward stepwise selection over blocks: every remaining parameter alone, and GEMM and
-  // attention compute together while neither is in (a quadratic term in the prompt length can
-  // only be told from the linear one when both move at once: at the base, attention may look
-  // negligible). Each round fits every block with the accepted parameters and accepts the most
-  // significant one (smallest p-value of its F-to-enter) that is identifiable at the base or at its
-  // fit. After each pass the accepted parameters are judged again where the final fit ends up; one
-  // that has lost its identifiability there is dropped and the selection runs again.
-  hw::Profile current = base;
-  double ss_current = sum_sq(base);
-  for (int pass = 0; pass < 4; ++pass) {
-    for (;;) {
-      std::vector<std::vector<std::string>> blocks;
-      for (const ParamCheck& c : checks)
-        if (open(c)) blocks.push_back({c.name});
-      if (ttft_lengths.size() >= 3 && open(check_of("gemm.compute")) && open(check_of("attention.compute")))
-        blocks.push_back({"gemm.compute", "attention.compute"});
-      int best = -1;
-      double best_p = 2, best_ss = 0;
-      Fitted best_fit{base, {}};
-      for (size_t bi = 0; bi < blocks.size(); ++bi) {
-        const std::vector<std::string>& block = blocks[bi];
-        std::vector<std::string> trial_params = f.params;
-        trial_params.insert(trial_params.end(), block.begin(), block.end());
-        if (trial_params.size() > max_params) {
-          if (block.size() == 1)
-            check_of(block[0]).reason =
-                fmt::format("{} points identify at most {} parameters (n - 2)", n, max_params);
-          continue;
-        }
-        const Fitted trial = fit_subset(base, points, all, trial_params);
-        const double ss = sum_sq(trial.profile);
-        const double dof = double(n - trial_params.size());
-        const double gain = std::max(0.0, ss_current - ss) / double(block.size());
-        const double F =
-            ss > 1e-24 ? gain / (ss / dof) : (gain > 1e-24 ? std::numeric_limits<double>::infinity() : 0);
-        // A block's verdicts go to its parameters only when it is the better explanation: a
-        // single parameter keeps its own reason otherwise.
-        std::vector<ParamCheck> verdict;
-        bool ok = true;
-        for (const std::string& name : block) {
-          ParamCheck c = check_of(name);
-          c.f_stat = F;
-          ok = judge(c, current, without(trial_params, name), trial.profile, without(trial_params, name)) &&
-               ok;
-          verdict.push_back(c);
-        }
-        const double need = !requested.empty() ? kMinRequestedF : f_to_enter(double(block.size()), dof, 0.95);
-        if (ok && F < need) {
-          ok = false;
-          for (ParamCheck& c : verdict)
-            c.reason =
-                !requested.empty()
-                    ? fmt::format("it does not improve the fit (F = {:.2f} < {})", F, kMinRequestedF)
-                    : fmt::format(
-                          "it does not improve the fit significantly (F = {:.2f} < {:.2f}, the 5% point "
-                          "of F({}, {:.0f}); --fit {} asks for it anyway)",
-                          F, need, block.size(), dof, block[0]);
-        }
-        if (block.size() == 1 || ok)
-          for (const ParamCheck& c : verdict) {
-            ParamCheck& dst = check_of(c.name);
-            dst.sensitivity = c.sensitivity;
-            dst.independent = c.independent;
-            dst.f_stat = c.f_stat;
-            dst.reason = ok ? "" : c.reason;
-          }
-        if (!ok) continue;
-        const double p =
-            std::isinf(F) ? 0
-                          : 1 - boost::math::cdf(
-                                    boost::math::fisher_f_distribution<double>(double(block.size()), dof), F);
-        // The most significant block; between equals (p underflows to 0 on exact data), the one
-        // that leaves the least error, then the smaller one.
-        if (best < 0 || p < best_p || (p == best_p && ss < best_ss * (1 - 1e-9))) {
-          best = int(bi);
-          best_p = p;
-          best_ss = ss;
-          best_fit = trial;
-        }
-      }
-      if (best < 0) break;
-      for (const std::string& name : blocks[size_t(best)]) {
-        check_of(name).fitted = true;
-        check_of(name).reason.clear();
-        f.params.push_back(name);
-      }
-      current = best_fit.profile;
-      ss_current = best_ss;
-    }
-    // Judged again where the fit ended up: a parameter that no longer moves the predictions in its
-    // own way there (its effect taken over by one accepted after it) is dropped, and the rest refit.
-    if (f.params.size() < 2) break;
-    std::string weakest;
+  // The accepted parameter least identifiable where the fit ended up (its independent elasticity,
+  // the larger in either unit), if below kMinElasticity; empty otherwise.
+  std::pair<std::string, double> weakest(const hw::Profile& current,
+                                         const std::vector<std::string>& params) const {
+    std::string name_out;
     double weakest_indep = kMinElasticity;
-    for (const std::string& name : f.params) {
-      const std::vector<std::string> others = without(f.params, name);
+    for (const std::string& name : params) {
+      const std::vector<std::string> others = without(params, name);
       const auto [s1, i1] = independence(current, name, elasticities(current, name, false), others, false);
       const auto [s2, i2] = independence(current, name, elasticities(current, name, true), others, true);
       if (std::max(i1, i2) < weakest_indep) {
         weakest_indep = std::max(i1, i2);
-        weakest = name;
+        name_out = name;
       }
     }
-    if (weakest.empty()) break;
-    ParamCheck& w = check_of(weakest);
-    w.fitted = false;
-    w.dropped = true;
-    w.reason = fmt::format(
-        "dropped after the fit: the other parameters explain its effect there (independent "
-        "elasticity {:.3f} < {})",
-        weakest_indep, kMinElasticity);
-    f.params = without(f.params, weakest);
-    const Fitted refit = fit_subset(base, points, all, f.params);
-    current = refit.profile;
-    ss_current = sum_sq(current);
+    return {name_out, weakest_indep};
   }
-  // The fitted parameters in candidate order (the rounds' order is in the report's reasons).
-  std::vector<std::string> ordered;
-  for (const ParamCheck& c : checks)
-    if (c.fitted) ordered.push_back(c.name);
-  f.params = ordered;
-  f.checks = checks;
+
+  static ParamCheck& check_of(std::vector<ParamCheck>& checks, const std::string& name) {
+    return *std::find_if(checks.begin(), checks.end(), [&](const ParamCheck& c) { return c.name == name; });
+  }
+
+ private:
+  const hw::Profile& base_;
+  const std::vector<Point>& points_;
+  const std::vector<std::string>& requested_;
+  size_t n_;
+  std::vector<size_t> all_;
+  size_t decode_points_ = 0, pruned_points_ = 0;
+  std::set<int64_t> ttft_lengths_;
+
+  static bool open(const ParamCheck& c) {
+    return !c.fitted && c.reason != "not requested" && !c.reason.starts_with("only ") && !c.dropped;
+  }
+
+  // d log(predicted) per relative change of the parameter around its value at `at`: in units of
+  // its base value (`base_units`: a parameter fitted near zero, an overhead, keeps the elasticity
+  // it had at the base), or of its value at `at` (where a fit ended up: an attention efficiency
+  // fitted to a fifth of the base's makes attention five times the share of the time it was).
+  // Central differences of +-5%.
+  std::vector<double> elasticities(const hw::Profile& at, const std::string& name, bool base_units) const {
+    const auto [lo, hi] = bounds(name);
+    const double v = get_param(at, name);
+    const double ref = base_units ? std::max(get_param(base_, name), lo) : std::max(v, lo);
+    const double a = std::max(lo, v - 0.05 * ref), b = std::min(hi, v + 0.05 * ref);
+    hw::Profile up = at, down = at;
+    set_param(up, name, b);
+    set_param(down, name, a);
+    std::vector<double> col(n_);
+    for (size_t i = 0; i < n_; ++i)
+      col[i] = (std::log(predict_point(up, points_[i])) - std::log(predict_point(down, points_[i]))) /
+               ((b - a) / ref);
+    return col;
+  }
+
+  // The points a parameter can move: the pruned ones for the pruning stage cost (so one pruned
+  // run among many dense ones can identify it), every point otherwise.
+  bool moves(const std::string& name, size_t i) const {
+    return name != "pruning.stage_us" || !points_[i].work.header.schedule_layers.empty();
+  }
+
+  // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce,
+  // over the points `name` can move.
+  std::pair<double, double> independence(const hw::Profile& at, const std::string& name,
+                                         const std::vector<double>& col,
+                                         const std::vector<std::string>& params, bool base_units) const {
+    std::vector<std::vector<double>> basis;  // orthonormal (Gram-Schmidt)
+    for (const std::string& q : params) {
+      std::vector<double> v = elasticities(at, q, base_units);
+      for (const auto& o : basis) {
+        double dot = 0;
+        for (size_t i = 0; i < n_; ++i) dot += v[i] * o[i];
+        for (size_t i = 0; i < n_; ++i) v[i] -= dot * o[i];
+      }
+      double vv = 0;
+      for (double e : v) vv += e * e;
+      if (vv <= 1e-30) continue;
+      for (double& e : v) e /= std::sqrt(vv);
+      basis.push_back(std::move(v));
+    }
+    std::vector<double> r = col;
+    for (const auto& o : basis) {
+      double dot = 0;
+      for (size_t i = 0; i < n_; ++i) dot += r[i] * o[i];
+      for (size_t i = 0; i < n_; ++i) r[i] -= dot * o[i];
+    }
+    double ss = 0, rr = 0, rows = 0;
+    for (size_t i = 0; i < n_; ++i)
+      if (moves(name, i)) {
+        ss += col[i] * col[i];
+        rr += r[i] * r[i];
+        ++rows;
+      }
+    return std::pair{std::sqrt(ss / std::max(rows, 1.0)), std::sqrt(rr / std::max(rows, 1.0))};
+  }
+};
+
+// One round of the forward selection: every block fitted with the accepted parameters `params`;
+// the most significant one (smallest p-value of its F-to-enter) that is identifiable at the base
+// or at its fit is accepted into `params`, `current` and `ss_current`. False when none is.
+bool select_round(const Stepwise& sw, const hw::Profile& base, const std::vector<Point>& points,
+                  const std::vector<std::string>& requested, std::vector<ParamCheck>& checks,
+                  std::vector<std::string>& params, hw::Profile& current, double& ss_current) {
+  const size_t n = points.size();
+  const std::vector<std::vector<std::string>> blocks = sw.blocks(checks);
+  int best = -1;
+  double best_p = 2, best_ss = 0;
+  Fitted best_fit{base, {}};
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const std::vector<std::string>& block = blocks[bi];
+    std::vector<std::string> trial_params = params;
+    trial_params.insert(trial_params.end(), block.begin(), block.end());
+    if (trial_params.size() > sw.max_params()) {
+      if (block.size() == 1)
+        Stepwise::check_of(checks, block[0]).reason =
+            fmt::format("{} points identify at most {} parameters (n - 2)", n, sw.max_params());
+      continue;
+    }
+    const Fitted trial = fit_subset(base, points, sw.all(), trial_params);
+    const double ss = sw.sum_sq(trial.profile);
+    const double dof = double(n - trial_params.size());
+    const double gain = std::max(0.0, ss_current - ss) / double(block.size());
+    const double F =
+        ss > 1e-24 ? gain / (ss / dof) : (gain > 1e-24 ? std::numeric_limits<double>::infinity() : 0);
+    // A block's verdicts go to its parameters only when it is the better explanation: a single
+    // parameter keeps its own reason otherwise.
+    std::vector<ParamCheck> verdict;
+    bool ok = true;
+    for (const std::string& name : block) {
+      ParamCheck c = Stepwise::check_of(checks, name);
+      c.f_stat = F;
+      ok =
+          sw.judge(c, current, without(trial_params, name), trial.profile, without(trial_params, name)) && ok;
+      verdict.push_back(c);
+    }
+    const double need = !requested.empty() ? kMinRequestedF : f_to_enter(double(block.size()), dof, 0.95);
+    if (ok && F < need) {
+      ok = false;
+      for (ParamCheck& c : verdict)
+        c.reason = !requested.empty()
+                       ? fmt::format("it does not improve the fit (F = {:.2f} < {})", F, kMinRequestedF)
+                       : fmt::format(
+                             "it does not improve the fit significantly (F = {:.2f} < {:.2f}, the 5% point "
+                             "of F({}, {:.0f}); --fit {} asks for it anyway)",
+                             F, need, block.size(), dof, block[0]);
+    }
+    if (block.size() == 1 || ok)
+      for (const ParamCheck& c : verdict) {
+        ParamCheck& dst = Stepwise::check_of(checks, c.name);
+        dst.sensitivity = c.sensitivity;
+        dst.independent = c.independent;
+        dst.f_stat = c.f_stat;
+        dst.reason = ok ? "" : c.reason;
+      }
+    if (!ok) continue;
+    const double p =
+        std::isinf(F)
+            ? 0
+            : 1 - boost::math::cdf(boost::math::fisher_f_distribution<double>(double(block.size()), dof), F);
+    // The most significant block; between equals (p underflows to 0 on exact data), the one that
+    // leaves the least error, then the smaller one.
+    if (best < 0 || p < best_p || (p == best_p && ss < best_ss * (1 - 1e-9))) {
+      best = int(bi);
+      best_p = p;
+      best_ss = ss;
+      best_fit = trial;
+    }
+  }
+  if (best < 0) return false;
+  for (const std::string& name : blocks[size_t(best)]) {
+    Stepwise::check_of(checks, name).fitted = true;
+    Stepwise::check_of(checks, name).reason.clear();
+    params.push_back(name);
+  }
+  current = best_fit.profile;
+  ss_current = best_ss;
+  return true;
+}
+
+// Every point predicted by a fit that did not see it: leave-one-out up to 30 points, else 10 folds.
+void cross_validate(const hw::Profile& base, const std::vector<Point>& points, MeasurementFit& f) {
+  const size_t n = points.size();
+  const size_t folds = n <= 30 ? n : 10;
+  f.cv = n <= 30 ? "leave-one-out" : "10-fold";
+  f.heldout_s.assign(n, 0);
+  for (size_t k = 0; k < folds; ++k) {
+    std::vector<size_t> train;
+    for (size_t i = 0; i < n; ++i)
+      if (i % folds != k) train.push_back(i);
+    const Fitted p = fit_subset(base, points, train, f.params);
+    if (!p.stop.converged) ++f.heldout_unconverged;
+    for (size_t i = k; i < n; i += folds) f.heldout_s[i] = predict_point(p.profile, points[i]);
+  }
+}
+
+// What the selection left for the parameters --fit asked for, and for a fit with none: refused.
+void check_selection(const hw::Profile& base, const std::vector<std::string>& requested,
+                     const MeasurementFit& f, size_t n) {
   for (const std::string& name : requested) {
     const auto it =
         std::find_if(f.checks.begin(), f.checks.end(), [&](const ParamCheck& c) { return c.name == name; });
@@ -709,8 +735,59 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
         why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", c.name, c.reason);
     fail("these {} points identify no parameter of '{}' ({})", n, base.name, why);
   }
+}
 
-  const Fitted fitted = fit_subset(base, points, all, f.params);
+}  // namespace
+
+hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& points,
+                             const std::vector<std::string>& requested, MeasurementFit* out) {
+  const size_t n = points.size();
+  if (n < 3)
+    fail("{} usable measurement(s): calibration needs at least 3 points (one parameter and a held-out check)",
+         n);
+  MeasurementFit f;
+  const auto predict_all = [&](const hw::Profile& p) {
+    std::vector<double> v;
+    for (const Point& pt : points) v.push_back(predict_point(p, pt));
+    return v;
+  };
+  f.base_s = predict_all(base);
+  const Stepwise sw(base, points, requested);
+  std::vector<ParamCheck> checks = sw.candidates();
+
+  // Forward stepwise selection over blocks (select_round), round after round. After each pass the
+  // accepted parameters are judged again where the final fit ends up; one that has lost its
+  // identifiability there (its effect taken over by one accepted after it) is dropped and the
+  // selection runs again.
+  hw::Profile current = base;
+  double ss_current = sw.sum_sq(base);
+  for (int pass = 0; pass < 4; ++pass) {
+    while (select_round(sw, base, points, requested, checks, f.params, current, ss_current)) {
+    }
+    if (f.params.size() < 2) break;
+    const auto [weakest, weakest_indep] = sw.weakest(current, f.params);
+    if (weakest.empty()) break;
+    ParamCheck& w = Stepwise::check_of(checks, weakest);
+    w.fitted = false;
+    w.dropped = true;
+    w.reason = fmt::format(
+        "dropped after the fit: the other parameters explain its effect there (independent "
+        "elasticity {:.3f} < {})",
+        weakest_indep, kMinElasticity);
+    f.params = without(f.params, weakest);
+    const Fitted refit = fit_subset(base, points, sw.all(), f.params);
+    current = refit.profile;
+    ss_current = sw.sum_sq(current);
+  }
+  // The fitted parameters in candidate order (the rounds' order is in the report's reasons).
+  std::vector<std::string> ordered;
+  for (const ParamCheck& c : checks)
+    if (c.fitted) ordered.push_back(c.name);
+  f.params = ordered;
+  f.checks = checks;
+  check_selection(base, requested, f, n);
+
+  const Fitted fitted = fit_subset(base, points, sw.all(), f.params);
   f.stop = describe_stop(fitted.stop);
   f.fit_s = predict_all(fitted.profile);
   for (ParamCheck& c : f.checks)
@@ -719,19 +796,7 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
       const double v = get_param(fitted.profile, c.name);
       c.at_bound = v <= lo * 1.001 || v >= hi * 0.999;
     }
-
-  // Cross-validation: every point predicted by a fit that did not see it.
-  const size_t folds = n <= 30 ? n : 10;
-  f.cv = n <= 30 ? "leave-one-out" : "10-fold";
-  f.heldout_s.assign(n, 0);
-  for (size_t k = 0; k < folds; ++k) {
-    std::vector<size_t> train;
-    for (size_t i = 0; i < n; ++i)
-      if (i % folds != k) train.push_back(i);
-    const Fitted p = fit_subset(base, points, train, f.params);
-    if (!p.stop.converged) ++f.heldout_unconverged;
-    for (size_t i = k; i < n; i += folds) f.heldout_s[i] = predict_point(p.profile, points[i]);
-  }
+  cross_validate(base, points, f);
   f.ttft_mape_base = mape(points, f.base_s, true, &f.ttft_points);
   f.ttft_mape_fit = mape(points, f.fit_s, true, nullptr);
   f.ttft_mape_heldout = mape(points, f.heldout_s, true, nullptr);
@@ -743,5 +808,4 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   result.efficiency_default = false;
   return result;
 }
-
 }  // namespace lp::calib
