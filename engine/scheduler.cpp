@@ -192,10 +192,7 @@ void add_seconds(std::atomic<double>& x, Clock::time_point from, Clock::time_poi
           std::memory_order_relaxed);
 }
 
-bool Scheduler::step() {
-  const auto start = Clock::now();
-  take_inbox();
-  // Cancelled requests leave first, queued or running.
+void Scheduler::leave_cancelled() {
   for (auto it = queue_.begin(); it != queue_.end();)
     if ((*it)->cancelled) {
       auto r = std::move(*it);
@@ -212,18 +209,13 @@ bool Scheduler::step() {
     } else {
       ++i;
     }
-  if (queue_.empty() && running_.empty()) {
-    throw_callback_failures();
-    return false;
-  }
-  const auto t0 = Clock::now();
-  const ModelConfig& c = m_.config();
+}
 
-  // Admission (admission/admission.h), whole prefills: the queue's head while its reservation fits
-  // the budget and its prompt the iteration's token budget; the decoding rows are already in it.
-  const size_t n_decoding = running_.size();
+// Admission (admission/admission.h), whole prefills: the queue's head while its reservation fits
+// the budget and its prompt the iteration's token budget; the decoding rows are already in it.
+void Scheduler::admit() {
   Admission admission({double(opt_.kv_budget_bytes), opt_.max_batch_tokens, 0}, double(reserved_),
-                      int64_t(n_decoding));
+                      int64_t(running_.size()));
   while (!queue_.empty()) {
     Request& h = *queue_.front();
     const int64_t T = int64_t(h.p.prompt.size());
@@ -241,7 +233,7 @@ bool Scheduler::step() {
         r->policy = make_policy(r->p.policy, r->p.prune_seed);
         r->prune = PruneRequest{r->steps, r->policy.get()};
       }
-      r->logits.resize(size_t(c.n_vocab));
+      r->logits.resize(size_t(m_.config().n_vocab));
     } catch (...) {
       r->rec.error = "admission: " + current_error();
       r->session.reset();  // finish() releases a reservation only for a request that has a session
@@ -253,11 +245,17 @@ bool Scheduler::step() {
     r->rec.admitted = Clock::now();
     running_.push_back(std::move(r));
   }
+}
 
-  // The batch: a decoding row for every request that was running, the prefill of each admitted one.
+struct Scheduler::Batch {
   std::vector<BatchMember> members;
   std::vector<Request*> in_batch;
   std::vector<Request*> failed;  // their pass could not begin (rec.error says why)
+  std::string error;             // the batched pass failed: every member ends with it
+};
+
+Scheduler::Batch Scheduler::begin_passes(size_t n_decoding) {
+  Batch b;
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
     try {
@@ -272,29 +270,24 @@ bool Scheduler::step() {
         r.pass = r.session->begin_forward(r.p.prompt, pos, {&last, 1}, r.steps.empty() ? nullptr : &r.prune,
                                           &r.stats, nullptr);
       }
-      members.push_back({r.session.get(), &r.pass, r.logits.data()});
-      in_batch.push_back(&r);
+      b.members.push_back({r.session.get(), &r.pass, r.logits.data()});
+      b.in_batch.push_back(&r);
     } catch (...) {
       r.rec.error = fmt::format("{}: {}", i < n_decoding ? "decoding step" : "prefill", current_error());
-      failed.push_back(&r);
+      b.failed.push_back(&r);
     }
   }
-  std::string batch_error;
-  try {
-    run_batch(members);
-  } catch (...) {
-    batch_error = "batch: " + current_error();  // every member's state is unknown now: they all end
-  }
-  const auto t1 = Clock::now();
-  iterations_.fetch_add(1, std::memory_order_relaxed);
-  add_seconds(busy_s_, t0, t1);
+  return b;
+}
 
-  // Sample, emit, and finish what is done. The sampling (a pass over each member's V logits) runs
-  // side by side like the members' attention; the callbacks run in order on this thread.
-  // Each member's failure is its own: it ends with its error, the others go on.
+// Sample, emit, and finish what is done. The sampling (a pass over each member's V logits) runs
+// side by side like the members' attention; the callbacks run in order on this thread. Each
+// member's failure is its own: it ends with its error, the others go on.
+std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Clock::time_point done_at) {
+  const std::vector<Request*>& in_batch = b.in_batch;
   std::vector<int32_t> sampled(in_batch.size());
   std::vector<std::string> sample_error(in_batch.size());
-  if (batch_error.empty() && !in_batch.empty())
+  if (b.error.empty() && !in_batch.empty())
     in_batch[0]->session->backend().for_each_member(int64_t(in_batch.size()), [&](int64_t i) {
       try {
         sampled[size_t(i)] = in_batch[size_t(i)]->sampler->sample(in_batch[size_t(i)]->logits);
@@ -303,11 +296,11 @@ bool Scheduler::step() {
       }
     });
   std::vector<std::pair<Request*, Finish>> done;
-  for (Request* r : failed) done.emplace_back(r, Finish::Error);
+  for (Request* r : b.failed) done.emplace_back(r, Finish::Error);
   for (size_t i = 0; i < in_batch.size(); ++i) {
     Request* r = in_batch[i];
-    if (!batch_error.empty() || !sample_error[i].empty()) {
-      r->rec.error = batch_error.empty() ? sample_error[i] : batch_error;
+    if (!b.error.empty() || !sample_error[i].empty()) {
+      r->rec.error = b.error.empty() ? sample_error[i] : b.error;
       done.emplace_back(r, Finish::Error);
       continue;
     }
@@ -316,10 +309,11 @@ bool Scheduler::step() {
       if (prefill) {
         double computed = 0;
         for (const int64_t n : r->stats.queries) computed += double(n);
-        r->rec.prompt_tokens_computed_fraction = computed / (double(r->rec.prompt_tokens) * c.n_layer);
+        r->rec.prompt_tokens_computed_fraction =
+            computed / (double(r->rec.prompt_tokens) * m_.config().n_layer);
         r->rec.kv_bytes_after_prefill = r->session->kv_bytes_used();
         r->rec.aux_cache_bytes = r->session->aux().bytes();
-        r->rec.first_token = t1;
+        r->rec.first_token = done_at;
         // Decoding needs one row: the prompt's activations go back (revivals grow them again).
         r->session->backend().release_activations(kDecodeRows);
       } else {
@@ -338,7 +332,31 @@ bool Scheduler::step() {
       done.emplace_back(r, Finish::Error);
     }
   }
-  for (auto& [r, f] : done) {
+  return done;
+}
+
+bool Scheduler::step() {
+  const auto start = Clock::now();
+  take_inbox();
+  leave_cancelled();
+  if (queue_.empty() && running_.empty()) {
+    throw_callback_failures();
+    return false;
+  }
+  const auto t0 = Clock::now();
+  const size_t n_decoding = running_.size();  // admitted before this iteration: they decode
+  admit();
+  // The batch: a decoding row for every request that was running, the prefill of each admitted one.
+  Batch b = begin_passes(n_decoding);
+  try {
+    run_batch(b.members);
+  } catch (...) {
+    b.error = "batch: " + current_error();  // every member's state is unknown now: they all end
+  }
+  const auto t1 = Clock::now();
+  iterations_.fetch_add(1, std::memory_order_relaxed);
+  add_seconds(busy_s_, t0, t1);
+  for (auto& [r, f] : emit(b, t1)) {
     auto it = std::find_if(running_.begin(), running_.end(), [r = r](const auto& u) { return u.get() == r; });
     auto owned = std::move(*it);
     running_.erase(it);

@@ -144,7 +144,16 @@ class Scheduler {
 
   std::vector<std::string> callback_failures_;  // on_finish callbacks that threw, this step
 
+  // One iteration's steps, in step()'s order (vLLM's Scheduler.schedule, then the model runner).
   void take_inbox();
+  void leave_cancelled();  // cancelled requests leave first, queued or running
+  void admit();            // the queue's head while it fits (admission/admission.h)
+  // A pass begun for every running request: the first n_decoding decode a token, the rest (just
+  // admitted) prefill. Those whose pass could not begin go to `failed` with rec.error set.
+  struct Batch;
+  Batch begin_passes(size_t n_decoding);
+  // The batch's tokens sampled, emitted and judged: the requests that end, and how.
+  std::vector<std::pair<Request*, Finish>> emit(Batch& b, std::chrono::steady_clock::time_point done_at);
   // Frees r's session (its K/V and Aux Cache) and reports it (rec.error already set for Error).
   // An on_finish that throws is caught and kept for throw_callback_failures().
   void finish(std::unique_ptr<Request> r, Finish f);
