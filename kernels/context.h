@@ -53,8 +53,11 @@ class CpuContext {
   void side_by_side(int64_t n, const std::function<void(int64_t)>& f);
 
   // n elements of this thread's buffer in `slot`: 64-byte aligned, contents unspecified, valid
-  // until the same thread asks for that slot again (a task uses it and is done). Grown as needed
-  // and kept, so an op allocates once per thread, not once per call; freed with the context.
+  // until the same thread asks for that slot again. Grown as needed and kept, so an op allocates
+  // once per thread, not once per call; freed with the context. A buffer held across a parallel
+  // op (the integer GEMM's quantized rows, while its tasks run) is safe because nothing a waiting
+  // thread may take meanwhile asks for that slot: the op's own tasks use other slots, and
+  // side_by_side isolates its members.
   template <class T>
   T* scratch(Scratch slot, int64_t n) {
     return static_cast<T*>(scratch_bytes(slot, size_t(n) * sizeof(T)));

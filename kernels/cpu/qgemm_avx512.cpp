@@ -31,6 +31,7 @@ namespace {
 // pair) 19.9 in 6 x 2, 21.9 in 4 x 4, 29.7 in 8 x 2 (BM_QGemm, medians of 3, 2026-11-24, AMD EPYC).
 struct Dot {
   static constexpr int kMR = 8, kNR = 2, kMR1 = 8, kNR1 = 2;
+  // Signed weights: vpdpbusd multiplies unsigned by signed, so the activations go in as q + 128
   // and the lanes start at -128 * (sum of their 4 weights), computed once per weight block.
   struct WPrep {
     __m256i w, start;
@@ -65,6 +66,7 @@ struct Dot {
 // Q5_0, Q6_K, is added to each weight and taken back as -offset x the activation block's sum, the
 // lanes' starting value), and every row of the GEMM passes over the panel. Per output it is the
 // scalar twin's arithmetic. Weights packed once at load (qpack, PackedPanel) run every M here;
+// otherwise small M (decoding) runs the decoding tiles below (kPanelMinRows, qgemm.cpp).
 // 6 rows x 2 vectors: 12 f32 accumulators, 12 integer block sums and the 2 weight vectors in the 32
 // zmm registers.
 constexpr int kMR = 6;
@@ -106,7 +108,7 @@ struct BytePanel {
   __m512 m(int64_t b, int j) const { return _mm512_loadu_ps(pm + (b * kNV + j) * kLanes); }
   void prefetch(int64_t) const {}  // packed per call: in cache
 };
-// A panel as qpack keeps it (QPacked below): Q4_0 and Q4_1 as nibbles, groups 2q and 2q + 1 in
+// A panel as qpack keeps it (QPacked, qgemm_kernels.h): Q4_0 and Q4_1 as nibbles, groups 2q and 2q + 1 in
 // the low and high halves of 64 bytes [nb][kNV][4][64]; Q8_0 as BytePanel's bytes; the f16 scales
 // and minima of the file, [nb][kNV][16] each, widened in registers (exactly).
 template <GgmlType T>

@@ -2,9 +2,10 @@
 // values, scales and minima lie, each block decoded to int8 (the scalar twin's reading), and the
 // one switch from a type to a kernel's template. Internal to the qgemm*.cpp files.
 //
-// Everything here is in an anonymous namespace on purpose: each instruction set's file
-// (qgemm_avx2.cpp, qgemm_avx512.cpp) compiles its own copy, inlined under that file's target, and
-// no copy is ever merged by the linker with another compiled for a wider instruction set.
+// Everything here is in an anonymous namespace on purpose: each file that includes it compiles a
+// copy of its own (the instruction-set files include it before their target region, so for the
+// build's own target, and inline it into their kernels), and the linker never merges one file's
+// copy with another's.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,11 @@ constexpr bool is_signed(GgmlType t) {
 }
 constexpr int n_scales(GgmlType t) {  // per block of 32: Q6_K's sub-blocks are 16 elements
   return t == GgmlType::Q6_K ? 2 : 1;
+}
+// Whether the decoding tiles read a type's scales in their loop (at each block's start, as the
+// simple types keep them) or convert them once per tile (the K-quants', in their super-blocks).
+constexpr bool scales_in_loop(GgmlType t) {
+  return t != GgmlType::Q4_K && t != GgmlType::Q5_K && t != GgmlType::Q6_K;
 }
 constexpr int64_t block_bytes(GgmlType t) {  // of the type's own block (256 weights for the K-quants)
   switch (t) {

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/buffer.h"
 #include "kernels/cpu/qgemm.h"
+#include "kernels/cpu/qgemm_blocks.h"
 
 namespace lp {
 
@@ -36,26 +37,18 @@ struct ScratchSize {
   int64_t weight_bytes = 0, scales = 0, mins = 0;
 };
 
-// Per block of 32 weights: Q6_K's sub-blocks are 16 elements, so it has two scales.
-constexpr int64_t scales_per_block(GgmlType t) {
-  return t == GgmlType::Q6_K ? 2 : 1;
-}
-constexpr bool has_min(GgmlType t) {
-  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
-}
-
 // The 256-bit tiles (one (row, output) pair's block in a vector, its lanes reduced per block): the
 // outputs n0..n1 of rows m0..m1, their block scales converted once into the scratch.
-inline ScratchSize tiles_scratch(GgmlType t, int64_t nb, int64_t outputs) {
-  return {0, outputs * nb * scales_per_block(t), has_min(t) ? outputs * nb : 0};
+static inline ScratchSize tiles_scratch(GgmlType t, int64_t nb, int64_t outputs) {
+  return {0, outputs * nb * n_scales(t), block_has_min(t) ? outputs * nb : 0};
 }
 // Decoding (fewer rows than a panel pays for): the rows over outputs n0..n0 + cnt (cnt <= kGemvOut)
 // read where they lie, the K-quants' scales converted once per tile into the scratch (the simple
 // types' are read in the loop: none).
 inline constexpr int kGemvOut = 8;
-inline ScratchSize gemv_scratch(GgmlType t, int64_t nb) {
-  if (t != GgmlType::Q4_K && t != GgmlType::Q5_K && t != GgmlType::Q6_K) return {};
-  return {0, nb * scales_per_block(t) * kGemvOut, has_min(t) ? nb * kGemvOut : 0};
+static inline ScratchSize gemv_scratch(GgmlType t, int64_t nb) {
+  if (scales_in_loop(t)) return {};
+  return {0, nb * n_scales(t) * kGemvOut, block_has_min(t) ? nb * kGemvOut : 0};
 }
 
 // ---- AVX2: vpmaddubsw (u8 x s8 -> pairs of s16) + vpmaddwd ----
@@ -66,9 +59,9 @@ inline constexpr int kLanes = 8, kNV = 2, kPanel = kLanes * kNV;
 int offset(GgmlType t);
 // A panel of kPanel outputs: weights [nb][kNV][8 groups][8 lanes][4 bytes] (Q8_0: then the same
 // again as magnitudes), scales [nb][S][kNV][8], minima [nb][kNV][8].
-inline ScratchSize panel_scratch(GgmlType t, int64_t nb) {
-  return {(t == GgmlType::Q8_0 ? 2 : 1) * nb * kNV * 8 * 32, nb * scales_per_block(t) * kPanel,
-          has_min(t) ? nb * kPanel : 0};
+static inline ScratchSize panel_scratch(GgmlType t, int64_t nb) {
+  return {(t == GgmlType::Q8_0 ? 2 : 1) * nb * kNV * 8 * 32, nb * n_scales(t) * kPanel,
+          block_has_min(t) ? nb * kPanel : 0};
 }
 void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m0,
            int64_t m1, int64_t n0, int64_t n1, float* C, int64_t ldc, const Scratchpad& s);
@@ -86,8 +79,8 @@ inline constexpr int kLanes = 16, kNV = 2, kPanel = kLanes * kNV;
 int offset(GgmlType t);  // the type's unsigned offset (128 for Q8_0)
 // A panel of kPanel outputs: weights [nb][kNV][8 groups][16 lanes][4 bytes], scales
 // [nb][S][kNV][16], minima [nb][kNV][16] (also a packed panel widened: packed_scratch).
-inline ScratchSize panel_scratch(GgmlType t, int64_t nb) {
-  return {nb * kNV * 8 * 64, nb * scales_per_block(t) * kPanel, has_min(t) ? nb * kPanel : 0};
+static inline ScratchSize panel_scratch(GgmlType t, int64_t nb) {
+  return {nb * kNV * 8 * 64, nb * n_scales(t) * kPanel, block_has_min(t) ? nb * kPanel : 0};
 }
 // The 256-bit tiles with vpdpbusd (one output's block per vector).
 void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m0,
@@ -95,7 +88,7 @@ void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
 void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
            int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s);
 // Every row over panel p of a packed matrix; wide (many rows): widened once into the scratch.
-inline ScratchSize packed_scratch(const QPacked& P, bool wide) {
+static inline ScratchSize packed_scratch(const QPacked& P, bool wide) {
   return wide && P.type != GgmlType::Q8_0 ? panel_scratch(P.type, P.nb) : ScratchSize{};
 }
 void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,

@@ -238,9 +238,6 @@ inline void transpose8(const __m256 (&r)[8], float* out) {
 // dmin once, the 6-bit multipliers of all 8 at once), into [nb][S][8] and minima [nb][8]: the same
 // values as block_scale's, one rounding each. Lanes past cnt repeat the last output (their results
 // are never stored).
-constexpr bool scales_in_loop(GgmlType t) {
-  return t != GgmlType::Q4_K && t != GgmlType::Q5_K && t != GgmlType::Q6_K;
-}
 template <GgmlType T>
 void tile_scales(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, float* d,
                  float* mins) {

@@ -231,6 +231,36 @@ TEST(QGemm, ManyPanelsMatchTheScalarTwin) {
   }
 }
 
+// Batch members multiplied side by side (CpuContext::side_by_side, as a batched decoding step
+// runs them), each a GEMM with its own rows and each thread's scratch shared by the members it
+// runs: the same bits as each GEMM alone. Panels (20 rows) and decoding tiles (5 rows), weights
+// packed at load where the 512-bit kernel runs.
+TEST(QGemm, MembersSideBySideGiveWhatEachGivesAlone) {
+  const int64_t N = 96, K = 256;
+  CpuContext two(2), one(1);
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q6_K, GgmlType::Q8_0}) {
+    const std::vector<uint8_t> W = random_q_rows(t, N, K, 23);
+    const auto packed = qpack(two, t, W.data(), N, K);
+    const QPart part{t, N, W.data(), packed.get()};
+    for (QKernel k : supported_qkernels()) {
+      const std::vector<int64_t> rows = {20, 5, 20, 5, 1, 33};
+      std::vector<std::vector<float>> A, alone, together;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        A.push_back(random_floats(rows[i] * K, 29 + uint32_t(i)));
+        alone.emplace_back(size_t(rows[i] * N));
+        together.emplace_back(size_t(rows[i] * N));
+        qgemm(one, k, A[i].data(), rows[i], K, {&part, 1}, K, alone[i].data(), N);
+      }
+      two.side_by_side(int64_t(rows.size()), [&](int64_t i) {
+        qgemm(two, k, A[size_t(i)].data(), rows[size_t(i)], K, {&part, 1}, K, together[size_t(i)].data(), N);
+      });
+      for (size_t i = 0; i < rows.size(); ++i)
+        ASSERT_EQ(together[i], alone[i])
+            << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " member " << i;
+    }
+  }
+}
+
 TEST(QGemm, RefusesWhatItCannotMultiply) {
   CpuContext ctx(1);
   std::vector<float> A(64), C(4);
