@@ -174,48 +174,41 @@ inline __m256i reduce4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
   const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
   return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
 }
-// The 512-bit decoding tile on AVX2: one ymm per output, the panels' arithmetic per block (Q8_0
-// signed, |w| x sign(a, w); the others unsigned with their offset).
-template <GgmlType T, int MR>
-inline void decoding_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
-                          const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
-                          int64_t nb, int64_t m0, float* C, int64_t ldc) {
-  constexpr bool kQ8 = T == GgmlType::Q8_0;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
-  __m256 acc[MR];
-  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    t.prefetch(b);
-    const auto sc = decoding::block_scales<T>(t, b, pd, pm);
-    __m256i w[decoding::kOut];
-    for (int k = 0; k < decoding::kOut; ++k) w[k] = load_u<T, offset_of(T)>(t.row[k], b);
-    for (int m = 0; m < MR; ++m) {
-      const QActBlock& a = qa[(m0 + m) * nb + b];
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
-      __m256i s[decoding::kOut];
-      for (int k = 0; k < decoding::kOut; ++k) {
-        const __m256i pairs = kQ8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(av, w[k]))
-                                  : _mm256_maddubs_epi16(w[k], av);
-        s[k] = _mm256_madd_epi16(pairs, ones);
-      }
-      const __m256i ra = reduce4(s[0], s[1], s[2], s[3]), rb = reduce4(s[4], s[5], s[6], s[7]);
-      acc[m] = decoding::accumulate<T, offset_of(T)>(_mm256_permute2x128_si256(ra, rb, 0x20),
-                                                     _mm256_permute2x128_si256(ra, rb, 0x31), sc, a,
-                                                     bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
-    }
-  }
-  for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
-}
-// The decoding tiles for decoding::run: 4 rows at a time (16 registers: 4 accumulators beside the
-// 8 weight vectors).
+// The decoding tiles for decoding::run, the 512-bit kernel's on AVX2: one ymm per output, the
+// panels' arithmetic per block (Q8_0 signed, |w| x sign(a, w); the others unsigned with their
+// offset); up to 4 rows at a time (16 registers: 4 accumulators beside the 8 weight vectors).
 struct Decoding {
   static constexpr int kRows = 4;
   template <GgmlType T, int MR>
   static void run_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt, const float* pd,
                        const float* pm, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0,
                        float* C, int64_t ldc) {
-    decoding_tile<T, MR>(W, row_bytes, N, n0, cnt, pd, pm, qa, bias, nb, m0, C, ldc);
+    constexpr bool kQ8 = T == GgmlType::Q8_0;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
+    __m256 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      t.prefetch(b);
+      const auto sc = decoding::block_scales<T>(t, b, pd, pm);
+      __m256i w[decoding::kOut];
+      for (int k = 0; k < decoding::kOut; ++k) w[k] = load_u<T, offset_of(T)>(t.row[k], b);
+      for (int m = 0; m < MR; ++m) {
+        const QActBlock& a = qa[(m0 + m) * nb + b];
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q));
+        __m256i s[decoding::kOut];
+        for (int k = 0; k < decoding::kOut; ++k) {
+          const __m256i pairs = kQ8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(av, w[k]))
+                                    : _mm256_maddubs_epi16(w[k], av);
+          s[k] = _mm256_madd_epi16(pairs, ones);
+        }
+        const __m256i ra = reduce4(s[0], s[1], s[2], s[3]), rb = reduce4(s[4], s[5], s[6], s[7]);
+        acc[m] = decoding::accumulate<T, offset_of(T)>(_mm256_permute2x128_si256(ra, rb, 0x20),
+                                                       _mm256_permute2x128_si256(ra, rb, 0x31), sc, a,
+                                                       bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
+      }
+    }
+    for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
   }
 };
 

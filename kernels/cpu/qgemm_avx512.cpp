@@ -270,44 +270,37 @@ inline __m512i load_u2(const uint8_t* r0, const uint8_t* r1, int64_t b) {
                               (load_u<T, offset_of(T)>(r1, b)), 1);  // in parentheses: a macro in clang
   }
 }
-// Rows m0..m0+MR x outputs n0..n0+cnt (cnt <= 8). Output k and k + 4 share a zmm (one vpdpbusd for
-// both, the activation block broadcast to both halves), so after reduce4 chunk c lane k holds output
-// k + 4 (c / 2)'s half c % 2.
-template <GgmlType T, int MR>
-inline void decoding_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt,
-                          const float* pd, const float* pm, const QActBlock* qa, const int32_t* bias,
-                          int64_t nb, int64_t m0, float* C, int64_t ldc) {
-  const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
-  __m256 acc[MR];
-  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    t.prefetch(b);
-    const auto sc = decoding::block_scales<T>(t, b, pd, pm);
-    __m512i w[4];
-    for (int k = 0; k < 4; ++k) w[k] = load_u2<T>(t.row[k], t.row[k + 4], b);
-    for (int m = 0; m < MR; ++m) {
-      const QActBlock& a = qa[(m0 + m) * nb + b];
-      const __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q)));
-      __m512i s[4];
-      for (int k = 0; k < 4; ++k) s[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], av);
-      const __m512i r = reduce4(s[0], s[1], s[2], s[3]);
-      const __m512i hh = _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // [half 0 | half 1]
-      acc[m] =
-          decoding::accumulate<T, offset_of(T)>(_mm512_castsi512_si256(hh), _mm512_extracti64x4_epi64(hh, 1),
-                                                sc, a, bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
-    }
-  }
-  for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
-}
-// The decoding tiles for decoding::run: 8 rows at a time (32 registers: 8 accumulators beside the
-// 4 weight vectors).
+// The decoding tiles for decoding::run: rows m0..m0+MR (up to 8: 32 registers, 8 accumulators
+// beside the 4 weight vectors) x outputs n0..n0+cnt (cnt <= 8). Output k and k + 4 share a zmm
+// (one vpdpbusd for both, the activation block broadcast to both halves), so after reduce4 chunk
+// c lane k holds output k + 4 (c / 2)'s half c % 2.
 struct Decoding {
   static constexpr int kRows = 8;
   template <GgmlType T, int MR>
   static void run_tile(const uint8_t* W, int64_t row_bytes, int64_t N, int64_t n0, int cnt, const float* pd,
                        const float* pm, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0,
                        float* C, int64_t ldc) {
-    decoding_tile<T, MR>(W, row_bytes, N, n0, cnt, pd, pm, qa, bias, nb, m0, C, ldc);
+    const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
+    __m256 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      t.prefetch(b);
+      const auto sc = decoding::block_scales<T>(t, b, pd, pm);
+      __m512i w[4];
+      for (int k = 0; k < 4; ++k) w[k] = load_u2<T>(t.row[k], t.row[k + 4], b);
+      for (int m = 0; m < MR; ++m) {
+        const QActBlock& a = qa[(m0 + m) * nb + b];
+        const __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q)));
+        __m512i s[4];
+        for (int k = 0; k < 4; ++k) s[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], av);
+        const __m512i r = reduce4(s[0], s[1], s[2], s[3]);
+        const __m512i hh = _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // [half 0 | half 1]
+        acc[m] = decoding::accumulate<T, offset_of(T)>(_mm512_castsi512_si256(hh),
+                                                       _mm512_extracti64x4_epi64(hh, 1), sc, a,
+                                                       bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
+      }
+    }
+    for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
   }
 };
 
