@@ -7,9 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 
 #include "kernels/cpu/qgemm_blocks.h"
 #include "kernels/cpu/qgemm_kernels.h"
