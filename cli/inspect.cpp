@@ -157,12 +157,22 @@ int inspect_model(const std::string& path_arg, bool json_out) {
   j["gguf_version"] = f.version();
   j["architecture"] = c.arch;
   j["name"] = c.name;
-  j["config"] = {
-      {"n_layer", c.n_layer},     {"n_embd", c.n_embd},           {"n_head", c.n_head},
-      {"n_head_kv", c.n_head_kv}, {"head_dim", c.head_dim},       {"n_ff", c.n_ff},
-      {"n_vocab", c.n_vocab},     {"n_ctx_train", c.n_ctx_train}, {"rope_theta", c.rope_theta},
-      {"rope_dim", c.rope_dim},   {"rms_eps", c.rms_eps},         {"tied_embeddings", c.tied_embeddings},
-      {"n_params", c.n_params()}};
+  j["config"] = {{"n_layer", c.n_layer},
+                 {"n_embd", c.n_embd},
+                 {"n_head", c.n_head},
+                 {"n_head_kv", c.n_head_kv},
+                 {"head_dim", c.head_dim},
+                 {"n_ff", c.n_ff},
+                 {"n_vocab", c.n_vocab},
+                 {"n_ctx_train", c.n_ctx_train},
+                 {"rope_theta", c.rope_theta},
+                 {"rope_dim", c.rope_dim},
+                 {"rms_eps", c.rms_eps},
+                 {"tied_embeddings", c.tied_embeddings},
+                 {"rope_style", c.rope_neox ? "neox" : "normal"},
+                 {"attention_bias", c.attention_bias},
+                 {"qk_norm", c.qk_norm},
+                 {"n_params", c.n_params()}};
   j["tokenizer"] = {{"model", v.model},
                     {"pre", v.pre},
                     {"n_tokens", v.tokens.size()},
@@ -192,8 +202,12 @@ int inspect_model(const std::string& path_arg, bool json_out) {
   fmt::print("architecture {}  \"{}\"\n", esc(c.arch), esc(c.name));
   fmt::print("  layers {}  width {}  heads {} (kv {})  head dim {}  ffn {}  vocab {}  context {}\n",
              c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train);
-  fmt::print("  rope theta {}  rope dims {}  rms eps {}  tied embeddings {}  params {:.1f} M\n", c.rope_theta,
-             c.rope_dim, c.rms_eps, c.tied_embeddings ? "yes" : "no", c.n_params() / 1e6);
+  fmt::print("  rope theta {}  rope dims {} ({})  rms eps {}  tied embeddings {}  params {:.1f} M\n",
+             c.rope_theta, c.rope_dim, c.rope_neox ? "neox" : "normal", c.rms_eps,
+             c.tied_embeddings ? "yes" : "no", c.n_params() / 1e6);
+  if (c.attention_bias || c.qk_norm)
+    fmt::print("  attention: {}{}\n", c.attention_bias ? "q/k/v biases" : "",
+               c.qk_norm ? (c.attention_bias ? ", per-head q/k norms" : "per-head q/k norms") : "");
   fmt::print("tokenizer {} (pre '{}')  {} tokens  {} merges  bos {}  eos {}  add_bos {}  chat template {}\n",
              esc(v.model), esc(v.pre), v.tokens.size(), v.merges.size(), v.bos_id, v.eos_id, v.add_bos,
              v.chat_template.empty() ? "no" : "yes");

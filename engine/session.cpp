@@ -226,6 +226,7 @@ void Session::attend(Pass& ps, int l) {
                                         : ps.keyed_prefix ? std::span<const int32_t>(keys_)
                                                           : std::span<const int32_t>{};
   const int64_t T = int64_t(rows.size());
+  if (m_.config().qk_norm) timed(ps.timers, l, Op::QKNorm, OpShape{T, 0, 0}, [&] { b.qk_norm(l); });
   timed(ps.timers, l, Op::Rope, OpShape{T, 0, 0}, [&] { b.rope(); });
   kv.append(rows, l);  // the (token, layer) pairs computed: at most once
   b.kv_append(l);      // untimed: the Attention op's bytes count this write

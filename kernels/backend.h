@@ -85,7 +85,11 @@ class Backend {
   virtual void set_rows(std::span<const int32_t> pos) = 0;
   virtual void embed(std::span<const int32_t> ids) = 0;  // x[t] = embedding of ids[t]
   virtual void rmsnorm(Norm n, int layer) = 0;           // xn = rmsnorm(x) * w  (Output: layer unused)
+  // The projection; Proj::QKV adds the layer's Q/K/V biases where the model has them (Qwen2).
   virtual void matmul(Proj p, int layer) = 0;
+  // q and k heads of qkv replaced by their RMSNorm times the layer's q_norm / k_norm (Qwen3's
+  // per-head norms, before RoPE; the engine calls it only for a model with ModelConfig::qk_norm).
+  virtual void qk_norm(int layer) = 0;
   virtual void rope() = 0;                // q and k heads of qkv, at the rows' positions
   virtual void kv_append(int layer) = 0;  // the rows' k, v into the next slots of the layer's cache
   // attn = causal attention of the rows' q over the keys in `slots` (ascending positions); empty:

@@ -1,6 +1,14 @@
-// Weights of a Llama-family model, dequantized from the GGUF once at load into the compute
-// dtype (f32 or bf16). Matrices are [out][in] row-major, as GGUF stores them; Q/K/V and
-// gate/up are concatenated so each is one GEMM.
+// Weights of a model (model/config.h's architectures), dequantized from the GGUF once at load into
+// the compute dtype (f32 or bf16), or kept in their blocks (int8). Matrices are [out][in] row-major,
+// as GGUF stores them; Q/K/V and gate/up are concatenated so each is one GEMM.
+//
+// A NEOX-RoPE model's (ModelConfig::rope_neox: Qwen) Q and K rows are permuted at load so that the
+// engine's one rotation, of the adjacent pairs (2i, 2i+1) as Llama's GGUF rows expect, does what
+// NEOX's rotation of the pairs (i, i + rope_dim/2) does to the file's rows: within each head, row 2i
+// takes row i and row 2i+1 row i + rope_dim/2 (rope_order). q and k are permuted alike, so every
+// q.k product, the attention and the LazyLLM scores are the model's; the per-head norm is
+// order-free, so its weights are permuted alongside; v and the output projection are untouched.
+// This is llama.cpp's converter's permutation of Llama's rows, run at load.
 #pragma once
 
 #include <memory>
@@ -16,12 +24,14 @@ namespace lp {
 class GgufFile;
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // [D]
-  Matrix wqkv;                   // [(H + 2 Hkv) Dh][D]  rows: q, then k, then v
-  Matrix wo;                     // [D][H Dh]
-  std::vector<float> ffn_norm;   // [D]
-  Matrix w_gate_up;              // [2F][D]  rows: gate, then up
-  Matrix w_down;                 // [D][F]
+  std::vector<float> attn_norm;       // [D]
+  Matrix wqkv;                        // [(H + 2 Hkv) Dh][D]  rows: q, then k, then v
+  std::vector<float> qkv_bias;        // [(H + 2 Hkv) Dh] (attention_bias), else empty
+  std::vector<float> q_norm, k_norm;  // [Dh] each (qk_norm), else empty
+  Matrix wo;                          // [D][H Dh]
+  std::vector<float> ffn_norm;        // [D]
+  Matrix w_gate_up;                   // [2F][D]  rows: gate, then up
+  Matrix w_down;                      // [D][F]
 };
 
 struct Weights {
@@ -38,6 +48,10 @@ struct Weights {
   // blocks' share in int8 (Q4_1: 0.625). What model/ops and the simulator count the weights at.
   double gemm_bytes_per_weight() const;
 };
+
+// Row order within a head of width Dh for NEOX RoPE over its first rope_dim values: entry i is the
+// file's row that row i of the loaded matrix holds (identity from rope_dim on).
+std::vector<int64_t> rope_order(int64_t Dh, int64_t rope_dim);
 
 // Dequantizes every tensor the config names into `dtype` (Int8: keeps or requantizes the blocks;
 // a matrix kept as stored reads the file's mapping, which it keeps alive). Throws lp::Error for a

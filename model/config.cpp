@@ -13,10 +13,12 @@ namespace lp {
 
 namespace {
 
-// Architectures whose GGUF layout is the Llama one (token_embd, blk.N.attn_q/k/v/output,
-// ffn_gate/up/down, RMSNorm, RoPE "normal" mode). Mistral 7B ships as "llama".
-bool is_llama_family(const std::string& arch) {
-  return arch == "llama" || arch == "mistral";
+// The architectures the engine runs: the Llama layout (token_embd, blk.N.attn_q/k/v/output,
+// ffn_gate/up/down, RMSNorm, RoPE) and what each adds (docs/architectures.md). Mistral 7B ships as
+// "llama".
+constexpr std::string_view kSupportedArchs = "llama, mistral, qwen2, qwen3";
+bool supported_arch(const std::string& arch) {
+  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3";
 }
 
 int dim(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi) {
@@ -34,7 +36,8 @@ int64_t ModelConfig::n_params() const {
   for (int l = 0; l < n_layer; ++l) {
     const ModelConfig c = uniform() ? *this : layer(l);
     const int64_t q = c.q_dim(), kv = c.kv_dim(), F = c.n_ff;
-    total += D * q + 2 * D * kv + q * D + 3 * D * F + 2 * D + (attention_bias ? q + 2 * kv : 0);
+    total += D * q + 2 * D * kv + q * D + 3 * D * F + 2 * D + (attention_bias ? q + 2 * kv : 0) +
+             (qk_norm ? 2 * head_dim : 0);
   }
   return total;
 }
@@ -63,6 +66,8 @@ nlohmann::json config_to_json(const ModelConfig& c) {
                       {"tied_embeddings", c.tied_embeddings},
                       {"name", c.name}};
   if (c.attention_bias) j["attention_bias"] = true;
+  if (c.qk_norm) j["qk_norm"] = true;
+  if (c.rope_neox) j["rope_neox"] = true;
   if (!c.layer_n_head.empty()) j["layer_n_head"] = c.layer_n_head;
   if (!c.layer_n_head_kv.empty()) j["layer_n_head_kv"] = c.layer_n_head_kv;
   if (!c.layer_n_ff.empty()) j["layer_n_ff"] = c.layer_n_ff;
@@ -106,6 +111,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
     c.rms_eps = j.value("rms_eps", 1e-5f);
     c.tied_embeddings = j.value("tied_embeddings", false);
     c.attention_bias = j.value("attention_bias", false);
+    c.qk_norm = j.value("qk_norm", false);
+    c.rope_neox = j.value("rope_neox", false);
     c.layer_n_head = int_array(j, "layer_n_head", origin);
     c.layer_n_head_kv = int_array(j, "layer_n_head_kv", origin);
     c.layer_n_ff = int_array(j, "layer_n_ff", origin);
@@ -145,10 +152,16 @@ void validate_config(const ModelConfig& c, const std::string& origin) {
 ModelConfig config_from_gguf(const GgufFile& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
-  if (!is_llama_family(c.arch))
-    fail("{}: unsupported architecture '{}' (lazyprefill runs Llama-family models)", f.path(), c.arch);
+  if (!supported_arch(c.arch))
+    fail("{}: general.architecture '{}' is not supported (supported: {})", f.path(), c.arch, kSupportedArchs);
   c.name = f.opt_string("general.name").value_or("");
   const std::string a = c.arch + ".";
+  if (f.has(a + "expert_count") && f.get_uint(a + "expert_count") > 0)
+    fail("{}: {}expert_count {}: mixture-of-experts models are not supported yet", f.path(), a,
+         f.get_uint(a + "expert_count"));
+  const bool qwen = c.arch == "qwen2" || c.arch == "qwen3";
+  c.rope_neox = qwen;
+  c.qk_norm = c.arch == "qwen3";
   // Upper bounds are far above any released model but small enough that a corrupt value
   // cannot drive an allocation past memory: they are plausibility checks, not limits of the
   // format.
@@ -159,10 +172,15 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.n_head_kv =
       f.has(a + "attention.head_count_kv") ? dim(f, a + "attention.head_count_kv", 1, 1024) : c.n_head;
   c.n_ctx_train = dim(f, a + "context_length", 1, 1 << 24);
-  if (c.n_embd % c.n_head != 0)
-    fail("{}: embedding_length {} is not a multiple of head_count {}", f.path(), c.n_embd, c.n_head);
-  c.head_dim =
-      f.has(a + "attention.key_length") ? dim(f, a + "attention.key_length", 1, 1024) : c.n_embd / c.n_head;
+  // The head width: attention.key_length where the file has it (Qwen3's 16 x 128 heads are wider
+  // than its 1,024-wide model), else embedding_length / head_count.
+  if (f.has(a + "attention.key_length")) {
+    c.head_dim = dim(f, a + "attention.key_length", 1, 1024);
+  } else {
+    if (c.n_embd % c.n_head != 0)
+      fail("{}: embedding_length {} is not a multiple of head_count {}", f.path(), c.n_embd, c.n_head);
+    c.head_dim = c.n_embd / c.n_head;
+  }
   if (f.has(a + "attention.value_length") && f.get_uint(a + "attention.value_length") != uint64_t(c.head_dim))
     fail("{}: attention.value_length differs from key_length (not supported)", f.path());
   if (c.n_head % c.n_head_kv != 0)
@@ -198,6 +216,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
            fmt::join(ne, ", "));
   };
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
+  // Q/K/V biases (Qwen2): all three or none, the same in every layer.
+  c.attention_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   expect("output_norm.weight", {D});
   if (!c.tied_embeddings) expect("output.weight", {D, c.n_vocab});
   if (c.has_rope_freqs) expect("rope_freqs.weight", {c.rope_dim / 2});
@@ -208,6 +228,21 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     expect(p + "attn_k.weight", {D, KV});
     expect(p + "attn_v.weight", {D, KV});
     expect(p + "attn_output.weight", {Q, D});
+    for (const char* b : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) {
+      const bool has = f.find_tensor(p + b) != nullptr;
+      if (has != c.attention_bias)
+        fail("{}: tensor '{}{}' is {} where blk.0 {} Q/K/V biases", f.path(), p, b,
+             has ? "present" : "missing", c.attention_bias ? "has" : "has no");
+    }
+    if (c.attention_bias) {
+      expect(p + "attn_q.bias", {Q});
+      expect(p + "attn_k.bias", {KV});
+      expect(p + "attn_v.bias", {KV});
+    }
+    if (c.qk_norm) {
+      expect(p + "attn_q_norm.weight", {c.head_dim});
+      expect(p + "attn_k_norm.weight", {c.head_dim});
+    }
     expect(p + "ffn_norm.weight", {D});
     expect(p + "ffn_gate.weight", {D, F});
     expect(p + "ffn_up.weight", {D, F});
@@ -219,10 +254,16 @@ ModelConfig config_from_gguf(const GgufFile& f) {
 std::vector<std::string> required_tensor_names(const ModelConfig& c) {
   std::vector<std::string> n = {"token_embd.weight", "output_norm.weight"};
   if (!c.tied_embeddings) n.push_back("output.weight");
-  for (int l = 0; l < c.n_layer; ++l)
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
     for (const char* s : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
                           "ffn_up", "ffn_down"})
-      n.push_back("blk." + std::to_string(l) + "." + s + ".weight");
+      n.push_back(p + s + ".weight");
+    if (c.attention_bias)
+      for (const char* s : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) n.push_back(p + s);
+    if (c.qk_norm)
+      for (const char* s : {"attn_q_norm.weight", "attn_k_norm.weight"}) n.push_back(p + s);
+  }
   return n;
 }
 

@@ -1,4 +1,6 @@
-// ModelConfig: the shape of a Llama-family model, read from GGUF metadata ({arch}.* keys).
+// ModelConfig: the shape of a decoder-only transformer of the Llama family and its descendants
+// (Qwen2/2.5, Qwen3), read from GGUF metadata ({arch}.* keys; docs/architectures.md says what each
+// architecture's file holds and how llama.cpp computes it).
 //
 // Dimension names used throughout the project:
 //   T tokens, D model width, H query heads, Hkv kv heads, Dh head width, F ffn width, V vocab,
@@ -15,7 +17,7 @@ namespace lp {
 class GgufFile;
 
 struct ModelConfig {
-  std::string arch;   // "llama"
+  std::string arch;   // general.architecture: "llama", "mistral", "qwen2", "qwen3"
   std::string name;   // general.name, informational
   int n_layer = 0;    // L
   int n_embd = 0;     // D
@@ -30,7 +32,13 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // LM head reuses token_embd (no output.weight)
   bool has_rope_freqs = false;   // Llama 3.1 style per-dimension frequency factors
-  bool attention_bias = false;   // q/k/v projections carry biases (Qwen2): costed, not run
+  bool attention_bias = false;   // q/k/v projections carry biases (Qwen2)
+  // RoPE rotates the pairs (i, i + rope_dim/2) ("NEOX", Qwen) rather than (2i, 2i+1) (Llama, whose
+  // GGUF Q/K rows are permuted for it). The engine runs one rotation: load_weights permutes a NEOX
+  // model's Q/K rows (and their biases and norm weights) into the adjacent-pair order, which leaves
+  // every q.k product, and so the model, unchanged (kernels/weights.h).
+  bool rope_neox = false;
+  bool qk_norm = false;  // per-head RMSNorm of q and k before RoPE (Qwen3), weights [Dh] each
   // Per-layer widths for models with layer-wise scaling (OpenELM); empty when every layer has
   // the scalars above. Only the simulator uses them; the engine runs uniform models.
   std::vector<int> layer_n_head, layer_n_head_kv, layer_n_ff;

@@ -1,4 +1,5 @@
-// The op list of a Llama-family layer and its FLOP and byte counts.
+// The op list of a layer (the Llama layout and what later architectures add) and its FLOP and byte
+// counts.
 //
 // One counting for the whole project: the engine's op timers, the benchmarks and the
 // simulator all call op_flops / op_bytes. They are pure functions of the configuration and
@@ -24,7 +25,8 @@ namespace lp {
 enum class Op : int {
   Embed,       // gather T rows of the embedding table
   AttnNorm,    // RMSNorm before attention
-  QKV,         // [T][D] x [D][(H + 2 Hkv) Dh], the fused q, k, v projections; K/V appended to the cache
+  QKV,         // [T][D] x [D][(H + 2 Hkv) Dh], the fused q, k, v projections (+ their biases, Qwen2)
+  QKNorm,      // per-head RMSNorm of q and k (Qwen3); no work in a model without it
   Rope,        // rotate q and k at the tokens' original positions
   Attention,   // causal GQA over the keys each query sees
   Score,       // LazyLLM: the last token's attention over the active keys, mean over heads
@@ -85,8 +87,11 @@ inline double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
     case Op::FfnNorm:
     case Op::OutputNorm:
       return 4.0 * T * D;  // square, sum, scale, weight
-    case Op::QKV:
-      return gemm_flops(T, D, c.q_dim() + 2 * c.kv_dim());
+    case Op::QKV:          // a bias is one more add per output
+      return gemm_flops(T, D, c.q_dim() + 2 * c.kv_dim()) +
+             (c.attention_bias ? double(T) * (c.q_dim() + 2 * c.kv_dim()) : 0.0);
+    case Op::QKNorm:
+      return c.qk_norm ? 4.0 * T * (c.q_dim() + c.kv_dim()) : 0.0;  // as RMSNorm, per head
     case Op::Rope:
       return 3.0 * T * (c.n_head + c.n_head_kv) * c.rope_dim;  // 4 mul + 2 add per pair
     case Op::Attention:
@@ -126,7 +131,10 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
     case Op::OutputNorm:
       return double(T) * D * (d.elem_bytes + d.act_bytes) + D * 4.0;
     case Op::QKV:
-      return gemm_bytes(T, D, c.q_dim() + 2 * c.kv_dim(), d);
+      return gemm_bytes(T, D, c.q_dim() + 2 * c.kv_dim(), d) +
+             (c.attention_bias ? 4.0 * (c.q_dim() + 2 * c.kv_dim()) : 0.0);
+    case Op::QKNorm:  // q and k read and written, two weight vectors
+      return c.qk_norm ? 2.0 * T * (c.q_dim() + c.kv_dim()) * d.elem_bytes + 8.0 * c.head_dim : 0.0;
     case Op::Rope:
       return 2.0 * T * (c.q_dim() + c.kv_dim()) * d.elem_bytes;
     case Op::Attention:

@@ -60,7 +60,8 @@ const std::vector<std::pair<std::string, std::vector<Op>>>& op_groups() {
       {"o_proj", {Op::OProj}},
       {"gate_up", {Op::GateUp}},
       {"down", {Op::Down}},
-      {"norms, rope, swiglu, residual", {Op::AttnNorm, Op::FfnNorm, Op::Rope, Op::SwiGLU, Op::Residual}},
+      {"norms, rope, swiglu, residual",
+       {Op::AttnNorm, Op::QKNorm, Op::FfnNorm, Op::Rope, Op::SwiGLU, Op::Residual}},
       {"pruning (score, select, gather)", {Op::Score, Op::Select, Op::Gather}},
       {"embed, LM head", {Op::Embed, Op::OutputNorm, Op::LmHead}}};
   return g;

@@ -73,6 +73,7 @@ template <class OpSink, class CommSink>
   if (by_rows) {
     op(Op::AttnNorm, op_cost(cc, cfg, Op::AttnNorm, rows));
     op(Op::QKV, op_cost(cc, cfg, Op::QKV, rows));
+    if (cfg.qk_norm) op(Op::QKNorm, op_cost(cc, cfg, Op::QKNorm, rows));
     op(Op::Rope, op_cost(cc, cfg, Op::Rope, rows));
   }
   if (rest) {

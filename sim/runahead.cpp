@@ -99,7 +99,7 @@ class RunaheadModel {
       cost_layer(
           cc_, hw_, 1, cfg, D, w,
           [&](Op o, const OpCost& oc) {
-            if (o == Op::AttnNorm || o == Op::QKV || o == Op::Rope)
+            if (o == Op::AttnNorm || o == Op::QKV || o == Op::QKNorm || o == Op::Rope)
               parts.pre += oc.time_s;
             else if (o == Op::Attention)
               parts.attn += oc.time_s;

@@ -56,7 +56,7 @@ using MakeOpBackend = std::function<std::unique_ptr<Backend>(const ModelConfig&,
 
 // Runs one case on a backend made by `make`; mismatches are gtest failures.
 inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
-  const OpModel& om = op_model(oc.gqa, oc.dtype);
+  const OpModel& om = op_model(oc.gqa, oc.dtype, 16, uses_qwen_parts(oc.op));
   const ModelConfig& c = om.c;
   const Weights& w = om.w;
   const int64_t T = oc.T, D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
@@ -66,8 +66,10 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
   const std::vector<int32_t> pos = row_positions(T);
   b->set_rows(pos);
 
-  // A GEMM by W from the activation `in`: `run` multiplies and returns the product.
-  const auto gemm_case = [&](Tensor in, const Matrix& W, const std::function<std::vector<float>()>& run) {
+  // A GEMM by W from the activation `in` (plus `bias` [N] where given): `run` multiplies and returns
+  // the product.
+  const auto gemm_case = [&](Tensor in, const Matrix& W, const std::function<std::vector<float>()>& run,
+                             const std::vector<float>& bias = {}) {
     const int64_t K = W.cols, N = W.rows;
     const auto a = random_vec(size_t(T * K), rng);
     b->write(in, a);
@@ -76,6 +78,9 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
     if (W.dtype == DType::BF16)
       for (auto& x : a_in) x = ref::round_bf16(x);
     ref::matmul(a_in.data(), widened(W).data(), ref.data(), T, K, N);
+    if (!bias.empty())
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t n = 0; n < N; ++n) ref[size_t(t * N + n)] += bias[size_t(n)];
     const double e = nmse(got, to_double(ref));
     EXPECT_LE(e, f32_bound(double(K))) << case_name(oc) << " nmse " << e;
   };
@@ -126,6 +131,32 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
     }
     case OpKind::MatmulQKV:
       return layer_gemm(Tensor::XN, Proj::QKV, w.layers[0].wqkv, Tensor::QKV);
+    case OpKind::MatmulQKVBias:
+      return gemm_case(
+          Tensor::XN, w.layers[0].wqkv,
+          [&] {
+            b->matmul(Proj::QKV, 0);
+            return b->read(Tensor::QKV);
+          },
+          w.layers[0].qkv_bias);
+    case OpKind::QkNorm: {
+      // q and k heads normed in place, each by its own weights; v untouched.
+      const auto x = random_vec(size_t(T * QKV), rng, 3.0f);
+      b->write(Tensor::QKV, x);
+      b->qk_norm(0);
+      const auto got = b->read(Tensor::QKV);
+      std::vector<float> ref = x;
+      for (int64_t t = 0; t < T; ++t) {
+        ref::head_rmsnorm(ref.data() + t * QKV, 1, H, Dh, w.layers[0].q_norm.data(), c.rms_eps);
+        ref::head_rmsnorm(ref.data() + t * QKV + Q, 1, Hkv, Dh, w.layers[0].k_norm.data(), c.rms_eps);
+      }
+      const double e = nmse(got, to_double(ref));
+      EXPECT_LE(e, f32_bound(double(Dh + 4))) << case_name(oc) << " nmse " << e;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = Q + KV; i < QKV; ++i)
+          ASSERT_EQ(got[size_t(t * QKV + i)], x[size_t(t * QKV + i)]) << case_name(oc) << " v changed";
+      return;
+    }
     case OpKind::MatmulO:
       return layer_gemm(Tensor::Attn, Proj::O, w.layers[0].wo, Tensor::Branch);
     case OpKind::MatmulGateUp:

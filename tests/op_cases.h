@@ -41,14 +41,22 @@ enum class OpKind {
   SwiGLU,
   Residual,
   GatherRows,
-  AuxStoreMerge
+  AuxStoreMerge,
+  MatmulQKVBias,  // the QKV projection with Q/K/V biases (Qwen2)
+  QkNorm          // per-head RMSNorm of q and k (Qwen3)
 };
 
+// The ops that run on the op model with Qwen's parts (op_model's qwen_parts).
+inline bool uses_qwen_parts(OpKind k) {
+  return k == OpKind::MatmulQKVBias || k == OpKind::QkNorm;
+}
+
 inline const char* op_name(OpKind k) {
-  static const char* names[] = {
-      "embed",   "rmsnorm",    "matmul_qkv", "matmul_o",  "matmul_gateup",    "matmul_down",
-      "lm_head", "rope",       "kv_append",  "attention", "attention_subset", "attention_unordered",
-      "scores",  "select_top", "swiglu",     "residual",  "gather_rows",      "aux_store_merge"};
+  static const char* names[] = {"embed",         "rmsnorm",         "matmul_qkv",       "matmul_o",
+                                "matmul_gateup", "matmul_down",     "lm_head",          "rope",
+                                "kv_append",     "attention",       "attention_subset", "attention_unordered",
+                                "scores",        "select_top",      "swiglu",           "residual",
+                                "gather_rows",   "aux_store_merge", "matmul_qkv_bias",  "qk_norm"};
   return names[int(k)];
 }
 
@@ -68,13 +76,14 @@ inline std::string case_name(const OpCase& c) {
 // long prefill. GEMMs run in both dtypes; the other ops do not read weights' dtype (f32 only).
 inline std::vector<OpCase> op_cases() {
   std::vector<OpCase> out;
-  for (int k = 0; k <= int(OpKind::AuxStoreMerge); ++k) {
+  for (int k = 0; k <= int(OpKind::QkNorm); ++k) {
     const OpKind op = OpKind(k);
     const bool gemm = op == OpKind::MatmulQKV || op == OpKind::MatmulO || op == OpKind::MatmulGateUp ||
-                      op == OpKind::MatmulDown || op == OpKind::LmHead;
+                      op == OpKind::MatmulDown || op == OpKind::LmHead || op == OpKind::MatmulQKVBias;
     const bool heads = op == OpKind::Rope || op == OpKind::KvAppend || op == OpKind::Attention ||
                        op == OpKind::AttentionSubset || op == OpKind::AttentionUnordered ||
-                       op == OpKind::Scores || op == OpKind::SelectTop || op == OpKind::MatmulQKV;
+                       op == OpKind::Scores || op == OpKind::SelectTop || op == OpKind::MatmulQKV ||
+                       op == OpKind::MatmulQKVBias || op == OpKind::QkNorm;
     for (const int64_t T : {1, 17, 111, 989})
       for (const int gqa : heads ? std::vector<int>{1, 3, 6} : std::vector<int>{3})
         for (const DType dt :
@@ -139,9 +148,10 @@ inline KeyLayout key_layout(OpKind op, const std::vector<int32_t>& rows) {
 }
 
 // A one-layer model with random weights: 6 query heads of width `head_dim` over 6 / gqa KV heads,
-// FFN 10 x head_dim, untied LM head. The tests use width 16 (vocabulary 300: every case checks in
-// milliseconds); the benchmarks also run width 64 (model width 384, FFN 640, vocabulary 8,192) where
-// the per-head work is a real model's.
+// FFN 10 x head_dim, untied LM head; with qwen_parts also Q/K/V biases and q/k norms (Qwen2's and
+// Qwen3's parts: the other weights are the same draws). The tests use width 16 (vocabulary 300: every case
+// checks in milliseconds); the benchmarks also run width 64 (model width 384, FFN 640, vocabulary 8,192)
+// where the per-head work is a real model's.
 struct OpModel {
   ModelConfig c;
   Weights w;
@@ -168,9 +178,9 @@ inline std::vector<float> widened(const Matrix& m) {
   return out;
 }
 
-inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16) {
-  static std::map<std::tuple<int, int, int>, std::unique_ptr<OpModel>> models;
-  auto& m = models[{gqa, int(dt), head_dim}];
+inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool qwen_parts = false) {
+  static std::map<std::tuple<int, int, int, bool>, std::unique_ptr<OpModel>> models;
+  auto& m = models[{gqa, int(dt), head_dim, qwen_parts}];
   if (m) return *m;
   m = std::make_unique<OpModel>();
   ModelConfig& c = m->c;
@@ -195,6 +205,16 @@ inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16) {
   L.wo = random_matrix(c.n_embd, c.n_head * c.head_dim, dt, rng);
   L.w_gate_up = random_matrix(2 * c.n_ff, c.n_embd, dt, rng);
   L.w_down = random_matrix(c.n_embd, c.n_ff, dt, rng);
+  if (qwen_parts) {
+    c.attention_bias = c.qk_norm = true;
+    std::normal_distribution<float> nd(0.0f, 0.5f);
+    L.qkv_bias.resize(size_t(L.wqkv.rows));
+    for (auto& v : L.qkv_bias) v = nd(rng);
+    L.q_norm.resize(size_t(head_dim));
+    L.k_norm.resize(size_t(head_dim));
+    for (auto& v : L.q_norm) v = un(rng);
+    for (auto& v : L.k_norm) v = un(rng);
+  }
   w.layers.push_back(std::move(L));
   return *m;
 }

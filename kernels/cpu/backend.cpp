@@ -71,7 +71,8 @@ void CpuBackend::matmul(Proj p, int l) {
   const LayerWeights& L = w_.layers[size_t(l)];
   switch (p) {
     case Proj::QKV:
-      return gemm_.run(ctx_, xn_.data(), T(), D_, L.wqkv, qkv_.data(), QKV_);
+      gemm_.run(ctx_, xn_.data(), T(), D_, L.wqkv, qkv_.data(), QKV_);
+      return add_qkv_bias(l);
     case Proj::O:
       return gemm_.run(ctx_, attn_.data(), T(), Q_, L.wo, branch_.data(), D_);
     case Proj::GateUp:
@@ -79,6 +80,18 @@ void CpuBackend::matmul(Proj p, int l) {
     case Proj::Down:
       return gemm_.run(ctx_, act_.data(), T(), F_, L.w_down, branch_.data(), D_);
   }
+}
+
+void CpuBackend::add_qkv_bias(int l) {
+  const std::vector<float>& b = w_.layers[size_t(l)].qkv_bias;
+  if (!b.empty()) add_bias(ctx_, qkv_.data(), T(), QKV_, b.data(), QKV_);
+}
+
+void CpuBackend::qk_norm(int l) {
+  const LayerWeights& L = w_.layers[size_t(l)];
+  if (L.q_norm.empty() || L.k_norm.empty()) internal_fail("qk_norm on layer {}, which has no q/k norms", l);
+  head_rmsnorm(ctx_, qkv_.data(), T(), QKV_, H_, Dh_, L.q_norm.data(), c_.rms_eps);
+  head_rmsnorm(ctx_, qkv_.data() + Q_, T(), QKV_, Hkv_, Dh_, L.k_norm.data(), c_.rms_eps);
 }
 
 void CpuBackend::rope() {
@@ -217,17 +230,21 @@ void CpuBackend::matmul_batched(Proj p, int l, std::span<Backend* const> members
       rows += m->T();
     }
   }
-  if (shared.empty()) return;
-  if (shared.size() == 1) return gemm_.run(ctx_, in(shared[0]), rows, K, W, out(shared[0]), N);
-  if (batch_in_.size() < rows * K) batch_in_.resize(rows * K, false);
-  if (batch_out_.size() < rows * N) batch_out_.resize(rows * N, false);
-  concat_rows(shared, in, K, batch_in_.data());
-  gemm_.run(ctx_, batch_in_.data(), rows, K, W, batch_out_.data(), N);
-  const float* src = batch_out_.data();
-  for (CpuBackend* m : shared) {
-    std::memcpy(out(m), src, size_t(m->T() * N) * 4);
-    src += m->T() * N;
+  if (shared.size() == 1) {
+    gemm_.run(ctx_, in(shared[0]), rows, K, W, out(shared[0]), N);
+  } else if (shared.size() > 1) {
+    if (batch_in_.size() < rows * K) batch_in_.resize(rows * K, false);
+    if (batch_out_.size() < rows * N) batch_out_.resize(rows * N, false);
+    concat_rows(shared, in, K, batch_in_.data());
+    gemm_.run(ctx_, batch_in_.data(), rows, K, W, batch_out_.data(), N);
+    const float* src = batch_out_.data();
+    for (CpuBackend* m : shared) {
+      std::memcpy(out(m), src, size_t(m->T() * N) * 4);
+      src += m->T() * N;
+    }
   }
+  if (p == Proj::QKV)
+    for (CpuBackend* m : ms) m->add_qkv_bias(l);
 }
 
 void CpuBackend::lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {

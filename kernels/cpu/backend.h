@@ -31,6 +31,7 @@ class CpuBackend : public Backend {
   void embed(std::span<const int32_t> ids) override;
   void rmsnorm(Norm n, int layer) override;
   void matmul(Proj p, int layer) override;
+  void qk_norm(int layer) override;
   void rope() override;
   void kv_append(int layer) override;
   void attention(int layer, std::span<const int32_t> slots) override;
@@ -79,6 +80,7 @@ class CpuBackend : public Backend {
   void allocate_rows(int64_t T);  // every activation for T rows (x's rows kept)
   // Members as CpuBackends over this one's weights, and their total rows.
   std::vector<CpuBackend*> members_of(std::span<Backend* const> members, int64_t* total) const;
+  void add_qkv_bias(int layer);  // the layer's Q/K/V biases onto qkv, where the model has them
 };
 
 }  // namespace lp

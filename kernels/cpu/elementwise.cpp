@@ -53,6 +53,29 @@ void rmsnorm(CpuContext& ctx, const float* x, const float* w, float* out, int64_
   });
 }
 
+void head_rmsnorm(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh,
+                  const float* w, float eps) {
+  for_rows(ctx, T, n_heads * Dh, [&](int64_t t) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + t * ld + h * Dh;
+      float ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < Dh; ++i) ss += v[i] * v[i];
+      const float scale = 1.0f / std::sqrt(ss / float(Dh) + eps);
+#pragma omp simd
+      for (int64_t i = 0; i < Dh; ++i) v[i] = v[i] * scale * w[i];
+    }
+  });
+}
+
+void add_bias(CpuContext& ctx, float* x, int64_t T, int64_t ld, const float* bias, int64_t N) {
+  for_rows(ctx, T, N, [&](int64_t t) {
+    float* r = x + t * ld;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) r[i] += bias[i];
+  });
+}
+
 RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* ff) {
   RopeTable tab;
   tab.T = T;

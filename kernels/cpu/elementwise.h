@@ -1,4 +1,5 @@
-// Row-wise CPU kernels of a layer: RMSNorm, RoPE, SwiGLU, the residual add and a vectorised exp,
+// Row-wise CPU kernels of a layer: RMSNorm (of rows and of heads), RoPE, SwiGLU, the residual and bias
+// adds and a vectorised exp,
 // rows in parallel over oneTBB. Each row is computed inside one task, so results do not depend on
 // the thread count. Changes against the scalar twins (kernels/cpu/ref.h): float accumulation in
 // SIMD lanes, a polynomial exp (relative error ~1e-7), RoPE angles from a per-forward table.
@@ -13,6 +14,14 @@ namespace lp {
 
 // out[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * w, rows in parallel.
 void rmsnorm(CpuContext& ctx, const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
+
+// Each of the n_heads heads of Dh values at the start of every row of x [T] (row stride ld) replaced
+// by its RMSNorm times w [Dh] (Qwen3's q and k norms), in place.
+void head_rmsnorm(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh,
+                  const float* w, float eps);
+
+// x[t][i] += bias[i] for the first N values of each row (row stride ld).
+void add_bias(CpuContext& ctx, float* x, int64_t T, int64_t ld, const float* bias, int64_t N);
 
 // cos/sin table for RoPE: [T][rope_dim/2] each, for the given positions.
 struct RopeTable {

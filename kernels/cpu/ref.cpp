@@ -15,6 +15,10 @@ void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, f
   }
 }
 
+void head_rmsnorm(float* x, int64_t T, int64_t n_heads, int64_t Dh, const float* w, float eps) {
+  rmsnorm(x, w, x, T * n_heads, Dh, eps);  // each head is a row of Dh; read before written
+}
+
 void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t n = 0; n < N; ++n) {

@@ -13,6 +13,9 @@ namespace lp::ref {
 // out[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * w[i]
 void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
 
+// Each head v of x [T][n_heads][Dh], in place: v[i] / sqrt(mean(v^2) + eps) * w[i] (Qwen3's q/k norms).
+void head_rmsnorm(float* x, int64_t T, int64_t n_heads, int64_t Dh, const float* w, float eps);
+
 // out[t][n] = sum_k a[t][k] * w[n][k]   (w is [N][K] row-major, as GGUF stores matrices)
 void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N);
 

@@ -101,6 +101,7 @@ constexpr int64_t kGemvMaxRows = 4;
 // Weights (each request of `serve` has its own backend: its own K/V, Aux Cache and activations).
 struct DLayerWeights {
   DBuf attn_norm, ffn_norm;
+  DBuf qkv_bias, q_norm, k_norm;  // where the model has them (Qwen2's biases, Qwen3's norms)
   DMatrix wqkv, wo, w_gate_up, w_down;
 };
 struct DeviceWeights {
@@ -150,6 +151,9 @@ std::shared_ptr<DeviceWeights> upload_weights(const ModelConfig& c, const Weight
     const LayerWeights& lw = w.layers[size_t(l)];
     DLayerWeights& L = d->layers[size_t(l)];
     L.attn_norm = upload(lw.attn_norm.data(), lw.attn_norm.size(), "attention norm");
+    if (!lw.qkv_bias.empty()) L.qkv_bias = upload(lw.qkv_bias.data(), lw.qkv_bias.size(), "q/k/v biases");
+    if (!lw.q_norm.empty()) L.q_norm = upload(lw.q_norm.data(), lw.q_norm.size(), "q norm");
+    if (!lw.k_norm.empty()) L.k_norm = upload(lw.k_norm.data(), lw.k_norm.size(), "k norm");
     L.ffn_norm = upload(lw.ffn_norm.data(), lw.ffn_norm.size(), "FFN norm");
     L.wqkv = upload(lw.wqkv, "qkv weights");
     L.wo = upload(lw.wo, "o weights");
@@ -207,7 +211,17 @@ class CudaBackend final : public Backend {
 
   void matmul(Proj p, int l) override {
     mm(input(p), weight(p, l), output(p), T());
-    if (p == Proj::QKV) split_qkv();
+    if (p == Proj::QKV) add_qkv_bias(l), split_qkv();
+  }
+
+  void qk_norm(int l) override {
+    const DLayerWeights& L = dw->layers[size_t(l)];
+    if (!L.q_norm.as<float>() || !L.k_norm.as<float>())
+      internal_fail("qk_norm on layer {}, which has no q/k norms", l);
+    // Each head a row of Dh (rmsnorm reads a value before it writes it: in place).
+    cuda::rmsnorm(q.as<float>(), L.q_norm.as<float>(), q.as<float>(), T() * c.n_head, c.head_dim, c.rms_eps);
+    cuda::rmsnorm(k.as<float>(), L.k_norm.as<float>(), k.as<float>(), T() * c.n_head_kv, c.head_dim,
+                  c.rms_eps);
   }
 
   // Continuous batching: the members' input rows side by side in one buffer, one GEMM over all of
@@ -222,8 +236,8 @@ class CudaBackend final : public Backend {
     std::vector<CudaBackend*> gemv_rows, gemm_rows;
     for (CudaBackend* m : members_of(members))
       (W.qtype && m->T() <= kGemvMaxRows ? gemv_rows : gemm_rows).push_back(m);
-    batched(p, W, gemv_rows, true);
-    batched(p, W, gemm_rows, false);
+    batched(p, l, W, gemv_rows, true);
+    batched(p, l, W, gemm_rows, false);
   }
 
   void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
@@ -435,6 +449,10 @@ class CudaBackend final : public Backend {
   float* output(Proj p) const {
     return p == Proj::QKV ? qkv.as<float>() : p == Proj::GateUp ? ff.as<float>() : branch.as<float>();
   }
+  void add_qkv_bias(int l) {
+    const DBuf& b = dw->layers[size_t(l)].qkv_bias;
+    if (b.as<float>()) add_bias(qkv.as<float>(), b.as<float>(), T(), QKV);
+  }
   void split_qkv() {  // the ops read q, k and v from their own buffers
     copy_columns(qkv.as<float>(), QKV, q.as<float>(), Q, Q, T());
     copy_columns(qkv.as<float>() + Q, QKV, k.as<float>(), KV, KV, T());
@@ -465,7 +483,7 @@ class CudaBackend final : public Backend {
   }
   // The members' rows of p's input multiplied together by mm (through the GEMV where `gemv`), each
   // member's output rows copied back into its own activation.
-  void batched(Proj p, const DMatrix& W, const std::vector<CudaBackend*>& ms, bool gemv) {
+  void batched(Proj p, int l, const DMatrix& W, const std::vector<CudaBackend*>& ms, bool gemv) {
     if (ms.empty()) return;
     const int64_t total = concat_rows(
         ms, [p](CudaBackend* m) { return m->input(p); }, W.cols);
@@ -474,7 +492,7 @@ class CudaBackend final : public Backend {
     int64_t at = 0;
     for (CudaBackend* m : ms) {
       copy_on_device(m->output(p), batch_out.as<float>() + at * W.rows, size_t(m->T() * W.rows) * 4);
-      if (p == Proj::QKV) m->split_qkv();
+      if (p == Proj::QKV) m->add_qkv_bias(l), m->split_qkv();
       at += m->T();
     }
   }

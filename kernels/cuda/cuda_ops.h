@@ -52,6 +52,8 @@ void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, 
           const float* freq_factors);
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t n);
+// x[t][i] += bias[i], x [T][n]
+void add_bias(float* x, const float* bias, int64_t T, int64_t n);
 // dst[r][:] = src[idx[r]][:]   (compacting kept rows, Aux Cache loads)
 void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
 // Causal GQA over the active keys, mask on original positions (ref::attention), tiled with an

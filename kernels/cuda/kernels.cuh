@@ -114,6 +114,12 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
   if (i < n) x[i] += y[i];
 }
 
+// x[t][i] += bias[i] for rows of n values: one thread per value.
+__global__ void add_bias_kernel(float* x, const float* bias, int64_t total, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < total) x[i] += bias[i % n];
+}
+
 // One block per row.
 __global__ void gather_kernel(const float* src, const int64_t* idx, float* dst, int64_t width) {
   const int64_t r = blockIdx.x;

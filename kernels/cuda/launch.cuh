@@ -58,6 +58,11 @@ void add_inplace(float* x, const float* y, int64_t n) {
   LP_LAUNCH(kernels::add_kernel, blocks_for(n, kThreads), kThreads, 0, x, y, n);
 }
 
+void add_bias(float* x, const float* bias, int64_t T, int64_t n) {
+  if (T <= 0 || n <= 0) return;
+  LP_LAUNCH(kernels::add_bias_kernel, blocks_for(T * n, kThreads), kThreads, 0, x, bias, T * n, n);
+}
+
 void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width) {
   if (rows <= 0) return;
   LP_LAUNCH(kernels::gather_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);

@@ -46,6 +46,9 @@ void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) {
 void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*) {
   unavailable();
 }
+void add_bias(float*, const float*, int64_t, int64_t) {
+  unavailable();
+}
 void add_inplace(float*, const float*, int64_t) {
   unavailable();
 }

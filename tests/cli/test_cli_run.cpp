@@ -103,8 +103,9 @@ TEST_F(CliErrors, BigEndianModel) {
 TEST_F(CliErrors, UnsupportedArchitecture) {
   TinyModelSpec s;
   s.arch = "gpt2";
-  expect_model_error(testing::write_tiny_model(dir_.file("gpt2.gguf"), s),
-                     {"unsupported architecture 'gpt2'"});
+  expect_model_error(
+      testing::write_tiny_model(dir_.file("gpt2.gguf"), s),
+      {"general.architecture 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3)"});
 }
 
 // --dtype int8 (weights in GGUF blocks, integer GEMMs): runs on the tiny model (its accuracy is

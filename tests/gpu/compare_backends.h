@@ -70,6 +70,9 @@ inline Weights int8_as_cpu_weights(const Weights& q) {
     LayerWeights o;
     o.attn_norm = l.attn_norm;
     o.ffn_norm = l.ffn_norm;
+    o.qkv_bias = l.qkv_bias;
+    o.q_norm = l.q_norm;
+    o.k_norm = l.k_norm;
     o.wqkv = as(l.wqkv, DType::BF16);
     o.wo = as(l.wo, DType::BF16);
     o.w_gate_up = as(l.w_gate_up, DType::BF16);

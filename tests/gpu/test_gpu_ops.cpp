@@ -35,6 +35,7 @@
 #include "tests/gpu/compare_backends.h"
 #include "tests/random_blocks.h"
 #include "tests/test_util.h"
+#include "tests/tiny_arch.h"
 #if defined(LP_HOST_THREADS)
 #include "tests/cuda_emu/host_threads.h"
 #endif
@@ -357,6 +358,22 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   compare_forward(path, 150, "1:0.3,3:0.3,4:0.5", PolicyKind::LazyLLM);
   compare_forward(path, 77, "2:0.4", PolicyKind::Frozen);
   compare_forward(path, 64, "0:0.5,1:0.5,2:0.5", PolicyKind::RandomLayers);
+}
+
+// Qwen2's Q/K/V biases and Qwen3's q/k norms over NEOX-ordered rows (tests/tiny_arch.h: the files
+// llama.cpp's references were made on), pruned and generating with revival, in f32: exact up to
+// summation order. (In int8 both sides round GEMM inputs to bf16, and on these files, whose logits
+// reach 9, a flipped rounding moves a logit by up to 0.04, over compare_forward's bf16 bound of
+// 0.029; the int8 path has no architecture-specific code: the biases and norms are f32 on both.)
+TEST(GpuForward, QwenLayersMatchTheCpuBackend) {
+  testing::TempDir dir;
+  for (const char* arch : {"qwen2", "qwen3"}) {
+    const std::string path = dir.file(std::string(arch) + ".gguf");
+    testing::tiny_arch_writer(arch, false).write(path);
+    compare_forward(path, 60, "none", PolicyKind::None);
+    compare_forward(path, 60, "0:0.5", PolicyKind::LazyLLM);
+    compare_generate(path, 40, PolicyKind::LazyLLM, "0:0.5");
+  }
 }
 
 // bf16 weights (the GPU's default dtype): bf16 GEMMs (cuBLAS GemmEx, f32 accumulation), the bf16

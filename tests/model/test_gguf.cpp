@@ -23,6 +23,7 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "tests/gguf_writer.h"
+#include "tests/tiny_arch.h"
 
 namespace lp {
 namespace {
@@ -943,13 +944,49 @@ TEST(ConfigFromGguf, HeadCountKvDefaultsToHeadCount) {
   EXPECT_EQ(config_from_gguf(GgufFile::open(dir.file("m.gguf"))).n_head_kv, 4);
 }
 
+// The later architectures' own metadata and tensors, broken one at a time in the files llama.cpp's
+// references were made on (tests/tiny_arch.h): one line naming the file and the field.
+TEST(ConfigBad, QwenTensorsAndMetadata) {
+  TempDir dir;
+  GgufWriter w = testing::tiny_arch_writer("qwen2", false);
+  w.remove_tensor("blk.1.attn_k.bias");
+  EXPECT_HAS(config_error(dir, w), "tensor 'blk.1.attn_k.bias' is missing where blk.0 has Q/K/V biases");
+  w = testing::tiny_arch_writer("qwen2", false);
+  w.find_tensor("blk.0.attn_v.bias")->ne = {7};
+  EXPECT_HAS(config_error(dir, w), "tensor 'blk.0.attn_v.bias' has shape [7], expected [32]");
+  w = testing::tiny_arch_writer("qwen3", false);
+  w.remove_tensor("blk.0.attn_q_norm.weight");
+  EXPECT_HAS(config_error(dir, w), "blk.0.attn_q_norm.weight");
+  w = testing::tiny_arch_writer("qwen3", false);
+  w.find_tensor("blk.1.attn_k_norm.weight")->ne = {16};
+  EXPECT_HAS(config_error(dir, w), "tensor 'blk.1.attn_k_norm.weight' has shape [16], expected [32]");
+  // A head width that does not tile the model width is Qwen3's normal case (key_length given) ...
+  w = testing::tiny_arch_writer("qwen3", false);
+  w.write(dir.file("q3.gguf"));
+  const ModelConfig c = config_from_gguf(GgufFile::open(dir.file("q3.gguf")));
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.q_dim(), 128);
+  EXPECT_TRUE(c.qk_norm && c.rope_neox && !c.attention_bias);
+  // ... and an absurd one is refused like any dimension.
+  w.set("qwen3.attention.key_length", testing::GgufWriterValue::u32(1u << 20));
+  EXPECT_HAS(config_error(dir, w), "attention.key_length");
+  // Mixture-of-experts files: refused by name until the engine runs them.
+  for (const char* arch : {"qwen3moe", "mixtral"}) {
+    const std::string e = config_error(dir, testing::tiny_arch_writer(arch, false));
+    EXPECT_TRUE(e.find("is not supported") != std::string::npos ||
+                e.find("mixture-of-experts models are not supported yet") != std::string::npos)
+        << e;
+  }
+}
+
 TEST(ConfigBad, UnsupportedArchitecture) {
   TempDir dir;
   for (const char* arch : {"gpt2", "bert"}) {
     TinyModelSpec s;
     s.arch = arch;
-    EXPECT_HAS(config_error(dir, testing::tiny_model_writer(s)),
-               std::string("unsupported architecture '") + arch + "'");
+    const std::string e = config_error(dir, testing::tiny_model_writer(s));
+    EXPECT_HAS(e, std::string("general.architecture '") + arch + "' is not supported");
+    EXPECT_HAS(e, "supported: llama, mistral, qwen2, qwen3");  // the list, so a user knows what runs
   }
   GgufWriter w = testing::tiny_model_writer();
   w.remove("general.architecture");

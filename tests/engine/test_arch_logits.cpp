@@ -1,0 +1,127 @@
+// The architectures after Llama against llama.cpp: tiny GGUFs of each (tests/tiny_arch.h, weights a
+// function of tensor name and index) and llama.cpp's logits on the same files
+// (tests/fixtures/arch/<arch>.json, made by tests/fixtures/arch/make_tiny_arch.py with
+// llama-cpp-python 0.3.36). f32: every logit at every position within 1e-3 of llama.cpp's. int8
+// on the Q8_0 file: as far from llama.cpp's f32 logits as llama.cpp's own Q8_0 run is.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "engine/model.h"
+#include "engine/session.h"
+#include "tests/test_util.h"
+#include "tests/tiny_arch.h"
+
+namespace lp {
+namespace {
+
+const nlohmann::json& fixture(const std::string& arch) {
+  static std::map<std::string, nlohmann::json> cache;
+  auto it = cache.find(arch);
+  if (it == cache.end()) {
+    std::ifstream in(testing::fixture_path("arch/" + arch + ".json"));
+    if (!in) throw std::runtime_error("missing fixture arch/" + arch + ".json");
+    it = cache.emplace(arch, nlohmann::json::parse(in)).first;
+  }
+  return it->second;
+}
+
+CpuContext& ctx() {
+  static CpuContext c(2);
+  return c;
+}
+
+// All-row logits [T][V] of the fixture's prompt in one prefill.
+std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& ids) {
+  Session s(ctx(), m, int64_t(ids.size()));
+  std::vector<int32_t> pos(ids.size());
+  std::vector<int64_t> rows(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) pos[i] = int32_t(i), rows[i] = int64_t(i);
+  std::vector<float> logits(ids.size() * size_t(m.config().n_vocab));
+  s.forward(ids, pos, rows, logits.data());
+  return logits;
+}
+
+std::unique_ptr<Model> tiny(const std::string& arch, bool q8_0, DType dt, const testing::TempDir& dir) {
+  const std::string path = dir.file("tiny-" + arch + (q8_0 ? "-q8_0" : "") + ".gguf");
+  testing::tiny_arch_writer(arch, q8_0).write(path);
+  return Model::load(path, dt, ctx());
+}
+
+// The files written here hold the bytes of the files llama.cpp ran: the fixture's sha256 of every
+// tensor's bytes, F32 and Q8_0 (so the weight rule and our Q8_0 rounding are the script's).
+TEST(TinyArch, FilesAreTheOnesLlamaCppRan) {
+  for (const std::string& arch : testing::tiny_archs()) {
+    std::string f32, q8;
+    testing::tiny_arch_writer(arch, false, &f32);
+    testing::tiny_arch_writer(arch, true, &q8);
+    EXPECT_EQ(f32, fixture(arch)["tensors_sha256"].get<std::string>()) << arch;
+    EXPECT_EQ(q8, fixture(arch)["q8_0"]["tensors_sha256"].get<std::string>()) << arch;
+  }
+}
+
+// The largest |ours - llama.cpp f32| over the row, per position.
+std::vector<double> row_errors(const std::vector<float>& got, const nlohmann::json& want, int64_t V) {
+  std::vector<double> out;
+  for (size_t t = 0; t < want.size(); ++t) {
+    double worst = 0;
+    for (int64_t v = 0; v < V; ++v)
+      worst = std::max(worst,
+                       std::fabs(double(got[t * size_t(V) + size_t(v)]) - want[t][size_t(v)].get<double>()));
+    out.push_back(worst);
+  }
+  return out;
+}
+
+class ArchLogits : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ArchLogits, F32MatchesLlamaCppAtEveryPosition) {
+  const std::string arch = GetParam();
+  const nlohmann::json& fx = fixture(arch);
+  testing::TempDir dir;
+  const auto m = tiny(arch, false, DType::F32, dir);
+  const auto ids = fx["prompt"].get<std::vector<int32_t>>();
+  const int64_t V = m->config().n_vocab;
+  ASSERT_EQ(V, int64_t(fx["logits"][0].size()));
+  const auto err = row_errors(all_logits(*m, ids), fx["logits"], V);
+  for (size_t t = 0; t < err.size(); ++t) EXPECT_LT(err[t], 1e-3) << arch << " position " << t;
+  std::printf("%s f32 vs llama.cpp: largest |logit difference| %.2e over %zu positions\n", arch.c_str(),
+              *std::max_element(err.begin(), err.end()), err.size());
+}
+
+// int8 on the Q8_0 file: each position within 1.5x llama.cpp's own Q8_0 distance from its f32 logits
+// (plus 0.02 for a position where that distance is small), and at least 14 of 16 argmaxes of the f32
+// run. Both quantize activations to 8 bits per block of 32; their rounding differs in the last bits.
+TEST_P(ArchLogits, Int8IsAsCloseAsLlamaCppsOwnQ8_0) {
+  const std::string arch = GetParam();
+  const nlohmann::json& fx = fixture(arch);
+  testing::TempDir dir;
+  const auto m = tiny(arch, true, DType::Int8, dir);
+  const auto ids = fx["prompt"].get<std::vector<int32_t>>();
+  const int64_t V = m->config().n_vocab;
+  const auto got = all_logits(*m, ids);
+  const auto err = row_errors(got, fx["logits"], V);
+  const auto theirs = fx["q8_0"]["max_abs_diff_from_f32"].get<std::vector<double>>();
+  const auto argmax = fx["argmax"].get<std::vector<int64_t>>();
+  int agree = 0;
+  for (size_t t = 0; t < err.size(); ++t) {
+    EXPECT_LT(err[t], 1.5 * theirs[t] + 0.02) << arch << " position " << t;
+    const float* row = got.data() + t * size_t(V);
+    agree += std::max_element(row, row + V) - row == argmax[t];
+  }
+  EXPECT_GE(agree, 14) << arch;
+  std::printf(
+      "%s int8 on Q8_0: largest |logit - llama.cpp f32| %.4f (llama.cpp's own Q8_0: %.4f), argmax %d/%zu\n",
+      arch.c_str(), *std::max_element(err.begin(), err.end()),
+      *std::max_element(theirs.begin(), theirs.end()), agree, err.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, ArchLogits, ::testing::Values("qwen2", "qwen3"));
+
+}  // namespace
+}  // namespace lp
