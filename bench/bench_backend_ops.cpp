@@ -64,14 +64,16 @@ ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
       auto logits = std::make_shared<std::vector<float>>(static_cast<size_t>(T * c.n_vocab));
       return {{}, [&b, logits] { b.lm_head(logits->data()); }};
     }
-    case OpKind::MatmulQKVBias:
-      return {{}, [&b] { b.matmul(Proj::QKV, 0); }};
+    case OpKind::PostNorm: {  // in place: the rows put back before each run
+      const auto x = random_vec(size_t(T * D), rng);
+      return {[&b, x] { b.write(Tensor::Branch, x); }, [&b] { b.post_norm(Norm::PostAttn, 0); }};
+    }
     case OpKind::QkNorm: {  // in place: the rows put back before each run
       const auto x = random_vec(size_t(T * tensor_width(c, Tensor::QKV)), rng);
       return {[&b, x] { b.write(Tensor::QKV, x); }, [&b] { b.qk_norm(0); }};
     }
     case OpKind::Rope:  // a rotation: the values keep their size however often it runs
-      return {{}, [&b] { b.rope(); }};
+      return {{}, [&b] { b.rope(0); }};
     case OpKind::KvAppend:
       return {[&b] { b.reset(); }, [&b] { b.kv_append(0); }};
     case OpKind::Attention:
@@ -123,7 +125,7 @@ ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
 }
 
 void BM_BackendOp(benchmark::State& st, OpCase oc, int head_dim) {
-  const OpModel& om = op_model(oc.gqa, oc.dtype, head_dim, uses_qwen_parts(oc.op));
+  const OpModel& om = op_model(oc.gqa, oc.dtype, head_dim, oc.later);
   CpuContext ctx(2);
   CpuBackend b(ctx, om.c, om.w, 2 * oc.T + 2);
   const ReadyOp op = prepare(oc, om.c, b);

@@ -4,11 +4,13 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cli/commands.h"
 #include "model/config.h"
@@ -172,6 +174,12 @@ int inspect_model(const std::string& path_arg, bool json_out) {
                  {"rope_style", c.rope_neox ? "neox" : "normal"},
                  {"attention_bias", c.attention_bias},
                  {"qk_norm", c.qk_norm},
+                 {"post_norms", c.post_norms},
+                 {"ffn_activation", c.gelu ? "geglu" : "swiglu"},
+                 {"embed_scale", c.embed_scale},
+                 {"attention_scale", c.attention_scale()},
+                 {"layer_window", c.layer_window},
+                 {"rope_theta_local", c.rope_theta_local},
                  {"n_params", c.n_params()}};
   j["tokenizer"] = {{"model", v.model},
                     {"pre", v.pre},
@@ -205,9 +213,24 @@ int inspect_model(const std::string& path_arg, bool json_out) {
   fmt::print("  rope theta {}  rope dims {} ({})  rms eps {}  tied embeddings {}  params {:.1f} M\n",
              c.rope_theta, c.rope_dim, c.rope_neox ? "neox" : "normal", c.rms_eps,
              c.tied_embeddings ? "yes" : "no", c.n_params() / 1e6);
-  if (c.attention_bias || c.qk_norm)
-    fmt::print("  attention: {}{}\n", c.attention_bias ? "q/k/v biases" : "",
-               c.qk_norm ? (c.attention_bias ? ", per-head q/k norms" : "per-head q/k norms") : "");
+  std::vector<std::string> parts;
+  if (c.attention_bias) parts.push_back("q/k/v biases");
+  if (c.qk_norm) parts.push_back("per-head q/k norms");
+  if (c.post_norms) parts.push_back("norms after attention and FFN");
+  if (c.gelu) parts.push_back("GeGLU (tanh GELU)");
+  if (c.embed_scale != 1.0f) parts.push_back(fmt::format("embeddings x {:.4g}", c.embed_scale));
+  if (!parts.empty()) fmt::print("  {}\n", fmt::join(parts, ", "));
+  if (!c.layer_window.empty()) {
+    std::string kinds;  // a letter a layer: L local (sliding window), G global
+    int local = 0, window = 0;
+    for (int l = 0; l < c.n_layer; ++l) {
+      kinds += c.window(l) > 0 ? 'L' : 'G';
+      local += c.window(l) > 0;
+      window = std::max(window, c.window(l));
+    }
+    fmt::print("  layers: {} local (window {}, rope theta {}), {} global  [{}]\n", local, window,
+               c.rope_theta_local, c.n_layer - local, kinds);
+  }
   fmt::print("tokenizer {} (pre '{}')  {} tokens  {} merges  bos {}  eos {}  add_bos {}  chat template {}\n",
              esc(v.model), esc(v.pre), v.tokens.size(), v.merges.size(), v.bos_id, v.eos_id, v.add_bos,
              v.chat_template.empty() ? "no" : "yes");

@@ -227,7 +227,7 @@ void Session::attend(Pass& ps, int l) {
                                                           : std::span<const int32_t>{};
   const int64_t T = int64_t(rows.size());
   if (m_.config().qk_norm) timed(ps.timers, l, Op::QKNorm, OpShape{T, 0, 0}, [&] { b.qk_norm(l); });
-  timed(ps.timers, l, Op::Rope, OpShape{T, 0, 0}, [&] { b.rope(); });
+  timed(ps.timers, l, Op::Rope, OpShape{T, 0, 0}, [&] { b.rope(l); });
   kv.append(rows, l);  // the (token, layer) pairs computed: at most once
   b.kv_append(l);      // untimed: the Attention op's bytes count this write
 
@@ -254,8 +254,15 @@ void Session::attend(Pass& ps, int l) {
     key_pos = key_pos_;
   }
   const int64_t n_keys = int64_t(key_pos.size());
-  int64_t pairs = 0;  // each query sees the keys at or before its position
-  for (int32_t p : rows) pairs += std::upper_bound(key_pos.begin(), key_pos.end(), p) - key_pos.begin();
+  int64_t pairs = 0;  // each query sees the keys at or before its position (inside its window, if any)
+  const int window = m_.config().window(l);
+  for (int32_t p : rows) {
+    pairs += std::upper_bound(key_pos.begin(), key_pos.end(), p) - key_pos.begin();
+    if (window > 0)
+      pairs -= std::upper_bound(key_pos.begin(), key_pos.end(), int64_t(p) - window,
+                                [](int64_t a, int32_t b) { return a < b; }) -
+               key_pos.begin();
+  }
   timed(ps.timers, l, Op::Attention, OpShape{T, pairs, n_keys}, [&] { b.attention(l, slots_); });
   if (ps.stats) {
     ps.stats->queries[size_t(l)] = T;
@@ -268,6 +275,8 @@ void Session::attend(Pass& ps, int l) {
 void Session::mlp_in(Pass& ps, int l) {
   Backend& b = *be_;
   const OpShape shape{int64_t(ps.rows.size()), 0, 0};
+  if (m_.config().post_norms)
+    timed(ps.timers, l, Op::PostNorm, shape, [&] { b.post_norm(Norm::PostAttn, l); });
   timed(ps.timers, l, Op::Residual, shape, [&] { b.residual(); });
   timed(ps.timers, l, Op::FfnNorm, shape, [&] { b.rmsnorm(Norm::Ffn, l); });
 }
@@ -382,7 +391,10 @@ Session::Pass Session::begin_decode(int32_t id, int32_t p, const PruneRequest* p
 }
 
 void Session::end_layer(Pass& ps, int l) {
-  timed(ps.timers, l, Op::Residual, OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->residual(); });
+  const OpShape shape{int64_t(ps.rows.size()), 0, 0};
+  if (m_.config().post_norms)
+    timed(ps.timers, l, Op::PostNorm, shape, [&] { be_->post_norm(Norm::PostFfn, l); });
+  timed(ps.timers, l, Op::Residual, shape, [&] { be_->residual(); });
   if (ps.decode)
     reselect(ps, l);
   else

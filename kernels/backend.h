@@ -40,7 +40,9 @@ enum class Proj {
   GateUp,
   Down
 };  // qkv = xn Wqkv^T, branch = attn Wo^T, ff = xn Wgu^T, branch = act Wd^T
-enum class Norm { Attn, Ffn, Output };  // which weight rmsnorm scales by
+// Which weight a norm scales by: rmsnorm's input norms (x -> xn), post_norm's output norms
+// (branch -> branch, Gemma 3).
+enum class Norm { Attn, Ffn, Output, PostAttn, PostFfn };
 
 // How a set of rows is rebuilt from the current rows and Aux Cache entries (a decoding step's
 // revival): new row x_dst[i] = current row x_src[i]; new row aux_dst[i] = entry aux_src[i].
@@ -83,21 +85,29 @@ class Backend {
   // The rows from now on: their count and positions (RoPE angles, the causal mask). Room for them
   // in every activation; x keeps its first rows when it grows.
   virtual void set_rows(std::span<const int32_t> pos) = 0;
-  virtual void embed(std::span<const int32_t> ids) = 0;  // x[t] = embedding of ids[t]
-  virtual void rmsnorm(Norm n, int layer) = 0;           // xn = rmsnorm(x) * w  (Output: layer unused)
+  // x[t] = embedding of ids[t], times ModelConfig::embed_scale
+  virtual void embed(std::span<const int32_t> ids) = 0;
+  virtual void rmsnorm(Norm n, int layer) = 0;  // xn = rmsnorm(x) * w  (Attn, Ffn, Output: layer unused)
+  // branch = rmsnorm(branch) * w (PostAttn, PostFfn: Gemma 3's norms of the attention and FFN
+  // outputs; the engine calls it only for a model with ModelConfig::post_norms).
+  virtual void post_norm(Norm n, int layer) = 0;
   // The projection; Proj::QKV adds the layer's Q/K/V biases where the model has them (Qwen2).
   virtual void matmul(Proj p, int layer) = 0;
   // q and k heads of qkv replaced by their RMSNorm times the layer's q_norm / k_norm (Qwen3's
   // per-head norms, before RoPE; the engine calls it only for a model with ModelConfig::qk_norm).
   virtual void qk_norm(int layer) = 0;
-  virtual void rope() = 0;                // q and k heads of qkv, at the rows' positions
+  // q and k heads of qkv, at the rows' positions, with the layer's base and scale
+  // (ModelConfig::rope_base / rope_scale: Gemma 3's local and global layers differ).
+  virtual void rope(int layer) = 0;
   virtual void kv_append(int layer) = 0;  // the rows' k, v into the next slots of the layer's cache
   // attn = causal attention of the rows' q over the keys in `slots` (ascending positions); empty:
-  // every slot the layer holds, which are then in position order.
+  // every slot the layer holds, which are then in position order. The layer's sliding window
+  // (ModelConfig::window) hides older keys; logits scaled by ModelConfig::attention_scale.
   virtual void attention(int layer, std::span<const int32_t> slots) = 0;
-  virtual void swiglu() = 0;    // act = silu(gate) * up
+  virtual void swiglu() = 0;    // act = silu(gate) * up, or gelu(gate) * up (ModelConfig::gelu)
   virtual void residual() = 0;  // x += branch
-  // scores[i] = the last row's attention on key i of `slots` (as attention), averaged over heads.
+  // scores[i] = the last row's attention on key i of `slots` (as attention, its window included:
+  // a key outside it scores 0), averaged over heads.
   virtual void last_row_scores(int layer, std::span<const int32_t> slots) = 0;
   virtual std::vector<float> scores(int64_t n) = 0;  // the scores, read back
   // LazyLLM's selection run where the scores are (select_top in pruning/policy.h): the n_keep best

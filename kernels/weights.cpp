@@ -237,6 +237,10 @@ Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelCon
       const std::vector<float> v = load_vector(f, p + "attn_v.bias");
       L.qkv_bias.insert(L.qkv_bias.end(), v.begin(), v.end());
     }
+    if (c.post_norms) {
+      L.post_attn_norm = load_vector(f, p + "post_attention_norm.weight");
+      L.post_ffn_norm = load_vector(f, p + "post_ffw_norm.weight");
+    }
     if (c.qk_norm) {
       L.q_norm = load_vector(f, p + "attn_q_norm.weight");
       L.k_norm = load_vector(f, p + "attn_k_norm.weight");

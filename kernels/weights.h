@@ -24,14 +24,15 @@ namespace lp {
 class GgufFile;
 
 struct LayerWeights {
-  std::vector<float> attn_norm;       // [D]
-  Matrix wqkv;                        // [(H + 2 Hkv) Dh][D]  rows: q, then k, then v
-  std::vector<float> qkv_bias;        // [(H + 2 Hkv) Dh] (attention_bias), else empty
-  std::vector<float> q_norm, k_norm;  // [Dh] each (qk_norm), else empty
-  Matrix wo;                          // [D][H Dh]
-  std::vector<float> ffn_norm;        // [D]
-  Matrix w_gate_up;                   // [2F][D]  rows: gate, then up
-  Matrix w_down;                      // [D][F]
+  std::vector<float> attn_norm;                      // [D]
+  Matrix wqkv;                                       // [(H + 2 Hkv) Dh][D]  rows: q, then k, then v
+  std::vector<float> qkv_bias;                       // [(H + 2 Hkv) Dh] (attention_bias), else empty
+  std::vector<float> q_norm, k_norm;                 // [Dh] each (qk_norm), else empty
+  std::vector<float> post_attn_norm, post_ffn_norm;  // [D] each (post_norms), else empty
+  Matrix wo;                                         // [D][H Dh]
+  std::vector<float> ffn_norm;                       // [D]
+  Matrix w_gate_up;                                  // [2F][D]  rows: gate, then up
+  Matrix w_down;                                     // [D][F]
 };
 
 struct Weights {

@@ -16,9 +16,9 @@ namespace {
 // The architectures the engine runs: the Llama layout (token_embd, blk.N.attn_q/k/v/output,
 // ffn_gate/up/down, RMSNorm, RoPE) and what each adds (docs/architectures.md). Mistral 7B ships as
 // "llama".
-constexpr std::string_view kSupportedArchs = "llama, mistral, qwen2, qwen3";
+constexpr std::string_view kSupportedArchs = "llama, mistral, qwen2, qwen3, gemma3";
 bool supported_arch(const std::string& arch) {
-  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3";
+  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3";
 }
 
 int dim(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi) {
@@ -26,6 +26,45 @@ int dim(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi) {
   if (v < static_cast<uint64_t>(lo) || v > static_cast<uint64_t>(hi))
     fail("{}: metadata '{}' = {} is outside the plausible range [{}, {}]", f.path(), key, v, lo, hi);
   return static_cast<int>(v);
+}
+
+// Gemma 3's keys (docs/architectures.md section 5, as llama.cpp reads them): the sliding window and
+// which layers have it, the local layers' RoPE base, the embedding and attention scales.
+void read_gemma3(const GgufFile& f, ModelConfig& c) {
+  const std::string a = "gemma3.";
+  c.embed_scale = std::sqrt(float(c.n_embd));
+  // The 27B model (62 layers) scales by 1/sqrt(D / H) (query_pre_attn_scalar 168), the others by
+  // 1/sqrt(Dh): llama.cpp tells them apart by the layer count alone.
+  if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(float(c.n_embd) / float(c.n_head));
+  if (const auto cap = f.opt_float(a + "final_logit_softcapping"); cap && *cap != 0)
+    fail("{}: {}final_logit_softcapping {} is not supported (Gemma 3 files have none)", f.path(), a, *cap);
+  c.rope_theta_local = float(f.opt_float(a + "rope.freq_base_swa").value_or(10000.0));
+  if (!(c.rope_theta_local > 0) || !std::isfinite(c.rope_theta_local))
+    fail("{}: {}rope.freq_base_swa {} is invalid", f.path(), a, c.rope_theta_local);
+  if (!f.has(a + "attention.sliding_window")) return;  // every layer global
+  const uint64_t w = f.get_uint(a + "attention.sliding_window");
+  if (w == 0 || w > uint64_t(c.n_ctx_train))
+    fail("{}: {}attention.sliding_window {} is outside [1, context_length {}]", f.path(), a, w,
+         c.n_ctx_train);
+  // Which layers slide: a period P (the last layer of every P is global; 6 by default) or one flag
+  // per layer (attention.sliding_window_pattern, as newer llama.cpp reads it).
+  std::vector<bool> local(size_t(c.n_layer));
+  const std::string pk = a + "attention.sliding_window_pattern";
+  const GgufValue* pv = f.find(pk);
+  if (pv && pv->type == GgufType::ARRAY) {
+    const GgufArray& flags = f.get_array(pk);
+    if (flags.elem_type != GgufType::BOOL || int64_t(flags.items.size()) != c.n_layer)
+      fail("{}: {} must be {} booleans, one per layer", f.path(), pk, c.n_layer);
+    for (size_t l = 0; l < flags.items.size(); ++l) local[l] = std::get<bool>(flags.items[l].v);
+  } else {
+    const uint64_t period = f.has(pk) ? f.get_uint(pk) : 6;
+    if (period < 1 || period > uint64_t(c.n_layer) + 1)
+      fail("{}: {} {} is outside [1, {}]", f.path(), pk, period, c.n_layer + 1);
+    for (int l = 0; l < c.n_layer; ++l) local[size_t(l)] = uint64_t(l) % period < period - 1;
+  }
+  c.layer_window.assign(size_t(c.n_layer), 0);
+  for (int l = 0; l < c.n_layer; ++l)
+    if (local[size_t(l)]) c.layer_window[size_t(l)] = int(w);
 }
 
 }  // namespace
@@ -37,9 +76,13 @@ int64_t ModelConfig::n_params() const {
     const ModelConfig c = uniform() ? *this : layer(l);
     const int64_t q = c.q_dim(), kv = c.kv_dim(), F = c.n_ff;
     total += D * q + 2 * D * kv + q * D + 3 * D * F + 2 * D + (attention_bias ? q + 2 * kv : 0) +
-             (qk_norm ? 2 * head_dim : 0);
+             (qk_norm ? 2 * head_dim : 0) + (post_norms ? 2 * D : 0);
   }
   return total;
+}
+
+float ModelConfig::attention_scale() const {
+  return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(float(head_dim));
 }
 
 ModelConfig ModelConfig::layer(int l) const {
@@ -68,6 +111,9 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   if (c.attention_bias) j["attention_bias"] = true;
   if (c.qk_norm) j["qk_norm"] = true;
   if (c.rope_neox) j["rope_neox"] = true;
+  if (c.post_norms) j["post_norms"] = true;
+  if (c.gelu) j["gelu"] = true;
+  if (!c.layer_window.empty()) j["layer_window"] = c.layer_window;
   if (!c.layer_n_head.empty()) j["layer_n_head"] = c.layer_n_head;
   if (!c.layer_n_head_kv.empty()) j["layer_n_head_kv"] = c.layer_n_head_kv;
   if (!c.layer_n_ff.empty()) j["layer_n_ff"] = c.layer_n_ff;
@@ -113,6 +159,9 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
     c.attention_bias = j.value("attention_bias", false);
     c.qk_norm = j.value("qk_norm", false);
     c.rope_neox = j.value("rope_neox", false);
+    c.post_norms = j.value("post_norms", false);
+    c.gelu = j.value("gelu", false);
+    c.layer_window = int_array(j, "layer_window", origin);
     c.layer_n_head = int_array(j, "layer_n_head", origin);
     c.layer_n_head_kv = int_array(j, "layer_n_head_kv", origin);
     c.layer_n_ff = int_array(j, "layer_n_ff", origin);
@@ -136,7 +185,7 @@ void validate_config(const ModelConfig& c, const std::string& origin) {
   pos("head_dim", c.head_dim);
   pos("n_vocab", c.n_vocab);
   if (c.n_ctx_train < 0) fail("{}: n_ctx_train must not be negative, got {}", origin, c.n_ctx_train);
-  for (const auto* v : {&c.layer_n_head, &c.layer_n_head_kv, &c.layer_n_ff})
+  for (const auto* v : {&c.layer_n_head, &c.layer_n_head_kv, &c.layer_n_ff, &c.layer_window})
     if (!v->empty() && int(v->size()) != c.n_layer)
       fail("{}: per-layer arrays must have n_layer = {} entries, got {}", origin, c.n_layer, v->size());
   for (int l = 0; l < c.n_layer; ++l) {
@@ -159,9 +208,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   if (f.has(a + "expert_count") && f.get_uint(a + "expert_count") > 0)
     fail("{}: {}expert_count {}: mixture-of-experts models are not supported yet", f.path(), a,
          f.get_uint(a + "expert_count"));
-  const bool qwen = c.arch == "qwen2" || c.arch == "qwen3";
-  c.rope_neox = qwen;
-  c.qk_norm = c.arch == "qwen3";
+  const bool gemma = c.arch == "gemma3";
+  c.rope_neox = c.arch == "qwen2" || c.arch == "qwen3" || gemma;
+  c.qk_norm = c.arch == "qwen3" || gemma;
+  c.post_norms = c.gelu = gemma;
   // Upper bounds are far above any released model but small enough that a corrupt value
   // cannot drive an allocation past memory: they are plausibility checks, not limits of the
   // format.
@@ -194,8 +244,16 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     fail("{}: rope.freq_base {} or layer_norm_rms_epsilon {} is invalid", f.path(), c.rope_theta, c.rms_eps);
   if (f.has(a + "rope.scaling.type")) {
     const std::string& st = f.get_string(a + "rope.scaling.type");
-    if (st != "none" && st != "llama3") fail("{}: rope scaling '{}' is not supported", f.path(), st);
+    if (gemma && st == "linear") {  // Gemma 3 4B and up: the global layers' positions scaled by 1/factor
+      const double factor = f.opt_float(a + "rope.scaling.factor").value_or(1.0);
+      if (!(factor >= 1 && factor <= 1024))
+        fail("{}: {}rope.scaling.factor {} is outside [1, 1024]", f.path(), a, factor);
+      c.rope_freq_scale = float(1.0 / factor);
+    } else if (st != "none" && st != "llama3") {
+      fail("{}: rope scaling '{}' is not supported", f.path(), st);
+    }
   }
+  if (gemma) read_gemma3(f, c);
 
   const GgufTensor& emb = f.tensor("token_embd.weight");
   if (emb.ne.size() != 2 || emb.ne[0] != c.n_embd)
@@ -243,6 +301,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
       expect(p + "attn_q_norm.weight", {c.head_dim});
       expect(p + "attn_k_norm.weight", {c.head_dim});
     }
+    if (c.post_norms) {
+      expect(p + "post_attention_norm.weight", {D});
+      expect(p + "post_ffw_norm.weight", {D});
+    }
     expect(p + "ffn_norm.weight", {D});
     expect(p + "ffn_gate.weight", {D, F});
     expect(p + "ffn_up.weight", {D, F});
@@ -263,6 +325,8 @@ std::vector<std::string> required_tensor_names(const ModelConfig& c) {
       for (const char* s : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) n.push_back(p + s);
     if (c.qk_norm)
       for (const char* s : {"attn_q_norm.weight", "attn_k_norm.weight"}) n.push_back(p + s);
+    if (c.post_norms)
+      for (const char* s : {"post_attention_norm.weight", "post_ffw_norm.weight"}) n.push_back(p + s);
   }
   return n;
 }

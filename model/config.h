@@ -1,5 +1,5 @@
 // ModelConfig: the shape of a decoder-only transformer of the Llama family and its descendants
-// (Qwen2/2.5, Qwen3), read from GGUF metadata ({arch}.* keys; docs/architectures.md says what each
+// (Qwen2/2.5, Qwen3, Gemma 3), read from GGUF metadata ({arch}.* keys; docs/architectures.md says what each
 // architecture's file holds and how llama.cpp computes it).
 //
 // Dimension names used throughout the project:
@@ -17,7 +17,7 @@ namespace lp {
 class GgufFile;
 
 struct ModelConfig {
-  std::string arch;   // general.architecture: "llama", "mistral", "qwen2", "qwen3"
+  std::string arch;   // general.architecture: "llama", "mistral", "qwen2", "qwen3", "gemma3"
   std::string name;   // general.name, informational
   int n_layer = 0;    // L
   int n_embd = 0;     // D
@@ -39,10 +39,26 @@ struct ModelConfig {
   // every q.k product, and so the model, unchanged (kernels/weights.h).
   bool rope_neox = false;
   bool qk_norm = false;  // per-head RMSNorm of q and k before RoPE (Qwen3), weights [Dh] each
+  // Gemma 3's additions (docs/architectures.md section 5); the defaults are the Llama layout.
+  float embed_scale = 1.0f;  // the embeddings times this (Gemma: sqrt(D), in f32)
+  bool post_norms = false;   // RMSNorm of the attention and FFN outputs before each residual add
+  bool gelu = false;         // the gated activation is GELU (tanh form): GeGLU, not SwiGLU
+  float attn_scale = 0;      // attention logits' scale; 0: 1/sqrt(Dh)
+  // Sliding-window layers: layer_window[l] > 0 hides from a query every key that many positions or
+  // more before it (Gemma 3's local layers); empty: every layer global.
+  std::vector<int> layer_window;
+  // RoPE of the sliding-window layers: their own base, and no frequency scaling (Gemma 3); a global
+  // layer's angle is pos * rope_freq_scale * rope_theta^(-2i/d) (1/rope.scaling.factor, linear).
+  float rope_theta_local = 10000.0f;
+  float rope_freq_scale = 1.0f;
   // Per-layer widths for models with layer-wise scaling (OpenELM); empty when every layer has
   // the scalars above. Only the simulator uses them; the engine runs uniform models.
   std::vector<int> layer_n_head, layer_n_head_kv, layer_n_ff;
 
+  int window(int l) const { return layer_window.empty() ? 0 : layer_window[size_t(l)]; }
+  float rope_base(int l) const { return window(l) > 0 ? rope_theta_local : rope_theta; }
+  float rope_scale(int l) const { return window(l) > 0 ? 1.0f : rope_freq_scale; }
+  float attention_scale() const;
   int q_dim() const { return n_head * head_dim; }      // H*Dh
   int kv_dim() const { return n_head_kv * head_dim; }  // Hkv*Dh
   // Parameters in the matrices that a forward pass multiplies (per layer and LM head),

@@ -4,15 +4,15 @@ namespace lp {
 
 std::string_view op_name(Op op) {
   static constexpr std::array<std::string_view, kNumOps> names = {
-      "embed", "attn_norm", "qkv",    "qk_norm",     "rope",    "attention",
-      "score", "select",    "o_proj", "ffn_norm",    "gate_up", "swiglu",
-      "down",  "residual",  "gather", "output_norm", "lm_head"};
+      "embed", "attn_norm", "qkv",       "qk_norm",  "rope",        "attention",
+      "score", "select",    "o_proj",    "ffn_norm", "gate_up",     "swiglu",
+      "down",  "residual",  "post_norm", "gather",   "output_norm", "lm_head"};
   static_assert(names.back() == "lm_head" && names.size() == size_t(Op::LmHead) + 1);
   return names[static_cast<int>(op)];
 }
 
 int op_calls_per_layer(Op op) {
-  return op == Op::Residual ? 2 : 1;
+  return op == Op::Residual || op == Op::PostNorm ? 2 : 1;
 }
 
 bool op_is_per_layer(Op op) {

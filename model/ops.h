@@ -37,6 +37,7 @@ enum class Op : int {
   SwiGLU,      // silu(gate) * up
   Down,        // [T][F] x [F][D]
   Residual,    // one residual add (two per layer)
+  PostNorm,    // RMSNorm of the attention or FFN output before its residual add (Gemma 3; two per layer)
   Gather,      // moving rows: compacting kept rows, Aux Cache writes of pruned ones and reads of revived ones
   OutputNorm,  // final RMSNorm on the rows that need logits
   LmHead,      // [R][D] x [D][V]
@@ -106,6 +107,8 @@ inline double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
       return gemm_flops(T, F, D);
     case Op::Residual:
       return double(T) * D;
+    case Op::PostNorm:
+      return c.post_norms ? 4.0 * T * D : 0.0;
     // One query row over kv_tokens keys per head: dot (2 Dh), softmax (5), average (2).
     case Op::Score:
       return double(s.kv_tokens) * c.n_head * (2.0 * c.head_dim + 7.0);
@@ -151,6 +154,8 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
       return gemm_bytes(T, F, D, d);
     case Op::Residual:
       return 3.0 * T * D * d.elem_bytes;
+    case Op::PostNorm:  // in place: read and written, and the weight
+      return c.post_norms ? 2.0 * T * D * d.elem_bytes + D * 4.0 : 0.0;
     case Op::Score:
       return double(s.kv_tokens) * c.kv_dim() * d.kv_bytes + double(s.kv_tokens) * 4;
     case Op::Select:  // scores read, kept indices written

@@ -61,7 +61,7 @@ const std::vector<std::pair<std::string, std::vector<Op>>>& op_groups() {
       {"gate_up", {Op::GateUp}},
       {"down", {Op::Down}},
       {"norms, rope, swiglu, residual",
-       {Op::AttnNorm, Op::QKNorm, Op::FfnNorm, Op::Rope, Op::SwiGLU, Op::Residual}},
+       {Op::AttnNorm, Op::QKNorm, Op::FfnNorm, Op::PostNorm, Op::Rope, Op::SwiGLU, Op::Residual}},
       {"pruning (score, select, gather)", {Op::Score, Op::Select, Op::Gather}},
       {"embed, LM head", {Op::Embed, Op::OutputNorm, Op::LmHead}}};
   return g;

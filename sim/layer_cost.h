@@ -108,6 +108,7 @@ template <class OpSink, class CommSink>
     op(Op::OProj, op_cost(cc, cfg, Op::OProj, rows));
     comm(allreduce_cost(hw, tp, double(w.rows) * D * el));
     op(Op::Residual, op_cost(cc, cfg, Op::Residual, rows, 2));
+    if (cfg.post_norms) op(Op::PostNorm, op_cost(cc, cfg, Op::PostNorm, rows, 2));
     op(Op::FfnNorm, op_cost(cc, cfg, Op::FfnNorm, rows));
     op(Op::GateUp, op_cost(cc, cfg, Op::GateUp, rows));
     op(Op::SwiGLU, op_cost(cc, cfg, Op::SwiGLU, rows));

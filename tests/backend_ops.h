@@ -56,7 +56,7 @@ using MakeOpBackend = std::function<std::unique_ptr<Backend>(const ModelConfig&,
 
 // Runs one case on a backend made by `make`; mismatches are gtest failures.
 inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
-  const OpModel& om = op_model(oc.gqa, oc.dtype, 16, uses_qwen_parts(oc.op));
+  const OpModel& om = op_model(oc.gqa, oc.dtype, 16, oc.later);
   const ModelConfig& c = om.c;
   const Weights& w = om.w;
   const int64_t T = oc.T, D = c.n_embd, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim, F = c.n_ff;
@@ -116,7 +116,8 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
       const auto table = widened(w.tok_embd);
       for (int64_t t = 0; t < T; ++t)
         for (int64_t i = 0; i < D; ++i)
-          ASSERT_EQ(got[size_t(t * D + i)], table[size_t(ids[size_t(t)] * D + i)]) << case_name(oc);
+          ASSERT_EQ(got[size_t(t * D + i)], table[size_t(ids[size_t(t)] * D + i)] * c.embed_scale)
+              << case_name(oc);
       return;
     }
     case OpKind::RmsNorm: {
@@ -129,9 +130,7 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
       EXPECT_LE(e, f32_bound(double(D + 4))) << case_name(oc) << " nmse " << e;
       return;
     }
-    case OpKind::MatmulQKV:
-      return layer_gemm(Tensor::XN, Proj::QKV, w.layers[0].wqkv, Tensor::QKV);
-    case OpKind::MatmulQKVBias:
+    case OpKind::MatmulQKV:  // with the layer's biases where the model has them
       return gemm_case(
           Tensor::XN, w.layers[0].wqkv,
           [&] {
@@ -139,6 +138,19 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
             return b->read(Tensor::QKV);
           },
           w.layers[0].qkv_bias);
+    case OpKind::PostNorm: {  // each of the two output norms, in place on branch
+      for (const Norm n : {Norm::PostAttn, Norm::PostFfn}) {
+        const auto x = random_vec(size_t(T * D), rng, 3.0f);
+        b->write(Tensor::Branch, x);
+        b->post_norm(n, 0);
+        std::vector<float> ref(x.size());
+        const auto& wn = n == Norm::PostAttn ? w.layers[0].post_attn_norm : w.layers[0].post_ffn_norm;
+        ref::rmsnorm(x.data(), wn.data(), ref.data(), T, D, c.rms_eps);
+        const double e = nmse(b->read(Tensor::Branch), to_double(ref));
+        EXPECT_LE(e, f32_bound(double(D + 4))) << case_name(oc) << " nmse " << e;
+      }
+      return;
+    }
     case OpKind::QkNorm: {
       // q and k heads normed in place, each by its own weights; v untouched.
       const auto x = random_vec(size_t(T * QKV), rng, 3.0f);
@@ -172,15 +184,15 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
     case OpKind::Rope: {
       const auto x = random_vec(size_t(T * QKV), rng);
       b->write(Tensor::QKV, x);
-      b->rope();
+      b->rope(0);
       const auto got = b->read(Tensor::QKV);
       std::vector<float> q(static_cast<size_t>(T * Q)), k(static_cast<size_t>(T * KV)), ref = x;
       for (int64_t t = 0; t < T; ++t) {
         std::copy_n(x.begin() + t * QKV, Q, q.begin() + t * Q);
         std::copy_n(x.begin() + t * QKV + Q, KV, k.begin() + t * KV);
       }
-      ref::rope(q.data(), pos.data(), T, H, Dh, c.rope_dim, c.rope_theta, nullptr);
-      ref::rope(k.data(), pos.data(), T, Hkv, Dh, c.rope_dim, c.rope_theta, nullptr);
+      ref::rope(q.data(), pos.data(), T, H, Dh, c.rope_dim, c.rope_base(0), nullptr, c.rope_scale(0));
+      ref::rope(k.data(), pos.data(), T, Hkv, Dh, c.rope_dim, c.rope_base(0), nullptr, c.rope_scale(0));
       for (int64_t t = 0; t < T; ++t) {
         std::copy_n(q.begin() + t * Q, Q, ref.begin() + t * QKV);
         std::copy_n(k.begin() + t * KV, KV, ref.begin() + t * QKV + Q);
@@ -246,7 +258,8 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
         b->last_row_scores(0, given);
         const auto got = b->scores(S);
         std::vector<double> ref(static_cast<size_t>(S));
-        ref::last_row_scores(q.data() + (T - 1) * Q, ks.data(), S, H, Hkv, Dh, ref.data());
+        ref::last_row_scores(q.data() + (T - 1) * Q, ks.data(), S, H, Hkv, Dh, ref.data(),
+                             c.attention_scale(), kpos.data(), pos.back(), c.window(0));
         const double e = nmse(got, ref);
         EXPECT_LE(e, f32_bound(double(S + Dh))) << case_name(oc) << " nmse " << e;
         if (oc.op == OpKind::SelectTop)
@@ -259,7 +272,8 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
       }
       b->attention(0, given);
       std::vector<float> ref(static_cast<size_t>(T * Q));
-      ref::attention(q.data(), pos.data(), T, ks.data(), vs.data(), kpos.data(), S, H, Hkv, Dh, ref.data());
+      ref::attention(q.data(), pos.data(), T, ks.data(), vs.data(), kpos.data(), S, H, Hkv, Dh, ref.data(),
+                     c.attention_scale(), c.window(0));
       const double e = nmse(b->read(Tensor::Attn), to_double(ref));
       EXPECT_LE(e, f32_bound(double(S + Dh))) << case_name(oc) << " nmse " << e;
       return;
@@ -270,7 +284,8 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
       b->swiglu();
       std::vector<float> ref(static_cast<size_t>(T * F));
       for (int64_t t = 0; t < T; ++t)
-        ref::swiglu(ff.data() + t * 2 * F, ff.data() + t * 2 * F + F, ref.data() + t * F, F);
+        (c.gelu ? ref::geglu : ref::swiglu)(ff.data() + t * 2 * F, ff.data() + t * 2 * F + F,
+                                            ref.data() + t * F, F);
       const double e = nmse(b->read(Tensor::Act), to_double(ref));
       EXPECT_LE(e, f32_bound(8)) << case_name(oc) << " nmse " << e;  // exp and a division: a few u
       return;

@@ -42,13 +42,33 @@ enum class OpKind {
   Residual,
   GatherRows,
   AuxStoreMerge,
-  MatmulQKVBias,  // the QKV projection with Q/K/V biases (Qwen2)
-  QkNorm          // per-head RMSNorm of q and k (Qwen3)
+  QkNorm,   // per-head RMSNorm of q and k (Qwen3, Gemma 3)
+  PostNorm  // RMSNorm of a layer's attention or FFN output (Gemma 3)
 };
 
-// The ops that run on the op model with Qwen's parts (op_model's qwen_parts).
-inline bool uses_qwen_parts(OpKind k) {
-  return k == OpKind::MatmulQKVBias || k == OpKind::QkNorm;
+// The ops whose result the later architectures' parts change (OpCase::later): the embedding scale,
+// the QKV biases, the local layers' RoPE base, the sliding window and attention scale, GeGLU; and
+// the ops only those architectures have.
+inline bool has_later_parts(OpKind k) {
+  switch (k) {
+    case OpKind::Embed:
+    case OpKind::MatmulQKV:
+    case OpKind::Rope:
+    case OpKind::Attention:
+    case OpKind::AttentionSubset:
+    case OpKind::AttentionUnordered:
+    case OpKind::Scores:
+    case OpKind::SelectTop:
+    case OpKind::SwiGLU:
+    case OpKind::QkNorm:
+    case OpKind::PostNorm:
+      return true;
+    default:
+      return false;
+  }
+}
+inline bool only_later(OpKind k) {
+  return k == OpKind::QkNorm || k == OpKind::PostNorm;
 }
 
 inline const char* op_name(OpKind k) {
@@ -56,7 +76,7 @@ inline const char* op_name(OpKind k) {
                                 "matmul_gateup", "matmul_down",     "lm_head",          "rope",
                                 "kv_append",     "attention",       "attention_subset", "attention_unordered",
                                 "scores",        "select_top",      "swiglu",           "residual",
-                                "gather_rows",   "aux_store_merge", "matmul_qkv_bias",  "qk_norm"};
+                                "gather_rows",   "aux_store_merge", "qk_norm",          "post_norm"};
   return names[int(k)];
 }
 
@@ -65,30 +85,36 @@ struct OpCase {
   int64_t T;    // rows
   int gqa;      // H / Hkv
   DType dtype;  // of the weights
+  // On op_model's later-parts model: Q/K/V biases, q/k and post norms, GeGLU, a sliding window, a
+  // non-default attention scale and local RoPE base, scaled embeddings (Qwen2, Qwen3, Gemma 3).
+  bool later = false;
 };
 
 inline std::string case_name(const OpCase& c) {
   return std::string(op_name(c.op)) + "_T" + std::to_string(c.T) + "_gqa" + std::to_string(c.gqa) + "_" +
-         dtype_name(c.dtype);
+         dtype_name(c.dtype) + (c.later ? "_later" : "");
 }
 
 // The table. Row counts are the ones pruning produces: a single token, odd and prime counts, and a
 // long prefill. GEMMs run in both dtypes; the other ops do not read weights' dtype (f32 only).
 inline std::vector<OpCase> op_cases() {
   std::vector<OpCase> out;
-  for (int k = 0; k <= int(OpKind::QkNorm); ++k) {
+  for (int k = 0; k <= int(OpKind::PostNorm); ++k) {
     const OpKind op = OpKind(k);
     const bool gemm = op == OpKind::MatmulQKV || op == OpKind::MatmulO || op == OpKind::MatmulGateUp ||
-                      op == OpKind::MatmulDown || op == OpKind::LmHead || op == OpKind::MatmulQKVBias;
+                      op == OpKind::MatmulDown || op == OpKind::LmHead;
     const bool heads = op == OpKind::Rope || op == OpKind::KvAppend || op == OpKind::Attention ||
                        op == OpKind::AttentionSubset || op == OpKind::AttentionUnordered ||
                        op == OpKind::Scores || op == OpKind::SelectTop || op == OpKind::MatmulQKV ||
-                       op == OpKind::MatmulQKVBias || op == OpKind::QkNorm;
-    for (const int64_t T : {1, 17, 111, 989})
-      for (const int gqa : heads ? std::vector<int>{1, 3, 6} : std::vector<int>{3})
-        for (const DType dt :
-             gemm ? std::vector<DType>{DType::F32, DType::BF16} : std::vector<DType>{DType::F32})
-          out.push_back({op, T, gqa, dt});
+                       op == OpKind::QkNorm;
+    for (const bool later : {false, true}) {
+      if (later ? !has_later_parts(op) : only_later(op)) continue;
+      for (const int64_t T : {1, 17, 111, 989})
+        for (const int gqa : heads ? std::vector<int>{1, 3, 6} : std::vector<int>{3})
+          for (const DType dt :
+               gemm ? std::vector<DType>{DType::F32, DType::BF16} : std::vector<DType>{DType::F32})
+            out.push_back({op, T, gqa, dt, later});
+    }
   }
   return out;
 }
@@ -148,8 +174,8 @@ inline KeyLayout key_layout(OpKind op, const std::vector<int32_t>& rows) {
 }
 
 // A one-layer model with random weights: 6 query heads of width `head_dim` over 6 / gqa KV heads,
-// FFN 10 x head_dim, untied LM head; with qwen_parts also Q/K/V biases and q/k norms (Qwen2's and
-// Qwen3's parts: the other weights are the same draws). The tests use width 16 (vocabulary 300: every case
+// FFN 10 x head_dim, untied LM head; with `later` also the later architectures' parts (OpCase::later;
+// the other weights are the same draws). The tests use width 16 (vocabulary 300: every case
 // checks in milliseconds); the benchmarks also run width 64 (model width 384, FFN 640, vocabulary 8,192)
 // where the per-head work is a real model's.
 struct OpModel {
@@ -178,9 +204,9 @@ inline std::vector<float> widened(const Matrix& m) {
   return out;
 }
 
-inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool qwen_parts = false) {
+inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool later = false) {
   static std::map<std::tuple<int, int, int, bool>, std::unique_ptr<OpModel>> models;
-  auto& m = models[{gqa, int(dt), head_dim, qwen_parts}];
+  auto& m = models[{gqa, int(dt), head_dim, later}];
   if (m) return *m;
   m = std::make_unique<OpModel>();
   ModelConfig& c = m->c;
@@ -205,8 +231,12 @@ inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool qwen_p
   L.wo = random_matrix(c.n_embd, c.n_head * c.head_dim, dt, rng);
   L.w_gate_up = random_matrix(2 * c.n_ff, c.n_embd, dt, rng);
   L.w_down = random_matrix(c.n_embd, c.n_ff, dt, rng);
-  if (qwen_parts) {
-    c.attention_bias = c.qk_norm = true;
+  if (later) {
+    c.attention_bias = c.qk_norm = c.post_norms = c.gelu = true;
+    c.embed_scale = 3.0f;
+    c.attn_scale = 0.2f;
+    c.layer_window = {37};  // the one layer slides: the cases' keys reach about 6 T positions back
+    c.rope_theta_local = 1000.0f;
     std::normal_distribution<float> nd(0.0f, 0.5f);
     L.qkv_bias.resize(size_t(L.wqkv.rows));
     for (auto& v : L.qkv_bias) v = nd(rng);
@@ -214,6 +244,10 @@ inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool qwen_p
     L.k_norm.resize(size_t(head_dim));
     for (auto& v : L.q_norm) v = un(rng);
     for (auto& v : L.k_norm) v = un(rng);
+    L.post_attn_norm.resize(size_t(c.n_embd));
+    L.post_ffn_norm.resize(size_t(c.n_embd));
+    for (auto& v : L.post_attn_norm) v = un(rng);
+    for (auto& v : L.post_ffn_norm) v = un(rng);
   }
   w.layers.push_back(std::move(L));
   return *m;

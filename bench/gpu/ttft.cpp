@@ -285,7 +285,7 @@ int main(int argc, char** argv) {
       cuda::copy_to_device(kp, pos.data(), size_t(Tq) * 4);
       return median_ms([&] {
         cuda::attention((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh,
-                        (float*)out);
+                        1.0f / std::sqrt(float(Dh)), 0, (float*)out);
       });
     };
     const double pruned_ms = time_at(kept), dense_ms = time_at(dense);

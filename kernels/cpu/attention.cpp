@@ -30,8 +30,9 @@ constexpr int kSubRows = 8;    // rows per score microkernel call
 struct TileRow {
   const float* q;
   float* o;
-  int64_t len;  // keys visible to this row: a prefix of the key set (a prefix set only)
-  int32_t pos;  // the query's position
+  int64_t len;    // keys visible to this row: a prefix of the key set (a prefix set only) ...
+  int64_t start;  // ... from this one on (a sliding window's first key; 0 without a window)
+  int32_t pos;    // the query's position
 };
 
 // Cached keys and values are float or f16 (uint16_t, KvType::F16); these load either as f32, an
@@ -238,9 +239,11 @@ struct KeyMask {
   const int32_t* hi;
 };
 
+// window > 0: a key window or more positions before a row's query is hidden from it (a listed set:
+// masked key by key; a prefix set: the row's keys start at TileRow::start).
 template <class E>
 void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale,
-                    const KeyMask* mask) {
+                    const KeyMask* mask, int32_t window) {
   static_assert(kBlock == kKeyBlock, "attention's key blocks are the cache's (read in place)");
   const LayerKV& kv = keys.kv;
   const int64_t Dh = kv.Dh;
@@ -254,8 +257,15 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
   bool ascending = true;
   for (int r = 1; r < nr; ++r) ascending = ascending && rows[r].pos >= rows[r - 1].pos;
   const auto sees_block = [&](int r, int64_t k0) {
-    return mask ? rows[r].pos >= mask->lo[k0 / kBlock] : rows[r].len > k0;
+    return mask ? rows[r].pos >= mask->lo[k0 / kBlock] : rows[r].len > k0 && rows[r].start < k0 + kBlock;
   };
+  // A prefix set's blocks before every row's window are skipped.
+  int64_t k_begin = 0;
+  if (!mask && window > 0) {
+    k_begin = rows[0].start;
+    for (int r = 1; r < nr; ++r) k_begin = std::min(k_begin, rows[r].start);
+    k_begin = k_begin / kBlock * kBlock;
+  }
 
   // Tile-local state: pre-scaled queries, the score block, running max/sum, the output.
   thread_local std::vector<float> qs_buf, o_buf;
@@ -272,7 +282,7 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     l[r] = 0.0f;
   }
 
-  for (int64_t k0 = 0; k0 < nk; k0 += kBlock) {
+  for (int64_t k0 = k_begin; k0 < nk; k0 += kBlock) {
     const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
     int r_lo = 0;                                           // rows before r_lo see none of it
     if (ascending)
@@ -322,11 +332,27 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
       int64_t valid = 0;
       if (!mask) {
         valid = std::clamp<int64_t>(rows[r].len - k0, 0, bk);
+        const int64_t before = rows[r].start - k0;  // keys of the block before the row's window
+        if (before >= valid)
+          valid = 0;
+        else
+          for (int64_t k = 0; k < before; ++k) sr[k] = -INFINITY;
       } else if (sees_block(r, k0)) {
         valid = bk;
-        if (rows[r].pos < mask->hi[k0 / kBlock])
+        if (window > 0) {
+          int64_t seen = 0;
+          for (int64_t k = 0; k < bk; ++k) {
+            const int32_t p = mask->vis[k0 + k];
+            if (p > rows[r].pos || int64_t(rows[r].pos) - p >= window)
+              sr[k] = -INFINITY;
+            else
+              ++seen;
+          }
+          if (seen == 0) valid = 0;
+        } else if (rows[r].pos < mask->hi[k0 / kBlock]) {
           for (int64_t k = 0; k < bk; ++k)
             if (mask->vis[k0 + k] > rows[r].pos) sr[k] = -INFINITY;
+        }
       }
       if (valid == 0) {
         std::fill(sr, sr + bk, 0.0f);
@@ -374,7 +400,8 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 
 namespace {
 template <class E>
-void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* scores) {
+void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* scores, float scale,
+                       int32_t q_pos, int32_t window) {
   const LayerKV& kv = keys.kv;
   const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv, n_keys = keys.size();
   // Logits are computed for every held slot, contiguously (an axpy per dimension over each key
@@ -382,7 +409,6 @@ void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* sco
   // gather per key and head instead of one per key, head and dimension. The listed keys are most
   // of the held ones (decoding keeps >= 1/3 of them).
   const int64_t n_held = keys.slots.empty() ? n_keys : kv.n;
-  const float scale = 1.0f / std::sqrt(float(Dh));
   std::vector<float> logit(static_cast<size_t>(group * n_held)), p(static_cast<size_t>(n_keys));
   std::vector<float> row(static_cast<size_t>(kKeyBlock));
   std::fill(scores, scores + n_keys, 0.0f);
@@ -413,6 +439,11 @@ void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* sco
         std::copy(lg, lg + n_held, p.begin());
       else
         for (int64_t k = 0; k < n_keys; ++k) p[size_t(k)] = lg[keys.slots[size_t(k)]];
+      if (window > 0)  // keys the last row's window leaves out get no attention
+        for (int64_t k = 0; k < n_keys; ++k) {
+          const int32_t kp = kv.pos[size_t(keys.slots.empty() ? k : keys.slots[size_t(k)])];
+          if (int64_t(q_pos) - kp >= window) p[size_t(k)] = -INFINITY;
+        }
       float mx, sum;
       block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
       const float w = 1.0f / (sum * float(H));
@@ -423,29 +454,37 @@ void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* sco
 }
 }  // namespace
 
-void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores) {
+void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores, float scale, int32_t q_pos,
+                     int32_t window) {
+  if (scale <= 0) scale = 1.0f / std::sqrt(float(keys.kv.Dh));
   if (keys.kv.type == KvType::F16)
-    last_row_scores_t<uint16_t>(q, keys, H, scores);
+    last_row_scores_t<uint16_t>(q, keys, H, scores, scale, q_pos, window);
   else
-    last_row_scores_t<float>(q, keys, H, scores);
+    last_row_scores_t<float>(q, keys, H, scores, scale, q_pos, window);
 }
 
 void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
-               const KeySet& keys, int64_t H, float* out, int64_t ldo) {
+               const KeySet& keys, int64_t H, float* out, int64_t ldo, float scale, int32_t window) {
   const LayerKV& kv = keys.kv;
   const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv;
   if (keys.slots.empty() && !kv.sorted)
     fail("attention: the KV cache is not in position order; pass its slots");
-  const float scale = 1.0f / std::sqrt(float(Dh));
-  // A prefix set: the keys visible to each query are those with position <= its own, a prefix.
-  // A listed set: a mask over the held slots (KeyMask).
-  std::vector<int64_t> len(static_cast<size_t>(T));
+  if (scale <= 0) scale = 1.0f / std::sqrt(float(Dh));
+  // A prefix set: the keys visible to each query are those with position <= its own, a prefix
+  // (from the first inside its window, with one). A listed set: a mask over the held slots (KeyMask).
+  std::vector<int64_t> len(static_cast<size_t>(T)), start(static_cast<size_t>(T), 0);
   std::vector<int32_t> vis, lo, hi;
   KeyMask mask{};
   const bool listed = !keys.slots.empty();
   if (!listed) {
     const int32_t* kp = kv.pos.data();
-    for (int64_t t = 0; t < T; ++t) len[size_t(t)] = std::upper_bound(kp, kp + kv.n, q_pos[t]) - kp;
+    for (int64_t t = 0; t < T; ++t) {
+      len[size_t(t)] = std::upper_bound(kp, kp + kv.n, q_pos[t]) - kp;
+      if (window > 0)
+        start[size_t(t)] = std::upper_bound(kp, kp + kv.n, int64_t(q_pos[t]) - window,
+                                            [](int64_t a, int32_t b) { return a < b; }) -
+                           kp;
+    }
   } else {
     constexpr int32_t kHidden = std::numeric_limits<int32_t>::max();
     vis.assign(size_t(kv.n), kHidden);
@@ -478,12 +517,13 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
       int nr = 0;
       for (int64_t i = tile * tile_rows; i < std::min(rows_per_group, (tile + 1) * tile_rows); ++i) {
         const int64_t t = i / group, h = g * group + i % group;
-        rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[size_t(t)], q_pos[t]};
+        rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[size_t(t)], start[size_t(t)],
+                      q_pos[t]};
       }
       if (kv.type == KvType::F16)
-        attention_tile<uint16_t>(rows, nr, keys, g, scale, mk);
+        attention_tile<uint16_t>(rows, nr, keys, g, scale, mk, window);
       else
-        attention_tile<float>(rows, nr, keys, g, scale, mk);
+        attention_tile<float>(rows, nr, keys, g, scale, mk, window);
     });
   });
 }

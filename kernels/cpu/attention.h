@@ -13,14 +13,18 @@
 namespace lp {
 
 // Causal GQA attention of T queries q [T][H*Dh] (row stride ldq) at positions q_pos over the
-// keys of `keys` with position <= the query's; writes out [T][H*Dh] (row stride ldo).
+// keys of `keys` with position <= the query's; writes out [T][H*Dh] (row stride ldo). Logits are
+// scaled by `scale` (0: 1/sqrt(Dh)); window > 0 also hides keys window or more positions before the
+// query (a sliding-window layer: Gemma 3's local layers).
 void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
-               const KeySet& keys, int64_t H, float* out, int64_t ldo);
+               const KeySet& keys, int64_t H, float* out, int64_t ldo, float scale = 0, int32_t window = 0);
 
 // LazyLLM importance scores: scores[i] = mean over the H query heads of softmax_i(q . K^T /
 // sqrt(Dh)) for one query row q [H*Dh] (the last token) over the keys of `keys` (all of them:
 // the scoring row is the newest token). One extra query row: H * n * Dh multiply-adds; the full
 // probability matrix is never formed.
-void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores);
+// scale as attention's; with window > 0 the keys the query at q_pos does not see score 0.
+void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* scores, float scale = 0,
+                     int32_t q_pos = 0, int32_t window = 0);
 
 }  // namespace lp

@@ -47,16 +47,22 @@ void CpuBackend::allocate_rows(int64_t T) {
 void CpuBackend::set_rows(std::span<const int32_t> pos) {
   grow(int64_t(pos.size()));
   pos_.assign(pos.begin(), pos.end());
-  rope_ = rope_table(pos_.data(), T(), c_.rope_dim, c_.rope_theta,
-                     w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data());
+  const float* ff = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
+  rope_ = rope_table(pos_.data(), T(), c_.rope_dim, c_.rope_theta, ff, c_.rope_freq_scale);
+  if (!c_.layer_window.empty())
+    rope_local_ = rope_table(pos_.data(), T(), c_.rope_dim, c_.rope_theta_local, ff);
 }
 
 void CpuBackend::embed(std::span<const int32_t> ids) {
   const Matrix& E = w_.tok_embd;
   const int64_t D = D_;
   ctx_.run([&] {
-    tbb::parallel_for(int64_t(0), int64_t(ids.size()),
-                      [&](int64_t t) { E.row_f32(int64_t(ids[t]), x_.data() + t * D); });
+    tbb::parallel_for(int64_t(0), int64_t(ids.size()), [&](int64_t t) {
+      float* row = x_.data() + t * D;
+      E.row_f32(int64_t(ids[t]), row);
+      if (c_.embed_scale != 1.0f)
+        for (int64_t i = 0; i < D; ++i) row[i] *= c_.embed_scale;
+    });
   });
 }
 
@@ -65,6 +71,15 @@ void CpuBackend::rmsnorm(Norm n, int l) {
                                 : n == Norm::Attn ? w_.layers[size_t(l)].attn_norm
                                                   : w_.layers[size_t(l)].ffn_norm;
   lp::rmsnorm(ctx_, x_.data(), w.data(), xn_.data(), T(), D_, c_.rms_eps);
+}
+
+void CpuBackend::post_norm(Norm n, int l) {
+  const LayerWeights& L = w_.layers[size_t(l)];
+  const std::vector<float>& w = n == Norm::PostAttn ? L.post_attn_norm : L.post_ffn_norm;
+  if ((n != Norm::PostAttn && n != Norm::PostFfn) || w.empty())
+    internal_fail("post_norm on layer {}, which has no such norm", l);
+  lp::rmsnorm(ctx_, branch_.data(), w.data(), branch_.data(), T(), D_,
+              c_.rms_eps);  // a row read, then written
 }
 
 void CpuBackend::matmul(Proj p, int l) {
@@ -94,8 +109,9 @@ void CpuBackend::qk_norm(int l) {
   head_rmsnorm(ctx_, qkv_.data() + Q_, T(), QKV_, Hkv_, Dh_, L.k_norm.data(), c_.rms_eps);
 }
 
-void CpuBackend::rope() {
-  lp::rope(ctx_, qkv_.data(), T(), QKV_, H_ + Hkv_, Dh_, rope_);  // q and k heads are adjacent
+void CpuBackend::rope(int l) {
+  lp::rope(ctx_, qkv_.data(), T(), QKV_, H_ + Hkv_, Dh_,
+           c_.window(l) > 0 ? rope_local_ : rope_);  // q, k adjacent
 }
 
 void CpuBackend::kv_append(int l) {
@@ -104,11 +120,12 @@ void CpuBackend::kv_append(int l) {
 
 void CpuBackend::attention(int l, std::span<const int32_t> slots) {
   lp::attention(ctx_, qkv_.data(), QKV_, pos_.data(), T(), KeySet{kv_[size_t(l)], slots}, H_, attn_.data(),
-                Q_);
+                Q_, c_.attention_scale(), c_.window(l));
 }
 
 void CpuBackend::swiglu() {
-  lp::swiglu(ctx_, ff_.data(), 2 * F_, ff_.data() + F_, 2 * F_, act_.data(), F_, T(), F_);
+  (c_.gelu ? lp::geglu : lp::swiglu)(ctx_, ff_.data(), 2 * F_, ff_.data() + F_, 2 * F_, act_.data(), F_, T(),
+                                     F_);
 }
 
 void CpuBackend::residual() {
@@ -118,7 +135,8 @@ void CpuBackend::residual() {
 void CpuBackend::last_row_scores(int l, std::span<const int32_t> slots) {
   const KeySet ks{kv_[size_t(l)], slots};
   scores_.resize(size_t(ks.size()));
-  lp::last_row_scores(qkv_.data() + (T() - 1) * QKV_, ks, H_, scores_.data());
+  lp::last_row_scores(qkv_.data() + (T() - 1) * QKV_, ks, H_, scores_.data(), c_.attention_scale(),
+                      pos_.back(), c_.window(l));
 }
 
 std::vector<float> CpuBackend::scores(int64_t n) {

@@ -30,9 +30,10 @@ class CpuBackend : public Backend {
   void set_rows(std::span<const int32_t> pos) override;
   void embed(std::span<const int32_t> ids) override;
   void rmsnorm(Norm n, int layer) override;
+  void post_norm(Norm n, int layer) override;
   void matmul(Proj p, int layer) override;
   void qk_norm(int layer) override;
-  void rope() override;
+  void rope(int layer) override;
   void kv_append(int layer) override;
   void attention(int layer, std::span<const int32_t> slots) override;
   void swiglu() override;
@@ -66,7 +67,7 @@ class CpuBackend : public Backend {
   std::vector<LayerKV> kv_;                 // [L]
   std::vector<float> aux_;                  // [entries][D]
   std::vector<int32_t> pos_;                // [T] the rows' positions
-  RopeTable rope_;                          // for pos_
+  RopeTable rope_, rope_local_;             // for pos_: global layers', sliding-window layers' (Gemma 3)
   std::vector<float> scores_;               // [n] of the last last_row_scores
   Gemm gemm_;
   // Activations, grown on demand (kernels/backend.h): x, xn, qkv, attn, ff, act, branch, and tmp

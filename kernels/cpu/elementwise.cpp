@@ -76,7 +76,8 @@ void add_bias(CpuContext& ctx, float* x, int64_t T, int64_t ld, const float* bia
   });
 }
 
-RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* ff) {
+RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* ff,
+                     float freq_scale) {
   RopeTable tab;
   tab.T = T;
   tab.half = rope_dim / 2;
@@ -86,6 +87,7 @@ RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float thet
   for (int64_t i = 0; i < tab.half; ++i) {
     freq[i] = std::pow(double(theta), -2.0 * double(i) / double(rope_dim));
     if (ff) freq[i] /= ff[i];
+    freq[i] *= freq_scale;
   }
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < tab.half; ++i) {
@@ -135,6 +137,44 @@ void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up
       }
 #endif
     for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+  });
+}
+
+// GELU's tanh form is a sigmoid: 0.5 g (1 + tanh(z)) = g / (1 + exp(-2z)), z = sqrt(2/pi) (g + 0.044715 g^3),
+// so GeGLU is SwiGLU's arithmetic with exp(-2z) for exp(-g).
+void geglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+           int64_t ld_out, int64_t T, int64_t F) {
+  constexpr float k2c = 2 * 0.7978845608028654f, k3 = 0.044715f;
+  for_rows(ctx, T, F, [&](int64_t t) {
+    const float* g = gate + t * ld_gate;
+    const float* u = up + t * ld_up;
+    float* o = out + t * ld_out;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= F; i += 16) {
+      const __m512 gv = _mm512_loadu_ps(g + i);
+      const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(k3), gv), _mm512_mul_ps(gv, gv), gv);
+      const __m512 e = exp512(_mm512_mul_ps(_mm512_set1_ps(-k2c), inner));
+      const __m512 gelu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      _mm512_storeu_ps(o + i, _mm512_mul_ps(gelu, _mm512_loadu_ps(u + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= F; i += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + i);
+      const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(k3), gv), _mm256_mul_ps(gv, gv), gv);
+      const __m256 e = exp256(_mm256_mul_ps(_mm256_set1_ps(-k2c), inner));
+      const __m256 gelu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-k2c * (g[i] + k3 * g[i] * g[i] * g[i]))) * u[i];
+  });
+}
+
+void scale_inplace(CpuContext& ctx, float* x, int64_t n, float s) {
+  for_rows(ctx, 1, n, [&](int64_t) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
   });
 }
 

@@ -28,7 +28,9 @@ struct RopeTable {
   int64_t T = 0, half = 0;
   std::vector<float> cos, sin;
 };
-RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* freq_factors);
+// freq_scale multiplies every frequency (linear RoPE scaling: 1 / factor).
+RopeTable rope_table(const int32_t* pos, int64_t T, int64_t rope_dim, float theta, const float* freq_factors,
+                     float freq_scale = 1.0f);
 // Rotates x [T][n_heads][Dh] (row stride ld floats) using table rows rows[t] (or t if null).
 void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int64_t Dh,
           const RopeTable& tab);
@@ -37,8 +39,15 @@ void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int
 void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
             int64_t ld_out, int64_t T, int64_t F);
 
+// out[i] = gelu_tanh(gate[i]) * up[i] (GeGLU, Gemma), laid out as swiglu's.
+void geglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+           int64_t ld_out, int64_t T, int64_t F);
+
 // x[i] += y[i]
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n);
+
+// x[i] *= s
+void scale_inplace(CpuContext& ctx, float* x, int64_t n, float s);
 
 // Vectorised exp used by the kernels (exposed for tests).
 void exp_inplace(float* x, int64_t n);

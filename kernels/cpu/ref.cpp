@@ -29,13 +29,14 @@ void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, in
 }
 
 void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
-          const float* freq_factors) {
+          const float* freq_factors, float freq_scale) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * Dh;
       for (int64_t i = 0; i < rope_dim / 2; ++i) {
         double freq = std::pow(double(theta), -2.0 * double(i) / double(rope_dim));
         if (freq_factors) freq /= freq_factors[i];
+        freq *= freq_scale;
         const double a = double(pos[t]) * freq;
         const double c = std::cos(a), s = std::sin(a);
         const double x0 = v[2 * i], x1 = v[2 * i + 1];
@@ -46,9 +47,10 @@ void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, 
 }
 
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out, float scale_f,
+               int32_t window) {
   const int64_t group = H / Hkv;
-  const double scale = 1.0 / std::sqrt(double(Dh));
+  const double scale = scale_f > 0 ? double(scale_f) : 1.0 / std::sqrt(double(Dh));
   std::vector<double> p(S);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h) {
@@ -56,7 +58,7 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
       const float* qv = q + (t * H + h) * Dh;
       double mx = -INFINITY;
       for (int64_t s = 0; s < S; ++s) {
-        if (k_pos[s] > q_pos[t]) {
+        if (k_pos[s] > q_pos[t] || (window > 0 && int64_t(q_pos[t]) - k_pos[s] >= window)) {
           p[s] = -INFINITY;
           continue;
         }
@@ -81,7 +83,8 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
 }
 
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                     double* scores) {
+                     double* scores, float scale_f, const int32_t* k_pos, int32_t q_pos, int32_t window) {
+  const double scale = scale_f > 0 ? double(scale_f) : 1.0 / std::sqrt(double(Dh));
   const int64_t group = H / Hkv;
   std::vector<double> p(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s) scores[s] = 0;
@@ -90,7 +93,7 @@ void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64
     for (int64_t s = 0; s < S; ++s) {
       double dot = 0;
       for (int64_t d = 0; d < Dh; ++d) dot += double(q[h * Dh + d]) * k[(s * Hkv + h / group) * Dh + d];
-      p[s] = dot / std::sqrt(double(Dh));
+      p[s] = window > 0 && int64_t(q_pos) - k_pos[s] >= window ? -INFINITY : dot * scale;
       mx = std::max(mx, p[s]);
     }
     double sum = 0;
@@ -103,6 +106,14 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double g = gate[i];
     out[i] = float(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+void geglu(const float* gate, const float* up, float* out, int64_t n) {
+  const double c = std::sqrt(2.0 / M_PI);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = float(0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))) * up[i]);
   }
 }
 

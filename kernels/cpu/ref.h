@@ -22,20 +22,27 @@ void matmul(const float* a, const float* w, float* out, int64_t T, int64_t K, in
 // Rotates pairs (2i, 2i+1) of the first rope_dim dims of each head of x [T][n_heads][Dh] by
 // angle pos[t] * theta^(-2i/rope_dim) / freq_factors[i] (freq_factors may be null).
 void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
-          const float* freq_factors);
+          const float* freq_factors, float freq_scale = 1.0f);  // angles times freq_scale
 
 // Causal grouped-query attention.
 //   q    [T][H][Dh]        queries at positions q_pos[T]
 //   k, v [S][Hkv][Dh]      keys/values at positions k_pos[S]
 //   out  [T][H][Dh]
-// Query t attends to key s iff k_pos[s] <= q_pos[t]; head h uses kv head h / (H / Hkv).
+// Query t attends to key s iff k_pos[s] <= q_pos[t] and, with window > 0, q_pos[t] - k_pos[s] <
+// window; head h uses kv head h / (H / Hkv). Logits scaled by `scale` (0: 1/sqrt(Dh)).
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out,
+               float scale = 0, int32_t window = 0);
 
 // scores[s] = mean over heads h of softmax over keys of (q[h] . k[s][h / (H/Hkv)] / sqrt(Dh)):
 // the last token's attention, averaged over query heads. q [H][Dh], k [S][Hkv][Dh].
+// scale as attention's; with window > 0 a key at k_pos[s] with q_pos - k_pos[s] >= window scores 0.
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                     double* scores);
+                     double* scores, float scale = 0, const int32_t* k_pos = nullptr, int32_t q_pos = 0,
+                     int32_t window = 0);
+
+// out[i] = gelu_tanh(gate[i]) * up[i]: GeGLU with GELU's tanh approximation (Gemma).
+void geglu(const float* gate, const float* up, float* out, int64_t n);
 
 // out[t][i] = silu(gate[t][i]) * up[t][i]
 void swiglu(const float* gate, const float* up, float* out, int64_t n);

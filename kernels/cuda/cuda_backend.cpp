@@ -101,7 +101,8 @@ constexpr int64_t kGemvMaxRows = 4;
 // Weights (each request of `serve` has its own backend: its own K/V, Aux Cache and activations).
 struct DLayerWeights {
   DBuf attn_norm, ffn_norm;
-  DBuf qkv_bias, q_norm, k_norm;  // where the model has them (Qwen2's biases, Qwen3's norms)
+  DBuf qkv_bias, q_norm, k_norm;       // where the model has them (Qwen2's biases, Qwen3's norms)
+  DBuf post_attn_norm, post_ffn_norm;  // Gemma 3's
   DMatrix wqkv, wo, w_gate_up, w_down;
 };
 struct DeviceWeights {
@@ -154,6 +155,10 @@ std::shared_ptr<DeviceWeights> upload_weights(const ModelConfig& c, const Weight
     if (!lw.qkv_bias.empty()) L.qkv_bias = upload(lw.qkv_bias.data(), lw.qkv_bias.size(), "q/k/v biases");
     if (!lw.q_norm.empty()) L.q_norm = upload(lw.q_norm.data(), lw.q_norm.size(), "q norm");
     if (!lw.k_norm.empty()) L.k_norm = upload(lw.k_norm.data(), lw.k_norm.size(), "k norm");
+    if (!lw.post_attn_norm.empty())
+      L.post_attn_norm = upload(lw.post_attn_norm.data(), lw.post_attn_norm.size(), "post-attention norm");
+    if (!lw.post_ffn_norm.empty())
+      L.post_ffn_norm = upload(lw.post_ffn_norm.data(), lw.post_ffn_norm.size(), "post-FFN norm");
     L.ffn_norm = upload(lw.ffn_norm.data(), lw.ffn_norm.size(), "FFN norm");
     L.wqkv = upload(lw.wqkv, "qkv weights");
     L.wo = upload(lw.wo, "o weights");
@@ -200,6 +205,16 @@ class CudaBackend final : public Backend {
       gather_rows_bf16(tok_embd.data.as<uint16_t>(), idx.as<int64_t>(), x.as<float>(), T, c.n_embd);
     else
       cuda::gather_rows(tok_embd.data.as<float>(), idx.as<int64_t>(), x.as<float>(), T, c.n_embd);
+    if (c.embed_scale != 1.0f) scale_inplace(x.as<float>(), T * c.n_embd, c.embed_scale);
+  }
+
+  void post_norm(Norm n, int l) override {
+    const DLayerWeights& L = dw->layers[size_t(l)];
+    const DBuf& g = n == Norm::PostAttn ? L.post_attn_norm : L.post_ffn_norm;
+    if ((n != Norm::PostAttn && n != Norm::PostFfn) || !g.as<float>())
+      internal_fail("post_norm on layer {}, which has no such norm", l);
+    cuda::rmsnorm(branch.as<float>(), g.as<float>(), branch.as<float>(), T(), c.n_embd,
+                  c.rms_eps);  // in place
   }
 
   void rmsnorm(Norm n, int l) override {
@@ -248,12 +263,12 @@ class CudaBackend final : public Backend {
     copy_to_host(logits_out, logits.as<void>(), size_t(total * n_vocab) * 4);
   }
 
-  void rope() override {
+  void rope(int l) override {
     const float* freqs = dw->has_freqs ? dw->rope_freqs.as<float>() : nullptr;
-    cuda::rope(q.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head, c.head_dim, c.rope_dim, c.rope_theta,
-               freqs);
-    cuda::rope(k.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head_kv, c.head_dim, c.rope_dim, c.rope_theta,
-               freqs);
+    cuda::rope(q.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head, c.head_dim, c.rope_dim, c.rope_base(l),
+               freqs, c.rope_scale(l));
+    cuda::rope(k.as<float>(), pos_dev.as<int32_t>(), T(), c.n_head_kv, c.head_dim, c.rope_dim, c.rope_base(l),
+               freqs, c.rope_scale(l));
   }
 
   // Slots n .. n + T - 1, positions recorded on both sides. Nothing here waits for the device: the
@@ -274,29 +289,32 @@ class CudaBackend final : public Backend {
     const DLayer& L = layers[size_t(l)];
     if (slots.empty()) {
       cuda::attention(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(),
-                      L.pos.as<int32_t>(), L.n, c.n_head, c.n_head_kv, c.head_dim, attn.as<float>());
+                      L.pos.as<int32_t>(), L.n, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(),
+                      c.window(l), attn.as<float>());
       return;
     }
     gather_keys(l, slots, true);
     cuda::attention(q.as<float>(), pos_dev.as<int32_t>(), T(), kbuf.as<float>(), vbuf.as<float>(),
                     kpos.as<int32_t>(), int64_t(slots.size()), c.n_head, c.n_head_kv, c.head_dim,
-                    attn.as<float>());
+                    c.attention_scale(), c.window(l), attn.as<float>());
   }
 
-  void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff); }
+  void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
   void residual() override { add_inplace(x.as<float>(), branch.as<float>(), T() * c.n_embd); }
 
   void last_row_scores(int l, std::span<const int32_t> slots) override {
     const DLayer& L = layers[size_t(l)];
     const int64_t n = slots.empty() ? L.n : int64_t(slots.size());
     const float* keys = L.k.as<float>();
+    const int32_t* key_pos = L.pos.as<int32_t>();
     if (!slots.empty()) {
       gather_keys(l, slots, false);  // already there when attention gathered the same set
       keys = kbuf.as<float>();
+      key_pos = kpos.as<int32_t>();
     }
     scores_dev.reserve(size_t(n) * 4, "scores");
     cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, keys, n, c.n_head, c.n_head_kv, c.head_dim,
-                          scores_dev.as<float>());
+                          c.attention_scale(), key_pos, pos.back(), c.window(l), scores_dev.as<float>());
   }
 
   std::vector<float> scores(int64_t n) override {

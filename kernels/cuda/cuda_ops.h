@@ -49,7 +49,7 @@ int multiprocessors();
 void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
 // In place on x [T][n_heads][Dh], at original positions pos[T]; freq_factors may be null.
 void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
-          const float* freq_factors);
+          const float* freq_factors, float freq_scale = 1.0f);  // angles times freq_scale (linear scaling)
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t n);
 // x[t][i] += bias[i], x [T][n]
@@ -58,11 +58,16 @@ void add_bias(float* x, const float* bias, int64_t T, int64_t n);
 void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);
 // Causal GQA over the active keys, mask on original positions (ref::attention), tiled with an
 // online softmax and f32 accumulation (kernels.cuh). Head widths: multiples of 4 up to 256.
+// Logits are scaled by `scale` (1/sqrt(Dh) for most models); window > 0 masks keys window or more
+// positions before the query (a sliding-window layer).
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out);
-// The last token's attention over S keys, averaged over heads (ref::last_row_scores), into scores[S].
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+               int32_t window, float* out);
+// The last token's attention (at position q_pos) over S keys, averaged over heads
+// (ref::last_row_scores), into scores[S]; with window > 0 the keys at k_pos[S] outside the window
+// score 0.
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                     float* scores);
+                     float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores);
 // LazyLLM's selection (pruning/select.h select_top) with CUB radix sorts: keep[n_keep] the kept
 // indices in increasing order; the last token always kept. n_keep in [1, n].
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);
@@ -72,8 +77,11 @@ void kv_append(const float* k_new, const float* v_new, const int64_t* slot, cons
                int64_t kv, float* k_cache, float* v_cache, uint32_t* bits);
 // dst[r][0:width] = src[r][0:width] with row strides ld_src, ld_dst (splitting fused q|k|v rows).
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows);
-// out[t][i] = silu(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F].
-void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F);
+// out[t][i] = act(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F]: act silu, or with
+// gelu the tanh-approximated GELU (GeGLU).
+void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F, bool gelu = false);
+// x[i] *= s
+void scale_inplace(float* x, int64_t n, float s);
 // dst[dst_idx[r]][:] = src[src_idx[r]][:]   (Aux Cache stores and loads, revived rows back into
 // place: the scatter of active rows, and a gather at the same time). src and dst must not overlap.
 void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,

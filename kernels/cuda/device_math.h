@@ -60,9 +60,16 @@ LP_HD float silu_mul(float g, float u) {
   return g / (1.0f + expf(-g)) * u;
 }
 
-// The causal mask on original positions: query at q_pos sees key at k_pos iff k_pos <= q_pos.
-LP_HD bool visible(int32_t k_pos, int32_t q_pos) {
-  return k_pos <= q_pos;
+// The causal mask on original positions: query at q_pos sees key at k_pos iff k_pos <= q_pos, and,
+// in a sliding-window layer (window > 0: Gemma 3's local layers), q_pos - k_pos < window.
+LP_HD bool visible(int32_t k_pos, int32_t q_pos, int32_t window = 0) {
+  return k_pos <= q_pos && (window <= 0 || int64_t(q_pos) - int64_t(k_pos) < int64_t(window));
+}
+
+// SiLU-gated (SwiGLU) or tanh-GELU-gated (GeGLU, Gemma) product of a gate and an up value.
+LP_HD float gelu_tanh_mul(float g, float u) {
+  const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
 }
 
 // Online softmax (FlashAttention's recurrence), per query row and head: running max m, running

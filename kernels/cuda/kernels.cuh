@@ -89,24 +89,30 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float* out, int64
 
 // One thread per (token, pair): the table entry is computed once per pair and applied to every head.
 __global__ void rope_kernel(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh,
-                            int64_t rope_dim, float theta, const float* freq_factors) {
+                            int64_t rope_dim, float theta, const float* freq_factors, float freq_scale) {
   const int64_t half = rope_dim / 2;
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * half) return;
   const int64_t t = id / half, i = id % half;
   float c, s;
-  cm::rope_cos_sin(pos[t], i, rope_dim, theta, freq_factors ? freq_factors[i] : 1.0f, &c, &s);
+  cm::rope_cos_sin(pos[t], i, rope_dim, theta, (freq_factors ? freq_factors[i] : 1.0f) / freq_scale, &c, &s);
   for (int64_t h = 0; h < n_heads; ++h) {
     float* v = x + (t * n_heads + h) * Dh;
     cm::rope_rotate(v[2 * i], v[2 * i + 1], c, s, &v[2 * i], &v[2 * i + 1]);
   }
 }
 
-__global__ void swiglu_fused_kernel(const float* ff, float* out, int64_t T, int64_t F) {
+__global__ void swiglu_fused_kernel(const float* ff, float* out, int64_t T, int64_t F, bool gelu) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * F) return;
   const int64_t t = id / F, i = id % F;
-  out[id] = cm::silu_mul(ff[t * 2 * F + i], ff[t * 2 * F + F + i]);
+  const float g = ff[t * 2 * F + i], u = ff[t * 2 * F + F + i];
+  out[id] = gelu ? cm::gelu_tanh_mul(g, u) : cm::silu_mul(g, u);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float s) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
@@ -290,8 +296,9 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, 
 template <int BK, int DC>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                     const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                     int64_t tiles_per_split, float* out, float* part_acc, float* part_m, float* part_l) {
+                     const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                     int32_t window, int64_t tiles_per_split, float* out, float* part_acc, float* part_m,
+                     float* part_l) {
   static_assert(BK % 16 == 0 && BK <= kAttnThreads, "a tile is loaded one position per thread");
   constexpr int KJ = BK / 16;
   constexpr int ldp = BK + 4;
@@ -323,7 +330,6 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   cm::OnlineSoftmax st[4];  // rows ty * 4 + i; the same in the 16 lanes of a half-warp
   float acc[4][DC][4] = {};
-  const float scale = cm::inv_sqrt(float(Dh));
   const int64_t n_tiles = (S + BK - 1) / BK;
   const int64_t tile_end = (split + 1) * tiles_per_split < n_tiles ? (split + 1) * tiles_per_split : n_tiles;
   for (int64_t tile = split * tiles_per_split; tile < tile_end; ++tile) {
@@ -360,7 +366,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       LP_UNROLL
       for (int j = 0; j < KJ; ++j) {
         const int c = tx + 16 * j;
-        sc[i][j] = c < n && cm::visible(kp[c], qp[r]) ? sc[i][j] * scale : -INFINITY;
+        sc[i][j] = c < n && cm::visible(kp[c], qp[r], window) ? sc[i][j] * scale : -INFINITY;
         mx = fmaxf(mx, sc[i][j]);
       }
       LP_UNROLL
@@ -458,16 +464,22 @@ __global__ void attention_combine_kernel(const float* part_acc, const float* par
 
 // ---- the last-row score ---------------------------------------------------------------------
 
-// One thread per (head, key): the scaled logit of the last query row.
+// One thread per (head, key): the scaled logit of the last query row, at q_pos; -inf for a key
+// outside a sliding window (k_pos: the keys' positions, read only with a window).
 __global__ void score_logits_kernel(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv,
-                                    int64_t Dh, float* logits) {
+                                    int64_t Dh, float scale, const int32_t* k_pos, int32_t q_pos,
+                                    int32_t window, float* logits) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= H * S) return;
   const int64_t h = id / S, s = id % S;
+  if (window > 0 && !cm::visible(k_pos[s], q_pos, window)) {
+    logits[id] = -INFINITY;
+    return;
+  }
   const float* kr = k + (s * Hkv + h / (H / Hkv)) * Dh;
   float dot = 0;
   for (int64_t d = 0; d < Dh; ++d) dot += q[h * Dh + d] * kr[d];
-  logits[id] = dot * cm::inv_sqrt(float(Dh));
+  logits[id] = dot * scale;
 }
 
 // One block per head: the max and the sum of exp(logit - max) over the keys.

@@ -41,16 +41,21 @@ void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, f
 }
 
 void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
-          const float* freq_factors) {
+          const float* freq_factors, float freq_scale) {
   const int64_t n = T * (rope_dim / 2);
   if (n <= 0) return;
   LP_LAUNCH(kernels::rope_kernel, blocks_for(n, kThreads), kThreads, 0, x, pos, T, n_heads, Dh, rope_dim,
-            theta, freq_factors);
+            theta, freq_factors, freq_scale);
 }
 
-void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F) {
+void scale_inplace(float* x, int64_t n, float s) {
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::scale_kernel, blocks_for(n, kThreads), kThreads, 0, x, n, s);
+}
+
+void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F, bool gelu) {
   if (T <= 0 || F <= 0) return;
-  LP_LAUNCH(kernels::swiglu_fused_kernel, blocks_for(T * F, kThreads), kThreads, 0, ff, out, T, F);
+  LP_LAUNCH(kernels::swiglu_fused_kernel, blocks_for(T * F, kThreads), kThreads, 0, ff, out, T, F, gelu);
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {
@@ -115,7 +120,8 @@ namespace {
 
 template <int BK, int DC>
 void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                    const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
+                    const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                    int32_t window, float* out) {
   auto* kernel = &kernels::attention_kernel<BK, DC>;
   const size_t shared = kernels::attention_shared_bytes(Dh, BK);
   int per_sm = 2;  // blocks that fit on an SM at once (the host build: a guess)
@@ -146,15 +152,16 @@ void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float
   }
   const dim3 grid{unsigned(row_blocks), unsigned(Hkv), unsigned(splits)};
   if (splits == 1) {
-    LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split,
-              out, static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale,
+              window, per_split, out, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
+              static_cast<float*>(nullptr));
     return;
   }
   const int64_t n_rows = T * H;
   Scratch acc(size_t(splits * n_rows * Dh) * 4, "attention splits"),
       m(size_t(splits * n_rows) * 4, "attention splits"), l(size_t(splits * n_rows) * 4, "attention splits");
-  LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, per_split,
-            out, acc.as<float>(), m.as<float>(), l.as<float>());
+  LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale,
+            window, per_split, out, acc.as<float>(), m.as<float>(), l.as<float>());
   LP_LAUNCH(kernels::attention_combine_kernel, unsigned(n_rows), 128, 0, acc.as<float>(), m.as<float>(),
             l.as<float>(), n_rows, Dh, splits, out);
 }
@@ -162,7 +169,8 @@ void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float
 }  // namespace
 
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float* out) {
+               const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+               int32_t window, float* out) {
   if (Dh <= 0 || Dh > 256 || Dh % 4 != 0)
     fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
   if (Hkv <= 0 || H % Hkv != 0) fail("CUDA attention: {} heads do not group over {} KV heads", H, Hkv);
@@ -172,22 +180,22 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("CUDA attention: q, k and v must be 16-byte aligned");
   if (T <= 0) return;
   if (Dh <= 64)
-    attention_with<64, 1>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+    attention_with<64, 1>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
   else if (Dh <= 128)
-    attention_with<64, 2>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+    attention_with<64, 2>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
   else if (Dh <= 192)
-    attention_with<32, 3>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+    attention_with<32, 3>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
   else
-    attention_with<32, 4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, out);
+    attention_with<32, 4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
 }
 
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                     float* scores) {
+                     float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores) {
   if (S <= 0) return;
   Scratch logits(size_t(H * S) * sizeof(float), "score logits"), m(size_t(H) * sizeof(float), "score max"),
       l(size_t(H) * sizeof(float), "score sum");
   LP_LAUNCH(kernels::score_logits_kernel, blocks_for(H * S, kThreads), kThreads, 0, q, k, S, H, Hkv, Dh,
-            logits.as<float>());
+            scale, k_pos, q_pos, window, logits.as<float>());
   LP_LAUNCH(kernels::score_norm_kernel, unsigned(H), kThreads, 0, logits.as<float>(), S, m.as<float>(),
             l.as<float>());
   LP_LAUNCH(kernels::score_sum_kernel, blocks_for(S, kThreads), kThreads, 0, logits.as<float>(),

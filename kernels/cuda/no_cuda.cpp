@@ -43,7 +43,7 @@ int multiprocessors() {
 void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) {
   unavailable();
 }
-void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*) {
+void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*, float) {
   unavailable();
 }
 void add_bias(float*, const float*, int64_t, int64_t) {
@@ -56,10 +56,11 @@ void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) {
   unavailable();
 }
 void attention(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
-               int64_t, int64_t, int64_t, float*) {
+               int64_t, int64_t, int64_t, float, int32_t, float*) {
   unavailable();
 }
-void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*) {
+void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float, const int32_t*,
+                     int32_t, int32_t, float*) {
   unavailable();
 }
 void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) {
@@ -72,7 +73,10 @@ void kv_append(const float*, const float*, const int64_t*, const int32_t*, int64
 void copy_columns(const float*, int64_t, float*, int64_t, int64_t, int64_t) {
   unavailable();
 }
-void swiglu_fused(const float*, float*, int64_t, int64_t) {
+void swiglu_fused(const float*, float*, int64_t, int64_t, bool) {
+  unavailable();
+}
+void scale_inplace(float*, int64_t, float) {
   unavailable();
 }
 void copy_rows(const float*, const int64_t*, float*, const int64_t*, int64_t, int64_t) {

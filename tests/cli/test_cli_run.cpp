@@ -2,6 +2,7 @@
 // paths, every kind of broken model file (each refused by both), prompts, options, pruning
 // options, traces, and --backend cuda without a GPU.
 #include "tests/cli/cli_harness.h"
+#include "tests/tiny_arch.h"
 
 namespace lp {
 namespace {
@@ -47,6 +48,33 @@ TEST_F(CliErrors, InspectHappyPath) {
   ASSERT_FALSE(j.is_discarded()) << rj.out;
   EXPECT_EQ(j["config"]["n_layer"], 2);
   EXPECT_EQ(j["tokenizer"]["n_tokens"], 299);
+}
+
+// inspect names what each later architecture adds and, for Gemma 3, each layer's kind; run runs the
+// file with LazyLLM (the logits are tests/engine/test_arch_logits.cpp's business).
+TEST_F(CliErrors, InspectAndRunAGemma3File) {
+  const std::string m = dir_.file("gemma3.gguf");
+  testing::tiny_arch_writer("gemma3", false).write(m);
+  const CliResult r = run_cli(dir_, {"inspect", "--model", m});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(
+      r.out.find("per-head q/k norms, norms after attention and FFN, GeGLU (tanh GELU), embeddings x 8"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("layers: 5 local (window 6, rope theta 10000), 1 global  [LLLLLG]"), std::string::npos)
+      << r.out;
+  const CliResult rj = run_cli(dir_, {"inspect", "--model", m, "--json"});
+  ASSERT_TRUE(rj.exited && rj.code == 0) << describe(rj);
+  const auto j = nlohmann::json::parse(rj.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << rj.out;
+  EXPECT_EQ(j["config"]["layer_window"], nlohmann::json({6, 6, 6, 6, 6, 0}));
+  EXPECT_EQ(j["config"]["ffn_activation"], "geglu");
+  const CliResult rr = run_cli(dir_, {"run", "--model", m, "--prompt", "hello there", "--max-new-tokens", "4",
+                                      "--prune", "lazyllm", "--json"});
+  ASSERT_TRUE(rr.exited && rr.code == 0) << describe(rr);
+  const auto jr = nlohmann::json::parse(rr.out, nullptr, false);
+  ASSERT_FALSE(jr.is_discarded()) << rr.out;
+  EXPECT_TRUE(jr.dump().find("post_norm") != std::string::npos) << "the per-op times name the post norms";
 }
 
 TEST_F(CliErrors, MissingModelFile) {
@@ -105,7 +133,7 @@ TEST_F(CliErrors, UnsupportedArchitecture) {
   s.arch = "gpt2";
   expect_model_error(
       testing::write_tiny_model(dir_.file("gpt2.gguf"), s),
-      {"general.architecture 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3)"});
+      {"general.architecture 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)"});
 }
 
 // --dtype int8 (weights in GGUF blocks, integer GEMMs): runs on the tiny model (its accuracy is

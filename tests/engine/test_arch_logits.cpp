@@ -14,8 +14,11 @@
 
 #include "engine/model.h"
 #include "engine/session.h"
+#include "pruning/policy.h"
+#include "pruning/schedule.h"
 #include "tests/test_util.h"
 #include "tests/tiny_arch.h"
+#include "traces/trace.h"
 
 namespace lp {
 namespace {
@@ -121,7 +124,44 @@ TEST_P(ArchLogits, Int8IsAsCloseAsLlamaCppsOwnQ8_0) {
       *std::max_element(theirs.begin(), theirs.end()), agree, err.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, ArchLogits, ::testing::Values("qwen2", "qwen3"));
+// LazyLLM at a sliding-window layer (docs/engine.md): the last token's attention there covers only
+// its window, so the keys outside it score 0 and the window is kept first; the ties among the zeros
+// go to the later positions, as everywhere. Gemma 3's layer 0 is local (window 6): of 16 tokens,
+// the half kept is the window (10..15) and the two latest of the rest.
+TEST(ArchLazyLLM, ALocalLayerKeepsTheLastTokensWindowFirst) {
+  testing::TempDir dir;
+  const auto m = tiny("gemma3", false, DType::F32, dir);
+  ASSERT_EQ(m->config().window(0), 6);
+  const auto ids = fixture("gemma3")["prompt"].get<std::vector<int32_t>>();
+  const int64_t T = int64_t(ids.size()), last = T - 1;
+  std::vector<int32_t> pos(ids.size());
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
+  auto policy = make_policy(PolicyKind::LazyLLM);
+  const auto steps =
+      resolve_schedule(parse_schedule("0:0.5"), m->config().n_layer);  // prune half after layer 0
+  const PruneRequest req{steps, policy.get()};
+  Session s(ctx(), *m, T);
+  trace::Step st;
+  std::vector<float> logits(size_t(m->config().n_vocab));
+  s.forward(ids, pos, {&last, 1}, logits.data(), &req, &st);
+  const auto kept = testing::kept_of(st);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0], (std::vector<int32_t>{8, 9, 10, 11, 12, 13, 14, 15}));
+  // The scores themselves: zero exactly outside the window, positive inside, summing to 1.
+  const std::vector<float>& sc = (*st.pruning)[0].scores;
+  ASSERT_EQ(int64_t(sc.size()), T);
+  double sum = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    if (i < T - 6)
+      EXPECT_EQ(sc[size_t(i)], 0.0f) << "position " << i;
+    else
+      EXPECT_GT(sc[size_t(i)], 0.0f) << "position " << i;
+    sum += sc[size_t(i)];
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, ArchLogits, ::testing::Values("qwen2", "qwen3", "gemma3"));
 
 }  // namespace
 }  // namespace lp

@@ -196,7 +196,8 @@ TEST(GpuOps, AttentionOverPrunedKeys) {
                    want.data());
     Dev<float> dq(q), dk(k), dv(v), out(q.size());
     Dev<int32_t> dqp(q_pos), dkp(k_pos);
-    cuda::attention(dq.p, dqp.p, c.T, dk.p, dv.p, dkp.p, c.S, c.H, c.Hkv, c.Dh, out.p);
+    cuda::attention(dq.p, dqp.p, c.T, dk.p, dv.p, dkp.p, c.S, c.H, c.Hkv, c.Dh, 1.0f / std::sqrt(float(c.Dh)),
+                    0, out.p);
     expect_close(out.host(), want, 5e-5f, "attention");
   }
 }
@@ -214,7 +215,7 @@ TEST(GpuOps, AttentionOverUnorderedKeys) {
   ref::attention(q.data(), q_pos.data(), T, k.data(), v.data(), k_pos.data(), S, H, Hkv, Dh, want.data());
   Dev<float> dq(q), dk(k), dv(v), out(q.size());
   Dev<int32_t> dqp(q_pos), dkp(k_pos);
-  cuda::attention(dq.p, dqp.p, T, dk.p, dv.p, dkp.p, S, H, Hkv, Dh, out.p);
+  cuda::attention(dq.p, dqp.p, T, dk.p, dv.p, dkp.p, S, H, Hkv, Dh, 1.0f / std::sqrt(float(Dh)), 0, out.p);
   expect_close(out.host(), want, 5e-5f, "attention");
 }
 
@@ -224,7 +225,7 @@ TEST(GpuOps, ScoresAndSelection) {
   std::vector<double> want(static_cast<size_t>(S));
   ref::last_row_scores(q.data(), k.data(), S, H, Hkv, Dh, want.data());
   Dev<float> dq(q), dk(k), scores(static_cast<size_t>(S));
-  cuda::last_row_scores(dq.p, dk.p, S, H, Hkv, Dh, scores.p);
+  cuda::last_row_scores(dq.p, dk.p, S, H, Hkv, Dh, 1.0f / std::sqrt(float(Dh)), nullptr, 0, 0, scores.p);
   const auto got = scores.host();
   for (int64_t s = 0; s < S; ++s)
     ASSERT_NEAR(got[size_t(s)], want[size_t(s)], 1e-5 * (1 + want[size_t(s)]) + 1e-7);
@@ -360,14 +361,15 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnATinyModel) {
   compare_forward(path, 64, "0:0.5,1:0.5,2:0.5", PolicyKind::RandomLayers);
 }
 
-// Qwen2's Q/K/V biases and Qwen3's q/k norms over NEOX-ordered rows (tests/tiny_arch.h: the files
-// llama.cpp's references were made on), pruned and generating with revival, in f32: exact up to
-// summation order. (In int8 both sides round GEMM inputs to bf16, and on these files, whose logits
-// reach 9, a flipped rounding moves a logit by up to 0.04, over compare_forward's bf16 bound of
-// 0.029; the int8 path has no architecture-specific code: the biases and norms are f32 on both.)
-TEST(GpuForward, QwenLayersMatchTheCpuBackend) {
+// Qwen2's Q/K/V biases, Qwen3's q/k norms and Gemma 3's sliding windows, post norms, GeGLU and
+// scaled embeddings over NEOX-ordered rows (tests/tiny_arch.h: the files llama.cpp's references were
+// made on), pruned and generating with revival, in f32: exact up to summation order. (In int8 both sides
+// round GEMM inputs to bf16, and on these files, whose logits reach 9, a flipped rounding moves a logit by up
+// to 0.04, over compare_forward's bf16 bound of 0.029; the int8 path has no architecture-specific code: the
+// biases and norms are f32 on both.)
+TEST(GpuForward, LaterArchitecturesMatchTheCpuBackend) {
   testing::TempDir dir;
-  for (const char* arch : {"qwen2", "qwen3"}) {
+  for (const char* arch : {"qwen2", "qwen3", "gemma3"}) {
     const std::string path = dir.file(std::string(arch) + ".gguf");
     testing::tiny_arch_writer(arch, false).write(path);
     compare_forward(path, 60, "none", PolicyKind::None);

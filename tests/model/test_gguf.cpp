@@ -979,6 +979,65 @@ TEST(ConfigBad, QwenTensorsAndMetadata) {
   }
 }
 
+// Gemma 3's keys: the window and which layers slide (a period, 6 by default, or one flag per layer),
+// the scales, and what is refused.
+TEST(ConfigGemma3, LayersWindowsAndScales) {
+  TempDir dir;
+  const auto config = [&](const GgufWriter& w) {
+    w.write(dir.file("g.gguf"));
+    return config_from_gguf(GgufFile::open(dir.file("g.gguf")));
+  };
+  GgufWriter w = testing::tiny_arch_writer("gemma3", false);
+  ModelConfig c = config(w);
+  EXPECT_EQ(c.layer_window, (std::vector<int>{6, 6, 6, 6, 6, 0}));  // the sixth layer of every six is global
+  EXPECT_EQ(c.embed_scale, 8.0f);                                   // sqrt(64)
+  EXPECT_TRUE(c.post_norms && c.gelu && c.qk_norm && c.rope_neox);
+  EXPECT_FLOAT_EQ(c.attention_scale(), 1.0f / std::sqrt(32.0f));
+  EXPECT_EQ(c.rope_base(0), 10000.0f);  // local layers: 10000 unless rope.freq_base_swa says
+  EXPECT_EQ(c.rope_base(5), 1e6f);
+  w.set("gemma3.attention.sliding_window_pattern", testing::GgufWriterValue::u32(3));
+  EXPECT_EQ(config(w).layer_window, (std::vector<int>{6, 6, 0, 6, 6, 0}));
+  std::vector<testing::GgufWriterValue> flags;
+  for (bool b : {true, false, true, false, true, false})
+    flags.push_back(testing::GgufWriterValue::boolean(b));
+  w.set("gemma3.attention.sliding_window_pattern", testing::GgufWriterValue::array(GgufType::BOOL, flags));
+  EXPECT_EQ(config(w).layer_window, (std::vector<int>{6, 0, 6, 0, 6, 0}));
+  w.set("gemma3.rope.freq_base_swa", testing::GgufWriterValue::f32(500.f));
+  w.set("gemma3.rope.scaling.type", testing::GgufWriterValue::string("linear"));
+  w.set("gemma3.rope.scaling.factor", testing::GgufWriterValue::f32(8.f));
+  c = config(w);
+  EXPECT_EQ(c.rope_base(0), 500.f);
+  EXPECT_EQ(c.rope_scale(0), 1.f);  // linear scaling is the global layers'
+  EXPECT_EQ(c.rope_scale(1), 0.125f);
+  // No window key: every layer global.
+  w = testing::tiny_arch_writer("gemma3", false);
+  w.remove("gemma3.attention.sliding_window");
+  EXPECT_TRUE(config(w).layer_window.empty());
+}
+
+TEST(ConfigBad, Gemma3Metadata) {
+  TempDir dir;
+  GgufWriter w = testing::tiny_arch_writer("gemma3", false);
+  for (const uint32_t bad : {0u, 513u}) {
+    w.set("gemma3.attention.sliding_window", testing::GgufWriterValue::u32(bad));
+    EXPECT_HAS(config_error(dir, w), "gemma3.attention.sliding_window " + std::to_string(bad) +
+                                         " is outside [1, context_length 512]");
+  }
+  w = testing::tiny_arch_writer("gemma3", false);
+  w.set("gemma3.attention.sliding_window_pattern",
+        testing::GgufWriterValue::array(GgufType::BOOL, {testing::GgufWriterValue::boolean(true)}));
+  EXPECT_HAS(config_error(dir, w),
+             "gemma3.attention.sliding_window_pattern must be 6 booleans, one per layer");
+  w.set("gemma3.attention.sliding_window_pattern", testing::GgufWriterValue::u32(0));
+  EXPECT_HAS(config_error(dir, w), "gemma3.attention.sliding_window_pattern 0 is outside [1, 7]");
+  w = testing::tiny_arch_writer("gemma3", false);
+  w.set("gemma3.final_logit_softcapping", testing::GgufWriterValue::f32(30.f));
+  EXPECT_HAS(config_error(dir, w), "gemma3.final_logit_softcapping 30 is not supported");
+  w = testing::tiny_arch_writer("gemma3", false);
+  w.remove_tensor("blk.3.post_ffw_norm.weight");
+  EXPECT_HAS(config_error(dir, w), "blk.3.post_ffw_norm.weight");
+}
+
 TEST(ConfigBad, UnsupportedArchitecture) {
   TempDir dir;
   for (const char* arch : {"gpt2", "bert"}) {
@@ -986,7 +1045,7 @@ TEST(ConfigBad, UnsupportedArchitecture) {
     s.arch = arch;
     const std::string e = config_error(dir, testing::tiny_model_writer(s));
     EXPECT_HAS(e, std::string("general.architecture '") + arch + "' is not supported");
-    EXPECT_HAS(e, "supported: llama, mistral, qwen2, qwen3");  // the list, so a user knows what runs
+    EXPECT_HAS(e, "supported: llama, mistral, qwen2, qwen3, gemma3");  // the list, so a user knows what runs
   }
   GgufWriter w = testing::tiny_model_writer();
   w.remove("general.architecture");
