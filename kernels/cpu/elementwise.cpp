@@ -114,37 +114,14 @@ void rope(CpuContext& ctx, float* x, int64_t T, int64_t ld, int64_t n_heads, int
   });
 }
 
-void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
-            int64_t ld_out, int64_t T, int64_t F) {
-  for_rows(ctx, T, F, [&](int64_t t) {
-    const float* g = gate + t * ld_gate;
-    const float* u = up + t * ld_up;
-    float* o = out + t * ld_out;
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= F; i += 16) {
-      const __m512 gv = _mm512_loadu_ps(g + i);
-      const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-      _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-      for (; i + 8 <= F; i += 8) {
-        const __m256 gv = _mm256_loadu_ps(g + i);
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
-      }
-#endif
-    for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
-  });
-}
+namespace {
 
-// GELU's tanh form is a sigmoid: 0.5 g (1 + tanh(z)) = g / (1 + exp(-2z)), z = sqrt(2/pi) (g + 0.044715 g^3),
-// so GeGLU is SwiGLU's arithmetic with exp(-2z) for exp(-g).
-void geglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+// out = g / (1 + exp(a(g))) * u over rows: SwiGLU with a(g) = -g (silu(g) = g / (1 + exp(-g))), GeGLU
+// with a(g) = -2z, z = sqrt(2/pi) (g + 0.044715 g^3), since GELU's tanh form 0.5 g (1 + tanh(z)) is
+// g / (1 + exp(-2z)). Act supplies a(g) for 512-bit, 256-bit and scalar lanes.
+template <class Act>
+void gated(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
            int64_t ld_out, int64_t T, int64_t F) {
-  constexpr float k2c = 2 * 0.7978845608028654f, k3 = 0.044715f;
   for_rows(ctx, T, F, [&](int64_t t) {
     const float* g = gate + t * ld_gate;
     const float* u = up + t * ld_up;
@@ -153,22 +130,59 @@ void geglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up,
 #if defined(__AVX512F__)
     for (; i + 16 <= F; i += 16) {
       const __m512 gv = _mm512_loadu_ps(g + i);
-      const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(k3), gv), _mm512_mul_ps(gv, gv), gv);
-      const __m512 e = exp512(_mm512_mul_ps(_mm512_set1_ps(-k2c), inner));
-      const __m512 gelu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-      _mm512_storeu_ps(o + i, _mm512_mul_ps(gelu, _mm512_loadu_ps(u + i)));
+      const __m512 a = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(Act::arg(gv))));
+      _mm512_storeu_ps(o + i, _mm512_mul_ps(a, _mm512_loadu_ps(u + i)));
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     for (; i + 8 <= F; i += 8) {
       const __m256 gv = _mm256_loadu_ps(g + i);
-      const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(k3), gv), _mm256_mul_ps(gv, gv), gv);
-      const __m256 e = exp256(_mm256_mul_ps(_mm256_set1_ps(-k2c), inner));
-      const __m256 gelu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+      const __m256 a = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(Act::arg(gv))));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(a, _mm256_loadu_ps(u + i)));
     }
 #endif
-    for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(-k2c * (g[i] + k3 * g[i] * g[i] * g[i]))) * u[i];
+    for (; i < F; ++i) o[i] = g[i] / (1.0f + exp1(Act::arg(g[i]))) * u[i];
   });
+}
+
+struct Silu {
+  static float arg(float g) { return -g; }
+#if defined(__AVX512F__)
+  static __m512 arg(__m512 g) {
+    return _mm512_sub_ps(_mm512_setzero_ps(), g);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  static __m256 arg(__m256 g) {
+    return _mm256_sub_ps(_mm256_setzero_ps(), g);
+  }
+#endif
+};
+
+struct GeluTanh {
+  static constexpr float k2c = 2 * 0.7978845608028654f, k3 = 0.044715f;  // 2 sqrt(2/pi), GELU's cubic
+  static float arg(float g) { return -k2c * (g + k3 * g * g * g); }
+#if defined(__AVX512F__)
+  static __m512 arg(__m512 g) {
+    const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(k3), g), _mm512_mul_ps(g, g), g);
+    return _mm512_mul_ps(_mm512_set1_ps(-k2c), inner);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  static __m256 arg(__m256 g) {
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(k3), g), _mm256_mul_ps(g, g), g);
+    return _mm256_mul_ps(_mm256_set1_ps(-k2c), inner);
+  }
+#endif
+};
+
+}  // namespace
+
+void swiglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+            int64_t ld_out, int64_t T, int64_t F) {
+  gated<Silu>(ctx, gate, ld_gate, up, ld_up, out, ld_out, T, F);
+}
+
+void geglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up, int64_t ld_up, float* out,
+           int64_t ld_out, int64_t T, int64_t F) {
+  gated<GeluTanh>(ctx, gate, ld_gate, up, ld_up, out, ld_out, T, F);
 }
 
 void scale_inplace(CpuContext& ctx, float* x, int64_t n, float s) {

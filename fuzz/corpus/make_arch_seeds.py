@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Seeds for fuzz_gguf: the smallest files of the architectures after Llama (qwen2's biases,
+qwen3's q/k norms and key_length, gemma3's window, pattern and post norms), so the fuzzer starts
+from inputs that reach their metadata checks. Not run by CI (needs gguf-py):
+    /tmp/lcp/bin/python fuzz/corpus/make_arch_seeds.py
+writes fuzz/corpus/gguf/tiny-{qwen2,qwen3,gemma3}.gguf (about 2 KB each)."""
+import pathlib
+
+import numpy as np
+import gguf
+
+OUT = pathlib.Path(__file__).parent / "gguf"
+
+
+def make(arch):
+    L, D, H, Hkv, Dh, F, V = 2, 4, 2, 1, 4, 8, 4
+    w = gguf.GGUFWriter(str(OUT / f"tiny-{arch}.gguf"), arch)
+    w.add_context_length(64)
+    w.add_embedding_length(D)
+    w.add_block_count(L)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(Dh)
+    w.add_value_length(Dh)
+    w.add_layer_norm_rms_eps(1e-6)
+    if arch == "gemma3":
+        w.add_sliding_window(8)
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(["a", "b", "ab", "<s>"])
+    w.add_token_types([1, 1, 1, 3])
+    w.add_token_merges(["a b"])
+    t = lambda name, *shape: w.add_tensor(name, np.full(shape, 0.5, dtype=np.float32))
+    t("token_embd.weight", V, D)
+    t("output_norm.weight", D)
+    for l in range(L):
+        p = f"blk.{l}."
+        t(p + "attn_norm.weight", D)
+        t(p + "attn_q.weight", H * Dh, D)
+        t(p + "attn_k.weight", Hkv * Dh, D)
+        t(p + "attn_v.weight", Hkv * Dh, D)
+        if arch == "qwen2":
+            t(p + "attn_q.bias", H * Dh)
+            t(p + "attn_k.bias", Hkv * Dh)
+            t(p + "attn_v.bias", Hkv * Dh)
+        t(p + "attn_output.weight", D, H * Dh)
+        if arch != "qwen2":
+            t(p + "attn_q_norm.weight", Dh)
+            t(p + "attn_k_norm.weight", Dh)
+        if arch == "gemma3":
+            t(p + "post_attention_norm.weight", D)
+            t(p + "post_ffw_norm.weight", D)
+        t(p + "ffn_norm.weight", D)
+        t(p + "ffn_gate.weight", F, D)
+        t(p + "ffn_up.weight", F, D)
+        t(p + "ffn_down.weight", D, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+for a in ("qwen2", "qwen3", "gemma3"):
+    make(a)
+    print(OUT / f"tiny-{a}.gguf", (OUT / f"tiny-{a}.gguf").stat().st_size, "bytes")
