@@ -185,13 +185,6 @@ void geglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up,
   gated<GeluTanh>(ctx, gate, ld_gate, up, ld_up, out, ld_out, T, F);
 }
 
-void scale_inplace(CpuContext& ctx, float* x, int64_t n, float s) {
-  for_rows(ctx, 1, n, [&](int64_t) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) x[i] *= s;
-  });
-}
-
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n) {
   if (n <= kInlineValues) {
 #pragma omp simd
