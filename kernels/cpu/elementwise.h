@@ -46,7 +46,6 @@ void geglu(CpuContext& ctx, const float* gate, int64_t ld_gate, const float* up,
 // x[i] += y[i]
 void add_inplace(CpuContext& ctx, float* x, const float* y, int64_t n);
 
-
 // Vectorised exp used by the kernels (exposed for tests).
 void exp_inplace(float* x, int64_t n);
 
