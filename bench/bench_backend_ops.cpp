@@ -60,6 +60,11 @@ ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
       return {{}, [&b] { b.matmul(Proj::GateUp, 0); }};
     case OpKind::MatmulDown:
       return {{}, [&b] { b.matmul(Proj::Down, 0); }};
+    case OpKind::Moe:
+      return {{}, [&b] {
+                b.route(0);
+                b.experts(0);
+              }};
     case OpKind::LmHead: {
       auto logits = std::make_shared<std::vector<float>>(static_cast<size_t>(T * c.n_vocab));
       return {{}, [&b, logits] { b.lm_head(logits->data()); }};
@@ -125,7 +130,7 @@ ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
 }
 
 void BM_BackendOp(benchmark::State& st, OpCase oc, int head_dim) {
-  const OpModel& om = op_model(oc.gqa, oc.dtype, head_dim, oc.later);
+  const OpModel& om = case_model(oc, head_dim);
   CpuContext ctx(2);
   CpuBackend b(ctx, om.c, om.w, 2 * oc.T + 2);
   const ReadyOp op = prepare(oc, om.c, b);

@@ -180,7 +180,12 @@ int inspect_model(const std::string& path_arg, bool json_out) {
                  {"attention_scale", c.attention_scale()},
                  {"layer_window", c.layer_window},
                  {"rope_theta_local", c.rope_theta_local},
-                 {"n_params", c.n_params()}};
+                 {"n_params", c.n_params()},
+                 {"n_active_params", c.n_active_params()},
+                 {"ffn", c.moe() ? "moe" : "dense"},
+                 {"n_expert", c.n_expert},
+                 {"n_expert_used", c.n_expert_used},
+                 {"n_ff_exp", c.n_ff_exp}};
   j["tokenizer"] = {{"model", v.model},
                     {"pre", v.pre},
                     {"n_tokens", v.tokens.size()},
@@ -220,6 +225,11 @@ int inspect_model(const std::string& path_arg, bool json_out) {
   if (c.gelu) parts.push_back("GeGLU (tanh GELU)");
   if (c.embed_scale != 1.0f) parts.push_back(fmt::format("embeddings x {:.4g}", c.embed_scale));
   if (!parts.empty()) fmt::print("  {}\n", fmt::join(parts, ", "));
+  if (c.moe())
+    fmt::print(
+        "  mixture of experts in every layer: {} experts of width {}, {} a token (router softmax, top-{} "
+        "renormalized)  active params {:.1f} M\n",
+        c.n_expert, c.n_ff_exp, c.n_expert_used, c.n_expert_used, c.n_active_params() / 1e6);
   if (!c.layer_window.empty()) {
     std::string kinds;  // a letter a layer: L local (sliding window), G global
     int local = 0, window = 0;

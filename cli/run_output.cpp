@@ -12,12 +12,13 @@ namespace {
 using json = nlohmann::json;
 
 // The engine's trace step as the trace keeps it: without `detail`, the kept positions, scores
-// and revived positions are left out.
+// revived positions and experts' routes are left out.
 trace::Step trace_step(const trace::Step& engine_step, bool detail) {
   trace::Step s = engine_step;
   if (!detail) {
     s.pruning.reset();
     s.revived_positions.reset();
+    s.routes.reset();
   }
   return s;
 }

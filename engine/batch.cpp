@@ -42,9 +42,17 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     if (hooks.after_attention) hooks.after_attention(l);
     gemm(Proj::O, l);
     in_turn(&Session::mlp_in, l);
-    gemm(Proj::GateUp, l);
-    in_turn(&Session::mlp_act, l);
-    gemm(Proj::Down, l);
+    if (c.moe()) {
+      in_turn(&Session::route, l);
+      if (alone)
+        ms[0].session->experts(*ms[0].pass, l);
+      else
+        lead.experts_batched(l, bes);
+    } else {
+      gemm(Proj::GateUp, l);
+      in_turn(&Session::mlp_act, l);
+      gemm(Proj::Down, l);
+    }
     side_by_side(&Session::end_layer, l);
   }
 }

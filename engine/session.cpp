@@ -153,7 +153,7 @@ OpDtypes dtypes_of(const Weights& w) {
 
 // A trace step with every per-layer count zero and an empty detail (revived positions only for a
 // decoding step).
-void reset_stats(trace::Step* stats, int L, const char* kind, int64_t new_tokens) {
+void reset_stats(trace::Step* stats, int L, const char* kind, int64_t new_tokens, bool moe) {
   if (!stats) return;
   *stats = trace::Step{};
   stats->kind = kind;
@@ -162,6 +162,7 @@ void reset_stats(trace::Step* stats, int L, const char* kind, int64_t new_tokens
       stats->aux_writes = std::vector<int64_t>(size_t(L), 0);
   stats->pruning.emplace();
   if (stats->kind == "decode") stats->revived_positions.emplace(size_t(L));
+  if (moe) stats->routes.emplace(size_t(L));
 }
 
 }  // namespace
@@ -285,6 +286,27 @@ void Session::mlp_act(Pass& ps, int l) {
   timed(ps.timers, l, Op::SwiGLU, OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->swiglu(); });
 }
 
+void Session::route(Pass& ps, int l) {
+  const int64_t T = int64_t(ps.rows.size());
+  timed(ps.timers, l, Op::Router, OpShape{T, 0, 0}, [&] { be_->route(l); });
+  if (ps.stats && ps.stats->routes) {
+    trace::Routes& r = (*ps.stats->routes)[size_t(l)];
+    r.positions = ps.rows;
+    r.experts = be_->routes();
+  }
+}
+
+void Session::experts(Pass& ps, int l) {
+  const int64_t T = int64_t(ps.rows.size());
+  OpShape shape{T, 0, 0};
+  if (ps.timers) {  // the distinct experts the rows reach: the weights the op reads
+    std::vector<int32_t> ids = be_->routes();
+    std::sort(ids.begin(), ids.end());
+    shape.experts = std::unique(ids.begin(), ids.end()) - ids.begin();
+  }
+  timed(ps.timers, l, Op::Experts, shape, [&] { be_->experts(l); });
+}
+
 void Session::matmul(Pass& ps, Proj p, int l) {
   static constexpr Op kOp[] = {Op::QKV, Op::OProj, Op::GateUp, Op::Down};  // Proj's order
   timed(ps.timers, l, kOp[int(p)], OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->matmul(p, l); });
@@ -341,7 +363,7 @@ Session::Pass Session::begin_forward(std::span<const int32_t> ids, std::span<con
     ps.prune = prune;
   }
   if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
-  reset_stats(stats, c.n_layer, n_cached() == 0 ? "prefill" : "decode", T);
+  reset_stats(stats, c.n_layer, n_cached() == 0 ? "prefill" : "decode", T, c.moe());
   ps.stats = stats;
   ps.timers = timers;
   ps.logit_rows.assign(logit_rows.begin(), logit_rows.end());
@@ -371,7 +393,7 @@ Session::Pass Session::begin_decode(int32_t id, int32_t p, const PruneRequest* p
   const KvIndex& kv0 = kv_[0];
   if (p < 0 || (kv0.n() > 0 && p <= kv0.pos.back())) fail("decode_step: position must be new");
   if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
-  reset_stats(stats, c.n_layer, "decode", 1);
+  reset_stats(stats, c.n_layer, "decode", 1, c.moe());
 
   Pass ps;
   ps.decode = true;

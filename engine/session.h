@@ -132,7 +132,8 @@ class Session {
   // One forward pass in progress, layer by layer. The order of a layer's parts is written once,
   // in run_layers (engine/batch.h), for a pass alone (forward(), decode_step()), several sessions'
   // passes together (each GEMM once over all their rows) and KV-Runahead's (engine/runahead.h):
-  // revive, attn_norm, [QKV], attend, [O], mlp_in, [GateUp], mlp_act, [Down], end_layer; after the
+  // revive, attn_norm, [QKV], attend, [O], mlp_in, [GateUp], mlp_act, [Down] (a mixture-of-experts
+  // layer: route, [experts]), end_layer; after the
   // last layer head, then [LM head] when it returns rows. The bracketed GEMMs are the loop's
   // (matmul below alone, Backend::matmul_batched over the members).
   struct Pass {
@@ -168,6 +169,10 @@ class Session {
   void attend(Pass& ps, int l);     // RoPE, K/V append, attention over the layer's key set
   void mlp_in(Pass& ps, int l);     // residual, FFN norm
   void mlp_act(Pass& ps, int l);    // SwiGLU
+  // A mixture-of-experts layer's FFN in place of [GateUp], mlp_act, [Down]: the rows routed, then
+  // their experts (experts alone; Backend::experts_batched over the members).
+  void route(Pass& ps, int l);
+  void experts(Pass& ps, int l);
   // The residual; then a forward pass prunes (at a pruning layer: the rows the policy drops leave,
   // their states to the Aux Cache) and a decoding step re-selects (at a pruning layer: the active
   // set chosen again; rows not selected, or with K/V at the next layer, leave).

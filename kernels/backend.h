@@ -57,10 +57,10 @@ inline int64_t tensor_width(const ModelConfig& c, Tensor t) {
       return int64_t(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     case Tensor::Attn:
       return int64_t(c.n_head) * c.head_dim;
-    case Tensor::FF:
-      return 2 * int64_t(c.n_ff);
+    case Tensor::FF:  // none in a mixture-of-experts model: moe() keeps its own
+      return c.moe() ? 0 : 2 * int64_t(c.n_ff);
     case Tensor::Act:
-      return c.n_ff;
+      return c.moe() ? 0 : c.n_ff;
     default:
       return c.n_embd;
   }
@@ -104,7 +104,17 @@ class Backend {
   // every slot the layer holds, which are then in position order. The layer's sliding window
   // (ModelConfig::window) hides older keys; logits scaled by ModelConfig::attention_scale.
   virtual void attention(int layer, std::span<const int32_t> slots) = 0;
-  virtual void swiglu() = 0;    // act = silu(gate) * up, or gelu(gate) * up (ModelConfig::gelu)
+  virtual void swiglu() = 0;  // act = silu(gate) * up, or gelu(gate) * up (ModelConfig::gelu)
+  // The mixture-of-experts FFN (ModelConfig::moe: Qwen3-MoE, Mixtral), in place of GateUp, swiglu and
+  // Down (kernels/cpu/moe.h): route() takes the router's softmax over xn and keeps each row's
+  // n_expert_used most probable experts with their probabilities renormalized; experts() sets
+  // branch = those experts' outputs, weighted and summed, each expert's GEMMs run once over the rows
+  // routed to it. A row not computed (a pruned token) is not routed.
+  virtual void route(int layer) = 0;
+  virtual void experts(int layer) = 0;
+  // The experts each row goes through, as the last route() chose: [T][n_expert_used], most probable
+  // first.
+  virtual std::vector<int32_t> routes() = 0;
   virtual void residual() = 0;  // x += branch
   // scores[i] = the last row's attention on key i of `slots` (as attention, its window included:
   // a key outside it scores 0), averaged over heads.
@@ -127,6 +137,11 @@ class Backend {
   // same numbers; a backend overrides it to run one GEMM over all the rows.
   virtual void matmul_batched(Proj p, int layer, std::span<Backend* const> members) {
     for (Backend* m : members) m->matmul(p, layer);
+  }
+  // experts() over the members' rows together (each routed), so each expert's weights are read once
+  // for all of them.
+  virtual void experts_batched(int layer, std::span<Backend* const> members) {
+    for (Backend* m : members) m->experts(layer);
   }
   virtual void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {
     for (Backend* m : members) {

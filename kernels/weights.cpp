@@ -39,16 +39,25 @@ void permute_runs(std::vector<float>& v, const std::vector<int64_t>& order) {
   }
 }
 
-// One tensor of a stacked matrix, and the order of its rows (empty: as stored; else row r of
-// the loaded tensor is the file's row order[r mod order.size()] of the same run of rows).
+// Rows of one tensor stacked into a matrix: `count` rows from `first` (a whole 2-D tensor, or one
+// expert of a 3-D one), in `order` (empty: as stored; else row r of the part is the file's row
+// order[r mod order.size()] of the same run of rows).
+struct Slice {
+  std::string name;
+  std::vector<int64_t> order = {};
+  int64_t first = 0, count = -1;  // -1: every row
+};
 struct Part {
   const GgufTensor* t;
   std::vector<int64_t> order;
+  int64_t first, rows;
   int64_t source_row(int64_t r) const {
-    if (order.empty()) return r;
+    if (order.empty()) return first + r;
     const int64_t n = int64_t(order.size());
-    return r / n * n + order[size_t(r % n)];
+    return first + r / n * n + order[size_t(r % n)];
   }
+  int64_t row_bytes() const { return *type_bytes(t->type, t->ne[0]); }
+  const uint8_t* data() const { return t->data + first * row_bytes(); }
 };
 
 // Int8 mode: each tensor of the matrix is one part, its own blocks where the integer GEMM multiplies
@@ -70,14 +79,14 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, const std::vector<
   };
   int64_t owned = 0;  // bytes copied or requantized
   for (const Part& p : ps)
-    if (!qgemm_supports(p.t->type) || !p.order.empty()) owned += p.t->rows() * *type_bytes(held_type(p.t), K);
+    if (!qgemm_supports(p.t->type) || !p.order.empty()) owned += p.rows * *type_bytes(held_type(p.t), K);
   m.q.resize(size_t(owned), false);
   m.q_owner = file;
   int64_t q_at = 0;
   for (const Part& p : ps) {
     const GgufTensor* t = p.t;
     if (qgemm_supports(t->type) && p.order.empty()) {
-      m.parts.push_back({t->type, t->rows(), t->data});
+      m.parts.push_back({t->type, p.rows, p.data()});
       continue;
     }
     const GgmlType type = held_type(t);
@@ -85,7 +94,7 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, const std::vector<
     uint8_t* dst = m.q.data() + q_at;
     const size_t in_bytes = size_t(*type_bytes(t->type, K));
     ctx.run([&] {
-      tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
+      tbb::parallel_for(int64_t(0), p.rows, [&](int64_t r) {
         const uint8_t* src = t->data + p.source_row(r) * in_bytes;
         if (type == t->type)
           std::memcpy(dst + r * out_bytes, src, in_bytes);
@@ -93,8 +102,8 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, const std::vector<
           requantize_q8_0(t->type, src, K, dst + r * out_bytes);
       });
     });
-    m.parts.push_back({type, t->rows(), dst});
-    q_at += t->rows() * out_bytes;
+    m.parts.push_back({type, p.rows, dst});
+    q_at += p.rows * out_bytes;
   }
   // The 512-bit kernel's order, copied once (qpack: null where it does not apply); the file's pages
   // then leave the resident set for good (load_matrix's Drop), as only the embedding lookup reads
@@ -125,34 +134,34 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, const std::vector<
   return m;
 }
 
-// Stacks the named [rows_i][K] tensors into one matrix; orders[i] (if given and not empty) reorders
-// tensor i's rows (Part::order).
-Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vector<std::string>& names,
-                   DType dtype, CpuContext& ctx, bool for_cpu,
-                   const std::vector<std::vector<int64_t>>& orders = {}) {
+// Stacks the slices' rows, each [rows_i][K], into one matrix.
+Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vector<Slice>& slices, DType dtype,
+                   CpuContext& ctx, bool for_cpu) {
   const GgufFile& f = *file;
   Matrix m;
   m.dtype = dtype;
-  std::vector<const GgufTensor*> ts;
   std::vector<Part> ps;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string& n = names[i];
-    ts.push_back(&f.tensor(n));
-    check_dequantizable(f, *ts.back());
-    if (m.cols && ts.back()->ne[0] != m.cols) fail("{}: tensor '{}' width mismatch", f.path(), n);
-    m.cols = ts.back()->ne[0];
-    m.rows += ts.back()->rows();
-    ps.push_back({ts.back(), i < orders.size() ? orders[i] : std::vector<int64_t>{}});
+  for (const Slice& sl : slices) {
+    const GgufTensor* t = &f.tensor(sl.name);
+    check_dequantizable(f, *t);
+    if (m.cols && t->ne[0] != m.cols) fail("{}: tensor '{}' width mismatch", f.path(), sl.name);
+    const int64_t rows = sl.count < 0 ? t->rows() : sl.count;
+    if (sl.first < 0 || rows < 0 || sl.first + rows > t->rows())
+      internal_fail("rows [{}, {}) of tensor '{}', which has {}", sl.first, sl.first + rows, sl.name,
+                    t->rows());
+    m.cols = t->ne[0];
+    m.rows += rows;
+    ps.push_back({t, sl.order, sl.first, rows});
   }
-  // The file's pages of these tensors leave the resident set once copied or checked (a mapped
+  // The file's pages of these rows leave the resident set once copied or checked (a mapped
   // matrix's pages come back as the GEMMs read them; the embedding's only for the rows looked up).
   struct Drop {
     const GgufFile& f;
-    const std::vector<const GgufTensor*>& ts;
+    const std::vector<Part>& ps;
     ~Drop() {
-      for (const GgufTensor* t : ts) f.drop_pages(t->data, uint64_t(t->n_bytes));
+      for (const Part& p : ps) f.drop_pages(p.data(), uint64_t(p.rows * p.row_bytes()));
     }
-  } drop{f, ts};
+  } drop{f, ps};
   if (dtype == DType::Int8) return load_int8(file, ps, std::move(m), ctx, for_cpu);
   if (dtype == DType::F32)
     m.f32.resize(m.rows * m.cols, false);
@@ -164,7 +173,7 @@ Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vecto
     const int64_t K = m.cols;
     const size_t row_bytes = size_t(*type_bytes(t->type, K));
     ctx.run([&] {
-      tbb::parallel_for(int64_t(0), t->rows(), [&](int64_t r) {
+      tbb::parallel_for(int64_t(0), p.rows, [&](int64_t r) {
         const uint8_t* src = t->data + p.source_row(r) * row_bytes;
         if (dtype == DType::F32) {
           dequantize(t->type, src, m.f32.data() + (row0 + r) * K, K);
@@ -177,7 +186,7 @@ Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vecto
         }
       });
     });
-    row0 += t->rows();
+    row0 += p.rows;
   }
   return m;
 }
@@ -186,12 +195,17 @@ Matrix load_matrix(const std::shared_ptr<const GgufFile>& file, const std::vecto
 
 int64_t Weights::bytes() const {
   int64_t b = tok_embd.bytes() + output.bytes();
-  for (const auto& l : layers) b += l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes();
+  for (const auto& l : layers) {
+    b += l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes() + l.router.bytes();
+    for (size_t e = 0; e < l.expert_gate_up.size(); ++e)
+      b += l.expert_gate_up[e].bytes() + l.expert_down[e].bytes();
+  }
   return b;
 }
 
 double Weights::gemm_bytes_per_weight() const {
-  const Matrix& m = layers.at(0).w_gate_up;
+  const LayerWeights& l = layers.at(0);
+  const Matrix& m = l.expert_gate_up.empty() ? l.w_gate_up : l.expert_gate_up[0];
   return double(m.bytes()) / double(m.rows * m.cols);
 }
 
@@ -208,17 +222,16 @@ std::vector<int64_t> rope_order(int64_t Dh, int64_t rope_dim) {
 Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelConfig& c, DType dtype,
                      CpuContext& ctx, bool for_cpu) {
   const GgufFile& f = *file;
-  const auto load_matrix = [&](const std::vector<std::string>& names,
-                               const std::vector<std::vector<int64_t>>& orders = {}) {
-    return lp::load_matrix(file, names, dtype, ctx, for_cpu, orders);
+  const auto load_matrix = [&](const std::vector<Slice>& slices) {
+    return lp::load_matrix(file, slices, dtype, ctx, for_cpu);
   };
   // NEOX RoPE: q and k rows in adjacent-pair order (weights.h).
   const std::vector<int64_t> qk_order =
       c.rope_neox ? rope_order(c.head_dim, c.rope_dim) : std::vector<int64_t>{};
   Weights w;
   w.dtype = dtype;
-  w.tok_embd = load_matrix({"token_embd.weight"});
-  if (!c.tied_embeddings) w.output = load_matrix({"output.weight"});
+  w.tok_embd = load_matrix({Slice{"token_embd.weight"}});
+  if (!c.tied_embeddings) w.output = load_matrix({Slice{"output.weight"}});
   w.output_norm = load_vector(f, "output_norm.weight");
   if (c.has_rope_freqs) w.rope_freqs = load_vector(f, "rope_freqs.weight");
   w.layers.resize(size_t(c.n_layer));
@@ -227,8 +240,8 @@ Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelCon
     LayerWeights& L = w.layers[size_t(l)];
     L.attn_norm = load_vector(f, p + "attn_norm.weight");
     L.ffn_norm = load_vector(f, p + "ffn_norm.weight");
-    L.wqkv = load_matrix({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"},
-                         {qk_order, qk_order, {}});
+    L.wqkv = load_matrix({Slice{p + "attn_q.weight", qk_order}, Slice{p + "attn_k.weight", qk_order},
+                          Slice{p + "attn_v.weight"}});
     if (c.attention_bias) {
       std::vector<float> q = load_vector(f, p + "attn_q.bias"), k = load_vector(f, p + "attn_k.bias");
       if (!qk_order.empty()) permute_runs(q, qk_order), permute_runs(k, qk_order);
@@ -246,9 +259,21 @@ Weights load_weights(const std::shared_ptr<const GgufFile>& file, const ModelCon
       L.k_norm = load_vector(f, p + "attn_k_norm.weight");
       if (!qk_order.empty()) permute_runs(L.q_norm, qk_order), permute_runs(L.k_norm, qk_order);
     }
-    L.wo = load_matrix({p + "attn_output.weight"});
-    L.w_gate_up = load_matrix({p + "ffn_gate.weight", p + "ffn_up.weight"});
-    L.w_down = load_matrix({p + "ffn_down.weight"});
+    L.wo = load_matrix({Slice{p + "attn_output.weight"}});
+    if (!c.moe()) {
+      L.w_gate_up = load_matrix({Slice{p + "ffn_gate.weight"}, Slice{p + "ffn_up.weight"}});
+      L.w_down = load_matrix({Slice{p + "ffn_down.weight"}});
+      continue;
+    }
+    // Experts: row ranges of the 3-D tensors (in int8 the blocks stay where the file maps them); the
+    // router in f32 whatever the file holds, as it picks the experts.
+    L.router = lp::load_matrix(file, {Slice{p + "ffn_gate_inp.weight"}}, DType::F32, ctx, for_cpu);
+    const int64_t Fe = c.n_ff_exp, D = c.n_embd;
+    for (int64_t e = 0; e < c.n_expert; ++e) {
+      L.expert_gate_up.push_back(load_matrix({Slice{p + "ffn_gate_exps.weight", {}, e * Fe, Fe},
+                                              Slice{p + "ffn_up_exps.weight", {}, e * Fe, Fe}}));
+      L.expert_down.push_back(load_matrix({Slice{p + "ffn_down_exps.weight", {}, e * D, D}}));
+    }
   }
   return w;
 }
@@ -259,7 +284,8 @@ bool int8_keeps_layers(const GgufFile& f) {
     const std::string& n = t.name;
     if (n.rfind("blk.", 0) != 0) continue;
     for (const char* m : {".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight",
-                          ".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight"})
+                          ".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight", ".ffn_gate_exps.weight",
+                          ".ffn_up_exps.weight", ".ffn_down_exps.weight"})
       if (n.size() > std::strlen(m) && n.compare(n.size() - std::strlen(m), std::string::npos, m) == 0) {
         if (!qgemm_supports(t.type)) return false;
         any = true;

@@ -31,8 +31,14 @@ struct LayerWeights {
   std::vector<float> post_attn_norm, post_ffn_norm;  // [D] each (post_norms), else empty
   Matrix wo;                                         // [D][H Dh]
   std::vector<float> ffn_norm;                       // [D]
-  Matrix w_gate_up;                                  // [2F][D]  rows: gate, then up
+  Matrix w_gate_up;                                  // [2F][D]  rows: gate, then up (dense)
   Matrix w_down;                                     // [D][F]
+  // Mixture of experts (ModelConfig::moe) in place of w_gate_up and w_down: the router, always f32,
+  // and each expert's gate|up and down, row ranges of the file's 3-D ffn_{gate,up,down}_exps
+  // tensors (Fe = n_ff_exp).
+  Matrix router;                       // [E][D]
+  std::vector<Matrix> expert_gate_up;  // [E] of [2 Fe][D]
+  std::vector<Matrix> expert_down;     // [E] of [D][Fe]
 };
 
 struct Weights {

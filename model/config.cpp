@@ -16,9 +16,11 @@ namespace {
 // The architectures the engine runs: the Llama layout (token_embd, blk.N.attn_q/k/v/output,
 // ffn_gate/up/down, RMSNorm, RoPE) and what each adds (docs/architectures.md). Mistral 7B ships as
 // "llama".
-constexpr std::string_view kSupportedArchs = "llama, mistral, qwen2, qwen3, gemma3";
+constexpr std::string_view kSupportedArchs =
+    "llama (Mixtral included), mistral, qwen2, qwen3, gemma3, qwen3moe";
 bool supported_arch(const std::string& arch) {
-  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3";
+  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3" ||
+         arch == "qwen3moe";
 }
 
 int dim(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi) {
@@ -67,6 +69,26 @@ void read_gemma3(const GgufFile& f, ModelConfig& c) {
     if (local[size_t(l)]) c.layer_window[size_t(l)] = int(w);
 }
 
+// The experts' keys (qwen3moe; llama with expert_count: Mixtral): how many, how many a token uses, and
+// their FFN width (expert_feed_forward_length, else feed_forward_length, Mixtral's). A file whose
+// tensors disagree is refused by the shape checks that follow. llama.cpp gates both families by
+// softmax and renormalizes the chosen experts' weights whatever the file says
+// (expert_gating_func, expert_weights_norm and _scale are not read for them), and so does the engine.
+void read_experts(const GgufFile& f, ModelConfig& c) {
+  const std::string a = c.arch + ".";
+  c.n_expert = dim(f, a + "expert_count", 1, kMaxExperts);
+  if (!f.has(a + "expert_used_count")) fail("{}: {}expert_used_count is missing", f.path(), a);
+  const uint64_t used = f.get_uint(a + "expert_used_count");
+  if (used < 1 || used > uint64_t(c.n_expert))
+    fail("{}: {}expert_used_count {} is outside [1, expert_count {}]", f.path(), a, used, c.n_expert);
+  c.n_expert_used = int(used);
+  c.n_ff_exp =
+      f.has(a + "expert_feed_forward_length") ? dim(f, a + "expert_feed_forward_length", 1, 1 << 18) : c.n_ff;
+  if (f.has(a + "expert_shared_count") && f.get_uint(a + "expert_shared_count") > 0)
+    fail("{}: {}expert_shared_count {}: shared experts are not supported", f.path(), a,
+         f.get_uint(a + "expert_shared_count"));
+}
+
 }  // namespace
 
 int64_t ModelConfig::n_params() const {
@@ -75,10 +97,16 @@ int64_t ModelConfig::n_params() const {
   for (int l = 0; l < n_layer; ++l) {
     const ModelConfig c = uniform() ? *this : layer(l);
     const int64_t q = c.q_dim(), kv = c.kv_dim(), F = c.n_ff;
-    total += D * q + 2 * D * kv + q * D + 3 * D * F + 2 * D + (attention_bias ? q + 2 * kv : 0) +
+    const int64_t ffn = moe() ? int64_t(n_expert) * (3 * D * n_ff_exp + D) : 3 * D * F;  // experts + router
+    total += D * q + 2 * D * kv + q * D + ffn + 2 * D + (attention_bias ? q + 2 * kv : 0) +
              (qk_norm ? 2 * head_dim : 0) + (post_norms ? 2 * D : 0);
   }
   return total;
+}
+
+int64_t ModelConfig::n_active_params() const {
+  if (!moe()) return n_params();
+  return n_params() - int64_t(n_layer) * (n_expert - n_expert_used) * 3 * int64_t(n_embd) * n_ff_exp;
 }
 
 float ModelConfig::attention_scale() const {
@@ -113,6 +141,11 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   if (c.rope_neox) j["rope_neox"] = true;
   if (c.post_norms) j["post_norms"] = true;
   if (c.gelu) j["gelu"] = true;
+  if (c.moe()) {
+    j["n_expert"] = c.n_expert;
+    j["n_expert_used"] = c.n_expert_used;
+    j["n_ff_exp"] = c.n_ff_exp;
+  }
   if (!c.layer_window.empty()) j["layer_window"] = c.layer_window;
   if (!c.layer_n_head.empty()) j["layer_n_head"] = c.layer_n_head;
   if (!c.layer_n_head_kv.empty()) j["layer_n_head_kv"] = c.layer_n_head_kv;
@@ -162,6 +195,12 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
     c.post_norms = j.value("post_norms", false);
     c.gelu = j.value("gelu", false);
     c.layer_window = int_array(j, "layer_window", origin);
+    if (j.contains("n_expert")) {
+      c.n_expert = int_value(j["n_expert"], "n_expert", origin);
+      c.n_expert_used =
+          j.contains("n_expert_used") ? int_value(j["n_expert_used"], "n_expert_used", origin) : 0;
+      c.n_ff_exp = j.contains("n_ff_exp") ? int_value(j["n_ff_exp"], "n_ff_exp", origin) : 0;
+    }
     c.layer_n_head = int_array(j, "layer_n_head", origin);
     c.layer_n_head_kv = int_array(j, "layer_n_head_kv", origin);
     c.layer_n_ff = int_array(j, "layer_n_ff", origin);
@@ -185,6 +224,13 @@ void validate_config(const ModelConfig& c, const std::string& origin) {
   pos("head_dim", c.head_dim);
   pos("n_vocab", c.n_vocab);
   if (c.n_ctx_train < 0) fail("{}: n_ctx_train must not be negative, got {}", origin, c.n_ctx_train);
+  if (c.n_expert < 0 || c.n_expert > kMaxExperts)
+    fail("{}: n_expert {} is outside [0, {}]", origin, c.n_expert, kMaxExperts);
+  if (c.moe()) {
+    if (c.n_expert_used < 1 || c.n_expert_used > c.n_expert)
+      fail("{}: n_expert_used {} is outside [1, n_expert {}]", origin, c.n_expert_used, c.n_expert);
+    pos("n_ff_exp", c.n_ff_exp);
+  }
   for (const auto* v : {&c.layer_n_head, &c.layer_n_head_kv, &c.layer_n_ff, &c.layer_window})
     if (!v->empty() && int(v->size()) != c.n_layer)
       fail("{}: per-layer arrays must have n_layer = {} entries, got {}", origin, c.n_layer, v->size());
@@ -205,12 +251,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     fail("{}: general.architecture '{}' is not supported (supported: {})", f.path(), c.arch, kSupportedArchs);
   c.name = f.opt_string("general.name").value_or("");
   const std::string a = c.arch + ".";
-  if (f.has(a + "expert_count") && f.get_uint(a + "expert_count") > 0)
-    fail("{}: {}expert_count {}: mixture-of-experts models are not supported yet", f.path(), a,
-         f.get_uint(a + "expert_count"));
   const bool gemma = c.arch == "gemma3";
-  c.rope_neox = c.arch == "qwen2" || c.arch == "qwen3" || gemma;
-  c.qk_norm = c.arch == "qwen3" || gemma;
+  const bool qwen3 = c.arch == "qwen3" || c.arch == "qwen3moe";
+  c.rope_neox = c.arch == "qwen2" || qwen3 || gemma;
+  c.qk_norm = qwen3 || gemma;
   c.post_norms = c.gelu = gemma;
   // Upper bounds are far above any released model but small enough that a corrupt value
   // cannot drive an allocation past memory: they are plausibility checks, not limits of the
@@ -254,6 +298,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     }
   }
   if (gemma) read_gemma3(f, c);
+  if (c.arch == "qwen3moe" || (f.has(a + "expert_count") && f.get_uint(a + "expert_count") > 0))
+    read_experts(f, c);
 
   const GgufTensor& emb = f.tensor("token_embd.weight");
   if (emb.ne.size() != 2 || emb.ne[0] != c.n_embd)
@@ -306,6 +352,16 @@ ModelConfig config_from_gguf(const GgufFile& f) {
       expect(p + "post_ffw_norm.weight", {D});
     }
     expect(p + "ffn_norm.weight", {D});
+    if (c.moe()) {
+      // The experts stacked in 3-D tensors (llama.cpp's converters since 2024; files with one tensor
+      // per expert, blk.N.ffn_gate.E.weight, are refused by the missing name).
+      const int64_t E = c.n_expert, Fe = c.n_ff_exp;
+      expect(p + "ffn_gate_inp.weight", {D, E});
+      expect(p + "ffn_gate_exps.weight", {D, Fe, E});
+      expect(p + "ffn_up_exps.weight", {D, Fe, E});
+      expect(p + "ffn_down_exps.weight", {Fe, D, E});
+      continue;
+    }
     expect(p + "ffn_gate.weight", {D, F});
     expect(p + "ffn_up.weight", {D, F});
     expect(p + "ffn_down.weight", {F, D});
@@ -318,9 +374,11 @@ std::vector<std::string> required_tensor_names(const ModelConfig& c) {
   if (!c.tied_embeddings) n.push_back("output.weight");
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    for (const char* s : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
-                          "ffn_up", "ffn_down"})
+    for (const char* s : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"})
       n.push_back(p + s + ".weight");
+    for (const char* s : {"ffn_gate", "ffn_up", "ffn_down"})
+      n.push_back(p + s + (c.moe() ? "_exps.weight" : ".weight"));
+    if (c.moe()) n.push_back(p + "ffn_gate_inp.weight");
     if (c.attention_bias)
       for (const char* s : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) n.push_back(p + s);
     if (c.qk_norm)

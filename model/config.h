@@ -16,8 +16,11 @@ namespace lp {
 
 class GgufFile;
 
+// The most experts a layer may have (released models: 8 to 384); a plausibility bound on the file's count.
+inline constexpr int kMaxExperts = 1024;
+
 struct ModelConfig {
-  std::string arch;   // general.architecture: "llama", "mistral", "qwen2", "qwen3", "gemma3"
+  std::string arch;   // general.architecture: "llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3moe"
   std::string name;   // general.name, informational
   int n_layer = 0;    // L
   int n_embd = 0;     // D
@@ -51,6 +54,13 @@ struct ModelConfig {
   // layer's angle is pos * rope_freq_scale * rope_theta^(-2i/d) (1/rope.scaling.factor, linear).
   float rope_theta_local = 10000.0f;
   float rope_freq_scale = 1.0f;
+  // Mixture of experts (Qwen3-MoE, Mixtral): every layer's FFN is n_expert gated MLPs of width n_ff_exp
+  // behind a router; each token goes through the n_expert_used with the highest softmax(router)
+  // probabilities, their outputs weighted by those probabilities renormalized to sum to 1 (as llama.cpp
+  // runs both). n_expert 0: dense (the FFN of width n_ff). n_ff is then unused by the engine.
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_exp = 0;
   // Per-layer widths for models with layer-wise scaling (OpenELM); empty when every layer has
   // the scalars above. Only the simulator uses them; the engine runs uniform models.
   std::vector<int> layer_n_head, layer_n_head_kv, layer_n_ff;
@@ -59,11 +69,15 @@ struct ModelConfig {
   float rope_base(int l) const { return window(l) > 0 ? rope_theta_local : rope_theta; }
   float rope_scale(int l) const { return window(l) > 0 ? 1.0f : rope_freq_scale; }
   float attention_scale() const;
+  bool moe() const { return n_expert > 0; }
   int q_dim() const { return n_head * head_dim; }      // H*Dh
   int kv_dim() const { return n_head_kv * head_dim; }  // Hkv*Dh
   // Parameters in the matrices that a forward pass multiplies (per layer and LM head),
   // plus norms and embeddings.
   int64_t n_params() const;
+  // Of those, what one token multiplies: n_params with only n_expert_used experts a layer (= n_params
+  // for a dense model).
+  int64_t n_active_params() const;
   bool uniform() const { return layer_n_head.empty() && layer_n_head_kv.empty() && layer_n_ff.empty(); }
   // Layer l's shape as a uniform config: the scalars replaced by that layer's widths.
   ModelConfig layer(int l) const;

@@ -4,9 +4,9 @@ namespace lp {
 
 std::string_view op_name(Op op) {
   static constexpr std::array<std::string_view, kNumOps> names = {
-      "embed", "attn_norm", "qkv",       "qk_norm",  "rope",        "attention",
-      "score", "select",    "o_proj",    "ffn_norm", "gate_up",     "swiglu",
-      "down",  "residual",  "post_norm", "gather",   "output_norm", "lm_head"};
+      "embed",   "attn_norm", "qkv",       "qk_norm", "rope",        "attention", "score",
+      "select",  "o_proj",    "ffn_norm",  "gate_up", "swiglu",      "down",      "router",
+      "experts", "residual",  "post_norm", "gather",  "output_norm", "lm_head"};
   static_assert(names.back() == "lm_head" && names.size() == size_t(Op::LmHead) + 1);
   return names[static_cast<int>(op)];
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 
@@ -36,6 +37,8 @@ enum class Op : int {
   GateUp,      // [T][D] x [D][2F], the fused gate and up projections
   SwiGLU,      // silu(gate) * up
   Down,        // [T][F] x [F][D]
+  Router,      // mixture of experts: [T][D] x [D][E] router logits, softmax and top-k per row
+  Experts,     // the routed experts' gate|up, activation and down over the rows routed to each, summed
   Residual,    // one residual add (two per layer)
   PostNorm,    // RMSNorm of the attention or FFN output before its residual add (Gemma 3; two per layer)
   Gather,      // moving rows: compacting kept rows, Aux Cache writes of pruned ones and reads of revived ones
@@ -54,7 +57,16 @@ struct OpShape {
   int64_t tokens = 0;      // rows computed (queries); for LmHead/OutputNorm the logit rows
   int64_t attn_pairs = 0;  // (query, key) pairs attended, for Attention
   int64_t kv_tokens = 0;   // keys read by Attention or scored by Score/Select
+  int64_t experts = 0;     // Experts: the distinct experts run (0: expected_experts of the rows)
 };
+
+// The distinct experts T rows reach with k of E each, routed uniformly at random: E (1 - (1 - k/E)^T).
+// What the Experts op reads where the shape does not say (a simulation); a run counts its own.
+inline double expected_experts(const ModelConfig& c, int64_t T) {
+  if (!c.moe() || T <= 0) return 0;
+  const double E = c.n_expert;
+  return E * (1.0 - std::pow(1.0 - double(c.n_expert_used) / E, double(T)));
+}
 
 // Element sizes in bytes.
 struct OpDtypes {
@@ -99,12 +111,20 @@ inline double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
       return double(s.attn_pairs) * c.n_head * (4.0 * c.head_dim + 5.0);
     case Op::OProj:
       return gemm_flops(T, c.q_dim(), D);
-    case Op::GateUp:
-      return gemm_flops(T, D, 2 * F);
+    case Op::GateUp:  // none in a mixture-of-experts model (Router and Experts instead)
+      return c.moe() ? 0.0 : gemm_flops(T, D, 2 * F);
     case Op::SwiGLU:
-      return 5.0 * T * F;  // exp, add, div, two muls
+      return c.moe() ? 0.0 : 5.0 * T * F;  // exp, add, div, two muls
     case Op::Down:
-      return gemm_flops(T, F, D);
+      return c.moe() ? 0.0 : gemm_flops(T, F, D);
+    case Op::Router:  // the GEMM, then exp, sum and scale per logit
+      return c.moe() ? gemm_flops(T, D, c.n_expert) + 5.0 * T * c.n_expert : 0.0;
+    case Op::Experts: {  // each row through k experts: gate|up, activation, down, weighted sum
+      const double pairs = double(T) * c.n_expert_used, Fe = c.n_ff_exp;
+      return c.moe() ? pairs * (gemm_flops(1, D, int64_t(2 * Fe)) + 5.0 * Fe + gemm_flops(1, int64_t(Fe), D) +
+                                2.0 * D)
+                     : 0.0;
+    }
     case Op::Residual:
       return double(T) * D;
     case Op::PostNorm:
@@ -147,11 +167,25 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
     case Op::OProj:
       return gemm_bytes(T, c.q_dim(), D, d);
     case Op::GateUp:
-      return gemm_bytes(T, D, 2 * F, d);
+      return c.moe() ? 0.0 : gemm_bytes(T, D, 2 * F, d);
     case Op::SwiGLU:
-      return double(T) * F * (2 * d.elem_bytes + d.act_bytes);
+      return c.moe() ? 0.0 : double(T) * F * (2 * d.elem_bytes + d.act_bytes);
     case Op::Down:
-      return gemm_bytes(T, F, D, d);
+      return c.moe() ? 0.0 : gemm_bytes(T, F, D, d);
+    case Op::Router:  // f32 router weights, the rows in, the logits out
+      return c.moe() ? double(D) * c.n_expert * 4 + double(T) * D * d.act_bytes + double(T) * c.n_expert * 4
+                     : 0.0;
+    case Op::Experts: {
+      // Each expert run read once (gate, up, down); each (row, expert) pair's row in, gate|up out,
+      // activation in and out, down out; the rows' sum written.
+      if (!c.moe()) return 0.0;
+      const double Fe = c.n_ff_exp, pairs = double(T) * c.n_expert_used;
+      const double ran = s.experts > 0 ? double(s.experts) : expected_experts(c, T);
+      return ran * 3.0 * D * Fe * d.weight_bytes +
+             pairs * (D * d.act_bytes + 2 * Fe * d.elem_bytes + Fe * (d.elem_bytes + d.act_bytes) +
+                      D * d.elem_bytes) +
+             double(T) * D * d.elem_bytes;
+    }
     case Op::Residual:
       return 3.0 * T * D * d.elem_bytes;
     case Op::PostNorm:  // in place: read and written, and the weight

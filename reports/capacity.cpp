@@ -60,6 +60,7 @@ const std::vector<std::pair<std::string, std::vector<Op>>>& op_groups() {
       {"o_proj", {Op::OProj}},
       {"gate_up", {Op::GateUp}},
       {"down", {Op::Down}},
+      {"router, experts", {Op::Router, Op::Experts}},
       {"norms, rope, swiglu, residual",
        {Op::AttnNorm, Op::QKNorm, Op::FfnNorm, Op::PostNorm, Op::Rope, Op::SwiGLU, Op::Residual}},
       {"pruning (score, select, gather)", {Op::Score, Op::Select, Op::Gather}},
@@ -565,7 +566,9 @@ std::vector<std::pair<std::string, std::string>> report_charts(const Report& rep
           if (b->ops[size_t(op)].calls > 0) t += b->ops[size_t(op)].time_s * 1e3;
         seg.values.push_back(100 * t / b->baseline_ttft_ms);
       }
-      c.segments.push_back(std::move(seg));
+      // A group no bar has (the experts of a dense model) stays out of the legend.
+      if (std::any_of(seg.values.begin(), seg.values.end(), [](double v) { return v > 0; }))
+        c.segments.push_back(std::move(seg));
     }
     out.emplace_back("op-breakdown.svg", svg_stacked_bars(c, 860, 480));
   }

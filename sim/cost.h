@@ -28,6 +28,8 @@ inline hw::Family op_family(Op op) {
     case Op::OProj:
     case Op::GateUp:
     case Op::Down:
+    case Op::Router:
+    case Op::Experts:
     case Op::LmHead:
       return hw::Family::Gemm;
     case Op::Attention:

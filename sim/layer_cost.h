@@ -110,9 +110,14 @@ template <class OpSink, class CommSink>
     op(Op::Residual, op_cost(cc, cfg, Op::Residual, rows, 2));
     if (cfg.post_norms) op(Op::PostNorm, op_cost(cc, cfg, Op::PostNorm, rows, 2));
     op(Op::FfnNorm, op_cost(cc, cfg, Op::FfnNorm, rows));
-    op(Op::GateUp, op_cost(cc, cfg, Op::GateUp, rows));
-    op(Op::SwiGLU, op_cost(cc, cfg, Op::SwiGLU, rows));
-    op(Op::Down, op_cost(cc, cfg, Op::Down, rows));
+    if (cfg.moe()) {  // the experts each run reads: as many as the rows reach at random (expected_experts)
+      op(Op::Router, op_cost(cc, cfg, Op::Router, rows));
+      op(Op::Experts, op_cost(cc, cfg, Op::Experts, rows));
+    } else {
+      op(Op::GateUp, op_cost(cc, cfg, Op::GateUp, rows));
+      op(Op::SwiGLU, op_cost(cc, cfg, Op::SwiGLU, rows));
+      op(Op::Down, op_cost(cc, cfg, Op::Down, rows));
+    }
     comm(allreduce_cost(hw, tp, double(w.rows) * D * el));
   }
   if (!rest) return;

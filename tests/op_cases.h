@@ -42,8 +42,9 @@ enum class OpKind {
   Residual,
   GatherRows,
   AuxStoreMerge,
-  QkNorm,   // per-head RMSNorm of q and k (Qwen3, Gemma 3)
-  PostNorm  // RMSNorm of a layer's attention or FFN output (Gemma 3)
+  QkNorm,    // per-head RMSNorm of q and k (Qwen3, Gemma 3)
+  PostNorm,  // RMSNorm of a layer's attention or FFN output (Gemma 3)
+  Moe        // route and experts: the mixture-of-experts FFN (Qwen3-MoE, Mixtral), on op_model's moe model
 };
 
 // The ops whose result the later architectures' parts change (OpCase::later): the embedding scale,
@@ -72,11 +73,11 @@ inline bool only_later(OpKind k) {
 }
 
 inline const char* op_name(OpKind k) {
-  static const char* names[] = {"embed",         "rmsnorm",         "matmul_qkv",       "matmul_o",
-                                "matmul_gateup", "matmul_down",     "lm_head",          "rope",
-                                "kv_append",     "attention",       "attention_subset", "attention_unordered",
-                                "scores",        "select_top",      "swiglu",           "residual",
-                                "gather_rows",   "aux_store_merge", "qk_norm",          "post_norm"};
+  static const char* names[] = {
+      "embed",   "rmsnorm",    "matmul_qkv", "matmul_o",  "matmul_gateup",    "matmul_down",
+      "lm_head", "rope",       "kv_append",  "attention", "attention_subset", "attention_unordered",
+      "scores",  "select_top", "swiglu",     "residual",  "gather_rows",      "aux_store_merge",
+      "qk_norm", "post_norm",  "moe"};
   return names[int(k)];
 }
 
@@ -99,10 +100,10 @@ inline std::string case_name(const OpCase& c) {
 // long prefill. GEMMs run in both dtypes; the other ops do not read weights' dtype (f32 only).
 inline std::vector<OpCase> op_cases() {
   std::vector<OpCase> out;
-  for (int k = 0; k <= int(OpKind::PostNorm); ++k) {
+  for (int k = 0; k <= int(OpKind::Moe); ++k) {
     const OpKind op = OpKind(k);
     const bool gemm = op == OpKind::MatmulQKV || op == OpKind::MatmulO || op == OpKind::MatmulGateUp ||
-                      op == OpKind::MatmulDown || op == OpKind::LmHead;
+                      op == OpKind::MatmulDown || op == OpKind::LmHead || op == OpKind::Moe;
     const bool heads = op == OpKind::Rope || op == OpKind::KvAppend || op == OpKind::Attention ||
                        op == OpKind::AttentionSubset || op == OpKind::AttentionUnordered ||
                        op == OpKind::Scores || op == OpKind::SelectTop || op == OpKind::MatmulQKV ||
@@ -211,9 +212,11 @@ inline std::vector<float> widened(const Matrix& m) {
   return out;
 }
 
-inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool later = false) {
-  static std::map<std::tuple<int, int, int, bool>, std::unique_ptr<OpModel>> models;
-  auto& m = models[{gqa, int(dt), head_dim, later}];
+// With `moe`, the layer's FFN is also 5 experts of width 2.5 x head_dim, 2 per token, behind an f32
+// router (ModelConfig::moe).
+inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool later = false, bool moe = false) {
+  static std::map<std::tuple<int, int, int, bool, bool>, std::unique_ptr<OpModel>> models;
+  auto& m = models[{gqa, int(dt), head_dim, later, moe}];
   if (m) return *m;
   m = std::make_unique<OpModel>();
   ModelConfig& c = m->c;
@@ -256,8 +259,21 @@ inline const OpModel& op_model(int gqa, DType dt, int head_dim = 16, bool later 
     for (auto& v : L.post_attn_norm) v = un(rng);
     for (auto& v : L.post_ffn_norm) v = un(rng);
   }
+  if (moe) {
+    c.n_expert = 5, c.n_expert_used = 2, c.n_ff_exp = 5 * head_dim / 2;
+    L.router = random_matrix(c.n_expert, c.n_embd, DType::F32, rng);
+    for (int e = 0; e < c.n_expert; ++e) {
+      L.expert_gate_up.push_back(random_matrix(2 * c.n_ff_exp, c.n_embd, dt, rng));
+      L.expert_down.push_back(random_matrix(c.n_embd, c.n_ff_exp, dt, rng));
+    }
+  }
   w.layers.push_back(std::move(L));
   return *m;
+}
+
+// The model a case runs on.
+inline const OpModel& case_model(const OpCase& oc, int head_dim = 16) {
+  return op_model(oc.gqa, oc.dtype, head_dim, oc.later, oc.op == OpKind::Moe);
 }
 
 }  // namespace lp::testing

@@ -65,6 +65,15 @@ void append_detail(fmt::memory_buffer& b, const Step& s) {
       fmt::format_to(out, "{}[{}]", l > 0 ? "," : "", fmt::join((*s.revived_positions)[l], ","));
     b.push_back(']');
   }
+  if (s.routes) {
+    fmt::format_to(out, ",\"routes\":[");
+    for (size_t l = 0; l < s.routes->size(); ++l) {
+      const Routes& r = (*s.routes)[l];
+      fmt::format_to(out, "{}{{\"positions\":[{}],\"experts\":[{}]}}", l > 0 ? "," : "",
+                     fmt::join(r.positions, ","), fmt::join(r.experts, ","));
+    }
+    b.push_back(']');
+  }
 }
 
 std::vector<int64_t> layer_array(const json& j, const char* key, int n_layer, const std::string& where) {
@@ -166,6 +175,43 @@ void read_detail(const json& j, const Header& h, int64_t context, Step& s, const
              s.revived[size_t(l)]);
     }
     s.revived_positions = std::move(rev);
+  }
+  if (j.contains("routes")) {
+    // Each layer's computed rows and their experts: n_expert_used of them per row, each below
+    // n_expert (the header's model says both).
+    const json& a = j["routes"];
+    const auto count = [&](const char* key) -> int64_t {
+      const auto it = h.model.find(key);
+      return it != h.model.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+    };
+    const int64_t E = count("n_expert"), k = count("n_expert_used");
+    if (E <= 0 || k <= 0 || k > E)
+      fail("{}: 'routes' needs the header's model to have n_expert and n_expert_used", where);
+    if (!a.is_array() || int(a.size()) != h.n_layer)
+      fail("{}: 'routes' must be an array of n_layer = {} entries", where, h.n_layer);
+    std::vector<Routes> routes(size_t(h.n_layer));
+    for (int l = 0; l < h.n_layer; ++l) {
+      const std::string f = fmt::format("routes[{}]", l);
+      const json& e = a[size_t(l)];
+      if (!e.is_object() || !e.contains("positions") || !e.contains("experts") || !e["experts"].is_array())
+        fail("{}: '{}' must be an object with 'positions' and 'experts' arrays", where, f);
+      Routes& r = routes[size_t(l)];
+      r.positions = positions(e["positions"], f + ".positions", context, where);
+      if (int64_t(r.positions.size()) != s.queries[size_t(l)])
+        fail("{}: '{}.positions' has {} positions but 'queries' at layer {} is {}", where, f,
+             r.positions.size(), l, s.queries[size_t(l)]);
+      const json& x = e["experts"];
+      if (int64_t(x.size()) != int64_t(r.positions.size()) * k)
+        fail("{}: '{}.experts' has {} entries, expected {} ({} per position)", where, f, x.size(),
+             int64_t(r.positions.size()) * k, k);
+      r.experts.reserve(x.size());
+      for (const auto& v : x) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= E)
+          fail("{}: '{}.experts' must hold expert numbers in [0, {})", where, f, E);
+        r.experts.push_back(int32_t(v.get<int64_t>()));
+      }
+    }
+    s.routes = std::move(routes);
   }
 }
 }  // namespace
@@ -408,7 +454,7 @@ void Summarizer::add(const Step& st) {
     s_.aux_writes += st.aux_writes[size_t(l)];
     s_.revivals += st.revived[size_t(l)];
   }
-  s_.detail = s_.detail || st.pruning || st.revived_positions;
+  s_.detail = s_.detail || st.pruning || st.revived_positions || st.routes;
   s_.kv_tokens_final = 0;
   for (int l = 0; l < L; ++l) s_.kv_tokens_final += st.keys[size_t(l)];
 }

@@ -25,6 +25,12 @@ struct Pruning {
   std::vector<float> scores;
 };
 
+// The experts a mixture-of-experts layer sent its computed rows to (run --trace-detail).
+struct Routes {
+  std::vector<int32_t> positions;  // the rows computed at the layer, ascending
+  std::vector<int32_t> experts;    // [positions][n_expert_used]: each row's experts, most probable first
+};
+
 // Per-layer counts for one generation step (prefill is step 0). Every vector has n_layer entries.
 struct Step {
   std::string kind;                 // "prefill" or "decode"
@@ -42,6 +48,7 @@ struct Step {
   // Optional detail, written by run --trace-detail (absent otherwise):
   std::optional<std::vector<Pruning>> pruning;  // one entry per schedule_layers entry, in order
   std::optional<std::vector<std::vector<int32_t>>> revived_positions;  // [L] positions revived (decode)
+  std::optional<std::vector<Routes>> routes;  // [L] a mixture-of-experts model's routing
 };
 
 struct Header {

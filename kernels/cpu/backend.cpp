@@ -14,7 +14,7 @@ namespace lp {
 CpuBackend::CpuBackend(CpuContext& ctx, const ModelConfig& c, const Weights& w, int64_t n_ctx)
     : ctx_(ctx), c_(c), w_(w), n_ctx_(n_ctx) {
   if (n_ctx < 1) fail("context size must be positive, got {}", n_ctx);
-  D_ = c.n_embd, H_ = c.n_head, Hkv_ = c.n_head_kv, Dh_ = c.head_dim, F_ = c.n_ff;
+  D_ = c.n_embd, H_ = c.n_head, Hkv_ = c.n_head_kv, Dh_ = c.head_dim, F_ = tensor_width(c, Tensor::Act);
   Q_ = H_ * Dh_, QKV_ = (H_ + 2 * Hkv_) * Dh_;
   kv_.resize(size_t(c.n_layer));
   for (auto& kv : kv_) kv.init(n_ctx, Hkv_, Dh_, kv_type_for(w.dtype));
@@ -126,6 +126,16 @@ void CpuBackend::attention(int l, std::span<const int32_t> slots) {
 void CpuBackend::swiglu() {
   (c_.gelu ? lp::geglu : lp::swiglu)(ctx_, ff_.data(), 2 * F_, ff_.data() + F_, 2 * F_, act_.data(), F_, T(),
                                      F_);
+}
+
+void CpuBackend::route(int l) {
+  moe_route(ctx_, gemm_, w_.layers[size_t(l)].router, c_.n_expert_used, xn_.data(), T(), D_, routes_,
+            router_logits_);
+}
+
+void CpuBackend::experts(int l) {
+  moe_experts(ctx_, gemm_, w_.layers[size_t(l)], routes_, c_.n_ff_exp, c_.gelu, xn_.data(), T(), D_,
+              branch_.data(), moe_);
 }
 
 void CpuBackend::residual() {
@@ -263,6 +273,31 @@ void CpuBackend::matmul_batched(Proj p, int l, std::span<Backend* const> members
   }
   if (p == Proj::QKV)
     for (CpuBackend* m : ms) m->add_qkv_bias(l);
+}
+
+void CpuBackend::experts_batched(int l, std::span<Backend* const> members) {
+  if (members.size() == 1 && members[0] == this) return experts(l);
+  int64_t total = 0;
+  const std::vector<CpuBackend*> ms = members_of(members, &total);
+  if (batch_in_.size() < total * D_) batch_in_.resize(total * D_, false);
+  if (batch_out_.size() < total * D_) batch_out_.resize(total * D_, false);
+  concat_rows(
+      ms, [](CpuBackend* m) { return m->xn_.data(); }, D_, batch_in_.data());
+  batch_routes_.k = c_.n_expert_used;
+  batch_routes_.ids.clear();
+  batch_routes_.w.clear();
+  for (CpuBackend* m : ms) {
+    if (m->routes_.rows() != m->T()) internal_fail("experts_batched: a member's rows are not routed");
+    batch_routes_.ids.insert(batch_routes_.ids.end(), m->routes_.ids.begin(), m->routes_.ids.end());
+    batch_routes_.w.insert(batch_routes_.w.end(), m->routes_.w.begin(), m->routes_.w.end());
+  }
+  moe_experts(ctx_, gemm_, w_.layers[size_t(l)], batch_routes_, c_.n_ff_exp, c_.gelu, batch_in_.data(), total,
+              D_, batch_out_.data(), moe_);
+  const float* src = batch_out_.data();
+  for (CpuBackend* m : ms) {
+    std::memcpy(m->branch_.data(), src, size_t(m->T() * D_) * 4);
+    src += m->T() * D_;
+  }
 }
 
 void CpuBackend::lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {

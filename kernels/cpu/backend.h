@@ -12,6 +12,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kv_cache.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/weights.h"
 #include "model/config.h"
 
@@ -37,6 +38,9 @@ class CpuBackend : public Backend {
   void kv_append(int layer) override;
   void attention(int layer, std::span<const int32_t> slots) override;
   void swiglu() override;
+  void route(int layer) override;
+  void experts(int layer) override;
+  std::vector<int32_t> routes() override { return routes_.ids; }
   void residual() override;
   void last_row_scores(int layer, std::span<const int32_t> slots) override;
   std::vector<float> scores(int64_t n) override;
@@ -47,6 +51,7 @@ class CpuBackend : public Backend {
   void lm_head(float* logits) override;
   // One GEMM over the members' rows (CpuBackends over the same weights; lp::Error otherwise).
   void matmul_batched(Proj p, int layer, std::span<Backend* const> members) override;
+  void experts_batched(int layer, std::span<Backend* const> members) override;
   void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) override;
   // The members across the context's threads (CpuContext::side_by_side).
   void for_each_member(int64_t n, const std::function<void(int64_t)>& f) override;
@@ -74,6 +79,10 @@ class CpuBackend : public Backend {
   // for row moves.
   Buffer<float> x_, xn_, qkv_, attn_, ff_, act_, branch_, tmp_;
   Buffer<float> batch_in_, batch_out_;  // matmul_batched: the members' rows, concatenated
+  MoeRoutes routes_;                    // the rows' experts (route)
+  Buffer<float> router_logits_;
+  MoeScratch moe_;          // experts' scratch
+  MoeRoutes batch_routes_;  // experts_batched: the members' routes, concatenated
   int64_t rows_cap_ = 0;
   int64_t T() const { return int64_t(pos_.size()); }
   Buffer<float>& tensor(Tensor t);

@@ -1,5 +1,6 @@
 #include "kernels/cpu/ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -114,6 +115,48 @@ void geglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double g = gate[i];
     out[i] = float(0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+}
+
+void route_top_k(const float* logits, int64_t E, int64_t k, int32_t* ids, float* w) {
+  double mx = logits[0], sum = 0;
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, double(logits[e]));
+  std::vector<double> p(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) sum += p[size_t(e)] = std::exp(double(logits[e]) - mx);
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+  double chosen = 0;
+  for (int64_t j = 0; j < k; ++j) chosen += p[size_t(order[size_t(j)])] / sum;
+  for (int64_t j = 0; j < k; ++j) {
+    ids[j] = order[size_t(j)];
+    w[j] = float(p[size_t(ids[j])] / sum / std::max(chosen, 6.103515625e-5));
+  }
+}
+
+void moe(const float* xn, int64_t T, int64_t D, const float* router, const std::vector<const float*>& gate_up,
+         const std::vector<const float*>& down, int64_t k, int64_t Fe, bool gelu, float* out, int32_t* ids,
+         bool bf16_inputs) {
+  const int64_t E = int64_t(gate_up.size());
+  std::vector<float> logits(static_cast<size_t>(E)), w(static_cast<size_t>(k)), ff(size_t(2 * Fe)),
+      act(static_cast<size_t>(Fe)), y(static_cast<size_t>(D)), xr(static_cast<size_t>(D));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* x = xn + t * D;
+    matmul(x, router, logits.data(), 1, D, E);
+    route_top_k(logits.data(), E, k, ids + t * k, w.data());
+    for (int64_t i = 0; i < D; ++i) xr[size_t(i)] = bf16_inputs ? round_bf16(x[i]) : x[i];
+    std::vector<double> acc(static_cast<size_t>(D), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids[t * k + j];
+      matmul(xr.data(), gate_up[size_t(e)], ff.data(), 1, D, 2 * Fe);
+      (gelu ? geglu : swiglu)(ff.data(), ff.data() + Fe, act.data(), Fe);
+      if (bf16_inputs)
+        for (auto& a : act) a = round_bf16(a);
+      matmul(act.data(), down[size_t(e)], y.data(), 1, Fe, D);
+      for (int64_t i = 0; i < D; ++i) acc[size_t(i)] += double(w[size_t(j)]) * y[size_t(i)];
+    }
+    for (int64_t i = 0; i < D; ++i) out[t * D + i] = float(acc[size_t(i)]);
   }
 }
 

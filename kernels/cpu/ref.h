@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace lp::ref {
 
@@ -46,6 +47,20 @@ void geglu(const float* gate, const float* up, float* out, int64_t n);
 
 // out[t][i] = silu(gate[t][i]) * up[t][i]
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+
+// Mixture-of-experts routing of one row's router logits [E]: the k experts of the highest softmax
+// probabilities, most probable first (ties: lower id), with weights p / (sum of the k p, at least
+// 2^-14). ids [k], w [k].
+void route_top_k(const float* logits, int64_t E, int64_t k, int32_t* ids, float* w);
+
+// The mixture-of-experts FFN, token by token: out[t] = sum_j w_j * down_j(act(gate_j xn[t], up_j xn[t]))
+// over route_top_k of router xn[t], with act SiLU (or GELU's tanh form, `gelu`). router [E][D];
+// gate_up[e] [2 Fe][D] (gate rows, then up); down[e] [D][Fe]; all f32. ids [T][k] receives the routes.
+// bf16_inputs: the experts' GEMM inputs (the row, the activation) rounded to bf16 first, as a bf16
+// GEMM takes them (the router's stay f32).
+void moe(const float* xn, int64_t T, int64_t D, const float* router, const std::vector<const float*>& gate_up,
+         const std::vector<const float*>& down, int64_t k, int64_t Fe, bool gelu, float* out, int32_t* ids,
+         bool bf16_inputs = false);
 
 // dst[r][:] = src[idx[r]][:], rows of `width` floats (row compaction, gathers by slot).
 void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows, int64_t width);

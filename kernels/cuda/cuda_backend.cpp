@@ -300,6 +300,10 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
+  // Refused at construction (a mixture-of-experts model is not made a CUDA backend).
+  void route(int) override { internal_fail("route on the CUDA backend"); }
+  void experts(int) override { internal_fail("experts on the CUDA backend"); }
+  std::vector<int32_t> routes() override { return {}; }
   void residual() override { add_inplace(x.as<float>(), branch.as<float>(), T() * c.n_embd); }
 
   void last_row_scores(int l, std::span<const int32_t> slots) override {
@@ -591,6 +595,9 @@ class CudaBackend final : public Backend {
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx)
     : c(cfg), w(wts), n_ctx(ctx) {
+  if (c.moe())
+    fail("the CUDA backend does not run mixture-of-experts models yet ({}: {} experts); --backend cpu does",
+         c.arch, c.n_expert);
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other

@@ -3,6 +3,7 @@
 // options, traces, and --backend cuda without a GPU.
 #include "tests/cli/cli_harness.h"
 #include "tests/tiny_arch.h"
+#include "traces/trace.h"
 
 namespace lp {
 namespace {
@@ -77,6 +78,43 @@ TEST_F(CliErrors, InspectAndRunAGemma3File) {
   EXPECT_TRUE(jr.dump().find("post_norm") != std::string::npos) << "the per-op times name the post norms";
 }
 
+// A mixture-of-experts file end to end: inspect says how many experts and how many a token uses,
+// run's per-op times name the router and the experts, and --trace-detail keeps each layer's routes.
+TEST_F(CliErrors, InspectAndRunAMixtureOfExperts) {
+  const std::string m = dir_.file("qwen3moe.gguf");
+  testing::tiny_arch_writer("qwen3moe", false).write(m);
+  const CliResult r = run_cli(dir_, {"inspect", "--model", m});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  EXPECT_NE(r.out.find("mixture of experts in every layer: 8 experts of width 32, 3 a token"),
+            std::string::npos)
+      << r.out;
+  const CliResult rj = run_cli(dir_, {"inspect", "--model", m, "--json"});
+  ASSERT_TRUE(rj.exited && rj.code == 0) << describe(rj);
+  const auto j = nlohmann::json::parse(rj.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << rj.out;
+  EXPECT_EQ(j["config"]["ffn"], "moe");
+  EXPECT_EQ(j["config"]["n_expert"], 8);
+  EXPECT_EQ(j["config"]["n_expert_used"], 3);
+  // 5 of 8 experts a layer unused by a token: 5 x 3 x 64 x 32 weights a layer, 2 layers.
+  EXPECT_EQ(j["config"]["n_params"].get<int64_t>() - j["config"]["n_active_params"].get<int64_t>(),
+            2 * 5 * 3 * 64 * 32);
+  const std::string trace = dir_.file("moe.trace.jsonl");
+  const CliResult rr =
+      run_cli(dir_, {"run", "--model", m, "--prompt", "hello there", "--max-new-tokens", "4", "--prune",
+                     "lazyllm", "--schedule", "0:0.5", "--json", "--trace", trace, "--trace-detail"});
+  ASSERT_TRUE(rr.exited && rr.code == 0) << describe(rr);
+  const auto jr = nlohmann::json::parse(rr.out, nullptr, false);
+  ASSERT_FALSE(jr.is_discarded()) << rr.out;
+  EXPECT_TRUE(jr.dump().find("\"router\"") != std::string::npos) << "the per-op times name the router";
+  EXPECT_TRUE(jr.dump().find("\"experts\"") != std::string::npos) << "the per-op times name the experts";
+  const trace::Trace t = trace::read_trace(trace);
+  ASSERT_FALSE(t.steps.empty());
+  for (const trace::Step& st : t.steps) {
+    ASSERT_TRUE(st.routes) << "a step without routes";
+    EXPECT_EQ(int64_t((*st.routes)[0].positions.size()), st.queries[0]);
+  }
+}
+
 TEST_F(CliErrors, MissingModelFile) {
   expect_model_error(dir_.file("no_such_model.gguf"), {"no_such_model.gguf", "cannot open model file"});
 }
@@ -131,9 +169,9 @@ TEST_F(CliErrors, BigEndianModel) {
 TEST_F(CliErrors, UnsupportedArchitecture) {
   TinyModelSpec s;
   s.arch = "gpt2";
-  expect_model_error(
-      testing::write_tiny_model(dir_.file("gpt2.gguf"), s),
-      {"general.architecture 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)"});
+  expect_model_error(testing::write_tiny_model(dir_.file("gpt2.gguf"), s),
+                     {"general.architecture 'gpt2' is not supported (supported: llama (Mixtral included), "
+                      "mistral, qwen2, qwen3, gemma3, qwen3moe)"});
 }
 
 // --dtype int8 (weights in GGUF blocks, integer GEMMs): runs on the tiny model (its accuracy is

@@ -970,13 +970,63 @@ TEST(ConfigBad, QwenTensorsAndMetadata) {
   // ... and an absurd one is refused like any dimension.
   w.set("qwen3.attention.key_length", testing::GgufWriterValue::u32(1u << 20));
   EXPECT_HAS(config_error(dir, w), "attention.key_length");
-  // Mixture-of-experts files: refused by name until the engine runs them.
-  for (const char* arch : {"qwen3moe", "mixtral"}) {
-    const std::string e = config_error(dir, testing::tiny_arch_writer(arch, false));
-    EXPECT_TRUE(e.find("is not supported") != std::string::npos ||
-                e.find("mixture-of-experts models are not supported yet") != std::string::npos)
-        << e;
-  }
+}
+
+// Mixture-of-experts files (qwen3moe; llama with expert_count: Mixtral): the counts read and checked
+// against each other and against the 3-D expert tensors and the router, one line naming the field.
+TEST(ConfigBad, ExpertCountsAndTensors) {
+  TempDir dir;
+  const auto config = [&](const GgufWriter& w) {
+    w.write(dir.file("moe.gguf"));
+    return config_from_gguf(GgufFile::open(dir.file("moe.gguf")));
+  };
+  ModelConfig c = config(testing::tiny_arch_writer("qwen3moe", false));
+  EXPECT_TRUE(c.moe() && c.qk_norm && c.rope_neox);
+  EXPECT_EQ(c.n_expert, 8);
+  EXPECT_EQ(c.n_expert_used, 3);
+  EXPECT_EQ(c.n_ff_exp, 32);  // expert_feed_forward_length, not feed_forward_length
+  c = config(testing::tiny_arch_writer("mixtral", false));
+  EXPECT_TRUE(c.moe() && !c.qk_norm && !c.rope_neox);
+  EXPECT_EQ(c.n_ff_exp, c.n_ff);  // Mixtral's experts are feed_forward_length wide
+  using V = testing::GgufWriterValue;
+  const auto bad = [&](const char* arch, const std::function<void(GgufWriter&)>& edit) {
+    GgufWriter w = testing::tiny_arch_writer(arch, false);
+    edit(w);
+    return config_error(dir, w);
+  };
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.set("qwen3moe.expert_used_count", V::u32(9)); }),
+             "qwen3moe.expert_used_count 9 is outside [1, expert_count 8]");
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.set("qwen3moe.expert_used_count", V::u32(0)); }),
+             "qwen3moe.expert_used_count 0 is outside [1, expert_count 8]");
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.remove("qwen3moe.expert_used_count"); }),
+             "qwen3moe.expert_used_count is missing");
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.remove("qwen3moe.expert_count"); }),
+             "missing metadata key 'qwen3moe.expert_count'");
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.set("qwen3moe.expert_count", V::u32(1u << 30)); }),
+             "'qwen3moe.expert_count' = 1073741824 is outside the plausible range [1, 1024]");
+  // The counts disagree with the tensors: more experts than the 3-D tensors hold, a wider expert.
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.set("qwen3moe.expert_count", V::u32(16)); }),
+             "tensor 'blk.0.ffn_gate_inp.weight' has shape [64, 8], expected [64, 16]");
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.set("qwen3moe.expert_feed_forward_length", V::u32(64)); }),
+             "tensor 'blk.0.ffn_gate_exps.weight' has shape [64, 32, 8], expected [64, 64, 8]");
+  EXPECT_HAS(bad("mixtral",
+                 [](GgufWriter& w) {
+                   w.find_tensor("blk.1.ffn_down_exps.weight")->ne = {64, 64, 3};
+                 }),
+             "tensor 'blk.1.ffn_down_exps.weight' has shape [64, 64, 3], expected [64, 64, 4]");
+  // The router of the wrong shape, or missing; experts one tensor each (an old layout).
+  EXPECT_HAS(bad("mixtral",
+                 [](GgufWriter& w) {
+                   w.find_tensor("blk.0.ffn_gate_inp.weight")->ne = {32, 4};
+                 }),
+             "tensor 'blk.0.ffn_gate_inp.weight' has shape [32, 4], expected [64, 4]");
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.remove_tensor("blk.1.ffn_gate_inp.weight"); }),
+             "blk.1.ffn_gate_inp.weight");
+  EXPECT_HAS(bad("qwen3moe", [](GgufWriter& w) { w.set("qwen3moe.expert_shared_count", V::u32(1)); }),
+             "qwen3moe.expert_shared_count 1: shared experts are not supported");
+  // A llama file with expert_count 0 is dense, and then needs the dense tensors.
+  EXPECT_HAS(bad("mixtral", [](GgufWriter& w) { w.set("llama.expert_count", V::u32(0)); }),
+             "blk.0.ffn_gate.weight");
 }
 
 // Gemma 3's keys: the window and which layers slide (a period, 6 by default, or one flag per layer),
@@ -1045,7 +1095,10 @@ TEST(ConfigBad, UnsupportedArchitecture) {
     s.arch = arch;
     const std::string e = config_error(dir, testing::tiny_model_writer(s));
     EXPECT_HAS(e, std::string("general.architecture '") + arch + "' is not supported");
-    EXPECT_HAS(e, "supported: llama, mistral, qwen2, qwen3, gemma3");  // the list, so a user knows what runs
+    EXPECT_HAS(
+        e, "supported: llama (Mixtral included), mistral, qwen2, qwen3, gemma3, qwen3moe");  // the list, so a
+                                                                                             // user knows
+                                                                                             // what runs
   }
   GgufWriter w = testing::tiny_model_writer();
   w.remove("general.architecture");
