@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Seeds for fuzz_gguf: the smallest files of the architectures after Llama (qwen2's biases,
-qwen3's q/k norms and key_length, gemma3's window, pattern and post norms), so the fuzzer starts
-from inputs that reach their metadata checks. Not run by CI (needs gguf-py):
+qwen3's q/k norms and key_length, gemma3's window, pattern and post norms, qwen3moe's expert counts,
+router and 3-D expert tensors), so the fuzzer starts from inputs that reach their metadata checks.
+Not run by CI (needs gguf-py):
     /tmp/lcp/bin/python fuzz/corpus/make_arch_seeds.py
-writes fuzz/corpus/gguf/tiny-{qwen2,qwen3,gemma3}.gguf (about 2 KB each)."""
+writes fuzz/corpus/gguf/tiny-{qwen2,qwen3,gemma3,qwen3moe}.gguf (about 2 to 5 KB each)."""
 import pathlib
 
 import numpy as np
@@ -24,6 +25,11 @@ def make(arch):
     w.add_key_length(Dh)
     w.add_value_length(Dh)
     w.add_layer_norm_rms_eps(1e-6)
+    E, k = 3, 2
+    if arch == "qwen3moe":
+        w.add_expert_count(E)
+        w.add_expert_used_count(k)
+        w.add_expert_feed_forward_length(F)
     if arch == "gemma3":
         w.add_sliding_window(8)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
@@ -53,6 +59,12 @@ def make(arch):
             t(p + "post_attention_norm.weight", D)
             t(p + "post_ffw_norm.weight", D)
         t(p + "ffn_norm.weight", D)
+        if arch == "qwen3moe":
+            t(p + "ffn_gate_inp.weight", E, D)
+            t(p + "ffn_gate_exps.weight", E, F, D)
+            t(p + "ffn_up_exps.weight", E, F, D)
+            t(p + "ffn_down_exps.weight", E, D, F)
+            continue
         t(p + "ffn_gate.weight", F, D)
         t(p + "ffn_up.weight", F, D)
         t(p + "ffn_down.weight", D, F)
@@ -62,6 +74,6 @@ def make(arch):
     w.close()
 
 
-for a in ("qwen2", "qwen3", "gemma3"):
+for a in ("qwen2", "qwen3", "gemma3", "qwen3moe"):
     make(a)
     print(OUT / f"tiny-{a}.gguf", (OUT / f"tiny-{a}.gguf").stat().st_size, "bytes")

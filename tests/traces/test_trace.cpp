@@ -238,12 +238,22 @@ std::vector<float> awkward_scores(size_t n) {
   return v;
 }
 
-// Three layers, 10 prompt tokens, pruning after layers 0 and 1, then one decoding step (the new
-// token at position 10) that revives position 2 at layer 1.
+// Each listed position's 2 experts of 4: (p, p + 1) mod 4.
+trace::Routes routes_of(std::vector<int32_t> positions) {
+  trace::Routes r{positions, {}};
+  for (const int32_t p : positions) r.experts.insert(r.experts.end(), {p % 4, (p + 1) % 4});
+  return r;
+}
+
+// Three layers of 4 experts (2 a token), 10 prompt tokens, pruning after layers 0 and 1, then one
+// decoding step (the new token at position 10) that revives position 2 at layer 1.
 trace::Trace detail_sample() {
   trace::Trace t;
   t.header.n_layer = 3;
   t.header.model = tiny_model(3);
+  t.header.model["n_expert"] = 4;
+  t.header.model["n_expert_used"] = 2;
+  t.header.model["n_ff_exp"] = 8;
   t.header.policy = "lazyllm";
   t.header.schedule = "0:0.5,1:0.4";
   t.header.schedule_layers = {{0, 0.5}, {1, 0.4}};
@@ -254,6 +264,8 @@ trace::Trace detail_sample() {
   trace::Step d{"decode", 1, {1, 2, 2}, {11, 7, 5}, {11, 12, 8}, {0, 1, 0}, {0, 1, 0}, {0, 0, 0}, {}, {}, {}};
   d.pruning = {{0, {2, 3, 5, 7, 9, 10}, awkward_scores(11)}, {1, {2, 3, 9, 10}, {}}};
   d.revived_positions = {{{}, {2}, {}}};
+  p.routes = {routes_of({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), routes_of({0, 3, 5, 7, 9}), routes_of({3, 7, 9})};
+  d.routes = {routes_of({10}), routes_of({2, 10}), routes_of({2, 10})};
   t.steps = {p, d};
   return t;
 }
@@ -280,6 +292,13 @@ TEST(Trace, RoundTripsTheOptionalDetail) {
   }
   EXPECT_FALSE(t.steps[0].revived_positions.has_value());
   EXPECT_EQ(t.steps[1].revived_positions, want.steps[1].revived_positions);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(t.steps[i].routes.has_value());
+    for (size_t l = 0; l < 3; ++l) {
+      EXPECT_EQ((*t.steps[i].routes)[l].positions, (*want.steps[i].routes)[l].positions);
+      EXPECT_EQ((*t.steps[i].routes)[l].experts, (*want.steps[i].routes)[l].experts);
+    }
+  }
   EXPECT_TRUE(trace::summarize(t).detail);
   // Empty scores are left out of the file; floats are written in their shortest form.
   std::ifstream in(path);
@@ -433,6 +452,41 @@ TEST(Trace, MalformedDetailIsRejectedNamingTheField) {
                       [](json& j) { j["revived_positions"][1] = {12}; });
   expect_detail_error(1, "'revived_positions[2]' must hold integer positions",
                       [](json& j) { j["revived_positions"][2] = {"2"}; });
+  // routes: n_layer objects, the layer's computed rows and n_expert_used experts each, below n_expert.
+  expect_detail_error(0, "'routes' must be an array of n_layer = 3 entries",
+                      [](json& j) { j["routes"].erase(1); });
+  expect_detail_error(0, "'routes[1]' must be an object with 'positions' and 'experts' arrays",
+                      [](json& j) { j["routes"][1].erase("experts"); });
+  expect_detail_error(0, "'routes[2].positions' has 2 positions but 'queries' at layer 2 is 3", [](json& j) {
+    j["routes"][2]["positions"] = {3, 7};
+  });
+  expect_detail_error(1, "'routes[1].positions' holds position 11, outside the context [0, 11)", [](json& j) {
+    j["routes"][1]["positions"] = {2, 11};
+  });
+  expect_detail_error(0, "'routes[2].experts' has 5 entries, expected 6 (2 per position)",
+                      [](json& j) { j["routes"][2]["experts"].erase(0); });
+  expect_detail_error(0, "'routes[0].experts' must hold expert numbers in [0, 4)",
+                      [](json& j) { j["routes"][0]["experts"][3] = 4; });
+  expect_detail_error(0, "'routes[0].experts' must hold expert numbers in [0, 4)",
+                      [](json& j) { j["routes"][0]["experts"][3] = -1; });
+}
+
+// Routes in a trace whose model has no experts are refused.
+TEST(Trace, RoutesNeedAModelWithExperts) {
+  testing::TempDir dir;
+  const std::string path = dir.file("t.jsonl");
+  trace::Trace t = detail_sample();
+  t.header.model = tiny_model(3);
+  trace::write_trace(t, path);
+  try {
+    trace::read_trace(path);
+    ADD_FAILURE() << "read a trace with routes and no experts";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("'routes' needs the header's model to have n_expert and n_expert_used"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- a real run through the CLI -----------------------------------------------------------
