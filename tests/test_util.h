@@ -21,6 +21,13 @@ inline std::string real_model_path() {
   return lp::default_model_path();
 }
 
+// The second real model, Gemma 3 270M Q4_K_M, where scripts/setup puts it ($LAZYPREFILL_GEMMA3
+// overrides). Its tests fail (never skip) when it is absent.
+inline std::string gemma3_model_path() {
+  if (const char* p = std::getenv("LAZYPREFILL_GEMMA3"); p && *p) return p;
+  return lp::lazyprefill_home() + "/models/gemma-3-270m-q4_k_m.gguf";
+}
+
 // n normal samples with standard deviation `scale`, reproducible from `seed`.
 // x rounded to IEEE half precision (to nearest even) and back: the compiler's _Float16 where it
 // has one on x86 (GCC 12), else the F16C instruction (clang 14, the sanitizer build). Either is
