@@ -148,13 +148,14 @@ TEST_F(CliEval, BadInput) {
 }
 
 // The eval path with --prune none is the plain `run`: same prompt tokens, same greedy answer. One
-// sample of each task (a `run` process per sample, each loading the model: 13 s here, 104 s under
-// ASan with two samples each, issue 49).
+// sample of kv and of mdqa (a `run` process per sample, each loading the model: 13 s here, 104 s
+// under ASan with two samples each, issue 49; 64 s with one of three tasks each, so passkey, whose
+// prompt tests/evals checks, was left out in issue 52).
 TEST_F(CliEval, UnprunedEvalAnswersExactlyLikeRunOnTheRealModel) {
   const std::string model = testing::real_model_path();
   CliResult r =
-      run_cli(dir_, {"eval", "--model", model, "--task", "passkey,kv,mdqa", "--lengths", "400", "--samples",
-                     "1", "--prune", "none", "--seed", "3", "--threads", "1", "--with-prompts", "--json"});
+      run_cli(dir_, {"eval", "--model", model, "--task", "kv,mdqa", "--lengths", "400", "--samples", "1",
+                     "--prune", "none", "--seed", "3", "--threads", "1", "--with-prompts", "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   const Tokenizer tok(vocab_from_gguf(GgufFile::open(model)));
@@ -179,7 +180,7 @@ TEST_F(CliEval, UnprunedEvalAnswersExactlyLikeRunOnTheRealModel) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 3);
+  EXPECT_EQ(compared, 2);  // kv and mdqa (passkey's prompt is built as kv's; tests/evals checks it)
 }
 
 }  // namespace
