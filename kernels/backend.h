@@ -57,7 +57,7 @@ inline int64_t tensor_width(const ModelConfig& c, Tensor t) {
       return int64_t(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     case Tensor::Attn:
       return int64_t(c.n_head) * c.head_dim;
-    case Tensor::FF:  // none in a mixture-of-experts model: moe() keeps its own
+    case Tensor::FF:  // none in a mixture-of-experts model: experts() keeps its own
       return c.moe() ? 0 : 2 * int64_t(c.n_ff);
     case Tensor::Act:
       return c.moe() ? 0 : c.n_ff;

@@ -20,6 +20,7 @@
 #include "tests/batch_check.h"
 #include "tests/gguf_writer.h"
 #include "tests/test_util.h"
+#include "tests/tiny_arch.h"
 
 namespace lp {
 namespace {
@@ -75,6 +76,21 @@ TEST(Batch, GreedyOutputIsTheSameAloneOrBatched) {
       {random_ids(80, V, 8), PolicyKind::RandomDrop, "0.3"},
   };
   expect_same_alone_and_batched(m, cases, parse_schedule("1:0.4,3:0.4"), 10, 3);
+}
+
+// A mixture-of-experts model (the tiny qwen3moe, Q8_0 in int8): the batched iterations send every
+// member's routed rows through one experts_batched call, which must give each member what its own
+// experts() does.
+TEST(Batch, MixtureOfExpertsOutputIsTheSameAloneOrBatched) {
+  testing::TempDir dir;
+  testing::tiny_arch_writer("qwen3moe", true).write(dir.file("moe.gguf"));
+  const auto m = Model::load(dir.file("moe.gguf"), DType::Int8, ctx());
+  const int V = m->config().n_vocab;
+  const std::vector<BatchCase> cases = {{random_ids(40, V, 21), PolicyKind::None},
+                                        {random_ids(25, V, 22), PolicyKind::LazyLLM},
+                                        {random_ids(60, V, 23), PolicyKind::LazyLLM},
+                                        {random_ids(9, V, 24), PolicyKind::None}};
+  expect_same_alone_and_batched(*m, cases, parse_schedule("0:0.5"), 8, 2);
 }
 
 // The default model in int8 (what `serve` runs by default), LazyLLM and none.
