@@ -101,9 +101,12 @@ constexpr int64_t kGemvMaxRows = 4;
 // Weights (each request of `serve` has its own backend: its own K/V, Aux Cache and activations).
 struct DLayerWeights {
   DBuf attn_norm, ffn_norm;
-  DBuf qkv_bias, q_norm, k_norm;       // where the model has them (Qwen2's biases, Qwen3's norms)
-  DBuf post_attn_norm, post_ffn_norm;  // Gemma 3's
-  DMatrix wqkv, wo, w_gate_up, w_down;
+  DBuf qkv_bias, q_norm, k_norm;        // where the model has them (Qwen2's biases, Qwen3's norms)
+  DBuf post_attn_norm, post_ffn_norm;   // Gemma 3's
+  DMatrix wqkv, wo, w_gate_up, w_down;  // w_gate_up, w_down: dense models only
+  // A mixture-of-experts layer's router (f32) and each expert's gate|up and down (LayerWeights).
+  DMatrix router;
+  std::vector<DMatrix> expert_gate_up, expert_down;
 };
 struct DeviceWeights {
   DMatrix tok_embd, own_lm_head;
@@ -162,8 +165,16 @@ std::shared_ptr<DeviceWeights> upload_weights(const ModelConfig& c, const Weight
     L.ffn_norm = upload(lw.ffn_norm.data(), lw.ffn_norm.size(), "FFN norm");
     L.wqkv = upload(lw.wqkv, "qkv weights");
     L.wo = upload(lw.wo, "o weights");
-    L.w_gate_up = upload(lw.w_gate_up, "gate/up weights");
-    L.w_down = upload(lw.w_down, "down weights");
+    if (c.moe()) {
+      L.router = upload(lw.router, "router weights");
+      for (int e = 0; e < c.n_expert; ++e) {
+        L.expert_gate_up.push_back(upload(lw.expert_gate_up[size_t(e)], "expert gate/up weights"));
+        L.expert_down.push_back(upload(lw.expert_down[size_t(e)], "expert down weights"));
+      }
+    } else {
+      L.w_gate_up = upload(lw.w_gate_up, "gate/up weights");
+      L.w_down = upload(lw.w_down, "down weights");
+    }
   }
   return d;
 }
@@ -245,6 +256,29 @@ class CudaBackend final : public Backend {
   // (decoding steps) go through the block-reading GEMV together and the longer members' rows
   // (prefills) through the bf16 GEMM together, as each would alone. (Host emulation's GEMMs give a
   // row the same bits whatever the row count; cuBLAS may order a row's sums by the shape.)
+  // The members' routed rows through the experts together: each expert's weights read once.
+  void experts_batched(int l, std::span<Backend* const> members) override {
+    const std::vector<CudaBackend*> ms = members_of(members);
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (CudaBackend* m : ms) {
+      if (int64_t(m->ids_host.size()) != m->T() * c.n_expert_used)
+        internal_fail("experts_batched: a member's rows are not routed");
+      ids.insert(ids.end(), m->ids_host.begin(), m->ids_host.end());
+      wts.insert(wts.end(), m->w_host.begin(), m->w_host.end());
+    }
+    const int64_t total = concat_rows(
+        ms, [](CudaBackend* m) { return m->xn.as<float>(); }, c.n_embd);
+    batch_out.reserve(size_t(total * c.n_embd) * 4, "batched rows");
+    run_experts(l, batch_in.as<float>(), total, ids, wts, batch_out.as<float>());
+    int64_t at = 0;
+    for (CudaBackend* m : ms) {
+      copy_on_device(m->branch.as<float>(), batch_out.as<float>() + at * c.n_embd,
+                     size_t(m->T() * c.n_embd) * 4);
+      at += m->T();
+    }
+  }
+
   void matmul_batched(Proj p, int l, std::span<Backend* const> members) override {
     if (members.size() == 1 && members[0] == this) return matmul(p, l);
     const DMatrix& W = weight(p, l);
@@ -300,10 +334,28 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
-  // Refused at construction (a mixture-of-experts model is not made a CUDA backend).
-  void route(int) override { internal_fail("route on the CUDA backend"); }
-  void experts(int) override { internal_fail("experts on the CUDA backend"); }
-  std::vector<int32_t> routes() override { return {}; }
+  // The router's logits (f32 GEMM) and each row's top-k on the device; the routes then come to the
+  // host (T x k ids and weights: the one synchronisation of a MoE layer), which groups the rows by
+  // expert and launches each active expert's GEMMs over its rows, as llama.cpp's CUDA backend
+  // reads the ids of its mul_mat_id on the host.
+  void route(int l) override {
+    const DMatrix& R = dw->layers[size_t(l)].router;
+    const int64_t E = c.n_expert, k = c.n_expert_used;
+    router_logits.reserve(size_t(T() * E) * 4, "router logits");
+    route_ids.reserve(size_t(T() * k) * 4, "routes");
+    route_w.reserve(size_t(T() * k) * 4, "route weights");
+    mm(xn.as<float>(), R, router_logits.as<float>(), T());
+    route_top_k(router_logits.as<float>(), T(), E, k, route_ids.as<int32_t>(), route_w.as<float>());
+    ids_host.resize(size_t(T() * k));
+    w_host.resize(size_t(T() * k));
+    copy_to_host(ids_host.data(), route_ids.as<void>(), ids_host.size() * 4);
+    copy_to_host(w_host.data(), route_w.as<void>(), w_host.size() * 4);
+  }
+  void experts(int l) override {
+    if (int64_t(ids_host.size()) != T() * c.n_expert_used) internal_fail("experts: the rows are not routed");
+    run_experts(l, xn.as<float>(), T(), ids_host, w_host, branch.as<float>());
+  }
+  std::vector<int32_t> routes() override { return ids_host; }
   void residual() override { add_inplace(x.as<float>(), branch.as<float>(), T() * c.n_embd); }
 
   void last_row_scores(int l, std::span<const int32_t> slots) override {
@@ -431,6 +483,11 @@ class CudaBackend final : public Backend {
   DBuf keep_dev, sel_pos;    // a device selection's kept indices and the positions it ranks by
   DBuf aux_states;           // the Aux Cache's states [n_ctx][D]: entry e is row e
   DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
+  // Mixture of experts: the router's logits and routes on the device and their host copies; the
+  // (row, expert) pairs' grouped inputs, gate|up, activations and outputs, and their indices.
+  DBuf router_logits, route_ids, route_w, moe_x, moe_ff, moe_act, moe_y, moe_idx, moe_w;
+  std::vector<int32_t> ids_host;
+  std::vector<float> w_host;
 
   int64_t T() const { return int64_t(pos.size()); }
 
@@ -581,6 +638,54 @@ class CudaBackend final : public Backend {
     gathered_slots.assign(slots.begin(), slots.end());
   }
 
+  // out [T][D] = each row's routed experts' outputs, weighted and summed (kernels/cpu/moe.cpp
+  // moe_experts, the same grouping): the (row, expert) pairs counting-sorted by expert on the host,
+  // the rows copied into that order, one gate|up and one down GEMM per active expert over its rows
+  // (mm: the block GEMV for up to kGemvMaxRows rows, else the dequantized tensor-core GEMM), the
+  // activation over every pair, and moe_combine back into the rows. Returns the distinct experts.
+  int64_t run_experts(int l, const float* in, int64_t T, const std::vector<int32_t>& ids,
+                      const std::vector<float>& wts, float* out) {
+    const DLayerWeights& L = dw->layers[size_t(l)];
+    const int64_t E = c.n_expert, k = c.n_expert_used, Fe = c.n_ff_exp, D = c.n_embd, P = T * k;
+    if (T == 0) return 0;
+    std::vector<int64_t> first(size_t(E + 1), 0),
+        idx_host(size_t(2 * P));  // [P] where each pair goes, [P] its row
+    for (const int32_t e : ids) {
+      if (e < 0 || e >= E) internal_fail("experts: expert {} of {}", e, E);
+      ++first[size_t(e) + 1];
+    }
+    int64_t active = 0;
+    for (int64_t e = 0; e < E; ++e) active += first[size_t(e) + 1] > 0;
+    std::partial_sum(first.begin(), first.end(), first.begin());
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < P; ++i) {
+      idx_host[size_t(i)] = next[size_t(ids[size_t(i)])]++;
+      idx_host[size_t(P + i)] = i / k;
+    }
+    moe_idx.reserve(size_t(2 * P) * 8, "expert rows");
+    moe_w.reserve(size_t(P) * 4, "route weights");
+    copy_to_device(moe_idx.as<void>(), idx_host.data(), idx_host.size() * 8);
+    copy_to_device(moe_w.as<void>(), wts.data(), size_t(P) * 4);
+    moe_x.reserve(size_t(P * D) * 4, "expert inputs");
+    moe_ff.reserve(size_t(P * 2 * Fe) * 4, "expert gate/up");
+    moe_act.reserve(size_t(P * Fe) * 4, "expert activations");
+    moe_y.reserve(size_t(P * D) * 4, "expert outputs");
+    const int64_t* at = moe_idx.as<int64_t>();
+    copy_rows(in, at + P, moe_x.as<float>(), at, P, D);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = first[size_t(e)], n = first[size_t(e) + 1] - r0;
+      if (n > 0)
+        mm(moe_x.as<float>() + r0 * D, L.expert_gate_up[size_t(e)], moe_ff.as<float>() + r0 * 2 * Fe, n);
+    }
+    swiglu_fused(moe_ff.as<float>(), moe_act.as<float>(), P, Fe, c.gelu);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = first[size_t(e)], n = first[size_t(e) + 1] - r0;
+      if (n > 0) mm(moe_act.as<float>() + r0 * Fe, L.expert_down[size_t(e)], moe_y.as<float>() + r0 * D, n);
+    }
+    moe_combine(moe_y.as<float>(), at, moe_w.as<float>(), T, k, D, out);
+    return active;
+  }
+
   // dst[to[i]] = src[from[i]], rows of D floats.
   void copy_indexed(const DBuf& src, std::span<const int64_t> from, DBuf& dst, std::span<const int64_t> to) {
     if (from.empty()) return;
@@ -595,9 +700,6 @@ class CudaBackend final : public Backend {
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx)
     : c(cfg), w(wts), n_ctx(ctx) {
-  if (c.moe())
-    fail("the CUDA backend does not run mixture-of-experts models yet ({}: {} experts); --backend cpu does",
-         c.arch, c.n_expert);
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other
@@ -612,10 +714,20 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
   const double Q = double(c.n_head) * c.head_dim, F = double(c.n_ff), D = double(c.n_embd);
   const double bf16_copy = w.dtype != DType::F32 ? 2 * std::max({D, Q, F}) : 0;
+  // A mixture-of-experts layer: the router's logits, each row's k routes and weights, and for each of
+  // its k (row, expert) pairs the grouped input, gate|up, activation and output, two indices and
+  // a weight (run_experts), and the experts' bf16 copies.
+  const double E = double(c.n_expert), k = double(c.n_expert_used), Fe = double(c.n_ff_exp);
+  const double moe =
+      c.moe() ? 4 * E + 8 * k + k * (4 * (2 * D + 3 * Fe) + 20) + (w.dtype != DType::F32 ? 2 * k * Fe : 0)
+              : 0;
+  const double w16_moe = c.moe() && w.dtype == DType::Int8 ? 2 * 2 * Fe * D : 0;
   // --dtype int8: the largest layer matrix dequantized to bf16 for a prefill GEMM.
   const double w16_bytes =
-      w.dtype == DType::Int8 ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F}) : 0;
-  const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24;
+      w.dtype == DType::Int8
+          ? std::max(2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F}), w16_moe)
+          : 0;
+  const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24 + moe;
   const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4, slot_id_bytes = 8;
   const double act_bytes =
       double(n_ctx) * (prefill + decode + selection + slot_id_bytes) + double(c.n_vocab) * 4 /* logits */;

@@ -80,6 +80,14 @@ void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, 
 // out[t][i] = act(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F]: act silu, or with
 // gelu the tanh-approximated GELU (GeGLU).
 void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F, bool gelu = false);
+// The mixture-of-experts FFN (kernels/cpu/moe.h): for each row of router logits [T][E], ids[T][k] its k
+// most probable experts (ties to the lower id) and w[T][k] their renormalized probabilities
+// (cuda_math::route_row; kernels/cpu/moe.h route_top_k).
+void route_top_k(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* ids, float* w);
+// out[t][:] = sum over j < k, in order, of w[t][j] * y[at[t][j]][:]: the rows' expert outputs, which
+// y [.][D] holds grouped by expert, weighted and summed back into each row.
+void moe_combine(const float* y, const int64_t* at, const float* w, int64_t T, int64_t k, int64_t D,
+                 float* out);
 // x[i] *= s
 void scale_inplace(float* x, int64_t n, float s);
 // dst[dst_idx[r]][:] = src[src_idx[r]][:]   (Aux Cache stores and loads, revived rows back into

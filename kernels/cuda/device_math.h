@@ -109,6 +109,36 @@ LP_HD float head_share(float logit, float m_h, float l_h, int64_t H) {
   return expf(logit - m_h) / l_h / float(H);
 }
 
+// The router's choice for one row of logits z[E] (kernels/cpu/moe.h route_top_k): the k most probable
+// experts, most probable first, ties to the lower id, into ids[k]; w[k] their softmax probabilities
+// over the k's sum, the sum clamped below at 2^-14 (llama.cpp's build_moe_ffn). No scratch: the j-th
+// pick is the most probable expert ranked after the (j-1)-th in (probability down, id up) order, so
+// a row costs k + 2 passes over E and one thread can route it whatever E is.
+LP_HD void route_row(const float* z, int64_t E, int64_t k, int32_t* ids, float* w) {
+  float mx = z[0];
+  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, z[e]);
+  float sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += expf(z[e] - mx);
+  const float inv = 1.0f / sum;
+  float prev_p = 0, chosen = 0;
+  int64_t prev = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    float best_p = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const float p = expf(z[e] - mx) * inv;
+      if (prev >= 0 && !(p < prev_p || (p == prev_p && e > prev))) continue;  // ranked before the last pick
+      if (best < 0 || p > best_p) best = e, best_p = p;                       // ties: the lower id stays
+    }
+    ids[j] = int32_t(best);
+    w[j] = best_p;
+    chosen += best_p;
+    prev = best, prev_p = best_p;
+  }
+  const float denom = fmaxf(chosen, 6.103515625e-5f);
+  for (int64_t j = 0; j < k; ++j) w[j] /= denom;
+}
+
 // Selection keys: a key that sorts (descending, as unsigned 64-bit) in the order LazyLLM keeps
 // tokens: higher score first, equal scores by later position first (pruning/select.cpp
 // select_top). The float's bits are mapped to an order-preserving unsigned value.

@@ -110,6 +110,24 @@ __global__ void swiglu_fused_kernel(const float* ff, float* out, int64_t T, int6
   out[id] = gelu ? cm::gelu_tanh_mul(g, u) : cm::silu_mul(g, u);
 }
 
+// One thread per row of router logits [T][E]: its k experts and weights (cm::route_row).
+__global__ void route_kernel(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* ids, float* w) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < T) cm::route_row(logits + t * E, E, k, ids + t * k, w + t * k);
+}
+
+// One thread per output value: out[t][i] = sum over j < k, in routing order, of w[t][j] * y[at[t][j]][i]
+// (each row's experts' outputs, grouped by expert in y, weighted back into the row).
+__global__ void moe_combine_kernel(const float* y, const int64_t* at, const float* w, int64_t T, int64_t k,
+                                   int64_t D, float* out) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * D) return;
+  const int64_t t = id / D, i = id % D;
+  float acc = 0;
+  for (int64_t j = 0; j < k; ++j) acc += w[t * k + j] * y[at[t * k + j] * D + i];
+  out[id] = acc;
+}
+
 __global__ void scale_kernel(float* x, int64_t n, float s) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] *= s;

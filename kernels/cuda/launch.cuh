@@ -48,6 +48,18 @@ void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, 
             theta, freq_factors, freq_scale);
 }
 
+void route_top_k(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* ids, float* w) {
+  if (T <= 0) return;
+  if (E < 1 || k < 1 || k > E) fail("CUDA route_top_k: {} of {} experts", k, E);
+  LP_LAUNCH(kernels::route_kernel, blocks_for(T, kThreads), kThreads, 0, logits, T, E, k, ids, w);
+}
+
+void moe_combine(const float* y, const int64_t* at, const float* w, int64_t T, int64_t k, int64_t D,
+                 float* out) {
+  if (T <= 0 || D <= 0) return;
+  LP_LAUNCH(kernels::moe_combine_kernel, blocks_for(T * D, kThreads), kThreads, 0, y, at, w, T, k, D, out);
+}
+
 void scale_inplace(float* x, int64_t n, float s) {
   if (n <= 0) return;
   LP_LAUNCH(kernels::scale_kernel, blocks_for(n, kThreads), kThreads, 0, x, n, s);

@@ -46,6 +46,12 @@ void rmsnorm(const float*, const float*, float*, int64_t, int64_t, float) {
 void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, const float*, float) {
   unavailable();
 }
+void route_top_k(const float*, int64_t, int64_t, int64_t, int32_t*, float*) {
+  unavailable();
+}
+void moe_combine(const float*, const int64_t*, const float*, int64_t, int64_t, int64_t, float*) {
+  unavailable();
+}
 void add_bias(float*, const float*, int64_t, int64_t) {
   unavailable();
 }

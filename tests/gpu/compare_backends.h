@@ -75,8 +75,18 @@ inline Weights int8_as_cpu_weights(const Weights& q) {
     o.k_norm = l.k_norm;
     o.wqkv = as(l.wqkv, DType::BF16);
     o.wo = as(l.wo, DType::BF16);
-    o.w_gate_up = as(l.w_gate_up, DType::BF16);
-    o.w_down = as(l.w_down, DType::BF16);
+    o.post_attn_norm = l.post_attn_norm;
+    o.post_ffn_norm = l.post_ffn_norm;
+    if (l.router.rows) {  // a mixture of experts: the router stays f32, the experts as bf16
+      o.router = as(l.router, DType::F32);
+      for (size_t e = 0; e < l.expert_gate_up.size(); ++e) {
+        o.expert_gate_up.push_back(as(l.expert_gate_up[e], DType::BF16));
+        o.expert_down.push_back(as(l.expert_down[e], DType::BF16));
+      }
+    } else {
+      o.w_gate_up = as(l.w_gate_up, DType::BF16);
+      o.w_down = as(l.w_down, DType::BF16);
+    }
     w.layers.push_back(std::move(o));
   }
   return w;
@@ -115,6 +125,13 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
   EXPECT_EQ(s_gpu.queries, s_cpu.queries);
   EXPECT_EQ(s_gpu.pairs, s_cpu.pairs);
   EXPECT_EQ(gpu.aux().size(), cpu.aux().size());
+  // A mixture of experts: the same rows routed to the same experts at every layer.
+  ASSERT_EQ(s_gpu.routes.has_value(), s_cpu.routes.has_value());
+  if (s_cpu.routes)
+    for (int l = 0; l < c.n_layer; ++l) {
+      EXPECT_EQ((*s_gpu.routes)[size_t(l)].positions, (*s_cpu.routes)[size_t(l)].positions) << "layer " << l;
+      EXPECT_EQ((*s_gpu.routes)[size_t(l)].experts, (*s_cpu.routes)[size_t(l)].experts) << "layer " << l;
+    }
   // The device's has-KV bits: exactly the (token, layer) pairs the CPU computed.
   for (int l = 0; l < c.n_layer; ++l) {
     std::vector<int32_t> want;

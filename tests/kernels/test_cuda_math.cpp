@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/device_math.h"
 #include "model/quant.h"
@@ -175,6 +176,35 @@ TEST(CudaMath, LastRowScoresMatchTheReference) {
     total += score;
   }
   EXPECT_NEAR(total, 1.0, 1e-4);  // a mean of probability distributions
+}
+
+// The device's routing of a row against the CPU backend's (kernels/cpu/moe.h route_top_k): the same
+// experts in the same order, ties included (repeated logits go to the lower id), the weights within a
+// few ulps; every k from 1 to E.
+TEST(CudaMath, RouteRowPicksWhatTheCpuRoutingPicks) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t E = 1 + int64_t(rng() % 70), k = 1 + int64_t(rng() % uint32_t(E));
+    std::vector<float> z(static_cast<size_t>(E));
+    for (auto& v : z) v = rng() % 4 == 0 ? float(rng() % 3) : std::normal_distribution<float>(0, 3)(rng);
+    std::vector<int32_t> want_ids(static_cast<size_t>(k)), got_ids(want_ids.size());
+    std::vector<float> want_w(want_ids.size()), got_w(want_ids.size());
+    route_top_k(z.data(), 1, E, k, want_ids.data(), want_w.data());
+    cm::route_row(z.data(), E, k, got_ids.data(), got_w.data());
+    ASSERT_EQ(got_ids, want_ids) << "trial " << trial << " E " << E << " k " << k;
+    for (int64_t j = 0; j < k; ++j)
+      ASSERT_NEAR(got_w[size_t(j)], want_w[size_t(j)], 1e-6f * (1 + want_w[size_t(j)]));
+  }
+  // One expert far ahead: all the weight; the others' probabilities underflow to 0, and the next pick
+  // among them is the lowest id.
+  const float z[4] = {0, -200, -200, -200};
+  int32_t ids[2];
+  float w[2];
+  cm::route_row(z, 4, 2, ids, w);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 1);
+  EXPECT_FLOAT_EQ(w[0], 1.0f);
+  EXPECT_EQ(w[1], 0.0f);
 }
 
 TEST(CudaMath, SelectionKeysKeepWhatTheEnginesSelectionKeeps) {
