@@ -91,7 +91,7 @@ void BM_ServingSim(benchmark::State& st) {
   const lp::hw::Profile hw = lp::hw::load_profile("h100-sxm");
   const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
   const lp::sim::ServingMethod m = lp::sim::serving_method(
-      lazyllm, c.n_layer,
+      lazyllm, c,
       lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
                               lp::resolve_schedule(lazyllm.schedule, c.n_layer), true));
   lp::sim::ServingConfig cfg;
@@ -136,7 +136,7 @@ void BM_ServingCapacity(benchmark::State& st) {
         for (const char* len : {"1024", "2048", "4096", "8192", "2048:8192"}) {
           const lp::PolicyKind k = lp::parse_policy(policy);
           const lp::sim::ServingMethod m = lp::sim::serving_method(
-              {k, k == lp::PolicyKind::None ? lp::Schedule{} : lp::default_schedule()}, c.n_layer);
+              {k, k == lp::PolicyKind::None ? lp::Schedule{} : lp::default_schedule()}, c);
           const auto r = lp::sim::find_capacity(c, hw, {}, m, cfg, {1, 1},
                                                 lp::sim::LengthDist::parse(len, "p", "p"), out, o);
           sims += r.simulations;

@@ -243,7 +243,7 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
           m.file, m.record, m.method, policy);
     try {
       const Schedule s = schedule_from_arg(sched);
-      steps = resolve_method(kind, s, model.n_layer);
+      steps = resolve_method(kind, s, model.n_layer, model.global_layers());
       dropped = drop_share(s).value_or(0);
     } catch (const Error& e) {
       fail("{}: record {}: {}", m.file, m.record, e.what());

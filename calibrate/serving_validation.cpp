@@ -173,7 +173,7 @@ ServingCalibration calibrate_serving(const LoadTest& t, const ServingValidationO
   cal.schedule = default_schedule();
   const ModelConfig& c = cal.model;
   const sim::Precision& prec = cal.precision;
-  const std::vector<PruneStep> steps = resolve_schedule(cal.schedule, c.n_layer);
+  const std::vector<PruneStep> steps = resolve_schedule(cal.schedule, c.n_layer, c.global_layers());
 
   // The lowest rate's requests that ran alone (no other request between their admission and their
   // last token), as single-request measurements: both methods' prefills and the unpruned decoding.
@@ -250,7 +250,7 @@ ServingCalibration calibrate_serving(const LoadTest& t, const ServingValidationO
   for (const std::string name : {"none", "lazyllm"}) {
     const PolicyKind k = parse_policy(name);
     cal.methods[name] = sim::serving_method(
-        {k, k == PolicyKind::None ? Schedule{} : cal.schedule}, c.n_layer,
+        {k, k == PolicyKind::None ? Schedule{} : cal.schedule}, c,
         cal.revival_model ? sim::revival_shares(*cal.revival_model, c.n_layer, steps, false)
                           : sim::constant_revival_share(cal.revival_share));
   }

@@ -129,7 +129,7 @@ void load_rank_inputs(const RunArgs& a, const CLI::App& sub, int P, const std::s
   if (in.policy_kind != PolicyKind::None) {
     in.sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
     check_method(in.policy_kind, in.sched);
-    in.steps = resolve_schedule(in.sched, in.model->config().n_layer);
+    in.steps = resolve_schedule(in.sched, in.model->config().n_layer, in.model->config().global_layers());
     in.policy = make_policy(in.policy_kind, a.seed);
   }
 }

@@ -101,7 +101,8 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   const bool cpu = a.backend == "cpu";
   const auto model = Model::load_as(path, dtype_option(a.dtype), ctx, cpu);
   if (so.api.policy != PolicyKind::None)
-    (void)resolve_method(so.api.policy, so.api.schedule, model->config().n_layer);
+    (void)resolve_method(so.api.policy, so.api.schedule, model->config().n_layer,
+                         model->config().global_layers());
   if (model->config().n_ctx_train < 2) fail("'{}' gives no context length (llama.context_length)", path);
 
   SchedulerOptions sched;

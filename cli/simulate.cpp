@@ -295,7 +295,7 @@ void synthetic_source(const SimulateArgs& a, const std::string& policy, StepSour
     usage_fail("give --model PATH or --model-config NAME");
   const PolicyKind kind = parse_policy(policy);
   const Schedule sched = a.schedule.empty() ? default_schedule(kind) : schedule_from_arg(a.schedule);
-  const std::vector<PruneStep> steps = resolve_method(kind, sched, s.c.n_layer);
+  const std::vector<PruneStep> steps = resolve_method(kind, sched, s.c.n_layer, s.c.global_layers());
   const RevivalChoice rv = choose_revivals(load_revivals(a.revival_model, a.revival_share), a.revival_share,
                                            policy, s.c.n_layer, steps, a.map);
   s.revivals = rv.description;

@@ -116,7 +116,8 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
   if (N < P) usage_fail("--runahead {}: the prompt has {} tokens, fewer than the ranks", P, N);
   // LazyLLM on the last rank (engine/runahead.h): the partition is balanced knowing it prunes.
   const Schedule sched = a.schedule.empty() ? default_schedule() : schedule_from_arg(a.schedule);
-  const std::vector<PruneStep> steps = pruned ? resolve_schedule(sched, c.n_layer) : std::vector<PruneStep>{};
+  const std::vector<PruneStep> steps =
+      pruned ? resolve_schedule(sched, c.n_layer, c.global_layers()) : std::vector<PruneStep>{};
 
   json out;
   out["tool"] = "lazyprefill simulate --runahead";

@@ -157,7 +157,7 @@ std::vector<sim::ServingMethod> serving_methods(const SimulateServingArgs& a, co
   for (const std::string& name : split_list(a.prune)) {
     const PolicyKind kind = parse_policy(name);
     const Schedule sched = schedules_fitting(kind, given).front();
-    const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer);
+    const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer, c.global_layers());
     std::string label = name;
     if (kind != PolicyKind::None && sched.to_string() != main_sched.to_string())
       label += " " + sched.to_string();
@@ -167,7 +167,7 @@ std::vector<sim::ServingMethod> serving_methods(const SimulateServingArgs& a, co
       revivals = rv.share;
       revival_lines.push_back(name + ": " + rv.description);
     }
-    methods.push_back(sim::serving_method({kind, sched}, c.n_layer, std::move(revivals), label));
+    methods.push_back(sim::serving_method({kind, sched}, c, std::move(revivals), label));
   }
   if (methods.empty()) usage_fail("--prune names no method");
   return methods;

@@ -53,8 +53,9 @@ int cmd_sweep(const SweepArgs& a, const CLI::App& /*sub*/) {
   std::vector<report::SweepRevivals> revivals;  // [model][method]
   for (const ModelConfig& c : grid.models)
     for (const Method& m : grid.methods) {
-      RevivalChoice rv = choose_revivals(revival_from, grid.revival_share, m.policy_name(), c.n_layer,
-                                         resolve_method(m.policy, m.schedule, c.n_layer), grid.map);
+      RevivalChoice rv =
+          choose_revivals(revival_from, grid.revival_share, m.policy_name(), c.n_layer,
+                          resolve_method(m.policy, m.schedule, c.n_layer, c.global_layers()), grid.map);
       revivals.push_back({std::move(rv.share), std::move(rv.description)});
     }
   // The output, locked for this run (a second sweep on it is refused). Resume: keep every complete

@@ -62,7 +62,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   std::unique_ptr<PruningPolicy> policy;
   PruneRequest req;
   if (opt.policy != PolicyKind::None) {
-    r.prune_steps = resolve_schedule(opt.schedule, c.n_layer);
+    r.prune_steps = resolve_schedule(opt.schedule, c.n_layer, c.global_layers());
     policy = make_policy(opt.policy, opt.prune_seed);
     req = {r.prune_steps, policy.get()};
   }

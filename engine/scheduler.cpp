@@ -94,7 +94,7 @@ uint64_t Scheduler::submit(RequestParams p) {
     p.policy = PolicyKind::None;
   }
   const bool pruning = p.policy != PolicyKind::None && !p.schedule.steps.empty();
-  r->steps = pruning ? resolve_schedule(p.schedule, c.n_layer) : std::vector<PruneStep>{};
+  r->steps = pruning ? resolve_schedule(p.schedule, c.n_layer, c.global_layers()) : std::vector<PruneStep>{};
   r->reservation = reservation_bytes(int64_t(p.prompt.size()), p.max_tokens, pruning);
   if (r->reservation > opt_.kv_budget_bytes)
     fail("the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V, over the whole budget of {:.1f} MiB",

@@ -146,7 +146,7 @@ std::vector<TaskResult> run_eval(CpuContext& ctx, const Model& m, const Corpus& 
   for (const Method& me : opt.methods)
     if (me.policy != PolicyKind::None) {
       try {
-        resolve_method(me.policy, me.schedule, cfg.n_layer);
+        resolve_method(me.policy, me.schedule, cfg.n_layer, cfg.global_layers());
       } catch (const Error& e) {
         usage_fail("schedule '{}' does not fit this {}-layer model: {}", me.schedule.to_string(), cfg.n_layer,
                    e.what());

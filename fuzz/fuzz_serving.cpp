@@ -23,7 +23,7 @@ struct Setup {
   Setup() {
     const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
     m = lp::sim::serving_method(
-        lazyllm, c.n_layer,
+        lazyllm, c,
         lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
                                 lp::resolve_schedule(lazyllm.schedule, c.n_layer), true));
     cfg.kv_budget_bytes = 2048.0 * (1 << 20);

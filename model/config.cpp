@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -107,6 +108,14 @@ int64_t ModelConfig::n_params() const {
 int64_t ModelConfig::n_active_params() const {
   if (!moe()) return n_params();
   return n_params() - int64_t(n_layer) * (n_expert - n_expert_used) * 3 * int64_t(n_embd) * n_ff_exp;
+}
+
+std::vector<int> ModelConfig::global_layers() const {
+  std::vector<int> out;
+  if (std::none_of(layer_window.begin(), layer_window.end(), [](int w) { return w > 0; })) return out;
+  for (int l = 0; l < n_layer; ++l)
+    if (window(l) <= 0) out.push_back(l);
+  return out;
 }
 
 float ModelConfig::attention_scale() const {

@@ -66,6 +66,9 @@ struct ModelConfig {
   std::vector<int> layer_n_head, layer_n_head_kv, layer_n_ff;
 
   int window(int l) const { return layer_window.empty() ? 0 : layer_window[size_t(l)]; }
+  // With sliding-window layers, the layers that see every earlier key (Gemma 3's global layers), where
+  // a depth fraction of a pruning schedule resolves (pruning/schedule.h); empty without such layers.
+  std::vector<int> global_layers() const;
   float rope_base(int l) const { return window(l) > 0 ? rope_theta_local : rope_theta; }
   float rope_scale(int l) const { return window(l) > 0 ? 1.0f : rope_freq_scale; }
   float attention_scale() const;

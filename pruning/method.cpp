@@ -70,10 +70,11 @@ std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Sch
   return schedules_fitting(policy, given, {default_schedule(policy)});
 }
 
-std::vector<PruneStep> resolve_method(PolicyKind policy, const Schedule& schedule, int n_layer) {
+std::vector<PruneStep> resolve_method(PolicyKind policy, const Schedule& schedule, int n_layer,
+                                      const std::vector<int>& global_layers) {
   check_method(policy, schedule);
   if (policy == PolicyKind::None || policy == PolicyKind::RandomDrop) return {};
-  return resolve_schedule(schedule, n_layer);
+  return resolve_schedule(schedule, n_layer, global_layers);
 }
 
 }  // namespace lp

@@ -40,8 +40,9 @@ std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Sch
 std::vector<Schedule> schedules_fitting(PolicyKind policy, const std::vector<Schedule>& given,
                                         std::vector<Schedule> otherwise);
 
-// check_method, then the schedule resolved for an n_layer model (resolve_schedule): none for
-// none and random-drop, which prune inside no layer.
-std::vector<PruneStep> resolve_method(PolicyKind policy, const Schedule& schedule, int n_layer);
+// check_method, then the schedule resolved for an n_layer model (resolve_schedule, with its global
+// layers where it has sliding-window ones): none for none and random-drop, which prune inside no layer.
+std::vector<PruneStep> resolve_method(PolicyKind policy, const Schedule& schedule, int n_layer,
+                                      const std::vector<int>& global_layers = {});
 
 }  // namespace lp

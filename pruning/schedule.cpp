@@ -290,10 +290,25 @@ Schedule schedule_from_arg(const std::string& arg) {
   }
 }
 
-std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer) {
+namespace {
+// The global layer in [0, last] nearest `layer` (ties: the earlier), or -1 when there is none.
+int nearest_global(int layer, int last, const std::vector<int>& global_layers) {
+  int best = -1;
+  for (const int g : global_layers)
+    if (g >= 0 && g <= last &&
+        (best < 0 || std::abs(g - layer) < std::abs(best - layer) ||
+         (std::abs(g - layer) == std::abs(best - layer) && g < best)))
+      best = g;
+  return best;
+}
+}  // namespace
+
+std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
+                                        const std::vector<int>& global_layers) {
   if (n_layer < 1) fail("cannot resolve a schedule for a model with {} layers", n_layer);
   const int last = n_layer - 2;  // the last layer a prune can follow: after layer L-1 nothing is left
   std::vector<PruneStep> out;
+  bool last_snapped = false;  // the previous step is a fraction moved to a global layer
   out.reserve(s.steps.size());
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const ScheduleStep& st = s.steps[i];
@@ -311,6 +326,15 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer) {
       const int raw = int(std::floor(fl + fl * kShareSlack + 0.5)) - 1;
       layer = std::clamp(raw, 0, last);
       if (layer != raw) clamped = fmt::format(" (clamped from {})", raw);
+      if (const int g = nearest_global(layer, last, global_layers); g >= 0) {
+        if (g != layer)
+          clamped += fmt::format(" (moved from sliding-window layer {} to global layer {})", layer, g);
+        layer = g;
+        if (last_snapped && !out.empty() && out.back().layer == g) {  // two fractions on one global layer
+          out.back().share = 1 - (1 - out.back().share) * (1 - st.share);
+          continue;
+        }
+      }
     } else {
       if (st.at > last)
         fail(
@@ -331,6 +355,7 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer) {
                  : "put the steps in increasing order for this model");
     }
     out.push_back({layer, st.share});
+    last_snapped = st.fraction && !global_layers.empty();
   }
   return out;
 }

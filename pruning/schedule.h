@@ -66,7 +66,17 @@ struct PruneStep {
 // clamped), layers strictly increasing after resolution (so a clamp that makes two steps meet is
 // an error for that model), share in [0, 1). An empty schedule is valid for any depth. A step
 // before the model (random-drop's) has no layer: it is refused here, naming random-drop.
-std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer);
+//
+// A model with sliding-window layers (Gemma 3: five local layers to a global one) names the layers
+// whose attention sees every earlier key in `global_layers` (ModelConfig::global_layers; empty: every
+// layer does). A local layer's last-row scores cover only its window, so every token further back
+// scores 0 and would be pruned first (docs/engine.md). So a depth fraction resolves there to the
+// global layer nearest its layer (ties to the earlier; only layers a prune can follow, up to
+// n_layer - 2), and fractions that land on the same global layer become one step pruning what they
+// would have pruned together (shares a, b: 1 - (1 - a)(1 - b)). Absolute layers are never moved.
+// Without a global layer a prune can follow, fractions resolve as above.
+std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
+                                        const std::vector<int>& global_layers = {});
 
 // The share a schedule drops before the model (its one step written as a share alone), if it does.
 std::optional<double> drop_share(const Schedule& s);

@@ -181,19 +181,20 @@ std::vector<ReportedMethod> methods_to_report(const ModelConfig& c, const std::v
                         recorded ? std::vector<Schedule>{} : std::vector<Schedule>{default_schedule()});
   if (wants("lazyllm"))
     for (const Schedule& s : lazy)
-      out.push_back(
-          method("lazyllm " + s.to_string(), {PolicyKind::LazyLLM, s}, resolve_schedule(s, c.n_layer)));
+      out.push_back(method("lazyllm " + s.to_string(), {PolicyKind::LazyLLM, s},
+                           resolve_schedule(s, c.n_layer, c.global_layers())));
   scheds.insert(scheds.end(), lazy.begin(), lazy.end());
   for (const PolicyKind k : {PolicyKind::Frozen, PolicyKind::RandomLayers})
     if (wants(policy_name(k)) && !scheds.empty() && !scheds.front().steps.empty() &&
         method_problem(k, scheds.front()).empty())
       out.push_back(method(fmt::format("{} {}", policy_name(k), scheds.front().to_string()),
-                           {k, scheds.front()}, resolve_schedule(scheds.front(), c.n_layer)));
+                           {k, scheds.front()},
+                           resolve_schedule(scheds.front(), c.n_layer, c.global_layers())));
   for (const PolicyKind k : {PolicyKind::StaticPaper, PolicyKind::RandomDrop})
     if (wants(policy_name(k)))
       for (const Schedule& s : schedules_fitting(k, given))
         out.push_back(method(fmt::format("{} {}", policy_name(k), s.to_string()), {k, s},
-                             resolve_method(k, s, c.n_layer)));
+                             resolve_method(k, s, c.n_layer, c.global_layers())));
   return out;
 }
 

@@ -66,7 +66,7 @@ std::string sweep_row(const SweepGrid& g, const SweepConfig& cf, const std::vect
   const ModelConfig& c = g.models[cf.model];
   const Method& m = g.methods[cf.method];
   const hw::Profile& hw = g.hws[cf.hw];
-  const auto steps = resolve_method(m.policy, m.schedule, c.n_layer);
+  const auto steps = resolve_method(m.policy, m.schedule, c.n_layer, c.global_layers());
   const int64_t dec = std::max<int64_t>(0, g.new_tokens - 1);
   const SweepRevivals& rv = revivals[cf.model * g.methods.size() + cf.method];
   const sim::Prediction p =

@@ -94,7 +94,7 @@ SweepGrid read_sweep_grid(const std::string& path) {
     if (const std::string why = method_problem(x.policy, x.schedule); !why.empty())
       fail("{}: methods: {}", path, why);
     for (const ModelConfig& c : grid.models)
-      resolve_method(x.policy, x.schedule, c.n_layer);  // validate early
+      resolve_method(x.policy, x.schedule, c.n_layer, c.global_layers());  // validate early
     grid.methods.push_back(x);
   }
   for (const json& n : list<json>(g, "prompt_lengths", path))

@@ -324,7 +324,7 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
   if (r.stream == false && r.include_usage) bad("stream_options", "'stream_options' needs 'stream': true");
   if (r.policy != PolicyKind::None) {
     try {
-      (void)resolve_method(r.policy, r.schedule, c.n_layer);
+      (void)resolve_method(r.policy, r.schedule, c.n_layer, c.global_layers());
     } catch (const lp::Error& ex) {
       bad("lazyprefill.schedule", "invalid schedule for this model: {}", ex.what());
     }

@@ -17,7 +17,7 @@ Comparison compare_methods(const ModelConfig& c, const hw::Profile& hw, const Pr
   if (o.schedules.empty()) fail("compare: no LazyLLM schedule to compare");
   const int P = o.devices;
   std::vector<std::vector<PruneStep>> steps;
-  for (const Schedule& s : o.schedules) steps.push_back(resolve_schedule(s, c.n_layer));
+  for (const Schedule& s : o.schedules) steps.push_back(resolve_schedule(s, c.n_layer, c.global_layers()));
   Comparison out;
   // Tensor parallelism over P of these devices, where the profile joins P and the model splits.
   try {

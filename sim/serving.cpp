@@ -11,11 +11,12 @@
 
 namespace lp::sim {
 
-ServingMethod serving_method(const Method& method, int n_layer, trace::Revivals revivals, std::string name) {
+ServingMethod serving_method(const Method& method, const ModelConfig& c, trace::Revivals revivals,
+                             std::string name) {
   ServingMethod m;
   m.name = name.empty() ? std::string(method.policy_name()) : std::move(name);
   m.method = method;
-  m.steps = resolve_method(method.policy, method.schedule, n_layer);
+  m.steps = resolve_method(method.policy, method.schedule, c.n_layer, c.global_layers());
   m.drop_share = drop_share(method.schedule).value_or(0);
   if (method.policy != PolicyKind::None) m.revivals = std::move(revivals);
   return m;

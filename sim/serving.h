@@ -36,10 +36,10 @@ struct ServingMethod {
   double drop_share = 0;         // random-drop: the share of each prompt dropped before the model
   trace::Revivals revivals;      // synthetic decoding's revivals (empty: none)
 };
-// `method` as the serving simulation runs it on an n_layer model: its schedule resolved
+// `method` as the serving simulation runs it on model c: its schedule resolved
 // (resolve_method: a lp::UsageError when it does not fit the policy) and random-drop's share,
 // with the revivals given; named `name`, or the policy's name when that is "".
-ServingMethod serving_method(const Method& method, int n_layer, trace::Revivals revivals = {},
+ServingMethod serving_method(const Method& method, const ModelConfig& c, trace::Revivals revivals = {},
                              std::string name = "");
 
 struct ServingConfig {

@@ -145,7 +145,7 @@ std::vector<Seen> sim_run(const std::vector<Arrival>& arrivals, int64_t budget, 
   for (const Arrival& a : arrivals)
     reqs.push_back({std::max(0.0, double(a.iteration) * kIteration - 0.5), a.prompt_tokens, a.output_tokens});
   const sim::ServingMethod m =
-      lazyllm ? sim::serving_method({PolicyKind::LazyLLM, parse_schedule("1:0.5")}, tiny().config().n_layer)
+      lazyllm ? sim::serving_method({PolicyKind::LazyLLM, parse_schedule("1:0.5")}, tiny().config())
               : sim::ServingMethod{};
   sim::ServingConfig cfg;
   cfg.kv_budget_bytes = double(budget);

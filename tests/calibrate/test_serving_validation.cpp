@@ -74,7 +74,7 @@ ServingCalibration by_hand() {
   for (const std::string name : {"none", "lazyllm"}) {
     const PolicyKind k = parse_policy(name);
     cal.methods[name] =
-        sim::serving_method({k, k == PolicyKind::None ? Schedule{} : default_schedule()}, cal.model.n_layer);
+        sim::serving_method({k, k == PolicyKind::None ? Schedule{} : default_schedule()}, cal.model);
   }
   cal.config.kv_budget_bytes = 2048.0 * (1 << 20);
   cal.config.max_batch_tokens = 2048;

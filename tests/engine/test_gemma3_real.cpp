@@ -19,6 +19,7 @@
 #include "engine/generate.h"
 #include "engine/session.h"
 #include "kernels/context.h"
+#include "pruning/schedule.h"
 #include "tests/test_util.h"
 
 namespace lp {
@@ -78,6 +79,12 @@ TEST(Gemma3Real, FileAndVocabularyAreTheOnesLlamaCppRan) {
   EXPECT_EQ(c.n_vocab, 262144);
   EXPECT_EQ(c.layer_window, (std::vector<int>{512, 512, 512, 512, 512, 0, 512, 512, 512, 512, 512, 0, 512,
                                               512, 512, 512, 512, 0}));
+  // The default schedule prunes after its global layers 5 and 11 (pruning/schedule.h; docs/eval.md).
+  EXPECT_EQ(c.global_layers(), (std::vector<int>{5, 11, 17}));
+  const auto steps = resolve_schedule(default_schedule(), c.n_layer, c.global_layers());
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].layer, 5);
+  EXPECT_EQ(steps[1].layer, 11);
   const Tokenizer& tok = m.tokenizer();
   EXPECT_EQ(tok.model(), "llama");
   EXPECT_EQ(tok.encode("Hello", true, true), fixture()["add_bos_probe"].get<std::vector<int32_t>>());

@@ -1040,13 +1040,16 @@ TEST(ConfigGemma3, LayersWindowsAndScales) {
   GgufWriter w = testing::tiny_arch_writer("gemma3", false);
   ModelConfig c = config(w);
   EXPECT_EQ(c.layer_window, (std::vector<int>{6, 6, 6, 6, 6, 0}));  // the sixth layer of every six is global
-  EXPECT_EQ(c.embed_scale, 8.0f);                                   // sqrt(64)
+  EXPECT_EQ(c.global_layers(), std::vector<int>{5});
+  EXPECT_EQ(c.embed_scale, 8.0f);  // sqrt(64)
   EXPECT_TRUE(c.post_norms && c.gelu && c.qk_norm && c.rope_neox);
   EXPECT_FLOAT_EQ(c.attention_scale(), 1.0f / std::sqrt(32.0f));
   EXPECT_EQ(c.rope_base(0), 10000.0f);  // local layers: 10000 unless rope.freq_base_swa says
   EXPECT_EQ(c.rope_base(5), 1e6f);
   w.set("gemma3.attention.sliding_window_pattern", testing::GgufWriterValue::u32(3));
   EXPECT_EQ(config(w).layer_window, (std::vector<int>{6, 6, 0, 6, 6, 0}));
+  EXPECT_EQ(config(w).global_layers(), (std::vector<int>{2, 5}));
+  EXPECT_TRUE(config(testing::tiny_arch_writer("qwen3", false)).global_layers().empty());  // no windows
   std::vector<testing::GgufWriterValue> flags;
   for (bool b : {true, false, true, false, true, false})
     flags.push_back(testing::GgufWriterValue::boolean(b));

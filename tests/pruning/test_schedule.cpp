@@ -253,6 +253,43 @@ TEST(ScheduleResolve, ValidatesSchedulesBuiltInCode) {
       "resolves to layer 8 on a 30-layer model, not after step 1's layer 8");
 }
 
+// Sliding-window models (Gemma 3): depth fractions resolve to the nearest global layer a prune can
+// follow; fractions that meet there become one step; absolute layers stay where they are written.
+TEST(ScheduleResolve, FractionsMoveToGlobalLayersOnSlidingWindowModels) {
+  const Schedule d = default_schedule();
+  // Gemma 3 270M: 18 layers [LLLLLG] x 3, global 5, 11, 17 (17 is the last: nothing to prune after it).
+  // 0.3 -> 4 -> 5;  0.6 -> 10 -> 11;  0.9 -> 15 -> 11 (17 is out of reach): 11 prunes 1 - 0.7 x 0.7.
+  const std::vector<int> g18 = {5, 11, 17};
+  const auto r18 = resolve_schedule(d, 18, g18);
+  ASSERT_EQ(r18.size(), 2u);
+  EXPECT_EQ(r18[0], (PruneStep{5, 0.3}));
+  EXPECT_EQ(r18[1].layer, 11);
+  EXPECT_NEAR(r18[1].share, 0.51, 1e-12);
+  // Gemma 3 1B: 26 layers, global 5, 11, 17, 23. 0.3 -> 7 -> 5;  0.6 -> 15 -> 17;  0.9 -> 22 -> 23.
+  EXPECT_EQ(resolve_schedule(d, 26, {5, 11, 17, 23}), steps({{5, 0.3}, {17, 0.3}, {23, 0.3}}));
+  // Gemma 3 27B: 62 layers, global 5, 11, ..., 59. 0.3 -> 18 -> 17 (1 away; 23 is 5);
+  // 0.6 -> 36 -> 35;  0.9 -> 55 -> 53 (2 away; 59 is 4).
+  std::vector<int> g62;
+  for (int l = 5; l < 62; l += 6) g62.push_back(l);
+  EXPECT_EQ(resolve_schedule(d, 62, g62), steps({{17, 0.3}, {35, 0.3}, {53, 0.3}}));
+  // Ties go to the earlier global layer: 0.5 of 16 -> 7, between 5 and 9.
+  EXPECT_EQ(resolve_schedule(parse_schedule("0.5:0.2"), 16, {5, 9, 15}), steps({{5, 0.2}}));
+  // Absolute layers are the user's: a local layer stays (docs/schedules.md says what it costs).
+  EXPECT_EQ(resolve_schedule(parse_schedule("4:0.3,0.6:0.3"), 18, g18), steps({{4, 0.3}, {11, 0.3}}));
+  // An absolute layer after the global layer a fraction moves to is an error naming the move.
+  expect_error(
+      [] {
+        resolve_schedule(parse_schedule("12:0.3,0.7:0.3"), 18, {5, 11, 17});
+      },
+      "resolves to layer 11 (moved from sliding-window layer 12 to global layer 11) on a 18-layer "
+      "model, not after step 1's layer 12");
+  // No global layer a prune can follow (the tiny gemma3: [LLLLLG]): fractions resolve as without
+  // windows. No windows at all: the same.
+  EXPECT_EQ(resolve_schedule(parse_schedule("0.5:0.3"), 6, {5}),
+            resolve_schedule(parse_schedule("0.5:0.3"), 6));
+  EXPECT_EQ(resolve_schedule(d, 30, {}), resolve_schedule(d, 30));
+}
+
 TEST(ScheduleRoundTrip, InlineText) {
   for (const char* text : {"0.3:0.3,0.6:0.3,0.9:0.3", "8:0.3,17:0.3,26:0.3", "0.5:0.5", "none", "0:0",
                            "0.001:0.999,3:0.123456789,0.9999:0.00001", "33.3%:12.5%,0.7:0.29"}) {

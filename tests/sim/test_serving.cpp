@@ -33,7 +33,7 @@ sim::ServingMethod unpruned() {
   return {};
 }
 sim::ServingMethod lazyllm(const ModelConfig& c) {
-  return sim::serving_method({PolicyKind::LazyLLM, default_schedule()}, c.n_layer);
+  return sim::serving_method({PolicyKind::LazyLLM, default_schedule()}, c);
 }
 
 // One request alone is the batch-1 replay of its synthetic trace: TTFT its prefill, the rest its
