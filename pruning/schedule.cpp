@@ -21,6 +21,7 @@ const char* const kScheduleSyntaxHelp =
     "  AT     prune after this layer: a 0-based layer index (8), a fraction of depth written\n"
     "         with a decimal point (0.3), or a percentage of depth (30%). Depth f on an L-layer\n"
     "         model is layer round(f*L)-1: 0.3 of 30 layers is layer 8, so layers 0-8 see all tokens.\n"
+    "         On a sliding-window model (Gemma 3) a depth goes to the nearest global layer.\n"
     "  SHARE  share of the tokens still active there that the later layers do not compute:\n"
     "         a fraction (0.3) or a percentage (30%), at least 0 and below 1.\n"
     "  A share alone (0.3) drops that share of the prompt before the model: random-drop's schedule.\n"

@@ -173,25 +173,17 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
       // The routes exactly as the reference's (the router is f32 in every dtype), the output within
       // the bound of its longest chain of sums (the D-term gate|up products, then Fe-term down ones).
       const int64_t k = c.n_expert_used, Fe = c.n_ff_exp;
-      const auto x = random_vec(size_t(T * D), rng);
-      b->write(Tensor::XN, x);
+      const auto xn = random_vec(size_t(T * D), rng);
+      b->write(Tensor::XN, xn);
       b->route(0);
       const std::vector<int32_t> ids = b->routes();
       b->experts(0);
       const auto got = b->read(Tensor::Branch);
-      const LayerWeights& L = w.layers[0];
-      std::vector<std::vector<float>> gu, dn;
-      std::vector<const float*> gu_p, dn_p;
-      for (int e = 0; e < c.n_expert; ++e) {
-        gu.push_back(widened(L.expert_gate_up[size_t(e)]));
-        dn.push_back(widened(L.expert_down[size_t(e)]));
-        gu_p.push_back(gu.back().data());
-        dn_p.push_back(dn.back().data());
-      }
+      const WidenedExperts ex = widened_experts(w.layers[0]);
       std::vector<float> ref(static_cast<size_t>(T * D));
       std::vector<int32_t> ref_ids(static_cast<size_t>(T * k));
-      ref::moe(x.data(), T, D, L.router.f32.data(), gu_p, dn_p, k, Fe, c.gelu, ref.data(), ref_ids.data(),
-               oc.dtype == DType::BF16);
+      ref::moe(xn.data(), T, D, w.layers[0].router.f32.data(), ex.gate_up_p, ex.down_p, k, Fe, c.gelu,
+               ref.data(), ref_ids.data(), oc.dtype == DType::BF16);
       EXPECT_EQ(ids, ref_ids) << case_name(oc);
       const double e = nmse(got, to_double(ref));
       EXPECT_LE(e, f32_bound(double(D + Fe + 8))) << case_name(oc) << " nmse " << e;

@@ -207,9 +207,26 @@ inline Matrix random_matrix(int64_t rows, int64_t cols, DType dt, std::mt19937& 
 
 inline std::vector<float> widened(const Matrix& m) {
   std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = m.dtype == DType::F32 ? m.f32[int64_t(i)] : bf16_to_f32(m.bf16[int64_t(i)]);
+  for (int64_t r = 0; r < m.rows; ++r) m.row_f32(r, out.data() + r * m.cols);  // int8: its blocks' values
   return out;
+}
+
+// A mixture-of-experts layer's experts widened to f32, as ref::moe takes them.
+struct WidenedExperts {
+  std::vector<std::vector<float>> gate_up, down;
+  std::vector<const float*> gate_up_p, down_p;
+};
+inline WidenedExperts widened_experts(const LayerWeights& L) {
+  WidenedExperts x;
+  for (size_t e = 0; e < L.expert_gate_up.size(); ++e) {
+    x.gate_up.push_back(widened(L.expert_gate_up[e]));
+    x.down.push_back(widened(L.expert_down[e]));
+  }
+  for (size_t e = 0; e < x.gate_up.size(); ++e) {
+    x.gate_up_p.push_back(x.gate_up[e].data());
+    x.down_p.push_back(x.down[e].data());
+  }
+  return x;
 }
 
 // With `moe`, the layer's FFN is also 5 experts of width 2.5 x head_dim, 2 per token, behind an f32
