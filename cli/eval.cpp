@@ -50,10 +50,17 @@ std::vector<Schedule> eval_schedules(PolicyKind k, const std::vector<Schedule>& 
   return schedules_fitting(k, given, std::move(ladder));
 }
 
-json cell_json(const eval::Cell& c, bool qa) {
+// `layers`: the pruning steps the schedule resolved to on this model (on a sliding-window model a
+// depth moves to a global layer, pruning/schedule.h), [[layer, share], ...].
+json cell_json(const eval::Cell& c, bool qa, const ModelConfig& cfg) {
+  json layers = json::array();
+  for (const PruneStep& st :
+       resolve_method(c.method.policy, c.method.schedule, cfg.n_layer, cfg.global_layers()))
+    layers.push_back({st.layer, st.share});
   json j = {{"method", c.method.label()},
             {"policy", policy_name(c.method.policy)},
             {"schedule", c.method.policy == PolicyKind::None ? "none" : c.method.schedule.to_string()},
+            {"layers", layers},
             {"samples", c.n},
             {"prompt_tokens_computed_fraction", c.share},
             {"prompt_tokens_computed_fraction_after_generation", c.share_after},
@@ -87,7 +94,7 @@ json run_json(const eval::RunResult& r, bool qa) {
   return j;
 }
 
-json result_json(const eval::TaskResult& r) {
+json result_json(const eval::TaskResult& r, const ModelConfig& cfg) {
   const eval::TaskInfo& info = eval::task_info(r.task);
   const bool qa = eval::is_qa(r.task);
   json j = {
@@ -97,9 +104,9 @@ json result_json(const eval::TaskResult& r) {
   if (!r.counts)
     j["note"] =
         "the unpruned model is not clearly above chance (accuracy < chance + 0.2): failed at baseline";
-  j["baseline"] = cell_json(r.baseline, qa);
+  j["baseline"] = cell_json(r.baseline, qa, cfg);
   json cells = json::array();
-  for (const auto& c : r.cells) cells.push_back(cell_json(c, qa));
+  for (const auto& c : r.cells) cells.push_back(cell_json(c, qa, cfg));
   j["methods"] = cells;
   json samples = json::array();
   for (const auto& s : r.samples) {
@@ -195,8 +202,20 @@ std::string grid_chart(const eval::TaskResult& r, const std::string& model_name,
   return report::svg_line_chart(c);
 }
 
-void print_table(const std::vector<eval::TaskResult>& results,
-                 const std::vector<eval::TargetCheck>& targets) {
+void print_table(const std::vector<eval::TaskResult>& results, const std::vector<eval::TargetCheck>& targets,
+                 const ModelConfig& cfg) {
+  // A sliding-window model: where each schedule's depths went (pruning/schedule.h).
+  if (!cfg.global_layers().empty() && !results.empty()) {
+    fmt::print("\n{} has sliding-window layers; depth fractions prune after the nearest global layer:\n",
+               cfg.name);
+    for (const auto& c : results.front().cells) {
+      std::string steps;
+      for (const PruneStep& st :
+           resolve_method(c.method.policy, c.method.schedule, cfg.n_layer, cfg.global_layers()))
+        steps += fmt::format("{}{}:{:.4g}", steps.empty() ? "" : ",", st.layer, st.share);
+      if (!steps.empty()) fmt::print("  {:<38} -> {}\n", c.method.label(), steps);
+    }
+  }
   for (const auto& r : results) {
     const eval::TaskInfo& info = eval::task_info(r.task);
     const bool qa = eval::is_qa(r.task);
@@ -419,7 +438,7 @@ int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
             {"agreement_tokens", a.agreement_tokens},
             {"corpus", corpus_path}};
   json rs = json::array();
-  for (const auto& r : results) rs.push_back(result_json(r));
+  for (const auto& r : results) rs.push_back(result_json(r, model->config()));
   j["results"] = rs;
   json ts = json::array();
   for (const auto& t : targets) ts.push_back(target_json(t));
@@ -428,7 +447,7 @@ int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
   if (a.json_out)
     std::puts(j.dump(2).c_str());
   else
-    print_table(results, targets);
+    print_table(results, targets, model->config());
   return 0;
 }
 

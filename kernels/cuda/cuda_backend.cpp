@@ -498,7 +498,8 @@ class CudaBackend final : public Backend {
 
   // Room for T rows in every activation; x keeps its rows when it grows.
   void reserve(int64_t T) {
-    const int64_t D = c.n_embd, F = c.n_ff;
+    const int64_t D = c.n_embd,
+                  F = c.moe() ? 0 : c.n_ff;  // a MoE layer's FFN has its own buffers (run_experts)
     const size_t f = 4;
     if (x.bytes() < size_t(T * D) * f) {
       DBuf grown(size_t(T * D) * f, "hidden states");
@@ -712,7 +713,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   const int64_t words = (std::max<int64_t>(c.n_ctx_train, n_ctx) + 31) / 32;
   const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(words) * 4);
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
-  const double Q = double(c.n_head) * c.head_dim, F = double(c.n_ff), D = double(c.n_embd);
+  const double Q = double(c.n_head) * c.head_dim, F = c.moe() ? 0.0 : double(c.n_ff), D = double(c.n_embd);
   const double bf16_copy = w.dtype != DType::F32 ? 2 * std::max({D, Q, F}) : 0;
   // A mixture-of-experts layer: the router's logits, each row's k routes and weights, and for each of
   // its k (row, expert) pairs the grouped input, gate|up, activation and output, two indices and

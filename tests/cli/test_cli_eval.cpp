@@ -35,6 +35,9 @@ TEST_F(CliEval, WritesJsonAndChartsOnTheTinyModel) {
     EXPECT_EQ(res["samples"].size(), 2u);
     EXPECT_DOUBLE_EQ(res["baseline"]["prompt_tokens_computed_fraction"].get<double>(), 1.0);
     EXPECT_LT(res["methods"][0]["prompt_tokens_computed_fraction"].get<double>(), 1.0);
+    // The layers the schedule resolved to: 0.3 of 6 -> 1.8 -> 2 -> layer 1; 0.6 -> 3.6 -> 4 -> layer 3.
+    EXPECT_EQ(res["methods"][0]["layers"], nlohmann::json::parse("[[1, 0.3], [3, 0.3]]"));
+    EXPECT_EQ(res["baseline"]["layers"], nlohmann::json::array());
     const std::string svg =
         slurp_text(fmt::format("{}/speed-accuracy-{}-300.svg", out, res["task"].get<std::string>()));
     EXPECT_TRUE(svg.starts_with("<svg") || svg.starts_with("<?xml")) << svg.substr(0, 80);

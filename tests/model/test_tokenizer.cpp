@@ -507,6 +507,33 @@ TEST(TokenizerRealModel, MatchesLlamaCpp) {
               matched, cases.size());
 }
 
+// The same vocabulary and merges under each other byte-level BPE pre-tokenizer the engine names
+// (qwen2: Qwen2/2.5, Qwen3, Qwen3-MoE; llama-bpe: Llama 3; gpt-2; starcoder), against llama.cpp on
+// a copy of the file with only tokenizer.ggml.pre changed (tests/fixtures/pre_tokenizers.json,
+// make_pre_tokenizer_reference.py): every one of the 65 texts, newline and whitespace runs among
+// them, tokenized as llama.cpp does.
+TEST(TokenizerRealModel, PreTokenizersMatchLlamaCppOnTheSameVocabulary) {
+  const std::string path = std::string(LP_SOURCE_DIR) + "/tests/fixtures/pre_tokenizers.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot open " << path;
+  const auto fixture = nlohmann::json::parse(in);
+  const VocabData base = load_smollm2_vocab();
+  int checked = 0;
+  for (const std::string pre : fixture.at("pre_tokenizers")) {
+    VocabData v = base;
+    v.pre = pre;
+    const Tokenizer tok(v);
+    ASSERT_EQ(tok.pre(), pre);
+    for (const auto& c : fixture.at("cases")) {
+      const std::string text = c.at("text");
+      EXPECT_EQ(tok.encode(text, false, true), c.at("ids").at(pre).get<Ids>())
+          << pre << ": " << nlohmann::json(text).dump();
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4 * 65);
+}
+
 TEST(TokenizerRealModel, ChatTemplate) {
   const Tokenizer& tok = smollm2();
   const std::vector<lp::ChatMessage> user = {{"user", "Hello!"}};
