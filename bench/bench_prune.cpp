@@ -64,7 +64,8 @@ void BM_Prune(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
   const int64_t N = st.range(0);
   const lp::Model& m = model();
   const auto [ids, pos] = prompt(N, m);
-  const auto steps = lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer);
+  const auto steps =
+      lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer, m.config().global_layers());
   lp::Session s(ctx(), m, N);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
   const int64_t last = N - 1;
@@ -134,7 +135,8 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
   const int64_t N = st.range(0);
   const lp::Model& m = model();
   const auto [ids, pos] = prompt(N, m);
-  const auto steps = lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer);
+  const auto steps =
+      lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer, m.config().global_layers());
   lp::Session s(ctx(), m, N + kSteps);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
   const int64_t last = N - 1, row = 0;

@@ -117,7 +117,8 @@ void BM_MixedIteration(benchmark::State& st) {
   const bool lazy = st.range(1) != 0, with_prefill = st.range(2) != 0;
   const int64_t skip = st.range(3);  // decoding steps the decoders take, untimed, first
   const std::vector<lp::PruneStep> steps =
-      lazy ? lp::resolve_schedule(lp::default_schedule(), int8_model().config().n_layer)
+      lazy ? lp::resolve_schedule(lp::default_schedule(), int8_model().config().n_layer,
+                                  int8_model().config().global_layers())
            : std::vector<lp::PruneStep>{};
   std::vector<std::unique_ptr<lp::PruningPolicy>> policies;
   std::vector<lp::PruneRequest> prunes(static_cast<size_t>(N + 1));

@@ -30,7 +30,7 @@ namespace {
 void BM_Replay(benchmark::State& st) {
   const int64_t steps = st.range(0);
   const lp::ModelConfig c = lp::preset_config("llama-3.1-8b");  // 32 layers
-  const auto sched = lp::resolve_schedule(lp::default_schedule(), c.n_layer);
+  const auto sched = lp::resolve_schedule(lp::default_schedule(), c.n_layer, c.global_layers());
   const lp::trace::Trace t =
       lp::trace::synthetic_trace(c, "lazyllm", sched, 8192, steps, [](size_t, int64_t) {
         return lp::trace::StageRevival{0.01, -1};
@@ -57,8 +57,8 @@ void BM_Sweep(benchmark::State& st) {
   std::vector<std::vector<lp::PruneStep>> schedules;
   for (int i = 0; i < 10; ++i) {
     const double share = 0.1 + 0.05 * i;
-    schedules.push_back(
-        lp::resolve_schedule(lp::parse_schedule(fmt::format("0.3:{0},0.6:{0},0.9:{0}", share)), c.n_layer));
+    schedules.push_back(lp::resolve_schedule(
+        lp::parse_schedule(fmt::format("0.3:{0},0.6:{0},0.9:{0}", share)), c.n_layer, c.global_layers()));
   }
   std::vector<int64_t> lengths;
   for (int i = 1; i <= 112; ++i) lengths.push_back(256 * i);
@@ -93,7 +93,7 @@ void BM_ServingSim(benchmark::State& st) {
   const lp::sim::ServingMethod m = lp::sim::serving_method(
       lazyllm, c,
       lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
-                              lp::resolve_schedule(lazyllm.schedule, c.n_layer), true));
+                              lp::resolve_schedule(lazyllm.schedule, c.n_layer, c.global_layers()), true));
   lp::sim::ServingConfig cfg;
   cfg.kv_budget_bytes = 40.0 * (1 << 30);
   cfg.max_batch_tokens = 8192;

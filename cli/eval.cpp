@@ -204,17 +204,26 @@ std::string grid_chart(const eval::TaskResult& r, const std::string& model_name,
 
 void print_table(const std::vector<eval::TaskResult>& results, const std::vector<eval::TargetCheck>& targets,
                  const ModelConfig& cfg) {
-  // A sliding-window model: where each schedule's depths went (pruning/schedule.h).
+  // A sliding-window model: where each schedule's depths went (pruning/schedule.h), when any moved.
   if (!cfg.global_layers().empty() && !results.empty()) {
-    fmt::print("\n{} has sliding-window layers; depth fractions prune after the nearest global layer:\n",
-               cfg.name);
+    std::string lines;
+    bool any_moved = false;
     for (const auto& c : results.front().cells) {
-      std::string steps;
-      for (const PruneStep& st :
-           resolve_method(c.method.policy, c.method.schedule, cfg.n_layer, cfg.global_layers()))
-        steps += fmt::format("{}{}:{:.4g}", steps.empty() ? "" : ",", st.layer, st.share);
-      if (!steps.empty()) fmt::print("  {:<38} -> {}\n", c.method.label(), steps);
+      if (c.method.policy == PolicyKind::None || c.method.policy == PolicyKind::RandomDrop) continue;
+      const auto steps = resolve_method(c.method.policy, c.method.schedule, cfg.n_layer, cfg.global_layers());
+      std::string text;
+      for (const PruneStep& st : steps)
+        text += fmt::format("{}{}:{:.4g}", text.empty() ? "" : ",", st.layer, st.share);
+      lines += fmt::format("  {:<38} -> {}\n", c.method.label(), text);
+      try {
+        any_moved = any_moved || steps != resolve_method(c.method.policy, c.method.schedule, cfg.n_layer);
+      } catch (const Error&) {
+        any_moved = true;  // fits only with its depths moved
+      }
     }
+    if (any_moved)
+      fmt::print("\n{} has sliding-window layers; depth fractions prune after the nearest global layer:\n{}",
+                 cfg.name, lines);
   }
   for (const auto& r : results) {
     const eval::TaskInfo& info = eval::task_info(r.task);

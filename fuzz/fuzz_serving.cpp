@@ -25,7 +25,7 @@ struct Setup {
     m = lp::sim::serving_method(
         lazyllm, c,
         lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
-                                lp::resolve_schedule(lazyllm.schedule, c.n_layer), true));
+                                lp::resolve_schedule(lazyllm.schedule, c.n_layer, c.global_layers()), true));
     cfg.kv_budget_bytes = 2048.0 * (1 << 20);
     cfg.max_batch_tokens = 2048;
   }

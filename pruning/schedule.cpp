@@ -332,7 +332,13 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
           clamped += fmt::format(" (moved from sliding-window layer {} to global layer {})", layer, g);
         layer = g;
         if (last_snapped && !out.empty() && out.back().layer == g) {  // two fractions on one global layer
-          out.back().share = 1 - (1 - out.back().share) * (1 - st.share);
+          const double merged = 1 - (1 - out.back().share) * (1 - st.share);
+          if (!(merged < 1))
+            fail(
+                "{} moves to global layer {} with the step before it, and together they would prune every "
+                "token (share {}); give smaller shares or absolute layers",
+                where, g, fixed(merged));
+          out.back().share = merged;
           continue;
         }
       }
@@ -348,12 +354,14 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
       // Depths as written are increasing (or the steps were built in code out of order), so two
       // depths that meet mean too few layers; a layer and a depth can also cross at this depth.
       const bool depths = st.fraction && s.steps[i - 1].fraction && s.steps[i - 1].at < st.at;
+      const bool moved = clamped.find("moved from") != std::string::npos;
       fail(
           "{} resolves to layer {}{} on a {}-layer model, not after step {}'s layer {}: pruning layers must "
           "increase ({})",
           where, layer, clamped, n_layer, i, out.back().layer,
-          depths ? "the model is too shallow for this schedule; use fewer steps or absolute layers"
-                 : "put the steps in increasing order for this model");
+          moved ? "on a sliding-window model a depth goes to the nearest global layer; write absolute layers"
+          : depths ? "the model is too shallow for this schedule; use fewer steps or absolute layers"
+                   : "put the steps in increasing order for this model");
     }
     out.push_back({layer, st.share});
     last_snapped = st.fraction && !global_layers.empty();

@@ -140,7 +140,8 @@ void ttft_rows(const Model& m, int64_t T) {
   Session s(m, cuda::make_backend(c, m.weights(), T + g_runs + 2));
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3", "0.1:0.5,0.3:0.5,0.5:0.5"}) {
     const bool prune = std::string(sched) != "none";
-    const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer) : std::vector<PruneStep>{};
+    const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer, c.global_layers())
+                             : std::vector<PruneStep>{};
     trace::Step st;
     const auto pass = [&](trace::Step* stats) {
       auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);

@@ -256,29 +256,6 @@ class CudaBackend final : public Backend {
   // (decoding steps) go through the block-reading GEMV together and the longer members' rows
   // (prefills) through the bf16 GEMM together, as each would alone. (Host emulation's GEMMs give a
   // row the same bits whatever the row count; cuBLAS may order a row's sums by the shape.)
-  // The members' routed rows through the experts together: each expert's weights read once.
-  void experts_batched(int l, std::span<Backend* const> members) override {
-    const std::vector<CudaBackend*> ms = members_of(members);
-    std::vector<int32_t> ids;
-    std::vector<float> wts;
-    for (CudaBackend* m : ms) {
-      if (int64_t(m->ids_host.size()) != m->T() * c.n_expert_used)
-        internal_fail("experts_batched: a member's rows are not routed");
-      ids.insert(ids.end(), m->ids_host.begin(), m->ids_host.end());
-      wts.insert(wts.end(), m->w_host.begin(), m->w_host.end());
-    }
-    const int64_t total = concat_rows(
-        ms, [](CudaBackend* m) { return m->xn.as<float>(); }, c.n_embd);
-    batch_out.reserve(size_t(total * c.n_embd) * 4, "batched rows");
-    run_experts(l, batch_in.as<float>(), total, ids, wts, batch_out.as<float>());
-    int64_t at = 0;
-    for (CudaBackend* m : ms) {
-      copy_on_device(m->branch.as<float>(), batch_out.as<float>() + at * c.n_embd,
-                     size_t(m->T() * c.n_embd) * 4);
-      at += m->T();
-    }
-  }
-
   void matmul_batched(Proj p, int l, std::span<Backend* const> members) override {
     if (members.size() == 1 && members[0] == this) return matmul(p, l);
     const DMatrix& W = weight(p, l);
@@ -287,6 +264,35 @@ class CudaBackend final : public Backend {
       (W.qtype && m->T() <= kGemvMaxRows ? gemv_rows : gemm_rows).push_back(m);
     batched(p, l, W, gemv_rows, true);
     batched(p, l, W, gemm_rows, false);
+  }
+
+  // The members' routed rows through the experts together, each expert's weights read once per
+  // path. A row gets the arithmetic it gets alone: with weights in blocks, the rows of members of at
+  // most kGemvMaxRows rows (decoding steps) go through the block GEMV and the longer members' rows
+  // through the dequantized bf16 GEMM, however many rows an expert gathers from the batch.
+  void experts_batched(int l, std::span<Backend* const> members) override {
+    if (members.size() == 1 && members[0] == this) return experts(l);
+    const std::vector<CudaBackend*> ms = members_of(members);
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    std::vector<char> gemv;  // per row: its member's path
+    for (CudaBackend* m : ms) {
+      if (int64_t(m->ids_host.size()) != m->T() * c.n_expert_used)
+        internal_fail("experts_batched: a member's rows are not routed");
+      ids.insert(ids.end(), m->ids_host.begin(), m->ids_host.end());
+      wts.insert(wts.end(), m->w_host.begin(), m->w_host.end());
+      gemv.insert(gemv.end(), size_t(m->T()), char(m->T() <= kGemvMaxRows));
+    }
+    const int64_t total = concat_rows(
+        ms, [](CudaBackend* m) { return m->xn.as<float>(); }, c.n_embd);
+    batch_out.reserve(size_t(total * c.n_embd) * 4, "batched rows");
+    run_experts(l, batch_in.as<float>(), total, ids, wts, gemv, batch_out.as<float>());
+    int64_t at = 0;
+    for (CudaBackend* m : ms) {
+      copy_on_device(m->branch.as<float>(), batch_out.as<float>() + at * c.n_embd,
+                     size_t(m->T() * c.n_embd) * 4);
+      at += m->T();
+    }
   }
 
   void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
@@ -353,7 +359,10 @@ class CudaBackend final : public Backend {
   }
   void experts(int l) override {
     if (int64_t(ids_host.size()) != T() * c.n_expert_used) internal_fail("experts: the rows are not routed");
-    run_experts(l, xn.as<float>(), T(), ids_host, w_host, branch.as<float>());
+    // Every row by its step's path: a decoding step's through the block GEMV, a prefill's through the
+    // dequantized GEMM, as matmul() takes them.
+    run_experts(l, xn.as<float>(), T(), ids_host, w_host,
+                std::vector<char>(size_t(T()), char(T() <= kGemvMaxRows)), branch.as<float>());
   }
   std::vector<int32_t> routes() override { return ids_host; }
   void residual() override { add_inplace(x.as<float>(), branch.as<float>(), T() * c.n_embd); }
@@ -568,7 +577,7 @@ class CudaBackend final : public Backend {
     const int64_t total = concat_rows(
         ms, [p](CudaBackend* m) { return m->input(p); }, W.cols);
     batch_out.reserve(size_t(total * W.rows) * 4, "batched rows");
-    mm(batch_in.as<float>(), W, batch_out.as<float>(), total, gemv);
+    mm(batch_in.as<float>(), W, batch_out.as<float>(), total, gemv ? Path::Gemv : Path::Gemm);
     int64_t at = 0;
     for (CudaBackend* m : ms) {
       copy_on_device(m->output(p), batch_out.as<float>() + at * W.rows, size_t(m->T() * W.rows) * 4);
@@ -591,14 +600,17 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16. Weights in blocks
-  // are read by the GEMV for at most kGemvMaxRows rows (or whenever `gemv`), else dequantized to
-  // bf16 for the tensor-core GEMM.
-  void mm(const float* a, const DMatrix& m, float* out, int64_t T, bool gemv = false) {
+  // How a matrix of blocks multiplies its rows: by row count (the block GEMV for at most
+  // kGemvMaxRows rows, else dequantized to bf16 for the tensor-core GEMM), or as told.
+  enum class Path { ByRows, Gemv, Gemm };
+
+  // out[T][N] = a[T][K] . w^T, through bf16 inputs when the weights are bf16; weights in blocks by
+  // `path`.
+  void mm(const float* a, const DMatrix& m, float* out, int64_t T, Path path = Path::ByRows) {
     if (m.qtype) {
       a16.reserve(size_t(T * m.cols) * 2, "bf16 activations");
       to_bf16(a, a16.as<uint16_t>(), T * m.cols);
-      if (T <= kGemvMaxRows || gemv) {
+      if (path == Path::Gemv || (path == Path::ByRows && T <= kGemvMaxRows)) {
         gemv_q(a16.as<uint16_t>(), m.data.as<uint8_t>(), m.qtype, m.row_bytes, out, T, m.cols, m.rows);
         return;
       }
@@ -640,27 +652,34 @@ class CudaBackend final : public Backend {
   }
 
   // out [T][D] = each row's routed experts' outputs, weighted and summed (kernels/cpu/moe.cpp
-  // moe_experts, the same grouping): the (row, expert) pairs counting-sorted by expert on the host,
-  // the rows copied into that order, one gate|up and one down GEMM per active expert over its rows
-  // (mm: the block GEMV for up to kGemvMaxRows rows, else the dequantized tensor-core GEMM), the
-  // activation over every pair, and moe_combine back into the rows. Returns the distinct experts.
+  // moe_experts, the same grouping): the (row, expert) pairs counting-sorted on the host by expert
+  // and, within an expert, by path; the rows copied into that order; one gate|up and one down product
+  // per active (expert, path) over its rows; the activation over every pair; moe_combine back into
+  // the rows. `gemv[t]` is row t's path where the weights are blocks: the block GEMV, else the
+  // dequantized tensor-core GEMM (mm), so that a row's arithmetic never depends on how many rows its
+  // expert gathers. Returns the distinct experts.
   int64_t run_experts(int l, const float* in, int64_t T, const std::vector<int32_t>& ids,
-                      const std::vector<float>& wts, float* out) {
+                      const std::vector<float>& wts, const std::vector<char>& gemv, float* out) {
     const DLayerWeights& L = dw->layers[size_t(l)];
     const int64_t E = c.n_expert, k = c.n_expert_used, Fe = c.n_ff_exp, D = c.n_embd, P = T * k;
     if (T == 0) return 0;
-    std::vector<int64_t> first(size_t(E + 1), 0),
-        idx_host(size_t(2 * P));  // [P] where each pair goes, [P] its row
-    for (const int32_t e : ids) {
+    // Bucket 2e: expert e's rows by the GEMV; 2e + 1: by the GEMM.
+    const auto bucket = [&](int64_t i) {
+      return 2 * int64_t(ids[size_t(i)]) + (gemv[size_t(i / k)] ? 0 : 1);
+    };
+    std::vector<int64_t> first(size_t(2 * E + 1), 0);
+    std::vector<int64_t> idx_host(size_t(2 * P));  // [P] where each pair goes, then [P] its row
+    for (int64_t i = 0; i < P; ++i) {
+      const int32_t e = ids[size_t(i)];
       if (e < 0 || e >= E) internal_fail("experts: expert {} of {}", e, E);
-      ++first[size_t(e) + 1];
+      ++first[size_t(bucket(i)) + 1];
     }
     int64_t active = 0;
-    for (int64_t e = 0; e < E; ++e) active += first[size_t(e) + 1] > 0;
+    for (int64_t e = 0; e < E; ++e) active += first[size_t(2 * e) + 1] + first[size_t(2 * e) + 2] > 0;
     std::partial_sum(first.begin(), first.end(), first.begin());
     std::vector<int64_t> next(first.begin(), first.end() - 1);
     for (int64_t i = 0; i < P; ++i) {
-      idx_host[size_t(i)] = next[size_t(ids[size_t(i)])]++;
+      idx_host[size_t(i)] = next[size_t(bucket(i))]++;
       idx_host[size_t(P + i)] = i / k;
     }
     moe_idx.reserve(size_t(2 * P) * 8, "expert rows");
@@ -673,15 +692,18 @@ class CudaBackend final : public Backend {
     moe_y.reserve(size_t(P * D) * 4, "expert outputs");
     const int64_t* at = moe_idx.as<int64_t>();
     copy_rows(in, at + P, moe_x.as<float>(), at, P, D);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = first[size_t(e)], n = first[size_t(e) + 1] - r0;
+    for (int64_t b = 0; b < 2 * E; ++b) {
+      const int64_t r0 = first[size_t(b)], n = first[size_t(b) + 1] - r0;
       if (n > 0)
-        mm(moe_x.as<float>() + r0 * D, L.expert_gate_up[size_t(e)], moe_ff.as<float>() + r0 * 2 * Fe, n);
+        mm(moe_x.as<float>() + r0 * D, L.expert_gate_up[size_t(b / 2)], moe_ff.as<float>() + r0 * 2 * Fe, n,
+           b % 2 == 0 ? Path::Gemv : Path::Gemm);
     }
     swiglu_fused(moe_ff.as<float>(), moe_act.as<float>(), P, Fe, c.gelu);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = first[size_t(e)], n = first[size_t(e) + 1] - r0;
-      if (n > 0) mm(moe_act.as<float>() + r0 * Fe, L.expert_down[size_t(e)], moe_y.as<float>() + r0 * D, n);
+    for (int64_t b = 0; b < 2 * E; ++b) {
+      const int64_t r0 = first[size_t(b)], n = first[size_t(b) + 1] - r0;
+      if (n > 0)
+        mm(moe_act.as<float>() + r0 * Fe, L.expert_down[size_t(b / 2)], moe_y.as<float>() + r0 * D, n,
+           b % 2 == 0 ? Path::Gemv : Path::Gemm);
     }
     moe_combine(moe_y.as<float>(), at, moe_w.as<float>(), T, k, D, out);
     return active;

@@ -117,10 +117,11 @@ LP_HD float head_share(float logit, float m_h, float l_h, int64_t H) {
 LP_HD void route_row(const float* z, int64_t E, int64_t k, int32_t* ids, float* w) {
   float mx = z[0];
   for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, z[e]);
-  float sum = 0;
+  double sum = 0;  // in double, as the CPU's route_top_k sums
   for (int64_t e = 0; e < E; ++e) sum += expf(z[e] - mx);
-  const float inv = 1.0f / sum;
-  float prev_p = 0, chosen = 0;
+  const float inv = float(1.0 / sum);
+  float prev_p = 0;
+  double chosen = 0;
   int64_t prev = -1;
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
@@ -135,7 +136,7 @@ LP_HD void route_row(const float* z, int64_t E, int64_t k, int32_t* ids, float* 
     chosen += best_p;
     prev = best, prev_p = best_p;
   }
-  const float denom = fmaxf(chosen, 6.103515625e-5f);
+  const float denom = fmaxf(float(chosen), 6.103515625e-5f);
   for (int64_t j = 0; j < k; ++j) w[j] /= denom;
 }
 

@@ -76,6 +76,23 @@ TEST_F(CliErrors, InspectAndRunAGemma3File) {
   const auto jr = nlohmann::json::parse(rr.out, nullptr, false);
   ASSERT_FALSE(jr.is_discarded()) << rr.out;
   EXPECT_TRUE(jr.dump().find("post_norm") != std::string::npos) << "the per-op times name the post norms";
+  // Every third layer global ([LLGLLG]): the engine prunes a depth at the nearest global layer a prune
+  // can follow (0.3 of 6 layers is layer 1, moved to 2), an absolute layer where it is written.
+  GgufWriter w = testing::tiny_arch_writer("gemma3", false);
+  w.set("gemma3.attention.sliding_window_pattern", testing::GgufWriterValue::u32(3));
+  const std::string m3 = dir_.file("gemma3-period3.gguf");
+  w.write(m3);
+  for (const auto& [sched, layer] : {std::pair{"0.3:0.5", 2}, std::pair{"1:0.5", 1}}) {
+    const CliResult rs =
+        run_cli(dir_, {"run", "--model", m3, "--prompt", "hello there, how are you", "--max-new-tokens", "1",
+                       "--prune", "lazyllm", "--schedule", sched, "--json"});
+    ASSERT_TRUE(rs.exited && rs.code == 0) << describe(rs);
+    const auto js = nlohmann::json::parse(rs.out, nullptr, false);
+    ASSERT_FALSE(js.is_discarded()) << rs.out;
+    EXPECT_EQ(js["schedule_layers"],
+              nlohmann::json::parse(fmt::format("[{{\"layer\": {}, \"share\": 0.5}}]", layer)))
+        << sched;
+  }
 }
 
 // A mixture-of-experts file end to end: inspect says how many experts and how many a token uses,

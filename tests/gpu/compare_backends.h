@@ -77,16 +77,8 @@ inline Weights int8_as_cpu_weights(const Weights& q) {
     o.wo = as(l.wo, DType::BF16);
     o.post_attn_norm = l.post_attn_norm;
     o.post_ffn_norm = l.post_ffn_norm;
-    if (l.router.rows) {  // a mixture of experts: the router stays f32, the experts as bf16
-      o.router = as(l.router, DType::F32);
-      for (size_t e = 0; e < l.expert_gate_up.size(); ++e) {
-        o.expert_gate_up.push_back(as(l.expert_gate_up[e], DType::BF16));
-        o.expert_down.push_back(as(l.expert_down[e], DType::BF16));
-      }
-    } else {
-      o.w_gate_up = as(l.w_gate_up, DType::BF16);
-      o.w_down = as(l.w_down, DType::BF16);
-    }
+    o.w_gate_up = as(l.w_gate_up, DType::BF16);
+    o.w_down = as(l.w_down, DType::BF16);
     w.layers.push_back(std::move(o));
   }
   return w;
@@ -105,7 +97,7 @@ inline void compare_forward(const std::string& path, int64_t T, const char* sche
   std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
   for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
-  const auto steps = resolve_schedule(parse_schedule(schedule), c.n_layer);
+  const auto steps = resolve_schedule(parse_schedule(schedule), c.n_layer, c.global_layers());
   auto p_cpu = make_policy(kind, 5), p_gpu = make_policy(kind, 5);
   PruneRequest r_cpu{steps, p_cpu.get()}, r_gpu{steps, p_gpu.get()};
   trace::Step s_cpu, s_gpu;

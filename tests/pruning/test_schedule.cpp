@@ -283,6 +283,18 @@ TEST(ScheduleResolve, FractionsMoveToGlobalLayersOnSlidingWindowModels) {
       },
       "resolves to layer 11 (moved from sliding-window layer 12 to global layer 11) on a 18-layer "
       "model, not after step 1's layer 12");
+  expect_error(
+      [] {
+        resolve_schedule(parse_schedule("6:0.3,0.45:0.3"), 18, {5, 11, 17});
+      },
+      "write absolute layers");
+  // Two large shares that meet on a global layer would prune everything: refused, not rounded to 1.
+  expect_error(
+      [] {
+        resolve_schedule(parse_schedule("0.6:0.999999999,0.65:0.999999999"), 18, {5, 11, 17});
+      },
+      "schedule step 2 (depth 0.65) moves to global layer 11 with the step before it, and together they "
+      "would prune every token");
   // No global layer a prune can follow (the tiny gemma3: [LLLLLG]): fractions resolve as without
   // windows. No windows at all: the same.
   EXPECT_EQ(resolve_schedule(parse_schedule("0.5:0.3"), 6, {5}),
