@@ -309,7 +309,6 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
   if (n_layer < 1) fail("cannot resolve a schedule for a model with {} layers", n_layer);
   const int last = n_layer - 2;  // the last layer a prune can follow: after layer L-1 nothing is left
   std::vector<PruneStep> out;
-  bool last_snapped = false;  // the previous step is a fraction moved to a global layer
   out.reserve(s.steps.size());
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const ScheduleStep& st = s.steps[i];
@@ -321,6 +320,7 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
     if (last < 0) fail("{}: a {}-layer model has no layer to prune after", where, n_layer);
     int layer;
     std::string clamped;
+    bool moved = false;  // a depth moved to a global layer
     if (st.fraction) {
       // round(f * L) - 1, halves up: the first round(f * L) layers run on all tokens.
       const double fl = st.at * n_layer;
@@ -328,10 +328,13 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
       layer = std::clamp(raw, 0, last);
       if (layer != raw) clamped = fmt::format(" (clamped from {})", raw);
       if (const int g = nearest_global(layer, last, global_layers); g >= 0) {
-        if (g != layer)
+        moved = g != layer;
+        if (moved)
           clamped += fmt::format(" (moved from sliding-window layer {} to global layer {})", layer, g);
         layer = g;
-        if (last_snapped && !out.empty() && out.back().layer == g) {  // two fractions on one global layer
+        // Two depths on one global layer (every depth moves where there is one: the step before was moved
+        // too if it was a depth).
+        if (i > 0 && s.steps[i - 1].fraction && out.back().layer == g) {
           const double merged = 1 - (1 - out.back().share) * (1 - st.share);
           if (!(merged < 1))
             fail(
@@ -354,7 +357,6 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
       // Depths as written are increasing (or the steps were built in code out of order), so two
       // depths that meet mean too few layers; a layer and a depth can also cross at this depth.
       const bool depths = st.fraction && s.steps[i - 1].fraction && s.steps[i - 1].at < st.at;
-      const bool moved = clamped.find("moved from") != std::string::npos;
       fail(
           "{} resolves to layer {}{} on a {}-layer model, not after step {}'s layer {}: pruning layers must "
           "increase ({})",
@@ -364,7 +366,6 @@ std::vector<PruneStep> resolve_schedule(const Schedule& s, int n_layer,
                    : "put the steps in increasing order for this model");
     }
     out.push_back({layer, st.share});
-    last_snapped = st.fraction && !global_layers.empty();
   }
   return out;
 }

@@ -61,23 +61,25 @@ void moe_route(CpuContext& ctx, Gemm& gemm, const Matrix& router, int64_t k, con
   });
 }
 
-int64_t moe_experts(CpuContext& ctx, Gemm& gemm, const LayerWeights& L, const MoeRoutes& r, int64_t Fe,
-                    bool gelu, const float* xn, int64_t T, int64_t D, float* out, MoeScratch& s) {
+void group_by_key(std::span<const int32_t> keys, int64_t n_keys, std::vector<int64_t>& first,
+                  std::vector<int64_t>& at) {
+  first.assign(size_t(n_keys + 1), 0);
+  for (const int32_t key : keys) {
+    if (key < 0 || key >= n_keys) internal_fail("group_by_key: key {} outside [0, {})", key, n_keys);
+    ++first[size_t(key) + 1];
+  }
+  std::partial_sum(first.begin(), first.end(), first.begin());
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  at.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) at[i] = next[size_t(keys[i])]++;
+}
+
+void moe_experts(CpuContext& ctx, Gemm& gemm, const LayerWeights& L, const MoeRoutes& r, int64_t Fe,
+                 bool gelu, const float* xn, int64_t T, int64_t D, float* out, MoeScratch& s) {
   const int64_t E = int64_t(L.expert_gate_up.size()), k = r.k, P = T * k;  // P: (row, expert) pairs
   if (r.rows() != T) internal_fail("moe_experts: routes for {} rows, {} rows given", r.rows(), T);
-  if (T == 0) return 0;
-  // The pairs grouped by expert, rows in ascending order within each.
-  s.first.assign(size_t(E + 1), 0);
-  for (const int32_t e : r.ids) {
-    if (e < 0 || e >= E) internal_fail("moe_experts: expert {} of {}", e, E);
-    ++s.first[size_t(e) + 1];
-  }
-  int64_t active = 0;
-  for (int64_t e = 0; e < E; ++e) active += s.first[size_t(e) + 1] > 0;
-  std::partial_sum(s.first.begin(), s.first.end(), s.first.begin());
-  std::vector<int64_t> next(s.first.begin(), s.first.end() - 1);
-  s.at.resize(size_t(P));
-  for (int64_t i = 0; i < P; ++i) s.at[size_t(i)] = next[size_t(r.ids[size_t(i)])]++;
+  if (T == 0) return;
+  group_by_key(r.ids, E, s.first, s.at);  // the pairs grouped by expert, rows ascending within each
   grow(s.x, P * D);
   grow(s.ff, P * 2 * Fe);
   grow(s.act, P * Fe);
@@ -113,7 +115,6 @@ int64_t moe_experts(CpuContext& ctx, Gemm& gemm, const LayerWeights& L, const Mo
       }
     });
   });
-  return active;
 }
 
 }  // namespace lp

@@ -38,6 +38,12 @@ struct MoeRoutes {
 void moe_route(CpuContext& ctx, Gemm& gemm, const Matrix& router, int64_t k, const float* xn, int64_t T,
                int64_t D, MoeRoutes& r, Buffer<float>& logits);
 
+// A counting sort of keys[P] in [0, n_keys): first [n_keys + 1] each key's first slot, at [P] each
+// item's slot, the items of one key in their order. The grouping of (row, expert) pairs by expert
+// here and in the CUDA backend (its keys also split each expert's rows by GEMM path).
+void group_by_key(std::span<const int32_t> keys, int64_t n_keys, std::vector<int64_t>& first,
+                  std::vector<int64_t>& at);
+
 // The scratch of the experts' pass, kept between passes (sized for the largest).
 struct MoeScratch {
   Buffer<float> x, ff, act, y;
@@ -47,8 +53,7 @@ struct MoeScratch {
 
 // out [T][D] = sum over each row's routed experts j of w_j * down_j(act(gate_j xn, up_j xn)), the pairs
 // grouped by expert (one gate|up and one down GEMM per active expert). `gelu`: GeGLU, else SwiGLU.
-// Returns the number of distinct experts run.
-int64_t moe_experts(CpuContext& ctx, Gemm& gemm, const LayerWeights& L, const MoeRoutes& r, int64_t Fe,
-                    bool gelu, const float* xn, int64_t T, int64_t D, float* out, MoeScratch& s);
+void moe_experts(CpuContext& ctx, Gemm& gemm, const LayerWeights& L, const MoeRoutes& r, int64_t Fe,
+                 bool gelu, const float* xn, int64_t T, int64_t D, float* out, MoeScratch& s);
 
 }  // namespace lp

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/moe.h"  // group_by_key
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_math.h"
 #include "model/error.h"
@@ -652,36 +653,24 @@ class CudaBackend final : public Backend {
   }
 
   // out [T][D] = each row's routed experts' outputs, weighted and summed (kernels/cpu/moe.cpp
-  // moe_experts, the same grouping): the (row, expert) pairs counting-sorted on the host by expert
-  // and, within an expert, by path; the rows copied into that order; one gate|up and one down product
-  // per active (expert, path) over its rows; the activation over every pair; moe_combine back into
-  // the rows. `gemv[t]` is row t's path where the weights are blocks: the block GEMV, else the
+  // moe_experts, the same grouping): the (row, expert) pairs grouped on the host by expert and, within
+  // an expert, by path (group_by_key); the rows copied into that order; one gate|up and one down
+  // product per active (expert, path) over its rows; the activation over every pair; moe_combine back
+  // into the rows. `gemv[t]` is row t's path where the weights are blocks: the block GEMV, else the
   // dequantized tensor-core GEMM (mm), so that a row's arithmetic never depends on how many rows its
-  // expert gathers. Returns the distinct experts.
-  int64_t run_experts(int l, const float* in, int64_t T, const std::vector<int32_t>& ids,
-                      const std::vector<float>& wts, const std::vector<char>& gemv, float* out) {
+  // expert gathers.
+  void run_experts(int l, const float* in, int64_t T, const std::vector<int32_t>& ids,
+                   const std::vector<float>& wts, const std::vector<char>& gemv, float* out) {
     const DLayerWeights& L = dw->layers[size_t(l)];
     const int64_t E = c.n_expert, k = c.n_expert_used, Fe = c.n_ff_exp, D = c.n_embd, P = T * k;
-    if (T == 0) return 0;
-    // Bucket 2e: expert e's rows by the GEMV; 2e + 1: by the GEMM.
-    const auto bucket = [&](int64_t i) {
-      return 2 * int64_t(ids[size_t(i)]) + (gemv[size_t(i / k)] ? 0 : 1);
-    };
-    std::vector<int64_t> first(size_t(2 * E + 1), 0);
-    std::vector<int64_t> idx_host(size_t(2 * P));  // [P] where each pair goes, then [P] its row
-    for (int64_t i = 0; i < P; ++i) {
-      const int32_t e = ids[size_t(i)];
-      if (e < 0 || e >= E) internal_fail("experts: expert {} of {}", e, E);
-      ++first[size_t(bucket(i)) + 1];
-    }
-    int64_t active = 0;
-    for (int64_t e = 0; e < E; ++e) active += first[size_t(2 * e) + 1] + first[size_t(2 * e) + 2] > 0;
-    std::partial_sum(first.begin(), first.end(), first.begin());
-    std::vector<int64_t> next(first.begin(), first.end() - 1);
-    for (int64_t i = 0; i < P; ++i) {
-      idx_host[size_t(i)] = next[size_t(bucket(i))]++;
-      idx_host[size_t(P + i)] = i / k;
-    }
+    if (T == 0) return;
+    // Key 2e: expert e's rows by the GEMV; 2e + 1: by the GEMM.
+    std::vector<int32_t> keys(static_cast<size_t>(P));
+    for (int64_t i = 0; i < P; ++i) keys[size_t(i)] = 2 * ids[size_t(i)] + (gemv[size_t(i / k)] ? 0 : 1);
+    std::vector<int64_t> first, idx_host;
+    group_by_key(keys, 2 * E, first, idx_host);
+    idx_host.resize(size_t(2 * P));  // [P] where each pair goes, then [P] its row
+    for (int64_t i = 0; i < P; ++i) idx_host[size_t(P + i)] = i / k;
     moe_idx.reserve(size_t(2 * P) * 8, "expert rows");
     moe_w.reserve(size_t(P) * 4, "route weights");
     copy_to_device(moe_idx.as<void>(), idx_host.data(), idx_host.size() * 8);
@@ -692,21 +681,18 @@ class CudaBackend final : public Backend {
     moe_y.reserve(size_t(P * D) * 4, "expert outputs");
     const int64_t* at = moe_idx.as<int64_t>();
     copy_rows(in, at + P, moe_x.as<float>(), at, P, D);
-    for (int64_t b = 0; b < 2 * E; ++b) {
-      const int64_t r0 = first[size_t(b)], n = first[size_t(b) + 1] - r0;
-      if (n > 0)
-        mm(moe_x.as<float>() + r0 * D, L.expert_gate_up[size_t(b / 2)], moe_ff.as<float>() + r0 * 2 * Fe, n,
-           b % 2 == 0 ? Path::Gemv : Path::Gemm);
-    }
+    // Each active (expert, path)'s rows of a [P][K] input through that expert's matrix into [P][N].
+    const auto per_expert = [&](const float* a, int64_t K, const std::vector<DMatrix>& W, float* y,
+                                int64_t N) {
+      for (int64_t key = 0; key < 2 * E; ++key) {
+        const int64_t r0 = first[size_t(key)], n = first[size_t(key) + 1] - r0;
+        if (n > 0) mm(a + r0 * K, W[size_t(key / 2)], y + r0 * N, n, key % 2 == 0 ? Path::Gemv : Path::Gemm);
+      }
+    };
+    per_expert(moe_x.as<float>(), D, L.expert_gate_up, moe_ff.as<float>(), 2 * Fe);
     swiglu_fused(moe_ff.as<float>(), moe_act.as<float>(), P, Fe, c.gelu);
-    for (int64_t b = 0; b < 2 * E; ++b) {
-      const int64_t r0 = first[size_t(b)], n = first[size_t(b) + 1] - r0;
-      if (n > 0)
-        mm(moe_act.as<float>() + r0 * Fe, L.expert_down[size_t(b / 2)], moe_y.as<float>() + r0 * D, n,
-           b % 2 == 0 ? Path::Gemv : Path::Gemm);
-    }
+    per_expert(moe_act.as<float>(), Fe, L.expert_down, moe_y.as<float>(), D);
     moe_combine(moe_y.as<float>(), at, moe_w.as<float>(), T, k, D, out);
-    return active;
   }
 
   // dst[to[i]] = src[from[i]], rows of D floats.
@@ -744,12 +730,11 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   const double moe =
       c.moe() ? 4 * E + 8 * k + k * (4 * (2 * D + 3 * Fe) + 20) + (w.dtype != DType::F32 ? 2 * k * Fe : 0)
               : 0;
-  const double w16_moe = c.moe() && w.dtype == DType::Int8 ? 2 * 2 * Fe * D : 0;
-  // --dtype int8: the largest layer matrix dequantized to bf16 for a prefill GEMM.
-  const double w16_bytes =
-      w.dtype == DType::Int8
-          ? std::max(2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F}), w16_moe)
-          : 0;
+  // --dtype int8: the largest layer matrix (an expert's gate|up in a MoE model) dequantized to bf16
+  // for a prefill GEMM.
+  const double w16_bytes = w.dtype == DType::Int8
+                               ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F, 2 * Fe * D})
+                               : 0;
   const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24 + moe;
   const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4, slot_id_bytes = 8;
   const double act_bytes =

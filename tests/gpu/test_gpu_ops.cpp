@@ -431,6 +431,7 @@ TEST(GpuOps, Int8ExpertsMatchTheReferenceOnTheirBlocks) {
              want_ids.data(), true);
     EXPECT_EQ(ids, want_ids) << T << " rows";
     const double e = testing::nmse(got, testing::to_double(want));
+    std::printf("int8 experts, %lld rows: nmse %.3g\n", static_cast<long long>(T), e);
     EXPECT_LE(e, 9 * std::ldexp(1.0, -18) + testing::f32_bound(double(D + Fe + 8))) << T << " rows";
     EXPECT_GT(e, 0.0) << T << " rows: the bf16 roundings left no trace";
   }
