@@ -10,8 +10,13 @@ double reservation_bytes(const ModelConfig& c, const KvLayout& kv, int64_t promp
                          bool pruning) {
   const int64_t block = std::max<int64_t>(kv.block, 1);
   const double cap = double((prompt_tokens + max_tokens + block - 1) / block * block);
-  const double k_and_v =
-      double(c.n_layer) * double(c.n_head_kv) * double(c.head_dim) * 2 * cap * kv.element_bytes;
+  double slots = double(c.n_layer) * cap;  // (token, layer) slots
+  if (kv.windows_bounded && c.local_attention()) {
+    slots = 0;
+    for (int l = 0; l < c.n_layer; ++l)
+      slots += double((c.kv_kept(l, int64_t(cap)) + block - 1) / block * block);
+  }
+  const double k_and_v = slots * double(c.kv_token_elems()) * kv.element_bytes;
   const double aux = pruning ? double(prompt_tokens) * double(c.n_embd) * 4 : 0;
   return k_and_v + aux;
 }

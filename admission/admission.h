@@ -27,10 +27,14 @@ namespace lp {
 struct KvLayout {
   double element_bytes = 2;
   int64_t block = 64;
+  // A sliding-window or chunked layer keeps only its window's or chunk's keys
+  // (ModelConfig::kv_kept), as vLLM's hybrid K/V allocator does; this engine keeps them all.
+  bool windows_bounded = false;
 };
 
 // A request's reservation, bytes: K/V for prompt_tokens + max_tokens tokens at every layer in
-// `kv`'s layout, and with pruning the Aux Cache's worst case.
+// `kv`'s layout (ModelConfig::kv_token_elems a token and layer), and with pruning the Aux Cache's
+// worst case.
 double reservation_bytes(const ModelConfig& c, const KvLayout& kv, int64_t prompt_tokens, int64_t max_tokens,
                          bool pruning);
 

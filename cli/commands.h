@@ -105,6 +105,8 @@ CLI::Option* add_gguf_model(CLI::App& sub, std::string& gguf);
 // --model FILE or --model-config PRESET, not both: the model a subcommand costs; `what` ends the
 // help ("cost", "report on").
 void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, const char* what);
+// --help-models on `app`: the presets listed (preset_summaries), exit 0.
+void add_help_models(CLI::App& app);
 // --hw (required) and --engine: the hardware profiles a subcommand costs on.
 void add_hardware(CLI::App& sub, std::string& hw, std::string& engine);
 // --weights, --compute, --kv: the precision a prediction assumes; `of` qualifies the help

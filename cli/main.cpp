@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   CLI::App app{"lazyprefill: LazyLLM dynamic token pruning, run for real and simulated"};
   app.set_version_flag("--version", std::string(LP_VERSION) + " (" + LP_GIT_COMMIT + ")");
   app.require_subcommand(1);
+  lp::cli::add_help_models(app);
   // One line, like every other error (CLI11's default adds "Run with --help ..." on a second).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("lazyprefill: error: {} (see --help)\n", lp::escape_text(e.what()));

@@ -1,9 +1,12 @@
 // The options several subcommands share, declared once so that they read and check the same
 // everywhere (commands.h).
+#include <fmt/format.h>
+
 #include <string>
 
 #include "cli/commands.h"
 #include "model/error.h"
+#include "model/presets.h"
 
 namespace lp::cli {
 
@@ -17,6 +20,22 @@ void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, con
                     ->check(non_empty_path());
   auto* config = sub.add_option("--model-config", preset, "A preset model configuration (see --help-models)");
   model->excludes(config);
+  add_help_models(sub);
+}
+
+void add_help_models(CLI::App& app) {
+  app.add_flag_callback(
+      "--help-models",
+      [] {
+        fmt::print("Model presets (--model-config NAME; docs/model-presets.md gives each one's sources):\n");
+        fmt::print("{:<18} {:>9} {:>9} {:>6} {:>9}  {}\n", "name", "params", "active", "layers", "context",
+                   "layer kinds");
+        for (const PresetSummary& p : preset_summaries())
+          fmt::print("{:<18} {:>8.2f}B {:>8.2f}B {:>6} {:>9}  {}\n", p.name, double(p.n_params) / 1e9,
+                     double(p.n_active_params) / 1e9, p.n_layer, p.n_ctx_train, p.layers);
+        throw CLI::Success();
+      },
+      "List the model presets with their parameters, active parameters and layer kinds, and exit");
 }
 
 void add_hardware(CLI::App& sub, std::string& hw, std::string& engine) {

@@ -97,25 +97,75 @@ int64_t ModelConfig::n_params() const {
   int64_t total = V * D * (tied_embeddings ? 1 : 2) + D;
   for (int l = 0; l < n_layer; ++l) {
     const ModelConfig c = uniform() ? *this : layer(l);
-    const int64_t q = c.q_dim(), kv = c.kv_dim(), F = c.n_ff;
-    const int64_t ffn = moe() ? int64_t(n_expert) * (3 * D * n_ff_exp + D) : 3 * D * F;  // experts + router
-    total += D * q + 2 * D * kv + q * D + ffn + 2 * D + (attention_bias ? q + 2 * kv : 0) +
-             (qk_norm ? 2 * head_dim : 0) + (post_norms ? 2 * D : 0);
+    const int64_t H = c.n_head, Dh = c.head_dim, q = c.q_dim(), kv = c.kv_dim(), F = c.n_ff;
+    int64_t attn = 0;
+    if (c.mla()) {  // q (through its latent and norm, or direct), kv_a to the latent and RoPE key, its norm,
+                    // kv_b
+      const int64_t ql = c.q_lora_rank, kl = c.kv_lora_rank, nope = Dh - c.rope_dim;
+      attn =
+          (ql > 0 ? D * ql + ql + ql * q : D * q) + D * (kl + c.rope_dim) + kl + kl * H * (nope + c.v_head());
+    } else {
+      attn = D * q + 2 * D * kv + (c.attention_bias ? q + 2 * kv : 0) + (c.qk_norm ? 2 * Dh : 0);
+    }
+    attn += int64_t(c.v_dim()) * D + (c.out_bias ? D : 0) + (c.attn_sinks ? H : 0);
+    int64_t ffn = 3 * D * F;
+    if (c.moe()) {  // the routed experts (with their biases), the router, the shared experts
+      const int64_t E = c.n_expert, Fe = c.n_ff_exp;
+      ffn = E * (3 * D * Fe + (c.expert_bias ? 2 * Fe + D : 0)) + D * E + (c.router_bias ? E : 0) +
+            int64_t(c.n_expert_shared) * 3 * D * c.n_ff_shexp;
+    }
+    total += attn + ffn + 2 * D + (c.post_norms ? 2 * D : 0);
   }
   return total;
 }
 
 int64_t ModelConfig::n_active_params() const {
-  if (!moe()) return n_params();
-  return n_params() - int64_t(n_layer) * (n_expert - n_expert_used) * 3 * int64_t(n_embd) * n_ff_exp;
+  int64_t idle = 0;  // the routed experts a token does not use
+  for (int l = 0; l < n_layer; ++l) {
+    const ModelConfig c = uniform() ? *this : layer(l);
+    if (c.moe())
+      idle += int64_t(c.n_expert - c.n_expert_used) *
+              (3 * int64_t(c.n_embd) * c.n_ff_exp + (c.expert_bias ? 2 * int64_t(c.n_ff_exp) + c.n_embd : 0));
+  }
+  return n_params() - idle;
 }
 
 std::vector<int> ModelConfig::global_layers() const {
   std::vector<int> out;
-  if (std::none_of(layer_window.begin(), layer_window.end(), [](int w) { return w > 0; })) return out;
+  const auto local = [&](int l) { return window(l) > 0 || chunk(l) > 0; };
+  if (!local_attention()) return out;
   for (int l = 0; l < n_layer; ++l)
-    if (window(l) <= 0) out.push_back(l);
+    if (!local(l)) out.push_back(l);
   return out;
+}
+
+bool ModelConfig::local_attention() const {
+  for (int l = 0; l < n_layer; ++l)
+    if (window(l) > 0 || chunk(l) > 0) return true;
+  return false;
+}
+
+int64_t ModelConfig::visible_keys(int l, int64_t n) const {
+  if (n <= 0) return 0;
+  if (const int64_t W = window(l); W > 0) return std::min(n, W);
+  if (const int64_t C = chunk(l); C > 0) return (n - 1) % C + 1;
+  return n;
+}
+
+int64_t ModelConfig::dense_pairs(int l, int64_t n) const {
+  if (n <= 0) return 0;
+  if (const int64_t W = window(l); W > 0 && n > W) return W * (W + 1) / 2 + (n - W) * W;
+  if (const int64_t C = chunk(l); C > 0 && n > C) {
+    const int64_t r = n % C;
+    return n / C * (C * (C + 1) / 2) + r * (r + 1) / 2;
+  }
+  return n * (n + 1) / 2;
+}
+
+int64_t ModelConfig::kv_kept(int l, int64_t n) const {
+  if (const int64_t W = window(l); W > 0) return std::min(n, W);
+  if (const int64_t C = chunk(l); C > 0) return std::min(n, C);
+  return n;
 }
 
 float ModelConfig::attention_scale() const {
@@ -130,6 +180,11 @@ ModelConfig ModelConfig::layer(int l) const {
   if (!layer_n_head.empty()) c.n_head = layer_n_head.at(size_t(l));
   if (!layer_n_head_kv.empty()) c.n_head_kv = layer_n_head_kv.at(size_t(l));
   if (!layer_n_ff.empty()) c.n_ff = layer_n_ff.at(size_t(l));
+  c.n_layer_dense_lead = 0;
+  if (l < n_layer_dense_lead) {  // a dense leading layer: no router, no experts
+    c.n_expert = c.n_expert_used = c.n_ff_exp = c.n_expert_shared = c.n_ff_shexp = 0;
+    c.router_bias = c.expert_bias = false;
+  }
   return c;
 }
 
@@ -150,12 +205,25 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   if (c.rope_neox) j["rope_neox"] = true;
   if (c.post_norms) j["post_norms"] = true;
   if (c.gelu) j["gelu"] = true;
+  if (c.rope_dim != c.head_dim) j["rope_dim"] = c.rope_dim;
   if (c.moe()) {
     j["n_expert"] = c.n_expert;
     j["n_expert_used"] = c.n_expert_used;
     j["n_ff_exp"] = c.n_ff_exp;
   }
+  if (c.n_expert_shared > 0) j["n_expert_shared"] = c.n_expert_shared, j["n_ff_shexp"] = c.n_ff_shexp;
+  if (c.n_layer_dense_lead > 0) j["n_layer_dense_lead"] = c.n_layer_dense_lead;
+  if (c.router_bias) j["router_bias"] = true;
+  if (c.expert_bias) j["expert_bias"] = true;
+  if (c.out_bias) j["out_bias"] = true;
+  if (c.attn_sinks) j["attn_sinks"] = true;
+  if (c.mla()) {
+    j["q_lora_rank"] = c.q_lora_rank;
+    j["kv_lora_rank"] = c.kv_lora_rank;
+  }
+  if (c.v_head_dim > 0) j["v_head_dim"] = c.v_head_dim;
   if (!c.layer_window.empty()) j["layer_window"] = c.layer_window;
+  if (!c.layer_chunk.empty()) j["layer_chunk"] = c.layer_chunk;
   if (!c.layer_n_head.empty()) j["layer_n_head"] = c.layer_n_head;
   if (!c.layer_n_head_kv.empty()) j["layer_n_head_kv"] = c.layer_n_head_kv;
   if (!c.layer_n_ff.empty()) j["layer_n_ff"] = c.layer_n_ff;
@@ -203,13 +271,45 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
     c.rope_neox = j.value("rope_neox", false);
     c.post_norms = j.value("post_norms", false);
     c.gelu = j.value("gelu", false);
+    const auto opt_int = [&](const char* key) {
+      return j.contains(key) ? int_value(j[key], key, origin) : 0;
+    };
+    const auto opt_bool = [&](const char* key) {
+      if (j.contains(key) && !j[key].is_boolean())
+        fail("{}: {} must be true or false, got {}", origin, key, j[key].dump());
+      return j.value(key, false);
+    };
+    if (j.contains("rope_dim")) c.rope_dim = opt_int("rope_dim");
     c.layer_window = int_array(j, "layer_window", origin);
-    if (j.contains("n_expert")) {
-      c.n_expert = int_value(j["n_expert"], "n_expert", origin);
-      c.n_expert_used =
-          j.contains("n_expert_used") ? int_value(j["n_expert_used"], "n_expert_used", origin) : 0;
-      c.n_ff_exp = j.contains("n_ff_exp") ? int_value(j["n_ff_exp"], "n_ff_exp", origin) : 0;
+    c.layer_chunk = int_array(j, "layer_chunk", origin);
+    // A window as a published config writes it: its size, and which layers slide (the last of
+    // every sliding_window_pattern layers is global; absent: every layer slides, Mistral 7B v0.1).
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+      if (!c.layer_window.empty()) fail("{}: give sliding_window or layer_window, not both", origin);
+      const int w = int_value(j["sliding_window"], "sliding_window", origin);
+      if (w < 1) fail("{}: sliding_window must be at least 1, got {}", origin, w);
+      const int period = j.contains("sliding_window_pattern")
+                             ? int_value(j["sliding_window_pattern"], "sliding_window_pattern", origin)
+                             : 0;
+      if (period < 0 || period == 1 || period > c.n_layer + 1)
+        fail("{}: sliding_window_pattern {} is outside [2, n_layer + 1] (0 or absent: every layer slides)",
+             origin, period, c.n_layer);
+      for (int l = 0; l < c.n_layer; ++l)
+        c.layer_window.push_back(period == 0 || l % period < period - 1 ? w : 0);
     }
+    c.n_expert = opt_int("n_expert");
+    c.n_expert_used = opt_int("n_expert_used");
+    c.n_ff_exp = opt_int("n_ff_exp");
+    c.n_expert_shared = opt_int("n_expert_shared");
+    c.n_ff_shexp = opt_int("n_ff_shexp");
+    c.n_layer_dense_lead = opt_int("n_layer_dense_lead");
+    c.router_bias = opt_bool("router_bias");
+    c.expert_bias = opt_bool("expert_bias");
+    c.out_bias = opt_bool("out_bias");
+    c.attn_sinks = opt_bool("attn_sinks");
+    c.q_lora_rank = opt_int("q_lora_rank");
+    c.kv_lora_rank = opt_int("kv_lora_rank");
+    c.v_head_dim = opt_int("v_head_dim");
     c.layer_n_head = int_array(j, "layer_n_head", origin);
     c.layer_n_head_kv = int_array(j, "layer_n_head_kv", origin);
     c.layer_n_ff = int_array(j, "layer_n_ff", origin);
@@ -239,10 +339,58 @@ void validate_config(const ModelConfig& c, const std::string& origin) {
     if (c.n_expert_used < 1 || c.n_expert_used > c.n_expert)
       fail("{}: n_expert_used {} is outside [1, n_expert {}]", origin, c.n_expert_used, c.n_expert);
     pos("n_ff_exp", c.n_ff_exp);
+  } else {
+    const bool moe_only = c.n_expert_used != 0 || c.n_ff_exp != 0 || c.n_expert_shared != 0 ||
+                          c.n_layer_dense_lead != 0 || c.router_bias || c.expert_bias;
+    if (moe_only)
+      fail(
+          "{}: n_expert_used, n_ff_exp, shared experts, dense leading layers and router or expert biases "
+          "need n_expert > 0",
+          origin);
   }
-  for (const auto* v : {&c.layer_n_head, &c.layer_n_head_kv, &c.layer_n_ff, &c.layer_window})
+  if (c.n_expert_shared < 0 || c.n_expert_shared > kMaxExperts)
+    fail("{}: n_expert_shared {} is outside [0, {}]", origin, c.n_expert_shared, kMaxExperts);
+  if (c.n_expert_shared > 0) pos("n_ff_shexp", c.n_ff_shexp);
+  if (c.n_expert_shared == 0 && c.n_ff_shexp != 0)
+    fail("{}: n_ff_shexp {} without shared experts (n_expert_shared 0)", origin, c.n_ff_shexp);
+  if (c.n_layer_dense_lead < 0 || (c.moe() && c.n_layer_dense_lead >= c.n_layer))
+    fail("{}: n_layer_dense_lead {} is outside [0, n_layer {}) (every layer dense: n_expert 0)", origin,
+         c.n_layer_dense_lead, c.n_layer);
+  if (c.rope_dim <= 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
+    fail("{}: rope_dim {} must be even and in [2, head_dim {}]", origin, c.rope_dim, c.head_dim);
+  if (c.v_head_dim < 0) fail("{}: v_head_dim must not be negative, got {}", origin, c.v_head_dim);
+  if (c.q_lora_rank < 0 || c.kv_lora_rank < 0)
+    fail("{}: q_lora_rank {} and kv_lora_rank {} must not be negative", origin, c.q_lora_rank,
+         c.kv_lora_rank);
+  if (c.mla()) {
+    // A latent compresses the model's width: a rank at or above it would be a wider projection.
+    if (c.kv_lora_rank >= c.n_embd || c.q_lora_rank >= c.n_embd)
+      fail("{}: latent ranks (q_lora_rank {}, kv_lora_rank {}) must be below n_embd {}", origin,
+           c.q_lora_rank, c.kv_lora_rank, c.n_embd);
+    if (c.rope_dim >= c.head_dim)
+      fail("{}: with latent attention rope_dim {} must be below head_dim {} (the rest is the no-RoPE part)",
+           origin, c.rope_dim, c.head_dim);
+    if (c.n_head_kv != c.n_head)
+      fail(
+          "{}: with latent attention n_head_kv must equal n_head {} (the latent expands to every head), got "
+          "{}",
+          origin, c.n_head, c.n_head_kv);
+    if (!c.uniform() && (!c.layer_n_head.empty() || !c.layer_n_head_kv.empty()))
+      fail("{}: latent attention with per-layer head counts is not supported", origin);
+  } else if (c.q_lora_rank > 0) {
+    fail("{}: q_lora_rank {} without kv_lora_rank (latent attention needs both or kv_lora_rank alone)",
+         origin, c.q_lora_rank);
+  }
+  for (const auto* v : {&c.layer_n_head, &c.layer_n_head_kv, &c.layer_n_ff, &c.layer_window, &c.layer_chunk})
     if (!v->empty() && int(v->size()) != c.n_layer)
       fail("{}: per-layer arrays must have n_layer = {} entries, got {}", origin, c.n_layer, v->size());
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (c.window(l) < 0 || c.chunk(l) < 0)
+      fail("{}: layer {}: a window or chunk of {} (0: none; else at least 1)", origin, l,
+           std::min(c.window(l), c.chunk(l)));
+    if (c.window(l) > 0 && c.chunk(l) > 0)
+      fail("{}: layer {} has both a sliding window and an attention chunk", origin, l);
+  }
   for (int l = 0; l < c.n_layer; ++l) {
     const ModelConfig x = c.uniform() ? c : c.layer(l);
     pos("n_head", x.n_head);

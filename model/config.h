@@ -61,28 +61,70 @@ struct ModelConfig {
   int n_expert = 0;
   int n_expert_used = 0;
   int n_ff_exp = 0;
+  // What the simulator prices beyond what the engine runs (docs/architectures.md; the GGUF reader
+  // refuses files that need them). Shared experts: every token also goes through n_expert_shared
+  // gated MLPs of width n_ff_shexp, unweighted (DeepSeek-V3: 1 of 2,048; Llama 4: 1 of 8,192).
+  int n_expert_shared = 0;
+  int n_ff_shexp = 0;
+  // The first n_layer_dense_lead layers have a dense FFN of width n_ff, the rest experts
+  // (DeepSeek-V3's first_k_dense_replace 3). layer(l) gives each its own shape.
+  int n_layer_dense_lead = 0;
+  bool router_bias = false;  // a bias per expert on the router's logits (DeepSeek-V3, gpt-oss)
+  bool expert_bias = false;  // biases on each expert's gate|up and down (gpt-oss)
+  bool out_bias = false;     // the attention output projection has a bias (gpt-oss)
+  bool attn_sinks = false;   // a learned logit per head joins every softmax row (gpt-oss)
+  // Multi-head latent attention (DeepSeek V2/V3) when kv_lora_rank > 0: K/V cached as one latent of
+  // kv_lora_rank plus a shared RoPE key of rope_dim per token and layer; queries through a latent of
+  // q_lora_rank (0: a direct projection); head_dim is the query/key width (nope + rope_dim, 192) and
+  // v_head_dim the value width (128). n_head_kv = n_head: the heads the latent expands to.
+  int q_lora_rank = 0;
+  int kv_lora_rank = 0;
+  int v_head_dim = 0;  // 0: head_dim
+  // Chunked attention (Llama 4): layer_chunk[l] > 0 lets a query see only the keys of its own
+  // chunk of that many positions (chunk c holds positions [c*C, (c+1)*C)); empty: none.
+  std::vector<int> layer_chunk;
   // Per-layer widths for models with layer-wise scaling (OpenELM); empty when every layer has
   // the scalars above. Only the simulator uses them; the engine runs uniform models.
   std::vector<int> layer_n_head, layer_n_head_kv, layer_n_ff;
 
   int window(int l) const { return layer_window.empty() ? 0 : layer_window[size_t(l)]; }
-  // With sliding-window layers, the layers that see every earlier key (Gemma 3's global layers), where
-  // a depth fraction of a pruning schedule resolves (pruning/schedule.h); empty without such layers.
+  int chunk(int l) const { return layer_chunk.empty() ? 0 : layer_chunk[size_t(l)]; }
+  // With sliding-window or chunked layers, the layers that see every earlier key (Gemma 3's global
+  // layers), where a depth fraction of a pruning schedule resolves (pruning/schedule.h); empty
+  // without such layers.
   std::vector<int> global_layers() const;
+  // Some layer has a sliding window or an attention chunk (Mistral 7B's every layer, Gemma 3's five of six).
+  bool local_attention() const;
+  // Of the first n positions, how many keys layer l lets the query at position n - 1 see (n, or its
+  // window or chunk), and the (query, key) pairs the n queries attend together.
+  int64_t visible_keys(int l, int64_t n) const;
+  int64_t dense_pairs(int l, int64_t n) const;
+  // K/V a layer must keep for n positions: a sliding window's or chunk's worth at most (what a
+  // serving engine that frees keys no query will see again keeps; this engine keeps them all).
+  int64_t kv_kept(int l, int64_t n) const;
   float rope_base(int l) const { return window(l) > 0 ? rope_theta_local : rope_theta; }
   float rope_scale(int l) const { return window(l) > 0 ? 1.0f : rope_freq_scale; }
   float attention_scale() const;
   bool moe() const { return n_expert > 0; }
+  bool mla() const { return kv_lora_rank > 0; }
   int q_dim() const { return n_head * head_dim; }      // H*Dh
   int kv_dim() const { return n_head_kv * head_dim; }  // Hkv*Dh
+  int v_head() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  int v_dim() const { return n_head * v_head(); }  // the attention output's width, O's input
+  // Elements of K/V one token keeps in one layer: K and V of every KV head, or MLA's latent and
+  // RoPE key.
+  int64_t kv_token_elems() const { return mla() ? int64_t(kv_lora_rank) + rope_dim : 2 * int64_t(kv_dim()); }
   // Parameters in the matrices that a forward pass multiplies (per layer and LM head),
   // plus norms and embeddings.
   int64_t n_params() const;
   // Of those, what one token multiplies: n_params with only n_expert_used experts a layer (= n_params
   // for a dense model).
   int64_t n_active_params() const;
-  bool uniform() const { return layer_n_head.empty() && layer_n_head_kv.empty() && layer_n_ff.empty(); }
-  // Layer l's shape as a uniform config: the scalars replaced by that layer's widths.
+  bool uniform() const {
+    return layer_n_head.empty() && layer_n_head_kv.empty() && layer_n_ff.empty() && n_layer_dense_lead == 0;
+  }
+  // Layer l's shape as a uniform config: the scalars replaced by that layer's widths (a dense
+  // leading layer of a MoE model without its experts).
   ModelConfig layer(int l) const;
 };
 

@@ -21,11 +21,14 @@ bool op_is_per_layer(Op op) {
 
 double prefill_flops(const ModelConfig& c, int64_t T, int64_t logit_rows) {
   double total = 0;
-  OpShape s{T, causal_pairs(T), T};
-  for (int i = 0; i < kNumOps; ++i) {
-    const Op op = static_cast<Op>(i);
-    if (op_is_per_layer(op) && op != Op::Score && op != Op::Select && op != Op::Gather)
-      total += c.n_layer * op_flops(c, op, s) * op_calls_per_layer(op);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const ModelConfig lc = c.uniform() ? c : c.layer(l);
+    const OpShape s{T, c.dense_pairs(l, T), T};
+    for (int i = 0; i < kNumOps; ++i) {
+      const Op op = static_cast<Op>(i);
+      if (op_is_per_layer(op) && op != Op::Score && op != Op::Select && op != Op::Gather)
+        total += op_flops(lc, op, s) * op_calls_per_layer(op);
+    }
   }
   OpShape head{logit_rows, 0, 0};
   total += op_flops(c, Op::OutputNorm, head) + op_flops(c, Op::LmHead, head);

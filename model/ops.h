@@ -58,7 +58,41 @@ struct OpShape {
   int64_t attn_pairs = 0;  // (query, key) pairs attended, for Attention
   int64_t kv_tokens = 0;   // keys read by Attention or scored by Score/Select
   int64_t experts = 0;     // Experts: the distinct experts run (0: expected_experts of the rows)
+  // The rows are decoding rows: multi-head latent attention then attends in the latent (the
+  // "absorbed" form serving engines decode with), a prefill over keys expanded per head.
+  bool decoding = false;
 };
+
+// Multi-head latent attention's two forms (DeepSeek-V2 section 2.1.2; vLLM's and SGLang's MLA
+// backends): a prefill expands the latent to per-head keys of head_dim and values of v_head; a
+// decoding row attends in the latent itself, keys of kv_lora_rank + rope_dim and values of
+// kv_lora_rank shared by every head, its query and output moved through kv_b's halves instead (the
+// same FLOPs per row as expanding the row's own K/V, so QKV counts them once for both forms).
+inline int64_t attn_key_width(const ModelConfig& c, bool decoding) {
+  return c.mla() && decoding ? int64_t(c.kv_lora_rank) + c.rope_dim : c.head_dim;
+}
+inline int64_t attn_value_width(const ModelConfig& c, bool decoding) {
+  return c.mla() && decoding ? int64_t(c.kv_lora_rank) : c.v_head();
+}
+// The weights of QKV: q (through its latent), k and v, or MLA's q path, kv_a and kv_b.
+inline int64_t qkv_weights(const ModelConfig& c) {
+  const int64_t D = c.n_embd, q = c.q_dim();
+  if (!c.mla()) return D * (q + 2 * int64_t(c.kv_dim()));
+  const int64_t ql = c.q_lora_rank, kl = c.kv_lora_rank, nope = int64_t(c.head_dim) - c.rope_dim;
+  return (ql > 0 ? D * ql + ql * q : D * q) + D * (kl + c.rope_dim) + kl * c.n_head * (nope + c.v_head());
+}
+// Per row, the elements QKV writes: q, k and v; or MLA's q latent, q, the K/V latent and its
+// expansion to per-head keys and values.
+inline int64_t qkv_outputs(const ModelConfig& c) {
+  if (!c.mla()) return int64_t(c.q_dim()) + 2 * int64_t(c.kv_dim());
+  const int64_t nope = int64_t(c.head_dim) - c.rope_dim;
+  return int64_t(c.q_lora_rank) + c.q_dim() + c.kv_lora_rank + c.rope_dim +
+         int64_t(c.n_head) * (nope + c.v_head());
+}
+// The shared experts' gated MLPs a row goes through, and their total width.
+inline double shared_ffn_width(const ModelConfig& c) {
+  return double(c.n_expert_shared) * c.n_ff_shexp;
+}
 
 // The distinct experts T rows reach with k of E each, routed uniformly at random: E (1 - (1 - k/E)^T).
 // What the Experts op reads where the shape does not say (a simulation); a run counts its own.
@@ -101,37 +135,42 @@ inline double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
     case Op::OutputNorm:
       return 4.0 * T * D;  // square, sum, scale, weight
     case Op::QKV:          // a bias is one more add per output
-      return gemm_flops(T, D, c.q_dim() + 2 * c.kv_dim()) +
+      return 2.0 * double(T) * double(qkv_weights(c)) +
              (c.attention_bias ? double(T) * (c.q_dim() + 2 * c.kv_dim()) : 0.0);
-    case Op::QKNorm:
-      return c.qk_norm ? 4.0 * T * (c.q_dim() + c.kv_dim()) : 0.0;  // as RMSNorm, per head
-    case Op::Rope:
-      return 3.0 * T * (c.n_head + c.n_head_kv) * c.rope_dim;  // 4 mul + 2 add per pair
-    case Op::Attention:
-      return double(s.attn_pairs) * c.n_head * (4.0 * c.head_dim + 5.0);
+    case Op::QKNorm:  // as RMSNorm, per head; MLA's norms of its two latents
+      if (c.mla()) return 4.0 * T * (c.q_lora_rank + c.kv_lora_rank);
+      return c.qk_norm ? 4.0 * T * (c.q_dim() + c.kv_dim()) : 0.0;
+    case Op::Rope:  // 4 mul + 2 add per pair; MLA rotates one shared key
+      return 3.0 * T * (c.n_head + (c.mla() ? 1 : c.n_head_kv)) * c.rope_dim;
+    case Op::Attention:  // QK^T and PV over the pairs, 5 per pair for the softmax, a sink's 5 per row
+      return double(s.attn_pairs) * c.n_head *
+                 (2.0 * double(attn_key_width(c, s.decoding) + attn_value_width(c, s.decoding)) + 5.0) +
+             (c.attn_sinks ? 5.0 * T * c.n_head : 0.0);
     case Op::OProj:
-      return gemm_flops(T, c.q_dim(), D);
+      return gemm_flops(T, c.v_dim(), D) + (c.out_bias ? double(T) * D : 0.0);
     case Op::GateUp:  // none in a mixture-of-experts model (Router and Experts instead)
       return c.moe() ? 0.0 : gemm_flops(T, D, 2 * F);
     case Op::SwiGLU:
       return c.moe() ? 0.0 : 5.0 * T * F;  // exp, add, div, two muls
     case Op::Down:
       return c.moe() ? 0.0 : gemm_flops(T, F, D);
-    case Op::Router:  // the GEMM, then exp, sum and scale per logit
-      return c.moe() ? gemm_flops(T, D, c.n_expert) + 5.0 * T * c.n_expert : 0.0;
-    case Op::Experts: {  // each row through k experts: gate|up, activation, down, weighted sum
-      const double pairs = double(T) * c.n_expert_used, Fe = c.n_ff_exp;
-      return c.moe() ? pairs * (gemm_flops(1, D, int64_t(2 * Fe)) + 5.0 * Fe + gemm_flops(1, int64_t(Fe), D) +
-                                2.0 * D)
-                     : 0.0;
+    case Op::Router:  // the GEMM, then exp, sum and scale per logit (and a bias's add)
+      return c.moe() ? gemm_flops(T, D, c.n_expert) + (c.router_bias ? 6.0 : 5.0) * T * c.n_expert : 0.0;
+    case Op::Experts: {
+      // Each row through k experts: gate|up, activation, down, weighted sum (and the biases' adds);
+      // and through the shared experts, unweighted.
+      if (!c.moe()) return 0.0;
+      const double pairs = double(T) * c.n_expert_used, Fe = c.n_ff_exp, Fs = shared_ffn_width(c);
+      return pairs * (6.0 * D * Fe + 5.0 * Fe + 2.0 * D + (c.expert_bias ? 2.0 * Fe + D : 0.0)) +
+             double(T) * (6.0 * D * Fs + 5.0 * Fs + (Fs > 0 ? D : 0.0));
     }
     case Op::Residual:
       return double(T) * D;
     case Op::PostNorm:
       return c.post_norms ? 4.0 * T * D : 0.0;
     // One query row over kv_tokens keys per head: dot (2 Dh), softmax (5), average (2).
-    case Op::Score:
-      return double(s.kv_tokens) * c.n_head * (2.0 * c.head_dim + 7.0);
+    case Op::Score:  // MLA scores in the latent, as its decoding does
+      return double(s.kv_tokens) * c.n_head * (2.0 * double(attn_key_width(c, true)) + 7.0);
     case Op::Select:  // comparisons, not floating-point arithmetic
     case Op::Gather:
       return 0;
@@ -154,18 +193,30 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
     case Op::OutputNorm:
       return double(T) * D * (d.elem_bytes + d.act_bytes) + D * 4.0;
     case Op::QKV:
-      return gemm_bytes(T, D, c.q_dim() + 2 * c.kv_dim(), d) +
+      return double(qkv_weights(c)) * d.weight_bytes + double(T) * D * d.act_bytes +
+             double(T) * double(qkv_outputs(c)) * d.elem_bytes +
              (c.attention_bias ? 4.0 * (c.q_dim() + 2 * c.kv_dim()) : 0.0);
-    case Op::QKNorm:  // q and k read and written, two weight vectors
+    case Op::QKNorm:  // q and k read and written, two weight vectors (MLA: its two latents)
+      if (c.mla())
+        return 2.0 * T * (c.q_lora_rank + c.kv_lora_rank) * d.elem_bytes +
+               4.0 * (c.q_lora_rank + c.kv_lora_rank);
       return c.qk_norm ? 2.0 * T * (c.q_dim() + c.kv_dim()) * d.elem_bytes + 8.0 * c.head_dim : 0.0;
     case Op::Rope:
-      return 2.0 * T * (c.q_dim() + c.kv_dim()) * d.elem_bytes;
-    case Op::Attention:
-      // Q read, O written, the T new keys/values appended to the cache, and every key/value
-      // attended read once.
-      return double(T) * c.q_dim() * d.elem_bytes * 2 + 2.0 * (T + s.kv_tokens) * c.kv_dim() * d.kv_bytes;
+      return 2.0 * T * (c.mla() ? double(c.n_head + 1) * c.rope_dim : double(c.q_dim() + c.kv_dim())) *
+             d.elem_bytes;
+    case Op::Attention: {
+      // Q read, O written, the T new tokens' K/V appended to the cache, and every key/value
+      // attended read once: from the cache, or for an MLA prefill as the per-head keys and values
+      // QKV expanded.
+      const double q =
+          double(T) * c.n_head * (attn_key_width(c, s.decoding) + attn_value_width(c, s.decoding));
+      const double kv_read = c.mla() && !s.decoding
+                                 ? double(s.kv_tokens) * c.n_head * (c.head_dim + c.v_head()) * d.elem_bytes
+                                 : double(s.kv_tokens) * double(c.kv_token_elems()) * d.kv_bytes;
+      return q * d.elem_bytes + double(T) * double(c.kv_token_elems()) * d.kv_bytes + kv_read;
+    }
     case Op::OProj:
-      return gemm_bytes(T, c.q_dim(), D, d);
+      return gemm_bytes(T, c.v_dim(), D, d) + (c.out_bias ? 4.0 * D : 0.0);
     case Op::GateUp:
       return c.moe() ? 0.0 : gemm_bytes(T, D, 2 * F, d);
     case Op::SwiGLU:
@@ -176,22 +227,26 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
       return c.moe() ? double(D) * c.n_expert * 4 + double(T) * D * d.act_bytes + double(T) * c.n_expert * 4
                      : 0.0;
     case Op::Experts: {
-      // Each expert run read once (gate, up, down); each (row, expert) pair's row in, gate|up out,
-      // activation in and out, down out; the rows' sum written.
+      // Each expert run read once (gate, up, down, their biases), the shared ones always; each
+      // (row, expert) pair's row in, gate|up out, activation in and out, down out; the rows' sum
+      // written.
       if (!c.moe()) return 0.0;
-      const double Fe = c.n_ff_exp, pairs = double(T) * c.n_expert_used;
+      const double Fe = c.n_ff_exp, Fs = shared_ffn_width(c), pairs = double(T) * c.n_expert_used;
       const double ran = s.experts > 0 ? double(s.experts) : expected_experts(c, T);
-      return ran * 3.0 * D * Fe * d.weight_bytes +
-             pairs * (D * d.act_bytes + 2 * Fe * d.elem_bytes + Fe * (d.elem_bytes + d.act_bytes) +
-                      D * d.elem_bytes) +
-             double(T) * D * d.elem_bytes;
+      const auto per_row = [&](double F) {
+        return D * d.act_bytes + 2 * F * d.elem_bytes + F * (d.elem_bytes + d.act_bytes) + D * d.elem_bytes;
+      };
+      return (ran * 3.0 * D * Fe + 3.0 * D * Fs) * d.weight_bytes +
+             (c.expert_bias ? ran * (2 * Fe + D) * 4 : 0.0) + pairs * per_row(Fe) +
+             (Fs > 0 ? double(T) * per_row(Fs) : 0.0) + double(T) * D * d.elem_bytes;
     }
     case Op::Residual:
       return 3.0 * T * D * d.elem_bytes;
     case Op::PostNorm:  // in place: read and written, and the weight
       return c.post_norms ? 2.0 * T * D * d.elem_bytes + D * 4.0 : 0.0;
-    case Op::Score:
-      return double(s.kv_tokens) * c.kv_dim() * d.kv_bytes + double(s.kv_tokens) * 4;
+    case Op::Score:  // the keys read (MLA: its latent keys), a score written per key
+      return double(s.kv_tokens) * double(c.mla() ? attn_key_width(c, true) : c.kv_dim()) * d.kv_bytes +
+             double(s.kv_tokens) * 4;
     case Op::Select:  // scores read, kept indices written
       return double(s.kv_tokens) * 8;
     case Op::Gather:  // rows moved (kept ones compacted, pruned ones saved): read and written

@@ -1,5 +1,7 @@
 #include "model/presets.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -43,6 +45,44 @@ std::vector<std::string> preset_names() {
   for (const json& p : presets()) names.push_back(p.at("name").get<std::string>());
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::string describe_layers(const ModelConfig& c) {
+  std::vector<std::string> parts;
+  if (c.mla()) parts.push_back(fmt::format("latent attention ({} + {})", c.kv_lora_rank, c.rope_dim));
+  if (c.moe()) {
+    std::string m = fmt::format("{} experts of {} ({} a token)", c.n_expert, c.n_ff_exp, c.n_expert_used);
+    if (c.n_expert_shared > 0) m += fmt::format(" + {} shared", c.n_expert_shared);
+    if (c.n_layer_dense_lead > 0) m += fmt::format(", {} dense first", c.n_layer_dense_lead);
+    parts.push_back(m);
+  }
+  int windows = 0, chunks = 0, w = 0, ch = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (c.window(l) > 0) ++windows, w = c.window(l);
+    if (c.chunk(l) > 0) ++chunks, ch = c.chunk(l);
+  }
+  if (windows > 0)
+    parts.push_back(windows == c.n_layer ? fmt::format("window {} on every layer", w)
+                                         : fmt::format("window {} on {} of {}", w, windows, c.n_layer));
+  if (chunks > 0) parts.push_back(fmt::format("chunks of {} on {} of {}", ch, chunks, c.n_layer));
+  if (c.attn_sinks) parts.push_back("sinks");
+  if (parts.empty()) return "dense";
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
+std::vector<PresetSummary> preset_summaries() {
+  std::vector<PresetSummary> out;
+  for (const std::string& name : preset_names()) {
+    const ModelConfig c = preset_config(name);
+    std::string description;
+    for (const json& p : presets())
+      if (p.at("name").get<std::string>() == name) description = p.value("description", std::string());
+    out.push_back(
+        {name, description, c.n_params(), c.n_active_params(), c.n_layer, c.n_ctx_train, describe_layers(c)});
+  }
+  return out;
 }
 
 ModelConfig preset_config(const std::string& name) {

@@ -84,8 +84,10 @@ template <class OpSink, class CommSink>
     const int64_t l_rows = listed ? w.listed_rows : 0, l_pairs = listed ? w.listed_pairs : 0,
                   l_keys = listed ? w.listed_keys : 0;
     const OpShape all{w.rows - l_rows, w.pairs - l_pairs, w.keys - l_keys};
-    const OpShape dec{w.decode_rows - l_rows, w.decode_pairs - l_pairs, w.decode_keys - l_keys};
-    const bool dec_apart = cc.decode_attention_own && dec.tokens > 0;
+    // Decoding rows apart where the profile prices them apart, or where latent attention
+    // decodes in its own form (OpShape::decoding).
+    const OpShape dec{w.decode_rows - l_rows, w.decode_pairs - l_pairs, w.decode_keys - l_keys, 0, true};
+    const bool dec_apart = (cc.decode_attention_own || cfg.mla()) && dec.tokens > 0;
     if (!listed && !dec_apart) {
       op(Op::Attention, op_cost(cc, cfg, Op::Attention, all));
     } else {
@@ -93,7 +95,7 @@ template <class OpSink, class CommSink>
                                                  w.listed_seqs)
                          : OpCost{};
       if (dec_apart) {
-        oc.add(op_cost(cc, cfg, Op::Attention, dec, 1, true));
+        oc.add(op_cost(cc, cfg, Op::Attention, dec, 1, cc.decode_attention_own));
         if (all.tokens > dec.tokens)
           oc.add(op_cost(
               cc, cfg, Op::Attention,

@@ -119,6 +119,10 @@ ModelConfig tp_shard(const ModelConfig& c, int tp) {
   s.n_head = heads(c.n_head, "attention heads");
   s.n_head_kv = kv_heads(c.n_head_kv);
   s.n_ff = heads(c.n_ff, "FFN width");
+  // Each expert's width split as a dense FFN's is (vLLM's tensor-parallel MoE); the router, and
+  // latent attention's latent and its K/V cache, are whole on every GPU.
+  if (c.moe()) s.n_ff_exp = heads(c.n_ff_exp, "expert FFN width");
+  if (c.n_expert_shared > 0) s.n_ff_shexp = heads(c.n_ff_shexp, "shared expert FFN width");
   s.n_vocab = (c.n_vocab + tp - 1) / tp;
   for (int& h : s.layer_n_head) h = heads(h, "attention heads (a layer)");
   for (int& h : s.layer_n_head_kv) h = kv_heads(h);
@@ -159,8 +163,10 @@ namespace {
 // Activation bytes of one layer over T rows: x, xn, tmp [T][D], qkv, attention output, gate/up
 // and the SwiGLU output, at the activation element size.
 double activation_bytes(const ModelConfig& c, int64_t T, double act_bytes) {
-  const double D = c.n_embd, F = c.n_ff;
-  return double(T) * (3 * D + c.q_dim() + 2 * c.kv_dim() + c.q_dim() + 3 * F) * act_bytes;
+  // A MoE layer's FFN activations: each row's k experts and the shared ones.
+  const double D = c.n_embd,
+               F = c.moe() ? double(c.n_expert_used) * c.n_ff_exp + shared_ffn_width(c) : double(c.n_ff);
+  return double(T) * (3 * D + double(qkv_outputs(c)) + c.v_dim() + 3 * F) * act_bytes;
 }
 }  // namespace
 
@@ -273,7 +279,8 @@ Prediction Replayer::finish() && {
   Prediction r = std::move(r_);
   r.memory.weights = double(g_.n_params()) * dt.weight_bytes;
   for (size_t l = 0; l < last_keys_.size(); ++l)
-    r.memory.kv += double(B_ * last_keys_[l]) * 2 * lc_[l].kv_dim() * dt.kv_bytes;
+    r.memory.kv +=
+        double(B_ * c_.kv_kept(int(l), last_keys_[l])) * double(lc_[l].kv_token_elems()) * dt.kv_bytes;
   const double aux_entries = steps_ > 0 ? std::min(aux_entries_, double(prompt_tokens_)) : 0;
   r.memory.aux = double(B_) * aux_entries * c_.n_embd * dt.elem_bytes;
   r.memory.activations = peak_act_ + double(B_) * c_.n_vocab * 4;

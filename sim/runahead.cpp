@@ -117,7 +117,7 @@ class RunaheadModel {
 
   // K/V bytes of one token at layer l.
   double kv_token_bytes(int l) const {
-    return 2.0 * double(lc_[c_.uniform() ? 0 : size_t(l)].kv_dim()) * cc_.dtypes.kv_bytes;
+    return double(lc_[c_.uniform() ? 0 : size_t(l)].kv_token_elems()) * cc_.dtypes.kv_bytes;
   }
   double weight_bytes() const { return double(c_.n_params()) * cc_.dtypes.weight_bytes; }
   double activation_bytes(int64_t rows) const {

@@ -46,15 +46,14 @@ struct LayerRun {
   int64_t moved = 0;  // rows moved to and from the Aux Cache, at its first layer alone
 };
 
-std::vector<LayerRun> layer_runs(std::span<const char> prune_at, bool uniform) {
+// `kind[l]`: layers of one kind have the same shape and the same window or chunk (layer_kinds).
+std::vector<LayerRun> layer_runs(std::span<const char> prune_at, std::span<const int> kind) {
   const int L = int(prune_at.size());
   std::vector<int> cut{0};
-  if (uniform) {
-    for (int l = 0; l < L; ++l)
-      if (prune_at[size_t(l)])
-        for (int b : {l, l + 1}) cut.push_back(b);
-  } else {
-    for (int l = 1; l < L; ++l) cut.push_back(l);
+  for (int l = 0; l < L; ++l) {
+    if (prune_at[size_t(l)])
+      for (int b : {l, l + 1}) cut.push_back(b);
+    if (l > 0 && kind[size_t(l)] != kind[size_t(l - 1)]) cut.push_back(l);
   }
   std::sort(cut.begin(), cut.end());
   cut.erase(std::unique(cut.begin(), cut.end()), cut.end());
@@ -63,6 +62,32 @@ std::vector<LayerRun> layer_runs(std::span<const char> prune_at, bool uniform) {
   for (size_t k = 0; k < cut.size(); ++k)
     runs[k].start = cut[k], runs[k].len = (k + 1 < cut.size() ? cut[k + 1] : L) - cut[k];
   return runs;
+}
+
+// Each layer's kind: layers of a kind have the same shape (ModelConfig::layer: widths, a dense
+// leading layer of a MoE model) and the same window or chunk, so one costs for all of them. Kinds
+// are numbered from 0 in order of first appearance; `shape[l]` numbers the shapes alone.
+struct LayerKinds {
+  std::vector<int> kind, shape;
+  int shapes = 0;
+};
+LayerKinds layer_kinds(const ModelConfig& c) {
+  LayerKinds k;
+  std::vector<std::array<int64_t, 6>> kinds, shapes;
+  const auto index = [](std::vector<std::array<int64_t, 6>>& seen, const std::array<int64_t, 6>& key) {
+    const auto it = std::find(seen.begin(), seen.end(), key);
+    if (it != seen.end()) return int(it - seen.begin());
+    seen.push_back(key);
+    return int(seen.size()) - 1;
+  };
+  for (int l = 0; l < c.n_layer; ++l) {
+    const ModelConfig x = c.uniform() ? c : c.layer(l);
+    const std::array<int64_t, 6> shape{x.n_head, x.n_head_kv, x.n_ff, x.n_expert, 0, 0};
+    k.shape.push_back(index(shapes, shape));
+    k.kind.push_back(index(kinds, {x.n_head, x.n_head_kv, x.n_ff, x.n_expert, c.window(l), c.chunk(l)}));
+  }
+  k.shapes = int(shapes.size());
+  return k;
 }
 
 // Costs iterations: the summed layer work of their members, consecutive layers with the same
@@ -75,19 +100,13 @@ class IterationCost {
     check_tp(c, hw, tp);
     g_ = tp_shard(c, tp);
     for (int l = 0; l < c.n_layer; ++l) lc_.push_back(g_.uniform() ? g_ : g_.layer(l));
-    uniform_ = g_.uniform();
+    kinds_ = layer_kinds(g_);
+    rows_only_.resize(size_t(kinds_.shapes));
   }
-  bool uniform() const { return uniform_; }  // every layer the same shape
-  // The row-priced ops of `rows` rows at layer l.
-  double rows_time(int l, int64_t rows) const {
-    if (uniform_) return rows_only(rows);
-    double t = 0;
-    const auto add = [&t](const OpCost& oc) { t += oc.time_s; };
-    cost_layer(
-        cc_, hw_, tp_, lc_[size_t(l)], double(c_.n_embd), LayerWork{rows},
-        [&](Op, const OpCost& oc) { add(oc); }, add, LayerPart::RowsOnly);
-    return t;
-  }
+  const std::vector<int>& kinds() const { return kinds_.kind; }
+  const ModelConfig& layer(int l) const { return lc_[size_t(l)]; }
+  // The row-priced ops of `rows` rows at layer l (a table per layer shape).
+  double rows_time(int l, int64_t rows) const { return rows_only(kinds_.shape[size_t(l)], l, rows); }
   // An iteration over the runs' work: new_rows embedded, logit_rows through the head.
   double operator()(std::span<const LayerRun> runs, int64_t new_rows, int64_t logit_rows) const {
     double t = 0;
@@ -99,7 +118,7 @@ class IterationCost {
       if (r.work.rows <= 0) continue;
       const double before = t;
       t += rows_time(r.start, r.work.rows - r.own.rows) + r.own.s;
-      const ModelConfig& g = uniform_ ? g_ : lc_[size_t(r.start)];
+      const ModelConfig& g = lc_[size_t(r.start)];
       cost_layer(cc_, hw_, tp_, g, D, r.work, op, sink, LayerPart::Rest);
       t += (t - before) * double(r.len - 1);
       if (r.moved > 0) t += op_cost(cc_, g, Op::Gather, {r.moved, 0, 0}).time_s;
@@ -115,22 +134,25 @@ class IterationCost {
   CostContext cc_;
   ModelConfig g_;
   std::vector<ModelConfig> lc_;
-  bool uniform_ = true;
-  mutable std::vector<double> rows_only_;  // [rows]: a layer's ops priced by rows alone, < 0 not yet
+  LayerKinds kinds_;
+  // [shape][rows]: a layer's ops priced by rows alone, < 0 not yet
+  mutable std::vector<std::vector<double>> rows_only_;
 
-  double rows_only(int64_t rows) const {
-    if (size_t(rows) < rows_only_.size() && rows_only_[size_t(rows)] >= 0) return rows_only_[size_t(rows)];
-    return rows_only_priced(rows);
+  double rows_only(int shape, int l, int64_t rows) const {
+    const std::vector<double>& t = rows_only_[size_t(shape)];
+    if (size_t(rows) < t.size() && t[size_t(rows)] >= 0) return t[size_t(rows)];
+    return rows_only_priced(shape, l, rows);
   }
-  [[gnu::noinline]] double rows_only_priced(int64_t rows) const {
+  [[gnu::noinline]] double rows_only_priced(int shape, int l, int64_t rows) const {
     double t = 0;
     const auto add = [&t](const OpCost& oc) { t += oc.time_s; };
     cost_layer(
-        cc_, hw_, tp_, g_, double(c_.n_embd), LayerWork{rows}, [&](Op, const OpCost& oc) { add(oc); }, add,
-        LayerPart::RowsOnly);
+        cc_, hw_, tp_, lc_[size_t(l)], double(c_.n_embd), LayerWork{rows},
+        [&](Op, const OpCost& oc) { add(oc); }, add, LayerPart::RowsOnly);
     if (rows < int64_t(1) << 16) {
-      if (size_t(rows) >= rows_only_.size()) rows_only_.resize(size_t(rows) + 1, -1.0);
-      rows_only_[size_t(rows)] = t;
+      std::vector<double>& table = rows_only_[size_t(shape)];
+      if (size_t(rows) >= table.size()) table.resize(size_t(rows) + 1, -1.0);
+      table[size_t(rows)] = t;
     }
     return t;
   }
@@ -184,7 +206,7 @@ class EventLoop {
         cost_(c, hw, p, cfg.tp),
         kv_(kv_layout(cfg)),
         limits_{cfg.kv_budget_bytes, cfg.max_batch_tokens, cfg.chunk_tokens},
-        kv_token_layer_(double(c.n_head_kv) * double(c.head_dim) * 2 * cfg.kv_element_bytes),
+        kv_token_layer_(double(c.kv_token_elems()) * cfg.kv_element_bytes),
         own_from_(hw.engine.own_gemm_rows),
         listed_(hw.eff(hw::Family::Attention).prices_listed()) {
     const int L = c.n_layer;
@@ -195,7 +217,9 @@ class EventLoop {
           prune_at_[size_t(s.layer)] = 1;
           if (first_prune_ < 0 || s.layer < first_prune_) first_prune_ = s.layer;
         }
-    runs_ = layer_runs(prune_at_, cost_.uniform());
+    runs_ = layer_runs(prune_at_, cost_.kinds());
+    for (const LayerRun& r : runs_)
+      bounded_ = bounded_ || c.kv_kept(r.start, int64_t(1) << 40) < int64_t(1) << 40;
     for (const LayerRun& r : runs_) run_starts_.push_back(r.start);
     // The revival model's shares per (stage, step), computed once before the run (every request
     // asks the same, three times a decoding step): a table lookup, the model asked only past it.
@@ -258,6 +282,7 @@ class EventLoop {
   std::vector<char> prune_at_;
   int first_prune_ = -1;
   std::vector<LayerRun> runs_;
+  bool bounded_ = false;  // some layer keeps only a window's or chunk's K/V (ModelConfig::kv_kept)
   std::vector<int> run_starts_;
   std::shared_ptr<const trace::RevivalTable> revivals_;
 
@@ -314,7 +339,7 @@ class EventLoop {
     int64_t held = 0;
     for (LayerRun& r : runs_) {
       const int l = r.start;
-      held += keys_at[l] * r.len;
+      held += (bounded_ ? c_.kv_kept(l, keys_at[l]) : keys_at[l]) * r.len;
       const int64_t q = queries[l];
       if (q <= 0) continue;
       LayerWork& w = r.work;
@@ -337,8 +362,8 @@ class EventLoop {
     for (LayerRun& r : runs_) {
       gemm_rows(r, chunk);
       r.work.rows += chunk;
-      r.work.pairs += chunk * pre + chunk * (chunk + 1) / 2;
-      r.work.keys += pre + chunk;
+      r.work.pairs += c_.dense_pairs(r.start, pre + chunk) - c_.dense_pairs(r.start, pre);
+      r.work.keys += c_.visible_keys(r.start, pre + chunk);
     }
   }
 
@@ -350,6 +375,11 @@ class EventLoop {
       const int64_t q = (s.queries[l] * chunk + T - 1) / T;
       s.queries[l] = q;
       s.pairs[l] = q * pre + q * (q + 1) / 2;
+      if (c_.visible_keys(int(l), pre + chunk) < pre + chunk) {  // a window's or chunk's share of them
+        const double all = double(chunk) * double(pre) + double(chunk) * double(chunk + 1) / 2;
+        const double seen = double(c_.dense_pairs(int(l), pre + chunk) - c_.dense_pairs(int(l), pre));
+        s.pairs[l] = std::max<int64_t>(q, std::llround(double(s.pairs[l]) * seen / all));
+      }
       s.keys[l] = pre + q;
       if (s.aux_writes[l] > 0) s.aux_writes[l] = std::max<int64_t>(s.aux_writes[l] * chunk / T, 1);
     }

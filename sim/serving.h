@@ -85,7 +85,7 @@ struct ServingRun {
 // The K/V layout a configuration's reservations count in (lp::reservation_bytes, the policy the
 // engine's scheduler runs: admission/admission.h).
 inline KvLayout kv_layout(const ServingConfig& cfg) {
-  return KvLayout{cfg.kv_element_bytes, cfg.kv_block};
+  return KvLayout{cfg.kv_element_bytes, cfg.kv_block, true};
 }
 
 // Runs the requests (sorted by arrival) through the scheduler. Throws lp::Error for a request

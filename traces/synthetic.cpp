@@ -52,6 +52,11 @@ SyntheticSteps::SyntheticSteps(const ModelConfig& c, const std::string& policy,
     for (const PruneStep& s : steps) header_.schedule_layers.emplace_back(s.layer, s.share);
   header_.schedule = prunes_ ? "" : "none";
   for (int l = 0; l < L_; ++l) layers_.push_back(l);
+  if (c.local_attention()) {
+    local_.n_layer = L_;
+    local_.layer_window = c.layer_window;
+    local_.layer_chunk = c.layer_chunk;
+  }
 }
 
 void SyntheticSteps::only_run_starts(const std::vector<int>& starts) {
@@ -106,6 +111,13 @@ bool SyntheticSteps::next(Step& out) {
     pre.keys = act_;
     pre.attended = act_;
     for (int64_t a : act_) pre.pairs.push_back(a * (a + 1) / 2);
+    if (local_.n_layer > 0)  // the kept rows' causal pairs in the share a window or chunk leaves
+      for (int l = 0; l < L; ++l) {
+        const double n = double(prompt_tokens_),
+                     share = double(local_.dense_pairs(l, prompt_tokens_)) / (n * (n + 1) / 2);
+        pre.pairs[size_t(l)] = std::max(pre.pairs[size_t(l)] > 0 ? act_[size_t(l)] : 0,
+                                        round_nonneg(double(pre.pairs[size_t(l)]) * share));
+      }
     pre.revived.assign(size_t(L), 0);
     pre.aux_reads.assign(size_t(L), 0);
     pre.aux_writes = dropped_;
@@ -191,6 +203,11 @@ bool SyntheticSteps::next(Step& out) {
       seen_keys = round_nonneg(key_share * double(seen_act));
     }
     pairs[l] = act[l] + (carried > 0 ? carried * seen_keys : 0);
+    if (local_.n_layer > 0 && local_.visible_keys(l, n) < n) {
+      const double share = visible_share(l, n);
+      attended[l] = std::max<int64_t>(1, round_nonneg(double(act[l]) * share));
+      pairs[l] = std::max(attended[l], round_nonneg(double(pairs[l]) * share));
+    }
     aux_reads[l] = revived[l];
   }
   return true;

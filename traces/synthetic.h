@@ -90,6 +90,10 @@ class SyntheticSteps {
   int64_t next_ = 0;  // 0: the prefill, s: decoding step s
   std::vector<int64_t> act_, dropped_, held_, prefill_act_;
   std::vector<int> layers_;  // the layers a decoding step computes (every one, or run starts)
+  // Sliding-window and chunked layers (ModelConfig::layer_window, layer_chunk): a query sees only
+  // the active keys inside its window or chunk, the same share of them as of its positions.
+  ModelConfig local_;  // the windows and chunks alone; n_layer 0 when every layer is global
+  double visible_share(int l, int64_t n) const { return double(local_.visible_keys(l, n)) / double(n); }
 };
 
 // Every step at once (SyntheticSteps collected).

@@ -28,9 +28,13 @@ TEST(FitMeasurements, MapsFileNamesToPresets) {
   EXPECT_EQ(calib::match_preset("Llama-2-70b-hf", none), "llama-2-70b");
   EXPECT_EQ(calib::match_preset("SmolLM2-135M-Instruct.Q4_1.gguf", none), "smollm2-135m");
   EXPECT_EQ(calib::match_preset("smollm2-1.7b", none), "smollm2-1.7b");
-  EXPECT_FALSE(calib::match_preset("Llama-3.2-3B-Instruct", none));
+  EXPECT_EQ(calib::match_preset("Llama-3.2-3B-Instruct", none), "llama-3.2-3b");
+  EXPECT_EQ(calib::match_preset("Qwen3-30B-A3B-Instruct-2507", none), "qwen3-30b-a3b");  // not qwen3-32b
+  EXPECT_EQ(calib::match_preset("Mixtral-8x7B-Instruct-v0.1", none), "mixtral-8x7b");
+  EXPECT_EQ(calib::match_preset("gemma-3-27b-it", none), "gemma-3-27b");
+  EXPECT_FALSE(calib::match_preset("Phi-3-mini-4k-instruct", none));
   EXPECT_FALSE(calib::match_preset("llama-2-7", none));
-  EXPECT_EQ(calib::match_preset("Llama-3.2-3B-Instruct", {{"Llama-3.2-3B-Instruct", "llama-3.1-8b"}}),
+  EXPECT_EQ(calib::match_preset("Phi-3-mini-4k-instruct", {{"Phi-3-mini-4k-instruct", "llama-3.1-8b"}}),
             "llama-3.1-8b");
 }
 

@@ -128,8 +128,8 @@ TEST_F(CliSim, CalibrateFromMeasurementsRefusesBadInput) {
   expect_one_line_error(
       calibrate(ok + "llama-2-7b,NVIDIA H100 PCIe,512,30,1\n"),
       {"m.csv", "record 5", "unknown hardware 'NVIDIA H100 PCIe'", "h100-sxm", "a100-80gb", "--hw-map"});
-  expect_one_line_error(calibrate(ok + "Llama-3.2-3B,h100-sxm,512,10,1\n"),
-                        {"m.csv", "record 5", "unknown model 'Llama-3.2-3B'", "llama-2-7b", "--model-map"});
+  expect_one_line_error(calibrate(ok + "Phi-3-mini,h100-sxm,512,10,1\n"),
+                        {"m.csv", "record 5", "unknown model 'Phi-3-mini'", "llama-2-7b", "--model-map"});
   expect_one_line_error(calibrate(ok + "llama-2-7b,h100-sxm,512,20,16\n"),
                         {"m.csv", "record 5", "tensor parallelism over 16 GPUs", "max_tp 8"});
   // A pruned record without its schedule, and the same file given twice.
