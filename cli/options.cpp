@@ -46,12 +46,15 @@ void add_hardware(CLI::App& sub, std::string& hw, std::string& engine) {
 void add_precision(CLI::App& sub, sim::Precision& p, const char* of) {
   sub.add_option("--weights", p.weights,
                  "Weight dtype" + std::string(of) +
-                     ": bf16, f16, f32, int8, fp8, q4, "
+                     ": bf16, f16, f32, int8, fp8, fp4, mxfp4, q4, "
                      "<bits>bpw (default " +
                      p.weights + ")");
   sub.add_option("--compute", p.compute,
                  "GEMM/attention compute dtype" + std::string(of) +
-                     ": bf16, f16, f32, tf32, int8, fp8 (default " + p.compute + ")");
+                     ": bf16, f16, f32, tf32, int8, fp8, fp4 (default " + p.compute + ")");
+  sub.add_option("--expert-weights", p.expert_weights,
+                 "Weight dtype of the experts" + std::string(of) +
+                     " where it differs (gpt-oss: mxfp4): the --weights types (default: --weights)");
   sub.add_option("--kv", p.kv,
                  "KV cache dtype" + std::string(of) + ": bf16, f16, f32, int8, fp8 (default " + p.kv + ")");
 }

@@ -34,7 +34,7 @@ std::string text(const json& j, const char* key, const std::string& origin) {
   return s;
 }
 bool is_compute_dtype(const std::string& d) {
-  return d == "f32" || d == "tf32" || d == "bf16" || d == "f16" || d == "int8" || d == "fp8";
+  return d == "f32" || d == "tf32" || d == "bf16" || d == "f16" || d == "int8" || d == "fp8" || d == "fp4";
 }
 }  // namespace
 
@@ -54,6 +54,11 @@ double Profile::peak(const std::string& dtype) const {
     usage_fail(
         "hardware '{}' has no FP8 peak ({} does not run FP8 natively; FP8 needs Hopper or Ada tensor "
         "cores): use --compute bf16 or int8",
+        name, description);
+  if (dtype == "fp4")
+    usage_fail(
+        "hardware '{}' has no FP4 peak ({} does not run FP4 natively; FP4 needs Blackwell tensor cores): "
+        "use --compute fp8 or bf16 (4-bit weights with --weights mxfp4 still halve the bytes)",
         name, description);
   if (auto it = peak_flops.find("f32"); it != peak_flops.end()) return it->second;
   fail("hardware profile '{}' has no peak for {} or f32", name, dtype);
@@ -85,9 +90,10 @@ Profile parse_profile(const json& j, const std::string& origin) {
   if (!peaks.is_object() || peaks.empty())
     fail("{}: 'peak_tflops' must be an object of dtype: TFLOP/s", origin);
   for (const auto& [dtype, v] : peaks.items()) {
-    static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "int8", "fp8"};
+    static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "int8", "fp8", "fp4"};
     if (std::find(known.begin(), known.end(), dtype) == known.end())
-      fail("{}: unknown dtype '{}' in 'peak_tflops' (known: f32, tf32, bf16, f16, int8, fp8)", origin, dtype);
+      fail("{}: unknown dtype '{}' in 'peak_tflops' (known: f32, tf32, bf16, f16, int8, fp8, fp4)", origin,
+           dtype);
     if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
       fail("{}: 'peak_tflops.{}' must be a number greater than 0", origin, dtype);
     p.peak_flops[dtype] = v.get<double>() * 1e12;
@@ -133,8 +139,9 @@ Profile parse_profile(const json& j, const std::string& origin) {
       if (!it->is_object()) fail("{}: 'compute_by_dtype' must be an object of dtype: share", where);
       for (const auto& [dtype, v] : it->items()) {
         if (!is_compute_dtype(dtype))
-          fail("{}: 'compute_by_dtype' names '{}', not a compute dtype (f32, tf32, bf16, f16, int8, fp8)",
-               where, dtype);
+          fail(
+              "{}: 'compute_by_dtype' names '{}', not a compute dtype (f32, tf32, bf16, f16, int8, fp8, fp4)",
+              where, dtype);
         const double share = positive(*it, dtype.c_str(), where + ".compute_by_dtype");
         if (share > 1) fail("{}: 'compute_by_dtype.{}' is a share of peak, at most 1", where, dtype);
         x.compute_by_dtype[dtype] = share;

@@ -79,13 +79,14 @@ std::vector<std::string> engine_names();
 Engine default_engine(const std::string& kind);
 
 struct Profile {
-  std::string name, description, kind;       // kind: "gpu" or "cpu"
-  std::vector<std::string> aliases;          // names tools print for the part ("NVIDIA H100 80GB HBM3")
-  std::map<std::string, double> peak_flops;  // dtype ("f32", "tf32", "bf16", "f16", "int8", "fp8") -> FLOP/s
-  double memory_bandwidth = 0;               // bytes/s
-  double memory_capacity = 0;                // bytes
-  double onchip_cache = 0;                   // bytes
-  double shared_memory_per_unit = 0;         // bytes
+  std::string name, description, kind;  // kind: "gpu" or "cpu"
+  std::vector<std::string> aliases;     // names tools print for the part ("NVIDIA H100 80GB HBM3")
+  std::map<std::string, double>
+      peak_flops;                     // dtype ("f32", "tf32", "bf16", "f16", "int8", "fp8", "fp4") -> FLOP/s
+  double memory_bandwidth = 0;        // bytes/s
+  double memory_capacity = 0;         // bytes
+  double onchip_cache = 0;            // bytes
+  double shared_memory_per_unit = 0;  // bytes
   int compute_units = 0;
   double dispatch_overhead = 0;        // s
   double interconnect_bandwidth = 0;   // bytes/s (0: none)
@@ -109,7 +110,7 @@ struct Profile {
   const Efficiency& eff(Family f) const { return efficiency[size_t(f)]; }
   // Peak FLOP/s for a compute dtype, falling back to f32 when the part has no native support
   // for it (as a CPU without AVX512_BF16 runs bf16 through f32 units). Throws if neither exists,
-  // and for fp8 without an fp8 peak (no part emulates FP8 GEMMs at its f32 rate).
+  // and for fp8 or fp4 without such a peak (no part emulates them at its f32 rate).
   double peak(const std::string& dtype) const;
 };
 

@@ -130,6 +130,18 @@ int64_t ModelConfig::n_active_params() const {
   return n_params() - idle;
 }
 
+int64_t ModelConfig::n_expert_params() const {
+  int64_t n = 0;
+  for (int l = 0; l < n_layer; ++l) {
+    const ModelConfig c = uniform() ? *this : layer(l);
+    if (c.moe())
+      n += int64_t(c.n_expert) * (3 * int64_t(c.n_embd) * c.n_ff_exp +
+                                  (c.expert_bias ? 2 * int64_t(c.n_ff_exp) + c.n_embd : 0)) +
+           int64_t(c.n_expert_shared) * 3 * c.n_embd * c.n_ff_shexp;
+  }
+  return n;
+}
+
 std::vector<int> ModelConfig::global_layers() const {
   std::vector<int> out;
   const auto local = [&](int l) { return window(l) > 0 || chunk(l) > 0; };

@@ -120,6 +120,9 @@ struct ModelConfig {
   // Of those, what one token multiplies: n_params with only n_expert_used experts a layer (= n_params
   // for a dense model).
   int64_t n_active_params() const;
+  // Of n_params, the routed and shared experts' (with their biases): what a separate expert weight
+  // dtype (MXFP4 experts) stores.
+  int64_t n_expert_params() const;
   bool uniform() const {
     return layer_n_head.empty() && layer_n_head_kv.empty() && layer_n_ff.empty() && n_layer_dense_lead == 0;
   }

@@ -11,30 +11,38 @@ double dtype_bytes(const std::string& dtype, const char* what) {
   if (dtype == "f32") return 4;
   if (dtype == "bf16" || dtype == "f16") return 2;
   if (dtype == "int8" || dtype == "fp8") return 1;
-  if (dtype == "q4") return 4.5 / 8;
+  if (dtype == "q4" || dtype == "fp4") return 4.5 / 8;  // Q4_0; NVFP4's fp8 scale per 16
+  if (dtype == "mxfp4") return 4.25 / 8;                // an e8m0 scale per 32
   if (dtype.size() > 3 && dtype.ends_with("bpw")) {
     const std::string num = dtype.substr(0, dtype.size() - 3);
     char* end = nullptr;
     const double bits = std::strtod(num.c_str(), &end);
     if (end == num.c_str() + num.size() && bits > 0 && bits <= 32) return bits / 8;
   }
-  fail("{} dtype must be one of f32, bf16, f16, int8, fp8, q4 or <bits>bpw; got '{}'", what, dtype);
+  fail("{} dtype must be one of f32, bf16, f16, int8, fp8, fp4, mxfp4, q4 or <bits>bpw; got '{}'", what,
+       dtype);
 }
 
 void validate(const Precision& p) {
   dtype_bytes(p.weights, "weight");
+  if (!p.expert_weights.empty()) dtype_bytes(p.expert_weights, "expert weight");
   if (p.kv != "f32" && p.kv != "bf16" && p.kv != "f16" && p.kv != "int8" && p.kv != "fp8")
     fail("KV dtype must be one of f32, bf16, f16, int8, fp8; got '{}'", p.kv);
   if (p.compute != "f32" && p.compute != "tf32" && p.compute != "bf16" && p.compute != "f16" &&
-      p.compute != "int8" && p.compute != "fp8")
-    fail("compute dtype must be one of f32, tf32, bf16, f16, int8, fp8; got '{}'", p.compute);
+      p.compute != "int8" && p.compute != "fp8" && p.compute != "fp4")
+    fail("compute dtype must be one of f32, tf32, bf16, f16, int8, fp8, fp4; got '{}'", p.compute);
 }
 
 OpDtypes Precision::op_dtypes() const {
   OpDtypes d;
   d.weight_bytes = dtype_bytes(weights, "weight");
+  d.expert_weight_bytes =
+      expert_weights.empty() ? d.weight_bytes : dtype_bytes(expert_weights, "expert weight");
   // GEMM inputs: f32/tf32 4 bytes; 8-bit GEMMs (int8 W8A8, fp8) read 8-bit activations; else 16-bit.
-  d.act_bytes = compute == "f32" || compute == "tf32" ? 4 : compute == "fp8" || compute == "int8" ? 1 : 2;
+  d.act_bytes = compute == "f32" || compute == "tf32"   ? 4
+                : compute == "fp8" || compute == "int8" ? 1
+                : compute == "fp4"                      ? 4.5 / 8
+                                                        : 2;
   // Between ops: the compute dtype's 16-bit (or f32) activations; see CostContext for engines.
   d.elem_bytes = 4;
   d.kv_bytes = dtype_bytes(kv, "KV");

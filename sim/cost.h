@@ -47,15 +47,20 @@ inline hw::Family op_family(Op op) {
 // Element types of a simulated deployment. Weights may be quantized (bytes per weight below 2);
 // GEMMs then still compute in `compute` (weight-only quantization).
 struct Precision {
-  // bf16 | f16 | f32 | int8 | fp8 | q4 (4.5 bits per weight, as Q4_0) | "<bits>bpw" (any bits per
-  // weight, e.g. "4.5625bpw" for a llama.cpp Q4_1 file: what a quantized file really holds)
+  // bf16 | f16 | f32 | int8 | fp8 | fp4 (NVFP4: 4 bits and an fp8 scale per 16, 4.5 bits) | mxfp4
+  // (OCP MX: an e8m0 scale per 32, 4.25 bits) | q4 (4.5 bits per weight, as Q4_0) | "<bits>bpw"
+  // (any bits per weight, e.g. "4.5625bpw" for a llama.cpp Q4_1 file: what a quantized file holds)
   std::string weights = "bf16";
-  std::string compute = "bf16";  // the peak_tflops dtype GEMMs and attention run at (fp8 needs an fp8 peak)
-  std::string kv = "bf16";       // bf16 | f16 | f32 | int8 | fp8
+  std::string compute =
+      "bf16";               // the peak_tflops dtype GEMMs and attention run at (fp8, fp4 need their peak)
+  std::string kv = "bf16";  // bf16 | f16 | f32 | int8 | fp8
+  // The routed and shared experts' weights when they differ (gpt-oss ships its experts in MXFP4
+  // and the rest in bf16); empty: `weights`.
+  std::string expert_weights;
   OpDtypes op_dtypes() const;
 };
-// "bf16", "f16", "f32", "int8", "fp8", "q4", "<bits>bpw" (0 < bits <= 32) -> bytes per element; anything
-// else throws lp::Error.
+// "bf16", "f16", "f32", "int8", "fp8", "fp4", "mxfp4", "q4", "<bits>bpw" (0 < bits <= 32) -> bytes per
+// element; anything else throws lp::Error.
 double dtype_bytes(const std::string& dtype, const char* what);
 // Checks the names; throws lp::Error naming the bad one.
 void validate(const Precision& p);
@@ -145,6 +150,13 @@ OpCost listed_attention_cost(const CostContext& cc, const ModelConfig& c, int64_
 // (kv_bytes each), at the GEMM family's efficiency: F = 2 rows k n, B = k n weight_bytes +
 // rows (k + n) kv_bytes, one call.
 OpCost gemm_cost(const CostContext& cc, int64_t rows, int64_t k, int64_t n);
+
+// The weights' memory: n_params at the weight dtype, the experts' at theirs (Precision::expert_weights).
+inline double weight_memory_bytes(const ModelConfig& c, const OpDtypes& d) {
+  const double experts = double(c.n_expert_params());
+  return (double(c.n_params()) - experts) * d.weight_bytes +
+         experts * (d.expert_weight_bytes > 0 ? d.expert_weight_bytes : d.weight_bytes);
+}
 
 // FLOP/s the op achieved against the peak it runs at: flops / time / peak.
 double utilisation(const hw::Profile& hw, Op op, const OpCost& cost, const Precision& p);

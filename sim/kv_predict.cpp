@@ -75,7 +75,7 @@ KvPredictPrediction predict_kv_prediction(const ModelConfig& base, const ModelCo
   for (const ModelConfig* m : {&base, &aux})
     for (int l = 0; l < m->n_layer; ++l) kv_tok += 2.0 * double(layer(*m, l).kv_dim()) * cc.dtypes.kv_bytes;
   r.memory.weights =
-      (double(base.n_params()) + double(aux.n_params())) * cc.dtypes.weight_bytes + r.predictor_weight_bytes;
+      weight_memory_bytes(base, cc.dtypes) + weight_memory_bytes(aux, cc.dtypes) + r.predictor_weight_bytes;
   r.memory.kv = double(n) * kv_tok;
   r.memory.activations = a.memory.activations;
   return r;

@@ -277,7 +277,7 @@ Prediction Replayer::finish() && {
   // activations plus one row of logits.
   const OpDtypes& dt = cc_.dtypes;
   Prediction r = std::move(r_);
-  r.memory.weights = double(g_.n_params()) * dt.weight_bytes;
+  r.memory.weights = weight_memory_bytes(g_, dt);
   for (size_t l = 0; l < last_keys_.size(); ++l)
     r.memory.kv +=
         double(B_ * c_.kv_kept(int(l), last_keys_[l])) * double(lc_[l].kv_token_elems()) * dt.kv_bytes;

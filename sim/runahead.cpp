@@ -119,7 +119,7 @@ class RunaheadModel {
   double kv_token_bytes(int l) const {
     return double(lc_[c_.uniform() ? 0 : size_t(l)].kv_token_elems()) * cc_.dtypes.kv_bytes;
   }
-  double weight_bytes() const { return double(c_.n_params()) * cc_.dtypes.weight_bytes; }
+  double weight_bytes() const { return weight_memory_bytes(c_, cc_.dtypes); }
   double activation_bytes(int64_t rows) const {
     double most = 0;
     for (const ModelConfig& g : lc_)

@@ -122,8 +122,8 @@ TEST(HwProfiles, BadProfilesGetOneLineNamingTheField) {
   j["lazyprefill_hw"] = 4294967297ULL;  // 2^32 + 1: read as an int it was 1
   EXPECT_NE(error_of(j).find("must be 1"), std::string::npos);
   j = round_profile();
-  j["peak_tflops"]["fp4"] = 1;
-  EXPECT_NE(error_of(j).find("unknown dtype 'fp4'"), std::string::npos);
+  j["peak_tflops"]["fp6"] = 1;  // fp4 is known since issue 53 (Blackwell)
+  EXPECT_NE(error_of(j).find("unknown dtype 'fp6'"), std::string::npos);
   j = round_profile();
   j["max_tp"] = 2;  // two GPUs but no interconnect
   EXPECT_NE(error_of(j).find("'interconnect_bandwidth_gbs' is 0"), std::string::npos) << error_of(j);

@@ -1,0 +1,101 @@
+// The simulator on issue 53's models and parts: memory from the layer kinds' definitions (latent
+// K/V, window-bounded K/V, experts in their own dtype), FP4 where a part has it, and every preset
+// costed on every profile.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "hwmodels/profile.h"
+#include "model/error.h"
+#include "model/presets.h"
+#include "sim/replay.h"
+#include "traces/synthetic.h"
+
+namespace lp {
+namespace {
+
+sim::Prediction simulate(const std::string& model, const std::string& hw, int64_t prompt,
+                         const sim::Precision& p, int tp = 1, int64_t decode = 0, int64_t batch = 1) {
+  const ModelConfig c = preset_config(model);
+  return sim::replay_synthetic(c, "none", {}, prompt, decode, {}, hw::load_profile(hw), p, batch, tp);
+}
+
+// DeepSeek-V3 keeps 576 elements a token and layer (its latent and RoPE key), on every GPU of a
+// tensor-parallel group: at 32k tokens in fp8, 61 x 32,768 x 576 bytes, whatever tp is.
+TEST(Sim2026, LatentKvIsTheLatentOnEveryGpu) {
+  const sim::Precision fp8{"fp8", "fp8", "fp8"};
+  const double want = 61.0 * 32768 * 576;
+  EXPECT_DOUBLE_EQ(simulate("deepseek-v3", "h200", 32768, fp8, 8).memory.kv, want);
+  EXPECT_DOUBLE_EQ(simulate("deepseek-v3", "h200", 32768, fp8, 1).memory.kv, want);
+  // Against Llama 3.3 70B's 80 x 2 x 8 x 128 elements a token, which tp 8 splits.
+  EXPECT_DOUBLE_EQ(simulate("llama-3.3-70b", "h200", 32768, fp8, 8).memory.kv, 80.0 * 32768 * 2 * 128);
+}
+
+// Gemma 3 27B at 32k tokens: its 52 local layers keep 1,024 keys, its 10 global ones all 32,768
+// (+ the decoding steps' tokens), 2 x 16 x 128 elements a token and layer.
+TEST(Sim2026, WindowLayersKeepTheirWindow) {
+  const sim::Precision bf16{"bf16", "bf16", "bf16"};
+  const sim::Prediction p = simulate("gemma-3-27b", "h200", 32768, bf16, 1, 7);
+  const double per_token = 2.0 * 16 * 128 * 2;
+  EXPECT_DOUBLE_EQ(p.memory.kv, (52.0 * 1024 + 10.0 * (32768 + 7)) * per_token);
+  // The prefill's attention pairs: a local layer's window, a global layer's causal triangle.
+  const ModelConfig c = preset_config("gemma-3-27b");
+  const trace::Trace t = trace::synthetic_trace(c, "none", {}, 32768, 0);
+  EXPECT_EQ(t.steps[0].pairs[0], 1024LL * 1025 / 2 + (32768LL - 1024) * 1024);
+  EXPECT_EQ(t.steps[0].pairs[5], 32768LL * 32769 / 2);
+}
+
+// gpt-oss-120b with MXFP4 experts (4.25 bits) and bf16 elsewhere, as OpenAI ships it.
+TEST(Sim2026, ExpertsInTheirOwnDtype) {
+  const ModelConfig c = preset_config("gpt-oss-120b");
+  const double experts = double(c.n_expert_params()), rest = double(c.n_params()) - experts;
+  EXPECT_DOUBLE_EQ(experts, 36.0 * 128 * (3.0 * 2880 * 2880 + 2 * 2880 + 2880));
+  sim::Precision p{"bf16", "bf16", "bf16", "mxfp4"};
+  EXPECT_DOUBLE_EQ(simulate("gpt-oss-120b", "h100-sxm", 1024, p).memory.weights,
+                   rest * 2 + experts * 4.25 / 8);
+  EXPECT_LT(simulate("gpt-oss-120b", "h100-sxm", 1024, p).memory.total(), 80.0 * (1 << 30));  // fits one H100
+  p.expert_weights = "mxfp5";
+  EXPECT_THROW(sim::validate(p), Error);
+}
+
+// FP4 runs where the part has an FP4 peak (Blackwell) and is refused with one line elsewhere.
+TEST(Sim2026, Fp4OnlyWhereThePartRunsIt) {
+  const sim::Precision fp4{"fp4", "fp4", "fp8"}, fp8{"fp8", "fp8", "fp8"};
+  EXPECT_EQ(hw::load_profile("b200").peak("fp4"), 2 * hw::load_profile("b200").peak("fp8"));
+  // A long prefill is compute-bound: FP4 GEMMs at twice FP8's peak make it faster, not twice.
+  const double t4 = simulate("qwen3-235b-a22b", "b200", 8192, fp4, 8).ttft_s;
+  const double t8 = simulate("qwen3-235b-a22b", "b200", 8192, fp8, 8).ttft_s;
+  EXPECT_LT(t4, t8);
+  EXPECT_GT(t4, t8 / 2);
+  try {
+    simulate("qwen3-235b-a22b", "h200", 8192, fp4, 8);
+    ADD_FAILURE() << "fp4 on an H200 was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no FP4 peak"), std::string::npos) << e.what();
+  }
+}
+
+// Every preset on every shipped profile: finite, positive, and the pruned run is no slower than
+// the unpruned one in its prefill.
+TEST(Sim2026, EveryPresetOnEveryProfile) {
+  for (const std::string& hw : hw::builtin_profile_names()) {
+    const hw::Profile prof = hw::load_profile(hw);
+    for (const std::string& m : preset_names()) {
+      SCOPED_TRACE(m + " on " + hw);
+      const ModelConfig c = preset_config(m);
+      const sim::Precision p{"bf16", prof.kind == "cpu" ? "f32" : "bf16", "bf16"};
+      const int64_t prompt = std::min<int64_t>(4096, c.n_ctx_train - 4);
+      const auto steps =
+          resolve_schedule(parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3"), c.n_layer, c.global_layers());
+      const sim::Prediction pr = sim::replay_synthetic(c, "lazyllm", steps, prompt, 2, {}, prof, p);
+      const sim::Prediction un = sim::replay_synthetic(c, "none", {}, prompt, 2, {}, prof, p);
+      EXPECT_TRUE(std::isfinite(pr.ttft_s) && pr.ttft_s > 0);
+      EXPECT_LT(pr.ttft_s, un.ttft_s);
+      EXPECT_GT(pr.memory.total(), 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lp
