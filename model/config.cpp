@@ -200,6 +200,27 @@ ModelConfig ModelConfig::layer(int l) const {
   return c;
 }
 
+namespace {
+// The optional fields of a configuration's JSON, written when set and read with their types
+// checked: what later architectures add (docs/model-presets.md).
+constexpr std::pair<const char*, bool ModelConfig::*> kOptionalFlags[] = {
+    {"attention_bias", &ModelConfig::attention_bias},
+    {"qk_norm", &ModelConfig::qk_norm},
+    {"rope_neox", &ModelConfig::rope_neox},
+    {"post_norms", &ModelConfig::post_norms},
+    {"gelu", &ModelConfig::gelu},
+    {"router_bias", &ModelConfig::router_bias},
+    {"expert_bias", &ModelConfig::expert_bias},
+    {"out_bias", &ModelConfig::out_bias},
+    {"attn_sinks", &ModelConfig::attn_sinks}};
+constexpr std::pair<const char*, int ModelConfig::*> kOptionalCounts[] = {
+    {"n_expert", &ModelConfig::n_expert},       {"n_expert_used", &ModelConfig::n_expert_used},
+    {"n_ff_exp", &ModelConfig::n_ff_exp},       {"n_expert_shared", &ModelConfig::n_expert_shared},
+    {"n_ff_shexp", &ModelConfig::n_ff_shexp},   {"n_layer_dense_lead", &ModelConfig::n_layer_dense_lead},
+    {"q_lora_rank", &ModelConfig::q_lora_rank}, {"kv_lora_rank", &ModelConfig::kv_lora_rank},
+    {"v_head_dim", &ModelConfig::v_head_dim}};
+}  // namespace
+
 nlohmann::json config_to_json(const ModelConfig& c) {
   nlohmann::json j = {{"arch", c.arch},
                       {"n_layer", c.n_layer},
@@ -212,28 +233,11 @@ nlohmann::json config_to_json(const ModelConfig& c) {
                       {"n_ctx_train", c.n_ctx_train},
                       {"tied_embeddings", c.tied_embeddings},
                       {"name", c.name}};
-  if (c.attention_bias) j["attention_bias"] = true;
-  if (c.qk_norm) j["qk_norm"] = true;
-  if (c.rope_neox) j["rope_neox"] = true;
-  if (c.post_norms) j["post_norms"] = true;
-  if (c.gelu) j["gelu"] = true;
   if (c.rope_dim != c.head_dim) j["rope_dim"] = c.rope_dim;
-  if (c.moe()) {
-    j["n_expert"] = c.n_expert;
-    j["n_expert_used"] = c.n_expert_used;
-    j["n_ff_exp"] = c.n_ff_exp;
-  }
-  if (c.n_expert_shared > 0) j["n_expert_shared"] = c.n_expert_shared, j["n_ff_shexp"] = c.n_ff_shexp;
-  if (c.n_layer_dense_lead > 0) j["n_layer_dense_lead"] = c.n_layer_dense_lead;
-  if (c.router_bias) j["router_bias"] = true;
-  if (c.expert_bias) j["expert_bias"] = true;
-  if (c.out_bias) j["out_bias"] = true;
-  if (c.attn_sinks) j["attn_sinks"] = true;
-  if (c.mla()) {
-    j["q_lora_rank"] = c.q_lora_rank;
-    j["kv_lora_rank"] = c.kv_lora_rank;
-  }
-  if (c.v_head_dim > 0) j["v_head_dim"] = c.v_head_dim;
+  for (const auto& [key, field] : kOptionalFlags)
+    if (c.*field) j[key] = true;
+  for (const auto& [key, field] : kOptionalCounts)
+    if (c.*field != 0) j[key] = c.*field;
   if (!c.layer_window.empty()) j["layer_window"] = c.layer_window;
   if (!c.layer_chunk.empty()) j["layer_chunk"] = c.layer_chunk;
   if (!c.layer_n_head.empty()) j["layer_n_head"] = c.layer_n_head;
@@ -278,20 +282,14 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
     c.rope_theta = j.value("rope_theta", 10000.0f);
     c.rms_eps = j.value("rms_eps", 1e-5f);
     c.tied_embeddings = j.value("tied_embeddings", false);
-    c.attention_bias = j.value("attention_bias", false);
-    c.qk_norm = j.value("qk_norm", false);
-    c.rope_neox = j.value("rope_neox", false);
-    c.post_norms = j.value("post_norms", false);
-    c.gelu = j.value("gelu", false);
-    const auto opt_int = [&](const char* key) {
-      return j.contains(key) ? int_value(j[key], key, origin) : 0;
-    };
-    const auto opt_bool = [&](const char* key) {
+    for (const auto& [key, field] : kOptionalFlags) {
       if (j.contains(key) && !j[key].is_boolean())
         fail("{}: {} must be true or false, got {}", origin, key, j[key].dump());
-      return j.value(key, false);
-    };
-    if (j.contains("rope_dim")) c.rope_dim = opt_int("rope_dim");
+      c.*field = j.value(key, false);
+    }
+    for (const auto& [key, field] : kOptionalCounts)
+      c.*field = j.contains(key) ? int_value(j[key], key, origin) : 0;
+    if (j.contains("rope_dim")) c.rope_dim = int_value(j["rope_dim"], "rope_dim", origin);
     c.layer_window = int_array(j, "layer_window", origin);
     c.layer_chunk = int_array(j, "layer_chunk", origin);
     // A window as a published config writes it: its size, and which layers slide (the last of
@@ -309,19 +307,6 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
       for (int l = 0; l < c.n_layer; ++l)
         c.layer_window.push_back(period == 0 || l % period < period - 1 ? w : 0);
     }
-    c.n_expert = opt_int("n_expert");
-    c.n_expert_used = opt_int("n_expert_used");
-    c.n_ff_exp = opt_int("n_ff_exp");
-    c.n_expert_shared = opt_int("n_expert_shared");
-    c.n_ff_shexp = opt_int("n_ff_shexp");
-    c.n_layer_dense_lead = opt_int("n_layer_dense_lead");
-    c.router_bias = opt_bool("router_bias");
-    c.expert_bias = opt_bool("expert_bias");
-    c.out_bias = opt_bool("out_bias");
-    c.attn_sinks = opt_bool("attn_sinks");
-    c.q_lora_rank = opt_int("q_lora_rank");
-    c.kv_lora_rank = opt_int("kv_lora_rank");
-    c.v_head_dim = opt_int("v_head_dim");
     c.layer_n_head = int_array(j, "layer_n_head", origin);
     c.layer_n_head_kv = int_array(j, "layer_n_head_kv", origin);
     c.layer_n_ff = int_array(j, "layer_n_ff", origin);
