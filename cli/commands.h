@@ -105,6 +105,8 @@ CLI::Option* add_gguf_model(CLI::App& sub, std::string& gguf);
 // --model FILE or --model-config PRESET, not both: the model a subcommand costs; `what` ends the
 // help ("cost", "report on").
 void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, const char* what);
+// --ep and --moe-imbalance (sim::expert_parallel) on a subcommand that has --tp.
+void add_expert_parallel(CLI::App& sub, int& ep, double& imbalance);
 // --help-models on `app`: the presets listed (preset_summaries), exit 0.
 void add_help_models(CLI::App& app);
 // --hw (required) and --engine: the hardware profiles a subcommand costs on.
@@ -170,7 +172,8 @@ struct SimulateArgs {
   sim::Precision precision;
   int64_t prompt_tokens = 0, new_tokens = 0;
   std::string revival_model;  // "" or "builtin": the built-in revival model
-  int tp = 1;
+  int tp = 1, ep = 1;         // tensor and expert parallelism (sim::expert_parallel)
+  double moe_imbalance = 0;   // the busiest GPU's routed pairs over the mean; 0: expected
   int64_t step_times = 4096;  // decoding steps whose times --json lists
   double revival_share = -1;  // >= 0: a constant share instead of the revival model
   bool map = false, json_out = false, per_layer = false;
@@ -196,7 +199,8 @@ struct SimulateServingArgs {
   uint64_t seed = 0;
   int64_t max_batch_tokens = 2048, chunk_tokens = 0;
   double kv_budget_mib = 1024, kv_element_bytes = 0, iteration_overhead_ms = 0;
-  int tp = 1, seeds = 3;
+  int tp = 1, ep = 1, seeds = 3;
+  double moe_imbalance = 0;
   bool capacity = false, json_out = false;
   double slo_ttft_ms = 0, slo_itl_ms = 0, tolerance = 0.01;
   std::string out;

@@ -23,6 +23,17 @@ void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, con
   add_help_models(sub);
 }
 
+void add_expert_parallel(CLI::App& sub, int& ep, double& imbalance) {
+  sub.add_option("--ep", ep,
+                 "Expert parallelism: spread a MoE model's experts whole over N of the --tp GPUs (N divides "
+                 "--tp and the experts; default 1: each expert split --tp ways)")
+      ->check(CLI::Range(1, 4096));
+  sub.add_option(
+      "--moe-imbalance", imbalance,
+      "With --ep: the busiest GPU's routed (token, expert) pairs over the mean (at least 1; default: "
+      "the expected busiest under uniform routing)");
+}
+
 void add_help_models(CLI::App& app) {
   app.add_flag_callback(
       "--help-models",

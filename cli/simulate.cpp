@@ -144,6 +144,7 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "Tensor-parallel degree: spread the model over N GPUs of each profile (default 1); times and "
                 "memory are per GPU, all-reduces included")
       ->check(CLI::Range(1, 4096));
+  add_expert_parallel(*s, a.ep, a.moe_imbalance);
   s->add_flag("--map", a.map,
               "Allow a trace (or --revival-model) recorded on another model or prompt length: layers map by "
               "relative depth, token counts by share of the prompt");
@@ -312,6 +313,8 @@ void synthetic_source(const SimulateArgs& a, const std::string& policy, StepSour
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   (void)sub;
   // Without --trace the work is synthetic: --prune POLICY, or the unpruned run when it is left out.
+  if ((a.ep > 1 || a.moe_imbalance != 0) && (a.runahead > 0 || !a.kv_predict.empty()))
+    usage_fail("--ep and --moe-imbalance apply to a replayed run, not to --runahead or --kv-predict");
   if (a.runahead > 0) return cmd_simulate_runahead(a);
   if (!a.kv_predict.empty()) return cmd_simulate_kv_predict(a);
   const std::string policy = a.prune.empty() ? "none" : a.prune;
@@ -329,7 +332,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     trace_source(a, s);
   else
     synthetic_source(a, policy, s);
-  const ModelConfig& c = s.c;
+  const ModelConfig c = sim::expert_parallel(s.c, a.ep, a.moe_imbalance);
   const trace::Header& header = s.header;
   for (const hw::Profile& hw : hws)
     for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });  // before any output
@@ -349,6 +352,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"revivals", s.revivals},
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
               {"tp", a.tp},
+              {"ep", a.ep},
               {"results", json::array()}};
   if (header.prompt_tokens_dropped > 0) out["prompt_tokens_dropped"] = header.prompt_tokens_dropped;
   if (!a.json_out)
@@ -362,7 +366,9 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
             ? fmt::format(" ({} dropped before the model)", header.prompt_tokens_dropped)
             : "",
         decode_steps, prec.weights, prec.compute, prec.kv,
-        a.tp > 1 ? fmt::format(", tensor parallel {}", a.tp) : "");
+        a.tp > 1 ? fmt::format(", tensor parallel {}{}", a.tp,
+                               a.ep > 1 ? fmt::format(", experts over {}", a.ep) : "")
+                 : "");
   if (!a.json_out && decode_steps > 0) fmt::print("revivals: {}\n", s.revivals);
   for (size_t i = 0; i < hws.size(); ++i) {
     const sim::PairedPrediction& pp = replayed.per_hw[i];

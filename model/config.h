@@ -80,6 +80,12 @@ struct ModelConfig {
   int q_lora_rank = 0;
   int kv_lora_rank = 0;
   int v_head_dim = 0;  // 0: head_dim
+  // The simulator's expert parallelism (sim::expert_parallel, applied by tp_shard): the experts
+  // spread whole over `ep` GPUs of the tensor-parallel group, n_expert then a GPU's share; and the
+  // busiest GPU's routed pairs over the mean (0: the expected busiest under uniform routing,
+  // routed_pairs in model/ops.h). Never in a file.
+  int ep = 1;
+  double moe_imbalance = 0;
   // Chunked attention (Llama 4): layer_chunk[l] > 0 lets a query see only the keys of its own
   // chunk of that many positions (chunk c holds positions [c*C, (c+1)*C)); empty: none.
   std::vector<int> layer_chunk;

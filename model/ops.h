@@ -12,6 +12,7 @@
 // every operand read once and every result written once at the stated element sizes.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -95,11 +96,26 @@ inline double shared_ffn_width(const ModelConfig& c) {
 }
 
 // The distinct experts T rows reach with k of E each, routed uniformly at random: E (1 - (1 - k/E)^T).
-// What the Experts op reads where the shape does not say (a simulation); a run counts its own.
+// What the Experts op reads where the shape does not say (a simulation); a run counts its own. Under
+// expert parallelism (c.ep > 1, c.n_expert a GPU's share of the E = n_expert * ep experts): the
+// share of them on one GPU.
 inline double expected_experts(const ModelConfig& c, int64_t T) {
   if (!c.moe() || T <= 0) return 0;
-  const double E = c.n_expert;
-  return E * (1.0 - std::pow(1.0 - double(c.n_expert_used) / E, double(T)));
+  const double E = double(c.n_expert) * std::max(c.ep, 1);
+  return double(c.n_expert) * (1.0 - std::pow(1.0 - double(c.n_expert_used) / E, double(T)));
+}
+
+// The (row, routed expert) pairs one GPU computes for T rows: T k, or under expert parallelism the
+// busiest GPU's share: the mean T k / ep times the imbalance, c.moe_imbalance where given, else
+// the expected busiest of ep GPUs when each pair lands on one at random, mean + sigma sqrt(2 ln ep)
+// (sigma^2 = mean (1 - 1/ep)); at most T min(k, the GPU's experts).
+inline double routed_pairs(const ModelConfig& c, int64_t T) {
+  const double pairs = double(T) * c.n_expert_used;
+  if (c.ep <= 1 || T <= 0) return pairs;
+  const double ep = c.ep, mean = pairs / ep;
+  const double f =
+      c.moe_imbalance > 0 ? c.moe_imbalance : 1.0 + std::sqrt(2.0 * std::log(ep) * (1.0 - 1.0 / ep) / mean);
+  return std::min(mean * f, double(T) * std::min(c.n_expert_used, c.n_expert));
 }
 
 // Element sizes in bytes.
@@ -161,7 +177,7 @@ inline double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
       // Each row through k experts: gate|up, activation, down, weighted sum (and the biases' adds);
       // and through the shared experts, unweighted.
       if (!c.moe()) return 0.0;
-      const double pairs = double(T) * c.n_expert_used, Fe = c.n_ff_exp, Fs = shared_ffn_width(c);
+      const double pairs = routed_pairs(c, T), Fe = c.n_ff_exp, Fs = shared_ffn_width(c);
       return pairs * (6.0 * D * Fe + 5.0 * Fe + 2.0 * D + (c.expert_bias ? 2.0 * Fe + D : 0.0)) +
              double(T) * (6.0 * D * Fs + 5.0 * Fs + (Fs > 0 ? D : 0.0));
     }
@@ -232,7 +248,7 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
       // (row, expert) pair's row in, gate|up out, activation in and out, down out; the rows' sum
       // written.
       if (!c.moe()) return 0.0;
-      const double Fe = c.n_ff_exp, Fs = shared_ffn_width(c), pairs = double(T) * c.n_expert_used;
+      const double Fe = c.n_ff_exp, Fs = shared_ffn_width(c), pairs = routed_pairs(c, T);
       const double ran = s.experts > 0 ? double(s.experts) : expected_experts(c, T);
       const auto per_row = [&](double F) {
         return D * d.act_bytes + 2 * F * d.elem_bytes + F * (d.elem_bytes + d.act_bytes) + D * d.elem_bytes;

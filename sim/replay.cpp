@@ -102,8 +102,24 @@ trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens
   return m;
 }
 
+ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance) {
+  if (ep < 1) usage_fail("--ep must be at least 1, got {}", ep);
+  if (!(imbalance == 0 || (std::isfinite(imbalance) && imbalance >= 1)))
+    usage_fail("--moe-imbalance must be at least 1 (the busiest GPU's routed pairs over the mean), got {}",
+               imbalance);
+  if (ep == 1 && imbalance == 0) return c;
+  if (!c.moe()) usage_fail("--ep {}: the model has no experts (n_expert 0)", ep);
+  if (c.n_expert % ep != 0) usage_fail("--ep {} does not divide the model's {} experts", ep, c.n_expert);
+  ModelConfig e = c;
+  e.ep = ep;
+  e.moe_imbalance = imbalance;
+  return e;
+}
+
 ModelConfig tp_shard(const ModelConfig& c, int tp) {
   if (tp < 1) usage_fail("tensor parallelism needs at least 1 GPU, got {}", tp);
+  if (c.ep > 1 && tp % c.ep != 0)
+    usage_fail("--ep {} does not divide --tp {} (experts spread over the tensor-parallel GPUs)", c.ep, tp);
   if (tp == 1) return c;
   const auto heads = [&](int h, const char* what) {
     if (h % tp != 0) usage_fail("{} GPUs of tensor parallelism do not divide the model's {} {}", tp, h, what);
@@ -119,9 +135,23 @@ ModelConfig tp_shard(const ModelConfig& c, int tp) {
   s.n_head = heads(c.n_head, "attention heads");
   s.n_head_kv = kv_heads(c.n_head_kv);
   s.n_ff = heads(c.n_ff, "FFN width");
-  // Each expert's width split as a dense FFN's is (vLLM's tensor-parallel MoE); the router, and
+  // Each expert's width split as a dense FFN's is (vLLM's tensor-parallel MoE), or under expert
+  // parallelism the experts spread whole over ep GPUs and each split tp/ep ways; the router, and
   // latent attention's latent and its K/V cache, are whole on every GPU.
-  if (c.moe()) s.n_ff_exp = heads(c.n_ff_exp, "expert FFN width");
+  if (c.moe()) {
+    if (c.ep > 1) {
+      if (tp % c.ep != 0)
+        usage_fail("--ep {} does not divide --tp {} (experts spread over the tensor-parallel GPUs)", c.ep,
+                   tp);
+      s.n_expert = c.n_expert / c.ep;
+      const int split = tp / c.ep;
+      if (c.n_ff_exp % split != 0)
+        usage_fail("{} GPUs an expert do not divide the expert FFN width {}", split, c.n_ff_exp);
+      s.n_ff_exp = c.n_ff_exp / split;
+    } else {
+      s.n_ff_exp = heads(c.n_ff_exp, "expert FFN width");
+    }
+  }
   if (c.n_expert_shared > 0) s.n_ff_shexp = heads(c.n_ff_shexp, "shared expert FFN width");
   s.n_vocab = (c.n_vocab + tp - 1) / tp;
   for (int& h : s.layer_n_head) h = heads(h, "attention heads (a layer)");
@@ -164,8 +194,9 @@ namespace {
 // and the SwiGLU output, at the activation element size.
 double activation_bytes(const ModelConfig& c, int64_t T, double act_bytes) {
   // A MoE layer's FFN activations: each row's k experts and the shared ones.
-  const double D = c.n_embd,
-               F = c.moe() ? double(c.n_expert_used) * c.n_ff_exp + shared_ffn_width(c) : double(c.n_ff);
+  const double D = c.n_embd, F = c.moe() && T > 0
+                                     ? routed_pairs(c, T) / double(T) * c.n_ff_exp + shared_ffn_width(c)
+                                     : double(c.n_ff);
   return double(T) * (3 * D + double(qkv_outputs(c)) + c.v_dim() + 3 * F) * act_bytes;
 }
 }  // namespace

@@ -63,6 +63,12 @@ trace::Step map_step(const trace::Header& h, const trace::Step& s, int n_layer, 
 // FFN width and ceil(V/tp) of the vocabulary, per layer. Throws lp::UsageError naming what does
 // not divide; tp 1 returns `c`.
 ModelConfig tp_shard(const ModelConfig& c, int tp);
+// `c` deployed with expert parallelism over `ep` of its tensor-parallel GPUs (docs/simulator.md
+// "Expert parallelism"): tp_shard then gives each GPU n_expert / ep whole experts (split tp / ep
+// ways), and its routed pairs are the busiest GPU's (`imbalance` x the mean; 0: the expected
+// busiest under uniform routing). Throws lp::UsageError for a dense model, an ep that does not
+// divide the experts, or an imbalance below 1.
+ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance = 0);
 // Checks that `hw` can host `tp` GPUs (its max_tp) and that `c` splits over them.
 void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp);
 

@@ -3,11 +3,13 @@
 // costed on every profile.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "hwmodels/profile.h"
 #include "model/error.h"
+#include "model/ops.h"
 #include "model/presets.h"
 #include "sim/replay.h"
 #include "traces/synthetic.h"
@@ -74,6 +76,44 @@ TEST(Sim2026, Fp4OnlyWhereThePartRunsIt) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("no FP4 peak"), std::string::npos) << e.what();
   }
+}
+
+// Expert parallelism over the tensor-parallel GPUs: the same weights a GPU, whole experts instead
+// of slices, and the busiest GPU's routed pairs.
+TEST(Sim2026, ExpertParallelism) {
+  const ModelConfig c = preset_config("qwen3-235b-a22b");  // 128 experts of 1536, 8 a token
+  const ModelConfig e = sim::expert_parallel(c, 8, 1.0), g = sim::tp_shard(e, 8), t = sim::tp_shard(c, 8);
+  EXPECT_EQ(g.n_expert, 16);
+  EXPECT_EQ(g.n_ff_exp, 1536);
+  EXPECT_EQ(t.n_ff_exp, 192);
+  EXPECT_EQ(g.n_expert_params(), t.n_expert_params());  // 16 whole or 128 eighths
+  // With no imbalance, a GPU computes an eighth of the pairs either way.
+  EXPECT_DOUBLE_EQ(routed_pairs(g, 4096), 4096.0);
+  // (the slices' per-pair combine adds, 2 D a pair, are counted on every GPU: 0.15% here)
+  EXPECT_NEAR(op_flops(g, Op::Experts, {4096, 0, 0}), op_flops(t, Op::Experts, {4096, 0, 0}),
+              0.002 * op_flops(t, Op::Experts, {4096, 0, 0}));
+  // A GPU's share of the experts 4,096 rows reach: nearly all of its 16.
+  EXPECT_NEAR(expected_experts(g, 4096), 16.0, 1e-6);
+  EXPECT_NEAR(expected_experts(g, 1), 16.0 * 8 / 128, 1e-12);
+  // The expected busiest of 8 GPUs: the mean plus sigma sqrt(2 ln 8), sigma^2 = mean (1 - 1/8).
+  const ModelConfig d = sim::tp_shard(sim::expert_parallel(c, 8), 8);
+  const double mean = 64.0 * 8 / 8;
+  EXPECT_DOUBLE_EQ(routed_pairs(d, 64), mean + std::sqrt(mean * 7.0 / 8) * std::sqrt(2 * std::log(8.0)));
+  EXPECT_DOUBLE_EQ(routed_pairs(d, 1), 1.0 + std::sqrt(7.0 / 8) * std::sqrt(2 * std::log(8.0)));
+  const ModelConfig m = sim::tp_shard(sim::expert_parallel(preset_config("mixtral-8x7b"), 8), 8);
+  EXPECT_DOUBLE_EQ(routed_pairs(m, 1), 1.0);  // capped: one row reaches at most one expert of a GPU's one
+  // A decoding iteration of 8 rows is slower with the busiest GPU's share than with the mean's.
+  const hw::Profile h200 = hw::load_profile("h200");
+  const sim::Precision fp8{"fp8", "fp8", "fp8"};
+  const auto step = [&](const ModelConfig& m) {
+    return sim::replay_synthetic(m, "none", {}, 4096, 1, {}, h200, fp8, 8, 8, 1).decode_step_s.at(0);
+  };
+  EXPECT_GT(step(sim::expert_parallel(c, 8)), step(e));
+  // Refused: a dense model, experts the degree does not divide, a degree that does not divide tp.
+  EXPECT_THROW(sim::expert_parallel(preset_config("llama-3.1-8b"), 2), UsageError);
+  EXPECT_THROW(sim::expert_parallel(preset_config("mixtral-8x7b"), 3), UsageError);
+  EXPECT_THROW(sim::expert_parallel(c, 8, 0.5), UsageError);
+  EXPECT_THROW(sim::tp_shard(sim::expert_parallel(c, 8), 4), UsageError);
 }
 
 // Every preset on every shipped profile: finite, positive, and the pruned run is no slower than
