@@ -145,6 +145,14 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "memory are per GPU, all-reduces included")
       ->check(CLI::Range(1, 4096));
   add_expert_parallel(*s, a.ep, a.moe_imbalance);
+  s->add_option(
+       "--pp", a.pp,
+       "Pipeline parallelism: the layers in N stages of --tp GPUs each (default 1); times include the "
+       "hand-offs, memory is the fullest stage's GPU's")
+      ->check(CLI::Range(1, 1024));
+  s->add_option("--pp-link-gbs", a.pp_link_gbs,
+                "With --pp: the link between stages, GB/s a GPU (default 50: one 400 Gb/s NIC, the stages on "
+                "different nodes)");
   s->add_flag("--map", a.map,
               "Allow a trace (or --revival-model) recorded on another model or prompt length: layers map by "
               "relative depth, token counts by share of the prompt");
@@ -210,6 +218,9 @@ json simulate_result_json(const SimulateArgs& a, const hw::Profile& hw, const si
             {"prefill_bound_op", std::string(op_name(p.prefill_bound_op()))},
             {"prefill_comm_ms", p.prefill_comm.time_s * 1e3},
             {"decode_comm_ms", p.decode_comm.time_s * 1e3},
+            {"pp", p.pp},
+            {"prefill_pp_ms", p.prefill_pp.time_s * 1e3},
+            {"decode_pp_ms", p.decode_pp.time_s * 1e3},
             {"memory_bytes", p.memory.to_json()},
             {"baseline_memory_bytes", {{"kv", b.memory.kv}, {"total", b.memory.total()}}},
             {"fits_in_memory", bool(fits)},
@@ -237,6 +248,11 @@ void print_simulate_result(const SimulateArgs& a, const hw::Profile& hw, const s
   if (a.tp > 1)
     fmt::print("\n  {:<12} tensor parallel over {} GPUs: all-reduces {:.2f} ms of the TTFT; memory per GPU",
                "", a.tp, p.prefill_comm.time_s * 1e3);
+  if (a.pp > 1)
+    fmt::print(
+        "\n  {:<12} pipeline of {} stages: hand-offs {:.2f} ms of the TTFT; memory of the fullest stage's "
+        "GPU",
+        "", a.pp, p.prefill_pp.time_s * 1e3);
   fmt::print(
       "\n  {:<12} memory {:.2f} GiB = weights {:.2f} + KV {:.3f} + Aux {:.3f} + activations {:.3f}{}; "
       "bound by {}\n",
@@ -313,8 +329,9 @@ void synthetic_source(const SimulateArgs& a, const std::string& policy, StepSour
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   (void)sub;
   // Without --trace the work is synthetic: --prune POLICY, or the unpruned run when it is left out.
-  if ((a.ep > 1 || a.moe_imbalance != 0) && (a.runahead > 0 || !a.kv_predict.empty()))
-    usage_fail("--ep and --moe-imbalance apply to a replayed run, not to --runahead or --kv-predict");
+  if ((a.ep > 1 || a.moe_imbalance != 0 || a.pp > 1) && (a.runahead > 0 || !a.kv_predict.empty()))
+    usage_fail("--ep, --moe-imbalance and --pp apply to a replayed run, not to --runahead or --kv-predict");
+  if (!(a.pp_link_gbs > 0)) usage_fail("--pp-link-gbs must be positive, got {}", a.pp_link_gbs);
   if (a.runahead > 0) return cmd_simulate_runahead(a);
   if (!a.kv_predict.empty()) return cmd_simulate_kv_predict(a);
   const std::string policy = a.prune.empty() ? "none" : a.prune;
@@ -336,9 +353,11 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   const trace::Header& header = s.header;
   for (const hw::Profile& hw : hws)
     for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });  // before any output
-  const sim::PairedReplay replayed =
-      sim::replay_beside_unpruned([&](trace::Step& st) { return s.next(st); }, s.src, header, s.map_steps, c,
-                                  hws, prec, a.tp, a.json_out ? size_t(a.step_times) : 0, s.known_steps);
+  const sim::Pipeline pipeline{a.pp, a.pp_link_gbs * 1e9};
+  sim::pipeline_starts(c.n_layer, a.pp);
+  const sim::PairedReplay replayed = sim::replay_beside_unpruned(
+      [&](trace::Step& st) { return s.next(st); }, s.src, header, s.map_steps, c, hws, prec, a.tp,
+      a.json_out ? size_t(a.step_times) : 0, s.known_steps, pipeline);
   const int64_t decode_steps = replayed.decode_steps;
 
   json out = {{"model", c.name.empty() ? (a.model_config.empty() ? a.model : a.model_config) : c.name},
@@ -353,6 +372,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
               {"tp", a.tp},
               {"ep", a.ep},
+              {"pp", a.pp},
               {"results", json::array()}};
   if (header.prompt_tokens_dropped > 0) out["prompt_tokens_dropped"] = header.prompt_tokens_dropped;
   if (!a.json_out)

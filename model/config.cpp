@@ -93,9 +93,14 @@ void read_experts(const GgufFile& f, ModelConfig& c) {
 }  // namespace
 
 int64_t ModelConfig::n_params() const {
-  const int64_t D = n_embd, V = n_vocab;
-  int64_t total = V * D * (tied_embeddings ? 1 : 2) + D;
-  for (int l = 0; l < n_layer; ++l) {
+  int64_t total = int64_t(n_vocab) * n_embd * (tied_embeddings ? 1 : 2) + n_embd;
+  for (int l = 0; l < n_layer; ++l) total += layer_params(l);
+  return total;
+}
+
+int64_t ModelConfig::layer_params(int l) const {
+  const int64_t D = n_embd;
+  {
     const ModelConfig c = uniform() ? *this : layer(l);
     const int64_t H = c.n_head, Dh = c.head_dim, q = c.q_dim(), kv = c.kv_dim(), F = c.n_ff;
     int64_t attn = 0;
@@ -114,9 +119,8 @@ int64_t ModelConfig::n_params() const {
       ffn = E * (3 * D * Fe + (c.expert_bias ? 2 * Fe + D : 0)) + D * E + (c.router_bias ? E : 0) +
             int64_t(c.n_expert_shared) * 3 * D * c.n_ff_shexp;
     }
-    total += attn + ffn + 2 * D + (c.post_norms ? 2 * D : 0);
+    return attn + ffn + 2 * D + (c.post_norms ? 2 * D : 0);
   }
-  return total;
 }
 
 int64_t ModelConfig::n_active_params() const {
@@ -132,14 +136,16 @@ int64_t ModelConfig::n_active_params() const {
 
 int64_t ModelConfig::n_expert_params() const {
   int64_t n = 0;
-  for (int l = 0; l < n_layer; ++l) {
-    const ModelConfig c = uniform() ? *this : layer(l);
-    if (c.moe())
-      n += int64_t(c.n_expert) * (3 * int64_t(c.n_embd) * c.n_ff_exp +
-                                  (c.expert_bias ? 2 * int64_t(c.n_ff_exp) + c.n_embd : 0)) +
-           int64_t(c.n_expert_shared) * 3 * c.n_embd * c.n_ff_shexp;
-  }
+  for (int l = 0; l < n_layer; ++l) n += layer_expert_params(l);
   return n;
+}
+
+int64_t ModelConfig::layer_expert_params(int l) const {
+  const ModelConfig c = uniform() ? *this : layer(l);
+  if (!c.moe()) return 0;
+  const int64_t D = c.n_embd, Fe = c.n_ff_exp;
+  return int64_t(c.n_expert) * (3 * D * Fe + (c.expert_bias ? 2 * Fe + D : 0)) +
+         int64_t(c.n_expert_shared) * 3 * D * c.n_ff_shexp;
 }
 
 std::vector<int> ModelConfig::global_layers() const {

@@ -123,12 +123,16 @@ struct ModelConfig {
   // Parameters in the matrices that a forward pass multiplies (per layer and LM head),
   // plus norms and embeddings.
   int64_t n_params() const;
+  // Of n_params, layer l's (its attention, FFN or experts, norms); the rest is the embedding, the
+  // final norm and an untied LM head.
+  int64_t layer_params(int l) const;
   // Of those, what one token multiplies: n_params with only n_expert_used experts a layer (= n_params
   // for a dense model).
   int64_t n_active_params() const;
   // Of n_params, the routed and shared experts' (with their biases): what a separate expert weight
   // dtype (MXFP4 experts) stores.
   int64_t n_expert_params() const;
+  int64_t layer_expert_params(int l) const;  // layer l's share of it
   bool uniform() const {
     return layer_n_head.empty() && layer_n_head_kv.empty() && layer_n_ff.empty() && n_layer_dense_lead == 0;
   }

@@ -229,6 +229,26 @@ Replayer::Replayer(const trace::Header& h, const ModelConfig& c, const hw::Profi
   r_.prefill_layers.assign(size_t(L), OpCosts{});
 }
 
+std::vector<int> pipeline_starts(int n_layer, int stages) {
+  if (stages < 1) usage_fail("--pp must be at least 1, got {}", stages);
+  if (stages > n_layer) usage_fail("--pp {} is more stages than the model's {} layers", stages, n_layer);
+  std::vector<int> starts;
+  for (int k = 0, l = 0; k < stages; ++k) {
+    starts.push_back(l);
+    l += n_layer / stages + (k < n_layer % stages ? 1 : 0);
+  }
+  return starts;
+}
+
+void Replayer::set_pipeline(const Pipeline& p) {
+  if (steps_ > 0) fail("a pipeline is set before the first step");
+  if (!(p.link_bytes_per_s > 0) || !(p.latency_s >= 0))
+    usage_fail("the pipeline link needs a positive bandwidth and a latency of at least 0");
+  stage_starts_ = pipeline_starts(c_.n_layer, p.stages);
+  pipe_ = p;
+  r_.pp = p.stages;
+}
+
 void Replayer::add(const trace::Step& s) {
   const int L = c_.n_layer;
   const int64_t B = B_;
@@ -285,6 +305,17 @@ void Replayer::add(const trace::Step& s) {
     peak_act_ = std::max(peak_act_, activation_bytes(cfg, T, dt.elem_bytes));
   }
   cost_head(cc_, hw_, tp_, g_, B, double(c_.n_vocab), op(nullptr), reduce);
+  // Pipeline stages: the rows entering each later stage handed over its link.
+  for (size_t k = 1; k < stage_starts_.size(); ++k) {
+    OpCost hand;
+    hand.calls = 1;
+    hand.bytes = double(B * std::max<int64_t>(s.queries[size_t(stage_starts_[k])], 1)) * D * dt.elem_bytes;
+    hand.memory_s = hand.bytes / pipe_.link_bytes_per_s;
+    hand.overhead_s = pipe_.latency_s;
+    hand.time_s = hand.memory_s + hand.overhead_s;
+    step_s += hand.time_s;
+    (prefill ? r.prefill_pp : r.decode_pp).add(hand);
+  }
   if (prefill) {
     r.ttft_s = step_s;
     // One Aux Cache entry per token (a token pruned again overwrites its entry, engine/session.h):
@@ -309,9 +340,29 @@ Prediction Replayer::finish() && {
   const OpDtypes& dt = cc_.dtypes;
   Prediction r = std::move(r_);
   r.memory.weights = weight_memory_bytes(g_, dt);
-  for (size_t l = 0; l < last_keys_.size(); ++l)
-    r.memory.kv +=
-        double(B_ * c_.kv_kept(int(l), last_keys_[l])) * double(lc_[l].kv_token_elems()) * dt.kv_bytes;
+  const auto kv_of = [&](size_t l) {
+    return double(B_ * c_.kv_kept(int(l), last_keys_[l])) * double(lc_[l].kv_token_elems()) * dt.kv_bytes;
+  };
+  for (size_t l = 0; l < last_keys_.size(); ++l) r.memory.kv += kv_of(l);
+  if (stage_starts_.size() > 1 && !last_keys_.empty()) {
+    // The fullest stage: its layers' weights and K/V, the embedding on the first, the final norm
+    // and the LM head (a tied one a copy of the embedding) on the last.
+    const double ew = dt.expert_weight_bytes > 0 ? dt.expert_weight_bytes : dt.weight_bytes;
+    const double table = double(g_.n_vocab) * double(g_.n_embd) * dt.weight_bytes;
+    double most = -1;
+    for (size_t k = 0; k < stage_starts_.size(); ++k) {
+      const int from = stage_starts_[k],
+                to = k + 1 < stage_starts_.size() ? stage_starts_[k + 1] : c_.n_layer;
+      double w = k == 0 ? table : 0, kv = 0;
+      if (k + 1 == stage_starts_.size()) w += table + double(g_.n_embd) * dt.weight_bytes;
+      for (int l = from; l < to; ++l) {
+        const double experts = double(g_.layer_expert_params(l));
+        w += (double(g_.layer_params(l)) - experts) * dt.weight_bytes + experts * ew;
+        kv += kv_of(size_t(l));
+      }
+      if (w + kv > most) most = w + kv, r.memory.weights = w, r.memory.kv = kv;
+    }
+  }
   const double aux_entries = steps_ > 0 ? std::min(aux_entries_, double(prompt_tokens_)) : 0;
   r.memory.aux = double(B_) * aux_entries * c_.n_embd * dt.elem_bytes;
   r.memory.activations = peak_act_ + double(B_) * c_.n_vocab * 4;
@@ -338,7 +389,7 @@ Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile
 PairedReplay replay_beside_unpruned(const std::function<bool(trace::Step&)>& next, const trace::Header& src,
                                     const trace::Header& costed, bool map, const ModelConfig& c,
                                     const std::vector<hw::Profile>& hws, const Precision& p, int tp,
-                                    size_t keep_steps, int64_t known_steps) {
+                                    size_t keep_steps, int64_t known_steps, const Pipeline& pipe) {
   const auto check_context = [&](int64_t decode_steps) {
     if (c.n_ctx_train > 0 && costed.prompt_tokens + decode_steps > c.n_ctx_train)
       fail("{} prompt tokens + {} decoding steps exceed the model's context of {} tokens",
@@ -351,6 +402,7 @@ PairedReplay replay_beside_unpruned(const std::function<bool(trace::Step&)>& nex
   for (const hw::Profile& hw : hws) {
     pruned.emplace_back(costed, c, hw, p, 1, tp, keep_steps);
     unpruned.emplace_back(base.header(), c, hw, p, 1, tp, keep_steps);
+    if (pipe.stages > 1) pruned.back().set_pipeline(pipe), unpruned.back().set_pipeline(pipe);
   }
   PairedReplay out;
   int64_t decode_steps = -1;

@@ -27,10 +27,25 @@ struct Memory {
   nlohmann::ordered_json to_json() const;
 };
 
+// Pipeline parallelism (docs/simulator.md "Pipeline parallelism"): the layers in `stages`
+// contiguous stages (pipeline_starts), each on its own tp GPUs, a step's rows handed from stage to
+// stage over a link of `link_bytes_per_s` with `latency_s` a hand-off. The defaults are one
+// 400 Gb/s NIC a GPU (InfiniBand NDR, an HGX node's), the stages being on different nodes.
+struct Pipeline {
+  int stages = 1;
+  double link_bytes_per_s = 50e9;
+  double latency_s = 5e-6;
+};
+// The first layer of each of `stages` stages over n_layer layers: as equal as they divide, the
+// earlier stages one layer more. Throws lp::UsageError for stages < 1 or more stages than layers.
+std::vector<int> pipeline_starts(int n_layer, int stages);
+
 struct Prediction {
   std::string hw;
-  int tp = 1;         // GPUs the model is spread over; times and memory are one GPU's
-  double ttft_s = 0;  // the prefill step
+  int tp = 1;                    // GPUs the model is spread over; times and memory are one GPU's
+  int pp = 1;                    // pipeline stages; memory is the fullest stage's GPU's
+  OpCost prefill_pp, decode_pp;  // the hand-offs between stages (pp > 1), in the step times
+  double ttft_s = 0;             // the prefill step
   double prompt_tokens_computed_fraction = 1;  // of the prompt's (token, layer) pairs, the prefill computed
   int64_t decode_steps = 0;                    // decoding steps costed
   double decode_s = 0;                         // their time, summed
@@ -85,6 +100,9 @@ class Replayer {
  public:
   Replayer(const trace::Header& h, const ModelConfig& c, const hw::Profile& hw, const Precision& p,
            int64_t batch = 1, int tp = 1, size_t keep_steps = SIZE_MAX);
+  // Spread the layers over pipeline stages (before the first add): each step hands its rows from
+  // stage to stage, and memory is the fullest stage's. Throws as pipeline_starts.
+  void set_pipeline(const Pipeline& p);
   void add(const trace::Step& s);
   // The prediction, with the memory held at the end (K/V from the last step's keys).
   Prediction finish() &&;
@@ -104,6 +122,8 @@ class Replayer {
   int64_t prompt_tokens_ = 0, dropped_ = 0, steps_ = 0;
   double peak_act_ = 0, aux_entries_ = 0;
   std::vector<int64_t> last_keys_;
+  Pipeline pipe_;
+  std::vector<int> stage_starts_{0};
   Prediction r_;
 };
 
@@ -123,7 +143,7 @@ struct PairedReplay {
 PairedReplay replay_beside_unpruned(const std::function<bool(trace::Step&)>& next, const trace::Header& src,
                                     const trace::Header& costed, bool map, const ModelConfig& c,
                                     const std::vector<hw::Profile>& hws, const Precision& p, int tp,
-                                    size_t keep_steps, int64_t known_steps);
+                                    size_t keep_steps, int64_t known_steps, const Pipeline& pipe = {});
 
 // Replays synthetic steps (trace::SyntheticSteps) as they are made: memory O(layers) whatever
 // `decode_steps`; per-step decode times kept for the first `keep_steps`; random-drop's

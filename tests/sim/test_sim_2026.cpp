@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "hwmodels/profile.h"
 #include "model/error.h"
@@ -114,6 +115,38 @@ TEST(Sim2026, ExpertParallelism) {
   EXPECT_THROW(sim::expert_parallel(preset_config("mixtral-8x7b"), 3), UsageError);
   EXPECT_THROW(sim::expert_parallel(c, 8, 0.5), UsageError);
   EXPECT_THROW(sim::tp_shard(sim::expert_parallel(c, 8), 4), UsageError);
+}
+
+// Pipeline parallelism: DeepSeek-V3 in fp8 over 2 nodes of 8 H100s (TP 8 x PP 2) fits where one
+// node does not; the TTFT gains the hand-off of the rows entering the second stage.
+TEST(Sim2026, PipelineParallelism) {
+  EXPECT_EQ(sim::pipeline_starts(61, 2), (std::vector<int>{0, 31}));
+  EXPECT_EQ(sim::pipeline_starts(10, 4), (std::vector<int>{0, 3, 6, 8}));
+  EXPECT_THROW(sim::pipeline_starts(16, 17), UsageError);
+  EXPECT_THROW(sim::pipeline_starts(16, 0), UsageError);
+  const ModelConfig c = preset_config("deepseek-v3");
+  const hw::Profile h100 = hw::load_profile("h100-sxm");
+  const sim::Precision fp8{"fp8", "fp8", "fp8"};
+  const auto run = [&](int pp) {
+    trace::SyntheticSteps gen(c, "none", {}, 8192, 0);
+    sim::Replayer r(gen.header(), c, h100, fp8, 1, 8);
+    if (pp > 1) r.set_pipeline({pp, 50e9, 5e-6});
+    for (trace::Step st; gen.next(st);) r.add(st);
+    return std::move(r).finish();
+  };
+  const sim::Prediction one = run(1), two = run(2);
+  EXPECT_GT(one.memory.total(), h100.memory_capacity);
+  EXPECT_LT(two.memory.total(), h100.memory_capacity);
+  // The second stage (30 MoE layers, the final norm and the LM head) holds more than the first (3
+  // dense and 28 MoE layers and the embedding): its weights are one GPU's share of its layers.
+  const ModelConfig g = sim::tp_shard(c, 8);
+  double first = double(g.n_vocab) * g.n_embd, second = first + g.n_embd;
+  for (int l = 0; l < 61; ++l) (l < 31 ? first : second) += double(g.layer_params(l));
+  EXPECT_GT(second, first);
+  EXPECT_DOUBLE_EQ(two.memory.weights, second);
+  const double hand = 8192.0 * 7168 * 2 / 50e9 + 5e-6;  // 8,192 rows of 7,168 bf16 activations
+  EXPECT_NEAR(two.prefill_pp.time_s, hand, 1e-12);
+  EXPECT_NEAR(two.ttft_s - one.ttft_s, hand, 1e-9);
 }
 
 // Every preset on every shipped profile: finite, positive, and the pruned run is no slower than
