@@ -308,8 +308,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
                              ? int_value(j["sliding_window_pattern"], "sliding_window_pattern", origin)
                              : 0;
       if (period < 0 || period == 1 || period > c.n_layer + 1)
-        fail("{}: sliding_window_pattern {} is outside [2, n_layer + 1] (0 or absent: every layer slides)",
-             origin, period, c.n_layer);
+        fail("{}: sliding_window_pattern {} is outside [2, {}] (0 or absent: every layer slides)", origin,
+             period, c.n_layer + 1);
       for (int l = 0; l < c.n_layer; ++l)
         c.layer_window.push_back(period == 0 || l % period < period - 1 ? w : 0);
     }

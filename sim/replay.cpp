@@ -241,7 +241,7 @@ std::vector<int> pipeline_starts(int n_layer, int stages) {
 }
 
 void Replayer::set_pipeline(const Pipeline& p) {
-  if (steps_ > 0) fail("a pipeline is set before the first step");
+  if (steps_ > 0) internal_fail("Replayer::set_pipeline after the first step");
   if (!(p.link_bytes_per_s > 0) || !(p.latency_s >= 0))
     usage_fail("the pipeline link needs a positive bandwidth and a latency of at least 0");
   stage_starts_ = pipeline_starts(c_.n_layer, p.stages);

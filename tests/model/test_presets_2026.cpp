@@ -174,6 +174,12 @@ TEST(Presets2026, InconsistentLayerKindsAreRefusedNamingTheField) {
   j["sliding_window"] = 0;
   refused(j, {"m.json", "sliding_window", "at least 1"});
   j = tiny_moe();
+  j["sliding_window"] = 16;
+  j["sliding_window_pattern"] = 1;  // every layer global: not a pattern
+  refused(j, {"m.json", "sliding_window_pattern 1", "[2, 5]"});
+  j["sliding_window_pattern"] = 2;
+  EXPECT_EQ(config_from_json(j, "m.json").layer_window, (std::vector<int>{16, 0, 16, 0}));
+  j = tiny_moe();
   j["layer_window"] = {4, -1, 0, 0};
   refused(j, {"m.json", "layer 1", "window"});
   j = tiny_moe();
