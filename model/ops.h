@@ -127,6 +127,7 @@ struct OpDtypes {
   // Q and O): f32 in this engine and llama.cpp, the compute dtype in GPU serving engines.
   double elem_bytes = 4;
   double expert_weight_bytes = 0;  // the experts' weights where they differ (MXFP4 experts); 0: weight_bytes
+  double experts_bytes() const { return expert_weight_bytes > 0 ? expert_weight_bytes : weight_bytes; }
 };
 
 // op_flops and op_bytes are inline: the serving simulation prices millions of iterations, and with
@@ -253,8 +254,7 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
       const auto per_row = [&](double F) {
         return D * d.act_bytes + 2 * F * d.elem_bytes + F * (d.elem_bytes + d.act_bytes) + D * d.elem_bytes;
       };
-      return (ran * 3.0 * D * Fe + 3.0 * D * Fs) *
-                 (d.expert_weight_bytes > 0 ? d.expert_weight_bytes : d.weight_bytes) +
+      return (ran * 3.0 * D * Fe + 3.0 * D * Fs) * d.experts_bytes() +
              (c.expert_bias ? ran * (2 * Fe + D) * 4 : 0.0) + pairs * per_row(Fe) +
              (Fs > 0 ? double(T) * per_row(Fs) : 0.0) + double(T) * D * d.elem_bytes;
     }

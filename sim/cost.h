@@ -151,11 +151,15 @@ OpCost listed_attention_cost(const CostContext& cc, const ModelConfig& c, int64_
 // rows (k + n) kv_bytes, one call.
 OpCost gemm_cost(const CostContext& cc, int64_t rows, int64_t k, int64_t n);
 
-// The weights' memory: n_params at the weight dtype, the experts' at theirs (Precision::expert_weights).
+// The weights' memory: n_params at the weight dtype, the experts' at theirs (Precision::expert_weights);
+// and layer l's share of it.
+inline double layer_weight_bytes(const ModelConfig& c, int l, const OpDtypes& d) {
+  const double experts = double(c.layer_expert_params(l));
+  return (double(c.layer_params(l)) - experts) * d.weight_bytes + experts * d.experts_bytes();
+}
 inline double weight_memory_bytes(const ModelConfig& c, const OpDtypes& d) {
   const double experts = double(c.n_expert_params());
-  return (double(c.n_params()) - experts) * d.weight_bytes +
-         experts * (d.expert_weight_bytes > 0 ? d.expert_weight_bytes : d.weight_bytes);
+  return (double(c.n_params()) - experts) * d.weight_bytes + experts * d.experts_bytes();
 }
 
 // FLOP/s the op achieved against the peak it runs at: flops / time / peak.

@@ -139,10 +139,7 @@ ModelConfig tp_shard(const ModelConfig& c, int tp) {
   // parallelism the experts spread whole over ep GPUs and each split tp/ep ways; the router, and
   // latent attention's latent and its K/V cache, are whole on every GPU.
   if (c.moe()) {
-    if (c.ep > 1) {
-      if (tp % c.ep != 0)
-        usage_fail("--ep {} does not divide --tp {} (experts spread over the tensor-parallel GPUs)", c.ep,
-                   tp);
+    if (c.ep > 1) {  // ep divides tp: checked above
       s.n_expert = c.n_expert / c.ep;
       const int split = tp / c.ep;
       if (c.n_ff_exp % split != 0)
@@ -347,7 +344,6 @@ Prediction Replayer::finish() && {
   if (stage_starts_.size() > 1 && !last_keys_.empty()) {
     // The fullest stage: its layers' weights and K/V, the embedding on the first, the final norm
     // and the LM head (a tied one a copy of the embedding) on the last.
-    const double ew = dt.expert_weight_bytes > 0 ? dt.expert_weight_bytes : dt.weight_bytes;
     const double table = double(g_.n_vocab) * double(g_.n_embd) * dt.weight_bytes;
     double most = -1;
     for (size_t k = 0; k < stage_starts_.size(); ++k) {
@@ -355,11 +351,7 @@ Prediction Replayer::finish() && {
                 to = k + 1 < stage_starts_.size() ? stage_starts_[k + 1] : c_.n_layer;
       double w = k == 0 ? table : 0, kv = 0;
       if (k + 1 == stage_starts_.size()) w += table + double(g_.n_embd) * dt.weight_bytes;
-      for (int l = from; l < to; ++l) {
-        const double experts = double(g_.layer_expert_params(l));
-        w += (double(g_.layer_params(l)) - experts) * dt.weight_bytes + experts * ew;
-        kv += kv_of(size_t(l));
-      }
+      for (int l = from; l < to; ++l) w += layer_weight_bytes(g_, l, dt), kv += kv_of(size_t(l));
       if (w + kv > most) most = w + kv, r.memory.weights = w, r.memory.kv = kv;
     }
   }
