@@ -106,7 +106,7 @@ CLI::Option* add_gguf_model(CLI::App& sub, std::string& gguf);
 // help ("cost", "report on").
 void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, const char* what);
 // --ep and --moe-imbalance (sim::expert_parallel) on a subcommand that has --tp.
-void add_expert_parallel(CLI::App& sub, int& ep, double& imbalance);
+void add_expert_parallel(CLI::App& sub, int& ep, double& imbalance, int& dp);
 // --help-models on `app`: the presets listed (preset_summaries), exit 0.
 void add_help_models(CLI::App& app);
 // --hw (required) and --engine: the hardware profiles a subcommand costs on.
@@ -173,6 +173,7 @@ struct SimulateArgs {
   int64_t prompt_tokens = 0, new_tokens = 0;
   std::string revival_model;  // "" or "builtin": the built-in revival model
   int tp = 1, ep = 1;         // tensor and expert parallelism (sim::expert_parallel)
+  int dp = 1;                 // data-parallel attention groups around the experts
   double moe_imbalance = 0;   // the busiest GPU's routed pairs over the mean; 0: expected
   int pp = 1;                 // pipeline stages (sim::Pipeline)
   double pp_link_gbs = 50;    // their link, GB/s a GPU
@@ -201,7 +202,7 @@ struct SimulateServingArgs {
   uint64_t seed = 0;
   int64_t max_batch_tokens = 2048, chunk_tokens = 0;
   double kv_budget_mib = 1024, kv_element_bytes = 0, iteration_overhead_ms = 0;
-  int tp = 1, ep = 1, seeds = 3;
+  int tp = 1, ep = 1, dp = 1, seeds = 3;
   double moe_imbalance = 0;
   bool capacity = false, json_out = false;
   double slo_ttft_ms = 0, slo_itl_ms = 0, tolerance = 0.01;
@@ -251,6 +252,8 @@ struct ReportArgs {
   sim::Precision precision;
   std::string revival_model;  // "" or "builtin": the built-in revival model
   int64_t new_tokens = 0, batch = 1;
+  int tp = 1, ep = 1, dp = 1, pp = 1;  // the deployment's layout (simulate's options)
+  double moe_imbalance = 0, pp_link_gbs = 50;
   // NaN: not given (a given 0 is refused, not taken for "none").
   double slo_ttft_ms = std::numeric_limits<double>::quiet_NaN(), mem_budget_gib = slo_ttft_ms;
   double revival_share = -1;  // >= 0: a constant share instead of the revival model

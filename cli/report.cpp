@@ -74,6 +74,14 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
       ->check(finite_number() & CLI::PositiveNumber);
   r->add_option("--mem-budget-gib", a.mem_budget_gib, "Memory budget per device (default: its capacity)")
       ->check(finite_number() & CLI::PositiveNumber);
+  r->add_option("--tp", a.tp, "Tensor-parallel degree (default 1); times and memory are per GPU")
+      ->check(CLI::Range(1, 4096));
+  add_expert_parallel(*r, a.ep, a.moe_imbalance, a.dp);
+  r->add_option("--pp", a.pp,
+                "Pipeline stages, each on its own --tp GPUs (default 1); not with serving objectives")
+      ->check(CLI::Range(1, 4096));
+  r->add_option("--pp-link-gbs", a.pp_link_gbs, "With --pp: the link between stages, GB/s a GPU (default 50)")
+      ->check(CLI::PositiveNumber);
   r->add_option("--batch", a.batch, "Sequences prefilled together (default 1)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   add_precision(*r, a.precision);
@@ -121,7 +129,12 @@ report::Request report_request(const ReportArgs& a, trace::Trace& recorded) {
     usage_fail("give --model PATH or --model-config NAME");
   }
   if (req.model.name.empty()) req.model.name = a.model_config.empty() ? a.model : a.model_config;
+  req.model = sim::expert_parallel(req.model, a.ep, a.moe_imbalance, a.dp, a.tp);
   req.hws = load_profiles(a.hw, a.engine);
+  req.tp = a.tp;
+  for (const hw::Profile& hw : req.hws) for_option("--tp", [&] { sim::check_tp(req.model, hw, a.tp); });
+  sim::pipeline_starts(req.model.n_layer, a.pp);
+  req.pipeline = {a.pp, a.pp_link_gbs * 1e9};
   req.lengths = parse_lengths(a.lengths, "--prompt-lengths");
   req.precision = a.precision;
   sim::validate(req.precision);
@@ -138,6 +151,9 @@ report::Request report_request(const ReportArgs& a, trace::Trace& recorded) {
     s.seeds = a.serving_seeds;
     s.max_batch_tokens = a.serving_max_batch_tokens;
     if (a.serving_kv_budget_gib > 0) s.kv_budget_gib = a.serving_kv_budget_gib;
+    if (a.pp > 1)
+      usage_fail(
+          "--pp with serving objectives: the serving simulation has no pipeline stages yet (drop one)");
     req.serving = s;
   }
   req.tool_version = LP_VERSION;

@@ -144,7 +144,7 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
                 "Tensor-parallel degree: spread the model over N GPUs of each profile (default 1); times and "
                 "memory are per GPU, all-reduces included")
       ->check(CLI::Range(1, 4096));
-  add_expert_parallel(*s, a.ep, a.moe_imbalance);
+  add_expert_parallel(*s, a.ep, a.moe_imbalance, a.dp);
   s->add_option(
        "--pp", a.pp,
        "Pipeline parallelism: the layers in N stages of --tp GPUs each (default 1); times include the "
@@ -245,7 +245,12 @@ void print_simulate_result(const SimulateArgs& a, const hw::Profile& hw, const s
     fmt::print("  decode step {:.2f} ms (unpruned {:.2f})  total {:.1f} ms ({:.2f}x)",
                p.decode_step_mean_s() * 1e3, b.decode_step_mean_s() * 1e3, p.total_s * 1e3,
                b.total_s / p.total_s);
-  if (a.tp > 1)
+  if (a.dp > 1)
+    fmt::print(
+        "\n  {:<12} {} attention groups of {} GPUs, each as loaded as this one: collectives and "
+        "all-to-alls {:.2f} ms of the TTFT; memory per GPU",
+        "", a.dp, a.tp, p.prefill_comm.time_s * 1e3);
+  else if (a.tp > 1)
     fmt::print("\n  {:<12} tensor parallel over {} GPUs: all-reduces {:.2f} ms of the TTFT; memory per GPU",
                "", a.tp, p.prefill_comm.time_s * 1e3);
   if (a.pp > 1)
@@ -329,8 +334,9 @@ void synthetic_source(const SimulateArgs& a, const std::string& policy, StepSour
 int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   (void)sub;
   // Without --trace the work is synthetic: --prune POLICY, or the unpruned run when it is left out.
-  if ((a.ep > 1 || a.moe_imbalance != 0 || a.pp > 1) && (a.runahead > 0 || !a.kv_predict.empty()))
-    usage_fail("--ep, --moe-imbalance and --pp apply to a replayed run, not to --runahead or --kv-predict");
+  if ((a.ep > 1 || a.dp > 1 || a.moe_imbalance != 0 || a.pp > 1) && (a.runahead > 0 || !a.kv_predict.empty()))
+    usage_fail(
+        "--ep, --dp, --moe-imbalance and --pp apply to a replayed run, not to --runahead or --kv-predict");
   if (!(a.pp_link_gbs > 0)) usage_fail("--pp-link-gbs must be positive, got {}", a.pp_link_gbs);
   if (a.runahead > 0) return cmd_simulate_runahead(a);
   if (!a.kv_predict.empty()) return cmd_simulate_kv_predict(a);
@@ -349,7 +355,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     trace_source(a, s);
   else
     synthetic_source(a, policy, s);
-  const ModelConfig c = sim::expert_parallel(s.c, a.ep, a.moe_imbalance);
+  const ModelConfig c = sim::expert_parallel(s.c, a.ep, a.moe_imbalance, a.dp, a.tp);
   const trace::Header& header = s.header;
   for (const hw::Profile& hw : hws)
     for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });  // before any output
@@ -371,7 +377,8 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"revivals", s.revivals},
               {"precision", {{"weights", prec.weights}, {"compute", prec.compute}, {"kv", prec.kv}}},
               {"tp", a.tp},
-              {"ep", a.ep},
+              {"ep", c.ep},
+              {"dp", a.dp},
               {"pp", a.pp},
               {"results", json::array()}};
   if (header.prompt_tokens_dropped > 0) out["prompt_tokens_dropped"] = header.prompt_tokens_dropped;
@@ -386,9 +393,11 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
             ? fmt::format(" ({} dropped before the model)", header.prompt_tokens_dropped)
             : "",
         decode_steps, prec.weights, prec.compute, prec.kv,
-        a.tp > 1 ? fmt::format(", tensor parallel {}{}", a.tp,
-                               a.ep > 1 ? fmt::format(", experts over {}", a.ep) : "")
-                 : "");
+        a.tp > 1 || c.dp > 1
+            ? fmt::format("{}, tensor parallel {}{}",
+                          c.dp > 1 ? fmt::format(", {} data-parallel attention groups", c.dp) : "", a.tp,
+                          c.ep > 1 ? fmt::format(", experts over {}", c.ep) : "")
+            : "");
   if (!a.json_out && decode_steps > 0) fmt::print("revivals: {}\n", s.revivals);
   for (size_t i = 0; i < hws.size(); ++i) {
     const sim::PairedPrediction& pp = replayed.per_hw[i];

@@ -101,7 +101,7 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
                 "Scheduler time per iteration beyond the batch (default 0)")
       ->check(CLI::Range(0.0, 1e4));
   s->add_option("--tp", a.tp, "Tensor-parallel degree (default 1)")->check(CLI::Range(1, 4096));
-  add_expert_parallel(*s, a.ep, a.moe_imbalance);
+  add_expert_parallel(*s, a.ep, a.moe_imbalance, a.dp);
   s->add_flag("--capacity", a.capacity, "Search the highest rate that meets the objectives");
   s->add_option("--slo-ttft-p90-ms", a.slo_ttft_ms, "Objective: p90 time to first token, ms")
       ->check(CLI::Range(1e-3, 1e9));
@@ -297,8 +297,8 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
 
 int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) {
   std::string model_name;
-  const ModelConfig c =
-      sim::expert_parallel(model_to_cost(a.model, a.model_config, &model_name), a.ep, a.moe_imbalance);
+  const ModelConfig c = sim::expert_parallel(model_to_cost(a.model, a.model_config, &model_name), a.ep,
+                                             a.moe_imbalance, a.dp, a.tp);
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);

@@ -117,6 +117,19 @@ Profile parse_profile(const json& j, const std::string& origin) {
   p.max_tp = int(max_tp);
   if (p.max_tp > 1 && p.interconnect_bandwidth <= 0)
     fail("{}: 'max_tp' is {} but 'interconnect_bandwidth_gbs' is 0", origin, p.max_tp);
+  // Optional: the network between nodes, per GPU (data-parallel attention's all-to-all beyond a
+  // node); absent, one 400 Gb/s NIC a GPU (50 GB/s, 5 us) on a GPU, none on a CPU.
+  const bool gpu = p.kind == "gpu";
+  p.scale_out_bandwidth =
+      (j.contains("scale_out_bandwidth_gbs") ? positive(j, "scale_out_bandwidth_gbs", origin)
+       : gpu                                 ? 50.0
+                                             : 0.0) *
+      1e9;
+  p.scale_out_latency =
+      (j.contains("scale_out_latency_us") ? positive(j, "scale_out_latency_us", origin, true)
+       : gpu                              ? 5.0
+                                          : 0.0) *
+      1e-6;
 
   const json& eff = json_member(j, "efficiency", origin);
   if (!eff.is_object()) fail("{}: 'efficiency' must be an object", origin);

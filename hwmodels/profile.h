@@ -93,6 +93,10 @@ struct Profile {
   double interconnect_latency = 0;     // s
   int max_tp = 1;                      // GPUs the interconnect joins (largest tensor-parallel degree)
   double interconnect_efficiency = 1;  // share of interconnect_bandwidth a ring collective reaches
+  // The network between nodes of max_tp GPUs, per GPU (optional in a file: scale_out_bandwidth_gbs,
+  // scale_out_latency_us; absent, one 400 Gb/s NIC a GPU: 50 GB/s and 5 us; 0 on a CPU).
+  double scale_out_bandwidth = 0;  // bytes/s
+  double scale_out_latency = 0;    // s
   // Fixed cost of one pruning stage (a pruning layer in one step) beyond its score, select and
   // gather ops: synchronisation and the small kernels of the selection. s. Optional in a file
   // (efficiency.pruning_stage_us); absent, it is default_pruning_stage_s(kind, dispatch_overhead).

@@ -86,6 +86,11 @@ struct ModelConfig {
   // routed_pairs in model/ops.h). Never in a file.
   int ep = 1;
   double moe_imbalance = 0;
+  // The simulator's data-parallel attention (sim::expert_parallel with dp > 1): `dp` groups of the
+  // tensor-parallel GPUs each run their own requests' attention, and every group's rows meet at the
+  // experts, spread over ep of the dp x tp GPUs with all-to-all dispatch and combine. The simulated
+  // group's rows stand for every group's (equal load): a GPU's experts see dp times its rows.
+  int dp = 1;
   // Chunked attention (Llama 4): layer_chunk[l] > 0 lets a query see only the keys of its own
   // chunk of that many positions (chunk c holds positions [c*C, (c+1)*C)); empty: none.
   std::vector<int> layer_chunk;

@@ -99,23 +99,26 @@ inline double shared_ffn_width(const ModelConfig& c) {
 // What the Experts op reads where the shape does not say (a simulation); a run counts its own. Under
 // expert parallelism (c.ep > 1, c.n_expert a GPU's share of the E = n_expert * ep experts): the
 // share of them on one GPU.
+// Under data-parallel attention (c.dp > 1) the rows of all dp groups: dp T.
 inline double expected_experts(const ModelConfig& c, int64_t T) {
   if (!c.moe() || T <= 0) return 0;
   const double E = double(c.n_expert) * std::max(c.ep, 1);
-  return double(c.n_expert) * (1.0 - std::pow(1.0 - double(c.n_expert_used) / E, double(T)));
+  return double(c.n_expert) *
+         (1.0 - std::pow(1.0 - double(c.n_expert_used) / E, double(T) * std::max(c.dp, 1)));
 }
 
 // The (row, routed expert) pairs one GPU computes for T rows: T k, or under expert parallelism the
 // busiest GPU's share: the mean T k / ep times the imbalance, c.moe_imbalance where given, else
 // the expected busiest of ep GPUs when each pair lands on one at random, mean + sigma sqrt(2 ln ep)
 // (sigma^2 = mean (1 - 1/ep)); at most T min(k, the GPU's experts).
+// Under data-parallel attention the rows of all dp groups, dp T, are routed.
 inline double routed_pairs(const ModelConfig& c, int64_t T) {
-  const double pairs = double(T) * c.n_expert_used;
+  const double rows = double(T) * std::max(c.dp, 1), pairs = rows * c.n_expert_used;
   if (c.ep <= 1 || T <= 0) return pairs;
   const double ep = c.ep, mean = pairs / ep;
   const double f =
       c.moe_imbalance > 0 ? c.moe_imbalance : 1.0 + std::sqrt(2.0 * std::log(ep) * (1.0 - 1.0 / ep) / mean);
-  return std::min(mean * f, double(T) * std::min(c.n_expert_used, c.n_expert));
+  return std::min(mean * f, rows * std::min(c.n_expert_used, c.n_expert));
 }
 
 // Element sizes in bytes.

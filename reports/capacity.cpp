@@ -27,13 +27,14 @@ sim::Prediction method_prediction(const Request& r, const ReportedMethod& m, con
   sim::Prediction p;
   if (m.trace) {
     const trace::Header h = sim::map_header(m.trace->header, r.model.n_layer, N);
-    sim::Replayer rp(h, r.model, hw, r.precision, r.batch, 1, 0);
+    sim::Replayer rp(h, r.model, hw, r.precision, r.batch, r.tp, 0);
+    if (r.pipeline.stages > 1) rp.set_pipeline(r.pipeline);
     for (const trace::Step& s : m.trace->steps) rp.add(sim::map_step(m.trace->header, s, r.model.n_layer, N));
     p = std::move(rp).finish();
   } else {
     p = sim::replay_synthetic(r.model, m.method.policy_name(), m.steps, N,
-                              std::max<int64_t>(0, new_tokens - 1), m.revival, hw, r.precision, r.batch, 1, 0,
-                              drop_share(m.method.schedule).value_or(0));
+                              std::max<int64_t>(0, new_tokens - 1), m.revival, hw, r.precision, r.batch, r.tp,
+                              0, drop_share(m.method.schedule).value_or(0), r.pipeline);
   }
   p.prefill_layers = {};
   return p;
@@ -93,6 +94,7 @@ void add_serving(const Request& r, Report& rep) {
   const auto config = [&](size_t h) {
     sim::ServingConfig cfg;
     cfg.max_batch_tokens = s.max_batch_tokens;
+    cfg.tp = r.tp;
     cfg.kv_element_bytes = sim::dtype_bytes(r.precision.kv, "--kv");
     const double weights = method_prediction(r, r.methods[0], r.hws[h], 1, 0).memory.weights;
     cfg.kv_budget_bytes =
@@ -239,6 +241,7 @@ Report build_report(const Request& r) {
   for (const ReportedMethod& m : r.methods) prov.methods.push_back({m.name, m.method, m.revivals});
   prov.precision = r.precision;
   prov.batch = r.batch;
+  prov.tp = r.tp, prov.dp = r.model.dp, prov.ep = r.model.ep, prov.pp = r.pipeline.stages;
   prov.new_tokens = r.new_tokens;
   prov.slo_ttft_ms = r.slo_ttft_ms;
   prov.mem_budget_gib = r.mem_budget_gib;
@@ -386,8 +389,14 @@ json Report::to_json() const {
       {"trace", or_null(p.trace)},
       {"methods", methods},
       {"precision",
-       {{"weights", p.precision.weights}, {"compute", p.precision.compute}, {"kv", p.precision.kv}}},
+       [&] {
+         json j = {
+             {"weights", p.precision.weights}, {"compute", p.precision.compute}, {"kv", p.precision.kv}};
+         if (!p.precision.expert_weights.empty()) j["expert_weights"] = p.precision.expert_weights;
+         return j;
+       }()},
       {"batch", p.batch},
+      {"parallelism", {{"tp", p.tp}, {"dp", p.dp}, {"ep", p.ep}, {"pp", p.pp}}},
       {"new_tokens", p.new_tokens},
       {"slo_ttft_ms", or_null(p.slo_ttft_ms)},
       {"mem_budget_gib", or_null(p.mem_budget_gib)}};

@@ -65,6 +65,10 @@ struct Request {
   std::optional<double> slo_ttft_ms;
   std::optional<double> mem_budget_gib;  // default: each profile's memory capacity
   int64_t batch = 1;
+  // The deployment's layout: tensor parallelism and pipeline stages here, expert parallelism and
+  // data-parallel attention in `model` (sim::expert_parallel). Times and memory are one GPU's.
+  int tp = 1;
+  sim::Pipeline pipeline;
   sim::Precision precision;
   std::optional<ServingSpec> serving;
   std::string tool_version, git_commit;
@@ -130,6 +134,7 @@ struct Provenance {
   std::vector<MethodLine> methods;   // the first is "none", the baseline
   sim::Precision precision;
   int64_t batch = 1, new_tokens = 0;
+  int tp = 1, dp = 1, ep = 1, pp = 1;
   std::optional<double> slo_ttft_ms, mem_budget_gib;
 };
 

@@ -5,6 +5,8 @@
 // pruning layer does so in a call of its own.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "hwmodels/profile.h"
@@ -52,6 +54,20 @@ inline void add_decoding(LayerWork& w, int64_t q, int64_t held, int64_t attended
 // all-gather of `bytes` in total. Zero for tp 1.
 OpCost allreduce_cost(const hw::Profile& hw, int tp, double bytes);
 OpCost allgather_cost(const hw::Profile& hw, int tp, double bytes);
+// An all-to-all over `gpus` GPUs in which each sends `bytes` spread evenly over the others: the
+// share on its own node (max_tp GPUs a node) over the interconnect, the rest over the scale-out
+// network, in parallel (the slower sets the time), plus a latency per peer on the node and one
+// for the network. Zero for one GPU; lp::UsageError when the GPUs span nodes of a profile without
+// a network.
+OpCost alltoall_cost(const hw::Profile& hw, int gpus, double bytes);
+// The bytes one GPU dispatches to other GPUs' experts for `rows` rows of width D at `elem` bytes:
+// each row goes once to every other GPU holding one of its k experts (ep GPUs of whole experts,
+// each expert split gpus / ep ways): (ep - 1)(1 - (1 - 1/ep)^k) x gpus / ep GPUs, at most gpus - 1.
+inline double dispatch_bytes(const ModelConfig& cfg, int gpus, double rows, double D, double elem) {
+  const double ep = std::max(cfg.ep, 1), k = cfg.n_expert_used;
+  const double dest = std::min(double(gpus - 1), (ep - 1) * (1 - std::pow(1 - 1 / ep, k)) * gpus / ep);
+  return rows * dest * D * elem;
+}
 
 // Which of a layer's ops cost_layer prices: all of them, only those whose cost depends on the
 // rows alone (norms, GEMMs, RoPE, SwiGLU, residuals and their collectives: what a serving
@@ -114,7 +130,13 @@ template <class OpSink, class CommSink>
     op(Op::FfnNorm, op_cost(cc, cfg, Op::FfnNorm, rows));
     if (cfg.moe()) {  // the experts each run reads: as many as the rows reach at random (expected_experts)
       op(Op::Router, op_cost(cc, cfg, Op::Router, rows));
+      // Data-parallel attention: each GPU dispatches its share of the group's rows to the GPUs of
+      // their experts and gets their outputs back (combine), all-to-all over every group's GPUs.
+      const int gpus = cfg.dp > 1 ? cfg.dp * tp : 1;
+      const double own = gpus > 1 ? std::ceil(double(w.rows) / tp) : 0;
+      if (gpus > 1) comm(alltoall_cost(hw, gpus, dispatch_bytes(cfg, gpus, own, D, cc.dtypes.act_bytes)));
       op(Op::Experts, op_cost(cc, cfg, Op::Experts, rows));
+      if (gpus > 1) comm(alltoall_cost(hw, gpus, dispatch_bytes(cfg, gpus, own, D, el)));
     } else {
       op(Op::GateUp, op_cost(cc, cfg, Op::GateUp, rows));
       op(Op::SwiGLU, op_cost(cc, cfg, Op::SwiGLU, rows));

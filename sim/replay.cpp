@@ -102,25 +102,35 @@ trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens
   return m;
 }
 
-ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance) {
+ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance, int dp, int tp) {
   if (ep < 1) usage_fail("--ep must be at least 1, got {}", ep);
+  if (dp < 1) usage_fail("--dp must be at least 1, got {}", dp);
   if (!(imbalance == 0 || (std::isfinite(imbalance) && imbalance >= 1)))
     usage_fail("--moe-imbalance must be at least 1 (the busiest GPU's routed pairs over the mean), got {}",
                imbalance);
-  if (ep == 1 && imbalance == 0) return c;
-  if (!c.moe()) usage_fail("--ep {}: the model has no experts (n_expert 0)", ep);
+  if (ep == 1 && imbalance == 0 && dp == 1) return c;
+  if (!c.moe())
+    usage_fail("{}: the model has no experts (n_expert 0)",
+               dp > 1 ? fmt::format("--dp {} (data-parallel attention around expert parallelism)", dp)
+                      : fmt::format("--ep {}", ep));
+  // Data-parallel attention spreads the experts over every GPU of the dp groups unless told.
+  if (dp > 1 && ep == 1) ep = dp * std::max(tp, 1);
   if (c.n_expert % ep != 0) usage_fail("--ep {} does not divide the model's {} experts", ep, c.n_expert);
   ModelConfig e = c;
   e.ep = ep;
+  e.dp = dp;
   e.moe_imbalance = imbalance;
   return e;
 }
 
 ModelConfig tp_shard(const ModelConfig& c, int tp) {
   if (tp < 1) usage_fail("tensor parallelism needs at least 1 GPU, got {}", tp);
-  if (c.ep > 1 && tp % c.ep != 0)
+  const int gpus = tp * std::max(c.dp, 1);  // the GPUs the experts spread over
+  if (c.ep > 1 && gpus % c.ep != 0) {
+    if (c.dp > 1) usage_fail("--ep {} does not divide the {} GPUs of --dp x --tp", c.ep, gpus);
     usage_fail("--ep {} does not divide --tp {} (experts spread over the tensor-parallel GPUs)", c.ep, tp);
-  if (tp == 1) return c;
+  }
+  if (tp == 1 && c.dp <= 1) return c;
   const auto heads = [&](int h, const char* what) {
     if (h % tp != 0) usage_fail("{} GPUs of tensor parallelism do not divide the model's {} {}", tp, h, what);
     return h / tp;
@@ -139,9 +149,9 @@ ModelConfig tp_shard(const ModelConfig& c, int tp) {
   // parallelism the experts spread whole over ep GPUs and each split tp/ep ways; the router, and
   // latent attention's latent and its K/V cache, are whole on every GPU.
   if (c.moe()) {
-    if (c.ep > 1) {  // ep divides tp: checked above
+    if (c.ep > 1) {  // ep divides the GPUs: checked above
       s.n_expert = c.n_expert / c.ep;
-      const int split = tp / c.ep;
+      const int split = gpus / c.ep;
       if (c.n_ff_exp % split != 0)
         usage_fail("{} GPUs an expert do not divide the expert FFN width {}", split, c.n_ff_exp);
       s.n_ff_exp = c.n_ff_exp / split;
@@ -178,6 +188,25 @@ OpCost collective(const hw::Profile& hw, int tp, double bytes, double steps) {
   return r;
 }
 }  // namespace
+
+OpCost alltoall_cost(const hw::Profile& hw, int gpus, double bytes) {
+  OpCost r;
+  if (gpus <= 1 || bytes <= 0) return r;
+  const int node = std::max(1, std::min(hw.max_tp, gpus));
+  const double peers = gpus - 1, off = double(gpus - node) / peers;  // the peers on other nodes
+  const double eff = hw.interconnect_efficiency;
+  r.calls = 1;
+  r.bytes = bytes;
+  const double on_s = node > 1 ? (1 - off) * bytes / (hw.interconnect_bandwidth * eff) : 0;
+  if (off > 0 && !(hw.scale_out_bandwidth > 0))
+    usage_fail("'{}' has no network between nodes (scale_out_bandwidth_gbs) for {} GPUs of {} a node",
+               hw.name, gpus, node);
+  const double off_s = off > 0 ? off * bytes / (hw.scale_out_bandwidth * eff) : 0;
+  r.memory_s = std::max(on_s, off_s);
+  r.overhead_s = double(node - 1) * hw.interconnect_latency + (off > 0 ? hw.scale_out_latency : 0);
+  r.time_s = r.memory_s + r.overhead_s;
+  return r;
+}
 
 OpCost allreduce_cost(const hw::Profile& hw, int tp, double bytes) {
   return collective(hw, tp, bytes, 2);
@@ -364,9 +393,11 @@ Prediction Replayer::finish() && {
 Prediction replay_synthetic(const ModelConfig& c, const std::string& policy,
                             const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t decode_steps,
                             const trace::Revivals& revivals, const hw::Profile& hw, const Precision& p,
-                            int64_t batch, int tp, size_t keep_steps, double drop_share) {
+                            int64_t batch, int tp, size_t keep_steps, double drop_share,
+                            const Pipeline& pipe) {
   trace::SyntheticSteps gen(c, policy, steps, prompt_tokens, decode_steps, revivals, drop_share);
   Replayer r(gen.header(), c, hw, p, batch, tp, keep_steps);
+  if (pipe.stages > 1) r.set_pipeline(pipe);
   for (trace::Step s; gen.next(s);) r.add(s);
   return std::move(r).finish();
 }

@@ -81,9 +81,12 @@ ModelConfig tp_shard(const ModelConfig& c, int tp);
 // `c` deployed with expert parallelism over `ep` of its tensor-parallel GPUs (docs/simulator.md
 // "Expert parallelism"): tp_shard then gives each GPU n_expert / ep whole experts (split tp / ep
 // ways), and its routed pairs are the busiest GPU's (`imbalance` x the mean; 0: the expected
-// busiest under uniform routing). Throws lp::UsageError for a dense model, an ep that does not
-// divide the experts, or an imbalance below 1.
-ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance = 0);
+// busiest under uniform routing). With `dp` > 1, data-parallel attention: dp groups of `tp` GPUs
+// each attend their own requests and the experts spread over ep of all dp x tp GPUs (ep 1: all of
+// them), rows dispatched to them and combined back all-to-all (docs/simulator.md "Data-parallel
+// attention"). Throws lp::UsageError for a dense model, an ep that does not divide the experts
+// (or, in tp_shard, the GPUs), or an imbalance below 1.
+ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance = 0, int dp = 1, int tp = 1);
 // Checks that `hw` can host `tp` GPUs (its max_tp) and that `c` splits over them.
 void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp);
 
@@ -151,7 +154,8 @@ PairedReplay replay_beside_unpruned(const std::function<bool(trace::Step&)>& nex
 Prediction replay_synthetic(const ModelConfig& c, const std::string& policy,
                             const std::vector<PruneStep>& steps, int64_t prompt_tokens, int64_t decode_steps,
                             const trace::Revivals& revivals, const hw::Profile& hw, const Precision& p,
-                            int64_t batch = 1, int tp = 1, size_t keep_steps = 0, double drop_share = 0);
+                            int64_t batch = 1, int tp = 1, size_t keep_steps = 0, double drop_share = 0,
+                            const Pipeline& pipe = {});
 
 // Replays a whole trace held in memory (Replayer over its steps, every step's time kept).
 Prediction replay(const trace::Trace& t, const ModelConfig& c, const hw::Profile& hw, const Precision& p,

@@ -475,9 +475,11 @@ ServingRun simulate_requests(const ModelConfig& c, const hw::Profile& hw, const 
 
 }  // namespace
 
-ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
-                            const ServingMethod& m, const ServingConfig& cfg,
-                            std::span<const ServingRequest> reqs) {
+namespace {
+// One group's requests served (random-drop's prompts shortened first).
+ServingRun serve_requests(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                          const ServingMethod& m, const ServingConfig& cfg,
+                          std::span<const ServingRequest> reqs) {
   if (!policy_traits(m.method.policy).drops_prompt) return simulate_requests(c, hw, p, m, cfg, reqs);
   // random-drop: every request's prompt shorter before the model, then served unpruned; the
   // outcomes keep the prompts as sent, and the share of their pairs computed says what was dropped.
@@ -493,6 +495,21 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
     o.prompt_tokens_computed_fraction *= double(o.prompt_tokens) / double(reqs[i].prompt_tokens);
     o.prompt_tokens = reqs[i].prompt_tokens;
   }
+  return run;
+}
+}  // namespace
+
+ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                            const ServingMethod& m, const ServingConfig& cfg,
+                            std::span<const ServingRequest> reqs) {
+  if (c.dp <= 1) return serve_requests(c, hw, p, m, cfg, reqs);
+  // Data-parallel attention: requests dealt round robin to the dp groups (SGLang's and vLLM's
+  // default), the first group's run standing for every group's (equal load: its iterations cost
+  // c.dp groups' rows at the experts); the deployment's rates are dp times that group's.
+  std::vector<ServingRequest> first;
+  for (size_t i = 0; i < reqs.size(); i += size_t(c.dp)) first.push_back(reqs[i]);
+  ServingRun run = serve_requests(c, hw, p, m, cfg, first);
+  run.replicas = c.dp;
   return run;
 }
 

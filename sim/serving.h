@@ -80,6 +80,9 @@ struct ServingRun {
   std::vector<KvPoint> kv;      // utilisation over time (sampled)
   double kv_reserved_mean = 0;  // time-weighted over the run, bytes
   double kv_reserved_peak = 0;
+  // Groups that served alike (data-parallel attention, ModelConfig::dp): `requests` are the first
+  // group's, and the deployment's throughput is this many times theirs (serving_metrics).
+  int replicas = 1;
 };
 
 // The K/V layout a configuration's reservations count in (lp::reservation_bytes, the policy the
@@ -88,7 +91,8 @@ inline KvLayout kv_layout(const ServingConfig& cfg) {
   return KvLayout{cfg.kv_element_bytes, cfg.kv_block, true};
 }
 
-// Runs the requests (sorted by arrival) through the scheduler. Throws lp::Error for a request
+// Runs the requests (sorted by arrival) through the scheduler; under data-parallel attention
+// (c.dp > 1) every dp-th through the first group's (ServingRun::replicas). Throws lp::Error for a request
 // whose reservation exceeds the K/V budget (it could never run), a budget of zero, or a bad
 // configuration.
 ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,

@@ -100,11 +100,12 @@ ServingMetrics serving_metrics(const ServingRun& r, const Objectives& o, size_t 
   m.itl = percentiles(std::move(itl));
   m.e2e = percentiles(std::move(e2e));
   m.queue = percentiles(std::move(queue));
-  if (m.duration_s > 0) {
-    m.requests_per_s = double(m.requests) / m.duration_s;
-    m.output_tokens_per_s = out / m.duration_s;
-    m.prompt_tokens_per_s = in / m.duration_s;
-    m.goodput_per_s = double(good) / m.duration_s;
+  if (m.duration_s > 0) {  // the deployment's: every group's alike (ServingRun::replicas)
+    const double scale = double(std::max(r.replicas, 1)) / m.duration_s;
+    m.requests_per_s = double(m.requests) * scale;
+    m.output_tokens_per_s = out * scale;
+    m.prompt_tokens_per_s = in * scale;
+    m.goodput_per_s = double(good) * scale;
   }
   m.prompt_tokens_computed_fraction_mean = share / double(m.requests);
   if (r.kv_capacity > 0) {

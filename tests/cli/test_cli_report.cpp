@@ -97,6 +97,59 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
   }
 }
 
+// A report of a 2026 deployment: DeepSeek-V3 in fp8 on 8 H100s does not fit (said, not refused);
+// over two pipeline stages it does, and the layout and the 8-bit types pass the schema.
+TEST_F(CliSim, ReportOfAParallelLayout) {
+  const std::string schema = std::string(LP_SOURCE_DIR) + "/reports/capacity-report.schema.json";
+  const auto report = [&](const std::string& name, const std::string& pp) {
+    const std::string out = dir_.file(name);
+    CliResult r = run_cli(dir_, {"report",
+                                 "--model-config",
+                                 "deepseek-v3",
+                                 "--hw",
+                                 "h100-sxm",
+                                 "--prompt-lengths",
+                                 "8192",
+                                 "--prune",
+                                 "lazyllm",
+                                 "--tp",
+                                 "8",
+                                 "--pp",
+                                 pp,
+                                 "--weights",
+                                 "fp8",
+                                 "--compute",
+                                 "fp8",
+                                 "--kv",
+                                 "fp8",
+                                 "--out",
+                                 out});
+    EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+    const std::string cmd = fmt::format(
+        "python3 -c \"import json,jsonschema,sys; "
+        "jsonschema.validate(json.load(open(sys.argv[2])), json.load(open(sys.argv[1])), "
+        "cls=jsonschema.Draft202012Validator)\" '{}' '{}'",
+        schema, out + "/capacity-report.json");
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return nlohmann::json::parse(slurp_text(out + "/capacity-report.json"));
+  };
+  const auto one = report("tp8", "1"), two = report("tp8pp2", "2");
+  EXPECT_EQ(two["provenance"]["parallelism"], (nlohmann::json{{"tp", 8}, {"dp", 1}, {"ep", 1}, {"pp", 2}}));
+  EXPECT_EQ(two["provenance"]["precision"]["weights"], "fp8");
+  for (const auto& x : one["results"]) EXPECT_FALSE(x["fits_in_memory"].get<bool>()) << x.dump();
+  for (const auto& x : two["results"]) EXPECT_TRUE(x["fits_in_memory"].get<bool>()) << x.dump();
+  // Refused with one line: a pipeline with serving objectives, experts over GPUs they do not divide.
+  CliResult r =
+      run_cli(dir_, {"report", "--model-config", "deepseek-v3", "--hw", "h100-sxm", "--prompt-lengths",
+                     "1024", "--pp", "2", "--serving-slo-ttft-p90-ms", "1000", "--out", dir_.file("x")});
+  EXPECT_EQ(r.code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--pp with serving objectives"), std::string::npos) << r.err;
+  r = run_cli(dir_, {"report", "--model-config", "deepseek-v3", "--hw", "h100-sxm", "--prompt-lengths",
+                     "1024", "--tp", "4", "--ep", "8", "--out", dir_.file("y")});
+  EXPECT_EQ(r.code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--ep 8 does not divide --tp 4"), std::string::npos) << r.err;
+}
+
 TEST_F(CliSim, ReportBadInput) {
   const std::string out = dir_.file("rep");
   // A --validation file whose cases lack what the chart draws: one line naming it (a raw

@@ -13,6 +13,8 @@
 #include "model/ops.h"
 #include "model/presets.h"
 #include "sim/replay.h"
+#include "sim/serving.h"
+#include "sim/serving_metrics.h"
 #include "traces/synthetic.h"
 
 namespace lp {
@@ -115,6 +117,72 @@ TEST(Sim2026, ExpertParallelism) {
   EXPECT_THROW(sim::expert_parallel(preset_config("mixtral-8x7b"), 3), UsageError);
   EXPECT_THROW(sim::expert_parallel(c, 8, 0.5), UsageError);
   EXPECT_THROW(sim::tp_shard(sim::expert_parallel(c, 8), 4), UsageError);
+}
+
+// Data-parallel attention (DeepSeek's deployment): 16 groups of one H100 each, the 256 experts 16
+// a GPU, every group's rows at the experts, dispatched and combined all-to-all across two nodes.
+TEST(Sim2026, DataParallelAttention) {
+  const ModelConfig c = preset_config("deepseek-v3");  // 256 experts of 2048, 8 a token
+  const ModelConfig e = sim::expert_parallel(c, 1, 1.0, 16, 1), g = sim::tp_shard(e, 1);
+  EXPECT_EQ(e.ep, 16);  // by default over every GPU of the groups
+  EXPECT_EQ(g.n_expert, 16);
+  EXPECT_EQ(g.n_ff_exp, 2048);
+  EXPECT_EQ(g.n_head, c.n_head);  // attention whole on each GPU (tp 1)
+  // 64 rows in each of 16 groups: 1,024 rows x 8 pairs over 16 GPUs (imbalance 1).
+  EXPECT_DOUBLE_EQ(routed_pairs(g, 64), 64.0 * 16 * 8 / 16);
+  EXPECT_NEAR(expected_experts(g, 1), 16.0 * (1 - std::pow(1 - 8.0 / 256, 16)), 1e-12);
+  // A row goes to each other GPU holding one of its 8 experts: 15 (1 - (15/16)^8) of them.
+  const double dest = 15 * (1 - std::pow(15.0 / 16, 8));
+  EXPECT_DOUBLE_EQ(sim::dispatch_bytes(g, 16, 10, 7168, 1), 10 * dest * 7168);
+  // The all-to-all over 16 GPUs of 8 a node: 7/15 of the bytes on NVLink, 8/15 over 50 GB/s NICs at
+  // the interconnect efficiency, in parallel; 7 NVLink latencies and one network latency.
+  const hw::Profile h100 = hw::load_profile("h100-sxm");
+  const sim::OpCost a = sim::alltoall_cost(h100, 16, 1e6);
+  EXPECT_DOUBLE_EQ(a.memory_s, std::max(7.0 / 15 * 1e6 / (450e9 * 0.8), 8.0 / 15 * 1e6 / (50e9 * 0.8)));
+  EXPECT_DOUBLE_EQ(a.overhead_s, 7 * 2e-6 + 5e-6);
+  EXPECT_DOUBLE_EQ(sim::alltoall_cost(h100, 8, 1e6).memory_s, 1e6 / (450e9 * 0.8));
+  EXPECT_DOUBLE_EQ(sim::alltoall_cost(h100, 1, 1e6).time_s, 0);
+  // A step pays the all-to-alls: a decoding step of 32 rows a group is slower with the network than
+  // the same work with the dispatch free (a profile of infinitely fast links).
+  const sim::Precision fp8{"fp8", "fp8", "fp8"};
+  hw::Profile fast = h100;
+  fast.interconnect_bandwidth = fast.scale_out_bandwidth = 1e30;
+  fast.interconnect_latency = fast.scale_out_latency = 0;
+  const auto step = [&](const hw::Profile& h) {
+    return sim::replay_synthetic(e, "none", {}, 4096, 1, {}, h, fp8, 32, 1, 1);
+  };
+  const sim::Prediction slow = step(h100), free = step(fast);
+  EXPECT_GT(slow.decode_comm.time_s, 0);
+  EXPECT_LT(free.decode_comm.time_s, 1e-15);
+  EXPECT_NEAR(slow.decode_s - free.decode_s, slow.decode_comm.time_s, 1e-9);
+  // Weights a GPU: the attention and dense layers whole, a 16th of the experts.
+  EXPECT_LT(slow.memory.weights, 80.0 * (1 << 30));
+  // Refused: a dense model, an ep that divides neither the experts nor the GPUs, a degree below 1.
+  EXPECT_THROW(sim::expert_parallel(preset_config("llama-3.1-8b"), 1, 0, 2), UsageError);
+  EXPECT_THROW(sim::expert_parallel(c, 1, 0, 3, 1), UsageError);                     // 3 does not divide 256
+  EXPECT_THROW(sim::tp_shard(sim::expert_parallel(c, 16, 0, 4, 2), 2), UsageError);  // 16 of 8 GPUs
+  EXPECT_THROW(sim::expert_parallel(c, 1, 0, 0), UsageError);
+  // A CPU has no network between nodes: two "nodes" of one core each are refused with one line.
+  EXPECT_THROW(sim::alltoall_cost(hw::load_profile("xeon-avx512"), 2, 1e6), UsageError);
+}
+
+// Serving under data-parallel attention: requests dealt round robin to 8 groups; the first
+// group's run stands for all, so the deployment serves 8 times its rate.
+TEST(Sim2026, DataParallelServing) {
+  const ModelConfig c = sim::expert_parallel(preset_config("qwen3-30b-a3b"), 1, 0, 8, 1);
+  std::vector<sim::ServingRequest> reqs;
+  for (int i = 0; i < 64; ++i) reqs.push_back({0.01 * i, 256, 8});
+  sim::ServingConfig cfg;
+  cfg.kv_budget_bytes = 4e9;
+  cfg.kv_element_bytes = 1;
+  const sim::ServingMethod m = sim::serving_method(Method{}, c);
+  const sim::ServingRun run =
+      sim::simulate_serving(c, hw::load_profile("h100-sxm"), {"fp8", "fp8", "fp8"}, m, cfg, reqs);
+  ASSERT_EQ(run.requests.size(), 8u);  // requests 0, 8, ..., 56
+  EXPECT_EQ(run.replicas, 8);
+  EXPECT_DOUBLE_EQ(run.requests[1].arrival_s, 0.08);
+  const sim::ServingMetrics mm = sim::serving_metrics(run, {});
+  EXPECT_NEAR(mm.output_tokens_per_s, 8.0 * 64 / mm.duration_s, 1e-9 * mm.output_tokens_per_s);
 }
 
 // Pipeline parallelism: DeepSeek-V3 in fp8 over 2 nodes of 8 H100s (TP 8 x PP 2) fits where one
