@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Predicts published offline throughput figures of MoE and MLA models and reports the error.
+
+Each point of the fixture (tests/fixtures/published/moe_offline_throughput.json: trtllm-bench
+tables of Mixtral, Qwen3-MoE, DeepSeek-R1 and gpt-oss at fixed input/output lengths, every request
+sent at once) is run through `lazyprefill simulate-serving` as the source ran it: the profile's
+GPUs with the TensorRT-LLM engine preset, the layout (--tp, or --dp for attention data
+parallelism with the experts over every GPU), the weight/compute/KV types, that many requests at
+an unbounded rate, 8,192 tokens an iteration (TensorRT-LLM's default max_num_tokens) and a K/V
+budget of 0.95 of the memory the weights leave (--kv_cache_free_gpu_mem_fraction 0.95).
+
+Printed per point: the prediction, the published figure and the error uncalibrated; and the
+error once calibrated on one other point of the same model and GPU (the prediction scaled by that
+point's published/predicted ratio; the mean over every choice of that point: leave-one-out).
+Then the mean absolute errors per model family. docs/simulator.md keeps the table.
+
+    bench/validate_published.py [--lazyprefill build/lazyprefill] [--markdown] [--max-mean-error F]
+                                [--model NAME]... [--hw PROFILE]...
+
+--max-mean-error F exits 1 when any family's uncalibrated mean absolute error exceeds F (a
+regression guard for the test suite; the goals are in docs/simulator.md).
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests/fixtures/published/moe_offline_throughput.json"
+KV_FRACTION = 0.95
+MAX_BATCH_TOKENS = 8192
+
+
+def run_json(exe, args):
+    r = subprocess.run([exe, *args, "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"validate_published: {' '.join(args)}: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def layout_args(p):
+    args = ["--model-config", p["model"], "--hw", p["hw"], "--engine", "trtllm", "--tp", str(p["tp"]),
+            "--weights", p["weights"], "--compute", p["compute"], "--kv", p["kv"]]
+    if p["dp"] > 1:
+        args += ["--dp", str(p["dp"])]
+    return args
+
+
+def predict(exe, p):
+    """Whole-system output tokens/s the serving simulation predicts for point p."""
+    sim = run_json(exe, ["simulate", *layout_args(p), "--prompt-tokens", "1"])
+    weights = sim["results"][0]["memory_bytes"]["weights"]
+    capacity = json.loads((ROOT / "hwmodels" / f"{p['hw']}.json").read_text())["memory_capacity_gib"] * 2**30
+    budget_mib = KV_FRACTION * (capacity - weights) / 2**20
+    if budget_mib <= 0:
+        sys.exit(f"validate_published: {p['model']} on {p['hw']}: the weights leave no memory for K/V")
+    out = run_json(exe, ["simulate-serving", *layout_args(p), "--prune", "none", "--rate", "1e9",
+                         "--requests", str(p["requests"]), "--prompt-tokens", str(p["isl"]),
+                         "--output-tokens", str(p["osl"]), "--max-batch-tokens", str(MAX_BATCH_TOKENS),
+                         "--kv-budget-mib", f"{budget_mib:.1f}"])
+    return out["results"][0]["metrics"]["output_tokens_per_s"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lazyprefill", default=str(ROOT / "build/lazyprefill"))
+    ap.add_argument("--fixture", default=str(FIXTURE))
+    ap.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    ap.add_argument("--max-mean-error", type=float, default=None)
+    ap.add_argument("--model", action="append", help="only this model's points (repeatable)")
+    ap.add_argument("--hw", action="append", help="only this profile's points (repeatable)")
+    a = ap.parse_args()
+    doc = json.loads(pathlib.Path(a.fixture).read_text())
+    points = [p for p in doc["points"]
+              if (not a.model or p["model"] in a.model) and (not a.hw or p["hw"] in a.hw)]
+    if not points:
+        sys.exit("validate_published: no point of the fixture matches --model/--hw")
+    for p in points:
+        p["predicted"] = predict(a.lazyprefill, p)
+        p["ratio"] = p["predicted"] / p["output_tokens_per_s"]
+    groups = {}
+    for i, p in enumerate(points):
+        groups.setdefault((p["model"], p["hw"]), []).append(i)
+    for i, p in enumerate(points):
+        others = [j for j in groups[(p["model"], p["hw"])] if j != i]
+        # Calibrated on point j: this prediction divided by j's predicted/published ratio.
+        p["calibrated"] = statistics.fmean(abs(p["ratio"] / points[j]["ratio"] - 1) for j in others) if others else None
+
+    sep = " | " if a.markdown else "  "
+    head = ["source", "model", "GPUs", "layout", "ISL/OSL", "published", "predicted", "error", "calibrated"]
+    rows = []
+    for p in points:
+        layout = f"DP{p['dp']}+EP" if p["dp"] > 1 else f"TP{p['tp']}"
+        rows.append([p["source"], p["model"], f"{p['gpus']}x {p['hw']}", f"{layout} {p['weights']}",
+                     f"{p['isl']}/{p['osl']}", f"{p['output_tokens_per_s']:.0f}", f"{p['predicted']:.0f}",
+                     f"{100 * (p['ratio'] - 1):+.1f}%",
+                     "-" if p["calibrated"] is None else f"{100 * p['calibrated']:.1f}%"])
+    fam = {}
+    for p in points:
+        fam.setdefault(p["model"], []).append(p)
+    summary = []
+    worst = 0.0
+    for model, ps in fam.items():
+        unc = statistics.fmean(abs(p["ratio"] - 1) for p in ps)
+        cal = [p["calibrated"] for p in ps if p["calibrated"] is not None]
+        worst = max(worst, unc)
+        summary.append([model, str(len(ps)), f"{100 * unc:.1f}%",
+                        f"{100 * statistics.fmean(cal):.1f}%" if cal else "-"])
+    allu = statistics.fmean(abs(p["ratio"] - 1) for p in points)
+    allc = statistics.fmean(p["calibrated"] for p in points if p["calibrated"] is not None)
+    summary.append(["all", str(len(points)), f"{100 * allu:.1f}%", f"{100 * allc:.1f}%"])
+
+    def table(h, rs):
+        if a.markdown:
+            print("| " + " | ".join(h) + " |")
+            print("|" + "---|" * len(h))
+            for r in rs:
+                print("| " + " | ".join(r) + " |")
+        else:
+            w = [max(len(x) for x in col) for col in zip(h, *rs)]
+            for r in [h, *rs]:
+                print(sep.join(x.rjust(n) if k >= 5 else x.ljust(n) for k, (x, n) in enumerate(zip(r, w))))
+        print()
+
+    table(head, rows)
+    table(["model", "points", "mean abs error uncalibrated", "calibrated on one point (leave-one-out)"], summary)
+    if a.max_mean_error is not None and worst > a.max_mean_error:
+        print(f"validate_published: a family's mean error {100 * worst:.1f}% exceeds {100 * a.max_mean_error:.1f}%",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
