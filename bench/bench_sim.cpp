@@ -8,6 +8,12 @@
 // over 20 configurations in <= 60 s.
 //
 //   build/lp_bench --benchmark_filter='Serving'
+//
+// Mixture of experts (issue 53): simulate of DeepSeek-V3 at 32k tokens with LazyLLM beside its
+// unpruned run in <= 50 ms; 100,000 requests of Qwen3-30B-A3B within 2x the dense figure above;
+// a capacity search over 20 MoE configurations in <= 60 s.
+//
+//   build/lp_bench --benchmark_filter='MoE|ServingSim/100000'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <tbb/global_control.h>
@@ -146,5 +152,90 @@ void BM_ServingCapacity(benchmark::State& st) {
   st.counters["simulations"] = double(sims);
 }
 BENCHMARK(BM_ServingCapacity)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
+// `simulate --model-config deepseek-v3 --prompt-tokens 32768 --prune lazyllm` on an H200 in fp8
+// over 8 GPUs (tp 8): the pruned run and its unpruned baseline, the revival model's decoding
+// steps when the argument is > 0.
+void BM_SimulateMoE(benchmark::State& st) {
+  const int64_t steps = st.range(0);
+  const lp::ModelConfig c = lp::preset_config("deepseek-v3");
+  const lp::hw::Profile hw = lp::hw::load_profile("h200");
+  const lp::sim::Precision fp8{"fp8", "fp8", "fp8"};
+  const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
+  const auto sched = lp::resolve_schedule(lazyllm.schedule, c.n_layer, c.global_layers());
+  const lp::trace::Revivals rv =
+      lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer, sched, true);
+  for (auto _ : st) {
+    const lp::sim::Prediction p =
+        lp::sim::replay_synthetic(c, "lazyllm", sched, 32768, steps, rv, hw, fp8, 1, 8, 0);
+    const lp::sim::Prediction b = lp::sim::replay_synthetic(c, "none", {}, 32768, steps, {}, hw, fp8, 1, 8, 0);
+    benchmark::DoNotOptimize(p.total_s + b.total_s);
+  }
+}
+BENCHMARK(BM_SimulateMoE)->Arg(0)->Arg(256)->Unit(benchmark::kMillisecond);
+
+// BM_ServingSim's workload on Qwen3-30B-A3B (48 layers, 128 experts of 768, 8 a token) on an H100
+// in fp8, LazyLLM with the built-in revival model, the same 2 requests/s (a lighter load here).
+void BM_ServingSimMoE(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  const lp::ModelConfig c = lp::preset_config("qwen3-30b-a3b");
+  const lp::hw::Profile hw = lp::hw::load_profile("h100-sxm");
+  const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
+  const lp::sim::ServingMethod m = lp::sim::serving_method(
+      lazyllm, c,
+      lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
+                              lp::resolve_schedule(lazyllm.schedule, c.n_layer, c.global_layers()), true));
+  lp::sim::ServingConfig cfg;
+  cfg.kv_budget_bytes = 40.0 * (1 << 30);
+  cfg.kv_element_bytes = 1;
+  cfg.max_batch_tokens = 8192;
+  const auto reqs = lp::sim::make_workload(n, {2.0, 1.0}, lp::sim::LengthDist::parse("1024:8192", "p", "p"),
+                                           lp::sim::LengthDist::parse("16:256", "o", "o"), 1);
+  int64_t iterations = 0;
+  for (auto _ : st) {
+    const lp::sim::ServingRun r = lp::sim::simulate_serving(c, hw, {"fp8", "fp8", "fp8"}, m, cfg, reqs);
+    iterations = r.iterations;
+    benchmark::DoNotOptimize(r.end_s);
+  }
+  st.counters["iterations"] = double(iterations);
+  st.counters["requests/s"] = benchmark::Counter(double(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_ServingSimMoE)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
+// Capacity searches as BM_ServingCapacity's over 20 MoE configurations: Qwen3-30B-A3B in fp8 on an
+// H100 and an H200 x unpruned and LazyLLM x prompts of 1,024, 2,048, 4,096, 8,192 and 2,048-8,192.
+void BM_ServingCapacityMoE(benchmark::State& st) {
+  std::vector<lp::hw::Profile> hws{lp::hw::load_profile("h100-sxm"), lp::hw::load_profile("h200")};
+  const lp::sim::Precision fp8{"fp8", "fp8", "fp8"};
+  lp::sim::ServingConfig cfg;
+  cfg.kv_budget_bytes = 16.0 * (1 << 30);
+  cfg.kv_element_bytes = 1;
+  cfg.max_batch_tokens = 8192;
+  lp::sim::CapacityOptions o;
+  o.objectives = {1.0, 0.05};
+  o.requests = 1000;
+  o.seeds = 1;
+  o.tolerance = 0.02;
+  const auto out = lp::sim::LengthDist::parse("64", "o", "o");
+  int64_t sims = 0, configs = 0;
+  for (auto _ : st) {
+    const lp::ModelConfig c = lp::preset_config("qwen3-30b-a3b");
+    for (const auto& hw : hws)
+      for (const char* policy : {"none", "lazyllm"})
+        for (const char* len : {"1024", "2048", "4096", "8192", "2048:8192"}) {
+          const lp::PolicyKind k = lp::parse_policy(policy);
+          const lp::sim::ServingMethod m = lp::sim::serving_method(
+              {k, k == lp::PolicyKind::None ? lp::Schedule{} : lp::default_schedule()}, c);
+          const auto r = lp::sim::find_capacity(c, hw, fp8, m, cfg, {1, 1},
+                                                lp::sim::LengthDist::parse(len, "p", "p"), out, o);
+          sims += r.simulations;
+          ++configs;
+          benchmark::DoNotOptimize(r.rate);
+        }
+  }
+  st.counters["configs"] = double(configs);
+  st.counters["simulations"] = double(sims);
+}
+BENCHMARK(BM_ServingCapacityMoE)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 }  // namespace
