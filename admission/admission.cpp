@@ -21,8 +21,8 @@ double reservation_bytes(const ModelConfig& c, const KvLayout& kv, int64_t promp
   return k_and_v + aux;
 }
 
-Admission::Admission(const AdmissionLimits& limits, double reserved_bytes, int64_t rows)
-    : limits_(limits), reserved_(reserved_bytes), rows_(rows) {
+Admission::Admission(const AdmissionLimits& limits, double reserved_bytes, int64_t rows, int64_t running)
+    : limits_(limits), reserved_(reserved_bytes), rows_(rows), running_(running) {
   if (!(limits_.kv_budget_bytes > 0))
     fail("the K/V budget must be positive, got {} bytes", limits_.kv_budget_bytes);
   if (limits_.max_batch_tokens < 1)
@@ -31,6 +31,7 @@ Admission::Admission(const AdmissionLimits& limits, double reserved_bytes, int64
 
 bool Admission::fits(double reservation, int64_t prompt_tokens) const {
   if (reserved_ + reservation > limits_.kv_budget_bytes) return false;
+  if (limits_.max_seqs > 0 && running_ + admitted_ >= limits_.max_seqs) return false;
   if (limits_.chunk_tokens > 0) return rows_ < limits_.max_batch_tokens;
   return admitted_ == 0 || rows_ + prompt_tokens <= limits_.max_batch_tokens;
 }

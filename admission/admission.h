@@ -42,15 +42,19 @@ struct AdmissionLimits {
   double kv_budget_bytes = 0;
   int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
   int64_t chunk_tokens = 0;         // > 0: chunked prefill, chunks of at most this many tokens
+  // > 0: at most this many requests running at once (vLLM's max_num_seqs, TensorRT-LLM's
+  // max_batch_size); 0: as many as the K/V budget holds (this engine's scheduler).
+  int64_t max_seqs = 0;
 };
 
 // One iteration's admission. Construct it with what the running requests reserve and the rows the
 // iteration already holds (a decoding row per decoding request, the next chunk of each chunked
-// prefill under way); then, for the queue's head in turn, fits() says whether it is admitted now
-// and take() counts it. After a head that does not fit, nothing more is admitted this iteration.
+// prefill under way) and, where max_seqs bounds them, how many run; then, for the queue's head in
+// turn, fits() says whether it is admitted now and take() counts it. After a head that does not
+// fit, nothing more is admitted this iteration.
 class Admission {
  public:
-  Admission(const AdmissionLimits& limits, double reserved_bytes, int64_t rows);
+  Admission(const AdmissionLimits& limits, double reserved_bytes, int64_t rows, int64_t running = 0);
   bool fits(double reservation, int64_t prompt_tokens) const;
   // Counts an admitted request: its reservation and the rows its prefill (or first chunk) takes.
   void take(double reservation, int64_t prompt_tokens);
@@ -64,6 +68,7 @@ class Admission {
   AdmissionLimits limits_;
   double reserved_;
   int64_t rows_;
+  int64_t running_;
   int64_t admitted_ = 0;
 };
 

@@ -168,7 +168,8 @@ void BM_SimulateMoE(benchmark::State& st) {
   for (auto _ : st) {
     const lp::sim::Prediction p =
         lp::sim::replay_synthetic(c, "lazyllm", sched, 32768, steps, rv, hw, fp8, 1, 8, 0);
-    const lp::sim::Prediction b = lp::sim::replay_synthetic(c, "none", {}, 32768, steps, {}, hw, fp8, 1, 8, 0);
+    const lp::sim::Prediction b =
+        lp::sim::replay_synthetic(c, "none", {}, 32768, steps, {}, hw, fp8, 1, 8, 0);
     benchmark::DoNotOptimize(p.total_s + b.total_s);
   }
 }

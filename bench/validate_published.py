@@ -6,8 +6,10 @@ tables of Mixtral, Qwen3-MoE, DeepSeek-R1 and gpt-oss at fixed input/output leng
 sent at once) is run through `lazyprefill simulate-serving` as the source ran it: the profile's
 GPUs with the TensorRT-LLM engine preset, the layout (--tp, or --dp for attention data
 parallelism with the experts over every GPU), the weight/compute/KV types, that many requests at
-an unbounded rate, 8,192 tokens an iteration (TensorRT-LLM's default max_num_tokens) and a K/V
-budget of 0.95 of the memory the weights leave (--kv_cache_free_gpu_mem_fraction 0.95).
+an unbounded rate, a K/V budget of 0.95 of the memory the weights leave
+(--kv_cache_free_gpu_mem_fraction 0.95), and the batch limits trtllm-bench sets itself when the
+command gives none (trtllm_bench_limits: its calc_engine_setting and finetune_setting in
+tensorrt_llm/bench/build/tuning.py, read at NVIDIA/TensorRT-LLM, restated here as arithmetic).
 
 Printed per point: the prediction, the published figure and the error uncalibrated; and the
 error once calibrated on one other point of the same model and GPU (the prediction scaled by that
@@ -22,6 +24,7 @@ regression guard for the test suite; the goals are in docs/simulator.md).
 """
 import argparse
 import json
+import math
 import pathlib
 import statistics
 import subprocess
@@ -30,7 +33,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests/fixtures/published/moe_offline_throughput.json"
 KV_FRACTION = 0.95
-MAX_BATCH_TOKENS = 8192
+WEIGHT_BYTES = {"fp8": 1.0, "fp4": 0.5}  # trtllm-bench's bytes per element; anything else 2
 
 
 def run_json(exe, args):
@@ -48,17 +51,52 @@ def layout_args(p):
     return args
 
 
+def trtllm_bench_limits(p, config, capacity_gib):
+    """max_batch_size and max_num_tokens as trtllm-bench derives them for a dataset of one ISL/OSL.
+
+    Its K/V estimate: 2 x layers x max(tp, KV heads) x head size x K/V bytes a token, all GPUs'
+    memory less the parameters at the weight type's bytes, 0.95 of that; the requests that fit at
+    ISL + OSL, at most 4,096 (over the pipeline stages); max_num_tokens that many times (1 + ISL/OSL),
+    at most 32,768; both rounded up (batch: to 32 below 256 and at least 64, to 128 below 1,024, else
+    to 256; tokens: to 256 below 4,096 and at least 2,048, to 512 below 8,192, else to 1,024).
+    """
+    gpus = p["gpus"]
+    head = config.get("head_dim") or config["n_embd"] // config["n_head"]
+    per_token = 2 * config["n_layer"] * max(gpus, config["n_head_kv"]) * head * WEIGHT_BYTES.get(p["kv"], 2)
+    available = capacity_gib * gpus * 2**30 - config["n_params"] * WEIGHT_BYTES.get(p["weights"], 2)
+    fit = KV_FRACTION * available / (per_token * (p["isl"] + p["osl"]))
+    bs = min(fit, 4096)
+    tokens = min(bs * (1 + p["isl"] / p["osl"]), 32768)
+    if bs < 256:
+        bs = max(64, 32 * math.ceil(bs / 32))
+    elif bs < 1024:
+        bs = 128 * math.ceil(bs / 128)
+    else:
+        bs = 256 * math.ceil(bs / 256)
+    if tokens < 4096:
+        tokens = max(2048, 256 * math.ceil(tokens / 256))
+    elif tokens < 8192:
+        tokens = 512 * math.ceil(tokens / 512)
+    else:
+        tokens = 1024 * math.ceil(tokens / 1024)
+    return int(bs), int(tokens)
+
+
 def predict(exe, p):
     """Whole-system output tokens/s the serving simulation predicts for point p."""
     sim = run_json(exe, ["simulate", *layout_args(p), "--prompt-tokens", "1"])
     weights = sim["results"][0]["memory_bytes"]["weights"]
-    capacity = json.loads((ROOT / "hwmodels" / f"{p['hw']}.json").read_text())["memory_capacity_gib"] * 2**30
+    capacity_gib = json.loads((ROOT / "hwmodels" / f"{p['hw']}.json").read_text())["memory_capacity_gib"]
+    capacity = capacity_gib * 2**30
+    config = dict(sim["config"], n_params=sim["n_params"])
+    max_seqs, max_tokens = trtllm_bench_limits(p, config, capacity_gib)
     budget_mib = KV_FRACTION * (capacity - weights) / 2**20
     if budget_mib <= 0:
         sys.exit(f"validate_published: {p['model']} on {p['hw']}: the weights leave no memory for K/V")
     out = run_json(exe, ["simulate-serving", *layout_args(p), "--prune", "none", "--rate", "1e9",
                          "--requests", str(p["requests"]), "--prompt-tokens", str(p["isl"]),
-                         "--output-tokens", str(p["osl"]), "--max-batch-tokens", str(MAX_BATCH_TOKENS),
+                         "--output-tokens", str(p["osl"]), "--max-batch-tokens", str(max_tokens),
+                         "--max-seqs", str(max_seqs),
                          "--kv-budget-mib", f"{budget_mib:.1f}"])
     return out["results"][0]["metrics"]["output_tokens_per_s"]
 

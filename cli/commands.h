@@ -200,10 +200,10 @@ struct SimulateServingArgs {
   int64_t requests = 1000;
   std::string prompt_tokens = "2048", output_tokens = "32";
   uint64_t seed = 0;
-  int64_t max_batch_tokens = 2048, chunk_tokens = 0;
+  int64_t max_batch_tokens = 2048, chunk_tokens = 0, max_seqs = 0;
   double kv_budget_mib = 1024, kv_element_bytes = 0, iteration_overhead_ms = 0;
-  int tp = 1, ep = 1, dp = 1, seeds = 3;
-  double moe_imbalance = 0;
+  int tp = 1, ep = 1, dp = 1, pp = 1, seeds = 3;
+  double moe_imbalance = 0, pp_link_gbs = 50;
   bool capacity = false, json_out = false;
   double slo_ttft_ms = 0, slo_itl_ms = 0, tolerance = 0.01;
   std::string out;

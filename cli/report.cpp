@@ -77,8 +77,7 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
   r->add_option("--tp", a.tp, "Tensor-parallel degree (default 1); times and memory are per GPU")
       ->check(CLI::Range(1, 4096));
   add_expert_parallel(*r, a.ep, a.moe_imbalance, a.dp);
-  r->add_option("--pp", a.pp,
-                "Pipeline stages, each on its own --tp GPUs (default 1); not with serving objectives")
+  r->add_option("--pp", a.pp, "Pipeline stages, each on its own --tp GPUs (default 1)")
       ->check(CLI::Range(1, 4096));
   r->add_option("--pp-link-gbs", a.pp_link_gbs, "With --pp: the link between stages, GB/s a GPU (default 50)")
       ->check(CLI::PositiveNumber);
@@ -151,9 +150,6 @@ report::Request report_request(const ReportArgs& a, trace::Trace& recorded) {
     s.seeds = a.serving_seeds;
     s.max_batch_tokens = a.serving_max_batch_tokens;
     if (a.serving_kv_budget_gib > 0) s.kv_budget_gib = a.serving_kv_budget_gib;
-    if (a.pp > 1)
-      usage_fail(
-          "--pp with serving objectives: the serving simulation has no pipeline stages yet (drop one)");
     req.serving = s;
   }
   req.tool_version = LP_VERSION;

@@ -369,6 +369,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   json out = {{"model", c.name.empty() ? (a.model_config.empty() ? a.model : a.model_config) : c.name},
               {"n_layer", c.n_layer},
               {"n_params", c.n_params()},
+              {"config", config_to_json(s.c)},
               {"trace", s.origin},
               {"policy", header.policy},
               {"schedule", header.schedule},

@@ -88,6 +88,10 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
   s->add_option("--seed", a.seed, "Seed of arrivals and lengths (default 0)")->check(digits_only());
   s->add_option("--max-batch-tokens", a.max_batch_tokens, "Rows per iteration, as serve's (default 2048)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  s->add_option("--max-seqs", a.max_seqs,
+                "Requests running at once at most, as vLLM's max_num_seqs and TensorRT-LLM's "
+                "max_batch_size (default 0: as many as the K/V budget holds, as serve's)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   s->add_option("--kv-budget-mib", a.kv_budget_mib, "K/V budget, as serve's (default 1024)")
       ->check(CLI::Range(1.0, double(int64_t(1) << 30)));
   s->add_option("--kv-element-bytes", a.kv_element_bytes,
@@ -102,6 +106,12 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
       ->check(CLI::Range(0.0, 1e4));
   s->add_option("--tp", a.tp, "Tensor-parallel degree (default 1)")->check(CLI::Range(1, 4096));
   add_expert_parallel(*s, a.ep, a.moe_imbalance, a.dp);
+  s->add_option("--pp", a.pp,
+                "Pipeline stages, each on its own --tp GPUs: as many virtual engines, each scheduling its "
+                "share of the requests (default 1)")
+      ->check(CLI::Range(1, 4096));
+  s->add_option("--pp-link-gbs", a.pp_link_gbs, "With --pp: the link between stages, GB/s a GPU (default 50)")
+      ->check(CLI::PositiveNumber);
   s->add_flag("--capacity", a.capacity, "Search the highest rate that meets the objectives");
   s->add_option("--slo-ttft-p90-ms", a.slo_ttft_ms, "Objective: p90 time to first token, ms")
       ->check(CLI::Range(1e-3, 1e9));
@@ -313,11 +323,14 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
 
   sim::ServingConfig cfg;
   cfg.max_batch_tokens = a.max_batch_tokens;
+  cfg.max_seqs = a.max_seqs;
   cfg.kv_budget_bytes = a.kv_budget_mib * double(1 << 20);
   cfg.kv_element_bytes = a.kv_element_bytes > 0 ? a.kv_element_bytes : sim::dtype_bytes(prec.kv, "--kv");
   cfg.chunk_tokens = a.chunk_tokens;
   cfg.iteration_overhead_s = a.iteration_overhead_ms * 1e-3;
   cfg.tp = a.tp;
+  cfg.pipeline = {a.pp, a.pp_link_gbs * 1e9};
+  sim::pipeline_starts(c.n_layer, a.pp);
   sim::Objectives obj{a.slo_ttft_ms * 1e-3, a.slo_itl_ms * 1e-3};
   if (a.capacity && !obj.any()) usage_fail("--capacity needs --slo-ttft-p90-ms and/or --slo-itl-p90-ms");
   if (a.capacity && !a.arrival_file.empty())
@@ -335,9 +348,16 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   json out;
   out["tool"] = "lazyprefill simulate-serving";
   out["model"] = model_name;
-  out["scheduler"] = {{"max_batch_tokens", cfg.max_batch_tokens},         {"kv_budget_mib", a.kv_budget_mib},
-                      {"kv_element_bytes", cfg.kv_element_bytes},         {"chunk_tokens", cfg.chunk_tokens},
-                      {"iteration_overhead_ms", a.iteration_overhead_ms}, {"tp", cfg.tp}};
+  out["scheduler"] = {{"max_batch_tokens", cfg.max_batch_tokens},
+                      {"max_seqs", cfg.max_seqs},
+                      {"kv_budget_mib", a.kv_budget_mib},
+                      {"kv_element_bytes", cfg.kv_element_bytes},
+                      {"chunk_tokens", cfg.chunk_tokens},
+                      {"iteration_overhead_ms", a.iteration_overhead_ms},
+                      {"tp", cfg.tp},
+                      {"dp", c.dp},
+                      {"ep", c.ep},
+                      {"pp", a.pp}};
   out["schedule"] = main_sched.to_string();
   out["revivals"] = revival_lines;
   if (obj.any())

@@ -95,6 +95,7 @@ void add_serving(const Request& r, Report& rep) {
     sim::ServingConfig cfg;
     cfg.max_batch_tokens = s.max_batch_tokens;
     cfg.tp = r.tp;
+    cfg.pipeline = r.pipeline;
     cfg.kv_element_bytes = sim::dtype_bytes(r.precision.kv, "--kv");
     const double weights = method_prediction(r, r.methods[0], r.hws[h], 1, 0).memory.weights;
     cfg.kv_budget_bytes =

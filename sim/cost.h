@@ -131,11 +131,12 @@ inline void roofline(OpCost& r, double peak, double bandwidth, const hw::Efficie
     r.bytes -= T * double(c.n_ff) * el * double(calls);
   // The rows a GEMM's tiles fill: an expert GEMM runs over the pairs routed to that expert, the
   // mean of which is the routed pairs over the experts they reach (what a grouped GEMM fills).
-  const double rows = op == Op::Score     ? 1.0
-                      : op == Op::Experts ? std::max(1.0, routed_pairs(c, s.tokens) /
-                                                              std::max(1.0, s.experts > 0 ? double(s.experts)
-                                                                                          : expected_experts(c, s.tokens)))
-                                          : double(std::max<int64_t>(s.tokens, 1));
+  const double rows = op == Op::Score ? 1.0
+                      : op == Op::Experts
+                          ? std::max(1.0, routed_pairs(c, s.tokens) /
+                                              std::max(1.0, s.experts > 0 ? double(s.experts)
+                                                                          : expected_experts(c, s.tokens)))
+                          : double(std::max<int64_t>(s.tokens, 1));
   detail::roofline(r, cc.peak[f], cc.bandwidth, e, rows, launched ? double(calls) : 0.0);
   return r;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "hwmodels/profile.h"
 #include "model/config.h"
@@ -49,6 +50,19 @@ inline void add_decoding(LayerWork& w, int64_t q, int64_t held, int64_t attended
     w.listed_row_keys += scale * q * held, w.listed_held += scale * held, w.listed_seqs += scale;
   }
 }
+
+// Pipeline parallelism (docs/simulator.md "Pipeline parallelism"): the layers in `stages`
+// contiguous stages (pipeline_starts), each on its own tp GPUs, a step's rows handed from stage to
+// stage over a link of `link_bytes_per_s` with `latency_s` a hand-off. The defaults are one
+// 400 Gb/s NIC a GPU (InfiniBand NDR, an HGX node's), the stages being on different nodes.
+struct Pipeline {
+  int stages = 1;
+  double link_bytes_per_s = 50e9;
+  double latency_s = 5e-6;
+};
+// The first layer of each of `stages` stages over n_layer layers: as equal as they divide, the
+// earlier stages one layer more. Throws lp::UsageError for stages < 1 or more stages than layers.
+std::vector<int> pipeline_starts(int n_layer, int stages);
 
 // Ring collectives over `tp` GPUs of `hw` (docs/simulator.md): all-reduce of `bytes`, and
 // all-gather of `bytes` in total. Zero for tp 1.

@@ -27,19 +27,6 @@ struct Memory {
   nlohmann::ordered_json to_json() const;
 };
 
-// Pipeline parallelism (docs/simulator.md "Pipeline parallelism"): the layers in `stages`
-// contiguous stages (pipeline_starts), each on its own tp GPUs, a step's rows handed from stage to
-// stage over a link of `link_bytes_per_s` with `latency_s` a hand-off. The defaults are one
-// 400 Gb/s NIC a GPU (InfiniBand NDR, an HGX node's), the stages being on different nodes.
-struct Pipeline {
-  int stages = 1;
-  double link_bytes_per_s = 50e9;
-  double latency_s = 5e-6;
-};
-// The first layer of each of `stages` stages over n_layer layers: as equal as they divide, the
-// earlier stages one layer more. Throws lp::UsageError for stages < 1 or more stages than layers.
-std::vector<int> pipeline_starts(int n_layer, int stages);
-
 struct Prediction {
   std::string hw;
   int tp = 1;                    // GPUs the model is spread over; times and memory are one GPU's

@@ -95,8 +95,8 @@ LayerKinds layer_kinds(const ModelConfig& c) {
 // rows of the members that share them and once per member that runs its own (OwnGemms).
 class IterationCost {
  public:
-  IterationCost(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp)
-      : c_(c), hw_(hw), tp_(tp), cc_(hw, p) {
+  IterationCost(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp, const Pipeline& pipe)
+      : c_(c), hw_(hw), tp_(tp), cc_(hw, p), pipe_(pipe), starts_(pipeline_starts(c.n_layer, pipe.stages)) {
     check_tp(c, hw, tp);
     g_ = tp_shard(c, tp);
     for (int l = 0; l < c.n_layer; ++l) lc_.push_back(g_.uniform() ? g_ : g_.layer(l));
@@ -114,6 +114,7 @@ class IterationCost {
     const auto op = [&t](Op, const OpCost& oc) { t += oc.time_s; };
     const double D = c_.n_embd;
     cost_embed(cc_, hw_, tp_, g_, new_rows, D, op, sink);
+    if (starts_.size() > 1) return staged(runs, t, logit_rows);
     for (const LayerRun& r : runs) {
       if (r.work.rows <= 0) continue;
       const double before = t;
@@ -132,7 +133,48 @@ class IterationCost {
   const hw::Profile& hw_;
   int tp_;
   CostContext cc_;
+  Pipeline pipe_;
+  std::vector<int> starts_;  // each stage's first layer
   ModelConfig g_;
+
+  // An iteration through pipeline stages (ServingConfig::pipeline): each layer's time on its
+  // stage (the embedding's, `embed_s`, on the first; the head on the last), the rows entering each
+  // later stage handed over its link; then max(the sum, stages x the slowest stage).
+  double staged(std::span<const LayerRun> runs, double embed_s, int64_t logit_rows) const {
+    const size_t S = starts_.size();
+    std::vector<double> stage(S, 0.0), hand(S, 0.0);
+    stage[0] = embed_s;
+    const auto stage_of = [&](int l) {
+      return size_t(std::upper_bound(starts_.begin(), starts_.end(), l) - starts_.begin()) - 1;
+    };
+    const double D = c_.n_embd, el = cc_.dtypes.elem_bytes;
+    for (const LayerRun& r : runs) {
+      if (r.work.rows <= 0) continue;
+      double t = 0;
+      const auto sink = [&t](const OpCost& oc) { t += oc.time_s; };
+      t += rows_time(r.start, r.work.rows - r.own.rows) + r.own.s;
+      const ModelConfig& g = lc_[size_t(r.start)];
+      cost_layer(
+          cc_, hw_, tp_, g, D, r.work, [&t](Op, const OpCost& oc) { t += oc.time_s; }, sink, LayerPart::Rest);
+      const double moved = r.moved > 0 ? op_cost(cc_, g, Op::Gather, {r.moved, 0, 0}).time_s : 0;
+      for (int l = r.start; l < r.start + r.len; ++l) {
+        const size_t k = stage_of(l);
+        stage[k] += t;
+        if (k > 0 && l == starts_[k])
+          hand[k] = double(r.work.rows) * D * el / pipe_.link_bytes_per_s + pipe_.latency_s;
+      }
+      stage[stage_of(r.start)] += moved;
+    }
+    double head = 0;
+    cost_head(
+        cc_, hw_, tp_, g_, logit_rows, double(c_.n_vocab),
+        [&head](Op, const OpCost& oc) { head += oc.time_s; },
+        [&head](const OpCost& oc) { head += oc.time_s; });
+    stage[S - 1] += head;
+    double sum = 0, slowest = 0;
+    for (size_t k = 0; k < S; ++k) sum += stage[k] + hand[k], slowest = std::max(slowest, stage[k] + hand[k]);
+    return std::max(sum, double(S) * slowest);
+  }
   std::vector<ModelConfig> lc_;
   LayerKinds kinds_;
   // [shape][rows]: a layer's ops priced by rows alone, < 0 not yet
@@ -170,6 +212,8 @@ void check_inputs(const ModelConfig& c, const ServingConfig& cfg, std::span<cons
     fail("the iteration overhead must be a non-negative time, got {}", cfg.iteration_overhead_s);
   if (!(cfg.time_scale > 0) || !std::isfinite(cfg.time_scale))
     fail("the time scale must be a positive number, got {}", cfg.time_scale);
+  if (!(cfg.pipeline.link_bytes_per_s > 0) || !(cfg.pipeline.latency_s >= 0))
+    usage_fail("the pipeline link needs a positive bandwidth and a latency of at least 0");
   for (size_t i = 0; i < reqs.size(); ++i) {
     const ServingRequest& r = reqs[i];
     if (i > 0 && r.arrival_s < reqs[i - 1].arrival_s) fail("request {}: arrivals are not sorted", i);
@@ -203,9 +247,9 @@ class EventLoop {
         pruning_(policy_traits(m.method.policy).prunes && !m.steps.empty()),
         checked_((check_inputs(c, cfg, reqs, pruning_), true)),
         traits_(policy_traits(m.method.policy)),
-        cost_(c, hw, p, cfg.tp),
+        cost_(c, hw, p, cfg.tp, cfg.pipeline),
         kv_(kv_layout(cfg)),
-        limits_{cfg.kv_budget_bytes, cfg.max_batch_tokens, cfg.chunk_tokens},
+        limits_{cfg.kv_budget_bytes, cfg.max_batch_tokens, cfg.chunk_tokens, cfg.max_seqs},
         kv_token_layer_(double(c.kv_token_elems()) * cfg.kv_element_bytes),
         own_from_(hw.engine.own_gemm_rows),
         listed_(hw.eff(hw::Family::Attention).prices_listed()) {
@@ -302,7 +346,7 @@ class EventLoop {
       if (!a->prefill_done)  // chunked prefills still running take their next chunk first
         rows += std::min({cfg_.chunk_tokens, reqs_[a->idx].prompt_tokens - a->prefilled,
                           std::max<int64_t>(cfg_.max_batch_tokens - rows, 0)});
-    Admission admission(limits_, reserved_, rows);
+    Admission admission(limits_, reserved_, rows, int64_t(running_.size()));
     while (!queue_.empty()) {
       const ServingRequest& h = reqs_[queue_.front()];
       const double res = reservation_bytes(c_, kv_, h.prompt_tokens, h.output_tokens, pruning_);
@@ -502,14 +546,16 @@ ServingRun serve_requests(const ModelConfig& c, const hw::Profile& hw, const Pre
 ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                             const ServingMethod& m, const ServingConfig& cfg,
                             std::span<const ServingRequest> reqs) {
-  if (c.dp <= 1) return serve_requests(c, hw, p, m, cfg, reqs);
   // Data-parallel attention: requests dealt round robin to the dp groups (SGLang's and vLLM's
   // default), the first group's run standing for every group's (equal load: its iterations cost
-  // c.dp groups' rows at the experts); the deployment's rates are dp times that group's.
+  // c.dp groups' rows at the experts). Pipeline stages: as many virtual engines, dealt the same
+  // way. The deployment's rates are dp x stages times the first one's.
+  const int shares = std::max(c.dp, 1) * std::max(cfg.pipeline.stages, 1);
+  if (shares <= 1) return serve_requests(c, hw, p, m, cfg, reqs);
   std::vector<ServingRequest> first;
-  for (size_t i = 0; i < reqs.size(); i += size_t(c.dp)) first.push_back(reqs[i]);
+  for (size_t i = 0; i < reqs.size(); i += size_t(shares)) first.push_back(reqs[i]);
   ServingRun run = serve_requests(c, hw, p, m, cfg, first);
-  run.replicas = c.dp;
+  run.replicas = shares;
   return run;
 }
 

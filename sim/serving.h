@@ -24,6 +24,7 @@
 #include "pruning/method.h"
 #include "pruning/schedule.h"
 #include "sim/cost.h"
+#include "sim/layer_cost.h"
 #include "sim/serving_workload.h"
 #include "traces/synthetic.h"
 
@@ -44,6 +45,7 @@ ServingMethod serving_method(const Method& method, const ModelConfig& c, trace::
 
 struct ServingConfig {
   int64_t max_batch_tokens = 8192;  // rows per iteration (serve --max-batch-tokens)
+  int64_t max_seqs = 0;             // > 0: requests running at once at most (AdmissionLimits::max_seqs)
   double kv_budget_bytes = 0;       // K/V reservations admitted at once (serve --kv-budget-mib)
   double kv_element_bytes = 2;      // bytes of one K or V element in the cache (2: the CPU's f16)
   int64_t kv_block = 64;            // cache capacity rounded up to this many tokens (the CPU layout)
@@ -53,6 +55,12 @@ struct ServingConfig {
   // faster than its profile says (validate --serving's sensitivity to the machine's drift).
   double time_scale = 1;
   int tp = 1;
+  // Pipeline stages (stages > 1): pipeline.stages virtual engines, each its own scheduler over
+  // its share of the requests (dealt round robin) and of the K/V, as vLLM runs a pipeline; an
+  // iteration of one passes through every stage, and with all of them busy it waits on the
+  // slowest: max(the stages' sum and hand-offs, stages x the slowest stage and its hand-off).
+  // kv_budget_bytes is one GPU's, whose stage holds its layers' K/V of every virtual engine.
+  Pipeline pipeline;
   int64_t kv_samples = 512;  // points of the K/V utilisation series kept (evenly over the run)
 };
 
@@ -80,8 +88,9 @@ struct ServingRun {
   std::vector<KvPoint> kv;      // utilisation over time (sampled)
   double kv_reserved_mean = 0;  // time-weighted over the run, bytes
   double kv_reserved_peak = 0;
-  // Groups that served alike (data-parallel attention, ModelConfig::dp): `requests` are the first
-  // group's, and the deployment's throughput is this many times theirs (serving_metrics).
+  // Groups that served alike (data-parallel attention's groups, ModelConfig::dp, times pipeline
+  // stages' virtual engines): `requests` are the first one's, and the deployment's throughput is
+  // this many times theirs (serving_metrics).
   int replicas = 1;
 };
 

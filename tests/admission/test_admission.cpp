@@ -60,6 +60,14 @@ TEST(Admission, FirstComeFirstServedWithinTheKvAndTokenBudgets) {
   Admission ch2({1000, 100, 32}, 0, 0);
   EXPECT_EQ(ch2.first_rows(500), 32);
   EXPECT_EQ(ch2.first_rows(12), 12);
+  // A cap on running requests (max_num_seqs): 3 running and a cap of 5 admit two more.
+  Admission capped({1000, 100, 0, 5}, 0, 3, 3);
+  EXPECT_TRUE(capped.fits(10, 10));
+  capped.take(10, 10);
+  EXPECT_TRUE(capped.fits(10, 10));
+  capped.take(10, 10);
+  EXPECT_FALSE(capped.fits(10, 10));
+  EXPECT_TRUE(Admission({1000, 100, 0, 0}, 0, 3, 1000).fits(10, 10));  // 0: no cap
   // What can never work is refused.
   EXPECT_THROW(Admission({0, 100, 0}, 0, 0), Error);
   EXPECT_THROW(Admission({1000, 0, 0}, 0, 0), Error);

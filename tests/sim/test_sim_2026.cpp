@@ -185,6 +185,58 @@ TEST(Sim2026, DataParallelServing) {
   EXPECT_NEAR(mm.output_tokens_per_s, 8.0 * 64 / mm.duration_s, 1e-9 * mm.output_tokens_per_s);
 }
 
+// Serving over pipeline stages: two virtual engines, each with half the requests; a lone request
+// waits on the slower stage twice (its iteration is 2 x the stage with the head), and a saturated
+// pipeline of twice the GPUs serves nearly twice the tokens.
+TEST(Sim2026, PipelineServing) {
+  const ModelConfig c = preset_config("llama-3.1-8b");
+  const hw::Profile h100 = hw::load_profile("h100-sxm");
+  const sim::ServingMethod m = sim::serving_method(Method{}, c);
+  const auto serve = [&](int pp, std::vector<sim::ServingRequest> reqs) {
+    sim::ServingConfig cfg;
+    cfg.kv_budget_bytes = 8e9;
+    cfg.max_batch_tokens = 8192;
+    cfg.pipeline.stages = pp;
+    return sim::simulate_serving(c, h100, {}, m, cfg, reqs);
+  };
+  const std::vector<sim::ServingRequest> lone{{0, 2048, 1}};
+  const double one = serve(1, lone).requests[0].ttft_s(), two = serve(2, lone).requests[0].ttft_s();
+  EXPECT_GT(two, one);
+  EXPECT_LT(two, 1.2 * one);  // the head's stage is a little more than half
+  std::vector<sim::ServingRequest> many;
+  for (int i = 0; i < 400; ++i) many.push_back({0, 1024, 128});
+  const sim::ServingRun r1 = serve(1, many), r2 = serve(2, many);
+  EXPECT_EQ(r2.replicas, 2);
+  EXPECT_EQ(r2.requests.size(), 200u);
+  const double t1 = sim::serving_metrics(r1, {}).output_tokens_per_s,
+               t2 = sim::serving_metrics(r2, {}).output_tokens_per_s;
+  EXPECT_GT(t2, 1.6 * t1);
+  EXPECT_LT(t2, 2.1 * t1);
+  sim::ServingConfig bad;
+  bad.kv_budget_bytes = 8e9;
+  bad.pipeline = {2, 0};
+  EXPECT_THROW(sim::simulate_serving(c, h100, {}, m, bad, lone), UsageError);
+  bad.pipeline = {33, 50e9};
+  EXPECT_THROW(sim::simulate_serving(c, h100, {}, m, bad, lone), UsageError);
+}
+
+// A cap on running requests (max_num_seqs): with 2, the third request waits for the first to end.
+TEST(Sim2026, MaxSeqsBoundsTheBatch) {
+  const ModelConfig c = preset_config("llama-3.2-1b");
+  sim::ServingConfig cfg;
+  cfg.kv_budget_bytes = 8e9;
+  cfg.max_seqs = 2;
+  const std::vector<sim::ServingRequest> reqs{{0, 64, 16}, {0, 64, 16}, {0, 64, 16}};
+  const sim::ServingRun r =
+      sim::simulate_serving(c, hw::load_profile("h100-sxm"), {}, sim::serving_method(Method{}, c), cfg, reqs);
+  EXPECT_EQ(r.requests[1].admitted_s, 0);
+  EXPECT_GE(r.requests[2].admitted_s, std::min(r.requests[0].finished_s, r.requests[1].finished_s));
+  cfg.max_seqs = 0;
+  const sim::ServingRun all =
+      sim::simulate_serving(c, hw::load_profile("h100-sxm"), {}, sim::serving_method(Method{}, c), cfg, reqs);
+  EXPECT_EQ(all.requests[2].admitted_s, 0);
+}
+
 // Pipeline parallelism: DeepSeek-V3 in fp8 over 2 nodes of 8 H100s (TP 8 x PP 2) fits where one
 // node does not; the TTFT gains the hand-off of the rows entering the second stage.
 TEST(Sim2026, PipelineParallelism) {
