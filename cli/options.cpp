@@ -18,7 +18,9 @@ CLI::Option* add_gguf_model(CLI::App& sub, std::string& gguf) {
 void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, const char* what) {
   auto* model = sub.add_option("--model", gguf, std::string("GGUF file whose configuration to ") + what)
                     ->check(non_empty_path());
-  auto* config = sub.add_option("--model-config", preset, "A preset model configuration (see --help-models)");
+  auto* config = sub.add_option("--model-config", preset,
+                                "A preset model configuration (see --help-models), or a JSON file of one "
+                                "(a report's provenance.model.config)");
   model->excludes(config);
   add_help_models(sub);
 }

@@ -273,7 +273,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
   ModelConfig c;
   if (!j.is_object()) fail("{}: a model configuration must be a JSON object", origin);
   try {
-    c.arch = j.at("arch").get<std::string>();
+    c.arch = json_field<std::string>(j, "arch", origin);
     c.name = j.value("name", std::string());
     c.n_layer = json_field<int>(j, "n_layer", origin);
     if (c.n_layer > 1024) fail("{}: n_layer {} is over 1024", origin, c.n_layer);

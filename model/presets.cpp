@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "model/error.h"
+#include "model/io.h"
+#include "model/json_checks.h"
 
 namespace lp {
 
@@ -86,6 +88,20 @@ std::vector<PresetSummary> preset_summaries() {
 }
 
 ModelConfig preset_config(const std::string& name) {
+  if (name.find('/') != std::string::npos || (name.size() > 5 && name.ends_with(".json"))) {
+    // A configuration file, as config_to_json writes one (a report's provenance.model.config).
+    const std::string origin = "model configuration '" + name + "'";
+    const std::string text = read_input_file(name, "model configuration", input_cap::kSmallJson);
+    json j;
+    try {
+      j = json_parse<json>(text, origin);
+    } catch (const json::exception& e) {
+      fail("{} is not valid JSON: {}", origin, e.what());
+    }
+    ModelConfig c = config_from_json(j, origin);
+    if (c.name.empty()) c.name = name;
+    return c;
+  }
   for (const json& p : presets())
     if (p.at("name").get<std::string>() == name) return from_json(p);
   std::string known;

@@ -11,7 +11,9 @@
 
 namespace lp {
 
-// The preset's configuration. An unknown name is an error that lists the known ones.
+// The preset's configuration, or with a name that holds a '/' or ends in ".json", the configuration
+// in that file (a JSON object as config_to_json writes it, checked as a preset is; named by its
+// 'name' or else the path). An unknown name is an error that lists the known ones.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 

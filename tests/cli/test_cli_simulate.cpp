@@ -194,6 +194,46 @@ TEST_F(CliSim, SimulateBadInput) {
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", prof}), {"x.json", "missing field"});
 }
 
+// --model-config FILE: a configuration as a report's provenance.model.config writes it (a 4-layer
+// Qwen3-30B-A3B here: a tenth of the 48-layer preset's work), costed as a preset is; an
+// inconsistent or incomplete one gets one line naming the file and the field; parallel degrees
+// that do not fit the model get one line naming the option.
+TEST_F(CliSim, SimulateAConfigurationFile) {
+  const std::string four = write_text(
+      R"({"arch": "qwen3moe", "name": "qwen3-30b-a3b-4l", "n_layer": 4, "n_embd": 2048, "n_head": 32,
+          "n_head_kv": 4, "head_dim": 128, "n_ff": 6144, "n_vocab": 151936, "n_ctx_train": 40960,
+          "qk_norm": true, "n_expert": 128, "n_expert_used": 8, "n_ff_exp": 768})",
+      "q4l.json");
+  const auto ttft = [&](const std::string& model) {
+    CliResult r = run_cli(
+        dir_, {"simulate", "--model-config", model, "--hw", "h200", "--prompt-tokens", "4096", "--json"});
+    EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+    return nlohmann::json::parse(r.out)["results"][0]["ttft_ms"].get<double>();
+  };
+  const double small = ttft(four), whole = ttft("qwen3-30b-a3b");
+  EXPECT_GT(small, whole * 4 / 48 * 0.8);  // the layers' share, less what the head and embedding add
+  EXPECT_LT(small, whole * 4 / 48 * 1.5);
+  const auto bad = [&](const std::string& text, const std::string& want) {
+    const std::string f = write_text(text, "bad.json");
+    expect_one_line_error(
+        run_cli(dir_, {"simulate", "--model-config", f, "--hw", "h200", "--prompt-tokens", "16"}),
+        {"bad.json", want});
+  };
+  std::string text = slurp_text(four);
+  bad(text.replace(text.find("\"n_expert_used\": 8"), 18, "\"n_expert_used\": 200"), "n_expert_used 200");
+  bad(R"({"name": "x", "n_layer": 2})", "missing field 'arch'");
+  bad("{", "not valid JSON");
+  expect_one_line_error(run_cli(dir_, {"simulate", "--model-config", "deepseek-v3", "--hw", "h200", "--tp",
+                                       "7", "--ep", "7", "--prompt-tokens", "16"}),
+                        {"--ep 7 does not divide the model's 256 experts"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--model-config", "qwen3-8b", "--hw", "h200", "--pp", "40",
+                                       "--prompt-tokens", "16"}),
+                        {"--pp 40", "36 layers"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--model-config", "qwen3-8b", "--hw", "h200", "--dp", "2",
+                                       "--prompt-tokens", "16"}),
+                        {"--dp 2", "no experts"});
+}
+
 // simulate --runahead: the balanced partition sums to the prompt and beats the even one, which
 // beats one device; tensor parallelism over the same GPUs is set beside it; a rank that cannot
 // hold the weights is said so; bad partitions get one line.
