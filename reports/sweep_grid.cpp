@@ -14,6 +14,15 @@
 
 namespace lp::report {
 
+std::string SweepLayout::name() const {
+  std::string s = fmt::format("tp{}", tp);
+  if (dp > 1) s += fmt::format(" dp{}", dp);
+  if (ep > 1) s += fmt::format(" ep{}", ep);
+  if (pp > 1) s += fmt::format(" pp{}", pp);
+  if (moe_imbalance > 0) s += fmt::format(" imbalance{}", moe_imbalance);
+  return s;
+}
+
 namespace {
 using json = nlohmann::json;
 
@@ -66,7 +75,7 @@ SweepGrid read_sweep_grid(const std::string& path) {
     fail("{}: sweep grid version {} is not supported (1 is)", path, g["lazyprefill_sweep"].dump());
   only_known_keys(g,
                   {"lazyprefill_sweep", "hardware", "models", "methods", "prompt_lengths", "new_tokens",
-                   "batch", "precision", "engine", "revival_model", "revival_share", "map"},
+                   "batch", "precision", "engine", "revival_model", "revival_share", "map", "layouts"},
                   path, "");
   for (const std::string& h : list<std::string>(g, "hardware", path)) {
     grid.hws.push_back(hw::load_profile(h));
@@ -125,6 +134,25 @@ SweepGrid read_sweep_grid(const std::string& path) {
   if (g.contains("revival_share") && g.contains("revival_model"))
     fail("{}: give revival_model or revival_share, not both", path);
   grid.map = g.value("map", false);
+  if (g.contains("layouts")) {
+    grid.layouts.clear();
+    for (const json& l : list<json>(g, "layouts", path)) {
+      if (!l.is_object())
+        fail("{}: layouts: each layout is an object such as {{\"tp\": 8, \"pp\": 2}}", path);
+      only_known_keys(l, {"tp", "dp", "ep", "pp", "moe_imbalance"}, path, "layouts: ");
+      SweepLayout x;
+      const auto degree = [&](const char* k) {
+        return l.contains(k) ? int(integer(l[k], 1, 4096, path, std::string("layouts: ") + k)) : 1;
+      };
+      x.tp = degree("tp"), x.dp = degree("dp"), x.ep = degree("ep"), x.pp = degree("pp");
+      if (l.contains("moe_imbalance")) {
+        if (!l["moe_imbalance"].is_number() || !(l["moe_imbalance"].get<double>() >= 1))
+          fail("{}: layouts: moe_imbalance must be a number of at least 1", path);
+        x.moe_imbalance = l["moe_imbalance"].get<double>();
+      }
+      grid.layouts.push_back(x);
+    }
+  }
   return grid;
 }
 

@@ -14,8 +14,19 @@
 
 namespace lp::report {
 
+// A deployment layout of a grid (simulate's --tp, --dp, --ep, --pp, --moe-imbalance).
+struct SweepLayout {
+  int tp = 1, dp = 1, ep = 1, pp = 1;
+  double moe_imbalance = 0;
+  // "tp1", "tp8 pp2", "dp8 ep8": the degrees above 1 (tp always), the row's `layout`.
+  std::string name() const;
+};
+
 struct SweepGrid {
   std::vector<hw::Profile> hws;
+  // Layouts (default: tp 1 alone); one a model cannot split or a profile cannot host gives rows
+  // that say why ("error"), and the other configurations still run.
+  std::vector<SweepLayout> layouts{SweepLayout{}};
   std::vector<std::string> model_names;
   std::vector<ModelConfig> models;
   std::vector<Method> methods;  // the none policy always with no schedule

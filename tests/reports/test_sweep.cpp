@@ -64,5 +64,42 @@ TEST(Sweep, AnInterruptedOutputKeepsItsWholeRows) {
   EXPECT_EQ(r["policy"], "lazyllm");
 }
 
+// Layouts: each row costs one GPU of its layout; DeepSeek-V3 in fp8 does not fit TP 8 H100s and
+// does over two pipeline stages (said, not refused); a layout the profile cannot host or the model
+// cannot split is a row with the error and null figures, and the rest of the grid still runs.
+// A row written before layouts existed resumes as tp1.
+TEST(Sweep, LayoutsThatDoNotFitOrSplitAreRowsNotErrors) {
+  SweepGrid g;
+  g.hws = {hw::load_profile("h100-sxm")};
+  g.model_names = {"deepseek-v3", "qwen3-8b"};
+  g.models = {preset_config("deepseek-v3"), preset_config("qwen3-8b")};
+  g.methods = {Method{}};
+  g.lengths = {8192};
+  g.precision = {"fp8", "fp8", "fp8"};
+  g.layouts = {{8, 1, 1, 1}, {8, 1, 1, 2}, {1, 16, 1, 1}, {16, 1, 1, 1}};
+  const std::vector<SweepConfig> all = sweep_configs(g, {}, "g");
+  ASSERT_EQ(all.size(), 8u);
+  std::vector<nlohmann::json> rows;
+  for (const SweepConfig& cf : all)
+    rows.push_back(nlohmann::json::parse(sweep_row(g, cf, std::vector<SweepRevivals>(2))));
+  EXPECT_EQ(rows[0]["layout"], "tp8");
+  EXPECT_FALSE(rows[0]["fits_in_memory"].get<bool>());
+  EXPECT_EQ(rows[1]["layout"], "tp8 pp2");
+  EXPECT_TRUE(rows[1]["fits_in_memory"].get<bool>());
+  EXPECT_EQ(rows[2]["layout"], "tp1 dp16");
+  EXPECT_TRUE(rows[2]["fits_in_memory"].get<bool>());
+  EXPECT_TRUE(rows[3]["ttft_ms"].is_null());
+  EXPECT_NE(rows[3]["error"].get<std::string>().find("max_tp 8"), std::string::npos) << rows[3];
+  EXPECT_TRUE(rows[6]["ttft_ms"].is_null());  // qwen3-8b with data-parallel attention: a dense model
+  EXPECT_NE(rows[6]["error"].get<std::string>().find("no experts"), std::string::npos) << rows[6];
+  EXPECT_GT(rows[4]["ttft_ms"].get<double>(), 0);
+  const SweepProgress old =
+      sweep_progress(R"({"hw": "h100-sxm", "model": "qwen3-8b", "policy": "none", "schedule": "none", )"
+                     R"("prompt_tokens": 8192})"
+                     "\n",
+                     "old.jsonl");
+  EXPECT_TRUE(old.done.count(sweep_key("h100-sxm", "qwen3-8b", "none", "none", 8192, "tp1")));
+}
+
 }  // namespace
 }  // namespace lp::report
