@@ -88,12 +88,12 @@ void BM_Sweep(benchmark::State& st) {
 }
 BENCHMARK(BM_Sweep)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
-// N requests of llama-3.1-8b on an H100 under LazyLLM with the built-in revival model: prompts
-// uniform over 1,024-8,192 tokens, outputs over 16-256, Poisson at 2 requests/s (about 60% of the
-// unpruned capacity: batches of 10-30 decoding requests).
-void BM_ServingSim(benchmark::State& st) {
+// N requests of `model` on an H100 in `p` under LazyLLM with the built-in revival model: prompts
+// uniform over 1,024-8,192 tokens, outputs over 16-256, Poisson at 2 requests/s.
+void serving_sim(benchmark::State& st, const char* model, const lp::sim::Precision& p,
+                 double kv_element_bytes) {
   const int64_t n = st.range(0);
-  const lp::ModelConfig c = lp::preset_config("llama-3.1-8b");
+  const lp::ModelConfig c = lp::preset_config(model);
   const lp::hw::Profile hw = lp::hw::load_profile("h100-sxm");
   const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
   const lp::sim::ServingMethod m = lp::sim::serving_method(
@@ -102,17 +102,23 @@ void BM_ServingSim(benchmark::State& st) {
                               lp::resolve_schedule(lazyllm.schedule, c.n_layer, c.global_layers()), true));
   lp::sim::ServingConfig cfg;
   cfg.kv_budget_bytes = 40.0 * (1 << 30);
+  cfg.kv_element_bytes = kv_element_bytes;
   cfg.max_batch_tokens = 8192;
   const auto reqs = lp::sim::make_workload(n, {2.0, 1.0}, lp::sim::LengthDist::parse("1024:8192", "p", "p"),
                                            lp::sim::LengthDist::parse("16:256", "o", "o"), 1);
   int64_t iterations = 0;
   for (auto _ : st) {
-    const lp::sim::ServingRun r = lp::sim::simulate_serving(c, hw, {}, m, cfg, reqs);
+    const lp::sim::ServingRun r = lp::sim::simulate_serving(c, hw, p, m, cfg, reqs);
     iterations = r.iterations;
     benchmark::DoNotOptimize(r.end_s);
   }
   st.counters["iterations"] = double(iterations);
   st.counters["requests/s"] = benchmark::Counter(double(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Llama-3.1-8B in bf16 (about 60% of the unpruned capacity: batches of 10-30 decoding requests).
+void BM_ServingSim(benchmark::State& st) {
+  serving_sim(st, "llama-3.1-8b", {}, 2);
 }
 BENCHMARK(BM_ServingSim)
     ->Arg(10000)
@@ -175,31 +181,9 @@ void BM_SimulateMoE(benchmark::State& st) {
 }
 BENCHMARK(BM_SimulateMoE)->Arg(0)->Arg(256)->Unit(benchmark::kMillisecond);
 
-// BM_ServingSim's workload on Qwen3-30B-A3B (48 layers, 128 experts of 768, 8 a token) on an H100
-// in fp8, LazyLLM with the built-in revival model, the same 2 requests/s (a lighter load here).
+// BM_ServingSim's workload on Qwen3-30B-A3B (48 layers, 128 experts of 768, 8 a token) in fp8.
 void BM_ServingSimMoE(benchmark::State& st) {
-  const int64_t n = st.range(0);
-  const lp::ModelConfig c = lp::preset_config("qwen3-30b-a3b");
-  const lp::hw::Profile hw = lp::hw::load_profile("h100-sxm");
-  const lp::Method lazyllm{lp::PolicyKind::LazyLLM, lp::default_schedule()};
-  const lp::sim::ServingMethod m = lp::sim::serving_method(
-      lazyllm, c,
-      lp::sim::revival_shares(lp::sim::load_revival_model(""), c.n_layer,
-                              lp::resolve_schedule(lazyllm.schedule, c.n_layer, c.global_layers()), true));
-  lp::sim::ServingConfig cfg;
-  cfg.kv_budget_bytes = 40.0 * (1 << 30);
-  cfg.kv_element_bytes = 1;
-  cfg.max_batch_tokens = 8192;
-  const auto reqs = lp::sim::make_workload(n, {2.0, 1.0}, lp::sim::LengthDist::parse("1024:8192", "p", "p"),
-                                           lp::sim::LengthDist::parse("16:256", "o", "o"), 1);
-  int64_t iterations = 0;
-  for (auto _ : st) {
-    const lp::sim::ServingRun r = lp::sim::simulate_serving(c, hw, {"fp8", "fp8", "fp8"}, m, cfg, reqs);
-    iterations = r.iterations;
-    benchmark::DoNotOptimize(r.end_s);
-  }
-  st.counters["iterations"] = double(iterations);
-  st.counters["requests/s"] = benchmark::Counter(double(n), benchmark::Counter::kIsIterationInvariantRate);
+  serving_sim(st, "qwen3-30b-a3b", {"fp8", "fp8", "fp8"}, 1);
 }
 BENCHMARK(BM_ServingSimMoE)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 

@@ -183,7 +183,14 @@ hw::Profile calibrate(const hw::Profile& base, const std::vector<RunMeasurement>
     fit.family = fam;
     fit.samples = int(samples.size());
     fit.time_share = total_time > 0 ? fam_time / total_time : 0;
-    hw::Efficiency& e = p.efficiency[size_t(fi)];
+    // The experts: a family of their own only where a MoE run gives samples enough to fit (else the
+    // GEMMs' efficiency prices them, as fitted above); no row for a dense model's runs.
+    if (fam == hw::Family::Experts) {
+      if (samples.empty()) continue;
+      if (samples.size() >= 4) p.own_experts();
+    }
+    hw::Efficiency& e = fam == hw::Family::Experts && !p.experts_own ? p.efficiency[size_t(hw::Family::Gemm)]
+                                                                     : p.efficiency[size_t(fi)];
     if (samples.size() >= 4) {
       FitData d{&p, &samples, &weights, &compute, &shares, e, rmax >= 4 * rmin};
       std::array<double, 4> x = to_x(e);

@@ -267,7 +267,7 @@ double predict_point(const hw::Profile& hw, const Point& pt) {
 const std::vector<std::string>& fit_candidates() {
   static const std::vector<std::string> c = {"gemm.compute",   "overhead_us",         "attention.compute",
                                              "gemm.half_rows", "attention.half_rows", "gemm.memory",
-                                             "interconnect",   "pruning.stage_us"};
+                                             "interconnect",   "pruning.stage_us",    "experts.compute"};
   return c;
 }
 
@@ -299,6 +299,7 @@ double get_param(const hw::Profile& p, const std::string& name) {
   if (name.starts_with(kGemmComputeOf))
     return p.eff(hw::Family::Gemm).compute_for(name.substr(kGemmComputeOf.size()));
   if (name == "attention.compute") return p.eff(hw::Family::Attention).compute;
+  if (name == "experts.compute") return p.eff(hw::Family::Experts).compute;  // the GEMMs' until its own
   if (name == "gemm.memory") return p.eff(hw::Family::Gemm).memory;
   if (name == "gemm.half_rows") return p.eff(hw::Family::Gemm).half_rows;
   if (name == "attention.half_rows") return p.eff(hw::Family::Attention).half_rows;
@@ -318,6 +319,7 @@ double get_param(const hw::Profile& p, const std::string& name) {
   }
   usage_fail(
       "unknown parameter '{}' (known: gemm.compute, gemm.compute.<dtype>, overhead_us, attention.compute, "
+      "experts.compute, "
       "gemm.half_rows, attention.half_rows, attention.decode_compute, attention.listed_compute, "
       "attention.listed_memory, gemm.memory, interconnect, pruning.stage_us, pruning.key_ns)",
       name);
@@ -330,6 +332,8 @@ void set_param(hw::Profile& p, const std::string& name, double v) {
     p.efficiency[size_t(hw::Family::Gemm)].compute_by_dtype[name.substr(kGemmComputeOf.size())] = v;
   else if (name == "attention.compute")
     p.efficiency[size_t(hw::Family::Attention)].compute = v;
+  else if (name == "experts.compute")
+    p.own_experts(), p.efficiency[size_t(hw::Family::Experts)].compute = v;
   else if (name == "gemm.memory")
     p.efficiency[size_t(hw::Family::Gemm)].memory = v;
   else if (name == "gemm.half_rows")
@@ -434,6 +438,7 @@ class Stepwise {
     for (const Point& p : points) {
       if (!p.ttft) ++decode_points_;
       if (!p.work.header.schedule_layers.empty()) ++pruned_points_;
+      if (p.model.moe()) ++moe_points_;
       if (p.ttft) ttft_lengths_.insert(p.m->prompt_tokens);
     }
   }
@@ -468,6 +473,8 @@ class Stepwise {
         c.reason = "only decode latencies identify it (no decode points)";
       if (wanted && name == "pruning.stage_us" && pruned_points_ == 0)
         c.reason = "only pruned runs identify it (no point with a pruning schedule)";
+      if (wanted && name == "experts.compute" && moe_points_ == 0)
+        c.reason = "only mixture-of-experts models identify it (no point has experts)";
       // Attention grows with the square of the prompt, the GEMMs linearly: only prompts of several
       // lengths tell them apart (across models at one length the split rests on the architectures
       // alone, which the cost model may not capture). Decoding's attention reads the KV cache.
@@ -548,7 +555,7 @@ class Stepwise {
   const std::vector<std::string>& requested_;
   size_t n_;
   std::vector<size_t> all_;
-  size_t decode_points_ = 0, pruned_points_ = 0;
+  size_t decode_points_ = 0, pruned_points_ = 0, moe_points_ = 0;
   std::set<int64_t> ttft_lengths_;
 
   static bool open(const ParamCheck& c) {

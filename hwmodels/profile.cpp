@@ -19,7 +19,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr std::array<const char*, kNumFamilies> kFamilyKeys = {"gemm", "attention", "elementwise",
-                                                               "data_movement"};
+                                                               "data_movement", "experts"};
 
 double positive(const json& j, const char* key, const std::string& origin, bool allow_zero = false) {
   const double x = json_field<double>(j, key, origin);
@@ -43,7 +43,7 @@ const char* family_name(Family f) {
 }
 
 std::string family_dtype(Family f, const std::string& compute) {
-  if (f == Family::Gemm) return compute;
+  if (f == Family::Gemm || f == Family::Experts) return compute;
   if (f == Family::Attention) return compute == "int8" ? "f16" : compute;
   return "f32";
 }
@@ -138,6 +138,11 @@ Profile parse_profile(const json& j, const std::string& origin) {
   p.efficiency_default = def.get<bool>();
   for (int f = 0; f < kNumFamilies; ++f) {
     const std::string where = origin + ": efficiency." + kFamilyKeys[size_t(f)];
+    if (Family(f) == Family::Experts) {  // optional: absent, the GEMMs' (Profile::eff)
+      p.efficiency[size_t(f)] = p.efficiency[size_t(Family::Gemm)];
+      if (!eff.contains("experts")) continue;
+      p.experts_own = true;
+    }
     const json& e = json_member(eff, kFamilyKeys[size_t(f)], origin + ": efficiency");
     if (!e.is_object()) fail("{} must be an object", where);
     Efficiency& x = p.efficiency[size_t(f)];
@@ -305,6 +310,7 @@ Profile load_profile(const std::string& name_or_path) {
 json efficiency_json(const Profile& p) {
   json e = {{"default", p.efficiency_default}};
   for (int f = 0; f < kNumFamilies; ++f) {
+    if (Family(f) == Family::Experts && !p.experts_own) continue;
     const Efficiency& x = p.efficiency[size_t(f)];
     json& fam = e[kFamilyKeys[size_t(f)]] = {{"compute", x.compute},
                                              {"half_rows", x.half_rows},

@@ -11,8 +11,10 @@
 
 namespace lp::hw {
 
-// Op families that share efficiency parameters (sim/ maps each op to one).
-enum class Family : int { Gemm, Attention, Elementwise, DataMovement, kCount };
+// Op families that share efficiency parameters (sim/ maps each op to one). Experts: a mixture of
+// experts' routed and shared expert GEMMs, grouped over the rows each expert gets (optional in a
+// file: absent, the GEMMs' efficiency).
+enum class Family : int { Gemm, Attention, Elementwise, DataMovement, Experts, kCount };
 inline constexpr int kNumFamilies = static_cast<int>(Family::kCount);
 const char* family_name(Family f);
 
@@ -111,7 +113,17 @@ struct Profile {
   std::map<std::string, std::string> sources;
   nlohmann::ordered_json json;  // the document as read (calibration writes a modified copy)
 
-  const Efficiency& eff(Family f) const { return efficiency[size_t(f)]; }
+  // The experts family has its own efficiency where a file gives one or calibration fitted one;
+  // else it follows the GEMMs' (whatever calibration makes of them).
+  bool experts_own = false;
+  const Efficiency& eff(Family f) const {
+    return f == Family::Experts && !experts_own ? efficiency[size_t(Family::Gemm)] : efficiency[size_t(f)];
+  }
+  // Gives the experts an efficiency of their own, starting from the GEMMs' (before fitting it).
+  void own_experts() {
+    if (!experts_own) efficiency[size_t(Family::Experts)] = efficiency[size_t(Family::Gemm)];
+    experts_own = true;
+  }
   // Peak FLOP/s for a compute dtype, falling back to f32 when the part has no native support
   // for it (as a CPU without AVX512_BF16 runs bf16 through f32 units). Throws if neither exists,
   // and for fp8 or fp4 without such a peak (no part emulates them at its f32 rate).

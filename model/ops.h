@@ -62,6 +62,9 @@ struct OpShape {
   // The rows are decoding rows: multi-head latent attention then attends in the latent (the
   // "absorbed" form serving engines decode with), a prefill over keys expanded per head.
   bool decoding = false;
+  // Experts: the (row, expert) pairs this GPU computes, where a run's routing says (a trace's
+  // routes); 0: routed_pairs of the rows.
+  double routed = 0;
 };
 
 // Multi-head latent attention's two forms (DeepSeek-V2 section 2.1.2; vLLM's and SGLang's MLA
@@ -181,7 +184,8 @@ inline double op_flops(const ModelConfig& c, Op op, const OpShape& s) {
       // Each row through k experts: gate|up, activation, down, weighted sum (and the biases' adds);
       // and through the shared experts, unweighted.
       if (!c.moe()) return 0.0;
-      const double pairs = routed_pairs(c, T), Fe = c.n_ff_exp, Fs = shared_ffn_width(c);
+      const double pairs = s.routed > 0 ? s.routed : routed_pairs(c, T), Fe = c.n_ff_exp,
+                   Fs = shared_ffn_width(c);
       return pairs * (6.0 * D * Fe + 5.0 * Fe + 2.0 * D + (c.expert_bias ? 2.0 * Fe + D : 0.0)) +
              double(T) * (6.0 * D * Fs + 5.0 * Fs + (Fs > 0 ? D : 0.0));
     }
@@ -252,7 +256,8 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
       // (row, expert) pair's row in, gate|up out, activation in and out, down out; the rows' sum
       // written.
       if (!c.moe()) return 0.0;
-      const double Fe = c.n_ff_exp, Fs = shared_ffn_width(c), pairs = routed_pairs(c, T);
+      const double Fe = c.n_ff_exp, Fs = shared_ffn_width(c),
+                   pairs = s.routed > 0 ? s.routed : routed_pairs(c, T);
       const double ran = s.experts > 0 ? double(s.experts) : expected_experts(c, T);
       const auto per_row = [&](double F) {
         return D * d.act_bytes + 2 * F * d.elem_bytes + F * (d.elem_bytes + d.act_bytes) + D * d.elem_bytes;

@@ -29,9 +29,10 @@ inline hw::Family op_family(Op op) {
     case Op::GateUp:
     case Op::Down:
     case Op::Router:
-    case Op::Experts:
     case Op::LmHead:
       return hw::Family::Gemm;
+    case Op::Experts:
+      return hw::Family::Experts;
     case Op::Attention:
     case Op::Score:
       return hw::Family::Attention;
@@ -133,7 +134,7 @@ inline void roofline(OpCost& r, double peak, double bandwidth, const hw::Efficie
   // mean of which is the routed pairs over the experts they reach (what a grouped GEMM fills).
   const double rows = op == Op::Score ? 1.0
                       : op == Op::Experts
-                          ? std::max(1.0, routed_pairs(c, s.tokens) /
+                          ? std::max(1.0, (s.routed > 0 ? s.routed : routed_pairs(c, s.tokens)) /
                                               std::max(1.0, s.experts > 0 ? double(s.experts)
                                                                           : expected_experts(c, s.tokens)))
                           : double(std::max<int64_t>(s.tokens, 1));

@@ -34,6 +34,10 @@ struct LayerWork {
   int64_t scorers = 0, score_keys = 0;   // sequences scoring here (LazyLLM) and the keys they score
   int64_t selects = 0, select_keys = 0;  // selections made here and the keys they choose from
   int64_t moved = 0;                     // rows gathered (compacted, saved to or read from the Aux Cache)
+  // A MoE layer's routing where a run recorded it (a trace's routes): the distinct experts this GPU
+  // runs and the (row, expert) pairs it computes; 0: expected under uniform routing.
+  int64_t experts = 0;
+  double routed = 0;
 };
 
 // One sequence's decoding step at a layer into `w`, `scale` times (a batch of equal sequences):
@@ -149,7 +153,7 @@ template <class OpSink, class CommSink>
       const int gpus = cfg.dp > 1 ? cfg.dp * tp : 1;
       const double own = gpus > 1 ? std::ceil(double(w.rows) / tp) : 0;
       if (gpus > 1) comm(alltoall_cost(hw, gpus, dispatch_bytes(cfg, gpus, own, D, cc.dtypes.act_bytes)));
-      op(Op::Experts, op_cost(cc, cfg, Op::Experts, rows));
+      op(Op::Experts, op_cost(cc, cfg, Op::Experts, {w.rows, 0, 0, w.experts, false, w.routed}));
       if (gpus > 1) comm(alltoall_cost(hw, gpus, dispatch_bytes(cfg, gpus, own, D, el)));
     } else {
       op(Op::GateUp, op_cost(cc, cfg, Op::GateUp, rows));

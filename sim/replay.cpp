@@ -250,6 +250,15 @@ Replayer::Replayer(const trace::Header& h, const ModelConfig& c, const hw::Profi
     }
   prompt_tokens_ = h.prompt_tokens;
   dropped_ = h.prompt_tokens_dropped;
+  // Recorded routing prices the experts when it is this model's (same experts, k a row) and no
+  // imbalance was given (--moe-imbalance overrides what the run measured).
+  const auto count = [&](const char* k) {
+    return h.model.is_object() && h.model.contains(k) && h.model[k].is_number_integer()
+               ? h.model[k].get<int64_t>()
+               : int64_t(-1);
+  };
+  routes_ = c.moe() && c.moe_imbalance == 0 && count("n_expert") == c.n_expert &&
+            count("n_expert_used") == c.n_expert_used;
   r_.hw = hw.name;
   r_.tp = tp;
   r_.prefill_layers.assign(size_t(L), OpCosts{});
@@ -327,6 +336,8 @@ void Replayer::add(const trace::Step& s) {
     // pruned ones saved), in decoding the Aux Cache writes and reads.
     w.moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
                       : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
+    if (routes_ && s.routes && size_t(l) < s.routes->size() && cfg.moe())
+      routed_work((*s.routes)[size_t(l)], s.queries[size_t(l)], w);
     cost_layer(cc_, hw_, tp_, cfg, D, w, op(prefill ? &r.prefill_layers[size_t(l)] : nullptr), reduce);
     peak_act_ = std::max(peak_act_, activation_bytes(cfg, T, dt.elem_bytes));
   }
@@ -358,6 +369,24 @@ void Replayer::add(const trace::Step& s) {
   r.total_s += step_s;
   last_keys_ = s.keys;
   ++steps_;
+}
+
+void Replayer::routed_work(const trace::Routes& r, int64_t rows, LayerWork& w) const {
+  const int64_t k = c_.n_expert_used, E = c_.n_expert, ep = std::max(c_.ep, 1);
+  if (int64_t(r.positions.size()) != rows || int64_t(r.experts.size()) != rows * k) return;  // mapped
+  std::vector<int64_t> pairs(size_t(ep), 0), distinct(size_t(ep), 0);
+  std::vector<char> seen(size_t(E), 0);
+  for (const int32_t e : r.experts) {
+    if (e < 0 || e >= E) return;
+    const size_t g = size_t(e / (E / ep));  // expert parallelism: E / ep consecutive experts a GPU
+    ++pairs[g];
+    if (!seen[size_t(e)]) seen[size_t(e)] = 1, ++distinct[g];
+  }
+  const size_t busiest = size_t(std::max_element(pairs.begin(), pairs.end()) - pairs.begin());
+  // Every sequence of the batch, and every data-parallel group, routed alike.
+  w.routed = double(pairs[busiest]) * double(B_) * std::max(c_.dp, 1);
+  w.experts = distinct[busiest];
+  if (w.routed <= 0) w.routed = 0, w.experts = 0;
 }
 
 Prediction Replayer::finish() && {

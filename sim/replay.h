@@ -98,6 +98,10 @@ class Replayer {
   Prediction finish() &&;
 
  private:
+  // A layer's recorded routing into `w` (LayerWork::experts, ::routed): the busiest GPU's pairs and
+  // its distinct experts, for `rows` rows; nothing where the routes do not match the rows (a trace
+  // mapped onto another prompt length).
+  void routed_work(const trace::Routes& r, int64_t rows, LayerWork& w) const;
   const hw::Profile& hw_;
   const ModelConfig& c_;
   int64_t B_;
@@ -109,6 +113,7 @@ class Replayer {
   std::vector<ModelConfig> lc_;  // per layer
   std::vector<char> prune_at_;
   int first_prune_ = -1;
+  bool routes_ = false;  // the trace's routes are this model's experts (used where a step has them)
   int64_t prompt_tokens_ = 0, dropped_ = 0, steps_ = 0;
   double peak_act_ = 0, aux_entries_ = 0;
   std::vector<int64_t> last_keys_;

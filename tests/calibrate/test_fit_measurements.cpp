@@ -245,6 +245,35 @@ TEST(FitMeasurements, RefusesWhatTheDataCannotIdentify) {
   EXPECT_THROW(calib::fit_measurements(base, s.points, {}, nullptr), Error);
 }
 
+// The experts' own efficiency: MoE TTFTs (Qwen3-30B-A3B and Mixtral 8x7B in fp8) made with expert
+// GEMMs at 0.3 of the peak beside dense GEMMs at the base's share recover 0.3; dense models alone
+// cannot identify it, and say so.
+TEST(FitMeasurements, ExpertsGetTheirOwnEfficiency) {
+  const hw::Profile base = hw::load_profile("h100-sxm");
+  EXPECT_FALSE(base.experts_own);
+  EXPECT_DOUBLE_EQ(calib::get_param(base, "experts.compute"), calib::get_param(base, "gemm.compute"));
+  hw::Profile truth = base;
+  calib::set_param(truth, "experts.compute", 0.3);
+  EXPECT_TRUE(truth.experts_own);
+  EXPECT_DOUBLE_EQ(truth.eff(hw::Family::Gemm).compute, base.eff(hw::Family::Gemm).compute);
+  const sim::Precision fp8{"fp8", "fp8", "fp8"};
+  Synthetic s;
+  for (int64_t n : {1024, 4096, 16384}) {
+    s.add(truth, "qwen3-30b-a3b", 1, n, false, "none", fp8);
+    s.add(truth, "mixtral-8x7b", 2, n, false, "none", fp8);
+  }
+  calib::MeasurementFit fit;
+  const hw::Profile got = calib::fit_measurements(base, s.points, {"experts.compute"}, &fit);
+  EXPECT_NEAR(calib::get_param(got, "experts.compute"), 0.3, 0.3e-3);
+  EXPECT_TRUE(got.experts_own);
+  EXPECT_TRUE(hw::efficiency_json(got).contains("experts"));
+  EXPECT_FALSE(hw::efficiency_json(base).contains("experts"));
+  Synthetic dense;
+  for (int64_t n : {128, 512, 2048, 8192}) dense.add(truth, "llama-3.1-8b", 1, n, false);
+  EXPECT_NE(usage_error(base, dense.points, {"experts.compute"}).find("only mixture-of-experts"),
+            std::string::npos);
+}
+
 // The 5% points of Fisher's F from a standard table (e.g. NIST/SEMATECH e-Handbook, table
 // 1.3.6.7.3), to the table's three decimals.
 // The fit's choices, for failure messages.

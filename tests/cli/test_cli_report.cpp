@@ -26,6 +26,18 @@ TEST_F(CliSim, ReportRefusesMoreResultsThanItHolds) {
                         {"1025 prompt lengths", "use sweep"});
 }
 
+// `report` against the shipped schema (checked by python3-jsonschema, an independent validator,
+// the schema itself too).
+void expect_valid_report(const std::string& report) {
+  const std::string schema = std::string(LP_SOURCE_DIR) + "/reports/capacity-report.schema.json";
+  const std::string cmd = fmt::format(
+      "python3 -c \"import json,jsonschema,sys; s=json.load(open(sys.argv[1])); "
+      "jsonschema.Draft202012Validator.check_schema(s); "
+      "jsonschema.validate(json.load(open(sys.argv[2])), s, cls=jsonschema.Draft202012Validator)\" '{}' '{}'",
+      schema, report);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
 // The capacity report: valid against the shipped schema (checked by python3-jsonschema, an
 // independent validator), charts and page written, objectives no length meets said in the
 // report, bad input refused with nothing half-written.
@@ -58,13 +70,7 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
                                "200"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   EXPECT_NE(r.out.find("h100-sxm"), std::string::npos);
-  const std::string schema = std::string(LP_SOURCE_DIR) + "/reports/capacity-report.schema.json";
-  const std::string cmd = fmt::format(
-      "python3 -c \"import json,jsonschema,sys; s=json.load(open(sys.argv[1])); "
-      "jsonschema.Draft202012Validator.check_schema(s); "
-      "jsonschema.validate(json.load(open(sys.argv[2])), s, cls=jsonschema.Draft202012Validator)\" '{}' '{}'",
-      schema, out + "/capacity-report.json");
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  expect_valid_report(out + "/capacity-report.json");
   const auto rep = nlohmann::json::parse(slurp_text(out + "/capacity-report.json"));
   // 2 hardware x (none, 2 lazyllm schedules, static, random) x 2 lengths.
   EXPECT_EQ(rep["results"].size(), 2u * 5 * 2);
@@ -100,7 +106,6 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
 // A report of a 2026 deployment: DeepSeek-V3 in fp8 on 8 H100s does not fit (said, not refused);
 // over two pipeline stages it does, and the layout and the 8-bit types pass the schema.
 TEST_F(CliSim, ReportOfAParallelLayout) {
-  const std::string schema = std::string(LP_SOURCE_DIR) + "/reports/capacity-report.schema.json";
   const auto report = [&](const std::string& name, const std::string& pp) {
     const std::string out = dir_.file(name);
     CliResult r = run_cli(dir_, {"report",
@@ -125,12 +130,7 @@ TEST_F(CliSim, ReportOfAParallelLayout) {
                                  "--out",
                                  out});
     EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
-    const std::string cmd = fmt::format(
-        "python3 -c \"import json,jsonschema,sys; "
-        "jsonschema.validate(json.load(open(sys.argv[2])), json.load(open(sys.argv[1])), "
-        "cls=jsonschema.Draft202012Validator)\" '{}' '{}'",
-        schema, out + "/capacity-report.json");
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    expect_valid_report(out + "/capacity-report.json");
     return nlohmann::json::parse(slurp_text(out + "/capacity-report.json"));
   };
   const auto one = report("tp8", "1"), two = report("tp8pp2", "2");

@@ -237,6 +237,66 @@ TEST(Sim2026, MaxSeqsBoundsTheBatch) {
   EXPECT_EQ(all.requests[2].admitted_s, 0);
 }
 
+// A trace's recorded routing prices the experts: 256 rows all sent to experts 0-7 of Qwen3-30B-A3B
+// read 8 experts' weights (uniform routing would reach nearly all 128), and under expert
+// parallelism over 8 GPUs (16 experts each) one GPU computes every pair (uniform: about an eighth).
+TEST(Sim2026, RecordedRoutesPriceTheExperts) {
+  ModelConfig c = preset_config("qwen3-30b-a3b");
+  c.n_layer = 2;
+  const hw::Profile h100 = hw::load_profile("h100-sxm");
+  const int64_t T = 256;
+  trace::SyntheticSteps gen(c, "none", {}, T, 0);
+  trace::Step st;
+  ASSERT_TRUE(gen.next(st));
+  trace::Routes r;
+  for (int i = 0; i < T; ++i) {
+    r.positions.push_back(i);
+    for (int e = 0; e < 8; ++e) r.experts.push_back(e);
+  }
+  const auto experts = [&](const ModelConfig& m, int tp, bool routed) {
+    trace::Step s = st;
+    if (routed) s.routes = std::vector<trace::Routes>(2, r);
+    sim::Replayer rp(gen.header(), m, h100, {}, 1, tp);
+    rp.add(s);
+    return std::move(rp).finish().prefill_ops[size_t(Op::Experts)];
+  };
+  const sim::OpCost uniform = experts(c, 1, false), skewed = experts(c, 1, true);
+  const double expert_bytes = 3.0 * c.n_embd * c.n_ff_exp * 2;  // bf16 gate, up, down
+  EXPECT_NEAR(uniform.bytes - skewed.bytes, 2 * (expected_experts(c, T) - 8) * expert_bytes,
+              1e-6 * uniform.bytes);
+  EXPECT_DOUBLE_EQ(uniform.flops, skewed.flops);  // T x 8 pairs either way
+  const ModelConfig e = sim::expert_parallel(c, 8);
+  const sim::OpCost spread = experts(e, 8, false), one_gpu = experts(e, 8, true);
+  const double per_pair = uniform.flops / double(T * 8);
+  EXPECT_NEAR(one_gpu.flops, per_pair * T * 8, 1e-6 * one_gpu.flops);
+  EXPECT_LT(spread.flops, one_gpu.flops / 5);
+  // An imbalance given on the command line wins over the recorded one.
+  EXPECT_DOUBLE_EQ(experts(sim::expert_parallel(c, 8, 1.0), 8, true).flops,
+                   experts(sim::expert_parallel(c, 8, 1.0), 8, false).flops);
+}
+
+// A profile's own efficiency for the experts (efficiency.experts): absent, the experts follow the
+// GEMMs'; given, the experts op runs at its share (here 0.35 of the peak against the GEMMs' 0.7,
+// so a compute-bound prefill's experts take twice as long).
+TEST(Sim2026, ExpertsEfficiencyFamily) {
+  const hw::Profile h100 = hw::load_profile("h100-sxm");
+  nlohmann::ordered_json j = h100.json;
+  j["efficiency"]["experts"] = {{"compute", 0.35}, {"half_rows", 16}, {"memory", 0.85}, {"overhead_us", 4}};
+  const hw::Profile own = hw::parse_profile(j, "test");
+  EXPECT_TRUE(own.experts_own);
+  EXPECT_FALSE(h100.experts_own);
+  EXPECT_DOUBLE_EQ(h100.eff(hw::Family::Experts).compute, h100.eff(hw::Family::Gemm).compute);
+  const ModelConfig c = preset_config("qwen3-30b-a3b");
+  const auto experts = [&](const hw::Profile& h) {
+    return sim::replay_synthetic(c, "none", {}, 8192, 0, {}, h, {}).prefill_ops[size_t(Op::Experts)];
+  };
+  const sim::OpCost a = experts(h100), b = experts(own);
+  EXPECT_NEAR(b.compute_s, 2 * a.compute_s, 1e-9 * b.compute_s);
+  EXPECT_DOUBLE_EQ(a.flops, b.flops);
+  j["efficiency"]["experts"]["compute"] = 1.5;
+  EXPECT_THROW(hw::parse_profile(j, "test"), Error);
+}
+
 // Pipeline parallelism: DeepSeek-V3 in fp8 over 2 nodes of 8 H100s (TP 8 x PP 2) fits where one
 // node does not; the TTFT gains the hand-off of the rows entering the second stage.
 TEST(Sim2026, PipelineParallelism) {
