@@ -312,10 +312,12 @@ double get_param(const hw::Profile& p, const std::string& name) {
   if (name == "interconnect") return p.interconnect_efficiency;
   if (name == "pruning.stage_us") return p.pruning_stage_s * 1e6;
   if (name == "pruning.key_ns") return p.pruning_key_s * 1e9;
-  if (name == "overhead_us") {
+  if (name == "overhead_us") {  // the mean over the families (the experts' where they have their own)
     double s = 0;
-    for (const hw::Efficiency& e : p.efficiency) s += e.overhead_s;
-    return s / hw::kNumFamilies * 1e6;
+    int n = 0;
+    for (int f = 0; f < hw::kNumFamilies; ++f)
+      if (hw::Family(f) != hw::Family::Experts || p.experts_own) s += p.efficiency[size_t(f)].overhead_s, ++n;
+    return s / n * 1e6;
   }
   usage_fail(
       "unknown parameter '{}' (known: gemm.compute, gemm.compute.<dtype>, overhead_us, attention.compute, "
@@ -369,7 +371,10 @@ struct Problem {
 
 hw::Profile with(const Problem& pr, const double* x) {
   hw::Profile p = *pr.base;
-  for (size_t k = 0; k < pr.params.size(); ++k) set_param(p, pr.params[k], std::exp(x[k]));
+  // experts.compute last: its family starts from the GEMMs' as the others leave them.
+  for (int last = 0; last < 2; ++last)
+    for (size_t k = 0; k < pr.params.size(); ++k)
+      if ((pr.params[k] == "experts.compute") == (last == 1)) set_param(p, pr.params[k], std::exp(x[k]));
   return p;
 }
 

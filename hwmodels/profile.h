@@ -119,9 +119,13 @@ struct Profile {
   const Efficiency& eff(Family f) const {
     return f == Family::Experts && !experts_own ? efficiency[size_t(Family::Gemm)] : efficiency[size_t(f)];
   }
-  // Gives the experts an efficiency of their own, starting from the GEMMs' (before fitting it).
+  // Gives the experts an efficiency of their own, starting from the GEMMs' (before fitting it):
+  // one compute share for every dtype (the GEMMs' per-dtype shares would shadow it).
   void own_experts() {
-    if (!experts_own) efficiency[size_t(Family::Experts)] = efficiency[size_t(Family::Gemm)];
+    if (!experts_own) {
+      efficiency[size_t(Family::Experts)] = efficiency[size_t(Family::Gemm)];
+      efficiency[size_t(Family::Experts)].compute_by_dtype.clear();
+    }
     experts_own = true;
   }
   // Peak FLOP/s for a compute dtype, falling back to f32 when the part has no native support

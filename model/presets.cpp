@@ -34,8 +34,8 @@ const json& presets() {
   return all;
 }
 
-ModelConfig from_json(const json& p) {
-  const std::string origin = "model preset '" + p.value("name", std::string("?")) + "'";
+ModelConfig from_json(const json& p, std::string origin = "") {
+  if (origin.empty()) origin = "model preset '" + p.value("name", std::string("?")) + "'";
   ModelConfig c = config_from_json(p, origin);
   if (c.n_ctx_train <= 0) fail("{}: n_ctx_train must be positive", origin);
   return c;
@@ -98,7 +98,7 @@ ModelConfig preset_config(const std::string& name) {
     } catch (const json::exception& e) {
       fail("{} is not valid JSON: {}", origin, e.what());
     }
-    ModelConfig c = config_from_json(j, origin);
+    ModelConfig c = from_json(j, origin);  // checked as a preset is: a context length too
     if (c.name.empty()) c.name = name;
     return c;
   }

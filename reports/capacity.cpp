@@ -98,8 +98,11 @@ void add_serving(const Request& r, Report& rep) {
     cfg.pipeline = r.pipeline;
     cfg.kv_element_bytes = sim::dtype_bytes(r.precision.kv, "--kv");
     const double weights = method_prediction(r, r.methods[0], r.hws[h], 1, 0).memory.weights;
-    cfg.kv_budget_bytes =
-        s.kv_budget_gib ? *s.kv_budget_gib * double(1 << 30) : budget_bytes(r, r.hws[h]) - weights;
+    // A GPU's K/V memory (given, or its memory less its weights) as its tensor-parallel group's
+    // budget (group_kv_budget).
+    cfg.kv_budget_bytes = sim::group_kv_budget(
+        r.model, r.tp,
+        s.kv_budget_gib ? *s.kv_budget_gib * double(1 << 30) : budget_bytes(r, r.hws[h]) - weights);
     if (!(cfg.kv_budget_bytes > 0))
       fail("{}: the weights ({:.1f} GiB) leave no memory for the K/V cache under the budget", r.hws[h].name,
            weights / double(1 << 30));

@@ -79,12 +79,13 @@ OpCost allgather_cost(const hw::Profile& hw, int tp, double bytes);
 // a network.
 OpCost alltoall_cost(const hw::Profile& hw, int gpus, double bytes);
 // The bytes one GPU dispatches to other GPUs' experts for `rows` rows of width D at `elem` bytes:
-// each row goes once to every other GPU holding one of its k experts (ep GPUs of whole experts,
-// each expert split gpus / ep ways): (ep - 1)(1 - (1 - 1/ep)^k) x gpus / ep GPUs, at most gpus - 1.
+// each row goes once to every other GPU holding a slice of one of its k experts. The experts are in
+// ep groups of gpus / ep GPUs (each expert split over its group's GPUs); a group is hit with
+// probability 1 - (1 - 1/ep)^k, and then all its GPUs are (the own group's others included):
+// (gpus - 1)(1 - (1 - 1/ep)^k) other GPUs.
 inline double dispatch_bytes(const ModelConfig& cfg, int gpus, double rows, double D, double elem) {
   const double ep = std::max(cfg.ep, 1), k = cfg.n_expert_used;
-  const double dest = std::min(double(gpus - 1), (ep - 1) * (1 - std::pow(1 - 1 / ep, k)) * gpus / ep);
-  return rows * dest * D * elem;
+  return rows * double(gpus - 1) * (1 - std::pow(1 - 1 / ep, k)) * D * elem;
 }
 
 // Which of a layer's ops cost_layer prices: all of them, only those whose cost depends on the

@@ -114,7 +114,13 @@ ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance, int 
                dp > 1 ? fmt::format("--dp {} (data-parallel attention around expert parallelism)", dp)
                       : fmt::format("--ep {}", ep));
   // Data-parallel attention spreads the experts over every GPU of the dp groups unless told.
-  if (dp > 1 && ep == 1) ep = dp * std::max(tp, 1);
+  if (dp > 1 && ep == 1) {
+    ep = dp * std::max(tp, 1);
+    if (c.n_expert % ep != 0)
+      usage_fail(
+          "--dp {} x --tp {}: {} GPUs do not divide the model's {} experts (give --ep, a divisor of both)",
+          dp, tp, ep, c.n_expert);
+  }
   if (c.n_expert % ep != 0) usage_fail("--ep {} does not divide the model's {} experts", ep, c.n_expert);
   ModelConfig e = c;
   e.ep = ep;
@@ -173,6 +179,12 @@ void check_tp(const ModelConfig& c, const hw::Profile& hw, int tp) {
     usage_fail("tensor parallelism over {} GPUs is more than '{}' can host (max_tp {}{})", tp, hw.name,
                hw.max_tp, hw.kind == "cpu" ? ": a CPU profile" : "");
   tp_shard(c, tp);
+  // Data-parallel groups beyond one node's GPUs need a network between nodes (alltoall_cost).
+  if (c.dp > 1 && c.dp * tp > std::max(hw.max_tp, 1) && !(hw.scale_out_bandwidth > 0))
+    usage_fail(
+        "--dp {} x --tp {} spans {} GPUs, more than one node of '{}' ({}), which has no network between "
+        "nodes (scale_out_bandwidth_gbs)",
+        c.dp, tp, c.dp * tp, hw.name, hw.max_tp);
 }
 
 namespace {

@@ -543,6 +543,14 @@ ServingRun serve_requests(const ModelConfig& c, const hw::Profile& hw, const Pre
 }
 }  // namespace
 
+double group_kv_budget(const ModelConfig& c, int tp, double per_gpu_bytes) {
+  const ModelConfig g = tp_shard(c, tp);
+  double whole = 0, one = 0;
+  for (int l = 0; l < c.n_layer; ++l)
+    whole += double(c.layer(l).kv_token_elems()), one += double(g.layer(l).kv_token_elems());
+  return one > 0 ? per_gpu_bytes * whole / one : per_gpu_bytes;
+}
+
 ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                             const ServingMethod& m, const ServingConfig& cfg,
                             std::span<const ServingRequest> reqs) {
@@ -552,6 +560,8 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
   // way. The deployment's rates are dp x stages times the first one's.
   const int shares = std::max(c.dp, 1) * std::max(cfg.pipeline.stages, 1);
   if (shares <= 1) return serve_requests(c, hw, p, m, cfg, reqs);
+  // Every request checked (order, fit) before they are dealt, not only the first share's.
+  check_inputs(c, cfg, reqs, policy_traits(m.method.policy).prunes && !m.steps.empty());
   std::vector<ServingRequest> first;
   for (size_t i = 0; i < reqs.size(); i += size_t(shares)) first.push_back(reqs[i]);
   ServingRun run = serve_requests(c, hw, p, m, cfg, first);

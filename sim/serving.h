@@ -100,6 +100,12 @@ inline KvLayout kv_layout(const ServingConfig& cfg) {
   return KvLayout{cfg.kv_element_bytes, cfg.kv_block, true};
 }
 
+// One GPU's K/V memory, `per_gpu_bytes`, as the budget of its tensor-parallel group in the terms
+// reservations count (reservation_bytes prices every K/V head of every layer): times the ratio of
+// a token's whole K/V to the share one of `tp` GPUs holds (tp where the K/V heads split tp ways,
+// less where they are replicated, 1 for latent attention's cache, whole on every GPU).
+double group_kv_budget(const ModelConfig& c, int tp, double per_gpu_bytes);
+
 // Runs the requests (sorted by arrival) through the scheduler; under data-parallel attention
 // (c.dp > 1) every dp-th through the first group's (ServingRun::replicas). Throws lp::Error for a request
 // whose reservation exceeds the K/V budget (it could never run), a budget of zero, or a bad

@@ -134,6 +134,22 @@ TEST(Sim2026, DataParallelAttention) {
   // A row goes to each other GPU holding one of its 8 experts: 15 (1 - (15/16)^8) of them.
   const double dest = 15 * (1 - std::pow(15.0 / 16, 8));
   EXPECT_DOUBLE_EQ(sim::dispatch_bytes(g, 16, 10, 7168, 1), 10 * dest * 7168);
+  // Experts over 4 groups of 4 GPUs each (--ep 4 of 16): a group is hit with 1 - (3/4)^8, and then
+  // all its GPUs, the own group's 3 others included: 15 (1 - (3/4)^8).
+  const ModelConfig four = sim::expert_parallel(c, 4, 1.0, 16, 1);
+  EXPECT_DOUBLE_EQ(sim::dispatch_bytes(four, 16, 1, 1, 1), 15 * (1 - std::pow(0.75, 8)));
+  // A default degree that does not divide the experts names the GPUs and asks for --ep.
+  try {
+    sim::expert_parallel(c, 1, 0, 3, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("give --ep"), std::string::npos) << e.what();
+  }
+  // A profile without a network between nodes is refused before any cost (check_tp).
+  hw::Profile island = hw::load_profile("h100-sxm");
+  island.scale_out_bandwidth = 0;
+  EXPECT_NO_THROW(sim::check_tp(sim::expert_parallel(c, 1, 0, 8, 1), island, 1));
+  EXPECT_THROW(sim::check_tp(sim::expert_parallel(c, 1, 0, 16, 1), island, 1), UsageError);
   // The all-to-all over 16 GPUs of 8 a node: 7/15 of the bytes on NVLink, 8/15 over 50 GB/s NICs at
   // the interconnect efficiency, in parallel; 7 NVLink latencies and one network latency.
   const hw::Profile h100 = hw::load_profile("h100-sxm");
@@ -183,6 +199,27 @@ TEST(Sim2026, DataParallelServing) {
   EXPECT_DOUBLE_EQ(run.requests[1].arrival_s, 0.08);
   const sim::ServingMetrics mm = sim::serving_metrics(run, {});
   EXPECT_NEAR(mm.output_tokens_per_s, 8.0 * 64 / mm.duration_s, 1e-9 * mm.output_tokens_per_s);
+  // Every request is checked, not only the simulated group's: one out of order, or one that could
+  // never fit the budget, in another group is still refused.
+  std::vector<sim::ServingRequest> bad = reqs;
+  std::swap(bad[3], bad[4]);
+  EXPECT_THROW(sim::simulate_serving(c, hw::load_profile("h100-sxm"), {"fp8", "fp8", "fp8"}, m, cfg, bad),
+               Error);
+  bad = reqs;
+  bad[5].prompt_tokens = 30000000;
+  EXPECT_THROW(sim::simulate_serving(c, hw::load_profile("h100-sxm"), {"fp8", "fp8", "fp8"}, m, cfg, bad),
+               Error);
+}
+
+// One GPU's K/V memory as its tensor-parallel group's budget, in the whole-model terms reservations
+// count: Llama-3.1-8B's 8 K/V heads split 8 ways (x8) or 2 ways (x2); Qwen3-235B-A22B's 4 heads on
+// 8 GPUs, one a GPU (x4); DeepSeek-V3's latent, whole on every GPU (x1).
+TEST(Sim2026, GroupKvBudget) {
+  EXPECT_DOUBLE_EQ(sim::group_kv_budget(preset_config("llama-3.1-8b"), 8, 1e9), 8e9);
+  EXPECT_DOUBLE_EQ(sim::group_kv_budget(preset_config("llama-3.1-8b"), 2, 1e9), 2e9);
+  EXPECT_DOUBLE_EQ(sim::group_kv_budget(preset_config("qwen3-235b-a22b"), 8, 1e9), 4e9);
+  EXPECT_DOUBLE_EQ(sim::group_kv_budget(preset_config("deepseek-v3"), 8, 1e9), 1e9);
+  EXPECT_DOUBLE_EQ(sim::group_kv_budget(preset_config("llama-3.1-8b"), 1, 1e9), 1e9);
 }
 
 // Serving over pipeline stages: two virtual engines, each with half the requests; a lone request
