@@ -127,13 +127,14 @@ BENCHMARK(BM_ServingSim)
     ->UseRealTime()
     ->Iterations(1);
 
-// Capacity searches at p90 TTFT <= 1 s and p90 ITL <= 50 ms: 2 profiles x 2 methods x 5 prompt
-// lengths = 20 configurations, 1,000 requests x 1 seed each, 2% resolution.
-void BM_ServingCapacity(benchmark::State& st) {
-  const lp::ModelConfig c = lp::preset_config("llama-3.1-8b");
-  std::vector<lp::hw::Profile> hws{lp::hw::load_profile("h100-sxm"), lp::hw::load_profile("l4")};
+// Capacity searches at p90 TTFT <= 1 s and p90 ITL <= 50 ms of `model` in `p` on two profiles x
+// 2 methods x 5 prompt lengths = 20 configurations, 1,000 requests x 1 seed each, 2% resolution.
+void capacity_searches(benchmark::State& st, const char* model, const std::vector<lp::hw::Profile>& hws,
+                       const lp::sim::Precision& p, double kv_element_bytes) {
+  const lp::ModelConfig c = lp::preset_config(model);
   lp::sim::ServingConfig cfg;
   cfg.kv_budget_bytes = 16.0 * (1 << 30);
+  cfg.kv_element_bytes = kv_element_bytes;
   cfg.max_batch_tokens = 8192;
   lp::sim::CapacityOptions o;
   o.objectives = {1.0, 0.05};
@@ -141,7 +142,7 @@ void BM_ServingCapacity(benchmark::State& st) {
   o.seeds = 1;
   o.tolerance = 0.02;
   const auto out = lp::sim::LengthDist::parse("64", "o", "o");
-  int64_t sims = 0;
+  int64_t sims = 0, configs = 0;
   for (auto _ : st) {
     for (const auto& hw : hws)
       for (const char* policy : {"none", "lazyllm"})
@@ -149,13 +150,21 @@ void BM_ServingCapacity(benchmark::State& st) {
           const lp::PolicyKind k = lp::parse_policy(policy);
           const lp::sim::ServingMethod m = lp::sim::serving_method(
               {k, k == lp::PolicyKind::None ? lp::Schedule{} : lp::default_schedule()}, c);
-          const auto r = lp::sim::find_capacity(c, hw, {}, m, cfg, {1, 1},
+          const auto r = lp::sim::find_capacity(c, hw, p, m, cfg, {1, 1},
                                                 lp::sim::LengthDist::parse(len, "p", "p"), out, o);
           sims += r.simulations;
+          ++configs;
           benchmark::DoNotOptimize(r.rate);
         }
   }
+  st.counters["configs"] = double(configs);
   st.counters["simulations"] = double(sims);
+}
+
+// Llama-3.1-8B in bf16 on an H100 and an L4.
+void BM_ServingCapacity(benchmark::State& st) {
+  capacity_searches(st, "llama-3.1-8b", {lp::hw::load_profile("h100-sxm"), lp::hw::load_profile("l4")}, {},
+                    2);
 }
 BENCHMARK(BM_ServingCapacity)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
@@ -187,39 +196,10 @@ void BM_ServingSimMoE(benchmark::State& st) {
 }
 BENCHMARK(BM_ServingSimMoE)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
-// Capacity searches as BM_ServingCapacity's over 20 MoE configurations: Qwen3-30B-A3B in fp8 on an
-// H100 and an H200 x unpruned and LazyLLM x prompts of 1,024, 2,048, 4,096, 8,192 and 2,048-8,192.
+// The same 20 searches of Qwen3-30B-A3B in fp8 on an H100 and an H200.
 void BM_ServingCapacityMoE(benchmark::State& st) {
-  std::vector<lp::hw::Profile> hws{lp::hw::load_profile("h100-sxm"), lp::hw::load_profile("h200")};
-  const lp::sim::Precision fp8{"fp8", "fp8", "fp8"};
-  lp::sim::ServingConfig cfg;
-  cfg.kv_budget_bytes = 16.0 * (1 << 30);
-  cfg.kv_element_bytes = 1;
-  cfg.max_batch_tokens = 8192;
-  lp::sim::CapacityOptions o;
-  o.objectives = {1.0, 0.05};
-  o.requests = 1000;
-  o.seeds = 1;
-  o.tolerance = 0.02;
-  const auto out = lp::sim::LengthDist::parse("64", "o", "o");
-  int64_t sims = 0, configs = 0;
-  for (auto _ : st) {
-    const lp::ModelConfig c = lp::preset_config("qwen3-30b-a3b");
-    for (const auto& hw : hws)
-      for (const char* policy : {"none", "lazyllm"})
-        for (const char* len : {"1024", "2048", "4096", "8192", "2048:8192"}) {
-          const lp::PolicyKind k = lp::parse_policy(policy);
-          const lp::sim::ServingMethod m = lp::sim::serving_method(
-              {k, k == lp::PolicyKind::None ? lp::Schedule{} : lp::default_schedule()}, c);
-          const auto r = lp::sim::find_capacity(c, hw, fp8, m, cfg, {1, 1},
-                                                lp::sim::LengthDist::parse(len, "p", "p"), out, o);
-          sims += r.simulations;
-          ++configs;
-          benchmark::DoNotOptimize(r.rate);
-        }
-  }
-  st.counters["configs"] = double(configs);
-  st.counters["simulations"] = double(sims);
+  capacity_searches(st, "qwen3-30b-a3b", {lp::hw::load_profile("h100-sxm"), lp::hw::load_profile("h200")},
+                    {"fp8", "fp8", "fp8"}, 1);
 }
 BENCHMARK(BM_ServingCapacityMoE)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 

@@ -24,6 +24,7 @@ uncalibrated or calibrated, exceeds F (regression guards for the test suite; the
 docs/simulator.md).
 """
 import argparse
+import functools
 import json
 import math
 import pathlib
@@ -83,9 +84,16 @@ def trtllm_bench_limits(p, config, capacity_gib):
     return int(bs), int(tokens)
 
 
+@functools.lru_cache(maxsize=None)
+def layout_json(exe, args):
+    """`simulate --json` of one token on a layout: one GPU's weights and the costed configuration
+    (asked once for the points that share a model, GPU and layout)."""
+    return run_json(exe, ["simulate", *args, "--prompt-tokens", "1"])
+
+
 def predict(exe, p):
     """Whole-system output tokens/s the serving simulation predicts for point p."""
-    sim = run_json(exe, ["simulate", *layout_args(p), "--prompt-tokens", "1"])
+    sim = layout_json(exe, tuple(layout_args(p)))
     weights = sim["results"][0]["memory_bytes"]["weights"]
     capacity_gib = json.loads((ROOT / "hwmodels" / f"{p['hw']}.json").read_text())["memory_capacity_gib"]
     capacity = capacity_gib * 2**30

@@ -78,8 +78,7 @@ std::string sweep_row(const SweepGrid& g, const SweepConfig& cf, const std::vect
   try {  // the layout on this model and profile, refused as simulate refuses it
     const ModelConfig c = sim::expert_parallel(g.models[cf.model], y.ep, y.moe_imbalance, y.dp, y.tp);
     sim::check_tp(c, hw, y.tp);
-    const sim::Pipeline pipe{y.pp};
-    sim::pipeline_starts(c.n_layer, y.pp);
+    const sim::Pipeline pipe{y.pp};  // more stages than layers: refused where replay sets it
     const auto steps = resolve_method(m.policy, m.schedule, c.n_layer, c.global_layers());
     const int64_t dec = std::max<int64_t>(0, g.new_tokens - 1);
     p = sim::replay_synthetic(c, m.policy_name(), steps, cf.tokens, dec, rv.share, hw, g.precision, g.batch,
@@ -93,7 +92,6 @@ std::string sweep_row(const SweepGrid& g, const SweepConfig& cf, const std::vect
     return r.dump();
   }
   r.update({{"ttft_ms", p.ttft_s * 1e3},
-            {"ttft_ms", p.ttft_s * 1e3},
             {"baseline_ttft_ms", b.ttft_s * 1e3},
             {"speedup", b.ttft_s / p.ttft_s},
             {"prompt_tokens_computed_fraction", p.prompt_tokens_computed_fraction},

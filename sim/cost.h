@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "hwmodels/profile.h"
 #include "model/config.h"
@@ -48,6 +49,10 @@ inline hw::Family op_family(Op op) {
 // Element types of a simulated deployment. Weights may be quantized (bytes per weight below 2);
 // GEMMs then still compute in `compute` (weight-only quantization).
 struct Precision {
+  // {weights, compute, kv} or with the experts' type too; every field has its default.
+  Precision() = default;
+  Precision(std::string w, std::string c, std::string k, std::string experts = {})
+      : weights(std::move(w)), compute(std::move(c)), kv(std::move(k)), expert_weights(std::move(experts)) {}
   // bf16 | f16 | f32 | int8 | fp8 | fp4 (NVFP4: 4 bits and an fp8 scale per 16, 4.5 bits) | mxfp4
   // (OCP MX: an e8m0 scale per 32, 4.25 bits) | q4 (4.5 bits per weight, as Q4_0) | "<bits>bpw"
   // (any bits per weight, e.g. "4.5625bpw" for a llama.cpp Q4_1 file: what a quantized file holds)

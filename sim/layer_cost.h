@@ -67,6 +67,16 @@ struct Pipeline {
 // The first layer of each of `stages` stages over n_layer layers: as equal as they divide, the
 // earlier stages one layer more. Throws lp::UsageError for stages < 1 or more stages than layers.
 std::vector<int> pipeline_starts(int n_layer, int stages);
+// One hand-off between pipeline stages: `bytes` (the rows entering the next stage) over the link.
+inline OpCost handoff_cost(const Pipeline& p, double bytes) {
+  OpCost r;
+  r.calls = 1;
+  r.bytes = bytes;
+  r.memory_s = bytes / p.link_bytes_per_s;
+  r.overhead_s = p.latency_s;
+  r.time_s = r.memory_s + r.overhead_s;
+  return r;
+}
 
 // Ring collectives over `tp` GPUs of `hw` (docs/simulator.md): all-reduce of `bytes`, and
 // all-gather of `bytes` in total. Zero for tp 1.

@@ -356,12 +356,8 @@ void Replayer::add(const trace::Step& s) {
   cost_head(cc_, hw_, tp_, g_, B, double(c_.n_vocab), op(nullptr), reduce);
   // Pipeline stages: the rows entering each later stage handed over its link.
   for (size_t k = 1; k < stage_starts_.size(); ++k) {
-    OpCost hand;
-    hand.calls = 1;
-    hand.bytes = double(B * std::max<int64_t>(s.queries[size_t(stage_starts_[k])], 1)) * D * dt.elem_bytes;
-    hand.memory_s = hand.bytes / pipe_.link_bytes_per_s;
-    hand.overhead_s = pipe_.latency_s;
-    hand.time_s = hand.memory_s + hand.overhead_s;
+    const OpCost hand = handoff_cost(
+        pipe_, double(B * std::max<int64_t>(s.queries[size_t(stage_starts_[k])], 1)) * D * dt.elem_bytes);
     step_s += hand.time_s;
     (prefill ? r.prefill_pp : r.decode_pp).add(hand);
   }

@@ -160,8 +160,7 @@ class IterationCost {
       for (int l = r.start; l < r.start + r.len; ++l) {
         const size_t k = stage_of(l);
         stage[k] += t;
-        if (k > 0 && l == starts_[k])
-          hand[k] = double(r.work.rows) * D * el / pipe_.link_bytes_per_s + pipe_.latency_s;
+        if (k > 0 && l == starts_[k]) hand[k] = handoff_cost(pipe_, double(r.work.rows) * D * el).time_s;
       }
       stage[stage_of(r.start)] += moved;
     }
