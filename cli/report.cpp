@@ -119,7 +119,7 @@ namespace {
 report::Request report_request(const ReportArgs& a, trace::Trace& recorded) {
   report::Request req;
   if (!a.model.empty()) {
-    req.model = config_from_gguf(GgufFile::open(a.model));
+    req.model = costing_config_from_gguf(GgufFile::open(a.model));
     req.model_source = a.model;
   } else if (!a.model_config.empty()) {
     req.model = preset_config(a.model_config);

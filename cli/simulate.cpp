@@ -62,7 +62,7 @@ std::vector<std::string> split_list(const std::string& s) {
 ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name) {
   if (!model.empty()) {
     *name = model;
-    return config_from_gguf(GgufFile::open(model));
+    return costing_config_from_gguf(GgufFile::open(model));
   }
   if (!model_config.empty()) {
     *name = model_config;
@@ -288,7 +288,7 @@ void trace_source(const SimulateArgs& a, StepSource& s) {
   s.src = s.reader->header();
   s.origin = a.trace;
   if (!a.model.empty())
-    s.c = config_from_gguf(GgufFile::open(a.model));
+    s.c = costing_config_from_gguf(GgufFile::open(a.model));
   else if (!a.model_config.empty())
     s.c = preset_config(a.model_config);
   else
@@ -310,7 +310,7 @@ void trace_source(const SimulateArgs& a, StepSource& s) {
 // --prompt-tokens N: the policy's synthetic steps on the target, revivals from the revival model.
 void synthetic_source(const SimulateArgs& a, const std::string& policy, StepSource& s) {
   if (!a.model.empty())
-    s.c = config_from_gguf(GgufFile::open(a.model));
+    s.c = costing_config_from_gguf(GgufFile::open(a.model));
   else if (!a.model_config.empty())
     s.c = preset_config(a.model_config);
   else

@@ -1,5 +1,5 @@
-// GGUF reader, model configuration, vocabulary and tokenizer construction, and the dequantizers
-// over every tensor the file declares (small ones: the harness bounds its own memory).
+// GGUF reader, model configuration (the engine's and the simulator's), vocabulary and tokenizer construction,
+// and the dequantizers over every tensor the file declares (small ones: the harness bounds its own memory).
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
@@ -21,6 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   });
   lp::fuzz::refuses_cleanly([&] { (void)lp::config_from_gguf(lp::GgufFile::open(path)); });
+  lp::fuzz::refuses_cleanly([&] { (void)lp::costing_config_from_gguf(lp::GgufFile::open(path)); });
   lp::fuzz::refuses_cleanly([&] {
     lp::Tokenizer tok(lp::vocab_from_gguf(lp::GgufFile::open(path)));
     (void)tok.encode("Hello, world! 123 <|im_start|>", true, true);

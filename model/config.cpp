@@ -90,6 +90,210 @@ void read_experts(const GgufFile& f, ModelConfig& c) {
          f.get_uint(a + "expert_shared_count"));
 }
 
+// Shapes of a required tensor: ne[0] is the input width of a matrix [out][in].
+void expect_shape(const GgufFile& f, const std::string& name, const std::vector<int64_t>& ne) {
+  const GgufTensor& t = f.tensor(name);
+  if (t.ne != ne)
+    fail("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), name, fmt::join(t.ne, ", "),
+         fmt::join(ne, ", "));
+}
+
+// The vocabulary from token_embd's rows (checked against {arch}.vocab_size where the file has it), an
+// untied head where output.weight exists, and the output norm's and head's shapes.
+void read_vocabulary(const GgufFile& f, ModelConfig& c) {
+  const std::string a = c.arch + ".";
+  const GgufTensor& emb = f.tensor("token_embd.weight");
+  if (emb.ne.size() != 2 || emb.ne[0] != c.n_embd)
+    fail("{}: token_embd.weight has shape [{}], expected [{}, vocab]", f.path(), fmt::join(emb.ne, ", "),
+         c.n_embd);
+  c.n_vocab = static_cast<int>(emb.ne[1]);
+  if (f.has(a + "vocab_size") && f.get_uint(a + "vocab_size") != uint64_t(c.n_vocab))
+    fail("{}: vocab_size {} differs from token_embd rows {}", f.path(), f.get_uint(a + "vocab_size"),
+         c.n_vocab);
+  c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  expect_shape(f, "output_norm.weight", {c.n_embd});
+  if (!c.tied_embeddings) expect_shape(f, "output.weight", {c.n_embd, c.n_vocab});
+}
+
+// The keys every architecture has: layers, width, query heads, training context, RoPE base and the
+// norms' epsilon, within the same plausibility bounds as config_from_gguf's.
+void read_common(const GgufFile& f, ModelConfig& c) {
+  const std::string a = c.arch + ".";
+  c.name = f.opt_string("general.name").value_or("");
+  c.n_layer = dim(f, a + "block_count", 1, 1024);
+  c.n_embd = dim(f, a + "embedding_length", 1, 1 << 16);
+  c.n_ff = dim(f, a + "feed_forward_length", 1, 1 << 18);
+  c.n_head = dim(f, a + "attention.head_count", 1, 1024);
+  c.n_ctx_train = dim(f, a + "context_length", 1, 1 << 24);
+  c.rope_theta = static_cast<float>(f.opt_float(a + "rope.freq_base").value_or(10000.0));
+  c.rms_eps = static_cast<float>(f.opt_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta) || !(c.rms_eps > 0) || c.rms_eps > 1)
+    fail("{}: rope.freq_base {} or layer_norm_rms_epsilon {} is invalid", f.path(), c.rope_theta, c.rms_eps);
+}
+
+// The routed experts of a file the engine cannot run: count, top-k and width are required here.
+void read_costed_experts(const GgufFile& f, ModelConfig& c) {
+  const std::string a = c.arch + ".";
+  c.n_expert = dim(f, a + "expert_count", 1, kMaxExperts);
+  c.n_expert_used = dim(f, a + "expert_used_count", 1, kMaxExperts);
+  if (c.n_expert_used > c.n_expert)
+    fail("{}: {}expert_used_count {} is outside [1, expert_count {}]", f.path(), a, c.n_expert_used,
+         c.n_expert);
+  c.n_ff_exp = dim(f, a + "expert_feed_forward_length", 1, 1 << 18);
+}
+
+// The routed experts' stacked tensors of layer prefix p (and their biases where `biases`).
+void expect_experts(const GgufFile& f, const ModelConfig& c, const std::string& p, bool biases) {
+  const int64_t D = c.n_embd, E = c.n_expert, Fe = c.n_ff_exp;
+  expect_shape(f, p + "ffn_gate_inp.weight", {D, E});
+  expect_shape(f, p + "ffn_gate_exps.weight", {D, Fe, E});
+  expect_shape(f, p + "ffn_up_exps.weight", {D, Fe, E});
+  expect_shape(f, p + "ffn_down_exps.weight", {Fe, D, E});
+  if (!biases) return;
+  expect_shape(f, p + "ffn_gate_exps.bias", {Fe, E});
+  expect_shape(f, p + "ffn_up_exps.bias", {Fe, E});
+  expect_shape(f, p + "ffn_down_exps.bias", {D, E});
+}
+
+// DeepSeek V2/V3 (general.architecture deepseek2, as llama.cpp's converter writes it): latent
+// attention and routed plus shared experts after dense leading layers. Two forms of the attention
+// keys exist: files converted since 2025 run MLA as one-head MQA over the latent (head_count_kv 1,
+// key_length = kv_lora_rank + rope, value_length = kv_lora_rank, the heads' own widths in
+// key_length_mla / value_length_mla, kv_b split into attn_k_b and attn_v_b); older files give
+// head_count_kv = head_count, the heads' widths in key_length / value_length and one attn_kv_b.
+// Either way the configuration is the model's: n_head_kv = n_head, head_dim 192, v_head_dim 128.
+void read_deepseek2(const GgufFile& f, ModelConfig& c) {
+  const std::string a = "deepseek2.";
+  read_common(f, c);
+  c.kv_lora_rank = dim(f, a + "attention.kv_lora_rank", 1, 1 << 16);
+  c.q_lora_rank = f.has(a + "attention.q_lora_rank") ? dim(f, a + "attention.q_lora_rank", 0, 1 << 16) : 0;
+  c.rope_dim = dim(f, a + "rope.dimension_count", 2, 1024);
+  const bool mqa = f.has(a + "attention.key_length_mla");
+  if (mqa) {
+    c.head_dim = dim(f, a + "attention.key_length_mla", 1, 1024);
+    c.v_head_dim = dim(f, a + "attention.value_length_mla", 1, 1024);
+    const int kl = dim(f, a + "attention.key_length", 1, 1 << 17);
+    if (int64_t(kl) != int64_t(c.kv_lora_rank) + c.rope_dim)
+      fail(
+          "{}: {}attention.key_length {} should be kv_lora_rank {} + rope.dimension_count {} (the cached "
+          "latent "
+          "and RoPE key)",
+          f.path(), a, kl, c.kv_lora_rank, c.rope_dim);
+  } else {
+    c.head_dim = dim(f, a + "attention.key_length", 1, 1024);
+    c.v_head_dim = dim(f, a + "attention.value_length", 1, 1024);
+  }
+  c.n_head_kv = c.n_head;
+  read_costed_experts(f, c);
+  c.n_layer_dense_lead =
+      f.has(a + "leading_dense_block_count") ? dim(f, a + "leading_dense_block_count", 0, 1024) : 0;
+  c.n_expert_shared =
+      f.has(a + "expert_shared_count") ? dim(f, a + "expert_shared_count", 0, kMaxExperts) : 0;
+  if (c.n_layer_dense_lead >= c.n_layer)
+    fail("{}: {}leading_dense_block_count {} leaves no layer with experts (block_count {})", f.path(), a,
+         c.n_layer_dense_lead, c.n_layer);
+  const std::string first = "blk." + std::to_string(c.n_layer_dense_lead) + ".";
+  if (c.n_expert_shared > 0) {  // the shared experts stacked in one MLP of n_expert_shared x n_ff_shexp
+    const GgufTensor& sh = f.tensor(first + "ffn_gate_shexp.weight");
+    if (sh.ne.size() != 2 || sh.ne[0] != c.n_embd || sh.ne[1] % c.n_expert_shared != 0)
+      fail(
+          "{}: tensor '{}ffn_gate_shexp.weight' has shape [{}], expected [{}, a multiple of "
+          "expert_shared_count "
+          "{}]",
+          f.path(), first, fmt::join(sh.ne, ", "), c.n_embd, c.n_expert_shared);
+    c.n_ff_shexp = int(sh.ne[1] / c.n_expert_shared);
+  }
+  c.router_bias = f.find_tensor(first + "exp_probs_b.bias") != nullptr;
+  read_vocabulary(f, c);
+  validate_config(c, f.path());
+
+  const int64_t D = c.n_embd, H = c.n_head, ql = c.q_lora_rank, kl = c.kv_lora_rank;
+  const int64_t nope = c.head_dim - c.rope_dim, v = c.v_head();
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    expect_shape(f, p + "attn_norm.weight", {D});
+    if (ql > 0) {
+      expect_shape(f, p + "attn_q_a.weight", {D, ql});
+      expect_shape(f, p + "attn_q_a_norm.weight", {ql});
+      expect_shape(f, p + "attn_q_b.weight", {ql, H * c.head_dim});
+    } else {
+      expect_shape(f, p + "attn_q.weight", {D, H * c.head_dim});
+    }
+    expect_shape(f, p + "attn_kv_a_mqa.weight", {D, kl + c.rope_dim});
+    expect_shape(f, p + "attn_kv_a_norm.weight", {kl});
+    if (f.find_tensor(p + "attn_kv_b.weight")) {
+      expect_shape(f, p + "attn_kv_b.weight", {kl, H * (nope + v)});
+    } else {
+      expect_shape(f, p + "attn_k_b.weight", {nope, kl, H});
+      expect_shape(f, p + "attn_v_b.weight", {kl, v, H});
+    }
+    expect_shape(f, p + "attn_output.weight", {H * v, D});
+    expect_shape(f, p + "ffn_norm.weight", {D});
+    if (l < c.n_layer_dense_lead) {
+      expect_shape(f, p + "ffn_gate.weight", {D, c.n_ff});
+      expect_shape(f, p + "ffn_up.weight", {D, c.n_ff});
+      expect_shape(f, p + "ffn_down.weight", {c.n_ff, D});
+      continue;
+    }
+    expect_experts(f, c, p, false);
+    if (c.router_bias) expect_shape(f, p + "exp_probs_b.bias", {c.n_expert});
+    if (c.n_expert_shared > 0) {
+      const int64_t S = int64_t(c.n_expert_shared) * c.n_ff_shexp;
+      expect_shape(f, p + "ffn_gate_shexp.weight", {D, S});
+      expect_shape(f, p + "ffn_up_shexp.weight", {D, S});
+      expect_shape(f, p + "ffn_down_shexp.weight", {S, D});
+    }
+  }
+}
+
+// gpt-oss (general.architecture gpt-oss): GQA attention with biases and a sink logit per head,
+// every layer's FFN experts with biases; the even layers slide over attention.sliding_window keys
+// (llama.cpp's sliding-window pattern 2 for this architecture, the model card's alternating bands).
+void read_gpt_oss(const GgufFile& f, ModelConfig& c) {
+  const std::string a = "gpt-oss.";
+  read_common(f, c);
+  c.n_head_kv = dim(f, a + "attention.head_count_kv", 1, 1024);
+  // The head width (64, not embedding_length / head_count): key_length, else the rotated width (the
+  // whole head, as llama.cpp sizes these tensors).
+  const std::string width_key =
+      f.has(a + "attention.key_length") ? "attention.key_length" : "rope.dimension_count";
+  c.head_dim = dim(f, a + width_key, 1, 1024);
+  if (f.has(a + "attention.value_length") && f.get_uint(a + "attention.value_length") != uint64_t(c.head_dim))
+    fail("{}: attention.value_length differs from key_length (not supported)", f.path());
+  c.rope_dim = f.has(a + "rope.dimension_count") ? dim(f, a + "rope.dimension_count", 2, 1024) : c.head_dim;
+  read_costed_experts(f, c);
+  const int w = dim(f, a + "attention.sliding_window", 1, c.n_ctx_train);
+  c.layer_window.assign(size_t(c.n_layer), 0);
+  for (int l = 0; l < c.n_layer; l += 2) c.layer_window[size_t(l)] = w;
+  c.attention_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.out_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
+  c.attn_sinks = f.find_tensor("blk.0.attn_sinks.weight") != nullptr;
+  c.router_bias = f.find_tensor("blk.0.ffn_gate_inp.bias") != nullptr;
+  c.expert_bias = f.find_tensor("blk.0.ffn_gate_exps.bias") != nullptr;
+  read_vocabulary(f, c);
+  validate_config(c, f.path());
+
+  const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim();
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    expect_shape(f, p + "attn_norm.weight", {D});
+    expect_shape(f, p + "attn_q.weight", {D, Q});
+    expect_shape(f, p + "attn_k.weight", {D, KV});
+    expect_shape(f, p + "attn_v.weight", {D, KV});
+    expect_shape(f, p + "attn_output.weight", {Q, D});
+    if (c.attention_bias) {
+      expect_shape(f, p + "attn_q.bias", {Q});
+      expect_shape(f, p + "attn_k.bias", {KV});
+      expect_shape(f, p + "attn_v.bias", {KV});
+    }
+    if (c.out_bias) expect_shape(f, p + "attn_output.bias", {D});
+    if (c.attn_sinks) expect_shape(f, p + "attn_sinks.weight", {c.n_head});
+    expect_shape(f, p + "post_attention_norm.weight", {D});
+    expect_experts(f, c, p, c.expert_bias);
+    if (c.router_bias) expect_shape(f, p + "ffn_gate_inp.bias", {c.n_expert});
+  }
+}
+
 }  // namespace
 
 int64_t ModelConfig::n_params() const {
@@ -461,29 +665,14 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   if (c.arch == "qwen3moe" || (f.has(a + "expert_count") && f.get_uint(a + "expert_count") > 0))
     read_experts(f, c);
 
-  const GgufTensor& emb = f.tensor("token_embd.weight");
-  if (emb.ne.size() != 2 || emb.ne[0] != c.n_embd)
-    fail("{}: token_embd.weight has shape [{}], expected [{}, vocab]", f.path(), fmt::join(emb.ne, ", "),
-         c.n_embd);
-  c.n_vocab = static_cast<int>(emb.ne[1]);
-  if (f.has(a + "vocab_size") && f.get_uint(a + "vocab_size") != uint64_t(c.n_vocab))
-    fail("{}: vocab_size {} differs from token_embd rows {}", f.path(), f.get_uint(a + "vocab_size"),
-         c.n_vocab);
-  c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  read_vocabulary(f, c);
   c.has_rope_freqs = f.find_tensor("rope_freqs.weight") != nullptr;
 
   // Shapes of every required tensor: ne[0] is the input width of a matrix [out][in].
-  auto expect = [&](const std::string& name, std::vector<int64_t> ne) {
-    const GgufTensor& t = f.tensor(name);
-    if (t.ne != ne)
-      fail("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), name, fmt::join(t.ne, ", "),
-           fmt::join(ne, ", "));
-  };
+  auto expect = [&](const std::string& name, const std::vector<int64_t>& ne) { expect_shape(f, name, ne); };
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
   // Q/K/V biases (Qwen2): all three or none, the same in every layer.
   c.attention_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
-  expect("output_norm.weight", {D});
-  if (!c.tied_embeddings) expect("output.weight", {D, c.n_vocab});
   if (c.has_rope_freqs) expect("rope_freqs.weight", {c.rope_dim / 2});
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -526,6 +715,23 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     expect(p + "ffn_up.weight", {D, F});
     expect(p + "ffn_down.weight", {F, D});
   }
+  return c;
+}
+
+ModelConfig costing_config_from_gguf(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "deepseek2" && arch != "gpt-oss") {
+    if (!supported_arch(arch))
+      fail("{}: general.architecture '{}' cannot be costed (the simulator reads: {}, deepseek2, gpt-oss)",
+           f.path(), arch, kSupportedArchs);
+    return config_from_gguf(f);
+  }
+  ModelConfig c;
+  c.arch = arch;
+  if (arch == "deepseek2")
+    read_deepseek2(f, c);
+  else
+    read_gpt_oss(f, c);
   return c;
 }
 

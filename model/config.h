@@ -162,6 +162,12 @@ void validate_config(const ModelConfig& c, const std::string& origin);
 // missing keys, inconsistent or absurd dimensions.
 ModelConfig config_from_gguf(const GgufFile& f);
 
+// The configuration the simulator costs from a GGUF: config_from_gguf's for the architectures the
+// engine runs, and from metadata and tensor shapes alone for those it does not (deepseek2: DeepSeek
+// V2/V3 and R1 with latent attention, shared experts and dense leading layers; gpt-oss: biases, sinks,
+// alternating sliding windows). Throws lp::Error naming the file and the key or tensor at fault.
+ModelConfig costing_config_from_gguf(const GgufFile& f);
+
 // Names of the tensors a Llama-family model must have, for validation and inspect.
 std::vector<std::string> required_tensor_names(const ModelConfig& c);
 

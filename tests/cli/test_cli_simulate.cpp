@@ -5,6 +5,7 @@
 #include <map>
 
 #include "tests/cli/cli_harness.h"
+#include "tests/costed_gguf.h"
 
 namespace lp {
 namespace {
@@ -192,6 +193,52 @@ TEST_F(CliSim, SimulateBadInput) {
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", "l4", "--kv", "q3"}), {"'q3'"});
   const std::string prof = write_text(R"({"lazyprefill_hw": 1, "name": "x"})", "x.json");
   expect_one_line_error(run_cli(dir_, {"simulate", "--trace", t, "--hw", prof}), {"x.json", "missing field"});
+}
+
+// --model PATH of an architecture the engine cannot run (DeepSeek's deepseek2, gpt-oss): costed from
+// its metadata and tensor shapes exactly as the same model written out as a configuration file is,
+// in simulate and simulate-serving; `run` refuses it in one line.
+TEST_F(CliSim, SimulateDeepSeekAndGptOssFilesFromTheirMetadata) {
+  const std::string ds = dir_.file("ds.gguf"), oss = dir_.file("oss.gguf");
+  testing::CostedSpec spec;
+  spec.n_layer = 8;  // deep enough for LazyLLM's default schedule
+  testing::deepseek2_writer(spec).write(ds);
+  testing::gpt_oss_writer(spec).write(oss);
+  // The two models as tests/costed_gguf.h describes them, by hand.
+  const std::string ds_json = write_text(
+      R"({"arch": "deepseek2", "n_layer": 8, "n_embd": 64, "n_head": 4, "n_head_kv": 4, "head_dim": 24,
+          "v_head_dim": 16, "rope_dim": 8, "q_lora_rank": 32, "kv_lora_rank": 16, "n_ff": 96,
+          "n_vocab": 64, "n_ctx_train": 4096, "n_expert": 8, "n_expert_used": 2, "n_ff_exp": 16,
+          "n_expert_shared": 1, "n_ff_shexp": 16, "n_layer_dense_lead": 1, "router_bias": true})",
+      "ds.json");
+  const std::string oss_json = write_text(
+      R"({"arch": "gpt-oss", "n_layer": 8, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "head_dim": 16,
+          "n_ff": 16, "n_vocab": 64, "n_ctx_train": 4096, "n_expert": 8, "n_expert_used": 2, "n_ff_exp": 16,
+          "layer_window": [8, 0, 8, 0, 8, 0, 8, 0], "attention_bias": true, "out_bias": true, "attn_sinks": true,
+          "router_bias": true, "expert_bias": true})",
+      "oss.json");
+  const auto results = [&](const std::vector<std::string>& model) {
+    std::vector<std::string> args = {"simulate", "--hw",    "h100-sxm", "--prompt-tokens",
+                                     "2048",     "--prune", "lazyllm",  "--new-tokens",
+                                     "4",        "--json"};
+    args.insert(args.end(), model.begin(), model.end());
+    CliResult r = run_cli(dir_, args);
+    EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+    return nlohmann::json::parse(r.out)["results"][0];
+  };
+  for (const auto& [file, json] : {std::pair{ds, ds_json}, std::pair{oss, oss_json}}) {
+    SCOPED_TRACE(file);
+    const auto a = results({"--model", file}), b = results({"--model-config", json});
+    EXPECT_GT(a["ttft_ms"].get<double>(), 0);
+    EXPECT_DOUBLE_EQ(a["ttft_ms"].get<double>(), b["ttft_ms"].get<double>());
+    EXPECT_DOUBLE_EQ(a["memory_bytes"]["kv"].get<double>(), b["memory_bytes"]["kv"].get<double>());
+    EXPECT_DOUBLE_EQ(a["memory_bytes"]["weights"].get<double>(), b["memory_bytes"]["weights"].get<double>());
+    CliResult r = run_cli(dir_, {"simulate-serving", "--model", file, "--hw", "h100-sxm", "--rate", "4",
+                                 "--requests", "20", "--prompt-tokens", "512", "--output-tokens", "8"});
+    EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+  }
+  expect_one_line_error(run_cli(dir_, {"run", "--model", ds, "--prompt", "hi", "--max-new-tokens", "1"}),
+                        {"ds.gguf", "'deepseek2' is not supported"});
 }
 
 // --model-config FILE: a configuration as a report's provenance.model.config writes it (a 4-layer
