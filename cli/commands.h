@@ -177,6 +177,7 @@ struct SimulateArgs {
   double moe_imbalance = 0;   // the busiest GPU's routed pairs over the mean; 0: expected
   int pp = 1;                 // pipeline stages (sim::Pipeline)
   double pp_link_gbs = 50;    // their link, GB/s a GPU
+  int pp_microbatches = 1;    // the prefill's chunks through them
   int64_t step_times = 4096;  // decoding steps whose times --json lists
   double revival_share = -1;  // >= 0: a constant share instead of the revival model
   bool map = false, json_out = false, per_layer = false;

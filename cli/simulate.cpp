@@ -153,6 +153,10 @@ CLI::App* add_simulate(CLI::App& app, SimulateArgs& a) {
   s->add_option("--pp-link-gbs", a.pp_link_gbs,
                 "With --pp: the link between stages, GB/s a GPU (default 50: one 400 Gb/s NIC, the stages on "
                 "different nodes)");
+  s->add_option("--pp-microbatches", a.pp_microbatches,
+                "With --pp: the prompt in M chunks of consecutive tokens that follow one another through the "
+                "stages (default 1: the stages in turn); a pruning layer is a barrier every chunk waits at")
+      ->check(CLI::Range(1, 4096));
   s->add_flag("--map", a.map,
               "Allow a trace (or --revival-model) recorded on another model or prompt length: layers map by "
               "relative depth, token counts by share of the prompt");
@@ -219,7 +223,9 @@ json simulate_result_json(const SimulateArgs& a, const hw::Profile& hw, const si
             {"prefill_comm_ms", p.prefill_comm.time_s * 1e3},
             {"decode_comm_ms", p.decode_comm.time_s * 1e3},
             {"pp", p.pp},
+            {"pp_microbatches", p.pp_microbatches},
             {"prefill_pp_ms", p.prefill_pp.time_s * 1e3},
+            {"prefill_busy_ms", p.prefill_busy_s * 1e3},
             {"decode_pp_ms", p.decode_pp.time_s * 1e3},
             {"memory_bytes", p.memory.to_json()},
             {"baseline_memory_bytes", {{"kv", b.memory.kv}, {"total", b.memory.total()}}},
@@ -253,7 +259,12 @@ void print_simulate_result(const SimulateArgs& a, const hw::Profile& hw, const s
   else if (a.tp > 1)
     fmt::print("\n  {:<12} tensor parallel over {} GPUs: all-reduces {:.2f} ms of the TTFT; memory per GPU",
                "", a.tp, p.prefill_comm.time_s * 1e3);
-  if (a.pp > 1)
+  if (a.pp > 1 && p.pp_microbatches > 1)
+    fmt::print(
+        "\n  {:<12} pipeline of {} stages, the prompt in {} chunks: the stages busy {:.2f} ms (hand-offs "
+        "{:.2f}) overlapped into the TTFT; memory of the fullest stage's GPU",
+        "", a.pp, p.pp_microbatches, p.prefill_busy_s * 1e3, p.prefill_pp.time_s * 1e3);
+  else if (a.pp > 1)
     fmt::print(
         "\n  {:<12} pipeline of {} stages: hand-offs {:.2f} ms of the TTFT; memory of the fullest stage's "
         "GPU",
@@ -338,6 +349,8 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
     usage_fail(
         "--ep, --dp, --moe-imbalance and --pp apply to a replayed run, not to --runahead or --kv-predict");
   if (!(a.pp_link_gbs > 0)) usage_fail("--pp-link-gbs must be positive, got {}", a.pp_link_gbs);
+  if (a.pp_microbatches > 1 && a.pp < 2)
+    usage_fail("--pp-microbatches {} needs --pp of 2 or more", a.pp_microbatches);
   if (a.runahead > 0) return cmd_simulate_runahead(a);
   if (!a.kv_predict.empty()) return cmd_simulate_kv_predict(a);
   const std::string policy = a.prune.empty() ? "none" : a.prune;
@@ -359,7 +372,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
   const trace::Header& header = s.header;
   for (const hw::Profile& hw : hws)
     for_option("--tp", [&] { sim::check_tp(c, hw, a.tp); });  // before any output
-  const sim::Pipeline pipeline{a.pp, a.pp_link_gbs * 1e9};
+  const sim::Pipeline pipeline{a.pp, a.pp_link_gbs * 1e9, 5e-6, a.pp_microbatches};
   sim::pipeline_starts(c.n_layer, a.pp);
   const sim::PairedReplay replayed = sim::replay_beside_unpruned(
       [&](trace::Step& st) { return s.next(st); }, s.src, header, s.map_steps, c, hws, prec, a.tp,
@@ -381,6 +394,7 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub) {
               {"ep", c.ep},
               {"dp", a.dp},
               {"pp", a.pp},
+              {"pp_microbatches", a.pp_microbatches},
               {"results", json::array()}};
   if (header.prompt_tokens_dropped > 0) out["prompt_tokens_dropped"] = header.prompt_tokens_dropped;
   if (!a.json_out)

@@ -59,10 +59,14 @@ inline void add_decoding(LayerWork& w, int64_t q, int64_t held, int64_t attended
 // contiguous stages (pipeline_starts), each on its own tp GPUs, a step's rows handed from stage to
 // stage over a link of `link_bytes_per_s` with `latency_s` a hand-off. The defaults are one
 // 400 Gb/s NIC a GPU (InfiniBand NDR, an HGX node's), the stages being on different nodes.
+// `microbatches` > 1 (simulate's prefill): the prompt's rows split into that many chunks of
+// consecutive tokens that follow one another through the stages (Replayer: a pruning layer is a
+// barrier every chunk must pass before any goes on, since it selects by the last token's scores).
 struct Pipeline {
   int stages = 1;
   double link_bytes_per_s = 50e9;
   double latency_s = 5e-6;
+  int microbatches = 1;
 };
 // The first layer of each of `stages` stages over n_layer layers: as equal as they divide, the
 // earlier stages one layer more. Throws lp::UsageError for stages < 1 or more stages than layers.

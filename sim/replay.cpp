@@ -292,8 +292,10 @@ void Replayer::set_pipeline(const Pipeline& p) {
   if (!(p.link_bytes_per_s > 0) || !(p.latency_s >= 0))
     usage_fail("the pipeline link needs a positive bandwidth and a latency of at least 0");
   stage_starts_ = pipeline_starts(c_.n_layer, p.stages);
+  if (p.microbatches < 1) usage_fail("--pp-microbatches must be at least 1, got {}", p.microbatches);
   pipe_ = p;
   r_.pp = p.stages;
+  r_.pp_microbatches = p.microbatches;
 }
 
 void Replayer::add(const trace::Step& s) {
@@ -321,45 +323,26 @@ void Replayer::add(const trace::Step& s) {
       if (layer) (*layer)[size_t(o)].add(oc);
     };
   };
-  cost_embed(cc_, hw_, tp_, g_, B * s.new_tokens, D, op(nullptr), reduce);
-  for (int l = 0; l < L; ++l) {
-    const int64_t T = B * s.queries[size_t(l)];
-    if (T <= 0) continue;
-    const ModelConfig& cfg = lc_[size_t(l)];
-    // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
-    // sees its active set, as the trace records it (a trace without `attended`: at most the
-    // keys held and at most its pairs, an over-count once revived rows add their pairs).
-    const int64_t seq_keys = prefill ? s.keys[size_t(l)]
-                                     : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
-                                                           : s.attended[size_t(l)]);
-    const int64_t keys = B * seq_keys;
-    LayerWork w;
-    if (prefill)
-      w = {T, B * s.pairs[size_t(l)], keys};
-    else  // a listed set where the trace says the step attended fewer keys than the layer held
-      add_decoding(w, s.queries[size_t(l)], s.attended.empty() ? seq_keys : s.keys[size_t(l)], seq_keys,
-                   s.pairs[size_t(l)], cc_.listed_attention_own, B);
-    // Scoring and selection as the policy's traits say (pruning/policy.h: the serving simulation
-    // reads the same).
-    const bool prunes_here = prune_at_[size_t(l)] && traits_.prunes;
-    if (scores_at(traits_, prefill, l, prunes_here, first_prune_)) w.scorers = 1, w.score_keys = keys;
-    if (prunes_here) w.selects = 1, w.select_keys = keys;
-    // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
-    // pruned ones saved), in decoding the Aux Cache writes and reads.
-    w.moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
-                      : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
-    if (routes_ && s.routes && size_t(l) < s.routes->size() && cfg.moe())
-      routed_work((*s.routes)[size_t(l)], s.queries[size_t(l)], w);
-    cost_layer(cc_, hw_, tp_, cfg, D, w, op(prefill ? &r.prefill_layers[size_t(l)] : nullptr), reduce);
-    peak_act_ = std::max(peak_act_, activation_bytes(cfg, T, dt.elem_bytes));
-  }
-  cost_head(cc_, hw_, tp_, g_, B, double(c_.n_vocab), op(nullptr), reduce);
-  // Pipeline stages: the rows entering each later stage handed over its link.
-  for (size_t k = 1; k < stage_starts_.size(); ++k) {
-    const OpCost hand = handoff_cost(
-        pipe_, double(B * std::max<int64_t>(s.queries[size_t(stage_starts_[k])], 1)) * D * dt.elem_bytes);
-    step_s += hand.time_s;
-    (prefill ? r.prefill_pp : r.decode_pp).add(hand);
+  if (prefill && pipe_.microbatches > 1 && stage_starts_.size() > 1) {
+    step_s = chunked_prefill(s);
+  } else {
+    cost_embed(cc_, hw_, tp_, g_, B * s.new_tokens, D, op(nullptr), reduce);
+    for (int l = 0; l < L; ++l) {
+      const LayerWork w = layer_work(s, l, prefill);
+      if (w.rows <= 0) continue;
+      const ModelConfig& cfg = lc_[size_t(l)];
+      cost_layer(cc_, hw_, tp_, cfg, D, w, op(prefill ? &r.prefill_layers[size_t(l)] : nullptr), reduce);
+      peak_act_ = std::max(peak_act_, activation_bytes(cfg, w.rows, dt.elem_bytes));
+    }
+    cost_head(cc_, hw_, tp_, g_, B, double(c_.n_vocab), op(nullptr), reduce);
+    // Pipeline stages: the rows entering each later stage handed over its link.
+    for (size_t k = 1; k < stage_starts_.size(); ++k) {
+      const OpCost hand = handoff_cost(
+          pipe_, double(B * std::max<int64_t>(s.queries[size_t(stage_starts_[k])], 1)) * D * dt.elem_bytes);
+      step_s += hand.time_s;
+      (prefill ? r.prefill_pp : r.decode_pp).add(hand);
+    }
+    if (prefill) r.prefill_busy_s = step_s;
   }
   if (prefill) {
     r.ttft_s = step_s;
@@ -377,6 +360,139 @@ void Replayer::add(const trace::Step& s) {
   r.total_s += step_s;
   last_keys_ = s.keys;
   ++steps_;
+}
+
+LayerWork Replayer::layer_work(const trace::Step& s, int l, bool prefill) const {
+  const int64_t B = B_;
+  LayerWork w;
+  const int64_t T = B * s.queries[size_t(l)];
+  if (T <= 0) return w;
+  // Keys attended: a prefill layer's cache is exactly its computed tokens; a decoding step
+  // sees its active set, as the trace records it (a trace without `attended`: at most the
+  // keys held and at most its pairs, an over-count once revived rows add their pairs).
+  const int64_t seq_keys = prefill ? s.keys[size_t(l)]
+                                   : (s.attended.empty() ? std::min(s.keys[size_t(l)], s.pairs[size_t(l)])
+                                                         : s.attended[size_t(l)]);
+  const int64_t keys = B * seq_keys;
+  if (prefill)
+    w = {T, B * s.pairs[size_t(l)], keys};
+  else  // a listed set where the trace says the step attended fewer keys than the layer held
+    add_decoding(w, s.queries[size_t(l)], s.attended.empty() ? seq_keys : s.keys[size_t(l)], seq_keys,
+                 s.pairs[size_t(l)], cc_.listed_attention_own, B);
+  // Scoring and selection as the policy's traits say (pruning/policy.h: the serving simulation
+  // reads the same).
+  const bool prunes_here = prune_at_[size_t(l)] && traits_.prunes;
+  if (scores_at(traits_, prefill, l, prunes_here, first_prune_)) w.scorers = 1, w.score_keys = keys;
+  if (prunes_here) w.selects = 1, w.select_keys = keys;
+  // Rows moved: in prefill the active rows of a pruning layer that pruned (kept ones compacted,
+  // pruned ones saved), in decoding the Aux Cache writes and reads.
+  w.moved = prefill ? (s.aux_writes[size_t(l)] > 0 ? T : 0)
+                    : B * (s.aux_writes[size_t(l)] + s.aux_reads[size_t(l)]);
+  if (routes_ && s.routes && size_t(l) < s.routes->size() && lc_[size_t(l)].moe())
+    routed_work((*s.routes)[size_t(l)], s.queries[size_t(l)], w);
+  return w;
+}
+
+double Replayer::chunked_prefill(const trace::Step& s) {
+  // The prompt's rows at every layer split into M chunks of consecutive tokens (chunk c: rows
+  // [q c / M, q (c + 1) / M) of the layer's q), chunk c's queries attending the keys up to its last
+  // row: its share of the layer's pairs is the causal (or windowed) pairs of those rows over the
+  // whole's, its keys the cache up to its end. The layers are cut into parts, each within one stage
+  // and between two barriers; a stage runs its chunks in order, a chunk enters the next stage when
+  // the previous stage is done with it and the hand-off has arrived. A layer that selects (prunes)
+  // is a barrier: the selection reads the last token's scores, so every chunk waits there for the
+  // last, and the kept rows go on as M new chunks. The embedding runs per chunk on the first stage,
+  // the LM head (the last row) after the last chunk on the last stage; recorded expert routes are
+  // not split (a chunk's routing is the expected one).
+  const int L = c_.n_layer, M = pipe_.microbatches;
+  const int64_t B = B_;
+  const OpDtypes& dt = cc_.dtypes;
+  const double D = c_.n_embd;
+  Prediction& r = r_;
+  const auto stage_of = [&](int l) {
+    return size_t(std::upper_bound(stage_starts_.begin(), stage_starts_.end(), l) - stage_starts_.begin() -
+                  1);
+  };
+  std::vector<double> done(size_t(M), 0.0), part(size_t(M), 0.0);
+  std::vector<double> stage_free(stage_starts_.size(), 0.0);
+  double busy = 0;
+  const auto add_op = [&](double* t, OpCosts* layer) {
+    return [this, t, layer, &busy](Op o, const OpCost& oc) {
+      *t += oc.time_s, busy += oc.time_s;
+      r_.prefill_ops[size_t(o)].add(oc);
+      if (layer) (*layer)[size_t(o)].add(oc);
+    };
+  };
+  const auto add_comm = [&](double* t) {
+    return
+        [this, t, &busy](const OpCost& oc) { *t += oc.time_s, busy += oc.time_s, r_.prefill_comm.add(oc); };
+  };
+  // Chunk c's share of a layer's rows (q of them per sequence).
+  const auto bounds = [&](int64_t q, int c) { return std::pair{q * c / M, q * (c + 1) / M}; };
+  // Runs the part [from, to) of the layers (one stage, no barrier inside) for every chunk.
+  const auto run_part = [&](int from, int to, bool first, bool last) {
+    const size_t k = stage_of(from);
+    std::fill(part.begin(), part.end(), 0.0);
+    if (first)
+      for (int c = 0; c < M; ++c) {
+        const auto [a, b] = bounds(s.new_tokens, c);
+        double* t = &part[size_t(c)];
+        cost_embed(cc_, hw_, tp_, g_, B * (b - a), D, add_op(t, nullptr), add_comm(t));
+      }
+    for (int l = from; l < to; ++l) {
+      const LayerWork whole = layer_work(s, l, true);
+      const int64_t q = s.queries[size_t(l)];
+      if (whole.rows <= 0) continue;
+      const ModelConfig& cfg = lc_[size_t(l)];
+      const double all = double(c_.dense_pairs(l, q));
+      for (int c = 0; c < M; ++c) {
+        const auto [a, b] = bounds(q, c);
+        if (b <= a) continue;
+        const double share = all > 0 ? double(c_.dense_pairs(l, b) - c_.dense_pairs(l, a)) / all : 0.0;
+        LayerWork w;
+        w.rows = B * (b - a);
+        w.pairs = int64_t(std::llround(double(whole.pairs) * share));
+        w.keys = int64_t(std::llround(double(whole.keys) * double(b) / double(q)));
+        if (c == M - 1)  // the last token's row scores and selects
+          w.scorers = whole.scorers, w.score_keys = whole.score_keys, w.selects = whole.selects,
+          w.select_keys = whole.select_keys;
+        w.moved = whole.moved > 0 ? w.rows : 0;
+        double* t = &part[size_t(c)];
+        cost_layer(cc_, hw_, tp_, cfg, D, w, add_op(t, &r.prefill_layers[size_t(l)]), add_comm(t));
+        peak_act_ = std::max(peak_act_, activation_bytes(cfg, w.rows, dt.elem_bytes));
+      }
+    }
+    if (last) {
+      double* t = &part[size_t(M - 1)];
+      cost_head(cc_, hw_, tp_, g_, B, double(c_.n_vocab), add_op(t, nullptr), add_comm(t));
+    }
+    // Into stage k: the hand-off where the part opens a later stage, then in chunk order.
+    const bool enters = k > 0 && from == stage_starts_[k];
+    double free = stage_free[k];
+    for (int c = 0; c < M; ++c) {
+      double arrive = done[size_t(c)];
+      if (enters) {
+        const auto [a, b] = bounds(std::max<int64_t>(s.queries[size_t(from)], 1), c);
+        const OpCost hand = handoff_cost(pipe_, double(B * std::max<int64_t>(b - a, 1)) * D * dt.elem_bytes);
+        arrive += hand.time_s, busy += hand.time_s;
+        r.prefill_pp.add(hand);
+      }
+      free = std::max(free, arrive) + part[size_t(c)];
+      done[size_t(c)] = free;
+    }
+    stage_free[k] = free;
+  };
+  int from = 0;
+  for (int l = 0; l < L; ++l) {
+    const bool barrier = prune_at_[size_t(l)] && traits_.prunes;
+    const bool stage_ends = l + 1 == L || stage_of(l + 1) != stage_of(l);
+    if (!barrier && !stage_ends) continue;
+    run_part(from, l + 1, from == 0, l + 1 == L);
+    if (barrier) std::fill(done.begin(), done.end(), *std::max_element(done.begin(), done.end()));
+    from = l + 1;
+  }
+  r.prefill_busy_s = busy;
+  return *std::max_element(done.begin(), done.end());
 }
 
 void Replayer::routed_work(const trace::Routes& r, int64_t rows, LayerWork& w) const {

@@ -31,8 +31,12 @@ struct Prediction {
   std::string hw;
   int tp = 1;                    // GPUs the model is spread over; times and memory are one GPU's
   int pp = 1;                    // pipeline stages; memory is the fullest stage's GPU's
+  int pp_microbatches = 1;       // the prefill's chunks through the stages (Pipeline::microbatches)
   OpCost prefill_pp, decode_pp;  // the hand-offs between stages (pp > 1), in the step times
-  double ttft_s = 0;             // the prefill step
+  // With micro-batches the prefill's ops and hand-offs sum to the stages' busy time, more than the
+  // TTFT they overlap into; prefill_busy_s is that sum (= ttft_s without micro-batches).
+  double prefill_busy_s = 0;
+  double ttft_s = 0;                           // the prefill step
   double prompt_tokens_computed_fraction = 1;  // of the prompt's (token, layer) pairs, the prefill computed
   int64_t decode_steps = 0;                    // decoding steps costed
   double decode_s = 0;                         // their time, summed
@@ -102,6 +106,11 @@ class Replayer {
   // its distinct experts, for `rows` rows; nothing where the routes do not match the rows (a trace
   // mapped onto another prompt length).
   void routed_work(const trace::Routes& r, int64_t rows, LayerWork& w) const;
+  // Layer l's work in step s, every sequence of the batch.
+  LayerWork layer_work(const trace::Step& s, int l, bool prefill) const;
+  // The prefill in Pipeline::microbatches chunks through the stages: its span (the TTFT), the ops,
+  // collectives and hand-offs added to the prediction's sums.
+  double chunked_prefill(const trace::Step& s);
   const hw::Profile& hw_;
   const ModelConfig& c_;
   int64_t B_;

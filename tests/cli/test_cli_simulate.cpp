@@ -276,6 +276,24 @@ TEST_F(CliSim, SimulateAConfigurationFile) {
   expect_one_line_error(run_cli(dir_, {"simulate", "--model-config", "qwen3-8b", "--hw", "h200", "--pp", "40",
                                        "--prompt-tokens", "16"}),
                         {"--pp 40", "36 layers"});
+  expect_one_line_error(run_cli(dir_, {"simulate", "--model-config", "qwen3-8b", "--hw", "h200",
+                                       "--pp-microbatches", "4", "--prompt-tokens", "16"}),
+                        {"--pp-microbatches 4 needs --pp of 2 or more"});
+  {  // four stages, the prompt in 8 chunks: faster than the stages in turn, the busy time reported
+    const auto ttft = [&](const std::string& m) {
+      CliResult r = run_cli(dir_, {"simulate", "--model-config", "qwen3-8b", "--hw", "h200", "--pp", "4",
+                                   "--pp-microbatches", m, "--prompt-tokens", "8192", "--json"});
+      EXPECT_TRUE(r.exited && r.code == 0) << describe(r);
+      const auto j = nlohmann::json::parse(r.out)["results"][0];
+      EXPECT_EQ(j["pp_microbatches"].get<int>(), std::stoi(m));
+      return std::pair{j["ttft_ms"].get<double>(), j["prefill_busy_ms"].get<double>()};
+    };
+    const auto [serial, serial_busy] = ttft("1");
+    const auto [chunked, busy] = ttft("8");
+    EXPECT_DOUBLE_EQ(serial, serial_busy);
+    EXPECT_LT(chunked, 0.5 * serial);
+    EXPECT_GT(busy, serial);
+  }
   expect_one_line_error(run_cli(dir_, {"simulate", "--model-config", "qwen3-8b", "--hw", "h200", "--dp", "2",
                                        "--prompt-tokens", "16"}),
                         {"--dp 2", "no experts"});
