@@ -35,7 +35,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests/fixtures/published/moe_offline_throughput.json"
 KV_FRACTION = 0.95
-WEIGHT_BYTES = {"fp8": 1.0, "fp4": 0.5}  # trtllm-bench's bytes per element; anything else 2
+WEIGHT_BYTES = {"fp8": 1.0, "fp4": 0.5, "mxfp4": 0.5}  # trtllm-bench's bytes per element; anything else 2
 
 
 def run_json(exe, args):
@@ -48,6 +48,8 @@ def run_json(exe, args):
 def layout_args(p):
     args = ["--model-config", p["model"], "--hw", p["hw"], "--engine", "trtllm", "--tp", str(p["tp"]),
             "--weights", p["weights"], "--compute", p["compute"], "--kv", p["kv"]]
+    if "expert_weights" in p:
+        args += ["--expert-weights", p["expert_weights"]]
     if p["dp"] > 1:
         args += ["--dp", str(p["dp"])]
     return args
@@ -65,7 +67,10 @@ def trtllm_bench_limits(p, config, capacity_gib):
     gpus = p["gpus"]
     head = config.get("head_dim") or config["n_embd"] // config["n_head"]
     per_token = 2 * config["n_layer"] * max(gpus, config["n_head_kv"]) * head * WEIGHT_BYTES.get(p["kv"], 2)
-    available = capacity_gib * gpus * 2**30 - config["n_params"] * WEIGHT_BYTES.get(p["weights"], 2)
+    experts = expert_params(config) if "expert_weights" in p else 0
+    weight_bytes = (config["n_params"] - experts) * WEIGHT_BYTES.get(p["weights"], 2) + \
+        experts * WEIGHT_BYTES.get(p.get("expert_weights"), 2)
+    available = capacity_gib * gpus * 2**30 - weight_bytes
     fit = KV_FRACTION * available / (per_token * (p["isl"] + p["osl"]))
     bs = min(fit, 4096)
     tokens = min(bs * (1 + p["isl"] / p["osl"]), 32768)
@@ -82,6 +87,15 @@ def trtllm_bench_limits(p, config, capacity_gib):
     else:
         tokens = 1024 * math.ceil(tokens / 1024)
     return int(bs), int(tokens)
+
+
+def expert_params(config):
+    """The routed and shared experts' matrices (what --expert-weights stores), from the configuration."""
+    moe_layers = config["n_layer"] - config.get("n_layer_dense_lead", 0)
+    d = config["n_embd"]
+    per_layer = config["n_expert"] * 3 * d * config["n_ff_exp"] + \
+        config.get("n_expert_shared", 0) * 3 * d * config.get("n_ff_shexp", 0)
+    return moe_layers * per_layer
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,7 +159,8 @@ def main():
     rows = []
     for p in points:
         layout = f"DP{p['dp']}+EP" if p["dp"] > 1 else f"TP{p['tp']}"
-        rows.append([p["source"], p["model"], f"{p['gpus']}x {p['hw']}", f"{layout} {p['weights']}",
+        types = p["weights"] + (f"+{p['expert_weights']}" if "expert_weights" in p else "")
+        rows.append([p["source"], p["model"], f"{p['gpus']}x {p['hw']}", f"{layout} {types}",
                      f"{p['isl']}/{p['osl']}", f"{p['output_tokens_per_s']:.0f}", f"{p['predicted']:.0f}",
                      f"{100 * (p['ratio'] - 1):+.1f}%",
                      "-" if p["calibrated"] is None else f"{100 * p['calibrated']:.1f}%"])

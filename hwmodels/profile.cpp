@@ -42,9 +42,13 @@ const char* family_name(Family f) {
   return kFamilyKeys[size_t(f)];
 }
 
-std::string family_dtype(Family f, const std::string& compute) {
+std::string family_dtype(Family f, const std::string& compute, const std::string& kv) {
   if (f == Family::Gemm || f == Family::Experts) return compute;
-  if (f == Family::Attention) return compute == "int8" ? "f16" : compute;
+  if (f == Family::Attention) {
+    if (compute == "int8") return "f16";
+    if (compute == "fp8" || compute == "fp4") return kv.empty() || kv == "fp8" ? "fp8" : "bf16";
+    return compute;
+  }
   return "f32";
 }
 

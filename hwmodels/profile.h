@@ -142,10 +142,13 @@ Profile share_of(const Profile& p, double share);
 // a GPU, and for threads <= 0: unknown, the whole part).
 double thread_share(const Profile& p, int threads);
 
-// The dtype an op family computes in for a compute dtype: GEMMs in it; attention in it, except
-// that int8 engines (llama.cpp's quantized types, SmoothQuant) keep activations and the KV cache
-// 16-bit and run attention in f16; norms, RoPE and the other elementwise ops in f32.
-std::string family_dtype(Family f, const std::string& compute);
+// The dtype an op family computes in for a compute dtype and K/V dtype: GEMMs (and experts) in
+// it; attention in it, except that int8 engines (llama.cpp's quantized types, SmoothQuant) keep
+// activations and the KV cache 16-bit and run attention in f16, and that no serving engine runs
+// attention in FP4: under fp8 or fp4 compute the attention kernels (TensorRT-LLM's FP8 FMHA,
+// FlashAttention-3's FP8 path, FlashInfer) run FP8 over an fp8 K/V cache and bf16 over any other
+// (`kv` "": taken as fp8); norms, RoPE and the other elementwise ops in f32.
+std::string family_dtype(Family f, const std::string& compute, const std::string& kv = "");
 
 // The documented default of efficiency.pruning_stage_us for a profile that has none (files
 // written before it existed): GPUs 40 us (about 7 extra launches and a host synchronisation),

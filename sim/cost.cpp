@@ -62,7 +62,7 @@ void OpCost::add(const OpCost& o) {
 namespace {
 // The peak an op runs at: its family's dtype (hw::family_dtype) for the compute dtype.
 double op_peak(const hw::Profile& hw, Op op, const Precision& p) {
-  return hw.peak(hw::family_dtype(op_family(op), p.compute));
+  return hw.peak(hw::family_dtype(op_family(op), p.compute, p.kv));
 }
 }  // namespace
 
@@ -72,7 +72,7 @@ CostContext::CostContext(const hw::Profile& hw, const Precision& p)
   if (engine.elementwise_at_compute) dtypes.elem_bytes = p.compute == "f32" || p.compute == "tf32" ? 4 : 2;
   for (int f = 0; f < hw::kNumFamilies; ++f) {
     const hw::Family fam = hw::Family(f);
-    const std::string dtype = hw::family_dtype(fam, p.compute);
+    const std::string dtype = hw::family_dtype(fam, p.compute, p.kv);
     peak[size_t(f)] = hw.peak(dtype);
     eff[size_t(f)] = hw.eff(fam);
     eff[size_t(f)].compute = hw.eff(fam).compute_for(dtype);
