@@ -302,6 +302,9 @@ struct ServeArgs {
   int port = 8000, threads = default_thread_count(), max_connections = 256;
   int64_t max_batch_tokens = 2048, kv_budget_mib = 1024, max_body_kib = 4096, chat_max_tokens = 512;
   double header_timeout_s = 10, body_timeout_s = 30, shutdown_grace_s = 30;
+  std::vector<std::string> api_keys, allowed_hosts, allowed_origins;
+  std::string api_key_file;
+  bool metrics_need_key = false;
 };
 CLI::App* add_serve(CLI::App& app, ServeArgs& a);
 int cmd_serve(const ServeArgs& a, const CLI::App& sub);

@@ -31,6 +31,19 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
       "--host", a.host,
       "Address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 serves every interface)");
   s->add_option("--port", a.port, "TCP port (0: any free one, printed)")->check(CLI::Range(0, 65535));
+  s->add_option("--api-key", a.api_keys,
+                "A key clients must send as 'Authorization: Bearer KEY' (repeatable; also from "
+                "LAZYPREFILL_API_KEY); /health stays open")
+      ->envname("LAZYPREFILL_API_KEY");
+  s->add_option("--api-key-file", a.api_key_file,
+                "Keys one per line ('#' comments); refused when every user can read the file");
+  s->add_flag("--metrics-need-key", a.metrics_need_key, "GET /metrics needs a key too");
+  s->add_option("--allowed-host", a.allowed_hosts,
+                "A Host name to answer to beyond the bound address (and localhost when on loopback; "
+                "repeatable): others get 403, against DNS rebinding");
+  s->add_option("--allowed-origin", a.allowed_origins,
+                "A web page origin (scheme://host[:port], or *) allowed to call the API from a browser, "
+                "with CORS headers (repeatable); other origins get 403");
   s->add_option("--served-model-name", a.served_name,
                 "The model's name in the API (default: the GGUF file's name without .gguf)");
   s->add_option(
@@ -95,6 +108,14 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   so.api.schedule = a.schedule.empty() ? default_schedule(so.api.policy) : schedule_from_arg(a.schedule);
   check_method(so.api.policy, so.api.schedule);
   so.api.chat_max_tokens = a.chat_max_tokens;
+  so.access.api_keys = a.api_keys;
+  if (!a.api_key_file.empty())
+    for (std::string& k : server::read_api_key_file(a.api_key_file))
+      so.access.api_keys.push_back(std::move(k));
+  so.access.metrics_need_key = a.metrics_need_key;
+  so.access.allowed_hosts = a.allowed_hosts;
+  so.access.allowed_origins = a.allowed_origins;
+  server::check_access_options(so.access);
 
   if (a.backend == "cuda") (void)cuda::open_device();  // one line saying why not, before the load
   CpuContext ctx(a.threads);
@@ -127,6 +148,13 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
              so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, srv.port(),
              loopback ? "this machine only" : "reachable from the network", a.prune, a.kv_budget_mib,
              kv_dtype, a.threads);
+  if (!loopback && so.access.api_keys.empty())
+    fmt::print(stderr,
+               "lazyprefill serve: warning: listening beyond this machine without an API key: anyone who can "
+               "reach the port can use it (--api-key-file FILE)\n");
+  else if (!so.access.api_keys.empty())
+    fmt::print(stderr, "lazyprefill serve: {} API key(s) required on /v1/*{}\n", so.access.api_keys.size(),
+               so.access.metrics_need_key ? " and /metrics" : "");
   std::fflush(stderr);
   srv.run(true);
   fmt::print(stderr, "lazyprefill serve: stopped\n");

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -90,7 +91,9 @@ struct Server::Impl {
   std::set<uint64_t> in_flight;
   bool draining = false;
   asio::steady_timer grace{ioc};
-  std::set<tcp::socket*> idle;  // connections waiting for their next request, closed on shutdown
+  std::set<tcp::socket*> idle;   // connections waiting for their next request, closed on shutdown
+  std::optional<Access> access;  // API keys, Host and Origin (built once the port is known)
+  std::map<const beast::tcp_stream*, std::string> cors;  // a connection's allowed web origin
   bool destroying = false;  // ~Impl has begun: coroutine frames left in ioc touch nothing on their way out
   // Engine thread.
   std::thread engine;
@@ -114,6 +117,7 @@ struct Server::Impl {
     if (!ec) acceptor.bind(ep, ec);
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) fail("cannot listen on {}:{}: {}", opt.host, opt.port, ec.message());
+    access.emplace(opt.access, opt.host, acceptor.local_endpoint().port());
   }
 
   ~Impl() { destroying = true; }
@@ -220,9 +224,13 @@ struct Server::Impl {
   using Request = http::request<http::string_body>;
 
   template <class Body>
-  void common_headers(http::response<Body>& res, bool keep_alive) {
+  void common_headers(const beast::tcp_stream& s, http::response<Body>& res, bool keep_alive) {
     res.set(http::field::server, "lazyprefill");
     res.keep_alive(keep_alive && !draining);
+    if (const auto it = cors.find(&s); it != cors.end()) {  // a request from an allowed web page
+      res.set(http::field::access_control_allow_origin, it->second);
+      res.set(http::field::vary, "Origin");
+    }
   }
 
   awaitable<void> write(beast::tcp_stream& s, http::response<http::string_body>& res) {
@@ -235,8 +243,9 @@ struct Server::Impl {
   awaitable<void> send_json(beast::tcp_stream& s, unsigned version, bool keep_alive, int status,
                             const json& body) {
     http::response<http::string_body> res{http::status(status), version};
-    common_headers(res, keep_alive);
+    common_headers(s, res, keep_alive);
     res.set(http::field::content_type, "application/json");
+    if (status == 401) res.set(http::field::www_authenticate, "Bearer");
     res.body() = dump(body);
     co_await write(s, res);
   }
@@ -289,7 +298,7 @@ struct Server::Impl {
     const auto sse = [](const json& j) { return "data: " + dump(j) + "\n\n"; };
     try {
       if (a.stream) {
-        common_headers(head, keep_alive);
+        common_headers(s, head, keep_alive);
         head.set(http::field::content_type, "text/event-stream");
         head.set(http::field::cache_control, "no-cache");
         head.chunked(true);
@@ -383,6 +392,24 @@ struct Server::Impl {
     const std::string target(req.target());
     const std::string path = target.substr(0, target.find('?'));
     const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+    const auto sv = [](beast::string_view v) { return std::string_view(v.data(), v.size()); };
+    const std::string_view origin = sv(req[http::field::origin]);
+    if (auto refused = access->check(sv(req.method_string()), path, sv(req[http::field::host]), origin,
+                                     sv(req[http::field::authorization])))
+      throw *refused;
+    if (const std::string allowed = access->allow_origin(origin); !allowed.empty()) cors[&s] = allowed;
+    if (req.method() == http::verb::options) {  // a browser's preflight, from an allowed origin
+      http::response<http::string_body> res{http::status::no_content, req.version()};
+      common_headers(s, res, keep_alive);
+      res.set(http::field::allow, "GET, POST, OPTIONS");
+      if (!origin.empty()) {
+        res.set(http::field::access_control_allow_methods, "GET, POST, OPTIONS");
+        res.set(http::field::access_control_allow_headers, "Authorization, Content-Type");
+        res.set(http::field::access_control_max_age, "600");
+      }
+      co_await write(s, res);
+      co_return;
+    }
     if (path == "/health" && get) {
       const std::string problem = health_problem(
           [&] {
@@ -400,7 +427,7 @@ struct Server::Impl {
     } else if (path == "/metrics" && get) {
       metrics.set_server_cpu_seconds(thread_cpu_seconds() - cpu_at_start);
       http::response<http::string_body> res{http::status::ok, req.version()};
-      common_headers(res, keep_alive);
+      common_headers(s, res, keep_alive);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = metrics.text();
       co_await write(s, res);
@@ -431,6 +458,13 @@ struct Server::Impl {
       }
     } count{*this};
     beast::tcp_stream s(std::move(sock));
+    struct Forget {  // the connection's CORS origin goes with it
+      Impl& impl;
+      const beast::tcp_stream* s;
+      ~Forget() {
+        if (!impl.destroying) impl.cors.erase(s);
+      }
+    } forget{*this, &s};
     beast::flat_buffer buf;
     bool first_request = true;
     try {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/scheduler.h"
+#include "server/access.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 
@@ -33,6 +34,7 @@ struct ServerOptions {
   std::chrono::milliseconds shutdown_grace{30'000};
   std::string log_requests;  // a JSON Lines file, one line per finished request ("" = none)
   ApiDefaults api;
+  AccessOptions access;  // API keys, allowed Host names and web origins (server/access.h)
 };
 
 class Server {

@@ -1,6 +1,8 @@
 // `lazyprefill run` and `inspect` through the real binary on generated tiny models: the happy
 // paths, every kind of broken model file (each refused by both), prompts, options, pruning
 // options, traces, and --backend cuda without a GPU.
+#include <sys/stat.h>
+
 #include "tests/cli/cli_harness.h"
 #include "tests/tiny_arch.h"
 #include "traces/trace.h"
@@ -363,6 +365,28 @@ TEST_F(CliErrors, BadDtype) {
                         {"--dtype", "f16"});
   expect_one_line_error(run_cli(dir_, {"serve", "--model", tiny_, "--port", "0", "--dtype", "f16"}),
                         {"--dtype", "f16"});
+}
+
+// serve refuses to start on a key file anyone can read, an empty one or a missing one, and on a
+// malformed --allowed-origin: one line, before the model loads.
+TEST_F(CliErrors, ServeAccessOptions) {
+  const auto keys = [&](const std::string& name, const std::string& text, mode_t mode) {
+    const std::string p = dir_.file(name);
+    std::ofstream(p) << text;
+    ::chmod(p.c_str(), mode);
+    return p;
+  };
+  const auto serve = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"serve", "--model", tiny_, "--port", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(dir_, args);
+  };
+  expect_one_line_error(serve({"--api-key-file", keys("open.keys", "k1\n", 0644)}),
+                        {"--api-key-file", "open.keys", "every user"});
+  expect_one_line_error(serve({"--api-key-file", keys("none.keys", "# nothing\n", 0600)}),
+                        {"none.keys", "holds no key"});
+  expect_one_line_error(serve({"--api-key-file", dir_.file("missing.keys")}), {"missing.keys"});
+  expect_one_line_error(serve({"--allowed-origin", "app.example"}), {"--allowed-origin", "app.example"});
 }
 
 TEST_F(CliErrors, ZeroThreads) {

@@ -430,6 +430,58 @@ TEST(Server, AnEngineFailureIsA500OrAnSseErrorAndReleasesItsKv) {
 // GET /health's verdict from the engine's state: 503 with a reservation and nothing running (the
 // state issue 50's lost reservations left, while /health said 200), while shutting down; 200 with
 // work running or nothing reserved, however full the budget or long the queue.
+// API keys, Host and Origin over real sockets (server/access.h decides; these check the wiring):
+// 401 with WWW-Authenticate and OpenAI's error shape, the API with the key, /health open, a foreign
+// Host 403 before any key is asked, a preflight from an allowed page answered with CORS headers and
+// its requests carrying Access-Control-Allow-Origin, another page 403; the key in no log line.
+TEST(Server, ApiKeysHostAndOriginChecks) {
+  testing::TempDir dir;
+  ServerOptions o = Running::options();
+  o.access.api_keys = {"s3cret-key"};
+  o.access.allowed_origins = {"https://app.example"};
+  o.log_requests = dir.file("requests.jsonl");
+  Reply r;
+  {
+    Running srv(o);
+    const uint16_t p = srv.port();
+    const std::string body = R"({"prompt": [1, 2, 3], "max_tokens": 2})";
+    r = testing::http_request(p, http::verb::post, "/v1/completions", body);
+    EXPECT_EQ(r.status, 401);
+    EXPECT_EQ(r.headers["www-authenticate"], "Bearer");
+    EXPECT_EQ(parsed(r)["error"]["code"], "invalid_api_key");
+    r = testing::http_request(p, http::verb::post, "/v1/completions", body,
+                              {{"Authorization", "Bearer wrong"}});
+    EXPECT_EQ(r.status, 401);
+    EXPECT_EQ(r.body.find("wrong"), std::string::npos);
+    r = testing::http_request(p, http::verb::post, "/v1/completions", body,
+                              {{"Authorization", "Bearer s3cret-key"}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(parsed(r)["usage"]["completion_tokens"], 2);
+    EXPECT_EQ(request(p, http::verb::get, "/health").status, 200);
+    r = testing::http_request(p, http::verb::get, "/v1/models", "", {{"Host", "rebound.evil.example:80"}});
+    EXPECT_EQ(r.status, 403);
+    EXPECT_EQ(parsed(r)["error"]["code"], "host_not_allowed");
+    r = testing::http_request(p, http::verb::options, "/v1/completions", "",
+                              {{"Origin", "https://app.example"}, {"Access-Control-Request-Method", "POST"}});
+    EXPECT_EQ(r.status, 204);
+    EXPECT_EQ(r.headers["access-control-allow-origin"], "https://app.example");
+    EXPECT_NE(r.headers["access-control-allow-headers"].find("Authorization"), std::string::npos);
+    r = testing::http_request(p, http::verb::get, "/v1/models", "",
+                              {{"Origin", "https://app.example"}, {"Authorization", "Bearer s3cret-key"}});
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.headers["access-control-allow-origin"], "https://app.example");
+    r = testing::http_request(p, http::verb::get, "/v1/models", "",
+                              {{"Origin", "https://evil.example"}, {"Authorization", "Bearer s3cret-key"}});
+    EXPECT_EQ(r.status, 403);
+    EXPECT_EQ(r.headers.count("access-control-allow-origin"), 0u);
+    EXPECT_EQ(metric(p, "lazyprefill_requests_total{outcome=\"401\"}"), 2);
+  }
+  std::ifstream log(dir.file("requests.jsonl"));
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(text.empty());
+  EXPECT_EQ(text.find("s3cret"), std::string::npos);
+}
+
 TEST(Health, AReservationWithNothingRunningOrAShutdownIsUnhealthy) {
   EXPECT_EQ(health_problem(EngineState{}, false), "");
   EXPECT_EQ(health_problem(EngineState{5, 3, 1000, 1000}, false), "");  // full, and working
