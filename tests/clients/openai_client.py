@@ -130,13 +130,22 @@ def main():
     # Q4_1 file) is chaotic at this prompt's attention-sink positions and answers it correctly on
     # some CPUs only (docs/quantized.md, "Attention sinks in int8").
     with tempfile.TemporaryDirectory() as tmp:
-        proc, port = start_server(args.cli, os.path.join(tmp, "requests.jsonl"), ["--dtype", "f32"])
+        # This server also takes an API key: the client's own api_key travels as Bearer, a wrong one
+        # raises the client's AuthenticationError (401, code invalid_api_key).
+        proc, port = start_server(args.cli, os.path.join(tmp, "requests.jsonl"),
+                                  ["--dtype", "f32", "--api-key", "k-test-1"])
         try:
-            c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+            c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k-test-1", max_retries=0)
             chat = c.chat.completions.create(model=c.models.list().data[0].id, max_tokens=20, temperature=0,
                                              messages=[{"role": "user", "content": "What is the capital of France?"}])
             answer = chat.choices[0].message.content
             check("Paris" in answer, f"the default model in f32 should know: {answer!r}")
+            wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k-wrong", max_retries=0)
+            try:
+                wrong.models.list()
+                fail("a wrong API key was accepted")
+            except openai.AuthenticationError as e:
+                check(e.status_code == 401 and e.code == "invalid_api_key", f"wrong key: {e.status_code} {e.code}")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
