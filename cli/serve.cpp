@@ -38,6 +38,10 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
   s->add_option("--api-key-file", a.api_key_file,
                 "Keys one per line ('#' comments); refused when every user can read the file");
   s->add_flag("--metrics-need-key", a.metrics_need_key, "GET /metrics needs a key too");
+  s->add_option("--metric-names", a.metric_names,
+                "Names in /metrics: lazyprefill (lazyprefill_*), vllm (vLLM's vllm:* with its labels and "
+                "buckets, for dashboards and autoscalers built for vLLM), or both (default)")
+      ->check(CLI::IsMember({"lazyprefill", "vllm", "both"}));
   s->add_option("--allowed-host", a.allowed_hosts,
                 "A Host name to answer to beyond the bound address (and localhost when on loopback; "
                 "repeatable): others get 403, against DNS rebinding");
@@ -113,6 +117,8 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
     for (std::string& k : server::read_api_key_file(a.api_key_file))
       so.access.api_keys.push_back(std::move(k));
   so.access.metrics_need_key = a.metrics_need_key;
+  so.lazyprefill_metric_names = a.metric_names != "vllm";
+  so.vllm_metric_names = a.metric_names != "lazyprefill";
   so.access.allowed_hosts = a.allowed_hosts;
   so.access.allowed_origins = a.allowed_origins;
   server::check_access_options(so.access);

@@ -102,7 +102,11 @@ struct Server::Impl {
   std::atomic<bool> engine_stop{false};
 
   Impl(const Model& model, SchedulerOptions so, ServerOptions o)
-      : m(model), opt(std::move(o)), sched(model, std::move(so)) {
+      : m(model),
+        opt(std::move(o)),
+        sched(model, std::move(so)),
+        metrics(MetricsOptions{opt.api.model_name, model.config().n_ctx_train, opt.lazyprefill_metric_names,
+                               opt.vllm_metric_names}) {
     if (!opt.log_requests.empty()) log.emplace(opt.log_requests, "request log", uint64_t(1) << 40);
     const auto addr = [&] {
       boost::system::error_code ec;

@@ -35,6 +35,7 @@ struct ServerOptions {
   std::string log_requests;  // a JSON Lines file, one line per finished request ("" = none)
   ApiDefaults api;
   AccessOptions access;  // API keys, allowed Host names and web origins (server/access.h)
+  bool lazyprefill_metric_names = true, vllm_metric_names = true;  // /metrics' names (MetricsOptions)
 };
 
 class Server {

@@ -7,7 +7,9 @@
 #include <prometheus/text_serializer.h>
 
 #include <chrono>
+#include <iterator>
 #include <string>
+#include <vector>
 
 namespace lp::server {
 
@@ -32,7 +34,77 @@ prometheus::Histogram& histogram(prometheus::Registry& reg, const char* name, co
 
 }  // namespace
 
-Metrics::Metrics() : reg_(std::make_shared<prometheus::Registry>()) {
+// vLLM's names (vllm/v1/metrics/loggers.py: PrometheusStatLogger), with its buckets and its labels
+// model_name and engine ("0": one engine), for what this server measures alike. Not here: what it
+// has no counterpart of yet (prefix-cache queries and hits, speculative decoding, LoRA); preemptions
+// are exposed at 0 (the scheduler reserves instead of preempting).
+struct Metrics::Vllm {
+  std::shared_ptr<prometheus::Registry> reg = std::make_shared<prometheus::Registry>();
+  prometheus::Labels labels;
+  prometheus::Gauge *running, *waiting, *kv_usage;
+  prometheus::Counter *prompt, *generation, *preemptions;
+  prometheus::Family<prometheus::Counter>* success;
+  prometheus::Histogram *ttft, *itl, *tpot, *e2e, *queue, *prompt_tokens, *generation_tokens;
+
+  static prometheus::Histogram::BucketBoundaries one_two_five(double max) {
+    prometheus::Histogram::BucketBoundaries b;  // vLLM's build_1_2_5_buckets(max_model_len)
+    for (double e = 1; e <= max; e *= 10)
+      for (double m : {1.0, 2.0, 5.0})
+        if (m * e <= max) b.push_back(m * e);
+    return b;
+  }
+
+  Vllm(const std::string& model_name, double max_model_len)
+      : labels{{"engine", "0"}, {"model_name", model_name}} {
+    auto& r = *reg;
+    const auto g = [&](const char* n, const char* h) -> prometheus::Gauge& {
+      return prometheus::BuildGauge().Name(n).Help(h).Register(r).Add(labels);
+    };
+    const auto c = [&](const char* n, const char* h) -> prometheus::Counter& {
+      return prometheus::BuildCounter().Name(n).Help(h).Register(r).Add(labels);
+    };
+    const auto hist = [&](const char* n, const char* h,
+                          prometheus::Histogram::BucketBoundaries b) -> prometheus::Histogram& {
+      return prometheus::BuildHistogram().Name(n).Help(h).Register(r).Add(labels, b);
+    };
+    running = &g("vllm:num_requests_running", "Number of requests in model execution batches.");
+    waiting = &g("vllm:num_requests_waiting", "Number of requests waiting to be processed.");
+    kv_usage = &g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.");
+    prompt = &c("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
+    generation = &c("vllm:generation_tokens_total", "Number of generation tokens processed.");
+    preemptions = &c("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.");
+    success = &prometheus::BuildCounter()
+                   .Name("vllm:request_success_total")
+                   .Help("Count of successfully processed requests.")
+                   .Register(r);
+    const prometheus::Histogram::BucketBoundaries tpot_b{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                                         0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                                         7.5,  10.0,  20.0, 40.0,  80.0};
+    const prometheus::Histogram::BucketBoundaries request_b{0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                                            5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+    ttft = &hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                 {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                  1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0});
+    itl = &hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", tpot_b);
+    tpot = &hist(
+        "vllm:time_per_output_token_seconds",
+        "Histogram of time per output token in seconds. DEPRECATED: Use vllm:inter_token_latency_seconds "
+        "instead.",
+        tpot_b);
+    e2e =
+        &hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", request_b);
+    queue = &hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                  request_b);
+    prompt_tokens = &hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                          one_two_five(max_model_len));
+    generation_tokens = &hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                              one_two_five(max_model_len));
+  }
+};
+
+Metrics::Metrics(MetricsOptions o) : o_(std::move(o)), reg_(std::make_shared<prometheus::Registry>()) {
+  if (o_.vllm_names) vllm_ = std::make_unique<Vllm>(o_.model_name, double(o_.max_model_len));
   auto& r = *reg_;
   requests_ = &prometheus::BuildCounter()
                    .Name("lazyprefill_requests_total")
@@ -81,6 +153,26 @@ void Metrics::rejected(int status) {
 }
 
 void Metrics::finished(const RequestRecord& r, int n_layer) {
+  if (vllm_) {
+    Vllm& v = *vllm_;
+    v.prompt->Increment(double(r.prompt_tokens));
+    v.generation->Increment(double(r.output_tokens));
+    // vLLM's finished_reason: stop, length, abort (a cancelled request), error.
+    const char* reason = r.finish == Finish::Stop     ? "stop"
+                         : r.finish == Finish::Length ? "length"
+                         : r.finish == Finish::Error  ? "error"
+                                                      : "abort";
+    prometheus::Labels l = v.labels;
+    l["finished_reason"] = reason;
+    v.success->Add(l).Increment();
+    v.queue->Observe(seconds(r.arrival, r.admitted));
+    v.prompt_tokens->Observe(double(r.prompt_tokens));
+    v.generation_tokens->Observe(double(r.output_tokens));
+    if (r.finish != Finish::Error && r.output_tokens > 0) {
+      v.ttft->Observe(seconds(r.arrival, r.first_token));
+      v.e2e->Observe(seconds(r.arrival, r.finished));
+    }
+  }
   requests_->Add({{"outcome", finish_name(r.finish)}}).Increment();
   prompt_tokens_->Increment(double(r.prompt_tokens));
   generated_tokens_->Increment(double(r.output_tokens));
@@ -97,9 +189,17 @@ void Metrics::finished(const RequestRecord& r, int n_layer) {
 
 void Metrics::inter_token(double s) {
   itl_->Observe(s);
+  if (vllm_) vllm_->itl->Observe(s), vllm_->tpot->Observe(s);
 }
 
 void Metrics::engine_state(const Scheduler& s) {
+  if (vllm_) {
+    vllm_->running->Set(double(s.running()));
+    vllm_->waiting->Set(double(s.queued()));
+    // vLLM's: the share of the cache's blocks allocated; here the share of the budget's bytes holding
+    // tokens (K/V and the Aux Cache).
+    vllm_->kv_usage->Set(s.budget_bytes() > 0 ? double(s.kv_bytes_in_use()) / double(s.budget_bytes()) : 0.0);
+  }
   queued_->Set(double(s.queued()));
   running_->Set(double(s.running()));
   kv_in_use_->Set(double(s.kv_bytes_in_use()));
@@ -115,7 +215,13 @@ void Metrics::set_server_cpu_seconds(double s) {
 }
 
 std::string Metrics::text() const {
-  return prometheus::TextSerializer().Serialize(reg_->Collect());
+  std::vector<prometheus::MetricFamily> families;
+  if (o_.lazyprefill_names) families = reg_->Collect();
+  if (vllm_) {
+    std::vector<prometheus::MetricFamily> v = vllm_->reg->Collect();
+    families.insert(families.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace lp::server

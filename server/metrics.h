@@ -4,6 +4,7 @@
 // Every member may be called from any thread (prometheus-cpp's metrics are thread-safe).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -20,9 +21,18 @@ class Family;
 
 namespace lp::server {
 
+// Which names /metrics shows: this server's (lazyprefill_*), vLLM's (vllm:*, the names and
+// buckets of vLLM's own exposition with its model_name and engine labels, so a Grafana board, an
+// autoscaler or a router built for vLLM reads this server unchanged), or both (the default).
+struct MetricsOptions {
+  std::string model_name;
+  int64_t max_model_len = 4096;  // the token-count histograms' last bucket (vLLM's 1-2-5 series)
+  bool lazyprefill_names = true, vllm_names = true;
+};
+
 class Metrics {
  public:
-  Metrics();
+  explicit Metrics(MetricsOptions o = {});
   ~Metrics();
 
   // A request refused before it reached the scheduler (its HTTP status: 400, 404, 413, 429, ...).
@@ -40,6 +50,9 @@ class Metrics {
   std::string text() const;  // the exposition
 
  private:
+  struct Vllm;  // the vllm:* families (metrics.cpp)
+  MetricsOptions o_;
+  std::unique_ptr<Vllm> vllm_;
   std::shared_ptr<prometheus::Registry> reg_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Counter *prompt_tokens_, *generated_tokens_, *revivals_, *pairs_, *pairs_computed_;

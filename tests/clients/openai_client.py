@@ -23,8 +23,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 
 import openai
+import prometheus_client.parser
 
 
 def fail(msg):
@@ -243,7 +245,39 @@ def run_checks(cli, port):
         except exc as e:
             check(e.code == code, f"{kwargs}: code {e.code!r}, expected {code!r}")
             check(isinstance(e.body, dict) and e.body.get("message"), f"{kwargs}: error body {e.body}")
+    check_metrics(port, model, requests)
     return requests
+
+
+def check_metrics(port, model, requests):
+    """/metrics read by Prometheus's own Python parser: both name sets parse, vLLM's carry its labels
+    (model_name, engine) and agree with this server's own counters."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    samples = {}
+    for family in prometheus_client.parser.text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append(s)
+
+    def value(name, **labels):
+        got = [s.value for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())]
+        check(got, f"/metrics has no {name} {labels}")
+        return sum(got)
+
+    vllm = dict(model_name=model, engine="0")
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        value(name, **vllm)
+    check(value("vllm:prompt_tokens_total", **vllm) == value("lazyprefill_prompt_tokens_total"),
+          "vllm:prompt_tokens_total differs from lazyprefill_prompt_tokens_total")
+    check(value("vllm:generation_tokens_total", **vllm) == value("lazyprefill_generation_tokens_total"),
+          "vllm:generation_tokens_total differs from lazyprefill_generation_tokens_total")
+    finished = value("vllm:request_success_total", **vllm)
+    check(finished == requests, f"vllm:request_success_total {finished}, {requests} requests served")
+    check(value("vllm:time_to_first_token_seconds_count", **vllm) ==
+          value("lazyprefill_time_to_first_token_seconds_count"), "TTFT histograms disagree")
+    last = [s for s in samples.get("vllm:time_to_first_token_seconds_bucket", [])
+            if s.labels.get("le") not in (None, "+Inf") and float(s.labels["le"]) == 2560]
+    check(len(last) == 1 and last[0].value == finished, "vLLM's last finite TTFT bucket, 2560 s, is missing")
 
 
 if __name__ == "__main__":

@@ -482,6 +482,31 @@ TEST(Server, ApiKeysHostAndOriginChecks) {
   EXPECT_EQ(text.find("s3cret"), std::string::npos);
 }
 
+// /metrics shows this server's names, vLLM's, or both (the default): each set alone when asked,
+// vLLM's with its model_name and engine labels and counting what ours count.
+TEST(Server, MetricNamesOursVllmsOrBoth) {
+  for (const auto& [ours, vllms] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+    ServerOptions o = Running::options();
+    o.lazyprefill_metric_names = ours;
+    o.vllm_metric_names = vllms;
+    Running srv(o);
+    ASSERT_EQ(post(srv.port(), "/v1/completions", R"({"prompt": [5, 6, 7], "max_tokens": 3})").status, 200);
+    const std::string text = request(srv.port(), http::verb::get, "/metrics").body;
+    EXPECT_EQ(text.find("lazyprefill_") != std::string::npos, ours);
+    EXPECT_EQ(text.find("vllm:") != std::string::npos, vllms);
+    if (vllms) {
+      const std::string labels = "{engine=\"0\",model_name=\"tiny\"}";
+      EXPECT_EQ(metric(srv.port(), "vllm:prompt_tokens_total" + labels), 3);
+      EXPECT_EQ(metric(srv.port(), "vllm:generation_tokens_total" + labels), 3);
+      EXPECT_EQ(
+          metric(srv.port(),
+                 "vllm:request_success_total{engine=\"0\",finished_reason=\"length\",model_name=\"tiny\"}"),
+          1);
+      EXPECT_EQ(metric(srv.port(), "vllm:num_preemptions_total" + labels), 0);
+    }
+  }
+}
+
 TEST(Health, AReservationWithNothingRunningOrAShutdownIsUnhealthy) {
   EXPECT_EQ(health_problem(EngineState{}, false), "");
   EXPECT_EQ(health_problem(EngineState{5, 3, 1000, 1000}, false), "");  // full, and working
