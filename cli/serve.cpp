@@ -38,6 +38,10 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
   s->add_option("--api-key-file", a.api_key_file,
                 "Keys one per line ('#' comments); refused when every user can read the file");
   s->add_flag("--metrics-need-key", a.metrics_need_key, "GET /metrics needs a key too");
+  s->add_option("--health-stall-s", a.health_stall_s,
+                "GET /health answers 503 once the engine has made no progress for this long with requests "
+                "waiting or running (default 120; 0: never)")
+      ->check(CLI::Range(0.0, 86400.0));
   s->add_option("--metric-names", a.metric_names,
                 "Names in /metrics: lazyprefill (lazyprefill_*), vllm (vLLM's vllm:* with its labels and "
                 "buckets, for dashboards and autoscalers built for vLLM), or both (default)")
@@ -105,6 +109,7 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   so.header_timeout = ms(a.header_timeout_s);
   so.body_timeout = ms(a.body_timeout_s);
   so.shutdown_grace = ms(a.shutdown_grace_s);
+  so.health_stall = ms(a.health_stall_s);
   so.api.model_name = a.served_name.empty()
                           ? std::filesystem::path(path).filename().replace_extension().string()
                           : a.served_name;

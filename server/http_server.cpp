@@ -98,7 +98,8 @@ struct Server::Impl {
   // Engine thread.
   std::thread engine;
   std::mutex state_mu;
-  EngineState state;  // after the last iteration, for /health (under state_mu)
+  EngineState state;                               // after the last iteration, for /health (under state_mu)
+  Clock::time_point last_progress = Clock::now();  // an iteration that worked, or idle (under state_mu)
   std::atomic<bool> engine_stop{false};
 
   Impl(const Model& model, SchedulerOptions so, ServerOptions o)
@@ -147,6 +148,7 @@ struct Server::Impl {
       {
         std::lock_guard lk(state_mu);
         state = EngineState{sched.queued(), sched.running(), sched.kv_bytes_reserved(), sched.budget_bytes()};
+        if (worked || (state.queued == 0 && state.running == 0)) last_progress = Clock::now();
       }
       if (!outbox.empty())  // the step's text and ends, in order, in one post (one wake-up)
         asio::post(ioc, [v = std::exchange(outbox, {})]() mutable {
@@ -418,9 +420,15 @@ struct Server::Impl {
       const std::string problem = health_problem(
           [&] {
             std::lock_guard lk(state_mu);
-            return state;
+            EngineState st = state;
+            // Work waits when the engine's last state says so, or when this thread holds requests it
+            // has not answered (the state is published after each iteration: one that never ends
+            // leaves the idle state before it in place).
+            if (st.queued + st.running > 0 || !in_flight.empty())
+              st.stalled_s = seconds_between(last_progress, Clock::now());
+            return st;
           }(),
-          draining);
+          draining, std::chrono::duration<double>(opt.health_stall).count());
       if (!problem.empty()) throw ApiError(503, problem);
       json ok;
       ok["status"] = "ok";

@@ -32,6 +32,9 @@ struct ServerOptions {
   // On SIGINT/SIGTERM (or stop()), requests in flight get this long to finish; then they are
   // cancelled. A second signal cancels them at once.
   std::chrono::milliseconds shutdown_grace{30'000};
+  // /health answers 503 once the engine has made no progress for this long with requests waiting
+  // or running (0: never). An iteration of a large prompt on a CPU can take tens of seconds.
+  std::chrono::milliseconds health_stall{120'000};
   std::string log_requests;  // a JSON Lines file, one line per finished request ("" = none)
   ApiDefaults api;
   AccessOptions access;  // API keys, allowed Host names and web origins (server/access.h)

@@ -426,8 +426,13 @@ json models_body(const std::string& model, int64_t created, int64_t context_leng
   return j;
 }
 
-std::string health_problem(const EngineState& s, bool draining) {
+std::string health_problem(const EngineState& s, bool draining, double stall_limit_s) {
   if (draining) return "the server is shutting down";
+  if (stall_limit_s > 0 && s.stalled_s > stall_limit_s)
+    return fmt::format(
+        "the engine has made no progress for {:.0f} s ({} request(s) running, {} queued; the limit is {:.0f} "
+        "s)",
+        s.stalled_s, s.running, s.queued, stall_limit_s);
   if (s.running == 0 && s.kv_reserved > 0)
     return fmt::format(
         "{} of the K/V budget's {} bytes are reserved with no request running ({} queued): the reservation "

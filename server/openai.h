@@ -99,12 +99,17 @@ json models_body(const std::string& model, int64_t created, int64_t context_leng
 struct EngineState {
   int64_t queued = 0, running = 0;
   int64_t kv_reserved = 0, kv_budget = 0;  // bytes
+  // Seconds since the engine last made progress (finished an iteration that did work) while
+  // requests wait or run; 0 when it is idle with nothing to do.
+  double stalled_s = 0;
 };
 // Why the server cannot serve now (GET /health then answers 503 with it), or "" when it can: it is
-// shutting down, or K/V is reserved while no request runs. The scheduler releases a request's
-// reservation as it finishes, so a reservation with nothing running is one lost (issue 50's
-// starvation): requests then queue behind it forever, and only a restart frees it.
-std::string health_problem(const EngineState& s, bool draining);
+// shutting down; K/V is reserved while no request runs (the scheduler releases a request's
+// reservation as it finishes, so a reservation with nothing running is one lost, issue 50's
+// starvation: requests then queue behind it forever, and only a restart frees it); or, with
+// `stall_limit_s` > 0, the engine has made no progress for longer than that with work waiting (an
+// iteration that never ends: a hung kernel, a deadlock).
+std::string health_problem(const EngineState& s, bool draining, double stall_limit_s = 0);
 
 // A JSON document as text, invalid UTF-8 (a token cut inside a character) replaced by U+FFFD.
 std::string dump(const json& j);

@@ -516,6 +516,30 @@ TEST(Health, AReservationWithNothingRunningOrAShutdownIsUnhealthy) {
   EXPECT_NE(lost.find("restart"), std::string::npos) << lost;
   EXPECT_NE(health_problem(EngineState{0, 0, 1, 1000}, false), "");
   EXPECT_EQ(health_problem(EngineState{}, true), "the server is shutting down");
+  // No progress for longer than the limit with work waiting: a hung engine.
+  const std::string stuck = health_problem(EngineState{3, 1, 1000, 2000, 130}, false, 120);
+  EXPECT_NE(stuck.find("no progress for 130 s"), std::string::npos) << stuck;
+  EXPECT_EQ(health_problem(EngineState{3, 1, 1000, 2000, 110}, false, 120), "");
+  EXPECT_EQ(health_problem(EngineState{3, 1, 1000, 2000, 130}, false, 0), "");  // the check off
+}
+
+// Over a socket: an engine whose one iteration takes 600 ms, with a stall limit of 100 ms, is
+// unhealthy 300 ms into it (the last progress was its idle pass before the request: 300 ms ago at
+// least, however slow the machine), and healthy again once it is idle.
+TEST(Health, AnEngineThatMakesNoProgressIsUnhealthyUntilIdle) {
+  ServerOptions o = Running::options();
+  o.health_stall = 100ms;
+  Running srv(o, int64_t(64) << 20, 600ms);
+  const uint16_t p = srv.port();
+  EXPECT_EQ(request(p, http::verb::get, "/health").status, 200);
+  std::thread client([p] { post(p, "/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 1})"); });
+  std::this_thread::sleep_for(300ms);
+  const Reply busy = request(p, http::verb::get, "/health");
+  client.join();
+  EXPECT_EQ(busy.status, 503);
+  EXPECT_NE(busy.body.find("no progress"), std::string::npos) << busy.body;
+  std::this_thread::sleep_for(150ms);  // the engine's next idle pass (every 100 ms)
+  EXPECT_EQ(request(p, http::verb::get, "/health").status, 200);
 }
 
 // Bytes written on a raw socket, and what comes back before the server closes it (or `wait` ends).
