@@ -42,6 +42,9 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
                 "GET /health answers 503 once the engine has made no progress for this long with requests "
                 "waiting or running (default 120; 0: never)")
       ->check(CLI::Range(0.0, 86400.0));
+  s->add_option("--health-generate-timeout-s", a.health_generate_timeout_s,
+                "GET /health_generate (one token through the scheduler) answers 503 past this (default 30)")
+      ->check(CLI::Range(0.001, 3600.0));
   s->add_option("--metric-names", a.metric_names,
                 "Names in /metrics: lazyprefill (lazyprefill_*), vllm (vLLM's vllm:* with its labels and "
                 "buckets, for dashboards and autoscalers built for vLLM), or both (default)")
@@ -110,6 +113,7 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   so.body_timeout = ms(a.body_timeout_s);
   so.shutdown_grace = ms(a.shutdown_grace_s);
   so.health_stall = ms(a.health_stall_s);
+  so.health_generate_timeout = ms(a.health_generate_timeout_s);
   so.api.model_name = a.served_name.empty()
                           ? std::filesystem::path(path).filename().replace_extension().string()
                           : a.served_name;

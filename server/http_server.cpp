@@ -93,6 +93,7 @@ struct Server::Impl {
   asio::steady_timer grace{ioc};
   std::set<tcp::socket*> idle;   // connections waiting for their next request, closed on shutdown
   std::optional<Access> access;  // API keys, Host and Origin (built once the port is known)
+  std::string warm_problem;      // while warming up, or when the warm-up failed: /health's 503
   std::map<const beast::tcp_stream*, std::string> cors;  // a connection's allowed web origin
   bool destroying = false;  // ~Impl has begun: coroutine frames left in ioc touch nothing on their way out
   // Engine thread.
@@ -188,7 +189,8 @@ struct Server::Impl {
   }
 
   // Queues a parsed request; its callbacks (engine thread) post text and the end to `p`.
-  uint64_t submit(const ApiRequest& a, const std::shared_ptr<Pending>& p) {
+  // A probe (/health_generate, the warm-up) is counted in no metric and written to no log.
+  uint64_t submit(const ApiRequest& a, const std::shared_ptr<Pending>& p, bool probe = false) {
     RequestParams rp;
     rp.prompt = a.prompt;
     rp.max_tokens = a.max_tokens;
@@ -198,9 +200,9 @@ struct Server::Impl {
     rp.prune_seed = a.prune_seed;
     rp.stop_at_end_of_generation = !a.ignore_eos;
     auto side = std::make_shared<EngineSide>(m.tokenizer(), a.stop);
-    rp.on_token = [this, p, side](int32_t tok) {
+    rp.on_token = [this, p, side, probe](int32_t tok) {
       const auto now = Clock::now();
-      if (side->last_token != Clock::time_point{})
+      if (side->last_token != Clock::time_point{} && !probe)
         metrics.inter_token(seconds_between(side->last_token, now));
       side->last_token = now;
       std::string piece = side->text.push(tok);
@@ -212,10 +214,10 @@ struct Server::Impl {
       return !side->text.stopped();
     };
     const Endpoint e = a.endpoint;
-    rp.on_finish = [this, p, side, e](const RequestRecord& r) {
+    rp.on_finish = [this, p, side, e, probe](const RequestRecord& r) {
       std::string tail = r.finish == Finish::Length || r.finish == Finish::Stop ? side->text.finish() : "";
-      metrics.finished(r, m.config().n_layer);
-      if (log) write_log(r, e);
+      if (!probe) metrics.finished(r, m.config().n_layer);
+      if (log && !probe) write_log(r, e);
       outbox.push_back([p, tail = std::move(tail), r]() mutable {
         if (!tail.empty()) p->pieces.push_back(std::move(tail));
         p->done = r;
@@ -394,6 +396,47 @@ struct Server::Impl {
     s.expires_never();
   }
 
+  // A one-token greedy generation through the scheduler, queued and run as any request is (for
+  // /health_generate and the warm-up): its record, or nullopt when it has not finished within
+  // `timeout` (it is then cancelled).
+  awaitable<std::optional<RequestRecord>> generate_probe(std::chrono::milliseconds timeout) {
+    ApiRequest a;
+    a.prompt = m.tokenizer().encode("Hello", false, false);
+    if (a.prompt.empty()) a.prompt = {0};
+    a.max_tokens = 1;
+    a.ignore_eos = true;
+    auto p = std::make_shared<Pending>();
+    p->id = submit(a, p, true);
+    in_flight.insert(p->id);
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    p->waiter = &timer;
+    const auto until = asio::steady_timer::clock_type::now() + timeout;
+    while (!p->done && asio::steady_timer::clock_type::now() < until) {
+      timer.expires_at(until);
+      boost::system::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+    }
+    p->waiter = nullptr;
+    p->released = true;
+    in_flight.erase(p->id);
+    if (!p->done) {
+      sched.cancel(p->id);
+      co_return std::nullopt;
+    }
+    co_return p->done;
+  }
+
+  // The warm-up: /health answers 503 until the first generation has run (the kernels' first use,
+  // the K/V allocation), then 200, or keeps 503 with the engine's error.
+  awaitable<void> warm_up() {
+    const std::optional<RequestRecord> r = co_await generate_probe(std::chrono::minutes(30));
+    if (r && (r->finish == Finish::Length || r->finish == Finish::Stop))
+      warm_problem.clear();
+    else
+      warm_problem =
+          r ? "the warm-up generation failed: " + r->error : "the warm-up generation did not finish";
+  }
+
   awaitable<void> route(beast::tcp_stream& s, const Request& req, bool& keep_alive) {
     const std::string target(req.target());
     const std::string path = target.substr(0, target.find('?'));
@@ -416,7 +459,22 @@ struct Server::Impl {
       co_await write(s, res);
       co_return;
     }
-    if (path == "/health" && get) {
+    if (path == "/health_generate" && get) {
+      if (draining) throw ApiError(503, "the server is shutting down");
+      const auto t0 = Clock::now();
+      const std::optional<RequestRecord> r = co_await generate_probe(opt.health_generate_timeout);
+      if (!r)
+        throw ApiError(503, fmt::format("no token was generated within {:.0f} s",
+                                        std::chrono::duration<double>(opt.health_generate_timeout).count()));
+      if (r->finish != Finish::Length && r->finish != Finish::Stop)
+        throw ApiError(
+            503, "the probe generation failed: " + (r->error.empty() ? finish_name(r->finish) : r->error));
+      json ok;
+      ok["status"] = "ok";
+      ok["seconds"] = seconds_between(t0, Clock::now());
+      co_await send_json(s, req.version(), keep_alive, 200, ok);
+    } else if (path == "/health" && get) {
+      if (!warm_problem.empty()) throw ApiError(503, warm_problem);
       const std::string problem = health_problem(
           [&] {
             std::lock_guard lk(state_mu);
@@ -447,8 +505,8 @@ struct Server::Impl {
       if (draining) throw ApiError(503, "the server is shutting down");
       co_await completion(
           s, req, path == "/v1/completions" ? Endpoint::Completions : Endpoint::ChatCompletions, keep_alive);
-    } else if (path == "/health" || path == "/v1/models" || path == "/metrics" || path == "/v1/completions" ||
-               path == "/v1/chat/completions") {
+    } else if (path == "/health" || path == "/health_generate" || path == "/v1/models" ||
+               path == "/metrics" || path == "/v1/completions" || path == "/v1/chat/completions") {
       throw ApiError(405,
                      fmt::format("method {} is not allowed on {}", std::string(req.method_string()), path));
     } else {
@@ -648,6 +706,10 @@ void Server::run(bool handle_signals) {
     signals->async_wait(on_signal);
   }
   asio::co_spawn(s.ioc, s.accept_loop(), asio::detached);
+  if (s.opt.warm_up) {
+    s.warm_problem = "warming up: the first generation has not finished";
+    asio::co_spawn(s.ioc, s.warm_up(), asio::detached);
+  }
   s.cpu_at_start = thread_cpu_seconds();
   s.ioc.run();
   // Every connection has ended. Anything still in the scheduler (a request whose client left in

@@ -35,6 +35,10 @@ struct ServerOptions {
   // /health answers 503 once the engine has made no progress for this long with requests waiting
   // or running (0: never). An iteration of a large prompt on a CPU can take tens of seconds.
   std::chrono::milliseconds health_stall{120'000};
+  // GET /health_generate runs a one-token generation and answers 503 past this (SGLang's probe).
+  std::chrono::milliseconds health_generate_timeout{30'000};
+  // run() first generates one token (the warm-up); /health answers 503 until it has.
+  bool warm_up = true;
   std::string log_requests;  // a JSON Lines file, one line per finished request ("" = none)
   ApiDefaults api;
   AccessOptions access;  // API keys, allowed Host names and web origins (server/access.h)

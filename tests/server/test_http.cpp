@@ -94,6 +94,7 @@ struct Running {
     o.keep_alive = 500ms;
     o.max_body_bytes = 64 << 10;
     o.max_connections = 8;
+    o.warm_up = false;  // Health.WarmUpAndTheGenerationProbe turns it on
     return o;
   }
 };
@@ -521,6 +522,40 @@ TEST(Health, AReservationWithNothingRunningOrAShutdownIsUnhealthy) {
   EXPECT_NE(stuck.find("no progress for 130 s"), std::string::npos) << stuck;
   EXPECT_EQ(health_problem(EngineState{3, 1, 1000, 2000, 110}, false, 120), "");
   EXPECT_EQ(health_problem(EngineState{3, 1, 1000, 2000, 130}, false, 0), "");  // the check off
+}
+
+// The warm-up and the readiness probe: with the warm-up on, /health is 503 until the first
+// generation has run (each iteration here takes 300 ms), then 200; /health_generate runs one token
+// through the scheduler and answers 200, counted in no metric; with a timeout shorter than an
+// iteration it answers 503 and its request is cancelled.
+TEST(Health, WarmUpAndTheGenerationProbe) {
+  ServerOptions o = Running::options();
+  o.warm_up = true;
+  o.health_generate_timeout = 2000ms;
+  Running srv(o, int64_t(64) << 20, 300ms);
+  const uint16_t p = srv.port();
+  const Reply warming = request(p, http::verb::get, "/health");
+  EXPECT_EQ(warming.status, 503);
+  EXPECT_NE(warming.body.find("warming up"), std::string::npos) << warming.body;
+  int status = 503;
+  for (int i = 0; i < 100 && status == 503; ++i) {  // the warm-up's one iteration, however slow the machine
+    std::this_thread::sleep_for(50ms);
+    status = request(p, http::verb::get, "/health").status;
+  }
+  EXPECT_EQ(status, 200);
+  const Reply probe = request(p, http::verb::get, "/health_generate");
+  EXPECT_EQ(probe.status, 200) << probe.body;
+  EXPECT_EQ(parsed(probe)["status"], "ok");
+  EXPECT_EQ(metric(p, "lazyprefill_requests_total{outcome=\"length\"}"), -1);  // no request counted
+}
+
+TEST(Health, AGenerationProbePastItsTimeoutIs503) {
+  ServerOptions o = Running::options();
+  o.health_generate_timeout = 100ms;
+  Running srv(o, int64_t(64) << 20, 400ms);
+  const Reply probe = request(srv.port(), http::verb::get, "/health_generate");
+  EXPECT_EQ(probe.status, 503);
+  EXPECT_NE(probe.body.find("no token was generated within"), std::string::npos) << probe.body;
 }
 
 // Over a socket: an engine whose one iteration takes 600 ms, with a stall limit of 100 ms, is
