@@ -9,11 +9,11 @@
 #include <memory>
 
 #include "fuzz/fuzz_util.h"
+#include "fuzz/tiny_vocab.h"
 #include "model/config.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "server/openai.h"
-#include "tests/gguf_writer.h"
 
 namespace {
 
@@ -22,19 +22,12 @@ struct Setup {
   lp::ModelConfig c;
   lp::server::ApiDefaults d;
   Setup() {
-    const lp::testing::TinyVocab v = lp::testing::tiny_vocab();
-    lp::VocabData data;
-    data.model = "gpt2";
-    data.pre = "gpt2";
-    data.tokens = v.tokens;
-    data.merges = v.merges;
-    data.token_types = v.token_types;
-    data.bos_id = v.bos_id;
-    data.eos_id = v.eos_id;
+    lp::VocabData data = lp::fuzz::tiny_vocab_data();
+    const int n_vocab = int(data.tokens.size());
     tok = std::make_unique<lp::Tokenizer>(std::move(data));
     c.arch = "llama";
     c.n_layer = 2, c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.head_dim = 16, c.n_ff = 96;
-    c.n_vocab = int(v.tokens.size()), c.n_ctx_train = 256, c.rope_dim = 16;
+    c.n_vocab = n_vocab, c.n_ctx_train = 256, c.rope_dim = 16;
     d.model_name = "tiny";
     d.chat_max_tokens = 64;
   }

@@ -11,26 +11,17 @@
 #include <memory>
 
 #include "fuzz/fuzz_util.h"
+#include "fuzz/tiny_vocab.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "model/vocab.h"
-#include "tests/gguf_writer.h"
 
 namespace {
 const lp::Tokenizer& tokenizer() {
   static const std::unique_ptr<lp::Tokenizer> tok = [] {
     const char* path = std::getenv("LP_FUZZ_VOCAB");
     if (path && *path) return std::make_unique<lp::Tokenizer>(lp::vocab_from_gguf(lp::GgufFile::open(path)));
-    const lp::testing::TinyVocab v = lp::testing::tiny_vocab();
-    lp::VocabData d;
-    d.model = "gpt2";
-    d.pre = "gpt2";
-    d.tokens = v.tokens;
-    d.merges = v.merges;
-    d.token_types = v.token_types;
-    d.bos_id = v.bos_id;
-    d.eos_id = v.eos_id;
-    return std::make_unique<lp::Tokenizer>(std::move(d));
+    return std::make_unique<lp::Tokenizer>(lp::fuzz::tiny_vocab_data());
   }();
   return *tok;
 }
