@@ -116,7 +116,8 @@ void read_vocabulary(const GgufFile& f, ModelConfig& c) {
 }
 
 // The keys every architecture has: layers, width, query heads, training context, RoPE base and the
-// norms' epsilon, within the same plausibility bounds as config_from_gguf's.
+// norms' epsilon. The upper bounds are far above any released model but small enough that a corrupt
+// value cannot drive an allocation past memory: plausibility checks, not limits of the format.
 void read_common(const GgufFile& f, ModelConfig& c) {
   const std::string a = c.arch + ".";
   c.name = f.opt_string("general.name").value_or("");
@@ -613,23 +614,15 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.arch = f.get_string("general.architecture");
   if (!supported_arch(c.arch))
     fail("{}: general.architecture '{}' is not supported (supported: {})", f.path(), c.arch, kSupportedArchs);
-  c.name = f.opt_string("general.name").value_or("");
   const std::string a = c.arch + ".";
   const bool gemma = c.arch == "gemma3";
   const bool qwen3 = c.arch == "qwen3" || c.arch == "qwen3moe";
   c.rope_neox = c.arch == "qwen2" || qwen3 || gemma;
   c.qk_norm = qwen3 || gemma;
   c.post_norms = c.gelu = gemma;
-  // Upper bounds are far above any released model but small enough that a corrupt value
-  // cannot drive an allocation past memory: they are plausibility checks, not limits of the
-  // format.
-  c.n_layer = dim(f, a + "block_count", 1, 1024);
-  c.n_embd = dim(f, a + "embedding_length", 1, 1 << 16);
-  c.n_ff = dim(f, a + "feed_forward_length", 1, 1 << 18);
-  c.n_head = dim(f, a + "attention.head_count", 1, 1024);
+  read_common(f, c);
   c.n_head_kv =
       f.has(a + "attention.head_count_kv") ? dim(f, a + "attention.head_count_kv", 1, 1024) : c.n_head;
-  c.n_ctx_train = dim(f, a + "context_length", 1, 1 << 24);
   // The head width: attention.key_length where the file has it (Qwen3's 16 x 128 heads are wider
   // than its 1,024-wide model), else embedding_length / head_count.
   if (f.has(a + "attention.key_length")) {
@@ -646,10 +639,6 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.rope_dim = f.has(a + "rope.dimension_count") ? dim(f, a + "rope.dimension_count", 2, 1024) : c.head_dim;
   if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
     fail("{}: rope.dimension_count {} does not fit head width {}", f.path(), c.rope_dim, c.head_dim);
-  c.rope_theta = static_cast<float>(f.opt_float(a + "rope.freq_base").value_or(10000.0));
-  c.rms_eps = static_cast<float>(f.opt_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
-  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta) || !(c.rms_eps > 0) || c.rms_eps > 1)
-    fail("{}: rope.freq_base {} or layer_norm_rms_epsilon {} is invalid", f.path(), c.rope_theta, c.rms_eps);
   if (f.has(a + "rope.scaling.type")) {
     const std::string& st = f.get_string(a + "rope.scaling.type");
     if (gemma && st == "linear") {  // Gemma 3 4B and up: the global layers' positions scaled by 1/factor

@@ -117,6 +117,7 @@ Access::Access(AccessOptions o, std::string bound_host, uint16_t port)
     : o_(std::move(o)), bound_(lower(bound_host)), port_(port), loopback_(loopback_name(lower(bound_host))) {
   for (const std::string& k : o_.api_keys) key_digests_.push_back(sha256(k));
   for (std::string& h : o_.allowed_hosts) h = host_only(h);
+  for (std::string& origin : o_.allowed_origins) origin = lower(origin);
 }
 
 bool Access::host_allowed(std::string_view host) const {
@@ -128,8 +129,9 @@ bool Access::host_allowed(std::string_view host) const {
 }
 
 bool Access::origin_allowed(std::string_view origin) const {
+  const std::string asked = lower(origin);
   for (const std::string& a : o_.allowed_origins)
-    if (a == "*" || lower(a) == lower(origin)) return true;
+    if (a == "*" || a == asked) return true;
   // The server's own pages (none today) and a browser at its address: same origin.
   const size_t sep = origin.find("://");
   if (sep == std::string_view::npos) return false;
