@@ -58,6 +58,9 @@ class Admission {
   bool fits(double reservation, int64_t prompt_tokens) const;
   // Counts an admitted request: its reservation and the rows its prefill (or first chunk) takes.
   void take(double reservation, int64_t prompt_tokens);
+  // Bytes given back to the budget this iteration (the prefix cache's blocks evicted for a head
+  // that did not fit).
+  void release(double bytes) { reserved_ -= bytes; }
   // This iteration's first rows of a prefill admitted with take(): the whole prompt, or its first chunk.
   int64_t first_rows(int64_t prompt_tokens) const;
   double reserved_bytes() const { return reserved_; }

@@ -57,6 +57,11 @@ struct Scheduler::Request {
   std::optional<Sampler> sampler;
   std::vector<int32_t> generated;  // the last one is fed to the next decoding step
   std::vector<float> logits;
+  // The prefix cache: the kind of state this request reads and writes (none: it bypasses the cache),
+  // the hit admission found (pinned only inside admit()), and the blocks it loaded or saved.
+  std::optional<CacheKind> cache_kind;
+  PrefixCache::Hit hit;
+  std::vector<PrefixCache::BlockId> lineage;
   trace::Step stats;  // of the pass in flight
   Session::Pass pass;
 };
@@ -68,6 +73,8 @@ Scheduler::Scheduler(const Model& m, SchedulerOptions opt) : m_(m), opt_(std::mo
   if (!opt_.make_backend) internal_fail("the scheduler has no backend factory");
   const std::unique_ptr<Backend> probe = opt_.make_backend(1);
   kv_ = KvLayout{double(probe->kv_element_bytes()), probe->kv_block()};
+  if (opt_.prefix_cache && probe->copies_state())
+    cache_.emplace(m.config().n_layer, m.config().n_embd, opt_.prefix_block_tokens);
 }
 
 Scheduler::~Scheduler() = default;
@@ -99,6 +106,13 @@ uint64_t Scheduler::submit(RequestParams p) {
   if (r->reservation > opt_.kv_budget_bytes)
     fail("the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V, over the whole budget of {:.1f} MiB",
          T, p.max_tokens, double(r->reservation) / (1 << 20), double(opt_.kv_budget_bytes) / (1 << 20));
+  // Without pruning the cache holds every pair computed; with LazyLLM what it left. The other
+  // policies (a static set, random layers) bypass it: their decoding does not revive what a
+  // cached prefix lacks as LazyLLM's does (docs/serving.md).
+  if (!pruning)
+    r->cache_kind = CacheKind::Full;
+  else if (p.policy == PolicyKind::LazyLLM)
+    r->cache_kind = CacheKind::Pruned;
   r->rec.arrival = Clock::now();
   r->rec.prompt_tokens = T;  // as sent: with random-drop, the computed fraction says how many the model saw
   r->rec.policy = drop ? PolicyKind::RandomDrop : pruning ? p.policy : PolicyKind::None;
@@ -147,8 +161,22 @@ void Scheduler::take_inbox() {
   }
 }
 
+void Scheduler::save_prefix(Request& r, int64_t room) {
+  if (!cache_ || !r.cache_kind || !r.session) return;
+  try {
+    std::vector<int32_t> seq = r.p.prompt;
+    seq.insert(seq.end(), r.generated.begin(), r.generated.end());  // the held ones: Session::n_cached
+    cache_->save(*r.session, seq, *r.cache_kind, r.lineage, room);
+  } catch (...) {
+    // A copy that failed (no memory): the sequence stays uncached, the request goes on.
+  }
+}
+
 void Scheduler::finish(std::unique_ptr<Request> r, Finish f) {
   if (r->session) reserved_ -= r->reservation;
+  // A request that computed its prompt leaves its blocks in the cache (a failed pass's state is
+  // unknown: nothing of it is kept).
+  if (f != Finish::Error && !r->generated.empty()) save_prefix(*r, opt_.kv_budget_bytes - reserved_);
   r->session.reset();  // the K/V and the Aux Cache go now
   r->rec.finish = f;
   r->rec.finished = Clock::now();
@@ -214,12 +242,40 @@ void Scheduler::leave_cancelled() {
 // Admission (admission/admission.h), whole prefills: the queue's head while its reservation fits
 // the budget and its prompt the iteration's token budget; the decoding rows are already in it.
 void Scheduler::admit() {
-  Admission admission({double(opt_.kv_budget_bytes), opt_.max_batch_tokens, 0}, double(reserved_),
-                      int64_t(running_.size()));
+  // The cache's blocks count in the budget beside the reservations; a head that does not fit
+  // evicts them (least recently used first) before it waits.
+  const int64_t cache_bytes = prefix_cache_bytes();
+  Admission admission({double(opt_.kv_budget_bytes), opt_.max_batch_tokens, 0},
+                      double(reserved_ + cache_bytes), int64_t(running_.size()));
   while (!queue_.empty()) {
     Request& h = *queue_.front();
     const int64_t T = int64_t(h.p.prompt.size());
-    if (!admission.fits(double(h.reservation), T)) break;
+    // The longest cached prefix, leaving at least the last token to compute (its logits).
+    if (cache_ && h.cache_kind) h.hit = cache_->lookup(h.p.prompt, *h.cache_kind, T - 1);
+    // Fits, evicting unpinned blocks while the bytes are what is short.
+    const auto fits_evicting = [&](int64_t rows) {
+      while (!admission.fits(double(h.reservation), rows)) {
+        const int64_t before = prefix_cache_bytes();
+        const int64_t over = int64_t(admission.reserved_bytes()) + h.reservation - opt_.kv_budget_bytes;
+        const bool made = over > 0 && cache_ && cache_->make_room(before - over);
+        admission.release(double(before - prefix_cache_bytes()));
+        if (!made) return false;
+      }
+      return true;
+    };
+    int64_t rows = T - h.hit.tokens;
+    bool fits = fits_evicting(rows);
+    if (!fits && h.hit.tokens > 0 &&
+        int64_t(admission.reserved_bytes()) - prefix_cache_bytes() + h.reservation <= opt_.kv_budget_bytes) {
+      // Only the head's own hit, pinned, stands in the way: it computes its prompt in full.
+      cache_->release(h.hit);
+      rows = T;
+      fits = fits_evicting(rows);
+    }
+    if (!fits) {
+      if (cache_) cache_->release(h.hit);
+      break;
+    }
     auto r = std::move(queue_.front());
     queue_.pop_front();
     // Everything admission builds, before the reservation counts: a failure here (no memory for
@@ -234,13 +290,22 @@ void Scheduler::admit() {
         r->prune = PruneRequest{r->steps, r->policy.get()};
       }
       r->logits.resize(size_t(m_.config().n_vocab));
+      if (r->hit.tokens > 0) cache_->load(*r->session, r->hit);
     } catch (...) {
       r->rec.error = "admission: " + current_error();
+      if (cache_) cache_->release(r->hit);
       r->session.reset();  // finish() releases a reservation only for a request that has a session
       finish(std::move(r), Finish::Error);
       continue;
     }
-    admission.take(double(r->reservation), T);
+    if (cache_ && r->cache_kind) {
+      cache_->count_query(T, r->hit.tokens);
+      r->rec.cached_tokens = r->hit.tokens;
+      r->lineage = r->hit.blocks;
+      cache_->release(r->hit);
+      r->hit.tokens = r->rec.cached_tokens;  // the blocks are copied; the pass starts after them
+    }
+    admission.take(double(r->reservation), rows);
     reserved_ += r->reservation;
     r->rec.admitted = Clock::now();
     running_.push_back(std::move(r));
@@ -263,12 +328,17 @@ Scheduler::Batch Scheduler::begin_passes(size_t n_decoding) {
         const int32_t tok = r.generated.back();
         const int32_t p = int32_t(int64_t(r.p.prompt.size()) + int64_t(r.generated.size()) - 1);
         r.pass = r.session->begin_decode(tok, p, r.policy ? &r.prune : nullptr, &r.stats, nullptr);
-      } else {
-        std::vector<int32_t> pos(r.p.prompt.size());
-        std::iota(pos.begin(), pos.end(), 0);
+      } else {  // the prompt after its cached prefix (all of it without a hit)
+        const int64_t cached = r.hit.tokens, T = int64_t(r.p.prompt.size());
+        const std::span<const int32_t> ids = std::span<const int32_t>(r.p.prompt).subspan(size_t(cached));
+        std::vector<int32_t> pos(size_t(T - cached));
+        std::iota(pos.begin(), pos.end(), int32_t(cached));
         const int64_t last = int64_t(pos.size()) - 1;
-        r.pass = r.session->begin_forward(r.p.prompt, pos, {&last, 1}, r.steps.empty() ? nullptr : &r.prune,
-                                          &r.stats, nullptr);
+        if (cached > 0 && !r.steps.empty())  // LazyLLM after a cached prefix: revival's semantics
+          r.pass = r.session->begin_extend(ids, pos, r.prune, &r.stats, nullptr);
+        else
+          r.pass = r.session->begin_forward(ids, pos, {&last, 1}, r.steps.empty() ? nullptr : &r.prune,
+                                            &r.stats, nullptr);
       }
       b.members.push_back({r.session.get(), &r.pass, r.logits.data()});
       b.in_batch.push_back(&r);
@@ -316,6 +386,8 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         r->rec.first_token = done_at;
         // Decoding needs one row: the prompt's activations go back (revivals grow them again).
         r->session->backend().release_activations(kDecodeRows);
+        // The prompt's blocks, for the requests behind it (this one's reservation is counted).
+        save_prefix(*r, opt_.kv_budget_bytes - reserved_);
       } else {
         for (const int64_t n : r->stats.revived) r->rec.revivals += n;
       }

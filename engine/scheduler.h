@@ -31,6 +31,7 @@
 
 #include "admission/admission.h"
 #include "engine/generate.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "pruning/policy.h"
@@ -56,6 +57,7 @@ struct RequestRecord {
   int64_t revivals = 0;
   int64_t kv_bytes_after_prefill = 0;
   int64_t aux_cache_bytes = 0;
+  int64_t cached_tokens = 0;  // the prompt's prefix copied from the prefix cache, not computed
 };
 
 struct RequestParams {
@@ -76,6 +78,12 @@ struct RequestParams {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
   int64_t kv_budget_bytes = int64_t(1) << 30;
+  // The prefix cache (engine/prefix_cache.h): blocks of this many tokens, held inside the K/V
+  // budget beside the reservations and evicted least recently used when a request or a newer
+  // block needs the room. Off: every prompt computed in full. On a backend that cannot copy its
+  // state (Backend::copies_state) it is off whatever this says.
+  bool prefix_cache = true;
+  int64_t prefix_block_tokens = 16;
   // Makes a request's backend for a capacity of n_ctx tokens. The scheduler makes one of capacity
   // 1 as it starts, to read the K/V layout reservations count in (Backend::kv_element_bytes,
   // Backend::kv_block).
@@ -115,6 +123,14 @@ class Scheduler {
   int64_t queued() const { return int64_t(queue_.size()); }
   int64_t running() const { return int64_t(running_.size()); }
   int64_t kv_bytes_reserved() const { return reserved_; }
+  // The prefix cache: whether it is on, the bytes and blocks it holds, its counters (tokens looked
+  // up and found, blocks evicted).
+  bool prefix_cache() const { return bool(cache_); }
+  int64_t prefix_cache_bytes() const { return cache_ ? cache_->bytes() : 0; }
+  int64_t prefix_cache_blocks() const { return cache_ ? cache_->blocks() : 0; }
+  PrefixIndex::Counters prefix_cache_counters() const {
+    return cache_ ? cache_->counters() : PrefixIndex::Counters{};
+  }
   int64_t kv_bytes_in_use() const;
   int64_t aux_cache_bytes() const;
   int64_t budget_bytes() const { return opt_.kv_budget_bytes; }
@@ -139,6 +155,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Request>> queue_;
   std::vector<std::unique_ptr<Request>> running_;
   int64_t reserved_ = 0;
+  std::optional<PrefixCache> cache_;
   std::atomic<int64_t> iterations_{0};
   std::atomic<double> busy_s_{0}, step_s_{0};  // written by the step() thread only
 
@@ -148,6 +165,9 @@ class Scheduler {
   void take_inbox();
   void leave_cancelled();  // cancelled requests leave first, queued or running
   void admit();            // the queue's head while it fits (admission/admission.h)
+  // The prefix cache: the blocks of r's sequence saved (after its prefill, and as it leaves);
+  // a failure there is the cache's, never the request's.
+  void save_prefix(Request& r, int64_t room);
   // A pass begun for every running request: the first n_decoding decode a token, the rest (just
   // admitted) prefill. Those whose pass could not begin go to `failed` with rec.error set.
   struct Batch;

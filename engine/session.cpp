@@ -383,32 +383,44 @@ Session::Pass Session::begin_decode(int32_t id, int32_t p, const PruneRequest* p
     const int64_t row = 0;
     return begin_forward({&id, 1}, {&p, 1}, {&row, 1}, nullptr, stats, timers);
   }
-  const PruneRequest& prune = *prune_or_null;
+  return begin_extend({&id, 1}, {&p, 1}, *prune_or_null, stats, timers);
+}
+
+Session::Pass Session::begin_extend(std::span<const int32_t> ids, std::span<const int32_t> pos,
+                                    const PruneRequest& prune, trace::Step* stats, OpTimers* timers) {
   const ModelConfig& c = m_.config();
   Backend& b = *be_;
-  if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
+  const int64_t T = int64_t(ids.size());
+  if (T == 0) fail("decoding: no tokens");
+  if (pos.size() != ids.size()) fail("decoding: {} ids but {} positions", ids.size(), pos.size());
+  for (const int32_t id : ids)
+    if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", id, c.n_vocab);
   if (!prune.policy) fail("decode_step: no pruning policy");
-  if (n_cached() + 1 > n_ctx()) fail("context full: {} cached + 1 new token exceed {}", n_cached(), n_ctx());
+  if (n_cached() + T > n_ctx())
+    fail("context full: {} cached + {} new tokens exceed {}", n_cached(), T, n_ctx());
   // Layer 0 holds every token in position order (nothing is pruned before it).
   const KvIndex& kv0 = kv_[0];
-  if (p < 0 || (kv0.n() > 0 && p <= kv0.pos.back())) fail("decode_step: position must be new");
+  for (int64_t t = 0; t < T; ++t)
+    if (pos[t] < 0 || (t == 0 && kv0.n() > 0 && pos[t] <= kv0.pos.back()) || (t > 0 && pos[t] <= pos[t - 1]))
+      fail("decode_step: position must be new");
   if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
-  reset_stats(stats, c.n_layer, "decode", 1, c.moe());
+  reset_stats(stats, c.n_layer, "decode", T, c.moe());
 
   Pass ps;
   ps.decode = true;
-  ps.new_pos = p;
+  ps.new_pos = pos.back();
   ps.prune = &prune;
   ps.stats = stats;
   ps.timers = timers;
-  // The step's active set (positions, ascending): every token, the new one last.
+  // The step's active set (positions, ascending): every token, the new ones last.
   ps.active.assign(kv0.pos.begin(), kv0.pos.end());
-  ps.active.push_back(p);
-  // Rows computed in this step (ascending positions, the new token last); backend row i holds rows[i].
-  ps.rows = {p};
+  ps.active.insert(ps.active.end(), pos.begin(), pos.end());
+  // Rows computed in this step (ascending positions, the last new token last); backend row i
+  // holds rows[i].
+  ps.rows.assign(pos.begin(), pos.end());
   b.set_rows(ps.rows);
   ps.rows_changed = false;
-  timed(timers, c.n_layer, Op::Embed, OpShape{1, 0, 0}, [&] { b.embed({&id, 1}); });
+  timed(timers, c.n_layer, Op::Embed, OpShape{T, 0, 0}, [&] { b.embed(ids); });
   return ps;
 }
 
@@ -573,6 +585,100 @@ int64_t Session::kv_token_bytes(int l) const {
   return 2 * hkv * c.head_dim * be_->kv_element_bytes();
 }
 
+int64_t TokenStates::bytes() const {
+  int64_t b = int64_t(depth.size() * sizeof(uint16_t) + aux.size() * sizeof(float));
+  for (const auto& k : kv) b += int64_t(k.size());
+  return b;
+}
+
+bool TokenStates::full(int n_layer) const {
+  return std::all_of(depth.begin(), depth.end(), [n_layer](uint16_t d) { return d == n_layer; });
+}
+
+std::optional<TokenStates> Session::save_states(int32_t first, int64_t n) {
+  const int L = m_.config().n_layer;
+  if (first < 0 || n < 0 || first + n > n_cached())
+    fail("saving tokens [{}, {}): the session holds {}", first, first + n, n_cached());
+  TokenStates st;
+  st.first = first;
+  st.depth.resize(size_t(n));
+  st.kv.resize(size_t(L));
+  std::vector<int64_t> entries;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t p = first + int32_t(i);
+    int d = 0;
+    while (d < L && kv_[size_t(d)].find(p) >= 0) ++d;
+    if (d == 0) return std::nullopt;
+    for (int l = d + 1; l < L; ++l)
+      if (kv_[size_t(l)].find(p) >= 0) return std::nullopt;  // a gap: not a depth
+    if (d < L) {
+      const int64_t e = aux_.find(p);
+      if (e < 0 || aux_.layer[size_t(e)] != d) return std::nullopt;
+      entries.push_back(e);
+    }
+    st.depth[size_t(i)] = uint16_t(d);
+  }
+  std::vector<int32_t> slots;
+  for (int l = 0; l < L; ++l) {
+    slots.clear();
+    for (int64_t i = 0; i < n; ++i)
+      if (st.depth[size_t(i)] > l) slots.push_back(int32_t(kv_[size_t(l)].find(first + int32_t(i))));
+    st.kv[size_t(l)].resize(slots.size() * size_t(kv_token_bytes(l)));
+    be_->kv_read(l, slots, st.kv[size_t(l)]);
+  }
+  const int64_t D = m_.config().n_embd;
+  st.aux.resize(entries.size() * size_t(D));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::vector<float> x = be_->aux_state(entries[i]);
+    std::copy(x.begin(), x.end(), st.aux.begin() + int64_t(i) * D);
+  }
+  return st;
+}
+
+void Session::load_states(std::span<const TokenStates* const> blocks) {
+  const int L = m_.config().n_layer;
+  if (n_cached() != 0 || aux_.size() != 0) fail("loading a prefix into a session that holds tokens");
+  int32_t next = 0;
+  for (const TokenStates* b : blocks) {
+    if (b->first != next) fail("loading a prefix: a block starts at {}, not {}", b->first, next);
+    if (int(b->kv.size()) != L) fail("loading a prefix: a block of {} layers for {}", b->kv.size(), L);
+    next += int32_t(b->n());
+  }
+  std::vector<int32_t> pos;
+  std::vector<std::byte> rows;
+  for (int l = 0; l < L; ++l) {
+    pos.clear();
+    for (const TokenStates* b : blocks)
+      for (int64_t i = 0; i < b->n(); ++i)
+        if (b->depth[size_t(i)] > l) pos.push_back(b->first + int32_t(i));
+    const size_t half = pos.size() * size_t(kv_token_bytes(l)) / 2;  // all of K, then all of V
+    rows.resize(2 * half);
+    size_t k = 0, v = half;
+    for (const TokenStates* b : blocks) {
+      const std::vector<std::byte>& kv = b->kv[size_t(l)];
+      const size_t h = kv.size() / 2;
+      if (k + h > half) fail("loading a prefix: layer {} holds more K/V than its tokens' depths say", l);
+      std::copy_n(kv.begin(), h, rows.begin() + std::ptrdiff_t(k));
+      std::copy_n(kv.begin() + std::ptrdiff_t(h), h, rows.begin() + std::ptrdiff_t(v));
+      k += h;
+      v += h;
+    }
+    if (k != half) fail("loading a prefix: layer {} holds less K/V than its tokens' depths say", l);
+    import_kv(l, pos, rows);
+  }
+  std::vector<int64_t> entries;
+  std::vector<float> states;
+  const int64_t D = m_.config().n_embd;
+  for (const TokenStates* b : blocks) {
+    for (int64_t i = 0; i < b->n(); ++i)
+      if (b->depth[size_t(i)] < L) entries.push_back(aux_.put(b->first + int32_t(i), b->depth[size_t(i)]));
+    states.insert(states.end(), b->aux.begin(), b->aux.end());
+  }
+  if (int64_t(states.size()) != int64_t(entries.size()) * D)
+    fail("loading a prefix: {} Aux Cache floats for {} states", states.size(), entries.size());
+  be_->aux_load(entries, states);
+}
+
 void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
                       std::span<const int64_t> logit_rows, float* logits, const PruneRequest* prune,
                       trace::Step* stats, OpTimers* timers) {
@@ -584,6 +690,14 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
 void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest* prune, trace::Step* stats,
                           OpTimers* timers) {
   Pass ps = begin_decode(id, p, prune, stats, timers);
+  run_layers(BatchMember{this, &ps, logits});
+  head(ps);
+  lm_head(ps, logits);
+}
+
+void Session::extend(std::span<const int32_t> ids, std::span<const int32_t> pos, float* logits,
+                     const PruneRequest& prune, trace::Step* stats, OpTimers* timers) {
+  Pass ps = begin_extend(ids, pos, prune, stats, timers);
   run_layers(BatchMember{this, &ps, logits});
   head(ps);
   lm_head(ps, logits);

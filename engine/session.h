@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -92,6 +93,24 @@ struct AuxCache {
   // plan says where each merged row's state comes from. Throws lp::Error when a token has no
   // state for layer l.
   RowMerge plan_revival(int l, std::vector<int32_t>& rows, const std::vector<int32_t>& revive) const;
+};
+
+// What a session holds for tokens [first, first + n): a prefix cache block's payload
+// (engine/prefix_cache.h). Every token's K/V covers a run of layers from the first, [0, depth):
+// a prefill prunes a token at some layer and keeps its state (the input of the next layer) in the
+// Aux Cache, and a revival computes it from there on until a later pruning layer drops it again,
+// its state saved one layer deeper. So a token is its depth, its K/V at the layers below it and,
+// below the last layer, its Aux Cache state at that depth; a prefix computed in full is every
+// token at depth L. The K/V of layer l: the rows of the tokens deeper than l, in position order,
+// all of K then all of V (Backend::kv_read's rows).
+struct TokenStates {
+  int32_t first = 0;
+  std::vector<uint16_t> depth;             // [n]
+  std::vector<std::vector<std::byte>> kv;  // [L]
+  std::vector<float> aux;                  // [tokens shallower than L][D], in position order
+  int64_t n() const { return int64_t(depth.size()); }
+  int64_t bytes() const;
+  bool full(int n_layer) const;  // every token at depth L: what a pass without pruning leaves
 };
 
 class Session {
@@ -192,6 +211,23 @@ class Session {
   void import_kv(int l, std::span<const int32_t> pos, std::span<const std::byte> rows, bool anywhere = false);
   void export_kv(int l, int64_t n, std::span<std::byte> out);
   int64_t kv_token_bytes(int l) const;
+
+  // The prefix cache's copies. save_states: the tokens [first, first + n) as TokenStates; nullopt
+  // when one of them is not held in the shape TokenStates describes (a policy that leaves gaps).
+  // load_states: blocks of consecutive tokens from position 0 into an empty session, K/V and Aux
+  // Cache both, as if this session had computed them (the at-most-once rule counts them as done).
+  std::optional<TokenStates> save_states(int32_t first, int64_t n);
+  void load_states(std::span<const TokenStates* const> blocks);
+  // A pass over new tokens after a loaded prefix, with LazyLLM's decoding semantics for all of them
+  // at once (a decoding step of several new rows): every held token starts active, each pruning
+  // step's selection is the last new token's, a selected token without K/V at a layer is revived
+  // from the Aux Cache, the new tokens not selected leave with their states saved (as a prefill
+  // prunes). Logits for the last new token only. On an empty session it is the pruned prefill.
+  Pass begin_extend(std::span<const int32_t> ids, std::span<const int32_t> pos, const PruneRequest& prune,
+                    trace::Step* stats, OpTimers* timers);
+  // begin_extend's pass run alone; logits [V] of the last new token.
+  void extend(std::span<const int32_t> ids, std::span<const int32_t> pos, float* logits,
+              const PruneRequest& prune, trace::Step* stats = nullptr, OpTimers* timers = nullptr);
 
   int64_t n_cached() const { return kv_[0].n(); }
   int64_t n_ctx() const { return be_->capacity(); }

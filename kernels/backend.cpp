@@ -10,5 +10,11 @@ void Backend::kv_export(int, int64_t, std::span<std::byte>) {
 void Backend::kv_import(int, std::span<const int32_t>, std::span<const std::byte>) {
   fail("this backend cannot take K/V from another process (KV-Runahead runs on the CPU backend)");
 }
+void Backend::kv_read(int, std::span<const int32_t>, std::span<std::byte>) {
+  fail("this backend cannot copy its K/V out (the prefix cache runs on the CPU backend)");
+}
+void Backend::aux_load(std::span<const int64_t>, std::span<const float>) {
+  fail("this backend cannot load Aux Cache states (the prefix cache runs on the CPU backend)");
+}
 
 }  // namespace lp

@@ -177,6 +177,12 @@ class Backend {
   virtual void kv_export(int layer, int64_t n, std::span<std::byte> out);
   virtual void kv_import(int layer, std::span<const int32_t> pos, std::span<const std::byte> rows);
   virtual std::vector<float> aux_state(int64_t entry) = 0;
+  // The prefix cache (engine/prefix_cache.h) copies a sequence's state out and into another
+  // session: the K/V of the listed slots as kv_export's rows, and Aux Cache states [n][D] written
+  // to entries. Whether this backend can (a backend without them refuses, and serves uncached).
+  virtual bool copies_state() const { return false; }
+  virtual void kv_read(int layer, std::span<const int32_t> slots, std::span<std::byte> out);
+  virtual void aux_load(std::span<const int64_t> entries, std::span<const float> states);
 };
 
 }  // namespace lp

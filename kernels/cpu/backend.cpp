@@ -351,6 +351,26 @@ void CpuBackend::kv_import(int l, std::span<const int32_t> pos, std::span<const 
   kv.import_rows(rows.data(), pos.data(), n);
 }
 
+void CpuBackend::kv_read(int l, std::span<const int32_t> slots, std::span<std::byte> out) {
+  const LayerKV& kv = kv_[size_t(l)];
+  if (int64_t(out.size()) != 2 * int64_t(slots.size()) * kv.row_bytes())
+    fail("KV read: {} bytes for {} tokens of {} bytes (K and V)", out.size(), slots.size(),
+         2 * kv.row_bytes());
+  kv.export_slots(slots, out.data());
+}
+
+void CpuBackend::aux_load(std::span<const int64_t> entries, std::span<const float> states) {
+  const int64_t D = D_;
+  if (int64_t(states.size()) != int64_t(entries.size()) * D)
+    fail("Aux Cache load: {} floats for {} states of {}", states.size(), entries.size(), D);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i] < 0) fail("Aux Cache load: entry {}", entries[i]);
+    const size_t end = size_t(entries[i] + 1) * size_t(D);
+    if (aux_.size() < end) aux_.resize(end);
+    std::copy_n(states.data() + int64_t(i) * D, D, aux_.data() + entries[i] * D);
+  }
+}
+
 std::vector<int32_t> CpuBackend::kv_positions(int l) {
   const LayerKV& kv = kv_[size_t(l)];
   std::vector<int32_t> out(kv.pos.begin(), kv.pos.begin() + kv.n);

@@ -28,6 +28,9 @@ class CpuBackend : public Backend {
   int64_t kv_block() const override { return kKeyBlock; }
   void kv_export(int layer, int64_t n, std::span<std::byte> out) override;
   void kv_import(int layer, std::span<const int32_t> pos, std::span<const std::byte> rows) override;
+  bool copies_state() const override { return true; }
+  void kv_read(int layer, std::span<const int32_t> slots, std::span<std::byte> out) override;
+  void aux_load(std::span<const int64_t> entries, std::span<const float> states) override;
   void set_rows(std::span<const int32_t> pos) override;
   void embed(std::span<const int32_t> ids) override;
   void rmsnorm(Norm n, int layer) override;

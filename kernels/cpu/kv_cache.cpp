@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "model/error.h"
 #include "model/quant.h"
 
@@ -88,16 +90,19 @@ void LayerKV::append(const float* k, int64_t ldk, const float* vv, int64_t ldv, 
 }
 
 namespace {
-// The first n slots' K then V as rows [n][Hkv*Dh], from (and back into) a storage of elements T.
+// n slots' K then V as rows [n][Hkv*Dh] (slot i: `slots[i]`, or i when `slots` is empty), from
+// (and back into) a storage of elements T.
 template <class T>
-void export_as(const LayerKV& kv, const T* kt, const T* v, int64_t n, T* out) {
+void export_as(const LayerKV& kv, const T* kt, const T* v, std::span<const int32_t> slots, int64_t n,
+               T* out) {
   const int64_t W = kv.Hkv * kv.Dh;
-  for (int64_t s = 0; s < n; ++s)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots.empty() ? i : slots[size_t(i)];
     for (int64_t g = 0; g < kv.Hkv; ++g)
-      for (int64_t d = 0; d < kv.Dh; ++d) {
-        out[s * W + g * kv.Dh + d] = kt[kv.kt_index(g, d, s)];
-        out[(n + s) * W + g * kv.Dh + d] = v[kv.v_index(g, s) + d];
-      }
+      for (int64_t d = 0; d < kv.Dh; ++d) out[i * W + g * kv.Dh + d] = kt[kv.kt_index(g, d, s)];
+    for (int64_t g = 0; g < kv.Hkv; ++g)
+      std::copy_n(v + kv.v_index(g, s), kv.Dh, out + (n + i) * W + g * kv.Dh);
+  }
 }
 template <class T>
 void import_as(LayerKV& kv, T* kt, T* v, const T* in, int64_t T_rows) {
@@ -116,9 +121,20 @@ void import_as(LayerKV& kv, T* kt, T* v, const T* in, int64_t T_rows) {
 void LayerKV::export_rows(int64_t n_slots, std::byte* out) const {
   if (n_slots < 0 || n_slots > n) fail("KV export: {} slots asked, {} held", n_slots, n);
   if (type == KvType::F32)
-    export_as(*this, kt.data(), v.data(), n_slots, reinterpret_cast<float*>(out));
+    export_as(*this, kt.data(), v.data(), {}, n_slots, reinterpret_cast<float*>(out));
   else
-    export_as(*this, kt16.data(), v16.data(), n_slots, reinterpret_cast<uint16_t*>(out));
+    export_as(*this, kt16.data(), v16.data(), {}, n_slots, reinterpret_cast<uint16_t*>(out));
+}
+
+void LayerKV::export_slots(std::span<const int32_t> slots, std::byte* out) const {
+  for (const int32_t s : slots)
+    if (s < 0 || s >= n) fail("KV export: slot {} of {} held", s, n);
+  const int64_t m = int64_t(slots.size());
+  if (m == 0) return;
+  if (type == KvType::F32)
+    export_as(*this, kt.data(), v.data(), slots, m, reinterpret_cast<float*>(out));
+  else
+    export_as(*this, kt16.data(), v16.data(), slots, m, reinterpret_cast<uint16_t*>(out));
 }
 
 void LayerKV::import_rows(const std::byte* in, const int32_t* p, int64_t T) {

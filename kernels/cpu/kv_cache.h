@@ -68,6 +68,9 @@ struct LayerKV {
   // such rows appended at positions pos[T] (ascending within the call, as append).
   int64_t row_bytes() const { return Hkv * Dh * kv_type_bytes(type); }
   void export_rows(int64_t n_slots, std::byte* out) const;
+  // The same rows of the listed slots (the prefix cache's copy of a pruned sequence, whose slots
+  // are not the first n).
+  void export_slots(std::span<const int32_t> slots, std::byte* out) const;
   void import_rows(const std::byte* in, const int32_t* pos, int64_t T);
 };
 

@@ -14,11 +14,14 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
+#include <random>
 #include <set>
 #include <vector>
 
 #include "engine/session.h"
 #include "kernels/context.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ref.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -217,6 +220,118 @@ TEST_P(Revival, MultiStepDecodeMatchesDenseFormulation) {
   }
   if (rc.policy == PolicyKind::RandomLayers && rc.T > 8) {
     EXPECT_GT(revivals, 0);  // random re-selects
+  }
+}
+
+// The prefix cache's LazyLLM semantics (engine/prefix_cache.h) against the same dense formulation:
+// request A (a document and its question) prefills pruned and decodes; the document's blocks of
+// its state are saved and loaded into a new session, where request B's question runs as one
+// decoding step of several rows (Session::extend). The reference continues from A's state with
+// A's question and answer forgotten: each of B's rows starts from the state A left (or is
+// revived from it at exactly the layer its state was saved at) and no pair A computed is computed
+// again. The same, loaded twice and saved again, is the same bytes.
+TEST(Revival, ACachedPrefixResumesAsTheDenseFormulation) {
+  testing::TempDir dir;
+  testing::TinyModelSpec spec;
+  spec.n_layer = 4;
+  const std::string path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+  const GgufFile f = GgufFile::open(path);
+  const ModelConfig c = config_from_gguf(f);
+  CpuContext ctx(2);
+  const auto m = Model::load(path, DType::F32, ctx);
+  const auto steps = resolve_schedule(parse_schedule("0:0.5,2:0.5"), c.n_layer);
+  auto policy = make_policy(PolicyKind::LazyLLM, 3);
+  const PruneRequest req{steps, policy.get()};
+  std::mt19937 rng(7);
+  const int32_t doc = 32, qa = 9, qb = 7;  // the document: two blocks of 16
+  std::vector<int32_t> ids(static_cast<size_t>(doc + qa)), pos(ids.size());
+  for (auto& i : ids) i = int32_t(rng() % uint32_t(c.n_vocab));
+  std::iota(pos.begin(), pos.end(), 0);
+
+  // A: prefill, then three decoding steps (revivals reach into the document).
+  Session a(ctx, *m, doc + qa + 3);
+  Dense ref(f, c);
+  std::vector<float> logits(size_t(c.n_vocab));
+  trace::Step st;
+  const int64_t last = int64_t(ids.size()) - 1;
+  a.forward(ids, pos, {&last, 1}, logits.data(), &req, &st);
+  std::vector<int64_t> computed;
+  ref.step(ids, pos, steps, testing::kept_of(st), &computed);
+  for (int d = 0; d < 3; ++d) {
+    const int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t p = doc + qa + d;
+    a.decode_step(tok, p, logits.data(), &req, &st);
+    ref.step({tok}, {p}, steps, testing::kept_of(st), &computed);
+  }
+  const std::optional<TokenStates> b0 = a.save_states(0, 16), b1 = a.save_states(16, 16);
+  ASSERT_TRUE(b0 && b1);
+  EXPECT_FALSE(b0->full(c.n_layer) && b1->full(c.n_layer)) << "nothing of the document was pruned";
+  for (int l = 0; l < c.n_layer; ++l)  // the reference forgets A's question and answer
+    for (auto* kv : {&ref.k[size_t(l)], &ref.v[size_t(l)]}) kv->erase(kv->lower_bound(doc), kv->end());
+  ref.state.erase(ref.state.lower_bound(doc), ref.state.end());
+
+  Session b(ctx, *m, doc + qb);
+  const TokenStates* blocks[] = {&*b0, &*b1};
+  b.load_states(blocks);
+  for (int l = 0; l < c.n_layer; ++l)
+    for (int32_t p = 0; p < doc; ++p) EXPECT_EQ(b.computed(l, p), a.computed(l, p)) << l << " " << p;
+  std::vector<int32_t> q(static_cast<size_t>(qb)), qpos(q.size());
+  for (auto& i : q) i = int32_t(rng() % uint32_t(c.n_vocab));
+  std::iota(qpos.begin(), qpos.end(), doc);
+  b.extend(q, qpos, logits.data(), req, &st);  // at most once: a recomputed pair would throw
+  const std::vector<float> want = ref.step(q, qpos, steps, testing::kept_of(st), &computed);
+  EXPECT_EQ(st.queries, computed);
+  for (size_t j = 0; j < want.size(); ++j) ASSERT_NEAR(logits[j], want[j], 1e-4 * rms(want)) << j;
+  int64_t revived = 0;
+  for (int l = 0; l < c.n_layer; ++l)
+    for (const int32_t p : (*st.revived_positions)[size_t(l)]) {
+      EXPECT_LT(p, doc);
+      EXPECT_FALSE(a.computed(l, p)) << "revived where A computed it";
+      ++revived;
+    }
+  EXPECT_GT(revived, 0) << "B's question revived nothing of the document";
+
+  // Saved from B, the document's blocks are A's with B's revivals: each token as deep or deeper.
+  const std::optional<TokenStates> c0 = b.save_states(0, 16);
+  ASSERT_TRUE(c0);
+  for (int64_t i = 0; i < 16; ++i) EXPECT_GE(c0->depth[size_t(i)], b0->depth[size_t(i)]);
+  // A round trip is the same bytes.
+  Session again(ctx, *m, 16);
+  const TokenStates* one[] = {&*b0};
+  again.load_states(one);
+  const std::optional<TokenStates> back = again.save_states(0, 16);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->depth, b0->depth);
+  EXPECT_EQ(back->kv, b0->kv);
+  EXPECT_EQ(back->aux, b0->aux);
+}
+
+// On an empty session the extending pass is LazyLLM's pruned prefill, bit for bit: the same
+// logits, the same pairs computed, the same states saved.
+TEST(Revival, ExtendingAnEmptySessionIsThePrunedPrefill) {
+  testing::TempDir dir;
+  testing::TinyModelSpec spec;
+  spec.n_layer = 4;
+  const std::string path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+  CpuContext ctx(2);
+  for (const DType dt : {DType::F32, DType::Int8}) {
+    const auto m = Model::load(path, dt, ctx);
+    const auto steps = resolve_schedule(parse_schedule("0:0.4,1:0.5"), m->config().n_layer);
+    auto policy = make_policy(PolicyKind::LazyLLM, 3);
+    const PruneRequest req{steps, policy.get()};
+    std::vector<int32_t> ids = testing::random_ids(50, m->config().n_vocab, 4), pos(ids.size());
+    std::iota(pos.begin(), pos.end(), 0);
+    Session cold(ctx, *m, 64), ext(ctx, *m, 64);
+    std::vector<float> want(size_t(m->config().n_vocab)), got(want.size());
+    const int64_t last = int64_t(ids.size()) - 1;
+    cold.forward(ids, pos, {&last, 1}, want.data(), &req);
+    ext.extend(ids, pos, got.data(), req);
+    EXPECT_EQ(got, want) << dtype_name(dt);
+    const auto sc = cold.save_states(0, 48), se = ext.save_states(0, 48);
+    ASSERT_TRUE(sc && se);
+    EXPECT_EQ(sc->depth, se->depth);
+    EXPECT_EQ(sc->kv, se->kv);
+    EXPECT_EQ(sc->aux, se->aux);
   }
 }
 

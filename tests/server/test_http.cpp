@@ -494,7 +494,10 @@ TEST(Server, MetricNamesOursVllmsOrBoth) {
     o.lazyprefill_metric_names = ours;
     o.vllm_metric_names = vllms;
     Running srv(o);
-    ASSERT_EQ(post(srv.port(), "/v1/completions", R"({"prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": true})").status, 200);
+    ASSERT_EQ(
+        post(srv.port(), "/v1/completions", R"({"prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": true})")
+            .status,
+        200);
     const std::string text = request(srv.port(), http::verb::get, "/metrics").body;
     EXPECT_EQ(text.find("lazyprefill_") != std::string::npos, ours);
     EXPECT_EQ(text.find("vllm:") != std::string::npos, vllms);
