@@ -24,6 +24,7 @@ std::string request_log_line(const RequestLogLine& r) {
   j["e2e_s"] = r.finished_s - r.arrival_s;
   j["prompt_tokens"] = r.prompt_tokens;
   j["output_tokens"] = r.output_tokens;
+  if (r.cached_tokens) j["cached_tokens"] = *r.cached_tokens;
   if (!r.finish.empty()) j["finish"] = r.finish;
   if (!r.error.empty()) j["error"] = r.error;
   j["prune"] = r.prune;
@@ -82,6 +83,13 @@ RequestLogLine parse_request_log_line(std::string_view line, std::string_view wh
   r.revivals = whole("revivals");
   r.kv_bytes_after_prefill = whole("kv_bytes_after_prefill");
   r.aux_cache_bytes = whole("aux_cache_bytes");
+  if (j.contains("cached_tokens")) {
+    const auto c = json_integer(j["cached_tokens"], 0, r.prompt_tokens);
+    if (!c)
+      fail("{}: cached_tokens must be a whole number from 0 to prompt_tokens ({}), got {}", where,
+           r.prompt_tokens, j["cached_tokens"].dump());
+    r.cached_tokens = *c;
+  }
   r.simulated = j.contains("simulated") && j["simulated"].is_boolean() && j["simulated"].get<bool>();
   return r;
 }

@@ -24,6 +24,7 @@ struct RequestLogLine {
   std::string prune = "none", schedule;
   double prompt_tokens_computed_fraction = 1;
   std::optional<int64_t> revivals, kv_bytes_after_prefill, aux_cache_bytes;  // the engine's
+  std::optional<int64_t> cached_tokens;  // of the prompt, from the prefix cache (0..prompt_tokens)
   bool simulated = false;
   bool failed() const { return finish == "error" || !error.empty(); }
 };
@@ -32,7 +33,7 @@ struct RequestLogLine {
 std::string request_log_line(const RequestLogLine& r);
 // One line read back. Throws lp::Error "<where>: <problem>": not a JSON object, no number
 // arrival_s, prompt_tokens or output_tokens, a negative or non-finite arrival, counts that are not
-// whole numbers, or nested deeper than JSON inputs may be.
+// whole numbers, cached_tokens outside 0..prompt_tokens, or nested deeper than JSON inputs may be.
 RequestLogLine parse_request_log_line(std::string_view line, std::string_view where);
 
 }  // namespace lp

@@ -14,6 +14,8 @@
 #include <pthread.h>
 #include <time.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -292,5 +294,87 @@ void BM_ServeOverhead(benchmark::State& st) {
 }
 
 BENCHMARK(BM_ServeOverhead)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+
+// The prefix cache (engine/prefix_cache.h): questions over one shared document, each request
+// alone, cold (a scheduler without the cache) and cached (with it, the document's blocks left by
+// an earlier request), alternated question by question in one run. A request's TTFT is its first
+// iteration (admission, the copy of the cached blocks, the prefill of the rest, the first token).
+// Arguments: the policy (0: none, 1: LazyLLM with the default schedule), the questions (the
+// issue's 16), the document's tokens (2,048) and a question's (32). Counters: the median TTFT of
+// each, their ratio (the target for none: at least 10), and the cache's own work as shares
+// of the cached runs' step time: hashing and matching (lookup_%, target under 1) and copying.
+//
+//   build/lp_bench --benchmark_filter='PrefixCacheTtft'
+void BM_PrefixCacheTtft(benchmark::State& st) {
+  const bool lazy = st.range(0) == 1;
+  const int questions = int(st.range(1)), doc_tokens = int(st.range(2)), q_tokens = int(st.range(3));
+  const lp::Model& m = int8_model();
+  const auto options = [&m](bool cache) {
+    lp::SchedulerOptions so;
+    so.kv_budget_bytes = int64_t(1) << 30;
+    so.prefix_cache = cache;
+    so.max_batch_tokens = 4096;
+    so.make_backend = [&m](int64_t n_ctx) -> std::unique_ptr<lp::Backend> {
+      return std::make_unique<lp::CpuBackend>(ctx(), m.config(), m.weights(), n_ctx);
+    };
+    return so;
+  };
+  std::mt19937 rng(5);
+  const auto ids = [&](int n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& id : v) id = int32_t(100 + rng() % 40000);
+    return v;
+  };
+  const std::vector<int32_t> doc = ids(doc_tokens);
+  // One request to its end; returns its TTFT (its first step), seconds.
+  const auto ttft = [&](lp::Scheduler& s, const std::vector<int32_t>& q) {
+    lp::RequestParams p;
+    p.prompt = doc;
+    p.prompt.insert(p.prompt.end(), q.begin(), q.end());
+    p.max_tokens = 4;
+    p.stop_at_end_of_generation = false;
+    p.policy = lazy ? lp::PolicyKind::LazyLLM : lp::PolicyKind::None;
+    p.schedule = lp::default_schedule();
+    s.submit(std::move(p));
+    const auto t0 = std::chrono::steady_clock::now();
+    s.step();
+    const double first = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    while (s.step()) {
+    }
+    return first;
+  };
+  std::vector<double> cold, warm;
+  double lookup = 0, copy = 0, steps = 0;
+  for (auto _ : st) {
+    lp::Scheduler off(m, options(false)), on(m, options(true));
+    ttft(on, ids(q_tokens));  // the first question leaves the document in the cache
+    const double l0 = on.prefix_lookup_seconds(), c0 = on.prefix_copy_seconds(), s0 = on.step_seconds();
+    for (int i = 0; i < questions; ++i) {
+      const std::vector<int32_t> q = ids(q_tokens);
+      cold.push_back(ttft(off, q));
+      warm.push_back(ttft(on, q));
+    }
+    lookup += on.prefix_lookup_seconds() - l0;
+    copy += on.prefix_copy_seconds() - c0;
+    steps += on.step_seconds() - s0;
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  st.counters["cold_ttft_ms"] = 1e3 * median(cold);
+  st.counters["cached_ttft_ms"] = 1e3 * median(warm);
+  st.counters["speedup"] = median(cold) / median(warm);
+  st.counters["lookup_%"] = 100 * lookup / steps;
+  st.counters["copy_%"] = 100 * copy / steps;
+}
+
+BENCHMARK(BM_PrefixCacheTtft)
+    ->ArgNames({"lazy", "questions", "doc", "q"})
+    ->Args({0, 16, 2048, 32})
+    ->Args({1, 16, 2048, 32})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 }  // namespace

@@ -301,6 +301,8 @@ struct ServeArgs {
                      backend = "cpu", log_requests;
   int port = 8000, threads = default_thread_count(), max_connections = 256;
   int64_t max_batch_tokens = 2048, kv_budget_mib = 1024, max_body_kib = 4096, chat_max_tokens = 512;
+  bool no_prefix_cache = false;
+  int64_t prefix_block_tokens = 16;
   double header_timeout_s = 10, body_timeout_s = 30, shutdown_grace_s = 30, health_stall_s = 120,
          health_generate_timeout_s = 30;
   std::vector<std::string> api_keys, allowed_hosts, allowed_origins;

@@ -74,6 +74,12 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
                 "K/V memory requests may reserve (prompt + max_tokens each, and the Aux Cache); a request "
                 "waits until its reservation fits")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  s->add_flag("--no-prefix-cache", a.no_prefix_cache,
+              "Compute every prompt in full (by default a prompt reuses the K/V, and with LazyLLM the pruned "
+              "state, of the longest prefix an earlier request left in the cache, inside the K/V budget)");
+  s->add_option("--prefix-block-tokens", a.prefix_block_tokens,
+                "Tokens per prefix cache block: a prompt reuses whole blocks (default 16, as vLLM's)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
   s->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
   s->add_option("--dtype", a.dtype, "Compute dtype, as for run: auto, f32, bf16, int8")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
@@ -144,6 +150,8 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   SchedulerOptions sched;
   sched.max_batch_tokens = a.max_batch_tokens;
   sched.kv_budget_bytes = a.kv_budget_mib << 20;
+  sched.prefix_cache = !a.no_prefix_cache;
+  sched.prefix_block_tokens = a.prefix_block_tokens;
   const Model& m = *model;
   if (a.backend == "cuda")
     sched.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };
@@ -163,6 +171,10 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
              so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, srv.port(),
              loopback ? "this machine only" : "reachable from the network", a.prune, a.kv_budget_mib,
              kv_dtype, a.threads);
+  if (!a.no_prefix_cache && !srv.scheduler().prefix_cache())
+    fmt::print(stderr,
+               "lazyprefill serve: no prefix cache: the {} backend cannot copy its K/V between sessions\n",
+               a.backend);
   if (!loopback && so.access.api_keys.empty())
     fmt::print(stderr,
                "lazyprefill serve: warning: listening beyond this machine without an API key: anyone who can "

@@ -59,7 +59,15 @@ int64_t PrefixCache::save(Session& s, std::span<const int32_t> tokens, CacheKind
     if (id >= 0) {
       const bool ours = ours_before && lineage[size_t(i)] == id;
       if (!ours && kind == CacheKind::Pruned) break;  // another run's state: not ours to extend
-      if (ours && kind == CacheKind::Pruned) {        // bring it up to what this request computed
+      // Bring it up to what this request computed, when it computed more of it (the depths first:
+      // most blocks of a long prompt gain nothing, and their copy would cost as much as a new one).
+      const auto deeper = [&] {
+        const std::vector<uint16_t> now = s.depths(int32_t(i * B), B), &then = states_.at(id).depth;
+        for (size_t t = 0; t < now.size(); ++t)
+          if (now[t] > then[t]) return true;
+        return false;
+      };
+      if (ours && kind == CacheKind::Pruned && deeper()) {
         const std::optional<TokenStates> now = s.save_states(int32_t(i * B), B);
         if (!now) break;
         if (std::optional<TokenStates> deeper = deeper_states(states_.at(id), *now, n_layer_, width_)) {

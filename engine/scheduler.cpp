@@ -28,6 +28,12 @@ std::string current_error() {
   }
 }
 
+// x += s for a counter only the step() thread writes (others may read it).
+void add_seconds(std::atomic<double>& x, Clock::time_point from, Clock::time_point to) {
+  x.store(x.load(std::memory_order_relaxed) + std::chrono::duration<double>(to - from).count(),
+          std::memory_order_relaxed);
+}
+
 }  // namespace
 
 const char* finish_name(Finish f) {
@@ -163,10 +169,12 @@ void Scheduler::take_inbox() {
 
 void Scheduler::save_prefix(Request& r, int64_t room) {
   if (!cache_ || !r.cache_kind || !r.session) return;
+  const auto t0 = Clock::now();
   try {
     std::vector<int32_t> seq = r.p.prompt;
     seq.insert(seq.end(), r.generated.begin(), r.generated.end());  // the held ones: Session::n_cached
     cache_->save(*r.session, seq, *r.cache_kind, r.lineage, room);
+    add_seconds(copy_s_, t0, Clock::now());
   } catch (...) {
     // A copy that failed (no memory): the sequence stays uncached, the request goes on.
   }
@@ -214,12 +222,6 @@ int64_t Scheduler::aux_cache_bytes() const {
 // Rows of activations a request keeps between iterations after its prefill.
 constexpr int64_t kDecodeRows = 16;
 
-// x += s for a counter only the step() thread writes (others may read it).
-void add_seconds(std::atomic<double>& x, Clock::time_point from, Clock::time_point to) {
-  x.store(x.load(std::memory_order_relaxed) + std::chrono::duration<double>(to - from).count(),
-          std::memory_order_relaxed);
-}
-
 void Scheduler::leave_cancelled() {
   for (auto it = queue_.begin(); it != queue_.end();)
     if ((*it)->cancelled) {
@@ -251,7 +253,11 @@ void Scheduler::admit() {
     Request& h = *queue_.front();
     const int64_t T = int64_t(h.p.prompt.size());
     // The longest cached prefix, leaving at least the last token to compute (its logits).
-    if (cache_ && h.cache_kind) h.hit = cache_->lookup(h.p.prompt, *h.cache_kind, T - 1);
+    if (cache_ && h.cache_kind) {
+      const auto t0 = Clock::now();
+      h.hit = cache_->lookup(h.p.prompt, *h.cache_kind, T - 1);
+      add_seconds(lookup_s_, t0, Clock::now());
+    }
     // Fits, evicting unpinned blocks while the bytes are what is short.
     const auto fits_evicting = [&](int64_t rows) {
       while (!admission.fits(double(h.reservation), rows)) {
@@ -290,7 +296,11 @@ void Scheduler::admit() {
         r->prune = PruneRequest{r->steps, r->policy.get()};
       }
       r->logits.resize(size_t(m_.config().n_vocab));
-      if (r->hit.tokens > 0) cache_->load(*r->session, r->hit);
+      if (r->hit.tokens > 0) {
+        const auto t0 = Clock::now();
+        cache_->load(*r->session, r->hit);
+        add_seconds(copy_s_, t0, Clock::now());
+      }
     } catch (...) {
       r->rec.error = "admission: " + current_error();
       if (cache_) cache_->release(r->hit);

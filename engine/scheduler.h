@@ -140,6 +140,10 @@ class Scheduler {
   int64_t iterations() const { return iterations_.load(std::memory_order_relaxed); }
   double busy_seconds() const { return busy_s_.load(std::memory_order_relaxed); }
   double step_seconds() const { return step_s_.load(std::memory_order_relaxed); }
+  // Cumulative seconds of the prefix cache's work: hashing prompts and matching blocks, and copying
+  // blocks into sessions and out of them (both inside step_seconds).
+  double prefix_lookup_seconds() const { return lookup_s_.load(std::memory_order_relaxed); }
+  double prefix_copy_seconds() const { return copy_s_.load(std::memory_order_relaxed); }
 
  private:
   struct Request;
@@ -158,6 +162,7 @@ class Scheduler {
   std::optional<PrefixCache> cache_;
   std::atomic<int64_t> iterations_{0};
   std::atomic<double> busy_s_{0}, step_s_{0};  // written by the step() thread only
+  std::atomic<double> lookup_s_{0}, copy_s_{0};
 
   std::vector<std::string> callback_failures_;  // on_finish callbacks that threw, this step
 

@@ -595,6 +595,14 @@ bool TokenStates::full(int n_layer) const {
   return std::all_of(depth.begin(), depth.end(), [n_layer](uint16_t d) { return d == n_layer; });
 }
 
+std::vector<uint16_t> Session::depths(int32_t first, int64_t n) const {
+  const int L = m_.config().n_layer;
+  std::vector<uint16_t> d(size_t(std::max<int64_t>(n, 0)));
+  for (int64_t i = 0; i < n; ++i)
+    while (d[size_t(i)] < L && kv_[d[size_t(i)]].find(first + int32_t(i)) >= 0) ++d[size_t(i)];
+  return d;
+}
+
 std::optional<TokenStates> Session::save_states(int32_t first, int64_t n) {
   const int L = m_.config().n_layer;
   if (first < 0 || n < 0 || first + n > n_cached())

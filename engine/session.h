@@ -217,6 +217,8 @@ class Session {
   // load_states: blocks of consecutive tokens from position 0 into an empty session, K/V and Aux
   // Cache both, as if this session had computed them (the at-most-once rule counts them as done).
   std::optional<TokenStates> save_states(int32_t first, int64_t n);
+  // Each token's depth (the layers from the first that hold its K/V), as save_states counts it.
+  std::vector<uint16_t> depths(int32_t first, int64_t n) const;
   void load_states(std::span<const TokenStates* const> blocks);
   // A pass over new tokens after a loaded prefix, with LazyLLM's decoding semantics for all of them
   // at once (a decoding step of several new rows): every held token starts active, each pruning

@@ -179,6 +179,7 @@ struct Server::Impl {
     l.schedule = r.schedule;
     l.prompt_tokens_computed_fraction = r.prompt_tokens_computed_fraction;
     l.revivals = r.revivals;
+    l.cached_tokens = r.cached_tokens;
     l.kv_bytes_after_prefill = r.kv_bytes_after_prefill;
     l.aux_cache_bytes = r.aux_cache_bytes;
     try {
@@ -373,6 +374,7 @@ struct Server::Impl {
     o.finish_reason = r.finish == Finish::Length ? "length" : "stop";
     o.prompt_tokens = r.prompt_tokens;
     o.completion_tokens = r.output_tokens;
+    o.cached_tokens = r.cached_tokens;
     o.policy = policy_name(r.policy);
     o.schedule = r.schedule;
     o.prompt_tokens_computed_fraction = r.prompt_tokens_computed_fraction;

@@ -36,13 +36,13 @@ prometheus::Histogram& histogram(prometheus::Registry& reg, const char* name, co
 
 // vLLM's names (vllm/v1/metrics/loggers.py: PrometheusStatLogger), with its buckets and its labels
 // model_name and engine ("0": one engine), for what this server measures alike. Not here: what it
-// has no counterpart of yet (prefix-cache queries and hits, speculative decoding, LoRA); preemptions
-// are exposed at 0 (the scheduler reserves instead of preempting).
+// has no counterpart of yet (speculative decoding, LoRA); preemptions are exposed at 0 (the
+// scheduler reserves instead of preempting).
 struct Metrics::Vllm {
   std::shared_ptr<prometheus::Registry> reg = std::make_shared<prometheus::Registry>();
   prometheus::Labels labels;
   prometheus::Gauge *running, *waiting, *kv_usage;
-  prometheus::Counter *prompt, *generation, *preemptions;
+  prometheus::Counter *prompt, *generation, *preemptions, *cache_queries, *cache_hits;
   prometheus::Family<prometheus::Counter>* success;
   prometheus::Histogram *ttft, *itl, *tpot, *e2e, *queue, *prompt_tokens, *generation_tokens;
 
@@ -73,6 +73,10 @@ struct Metrics::Vllm {
     prompt = &c("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
     generation = &c("vllm:generation_tokens_total", "Number of generation tokens processed.");
     preemptions = &c("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.");
+    cache_queries =
+        &c("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.");
+    cache_hits =
+        &c("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.");
     success = &prometheus::BuildCounter()
                    .Name("vllm:request_success_total")
                    .Help("Count of successfully processed requests.")
@@ -141,6 +145,16 @@ Metrics::Metrics(MetricsOptions o) : o_(std::move(o)), reg_(std::make_shared<pro
                     latency);
   e2e_ = &histogram(r, "lazyprefill_e2e_request_latency_seconds", "Arrival to finish", latency);
   queue_ = &histogram(r, "lazyprefill_request_queue_seconds", "Arrival to admission", latency);
+  cache_bytes_ =
+      &gauge(r, "lazyprefill_prefix_cache_bytes",
+             "Bytes the prefix cache holds (inside the K/V budget, evicted when requests need them)");
+  cache_blocks_ = &gauge(r, "lazyprefill_prefix_cache_blocks", "Blocks the prefix cache holds");
+  cache_queries_ = &counter(r, "lazyprefill_prefix_cache_queried_tokens_total",
+                            "Prompt tokens looked up in the prefix cache");
+  cache_hits_ = &counter(r, "lazyprefill_prefix_cache_hit_tokens_total",
+                         "Of those, the tokens found (copied, not computed)");
+  cache_evictions_ = &counter(r, "lazyprefill_prefix_cache_evicted_blocks_total",
+                              "Blocks evicted from the prefix cache to make room");
   computed_share_ = &histogram(r, "lazyprefill_prompt_computed_share",
                                "Per request: the share of its prompt's (token, layer) pairs computed",
                                {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1});
@@ -200,6 +214,20 @@ void Metrics::engine_state(const Scheduler& s) {
     // tokens (K/V and the Aux Cache).
     vllm_->kv_usage->Set(s.budget_bytes() > 0 ? double(s.kv_bytes_in_use()) / double(s.budget_bytes()) : 0.0);
   }
+  // The scheduler's cache counters are cumulative; each is added here by what it grew since.
+  const PrefixIndex::Counters c = s.prefix_cache_counters();
+  const double dq = double(c.queries - cache_seen_.queries), dh = double(c.hits - cache_seen_.hits),
+               de = double(c.evictions - cache_seen_.evictions);
+  cache_seen_ = c;
+  if (vllm_) {
+    vllm_->cache_queries->Increment(dq);
+    vllm_->cache_hits->Increment(dh);
+  }
+  cache_queries_->Increment(dq);
+  cache_hits_->Increment(dh);
+  cache_evictions_->Increment(de);
+  cache_bytes_->Set(double(s.prefix_cache_bytes()));
+  cache_blocks_->Set(double(s.prefix_cache_blocks()));
   queued_->Set(double(s.queued()));
   running_->Set(double(s.running()));
   kv_in_use_->Set(double(s.kv_bytes_in_use()));

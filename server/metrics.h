@@ -59,6 +59,9 @@ class Metrics {
   prometheus::Gauge *queued_, *running_, *kv_in_use_, *kv_reserved_, *kv_budget_, *aux_, *iterations_, *busy_,
       *server_cpu_;
   prometheus::Histogram *ttft_, *itl_, *e2e_, *queue_, *computed_share_;
+  prometheus::Gauge *cache_bytes_, *cache_blocks_;
+  prometheus::Counter *cache_queries_, *cache_hits_, *cache_evictions_;
+  PrefixIndex::Counters cache_seen_;  // the scheduler's counters at the last engine_state
 };
 
 }  // namespace lp::server

@@ -343,6 +343,7 @@ json usage(const Outcome& o) {
   u["prompt_tokens"] = o.prompt_tokens;
   u["completion_tokens"] = o.completion_tokens;
   u["total_tokens"] = o.prompt_tokens + o.completion_tokens;
+  u["prompt_tokens_details"] = {{"cached_tokens", o.cached_tokens}};  // OpenAI's (and vLLM's) field
   return u;
 }
 

@@ -75,6 +75,7 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
 struct Outcome {
   std::string finish_reason;  // "stop" or "length"
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of the prompt, from the prefix cache (usage.prompt_tokens_details)
   // The "lazyprefill" block of the response: what pruning did.
   std::string policy, schedule;
   double prompt_tokens_computed_fraction = 1;

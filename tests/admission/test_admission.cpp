@@ -218,6 +218,7 @@ TEST(RequestLog, ALineReadsBackAsItWasWritten) {
   l.prune = "lazyllm", l.schedule = "0.5:0.5";
   l.prompt_tokens_computed_fraction = 0.625;
   l.revivals = 3, l.kv_bytes_after_prefill = 1 << 20, l.aux_cache_bytes = 4096;
+  l.cached_tokens = 256;
   const std::string text = request_log_line(l);
   ASSERT_EQ(text.back(), '\n');
   const auto j = nlohmann::json::parse(text);
@@ -234,6 +235,7 @@ TEST(RequestLog, ALineReadsBackAsItWasWritten) {
   EXPECT_EQ(r.prompt_tokens_computed_fraction, 0.625);
   EXPECT_EQ(r.revivals, 3);
   EXPECT_EQ(r.aux_cache_bytes, 4096);
+  EXPECT_EQ(r.cached_tokens, 256);
   RequestLogLine s;
   s.arrival_s = 0.5, s.prompt_tokens = 10, s.output_tokens = 2, s.simulated = true;
   const auto sj = nlohmann::json::parse(request_log_line(s));
@@ -255,6 +257,11 @@ TEST(RequestLog, ALineReadsBackAsItWasWritten) {
             0u);
   EXPECT_EQ(refused(R"({"arrival_s": 1, "prompt_tokens": 3.5, "output_tokens": 1})")
                 .rfind("f.jsonl:4: token counts", 0),
+            0u);
+  EXPECT_EQ(refused(R"({"arrival_s": 1, "prompt_tokens": 3, "output_tokens": 1, "cached_tokens": 4})"),
+            "f.jsonl:4: cached_tokens must be a whole number from 0 to prompt_tokens (3), got 4");
+  EXPECT_EQ(refused(R"({"arrival_s": 1, "prompt_tokens": 3, "output_tokens": 1, "cached_tokens": -1})")
+                .rfind("f.jsonl:4: cached_tokens", 0),
             0u);
 }
 

@@ -17,6 +17,7 @@
 #include <utility>  // before Asio (Boost 1.74)
 #include <vector>
 
+#include "admission/request_log.h"
 #include "engine/generate.h"
 #include "kernels/context.h"
 #include "kernels/cpu/backend.h"
@@ -511,6 +512,63 @@ TEST(Server, MetricNamesOursVllmsOrBoth) {
           1);
       EXPECT_EQ(metric(srv.port(), "vllm:num_preemptions_total" + labels), 0);
     }
+  }
+}
+
+// The prefix cache through the API: a second prompt sharing the first's 40-token start finds its
+// two full blocks (usage.prompt_tokens_details.cached_tokens, OpenAI's field), answers what the
+// engine answers cold, and both name sets and the request log count it; with the cache off
+// nothing is found.
+TEST(Server, APrefixCacheHitShowsInUsageMetricsAndTheLog) {
+  std::vector<int32_t> doc(40);
+  for (size_t i = 0; i < doc.size(); ++i) doc[i] = int32_t(3 + (i * 7) % 50);
+  const auto with = [&](std::vector<int32_t> tail) {
+    std::vector<int32_t> p = doc;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const auto body = [](const std::vector<int32_t>& p, bool stream) {
+    return R"({"temperature": 0, "max_tokens": 4, "ignore_eos": true, "prompt": )" + ids_json(p) +
+           (stream ? R"(, "stream": true, "stream_options": {"include_usage": true}})" : "}");
+  };
+  for (const bool cache : {true, false}) {
+    testing::TempDir dir;
+    ServerOptions o = Running::options();
+    o.log_requests = dir.file("requests.jsonl");
+    SchedulerOptions so;
+    so.kv_budget_bytes = int64_t(64) << 20;
+    so.prefix_cache = cache;
+    so.make_backend = [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+      return std::make_unique<CpuBackend>(ctx(), tiny().config(), tiny().weights(), n_ctx);
+    };
+    {
+      Server srv(tiny(), std::move(so), o);
+      std::thread t([&] { srv.run(false); });
+      const uint16_t p = srv.port();
+      const json first = parsed(post(p, "/v1/completions", body(with({60, 61, 62}), false)));
+      EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+      const std::vector<int32_t> second = with({70, 71});
+      const json again = parsed(post(p, "/v1/completions", body(second, false)));
+      EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], cache ? 32 : 0);
+      EXPECT_EQ(again["choices"][0]["text"], greedy_alone(second, 4).first);
+      const Reply streamed = post(p, "/v1/completions", body(second, true));
+      EXPECT_NE(streamed.body.find(cache ? R"("cached_tokens":32)" : R"("cached_tokens":0)"),
+                std::string::npos)
+          << streamed.body;
+      const double prompts = double(with({60, 61, 62}).size() + 2 * second.size());
+      const std::string labels = "{engine=\"0\",model_name=\"tiny\"}";
+      EXPECT_EQ(metric(p, "vllm:prefix_cache_queries_total" + labels), cache ? prompts : 0);
+      EXPECT_EQ(metric(p, "vllm:prefix_cache_hits_total" + labels), cache ? 64 : 0);
+      EXPECT_EQ(metric(p, "lazyprefill_prefix_cache_hit_tokens_total"), cache ? 64 : 0);
+      EXPECT_EQ(metric(p, "lazyprefill_prefix_cache_blocks") > 0, cache);
+      srv.stop();
+      t.join();
+    }
+    std::ifstream log(o.log_requests);
+    std::vector<int64_t> cached;
+    for (std::string line; std::getline(log, line);)
+      cached.push_back(parse_request_log_line(line, "log").cached_tokens.value_or(-1));
+    EXPECT_EQ(cached, (std::vector<int64_t>{0, cache ? 32 : 0, cache ? 32 : 0}));
   }
 }
 
