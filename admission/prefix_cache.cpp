@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/error.h"
 
@@ -116,6 +117,37 @@ PrefixIndex::BlockId PrefixIndex::evict_one() {
     blocks_.erase(id);
     ++counters_.evictions;
     return id;
+  }
+  return -1;
+}
+
+bool PrefixIndex::make_room(int64_t room, const std::function<void(BlockId)>& evicted) {
+  while (bytes_ > room) {
+    const BlockId id = evict_one();
+    if (id < 0) return false;
+    if (evicted) evicted(id);
+  }
+  return true;
+}
+
+int64_t admit_with_cache(Admission& a, PrefixIndex& ix, std::vector<PrefixIndex::BlockId>& hit,
+                         int64_t hit_tokens, double reservation, int64_t T, double budget,
+                         const std::function<void(PrefixIndex::BlockId)>& evicted) {
+  const auto fits_evicting = [&](int64_t rows) {
+    while (!a.fits(reservation, rows)) {
+      const int64_t before = ix.bytes();
+      const double over = a.reserved_bytes() + reservation - budget;
+      const bool made = over > 0 && ix.make_room(before - int64_t(std::ceil(over)), evicted);
+      a.release(double(before - ix.bytes()));
+      if (!made) return false;
+    }
+    return true;
+  };
+  if (fits_evicting(T - hit_tokens)) return T - hit_tokens;
+  if (hit_tokens > 0 && a.reserved_bytes() - double(ix.bytes()) + reservation <= budget) {
+    ix.unpin(hit);
+    hit.clear();
+    if (fits_evicting(T)) return T;
   }
   return -1;
 }

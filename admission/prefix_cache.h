@@ -17,10 +17,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
+
+#include "admission/admission.h"
 
 namespace lp {
 
@@ -54,6 +57,9 @@ class PrefixIndex {
   // Evicts the least recently used unpinned leaf: its id, or -1 when every block is pinned or has
   // a child.
   BlockId evict_one();
+  // Evicts (evict_one) until the index holds at most `room` bytes, telling `evicted` each block;
+  // false when what is pinned, and every block under it, holds more.
+  bool make_room(int64_t room, const std::function<void(BlockId)>& evicted = {});
 
   int64_t bytes() const { return bytes_; }
   int64_t blocks() const { return int64_t(blocks_.size()); }
@@ -92,5 +98,17 @@ class PrefixIndex {
 
   void touch(BlockId id, Block& b);
 };
+
+// The queue's head against an iteration's admission (admission.h) when a prefix cache shares the
+// budget: `a` was built with the reservations and the cache's bytes. The head has found `hit`
+// (pinned in `ix`), covering hit_tokens of its T-token prompt. It fits with its hit (T - hit_tokens
+// rows), evicting unpinned blocks, least recently used first, while bytes are what is short; when
+// only its own pinned hit stands in the way (its reservation alone would fit), it drops the hit
+// (unpinned, cleared) and fits without it, computing its prompt in full rather than waiting on the
+// cache. Returns the rows its prefill computes now, or -1 when it does not fit (its hit stays
+// pinned for the caller to release).
+int64_t admit_with_cache(Admission& a, PrefixIndex& ix, std::vector<PrefixIndex::BlockId>& hit,
+                         int64_t hit_tokens, double reservation, int64_t T, double budget,
+                         const std::function<void(PrefixIndex::BlockId)>& evicted = {});
 
 }  // namespace lp

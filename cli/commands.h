@@ -209,6 +209,9 @@ struct SimulateServingArgs {
   double slo_ttft_ms = 0, slo_itl_ms = 0, tolerance = 0.01;
   std::string out;
   std::string log_requests;  // one run's simulated requests, as serve --log-requests writes them
+  bool prefix_cache = false;
+  int64_t prefix_block_tokens = 16;
+  std::string shared_prefix;  // TOKENS:GROUPS
 };
 CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a);
 int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub);
@@ -291,7 +294,7 @@ struct EvalArgs {
   std::string grid;  // "single-layer": the paper's Figure 6 grid instead of --schedule
   int samples = 20, threads = 0, agreement_tokens = 8, drop_seeds = 5;
   uint64_t seed = 1;
-  bool json_out = false, with_prompts = false;
+  bool json_out = false, with_prompts = false, prefix_cache = false;
 };
 CLI::App* add_eval(CLI::App& app, EvalArgs& a);
 int cmd_eval(const EvalArgs& a, const CLI::App& sub);

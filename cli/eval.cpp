@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "engine/session.h"
+#include "evals/prefix_eval.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "kernels/context.h"
 #include "kernels/weights.h"
@@ -330,6 +331,10 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   e->add_option("--corpus", a.corpus, "The text (default: the KJV extract scripts/setup installs)");
   e->add_option("--out", a.out, "Folder for eval.json and one speed-accuracy SVG per task and length");
   e->add_flag("--json", a.json_out, "Print the JSON instead of the table");
+  e->add_flag("--prefix-cache", a.prefix_cache,
+              "Instead: every question of each kv or mdqa text in turn, cold and with the prefix cache (the "
+              "first question leaves the text's blocks), per method, none included; accuracy and TTFT of "
+              "the second and later questions (docs/eval.md)");
   e->add_flag("--with-prompts", a.with_prompts,
               "Keep every sample's prompt text in the JSON (to rerun one with `run --prompt-file`)");
   return e;
@@ -415,9 +420,68 @@ void write_outputs(const std::string& out, const json& j, const std::vector<eval
 
 }  // namespace
 
+// eval --prefix-cache: the cached-against-cold table (or JSON) of evals/prefix_eval.h.
+int cmd_eval_prefix_cache(const EvalArgs& a, const CLI::App& sub, const eval::EvalOptions& opt) {
+  eval::PrefixEvalOptions po;
+  po.tasks =
+      sub.count("--task") ? opt.tasks : std::vector<eval::Task>{eval::Task::KeyValue, eval::Task::MultiDocQA};
+  po.lengths = opt.lengths;
+  po.samples = opt.samples;
+  po.seed = opt.seed;
+  po.methods.push_back({PolicyKind::None, {}});
+  for (const Method& m : opt.methods)
+    if (m.policy != PolicyKind::RandomDrop) po.methods.push_back(m);
+  const std::string corpus_path = a.corpus.empty() ? eval::default_corpus_path() : a.corpus;
+  const eval::Corpus corpus = eval::load_corpus(corpus_path);
+  const std::string path = a.model.empty() ? default_model_path() : a.model;
+  const int threads = a.threads > 0 ? a.threads : default_thread_count();
+  CpuContext ctx(threads);
+  const auto model = Model::load_auto(path, ctx);
+  po.progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  const auto results = eval::run_prefix_cache_eval(ctx, *model, corpus, po);
+  json rs = json::array();
+  for (const auto& r : results)
+    for (const auto& c : r.cells)
+      rs.push_back({{"task", eval::task_info(r.task).name},
+                    {"length", r.length},
+                    {"documents", r.documents},
+                    {"method", c.method.label()},
+                    {"questions", c.n},
+                    {"cold_accuracy", c.cold_accuracy},
+                    {"cached_accuracy", c.cached_accuracy},
+                    {"gained", c.gained},
+                    {"lost", c.lost},
+                    {"same_answer", c.same_answer},
+                    {"cached_share", c.cached_share},
+                    {"cold_computed", c.cold_computed},
+                    {"cached_computed", c.cached_computed},
+                    {"cold_ttft_s", c.cold_ttft_s},
+                    {"cached_ttft_s", c.cached_ttft_s}});
+  if (a.json_out) {
+    const json j = {{"version", LP_VERSION}, {"git_commit", LP_GIT_COMMIT},
+                    {"model", path},         {"dtype", dtype_name(model->weights().dtype)},
+                    {"threads", threads},    {"seed", a.seed},
+                    {"corpus", corpus_path}, {"prefix_cache", rs}};
+    std::puts(j.dump(2).c_str());
+    return 0;
+  }
+  fmt::print("{:<5} {:>6} {:<40} {:>4} {:>12} {:>12} {:>6} {:>6} {:>7} {:>8} {:>9}\n", "task", "tokens",
+             "method", "n", "acc cold", "acc cached", "same", "cached", "comp.", "TTFT ms", "cached ms");
+  for (const json& c : rs)
+    fmt::print(
+        "{:<5} {:>6} {:<40} {:>4} {:>11.1f}% {:>11.1f}% {:>5.0f}% {:>5.0f}% {:>6.0f}% {:>8.1f} {:>9.1f}\n",
+        c["task"].get<std::string>(), c["length"].get<int64_t>(), c["method"].get<std::string>(),
+        c["questions"].get<int>(), 100 * c["cold_accuracy"].get<double>(),
+        100 * c["cached_accuracy"].get<double>(), 100 * c["same_answer"].get<double>(),
+        100 * c["cached_share"].get<double>(), 100 * c["cached_computed"].get<double>(),
+        1e3 * c["cold_ttft_s"].get<double>(), 1e3 * c["cached_ttft_s"].get<double>());
+  return 0;
+}
+
 int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
   std::string prune;
   eval::EvalOptions opt = eval_options(a, sub, prune);
+  if (a.prefix_cache) return cmd_eval_prefix_cache(a, sub, opt);
   if (!a.out.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.out, ec);

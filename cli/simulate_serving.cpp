@@ -129,6 +129,17 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
                 "request")
       ->check(non_empty_path());
   s->add_flag("--json", a.json_out, "Print one JSON object");
+  s->add_flag("--prefix-cache", a.prefix_cache,
+              "Model serve's prefix cache: a prompt's cached prefix copied, not computed, the cache inside "
+              "the K/V budget (the hits: --shared-prefix's groups, or an arrival file's cached_tokens)");
+  s->add_option("--prefix-block-tokens", a.prefix_block_tokens,
+                "With --prefix-cache: tokens a block (default 16)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  s->add_option("--shared-prefix", a.shared_prefix,
+                "TOKENS:GROUPS: request i's prompt starts with group i mod GROUPS's TOKENS shared tokens (a "
+                "document or system prompt), then its own --prompt-tokens")
+      ->excludes("--arrival-file")
+      ->excludes("--capacity");
   return s;
 }
 
@@ -146,6 +157,7 @@ std::string simulated_request_log(const sim::ServingRun& run, const std::string&
     l.prompt_tokens = o.prompt_tokens, l.output_tokens = o.output_tokens;
     l.prune = method;
     l.prompt_tokens_computed_fraction = o.prompt_tokens_computed_fraction;
+    l.cached_tokens = o.cached_tokens;
     l.simulated = true;
     out += request_log_line(l);
   }
@@ -252,7 +264,11 @@ std::vector<std::pair<double, std::vector<sim::ServingRequest>>> request_runs(co
   }
   const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
   const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
-  const auto unit = sim::make_workload(a.requests, {1.0, a.cv}, prompt, output, a.seed);
+  auto unit = sim::make_workload(a.requests, {1.0, a.cv}, prompt, output, a.seed);
+  if (!a.shared_prefix.empty()) {
+    const auto [tokens, groups] = sim::parse_shared_prefix(a.shared_prefix, "--shared-prefix");
+    sim::share_prefixes(unit, tokens, groups);
+  }
   const std::vector<std::string> rate_list = a.rates.empty() ? std::vector<std::string>{"1"} : a.rates;
   for (const std::string& rs : rate_list)
     for (const std::string& r : split_list(rs)) {
@@ -263,6 +279,7 @@ std::vector<std::pair<double, std::vector<sim::ServingRequest>>> request_runs(co
       runs.emplace_back(v, sim::at_rate(unit, v));
     }
   out["workload"] = workload_json(a, prompt, output);
+  if (!a.shared_prefix.empty()) out["workload"]["shared_prefix"] = a.shared_prefix;
   return runs;
 }
 
@@ -286,6 +303,12 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
         j["rate_per_s"] = rate > 0 ? json(rate) : json(nullptr);
         j["metrics"] = serving_metrics_json(mm);
         j["iterations"] = run.iterations;
+        if (cfg.prefix_cache) {
+          double cached = 0, prompt = 0;
+          for (const sim::RequestOutcome& o : run.requests)
+            cached += double(o.cached_tokens), prompt += double(o.prompt_tokens);
+          j["prompt_tokens_cached_share"] = prompt > 0 ? cached / prompt : 0.0;
+        }
         json kv = json::array();
         for (const sim::KvPoint& p : run.kv)
           kv.push_back({p.t_s, p.reserved / (1 << 20), p.used / (1 << 20)});
@@ -328,6 +351,8 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   cfg.kv_element_bytes = a.kv_element_bytes > 0 ? a.kv_element_bytes : sim::dtype_bytes(prec.kv, "--kv");
   cfg.chunk_tokens = a.chunk_tokens;
   cfg.iteration_overhead_s = a.iteration_overhead_ms * 1e-3;
+  cfg.prefix_cache = a.prefix_cache;
+  cfg.prefix_block_tokens = a.prefix_block_tokens;
   cfg.tp = a.tp;
   cfg.pipeline = {a.pp, a.pp_link_gbs * 1e9};
   sim::pipeline_starts(c.n_layer, a.pp);

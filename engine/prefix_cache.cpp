@@ -34,12 +34,7 @@ void PrefixCache::load(Session& s, const Hit& h) const {
 }
 
 bool PrefixCache::make_room(int64_t room) {
-  while (index_.bytes() > room) {
-    const BlockId id = index_.evict_one();
-    if (id < 0) return false;
-    states_.erase(id);
-  }
-  return true;
+  return index_.make_room(room, [this](BlockId id) { states_.erase(id); });
 }
 
 int64_t PrefixCache::save(Session& s, std::span<const int32_t> tokens, CacheKind kind,

@@ -61,6 +61,9 @@ class PrefixCache {
   // pinned blocks alone hold more.
   bool make_room(int64_t room);
 
+  // The index, for admission (admit_with_cache), and the payload of an evicted block dropped.
+  PrefixIndex& index() { return index_; }
+  void forget(BlockId id) { states_.erase(id); }
   int64_t bytes() const { return index_.bytes(); }
   int64_t blocks() const { return index_.blocks(); }
   int64_t block_tokens() const { return index_.block_tokens(); }

@@ -258,28 +258,17 @@ void Scheduler::admit() {
       h.hit = cache_->lookup(h.p.prompt, *h.cache_kind, T - 1);
       add_seconds(lookup_s_, t0, Clock::now());
     }
-    // Fits, evicting unpinned blocks while the bytes are what is short.
-    const auto fits_evicting = [&](int64_t rows) {
-      while (!admission.fits(double(h.reservation), rows)) {
-        const int64_t before = prefix_cache_bytes();
-        const int64_t over = int64_t(admission.reserved_bytes()) + h.reservation - opt_.kv_budget_bytes;
-        const bool made = over > 0 && cache_ && cache_->make_room(before - over);
-        admission.release(double(before - prefix_cache_bytes()));
-        if (!made) return false;
+    int64_t rows = T;
+    if (cache_) {
+      rows = admit_with_cache(admission, cache_->index(), h.hit.blocks, h.hit.tokens, double(h.reservation),
+                              T, double(opt_.kv_budget_bytes),
+                              [this](PrefixCache::BlockId id) { cache_->forget(id); });
+      if (h.hit.blocks.empty()) h.hit.tokens = 0;  // dropped: its own hit stood in the way
+      if (rows < 0) {
+        cache_->release(h.hit);
+        break;
       }
-      return true;
-    };
-    int64_t rows = T - h.hit.tokens;
-    bool fits = fits_evicting(rows);
-    if (!fits && h.hit.tokens > 0 &&
-        int64_t(admission.reserved_bytes()) - prefix_cache_bytes() + h.reservation <= opt_.kv_budget_bytes) {
-      // Only the head's own hit, pinned, stands in the way: it computes its prompt in full.
-      cache_->release(h.hit);
-      rows = T;
-      fits = fits_evicting(rows);
-    }
-    if (!fits) {
-      if (cache_) cache_->release(h.hit);
+    } else if (!admission.fits(double(h.reservation), T)) {
       break;
     }
     auto r = std::move(queue_.front());

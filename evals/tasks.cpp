@@ -167,6 +167,12 @@ Sample key_value(const Corpus& c, const Tokenizer& tok, int64_t tokens, std::mt1
       tok, tokens, verses.size(), [&](size_t n) { return join_with_inserts(verses, n, facts) + question; },
       s.prompt_ids);
   s.depth = share_of(s.prompt, facts[q].text);
+  const std::string text = s.prompt.substr(0, s.prompt.size() - question.size());
+  for (size_t j = 0; j < keys.size(); ++j)
+    s.questions.push_back({tok.encode(text + "\n\nWhat is the secret number of the " + keys[j] +
+                                          "? The secret number of the " + keys[j] + " is",
+                                      true, false),
+                           values[j]});
   return s;
 }
 
@@ -216,6 +222,13 @@ Sample multi_doc(const Corpus& c, const Tokenizer& tok, int64_t tokens, std::mt1
     fail("mdqa: {} tokens are too few for five documents and the question (they take {})", tokens,
          s.tokens());
   s.depth = share_of(s.prompt, facts[q]);
+  const std::string text = s.prompt.substr(0, s.prompt.size() - question.size());
+  for (size_t d = 0; d < titles.size(); ++d)
+    s.questions.push_back(
+        {tok.encode(text + "\n\nQuestion: According to the documents, who was the keeper of the " +
+                        titles[d] + "?\nAnswer: The keeper of the " + titles[d] + " was named",
+                    true, false),
+         names[d]});
   return s;
 }
 

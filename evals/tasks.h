@@ -50,6 +50,14 @@ struct Sample {
   double depth = 0;  // where the needle, the asked pair or the asked fact starts: share of the prompt's bytes
   std::vector<int32_t> prompt_ids;        // with BOS; its size is the prompt's length in tokens
   std::vector<int32_t> continuation_ids;  // nll: the tokens scored with teacher forcing
+  // kv and mdqa: every question the text can be asked (each fact's), over the same text: the
+  // prompt with its question replaced, and the answer. The sample's own is among them. Several
+  // questions over one document, as the prefix cache serves them (eval --prefix-cache).
+  struct Question {
+    std::vector<int32_t> prompt_ids;
+    std::string answer;
+  };
+  std::vector<Question> questions;
   int64_t tokens() const { return int64_t(prompt_ids.size()); }
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 
+#include "admission/prefix_cache.h"
 #include "model/error.h"
 #include "pruning/policy.h"
 #include "sim/layer_cost.h"
@@ -251,7 +252,23 @@ class EventLoop {
         limits_{cfg.kv_budget_bytes, cfg.max_batch_tokens, cfg.chunk_tokens, cfg.max_seqs},
         kv_token_layer_(double(c.kv_token_elems()) * cfg.kv_element_bytes),
         own_from_(hw.engine.own_gemm_rows),
-        listed_(hw.eff(hw::Family::Attention).prices_listed()) {
+        listed_(hw.eff(hw::Family::Attention).prices_listed()),
+        copy_bytes_per_s_(cfg.copy_bytes_per_s > 0 ? cfg.copy_bytes_per_s : hw.memory_bandwidth / 2) {
+    // The prefix cache, as the engine keeps it: unpruned requests' blocks and LazyLLM's apart, the
+    // other policies bypassing it (engine/scheduler.cpp, Scheduler::submit).
+    if (cfg.prefix_cache) {
+      cache_.emplace(cfg.prefix_block_tokens);
+      if (!pruning_)
+        cache_ns_ = 1;
+      else if (m.method.policy == PolicyKind::LazyLLM)
+        cache_ns_ = 2;
+      if (pruning_) {  // a cold prefill's share of pairs computed: what a replayed hit's blocks hold
+        trace::SyntheticSteps s(c, m.method.policy_name(), m.steps, 1024, 0);
+        trace::Step st;
+        s.next(st);
+        cold_share_ = trace::prefill_computed_fraction(st, 1024);
+      }
+    }
     const int L = c.n_layer;
     prune_at_.assign(size_t(L), 0);
     if (pruning_)
@@ -328,6 +345,62 @@ class EventLoop {
   bool bounded_ = false;  // some layer keeps only a window's or chunk's K/V (ModelConfig::kv_kept)
   std::vector<int> run_starts_;
   std::shared_ptr<const trace::RevivalTable> revivals_;
+  const double copy_bytes_per_s_;
+  std::optional<PrefixIndex> cache_;
+  uint64_t cache_ns_ = 0;  // the kind of state this method's requests read and write; 0: none
+  double copy_bytes_ = 0;  // copied into and out of the cache since the last iteration was costed
+  double cold_share_ = 1;  // a cold prefill's share of its (token, layer) pairs computed
+
+  // A request's tokens as the cache sees them: its group's shared ones, then its own (synthetic
+  // ids, the same for every request of a group; the prompt's, then its output's).
+  std::vector<int32_t> tokens_of(size_t idx, int64_t n) const {
+    const ServingRequest& r = reqs_[idx];
+    const auto mix = [](uint64_t a, uint64_t b) {
+      uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      return int32_t(uint32_t(z ^ (z >> 31)) >> 1);
+    };
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      t[size_t(i)] = r.shared_group >= 0 && i < r.shared_tokens
+                         ? mix(uint64_t(r.shared_group) + 1, uint64_t(i))
+                         : mix(~uint64_t(idx), uint64_t(i));
+    return t;
+  }
+  // Bytes of a cached block: every (token, layer) pair's K/V unpruned; with LazyLLM the share
+  // a cold prefill computes, and a state for each token pruned somewhere (engine/session.h,
+  // TokenStates). Exact for the first (the engine's bytes), an estimate for the second.
+  double block_bytes(double computed) const {
+    const double B = double(cfg_.prefix_block_tokens), L = double(c_.n_layer);
+    return B * (L * kv_token_layer_ * computed + 4.0 * double(c_.n_embd) * (1 - computed) + 2.0);
+  }
+  // The full blocks of request idx's first n tokens into the cache, after its prefill and as it
+  // leaves, within the budget's room beside the reservations (what the engine's save does).
+  void save_blocks(size_t idx, int64_t n) {
+    if (!cache_ || cache_ns_ == 0 || reqs_[idx].cached_tokens >= 0) return;
+    const int64_t B = cfg_.prefix_block_tokens;
+    const std::vector<int32_t> t = tokens_of(idx, n / B * B);
+    const std::vector<uint64_t> keys = cache_->keys(t, cache_ns_);
+    const double room = cfg_.kv_budget_bytes - reserved_;
+    std::vector<PrefixIndex::BlockId> chain;
+    PrefixIndex::BlockId parent = -1;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const std::span<const int32_t> part = std::span(t).subspan(i * size_t(B), size_t(B));
+      PrefixIndex::BlockId id = cache_->find(parent, keys[i], part);
+      if (id < 0) {
+        const bool prompt = int64_t(i + 1) * B <= reqs_[idx].prompt_tokens;
+        const int64_t bytes = int64_t(block_bytes(prompt && cache_ns_ == 2 ? cold_share_ : 1.0));
+        if (!cache_->make_room(int64_t(room) - bytes)) break;
+        id = cache_->insert(parent, keys[i], part, bytes);
+        if (id < 0) break;
+        copy_bytes_ += double(bytes);
+      }
+      cache_->pin(std::span(&id, 1));
+      chain.push_back(parent = id);
+    }
+    cache_->unpin(chain);
+  }
 
   ServingRun out_;
   std::deque<size_t> queue_;
@@ -345,12 +418,35 @@ class EventLoop {
       if (!a->prefill_done)  // chunked prefills still running take their next chunk first
         rows += std::min({cfg_.chunk_tokens, reqs_[a->idx].prompt_tokens - a->prefilled,
                           std::max<int64_t>(cfg_.max_batch_tokens - rows, 0)});
-    Admission admission(limits_, reserved_, rows, int64_t(running_.size()));
+    Admission admission(limits_, reserved_ + (cache_ ? double(cache_->bytes()) : 0.0), rows,
+                        int64_t(running_.size()));
     while (!queue_.empty()) {
       const ServingRequest& h = reqs_[queue_.front()];
       const double res = reservation_bytes(c_, kv_, h.prompt_tokens, h.output_tokens, pruning_);
-      if (!admission.fits(res, h.prompt_tokens)) break;
-      admission.take(res, h.prompt_tokens);
+      const int64_t T = h.prompt_tokens;
+      int64_t hit = 0, rows_now = T;
+      if (cache_ && h.cached_tokens >= 0) {  // a measured hit, replayed
+        hit = std::min(h.cached_tokens, T - 1);
+        rows_now = T - hit;
+        if (!admission.fits(res, rows_now)) break;
+      } else if (cache_ && cache_ns_ != 0) {
+        const int64_t B = cfg_.prefix_block_tokens;
+        const std::vector<int32_t> t = tokens_of(queue_.front(), (T - 1) / B * B);
+        std::vector<PrefixIndex::BlockId> blocks = cache_->match(t, cache_->keys(t, cache_ns_), (T - 1) / B);
+        cache_->pin(blocks);
+        rows_now = admit_with_cache(admission, *cache_, blocks, int64_t(blocks.size()) * B, res, T,
+                                    cfg_.kv_budget_bytes);
+        if (rows_now < 0) {
+          cache_->unpin(blocks);
+          break;
+        }
+        for (const PrefixIndex::BlockId b : blocks) copy_bytes_ += double(cache_->bytes_of(b));
+        cache_->unpin(blocks);
+        hit = T - rows_now;
+      } else if (!admission.fits(res, T)) {
+        break;
+      }
+      admission.take(res, rows_now);
       auto a = std::make_unique<Active>();
       a->idx = queue_.front();
       queue_.pop_front();
@@ -363,6 +459,10 @@ class EventLoop {
       RequestOutcome& o = out_.requests[a->idx];
       o.arrival_s = h.arrival_s, o.admitted_s = t_;
       o.prompt_tokens = h.prompt_tokens, o.output_tokens = h.output_tokens;
+      o.cached_tokens = hit;
+      if (cache_ && h.cached_tokens >= 0)  // a replayed hit: its blocks' bytes, as a block holds them
+        copy_bytes_ += double(hit) / double(cfg_.prefix_block_tokens) * block_bytes(cold_share_);
+      a->prefilled = hit;  // the cached prefix: the prefill computes the rest (as a last chunk)
       running_.push_back(std::move(a));
     }
   }
@@ -461,7 +561,9 @@ class EventLoop {
       a->prefilled_now = true;
       logit_rows += 1;
     }
-    return (cost_(runs_, new_rows, logit_rows) + cfg_.iteration_overhead_s) * cfg_.time_scale;
+    const double copies = copy_bytes_ * 2 / copy_bytes_per_s_;  // read and written
+    copy_bytes_ = 0;
+    return (cost_(runs_, new_rows, logit_rows) + cfg_.iteration_overhead_s + copies) * cfg_.time_scale;
   }
 
   // K/V utilisation over the iteration (what it held at its start), time-weighted, and the
@@ -489,24 +591,29 @@ class EventLoop {
         a->prefill_done = true;
         o.first_token_s = t_;
         o.prompt_tokens_computed_fraction = trace::prefill_computed_fraction(a->step, r.prompt_tokens);
+        save_blocks(a->idx, r.prompt_tokens);
       }
       ++a->generated;
       used_ += a->kv_next - a->kv_used;
       a->kv_used = a->kv_next;
       if (a->generated >= r.output_tokens) o.finished_s = t_;
     }
-    for (size_t i = 0; i < running_.size();) {
+    // The finished leave in order, the others keeping theirs (the engine's order: the prefix
+    // cache's saves, and so its least recently used blocks, follow it).
+    size_t kept = 0;
+    for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];
       if (a.prefill_done && a.generated >= reqs_[a.idx].output_tokens) {
         reserved_ -= a.reservation;
+        // The prompt and the output, the last token aside (it has no K/V yet).
+        save_blocks(a.idx, reqs_[a.idx].prompt_tokens + reqs_[a.idx].output_tokens - 1);
         used_ -= a.kv_used;
-        running_[i] = std::move(running_.back());
-        running_.pop_back();
         ++done_;
       } else {
-        ++i;
+        running_[kept++] = std::move(running_[i]);
       }
     }
+    running_.resize(kept);
   }
 };
 

@@ -62,6 +62,14 @@ struct ServingConfig {
   // kv_budget_bytes is one GPU's, whose stage holds its layers' K/V of every virtual engine.
   Pipeline pipeline;
   int64_t kv_samples = 512;  // points of the K/V utilisation series kept (evenly over the run)
+  // The prefix cache (`serve`'s, engine/prefix_cache.h, with the same policy: PrefixIndex and
+  // admit_with_cache in admission/prefix_cache.h): blocks of the requests' sequences kept inside
+  // the K/V budget, a prompt's cached prefix not computed but copied, at copy_bytes_per_s (0: the
+  // profile's memory bandwidth, read and written). Requests say what they share
+  // (ServingRequest::shared_group), or, replayed from a measured log, what they found.
+  bool prefix_cache = false;
+  int64_t prefix_block_tokens = 16;
+  double copy_bytes_per_s = 0;
 };
 
 // What one request saw.
@@ -69,6 +77,7 @@ struct RequestOutcome {
   double arrival_s = 0, admitted_s = 0, first_token_s = 0, finished_s = 0;
   int64_t prompt_tokens = 0, output_tokens = 0;
   double prompt_tokens_computed_fraction = 1;  // of its prompt's (token, layer) pairs, the prefill computed
+  int64_t cached_tokens = 0;                   // of its prompt, copied from the prefix cache
   double ttft_s() const { return first_token_s - arrival_s; }
   double queue_s() const { return admitted_s - arrival_s; }
   double e2e_s() const { return finished_s - arrival_s; }

@@ -59,7 +59,9 @@ std::vector<ServingRequest> read_log(const std::string& path) {
     // prefilled, so it counts with one output token.
     const int64_t output = std::max<int64_t>(r.output_tokens, 1);
     check_tokens(output, where, "output_tokens");
-    out.push_back({r.arrival_s, r.prompt_tokens, output});
+    ServingRequest q{r.arrival_s, r.prompt_tokens, output};
+    q.cached_tokens = r.cached_tokens;  // the hit the server measured, replayed as it was
+    out.push_back(q);
   }
   return out;
 }
@@ -244,6 +246,7 @@ std::vector<LoggedRequest> read_request_log(const std::string& path) {
     r.finished_s = l.finished_s;
     r.prompt_tokens = l.prompt_tokens, r.output_tokens = l.output_tokens;
     r.revivals = l.revivals.value_or(0);
+    r.cached_tokens = l.cached_tokens.value_or(-1);
     if (int64_t(out.size()) >= kMaxRequests) fail("{}: more than {} requests", path, kMaxRequests);
     out.push_back(r);
   }
@@ -256,6 +259,29 @@ std::vector<ServingRequest> read_requests(const std::string& path) {
   std::vector<ServingRequest> r = looks_like_log(path) ? read_log(path) : read_csv(path);
   if (r.empty()) fail("{}: no requests", path);
   return r;
+}
+
+void share_prefixes(std::vector<ServingRequest>& reqs, int64_t tokens, int64_t groups) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].shared_group = int64_t(i) % groups;
+    reqs[i].shared_tokens = tokens;
+    reqs[i].prompt_tokens += tokens;
+  }
+}
+
+std::pair<int64_t, int64_t> parse_shared_prefix(const std::string& s, const std::string& what) {
+  const size_t colon = s.find(':');
+  const auto whole = [&](const std::string& part, int64_t hi) -> int64_t {
+    if (part.empty() || part.size() > 9 || part.find_first_not_of("0123456789") != std::string::npos)
+      usage_fail("{}: '{}' is not TOKENS:GROUPS (whole numbers from 1)", what, escape_text(s));
+    const int64_t v = std::stoll(part);
+    if (v < 1 || v > hi)
+      usage_fail("{}: '{}' is not TOKENS:GROUPS (tokens 1 to {}, groups 1 to {})", what, escape_text(s),
+                 int64_t(1) << 24, int64_t(1) << 24);
+    return v;
+  };
+  if (colon == std::string::npos) usage_fail("{}: '{}' is not TOKENS:GROUPS", what, escape_text(s));
+  return {whole(s.substr(0, colon), int64_t(1) << 24), whole(s.substr(colon + 1), int64_t(1) << 24)};
 }
 
 }  // namespace lp::sim

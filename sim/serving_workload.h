@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lp::sim {
@@ -13,6 +14,12 @@ namespace lp::sim {
 struct ServingRequest {
   double arrival_s = 0;
   int64_t prompt_tokens = 0, output_tokens = 0;
+  // The prefix cache (ServingConfig::prefix_cache): the request's first shared_tokens are those of
+  // every request of its group (a shared document or system prompt; group -1: none), the rest its
+  // own; or, replaying a measured run, the tokens its prompt found cached (-1: not given), taken
+  // as they are.
+  int64_t shared_group = -1, shared_tokens = 0;
+  int64_t cached_tokens = -1;
 };
 
 // A length distribution: fixed N, uniform over [lo, hi], or drawn from a list (a file's lengths).
@@ -43,6 +50,11 @@ struct Arrivals {
 // generators and distributions, so the draws are the same on every platform.
 std::vector<ServingRequest> make_workload(int64_t n, const Arrivals& a, const LengthDist& prompt,
                                           const LengthDist& output, uint64_t seed);
+// A shared-prefix workload: request i's prompt gains a first part of `tokens` shared with every
+// request of group i mod `groups` (a document many questions ask about, or a system prompt).
+void share_prefixes(std::vector<ServingRequest>& reqs, int64_t tokens, int64_t groups);
+// "TOKENS:GROUPS", both whole numbers from 1 (tokens at most 2^24); lp::UsageError naming `what`.
+std::pair<int64_t, int64_t> parse_shared_prefix(const std::string& s, const std::string& what);
 // The same requests at `rate` (scaling a workload made at rate 1).
 std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double rate);
 
@@ -51,6 +63,7 @@ std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double
 struct LoggedRequest {
   double arrival_s = 0, admitted_s = 0, first_token_s = 0, finished_s = 0;
   int64_t prompt_tokens = 0, output_tokens = 0, revivals = 0;
+  int64_t cached_tokens = -1;  // the prompt's prefix found in the prefix cache (-1: not logged)
   bool error = false;
   int64_t line = 0;  // in the file, for messages
 };

@@ -91,9 +91,11 @@ const Model& tiny() {
 struct Arrival {
   int64_t iteration;  // arrives before this iteration begins
   int64_t prompt_tokens, output_tokens;
+  int64_t group = -1, shared = 0;  // its prompt's first `shared` tokens are its group's document
 };
 struct Seen {
   int64_t admitted = -1, finished = -1;
+  int64_t cached = 0;  // prompt tokens found in the prefix cache
   bool operator==(const Seen&) const = default;
 };
 
@@ -101,8 +103,9 @@ struct Seen {
 // each iteration one step(); the iteration of its prefill (its first token: prefills are whole) and
 // of its finish.
 std::vector<Seen> engine_run(const std::vector<Arrival>& arrivals, int64_t budget, int64_t batch_tokens,
-                             bool lazyllm) {
+                             bool lazyllm, bool cache = false) {
   SchedulerOptions o;
+  o.prefix_cache = cache;
   o.kv_budget_bytes = budget;
   o.max_batch_tokens = batch_tokens;
   o.make_backend = [](int64_t n_ctx) -> std::unique_ptr<Backend> {
@@ -115,8 +118,12 @@ std::vector<Seen> engine_run(const std::vector<Arrival>& arrivals, int64_t budge
   for (; finished < arrivals.size(); ++it) {
     for (; next < arrivals.size() && arrivals[next].iteration <= it; ++next) {
       RequestParams p;
-      p.prompt =
-          testing::random_ids(int(arrivals[next].prompt_tokens), tiny().config().n_vocab, uint32_t(next));
+      const Arrival& a = arrivals[next];
+      if (a.group >= 0)
+        p.prompt = testing::random_ids(int(a.shared), tiny().config().n_vocab, 1000 + uint32_t(a.group));
+      const auto own =
+          testing::random_ids(int(a.prompt_tokens - a.shared), tiny().config().n_vocab, uint32_t(next));
+      p.prompt.insert(p.prompt.end(), own.begin(), own.end());
       p.max_tokens = arrivals[next].output_tokens;
       p.stop_at_end_of_generation = false;
       if (lazyllm) {
@@ -131,6 +138,7 @@ std::vector<Seen> engine_run(const std::vector<Arrival>& arrivals, int64_t budge
       p.on_finish = [me, &it, &finished](const RequestRecord& r) {
         EXPECT_NE(r.finish, Finish::Error) << r.error;
         me->finished = it;
+        me->cached = r.cached_tokens;
         ++finished;
       };
       s.submit(std::move(p));
@@ -147,11 +155,13 @@ std::vector<Seen> engine_run(const std::vector<Arrival>& arrivals, int64_t budge
 // dwarfs the tiny model's costed microseconds), a request arriving 0.5 s before iteration k's
 // start, so times read back as iteration numbers.
 std::vector<Seen> sim_run(const std::vector<Arrival>& arrivals, int64_t budget, int64_t batch_tokens,
-                          bool lazyllm, const KvLayout& kv) {
+                          bool lazyllm, const KvLayout& kv, bool cache = false) {
   constexpr double kIteration = 1000;
   std::vector<sim::ServingRequest> reqs;
-  for (const Arrival& a : arrivals)
+  for (const Arrival& a : arrivals) {
     reqs.push_back({std::max(0.0, double(a.iteration) * kIteration - 0.5), a.prompt_tokens, a.output_tokens});
+    reqs.back().shared_group = a.group, reqs.back().shared_tokens = a.shared;
+  }
   const sim::ServingMethod m =
       lazyllm ? sim::serving_method({PolicyKind::LazyLLM, parse_schedule("1:0.5")}, tiny().config())
               : sim::ServingMethod{};
@@ -161,6 +171,8 @@ std::vector<Seen> sim_run(const std::vector<Arrival>& arrivals, int64_t budget, 
   cfg.kv_element_bytes = kv.element_bytes;
   cfg.kv_block = kv.block;
   cfg.iteration_overhead_s = kIteration;
+  cfg.prefix_cache = cache;
+  cfg.copy_bytes_per_s = 1e30;  // the copies' time aside: iterations are numbers here
   sim::Precision p;
   p.weights = p.compute = "f32";
   p.kv = "f16";
@@ -169,7 +181,7 @@ std::vector<Seen> sim_run(const std::vector<Arrival>& arrivals, int64_t budget, 
   std::vector<Seen> seen;
   for (const sim::RequestOutcome& o : run.requests)
     seen.push_back({int64_t(std::lround(o.admitted_s / kIteration)),
-                    int64_t(std::lround(o.finished_s / kIteration)) - 1});
+                    int64_t(std::lround(o.finished_s / kIteration)) - 1, o.cached_tokens});
   return seen;
 }
 
@@ -203,6 +215,47 @@ TEST(AdmissionConformance, TheSchedulerAndTheSimulationAdmitAndFinishInTheSameIt
       waited += engine[i].admitted > arrivals[i].iteration;
     }
     EXPECT_GE(waited, 5);  // the budgets bind: the property is not vacuous
+  }
+}
+
+// The prefix cache under the same rule (admission/prefix_cache.h, the one policy of both): requests
+// over four shared documents (48 to 110 tokens) arriving over the first iterations. Unpruned, with
+// a budget that holds about ten requests, so that blocks are evicted as requests need the room:
+// the scheduler and the simulation admit and finish each request in the same iteration and find
+// the same cached tokens. With LazyLLM (its blocks' bytes are the engine's actual depths, the
+// simulation's its schedule's share, so under pressure they would evict differently) with room
+// for everything.
+TEST(AdmissionConformance, ThePrefixCacheFindsTheSameHitsInBoth) {
+  std::vector<Arrival> arrivals;
+  std::mt19937 rng(9);
+  for (int i = 0; i < 24; ++i) {
+    const int64_t g = int64_t(rng() % 4), shared = 48 + 20 * g + (g == 3 ? 2 : 0);
+    arrivals.push_back(
+        {i < 4 ? 0 : i / 2, shared + 3 + int64_t(rng() % 30), 1 + int64_t(rng() % 12), g, shared});
+  }
+  SchedulerOptions probe_options;
+  probe_options.make_backend = [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+    return std::make_unique<CpuBackend>(ctx(), tiny().config(), tiny().weights(), n_ctx);
+  };
+  const KvLayout kv = Scheduler(tiny(), probe_options).kv_layout();
+  for (const bool lazyllm : {false, true}) {
+    SCOPED_TRACE(lazyllm ? "lazyllm" : "none");
+    const double one = reservation_bytes(tiny().config(), kv, 120, 8, lazyllm);
+    const int64_t budget = int64_t((lazyllm ? 100 : 10) * one);
+    const std::vector<Seen> engine = engine_run(arrivals, budget, 256, lazyllm, true);
+    const std::vector<Seen> sim = sim_run(arrivals, budget, 256, lazyllm, kv, true);
+    ASSERT_EQ(engine.size(), sim.size());
+    int64_t hits = 0, waited = 0;
+    for (size_t i = 0; i < engine.size(); ++i) {
+      EXPECT_EQ(engine[i], sim[i]) << "request " << i << ": engine admitted " << engine[i].admitted
+                                   << " finished " << engine[i].finished << " cached " << engine[i].cached
+                                   << ", simulation " << sim[i].admitted << " " << sim[i].finished << " "
+                                   << sim[i].cached;
+      hits += engine[i].cached > 0;
+      waited += engine[i].admitted > arrivals[i].iteration;
+    }
+    EXPECT_GE(hits, 10) << "waited " << waited;  // not vacuous: most requests find their document
+    if (!lazyllm) EXPECT_GE(waited, 3);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "engine/generate.h"
 #include "evals/eval.h"
+#include "evals/prefix_eval.h"
 #include "evals/tasks.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -80,6 +81,20 @@ TEST(EvalTasks, KeyValueSamplesAskOneOfFourStatedPairs) {
     EXPECT_EQ(count_of(s.prompt, fact), 1u) << fact;
     EXPECT_NEAR(double(s.prompt.find(fact)) / double(s.prompt.size()), s.depth, 0.01);
     EXPECT_EQ(s.answer.size(), 4u);
+    // Every pair can be asked of the same text: four questions, the sample's own among them.
+    ASSERT_EQ(s.questions.size(), 4u);
+    int own = 0;
+    for (const auto& q : s.questions) {
+      own += q.prompt_ids == s.prompt_ids;
+      EXPECT_NE(s.prompt.find(" is " + q.answer + "."), std::string::npos) << q.answer;
+      // The text's tokens are the question's first ones (all but the last few, around the question).
+      const size_t common = size_t(
+          std::mismatch(q.prompt_ids.begin(), q.prompt_ids.end(), s.prompt_ids.begin(), s.prompt_ids.end())
+              .first -
+          q.prompt_ids.begin());
+      EXPECT_GT(common, s.prompt_ids.size() - 40);
+    }
+    EXPECT_EQ(own, 1);
   }
 }
 
@@ -108,6 +123,11 @@ TEST(EvalTasks, MultiDocSamplesHaveFiveTitledDocumentsAndOneAnswer) {
       EXPECT_LT(fact, next);
     }
     EXPECT_EQ(count_of(s.prompt, s.answer), 1u);
+    ASSERT_EQ(s.questions.size(), 5u);
+    EXPECT_EQ(
+        std::count_if(s.questions.begin(), s.questions.end(),
+                      [&](const auto& q) { return q.prompt_ids == s.prompt_ids && q.answer == s.answer; }),
+        1);
   }
 }
 
@@ -222,6 +242,35 @@ TEST_F(TinyEval, ForcedLogProbsEqualAWholeSequencePrefill) {
   EXPECT_LT(p.prompt_tokens_computed_fraction, 1.0);
   g.forced_ids = {V};
   EXPECT_THROW(generate(ctx, *m, prompt, g), Error);
+}
+
+// eval --prefix-cache's runner: every later question of a text scored cold and cached; without
+// pruning the cached answers are the cold ones (the cache's bitwise property, end to end); with
+// LazyLLM most of the prompt comes from the cache and less of it is computed; the tasks with one
+// question per text are refused.
+TEST_F(TinyEval, PrefixCacheRunnerScoresLaterQuestionsColdAndCached) {
+  CpuContext ctx(2);
+  const auto m = Model::load(path_, DType::Int8, ctx);
+  eval::PrefixEvalOptions opt;
+  opt.tasks = {eval::Task::KeyValue};
+  opt.lengths = {400};
+  opt.samples = 2;
+  opt.methods = {{PolicyKind::None, {}}, {PolicyKind::LazyLLM, parse_schedule("0.3:0.5,0.6:0.5")}};
+  const auto r = eval::run_prefix_cache_eval(ctx, *m, corpus(), opt);
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_EQ(r[0].cells.size(), 2u);
+  const eval::PrefixCell &plain = r[0].cells[0], &lazy = r[0].cells[1];
+  EXPECT_EQ(plain.n, 2 * 3);  // four questions a text, the first not scored
+  EXPECT_EQ(plain.same_answer, 1.0);
+  EXPECT_EQ(plain.cold_accuracy, plain.cached_accuracy);
+  EXPECT_GT(plain.cached_share, 0.8);
+  EXPECT_EQ(plain.cold_computed, 1.0);
+  EXPECT_LT(plain.cached_computed, 0.2);
+  EXPECT_EQ(lazy.n, 6);
+  EXPECT_GT(lazy.cached_share, 0.8);
+  EXPECT_LT(lazy.cached_computed, lazy.cold_computed);
+  opt.tasks = {eval::Task::Passkey};
+  EXPECT_THROW(eval::run_prefix_cache_eval(ctx, *m, corpus(), opt), Error);
 }
 
 TEST_F(TinyEval, RunnerComparesEachMethodWithTheUnprunedRunOfTheSameSample) {
