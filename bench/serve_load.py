@@ -107,6 +107,13 @@ def token_range(s):
     return lo, hi
 
 
+def tokens_groups(s):
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", s)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise argparse.ArgumentTypeError(f"expected TOKENS:GROUPS, whole numbers from 1, got {s!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         description="Load test of `lazyprefill serve` with guidellm " + GUIDELLM_VERSION,
@@ -127,6 +134,10 @@ def parse_args(argv):
     g.add_argument("--prompt-tokens", type=token_range, default=(1024, 4096), metavar="MIN:MAX",
                    help="prompt lengths in tokens, uniform (default 1024:4096)")
     g.add_argument("--output-tokens", type=int, default=32, help="max_tokens of every request (default 32)")
+    g.add_argument("--shared-prefix", type=tokens_groups, default=None, metavar="TOKENS:GROUPS",
+                   help="prompt i starts with document i mod GROUPS, a passage of TOKENS tokens of its own, "
+                        "then its own passage of --prompt-tokens (many questions over a few documents: the "
+                        "server's prefix cache; its request log says what each prompt found cached)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     g.add_argument("--seed", type=int, default=0, help="seeds prompt lengths and guidellm's arrivals (default 0)")
     g.add_argument("--request-timeout", type=float, default=900,
@@ -297,6 +308,18 @@ def make_prompts(a, tok, path):
     rng = random.Random(a.seed)
     lo, hi = a.prompt_tokens
     rows, v = [], 0
+    docs = []  # --shared-prefix: (text, passage) of each document, cut to TOKENS tokens
+    if a.shared_prefix:
+        doc_tokens, groups = a.shared_prefix
+        for g in range(groups):
+            first, have = v, 0
+            while have < doc_tokens + 8:
+                if v >= len(verses):
+                    raise Failure(f"the KJV text is too short for {groups} documents of {doc_tokens} tokens")
+                have += counts[v]
+                v += 1
+            ids = tok(" ".join(t for _, t in verses[first:v]), add_special_tokens=False)["input_ids"][:doc_tokens]
+            docs.append((tok.decode(ids), f"{verses[first][0]} - {verses[v - 1][0]}"))
     for i in range(a.prompts):
         want = rng.randint(lo, hi)
         first, have = v, 0
@@ -309,9 +332,14 @@ def make_prompts(a, tok, path):
         text = " ".join(t for _, t in verses[first:v])
         ids = tok(text, add_special_tokens=False)["input_ids"][:want]
         prompt = tok.decode(ids)
+        passage = f"{verses[first][0]} - {verses[v - 1][0]}"
+        if docs:
+            doc, doc_passage = docs[i % len(docs)]
+            prompt = doc + "\n\n" + prompt
+            passage = f"document {i % len(docs)} ({doc_passage}), then {passage}"
         n = len(tok(prompt, add_special_tokens=False)["input_ids"])
         rows.append({"prompt": prompt, "prompt_tokens_count": n, "output_tokens_count": a.output_tokens,
-                     "passage": f"{verses[first][0]} - {verses[v - 1][0]}", "target_tokens": want})
+                     "passage": passage, "target_tokens": want})
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
@@ -784,7 +812,8 @@ def main(argv):
         "guidellm": {"version": GUIDELLM_VERSION, "venv": a.venv, "tokenizer": tokenizer_dir},
         "load": {"rates": a.rates, "profile": "poisson", "requests_per_rate": a.requests,
                  "duration_per_rate_s": a.duration, "output_tokens": a.output_tokens, "temperature": a.temperature,
-                 "seed": a.seed, "endpoint": "/v1/completions", "stream": True},
+                 "seed": a.seed, "endpoint": "/v1/completions", "stream": True,
+                 "shared_prefix": list(a.shared_prefix) if a.shared_prefix else None},
         "prompts": {"file": prompts_path, "count": len(rows), "range_asked": list(a.prompt_tokens),
                     "tokens": {"min": min(lengths), "mean": statistics.fmean(lengths), "max": max(lengths)},
                     "source": a.kjv},

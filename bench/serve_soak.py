@@ -46,10 +46,15 @@ def start(exe, model, log, budget_mib):
     if model:
         args += ["--model", model]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    m = re.search(r"http://[^:]+:(\d+)", line)
+    # The first line says where the port answers 503 while the model loads; this one, that it serves.
+    seen, m = [], None
+    for line in proc.stderr:
+        seen.append(line)
+        m = re.search(r" on http://[^:]+:(\d+) ", line)
+        if m or len(seen) > 20:
+            break
     if not m:
-        sys.exit(f"serve_soak: the server did not say where it listens: {line!r}")
+        sys.exit(f"serve_soak: the server did not say where it serves: {''.join(seen)!r}")
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # drain
     return proc, int(m.group(1))
 

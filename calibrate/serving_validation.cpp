@@ -85,9 +85,12 @@ SamplingSpread sampling_spread(const ServingCalibration& cal, const sim::Serving
     prompts.push_back(r.prompt_tokens), outputs.push_back(std::max<int64_t>(r.output_tokens, 1));
   const auto prompt = sim::LengthDist::from_samples(std::move(prompts)),
              output = sim::LengthDist::from_samples(std::move(outputs));
-  const sim::ServingRun run =
-      sim::simulate_serving(cal.model, cal.hw, cal.precision, m, cal.config,
-                            sim::make_workload(kLongRun, {rate, 1.0}, prompt, output, 1));
+  std::vector<sim::ServingRequest> reqs = sim::make_workload(kLongRun, {rate, 1.0}, prompt, output, 1);
+  if (!group.empty() && group[0].cached_tokens >= 0)  // a prefix-cache log: its prompts with their hits
+    for (size_t k = 0; k < reqs.size(); ++k)
+      reqs[k].prompt_tokens = group[k % group.size()].prompt_tokens,
+      reqs[k].cached_tokens = group[k % group.size()].cached_tokens;
+  const sim::ServingRun run = sim::simulate_serving(cal.model, cal.hw, cal.precision, m, cal.config, reqs);
   const sim::ServingMetrics mm = sim::serving_metrics(run, {});
   SamplingSpread out;
   out.requests = kLongRun, out.draws = kDraws, out.sample_size = n;
@@ -257,6 +260,9 @@ ServingCalibration calibrate_serving(const LoadTest& t, const ServingValidationO
   cal.config.kv_budget_bytes = double(t.kv_budget_mib) * (1 << 20);
   cal.config.max_batch_tokens = t.max_batch_tokens;
   cal.config.kv_element_bytes = 2;  // the CPU backend's f16 cache
+  // A log of a server with the prefix cache says what each prompt found (cached_tokens): replayed.
+  for (const LoadTest::Method& ml : t.methods)
+    for (const Logged& r : ml.log) cal.config.prefix_cache = cal.config.prefix_cache || r.cached_tokens >= 0;
 
   // Decoding attention's share of peak (efficiency.attention.decode_compute): LazyLLM's decoding
   // steps attend with the rows they revive, hundreds in a step's first layers, each over keys
@@ -342,7 +348,8 @@ MachineDrift machine_drift(const LoadTest& t, const ServingCalibration& cal) {
     for (size_t i = 0; i < ml.log.size(); ++i) {
       const Logged& r = ml.log[i];
       if (!ran_alone(ml.log, r, r.first_token_s)) continue;  // its prefill alone
-      const sim::ServingRequest one{0, r.prompt_tokens, 1};
+      sim::ServingRequest one{0, r.prompt_tokens, 1};
+      one.cached_tokens = r.cached_tokens;  // a prefix-cache log's hit (ServingConfig::prefix_cache)
       const double predicted = sim::simulate_serving(cal.model, cal.hw, cal.precision,
                                                      cal.methods.at(ml.name), cal.config, {&one, 1})
                                    .requests[0]
@@ -367,7 +374,10 @@ RateComparisons compare_rates(const LoadTest& t, const ServingCalibration& cal, 
   for (const LoadTest::Method& ml : t.methods) {
     const sim::ServingMethod& m = cal.methods.at(ml.name);
     std::vector<sim::ServingRequest> reqs;
-    for (const Logged& r : ml.log) reqs.push_back({r.arrival_s, r.prompt_tokens, r.output_tokens});
+    for (const Logged& r : ml.log) {
+      reqs.push_back({r.arrival_s, r.prompt_tokens, r.output_tokens});
+      reqs.back().cached_tokens = r.cached_tokens;  // replayed as logged where the cache was on
+    }
     const sim::ServingRun run = sim::simulate_serving(cal.model, cal.hw, cal.precision, m, cal.config, reqs);
     std::vector<sim::ServingRun> band;  // the replay on a machine `drift` faster and slower
     for (const double scale : {1 - drift.largest, 1 + drift.largest}) {

@@ -241,6 +241,7 @@ struct ValidateArgs {
   std::string profile_out;    // --serving, --runahead: also write the fitted profile here
   std::string revival_model;  // --serving: LazyLLM's revivals from this model (default DIR/revivals.json)
   bool revival_share_from_log = false;  // --serving: a constant share per stage and step, from the log
+  std::string prefix_load;  // --serving: also a load test of the prefix cache, replayed on DIR's calibration
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };
@@ -306,6 +307,7 @@ struct ServeArgs {
   int64_t max_batch_tokens = 2048, kv_budget_mib = 1024, max_body_kib = 4096, chat_max_tokens = 512;
   bool no_prefix_cache = false;
   int64_t prefix_block_tokens = 16;
+  int max_n = 8;
   double header_timeout_s = 10, body_timeout_s = 30, shutdown_grace_s = 30, health_stall_s = 120,
          health_generate_timeout_s = 30;
   std::vector<std::string> api_keys, allowed_hosts, allowed_origins;

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <optional>
 
 #include "cli/commands.h"
 #include "engine/model.h"
@@ -16,6 +17,7 @@
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
 #include "server/http_server.h"
+#include "server/loading.h"
 
 namespace lp::cli {
 
@@ -80,6 +82,10 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
   s->add_option("--prefix-block-tokens", a.prefix_block_tokens,
                 "Tokens per prefix cache block: a prompt reuses whole blocks (default 16, as vLLM's)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  s->add_option(
+       "--max-n", a.max_n,
+       "Choices a request may ask for (\"n\"), each its own generation from the shared prompt (default 8)")
+      ->check(CLI::Range(1, 128));
   s->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
   s->add_option("--dtype", a.dtype, "Compute dtype, as for run: auto, f32, bf16, int8")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
@@ -127,6 +133,7 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   so.api.schedule = a.schedule.empty() ? default_schedule(so.api.policy) : schedule_from_arg(a.schedule);
   check_method(so.api.policy, so.api.schedule);
   so.api.chat_max_tokens = a.chat_max_tokens;
+  so.api.max_n = a.max_n;
   so.access.api_keys = a.api_keys;
   if (!a.api_key_file.empty())
     for (std::string& k : server::read_api_key_file(a.api_key_file))
@@ -139,6 +146,12 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
   server::check_access_options(so.access);
 
   if (a.backend == "cuda") (void)cuda::open_device();  // one line saying why not, before the load
+  // The port answers 503 "loading" while the model loads (server/loading.h), then is handed over.
+  std::optional<server::LoadingResponder> loading(std::in_place, so.host, so.port);
+  so.port = loading->port();
+  fmt::print(stderr, "lazyprefill serve: loading {} (http://{}:{} answers 503 until it is ready)\n", path,
+             so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, so.port);
+  std::fflush(stderr);
   CpuContext ctx(a.threads);
   const bool cpu = a.backend == "cpu";
   const auto model = Model::load_as(path, dtype_option(a.dtype), ctx, cpu);
@@ -160,6 +173,8 @@ int cmd_serve(const ServeArgs& a, const CLI::App&) {
       return std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx);
     };
 
+  so.listening_socket = loading->release();
+  loading.reset();
   server::Server srv(m, std::move(sched), so);
   const char* kv_dtype = srv.scheduler().kv_layout().element_bytes == 2 ? "f16" : "f32";
   const bool loopback = so.host == "127.0.0.1" || so.host == "::1";

@@ -130,6 +130,13 @@ CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
                            "default DIR/revivals.json where it exists: tests/fixtures/serving/revivals.json "
                            "is fitted on traces of the load test's own prompts)")
                  ->check(CLI::ExistingFile);
+  v->add_option(
+       "--prefix-load", a.prefix_load,
+       "With --serving: also replay a load test of the prefix cache (bench/serve_load.py --shared-prefix; "
+       "tests/fixtures/serving-prefix) on the calibration of --serving's, every request with the "
+       "cached tokens its log says it found")
+      ->check(CLI::ExistingDirectory)
+      ->needs("--serving");
   v->add_flag("--revival-share-from-log", a.revival_share_from_log,
               "With --serving: LazyLLM's revivals as one constant share per stage and step, the one that "
               "gives the revivals the log counted, instead of a revival model")

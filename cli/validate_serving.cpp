@@ -217,8 +217,36 @@ int cmd_validate_serving(const ValidateArgs& a) {
                     a.serving));
   const calib::MachineDrift drift = calib::machine_drift(t, cal);
   const calib::RateComparisons cmp = calib::compare_rates(t, cal, drift);
-  print_result(a.json_out, validation_json(a, o.preset, cal, drift, cmp),
-               validation_text(a, t, cal, drift, cmp));
+  json j = validation_json(a, o.preset, cal, drift, cmp);
+  std::string text = validation_text(a, t, cal, drift, cmp);
+  if (!a.prefix_load.empty()) {
+    // The prefix cache's load test on the same calibration: its server's budgets, its logged hits.
+    const calib::LoadTest p = calib::read_load_test(a.prefix_load);
+    calib::ServingCalibration pc = cal;
+    pc.config.kv_budget_bytes = double(p.kv_budget_mib) * (1 << 20);
+    pc.config.max_batch_tokens = p.max_batch_tokens;
+    pc.config.prefix_cache = true;
+    const calib::MachineDrift pd = calib::machine_drift(p, pc);
+    const calib::RateComparisons pcmp = calib::compare_rates(p, pc, pd);
+    json pj = validation_json(a, o.preset, pc, pd, pcmp);
+    pj["fixtures"] = a.prefix_load;
+    double cached = 0, prompt = 0;
+    for (const calib::LoadTest::Method& m : p.methods)
+      for (const sim::LoggedRequest& r : m.log)
+        cached += double(std::max<int64_t>(r.cached_tokens, 0)), prompt += double(r.prompt_tokens);
+    pj["prompt_tokens_cached_share"] = prompt > 0 ? cached / prompt : 0.0;
+    j["prefix_cache"] = std::move(pj);
+    text += fmt::format(
+        "\nprefix cache: {} ({:.0f}% of the prompts' tokens found cached, as logged), replayed on the "
+        "calibration "
+        "above with those hits\n",
+        a.prefix_load, prompt > 0 ? 100 * cached / prompt : 0.0);
+    ValidateArgs pa = a;
+    pa.serving = a.prefix_load;
+    const std::string ptext = validation_text(pa, p, pc, pd, pcmp);
+    text += ptext.substr(ptext.rfind('\n', ptext.find("rate/s")) + 1);  // its table and verdict
+  }
+  print_result(a.json_out, j, text);
   return 0;
 }
 

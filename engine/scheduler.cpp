@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <numeric>
 
@@ -50,6 +51,31 @@ const char* finish_name(Finish f) {
   return "?";
 }
 
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int k) {
+  const int64_t V = int64_t(logits.size());
+  if (token < 0 || token >= V) fail("log-probability of token {} of {}", token, V);
+  float mx = logits[0];
+  for (const float x : logits) mx = std::max(mx, x);
+  double sum = 0;
+  for (const float x : logits) sum += std::exp(double(x) - double(mx));
+  const double lse = double(mx) + std::log(sum);
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = float(double(logits[size_t(token)]) - lse);
+  k = int(std::min<int64_t>(std::max(k, 0), V));
+  if (k > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    std::iota(ids.begin(), ids.end(), 0);
+    const auto more_likely = [&](int32_t a, int32_t b) {
+      return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+    };
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), more_likely);
+    for (int i = 0; i < k; ++i)
+      out.top.emplace_back(ids[size_t(i)], float(double(logits[size_t(ids[size_t(i)])]) - lse));
+  }
+  return out;
+}
+
 struct Scheduler::Request {
   uint64_t id = 0;
   RequestParams p;
@@ -94,6 +120,7 @@ uint64_t Scheduler::submit(RequestParams p) {
   const int64_t T = int64_t(p.prompt.size());
   if (T == 0) fail("the prompt is empty (no tokens)");
   if (p.max_tokens < 1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
+  if (p.top_logprobs > 20) fail("top_logprobs must be at most 20, got {}", p.top_logprobs);
   if (p.max_tokens > c.n_ctx_train - T)  // not T + max_tokens: that overflows near 2^63
     fail("the prompt's {} tokens + max_tokens {} exceed the model's context of {} tokens", T, p.max_tokens,
          c.n_ctx_train);
@@ -355,11 +382,15 @@ Scheduler::Batch Scheduler::begin_passes(size_t n_decoding) {
 std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Clock::time_point done_at) {
   const std::vector<Request*>& in_batch = b.in_batch;
   std::vector<int32_t> sampled(in_batch.size());
+  std::vector<std::optional<TokenLogprobs>> logprobs(in_batch.size());
   std::vector<std::string> sample_error(in_batch.size());
   if (b.error.empty() && !in_batch.empty())
     in_batch[0]->session->backend().for_each_member(int64_t(in_batch.size()), [&](int64_t i) {
       try {
-        sampled[size_t(i)] = in_batch[size_t(i)]->sampler->sample(in_batch[size_t(i)]->logits);
+        Request& r = *in_batch[size_t(i)];
+        sampled[size_t(i)] = r.sampler->sample(r.logits);
+        if (r.p.top_logprobs >= 0)
+          logprobs[size_t(i)] = token_logprobs(r.logits, sampled[size_t(i)], r.p.top_logprobs);
       } catch (...) {
         sample_error[size_t(i)] = "sampling: " + current_error();
       }
@@ -392,6 +423,7 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
       }
       const int32_t tok = sampled[i];
       r->generated.push_back(tok);
+      if (logprobs[i] && r->p.on_logprobs) r->p.on_logprobs(*logprobs[i]);
       // The caller's detokenisation and streaming: what it throws ends this request alone.
       const bool go_on = !r->p.on_token || r->p.on_token(tok);
       if (!go_on || (r->p.stop_at_end_of_generation && m_.tokenizer().is_end_of_generation(tok)))

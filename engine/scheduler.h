@@ -26,7 +26,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "admission/admission.h"
@@ -60,6 +62,18 @@ struct RequestRecord {
   int64_t cached_tokens = 0;  // the prompt's prefix copied from the prefix cache, not computed
 };
 
+// A generated token's log-probability under the model and the most likely alternatives, from the
+// logits before sampling's temperature and top-p (vLLM's default: the model's distribution).
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely, most likely first
+};
+
+// The log-probabilities of `token` and of the k most likely tokens (ties to the lower id) from a
+// row of logits: log-softmax in double precision.
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int k);
+
 struct RequestParams {
   std::vector<int32_t> prompt;  // token ids, not empty
   int64_t max_tokens = 16;      // >= 1
@@ -73,6 +87,10 @@ struct RequestParams {
   std::function<bool(int32_t token)> on_token;
   // Called once on the step() thread when the request leaves, its K/V already freed.
   std::function<void(const RequestRecord&)> on_finish;
+  // >= 0: each generated token's log-probability and this many alternatives (at most 20) go to
+  // on_logprobs, on the step() thread just before on_token gets the token.
+  int top_logprobs = -1;
+  std::function<void(const TokenLogprobs&)> on_logprobs;
 };
 
 struct SchedulerOptions {

@@ -51,16 +51,26 @@ int64_t unix_now() {
 
 // One request in flight, as its connection sees it: the text the engine has made final and, at
 // the end, the record. Touched on the network thread only (the engine posts there).
-struct Pending {
+// One choice of a request (OpenAI's "n"): a scheduler request of its own.
+struct Choice {
   uint64_t id = 0;
   std::deque<std::string> pieces;
+  std::vector<TokenLogprobs> logprobs;  // of every token so far (when asked), ahead of its text
+  int64_t tokens = 0;                   // generated so far
   std::optional<RequestRecord> done;
-  std::string finish_reason;
+};
+
+// A request between its connection and the engine: its choices, and the connection's state.
+struct Pending {
+  std::vector<Choice> choices;
   bool client_gone = false;
   bool released = false;                 // the connection has moved on: its socket is not to be touched
   asio::steady_timer* waiter = nullptr;  // wakes the connection's coroutine
   void wake() {
     if (waiter) waiter->cancel();
+  }
+  bool all_done() const {
+    return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.done.has_value(); });
   }
 };
 
@@ -118,11 +128,16 @@ struct Server::Impl {
     }();
     const tcp::endpoint ep(addr, opt.port);
     boost::system::error_code ec;
-    acceptor.open(ep.protocol(), ec);
-    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor.bind(ep, ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) fail("cannot listen on {}:{}: {}", opt.host, opt.port, ec.message());
+    if (opt.listening_socket >= 0) {  // handed over, listening (LoadingResponder::release)
+      acceptor.assign(ep.protocol(), opt.listening_socket, ec);
+      if (ec) fail("cannot serve on the socket listening on {}:{}: {}", opt.host, opt.port, ec.message());
+    } else {
+      acceptor.open(ep.protocol(), ec);
+      if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+      if (!ec) acceptor.bind(ep, ec);
+      if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+      if (ec) fail("cannot listen on {}:{}: {}", opt.host, opt.port, ec.message());
+    }
     access.emplace(opt.access, opt.host, acceptor.local_endpoint().port());
   }
 
@@ -191,37 +206,45 @@ struct Server::Impl {
 
   // Queues a parsed request; its callbacks (engine thread) post text and the end to `p`.
   // A probe (/health_generate, the warm-up) is counted in no metric and written to no log.
-  uint64_t submit(const ApiRequest& a, const std::shared_ptr<Pending>& p, bool probe = false) {
+  // Choice `i` of p (seeded seed + i: the choices of a sampled request differ).
+  uint64_t submit(const ApiRequest& a, const std::shared_ptr<Pending>& p, size_t i = 0, bool probe = false) {
     RequestParams rp;
     rp.prompt = a.prompt;
     rp.max_tokens = a.max_tokens;
     rp.sampler = a.sampler;
+    rp.sampler.seed += i;
     rp.policy = a.policy;
     rp.schedule = a.schedule;
     rp.prune_seed = a.prune_seed;
     rp.stop_at_end_of_generation = !a.ignore_eos;
     auto side = std::make_shared<EngineSide>(m.tokenizer(), a.stop);
-    rp.on_token = [this, p, side, probe](int32_t tok) {
+    rp.on_token = [this, p, i, side, probe](int32_t tok) {
       const auto now = Clock::now();
       if (side->last_token != Clock::time_point{} && !probe)
         metrics.inter_token(seconds_between(side->last_token, now));
       side->last_token = now;
       std::string piece = side->text.push(tok);
-      if (!piece.empty())
-        outbox.push_back([p, piece = std::move(piece)]() mutable {
-          p->pieces.push_back(std::move(piece));
-          p->wake();
-        });
+      outbox.push_back([p, i, piece = std::move(piece)]() mutable {
+        Choice& c = p->choices[i];
+        if (!piece.empty()) c.pieces.push_back(std::move(piece));
+        // Woken for text, and for the first token (the other choices may start then).
+        if (++c.tokens == 1 || !c.pieces.empty()) p->wake();
+      });
       return !side->text.stopped();
     };
+    rp.top_logprobs = a.top_logprobs;
+    if (a.top_logprobs >= 0)
+      rp.on_logprobs = [this, p, i](const TokenLogprobs& lp) {
+        outbox.push_back([p, i, lp] { p->choices[i].logprobs.push_back(lp); });
+      };
     const Endpoint e = a.endpoint;
-    rp.on_finish = [this, p, side, e, probe](const RequestRecord& r) {
+    rp.on_finish = [this, p, i, side, e, probe](const RequestRecord& r) {
       std::string tail = r.finish == Finish::Length || r.finish == Finish::Stop ? side->text.finish() : "";
       if (!probe) metrics.finished(r, m.config().n_layer);
       if (log && !probe) write_log(r, e);
-      outbox.push_back([p, tail = std::move(tail), r]() mutable {
-        if (!tail.empty()) p->pieces.push_back(std::move(tail));
-        p->done = r;
+      outbox.push_back([p, i, tail = std::move(tail), r]() mutable {
+        if (!tail.empty()) p->choices[i].pieces.push_back(std::move(tail));
+        p->choices[i].done = r;
         p->wake();
       });
     };
@@ -269,11 +292,12 @@ struct Server::Impl {
   // socket only while the connection still owns the request.
   void watch_disconnect(tcp::socket& sock, const std::shared_ptr<Pending>& p) {
     sock.async_wait(tcp::socket::wait_read, [this, &sock, p](const boost::system::error_code& ec) {
-      if (ec == asio::error::operation_aborted || p->released || p->done) return;
+      if (ec == asio::error::operation_aborted || p->released || p->all_done()) return;
       boost::system::error_code ec2;
       if (!ec && sock.available(ec2) > 0 && !ec2) return;  // a pipelined request, not a hang-up
       p->client_gone = true;
-      sched.cancel(p->id);
+      for (const Choice& c : p->choices)
+        if (c.id) sched.cancel(c.id);
       p->wake();
     });
   }
@@ -286,25 +310,54 @@ struct Server::Impl {
       throw ApiError(400, fmt::format("the body could not be read: {}", ex.what()));
     }
     auto p = std::make_shared<Pending>();
-    try {
-      p->id = submit(a, p);
-    } catch (const lp::InternalError& ex) {  // a bug, not the request's fault
-      throw ApiError(500, ex.what());
-    } catch (const lp::Error& ex) {  // the scheduler's refusals: over the whole K/V budget
-      throw ApiError(400, ex.what(), "max_tokens", "kv_budget_exceeded");
-    }
-    in_flight.insert(p->id);
+    p->choices.resize(size_t(a.n));
+    // The choices after the first start once it has its first token, so that its prompt's blocks
+    // are in the prefix cache for them (the prompt computed once); without the cache, all at once.
+    const bool staggered = a.n > 1 && sched.prefix_cache();
+    size_t submitted = 0;
+    const auto submit_choices = [&](size_t upto) {
+      for (; submitted < upto; ++submitted) {
+        try {
+          p->choices[submitted].id = submit(a, p, submitted);
+        } catch (const lp::InternalError& ex) {  // a bug, not the request's fault
+          throw ApiError(500, ex.what());
+        } catch (const lp::Error& ex) {  // the scheduler's refusals: over the whole K/V budget
+          throw ApiError(400, ex.what(), "max_tokens", "kv_budget_exceeded");
+        }
+        in_flight.insert(p->choices[submitted].id);
+      }
+    };
+    submit_choices(staggered ? 1 : p->choices.size());  // a refusal here is the request's alone
     asio::steady_timer timer(co_await asio::this_coro::executor);
     p->waiter = &timer;
     watch_disconnect(s.socket(), p);
-    const std::string id = response_id(e, p->id);
+    const std::string id = response_id(e, p->choices[0].id);
     const std::string& model = opt.api.model_name;
     const int64_t created_at = unix_now();
     std::optional<http::response_serializer<http::empty_body>> sr;
     http::response<http::empty_body> head{http::status::ok, req.version()};
-    std::string text;  // non-streaming: the whole answer
-    bool first = true;
+    const size_t n = p->choices.size();
+    std::vector<std::string> text(n);  // non-streaming: the whole answers
+    std::vector<char> first(n, 1);
     const auto sse = [](const json& j) { return "data: " + dump(j) + "\n\n"; };
+    // Log-probabilities: those of a choice's tokens since its last chunk go with the next one.
+    std::vector<size_t> lp_sent(n, 0);
+    std::vector<int64_t> lp_offset(n, 0);
+    const auto next_logprobs = [&](size_t i) -> std::optional<json> {
+      const std::vector<TokenLogprobs>& all = p->choices[i].logprobs;
+      if (a.top_logprobs < 0 || lp_sent[i] >= all.size()) return std::nullopt;
+      const std::span<const TokenLogprobs> fresh = std::span(all).subspan(lp_sent[i]);
+      json j = logprobs_body(e, fresh, m.tokenizer(), lp_offset[i]);
+      for (const TokenLogprobs& lp : fresh)
+        lp_offset[i] += int64_t(m.tokenizer().decode({&lp.token, 1}).size());
+      lp_sent[i] = all.size();
+      return j;
+    };
+    const auto cancel_all = [&] {
+      for (const Choice& c : p->choices)
+        if (c.id) sched.cancel(c.id);
+    };
+    std::optional<ApiError> refused;  // a later choice the scheduler refused
     try {
       if (a.stream) {
         common_headers(s, head, keep_alive);
@@ -317,79 +370,116 @@ struct Server::Impl {
         s.expires_never();
       }
       while (true) {
-        if (!p->pieces.empty()) {
-          std::string out;
-          for (std::string& piece : p->pieces) {
-            if (a.stream)
-              out += sse(chunk_body(e, id, created_at, model, piece, "", first));
-            else
-              text += piece;
-            first = false;
-          }
-          p->pieces.clear();
-          if (!out.empty()) {
-            s.expires_after(opt.write_timeout);
-            co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_awaitable);
-            s.expires_never();
+        if (submitted < n && (p->choices[0].tokens > 0 || p->choices[0].done)) {
+          try {
+            submit_choices(n);
+          } catch (const ApiError& x) {
+            refused = x;
+            cancel_all();
           }
         }
+        std::string out;
+        bool more = false;
+        for (size_t i = 0; i < n; ++i) {
+          Choice& c = p->choices[i];
+          for (std::string& piece : c.pieces) {
+            if (a.stream) {
+              const std::optional<json> lp = next_logprobs(i);
+              out +=
+                  sse(chunk_body(e, id, created_at, model, piece, "", first[i], lp ? &*lp : nullptr, int(i)));
+            } else {
+              text[i] += piece;
+            }
+            first[i] = 0;
+          }
+          c.pieces.clear();
+        }
+        if (!out.empty()) {
+          s.expires_after(opt.write_timeout);
+          co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_awaitable);
+          s.expires_never();
+        }
         if (p->client_gone) break;
-        if (!p->pieces.empty()) continue;  // more came while the last chunk was being written
-        if (p->done) break;
+        for (const Choice& c : p->choices) more = more || !c.pieces.empty();
+        if (more) continue;  // more came while the last chunk was being written
+        if (refused && std::all_of(p->choices.begin(), p->choices.begin() + std::ptrdiff_t(submitted),
+                                   [](const Choice& c) { return c.done.has_value(); }))
+          break;
+        if (submitted == n && p->all_done()) break;
         timer.expires_at(asio::steady_timer::time_point::max());
         boost::system::error_code ec;
         co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
       }
     } catch (const boost::system::system_error&) {  // the client went away mid-stream
       p->client_gone = true;
-      sched.cancel(p->id);
+      cancel_all();
     }
     p->waiter = nullptr;
     p->released = true;
-    in_flight.erase(p->id);
+    for (const Choice& c : p->choices)
+      if (c.id) in_flight.erase(c.id);
     boost::system::error_code ignored;
     s.socket().cancel(ignored);  // the disconnect watch
-    if (p->client_gone || !p->done) {
+    if (p->client_gone || (!refused && !p->all_done())) {
       keep_alive = false;
       co_return;
     }
-    const RequestRecord& r = *p->done;
-    if (r.finish == Finish::Error || r.finish == Finish::Cancelled) {
-      const ApiError err(r.finish == Finish::Error ? 500 : 503,
-                         r.finish == Finish::Error
-                             ? "the engine failed: " + r.error
-                             : "the request was cancelled: the server is shutting down");
-      if (!a.stream) {  // the scheduler's record has counted it already
-        co_await send_json(s, req.version(), keep_alive, err.status, error_body(err));
+    // A choice that failed or was cancelled fails the request (the others' text is not sent).
+    std::optional<ApiError> err = refused;
+    for (size_t i = 0; i < submitted && !err; ++i) {
+      const RequestRecord& r = *p->choices[i].done;
+      if (r.finish == Finish::Error || r.finish == Finish::Cancelled)
+        err = ApiError(r.finish == Finish::Error ? 500 : 503,
+                       r.finish == Finish::Error ? "the engine failed: " + r.error
+                                                 : "the request was cancelled: the server is shutting down");
+    }
+    if (err) {
+      if (!a.stream) {  // the scheduler's records have counted it already
+        co_await send_json(s, req.version(), keep_alive, err->status, error_body(*err));
         co_return;
       }
-      const std::string out = sse(error_body(err)) + "data: [DONE]\n\n";
+      const std::string out = sse(error_body(*err)) + "data: [DONE]\n\n";
       s.expires_after(opt.write_timeout);
       co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_awaitable);
       co_await asio::async_write(s, http::make_chunk_last(), use_awaitable);
       s.expires_never();
       co_return;
     }
+    // The usage: the prompt once (as the first choice ran it), the tokens of every choice.
+    const RequestRecord& r = *p->choices[0].done;
     Outcome o;
-    o.finish_reason = r.finish == Finish::Length ? "length" : "stop";
     o.prompt_tokens = r.prompt_tokens;
-    o.completion_tokens = r.output_tokens;
     o.cached_tokens = r.cached_tokens;
+    for (const Choice& c : p->choices) o.completion_tokens += c.done->output_tokens;
     o.policy = policy_name(r.policy);
     o.schedule = r.schedule;
     o.prompt_tokens_computed_fraction = r.prompt_tokens_computed_fraction;
     o.revivals = r.revivals;
     o.queue_s = seconds_between(r.arrival, r.admitted);
     o.ttft_s = seconds_between(r.arrival, r.first_token);
+    const auto finish_of = [](const RequestRecord& x) {
+      return x.finish == Finish::Length ? "length" : "stop";
+    };
     if (!a.stream) {
+      std::vector<ChoiceText> choices(n);
+      std::vector<std::optional<json>> lps(n);
+      for (size_t i = 0; i < n; ++i) {
+        lps[i] = next_logprobs(i);
+        choices[i] = {std::move(text[i]), finish_of(*p->choices[i].done), lps[i] ? &*lps[i] : nullptr};
+      }
       co_await send_json(s, req.version(), keep_alive, 200,
-                         completion_body(e, id, created_at, model, text, o));
+                         completion_body(e, id, created_at, model, choices, o));
       co_return;
     }
     std::string out;
-    if (first && e == Endpoint::ChatCompletions)
-      out += sse(chunk_body(e, id, created_at, model, "", "", true));  // the role, at least
-    out += sse(chunk_body(e, id, created_at, model, "", o.finish_reason, false));
+    for (size_t i = 0; i < n; ++i) {
+      if (first[i] && e == Endpoint::ChatCompletions)
+        out +=
+            sse(chunk_body(e, id, created_at, model, "", "", true, nullptr, int(i)));  // the role, at least
+      const std::optional<json> lp = next_logprobs(i);  // of the tokens whose text was held back or empty
+      out += sse(chunk_body(e, id, created_at, model, "", finish_of(*p->choices[i].done), false,
+                            lp ? &*lp : nullptr, int(i)));
+    }
     if (a.include_usage) out += sse(usage_chunk_body(e, id, created_at, model, o));
     out += "data: [DONE]\n\n";
     s.expires_after(opt.write_timeout);
@@ -408,24 +498,26 @@ struct Server::Impl {
     a.max_tokens = 1;
     a.ignore_eos = true;
     auto p = std::make_shared<Pending>();
-    p->id = submit(a, p, true);
-    in_flight.insert(p->id);
+    p->choices.resize(1);
+    Choice& c = p->choices[0];
+    c.id = submit(a, p, 0, true);
+    in_flight.insert(c.id);
     asio::steady_timer timer(co_await asio::this_coro::executor);
     p->waiter = &timer;
     const auto until = asio::steady_timer::clock_type::now() + timeout;
-    while (!p->done && asio::steady_timer::clock_type::now() < until) {
+    while (!c.done && asio::steady_timer::clock_type::now() < until) {
       timer.expires_at(until);
       boost::system::error_code ec;
       co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
     }
     p->waiter = nullptr;
     p->released = true;
-    in_flight.erase(p->id);
-    if (!p->done) {
-      sched.cancel(p->id);
+    in_flight.erase(c.id);
+    if (!c.done) {
+      sched.cancel(c.id);
       co_return std::nullopt;
     }
-    co_return p->done;
+    co_return c.done;
   }
 
   // The warm-up: /health answers 503 until the first generation has run (the kernels' first use,

@@ -43,6 +43,9 @@ struct ServerOptions {
   ApiDefaults api;
   AccessOptions access;  // API keys, allowed Host names and web origins (server/access.h)
   bool lazyprefill_metric_names = true, vllm_metric_names = true;  // /metrics' names (MetricsOptions)
+  // A socket already listening on host:port to serve on (the LoadingResponder's, server/loading.h;
+  // the server owns it from then on); -1: the server binds host:port itself.
+  int listening_socket = -1;
 };
 
 class Server {

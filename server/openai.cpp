@@ -210,14 +210,27 @@ void read_field(const std::string& key, const json& v, ApiRequest& r) {
       r.include_usage = boolean(*u, "stream_options.include_usage");
   } else if (key == "ignore_eos") {  // vLLM's and SGLang's; load generators send it
     r.ignore_eos = boolean(v, "ignore_eos");
+  } else if (key == "logprobs") {  // completions: how many alternatives; chat: whether (read below)
+    if (r.endpoint == Endpoint::Completions) {
+      if (v.is_boolean() && !v.get<bool>()) return;
+      const int64_t k = integer(v, "logprobs");
+      if (k < 0 || k > 20) bad("logprobs", "'logprobs' must be from 0 to 20, got {}", k);
+      r.top_logprobs = int(k);
+    } else if (boolean(v, "logprobs")) {
+      r.top_logprobs = std::max(r.top_logprobs, 0);
+    }
+  } else if (key == "top_logprobs" && r.endpoint == Endpoint::ChatCompletions) {
+    const int64_t k = integer(v, "top_logprobs");
+    if (k < 0 || k > 20) bad("top_logprobs", "'top_logprobs' must be from 0 to 20, got {}", k);
+    r.top_logprobs_asked = int(k);
   } else if (key == "n") {
-    if (integer(v, "n") != 1) bad("n", "only n = 1 is supported");
-  } else if (key == "best_of") {
-    if (integer(v, "best_of") != 1) bad("best_of", "only best_of = 1 is supported");
+    const int64_t n = integer(v, "n");
+    if (n < 1 || n > r.max_n) bad("n", "'n' must be from 1 to {} (the server's --max-n), got {}", r.max_n, n);
+    r.n = int(n);
+  } else if (key == "best_of") {  // choosing the best of several is not done; as many as n is n
+    r.best_of = integer(v, "best_of");
   } else if (key == "echo") {
     if (boolean(v, "echo")) bad("echo", "echo is not supported");
-  } else if (key == "logprobs") {
-    if (!(v.is_boolean() && !v.get<bool>())) bad("logprobs", "logprobs are not supported");
   } else if (key == "top_logprobs" || key == "tools" || key == "functions" || key == "response_format" ||
              key == "logit_bias" || key == "suffix") {
     bad(key, "'{}' is not supported", key);
@@ -259,6 +272,7 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
   r.sampler.top_p = 1.0f;
   r.sampler.seed = fallback_seed;
   r.prune_seed = fallback_seed;
+  r.max_n = d.max_n;
 
   if (const auto m = j.find("model"); m != j.end() && !m->is_null()) {
     if (!m->is_string()) bad("model", "'model' must be a string");
@@ -322,6 +336,12 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
     }
   }
   if (r.stream == false && r.include_usage) bad("stream_options", "'stream_options' needs 'stream': true");
+  if (r.best_of != 0 && r.best_of != 1 && r.best_of != r.n)
+    bad("best_of", "'best_of' must be 1 or n ({}): choosing the best of more is not supported", r.n);
+  if (r.top_logprobs_asked >= 0) {  // chat's top_logprobs, which needs logprobs: true
+    if (r.top_logprobs < 0) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.top_logprobs = r.top_logprobs_asked;
+  }
   if (r.policy != PolicyKind::None) {
     try {
       (void)resolve_method(r.policy, r.schedule, c.n_layer, c.global_layers());
@@ -361,19 +381,22 @@ json head(Endpoint e, const std::string& id, int64_t created, const std::string&
 }  // namespace
 
 json completion_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
-                     const std::string& text, const Outcome& o) {
+                     std::span<const ChoiceText> choices, const Outcome& o) {
   json j = head(e, id, created, model, false);
-  json choice;
-  choice["index"] = 0;
-  if (e == Endpoint::Completions) {
-    choice["text"] = text;
-    choice["logprobs"] = nullptr;
-  } else {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    choice["logprobs"] = nullptr;
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceText& c = choices[i];
+    json choice;
+    choice["index"] = i;
+    if (e == Endpoint::Completions)
+      choice["text"] = c.text;
+    else
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    choice["logprobs"] = c.logprobs ? *c.logprobs : json(nullptr);
+    choice["finish_reason"] = c.finish_reason;
+    list.push_back(std::move(choice));
   }
-  choice["finish_reason"] = o.finish_reason;
-  j["choices"] = json::array({choice});
+  j["choices"] = std::move(list);
   j["usage"] = usage(o);
   json lp;
   lp["prune"] = o.policy;
@@ -386,24 +409,72 @@ json completion_body(Endpoint e, const std::string& id, int64_t created, const s
   return j;
 }
 
+json completion_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
+                     const std::string& text, const Outcome& o, const json* logprobs) {
+  const ChoiceText one{text, o.finish_reason, logprobs};
+  return completion_body(e, id, created, model, std::span(&one, 1), o);
+}
+
 json chunk_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
-                const std::string& text, const std::string& finish_reason, bool first) {
+                const std::string& text, const std::string& finish_reason, bool first, const json* logprobs,
+                int index) {
   json j = head(e, id, created, model, true);
   json choice;
-  choice["index"] = 0;
+  choice["index"] = index;
   if (e == Endpoint::Completions) {
     choice["text"] = text;
-    choice["logprobs"] = nullptr;
   } else {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || first) delta["content"] = text;
     choice["delta"] = std::move(delta);
-    choice["logprobs"] = nullptr;
   }
+  choice["logprobs"] = logprobs ? *logprobs : json(nullptr);
   choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
   j["choices"] = json::array({choice});
   return j;
+}
+
+json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokenizer& tok, int64_t offset) {
+  // A token's text alone, valid UTF-8 (a part of a character replaced), and its bytes.
+  const auto text_of = [&tok](int32_t id) {
+    const std::string raw = tok.decode(std::span<const int32_t>(&id, 1));
+    return std::make_pair(json(raw).dump(-1, ' ', false, json::error_handler_t::replace), raw);
+  };
+  const auto as_text = [](const std::string& dumped) { return json::parse(dumped).get<std::string>(); };
+  if (e == Endpoint::Completions) {
+    json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+    for (const TokenLogprobs& lp : lps) {
+      const auto [dumped, raw] = text_of(lp.token);
+      tokens.push_back(as_text(dumped));
+      values.push_back(lp.logprob);
+      offsets.push_back(offset);
+      offset += int64_t(raw.size());
+      json top = json::object();
+      top[as_text(dumped)] = lp.logprob;
+      for (const auto& [id, v] : lp.top) top[as_text(text_of(id).first)] = v;
+      tops.push_back(std::move(top));
+    }
+    return {{"tokens", std::move(tokens)},
+            {"token_logprobs", std::move(values)},
+            {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+  }
+  const auto entry = [&](int32_t id, float v) {
+    const auto [dumped, raw] = text_of(id);
+    json bytes = json::array();
+    for (const unsigned char ch : raw) bytes.push_back(int(ch));
+    return json{{"token", as_text(dumped)}, {"logprob", v}, {"bytes", std::move(bytes)}};
+  };
+  json content = json::array();
+  for (const TokenLogprobs& lp : lps) {
+    json c = entry(lp.token, lp.logprob);
+    json top = json::array();
+    for (const auto& [id, v] : lp.top) top.push_back(entry(id, v));
+    c["top_logprobs"] = std::move(top);
+    content.push_back(std::move(c));
+  }
+  return {{"content", std::move(content)}};
 }
 
 json usage_chunk_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,

@@ -9,12 +9,14 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "model/config.h"
 #include "model/tokenizer.h"
 #include "pruning/policy.h"
@@ -47,6 +49,7 @@ struct ApiDefaults {
   // the context in OpenAI's API, here at most this many, because every token of max_tokens is
   // reserved K/V (docs/serving.md).
   int64_t chat_max_tokens = 512;
+  int max_n = 8;  // "n" (choices a request may ask for) at most this (serve --max-n)
 };
 
 // A request ready for the scheduler.
@@ -59,6 +62,13 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool ignore_eos = false;     // vLLM's extension: generate max_tokens even past end of generation
+  // Log-probabilities of the generated tokens, with this many alternatives each (0 to 20); -1:
+  // none. Completions: "logprobs": k. Chat: "logprobs": true, "top_logprobs": k (default 0).
+  int top_logprobs = -1;
+  int n = 1;                    // choices, each its own generation from the prompt (1 to ApiDefaults::max_n)
+  int max_n = 8;                // (parse_request's bound for n, from ApiDefaults)
+  int64_t best_of = 0;          // as read (0: not given); 1 or n
+  int top_logprobs_asked = -1;  // chat's "top_logprobs" as read (parse_request checks it against "logprobs")
   PolicyKind policy = PolicyKind::None;
   Schedule schedule;
   uint64_t prune_seed = 0;
@@ -83,14 +93,30 @@ struct Outcome {
   double queue_s = 0, ttft_s = 0;
 };
 
+// The "logprobs" of a choice for these generated tokens, as OpenAI shapes them: completions
+// {"tokens", "token_logprobs", "top_logprobs" (token -> logprob, the chosen one among them),
+// "text_offset" (from `offset`: where the first token's text starts in the completion)}; chat
+// {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+// A token's text is its own bytes decoded alone (a part of a character is shown as the UTF-8
+// replacement, its bytes exact in "bytes").
+json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokenizer& tok, int64_t offset = 0);
+
 // Response bodies. `id` is "cmpl-..." or "chatcmpl-..." (response_id), `created` Unix seconds.
 std::string response_id(Endpoint e, uint64_t request_id);
 json completion_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
-                     const std::string& text, const Outcome& o);
+                     const std::string& text, const Outcome& o, const json* logprobs = nullptr);
+// With several choices ("n"): each one's text, finish reason and logprobs, in index order.
+struct ChoiceText {
+  std::string text, finish_reason;
+  const json* logprobs = nullptr;
+};
+json completion_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
+                     std::span<const ChoiceText> choices, const Outcome& o);
 // One streamed chunk: a piece of text, or (finish_reason set, text empty) the last one. For chat,
 // `first` adds the assistant role to the delta.
 json chunk_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
-                const std::string& text, const std::string& finish_reason, bool first);
+                const std::string& text, const std::string& finish_reason, bool first,
+                const json* logprobs = nullptr, int index = 0);
 // stream_options.include_usage: the chunk after the last, with no choices and the usage.
 json usage_chunk_body(Endpoint e, const std::string& id, int64_t created, const std::string& model,
                       const Outcome& o);

@@ -378,8 +378,19 @@ class EventLoop {
   // The full blocks of request idx's first n tokens into the cache, after its prefill and as it
   // leaves, within the budget's room beside the reservations (what the engine's save does).
   void save_blocks(size_t idx, int64_t n) {
-    if (!cache_ || cache_ns_ == 0 || reqs_[idx].cached_tokens >= 0) return;
+    if (!cache_ || cache_ns_ == 0) return;
     const int64_t B = cfg_.prefix_block_tokens;
+    const ServingRequest& r = reqs_[idx];
+    if (r.cached_tokens >= 0) {  // a replayed hit: the copies of the blocks it did not have, priced
+      const int64_t T = r.prompt_tokens, have = std::min(r.cached_tokens, T - 1) / B;
+      const int64_t prompt_blocks = T / B, blocks = n / B;
+      const double share = cache_ns_ == 2 ? cold_share_ : 1.0;
+      if (n <= T)
+        copy_bytes_ += double(std::max<int64_t>(prompt_blocks - have, 0)) * block_bytes(share);
+      else
+        copy_bytes_ += double(std::max<int64_t>(blocks - prompt_blocks, 0)) * block_bytes(1.0);
+      return;
+    }
     const std::vector<int32_t> t = tokens_of(idx, n / B * B);
     const std::vector<uint64_t> keys = cache_->keys(t, cache_ns_);
     const double room = cfg_.kv_budget_bytes - reserved_;

@@ -51,11 +51,17 @@ def start_server(cli, log, extra=()):
     proc = subprocess.Popen([cli, "serve", "--port", "0", "--log-requests", log, "--kv-budget-mib", "512",
                              "--shutdown-grace-s", "20", *extra],
                             stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    # Its first line says where it answers 503 while the model loads; the line saying it serves
+    # comes once the model is loaded.
+    seen, m = [], None
+    for line in proc.stderr:
+        seen.append(line)
+        m = re.search(r" on http://127\.0\.0\.1:(\d+) ", line)
+        if m or len(seen) > 20:
+            break
     if not m:
         proc.kill()
-        fail(f"the server did not say where it listens: {line!r} {proc.stderr.read()!r}")
+        fail(f"the server did not say where it serves: {''.join(seen)!r}")
     threading.Thread(target=lambda: [sys.stderr.write(l) for l in proc.stderr], daemon=True).start()
     return proc, int(m.group(1))
 
@@ -196,6 +202,39 @@ def run_checks(cli, port):
                                                  stream=True) if ch.choices)
     requests += 1
     check(streamed == answer, f"chat streamed {streamed!r} != whole {answer!r}")
+
+    # Log-probabilities, as the client types them: completions' logprobs=k, chat's logprobs and
+    # top_logprobs, whole and streamed; greedy, so each token is its own most likely one.
+    lpc = c.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, logprobs=3)
+    requests += 1
+    lp = lpc.choices[0].logprobs
+    check(lp is not None and len(lp.tokens) == len(lp.token_logprobs) == lpc.usage.completion_tokens,
+          f"completion logprobs {lp}")
+    check("".join(lp.tokens) == lpc.choices[0].text, f"logprobs tokens {lp.tokens} != text {lpc.choices[0].text!r}")
+    check(lp.text_offset[0] == 0 and all(b > a for a, b in zip(lp.text_offset, lp.text_offset[1:])),
+          f"text_offset {lp.text_offset}")
+    for v, top in zip(lp.token_logprobs, lp.top_logprobs):
+        check(v <= 0 and 1 <= len(top) <= 4 and abs(max(top.values()) - v) < 1e-6, f"logprob {v} top {top}")
+    chat_lp = c.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+                                        top_logprobs=2)
+    requests += 1
+    content = chat_lp.choices[0].logprobs.content
+    check(len(content) == chat_lp.usage.completion_tokens, f"chat logprobs {len(content)} entries")
+    for e in content:
+        check(len(e.top_logprobs) == 2 and e.logprob <= 0 and abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6
+              and e.top_logprobs[0].token == e.token, f"chat logprob entry {e}")
+    check(bytes(b for e in content for b in e.bytes).decode("utf-8", "replace") == chat_lp.choices[0].message.content,
+          "chat logprobs' bytes are not the answer")
+    streamed_lp, usage = [], None
+    for ch in c.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+                                        top_logprobs=1, stream=True, stream_options={"include_usage": True}):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            streamed_lp += ch.choices[0].logprobs.content
+        if ch.usage:
+            usage = ch.usage
+    requests += 1
+    check(usage and len(streamed_lp) == usage.completion_tokens, f"streamed chat logprobs {len(streamed_lp)}")
+    check([e.logprob for e in streamed_lp] == [e.logprob for e in content], "streamed logprobs differ from whole")
 
     # The pruning override on a long prompt: LazyLLM computes a share of the prompt's pairs.
     long_prompt = kjv_text(900)

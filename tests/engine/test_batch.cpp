@@ -4,8 +4,10 @@
 // and stopping; what can never run is refused at submission.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -354,6 +356,70 @@ TEST(Scheduler, RefusesWhatCanNeverRun) {
     EXPECT_NE(std::string(e.what()).find("over the whole budget"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(s.step());
+}
+
+// Log-probabilities (RequestParams::top_logprobs): the log-softmax of the logits, computed here in
+// long double, and the k most likely, ties to the lower id; through the scheduler, each token's
+// before the token itself, the greedy token the most likely, the first one the prefill's logits'.
+TEST(Logprobs, FromTheMathAndThroughTheScheduler) {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 3.0f, -1.0f};
+  long double z = 0;
+  for (const float x : logits) z += std::exp((long double)x);
+  const TokenLogprobs lp = token_logprobs(logits, 1, 3);
+  EXPECT_NEAR(lp.logprob, double(2.0L - std::log(z)), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 2);  // the tie at 3.0: the lower id first
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 1);
+  EXPECT_NEAR(lp.top[0].second, double(3.0L - std::log(z)), 1e-6);
+  EXPECT_EQ(token_logprobs(logits, 0, 50).top.size(), logits.size());  // at most every token
+  EXPECT_THROW(token_logprobs(logits, 5, 1), Error);
+
+  const Model& m = tiny(DType::F32);
+  const std::vector<int32_t> prompt = random_ids(30, m.config().n_vocab, 3);
+  std::vector<float> first(static_cast<size_t>(m.config().n_vocab));
+  {
+    Session s(ctx(), m, 64);
+    std::vector<int32_t> pos(prompt.size());
+    std::iota(pos.begin(), pos.end(), 0);
+    const int64_t last = int64_t(prompt.size()) - 1;
+    s.forward(prompt, pos, {&last, 1}, first.data());
+  }
+  Scheduler sched(m, options(m, int64_t(64) << 20));
+  RequestParams p;
+  p.prompt = prompt;
+  p.max_tokens = 5;
+  p.stop_at_end_of_generation = false;
+  p.top_logprobs = 4;
+  std::vector<TokenLogprobs> got;
+  std::vector<int32_t> tokens;
+  p.on_logprobs = [&](const TokenLogprobs& x) {
+    EXPECT_EQ(got.size(), tokens.size());  // before its token
+    got.push_back(x);
+  };
+  p.on_token = [&](int32_t t) {
+    tokens.push_back(t);
+    return true;
+  };
+  sched.submit(std::move(p));
+  while (sched.step()) {
+  }
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].token, tokens[i]);
+    ASSERT_EQ(got[i].top.size(), 4u);
+    EXPECT_EQ(got[i].top[0].first, tokens[i]);  // greedy
+    EXPECT_EQ(got[i].top[0].second, got[i].logprob);
+    for (size_t k = 1; k < 4; ++k) EXPECT_LE(got[i].top[k].second, got[i].top[k - 1].second);
+    EXPECT_LE(got[i].logprob, 0.0f);
+  }
+  long double zf = 0, mx = *std::max_element(first.begin(), first.end());
+  for (const float x : first) zf += std::exp((long double)x - mx);
+  EXPECT_NEAR(got[0].logprob, double((long double)first[size_t(tokens[0])] - mx - std::log(zf)), 1e-5);
+  RequestParams bad;
+  bad.prompt = prompt;
+  bad.top_logprobs = 21;
+  EXPECT_THROW(sched.submit(std::move(bad)), Error);
 }
 
 }  // namespace

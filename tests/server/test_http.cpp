@@ -23,6 +23,7 @@
 #include "kernels/cpu/backend.h"
 #include "model/error.h"
 #include "server/http_server.h"
+#include "server/loading.h"
 #include "tests/gguf_writer.h"
 #include "tests/http_client.h"
 
@@ -570,6 +571,65 @@ TEST(Server, APrefixCacheHitShowsInUsageMetricsAndTheLog) {
       cached.push_back(parse_request_log_line(line, "log").cached_tokens.value_or(-1));
     EXPECT_EQ(cached, (std::vector<int64_t>{0, cache ? 32 : 0, cache ? 32 : 0}));
   }
+}
+
+// Several choices ("n"): each its own generation, index 0 to n - 1, whole and streamed alike (the
+// same seeds), the completion tokens of all of them in the usage; the choices after the first
+// find its prompt in the prefix cache; log-probabilities per choice.
+TEST(Server, SeveralChoicesShareThePromptAndStreamByIndex) {
+  Running srv;
+  const uint16_t p = srv.port();
+  std::vector<int32_t> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(7 + (i * 11) % 60);
+  const std::string base =
+      R"({"temperature": 0.9, "seed": 5, "max_tokens": 6, "ignore_eos": true, "n": 3, "prompt": )" +
+      ids_json(prompt);
+  const json whole = parsed(post(p, "/v1/completions", base + R"(, "logprobs": 1})"));
+  ASSERT_EQ(whole["choices"].size(), 3u) << whole.dump();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(whole["choices"][i]["index"], i);
+    EXPECT_EQ(whole["choices"][i]["logprobs"]["tokens"].size(), 6u);
+  }
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 18);
+  EXPECT_EQ(whole["usage"]["prompt_tokens"], 40);
+  EXPECT_NE(whole["choices"][0]["text"], whole["choices"][1]["text"]);        // seeds 5, 6, 7
+  EXPECT_EQ(metric(p, "lazyprefill_prefix_cache_hit_tokens_total"), 2 * 32);  // choices 1 and 2: two blocks
+  const Reply streamed = post(p, "/v1/completions", base + R"(, "stream": true})");
+  std::vector<std::string> texts(3);
+  std::istringstream in(streamed.body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    for (const json& c : chunk["choices"]) texts[c["index"].get<size_t>()] += c["text"].get<std::string>();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(texts[size_t(i)], whole["choices"][i]["text"]) << i;
+  EXPECT_EQ(post(p, "/v1/completions", R"({"prompt": [1, 2], "n": 9})").status, 400);
+}
+
+// While the model loads the port answers 503 "loading" with Retry-After (server/loading.h); then
+// the same listening socket is handed to the server, which answers on it: the port is never closed.
+TEST(Health, ThePortAnswers503WhileTheModelLoadsThenServesOnTheSameSocket) {
+  LoadingResponder loading("127.0.0.1", 0);
+  const uint16_t port = loading.port();
+  const Reply h = request(port, http::verb::get, "/health");
+  EXPECT_EQ(h.status, 503);
+  EXPECT_EQ(h.headers.at("retry-after"), "1");
+  EXPECT_EQ(parsed(h)["error"]["code"], "model_loading");
+  EXPECT_EQ(post(port, "/v1/completions", R"({"prompt": [1, 2]})").status, 503);
+  ServerOptions o = Running::options();
+  o.port = port;
+  o.listening_socket = loading.release();
+  SchedulerOptions so;
+  so.kv_budget_bytes = int64_t(64) << 20;
+  so.make_backend = [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+    return std::make_unique<CpuBackend>(ctx(), tiny().config(), tiny().weights(), n_ctx);
+  };
+  Server srv(tiny(), std::move(so), o);
+  EXPECT_EQ(srv.port(), port);
+  std::thread t([&] { srv.run(false); });
+  EXPECT_EQ(request(port, http::verb::get, "/health").status, 200);
+  srv.stop();
+  t.join();
 }
 
 TEST(Health, AReservationWithNothingRunningOrAShutdownIsUnhealthy) {

@@ -82,6 +82,76 @@ TEST(OpenAiRequest, FieldsAndTheOverride) {
   EXPECT_EQ(r.prune_seed, 3u);
 }
 
+// Log-probabilities as each endpoint asks for them: completions "logprobs": k; chat "logprobs":
+// true with "top_logprobs": k (in either order), which alone is refused.
+TEST(OpenAiRequest, LogprobsAsEachEndpointAsks) {
+  EXPECT_EQ(parse(R"({"prompt": "x"})").top_logprobs, -1);
+  EXPECT_EQ(parse(R"({"prompt": "x", "logprobs": 3})").top_logprobs, 3);
+  EXPECT_EQ(parse(R"({"prompt": "x", "logprobs": 0})").top_logprobs, 0);
+  EXPECT_EQ(parse(R"({"prompt": "x", "logprobs": null})").top_logprobs, -1);
+  const auto chat = [](const std::string& fields) {
+    return parse(R"({"messages": [{"role": "user", "content": "Hi"}])" + fields + "}",
+                 Endpoint::ChatCompletions);
+  };
+  EXPECT_EQ(chat("").top_logprobs, -1);
+  EXPECT_EQ(chat(R"(, "logprobs": true)").top_logprobs, 0);
+  EXPECT_EQ(chat(R"(, "logprobs": false)").top_logprobs, -1);
+  EXPECT_EQ(chat(R"(, "logprobs": true, "top_logprobs": 5)").top_logprobs, 5);
+  EXPECT_EQ(chat(R"(, "top_logprobs": 20, "logprobs": true)").top_logprobs, 20);
+  const std::string msgs = R"({"messages": [{"role": "user", "content": "Hi"}], )";
+  EXPECT_EQ(refusal(msgs + R"("top_logprobs": 2})", Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("top_logprobs")));
+  EXPECT_EQ(refusal(msgs + R"("logprobs": true, "top_logprobs": 21})", Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("top_logprobs")));
+  EXPECT_EQ(refusal(msgs + R"("logprobs": 2})", Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("logprobs")));  // a boolean in chat
+}
+
+// The bodies' "logprobs", as OpenAI shapes them, from the engine's numbers.
+TEST(OpenAiResponse, LogprobsInOpenAisShapes) {
+  const Tokenizer& tok = tiny().tokenizer();
+  const std::vector<int32_t> ids = tok.encode("ab", false, false);
+  ASSERT_GE(ids.size(), 1u);
+  std::vector<TokenLogprobs> lps;
+  for (const int32_t id : ids) lps.push_back({id, -0.25f, {{id, -0.25f}, {id == 5 ? 6 : 5, -2.0f}}});
+  const json c = logprobs_body(Endpoint::Completions, lps, tok, 7);
+  ASSERT_EQ(c["tokens"].size(), ids.size());
+  std::string text;
+  for (const auto& t : c["tokens"]) text += t.get<std::string>();
+  EXPECT_EQ(text, "ab");
+  EXPECT_EQ(c["token_logprobs"][0], -0.25f);
+  EXPECT_EQ(c["text_offset"][0], 7);
+  EXPECT_EQ(c["top_logprobs"][0].size(), 2u);  // the chosen token and the other
+  const json h = logprobs_body(Endpoint::ChatCompletions, lps, tok);
+  ASSERT_EQ(h["content"].size(), ids.size());
+  EXPECT_EQ(h["content"][0]["logprob"], -0.25f);
+  EXPECT_EQ(h["content"][0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(h["content"][0]["top_logprobs"][1]["logprob"], -2.0f);
+  std::string bytes;
+  for (const auto& e : h["content"])
+    for (const auto& b : e["bytes"]) bytes += char(b.get<int>());
+  EXPECT_EQ(bytes, "ab");
+}
+
+TEST(OpenAiRequest, SeveralChoicesUpToTheServersLimit) {
+  EXPECT_EQ(parse(R"({"prompt": "x"})").n, 1);
+  EXPECT_EQ(parse(R"({"prompt": "x", "n": 4, "best_of": 4})").n, 4);
+  ApiDefaults d = defaults();
+  d.max_n = 2;
+  EXPECT_EQ(parse_request(R"({"prompt": "x", "n": 2})", Endpoint::Completions, tiny().tokenizer(),
+                          tiny().config(), d, 1)
+                .n,
+            2);
+  try {
+    (void)parse_request(R"({"prompt": "x", "n": 3})", Endpoint::Completions, tiny().tokenizer(),
+                        tiny().config(), d, 1);
+    ADD_FAILURE() << "n above --max-n accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "n");
+    EXPECT_NE(std::string(e.what()).find("--max-n"), std::string::npos) << e.what();
+  }
+}
+
 TEST(OpenAiRequest, ChatUsesTheTemplate) {
   const ApiRequest r = parse(R"({"messages": [{"role": "developer", "content": "Be brief."},
                                               {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})",
@@ -114,9 +184,11 @@ TEST(OpenAiRequest, EachBadBodyGetsItsStatusAndField) {
       {R"({"prompt": "x", "top_p": 1.5})", {400, "top_p"}},                 //
       {R"({"prompt": "x", "stop": ""})", {400, "stop"}},                    //
       {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", {400, "stop"}},
-      {R"({"prompt": "x", "n": 2})", {400, "n"}},                //
-      {R"({"prompt": "x", "logprobs": 2})", {400, "logprobs"}},  //
-      {R"({"prompt": "x", "stream": "yes"})", {400, "stream"}},  //
+      {R"({"prompt": "x", "n": 9})", {400, "n"}},  // above --max-n
+      {R"({"prompt": "x", "n": 2, "best_of": 3})", {400, "best_of"}},
+      {R"({"prompt": "x", "logprobs": 21})", {400, "logprobs"}},         // above vLLM's 20
+      {R"({"prompt": "x", "top_logprobs": 2})", {400, "top_logprobs"}},  // chat's field
+      {R"({"prompt": "x", "stream": "yes"})", {400, "stream"}},          //
       {R"({"prompt": "x", "ignore_eos": 1})", {400, "ignore_eos"}},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", {400, "stream_options"}},
       {R"({"prompt": "x", "lazyprefill": {"prune": "magic"}})", {400, "lazyprefill.prune"}},
@@ -230,9 +302,18 @@ TEST(OpenAiRequest, EveryParameterAtItsBoundaries) {
       {R"("n")", "1", true},
       {R"("n")", "1.0", true},
       {R"("n")", "0", false},
+      {R"("n")", "8", true},
+      {R"("n")", "9", false},
       {R"("n")", "18446744073709551617", false},  // past uint64_t: a float to nlohmann
       {R"("best_of")", "1", true},
       {R"("best_of")", "2", false},
+      // logprobs (completions): the alternatives wanted, 0 to 20; false for none.
+      {R"("logprobs")", "0", true},
+      {R"("logprobs")", "20", true},
+      {R"("logprobs")", "false", true},
+      {R"("logprobs")", "21", false},
+      {R"("logprobs")", "-1", false},
+      {R"("logprobs")", "1.5", false},
       // stop: up to 4 non-empty strings.
       {R"("stop")", R"(["a", "b", "c", "d"])", true},
       {R"("stop")", R"(["a", "b", "c", "d", "e"])", false},
