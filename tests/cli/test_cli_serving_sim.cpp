@@ -175,7 +175,8 @@ TEST_F(CliSim, ServingValidationOfThePrefixCache) {
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
   for (const auto& g : j["rates"])
-    for (const char* k : {"ttft_p50", "ttft_p90"}) EXPECT_LE(std::fabs(g["error"][k].get<double>()), 0.05) << g.dump();
+    for (const char* k : {"ttft_p50", "ttft_p90"})
+      EXPECT_LE(std::fabs(g["error"][k].get<double>()), 0.05) << g.dump();
   const auto& p = j["prefix_cache"];
   EXPECT_GT(p["prompt_tokens_cached_share"].get<double>(), 0.9);
   ASSERT_EQ(p["rates"].size(), 8u);
