@@ -121,6 +121,9 @@ uint64_t Scheduler::submit(RequestParams p) {
   if (T == 0) fail("the prompt is empty (no tokens)");
   if (p.max_tokens < 1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
   if (p.top_logprobs > 20) fail("top_logprobs must be at most 20, got {}", p.top_logprobs);
+  if (p.prompt_logprobs && T * int64_t(c.n_vocab) > kMaxPromptLogits)
+    fail("the prompt's log-probabilities over {} tokens need {} MiB of logits, more than {} MiB", T,
+         T * int64_t(c.n_vocab) * 4 >> 20, kMaxPromptLogits * 4 >> 20);
   if (p.max_tokens > c.n_ctx_train - T)  // not T + max_tokens: that overflows near 2^63
     fail("the prompt's {} tokens + max_tokens {} exceed the model's context of {} tokens", T, p.max_tokens,
          c.n_ctx_train);
@@ -134,6 +137,9 @@ uint64_t Scheduler::submit(RequestParams p) {
     p.policy = PolicyKind::None;
   }
   const bool pruning = p.policy != PolicyKind::None && !p.schedule.steps.empty();
+  if (pruning && p.prompt_logprobs)
+    fail("the prompt's log-probabilities need every prompt token computed: not with pruning ({})",
+         policy_name(p.policy));
   r->steps = pruning ? resolve_schedule(p.schedule, c.n_layer, c.global_layers()) : std::vector<PruneStep>{};
   r->reservation = reservation_bytes(int64_t(p.prompt.size()), p.max_tokens, pruning);
   if (r->reservation > opt_.kv_budget_bytes)
@@ -280,7 +286,8 @@ void Scheduler::admit() {
     Request& h = *queue_.front();
     const int64_t T = int64_t(h.p.prompt.size());
     // The longest cached prefix, leaving at least the last token to compute (its logits).
-    if (cache_ && h.cache_kind) {
+    // A prompt whose every row's logits are asked for is computed in full (its blocks are saved).
+    if (cache_ && h.cache_kind && !h.p.prompt_logprobs) {
       const auto t0 = Clock::now();
       h.hit = cache_->lookup(h.p.prompt, *h.cache_kind, T - 1);
       add_seconds(lookup_s_, t0, Clock::now());
@@ -311,7 +318,7 @@ void Scheduler::admit() {
         r->policy = make_policy(r->p.policy, r->p.prune_seed);
         r->prune = PruneRequest{r->steps, r->policy.get()};
       }
-      r->logits.resize(size_t(m_.config().n_vocab));
+      r->logits.resize(size_t(m_.config().n_vocab) * (r->p.prompt_logprobs ? size_t(T) : 1));
       if (r->hit.tokens > 0) {
         const auto t0 = Clock::now();
         cache_->load(*r->session, r->hit);
@@ -360,11 +367,16 @@ Scheduler::Batch Scheduler::begin_passes(size_t n_decoding) {
         std::vector<int32_t> pos(size_t(T - cached));
         std::iota(pos.begin(), pos.end(), int32_t(cached));
         const int64_t last = int64_t(pos.size()) - 1;
+        std::vector<int64_t> rows{last};
+        if (r.p.prompt_logprobs) {  // every row's logits (the prompt is computed in full: no hit)
+          rows.resize(pos.size());
+          std::iota(rows.begin(), rows.end(), 0);
+        }
         if (cached > 0 && !r.steps.empty())  // LazyLLM after a cached prefix: revival's semantics
           r.pass = r.session->begin_extend(ids, pos, r.prune, &r.stats, nullptr);
         else
-          r.pass = r.session->begin_forward(ids, pos, {&last, 1}, r.steps.empty() ? nullptr : &r.prune,
-                                            &r.stats, nullptr);
+          r.pass = r.session->begin_forward(ids, pos, rows, r.steps.empty() ? nullptr : &r.prune, &r.stats,
+                                            nullptr);
       }
       b.members.push_back({r.session.get(), &r.pass, r.logits.data()});
       b.in_batch.push_back(&r);
@@ -383,14 +395,25 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
   const std::vector<Request*>& in_batch = b.in_batch;
   std::vector<int32_t> sampled(in_batch.size());
   std::vector<std::optional<TokenLogprobs>> logprobs(in_batch.size());
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs(in_batch.size());
+  const int64_t V = m_.config().n_vocab;
   std::vector<std::string> sample_error(in_batch.size());
   if (b.error.empty() && !in_batch.empty())
     in_batch[0]->session->backend().for_each_member(int64_t(in_batch.size()), [&](int64_t i) {
       try {
         Request& r = *in_batch[size_t(i)];
-        sampled[size_t(i)] = r.sampler->sample(r.logits);
+        // The last row's logits (a prefill that asked for the prompt's has one row a token).
+        const std::span<const float> last = std::span<const float>(r.logits).last(size_t(V));
+        sampled[size_t(i)] = r.sampler->sample(last);
         if (r.p.top_logprobs >= 0)
-          logprobs[size_t(i)] = token_logprobs(r.logits, sampled[size_t(i)], r.p.top_logprobs);
+          logprobs[size_t(i)] = token_logprobs(last, sampled[size_t(i)], r.p.top_logprobs);
+        if (r.p.prompt_logprobs && r.generated.empty()) {  // token t + 1 given the tokens to t: row t
+          const std::vector<int32_t>& ids = r.p.prompt;
+          for (size_t t = 0; t + 1 < ids.size(); ++t)
+            prompt_logprobs[size_t(i)].push_back(
+                token_logprobs(std::span<const float>(r.logits).subspan(t * size_t(V), size_t(V)), ids[t + 1],
+                               std::max(r.p.top_logprobs, 0)));
+        }
       } catch (...) {
         sample_error[size_t(i)] = "sampling: " + current_error();
       }
@@ -416,6 +439,11 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         r->rec.first_token = done_at;
         // Decoding needs one row: the prompt's activations go back (revivals grow them again).
         r->session->backend().release_activations(kDecodeRows);
+        if (r->p.prompt_logprobs) {
+          if (r->p.on_prompt_logprobs) r->p.on_prompt_logprobs(prompt_logprobs[i]);
+          r->logits.resize(size_t(V));  // one row a decoding step from now on
+          r->logits.shrink_to_fit();
+        }
         // The prompt's blocks, for the requests behind it (this one's reservation is counted).
         save_prefix(*r, opt_.kv_budget_bytes - reserved_);
       } else {

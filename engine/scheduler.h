@@ -74,6 +74,9 @@ struct TokenLogprobs {
 // row of logits: log-softmax in double precision.
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int k);
 
+// Logits a prompt's log-probabilities may take at once (prompt tokens x vocabulary): 256 MiB.
+inline constexpr int64_t kMaxPromptLogits = int64_t(64) << 20;
+
 struct RequestParams {
   std::vector<int32_t> prompt;  // token ids, not empty
   int64_t max_tokens = 16;      // >= 1
@@ -91,6 +94,13 @@ struct RequestParams {
   // on_logprobs, on the step() thread just before on_token gets the token.
   int top_logprobs = -1;
   std::function<void(const TokenLogprobs&)> on_logprobs;
+  // The prompt's own log-probabilities (OpenAI's echo, what lm-eval's loglikelihood reads): each
+  // prompt token after the first given the ones before it, with max(top_logprobs, 0) alternatives,
+  // to on_prompt_logprobs after the prefill, before the first token. The prefill then computes
+  // every prompt token and writes every row's logits (prompt x vocabulary floats, bounded by
+  // kMaxPromptLogits): not with pruning, and past the prefix cache.
+  bool prompt_logprobs = false;
+  std::function<void(std::span<const TokenLogprobs>)> on_prompt_logprobs;
 };
 
 struct SchedulerOptions {

@@ -55,8 +55,9 @@ int64_t unix_now() {
 struct Choice {
   uint64_t id = 0;
   std::deque<std::string> pieces;
-  std::vector<TokenLogprobs> logprobs;  // of every token so far (when asked), ahead of its text
-  int64_t tokens = 0;                   // generated so far
+  std::vector<TokenLogprobs> logprobs;         // of every token so far (when asked), ahead of its text
+  std::vector<TokenLogprobs> prompt_logprobs;  // echo with logprobs: the prompt's, after its prefill
+  int64_t tokens = 0;                          // generated so far
   std::optional<RequestRecord> done;
 };
 
@@ -233,6 +234,14 @@ struct Server::Impl {
       return !side->text.stopped();
     };
     rp.top_logprobs = a.top_logprobs;
+    if (a.echo && a.top_logprobs >= 0) {
+      rp.prompt_logprobs = true;
+      rp.on_prompt_logprobs = [this, p, i](std::span<const TokenLogprobs> lps) {
+        outbox.push_back([p, i, v = std::vector<TokenLogprobs>(lps.begin(), lps.end())]() mutable {
+          p->choices[i].prompt_logprobs = std::move(v);
+        });
+      };
+    }
     if (a.top_logprobs >= 0)
       rp.on_logprobs = [this, p, i](const TokenLogprobs& lp) {
         outbox.push_back([p, i, lp] { p->choices[i].logprobs.push_back(lp); });
@@ -347,7 +356,11 @@ struct Server::Impl {
       const std::vector<TokenLogprobs>& all = p->choices[i].logprobs;
       if (a.top_logprobs < 0 || lp_sent[i] >= all.size()) return std::nullopt;
       const std::span<const TokenLogprobs> fresh = std::span(all).subspan(lp_sent[i]);
-      json j = logprobs_body(e, fresh, m.tokenizer(), lp_offset[i]);
+      // echo (never streamed): the prompt's tokens first, its first one's log-probability null.
+      const bool with_prompt = a.echo && lp_sent[i] == 0;
+      json j = with_prompt ? logprobs_body(e, fresh, m.tokenizer(), 0, p->choices[i].prompt_logprobs,
+                                           a.prompt.front())
+                           : logprobs_body(e, fresh, m.tokenizer(), lp_offset[i]);
       for (const TokenLogprobs& lp : fresh)
         lp_offset[i] += int64_t(m.tokenizer().decode({&lp.token, 1}).size());
       lp_sent[i] = all.size();
@@ -465,7 +478,8 @@ struct Server::Impl {
       std::vector<std::optional<json>> lps(n);
       for (size_t i = 0; i < n; ++i) {
         lps[i] = next_logprobs(i);
-        choices[i] = {std::move(text[i]), finish_of(*p->choices[i].done), lps[i] ? &*lps[i] : nullptr};
+        choices[i] = {(a.echo ? a.prompt_text : std::string()) + text[i], finish_of(*p->choices[i].done),
+                      lps[i] ? &*lps[i] : nullptr};
       }
       co_await send_json(s, req.version(), keep_alive, 200,
                          completion_body(e, id, created_at, model, choices, o));

@@ -230,7 +230,8 @@ void read_field(const std::string& key, const json& v, ApiRequest& r) {
   } else if (key == "best_of") {  // choosing the best of several is not done; as many as n is n
     r.best_of = integer(v, "best_of");
   } else if (key == "echo") {
-    if (boolean(v, "echo")) bad("echo", "echo is not supported");
+    r.echo = boolean(v, "echo");
+    if (r.echo && r.endpoint != Endpoint::Completions) bad("echo", "'echo' is a completions field");
   } else if (key == "top_logprobs" || key == "tools" || key == "functions" || key == "response_format" ||
              key == "logit_bias" || key == "suffix") {
     bad(key, "'{}' is not supported", key);
@@ -336,6 +337,19 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
     }
   }
   if (r.stream == false && r.include_usage) bad("stream_options", "'stream_options' needs 'stream': true");
+  if (r.echo) {
+    if (r.stream) bad("echo", "'echo' with 'stream' is not supported; ask without streaming");
+    if (r.policy != PolicyKind::None && !r.schedule.steps.empty() && r.top_logprobs >= 0)
+      bad("echo", "the prompt's log-probabilities need every prompt token computed: not with pruning ({})",
+          policy_name(r.policy));
+    if (r.top_logprobs >= 0 && T * int64_t(c.n_vocab) > kMaxPromptLogits)
+      bad("echo",
+          "the prompt's log-probabilities over {} tokens need {} MiB of logits, more than the {} MiB allowed",
+          T, T * int64_t(c.n_vocab) * 4 >> 20, kMaxPromptLogits * 4 >> 20);
+    const auto p = j.find("prompt");
+    const json& one = p->is_array() && p->size() == 1 && (*p)[0].is_string() ? (*p)[0] : *p;
+    r.prompt_text = one.is_string() ? one.get<std::string>() : tok.decode(r.prompt);
+  }
   if (r.best_of != 0 && r.best_of != 1 && r.best_of != r.n)
     bad("best_of", "'best_of' must be 1 or n ({}): choosing the best of more is not supported", r.n);
   if (r.top_logprobs_asked >= 0) {  // chat's top_logprobs, which needs logprobs: true
@@ -435,7 +449,8 @@ json chunk_body(Endpoint e, const std::string& id, int64_t created, const std::s
   return j;
 }
 
-json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokenizer& tok, int64_t offset) {
+json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokenizer& tok, int64_t offset,
+                   std::span<const TokenLogprobs> prompt, int32_t first_prompt_token) {
   // A token's text alone, valid UTF-8 (a part of a character replaced), and its bytes.
   const auto text_of = [&tok](int32_t id) {
     const std::string raw = tok.decode(std::span<const int32_t>(&id, 1));
@@ -444,7 +459,17 @@ json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokeniz
   const auto as_text = [](const std::string& dumped) { return json::parse(dumped).get<std::string>(); };
   if (e == Endpoint::Completions) {
     json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
-    for (const TokenLogprobs& lp : lps) {
+    if (first_prompt_token >= 0) {  // echo: the prompt's first token has no log-probability
+      const auto [dumped, raw] = text_of(first_prompt_token);
+      tokens.push_back(as_text(dumped));
+      values.push_back(nullptr);
+      tops.push_back(nullptr);
+      offsets.push_back(offset);
+      offset += int64_t(raw.size());
+    }
+    std::vector<TokenLogprobs> all(prompt.begin(), prompt.end());
+    all.insert(all.end(), lps.begin(), lps.end());
+    for (const TokenLogprobs& lp : all) {
       const auto [dumped, raw] = text_of(lp.token);
       tokens.push_back(as_text(dumped));
       values.push_back(lp.logprob);

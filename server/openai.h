@@ -65,9 +65,14 @@ struct ApiRequest {
   // Log-probabilities of the generated tokens, with this many alternatives each (0 to 20); -1:
   // none. Completions: "logprobs": k. Chat: "logprobs": true, "top_logprobs": k (default 0).
   int top_logprobs = -1;
-  int n = 1;                    // choices, each its own generation from the prompt (1 to ApiDefaults::max_n)
-  int max_n = 8;                // (parse_request's bound for n, from ApiDefaults)
-  int64_t best_of = 0;          // as read (0: not given); 1 or n
+  int n = 1;            // choices, each its own generation from the prompt (1 to ApiDefaults::max_n)
+  int max_n = 8;        // (parse_request's bound for n, from ApiDefaults)
+  int64_t best_of = 0;  // as read (0: not given); 1 or n
+  // Completions' echo: the prompt's text before each choice's, and with logprobs the prompt's
+  // tokens' log-probabilities before the generated ones' (the first prompt token's null). Not
+  // streamed, not with pruning.
+  bool echo = false;
+  std::string prompt_text;      // the prompt as text (a string prompt as sent; ids decoded)
   int top_logprobs_asked = -1;  // chat's "top_logprobs" as read (parse_request checks it against "logprobs")
   PolicyKind policy = PolicyKind::None;
   Schedule schedule;
@@ -99,7 +104,10 @@ struct Outcome {
 // {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
 // A token's text is its own bytes decoded alone (a part of a character is shown as the UTF-8
 // replacement, its bytes exact in "bytes").
-json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokenizer& tok, int64_t offset = 0);
+// With echo (completions): the prompt's first token (its log-probability null) and the rest's
+// `prompt` entries come first.
+json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokenizer& tok, int64_t offset = 0,
+                   std::span<const TokenLogprobs> prompt = {}, int32_t first_prompt_token = -1);
 
 // Response bodies. `id` is "cmpl-..." or "chatcmpl-..." (response_id), `created` Unix seconds.
 std::string response_id(Endpoint e, uint64_t request_id);

@@ -236,6 +236,17 @@ def run_checks(cli, port):
     check(usage and len(streamed_lp) == usage.completion_tokens, f"streamed chat logprobs {len(streamed_lp)}")
     check([e.logprob for e in streamed_lp] == [e.logprob for e in content], "streamed logprobs differ from whole")
 
+    # echo with logprobs on token ids, as lm-eval's local-completions asks for a loglikelihood:
+    # every prompt token's log-probability (the first one's null), then the generated one's.
+    ids = list(range(300, 340))
+    ll = c.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0, logprobs=1, echo=True)
+    requests += 1
+    lp = ll.choices[0].logprobs
+    check(len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None
+          and all(v is not None and v <= 0 for v in lp.token_logprobs[1:]), f"echo logprobs {lp.token_logprobs}")
+    check(lp.text_offset[0] == 0 and ll.choices[0].text.startswith("".join(lp.tokens[:len(ids)])),
+          f"echo text {ll.choices[0].text!r} tokens {lp.tokens[:5]}")
+
     # The pruning override on a long prompt: LazyLLM computes a share of the prompt's pairs.
     long_prompt = kjv_text(900)
     pruned = c.completions.create(model=model, prompt=long_prompt, max_tokens=8, temperature=0,

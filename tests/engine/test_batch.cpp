@@ -422,5 +422,60 @@ TEST(Logprobs, FromTheMathAndThroughTheScheduler) {
   EXPECT_THROW(sched.submit(std::move(bad)), Error);
 }
 
+// The prompt's own log-probabilities (OpenAI's echo, lm-eval's loglikelihood): token t + 1 given
+// the tokens to t, from one prefill that computes every row, as the log-softmax of a session's
+// logits for every row computed here in long double; then decoding goes on as usual. Refused with
+// pruning (the pruned rows have no logits).
+TEST(Logprobs, ThePromptsOwnFromEveryRowsLogits) {
+  const Model& m = tiny(DType::F32);
+  const int64_t V = m.config().n_vocab;
+  const std::vector<int32_t> prompt = random_ids(24, m.config().n_vocab, 8);
+  std::vector<float> rows(prompt.size() * size_t(V));
+  {
+    Session s(ctx(), m, 64);
+    std::vector<int32_t> pos(prompt.size());
+    std::iota(pos.begin(), pos.end(), 0);
+    std::vector<int64_t> all(prompt.size());
+    std::iota(all.begin(), all.end(), 0);
+    s.forward(prompt, pos, all, rows.data());
+  }
+  Scheduler sched(m, options(m, int64_t(64) << 20));
+  std::vector<TokenLogprobs> got;
+  int tokens = 0;
+  RequestParams p;
+  p.prompt = prompt;
+  p.max_tokens = 3;
+  p.stop_at_end_of_generation = false;
+  p.top_logprobs = 2;
+  p.prompt_logprobs = true;
+  p.on_prompt_logprobs = [&](std::span<const TokenLogprobs> lps) {
+    EXPECT_EQ(tokens, 0);  // before the first token
+    got.assign(lps.begin(), lps.end());
+  };
+  p.on_token = [&](int32_t) {
+    ++tokens;
+    return true;
+  };
+  sched.submit(std::move(p));
+  while (sched.step()) {
+  }
+  EXPECT_EQ(tokens, 3);
+  ASSERT_EQ(got.size(), prompt.size() - 1);
+  for (size_t t = 0; t + 1 < prompt.size(); ++t) {
+    const float* row = rows.data() + t * size_t(V);
+    long double mx = *std::max_element(row, row + V), z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp((long double)row[v] - mx);
+    EXPECT_EQ(got[t].token, prompt[t + 1]);
+    EXPECT_NEAR(got[t].logprob, double((long double)row[prompt[t + 1]] - mx - std::log(z)), 1e-5) << t;
+    EXPECT_EQ(got[t].top.size(), 2u);
+  }
+  RequestParams pruned;
+  pruned.prompt = prompt;
+  pruned.prompt_logprobs = true;
+  pruned.policy = PolicyKind::LazyLLM;
+  pruned.schedule = parse_schedule("1:0.5");
+  EXPECT_THROW(sched.submit(std::move(pruned)), Error);
+}
+
 }  // namespace
 }  // namespace lp

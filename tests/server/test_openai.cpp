@@ -133,6 +133,18 @@ TEST(OpenAiResponse, LogprobsInOpenAisShapes) {
   EXPECT_EQ(bytes, "ab");
 }
 
+TEST(OpenAiRequest, EchoKeepsThePromptsText) {
+  EXPECT_FALSE(parse(R"({"prompt": "hello"})").echo);
+  const ApiRequest s = parse(R"({"prompt": ["hello there"], "echo": true})");
+  EXPECT_TRUE(s.echo);
+  EXPECT_EQ(s.prompt_text, "hello there");
+  const ApiRequest ids = parse(R"({"prompt": [104, 105], "echo": true, "logprobs": 0})");
+  EXPECT_EQ(ids.prompt_text, tiny().tokenizer().decode(std::vector<int32_t>{104, 105}));
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "user", "content": "Hi"}], "echo": true})",
+                    Endpoint::ChatCompletions),
+            std::make_pair(400, std::string("echo")));
+}
+
 TEST(OpenAiRequest, SeveralChoicesUpToTheServersLimit) {
   EXPECT_EQ(parse(R"({"prompt": "x"})").n, 1);
   EXPECT_EQ(parse(R"({"prompt": "x", "n": 4, "best_of": 4})").n, 4);
@@ -186,9 +198,11 @@ TEST(OpenAiRequest, EachBadBodyGetsItsStatusAndField) {
       {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", {400, "stop"}},
       {R"({"prompt": "x", "n": 9})", {400, "n"}},  // above --max-n
       {R"({"prompt": "x", "n": 2, "best_of": 3})", {400, "best_of"}},
-      {R"({"prompt": "x", "logprobs": 21})", {400, "logprobs"}},         // above vLLM's 20
-      {R"({"prompt": "x", "top_logprobs": 2})", {400, "top_logprobs"}},  // chat's field
-      {R"({"prompt": "x", "stream": "yes"})", {400, "stream"}},          //
+      {R"({"prompt": "x", "logprobs": 21})", {400, "logprobs"}},            // above vLLM's 20
+      {R"({"prompt": "x", "top_logprobs": 2})", {400, "top_logprobs"}},     // chat's field
+      {R"({"prompt": "x", "echo": true, "stream": true})", {400, "echo"}},  // echo is not streamed
+      {R"({"prompt": "x", "echo": true, "logprobs": 1, "lazyprefill": {"prune": "lazyllm"}})", {400, "echo"}},
+      {R"({"prompt": "x", "stream": "yes"})", {400, "stream"}},  //
       {R"({"prompt": "x", "ignore_eos": 1})", {400, "ignore_eos"}},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", {400, "stream_options"}},
       {R"({"prompt": "x", "lazyprefill": {"prune": "magic"}})", {400, "lazyprefill.prune"}},
