@@ -256,6 +256,7 @@ void BM_ServeOverhead(benchmark::State& st) {
   const lp::Model& m = int8_model();
   lp::SchedulerOptions so;
   so.kv_budget_bytes = int64_t(1) << 30;
+  so.prefix_cache = st.range(1) != 0;  // the cache's saves (copies) are in the scheduler's share
   so.make_backend = [&m](int64_t n_ctx) -> std::unique_ptr<lp::Backend> {
     return std::make_unique<lp::CpuBackend>(ctx(), m.config(), m.weights(), n_ctx);
   };
@@ -293,7 +294,13 @@ void BM_ServeOverhead(benchmark::State& st) {
       benchmark::Counter(double(streams * out), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_ServeOverhead)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_ServeOverhead)
+    ->ArgNames({"streams", "prefix_cache"})
+    ->Args({8, 1})
+    ->Args({8, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(3);
 
 // The prefix cache (engine/prefix_cache.h): questions over one shared document, each request
 // alone, cold (a scheduler without the cache) and cached (with it, the document's blocks left by
