@@ -142,9 +142,15 @@ uint64_t Scheduler::submit(RequestParams p) {
          policy_name(p.policy));
   r->steps = pruning ? resolve_schedule(p.schedule, c.n_layer, c.global_layers()) : std::vector<PruneStep>{};
   r->reservation = reservation_bytes(int64_t(p.prompt.size()), p.max_tokens, pruning);
+  // The prompt's log-probabilities hold a logits row a prompt token until the prefill is done: in
+  // the reservation, so that requests asking for them are admitted within the budget too.
+  if (p.prompt_logprobs) r->reservation += int64_t(p.prompt.size()) * c.n_vocab * int64_t(sizeof(float));
   if (r->reservation > opt_.kv_budget_bytes)
-    fail("the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V, over the whole budget of {:.1f} MiB",
-         T, p.max_tokens, double(r->reservation) / (1 << 20), double(opt_.kv_budget_bytes) / (1 << 20));
+    fail(
+        "the prompt's {} tokens + max_tokens {} need {:.1f} MiB of K/V{}, over the whole budget of {:.1f} "
+        "MiB",
+        T, p.max_tokens, double(r->reservation) / (1 << 20), p.prompt_logprobs ? " and logits" : "",
+        double(opt_.kv_budget_bytes) / (1 << 20));
   // Without pruning the cache holds every pair computed; with LazyLLM what it left. The other
   // policies (a static set, random layers) bypass it: their decoding does not revive what a
   // cached prefix lacks as LazyLLM's does (docs/serving.md).

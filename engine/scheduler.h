@@ -98,7 +98,8 @@ struct RequestParams {
   // prompt token after the first given the ones before it, with max(top_logprobs, 0) alternatives,
   // to on_prompt_logprobs after the prefill, before the first token. The prefill then computes
   // every prompt token and writes every row's logits (prompt x vocabulary floats, bounded by
-  // kMaxPromptLogits): not with pruning, and past the prefix cache.
+  // kMaxPromptLogits, and counted in the request's reservation against the K/V budget): not with
+  // pruning, and past the prefix cache.
   bool prompt_logprobs = false;
   std::function<void(std::span<const TokenLogprobs>)> on_prompt_logprobs;
 };

@@ -469,6 +469,16 @@ TEST(Logprobs, ThePromptsOwnFromEveryRowsLogits) {
     EXPECT_NEAR(got[t].logprob, double((long double)row[prompt[t + 1]] - mx - std::log(z)), 1e-5) << t;
     EXPECT_EQ(got[t].top.size(), 2u);
   }
+  // The logits count in the reservation: a budget that holds the K/V but not them refuses.
+  const int64_t kv_only = sched.reservation_bytes(int64_t(prompt.size()), 3, false);
+  Scheduler small(m, options(m, kv_only + int64_t(prompt.size()) * V * 4 - 1));
+  RequestParams big;
+  big.prompt = prompt;
+  big.max_tokens = 3;
+  big.prompt_logprobs = true;
+  EXPECT_THROW(small.submit(big), Error);
+  big.prompt_logprobs = false;
+  EXPECT_NO_THROW(small.submit(big));
   RequestParams pruned;
   pruned.prompt = prompt;
   pruned.prompt_logprobs = true;
