@@ -609,13 +609,12 @@ std::optional<TokenStates> Session::save_states(int32_t first, int64_t n) {
     fail("saving tokens [{}, {}): the session holds {}", first, first + n, n_cached());
   TokenStates st;
   st.first = first;
-  st.depth.resize(size_t(n));
+  st.depth = depths(first, n);
   st.kv.resize(size_t(L));
   std::vector<int64_t> entries;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t p = first + int32_t(i);
-    int d = 0;
-    while (d < L && kv_[size_t(d)].find(p) >= 0) ++d;
+    const int d = st.depth[size_t(i)];
     if (d == 0) return std::nullopt;
     for (int l = d + 1; l < L; ++l)
       if (kv_[size_t(l)].find(p) >= 0) return std::nullopt;  // a gap: not a depth
@@ -624,7 +623,6 @@ std::optional<TokenStates> Session::save_states(int32_t first, int64_t n) {
       if (e < 0 || aux_.layer[size_t(e)] != d) return std::nullopt;
       entries.push_back(e);
     }
-    st.depth[size_t(i)] = uint16_t(d);
   }
   std::vector<int32_t> slots;
   for (int l = 0; l < L; ++l) {
