@@ -201,8 +201,13 @@ struct SimulateServingArgs {
   int64_t requests = 1000;
   std::string prompt_tokens = "2048", output_tokens = "32";
   uint64_t seed = 0;
-  int64_t max_batch_tokens = 2048, chunk_tokens = 0, max_seqs = 0;
-  double kv_budget_mib = 1024, kv_element_bytes = 0, iteration_overhead_ms = 0;
+  // Scheduler limits and host times: given, they override the engine's (hw::scheduling_for).
+  std::optional<int64_t> max_batch_tokens, chunk_tokens, max_seqs, kv_block_tokens;
+  std::optional<double> iteration_overhead_ms, request_overhead_ms;
+  std::string kv_mode;  // "reserve" | "on-demand" ("": the engine's)
+  std::optional<bool> mixed;
+  int64_t concurrency = 0;  // closed loop: clients (vllm bench serve --max-concurrency)
+  double kv_budget_mib = 1024, kv_element_bytes = 0;
   int tp = 1, ep = 1, dp = 1, pp = 1, seeds = 3;
   double moe_imbalance = 0, pp_link_gbs = 50;
   bool capacity = false, json_out = false;

@@ -71,7 +71,10 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
                              "Requests from a file: a `serve --log-requests` file or a CSV with arrival_s, "
                              "prompt_tokens, output_tokens (docs/simulator.md)")
                    ->check(non_empty_path());
-  s->add_option("--rate", a.rates, "Arrival rates, requests/s, comma-separated (default 1)")->excludes(file);
+  s->add_option("--rate", a.rates,
+                "Arrival rates, requests/s, comma-separated; inf sends every request at once (an offline "
+                "batch) (default 1, inf with --concurrency)")
+      ->excludes(file);
   s->add_option("--cv", a.cv,
                 "Coefficient of variation of the gaps between arrivals: 1 Poisson (default), above 1 bursty "
                 "(gamma-distributed gaps)")
@@ -81,28 +84,50 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24))
       ->excludes(file);
   s->add_option("--prompt-tokens", a.prompt_tokens,
-                "Prompt lengths: N, LO:HI (uniform) or file:PATH (default 2048)")
+                "Prompt lengths: N, LO:HI (uniform), normal:MEAN:SD or file:PATH (default 2048)")
       ->excludes(file);
-  s->add_option("--output-tokens", a.output_tokens, "Output lengths: N, LO:HI or file:PATH (default 32)")
+  s->add_option("--output-tokens", a.output_tokens,
+                "Output lengths: N, LO:HI, normal:MEAN:SD or file:PATH (default 32)")
       ->excludes(file);
   s->add_option("--seed", a.seed, "Seed of arrivals and lengths (default 0)")->check(digits_only());
-  s->add_option("--max-batch-tokens", a.max_batch_tokens, "Rows per iteration, as serve's (default 2048)")
+  s->add_option(
+       "--max-batch-tokens", a.max_batch_tokens,
+       "Rows per iteration (default: the engine's; lazyprefill's serve 2048, vLLM's 8192 from 70 GiB)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   s->add_option("--max-seqs", a.max_seqs,
                 "Requests running at once at most, as vLLM's max_num_seqs and TensorRT-LLM's "
-                "max_batch_size (default 0: as many as the K/V budget holds, as serve's)")
+                "max_batch_size (default: the engine's; 0 as many as the K/V budget holds, as serve's)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  s->add_option("--kv-mode", a.kv_mode,
+                "How K/V is held: reserve (each request's worst case at admission: serve's, TensorRT-LLM's) "
+                "or on-demand (blocks as tokens are computed, the newest running request preempted and "
+                "recomputed when they run out: vLLM's) (default: the engine's)")
+      ->check(CLI::IsMember({"reserve", "on-demand"}));
+  s->add_option("--kv-block-tokens", a.kv_block_tokens,
+                "Tokens a K/V block holds (default: the engine's; serve 64, vLLM 16, TensorRT-LLM 32)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  s->add_option("--mixed", a.mixed,
+                "Decoding rows share iterations with prefill work (true: vLLM, TensorRT-LLM, serve; false: "
+                "SGLang's default) (default: the engine's)");
+  s->add_option("--concurrency", a.concurrency,
+                "Closed loop: at most N requests in flight, each sent when a client is free, its latencies "
+                "counted from then (vllm bench serve --max-concurrency); without --rate every request is "
+                "released at once")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   s->add_option("--kv-budget-mib", a.kv_budget_mib, "K/V budget, as serve's (default 1024)")
       ->check(CLI::Range(1.0, double(int64_t(1) << 30)));
   s->add_option("--kv-element-bytes", a.kv_element_bytes,
                 "Bytes of a K/V element in the cache the budget counts (default: the --kv precision's)")
       ->check(CLI::Range(0.5, 8.0));
-  s->add_option(
-       "--chunk-tokens", a.chunk_tokens,
-       "Chunked prefill: prompts in chunks of at most N tokens (0, default: whole, as serve runs them)")
+  s->add_option("--chunk-tokens", a.chunk_tokens,
+                "Chunked prefill: prompts in chunks of at most N tokens (0: whole, as serve runs them) "
+                "(default: the engine's)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   s->add_option("--iteration-overhead-ms", a.iteration_overhead_ms,
-                "Scheduler time per iteration beyond the batch (default 0)")
+                "Host time per iteration beyond the batch (default: the engine's)")
+      ->check(CLI::Range(0.0, 1e4));
+  s->add_option("--request-overhead-ms", a.request_overhead_ms,
+                "Host time per request an iteration schedules (default: the engine's)")
       ->check(CLI::Range(0.0, 1e4));
   s->add_option("--tp", a.tp, "Tensor-parallel degree (default 1)")->check(CLI::Range(1, 4096));
   add_expert_parallel(*s, a.ep, a.moe_imbalance, a.dp);
@@ -202,13 +227,15 @@ json workload_json(const SimulateServingArgs& a, const sim::LengthDist& prompt,
           {"requests", a.requests},
           {"prompt_tokens", prompt.describe()},
           {"output_tokens", output.describe()},
-          {"seed", a.seed}};
+          {"seed", a.seed},
+          {"concurrency", a.concurrency > 0 ? json(a.concurrency) : json(nullptr)}};
 }
 
 // --capacity: per hardware and method the highest rate meeting the objectives.
 void capacity_runs(const SimulateServingArgs& a, const ModelConfig& c, const std::vector<hw::Profile>& hws,
                    const sim::Precision& prec, const std::vector<sim::ServingMethod>& methods,
-                   const sim::ServingConfig& cfg, const sim::Objectives& obj, json& out, std::string& text) {
+                   const std::vector<sim::ServingConfig>& cfgs, const sim::Objectives& obj, json& out,
+                   std::string& text) {
   const auto prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
   const auto output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
   out["workload"] = workload_json(a, prompt, output);
@@ -226,9 +253,11 @@ void capacity_runs(const SimulateServingArgs& a, const ModelConfig& c, const std
                       a.cv == 1 ? "" : fmt::format(", cv {}", a.cv));
   text += fmt::format("{:<18} {:<9} {:>12} {:>20} {:>12} {:>12}\n", "hardware", "method", "req/s",
                       "over seeds", "TTFT p90 ms", "ITL p90 ms");
-  for (const hw::Profile& hw : hws)
+  for (size_t h = 0; h < hws.size(); ++h)
     for (const sim::ServingMethod& m : methods) {
-      const sim::CapacityResult r = sim::find_capacity(c, hw, prec, m, cfg, {1.0, a.cv}, prompt, output, co);
+      const hw::Profile& hw = hws[h];
+      const sim::CapacityResult r =
+          sim::find_capacity(c, hw, prec, m, cfgs[h], {1.0, a.cv}, prompt, output, co);
       json j = {{"hw", hw.name},
                 {"method", m.name},
                 {"met", r.met},
@@ -269,13 +298,14 @@ std::vector<std::pair<double, std::vector<sim::ServingRequest>>> request_runs(co
     const auto [tokens, groups] = sim::parse_shared_prefix(a.shared_prefix, "--shared-prefix");
     sim::share_prefixes(unit, tokens, groups);
   }
-  const std::vector<std::string> rate_list = a.rates.empty() ? std::vector<std::string>{"1"} : a.rates;
+  const std::vector<std::string> rate_list =
+      a.rates.empty() ? std::vector<std::string>{a.concurrency > 0 ? "inf" : "1"} : a.rates;
   for (const std::string& rs : rate_list)
     for (const std::string& r : split_list(rs)) {
       char* end = nullptr;
-      const double v = std::strtod(r.c_str(), &end);
-      if (!end || *end || !std::isfinite(v) || v <= 0)
-        usage_fail("--rate: '{}' is not a positive number of requests/s", escape_text(r));
+      const double v = r == "inf" ? HUGE_VAL : std::strtod(r.c_str(), &end);
+      if (r != "inf" && (!end || *end || !std::isfinite(v) || v <= 0))
+        usage_fail("--rate: '{}' is not a positive number of requests/s (or inf)", escape_text(r));
       runs.emplace_back(v, sim::at_rate(unit, v));
     }
   out["workload"] = workload_json(a, prompt, output);
@@ -286,21 +316,25 @@ std::vector<std::pair<double, std::vector<sim::ServingRequest>>> request_runs(co
 // Every hardware x method x rate simulated; with --log-requests, the (one) run's requests written.
 void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const std::vector<hw::Profile>& hws,
                     const sim::Precision& prec, const std::vector<sim::ServingMethod>& methods,
-                    const sim::ServingConfig& cfg, const sim::Objectives& obj, json& out, std::string& text) {
+                    const std::vector<sim::ServingConfig>& cfgs, const sim::Objectives& obj, json& out,
+                    std::string& text) {
   const auto runs = request_runs(a, out);
   json results = json::array();
   std::string request_log;
   text += fmt::format("{:<18} {:<9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}\n",
                       "hardware", "method", "rate/s", "req/s", "TTFT p50", "p90", "p99", "ITL p50", "p90",
                       "queue p90", "goodput", "KV");
-  for (const hw::Profile& hw : hws)
+  for (size_t h = 0; h < hws.size(); ++h)
     for (const sim::ServingMethod& m : methods)
       for (const auto& [rate, reqs] : runs) {
+        const hw::Profile& hw = hws[h];
+        const sim::ServingConfig& cfg = cfgs[h];
         const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);
         const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
         if (!a.log_requests.empty()) request_log = simulated_request_log(run, m.name);
         json j = {{"hw", hw.name}, {"method", m.name}};
-        j["rate_per_s"] = rate > 0 ? json(rate) : json(nullptr);
+        j["rate_per_s"] = std::isinf(rate) ? json("inf") : rate > 0 ? json(rate) : json(nullptr);
+        if (cfg.kv_mode == hw::Scheduling::Kv::OnDemand) j["preemptions"] = run.preemptions;
         j["metrics"] = serving_metrics_json(mm);
         j["iterations"] = run.iterations;
         if (cfg.prefix_cache) {
@@ -344,22 +378,42 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   Schedule main_sched;
   const std::vector<sim::ServingMethod> methods = serving_methods(a, c, revival_lines, main_sched);
 
-  sim::ServingConfig cfg;
-  cfg.max_batch_tokens = a.max_batch_tokens;
-  cfg.max_seqs = a.max_seqs;
-  cfg.kv_budget_bytes = a.kv_budget_mib * double(1 << 20);
-  cfg.kv_element_bytes = a.kv_element_bytes > 0 ? a.kv_element_bytes : sim::dtype_bytes(prec.kv, "--kv");
-  cfg.chunk_tokens = a.chunk_tokens;
-  cfg.iteration_overhead_s = a.iteration_overhead_ms * 1e-3;
-  cfg.prefix_cache = a.prefix_cache;
-  cfg.prefix_block_tokens = a.prefix_block_tokens;
-  cfg.tp = a.tp;
-  cfg.pipeline = {a.pp, a.pp_link_gbs * 1e9};
+  // Each profile's engine schedules (hw::scheduling_for), what the options give overriding it.
+  std::vector<sim::ServingConfig> cfgs;
+  for (const hw::Profile& hw : hws) {
+    sim::ServingConfig cfg = sim::serving_config(hw::scheduling_for(hw));
+    if (a.max_batch_tokens) cfg.max_batch_tokens = *a.max_batch_tokens;
+    if (a.max_seqs) cfg.max_seqs = *a.max_seqs;
+    if (a.chunk_tokens) cfg.chunk_tokens = *a.chunk_tokens;
+    // vLLM's chunks are what is left of the iteration's budget: a budget given is its chunk too.
+    if (a.max_batch_tokens && !a.chunk_tokens && cfg.chunk_tokens > 0) cfg.chunk_tokens = *a.max_batch_tokens;
+    if (a.kv_block_tokens) cfg.kv_block = *a.kv_block_tokens;
+    if (!a.kv_mode.empty())
+      cfg.kv_mode = a.kv_mode == "reserve" ? hw::Scheduling::Kv::Reserve : hw::Scheduling::Kv::OnDemand;
+    if (a.mixed) cfg.mixed = *a.mixed;
+    if (a.iteration_overhead_ms) cfg.iteration_overhead_s = *a.iteration_overhead_ms * 1e-3;
+    if (a.request_overhead_ms) cfg.request_overhead_s = *a.request_overhead_ms * 1e-3;
+    cfg.clients = a.concurrency;
+    cfg.kv_budget_bytes = a.kv_budget_mib * double(1 << 20);
+    cfg.kv_element_bytes = a.kv_element_bytes > 0 ? a.kv_element_bytes : sim::dtype_bytes(prec.kv, "--kv");
+    cfg.prefix_cache = a.prefix_cache;
+    cfg.prefix_block_tokens = a.prefix_block_tokens;
+    cfg.tp = a.tp;
+    cfg.pipeline = {a.pp, a.pp_link_gbs * 1e9};
+    if (cfg.prefix_cache && cfg.kv_mode == hw::Scheduling::Kv::OnDemand)
+      usage_fail(
+          "--prefix-cache: {}'s engine ({}) holds K/V on demand; the prefix cache is modelled with reserved "
+          "K/V only: add --kv-mode reserve",
+          hw.name, hw.engine.name);
+    cfgs.push_back(cfg);
+  }
   sim::pipeline_starts(c.n_layer, a.pp);
   sim::Objectives obj{a.slo_ttft_ms * 1e-3, a.slo_itl_ms * 1e-3};
   if (a.capacity && !obj.any()) usage_fail("--capacity needs --slo-ttft-p90-ms and/or --slo-itl-p90-ms");
   if (a.capacity && !a.arrival_file.empty())
     usage_fail("--capacity draws its own arrivals; drop --arrival-file");
+  if (a.capacity && a.concurrency > 0)
+    usage_fail("--capacity searches open-loop arrival rates; drop --concurrency");
   if (!a.log_requests.empty()) {
     if (a.capacity) usage_fail("--log-requests writes one run's requests; --capacity makes many");
     size_t n_rates = 0;
@@ -373,16 +427,32 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   json out;
   out["tool"] = "lazyprefill simulate-serving";
   out["model"] = model_name;
-  out["scheduler"] = {{"max_batch_tokens", cfg.max_batch_tokens},
-                      {"max_seqs", cfg.max_seqs},
-                      {"kv_budget_mib", a.kv_budget_mib},
-                      {"kv_element_bytes", cfg.kv_element_bytes},
-                      {"chunk_tokens", cfg.chunk_tokens},
-                      {"iteration_overhead_ms", a.iteration_overhead_ms},
-                      {"tp", cfg.tp},
-                      {"dp", c.dp},
-                      {"ep", c.ep},
-                      {"pp", a.pp}};
+  // The first profile's scheduler; "schedulers" gives every profile's where they differ.
+  const auto scheduler_json = [&](const hw::Profile& hw, const sim::ServingConfig& cfg) {
+    return json{{"engine", hw.engine.name},
+                {"max_batch_tokens", cfg.max_batch_tokens},
+                {"max_seqs", cfg.max_seqs},
+                {"kv_budget_mib", a.kv_budget_mib},
+                {"kv_element_bytes", cfg.kv_element_bytes},
+                {"kv_mode", cfg.kv_mode == hw::Scheduling::Kv::Reserve ? "reserve" : "on-demand"},
+                {"kv_block_tokens", cfg.kv_block},
+                {"chunk_tokens", cfg.chunk_tokens},
+                {"mixed", cfg.mixed},
+                {"iteration_overhead_ms", cfg.iteration_overhead_s * 1e3},
+                {"request_overhead_ms", cfg.request_overhead_s * 1e3},
+                {"admit_layer_ms", cfg.admit_layer_s * 1e3},
+                {"concurrency", cfg.clients},
+                {"tp", cfg.tp},
+                {"dp", c.dp},
+                {"ep", c.ep},
+                {"pp", a.pp}};
+  };
+  out["scheduler"] = scheduler_json(hws.front(), cfgs.front());
+  if (hws.size() > 1) {
+    json all = json::object();
+    for (size_t h = 0; h < hws.size(); ++h) all[hws[h].name] = scheduler_json(hws[h], cfgs[h]);
+    out["schedulers"] = std::move(all);
+  }
   out["schedule"] = main_sched.to_string();
   out["revivals"] = revival_lines;
   if (obj.any())
@@ -390,9 +460,9 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
                          {"itl_p90_ms", a.slo_itl_ms > 0 ? json(a.slo_itl_ms) : json(nullptr)}};
   std::string text;
   if (a.capacity)
-    capacity_runs(a, c, hws, prec, methods, cfg, obj, out, text);
+    capacity_runs(a, c, hws, prec, methods, cfgs, obj, out, text);
   else
-    simulated_runs(a, c, hws, prec, methods, cfg, obj, out, text);
+    simulated_runs(a, c, hws, prec, methods, cfgs, obj, out, text);
   const std::string dumped = out.dump(2) + "\n";
   if (!a.out.empty()) write_file_atomic(a.out, dumped, "serving simulation");
   if (a.json_out)

@@ -1,6 +1,7 @@
 #include "hwmodels/profile.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <string_view>
@@ -67,6 +68,70 @@ double Profile::peak(const std::string& dtype) const {
   if (auto it = peak_flops.find("f32"); it != peak_flops.end()) return it->second;
   fail("hardware profile '{}' has no peak for {} or f32", name, dtype);
 }
+
+namespace {
+
+// The serving engines' scheduler defaults (engine_preset; sources in docs/simulator.md,
+// "Engines' schedulers").
+// vLLM 0.11's OpenAI server on a GPU of 70 GiB or more (A100s aside; scheduling_for gives the
+// others'), chunked prefill always on.
+constexpr int64_t kVllmMaxSeqs = 1024, kVllmBatchTokens = 8192;
+constexpr int64_t kVllmSmallMaxSeqs = 256, kVllmSmallBatchTokens = 2048;
+constexpr double kVllmAdmitLayerS = 0.8e-3;  // aiconfigurator's vLLM prefill dispatch a layer
+// SGLang 0.5: max_running_requests min(K/V tokens / 2, request pool clamped to [2048, 4096]),
+// max_prefill_tokens 16384 and chunked_prefill_size by memory (8192 on H100/H200), unmixed.
+constexpr int64_t kSglangMaxSeqs = 2048, kSglangChunkTokens = 8192;
+// TensorRT-LLM 1.x: max_batch_size 2048, max_num_tokens 8192, chunked prefill off,
+// GUARANTEED_NO_EVICT, tokens_per_block 32.
+constexpr int64_t kTrtllmMaxSeqs = 2048, kTrtllmBatchTokens = 8192;
+
+bool is_scheduling_key(const std::string& k) {
+  for (const char* n : {"max_seqs", "max_batch_tokens", "chunk_tokens", "kv_block_tokens", "iteration_us",
+                        "request_us", "admit_layer_us", "mixed", "kv"})
+    if (k == n) return true;
+  return false;
+}
+
+// One scheduling key of a profile's 'engine' object into `s`; false for a key that is not one.
+bool parse_scheduling_key(Scheduling& s, const std::string& k, const json& v, const std::string& origin) {
+  const auto count = [&](int64_t lo) {
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > (int64_t(1) << 24))
+      fail("{}: 'engine.{}' must be a whole number from {} to 16777216", origin, k, lo);
+    return v.get<int64_t>();
+  };
+  const auto micros = [&] {
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 || v.get<double>() > 1e7)
+      fail("{}: 'engine.{}' must be a time in microseconds from 0 to 1e7", origin, k);
+    return v.get<double>() * 1e-6;
+  };
+  if (k == "max_seqs")
+    s.max_seqs = count(0);
+  else if (k == "max_batch_tokens")
+    s.max_batch_tokens = count(1);
+  else if (k == "chunk_tokens")
+    s.chunk_tokens = count(0);
+  else if (k == "kv_block_tokens")
+    s.kv_block_tokens = count(1);
+  else if (k == "iteration_us")
+    s.iteration_s = micros();
+  else if (k == "request_us")
+    s.request_s = micros();
+  else if (k == "admit_layer_us")
+    s.admit_layer_s = micros();
+  else if (k == "mixed") {
+    if (!v.is_boolean()) fail("{}: 'engine.mixed' must be true or false", origin);
+    s.mixed = v.get<bool>();
+  } else if (k == "kv") {
+    if (!v.is_string() || (v != "reserve" && v != "on_demand"))
+      fail("{}: 'engine.kv' must be \"reserve\" or \"on_demand\"", origin);
+    s.kv = v == "reserve" ? Scheduling::Kv::Reserve : Scheduling::Kv::OnDemand;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Profile parse_profile(const json& j, const std::string& origin) {
   if (!j.is_object()) fail("{}: a hardware profile must be a JSON object", origin);
@@ -203,8 +268,22 @@ Profile parse_profile(const json& j, const std::string& origin) {
         fail("{}: 'engine': {}", origin, e.what());
       }
     } else if (it->is_object()) {
-      p.engine = Engine{"custom"};
+      p.engine = Engine{"custom", false, false, false, false, 0, Scheduling{}};
+      if (const auto pre = it->find("preset"); pre != it->end()) {
+        if (!pre->is_string()) fail("{}: 'engine.preset' must be a preset name", origin);
+        try {
+          p.engine = engine_preset(pre->get<std::string>());
+        } catch (const UsageError& e) {
+          fail("{}: 'engine.preset': {}", origin, e.what());
+        }
+      }
+      json scheduling_keys = json::object();  // applied below, over the preset's values for this part
       for (const auto& [k, v] : it->items()) {
+        if (k == "preset") continue;
+        if (is_scheduling_key(k)) {
+          scheduling_keys[k] = v;
+          continue;
+        }
         if (k == "elementwise") {
           if (!v.is_string() || (v != "f32" && v != "compute"))
             fail("{}: 'engine.elementwise' must be \"f32\" or \"compute\"", origin);
@@ -228,10 +307,18 @@ Profile parse_profile(const json& j, const std::string& origin) {
           p.engine.own_gemm_rows = v.get<int64_t>();
         } else {
           fail(
-              "{}: 'engine': unknown key '{}' (a preset name, or {{\"elementwise\", \"fuse\", "
-              "\"own_gemm_rows\"}})",
+              "{}: 'engine': unknown key '{}' (a preset name, or an object of preset, elementwise, fuse, "
+              "own_gemm_rows, max_seqs, max_batch_tokens, chunk_tokens, kv, kv_block_tokens, mixed, "
+              "iteration_us, request_us, admit_layer_us)",
               origin, k);
         }
+      }
+      if (!scheduling_keys.empty()) {
+        const Scheduling base = scheduling_for(p);  // memory_capacity and kind are read by now
+        p.engine.scheduling = base;
+        for (const auto& [k, v] : scheduling_keys.items())
+          parse_scheduling_key(p.engine.scheduling, k, v, origin);
+        p.engine.scheduling.by_memory = false;
       }
     } else {
       fail("{}: 'engine' must be a preset name or an object", origin);
@@ -257,15 +344,51 @@ Profile parse_profile(const json& j, const std::string& origin) {
 }
 
 std::vector<std::string> engine_names() {
-  return {"lazyprefill", "llamacpp", "vllm", "trtllm"};
+  return {"lazyprefill", "llamacpp", "vllm", "sglang", "trtllm"};
 }
 
+// The schedulers' defaults: docs/simulator.md, "Engines' schedulers", gives each value's source.
 Engine engine_preset(const std::string& name) {
-  if (name == "lazyprefill") return Engine{name, false, false, false, false, 64};
-  if (name == "llamacpp") return Engine{name};
-  if (name == "vllm") return Engine{name, true, true, false, false};
-  if (name == "trtllm") return Engine{name, true, true, true, true};
-  usage_fail("unknown engine '{}' (known: lazyprefill, llamacpp, vllm, trtllm)", name);
+  using Kv = Scheduling::Kv;
+  // This engine's server (serve's defaults: --max-batch-tokens 2048, whole prefills, reservations
+  // of the CPU backend's 64-slot blocks).
+  if (name == "lazyprefill") return Engine{name, false, false, false, false, 64, Scheduling{}};
+  if (name == "llamacpp") return Engine{name, false, false, false, false, 0, Scheduling{}};
+  if (name == "vllm") {
+    Engine e{name, true, true, false, false, 0, Scheduling{}};
+    e.scheduling = {kVllmMaxSeqs,    kVllmBatchTokens, kVllmBatchTokens, Kv::OnDemand, 16, true, 0, 0,
+                    kVllmAdmitLayerS};
+    return e;
+  }
+  if (name == "sglang") {
+    Engine e{name, true, true, false, false, 0, Scheduling{}};
+    e.scheduling = {kSglangMaxSeqs, kSglangChunkTokens, kSglangChunkTokens, Kv::OnDemand, 1, false};
+    return e;
+  }
+  if (name == "trtllm") {
+    Engine e{name, true, true, true, true, 0, Scheduling{}};
+    e.scheduling = {kTrtllmMaxSeqs, kTrtllmBatchTokens, 0, Kv::Reserve, 32, true};
+    return e;
+  }
+  usage_fail("unknown engine '{}' (known: lazyprefill, llamacpp, vllm, sglang, trtllm)", name);
+}
+
+Scheduling scheduling_for(const Profile& p) {
+  Scheduling s = p.engine.scheduling;
+  if (!s.by_memory || p.kind != "gpu") return s;
+  const double gib = p.memory_capacity / double(int64_t(1) << 30), gb = p.memory_capacity / 1e9;
+  if (p.engine.name == "vllm") {
+    std::string name = p.name + " " + p.description;
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char ch) { return char(std::tolower(ch)); });
+    if (gib < 70 || name.find("a100") != std::string::npos)
+      s.max_seqs = kVllmSmallMaxSeqs, s.max_batch_tokens = s.chunk_tokens = kVllmSmallBatchTokens;
+  } else if (p.engine.name == "sglang") {
+    s.chunk_tokens = gb < 35 ? 2048 : gb < 60 ? 4096 : gb < 160 ? 8192 : 16384;
+    s.max_batch_tokens =
+        s.chunk_tokens;  // a prefill batch: at most one chunk's tokens (of max_prefill_tokens' 16384)
+  }
+  return s;
 }
 
 Engine default_engine(const std::string& kind) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -57,8 +58,37 @@ struct Efficiency {
 // of this machine's engine fitted 1.6-2.3x for the elementwise family (hwmodels/README.md).
 inline constexpr double kMaxMemoryEfficiency = 8;
 
+// How a serving engine schedules (the serving simulation, docs/simulator.md "Engines'
+// schedulers"): its limits per iteration, how it holds K/V, and its host time. The presets' values
+// are the engines' documented defaults, each with its source there.
+struct Scheduling {
+  int64_t max_seqs = 0;             // requests running at once at most (0: as many as K/V holds)
+  int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
+  int64_t chunk_tokens = 0;         // > 0: chunked prefill, chunks of at most this many tokens
+  // How K/V is held: Reserve, each request's worst case (prompt + max_tokens) at admission and
+  // never more (this engine; TensorRT-LLM's GUARANTEED_NO_EVICT); OnDemand, blocks as tokens are
+  // computed, the most recently admitted running request preempted (its blocks freed, computed
+  // again from its prompt and output so far when it is admitted again) when a step finds none
+  // free (vLLM's recompute, SGLang's retraction).
+  enum class Kv { Reserve, OnDemand } kv = Kv::Reserve;
+  int64_t kv_block_tokens = 64;  // tokens a K/V block holds (the capacity rounds up to it)
+  // Mixed iterations: decoding rows ride with prefill chunks in one batch (vLLM, TensorRT-LLM,
+  // this engine). false: an iteration with prefill work runs it alone and the decoding requests
+  // wait for the next (SGLang without --enable-mixed-chunk).
+  bool mixed = true;
+  double iteration_s = 0;  // host time per iteration beyond the batch (scheduling, launches), s
+  double request_s = 0;    // host time per request the iteration schedules (inputs, sampling, output), s
+  // Host time per layer of a request whose prefill starts in the iteration (aiconfigurator's vLLM
+  // prefill dispatch, 0.8 ms a layer), s.
+  double admit_layer_s = 0;
+  // The preset's defaults that follow the GPU's memory apply (vLLM's and SGLang's rules:
+  // scheduling_for); false once a profile file sets any scheduling key.
+  bool by_memory = true;
+};
+
 // How the serving engine runs the elementwise ops (docs/simulator.md, "Engines"): activations
-// between ops at f32 or at the compute dtype, and which ops it fuses into a neighbour.
+// between ops at f32 or at the compute dtype, and which ops it fuses into a neighbour; and how it
+// schedules (Scheduling).
 struct Engine {
   std::string name = "lazyprefill";     // a preset (engine_names()) or "custom"
   bool elementwise_at_compute = false;  // activations between ops at the compute dtype (else f32)
@@ -70,13 +100,20 @@ struct Engine {
   // others share one; 0: one GEMM over every member's rows (vLLM, TensorRT-LLM, llama.cpp's
   // ubatch). lazyprefill's CPU backend: 64 (kRowsForOwnGemm in kernels/cpu/backend.cpp).
   int64_t own_gemm_rows = 0;
+  Scheduling scheduling;
 };
-// lazyprefill (this engine on a CPU) and llamacpp: f32, nothing fused; vllm: compute dtype,
-// add+RMSNorm fused; trtllm: compute dtype, add+RMSNorm, RoPE and SwiGLU fused. lazyprefill
-// alone gives a member of 64 rows or more its own GEMMs. Throws
-// lp::UsageError listing the known names.
+// lazyprefill (this engine on a CPU) and llamacpp: f32, nothing fused; vllm and sglang: compute
+// dtype, add+RMSNorm fused; trtllm: compute dtype, add+RMSNorm, RoPE and SwiGLU fused. lazyprefill
+// alone gives a member of 64 rows or more its own GEMMs. Each with its scheduler's defaults
+// (docs/simulator.md, "Engines' schedulers"). Throws lp::UsageError listing the known names.
 Engine engine_preset(const std::string& name);
 std::vector<std::string> engine_names();
+struct Profile;
+// The engine's scheduler on this part: its preset's values, with vLLM's and SGLang's defaults that
+// follow the GPU's memory (vLLM 0.11: 1024 sequences and 8,192 tokens an iteration from 70 GiB,
+// A100s aside, else 256 and 2,048; SGLang: chunks of 2,048 below 35 GB, 4,096 below 60, 8,192
+// below 160, 16,384 from 160) where by_memory holds.
+Scheduling scheduling_for(const Profile& p);
 // The engine of a profile without an 'engine' field: vllm on a GPU, lazyprefill on a CPU.
 Engine default_engine(const std::string& kind);
 

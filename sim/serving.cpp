@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
+#include <queue>
 
 #include "admission/prefix_cache.h"
 #include "model/error.h"
@@ -210,6 +212,14 @@ void check_inputs(const ModelConfig& c, const ServingConfig& cfg, std::span<cons
   if (cfg.chunk_tokens < 0) fail("the prefill chunk must be positive, got {}", cfg.chunk_tokens);
   if (!(cfg.iteration_overhead_s >= 0) || !std::isfinite(cfg.iteration_overhead_s))
     fail("the iteration overhead must be a non-negative time, got {}", cfg.iteration_overhead_s);
+  if (!(cfg.request_overhead_s >= 0) || !std::isfinite(cfg.request_overhead_s) || !(cfg.admit_layer_s >= 0) ||
+      !std::isfinite(cfg.admit_layer_s))
+    fail("the per-request overheads must be non-negative times, got {} and {}", cfg.request_overhead_s,
+         cfg.admit_layer_s);
+  if (cfg.clients < 0) fail("the concurrency must be at least 1, got {}", cfg.clients);
+  if (cfg.kv_block < 1) fail("the K/V block must be at least 1 token, got {}", cfg.kv_block);
+  if (cfg.prefix_cache && cfg.kv_mode == hw::Scheduling::Kv::OnDemand)
+    usage_fail("the prefix cache is modelled with reserved K/V only (an engine whose kv is \"reserve\")");
   if (!(cfg.time_scale > 0) || !std::isfinite(cfg.time_scale))
     fail("the time scale must be a positive number, got {}", cfg.time_scale);
   if (!(cfg.pipeline.link_bytes_per_s > 0) || !(cfg.pipeline.latency_s >= 0))
@@ -253,7 +263,8 @@ class EventLoop {
         kv_token_layer_(double(c.kv_token_elems()) * cfg.kv_element_bytes),
         own_from_(hw.engine.own_gemm_rows),
         listed_(hw.eff(hw::Family::Attention).prices_listed()),
-        copy_bytes_per_s_(cfg.copy_bytes_per_s > 0 ? cfg.copy_bytes_per_s : hw.memory_bandwidth / 2) {
+        copy_bytes_per_s_(cfg.copy_bytes_per_s > 0 ? cfg.copy_bytes_per_s : hw.memory_bandwidth / 2),
+        on_demand_(cfg.kv_mode == hw::Scheduling::Kv::OnDemand) {
     // The prefix cache, as the engine keeps it: unpruned requests' blocks and LazyLLM's apart, the
     // other policies bypassing it (engine/scheduler.cpp, Scheduler::submit).
     if (cfg.prefix_cache) {
@@ -294,12 +305,24 @@ class EventLoop {
   ServingRun run() {
     out_.kv_capacity = cfg_.kv_budget_bytes;
     out_.requests.resize(reqs_.size());
+    for (int64_t i = 0; i < cfg_.clients; ++i) free_clients_.push(0.0);
     while (done_ < reqs_.size()) {
-      while (next_ < reqs_.size() && reqs_[next_].arrival_s <= t_) queue_.push_back(next_++);
-      if (queue_.empty() && running_.empty()) {
+      while (next_ < reqs_.size() && reqs_[next_].arrival_s <= t_ &&
+             (cfg_.clients == 0 || !free_clients_.empty())) {
+        double sent = reqs_[next_].arrival_s;
+        if (cfg_.clients >
+            0) {  // sent when its client is free: at its arrival or as the client's last finished
+          sent = std::max(sent, free_clients_.top());
+          free_clients_.pop();
+        }
+        out_.requests[next_].arrival_s = sent;
+        queue_.push_back(next_++);
+      }
+      if (queue_.empty() && running_.empty() && preempted_.empty()) {
         t_ = reqs_[next_].arrival_s;
         continue;
       }
+      if (on_demand_) grow();
       admit();
       const double dt = batch();
       sample_kv(dt);
@@ -320,6 +343,11 @@ class EventLoop {
     double reservation = 0, kv_used = 0, kv_next = 0;  // K/V held, and after this iteration
     int64_t prefilled = 0;  // prompt tokens computed (chunked prefill: those of earlier chunks)
     int64_t generated = 0;  // tokens out
+    // Tokens its prefill computes: the prompt; after a preemption, the prompt and the tokens out
+    // so far (computed again, the last of them giving the next token).
+    int64_t prefill_tokens = 0;
+    bool stepped = false;     // it ran in this iteration (not waiting out a prefill-only iteration)
+    int64_t held_tokens = 0;  // tokens whose K/V it holds (OnDemand's blocks)
     std::optional<trace::SyntheticSteps> steps;
     trace::Step step;  // its step in this iteration
     bool prefill_done = false;
@@ -346,6 +374,7 @@ class EventLoop {
   std::vector<int> run_starts_;
   std::shared_ptr<const trace::RevivalTable> revivals_;
   const double copy_bytes_per_s_;
+  const bool on_demand_;  // K/V held as blocks of computed tokens (ServingConfig::kv_mode)
   std::optional<PrefixIndex> cache_;
   uint64_t cache_ns_ = 0;  // the kind of state this method's requests read and write; 0: none
   double copy_bytes_ = 0;  // copied into and out of the cache since the last iteration was costed
@@ -416,24 +445,45 @@ class EventLoop {
   ServingRun out_;
   std::deque<size_t> queue_;
   std::vector<std::unique_ptr<Active>> running_;
+  std::deque<std::unique_ptr<Active>> preempted_;  // at the queue's head, in order (OnDemand)
+  // The clients free, each at the time its last request finished (ServingConfig::clients).
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_clients_;
+  bool preempted_now_ = false;  // this iteration preempted (nothing new is admitted in it)
   size_t next_ = 0, done_ = 0;
   double t_ = 0, reserved_ = 0, used_ = 0;
   int64_t kv_stride_ = 1;
 
   // Admission, as the engine's scheduler admits (admission/admission.h), after the iteration's
   // decoding rows and, chunked, the next chunks of the prefills under way.
+  // Under SGLang's unmixed iterations the decoding rows do not share an iteration with prefill
+  // work, so they take none of its token budget.
   void admit() {
     int64_t rows = 0;
-    for (const auto& a : running_) rows += a->prefill_done ? 1 : 0;
+    if (cfg_.mixed)
+      for (const auto& a : running_) rows += a->prefill_done ? 1 : 0;
     for (const auto& a : running_)
       if (!a->prefill_done)  // chunked prefills still running take their next chunk first
-        rows += std::min({cfg_.chunk_tokens, reqs_[a->idx].prompt_tokens - a->prefilled,
+        rows += std::min({cfg_.chunk_tokens, a->prefill_tokens - a->prefilled,
                           std::max<int64_t>(cfg_.max_batch_tokens - rows, 0)});
+    if (preempted_now_) return;  // as vLLM: a step that preempted schedules nothing waiting
     Admission admission(limits_, reserved_ + (cache_ ? double(cache_->bytes()) : 0.0), rows,
                         int64_t(running_.size()));
+    // Preempted requests first (OnDemand), at the queue's head: their prompt and output so far
+    // computed again as one prefill.
+    while (!preempted_.empty()) {
+      Active& a = *preempted_.front();
+      const double res = held_bytes(a.idx, admission.first_rows(a.prefill_tokens));
+      if (!admission.fits(res, a.prefill_tokens)) return;
+      admission.take(res, a.prefill_tokens);
+      a.reservation = res;
+      reserved_ += res;
+      running_.push_back(std::move(preempted_.front()));
+      preempted_.pop_front();
+    }
     while (!queue_.empty()) {
       const ServingRequest& h = reqs_[queue_.front()];
-      const double res = reservation_bytes(c_, kv_, h.prompt_tokens, h.output_tokens, pruning_);
+      const double res = on_demand_ ? held_bytes(queue_.front(), admission.first_rows(h.prompt_tokens))
+                                    : reservation_bytes(c_, kv_, h.prompt_tokens, h.output_tokens, pruning_);
       const int64_t T = h.prompt_tokens;
       int64_t hit = 0, rows_now = T;
       if (cache_ && h.cached_tokens >= 0) {  // a measured hit, replayed
@@ -462,13 +512,14 @@ class EventLoop {
       a->idx = queue_.front();
       queue_.pop_front();
       a->reservation = res;
+      a->prefill_tokens = T;
       reserved_ += res;
       a->steps.emplace(c_, m_.method.policy_name(), m_.steps, h.prompt_tokens, h.output_tokens - 1,
                        revivals_ ? trace::Revivals{} : m_.revivals);
       if (revivals_) a->steps->use_table(revivals_);
       a->steps->only_run_starts(run_starts_);  // add_step reads the first layer of each run
       RequestOutcome& o = out_.requests[a->idx];
-      o.arrival_s = h.arrival_s, o.admitted_s = t_;
+      o.admitted_s = t_;  // o.arrival_s: when it was sent (run())
       o.prompt_tokens = h.prompt_tokens, o.output_tokens = h.output_tokens;
       o.cached_tokens = hit;
       if (cache_ && h.cached_tokens >= 0)  // a replayed hit: its blocks' bytes, as a block holds them
@@ -476,6 +527,56 @@ class EventLoop {
       a->prefilled = hit;  // the cached prefix: the prefill computes the rest (as a last chunk)
       running_.push_back(std::move(a));
     }
+  }
+
+  // OnDemand K/V: bytes of the blocks holding request idx's first `tokens` tokens' K/V, and with
+  // pruning its prompt's Aux Cache (reservation_bytes' worst case for it).
+  double held_bytes(size_t idx, int64_t tokens) const {
+    const double aux = pruning_ ? double(reqs_[idx].prompt_tokens) * double(c_.n_embd) * 4 : 0;
+    return reservation_bytes(c_, kv_, tokens, 0, false) + aux;
+  }
+
+  // OnDemand K/V, before admission (vLLM's schedule() over its running requests first): each
+  // running request, the oldest first, takes the blocks this iteration's tokens need (a decoding
+  // row, or its prefill's next chunk); where too few are free, the most recently admitted running
+  // request is preempted until they are, which may be the request itself.
+  void grow() {
+    preempted_now_ = false;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Active& a = *running_[i];
+      const int64_t want = a.prefill_done ? a.held_tokens + 1
+                                          : a.prefilled + std::min(cfg_.chunk_tokens > 0 ? cfg_.chunk_tokens
+                                                                                         : a.prefill_tokens,
+                                                                   a.prefill_tokens - a.prefilled);
+      const double need = held_bytes(a.idx, want) - a.reservation;
+      if (need <= 0) continue;
+      while (reserved_ + need > cfg_.kv_budget_bytes && i < running_.size()) preempt(running_.size() - 1);
+      if (i >= running_.size()) return;  // it was preempted itself, and every later one before it
+      a.reservation += need;
+      reserved_ += need;
+    }
+  }
+
+  // Running request j back to the queue's head with nothing held; admitted again, it computes its
+  // prompt and its output so far as one prefill, which gives its next token.
+  void preempt(size_t j) {
+    std::unique_ptr<Active> a = std::move(running_[j]);
+    running_.erase(running_.begin() + std::ptrdiff_t(j));
+    const ServingRequest& r = reqs_[a->idx];
+    reserved_ -= a->reservation;
+    used_ -= a->kv_used;
+    a->reservation = a->kv_used = a->kv_next = 0;
+    a->prefill_tokens = r.prompt_tokens + a->generated;
+    a->prefilled = a->held_tokens = 0;
+    a->prefill_done = a->prefilled_now = false;
+    a->steps.emplace(c_, m_.method.policy_name(), m_.steps, a->prefill_tokens,
+                     r.output_tokens - a->generated - 1, revivals_ ? trace::Revivals{} : m_.revivals);
+    if (revivals_) a->steps->use_table(revivals_);
+    a->steps->only_run_starts(run_starts_);
+    ++out_.requests[a->idx].preemptions;
+    ++out_.preemptions;
+    preempted_.push_front(std::move(a));  // vLLM prepends: the oldest preempted ends up first
+    preempted_now_ = true;
   }
 
   void gemm_rows(LayerRun& r, int64_t q) {
@@ -544,37 +645,48 @@ class EventLoop {
   double batch() {
     static_assert(std::is_trivially_copyable_v<LayerWork> && std::is_trivially_copyable_v<OwnGemms>);
     for (LayerRun& r : runs_) r.work = LayerWork{}, r.own = OwnGemms{}, r.moved = 0;
-    int64_t new_rows = 0, logit_rows = 0, budget = cfg_.max_batch_tokens;
-    for (const auto& a : running_) budget -= a->prefill_done ? 1 : 0;
+    int64_t new_rows = 0, logit_rows = 0, budget = cfg_.max_batch_tokens, scheduled = 0, starting = 0;
+    // Unmixed iterations (SGLang's): prefill work, where there is any, runs alone.
+    bool decode = true;
+    if (!cfg_.mixed)
+      for (const auto& a : running_) decode = decode && a->prefill_done;
+    for (const auto& a : running_) budget -= a->prefill_done && decode ? 1 : 0;
     for (auto& a : running_) {
-      const ServingRequest& r = reqs_[a->idx];
+      a->stepped = false;
       if (a->prefill_done) {
+        if (!decode) continue;
         a->steps->next(a->step);
         a->kv_next = add_step(a->step, false);
         new_rows += 1, logit_rows += 1;
+        a->stepped = true, ++scheduled;
         continue;
       }
-      const int64_t left = r.prompt_tokens - a->prefilled;
+      const int64_t left = a->prefill_tokens - a->prefilled;
       const int64_t chunk =
           cfg_.chunk_tokens > 0 ? std::min({cfg_.chunk_tokens, left, std::max<int64_t>(budget, 0)}) : left;
       if (chunk <= 0) continue;  // no budget left this iteration
       budget -= chunk;
       new_rows += chunk;
+      ++scheduled;
+      starting += a->prefilled == 0 ? 1 : 0;
       if (chunk < left) {
         add_chunk(a->prefilled, chunk);
         a->prefilled += chunk;
+        a->held_tokens = a->prefilled;
         continue;
       }
       a->steps->next(a->step);
-      if (a->prefilled > 0) last_chunk(a->step, a->prefilled, chunk, r.prompt_tokens);
+      if (a->prefilled > 0) last_chunk(a->step, a->prefilled, chunk, a->prefill_tokens);
       a->kv_next = add_step(a->step, true);
-      a->prefilled = r.prompt_tokens;
-      a->prefilled_now = true;
+      a->prefilled = a->held_tokens = a->prefill_tokens;
+      a->prefilled_now = a->stepped = true;
       logit_rows += 1;
     }
     const double copies = copy_bytes_ * 2 / copy_bytes_per_s_;  // read and written
     copy_bytes_ = 0;
-    return (cost_(runs_, new_rows, logit_rows) + cfg_.iteration_overhead_s + copies) * cfg_.time_scale;
+    const double host = cfg_.iteration_overhead_s + cfg_.request_overhead_s * double(scheduled) +
+                        cfg_.admit_layer_s * double(c_.n_layer) * double(starting);
+    return (cost_(runs_, new_rows, logit_rows) + host + copies) * cfg_.time_scale;
   }
 
   // K/V utilisation over the iteration (what it held at its start), time-weighted, and the
@@ -596,13 +708,17 @@ class EventLoop {
     for (auto& a : running_) {
       const ServingRequest& r = reqs_[a->idx];
       RequestOutcome& o = out_.requests[a->idx];
+      if (!a->stepped) continue;  // a chunk before the last, or waiting out a prefill-only iteration
       if (!a->prefill_done) {
-        if (!a->prefilled_now) continue;  // a chunk before the last
         a->prefilled_now = false;
         a->prefill_done = true;
-        o.first_token_s = t_;
-        o.prompt_tokens_computed_fraction = trace::prefill_computed_fraction(a->step, r.prompt_tokens);
-        save_blocks(a->idx, r.prompt_tokens);
+        if (a->generated == 0) {  // not a preempted request's prefill computed again
+          o.first_token_s = t_;
+          o.prompt_tokens_computed_fraction = trace::prefill_computed_fraction(a->step, r.prompt_tokens);
+          save_blocks(a->idx, r.prompt_tokens);
+        }
+      } else {
+        ++a->held_tokens;
       }
       ++a->generated;
       used_ += a->kv_next - a->kv_used;
@@ -620,6 +736,7 @@ class EventLoop {
         save_blocks(a.idx, reqs_[a.idx].prompt_tokens + reqs_[a.idx].output_tokens - 1);
         used_ -= a.kv_used;
         ++done_;
+        if (cfg_.clients > 0) free_clients_.push(t_);
       } else {
         running_[kept++] = std::move(running_[i]);
       }
@@ -660,6 +777,20 @@ ServingRun serve_requests(const ModelConfig& c, const hw::Profile& hw, const Pre
 }
 }  // namespace
 
+ServingConfig serving_config(const hw::Scheduling& s) {
+  ServingConfig cfg;
+  cfg.max_seqs = s.max_seqs;
+  cfg.max_batch_tokens = s.max_batch_tokens;
+  cfg.chunk_tokens = s.chunk_tokens;
+  cfg.kv_mode = s.kv;
+  cfg.kv_block = s.kv_block_tokens;
+  cfg.mixed = s.mixed;
+  cfg.iteration_overhead_s = s.iteration_s;
+  cfg.request_overhead_s = s.request_s;
+  cfg.admit_layer_s = s.admit_layer_s;
+  return cfg;
+}
+
 double group_kv_budget(const ModelConfig& c, int tp, double per_gpu_bytes) {
   const ModelConfig g = tp_shard(c, tp);
   double whole = 0, one = 0;
@@ -681,7 +812,10 @@ ServingRun simulate_serving(const ModelConfig& c, const hw::Profile& hw, const P
   check_inputs(c, cfg, reqs, policy_traits(m.method.policy).prunes && !m.steps.empty());
   std::vector<ServingRequest> first;
   for (size_t i = 0; i < reqs.size(); i += size_t(shares)) first.push_back(reqs[i]);
-  ServingRun run = serve_requests(c, hw, p, m, cfg, first);
+  // Closed loop: the first share's clients, dealt round robin as its requests are.
+  ServingConfig one = cfg;
+  if (cfg.clients > 0) one.clients = (cfg.clients + shares - 1) / shares;
+  ServingRun run = serve_requests(c, hw, p, m, one, first);
   run.replicas = shares;
   return run;
 }

@@ -51,6 +51,23 @@ struct ServingConfig {
   int64_t kv_block = 64;            // cache capacity rounded up to this many tokens (the CPU layout)
   int64_t chunk_tokens = 0;         // > 0: chunked prefill, chunks of at most this many prompt tokens
   double iteration_overhead_s = 0;  // the scheduler's time per iteration beyond the batch
+  double request_overhead_s = 0;    // host time per request an iteration schedules
+  double admit_layer_s = 0;         // host time per layer of a request whose prefill starts
+  // How K/V is held (hw::Scheduling::Kv): Reserve admits a request's worst case and holds it to
+  // its end; OnDemand holds the blocks of its computed tokens (kv_block a block), a request admitted
+  // while its first rows' blocks fit, and a step that finds too few free blocks preempts the most
+  // recently admitted running request (blocks freed, back at the head of the queue, its prompt and
+  // output so far computed again as one prefill when admitted again: vLLM's recompute).
+  hw::Scheduling::Kv kv_mode = hw::Scheduling::Kv::Reserve;
+  // Decoding rows ride with prefill work in one iteration; false: an iteration with prefill work
+  // (an admission, or a chunked prefill's next chunk) runs it alone, the decoding requests waiting
+  // (SGLang's default).
+  bool mixed = true;
+  // The clients (a closed loop): > 0, at most this many requests in flight; a request is sent at
+  // its arrival time or, when every client is busy, as the next one becomes free, and its
+  // latencies count from then (vllm bench serve --max-concurrency; with every arrival at 0, N
+  // clients each sending its next request when its last one finishes). 0: open loop.
+  int64_t clients = 0;
   // Every iteration's time multiplied by this: a machine that runs this much slower (> 1) or
   // faster than its profile says (validate --serving's sensitivity to the machine's drift).
   double time_scale = 1;
@@ -78,6 +95,7 @@ struct RequestOutcome {
   int64_t prompt_tokens = 0, output_tokens = 0;
   double prompt_tokens_computed_fraction = 1;  // of its prompt's (token, layer) pairs, the prefill computed
   int64_t cached_tokens = 0;                   // of its prompt, copied from the prefix cache
+  int64_t preemptions = 0;                     // times preempted (ServingConfig::kv_mode OnDemand)
   double ttft_s() const { return first_token_s - arrival_s; }
   double queue_s() const { return admitted_s - arrival_s; }
   double e2e_s() const { return finished_s - arrival_s; }
@@ -97,11 +115,16 @@ struct ServingRun {
   std::vector<KvPoint> kv;      // utilisation over time (sampled)
   double kv_reserved_mean = 0;  // time-weighted over the run, bytes
   double kv_reserved_peak = 0;
+  int64_t preemptions = 0;  // over the run (OnDemand K/V)
   // Groups that served alike (data-parallel attention's groups, ModelConfig::dp, times pipeline
   // stages' virtual engines): `requests` are the first one's, and the deployment's throughput is
   // this many times theirs (serving_metrics).
   int replicas = 1;
 };
+
+// A serving configuration with an engine's scheduler (hw::Engine::scheduling): its limits, K/V
+// holding, mixed iterations and host times; the rest at their defaults.
+ServingConfig serving_config(const hw::Scheduling& s);
 
 // The K/V layout a configuration's reservations count in (lp::reservation_bytes, the policy the
 // engine's scheduler runs: admission/admission.h).

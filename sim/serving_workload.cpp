@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <boost/random/gamma_distribution.hpp>
 #include <boost/random/mersenne_twister.hpp>
+#include <boost/random/normal_distribution.hpp>
 #include <boost/random/uniform_int_distribution.hpp>
 #include <charconv>
 #include <cmath>
@@ -146,10 +147,25 @@ LengthDist LengthDist::parse(const std::string& s, const std::string& what, cons
     if (d.samples.empty()) fail("{}: {} holds no lengths", what, path);
     return from_samples(std::move(d.samples));
   }
+  if (s.rfind("normal:", 0) == 0) {
+    const std::string rest = s.substr(7);
+    const size_t c = rest.find(':');
+    const auto mean = c == std::string::npos ? std::nullopt : number(std::string_view(rest).substr(0, c));
+    const auto sd = c == std::string::npos ? std::nullopt : number(std::string_view(rest).substr(c + 1));
+    if (!mean || !sd) fail("{}: '{}' is not normal:MEAN:SD with numbers", what, escape_text(s));
+    if (*mean < 1 || *mean > double(kMaxTokens) || *sd < 0 || *sd > double(kMaxTokens))
+      fail("{}: '{}' needs a mean in [1, {}] and a standard deviation in [0, {}]", what, escape_text(s),
+           kMaxTokens, kMaxTokens);
+    d.kind = Kind::Normal;
+    d.mean = *mean, d.sd = *sd;
+    d.lo = 1;
+    d.hi = std::min<int64_t>(kMaxTokens, int64_t(std::ceil(*mean + 6 * *sd)));
+    return d;
+  }
   const size_t colon = s.find(':');
   if (colon == std::string::npos) {
     const auto v = whole(s);
-    if (!v) fail("{}: '{}' is not a whole number, LO:HI or file:PATH", what, escape_text(s));
+    if (!v) fail("{}: '{}' is not a whole number, LO:HI, normal:MEAN:SD or file:PATH", what, escape_text(s));
     check_tokens(*v, what, "length");
     d.lo = d.hi = *v;
     return d;
@@ -180,6 +196,8 @@ std::string LengthDist::describe() const {
       return fmt::format("{}", lo);
     case Kind::Uniform:
       return fmt::format("uniform {}-{}", lo, hi);
+    case Kind::Normal:
+      return fmt::format("normal, mean {} sd {}", mean, sd);
     case Kind::Samples:
       break;
   }
@@ -206,6 +224,9 @@ std::vector<ServingRequest> make_workload(int64_t n, const Arrivals& a, const Le
         return d.lo;
       case LengthDist::Kind::Uniform:
         return boost::random::uniform_int_distribution<int64_t>(d.lo, d.hi)(len_rng);
+      case LengthDist::Kind::Normal:
+        return std::clamp<int64_t>(
+            std::llround(boost::random::normal_distribution<double>(d.mean, d.sd)(len_rng)), d.lo, d.hi);
       case LengthDist::Kind::Samples:
         break;
     }
@@ -224,9 +245,9 @@ std::vector<ServingRequest> make_workload(int64_t n, const Arrivals& a, const Le
 }
 
 std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double rate) {
-  if (!(rate > 0) || !std::isfinite(rate)) fail("the arrival rate must be positive, got {}", rate);
+  if (!(rate > 0)) fail("the arrival rate must be positive, got {}", rate);
   std::vector<ServingRequest> out(unit.begin(), unit.end());
-  for (ServingRequest& r : out) r.arrival_s /= rate;
+  for (ServingRequest& r : out) r.arrival_s = std::isinf(rate) ? 0.0 : r.arrival_s / rate;
   return out;
 }
 

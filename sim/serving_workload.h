@@ -22,14 +22,17 @@ struct ServingRequest {
   int64_t cached_tokens = -1;
 };
 
-// A length distribution: fixed N, uniform over [lo, hi], or drawn from a list (a file's lengths).
+// A length distribution: fixed N, uniform over [lo, hi], normal (rounded, clamped to [lo, hi] =
+// [1, mean + 6 sd]: genai-perf's and AIPerf's --synthetic-input-tokens-mean/-stddev), or drawn
+// from a list (a file's lengths: a ShareGPT-like empirical distribution).
 struct LengthDist {
-  enum class Kind { Fixed, Uniform, Samples } kind = Kind::Fixed;
+  enum class Kind { Fixed, Uniform, Normal, Samples } kind = Kind::Fixed;
   int64_t lo = 1, hi = 1;
+  double mean = 0, sd = 0;  // Normal
   std::vector<int64_t> samples;
-  // "N", "LO:HI", or "file:PATH" (one positive whole number a line, or the prompt_tokens /
-  // output_tokens column named by `column` of a CSV or a serve --log-requests file). Throws
-  // lp::Error naming `what` and the problem.
+  // "N", "LO:HI", "normal:MEAN:SD" or "file:PATH" (one positive whole number a line, or the
+  // prompt_tokens / output_tokens column named by `column` of a CSV or a serve --log-requests
+  // file). Throws lp::Error naming `what` and the problem.
   static LengthDist parse(const std::string& s, const std::string& what, const std::string& column);
   // Lengths drawn uniformly from `samples` (not empty, each in [1, 2^24]; unchecked here).
   static LengthDist from_samples(std::vector<int64_t> samples);
@@ -55,7 +58,8 @@ std::vector<ServingRequest> make_workload(int64_t n, const Arrivals& a, const Le
 void share_prefixes(std::vector<ServingRequest>& reqs, int64_t tokens, int64_t groups);
 // "TOKENS:GROUPS", both whole numbers from 1 (tokens at most 2^24); lp::UsageError naming `what`.
 std::pair<int64_t, int64_t> parse_shared_prefix(const std::string& s, const std::string& what);
-// The same requests at `rate` (scaling a workload made at rate 1).
+// The same requests at `rate` (scaling a workload made at rate 1); an infinite rate sends them all
+// at 0 (an offline batch, or clients that send as fast as they can: ServingConfig::clients).
 std::vector<ServingRequest> at_rate(std::span<const ServingRequest> unit, double rate);
 
 // One line of a `serve --log-requests` file: its times (seconds since the server started; NaN where

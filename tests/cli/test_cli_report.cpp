@@ -257,7 +257,7 @@ TEST_F(CliSim, SweepWritesJsonLinesAndResumes) {
   r = run_cli(dir_, {"sweep", "--grid", rv, "--out", rv_out});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   EXPECT_NE(slurp_text(rv_out).find("optimistic bound"), std::string::npos) << slurp_text(rv_out);
-  for (const char* g : {R"("engine": "sglang")", R"("revival_share": "lots")", R"("revival_share": 2)",
+  for (const char* g : {R"("engine": "tgi")", R"("revival_share": "lots")", R"("revival_share": 2)",
                         R"("map": "yes")", R"("revival_model": 3)"}) {
     const std::string f = write_text(fmt::format(R"({{"lazyprefill_sweep": 1, "hardware": ["l4"], "models":
         ["llama-2-7b"], "methods": [{{"policy": "lazyllm"}}], "prompt_lengths": [512], {}}})",

@@ -109,6 +109,41 @@ TEST_F(CliSim, ServingSimulationWritesItsRequestsAsAServerLog) {
   EXPECT_FALSE(std::filesystem::exists(dir_.file("y.jsonl")));
 }
 
+// A closed loop through the binary (vllm bench serve --max-concurrency's workload): the engine's
+// scheduler reported, every request released at once, Little's law between the figures printed.
+TEST_F(CliSim, ServingClosedLoopUnderAnEnginesScheduler) {
+  const CliResult r = run_cli(dir_, {"simulate-serving",
+                                     "--model-config",
+                                     "llama-3.1-8b",
+                                     "--hw",
+                                     "h100-sxm",
+                                     "--engine",
+                                     "sglang",
+                                     "--prune",
+                                     "none",
+                                     "--concurrency",
+                                     "8",
+                                     "--requests",
+                                     "200",
+                                     "--prompt-tokens",
+                                     "normal:1024:256",
+                                     "--output-tokens",
+                                     "64",
+                                     "--kv-budget-mib",
+                                     "20000",
+                                     "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["scheduler"]["engine"], "sglang");
+  EXPECT_EQ(j["scheduler"]["mixed"], false);
+  EXPECT_EQ(j["scheduler"]["kv_mode"], "on-demand");
+  EXPECT_EQ(j["scheduler"]["concurrency"], 8);
+  const auto& res = j["results"][0];
+  EXPECT_EQ(res["rate_per_s"], "inf");
+  const auto& m = res["metrics"];
+  EXPECT_NEAR(m["requests_per_s"].get<double>() * m["e2e_ms"]["mean"].get<double>() / 1e3, 8, 0.4);
+}
+
 TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {
   const CliResult r = run_cli(dir_, with({"--capacity", "--slo-ttft-p90-ms", "0.001", "--prompt-tokens",
                                           "4096", "--seeds", "1", "--json"}));
@@ -135,6 +170,16 @@ TEST_F(CliSim, ServingSimulationRefusesBadInput) {
                                        "h100-sxm", "--prompt-tokens", "100000", "--kv-budget-mib", "1000"}),
                         {"could never run"});
   expect_one_line_error(run_cli(dir_, with({"--capacity"})), {"--capacity needs"});
+  // The engines' schedulers and benchmark workloads (issue 55).
+  expect_one_line_error(run_cli(dir_, with({"--concurrency", "0", "--out", out})), {"--concurrency"});
+  expect_one_line_error(run_cli(dir_, with({"--kv-mode", "lazy"})), {"--kv-mode"});
+  expect_one_line_error(run_cli(dir_, with({"--prompt-tokens", "normal:0:5"})),
+                        {"--prompt-tokens", "normal"});
+  expect_one_line_error(run_cli(dir_, with({"--rate", "-inf"})), {"--rate"});
+  expect_one_line_error(run_cli(dir_, with({"--capacity", "--slo-ttft-p90-ms", "500", "--concurrency", "4"})),
+                        {"--concurrency"});
+  expect_one_line_error(run_cli(dir_, with({"--prefix-cache", "--shared-prefix", "512:4", "--out", out})),
+                        {"on demand", "--kv-mode reserve"});
   const std::vector<std::string> file_base = {
       "simulate-serving", "--model-config", "llama-3.1-8b", "--hw", "h100-sxm", "--out", out,
       "--arrival-file"};

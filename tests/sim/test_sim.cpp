@@ -328,7 +328,7 @@ TEST(SimCost, EnginesByHand) {
   }
   j["engine"] = {{"fuse", {"layernorm"}}};
   EXPECT_THROW(hw::parse_profile(j, "round"), Error);
-  j["engine"] = "sglang";
+  j["engine"] = "tgi";
   EXPECT_THROW(hw::parse_profile(j, "round"), Error);
   // The defaults: vllm on a GPU, lazyprefill on a CPU.
   EXPECT_EQ(hw::load_profile("h100-sxm").engine.name, "vllm");
