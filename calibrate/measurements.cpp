@@ -463,6 +463,10 @@ Measurement from_vllm_serving(const json& o, const std::string& path, int rec) {
 
 }  // namespace
 
+std::vector<std::pair<int, nlohmann::json>> json_values(const std::string& path, const std::string& text) {
+  return json_records(path, text);
+}
+
 std::vector<Measurement> import_vllm_serving(const std::string& path) {
   std::vector<Measurement> out;
   for (const auto& [rec, o] : json_records(path, read_text(path))) {

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lp::calib {
@@ -69,6 +71,11 @@ std::vector<Measurement> import_run_json(const std::string& path);
 // tp / tensor_parallel_size, vllm_version) and are otherwise "" / 1 / "" with a note. Only a run
 // with max_concurrency 1 is isolated.
 std::vector<Measurement> import_vllm_serving(const std::string& path);
+
+// The JSON values of a result file's text: one value, each element of a top-level array, or one a
+// line (JSON Lines, as vLLM's --append-result writes), each with its record number (1-based; the
+// line for JSON Lines). Throws lp::Error naming the file and line.
+std::vector<std::pair<int, nlohmann::json>> json_values(const std::string& path, const std::string& text);
 
 // vLLM's latency benchmark (`vllm bench latency --output-json`): avg_latency of one generate()
 // over a batch. The JSON does not record the prompt, output length or batch; they are read from

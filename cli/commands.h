@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "pruning/schedule.h"
 #include "sim/cost.h"
 #include "sim/revival.h"
+#include "sim/serving.h"
 #include "traces/synthetic.h"
 
 namespace lp::cli {
@@ -192,6 +194,20 @@ int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
 int cmd_simulate_runahead(const SimulateArgs& a);    // cli/simulate_runahead.cpp
 int cmd_simulate_kv_predict(const SimulateArgs& a);  // cli/simulate_kv_predict.cpp
 
+// A serving engine's scheduler limits and host times: given, they override the engine's
+// (hw::scheduling_for): simulate-serving and calibrate-serving.
+struct SchedulerArgs {
+  std::optional<int64_t> max_batch_tokens, chunk_tokens, max_seqs, kv_block_tokens;
+  std::optional<double> iteration_overhead_ms, request_overhead_ms;
+  std::string kv_mode;  // "reserve" | "on-demand" ("": the engine's)
+  std::optional<bool> mixed;
+};
+void add_scheduler_options(CLI::App& sub, SchedulerArgs& a);
+// `hw`'s engine's scheduler as a serving configuration, the options given overriding it.
+sim::ServingConfig scheduler_config(const SchedulerArgs& a, const hw::Profile& hw);
+// The scheduler's fields as simulate-serving and calibrate-serving print them.
+nlohmann::ordered_json scheduler_json(const hw::Profile& hw, const sim::ServingConfig& cfg);
+
 struct SimulateServingArgs {
   std::string model, model_config, hw, engine, prune = "none,lazyllm", schedule, revival_model, arrival_file;
   sim::Precision precision;
@@ -201,11 +217,7 @@ struct SimulateServingArgs {
   int64_t requests = 1000;
   std::string prompt_tokens = "2048", output_tokens = "32";
   uint64_t seed = 0;
-  // Scheduler limits and host times: given, they override the engine's (hw::scheduling_for).
-  std::optional<int64_t> max_batch_tokens, chunk_tokens, max_seqs, kv_block_tokens;
-  std::optional<double> iteration_overhead_ms, request_overhead_ms;
-  std::string kv_mode;  // "reserve" | "on-demand" ("": the engine's)
-  std::optional<bool> mixed;
+  SchedulerArgs sched;
   int64_t concurrency = 0;  // closed loop: clients (vllm bench serve --max-concurrency)
   double kv_budget_mib = 1024, kv_element_bytes = 0;
   int tp = 1, ep = 1, dp = 1, pp = 1, seeds = 3;
@@ -229,6 +241,21 @@ struct CalibrateArgs {
 };
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);
 int cmd_calibrate(const CalibrateArgs& a, const CLI::App& sub);
+
+struct CalibrateServingArgs {
+  std::vector<std::string> benchmarks;  // vllm bench serve, guidellm, AIPerf or genai-perf files
+  std::string model, model_config, hw, engine, fit = "scale,iteration", out;
+  sim::Precision precision;
+  SchedulerArgs sched;
+  double kv_budget_mib = 0;  // 0: kv_fraction of the memory less the weights
+  double kv_fraction = 0.9;  // vLLM's gpu_memory_utilization
+  double kv_element_bytes = 0;
+  int tp = 1;
+  uint64_t seed = 0;
+  bool json_out = false;
+};
+CLI::App* add_calibrate_serving(CLI::App& app, CalibrateServingArgs& a);
+int cmd_calibrate_serving(const CalibrateServingArgs& a, const CLI::App& sub);
 
 struct CalibrateRevivalsArgs {
   std::vector<std::string> traces, held_out;

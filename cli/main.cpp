@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
       subcommand(app, add_simulate_serving, cmd_simulate_serving),
       subcommand(app, add_calibrate, cmd_calibrate),
       subcommand(app, add_calibrate_revivals, cmd_calibrate_revivals),
+      subcommand(app, add_calibrate_serving, cmd_calibrate_serving),
       subcommand(app, add_validate, cmd_validate),
       subcommand(app, add_report, cmd_report),
       subcommand(app, add_compare, cmd_compare),

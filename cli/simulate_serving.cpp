@@ -90,25 +90,7 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
                 "Output lengths: N, LO:HI, normal:MEAN:SD or file:PATH (default 32)")
       ->excludes(file);
   s->add_option("--seed", a.seed, "Seed of arrivals and lengths (default 0)")->check(digits_only());
-  s->add_option(
-       "--max-batch-tokens", a.max_batch_tokens,
-       "Rows per iteration (default: the engine's; lazyprefill's serve 2048, vLLM's 8192 from 70 GiB)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  s->add_option("--max-seqs", a.max_seqs,
-                "Requests running at once at most, as vLLM's max_num_seqs and TensorRT-LLM's "
-                "max_batch_size (default: the engine's; 0 as many as the K/V budget holds, as serve's)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  s->add_option("--kv-mode", a.kv_mode,
-                "How K/V is held: reserve (each request's worst case at admission: serve's, TensorRT-LLM's) "
-                "or on-demand (blocks as tokens are computed, the newest running request preempted and "
-                "recomputed when they run out: vLLM's) (default: the engine's)")
-      ->check(CLI::IsMember({"reserve", "on-demand"}));
-  s->add_option("--kv-block-tokens", a.kv_block_tokens,
-                "Tokens a K/V block holds (default: the engine's; serve 64, vLLM 16, TensorRT-LLM 32)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  s->add_option("--mixed", a.mixed,
-                "Decoding rows share iterations with prefill work (true: vLLM, TensorRT-LLM, serve; false: "
-                "SGLang's default) (default: the engine's)");
+  add_scheduler_options(*s, a.sched);
   s->add_option("--concurrency", a.concurrency,
                 "Closed loop: at most N requests in flight, each sent when a client is free, its latencies "
                 "counted from then (vllm bench serve --max-concurrency); without --rate every request is "
@@ -119,16 +101,6 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
   s->add_option("--kv-element-bytes", a.kv_element_bytes,
                 "Bytes of a K/V element in the cache the budget counts (default: the --kv precision's)")
       ->check(CLI::Range(0.5, 8.0));
-  s->add_option("--chunk-tokens", a.chunk_tokens,
-                "Chunked prefill: prompts in chunks of at most N tokens (0: whole, as serve runs them) "
-                "(default: the engine's)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  s->add_option("--iteration-overhead-ms", a.iteration_overhead_ms,
-                "Host time per iteration beyond the batch (default: the engine's)")
-      ->check(CLI::Range(0.0, 1e4));
-  s->add_option("--request-overhead-ms", a.request_overhead_ms,
-                "Host time per request an iteration schedules (default: the engine's)")
-      ->check(CLI::Range(0.0, 1e4));
   s->add_option("--tp", a.tp, "Tensor-parallel degree (default 1)")->check(CLI::Range(1, 4096));
   add_expert_parallel(*s, a.ep, a.moe_imbalance, a.dp);
   s->add_option("--pp", a.pp,
@@ -381,18 +353,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   // Each profile's engine schedules (hw::scheduling_for), what the options give overriding it.
   std::vector<sim::ServingConfig> cfgs;
   for (const hw::Profile& hw : hws) {
-    sim::ServingConfig cfg = sim::serving_config(hw::scheduling_for(hw));
-    if (a.max_batch_tokens) cfg.max_batch_tokens = *a.max_batch_tokens;
-    if (a.max_seqs) cfg.max_seqs = *a.max_seqs;
-    if (a.chunk_tokens) cfg.chunk_tokens = *a.chunk_tokens;
-    // vLLM's chunks are what is left of the iteration's budget: a budget given is its chunk too.
-    if (a.max_batch_tokens && !a.chunk_tokens && cfg.chunk_tokens > 0) cfg.chunk_tokens = *a.max_batch_tokens;
-    if (a.kv_block_tokens) cfg.kv_block = *a.kv_block_tokens;
-    if (!a.kv_mode.empty())
-      cfg.kv_mode = a.kv_mode == "reserve" ? hw::Scheduling::Kv::Reserve : hw::Scheduling::Kv::OnDemand;
-    if (a.mixed) cfg.mixed = *a.mixed;
-    if (a.iteration_overhead_ms) cfg.iteration_overhead_s = *a.iteration_overhead_ms * 1e-3;
-    if (a.request_overhead_ms) cfg.request_overhead_s = *a.request_overhead_ms * 1e-3;
+    sim::ServingConfig cfg = scheduler_config(a.sched, hw);
     cfg.clients = a.concurrency;
     cfg.kv_budget_bytes = a.kv_budget_mib * double(1 << 20);
     cfg.kv_element_bytes = a.kv_element_bytes > 0 ? a.kv_element_bytes : sim::dtype_bytes(prec.kv, "--kv");
@@ -428,29 +389,14 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   out["tool"] = "lazyprefill simulate-serving";
   out["model"] = model_name;
   // The first profile's scheduler; "schedulers" gives every profile's where they differ.
-  const auto scheduler_json = [&](const hw::Profile& hw, const sim::ServingConfig& cfg) {
-    return json{{"engine", hw.engine.name},
-                {"max_batch_tokens", cfg.max_batch_tokens},
-                {"max_seqs", cfg.max_seqs},
-                {"kv_budget_mib", a.kv_budget_mib},
-                {"kv_element_bytes", cfg.kv_element_bytes},
-                {"kv_mode", cfg.kv_mode == hw::Scheduling::Kv::Reserve ? "reserve" : "on-demand"},
-                {"kv_block_tokens", cfg.kv_block},
-                {"chunk_tokens", cfg.chunk_tokens},
-                {"mixed", cfg.mixed},
-                {"iteration_overhead_ms", cfg.iteration_overhead_s * 1e3},
-                {"request_overhead_ms", cfg.request_overhead_s * 1e3},
-                {"admit_layer_ms", cfg.admit_layer_s * 1e3},
-                {"concurrency", cfg.clients},
-                {"tp", cfg.tp},
-                {"dp", c.dp},
-                {"ep", c.ep},
-                {"pp", a.pp}};
+  const auto layout = [&](json j) {
+    j["kv_budget_mib"] = a.kv_budget_mib, j["dp"] = c.dp, j["ep"] = c.ep, j["pp"] = a.pp;
+    return j;
   };
-  out["scheduler"] = scheduler_json(hws.front(), cfgs.front());
+  out["scheduler"] = layout(scheduler_json(hws.front(), cfgs.front()));
   if (hws.size() > 1) {
     json all = json::object();
-    for (size_t h = 0; h < hws.size(); ++h) all[hws[h].name] = scheduler_json(hws[h], cfgs[h]);
+    for (size_t h = 0; h < hws.size(); ++h) all[hws[h].name] = layout(scheduler_json(hws[h], cfgs[h]));
     out["schedulers"] = std::move(all);
   }
   out["schedule"] = main_sched.to_string();

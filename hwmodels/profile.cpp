@@ -87,7 +87,7 @@ constexpr int64_t kTrtllmMaxSeqs = 2048, kTrtllmBatchTokens = 8192;
 
 bool is_scheduling_key(const std::string& k) {
   for (const char* n : {"max_seqs", "max_batch_tokens", "chunk_tokens", "kv_block_tokens", "iteration_us",
-                        "request_us", "admit_layer_us", "mixed", "kv"})
+                        "request_us", "admit_layer_us", "kernel_scale", "mixed", "kv"})
     if (k == n) return true;
   return false;
 }
@@ -118,7 +118,11 @@ bool parse_scheduling_key(Scheduling& s, const std::string& k, const json& v, co
     s.request_s = micros();
   else if (k == "admit_layer_us")
     s.admit_layer_s = micros();
-  else if (k == "mixed") {
+  else if (k == "kernel_scale") {
+    if (!v.is_number() || !(v.get<double>() >= 0.01) || !(v.get<double>() <= 100))
+      fail("{}: 'engine.kernel_scale' must be a number from 0.01 to 100", origin);
+    s.kernel_scale = v.get<double>();
+  } else if (k == "mixed") {
     if (!v.is_boolean()) fail("{}: 'engine.mixed' must be true or false", origin);
     s.mixed = v.get<bool>();
   } else if (k == "kv") {
@@ -309,7 +313,7 @@ Profile parse_profile(const json& j, const std::string& origin) {
           fail(
               "{}: 'engine': unknown key '{}' (a preset name, or an object of preset, elementwise, fuse, "
               "own_gemm_rows, max_seqs, max_batch_tokens, chunk_tokens, kv, kv_block_tokens, mixed, "
-              "iteration_us, request_us, admit_layer_us)",
+              "iteration_us, request_us, admit_layer_us, kernel_scale)",
               origin, k);
         }
       }

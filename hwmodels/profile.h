@@ -81,6 +81,9 @@ struct Scheduling {
   // Host time per layer of a request whose prefill starts in the iteration (aiconfigurator's vLLM
   // prefill dispatch, 0.8 ms a layer), s.
   double admit_layer_s = 0;
+  // Every iteration's modelled device time times this: the engine's kernels against the profile's
+  // efficiencies, as calibrate-serving fits it to a user's serving benchmarks (1: as modelled).
+  double kernel_scale = 1;
   // The preset's defaults that follow the GPU's memory apply (vLLM's and SGLang's rules:
   // scheduling_for); false once a profile file sets any scheduling key.
   bool by_memory = true;

@@ -788,6 +788,7 @@ ServingConfig serving_config(const hw::Scheduling& s) {
   cfg.iteration_overhead_s = s.iteration_s;
   cfg.request_overhead_s = s.request_s;
   cfg.admit_layer_s = s.admit_layer_s;
+  cfg.time_scale = s.kernel_scale;
   return cfg;
 }
 

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "tests/cli/cli_harness.h"
+#include "tests/test_util.h"
 
 namespace lp {
 namespace {
@@ -142,6 +143,45 @@ TEST_F(CliSim, ServingClosedLoopUnderAnEnginesScheduler) {
   EXPECT_EQ(res["rate_per_s"], "inf");
   const auto& m = res["metrics"];
   EXPECT_NEAR(m["requests_per_s"].get<double>() * m["e2e_ms"]["mean"].get<double>() / 1e3, 8, 0.4);
+}
+
+// calibrate-serving through the binary on vllm bench serve's own files: every point's figures, the
+// held-out errors, and a profile simulate-serving takes; bad input in one line.
+TEST_F(CliSim, CalibrateServingFromTheUsersBenchmarks) {
+  std::vector<std::string> args = {
+      "calibrate-serving", "--model-config", "smollm2-135m", "--hw", "cpu-local",       "--weights", "5bpw",
+      "--compute",         "int8",           "--kv",         "f16",  "--kv-budget-mib", "1024"};
+  for (const char* f : {"vllm-rate2.json", "vllm-rate6.json", "vllm-conc1.json", "vllm-conc8.json"})
+    args.insert(args.end(), {"--benchmark", testing::fixture_path(std::string("serving-benchmarks/") + f)});
+  const std::string profile = dir_.file("fitted.json");
+  std::vector<std::string> json_args = args;
+  json_args.insert(json_args.end(), {"--json", "--out", profile});
+  const CliResult r = run_cli(dir_, json_args);
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["points"].size(), 4u);
+  EXPECT_GT(j["fitted"]["kernel_scale"].get<double>(), 0);
+  for (const char* f : {"ttft_p50", "itl_p50", "output_tokens_per_s"}) {
+    EXPECT_TRUE(j["mape_percent"][f]["held_out"].is_number()) << f;
+    EXPECT_LE(j["mape_percent"][f]["calibrated"].get<double>(),
+              j["mape_percent"][f]["uncalibrated"].get<double>())
+        << f;
+  }
+  const CliResult sim = run_cli(
+      dir_, {"simulate-serving", "--model-config", "smollm2-135m", "--hw", profile, "--prune", "none",
+             "--rate", "2", "--requests", "50", "--prompt-tokens", "256", "--output-tokens", "16", "--json"});
+  ASSERT_TRUE(sim.exited && sim.code == 0) << describe(sim);
+  EXPECT_NEAR(nlohmann::json::parse(sim.out)["scheduler"]["kernel_scale"].get<double>(),
+              j["fitted"]["kernel_scale"].get<double>(), 1e-9);
+  std::vector<std::string> bad = args;
+  bad.insert(bad.end(), {"--fit", "everything", "--out", dir_.file("never.json")});
+  expect_one_line_error(run_cli(dir_, bad), {"--fit", "everything"});
+  const std::string other = dir_.file("other.json");
+  std::ofstream(other) << R"({"hello": 1})";
+  expect_one_line_error(run_cli(dir_, {"calibrate-serving", "--model-config", "smollm2-135m", "--hw",
+                                       "cpu-local", "--benchmark", other}),
+                        {"other.json", "not a serving benchmark"});
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("never.json")));
 }
 
 TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {
