@@ -298,15 +298,30 @@ double perf_avg(const json& o, const char* name, const Source& s) {
   return number_field(*it, "avg", s);
 }
 
+// AIPerf 0.13's load: input_config.phases, the profiling phase's {type: concurrency | poisson |
+// constant | gamma, concurrency, rate}.
+const json* aiperf_phase(const json& cfg) {
+  const auto phases = cfg.find("phases");
+  if (phases == cfg.end() || !phases->is_array()) return nullptr;
+  for (const json& ph : *phases)
+    if (ph.is_object() && ph.contains("kind") && ph["kind"] == "profiling") return &ph;
+  return nullptr;
+}
+
 ServingBenchmark from_perf(const json& o, const std::string& path) {
   const json* cfg =
       o.contains("input_config") && o["input_config"].is_object() ? &o["input_config"] : nullptr;
-  const json* load =
-      cfg && cfg->contains("loadgen") && (*cfg)["loadgen"].is_object() ? &(*cfg)["loadgen"] : cfg;
-  const bool aiperf = cfg && cfg->contains("loadgen");
-  Source s{path, aiperf ? "aiperf" : "genai-perf", ""};
+  const json* phase = cfg ? aiperf_phase(*cfg) : nullptr;
+  const json* load = phase                                                              ? phase
+                     : cfg && cfg->contains("loadgen") && (*cfg)["loadgen"].is_object() ? &(*cfg)["loadgen"]
+                                                                                        : cfg;
+  const bool aiperf = o.contains("aiperf_version") || (cfg && (cfg->contains("loadgen") || phase));
+  const std::string version = o.contains("aiperf_version") && o["aiperf_version"].is_string()
+                                  ? o["aiperf_version"].get<std::string>()
+                                  : "";
+  Source s{path, aiperf ? "aiperf" : "genai-perf", version};
   ServingBenchmark b;
-  b.tool = s.tool, b.where = s.where;
+  b.tool = s.tool, b.version = version, b.where = s.where;
   b.ttft = perf_summary(o, "time_to_first_token", s, true);
   b.itl = perf_summary(o, "inter_token_latency", s, true);
   b.e2e = perf_summary(o, "request_latency", s, false);
@@ -330,10 +345,10 @@ ServingBenchmark from_perf(const json& o, const std::string& path) {
   if (!load) missing(s, "input_config");
   if (const auto c = opt_number(*load, "concurrency", s))
     b.concurrency = count_field(*c, "concurrency", s, 1);
-  if (const auto r = opt_number(*load, "request_rate", s)) {
+  if (const auto r = opt_number(*load, phase ? "rate" : "request_rate", s)) {
     if (!(*r > 0)) fail("{}: the request rate must be positive, got {}", s.describe(), *r);
     b.rate = *r;
-    const auto mode = load->find("request_rate_mode");
+    const auto mode = load->find(phase ? "type" : "request_rate_mode");
     b.cv = mode != load->end() && mode->is_string() && mode->get<std::string>() == "constant" ? 0.01 : 1.0;
   }
   if (b.concurrency == 0 && std::isinf(b.rate))
@@ -459,25 +474,31 @@ struct FitProblem {
   const ServingFitOptions& o;
   int64_t simulations = 0;
 
-  // Every figure of benchmark k at (iteration_s, scale).
-  std::array<double, kFigures> predict(size_t k, double iteration_s, double scale) {
-    sim::ServingConfig x = cfg;
-    x.iteration_overhead_s = iteration_s;
-    x.time_scale = scale;
-    x.clients = bs[k].concurrency;
+  // The parameters the fit moves: host time per iteration and per scheduled request, kernel scale.
+  struct Params {
+    double iteration_s = 0, scale = 1, request_s = 0;
+  };
+
+  // Every figure of benchmark k at `x`.
+  std::array<double, kFigures> predict(size_t k, const Params& x) {
+    sim::ServingConfig run_cfg = cfg;
+    run_cfg.iteration_overhead_s = x.iteration_s;
+    run_cfg.time_scale = x.scale;
+    run_cfg.request_overhead_s = x.request_s;
+    run_cfg.clients = bs[k].concurrency;
     ++simulations;
-    const sim::ServingRun run = sim::simulate_serving(c, hw, p, sim::ServingMethod{}, x, workloads[k]);
+    const sim::ServingRun run = sim::simulate_serving(c, hw, p, sim::ServingMethod{}, run_cfg, workloads[k]);
     const sim::ServingMetrics m = sim::serving_metrics(run, {});
     std::array<double, kFigures> out{};
     for (int f = 0; f < kFigures; ++f) out[size_t(f)] = simulated(m, Figure(f));
     return out;
   }
-  // The objective over the benchmarks `use` marks.
-  double loss(const std::vector<char>& use, double iteration_s, double scale) {
+  // The objective over the benchmarks `use` marks: squared log ratios of every figure given.
+  double loss(const std::vector<char>& use, const Params& x) {
     double sum = 0;
     for (size_t k = 0; k < bs.size(); ++k) {
       if (!use[k]) continue;
-      const auto pred = predict(k, iteration_s, scale);
+      const auto pred = predict(k, x);
       for (int f = 0; f < kFigures; ++f) {
         const double m = measured(bs[k], Figure(f));
         if (!(m > 0) || !(pred[size_t(f)] > 0)) continue;
@@ -487,33 +508,52 @@ struct FitProblem {
     }
     return sum;
   }
-  // The fitted (iteration_s, scale) over the benchmarks `use` marks.
-  std::pair<double, double> fit(const std::vector<char>& use) {
-    double it = cfg.iteration_overhead_s, scale = cfg.time_scale;
-    if (o.fit_scale && o.fit_iteration) {
-      struct Data {
-        FitProblem* self;
-        const std::vector<char>* use;
-      } d{this, &use};
-      double x[2] = {0.0, std::max(it, 1e-4) * 1e3}, lo[2] = {std::log(0.1), 0.0},
-             hi[2] = {std::log(10.0), 1000.0};
-      minimize_bobyqa(
-          2, x, lo, hi,
-          [](unsigned, const double* v, double*, void* data) {
-            auto* dd = static_cast<Data*>(data);
-            return dd->self->loss(*dd->use, v[1] * 1e-3, std::exp(v[0]));
-          },
-          &d, 200, 1e-4, "calibrate-serving");
-      return {x[1] * 1e-3, std::exp(x[0])};
+  Params base() const { return {cfg.iteration_overhead_s, cfg.time_scale, cfg.request_overhead_s}; }
+
+  // The fitted parameters over the benchmarks `use` marks, from the base configuration's: in the
+  // coordinates the search moves (log scale; times in ms), by Brent's method for one parameter
+  // and BOBYQA for more.
+  Params fit(const std::vector<char>& use) {
+    struct Coord {
+      double Params::*field;
+      double lo, hi;
+      bool log;
+    };
+    std::vector<Coord> coords;
+    if (o.fit_scale) coords.push_back({&Params::scale, std::log(0.1), std::log(10.0), true});
+    if (o.fit_iteration) coords.push_back({&Params::iteration_s, 0, 1000, false});
+    if (o.fit_request) coords.push_back({&Params::request_s, 0, 100, false});
+    const Params start = base();
+    const auto at = [&](const double* v) {
+      Params x = start;
+      for (size_t i = 0; i < coords.size(); ++i)
+        x.*coords[i].field = coords[i].log ? std::exp(v[i]) : v[i] * 1e-3;
+      return x;
+    };
+    if (coords.size() == 1) {
+      const auto r = boost::math::tools::brent_find_minima([&](double v) { return loss(use, at(&v)); },
+                                                           coords[0].lo, coords[0].hi, 30);
+      return at(&r.first);
     }
-    if (o.fit_scale) {
-      const auto r = boost::math::tools::brent_find_minima(
-          [&](double ls) { return loss(use, it, std::exp(ls)); }, std::log(0.1), std::log(10.0), 30);
-      return {it, std::exp(r.first)};
+    struct Data {
+      FitProblem* self;
+      const std::vector<char>* use;
+      const decltype(at)* point;
+    } d{this, &use, &at};
+    std::vector<double> v, lo, hi;
+    for (const Coord& k : coords) {
+      const double x0 = start.*k.field;
+      v.push_back(k.log ? std::log(std::clamp(x0, 0.1, 10.0)) : std::clamp(x0 * 1e3, k.lo, k.hi));
+      lo.push_back(k.lo), hi.push_back(k.hi);
     }
-    const auto r = boost::math::tools::brent_find_minima(
-        [&](double ms) { return loss(use, ms * 1e-3, scale); }, 0.0, 1000.0, 30);
-    return {r.first * 1e-3, scale};
+    minimize_bobyqa(
+        unsigned(coords.size()), v.data(), lo.data(), hi.data(),
+        [](unsigned, const double* x, double*, void* data) {
+          auto* dd = static_cast<Data*>(data);
+          return dd->self->loss(*dd->use, (*dd->point)(x));
+        },
+        &d, 300, 1e-4, "calibrate-serving");
+    return at(v.data());
   }
 };
 
@@ -541,19 +581,19 @@ ServingFit fit_serving_benchmarks(const ModelConfig& c, const hw::Profile& hw, c
   for (const ServingBenchmark& b : bs) prob.workloads.push_back(benchmark_workload(b, o.seed));
   ServingFit out;
   std::vector<char> all(bs.size(), 1);
-  std::tie(out.iteration_s, out.scale) = prob.fit(all);
+  const FitProblem::Params fitted = prob.fit(all);
+  out.iteration_s = fitted.iteration_s, out.scale = fitted.scale, out.request_s = fitted.request_s;
   for (size_t k = 0; k < bs.size(); ++k) {
     PointResult r;
     r.where = bs[k].where, r.rate = bs[k].rate, r.concurrency = bs[k].concurrency;
-    const auto unc = prob.predict(k, cfg.iteration_overhead_s, cfg.time_scale);
-    const auto cal = prob.predict(k, out.iteration_s, out.scale);
+    const auto unc = prob.predict(k, prob.base());
+    const auto cal = prob.predict(k, fitted);
     std::array<double, kFigures> held{};
     held.fill(kNotGiven);
     if (bs.size() > 1) {
       std::vector<char> others(bs.size(), 1);
       others[k] = 0;
-      const auto [it, sc] = prob.fit(others);
-      held = prob.predict(k, it, sc);
+      held = prob.predict(k, prob.fit(others));
     }
     for (int f = 0; f < kFigures; ++f) {
       r.measured[f] = measured(bs[k], Figure(f));

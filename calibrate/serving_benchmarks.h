@@ -72,11 +72,13 @@ const char* figure_name(Figure f);
 double measured(const ServingBenchmark& b, Figure f);
 double simulated(const sim::ServingMetrics& m, Figure f);
 
-// What the fit may move: the engine's host time per iteration, and a scale on every iteration's
-// modelled device time (the engine's kernels against the profile's efficiencies).
+// What the fit may move: the engine's host time per iteration, a scale on every iteration's
+// modelled device time (the engine's kernels against the profile's efficiencies), and the host time
+// per request an iteration schedules (sampling, detokenising, streaming).
 struct ServingFitOptions {
   bool fit_iteration = true;  // iteration_s, from 0 to 1 s
   bool fit_scale = true;      // kernel time scale, from 0.1 to 10
+  bool fit_request = false;   // request_s, host time per request an iteration schedules, 0 to 100 ms
   uint64_t seed = 0;          // of the simulated workloads
 };
 
@@ -91,7 +93,7 @@ struct PointResult {
 };
 
 struct ServingFit {
-  double iteration_s = 0, scale = 1;  // fitted (or the base's where not fitted)
+  double iteration_s = 0, scale = 1, request_s = 0;  // fitted (or the base's where not fitted)
   std::vector<PointResult> points;
   // Mean absolute percentage error per figure over the points that give it: uncalibrated,
   // calibrated on all (in-sample), and held out (leave one out; NaN with one point).

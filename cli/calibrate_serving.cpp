@@ -66,7 +66,8 @@ CLI::App* add_calibrate_serving(CLI::App& app, CalibrateServingArgs& a) {
       ->check(CLI::Range(0.5, 8.0));
   s->add_option("--fit", a.fit,
                 "What to fit, comma-separated: scale (the engine's kernel time against the profile), "
-                "iteration (host time per iteration) (default both)");
+                "iteration (host time per iteration), request (host time per request an iteration schedules: "
+                "sampling, detokenising, streaming) (default scale,iteration)");
   s->add_option("--seed", a.seed, "Seed of the simulated arrivals (default 0)")->check(digits_only());
   s->add_option("--out", a.out, "Write the profile with the fitted engine (atomically)")
       ->check(non_empty_path());
@@ -89,14 +90,16 @@ int cmd_calibrate_serving(const CalibrateServingArgs& a, const CLI::App& /*sub*/
   }
   calib::ServingFitOptions o;
   o.seed = a.seed;
-  o.fit_scale = o.fit_iteration = false;
+  o.fit_scale = o.fit_iteration = o.fit_request = false;
   for (const std::string& f : split_list(a.fit)) {
     if (f == "scale")
       o.fit_scale = true;
     else if (f == "iteration")
       o.fit_iteration = true;
+    else if (f == "request")
+      o.fit_request = true;
     else
-      usage_fail("--fit: '{}' is not scale or iteration", escape_text(f));
+      usage_fail("--fit: '{}' is not scale, iteration or request", escape_text(f));
   }
   std::vector<calib::ServingBenchmark> bs;
   for (const std::string& path : a.benchmarks)
@@ -132,12 +135,14 @@ int cmd_calibrate_serving(const CalibrateServingArgs& a, const CLI::App& /*sub*/
       {"throughput", "output tokens per second over the benchmark"},
       {"error", "predicted / measured - 1; MAPE: the mean of its absolute values over the points, %"}};
   out["fitted"] = {{"iteration_overhead_ms", fit.iteration_s * 1e3},
+                   {"request_overhead_ms", fit.request_s * 1e3},
                    {"kernel_scale", fit.scale},
                    {"fit", a.fit},
                    {"simulations", fit.simulations}};
   json pts = json::array();
-  std::string text = fmt::format("{} on {} ({}): fitted kernel scale {:.3f}, iteration overhead {:.2f} ms\n",
-                                 model_name, hw.name, hw.engine.name, fit.scale, fit.iteration_s * 1e3);
+  std::string text = fmt::format(
+      "{} on {} ({}): fitted kernel scale {:.3f}, iteration overhead {:.2f} ms, request overhead {:.2f} ms\n",
+      model_name, hw.name, hw.engine.name, fit.scale, fit.iteration_s * 1e3, fit.request_s * 1e3);
   text += fmt::format("{:<34} {:<20} {:>10} {:>10} {:>10} {:>10}\n", "benchmark", "figure", "measured",
                       "uncal.", "calibr.", "held out");
   for (const calib::PointResult& p : fit.points) {
@@ -180,6 +185,7 @@ int cmd_calibrate_serving(const CalibrateServingArgs& a, const CLI::App& /*sub*/
     if (prof.contains("engine") && prof["engine"].is_object()) eng = prof["engine"];
     eng["iteration_us"] = fit.iteration_s * 1e6;
     eng["kernel_scale"] = fit.scale;
+    eng["request_us"] = fit.request_s * 1e6;
     prof["engine"] = eng;
     prof["sources"]["engine"] = fmt::format("lazyprefill calibrate-serving on {} benchmark(s): {}", bs.size(),
                                             fmt::join(a.benchmarks, ", "));

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "calibrate/serving_benchmarks.h"
 #include "hwmodels/profile.h"
@@ -47,7 +48,7 @@ void expect_refused(const std::string& path, std::initializer_list<const char*> 
 // vllm bench serve 0.33's files: the load, and the figures recomputed from each request's own
 // times equal the ones vLLM computed (numpy's linear percentiles, TPOT excluding the first token).
 TEST(ServingBenchmarks, ReadsVllmBenchServe) {
-  for (const char* name : {"vllm-rate2.json", "vllm-rate6.json", "vllm-conc1.json", "vllm-conc8.json"}) {
+  for (const char* name : {"vllm-rate2.json", "vllm-rate4.json", "vllm-conc1.json", "vllm-conc8.json"}) {
     SCOPED_TRACE(name);
     const std::vector<ServingBenchmark> bs = read_serving_benchmarks(bench_fixture(name));
     ASSERT_EQ(bs.size(), 1u);
@@ -75,6 +76,71 @@ TEST(ServingBenchmarks, ReadsVllmBenchServe) {
     EXPECT_DOUBLE_EQ(b.output_tokens_per_s, j["output_throughput"].get<double>());
     EXPECT_NEAR(b.prompt_tokens_mean * double(b.completed), j["total_input_tokens"].get<double>(), 1e-9);
   }
+}
+
+// guidellm 0.8.1's report: the strategy's load, each successful request's lengths, the summaries
+// of successful requests (ms, and request_latency in s).
+TEST(ServingBenchmarks, ReadsGuidellm) {
+  for (const auto& [name, rate, clients] : std::vector<std::tuple<const char*, double, int64_t>>{
+           {"guidellm-concurrent4.json", HUGE_VAL, 4}, {"guidellm-poisson3.json", 3.0, 0}}) {
+    SCOPED_TRACE(name);
+    const auto bs = read_serving_benchmarks(bench_fixture(name));
+    ASSERT_EQ(bs.size(), 1u);
+    const ServingBenchmark& b = bs[0];
+    const json g = read_json(bench_fixture(name))["benchmarks"][0];
+    EXPECT_EQ(b.tool, "guidellm");
+    EXPECT_EQ(b.version, "0.8.1");
+    EXPECT_EQ(b.rate, rate);
+    EXPECT_EQ(b.concurrency, clients);
+    EXPECT_EQ(b.completed, 24);
+    ASSERT_EQ(b.prompt_tokens.size(), 24u);
+    for (size_t i = 0; i < 24; ++i) {
+      EXPECT_EQ(b.prompt_tokens[i], 256);
+      EXPECT_EQ(b.output_tokens[i], 16);
+    }
+    const json& m = g["metrics"];
+    EXPECT_DOUBLE_EQ(b.ttft.p90,
+                     m["time_to_first_token_ms"]["successful"]["percentiles"]["p90"].get<double>() * 1e-3);
+    EXPECT_DOUBLE_EQ(b.itl.p50,
+                     m["inter_token_latency_ms"]["successful"]["percentiles"]["p50"].get<double>() * 1e-3);
+    EXPECT_DOUBLE_EQ(b.e2e.mean, m["request_latency"]["successful"]["mean"].get<double>());
+    EXPECT_DOUBLE_EQ(b.output_tokens_per_s, 24 * 16 / g["duration"].get<double>());
+  }
+  json bad = read_json(bench_fixture("guidellm-poisson3.json"));
+  bad["benchmarks"][0]["config"]["strategy"]["type_"] = "replay";
+  expect_refused(write_json(bad, "sb_gl_strategy.json"), {"guidellm", "0.8.1", "'replay'"});
+  bad = read_json(bench_fixture("guidellm-poisson3.json"));
+  bad["benchmarks"][0]["metrics"].erase("inter_token_latency_ms");
+  expect_refused(write_json(bad, "sb_gl_itl.json"), {"guidellm", "0.8.1", "metrics.inter_token_latency_ms"});
+}
+
+// AIPerf 0.13's profile export: each metric in its unit, the load in the profiling phase.
+TEST(ServingBenchmarks, ReadsAiperf) {
+  for (const auto& [name, rate, clients] : std::vector<std::tuple<const char*, double, int64_t>>{
+           {"aiperf-conc4.json", HUGE_VAL, 4}, {"aiperf-rate3.json", 3.0, 0}}) {
+    SCOPED_TRACE(name);
+    const ServingBenchmark b = read_serving_benchmarks(bench_fixture(name)).at(0);
+    const json j = read_json(bench_fixture(name));
+    EXPECT_EQ(b.tool, "aiperf");
+    EXPECT_EQ(b.version, "0.13.0");
+    EXPECT_EQ(b.rate, rate);
+    EXPECT_EQ(b.concurrency, clients);
+    EXPECT_EQ(b.completed, 24);
+    EXPECT_DOUBLE_EQ(b.prompt_tokens_mean, 256);
+    EXPECT_DOUBLE_EQ(b.ttft.p50, j["time_to_first_token"]["p50"].get<double>() * 1e-3);
+    EXPECT_DOUBLE_EQ(b.itl.p90, j["inter_token_latency"]["p90"].get<double>() * 1e-3);
+    EXPECT_DOUBLE_EQ(b.duration_s, j["benchmark_duration"]["avg"].get<double>());  // its unit is "sec"
+    EXPECT_DOUBLE_EQ(b.output_tokens_per_s, j["output_token_throughput"]["avg"].get<double>());
+  }
+  json bad = read_json(bench_fixture("aiperf-conc4.json"));
+  bad["time_to_first_token"]["unit"] = "fortnights";
+  expect_refused(write_json(bad, "sb_ap_unit.json"), {"aiperf", "0.13.0", "'fortnights'"});
+  bad = read_json(bench_fixture("aiperf-conc4.json"));
+  bad.erase("output_token_throughput");
+  expect_refused(write_json(bad, "sb_ap_tput.json"), {"aiperf", "'output_token_throughput'"});
+  bad = read_json(bench_fixture("aiperf-conc4.json"));
+  bad["input_config"]["phases"][0]["concurrency"] = 0;
+  expect_refused(write_json(bad, "sb_ap_conc.json"), {"concurrency", "at least 1"});
 }
 
 // Without --save-detailed the summary fields stand alone (ms), and bad ones are refused with the
@@ -115,7 +181,7 @@ TEST(ServingBenchmarks, WorkloadsAreTheBenchmarks) {
     EXPECT_EQ(reqs[i].prompt_tokens, b.prompt_tokens[i]);
     EXPECT_EQ(reqs[i].output_tokens, b.output_tokens[i]);
   }
-  const ServingBenchmark r = read_serving_benchmarks(bench_fixture("vllm-rate6.json"))[0];
+  const ServingBenchmark r = read_serving_benchmarks(bench_fixture("vllm-rate4.json"))[0];
   const auto at = benchmark_workload(r, 0);
   EXPECT_NEAR(at.back().arrival_s / double(at.size()), 1 / r.rate, 0.5 / r.rate);  // Poisson at the rate
 }

@@ -151,7 +151,8 @@ TEST_F(CliSim, CalibrateServingFromTheUsersBenchmarks) {
   std::vector<std::string> args = {
       "calibrate-serving", "--model-config", "smollm2-135m", "--hw", "cpu-local",       "--weights", "5bpw",
       "--compute",         "int8",           "--kv",         "f16",  "--kv-budget-mib", "1024"};
-  for (const char* f : {"vllm-rate2.json", "vllm-rate6.json", "vllm-conc1.json", "vllm-conc8.json"})
+  for (const char* f : {"vllm-rate2.json", "vllm-rate4.json", "vllm-conc1.json", "vllm-conc8.json",
+                        "aiperf-conc4.json", "guidellm-poisson3.json"})
     args.insert(args.end(), {"--benchmark", testing::fixture_path(std::string("serving-benchmarks/") + f)});
   const std::string profile = dir_.file("fitted.json");
   std::vector<std::string> json_args = args;
@@ -159,7 +160,7 @@ TEST_F(CliSim, CalibrateServingFromTheUsersBenchmarks) {
   const CliResult r = run_cli(dir_, json_args);
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
-  ASSERT_EQ(j["points"].size(), 4u);
+  ASSERT_EQ(j["points"].size(), 6u);
   EXPECT_GT(j["fitted"]["kernel_scale"].get<double>(), 0);
   for (const char* f : {"ttft_p50", "itl_p50", "output_tokens_per_s"}) {
     EXPECT_TRUE(j["mape_percent"][f]["held_out"].is_number()) << f;
