@@ -229,6 +229,10 @@ struct SimulateServingArgs {
   bool prefix_cache = false;
   int64_t prefix_block_tokens = 16;
   std::string shared_prefix;  // TOKENS:GROUPS
+  // Deployments (sim/deployment.h): replicas behind a router, or disaggregated P:D instances.
+  int replicas = 1;
+  std::string router = "round-robin", disaggregate, prefill_hw;
+  double kv_link_gbs = 0, kv_link_us = -1;  // 0 / -1: the profile's scale-out network
 };
 CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a);
 int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub);

@@ -11,6 +11,7 @@
 #include "model/gguf.h"
 #include "model/io.h"
 #include "model/presets.h"
+#include "sim/deployment.h"
 #include "sim/replay.h"
 #include "sim/serving_capacity.h"
 
@@ -126,6 +127,29 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
                 "request")
       ->check(non_empty_path());
   s->add_flag("--json", a.json_out, "Print one JSON object");
+  s->add_option("--replicas", a.replicas,
+                "Data-parallel replicas of the engine (each --tp GPUs) behind a router (default 1)")
+      ->check(CLI::Range(1, 4096));
+  s->add_option("--router", a.router,
+                "How requests pick a replica or instance: round-robin (default), least-outstanding, prefix "
+                "(the longest cached prefix, then the least outstanding)")
+      ->check(CLI::IsMember({"round-robin", "least-outstanding", "prefix"}));
+  s->add_option("--disaggregate", a.disaggregate,
+                "P:D: P prefill instances and D decode instances (each --tp GPUs), each request's K/V handed "
+                "over between them; the decode instances on --hw, the prefill ones on --prefill-hw")
+      ->excludes("--replicas");
+  s->add_option("--prefill-hw", a.prefill_hw,
+                "With --disaggregate: the prefill instances' profile (default --hw)")
+      ->needs("--disaggregate");
+  s->add_option("--kv-link-gbs", a.kv_link_gbs,
+                "With --disaggregate: the K/V hand-over's bandwidth, GB/s (default: the prefill profile's "
+                "scale-out network, a GPU's times --tp)")
+      ->needs("--disaggregate")
+      ->check(CLI::Range(1e-3, 1e6));
+  s->add_option("--kv-link-us", a.kv_link_us,
+                "With --disaggregate: the hand-over's latency, us (default: the scale-out network's)")
+      ->needs("--disaggregate")
+      ->check(CLI::Range(0.0, 1e7));
   s->add_flag("--prefix-cache", a.prefix_cache,
               "Model serve's prefix cache: a prompt's cached prefix copied, not computed, the cache inside "
               "the K/V budget (the hits: --shared-prefix's groups, or an arrival file's cached_tokens)");
@@ -286,9 +310,19 @@ std::vector<std::pair<double, std::vector<sim::ServingRequest>>> request_runs(co
 }
 
 // Every hardware x method x rate simulated; with --log-requests, the (one) run's requests written.
+// The deployment's decode (or only) pool with `cfg` as every engine's configuration there.
+sim::Deployment with_pool(sim::Deployment d, const sim::ServingConfig& cfg) {
+  if (d.decode)
+    d.decode->cfg = cfg;
+  else
+    d.serve.cfg = cfg;
+  return d;
+}
+
 void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const std::vector<hw::Profile>& hws,
                     const sim::Precision& prec, const std::vector<sim::ServingMethod>& methods,
-                    const std::vector<sim::ServingConfig>& cfgs, const sim::Objectives& obj, json& out,
+                    const std::vector<sim::ServingConfig>& cfgs,
+                    const std::optional<sim::Deployment>& deployment, const sim::Objectives& obj, json& out,
                     std::string& text) {
   const auto runs = request_runs(a, out);
   json results = json::array();
@@ -301,7 +335,9 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
       for (const auto& [rate, reqs] : runs) {
         const hw::Profile& hw = hws[h];
         const sim::ServingConfig& cfg = cfgs[h];
-        const sim::ServingRun run = sim::simulate_serving(c, hw, prec, m, cfg, reqs);
+        const sim::ServingRun run =
+            deployment ? sim::simulate_deployment(c, prec, m, with_pool(*deployment, cfg), reqs)
+                       : sim::simulate_serving(c, hw, prec, m, cfg, reqs);
         const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
         if (!a.log_requests.empty()) request_log = simulated_request_log(run, m.name);
         json j = {{"hw", hw.name}, {"method", m.name}};
@@ -309,6 +345,22 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
         if (cfg.kv_mode == hw::Scheduling::Kv::OnDemand) j["preemptions"] = run.preemptions;
         j["metrics"] = serving_metrics_json(mm);
         j["iterations"] = run.iterations;
+        if (deployment) {
+          double bytes = 0, transfer = 0;
+          int64_t handed = 0;
+          for (const sim::RequestOutcome& o : run.requests)
+            if (o.decode_replica >= 0)
+              bytes += o.kv_bytes_after_prefill + o.aux_bytes, transfer += o.transfer_s, ++handed;
+          j["deployment"] = {{"router", sim::router_name(deployment->router)},
+                             {"replicas", deployment->decode ? 0 : deployment->serve.replicas},
+                             {"prefill_instances", deployment->decode ? deployment->serve.replicas : 0},
+                             {"decode_instances", deployment->decode ? deployment->decode->replicas : 0}};
+          if (deployment->decode)
+            j["handover"] = {{"requests", handed},
+                             {"mean_mib", handed ? bytes / double(handed) / (1 << 20) : 0.0},
+                             {"mean_ms", handed ? transfer / double(handed) * 1e3 : 0.0},
+                             {"link_gbs", deployment->link_bytes_per_s / 1e9}};
+        }
         if (cfg.prefix_cache) {
           double cached = 0, prompt = 0;
           for (const sim::RequestOutcome& o : run.requests)
@@ -334,6 +386,22 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
 
 }  // namespace
 
+namespace {
+// "P:D", whole numbers from 1 (at most 4096 each); lp::UsageError naming --disaggregate.
+std::pair<int, int> parse_instances(const std::string& s) {
+  const size_t colon = s.find(':');
+  const auto part = [&](const std::string& v) {
+    if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(v) < 1 || std::stoi(v) > 4096)
+      usage_fail("--disaggregate: '{}' is not P:D (prefill and decode instances, 1 to 4096 each)",
+                 escape_text(s));
+    return std::stoi(v);
+  };
+  if (colon == std::string::npos) part("");
+  return {part(s.substr(0, colon)), part(s.substr(colon + 1))};
+}
+}  // namespace
+
 int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) {
   std::string model_name;
   const ModelConfig c = sim::expert_parallel(model_to_cost(a.model, a.model_config, &model_name), a.ep,
@@ -351,8 +419,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   const std::vector<sim::ServingMethod> methods = serving_methods(a, c, revival_lines, main_sched);
 
   // Each profile's engine schedules (hw::scheduling_for), what the options give overriding it.
-  std::vector<sim::ServingConfig> cfgs;
-  for (const hw::Profile& hw : hws) {
+  const auto config_for = [&](const hw::Profile& hw) {
     sim::ServingConfig cfg = scheduler_config(a.sched, hw);
     cfg.clients = a.concurrency;
     cfg.kv_budget_bytes = a.kv_budget_mib * double(1 << 20);
@@ -366,7 +433,31 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
           "--prefix-cache: {}'s engine ({}) holds K/V on demand; the prefix cache is modelled with reserved "
           "K/V only: add --kv-mode reserve",
           hw.name, hw.engine.name);
-    cfgs.push_back(cfg);
+    return cfg;
+  };
+  std::vector<sim::ServingConfig> cfgs;
+  for (const hw::Profile& hw : hws) cfgs.push_back(config_for(hw));
+  std::optional<sim::Deployment> deployment;
+  if (a.replicas > 1 || !a.disaggregate.empty()) {
+    if (hws.size() != 1) usage_fail("--replicas and --disaggregate take one --hw");
+    if (a.capacity) usage_fail("--capacity searches one engine's rates; drop --replicas and --disaggregate");
+    if (a.dp > 1 || a.pp > 1) usage_fail("--replicas and --disaggregate take engines without --dp or --pp");
+    sim::Deployment d;
+    d.router = sim::parse_router(a.router);
+    if (a.disaggregate.empty()) {
+      d.serve = {hws[0], cfgs[0], a.replicas};
+    } else {
+      const auto [P, D] = parse_instances(a.disaggregate);
+      const hw::Profile pre = a.prefill_hw.empty() ? hws[0] : load_profiles(a.prefill_hw, a.engine).at(0);
+      for_option("--tp", [&] { sim::check_tp(c, pre, a.tp); });
+      d.serve = {pre, config_for(pre), P};
+      d.decode = sim::Pool{hws[0], cfgs[0], D};
+      d.link_bytes_per_s = a.kv_link_gbs > 0 ? a.kv_link_gbs * 1e9 : pre.scale_out_bandwidth * double(a.tp);
+      d.link_latency_s = a.kv_link_us >= 0 ? a.kv_link_us * 1e-6 : pre.scale_out_latency;
+      if (!(d.link_bytes_per_s > 0))
+        usage_fail("--disaggregate: {} has no scale-out network; give --kv-link-gbs", pre.name);
+    }
+    deployment = d;
   }
   sim::pipeline_starts(c.n_layer, a.pp);
   sim::Objectives obj{a.slo_ttft_ms * 1e-3, a.slo_itl_ms * 1e-3};
@@ -408,7 +499,7 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   if (a.capacity)
     capacity_runs(a, c, hws, prec, methods, cfgs, obj, out, text);
   else
-    simulated_runs(a, c, hws, prec, methods, cfgs, obj, out, text);
+    simulated_runs(a, c, hws, prec, methods, cfgs, deployment, obj, out, text);
   const std::string dumped = out.dump(2) + "\n";
   if (!a.out.empty()) write_file_atomic(a.out, dumped, "serving simulation");
   if (a.json_out)

@@ -11,6 +11,7 @@
 #include "hwmodels/profile.h"
 #include "model/presets.h"
 #include "pruning/schedule.h"
+#include "sim/deployment.h"
 #include "sim/revival.h"
 #include "sim/serving_metrics.h"
 
@@ -57,6 +58,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const lp::sim::ServingRun other = lp::sim::simulate_serving(s.c, s.hw, {}, s.m, s.engine, reqs);
     if (other.kv_reserved_peak > s.engine.kv_budget_bytes) __builtin_trap();  // K/V held past the budget
     (void)lp::sim::serving_metrics(other, {});
+    // Two replicas behind the least-outstanding router, and one prefill and one decode instance.
+    lp::sim::Deployment d;
+    d.serve = {s.hw, s.cfg, 2};
+    d.router = lp::sim::Router::LeastOutstanding;
+    (void)lp::sim::simulate_deployment(s.c, {}, s.m, d, reqs);
+    d.serve.replicas = 1;
+    d.decode = lp::sim::Pool{s.hw, s.engine, 1};
+    d.decode->cfg.clients = 0;
+    (void)lp::sim::simulate_deployment(s.c, {}, s.m, d, reqs);
   });
   lp::fuzz::refuses_cleanly([&] { (void)lp::sim::read_request_log(path); });
   for (const char* column : {"prompt_tokens", "output_tokens"})

@@ -96,6 +96,11 @@ struct RequestOutcome {
   double prompt_tokens_computed_fraction = 1;  // of its prompt's (token, layer) pairs, the prefill computed
   int64_t cached_tokens = 0;                   // of its prompt, copied from the prefix cache
   int64_t preemptions = 0;                     // times preempted (ServingConfig::kv_mode OnDemand)
+  // After its prefill, the K/V it holds (the pairs computed) and its Aux Cache, bytes: what a
+  // disaggregated prefill hands to a decode instance.
+  double kv_bytes_after_prefill = 0, aux_bytes = 0;
+  double transfer_s = 0;  // disaggregated: the hand-over, from its first token to its decode instance
+  int replica = 0, decode_replica = -1;  // the engines that served it (sim/deployment.h)
   double ttft_s() const { return first_token_s - arrival_s; }
   double queue_s() const { return admitted_s - arrival_s; }
   double e2e_s() const { return finished_s - arrival_s; }

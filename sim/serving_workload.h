@@ -20,6 +20,9 @@ struct ServingRequest {
   // as they are.
   int64_t shared_group = -1, shared_tokens = 0;
   int64_t cached_tokens = -1;
+  // Decoding only (a disaggregated deployment's decode instance): its prompt's K/V was handed over
+  // from a prefill instance, which gave its first token; it decodes its other output tokens.
+  bool prefilled = false;
 };
 
 // A length distribution: fixed N, uniform over [lo, hi], normal (rounded, clamped to [lo, hi] =

@@ -185,6 +185,38 @@ TEST_F(CliSim, CalibrateServingFromTheUsersBenchmarks) {
   EXPECT_FALSE(std::filesystem::exists(dir_.file("never.json")));
 }
 
+// Deployments through the binary: replicas behind a router and disaggregated pools, each run's
+// deployment and hand-over reported; bad layouts refused in one line.
+TEST_F(CliSim, ServingDeployments) {
+  const CliResult r = run_cli(dir_, with({"--engine", "vllm", "--replicas", "3", "--router",
+                                          "least-outstanding", "--prune", "none", "--rate", "6", "--json"}));
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["results"][0]["deployment"]["replicas"], 3);
+  EXPECT_EQ(j["results"][0]["deployment"]["router"], "least-outstanding");
+  const CliResult d = run_cli(dir_, with({"--disaggregate", "1:2", "--prefill-hw", "h200", "--kv-link-gbs",
+                                          "25", "--prune", "none,lazyllm", "--rate", "2", "--json"}));
+  ASSERT_TRUE(d.exited && d.code == 0) << describe(d);
+  const auto k = nlohmann::json::parse(d.out);
+  ASSERT_EQ(k["results"].size(), 2u);
+  const auto& none = k["results"][0]["handover"];
+  const auto& lazy = k["results"][1]["handover"];
+  EXPECT_EQ(none["link_gbs"], 25.0);
+  EXPECT_EQ(none["requests"], 200);
+  EXPECT_LT(lazy["mean_mib"].get<double>(), none["mean_mib"].get<double>());
+  const std::string out = dir_.file("never.json");
+  expect_one_line_error(run_cli(dir_, with({"--disaggregate", "1:0", "--out", out})),
+                        {"--disaggregate", "P:D"});
+  expect_one_line_error(run_cli(dir_, with({"--disaggregate", "2", "--out", out})), {"--disaggregate"});
+  expect_one_line_error(run_cli(dir_, with({"--disaggregate", "1:1", "--concurrency", "4", "--out", out})),
+                        {"open-loop", "concurrency"});
+  expect_one_line_error(run_cli(dir_, {"simulate-serving", "--model-config", "llama-3.1-8b", "--hw",
+                                       "h100-sxm,h200", "--replicas", "2", "--out", out}),
+                        {"one --hw"});
+  expect_one_line_error(run_cli(dir_, with({"--router", "random", "--out", out})), {"--router"});
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {
   const CliResult r = run_cli(dir_, with({"--capacity", "--slo-ttft-p90-ms", "0.001", "--prompt-tokens",
                                           "4096", "--seeds", "1", "--json"}));

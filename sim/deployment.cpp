@@ -1,0 +1,218 @@
+#include "sim/deployment.h"
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+
+#include "model/error.h"
+#include "pruning/policy.h"
+#include "sim/serving_loop.h"
+
+namespace lp::sim {
+
+Router parse_router(const std::string& name) {
+  if (name == "round-robin") return Router::RoundRobin;
+  if (name == "least-outstanding") return Router::LeastOutstanding;
+  if (name == "prefix") return Router::Prefix;
+  usage_fail("unknown router '{}' (known: round-robin, least-outstanding, prefix)", name);
+}
+
+const char* router_name(Router r) {
+  switch (r) {
+    case Router::RoundRobin:
+      return "round-robin";
+    case Router::LeastOutstanding:
+      return "least-outstanding";
+    case Router::Prefix:
+      break;
+  }
+  return "prefix";
+}
+
+namespace {
+
+using detail::EventLoop;
+
+// A pool's engines over one request list, and the router's view of them: each engine's requests
+// sent and the times its requests finished (in order: an engine's clock only moves on).
+class PoolRun {
+ public:
+  PoolRun(const ModelConfig& c, const Precision& p, const ServingMethod& m, const Pool& pool,
+          std::span<const ServingRequest> reqs, Router router)
+      : router_(router),
+        sent_(size_t(pool.replicas), 0),
+        finishes_(size_t(pool.replicas)),
+        route_(reqs.size(), 0) {
+    for (int k = 0; k < pool.replicas; ++k) {
+      loops_.push_back(std::make_unique<EventLoop>(c, pool.hw, p, m, pool.cfg, reqs));
+      ptrs_.push_back(loops_.back().get());
+    }
+  }
+
+  void drive(std::span<const ServingRequest> reqs, int64_t clients) {
+    detail::drive(
+        ptrs_, reqs, clients, [this](size_t idx, double t) { return pick(idx, t); },
+        [this](size_t idx) {
+          const size_t k = route_[idx];
+          finishes_[k].push_back(loops_[k]->now());
+        });
+  }
+
+  // The outcome of request idx, from the engine that served it, with that engine's number.
+  RequestOutcome outcome(size_t idx) const {
+    RequestOutcome o = runs_[route_[idx]].requests[idx];
+    o.replica = int(route_[idx]);
+    return o;
+  }
+  // Every engine's run, once driven.
+  void collect() {
+    for (auto& l : loops_) runs_.push_back(l->result());
+  }
+  // The pool's iterations and K/V over its engines (utilisation: the mean over engines).
+  void add_totals(ServingRun& out) const {
+    for (const ServingRun& r : runs_) {
+      out.iterations += r.iterations;
+      out.end_s = std::max(out.end_s, r.end_s);
+      out.kv_capacity += r.kv_capacity;
+      out.kv_reserved_mean += r.kv_reserved_mean;
+      out.kv_reserved_peak += r.kv_reserved_peak;
+      out.preemptions += r.preemptions;
+    }
+  }
+
+ private:
+  Router router_;
+  std::vector<std::unique_ptr<EventLoop>> loops_;
+  std::vector<EventLoop*> ptrs_;
+  std::vector<int64_t> sent_;
+  std::vector<std::vector<double>> finishes_;
+  std::vector<size_t> route_;
+  std::vector<ServingRun> runs_;
+  size_t turn_ = 0;
+
+  // Engine k's requests sent and not finished at t (its finishes after t still count: the engine
+  // may have run past t).
+  int64_t outstanding(size_t k, double t) const {
+    const auto& f = finishes_[k];
+    return sent_[k] - int64_t(std::upper_bound(f.begin(), f.end(), t) - f.begin());
+  }
+  size_t pick(size_t idx, double t) {
+    const size_t R = loops_.size();
+    size_t best = 0;
+    if (router_ == Router::RoundRobin) {
+      best = turn_++ % R;
+    } else {
+      int64_t best_prefix = -1, best_load = 0;
+      for (size_t k = 0; k < R; ++k) {
+        const int64_t prefix = router_ == Router::Prefix ? loops_[k]->cached_prefix(idx) : 0;
+        const int64_t load = outstanding(k, t);
+        if (prefix > best_prefix || (prefix == best_prefix && load < best_load))
+          best = k, best_prefix = prefix, best_load = load;
+      }
+    }
+    ++sent_[best];
+    route_[idx] = best;
+    return best;
+  }
+};
+
+void check_pool(const ModelConfig& c, const Pool& pool, const char* what) {
+  if (pool.replicas < 1) fail("the {} pool needs at least one engine, got {}", what, pool.replicas);
+  if (c.dp > 1 || pool.cfg.pipeline.stages > 1)
+    usage_fail("replicas and disaggregation take engines without data-parallel attention or pipeline stages");
+}
+
+// Aggregated: every request whole on the replica the router picks.
+ServingRun aggregated(const ModelConfig& c, const Precision& p, const ServingMethod& m, const Deployment& d,
+                      std::span<const ServingRequest> reqs) {
+  PoolRun pool(c, p, m, d.serve, reqs, d.router);
+  pool.drive(reqs, d.serve.cfg.clients);
+  pool.collect();
+  ServingRun out;
+  out.requests.resize(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) out.requests[i] = pool.outcome(i);
+  pool.add_totals(out);
+  return out;
+}
+
+// Disaggregated: prefilled in one pool (output 1), handed over, decoded in the other.
+ServingRun disaggregated(const ModelConfig& c, const Precision& p, const ServingMethod& m,
+                         const Deployment& d, std::span<const ServingRequest> reqs) {
+  if (d.serve.cfg.clients > 0)
+    usage_fail("a disaggregated deployment is simulated under open-loop arrivals; drop the concurrency");
+  if (!(d.link_bytes_per_s > 0) || !(d.link_latency_s >= 0))
+    usage_fail("the K/V hand-over link needs a positive bandwidth and a latency of at least 0");
+  std::vector<ServingRequest> prefill(reqs.begin(), reqs.end());
+  for (ServingRequest& r : prefill) r.output_tokens = 1;
+  PoolRun pre(c, p, m, d.serve, prefill, d.router);
+  pre.drive(prefill, 0);
+  pre.collect();
+  ServingRun out;
+  out.requests.resize(reqs.size());
+  // The hand-overs, in the order they reach the decode pool.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    RequestOutcome& o = out.requests[i];
+    o = pre.outcome(i);
+    o.output_tokens = reqs[i].output_tokens;
+    o.finished_s = o.first_token_s;
+    if (reqs[i].output_tokens > 1) {
+      o.transfer_s = (o.kv_bytes_after_prefill + o.aux_bytes) / d.link_bytes_per_s + d.link_latency_s;
+      order.push_back(i);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return out.requests[a].first_token_s + out.requests[a].transfer_s <
+           out.requests[b].first_token_s + out.requests[b].transfer_s;
+  });
+  std::vector<ServingRequest> decode;
+  for (const size_t i : order) {
+    ServingRequest r = reqs[i];
+    r.arrival_s = out.requests[i].first_token_s + out.requests[i].transfer_s;
+    r.prefilled = true;
+    r.shared_group = -1, r.cached_tokens = -1;
+    decode.push_back(r);
+  }
+  ServingRun pool_totals;
+  if (!decode.empty()) {
+    PoolRun dec(c, p, m, *d.decode, decode, d.router == Router::Prefix ? Router::LeastOutstanding : d.router);
+    dec.drive(decode, 0);
+    dec.collect();
+    for (size_t j = 0; j < order.size(); ++j) {
+      const RequestOutcome od = dec.outcome(j);
+      RequestOutcome& o = out.requests[order[j]];
+      o.finished_s = od.finished_s;
+      o.decode_replica = od.replica;
+      o.preemptions += od.preemptions;
+    }
+    dec.add_totals(pool_totals);  // the decode pool's K/V: what bounds a disaggregated deployment
+  }
+  out.iterations = pool_totals.iterations;
+  pre.add_totals(out);
+  out.kv_capacity = pool_totals.kv_capacity, out.kv_reserved_mean = pool_totals.kv_reserved_mean;
+  out.kv_reserved_peak = pool_totals.kv_reserved_peak;
+  out.end_s = std::max(out.end_s, pool_totals.end_s);
+  out.preemptions += pool_totals.preemptions;
+  return out;
+}
+
+}  // namespace
+
+ServingRun simulate_deployment(const ModelConfig& c, const Precision& p, const ServingMethod& m,
+                               const Deployment& d, std::span<const ServingRequest> reqs) {
+  check_pool(c, d.serve, d.decode ? "prefill" : "serving");
+  if (d.decode) check_pool(c, *d.decode, "decode");
+  const bool pruning = policy_traits(m.method.policy).prunes && !m.steps.empty();
+  detail::check_inputs(c, d.serve.cfg, reqs, pruning);
+  if (d.decode) detail::check_inputs(c, d.decode->cfg, reqs, pruning);
+  const auto run = [&](const ServingMethod& mm, std::span<const ServingRequest> rs) {
+    return d.decode ? disaggregated(c, p, mm, d, rs) : aggregated(c, p, mm, d, rs);
+  };
+  if (!policy_traits(m.method.policy).drops_prompt) return run(m, reqs);
+  const detail::DroppedPrompts dropped = detail::drop_prompts(m, reqs);
+  ServingRun out = run(dropped.plain, dropped.reqs);
+  detail::restore_prompts(out, reqs);
+  return out;
+}
+
+}  // namespace lp::sim
