@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <boost/math/distributions/fisher_f.hpp>
 #include <cctype>
@@ -75,7 +76,18 @@ std::pair<double, double> bounds(const std::string& name) {
   if (name == "overhead_us") return {0.01, 5000};
   if (name == "gemm.half_rows" || name == "attention.half_rows") return {0.01, 4096};
   if (name == "pruning.stage_us") return {0.01, 1e5};
+  if (name == "pruning.key_ns") return {0.01, 1e6};
   return {0.01, 1};
+}
+
+// Where a parameter's fit starts and what its base-unit elasticity is measured against: its base
+// value, or, for a cost the base leaves at 0 (a profile without pruning.key_ns), a typical one
+// (this CPU engine's one-row score and top-k: about 80 ns a key each), so that the parameter can
+// show the effect it would have.
+double start_value(const hw::Profile& base, const std::string& name) {
+  const double v = get_param(base, name);
+  if (name == "pruning.key_ns" && v <= 0) return 100;
+  return std::max(v, bounds(name).first);
 }
 
 }  // namespace
@@ -260,14 +272,21 @@ Point make_point(const Measurement& m, const std::string& preset, const ModelCon
 }
 
 double predict_point(const hw::Profile& hw, const Point& pt) {
-  const Prediction r = replay(pt.work, pt.model, hw, pt.precision, pt.m->batch, pt.m->tp);
+  const double share = hw::thread_share(hw, pt.m->threads);  // its threads' share of a CPU's cores
+  const Prediction r =
+      share < 1 ? replay(pt.work, pt.model, hw::share_of(hw, share), pt.precision, pt.m->batch, pt.m->tp)
+                : replay(pt.work, pt.model, hw, pt.precision, pt.m->batch, pt.m->tp);
   return pt.ttft ? r.ttft_s : r.decode_step_s.at(0);
 }
 
 const std::vector<std::string>& fit_candidates() {
-  static const std::vector<std::string> c = {"gemm.compute",   "overhead_us",         "attention.compute",
-                                             "gemm.half_rows", "attention.half_rows", "gemm.memory",
-                                             "interconnect",   "pruning.stage_us",    "experts.compute"};
+  // The pruning stage's cost per key before its fixed cost: one pruned run fits either equally,
+  // and a stage that scores and selects over every active token costs in proportion to them (on
+  // lazyprefill's CUDA backend, dense runs and one pruned run priced the other prompts' pruned runs
+  // 3-9% off with the fixed cost, the error growing with the prompt).
+  static const std::vector<std::string> c = {
+      "gemm.compute", "overhead_us",  "attention.compute", "gemm.half_rows",   "attention.half_rows",
+      "gemm.memory",  "interconnect", "pruning.key_ns",    "pruning.stage_us", "experts.compute"};
   return c;
 }
 
@@ -408,7 +427,7 @@ Fitted fit_subset(const hw::Profile& base, const std::vector<Point>& points, con
     const auto [a, b] = bounds(params[j]);
     lo[j] = std::log(a);
     hi[j] = std::log(b);
-    x[j] = std::clamp(std::log(std::max(get_param(base, params[j]), a)), lo[j], hi[j]);
+    x[j] = std::clamp(std::log(start_value(base, params[j])), lo[j], hi[j]);
   }
   const OptimizerStatus st =
       minimize_bobyqa(k, x.data(), lo.data(), hi.data(), objective, &pr, 2000, 1e-7, "the fit");
@@ -442,7 +461,8 @@ class Stepwise {
     for (size_t i = 0; i < n_; ++i) all_[i] = i;
     for (const Point& p : points) {
       if (!p.ttft) ++decode_points_;
-      if (!p.work.header.schedule_layers.empty()) ++pruned_points_;
+      if (!p.work.header.schedule_layers.empty())
+        ++pruned_points_, pruned_lengths_.insert(p.m->prompt_tokens);
       if (p.model.moe()) ++moe_points_;
       if (p.ttft) ttft_lengths_.insert(p.m->prompt_tokens);
     }
@@ -458,6 +478,31 @@ class Stepwise {
       ss += r * r;
     }
     return ss;
+  }
+
+  // The fitted parameters' relative standard errors at `at` (the least-squares fit of `params`):
+  // the square roots of the diagonal of s^2 (J^T J)^-1, J the points' d log(predicted) / d log
+  // (parameter) and s^2 the squared log error per degree of freedom (Gauss-Newton's covariance;
+  // Eigen's LDLT). NaN for all when no degree of freedom is left or J^T J is singular.
+  std::vector<double> relative_errors(const hw::Profile& at, const std::vector<std::string>& params) const {
+    const size_t k = params.size();
+    std::vector<double> out(k, std::numeric_limits<double>::quiet_NaN());
+    if (k == 0 || n_ <= k) return out;
+    Eigen::MatrixXd J(n_, k);
+    for (size_t j = 0; j < k; ++j) {
+      const std::vector<double> col = elasticities(at, params[j], false);
+      for (size_t i = 0; i < n_; ++i) J(Eigen::Index(i), Eigen::Index(j)) = col[i];
+    }
+    const Eigen::MatrixXd A = J.transpose() * J;
+    const Eigen::LDLT<Eigen::MatrixXd> ldlt(A);
+    if (ldlt.info() != Eigen::Success || !ldlt.isPositive() || ldlt.vectorD().minCoeff() <= 1e-14) return out;
+    const Eigen::MatrixXd inv = ldlt.solve(Eigen::MatrixXd::Identity(Eigen::Index(k), Eigen::Index(k)));
+    const double s2 = sum_sq(at) / double(n_ - k);
+    for (size_t j = 0; j < k; ++j) {
+      const double v = inv(Eigen::Index(j), Eigen::Index(j));
+      if (v > 0) out[j] = std::sqrt(s2 * v);
+    }
+    return out;
   }
 
   // The candidates in order, each with the reason it cannot be fitted from these points, if any.
@@ -476,8 +521,17 @@ class Stepwise {
       if (wanted && (name == "gemm.memory" || name == "gemm.half_rows" || name == "attention.half_rows") &&
           decode_points_ == 0)
         c.reason = "only decode latencies identify it (no decode points)";
-      if (wanted && name == "pruning.stage_us" && pruned_points_ == 0)
+      if (wanted && (name == "pruning.stage_us" || name == "pruning.key_ns") && pruned_points_ == 0)
         c.reason = "only pruned runs identify it (no point with a pruning schedule)";
+      // A stage scores and selects over every active token: its cost per key is the form that
+      // scales with the prompt. A fixed part beside it shows only in pruned runs of several lengths.
+      else if (wanted && name == "pruning.stage_us" && pruned_lengths_.size() == 1 &&
+               !contains(requested_, name))
+        c.reason = fmt::format(
+            "only pruned runs of several prompt lengths tell a fixed stage cost from one per key (every "
+            "pruned "
+            "point has {} tokens): pruning.key_ns takes the stage's cost",
+            *pruned_lengths_.begin());
       if (wanted && name == "experts.compute" && moe_points_ == 0)
         c.reason = "only mixture-of-experts models identify it (no point has experts)";
       // Attention grows with the square of the prompt, the GEMMs linearly: only prompts of several
@@ -561,6 +615,7 @@ class Stepwise {
   size_t n_;
   std::vector<size_t> all_;
   size_t decode_points_ = 0, pruned_points_ = 0, moe_points_ = 0;
+  std::set<int64_t> pruned_lengths_;
   std::set<int64_t> ttft_lengths_;
 
   static bool open(const ParamCheck& c) {
@@ -575,7 +630,7 @@ class Stepwise {
   std::vector<double> elasticities(const hw::Profile& at, const std::string& name, bool base_units) const {
     const auto [lo, hi] = bounds(name);
     const double v = get_param(at, name);
-    const double ref = base_units ? std::max(get_param(base_, name), lo) : std::max(v, lo);
+    const double ref = base_units ? start_value(base_, name) : std::max(v, lo);
     const double a = std::max(lo, v - 0.05 * ref), b = std::min(hi, v + 0.05 * ref);
     hw::Profile up = at, down = at;
     set_param(up, name, b);
@@ -590,7 +645,8 @@ class Stepwise {
   // The points a parameter can move: the pruned ones for the pruning stage cost (so one pruned
   // run among many dense ones can identify it), every point otherwise.
   bool moves(const std::string& name, size_t i) const {
-    return name != "pruning.stage_us" || !points_[i].work.header.schedule_layers.empty();
+    return (name != "pruning.stage_us" && name != "pruning.key_ns") ||
+           !points_[i].work.header.schedule_layers.empty();
   }
 
   // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce,
@@ -667,8 +723,14 @@ bool select_round(const Stepwise& sw, const hw::Profile& base, const std::vector
           sw.judge(c, current, without(trial_params, name), trial.profile, without(trial_params, name)) && ok;
       verdict.push_back(c);
     }
-    const double need = !requested.empty() ? kMinRequestedF : f_to_enter(double(block.size()), dof, 0.95);
-    if (ok && F < need) {
+    // A pruning parameter only pruned runs move: the user gave them to fit it, so it enters when
+    // identifiable and it lowers the error at all (its uncertainty says how well it is pinned).
+    const bool pruning_block =
+        block.size() == 1 && (block[0] == "pruning.key_ns" || block[0] == "pruning.stage_us");
+    const double need = pruning_block        ? 1e-12
+                        : !requested.empty() ? kMinRequestedF
+                                             : f_to_enter(double(block.size()), dof, 0.95);
+    if (ok && !(F >= need)) {
       ok = false;
       for (ParamCheck& c : verdict)
         c.reason = !requested.empty()
@@ -802,11 +864,13 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   const Fitted fitted = fit_subset(base, points, sw.all(), f.params);
   f.stop = describe_stop(fitted.stop);
   f.fit_s = predict_all(fitted.profile);
+  const std::vector<double> rel = sw.relative_errors(fitted.profile, f.params);
   for (ParamCheck& c : f.checks)
     if (c.fitted) {
       const auto [lo, hi] = bounds(c.name);
       const double v = get_param(fitted.profile, c.name);
       c.at_bound = v <= lo * 1.001 || v >= hi * 0.999;
+      c.relative_error = rel[size_t(std::find(f.params.begin(), f.params.end(), c.name) - f.params.begin())];
     }
   cross_validate(base, points, f);
   f.ttft_mape_base = mape(points, f.base_s, true, &f.ttft_points);
@@ -820,4 +884,5 @@ hw::Profile fit_measurements(const hw::Profile& base, const std::vector<Point>& 
   result.efficiency_default = false;
   return result;
 }
+
 }  // namespace lp::calib

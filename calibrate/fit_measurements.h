@@ -111,7 +111,10 @@ struct ParamCheck {
   bool fitted = false;
   bool at_bound = false;  // fitted to a bound ([0.01, 1] for shares, [0.01, 5000] us): poorly determined
   bool dropped = false;   // accepted, then dropped when judged again at the final fit
-  std::string reason;     // why it was not fitted
+  // Fitted: its relative standard error (Gauss-Newton at the final fit; NaN with no degree of
+  // freedom left): 0.1 is +-10% at one sigma.
+  double relative_error = 0;
+  std::string reason;  // why it was not fitted
 };
 
 // The `level` quantile of Fisher's F(df1, df2) (Boost.Math): the F-to-enter a block of df1

@@ -83,6 +83,14 @@ Measurement from_llama_bench(const json& o, const std::string& path, int rec) {
                   opt_text("n_threads"), opt_text("n_batch"), opt_text("n_ubatch"), opt_text("flash_attn"),
                   opt_text("type_k"), opt_text("type_v"), opt_text("n_gpu_layers"), opt_text("split_mode"));
   const int64_t ngl = field<int64_t>(o, "n_gpu_layers", path, rec);
+  const std::string gpu_info = o.contains("gpu_info") ? field<std::string>(o, "gpu_info", path, rec) : "";
+  // On the CPU (no layer offloaded, or no GPU: a CPU build reports ngl 99 and no gpu_info): its
+  // threads' share of the part.
+  if ((ngl == 0 || gpu_info.empty()) && o.contains("n_threads")) {
+    const int64_t t = field<int64_t>(o, "n_threads", path, rec);
+    if (t < 1 || t > 65536) fail("{}: record {}: n_threads must be from 1 to 65536, got {}", path, rec, t);
+    m.threads = int(t);
+  }
   const std::string gpu = o.contains("gpu_info") ? field<std::string>(o, "gpu_info", path, rec) : "";
   m.hardware = ngl > 0 && !gpu.empty() ? gpu : field<std::string>(o, "cpu_info", path, rec);
   const int64_t n_prompt = field<int64_t>(o, "n_prompt", path, rec);
@@ -162,15 +170,15 @@ std::vector<Measurement> import_csv(const std::string& path) {
   if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 byte-order mark (spreadsheet exports)
   // Every column the format knows (docs/measurements.md); any other column is an error.
   std::string model, hardware, framework, version, dtype, method, batch, tp, prompt, context, ttft_ms, ttft_s,
-      decode_ms, decode_tokens, reps;
+      decode_ms, decode_tokens, reps, threads;
   std::vector<Measurement> out;
   try {
-    io::CSVReader<15, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>, io::throw_on_overflow,
+    io::CSVReader<16, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>, io::throw_on_overflow,
                   io::single_line_comment<'#'>>
         in(path, text.data(), text.data() + text.size());
     in.read_header(io::ignore_missing_column, "model", "hardware", "framework", "framework_version", "dtype",
                    "method", "batch", "tp", "prompt_tokens", "context_tokens", "ttft_ms", "ttft_s",
-                   "decode_ms_per_token", "decode_tokens", "repetitions");
+                   "decode_ms_per_token", "decode_tokens", "repetitions", "threads");
     for (const char* need : {"model", "hardware", "prompt_tokens"})
       if (!in.has_column(need))
         fail("{}: missing column '{}' (docs/measurements.md lists the format)", path, need);
@@ -181,7 +189,7 @@ std::vector<Measurement> import_csv(const std::string& path) {
       fail("{}: no time column: give 'ttft_ms' (or 'ttft_s') and/or 'decode_ms_per_token'", path);
     const double ttft_scale = in.has_column("ttft_s") ? 1e3 : 1.0;
     while (in.read_row(model, hardware, framework, version, dtype, method, batch, tp, prompt, context,
-                       ttft_ms, ttft_s, decode_ms, decode_tokens, reps)) {
+                       ttft_ms, ttft_s, decode_ms, decode_tokens, reps, threads)) {
       const int rec = int(in.get_file_line());  // the physical line, as the reader's own errors count
       Measurement m;
       m.file = path;
@@ -199,6 +207,8 @@ std::vector<Measurement> import_csv(const std::string& path) {
       m.prompt_tokens = csv_count(prompt, "prompt_tokens", path, rec, 0);
       if (!context.empty()) m.context_tokens = csv_count(context, "context_tokens", path, rec, 0);
       if (!reps.empty()) m.repetitions = int(csv_count(reps, "repetitions", path, rec, 1));
+      if (!threads.empty())
+        m.threads = int(std::min<int64_t>(csv_count(threads, "threads", path, rec, 1), 65536));
       const std::string& ttft = in.has_column("ttft_s") ? ttft_s : ttft_ms;
       if (!ttft.empty()) {
         const double v =
@@ -281,6 +291,11 @@ std::vector<Measurement> import_run_json(const std::string& path) {
   if (o.contains("backend"))
     if (const auto b = field<std::string>(o, "backend", path, 1); b != "cpu")
       m.framework = "lazyprefill-" + b;
+  if (m.framework == "lazyprefill" && o.contains("threads")) {  // a CUDA run's threads are the host's
+    const int64_t t = field<int64_t>(o, "threads", path, 1);
+    if (t < 1 || t > 65536) fail("{}: record 1: threads must be from 1 to 65536, got {}", path, t);
+    m.threads = int(t);
+  }
   m.dtype = field<std::string>(o, "dtype", path, 1);
   m.prompt_tokens = field<int64_t>(o, "prompt_tokens", path, 1);
   m.ttft_ms = field<double>(o, "ttft_ms", path, 1);

@@ -25,6 +25,10 @@ struct Measurement {
   std::string method = "none";  // token pruning: "none", or "lazyllm 0.3:0.3,..." (our runs)
   std::string
       config;  // other settings that change speed (llama-bench: threads, ubatch, flash attention, KV types)
+  // CPU threads the run used (llama-bench's n_threads, run --json's threads, a CSV's threads),
+  // 0 when not recorded or on a GPU: the prediction prices it on that share of the part's cores
+  // (hw::thread_share), so files of any thread count calibrate one profile of the whole part.
+  int threads = 0;
   int batch = 1;               // sequences processed together
   int tp = 1;                  // tensor-parallel degree
   int64_t prompt_tokens = 0;   // tokens prefilled (0 for a decode-only test)
@@ -55,7 +59,7 @@ std::vector<Measurement> import_llama_bench(const std::string& path);
 
 // The plain CSV of docs/measurements.md: a header naming columns from model, hardware,
 // prompt_tokens (required), framework, framework_version, dtype, method, batch, tp,
-// context_tokens, ttft_ms or ttft_s, decode_ms_per_token, decode_tokens, repetitions; '#' starts
+// context_tokens, ttft_ms or ttft_s, decode_ms_per_token, decode_tokens, repetitions, threads; '#' starts
 // a comment line; empty cells are "not given". Unknown, duplicated or missing required columns,
 // mixed units, and cells that are not numbers are errors naming the file, row and column.
 std::vector<Measurement> import_csv(const std::string& path);

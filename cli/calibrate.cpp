@@ -206,6 +206,8 @@ json measurement_fit_json(const CalibrateArgs& a, const json& cal, const calib::
                       {"independent_elasticity", c.independent},
                       {"fitted", c.fitted},
                       {"at_bound", c.at_bound},
+                      {"relative_error",
+                       c.fitted && std::isfinite(c.relative_error) ? json(c.relative_error) : json(nullptr)},
                       {"f_statistic", c.f_stat},
                       {"reason", c.reason}});
   return {{"profile", a.out},
@@ -246,9 +248,11 @@ void print_measurement_fit(const CalibrateArgs& a, const hw::Profile& base, cons
     fmt::print("{:<18} {:>10.3f} {:>12.3f} {:>10.4g} {:>10}  {}\n", c.name, c.sensitivity, c.independent,
                calib::get_param(base, c.name),
                c.fitted ? fmt::format("{:.4g}", calib::get_param(fitted, c.name)) : "-",
-               c.fitted
-                   ? (c.at_bound ? "at its bound: the data push it to the limit (poorly determined)" : "")
-                   : c.reason);
+               c.fitted ? (c.at_bound ? "at its bound: the data push it to the limit (poorly determined)"
+                           : std::isfinite(c.relative_error)
+                               ? fmt::format("+-{:.1f}% (one standard error)", 100 * c.relative_error)
+                               : std::string("no degree of freedom left for its uncertainty"))
+                        : c.reason);
   const auto line = [&](const char* what, int n, double b, double f, double h) {
     if (n)
       fmt::print("{} MAPE over {} point(s): base {:.1f}%, fitted {:.1f}%, held out ({}) {:.1f}%\n", what, n,

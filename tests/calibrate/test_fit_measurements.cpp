@@ -377,33 +377,51 @@ TEST(FitMeasurements, OnePromptLengthFitsGemmAndSaysWhyNotAttention) {
 
 // Pruning's own cost: dense runs and one pruned run identify the per-stage cost, and the other
 // pruned runs (other schedules, other lengths) are then predicted.
+// One pruned run identifies the pruning stage's cost per key (the form that scales with the prompt),
+// which then prices other schedules, lengths and models; a fixed cost beside it needs pruned runs
+// of two lengths.
 TEST(FitMeasurements, OnePrunedRunIdentifiesThePruningStageCost) {
   const hw::Profile base = hw::load_profile("h100-sxm");
   hw::Profile truth = base;
   calib::set_param(truth, "gemm.compute", 0.55);
-  calib::set_param(truth, "pruning.stage_us", 400);
+  calib::set_param(truth, "pruning.key_ns", 4000);
   Synthetic s;
   for (int64_t n : {256, 1024, 4096}) s.add(truth, "llama-3.1-8b", 1, n, false);
   s.add(truth, "llama-3.1-8b", 1, 512, false, "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3");
   calib::MeasurementFit fit;
   const hw::Profile got = calib::fit_measurements(base, s.points, {}, &fit);
-  EXPECT_NE(std::find(fit.params.begin(), fit.params.end(), "pruning.stage_us"), fit.params.end())
+  EXPECT_NE(std::find(fit.params.begin(), fit.params.end(), "pruning.key_ns"), fit.params.end())
       << describe(fit);
-  EXPECT_NEAR(calib::get_param(got, "pruning.stage_us"), 400, 4);
+  EXPECT_NEAR(calib::get_param(got, "pruning.key_ns"), 4000, 40);
+  const auto stage = std::find_if(fit.checks.begin(), fit.checks.end(),
+                                  [](const calib::ParamCheck& c) { return c.name == "pruning.stage_us"; });
+  EXPECT_NE(stage->reason.find("several prompt lengths"), std::string::npos) << stage->reason;
   Synthetic others;
   others.add(truth, "llama-3.1-8b", 1, 1024, false, "lazyllm 0.1:0.5,0.3:0.5,0.5:0.5");
-  others.add(truth, "llama-3.1-8b", 1, 256, false, "random 0.2:0.4,0.5:0.4");
+  others.add(truth, "llama-3.1-8b", 1, 8192, false, "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3");
   others.add(truth, "llama-3.1-70b", 4, 512, false, "static 0.3:0.3,0.6:0.3,0.9:0.3");
   for (const calib::Point& p : others.points) {
     EXPECT_NEAR(calib::predict_point(got, p) / p.measured_s, 1, 0.01) << p.m->method;
     // The base profile, with its default stage cost, is further off.
     EXPECT_GT(std::fabs(calib::predict_point(base, p) / p.measured_s - 1), 0.02) << p.m->method;
   }
+  // A fixed stage cost shows in pruned runs of two lengths.
+  hw::Profile fixed = base;
+  calib::set_param(fixed, "gemm.compute", 0.55);
+  calib::set_param(fixed, "pruning.stage_us", 4000);
+  Synthetic two;
+  for (int64_t n : {256, 1024, 4096, 16384}) two.add(fixed, "llama-3.1-8b", 1, n, false);
+  for (int64_t n : {512, 8192})
+    two.add(fixed, "llama-3.1-8b", 1, n, false, "lazyllm 0.3:0.3,0.6:0.3,0.9:0.3");
+  const hw::Profile got2 =
+      calib::fit_measurements(base, two.points, {"gemm.compute", "pruning.stage_us"}, &fit);
+  EXPECT_NEAR(calib::get_param(got2, "pruning.stage_us"), 4000, 40) << describe(fit);
   // Without a pruned point the stage cost cannot be seen.
   Synthetic dense;
   for (int64_t n : {512, 2048, 8192, 16384}) dense.add(truth, "llama-3.1-8b", 1, n, false);
   EXPECT_NE(usage_error(base, dense.points, {"pruning.stage_us"}).find("only pruned runs"),
             std::string::npos);
+  EXPECT_NE(usage_error(base, dense.points, {"pruning.key_ns"}).find("only pruned runs"), std::string::npos);
 }
 
 TEST(FitMeasurements, APrunedMeasurementNeedsItsSchedule) {

@@ -6,8 +6,11 @@
 #include <fstream>
 #include <string>
 
+#include "calibrate/fit_measurements.h"
 #include "calibrate/measurements.h"
+#include "hwmodels/profile.h"
 #include "model/error.h"
+#include "model/presets.h"
 #include "tests/gguf_writer.h"
 #include "tests/test_util.h"
 
@@ -89,6 +92,25 @@ TEST(Measurements, LlamaBenchCpuRunsImportAndMergeAsRepetitions) {
   const auto merged = calib::merge_repetitions(a);
   ASSERT_EQ(merged.size(), 10u);
   for (const Measurement& m : merged) EXPECT_EQ(m.repetitions, 10);
+}
+
+// llama-bench's n_threads is the share of a CPU profile its runs had: predicted on a profile of
+// twice the cores (peaks and bandwidth doubled), 2 threads of 4 are priced as 2 of 2 are.
+TEST(Measurements, LlamaBenchThreadsAreTheirShareOfTheCores) {
+  const auto ms = calib::import_measurements(sample("llama-bench-smollm2-135m-epyc.json"));
+  const hw::Profile two = hw::load_profile("cpu-local");
+  ASSERT_EQ(two.compute_units, 2);
+  hw::Profile four = two;
+  four.compute_units = 4;
+  for (auto& [dtype, flops] : four.peak_flops) flops *= 2;
+  four.memory_bandwidth *= 2;
+  const ModelConfig c = preset_config("smollm2-135m");
+  for (const Measurement& m : ms) {
+    EXPECT_EQ(m.threads, 2);
+    const calib::Point pt = calib::make_point(m, "smollm2-135m", c, sim::Precision{"f32", "f32", "f32"});
+    const double on_two = calib::predict_point(two, pt), on_four = calib::predict_point(four, pt);
+    EXPECT_NEAR(on_four, on_two, 1e-9 * on_two) << m.record;
+  }
 }
 
 TEST(Measurements, LlamaBenchJsonLinesAndDuplicatesAcrossFiles) {
