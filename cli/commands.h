@@ -246,6 +246,22 @@ struct CalibrateArgs {
 CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);
 int cmd_calibrate(const CalibrateArgs& a, const CLI::App& sub);
 
+struct PlanArgs {
+  std::string model, model_config, hw, engine, prune = "none,lazyllm", eval, out;
+  std::vector<std::string> schedules;
+  sim::Precision precision;
+  int gpus = 8;
+  std::string prompt_tokens = "4096", output_tokens = "256";
+  std::vector<int64_t> batch_tokens{2048, 8192, 16384}, max_seqs{256, 1024};
+  std::vector<double> loads{0.2, 0.5, 0.8};
+  double slo_ttft_ms = 0, slo_itl_ms = 0, memory_fraction = 0.9;
+  int64_t requests = 200, max_layouts = 100000, frontier_rows = 20;
+  bool aggregated_only = false, json_out = false;
+  uint64_t seed = 0;
+};
+CLI::App* add_plan(CLI::App& app, PlanArgs& a);
+int cmd_plan(const PlanArgs& a, const CLI::App& sub);
+
 struct CalibrateServingArgs {
   std::vector<std::string> benchmarks;  // vllm bench serve, guidellm, AIPerf or genai-perf files
   std::string model, model_config, hw, engine, fit = "scale,iteration", out;

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
       subcommand(app, add_inspect, cmd_inspect),
       subcommand(app, add_simulate, cmd_simulate),
       subcommand(app, add_simulate_serving, cmd_simulate_serving),
+      subcommand(app, add_plan, cmd_plan),
       subcommand(app, add_calibrate, cmd_calibrate),
       subcommand(app, add_calibrate_revivals, cmd_calibrate_revivals),
       subcommand(app, add_calibrate_serving, cmd_calibrate_serving),

@@ -217,6 +217,58 @@ TEST_F(CliSim, ServingDeployments) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// plan through the binary: the best layout with its launch commands, the frontier, accuracy
+// evidence from an eval --json file (or "accuracy not measured"), refusals in one line.
+TEST_F(CliSim, PlanFindsALayoutAndSaysItsAccuracy) {
+  const std::string eval = dir_.file("eval.json");
+  std::ofstream(eval) << R"({"results": [{"task": "kv", "length": 1024, "metric": "accuracy", "methods": [
+      {"policy": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3", "samples": 10, "accuracy": 0.9,
+       "accuracy_change": -0.1}]}]})";
+  const std::vector<std::string> base = {"plan",
+                                         "--model-config",
+                                         "llama-3.1-8b",
+                                         "--hw",
+                                         "h100-sxm",
+                                         "--gpus",
+                                         "2",
+                                         "--prompt-tokens",
+                                         "2048",
+                                         "--output-tokens",
+                                         "64",
+                                         "--requests",
+                                         "32",
+                                         "--batch-tokens",
+                                         "8192",
+                                         "--max-seqs",
+                                         "256",
+                                         "--slo-ttft-p90-ms",
+                                         "2000",
+                                         "--slo-itl-p90-ms",
+                                         "100"};
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--eval", eval, "--json"});
+  const CliResult r = run_cli(dir_, args);
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layouts_searched"], 3 * 2);  // TP1 x 2, TP2 x 1, prefill TP1 + decode TP1; x 2 methods
+  ASSERT_TRUE(j.contains("best"));
+  EXPECT_EQ(j["best"]["launch"].size() >= 3, true);
+  EXPECT_FALSE(j["frontier"].empty());
+  const auto& acc = j["accuracy"]["lazyllm 0.3:0.3,0.6:0.3,0.9:0.3"];
+  ASSERT_TRUE(acc.is_array()) << acc;
+  EXPECT_DOUBLE_EQ(acc[0]["value"].get<double>(), 0.9);
+  const CliResult none = run_cli(dir_, base);
+  ASSERT_TRUE(none.exited && none.code == 0) << describe(none);
+  const std::string out = dir_.file("never.json");
+  std::vector<std::string> bad = base;
+  bad.insert(bad.end(), {"--max-layouts", "3", "--out", out});
+  expect_one_line_error(run_cli(dir_, bad), {"6 layouts", "over the limit of 3"});
+  bad = base;
+  bad.insert(bad.end(), {"--eval", dir_.file("missing.json"), "--out", out});
+  expect_one_line_error(run_cli(dir_, bad), {"missing.json"});
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {
   const CliResult r = run_cli(dir_, with({"--capacity", "--slo-ttft-p90-ms", "0.001", "--prompt-tokens",
                                           "4096", "--seeds", "1", "--json"}));

@@ -1,0 +1,231 @@
+// `lazyprefill plan`: the deployment search (sim/plan.h): layouts of a model over N GPUs, the
+// Pareto frontier of tokens/s per GPU against tokens/s per user, the best layout within the
+// objectives with its launch commands, and each pruned row's accuracy evidence.
+#include "sim/plan.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "model/error.h"
+#include "model/io.h"
+#include "pruning/method.h"
+#include "reports/accuracy.h"
+#include "sim/replay.h"
+
+namespace lp::cli {
+namespace {
+using json = nlohmann::ordered_json;
+
+json point_json(const sim::PlanResult& r, size_t i, const std::vector<sim::ServingMethod>& methods) {
+  const sim::PlanPoint& pt = r.points[i];
+  const sim::Layout& l = r.layouts[pt.layout];
+  return {{"layout", l.describe()},
+          {"disaggregated", l.disaggregated()},
+          {"tp", l.tp},
+          {"instances", l.replicas},
+          {"decode_tp", l.decode_tp},
+          {"decode_instances", l.decode_instances},
+          {"gpus", l.gpus()},
+          {"max_batch_tokens", l.max_batch_tokens},
+          {"max_seqs", l.max_seqs},
+          {"method", methods[l.method].name},
+          {"rate_per_s", pt.rate},
+          {"output_tokens_per_s_per_gpu", pt.tokens_per_s_per_gpu},
+          {"output_tokens_per_s_per_user", pt.tokens_per_s_per_user},
+          {"ttft_p90_ms", pt.metrics.ttft.p90 * 1e3},
+          {"itl_p90_ms", pt.metrics.itl.p90 * 1e3},
+          {"meets_objectives", pt.meets}};
+}
+
+}  // namespace
+
+CLI::App* add_plan(CLI::App& app, PlanArgs& a) {
+  auto* s = app.add_subcommand(
+      "plan",
+      R"(Search deployments: layouts x token budgets x request limits x pruning, the frontier and the best within objectives.
+  lazyprefill plan --model-config llama-3.1-70b --hw h100-sxm --gpus 8 --prompt-tokens 4096 --output-tokens 256 --slo-ttft-p90-ms 2000 --slo-itl-p90-ms 50
+  lazyprefill plan --model-config llama-3.1-8b --hw h200 --gpus 4 --engine sglang --prune none,lazyllm --eval eval.json --json)");
+  add_model_choice(*s, a.model, a.model_config, "cost");
+  s->add_option("--hw", a.hw, "Hardware profile of one GPU (built-in name or file)")->required();
+  s->add_option("--engine", a.engine, kEngineHelp);
+  add_precision(*s, a.precision);
+  s->add_option("--gpus", a.gpus, "GPUs to lay the model over (default 8)")->check(CLI::Range(1, 4096));
+  s->add_option("--prune", a.prune, "Methods searched, comma-separated (default none,lazyllm)")
+      ->check(policy_names(true));
+  s->add_option("--schedule", a.schedules,
+                "Pruning schedules searched (repeatable; default the policy's own)")
+      ->check(non_empty_schedule());
+  s->add_option("--prompt-tokens", a.prompt_tokens,
+                "Prompt lengths: N, LO:HI, normal:MEAN:SD or file:PATH (default 4096)");
+  s->add_option("--output-tokens", a.output_tokens, "Output lengths (default 256)");
+  s->add_option("--slo-ttft-p90-ms", a.slo_ttft_ms, "Objective: p90 time to first token, ms")
+      ->check(CLI::Range(1e-3, 1e9));
+  s->add_option("--slo-itl-p90-ms", a.slo_itl_ms, "Objective: p90 inter-token latency, ms")
+      ->check(CLI::Range(1e-3, 1e9));
+  s->add_option("--batch-tokens", a.batch_tokens,
+                "Token budgets an iteration searched (default 2048,8192,16384)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  s->add_option("--max-seqs", a.max_seqs, "Running-request limits searched (default 256,1024)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  s->add_option("--loads", a.loads,
+                "Loads each layout runs at, shares of its saturated rate (default 0.2,0.5,0.8)")
+      ->delimiter(',')
+      ->check(CLI::Range(1e-3, 1.0));
+  s->add_flag("--aggregated-only", a.aggregated_only, "Leave out disaggregated prefill/decode layouts");
+  s->add_option("--requests", a.requests, "Requests a simulation (default 200)")
+      ->check(CLI::Range(int64_t(8), int64_t(1) << 20));
+  s->add_option("--max-layouts", a.max_layouts, "Refuse a search of more layouts (default 100000)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  s->add_option("--memory-fraction", a.memory_fraction, "Share of each GPU for weights and K/V (default 0.9)")
+      ->check(CLI::Range(0.05, 1.0));
+  s->add_option("--eval", a.eval, "An eval --json result: each pruned row's accuracy evidence")
+      ->check(non_empty_path());
+  s->add_option("--frontier-rows", a.frontier_rows, "Frontier rows printed (default 20)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  s->add_option("--seed", a.seed, "Seed of the workload (default 0)")->check(digits_only());
+  s->add_option("--out", a.out, "Also write the JSON to this file (atomically)")->check(non_empty_path());
+  s->add_flag("--json", a.json_out, "Print one JSON object");
+  return s;
+}
+
+int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
+  std::string model_name;
+  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
+  sim::Precision prec = a.precision;
+  sim::validate(prec);
+  const hw::Profile hw = load_profiles(a.hw, a.engine).at(0);
+  if (!a.out.empty()) refuse_output_over_input(a.out, "--out", {a.model, a.hw, a.eval});
+  const json eval = a.eval.empty() ? json() : json(report::read_eval(a.eval));
+
+  sim::PlanOptions o;
+  o.gpus = a.gpus;
+  o.prompt = sim::LengthDist::parse(a.prompt_tokens, "--prompt-tokens", "prompt_tokens");
+  o.output = sim::LengthDist::parse(a.output_tokens, "--output-tokens", "output_tokens");
+  o.objectives = {a.slo_ttft_ms * 1e-3, a.slo_itl_ms * 1e-3};
+  o.batch_tokens = a.batch_tokens;
+  o.max_seqs = a.max_seqs;
+  o.load_shares = a.loads;
+  o.disaggregated = !a.aggregated_only;
+  o.requests = a.requests;
+  o.max_layouts = a.max_layouts;
+  o.memory_fraction = a.memory_fraction;
+  o.seed = a.seed;
+  std::vector<Schedule> given;
+  for (const std::string& sch : a.schedules) given.push_back(schedule_from_arg(sch));
+  const auto revival_model = load_revivals("", -1);
+  std::vector<std::pair<std::string, std::string>> policy_schedule;  // for the accuracy evidence
+  for (const std::string& name : split_list(a.prune)) {
+    const PolicyKind kind = parse_policy(name);
+    for (const Schedule& sched : kind == PolicyKind::None ? std::vector<Schedule>{default_schedule()}
+                                                          : schedules_fitting(kind, given)) {
+      const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer, c.global_layers());
+      trace::Revivals rv;
+      if (kind != PolicyKind::None)
+        rv = choose_revivals(revival_model, -1, name, c.n_layer, steps, true).share;
+      const std::string label = kind == PolicyKind::None ? name : name + " " + sched.to_string();
+      o.methods.push_back(sim::serving_method({kind, sched}, c, std::move(rv), label));
+      policy_schedule.push_back(
+          {std::string(policy_name(kind)), kind == PolicyKind::None ? "none" : sched.to_string()});
+    }
+  }
+  const sim::ServingConfig base = scheduler_config({}, hw);
+  const sim::PlanResult r = sim::plan(c, hw, prec, base, o);
+
+  json out;
+  out["tool"] = "lazyprefill plan";
+  out["model"] = model_name;
+  out["hw"] = hw.name;
+  out["engine"] = hw.engine.name;
+  out["gpus"] = a.gpus;
+  out["workload"] = {{"prompt_tokens", o.prompt.describe()},
+                     {"output_tokens", o.output.describe()},
+                     {"requests_per_simulation", a.requests},
+                     {"loads", a.loads}};
+  out["objectives"] = {{"ttft_p90_ms", a.slo_ttft_ms > 0 ? json(a.slo_ttft_ms) : json(nullptr)},
+                       {"itl_p90_ms", a.slo_itl_ms > 0 ? json(a.slo_itl_ms) : json(nullptr)}};
+  out["layouts_searched"] = r.layouts.size();
+  out["layouts_refused"] = r.layouts_refused;
+  out["simulations"] = r.simulations;
+  // Each method's accuracy evidence, or that none was measured.
+  json evidence = json::object();
+  for (size_t m = 0; m < o.methods.size(); ++m) {
+    if (o.methods[m].method.policy == PolicyKind::None) continue;
+    json rows = json::array();
+    if (!eval.is_null())
+      for (const report::AccuracyEvidence& e :
+           report::accuracy_evidence(eval, policy_schedule[m].first, policy_schedule[m].second))
+        rows.push_back({{"task", e.task},
+                        {"length", e.length},
+                        {"metric", e.metric},
+                        {"value", e.value},
+                        {"change", e.change},
+                        {"samples", e.samples}});
+    evidence[o.methods[m].name] = rows.empty() ? json("accuracy not measured") : rows;
+  }
+  out["accuracy"] = evidence;
+  const auto with_accuracy = [&](json j, size_t i) {
+    const sim::Layout& l = r.layouts[r.points[i].layout];
+    if (o.methods[l.method].method.policy != PolicyKind::None)
+      j["accuracy"] = evidence[o.methods[l.method].name];
+    return j;
+  };
+  json frontier = json::array();
+  for (const size_t i : r.frontier) frontier.push_back(with_accuracy(point_json(r, i, o.methods), i));
+  out["frontier"] = frontier;
+  std::string text =
+      fmt::format("{} on {} x {} ({}): {} layouts searched, {} do not fit; {} simulations\n", model_name,
+                  a.gpus, hw.name, hw.engine.name, r.layouts.size(), r.layouts_refused, r.simulations);
+  const std::optional<size_t> chosen = r.best ? r.best : r.best_reachable;
+  if (chosen) {
+    const sim::Layout& l = r.layouts[r.points[*chosen].layout];
+    json best = with_accuracy(point_json(r, *chosen, o.methods), *chosen);
+    json launch = json::array();
+    for (const sim::LaunchConfig& lc : sim::launch_configs(l, model_name))
+      launch.push_back({{"engine", lc.engine}, {"command", lc.command}});
+    if (o.methods[l.method].method.policy != PolicyKind::None)
+      launch.push_back(
+          {{"engine", "lazyprefill"},
+           {"command", fmt::format("lazyprefill serve --prune {} (vLLM, SGLang and TensorRT-LLM do not "
+                                   "prune)",
+                                   o.methods[l.method].name)}});
+    best["launch"] = launch;
+    out[r.best ? "best" : "best_reachable"] = best;
+    const sim::PlanPoint& pt = r.points[*chosen];
+    text += fmt::format(
+        "{}: {} ({}), budget {} tokens, {} requests at most, at {:.3g} requests/s: {:.1f} tokens/s a GPU, "
+        "{:.1f} a user, p90 TTFT {:.0f} ms, p90 ITL {:.1f} ms\n",
+        r.best ? "best within the objectives" : "no layout meets the objectives; the closest", l.describe(),
+        o.methods[l.method].name, l.max_batch_tokens, l.max_seqs, pt.rate, pt.tokens_per_s_per_gpu,
+        pt.tokens_per_s_per_user, pt.metrics.ttft.p90 * 1e3, pt.metrics.itl.p90 * 1e3);
+    for (const auto& lc : launch)
+      text += fmt::format("  {}: {}\n", lc["engine"].get<std::string>(), lc["command"].get<std::string>());
+    if (best.contains("accuracy") && best["accuracy"].is_string())
+      text += fmt::format("  accuracy: {}\n", best["accuracy"].get<std::string>());
+  }
+  text += fmt::format("\nfrontier (tokens/s a GPU against tokens/s a user), {} of {} points:\n",
+                      std::min<size_t>(r.frontier.size(), size_t(a.frontier_rows)), r.frontier.size());
+  text += fmt::format("{:<40} {:<28} {:>7} {:>6} {:>10} {:>10} {:>10} {:>9}\n", "layout", "method", "budget",
+                      "seqs", "tok/s/GPU", "tok/s/user", "TTFT p90", "ITL p90");
+  for (size_t k = 0; k < r.frontier.size() && k < size_t(a.frontier_rows); ++k) {
+    const sim::PlanPoint& pt = r.points[r.frontier[k]];
+    const sim::Layout& l = r.layouts[pt.layout];
+    text += fmt::format("{:<40} {:<28} {:>7} {:>6} {:>10.1f} {:>10.1f} {:>10.0f} {:>9.1f}{}\n", l.describe(),
+                        o.methods[l.method].name, l.max_batch_tokens, l.max_seqs, pt.tokens_per_s_per_gpu,
+                        pt.tokens_per_s_per_user, pt.metrics.ttft.p90 * 1e3, pt.metrics.itl.p90 * 1e3,
+                        pt.meets ? "" : "  (misses)");
+  }
+  const std::string dumped = out.dump(2) + "\n";
+  if (!a.out.empty()) write_file_atomic(a.out, dumped, "plan");
+  if (a.json_out)
+    fmt::print("{}", dumped);
+  else
+    fmt::print("{}", text);
+  return 0;
+}
+
+}  // namespace lp::cli
