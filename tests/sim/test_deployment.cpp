@@ -14,18 +14,15 @@
 #include "sim/replay.h"
 #include "sim/serving_metrics.h"
 #include "sim/serving_workload.h"
+#include "tests/sim/serving_world.h"
 
 namespace lp {
 namespace {
 
 using sim::ServingRequest;
 
-struct World {
-  ModelConfig c = preset_config("llama-3.1-8b");
-  hw::Profile hw = hw::load_profile("h100-sxm");
-  sim::Precision p;
-  sim::ServingConfig cfg;
-  World() { cfg.kv_budget_bytes = 20.0 * (1 << 30); }
+struct World : testing::ServingWorld {
+  World() : ServingWorld(20) {}
   sim::Deployment replicas(int n, sim::Router r) const {
     sim::Deployment d;
     d.serve = {hw, cfg, n};

@@ -15,19 +15,14 @@
 #include "sim/layer_cost.h"
 #include "sim/replay.h"
 #include "sim/serving_capacity.h"
+#include "tests/sim/serving_world.h"
 
 namespace lp {
 namespace {
 
 using sim::ServingRequest;
 
-struct World {
-  ModelConfig c = preset_config("llama-3.1-8b");
-  hw::Profile hw = hw::load_profile("h100-sxm");
-  sim::Precision p;
-  sim::ServingConfig cfg;
-  World() { cfg.kv_budget_bytes = 60.0 * (1 << 30); }
-};
+using World = testing::ServingWorld;
 
 sim::ServingMethod unpruned() {
   return {};

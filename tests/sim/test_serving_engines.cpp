@@ -16,6 +16,7 @@
 #include "sim/serving.h"
 #include "sim/serving_metrics.h"
 #include "sim/serving_workload.h"
+#include "tests/sim/serving_world.h"
 
 namespace lp {
 namespace {
@@ -23,16 +24,7 @@ namespace {
 using sim::ServingRequest;
 using Kv = hw::Scheduling::Kv;
 
-struct World {
-  ModelConfig c = preset_config("llama-3.1-8b");
-  hw::Profile hw = hw::load_profile("h100-sxm");
-  sim::Precision p;
-  sim::ServingConfig cfg;
-  World() { cfg.kv_budget_bytes = 60.0 * (1 << 30); }
-  sim::ServingRun run(std::span<const ServingRequest> reqs) const {
-    return sim::simulate_serving(c, hw, p, sim::ServingMethod{}, cfg, reqs);
-  }
-};
+using World = testing::ServingWorld;
 
 hw::Scheduling on(const std::string& engine, const std::string& part) {
   hw::Profile p = hw::load_profile(part);
