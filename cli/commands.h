@@ -247,7 +247,7 @@ CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);
 int cmd_calibrate(const CalibrateArgs& a, const CLI::App& sub);
 
 struct PlanArgs {
-  std::string model, model_config, hw, engine, prune = "none,lazyllm", eval, out;
+  std::string model, model_config, hw, engine, prune = "none,lazyllm", eval, out, chart;
   std::vector<std::string> schedules;
   sim::Precision precision;
   int gpus = 8;

@@ -13,6 +13,7 @@
 #include "model/io.h"
 #include "pruning/method.h"
 #include "reports/accuracy.h"
+#include "reports/plan_chart.h"
 #include "sim/replay.h"
 
 namespace lp::cli {
@@ -89,6 +90,8 @@ CLI::App* add_plan(CLI::App& app, PlanArgs& a) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   s->add_option("--seed", a.seed, "Seed of the workload (default 0)")->check(digits_only());
   s->add_option("--out", a.out, "Also write the JSON to this file (atomically)")->check(non_empty_path());
+  s->add_option("--chart", a.chart, "Also write the frontier chart, SVG (atomically)")
+      ->check(non_empty_path());
   s->add_flag("--json", a.json_out, "Print one JSON object");
   return s;
 }
@@ -100,6 +103,7 @@ int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
   sim::validate(prec);
   const hw::Profile hw = load_profiles(a.hw, a.engine).at(0);
   if (!a.out.empty()) refuse_output_over_input(a.out, "--out", {a.model, a.hw, a.eval});
+  if (!a.chart.empty()) refuse_output_over_input(a.chart, "--chart", {a.model, a.hw, a.eval, a.out});
   const json eval = a.eval.empty() ? json() : json(report::read_eval(a.eval));
 
   sim::PlanOptions o;
@@ -221,6 +225,16 @@ int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
   }
   const std::string dumped = out.dump(2) + "\n";
   if (!a.out.empty()) write_file_atomic(a.out, dumped, "plan");
+  if (!a.chart.empty()) {
+    std::vector<std::string> names;
+    for (const sim::ServingMethod& m : o.methods) names.push_back(m.name);
+    write_file_atomic(a.chart,
+                      report::svg_line_chart(
+                          report::plan_chart(r, names,
+                                             fmt::format("{} on {} x {}, {} + {} tokens", model_name, a.gpus,
+                                                         hw.name, o.prompt.describe(), o.output.describe()))),
+                      "chart");
+  }
   if (a.json_out)
     fmt::print("{}", dumped);
   else

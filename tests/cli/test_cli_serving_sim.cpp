@@ -257,8 +257,14 @@ TEST_F(CliSim, PlanFindsALayoutAndSaysItsAccuracy) {
   const auto& acc = j["accuracy"]["lazyllm 0.3:0.3,0.6:0.3,0.9:0.3"];
   ASSERT_TRUE(acc.is_array()) << acc;
   EXPECT_DOUBLE_EQ(acc[0]["value"].get<double>(), 0.9);
-  const CliResult none = run_cli(dir_, base);
+  std::vector<std::string> charted = base;
+  const std::string chart = dir_.file("plan.svg");
+  charted.insert(charted.end(), {"--chart", chart});
+  const CliResult none = run_cli(dir_, charted);
   ASSERT_TRUE(none.exited && none.code == 0) << describe(none);
+  const std::string svg = slurp_text(chart);
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("Pareto frontier"), std::string::npos);
   const std::string out = dir_.file("never.json");
   std::vector<std::string> bad = base;
   bad.insert(bad.end(), {"--max-layouts", "3", "--out", out});
