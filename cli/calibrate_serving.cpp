@@ -111,13 +111,11 @@ int cmd_calibrate_serving(const CalibrateServingArgs& a, const CLI::App& /*sub*/
   if (a.kv_budget_mib > 0) {
     cfg.kv_budget_bytes = a.kv_budget_mib * double(1 << 20);
   } else {
-    // One GPU's share of the weights out of kv_fraction of its memory, as its group's budget.
-    const double weights = sim::weight_memory_bytes(c, sim::CostContext(hw, prec).dtypes) / double(a.tp);
-    const double per_gpu = a.kv_fraction * hw.memory_capacity - weights;
-    if (!(per_gpu > 0))
+    cfg.kv_budget_bytes = sim::memory_kv_budget(c, hw, prec, a.tp, a.kv_fraction);
+    if (!(cfg.kv_budget_bytes > 0))
       fail("{}: the weights ({:.1f} GiB a device) leave no memory for K/V at --kv-fraction {}", hw.name,
-           weights / double(1 << 30), a.kv_fraction);
-    cfg.kv_budget_bytes = sim::group_kv_budget(c, a.tp, per_gpu);
+           sim::weight_memory_bytes(c, sim::CostContext(hw, prec).dtypes) / double(a.tp) / double(1 << 30),
+           a.kv_fraction);
   }
   const calib::ServingFit fit = calib::fit_serving_benchmarks(c, hw, prec, cfg, bs, o);
 

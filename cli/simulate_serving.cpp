@@ -310,15 +310,6 @@ std::vector<std::pair<double, std::vector<sim::ServingRequest>>> request_runs(co
 }
 
 // Every hardware x method x rate simulated; with --log-requests, the (one) run's requests written.
-// The deployment's decode (or only) pool with `cfg` as every engine's configuration there.
-sim::Deployment with_pool(sim::Deployment d, const sim::ServingConfig& cfg) {
-  if (d.decode)
-    d.decode->cfg = cfg;
-  else
-    d.serve.cfg = cfg;
-  return d;
-}
-
 void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const std::vector<hw::Profile>& hws,
                     const sim::Precision& prec, const std::vector<sim::ServingMethod>& methods,
                     const std::vector<sim::ServingConfig>& cfgs,
@@ -335,9 +326,8 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
       for (const auto& [rate, reqs] : runs) {
         const hw::Profile& hw = hws[h];
         const sim::ServingConfig& cfg = cfgs[h];
-        const sim::ServingRun run =
-            deployment ? sim::simulate_deployment(c, prec, m, with_pool(*deployment, cfg), reqs)
-                       : sim::simulate_serving(c, hw, prec, m, cfg, reqs);
+        const sim::ServingRun run = deployment ? sim::simulate_deployment(c, prec, m, *deployment, reqs)
+                                               : sim::simulate_serving(c, hw, prec, m, cfg, reqs);
         const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
         if (!a.log_requests.empty()) request_log = simulated_request_log(run, m.name);
         json j = {{"hw", hw.name}, {"method", m.name}};

@@ -17,7 +17,7 @@ std::string Layout::describe() const {
   return fmt::format("prefill TP{} x {} + decode TP{} x {}", tp, replicas, decode_tp, decode_instances);
 }
 
-std::vector<Layout> plan_layouts(const ModelConfig& c, const hw::Profile& hw, const PlanOptions& o) {
+std::vector<Layout> plan_layouts(const hw::Profile& hw, const PlanOptions& o) {
   if (o.gpus < 1) usage_fail("--gpus must be at least 1, got {}", o.gpus);
   if (o.methods.empty()) usage_fail("the search needs at least one method");
   if (o.batch_tokens.empty() || o.max_seqs.empty())
@@ -25,7 +25,6 @@ std::vector<Layout> plan_layouts(const ModelConfig& c, const hw::Profile& hw, co
   // Tensor-parallel groups of powers of two within the interconnect (the sizes engines split heads by).
   std::vector<int> tps;
   for (int t = 1; t <= o.gpus && t <= std::max(hw.max_tp, 1); t *= 2) tps.push_back(t);
-  (void)c;
   std::vector<std::pair<std::pair<int, int>, std::pair<int, int>>> shapes;  // (tp, n), (decode tp, decode n)
   for (const int t : tps)
     if (o.gpus % t == 0) shapes.push_back({{t, o.gpus / t}, {0, 0}});
@@ -54,13 +53,6 @@ std::vector<Layout> plan_layouts(const ModelConfig& c, const hw::Profile& hw, co
 
 namespace {
 
-// One GPU's K/V memory in a TP group of `tp`, as the group's budget; 0 when the weights leave none.
-double kv_budget(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp, double fraction) {
-  const double weights = weight_memory_bytes(c, CostContext(hw, p).dtypes) / double(tp);
-  const double per_gpu = fraction * hw.memory_capacity - weights;
-  return per_gpu > 0 ? group_kv_budget(c, tp, per_gpu) : 0;
-}
-
 ServingConfig layout_config(const ServingConfig& base, const Layout& l, int tp, double kv) {
   ServingConfig cfg = base;
   cfg.tp = tp;
@@ -86,11 +78,11 @@ std::optional<Deployment> deployment_of(const ModelConfig& c, const hw::Profile&
       return std::nullopt;
     }
   }
-  const double kv = kv_budget(c, hw, p, l.tp, fraction);
+  const double kv = memory_kv_budget(c, hw, p, l.tp, fraction);
   if (!(kv > 0)) return std::nullopt;
   d.serve = {hw, layout_config(base, l, l.tp, kv), l.replicas};
   if (l.disaggregated()) {
-    const double kv_d = kv_budget(c, hw, p, l.decode_tp, fraction);
+    const double kv_d = memory_kv_budget(c, hw, p, l.decode_tp, fraction);
     if (!(kv_d > 0)) return std::nullopt;
     d.decode = Pool{hw, layout_config(base, l, l.decode_tp, kv_d), l.decode_instances};
     const double per_gpu = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
@@ -108,7 +100,7 @@ PlanResult plan(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
   for (const double s : o.load_shares)
     if (!(s > 0 && s <= 1)) usage_fail("a load share must be in (0, 1], got {}", s);
   PlanResult out;
-  const std::vector<Layout> all = plan_layouts(c, hw, o);
+  const std::vector<Layout> all = plan_layouts(hw, o);
   const std::vector<ServingRequest> unit = make_workload(o.requests, {1, 1}, o.prompt, o.output, o.seed);
   std::vector<std::vector<PlanPoint>> per(all.size());
   std::vector<char> fits(all.size(), 0);

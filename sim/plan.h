@@ -70,7 +70,7 @@ struct PlanResult {
 // (tp dividing gpus, at most hw.max_tp) and, with options.disaggregated, prefill and decode pools
 // that together use every GPU, times token budgets, running-request limits and methods. Throws
 // lp::UsageError when there are more than options.max_layouts, with the count.
-std::vector<Layout> plan_layouts(const ModelConfig& c, const hw::Profile& hw, const PlanOptions& o);
+std::vector<Layout> plan_layouts(const hw::Profile& hw, const PlanOptions& o);
 
 // The search: every layout simulated (`base` the engine's scheduler, sim::serving_config of
 // hw::scheduling_for) at its saturated rate's load shares, in parallel over layouts (oneTBB);

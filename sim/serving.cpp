@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
-#include <functional>
-#include <queue>
 
 #include "admission/prefix_cache.h"
 #include "model/error.h"
@@ -67,6 +64,13 @@ ServingConfig serving_config(const hw::Scheduling& s) {
   cfg.admit_layer_s = s.admit_layer_s;
   cfg.time_scale = s.kernel_scale;
   return cfg;
+}
+
+double memory_kv_budget(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp,
+                        double fraction) {
+  const double weights = weight_memory_bytes(c, CostContext(hw, p).dtypes) / double(tp);
+  const double per_gpu = fraction * hw.memory_capacity - weights;
+  return per_gpu > 0 ? group_kv_budget(c, tp, per_gpu) : 0;
 }
 
 double group_kv_budget(const ModelConfig& c, int tp, double per_gpu_bytes) {

@@ -142,6 +142,11 @@ inline KvLayout kv_layout(const ServingConfig& cfg) {
 // a token's whole K/V to the share one of `tp` GPUs holds (tp where the K/V heads split tp ways,
 // less where they are replicated, 1 for latent attention's cache, whole on every GPU).
 double group_kv_budget(const ModelConfig& c, int tp, double per_gpu_bytes);
+// The K/V budget of a tensor-parallel group of `tp` GPUs of `hw` that give `fraction` of their
+// memory to weights and K/V (vLLM's gpu_memory_utilization): each GPU's share of the weights
+// taken out, the rest as the group's budget (group_kv_budget); 0 when the weights leave nothing.
+double memory_kv_budget(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp,
+                        double fraction);
 
 // Runs the requests (sorted by arrival) through the scheduler; under data-parallel attention
 // (c.dp > 1) every dp-th through the first group's (ServingRun::replicas). Throws lp::Error for a request

@@ -318,8 +318,6 @@ class EventLoop {
     finish();
     return finished_now_;
   }
-  // Requests this engine holds and has not finished.
-  int64_t outstanding() const { return int64_t(queue_.size() + running_.size() + preempted_.size()); }
   // Tokens of request idx's prompt this engine's prefix cache holds (0 without one).
   int64_t cached_prefix(size_t idx) const {
     if (!cache_ || cache_ns_ == 0) return 0;

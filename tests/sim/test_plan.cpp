@@ -37,7 +37,7 @@ TEST(Plan, EveryLayoutOfTheGpusOnce) {
   World s;
   s.o.gpus = 8;
   s.o.methods = {sim::ServingMethod{}, sim::ServingMethod{}};
-  const std::vector<sim::Layout> ls = sim::plan_layouts(s.c, s.hw, s.o);
+  const std::vector<sim::Layout> ls = sim::plan_layouts(s.hw, s.o);
   std::set<std::tuple<int, int, int, int>> shapes;
   for (const sim::Layout& l : ls) {
     EXPECT_EQ(l.gpus(), 8) << l.describe();
@@ -53,7 +53,7 @@ TEST(Plan, EveryLayoutOfTheGpusOnce) {
   EXPECT_EQ(ls.size(), shapes.size() * 2 * 1 * 2);
   s.o.max_layouts = int64_t(ls.size()) - 1;
   try {
-    sim::plan_layouts(s.c, s.hw, s.o);
+    sim::plan_layouts(s.hw, s.o);
     FAIL();
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(ls.size()) + " layouts"), std::string::npos)
