@@ -253,6 +253,8 @@ struct PlanArgs {
   int gpus = 8;
   std::string prompt_tokens = "4096", output_tokens = "256";
   std::vector<int64_t> batch_tokens{2048, 8192, 16384}, max_seqs{256, 1024};
+  std::vector<int> pp{1, 2, 4};
+  std::string expert_parallel = "both";  // both, on, off
   std::vector<double> loads{0.2, 0.5, 0.8};
   double slo_ttft_ms = 0, slo_itl_ms = 0, memory_fraction = 0.9;
   int64_t requests = 200, max_layouts = 100000, frontier_rows = 20;

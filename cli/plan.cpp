@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "engine/mpi/slices.h"
 #include "model/error.h"
 #include "model/io.h"
 #include "pruning/method.h"
@@ -29,6 +30,8 @@ json point_json(const sim::PlanResult& r, size_t i, const std::vector<sim::Servi
           {"instances", l.replicas},
           {"decode_tp", l.decode_tp},
           {"decode_instances", l.decode_instances},
+          {"pp", l.pp},
+          {"expert_parallel", l.ep},
           {"gpus", l.gpus()},
           {"max_batch_tokens", l.max_batch_tokens},
           {"max_seqs", l.max_seqs},
@@ -73,6 +76,13 @@ CLI::App* add_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--max-seqs", a.max_seqs, "Running-request limits searched (default 256,1024)")
       ->delimiter(',')
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  s->add_option("--pp", a.pp, "Pipeline stages searched in aggregated layouts (default 1,2,4)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  s->add_option("--expert-parallel", a.expert_parallel,
+                "Mixture-of-experts models: experts split as every weight (off), whole over each TP group "
+                "(on), or both searched (default)")
+      ->check(CLI::IsMember({"both", "on", "off"}));
   s->add_option("--loads", a.loads,
                 "Loads each layout runs at, shares of its saturated rate (default 0.2,0.5,0.8)")
       ->delimiter(',')
@@ -96,7 +106,15 @@ CLI::App* add_plan(CLI::App& app, PlanArgs& a) {
   return s;
 }
 
-int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
+namespace {
+
+// A rank waits this long for the others' shares: mpirun stops the job when a rank exits, so the
+// bound only catches one that hangs; a share of a large grid may take hours.
+constexpr double kRankTimeoutS = 24 * 3600;
+
+// The search here, or (world given: `mpirun -n P lazyprefill plan`) this rank's share of the
+// layouts, gathered on rank 0, which alone prints and writes.
+int plan_here(const PlanArgs& a, const mpi::World* world) {
   std::string model_name;
   const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;
@@ -115,6 +133,9 @@ int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
   o.max_seqs = a.max_seqs;
   o.load_shares = a.loads;
   o.disaggregated = !a.aggregated_only;
+  o.pp = a.pp;
+  o.expert_parallel = a.expert_parallel != "off";
+  o.expert_only = a.expert_parallel == "on";
   o.requests = a.requests;
   o.max_layouts = a.max_layouts;
   o.memory_fraction = a.memory_fraction;
@@ -138,7 +159,26 @@ int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
     }
   }
   const sim::ServingConfig base = scheduler_config({}, hw);
-  const sim::PlanResult r = sim::plan(c, hw, prec, base, o);
+  const std::vector<sim::Layout> all = sim::plan_layouts(hw, o, c.moe());
+  const int rank = world ? world->rank() : 0, ranks = world ? world->size() : 1;
+  std::vector<sim::LayoutRun> runs;
+  if (!world) {
+    runs = sim::simulate_layouts(c, hw, prec, base, o, all);
+  } else {
+    // Every rank must search the same grid: its model, hardware and layouts against rank 0's.
+    mpi::check_same(
+        *world,
+        fmt::format("searches {} on {} ({}), {} layouts", model_name, hw.name, hw.engine.name, all.size()),
+        "every rank must be given the same model, hardware and options", kRankTimeoutS);
+    mpi::or_abort(*world, [&] {
+      runs = sim::simulate_layouts(c, hw, prec, base, o, all, rank, ranks);
+      const std::vector<std::string> shares =
+          mpi::gather_to_first(*world, sim::pack_layout_runs(runs, rank, ranks), kRankTimeoutS);
+      for (int k = 1; k < ranks && rank == 0; ++k) sim::unpack_layout_runs(shares[size_t(k)], k, ranks, runs);
+    });
+    if (rank != 0) return 0;
+  }
+  const sim::PlanResult r = sim::plan_result(all, runs, o.objectives);
 
   json out;
   out["tool"] = "lazyprefill plan";
@@ -240,6 +280,16 @@ int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
   else
     fmt::print("{}", text);
   return 0;
+}
+
+}  // namespace
+
+int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
+  if (!mpi::launched_as_rank()) return plan_here(a, nullptr);
+  mpi::World world;
+  int rc = 0;
+  if (const int failed = mpi::agreed(world, [&] { rc = plan_here(a, &world); }); failed != 0) return failed;
+  return rc;
 }
 
 }  // namespace lp::cli

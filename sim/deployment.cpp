@@ -40,10 +40,13 @@ class PoolRun {
   PoolRun(const ModelConfig& c, const Precision& p, const ServingMethod& m, const Pool& pool,
           std::span<const ServingRequest> reqs, Router router)
       : router_(router),
-        sent_(size_t(pool.replicas), 0),
-        finishes_(size_t(pool.replicas)),
+        stages_(size_t(std::max(pool.cfg.pipeline.stages, 1))),
+        sent_(size_t(pool.replicas) * stages_, 0),
+        finishes_(size_t(pool.replicas) * stages_),
         route_(reqs.size(), 0) {
-    for (int k = 0; k < pool.replicas; ++k) {
+    // A replica of pipeline stages is that many virtual engines (as simulate_serving runs one),
+    // each an engine the router sees.
+    for (size_t k = 0; k < size_t(pool.replicas) * stages_; ++k) {
       loops_.push_back(std::make_unique<EventLoop>(c, pool.hw, p, m, pool.cfg, reqs));
       ptrs_.push_back(loops_.back().get());
     }
@@ -58,10 +61,10 @@ class PoolRun {
         });
   }
 
-  // The outcome of request idx, from the engine that served it, with that engine's number.
+  // The outcome of request idx, from the engine that served it, with that engine's replica.
   RequestOutcome outcome(size_t idx) const {
     RequestOutcome o = runs_[route_[idx]].requests[idx];
-    o.replica = int(route_[idx]);
+    o.replica = int(route_[idx] / stages_);
     return o;
   }
   // Every engine's run, once driven.
@@ -82,6 +85,7 @@ class PoolRun {
 
  private:
   Router router_;
+  size_t stages_;  // virtual engines a replica
   std::vector<std::unique_ptr<EventLoop>> loops_;
   std::vector<EventLoop*> ptrs_;
   std::vector<int64_t> sent_;
@@ -118,8 +122,7 @@ class PoolRun {
 
 void check_pool(const ModelConfig& c, const Pool& pool, const char* what) {
   if (pool.replicas < 1) fail("the {} pool needs at least one engine, got {}", what, pool.replicas);
-  if (c.dp > 1 || pool.cfg.pipeline.stages > 1)
-    usage_fail("replicas and disaggregation take engines without data-parallel attention or pipeline stages");
+  if (c.dp > 1) usage_fail("replicas and disaggregation take engines without data-parallel attention");
 }
 
 // Aggregated: every request whole on the replica the router picks.

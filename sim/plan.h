@@ -28,6 +28,13 @@ struct PlanOptions {
   std::vector<int64_t> batch_tokens{2048, 8192, 16384};  // the engine's token budget an iteration
   std::vector<int64_t> max_seqs{256, 1024};              // its running requests at most
   bool disaggregated = true;                             // also search prefill/decode pools
+  // Pipeline stages searched in aggregated layouts (a replica of tp x pp GPUs; stages within a
+  // node's max_tp GPUs hand over its interconnect, else the scale-out network).
+  std::vector<int> pp{1, 2, 4};
+  // A mixture-of-experts model: also search whole experts over each tensor-parallel group (EP = TP,
+  // vLLM's --enable-expert-parallel) beside experts split as every weight is.
+  bool expert_parallel = true;
+  bool expert_only = false;  // with expert_parallel: only those layouts (where EP applies)
   // Loads each layout is simulated at: shares of its saturated request rate (every request at once).
   std::vector<double> load_shares{0.2, 0.5, 0.8};
   int64_t requests = 200;  // per simulation
@@ -41,9 +48,11 @@ struct Layout {
   int decode_tp = 0, decode_instances = 0;  // disaggregated when decode_instances > 0
   int64_t max_batch_tokens = 0, max_seqs = 0;
   size_t method = 0;  // into PlanOptions::methods
+  int pp = 1;         // pipeline stages of an aggregated replica
+  bool ep = false;    // experts whole over each tensor-parallel group (EP = its TP)
   bool disaggregated() const { return decode_instances > 0; }
-  int gpus() const { return tp * replicas + decode_tp * decode_instances; }
-  std::string describe() const;  // "TP4 x 2" or "prefill TP2 x 2 + decode TP4 x 1"
+  int gpus() const { return tp * pp * replicas + decode_tp * decode_instances; }
+  std::string describe() const;  // "TP4 x 2", "TP4 PP2 EP x 1" or "prefill TP2 x 2 + decode TP4 x 1"
 };
 
 struct PlanPoint {
@@ -66,11 +75,37 @@ struct PlanResult {
   int64_t simulations = 0;
 };
 
-// Every layout of the options' GPUs on `hw` (each GPU one device of `hw`): aggregated TP groups
-// (tp dividing gpus, at most hw.max_tp) and, with options.disaggregated, prefill and decode pools
-// that together use every GPU, times token budgets, running-request limits and methods. Throws
-// lp::UsageError when there are more than options.max_layouts, with the count.
-std::vector<Layout> plan_layouts(const hw::Profile& hw, const PlanOptions& o);
+// Every layout of the options' GPUs on `hw` (each GPU one device of `hw`): aggregated replicas of
+// TP x PP GPUs (tp a power of two up to hw.max_tp, pp of options.pp, tp x pp dividing gpus) and,
+// with options.disaggregated, prefill and decode pools that together use every GPU; each with and
+// without expert parallelism when `moe` and options.expert_parallel (tp > 1); times token budgets,
+// running-request limits and methods. Throws lp::UsageError when there are more than
+// options.max_layouts, with the count.
+std::vector<Layout> plan_layouts(const hw::Profile& hw, const PlanOptions& o, bool moe = false);
+
+// One layout's part of the search: whether it fits, its simulations and its points (PlanPoint::layout
+// not yet set).
+struct LayoutRun {
+  bool fits = false;
+  int64_t simulations = 0;
+  std::vector<PlanPoint> points;
+};
+
+// The layouts `all` (of plan_layouts) simulated as plan does, those i with i mod `ranks` = `rank`
+// (the others left empty: another process's share, `mpirun -n P lazyprefill plan`), in parallel
+// (oneTBB). Throws as plan.
+std::vector<LayoutRun> simulate_layouts(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
+                                        const ServingConfig& base, const PlanOptions& o,
+                                        const std::vector<Layout>& all, int rank = 0, int ranks = 1);
+// The result of every layout's run: the fitting layouts and their points in layout order, the
+// frontier, the best within the objectives or the closest.
+PlanResult plan_result(const std::vector<Layout>& all, const std::vector<LayoutRun>& runs,
+                       const Objectives& objectives);
+// A share of runs (rank's of ranks, as simulate_layouts made it) as bytes for another process of
+// the same build, and back into `into` (sized for every layout); unpack throws lp::Error for bytes
+// that are not such a share.
+std::string pack_layout_runs(const std::vector<LayoutRun>& runs, int rank, int ranks);
+void unpack_layout_runs(const std::string& bytes, int rank, int ranks, std::vector<LayoutRun>& into);
 
 // The search: every layout simulated (`base` the engine's scheduler, sim::serving_config of
 // hw::scheduling_for) at its saturated rate's load shares, in parallel over layouts (oneTBB);

@@ -67,8 +67,8 @@ ServingConfig serving_config(const hw::Scheduling& s) {
 }
 
 double memory_kv_budget(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp,
-                        double fraction) {
-  const double weights = weight_memory_bytes(c, CostContext(hw, p).dtypes) / double(tp);
+                        double fraction, int pp) {
+  const double weights = weight_memory_bytes(c, CostContext(hw, p).dtypes) / double(tp * std::max(pp, 1));
   const double per_gpu = fraction * hw.memory_capacity - weights;
   return per_gpu > 0 ? group_kv_budget(c, tp, per_gpu) : 0;
 }

@@ -144,9 +144,11 @@ inline KvLayout kv_layout(const ServingConfig& cfg) {
 double group_kv_budget(const ModelConfig& c, int tp, double per_gpu_bytes);
 // The K/V budget of a tensor-parallel group of `tp` GPUs of `hw` that give `fraction` of their
 // memory to weights and K/V (vLLM's gpu_memory_utilization): each GPU's share of the weights
-// taken out, the rest as the group's budget (group_kv_budget); 0 when the weights leave nothing.
+// taken out (1 / (tp x pp) of them with `pp` pipeline stages), the rest as the group's budget
+// (group_kv_budget; with stages, each virtual engine's: a stage's GPU holds its layers' K/V of
+// all of them); 0 when the weights leave nothing.
 double memory_kv_budget(const ModelConfig& c, const hw::Profile& hw, const Precision& p, int tp,
-                        double fraction);
+                        double fraction, int pp = 1);
 
 // Runs the requests (sorted by arrival) through the scheduler; under data-parallel attention
 // (c.dp > 1) every dp-th through the first group's (ServingRun::replicas). Throws lp::Error for a request

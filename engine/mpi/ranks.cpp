@@ -11,14 +11,12 @@
 #include <memory>
 #include <thread>
 
+#include "engine/mpi/wait.h"
 #include "engine/sampler.h"
 #include "model/digest.h"
 
 namespace lp::mpi {
-namespace {
 
-// Waits for `req` up to `timeout_s`, sleeping between tests so a waiting rank leaves the cores to
-// the ranks that compute. Throws lp::Error naming `what` on time out.
 void wait_bounded(MPI_Request& req, double timeout_s, const std::string& what) {
   using Clock = std::chrono::steady_clock;
   const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
@@ -32,6 +30,8 @@ void wait_bounded(MPI_Request& req, double timeout_s, const std::string& what) {
     nap = std::min(nap * 2, std::chrono::microseconds(500));
   }
 }
+
+namespace {
 
 // One direction between neighbouring ranks: MPI_Isend / MPI_Irecv of raw bytes, tag = layer.
 class MpiLink : public KvLink {
@@ -77,7 +77,7 @@ bool launched_as_rank() {
 World::World() {
   int provided = 0;
   if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
-    fail("KV-Runahead: MPI could not start");
+    fail("MPI could not start");
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
 }

@@ -1,5 +1,6 @@
 // `lazyprefill simulate-serving` and `validate --serving` through the real binary: outputs, the
 // capacity search's unmet case, and bad input (one line, non-zero exit, no output file).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -250,7 +251,8 @@ TEST_F(CliSim, PlanFindsALayoutAndSaysItsAccuracy) {
   const CliResult r = run_cli(dir_, args);
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["layouts_searched"], 3 * 2);  // TP1 x 2, TP2 x 1, prefill TP1 + decode TP1; x 2 methods
+  // TP1 x 2, TP1 PP2 x 1, TP2 x 1, prefill TP1 + decode TP1; x 2 methods
+  EXPECT_EQ(j["layouts_searched"], 4 * 2);
   ASSERT_TRUE(j.contains("best"));
   EXPECT_EQ(j["best"]["launch"].size() >= 3, true);
   EXPECT_FALSE(j["frontier"].empty());
@@ -268,11 +270,85 @@ TEST_F(CliSim, PlanFindsALayoutAndSaysItsAccuracy) {
   const std::string out = dir_.file("never.json");
   std::vector<std::string> bad = base;
   bad.insert(bad.end(), {"--max-layouts", "3", "--out", out});
-  expect_one_line_error(run_cli(dir_, bad), {"6 layouts", "over the limit of 3"});
+  expect_one_line_error(run_cli(dir_, bad), {"8 layouts", "over the limit of 3"});
   bad = base;
   bad.insert(bad.end(), {"--eval", dir_.file("missing.json"), "--out", out});
   expect_one_line_error(run_cli(dir_, bad), {"missing.json"});
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// `mpirun -n 2`: plan's layouts and sweep's rows dealt over two ranks give byte for byte what one
+// process gives (sweep also when resuming a torn output); ranks given different models are
+// refused by rank 0, naming the rank. Four mpiruns of two processes each, and the one-process runs:
+// about 3 s, mostly Open MPI starting.
+TEST_F(CliSim, PlanAndSweepOverMpiRanksAreOneProcess) {
+  const std::vector<std::string> plan = {"plan",
+                                         "--model-config",
+                                         "llama-3.1-8b",
+                                         "--hw",
+                                         "h100-sxm",
+                                         "--gpus",
+                                         "4",
+                                         "--prompt-tokens",
+                                         "2048",
+                                         "--output-tokens",
+                                         "64",
+                                         "--requests",
+                                         "32",
+                                         "--max-seqs",
+                                         "256",
+                                         "--slo-itl-p90-ms",
+                                         "30",
+                                         "--json"};
+  const CliResult one = run_cli(dir_, plan);
+  ASSERT_TRUE(one.exited && one.code == 0) << describe(one);
+  const CliResult two = run_mpi(dir_, 2, plan);
+  ASSERT_TRUE(two.exited && two.code == 0) << describe(two);
+  EXPECT_EQ(two.out, one.out);
+  EXPECT_GT(nlohmann::json::parse(one.out)["layouts_searched"].get<int>(), 2);
+
+  const std::string grid = dir_.file("grid.json");
+  {
+    std::ofstream(grid)
+        << R"({"lazyprefill_sweep": 1, "hardware": ["h100-sxm", "l4"], "models": ["llama-3.1-8b"],
+      "methods": [{"policy": "none"}, {"policy": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3"}],
+      "prompt_lengths": [1024, 2048, 4096, 8192, 3000]})";
+  }
+  const std::string a = dir_.file("one.jsonl"), b = dir_.file("two.jsonl");
+  ASSERT_EQ(run_cli(dir_, {"sweep", "--grid", grid, "--out", a}).code, 0);
+  const CliResult s2 = run_mpi(dir_, 2, {"sweep", "--grid", grid, "--out", b});
+  ASSERT_TRUE(s2.exited && s2.code == 0) << describe(s2);
+  EXPECT_NE(s2.out.find("by 2 ranks"), std::string::npos) << s2.out;
+  const std::string whole = slurp_text(a);
+  EXPECT_EQ(std::count(whole.begin(), whole.end(), '\n'), 20);
+  EXPECT_EQ(slurp_text(b), whole);
+  {  // resumed: 7 rows and a torn eighth
+    const size_t cut = [&] {
+      size_t at = 0;
+      for (int k = 0; k < 7; ++k) at = whole.find('\n', at) + 1;
+      return at + 10;
+    }();
+    std::ofstream(b, std::ios::trunc) << whole.substr(0, cut);
+  }
+  const CliResult resumed = run_mpi(dir_, 2, {"sweep", "--grid", grid, "--out", b});
+  ASSERT_TRUE(resumed.exited && resumed.code == 0) << describe(resumed);
+  EXPECT_NE(resumed.out.find("13 configurations simulated by 2 ranks, 7 already"), std::string::npos)
+      << resumed.out;
+  EXPECT_EQ(slurp_text(b), whole);
+
+  // Ranks given different models (mpirun's MPMD form: one command line per rank).
+  mpi_env();
+  std::vector<std::string> mpmd = {"mpirun", "--oversubscribe", "-n", "1"};
+  for (const char* m : {"llama-3.1-8b", "qwen3-0.6b"}) {
+    std::vector<std::string> args = plan;
+    args[2] = m;
+    const std::vector<std::string> rank = cli_argv(args);
+    mpmd.insert(mpmd.end(), rank.begin(), rank.end());
+    if (std::string(m) == "llama-3.1-8b") mpmd.insert(mpmd.end(), {":", "-n", "1"});
+  }
+  const CliResult d = run_program(dir_, mpmd);
+  EXPECT_TRUE(d.exited && d.code != 0) << describe(d);
+  EXPECT_NE(d.err.find("rank 1 searches qwen3-0.6b on h100-sxm"), std::string::npos) << describe(d);
 }
 
 TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {

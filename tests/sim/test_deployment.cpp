@@ -70,6 +70,24 @@ TEST(Deployment, RoundRobinIsEachReplicaOnItsShare) {
   }
 }
 
+// A replica of pipeline stages is that many virtual engines: round robin over one replica of two
+// stages serves the even requests exactly as the engine simulated with that pipeline does (which
+// deals the same way), all of them on replica 0.
+TEST(Deployment, PipelineStagesAreVirtualEngines) {
+  World s;
+  s.cfg.pipeline.stages = 2;
+  const auto reqs = workload(200, 10, 6);
+  const sim::ServingRun dep =
+      sim::simulate_deployment(s.c, s.p, {}, s.replicas(1, sim::Router::RoundRobin), reqs);
+  const sim::ServingRun one = sim::simulate_serving(s.c, s.hw, s.p, {}, s.cfg, reqs);
+  ASSERT_EQ(one.requests.size(), reqs.size() / 2);
+  for (size_t j = 0; j < one.requests.size(); ++j) {
+    EXPECT_DOUBLE_EQ(dep.requests[2 * j].first_token_s, one.requests[j].first_token_s) << j;
+    EXPECT_DOUBLE_EQ(dep.requests[2 * j].finished_s, one.requests[j].finished_s) << j;
+  }
+  for (const sim::RequestOutcome& o : dep.requests) EXPECT_EQ(o.replica, 0);
+}
+
 // Least outstanding: when each request was sent, no other replica had fewer of the requests sent
 // before it still unfinished.
 TEST(Deployment, LeastOutstandingPicksTheLeastLoaded) {
