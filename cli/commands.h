@@ -306,7 +306,7 @@ int cmd_validate_runahead(const ValidateArgs& a);  // cli/validate_runahead.cpp
 
 struct ReportArgs {
   std::string model, model_config, hw, trace, prune = "lazyllm,static-paper,random-drop", lengths, validation,
-                                              out, engine;
+                                              out, engine, plan;
   std::vector<std::string> schedules;
   sim::Precision precision;
   std::string revival_model;  // "" or "builtin": the built-in revival model

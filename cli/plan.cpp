@@ -234,9 +234,10 @@ int plan_here(const PlanArgs& a, const mpi::World* world) {
     if (o.methods[l.method].method.policy != PolicyKind::None)
       launch.push_back(
           {{"engine", "lazyprefill"},
-           {"command", fmt::format("lazyprefill serve --prune {} (vLLM, SGLang and TensorRT-LLM do not "
-                                   "prune)",
-                                   o.methods[l.method].name)}});
+           {"command",
+            fmt::format("lazyprefill serve --prune {} --schedule {} (vLLM, SGLang and TensorRT-LLM "
+                        "do not prune)",
+                        policy_schedule[l.method].first, policy_schedule[l.method].second)}});
     best["launch"] = launch;
     out[r.best ? "best" : "best_reachable"] = best;
     const sim::PlanPoint& pt = r.points[*chosen];

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
@@ -16,6 +17,7 @@
 #include "model/json_checks.h"
 #include "model/presets.h"
 #include "reports/capacity.h"
+#include "reports/plan_section.h"
 #include "traces/trace.h"
 
 namespace lp::cli {
@@ -108,6 +110,8 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
                 "Serving: K/V budget per device (default: the memory budget less the weights)")
       ->check(CLI::Range(1e-3, 1e6));
   r->add_option("--validation", a.validation, "validate --json output, for the measured-vs-predicted chart");
+  r->add_option("--plan", a.plan, "A saved `plan --out` result: the report gains its deployment plan")
+      ->check(non_empty_path());
   r->add_option("--out", a.out, "Folder for capacity-report.json, the charts and report.html")->required();
   r->add_flag("--json", a.json_out, "Print the report JSON instead of the summary table");
   return r;
@@ -197,6 +201,17 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   trace::Trace recorded;  // --trace's, which the request's methods point into
   const report::Request req = report_request(a, recorded);
   const nlohmann::json validation = read_validation(a.validation);
+  std::optional<report::PlanSummary> plan;
+  if (!a.plan.empty()) {
+    const std::string text = read_input_file(a.plan, "--plan file", input_cap::kResults);
+    nlohmann::json j;
+    try {
+      j = json_parse(text, a.plan);
+    } catch (const nlohmann::json::exception& e) {
+      fail("--plan '{}' is not valid JSON ({})", a.plan, e.what());
+    }
+    plan = report::read_plan(j, a.plan);
+  }
 
   // The output folder: created if its parent exists; every file is written whole or not at all.
   namespace fs = std::filesystem;
@@ -208,14 +223,21 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   const fs::path dir(a.out);
   {
     std::vector<std::string> inputs = split_list(a.hw);
-    inputs.insert(inputs.end(), {a.trace, a.validation, a.revival_model, a.model});
-    for (const char* f : {"capacity-report.json", "report.html"})
+    inputs.insert(inputs.end(), {a.trace, a.validation, a.revival_model, a.model, a.plan});
+    for (const char* f : {"capacity-report.json", "report.html", "plan-frontier.svg"})
       refuse_output_over_input((dir / f).string(), "--out", inputs);
   }
   const std::string rep_json = rep.to_json().dump(2);
   write_file_atomic((dir / "capacity-report.json").string(), rep_json + "\n", "report");
   for (const auto& [name, svg] : charts) write_file_atomic((dir / name).string(), svg, "chart");
-  write_file_atomic((dir / "report.html").string(), report::report_html(rep, charts), "report page");
+  std::string sections;
+  if (plan) {
+    write_file_atomic((dir / "plan-frontier.svg").string(),
+                      report::svg_line_chart(report::plan_frontier_chart(*plan)), "chart");
+    sections = report::plan_html(*plan);
+  }
+  write_file_atomic((dir / "report.html").string(), report::report_html(rep, charts, sections),
+                    "report page");
   if (a.json_out) {
     std::puts(rep_json.c_str());
   } else {

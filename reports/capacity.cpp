@@ -636,7 +636,8 @@ std::vector<std::pair<std::string, std::string>> report_charts(const Report& rep
   return out;
 }
 
-std::string report_html(const Report& rep, const std::vector<std::pair<std::string, std::string>>& charts) {
+std::string report_html(const Report& rep, const std::vector<std::pair<std::string, std::string>>& charts,
+                        const std::string& sections) {
   const Provenance& prov = rep.provenance;
   std::string h =
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>lazyprefill capacity "
@@ -698,7 +699,7 @@ std::string report_html(const Report& rep, const std::vector<std::pair<std::stri
                        x.met ? fmt::format("{:.3g}-{:.3g}", x.rate_min, x.rate_max) : "-", x.ttft_p90_ms,
                        x.itl_p90_ms);
   }
-  h += "</table>\n<h2>Charts</h2>\n";
+  h += "</table>\n" + sections + "<h2>Charts</h2>\n";
   for (const auto& [name, svg] : charts) {
     // Inline SVG in HTML takes no XML declaration.
     const std::string_view body =

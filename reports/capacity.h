@@ -173,7 +173,9 @@ std::vector<std::pair<std::string, std::string>> report_charts(const Report& rep
 // `origin` and the case.
 void check_validation(const nlohmann::json& v, const std::string& origin);
 
-// One self-contained HTML page: provenance, the tables and the charts inline.
-std::string report_html(const Report& report, const std::vector<std::pair<std::string, std::string>>& charts);
+// One self-contained HTML page: provenance, the tables, `sections` (HTML, e.g. plan_html's) and the
+// charts inline.
+std::string report_html(const Report& report, const std::vector<std::pair<std::string, std::string>>& charts,
+                        const std::string& sections = "");
 
 }  // namespace lp::report

@@ -180,6 +180,70 @@ TEST_F(CliSim, ReportBadInput) {
                         {"cannot write the report", "no/such/folder"});
 }
 
+// report --plan: a saved plan's best layout, launch commands and frontier join the page, its chart
+// a file beside it; a file that is not a plan, or a plan missing or mistyping a field, is refused in
+// one line naming the file and the field, before anything is written.
+TEST_F(CliSim, ReportGainsASavedPlan) {
+  const std::string plan = dir_.file("plan.json");
+  const CliResult pr = run_cli(dir_, {"plan",
+                                      "--model-config",
+                                      "llama-3.1-8b",
+                                      "--hw",
+                                      "h100-sxm",
+                                      "--gpus",
+                                      "2",
+                                      "--prompt-tokens",
+                                      "2048",
+                                      "--output-tokens",
+                                      "64",
+                                      "--requests",
+                                      "32",
+                                      "--batch-tokens",
+                                      "8192",
+                                      "--max-seqs",
+                                      "256",
+                                      "--slo-itl-p90-ms",
+                                      "100",
+                                      "--out",
+                                      plan});
+  ASSERT_TRUE(pr.exited && pr.code == 0) << describe(pr);
+  const std::vector<std::string> base = {"report",   "--model-config",   "llama-3.1-8b", "--hw",
+                                         "h100-sxm", "--prompt-lengths", "2048"};
+  const std::string out = dir_.file("rep");
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--plan", plan, "--out", out});
+  const CliResult r = run_cli(dir_, args);
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const std::string html = slurp_text(out + "/report.html");
+  const auto saved = nlohmann::json::parse(slurp_text(plan));
+  EXPECT_NE(html.find("Deployment plan: llama-3.1-8b on 2 x h100-sxm"), std::string::npos);
+  EXPECT_NE(html.find("Best within the objectives"), std::string::npos);
+  EXPECT_NE(html.find("<td>" + saved["best"]["layout"].get<std::string>() + "</td>"), std::string::npos);
+  EXPECT_NE(html.find("vllm serve llama-3.1-8b --tensor-parallel-size"), std::string::npos);
+  EXPECT_NE(html.find(fmt::format("Frontier ({} points", saved["frontier"].size())), std::string::npos);
+  EXPECT_NE(slurp_text(out + "/plan-frontier.svg").find("Pareto frontier"), std::string::npos);
+
+  const std::string fresh = dir_.file("fresh");
+  const auto refused = [&](const std::string& text, std::initializer_list<std::string> needles) {
+    const std::string f = write_text(text, "bad-plan.json");
+    std::vector<std::string> a = base;
+    a.insert(a.end(), {"--plan", f, "--out", fresh});
+    expect_one_line_error(run_cli(dir_, a), needles);
+  };
+  refused("{\"tool\": \"lazyprefill plan\"", {"bad-plan.json", "not valid JSON"});
+  refused(R"({"tool": "lazyprefill compare"})", {"bad-plan.json", "not a `lazyprefill plan` result"});
+  nlohmann::json missing = saved;
+  missing.erase("frontier");
+  refused(missing.dump(), {"bad-plan.json", "'frontier'"});
+  nlohmann::json typed = saved;
+  typed["frontier"][0]["gpus"] = "two";
+  refused(typed.dump(), {"bad-plan.json: frontier row 1", "'gpus'"});
+  nlohmann::json nan_row = saved;
+  nan_row["best"]["ttft_p90_ms"] = -5;
+  refused(nan_row.dump(), {"bad-plan.json: best", "not negative"});
+  EXPECT_FALSE(std::filesystem::exists(fresh + "/report.html"));
+}
+
 // a second sweep on a locked output is refused, and a write that fails (the
 // file-size limit standing in for a full disk) leaves whole rows only, which a resume completes.
 TEST_F(CliSim, SweepOutputIsLockedAndNeverTorn) {
