@@ -81,8 +81,11 @@ def nim_point(exe, q):
     ratio = hkv / (hkv // p["tp"] if hkv >= p["tp"] else 1)
     budget_mib = ratio * (0.9 * capacity - weights) / 2**20
     c = int(q["load"]["value"])
+    # Steady state, as the benchmark's measurement windows take it: the first 2c requests (every
+    # client sending at once) and the last c (the drain) served but not counted.
     out = vp.run_json(exe, ["simulate-serving", *args, "--prune", "none", "--concurrency", str(c),
-                            "--requests", str(max(8 * c, 64)), "--prompt-tokens", str(q["isl"]),
+                            "--requests", str(max(10 * c, 64)), "--warmup", str(2 * c), "--cooldown", str(c),
+                            "--prompt-tokens", str(q["isl"]),
                             "--output-tokens", str(q["osl"]), "--kv-budget-mib", f"{budget_mib:.1f}"])
     m = out["results"][0]["metrics"]
     return {"ttft": m["ttft_ms"]["mean"], "itl": m["itl_ms"]["mean"], "throughput": m["output_tokens_per_s"]}

@@ -219,6 +219,9 @@ struct SimulateServingArgs {
   uint64_t seed = 0;
   SchedulerArgs sched;
   int64_t concurrency = 0;  // closed loop: clients (vllm bench serve --max-concurrency)
+  // Requests served but left out of the figures: the first (AIPerf's --warmup-request-count) and the
+  // last (a closed loop's drain; guidellm's --warmup/--cooldown as counts).
+  int64_t warmup = 0, cooldown = 0;
   double kv_budget_mib = 1024, kv_element_bytes = 0;
   int tp = 1, ep = 1, dp = 1, pp = 1, seeds = 3;
   double moe_imbalance = 0, pp_link_gbs = 50;

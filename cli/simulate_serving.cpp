@@ -92,6 +92,14 @@ CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
       ->excludes(file);
   s->add_option("--seed", a.seed, "Seed of arrivals and lengths (default 0)")->check(digits_only());
   add_scheduler_options(*s, a.sched);
+  s->add_option("--warmup", a.warmup,
+                "Requests served first but left out of the figures (AIPerf's --warmup-request-count; a "
+                "closed loop's start, every client sending at once)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  s->add_option("--cooldown", a.cooldown,
+                "Requests served last but left out of the figures (a closed loop's drain, fewer clients "
+                "left)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   s->add_option("--concurrency", a.concurrency,
                 "Closed loop: at most N requests in flight, each sent when a client is free, its latencies "
                 "counted from then (vllm bench serve --max-concurrency); without --rate every request is "
@@ -328,7 +336,17 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
         const sim::ServingConfig& cfg = cfgs[h];
         const sim::ServingRun run = deployment ? sim::simulate_deployment(c, prec, m, *deployment, reqs)
                                                : sim::simulate_serving(c, hw, prec, m, cfg, reqs);
-        const sim::ServingMetrics mm = sim::serving_metrics(run, obj);
+        // --warmup and --cooldown as shares of the requests this run holds (a pipeline's or
+        // data-parallel group's share: the same share of its own).
+        if (a.warmup + a.cooldown >= int64_t(reqs.size()))
+          usage_fail("--warmup {} and --cooldown {} leave none of the {} requests to measure", a.warmup,
+                     a.cooldown, reqs.size());
+        const size_t held = run.requests.size();
+        const auto held_share = [&](int64_t n) {
+          return static_cast<size_t>(std::llround(double(n) * double(held) / double(reqs.size())));
+        };
+        const sim::ServingMetrics mm =
+            sim::serving_metrics(run, obj, held_share(a.warmup), held - held_share(a.cooldown));
         if (!a.log_requests.empty()) request_log = simulated_request_log(run, m.name);
         json j = {{"hw", hw.name}, {"method", m.name}};
         j["rate_per_s"] = std::isinf(rate) ? json("inf") : rate > 0 ? json(rate) : json(nullptr);
@@ -452,6 +470,8 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   sim::pipeline_starts(c.n_layer, a.pp);
   sim::Objectives obj{a.slo_ttft_ms * 1e-3, a.slo_itl_ms * 1e-3};
   if (a.capacity && !obj.any()) usage_fail("--capacity needs --slo-ttft-p90-ms and/or --slo-itl-p90-ms");
+  if (a.capacity && (a.warmup > 0 || a.cooldown > 0))
+    usage_fail("--warmup and --cooldown measure simulated runs; --capacity counts every request");
   if (a.capacity && !a.arrival_file.empty())
     usage_fail("--capacity draws its own arrivals; drop --arrival-file");
   if (a.capacity && a.concurrency > 0)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "tests/cli/cli_harness.h"
 #include "tests/test_util.h"
@@ -349,6 +350,54 @@ TEST_F(CliSim, PlanAndSweepOverMpiRanksAreOneProcess) {
   const CliResult d = run_program(dir_, mpmd);
   EXPECT_TRUE(d.exited && d.code != 0) << describe(d);
   EXPECT_NE(d.err.find("rank 1 searches qwen3-0.6b on h100-sxm"), std::string::npos) << describe(d);
+}
+
+// --warmup and --cooldown: the figures are those of the requests between them, as the logged
+// requests give them; leaving none to measure, or asking it of --capacity, is refused.
+TEST_F(CliSim, ServingWarmupAndCooldownLeaveRequestsOut) {
+  const std::string log = dir_.file("closed.jsonl");
+  const CliResult r = run_cli(dir_, {"simulate-serving",
+                                     "--model-config",
+                                     "llama-3.1-8b",
+                                     "--hw",
+                                     "h100-sxm",
+                                     "--kv-budget-mib",
+                                     "30000",
+                                     "--prune",
+                                     "none",
+                                     "--concurrency",
+                                     "6",
+                                     "--requests",
+                                     "60",
+                                     "--prompt-tokens",
+                                     "512:4096",
+                                     "--output-tokens",
+                                     "16:64",
+                                     "--warmup",
+                                     "12",
+                                     "--cooldown",
+                                     "6",
+                                     "--log-requests",
+                                     log,
+                                     "--json"});
+  ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<double> ttft;
+  std::istringstream lines(slurp_text(log));
+  for (std::string line; std::getline(lines, line);)
+    ttft.push_back(nlohmann::json::parse(line)["ttft_s"].get<double>());
+  ASSERT_EQ(ttft.size(), 60u);
+  double sum = 0;
+  for (size_t i = 12; i < 54; ++i) sum += ttft[i];
+  const auto& m = j["results"][0]["metrics"];
+  EXPECT_EQ(m["requests"].get<int64_t>(), 42);
+  EXPECT_NEAR(m["ttft_ms"]["mean"].get<double>(), 1e3 * sum / 42, 1e-6);
+  expect_one_line_error(run_cli(dir_, {"simulate-serving", "--model-config", "llama-3.1-8b", "--hw",
+                                       "h100-sxm", "--kv-budget-mib", "30000", "--concurrency", "2",
+                                       "--requests", "10", "--warmup", "6", "--cooldown", "4"}),
+                        {"--warmup 6 and --cooldown 4 leave none of the 10 requests"});
+  expect_one_line_error(run_cli(dir_, with({"--capacity", "--slo-ttft-p90-ms", "500", "--warmup", "10"})),
+                        {"--warmup and --cooldown", "--capacity"});
 }
 
 TEST_F(CliSim, ServingCapacityStatesWhenNoRateMeetsTheObjectives) {
