@@ -23,9 +23,11 @@ import argparse
 import json
 import math
 import pathlib
+import os
 import re
 import statistics
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -69,17 +71,29 @@ def trtllm_point(exe, q):
     return {"throughput": vp.predict(exe, p)}
 
 
-def nim_point(exe, q):
+def nim_point(exe, q, engine=None):
+    """NIM's concurrency point simulated; `engine` ({"kernel_scale", "iteration_us"}) calibrates the
+    TensorRT-LLM preset (through a profile file that carries it)."""
     p = base_point(q)
     if not p:
         return None
-    args = tuple(vp.layout_args(p))
-    sim = vp.layout_json(exe, args)
+    args = list(vp.layout_args(p))
+    sim = vp.layout_json(exe, tuple(args))
     weights = sim["results"][0]["memory_bytes"]["weights"]
-    capacity = json.loads((ROOT / "hwmodels" / f"{p['hw']}.json").read_text())["memory_capacity_gib"] * 2**30
+    profile = json.loads((ROOT / "hwmodels" / f"{p['hw']}.json").read_text())
+    capacity = profile["memory_capacity_gib"] * 2**30
     hkv = sim["config"]["n_head_kv"]
     ratio = hkv / (hkv // p["tp"] if hkv >= p["tp"] else 1)
     budget_mib = ratio * (0.9 * capacity - weights) / 2**20
+    if engine:
+        profile["name"] = profile["name"] + "-calibrated"
+        profile["engine"] = {"preset": "trtllm", **engine}
+        path = pathlib.Path(tempfile.gettempdir()) / f"lp-published-{os.getpid()}.json"
+        path.write_text(json.dumps(profile))
+        i = args.index("--hw")
+        args[i + 1] = str(path)
+        j = args.index("--engine")
+        del args[j:j + 2]
     c = int(q["load"]["value"])
     # Steady state, as the benchmark's measurement windows take it: the first 2c requests (every
     # client sending at once) and the last c (the drain) served but not counted.
@@ -89,6 +103,23 @@ def nim_point(exe, q):
                             "--output-tokens", str(q["osl"]), "--kv-budget-mib", f"{budget_mib:.1f}"])
     m = out["results"][0]["metrics"]
     return {"ttft": m["ttft_ms"]["mean"], "itl": m["itl_ms"]["mean"], "throughput": m["output_tokens_per_s"]}
+
+
+FIT_ON = ("throughput", "itl")
+
+
+def fit_engine(exe, q):
+    """The engine's kernel scale and host time an iteration that best predict one point's figures
+    (least squares of the log errors, over a grid), as calibrate-serving fits them from a user's run."""
+    pub = published(q)
+    best = None
+    for scale in (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4):
+        for it_us in (0, 1000, 2000, 3000, 4000, 6000):
+            pred = nim_point(exe, q, {"kernel_scale": scale, "iteration_us": it_us})
+            err = sum(math.log(pred[k] / v) ** 2 for k, v in pub.items() if k in pred and v and k in FIT_ON)
+            if best is None or err < best[0]:
+                best = (err, {"kernel_scale": scale, "iteration_us": it_us})
+    return best[1]
 
 
 def published(q):
@@ -108,9 +139,16 @@ def main():
     ap.add_argument("--lazyprefill", default=str(ROOT / "build/lazyprefill"))
     ap.add_argument("--fixture", default=str(FIXTURE))
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--refit", action="store_true",
+                    help="also calibrate NIM's engine on each point by re-simulation (about 10 minutes)")
+    ap.add_argument("--fit-on", default="throughput,itl",
+                    help="with --refit: the figures the engine is fitted to (default throughput,itl: the "
+                    "engine's speed; TTFT under load also depends on how arrivals collide)")
     a = ap.parse_args()
+    global FIT_ON
+    FIT_ON = tuple(a.fit_on.split(","))
     points = json.loads(pathlib.Path(a.fixture).read_text())["points"]
-    rows = []
+    rows, refit_rows = [], []
     for q in points:
         if q["source"] == "trtllm_perf_overview":
             pred = trtllm_point(a.lazyprefill, q)
@@ -128,6 +166,22 @@ def main():
                 rows.append(dict(key=key, source=q["source"], what=f"{q['model']} {q['gpu']} {q['precision']} "
                                  f"TP{q['tp']} {q['isl']}/{q['osl']} load {load}", metric=metric,
                                  pred=pred[metric], pub=v, err=pred[metric] / v - 1))
+    # NIM calibrated on one point by re-simulation: the engine fitted to that point's three figures,
+    # every other point of the table predicted with it (each point in turn the calibration point).
+    refit = {}
+    if a.refit:
+        nim = [q for q in points if q["source"] == "nim_perf" and q["load"]["kind"] == "concurrency" and base_point(q)]
+        for k, q in enumerate(nim):
+            engine = fit_engine(a.lazyprefill, q)
+            for m, other in enumerate(nim):
+                if m != k:
+                    refit.setdefault(m, []).append((engine, nim_point(a.lazyprefill, other, engine)))
+        for m, q in enumerate(nim):
+            pub = published(q)
+            for metric, v in pub.items():
+                errs = [abs(pred[metric] / v - 1) for _, pred in refit.get(m, []) if metric in pred]
+                if errs:
+                    refit_rows.append(dict(metric=metric, err=statistics.mean(errs)))
     sep = " | " if a.markdown else "  "
     if a.markdown:
         print("| point | metric | predicted | published | error |\n|---|---|---|---|---|")
@@ -148,6 +202,18 @@ def main():
         cal_s = f"{100 * statistics.mean(cal):.1f}%" if cal else "-"
         print(f"{source} {metric}: {len(rs)} points, mean abs error uncalibrated {100 * unc:.1f}%, "
               f"calibrated on one other point {cal_s}")
+    per_group = {}
+    for r in rows:
+        per_group.setdefault((r["source"], r["key"][1], r["key"][2], r["key"][3], r["metric"]), []).append(r)
+    for (source, model, gpu, precision, metric), rs in sorted(per_group.items()):
+        print(f"  {source} {model} {gpu} {precision} {metric}: {len(rs)} points, mean error "
+              f"{100 * statistics.mean(r['err'] for r in rs):+.1f}%, mean abs "
+              f"{100 * statistics.mean(abs(r['err']) for r in rs):.1f}%")
+    for metric in ("throughput", "ttft", "itl"):
+        errs = [r["err"] for r in refit_rows if r["metric"] == metric]
+        if errs:
+            print(f"nim_perf {metric}: engine fitted on one other point (kernel scale, iteration time) and "
+                  f"re-simulated: mean abs error {100 * statistics.mean(errs):.1f}%")
 
 
 if __name__ == "__main__":
