@@ -286,11 +286,7 @@ int plan_here(const PlanArgs& a, const mpi::World* world) {
 }  // namespace
 
 int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
-  if (!mpi::launched_as_rank()) return plan_here(a, nullptr);
-  mpi::World world;
-  int rc = 0;
-  if (const int failed = mpi::agreed(world, [&] { rc = plan_here(a, &world); }); failed != 0) return failed;
-  return rc;
+  return mpi::alone_or_ranks([&](const mpi::World* world) { return plan_here(a, world); });
 }
 
 }  // namespace lp::cli

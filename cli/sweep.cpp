@@ -162,11 +162,7 @@ int sweep_here(const SweepArgs& a, const mpi::World* world) {
 }  // namespace
 
 int cmd_sweep(const SweepArgs& a, const CLI::App& /*sub*/) {
-  if (!mpi::launched_as_rank()) return sweep_here(a, nullptr);
-  mpi::World world;
-  int rc = 0;
-  if (const int failed = mpi::agreed(world, [&] { rc = sweep_here(a, &world); }); failed != 0) return failed;
-  return rc;
+  return mpi::alone_or_ranks([&](const mpi::World* world) { return sweep_here(a, world); });
 }
 
 }  // namespace lp::cli

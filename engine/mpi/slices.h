@@ -14,6 +14,17 @@
 
 namespace lp::mpi {
 
+// A command that runs alone or as one of `mpirun`'s ranks: `body(nullptr)` outside mpirun, else
+// `body(&world)` on every rank, its failures agreed as `agreed` does; the command's exit code.
+template <class Body>
+int alone_or_ranks(Body&& body) {
+  if (!launched_as_rank()) return body(static_cast<const World*>(nullptr));
+  World world;
+  int rc = 0;
+  if (const int failed = agreed(world, [&] { rc = body(&world); }); failed != 0) return failed;
+  return rc;
+}
+
 // Whether item i is this rank's.
 inline bool owns(const World& w, size_t i) {
   return i % size_t(w.size()) == size_t(w.rank());

@@ -134,6 +134,28 @@ inline CliResult run_mpi(const TempDir& dir, int ranks, const std::vector<std::s
   return run_program(dir, argv_s);
 }
 
+// A plan small enough for a test (Llama-3.1-8B on 2 H100s, 2,048 + 64 tokens, 32 requests a
+// simulation, one token budget and request limit): a few layouts in well under a second.
+inline std::vector<std::string> small_plan_args() {
+  return {"plan",
+          "--model-config",
+          "llama-3.1-8b",
+          "--hw",
+          "h100-sxm",
+          "--gpus",
+          "2",
+          "--prompt-tokens",
+          "2048",
+          "--output-tokens",
+          "64",
+          "--requests",
+          "32",
+          "--batch-tokens",
+          "8192",
+          "--max-seqs",
+          "256"};
+}
+
 inline std::string describe(const CliResult& r) {
   return fmt::format("exited {} code {}\n--- stderr ---\n{}--- stdout (first 500) ---\n{}", r.exited, r.code,
                      r.err, r.out.substr(0, 500));

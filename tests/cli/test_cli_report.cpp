@@ -185,27 +185,9 @@ TEST_F(CliSim, ReportBadInput) {
 // one line naming the file and the field, before anything is written.
 TEST_F(CliSim, ReportGainsASavedPlan) {
   const std::string plan = dir_.file("plan.json");
-  const CliResult pr = run_cli(dir_, {"plan",
-                                      "--model-config",
-                                      "llama-3.1-8b",
-                                      "--hw",
-                                      "h100-sxm",
-                                      "--gpus",
-                                      "2",
-                                      "--prompt-tokens",
-                                      "2048",
-                                      "--output-tokens",
-                                      "64",
-                                      "--requests",
-                                      "32",
-                                      "--batch-tokens",
-                                      "8192",
-                                      "--max-seqs",
-                                      "256",
-                                      "--slo-itl-p90-ms",
-                                      "100",
-                                      "--out",
-                                      plan});
+  std::vector<std::string> plan_args = small_plan_args();
+  plan_args.insert(plan_args.end(), {"--slo-itl-p90-ms", "100", "--out", plan});
+  const CliResult pr = run_cli(dir_, plan_args);
   ASSERT_TRUE(pr.exited && pr.code == 0) << describe(pr);
   const std::vector<std::string> base = {"report",   "--model-config",   "llama-3.1-8b", "--hw",
                                          "h100-sxm", "--prompt-lengths", "2048"};

@@ -226,27 +226,8 @@ TEST_F(CliSim, PlanFindsALayoutAndSaysItsAccuracy) {
   std::ofstream(eval) << R"({"results": [{"task": "kv", "length": 1024, "metric": "accuracy", "methods": [
       {"policy": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3", "samples": 10, "accuracy": 0.9,
        "accuracy_change": -0.1}]}]})";
-  const std::vector<std::string> base = {"plan",
-                                         "--model-config",
-                                         "llama-3.1-8b",
-                                         "--hw",
-                                         "h100-sxm",
-                                         "--gpus",
-                                         "2",
-                                         "--prompt-tokens",
-                                         "2048",
-                                         "--output-tokens",
-                                         "64",
-                                         "--requests",
-                                         "32",
-                                         "--batch-tokens",
-                                         "8192",
-                                         "--max-seqs",
-                                         "256",
-                                         "--slo-ttft-p90-ms",
-                                         "2000",
-                                         "--slo-itl-p90-ms",
-                                         "100"};
+  std::vector<std::string> base = small_plan_args();
+  base.insert(base.end(), {"--slo-ttft-p90-ms", "2000", "--slo-itl-p90-ms", "100"});
   std::vector<std::string> args = base;
   args.insert(args.end(), {"--eval", eval, "--json"});
   const CliResult r = run_cli(dir_, args);
@@ -283,24 +264,9 @@ TEST_F(CliSim, PlanFindsALayoutAndSaysItsAccuracy) {
 // refused by rank 0, naming the rank. Four mpiruns of two processes each, and the one-process runs:
 // about 3 s, mostly Open MPI starting.
 TEST_F(CliSim, PlanAndSweepOverMpiRanksAreOneProcess) {
-  const std::vector<std::string> plan = {"plan",
-                                         "--model-config",
-                                         "llama-3.1-8b",
-                                         "--hw",
-                                         "h100-sxm",
-                                         "--gpus",
-                                         "4",
-                                         "--prompt-tokens",
-                                         "2048",
-                                         "--output-tokens",
-                                         "64",
-                                         "--requests",
-                                         "32",
-                                         "--max-seqs",
-                                         "256",
-                                         "--slo-itl-p90-ms",
-                                         "30",
-                                         "--json"};
+  std::vector<std::string> plan = small_plan_args();
+  plan[6] = "4";  // --gpus: more layouts to deal
+  plan.insert(plan.end(), {"--slo-itl-p90-ms", "30", "--json"});
   const CliResult one = run_cli(dir_, plan);
   ASSERT_TRUE(one.exited && one.code == 0) << describe(one);
   const CliResult two = run_mpi(dir_, 2, plan);

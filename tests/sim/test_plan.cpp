@@ -31,6 +31,20 @@ struct World {
   }
 };
 
+// A point is its layout's deployment (least-outstanding routing over the layout's replicas, each
+// under `cfg`) simulated at the point's rate.
+void expect_point_is_its_deployment(const World& s, const sim::PlanPoint& pt, const sim::Layout& l,
+                                    const sim::ServingConfig& cfg) {
+  sim::Deployment d;
+  d.serve = {s.hw, cfg, l.replicas};
+  d.router = sim::Router::LeastOutstanding;
+  const auto unit = sim::make_workload(s.o.requests, {1, 1}, s.o.prompt, s.o.output, s.o.seed);
+  const sim::ServingMetrics m =
+      sim::serving_metrics(sim::simulate_deployment(s.c, s.p, {}, d, sim::at_rate(unit, pt.rate)), {});
+  EXPECT_DOUBLE_EQ(m.output_tokens_per_s / l.gpus(), pt.tokens_per_s_per_gpu);
+  EXPECT_DOUBLE_EQ(m.ttft.p90, pt.metrics.ttft.p90);
+}
+
 // Aggregated replicas of TP 1, 2, 4, 8 x PP 1, 2, 4 GPUs dividing 8, and every prefill/decode split
 // of 8 GPUs into groups of those TP sizes, each once, times budgets, limits and methods.
 TEST(Plan, EveryLayoutOfTheGpusOnce) {
@@ -97,14 +111,7 @@ TEST(Plan, FrontierBestAndPointsAreWhatTheySay) {
   cfg.tp = l.tp, cfg.max_batch_tokens = cfg.chunk_tokens = l.max_batch_tokens, cfg.max_seqs = l.max_seqs;
   const double weights = sim::weight_memory_bytes(s.c, sim::CostContext(s.hw, s.p).dtypes) / l.tp;
   cfg.kv_budget_bytes = sim::group_kv_budget(s.c, l.tp, 0.9 * s.hw.memory_capacity - weights);
-  sim::Deployment d;
-  d.serve = {s.hw, cfg, l.replicas};
-  d.router = sim::Router::LeastOutstanding;
-  const auto unit = sim::make_workload(s.o.requests, {1, 1}, s.o.prompt, s.o.output, s.o.seed);
-  const sim::ServingMetrics m =
-      sim::serving_metrics(sim::simulate_deployment(s.c, s.p, {}, d, sim::at_rate(unit, pt.rate)), {});
-  EXPECT_DOUBLE_EQ(m.output_tokens_per_s / l.gpus(), pt.tokens_per_s_per_gpu);
-  EXPECT_DOUBLE_EQ(m.ttft.p90, pt.metrics.ttft.p90);
+  expect_point_is_its_deployment(s, pt, l, cfg);
 }
 
 // Objectives no layout meets: no best, the closest one reported instead.
@@ -148,14 +155,7 @@ TEST(Plan, ExpertAndPipelineParallelLayouts) {
   cfg.pipeline.stages = 2;
   cfg.pipeline.link_bytes_per_s = s.hw.interconnect_bandwidth * s.hw.interconnect_efficiency;
   cfg.pipeline.latency_s = s.hw.interconnect_latency;
-  sim::Deployment d;
-  d.serve = {s.hw, cfg, l.replicas};
-  d.router = sim::Router::LeastOutstanding;
-  const auto unit = sim::make_workload(s.o.requests, {1, 1}, s.o.prompt, s.o.output, s.o.seed);
-  const sim::ServingMetrics m =
-      sim::serving_metrics(sim::simulate_deployment(s.c, s.p, {}, d, sim::at_rate(unit, pt.rate)), {});
-  EXPECT_DOUBLE_EQ(m.output_tokens_per_s / l.gpus(), pt.tokens_per_s_per_gpu);
-  EXPECT_DOUBLE_EQ(m.ttft.p90, pt.metrics.ttft.p90);
+  expect_point_is_its_deployment(s, pt, l, cfg);
 }
 
 TEST(Plan, LaunchCommandsCarryTheLayout) {
