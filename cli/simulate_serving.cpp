@@ -436,11 +436,6 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
     cfg.prefix_block_tokens = a.prefix_block_tokens;
     cfg.tp = a.tp;
     cfg.pipeline = {a.pp, a.pp_link_gbs * 1e9};
-    if (cfg.prefix_cache && cfg.kv_mode == hw::Scheduling::Kv::OnDemand)
-      usage_fail(
-          "--prefix-cache: {}'s engine ({}) holds K/V on demand; the prefix cache is modelled with reserved "
-          "K/V only: add --kv-mode reserve",
-          hw.name, hw.engine.name);
     return cfg;
   };
   std::vector<sim::ServingConfig> cfgs;

@@ -212,8 +212,6 @@ inline void check_inputs(const ModelConfig& c, const ServingConfig& cfg, std::sp
          cfg.admit_layer_s);
   if (cfg.clients < 0) fail("the concurrency must be at least 1, got {}", cfg.clients);
   if (cfg.kv_block < 1) fail("the K/V block must be at least 1 token, got {}", cfg.kv_block);
-  if (cfg.prefix_cache && cfg.kv_mode == hw::Scheduling::Kv::OnDemand)
-    usage_fail("the prefix cache is modelled with reserved K/V only (an engine whose kv is \"reserve\")");
   if (!(cfg.time_scale > 0) || !std::isfinite(cfg.time_scale))
     fail("the time scale must be a positive number, got {}", cfg.time_scale);
   if (!(cfg.pipeline.link_bytes_per_s > 0) || !(cfg.pipeline.latency_s >= 0))
@@ -358,6 +356,10 @@ class EventLoop {
     trace::Step step;  // its step in this iteration
     bool prefill_done = false;
     bool prefilled_now = false;  // its prefill (or last chunk) ran in this iteration
+    // OnDemand with a prefix cache: the cache's blocks it reads in place (its hit, then its
+    // prompt's full blocks once computed), pinned until it leaves; its reservation is the rest.
+    std::vector<PrefixIndex::BlockId> pinned;
+    int64_t pinned_tokens = 0;
   };
 
   const ModelConfig& c_;
@@ -412,19 +414,22 @@ class EventLoop {
   }
   // The full blocks of request idx's first n tokens into the cache, after its prefill and as it
   // leaves, within the budget's room beside the reservations (what the engine's save does).
-  void save_blocks(size_t idx, int64_t n) {
-    if (!cache_ || cache_ns_ == 0) return;
+  // OnDemand: the blocks are the request's own, handed to the cache rather than copied; with
+  // `pin`, the chain (every block of it found or inserted) stays pinned and is returned.
+  std::vector<PrefixIndex::BlockId> save_blocks(size_t idx, int64_t n, bool pin = false) {
+    if (!cache_ || cache_ns_ == 0) return {};
     const int64_t B = cfg_.prefix_block_tokens;
     const ServingRequest& r = reqs_[idx];
     if (r.cached_tokens >= 0) {  // a replayed hit: the copies of the blocks it did not have, priced
       const int64_t T = r.prompt_tokens, have = std::min(r.cached_tokens, T - 1) / B;
       const int64_t prompt_blocks = T / B, blocks = n / B;
       const double share = cache_ns_ == 2 ? cold_share_ : 1.0;
+      if (on_demand_) return {};
       if (n <= T)
         copy_bytes_ += double(std::max<int64_t>(prompt_blocks - have, 0)) * block_bytes(share);
       else
         copy_bytes_ += double(std::max<int64_t>(blocks - prompt_blocks, 0)) * block_bytes(1.0);
-      return;
+      return {};
     }
     const std::vector<int32_t> t = tokens_of(idx, n / B * B);
     const std::vector<uint64_t> keys = cache_->keys(t, cache_ns_);
@@ -440,12 +445,30 @@ class EventLoop {
         if (!cache_->make_room(int64_t(room) - bytes)) break;
         id = cache_->insert(parent, keys[i], part, bytes);
         if (id < 0) break;
-        copy_bytes_ += double(bytes);
+        if (!on_demand_) copy_bytes_ += double(bytes);
       }
       cache_->pin(std::span(&id, 1));
       chain.push_back(parent = id);
     }
-    cache_->unpin(chain);
+    if (!pin) {
+      cache_->unpin(chain);
+      chain.clear();
+    }
+    return chain;
+  }
+
+  // OnDemand: K/V bytes of `tokens` tokens (no Aux Cache), what a request's pinned blocks stand for.
+  double kv_bytes(int64_t tokens) const {
+    return tokens > 0 ? reservation_bytes(c_, kv_, tokens, 0, false) : 0;
+  }
+  // OnDemand: what request `a` holds of its own to hold `tokens` tokens beside its pinned blocks.
+  double own_bytes(const Active& a, int64_t tokens) const {
+    return std::max(held_bytes(a.idx, tokens) - kv_bytes(a.pinned_tokens), 0.0);
+  }
+  void unpin(Active& a) {
+    if (cache_ && !a.pinned.empty()) cache_->unpin(a.pinned);
+    a.pinned.clear();
+    a.pinned_tokens = 0;
   }
 
   ServingRun out_;
@@ -479,7 +502,13 @@ class EventLoop {
     while (!preempted_.empty()) {
       Active& a = *preempted_.front();
       const double res = held_bytes(a.idx, admission.first_rows(a.prefill_tokens));
-      if (!admission.fits(res, a.prefill_tokens)) return;
+      if (cache_) {  // cached blocks no request pins give way (none is read: it computes everything)
+        std::vector<PrefixIndex::BlockId> none;
+        if (admit_with_cache(admission, *cache_, none, 0, res, a.prefill_tokens, cfg_.kv_budget_bytes) < 0)
+          return;
+      } else if (!admission.fits(res, a.prefill_tokens)) {
+        return;
+      }
       admission.take(res, a.prefill_tokens);
       a.reservation = res;
       reserved_ += res;
@@ -500,6 +529,9 @@ class EventLoop {
         hit = std::min(h.cached_tokens, T - 1);
         rows_now = T - hit;
         if (!admission.fits(res, rows_now)) break;
+      } else if (cache_ && cache_ns_ != 0 && on_demand_) {
+        if (!admit_sharing(admission)) break;
+        continue;
       } else if (cache_ && cache_ns_ != 0) {
         const int64_t B = cfg_.prefix_block_tokens;
         const std::vector<int32_t> t = tokens_of(queue_.front(), (T - 1) / B * B);
@@ -518,25 +550,60 @@ class EventLoop {
         break;
       }
       admission.take(res, rows_now);
-      auto a = std::make_unique<Active>();
-      a->idx = queue_.front();
-      queue_.pop_front();
-      a->reservation = res;
-      a->prefill_tokens = T;
-      reserved_ += res;
-      a->steps.emplace(c_, m_.method.policy_name(), m_.steps, h.prompt_tokens, h.output_tokens - 1,
-                       revivals_ ? trace::Revivals{} : m_.revivals);
-      if (revivals_) a->steps->use_table(revivals_);
-      a->steps->only_run_starts(run_starts_);  // add_step reads the first layer of each run
-      RequestOutcome& o = out_.requests[a->idx];
-      o.admitted_s = t_;  // o.arrival_s: when it was sent (run())
-      o.prompt_tokens = h.prompt_tokens, o.output_tokens = h.output_tokens;
-      o.cached_tokens = hit;
-      if (cache_ && h.cached_tokens >= 0)  // a replayed hit: its blocks' bytes, as a block holds them
+      start(res, hit);
+      if (cache_ && h.cached_tokens >= 0 && !on_demand_)  // a replayed hit: its blocks' bytes, as held
         copy_bytes_ += double(hit) / double(cfg_.prefix_block_tokens) * block_bytes(cold_share_);
-      a->prefilled = hit;  // the cached prefix: the prefill computes the rest (as a last chunk)
-      running_.push_back(std::move(a));
     }
+  }
+
+  // The queue's head admitted holding `res` of its own, `hit` of its prompt cached.
+  Active& start(double res, int64_t hit) {
+    const ServingRequest& h = reqs_[queue_.front()];
+    auto a = std::make_unique<Active>();
+    a->idx = queue_.front();
+    queue_.pop_front();
+    a->reservation = res;
+    a->prefill_tokens = h.prompt_tokens;
+    reserved_ += res;
+    a->steps.emplace(c_, m_.method.policy_name(), m_.steps, h.prompt_tokens, h.output_tokens - 1,
+                     revivals_ ? trace::Revivals{} : m_.revivals);
+    if (revivals_) a->steps->use_table(revivals_);
+    a->steps->only_run_starts(run_starts_);  // add_step reads the first layer of each run
+    RequestOutcome& o = out_.requests[a->idx];
+    o.admitted_s = t_;  // o.arrival_s: when it was sent (run())
+    o.prompt_tokens = h.prompt_tokens, o.output_tokens = h.output_tokens;
+    o.cached_tokens = hit;
+    a->prefilled = a->held_tokens = hit;  // the cached prefix: the prefill computes the rest
+    running_.push_back(std::move(a));
+    return *running_.back();
+  }
+
+  // OnDemand K/V with a prefix cache, as vLLM's automatic prefix caching keeps it: the head's
+  // cached prefix is read in place (its blocks pinned, no copy), and it holds of its own the K/V
+  // of its first rows beyond it; blocks no request pins are evicted, least recently used first,
+  // while bytes are short. False when it does not fit.
+  bool admit_sharing(Admission& admission) {
+    const size_t idx = queue_.front();
+    const int64_t T = reqs_[idx].prompt_tokens, B = cfg_.prefix_block_tokens;
+    const std::vector<int32_t> t = tokens_of(idx, (T - 1) / B * B);
+    std::vector<PrefixIndex::BlockId> blocks = cache_->match(t, cache_->keys(t, cache_ns_), (T - 1) / B);
+    cache_->pin(blocks);
+    int64_t hit = int64_t(blocks.size()) * B;
+    const auto own = [&](int64_t h) {
+      return std::max(held_bytes(idx, h + admission.first_rows(T - h)) - kv_bytes(h), 0.0);
+    };
+    const int64_t rows = admit_with_cache(admission, *cache_, blocks, hit, own(hit), T, cfg_.kv_budget_bytes);
+    if (rows < 0) {
+      cache_->unpin(blocks);
+      return false;
+    }
+    hit = T - rows;  // 0 when its own hit stood in the way and was dropped
+    const double res = own(hit);
+    admission.take(res, rows);
+    Active& a = start(res, hit);
+    a.pinned = std::move(blocks);
+    a.pinned_tokens = hit;
+    return true;
   }
 
   // The queue's head, prefilled elsewhere (ServingRequest::prefilled), admitted when its K/V fits:
@@ -598,9 +665,17 @@ class EventLoop {
                                           : a.prefilled + std::min(cfg_.chunk_tokens > 0 ? cfg_.chunk_tokens
                                                                                          : a.prefill_tokens,
                                                                    a.prefill_tokens - a.prefilled);
-      const double need = held_bytes(a.idx, want) - a.reservation;
+      const double need = own_bytes(a, want) - a.reservation;
       if (need <= 0) continue;
-      while (reserved_ + need > cfg_.kv_budget_bytes && i < running_.size()) preempt(running_.size() - 1);
+      // Blocks of the prefix cache no request pins go first (vLLM's free block queue holds them),
+      // then the most recently admitted running requests.
+      const auto short_of = [&] {
+        return reserved_ + need + (cache_ ? double(cache_->bytes()) : 0.0) > cfg_.kv_budget_bytes;
+      };
+      while (short_of() && i < running_.size()) {
+        if (cache_ && cache_->make_room(int64_t(std::floor(cfg_.kv_budget_bytes - reserved_ - need)))) break;
+        preempt(running_.size() - 1);
+      }
       if (i >= running_.size()) return;  // it was preempted itself, and every later one before it
       a.reservation += need;
       reserved_ += need;
@@ -615,6 +690,7 @@ class EventLoop {
     const ServingRequest& r = reqs_[a->idx];
     reserved_ -= a->reservation;
     used_ -= a->kv_used;
+    unpin(*a);
     a->reservation = a->kv_used = a->kv_next = 0;
     a->prefill_tokens = r.prompt_tokens + a->generated;
     a->prefilled = a->held_tokens = 0;
@@ -770,7 +846,19 @@ class EventLoop {
           const int64_t last = a->step.queries[size_t(runs_.back().start)];
           o.aux_bytes =
               pruning_ ? double(std::max<int64_t>(r.prompt_tokens - last, 0)) * double(c_.n_embd) * 4 : 0;
-          save_blocks(a->idx, r.prompt_tokens);
+          if (on_demand_ && cache_ && cache_ns_ != 0) {
+            // Its prompt's full blocks become the cache's (read in place by later requests), pinned
+            // while it runs; it holds the rest of its own.
+            reserved_ -= a->reservation;
+            std::vector<PrefixIndex::BlockId> chain = save_blocks(a->idx, r.prompt_tokens, true);
+            unpin(*a);
+            a->pinned_tokens = int64_t(chain.size()) * cfg_.prefix_block_tokens;
+            a->pinned = std::move(chain);
+            a->reservation = own_bytes(*a, a->held_tokens);
+            reserved_ += a->reservation;
+          } else {
+            save_blocks(a->idx, r.prompt_tokens);
+          }
         }
       } else {
         ++a->held_tokens;
@@ -787,6 +875,7 @@ class EventLoop {
       Active& a = *running_[i];
       if (a.prefill_done && a.generated >= reqs_[a.idx].output_tokens) {
         reserved_ -= a.reservation;
+        unpin(a);
         // The prompt and the output, the last token aside (it has no K/V yet).
         save_blocks(a.idx, reqs_[a.idx].prompt_tokens + reqs_[a.idx].output_tokens - 1);
         used_ -= a.kv_used;

@@ -172,6 +172,58 @@ TEST(EngineSchedulers, PreemptionUnderLoadKeepsEveryRequest) {
   EXPECT_EQ(preempted, run.preemptions);
 }
 
+// K/V on demand with a prefix cache (vLLM's automatic prefix caching): blocks are shared in place.
+// Seven requests reading one request's 1,024-token prefix fit a budget that holds the prefix once
+// and their own tokens (copies would need 7 x 1,104 tokens): every one is admitted on arrival with
+// the prefix's 64 blocks as its hit, none preempted, the budget never exceeded, and each prefills
+// only its own 16 tokens (its TTFT well under the cold one's).
+TEST(EngineSchedulers, OnDemandPrefixCacheReadsSharedBlocksInPlace) {
+  World s;
+  s.cfg.kv_mode = Kv::OnDemand;
+  s.cfg.kv_block = s.cfg.prefix_block_tokens = 16;
+  s.cfg.prefix_cache = true;
+  const double per_token = double(s.c.n_layer) * double(s.c.kv_token_elems()) * s.cfg.kv_element_bytes;
+  s.cfg.kv_budget_bytes = (1024 + 7 * 96 + 160) * per_token;
+  std::vector<ServingRequest> reqs(8, ServingRequest{0, 1040, 64});
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].shared_group = 0, reqs[i].shared_tokens = 1024;
+    if (i > 0) reqs[i].arrival_s = 2.0;  // after the first finished
+  }
+  const sim::ServingRun run = s.run(reqs);
+  EXPECT_EQ(run.preemptions, 0);
+  EXPECT_LE(run.kv_reserved_peak, s.cfg.kv_budget_bytes);
+  EXPECT_EQ(run.requests[0].cached_tokens, 0);
+  ASSERT_LT(run.requests[0].finished_s, 2.0);
+  for (size_t i = 1; i < reqs.size(); ++i) {
+    EXPECT_EQ(run.requests[i].cached_tokens, 1024) << i;
+    EXPECT_DOUBLE_EQ(run.requests[i].admitted_s, 2.0) << i;
+    EXPECT_LT(run.requests[i].ttft_s(), 0.5 * run.requests[0].ttft_s()) << i;
+  }
+  // Without the cache the same budget cannot hold them together: they wait for one another.
+  s.cfg.prefix_cache = false;
+  const sim::ServingRun cold = s.run(reqs);
+  EXPECT_GT(cold.requests.back().admitted_s, 2.0);
+}
+
+// Cached blocks no request pins give way before a running request is preempted: while a long
+// request decodes, four short distinct ones come and go, their blocks filling the cache; the long
+// one's growth to 2,700 tokens of a 3,200-token budget evicts them rather than preempting itself.
+TEST(EngineSchedulers, OnDemandCacheEvictsBeforePreempting) {
+  World s;
+  s.cfg.kv_mode = Kv::OnDemand;
+  s.cfg.kv_block = s.cfg.prefix_block_tokens = 16;
+  s.cfg.prefix_cache = true;
+  const double per_token = double(s.c.n_layer) * double(s.c.kv_token_elems()) * s.cfg.kv_element_bytes;
+  s.cfg.kv_budget_bytes = 3200 * per_token;
+  std::vector<ServingRequest> reqs{{0, 1500, 1200}};
+  for (int i = 1; i <= 4; ++i) reqs.push_back({0.5 * i, 700, 16});
+  const sim::ServingRun run = s.run(reqs);
+  EXPECT_EQ(run.preemptions, 0);
+  for (const sim::RequestOutcome& o : run.requests) EXPECT_GT(o.finished_s, o.first_token_s);
+  EXPECT_GT(run.requests[0].finished_s, run.requests[4].finished_s);  // it outlived them all
+  EXPECT_LE(run.kv_reserved_peak, s.cfg.kv_budget_bytes);
+}
+
 // SGLang's unmixed iterations: a prefill arriving while a request decodes takes an iteration of
 // its own, and the decoding request gives no token in it.
 TEST(EngineSchedulers, UnmixedIterationsPauseDecoding) {
@@ -239,9 +291,6 @@ TEST(EngineSchedulers, RefusesWhatItCannotModel) {
   World s;
   const ServingRequest r{0, 100, 10};
   s.cfg.kv_mode = Kv::OnDemand;
-  s.cfg.prefix_cache = true;
-  EXPECT_THROW(s.run({&r, 1}), UsageError);
-  s.cfg.prefix_cache = false;
   s.cfg.clients = -1;
   EXPECT_THROW(s.run({&r, 1}), Error);
   s.cfg.clients = 0;
