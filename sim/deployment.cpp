@@ -1,8 +1,10 @@
 #include "sim/deployment.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <numeric>
+#include <queue>
 
 #include "model/error.h"
 #include "pruning/policy.h"
@@ -60,6 +62,25 @@ class PoolRun {
           finishes_[k].push_back(loops_[k]->now());
         });
   }
+
+  // Request idx sent at t to the engine the router picks.
+  void send(size_t idx, double t) { loops_[pick(idx, t)]->arrive(idx, t); }
+  // The busy engine furthest behind: its index and clock (none: SIZE_MAX, infinity).
+  std::pair<size_t, double> furthest_behind() const {
+    std::pair<size_t, double> at{SIZE_MAX, HUGE_VAL};
+    for (size_t k = 0; k < loops_.size(); ++k)
+      if (loops_[k]->busy() && loops_[k]->now() < at.second) at = {k, loops_[k]->now()};
+    return at;
+  }
+  // One iteration of engine k: the requests that finished in it, and when it ended.
+  std::pair<std::vector<size_t>, double> step(size_t k) {
+    std::vector<size_t> done = loops_[k]->step();
+    const double t = loops_[k]->now();
+    for (size_t i = 0; i < done.size(); ++i) finishes_[k].push_back(t);
+    return {std::move(done), t};
+  }
+  // Request idx as its engine has served it so far.
+  const RequestOutcome& live(size_t idx) const { return loops_[route_[idx]]->outcome(idx); }
 
   // The outcome of request idx, from the engine that served it, with that engine's replica.
   RequestOutcome outcome(size_t idx) const {
@@ -138,58 +159,91 @@ ServingRun aggregated(const ModelConfig& c, const Precision& p, const ServingMet
   return out;
 }
 
-// Disaggregated: prefilled in one pool (output 1), handed over, decoded in the other.
+// Disaggregated: prefilled in one pool (output 1), handed over, decoded in the other. Both pools
+// step together in time order, with three kinds of event: a request sent (at its arrival or, with
+// clients, as one is free), a prefill's K/V reaching the decode pool (its first token plus the
+// hand-over), and an engine's iteration (the busy engine furthest behind, before the next of the
+// others); a client is free again when its request's last token is out (in the decode pool, or the
+// prefill's for a one-token output).
 ServingRun disaggregated(const ModelConfig& c, const Precision& p, const ServingMethod& m,
                          const Deployment& d, std::span<const ServingRequest> reqs) {
-  if (d.serve.cfg.clients > 0)
-    usage_fail("a disaggregated deployment is simulated under open-loop arrivals; drop the concurrency");
   if (!(d.link_bytes_per_s > 0) || !(d.link_latency_s >= 0))
     usage_fail("the K/V hand-over link needs a positive bandwidth and a latency of at least 0");
-  std::vector<ServingRequest> prefill(reqs.begin(), reqs.end());
+  const int64_t clients = d.serve.cfg.clients;
+  std::vector<ServingRequest> prefill(reqs.begin(), reqs.end()), decode(reqs.begin(), reqs.end());
   for (ServingRequest& r : prefill) r.output_tokens = 1;
-  PoolRun pre(c, p, m, d.serve, prefill, d.router);
-  pre.drive(prefill, 0);
+  for (ServingRequest& r : decode) {  // sent as their hand-overs arrive, in that order
+    r.arrival_s = 0, r.prefilled = true;
+    r.shared_group = -1, r.cached_tokens = -1;
+  }
+  Pool prefill_pool = d.serve, decode_pool = *d.decode;
+  prefill_pool.cfg.clients = decode_pool.cfg.clients = 0;  // the clients are the deployment's
+  PoolRun pre(c, p, m, prefill_pool, prefill, d.router);
+  PoolRun dec(c, p, m, decode_pool, decode, d.router == Router::Prefix ? Router::LeastOutstanding : d.router);
+  std::vector<double> transfer(reqs.size(), 0.0);
+  std::vector<char> handed(reqs.size(), 0);
+  using Event = std::pair<double, size_t>;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> handovers;
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_clients;
+  for (int64_t i = 0; i < clients; ++i) free_clients.push(0.0);
+  size_t next = 0;
+  for (;;) {
+    double send = HUGE_VAL;
+    if (next < reqs.size() && (clients == 0 || !free_clients.empty()))
+      send = clients > 0 ? std::max(reqs[next].arrival_s, free_clients.top()) : reqs[next].arrival_s;
+    const double hand = handovers.empty() ? HUGE_VAL : handovers.top().first;
+    const double event = std::min(send, hand);
+    const auto [kp, tp] = pre.furthest_behind();
+    const auto [kd, td] = dec.furthest_behind();
+    if (std::min(tp, td) < event) {
+      if (tp <= td) {
+        const auto [done, t] = pre.step(kp);
+        for (const size_t idx : done) {
+          const RequestOutcome& o = pre.live(idx);
+          if (reqs[idx].output_tokens > 1) {
+            transfer[idx] = (o.kv_bytes_after_prefill + o.aux_bytes) / d.link_bytes_per_s + d.link_latency_s;
+            handovers.push({o.first_token_s + transfer[idx], idx});
+          } else if (clients > 0) {
+            free_clients.push(t);
+          }
+        }
+      } else {
+        const auto [done, t] = dec.step(kd);
+        for (size_t i = 0; i < done.size() && clients > 0; ++i) free_clients.push(t);
+      }
+      continue;
+    }
+    if (!std::isfinite(event)) break;
+    if (hand <= send) {
+      const size_t idx = handovers.top().second;
+      handovers.pop();
+      dec.send(idx, hand);
+      handed[idx] = 1;
+      continue;
+    }
+    if (clients > 0) free_clients.pop();
+    pre.send(next, send);
+    ++next;
+  }
   pre.collect();
+  dec.collect();
   ServingRun out;
   out.requests.resize(reqs.size());
-  // The hand-overs, in the order they reach the decode pool.
-  std::vector<size_t> order;
   for (size_t i = 0; i < reqs.size(); ++i) {
     RequestOutcome& o = out.requests[i];
     o = pre.outcome(i);
     o.output_tokens = reqs[i].output_tokens;
     o.finished_s = o.first_token_s;
-    if (reqs[i].output_tokens > 1) {
-      o.transfer_s = (o.kv_bytes_after_prefill + o.aux_bytes) / d.link_bytes_per_s + d.link_latency_s;
-      order.push_back(i);
-    }
-  }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return out.requests[a].first_token_s + out.requests[a].transfer_s <
-           out.requests[b].first_token_s + out.requests[b].transfer_s;
-  });
-  std::vector<ServingRequest> decode;
-  for (const size_t i : order) {
-    ServingRequest r = reqs[i];
-    r.arrival_s = out.requests[i].first_token_s + out.requests[i].transfer_s;
-    r.prefilled = true;
-    r.shared_group = -1, r.cached_tokens = -1;
-    decode.push_back(r);
-  }
-  ServingRun pool_totals;
-  if (!decode.empty()) {
-    PoolRun dec(c, p, m, *d.decode, decode, d.router == Router::Prefix ? Router::LeastOutstanding : d.router);
-    dec.drive(decode, 0);
-    dec.collect();
-    for (size_t j = 0; j < order.size(); ++j) {
-      const RequestOutcome od = dec.outcome(j);
-      RequestOutcome& o = out.requests[order[j]];
+    o.transfer_s = transfer[i];
+    if (handed[i]) {
+      const RequestOutcome od = dec.outcome(i);
       o.finished_s = od.finished_s;
       o.decode_replica = od.replica;
       o.preemptions += od.preemptions;
     }
-    dec.add_totals(pool_totals);  // the decode pool's K/V: what bounds a disaggregated deployment
   }
+  ServingRun pool_totals;
+  dec.add_totals(pool_totals);  // the decode pool's K/V: what bounds a disaggregated deployment
   out.iterations = pool_totals.iterations;
   pre.add_totals(out);
   out.kv_capacity = pool_totals.kv_capacity, out.kv_reserved_mean = pool_totals.kv_reserved_mean;

@@ -49,11 +49,12 @@ struct Deployment {
 // (RequestOutcome::kv_bytes_after_prefill, aux_bytes: under LazyLLM only the pairs it computed)
 // handed over the link, and it is decoded by the decode instance the router picks (prefilled),
 // which admits it as its own K/V budget allows; the prefill pool does not wait for the decode
-// pool. The run's rates are the whole deployment's (ServingRun::replicas 1: every request
-// simulated). A replica with pipeline stages (cfg.pipeline) is that many virtual engines, as
-// simulate_serving runs it, the router choosing among them. Throws lp::Error for a pool of no replicas,
-// data-parallel attention inside a replica, closed-loop clients with disaggregation, or what simulate_serving
-// refuses.
+// pool. Both pools step together in time order, so closed-loop clients (serve.cfg.clients) send
+// their next request as the last one's final token leaves the decode pool. The run's rates are the whole
+// deployment's (ServingRun::replicas 1: every request simulated). A replica with pipeline stages
+// (cfg.pipeline) is that many virtual engines, as simulate_serving runs it, the router choosing among them.
+// Throws lp::Error for a pool of no replicas, data-parallel attention inside a replica, a hand-over link of
+// no bandwidth, or what simulate_serving refuses.
 ServingRun simulate_deployment(const ModelConfig& c, const Precision& p, const ServingMethod& m,
                                const Deployment& d, std::span<const ServingRequest> reqs);
 

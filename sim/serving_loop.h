@@ -303,6 +303,8 @@ class EventLoop {
     queue_.push_back(idx);
   }
   bool busy() const { return !queue_.empty() || !running_.empty() || !preempted_.empty(); }
+  // Request idx as this engine has served it so far (its first token once its prefill ended).
+  const RequestOutcome& outcome(size_t idx) const { return out_.requests[idx]; }
   double now() const { return t_; }
   // One iteration (busy() holds): admit, batch, cost, finish. The requests that finished in it, at now().
   const std::vector<size_t>& step() {

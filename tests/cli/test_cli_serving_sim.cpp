@@ -210,8 +210,12 @@ TEST_F(CliSim, ServingDeployments) {
   expect_one_line_error(run_cli(dir_, with({"--disaggregate", "1:0", "--out", out})),
                         {"--disaggregate", "P:D"});
   expect_one_line_error(run_cli(dir_, with({"--disaggregate", "2", "--out", out})), {"--disaggregate"});
-  expect_one_line_error(run_cli(dir_, with({"--disaggregate", "1:1", "--concurrency", "4", "--out", out})),
-                        {"open-loop", "concurrency"});
+  {  // a closed loop over the pools
+    const CliResult c =
+        run_cli(dir_, with({"--disaggregate", "1:1", "--concurrency", "4", "--prune", "none", "--json"}));
+    ASSERT_TRUE(c.exited && c.code == 0) << describe(c);
+    EXPECT_EQ(nlohmann::json::parse(c.out)["results"][0]["metrics"]["requests"], 200);
+  }
   expect_one_line_error(run_cli(dir_, {"simulate-serving", "--model-config", "llama-3.1-8b", "--hw",
                                        "h100-sxm,h200", "--replicas", "2", "--out", out}),
                         {"one --hw"});

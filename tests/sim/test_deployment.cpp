@@ -182,9 +182,40 @@ TEST(Deployment, RefusesWhatItCannotRun) {
   d.decode = sim::Pool{s.hw, s.cfg, 0};
   EXPECT_THROW(sim::simulate_deployment(s.c, s.p, {}, d, reqs), Error);
   d.decode->replicas = 1;
-  d.serve.cfg.clients = 4;
+  d.link_bytes_per_s = 0;
   EXPECT_THROW(sim::simulate_deployment(s.c, s.p, {}, d, reqs), UsageError);
   EXPECT_THROW(sim::parse_router("random"), UsageError);
+}
+
+// A closed loop over disaggregated pools: one client sends each request as the last one's final
+// token leaves the decode pool; N clients never have more than N requests between send and
+// finish, and hold N in flight on average (Little's law: throughput x mean latency over the run,
+// every client busy from start to end but for the drain).
+TEST(Deployment, DisaggregatedClosedLoop) {
+  World s;
+  const auto reqs = workload(120, 1e6, 7);
+  sim::Deployment d = s.replicas(2, sim::Router::LeastOutstanding);
+  d.decode = sim::Pool{s.hw, s.cfg, 2};
+  d.serve.cfg.clients = 1;
+  const sim::ServingRun one = sim::simulate_deployment(s.c, s.p, {}, d, reqs);
+  for (size_t i = 1; i < reqs.size(); ++i)
+    EXPECT_DOUBLE_EQ(one.requests[i].arrival_s, one.requests[i - 1].finished_s) << i;
+  d.serve.cfg.clients = 6;
+  const sim::ServingRun six = sim::simulate_deployment(s.c, s.p, {}, d, reqs);
+  std::vector<std::pair<double, int>> edges;
+  double busy = 0, end = 0;
+  for (const sim::RequestOutcome& o : six.requests) {
+    EXPECT_GT(o.finished_s, o.first_token_s);
+    edges.push_back({o.arrival_s, 1});
+    edges.push_back({o.finished_s, -1});
+    busy += o.finished_s - o.arrival_s;
+    end = std::max(end, o.finished_s);
+  }
+  std::sort(edges.begin(), edges.end());  // a finish before a send at the same time
+  int in_flight = 0, most = 0;
+  for (const auto& [t, e] : edges) most = std::max(most, in_flight += e);
+  EXPECT_EQ(most, 6);
+  EXPECT_GT(busy / end, 0.85 * 6);  // only the drain runs below six
 }
 
 }  // namespace
