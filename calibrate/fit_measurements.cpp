@@ -550,16 +550,19 @@ class Stepwise {
     return checks;
   }
 
-  // The blocks a round tries: every open parameter alone, and GEMM and attention compute together
-  // while neither is in (a quadratic term in the prompt length can only be told from the linear
-  // one when both move at once: at the base, attention may look negligible).
+  // The blocks a round tries: every open parameter alone, and attention's compute together with
+  // each open term that grows more slowly with the prompt (the GEMMs' compute or memory, linear;
+  // the per-op overhead, constant) while neither is in: a quadratic term in the prompt length can
+  // only be told from a linear or constant one when both move at once (at the base, attention may
+  // look negligible; a small model on a large GPU is all overhead at short prompts and all
+  // attention at long ones).
   std::vector<std::vector<std::string>> blocks(std::vector<ParamCheck>& checks) const {
     std::vector<std::vector<std::string>> out;
     for (const ParamCheck& c : checks)
       if (open(c)) out.push_back({c.name});
-    if (ttft_lengths_.size() >= 3 && open(check_of(checks, "gemm.compute")) &&
-        open(check_of(checks, "attention.compute")))
-      out.push_back({"gemm.compute", "attention.compute"});
+    if (ttft_lengths_.size() >= 3 && open(check_of(checks, "attention.compute")))
+      for (const char* slower : {"gemm.compute", "overhead_us", "gemm.memory"})
+        if (open(check_of(checks, slower))) out.push_back({slower, "attention.compute"});
     return out;
   }
 
@@ -781,9 +784,16 @@ void cross_validate(const hw::Profile& base, const std::vector<Point>& points, M
   f.heldout_s.assign(n, 0);
   for (size_t k = 0; k < folds; ++k) {
     std::vector<size_t> train;
+    bool pruned = false;
     for (size_t i = 0; i < n; ++i)
-      if (i % folds != k) train.push_back(i);
-    const Fitted p = fit_subset(base, points, train, f.params);
+      if (i % folds != k)
+        train.push_back(i), pruned = pruned || !points[i].work.header.schedule_layers.empty();
+    // A fold without pruned runs cannot fit a pruning cost: it keeps the base's, as a user with
+    // only those runs would.
+    std::vector<std::string> params;
+    for (const std::string& name : f.params)
+      if (pruned || name.rfind("pruning.", 0) != 0) params.push_back(name);
+    const Fitted p = fit_subset(base, points, train, params);
     if (!p.stop.converged) ++f.heldout_unconverged;
     for (size_t i = k; i < n; i += folds) f.heldout_s[i] = predict_point(p.profile, points[i]);
   }
