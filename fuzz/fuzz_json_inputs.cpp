@@ -1,5 +1,6 @@
 // The small JSON inputs: hardware profiles, model configurations (presets and trace headers use
-// the same reader), revival models and `report --validation` files, from any bytes.
+// the same reader), revival models, `report --validation` files and `report --plan` files (a saved
+// `plan --out`), from any bytes.
 #include <nlohmann/json.hpp>
 
 #include "fuzz/fuzz_util.h"
@@ -7,6 +8,7 @@
 #include "model/config.h"
 #include "model/presets.h"
 #include "reports/capacity.h"
+#include "reports/plan_section.h"
 #include "sim/revival.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -33,5 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }();
     (void)lp::report::report_charts(rep, &j);
   });
+  // A `report --plan` file: read, then written as the report's section and chart.
+  lp::fuzz::refuses_cleanly([&] { (void)lp::report::plan_html(lp::report::read_plan(j, "fuzz")); });
   return 0;
 }
