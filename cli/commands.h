@@ -309,7 +309,7 @@ int cmd_validate_runahead(const ValidateArgs& a);  // cli/validate_runahead.cpp
 
 struct ReportArgs {
   std::string model, model_config, hw, trace, prune = "lazyllm,static-paper,random-drop", lengths, validation,
-                                              out, engine, plan;
+                                              out, engine, plan, eval;
   std::vector<std::string> schedules;
   sim::Precision precision;
   std::string revival_model;  // "" or "builtin": the built-in revival model

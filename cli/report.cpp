@@ -16,6 +16,7 @@
 #include "model/io.h"
 #include "model/json_checks.h"
 #include "model/presets.h"
+#include "reports/accuracy.h"
 #include "reports/capacity.h"
 #include "reports/plan_section.h"
 #include "traces/trace.h"
@@ -110,6 +111,8 @@ CLI::App* add_report(CLI::App& app, ReportArgs& a) {
                 "Serving: K/V budget per device (default: the memory budget less the weights)")
       ->check(CLI::Range(1e-3, 1e6));
   r->add_option("--validation", a.validation, "validate --json output, for the measured-vs-predicted chart");
+  r->add_option("--eval", a.eval, "An eval --json result: each pruned method's accuracy evidence")
+      ->check(non_empty_path());
   r->add_option("--plan", a.plan, "A saved `plan --out` result: the report gains its deployment plan")
       ->check(non_empty_path());
   r->add_option("--out", a.out, "Folder for capacity-report.json, the charts and report.html")->required();
@@ -122,6 +125,7 @@ namespace {
 // The report's request from the command line, its methods and their revivals included.
 report::Request report_request(const ReportArgs& a, trace::Trace& recorded) {
   report::Request req;
+  if (!a.eval.empty()) req.eval = report::read_eval(a.eval);
   if (!a.model.empty()) {
     req.model = costing_config_from_gguf(GgufFile::open(a.model));
     req.model_source = a.model;
@@ -223,7 +227,7 @@ int cmd_report(const ReportArgs& a, const CLI::App& /*sub*/) {
   const fs::path dir(a.out);
   {
     std::vector<std::string> inputs = split_list(a.hw);
-    inputs.insert(inputs.end(), {a.trace, a.validation, a.revival_model, a.model, a.plan});
+    inputs.insert(inputs.end(), {a.trace, a.validation, a.revival_model, a.model, a.plan, a.eval});
     for (const char* f : {"capacity-report.json", "report.html", "plan-frontier.svg"})
       refuse_output_over_input((dir / f).string(), "--out", inputs);
   }

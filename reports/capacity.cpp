@@ -242,7 +242,14 @@ Report build_report(const Request& r) {
                              p.sources.count("efficiency") ? p.sources.at("efficiency") : "",
                              p.sources.count("peak_tflops") ? p.sources.at("peak_tflops") : ""});
   if (!r.trace_origin.empty()) prov.trace = r.trace_origin;
-  for (const ReportedMethod& m : r.methods) prov.methods.push_back({m.name, m.method, m.revivals});
+  for (const ReportedMethod& m : r.methods) {
+    Provenance::MethodLine line{m.name, m.method, m.revivals, {}, false};
+    if (line.pruned() && !r.eval.is_null()) {
+      line.accuracy = accuracy_evidence(r.eval, m.method.policy_name(), m.method.schedule_text());
+      line.measured = !line.accuracy.empty();
+    }
+    prov.methods.push_back(std::move(line));
+  }
   prov.precision = r.precision;
   prov.batch = r.batch;
   prov.tp = r.tp, prov.dp = r.model.dp, prov.ep = r.model.ep, prov.pp = r.pipeline.stages;
@@ -378,11 +385,24 @@ json Report::to_json() const {
                    {"efficiency_source", h.efficiency_source},
                    {"peak_source", h.peak_source}});
   json methods = json::array();
-  for (const Provenance::MethodLine& m : p.methods)
-    methods.push_back({{"name", m.name},
-                       {"policy", m.method.policy_name()},
-                       {"schedule", m.method.schedule_text()},
-                       {"revivals", m.revivals}});
+  for (const Provenance::MethodLine& m : p.methods) {
+    json line = {{"name", m.name},
+                 {"policy", m.method.policy_name()},
+                 {"schedule", m.method.schedule_text()},
+                 {"revivals", m.revivals}};
+    if (m.pruned()) {
+      json rows = json::array();
+      for (const AccuracyEvidence& e : m.accuracy)
+        rows.push_back({{"task", e.task},
+                        {"length", e.length},
+                        {"metric", e.metric},
+                        {"value", e.value},
+                        {"change", e.change},
+                        {"samples", e.samples}});
+      line["accuracy"] = m.measured ? rows : json("accuracy not measured");
+    }
+    methods.push_back(std::move(line));
+  }
   const auto or_null = [](const auto& v) { return v ? json(*v) : json(nullptr); };
   json prov = {
       {"tool_version", p.tool_version},
@@ -438,6 +458,15 @@ json Report::to_json() const {
           {"results", results_json},          {"capacity", capacity_json}, {"serving", serving_json}};
 }
 
+std::string Provenance::MethodLine::accuracy_words() const {
+  if (!measured) return "accuracy not measured";
+  std::string out;
+  for (const AccuracyEvidence& e : accuracy)
+    out += fmt::format("{}{} at {} tokens: {} {:.4g} ({:+.4g}, {} samples)", out.empty() ? "" : "; ", e.task,
+                       e.length, e.metric, e.value, e.change, e.samples);
+  return out;
+}
+
 std::string summary_text(const Report& rep) {
   const Provenance& prov = rep.provenance;
   std::string out = fmt::format("capacity report: {} ({}), batch {}, weights {} compute {} kv {}\n",
@@ -446,6 +475,8 @@ std::string summary_text(const Report& rep) {
   if (prov.new_tokens > 1)  // decoding is costed: say how revivals were modelled
     for (const Provenance::MethodLine& m : prov.methods)
       if (policy_revives(m.method.policy)) out += fmt::format("revivals ({}): {}\n", m.name, m.revivals);
+  for (const Provenance::MethodLine& m : prov.methods)
+    if (m.pruned()) out += fmt::format("accuracy ({}): {}\n", m.name, m.accuracy_words());
   for (size_t h = 0; h < prov.hardware.size(); ++h) {
     out += fmt::format("\n{}: TTFT in ms (speedup over none) per prompt length\n{:<40}",
                        prov.hardware[h].name, "method");
@@ -671,7 +702,7 @@ std::string report_html(const Report& rep, const std::vector<std::pair<std::stri
   h += "</table>\n<h2>TTFT (ms) and speedup over no pruning</h2>\n";
   h += "<table><tr><th>hardware / method</th>";
   for (int64_t n : rep.prompt_lengths) h += fmt::format("<th>{} tokens</th>", n);
-  h += "</tr>\n";
+  h += "<th>accuracy</th></tr>\n";
   for (size_t hw = 0; hw < prov.hardware.size(); ++hw)
     for (size_t m = 0; m < prov.methods.size(); ++m) {
       h += fmt::format("<tr><td>{}</td>", xml_escape(prov.hardware[hw].name + " / " + prov.methods[m].name));
@@ -679,7 +710,9 @@ std::string report_html(const Report& rep, const std::vector<std::pair<std::stri
         const Result& x = rep.result(hw, m, n);
         h += fmt::format("<td>{:.4g} ({:.2f}x)</td>", x.ttft_ms, x.speedup);
       }
-      h += "</tr>\n";
+      const Provenance::MethodLine& ml = prov.methods[m];
+      h += fmt::format("<td style=\"text-align:left\">{}</td></tr>\n",
+                       ml.pruned() ? xml_escape(ml.accuracy_words()) : "baseline");
     }
   h += "</table>\n<h2>Capacity</h2>\n<table><tr><th>hardware / method</th><th>longest prompt within the "
        "TTFT objective</th><th>sequences that fit at the longest length</th></tr>\n";

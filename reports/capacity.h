@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "pruning/method.h"
 #include "pruning/schedule.h"
+#include "reports/accuracy.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
 #include "sim/serving_metrics.h"
@@ -72,6 +73,7 @@ struct Request {
   sim::Precision precision;
   std::optional<ServingSpec> serving;
   std::string tool_version, git_commit;
+  nlohmann::json eval;  // an `eval --json` result (null: none): each pruned method's accuracy evidence
 };
 
 // What one report holds: a column per prompt length, a row per hardware and method.
@@ -125,6 +127,12 @@ struct Provenance {
     std::string name;
     lp::Method method;
     std::string revivals;
+    // A pruned method's accuracy evidence (Request::eval's rows for its policy and schedule);
+    // `measured` false: "accuracy not measured". Unpruned: neither.
+    std::vector<AccuracyEvidence> accuracy;
+    bool measured = false;
+    bool pruned() const { return method.policy != PolicyKind::None; }
+    std::string accuracy_words() const;  // "kv at 4096 tokens: accuracy 0.9 (-0.1, 10 samples); ..."
   };
   std::string tool_version, git_commit, generated_utc;
   ModelConfig model;

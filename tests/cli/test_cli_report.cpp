@@ -43,7 +43,15 @@ void expect_valid_report(const std::string& report) {
 // report, bad input refused with nothing half-written.
 TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
   const std::string out = dir_.file("rep");
+  // Accuracy evidence for one of the pruned methods (an eval --json result's shape).
+  const std::string eval = write_text(
+      R"({"results": [{"task": "kv", "length": 1024, "metric": "accuracy", "methods": [
+      {"policy": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3", "samples": 10, "accuracy": 0.9,
+       "accuracy_change": -0.1}]}]})",
+      "eval.json");
   CliResult r = run_cli(dir_, {"report",
+                               "--eval",
+                               eval,
                                "--model-config",
                                "llama-3.1-8b",
                                "--hw",
@@ -95,6 +103,23 @@ TEST_F(CliSim, ReportIsValidAgainstItsSchema) {
         EXPECT_GE(c["rate_per_s"].get<double>(), caps[0]["rate_per_s"].get<double>() * 0.98);
     }
   }
+  // Every pruned method carries its accuracy evidence, or says none was measured, beside its speedup.
+  ASSERT_EQ(rep["provenance"]["methods"].size(), 5u);
+  for (const auto& m : rep["provenance"]["methods"]) {
+    if (m["policy"] == "none") {
+      EXPECT_FALSE(m.contains("accuracy"));
+    } else if (m["policy"] == "lazyllm" && m["schedule"] == "0.3:0.3,0.6:0.3,0.9:0.3") {
+      ASSERT_TRUE(m["accuracy"].is_array()) << m.dump();
+      EXPECT_DOUBLE_EQ(m["accuracy"][0]["value"].get<double>(), 0.9);
+    } else {
+      EXPECT_EQ(m["accuracy"], "accuracy not measured") << m.dump();
+    }
+  }
+  const std::string html = slurp_text(out + "/report.html");
+  EXPECT_NE(html.find("kv at 1024 tokens: accuracy 0.9 (-0.1, 10 samples)"), std::string::npos);
+  EXPECT_NE(html.find("accuracy not measured"), std::string::npos);
+  EXPECT_NE(r.out.find("accuracy (lazyllm 0.3:0.3,0.6:0.3,0.9:0.3): kv at 1024 tokens"), std::string::npos)
+      << r.out;
   // The pruned methods are faster than none everywhere in this compute-bound regime.
   for (const auto& x : rep["results"]) {
     if (x["method"] != "none") {
