@@ -444,7 +444,9 @@ int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) 
   if (a.replicas > 1 || !a.disaggregate.empty()) {
     if (hws.size() != 1) usage_fail("--replicas and --disaggregate take one --hw");
     if (a.capacity) usage_fail("--capacity searches one engine's rates; drop --replicas and --disaggregate");
-    if (a.dp > 1 || a.pp > 1) usage_fail("--replicas and --disaggregate take engines without --dp or --pp");
+    // Data-parallel attention is one engine's inner split, which the router cannot see; pipeline
+    // stages run as virtual engines it routes to (sim/deployment.h).
+    if (a.dp > 1) usage_fail("--replicas and --disaggregate take engines without --dp");
     sim::Deployment d;
     d.router = sim::parse_router(a.router);
     if (a.disaggregate.empty()) {

@@ -210,6 +210,11 @@ TEST_F(CliSim, ServingDeployments) {
   expect_one_line_error(run_cli(dir_, with({"--disaggregate", "1:0", "--out", out})),
                         {"--disaggregate", "P:D"});
   expect_one_line_error(run_cli(dir_, with({"--disaggregate", "2", "--out", out})), {"--disaggregate"});
+  {  // replicas of pipeline stages
+    const CliResult c = run_cli(dir_, with({"--replicas", "2", "--pp", "2", "--prune", "none", "--json"}));
+    ASSERT_TRUE(c.exited && c.code == 0) << describe(c);
+    EXPECT_EQ(nlohmann::json::parse(c.out)["results"][0]["metrics"]["requests"], 200);
+  }
   {  // a closed loop over the pools
     const CliResult c =
         run_cli(dir_, with({"--disaggregate", "1:1", "--concurrency", "4", "--prune", "none", "--json"}));
