@@ -342,8 +342,9 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
           usage_fail("--warmup {} and --cooldown {} leave none of the {} requests to measure", a.warmup,
                      a.cooldown, reqs.size());
         const size_t held = run.requests.size();
-        const auto held_share = [&](int64_t n) {
-          return static_cast<size_t>(std::llround(double(n) * double(held) / double(reqs.size())));
+        const double sent = double(reqs.size());  // (a structured binding: clang 14 cannot capture it)
+        const auto held_share = [held, sent](int64_t n) {
+          return static_cast<size_t>(std::llround(double(n) * double(held) / sent));
         };
         const sim::ServingMetrics mm =
             sim::serving_metrics(run, obj, held_share(a.warmup), held - held_share(a.cooldown));
