@@ -199,17 +199,10 @@ int plan_here(const PlanArgs& a, const mpi::World* world) {
   json evidence = json::object();
   for (size_t m = 0; m < o.methods.size(); ++m) {
     if (o.methods[m].method.policy == PolicyKind::None) continue;
-    json rows = json::array();
-    if (!eval.is_null())
-      for (const report::AccuracyEvidence& e :
-           report::accuracy_evidence(eval, policy_schedule[m].first, policy_schedule[m].second))
-        rows.push_back({{"task", e.task},
-                        {"length", e.length},
-                        {"metric", e.metric},
-                        {"value", e.value},
-                        {"change", e.change},
-                        {"samples", e.samples}});
-    evidence[o.methods[m].name] = rows.empty() ? json("accuracy not measured") : rows;
+    evidence[o.methods[m].name] =
+        json(report::accuracy_json(eval.is_null() ? std::vector<report::AccuracyEvidence>{}
+                                                  : report::accuracy_evidence(eval, policy_schedule[m].first,
+                                                                              policy_schedule[m].second)));
   }
   out["accuracy"] = evidence;
   const auto with_accuracy = [&](json j, size_t i) {

@@ -1,5 +1,7 @@
 #include "reports/accuracy.h"
 
+#include <fmt/format.h>
+
 #include "model/error.h"
 #include "model/io.h"
 #include "model/json_checks.h"
@@ -43,6 +45,28 @@ std::vector<AccuracyEvidence> accuracy_evidence(const nlohmann::json& eval, cons
       out.push_back(e);
     }
   }
+  return out;
+}
+
+nlohmann::json accuracy_json(const std::vector<AccuracyEvidence>& rows) {
+  if (rows.empty()) return "accuracy not measured";
+  nlohmann::json out = nlohmann::json::array();
+  for (const AccuracyEvidence& e : rows)
+    out.push_back({{"task", e.task},
+                   {"length", e.length},
+                   {"metric", e.metric},
+                   {"value", e.value},
+                   {"change", e.change},
+                   {"samples", e.samples}});
+  return out;
+}
+
+std::string accuracy_words(const std::vector<AccuracyEvidence>& rows) {
+  if (rows.empty()) return "accuracy not measured";
+  std::string out;
+  for (const AccuracyEvidence& e : rows)
+    out += fmt::format("{}{} at {} tokens: {} {:.4g} ({:+.4g}, {} samples)", out.empty() ? "" : "; ", e.task,
+                       e.length, e.metric, e.value, e.change, e.samples);
   return out;
 }
 

@@ -22,5 +22,9 @@ nlohmann::json read_eval(const std::string& path);
 // Every task and length of `eval` that ran `policy` at `schedule` (its inline form).
 std::vector<AccuracyEvidence> accuracy_evidence(const nlohmann::json& eval, const std::string& policy,
                                                 const std::string& schedule);
+// Evidence as a plan's or report's JSON gives it: one object a row, or "accuracy not measured".
+nlohmann::json accuracy_json(const std::vector<AccuracyEvidence>& rows);
+// The same in words: "kv at 4096 tokens: accuracy 0.9 (-0.1, 10 samples); ...".
+std::string accuracy_words(const std::vector<AccuracyEvidence>& rows);
 
 }  // namespace lp::report

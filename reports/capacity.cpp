@@ -243,11 +243,9 @@ Report build_report(const Request& r) {
                              p.sources.count("peak_tflops") ? p.sources.at("peak_tflops") : ""});
   if (!r.trace_origin.empty()) prov.trace = r.trace_origin;
   for (const ReportedMethod& m : r.methods) {
-    Provenance::MethodLine line{m.name, m.method, m.revivals, {}, false};
-    if (line.pruned() && !r.eval.is_null()) {
+    Provenance::MethodLine line{m.name, m.method, m.revivals, {}};
+    if (line.pruned() && !r.eval.is_null())
       line.accuracy = accuracy_evidence(r.eval, m.method.policy_name(), m.method.schedule_text());
-      line.measured = !line.accuracy.empty();
-    }
     prov.methods.push_back(std::move(line));
   }
   prov.precision = r.precision;
@@ -390,17 +388,7 @@ json Report::to_json() const {
                  {"policy", m.method.policy_name()},
                  {"schedule", m.method.schedule_text()},
                  {"revivals", m.revivals}};
-    if (m.pruned()) {
-      json rows = json::array();
-      for (const AccuracyEvidence& e : m.accuracy)
-        rows.push_back({{"task", e.task},
-                        {"length", e.length},
-                        {"metric", e.metric},
-                        {"value", e.value},
-                        {"change", e.change},
-                        {"samples", e.samples}});
-      line["accuracy"] = m.measured ? rows : json("accuracy not measured");
-    }
+    if (m.pruned()) line["accuracy"] = json(accuracy_json(m.accuracy));
     methods.push_back(std::move(line));
   }
   const auto or_null = [](const auto& v) { return v ? json(*v) : json(nullptr); };
@@ -459,12 +447,7 @@ json Report::to_json() const {
 }
 
 std::string Provenance::MethodLine::accuracy_words() const {
-  if (!measured) return "accuracy not measured";
-  std::string out;
-  for (const AccuracyEvidence& e : accuracy)
-    out += fmt::format("{}{} at {} tokens: {} {:.4g} ({:+.4g}, {} samples)", out.empty() ? "" : "; ", e.task,
-                       e.length, e.metric, e.value, e.change, e.samples);
-  return out;
+  return report::accuracy_words(accuracy);
 }
 
 std::string summary_text(const Report& rep) {

@@ -127,10 +127,9 @@ struct Provenance {
     std::string name;
     lp::Method method;
     std::string revivals;
-    // A pruned method's accuracy evidence (Request::eval's rows for its policy and schedule);
-    // `measured` false: "accuracy not measured". Unpruned: neither.
+    // A pruned method's accuracy evidence (Request::eval's rows for its policy and schedule; none:
+    // "accuracy not measured").
     std::vector<AccuracyEvidence> accuracy;
-    bool measured = false;
     bool pruned() const { return method.policy != PolicyKind::None; }
     std::string accuracy_words() const;  // "kv at 4096 tokens: accuracy 0.9 (-0.1, 10 samples); ..."
   };

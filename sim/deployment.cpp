@@ -184,13 +184,10 @@ ServingRun disaggregated(const ModelConfig& c, const Precision& p, const Serving
   std::vector<char> handed(reqs.size(), 0);
   using Event = std::pair<double, size_t>;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> handovers;
-  std::priority_queue<double, std::vector<double>, std::greater<>> free_clients;
-  for (int64_t i = 0; i < clients; ++i) free_clients.push(0.0);
+  detail::Clients senders(clients);
   size_t next = 0;
   for (;;) {
-    double send = HUGE_VAL;
-    if (next < reqs.size() && (clients == 0 || !free_clients.empty()))
-      send = clients > 0 ? std::max(reqs[next].arrival_s, free_clients.top()) : reqs[next].arrival_s;
+    const double send = next < reqs.size() ? senders.send_time(reqs[next]) : HUGE_VAL;
     const double hand = handovers.empty() ? HUGE_VAL : handovers.top().first;
     const double event = std::min(send, hand);
     const auto [kp, tp] = pre.furthest_behind();
@@ -203,13 +200,13 @@ ServingRun disaggregated(const ModelConfig& c, const Precision& p, const Serving
           if (reqs[idx].output_tokens > 1) {
             transfer[idx] = (o.kv_bytes_after_prefill + o.aux_bytes) / d.link_bytes_per_s + d.link_latency_s;
             handovers.push({o.first_token_s + transfer[idx], idx});
-          } else if (clients > 0) {
-            free_clients.push(t);
+          } else {
+            senders.release(t);
           }
         }
       } else {
         const auto [done, t] = dec.step(kd);
-        for (size_t i = 0; i < done.size() && clients > 0; ++i) free_clients.push(t);
+        for (size_t i = 0; i < done.size(); ++i) senders.release(t);
       }
       continue;
     }
@@ -221,7 +218,7 @@ ServingRun disaggregated(const ModelConfig& c, const Precision& p, const Serving
       handed[idx] = 1;
       continue;
     }
-    if (clients > 0) free_clients.pop();
+    senders.take();
     pre.send(next, send);
     ++next;
   }

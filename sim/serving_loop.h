@@ -897,28 +897,49 @@ class EventLoop {
 // (an engine sees a request sent during an iteration at that iteration's end, as the server's
 // scheduler does). `route(idx, t)` picks the engine of request idx sent at t. `on_finish(idx)`,
 // when given, hears of each request as it finishes.
+// The clients of a run (ServingConfig::clients): open loop (0), each request sent at its arrival;
+// closed loop (n > 0), at its arrival or, when all n are busy, as the first of them is free again.
+class Clients {
+ public:
+  explicit Clients(int64_t n) : n_(n) {
+    for (int64_t i = 0; i < n; ++i) free_.push(0.0);
+  }
+  // When `r`, the next request, is sent (HUGE_VAL: every client busy, with no time to tell yet).
+  double send_time(const ServingRequest& r) const {
+    if (n_ == 0) return r.arrival_s;
+    return free_.empty() ? HUGE_VAL : std::max(r.arrival_s, free_.top());
+  }
+  void take() {
+    if (n_ > 0) free_.pop();
+  }
+  void release(double t) {
+    if (n_ > 0) free_.push(t);
+  }
+
+ private:
+  int64_t n_;
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_;
+};
+
 template <class Route>
 void drive(std::span<EventLoop* const> loops, std::span<const ServingRequest> reqs, int64_t clients,
            Route route, const std::function<void(size_t)>& on_finish = {}) {
-  std::priority_queue<double, std::vector<double>, std::greater<>> free_clients;
-  for (int64_t i = 0; i < clients; ++i) free_clients.push(0.0);
+  Clients senders(clients);
   size_t next = 0;
   for (;;) {
-    double send = HUGE_VAL;
-    if (next < reqs.size() && (clients == 0 || !free_clients.empty()))
-      send = clients > 0 ? std::max(reqs[next].arrival_s, free_clients.top()) : reqs[next].arrival_s;
+    const double send = next < reqs.size() ? senders.send_time(reqs[next]) : HUGE_VAL;
     EventLoop* first = nullptr;  // the busy engine furthest behind
     for (EventLoop* l : loops)
       if (l->busy() && (!first || l->now() < first->now())) first = l;
     if (first && first->now() < send) {
       for (const size_t idx : first->step()) {
-        if (clients > 0) free_clients.push(first->now());
+        senders.release(first->now());
         if (on_finish) on_finish(idx);
       }
       continue;
     }
     if (next >= reqs.size()) break;
-    if (clients > 0) free_clients.pop();
+    senders.take();
     loops[route(next, send)]->arrive(next, send);
     ++next;
   }
