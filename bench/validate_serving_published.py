@@ -105,10 +105,7 @@ def nim_point(exe, q, engine=None):
     return {"ttft": m["ttft_ms"]["mean"], "itl": m["itl_ms"]["mean"], "throughput": m["output_tokens_per_s"]}
 
 
-FIT_ON = ("throughput", "itl")
-
-
-def fit_engine(exe, q):
+def fit_engine(exe, q, fit_on):
     """The engine's kernel scale and host time an iteration that best predict one point's figures
     (least squares of the log errors, over a grid), as calibrate-serving fits them from a user's run."""
     pub = published(q)
@@ -116,7 +113,7 @@ def fit_engine(exe, q):
     for scale in (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4):
         for it_us in (0, 1000, 2000, 3000, 4000, 6000):
             pred = nim_point(exe, q, {"kernel_scale": scale, "iteration_us": it_us})
-            err = sum(math.log(pred[k] / v) ** 2 for k, v in pub.items() if k in pred and v and k in FIT_ON)
+            err = sum(math.log(pred[k] / v) ** 2 for k, v in pub.items() if k in pred and v and k in fit_on)
             if best is None or err < best[0]:
                 best = (err, {"kernel_scale": scale, "iteration_us": it_us})
     return best[1]
@@ -145,8 +142,6 @@ def main():
                     help="with --refit: the figures the engine is fitted to (default throughput,itl: the "
                     "engine's speed; TTFT under load also depends on how arrivals collide)")
     a = ap.parse_args()
-    global FIT_ON
-    FIT_ON = tuple(a.fit_on.split(","))
     points = json.loads(pathlib.Path(a.fixture).read_text())["points"]
     rows, refit_rows = [], []
     for q in points:
@@ -172,7 +167,7 @@ def main():
     if a.refit:
         nim = [q for q in points if q["source"] == "nim_perf" and q["load"]["kind"] == "concurrency" and base_point(q)]
         for k, q in enumerate(nim):
-            engine = fit_engine(a.lazyprefill, q)
+            engine = fit_engine(a.lazyprefill, q, tuple(a.fit_on.split(",")))
             for m, other in enumerate(nim):
                 if m != k:
                     refit.setdefault(m, []).append((engine, nim_point(a.lazyprefill, other, engine)))

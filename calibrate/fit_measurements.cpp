@@ -461,8 +461,7 @@ class Stepwise {
     for (size_t i = 0; i < n_; ++i) all_[i] = i;
     for (const Point& p : points) {
       if (!p.ttft) ++decode_points_;
-      if (!p.work.header.schedule_layers.empty())
-        ++pruned_points_, pruned_lengths_.insert(p.m->prompt_tokens);
+      if (p.pruned()) ++pruned_points_, pruned_lengths_.insert(p.m->prompt_tokens);
       if (p.model.moe()) ++moe_points_;
       if (p.ttft) ttft_lengths_.insert(p.m->prompt_tokens);
     }
@@ -648,8 +647,7 @@ class Stepwise {
   // The points a parameter can move: the pruned ones for the pruning stage cost (so one pruned
   // run among many dense ones can identify it), every point otherwise.
   bool moves(const std::string& name, size_t i) const {
-    return (name != "pruning.stage_us" && name != "pruning.key_ns") ||
-           !points_[i].work.header.schedule_layers.empty();
+    return (name != "pruning.stage_us" && name != "pruning.key_ns") || points_[i].pruned();
   }
 
   // RMS of `col`, and of the part of it that the columns of `params` at `at` cannot reproduce,
@@ -786,8 +784,7 @@ void cross_validate(const hw::Profile& base, const std::vector<Point>& points, M
     std::vector<size_t> train;
     bool pruned = false;
     for (size_t i = 0; i < n; ++i)
-      if (i % folds != k)
-        train.push_back(i), pruned = pruned || !points[i].work.header.schedule_layers.empty();
+      if (i % folds != k) train.push_back(i), pruned = pruned || points[i].pruned();
     // A fold without pruned runs cannot fit a pruning cost: it keeps the base's, as a user with
     // only those runs would.
     std::vector<std::string> params;

@@ -83,6 +83,7 @@ struct Point {
   bool ttft = true;       // else a decode latency
   double measured_s = 0;  // TTFT, or seconds per generated token
   trace::Trace work;      // the prompt, or the prompt so far plus one decoding step
+  bool pruned() const { return !work.header.schedule_layers.empty(); }  // run with a pruning schedule
 };
 
 // A Point for `m` on `model` (its decode step at context + decode_tokens / 2). Throws lp::Error

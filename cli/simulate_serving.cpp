@@ -324,6 +324,10 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
                     const std::optional<sim::Deployment>& deployment, const sim::Objectives& obj, json& out,
                     std::string& text) {
   const auto runs = request_runs(a, out);
+  // Every run is of the same workload, so one check before any of them is simulated.
+  if (!runs.empty() && a.warmup + a.cooldown >= int64_t(runs.front().second.size()))
+    usage_fail("--warmup {} and --cooldown {} leave none of the {} requests to measure", a.warmup, a.cooldown,
+               runs.front().second.size());
   json results = json::array();
   std::string request_log;
   text += fmt::format("{:<18} {:<9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}\n",
@@ -338,9 +342,6 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
                                                : sim::simulate_serving(c, hw, prec, m, cfg, reqs);
         // --warmup and --cooldown as shares of the requests this run holds (a pipeline's or
         // data-parallel group's share: the same share of its own).
-        if (a.warmup + a.cooldown >= int64_t(reqs.size()))
-          usage_fail("--warmup {} and --cooldown {} leave none of the {} requests to measure", a.warmup,
-                     a.cooldown, reqs.size());
         const size_t held = run.requests.size();
         const double sent = double(reqs.size());  // (a structured binding: clang 14 cannot capture it)
         const auto held_share = [held, sent](int64_t n) {

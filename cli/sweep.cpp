@@ -72,8 +72,8 @@ int sweep_here(const SweepArgs& a, const mpi::World* world) {
     }
   // The output, locked for this run (a second sweep on it is refused). Resume: keep every complete
   // row already written and cut a torn last line off (a run killed mid-row); rows are appended.
-  // Under mpirun only rank 0 opens it and tells the others which rows are done.
-  // Rank 0 tells the others the rows done, or that it failed (so that every rank stops alike).
+  // Under mpirun only rank 0 opens it; it tells the others the rows done, or that it failed (so
+  // that every rank stops alike).
   std::optional<AppendFile> out;
   report::SweepProgress progress;
   std::exception_ptr failed;

@@ -4,26 +4,28 @@
 
 #include "model/error.h"
 #include "model/json_checks.h"
+#include "reports/accuracy.h"
 
 namespace lp::report {
 namespace {
 
 using json = nlohmann::json;
 
-std::string accuracy_words(const json& row, const std::string& where) {
+// A row's accuracy evidence in words (as accuracy_words writes the report's), from what plan wrote:
+// its rows, or the words "accuracy not measured"; empty for an unpruned row.
+std::string accuracy_of(const json& row, const std::string& where) {
   if (!row.contains("accuracy")) return "";
   const json& a = row["accuracy"];
   if (a.is_string()) return a.get<std::string>();
   if (!a.is_array()) fail("{}: field 'accuracy' must be a string or an array", where);
-  std::string out;
+  std::vector<AccuracyEvidence> rows;
   for (const json& e : a) {
     if (!e.is_object()) fail("{}: an 'accuracy' entry must be an object", where);
-    out += fmt::format("{}{} at {} tokens: {} {:.4g} ({:+.4g}, {} samples)", out.empty() ? "" : "; ",
-                       json_field<std::string>(e, "task", where), json_field<int64_t>(e, "length", where),
-                       json_field<std::string>(e, "metric", where), json_field<double>(e, "value", where),
-                       json_field<double>(e, "change", where), json_field<int64_t>(e, "samples", where));
+    rows.push_back({json_field<std::string>(e, "task", where), json_field<std::string>(e, "metric", where),
+                    json_field<int64_t>(e, "length", where), json_field<double>(e, "value", where),
+                    json_field<double>(e, "change", where), json_field<int64_t>(e, "samples", where)});
   }
-  return out.empty() ? "accuracy not measured" : out;
+  return accuracy_words(rows);
 }
 
 PlanRow read_row(const json& r, const std::string& where) {
@@ -43,7 +45,7 @@ PlanRow read_row(const json& r, const std::string& where) {
   for (const double v :
        {row.rate_per_s, row.tokens_per_s_per_gpu, row.tokens_per_s_per_user, row.ttft_p90_ms, row.itl_p90_ms})
     if (!std::isfinite(v) || v < 0) fail("{}: figures must be finite and not negative, got {}", where, v);
-  row.accuracy = accuracy_words(r, where);
+  row.accuracy = accuracy_of(r, where);
   return row;
 }
 

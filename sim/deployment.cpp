@@ -67,10 +67,9 @@ class PoolRun {
   void send(size_t idx, double t) { loops_[pick(idx, t)]->arrive(idx, t); }
   // The busy engine furthest behind: its index and clock (none: SIZE_MAX, infinity).
   std::pair<size_t, double> furthest_behind() const {
-    std::pair<size_t, double> at{SIZE_MAX, HUGE_VAL};
-    for (size_t k = 0; k < loops_.size(); ++k)
-      if (loops_[k]->busy() && loops_[k]->now() < at.second) at = {k, loops_[k]->now()};
-    return at;
+    const EventLoop* first = detail::furthest_behind(ptrs_);
+    if (!first) return {SIZE_MAX, HUGE_VAL};
+    return {size_t(std::find(ptrs_.begin(), ptrs_.end(), first) - ptrs_.begin()), first->now()};
   }
   // One iteration of engine k: the requests that finished in it, and when it ended.
   std::pair<std::vector<size_t>, double> step(size_t k) {

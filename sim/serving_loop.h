@@ -422,11 +422,11 @@ class EventLoop {
     if (!cache_ || cache_ns_ == 0) return {};
     const int64_t B = cfg_.prefix_block_tokens;
     const ServingRequest& r = reqs_[idx];
-    if (r.cached_tokens >= 0) {  // a replayed hit: the copies of the blocks it did not have, priced
+    if (r.cached_tokens >= 0) {   // a replayed hit: the copies of the blocks it did not have, priced
+      if (on_demand_) return {};  // (on demand, blocks are handed over, not copied)
       const int64_t T = r.prompt_tokens, have = std::min(r.cached_tokens, T - 1) / B;
       const int64_t prompt_blocks = T / B, blocks = n / B;
       const double share = cache_ns_ == 2 ? cold_share_ : 1.0;
-      if (on_demand_) return {};
       if (n <= T)
         copy_bytes_ += double(std::max<int64_t>(prompt_blocks - have, 0)) * block_bytes(share);
       else
@@ -891,12 +891,6 @@ class EventLoop {
   }
 };
 
-// Sends requests to engines as their clients send them, each at its arrival or, with `clients`
-// > 0, when one of the clients is free (its last request finished), and steps the engines in time
-// order: before a request is sent at t, every engine has run the iterations that start before t
-// (an engine sees a request sent during an iteration at that iteration's end, as the server's
-// scheduler does). `route(idx, t)` picks the engine of request idx sent at t. `on_finish(idx)`,
-// when given, hears of each request as it finishes.
 // The clients of a run (ServingConfig::clients): open loop (0), each request sent at its arrival;
 // closed loop (n > 0), at its arrival or, when all n are busy, as the first of them is free again.
 class Clients {
@@ -921,6 +915,20 @@ class Clients {
   std::priority_queue<double, std::vector<double>, std::greater<>> free_;
 };
 
+// The busy engine among `loops` whose clock is furthest behind (nullptr: none is busy).
+inline EventLoop* furthest_behind(std::span<EventLoop* const> loops) {
+  EventLoop* first = nullptr;
+  for (EventLoop* l : loops)
+    if (l->busy() && (!first || l->now() < first->now())) first = l;
+  return first;
+}
+
+// Sends requests to engines as their clients send them, each at its arrival or, with `clients`
+// > 0, when one of the clients is free (its last request finished), and steps the engines in time
+// order: before a request is sent at t, every engine has run the iterations that start before t
+// (an engine sees a request sent during an iteration at that iteration's end, as the server's
+// scheduler does). `route(idx, t)` picks the engine of request idx sent at t. `on_finish(idx)`,
+// when given, hears of each request as it finishes.
 template <class Route>
 void drive(std::span<EventLoop* const> loops, std::span<const ServingRequest> reqs, int64_t clients,
            Route route, const std::function<void(size_t)>& on_finish = {}) {
@@ -928,9 +936,7 @@ void drive(std::span<EventLoop* const> loops, std::span<const ServingRequest> re
   size_t next = 0;
   for (;;) {
     const double send = next < reqs.size() ? senders.send_time(reqs[next]) : HUGE_VAL;
-    EventLoop* first = nullptr;  // the busy engine furthest behind
-    for (EventLoop* l : loops)
-      if (l->busy() && (!first || l->now() < first->now())) first = l;
+    EventLoop* first = furthest_behind(loops);
     if (first && first->now() < send) {
       for (const size_t idx : first->step()) {
         senders.release(first->now());

@@ -25,11 +25,6 @@ int alone_or_ranks(Body&& body) {
   return rc;
 }
 
-// Whether item i is this rank's.
-inline bool owns(const World& w, size_t i) {
-  return i % size_t(w.size()) == size_t(w.rank());
-}
-
 // Every rank's `mine`, in rank order, on rank 0 (elsewhere empty). Throws lp::Error when the
 // ranks' bytes together pass MPI's 2 GiB count or the gather does not finish within `timeout_s`.
 std::vector<std::string> gather_to_first(const World& w, const std::string& mine, double timeout_s);

@@ -172,18 +172,25 @@ TEST(EngineSchedulers, PreemptionUnderLoadKeepsEveryRequest) {
   EXPECT_EQ(preempted, run.preemptions);
 }
 
+// K/V on demand in 16-token blocks with a prefix cache of 16-token blocks, a budget of `tokens`
+// tokens' K/V.
+World on_demand_with_cache(int64_t tokens) {
+  World s;
+  s.cfg.kv_mode = Kv::OnDemand;
+  s.cfg.kv_block = s.cfg.prefix_block_tokens = 16;
+  s.cfg.prefix_cache = true;
+  s.cfg.kv_budget_bytes =
+      double(tokens) * double(s.c.n_layer) * double(s.c.kv_token_elems()) * s.cfg.kv_element_bytes;
+  return s;
+}
+
 // K/V on demand with a prefix cache (vLLM's automatic prefix caching): blocks are shared in place.
 // Seven requests reading one request's 1,024-token prefix fit a budget that holds the prefix once
 // and their own tokens (copies would need 7 x 1,104 tokens): every one is admitted on arrival with
 // the prefix's 64 blocks as its hit, none preempted, the budget never exceeded, and each prefills
 // only its own 16 tokens (its TTFT well under the cold one's).
 TEST(EngineSchedulers, OnDemandPrefixCacheReadsSharedBlocksInPlace) {
-  World s;
-  s.cfg.kv_mode = Kv::OnDemand;
-  s.cfg.kv_block = s.cfg.prefix_block_tokens = 16;
-  s.cfg.prefix_cache = true;
-  const double per_token = double(s.c.n_layer) * double(s.c.kv_token_elems()) * s.cfg.kv_element_bytes;
-  s.cfg.kv_budget_bytes = (1024 + 7 * 96 + 160) * per_token;
+  World s = on_demand_with_cache(1024 + 7 * 96 + 160);
   std::vector<ServingRequest> reqs(8, ServingRequest{0, 1040, 64});
   for (size_t i = 0; i < reqs.size(); ++i) {
     reqs[i].shared_group = 0, reqs[i].shared_tokens = 1024;
@@ -209,12 +216,7 @@ TEST(EngineSchedulers, OnDemandPrefixCacheReadsSharedBlocksInPlace) {
 // request decodes, four short distinct ones come and go, their blocks filling the cache; the long
 // one's growth to 2,700 tokens of a 3,200-token budget evicts them rather than preempting itself.
 TEST(EngineSchedulers, OnDemandCacheEvictsBeforePreempting) {
-  World s;
-  s.cfg.kv_mode = Kv::OnDemand;
-  s.cfg.kv_block = s.cfg.prefix_block_tokens = 16;
-  s.cfg.prefix_cache = true;
-  const double per_token = double(s.c.n_layer) * double(s.c.kv_token_elems()) * s.cfg.kv_element_bytes;
-  s.cfg.kv_budget_bytes = 3200 * per_token;
+  World s = on_demand_with_cache(3200);
   std::vector<ServingRequest> reqs{{0, 1500, 1200}};
   for (int i = 1; i <= 4; ++i) reqs.push_back({0.5 * i, 700, 16});
   const sim::ServingRun run = s.run(reqs);
