@@ -4,7 +4,8 @@
 //
 // Prefill: one forward pass over N prompt tokens (logits for the last row only), fresh KV cache
 // each iteration. Counters: tokens/s and GFLOP/s, FLOPs from model/ops (prefill_flops, the same
-// counting the simulator uses). Decode: tokens/s of single-token steps after a 512-token prompt.
+// counting the simulator uses). Decode: tokens/s of single-token steps after a 512- and a 4,096-token
+// prompt, with the bytes a step reads and their share of the machine's read bandwidth.
 // Before timing, the last-row logits are checked against a second run of the f32 path (same
 // weights, tokens and positions): f32 must be bitwise repeatable, bf16 must agree on the argmax,
 // int8's logits must correlate with f32's at 0.99 or more. A model whose f32 copy would take more
@@ -21,6 +22,7 @@
 #include <numeric>
 #include <random>
 
+#include "bench/ceiling.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "kernels/context.h"
@@ -114,8 +116,10 @@ void BM_Prefill(benchmark::State& st, lp::DType dt) {
   st.counters["peak_rss_mib"] = lp::peak_rss_mib();
 }
 
+// BM_Decode/<dtype>/<context>/<steps>: `steps` tokens after a prompt of `context`; bytes a step
+// reads (weights and K/V at the steps' mean context) and their rate against the read ceiling.
 void BM_Decode(benchmark::State& st, lp::DType dt) {
-  const int64_t N = 512, steps = st.range(0);
+  const int64_t N = st.range(0), steps = st.range(1);
   const lp::Model& m = model(dt);
   const auto ids = prompt(N, m.config().n_vocab);
   lp::Session s(ctx(), m, N + steps);
@@ -123,17 +127,23 @@ void BM_Decode(benchmark::State& st, lp::DType dt) {
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
   const int64_t last = N - 1, row = 0;
+  lp::bench::Stopwatch clock;
   for (auto _ : st) {
     st.PauseTiming();
     s.reset();
     s.forward(ids, pos, {&last, 1}, logits.data());
     st.ResumeTiming();
+    clock.start();
     for (int64_t i = 0; i < steps; ++i) {
       const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
       s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data());
     }
+    clock.stop();
   }
   st.counters["tokens/s"] = benchmark::Counter(double(steps), benchmark::Counter::kIsIterationInvariantRate);
+  const double bytes =
+      lp::bench::decode_step_bytes(m, double(N) + double(steps) / 2, s.backend().kv_element_bytes());
+  lp::bench::bandwidth_counters(st, bytes, double(steps) * double(st.iterations()), clock.seconds());
   st.counters["peak_rss_mib"] = lp::peak_rss_mib();
 }
 
@@ -161,8 +171,20 @@ BENCHMARK_CAPTURE(BM_Prefill, int8, lp::DType::Int8)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_Decode, f32, lp::DType::F32)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Decode, bf16, lp::DType::BF16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Decode, int8, lp::DType::Int8)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode, f32, lp::DType::F32)
+    ->Args({512, 32})
+    ->Args({4096, 32})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode, bf16, lp::DType::BF16)
+    ->Args({512, 32})
+    ->Args({4096, 32})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode, int8, lp::DType::Int8)
+    ->Args({512, 32})
+    ->Args({4096, 32})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace

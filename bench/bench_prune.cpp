@@ -22,6 +22,7 @@
 #include <numeric>
 #include <string>
 
+#include "bench/ceiling.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "kernels/context.h"
@@ -180,6 +181,11 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
     st.counters["total_vs_none"] = (prefill + kSteps * step) / (n.prefill + kSteps * n.step);
   }
   st.counters["step_ms"] = step * 1e3;
+  // An unpruned step's reads (weights and all K/V) at the rate this step ran: what a pruned step's
+  // time costs against the memory wall.
+  lp::bench::bandwidth_counters(
+      st, lp::bench::decode_step_bytes(m, double(N + kSteps / 2), s.backend().kv_element_bytes()),
+      double(kSteps) * it, decode);
   st.counters["rows_per_step"] = rows / it / kSteps;
 }
 

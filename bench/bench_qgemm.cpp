@@ -17,7 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "bench/ceiling.h"
 #include "kernels/context.h"
+#include "kernels/cpu/membw.h"
 #include "kernels/cpu/qgemm.h"
 #include "model/quant.h"
 #include "tests/random_blocks.h"
@@ -198,5 +200,55 @@ void packed_shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_QGemmPacked)->Apply(packed_shapes);
+
+}  // namespace
+
+namespace {
+
+// BM_QGemv/type/K/N: one decoding row through Llama-3.1-8B's layer matrices (qkv 4096 -> 6144,
+// gate|up 4096 -> 28672, down 14336 -> 4096) in each weight type, as the CPU backend holds them
+// (packed at load where qpack packs the type on this CPU, else the blocks as stored), the kernel
+// best_qkernel picks. The weights cycle through copies that fill max(1 GiB, 4 x the last-level
+// cache), so each call reads its matrix from DRAM as a decoding step does. Counters: the weights'
+// GB/s and their share of the read ceiling (bench/ceiling.h).
+void BM_QGemv(benchmark::State& st) {
+  const auto t = lp::GgmlType(st.range(0));
+  const int64_t K = st.range(1), N = st.range(2);
+  lp::CpuContext ctx(2);
+  const lp::QKernel k = lp::best_qkernel();
+  const int64_t bytes = *lp::type_bytes(t, K) * N;
+  const int64_t copies = std::max<int64_t>(2, (lp::default_bandwidth_bytes() + bytes - 1) / bytes);
+  std::vector<std::vector<uint8_t>> ws(static_cast<size_t>(copies));
+  ws[0].resize(static_cast<size_t>(bytes));
+  lp::testing::fill_random_blocks(t, ws[0].data(), bytes / lp::type_info(uint32_t(t))->block_bytes, 1, 0.01f);
+  for (size_t i = 1; i < ws.size(); ++i) ws[i] = ws[0];  // the same values: it is the traffic that counts
+  std::vector<std::shared_ptr<const lp::QPacked>> packs;
+  for (auto& w : ws)  // the blocks stay (the engine's stay mapped), but only the packs are read
+    packs.push_back(k == lp::QKernel::Avx512Vnni512 ? lp::qpack(ctx, t, w.data(), N, K) : nullptr);
+  std::mt19937 rng(1);
+  std::vector<float> a(static_cast<size_t>(K)), c(static_cast<size_t>(N));
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : a) x = u(rng);
+  size_t i = 0;
+  lp::bench::Stopwatch clock;
+  clock.start();
+  for (auto _ : st) {
+    const lp::QPart part{t, N, ws[i].data(), packs[i].get()};
+    lp::qgemm(ctx, k, a.data(), 1, K, {&part, 1}, K, c.data(), N);
+    i = (i + 1) % ws.size();
+  }
+  clock.stop();
+  st.SetLabel(std::string(lp::type_info(uint32_t(t))->name) + (packs[0] ? " packed " : " as stored ") +
+              lp::qkernel_name(k));
+  lp::bench::bandwidth_counters(st, double(bytes), double(st.iterations()), clock.seconds());
+}
+void gemv_shapes(benchmark::internal::Benchmark* b) {
+  for (const lp::GgmlType t : {lp::GgmlType::Q4_0, lp::GgmlType::Q4_1, lp::GgmlType::Q4_K, lp::GgmlType::Q5_K,
+                               lp::GgmlType::Q6_K, lp::GgmlType::Q8_0})
+    for (const auto& [K, N] : {std::pair<int64_t, int64_t>{4096, 6144}, {4096, 28672}, {14336, 4096}})
+      b->Args({int(t), K, N});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_QGemv)->Apply(gemv_shapes);
 
 }  // namespace

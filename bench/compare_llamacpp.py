@@ -7,7 +7,7 @@ repository (any llama.cpp checkout: cmake -B build -DGGML_NATIVE=ON && cmake --b
 
 For each repetition it alternates the engines, so a noisy machine hurts them alike:
   lazyprefill  build/lp_bench BM_Prefill/<dtype>/N (one forward pass over N tokens, fresh KV cache)
-               and BM_Decode/<dtype>/32 (32 single-token steps after a 512-token prompt), the
+               and BM_Decode/<dtype>/512/32 (32 single-token steps after a 512-token prompt), the
                model given by LAZYPREFILL_MODEL;
   llama.cpp    llama-bench -p N -n 0 (prompt processing) and -p 0 -n 32 -d 512 (32 generated tokens
                after a 512-token context), once with its defaults (micro-batch 512, flash attention
@@ -65,7 +65,7 @@ def main():
     lengths = [int(t) for t in a.tokens.split(",")]
     cases = [(f"pp{n}", f"BM_Prefill/{a.dtype}/{n}/min_time:2.000/real_time", ["-p", str(n), "-n", "0"])
              for n in lengths]
-    cases.append(("tg32@512", f"BM_Decode/{a.dtype}/32/real_time", ["-p", "0", "-n", "32", "-d", "512"]))
+    cases.append(("tg32@512", f"BM_Decode/{a.dtype}/512/32/real_time", ["-p", "0", "-n", "32", "-d", "512"]))
     samples = {c[0]: {"lazyprefill": [], "llama.cpp": [], "llama.cpp -fa 1": []} for c in cases}
     commit = "?"
     for rep in range(a.reps):

@@ -353,36 +353,62 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
 
 std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t* W, int64_t N, int64_t K) {
   if (!qkernel_supported(QKernel::Avx512Vnni512) || !packs(t) || K % kQBlock != 0 || N <= 0) return {};
+  const bool kq = is_kquant(t);
+  if (kq && K % 256 != 0) return {};
   using qk::avx512::kLanes, qk::avx512::kNV, qk::avx512::kPanel;
   auto P = std::make_shared<QPacked>();
   const bool nibbles = t != GgmlType::Q8_0;
-  const int groups = nibbles ? 4 : 8, off = unsigned_offset(t);
+  const int groups = nibbles ? 4 : 8, off = unsigned_offset(t), planes = high_planes(t);
   const int64_t nb = K / kQBlock, panels = (N + kPanel - 1) / kPanel, row_bytes = *type_bytes(t, K);
-  P->type = t, P->N = N, P->nb = nb, P->panel_bytes = nb * kNV * groups * 64;
-  P->w.resize(panels * P->panel_bytes);
-  P->d.resize(panels * nb * kPanel);
-  if (block_has_min(t)) P->m.resize(panels * nb * kPanel);
+  const qk::KPanelLayout L = qk::kpanel_layout(t, kLanes, kNV);
+  P->type = t, P->N = N, P->nb = nb;
+  P->panel_bytes = kq ? nb / 8 * L.super() : nb * kNV * groups * 64;
+  P->w.resize(panels * P->panel_bytes);  // zeroed: lanes past N stay 0
+  if (!kq) P->d.resize(panels * nb * kPanel);
+  if (!kq && block_has_min(t)) P->m.resize(panels * nb * kPanel);
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), panels, [&](int64_t p) {
-      uint8_t* pw = P->w.data() + p * P->panel_bytes;
+      uint8_t* const panel = P->w.data() + p * P->panel_bytes;
       for (int64_t n = p * kPanel; n < std::min(N, (p + 1) * kPanel); ++n) {
-        const int j = int(n % kPanel) / kLanes, lane = int(n % kLanes);
+        const int j = int(n % kPanel) / kLanes, lane = int(n % kLanes), lane_at = j * kLanes + lane;
         const uint8_t* row = W + n * row_bytes;
         for (int64_t b = 0; b < nb; ++b) {
+          // Where block b's weights go (and, for a K-quant, its high planes and multipliers).
+          uint8_t* blk =
+              kq ? panel + (b / 8) * L.super() + L.head + (b % 8) * L.block : panel + b * kNV * groups * 64;
           int8_t v[kQBlock];
           decode_scalar(t, row, b, v);
-          uint8_t u[kQBlock];  // the unsigned form vpdpbusd multiplies
-          for (int e = 0; e < kQBlock; ++e) u[e] = uint8_t(v[e] + off);
-          // Group g is elements 4g..4g+3; with nibbles, groups 2q and 2q + 1 share byte q's halves.
+          // Group g is elements 4g..4g+3 in their unsigned form (what vpdpbusd multiplies); with
+          // nibbles, groups 2q and 2q + 1 share byte q's halves.
           for (int g = 0; g < 8; ++g)
             for (int i = 0; i < 4; ++i) {
-              uint8_t* at = pw + ((b * kNV + j) * groups + (nibbles ? g / 2 : g)) * 64 + lane * 4 + i;
-              *at |= uint8_t(nibbles && g % 2 ? u[4 * g + i] << 4 : u[4 * g + i]);
+              const int x = v[4 * g + i] + off, at = lane * 4 + i;
+              if (!nibbles) {
+                blk[(j * 8 + g) * 64 + at] = uint8_t(x);
+                continue;
+              }
+              blk[(j * 4 + g / 2) * 64 + at] |= uint8_t(g % 2 ? (x & 15) << 4 : x & 15);
+              if (planes == 1) blk[L.hi + j * 64 + at] |= uint8_t((x >> 4) << g);
+              if (planes == 2) blk[L.hi + (j * 2 + g / 4) * 64 + at] |= uint8_t((x >> 4) << (2 * (g % 4)));
             }
-          const uint8_t* blk = row + b * block_bytes(t);
-          const int64_t at = (p * nb + b) * kPanel + j * kLanes + lane;
-          P->d[at] = load_u16(blk);
-          if (block_has_min(t)) P->m[at] = load_u16(blk + 2);
+          if (!kq) {
+            const uint8_t* src = row + b * block_bytes(t);
+            P->d[(p * nb + b) * kPanel + lane_at] = load_u16(src);
+            if (block_has_min(t)) P->m[(p * nb + b) * kPanel + lane_at] = load_u16(src + 2);
+            continue;
+          }
+          const uint8_t* sb = row + (b / 8) * block_bytes(t);
+          auto* head = reinterpret_cast<uint16_t*>(panel + (b / 8) * L.super());  // 64-byte aligned
+          if (t == GgmlType::Q6_K) {
+            head[lane_at] = load_u16(sb + 208);
+            for (int h = 0; h < 2; ++h) blk[L.sc + h * kPanel + lane_at] = sb[192 + 2 * (b % 8) + h];
+          } else {
+            head[lane_at] = load_u16(sb), head[kPanel + lane_at] = load_u16(sb + 2);
+            int sc = 0, mn = 0;
+            kquant_scale_min(sb + 4, int(b % 8), sc, mn);
+            blk[L.sc + lane_at] = uint8_t(sc);
+            blk[L.mn + lane_at] = uint8_t(mn);
+          }
         }
       }
     });

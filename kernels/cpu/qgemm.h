@@ -6,7 +6,7 @@
 //
 // Four kernels compute every product, chosen at run time (never assumed from the build): AVX-512
 // VNNI (`vpdpbusd`) 512-bit, with 16 outputs across a vector's lanes over weights packed per panel
-// of 32 outputs (once at load for Q8_0, Q4_0 and Q4_1: qpack; else per call for 16 rows or more,
+// of 32 outputs (once at load for every type but Q5_0 and Q5_1: qpack; else per call for 16 rows or more,
 // fewer running its 256-bit tiles), and 256-bit; AVX2 (`vpmaddubsw`
 // + `vpmaddwd`); and a scalar twin that is kept as the reference. All of them give bitwise the same
 // result: per block (per 16-element half for Q6_K, which has a scale for each) the integer dot

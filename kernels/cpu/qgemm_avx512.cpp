@@ -108,24 +108,68 @@ struct BytePanel {
   __m512 m(int64_t b, int j) const { return _mm512_loadu_ps(pm + (b * kNV + j) * kLanes); }
   void prefetch(int64_t) const {}  // packed per call: in cache
 };
-// A panel as qpack keeps it (QPacked, qgemm_kernels.h): Q4_0 and Q4_1 as nibbles, groups 2q and 2q + 1 in
-// the low and high halves of 64 bytes [nb][kNV][4][64]; Q8_0 as BytePanel's bytes; the f16 scales
-// and minima of the file, [nb][kNV][16] each, widened in registers (exactly).
+// A panel as qpack keeps it (QPacked, qgemm_kernels.h): nibbles (and Q5_K's and Q6_K's high bits
+// beside them) joined into bytes in registers, the f16 scales widened there (exactly), a
+// K-quant's block scale d * sc and minimum -(dmin * mn) multiplied there as block_scale does (one
+// rounding each), so every lane holds the values the per-call panel holds.
 template <GgmlType T>
 struct PackedPanel {
-  static constexpr bool kNibbles = T != GgmlType::Q8_0;
+  static constexpr bool kNibbles = T != GgmlType::Q8_0, kK = is_kquant(T);
+  static constexpr int kPlanes = high_planes(T);
+  static constexpr KPanelLayout kL = kpanel_layout(T, kLanes, kNV);
   const uint8_t* pw;
-  const uint16_t *pd, *pm;
-  __m512i w(int64_t b, int j, int g) const {
-    if constexpr (!kNibbles) return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64);
-    const __m512i x = _mm512_load_si512(pw + ((b * kNV + j) * 4 + g / 2) * 64);
-    return _mm512_and_si512(g % 2 ? _mm512_srli_epi16(x, 4) : x, _mm512_set1_epi8(15));
+  const uint16_t *pd, *pm;  // the simple types'
+  // Where block b's weights start (a K-quant's: in its super-block, after the head).
+  const uint8_t* at(int64_t b) const {
+    if constexpr (kK) return pw + (b >> 3) * kL.super() + kL.head + (b & 7) * kL.block;
+    return pw + b * kNV * (kNibbles ? 4 : 8) * 64;
   }
-  __m512 d(int64_t b, int, int, int j) const {
-    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pd + (b * kNV + j) * kLanes)));
+  const uint16_t* head(int64_t b) const {
+    return reinterpret_cast<const uint16_t*>(pw + (b >> 3) * kL.super());
+  }
+  __m512i w(int64_t b, int j, int g) const {
+    const uint8_t* blk = at(b);
+    if constexpr (!kNibbles) return _mm512_load_si512(blk + (j * 8 + g) * 64);
+    const __m512i x = _mm512_load_si512(blk + (j * 4 + g / 2) * 64);
+    const __m512i lo = _mm512_and_si512(g % 2 ? _mm512_srli_epi16(x, 4) : x, _mm512_set1_epi8(15));
+    if constexpr (kPlanes == 1) {  // bit g of each byte: 16 more
+      const __m512i h = _mm512_load_si512(blk + kL.hi + j * 64);
+      return _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(h, _mm512_set1_epi8(char(1 << g))), lo,
+                                  _mm512_set1_epi8(16));
+    } else if constexpr (kPlanes == 2) {  // bits 2 (g % 4) and up of plane g / 4, as bits 4-5
+      const __m512i h = _mm512_load_si512(blk + kL.hi + (j * 2 + g / 4) * 64);
+      const int k = g % 4;
+      const __m512i sh = k == 0   ? _mm512_slli_epi16(h, 4)
+                         : k == 1 ? _mm512_slli_epi16(h, 2)
+                         : k == 2 ? h
+                                  : _mm512_srli_epi16(h, 2);
+      return _mm512_or_si512(lo, _mm512_and_si512(sh, _mm512_set1_epi8(0x30)));
+    } else {
+      return lo;
+    }
+  }
+  __m512 d(int64_t b, int S, int h, int j) const {
+    if constexpr (!kK)
+      return _mm512_cvtph_ps(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(pd + (b * kNV + j) * kLanes)));
+    const __m512 dd =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head(b) + j * kLanes)));
+    const __m128i sc =
+        _mm_load_si128(reinterpret_cast<const __m128i*>(at(b) + kL.sc + (h * kNV + j) * kLanes));
+    const __m512i v = T == GgmlType::Q6_K ? _mm512_cvtepi8_epi32(sc) : _mm512_cvtepu8_epi32(sc);
+    (void)S;
+    return _mm512_mul_ps(dd, _mm512_cvtepi32_ps(v));
   }
   __m512 m(int64_t b, int j) const {
-    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pm + (b * kNV + j) * kLanes)));
+    if constexpr (!kK)
+      return _mm512_cvtph_ps(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(pm + (b * kNV + j) * kLanes)));
+    const __m512 dm =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head(b) + kPanel + j * kLanes)));
+    const __m128i mn = _mm_load_si128(reinterpret_cast<const __m128i*>(at(b) + kL.mn + j * kLanes));
+    const __m512 prod = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+    return _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(prod), _mm512_set1_epi32(int(0x80000000u))));
   }
   // Block b + kAhead's lines, read from memory into L2 while block b multiplies. Into L2 and 8 blocks
   // ahead rather than into L1 and 4: a decoding GEMV streams its weights at the rate the core keeps
@@ -133,12 +177,22 @@ struct PackedPanel {
   // (AMD EPYC Zen 4, 2 threads, 2026-11-27, alternated runs of `run --dtype int8`: decoding
   // Qwen3-0.6B-shaped Q8_0 32.6-33.1 -> 39.4-39.9 tokens/s, SmolLM2's Q4_1 184-229 -> 243-258, the
   // Qwen3-30B-A3B-shaped MoE file 38.8-39.8 -> 44.4-55.7; BM_QGemmPacked/8/1/576/49152 39-43 ->
-  // 49-53 Gop/s; 16 blocks ahead: 47).
-  static constexpr int64_t kAhead = 8, kLines = kNV * (kNibbles ? 4 : 8);
+  // 49-53 Gop/s; 16 blocks ahead: 47). A K-quant's block is one run of lines (its super-block's
+  // head before the first).
+  static constexpr int64_t kAhead = 8;
   void prefetch(int64_t b) const {
-    const uint8_t* p = pw + (b + kAhead) * kLines * 64;
-    for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + l * 64), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(pd + (b + kAhead) * kPanel), _MM_HINT_T1);
+    const int64_t a = b + kAhead;
+    if constexpr (kK) {
+      const uint8_t* p = at(a) - ((a & 7) == 0 ? kL.head : 0);
+      const int64_t lines = (kL.block + ((a & 7) == 0 ? kL.head : 0)) / 64;
+      for (int64_t l = 0; l < lines; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(p + l * 64), _MM_HINT_T1);
+    } else {
+      const uint8_t* p = at(a);
+      for (int64_t l = 0; l < kNV * (kNibbles ? 4 : 8); ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(p + l * 64), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(pd + a * kPanel), _MM_HINT_T1);
+    }
   }
 };
 // Rows m0..m0+MR of a panel's outputs (C points at its first output; k[j] masks the lanes that are
@@ -207,11 +261,12 @@ void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, co
 // A packed panel widened into BytePanel's storage: nibbles to bytes, f16 to f32.
 template <GgmlType T>
 void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p) {
+  constexpr int S = n_scales(T);
   uint8_t* pw = p.w;
   for (int64_t b = 0; b < nb; ++b)
     for (int j = 0; j < kNV; ++j) {
       for (int g = 0; g < 8; ++g) _mm512_store_si512(pw + ((b * kNV + j) * 8 + g) * 64, src.w(b, j, g));
-      _mm512_storeu_ps(p.d + (b * kNV + j) * kLanes, src.d(b, 1, 0, j));
+      for (int h = 0; h < S; ++h) _mm512_storeu_ps(p.d + ((b * S + h) * kNV + j) * kLanes, src.d(b, S, h, j));
       if constexpr (block_has_min(T)) _mm512_storeu_ps(p.mins + (b * kNV + j) * kLanes, src.m(b, j));
     }
 }
@@ -221,13 +276,15 @@ void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p) {
 // nibbles, 3.7 ms packing per call, BM_QGemmPacked, 2026-11-26).
 void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
                 float* C, int64_t ldc, const Scratchpad& w) {
-  const int64_t n0 = p * kPanel, scales = p * P.nb * kPanel;
+  const int64_t n0 = p * kPanel;
   const int cnt = int(std::min<int64_t>(kPanel, P.N - n0));
   with_type(P.type, [&](auto type) {
     constexpr GgmlType T = decltype(type)::value;
     if constexpr (packs(T)) {
-      const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, P.d.data() + scales,
-                               block_has_min(T) ? P.m.data() + scales : nullptr};
+      constexpr bool kq = is_kquant(T), mins = block_has_min(T);
+      const int64_t scales = p * P.nb * kPanel;
+      const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
+                               !kq && mins ? P.m.data() + scales : nullptr};
       if (!wide || !src.kNibbles) return rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
       widen<T>(src, P.nb, w);
       rows<T>(BytePanel{w.w, w.d, block_has_min(T) ? w.mins : nullptr}, qa, bias, P.nb, M, cnt, C + n0, ldc);

@@ -108,9 +108,18 @@ void with_type(GgmlType t, F&& f) {
       break;
   }
 }
-// The types the 512-bit kernel keeps packed from load (qpack).
+// The types the 512-bit kernel keeps packed from load (qpack): every type but Q5_0 and Q5_1.
 constexpr bool packs(GgmlType t) {
-  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1;
+  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K ||
+         t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+}
+constexpr bool is_kquant(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+}
+// The bits a packed type keeps above its nibbles, in planes of 64 bytes a block and vector (Q5_K's
+// fifth bit: one plane; Q6_K's two: two).
+constexpr int high_planes(GgmlType t) {
+  return t == GgmlType::Q5_K ? 1 : t == GgmlType::Q6_K ? 2 : 0;
 }
 // Four bytes as one little-endian word (a Q5_0/Q5_1 block's qh: element e's fifth bit is bit e).
 inline uint32_t load_u32(const uint8_t* p) {

@@ -17,6 +17,18 @@ namespace lp {
 // Panels of 32 outputs, each [nb][2 vectors][groups][64 bytes] of weights (groups: 4 of nibbles
 // for Q4_0 and Q4_1, 8 of bytes for Q8_0; qgemm_avx512.cpp's PackedPanel reads them) and [nb][32]
 // f16 scales and minima as the file stores them. Lanes past N are zero.
+// qpack's copy, per panel of avx512::kPanel outputs (two vectors j of 16 lanes), for block b of 32:
+// - the simple types: w holds Q8_0's unsigned bytes [nb][kNV][8 groups of 4 elements][16 lanes][4],
+//   or Q4_0's and Q4_1's nibbles [nb][kNV][4][64] (groups 2q and 2q + 1 in byte q's low and high
+//   halves); d and m their f16 scales and minima [nb][kPanel];
+// - the K-quants: one stream a panel, in w, so a decoding step reads each panel front to back: per
+//   super-block its f16 d (and dmin) [kPanel] each, then its 8 blocks, each its nibbles as above,
+//   the bits above them (Q5_K's fifth bit of group g in bit g of the byte its nibble has, one plane
+//   of [kNV][64]; Q6_K's two in bits 2 (g % 4) of plane g / 4, two planes), then its multipliers as
+//   bytes [S][kNV][16] (Q6_K's signed) and minima's [kNV][16]. So Q6_K keeps its blocks' bytes, Q4_K
+//   and Q5_K 4 bytes more per 256 weights (their 6-bit multipliers as bytes).
+//   (Kept apart in five arrays, the scale streams cost a fifth of the bandwidth: Q4_K at 60-65% of
+//   the read ceiling, 78% without them; bench BM_QGemv, 2026-11-29.)
 struct QPacked {
   GgmlType type = GgmlType::Q8_0;
   int64_t N = 0, nb = 0, panel_bytes = 0;
@@ -25,6 +37,19 @@ struct QPacked {
 };
 
 namespace qk {
+
+// A K-quant panel's layout in QPacked::w (bytes).
+struct KPanelLayout {
+  int64_t head = 0;                // a super-block's d (and dmin)
+  int64_t block = 0;               // a block: nibbles, high planes, multipliers (and minima)
+  int64_t hi = 0, sc = 0, mn = 0;  // offsets within a block
+  int64_t super() const { return head + 8 * block; }
+};
+constexpr KPanelLayout kpanel_layout(GgmlType t, int lanes, int nv) {
+  const int64_t panel = int64_t(lanes) * nv, nib = nv * 4 * 64, hi = nv * high_planes(t) * 64;
+  const int64_t sc = n_scales(t) * panel, mn = block_has_min(t) ? panel : 0;
+  return {(block_has_min(t) ? 2 : 1) * panel * 2, nib + hi + sc + mn, nib, nib + hi, nib + hi + sc};
+}
 
 // One task's working memory: weights (64-byte aligned), f32 scales and minima, and how many of
 // each a kernel needs.

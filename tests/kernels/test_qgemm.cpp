@@ -187,11 +187,13 @@ TEST(QGemm, PackedWeightsMatchTheScalarTwinBitForBit) {
   for (GgmlType t : kQuantTypes) {
     const std::vector<uint8_t> W = random_q_rows(t, N, K, 23);
     const auto packed = qpack(two, t, W.data(), N, K);
-    const bool packs = t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1;
+    const bool packs = t != GgmlType::Q5_0 && t != GgmlType::Q5_1;
     ASSERT_EQ(packed != nullptr, v512 && packs) << type_info(uint32_t(t))->name;
     if (!packed) continue;
-    // As many bytes as the blocks (f16 scales and nibbles kept), rounded up to whole panels.
-    EXPECT_EQ(qpacked_bytes(*packed), 3 * 32 * *type_bytes(t, K));
+    // As many bytes as the blocks (f16 scales, nibbles and high bits kept), rounded up to whole
+    // panels; Q4_K and Q5_K hold their 12 bytes of 6-bit multipliers a super-block as 16 bytes.
+    const int64_t extra = t == GgmlType::Q4_K || t == GgmlType::Q5_K ? 4 * K / 256 : 0;
+    EXPECT_EQ(qpacked_bytes(*packed), 3 * 32 * (*type_bytes(t, K) + extra));
     for (int64_t M : {37, 8, 7, 1}) {
       const std::vector<float> A = random_floats(M * lda, 29);
       std::vector<float> ref(size_t(M * ldc), -1.f);
