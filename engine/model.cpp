@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include "engine/memory_budget.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/vocab.h"
@@ -16,6 +17,8 @@ std::unique_ptr<Model> from_file(const std::shared_ptr<GgufFile>& file, const st
   auto tok = std::make_unique<Tokenizer>(vocab_from_gguf(f));
   if (tok->n_vocab() != c.n_vocab)
     fail("{}: tokenizer has {} tokens but the embedding has {} rows", path, tok->n_vocab(), c.n_vocab);
+  // Before any weight is copied: a file whose weights cannot fit is refused with both sizes.
+  check_weights_fit(f, dtype, memory_budget(read_memory_sources()));
   Weights w = load_weights(file, c, dtype, ctx, for_cpu);
   file->drop_metadata();  // int8 weights may keep the mapping; nothing reads the metadata again
   return std::make_unique<Model>(std::move(c), std::move(w), std::move(tok), path);
