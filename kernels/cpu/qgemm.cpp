@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cpu/qgemm_blocks.h"
@@ -358,17 +359,19 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
   using qk::avx512::kLanes, qk::avx512::kNV, qk::avx512::kPanel;
   auto P = std::make_shared<QPacked>();
   const bool nibbles = t != GgmlType::Q8_0;
-  const int groups = nibbles ? 4 : 8, off = unsigned_offset(t), planes = high_planes(t);
+  const int groups = nibbles ? 4 : 8, planes = high_planes(t);
   const int64_t nb = K / kQBlock, panels = (N + kPanel - 1) / kPanel, row_bytes = *type_bytes(t, K);
   const qk::KPanelLayout L = qk::kpanel_layout(t, kLanes, kNV);
   P->type = t, P->N = N, P->nb = nb;
   P->panel_bytes = kq ? nb / 8 * L.super() : nb * kNV * groups * 64;
-  P->w.resize(panels * P->panel_bytes);  // zeroed: lanes past N stay 0
+  P->w.resize(panels * P->panel_bytes,
+              false);  // zeroed by each panel's task (in parallel, touched first there)
   if (!kq) P->d.resize(panels * nb * kPanel);
   if (!kq && block_has_min(t)) P->m.resize(panels * nb * kPanel);
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), panels, [&](int64_t p) {
       uint8_t* const panel = P->w.data() + p * P->panel_bytes;
+      std::memset(panel, 0, size_t(P->panel_bytes));  // lanes past N stay 0
       for (int64_t n = p * kPanel; n < std::min(N, (p + 1) * kPanel); ++n) {
         const int j = int(n % kPanel) / kLanes, lane = int(n % kLanes), lane_at = j * kLanes + lane;
         const uint8_t* row = W + n * row_bytes;
@@ -376,21 +379,27 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
           // Where block b's weights go (and, for a K-quant, its high planes and multipliers).
           uint8_t* blk =
               kq ? panel + (b / 8) * L.super() + L.head + (b % 8) * L.block : panel + b * kNV * groups * 64;
-          int8_t v[kQBlock];
-          decode_scalar(t, row, b, v);
-          // Group g is elements 4g..4g+3 in their unsigned form (what vpdpbusd multiplies); with
-          // nibbles, groups 2q and 2q + 1 share byte q's halves.
-          for (int g = 0; g < 8; ++g)
-            for (int i = 0; i < 4; ++i) {
-              const int x = v[4 * g + i] + off, at = lane * 4 + i;
-              if (!nibbles) {
-                blk[(j * 8 + g) * 64 + at] = uint8_t(x);
-                continue;
-              }
-              blk[(j * 4 + g / 2) * 64 + at] |= uint8_t(g % 2 ? (x & 15) << 4 : x & 15);
-              if (planes == 1) blk[L.hi + j * 64 + at] |= uint8_t((x >> 4) << g);
-              if (planes == 2) blk[L.hi + (j * 2 + g / 4) * 64 + at] |= uint8_t((x >> 4) << (2 * (g % 4)));
+          // Group g is elements 4g..4g+3 in their unsigned form (what vpdpbusd multiplies), one 32-bit
+          // word a lane; with nibbles, groups 2q and 2q + 1 share byte q's halves, and the bits
+          // above the nibbles (at most 2, so a byte's never spill into the next) go to the planes.
+          uint32_t u[8];
+          qk::avx512::unsigned_groups(t, row, b, u);
+          const auto put = [](uint8_t* at, uint32_t word) {
+            uint32_t was;
+            std::memcpy(&was, at, 4);
+            was |= word;
+            std::memcpy(at, &was, 4);
+          };
+          for (int g = 0; g < 8; ++g) {
+            if (!nibbles) {
+              put(blk + (j * 8 + g) * 64 + lane * 4, u[g]);
+              continue;
             }
+            const uint32_t low = u[g] & 0x0f0f0f0fu, high = (u[g] >> 4) & 0x0f0f0f0fu;
+            put(blk + (j * 4 + g / 2) * 64 + lane * 4, g % 2 ? low << 4 : low);
+            if (planes == 1) put(blk + L.hi + j * 64 + lane * 4, high << g);
+            if (planes == 2) put(blk + L.hi + (j * 2 + g / 4) * 64 + lane * 4, high << (2 * (g % 4)));
+          }
           if (!kq) {
             const uint8_t* src = row + b * block_bytes(t);
             P->d[(p * nb + b) * kPanel + lane_at] = load_u16(src);

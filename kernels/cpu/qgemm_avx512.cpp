@@ -385,6 +385,13 @@ void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
   });
 }
 
+void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups) {
+  with_type(t, [&](auto type) {
+    constexpr GgmlType T = decltype(type)::value;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(groups), load_u<T, offset_of(T)>(row, b));
+  });
+}
+
 void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
             float* C, int64_t ldc, const Scratchpad& s) {
   run_packed(P, p, qa, bias, M, wide, C, ldc, s);

@@ -118,6 +118,9 @@ static inline ScratchSize packed_scratch(const QPacked& P, bool wide) {
 }
 void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
             float* C, int64_t ldc, const Scratchpad& s);
+// Block b of a row as the panels' unsigned bytes (its values plus the type's offset), element 4g + i
+// in byte i of groups[g]: what qpack lays out, decoded by the kernels' own loads.
+void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups);
 void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
           int64_t nb, int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s);
 }  // namespace avx512
