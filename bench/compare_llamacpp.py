@@ -55,14 +55,14 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--lp-bench", default="build/lp_bench")
     ap.add_argument("--dtype", default="int8", choices=["int8", "f32", "bf16"])
-    ap.add_argument("--tokens", default="512,2048,8192")
+    ap.add_argument("--tokens", default="512,2048,8192", help="prompt lengths to prefill, or none (decoding only)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", help="write every sample here")
     a = ap.parse_args()
     if not os.access(a.lp_bench, os.X_OK):
         sys.exit(f"compare_llamacpp: {a.lp_bench} is not built (cmake --build build --target benches)")
-    lengths = [int(t) for t in a.tokens.split(",")]
+    lengths = [] if a.tokens == "none" else [int(t) for t in a.tokens.split(",")]
     cases = [(f"pp{n}", f"BM_Prefill/{a.dtype}/{n}/min_time:2.000/real_time", ["-p", str(n), "-n", "0"])
              for n in lengths]
     cases.append(("tg32@512", f"BM_Decode/{a.dtype}/512/32/real_time", ["-p", "0", "-n", "32", "-d", "512"]))

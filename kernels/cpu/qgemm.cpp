@@ -364,10 +364,16 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
   const qk::KPanelLayout L = qk::kpanel_layout(t, kLanes, kNV);
   P->type = t, P->N = N, P->nb = nb;
   P->panel_bytes = kq ? nb / 8 * L.super() : nb * kNV * groups * 64;
-  P->w.resize(panels * P->panel_bytes,
-              false);  // zeroed by each panel's task (in parallel, touched first there)
+  // Not zeroed here: each panel's task zeroes its own, so the pages are touched in parallel.
+  P->w.resize(panels * P->panel_bytes, false);
   if (!kq) P->d.resize(panels * nb * kPanel);
   if (!kq && block_has_min(t)) P->m.resize(panels * nb * kPanel);
+  const auto put = [](uint8_t* at, uint32_t word) {  // ORs a lane's 4 bytes in
+    uint32_t was;
+    std::memcpy(&was, at, 4);
+    was |= word;
+    std::memcpy(at, &was, 4);
+  };
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), panels, [&](int64_t p) {
       uint8_t* const panel = P->w.data() + p * P->panel_bytes;
@@ -381,15 +387,9 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
               kq ? panel + (b / 8) * L.super() + L.head + (b % 8) * L.block : panel + b * kNV * groups * 64;
           // Group g is elements 4g..4g+3 in their unsigned form (what vpdpbusd multiplies), one 32-bit
           // word a lane; with nibbles, groups 2q and 2q + 1 share byte q's halves, and the bits
-          // above the nibbles (at most 2, so a byte's never spill into the next) go to the planes.
+          // above the nibbles (at most two, so each stays in its byte when shifted) go to the planes.
           uint32_t u[8];
           qk::avx512::unsigned_groups(t, row, b, u);
-          const auto put = [](uint8_t* at, uint32_t word) {
-            uint32_t was;
-            std::memcpy(&was, at, 4);
-            was |= word;
-            std::memcpy(at, &was, 4);
-          };
           for (int g = 0; g < 8; ++g) {
             if (!nibbles) {
               put(blk + (j * 8 + g) * 64 + lane * 4, u[g]);
