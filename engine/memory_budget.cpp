@@ -8,7 +8,6 @@
 #include "kernels/cpu/qgemm.h"
 #include "model/error.h"
 #include "model/gguf.h"
-#include "model/quant.h"
 
 namespace lp {
 

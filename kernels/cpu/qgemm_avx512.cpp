@@ -102,7 +102,7 @@ struct BytePanel {
   const uint8_t* pw;
   const float *pd, *pm;
   __m512i w(int64_t b, int j, int g) const { return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64); }
-  __m512 d(int64_t b, int S, int h, int j) const {
+  __m512 d(int64_t b, int /*S*/, int h, int j) const {
     return _mm512_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
   }
   __m512 m(int64_t b, int j) const { return _mm512_loadu_ps(pm + (b * kNV + j) * kLanes); }
@@ -148,7 +148,7 @@ struct PackedPanel {
       return lo;
     }
   }
-  __m512 d(int64_t b, int S, int h, int j) const {
+  __m512 d(int64_t b, int /*S*/, int h, int j) const {
     if constexpr (!kK)
       return _mm512_cvtph_ps(
           _mm256_load_si256(reinterpret_cast<const __m256i*>(pd + (b * kNV + j) * kLanes)));
@@ -157,7 +157,6 @@ struct PackedPanel {
     const __m128i sc =
         _mm_load_si128(reinterpret_cast<const __m128i*>(at(b) + kL.sc + (h * kNV + j) * kLanes));
     const __m512i v = T == GgmlType::Q6_K ? _mm512_cvtepi8_epi32(sc) : _mm512_cvtepu8_epi32(sc);
-    (void)S;
     return _mm512_mul_ps(dd, _mm512_cvtepi32_ps(v));
   }
   __m512 m(int64_t b, int j) const {

@@ -14,10 +14,8 @@
 
 namespace lp {
 
-// Panels of 32 outputs, each [nb][2 vectors][groups][64 bytes] of weights (groups: 4 of nibbles
-// for Q4_0 and Q4_1, 8 of bytes for Q8_0; qgemm_avx512.cpp's PackedPanel reads them) and [nb][32]
-// f16 scales and minima as the file stores them. Lanes past N are zero.
-// qpack's copy, per panel of avx512::kPanel outputs (two vectors j of 16 lanes), for block b of 32:
+// qpack's copy (qgemm_avx512.cpp's PackedPanel reads it; lanes past N are zero), per panel of avx512::kPanel
+// outputs (two vectors j of 16 lanes), for block b of 32:
 // - the simple types: w holds Q8_0's unsigned bytes [nb][kNV][8 groups of 4 elements][16 lanes][4],
 //   or Q4_0's and Q4_1's nibbles [nb][kNV][4][64] (groups 2q and 2q + 1 in byte q's low and high
 //   halves); d and m their f16 scales and minima [nb][kPanel];
@@ -27,8 +25,8 @@ namespace lp {
 //   of [kNV][64]; Q6_K's two in bits 2 (g % 4) of plane g / 4, two planes), then its multipliers as
 //   bytes [S][kNV][16] (Q6_K's signed) and minima's [kNV][16]. So Q6_K keeps its blocks' bytes, Q4_K
 //   and Q5_K 4 bytes more per 256 weights (their 6-bit multipliers as bytes).
-//   (Kept apart in five arrays, the scale streams cost a fifth of the bandwidth: Q4_K at 60-65% of
-//   the read ceiling, 78% without them; bench BM_QGemv, 2026-11-29.)
+//   (Five arrays or one stream a panel measured the same: Q4_K at 60-68% of the read ceiling,
+//   BM_QGemv, 2026-11-29; the per-block scale steps bound it, docs/cpu-kernels.md.)
 struct QPacked {
   GgmlType type = GgmlType::Q8_0;
   int64_t N = 0, nb = 0, panel_bytes = 0;
