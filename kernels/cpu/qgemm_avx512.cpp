@@ -102,7 +102,7 @@ struct BytePanel {
   const uint8_t* pw;
   const float *pd, *pm;
   __m512i w(int64_t b, int j, int g) const { return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64); }
-  __m512 d(int64_t b, int /*S*/, int h, int j) const {
+  __m512 d(int64_t b, int S, int h, int j) const {
     return _mm512_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
   }
   __m512 m(int64_t b, int j) const { return _mm512_loadu_ps(pm + (b * kNV + j) * kLanes); }
