@@ -98,7 +98,7 @@ ReadyOp prepare(const OpCase& oc, const ModelConfig& c, Backend& b) {
         const int64_t keep = (int64_t(kpos.size()) + 1) / 2;
         return {{}, [&b, kpos, keep] { benchmark::DoNotOptimize(b.select_top(kpos, keep)); }};
       }
-      return {{}, [&b, slots] { b.attention(0, slots); }};
+      return {{}, [&b, slots] { b.attention(0, slots, false); }};
     }
     case OpKind::SwiGLU:
       return {{}, [&b] { b.swiglu(); }};

@@ -101,11 +101,13 @@ BENCHMARK(BM_DecodeAttention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// BM_RevivalAttention/rows/layers: a LazyLLM decoding step's attention at a layer past a pruning step
-// (SmolLM2's heads, an f16 cache): the cache holds 70% of 3,310 prompt positions (the prefill's
-// kept tokens, in order) and then `rows - 1` revived ones appended out of order; the query rows
-// are the revived tokens and the new one, each seeing the listed keys up to its position. The
-// rows' causal lengths differ, so a key block past a row's position is work the row must skip.
+// BM_RevivalAttention/rows/layers/listed: a LazyLLM decoding step's attention at a layer past a
+// pruning step (SmolLM2's heads, an f16 cache): the cache holds 70% of 3,310 prompt positions (the
+// prefill's kept tokens, in order) and then `rows - 1` revived ones appended out of order; the
+// query rows are the revived tokens and the new one, each seeing the listed keys up to its
+// position. The step lists `listed`% of the held keys (its own selection: 70% one pruning layer
+// on, 34% three), the rows always. The rows' causal lengths differ, so a key block past a row's
+// position is work the row must skip, and so is a held key the step does not list.
 void BM_RevivalAttention(benchmark::State& st) {
   const int64_t S = 3310, R = st.range(0), H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh;
   lp::CpuContext ctx(2);
@@ -133,11 +135,15 @@ void BM_RevivalAttention(benchmark::State& st) {
     for (const int32_t p : order) kv.append(k.data() + p * KV, KV, v.data() + p * KV, KV, &p, 1);
   }
   const lp::LayerKV& kv = kvs[0];
-  std::vector<int32_t> keys = order, slots;
-  std::sort(keys.begin(), keys.end());
-  for (int32_t p : keys) slots.push_back(slot_of[size_t(p)]);
   std::vector<int32_t> qpos = revived;
   qpos.push_back(int32_t(S));
+  std::vector<int32_t> keys, slots;
+  std::bernoulli_distribution listed(double(st.range(2)) / 100);
+  for (int32_t p : held)
+    if (listed(rng)) keys.push_back(p);
+  keys.insert(keys.end(), qpos.begin(), qpos.end());
+  std::sort(keys.begin(), keys.end());
+  for (int32_t p : keys) slots.push_back(slot_of[size_t(p)]);
   lp::attention(ctx, q.data(), Q, qpos.data(), R, lp::KeySet{kv, slots}, H, out.data(), Q);
   // Check the first revived row and the new one against the reference over the same keys.
   std::vector<float> ks, vs;
@@ -171,7 +177,9 @@ void BM_RevivalAttention(benchmark::State& st) {
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_RevivalAttention)
-    ->ArgsProduct({{1, 8, 40, 200}, {1, 30}})
+    ->ArgsProduct({{1, 8, 40, 200}, {1, 30}, {100}})
+    ->Args({1, 30, 34})
+    ->Args({8, 30, 34})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

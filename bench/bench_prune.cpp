@@ -38,11 +38,14 @@ lp::CpuContext& ctx() {
   return c;
 }
 
-const lp::Model& model() {
-  static std::unique_ptr<lp::Model> m;
+// The model in f32 (BM_Prune: its FLOP counts are the ideal) or int8 (BM_PruneDecode: what `run`
+// picks for the default file on the CPU).
+const lp::Model& model(lp::DType dtype = lp::DType::F32) {
+  static std::map<lp::DType, std::unique_ptr<lp::Model>> models;
+  std::unique_ptr<lp::Model>& m = models[dtype];
   if (!m) {
     const char* env = std::getenv("LAZYPREFILL_MODEL");
-    m = lp::Model::load(env && *env ? env : lp::default_model_path(), lp::DType::F32, ctx());
+    m = lp::Model::load(env && *env ? env : lp::default_model_path(), dtype, ctx());
   }
   return *m;
 }
@@ -118,43 +121,51 @@ BENCHMARK_CAPTURE(BM_Prune, static_paper_default, lp::PolicyKind::StaticPaper, "
 
 namespace {
 
-// Decoding after a pruned prefill, 32 steps. Counters, each against `none` in the same run:
-//   slowdown_vs_none   mean decode-step time / none's
-//   late_slowdown      the same over the last 8 steps (revivals have mostly happened by then)
-//   bookkeeping_share  time in score, select and gather ops per step / none's step time: the
-//                      pruning machinery itself, without the rows it decides to compute
-//   rows_per_step      token rows computed per step, summed over layers (none: n_layer)
-//   total_vs_none      (prefill + 32 steps) / none's: the paper's at-most-once guarantee bounds
-//                      the work, not the time, since revived rows run in small GEMMs
+// Decoding after a pruned prefill: the issue's case, a 2,048-token prompt and 256 generated tokens
+// (greedy), int8 as `run` picks for the default file. Revivals cluster in the first steps; the
+// steady state is every step after the first 32. Counters, each against `none` in the same run:
+//   step_ms / steady_ms    mean decoding-step time, all steps / after the first 32
+//   slowdown_vs_none       mean step time / none's
+//   steady_slowdown        the same after the first 32 steps (target <= 1.3)
+//   first32_slowdown       the same over the first 32 (the revival burst)
+//   bookkeeping_share      time in score, select and gather ops per step / none's step time: the
+//                          pruning machinery itself, without the rows it decides to compute
+//   rows_per_step          token rows computed per step, summed over layers (none: n_layer)
+//   total_vs_none          (prefill + 256 steps) / none's (target < 1): the paper's at-most-once
+//                          rule bounds the work; whether it also bounds the time is what this says
 struct NoneDecode {
-  double prefill = 0, step = 0, late = 0;
+  double prefill = 0, first = 0, steady = 0;
 };
 std::map<int64_t, NoneDecode> g_none_decode;
 
 void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
-  constexpr int64_t kSteps = 32, kLate = 8;
+  constexpr int64_t kSteps = 256, kFirst = 32;
   const int64_t N = st.range(0);
-  const lp::Model& m = model();
+  const lp::Model& m = model(lp::DType::Int8);
   const auto [ids, pos] = prompt(N, m);
   const auto steps =
       lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer, m.config().global_layers());
   lp::Session s(ctx(), m, N + kSteps);
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
   const int64_t last = N - 1, row = 0;
-  double prefill = 0, decode = 0, late = 0, bookkeeping = 0, rows = 0;
+  double prefill = 0, first = 0, steady = 0, bookkeeping = 0, rows = 0;
   int64_t iters = 0;
+  using Clock = std::chrono::steady_clock;
+  const auto secs = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
   for (auto _ : st) {
     s.reset();
     auto policy = lp::make_policy(kind, 1);
     lp::PruneRequest req{steps, policy.get()};
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     s.forward(ids, pos, {&last, 1}, logits.data(), kind == lp::PolicyKind::None ? nullptr : &req);
-    const auto t1 = std::chrono::steady_clock::now();
-    prefill += std::chrono::duration<double>(t1 - t0).count();
+    const auto t1 = Clock::now();
+    prefill += secs(t0, t1);
     lp::OpTimers t;
-    auto tl = t1;
+    auto tf = t1;
     for (int64_t i = 0; i < kSteps; ++i) {
-      if (i == kSteps - kLate) tl = std::chrono::steady_clock::now();
+      if (i == kFirst) tf = Clock::now();
       const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
       lp::trace::Step fs;
       if (kind == lp::PolicyKind::None)
@@ -163,29 +174,34 @@ void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* sched
         s.decode_step(tok, p, logits.data(), &req, &fs, &t);
       for (int64_t r : fs.queries) rows += double(r);
     }
-    const auto t2 = std::chrono::steady_clock::now();
-    decode += std::chrono::duration<double>(t2 - t1).count();
-    late += std::chrono::duration<double>(t2 - tl).count();
+    const auto t2 = Clock::now();
+    first += secs(t1, tf);
+    steady += secs(tf, t2);
     for (lp::Op op : {lp::Op::Score, lp::Op::Select, lp::Op::Gather}) bookkeeping += t.total(op).seconds;
     ++iters;
   }
   const double it = double(iters);
   prefill /= it;
-  const double step = decode / it / kSteps, late_step = late / it / kLate;
-  if (kind == lp::PolicyKind::None) g_none_decode[N] = {prefill, step, late_step};
+  const double first_step = first / it / kFirst, steady_step = steady / it / (kSteps - kFirst);
+  const double step = (first + steady) / it / kSteps;
+  if (kind == lp::PolicyKind::None) g_none_decode[N] = {prefill, first_step, steady_step};
   if (auto f = g_none_decode.find(N); f != g_none_decode.end()) {
     const NoneDecode& n = f->second;
-    st.counters["slowdown_vs_none"] = step / n.step;
-    st.counters["late_slowdown"] = late_step / n.late;
-    st.counters["bookkeeping_share"] = bookkeeping / it / kSteps / n.step;
-    st.counters["total_vs_none"] = (prefill + kSteps * step) / (n.prefill + kSteps * n.step);
+    const double n_step = (n.first * kFirst + n.steady * (kSteps - kFirst)) / kSteps;
+    st.counters["slowdown_vs_none"] = step / n_step;
+    st.counters["steady_slowdown"] = steady_step / n.steady;
+    st.counters["first32_slowdown"] = first_step / n.first;
+    st.counters["bookkeeping_share"] = bookkeeping / it / kSteps / n_step;
+    st.counters["total_vs_none"] = (prefill + kSteps * step) / (n.prefill + kSteps * n_step);
   }
+  st.counters["prefill_ms"] = prefill * 1e3;
   st.counters["step_ms"] = step * 1e3;
+  st.counters["steady_ms"] = steady_step * 1e3;
   // An unpruned step's reads (weights and all K/V) at the rate this step ran: what a pruned step's
   // time costs against the memory wall.
   lp::bench::bandwidth_counters(
       st, lp::bench::decode_step_bytes(m, double(N + kSteps / 2), s.backend().kv_element_bytes()),
-      double(kSteps) * it, decode);
+      double(kSteps) * it, first + steady);
   st.counters["rows_per_step"] = rows / it / kSteps;
 }
 

@@ -48,10 +48,19 @@ json ops_json(const GenerateResult& r) {
   const OpTimers& p = r.prefill_ops;
   json layers = json::array();
   for (int l = 0; l < p.n_layer; ++l) layers.push_back(op_row_json(p, l));
+  json step_ms = json::array();
+  for (const double s : r.decode_step_s) step_ms.push_back(s * 1e3);
   return {
       {"prefill",
        {{"total", op_row_json(p, -1)}, {"layers", layers}, {"outside_layers", op_row_json(p, p.n_layer)}}},
-      {"decode", {{"steps", r.decode_steps}, {"total", op_row_json(r.decode_ops, -1)}}}};
+      {"decode",
+       {{"steps", r.decode_steps},
+        {"total", op_row_json(r.decode_ops, -1)},
+        {"steady",
+         {{"after_steps", kSteadyAfterSteps},
+          {"steps", std::max<int64_t>(0, r.decode_steps - kSteadyAfterSteps)},
+          {"total", op_row_json(r.decode_steady_ops, -1)}}},
+        {"step_ms", step_ms}}}};
 }
 
 }  // namespace

@@ -114,6 +114,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   loop.stop_at_end_of_generation = !forced && opt.stop_at_end_of_generation;
   loop.prune = policy ? &req : nullptr;
   loop.ops = decode_ops;
+  loop.steady_ops = time_ops ? &r.decode_steady_ops : nullptr;
   loop.record_steps = opt.record_steps;
   Decoded d = decode_tokens(s, m, T, first, logits, loop, choose);
   r.generated_ids = std::move(d.ids);
@@ -121,6 +122,7 @@ GenerateResult generate(const Model& m, std::span<const int32_t> prompt_ids, con
   r.decode_steps = d.steps;
   r.revivals = d.revivals;
   r.decode_s = d.seconds;
+  r.decode_step_s = std::move(d.step_seconds);
   r.decode_stats = std::move(d.stats);
   r.all_tokens_computed_fraction = (computed + d.computed) / (double(T + r.decode_steps) * c.n_layer);
   r.prompt_tokens_computed_fraction_after_generation =
@@ -141,7 +143,16 @@ Decoded decode_tokens(Session& s, const Model& m, int64_t prompt_tokens, int32_t
     if (int64_t(d.ids.size()) == o.n_new) break;
     const int32_t p = int32_t(prompt_tokens + int64_t(d.ids.size()) - 1);
     trace::Step st;
-    s.decode_step(next, p, logits.data(), o.prune, &st, o.ops);
+    const auto s0 = Clock::now();
+    if (o.ops && o.steady_ops && d.steps >= kSteadyAfterSteps) {
+      OpTimers step;
+      s.decode_step(next, p, logits.data(), o.prune, &st, &step);
+      o.ops->add(step);
+      o.steady_ops->add(step);
+    } else {
+      s.decode_step(next, p, logits.data(), o.prune, &st, o.ops);
+    }
+    d.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - s0).count());
     for (size_t l = 0; l < st.queries.size(); ++l) {
       d.computed += double(st.queries[l]);
       d.revivals += st.revived[l];

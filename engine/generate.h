@@ -49,6 +49,8 @@ struct GenerateResult {
   double warmup_s = 0;       // the untimed warm-up (GenerateOptions::warmup), 0 without one
   int64_t decode_steps = 0;  // forward passes after prefill
   OpTimers prefill_ops, decode_ops;
+  OpTimers decode_steady_ops;                  // the decoding steps after the first kSteadyAfterSteps
+  std::vector<double> decode_step_s;           // each decoding step's time
   std::vector<float> last_prefill_logits;      // [V] logits of the last prompt token
   std::vector<PruneStep> prune_steps;          // the schedule resolved for this model
   trace::Step prefill_stats;                   // the prefill's trace step, with its detail
@@ -76,11 +78,15 @@ struct GenerateResult {
 // token chosen after a prefill of `prompt_tokens` tokens, it feeds each token back, one decoding
 // step at a time (with `prune`: LazyLLM's re-selection and revival; without: a plain pass), and
 // asks `choose(i, logits)` for the i-th token, until the end of generation or n_new tokens.
+// LazyLLM's revivals cluster in the first decoding steps; the steps after this many are its steady
+// state (docs/pruning.md), timed apart.
+inline constexpr int64_t kSteadyAfterSteps = 32;
 struct DecodeLoop {
   int64_t n_new = 0;                      // tokens to generate, `first` included
   bool stop_at_end_of_generation = true;  // the tokenizer's end-of-generation tokens end it
   const PruneRequest* prune = nullptr;    // the prefill's pruning, re-selecting at every step
   OpTimers* ops = nullptr;                // per-op timers of the steps, or none
+  OpTimers* steady_ops = nullptr;         // with ops: the same for the steps after kSteadyAfterSteps
   bool record_steps = false;              // keep every step's trace step
 };
 struct Decoded {
@@ -90,7 +96,8 @@ struct Decoded {
   int64_t revivals = 0;
   double computed = 0;  // (token, layer) pairs the steps computed
   double seconds = 0;
-  std::vector<trace::Step> stats;  // one per step, with record_steps
+  std::vector<double> step_seconds;  // each step's
+  std::vector<trace::Step> stats;    // one per step, with record_steps
 };
 Decoded decode_tokens(Session& s, const Model& m, int64_t prompt_tokens, int32_t first,
                       std::vector<float>& logits, const DecodeLoop& o,

@@ -34,6 +34,13 @@ void OpTimers::add(int layer, Op op, double seconds, double fl, double by, doubl
   ++st.calls;
 }
 
+void OpTimers::add(const OpTimers& o) {
+  if (o.empty()) return;
+  if (empty()) init(o.n_layer, o.dtypes);
+  if (o.stat.size() != stat.size()) internal_fail("adding op timers of {} layers to {}", o.n_layer, n_layer);
+  for (size_t i = 0; i < stat.size(); ++i) stat[i].add(o.stat[i]);
+}
+
 OpStat OpTimers::total(Op op) const {
   OpStat t;
   if (!empty())
@@ -212,6 +219,15 @@ void Session::attn_norm(Pass& ps, int l) {
         [&] { be_->rmsnorm(Norm::Attn, l); });
 }
 
+// Whether the pass scores layer l after its attention (select() at a pruning layer, or a policy's
+// observe() before the first): end_layer's prune() and reselect() decide the same way.
+bool Session::scored(const Pass& ps, int l) const {
+  if (!ps.prune || !ps.prune->policy) return false;
+  const std::span<const PruneStep> steps = ps.prune->steps;
+  if (ps.next_step < steps.size() && steps[ps.next_step].layer == l) return ps.prune->policy->needs_scores();
+  return !ps.decode && ps.next_step == 0 && ps.prune->policy->observes(l);
+}
+
 // The rows' K/V are appended to the layer's cache first; they attend to the keys at positions
 // `active` (decode: ascending, all holding K/V once the rows are appended) or (forward) to every
 // key the layer holds. Leaves the key slots in slots_ (for scoring).
@@ -264,7 +280,8 @@ void Session::attend(Pass& ps, int l) {
                                 [](int64_t a, int32_t b) { return a < b; }) -
                key_pos.begin();
   }
-  timed(ps.timers, l, Op::Attention, OpShape{T, pairs, n_keys}, [&] { b.attention(l, slots_); });
+  timed(ps.timers, l, Op::Attention, OpShape{T, pairs, n_keys},
+        [&] { b.attention(l, slots_, scored(ps, l)); });
   if (ps.stats) {
     ps.stats->queries[size_t(l)] = T;
     ps.stats->keys[size_t(l)] = kv.n();

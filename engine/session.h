@@ -44,7 +44,8 @@ struct OpTimers {
   bool empty() const { return stat.empty(); }
   const OpStat& at(int layer, Op op) const { return stat[size_t(layer) * kNumOps + size_t(op)]; }
   void add(int layer, Op op, double seconds, double flops, double bytes, double rows);
-  OpStat total(Op op) const;  // over all layers
+  void add(const OpTimers& o);  // o's stats added to these (initialised like o if empty)
+  OpStat total(Op op) const;    // over all layers
   double total_seconds() const;
   double total_flops() const;
 };
@@ -257,6 +258,7 @@ class Session {
   void timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f);
   void prune(Pass& ps, int l);     // end_layer of a forward pass
   void reselect(Pass& ps, int l);  // end_layer of a decoding step
+  bool scored(const Pass& ps, int l) const;
   // What becomes of each backend row at the end of layer l: stays a row, leaves with its state (the
   // input of layer l + 1) saved to the Aux Cache, or leaves without (it has K/V there already, or
   // the layer is the last).

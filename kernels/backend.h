@@ -102,8 +102,10 @@ class Backend {
   virtual void kv_append(int layer) = 0;  // the rows' k, v into the next slots of the layer's cache
   // attn = causal attention of the rows' q over the keys in `slots` (ascending positions); empty:
   // every slot the layer holds, which are then in position order. The layer's sliding window
-  // (ModelConfig::window) hides older keys; logits scaled by ModelConfig::attention_scale.
-  virtual void attention(int layer, std::span<const int32_t> slots) = 0;
+  // (ModelConfig::window) hides older keys; logits scaled by ModelConfig::attention_scale. scored:
+  // last_row_scores(layer, slots) follows before the rows change, so a backend may keep the last
+  // row's logits from this pass for it (the CPU's does: scoring then reads no keys).
+  virtual void attention(int layer, std::span<const int32_t> slots, bool scored) = 0;
   virtual void swiglu() = 0;  // act = silu(gate) * up, or gelu(gate) * up (ModelConfig::gelu)
   // The mixture-of-experts FFN (ModelConfig::moe: Qwen3-MoE, Mixtral), in place of GateUp, swiglu and
   // Down (kernels/cpu/moe.h): route() takes the router's softmax over xn and keeps each row's

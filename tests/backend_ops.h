@@ -282,6 +282,13 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
                              c.attention_scale(), kpos.data(), pos.back(), c.window(0));
         const double e = nmse(got, ref);
         EXPECT_LE(e, f32_bound(double(S + Dh))) << case_name(oc) << " nmse " << e;
+        // After a scored attention over the same keys (the engine's order at a pruning layer; the CPU
+        // backend then scores from the attention's logits).
+        b->attention(0, given, true);
+        b->last_row_scores(0, given);
+        const double e_after = nmse(b->scores(S), ref);
+        EXPECT_LE(e_after, f32_bound(double(S + Dh)))
+            << case_name(oc) << " after attention, nmse " << e_after;
         if (oc.op == OpKind::SelectTop)
           for (const int64_t keep : {int64_t(1), (S + 1) / 2, S}) {
             // Exact: the same scores, the same order (ties to the later position).
@@ -290,7 +297,7 @@ inline void run_op_case(const OpCase& oc, const MakeOpBackend& make) {
           }
         return;
       }
-      b->attention(0, given);
+      b->attention(0, given, false);
       std::vector<float> ref(static_cast<size_t>(T * Q));
       ref::attention(q.data(), pos.data(), T, ks.data(), vs.data(), kpos.data(), S, H, Hkv, Dh, ref.data(),
                      c.attention_scale(), c.window(0));

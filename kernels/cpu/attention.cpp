@@ -26,6 +26,22 @@ namespace {
 constexpr int kTileRows = 64;  // rows per work item
 constexpr int kBlock = 64;     // keys per block (two 32-key score steps)
 constexpr int kSubRows = 8;    // rows per score microkernel call
+// A pass of few rows (a decoding step's: its kv group's heads, and the rows it revives) is split by
+// keys instead, flash-decoding style: each work item reads its chunk of the group's keys once and
+// leaves a partial softmax (running max, sum, unnormalised output) that a merge combines. Splitting
+// the rows instead had each part read all of its group's keys: a decoding step read the K/V cache
+// twice. The chunk is a fixed number of keys, never a thread count, so a row's result is the same
+// on any number of threads and alone or in a batch.
+constexpr int64_t kChunkKeys = 512;
+// The score microkernels' row granule: a block's rows start at a multiple of it (AVX2's step always
+// computes 4 rows; AVX-512's takes any count).
+#if defined(__AVX512F__)
+constexpr int kRowStep = 1;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kRowStep = 4;
+#else
+constexpr int kRowStep = 1;
+#endif
 
 struct TileRow {
   const float* q;
@@ -33,6 +49,15 @@ struct TileRow {
   int64_t len;    // keys visible to this row: a prefix of the key set (a prefix set only) ...
   int64_t start;  // ... from this one on (a sliding window's first key; 0 without a window)
   int32_t pos;    // the query's position
+  float* logits;  // the row's scaled logits per held slot, -inf where hidden (last_row_logits), or null
+};
+
+// A work item's softmax over its chunk of keys, per row: running max m, sum l, output O [Dh]
+// (not yet divided by l).
+struct Partial {
+  float* m;
+  float* l;
+  float* O;
 };
 
 // Cached keys and values are float or f16 (uint16_t, KvType::F16); these load either as f32, an
@@ -241,10 +266,30 @@ struct KeyMask {
 
 // window > 0: a key window or more positions before a row's query is hidden from it (a listed set:
 // masked key by key; a prefix set: the row's keys start at TileRow::start).
+// For one row of a score block: s[k] = -inf where vis[k] > pos (a listed key after the query, or one
+// not listed), for the n keys of the block.
+inline void hide_after(float* s, const int32_t* vis, int32_t pos, int64_t n) {
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  const __m512i vp = _mm512_set1_epi32(pos);
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  for (; k + 16 <= n; k += 16) {
+    const __mmask16 after =
+        _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(reinterpret_cast<const void*>(vis + k)), vp);
+    _mm512_storeu_ps(s + k, _mm512_mask_mov_ps(_mm512_loadu_ps(s + k), after, ninf));
+  }
+#endif
+  for (; k < n; ++k)
+    if (vis[k] > pos) s[k] = -INFINITY;
+}
+
+// Keys [kb0, kb1) of the set (kb0 a multiple of kBlock; kb1 past the end reads to it). part null:
+// the rows' outputs are final (every key was in range); else their partial softmax goes to part.
 template <class E>
 void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, float scale,
-                    const KeyMask* mask, int32_t window) {
+                    const KeyMask* mask, int32_t window, int64_t kb0, int64_t kb1, const Partial* part) {
   static_assert(kBlock == kKeyBlock, "attention's key blocks are the cache's (read in place)");
+  static_assert(kChunkKeys % kBlock == 0, "a key chunk is whole blocks");
   const LayerKV& kv = keys.kv;
   const int64_t Dh = kv.Dh;
   const auto [kt, v] = storage<E>(kv);
@@ -252,6 +297,7 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
   int64_t nk = mask ? kv.n : 0;
   if (!mask)
     for (int r = 0; r < nr; ++r) nk = std::max(nk, rows[r].len);
+  nk = std::min(nk, kb1);
   // Rows in position order (a tile's rows are token-major; tokens ascend in every pass the engine
   // runs) see a block from some row on, so the rows before it skip the block's work.
   bool ascending = true;
@@ -266,6 +312,7 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     for (int r = 1; r < nr; ++r) k_begin = std::min(k_begin, rows[r].start);
     k_begin = k_begin / kBlock * kBlock;
   }
+  k_begin = std::max(k_begin, kb0);
 
   // Tile-local state: pre-scaled queries, the score block, running max/sum, the output.
   thread_local std::vector<float> qs_buf, o_buf;
@@ -288,9 +335,9 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     if (ascending)
       while (r_lo < nr && !sees_block(r_lo, k0)) ++r_lo;
     if (r_lo == nr) continue;
-    // From a whole sub-row step: the AVX2 score step always computes 4 rows, and the row buffers
-    // are padded to kSubRows; the rows before the true r_lo get valid == 0 below.
-    r_lo = r_lo / kSubRows * kSubRows;
+    // From a whole row step (the row buffers are padded to kSubRows); the rows before the true
+    // r_lo get valid == 0 below.
+    r_lo = r_lo / kRowStep * kRowStep;
     const E* bkt = kt + kv.kt_index(g, 0, k0);  // [Dh][kBlock]
     const E* bv = v + kv.v_index(g, k0);        // [bk][Dh]
     // Scores for the block (the cache is zero past n, so the padded lanes are finite).
@@ -350,9 +397,13 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
           }
           if (seen == 0) valid = 0;
         } else if (rows[r].pos < mask->hi[k0 / kBlock]) {
-          for (int64_t k = 0; k < bk; ++k)
-            if (mask->vis[k0 + k] > rows[r].pos) sr[k] = -INFINITY;
+          hide_after(sr, mask->vis + k0, rows[r].pos, bk);
         }
+      }
+      if (rows[r].logits) {  // the scoring row's logits, before the softmax overwrites them
+        float* lg = rows[r].logits + k0;
+        std::copy(sr, sr + valid, lg);
+        std::fill(lg + valid, lg + bk, -INFINITY);
       }
       if (valid == 0) {
         std::fill(sr, sr + bk, 0.0f);
@@ -391,6 +442,12 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
         for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * load1(vk[d]);
       }
   }
+  if (part) {
+    std::copy(m, m + nr, part->m);
+    std::copy(l, l + nr, part->l);
+    std::copy(O, O + nr * Dh, part->O);
+    return;
+  }
   for (int r = 0; r < nr; ++r) {
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
     for (int64_t d = 0; d < Dh; ++d) rows[r].o[d] = O[r * Dh + d] * inv;
@@ -399,6 +456,25 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 }  // namespace
 
 namespace {
+// One head's share of the scores: p [n] its logits over the set's keys (in the set's order), turned
+// into its softmax, and scores[k] += p[k] / H.
+void add_head_scores(float* p, int64_t n, int64_t H, float* scores) {
+  float mx, sum;
+  block_softmax(p, n, n, -INFINITY, &mx, &sum);
+  const float w = 1.0f / (sum * float(H));
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) scores[k] += p[k] * w;
+}
+
+// Head h's logits over the set's keys, in the set's order, from its logits per held slot.
+void set_logits(const float* per_slot, const KeySet& keys, float* p) {
+  const int64_t n = keys.size();
+  if (keys.slots.empty())
+    std::copy(per_slot, per_slot + n, p);
+  else
+    for (int64_t k = 0; k < n; ++k) p[k] = per_slot[keys.slots[size_t(k)]];
+}
+
 template <class E>
 void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* scores, float scale,
                        int32_t q_pos, int32_t window) {
@@ -434,21 +510,13 @@ void last_row_scores_t(const float* q, const KeySet& keys, int64_t H, float* sco
     }
     // The heads in order, as the scores sum them.
     for (int64_t i = 0; i < group; ++i) {
-      const float* lg = logit.data() + i * n_held;
-      if (keys.slots.empty())
-        std::copy(lg, lg + n_held, p.begin());
-      else
-        for (int64_t k = 0; k < n_keys; ++k) p[size_t(k)] = lg[keys.slots[size_t(k)]];
+      set_logits(logit.data() + i * n_held, keys, p.data());
       if (window > 0)  // keys the last row's window leaves out get no attention
         for (int64_t k = 0; k < n_keys; ++k) {
           const int32_t kp = kv.pos[size_t(keys.slots.empty() ? k : keys.slots[size_t(k)])];
           if (int64_t(q_pos) - kp >= window) p[size_t(k)] = -INFINITY;
         }
-      float mx, sum;
-      block_softmax(p.data(), n_keys, n_keys, -INFINITY, &mx, &sum);
-      const float w = 1.0f / (sum * float(H));
-#pragma omp simd
-      for (int64_t k = 0; k < n_keys; ++k) scores[k] += p[k] * w;
+      add_head_scores(p.data(), n_keys, H, scores);
     }
   }
 }
@@ -463,8 +531,19 @@ void last_row_scores(const float* q, const KeySet& keys, int64_t H, float* score
     last_row_scores_t<float>(q, keys, H, scores, scale, q_pos, window);
 }
 
+void last_row_scores_from_logits(const float* logits, const KeySet& keys, int64_t H, float* scores) {
+  const int64_t n = keys.size();
+  std::vector<float> p(static_cast<size_t>(n));
+  std::fill(scores, scores + n, 0.0f);
+  for (int64_t h = 0; h < H; ++h) {
+    set_logits(logits + h * keys.kv.n, keys, p.data());
+    add_head_scores(p.data(), n, H, scores);
+  }
+}
+
 void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_pos, int64_t T,
-               const KeySet& keys, int64_t H, float* out, int64_t ldo, float scale, int32_t window) {
+               const KeySet& keys, int64_t H, float* out, int64_t ldo, float scale, int32_t window,
+               float* last_row_logits) {
   const LayerKV& kv = keys.kv;
   const int64_t Hkv = kv.Hkv, Dh = kv.Dh, group = H / Hkv;
   if (keys.slots.empty() && !kv.sorted)
@@ -499,33 +578,83 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
     mask = {vis.data(), lo.data(), hi.data()};
   }
   const int64_t rows_per_group = T * group;
-  // A decoding step has one tile per kv group (3 here for 2 threads): rows are split further until
-  // there are at least two tiles per thread; each row's result is the same in any tile. A split
-  // tile reads its group's keys again, so inside side_by_side (the members of a batch, every thread
-  // busy already) the rows are not split.
+  // Few rows: split the keys (kChunkKeys each; one chunk when they are fewer). Else, or when that
+  // still leaves fewer than two work items per thread, split the rows: a row's result is the same
+  // in any row tile, and a split tile reads its group's keys again, so inside side_by_side (the
+  // members of a batch, every thread busy already) the rows are not split.
+  int64_t n_read = listed ? kv.n : 0;  // the slots the tiles read
+  if (!listed)
+    for (int64_t t = 0; t < T; ++t) n_read = std::max(n_read, len[size_t(t)]);
+  const int64_t chunks =
+      rows_per_group <= kTileRows ? std::max<int64_t>(1, (n_read + kChunkKeys - 1) / kChunkKeys) : 1;
   int64_t tile_rows = kTileRows;
-  while (tile_rows > 1 && Hkv * ((rows_per_group + tile_rows - 1) / tile_rows) < 2 * ctx.split_threads())
+  while (tile_rows > 1 &&
+         Hkv * chunks * ((rows_per_group + tile_rows - 1) / tile_rows) < 2 * ctx.split_threads())
     tile_rows /= 2;
   const int64_t tiles_per_group = (rows_per_group + tile_rows - 1) / tile_rows;
   const KeyMask* mk = listed ? &mask : nullptr;
+  // The chunks' partial softmaxes: [group][tile][chunk] blocks of tile_rows rows (m, l, O).
+  const int64_t part_rows = chunks > 1 ? Hkv * tiles_per_group * chunks * tile_rows : 0;
+  std::vector<float> part_m(static_cast<size_t>(part_rows)), part_l(static_cast<size_t>(part_rows));
+  std::vector<float> part_o(static_cast<size_t>(part_rows * Dh));
+  const auto rows_of = [&](int64_t g, int64_t tile, TileRow* rows) {
+    int nr = 0;
+    for (int64_t i = tile * tile_rows; i < std::min(rows_per_group, (tile + 1) * tile_rows); ++i) {
+      const int64_t t = i / group, h = g * group + i % group;
+      float* lg = last_row_logits && t == T - 1 ? last_row_logits + h * kv.n : nullptr;
+      rows[nr++] = {
+          q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[size_t(t)], start[size_t(t)], q_pos[t], lg};
+    }
+    return nr;
+  };
+  if (last_row_logits) std::fill(last_row_logits, last_row_logits + H * kv.n, -INFINITY);
   ctx.run([&] {
     // Largest tiles (latest queries) first, so the causal imbalance evens out at the end.
-    tbb::parallel_for(int64_t(0), Hkv * tiles_per_group, [&](int64_t w) {
-      const int64_t g = w % Hkv;
-      const int64_t tile = tiles_per_group - 1 - w / Hkv;
+    tbb::parallel_for(int64_t(0), Hkv * tiles_per_group * chunks, [&](int64_t w) {
+      const int64_t c = w % chunks, g = (w / chunks) % Hkv;
+      const int64_t tile = tiles_per_group - 1 - w / (chunks * Hkv);
       TileRow rows[kTileRows];
-      int nr = 0;
-      for (int64_t i = tile * tile_rows; i < std::min(rows_per_group, (tile + 1) * tile_rows); ++i) {
-        const int64_t t = i / group, h = g * group + i % group;
-        rows[nr++] = {q + t * ldq + h * Dh, out + t * ldo + h * Dh, len[size_t(t)], start[size_t(t)],
-                      q_pos[t]};
+      const int nr = rows_of(g, tile, rows);
+      Partial part{}, *pp = nullptr;
+      if (chunks > 1) {
+        const int64_t at = ((g * tiles_per_group + tile) * chunks + c) * tile_rows;
+        part = {part_m.data() + at, part_l.data() + at, part_o.data() + at * Dh};
+        pp = &part;
       }
+      const int64_t kb0 = c * kChunkKeys, kb1 = chunks > 1 ? kb0 + kChunkKeys : n_read;
       if (kv.type == KvType::F16)
-        attention_tile<uint16_t>(rows, nr, keys, g, scale, mk, window);
+        attention_tile<uint16_t>(rows, nr, keys, g, scale, mk, window, kb0, kb1, pp);
       else
-        attention_tile<float>(rows, nr, keys, g, scale, mk, window);
+        attention_tile<float>(rows, nr, keys, g, scale, mk, window, kb0, kb1, pp);
     });
   });
+  if (chunks == 1) return;
+  // The merge: out = sum_c O_c e^(m_c - M) / sum_c l_c e^(m_c - M), M the greatest m_c (the rows
+  // no key is visible to stay 0, as a tile leaves them).
+  for (int64_t g = 0; g < Hkv; ++g)
+    for (int64_t tile = 0; tile < tiles_per_group; ++tile) {
+      TileRow rows[kTileRows];
+      const int nr = rows_of(g, tile, rows);
+      const int64_t at = (g * tiles_per_group + tile) * chunks * tile_rows;
+      for (int r = 0; r < nr; ++r) {
+        float M = -INFINITY;
+        for (int64_t c = 0; c < chunks; ++c) M = std::max(M, part_m[size_t(at + c * tile_rows + r)]);
+        float* o = rows[r].o;
+        std::fill(o, o + Dh, 0.0f);
+        if (M == -INFINITY) continue;
+        float L = 0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t i = at + c * tile_rows + r;
+          if (part_m[size_t(i)] == -INFINITY) continue;
+          const float f = std::exp(part_m[size_t(i)] - M);
+          L += part_l[size_t(i)] * f;
+          const float* oc = part_o.data() + i * Dh;
+          for (int64_t d = 0; d < Dh; ++d) o[d] += oc[d] * f;
+        }
+        const float inv = L > 0 ? 1.0f / L : 0.0f;
+        for (int64_t d = 0; d < Dh; ++d) o[d] *= inv;
+      }
+    }
 }
 
 }  // namespace lp

@@ -39,7 +39,7 @@ class CpuBackend : public Backend {
   void qk_norm(int layer) override;
   void rope(int layer) override;
   void kv_append(int layer) override;
-  void attention(int layer, std::span<const int32_t> slots) override;
+  void attention(int layer, std::span<const int32_t> slots, bool scored) override;
   void swiglu() override;
   void route(int layer) override;
   void experts(int layer) override;
@@ -77,6 +77,11 @@ class CpuBackend : public Backend {
   std::vector<int32_t> pos_;                // [T] the rows' positions
   RopeTable rope_, rope_local_;             // for pos_: global layers', sliding-window layers' (Gemma 3)
   std::vector<float> scores_;               // [n] of the last last_row_scores
+  // The last row's logits from a scored attention (kernels/cpu/attention.h): layer logits_layer_
+  // (-1: none) over logits_slots_, [H][held slots].
+  std::vector<float> logits_;
+  std::vector<int32_t> logits_slots_;
+  int logits_layer_ = -1;
   Gemm gemm_;
   // Activations, grown on demand (kernels/backend.h): x, xn, qkv, attn, ff, act, branch, and tmp
   // for row moves.

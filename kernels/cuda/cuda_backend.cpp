@@ -326,7 +326,8 @@ class CudaBackend final : public Backend {
     if (gathered_layer == l) gathered_layer = -1;
   }
 
-  void attention(int l, std::span<const int32_t> slots) override {
+  void attention(int l, std::span<const int32_t> slots,
+                 bool /*scored: scores read the keys again*/) override {
     const DLayer& L = layers[size_t(l)];
     if (slots.empty()) {
       cuda::attention(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(),

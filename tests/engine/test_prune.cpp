@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "model/quant.h"
 #include "pruning/policy.h"
 #include "pruning/schedule.h"
+#include "pruning/select.h"
 #include "tests/gguf_writer.h"
 #include "tests/reference_model.h"
 #include "tests/test_util.h"
@@ -217,6 +219,34 @@ TEST(PruningPolicy, SelectTopKeepsHighestAndLastAndBreaksTiesToLaterPositions) {
   EXPECT_EQ(select_top(pos, scores, 1), (std::vector<int64_t>{4}));
   EXPECT_EQ(select_top(pos, scores, 9), (std::vector<int64_t>{0, 1, 2, 3, 4}));
   EXPECT_THROW(parse_policy("fastest"), Error);
+}
+
+// Against the definition, a full sort by (score descending, position descending): random scores
+// with many ties, negatives, -0 beside +0 and infinities, at every n_keep.
+TEST(PruningPolicy, SelectTopIsTheFullSortsTopOnAnyScores) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t n = 1 + trial * 7;
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    std::iota(pos.begin(), pos.end(), 0);
+    std::shuffle(pos.begin(), pos.end() - 1, rng);  // any order but the last (the newest token)
+    for (int32_t& p : pos) p *= 3;
+    std::vector<float> scores(pos.size());
+    const std::vector<float> pool = {0.25f, -1.5f, 0.0f, -0.0f, 2.0f, -INFINITY, INFINITY, 1e-30f, -1e-30f};
+    for (float& s : scores) s = pool[rng() % pool.size()];
+    for (int64_t keep = 1; keep <= n + 1; ++keep) {
+      std::vector<int64_t> idx(static_cast<size_t>(n - 1));
+      std::iota(idx.begin(), idx.end(), 0);
+      std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+        return scores[size_t(a)] != scores[size_t(b)] ? scores[size_t(a)] > scores[size_t(b)]
+                                                      : pos[size_t(a)] > pos[size_t(b)];
+      });
+      idx.resize(size_t(std::min(keep, n) - 1));
+      idx.push_back(n - 1);
+      std::sort(idx.begin(), idx.end());
+      ASSERT_EQ(select_top(pos, scores, keep), idx) << "n " << n << " keep " << keep;
+    }
+  }
 }
 
 // Over an f16 cache too, against the reference over the keys rounded to f16 (testing::f16_round).

@@ -33,8 +33,8 @@ namespace {
 class SkewedBackend : public CpuBackend {
  public:
   using CpuBackend::CpuBackend;
-  void attention(int layer, std::span<const int32_t> slots) override {
-    CpuBackend::attention(layer, slots);
+  void attention(int layer, std::span<const int32_t> slots, bool scored) override {
+    CpuBackend::attention(layer, slots, scored);
     std::vector<float> a = read(Tensor::Attn);
     for (auto& v : a) v *= 1.0f + 1.0f / 512;
     write(Tensor::Attn, a);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -130,8 +131,8 @@ TEST(Ops, SwigluAndExpMatchReference) {
   exp_inplace(e.data(), int64_t(e.size()));
   for (size_t i = 0; i < xs.size(); ++i) {
     const double want = std::exp(double(xs[i]));
-    if (want < 1e-38) {
-      ASSERT_LE(e[i], 1e-37f) << xs[i];  // underflow region: 0 or a subnormal
+    if (want < std::numeric_limits<float>::min()) {
+      ASSERT_EQ(e[i], 0.0f) << xs[i];  // below the normal range: 0, never a subnormal (simd.h, kExpMin)
       continue;
     }
     if (want > 3.4028234663852886e38) {
@@ -200,7 +201,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          AttnCase{17, 0, 9, 3, 64, true}, AttnCase{111, 0, 4, 4, 64, false},
                                          AttnCase{1, 110, 9, 3, 64, true}, AttnCase{19, 40, 6, 2, 64, true},
                                          AttnCase{17, 5, 4, 2, 32, true}, AttnCase{111, 0, 2, 1, 48, false},
-                                         AttnCase{33, 0, 6, 2, 16, false}, AttnCase{1, 300, 9, 3, 64, false}),
+                                         AttnCase{33, 0, 6, 2, 16, false}, AttnCase{1, 300, 9, 3, 64, false},
+                                         // Decoding past one key chunk (512): split by keys, merged.
+                                         AttnCase{1, 1300, 9, 3, 64, false},
+                                         AttnCase{4, 1100, 8, 2, 128, true}),
                        ::testing::Values(KvType::F32, KvType::F16)));
 
 // An f16 cache holds each value as f16_round rounds it, including the signed zero, the largest
@@ -320,8 +324,10 @@ void attention_over_slot_list(KvType type) {
 // keys up to their positions, block by block and key by key. Against the reference over exactly
 // the keys each row sees.
 TEST(Ops, AttentionOverRevivedKeysMatchesReference) {
-  for (const KvType type : {KvType::F32, KvType::F16}) {
-    SCOPED_TRACE(kv_type_name(type));
+  // 24 revived rows (75 per kv group: split by rows) and 3 (12: split by keys, the chunks merged).
+  for (const auto& [type, n_revived] : {std::pair{KvType::F32, 24}, std::pair{KvType::F16, 24},
+                                        std::pair{KvType::F32, 3}, std::pair{KvType::F16, 3}}) {
+    SCOPED_TRACE(std::string(kv_type_name(type)) + ", revived " + std::to_string(n_revived));
     const int64_t H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh, S = 700;
     auto k = randn(S * KV, 41), v = randn(S * KV, 42);
     std::mt19937 rng(43);
@@ -329,7 +335,7 @@ TEST(Ops, AttentionOverRevivedKeysMatchesReference) {
     std::vector<int32_t> held, rest;
     for (int32_t p = 0; p < S - 1; ++p) (coin(rng) ? held : rest).push_back(p);
     std::shuffle(rest.begin(), rest.end(), rng);
-    std::vector<int32_t> revived(rest.begin(), rest.begin() + 24);
+    std::vector<int32_t> revived(rest.begin(), rest.begin() + n_revived);
     std::sort(revived.begin(), revived.end());
     std::vector<int32_t> order = held;
     order.insert(order.end(), revived.begin(), revived.end());
@@ -374,21 +380,72 @@ TEST(Ops, AttentionOverRevivedKeysMatchesReference) {
   }
 }
 
+// A prefill's rows split by rows, and a decoding row over 1,500 keys split by keys: the splits
+// never depend on the thread count, so neither does a bit of the result.
 TEST(Ops, ResultsDoNotDependOnThreadCount) {
-  const int64_t T = 33, H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh;
-  const auto q = randn(T * Q, 21), k = randn(T * KV, 22), v = randn(T * KV, 23);
-  std::vector<int32_t> pos(T);
+  const int64_t S = 1500, H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh;
+  const auto q = randn(S * Q, 21), k = randn(S * KV, 22), v = randn(S * KV, 23);
+  std::vector<int32_t> pos(S);
   std::iota(pos.begin(), pos.end(), 0);
-  std::vector<std::vector<float>> outs;
-  for (int threads : {1, 2}) {
-    CpuContext ctx(threads);
-    LayerKV kv;
-    kv.init(T, Hkv, Dh);
-    kv.append(k.data(), KV, v.data(), KV, pos.data(), T);
-    outs.emplace_back(size_t(T * Q));
-    attention(ctx, q.data(), Q, pos.data(), T, KeySet{kv}, H, outs.back().data(), Q);
+  for (const int64_t T : {int64_t(33), int64_t(1)}) {
+    const int64_t cached = T == 1 ? S - 1 : 0;
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2, 3}) {
+      CpuContext ctx(threads);
+      LayerKV kv;
+      kv.init(cached + T, Hkv, Dh);
+      kv.append(k.data(), KV, v.data(), KV, pos.data(), cached + T);
+      outs.emplace_back(size_t(T * Q));
+      attention(ctx, q.data(), Q, pos.data() + cached, T, KeySet{kv}, H, outs.back().data(), Q);
+    }
+    EXPECT_EQ(outs[0], outs[1]) << T << " rows";
+    EXPECT_EQ(outs[0], outs[2]) << T << " rows";
   }
-  EXPECT_EQ(outs[0], outs[1]);
+}
+
+// LazyLLM's scores from the logits a scored attention leaves are last_row_scores' over the same
+// keys, to the last bit (the same products summed in the same order): over every held key in
+// order, a listed subset of an out-of-order cache, and a sliding window; with rows split by keys
+// (1 row) and not (40 rows).
+TEST(Ops, ScoresFromAttentionLogitsAreTheScoringPasses) {
+  const int64_t H = 9, Hkv = 3, Dh = 64, Q = H * Dh, KV = Hkv * Dh, S = 1200;
+  const auto k = randn(S * KV, 51), v = randn(S * KV, 52), q = randn(40 * Q, 53);
+  CpuContext ctx(2);
+  for (const KvType type : {KvType::F32, KvType::F16})
+    for (const int64_t T : {int64_t(1), int64_t(40)})
+      for (const int32_t window : {0, 300})
+        for (const bool listed : {false, true}) {
+          SCOPED_TRACE(std::string(kv_type_name(type)) + " T=" + std::to_string(T) + " window " +
+                       std::to_string(window) + (listed ? " listed" : " every key"));
+          // Slot order: the even positions, then the odd ones (out of order: the revived), the rows'
+          // positions last; listed: all but one in three of the earlier ones.
+          std::vector<int32_t> order;
+          for (int32_t p = 0; p < S - T; p += 2) order.push_back(p);
+          for (int32_t p = 1; p < S - T; p += 2) order.push_back(p);
+          for (int32_t p = int32_t(S - T); p < S; ++p) order.push_back(p);
+          if (!listed) std::sort(order.begin(), order.end());
+          LayerKV kv;
+          kv.init(S, Hkv, Dh, type);
+          std::vector<int32_t> slot_of(S);
+          for (size_t j = 0; j < order.size(); ++j) {
+            kv.append(k.data() + order[j] * KV, KV, v.data() + order[j] * KV, KV, &order[j], 1);
+            slot_of[size_t(order[j])] = int32_t(j);
+          }
+          std::vector<int32_t> slots;
+          if (listed)
+            for (int32_t p = 0; p < S; ++p)
+              if (p % 3 != 1 || p >= S - T) slots.push_back(slot_of[size_t(p)]);
+          const KeySet ks{kv, slots};
+          std::vector<int32_t> qpos(static_cast<size_t>(T));
+          std::iota(qpos.begin(), qpos.end(), int32_t(S - T));
+          std::vector<float> out(size_t(T * Q)), logits(size_t(H * kv.n));
+          attention(ctx, q.data(), Q, qpos.data(), T, ks, H, out.data(), Q, 0, window, logits.data());
+          std::vector<float> fused(size_t(ks.size())), scored(fused.size());
+          last_row_scores_from_logits(logits.data(), ks, H, fused.data());
+          last_row_scores(q.data() + (T - 1) * Q, ks, H, scored.data(), 0, qpos.back(), window);
+          for (size_t i = 0; i < fused.size(); ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(fused[i]), std::bit_cast<uint32_t>(scored[i])) << "key " << i;
+        }
 }
 
 }  // namespace
