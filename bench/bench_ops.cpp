@@ -180,6 +180,10 @@ BENCHMARK(BM_RevivalAttention)
     ->ArgsProduct({{1, 8, 40, 200}, {1, 30}, {100}})
     ->Args({1, 30, 34})
     ->Args({8, 30, 34})
+    ->Args({40, 30, 34})
+    ->Args({16, 30, 70})
+    ->Args({16, 30, 34})
+    ->Args({16, 30, 100})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

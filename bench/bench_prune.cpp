@@ -8,14 +8,15 @@
 // at 4096 tokens. Memory: kv_mib and aux_mib after the prefill, mem_vs_none = (KV + Aux Cache) /
 // none's KV.
 //
-// BM_PruneDecode: 32 decoding steps after the prefill (LazyLLM re-selection with revival from
-// the Aux Cache; static keeps its set), reported against `none` in the same run.
+// BM_PruneDecode: 256 decoding steps after the prefill (LazyLLM re-selection with revival from
+// the Aux Cache; frozen keeps its set), each iteration beside an unpruned run.
 //
 // Prompts are real English text (the licence texts every Debian system ships in
 // /usr/share/common-licenses), because which tokens the last token attends to, and so how many
 // are revived while decoding, depends on the text.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -123,93 +124,121 @@ namespace {
 
 // Decoding after a pruned prefill: the case, a 2,048-token prompt and 256 generated tokens
 // (greedy), int8 as `run` picks for the default file. Revivals cluster in the first steps; the
-// steady state is every step after the first 32. Counters, each against `none` in the same run:
-//   step_ms / steady_ms    mean decoding-step time, all steps / after the first 32
+// steady state is every step after the first 32. Each iteration runs the case and an unpruned run
+// (`none`) back to back, in alternating order (a shared VM's slow minute lands on both), and the
+// ratios are medians of the iterations' own ratios:
+//   step_ms / steady_ms    the case's mean decoding-step time, all steps / after the first 32
 //   slowdown_vs_none       mean step time / none's
 //   steady_slowdown        the same after the first 32 steps (target <= 1.3)
 //   first32_slowdown       the same over the first 32 (the revival burst)
 //   bookkeeping_share      time in score, select and gather ops per step / none's step time: the
 //                          pruning machinery itself, without the rows it decides to compute
-//   rows_per_step          token rows computed per step, summed over layers (none: n_layer)
+//   rows_per_step          token rows computed per step, summed over layers (none: n_layer); also
+//                          first32_rows_per_step and steady_rows_per_step
 //   total_vs_none          (prefill + 256 steps) / none's (target < 1): the paper's at-most-once
 //                          rule bounds the work; whether it also bounds the time is what this says
-struct NoneDecode {
-  double prefill = 0, first = 0, steady = 0;
+struct DecodeRun {
+  double prefill = 0, first = 0, steady = 0, bookkeeping = 0, first_rows = 0, steady_rows = 0;
 };
-std::map<int64_t, NoneDecode> g_none_decode;
+constexpr int64_t kDecodeSteps = 256, kFirstSteps = 32;
+
+DecodeRun run_decode(lp::Session& s, const lp::Model& m, const std::vector<int32_t>& ids,
+                     const std::vector<int32_t>& pos, lp::PolicyKind kind,
+                     std::span<const lp::PruneStep> steps) {
+  using Clock = std::chrono::steady_clock;
+  const auto secs = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const int64_t N = int64_t(ids.size()), last = N - 1, row = 0;
+  std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+  s.reset();
+  auto policy = lp::make_policy(kind, 1);
+  lp::PruneRequest req{steps, policy.get()};
+  DecodeRun r;
+  const auto t0 = Clock::now();
+  s.forward(ids, pos, {&last, 1}, logits.data(), kind == lp::PolicyKind::None ? nullptr : &req);
+  const auto t1 = Clock::now();
+  r.prefill = secs(t0, t1);
+  lp::OpTimers t;
+  auto tf = t1;
+  for (int64_t i = 0; i < kDecodeSteps; ++i) {
+    if (i == kFirstSteps) tf = Clock::now();
+    const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
+    lp::trace::Step fs;
+    if (kind == lp::PolicyKind::None)
+      s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &fs, &t);
+    else
+      s.decode_step(tok, p, logits.data(), &req, &fs, &t);
+    for (int64_t q : fs.queries) (i < kFirstSteps ? r.first_rows : r.steady_rows) += double(q);
+  }
+  const auto t2 = Clock::now();
+  r.first = secs(t1, tf);
+  r.steady = secs(tf, t2);
+  for (lp::Op op : {lp::Op::Score, lp::Op::Select, lp::Op::Gather}) r.bookkeeping += t.total(op).seconds;
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 void BM_PruneDecode(benchmark::State& st, lp::PolicyKind kind, const char* schedule) {
-  constexpr int64_t kSteps = 256, kFirst = 32;
   const int64_t N = st.range(0);
   const lp::Model& m = model(lp::DType::Int8);
   const auto [ids, pos] = prompt(N, m);
   const auto steps =
       lp::resolve_schedule(lp::parse_schedule(schedule), m.config().n_layer, m.config().global_layers());
-  lp::Session s(ctx(), m, N + kSteps);
-  std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
-  const int64_t last = N - 1, row = 0;
-  double prefill = 0, first = 0, steady = 0, bookkeeping = 0, rows = 0;
-  int64_t iters = 0;
-  using Clock = std::chrono::steady_clock;
-  const auto secs = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  };
+  lp::Session s(ctx(), m, N + kDecodeSteps);
+  std::vector<DecodeRun> cases, nones;
   for (auto _ : st) {
-    s.reset();
-    auto policy = lp::make_policy(kind, 1);
-    lp::PruneRequest req{steps, policy.get()};
-    const auto t0 = Clock::now();
-    s.forward(ids, pos, {&last, 1}, logits.data(), kind == lp::PolicyKind::None ? nullptr : &req);
-    const auto t1 = Clock::now();
-    prefill += secs(t0, t1);
-    lp::OpTimers t;
-    auto tf = t1;
-    for (int64_t i = 0; i < kSteps; ++i) {
-      if (i == kFirst) tf = Clock::now();
-      const int32_t tok = lp::argmax(logits), p = int32_t(N + i);
-      lp::trace::Step fs;
-      if (kind == lp::PolicyKind::None)
-        s.forward({&tok, 1}, {&p, 1}, {&row, 1}, logits.data(), nullptr, &fs, &t);
-      else
-        s.decode_step(tok, p, logits.data(), &req, &fs, &t);
-      for (int64_t r : fs.queries) rows += double(r);
-    }
-    const auto t2 = Clock::now();
-    first += secs(t1, tf);
-    steady += secs(tf, t2);
-    for (lp::Op op : {lp::Op::Score, lp::Op::Select, lp::Op::Gather}) bookkeeping += t.total(op).seconds;
-    ++iters;
+    const bool none_first = cases.size() % 2 == 0;
+    if (none_first) nones.push_back(run_decode(s, m, ids, pos, lp::PolicyKind::None, steps));
+    cases.push_back(run_decode(s, m, ids, pos, kind, steps));
+    if (!none_first) nones.push_back(run_decode(s, m, ids, pos, lp::PolicyKind::None, steps));
   }
-  const double it = double(iters);
-  prefill /= it;
-  const double first_step = first / it / kFirst, steady_step = steady / it / (kSteps - kFirst);
-  const double step = (first + steady) / it / kSteps;
-  if (kind == lp::PolicyKind::None) g_none_decode[N] = {prefill, first_step, steady_step};
-  if (auto f = g_none_decode.find(N); f != g_none_decode.end()) {
-    const NoneDecode& n = f->second;
-    const double n_step = (n.first * kFirst + n.steady * (kSteps - kFirst)) / kSteps;
-    st.counters["slowdown_vs_none"] = step / n_step;
-    st.counters["steady_slowdown"] = steady_step / n.steady;
-    st.counters["first32_slowdown"] = first_step / n.first;
-    st.counters["bookkeeping_share"] = bookkeeping / it / kSteps / n_step;
-    st.counters["total_vs_none"] = (prefill + kSteps * step) / (n.prefill + kSteps * n_step);
-  }
-  st.counters["prefill_ms"] = prefill * 1e3;
-  st.counters["step_ms"] = step * 1e3;
-  st.counters["steady_ms"] = steady_step * 1e3;
-  // An unpruned step's reads (weights and all K/V) at the rate this step ran: what a pruned step's
-  // time costs against the memory wall.
+  const auto step = [](const DecodeRun& r) { return (r.first + r.steady) / kDecodeSteps; };
+  const auto steady = [](const DecodeRun& r) { return r.steady / (kDecodeSteps - kFirstSteps); };
+  const auto total = [&](const DecodeRun& r) { return r.prefill + kDecodeSteps * step(r); };
+  const auto med = [&](auto f) {
+    std::vector<double> v;
+    for (size_t i = 0; i < cases.size(); ++i) v.push_back(f(cases[i], nones[i]));
+    return median(v);
+  };
+  st.counters["slowdown_vs_none"] =
+      med([&](const DecodeRun& c, const DecodeRun& n) { return step(c) / step(n); });
+  st.counters["steady_slowdown"] =
+      med([&](const DecodeRun& c, const DecodeRun& n) { return steady(c) / steady(n); });
+  st.counters["first32_slowdown"] =
+      med([](const DecodeRun& c, const DecodeRun& n) { return c.first / n.first; });
+  st.counters["total_vs_none"] =
+      med([&](const DecodeRun& c, const DecodeRun& n) { return total(c) / total(n); });
+  st.counters["bookkeeping_share"] =
+      med([&](const DecodeRun& c, const DecodeRun& n) { return c.bookkeeping / kDecodeSteps / step(n); });
+  st.counters["prefill_ms"] = med([](const DecodeRun& c, const DecodeRun&) { return c.prefill * 1e3; });
+  st.counters["none_prefill_ms"] = med([](const DecodeRun&, const DecodeRun& n) { return n.prefill * 1e3; });
+  st.counters["step_ms"] = med([&](const DecodeRun& c, const DecodeRun&) { return step(c) * 1e3; });
+  st.counters["steady_ms"] = med([&](const DecodeRun& c, const DecodeRun&) { return steady(c) * 1e3; });
+  st.counters["none_steady_ms"] = med([&](const DecodeRun&, const DecodeRun& n) { return steady(n) * 1e3; });
+  st.counters["first32_rows_per_step"] =
+      med([](const DecodeRun& c, const DecodeRun&) { return c.first_rows / kFirstSteps; });
+  st.counters["steady_rows_per_step"] =
+      med([](const DecodeRun& c, const DecodeRun&) { return c.steady_rows / (kDecodeSteps - kFirstSteps); });
+  // The case's steps against the memory wall: an unpruned step's reads (weights and all K/V) at the
+  // rate the case's steps ran.
+  double seconds = 0;
+  for (const DecodeRun& c : cases) seconds += c.first + c.steady;
   lp::bench::bandwidth_counters(
-      st, lp::bench::decode_step_bytes(m, double(N + kSteps / 2), s.backend().kv_element_bytes()),
-      double(kSteps) * it, first + steady);
-  st.counters["rows_per_step"] = rows / it / kSteps;
+      st, lp::bench::decode_step_bytes(m, double(N + kDecodeSteps / 2), s.backend().kv_element_bytes()),
+      double(kDecodeSteps * int64_t(cases.size())), seconds);
 }
 
 void decode_lengths(benchmark::internal::Benchmark* b) {
-  b->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
+  b->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 }
 
-BENCHMARK_CAPTURE(BM_PruneDecode, none, lp::PolicyKind::None, "none")->Apply(decode_lengths);
+// Each case runs `none` beside it.
 BENCHMARK_CAPTURE(BM_PruneDecode, lazyllm_default, lp::PolicyKind::LazyLLM, "0.3:0.3,0.6:0.3,0.9:0.3")
     ->Apply(decode_lengths);
 BENCHMARK_CAPTURE(BM_PruneDecode, frozen_default, lp::PolicyKind::Frozen, "0.3:0.3,0.6:0.3,0.9:0.3")

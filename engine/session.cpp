@@ -149,13 +149,15 @@ std::vector<float> Session::aux_state(int32_t p) {
 
 namespace {
 
-OpDtypes dtypes_of(const Weights& w) {
+OpDtypes dtypes_of(const Weights& w, int kv_element_bytes) {
   // GEMM inputs are rounded to the weights' dtype (8-bit blocks in int8 mode, whose weights count
-  // their blocks' bytes); the KV cache is f32.
+  // their blocks' bytes); the KV cache holds the backend's elements (the CPU's: f16 unless the
+  // compute dtype is f32).
+  const double kv = kv_element_bytes;
   if (w.dtype == DType::Int8)
-    return {w.gemm_bytes_per_weight(), double(sizeof(QActBlock)) / double(kQBlock), 4};
+    return {w.gemm_bytes_per_weight(), double(sizeof(QActBlock)) / double(kQBlock), kv};
   const double b = w.dtype == DType::BF16 ? 2 : 4;
-  return {b, b, 4};
+  return {b, b, kv};
 }
 
 // A trace step with every per-layer count zero and an empty detail (revived positions only for a
@@ -379,7 +381,8 @@ Session::Pass Session::begin_forward(std::span<const int32_t> ids, std::span<con
         fail("forward: pruning layers must be increasing and inside the model");
     ps.prune = prune;
   }
-  if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
+  if (timers && timers->empty())
+    timers->init(c.n_layer, dtypes_of(m_.weights(), int(be_->kv_element_bytes())));
   reset_stats(stats, c.n_layer, n_cached() == 0 ? "prefill" : "decode", T, c.moe());
   ps.stats = stats;
   ps.timers = timers;
@@ -420,7 +423,8 @@ Session::Pass Session::begin_extend(std::span<const int32_t> ids, std::span<cons
   for (int64_t t = 0; t < T; ++t)
     if (pos[t] < 0 || (t == 0 && kv0.n() > 0 && pos[t] <= kv0.pos.back()) || (t > 0 && pos[t] <= pos[t - 1]))
       fail("decode_step: position must be new");
-  if (timers && timers->empty()) timers->init(c.n_layer, dtypes_of(m_.weights()));
+  if (timers && timers->empty())
+    timers->init(c.n_layer, dtypes_of(m_.weights(), int(be_->kv_element_bytes())));
   reset_stats(stats, c.n_layer, "decode", T, c.moe());
 
   Pass ps;

@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -23,9 +24,10 @@ using namespace simd;
 // sum l, earlier output rescaled when the max grows), O += P V. Each tile reads the keys and
 // values it needs once; nothing of size T x T is ever stored.
 namespace {
-constexpr int kTileRows = 64;  // rows per work item
-constexpr int kBlock = 64;     // keys per block (two 32-key score steps)
-constexpr int kSubRows = 8;    // rows per score microkernel call
+constexpr int kTileRows = 64;     // rows per work item
+constexpr int kBlock = 64;        // keys per block (two 32-key score steps)
+constexpr int kSubRows = 8;       // rows per score microkernel call
+constexpr int kCompactRows = 16;  // rows from which a listed set's sparse blocks are gathered first
 // A pass of few rows (a decoding step's: its kv group's heads, and the rows it revives) is split by
 // keys instead, flash-decoding style: each work item reads its chunk of the group's keys once and
 // leaves a partial softmax (running max, sum, unnormalised output) that a merge combines. Splitting
@@ -204,8 +206,15 @@ inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, floa
   float mx = m_old;
   int64_t k = 0;
 #if defined(__AVX512F__)
+  // The tail in one masked step, here and for the exponentials below: a row's last causal block and
+  // a compacted block end anywhere, and a scalar exp per key cost a quarter of a decoding step's
+  // attention. The max is exact in any order; the sum adds the tail in order, as a scalar loop
+  // would (the same bits: exp512 and exp1 are the same arithmetic).
   __m512 vm = _mm512_set1_ps(m_old);
   for (; k + 16 <= valid; k += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + k));
+  const __mmask16 tail = __mmask16((1u << (valid - k)) - 1);
+  vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_maskz_loadu_ps(tail, s + k));
+  k = valid;
   mx = _mm512_reduce_max_ps(vm);
 #elif defined(__AVX2__) && defined(__FMA__)
   __m256 vm = _mm256_set1_ps(m_old);
@@ -223,7 +232,10 @@ inline void block_softmax(float* s, int64_t valid, int64_t bk, float m_old, floa
     _mm512_storeu_ps(s + k, e);
     vs = _mm512_add_ps(vs, e);
   }
+  if (k < valid)
+    _mm512_mask_storeu_ps(s + k, tail, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + k), vmx)));
   sum = _mm512_reduce_add_ps(vs);
+  for (; k < valid; ++k) sum += s[k];
 #elif defined(__AVX2__) && defined(__FMA__)
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 vs = _mm256_setzero_ps();
@@ -258,14 +270,69 @@ std::pair<const E*, const E*> storage(const LayerKV& kv) {
 // greatest: a query before lo sees none of the block, one at or past hi sees all of it, and the
 // ones between are masked key by key. So revived tokens appended out of order, and the held keys
 // a decoding step leaves out, cost no gather: the tiles read the cache's blocks as they lie.
+// compact: the blocks whose keys visible to any query (vis <= last_pos) are at most 3/4 of them are
+// gathered first (run_block's comment). Decided for the whole call, never per tile, so a row's
+// result does not depend on how the rows were tiled (alone or in a batch).
 struct KeyMask {
   const int32_t* vis;
   const int32_t* lo;
   const int32_t* hi;
+  bool compact = false;
+  int32_t last_pos = 0;
 };
 
 // window > 0: a key window or more positions before a row's query is hidden from it (a listed set:
 // masked key by key; a prefix set: the row's keys start at TileRow::start).
+// A compacted key block: kc [Dh][ldc] f32 = the block's keys kt [Dh][kBlock] at slots idx[0..n)
+// (ascending; `keep` their bits), zero from n to ldc (the score steps' padded lanes). kc has 16
+// floats of room past ldc.
+template <class E>
+void gather_keys(const E* kt, int64_t Dh, const uint8_t* idx, uint64_t keep, int64_t n, int64_t ldc,
+                 float* kc) {
+#if defined(__AVX512F__)
+  if (n > 0) {
+    for (int64_t d = 0; d < Dh; ++d) {
+      const E* src = kt + d * kBlock;
+      float* dst = kc + d * ldc;
+      int64_t at = 0;
+      for (int c = 0; c < kBlock / 16; ++c) {
+        const __mmask16 mk = __mmask16(keep >> (16 * c));
+        if (!mk) continue;
+        _mm512_storeu_ps(dst + at, _mm512_maskz_compress_ps(mk, load16(src + 16 * c)));
+        at += std::popcount(uint32_t(mk));
+      }
+      std::fill(dst + n, dst + ldc, 0.0f);
+    }
+    return;
+  }
+#endif
+  (void)keep;
+  for (int64_t d = 0; d < Dh; ++d) {
+    const E* src = kt + d * kBlock;
+    float* dst = kc + d * ldc;
+    for (int64_t j = 0; j < n; ++j) dst[j] = load1(src[idx[j]]);
+    std::fill(dst + n, dst + ldc, 0.0f);
+  }
+}
+// Its values: vc [n][Dh] f32 = v [kBlock][Dh] at rows idx[0..n).
+template <class E>
+void gather_values(const E* v, int64_t Dh, const uint8_t* idx, int64_t n, float* vc) {
+  for (int64_t j = 0; j < n; ++j) {
+    const E* src = v + int64_t(idx[j]) * Dh;
+    float* dst = vc + j * Dh;
+#if defined(__AVX512F__)
+    if (Dh % 16 == 0) {
+      for (int64_t d = 0; d < Dh; d += 16) _mm512_storeu_ps(dst + d, load16(src + d));
+      continue;
+    }
+#endif
+    if constexpr (std::is_same_v<E, float>)
+      std::copy(src, src + Dh, dst);
+    else
+      f16_to_f32_n(src, dst, Dh);
+  }
+}
+
 // For one row of a score block: s[k] = -inf where vis[k] > pos (a listed key after the query, or one
 // not listed), for the n keys of the block.
 inline void hide_after(float* s, const int32_t* vis, int32_t pos, int64_t n) {
@@ -329,18 +396,13 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     l[r] = 0.0f;
   }
 
-  for (int64_t k0 = k_begin; k0 < nk; k0 += kBlock) {
-    const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
-    int r_lo = 0;                                           // rows before r_lo see none of it
-    if (ascending)
-      while (r_lo < nr && !sees_block(r_lo, k0)) ++r_lo;
-    if (r_lo == nr) continue;
-    // From a whole row step (the row buffers are padded to kSubRows); the rows before the true
-    // r_lo get valid == 0 below.
-    r_lo = r_lo / kRowStep * kRowStep;
-    const E* bkt = kt + kv.kt_index(g, 0, k0);  // [Dh][kBlock]
-    const E* bv = v + kv.v_index(g, k0);        // [bk][Dh]
-    // Scores for the block (the cache is zero past n, so the padded lanes are finite).
+  // The work of one key block from the scores to O += P V, for rows r_lo.. (the rows before see
+  // none of it): bk keys, kb [Dh][ldk] (transposed, f16 or f32) and vb [bk][Dh]. vis (a listed set)
+  // the keys' visibility and hi the greatest of it; idx (a compacted block) each key's slot in the
+  // block of kBlock slots at k0, where the scoring row's logits go.
+  const auto run_block = [&](const auto* bkt, int64_t ldk, const auto* bv, int64_t bk, int64_t k0, int r_lo,
+                             const int32_t* vis, int32_t hi, const uint8_t* idx) {
+  // Scores for the block (the keys are zero past the last, so the padded lanes are finite).
 #if defined(__AVX512F__)
     const bool vector_scores = Dh <= 256;
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -352,11 +414,11 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 #if defined(__AVX512F__)
       for (int64_t s0 = 0; s0 < bk; s0 += 32)
         for (int r0 = r_lo; r0 < nr; r0 += kSubRows)
-          scores_rows(nr - r0, qs + r0 * Dh, Dh, bkt + s0, kBlock, S + r0 * kBlock + s0, kBlock);
+          scores_rows(nr - r0, qs + r0 * Dh, Dh, bkt + s0, ldk, S + r0 * kBlock + s0, kBlock);
 #elif defined(__AVX2__) && defined(__FMA__)
       for (int64_t s0 = 0; s0 < bk; s0 += 16)
         for (int r0 = r_lo; r0 < nr; r0 += 4)
-          scores_step_avx2(qs + r0 * Dh, Dh, bkt + s0, kBlock, S + r0 * kBlock + s0, kBlock);
+          scores_step_avx2(qs + r0 * Dh, Dh, bkt + s0, ldk, S + r0 * kBlock + s0, kBlock);
 #endif
     } else {
       // Without AVX2 (or with AVX-512 past width 256): an axpy per dimension over the contiguous
@@ -366,7 +428,7 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
         std::fill(sr, sr + bk, 0.0f);
         for (int64_t d = 0; d < Dh; ++d) {
           const float qd = qs[r * Dh + d];
-          const E* kr = bkt + d * kBlock;
+          const auto* kr = bkt + d * ldk;
 #pragma omp simd
           for (int64_t k = 0; k < bk; ++k) sr[k] += qd * load1(kr[k]);
         }
@@ -389,21 +451,26 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
         if (window > 0) {
           int64_t seen = 0;
           for (int64_t k = 0; k < bk; ++k) {
-            const int32_t p = mask->vis[k0 + k];
+            const int32_t p = vis[k];
             if (p > rows[r].pos || int64_t(rows[r].pos) - p >= window)
               sr[k] = -INFINITY;
             else
               ++seen;
           }
           if (seen == 0) valid = 0;
-        } else if (rows[r].pos < mask->hi[k0 / kBlock]) {
-          hide_after(sr, mask->vis + k0, rows[r].pos, bk);
+        } else if (rows[r].pos < hi) {
+          hide_after(sr, vis, rows[r].pos, bk);
         }
       }
       if (rows[r].logits) {  // the scoring row's logits, before the softmax overwrites them
         float* lg = rows[r].logits + k0;
-        std::copy(sr, sr + valid, lg);
-        std::fill(lg + valid, lg + bk, -INFINITY);
+        if (idx) {
+          std::fill(lg, lg + std::min<int64_t>(kBlock, nk - k0), -INFINITY);
+          for (int64_t k = 0; k < valid; ++k) lg[idx[k]] = sr[k];
+        } else {
+          std::copy(sr, sr + valid, lg);
+          std::fill(lg + valid, lg + bk, -INFINITY);
+        }
       }
       if (valid == 0) {
         std::fill(sr, sr + bk, 0.0f);
@@ -425,22 +492,70 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
       for (int r0 = r_lo; r0 < nr; r0 += 4)
         for (int64_t d0 = 0; d0 < Dh; d0 += 64)
           pv_rows(nr - r0, S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0);
-      continue;
+      return;
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     if (Dh % 32 == 0) {
       for (int r0 = r_lo; r0 < nr; r0 += 2)
         for (int64_t d0 = 0; d0 < Dh; d0 += 32)
           pv_step32_avx2(S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0, std::min(2, nr - r0));
-      continue;
+      return;
     }
 #endif
     for (int r = r_lo; r < nr; ++r)
       for (int64_t k = 0; k < bk; ++k) {
         const float p = S[r * kBlock + k];
-        const E* vk = bv + k * Dh;
+        const auto* vk = bv + k * Dh;
         for (int64_t d = 0; d < Dh; ++d) O[r * Dh + d] += p * load1(vk[d]);
       }
+  };
+
+  // A listed set's block whose visible keys are few, for many rows (a decoding step's revived
+  // rows past a pruning layer, where the step lists 34-70% of the held keys): its visible keys and
+  // values gathered into f32 first, so the rows' scores and P V skip the hidden ones. For a few rows
+  // the gather would cost more than the work it saves (KeyMask::compact).
+  thread_local std::vector<float> kc_buf, vc_buf;
+  const bool may_compact = mask && mask->compact && window == 0;
+  if (may_compact) {
+    kc_buf.resize(size_t(Dh * kBlock + 16));
+    vc_buf.resize(size_t(kBlock * Dh));
+  }
+
+  for (int64_t k0 = k_begin; k0 < nk; k0 += kBlock) {
+    const int64_t bk = std::min<int64_t>(kBlock, nk - k0);  // keys used in this block
+    int r_lo = 0;                                           // rows before r_lo see none of it
+    if (ascending)
+      while (r_lo < nr && !sees_block(r_lo, k0)) ++r_lo;
+    if (r_lo == nr) continue;
+    // From a whole row step (the row buffers are padded to kSubRows); the rows before the true
+    // r_lo get valid == 0 below.
+    r_lo = r_lo / kRowStep * kRowStep;
+    const E* bkt = kt + kv.kt_index(g, 0, k0);  // [Dh][kBlock]
+    const E* bv = v + kv.v_index(g, k0);        // [bk][Dh]
+    if (may_compact) {
+      uint8_t idx[kBlock];
+      int32_t vis[kBlock];
+      int64_t n_vis = 0;
+      uint64_t keep = 0;
+      int32_t hi = std::numeric_limits<int32_t>::min();
+      for (int64_t k = 0; k < bk; ++k)
+        if (mask->vis[k0 + k] <= mask->last_pos) {
+          keep |= uint64_t(1) << k;
+          idx[n_vis] = uint8_t(k);
+          vis[n_vis++] = mask->vis[k0 + k];
+          hi = std::max(hi, mask->vis[k0 + k]);
+        }
+      if (n_vis == 0) continue;
+      if (n_vis * 4 <= bk * 3) {
+        const int64_t ldc = (n_vis + 31) / 32 * 32;  // whole 32-key score steps, zero past n_vis
+        gather_keys(bkt, Dh, idx, keep, n_vis, ldc, kc_buf.data());
+        gather_values(bv, Dh, idx, n_vis, vc_buf.data());
+        run_block(kc_buf.data(), ldc, vc_buf.data(), n_vis, k0, r_lo, vis, hi, idx);
+        continue;
+      }
+    }
+    run_block(bkt, kBlock, bv, bk, k0, r_lo, mask ? mask->vis + k0 : nullptr,
+              mask ? mask->hi[k0 / kBlock] : 0, nullptr);
   }
   if (part) {
     std::copy(m, m + nr, part->m);
@@ -571,11 +686,21 @@ void attention(CpuContext& ctx, const float* q, int64_t ldq, const int32_t* q_po
     const int64_t nb = (kv.n + kBlock - 1) / kBlock;
     lo.assign(size_t(nb), kHidden);
     hi.assign(size_t(nb), std::numeric_limits<int32_t>::min());
-    for (int64_t s = 0; s < kv.n; ++s) {
-      lo[size_t(s / kBlock)] = std::min(lo[size_t(s / kBlock)], vis[size_t(s)]);
-      hi[size_t(s / kBlock)] = std::max(hi[size_t(s / kBlock)], vis[size_t(s)]);
+    for (int64_t b = 0; b < nb; ++b) {  // a block's least and greatest (vectorised)
+      const int32_t* vb = vis.data() + b * kBlock;
+      const int64_t n = std::min<int64_t>(kBlock, kv.n - b * kBlock);
+      int32_t l = kHidden, h = std::numeric_limits<int32_t>::min();
+#pragma omp simd reduction(min : l) reduction(max : h)
+      for (int64_t s = 0; s < n; ++s) {
+        l = std::min(l, vb[s]);
+        h = std::max(h, vb[s]);
+      }
+      lo[size_t(b)] = l;
+      hi[size_t(b)] = h;
     }
     mask = {vis.data(), lo.data(), hi.data()};
+    mask.compact = window == 0 && T * group >= kCompactRows;
+    mask.last_pos = *std::max_element(q_pos, q_pos + T);
   }
   const int64_t rows_per_group = T * group;
   // Few rows: split the keys (kChunkKeys each; one chunk when they are fewer). Else, or when that

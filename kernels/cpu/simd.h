@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -95,6 +96,9 @@ inline float exp1(float x) {
   r = std::fma(-n, kLn2Lo, r);
   float p = 1.0f / 5040;
   for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = std::fma(p, r, c);
-  return std::ldexp(p, int(n));
+  // p * 2^n with n in [-126, 129] as 2^a * 2^b, both normal exponents, as exp256 does: the first
+  // product is exact, the second rounds once (ldexp's result; ldexp itself is a libm call).
+  const int ni = int(n), a = ni >> 1, b = ni - a;
+  return p * std::bit_cast<float>(uint32_t(a + 127) << 23) * std::bit_cast<float>(uint32_t(b + 127) << 23);
 }
 }  // namespace lp::simd
