@@ -5,6 +5,10 @@
 // BM_Peak_*: 2 threads, each a loop of independent FMAs (f32, 512- and 256-bit) or vpdpbusd
 // (int8, 4 multiply-adds per 32-bit lane) on registers only: the peak a kernel could reach here,
 // counted as 2 operations per multiply-add. Each kind runs only where cpuid says the CPU has it.
+// BM_Peak_AmxInt8: the same for AMX's tdpbusd (a 16 x 64 int8 tile times a 64 x 16 one into 16 x 16
+// int32, four independent accumulator tiles), where the CPU has AMX and Linux grants the tiles
+// (kernels/cpu/amx.h); no engine kernel uses AMX yet, so this is the ceiling a tile kernel could
+// reach here, beside VNNI's.
 // BM_QGemm: every kernel this CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes (and
 // every kept type at Llama-3.1-8B's attention output, 512 x 4096 -> 4096), the
 // weights cycling through 16 matrices so they come from memory as in a prefill (as
@@ -19,6 +23,7 @@
 
 #include "bench/ceiling.h"
 #include "kernels/context.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/membw.h"
 #include "kernels/cpu/qgemm.h"
 #include "model/quant.h"
@@ -69,6 +74,46 @@ LP_TARGET_VNNI int vnni_loop(bool wide) {
   return s;
 }
 
+constexpr int64_t kAmxIters = 1 << 18;
+
+// AMX's tile configuration (palette 1): tiles 0-3 hold 16 x 16 int32 accumulators, 4-7 int8
+// operands of 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile,amx-int8"))) int32_t amx_loop() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  alignas(64) int8_t a[16 * 64], b[16 * 64];
+  alignas(64) int32_t c[16 * 16];
+  for (int i = 0; i < 16 * 64; ++i) a[i] = int8_t(i % 7), b[i] = int8_t(i % 5);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, b, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, a, 64);
+  for (int64_t it = 0; it < kAmxIters; ++it) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return c[0];
+}
+
 // ops per call of the loop: 10 chains x kIters x lanes x ops per lane.
 template <class F>
 void peak(benchmark::State& st, bool supported, double ops_per_thread, F loop) {
@@ -100,10 +145,15 @@ void BM_Peak_Vnni512(benchmark::State& st) {
   peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 16 * 8,
        [] { return vnni_loop(true); });
 }
+// 4 tiles x kAmxIters x (16 x 16 outputs x 64 multiply-adds) x 2.
+void BM_Peak_AmxInt8(benchmark::State& st) {
+  peak(st, lp::amx_int8_usable(), 4.0 * kAmxIters * 16 * 16 * 64 * 2, amx_loop);
+}
 BENCHMARK(BM_Peak_Fma256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_Fma512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_Vnni256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_Vnni512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Peak_AmxInt8)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_QGemm(benchmark::State& st) {
   const auto k = lp::QKernel(st.range(0));

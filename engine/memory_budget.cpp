@@ -88,10 +88,14 @@ MemoryBudget memory_budget(const MemorySources& s) {
 }
 
 int64_t resident_weight_bytes(const GgufFile& f, DType dtype) {
+  bool untied = false;
+  for (const GgufTensor& t : f.tensors()) untied = untied || t.name == "output.weight";
   int64_t b = 0;
   for (const GgufTensor& t : f.tensors()) {
     if (dtype == DType::F32 || t.ne.size() < 2)  // norms and biases are f32 in every dtype
       b += 4 * t.n_elems;
+    else if (dtype == DType::Int8 && untied && t.name == "token_embd.weight" && qgemm_supports(t.type))
+      continue;  // kept in the file's mapping, not packed: only the rows looked up come in (weights.cpp)
     else if (dtype == DType::BF16)
       b += 2 * t.n_elems;
     else if (qgemm_supports(t.type))

@@ -36,7 +36,8 @@ struct MemoryBudget {
 // The least of the sources' room (a limit already exceeded leaves 0).
 MemoryBudget memory_budget(const MemorySources& s);
 
-// What load_weights will hold resident for `f`'s tensors in `dtype`.
+// What load_weights will hold resident for `f`'s tensors in `dtype` (in int8, an untied embedding
+// table the integer GEMM could read stays mapped, its rows paged in as tokens look them up: none).
 int64_t resident_weight_bytes(const GgufFile& f, DType dtype);
 
 // Throws lp::Error naming the file, both sizes and the bound's source when the weights need more

@@ -55,6 +55,20 @@ TEST(MemoryBudget, WeightsNeedWhatEachDtypeHolds) {
   // F16 is not a type the integer GEMM multiplies: requantized to Q8_0, 34 bytes per 32.
   EXPECT_EQ(resident_weight_bytes(f, DType::Int8), matrices / 32 * 34 + 4 * vectors);
 
+  // An untied embedding table in a type the integer GEMM reads (Q8_0 here) stays in the file's
+  // mapping in int8, its rows paged in as they are looked up: it holds nothing resident.
+  {
+    testing::GgufWriter w = testing::tiny_model_writer(spec);
+    testing::GgufWriterTensor* e = w.find_tensor("token_embd.weight");
+    ASSERT_NE(e, nullptr);
+    e->type = uint32_t(GgmlType::Q8_0);
+    e->data.assign(size_t(V * D / 32 * 34), 0);  // zero blocks: scale 0, every weight 0
+    w.write(dir.file("q8embd.gguf"));
+    const GgufFile q = GgufFile::open(dir.file("q8embd.gguf"));
+    EXPECT_EQ(resident_weight_bytes(q, DType::Int8), (matrices - V * D) / 32 * 34 + 4 * vectors);
+    EXPECT_EQ(resident_weight_bytes(q, DType::F32), 4 * (matrices + vectors));
+  }
+
   check_weights_fit(f, DType::F32, {4 * (matrices + vectors), "MemAvailable"});  // exactly fits
   try {
     check_weights_fit(f, DType::F32, {4 * (matrices + vectors) - 1, "RLIMIT_DATA"});
