@@ -79,7 +79,7 @@ struct GenerateResult {
 // step at a time (with `prune`: LazyLLM's re-selection and revival; without: a plain pass), and
 // asks `choose(i, logits)` for the i-th token, until the end of generation or n_new tokens.
 // LazyLLM's revivals cluster in the first decoding steps; the steps after this many are its steady
-// state (docs/pruning.md), timed apart.
+// state (docs/engine.md, "Decoding cost with revival"), timed apart.
 inline constexpr int64_t kSteadyAfterSteps = 32;
 struct DecodeLoop {
   int64_t n_new = 0;                      // tokens to generate, `first` included

@@ -281,36 +281,28 @@ struct KeyMask {
   int32_t last_pos = 0;
 };
 
-// window > 0: a key window or more positions before a row's query is hidden from it (a listed set:
-// masked key by key; a prefix set: the row's keys start at TileRow::start).
 // A compacted key block: kc [Dh][ldc] f32 = the block's keys kt [Dh][kBlock] at slots idx[0..n)
 // (ascending; `keep` their bits), zero from n to ldc (the score steps' padded lanes). kc has 16
 // floats of room past ldc.
 template <class E>
 void gather_keys(const E* kt, int64_t Dh, const uint8_t* idx, uint64_t keep, int64_t n, int64_t ldc,
                  float* kc) {
-#if defined(__AVX512F__)
-  if (n > 0) {
-    for (int64_t d = 0; d < Dh; ++d) {
-      const E* src = kt + d * kBlock;
-      float* dst = kc + d * ldc;
-      int64_t at = 0;
-      for (int c = 0; c < kBlock / 16; ++c) {
-        const __mmask16 mk = __mmask16(keep >> (16 * c));
-        if (!mk) continue;
-        _mm512_storeu_ps(dst + at, _mm512_maskz_compress_ps(mk, load16(src + 16 * c)));
-        at += std::popcount(uint32_t(mk));
-      }
-      std::fill(dst + n, dst + ldc, 0.0f);
-    }
-    return;
-  }
-#endif
-  (void)keep;
   for (int64_t d = 0; d < Dh; ++d) {
     const E* src = kt + d * kBlock;
     float* dst = kc + d * ldc;
+#if defined(__AVX512F__)
+    (void)idx;
+    int64_t at = 0;
+    for (int c = 0; c < kBlock / 16; ++c) {
+      const __mmask16 mk = __mmask16(keep >> (16 * c));
+      if (!mk) continue;
+      _mm512_storeu_ps(dst + at, _mm512_maskz_compress_ps(mk, load16(src + 16 * c)));
+      at += std::popcount(uint32_t(mk));
+    }
+#else
+    (void)keep;
     for (int64_t j = 0; j < n; ++j) dst[j] = load1(src[idx[j]]);
+#endif
     std::fill(dst + n, dst + ldc, 0.0f);
   }
 }
@@ -350,6 +342,8 @@ inline void hide_after(float* s, const int32_t* vis, int32_t pos, int64_t n) {
     if (vis[k] > pos) s[k] = -INFINITY;
 }
 
+// window > 0: a key window or more positions before a row's query is hidden from it (a listed set:
+// masked key by key; a prefix set: the row's keys start at TileRow::start).
 // Keys [kb0, kb1) of the set (kb0 a multiple of kBlock; kb1 past the end reads to it). part null:
 // the rows' outputs are final (every key was in range); else their partial softmax goes to part.
 template <class E>
