@@ -8,7 +8,7 @@
 // BM_Peak_AmxInt8: the same for AMX's tdpbusd (a 16 x 64 int8 tile times a 64 x 16 one into 16 x 16
 // int32, four independent accumulator tiles), where the CPU has AMX and Linux grants the tiles
 // (kernels/cpu/amx.h); no engine kernel uses AMX yet, so this is the ceiling a tile kernel could
-// reach here, beside VNNI's.
+// reach here, beside VNNI's (the AMX kernel, QKernel::Amx, is BM_QGemmPacked/4).
 // BM_QGemm: every kernel this CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes (and
 // every kept type at Llama-3.1-8B's attention output, 512 x 4096 -> 4096), the
 // weights cycling through 16 matrices so they come from memory as in a prefill (as
@@ -16,6 +16,7 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <random>
 #include <thread>
 #include <utility>
@@ -207,19 +208,24 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QGemm)->Apply(qgemm_shapes);
 
-// The 512-bit kernel over weights packed once at load (qpack, as the CPU backend holds Q4_0, Q4_1
-// and Q8_0), beside BM_QGemm/3 over the same shapes, which packs per call (16 rows or more) or
-// reads the blocks as stored (fewer).
+// BM_QGemmPacked/kernel/type/M/K/N: the 512-bit VNNI (3) and AMX (4) kernels over weights packed
+// once at load (qpack, as the CPU backend holds every type but Q5_0/Q5_1), beside BM_QGemm/3 over
+// the same shapes, which packs per call (16 rows or more) or reads the blocks as stored (fewer).
+// Also Llama-3.1-8B's prefill shapes (512 rows x attention output 4096 -> 4096 and down
+// 14336 -> 4096) in Q4_K_M's types, VNNI and AMX side by side.
 void BM_QGemmPacked(benchmark::State& st) {
-  const auto t = lp::GgmlType(st.range(0));
-  const int64_t M = st.range(1), K = st.range(2), N = st.range(3);
-  if (!lp::qkernel_supported(lp::QKernel::Avx512Vnni512)) {
+  const auto k = lp::QKernel(st.range(0));
+  const auto t = lp::GgmlType(st.range(1));
+  const int64_t M = st.range(2), K = st.range(3), N = st.range(4);
+  if (!lp::qkernel_supported(k)) {
     st.SkipWithError("this CPU lacks the instructions");
     return;
   }
   lp::CpuContext ctx(2);
   const int64_t bytes = *lp::type_bytes(t, K) * N;
-  std::vector<std::vector<uint8_t>> ws(16, std::vector<uint8_t>(static_cast<size_t>(bytes)));
+  // 16 copies, or as many as 512 MiB holds (at least 2): the 8B matrices are 9-61 MB each.
+  const int64_t copies = std::clamp<int64_t>((int64_t(512) << 20) / bytes, 2, 16);
+  std::vector<std::vector<uint8_t>> ws(size_t(copies), std::vector<uint8_t>(static_cast<size_t>(bytes)));
   std::vector<std::shared_ptr<const lp::QPacked>> packs;
   uint64_t seed = 1;
   for (auto& w : ws) {
@@ -234,19 +240,24 @@ void BM_QGemmPacked(benchmark::State& st) {
   size_t i = 0;
   for (auto _ : st) {
     const lp::QPart part{t, N, ws[i].data(), packs[i].get()};
-    lp::qgemm(ctx, lp::QKernel::Avx512Vnni512, a.data(), M, K, {&part, 1}, K, c.data(), N);
+    lp::qgemm(ctx, k, a.data(), M, K, {&part, 1}, K, c.data(), N);
     i = (i + 1) % ws.size();
   }
-  st.SetLabel(std::string(lp::type_info(uint32_t(t))->name) + " packed");
+  st.SetLabel(std::string(lp::type_info(uint32_t(t))->name) + " packed " + lp::qkernel_name(k));
   st.counters["Gop/s"] = benchmark::Counter(2.0 * double(M) * double(N) * double(K),
                                             benchmark::Counter::kIsIterationInvariantRate);
 }
 void packed_shapes(benchmark::internal::Benchmark* b) {
+  const int vnni = int(lp::QKernel::Avx512Vnni512), amx = int(lp::QKernel::Amx);
   for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1)}) {
-    for (int64_t m : {64, 512}) b->Args({t, m, 576, 3072});
+    for (int k : {vnni, amx})
+      for (int64_t m : {64, 512}) b->Args({k, t, m, 576, 3072});
     for (const auto& [K, N] : {std::pair<int64_t, int64_t>{576, 3072}, {1536, 576}, {576, 49152}})
-      for (int64_t m : {1, 4, 8}) b->Args({t, m, K, N});
+      for (int64_t m : {1, 4, 8}) b->Args({vnni, t, m, K, N});
   }
+  for (int t : {int(lp::GgmlType::Q4_K), int(lp::GgmlType::Q6_K), int(lp::GgmlType::Q8_0)})
+    for (const auto& [K, N] : {std::pair<int64_t, int64_t>{4096, 4096}, {14336, 4096}})
+      for (int k : {vnni, amx}) b->Args({k, t, 512, K, N});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_QGemmPacked)->Apply(packed_shapes);
@@ -274,7 +285,7 @@ void BM_QGemv(benchmark::State& st) {
   for (size_t i = 1; i < ws.size(); ++i) ws[i] = ws[0];  // the same values: it is the traffic that counts
   std::vector<std::shared_ptr<const lp::QPacked>> packs;
   for (auto& w : ws)  // the blocks stay (the engine's stay mapped), but only the packs are read
-    packs.push_back(k == lp::QKernel::Avx512Vnni512 ? lp::qpack(ctx, t, w.data(), N, K) : nullptr);
+    packs.push_back(lp::qkernel_uses_panels(k) ? lp::qpack(ctx, t, w.data(), N, K) : nullptr);
   std::mt19937 rng(1);
   std::vector<float> a(static_cast<size_t>(K)), c(static_cast<size_t>(N));
   std::uniform_real_distribution<float> u(-1, 1);

@@ -19,6 +19,7 @@ namespace lp {
 enum class Scratch : int {
   QActivations,    // the integer GEMM's quantized rows (kernels/cpu/qgemm.cpp)
   QBias,           // its activation blocks' offset terms
+  QTileRows,       // the quantized rows laid out for its AMX tiles
   QWeights,        // one task's panel of weights, packed or widened
   QScales,         // that panel's (or decoding tile's) f32 scales
   QMins,           // and minima

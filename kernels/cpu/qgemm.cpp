@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/qgemm_blocks.h"
 #include "kernels/cpu/qgemm_kernels.h"
 #include "model/error.h"
@@ -169,6 +170,8 @@ const char* qkernel_name(QKernel k) {
       return "avx512-vnni";
     case QKernel::Avx512Vnni512:
       return "avx512-vnni-512";
+    case QKernel::Amx:
+      return "amx-int8";
   }
   return "?";
 }
@@ -191,6 +194,8 @@ bool detect(QKernel k) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() &&
              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    case QKernel::Amx:
+      return detect(QKernel::Avx512Vnni512) && amx_int8_usable();
   }
   return false;
 }
@@ -200,20 +205,27 @@ bool detect(QKernel k) {
 // and asking each time cost 14 us a call here, more than a decoding step's 576 x 576 GEMM itself.
 bool qkernel_supported(QKernel k) {
   static const bool supported[] = {detect(QKernel::Scalar), detect(QKernel::Avx2),
-                                   detect(QKernel::Avx512Vnni), detect(QKernel::Avx512Vnni512)};
+                                   detect(QKernel::Avx512Vnni), detect(QKernel::Avx512Vnni512),
+                                   detect(QKernel::Amx)};
   return supported[int(k)];
 }
 
 QKernel best_qkernel() {
+  // Not Amx: it measured no faster than the VNNI panels on Q4_K_M's types (docs/cpu-kernels.md).
   static const QKernel k = qkernel_supported(QKernel::Avx512Vnni512) ? QKernel::Avx512Vnni512
                            : qkernel_supported(QKernel::Avx2)        ? QKernel::Avx2
                                                                      : QKernel::Scalar;
   return k;
 }
 
+bool qkernel_uses_panels(QKernel k) {
+  return k == QKernel::Avx512Vnni512 || k == QKernel::Amx;
+}
+
 std::vector<QKernel> supported_qkernels() {
   std::vector<QKernel> v;
-  for (QKernel k : {QKernel::Scalar, QKernel::Avx2, QKernel::Avx512Vnni, QKernel::Avx512Vnni512})
+  for (QKernel k :
+       {QKernel::Scalar, QKernel::Avx2, QKernel::Avx512Vnni, QKernel::Avx512Vnni512, QKernel::Amx})
     if (qkernel_supported(k)) v.push_back(k);
   return v;
 }
@@ -273,13 +285,37 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
 }
 
 namespace {
-// One part's outputs from the quantized rows q [M][nb] (C already offset to its first column).
+// The quantized rows q [M][nb] as the AMX kernel reads them (qk::avx512::TileRows), in this
+// thread's scratch.
+qk::avx512::TileRows tile_rows(CpuContext& ctx, const QActBlock* q, int64_t M, int64_t nb) {
+  qk::avx512::TileRows r;
+  r.Mp = (M + qk::avx512::kAmxRows - 1) / qk::avx512::kAmxRows * qk::avx512::kAmxRows;
+  const int64_t n = r.Mp * nb;
+  auto* base = ctx.scratch<uint8_t>(Scratch::QTileRows, n * (kQBlock + 4 + 4));
+  r.q = reinterpret_cast<int8_t*>(base);
+  r.d = reinterpret_cast<float*>(base + n * kQBlock);
+  r.s = r.d + n;
+  ctx.run([&] {
+    tbb::parallel_for(int64_t(0), nb, [&](int64_t b) {
+      for (int64_t m = 0; m < r.Mp; ++m) {
+        const QActBlock z{}, &a = m < M ? q[m * nb + b] : z;
+        std::memcpy(r.q + (b * r.Mp + m) * kQBlock, a.q, kQBlock);
+        r.d[b * r.Mp + m] = a.d;
+        r.s[b * r.Mp + m] = a.s;
+      }
+    });
+  });
+  return r;
+}
+
+// One part's outputs from the quantized rows q [M][nb] (C already offset to its first column);
+// tiles: the same rows for the AMX kernel, or null.
 void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q, int64_t M, int64_t nb,
-              float* C, int64_t ldc) {
+              const qk::avx512::TileRows* tiles, float* C, int64_t ldc) {
   const GgmlType t = part.type;
   const uint8_t* w = part.data;
   const int64_t N = part.rows, row_bytes = *type_bytes(t, nb * kQBlock);
-  const bool v512 = k == QKernel::Avx512Vnni512;
+  const bool v512 = qkernel_uses_panels(k);
   if (k == QKernel::Scalar || k == QKernel::Avx512Vnni) {
     ctx.run([&] {
       // Chunks of 64 rows x 64 outputs: a chunk's weight and activation rows stay in L2.
@@ -306,12 +342,13 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
     const QPacked& P = *part.packed;
     if (P.type != t || P.N != N || P.nb != nb)
       internal_fail("qgemm: a packed part does not match its blocks");
-    if (off != 0)
+    if (off != 0 && !tiles)
       for (int64_t m = 0; m < M; ++m) activation_bias(t, off, q + m * nb, nb, bs + m * nb * S);
     const bool wide = M >= kPanelMinRows;
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), (N + qk::avx512::kPanel - 1) / qk::avx512::kPanel, [&](int64_t p) {
-        qk::avx512::packed(P, p, q, bs, M, wide, C, ldc, take(ctx, qk::avx512::packed_scratch(P, wide)));
+        qk::avx512::packed(P, p, q, bs, M, wide, tiles, C, ldc,
+                           take(ctx, qk::avx512::packed_scratch(P, wide, tiles)));
       });
     });
     return;
@@ -334,7 +371,7 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
   }
   const int64_t width = v512 ? qk::avx512::kPanel : qk::avx2::kPanel;
   ctx.run([&] {
-    if (off != 0)
+    if (off != 0 && !tiles)
       tbb::parallel_for(int64_t(0), M,
                         [&](int64_t m) { activation_bias(t, off, q + m * nb, nb, bs + m * nb * S); });
     // One task per panel of outputs, each over every row.
@@ -342,7 +379,7 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
       const int64_t n0 = p * width;
       const int cnt = int(std::min(width, N - n0));
       if (v512)
-        qk::avx512::panel(t, w, row_bytes, q, bs, nb, M, n0, cnt, C, ldc,
+        qk::avx512::panel(t, w, row_bytes, q, bs, nb, M, n0, cnt, C, ldc, tiles,
                           take(ctx, qk::avx512::panel_scratch(t, nb)));
       else
         qk::avx2::panel(t, w, row_bytes, q, bs, nb, M, n0, cnt, C, ldc,
@@ -447,9 +484,12 @@ void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, s
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), M, [&](int64_t m) { quantize_activations(A + m * lda, K, q + m * nb); });
     });
+  // The tile kernel takes the panels' calls (16 rows or more); fewer rows run the decoding tiles.
+  qk::avx512::TileRows tiles;
+  if (k == QKernel::Amx && M >= kPanelMinRows) tiles = tile_rows(ctx, q, M, nb);
   int64_t n0 = 0;
   for (const QPart& p : parts) {
-    if (p.rows > 0) run_part(ctx, k, p, q, M, nb, C + n0, ldc);
+    if (p.rows > 0) run_part(ctx, k, p, q, M, nb, tiles.q ? &tiles : nullptr, C + n0, ldc);
     n0 += p.rows;
   }
 }

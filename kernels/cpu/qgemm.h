@@ -46,10 +46,16 @@ void quantize_q8_0(const float* x, int64_t K, uint8_t* out);
 // quantize_q8_0 (how --dtype int8 holds a type the integer GEMM does not multiply).
 void requantize_q8_0(GgmlType t, const uint8_t* row, int64_t K, uint8_t* out);
 
-enum class QKernel { Scalar, Avx2, Avx512Vnni, Avx512Vnni512 };
+// Amx: the 512-bit VNNI kernel with its panels of 16 rows or more multiplied as AMX int8 tiles
+// (Sapphire Rapids and later, where the OS grants the tiles: amx_int8_usable); the same bits. Not
+// best_qkernel's pick: with a scale per 32 weights it measured at par with the VNNI panels
+// (BM_QGemmPacked/4 against /3; docs/cpu-kernels.md, "AMX").
+enum class QKernel { Scalar, Avx2, Avx512Vnni, Avx512Vnni512, Amx };
 const char* qkernel_name(QKernel k);
 bool qkernel_supported(QKernel k);  // this CPU runs it (cpuid, at run time)
 QKernel best_qkernel();             // VNNI (512-bit), else AVX2, else scalar
+// The kernel multiplies the panels qpack lays out (the 512-bit VNNI and AMX kernels).
+bool qkernel_uses_panels(QKernel k);
 std::vector<QKernel> supported_qkernels();
 
 // Weight types the integer GEMM multiplies (the rest are dequantized at load).

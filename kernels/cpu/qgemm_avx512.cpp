@@ -1,7 +1,10 @@
 // The integer GEMM's AVX-512 VNNI kernels (qgemm_kernels.h): vpdpbusd (u8 x s8, 4 products summed
-// into each s32 lane) in 256-bit tiles, 512-bit panels and 512-bit decoding tiles. Everything from
-// the target region on is compiled for AVX-512 F/BW/VL/VNNI (with AVX2 + FMA + F16C) whatever the
-// build's -march; everything before it for the build's own target (see qgemm_avx2.cpp).
+// into each s32 lane) in 256-bit tiles, 512-bit panels and 512-bit decoding tiles, and the AMX
+// tile kernel over the same panels. Everything from the target region on is compiled for AVX-512
+// F/BW/VL/VNNI (with AVX2 + FMA + F16C) and AMX-TILE/INT8 whatever the build's -march; everything
+// before it for the build's own target (see qgemm_avx2.cpp). The compiler never emits an AMX
+// instruction of its own accord: only amx_rows' intrinsics do, and the dispatcher calls it only
+// where amx_int8_usable().
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,11 +16,12 @@
 #include "kernels/cpu/simd.h"
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), \
-                             apply_to = function)
+#pragma clang attribute push(                                                                        \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8"))), \
+    apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
 #endif
 
 #include "kernels/cpu/qgemm_ymm.h"
@@ -107,6 +111,8 @@ struct BytePanel {
   }
   __m512 m(int64_t b, int j) const { return _mm512_loadu_ps(pm + (b * kNV + j) * kLanes); }
   void prefetch(int64_t) const {}  // packed per call: in cache
+  // Block b's 8 groups of vector j: an AMX B tile (8 rows of [16 outputs][4 bytes]).
+  const uint8_t* tile(int64_t b, int j) const { return pw + (b * kNV + j) * 8 * 64; }
 };
 // A panel as qpack keeps it (QPacked, qgemm_kernels.h): nibbles (and Q5_K's and Q6_K's high bits
 // beside them) joined into bytes in registers, the f16 scales widened there (exactly), a
@@ -249,22 +255,173 @@ void rows(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, 
     simd::with_rows<kMR>(int(M - m),
                          [&](auto mr) { tile<T, decltype(mr)::value>(src, qa, bias, nb, m, C, ldc, k); });
 }
+// ---- AMX: the same panels as int8 tile products ----
+// On CPUs with AMX (Sapphire Rapids and later) one tdpbssd/tdpbsud multiplies a tile of 16 rows of
+// activations (s8) by a tile of 16 outputs' weights (a block of vector j in a panel is 8 rows of
+// [16 outputs][4 bytes], an AMX B tile as it lies) into 16 x 16 exact int32 sums. Each product
+// covers one block (K = 32; Q6_K one 16-element half, K = 16), because every block has its own
+// scale: the sums go to memory and each row's 16 outputs take the scalar twin's steps in f32
+// (convert, d_w x d_a, fused multiply-add, the minimum's), so the result is the VNNI panels' bit
+// for bit. The weights are multiplied as signed bytes where the type has an offset (widened less
+// it), so no activation sum is taken back. A step is 32 rows x the panel's 32 outputs: 4 products
+// from 4 tile loads; the activations are laid out per block (TileRows: 16 rows one contiguous A
+// tile); the next kSteps steps' products are issued before these steps' f32 work, into the other
+// of two buffers.
+// What bounds it (Xeon family 6 model 167, 2 cores, 2026-11-30): a product at K = 32 costs the tile
+// unit what one at K = 64 does (about 16 cycles; BM_Peak_AmxInt8's 14.6 Top/s is for K = 64), the
+// tile registers are not renamed (a tile load waits for the products still reading that tile; in
+// a profile half the time sat on the tile instructions), and the f32 steps, 3-4 vector operations
+// per row, block and 16 outputs against the VNNI panels' 12, did not overlap them. So it measured
+// at par with the VNNI panels (BM_QGemmPacked/4 against /3, 512 rows, medians of 3: Q8_0 0.86-1.19x
+// the time, Q4_K 1.15x at 4096 -> 4096 and 1.5x at 14336 -> 4096, Q6_K 0.86-0.99x), and
+// best_qkernel does not pick it. A tile kernel that wins needs K = 64 or more per product: blocks
+// whose scales can be applied in the integer domain (docs/cpu-kernels.md, "AMX").
+constexpr int kSteps = 2;
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+// Tiles 0 and 1 activations (16 rows x k bytes), 2 and 3 weights (k / 4 rows of 64 bytes), 4-7
+// the sums (16 rows x 16 int32): tile 4 + 2 rr + j is rows rr, vector j. k = 32 (a block) or 16
+// (Q6_K's halves).
+inline void configure_tiles(int k) {
+  alignas(64) TileConfig c;
+  for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = uint16_t(k);
+  for (int t : {2, 3}) c.rows[t] = uint8_t(k / 4), c.colsb[t] = 64;
+  for (int t : {4, 5, 6, 7}) c.rows[t] = 16, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+}
+using TileSums = int32_t[4][16][16];  // one step's 4 products
+// Steps st0..st0 + n (a step: block st / S, half st % S) of rows m0..m0 + 32 into sums. Signed:
+// the weights as signed bytes (their offset taken off when widened), else unsigned.
+template <int S, bool Signed, class Src>
+inline void tile_products(const Src& src, const TileRows& a, int64_t st0, int n, int64_t m0, TileSums* sums) {
+  for (int i = 0; i < n; ++i) {
+    const int64_t st = st0 + i, b = st / S, h = st % S;
+    const int8_t* A = a.q + (b * a.Mp + m0) * kQBlock + h * 16;
+    _tile_loadd(0, A, kQBlock);
+    _tile_loadd(1, A + 16 * kQBlock, kQBlock);
+    _tile_loadd(2, src.tile(b, 0) + h * 4 * 64, 64);
+    _tile_loadd(3, src.tile(b, 1) + h * 4 * 64, 64);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    if constexpr (Signed) {
+      _tile_dpbssd(4, 0, 2);
+      _tile_dpbssd(5, 0, 3);
+      _tile_dpbssd(6, 1, 2);
+      _tile_dpbssd(7, 1, 3);
+    } else {
+      _tile_dpbsud(4, 0, 2);
+      _tile_dpbsud(5, 0, 3);
+      _tile_dpbsud(6, 1, 2);
+      _tile_dpbsud(7, 1, 3);
+    }
+    _tile_stored(4, sums[i][0], 64);
+    _tile_stored(5, sums[i][1], 64);
+    _tile_stored(6, sums[i][2], 64);
+    _tile_stored(7, sums[i][3], 64);
+  }
+}
+// Those steps' sums into the accumulators acc [32 rows][kPanel], in step order per output. Per
+// vector j the N steps' scales stay in registers over the 32 rows (a row and step: a load of the
+// sums, the activation's scale broadcast with the multiply, convert, multiply, fused multiply-add).
+template <GgmlType T, int N, class Src>
+inline void fold(const Src& src, const TileRows& a, int64_t st0, int64_t m0, const TileSums* sums,
+                 float (*acc)[kPanel]) {
+  constexpr int S = n_scales(T);
+  for (int j = 0; j < kNV; ++j) {
+    __m512 dw[N], mw[N];
+    const float *da[N], *sa[N];
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      const int64_t st = st0 + i, b = st / S;
+      dw[i] = src.d(b, S, int(st % S), j);
+      if constexpr (block_has_min(T)) mw[i] = src.m(b, j);
+      da[i] = a.d + b * a.Mp + m0;
+      sa[i] = a.s + b * a.Mp + m0;
+    }
+    for (int rr = 0; rr < 2; ++rr)
+      for (int r = 0; r < 16; ++r) {
+        const int row = rr * 16 + r;
+        float* at = acc[row] + j * kLanes;
+        __m512 x = _mm512_load_ps(at);
+#pragma GCC unroll 8
+        for (int i = 0; i < N; ++i) {
+          const __m512i s = _mm512_load_si512(sums[i][rr * 2 + j][r]);
+          x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[i], _mm512_set1_ps(da[i][row])), x);
+          if constexpr (block_has_min(T)) x = _mm512_fmadd_ps(mw[i], _mm512_set1_ps(sa[i][row]), x);
+        }
+        _mm512_store_ps(at, x);
+      }
+  }
+}
+// Every row over one panel of cnt outputs at C, as rows() gives them. src: a BytePanel whose
+// bytes are the weights themselves (signed: widen's or pack's bytes less the type's offset), or
+// for the types without an offset their unsigned bytes, so no activation sum is taken back.
+template <GgmlType T, class Src>
+void amx_rows(const Src& src, const TileRows& a, int64_t nb, int64_t M, int cnt, float* C, int64_t ldc) {
+  constexpr int S = n_scales(T);
+  constexpr bool kSigned = offset_of(T) != 0;
+  static_assert(kSteps % S == 0);  // a Q6_K block's two halves in one batch: the twin's order
+  const int64_t steps = nb * S;
+  alignas(64) TileSums sums[2][kSteps];
+  alignas(64) float acc[2 * 16][kPanel];
+  __mmask16 k[kNV];
+  for (int j = 0; j < kNV; ++j) k[j] = __mmask16((1u << std::clamp(cnt - j * kLanes, 0, kLanes)) - 1);
+  configure_tiles(kQBlock / S);
+  for (int64_t m0 = 0; m0 < M; m0 += 32) {
+    std::fill_n(&acc[0][0], 32 * kPanel, 0.f);
+    tile_products<S, kSigned>(src, a, 0, int(std::min<int64_t>(kSteps, steps)), m0, sums[0]);
+    for (int64_t st = 0, buf = 0; st < steps; st += kSteps, buf ^= 1) {
+      // The next steps' products first: the tile unit works through them during this fold.
+      const int64_t next = st + kSteps;
+      if (next < steps)
+        tile_products<S, kSigned>(src, a, next, int(std::min<int64_t>(kSteps, steps - next)), m0,
+                                  sums[buf ^ 1]);
+      const int n = int(std::min<int64_t>(kSteps, steps - st));
+      static_assert(kSteps == 2);
+      if (n == kSteps)
+        fold<T, kSteps>(src, a, st, m0, sums[buf], acc);
+      else
+        fold<T, 1>(src, a, st, m0, sums[buf], acc);  // an odd last block
+    }
+    for (int r = 0; r < 32 && m0 + r < M; ++r)
+      for (int j = 0; j < kNV; ++j)
+        _mm512_mask_storeu_ps(C + (m0 + r) * ldc + j * kLanes, k[j], _mm512_load_ps(acc[r] + j * kLanes));
+  }
+  _tile_release();
+}
+
 // Every row of outputs n0..n0 + cnt (cnt <= kPanel).
 template <GgmlType T>
 void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
-                    int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& p) {
+                    int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const TileRows* amx,
+                    const Scratchpad& p) {
   pack<T>(W, row_bytes, n0, cnt, nb, p);
   const BytePanel src{p.w, p.d, block_has_min(T) ? p.mins : nullptr};
+  if (amx) {
+    if constexpr (offset_of(T) != 0)
+      for (int64_t i = 0; i < panel_scratch(T, nb).weight_bytes; i += 64)
+        _mm512_store_si512(p.w + i,
+                           _mm512_sub_epi8(_mm512_load_si512(p.w + i), _mm512_set1_epi8(char(offset_of(T)))));
+    return amx_rows<T>(src, *amx, nb, M, cnt, C + n0, ldc);
+  }
   rows<T>(src, qa, bias, nb, M, cnt, C + n0, ldc);
 }
-// A packed panel widened into BytePanel's storage: nibbles to bytes, f16 to f32.
+// A packed panel widened into BytePanel's storage: nibbles to bytes (less sub, mod 256), f16 to f32.
 template <GgmlType T>
-void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p) {
+void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p, int sub = 0) {
   constexpr int S = n_scales(T);
   uint8_t* pw = p.w;
+  const __m512i off = _mm512_set1_epi8(char(sub));
   for (int64_t b = 0; b < nb; ++b)
     for (int j = 0; j < kNV; ++j) {
-      for (int g = 0; g < 8; ++g) _mm512_store_si512(pw + ((b * kNV + j) * 8 + g) * 64, src.w(b, j, g));
+      for (int g = 0; g < 8; ++g)
+        _mm512_store_si512(pw + ((b * kNV + j) * 8 + g) * 64, _mm512_sub_epi8(src.w(b, j, g), off));
       for (int h = 0; h < S; ++h) _mm512_storeu_ps(p.d + ((b * S + h) * kNV + j) * kLanes, src.d(b, S, h, j));
       if constexpr (block_has_min(T)) _mm512_storeu_ps(p.mins + (b * kNV + j) * kLanes, src.m(b, j));
     }
@@ -274,7 +431,7 @@ void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p) {
 // memory, where nibbles take a shift and a mask per tile (Q4_1 512 x 576 x 3072: 4.9 ms from the
 // nibbles, 3.7 ms packing per call, BM_QGemmPacked, 2026-11-26).
 void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
-                float* C, int64_t ldc, const Scratchpad& w) {
+                const TileRows* amx, float* C, int64_t ldc, const Scratchpad& w) {
   const int64_t n0 = p * kPanel;
   const int cnt = int(std::min<int64_t>(kPanel, P.N - n0));
   with_type(P.type, [&](auto type) {
@@ -284,9 +441,14 @@ void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t*
       const int64_t scales = p * P.nb * kPanel;
       const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
                                !kq && mins ? P.m.data() + scales : nullptr};
+      const BytePanel bytes{w.w, w.d, block_has_min(T) ? w.mins : nullptr};
+      if (amx) {
+        widen<T>(src, P.nb, w, offset_of(T));
+        return amx_rows<T>(bytes, *amx, P.nb, M, cnt, C + n0, ldc);
+      }
       if (!wide || !src.kNibbles) return rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
       widen<T>(src, P.nb, w);
-      rows<T>(BytePanel{w.w, w.d, block_has_min(T) ? w.mins : nullptr}, qa, bias, P.nb, M, cnt, C + n0, ldc);
+      rows<T>(bytes, qa, bias, P.nb, M, cnt, C + n0, ldc);
     }
   });
 }
@@ -378,9 +540,10 @@ void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
 }
 
 void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
-           int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s) {
+           int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const TileRows* amx,
+           const Scratchpad& s) {
   with_type(t, [&](auto type) {
-    multiply_panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc, s);
+    multiply_panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc, amx, s);
   });
 }
 
@@ -392,8 +555,8 @@ void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups
 }
 
 void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
-            float* C, int64_t ldc, const Scratchpad& s) {
-  run_packed(P, p, qa, bias, M, wide, C, ldc, s);
+            const TileRows* amx, float* C, int64_t ldc, const Scratchpad& s) {
+  run_packed(P, p, qa, bias, M, wide, amx, C, ldc, s);
 }
 
 void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,

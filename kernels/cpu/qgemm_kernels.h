@@ -108,14 +108,27 @@ static inline ScratchSize panel_scratch(GgmlType t, int64_t nb) {
 // The 256-bit tiles with vpdpbusd (one output's block per vector).
 void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m0,
            int64_t m1, int64_t n0, int64_t n1, float* C, int64_t ldc, const Scratchpad& s);
+// The activations as the AMX tile kernel reads them (the dispatcher lays them out): rows m..m + 16
+// of block b one contiguous A tile. Mp: M rounded up to kAmxRows, the rows past M zero.
+inline constexpr int kAmxRows = 32;
+struct TileRows {
+  int64_t Mp = 0;
+  int8_t* q = nullptr;  // [nb][Mp][32]: the blocks' bytes
+  float* d = nullptr;   // [nb][Mp]: their scales
+  float* s = nullptr;   // [nb][Mp]: d x their sums
+};
+// amx: the tile kernel over those rows instead of the VNNI panels over qa and bias (calls of
+// kPanelMinRows or more, on a CPU where amx_int8_usable()); the same bits.
 void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
-           int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s);
+           int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const TileRows* amx,
+           const Scratchpad& s);
 // Every row over panel p of a packed matrix; wide (many rows): widened once into the scratch.
-static inline ScratchSize packed_scratch(const QPacked& P, bool wide) {
-  return wide && P.type != GgmlType::Q8_0 ? panel_scratch(P.type, P.nb) : ScratchSize{};
+// (The AMX kernel widens every type, Q8_0 too: its tiles multiply the weights as signed bytes.)
+static inline ScratchSize packed_scratch(const QPacked& P, bool wide, bool amx) {
+  return (wide && P.type != GgmlType::Q8_0) || amx ? panel_scratch(P.type, P.nb) : ScratchSize{};
 }
 void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
-            float* C, int64_t ldc, const Scratchpad& s);
+            const TileRows* amx, float* C, int64_t ldc, const Scratchpad& s);
 // Block b of a row as the panels' unsigned bytes (its values plus the type's offset), element 4g + i
 // in byte i of groups[g]: what qpack lays out, decoded by the kernels' own loads.
 void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups);

@@ -194,20 +194,22 @@ TEST(QGemm, PackedWeightsMatchTheScalarTwinBitForBit) {
     // panels; Q4_K and Q5_K hold their 12 bytes of 6-bit multipliers a super-block as 16 bytes.
     const int64_t extra = t == GgmlType::Q4_K || t == GgmlType::Q5_K ? 4 * K / 256 : 0;
     EXPECT_EQ(qpacked_bytes(*packed), 3 * 32 * (*type_bytes(t, K) + extra));
-    for (int64_t M : {37, 8, 7, 1}) {
+    for (int64_t M : {37, 32, 8, 7, 1}) {
       const std::vector<float> A = random_floats(M * lda, 29);
       std::vector<float> ref(size_t(M * ldc), -1.f);
       qgemm(one, QKernel::Scalar, t, A.data(), M, lda, W.data(), N, K, ref.data(), ldc);
       const QPart part{t, N, W.data(), packed.get()};
-      for (CpuContext* ctx : {&one, &two}) {
-        std::vector<float> got(size_t(M * ldc), -1.f);
-        qgemm(*ctx, QKernel::Avx512Vnni512, A.data(), M, lda, {&part, 1}, K, got.data(), ldc);
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = 0; n < ldc; ++n)
-            ASSERT_EQ(got[size_t(m * ldc + n)], ref[size_t(m * ldc + n)])
-                << type_info(uint32_t(t))->name << " threads " << ctx->threads() << " M " << M << " m " << m
-                << " n " << n;
-      }
+      for (QKernel k : supported_qkernels())
+        for (CpuContext* ctx : {&one, &two}) {
+          if (!qkernel_uses_panels(k)) continue;
+          std::vector<float> got(size_t(M * ldc), -1.f);
+          qgemm(*ctx, k, A.data(), M, lda, {&part, 1}, K, got.data(), ldc);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < ldc; ++n)
+              ASSERT_EQ(got[size_t(m * ldc + n)], ref[size_t(m * ldc + n)])
+                  << type_info(uint32_t(t))->name << " " << qkernel_name(k) << " threads " << ctx->threads()
+                  << " M " << M << " m " << m << " n " << n;
+        }
     }
   }
 }
