@@ -396,11 +396,12 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
   using qk::avx512::kLanes, qk::avx512::kNV, qk::avx512::kPanel;
   auto P = std::make_shared<QPacked>();
   const bool nibbles = t != GgmlType::Q8_0;
-  const int groups = nibbles ? 4 : 8, planes = high_planes(t);
+  const int planes = high_planes(t);
   const int64_t nb = K / kQBlock, panels = (N + kPanel - 1) / kPanel, row_bytes = *type_bytes(t, K);
   const qk::KPanelLayout L = qk::kpanel_layout(t, kLanes, kNV);
   P->type = t, P->N = N, P->nb = nb;
-  P->panel_bytes = kq ? nb / 8 * L.super() : nb * kNV * groups * 64;
+  // Where a block past the last would start (less the super-block head it would find first).
+  P->panel_bytes = qk::packed_block_offset(t, kLanes, kNV, nb) - (kq ? L.head : 0);
   // Not zeroed here: each panel's task zeroes its own, so the pages are touched in parallel.
   P->w.resize(panels * P->panel_bytes, false);
   if (!kq) P->d.resize(panels * nb * kPanel);
@@ -420,8 +421,7 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
         const uint8_t* row = W + n * row_bytes;
         for (int64_t b = 0; b < nb; ++b) {
           // Where block b's weights go (and, for a K-quant, its high planes and multipliers).
-          uint8_t* blk =
-              kq ? panel + (b / 8) * L.super() + L.head + (b % 8) * L.block : panel + b * kNV * groups * 64;
+          uint8_t* blk = panel + qk::packed_block_offset(t, kLanes, kNV, b);
           // Group g is elements 4g..4g+3 in their unsigned form (what vpdpbusd multiplies), one 32-bit
           // word a lane; with nibbles, groups 2q and 2q + 1 share byte q's halves, and the bits
           // above the nibbles (at most two, so each stays in its byte when shifted) go to the planes.

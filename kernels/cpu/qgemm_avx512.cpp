@@ -126,10 +126,7 @@ struct PackedPanel {
   const uint8_t* pw;
   const uint16_t *pd, *pm;  // the simple types'
   // Where block b's weights start (a K-quant's: in its super-block, after the head).
-  const uint8_t* at(int64_t b) const {
-    if constexpr (kK) return pw + (b >> 3) * kL.super() + kL.head + (b & 7) * kL.block;
-    return pw + b * kNV * (kNibbles ? 4 : 8) * 64;
-  }
+  const uint8_t* at(int64_t b) const { return pw + packed_block_offset(T, kLanes, kNV, b); }
   const uint16_t* head(int64_t b) const {
     return reinterpret_cast<const uint16_t*>(pw + (b >> 3) * kL.super());
   }

@@ -48,6 +48,15 @@ constexpr KPanelLayout kpanel_layout(GgmlType t, int lanes, int nv) {
   const int64_t sc = n_scales(t) * panel, mn = block_has_min(t) ? panel : 0;
   return {(block_has_min(t) ? 2 : 1) * panel * 2, nib + hi + sc + mn, nib, nib + hi, nib + hi + sc};
 }
+// Where block b's weights start in a panel as qpack lays it out (a K-quant's: in its super-block,
+// after the head; the simple types': Q8_0's bytes or the others' nibbles, block after block).
+constexpr int64_t packed_block_offset(GgmlType t, int lanes, int nv, int64_t b) {
+  if (is_kquant(t)) {
+    const KPanelLayout L = kpanel_layout(t, lanes, nv);
+    return (b / 8) * L.super() + L.head + (b % 8) * L.block;
+  }
+  return b * nv * (t == GgmlType::Q8_0 ? 8 : 4) * 64;
+}
 
 // One task's working memory: weights (64-byte aligned), f32 scales and minima, and how many of
 // each a kernel needs.

@@ -176,10 +176,11 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
   }
 }
 
-// Weights packed once (qpack) give the scalar twin's bits through the 512-bit kernel for every row
-// count (37: 6 tiles of 6 and one of 1; 8: 6 and 2; 1), 70 outputs (two full panels and one of 6
-// lanes), strided rows, 1 and 2 threads. Types without a packed form, and CPUs without the kernel,
-// get none.
+// Weights packed once (qpack) give the scalar twin's bits through the 512-bit VNNI kernel and, where
+// the CPU grants AMX, the tile kernel, for every row count (37: 6 tiles of 6 and one of 1, or two
+// AMX row tiles of 32, the second 5 rows and 27 of padding; 32: one whole; 8: 6 and 2; 1), 70
+// outputs (two full panels and one of 6 lanes), strided rows, 1 and 2 threads. Types without a
+// packed form, and CPUs without the kernel, get none.
 TEST(QGemm, PackedWeightsMatchTheScalarTwinBitForBit) {
   const int64_t N = 70, K = 512, lda = K + 5, ldc = N + 3;
   CpuContext one(1), two(2);
