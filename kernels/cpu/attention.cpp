@@ -93,14 +93,32 @@ inline __m256 load8(const uint16_t* p) {
 }
 #endif
 
+// A decoding step's pass reads each key block once, straight from memory: with the hardware
+// prefetchers alone it read an 8B-shaped f16 cache at 11.4-11.8 GB/s (BM_DecodeAttention8B/4096,
+// a third of the read ceiling), its value loads waiting on memory. So each microkernel fetches
+// the next block's matching lines into L1 as it goes, spread over its loop: 14-15 GB/s there,
+// and 15.6 -> 30 GB/s after 512 tokens, where the cache (67 MB) comes from L3 (Xeon family 6
+// model 167, 2026-11-30). A burst of the block's 512 prefetches at its start reached 14.8 and
+// 25 (it stalls the loads behind it); into L2, or 2 or 4 blocks ahead, 13.6-14.3 and 23.9-30;
+// the cache in huge pages changed it by under 1 GB/s. At 4,096 tokens what remains is the
+// misses a core keeps in flight: n elements from p.
+template <class E>
+inline void fetch_ahead(const E* p, int n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t o = 0; o < int64_t(n * sizeof(E)); o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+
 #if defined(__AVX512F__)
 // S[r][0..31] = sum_d qs[r][d] * kt[d][0..31] for NR rows: 2*NR accumulators, 2 key loads and
-// NR broadcasts per dimension.
+// NR broadcasts per dimension. pf (or null): the same keys of the next block, fetched into L1 a
+// dimension at a time while these multiply (ahead_stride).
 template <int NR, class E>
-inline void scores_step(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds) {
+inline void scores_step(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds,
+                        const E* pf) {
   __m512 acc[NR][2];
   for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t d = 0; d < Dh; ++d) {
+    if (pf) fetch_ahead(pf + d * ldk, 32);
     const __m512 k0v = load16(kt + d * ldk);
     const __m512 k1v = load16(kt + d * ldk + 16);
     for (int r = 0; r < NR; ++r) {
@@ -115,23 +133,49 @@ inline void scores_step(const float* qs, int64_t Dh, const E* kt, int64_t ldk, f
   }
 }
 
+// S[r][0..63] for NR <= 4 rows (a decoding step's kv group): the whole block a dimension at a
+// time, so the keys are read front to back in one pass; the same sums as two scores_step calls
+// (BM_DecodeAttention8B/512: 29.9 -> 32.6 GB/s; from memory, at 4,096, no change).
+template <int NR, class E>
+inline void scores_step64(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds,
+                          const E* pf) {
+  __m512 acc[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < Dh; ++d) {
+    if (pf) fetch_ahead(pf + d * ldk, 64);
+    __m512 kv[4];
+    for (int j = 0; j < 4; ++j) kv[j] = load16(kt + d * ldk + 16 * j);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 b = _mm512_set1_ps(qs[r * Dh + d]);
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(b, kv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(S + r * lds + 16 * j, acc[r][j]);
+}
+
 // scores_step for the rows left (at most kSubRows): a decoding step's tile has only its kv group's
 // 3 or 4 heads, and 8-row steps spent 5 of 8 rows' multiply-adds on padding. Each row's scores are
 // the same whatever the rows beside it.
 template <class E>
 inline void scores_rows(int left, const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S,
-                        int64_t lds) {
-  with_rows<kSubRows>(left, [&](auto nr) { scores_step<decltype(nr)::value, E>(qs, Dh, kt, ldk, S, lds); });
+                        int64_t lds, const E* pf) {
+  with_rows<kSubRows>(left,
+                      [&](auto nr) { scores_step<decltype(nr)::value, E>(qs, Dh, kt, ldk, S, lds, pf); });
 }
 
 // O[r][0..63] += sum_k P[r][k] * V[k][0..63] for NR <= 4 rows and nk keys: one 64-wide column
 // block of V (rows ld floats apart) and of O (rows ld apart), so Dh = 128 runs two of them.
+// pf (or null): the same columns of the next block's values, fetched a key at a time.
 template <int NR, class E>
-inline void pv_step64(const float* P, int64_t ldp, const E* v, int64_t ld, int64_t nk, float* O) {
+inline void pv_step64(const float* P, int64_t ldp, const E* v, int64_t ld, int64_t nk, float* O,
+                      const E* pf) {
   __m512 acc[NR][4];
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_loadu_ps(O + r * ld + 16 * j);
   for (int64_t k = 0; k < nk; ++k) {
+    if (pf) fetch_ahead(pf + k * ld, 64);
     const E* vk = v + k * ld;
     const __m512 v0 = load16(vk), v1 = load16(vk + 16);
     const __m512 v2 = load16(vk + 32), v3 = load16(vk + 48);
@@ -147,19 +191,23 @@ inline void pv_step64(const float* P, int64_t ldp, const E* v, int64_t ld, int64
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(O + r * ld + 16 * j, acc[r][j]);
 }
 template <class E>
-inline void pv_rows(int left, const float* P, int64_t ldp, const E* v, int64_t ld, int64_t nk, float* O) {
-  with_rows<4>(left, [&](auto nr) { pv_step64<decltype(nr)::value, E>(P, ldp, v, ld, nk, O); });
+inline void pv_rows(int left, const float* P, int64_t ldp, const E* v, int64_t ld, int64_t nk, float* O,
+                    const E* pf) {
+  with_rows<4>(left, [&](auto nr) { pv_step64<decltype(nr)::value, E>(P, ldp, v, ld, nk, O, pf); });
 }
 #endif
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 // AVX2 (16 registers): S[r][0..15] = sum_d qs[r][d] * kt[d][0..15] for 4 rows, 8 accumulators,
-// 2 key loads and 4 broadcasts per dimension; each score sums over d in order.
+// 2 key loads and 4 broadcasts per dimension; each score sums over d in order. pf: as
+// scores_step's.
 template <class E>
-inline void scores_step_avx2(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds) {
+inline void scores_step_avx2(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds,
+                             const E* pf) {
   __m256 acc[4][2];
   for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < Dh; ++d) {
+    if (pf) fetch_ahead(pf + d * ldk, 16);
     const __m256 k0v = load8(kt + d * ldk);
     const __m256 k1v = load8(kt + d * ldk + 8);
     for (int r = 0; r < 4; ++r) {
@@ -175,15 +223,16 @@ inline void scores_step_avx2(const float* qs, int64_t Dh, const E* kt, int64_t l
 }
 
 // O[r][0..31] += sum_k P[r][k] * V[k][0..31] for 2 rows and nk keys (v rows Dh floats apart;
-// O rows Dh apart): 8 accumulators, 4 value loads and 2 broadcasts per key.
+// O rows Dh apart): 8 accumulators, 4 value loads and 2 broadcasts per key. pf: as pv_step64's.
 template <class E>
-inline void pv_step32_avx2(const float* P, int64_t ldp, const E* v, int64_t Dh, int64_t nk, float* O,
-                           int nr) {
+inline void pv_step32_avx2(const float* P, int64_t ldp, const E* v, int64_t Dh, int64_t nk, float* O, int nr,
+                           const E* pf) {
   __m256 acc[2][4];
   for (int r = 0; r < 2; ++r)
     for (int j = 0; j < 4; ++j)
       acc[r][j] = r < nr ? _mm256_loadu_ps(O + r * Dh + 8 * j) : _mm256_setzero_ps();
   for (int64_t k = 0; k < nk; ++k) {
+    if (pf) fetch_ahead(pf + k * Dh, 32);
     const E* vk = v + k * Dh;
     const __m256 v0 = load8(vk), v1 = load8(vk + 8);
     const __m256 v2 = load8(vk + 16), v3 = load8(vk + 24);
@@ -394,8 +443,10 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
   // none of it): bk keys, kb [Dh][ldk] (transposed, f16 or f32) and vb [bk][Dh]. vis (a listed set)
   // the keys' visibility and hi the greatest of it; idx (a compacted block) each key's slot in the
   // block of kBlock slots at k0, where the scoring row's logits go.
+  // nkt, nv: the next block's keys and values to fetch ahead (null: none).
   const auto run_block = [&](const auto* bkt, int64_t ldk, const auto* bv, int64_t bk, int64_t k0, int r_lo,
-                             const int32_t* vis, int32_t hi, const uint8_t* idx) {
+                             const int32_t* vis, int32_t hi, const uint8_t* idx, const decltype(bkt) nkt,
+                             const decltype(bv) nv) {
   // Scores for the block (the keys are zero past the last, so the padded lanes are finite).
 #if defined(__AVX512F__)
     const bool vector_scores = Dh <= 256;
@@ -406,13 +457,20 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
 #endif
     if (vector_scores) {
 #if defined(__AVX512F__)
-      for (int64_t s0 = 0; s0 < bk; s0 += 32)
-        for (int r0 = r_lo; r0 < nr; r0 += kSubRows)
-          scores_rows(nr - r0, qs + r0 * Dh, Dh, bkt + s0, ldk, S + r0 * kBlock + s0, kBlock);
+      if (nr - r_lo <= 4 && bk > 32 && ldk >= 64)
+        with_rows<4>(nr - r_lo, [&](auto n) {
+          scores_step64<decltype(n)::value>(qs + r_lo * Dh, Dh, bkt, ldk, S + r_lo * kBlock, kBlock, nkt);
+        });
+      else
+        for (int64_t s0 = 0; s0 < bk; s0 += 32)
+          for (int r0 = r_lo; r0 < nr; r0 += kSubRows)
+            scores_rows(nr - r0, qs + r0 * Dh, Dh, bkt + s0, ldk, S + r0 * kBlock + s0, kBlock,
+                        nkt && r0 == r_lo ? nkt + s0 : nullptr);
 #elif defined(__AVX2__) && defined(__FMA__)
       for (int64_t s0 = 0; s0 < bk; s0 += 16)
         for (int r0 = r_lo; r0 < nr; r0 += 4)
-          scores_step_avx2(qs + r0 * Dh, Dh, bkt + s0, ldk, S + r0 * kBlock + s0, kBlock);
+          scores_step_avx2(qs + r0 * Dh, Dh, bkt + s0, ldk, S + r0 * kBlock + s0, kBlock,
+                           nkt && r0 == r_lo ? nkt + s0 : nullptr);
 #endif
     } else {
       // Without AVX2 (or with AVX-512 past width 256): an axpy per dimension over the contiguous
@@ -485,14 +543,16 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
     if (Dh % 64 == 0) {  // 64 (SmolLM2), 128 (Llama): before, 128 took the scalar loop below at 1/6 the speed
       for (int r0 = r_lo; r0 < nr; r0 += 4)
         for (int64_t d0 = 0; d0 < Dh; d0 += 64)
-          pv_rows(nr - r0, S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0);
+          pv_rows(nr - r0, S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0,
+                  nv && r0 == r_lo ? nv + d0 : nullptr);
       return;
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     if (Dh % 32 == 0) {
       for (int r0 = r_lo; r0 < nr; r0 += 2)
         for (int64_t d0 = 0; d0 < Dh; d0 += 32)
-          pv_step32_avx2(S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0, std::min(2, nr - r0));
+          pv_step32_avx2(S + r0 * kBlock, kBlock, bv + d0, Dh, bk, O + r0 * Dh + d0, std::min(2, nr - r0),
+                         nv && r0 == r_lo ? nv + d0 : nullptr);
       return;
     }
 #endif
@@ -544,12 +604,15 @@ void attention_tile(const TileRow* rows, int nr, const KeySet& keys, int64_t g, 
         const int64_t ldc = (n_vis + 31) / 32 * 32;  // whole 32-key score steps, zero past n_vis
         gather_keys(bkt, Dh, idx, keep, n_vis, ldc, kc_buf.data());
         gather_values(bv, Dh, idx, n_vis, vc_buf.data());
-        run_block(kc_buf.data(), ldc, vc_buf.data(), n_vis, k0, r_lo, vis, hi, idx);
+        run_block(kc_buf.data(), ldc, vc_buf.data(), n_vis, k0, r_lo, vis, hi, idx, nullptr, nullptr);
         continue;
       }
     }
+    // The next block's keys and values (whole: any of its keys may be read), fetched during this one.
+    const bool next = k0 + kBlock < nk;
     run_block(bkt, kBlock, bv, bk, k0, r_lo, mask ? mask->vis + k0 : nullptr,
-              mask ? mask->hi[k0 / kBlock] : 0, nullptr);
+              mask ? mask->hi[k0 / kBlock] : 0, nullptr, next ? kt + kv.kt_index(g, 0, k0 + kBlock) : nullptr,
+              next ? v + kv.v_index(g, k0 + kBlock) : nullptr);
   }
   if (part) {
     std::copy(m, m + nr, part->m);
