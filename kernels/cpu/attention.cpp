@@ -94,14 +94,14 @@ inline __m256 load8(const uint16_t* p) {
 #endif
 
 // A decoding step's pass reads each key block once, straight from memory: with the hardware
-// prefetchers alone it read an 8B-shaped f16 cache at 11.4-11.8 GB/s (BM_DecodeAttention8B/4096,
+// prefetchers alone it read an 8B-shaped f16 cache at 11.3 GB/s (BM_DecodeAttention8B/4096,
 // a third of the read ceiling), its value loads waiting on memory. So each microkernel fetches
-// the next block's matching lines into L1 as it goes, spread over its loop: 14-15 GB/s there,
-// and 15.6 -> 30 GB/s after 512 tokens, where the cache (67 MB) comes from L3 (Xeon family 6
-// model 167, 2026-11-30). A burst of the block's 512 prefetches at its start reached 14.8 and
-// 25 (it stalls the loads behind it); into L2, or 2 or 4 blocks ahead, 13.6-14.3 and 23.9-30;
-// the cache in huge pages changed it by under 1 GB/s. At 4,096 tokens what remains is the
-// misses a core keeps in flight: n elements from p.
+// the next block's matching lines into L1 as it goes, spread over its loop: 14.9 GB/s there, and
+// 26.5 -> 34.2 GB/s after 512 tokens, where the cache (67 MB) comes from L3 (with scores_step64;
+// builds alternated, medians of 3, Xeon family 6 model 167, 2026-11-30). A burst of the block's 512
+// prefetches at its start reached 14.8 and 25 (it stalls the loads behind it); into L2, or 2 or 4 blocks
+// ahead, 13.6-14.3 and 23.9-30; the cache in huge pages changed it by under 1 GB/s. At 4,096 tokens what
+// remains is the misses a core keeps in flight: n elements from p.
 template <class E>
 inline void fetch_ahead(const E* p, int n) {
   const char* c = reinterpret_cast<const char*>(p);
