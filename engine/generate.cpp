@@ -137,6 +137,7 @@ Decoded decode_tokens(Session& s, const Model& m, int64_t prompt_tokens, int32_t
   Decoded d;
   const auto d0 = Clock::now();
   int32_t next = first;
+  OpTimers step;  // a steady-state step's timings (zeroed and reused each step)
   while (int64_t(d.ids.size()) < o.n_new) {
     d.ids.push_back(next);
     if (o.stop_at_end_of_generation && m.tokenizer().is_end_of_generation(next)) break;
@@ -145,7 +146,7 @@ Decoded decode_tokens(Session& s, const Model& m, int64_t prompt_tokens, int32_t
     trace::Step st;
     const auto s0 = Clock::now();
     if (o.ops && o.steady_ops && d.steps >= kSteadyAfterSteps) {
-      OpTimers step;
+      step.zero();
       s.decode_step(next, p, logits.data(), o.prune, &st, &step);
       o.ops->add(step);
       o.steady_ops->add(step);

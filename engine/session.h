@@ -8,6 +8,7 @@
 // that keep their original positions for RoPE and the causal mask.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -42,6 +43,7 @@ struct OpTimers {
   std::vector<OpStat> stat;  // [n_layer + 1][kNumOps]; row n_layer: ops outside the layers
   void init(int layers, const OpDtypes& d);
   bool empty() const { return stat.empty(); }
+  void zero() { std::fill(stat.begin(), stat.end(), OpStat{}); }  // every stat 0, the shape kept
   const OpStat& at(int layer, Op op) const { return stat[size_t(layer) * kNumOps + size_t(op)]; }
   void add(int layer, Op op, double seconds, double flops, double bytes, double rows);
   void add(const OpTimers& o);  // o's stats added to these (initialised like o if empty)

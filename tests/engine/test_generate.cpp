@@ -58,6 +58,26 @@ TEST(Generate, AWarmUpLeavesTheTimedRunUnchanged) {
   }
 }
 
+// The steady state's timers (run --json's ops.decode.steady) hold exactly the steps after
+// kSteadyAfterSteps, each counted once (one timer reused and zeroed per step), and those steps are
+// also in the decoding total: each layer's attention is called once a step.
+TEST(Generate, SteadyStateTimersHoldTheLateStepsOnce) {
+  testing::TempDir dir;
+  testing::TinyModelSpec spec;
+  spec.n_layer = 2;
+  const auto path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
+  CpuContext ctx(1);
+  const auto m = Model::load(path, DType::F32, ctx);
+  GenerateOptions opt;
+  opt.max_new_tokens = int(kSteadyAfterSteps) + 6;
+  opt.stop_at_end_of_generation = false;
+  const GenerateResult r = generate(ctx, *m, testing::random_ids(12, m->config().n_vocab, 5), opt);
+  const int64_t steps = opt.max_new_tokens - 1;  // the first token comes from the prefill
+  EXPECT_EQ(r.decode_ops.total(Op::Attention).calls, steps * spec.n_layer);
+  EXPECT_EQ(r.decode_steady_ops.total(Op::Attention).calls, (steps - kSteadyAfterSteps) * spec.n_layer);
+  EXPECT_LE(r.decode_steady_ops.total_seconds(), r.decode_ops.total_seconds());
+}
+
 // The one decoding loop (decode_tokens, which generate() and KV-Runahead's last rank share): it ends
 // at an end-of-generation token, whose text is left out, or at n_new tokens; unless told not to
 // stop, it decodes past one. Before it was shared, `run --runahead` printed "<|im_end|>" where
