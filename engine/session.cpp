@@ -221,13 +221,20 @@ void Session::attn_norm(Pass& ps, int l) {
         [&] { be_->rmsnorm(Norm::Attn, l); });
 }
 
-// Whether the pass scores layer l after its attention (select() at a pruning layer, or a policy's
-// observe() before the first): end_layer's prune() and reselect() decide the same way.
+// Layer l is the pass's next pruning step (prune() and reselect() select there).
+bool Session::prunes_at(const Pass& ps, int l) const {
+  return ps.prune && ps.prune->policy && ps.next_step < ps.prune->steps.size() &&
+         ps.prune->steps[ps.next_step].layer == l;
+}
+// A forward pass's layer before its first pruning step whose scores the policy takes in
+// (static-paper's observe(), in prune()).
+bool Session::observes_at(const Pass& ps, int l) const {
+  return ps.pruning && ps.next_step == 0 && !prunes_at(ps, l) && ps.prune->policy->observes(l);
+}
+// Whether the pass scores layer l after its attention: where it prunes with a policy that needs
+// scores, or where the policy observes.
 bool Session::scored(const Pass& ps, int l) const {
-  if (!ps.prune || !ps.prune->policy) return false;
-  const std::span<const PruneStep> steps = ps.prune->steps;
-  if (ps.next_step < steps.size() && steps[ps.next_step].layer == l) return ps.prune->policy->needs_scores();
-  return !ps.decode && ps.next_step == 0 && ps.prune->policy->observes(l);
+  return (prunes_at(ps, l) && ps.prune->policy->needs_scores()) || observes_at(ps, l);
 }
 
 // The rows' K/V are appended to the layer's cache first; they attend to the keys at positions
@@ -484,7 +491,7 @@ void Session::prune(Pass& ps, int l) {
   const int64_t Tl = int64_t(rows.size());
   trace::Step* stats = ps.stats;
   OpTimers* timers = ps.timers;
-  if (ps.pruning && ps.next_step == 0 && ps.prune->steps[0].layer != l && ps.prune->policy->observes(l)) {
+  if (observes_at(ps, l)) {
     // A layer before the first pruning layer whose scores the policy takes in (static-paper).
     const std::span<const int32_t> keys =
         ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows);
@@ -493,8 +500,7 @@ void Session::prune(Pass& ps, int l) {
     const std::vector<float> scores = b.scores(n);
     ps.prune->policy->observe(l, keys, scores);
   }
-  if (!ps.pruning || ps.next_step == ps.prune->steps.size() || ps.prune->steps[ps.next_step].layer != l)
-    return;
+  if (!ps.pruning || !prunes_at(ps, l)) return;
   // A pruning layer: the keys here are exactly the active rows (the cache started empty), after
   // the active imported prefix if there is one (attend's key set), and the last row's attention
   // over them scores them. Kept prefix positions stay keys; dropped ones are not attended again.
@@ -529,7 +535,7 @@ void Session::reselect(Pass& ps, int l) {
   const int L = m_.config().n_layer;
   const int64_t Tl = int64_t(ps.rows.size());
   const PruneRequest& prune = *ps.prune;
-  const bool prune_here = ps.next_step < prune.steps.size() && prune.steps[ps.next_step].layer == l;
+  const bool prune_here = prunes_at(ps, l);
   if (prune_here) {
     const std::vector<int64_t> keep =
         select(l, ps.active, prune.steps[ps.next_step++].share, *prune.policy, ps.timers, ps.stats);

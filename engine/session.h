@@ -258,9 +258,11 @@ class Session {
   // Records op's time (when timers), FLOPs and bytes around f.
   template <class F>
   void timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f);
-  void prune(Pass& ps, int l);     // end_layer of a forward pass
-  void reselect(Pass& ps, int l);  // end_layer of a decoding step
-  bool scored(const Pass& ps, int l) const;
+  void prune(Pass& ps, int l);                    // end_layer of a forward pass
+  void reselect(Pass& ps, int l);                 // end_layer of a decoding step
+  bool prunes_at(const Pass& ps, int l) const;    // layer l is the next pruning step
+  bool observes_at(const Pass& ps, int l) const;  // the policy observes layer l (a forward pass)
+  bool scored(const Pass& ps, int l) const;       // layer l's attention is scored
   // What becomes of each backend row at the end of layer l: stays a row, leaves with its state (the
   // input of layer l + 1) saved to the Aux Cache, or leaves without (it has K/V there already, or
   // the layer is the last).
