@@ -45,7 +45,7 @@ void CpuBackend::allocate_rows(int64_t T) {
 }
 
 void CpuBackend::set_rows(std::span<const int32_t> pos) {
-  logits_layer_ = -1;
+  logits_.forget();
   grow(int64_t(pos.size()));
   pos_.assign(pos.begin(), pos.end());
   const float* ff = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
@@ -116,20 +116,15 @@ void CpuBackend::rope(int l) {
 }
 
 void CpuBackend::kv_append(int l) {
-  logits_layer_ = -1;
+  logits_.forget();
   kv_[size_t(l)].append(qkv_.data() + Q_, QKV_, qkv_.data() + Q_ + Hkv_ * Dh_, QKV_, pos_.data(), T());
 }
 
 void CpuBackend::attention(int l, std::span<const int32_t> slots, bool scored) {
   const KeySet ks{kv_[size_t(l)], slots};
-  logits_layer_ = -1;
-  if (scored) {
-    logits_.resize(size_t(H_ * ks.kv.n));
-    logits_slots_.assign(slots.begin(), slots.end());
-    logits_layer_ = l;
-  }
+  logits_.forget();
   lp::attention(ctx_, qkv_.data(), QKV_, pos_.data(), T(), ks, H_, attn_.data(), Q_, c_.attention_scale(),
-                c_.window(l), scored ? logits_.data() : nullptr);
+                c_.window(l), scored ? logits_.keep(l, slots, H_ * ks.kv.n) : nullptr);
 }
 
 void CpuBackend::swiglu() {
@@ -155,10 +150,9 @@ void CpuBackend::last_row_scores(int l, std::span<const int32_t> slots) {
   const KeySet ks{kv_[size_t(l)], slots};
   scores_.resize(size_t(ks.size()));
   // Right after the layer's scored attention over the same keys: its logits, no second pass over K.
-  if (logits_layer_ == l &&
-      std::equal(slots.begin(), slots.end(), logits_slots_.begin(), logits_slots_.end())) {
-    logits_layer_ = -1;
-    lp::last_row_scores_from_logits(logits_.data(), ks, H_, scores_.data());
+  if (logits_.for_keys(l, slots)) {
+    logits_.forget();
+    lp::last_row_scores_from_logits(logits_.values.data(), ks, H_, scores_.data());
     return;
   }
   lp::last_row_scores(qkv_.data() + (T() - 1) * QKV_, ks, H_, scores_.data(), c_.attention_scale(),
@@ -336,7 +330,7 @@ Buffer<float>& CpuBackend::tensor(Tensor t) {
 }
 
 void CpuBackend::write(Tensor t, std::span<const float> data) {
-  logits_layer_ = -1;
+  logits_.forget();
   const int64_t n = T() * tensor_width(c_, t);
   if (int64_t(data.size()) != n)
     fail("write: {} floats for {} rows of {}", data.size(), T(), tensor_width(c_, t));
@@ -349,7 +343,7 @@ std::vector<float> CpuBackend::read(Tensor t) {
 }
 
 void CpuBackend::reset() {
-  logits_layer_ = -1;
+  logits_.forget();
   for (auto& kv : kv_) kv.clear();
   aux_.clear();
 }
@@ -362,7 +356,7 @@ void CpuBackend::kv_export(int l, int64_t n, std::span<std::byte> out) {
 }
 
 void CpuBackend::kv_import(int l, std::span<const int32_t> pos, std::span<const std::byte> rows) {
-  logits_layer_ = -1;
+  logits_.forget();
   LayerKV& kv = kv_[size_t(l)];
   const int64_t n = int64_t(pos.size());
   if (int64_t(rows.size()) != 2 * n * kv.row_bytes())

@@ -4,7 +4,9 @@
 // states in host memory.
 #pragma once
 
+#include <algorithm>
 #include <memory>
+#include <span>
 
 #include "kernels/backend.h"
 #include "kernels/context.h"
@@ -77,11 +79,25 @@ class CpuBackend : public Backend {
   std::vector<int32_t> pos_;                // [T] the rows' positions
   RopeTable rope_, rope_local_;             // for pos_: global layers', sliding-window layers' (Gemma 3)
   std::vector<float> scores_;               // [n] of the last last_row_scores
-  // The last row's logits from a scored attention (kernels/cpu/attention.h): layer logits_layer_
-  // (-1: none) over logits_slots_, [H][held slots].
-  std::vector<float> logits_;
-  std::vector<int32_t> logits_slots_;
-  int logits_layer_ = -1;
+  // The last row's logits from a scored attention (kernels/cpu/attention.h), [H][held slots], kept
+  // for last_row_scores of the same layer and keys. Anything that changes the rows or a cache
+  // forgets them (a stale copy would score the wrong keys).
+  struct LastRowLogits {
+    std::vector<float> values;
+    std::vector<int32_t> slots;
+    int layer = -1;  // -1: none
+    void forget() { layer = -1; }
+    float* keep(int l, std::span<const int32_t> s, int64_t n) {
+      values.resize(size_t(n));
+      slots.assign(s.begin(), s.end());
+      layer = l;
+      return values.data();
+    }
+    bool for_keys(int l, std::span<const int32_t> s) const {
+      return layer == l && std::equal(s.begin(), s.end(), slots.begin(), slots.end());
+    }
+  };
+  LastRowLogits logits_;
   Gemm gemm_;
   // Activations, grown on demand (kernels/backend.h): x, xn, qkv, attn, ff, act, branch, and tmp
   // for row moves.
