@@ -21,13 +21,17 @@
 namespace lp {
 namespace {
 
+// The generated tiny model of n_layer layers, loaded in f32.
+std::unique_ptr<Model> tiny_model(const testing::TempDir& dir, int n_layer, CpuContext& ctx) {
+  testing::TinyModelSpec spec;
+  spec.n_layer = n_layer;
+  return Model::load(testing::write_tiny_model(dir.path() + "/tiny.gguf", spec), DType::F32, ctx);
+}
+
 TEST(Generate, AWarmUpLeavesTheTimedRunUnchanged) {
   testing::TempDir dir;
-  testing::TinyModelSpec spec;
-  spec.n_layer = 6;
-  const auto path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
   CpuContext ctx(2);
-  const auto m = Model::load(path, DType::F32, ctx);
+  const auto m = tiny_model(dir, 6, ctx);
   const std::vector<int32_t> ids = testing::random_ids(90, m->config().n_vocab, 7);
   for (const PolicyKind kind : {PolicyKind::None, PolicyKind::LazyLLM, PolicyKind::RandomLayers}) {
     GenerateOptions opt;
@@ -63,18 +67,16 @@ TEST(Generate, AWarmUpLeavesTheTimedRunUnchanged) {
 // also in the decoding total: each layer's attention is called once a step.
 TEST(Generate, SteadyStateTimersHoldTheLateStepsOnce) {
   testing::TempDir dir;
-  testing::TinyModelSpec spec;
-  spec.n_layer = 2;
-  const auto path = testing::write_tiny_model(dir.path() + "/tiny.gguf", spec);
   CpuContext ctx(1);
-  const auto m = Model::load(path, DType::F32, ctx);
+  const auto m = tiny_model(dir, 2, ctx);
+  const int n_layer = m->config().n_layer;
   GenerateOptions opt;
   opt.max_new_tokens = int(kSteadyAfterSteps) + 6;
   opt.stop_at_end_of_generation = false;
   const GenerateResult r = generate(ctx, *m, testing::random_ids(12, m->config().n_vocab, 5), opt);
   const int64_t steps = opt.max_new_tokens - 1;  // the first token comes from the prefill
-  EXPECT_EQ(r.decode_ops.total(Op::Attention).calls, steps * spec.n_layer);
-  EXPECT_EQ(r.decode_steady_ops.total(Op::Attention).calls, (steps - kSteadyAfterSteps) * spec.n_layer);
+  EXPECT_EQ(r.decode_ops.total(Op::Attention).calls, steps * n_layer);
+  EXPECT_EQ(r.decode_steady_ops.total(Op::Attention).calls, (steps - kSteadyAfterSteps) * n_layer);
   EXPECT_LE(r.decode_steady_ops.total_seconds(), r.decode_ops.total_seconds());
 }
 
