@@ -7,8 +7,8 @@
 // counted as 2 operations per multiply-add. Each kind runs only where cpuid says the CPU has it.
 // BM_Peak_AmxInt8: the same for AMX's tdpbusd (a 16 x 64 int8 tile times a 64 x 16 one into 16 x 16
 // int32, four independent accumulator tiles), where the CPU has AMX and Linux grants the tiles
-// (kernels/cpu/amx.h); no engine kernel uses AMX yet, so this is the ceiling a tile kernel could
-// reach here, beside VNNI's (the AMX kernel, QKernel::Amx, is BM_QGemmPacked/4).
+// (kernels/cpu/amx.h): the ceiling a tile kernel could reach here, beside VNNI's (the AMX
+// kernel, QKernel::Amx, is BM_QGemmPacked/4; it reaches far less: docs/cpu-kernels.md).
 // BM_QGemm: every kernel this CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes (and
 // every kept type at Llama-3.1-8B's attention output, 512 x 4096 -> 4096), the
 // weights cycling through 16 matrices so they come from memory as in a prefill (as

@@ -111,7 +111,7 @@ inline void fetch_ahead(const E* p, int n) {
 #if defined(__AVX512F__)
 // S[r][0..31] = sum_d qs[r][d] * kt[d][0..31] for NR rows: 2*NR accumulators, 2 key loads and
 // NR broadcasts per dimension. pf (or null): the same keys of the next block, fetched into L1 a
-// dimension at a time while these multiply (ahead_stride).
+// dimension at a time while these multiply (fetch_ahead).
 template <int NR, class E>
 inline void scores_step(const float* qs, int64_t Dh, const E* kt, int64_t ldk, float* S, int64_t lds,
                         const E* pf) {
