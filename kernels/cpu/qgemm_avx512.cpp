@@ -101,6 +101,14 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
     }
   }
 }
+// One cache line fetched into L2 (prefetcht1), as inline assembly. GCC 12 at -O3 emitted none of
+// the K-quant panels' _mm_prefetch calls (a loop over their block's lines in PackedPanel::prefetch;
+// the same calls in a free function were kept), so until 2026-11-29 their decoding read every weight
+// line on demand: BM_QGemv Q4_K 0.53-0.62 -> 0.65-0.71 of the read ceiling, Q6_K 0.49-0.54 ->
+// 0.62-0.67 (docs/cpu-kernels.md, "The prefetches the compiler dropped").
+inline void prefetch_l2(const void* p) {
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+}
 // A panel as the GEMM packs it per call: the weights' unsigned bytes, f32 scales and minima.
 struct BytePanel {
   const uint8_t* pw;
@@ -187,13 +195,11 @@ struct PackedPanel {
     if constexpr (kK) {
       const uint8_t* p = at(a) - ((a & 7) == 0 ? kL.head : 0);
       const int64_t lines = (kL.block + ((a & 7) == 0 ? kL.head : 0)) / 64;
-      for (int64_t l = 0; l < lines; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(p + l * 64), _MM_HINT_T1);
+      for (int64_t l = 0; l < lines; ++l) prefetch_l2(p + l * 64);
     } else {
       const uint8_t* p = at(a);
-      for (int64_t l = 0; l < kNV * (kNibbles ? 4 : 8); ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(p + l * 64), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(pd + a * kPanel), _MM_HINT_T1);
+      for (int64_t l = 0; l < kNV * (kNibbles ? 4 : 8); ++l) prefetch_l2(p + l * 64);
+      prefetch_l2(pd + a * kPanel);
     }
   }
 };
