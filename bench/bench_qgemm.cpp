@@ -267,7 +267,8 @@ BENCHMARK(BM_QGemmPacked)->Apply(packed_shapes);
 namespace {
 
 // BM_QGemv/type/K/N: one decoding row through Llama-3.1-8B's layer matrices (qkv 4096 -> 6144,
-// gate|up 4096 -> 28672, down 14336 -> 4096) in each weight type, as the CPU backend holds them
+// gate|up 4096 -> 28672, down 14336 -> 4096; and Q6_K's output layer 4096 -> 128256) in each
+// weight type, as the CPU backend holds them
 // (packed at load where qpack packs the type on this CPU, else the blocks as stored), the kernel
 // best_qkernel picks. The weights cycle through copies that fill max(1 GiB, 4 x the last-level
 // cache), so each call reads its matrix from DRAM as a decoding step does. Counters: the weights'
@@ -308,6 +309,7 @@ void gemv_shapes(benchmark::internal::Benchmark* b) {
                                lp::GgmlType::Q6_K, lp::GgmlType::Q8_0})
     for (const auto& [K, N] : {std::pair<int64_t, int64_t>{4096, 6144}, {4096, 28672}, {14336, 4096}})
       b->Args({int(t), K, N});
+  b->Args({int(lp::GgmlType::Q6_K), 4096, 128256});  // the output layer, Q4_K_M's lm_head
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_QGemv)->Apply(gemv_shapes);
