@@ -106,8 +106,10 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
 // the same calls in a free function were kept), so until 2026-11-29 their decoding read every weight
 // line on demand: BM_QGemv Q4_K 0.53-0.62 -> 0.65-0.71 of the read ceiling, Q6_K 0.49-0.54 ->
 // 0.62-0.67 (docs/cpu-kernels.md, "The prefetches the compiler dropped").
+// The address goes in a register: the line may lie past the buffer (the blocks after a panel's
+// last), which a prefetch may touch and a C++ dereference may not.
 inline void prefetch_l2(const void* p) {
-  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+  asm volatile("prefetcht1 (%0)" : : "r"(p));
 }
 // A panel as the GEMM packs it per call: the weights' unsigned bytes, f32 scales and minima.
 struct BytePanel {
