@@ -18,8 +18,10 @@ namespace lp {
 // alive at once; ops that never run inside one another may share a slot.
 enum class Scratch : int {
   QActivations,    // the integer GEMM's quantized rows (kernels/cpu/qgemm.cpp)
+  QActivationsK,   // the same rows a scale per super-block, for its K-quant parts
   QBias,           // its activation blocks' offset terms
   QTileRows,       // the quantized rows laid out for its AMX tiles
+  QTileRowsK,      // and the K-quant parts' rows
   QWeights,        // one task's panel of weights, packed or widened
   QScales,         // that panel's (or decoding tile's) f32 scales
   QMins,           // and minima

@@ -39,7 +39,36 @@ void activation_bias(GgmlType t, int off, const QActBlock* a, int64_t nb, int32_
 // the exact integer dot product and one fused multiply-add with the scale d_w * d_a (rounded once),
 // then for the types with a minimum one fused multiply-add of m_w with s_a, all into a single
 // accumulator in block order.
+// The K-quants' (qgemm.h): per super-block sum_j sc_j x dot_j as f32 multiply-adds in block order
+// (and the exact sum_j mn_j x sum(q_j)), then its f32 steps. The activations carry one scale per super-block
+// (quantize_activations_super): block 8i's d is the super-block's.
+float dot_scalar_k(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t nb) {
+  const int S = n_scales(t), len = kQBlock / S;
+  float acc = 0;
+  int8_t w[kQBlock];
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    float fsum = 0;
+    int32_t msum = 0;
+    for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
+      decode_scalar(t, w_row, b, w);
+      const KScale ks = kblock_scale(t, w_row, b);
+      for (int h = 0; h < S; ++h) {
+        int32_t s = 0;
+        for (int j = h * len; j < (h + 1) * len; ++j) s += int32_t(w[j]) * int32_t(a[b].q[j]);
+        fsum = std::fma(float(s), float(ks.sc[h]), fsum);
+      }
+      msum += ks.mn * a[b].sum;
+    }
+    const SuperScale ss = super_scale(t, w_row, sb, f16_to_f32);
+    const float da = a[8 * sb].d;
+    acc = std::fma(fsum, ss.d * da, acc);
+    if (block_has_min(t)) acc = std::fma(float(msum), -(ss.dmin * da), acc);
+  }
+  return acc;
+}
+
 float dot_scalar(GgmlType t, const uint8_t* w_row, const QActBlock* a, int64_t nb) {
+  if (is_kquant(t)) return dot_scalar_k(t, w_row, a, nb);
   const int S = n_scales(t), len = kQBlock / S;
   float acc = 0;
   int8_t w[kQBlock];
@@ -71,15 +100,12 @@ inline float inverse_scale(float amax) {
 // One block: d = max|v| / 127, q = round-half-even(v * 127 / max|v|) clamped to +-127, s = d * sum q;
 // a block with a NaN or an infinity gets NaN scales and zero bytes (as the f32 product would be
 // NaN, never a cast of NaN to int).
-void quantize_block_scalar(const float* v, QActBlock& o) {
-  float amax = 0;
-  bool finite = true;
-  for (int j = 0; j < kQBlock; ++j) {
-    amax = std::max(amax, std::fabs(v[j]));
-    finite = finite && std::isfinite(v[j]);
-  }
+// The block's values at the scale of a largest magnitude amax (the block's own, or its
+// super-block's); finite: all of them (and amax) are.
+void quantize_block_at(const float* v, float amax, bool finite, QActBlock& o) {
   if (!finite) {
     o.d = o.s = std::numeric_limits<float>::quiet_NaN();
+    o.sum = 0;
     std::fill(o.q, o.q + kQBlock, int8_t(0));
     return;
   }
@@ -91,9 +117,47 @@ void quantize_block_scalar(const float* v, QActBlock& o) {
     o.q[j] = int8_t(std::clamp(q, -127, 127));
     sum += o.q[j];
   }
+  o.sum = sum;
   o.s = o.d * float(sum);
 }
+void largest(const float* v, int64_t n, float& amax, bool& finite) {
+  amax = 0;
+  finite = true;
+  for (int64_t j = 0; j < n; ++j) {
+    amax = std::max(amax, std::fabs(v[j]));
+    finite = finite && std::isfinite(v[j]);
+  }
+}
+void quantize_block_scalar(const float* v, QActBlock& o) {
+  float amax = 0;
+  bool finite = true;
+  largest(v, kQBlock, amax, finite);
+  quantize_block_at(v, amax, finite, o);
+}
 }  // namespace
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+namespace {
+// quantize_block_at in vectors for finite values (each value's product and rounding are the scalar
+// ones, the integer sum exact in any order): the same bits.
+inline void quantize_block_vec(const float* v, float amax, QActBlock& o) {
+  static_assert(kQBlock == 32);
+  o.d = amax / 127.f;
+  const __m512 id = _mm512_set1_ps(inverse_scale(amax));
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const auto q = [&](__m512 a) {
+    const __m512 r =
+        _mm512_roundscale_ps(_mm512_mul_ps(a, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(r), lo), hi);
+  };
+  const __m512i q0 = q(_mm512_loadu_ps(v)), q1 = q(_mm512_loadu_ps(v + 16));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q + 16), _mm512_cvtepi32_epi8(q1));
+  o.sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  o.s = o.d * float(o.sum);
+}
+}  // namespace
+#endif
 
 // The same arithmetic in vectors (each value's product and rounding are the scalar ones, the max
 // and the integer sum exact in any order): the same bits. In scalar code it took 3.6-5.8% of the
@@ -113,23 +177,50 @@ void quantize_activations(const float* x, int64_t K, QActBlock* out) {
       quantize_block_scalar(v, o);
       continue;
     }
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
-    o.d = amax / 127.f;
-    const __m512 id = _mm512_set1_ps(inverse_scale(amax));
-    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    const auto q = [&](__m512 a) {
-      const __m512 r =
-          _mm512_roundscale_ps(_mm512_mul_ps(a, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      return _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(r), lo), hi);
-    };
-    const __m512i q0 = q(a0), q1 = q(a1);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q + 16), _mm512_cvtepi32_epi8(q1));
-    o.s = o.d * float(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+    quantize_block_vec(v, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1))), o);
 #else
     quantize_block_scalar(v, o);
 #endif
   }
+}
+
+void quantize_activations_super(const float* x, int64_t K, QActBlock* out) {
+  if (K % kQSuper != 0) fail("quantize_activations_super: {} values are not a multiple of {}", K, kQSuper);
+  constexpr int64_t per = kQSuper / kQBlock;
+  for (int64_t sb = 0; sb < K / kQSuper; ++sb) {
+    const float* v = x + sb * kQSuper;
+    float amax = 0;
+    bool finite = true;
+#if defined(__AVX512F__)
+    __m512 m = _mm512_setzero_ps();
+    __mmask16 ok = 0xffff;
+    for (int64_t i = 0; i < kQSuper; i += 16) {
+      const __m512 a = _mm512_loadu_ps(v + i);
+      ok &= _mm512_cmp_ps_mask(_mm512_sub_ps(a, a), _mm512_setzero_ps(), _CMP_EQ_OQ);  // x - x: 0 iff finite
+      m = _mm512_max_ps(m, _mm512_abs_ps(a));
+    }
+    amax = _mm512_reduce_max_ps(m);
+    finite = ok == 0xffff;
+#else
+    largest(v, kQSuper, amax, finite);
+#endif
+    for (int64_t b = 0; b < per; ++b) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      if (finite) {
+        quantize_block_vec(v + b * kQBlock, amax, out[sb * per + b]);
+        continue;
+      }
+#endif
+      quantize_block_at(v + b * kQBlock, amax, finite, out[sb * per + b]);
+    }
+  }
+}
+
+void quantize_activations_for(GgmlType t, const float* x, int64_t K, QActBlock* out) {
+  if (qk::is_kquant(t))
+    quantize_activations_super(x, K, out);
+  else
+    quantize_activations(x, K, out);
 }
 
 void quantize_q8_0(const float* x, int64_t K, uint8_t* out) {
@@ -287,14 +378,15 @@ float qdot(QKernel k, GgmlType t, const void* w_row, const QActBlock* a, int64_t
 namespace {
 // The quantized rows q [M][nb] as the AMX kernel reads them (qk::avx512::TileRows), in this
 // thread's scratch.
-qk::avx512::TileRows tile_rows(CpuContext& ctx, const QActBlock* q, int64_t M, int64_t nb) {
+qk::avx512::TileRows tile_rows(CpuContext& ctx, const QActBlock* q, int64_t M, int64_t nb, Scratch slot) {
   qk::avx512::TileRows r;
   r.Mp = (M + qk::avx512::kAmxRows - 1) / qk::avx512::kAmxRows * qk::avx512::kAmxRows;
   const int64_t n = r.Mp * nb;
-  auto* base = ctx.scratch<uint8_t>(Scratch::QTileRows, n * (kQBlock + 4 + 4));
+  auto* base = ctx.scratch<uint8_t>(slot, n * (kQBlock + 4 + 4 + 4));
   r.q = reinterpret_cast<int8_t*>(base);
   r.d = reinterpret_cast<float*>(base + n * kQBlock);
   r.s = r.d + n;
+  r.sum = reinterpret_cast<int32_t*>(r.s + n);
   ctx.run([&] {
     tbb::parallel_for(int64_t(0), nb, [&](int64_t b) {
       for (int64_t m = 0; m < r.Mp; ++m) {
@@ -302,6 +394,7 @@ qk::avx512::TileRows tile_rows(CpuContext& ctx, const QActBlock* q, int64_t M, i
         std::memcpy(r.q + (b * r.Mp + m) * kQBlock, a.q, kQBlock);
         r.d[b * r.Mp + m] = a.d;
         r.s[b * r.Mp + m] = a.s;
+        r.sum[b * r.Mp + m] = a.sum;
       }
     });
   });
@@ -474,22 +567,35 @@ void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, s
       fail("qgemm: K = {} is not a whole number of {} blocks", K, type_info(uint32_t(p.type))->name);
   }
   if (M == 0 || parts.empty()) return;
-  // The rows are quantized once for every part.
+  // The rows are quantized once for every part of a kind: a scale per block for the simple types,
+  // per super-block for the K-quants.
   const int64_t nb = K / kQBlock;
-  QActBlock* q = ctx.scratch<QActBlock>(Scratch::QActivations, M * nb);
-  if (M < kPanelMinRows)
-    for (int64_t m = 0; m < M; ++m)
-      quantize_activations(A + m * lda, K, q + m * nb);  // not worth a task each
-  else
-    ctx.run([&] {
-      tbb::parallel_for(int64_t(0), M, [&](int64_t m) { quantize_activations(A + m * lda, K, q + m * nb); });
-    });
+  const auto quantized = [&](bool super) {
+    QActBlock* q = ctx.scratch<QActBlock>(super ? Scratch::QActivationsK : Scratch::QActivations, M * nb);
+    const auto one = [&](int64_t m) {
+      if (super)
+        quantize_activations_super(A + m * lda, K, q + m * nb);
+      else
+        quantize_activations(A + m * lda, K, q + m * nb);
+    };
+    if (M < kPanelMinRows)
+      for (int64_t m = 0; m < M; ++m) one(m);  // not worth a task each
+    else
+      ctx.run([&] { tbb::parallel_for(int64_t(0), M, one); });
+    return q;
+  };
+  const QActBlock* q[2] = {nullptr, nullptr};
+  for (const QPart& p : parts)
+    if (p.rows > 0 && !q[is_kquant(p.type)]) q[is_kquant(p.type)] = quantized(is_kquant(p.type));
   // The tile kernel takes the panels' calls (16 rows or more); fewer rows run the decoding tiles.
-  qk::avx512::TileRows tiles;
-  if (k == QKernel::Amx && M >= kPanelMinRows) tiles = tile_rows(ctx, q, M, nb);
+  qk::avx512::TileRows tiles[2];
+  if (k == QKernel::Amx && M >= kPanelMinRows)
+    for (int i = 0; i < 2; ++i)
+      if (q[i]) tiles[i] = tile_rows(ctx, q[i], M, nb, i == 0 ? Scratch::QTileRows : Scratch::QTileRowsK);
   int64_t n0 = 0;
   for (const QPart& p : parts) {
-    if (p.rows > 0) run_part(ctx, k, p, q, M, nb, tiles.q ? &tiles : nullptr, C + n0, ldc);
+    const int i = is_kquant(p.type);
+    if (p.rows > 0) run_part(ctx, k, p, q[i], M, nb, tiles[i].q ? &tiles[i] : nullptr, C + n0, ldc);
     n0 += p.rows;
   }
 }

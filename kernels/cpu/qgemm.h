@@ -2,7 +2,12 @@
 // Q5_K, Q6_K; issue 20, docs/cpu-kernels.md, "Quantized GEMMs"). Activations are quantized per
 // block of 32 to 8 bits (round to nearest, scale max|x| / 127, as llama.cpp's q8_0 does), each
 // (activation block, weight block) pair is an exact integer dot product, and the per-block scales
-// are applied in f32.
+// are applied in f32. The K-quants (super-blocks of 256 = 8 blocks of 32 with 6-bit or 8-bit
+// integer multipliers) take their activations with one scale per super-block instead (llama.cpp's
+// q8_K), so each super-block's sub-block sums meet their integer multipliers before any scale:
+// sum_j sc_j x dot_j as a chain of f32 multiply-adds (exact products; on AVX-512 a convert and an FMA
+// cost less than the two-µop vpmulld of an integer sum), the minima's sum_j mn_j x sum(q_j) in
+// integers, and the scales' f32 steps once per 256 weights, not per 32.
 //
 // Four kernels compute every product, chosen at run time (never assumed from the build): AVX-512
 // VNNI (`vpdpbusd`) 512-bit, with 16 outputs across a vector's lanes over weights packed per panel
@@ -13,7 +18,10 @@
 // product is exact, and each output is then one f32 sequence, the same in every kernel: a fused
 // multiply-add of that sum with the scale d_w * d_a (rounded once) into one accumulator in block
 // order, then, for the types with a minimum, the chain of the minimum terms added at the end. So a
-// test can compare them exactly.
+// test can compare them exactly. For the K-quants the sequence is per super-block: f = 0, then
+// f = fma(dot_j, sc_j, f) for j over its blocks in order (Q6_K's halves, sc signed for Q6_K; the
+// operands exact in f32), fused-multiply-added with d_w * d_a (rounded once), then for Q4_K and Q5_K
+// the exact integer sum_j mn_j x sum(q_j) with -(dmin_w * d_a).
 #pragma once
 
 #include <cstdint>
@@ -30,14 +38,24 @@ namespace lp {
 inline constexpr int64_t kQBlock = 32;  // elements per block of every type here
 
 // One activation block: q = round(x / d) in [-127, 127], d = max|x| / 127 (0 for a zero block),
-// s = d * sum(q) (what a weight block's minimum multiplies).
+// s = d * sum(q) (what a simple type's minimum multiplies), sum = sum(q) (what a K-quant's integer
+// minimum multiplies).
 struct QActBlock {
   float d = 0, s = 0;
+  int32_t sum = 0;
   int8_t q[kQBlock] = {};
 };
 
-// Quantizes K values (a multiple of kQBlock) into K / kQBlock blocks.
+// Quantizes K values (a multiple of kQBlock) into K / kQBlock blocks, a scale per block (llama.cpp's
+// q8_0): what the simple types multiply.
 void quantize_activations(const float* x, int64_t K, QActBlock* out);
+// The same with one scale per super-block of kQSuper values (K a multiple of it; llama.cpp's q8_K):
+// the 8 blocks of a super-block share d = max|x| / 127 over all 256, so a K-quant's sub-block sums
+// combine with their integer multipliers before any scale (qgemm's K-quant arithmetic, above).
+inline constexpr int64_t kQSuper = 256;
+void quantize_activations_super(const float* x, int64_t K, QActBlock* out);
+// What type t multiplies: per super-block for the K-quants (Q4_K, Q5_K, Q6_K), else per block.
+void quantize_activations_for(GgmlType t, const float* x, int64_t K, QActBlock* out);
 
 // Quantizes K weights (a multiple of kQBlock) into GGUF Q8_0 blocks (34 bytes: f16 scale
 // max|x| / 127, then 32 int8 values round(x / scale)), as llama.cpp's quantizer writes them.

@@ -91,6 +91,20 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
         std::memcpy(dst, u + 4 * g, 4);
         if constexpr (T == GgmlType::Q8_0) std::memcpy(dst + plane, a + 4 * g, 4);
       }
+      if constexpr (is_kquant(T)) {
+        const KScale ks = kblock_scale(T, row, b);
+        auto* isc = reinterpret_cast<int32_t*>(p.d);
+        for (int h = 0; h < S; ++h) isc[((b * S + h) * kNV + j) * kLanes + lane] = ks.sc[h];
+        if constexpr (block_has_min(T))
+          reinterpret_cast<int32_t*>(p.mins)[(b * kNV + j) * kLanes + lane] = ks.mn;
+        if (b % 8 == 0) {
+          const SuperScale ss = super_scale(T, row, b / 8, [](uint16_t h) { return _cvtsh_ss(h); });
+          float* ps = p.d + nb * S * kPanel + (b / 8) * 2 * kPanel;
+          ps[j * kLanes + lane] = ss.d;
+          ps[kPanel + j * kLanes + lane] = ss.dmin;
+        }
+        continue;
+      }
       const BlockScale bs = scales<T>(row, b);
       for (int h = 0; h < S; ++h) p.d[((b * S + h) * kNV + j) * kLanes + lane] = bs.d[h];
       if constexpr (block_has_min(T)) p.mins[(b * kNV + j) * kLanes + lane] = bs.m;
@@ -151,6 +165,76 @@ inline void tile(const uint8_t* pw, int64_t plane, const float* pd, const float*
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) _mm256_maskstore_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
 }
+// The same for a K-quant (qgemm.h): per super-block the blocks' exact sums times their multipliers
+// into fsum (f32 multiply-adds in block order), the minima's mn x sum(q) into msum (vpmaddwd: both
+// fit 16 bits), then its
+// f32 steps (pd: the multipliers as int32, then the super-blocks' d and dmin).
+template <GgmlType T, int MR>
+inline void tile_k(const uint8_t* pw, const float* pd, const float* pm, const QActBlock* qa,
+                   const int32_t* bias, int64_t nb, int64_t m0, float* C, int64_t ldc,
+                   const __m256i (&k)[kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const auto* isc = reinterpret_cast<const int32_t*>(pd);
+  const auto* imn = reinterpret_cast<const int32_t*>(pm);
+  const float* sup = pd + nb * S * kPanel;
+  __m256 acc[MR][kNV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) acc[m][j] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    __m256 fsum[MR][kNV];
+    __m256i msum[MR][kNV];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < kNV; ++j) fsum[m][j] = _mm256_setzero_ps(), msum[m][j] = _mm256_setzero_si256();
+    for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
+      for (int h = 0; h < S; ++h) {
+        __m256i s[MR][kNV];
+        for (int m = 0; m < MR; ++m) {
+          const __m256i start = offset_of(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h])
+                                                  : _mm256_setzero_si256();
+          for (int j = 0; j < kNV; ++j) s[m][j] = start;
+        }
+        for (int g = h * G; g < (h + 1) * G; ++g) {
+          __m256i w[kNV];
+          for (int j = 0; j < kNV; ++j)
+            w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
+          for (int m = 0; m < MR; ++m) {
+            const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+            for (int j = 0; j < kNV; ++j)
+              s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], a), ones));
+          }
+        }
+        for (int j = 0; j < kNV; ++j) {
+          const __m256 sc = _mm256_cvtepi32_ps(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(isc + ((b * S + h) * kNV + j) * kLanes)));
+          for (int m = 0; m < MR; ++m)
+            fsum[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m][j]), sc, fsum[m][j]);
+        }
+      }
+      if constexpr (block_has_min(T))
+        for (int j = 0; j < kNV; ++j) {
+          const __m256i mn =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(imn + (b * kNV + j) * kLanes));
+          for (int m = 0; m < MR; ++m)
+            msum[m][j] = _mm256_add_epi32(
+                msum[m][j],
+                _mm256_madd_epi16(mn, _mm256_set1_epi32(int(uint16_t(qa[(m0 + m) * nb + b].sum)))));
+        }
+    }
+    for (int j = 0; j < kNV; ++j) {
+      const __m256 d = _mm256_loadu_ps(sup + sb * 2 * kPanel + j * kLanes);
+      const __m256 dmin = _mm256_loadu_ps(sup + sb * 2 * kPanel + kPanel + j * kLanes);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 da = _mm256_set1_ps(qa[(m0 + m) * nb + 8 * sb].d);
+        acc[m][j] = _mm256_fmadd_ps(fsum[m][j], _mm256_mul_ps(d, da), acc[m][j]);
+        if constexpr (block_has_min(T))
+          acc[m][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[m][j]), _mm256_mul_ps(dmin, da), acc[m][j]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) _mm256_maskstore_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
+}
 template <GgmlType T>
 void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
                     int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& p) {
@@ -163,7 +247,10 @@ void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, co
   float* c = C + n0;
   for (int64_t m = 0; m < M; m += kMR)
     simd::with_rows<kMR>(int(M - m), [&](auto mr) {
-      tile<T, decltype(mr)::value>(p.w, plane, p.d, pm, qa, bias, nb, m, c, ldc, k);
+      if constexpr (is_kquant(T))
+        tile_k<T, decltype(mr)::value>(p.w, p.d, pm, qa, bias, nb, m, c, ldc, k);
+      else
+        tile<T, decltype(mr)::value>(p.w, plane, p.d, pm, qa, bias, nb, m, c, ldc, k);
     });
 }
 
@@ -186,8 +273,8 @@ struct Decoding {
     constexpr bool kQ8 = T == GgmlType::Q8_0;
     const __m256i ones = _mm256_set1_epi16(1);
     const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
-    __m256 acc[MR];
-    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    decoding::Sums acc[MR];
+    const float* sup = is_kquant(T) ? pd + nb * n_scales(T) * decoding::kOut : nullptr;  // its d and dmin
     for (int64_t b = 0; b < nb; ++b) {
       t.prefetch(b);
       const auto sc = decoding::block_scales<T>(t, b, pd, pm);
@@ -203,12 +290,12 @@ struct Decoding {
           s[k] = _mm256_madd_epi16(pairs, ones);
         }
         const __m256i ra = reduce4(s[0], s[1], s[2], s[3]), rb = reduce4(s[4], s[5], s[6], s[7]);
-        acc[m] = decoding::accumulate<T, offset_of(T)>(_mm256_permute2x128_si256(ra, rb, 0x20),
-                                                       _mm256_permute2x128_si256(ra, rb, 0x31), sc, a,
-                                                       bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
+        decoding::accumulate<T, offset_of(T)>(_mm256_permute2x128_si256(ra, rb, 0x20),
+                                              _mm256_permute2x128_si256(ra, rb, 0x31), sc, a,
+                                              bias + ((m0 + m) * nb + b) * n_scales(T), b, sup, acc[m]);
       }
     }
-    for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
+    for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m].acc);
   }
 };
 

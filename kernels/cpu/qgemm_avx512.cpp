@@ -74,6 +74,10 @@ struct Dot {
 // 6 rows x 2 vectors: 12 f32 accumulators, 12 integer block sums and the 2 weight vectors in the 32
 // zmm registers.
 constexpr int kMR = 6;
+// A K-quant's tile also keeps each row's super-block sums in registers (6 rows: 36 zmm values, so
+// GCC spills some, the accumulators touched once a super-block; 6 measured against 4 and 5 on
+// BM_QGemmPacked/3/12/512/4096/4096, Xeon, 2026-11-29: medians 19.0 ms against 20.6 for 4).
+constexpr int kMRK = 6;
 constexpr int offset_of(GgmlType t) {
   return unsigned_offset(t);
 }
@@ -95,6 +99,22 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
       // The template call in parentheses: clang's intrinsic is a macro, and its comma would split it.
       _mm256_i32scatter_epi32(pw + (b * kNV + j) * 8 * 64 + lane * 4, groups,
                               (load_u<T, offset_of(T)>(row, b)), 1);
+      if constexpr (is_kquant(T)) {
+        const KScale ks = kblock_scale(T, row, b);
+        auto* isc = reinterpret_cast<int32_t*>(p.d);
+        for (int h = 0; h < S; ++h) isc[((b * S + h) * kNV + j) * kLanes + lane] = ks.sc[h];
+        if constexpr (block_has_min(T)) {  // BytePanel::imn_pair's layout
+          auto* mp = reinterpret_cast<uint16_t*>(p.mins);
+          mp[((((b / 8) * 4 + (b % 8) / 2) * kNV + j) * kLanes + lane) * 2 + b % 2] = uint16_t(ks.mn);
+        }
+        if (b % 8 == 0) {
+          const SuperScale ss = super_scale(T, row, b / 8, [](uint16_t h) { return _cvtsh_ss(h); });
+          float* ps = p.d + nb * S * kPanel + (b / 8) * 2 * kPanel;
+          ps[j * kLanes + lane] = ss.d;
+          ps[kPanel + j * kLanes + lane] = ss.dmin;
+        }
+        continue;
+      }
       const BlockScale bs = scales<T>(row, b);
       for (int h = 0; h < S; ++h) p.d[((b * S + h) * kNV + j) * kLanes + lane] = bs.d[h];
       if constexpr (block_has_min(T)) p.mins[(b * kNV + j) * kLanes + lane] = bs.m;
@@ -111,10 +131,27 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
 inline void prefetch_l2(const void* p) {
   asm volatile("prefetcht1 (%0)" : : "r"(p));
 }
-// A panel as the GEMM packs it per call: the weights' unsigned bytes, f32 scales and minima.
+// Two blocks' activation sums as the 16-bit halves of one word (each |sum| <= 32 x 127 fits).
+inline int sum_pair(int32_t s0, int32_t s1) {
+  return int(uint32_t(uint16_t(s0)) | uint32_t(uint16_t(s1)) << 16);
+}
+// A panel as the GEMM packs it per call: the weights' unsigned bytes, f32 scales and minima (a
+// K-quant's: its integer multipliers, and its super-blocks' d and dmin after the scales, at ps).
 struct BytePanel {
   const uint8_t* pw;
-  const float *pd, *pm;
+  const float *pd, *pm, *ps = nullptr;
+  __m512i isc(int64_t b, int S, int h, int j) const {
+    return _mm512_loadu_si512(pd + ((b * S + h) * kNV + j) * kLanes);
+  }
+  // Minima pairs: lane l of pair q of super-block sb holds blocks 8 sb + 2q and 8 sb + 2q + 1's as
+  // two 16-bit halves (what vpdpwssd multiplies by a row's two block sums).
+  __m512i imn_pair(int64_t sb, int q, int j) const {
+    return _mm512_loadu_si512(pm + ((sb * 4 + q) * kNV + j) * kLanes);
+  }
+  __m512 sd(int64_t sb, int j) const { return _mm512_loadu_ps(ps + sb * 2 * kPanel + j * kLanes); }
+  __m512 sdmin(int64_t sb, int j) const {
+    return _mm512_loadu_ps(ps + sb * 2 * kPanel + kPanel + j * kLanes);
+  }
   __m512i w(int64_t b, int j, int g) const { return _mm512_load_si512(pw + ((b * kNV + j) * 8 + g) * 64); }
   __m512 d(int64_t b, int S, int h, int j) const {
     return _mm512_loadu_ps(pd + ((b * S + h) * kNV + j) * kLanes);
@@ -172,6 +209,26 @@ struct PackedPanel {
     const __m512i v = T == GgmlType::Q6_K ? _mm512_cvtepi8_epi32(sc) : _mm512_cvtepu8_epi32(sc);
     return _mm512_mul_ps(dd, _mm512_cvtepi32_ps(v));
   }
+  // A K-quant's integer multipliers of block b (half h) and its minimum's, and super-block sb's d
+  // and dmin (Q6_K: none), widened exactly.
+  __m512i isc(int64_t b, int /*S*/, int h, int j) const {
+    const __m128i sc =
+        _mm_load_si128(reinterpret_cast<const __m128i*>(at(b) + kL.sc + (h * kNV + j) * kLanes));
+    return T == GgmlType::Q6_K ? _mm512_cvtepi8_epi32(sc) : _mm512_cvtepu8_epi32(sc);
+  }
+  __m512i imn(int64_t b, int j) const {
+    return _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(at(b) + kL.mn + j * kLanes)));
+  }
+  __m512i imn_pair(int64_t sb, int q, int j) const {
+    return _mm512_or_si512(imn(8 * sb + 2 * q, j), _mm512_slli_epi32(imn(8 * sb + 2 * q + 1, j), 16));
+  }
+  __m512 sd(int64_t sb, int j) const {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head(sb * 8) + j * kLanes)));
+  }
+  __m512 sdmin(int64_t sb, int j) const {
+    return _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(head(sb * 8) + kPanel + j * kLanes)));
+  }
   __m512 m(int64_t b, int j) const {
     if constexpr (!kK)
       return _mm512_cvtph_ps(
@@ -190,7 +247,8 @@ struct PackedPanel {
   // Qwen3-0.6B-shaped Q8_0 32.6-33.1 -> 39.4-39.9 tokens/s, SmolLM2's Q4_1 184-229 -> 243-258, the
   // Qwen3-30B-A3B-shaped MoE file 38.8-39.8 -> 44.4-55.7; BM_QGemmPacked/8/1/576/49152 39-43 ->
   // 49-53 Gop/s; 16 blocks ahead: 47). A K-quant's block is one run of lines (its super-block's
-  // head before the first).
+  // head before the first; 8, 16 and 24 blocks ahead measured within the machine's noise on
+  // BM_QGemv Q4_K and Q6_K, Xeon, 2026-11-29).
   static constexpr int64_t kAhead = 8;
   void prefetch(int64_t b) const {
     const int64_t a = b + kAhead;
@@ -247,6 +305,76 @@ inline void tile(const Src& src, const QActBlock* qa, const int32_t* bias, int64
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) _mm512_mask_storeu_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
 }
+// The same for a K-quant (qgemm.h): per super-block the blocks' exact sums (less the offset, from
+// bias) times their multipliers into fsum (convert and FMA, in block order: vpmulld's two port-0 µops
+// made Q4_K's prefill 1.1x slower), the minima's mn x sum(q) into msum (vpdpwssd: both fit 16 bits),
+// then the super-block's f32 steps.
+template <GgmlType T, int MR, class Src>
+inline void tile_k(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0, float* C,
+                   int64_t ldc, const __mmask16 (&k)[kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  __m512 acc[MR][kNV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    __m512 fsum[MR][kNV];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < kNV; ++j) fsum[m][j] = _mm512_setzero_ps();
+    for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
+      src.prefetch(b);
+      // Unrolled: each group's bits are where its index says (Q6_K's high planes); left as loops,
+      // GCC 12 kept a branch per group (Q6_K decoding 0.65 -> 0.5 of the read ceiling).
+#pragma GCC unroll 2
+      for (int h = 0; h < S; ++h) {
+        __m512i s[MR][kNV];
+        for (int m = 0; m < MR; ++m) {
+          const __m512i start = offset_of(T) != 0 ? _mm512_set1_epi32(bias[((m0 + m) * nb + b) * S + h])
+                                                  : _mm512_setzero_si512();
+          for (int j = 0; j < kNV; ++j) s[m][j] = start;
+        }
+#pragma GCC unroll 8
+        for (int g = h * G; g < (h + 1) * G; ++g) {
+          __m512i w[kNV];
+          for (int j = 0; j < kNV; ++j) w[j] = src.w(b, j, g);
+          for (int m = 0; m < MR; ++m) {
+            const __m512i a = _mm512_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+            for (int j = 0; j < kNV; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], w[j], a);
+          }
+        }
+        for (int j = 0; j < kNV; ++j) {
+          const __m512 sc = _mm512_cvtepi32_ps(src.isc(b, S, h, j));
+          for (int m = 0; m < MR; ++m)
+            fsum[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][j]), sc, fsum[m][j]);
+        }
+      }
+    }
+    // The minima's sum_j mn_j x sum(q_j) per row: 4 vpdpwssd, two blocks each.
+    __m512i pairs[MR][4];
+    if constexpr (block_has_min(T))
+      for (int m = 0; m < MR; ++m)
+        for (int q = 0; q < 4; ++q) {
+          const QActBlock* a = qa + (m0 + m) * nb + 8 * sb + 2 * q;
+          pairs[m][q] = _mm512_set1_epi32(sum_pair(a[0].sum, a[1].sum));
+        }
+    for (int j = 0; j < kNV; ++j) {
+      const __m512 d = src.sd(sb, j), dmin = block_has_min(T) ? src.sdmin(sb, j) : _mm512_setzero_ps();
+      __m512i mn[4];
+      if constexpr (block_has_min(T))
+        for (int q = 0; q < 4; ++q) mn[q] = src.imn_pair(sb, q, j);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 da = _mm512_set1_ps(qa[(m0 + m) * nb + 8 * sb].d);
+        acc[m][j] = _mm512_fmadd_ps(fsum[m][j], _mm512_mul_ps(d, da), acc[m][j]);
+        if constexpr (block_has_min(T)) {
+          __m512i msum = _mm512_setzero_si512();
+          for (int q = 0; q < 4; ++q) msum = _mm512_dpwssd_epi32(msum, mn[q], pairs[m][q]);
+          acc[m][j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), acc[m][j]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < kNV; ++j) _mm512_mask_storeu_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
+}
 // Every row over one panel of cnt outputs (<= kPanel) at C.
 template <GgmlType T, class Src>
 void rows(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t M, int cnt, float* C,
@@ -256,9 +384,15 @@ void rows(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, 
     const int lanes = std::clamp(cnt - j * kLanes, 0, kLanes);
     k[j] = __mmask16((1u << lanes) - 1);
   }
-  for (int64_t m = 0; m < M; m += kMR)
-    simd::with_rows<kMR>(int(M - m),
-                         [&](auto mr) { tile<T, decltype(mr)::value>(src, qa, bias, nb, m, C, ldc, k); });
+  if constexpr (is_kquant(T)) {
+    for (int64_t m = 0; m < M; m += kMRK)
+      simd::with_rows<kMRK>(
+          int(M - m), [&](auto mr) { tile_k<T, decltype(mr)::value>(src, qa, bias, nb, m, C, ldc, k); });
+  } else {
+    for (int64_t m = 0; m < M; m += kMR)
+      simd::with_rows<kMR>(int(M - m),
+                           [&](auto mr) { tile<T, decltype(mr)::value>(src, qa, bias, nb, m, C, ldc, k); });
+  }
 }
 // ---- AMX: the same panels as int8 tile products ----
 // On CPUs with AMX (Sapphire Rapids and later) one tdpbssd/tdpbsud multiplies a tile of 16 rows of
@@ -364,6 +498,50 @@ inline void fold(const Src& src, const TileRows& a, int64_t st0, int64_t m0, con
       }
   }
 }
+// A K-quant's steps (qgemm.h): each block's (half's) sums times its multipliers into fsum
+// [32 rows][kPanel] (f32 multiply-adds in step order); where the steps end a super-block, its f32
+// steps into acc (the minima's mn x sum(q) summed there from TileRows::sum) and fsum back to zero. A batch of
+// steps never straddles super-blocks (8 S of them, a multiple of kSteps).
+template <GgmlType T, int N, class Src>
+inline void fold_k(const Src& src, const TileRows& a, int64_t st0, int64_t m0, const TileSums* sums,
+                   float (*acc)[kPanel], float (*fsum)[kPanel]) {
+  constexpr int S = n_scales(T);
+  const int64_t last = st0 + N - 1, sb = last / S / 8;
+  const bool ends = (last / S) % 8 == 7 && last % S == S - 1;
+  for (int j = 0; j < kNV; ++j) {
+    __m512 sc[N];
+    for (int i = 0; i < N; ++i) sc[i] = _mm512_cvtepi32_ps(src.isc((st0 + i) / S, S, int((st0 + i) % S), j));
+    const __m512 d = ends ? src.sd(sb, j) : _mm512_setzero_ps();
+    const __m512 dmin = ends && block_has_min(T) ? src.sdmin(sb, j) : _mm512_setzero_ps();
+    for (int rr = 0; rr < 2; ++rr)
+      for (int r = 0; r < 16; ++r) {
+        const int row = rr * 16 + r;
+        float* at = fsum[row] + j * kLanes;
+        __m512 x = _mm512_load_ps(at);
+        for (int i = 0; i < N; ++i)
+          x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[i][rr * 2 + j][r])), sc[i], x);
+        if (!ends) {
+          _mm512_store_ps(at, x);
+          continue;
+        }
+        _mm512_store_ps(at, _mm512_setzero_ps());
+        float* out = acc[row] + j * kLanes;
+        const __m512 da = _mm512_set1_ps(a.d[8 * sb * a.Mp + m0 + row]);
+        __m512 y = _mm512_fmadd_ps(x, _mm512_mul_ps(d, da), _mm512_load_ps(out));
+        if constexpr (block_has_min(T)) {
+          __m512i msum = _mm512_setzero_si512();
+          for (int q = 0; q < 4; ++q) {
+            const int64_t b = 8 * sb + 2 * q;
+            msum = _mm512_dpwssd_epi32(
+                msum, src.imn_pair(sb, q, j),
+                _mm512_set1_epi32(sum_pair(a.sum[b * a.Mp + m0 + row], a.sum[(b + 1) * a.Mp + m0 + row])));
+          }
+          y = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), y);
+        }
+        _mm512_store_ps(out, y);
+      }
+  }
+}
 // Every row over one panel of cnt outputs at C, as rows() gives them. src: a BytePanel whose
 // bytes are the weights themselves (signed: widen's or pack's bytes less the type's offset), or
 // for the types without an offset their unsigned bytes, so no activation sum is taken back.
@@ -375,11 +553,13 @@ void amx_rows(const Src& src, const TileRows& a, int64_t nb, int64_t M, int cnt,
   const int64_t steps = nb * S;
   alignas(64) TileSums sums[2][kSteps];
   alignas(64) float acc[2 * 16][kPanel];
+  alignas(64) float fsum[2 * 16][kPanel];  // a K-quant's super-block sums so far
   __mmask16 k[kNV];
   for (int j = 0; j < kNV; ++j) k[j] = __mmask16((1u << std::clamp(cnt - j * kLanes, 0, kLanes)) - 1);
   configure_tiles(kQBlock / S);
   for (int64_t m0 = 0; m0 < M; m0 += 32) {
     std::fill_n(&acc[0][0], 32 * kPanel, 0.f);
+    if constexpr (is_kquant(T)) std::fill_n(&fsum[0][0], 32 * kPanel, 0.f);
     tile_products<S, kSigned>(src, a, 0, int(std::min<int64_t>(kSteps, steps)), m0, sums[0]);
     for (int64_t st = 0, buf = 0; st < steps; st += kSteps, buf ^= 1) {
       // The next steps' products first: the tile unit works through them during this fold.
@@ -389,7 +569,9 @@ void amx_rows(const Src& src, const TileRows& a, int64_t nb, int64_t M, int cnt,
                                   sums[buf ^ 1]);
       const int n = int(std::min<int64_t>(kSteps, steps - st));
       static_assert(kSteps == 2);
-      if (n == kSteps)
+      if constexpr (is_kquant(T))
+        fold_k<T, kSteps>(src, a, st, m0, sums[buf], acc, fsum);  // 8 S steps a super-block
+      else if (n == kSteps)
         fold<T, kSteps>(src, a, st, m0, sums[buf], acc);
       else
         fold<T, 1>(src, a, st, m0, sums[buf], acc);  // an odd last block
@@ -407,7 +589,7 @@ void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, co
                     int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const TileRows* amx,
                     const Scratchpad& p) {
   pack<T>(W, row_bytes, n0, cnt, nb, p);
-  const BytePanel src{p.w, p.d, block_has_min(T) ? p.mins : nullptr};
+  const BytePanel src{p.w, p.d, block_has_min(T) ? p.mins : nullptr, p.d + nb * n_scales(T) * kPanel};
   if (amx) {
     if constexpr (offset_of(T) != 0)
       for (int64_t i = 0; i < panel_scratch(T, nb).weight_bytes; i += 64)
@@ -427,6 +609,19 @@ void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p, int sub =
     for (int j = 0; j < kNV; ++j) {
       for (int g = 0; g < 8; ++g)
         _mm512_store_si512(pw + ((b * kNV + j) * 8 + g) * 64, _mm512_sub_epi8(src.w(b, j, g), off));
+      if constexpr (is_kquant(T)) {
+        for (int h = 0; h < S; ++h)
+          _mm512_storeu_si512(p.d + ((b * S + h) * kNV + j) * kLanes, src.isc(b, S, h, j));
+        if (b % 8 == 0) {
+          if constexpr (block_has_min(T))
+            for (int q = 0; q < 4; ++q)
+              _mm512_storeu_si512(p.mins + ((b / 8 * 4 + q) * kNV + j) * kLanes, src.imn_pair(b / 8, q, j));
+          float* ps = p.d + nb * S * kPanel + (b / 8) * 2 * kPanel;
+          _mm512_storeu_ps(ps + j * kLanes, src.sd(b / 8, j));
+          if constexpr (block_has_min(T)) _mm512_storeu_ps(ps + kPanel + j * kLanes, src.sdmin(b / 8, j));
+        }
+        continue;
+      }
       for (int h = 0; h < S; ++h) _mm512_storeu_ps(p.d + ((b * S + h) * kNV + j) * kLanes, src.d(b, S, h, j));
       if constexpr (block_has_min(T)) _mm512_storeu_ps(p.mins + (b * kNV + j) * kLanes, src.m(b, j));
     }
@@ -446,7 +641,7 @@ void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t*
       const int64_t scales = p * P.nb * kPanel;
       const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
                                !kq && mins ? P.m.data() + scales : nullptr};
-      const BytePanel bytes{w.w, w.d, block_has_min(T) ? w.mins : nullptr};
+      const BytePanel bytes{w.w, w.d, block_has_min(T) ? w.mins : nullptr, w.d + P.nb * n_scales(T) * kPanel};
       if (amx) {
         widen<T>(src, P.nb, w, offset_of(T));
         return amx_rows<T>(bytes, *amx, P.nb, M, cnt, C + n0, ldc);
@@ -510,8 +705,8 @@ struct Decoding {
                        const float* pm, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0,
                        float* C, int64_t ldc) {
     const decoding::Tile t(W, row_bytes, N, n0, cnt, nb);
-    __m256 acc[MR];
-    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    decoding::Sums acc[MR];
+    const float* sup = is_kquant(T) ? pd + nb * n_scales(T) * decoding::kOut : nullptr;  // its d and dmin
     for (int64_t b = 0; b < nb; ++b) {
       t.prefetch(b);
       const auto sc = decoding::block_scales<T>(t, b, pd, pm);
@@ -524,12 +719,12 @@ struct Decoding {
         for (int k = 0; k < 4; ++k) s[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], av);
         const __m512i r = reduce4(s[0], s[1], s[2], s[3]);
         const __m512i hh = _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // [half 0 | half 1]
-        acc[m] = decoding::accumulate<T, offset_of(T)>(_mm512_castsi512_si256(hh),
-                                                       _mm512_extracti64x4_epi64(hh, 1), sc, a,
-                                                       bias + ((m0 + m) * nb + b) * n_scales(T), acc[m]);
+        decoding::accumulate<T, offset_of(T)>(_mm512_castsi512_si256(hh), _mm512_extracti64x4_epi64(hh, 1),
+                                              sc, a, bias + ((m0 + m) * nb + b) * n_scales(T), b, sup,
+                                              acc[m]);
       }
     }
-    for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m]);
+    for (int m = 0; m < MR; ++m) decoding::store(C + (m0 + m) * ldc + n0, cnt, acc[m].acc);
   }
 };
 

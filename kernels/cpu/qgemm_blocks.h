@@ -169,6 +169,33 @@ inline BlockScale block_scale(GgmlType t, const uint8_t* row, int64_t b, Half h)
   return {{d, d}, -(h(load_u16(sb + 2)) * float(mn))};
 }
 
+// The K-quants' arithmetic (qgemm.h) per super-block of 8 blocks: block b's integer multipliers,
+// sc[h] for its halves (equal but for Q6_K, whose are signed) and mn its minimum's (0 for Q6_K), and
+// the super-block's f32 d and dmin (0 for Q6_K) from the f16 values `h` converts.
+struct KScale {
+  int32_t sc[2];
+  int32_t mn;
+};
+inline KScale kblock_scale(GgmlType t, const uint8_t* row, int64_t b) {
+  const uint8_t* sb = row + (b >> 3) * block_bytes(t);
+  if (t == GgmlType::Q6_K) {
+    const auto* sc = reinterpret_cast<const int8_t*>(sb + 192) + 2 * (b & 7);
+    return {{sc[0], sc[1]}, 0};
+  }
+  int sc = 0, mn = 0;
+  kquant_scale_min(sb + 4, int(b & 7), sc, mn);
+  return {{sc, sc}, mn};
+}
+struct SuperScale {
+  float d, dmin;
+};
+template <class Half>
+inline SuperScale super_scale(GgmlType t, const uint8_t* row, int64_t sb, Half h) {
+  const uint8_t* p = row + sb * block_bytes(t);
+  if (t == GgmlType::Q6_K) return {h(load_u16(p + 208)), 0.f};
+  return {h(load_u16(p)), h(load_u16(p + 2))};
+}
+
 // One weight block as 32 int8 values in element order.
 inline void decode_scalar(GgmlType t, const uint8_t* row, int64_t b, int8_t* w) {
   switch (t) {

@@ -71,16 +71,20 @@ struct ScratchSize {
 
 // The 256-bit tiles (one (row, output) pair's block in a vector, its lanes reduced per block): the
 // outputs n0..n1 of rows m0..m1, their block scales converted once into the scratch.
+// A K-quant's: its integer multipliers (int32) in the scales and minima, its super-blocks' d and
+// dmin [outputs][nb / 8][2] after the scales.
 static inline ScratchSize tiles_scratch(GgmlType t, int64_t nb, int64_t outputs) {
-  return {0, outputs * nb * n_scales(t), block_has_min(t) ? outputs * nb : 0};
+  return {0, outputs * nb * n_scales(t) + (is_kquant(t) ? outputs * (nb / 8) * 2 : 0),
+          block_has_min(t) ? outputs * nb : 0};
 }
 // Decoding (fewer rows than a panel pays for): the rows over outputs n0..n0 + cnt (cnt <= kGemvOut)
 // read where they lie, the K-quants' scales converted once per tile into the scratch (the simple
 // types' are read in the loop: none).
 inline constexpr int kGemvOut = 8;
+// (Theirs are the integer multipliers, int32, then the super-blocks' d and dmin [nb / 8][2][8].)
 static inline ScratchSize gemv_scratch(GgmlType t, int64_t nb) {
   if (scales_in_loop(t)) return {};
-  return {0, nb * n_scales(t) * kGemvOut, block_has_min(t) ? nb * kGemvOut : 0};
+  return {0, nb * n_scales(t) * kGemvOut + nb / 8 * 2 * kGemvOut, block_has_min(t) ? nb * kGemvOut : 0};
 }
 
 // ---- AVX2: vpmaddubsw (u8 x s8 -> pairs of s16) + vpmaddwd ----
@@ -91,8 +95,11 @@ inline constexpr int kLanes = 8, kNV = 2, kPanel = kLanes * kNV;
 int offset(GgmlType t);
 // A panel of kPanel outputs: weights [nb][kNV][8 groups][8 lanes][4 bytes] (Q8_0: then the same
 // again as magnitudes), scales [nb][S][kNV][8], minima [nb][kNV][8].
+// (A K-quant's scales and minima its integer multipliers, its super-blocks' d and dmin after the
+// scales, [nb / 8][2][kNV][8].)
 static inline ScratchSize panel_scratch(GgmlType t, int64_t nb) {
-  return {(t == GgmlType::Q8_0 ? 2 : 1) * nb * kNV * 8 * 32, nb * n_scales(t) * kPanel,
+  return {(t == GgmlType::Q8_0 ? 2 : 1) * nb * kNV * 8 * 32,
+          nb * n_scales(t) * kPanel + (is_kquant(t) ? nb / 8 * 2 * kPanel : 0),
           block_has_min(t) ? nb * kPanel : 0};
 }
 void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m0,
@@ -110,9 +117,13 @@ namespace avx512 {
 inline constexpr int kLanes = 16, kNV = 2, kPanel = kLanes * kNV;
 int offset(GgmlType t);  // the type's unsigned offset (128 for Q8_0)
 // A panel of kPanel outputs: weights [nb][kNV][8 groups][16 lanes][4 bytes], scales
-// [nb][S][kNV][16], minima [nb][kNV][16] (also a packed panel widened: packed_scratch).
+// [nb][S][kNV][16], minima [nb][kNV][16] (also a packed panel widened: packed_scratch). A K-quant's
+// scales are its integer multipliers (int32), its minima's multipliers two blocks a word (16-bit
+// halves, [nb / 8][4][kNV][16]), and its super-blocks' d and dmin follow the scales as f32
+// [nb / 8][2][kNV][16].
 static inline ScratchSize panel_scratch(GgmlType t, int64_t nb) {
-  return {nb * kNV * 8 * 64, nb * n_scales(t) * kPanel, block_has_min(t) ? nb * kPanel : 0};
+  return {nb * kNV * 8 * 64, nb * n_scales(t) * kPanel + (is_kquant(t) ? nb / 8 * 2 * kPanel : 0),
+          block_has_min(t) ? nb * kPanel : 0};
 }
 // The 256-bit tiles with vpdpbusd (one output's block per vector).
 void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m0,
@@ -122,9 +133,10 @@ void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
 inline constexpr int kAmxRows = 32;
 struct TileRows {
   int64_t Mp = 0;
-  int8_t* q = nullptr;  // [nb][Mp][32]: the blocks' bytes
-  float* d = nullptr;   // [nb][Mp]: their scales
-  float* s = nullptr;   // [nb][Mp]: d x their sums
+  int8_t* q = nullptr;     // [nb][Mp][32]: the blocks' bytes
+  float* d = nullptr;      // [nb][Mp]: their scales
+  float* s = nullptr;      // [nb][Mp]: d x their sums
+  int32_t* sum = nullptr;  // [nb][Mp]: their sums
 };
 // amx: the tile kernel over those rows instead of the VNNI panels over qa and bias (calls of
 // kPanelMinRows or more, on a CPU where amx_int8_usable()); the same bits.

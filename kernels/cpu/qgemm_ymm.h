@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include "kernels/cpu/qgemm_blocks.h"
 #include "kernels/cpu/qgemm_kernels.h"
@@ -162,6 +163,127 @@ inline void tile(const uint8_t* W, int64_t row_bytes, int64_t n0, const float* s
   }
 }
 
+// The same for a K-quant (qgemm.h): per super-block each pair's block sums times the output's
+// integer multipliers (isc [NR][nb][S], mins' imn [NR][nb]) summed exactly, then its f32 steps with
+// the super-blocks' d and dmin (sup [NR][nb / 8][2]).
+template <class Dot, GgmlType T, int MR, int NR>
+inline void tile_k(const uint8_t* W, int64_t row_bytes, int64_t n0, const int32_t* isc, const int32_t* imn,
+                   const float* sup, const QActBlock* qa, int64_t nb, int64_t m0, float* C, int64_t ldc) {
+  constexpr bool kSigned = is_signed(T);
+  constexpr int S = n_scales(T), P = MR * NR, G = (P + 3) / 4;
+  static_assert(NR == 1 || NR == 2, "the groups of four pairs assume NR divides 4");
+  __m128 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm_setzero_ps();
+  const int64_t nsb = nb / 8;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    __m128 fsum[G];
+    __m128i msum[G];
+    for (int g = 0; g < G; ++g) fsum[g] = _mm_setzero_ps(), msum[g] = _mm_setzero_si128();
+    for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
+      typename Dot::WPrep wp[NR];
+      for (int n = 0; n < NR; ++n)
+        wp[n] = Dot::template prep_w<kSigned>(load_w<T>(W + (n0 + n) * row_bytes, b));
+      __m128 scv[S];
+      for (int h = 0; h < S; ++h) {
+        const float x0 = float(isc[b * S + h]), x1 = NR == 2 ? float(isc[(nb + b) * S + h]) : x0;
+        scv[h] = _mm_setr_ps(x0, x1, x0, x1);
+      }
+      __m128i mnv = _mm_setzero_si128();
+      if constexpr (block_has_min(T)) {
+        const int x0 = imn[b], x1 = NR == 2 ? imn[nb + b] : x0;
+        mnv = _mm_setr_epi32(x0, x1, x0, x1);
+      }
+      for (int g = 0; g < G; ++g) {
+        __m256i v[4];
+        int sa[4];
+        for (int i = 0; i < 4; ++i) {
+          const int p = 4 * g + i;
+          if (p < P) {
+            const QActBlock& a = qa[(m0 + p / NR) * nb + b];
+            v[i] = Dot::template isum<kSigned>(wp[p % NR], Dot::template prep_a<kSigned>(a));
+            sa[i] = a.sum;
+          } else {
+            v[i] = _mm256_setzero_si256();
+            sa[i] = 0;
+          }
+        }
+        const __m256i s = halves4(v[0], v[1], v[2], v[3]);
+        const __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+        if constexpr (S == 1) {
+          fsum[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_add_epi32(lo, hi)), scv[0], fsum[g]);
+        } else {
+          fsum[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(lo), scv[0], fsum[g]);
+          fsum[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(hi), scv[1], fsum[g]);
+        }
+        if constexpr (block_has_min(T))
+          msum[g] = _mm_add_epi32(msum[g], _mm_mullo_epi32(mnv, _mm_setr_epi32(sa[0], sa[1], sa[2], sa[3])));
+      }
+    }
+    const float d0 = sup[sb * 2], d1 = NR == 2 ? sup[(nsb + sb) * 2] : d0;
+    const float m0v = sup[sb * 2 + 1], m1v = NR == 2 ? sup[(nsb + sb) * 2 + 1] : m0v;
+    const __m128 dv = _mm_setr_ps(d0, d1, d0, d1), mv = _mm_setr_ps(m0v, m1v, m0v, m1v);
+    for (int g = 0; g < G; ++g) {
+      float da[4];
+      for (int i = 0; i < 4; ++i) {
+        const int p = 4 * g + i;
+        da[i] = p < P ? qa[(m0 + p / NR) * nb + 8 * sb].d : 0.f;
+      }
+      const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
+      acc[g] = _mm_fmadd_ps(fsum[g], _mm_mul_ps(dv, dav), acc[g]);
+      if constexpr (block_has_min(T))
+        acc[g] = _mm_fnmadd_ps(_mm_cvtepi32_ps(msum[g]), _mm_mul_ps(mv, dav), acc[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float out[4];
+    _mm_storeu_ps(out, acc[g]);
+    for (int i = 0; i < 4 && 4 * g + i < P; ++i) {
+      const int p = 4 * g + i;
+      C[(m0 + p / NR) * ldc + n0 + p % NR] = out[i];
+    }
+  }
+}
+// The K-quants' rows: each output's integer multipliers and super-block scales taken once.
+template <class Dot, GgmlType T>
+void rows_k(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m_begin,
+            int64_t m_end, int64_t n_begin, int64_t n_end, float* C, int64_t ldc, const Scratchpad& s) {
+  constexpr int MR = block_has_min(T) ? Dot::kMR1 : Dot::kMR, NR = block_has_min(T) ? Dot::kNR1 : Dot::kNR;
+  constexpr int S = n_scales(T);
+  const int64_t width = n_end - n_begin, nsb = nb / 8;
+  auto* isc = reinterpret_cast<int32_t*>(s.d);
+  float* sup = s.d + width * nb * S;
+  auto* imn = reinterpret_cast<int32_t*>(s.mins);  // null for Q6_K, and read only by the others
+  for (int64_t n = 0; n < width; ++n) {
+    const uint8_t* row = W + (n_begin + n) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const KScale ks = kblock_scale(T, row, b);
+      for (int i = 0; i < S; ++i) isc[(n * nb + b) * S + i] = ks.sc[i];
+      if constexpr (block_has_min(T)) imn[n * nb + b] = ks.mn;
+    }
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const SuperScale ss = super_scale(T, row, sb, [](uint16_t h) { return _cvtsh_ss(h); });
+      sup[(n * nsb + sb) * 2] = ss.d;
+      sup[(n * nsb + sb) * 2 + 1] = ss.dmin;
+    }
+  }
+  const auto at = [&](int64_t n) {
+    const int64_t i = n - n_begin;
+    return std::tuple{isc + i * nb * S, block_has_min(T) ? imn + i * nb : nullptr, sup + i * nsb * 2};
+  };
+  int64_t n = n_begin;
+  for (; n + NR <= n_end; n += NR) {
+    const auto [sc, mn, su] = at(n);
+    int64_t m = m_begin;
+    for (; m + MR <= m_end; m += MR) tile_k<Dot, T, MR, NR>(W, row_bytes, n, sc, mn, su, qa, nb, m, C, ldc);
+    for (; m < m_end; ++m) tile_k<Dot, T, 1, NR>(W, row_bytes, n, sc, mn, su, qa, nb, m, C, ldc);
+  }
+  for (; n < n_end; ++n) {
+    const auto [sc, mn, su] = at(n);
+    for (int64_t m = m_begin; m < m_end; ++m)
+      tile_k<Dot, T, 1, 1>(W, row_bytes, n, sc, mn, su, qa, nb, m, C, ldc);
+  }
+}
+
 // The outputs n_begin..n_end of rows m_begin..m_end over Dot's tiles (Dot::kMR activation rows x
 // Dot::kNR outputs for signed weights, kMR1 x kNR1 for the types with a minimum, sized to the
 // register file and measured with BM_QGemm). Each output's block scales (and minima) are converted
@@ -196,7 +318,11 @@ template <class Dot>
 void tiles(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, int64_t nb, int64_t m_begin,
            int64_t m_end, int64_t n_begin, int64_t n_end, float* C, int64_t ldc, const Scratchpad& s) {
   with_type(t, [&](auto type) {
-    rows<Dot, decltype(type)::value>(W, row_bytes, qa, nb, m_begin, m_end, n_begin, n_end, C, ldc, s);
+    constexpr GgmlType T = decltype(type)::value;
+    if constexpr (is_kquant(T))
+      rows_k<Dot, T>(W, row_bytes, qa, nb, m_begin, m_end, n_begin, n_end, C, ldc, s);
+    else
+      rows<Dot, T>(W, row_bytes, qa, nb, m_begin, m_end, n_begin, n_end, C, ldc, s);
   });
 }
 
@@ -234,25 +360,30 @@ inline void transpose8(const __m256 (&r)[8], float* out) {
   }
 }
 // The simple types' scales sit at the start of each block (Q4_1 and Q5_1: d, then m), read in the
-// tile's loop; the K-quants' are converted here once per tile, per super-block of 8 blocks (d and
-// dmin once, the 6-bit multipliers of all 8 at once), into [nb][S][8] and minima [nb][8]: the same
-// values as block_scale's, one rounding each. Lanes past cnt repeat the last output (their results
-// are never stored).
+// tile's loop; the K-quants' are taken here once per tile, per super-block of 8 blocks (the 6-bit
+// multipliers of all 8 at once), as integers into [nb][S][8] and minima [nb][8], their d and dmin
+// after the scales ([nb / 8][2][8], f32). Lanes past cnt repeat the last output (their results are
+// never stored).
 template <GgmlType T>
 void tile_scales(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, float* d,
                  float* mins) {
   const uint8_t* row[kOut];
   for (int i = 0; i < kOut; ++i) row[i] = W + (n0 + std::min(i, cnt - 1)) * row_bytes;
-  // Each output's 8 (Q6_K: 16) values of a super-block as vectors, then transposed to [block][8].
+  // Each output's 8 (Q6_K: 16) values of a super-block as vectors, then transposed to [block][8]
+  // (integers through the f32 transpose as their bits), and its d and dmin to [nb / 8][2][8].
+  float* sup = d + nb * n_scales(T) * kOut;
+  const auto bits = [](__m256i v) { return _mm256_castsi256_ps(v); };
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     __m256 v[2][kOut], m[kOut];
     for (int i = 0; i < kOut; ++i) {
       const uint8_t* p = row[i] + sb * block_bytes(T);
+      const SuperScale ss = super_scale(T, p, 0, [](uint16_t h) { return _cvtsh_ss(h); });
+      sup[(sb * 2) * kOut + i] = ss.d;
+      sup[(sb * 2 + 1) * kOut + i] = ss.dmin;
       if constexpr (T == GgmlType::Q6_K) {  // its 16 int8 scales, [8 blocks][2 halves] in order
-        const __m256 dd = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 208)));
         const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
-        v[0][i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-        v[1][i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+        v[0][i] = bits(_mm256_cvtepi8_epi32(sc));
+        v[1][i] = bits(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
       } else {
         // kquant_scale_min for all 8 sub-blocks at once, four bytes a word: sub-blocks 0-3 the low
         // 6 bits of bytes 0-3 (scales) and 4-7 (minima); 4-7 a nibble of bytes 8-11 below the top
@@ -263,11 +394,8 @@ void tile_scales(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64
         const uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
         const __m128i sc = _mm_setr_epi32(int(sc_lo), int(sc_hi), 0, 0),
                       mn = _mm_setr_epi32(int(mn_lo), int(mn_hi), 0, 0);
-        v[0][i] = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p))),
-                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
-        m[i] =
-            _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))),
-                                                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
+        v[0][i] = bits(_mm256_cvtepu8_epi32(sc));
+        m[i] = bits(_mm256_cvtepu8_epi32(mn));
       }
     }
     if constexpr (T == GgmlType::Q6_K) {
@@ -322,27 +450,65 @@ struct Tile {
       __builtin_prefetch(next + l * 64);
   }
 };
-// Block b's scales for the tile's 8 outputs: d0 (d1: Q6_K's second half) and the minima m.
+// Block b's scales for the tile's 8 outputs: d0 (d1: Q6_K's second half) and the minima m; a
+// K-quant's multipliers f0, f1 (exact in f32) and its minimum's, im.
 struct BlockScales {
-  __m256 d0, d1, m;
+  __m256 d0, d1, m, f0, f1;
+  __m256i im;
 };
 template <GgmlType T>
 inline BlockScales block_scales(const Tile& t, int64_t b, const float* pd, const float* pm) {
-  BlockScales s{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  BlockScales s{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_si256()};
   if constexpr (scales_in_loop(T)) {
     loop_scales<T>(t.row, b, s.d0, s.m);
   } else {
-    s.d0 = _mm256_loadu_ps(pd + b * n_scales(T) * kOut);
-    if constexpr (n_scales(T) == 2) s.d1 = _mm256_loadu_ps(pd + b * 2 * kOut + kOut);
-    if constexpr (block_has_min(T)) s.m = _mm256_loadu_ps(pm + b * kOut);
+    s.f0 =
+        _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pd + b * n_scales(T) * kOut)));
+    if constexpr (n_scales(T) == 2)
+      s.f1 =
+          _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pd + b * 2 * kOut + kOut)));
+    if constexpr (block_has_min(T))
+      s.im = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pm + b * kOut));
   }
   return s;
 }
-// One row's block into its 8 accumulators, from the 8 outputs' half-block sums h0 and h1: the
-// offset taken back (-Offset x the activation half's sum, bi), then the scalar twin's sequence.
+// A row's running sums over the tile's 8 outputs: the f32 accumulators and a K-quant's sums of its
+// super-block so far (the multipliers' in f32, the minima's in integers).
+struct Sums {
+  __m256 acc = _mm256_setzero_ps(), fsum = _mm256_setzero_ps();
+  __m256i msum = _mm256_setzero_si256();
+};
+// One row's block b into its sums, from the 8 outputs' half-block sums h0 and h1: the offset taken
+// back (-Offset x the activation half's sum, bi), then the scalar twin's sequence (a K-quant's: the
+// integer multiply-adds, and at a super-block's last block its f32 steps with pd's d and dmin after
+// the nb blocks' multipliers).
 template <GgmlType T, int Offset>
-inline __m256 accumulate(__m256i h0, __m256i h1, const BlockScales& sc, const QActBlock& a, const int32_t* bi,
-                         __m256 acc) {
+inline void accumulate(__m256i h0, __m256i h1, const BlockScales& sc, const QActBlock& a, const int32_t* bi,
+                       int64_t b, const float* sup, Sums& st) {
+  if constexpr (is_kquant(T)) {
+    if constexpr (n_scales(T) == 1) {
+      st.fsum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(h0, h1)), sc.f0, st.fsum);
+    } else {
+      h0 = _mm256_add_epi32(h0, _mm256_set1_epi32(bi[0]));
+      h1 = _mm256_add_epi32(h1, _mm256_set1_epi32(bi[1]));
+      st.fsum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), sc.f0, st.fsum);
+      st.fsum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), sc.f1, st.fsum);
+    }
+    if constexpr (block_has_min(T))
+      st.msum = _mm256_add_epi32(st.msum, _mm256_mullo_epi32(sc.im, _mm256_set1_epi32(a.sum)));
+    if ((b & 7) != 7) return;
+    const float* ss = sup + (b >> 3) * 2 * kOut;
+    const __m256 da = _mm256_set1_ps(a.d);
+    st.acc = _mm256_fmadd_ps(st.fsum, _mm256_mul_ps(_mm256_loadu_ps(ss), da), st.acc);
+    if constexpr (block_has_min(T))
+      st.acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(st.msum), _mm256_mul_ps(_mm256_loadu_ps(ss + kOut), da),
+                                st.acc);
+    st.fsum = _mm256_setzero_ps();
+    st.msum = _mm256_setzero_si256();
+    return;
+  }
+  __m256& acc = st.acc;
   const __m256 da = _mm256_set1_ps(a.d);
   if constexpr (n_scales(T) == 1) {
     __m256i sum = _mm256_add_epi32(h0, h1);
@@ -355,7 +521,6 @@ inline __m256 accumulate(__m256i h0, __m256i h1, const BlockScales& sc, const QA
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(sc.d1, da), acc);
   }
   if constexpr (block_has_min(T)) acc = _mm256_fmadd_ps(sc.m, _mm256_set1_ps(a.s), acc);
-  return acc;
 }
 // The first cnt of a row's 8 outputs.
 inline void store(float* c, int cnt, __m256 acc) {

@@ -114,7 +114,7 @@ TEST(QGemm, DotIsTheMathOfTheDequantizedBlocks) {
     dequantize(t, w.data(), wd.data(), K);
     const std::vector<float> x = random_floats(K, 11);
     std::vector<QActBlock> a(static_cast<size_t>(nb));
-    quantize_activations(x.data(), K, a.data());
+    quantize_activations_for(t, x.data(), K, a.data());
     double exact = 0, mag = 0, bound = 0, wabs = 0;
     for (int64_t b = 0; b < nb; ++b) {
       double wb = 0;
@@ -157,7 +157,7 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
       // The scalar GEMM is the scalar dot of each row pair.
       for (int64_t m = 0; m < M; m += 3) {
         std::vector<QActBlock> a(static_cast<size_t>(nb));
-        quantize_activations(A.data() + m * lda, K, a.data());
+        quantize_activations_for(t, A.data() + m * lda, K, a.data());
         for (int64_t n = 0; n < N; n += 7)
           EXPECT_EQ(ref[size_t(m * ldc + n)],
                     qdot(QKernel::Scalar, t, W.data() + n * *type_bytes(t, K), a.data(), nb));
@@ -223,7 +223,7 @@ TEST(QGemm, ManyPanelsMatchTheScalarTwin) {
   for (GgmlType t : kQuantTypes) {
     const std::vector<uint8_t> W = random_q_rows(t, N, K, 19);
     std::vector<QActBlock> a(static_cast<size_t>(M * nb));
-    for (int64_t m = 0; m < M; ++m) quantize_activations(A.data() + m * K, K, a.data() + m * nb);
+    for (int64_t m = 0; m < M; ++m) quantize_activations_for(t, A.data() + m * K, K, a.data() + m * nb);
     for (QKernel k : supported_qkernels()) {
       std::vector<float> got(static_cast<size_t>(M * N));
       qgemm(two, k, t, A.data(), M, K, W.data(), N, K, got.data(), N);
