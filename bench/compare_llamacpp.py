@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", help="write every sample here")
+    ap.add_argument("--llama-fa", default="both", choices=["both", "default", "on"],
+                    help="llama.cpp's runs: with its defaults, with flash attention on (-fa 1), or both")
     a = ap.parse_args()
     if not os.access(a.lp_bench, os.X_OK):
         sys.exit(f"compare_llamacpp: {a.lp_bench} is not built (cmake --build build --target benches)")
@@ -72,7 +74,9 @@ def main():
         sys.exit(f"compare_llamacpp: {a.ik_llama_bench} is not an executable")
     # (label, prefill args, decoding args) per llama-bench run.
     decode = ["-p", "0", "-n", "32", "-d", "512"]
-    engines = [("llama.cpp", a.llama_bench, [], decode), ("llama.cpp -fa 1", a.llama_bench, ["-fa", "1"], decode)]
+    engines = [("llama.cpp", a.llama_bench, [], decode)] if a.llama_fa != "on" else []
+    if a.llama_fa != "default":
+        engines.append(("llama.cpp -fa 1", a.llama_bench, ["-fa", "1"], decode))
     if a.ik_llama_bench:
         engines.append(("ik_llama.cpp -fa 1 -rtr 1", a.ik_llama_bench, ["-fa", "1", "-rtr", "1"],
                         ["-gp", "512,32", "-n", "0", "-p", "0"]))

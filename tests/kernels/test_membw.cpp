@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/context.h"
+#include "kernels/cpu/buffer.h"
 #include "kernels/cpu/membw.h"
 
 namespace lp {
@@ -33,6 +34,24 @@ TEST(MemBandwidth, CountsWhatEachPatternMoves) {
 TEST(MemBandwidth, DefaultBufferIsFarBeyondTheLastLevelCache) {
   EXPECT_GE(default_bandwidth_bytes(), int64_t(1) << 30);
   EXPECT_GE(default_bandwidth_bytes(), 4 * last_level_cache_bytes());
+}
+
+// Buffers of 4 MiB or more (packed weights, K/V, activations of long prompts) start on a 2 MiB
+// boundary and span whole 2 MiB pages, so transparent huge pages (asked for with madvise) can back
+// them; smaller ones keep 64-byte alignment. Both zeroed on request, every byte.
+TEST(Buffer, LargeBuffersStartOnHugePageBoundaries) {
+  const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  Buffer<uint8_t> big((int64_t(5) << 20) + 3);
+  ASSERT_NE(big.data(), nullptr);
+  EXPECT_EQ(at(big.data()) % Buffer<uint8_t>::kHuge, 0u);
+  for (int64_t i = 0; i < big.size(); i += 4093) ASSERT_EQ(big[i], 0) << i;
+  EXPECT_EQ(big[big.size() - 1], 0);
+  Buffer<float> small(1000);
+  EXPECT_EQ(at(small.data()) % 64, 0u);
+  for (int64_t i = 0; i < small.size(); ++i) ASSERT_EQ(small[i], 0.f);
+  big.resize(10);  // back to a small one
+  EXPECT_EQ(big.size(), 10);
+  EXPECT_EQ(at(big.data()) % 64, 0u);
 }
 
 }  // namespace
