@@ -111,42 +111,51 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
     }
   }
 }
+// Block b's (Q6_K: half h's) exact sums for rows m0..m0+MR over a panel's kNV vectors: each lane
+// starts at bias's -offset x sum(a) and adds a vpmaddubsw + vpmaddwd per group of 4 weights (Q8_0:
+// its magnitudes, in the plane after the bytes, times the activations given the weights' signs).
+template <GgmlType T, int MR>
+inline void block_sums(const uint8_t* pw, int64_t plane, const QActBlock* qa, const int32_t* bias, int64_t nb,
+                       int64_t m0, int64_t b, int h, __m256i (&s)[MR][kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  constexpr bool kQ8 = T == GgmlType::Q8_0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int m = 0; m < MR; ++m) {
+    const __m256i start =
+        offset_of(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm256_setzero_si256();
+    for (int j = 0; j < kNV; ++j) s[m][j] = start;
+  }
+  for (int g = h * G; g < (h + 1) * G; ++g) {
+    __m256i w[kNV];
+    for (int j = 0; j < kNV; ++j)
+      w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
+    for (int m = 0; m < MR; ++m) {
+      const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+      for (int j = 0; j < kNV; ++j) {
+        __m256i pairs;
+        if constexpr (kQ8)
+          pairs = _mm256_maddubs_epi16(
+              _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + plane + ((b * kNV + j) * 8 + g) * 32)),
+              _mm256_sign_epi8(a, w[j]));
+        else
+          pairs = _mm256_maddubs_epi16(w[j], a);
+        s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+  }
+}
 template <GgmlType T, int MR>
 inline void tile(const uint8_t* pw, int64_t plane, const float* pd, const float* pm, const QActBlock* qa,
                  const int32_t* bias, int64_t nb, int64_t m0, float* C, int64_t ldc,
                  const __m256i (&k)[kNV]) {
-  constexpr int S = n_scales(T), G = 8 / S;
-  constexpr bool kQ8 = T == GgmlType::Q8_0;
-  const __m256i ones = _mm256_set1_epi16(1);
+  constexpr int S = n_scales(T);
   __m256 acc[MR][kNV];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) acc[m][j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     for (int h = 0; h < S; ++h) {
       __m256i s[MR][kNV];
-      for (int m = 0; m < MR; ++m) {
-        const __m256i start =
-            offset_of(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm256_setzero_si256();
-        for (int j = 0; j < kNV; ++j) s[m][j] = start;
-      }
-      for (int g = h * G; g < (h + 1) * G; ++g) {
-        __m256i w[kNV];
-        for (int j = 0; j < kNV; ++j)
-          w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
-        for (int m = 0; m < MR; ++m) {
-          const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
-          for (int j = 0; j < kNV; ++j) {
-            __m256i pairs;
-            if constexpr (kQ8)
-              pairs = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(
-                                               pw + plane + ((b * kNV + j) * 8 + g) * 32)),
-                                           _mm256_sign_epi8(a, w[j]));
-            else
-              pairs = _mm256_maddubs_epi16(w[j], a);
-            s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(pairs, ones));
-          }
-        }
-      }
+      block_sums<T, MR>(pw, plane, qa, bias, nb, m0, b, h, s);
       for (int m = 0; m < MR; ++m) {
         const __m256 da = _mm256_set1_ps(qa[(m0 + m) * nb + b].d);
         for (int j = 0; j < kNV; ++j) {
@@ -173,8 +182,7 @@ template <GgmlType T, int MR>
 inline void tile_k(const uint8_t* pw, const float* pd, const float* pm, const QActBlock* qa,
                    const int32_t* bias, int64_t nb, int64_t m0, float* C, int64_t ldc,
                    const __m256i (&k)[kNV]) {
-  constexpr int S = n_scales(T), G = 8 / S;
-  const __m256i ones = _mm256_set1_epi16(1);
+  constexpr int S = n_scales(T);
   const auto* isc = reinterpret_cast<const int32_t*>(pd);
   const auto* imn = reinterpret_cast<const int32_t*>(pm);
   const float* sup = pd + nb * S * kPanel;
@@ -189,21 +197,7 @@ inline void tile_k(const uint8_t* pw, const float* pd, const float* pm, const QA
     for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
       for (int h = 0; h < S; ++h) {
         __m256i s[MR][kNV];
-        for (int m = 0; m < MR; ++m) {
-          const __m256i start = offset_of(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h])
-                                                  : _mm256_setzero_si256();
-          for (int j = 0; j < kNV; ++j) s[m][j] = start;
-        }
-        for (int g = h * G; g < (h + 1) * G; ++g) {
-          __m256i w[kNV];
-          for (int j = 0; j < kNV; ++j)
-            w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
-          for (int m = 0; m < MR; ++m) {
-            const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
-            for (int j = 0; j < kNV; ++j)
-              s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], a), ones));
-          }
-        }
+        block_sums<T, MR>(pw, 0, qa, bias, nb, m0, b, h, s);
         for (int j = 0; j < kNV; ++j) {
           const __m256 sc = _mm256_cvtepi32_ps(
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(isc + ((b * S + h) * kNV + j) * kLanes)));

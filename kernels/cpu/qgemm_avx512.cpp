@@ -263,12 +263,35 @@ struct PackedPanel {
     }
   }
 };
+// Block b's (Q6_K: half h's) exact sums for rows m0..m0+MR over the panel's kNV vectors: each lane
+// starts at bias's -offset x sum(a) and takes a vpdpbusd per group of 4 weights. Unrolled: each
+// group's bits are where its index says (Q6_K's high planes); left as a loop, GCC 12 kept a branch
+// per group (Q6_K decoding 0.65 -> 0.5 of the read ceiling).
+template <GgmlType T, int MR, class Src>
+inline void block_sums(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0,
+                       int64_t b, int h, __m512i (&s)[MR][kNV]) {
+  constexpr int S = n_scales(T), G = 8 / S;
+  for (int m = 0; m < MR; ++m) {
+    const __m512i start =
+        offset_of(T) != 0 ? _mm512_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm512_setzero_si512();
+    for (int j = 0; j < kNV; ++j) s[m][j] = start;
+  }
+#pragma GCC unroll 8
+  for (int g = h * G; g < (h + 1) * G; ++g) {
+    __m512i w[kNV];
+    for (int j = 0; j < kNV; ++j) w[j] = src.w(b, j, g);
+    for (int m = 0; m < MR; ++m) {
+      const __m512i a = _mm512_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+      for (int j = 0; j < kNV; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], w[j], a);
+    }
+  }
+}
 // Rows m0..m0+MR of a panel's outputs (C points at its first output; k[j] masks the lanes that are
 // outputs). bias: -offset x the sum of each activation block (half for Q6_K), [M][nb][S].
 template <GgmlType T, int MR, class Src>
 inline void tile(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0, float* C,
                  int64_t ldc, const __mmask16 (&k)[kNV]) {
-  constexpr int S = n_scales(T), G = 8 / S;
+  constexpr int S = n_scales(T);
   __m512 acc[MR][kNV];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_setzero_ps();
@@ -276,19 +299,7 @@ inline void tile(const Src& src, const QActBlock* qa, const int32_t* bias, int64
     src.prefetch(b);
     for (int h = 0; h < S; ++h) {
       __m512i s[MR][kNV];
-      for (int m = 0; m < MR; ++m) {
-        const __m512i start =
-            offset_of(T) != 0 ? _mm512_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm512_setzero_si512();
-        for (int j = 0; j < kNV; ++j) s[m][j] = start;
-      }
-      for (int g = h * G; g < (h + 1) * G; ++g) {
-        __m512i w[kNV];
-        for (int j = 0; j < kNV; ++j) w[j] = src.w(b, j, g);
-        for (int m = 0; m < MR; ++m) {
-          const __m512i a = _mm512_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
-          for (int j = 0; j < kNV; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], w[j], a);
-        }
-      }
+      block_sums<T, MR>(src, qa, bias, nb, m0, b, h, s);
       for (int m = 0; m < MR; ++m) {
         const __m512 da = _mm512_set1_ps(qa[(m0 + m) * nb + b].d);
         for (int j = 0; j < kNV; ++j)
@@ -312,7 +323,7 @@ inline void tile(const Src& src, const QActBlock* qa, const int32_t* bias, int64
 template <GgmlType T, int MR, class Src>
 inline void tile_k(const Src& src, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t m0, float* C,
                    int64_t ldc, const __mmask16 (&k)[kNV]) {
-  constexpr int S = n_scales(T), G = 8 / S;
+  constexpr int S = n_scales(T);
   __m512 acc[MR][kNV];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) acc[m][j] = _mm512_setzero_ps();
@@ -322,25 +333,11 @@ inline void tile_k(const Src& src, const QActBlock* qa, const int32_t* bias, int
       for (int j = 0; j < kNV; ++j) fsum[m][j] = _mm512_setzero_ps();
     for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
       src.prefetch(b);
-      // Unrolled: each group's bits are where its index says (Q6_K's high planes); left as loops,
-      // GCC 12 kept a branch per group (Q6_K decoding 0.65 -> 0.5 of the read ceiling).
+      // Unrolled as block_sums' groups are (Q6_K's halves).
 #pragma GCC unroll 2
       for (int h = 0; h < S; ++h) {
         __m512i s[MR][kNV];
-        for (int m = 0; m < MR; ++m) {
-          const __m512i start = offset_of(T) != 0 ? _mm512_set1_epi32(bias[((m0 + m) * nb + b) * S + h])
-                                                  : _mm512_setzero_si512();
-          for (int j = 0; j < kNV; ++j) s[m][j] = start;
-        }
-#pragma GCC unroll 8
-        for (int g = h * G; g < (h + 1) * G; ++g) {
-          __m512i w[kNV];
-          for (int j = 0; j < kNV; ++j) w[j] = src.w(b, j, g);
-          for (int m = 0; m < MR; ++m) {
-            const __m512i a = _mm512_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
-            for (int j = 0; j < kNV; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], w[j], a);
-          }
-        }
+        block_sums<T, MR>(src, qa, bias, nb, m0, b, h, s);
         for (int j = 0; j < kNV; ++j) {
           const __m512 sc = _mm512_cvtepi32_ps(src.isc(b, S, h, j));
           for (int m = 0; m < MR; ++m)
