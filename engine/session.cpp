@@ -154,8 +154,12 @@ OpDtypes dtypes_of(const Weights& w, int kv_element_bytes) {
   // their blocks' bytes); the KV cache holds the backend's elements (the CPU's: f16 unless the
   // compute dtype is f32).
   const double kv = kv_element_bytes;
-  if (w.dtype == DType::Int8)
-    return {w.gemm_bytes_per_weight(), double(sizeof(QActBlock)) / double(kQBlock), kv};
+  if (w.dtype == DType::Int8) {
+    OpDtypes d{w.gemm_bytes_per_weight(), double(sizeof(QActBlock)) / double(kQBlock), kv};
+    const Matrix& head = w.lm_head();
+    if (head.rows > 0) d.head_weight_bytes = double(head.bytes()) / double(head.rows * head.cols);
+    return d;
+  }
   const double b = w.dtype == DType::BF16 ? 2 : 4;
   return {b, b, kv};
 }

@@ -134,6 +134,10 @@ struct OpDtypes {
   double elem_bytes = 4;
   double expert_weight_bytes = 0;  // the experts' weights where they differ (MXFP4 experts); 0: weight_bytes
   double experts_bytes() const { return expert_weight_bytes > 0 ? expert_weight_bytes : weight_bytes; }
+  // The output layer's where it differs (a Q4_K_M file's is Q6_K: 0.82 bytes a weight against its
+  // layers' 0.56); 0: weight_bytes.
+  double head_weight_bytes = 0;
+  double head_bytes() const { return head_weight_bytes > 0 ? head_weight_bytes : weight_bytes; }
 };
 
 // op_flops and op_bytes are inline: the serving simulation prices millions of iterations, and with
@@ -278,7 +282,7 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
     case Op::Gather:  // rows moved (kept ones compacted, pruned ones saved): read and written
       return 2.0 * T * D * d.elem_bytes;
     case Op::LmHead:
-      return gemm_bytes(T, D, c.n_vocab, d);
+      return gemm_bytes(T, D, c.n_vocab, OpDtypes{d.head_bytes(), d.act_bytes, d.kv_bytes, d.elem_bytes});
     case Op::kCount:
       break;
   }

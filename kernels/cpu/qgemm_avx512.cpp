@@ -162,9 +162,9 @@ struct BytePanel {
   const uint8_t* tile(int64_t b, int j) const { return pw + (b * kNV + j) * 8 * 64; }
 };
 // A panel as qpack keeps it (QPacked, qgemm_kernels.h): nibbles (and Q5_K's and Q6_K's high bits
-// beside them) joined into bytes in registers, the f16 scales widened there (exactly), a
-// K-quant's block scale d * sc and minimum -(dmin * mn) multiplied there as block_scale does (one
-// rounding each), so every lane holds the values the per-call panel holds.
+// beside them) joined into bytes in registers, the f16 scales widened there (exactly), a K-quant's
+// integer multipliers widened and its super-block's d and dmin converted there, so every lane holds
+// the values the per-call panel holds.
 template <GgmlType T>
 struct PackedPanel {
   static constexpr bool kNibbles = T != GgmlType::Q8_0, kK = is_kquant(T);
@@ -198,16 +198,10 @@ struct PackedPanel {
       return lo;
     }
   }
-  __m512 d(int64_t b, int /*S*/, int h, int j) const {
-    if constexpr (!kK)
-      return _mm512_cvtph_ps(
-          _mm256_load_si256(reinterpret_cast<const __m256i*>(pd + (b * kNV + j) * kLanes)));
-    const __m512 dd =
-        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head(b) + j * kLanes)));
-    const __m128i sc =
-        _mm_load_si128(reinterpret_cast<const __m128i*>(at(b) + kL.sc + (h * kNV + j) * kLanes));
-    const __m512i v = T == GgmlType::Q6_K ? _mm512_cvtepi8_epi32(sc) : _mm512_cvtepu8_epi32(sc);
-    return _mm512_mul_ps(dd, _mm512_cvtepi32_ps(v));
+  // A simple type's block scale and minimum (a K-quant's come as isc, imn_pair, sd and sdmin).
+  __m512 d(int64_t b, int /*S*/, int /*h*/, int j) const {
+    static_assert(!kK);
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pd + (b * kNV + j) * kLanes)));
   }
   // A K-quant's integer multipliers of block b (half h) and its minimum's, and super-block sb's d
   // and dmin (Q6_K: none), widened exactly.
@@ -230,15 +224,8 @@ struct PackedPanel {
         _mm256_load_si256(reinterpret_cast<const __m256i*>(head(sb * 8) + kPanel + j * kLanes)));
   }
   __m512 m(int64_t b, int j) const {
-    if constexpr (!kK)
-      return _mm512_cvtph_ps(
-          _mm256_load_si256(reinterpret_cast<const __m256i*>(pm + (b * kNV + j) * kLanes)));
-    const __m512 dm =
-        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head(b) + kPanel + j * kLanes)));
-    const __m128i mn = _mm_load_si128(reinterpret_cast<const __m128i*>(at(b) + kL.mn + j * kLanes));
-    const __m512 prod = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
-    return _mm512_castsi512_ps(
-        _mm512_xor_si512(_mm512_castps_si512(prod), _mm512_set1_epi32(int(0x80000000u))));
+    static_assert(!kK);
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pm + (b * kNV + j) * kLanes)));
   }
   // Block b + kAhead's lines, read from memory into L2 while block b multiplies. Into L2 and 8 blocks
   // ahead rather than into L1 and 4: a decoding GEMV streams its weights at the rate the core keeps
@@ -617,10 +604,11 @@ void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p, int sub =
           _mm512_storeu_ps(ps + j * kLanes, src.sd(b / 8, j));
           if constexpr (block_has_min(T)) _mm512_storeu_ps(ps + kPanel + j * kLanes, src.sdmin(b / 8, j));
         }
-        continue;
+      } else {
+        for (int h = 0; h < S; ++h)
+          _mm512_storeu_ps(p.d + ((b * S + h) * kNV + j) * kLanes, src.d(b, S, h, j));
+        if constexpr (block_has_min(T)) _mm512_storeu_ps(p.mins + (b * kNV + j) * kLanes, src.m(b, j));
       }
-      for (int h = 0; h < S; ++h) _mm512_storeu_ps(p.d + ((b * S + h) * kNV + j) * kLanes, src.d(b, S, h, j));
-      if constexpr (block_has_min(T)) _mm512_storeu_ps(p.mins + (b * kNV + j) * kLanes, src.m(b, j));
     }
 }
 // Every row over panel p of a packed matrix. Many rows (wide) multiply it widened once to bytes:
@@ -638,7 +626,9 @@ void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t*
       const int64_t scales = p * P.nb * kPanel;
       const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
                                !kq && mins ? P.m.data() + scales : nullptr};
-      const BytePanel bytes{w.w, w.d, block_has_min(T) ? w.mins : nullptr, w.d + P.nb * n_scales(T) * kPanel};
+      // (Decoding's scratch has no scales: the panel is multiplied as packed, never widened.)
+      const BytePanel bytes{w.w, w.d, block_has_min(T) ? w.mins : nullptr,
+                            w.d ? w.d + P.nb * n_scales(T) * kPanel : nullptr};
       if (amx) {
         widen<T>(src, P.nb, w, offset_of(T));
         return amx_rows<T>(bytes, *amx, P.nb, M, cnt, C + n0, ldc);

@@ -99,6 +99,17 @@ TEST(OpCounting, SmolLM2PrefillFlopsFromTheMath) {
                                                op_flops(c, Op::LmHead, {1, 0, 0}));
   // Bytes: at least the bf16 weights of the fused gate/up matrix.
   EXPECT_GT(op_bytes(c, Op::GateUp, {T, 0, 0}, {2, 2, 2}), 576.0 * 3072 * 2);
+  // The output layer at its own bytes a weight where it differs from the layers' (Q4_K_M's Q6_K
+  // head: 210 / 256 bytes a weight, its layers' Q4_K 144 / 256), else at theirs: for one row, the
+  // weights plus the row's activations (0.5625 int8 bytes a value) plus the logits in f32.
+  OpDtypes q{144.0 / 256, 34.0 / 32, 2, 4};
+  EXPECT_DOUBLE_EQ(op_bytes(c, Op::LmHead, {1, 0, 0}, q),
+                   576.0 * 49152 * 144 / 256 + 576 * 34.0 / 32 + 49152 * 4);
+  q.head_weight_bytes = 210.0 / 256;
+  EXPECT_DOUBLE_EQ(op_bytes(c, Op::LmHead, {1, 0, 0}, q),
+                   576.0 * 49152 * 210 / 256 + 576 * 34.0 / 32 + 49152 * 4);
+  EXPECT_DOUBLE_EQ(op_bytes(c, Op::GateUp, {1, 0, 0}, q),
+                   576.0 * 3072 * 144 / 256 + 576 * 34.0 / 32 + 3072 * 4);
 }
 
 }  // namespace
