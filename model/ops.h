@@ -281,8 +281,11 @@ inline double op_bytes(const ModelConfig& c, Op op, const OpShape& s, const OpDt
       return double(s.kv_tokens) * 8;
     case Op::Gather:  // rows moved (kept ones compacted, pruned ones saved): read and written
       return 2.0 * T * D * d.elem_bytes;
-    case Op::LmHead:
-      return gemm_bytes(T, D, c.n_vocab, OpDtypes{d.head_bytes(), d.act_bytes, d.kv_bytes, d.elem_bytes});
+    case Op::LmHead: {
+      OpDtypes head = d;
+      head.weight_bytes = d.head_bytes();
+      return gemm_bytes(T, D, c.n_vocab, head);
+    }
     case Op::kCount:
       break;
   }
