@@ -213,6 +213,10 @@ void quantize_activations_super(const float* x, int64_t K, QActBlock* out) {
 #endif
       quantize_block_at(v + b * kQBlock, amax, finite, out[sb * per + b]);
     }
+    for (int64_t b = 0; b < per; b += 2) {
+      QActBlock* o = out + sb * per + b;
+      o->pair = int32_t(uint32_t(uint16_t(o[0].sum)) | uint32_t(uint16_t(o[1].sum)) << 16);
+    }
   }
 }
 

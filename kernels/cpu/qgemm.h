@@ -39,10 +39,13 @@ inline constexpr int64_t kQBlock = 32;  // elements per block of every type here
 
 // One activation block: q = round(x / d) in [-127, 127], d = max|x| / 127 (0 for a zero block),
 // s = d * sum(q) (what a simple type's minimum multiplies), sum = sum(q) (what a K-quant's integer
-// minimum multiplies).
+// minimum multiplies); pair, in the even blocks of a super-block (quantize_activations_super only):
+// this block's sum and the next's as the low and high 16-bit halves of one word (|sum| <= 32 x 127),
+// the operand the K-quant tiles' vpdpwssd multiply their minima pairs by, broadcast from memory
+// where building it per tile took three scalar operations and a port-5 broadcast.
 struct QActBlock {
   float d = 0, s = 0;
-  int32_t sum = 0;
+  int32_t sum = 0, pair = 0;
   int8_t q[kQBlock] = {};
 };
 

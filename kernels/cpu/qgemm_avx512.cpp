@@ -343,14 +343,8 @@ inline void tile_k(const Src& src, const QActBlock* qa, const int32_t* bias, int
         }
       }
     }
-    // The minima's sum_j mn_j x sum(q_j) per row: 4 vpdpwssd, two blocks each.
-    __m512i pairs[MR][4];
-    if constexpr (block_has_min(T))
-      for (int m = 0; m < MR; ++m)
-        for (int q = 0; q < 4; ++q) {
-          const QActBlock* a = qa + (m0 + m) * nb + 8 * sb + 2 * q;
-          pairs[m][q] = _mm512_set1_epi32(sum_pair(a[0].sum, a[1].sum));
-        }
+    // The minima's sum_j mn_j x sum(q_j) per row: 4 vpdpwssd, two blocks each, their activation
+    // sums broadcast from memory (QActBlock::pair).
     for (int j = 0; j < kNV; ++j) {
       const __m512 d = src.sd(sb, j), dmin = block_has_min(T) ? src.sdmin(sb, j) : _mm512_setzero_ps();
       __m512i mn[4];
@@ -361,7 +355,9 @@ inline void tile_k(const Src& src, const QActBlock* qa, const int32_t* bias, int
         acc[m][j] = _mm512_fmadd_ps(fsum[m][j], _mm512_mul_ps(d, da), acc[m][j]);
         if constexpr (block_has_min(T)) {
           __m512i msum = _mm512_setzero_si512();
-          for (int q = 0; q < 4; ++q) msum = _mm512_dpwssd_epi32(msum, mn[q], pairs[m][q]);
+          for (int q = 0; q < 4; ++q)
+            msum =
+                _mm512_dpwssd_epi32(msum, mn[q], _mm512_set1_epi32(qa[(m0 + m) * nb + 8 * sb + 2 * q].pair));
           acc[m][j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), acc[m][j]);
         }
       }
