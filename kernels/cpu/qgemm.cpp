@@ -215,7 +215,7 @@ void quantize_activations_super(const float* x, int64_t K, QActBlock* out) {
     }
     for (int64_t b = 0; b < per; b += 2) {
       QActBlock* o = out + sb * per + b;
-      o->pair = int32_t(uint32_t(uint16_t(o[0].sum)) | uint32_t(uint16_t(o[1].sum)) << 16);
+      o->pair = act_sum_pair(o[0].sum, o[1].sum);
     }
   }
 }

@@ -48,6 +48,11 @@ struct QActBlock {
   int32_t sum = 0, pair = 0;
   int8_t q[kQBlock] = {};
 };
+// Two blocks' activation sums as the low and high 16-bit halves of one word (QActBlock::pair; the
+// AMX tiles build theirs from TileRows' sums).
+inline int32_t act_sum_pair(int32_t s0, int32_t s1) {
+  return int32_t(uint32_t(uint16_t(s0)) | uint32_t(uint16_t(s1)) << 16);
+}
 
 // Quantizes K values (a multiple of kQBlock) into K / kQBlock blocks, a scale per block (llama.cpp's
 // q8_0): what the simple types multiply.

@@ -139,10 +139,6 @@ inline __m512i zero_idiom() {
   asm volatile("vpxord %0, %0, %0" : "=v"(z));  // volatile: one per call, not one shared
   return z;
 }
-// Two blocks' activation sums as the 16-bit halves of one word (each |sum| <= 32 x 127 fits).
-inline int sum_pair(int32_t s0, int32_t s1) {
-  return int(uint32_t(uint16_t(s0)) | uint32_t(uint16_t(s1)) << 16);
-}
 // A panel as the GEMM packs it per call: the weights' unsigned bytes, f32 scales and minima (a
 // K-quant's: its integer multipliers, and its super-blocks' d and dmin after the scales, at ps).
 struct BytePanel {
@@ -523,9 +519,9 @@ inline void fold_k(const Src& src, const TileRows& a, int64_t st0, int64_t m0, c
           __m512i msum = _mm512_setzero_si512();
           for (int q = 0; q < 4; ++q) {
             const int64_t b = 8 * sb + 2 * q;
-            msum = _mm512_dpwssd_epi32(
-                msum, src.imn_pair(sb, q, j),
-                _mm512_set1_epi32(sum_pair(a.sum[b * a.Mp + m0 + row], a.sum[(b + 1) * a.Mp + m0 + row])));
+            msum = _mm512_dpwssd_epi32(msum, src.imn_pair(sb, q, j),
+                                       _mm512_set1_epi32(act_sum_pair(a.sum[b * a.Mp + m0 + row],
+                                                                      a.sum[(b + 1) * a.Mp + m0 + row])));
           }
           y = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), y);
         }

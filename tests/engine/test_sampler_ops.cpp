@@ -101,7 +101,7 @@ TEST(OpCounting, SmolLM2PrefillFlopsFromTheMath) {
   EXPECT_GT(op_bytes(c, Op::GateUp, {T, 0, 0}, {2, 2, 2}), 576.0 * 3072 * 2);
   // The output layer at its own bytes a weight where it differs from the layers' (Q4_K_M's Q6_K
   // head: 210 / 256 bytes a weight, its layers' Q4_K 144 / 256), else at theirs: for one row, the
-  // weights plus the row's activations (0.5625 int8 bytes a value) plus the logits in f32.
+  // weights plus the row's activations (34 / 32 int8 bytes a value) plus the logits in f32.
   OpDtypes q{144.0 / 256, 34.0 / 32, 2, 4};
   EXPECT_DOUBLE_EQ(op_bytes(c, Op::LmHead, {1, 0, 0}, q),
                    576.0 * 49152 * 144 / 256 + 576 * 34.0 / 32 + 49152 * 4);
