@@ -19,9 +19,11 @@ std::string LocalCase::label() const {
   return s;
 }
 
-std::vector<LocalCase> local_cases(bool quick) {
-  const std::vector<int64_t> lengths =
-      quick ? std::vector<int64_t>{256, 512, 1024, 2048} : std::vector<int64_t>{256, 1024, 4096, 8192};
+std::vector<int64_t> local_lengths(bool quick) {
+  return quick ? std::vector<int64_t>{256, 512, 1024, 2048} : std::vector<int64_t>{256, 1024, 4096, 8192};
+}
+
+std::vector<LocalCase> local_cases(const std::vector<int64_t>& lengths) {
   const std::vector<std::pair<std::string, std::string>> schedules = {{"none", "none"},
                                                                       {"lazyllm", "0.3:0.3,0.6:0.3,0.9:0.3"},
                                                                       {"lazyllm", "0.1:0.5,0.3:0.5,0.5:0.5"},

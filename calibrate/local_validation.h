@@ -29,8 +29,14 @@ struct LocalCase {
   // "<tokens>-<policy>-<schedule>", a file name (':' -> '_', ',' -> '+').
   std::string label() const;
 };
-// Prompts of 256-8192 tokens (quick: 256-2048), four schedules each, 16 cases.
-std::vector<LocalCase> local_cases(bool quick);
+// The grid's prompt lengths: 256, 1024, 4096 and 8192 tokens (quick: 256, 512, 1024, 2048).
+std::vector<int64_t> local_lengths(bool quick);
+// Four schedules at each length (none, two LazyLLM ones, frozen), a checkerboard of them calibrated
+// on and the rest held out: 16 cases over local_lengths.
+std::vector<LocalCase> local_cases(const std::vector<int64_t>& lengths);
+inline std::vector<LocalCase> local_cases(bool quick) {
+  return local_cases(local_lengths(quick));
+}
 
 // One case as the engine ran it: its fastest round, and every round's prefill time in round
 // order (all cases have the same number of rounds, run alternated, so round r of two cases ran a

@@ -42,49 +42,6 @@ std::string today() {
   std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
   return buf;
 }
-}  // namespace
-
-CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a) {
-  auto* c = app.add_subcommand(
-      "calibrate",
-      R"(Fit a hardware profile's efficiencies to measurements: per-op timings of our own runs (--runs), or
-end-to-end TTFT and decode figures from llama-bench, vLLM, trtllm-bench, run --json or a CSV (--measurements).
-  lazyprefill calibrate --runs runs/ --base cpu-local --out cpu-local.json
-  lazyprefill calibrate --measurements bench.jsonl results.csv --base h100-sxm --out h100-mine.json)");
-  auto* runs = c->add_option("--runs", a.runs, "Folder of run --json outputs (*.json): fits every op family");
-  auto* meas =
-      c->add_option("--measurements", a.measurements,
-                    "Measurement files (llama-bench -o json/jsonl, vLLM serving/latency JSON, trtllm-bench "
-                    "--report_json, run --json, plain CSV): fits what end-to-end figures identify");
-  runs->excludes(meas);
-  c->add_option("--base", a.base, "Profile to start from (name or .json); its other fields are kept")
-      ->required();
-  c->add_option("--out", a.out, "Where to write the fitted profile (.json)")->required();
-  c->add_option("--name", a.name, "Name of the fitted profile (default: the base's name)");
-  c->add_option("--model-map", a.model_map,
-                "NAME=PRESET: the preset for a model name as the files write it (repeatable)")
-      ->needs(meas);
-  c->add_option("--hw-map", a.hw_map,
-                "NAME=PROFILE: the profile for a hardware name as the files write it (repeatable)")
-      ->needs(meas);
-  c->add_option("--fit", a.fit,
-                "Parameters to fit, comma-separated, from gemm.compute, overhead_us, attention.compute, "
-                "gemm.half_rows, "
-                "gemm.memory, interconnect, pruning.stage_us (default: every one the measurements identify)")
-      ->delimiter(',')
-      ->needs(meas);
-  c->add_option("--weights", a.weights, "Weight dtype for every measurement (default: from each one's dtype)")
-      ->needs(meas);
-  c->add_option("--compute", a.compute,
-                "Compute dtype for every measurement (default: from each one's dtype)")
-      ->needs(meas);
-  c->add_option("--kv", a.kv, "KV dtype for every measurement (default: from each one's dtype)")->needs(meas);
-  c->add_option("--engine", a.engine, kEngineHelp)->needs(meas);
-  c->add_flag("--json", a.json_out, "Print the fit report as JSON");
-  return c;
-}
-
-namespace {
 
 int calibrate_runs(const CalibrateArgs& a) {
   if (!fs::is_directory(a.runs)) usage_fail("--runs '{}' is not a folder", a.runs);
@@ -307,7 +264,7 @@ int calibrate_measurements(const CalibrateArgs& a) {
 
 }  // namespace
 
-int cmd_calibrate(const CalibrateArgs& a, const CLI::App& /*sub*/) {
+int cmd_calibrate(const CalibrateArgs& a) {
   if (a.runs.empty() && a.measurements.empty()) usage_fail("give --runs DIR or --measurements FILE...");
   std::vector<std::string> inputs = a.measurements;
   inputs.push_back(a.base);

@@ -77,27 +77,7 @@ void print_revival_check(const RC& k, const std::string& hw) {
 
 }  // namespace
 
-CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a) {
-  auto* c = app.add_subcommand(
-      "calibrate-revivals",
-      R"(Fit the revival model (the share of each pruning stage's tokens revived per decoding step) to
-recorded LazyLLM traces; with --held-out, compare synthetic decoding with it to replaying other runs.
-  lazyprefill calibrate-revivals a.jsonl b.jsonl --out revivals.json
-  lazyprefill calibrate-revivals a.jsonl b.jsonl --held-out c.jsonl --hw cpu-local)");
-  c->add_option("traces", a.traces, "Traces of run --prune lazyllm --trace to fit, decoding steps included");
-  c->add_option("--held-out", a.held_out, "Traces not fitted on: replay them and the model's prediction");
-  c->add_option("--revival-model", a.model,
-                "With --held-out: judge this model file (or 'builtin') instead of fitting one");
-  c->add_option("--hw", a.hw, "Profile the held-out comparison is costed on (default cpu-local)");
-  add_precision(*c, a.precision, " of the comparison");
-  c->add_flag("--map", a.map,
-              "Allow a --revival-model fitted on another layer count (stages by relative depth)");
-  c->add_option("--out", a.out, "Write the fitted model here (JSON)");
-  c->add_flag("--json", a.json_out, "Print one JSON object");
-  return c;
-}
-
-int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a, const CLI::App& /*sub*/) {
+int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a) {
   if (a.model.empty() && a.traces.empty())
     usage_fail("give traces to fit, or --revival-model FILE with --held-out");
   if (!a.model.empty() && !a.traces.empty())

@@ -36,46 +36,7 @@ double shown(Figure f, double v) {
 
 }  // namespace
 
-CLI::App* add_calibrate_serving(CLI::App& app, CalibrateServingArgs& a) {
-  auto* s = app.add_subcommand(
-      "calibrate-serving",
-      R"(Fit an engine's scheduler to your own serving benchmarks; errors per metric before, after and held out.
-  lazyprefill calibrate-serving --benchmark vllm-rate4.json --benchmark vllm-rate8.json --model-config llama-3.1-8b --hw h100-sxm --engine vllm
-  lazyprefill calibrate-serving --benchmark benchmarks.json --model model.gguf --hw cpu-local --kv-budget-mib 2048 --out fitted.json)");
-  s->add_option(
-       "--benchmark", a.benchmarks,
-       "A serving benchmark result: vllm bench serve --save-result JSON, a guidellm report, AIPerf's "
-       "profile_export_aiperf.json or genai-perf's *_genai_perf.json (repeatable)")
-      ->required()
-      ->check(non_empty_path());
-  add_model_choice(*s, a.model, a.model_config, "cost");
-  s->add_option("--hw", a.hw, "Hardware profile of the server (built-in name or file)")->required();
-  s->add_option("--engine", a.engine, "The server's engine (lazyprefill, llamacpp, vllm, sglang, trtllm)");
-  add_precision(*s, a.precision);
-  add_scheduler_options(*s, a.sched);
-  s->add_option("--tp", a.tp, "Tensor-parallel degree of the server (default 1)")->check(CLI::Range(1, 4096));
-  s->add_option("--kv-budget-mib", a.kv_budget_mib,
-                "The server's K/V budget (default: --kv-fraction of the memory less the weights)")
-      ->check(CLI::Range(1.0, double(int64_t(1) << 30)));
-  s->add_option("--kv-fraction", a.kv_fraction,
-                "Share of the memory the server may use, weights and K/V (default 0.9, vLLM's "
-                "gpu_memory_utilization)")
-      ->check(CLI::Range(0.05, 1.0));
-  s->add_option("--kv-element-bytes", a.kv_element_bytes,
-                "Bytes of a K/V element (default: the --kv dtype's)")
-      ->check(CLI::Range(0.5, 8.0));
-  s->add_option("--fit", a.fit,
-                "What to fit, comma-separated: scale (the engine's kernel time against the profile), "
-                "iteration (host time per iteration), request (host time per request an iteration schedules: "
-                "sampling, detokenising, streaming) (default scale,iteration)");
-  s->add_option("--seed", a.seed, "Seed of the simulated arrivals (default 0)")->check(digits_only());
-  s->add_option("--out", a.out, "Write the profile with the fitted engine (atomically)")
-      ->check(non_empty_path());
-  s->add_flag("--json", a.json_out, "Print one JSON object");
-  return s;
-}
-
-int cmd_calibrate_serving(const CalibrateServingArgs& a, const CLI::App& /*sub*/) {
+int cmd_calibrate_serving(const CalibrateServingArgs& a) {
   std::string model_name;
   const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;

@@ -1,11 +1,11 @@
-// The subcommands, one file each (cli/README.md). Each has add_X, which registers its options on the
-// app, and cmd_X, which runs it when selected (`sub`: the parsed subcommand, for the options whose
-// presence matters); main lists them in one table. Errors are lp::Error, printed by main as one line.
+// The subcommands, one file each (cli/README.md): XArgs, the typed options of subcommand X, and
+// cmd_X, which runs it when selected; main lists them in one table. The options are registered on
+// the command line by add_X (cli/options.h), apart, so that the units running the subcommands do not
+// compile CLI11. Errors are lp::Error, printed by main as one line.
 #pragma once
 
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -53,78 +53,8 @@ std::vector<hw::Profile> load_profiles(const std::string& list, const std::strin
 // The model a simulation costs: the configuration of the GGUF file `model`, else the preset
 // `model_config` (lp::UsageError when neither is given); `name` gets what names it in outputs.
 ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name);
-// An option that must not be given as "": a path ("" silently meant the default model) or a
-// schedule ("" meant the default in run and simulate but no pruning in report; "none" says no
-// pruning). `message` is the error.
-inline CLI::Validator non_empty(std::string message, std::string name) {
-  return CLI::Validator([message](const std::string& s) { return s.empty() ? message : std::string(); },
-                        std::move(name));
-}
-inline CLI::Validator non_empty_path() {
-  return non_empty("an empty path", "PATH");
-}
-inline CLI::Validator non_empty_schedule() {
-  return non_empty("an empty schedule; give one, or none for no pruning", "SCHEDULE");
-}
-
-// A finite number: CLI::Range lets NaN through (every comparison with it is false).
-inline CLI::Validator finite_number() {
-  return CLI::Validator(
-      [](const std::string& s) {
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        return std::isfinite(v) && end && *end == '\0' ? std::string() : "not a finite number: " + s;
-      },
-      "NUMBER");
-}
-
-// An unsigned integer written as digits: CLI11 reads "-1" into an unsigned option as 2^64 - 1.
-inline CLI::Validator digits_only() {
-  return CLI::Validator(
-      [](const std::string& s) {
-        const bool ok = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
-        return ok ? std::string() : "not a non-negative whole number: " + s;
-      },
-      "UINT");
-}
-
-// A pruning policy's name (pruning/policy.h), or with `list` a comma-separated list of them; the
-// old names "static" and "random" get a line naming what they became.
-inline CLI::Validator policy_names(bool list = false) {
-  return CLI::Validator(
-      [list](const std::string& s) {
-        if (!list) return check_policy_arg(s);
-        for (const std::string& item : split_list(s))
-          if (std::string why = check_policy_arg(item); !why.empty()) return why;
-        return std::string();
-      },
-      list ? "POLICY,..." : "POLICY");
-}
-
-// Options several subcommands share, declared once (cli/options.cpp).
-// --model FILE: the GGUF the engine runs (absent: the default model in the cache).
-CLI::Option* add_gguf_model(CLI::App& sub, std::string& gguf);
-// --model FILE or --model-config PRESET, not both: the model a subcommand costs; `what` ends the
-// help ("cost", "report on").
-void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, const char* what);
-// --ep and --moe-imbalance (sim::expert_parallel) on a subcommand that has --tp.
-void add_expert_parallel(CLI::App& sub, int& ep, double& imbalance, int& dp);
-// --help-models on `app`: the presets listed (preset_summaries), exit 0.
-void add_help_models(CLI::App& app);
-// --hw (required) and --engine: the hardware profiles a subcommand costs on.
-void add_hardware(CLI::App& sub, std::string& hw, std::string& engine);
-// --weights, --compute, --kv: the precision a prediction assumes; `of` qualifies the help
-// (" of the comparison", or ""); the defaults shown are p's.
-void add_precision(CLI::App& sub, sim::Precision& p, const char* of = "");
 // `--dtype`: auto (none: Model::load_as chooses per backend), f32, bf16 or int8; a usage error else.
 std::optional<DType> dtype_option(const std::string& s);
-
-// The --engine option's help, listing the presets.
-inline constexpr const char* kEngineHelp =
-    "Serving engine whose elementwise costing to use: lazyprefill, llamacpp (f32, nothing fused), vllm "
-    "(compute dtype, add+RMSNorm fused), trtllm (also RoPE and SwiGLU fused); default: the profile's (vllm "
-    "on "
-    "GPUs, lazyprefill on CPUs)";
 
 // How synthetic decoding revives tokens (sim/revival.h), and the line that says so in outputs.
 struct RevivalChoice {
@@ -145,6 +75,7 @@ struct RunArgs {
   int max_new_tokens = 64;
   int threads = default_thread_count();
   bool chat = false, json_out = false, trace_detail = false;
+  bool prompt_given = false;  // --prompt was given ("" is an empty prompt, not a missing one)
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   std::string prune = "none", schedule, trace;
@@ -157,17 +88,15 @@ struct RunArgs {
   std::string partition = "auto", runahead_hw = "cpu-local";
   double runahead_timeout_s = 300;
 };
-CLI::App* add_run(CLI::App& app, RunArgs& a);
-int cmd_run(const RunArgs& a, const CLI::App& sub);
-int cmd_run_runahead(const RunArgs& a, const CLI::App& sub);  // cli/run_runahead.cpp
+int cmd_run(const RunArgs& a);
+int cmd_run_runahead(const RunArgs& a);  // cli/run_runahead.cpp
 
 struct InspectArgs {
   std::string model, trace;  // a trace given: summarise it instead of the model
   std::string kv_growth;     // with a trace: the paper's Figure 7 (prompt K/V per layer group) as SVG
   bool json_out = false;
 };
-CLI::App* add_inspect(CLI::App& app, InspectArgs& a);
-int cmd_inspect(const InspectArgs& a, const CLI::App& sub);
+int cmd_inspect(const InspectArgs& a);
 
 struct SimulateArgs {
   std::string trace, prune, schedule, model, model_config, hw, engine;
@@ -189,8 +118,7 @@ struct SimulateArgs {
   double link_gbs = 0, link_latency_us = -1, rank_share = 1;
   std::string kv_predict;  // KV Prediction's auxiliary preset (sim/kv_predict.h); "" off
 };
-CLI::App* add_simulate(CLI::App& app, SimulateArgs& a);
-int cmd_simulate(const SimulateArgs& a, const CLI::App& sub);
+int cmd_simulate(const SimulateArgs& a);
 int cmd_simulate_runahead(const SimulateArgs& a);    // cli/simulate_runahead.cpp
 int cmd_simulate_kv_predict(const SimulateArgs& a);  // cli/simulate_kv_predict.cpp
 
@@ -202,7 +130,6 @@ struct SchedulerArgs {
   std::string kv_mode;  // "reserve" | "on-demand" ("": the engine's)
   std::optional<bool> mixed;
 };
-void add_scheduler_options(CLI::App& sub, SchedulerArgs& a);
 // `hw`'s engine's scheduler as a serving configuration, the options given overriding it.
 sim::ServingConfig scheduler_config(const SchedulerArgs& a, const hw::Profile& hw);
 // The scheduler's fields as simulate-serving and calibrate-serving print them.
@@ -237,8 +164,7 @@ struct SimulateServingArgs {
   std::string router = "round-robin", disaggregate, prefill_hw;
   double kv_link_gbs = 0, kv_link_us = -1;  // 0 / -1: the profile's scale-out network
 };
-CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a);
-int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& sub);
+int cmd_simulate_serving(const SimulateServingArgs& a);
 
 struct CalibrateArgs {
   std::string runs, base, out, name, engine;
@@ -246,8 +172,7 @@ struct CalibrateArgs {
   std::string weights, compute, kv;  // override the precision each measurement's dtype implies
   bool json_out = false;
 };
-CLI::App* add_calibrate(CLI::App& app, CalibrateArgs& a);
-int cmd_calibrate(const CalibrateArgs& a, const CLI::App& sub);
+int cmd_calibrate(const CalibrateArgs& a);
 
 struct PlanArgs {
   std::string model, model_config, hw, engine, prune = "none,lazyllm", eval, out, chart;
@@ -264,8 +189,7 @@ struct PlanArgs {
   bool aggregated_only = false, json_out = false;
   uint64_t seed = 0;
 };
-CLI::App* add_plan(CLI::App& app, PlanArgs& a);
-int cmd_plan(const PlanArgs& a, const CLI::App& sub);
+int cmd_plan(const PlanArgs& a);
 
 struct CalibrateServingArgs {
   std::vector<std::string> benchmarks;  // vllm bench serve, guidellm, AIPerf or genai-perf files
@@ -279,8 +203,7 @@ struct CalibrateServingArgs {
   uint64_t seed = 0;
   bool json_out = false;
 };
-CLI::App* add_calibrate_serving(CLI::App& app, CalibrateServingArgs& a);
-int cmd_calibrate_serving(const CalibrateServingArgs& a, const CLI::App& sub);
+int cmd_calibrate_serving(const CalibrateServingArgs& a);
 
 struct CalibrateRevivalsArgs {
   std::vector<std::string> traces, held_out;
@@ -288,8 +211,7 @@ struct CalibrateRevivalsArgs {
   sim::Precision precision;  // of the held-out comparison
   bool map = false, json_out = false;
 };
-CLI::App* add_calibrate_revivals(CLI::App& app, CalibrateRevivalsArgs& a);
-int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a, const CLI::App& sub);
+int cmd_calibrate_revivals(const CalibrateRevivalsArgs& a);
 
 struct ValidateArgs {
   std::string model, base = "cpu-local", out_dir, dtype = "f32";
@@ -299,11 +221,11 @@ struct ValidateArgs {
   std::string revival_model;  // --serving: LazyLLM's revivals from this model (default DIR/revivals.json)
   bool revival_share_from_log = false;  // --serving: a constant share per stage and step, from the log
   std::string prefix_load;  // --serving: also a load test of the prefix cache, replayed on DIR's calibration
+  std::string lengths;      // the local grid's prompt lengths instead of --quick's or the default's
   int threads = 0, rounds = 3;
   bool quick = false, json_out = false;
 };
-CLI::App* add_validate(CLI::App& app, ValidateArgs& a);
-int cmd_validate(const ValidateArgs& a, const CLI::App& sub);
+int cmd_validate(const ValidateArgs& a);
 int cmd_validate_serving(const ValidateArgs& a);   // cli/validate_serving.cpp
 int cmd_validate_runahead(const ValidateArgs& a);  // cli/validate_runahead.cpp
 
@@ -326,8 +248,7 @@ struct ReportArgs {
   int64_t serving_requests = 1000, serving_max_batch_tokens = 8192;
   int serving_seeds = 1;
 };
-CLI::App* add_report(CLI::App& app, ReportArgs& a);
-int cmd_report(const ReportArgs& a, const CLI::App& sub);
+int cmd_report(const ReportArgs& a);
 
 struct CompareArgs {  // cli/compare.cpp
   std::string model, model_config, hw, engine, prompt_tokens = "8192,32768,131072", kv_predict, eval, chart;
@@ -336,15 +257,13 @@ struct CompareArgs {  // cli/compare.cpp
   int devices = 8;
   bool json_out = false;
 };
-CLI::App* add_compare(CLI::App& app, CompareArgs& a);
-int cmd_compare(const CompareArgs& a, const CLI::App& sub);
+int cmd_compare(const CompareArgs& a);
 
 struct SweepArgs {
   std::string grid, out;
   int threads = 0;
 };
-CLI::App* add_sweep(CLI::App& app, SweepArgs& a);
-int cmd_sweep(const SweepArgs& a, const CLI::App& sub);
+int cmd_sweep(const SweepArgs& a);
 
 struct EvalArgs {
   std::string model, tasks = "passkey", lengths, prune = "lazyllm,static-paper,random-drop", corpus, out;
@@ -353,9 +272,17 @@ struct EvalArgs {
   int samples = 20, threads = 0, agreement_tokens = 8, drop_seeds = 5;
   uint64_t seed = 1;
   bool json_out = false, with_prompts = false, prefix_cache = false;
+  bool prune_given = false, task_given = false;  // --prune, --task given (else the mode's defaults)
 };
-CLI::App* add_eval(CLI::App& app, EvalArgs& a);
-int cmd_eval(const EvalArgs& a, const CLI::App& sub);
+int cmd_eval(const EvalArgs& a);
+// eval: mild to aggressive, the points of each policy's speed-accuracy curve when no --schedule is given.
+inline constexpr const char* kDefaultLadder[] = {"0.3:0.2,0.6:0.2,0.9:0.2", "0.3:0.3,0.6:0.3,0.9:0.3",
+                                                 "0.2:0.4,0.4:0.4,0.6:0.4", "0.1:0.5,0.3:0.5,0.5:0.5"};
+// The paper's baselines' ladders, step for step about the share of (token, layer) pairs LazyLLM's
+// computes (79, 69, 50 and 33% on 30 layers): static-paper after 10% of the depth prunes S of the
+// prompt, computing 0.1 + 0.9 (1 - S); random-drop computes 1 - S.
+inline constexpr const char* kStaticPaperLadder[] = {"0.1:0.25", "0.1:0.35", "0.1:0.55", "0.1:0.75"};
+inline constexpr const char* kRandomDropLadder[] = {"0.2", "0.3", "0.5", "0.67"};
 
 struct ServeArgs {
   std::string model, host = "127.0.0.1", served_name, prune = "none", schedule, dtype = "auto",
@@ -371,7 +298,6 @@ struct ServeArgs {
   std::string api_key_file, metric_names = "both";
   bool metrics_need_key = false;
 };
-CLI::App* add_serve(CLI::App& app, ServeArgs& a);
-int cmd_serve(const ServeArgs& a, const CLI::App& sub);
+int cmd_serve(const ServeArgs& a);
 
 }  // namespace lp::cli

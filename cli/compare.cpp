@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -73,44 +72,6 @@ std::string eval_text(const std::optional<EvalFigures>& f) {
                      f->nll_tasks);
   return s;
 }
-
-}  // namespace
-
-CLI::App* add_compare(CLI::App& app, CompareArgs& a) {
-  CLI::App* c = app.add_subcommand(
-      "compare",
-      "Every way to cut time to first token side by side: the plain prefill, LazyLLM, tensor parallelism, "
-      "KV-Runahead (with and without LazyLLM), KV Prediction; TTFT, speedup, devices, memory per device, "
-      "accuracy where known");
-  c->footer(R"(
-Examples:
-  lazyprefill compare --model-config llama-3.1-70b --hw h100-sxm --devices 8 --prompt-tokens 32768,131072 \
-      --weights fp8 --compute fp8 --kv fp8
-  lazyprefill compare --model-config openelm-3b --hw h100-sxm --devices 4 --kv-predict openelm-1.1b \
-      --schedule 0.3:0.3,0.6:0.3,0.9:0.3 --schedule 0.1:0.5,0.3:0.5,0.5:0.5 --chart ttft.svg --json)");
-  add_model_choice(*c, a.model, a.model_config, "compare on");
-  c->add_option("--hw", a.hw, "Hardware profile: a built-in name or a .json file (one device)")->required();
-  c->add_option("--engine", a.engine, kEngineHelp);
-  c->add_option("--devices", a.devices, "Devices for tensor parallelism and KV-Runahead (default 8)")
-      ->check(CLI::Range(2, 1024));
-  c->add_option("--prompt-tokens", a.prompt_tokens,
-                "Prompt lengths, comma-separated (default 8192,32768,131072)");
-  c->add_option("--schedule", a.schedules,
-                "A LazyLLM schedule to compare (repeatable; default 0.3:0.3,0.6:0.3,0.9:0.3); the first one "
-                "is the one combined with tensor parallelism and KV-Runahead")
-      ->check(non_empty_schedule());
-  c->add_option("--kv-predict", a.kv_predict,
-                "Also KV Prediction with this auxiliary model preset (sharing the base's vocabulary)");
-  c->add_option("--eval", a.eval, "An `eval --json` output whose LazyLLM cells give the schedules' accuracy")
-      ->check(non_empty_path());
-  c->add_option("--chart", a.chart, "Also write the chart, TTFT against prompt length per method (SVG)")
-      ->check(non_empty_path());
-  add_precision(*c, a.precision);
-  c->add_flag("--json", a.json_out, "Print one JSON object");
-  return c;
-}
-
-namespace {
 
 // The schedules to compare (the first is the one combined with the parallel methods).
 std::vector<Schedule> schedules_from(const CompareArgs& a) {
@@ -177,7 +138,7 @@ RenderedTables render_tables(const sim::Comparison& cmp,
             fmt::format("  {:<34} {:>7} {:>11.1f} {:>7.2f}x {:>9.1f}{}  {}\n", r.method, r.devices,
                         r.ttft_s * 1e3, r.speedup, r.memory_bytes / (1 << 30), r.fits ? " " : "!", accuracy);
         auto [it, added] = family.try_emplace(r.family, out.series.size());
-        if (added) out.series.push_back({.name = r.family});
+        if (added) out.series.push_back({.name = r.family, .x = {}, .y = {}});
         out.series[it->second].x.push_back(double(t.prompt_tokens));
         out.series[it->second].y.push_back(r.ttft_s * 1e3);
       }
@@ -191,7 +152,7 @@ RenderedTables render_tables(const sim::Comparison& cmp,
 
 }  // namespace
 
-int cmd_compare(const CompareArgs& a, const CLI::App& /*sub*/) {
+int cmd_compare(const CompareArgs& a) {
   std::string model_name;
   const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;

@@ -27,15 +27,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// Mild to aggressive: the points of each policy's speed-accuracy curve when no --schedule is given.
-const char* const kDefaultLadder[] = {"0.3:0.2,0.6:0.2,0.9:0.2", "0.3:0.3,0.6:0.3,0.9:0.3",
-                                      "0.2:0.4,0.4:0.4,0.6:0.4", "0.1:0.5,0.3:0.5,0.5:0.5"};
-// The paper's baselines' ladders, step for step about the share of (token, layer) pairs LazyLLM's
-// computes (79, 69, 50 and 33% on 30 layers): static-paper after 10% of the depth prunes S of the
-// prompt, computing 0.1 + 0.9 (1 - S); random-drop computes 1 - S.
-const char* const kStaticPaperLadder[] = {"0.1:0.25", "0.1:0.35", "0.1:0.55", "0.1:0.75"};
-const char* const kRandomDropLadder[] = {"0.2", "0.3", "0.5", "0.67"};
-
 // The schedules a policy runs in an eval: the given ones that fit it, else its ladder.
 std::vector<Schedule> eval_schedules(PolicyKind k, const std::vector<Schedule>& given) {
   std::vector<Schedule> ladder;
@@ -285,66 +276,9 @@ void print_table(const std::vector<eval::TaskResult>& results, const std::vector
   }
 }
 
-}  // namespace
-
-CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
-  auto* e = app.add_subcommand(
-      "eval",
-      R"(Measure accuracy under pruning on long-context tasks from public-domain text (and the TTFT speedup).
-  lazyprefill eval --task passkey,kv --lengths 2048 --samples 20 --prune lazyllm,static-paper,random-drop
-  lazyprefill eval --task nll --lengths 4096 --samples 10 --prune lazyllm --schedule 0.3:0.3,0.6:0.3,0.9:0.3 --json)");
-  add_gguf_model(*e, a.model);
-  e->add_option("--task", a.tasks, "Comma-separated tasks: passkey, kv, mdqa, nll (default passkey)");
-  e->add_option("--lengths", a.lengths, "Comma-separated prompt lengths in tokens")->required();
-  e->add_option("--samples", a.samples, "Samples per task and length (default 20)")
-      ->check(CLI::Range(1, 1000000));
-  e->add_option(
-       "--prune", a.prune,
-       "Policies compared with the unpruned run: lazyllm, the paper's baselines static-paper and "
-       "random-drop, the ablations frozen and random-layers (default lazyllm,static-paper,random-drop)")
-      ->check(policy_names(true));
-  e->add_option(
-       "--schedule", a.schedules,
-       std::string("A schedule (repeat for a curve; each policy runs those that fit it, else its own "
-                   "four from mild to aggressive: ") +
-           kDefaultLadder[0] + " ... " + kDefaultLadder[3] + "; static-paper " + kStaticPaperLadder[0] +
-           " ... " + kStaticPaperLadder[3] + "; random-drop " + kRandomDropLadder[0] + " ... " +
-           kRandomDropLadder[3] + ")")
-      ->check(non_empty_schedule());
-  e->add_option("--drop-seeds", a.drop_seeds,
-                "random-drop: seeds per sample, averaged as the paper does (default 5)")
-      ->check(CLI::Range(1, 1000));
-  e->add_option(
-       "--grid", a.grid,
-       "single-layer: instead of --schedule, the LazyLLM paper's Figure 6 grid: one pruning layer after "
-       "10, 30, 50, 70 or 90% of the depth, keeping 10, 30, 50, 70 or 90% of the tokens there (25 "
-       "schedules; --prune defaults to lazyllm; with --out, one grid chart per task and length)")
-      ->check(CLI::IsMember({"single-layer"}))
-      ->excludes("--schedule");
-  e->add_option("--seed", a.seed, "Seed of the samples and of the random policies (default 1)")
-      ->check(digits_only());
-  e->add_option("--threads", a.threads, "CPU threads (default: all)")->check(CLI::Range(1, 1024));
-  e->add_option(
-       "--agreement-tokens", a.agreement_tokens,
-       "k: greedy tokens compared with the unpruned run, at most the 8 a QA task generates (default 8)")
-      ->check(CLI::Range(1, 8));
-  e->add_option("--corpus", a.corpus, "The text (default: the KJV extract scripts/setup installs)");
-  e->add_option("--out", a.out, "Folder for eval.json and one speed-accuracy SVG per task and length");
-  e->add_flag("--json", a.json_out, "Print the JSON instead of the table");
-  e->add_flag("--prefix-cache", a.prefix_cache,
-              "Instead: every question of each kv or mdqa text in turn, cold and with the prefix cache (the "
-              "first question leaves the text's blocks), per method, none included; accuracy and TTFT of "
-              "the second and later questions (docs/eval.md)");
-  e->add_flag("--with-prompts", a.with_prompts,
-              "Keep every sample's prompt text in the JSON (to rerun one with `run --prompt-file`)");
-  return e;
-}
-
-namespace {
-
 // The run's options from the command line; `prune` gets the policies run (the grid's default
 // lazyllm where --prune is left out).
-eval::EvalOptions eval_options(const EvalArgs& a, const CLI::App& sub, std::string& prune) {
+eval::EvalOptions eval_options(const EvalArgs& a, std::string& prune) {
   eval::EvalOptions opt;
   for (const std::string& t : split_list(a.tasks)) opt.tasks.push_back(eval::task_info(t).task);
   if (opt.tasks.empty()) usage_fail("--task is empty (known: passkey, kv, mdqa, nll)");
@@ -364,7 +298,7 @@ eval::EvalOptions eval_options(const EvalArgs& a, const CLI::App& sub, std::stri
     for (const double d : kGridDepths)
       for (const double k : kGridKeeps) schedules.push_back(grid_schedule(d, k));
   // The grid is the paper's LazyLLM figure: lazyllm alone unless --prune says otherwise.
-  prune = grid && sub.count("--prune") == 0 ? std::string("lazyllm") : a.prune;
+  prune = grid && !a.prune_given ? std::string("lazyllm") : a.prune;
   for (const std::string& p : split_list(prune)) {
     const PolicyKind k = parse_policy(p);
     if (k == PolicyKind::None) continue;  // the baseline always runs
@@ -421,10 +355,9 @@ void write_outputs(const std::string& out, const json& j, const std::vector<eval
 }  // namespace
 
 // eval --prefix-cache: the cached-against-cold table (or JSON) of evals/prefix_eval.h.
-int cmd_eval_prefix_cache(const EvalArgs& a, const CLI::App& sub, const eval::EvalOptions& opt) {
+int cmd_eval_prefix_cache(const EvalArgs& a, const eval::EvalOptions& opt) {
   eval::PrefixEvalOptions po;
-  po.tasks =
-      sub.count("--task") ? opt.tasks : std::vector<eval::Task>{eval::Task::KeyValue, eval::Task::MultiDocQA};
+  po.tasks = a.task_given ? opt.tasks : std::vector<eval::Task>{eval::Task::KeyValue, eval::Task::MultiDocQA};
   po.lengths = opt.lengths;
   po.samples = opt.samples;
   po.seed = opt.seed;
@@ -478,10 +411,10 @@ int cmd_eval_prefix_cache(const EvalArgs& a, const CLI::App& sub, const eval::Ev
   return 0;
 }
 
-int cmd_eval(const EvalArgs& a, const CLI::App& sub) {
+int cmd_eval(const EvalArgs& a) {
   std::string prune;
-  eval::EvalOptions opt = eval_options(a, sub, prune);
-  if (a.prefix_cache) return cmd_eval_prefix_cache(a, sub, opt);
+  eval::EvalOptions opt = eval_options(a, prune);
+  if (a.prefix_cache) return cmd_eval_prefix_cache(a, opt);
   if (!a.out.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.out, ec);

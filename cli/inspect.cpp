@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -256,24 +255,7 @@ int inspect_model(const std::string& path_arg, bool json_out) {
 
 }  // namespace
 
-CLI::App* add_inspect(CLI::App& app, InspectArgs& a) {
-  auto* inspect = app.add_subcommand(
-      "inspect", R"(Show a GGUF model's architecture, tensors and tokenizer, or summarise a trace.
-  lazyprefill inspect --model model.gguf --json
-  lazyprefill inspect --trace run.jsonl)");
-  add_gguf_model(*inspect, a.model);
-  inspect->add_option("--trace", a.trace, "Summarise a trace written by run --trace instead");
-  inspect
-      ->add_option("--kv-growth", a.kv_growth,
-                   "With --trace: also draw, as SVG, the share of the prompt's tokens with K/V per group of "
-                   "layers at each decoding step (the LazyLLM paper's Figure 7)")
-      ->needs("--trace")
-      ->check(non_empty_path());
-  inspect->add_flag("--json", a.json_out, "Print JSON");
-  return inspect;
-}
-
-int cmd_inspect(const InspectArgs& a, const CLI::App& /*sub*/) {
+int cmd_inspect(const InspectArgs& a) {
   return a.trace.empty() ? inspect_model(a.model, a.json_out)
                          : inspect_trace(a.trace, a.json_out, a.kv_growth);
 }

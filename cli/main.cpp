@@ -12,6 +12,7 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "model/error.h"
 #include "model/io.h"
@@ -25,11 +26,10 @@ struct Subcommand {
 };
 
 template <class Args>
-Subcommand subcommand(CLI::App& app, CLI::App* (*add)(CLI::App&, Args&),
-                      int (*cmd)(const Args&, const CLI::App&)) {
+Subcommand subcommand(CLI::App& app, CLI::App* (*add)(CLI::App&, Args&), int (*cmd)(const Args&)) {
   auto args = std::make_shared<Args>();
   CLI::App* sub = add(app, *args);
-  return {sub, [args, sub, cmd] { return cmd(*args, *sub); }};
+  return {sub, [args, cmd] { return cmd(*args); }};
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // The options several subcommands share, declared once so that they read and check the same
-// everywhere (commands.h).
+// everywhere (options.h).
+#include "cli/options.h"
+
 #include <fmt/format.h>
 
 #include <string>
 
-#include "cli/commands.h"
 #include "model/error.h"
 #include "model/presets.h"
 

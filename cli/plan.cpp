@@ -44,70 +44,6 @@ json point_json(const sim::PlanResult& r, size_t i, const std::vector<sim::Servi
           {"meets_objectives", pt.meets}};
 }
 
-}  // namespace
-
-CLI::App* add_plan(CLI::App& app, PlanArgs& a) {
-  auto* s = app.add_subcommand(
-      "plan",
-      R"(Search deployments: layouts x token budgets x request limits x pruning, the frontier and the best within objectives.
-  lazyprefill plan --model-config llama-3.1-70b --hw h100-sxm --gpus 8 --prompt-tokens 4096 --output-tokens 256 --slo-ttft-p90-ms 2000 --slo-itl-p90-ms 50
-  lazyprefill plan --model-config llama-3.1-8b --hw h200 --gpus 4 --engine sglang --prune none,lazyllm --eval eval.json --json)");
-  add_model_choice(*s, a.model, a.model_config, "cost");
-  s->add_option("--hw", a.hw, "Hardware profile of one GPU (built-in name or file)")->required();
-  s->add_option("--engine", a.engine, kEngineHelp);
-  add_precision(*s, a.precision);
-  s->add_option("--gpus", a.gpus, "GPUs to lay the model over (default 8)")->check(CLI::Range(1, 4096));
-  s->add_option("--prune", a.prune, "Methods searched, comma-separated (default none,lazyllm)")
-      ->check(policy_names(true));
-  s->add_option("--schedule", a.schedules,
-                "Pruning schedules searched (repeatable; default the policy's own)")
-      ->check(non_empty_schedule());
-  s->add_option("--prompt-tokens", a.prompt_tokens,
-                "Prompt lengths: N, LO:HI, normal:MEAN:SD or file:PATH (default 4096)");
-  s->add_option("--output-tokens", a.output_tokens, "Output lengths (default 256)");
-  s->add_option("--slo-ttft-p90-ms", a.slo_ttft_ms, "Objective: p90 time to first token, ms")
-      ->check(CLI::Range(1e-3, 1e9));
-  s->add_option("--slo-itl-p90-ms", a.slo_itl_ms, "Objective: p90 inter-token latency, ms")
-      ->check(CLI::Range(1e-3, 1e9));
-  s->add_option("--batch-tokens", a.batch_tokens,
-                "Token budgets an iteration searched (default 2048,8192,16384)")
-      ->delimiter(',')
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  s->add_option("--max-seqs", a.max_seqs, "Running-request limits searched (default 256,1024)")
-      ->delimiter(',')
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  s->add_option("--pp", a.pp, "Pipeline stages searched in aggregated layouts (default 1,2,4)")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 64));
-  s->add_option("--expert-parallel", a.expert_parallel,
-                "Mixture-of-experts models: experts split as every weight (off), whole over each TP group "
-                "(on), or both searched (default)")
-      ->check(CLI::IsMember({"both", "on", "off"}));
-  s->add_option("--loads", a.loads,
-                "Loads each layout runs at, shares of its saturated rate (default 0.2,0.5,0.8)")
-      ->delimiter(',')
-      ->check(CLI::Range(1e-3, 1.0));
-  s->add_flag("--aggregated-only", a.aggregated_only, "Leave out disaggregated prefill/decode layouts");
-  s->add_option("--requests", a.requests, "Requests a simulation (default 200)")
-      ->check(CLI::Range(int64_t(8), int64_t(1) << 20));
-  s->add_option("--max-layouts", a.max_layouts, "Refuse a search of more layouts (default 100000)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  s->add_option("--memory-fraction", a.memory_fraction, "Share of each GPU for weights and K/V (default 0.9)")
-      ->check(CLI::Range(0.05, 1.0));
-  s->add_option("--eval", a.eval, "An eval --json result: each pruned row's accuracy evidence")
-      ->check(non_empty_path());
-  s->add_option("--frontier-rows", a.frontier_rows, "Frontier rows printed (default 20)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  s->add_option("--seed", a.seed, "Seed of the workload (default 0)")->check(digits_only());
-  s->add_option("--out", a.out, "Also write the JSON to this file (atomically)")->check(non_empty_path());
-  s->add_option("--chart", a.chart, "Also write the frontier chart, SVG (atomically)")
-      ->check(non_empty_path());
-  s->add_flag("--json", a.json_out, "Print one JSON object");
-  return s;
-}
-
-namespace {
-
 // A rank waits this long for the others' shares: mpirun stops the job when a rank exits, so the
 // bound only catches one that hangs; a share of a large grid may take hours.
 constexpr double kRankTimeoutS = 24 * 3600;
@@ -278,7 +214,7 @@ int plan_here(const PlanArgs& a, const mpi::World* world) {
 
 }  // namespace
 
-int cmd_plan(const PlanArgs& a, const CLI::App& /*sub*/) {
+int cmd_plan(const PlanArgs& a) {
   return mpi::alone_or_ranks([&](const mpi::World* world) { return plan_here(a, world); });
 }
 

@@ -4,7 +4,6 @@
 // --trace records the run's trace (traces/README.md).
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -56,92 +55,11 @@ std::string read_prompt_file(const std::string& path) {
   return lp::read_input_file(path, "prompt file", lp::input_cap::kPrompt);
 }
 
-}  // namespace
-
-CLI::App* add_run(CLI::App& app, RunArgs& a) {
-  auto* run = app.add_subcommand(
-      "run", R"(Generate from a GGUF model on the CPU (or a GPU: --backend cuda) and report timings.
-  lazyprefill run --chat --prompt-file prompts/ruth.txt --max-new-tokens 16
-  lazyprefill run --prompt-file long.txt --prune lazyllm --trace run.jsonl --json)");
-  add_gguf_model(*run, a.model);
-  run->add_option("--prompt", a.prompt, "Prompt text");
-  run->add_option("--prompt-file", a.prompt_file, "File holding the prompt (UTF-8)");
-  run->add_option("--max-new-tokens", a.max_new_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
-  run->add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(1, 1024));
-  run->add_option(
-         "--dtype", a.dtype,
-         "Compute dtype: f32 (exact), bf16 (bf16 GEMM inputs, f32 accumulation), int8 (CPU: weights "
-         "kept in the file's Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks, others requantized to "
-         "Q8_0, 8-bit "
-         "activations, "
-         "integer dot products; with --backend cuda the blocks stay on the GPU and multiply bf16 "
-         "activations), or auto: bf16 with --backend cuda; on the CPU int8 for a file whose layers are all "
-         "in those types, else bf16 where the CPU has native bf16 (AVX-512 BF16/AMX), else f32")
-      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
-  run->add_option("--backend", a.backend, "cpu (default) or cuda (needs an NVIDIA GPU and a build with CUDA)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  run->add_flag(
-      "--op-timers", a.op_timers,
-      "With --backend cuda: time every op (the GPU synchronised around each) and put them in --json");
-  run->add_option("--warmup", a.warmup,
-                  "Run the prefill and one decoding step once, untimed, before the timed run (the caches "
-                  "emptied between): on, off, or auto (on with --backend cuda, whose first launches load "
-                  "kernels and create the cuBLAS handle; off on the CPU)")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  run->add_flag("--chat", a.chat, "Wrap the prompt in the model's chat template (ChatML)");
-  run->add_flag("--json", a.json_out, "Print one JSON object");
-  run->add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")
-      ->check(CLI::Range(0.0, 100.0))
-      ->check(lp::cli::finite_number());
-  run->add_option("--top-p", a.top_p, "Nucleus sampling threshold")
-      ->check(CLI::Range(0.0, 1.0))
-      ->check(lp::cli::finite_number());
-  run->add_option("--seed", a.seed, "Random seed for sampling and for --prune random-drop and random-layers")
-      ->check(lp::cli::digits_only());
-  auto* trace_opt = run->add_option("--trace", a.trace,
-                                    "Write the run's trace (JSON Lines, traces/README.md) to this file");
-  run->add_flag("--trace-detail", a.trace_detail,
-                "Also record in the trace the positions kept and the scores at each pruning layer, and the "
-                "positions revived")
-      ->needs(trace_opt);
-  run->add_option(
-         "--prune", a.prune,
-         "Token pruning: none, lazyllm (LazyLLM); the paper's baselines static-paper (one step L:S, "
-         "scores from layers 0..L) and random-drop (a share of the prompt dropped before the model); "
-         "the ablations frozen (LazyLLM's layers, scores frozen at the first) and random-layers")
-      ->check(lp::cli::policy_names());
-  run->add_option("--schedule", a.schedule,
-                  std::string("Pruning schedule, inline or a JSON file (default 0.3:0.3,0.6:0.3,0.9:0.3; "
-                              "static-paper 0.1:0.35, random-drop 0.3). ") +
-                      lp::kScheduleSyntaxHelp)
-      ->check(lp::cli::non_empty_schedule());
-  auto* ra =
-      run->add_flag("--runahead", a.runahead,
-                    "KV-Runahead: under mpirun -n P, the prompt's prefill split over the P ranks (each a "
-                    "chunk, the K/V prefix handed on layer by layer); the last rank decodes and prints "
-                    "(docs/runahead.md)");
-  run->add_option(
-         "--partition", a.partition,
-         "With --runahead: auto (balanced by the cost model on --runahead-hw, default), even, or chunk "
-         "sizes n1,n2,... summing to the prompt's tokens")
-      ->needs(ra);
-  run->add_option("--runahead-hw", a.runahead_hw,
-                  "With --runahead: the hardware profile that balances the partition (default cpu-local)")
-      ->needs(ra);
-  run->add_option("--runahead-timeout", a.runahead_timeout_s,
-                  "With --runahead: seconds a rank waits for another before giving up (default 300)")
-      ->check(CLI::Range(0.001, 1e6))
-      ->needs(ra);
-  return run;
-}
-
-namespace {
-
 // The prompt's text, from exactly one of --prompt and --prompt-file, valid UTF-8 and not empty.
-std::string prompt_text(const RunArgs& a, const CLI::App& sub) {
-  const bool prompt_given = sub.count("--prompt") > 0;  // --prompt "" is an empty prompt, not a missing one
-  if (prompt_given == !a.prompt_file.empty()) lp::usage_fail("give exactly one of --prompt or --prompt-file");
-  std::string text = prompt_given ? a.prompt : read_prompt_file(a.prompt_file);
+std::string prompt_text(const RunArgs& a) {
+  if (a.prompt_given == !a.prompt_file.empty())
+    lp::usage_fail("give exactly one of --prompt or --prompt-file");
+  std::string text = a.prompt_given ? a.prompt : read_prompt_file(a.prompt_file);
   if (const int64_t bad = lp::find_invalid_utf8(text); bad >= 0)
     lp::fail("prompt{} is not valid UTF-8 (byte offset {})",
              a.prompt_file.empty() ? "" : " file '" + a.prompt_file + "'", bad);
@@ -191,11 +109,11 @@ void print_run_text(const RunArgs& a, const lp::GenerateResult& r, lp::DType dty
 
 }  // namespace
 
-int cmd_run(const RunArgs& a, const CLI::App& sub) {
-  if (a.runahead) return cmd_run_runahead(a, sub);
+int cmd_run(const RunArgs& a) {
+  if (a.runahead) return cmd_run_runahead(a);
   const std::string path = a.model.empty() ? lp::default_model_path() : a.model;
   lp::refuse_output_over_input(a.trace, "--trace", {path, a.prompt_file, a.schedule});
-  const std::string text = prompt_text(a, sub);
+  const std::string text = prompt_text(a);
   const std::optional<lp::DType> asked = lp::cli::dtype_option(a.dtype);
   check_trace_writable(a.trace);
   lp::cuda::Device gpu;

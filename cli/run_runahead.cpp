@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 
@@ -80,10 +79,6 @@ void print_ranks(const RunArgs& a, const Model& model, const std::string& path,
   std::fflush(stdout);
 }
 
-}  // namespace
-
-namespace {
-
 // What each rank loads and resolves before the prefill: the model, the prompt's tokens and, with
 // --prune, LazyLLM's steps and policy for the last rank.
 struct RankInputs {
@@ -97,7 +92,7 @@ struct RankInputs {
 };
 
 // The checks every rank makes alike (mpi::agreed: only rank 0 speaks) and its inputs.
-void load_rank_inputs(const RunArgs& a, const CLI::App& sub, int P, const std::string& path, RankInputs& in) {
+void load_rank_inputs(const RunArgs& a, int P, const std::string& path, RankInputs& in) {
   if (P < 2)
     usage_fail(
         "--runahead splits the prefill over MPI ranks: start it with mpirun -n P (P >= 2); this is "
@@ -107,10 +102,9 @@ void load_rank_inputs(const RunArgs& a, const CLI::App& sub, int P, const std::s
   if (a.backend != "cpu") usage_fail("--runahead runs on the CPU backend");
   if (!a.trace.empty()) usage_fail("--runahead does not write traces");
   if (a.temperature != 0) usage_fail("--runahead decodes greedily (--temperature 0)");
-  const bool prompt_given = sub.count("--prompt") > 0;
-  if (prompt_given == !a.prompt_file.empty()) usage_fail("give exactly one of --prompt or --prompt-file");
+  if (a.prompt_given == !a.prompt_file.empty()) usage_fail("give exactly one of --prompt or --prompt-file");
   const std::string text =
-      prompt_given ? a.prompt : read_input_file(a.prompt_file, "prompt file", input_cap::kPrompt);
+      a.prompt_given ? a.prompt : read_input_file(a.prompt_file, "prompt file", input_cap::kPrompt);
   if (text.empty()) fail("the prompt is empty");
   const std::optional<DType> dtype = cli::dtype_option(a.dtype);
   in.ctx = std::make_unique<CpuContext>(a.threads);
@@ -162,7 +156,7 @@ std::vector<int64_t> rank_partition(const RunArgs& a, mpi::World& world, const s
 
 }  // namespace
 
-int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
+int cmd_run_runahead(const RunArgs& a) {
   if (!mpi::launched_as_rank())
     usage_fail(
         "--runahead splits the prefill over MPI ranks: start it with mpirun -n P (P >= 2); this process "
@@ -172,7 +166,7 @@ int cmd_run_runahead(const RunArgs& a, const CLI::App& sub) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   RankInputs in;
   std::vector<int64_t> chunks;
-  if (const int rc = mpi::agreed(world, [&] { load_rank_inputs(a, sub, P, path, in); }); rc != 0) return rc;
+  if (const int rc = mpi::agreed(world, [&] { load_rank_inputs(a, P, path, in); }); rc != 0) return rc;
   if (const int rc = mpi::agreed(world, [&] { chunks = rank_partition(a, world, path, in); }); rc != 0)
     return rc;
 

@@ -39,140 +39,6 @@ json serving_metrics_json(const sim::ServingMetrics& m) {
           {"prompt_share_mean", m.prompt_tokens_computed_fraction_mean}};
 }
 
-}  // namespace
-
-CLI::App* add_simulate_serving(CLI::App& app, SimulateServingArgs& a) {
-  auto* s =
-      app.add_subcommand("simulate-serving",
-                         R"(Predict serving under load: the scheduler of `serve` run on costed iterations.
-  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --rate 1,2,4 --prompt-tokens 8192 --output-tokens 128 --kv-budget-mib 40000
-  lazyprefill simulate-serving --model-config llama-3.1-8b --hw h100-sxm --prune none,lazyllm --prompt-tokens 4096:8192 --kv-budget-mib 40000 --capacity --slo-ttft-p90-ms 500 --slo-itl-p90-ms 50
-  lazyprefill simulate-serving --model model.gguf --hw local.json --arrival-file requests.jsonl --json)");
-  add_model_choice(*s, a.model, a.model_config, "cost");
-  add_hardware(*s, a.hw, a.engine);
-  add_precision(*s, a.precision);
-  s->add_option(
-       "--prune", a.prune,
-       "Methods, comma-separated: none, lazyllm, static-paper, random-drop, frozen, random-layers (default "
-       "none,lazyllm)")
-      ->check(policy_names(true));
-  s->add_option("--schedule", a.schedule,
-                "Pruning schedule (default 0.3:0.3,0.6:0.3,0.9:0.3); a policy it does not fit (static-paper "
-                "takes one L:S "
-                "step, random-drop a share alone) runs its own default, named beside it")
-      ->check(non_empty_schedule());
-  s->add_option("--revival-model", a.revival_model,
-                "Revival model file from calibrate-revivals (default: the built-in one)");
-  s->add_option(
-       "--revival-share", a.revival_share,
-       "A constant share of the active tokens revived after each pruning layer instead of the revival "
-       "model (0: none)")
-      ->check(CLI::Range(0.0, 1.0));
-  auto* file = s->add_option("--arrival-file", a.arrival_file,
-                             "Requests from a file: a `serve --log-requests` file or a CSV with arrival_s, "
-                             "prompt_tokens, output_tokens (docs/simulator.md)")
-                   ->check(non_empty_path());
-  s->add_option("--rate", a.rates,
-                "Arrival rates, requests/s, comma-separated; inf sends every request at once (an offline "
-                "batch) (default 1, inf with --concurrency)")
-      ->excludes(file);
-  s->add_option("--cv", a.cv,
-                "Coefficient of variation of the gaps between arrivals: 1 Poisson (default), above 1 bursty "
-                "(gamma-distributed gaps)")
-      ->check(CLI::Range(0.01, 100.0))
-      ->excludes(file);
-  s->add_option("--requests", a.requests, "Requests per run (default 1000)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24))
-      ->excludes(file);
-  s->add_option("--prompt-tokens", a.prompt_tokens,
-                "Prompt lengths: N, LO:HI (uniform), normal:MEAN:SD or file:PATH (default 2048)")
-      ->excludes(file);
-  s->add_option("--output-tokens", a.output_tokens,
-                "Output lengths: N, LO:HI, normal:MEAN:SD or file:PATH (default 32)")
-      ->excludes(file);
-  s->add_option("--seed", a.seed, "Seed of arrivals and lengths (default 0)")->check(digits_only());
-  add_scheduler_options(*s, a.sched);
-  s->add_option("--warmup", a.warmup,
-                "Requests served first but left out of the figures (AIPerf's --warmup-request-count; a "
-                "closed loop's start, every client sending at once)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  s->add_option("--cooldown", a.cooldown,
-                "Requests served last but left out of the figures (a closed loop's drain, fewer clients "
-                "left)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  s->add_option("--concurrency", a.concurrency,
-                "Closed loop: at most N requests in flight, each sent when a client is free, its latencies "
-                "counted from then (vllm bench serve --max-concurrency); without --rate every request is "
-                "released at once")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  s->add_option("--kv-budget-mib", a.kv_budget_mib, "K/V budget, as serve's (default 1024)")
-      ->check(CLI::Range(1.0, double(int64_t(1) << 30)));
-  s->add_option("--kv-element-bytes", a.kv_element_bytes,
-                "Bytes of a K/V element in the cache the budget counts (default: the --kv precision's)")
-      ->check(CLI::Range(0.5, 8.0));
-  s->add_option("--tp", a.tp, "Tensor-parallel degree (default 1)")->check(CLI::Range(1, 4096));
-  add_expert_parallel(*s, a.ep, a.moe_imbalance, a.dp);
-  s->add_option("--pp", a.pp,
-                "Pipeline stages, each on its own --tp GPUs: as many virtual engines, each scheduling its "
-                "share of the requests (default 1)")
-      ->check(CLI::Range(1, 4096));
-  s->add_option("--pp-link-gbs", a.pp_link_gbs, "With --pp: the link between stages, GB/s a GPU (default 50)")
-      ->check(CLI::PositiveNumber);
-  s->add_flag("--capacity", a.capacity, "Search the highest rate that meets the objectives");
-  s->add_option("--slo-ttft-p90-ms", a.slo_ttft_ms, "Objective: p90 time to first token, ms")
-      ->check(CLI::Range(1e-3, 1e9));
-  s->add_option("--slo-itl-p90-ms", a.slo_itl_ms,
-                "Objective: p90 inter-token latency (each request's mean), ms")
-      ->check(CLI::Range(1e-3, 1e9));
-  s->add_option("--seeds", a.seeds, "Capacity: workloads searched, their median reported (default 3)")
-      ->check(CLI::Range(1, 64));
-  s->add_option("--tolerance", a.tolerance, "Capacity: relative resolution of the search (default 0.01)")
-      ->check(CLI::Range(1e-4, 0.5));
-  s->add_option("--out", a.out, "Also write the JSON to this file (atomically)")->check(non_empty_path());
-  s->add_option("--log-requests", a.log_requests,
-                "Also write the simulated requests, one JSON line each in serve --log-requests' fields "
-                "(one hardware, method and workload only), to compare with a measured log request by "
-                "request")
-      ->check(non_empty_path());
-  s->add_flag("--json", a.json_out, "Print one JSON object");
-  s->add_option("--replicas", a.replicas,
-                "Data-parallel replicas of the engine (each --tp GPUs) behind a router (default 1)")
-      ->check(CLI::Range(1, 4096));
-  s->add_option("--router", a.router,
-                "How requests pick a replica or instance: round-robin (default), least-outstanding, prefix "
-                "(the longest cached prefix, then the least outstanding)")
-      ->check(CLI::IsMember({"round-robin", "least-outstanding", "prefix"}));
-  s->add_option("--disaggregate", a.disaggregate,
-                "P:D: P prefill instances and D decode instances (each --tp GPUs), each request's K/V handed "
-                "over between them; the decode instances on --hw, the prefill ones on --prefill-hw")
-      ->excludes("--replicas");
-  s->add_option("--prefill-hw", a.prefill_hw,
-                "With --disaggregate: the prefill instances' profile (default --hw)")
-      ->needs("--disaggregate");
-  s->add_option("--kv-link-gbs", a.kv_link_gbs,
-                "With --disaggregate: the K/V hand-over's bandwidth, GB/s (default: the prefill profile's "
-                "scale-out network, a GPU's times --tp)")
-      ->needs("--disaggregate")
-      ->check(CLI::Range(1e-3, 1e6));
-  s->add_option("--kv-link-us", a.kv_link_us,
-                "With --disaggregate: the hand-over's latency, us (default: the scale-out network's)")
-      ->needs("--disaggregate")
-      ->check(CLI::Range(0.0, 1e7));
-  s->add_flag("--prefix-cache", a.prefix_cache,
-              "Model serve's prefix cache: a prompt's cached prefix copied, not computed, the cache inside "
-              "the K/V budget (the hits: --shared-prefix's groups, or an arrival file's cached_tokens)");
-  s->add_option("--prefix-block-tokens", a.prefix_block_tokens,
-                "With --prefix-cache: tokens a block (default 16)")
-      ->check(CLI::Range(int64_t(1), int64_t(4096)));
-  s->add_option("--shared-prefix", a.shared_prefix,
-                "TOKENS:GROUPS: request i's prompt starts with group i mod GROUPS's TOKENS shared tokens (a "
-                "document or system prompt), then its own --prompt-tokens")
-      ->excludes("--arrival-file")
-      ->excludes("--capacity");
-  return s;
-}
-
-namespace {
 // A run's requests as `serve --log-requests` lines (the fields a simulation has), in arrival order:
 // read_requests takes it back as an arrival file.
 std::string simulated_request_log(const sim::ServingRun& run, const std::string& method) {
@@ -192,9 +58,6 @@ std::string simulated_request_log(const sim::ServingRun& run, const std::string&
   }
   return out;
 }
-}  // namespace
-
-namespace {
 
 // The methods --prune names, each at --schedule where that fits it (else its own default), with the
 // revivals its synthetic decoding draws; one line per pruning method saying where they come from.
@@ -394,9 +257,6 @@ void simulated_runs(const SimulateServingArgs& a, const ModelConfig& c, const st
   if (!a.log_requests.empty()) write_file_atomic(a.log_requests, request_log, "request log");
 }
 
-}  // namespace
-
-namespace {
 // "P:D", whole numbers from 1 (at most 4096 each); lp::UsageError naming --disaggregate.
 std::pair<int, int> parse_instances(const std::string& s) {
   const size_t colon = s.find(':');
@@ -412,7 +272,7 @@ std::pair<int, int> parse_instances(const std::string& s) {
 }
 }  // namespace
 
-int cmd_simulate_serving(const SimulateServingArgs& a, const CLI::App& /*sub*/) {
+int cmd_simulate_serving(const SimulateServingArgs& a) {
   std::string model_name;
   const ModelConfig c = sim::expert_parallel(model_to_cost(a.model, a.model_config, &model_name), a.ep,
                                              a.moe_imbalance, a.dp, a.tp);

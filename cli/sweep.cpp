@@ -29,25 +29,6 @@ namespace lp::cli {
 namespace {
 using json = nlohmann::json;
 
-}  // namespace
-
-CLI::App* add_sweep(CLI::App& app, SweepArgs& a) {
-  auto* s = app.add_subcommand(
-      "sweep",
-      R"(Simulate a grid of hardware x models x schedules x prompt lengths, one JSON line per configuration.
-  lazyprefill sweep --grid grid.json --out sweep.jsonl   # rerun to resume: rows already there are kept
-  grid.json: {"lazyprefill_sweep": 1, "hardware": ["h100-sxm", "l4"], "models": ["llama-3.1-8b"],
-              "methods": [{"policy": "none"}, {"policy": "lazyllm", "schedule": "0.3:0.3,0.6:0.3,0.9:0.3"}],
-              "prompt_lengths": [1024, 4096, 16384]})");
-  s->add_option("--grid", a.grid, "The grid (JSON, see above and docs/simulator.md)")->required();
-  s->add_option("--out", a.out, "JSON Lines output; configurations already in it are skipped")->required();
-  s->add_option("--threads", a.threads, "Threads (default: all this process may use)")
-      ->check(CLI::Range(1, 1024));
-  return s;
-}
-
-namespace {
-
 // A rank waits this long for the others' rows (as plan's: mpirun stops the job when a rank exits).
 constexpr double kRankTimeoutS = 24 * 3600;
 
@@ -161,7 +142,7 @@ int sweep_here(const SweepArgs& a, const mpi::World* world) {
 
 }  // namespace
 
-int cmd_sweep(const SweepArgs& a, const CLI::App& /*sub*/) {
+int cmd_sweep(const SweepArgs& a) {
   return mpi::alone_or_ranks([&](const mpi::World* world) { return sweep_here(a, world); });
 }
 

@@ -3,8 +3,10 @@
 // and report the held-out TTFT error.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "calibrate/calibrate.h"
 #include "calibrate/local_validation.h"
@@ -89,71 +91,17 @@ void print_local_validation(const calib::LocalValidation& v, const std::string& 
 }
 }  // namespace
 
-CLI::App* add_validate(CLI::App& app, ValidateArgs& a) {
-  auto* v = app.add_subcommand(
-      "validate",
-      R"(Measure the engine here over prompt lengths x schedules, calibrate on half, predict the other half.
-  lazyprefill validate --quick
-  lazyprefill validate --json --out-dir runs/   # also keeps every run's JSON for calibrate)");
-  v->add_flag("--quick", a.quick,
-              "Prompts of 256-2048 tokens instead of 256-8192 (under 5 minutes on 2 cores)");
-  add_gguf_model(*v, a.model);
-  v->add_option("--base", a.base, "Profile to calibrate (default cpu-local)");
-  v->add_option("--threads", a.threads, "CPU threads (default: all this process may use)")
-      ->check(CLI::Range(1, 1024));
-  v->add_option(
-       "--rounds", a.rounds,
-       "Rounds over all cases, the fastest run of each case kept (default 3; more on a busy machine)")
-      ->check(CLI::Range(1, 20));
-  v->add_option("--dtype", a.dtype,
-                "Engine dtype: f32 (default) or int8 (weights in the file's blocks, integer GEMMs; the "
-                "simulator then prices GEMMs at the profile's int8 peak and the weights at the file's "
-                "bits per weight)")
-      ->check(CLI::IsMember({"f32", "int8"}));
-  v->add_option("--out-dir", a.out_dir, "Also write each run's run --json output here");
-  v->add_option("--serving", a.serving,
-                "Validate the serving simulation instead, against a measured load test: a folder with "
-                "bench/serve_load.py's serve_load_summary.json and the server's requests_none.jsonl and "
-                "requests_lazyllm.jsonl (tests/fixtures/serving)")
-      ->check(CLI::ExistingDirectory);
-  v->add_option(
-       "--runahead", a.runahead,
-       "Validate the KV-Runahead simulation instead, against measured runs: a folder of `mpirun -n P "
-       "run --runahead --json` outputs and single-process `run --json` outputs to calibrate on "
-       "(tests/fixtures/runahead; bench/runahead_ttft.sh with KEEP=DIR makes one)")
-      ->check(CLI::ExistingDirectory)
-      ->excludes("--serving");
-  v->add_option("--model-config", a.model_config,
-                "With --serving: the model preset the logs ran (default smollm2-135m)");
-  auto* rm = v->add_option("--revival-model", a.revival_model,
-                           "With --serving: LazyLLM's revivals from this revival model (calibrate-revivals; "
-                           "default DIR/revivals.json where it exists: tests/fixtures/serving/revivals.json "
-                           "is fitted on traces of the load test's own prompts)")
-                 ->check(CLI::ExistingFile);
-  v->add_option(
-       "--prefix-load", a.prefix_load,
-       "With --serving: also replay a load test of the prefix cache (bench/serve_load.py --shared-prefix; "
-       "tests/fixtures/serving-prefix) on the calibration of --serving's, every request with the "
-       "cached tokens its log says it found")
-      ->check(CLI::ExistingDirectory)
-      ->needs("--serving");
-  v->add_flag("--revival-share-from-log", a.revival_share_from_log,
-              "With --serving: LazyLLM's revivals as one constant share per stage and step, the one that "
-              "gives the revivals the log counted, instead of a revival model")
-      ->excludes(rm);
-  v->add_option(
-      "--profile-out", a.profile_out,
-      "With --serving or --runahead: also write the profile it fitted (a hardware profile .json, for "
-      "simulate --hw FILE)");
-  v->add_flag("--json", a.json_out, "Print one JSON object");
-  return v;
-}
-
-int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
+int cmd_validate(const ValidateArgs& a) {
+  if (!a.lengths.empty() && (!a.serving.empty() || !a.runahead.empty()))
+    usage_fail("--lengths sets the local grid's prompts; --serving and --runahead replay measured runs");
   if (!a.serving.empty()) return cmd_validate_serving(a);
   if (!a.runahead.empty()) return cmd_validate_runahead(a);
   if (!a.profile_out.empty()) usage_fail("--profile-out needs --serving or --runahead");
   if (!a.revival_model.empty()) usage_fail("--revival-model needs --serving");
+  const std::vector<int64_t> lengths =
+      a.lengths.empty() ? calib::local_lengths(a.quick) : parse_lengths(a.lengths, "--lengths");
+  if (std::set<int64_t>(lengths.begin(), lengths.end()).size() < std::max<size_t>(lengths.size(), 2))
+    usage_fail("--lengths '{}': give at least two different lengths", a.lengths);
   if (a.revival_share_from_log) usage_fail("--revival-share-from-log needs --serving");
   if (!a.out_dir.empty() && !std::filesystem::is_directory(a.out_dir))
     usage_fail("--out-dir '{}' is not a folder", a.out_dir);
@@ -163,7 +111,10 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
   const auto model =
       Model::load(a.model.empty() ? default_model_path() : a.model, int8 ? DType::Int8 : DType::F32, ctx);
   const std::vector<int32_t> text = model->tokenizer().encode(builtin_english_text(), true, false);
-  const std::vector<calib::LocalCase> cases = calib::local_cases(a.quick);
+  for (const int64_t n : lengths)
+    if (n > model->config().n_ctx_train)
+      usage_fail("--lengths: {} tokens exceed the model's context of {}", n, model->config().n_ctx_train);
+  const std::vector<calib::LocalCase> cases = calib::local_cases(lengths);
   std::vector<std::vector<int32_t>> prompts(cases.size());
   std::vector<GenerateOptions> opts(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -205,7 +156,8 @@ int cmd_validate(const ValidateArgs& a, const CLI::App& /*sub*/) {
     return 0;
   }
   json j = {{"model", model->path()},    {"dtype", a.dtype}, {"threads", ctx.threads()},
-            {"base_profile", base.name}, {"quick", a.quick}, {"rounds", a.rounds}};
+            {"base_profile", base.name}, {"quick", a.quick}, {"lengths", lengths},
+            {"rounds", a.rounds}};
   j.update(local_validation_json(v));
   std::puts(j.dump(2).c_str());
   return 0;

@@ -310,12 +310,15 @@ TEST_F(CliSim, CalibrateRevivalsFitsAndIsUsed) {
 TEST_F(CliSim, ValidateReportsPairedSpeedupsWithTheirRange) {
   testing::TinyModelSpec spec;
   spec.n_layer = 10;  // the aggressive schedule (0.1, 0.3, 0.5) needs distinct layers
-  spec.n_ctx = 2048;
+  spec.n_ctx = 512;
   const std::string model = testing::write_tiny_model(dir_.file("tiny4.gguf"), spec);
-  // Two rounds give each speedup a range (min <= median <= max) at two thirds of three's cost.
-  const CliResult r = run_cli(dir_, {"validate", "--model", model, "--quick", "--rounds", "2", "--json"});
+  // Two rounds give each speedup a range (min <= median <= max) at two thirds of three's cost; the
+  // four lengths are a quarter of --quick's (46 s under ASan with those, for the same properties).
+  const CliResult r =
+      run_cli(dir_, {"validate", "--model", model, "--lengths", "64,128,256,512", "--rounds", "2", "--json"});
   ASSERT_TRUE(r.exited && r.code == 0) << describe(r);
   const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["lengths"], nlohmann::json::parse("[64, 128, 256, 512]"));
   EXPECT_EQ(j["cases"].size(), 8u);  // the held-out half of 4 lengths x 4 methods
   ASSERT_EQ(j["speedups"].size(), 12u);
   int inside = 0;
@@ -336,6 +339,24 @@ TEST_F(CliSim, ValidateReportsPairedSpeedupsWithTheirRange) {
 TEST_F(CliErrors, ValidateRoundsOutOfRange) {
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "0"}), {"--rounds", "0"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--rounds", "21"}), {"--rounds", "21"});
+}
+
+TEST_F(CliErrors, ValidateLengthsMustBeDistinctPositiveAndWithinTheContext) {
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,x"}),
+                        {"--lengths", "'x'"});
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,0"}),
+                        {"--lengths", "'0'"});
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64"}),
+                        {"--lengths", "two"});
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,64"}),
+                        {"--lengths", "two"});
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,99999999"}),
+                        {"--lengths", "99999999", "context"});
+  expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,128", "--quick"}),
+                        {"--lengths", "--quick"});
+  expect_one_line_error(run_cli(dir_, {"validate", "--lengths", "64,128", "--runahead",
+                                       LP_SOURCE_DIR "/tests/fixtures/runahead"}),
+                        {"--lengths", "--runahead"});
 }
 
 }  // namespace
