@@ -47,6 +47,8 @@ std::vector<std::string> split_list(const std::string& s);
 // "1024,4096" -> {1024, 4096}; anything but positive whole numbers, or none, is a usage error
 // naming `option`.
 std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
+// parse_lengths, each length at most once: a repeat is a usage error naming it (eval, validate).
+std::vector<int64_t> parse_distinct_lengths(const std::string& s, const char* option);
 // Loads every profile a --hw list names; an empty list is a usage error. A non-empty `engine`
 // (--engine) replaces each profile's engine preset.
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine = "");

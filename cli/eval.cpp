@@ -282,10 +282,7 @@ eval::EvalOptions eval_options(const EvalArgs& a, std::string& prune) {
   eval::EvalOptions opt;
   for (const std::string& t : split_list(a.tasks)) opt.tasks.push_back(eval::task_info(t).task);
   if (opt.tasks.empty()) usage_fail("--task is empty (known: passkey, kv, mdqa, nll)");
-  opt.lengths = parse_lengths(a.lengths, "--lengths");
-  for (size_t i = 0; i < opt.lengths.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (opt.lengths[i] == opt.lengths[j]) usage_fail("--lengths lists {} twice", opt.lengths[i]);
+  opt.lengths = parse_distinct_lengths(a.lengths, "--lengths");
   opt.samples = a.samples;
   opt.seed = a.seed;
   opt.agreement_tokens = a.agreement_tokens;

@@ -40,6 +40,14 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* option) {
   return out;
 }
 
+std::vector<int64_t> parse_distinct_lengths(const std::string& s, const char* option) {
+  std::vector<int64_t> out = parse_lengths(s, option);
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (out[i] == out[j]) usage_fail("{} lists {} twice", option, out[i]);
+  return out;
+}
+
 namespace {
 
 // The report's request from the command line, its methods and their revivals included.

@@ -3,10 +3,8 @@
 // and report the held-out TTFT error.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "calibrate/calibrate.h"
 #include "calibrate/local_validation.h"
@@ -98,11 +96,10 @@ int cmd_validate(const ValidateArgs& a) {
   if (!a.runahead.empty()) return cmd_validate_runahead(a);
   if (!a.profile_out.empty()) usage_fail("--profile-out needs --serving or --runahead");
   if (!a.revival_model.empty()) usage_fail("--revival-model needs --serving");
-  const std::vector<int64_t> lengths =
-      a.lengths.empty() ? calib::local_lengths(a.quick) : parse_lengths(a.lengths, "--lengths");
-  if (std::set<int64_t>(lengths.begin(), lengths.end()).size() < std::max<size_t>(lengths.size(), 2))
-    usage_fail("--lengths '{}': give at least two different lengths", a.lengths);
   if (a.revival_share_from_log) usage_fail("--revival-share-from-log needs --serving");
+  const std::vector<int64_t> lengths =
+      a.lengths.empty() ? calib::local_lengths(a.quick) : parse_distinct_lengths(a.lengths, "--lengths");
+  if (lengths.size() < 2) usage_fail("--lengths '{}': give at least two different lengths", a.lengths);
   if (!a.out_dir.empty() && !std::filesystem::is_directory(a.out_dir))
     usage_fail("--out-dir '{}' is not a folder", a.out_dir);
   const hw::Profile base = hw::load_profile(a.base);

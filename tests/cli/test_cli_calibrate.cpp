@@ -349,7 +349,7 @@ TEST_F(CliErrors, ValidateLengthsMustBeDistinctPositiveAndWithinTheContext) {
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64"}),
                         {"--lengths", "two"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,64"}),
-                        {"--lengths", "two"});
+                        {"--lengths", "64 twice"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,99999999"}),
                         {"--lengths", "99999999", "context"});
   expect_one_line_error(run_cli(dir_, {"validate", "--model", tiny_, "--lengths", "64,128", "--quick"}),
