@@ -539,7 +539,12 @@ TEST(GpuForward, PrunedPrefillMatchesTheCpuBackendOnTheDefaultModel) {
 }  // namespace lp
 
 #if defined(LP_HOST_THREADS)
-// Iteration i of --gtest_repeat runs every test with thread order i % 4.
+// Iteration i of --gtest_repeat runs every test with thread order i % 4; without --gtest_repeat,
+// the first LP_HOST_THREAD_ORDERS orders (all four; the sanitizer build runs the first alone:
+// CMakeLists.txt).
+#if !defined(LP_HOST_THREAD_ORDERS)
+#define LP_HOST_THREAD_ORDERS 4
+#endif
 class ThreadOrderPerIteration : public testing::EmptyTestEventListener {
   void OnTestIterationStart(const testing::UnitTest&, int iteration) override {
     using lp::host_threads::Order;
@@ -553,7 +558,7 @@ class ThreadOrderPerIteration : public testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
 #if defined(LP_HOST_THREADS)
-  if (GTEST_FLAG_GET(repeat) == 1) GTEST_FLAG_SET(repeat, 4);
+  if (GTEST_FLAG_GET(repeat) == 1) GTEST_FLAG_SET(repeat, LP_HOST_THREAD_ORDERS);
   testing::UnitTest::GetInstance()->listeners().Append(new ThreadOrderPerIteration);
 #endif
   try {
