@@ -129,8 +129,9 @@ TEST(ServingValidation, ItsOwnReplayComparesWithNoErrorAndADoubledTtftShows) {
       EXPECT_NEAR(r.figures.at(f).error, 0, 1e-9) << r.method << " " << r.rate << " " << figure_key(f);
       // A percentile's measured interval holds the prediction (throughput's zero-width band with no
       // drift holds it only to the last bit, which the arrivals' shift does not keep).
-      if (f != Figure::Throughput)
+      if (f != Figure::Throughput) {
         EXPECT_TRUE(r.figures.at(f).consistent) << r.method << " " << figure_key(f);
+      }
     }
   EXPECT_TRUE(exact.rows[0].calibrated_on && !exact.rows[1].calibrated_on);
 

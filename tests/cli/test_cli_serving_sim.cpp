@@ -495,13 +495,17 @@ TEST_F(CliSim, ServingValidationAgainstTheMeasuredLoadTest) {
     EXPECT_LE(std::fabs(j["saturation"][m]["error"].get<double>()), 0.15) << j["saturation"].dump();
   for (const auto& g : j["rates"]) {
     const double rate = g["rate"].get<double>();
-    if (rate <= 0.3)
-      for (const char* k : {"ttft_p50", "ttft_p90"})
+    if (rate <= 0.3) {
+      for (const char* k : {"ttft_p50", "ttft_p90"}) {
         EXPECT_LE(std::fabs(g["error"][k].get<double>()), 0.10) << g.dump();
-    if (rate == 0.1 || rate == 0.3)
+      }
+    }
+    if (rate == 0.1 || rate == 0.3) {
       EXPECT_LE(std::fabs(g["error"]["itl_p50"].get<double>()), 0.10) << g.dump();
-    if (g["below_saturation"].get<bool>())
+    }
+    if (g["below_saturation"].get<bool>()) {
       EXPECT_LE(std::fabs(g["error"]["requests_per_s"].get<double>()), 0.05) << g.dump();
+    }
   }
   // Each figure's uncertainty: the measured figure inside its 95% interval, the prediction inside
   // its band over the machine's drift (the log's lone prefills move by a few percent between rates);
@@ -552,10 +556,13 @@ TEST_F(CliSim, ServingValidationAgainstTheMeasuredLoadTest) {
       p["efficiency"]["attention"]["listed_memory"].get<double>(),
       lf["listed_memory"].get<double>() / lf["scale_on_the_load_tests_lone_decodes"].get<double>());
   EXPECT_NE(j["calibration"]["revival_model"].get<std::string>().find("revivals.json"), std::string::npos);
-  for (const auto& g : j["rates"])
-    if (g["method"] == "lazyllm" && g["below_saturation"].get<bool>())
-      for (const char* k : {"ttft_p50", "ttft_p90", "itl_p50", "requests_per_s"})
+  for (const auto& g : j["rates"]) {
+    if (g["method"] == "lazyllm" && g["below_saturation"].get<bool>()) {
+      for (const char* k : {"ttft_p50", "ttft_p90", "itl_p50", "requests_per_s"}) {
         EXPECT_LE(std::fabs(g["error"][k].get<double>()), 0.10) << g.dump();
+      }
+    }
+  }
   ASSERT_EQ(j["outside_targets"].size(), 1u) << j["outside_targets"].dump();
   EXPECT_EQ(j["outside_targets"][0]["method"], "none");
   EXPECT_EQ(j["outside_targets"][0]["figure"], "itl_p50");

@@ -125,8 +125,9 @@ TEST(Gemma3Real, GreedyContinuationsMatchLlamaCppF32) {
     size_t same = 0;
     while (same < want.size() && r.generated_ids[same] == want[same]) ++same;
     EXPECT_GE(same, 8u) << p["prompt"];
-    if (same < want.size())
+    if (same < want.size()) {
       EXPECT_LT(margin[same], 0.05) << p["prompt"] << ": differs at a decided step " << same;
+    }
     std::printf("gemma3 f32 greedy: %zu of %zu tokens as llama.cpp F32 (%s)\n", same, want.size(),
                 nlohmann::json(p["prompt"]).dump().substr(0, 40).c_str());
   }

@@ -47,8 +47,7 @@ TEST(CpuContextScratch, EachThreadHasItsOwn) {
     tbb::parallel_for(0, 2000, [&](int i) {
       auto* p = ctx.scratch<int>(Scratch::QBias, 256);
       for (int j = 0; j < 256; ++j) p[j] = i;
-      for (volatile int spin = 0; spin < 200; spin = spin + 1) {
-      }
+      for (int spin = 0; spin < 200; ++spin) asm volatile("" ::: "memory");  // a busy wait the compiler keeps
       for (int j = 0; j < 256; ++j)
         if (p[j] != i) ++clashes;  // another task wrote this thread's buffer meanwhile
       std::lock_guard lock(m);

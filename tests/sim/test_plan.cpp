@@ -102,7 +102,9 @@ TEST(Plan, FrontierBestAndPointsAreWhatTheySay) {
   ASSERT_TRUE(r.best.has_value());
   EXPECT_TRUE(r.points[*r.best].meets);
   for (const sim::PlanPoint& pt : r.points)
-    if (pt.meets) EXPECT_LE(pt.tokens_per_s_per_gpu, r.points[*r.best].tokens_per_s_per_gpu);
+    if (pt.meets) {
+      EXPECT_LE(pt.tokens_per_s_per_gpu, r.points[*r.best].tokens_per_s_per_gpu);
+    }
   // A point is its deployment simulated at its rate.
   const sim::PlanPoint& pt = r.points.front();
   const sim::Layout& l = r.layouts[pt.layout];
@@ -135,7 +137,9 @@ TEST(Plan, ExpertAndPipelineParallelLayouts) {
   int with_ep = 0, without = 0;
   for (const sim::Layout& l : ls) {
     (l.ep ? with_ep : without) += 1;
-    if (l.ep) EXPECT_GT(l.tp, 1) << l.describe();
+    if (l.ep) {
+      EXPECT_GT(l.tp, 1) << l.describe();
+    }
   }
   // (tp, pp): (1,1) (1,2) (1,4) (2,1) (2,2) (4,1) without; the four with tp > 1 with EP too.
   EXPECT_EQ(without, 6 * 2);
@@ -193,7 +197,9 @@ TEST(Plan, SharesOverRanksMergeToTheWholeSearch) {
   for (int r = 0; r < 3; ++r) {
     const auto share = sim::simulate_layouts(s.c, s.hw, s.p, s.base, s.o, all, r, 3);
     for (size_t i = 0; i < all.size(); ++i)
-      if (int(i % 3) != r) EXPECT_FALSE(share[i].fits || share[i].simulations > 0);
+      if (int(i % 3) != r) {
+        EXPECT_FALSE(share[i].fits || share[i].simulations > 0);
+      }
     sim::unpack_layout_runs(sim::pack_layout_runs(share, r, 3), r, 3, merged);
   }
   const sim::PlanResult r = sim::plan_result(all, merged, s.o.objectives);

@@ -322,7 +322,7 @@ TEST(SimCost, EnginesByHand) {
   EXPECT_EQ(custom.engine.own_gemm_rows, 0);
   j["engine"] = {{"own_gemm_rows", 32}};
   EXPECT_EQ(hw::parse_profile(j, "round").engine.own_gemm_rows, 32);
-  for (const json bad : {json(-1), json(0.5), json("64")}) {
+  for (const json& bad : {json(-1), json(0.5), json("64")}) {
     j["engine"] = {{"own_gemm_rows", bad}};
     EXPECT_THROW(hw::parse_profile(j, "round"), Error) << bad;
   }
@@ -566,10 +566,10 @@ std::vector<calib::RunMeasurement> synthetic_runs(const hw::Profile& truth) {
 
 TEST(SimCalibrate, RecoversKnownEfficienciesAndIgnoresAnOutlier) {
   hw::Profile truth = hw::parse_profile(round_profile(), "round");
-  truth.efficiency[size_t(hw::Family::Gemm)] = {0.3, 40, 0.6, 20e-6};
-  truth.efficiency[size_t(hw::Family::Attention)] = {0.2, 8, 0.5, 5e-6};
+  truth.efficiency[size_t(hw::Family::Gemm)] = {0.3, 40, 0.6, 20e-6, {}};
+  truth.efficiency[size_t(hw::Family::Attention)] = {0.2, 8, 0.5, 5e-6, {}};
   // Gathers served from the cache at 2.5x the DRAM figure (kMaxMemoryEfficiency).
-  truth.efficiency[size_t(hw::Family::DataMovement)] = {0.5, 1, 2.5, 1e-6};
+  truth.efficiency[size_t(hw::Family::DataMovement)] = {0.5, 1, 2.5, 1e-6, {}};
   std::vector<calib::RunMeasurement> runs = synthetic_runs(truth);
   runs[3].ops[1].seconds *= 5;  // one QKV sample 5x slow (a preempted thread)
   const hw::Profile start = hw::parse_profile(round_profile(), "round");
@@ -603,7 +603,7 @@ TEST(SimCalibrate, OneRowGemmsIdentifyTheGemmBandwidth) {
   json j = round_profile();
   j["memory_bandwidth_gbs"] = 20;  // a CPU's bandwidth: the one-row product memory-bound
   hw::Profile truth = hw::parse_profile(j, "round");
-  truth.efficiency[size_t(hw::Family::Gemm)] = {0.6, 4, 1.4, 20e-6};
+  truth.efficiency[size_t(hw::Family::Gemm)] = {0.6, 4, 1.4, 20e-6, {}};
   std::vector<calib::RunMeasurement> runs = synthetic_runs(truth);
   const ModelConfig c = preset_config("smollm2-135m");
   for (calib::RunMeasurement& m : runs) {
@@ -790,9 +790,18 @@ trace::Trace three_layer_trace(const trace::Step& d) {
   t.header.policy = "lazyllm";
   t.header.prompt_tokens = 100;
   t.header.schedule_layers = {{0, 0.5}, {1, 0.5}};
-  trace::Step p{
-      "prefill", 100, {100, 50, 25}, {100, 50, 25}, {5050, 1275, 325}, {0, 0, 0}, {0, 0, 0}, {50, 25, 0}, {},
-      {},        {}};
+  trace::Step p{"prefill",
+                100,
+                {100, 50, 25},
+                {100, 50, 25},
+                {5050, 1275, 325},
+                {0, 0, 0},
+                {0, 0, 0},
+                {50, 25, 0},
+                {},
+                {},
+                {},
+                {}};
   t.steps = {p, d};
   return t;
 }
@@ -803,8 +812,9 @@ trace::Trace three_layer_trace(const trace::Step& d) {
 TEST(SimReplay, AuxCacheCountsEachTokenOnceAndDecodeAttendsItsActiveSet) {
   const ModelConfig c = three_layers();
   // Revives 10 rows at layer 1, 6 of which are pruned again after it (overwrites).
-  trace::Step d{"decode",     1,  {1, 11, 5}, {101, 61, 30}, {51, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
-                {51, 26, 26}, {}, {}};
+  trace::Step d{"decode",      1,          {1, 11, 5}, {101, 61, 30},
+                {51, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
+                {51, 26, 26},  {},         {},         {}};
   const trace::Trace t = three_layer_trace(d);
   const hw::Profile hw = hw::load_profile("h100-sxm");
   const sim::Precision prec{"bf16", "bf16", "bf16"};
@@ -832,7 +842,7 @@ TEST(SimReplay, ListedDecodingAttentionReadsEveryHeldKey) {
   // Layer 0 attends all it holds (a prefix: priced as before); layers 1 and 2 listed sets.
   trace::Step d{"decode",       1,          {1, 11, 5}, {101, 61, 30},
                 {101, 300, 26}, {0, 10, 0}, {0, 10, 0}, {0, 6, 0},
-                {101, 26, 26},  {},         {}};
+                {101, 26, 26},  {},         {},         {}};
   const trace::Trace t = three_layer_trace(d);
   const sim::Precision prec{"bf16", "bf16", "bf16"};
   const hw::Profile plain = hw::load_profile("h100-sxm");

@@ -42,9 +42,10 @@ trace::Trace sample() {
   t.header.schedule = "0:0.5";
   t.header.schedule_layers = {{0, 0.5}};
   t.header.prompt_tokens = 10;
-  trace::Step p{"prefill", 10, {10, 5, 5}, {10, 5, 5}, {55, 15, 15}, {0, 0, 0}, {0, 0, 0},
-                {5, 0, 0}, {}, {},         {}};
-  trace::Step d{"decode", 1, {1, 1, 1}, {11, 6, 6}, {11, 6, 6}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {}, {}, {}};
+  trace::Step p{"prefill", 10,        {10, 5, 5}, {10, 5, 5}, {55, 15, 15}, {0, 0, 0},
+                {0, 0, 0}, {5, 0, 0}, {},         {},         {},           {}};
+  trace::Step d{"decode",  1,         {1, 1, 1}, {11, 6, 6}, {11, 6, 6}, {0, 0, 0},
+                {0, 0, 0}, {0, 0, 0}, {},        {},         {},         {}};
   t.steps = {p, d};
   return t;
 }
@@ -259,9 +260,10 @@ trace::Trace detail_sample() {
   t.header.schedule_layers = {{0, 0.5}, {1, 0.4}};
   t.header.prompt_tokens = 10;
   trace::Step p{"prefill", 10,        {10, 5, 3}, {10, 5, 3}, {55, 15, 6}, {0, 0, 0},
-                {0, 0, 0}, {5, 2, 0}, {},         {},         {}};
+                {0, 0, 0}, {5, 2, 0}, {},         {},         {},          {}};
   p.pruning = {{0, {0, 3, 5, 7, 9}, awkward_scores(10)}, {1, {3, 7, 9}, awkward_scores(5)}};
-  trace::Step d{"decode", 1, {1, 2, 2}, {11, 7, 5}, {11, 12, 8}, {0, 1, 0}, {0, 1, 0}, {0, 0, 0}, {}, {}, {}};
+  trace::Step d{"decode",  1,         {1, 2, 2}, {11, 7, 5}, {11, 12, 8}, {0, 1, 0},
+                {0, 1, 0}, {0, 0, 0}, {},        {},         {},          {}};
   d.pruning = {{0, {2, 3, 5, 7, 9, 10}, awkward_scores(11)}, {1, {2, 3, 9, 10}, {}}};
   d.revived_positions = {{{}, {2}, {}}};
   p.routes = {routes_of({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), routes_of({0, 3, 5, 7, 9}), routes_of({3, 7, 9})};
@@ -320,7 +322,7 @@ TEST(Trace, ScoresRoundTripBitForBit) {
   t.header.model = tiny_model(1);
   t.header.schedule_layers = {{0, 0.5}};
   t.header.prompt_tokens = 4096;
-  trace::Step p{"prefill", 4096, {4096}, {4096}, {4096LL * 4097 / 2}, {0}, {0}, {2048}, {}, {}, {}};
+  trace::Step p{"prefill", 4096, {4096}, {4096}, {4096LL * 4097 / 2}, {0}, {0}, {2048}, {}, {}, {}, {}};
   std::mt19937 rng(7);
   trace::Pruning pr{0, {}, {}};
   for (int32_t i = 0; i < 4096; ++i) {
