@@ -106,6 +106,11 @@ void BM_Prefill(benchmark::State& st, lp::DType dt) {
   std::iota(pos.begin(), pos.end(), 0);
   const int64_t last = N - 1;
   std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+  // One untimed pass first, as llama-bench's warm-up prompt run (n_prompt tokens) is: the session's
+  // activation buffers are touched for the first time in it. On the 8B-shaped Q4_K_M file at 2,029
+  // tokens that pass's first layer took 1,458 ms against 786 for the next (`run --json`, AMD EPYC
+  // family 26, 2026-11-30), and at one iteration a benchmark that long timed it.
+  s.forward(ids, pos, {&last, 1}, logits.data());
   for (auto _ : st) {
     s.reset();
     s.forward(ids, pos, {&last, 1}, logits.data());
