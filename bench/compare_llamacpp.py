@@ -181,6 +181,9 @@ def main():
             shares[label] = {k: v * x / 1e3 / ceiling for k, v in m.items()}
             print(f"{'':>10} of the read ceiling ({x:.0f} MB a step): " +
                   ", ".join(f"{k} {v:.2f}" for k, v in shares[label].items()))
+            if max(shares[label].values()) > 1:
+                print(f"{'':>10} (over 1: the ceiling was measured while memory was slower than during "
+                      "the run; compare the engines' tokens/s, not these shares)")
         elif n and x > 0 and peak:
             shares[label] = {"lazyprefill": x / peak}
             print(f"{'':>10} lazyprefill at {x:.0f} GFLOP/s, {x / peak:.2f} of the int8 peak")
