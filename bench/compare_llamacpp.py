@@ -76,12 +76,15 @@ def cpu_model():
             info = f.read()
     except OSError:
         return "unknown CPU"
-    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown CPU")
-    fam = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("cpu family")), "?")
-    mod = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model\t")), "?")
-    flags = next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), [])
+    cpu0 = {}  # the first processor's fields (each "key<tabs>: value" line)
+    for line in info.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            cpu0.setdefault(key.strip(), value.strip())
+    flags = cpu0.get("flags", "").split()
     isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8") if f in flags]
-    return f"{name} (family {fam} model {mod}; {' '.join(isa) or 'no AVX2'})"
+    return (f"{cpu0.get('model name', 'unknown CPU')} (family {cpu0.get('cpu family', '?')} model "
+            f"{cpu0.get('model', '?')}; {' '.join(isa) or 'no AVX2'})")
 
 
 def machine_limits(lp_bench):
@@ -134,11 +137,12 @@ def main():
     if a.ik_llama_bench and not os.access(a.ik_llama_bench, os.X_OK):
         sys.exit(f"compare_llamacpp: {a.ik_llama_bench} is not an executable")
     # (label, llama-bench's extra args, its decoding args for context d) per engine.
-    engines = [("llama.cpp", a.llama_bench, [], lambda d: ["-p", "0", "-n", "32", "-d", str(d)])]
-    engines = engines if a.llama_fa != "on" else []
+    def llama_decode(d):
+        return ["-p", "0", "-n", "32", "-d", str(d)]
+
+    engines = [("llama.cpp", a.llama_bench, [], llama_decode)] if a.llama_fa != "on" else []
     if a.llama_fa != "default":
-        engines.append(("llama.cpp -fa 1", a.llama_bench, ["-fa", "1"],
-                        lambda d: ["-p", "0", "-n", "32", "-d", str(d)]))
+        engines.append(("llama.cpp -fa 1", a.llama_bench, ["-fa", "1"], llama_decode))
     if a.ik_llama_bench:
         engines.append(("ik_llama.cpp -fa 1 -rtr 1", a.ik_llama_bench, ["-fa", "1", "-rtr", "1"],
                         lambda d: ["-gp", f"{d},32", "-n", "0", "-p", "0"]))
