@@ -259,8 +259,10 @@ void packed_shapes(benchmark::internal::Benchmark* b) {
     for (const auto& [K, N] : {std::pair<int64_t, int64_t>{4096, 4096}, {14336, 4096}})
       for (int k : {vnni, amx}) b->Args({k, t, 512, K, N});
   // A 2,048-token prompt's rows through down: 44 MB of quantized activations, more than a 32 MiB
-  // L3, read once per panel (docs/cpu-kernels.md, "Rows in chunks": tried, not kept).
+  // L3, so qgemm takes them in passes (docs/cpu-kernels.md, "Rows in passes").
   for (int t : {int(lp::GgmlType::Q4_K), int(lp::GgmlType::Q6_K)}) b->Args({vnni, t, 2048, 14336, 4096});
+  // And through gate|up (4096 -> 28672): the prefill's largest GEMM, its panel within L2.
+  b->Args({vnni, int(lp::GgmlType::Q4_K), 2048, 4096, 28672});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_QGemmPacked)->Apply(packed_shapes);

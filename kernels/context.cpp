@@ -11,6 +11,7 @@
 #include <array>
 
 #include "kernels/cpu/buffer.h"
+#include "kernels/cpu/membw.h"
 #include "model/error.h"
 
 namespace lp {
@@ -31,7 +32,10 @@ struct CpuContext::Scratchpads {
 };
 
 CpuContext::CpuContext(int threads)
-    : threads_(threads), arena_(threads), scratch_(std::make_unique<Scratchpads>()) {
+    : threads_(threads),
+      cache_bytes_(last_level_cache_bytes()),
+      arena_(threads),
+      scratch_(std::make_unique<Scratchpads>()) {
   if (threads < 1 || threads > 1024) fail("a CPU context needs 1 to 1024 threads, got {}", threads);
   arena_.initialize();
   observer_ = std::make_unique<Observer>(arena_);

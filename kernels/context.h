@@ -67,8 +67,14 @@ class CpuContext {
   }
   void* scratch_bytes(Scratch slot, size_t bytes);
 
+  // The last-level cache the ops size their passes for (the integer GEMM's rows: qgemm_pass_rows):
+  // last_level_cache_bytes() unless set (tests set a small one to make a small GEMM take passes).
+  int64_t cache_bytes() const { return cache_bytes_; }
+  void set_cache_bytes(int64_t bytes) { cache_bytes_ = bytes; }
+
  private:
   int threads_;
+  int64_t cache_bytes_;
   tbb::task_arena arena_;
   struct Observer;
   std::unique_ptr<Observer> observer_;

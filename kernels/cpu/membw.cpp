@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "kernels/context.h"
@@ -141,7 +144,33 @@ const char* mem_pattern_name(MemPattern p) {
   return p == MemPattern::Read ? "read" : "triad";
 }
 
+namespace {
+// cpu0's highest data or unified cache in sysfs ("32768K"), 0 without one. Read before sysconf:
+// glibc's _SC_LEVEL3_CACHE_SIZE gave 384 MiB on a 2-vCPU AMD EPYC Zen 5 guest whose sysfs (and
+// lscpu) says 32 MiB (2026-11-30): what cpuid's leaf tells glibc, not the slice this guest shares.
+int64_t sysfs_last_level_cache() {
+  int best_level = 0;
+  int64_t best = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_in(dir + "level"), type_in(dir + "type"), size_in(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_in >> level) || !(type_in >> type) || !(size_in >> size)) break;
+    if (type == "Instruction" || level <= best_level || size.empty()) continue;
+    char* end = nullptr;
+    const long long v = std::strtoll(size.c_str(), &end, 10);
+    const int64_t unit = *end == 'K' ? 1024 : *end == 'M' ? 1024 * 1024 : *end == 0 ? 1 : 0;
+    if (v <= 0 || unit == 0 || v > (int64_t(1) << 40) / unit) continue;
+    best_level = level;
+    best = v * unit;
+  }
+  return best;
+}
+}  // namespace
+
 int64_t last_level_cache_bytes() {
+  if (const int64_t b = sysfs_last_level_cache(); b > 0) return b;
   for (const int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
     const long v = sysconf(name);
     if (v > 0) return v;

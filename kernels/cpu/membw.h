@@ -37,7 +37,8 @@ struct Bandwidth {
   std::string isa;  // the loads used: "avx512", "avx2" or "scalar"
 };
 
-// The last-level cache's size as the OS reports it (0 when it does not).
+// The last-level cache's size as the OS reports it (sysfs's cpu0, else sysconf; 0 when neither
+// does): the slice one core shares, not the package's total.
 int64_t last_level_cache_bytes();
 // The default buffer: max(1 GiB, 4 x the last-level cache).
 int64_t default_bandwidth_bytes();

@@ -563,6 +563,21 @@ int64_t qpacked_bytes(const QPacked& p) {
   return p.w.size() + 2 * (p.d.size() + p.m.size());
 }
 
+namespace {
+void qgemm_rows(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda,
+                std::span<const QPart> parts, int64_t K, float* C, int64_t ldc);
+}  // namespace
+
+int64_t qgemm_pass_rows(int64_t M, int64_t K, int64_t cache_bytes) {
+  const int64_t row_bytes = K / kQBlock * int64_t(sizeof(QActBlock));
+  const int64_t budget = cache_bytes / 3;
+  if (M < kPanelMinRows || budget <= 0 || M * row_bytes <= budget) return M;
+  // Whole tiles of 6 rows (and of AMX's 16): a multiple of 48.
+  const int64_t rows = std::max<int64_t>(48, budget / row_bytes / 48 * 48);
+  const int64_t passes = (M + rows - 1) / rows;
+  return std::min(M, ((M + passes - 1) / passes + 47) / 48 * 48);
+}
+
 void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, std::span<const QPart> parts,
            int64_t K, float* C, int64_t ldc) {
   for (const QPart& p : parts) {
@@ -571,6 +586,17 @@ void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, s
       fail("qgemm: K = {} is not a whole number of {} blocks", K, type_info(uint32_t(p.type))->name);
   }
   if (M == 0 || parts.empty()) return;
+  // In passes whose quantized rows stay in the last-level cache while every panel multiplies them:
+  // one pass over 2,048 rows of down (14336 -> 4096, 44 MB of QActBlocks) read them from memory
+  // once per panel (docs/cpu-kernels.md, "Rows in passes").
+  const int64_t pass = qgemm_pass_rows(M, K, ctx.cache_bytes());
+  for (int64_t m0 = 0; m0 < M; m0 += pass)
+    qgemm_rows(ctx, k, A + m0 * lda, std::min(pass, M - m0), lda, parts, K, C + m0 * ldc, ldc);
+}
+
+namespace {
+void qgemm_rows(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda,
+                std::span<const QPart> parts, int64_t K, float* C, int64_t ldc) {
   // The rows are quantized once for every part of a kind: a scale per block for the simple types,
   // per super-block for the K-quants.
   const int64_t nb = K / kQBlock;
@@ -603,6 +629,7 @@ void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, s
     n0 += p.rows;
   }
 }
+}  // namespace
 
 void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, int64_t lda, const void* W,
            int64_t N, int64_t K, float* C, int64_t ldc) {

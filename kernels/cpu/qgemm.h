@@ -122,6 +122,10 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
 int64_t qpacked_bytes(const QPacked& p);
 // The same over parts, their outputs side by side in C (part i's first output after the rows of
 // parts 0..i-1); A is quantized once. Each output is what the single-part qgemm gives.
+// The rows one pass of qgemm quantizes and multiplies: all M, or (when M rows' quantized
+// activations exceed a third of cache_bytes, the last-level cache) as many as fit it, in whole
+// 48-row tiles, the passes evened out.
+int64_t qgemm_pass_rows(int64_t M, int64_t K, int64_t cache_bytes);
 void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, std::span<const QPart> parts,
            int64_t K, float* C, int64_t ldc);
 

@@ -236,6 +236,54 @@ TEST(QGemm, ManyPanelsMatchTheScalarTwin) {
   }
 }
 
+// The rows a pass takes: all while M rows' quantized activations fit a third of the cache, else
+// whole 48-row tiles, no more passes than the cache needs, and each pass within the third.
+TEST(QGemm, PassRowsFitAThirdOfTheCacheInWholeTiles) {
+  const int64_t cache = int64_t(32) << 20;
+  for (const int64_t K : {256, 4096, 14336})
+    for (const int64_t M : {1, 15, 16, 47, 48, 100, 511, 512, 2029, 2048, 8192}) {
+      const int64_t row_bytes = K / kQBlock * int64_t(sizeof(QActBlock)), budget = cache / 3;
+      const int64_t rows = qgemm_pass_rows(M, K, cache);
+      SCOPED_TRACE(::testing::Message() << "M " << M << " K " << K);
+      if (M * row_bytes <= budget || M < 16) {
+        EXPECT_EQ(rows, M);
+        continue;
+      }
+      EXPECT_EQ(rows % 48, 0);
+      EXPECT_LE(rows * row_bytes, budget);
+      const int64_t most = budget / row_bytes / 48 * 48;  // the most whole tiles the third holds
+      EXPECT_EQ((M + rows - 1) / rows, (M + most - 1) / most);
+    }
+  // A cache too small for one tile still moves in 48-row passes; none at all leaves one pass.
+  EXPECT_EQ(qgemm_pass_rows(1000, 4096, 1024), 48);
+  EXPECT_EQ(qgemm_pass_rows(1000, 4096, 0), 1000);
+}
+
+// A GEMM in passes (a context whose cache holds 48 rows a pass) gives the bits of one pass, for
+// every type and kernel, packed at load or not, rows and passes not multiples of the tiles.
+TEST(QGemm, PassesGiveTheBitsOfOnePass) {
+  const int64_t M = 101, N = 40, K = 512, nb = K / kQBlock;
+  CpuContext whole(2), passes(2);
+  passes.set_cache_bytes(3 * 48 * nb * int64_t(sizeof(QActBlock)));
+  ASSERT_EQ(qgemm_pass_rows(M, K, passes.cache_bytes()), 48);
+  const std::vector<float> A = random_floats(M * K, 31);
+  for (GgmlType t : kQuantTypes) {
+    const std::vector<uint8_t> W = random_q_rows(t, N, K, 37);
+    const auto packed = qpack(whole, t, W.data(), N, K);
+    std::vector<QPart> parts{QPart{t, N, W.data()}};
+    if (packed) parts.push_back(QPart{t, N, W.data(), packed.get()});
+    for (const QPart& part : parts) {
+      for (QKernel k : supported_qkernels()) {
+        std::vector<float> want(size_t(M * N), -1.f), got(size_t(M * N), -2.f);
+        qgemm(whole, k, A.data(), M, K, {&part, 1}, K, want.data(), N);
+        qgemm(passes, k, A.data(), M, K, {&part, 1}, K, got.data(), N);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+            << type_info(uint32_t(t))->name << " " << qkernel_name(k) << (part.packed ? " packed" : "");
+      }
+    }
+  }
+}
+
 // Batch members multiplied side by side (CpuContext::side_by_side, as a batched decoding step
 // runs them), each a GEMM with its own rows and each thread's scratch shared by the members it
 // runs: the same bits as each GEMM alone. Panels (20 rows) and decoding tiles (5 rows), weights
