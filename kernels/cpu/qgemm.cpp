@@ -6,9 +6,12 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/qgemm_blocks.h"
@@ -294,15 +297,45 @@ bool detect(QKernel k) {
   }
   return false;
 }
+// Whether k is within the cap (the kernels in the order they need more of the CPU).
+bool within_cap(QKernel k, QKernel cap) {
+  const auto rank = [](QKernel x) {
+    switch (x) {
+      case QKernel::Scalar:
+        return 0;
+      case QKernel::Avx2:
+        return 1;
+      case QKernel::Avx512Vnni:
+      case QKernel::Avx512Vnni512:
+        return 2;
+      case QKernel::Amx:
+        return 3;
+    }
+    return 3;
+  };
+  return rank(k) <= rank(cap);
+}
 }  // namespace
+
+QKernel qkernel_cap(const char* v) {
+  if (!v) return QKernel::Amx;
+  std::string s(v);
+  for (char& c : s) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (s == "SSE41" || s == "AVX") return QKernel::Scalar;
+  if (s == "AVX2" || s == "AVX2_VNNI" || s == "AVX2_VNNI_2" || s == "AVX512_CORE") return QKernel::Avx2;
+  if (s == "AVX512_CORE_VNNI" || s == "AVX512_CORE_BF16" || s == "AVX512_CORE_FP16" || s == "AVX10_1_512")
+    return QKernel::Avx512Vnni512;
+  return QKernel::Amx;
+}
 
 // Asked on every GEMM (check), so detected once: cpuid traps to the hypervisor in a virtual machine,
 // and asking each time cost 14 us a call here, more than a decoding step's 576 x 576 GEMM itself.
 bool qkernel_supported(QKernel k) {
+  static const QKernel cap = qkernel_cap(std::getenv("ONEDNN_MAX_CPU_ISA"));
   static const bool supported[] = {detect(QKernel::Scalar), detect(QKernel::Avx2),
                                    detect(QKernel::Avx512Vnni), detect(QKernel::Avx512Vnni512),
                                    detect(QKernel::Amx)};
-  return supported[int(k)];
+  return supported[int(k)] && within_cap(k, cap);
 }
 
 QKernel best_qkernel() {

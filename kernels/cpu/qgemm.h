@@ -78,8 +78,16 @@ void requantize_q8_0(GgmlType t, const uint8_t* row, int64_t K, uint8_t* out);
 // (BM_QGemmPacked/4 against /3; docs/cpu-kernels.md, "AMX").
 enum class QKernel { Scalar, Avx2, Avx512Vnni, Avx512Vnni512, Amx };
 const char* qkernel_name(QKernel k);
-bool qkernel_supported(QKernel k);  // this CPU runs it (cpuid, at run time)
-QKernel best_qkernel();             // VNNI (512-bit), else AVX2, else scalar
+// This CPU runs it (cpuid, at run time) and ONEDNN_MAX_CPU_ISA, if set, allows it (qkernel_cap).
+bool qkernel_supported(QKernel k);
+// The highest kernel a value of ONEDNN_MAX_CPU_ISA lets run: oneDNN's own cap, its names read the
+// same way (any case), so one variable makes an AVX-512 machine take the AVX2 paths of both (with
+// a build for -march=x86-64-v3, LP_MARCH, for the code compiled for the build's target). AVX2
+// and AVX512_CORE (no VNNI) stop at Avx2; SSE41 and AVX at Scalar; the AVX-512 VNNI, BF16 and FP16
+// levels before AMX. Null, ALL, DEFAULT or a name oneDNN does not know (which it ignores too): Amx,
+// no cap.
+QKernel qkernel_cap(const char* onednn_max_cpu_isa);
+QKernel best_qkernel();  // VNNI (512-bit), else AVX2, else scalar
 // The kernel multiplies the panels qpack lays out (the 512-bit VNNI and AMX kernels).
 bool qkernel_uses_panels(QKernel k);
 std::vector<QKernel> supported_qkernels();

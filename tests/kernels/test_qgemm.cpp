@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -282,6 +283,35 @@ TEST(QGemm, PassesGiveTheBitsOfOnePass) {
       }
     }
   }
+}
+
+// ONEDNN_MAX_CPU_ISA's names (oneDNN's docs, "CPU ISA hints") as the integer GEMM's cap, any case.
+TEST(QGemmCap, OneDnnNamesCapTheKernels) {
+  EXPECT_EQ(qkernel_cap(nullptr), QKernel::Amx);
+  for (const char* v : {"ALL", "DEFAULT", "avx512_core_amx", "AVX512_CORE_AMX_FP16", "no such isa", ""})
+    EXPECT_EQ(qkernel_cap(v), QKernel::Amx) << v;
+  for (const char* v : {"AVX512_CORE_VNNI", "avx512_core_bf16", "AVX512_CORE_FP16", "AVX10_1_512"})
+    EXPECT_EQ(qkernel_cap(v), QKernel::Avx512Vnni512) << v;
+  for (const char* v : {"AVX2", "avx2", "Avx2_Vnni", "AVX2_VNNI_2", "AVX512_CORE"})
+    EXPECT_EQ(qkernel_cap(v), QKernel::Avx2) << v;
+  for (const char* v : {"SSE41", "avx"}) EXPECT_EQ(qkernel_cap(v), QKernel::Scalar) << v;
+}
+
+// Under the cap this process was started with, nothing above it runs or packs (ctest
+// qgemm_capped_at_avx2 runs this with ONEDNN_MAX_CPU_ISA=avx2; the plain run has no cap).
+TEST(QGemmCap, NothingAboveTheCapRuns) {
+  const QKernel cap = qkernel_cap(std::getenv("ONEDNN_MAX_CPU_ISA"));
+  if (cap == QKernel::Avx2) {
+    EXPECT_FALSE(qkernel_supported(QKernel::Avx512Vnni));
+    EXPECT_FALSE(qkernel_supported(QKernel::Avx512Vnni512));
+    EXPECT_FALSE(qkernel_supported(QKernel::Amx));
+    EXPECT_NE(best_qkernel(), QKernel::Avx512Vnni512);
+    CpuContext one(1);
+    const std::vector<uint8_t> W = random_q_rows(GgmlType::Q4_K, 32, 256, 3);
+    EXPECT_EQ(qpack(one, GgmlType::Q4_K, W.data(), 32, 256), nullptr);
+  }
+  for (QKernel k : supported_qkernels()) EXPECT_TRUE(qkernel_supported(k));
+  EXPECT_TRUE(qkernel_supported(best_qkernel()));
 }
 
 // Batch members multiplied side by side (CpuContext::side_by_side, as a batched decoding step
