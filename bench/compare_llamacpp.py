@@ -83,8 +83,10 @@ def cpu_model():
             cpu0.setdefault(key.strip(), value.strip())
     flags = cpu0.get("flags", "").split()
     isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8") if f in flags]
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     return (f"{cpu0.get('model name', 'unknown CPU')} (family {cpu0.get('cpu family', '?')} model "
-            f"{cpu0.get('model', '?')}; {' '.join(isa) or 'no AVX2'})")
+            f"{cpu0.get('model', '?')}; {' '.join(isa) or 'no AVX2'})" +
+            (f"; lazyprefill's kernels capped by ONEDNN_MAX_CPU_ISA={cap}" if cap else ""))
 
 
 def machine_limits(lp_bench):
