@@ -297,24 +297,6 @@ bool detect(QKernel k) {
   }
   return false;
 }
-// Whether k is within the cap (the kernels in the order they need more of the CPU).
-bool within_cap(QKernel k, QKernel cap) {
-  const auto rank = [](QKernel x) {
-    switch (x) {
-      case QKernel::Scalar:
-        return 0;
-      case QKernel::Avx2:
-        return 1;
-      case QKernel::Avx512Vnni:
-      case QKernel::Avx512Vnni512:
-        return 2;
-      case QKernel::Amx:
-        return 3;
-    }
-    return 3;
-  };
-  return rank(k) <= rank(cap);
-}
 }  // namespace
 
 QKernel qkernel_cap(const char* v) {
@@ -335,7 +317,7 @@ bool qkernel_supported(QKernel k) {
   static const bool supported[] = {detect(QKernel::Scalar), detect(QKernel::Avx2),
                                    detect(QKernel::Avx512Vnni), detect(QKernel::Avx512Vnni512),
                                    detect(QKernel::Amx)};
-  return supported[int(k)] && within_cap(k, cap);
+  return supported[int(k)] && int(k) <= int(cap);  // the enum's order (qgemm.h)
 }
 
 QKernel best_qkernel() {

@@ -76,6 +76,7 @@ void requantize_q8_0(GgmlType t, const uint8_t* row, int64_t K, uint8_t* out);
 // (Sapphire Rapids and later, where the OS grants the tiles: amx_int8_usable); the same bits. Not
 // best_qkernel's pick: with a scale per 32 weights it measured at par with the VNNI panels
 // (BM_QGemmPacked/4 against /3; docs/cpu-kernels.md, "AMX").
+// In the order of what they need of the CPU (qkernel_cap compares them so).
 enum class QKernel { Scalar, Avx2, Avx512Vnni, Avx512Vnni512, Amx };
 const char* qkernel_name(QKernel k);
 // This CPU runs it (cpuid, at run time) and ONEDNN_MAX_CPU_ISA, if set, allows it (qkernel_cap).
@@ -128,12 +129,12 @@ struct QPart {
 // block: about 2.5 times fewer instructions per extra row of a batch.
 std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t* W, int64_t N, int64_t K);
 int64_t qpacked_bytes(const QPacked& p);
-// The same over parts, their outputs side by side in C (part i's first output after the rows of
-// parts 0..i-1); A is quantized once. Each output is what the single-part qgemm gives.
 // The rows one pass of qgemm quantizes and multiplies: all M, or (when M rows' quantized
 // activations exceed a third of cache_bytes, the last-level cache) as many as fit it, in whole
 // 48-row tiles, the passes evened out.
 int64_t qgemm_pass_rows(int64_t M, int64_t K, int64_t cache_bytes);
+// The same over parts, their outputs side by side in C (part i's first output after the rows of
+// parts 0..i-1); A is quantized once per pass. Each output is what the single-part qgemm gives.
 void qgemm(CpuContext& ctx, QKernel k, const float* A, int64_t M, int64_t lda, std::span<const QPart> parts,
            int64_t K, float* C, int64_t ldc);
 
