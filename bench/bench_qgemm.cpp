@@ -193,11 +193,9 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
         b->Args({k, t, m, 576, 576});
       }
     // Llama-3.1-8B's attention output shape (K-quants need rows of whole 256-blocks; SmolLM2's 576
-    // are not), every type; one row of it (decoding) too.
-    for (const lp::GgmlType t : lp::testing::kQuantTypes) {
-      b->Args({k, int(t), 512, 4096, 4096});
-      b->Args({k, int(t), 1, 4096, 4096});
-    }
+    // are not), every type; one and 8 rows of it (decoding, alone and 8 requests together) too.
+    for (const lp::GgmlType t : lp::testing::kQuantTypes)
+      for (int64_t m : {512, 8, 1}) b->Args({k, int(t), m, 4096, 4096});
     // Decoding SmolLM2-135M: one row through gate|up, down and the tied output (49,152 outputs),
     // and the rows of 4 and 8 requests decoding together (continuous batching).
     for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_1)})
@@ -208,9 +206,10 @@ void qgemm_shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QGemm)->Apply(qgemm_shapes);
 
-// BM_QGemmPacked/kernel/type/M/K/N: the 512-bit VNNI (3) and AMX (4) kernels over weights packed
-// once at load (qpack, as the CPU backend holds every type but Q5_0/Q5_1), beside BM_QGemm/3 over
-// the same shapes, which packs per call (16 rows or more) or reads the blocks as stored (fewer).
+// BM_QGemmPacked/kernel/type/M/K/N: the AVX2 (1), 512-bit VNNI (3) and AMX (4) kernels over weights
+// packed once at load (qpack, as the CPU backend holds every type but Q5_0/Q5_1), beside BM_QGemm/1
+// and /3 over the same shapes, which pack per call (16 rows or more) or read the blocks as stored
+// (fewer).
 // Also Llama-3.1-8B's prefill shapes (512 rows x attention output 4096 -> 4096 and down
 // 14336 -> 4096) in Q4_K_M's types, VNNI and AMX side by side.
 void BM_QGemmPacked(benchmark::State& st) {
@@ -248,16 +247,22 @@ void BM_QGemmPacked(benchmark::State& st) {
                                             benchmark::Counter::kIsIterationInvariantRate);
 }
 void packed_shapes(benchmark::internal::Benchmark* b) {
-  const int vnni = int(lp::QKernel::Avx512Vnni512), amx = int(lp::QKernel::Amx);
+  const int avx2 = int(lp::QKernel::Avx2), vnni = int(lp::QKernel::Avx512Vnni512),
+            amx = int(lp::QKernel::Amx);
   for (int t : {int(lp::GgmlType::Q8_0), int(lp::GgmlType::Q4_0), int(lp::GgmlType::Q4_1)}) {
-    for (int k : {vnni, amx})
+    for (int k : {avx2, vnni, amx})
       for (int64_t m : {64, 512}) b->Args({k, t, m, 576, 3072});
-    for (const auto& [K, N] : {std::pair<int64_t, int64_t>{576, 3072}, {1536, 576}, {576, 49152}})
-      for (int64_t m : {1, 4, 8}) b->Args({vnni, t, m, K, N});
+    for (int k : {avx2, vnni})
+      for (const auto& [K, N] : {std::pair<int64_t, int64_t>{576, 3072}, {1536, 576}, {576, 49152}})
+        for (int64_t m : {1, 4, 8}) b->Args({k, t, m, K, N});
   }
   for (int t : {int(lp::GgmlType::Q4_K), int(lp::GgmlType::Q6_K), int(lp::GgmlType::Q8_0)})
     for (const auto& [K, N] : {std::pair<int64_t, int64_t>{4096, 4096}, {14336, 4096}})
-      for (int k : {vnni, amx}) b->Args({k, t, 512, K, N});
+      for (int k : {avx2, vnni, amx}) b->Args({k, t, 512, K, N});
+  // The K-quants' decoding rows on each kernel (BM_QGemm/k/t/1/4096/4096 reads the blocks as stored).
+  for (int t : {int(lp::GgmlType::Q4_K), int(lp::GgmlType::Q5_K), int(lp::GgmlType::Q6_K)})
+    for (int k : {avx2, vnni})
+      for (int64_t m : {1, 8}) b->Args({k, t, m, 4096, 4096});
   // A 2,048-token prompt's rows through down: 44 MB of quantized activations, more than a 32 MiB
   // L3, so qgemm takes them in passes (docs/cpu-kernels.md, "Rows in passes").
   for (int t : {int(lp::GgmlType::Q4_K), int(lp::GgmlType::Q6_K)}) b->Args({vnni, t, 2048, 14336, 4096});

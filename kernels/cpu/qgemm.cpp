@@ -329,7 +329,7 @@ QKernel best_qkernel() {
 }
 
 bool qkernel_uses_panels(QKernel k) {
-  return k == QKernel::Avx512Vnni512 || k == QKernel::Amx;
+  return k == QKernel::Avx2 || k == QKernel::Avx512Vnni512 || k == QKernel::Amx;
 }
 
 std::vector<QKernel> supported_qkernels() {
@@ -427,7 +427,7 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
   const GgmlType t = part.type;
   const uint8_t* w = part.data;
   const int64_t N = part.rows, row_bytes = *type_bytes(t, nb * kQBlock);
-  const bool v512 = qkernel_uses_panels(k);
+  const bool v512 = k == QKernel::Avx512Vnni512 || k == QKernel::Amx;
   if (k == QKernel::Scalar || k == QKernel::Avx512Vnni) {
     ctx.run([&] {
       // Chunks of 64 rows x 64 outputs: a chunk's weight and activation rows stay in L2.
@@ -450,7 +450,7 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
   const int64_t S = n_scales(t);
   const int off = v512 ? qk::avx512::offset(t) : qk::avx2::offset(t);
   int32_t* bs = ctx.scratch<int32_t>(Scratch::QBias, M * nb * S);
-  if (v512 && part.packed) {
+  if (qkernel_uses_panels(k) && part.packed) {
     const QPacked& P = *part.packed;
     if (P.type != t || P.N != N || P.nb != nb)
       internal_fail("qgemm: a packed part does not match its blocks");
@@ -459,8 +459,11 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
     const bool wide = M >= kPanelMinRows;
     ctx.run([&] {
       tbb::parallel_for(int64_t(0), (N + qk::avx512::kPanel - 1) / qk::avx512::kPanel, [&](int64_t p) {
-        qk::avx512::packed(P, p, q, bs, M, wide, tiles, C, ldc,
-                           take(ctx, qk::avx512::packed_scratch(P, wide, tiles)));
+        if (v512)
+          qk::avx512::packed(P, p, q, bs, M, wide, tiles, C, ldc,
+                             take(ctx, qk::avx512::packed_scratch(P, wide, tiles)));
+        else
+          qk::avx2::packed(P, p, q, bs, M, wide, C, ldc, take(ctx, qk::avx2::packed_scratch(P, wide)));
       });
     });
     return;
@@ -502,7 +505,7 @@ void run_part(CpuContext& ctx, QKernel k, const QPart& part, const QActBlock* q,
 }  // namespace
 
 std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t* W, int64_t N, int64_t K) {
-  if (!qkernel_supported(QKernel::Avx512Vnni512) || !packs(t) || K % kQBlock != 0 || N <= 0) return {};
+  if (!qkernel_supported(QKernel::Avx2) || !packs(t) || K % kQBlock != 0 || N <= 0) return {};
   const bool kq = is_kquant(t);
   if (kq && K % 256 != 0) return {};
   using qk::avx512::kLanes, qk::avx512::kNV, qk::avx512::kPanel;
@@ -538,7 +541,7 @@ std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t*
           // word a lane; with nibbles, groups 2q and 2q + 1 share byte q's halves, and the bits
           // above the nibbles (at most two, so each stays in its byte when shifted) go to the planes.
           uint32_t u[8];
-          qk::avx512::unsigned_groups(t, row, b, u);
+          qk::avx2::unsigned_groups(t, row, b, u);
           for (int g = 0; g < 8; ++g) {
             if (!nibbles) {
               put(blk + (j * 8 + g) * 64 + lane * 4, u[g]);

@@ -89,7 +89,8 @@ bool qkernel_supported(QKernel k);
 // no cap.
 QKernel qkernel_cap(const char* onednn_max_cpu_isa);
 QKernel best_qkernel();  // VNNI (512-bit), else AVX2, else scalar
-// The kernel multiplies the panels qpack lays out (the 512-bit VNNI and AMX kernels).
+// The kernel multiplies the panels qpack lays out where a part has them (AVX2, the 512-bit VNNI
+// and AMX kernels; the 256-bit VNNI tiles and the scalar twin read the blocks as stored).
 bool qkernel_uses_panels(QKernel k);
 std::vector<QKernel> supported_qkernels();
 
@@ -110,8 +111,8 @@ void qgemm(CpuContext& ctx, QKernel k, GgmlType t, const float* A, int64_t M, in
 // Consecutive rows of a weight matrix in one block type: `rows` rows of type_bytes(type, K) bytes at
 // `data`. A matrix stacked from tensors of different types (Q4_K_M's attn_q, attn_k in Q4_K and
 // attn_v in Q6_K) is a list of them.
-// packed: the same rows as qpack keeps them, or null; the 512-bit kernel multiplies them instead of
-// packing data's rows per call (the other kernels read data).
+// packed: the same rows as qpack keeps them, or null; the kernels that use panels multiply them
+// instead of data's rows (the others read data).
 struct QPacked;
 struct QPart {
   GgmlType type = GgmlType::Q8_0;
@@ -123,10 +124,10 @@ struct QPart {
 // N rows of K weights of type t (GGUF blocks at W) copied once into the order the 512-bit kernel
 // multiplies them in: outputs across a vector's lanes in panels of 32, Q4_0 and Q4_1 kept as
 // nibbles and Q8_0 as bytes, the scales in their f16 (so as many bytes as the file's blocks, and
-// the same products bit for bit). Null where this CPU has no 512-bit VNNI or the type has no
-// packed form (the GEMM then packs per call, or, for fewer than 16 rows, reads the blocks as
-// stored). Decoding reads each weight once per step instead of reducing every row's lanes per
-// block: about 2.5 times fewer instructions per extra row of a batch.
+// the same products bit for bit). The AVX2 kernel reads the same panels 8 lanes at a time. Null
+// where this CPU has no AVX2 (with FMA and F16C) or the type has no packed form (the GEMM then
+// packs per call, or, for fewer than 16 rows, reads the blocks as stored). Decoding reads each
+// panel front to back, one stream, instead of 8 rows' blocks side by side reduced per block.
 std::shared_ptr<const QPacked> qpack(CpuContext& ctx, GgmlType t, const uint8_t* W, int64_t N, int64_t K);
 int64_t qpacked_bytes(const QPacked& p);
 // The rows one pass of qgemm quantizes and multiplies: all M, or (when M rows' quantized

@@ -229,23 +229,249 @@ inline void tile_k(const uint8_t* pw, const float* pd, const float* pm, const QA
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < kNV; ++j) _mm256_maskstore_ps(C + (m0 + m) * ldc + j * kLanes, k[j], acc[m][j]);
 }
+// Every row over a panel in the scratch (panel_scratch's layout) of cnt outputs at C.
 template <GgmlType T>
-void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
-                    int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& p) {
-  pack<T>(W, row_bytes, n0, cnt, nb, p);
+void multiply_rows(const Scratchpad& p, const QActBlock* qa, const int32_t* bias, int64_t nb, int64_t M,
+                   int cnt, float* C, int64_t ldc) {
   __m256i k[kNV];
   for (int j = 0; j < kNV; ++j)
     k[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - j * kLanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   const int64_t plane = nb * kNV * 8 * 32;
   const float* pm = block_has_min(T) ? p.mins : nullptr;
-  float* c = C + n0;
   for (int64_t m = 0; m < M; m += kMR)
     simd::with_rows<kMR>(int(M - m), [&](auto mr) {
       if constexpr (is_kquant(T))
-        tile_k<T, decltype(mr)::value>(p.w, p.d, pm, qa, bias, nb, m, c, ldc, k);
+        tile_k<T, decltype(mr)::value>(p.w, p.d, pm, qa, bias, nb, m, C, ldc, k);
       else
-        tile<T, decltype(mr)::value>(p.w, plane, p.d, pm, qa, bias, nb, m, c, ldc, k);
+        tile<T, decltype(mr)::value>(p.w, plane, p.d, pm, qa, bias, nb, m, C, ldc, k);
     });
+}
+template <GgmlType T>
+void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias, int64_t nb,
+                    int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& p) {
+  pack<T>(W, row_bytes, n0, cnt, nb, p);
+  multiply_rows<T>(p, qa, bias, nb, M, cnt, C + n0, ldc);
+}
+
+// ---- qpack's panels, 8 lanes at a time ----
+// A packed panel is the 512-bit kernel's (QPacked, qgemm_kernels.h): 32 outputs as two vectors of 16
+// lanes. Here each vector is two ymm halves, quarter q = 2j + half holding outputs 8q..8q + 7, and
+// every value is read as PackedPanel reads it (nibbles and high planes joined into bytes, f16
+// scales and byte multipliers widened exactly), so the results are the per-call panels' bits.
+template <GgmlType T>
+struct PackedQuarters {
+  static constexpr int kL16 = avx512::kLanes, kNV16 = avx512::kNV, kP = avx512::kPanel, kQuarters = 4;
+  static constexpr bool kNibbles = T != GgmlType::Q8_0, kK = is_kquant(T);
+  static constexpr int kPlanes = high_planes(T);
+  static constexpr KPanelLayout kL = kpanel_layout(T, kL16, kNV16);
+  const uint8_t* pw;
+  const uint16_t *pd, *pm;  // the simple types'
+  const uint8_t* at(int64_t b) const { return pw + packed_block_offset(T, kL16, kNV16, b); }
+  const uint16_t* head(int64_t sb) const { return reinterpret_cast<const uint16_t*>(pw + sb * kL.super()); }
+  static __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static __m256 f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256i bytes8(const uint8_t* p, bool is_signed) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return is_signed ? _mm256_cvtepi8_epi32(x) : _mm256_cvtepu8_epi32(x);
+  }
+  // Group g (elements 4g..4g + 3) of quarter q's 8 outputs in block b, as qpack's unsigned bytes.
+  __m256i w(int64_t b, int q, int g) const {
+    const uint8_t* blk = at(b);
+    const int j = q / 2, half = (q % 2) * 32;
+    if constexpr (!kNibbles) return load(blk + (j * 8 + g) * 64 + half);
+    const __m256i x = load(blk + (j * 4 + g / 2) * 64 + half);
+    const __m256i lo = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(x, 4) : x, _mm256_set1_epi8(15));
+    if constexpr (kPlanes == 1) {  // bit g of each byte: 16 more
+      const __m256i h = load(blk + kL.hi + j * 64 + half), bit = _mm256_set1_epi8(char(1 << g));
+      return _mm256_or_si256(
+          lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(16)));
+    } else if constexpr (kPlanes == 2) {  // bits 2 (g % 4) and up of plane g / 4, as bits 4-5
+      const __m256i h = load(blk + kL.hi + (j * 2 + g / 4) * 64 + half);
+      const int k = g % 4;
+      const __m256i sh = k == 0   ? _mm256_slli_epi16(h, 4)
+                         : k == 1 ? _mm256_slli_epi16(h, 2)
+                         : k == 2 ? h
+                                  : _mm256_srli_epi16(h, 2);
+      return _mm256_or_si256(lo, _mm256_and_si256(sh, _mm256_set1_epi8(0x30)));
+    } else {
+      return lo;
+    }
+  }
+  __m256 d(int64_t b, int q) const { return f16(pd + b * kP + 8 * q); }
+  __m256 m(int64_t b, int q) const { return f16(pm + b * kP + 8 * q); }
+  __m256i isc(int64_t b, int h, int q) const {
+    return bytes8(at(b) + kL.sc + h * kP + 8 * q, T == GgmlType::Q6_K);
+  }
+  __m256i imn(int64_t b, int q) const { return bytes8(at(b) + kL.mn + 8 * q, false); }
+  // Blocks 8 sb + 2i and 8 sb + 2i + 1's minima multipliers as a word's 16-bit halves (QActBlock::pair's).
+  __m256i imn_pair(int64_t sb, int i, int q) const {
+    return _mm256_or_si256(imn(8 * sb + 2 * i, q), _mm256_slli_epi32(imn(8 * sb + 2 * i + 1, q), 16));
+  }
+  __m256 sd(int64_t sb, int q) const { return f16(head(sb) + 8 * q); }
+  __m256 sdmin(int64_t sb, int q) const { return f16(head(sb) + kP + 8 * q); }
+  // Block b + kAhead's lines into L2 while block b multiplies (PackedPanel::prefetch's distance).
+  static constexpr int64_t kAhead = 8;
+  void prefetch(int64_t b) const {
+    const int64_t a = b + kAhead;
+    if constexpr (kK) {
+      const uint8_t* p = at(a) - ((a & 7) == 0 ? kL.head : 0);
+      const int64_t lines = (kL.block + ((a & 7) == 0 ? kL.head : 0)) / 64;
+      for (int64_t l = 0; l < lines; ++l) prefetch_l2(p + l * 64);
+    } else {
+      const uint8_t* p = at(a);
+      for (int64_t l = 0; l < kNV16 * (kNibbles ? 4 : 8); ++l) prefetch_l2(p + l * 64);
+      prefetch_l2(pd + a * kP);
+    }
+  }
+};
+// How many groups' vpmaddubsw pairs add up in 16 bits before vpmaddwd widens them: each pair is at
+// most 2 x 127 x the largest weight (15 for the nibble types, 31 for Q5_K, 63 for Q6_K), and G of
+// them must stay within 32767 (Q8_0's magnitudes, up to 128, take one).
+constexpr int groups16(GgmlType t) {
+  return t == GgmlType::Q8_0 ? 1 : t == GgmlType::Q6_K ? 2 : t == GgmlType::Q5_K ? 4 : 8;
+}
+static_assert(2 * 127 * 15 * 8 <= 32767 && 2 * 127 * 31 * 4 <= 32767 && 2 * 127 * 63 * 2 <= 32767);
+// Decoding over a packed panel (fewer rows than a panel pays for), a row at a time, quarters 2j and
+// 2j + 1 together: block b's (Q6_K: half h's) exact sums in 8 lanes a quarter, then the 512-bit
+// tile's f32 steps (the scalar twin's), per block or, for a K-quant, per super-block. Q8_0 is read
+// back to signed bytes and multiplied as |w| x (a with w's sign), as the per-call panels do.
+template <GgmlType T>
+void packed_rows(const PackedQuarters<T>& src, const QActBlock* qa, const int32_t* bias, int64_t nb,
+                 int64_t M, int cnt, float* C, int64_t ldc) {
+  constexpr int S = n_scales(T), G = 8 / S, G16 = groups16(T), Q = PackedQuarters<T>::kQuarters;
+  constexpr bool kQ8 = T == GgmlType::Q8_0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t m = 0; m < M; ++m) {
+    const QActBlock* row = qa + m * nb;
+    __m256 acc[Q], fsum[Q];
+    for (int q = 0; q < Q; ++q) acc[q] = fsum[q] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      src.prefetch(b);
+      const QActBlock& a = row[b];
+      const __m256 da = _mm256_set1_ps(a.d);
+      for (int j = 0; j < 2; ++j) {
+#pragma GCC unroll 2
+        for (int h = 0; h < S; ++h) {
+          __m256i s[2];
+          for (int i = 0; i < 2; ++i)
+            s[i] = offset_of(T) != 0 ? _mm256_set1_epi32(bias[(m * nb + b) * S + h]) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+          for (int g0 = h * G; g0 < (h + 1) * G; g0 += G16) {
+            __m256i p[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+            for (int g = g0; g < g0 + G16; ++g) {
+              const __m256i av = _mm256_set1_epi32(load_i32(a.q + 4 * g));
+              for (int i = 0; i < 2; ++i) {
+                const __m256i w = src.w(b, 2 * j + i, g);
+                if constexpr (kQ8) {
+                  const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));
+                  p[i] = _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(av, ws));
+                } else {
+                  p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(w, av));
+                }
+              }
+            }
+            for (int i = 0; i < 2; ++i) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(p[i], ones));
+          }
+          for (int i = 0; i < 2; ++i) {
+            const int q = 2 * j + i;
+            if constexpr (is_kquant(T))
+              fsum[q] =
+                  _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_cvtepi32_ps(src.isc(b, h, q)), fsum[q]);
+            else
+              acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(src.d(b, q), da), acc[q]);
+          }
+        }
+        if constexpr (!is_kquant(T) && block_has_min(T))
+          for (int q = 2 * j; q < 2 * j + 2; ++q)
+            acc[q] = _mm256_fmadd_ps(src.m(b, q), _mm256_set1_ps(a.s), acc[q]);
+      }
+      if constexpr (is_kquant(T)) {
+        if ((b & 7) != 7) continue;
+        const int64_t sb = b >> 3;
+        const __m256 dsa = _mm256_set1_ps(row[8 * sb].d);
+        for (int q = 0; q < Q; ++q) {
+          acc[q] = _mm256_fmadd_ps(fsum[q], _mm256_mul_ps(src.sd(sb, q), dsa), acc[q]);
+          fsum[q] = _mm256_setzero_ps();
+          if constexpr (block_has_min(T)) {
+            __m256i msum = _mm256_setzero_si256();
+            for (int i = 0; i < 4; ++i)
+              msum = _mm256_add_epi32(msum, _mm256_madd_epi16(src.imn_pair(sb, i, q),
+                                                              _mm256_set1_epi32(row[8 * sb + 2 * i].pair)));
+            acc[q] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(src.sdmin(sb, q), dsa), acc[q]);
+          }
+        }
+      }
+    }
+    for (int q = 0; q < Q; ++q)
+      _mm256_maskstore_ps(
+          C + m * ldc + 8 * q,
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - 8 * q), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+          acc[q]);
+  }
+}
+// Half hp of a packed panel (its vector hp: quarters 2 hp and 2 hp + 1) widened into a per-call
+// panel (panel_scratch's layout), the values pack<T> would write from the blocks.
+template <GgmlType T>
+void widen(const PackedQuarters<T>& src, int64_t nb, int hp, const Scratchpad& p) {
+  constexpr int S = n_scales(T);
+  const int64_t plane = nb * kNV * 8 * 32;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < kNV; ++j) {
+      const int q = 2 * hp + j;
+      for (int g = 0; g < 8; ++g) {
+        uint8_t* dst = p.w + ((b * kNV + j) * 8 + g) * 32;
+        const __m256i w = src.w(b, q, g);
+        if constexpr (T == GgmlType::Q8_0) {
+          const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(dst), ws);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(dst + plane), _mm256_abs_epi8(ws));
+        } else {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(dst), w);
+        }
+      }
+      if constexpr (is_kquant(T)) {
+        for (int h = 0; h < S; ++h)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.d + ((b * S + h) * kNV + j) * kLanes),
+                              src.isc(b, h, q));
+        if constexpr (block_has_min(T))
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.mins + (b * kNV + j) * kLanes), src.imn(b, q));
+        if (b % 8 == 0) {
+          float* ps = p.d + nb * S * kPanel + (b / 8) * 2 * kPanel;
+          _mm256_storeu_ps(ps + j * kLanes, src.sd(b / 8, q));
+          _mm256_storeu_ps(ps + kPanel + j * kLanes,
+                           block_has_min(T) ? src.sdmin(b / 8, q) : _mm256_setzero_ps());
+        }
+      } else {
+        _mm256_storeu_ps(p.d + (b * kNV + j) * kLanes, src.d(b, q));
+        if constexpr (block_has_min(T)) _mm256_storeu_ps(p.mins + (b * kNV + j) * kLanes, src.m(b, q));
+      }
+    }
+}
+// Every row over panel p of a packed matrix: decoding reads it as packed; many rows (wide) widen
+// each half once and pass over it as over a per-call panel.
+void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
+                float* C, int64_t ldc, const Scratchpad& s) {
+  constexpr int kP = avx512::kPanel;
+  const int64_t n0 = p * kP;
+  const int cnt = int(std::min<int64_t>(kP, P.N - n0));
+  with_type(P.type, [&](auto type) {
+    constexpr GgmlType T = decltype(type)::value;
+    if constexpr (packs(T)) {
+      constexpr bool kq = is_kquant(T), mins = block_has_min(T);
+      const int64_t scales = p * P.nb * kP;
+      const PackedQuarters<T> src{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
+                                  !kq && mins ? P.m.data() + scales : nullptr};
+      if (!wide) return packed_rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
+      for (int hp = 0; hp * kPanel < cnt; ++hp) {
+        widen<T>(src, P.nb, hp, s);
+        multiply_rows<T>(s, qa, bias, P.nb, M, std::min(kPanel, cnt - hp * kPanel), C + n0 + hp * kPanel,
+                         ldc);
+      }
+    }
+  });
 }
 
 // ---- Decoding ----
@@ -315,6 +541,18 @@ void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
           int64_t nb, int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s) {
   with_type(t, [&](auto type) {
     decoding::run<Decoding, decltype(type)::value>(W, row_bytes, qa, bias, nb, M, N, n0, cnt, C, ldc, s);
+  });
+}
+
+void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
+            float* C, int64_t ldc, const Scratchpad& s) {
+  run_packed(P, p, qa, bias, M, wide, C, ldc, s);
+}
+
+void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups) {
+  with_type(t, [&](auto type) {
+    constexpr GgmlType T = decltype(type)::value;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(groups), load_u<T, unsigned_offset(T)>(row, b));
   });
 }
 

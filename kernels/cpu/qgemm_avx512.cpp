@@ -121,16 +121,6 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
     }
   }
 }
-// One cache line fetched into L2 (prefetcht1), as inline assembly. GCC 12 at -O3 emitted none of
-// the K-quant panels' _mm_prefetch calls (a loop over their block's lines in PackedPanel::prefetch;
-// the same calls in a free function were kept), so until 2026-11-29 their decoding read every weight
-// line on demand: BM_QGemv Q4_K 0.53-0.62 -> 0.65-0.71 of the read ceiling, Q6_K 0.49-0.54 ->
-// 0.62-0.67 (docs/cpu-kernels.md, "The prefetches the compiler dropped").
-// The address goes in a register: the line may lie past the buffer (the blocks after a panel's
-// last), which a prefetch may touch and a C++ dereference may not.
-inline void prefetch_l2(const void* p) {
-  asm volatile("prefetcht1 (%0)" : : "r"(p));
-}
 // A zeroed register by its own vpxord, which the core clears at renaming (no execution port). Left
 // to itself GCC 12 zeroes one register and copies it into each block's 12 sums of a 6-row tile,
 // 12 vmovdqa32 per block beside its 96 vpdpbusd.
@@ -734,13 +724,6 @@ void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
            const Scratchpad& s) {
   with_type(t, [&](auto type) {
     multiply_panel<decltype(type)::value>(W, row_bytes, qa, bias, nb, M, n0, cnt, C, ldc, amx, s);
-  });
-}
-
-void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups) {
-  with_type(t, [&](auto type) {
-    constexpr GgmlType T = decltype(type)::value;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(groups), load_u<T, offset_of(T)>(row, b));
   });
 }
 

@@ -14,8 +14,10 @@
 
 namespace lp {
 
-// qpack's copy (qgemm_avx512.cpp's PackedPanel reads it; lanes past N are zero), per panel of avx512::kPanel
-// outputs (two vectors j of 16 lanes), for block b of 32:
+// qpack's copy (lanes past N are zero), per panel of avx512::kPanel outputs (two vectors j of 16
+// lanes), for block b of 32. qgemm_avx512.cpp's PackedPanel reads it as laid out; qgemm_avx2.cpp's
+// PackedQuarters reads each 64-byte vector as two 256-bit halves (quarter q = 2j + half: outputs
+// 8q..8q + 7), so one copy serves both instruction sets:
 // - the simple types: w holds Q8_0's unsigned bytes [nb][kNV][8 groups of 4 elements][16 lanes][4],
 //   or Q4_0's and Q4_1's nibbles [nb][kNV][4][64] (groups 2q and 2q + 1 in byte q's low and high
 //   halves); d and m their f16 scales and minima [nb][kPanel];
@@ -110,6 +112,18 @@ void panel(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa,
            int64_t nb, int64_t M, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s);
 void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
           int64_t nb, int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s);
+// Every row over panel p (avx512::kPanel outputs) of a packed matrix: read as packed (fewer than
+// kPanelMinRows rows, !wide), else each half of 16 outputs widened into a panel (panel_scratch's
+// layout) and multiplied as the per-call panels are. bias as for panel (offset(t)'s).
+static inline ScratchSize packed_scratch(const QPacked& P, bool wide) {
+  return wide ? panel_scratch(P.type, P.nb) : ScratchSize{};
+}
+void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
+            float* C, int64_t ldc, const Scratchpad& s);
+// Block b of a row as qpack's unsigned bytes (its values plus the type's unsigned_offset, 128 for
+// Q8_0), element 4g + i in byte i of groups[g]: what qpack lays out, decoded by the kernels' own
+// loads (AVX2 + F16C, which every CPU that packs has).
+void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups);
 }  // namespace avx2
 
 // ---- AVX-512 VNNI: vpdpbusd (u8 x s8, 4 products summed into each s32 lane) ----
@@ -150,9 +164,6 @@ static inline ScratchSize packed_scratch(const QPacked& P, bool wide, bool amx) 
 }
 void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
             const TileRows* amx, float* C, int64_t ldc, const Scratchpad& s);
-// Block b of a row as the panels' unsigned bytes (its values plus the type's offset), element 4g + i
-// in byte i of groups[g]: what qpack lays out, decoded by the kernels' own loads.
-void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups);
 void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, const int32_t* bias,
           int64_t nb, int64_t M, int64_t N, int64_t n0, int cnt, float* C, int64_t ldc, const Scratchpad& s);
 }  // namespace avx512

@@ -177,20 +177,21 @@ TEST(QGemm, EveryKernelMatchesTheScalarTwinBitForBit) {
   }
 }
 
-// Weights packed once (qpack) give the scalar twin's bits through the 512-bit VNNI kernel and, where
-// the CPU grants AMX, the tile kernel, for every row count (37: 6 tiles of 6 and one of 1, or two
-// AMX row tiles of 32, the second 5 rows and 27 of padding; 32: one whole; 8: 6 and 2; 1), 70
-// outputs (two full panels and one of 6 lanes), strided rows, 1 and 2 threads. Types without a
-// packed form, and CPUs without the kernel, get none.
+// Weights packed once (qpack) give the scalar twin's bits through the AVX2 kernel, the 512-bit VNNI
+// kernel and, where the CPU grants AMX, the tile kernel, for every row count (37: 6 tiles of 6 and
+// one of 1, or two AMX row tiles of 32, the second 5 rows and 27 of padding; 32: one whole; 8: 6
+// and 2; 1; AVX2: 2-row tiles over each half widened, or 8, 7 and 1 rows read as packed), 70
+// outputs (two full panels and one of 6 lanes: AVX2's second half of it empty), strided rows, 1
+// and 2 threads. Types without a packed form, and CPUs without AVX2, get none.
 TEST(QGemm, PackedWeightsMatchTheScalarTwinBitForBit) {
   const int64_t N = 70, K = 512, lda = K + 5, ldc = N + 3;
   CpuContext one(1), two(2);
-  const bool v512 = qkernel_supported(QKernel::Avx512Vnni512);
+  const bool avx2 = qkernel_supported(QKernel::Avx2);
   for (GgmlType t : kQuantTypes) {
     const std::vector<uint8_t> W = random_q_rows(t, N, K, 23);
     const auto packed = qpack(two, t, W.data(), N, K);
     const bool packs = t != GgmlType::Q5_0 && t != GgmlType::Q5_1;
-    ASSERT_EQ(packed != nullptr, v512 && packs) << type_info(uint32_t(t))->name;
+    ASSERT_EQ(packed != nullptr, avx2 && packs) << type_info(uint32_t(t))->name;
     if (!packed) continue;
     // As many bytes as the blocks (f16 scales, nibbles and high bits kept), rounded up to whole
     // panels; Q4_K and Q5_K hold their 12 bytes of 6-bit multipliers a super-block as 16 bytes.
@@ -297,8 +298,9 @@ TEST(QGemmCap, OneDnnNamesCapTheKernels) {
   for (const char* v : {"SSE41", "avx"}) EXPECT_EQ(qkernel_cap(v), QKernel::Scalar) << v;
 }
 
-// Under the cap this process was started with, nothing above it runs or packs (ctest
-// qgemm_capped_at_avx2 runs this with ONEDNN_MAX_CPU_ISA=avx2; the plain run has no cap).
+// Under the cap this process was started with, nothing above it runs (ctest qgemm_capped_at_avx2
+// runs this with ONEDNN_MAX_CPU_ISA=avx2; the plain run has no cap), and the AVX2 kernel it leaves
+// still gets weights packed at load.
 TEST(QGemmCap, NothingAboveTheCapRuns) {
   const QKernel cap = qkernel_cap(std::getenv("ONEDNN_MAX_CPU_ISA"));
   if (cap == QKernel::Avx2) {
@@ -308,7 +310,7 @@ TEST(QGemmCap, NothingAboveTheCapRuns) {
     EXPECT_NE(best_qkernel(), QKernel::Avx512Vnni512);
     CpuContext one(1);
     const std::vector<uint8_t> W = random_q_rows(GgmlType::Q4_K, 32, 256, 3);
-    EXPECT_EQ(qpack(one, GgmlType::Q4_K, W.data(), 32, 256), nullptr);
+    EXPECT_EQ(qpack(one, GgmlType::Q4_K, W.data(), 32, 256) != nullptr, qkernel_supported(QKernel::Avx2));
   }
   for (QKernel k : supported_qkernels()) EXPECT_TRUE(qkernel_supported(k));
   EXPECT_TRUE(qkernel_supported(best_qkernel()));
