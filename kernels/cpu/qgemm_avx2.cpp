@@ -333,84 +333,120 @@ constexpr int groups16(GgmlType t) {
   return t == GgmlType::Q8_0 ? 1 : t == GgmlType::Q6_K ? 2 : t == GgmlType::Q5_K ? 4 : 8;
 }
 static_assert(2 * 127 * 15 * 8 <= 32767 && 2 * 127 * 31 * 4 <= 32767 && 2 * 127 * 63 * 2 <= 32767);
-// Decoding over a packed panel (fewer rows than a panel pays for), a row at a time, quarters 2j and
-// 2j + 1 together: block b's (Q6_K: half h's) exact sums in 8 lanes a quarter, then the 512-bit
-// tile's f32 steps (the scalar twin's), per block or, for a K-quant, per super-block. Q8_0 is read
-// back to signed bytes and multiplied as |w| x (a with w's sign), as the per-call panels do.
-template <GgmlType T>
-void packed_rows(const PackedQuarters<T>& src, const QActBlock* qa, const int32_t* bias, int64_t nb,
-                 int64_t M, int cnt, float* C, int64_t ldc) {
+// Rows a decoding tile over a packed panel takes together: 8 rows x 4096 -> 4096 (ONEDNN_MAX_CPU_ISA=AVX2
+// BM_QGemmPacked/1/t/8/4096/4096, two runs, Zen 5, 2026-11-30) took Q5_K 1.44-1.49 ms a row at a time,
+// 1.00-1.01 two at a time, 0.99-1.01 three; Q6_K 1.26-1.27, 0.90-0.91, 0.88-0.96; Q4_K and Q4_1 alike
+// in all three (16 registers: two rows' sums and pairs for a quarter pair, the rest spilled to L1).
+constexpr int kPackedRows = 2;
+// Decoding over a packed panel (fewer rows than a panel pays for), MR rows at a time (each group's
+// weights decoded once for them), quarters 2j and 2j + 1 together: block b's (Q6_K: half h's)
+// exact sums in 8 lanes a quarter, then the 512-bit tile's f32 steps (the scalar twin's), per
+// block or, for a K-quant, per super-block. Q8_0 is read back to signed bytes and multiplied as
+// |w| x (a with w's sign), as the per-call panels do.
+template <GgmlType T, int MR>
+void packed_tile(const PackedQuarters<T>& src, const QActBlock* qa, const int32_t* bias, int64_t nb,
+                 int64_t m0, int cnt, float* C, int64_t ldc) {
   constexpr int S = n_scales(T), G = 8 / S, G16 = groups16(T), Q = PackedQuarters<T>::kQuarters;
   constexpr bool kQ8 = T == GgmlType::Q8_0;
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t m = 0; m < M; ++m) {
-    const QActBlock* row = qa + m * nb;
-    __m256 acc[Q], fsum[Q];
-    for (int q = 0; q < Q; ++q) acc[q] = fsum[q] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      src.prefetch(b);
-      const QActBlock& a = row[b];
-      const __m256 da = _mm256_set1_ps(a.d);
-      for (int j = 0; j < 2; ++j) {
+  const QActBlock* row[MR];
+  for (int m = 0; m < MR; ++m) row[m] = qa + (m0 + m) * nb;
+  __m256 acc[MR][Q], fsum[MR][Q];
+  for (int m = 0; m < MR; ++m)
+    for (int q = 0; q < Q; ++q) acc[m][q] = fsum[m][q] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    src.prefetch(b);
+    for (int j = 0; j < 2; ++j) {
 #pragma GCC unroll 2
-        for (int h = 0; h < S; ++h) {
-          __m256i s[2];
+      for (int h = 0; h < S; ++h) {
+        __m256i s[MR][2];
+        for (int m = 0; m < MR; ++m)
           for (int i = 0; i < 2; ++i)
-            s[i] = offset_of(T) != 0 ? _mm256_set1_epi32(bias[(m * nb + b) * S + h]) : _mm256_setzero_si256();
+            s[m][i] = offset_of(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h])
+                                        : _mm256_setzero_si256();
 #pragma GCC unroll 8
-          for (int g0 = h * G; g0 < (h + 1) * G; g0 += G16) {
-            __m256i p[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int g0 = h * G; g0 < (h + 1) * G; g0 += G16) {
+          __m256i p[MR][2];
+          for (int m = 0; m < MR; ++m) p[m][0] = p[m][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int g = g0; g < g0 + G16; ++g) {
-              const __m256i av = _mm256_set1_epi32(load_i32(a.q + 4 * g));
-              for (int i = 0; i < 2; ++i) {
-                const __m256i w = src.w(b, 2 * j + i, g);
-                if constexpr (kQ8) {
-                  const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));
-                  p[i] = _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(av, ws));
-                } else {
-                  p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(w, av));
-                }
+          for (int g = g0; g < g0 + G16; ++g) {
+            __m256i av[MR];
+            for (int m = 0; m < MR; ++m) av[m] = _mm256_set1_epi32(load_i32(row[m][b].q + 4 * g));
+            for (int i = 0; i < 2; ++i) {
+              const __m256i w = src.w(b, 2 * j + i, g);
+              if constexpr (kQ8) {
+                const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80))),
+                              aw = _mm256_abs_epi8(ws);
+                for (int m = 0; m < MR; ++m) p[m][i] = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(av[m], ws));
+              } else {
+                for (int m = 0; m < MR; ++m)
+                  p[m][i] = _mm256_add_epi16(p[m][i], _mm256_maddubs_epi16(w, av[m]));
               }
             }
-            for (int i = 0; i < 2; ++i) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(p[i], ones));
           }
-          for (int i = 0; i < 2; ++i) {
-            const int q = 2 * j + i;
-            if constexpr (is_kquant(T))
-              fsum[q] =
-                  _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_cvtepi32_ps(src.isc(b, h, q)), fsum[q]);
-            else
-              acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(src.d(b, q), da), acc[q]);
+          for (int m = 0; m < MR; ++m)
+            for (int i = 0; i < 2; ++i) s[m][i] = _mm256_add_epi32(s[m][i], _mm256_madd_epi16(p[m][i], ones));
+        }
+        for (int i = 0; i < 2; ++i) {
+          const int q = 2 * j + i;
+          if constexpr (is_kquant(T)) {
+            const __m256 sc = _mm256_cvtepi32_ps(src.isc(b, h, q));
+            for (int m = 0; m < MR; ++m)
+              fsum[m][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m][i]), sc, fsum[m][q]);
+          } else {
+            const __m256 d = src.d(b, q);
+            for (int m = 0; m < MR; ++m)
+              acc[m][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m][i]),
+                                          _mm256_mul_ps(d, _mm256_set1_ps(row[m][b].d)), acc[m][q]);
           }
         }
-        if constexpr (!is_kquant(T) && block_has_min(T))
-          for (int q = 2 * j; q < 2 * j + 2; ++q)
-            acc[q] = _mm256_fmadd_ps(src.m(b, q), _mm256_set1_ps(a.s), acc[q]);
       }
-      if constexpr (is_kquant(T)) {
-        if ((b & 7) != 7) continue;
-        const int64_t sb = b >> 3;
-        const __m256 dsa = _mm256_set1_ps(row[8 * sb].d);
-        for (int q = 0; q < Q; ++q) {
-          acc[q] = _mm256_fmadd_ps(fsum[q], _mm256_mul_ps(src.sd(sb, q), dsa), acc[q]);
-          fsum[q] = _mm256_setzero_ps();
+      if constexpr (!is_kquant(T) && block_has_min(T))
+        for (int q = 2 * j; q < 2 * j + 2; ++q) {
+          const __m256 mn = src.m(b, q);
+          for (int m = 0; m < MR; ++m)
+            acc[m][q] = _mm256_fmadd_ps(mn, _mm256_set1_ps(row[m][b].s), acc[m][q]);
+        }
+    }
+    if constexpr (is_kquant(T)) {
+      if ((b & 7) != 7) continue;
+      const int64_t sb = b >> 3;
+      for (int q = 0; q < Q; ++q) {
+        const __m256 d = src.sd(sb, q);
+        __m256 dmin = _mm256_setzero_ps();
+        __m256i mn[4];
+        if constexpr (block_has_min(T)) {
+          dmin = src.sdmin(sb, q);
+          for (int i = 0; i < 4; ++i) mn[i] = src.imn_pair(sb, i, q);
+        }
+        for (int m = 0; m < MR; ++m) {
+          const __m256 da = _mm256_set1_ps(row[m][8 * sb].d);
+          acc[m][q] = _mm256_fmadd_ps(fsum[m][q], _mm256_mul_ps(d, da), acc[m][q]);
+          fsum[m][q] = _mm256_setzero_ps();
           if constexpr (block_has_min(T)) {
             __m256i msum = _mm256_setzero_si256();
             for (int i = 0; i < 4; ++i)
-              msum = _mm256_add_epi32(msum, _mm256_madd_epi16(src.imn_pair(sb, i, q),
-                                                              _mm256_set1_epi32(row[8 * sb + 2 * i].pair)));
-            acc[q] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(src.sdmin(sb, q), dsa), acc[q]);
+              msum = _mm256_add_epi32(
+                  msum, _mm256_madd_epi16(mn[i], _mm256_set1_epi32(row[m][8 * sb + 2 * i].pair)));
+            acc[m][q] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, da), acc[m][q]);
           }
         }
       }
     }
+  }
+  for (int m = 0; m < MR; ++m)
     for (int q = 0; q < Q; ++q)
       _mm256_maskstore_ps(
-          C + m * ldc + 8 * q,
+          C + (m0 + m) * ldc + 8 * q,
           _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - 8 * q), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-          acc[q]);
-  }
+          acc[m][q]);
+}
+template <GgmlType T>
+void packed_rows(const PackedQuarters<T>& src, const QActBlock* qa, const int32_t* bias, int64_t nb,
+                 int64_t M, int cnt, float* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; m += kPackedRows)
+    simd::with_rows<kPackedRows>(
+        int(M - m), [&](auto mr) { packed_tile<T, decltype(mr)::value>(src, qa, bias, nb, m, cnt, C, ldc); });
 }
 // Half hp of a packed panel (its vector hp: quarters 2 hp and 2 hp + 1) widened into a per-call
 // panel (panel_scratch's layout), the values pack<T> would write from the blocks.
