@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/qgemm_blocks.h"
 #include "kernels/cpu/qgemm_kernels.h"
@@ -260,6 +261,7 @@ void multiply_panel(const uint8_t* W, int64_t row_bytes, const QActBlock* qa, co
 // scales and byte multipliers widened exactly), so the results are the per-call panels' bits.
 template <GgmlType T>
 struct PackedQuarters {
+  static constexpr GgmlType kType = T;
   static constexpr int kL16 = avx512::kLanes, kNV16 = avx512::kNV, kP = avx512::kPanel, kQuarters = 4;
   static constexpr bool kNibbles = T != GgmlType::Q8_0, kK = is_kquant(T);
   static constexpr int kPlanes = high_planes(T);
@@ -311,20 +313,8 @@ struct PackedQuarters {
   }
   __m256 sd(int64_t sb, int q) const { return f16(head(sb) + 8 * q); }
   __m256 sdmin(int64_t sb, int q) const { return f16(head(sb) + kP + 8 * q); }
-  // Block b + kAhead's lines into L2 while block b multiplies (PackedPanel::prefetch's distance).
-  static constexpr int64_t kAhead = 8;
-  void prefetch(int64_t b) const {
-    const int64_t a = b + kAhead;
-    if constexpr (kK) {
-      const uint8_t* p = at(a) - ((a & 7) == 0 ? kL.head : 0);
-      const int64_t lines = (kL.block + ((a & 7) == 0 ? kL.head : 0)) / 64;
-      for (int64_t l = 0; l < lines; ++l) prefetch_l2(p + l * 64);
-    } else {
-      const uint8_t* p = at(a);
-      for (int64_t l = 0; l < kNV16 * (kNibbles ? 4 : 8); ++l) prefetch_l2(p + l * 64);
-      prefetch_l2(pd + a * kP);
-    }
-  }
+  // Block b + kPackedAhead's lines into L2 while block b multiplies (prefetch_packed).
+  void prefetch(int64_t b) const { prefetch_packed<T>(pw, pd, b); }
 };
 // How many groups' vpmaddubsw pairs add up in 16 bits before vpmaddwd widens them: each pair is at
 // most 2 x 127 x the largest weight (15 for the nibble types, 31 for Q5_K, 63 for Q6_K), and G of
@@ -490,22 +480,12 @@ void widen(const PackedQuarters<T>& src, int64_t nb, int hp, const Scratchpad& p
 // each half once and pass over it as over a per-call panel.
 void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
                 float* C, int64_t ldc, const Scratchpad& s) {
-  constexpr int kP = avx512::kPanel;
-  const int64_t n0 = p * kP;
-  const int cnt = int(std::min<int64_t>(kP, P.N - n0));
-  with_type(P.type, [&](auto type) {
-    constexpr GgmlType T = decltype(type)::value;
-    if constexpr (packs(T)) {
-      constexpr bool kq = is_kquant(T), mins = block_has_min(T);
-      const int64_t scales = p * P.nb * kP;
-      const PackedQuarters<T> src{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
-                                  !kq && mins ? P.m.data() + scales : nullptr};
-      if (!wide) return packed_rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
-      for (int hp = 0; hp * kPanel < cnt; ++hp) {
-        widen<T>(src, P.nb, hp, s);
-        multiply_rows<T>(s, qa, bias, P.nb, M, std::min(kPanel, cnt - hp * kPanel), C + n0 + hp * kPanel,
-                         ldc);
-      }
+  with_packed_panel<PackedQuarters>(P, p, [&](const auto& src, int64_t n0, int cnt) {
+    constexpr GgmlType T = std::decay_t<decltype(src)>::kType;
+    if (!wide) return packed_rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
+    for (int hp = 0; hp * kPanel < cnt; ++hp) {
+      widen<T>(src, P.nb, hp, s);
+      multiply_rows<T>(s, qa, bias, P.nb, M, std::min(kPanel, cnt - hp * kPanel), C + n0 + hp * kPanel, ldc);
     }
   });
 }

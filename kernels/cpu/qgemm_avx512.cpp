@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/qgemm_blocks.h"
 #include "kernels/cpu/qgemm_kernels.h"
@@ -161,6 +162,7 @@ struct BytePanel {
 // the values the per-call panel holds.
 template <GgmlType T>
 struct PackedPanel {
+  static constexpr GgmlType kType = T;
   static constexpr bool kNibbles = T != GgmlType::Q8_0, kK = is_kquant(T);
   static constexpr int kPlanes = high_planes(T);
   static constexpr KPanelLayout kL = kpanel_layout(T, kLanes, kNV);
@@ -221,28 +223,8 @@ struct PackedPanel {
     static_assert(!kK);
     return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pm + (b * kNV + j) * kLanes)));
   }
-  // Block b + kAhead's lines, read from memory into L2 while block b multiplies. Into L2 and 8 blocks
-  // ahead rather than into L1 and 4: a decoding GEMV streams its weights at the rate the core keeps
-  // misses in flight, and L1's few miss buffers held Q8_0 to 23 GB/s where the machine reads 29-32
-  // (AMD EPYC Zen 4, 2 threads, 2026-11-27, alternated runs of `run --dtype int8`: decoding
-  // Qwen3-0.6B-shaped Q8_0 32.6-33.1 -> 39.4-39.9 tokens/s, SmolLM2's Q4_1 184-229 -> 243-258, the
-  // Qwen3-30B-A3B-shaped MoE file 38.8-39.8 -> 44.4-55.7; BM_QGemmPacked/8/1/576/49152 39-43 ->
-  // 49-53 Gop/s; 16 blocks ahead: 47). A K-quant's block is one run of lines (its super-block's
-  // head before the first; 8, 16 and 24 blocks ahead measured within the machine's noise on
-  // BM_QGemv Q4_K and Q6_K, Xeon, 2026-11-29).
-  static constexpr int64_t kAhead = 8;
-  void prefetch(int64_t b) const {
-    const int64_t a = b + kAhead;
-    if constexpr (kK) {
-      const uint8_t* p = at(a) - ((a & 7) == 0 ? kL.head : 0);
-      const int64_t lines = (kL.block + ((a & 7) == 0 ? kL.head : 0)) / 64;
-      for (int64_t l = 0; l < lines; ++l) prefetch_l2(p + l * 64);
-    } else {
-      const uint8_t* p = at(a);
-      for (int64_t l = 0; l < kNV * (kNibbles ? 4 : 8); ++l) prefetch_l2(p + l * 64);
-      prefetch_l2(pd + a * kPanel);
-    }
-  }
+  // Block b + kPackedAhead's lines into L2 while block b multiplies (prefetch_packed).
+  void prefetch(int64_t b) const { prefetch_packed<T>(pw, pd, b); }
 };
 // Block b's (Q6_K: half h's) exact sums for rows m0..m0+MR over the panel's kNV vectors: each lane
 // starts at bias's -offset x sum(a) and takes a vpdpbusd per group of 4 weights. Unrolled: each
@@ -610,26 +592,18 @@ void widen(const PackedPanel<T>& src, int64_t nb, const Scratchpad& p, int sub =
 // nibbles, 3.7 ms packing per call, BM_QGemmPacked, 2026-11-26).
 void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
                 const TileRows* amx, float* C, int64_t ldc, const Scratchpad& w) {
-  const int64_t n0 = p * kPanel;
-  const int cnt = int(std::min<int64_t>(kPanel, P.N - n0));
-  with_type(P.type, [&](auto type) {
-    constexpr GgmlType T = decltype(type)::value;
-    if constexpr (packs(T)) {
-      constexpr bool kq = is_kquant(T), mins = block_has_min(T);
-      const int64_t scales = p * P.nb * kPanel;
-      const PackedPanel<T> src{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
-                               !kq && mins ? P.m.data() + scales : nullptr};
-      // (Decoding's scratch has no scales: the panel is multiplied as packed, never widened.)
-      const BytePanel bytes{w.w, w.d, block_has_min(T) ? w.mins : nullptr,
-                            w.d ? w.d + P.nb * n_scales(T) * kPanel : nullptr};
-      if (amx) {
-        widen<T>(src, P.nb, w, offset_of(T));
-        return amx_rows<T>(bytes, *amx, P.nb, M, cnt, C + n0, ldc);
-      }
-      if (!wide || !src.kNibbles) return rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
-      widen<T>(src, P.nb, w);
-      rows<T>(bytes, qa, bias, P.nb, M, cnt, C + n0, ldc);
+  with_packed_panel<PackedPanel>(P, p, [&](const auto& src, int64_t n0, int cnt) {
+    constexpr GgmlType T = std::decay_t<decltype(src)>::kType;
+    // (Decoding's scratch has no scales: the panel is multiplied as packed, never widened.)
+    const BytePanel bytes{w.w, w.d, block_has_min(T) ? w.mins : nullptr,
+                          w.d ? w.d + P.nb * n_scales(T) * kPanel : nullptr};
+    if (amx) {
+      widen<T>(src, P.nb, w, offset_of(T));
+      return amx_rows<T>(bytes, *amx, P.nb, M, cnt, C + n0, ldc);
     }
+    if (!wide || !src.kNibbles) return rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
+    widen<T>(src, P.nb, w);
+    rows<T>(bytes, qa, bias, P.nb, M, cnt, C + n0, ldc);
   });
 }
 

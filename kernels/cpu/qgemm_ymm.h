@@ -34,6 +34,53 @@ inline void prefetch_l2(const void* p) {
   asm volatile("prefetcht1 (%0)" : : "r"(p));
 }
 
+// Block b + kPackedAhead's lines of a qpack panel (pw; pd: a simple type's f16 scales, null for a
+// K-quant) read from memory into L2 while block b multiplies: both files' packed panels. Into L2
+// and 8 blocks ahead rather than into L1 and 4: a decoding GEMV streams its weights at the rate the
+// core keeps misses in flight, and L1's few miss buffers held Q8_0 to 23 GB/s where the machine
+// reads 29-32 (AMD EPYC Zen 4, 2 threads, 2026-11-27, alternated runs of `run --dtype int8`:
+// decoding Qwen3-0.6B-shaped Q8_0 32.6-33.1 -> 39.4-39.9 tokens/s, SmolLM2's Q4_1 184-229 ->
+// 243-258, the Qwen3-30B-A3B-shaped MoE file 38.8-39.8 -> 44.4-55.7; BM_QGemmPacked/8/1/576/49152
+// 39-43 -> 49-53 Gop/s; 16 blocks ahead: 47). A K-quant's block is one run of lines (its
+// super-block's head before the first; 8, 16 and 24 blocks ahead measured within the machine's
+// noise on BM_QGemv Q4_K and Q6_K, Xeon, 2026-11-29).
+inline constexpr int64_t kPackedAhead = 8;
+template <GgmlType T>
+inline void prefetch_packed(const uint8_t* pw, const uint16_t* pd, int64_t b) {
+  constexpr int kL16 = avx512::kLanes, kNV16 = avx512::kNV;
+  constexpr KPanelLayout kL = kpanel_layout(T, kL16, kNV16);
+  const int64_t a = b + kPackedAhead;
+  const uint8_t* at = pw + packed_block_offset(T, kL16, kNV16, a);
+  if constexpr (is_kquant(T)) {
+    const uint8_t* p = at - ((a & 7) == 0 ? kL.head : 0);
+    const int64_t lines = (kL.block + ((a & 7) == 0 ? kL.head : 0)) / 64;
+    for (int64_t l = 0; l < lines; ++l) prefetch_l2(p + l * 64);
+  } else {
+    for (int64_t l = 0; l < kNV16 * (T != GgmlType::Q8_0 ? 4 : 8); ++l) prefetch_l2(at + l * 64);
+    prefetch_l2(pd + a * avx512::kPanel);
+  }
+}
+
+// Panel p of a packed matrix as each file's reader of it (Src<T>{weights, f16 scales, f16 minima},
+// the last two null for a K-quant, whose live in the weights' stream): f(src, its first output,
+// its output count), with src's type a compile-time constant.
+template <template <GgmlType> class Src, class F>
+inline void with_packed_panel(const QPacked& P, int64_t p, F&& f) {
+  constexpr int kP = avx512::kPanel;
+  const int64_t n0 = p * kP;
+  const int cnt = int(std::min<int64_t>(kP, P.N - n0));
+  with_type(P.type, [&](auto type) {
+    constexpr GgmlType T = decltype(type)::value;
+    if constexpr (packs(T)) {
+      constexpr bool kq = is_kquant(T), mins = block_has_min(T);
+      const int64_t scales = p * P.nb * kP;
+      f(Src<T>{P.w.data() + p * P.panel_bytes, kq ? nullptr : P.d.data() + scales,
+               !kq && mins ? P.m.data() + scales : nullptr},
+        n0, cnt);
+    }
+  });
+}
+
 // ---- A block's weights and scales ----
 // Byte e of the result: 16 where bit e of qh is set, else 0 (each byte takes qh's byte e / 8 and
 // tests its bit e % 8).
