@@ -105,7 +105,7 @@ Matrix load_int8(const std::shared_ptr<const GgufFile>& file, const std::vector<
     m.parts.push_back({type, p.rows, dst});
     q_at += p.rows * out_bytes;
   }
-  // The 512-bit kernel's order, copied once (qpack: null where it does not apply); the file's pages
+  // The panels' order, copied once (qpack: null where it does not apply); the file's pages
   // then leave the resident set for good (load_matrix's Drop), as only the embedding lookup reads
   // them.
   for (QPart& p : m.parts) {

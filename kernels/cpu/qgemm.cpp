@@ -357,10 +357,10 @@ bool qgemm_supports(GgmlType t) {
 }
 
 namespace {
-// Fewer rows than this run the decoding tiles under the 512-bit (where the part is not packed at
-// load) and AVX2 kernels. Packing per call does not pay at 8 rows: BM_QGemm Q4_1 8 x 576 x 3072
-// took 0.19 ms packing per call, 0.14-0.22 ms in the tiles (2026-11-26, AMD EPYC); packed at load,
-// 0.06-0.08 ms (BM_QGemmPacked).
+// Fewer rows than this run the decoding tiles under the 512-bit and AVX2 kernels where the part is
+// not packed at load (a packed part's panels are read as packed). Packing per call does not pay at 8 rows:
+// BM_QGemm Q4_1 8 x 576 x 3072 took 0.19 ms packing per call, 0.14-0.22 ms in the tiles (2026-11-26, AMD
+// EPYC); packed at load, 0.06-0.08 ms (BM_QGemmPacked).
 constexpr int64_t kPanelMinRows = 16;
 void check(QKernel k, GgmlType t) {
   if (!qgemm_supports(t)) fail("the integer GEMM does not multiply {} weights", type_info(uint32_t(t))->name);

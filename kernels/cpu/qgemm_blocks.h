@@ -108,7 +108,8 @@ void with_type(GgmlType t, F&& f) {
       break;
   }
 }
-// The types the 512-bit kernel keeps packed from load (qpack): every type but Q5_0 and Q5_1.
+// The types qpack keeps packed from load (for the AVX2 and 512-bit kernels): every type but Q5_0 and
+// Q5_1.
 constexpr bool packs(GgmlType t) {
   return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K ||
          t == GgmlType::Q5_K || t == GgmlType::Q6_K;
