@@ -425,11 +425,7 @@ void packed_tile(const PackedQuarters<T>& src, const QActBlock* qa, const int32_
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int q = 0; q < Q; ++q)
-      _mm256_maskstore_ps(
-          C + (m0 + m) * ldc + 8 * q,
-          _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - 8 * q), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-          acc[m][q]);
+    for (int q = 0; q < Q; ++q) decoding::store(C + (m0 + m) * ldc + 8 * q, cnt - 8 * q, acc[m][q]);
 }
 template <GgmlType T>
 void packed_rows(const PackedQuarters<T>& src, const QActBlock* qa, const int32_t* bias, int64_t nb,

@@ -25,11 +25,12 @@ namespace {
 
 // One cache line fetched into L2 (prefetcht1), as inline assembly (the packed panels' reads ahead,
 // both files). GCC 12 at -O3 emitted none of the K-quant panels' _mm_prefetch calls (a loop over
-// their block's lines in qgemm_avx512.cpp's PackedPanel::prefetch; the same calls in a free function
-// were kept), so until 2026-11-29 their decoding read every weight line on demand: BM_QGemv Q4_K 0.53-0.62 ->
-// 0.65-0.71 of the read ceiling, Q6_K 0.49-0.54 -> 0.62-0.67 (docs/cpu-kernels.md, "The prefetches the
-// compiler dropped"). The address goes in a register: the line may lie past the buffer (the blocks after a
-// panel's last), which a prefetch may touch and a C++ dereference may not.
+// their block's lines in qgemm_avx512.cpp's PackedPanel::prefetch; the same calls in a free
+// function were kept), so until 2026-11-29 their decoding read every weight line on demand:
+// BM_QGemv Q4_K 0.53-0.62 -> 0.65-0.71 of the read ceiling, Q6_K 0.49-0.54 -> 0.62-0.67
+// (docs/cpu-kernels.md, "The prefetches the compiler dropped"). The address goes in a register:
+// the line may lie past the buffer (the blocks after a panel's last), which a prefetch may touch
+// and a C++ dereference may not.
 inline void prefetch_l2(const void* p) {
   asm volatile("prefetcht1 (%0)" : : "r"(p));
 }

@@ -319,7 +319,7 @@ TEST(QGemmCap, NothingAboveTheCapRuns) {
 // Batch members multiplied side by side (CpuContext::side_by_side, as a batched decoding step
 // runs them), each a GEMM with its own rows and each thread's scratch shared by the members it
 // runs: the same bits as each GEMM alone. Panels (20 rows) and decoding tiles (5 rows), weights
-// packed at load where the 512-bit kernel runs.
+// packed at load where the CPU has AVX2 (the unpacked paths through the scalar and 256-bit VNNI kernels).
 TEST(QGemm, MembersSideBySideGiveWhatEachGivesAlone) {
   const int64_t N = 96, K = 256;
   CpuContext two(2), one(1);
