@@ -2,17 +2,16 @@
 //
 //   build/lp_bench --benchmark_filter='Peak|QGemm|ColdWeights/512/'
 //
-// BM_Peak_*: 2 threads, each a loop of independent FMAs (f32, 512- and 256-bit) or vpdpbusd
-// (int8, 4 multiply-adds per 32-bit lane) on registers only: the peak a kernel could reach here,
-// counted as 2 operations per multiply-add. Each kind runs only where cpuid says the CPU has it.
-// BM_Peak_AmxInt8: the same for AMX's tdpbusd (a 16 x 64 int8 tile times a 64 x 16 one into 16 x 16
-// int32, four independent accumulator tiles), where the CPU has AMX and Linux grants the tiles
-// (kernels/cpu/amx.h): the ceiling a tile kernel could reach here, beside VNNI's (the AMX
-// kernel, QKernel::Amx, is BM_QGemmPacked/4; it reaches far less: docs/cpu-kernels.md).
-// BM_QGemm: every kernel this CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes (and
-// every kept type at Llama-3.1-8B's attention output, 512 x 4096 -> 4096), the
-// weights cycling through 16 matrices so they come from memory as in a prefill (as
-// BM_Gemm_ColdWeights does for the f32 GEMM); counters: int8 Gop/s (2 M N K per call).
+// BM_Peak_*: 2 threads, each a loop of independent FMAs (f32, 512- and 256-bit), vpdpbusd
+// (int8, 4 multiply-adds per 32-bit lane) or, for AVX2 without VNNI, vpmaddubsw + vpaddw on registers only:
+// the peak a kernel could reach here, counted as 2 operations per multiply-add. Each kind runs only where
+// cpuid says the CPU has it. BM_Peak_AmxInt8: the same for AMX's tdpbusd (a 16 x 64 int8 tile times a 64 x 16
+// one into 16 x 16 int32, four independent accumulator tiles), where the CPU has AMX and Linux grants the
+// tiles (kernels/cpu/amx.h): the ceiling a tile kernel could reach here, beside VNNI's (the AMX kernel,
+// QKernel::Amx, is BM_QGemmPacked/4; it reaches far less: docs/cpu-kernels.md). BM_QGemm: every kernel this
+// CPU runs x Q8_0 / Q4_0 / Q4_1 at SmolLM2-135M's prefill shapes (and every kept type at Llama-3.1-8B's
+// attention output, 512 x 4096 -> 4096), the weights cycling through 16 matrices so they come from memory as
+// in a prefill (as BM_Gemm_ColdWeights does for the f32 GEMM); counters: int8 Gop/s (2 M N K per call).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -43,6 +42,33 @@ __attribute__((target("avx2,fma"))) float fma256_loop() {
   float s = 0;
   for (int i = 0; i < 10; ++i) s += _mm256_cvtss_f32(a[i]);
   return s;
+}
+// AVX2's int8 product without VNNI: vpmaddubsw (32 multiply-adds, into 16 pairs of s16) with the
+// pairs added in 16 bits (vpaddw), the fewest instructions an AVX2 kernel spends on 32 products
+// (qgemm_avx2.cpp's tiles add up to 8 groups so before one vpmaddwd). Written as assembly: in C++
+// the compiler folds identical products and spills the sums. Each iteration: 8 independent
+// products of ymm0 and ymm1, added into 6 sums.
+__attribute__((target("avx2,fma"))) int avx2_int8_loop() {
+  int64_t n = kIters;
+  asm volatile(
+      "vpcmpeqb %%ymm0, %%ymm0, %%ymm0\n\tvpabsb %%ymm0, %%ymm0\n\tvpsignb %%ymm0, %%ymm0, %%ymm1\n\t"
+      "vpxor %%ymm2, %%ymm2, %%ymm2\n\tvmovdqa %%ymm2, %%ymm3\n\tvmovdqa %%ymm2, %%ymm4\n\t"
+      "vmovdqa %%ymm2, %%ymm5\n\tvmovdqa %%ymm2, %%ymm6\n\tvmovdqa %%ymm2, %%ymm7\n"
+      "1:\n\t"
+      "vpmaddubsw %%ymm1, %%ymm0, %%ymm8\n\tvpmaddubsw %%ymm1, %%ymm0, %%ymm9\n\t"
+      "vpmaddubsw %%ymm1, %%ymm0, %%ymm10\n\tvpmaddubsw %%ymm1, %%ymm0, %%ymm11\n\t"
+      "vpmaddubsw %%ymm1, %%ymm0, %%ymm12\n\tvpmaddubsw %%ymm1, %%ymm0, %%ymm13\n\t"
+      "vpmaddubsw %%ymm1, %%ymm0, %%ymm14\n\tvpmaddubsw %%ymm1, %%ymm0, %%ymm15\n\t"
+      "vpaddw %%ymm8, %%ymm2, %%ymm2\n\tvpaddw %%ymm9, %%ymm3, %%ymm3\n\t"
+      "vpaddw %%ymm10, %%ymm4, %%ymm4\n\tvpaddw %%ymm11, %%ymm5, %%ymm5\n\t"
+      "vpaddw %%ymm12, %%ymm6, %%ymm6\n\tvpaddw %%ymm13, %%ymm7, %%ymm7\n\t"
+      "vpaddw %%ymm14, %%ymm2, %%ymm2\n\tvpaddw %%ymm15, %%ymm3, %%ymm3\n\t"
+      "dec %0\n\tjnz 1b\n\tvzeroupper"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+  return int(n);
 }
 #define LP_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 LP_TARGET_VNNI float fma512_loop() {
@@ -138,6 +164,9 @@ void BM_Peak_Fma256(benchmark::State& st) {
 void BM_Peak_Fma512(benchmark::State& st) {
   peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 16 * 2, fma512_loop);
 }
+void BM_Peak_Avx2Int8(benchmark::State& st) {
+  peak(st, lp::qkernel_supported(lp::QKernel::Avx2), 8.0 * kIters * 32 * 2, avx2_int8_loop);
+}
 void BM_Peak_Vnni256(benchmark::State& st) {
   peak(st, lp::qkernel_supported(lp::QKernel::Avx512Vnni), 10.0 * kIters * 8 * 8,
        [] { return vnni_loop(false); });
@@ -152,6 +181,7 @@ void BM_Peak_AmxInt8(benchmark::State& st) {
 }
 BENCHMARK(BM_Peak_Fma256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_Fma512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Peak_Avx2Int8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_Vnni256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_Vnni512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Peak_AmxInt8)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -22,7 +22,7 @@ ratios lazyprefill / llama.cpp, and with --json every sample.
 Beside them, the machine's own limits, measured by lp_bench before the first repetition and after
 the last (these VMs' bandwidth moves between runs): the CPU model, the read ceiling
 (BM_MemBandwidth/0, the better of 4 KiB and huge pages) and the int8 peak (BM_Peak_Vnni512, else
-BM_Peak_Vnni256). Each decoding row adds every engine's share of the read ceiling: the bytes a step
+BM_Peak_Vnni256, else on AVX2 paths BM_Peak_Avx2Int8). Each decoding row adds every engine's share of the read ceiling: the bytes a step
 reads (lazyprefill's MB/token for the file and context: the weights and the f16 K/V, which
 llama.cpp's default cache type also is) at that engine's tokens/s; each prefill row adds
 lazyprefill's share of the int8 peak (BM_Prefill's GFLOP/s).
@@ -93,9 +93,9 @@ def machine_limits(lp_bench):
     """(read ceiling GB/s, int8 peak Gop/s or None) as lp_bench measures them now (the Peak benchmarks'
     "Gop/s" counter is a rate in operations a second)."""
     ceiling = max(r["GB/s"] for r in lp_rows(lp_bench, "^BM_MemBandwidth/0/") if "GB/s" in r)
-    peaks = {r["name"].split("/")[0]: r["Gop/s"] / 1e9 for r in lp_rows(lp_bench, "^BM_Peak_Vnni(256|512)/")
-             if "Gop/s" in r}
-    return ceiling, peaks.get("BM_Peak_Vnni512", peaks.get("BM_Peak_Vnni256"))
+    peaks = {r["name"].split("/")[0]: r["Gop/s"] / 1e9
+             for r in lp_rows(lp_bench, "^BM_Peak_(Vnni256|Vnni512|Avx2Int8)/") if "Gop/s" in r}
+    return ceiling, peaks.get("BM_Peak_Vnni512", peaks.get("BM_Peak_Vnni256", peaks.get("BM_Peak_Avx2Int8")))
 
 
 def write_atomically(path, obj):

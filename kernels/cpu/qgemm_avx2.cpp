@@ -112,13 +112,49 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
     }
   }
 }
+// A running 16-bit sum, opaque to the compiler: GCC otherwise reassociates a chain of 4-8 vpaddw into
+// a tree, every product live at once and spilled to the stack; ordered, the 2 x 2 tiles over Q4_K
+// took 35 ms for 512 x 4096 -> 4096 against 51 (ONEDNN_MAX_CPU_ISA=AVX2
+// BM_QGemmPacked/1/12/512/4096/4096, Zen 5, 2026-11-30) and 8 decoding rows 0.68 against 0.81-0.84.
+// Q6_K's chain of two measured slower ordered (43 -> 56 ms), so only chains of 4 and more are.
+inline void keep_in_order(__m256i& v) {
+  asm("" : "+x"(v));
+}
+// The largest weight a panel multiplies as unsigned: 4, 5 or 6 bits, or Q8_0's magnitudes (up to
+// 128, its -128 included).
+constexpr int max_weight(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      return 128;
+    case GgmlType::Q6_K:
+      return 63;
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q5_K:
+      return 31;
+    default:
+      return 15;
+  }
+}
+// How many groups' vpmaddubsw pairs add up in 16 bits before vpmaddwd widens them: each pair is at
+// most 2 x 127 x the largest weight (activations are within +-127), and the sum of G of them must
+// stay within 32767: 8 for 4-bit weights, 4 for 5-bit, 2 for Q6_K, 1 for Q8_0. Each divides a
+// scale's groups (8, Q6_K's 4).
+constexpr int groups16(GgmlType t) {
+  const int g = 32767 / (2 * 127 * max_weight(t));
+  return g >= 8 ? 8 : g >= 4 ? 4 : g >= 2 ? 2 : 1;
+}
+static_assert(groups16(GgmlType::Q4_K) == 8 && groups16(GgmlType::Q5_0) == 4 &&
+              groups16(GgmlType::Q5_K) == 4 && groups16(GgmlType::Q6_K) == 2 &&
+              groups16(GgmlType::Q8_0) == 1);
 // Block b's (Q6_K: half h's) exact sums for rows m0..m0+MR over a panel's kNV vectors: each lane
-// starts at bias's -offset x sum(a) and adds a vpmaddubsw + vpmaddwd per group of 4 weights (Q8_0:
-// its magnitudes, in the plane after the bytes, times the activations given the weights' signs).
+// starts at bias's -offset x sum(a) and adds a vpmaddubsw per group of 4 weights (Q8_0: its
+// magnitudes, in the plane after the bytes, times the activations given the weights' signs), the
+// pairs of groups16 groups added in 16 bits before one vpmaddwd widens them.
 template <GgmlType T, int MR>
 inline void block_sums(const uint8_t* pw, int64_t plane, const QActBlock* qa, const int32_t* bias, int64_t nb,
                        int64_t m0, int64_t b, int h, __m256i (&s)[MR][kNV]) {
-  constexpr int S = n_scales(T), G = 8 / S;
+  constexpr int S = n_scales(T), G = 8 / S, G16 = groups16(T);
   constexpr bool kQ8 = T == GgmlType::Q8_0;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int m = 0; m < MR; ++m) {
@@ -126,23 +162,35 @@ inline void block_sums(const uint8_t* pw, int64_t plane, const QActBlock* qa, co
         offset_of(T) != 0 ? _mm256_set1_epi32(bias[((m0 + m) * nb + b) * S + h]) : _mm256_setzero_si256();
     for (int j = 0; j < kNV; ++j) s[m][j] = start;
   }
-  for (int g = h * G; g < (h + 1) * G; ++g) {
-    __m256i w[kNV];
-    for (int j = 0; j < kNV; ++j)
-      w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
-    for (int m = 0; m < MR; ++m) {
-      const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
-      for (int j = 0; j < kNV; ++j) {
-        __m256i pairs;
-        if constexpr (kQ8)
-          pairs = _mm256_maddubs_epi16(
-              _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + plane + ((b * kNV + j) * 8 + g) * 32)),
-              _mm256_sign_epi8(a, w[j]));
-        else
-          pairs = _mm256_maddubs_epi16(w[j], a);
-        s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(pairs, ones));
+#pragma GCC unroll 8
+  for (int g0 = h * G; g0 < (h + 1) * G; g0 += G16) {
+    __m256i pairs[MR][kNV];
+#pragma GCC unroll 8
+    for (int g = g0; g < g0 + G16; ++g) {
+      __m256i w[kNV];
+      for (int j = 0; j < kNV; ++j)
+        w[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pw + ((b * kNV + j) * 8 + g) * 32));
+      for (int m = 0; m < MR; ++m) {
+        const __m256i a = _mm256_set1_epi32(load_i32(qa[(m0 + m) * nb + b].q + 4 * g));
+        for (int j = 0; j < kNV; ++j) {
+          __m256i p;
+          if constexpr (kQ8)
+            p = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                         pw + plane + ((b * kNV + j) * 8 + g) * 32)),
+                                     _mm256_sign_epi8(a, w[j]));
+          else
+            p = _mm256_maddubs_epi16(w[j], a);
+          if (g == g0) {
+            pairs[m][j] = p;
+          } else {
+            pairs[m][j] = _mm256_add_epi16(pairs[m][j], p);
+            if constexpr (G16 >= 4) keep_in_order(pairs[m][j]);
+          }
+        }
       }
     }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < kNV; ++j) s[m][j] = _mm256_add_epi32(s[m][j], _mm256_madd_epi16(pairs[m][j], ones));
   }
 }
 template <GgmlType T, int MR>
@@ -316,13 +364,6 @@ struct PackedQuarters {
   // Block b + kPackedAhead's lines into L2 while block b multiplies (prefetch_packed).
   void prefetch(int64_t b) const { prefetch_packed<T>(pw, pd, b); }
 };
-// How many groups' vpmaddubsw pairs add up in 16 bits before vpmaddwd widens them: each pair is at
-// most 2 x 127 x the largest weight (15 for the nibble types, 31 for Q5_K, 63 for Q6_K), and G of
-// them must stay within 32767 (Q8_0's magnitudes, up to 128, take one).
-constexpr int groups16(GgmlType t) {
-  return t == GgmlType::Q8_0 ? 1 : t == GgmlType::Q6_K ? 2 : t == GgmlType::Q5_K ? 4 : 8;
-}
-static_assert(2 * 127 * 15 * 8 <= 32767 && 2 * 127 * 31 * 4 <= 32767 && 2 * 127 * 63 * 2 <= 32767);
 // Rows a decoding tile over a packed panel takes together: 8 rows x 4096 -> 4096 (ONEDNN_MAX_CPU_ISA=AVX2
 // BM_QGemmPacked/1/t/8/4096/4096, two runs, Zen 5, 2026-11-30) took Q5_K 1.44-1.49 ms a row at a time,
 // 1.00-1.01 two at a time, 0.99-1.01 three; Q6_K 1.26-1.27, 0.90-0.91, 0.88-0.96; Q4_K and Q4_1 alike
@@ -369,8 +410,10 @@ void packed_tile(const PackedQuarters<T>& src, const QActBlock* qa, const int32_
                               aw = _mm256_abs_epi8(ws);
                 for (int m = 0; m < MR; ++m) p[m][i] = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(av[m], ws));
               } else {
-                for (int m = 0; m < MR; ++m)
+                for (int m = 0; m < MR; ++m) {
                   p[m][i] = _mm256_add_epi16(p[m][i], _mm256_maddubs_epi16(w, av[m]));
+                  if constexpr (G16 >= 4) keep_in_order(p[m][i]);
+                }
               }
             }
           }

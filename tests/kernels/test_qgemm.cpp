@@ -286,6 +286,61 @@ TEST(QGemm, PassesGiveTheBitsOfOnePass) {
   }
 }
 
+// Where the quants (high bits included) lie in a block of t, the rest being its scales and minima
+// (docs/gguf.md's layouts).
+std::pair<int, int> quant_bytes(GgmlType t) {
+  const int end = int(type_info(uint32_t(t))->block_bytes);
+  switch (t) {
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1:
+      return {4, end};
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+      return {16, end};
+    case GgmlType::Q6_K:
+      return {0, 192};  // ql and qh, then the 16 sub-scales and d
+    default:
+      return {2, end};
+  }
+}
+
+// Every weight at the largest magnitude its kernel multiplies (all quant bits set: 15, 31 or 63
+// unsigned; Q8_0 -128 in even rows, 127 in odd ones) times activations all at +127 or all at -127:
+// the AVX2 kernels add several groups' vpmaddubsw pairs in 16 bits before widening them, and these
+// sums are the largest the types allow. Every kernel, as stored and packed, decoding (8, 2, 1
+// rows) and panels (37), gives the scalar twin's bits.
+TEST(QGemm, LargestWeightsAndActivationsMatchTheScalarTwin) {
+  const int64_t N = 40, K = 512;
+  CpuContext two(2);
+  for (GgmlType t : kQuantTypes) {
+    std::vector<uint8_t> W = random_q_rows(t, N, K, 41);
+    const TypeInfo info = *type_info(uint32_t(t));
+    const auto [lo, hi] = quant_bytes(t);
+    for (int64_t n = 0; n < N; ++n) {
+      const int fill = t != GgmlType::Q8_0 ? 0xff : n % 2 ? 0x7f : 0x80;
+      for (int64_t b = 0; b < K / info.block_elems; ++b)
+        std::memset(W.data() + (n * K / info.block_elems + b) * info.block_bytes + lo, fill, size_t(hi - lo));
+    }
+    const auto packed = qpack(two, t, W.data(), N, K);
+    std::vector<QPart> parts{QPart{t, N, W.data()}};
+    if (packed) parts.push_back(QPart{t, N, W.data(), packed.get()});
+    for (int64_t M : {37, 8, 2, 1}) {
+      std::vector<float> A(size_t(M * K));
+      for (int64_t m = 0; m < M; ++m) std::fill_n(A.data() + m * K, K, m % 2 ? -1.f : 1.f);
+      std::vector<float> ref(size_t(M * N), -1.f);
+      qgemm(two, QKernel::Scalar, t, A.data(), M, K, W.data(), N, K, ref.data(), N);
+      for (const QPart& part : parts)
+        for (QKernel k : supported_qkernels()) {
+          std::vector<float> got(size_t(M * N), -2.f);
+          qgemm(two, k, A.data(), M, K, {&part, 1}, K, got.data(), N);
+          ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)))
+              << type_info(uint32_t(t))->name << " " << qkernel_name(k) << (part.packed ? " packed" : "")
+              << " M " << M;
+        }
+    }
+  }
+}
+
 // ONEDNN_MAX_CPU_ISA's names (oneDNN's docs, "CPU ISA hints") as the integer GEMM's cap, any case.
 TEST(QGemmCap, OneDnnNamesCapTheKernels) {
   EXPECT_EQ(qkernel_cap(nullptr), QKernel::Amx);
