@@ -28,20 +28,6 @@
 
 namespace lp::cli {
 
-// Runs `f`, a library call that judges an option's value by the quantity it is, and puts the flag
-// before any lp::Error it throws (the same type): the library says "3 GPUs of tensor parallelism do
-// not divide the model's 32 attention heads", the user reads "--tp: 3 GPUs of ...".
-template <class F>
-decltype(auto) for_option(const char* flag, F&& f) {
-  try {
-    return f();
-  } catch (const UsageError& e) {
-    throw UsageError(fmt::format("{}: {}", flag, e.what()));
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: {}", flag, e.what()));
-  }
-}
-
 // "a,b,,c" -> {"a", "b", "c"}: the comma lists of --hw, --prune, --prompt-lengths.
 std::vector<std::string> split_list(const std::string& s);
 // "1024,4096" -> {1024, 4096}; anything but positive whole numbers, or none, is a usage error
@@ -57,20 +43,6 @@ std::vector<hw::Profile> load_profiles(const std::string& list, const std::strin
 ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name);
 // `--dtype`: auto (none: Model::load_as chooses per backend), f32, bf16 or int8; a usage error else.
 std::optional<DType> dtype_option(const std::string& s);
-
-// How synthetic decoding revives tokens (sim/revival.h), and the line that says so in outputs.
-struct RevivalChoice {
-  trace::Revivals share;
-  std::string description;
-};
-// The revival model the options name: a calibrate-revivals file, or "" / "builtin"; none when
-// `share` >= 0 (a constant share replaces the model). Read once per command.
-std::optional<sim::RevivalModel> load_revivals(const std::string& model, double share);
-// What one method's synthetic decoding revives: `model` (from load_revivals), else the constant
-// `share` (0: the optimistic bound). Policies that do not revive get an empty share.
-RevivalChoice choose_revivals(const std::optional<sim::RevivalModel>& model, double share,
-                              const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
-                              bool map);
 
 struct RunArgs {
   std::string model, prompt, prompt_file, dtype = "auto";

@@ -78,7 +78,7 @@ int plan_here(const PlanArgs& a, const mpi::World* world) {
   o.seed = a.seed;
   std::vector<Schedule> given;
   for (const std::string& sch : a.schedules) given.push_back(schedule_from_arg(sch));
-  const auto revival_model = load_revivals("", -1);
+  const auto revival_model = sim::load_revivals("", -1);
   std::vector<std::pair<std::string, std::string>> policy_schedule;  // for the accuracy evidence
   for (const std::string& name : split_list(a.prune)) {
     const PolicyKind kind = parse_policy(name);
@@ -87,7 +87,7 @@ int plan_here(const PlanArgs& a, const mpi::World* world) {
       const std::vector<PruneStep> steps = resolve_method(kind, sched, c.n_layer, c.global_layers());
       trace::Revivals rv;
       if (kind != PolicyKind::None)
-        rv = choose_revivals(revival_model, -1, name, c.n_layer, steps, true).share;
+        rv = sim::choose_revivals(revival_model, -1, name, c.n_layer, steps, true).share;
       const std::string label = kind == PolicyKind::None ? name : name + " " + sched.to_string();
       o.methods.push_back(sim::serving_method({kind, sched}, c, std::move(rv), label));
       policy_schedule.push_back(

@@ -99,14 +99,14 @@ report::Request report_request(const ReportArgs& a, trace::Trace& recorded) {
   for (const std::string& s : a.schedules) given.push_back(schedule_from_arg(s));
   req.methods =
       report::methods_to_report(req.model, split_list(a.prune), given, a.trace.empty() ? nullptr : &recorded);
-  const std::optional<sim::RevivalModel> revival_model = load_revivals(a.revival_model, a.revival_share);
+  const std::optional<sim::RevivalModel> revival_model = sim::load_revivals(a.revival_model, a.revival_share);
   for (report::ReportedMethod& m : req.methods) {
     if (m.trace) {
       m.revivals = "recorded in the trace";
       continue;
     }
-    RevivalChoice rv = choose_revivals(revival_model, a.revival_share, m.method.policy_name(),
-                                       req.model.n_layer, m.steps, a.map);
+    sim::RevivalChoice rv = sim::choose_revivals(revival_model, a.revival_share, m.method.policy_name(),
+                                                 req.model.n_layer, m.steps, a.map);
     m.revival = std::move(rv.share);
     m.revivals = std::move(rv.description);
   }

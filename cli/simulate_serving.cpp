@@ -67,7 +67,7 @@ std::vector<sim::ServingMethod> serving_methods(const SimulateServingArgs& a, co
   std::vector<Schedule> given;
   if (!a.schedule.empty()) given.push_back(schedule_from_arg(a.schedule));
   main_sched = given.empty() ? default_schedule() : given.front();
-  const auto revival_model = load_revivals(a.revival_model, a.revival_share);
+  const auto revival_model = sim::load_revivals(a.revival_model, a.revival_share);
   std::vector<sim::ServingMethod> methods;
   for (const std::string& name : split_list(a.prune)) {
     const PolicyKind kind = parse_policy(name);
@@ -78,7 +78,8 @@ std::vector<sim::ServingMethod> serving_methods(const SimulateServingArgs& a, co
       label += " " + sched.to_string();
     trace::Revivals revivals;
     if (kind != PolicyKind::None) {
-      const RevivalChoice rv = choose_revivals(revival_model, a.revival_share, name, c.n_layer, steps, true);
+      const sim::RevivalChoice rv =
+          sim::choose_revivals(revival_model, a.revival_share, name, c.n_layer, steps, true);
       revivals = rv.share;
       revival_lines.push_back(name + ": " + rv.description);
     }

@@ -42,13 +42,14 @@ int sweep_here(const SweepArgs& a, const mpi::World* world) {
     if (std::filesystem::exists(a.out, ec) && std::filesystem::equivalent(a.grid, a.out, ec))
       usage_fail("--out '{}' is the grid itself; the sweep would overwrite it", a.out);
   }
-  const std::optional<sim::RevivalModel> revival_from = load_revivals(grid.revival_model, grid.revival_share);
+  const std::optional<sim::RevivalModel> revival_from =
+      sim::load_revivals(grid.revival_model, grid.revival_share);
   std::vector<report::SweepRevivals> revivals;  // [model][method]
   for (const ModelConfig& c : grid.models)
     for (const Method& m : grid.methods) {
-      RevivalChoice rv =
-          choose_revivals(revival_from, grid.revival_share, m.policy_name(), c.n_layer,
-                          resolve_method(m.policy, m.schedule, c.n_layer, c.global_layers()), grid.map);
+      sim::RevivalChoice rv =
+          sim::choose_revivals(revival_from, grid.revival_share, m.policy_name(), c.n_layer,
+                               resolve_method(m.policy, m.schedule, c.n_layer, c.global_layers()), grid.map);
       revivals.push_back({std::move(rv.share), std::move(rv.description)});
     }
   // The output, locked for this run (a second sweep on it is refused). Resume: keep every complete

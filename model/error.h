@@ -44,4 +44,18 @@ template <class... Args>
   throw InternalError("internal error: " + fmt::format(f, std::forward<Args>(args)...));
 }
 
+// Runs `f`, a library call that judges an option's value by the quantity it is, and puts the flag
+// before any lp::Error it throws (the same type): the library says "3 GPUs of tensor parallelism do
+// not divide the model's 32 attention heads", the user reads "--tp: 3 GPUs of ...".
+template <class F>
+decltype(auto) for_option(const char* flag, F&& f) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}: {}", flag, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", flag, e.what()));
+  }
+}
+
 }  // namespace lp

@@ -1,5 +1,7 @@
 #include "sim/revival.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include "model/error.h"
 #include "model/io.h"
 #include "model/json_checks.h"
+#include "pruning/policy.h"
 
 namespace lp::sim {
 
@@ -173,6 +176,27 @@ trace::Revivals revival_shares(const RevivalModel& m, int n_layer, const std::ve
 trace::Revivals constant_revival_share(double share) {
   if (!(share >= 0 && share <= 1)) usage_fail("a revival share must be in [0, 1], got {}", share);
   return [share](size_t, int64_t) { return trace::StageRevival{share, -1, 0.5}; };
+}
+
+std::optional<RevivalModel> load_revivals(const std::string& model, double share) {
+  if (share >= 0) return std::nullopt;
+  return load_revival_model(model);
+}
+
+RevivalChoice choose_revivals(const std::optional<RevivalModel>& model, double share,
+                              const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
+                              bool map) {
+  if (!policy_revives(parse_policy(policy)))
+    return {{}, fmt::format("none (the {} policy revives nothing)", policy)};
+  if (!model) {
+    if (share == 0) return {constant_revival_share(0), "none: --revival-share 0, the optimistic bound"};
+    return {constant_revival_share(share), fmt::format("a constant share of {} (--revival-share)", share)};
+  }
+  const RevivalModel& m = *model;
+  return {revival_shares(m, n_layer, steps, map),
+          fmt::format("revival model {}, fitted on {} {} traces of {} ({} layers, schedule {}){}", m.origin,
+                      m.traces.size(), m.policy, m.model.empty() ? "?" : m.model, m.n_layer, m.schedule,
+                      m.policy == policy ? "" : fmt::format("; applied to {} as a guess", policy))};
 }
 
 }  // namespace lp::sim

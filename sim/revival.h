@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,19 @@ trace::Revivals revival_shares(const RevivalModel& m, int n_layer, const std::ve
 
 // A constant share (the optimistic bound is 0).
 trace::Revivals constant_revival_share(double share);
+
+// How synthetic decoding revives tokens, and the line that says so in outputs.
+struct RevivalChoice {
+  trace::Revivals share;
+  std::string description;
+};
+// The revival model the options name: a calibrate-revivals file, or "" / "builtin"; none when
+// `share` >= 0 (a constant share replaces the model). Read once per command.
+std::optional<RevivalModel> load_revivals(const std::string& model, double share);
+// What one method's synthetic decoding revives: `model` (from load_revivals), else the constant
+// `share` (0: the optimistic bound). Policies that do not revive get an empty share.
+RevivalChoice choose_revivals(const std::optional<RevivalModel>& model, double share,
+                              const std::string& policy, int n_layer, const std::vector<PruneStep>& steps,
+                              bool map);
 
 }  // namespace lp::sim
