@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "hwmodels/profile.h"
 #include "model/error.h"
@@ -87,40 +88,28 @@ TEST(Simulate, JsonIsTheReport) {
 
 // Bad requests: a usage error with the CLI's words, before any replay.
 TEST(Simulate, RefusesBadRequests) {
-  auto refuses = [](sim::SimulateRequest r, const std::string& words) {
+  using Change = void (*)(sim::SimulateRequest&);
+  const std::pair<Change, std::string> cases[] = {
+      {[](sim::SimulateRequest& r) { r.hws.clear(); }, "--hw names no hardware profile"},
+      {[](sim::SimulateRequest& r) { r.prompt_tokens = 0; }, "give --trace FILE, or --prompt-tokens N"},
+      {[](sim::SimulateRequest& r) { r.pp_link_gbs = 0; }, "--pp-link-gbs must be positive"},
+      {[](sim::SimulateRequest& r) { r.pp_microbatches = 4; }, "--pp-microbatches 4 needs --pp of 2 or more"},
+      {[](sim::SimulateRequest& r) { r.step_times = -1; }, "--step-times"},
+      {[](sim::SimulateRequest& r) { r.model_config.clear(); }, "give --model PATH or --model-config NAME"},
+      {[](sim::SimulateRequest& r) { r.tp = 3; }, "--tp: "},
+      {[](sim::SimulateRequest& r) { r.prune = "bogus"; }, "bogus"},
+      {[](sim::SimulateRequest& r) { r.trace = "some.jsonl"; }, "--new-tokens applies to synthetic traces"},
+  };
+  for (const auto& [change, words] : cases) {
+    sim::SimulateRequest r = synthetic("lazyllm");
+    change(r);
     try {
       sim::simulate(r);
       ADD_FAILURE() << "accepted; wanted " << words;
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
-  };
-  sim::SimulateRequest r = synthetic("lazyllm");
-  r.hws.clear();
-  refuses(r, "--hw names no hardware profile");
-  r = synthetic("lazyllm");
-  r.prompt_tokens = 0;
-  refuses(r, "give --trace FILE, or --prompt-tokens N");
-  r = synthetic("lazyllm");
-  r.pp_link_gbs = 0;
-  refuses(r, "--pp-link-gbs must be positive");
-  r = synthetic("lazyllm");
-  r.pp_microbatches = 4;
-  refuses(r, "--pp-microbatches 4 needs --pp of 2 or more");
-  r = synthetic("lazyllm");
-  r.step_times = -1;
-  refuses(r, "--step-times");
-  r = synthetic("lazyllm");
-  r.model_config.clear();
-  refuses(r, "give --model PATH or --model-config NAME");
-  r = synthetic("lazyllm");
-  r.tp = 3;
-  refuses(r, "--tp: ");
-  r = synthetic("bogus");
-  refuses(r, "bogus");
-  r = synthetic("lazyllm");
-  r.trace = "some.jsonl";
-  refuses(r, "--new-tokens applies to synthetic traces");
+  }
 }
 
 }  // namespace
