@@ -12,6 +12,7 @@
 #include "model/io.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
+#include "sim/simulate.h"
 
 namespace lp::cli {
 namespace {
@@ -38,7 +39,7 @@ double shown(Figure f, double v) {
 
 int cmd_calibrate_serving(const CalibrateServingArgs& a) {
   std::string model_name;
-  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
+  const ModelConfig c = sim::model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const hw::Profile hw = load_profiles(a.hw, a.engine).at(0);

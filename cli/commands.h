@@ -38,9 +38,6 @@ std::vector<int64_t> parse_distinct_lengths(const std::string& s, const char* op
 // Loads every profile a --hw list names; an empty list is a usage error. A non-empty `engine`
 // (--engine) replaces each profile's engine preset.
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine = "");
-// The model a simulation costs: the configuration of the GGUF file `model`, else the preset
-// `model_config` (lp::UsageError when neither is given); `name` gets what names it in outputs.
-ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name);
 // `--dtype`: auto (none: Model::load_as chooses per backend), f32, bf16 or int8; a usage error else.
 std::optional<DType> dtype_option(const std::string& s);
 

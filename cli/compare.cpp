@@ -24,6 +24,7 @@
 #include "pruning/schedule.h"
 #include "reports/plot.h"
 #include "sim/kv_predict.h"
+#include "sim/simulate.h"
 
 namespace lp::cli {
 namespace {
@@ -154,7 +155,7 @@ RenderedTables render_tables(const sim::Comparison& cmp,
 
 int cmd_compare(const CompareArgs& a) {
   std::string model_name;
-  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
+  const ModelConfig c = sim::model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const std::vector<hw::Profile> hws = load_profiles(a.hw, a.engine);

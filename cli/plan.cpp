@@ -16,6 +16,7 @@
 #include "reports/accuracy.h"
 #include "reports/plan_chart.h"
 #include "sim/replay.h"
+#include "sim/simulate.h"
 
 namespace lp::cli {
 namespace {
@@ -52,7 +53,7 @@ constexpr double kRankTimeoutS = 24 * 3600;
 // layouts, gathered on rank 0, which alone prints and writes.
 int plan_here(const PlanArgs& a, const mpi::World* world) {
   std::string model_name;
-  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
+  const ModelConfig c = sim::model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const hw::Profile hw = load_profiles(a.hw, a.engine).at(0);

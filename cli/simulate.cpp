@@ -4,20 +4,10 @@
 
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
-#include <optional>
-
 #include "cli/commands.h"
 #include "hwmodels/profile.h"
 #include "model/config.h"
 #include "model/error.h"
-#include "model/gguf.h"
-#include "model/presets.h"
-#include "pruning/schedule.h"
-#include "sim/replay.h"
-#include "sim/revival.h"
-#include "traces/synthetic.h"
-#include "traces/trace.h"
 
 namespace lp::cli {
 std::vector<std::string> split_list(const std::string& s) {
@@ -29,18 +19,6 @@ std::vector<std::string> split_list(const std::string& s) {
     i = j + 1;
   }
   return out;
-}
-
-ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name) {
-  if (!model.empty()) {
-    *name = model;
-    return costing_config_from_gguf(GgufFile::open(model));
-  }
-  if (!model_config.empty()) {
-    *name = model_config;
-    return preset_config(model_config);
-  }
-  usage_fail("give --model PATH or --model-config NAME");
 }
 
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine) {

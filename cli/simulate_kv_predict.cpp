@@ -9,6 +9,7 @@
 #include "model/gguf.h"
 #include "model/presets.h"
 #include "sim/kv_predict.h"
+#include "sim/simulate.h"
 
 namespace lp::cli {
 
@@ -21,7 +22,7 @@ int cmd_simulate_kv_predict(const SimulateArgs& a) {
         "--kv-predict predicts the unpruned base with a predicted cache; LazyLLM with it is not simulated");
   if (a.tp != 1) usage_fail("--kv-predict runs on one device; drop --tp");
   std::string base_name;
-  const ModelConfig base = model_to_cost(a.model, a.model_config, &base_name);
+  const ModelConfig base = sim::model_to_cost(a.model, a.model_config, &base_name);
   const ModelConfig aux = preset_config(a.kv_predict);
   for_option("--kv-predict", [&] { sim::check_kv_predict_pair(base, base_name, aux, a.kv_predict); });
   sim::Precision prec = a.precision;

@@ -12,6 +12,7 @@
 #include "model/presets.h"
 #include "pruning/schedule.h"
 #include "sim/runahead.h"
+#include "sim/simulate.h"
 
 namespace lp::cli {
 
@@ -108,7 +109,7 @@ int cmd_simulate_runahead(const SimulateArgs& a) {
                a.prune);
   if (a.tp != 1) usage_fail("--runahead runs one device per rank; drop --tp (the output compares with it)");
   std::string model_name;
-  const ModelConfig c = model_to_cost(a.model, a.model_config, &model_name);
+  const ModelConfig c = sim::model_to_cost(a.model, a.model_config, &model_name);
   sim::Precision prec = a.precision;
   sim::validate(prec);
   const int P = a.runahead;

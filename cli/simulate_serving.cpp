@@ -14,6 +14,7 @@
 #include "sim/deployment.h"
 #include "sim/replay.h"
 #include "sim/serving_capacity.h"
+#include "sim/simulate.h"
 
 namespace lp::cli {
 namespace {
@@ -275,7 +276,7 @@ std::pair<int, int> parse_instances(const std::string& s) {
 
 int cmd_simulate_serving(const SimulateServingArgs& a) {
   std::string model_name;
-  const ModelConfig c = sim::expert_parallel(model_to_cost(a.model, a.model_config, &model_name), a.ep,
+  const ModelConfig c = sim::expert_parallel(sim::model_to_cost(a.model, a.model_config, &model_name), a.ep,
                                              a.moe_imbalance, a.dp, a.tp);
   sim::Precision prec = a.precision;
   sim::validate(prec);

@@ -37,13 +37,12 @@ json ops_json(const hw::Profile& hw, const OpCosts& ops, const Precision& p) {
   return j;
 }
 
-// The target's configuration: the GGUF file's shape, else the preset; `fallback` when neither is
-// given (the trace's own model), else a usage error.
+// The target's configuration (model_to_cost), or `fallback` (the trace's own model) when the
+// request names none.
 ModelConfig target_config(const SimulateRequest& r, const std::optional<ModelConfig>& fallback) {
-  if (!r.model.empty()) return costing_config_from_gguf(GgufFile::open(r.model));
-  if (!r.model_config.empty()) return preset_config(r.model_config);
-  if (fallback) return *fallback;
-  usage_fail("give --model PATH or --model-config NAME");
+  if (r.model.empty() && r.model_config.empty() && fallback) return *fallback;
+  std::string name;
+  return model_to_cost(r.model, r.model_config, &name);
 }
 
 // Where the simulated steps come from: a trace file read one step at a time, or synthetic steps
@@ -160,6 +159,18 @@ json SimulateReport::to_json() const {
   if (prompt_tokens_dropped > 0) out["prompt_tokens_dropped"] = prompt_tokens_dropped;
   for (const SimulateResult& r : results) out["results"].push_back(r.to_json(precision, per_layer));
   return out;
+}
+
+ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name) {
+  if (!model.empty()) {
+    *name = model;
+    return costing_config_from_gguf(GgufFile::open(model));
+  }
+  if (!model_config.empty()) {
+    *name = model_config;
+    return preset_config(model_config);
+  }
+  usage_fail("give --model PATH or --model-config NAME");
 }
 
 SimulateReport simulate(const SimulateRequest& r) {

@@ -112,14 +112,6 @@ void pack(const uint8_t* W, int64_t row_bytes, int64_t n0, int cnt, int64_t nb, 
     }
   }
 }
-// A running 16-bit sum, opaque to the compiler: GCC otherwise reassociates a chain of 4-8 vpaddw into
-// a tree, every product live at once and spilled to the stack; ordered, the 2 x 2 tiles over Q4_K
-// took 35 ms for 512 x 4096 -> 4096 against 51 (ONEDNN_MAX_CPU_ISA=AVX2
-// BM_QGemmPacked/1/12/512/4096/4096, Zen 5, 2026-11-30) and 8 decoding rows 0.68 against 0.81-0.84.
-// Q6_K's chain of two measured slower ordered (43 -> 56 ms), so only chains of 4 and more are.
-inline void keep_in_order(__m256i& v) {
-  asm("" : "+x"(v));
-}
 // The largest weight a panel multiplies as unsigned: 4, 5 or 6 bits, or Q8_0's magnitudes (up to
 // 128, its -128 included).
 constexpr int max_weight(GgmlType t) {
@@ -147,6 +139,21 @@ constexpr int groups16(GgmlType t) {
 static_assert(groups16(GgmlType::Q4_K) == 8 && groups16(GgmlType::Q5_0) == 4 &&
               groups16(GgmlType::Q5_K) == 4 && groups16(GgmlType::Q6_K) == 2 &&
               groups16(GgmlType::Q8_0) == 1);
+// Group g0 + k's vpmaddubsw pairs `p` into the 16-bit running sum of groups g0..g0 + groups16(T) - 1
+// (k == 0 starts it). Chains of 4 and more are kept opaque to the compiler: GCC otherwise
+// reassociates them into a tree, every product live at once and spilled to the stack; ordered, the
+// 2 x 2 tiles over Q4_K took 35 ms for 512 x 4096 -> 4096 against 51 (ONEDNN_MAX_CPU_ISA=AVX2
+// BM_QGemmPacked/1/12/512/4096/4096, Zen 5, 2026-11-30) and 8 decoding rows 0.68 against 0.81-0.84;
+// Q6_K's chain of two measured slower ordered (43 -> 56 ms).
+template <GgmlType T>
+inline void add_pairs(__m256i& sum, __m256i p, int k) {
+  if (k == 0) {
+    sum = p;
+    return;
+  }
+  sum = _mm256_add_epi16(sum, p);
+  if constexpr (groups16(T) >= 4) asm("" : "+x"(sum));
+}
 // Block b's (Q6_K: half h's) exact sums for rows m0..m0+MR over a panel's kNV vectors: each lane
 // starts at bias's -offset x sum(a) and adds a vpmaddubsw per group of 4 weights (Q8_0: its
 // magnitudes, in the plane after the bytes, times the activations given the weights' signs), the
@@ -180,12 +187,7 @@ inline void block_sums(const uint8_t* pw, int64_t plane, const QActBlock* qa, co
                                      _mm256_sign_epi8(a, w[j]));
           else
             p = _mm256_maddubs_epi16(w[j], a);
-          if (g == g0) {
-            pairs[m][j] = p;
-          } else {
-            pairs[m][j] = _mm256_add_epi16(pairs[m][j], p);
-            if constexpr (G16 >= 4) keep_in_order(pairs[m][j]);
-          }
+          add_pairs<T>(pairs[m][j], p, g - g0);
         }
       }
     }
@@ -398,7 +400,6 @@ void packed_tile(const PackedQuarters<T>& src, const QActBlock* qa, const int32_
 #pragma GCC unroll 8
         for (int g0 = h * G; g0 < (h + 1) * G; g0 += G16) {
           __m256i p[MR][2];
-          for (int m = 0; m < MR; ++m) p[m][0] = p[m][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
           for (int g = g0; g < g0 + G16; ++g) {
             __m256i av[MR];
@@ -408,12 +409,10 @@ void packed_tile(const PackedQuarters<T>& src, const QActBlock* qa, const int32_
               if constexpr (kQ8) {
                 const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80))),
                               aw = _mm256_abs_epi8(ws);
-                for (int m = 0; m < MR; ++m) p[m][i] = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(av[m], ws));
+                for (int m = 0; m < MR; ++m)
+                  add_pairs<T>(p[m][i], _mm256_maddubs_epi16(aw, _mm256_sign_epi8(av[m], ws)), g - g0);
               } else {
-                for (int m = 0; m < MR; ++m) {
-                  p[m][i] = _mm256_add_epi16(p[m][i], _mm256_maddubs_epi16(w, av[m]));
-                  if constexpr (G16 >= 4) keep_in_order(p[m][i]);
-                }
+                for (int m = 0; m < MR; ++m) add_pairs<T>(p[m][i], _mm256_maddubs_epi16(w, av[m]), g - g0);
               }
             }
           }
@@ -515,20 +514,6 @@ void widen(const PackedQuarters<T>& src, int64_t nb, int hp, const Scratchpad& p
       }
     }
 }
-// Every row over panel p of a packed matrix: decoding reads it as packed; many rows (wide) widen
-// each half once and pass over it as over a per-call panel.
-void run_packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
-                float* C, int64_t ldc, const Scratchpad& s) {
-  with_packed_panel<PackedQuarters>(P, p, [&](const auto& src, int64_t n0, int cnt) {
-    constexpr GgmlType T = std::decay_t<decltype(src)>::kType;
-    if (!wide) return packed_rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
-    for (int hp = 0; hp * kPanel < cnt; ++hp) {
-      widen<T>(src, P.nb, hp, s);
-      multiply_rows<T>(s, qa, bias, P.nb, M, std::min(kPanel, cnt - hp * kPanel), C + n0 + hp * kPanel, ldc);
-    }
-  });
-}
-
 // ---- Decoding ----
 // Per 128-bit chunk c: lane k = the sum of the 4 lanes of v_k's chunk c.
 inline __m256i reduce4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
@@ -599,9 +584,18 @@ void gemv(GgmlType t, const uint8_t* W, int64_t row_bytes, const QActBlock* qa, 
   });
 }
 
+// Every row over panel p of a packed matrix: decoding reads it as packed; many rows (wide) widen
+// each half once and pass over it as over a per-call panel.
 void packed(const QPacked& P, int64_t p, const QActBlock* qa, const int32_t* bias, int64_t M, bool wide,
             float* C, int64_t ldc, const Scratchpad& s) {
-  run_packed(P, p, qa, bias, M, wide, C, ldc, s);
+  with_packed_panel<PackedQuarters>(P, p, [&](const auto& src, int64_t n0, int cnt) {
+    constexpr GgmlType T = std::decay_t<decltype(src)>::kType;
+    if (!wide) return packed_rows<T>(src, qa, bias, P.nb, M, cnt, C + n0, ldc);
+    for (int hp = 0; hp * kPanel < cnt; ++hp) {
+      widen<T>(src, P.nb, hp, s);
+      multiply_rows<T>(s, qa, bias, P.nb, M, std::min(kPanel, cnt - hp * kPanel), C + n0 + hp * kPanel, ldc);
+    }
+  });
 }
 
 void unsigned_groups(GgmlType t, const uint8_t* row, int64_t b, uint32_t* groups) {
