@@ -14,6 +14,11 @@
 // a capacity search over 20 MoE configurations in <= 60 s.
 //
 //   build/lp_bench --benchmark_filter='MoE|ServingSim/100000'
+//
+// One `simulate` call as the CLI and the Python module make it (sim::simulate): the baseline of
+// the module's call overhead (bench/python_simulate.py times the same requests from Python).
+//
+//   build/lp_bench --benchmark_filter='SimulateCall'
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <tbb/global_control.h>
@@ -29,6 +34,7 @@
 #include "sim/replay.h"
 #include "sim/revival.h"
 #include "sim/serving_capacity.h"
+#include "sim/simulate.h"
 #include "traces/synthetic.h"
 
 namespace {
@@ -52,6 +58,31 @@ void BM_Replay(benchmark::State& st) {
                          benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_Replay)->Arg(0)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+
+// sim::simulate of llama-3.1-8b with LazyLLM's default schedule on an H100: a prompt of range(0)
+// tokens and range(1) generated; range(2) 1 loads the profile by name in every call (as a call
+// naming it does), 0 passes the loaded one. bench/python_simulate.py makes the same calls from Python.
+void BM_SimulateCall(benchmark::State& st) {
+  lp::sim::SimulateRequest r;
+  r.model_config = "llama-3.1-8b";
+  r.prune = "lazyllm";
+  r.prompt_tokens = st.range(0);
+  r.new_tokens = st.range(1);
+  const bool by_name = st.range(2) == 1;
+  const lp::hw::Profile hw = lp::hw::load_profile("h100-sxm");
+  for (auto _ : st) {
+    r.hws = {by_name ? lp::hw::load_profile("h100-sxm") : hw};
+    const lp::sim::SimulateReport rep = lp::sim::simulate(r);
+    benchmark::DoNotOptimize(rep.results[0].pruned.total_s);
+  }
+}
+BENCHMARK(BM_SimulateCall)
+    ->ArgNames({"prompt", "new", "by_name"})
+    ->Args({8192, 0, 0})
+    ->Args({8192, 0, 1})
+    ->Args({8192, 64, 0})
+    ->Args({8192, 64, 1})
+    ->Unit(benchmark::kMicrosecond);
 
 // 9 profiles x 10 schedules x 112 prompt lengths (256 .. 28,672) = 10,080 configurations of
 // llama-3.1-8b, each a synthetic pruned prefill plus its unpruned baseline, replayed and compared.

@@ -27,15 +27,14 @@ void add_model_choice(CLI::App& sub, std::string& gguf, std::string& preset, con
 }
 
 void add_expert_parallel(CLI::App& sub, int& ep, double& imbalance, int& dp) {
-  sub.add_option("--ep", ep,
-                 "Expert parallelism: spread a MoE model's experts whole over N of the --tp GPUs (N divides "
-                 "--tp and the experts; default 1: each expert split --tp ways; with --dp, all dp x tp GPUs)")
-      ->check(CLI::Range(1, 4096));
+  sub.add_option(
+      "--ep", ep,
+      "Expert parallelism: spread a MoE model's experts whole over N of the --tp GPUs (N divides "
+      "--tp and the experts; default 1: each expert split --tp ways; with --dp, all dp x tp GPUs)");
   sub.add_option("--dp", dp,
                  "Data-parallel attention around a MoE model's experts: N groups of --tp GPUs, each "
                  "attending its own requests, the experts over all N x tp GPUs with all-to-all dispatch "
-                 "and combine (DeepSeek's deployment; default 1)")
-      ->check(CLI::Range(1, 4096));
+                 "and combine (DeepSeek's deployment; default 1)");
   sub.add_option(
       "--moe-imbalance", imbalance,
       "With --ep: the busiest GPU's routed (token, expert) pairs over the mean (at least 1; default: "

@@ -80,6 +80,10 @@ int cmd_simulate(const SimulateArgs& a) {
         "--ep, --dp, --moe-imbalance and --pp apply to a replayed run, not to --runahead or --kv-predict");
   if (a.pp_microbatches > 1 && (a.runahead > 0 || !a.kv_predict.empty()))
     usage_fail("--pp-microbatches applies to a replayed run, not to --runahead or --kv-predict");
+  if (a.runahead > 0 || !a.kv_predict.empty()) {  // the ranges sim::simulate checks for a replayed run
+    check_range("--prompt-tokens", a.prompt_tokens, int64_t(0), int64_t(1) << 24);
+    check_range("--tp", a.tp, 1, 4096);
+  }
   if (a.runahead > 0) return cmd_simulate_runahead(a);
   if (!a.kv_predict.empty()) return cmd_simulate_kv_predict(a);
   sim::SimulateRequest r;

@@ -432,6 +432,33 @@ constexpr std::pair<const char*, int ModelConfig::*> kOptionalCounts[] = {
     {"v_head_dim", &ModelConfig::v_head_dim}};
 }  // namespace
 
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys = {"arch",
+                                   "name",
+                                   "n_layer",
+                                   "n_embd",
+                                   "n_head",
+                                   "n_head_kv",
+                                   "head_dim",
+                                   "n_ff",
+                                   "n_vocab",
+                                   "n_ctx_train",
+                                   "rope_theta",
+                                   "rms_eps",
+                                   "tied_embeddings",
+                                   "rope_dim",
+                                   "layer_window",
+                                   "layer_chunk",
+                                   "sliding_window",
+                                   "sliding_window_pattern",
+                                   "layer_n_head",
+                                   "layer_n_head_kv",
+                                   "layer_n_ff"};
+  for (const auto& [key, field] : kOptionalFlags) keys.push_back(key);
+  for (const auto& [key, field] : kOptionalCounts) keys.push_back(key);
+  return keys;
+}
+
 nlohmann::json config_to_json(const ModelConfig& c) {
   nlohmann::json j = {{"arch", c.arch},
                       {"n_layer", c.n_layer},

@@ -153,6 +153,8 @@ struct ModelConfig {
 // inconsistent dimensions.
 nlohmann::json config_to_json(const ModelConfig& c);
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin);
+// Every key config_from_json reads (the Python module's Model.replace refuses others).
+std::vector<std::string> config_keys();
 
 // Checks dimensions for consistency (positive, heads divide, per-layer arrays of n_layer entries);
 // `origin` names the source in the one-line error.

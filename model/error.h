@@ -58,4 +58,12 @@ decltype(auto) for_option(const char* flag, F&& f) {
   }
 }
 
+// An option's value within [lo, hi], which NaN never is: lp::UsageError "<flag> must be between lo
+// and hi, got v" otherwise. The library checks its requests' ranges with it, so that the CLI and the
+// Python module refuse a value in the same words.
+template <class T>
+void check_range(const char* flag, T v, T lo, T hi) {
+  if (!(v >= lo && v <= hi)) usage_fail("{} must be between {} and {}, got {}", flag, lo, hi, v);
+}
+
 }  // namespace lp

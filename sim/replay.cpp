@@ -103,8 +103,8 @@ trace::Trace map_trace(const trace::Trace& t, int n_layer, int64_t prompt_tokens
 }
 
 ModelConfig expert_parallel(const ModelConfig& c, int ep, double imbalance, int dp, int tp) {
-  if (ep < 1) usage_fail("--ep must be at least 1, got {}", ep);
-  if (dp < 1) usage_fail("--dp must be at least 1, got {}", dp);
+  check_range("--ep", ep, 1, 4096);
+  check_range("--dp", dp, 1, 4096);
   if (!(imbalance == 0 || (std::isfinite(imbalance) && imbalance >= 1)))
     usage_fail("--moe-imbalance must be at least 1 (the busiest GPU's routed pairs over the mean), got {}",
                imbalance);

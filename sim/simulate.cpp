@@ -1,6 +1,7 @@
 #include "sim/simulate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "model/error.h"
@@ -40,6 +41,7 @@ json ops_json(const hw::Profile& hw, const OpCosts& ops, const Precision& p) {
 // The target's configuration (model_to_cost), or `fallback` (the trace's own model) when the
 // request names none.
 ModelConfig target_config(const SimulateRequest& r, const std::optional<ModelConfig>& fallback) {
+  if (r.config) return *r.config;
   if (r.model.empty() && r.model_config.empty() && fallback) return *fallback;
   std::string name;
   return model_to_cost(r.model, r.model_config, &name);
@@ -175,7 +177,19 @@ ModelConfig model_to_cost(const std::string& model, const std::string& model_con
 
 SimulateReport simulate(const SimulateRequest& r) {
   if (r.hws.empty()) usage_fail("--hw names no hardware profile");
-  if (!(r.pp_link_gbs > 0)) usage_fail("--pp-link-gbs must be positive, got {}", r.pp_link_gbs);
+  if (r.config && (!r.model.empty() || !r.model_config.empty()))
+    usage_fail("give one target: a model configuration, --model or --model-config");
+  check_range("--prompt-tokens", r.prompt_tokens, int64_t(0), int64_t(1) << 24);
+  check_range("--new-tokens", r.new_tokens, int64_t(0), int64_t(1) << 20);
+  if (r.revival_share != -1) check_range("--revival-share", r.revival_share, 0.0, 1.0);
+  if (r.revival_share != -1 && !r.revival_model.empty())
+    usage_fail("--revival-share and --revival-model exclude each other");
+  check_range("--tp", r.tp, 1, 4096);
+  check_range("--pp", r.pp, 1, 1024);
+  check_range("--pp-microbatches", r.pp_microbatches, 1, 4096);
+  check_range("--step-times", r.step_times, int64_t(0), int64_t(1) << 20);
+  if (!(r.pp_link_gbs > 0) || !std::isfinite(r.pp_link_gbs))
+    usage_fail("--pp-link-gbs must be positive, got {}", r.pp_link_gbs);
   if (r.pp_microbatches > 1 && r.pp < 2)
     usage_fail("--pp-microbatches {} needs --pp of 2 or more", r.pp_microbatches);
   if (r.trace.empty() && r.prompt_tokens <= 0)
@@ -184,6 +198,10 @@ SimulateReport simulate(const SimulateRequest& r) {
         "unpruned)");
   if (!r.trace.empty() && r.new_tokens > 0)
     usage_fail("--new-tokens applies to synthetic traces, not to --trace");
+  if (!r.trace.empty() && (r.revival_share != -1 || !r.revival_model.empty()))
+    usage_fail("--revival-share and --revival-model apply to synthetic traces, not to --trace");
+  if (!r.trace.empty() && r.prune != "none")
+    usage_fail("--prune applies to synthetic traces, not to --trace");
   if (r.step_times < 0) usage_fail("--step-times must be 0 or more, got {}", r.step_times);
   validate(r.precision);
   StepSource s;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,16 +24,17 @@ ModelConfig model_to_cost(const std::string& model, const std::string& model_con
 // The options of `lazyprefill simulate` (docs/simulator.md), with its defaults. Errors name the
 // CLI's flags (`--tp: ...`), the one vocabulary of both front ends.
 struct SimulateRequest {
-  std::string trace;                // a trace file; "" for synthetic steps (prompt_tokens > 0)
-  std::string model, model_config;  // the target: a GGUF file's shape, or a preset ("": the trace's)
-  std::vector<hw::Profile> hws;     // at least one
-  std::string prune = "none";       // the synthetic steps' policy
-  std::string schedule;             // theirs ("": the policy's default)
-  int64_t prompt_tokens = 0;        // synthetic: the prompt; with a trace: map it onto this length
-  int64_t new_tokens = 0;           // synthetic: tokens generated (the first by the prefill)
-  std::string revival_model;        // "" or "builtin", or a calibrate-revivals file
-  double revival_share = -1;        // >= 0: a constant share instead of the revival model
-  bool map = false;                 // a trace or revival model of another shape mapped onto the target
+  std::string trace;                  // a trace file; "" for synthetic steps (prompt_tokens > 0)
+  std::string model, model_config;    // the target: a GGUF file's shape, or a preset ("": the trace's)
+  std::optional<ModelConfig> config;  // or the target itself (the Python module's Model objects)
+  std::vector<hw::Profile> hws;       // at least one
+  std::string prune = "none";         // the synthetic steps' policy
+  std::string schedule;               // theirs ("": the policy's default)
+  int64_t prompt_tokens = 0;          // synthetic: the prompt; with a trace: map it onto this length
+  int64_t new_tokens = 0;             // synthetic: tokens generated (the first by the prefill)
+  std::string revival_model;          // "" or "builtin", or a calibrate-revivals file
+  double revival_share = -1;          // in [0, 1]: a constant share instead of the revival model; -1: none
+  bool map = false;                   // a trace or revival model of another shape mapped onto the target
   Precision precision;
   int tp = 1, ep = 1, dp = 1, pp = 1, pp_microbatches = 1;
   double moe_imbalance = 0;   // the busiest GPU's routed pairs over the mean; 0: expected
@@ -67,8 +69,9 @@ struct SimulateReport {
   nlohmann::ordered_json to_json() const;
 };
 
-// Validates the request (lp::UsageError naming the flag, before any work), builds the steps and
-// replays them on every profile.
+// Validates the request (lp::UsageError naming the flag, before any work: every number in the
+// range the CLI documents, which the CLI leaves to this), builds the steps and replays them on
+// every profile.
 SimulateReport simulate(const SimulateRequest& r);
 
 }  // namespace lp::sim

@@ -3,6 +3,7 @@
 // request's shape, and bad requests are refused with the CLI's messages before any work.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -99,6 +100,24 @@ TEST(Simulate, RefusesBadRequests) {
       {[](sim::SimulateRequest& r) { r.tp = 3; }, "--tp: "},
       {[](sim::SimulateRequest& r) { r.prune = "bogus"; }, "bogus"},
       {[](sim::SimulateRequest& r) { r.trace = "some.jsonl"; }, "--new-tokens applies to synthetic traces"},
+      // The ranges the CLI used to check itself (CLI11), now the library's for both front ends.
+      {[](sim::SimulateRequest& r) { r.tp = 0; }, "--tp must be between 1 and 4096, got 0"},
+      {[](sim::SimulateRequest& r) { r.prompt_tokens = -1; },
+       "--prompt-tokens must be between 0 and 16777216"},
+      {[](sim::SimulateRequest& r) { r.revival_share = 2; },
+       "--revival-share must be between 0 and 1, got 2"},
+      {[](sim::SimulateRequest& r) { r.revival_share = std::nan(""); },
+       "--revival-share must be between 0 and 1"},
+      {[](sim::SimulateRequest& r) { r.ep = 0; }, "--ep must be between 1 and 4096, got 0"},
+      {[](sim::SimulateRequest& r) { r.pp = 2000; }, "--pp must be between 1 and 1024, got 2000"},
+      {[](sim::SimulateRequest& r) { r.pp_link_gbs = HUGE_VAL; }, "--pp-link-gbs must be positive, got inf"},
+      {[](sim::SimulateRequest& r) {
+         r.new_tokens = 0;
+         r.revival_share = -1;
+         r.trace = "some.jsonl";
+       },
+       "--prune applies to synthetic traces"},
+      {[](sim::SimulateRequest& r) { r.config = preset_config("llama-3.1-8b"); }, "give one target"},
   };
   for (const auto& [change, words] : cases) {
     sim::SimulateRequest r = synthetic("lazyllm");

@@ -1,0 +1,412 @@
+// lazyprefill._core: the Python module's bindings (nanobind) over the rooms the CLI's simulator
+// commands call. No logic lives here: each function fills the library's request from keyword
+// arguments whose defaults are the request's own, calls the library, and hands back its typed
+// result. Units are the library's (seconds, bytes, FLOP); to_dict()/to_json() give the CLI's JSON
+// documents (milliseconds where the CLI prints them). docs/python.md.
+#include <fmt/ranges.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "hwmodels/profile.h"
+#include "model/config.h"
+#include "model/error.h"
+#include "model/gguf.h"
+#include "model/presets.h"
+#include "sim/cost.h"
+#include "sim/replay.h"
+#include "sim/simulate.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace lp::py {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Python values to JSON and back through the json module: a dict passed in is read exactly as a
+// file holding it would be (the one parser), and a document comes back as json.loads makes it.
+json from_python(const nb::handle& v, const std::string& what) {
+  nb::object dumps = nb::module_::import_("json").attr("dumps");
+  std::string text;
+  try {
+    text = nb::cast<std::string>(dumps(v, "allow_nan"_a = false));
+  } catch (const nb::python_error& e) {
+    usage_fail("{}: not a JSON document: {}", what, e.what());
+  }
+  return json::parse(text);
+}
+
+nb::object to_python(const json& j) {
+  return nb::module_::import_("json").attr("loads")(j.dump());
+}
+nb::object to_python(const nlohmann::json& j) {
+  return nb::module_::import_("json").attr("loads")(j.dump());
+}
+
+template <class T>
+using Array = nb::ndarray<nb::numpy, const T>;
+
+// A read-only numpy array that owns a copy of `v`, of the given shape (row-major). Made here, as an
+// object: a property's getter would otherwise ask for reference_internal, which an array with its
+// own owner refuses.
+template <class T>
+nb::object to_numpy(std::vector<T> v, std::vector<size_t> shape) {
+  auto* owned = new std::vector<T>(std::move(v));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::cast(Array<T>(owned->data(), shape.size(), shape.data(), owner), nb::rv_policy::automatic);
+}
+
+// Per-op costs as arrays over the ops (op_name order), one row per layer for a table of layers.
+struct OpTable {
+  std::vector<sim::OpCosts> rows;
+  bool layered = false;  // [layers, ops] arrays; else [ops]
+  template <class F>
+  nb::object column(F f) const {
+    std::vector<double> out;
+    out.reserve(rows.size() * size_t(kNumOps));
+    for (const sim::OpCosts& r : rows)
+      for (const sim::OpCost& o : r) out.push_back(double(f(o)));
+    return layered ? to_numpy(std::move(out), {rows.size(), size_t(kNumOps)})
+                   : to_numpy(std::move(out), {size_t(kNumOps)});
+  }
+};
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> out;
+  for (int i = 0; i < kNumOps; ++i) out.emplace_back(op_name(Op(i)));
+  return out;
+}
+
+// The hardware argument: a name, a comma-separated list (the CLI's --hw), a Profile, or a list of
+// names and Profiles; `engine` replaces each profile's engine as --engine does.
+std::vector<hw::Profile> profiles_from(const nb::handle& h, const std::optional<std::string>& engine) {
+  std::vector<hw::Profile> out;
+  const auto add = [&](const nb::handle& x) {
+    if (nb::isinstance<hw::Profile>(x))
+      out.push_back(nb::cast<hw::Profile>(x));
+    else if (nb::isinstance<nb::str>(x)) {
+      const std::string s = nb::cast<std::string>(x);
+      size_t i = 0;
+      while (i <= s.size()) {
+        const size_t j = std::min(s.find(',', i), s.size());
+        if (j > i) out.push_back(hw::load_profile(s.substr(i, j - i)));
+        i = j + 1;
+      }
+    } else
+      throw nb::type_error("hw: expected a profile name, a Profile, or a list of them");
+  };
+  if (nb::isinstance<nb::str>(h) || nb::isinstance<hw::Profile>(h))
+    add(h);
+  else if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h))
+    for (nb::handle x : h) add(x);
+  else
+    throw nb::type_error("hw: expected a profile name, a Profile, or a list of them");
+  if (engine)
+    for (hw::Profile& p : out) p.engine = hw::engine_preset(*engine);
+  if (out.empty()) usage_fail("--hw names no hardware profile");
+  return out;
+}
+
+// The model argument of the simulator's functions: model_config is a preset name, a .json file or a
+// Model; model a GGUF file.
+void target_from(const std::optional<std::string>& model, const nb::handle& model_config,
+                 sim::SimulateRequest& r) {
+  r.model = model.value_or("");
+  if (model_config.is_none()) return;
+  if (nb::isinstance<ModelConfig>(model_config))
+    r.config = nb::cast<ModelConfig>(model_config);
+  else if (nb::isinstance<nb::str>(model_config))
+    r.model_config = nb::cast<std::string>(model_config);
+  else
+    throw nb::type_error("model_config: expected a preset name, a .json path or a Model");
+}
+
+std::string replaced_origin(const std::string& name) {
+  return name + " (replaced)";
+}
+
+}  // namespace
+}  // namespace lp::py
+
+NB_MODULE(_core, m) {
+  using namespace lp;
+  using namespace lp::py;
+  m.doc() = "lazyprefill's simulator, planner and reports (docs/python.md)";
+  m.attr("__version__") = LP_VERSION;
+
+  // lp::Error (bad input: a flag's value, a file, a field) is a ValueError carrying the CLI's line;
+  // an internal error (a bug of ours) a RuntimeError.
+  nb::exception<lp::Error>(m, "Error", PyExc_ValueError);
+  nb::exception<lp::InternalError>(m, "InternalError", PyExc_RuntimeError);
+
+  // ---- hardware profiles
+  nb::class_<hw::Profile>(
+      m, "Profile",
+      "A hardware profile (hwmodels/README.md): peaks, bandwidth, memory, efficiencies, engine. "
+      "Attributes in SI units (FLOP/s, bytes/s, bytes, s).")
+      .def_static("names", &hw::builtin_profile_names, "The built-in profiles' names.")
+      .def_static("load", &hw::load_profile, "name_or_path"_a,
+                  "A built-in profile by name, or a profile file (a path, or a name ending in .json).")
+      .def_static(
+          "from_dict",
+          [](const nb::dict& d, const std::string& origin) {
+            return hw::parse_profile(from_python(d, origin), origin);
+          },
+          "document"_a, "origin"_a = "profile dict",
+          "A profile from its file document (the keys and units of hwmodels/*.json), validated as a file is.")
+      .def(
+          "to_dict", [](const hw::Profile& p) { return to_python(p.json); },
+          "The profile's file document (hwmodels/README.md's keys and units).")
+      .def(
+          "to_json", [](const hw::Profile& p, int indent) { return p.json.dump(indent); }, "indent"_a = 2)
+      .def(
+          "replace",
+          [](const hw::Profile& p, const nb::kwargs& fields) {
+            json doc = p.json;
+            for (auto [k, v] : fields) {
+              const std::string key = nb::cast<std::string>(k);
+              if (!doc.contains(key))
+                usage_fail(
+                    "Profile.replace: '{}' is not a field of {}'s document (to add an optional field, edit "
+                    "to_dict() and pass it to Profile.from_dict)",
+                    key, p.name);
+              doc[key] = from_python(v, key);
+            }
+            hw::Profile out = hw::parse_profile(doc, replaced_origin(p.name));
+            out.engine = p.engine;
+            return out;
+          },
+          "A copy with top-level fields of its document replaced (memory_bandwidth_gbs=..., "
+          "peak_tflops={...}), validated as a file is.")
+      .def_prop_ro("name", [](const hw::Profile& p) { return p.name; })
+      .def_prop_ro("description", [](const hw::Profile& p) { return p.description; })
+      .def_prop_ro(
+          "kind", [](const hw::Profile& p) { return p.kind; }, "'gpu' or 'cpu'")
+      .def_prop_ro("aliases", [](const hw::Profile& p) { return p.aliases; })
+      .def_prop_ro(
+          "peak_flops", [](const hw::Profile& p) { return p.peak_flops; }, "dtype -> FLOP/s")
+      .def_prop_ro(
+          "memory_bandwidth", [](const hw::Profile& p) { return p.memory_bandwidth; }, "bytes/s")
+      .def_prop_ro(
+          "memory_capacity", [](const hw::Profile& p) { return p.memory_capacity; }, "bytes")
+      .def_prop_ro(
+          "onchip_cache", [](const hw::Profile& p) { return p.onchip_cache; }, "bytes")
+      .def_prop_ro("compute_units", [](const hw::Profile& p) { return p.compute_units; })
+      .def_prop_ro(
+          "dispatch_overhead", [](const hw::Profile& p) { return p.dispatch_overhead; }, "s")
+      .def_prop_ro(
+          "interconnect_bandwidth", [](const hw::Profile& p) { return p.interconnect_bandwidth; }, "bytes/s")
+      .def_prop_ro("max_tp", [](const hw::Profile& p) { return p.max_tp; })
+      .def_prop_ro("engine", [](const hw::Profile& p) { return p.engine.name; })
+      .def_prop_ro("efficiency_default", [](const hw::Profile& p) { return p.efficiency_default; })
+      .def(
+          "with_engine",
+          [](const hw::Profile& p, const std::string& engine) {
+            hw::Profile out = p;
+            out.engine = hw::engine_preset(engine);
+            return out;
+          },
+          "engine"_a, "A copy whose serving engine is a preset (the CLI's --engine).")
+      .def("__repr__", [](const hw::Profile& p) { return "Profile('" + p.name + "')"; });
+  m.def("engine_names", &hw::engine_names, "The serving engines' presets (the CLI's --engine).");
+
+  // ---- model configurations
+  nb::class_<ModelConfig>(
+      m, "Model",
+      "A model's configuration: a preset (model/presets.json), a GGUF file's shape or a dict "
+      "with the presets' keys.")
+      .def_static("names", &preset_names, "The presets' names.")
+      .def_static("preset", &preset_config, "name_or_path"_a,
+                  "A preset by name, or a configuration file (a path, or a name ending in .json).")
+      .def_static(
+          "from_gguf", [](const std::string& path) { return costing_config_from_gguf(GgufFile::open(path)); },
+          "path"_a, "The shape of a GGUF file, as simulate --model costs it.")
+      .def_static(
+          "from_dict",
+          [](const nb::dict& d, const std::string& origin) {
+            return config_from_json(nlohmann::json(from_python(d, origin)), origin);
+          },
+          "document"_a, "origin"_a = "model dict",
+          "A configuration from the presets' keys, validated as a preset is.")
+      .def("to_dict", [](const ModelConfig& c) { return to_python(config_to_json(c)); })
+      .def(
+          "to_json", [](const ModelConfig& c, int indent) { return config_to_json(c).dump(indent); },
+          "indent"_a = 2)
+      .def(
+          "replace",
+          [](const ModelConfig& c, const nb::kwargs& fields) {
+            nlohmann::json doc = config_to_json(c);
+            const std::vector<std::string> keys = config_keys();
+            for (auto [k, v] : fields) {
+              const std::string key = nb::cast<std::string>(k);
+              if (std::find(keys.begin(), keys.end(), key) == keys.end())
+                usage_fail("Model.replace: unknown field '{}' (known: {})", key, fmt::join(keys, ", "));
+              doc[key] = nlohmann::json(from_python(v, key));
+            }
+            return config_from_json(doc, replaced_origin(c.name.empty() ? "model" : c.name));
+          },
+          "A copy with fields replaced (n_layer=..., n_expert=...), validated as a preset is.")
+      .def_prop_ro("name", [](const ModelConfig& c) { return c.name; })
+      .def_prop_ro("arch", [](const ModelConfig& c) { return c.arch; })
+      .def_prop_ro("n_layer", [](const ModelConfig& c) { return c.n_layer; })
+      .def_prop_ro("n_embd", [](const ModelConfig& c) { return c.n_embd; })
+      .def_prop_ro("n_head", [](const ModelConfig& c) { return c.n_head; })
+      .def_prop_ro("n_head_kv", [](const ModelConfig& c) { return c.n_head_kv; })
+      .def_prop_ro("head_dim", [](const ModelConfig& c) { return c.head_dim; })
+      .def_prop_ro("n_ff", [](const ModelConfig& c) { return c.n_ff; })
+      .def_prop_ro("n_vocab", [](const ModelConfig& c) { return c.n_vocab; })
+      .def_prop_ro("n_ctx_train", [](const ModelConfig& c) { return c.n_ctx_train; })
+      .def_prop_ro("n_expert", [](const ModelConfig& c) { return c.n_expert; })
+      .def_prop_ro("n_expert_used", [](const ModelConfig& c) { return c.n_expert_used; })
+      .def_prop_ro("n_params", [](const ModelConfig& c) { return c.n_params(); })
+      .def_prop_ro("n_active_params", [](const ModelConfig& c) { return c.n_active_params(); })
+      .def("__repr__",
+           [](const ModelConfig& c) { return "Model('" + (c.name.empty() ? c.arch : c.name) + "')"; });
+
+  // ---- simulate
+  nb::class_<py::OpTable>(m, "OpCosts",
+                          "Per-op costs: arrays over `names` (and over layers first for a per-layer table).")
+      .def_prop_ro_static("names", [](nb::handle) { return op_names(); })
+      .def_prop_ro("time_s",
+                   [](const OpTable& t) { return t.column([](const sim::OpCost& o) { return o.time_s; }); })
+      .def_prop_ro("flop",
+                   [](const OpTable& t) { return t.column([](const sim::OpCost& o) { return o.flops; }); })
+      .def_prop_ro("bytes",
+                   [](const OpTable& t) { return t.column([](const sim::OpCost& o) { return o.bytes; }); })
+      .def_prop_ro(
+          "compute_s",
+          [](const OpTable& t) { return t.column([](const sim::OpCost& o) { return o.compute_s; }); })
+      .def_prop_ro("memory_s",
+                   [](const OpTable& t) { return t.column([](const sim::OpCost& o) { return o.memory_s; }); })
+      .def_prop_ro(
+          "overhead_s",
+          [](const OpTable& t) { return t.column([](const sim::OpCost& o) { return o.overhead_s; }); })
+      .def_prop_ro("calls",
+                   [](const OpTable& t) { return t.column([](const sim::OpCost& o) { return o.calls; }); });
+
+  nb::class_<sim::Memory>(m, "Memory", "Bytes of one GPU (or the CPU).")
+      .def_ro("weights", &sim::Memory::weights)
+      .def_ro("kv", &sim::Memory::kv)
+      .def_ro("aux", &sim::Memory::aux)
+      .def_ro("activations", &sim::Memory::activations)
+      .def_prop_ro("total", &sim::Memory::total)
+      .def("to_dict", [](const sim::Memory& mem) { return to_python(mem.to_json()); });
+
+  nb::class_<sim::Prediction>(m, "Prediction",
+                              "One run's predicted times (s), work and memory on one profile.")
+      .def_ro("ttft_s", &sim::Prediction::ttft_s)
+      .def_ro("decode_steps", &sim::Prediction::decode_steps)
+      .def_ro("decode_s", &sim::Prediction::decode_s)
+      .def_ro("total_s", &sim::Prediction::total_s)
+      .def_ro("prefill_busy_s", &sim::Prediction::prefill_busy_s)
+      .def_ro("prompt_tokens_computed_fraction", &sim::Prediction::prompt_tokens_computed_fraction)
+      .def_prop_ro("decode_step_mean_s", &sim::Prediction::decode_step_mean_s)
+      .def_prop_ro(
+          "decode_step_s",
+          [](const sim::Prediction& p) { return to_numpy(p.decode_step_s, {p.decode_step_s.size()}); },
+          "The first step_times decoding steps' times, s")
+      .def_prop_ro("prefill_flop", &sim::Prediction::prefill_flops)
+      .def_prop_ro("prefill_bound_op",
+                   [](const sim::Prediction& p) { return std::string(op_name(p.prefill_bound_op())); })
+      .def_prop_ro("prefill_comm_s", [](const sim::Prediction& p) { return p.prefill_comm.time_s; })
+      .def_prop_ro("decode_comm_s", [](const sim::Prediction& p) { return p.decode_comm.time_s; })
+      .def_ro("memory", &sim::Prediction::memory)
+      .def_prop_ro("prefill_ops",
+                   [](const sim::Prediction& p) {
+                     return OpTable{{p.prefill_ops}, false};
+                   })
+      .def_prop_ro("decode_ops",
+                   [](const sim::Prediction& p) {
+                     return OpTable{{p.decode_ops}, false};
+                   })
+      .def_prop_ro(
+          "prefill_layers",
+          [](const sim::Prediction& p) {
+            return OpTable{p.prefill_layers, true};
+          },
+          "Per layer, [layers, ops] (per_layer=True adds them to to_dict())");
+
+  nb::class_<sim::SimulateResult>(m, "SimulateResult",
+                                  "One profile's prediction beside the same work unpruned.")
+      .def_ro("hw", &sim::SimulateResult::hw)
+      .def_ro("pruned", &sim::SimulateResult::pruned)
+      .def_ro("unpruned", &sim::SimulateResult::unpruned)
+      .def_prop_ro("fits_in_memory", &sim::SimulateResult::fits_in_memory)
+      .def_prop_ro("ttft_speedup",
+                   [](const sim::SimulateResult& r) { return r.unpruned.ttft_s / r.pruned.ttft_s; })
+      .def_prop_ro("total_speedup",
+                   [](const sim::SimulateResult& r) { return r.unpruned.total_s / r.pruned.total_s; });
+
+  nb::class_<sim::SimulateReport>(m, "SimulateReport", "simulate's result: one SimulateResult per profile.")
+      .def_ro("model", &sim::SimulateReport::model)
+      .def_ro("config", &sim::SimulateReport::config)
+      .def_ro("trace", &sim::SimulateReport::trace)
+      .def_ro("policy", &sim::SimulateReport::policy)
+      .def_ro("schedule", &sim::SimulateReport::schedule)
+      .def_ro("revivals", &sim::SimulateReport::revivals)
+      .def_ro("prompt_tokens", &sim::SimulateReport::prompt_tokens)
+      .def_ro("prompt_tokens_dropped", &sim::SimulateReport::prompt_tokens_dropped)
+      .def_ro("decode_steps", &sim::SimulateReport::decode_steps)
+      .def_ro("tp", &sim::SimulateReport::tp)
+      .def_ro("dp", &sim::SimulateReport::dp)
+      .def_ro("pp", &sim::SimulateReport::pp)
+      .def_ro("results", &sim::SimulateReport::results)
+      .def(
+          "to_dict", [](const sim::SimulateReport& r) { return to_python(r.to_json()); },
+          "`lazyprefill simulate --json`'s document")
+      .def(
+          "to_json", [](const sim::SimulateReport& r, int indent) { return r.to_json().dump(indent); },
+          "indent"_a = 2);
+
+  const sim::SimulateRequest d;
+  m.def(
+      "simulate",
+      [](const nb::handle& hw, const std::optional<std::string>& model, const nb::handle& model_config,
+         const std::optional<std::string>& trace, const std::string& prune,
+         const std::optional<std::string>& schedule, int64_t prompt_tokens, int64_t new_tokens,
+         const std::optional<std::string>& revival_model, std::optional<double> revival_share, bool map,
+         const std::string& weights, const std::string& compute, const std::string& kv,
+         const std::optional<std::string>& expert_weights, int tp, int ep, int dp, int pp,
+         int pp_microbatches, std::optional<double> moe_imbalance, double pp_link_gbs, int64_t step_times,
+         bool per_layer, const std::optional<std::string>& engine) {
+        sim::SimulateRequest r;
+        r.hws = profiles_from(hw, engine);
+        target_from(model, model_config, r);
+        r.trace = trace.value_or("");
+        r.prune = prune;
+        r.schedule = schedule.value_or("");
+        r.prompt_tokens = prompt_tokens;
+        r.new_tokens = new_tokens;
+        r.revival_model = revival_model.value_or("");
+        r.revival_share = revival_share.value_or(-1);
+        r.map = map;
+        r.precision = sim::Precision(weights, compute, kv, expert_weights.value_or(""));
+        r.tp = tp, r.ep = ep, r.dp = dp, r.pp = pp, r.pp_microbatches = pp_microbatches;
+        r.moe_imbalance = moe_imbalance.value_or(0);
+        r.pp_link_gbs = pp_link_gbs;
+        r.step_times = step_times;
+        r.per_layer = per_layer;
+        nb::gil_scoped_release unlocked;
+        return sim::simulate(r);
+      },
+      nb::kw_only(), "hw"_a, "model"_a = nb::none(), "model_config"_a = nb::none(), "trace"_a = nb::none(),
+      "prune"_a = d.prune, "schedule"_a = nb::none(), "prompt_tokens"_a = d.prompt_tokens,
+      "new_tokens"_a = d.new_tokens, "revival_model"_a = nb::none(), "revival_share"_a = nb::none(),
+      "map"_a = d.map, "weights"_a = d.precision.weights, "compute"_a = d.precision.compute,
+      "kv"_a = d.precision.kv, "expert_weights"_a = nb::none(), "tp"_a = d.tp, "ep"_a = d.ep, "dp"_a = d.dp,
+      "pp"_a = d.pp, "pp_microbatches"_a = d.pp_microbatches, "moe_imbalance"_a = nb::none(),
+      "pp_link_gbs"_a = d.pp_link_gbs, "step_times"_a = d.step_times, "per_layer"_a = d.per_layer,
+      "engine"_a = nb::none(),
+      "`lazyprefill simulate` (docs/simulator.md): the keyword arguments are its options, with its "
+      "defaults.");
+}

@@ -1,0 +1,35 @@
+"""Shared fixtures: the CLI the module is checked against (LAZYPREFILL_CLI, set by ctest)."""
+import json
+import os
+import subprocess
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cli():
+    path = os.environ.get("LAZYPREFILL_CLI")
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail("LAZYPREFILL_CLI must name the lazyprefill binary (ctest sets it)")
+
+    def run(*args, expect_ok=True):
+        p = subprocess.run([path, *map(str, args)], capture_output=True, text=True, timeout=120)
+        if expect_ok:
+            assert p.returncode == 0, f"{' '.join(map(str, args))}: {p.stderr}"
+            return json.loads(p.stdout)
+        return p
+
+    return run
+
+
+def cli_error(p):
+    """The one line the CLI printed for a refused command, without its 'lazyprefill: error: ' and
+    ' (see --help)' frame."""
+    assert p.returncode != 0
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    line = lines[0]
+    prefix = "lazyprefill: error: "
+    assert line.startswith(prefix), line
+    line = line[len(prefix):]
+    return line.removesuffix(" (see --help)")
