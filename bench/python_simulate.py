@@ -38,7 +38,7 @@ def cpu_model():
 def cpp_times(lp_bench):
     """Microseconds per call for each case, from one lp_bench run."""
     out = subprocess.run([lp_bench, "--benchmark_filter=BM_SimulateCall", "--benchmark_format=json",
-                          "--benchmark_min_time=0.5s"], capture_output=True, text=True, check=True).stdout
+                          "--benchmark_min_time=0.5"], capture_output=True, text=True, check=True).stdout
     times = {}
     for b in json.loads(out)["benchmarks"]:
         args = dict(kv.split(":") for kv in b["name"].split("/")[1:])

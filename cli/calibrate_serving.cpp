@@ -67,7 +67,7 @@ int cmd_calibrate_serving(const CalibrateServingArgs& a) {
   for (const std::string& path : a.benchmarks)
     for (calib::ServingBenchmark& b : calib::read_serving_benchmarks(path)) bs.push_back(std::move(b));
 
-  sim::ServingConfig cfg = scheduler_config(a.sched, hw);
+  sim::ServingConfig cfg = sim::scheduler_config(a.sched, hw);
   cfg.tp = a.tp;
   cfg.kv_element_bytes = a.kv_element_bytes > 0 ? a.kv_element_bytes : sim::dtype_bytes(prec.kv, "--kv");
   if (a.kv_budget_mib > 0) {
@@ -85,7 +85,7 @@ int cmd_calibrate_serving(const CalibrateServingArgs& a) {
   out["tool"] = "lazyprefill calibrate-serving";
   out["model"] = model_name;
   out["hw"] = hw.name;
-  json sched = scheduler_json(hw, cfg);
+  json sched = sim::scheduler_json(hw, cfg);
   sched["kv_budget_mib"] = cfg.kv_budget_bytes / double(1 << 20);
   out["scheduler"] = std::move(sched);
   out["definitions"] = {

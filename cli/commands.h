@@ -24,12 +24,11 @@
 #include "sim/cost.h"
 #include "sim/revival.h"
 #include "sim/serving.h"
+#include "sim/serving_study.h"
 #include "traces/synthetic.h"
 
 namespace lp::cli {
 
-// "a,b,,c" -> {"a", "b", "c"}: the comma lists of --hw, --prune, --prompt-lengths.
-std::vector<std::string> split_list(const std::string& s);
 // "1024,4096" -> {1024, 4096}; anything but positive whole numbers, or none, is a usage error
 // naming `option`.
 std::vector<int64_t> parse_lengths(const std::string& s, const char* option);
@@ -94,17 +93,8 @@ int cmd_simulate_runahead(const SimulateArgs& a);    // cli/simulate_runahead.cp
 int cmd_simulate_kv_predict(const SimulateArgs& a);  // cli/simulate_kv_predict.cpp
 
 // A serving engine's scheduler limits and host times: given, they override the engine's
-// (hw::scheduling_for): simulate-serving and calibrate-serving.
-struct SchedulerArgs {
-  std::optional<int64_t> max_batch_tokens, chunk_tokens, max_seqs, kv_block_tokens;
-  std::optional<double> iteration_overhead_ms, request_overhead_ms;
-  std::string kv_mode;  // "reserve" | "on-demand" ("": the engine's)
-  std::optional<bool> mixed;
-};
-// `hw`'s engine's scheduler as a serving configuration, the options given overriding it.
-sim::ServingConfig scheduler_config(const SchedulerArgs& a, const hw::Profile& hw);
-// The scheduler's fields as simulate-serving and calibrate-serving print them.
-nlohmann::ordered_json scheduler_json(const hw::Profile& hw, const sim::ServingConfig& cfg);
+// (sim::scheduler_config): simulate-serving and calibrate-serving.
+using SchedulerArgs = sim::SchedulerOverrides;
 
 struct SimulateServingArgs {
   std::string model, model_config, hw, engine, prune = "none,lazyllm", schedule, revival_model, arrival_file;
@@ -116,7 +106,7 @@ struct SimulateServingArgs {
   std::string prompt_tokens = "2048", output_tokens = "32";
   uint64_t seed = 0;
   SchedulerArgs sched;
-  int64_t concurrency = 0;  // closed loop: clients (vllm bench serve --max-concurrency)
+  std::optional<int64_t> concurrency;  // closed loop: clients (vllm bench serve --max-concurrency)
   // Requests served but left out of the figures: the first (AIPerf's --warmup-request-count) and the
   // last (a closed loop's drain; guidellm's --warmup/--cooldown as counts).
   int64_t warmup = 0, cooldown = 0;

@@ -87,13 +87,11 @@ std::optional<DType> dtype_option(const std::string& s) {
 
 void add_scheduler_options(CLI::App& s, SchedulerArgs& a) {
   s.add_option(
-       "--max-batch-tokens", a.max_batch_tokens,
-       "Rows per iteration (default: the engine's; lazyprefill's serve 2048, vLLM's 8192 from 70 GiB)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+      "--max-batch-tokens", a.max_batch_tokens,
+      "Rows per iteration (default: the engine's; lazyprefill's serve 2048, vLLM's 8192 from 70 GiB)");
   s.add_option("--max-seqs", a.max_seqs,
                "Requests running at once at most, as vLLM's max_num_seqs and TensorRT-LLM's max_batch_size "
-               "(default: the engine's; 0 as many as the K/V budget holds, as serve's)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+               "(default: the engine's; 0 as many as the K/V budget holds, as serve's)");
   s.add_option(
        "--kv-mode", a.kv_mode,
        "How K/V is held: reserve (each request's worst case at admission: serve's, TensorRT-LLM's) or "
@@ -101,55 +99,18 @@ void add_scheduler_options(CLI::App& s, SchedulerArgs& a) {
        "when they run out: vLLM's) (default: the engine's)")
       ->check(CLI::IsMember({"reserve", "on-demand"}));
   s.add_option("--kv-block-tokens", a.kv_block_tokens,
-               "Tokens a K/V block holds (default: the engine's; serve 64, vLLM 16, TensorRT-LLM 32)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+               "Tokens a K/V block holds (default: the engine's; serve 64, vLLM 16, TensorRT-LLM 32)");
   s.add_option("--mixed", a.mixed,
                "Decoding rows share iterations with prefill work (true: vLLM, TensorRT-LLM, serve; false: "
                "SGLang's default) (default: the engine's)");
   s.add_option(
-       "--chunk-tokens", a.chunk_tokens,
-       "Chunked prefill: prompts in chunks of at most N tokens (0: whole, as serve runs them) (default: "
-       "the engine's)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+      "--chunk-tokens", a.chunk_tokens,
+      "Chunked prefill: prompts in chunks of at most N tokens (0: whole, as serve runs them) (default: "
+      "the engine's)");
   s.add_option("--iteration-overhead-ms", a.iteration_overhead_ms,
-               "Host time per iteration beyond the batch (default: the engine's)")
-      ->check(CLI::Range(0.0, 1e4));
+               "Host time per iteration beyond the batch (default: the engine's)");
   s.add_option("--request-overhead-ms", a.request_overhead_ms,
-               "Host time per request an iteration schedules (default: the engine's)")
-      ->check(CLI::Range(0.0, 1e4));
-}
-
-sim::ServingConfig scheduler_config(const SchedulerArgs& a, const hw::Profile& hw) {
-  sim::ServingConfig cfg = sim::serving_config(hw::scheduling_for(hw));
-  if (a.max_batch_tokens) cfg.max_batch_tokens = *a.max_batch_tokens;
-  if (a.max_seqs) cfg.max_seqs = *a.max_seqs;
-  if (a.chunk_tokens) cfg.chunk_tokens = *a.chunk_tokens;
-  // vLLM's chunks are what is left of the iteration's budget: a budget given is its chunk too.
-  if (a.max_batch_tokens && !a.chunk_tokens && cfg.chunk_tokens > 0) cfg.chunk_tokens = *a.max_batch_tokens;
-  if (a.kv_block_tokens) cfg.kv_block = *a.kv_block_tokens;
-  if (!a.kv_mode.empty())
-    cfg.kv_mode = a.kv_mode == "reserve" ? hw::Scheduling::Kv::Reserve : hw::Scheduling::Kv::OnDemand;
-  if (a.mixed) cfg.mixed = *a.mixed;
-  if (a.iteration_overhead_ms) cfg.iteration_overhead_s = *a.iteration_overhead_ms * 1e-3;
-  if (a.request_overhead_ms) cfg.request_overhead_s = *a.request_overhead_ms * 1e-3;
-  return cfg;
-}
-
-nlohmann::ordered_json scheduler_json(const hw::Profile& hw, const sim::ServingConfig& cfg) {
-  return {{"engine", hw.engine.name},
-          {"max_batch_tokens", cfg.max_batch_tokens},
-          {"max_seqs", cfg.max_seqs},
-          {"kv_element_bytes", cfg.kv_element_bytes},
-          {"kv_mode", cfg.kv_mode == hw::Scheduling::Kv::Reserve ? "reserve" : "on-demand"},
-          {"kv_block_tokens", cfg.kv_block},
-          {"chunk_tokens", cfg.chunk_tokens},
-          {"mixed", cfg.mixed},
-          {"iteration_overhead_ms", cfg.iteration_overhead_s * 1e3},
-          {"request_overhead_ms", cfg.request_overhead_s * 1e3},
-          {"admit_layer_ms", cfg.admit_layer_s * 1e3},
-          {"kernel_scale", cfg.time_scale},
-          {"concurrency", cfg.clients},
-          {"tp", cfg.tp}};
+               "Host time per request an iteration schedules (default: the engine's)");
 }
 
 }  // namespace lp::cli

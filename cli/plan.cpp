@@ -95,7 +95,7 @@ int plan_here(const PlanArgs& a, const mpi::World* world) {
           {std::string(policy_name(kind)), kind == PolicyKind::None ? "none" : sched.to_string()});
     }
   }
-  const sim::ServingConfig base = scheduler_config({}, hw);
+  const sim::ServingConfig base = sim::scheduler_config({}, hw);
   const std::vector<sim::Layout> all = sim::plan_layouts(hw, o, c.moe());
   const int rank = world ? world->rank() : 0, ranks = world ? world->size() : 1;
   std::vector<sim::LayoutRun> runs;

@@ -10,17 +10,6 @@
 #include "model/error.h"
 
 namespace lp::cli {
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
 std::vector<hw::Profile> load_profiles(const std::string& list, const std::string& engine) {
   std::vector<hw::Profile> hws;
   for (const std::string& name : split_list(list)) {

@@ -18,6 +18,17 @@
 
 namespace lp {
 
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
 std::string escape_text(std::string_view s) {
   std::string out;
   out.reserve(s.size());

@@ -25,6 +25,9 @@ inline constexpr uint64_t kCorpus = 64 * kMiB;     // an evaluation text (the KJ
 // terminal escapes when printed. Other UTF-8 passes through unchanged.
 std::string escape_text(std::string_view s);
 
+// "a,b,,c" -> {"a", "b", "c"}: the comma lists of --hw, --prune, --prompt-lengths.
+std::vector<std::string> split_list(const std::string& s);
+
 // The one way the project reads an input file whole. Only a regular file is read: a directory,
 // device, FIFO or socket is refused from fstat before any read (the open is non-blocking, so a
 // FIFO cannot hang it), and a file over `max_bytes` is refused from its size, before reading.

@@ -17,9 +17,15 @@ from ._core import (
     Profile,
     SimulateReport,
     SimulateResult,
+    CapacityRun,
+    Percentiles,
+    ServingMetrics,
+    ServingReport,
+    ServingRun,
     __version__,
     engine_names,
     simulate,
+    simulate_serving,
 )
 
 __all__ = [
@@ -32,7 +38,13 @@ __all__ = [
     "Profile",
     "SimulateReport",
     "SimulateResult",
+    "CapacityRun",
+    "Percentiles",
+    "ServingMetrics",
+    "ServingReport",
+    "ServingRun",
     "__version__",
     "engine_names",
     "simulate",
+    "simulate_serving",
 ]

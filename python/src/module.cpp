@@ -23,6 +23,7 @@
 #include "model/presets.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
+#include "sim/serving_study.h"
 #include "sim/simulate.h"
 
 namespace nb = nanobind;
@@ -133,6 +134,54 @@ void target_from(const std::optional<std::string>& model, const nb::handle& mode
 
 std::string replaced_origin(const std::string& name) {
   return name + " (replaced)";
+}
+
+// A length argument as the CLI takes it: a number of tokens, or a LengthDist spec ("4096:8192",
+// "normal:2048:512", "file:PATH").
+std::string length_spec(const nb::handle& h, const char* what) {
+  if (nb::isinstance<nb::str>(h)) return nb::cast<std::string>(h);
+  if (nb::isinstance<nb::int_>(h) && !nb::isinstance<nb::bool_>(h))
+    return std::to_string(nb::cast<int64_t>(h));
+  throw nb::type_error(fmt::format("{}: expected a number of tokens or a length spec (str)", what).c_str());
+}
+
+// The arrival rates: a number (inf: all at once), or a list of them; None: the default.
+std::vector<double> rates_from(const nb::handle& h) {
+  std::vector<double> out;
+  const auto one = [&](const nb::handle& x) {
+    if (!(nb::isinstance<nb::float_>(x) || nb::isinstance<nb::int_>(x)) || nb::isinstance<nb::bool_>(x))
+      throw nb::type_error("rate: expected a number of requests/s or a list of them");
+    out.push_back(nb::cast<double>(x));
+  };
+  if (h.is_none()) return out;
+  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h))
+    for (nb::handle x : h) one(x);
+  else
+    one(h);
+  return out;
+}
+
+// Per-request arrays (keep_requests): each field of RequestOutcome over the run's requests.
+nb::dict request_arrays(const std::vector<sim::RequestOutcome>& reqs) {
+  nb::dict d;
+  const auto col = [&](const char* name, auto f) {
+    std::vector<double> v;
+    v.reserve(reqs.size());
+    for (const sim::RequestOutcome& o : reqs) v.push_back(double(f(o)));
+    d[name] = to_numpy(std::move(v), {reqs.size()});
+  };
+  col("arrival_s", [](const sim::RequestOutcome& o) { return o.arrival_s; });
+  col("admitted_s", [](const sim::RequestOutcome& o) { return o.admitted_s; });
+  col("first_token_s", [](const sim::RequestOutcome& o) { return o.first_token_s; });
+  col("finished_s", [](const sim::RequestOutcome& o) { return o.finished_s; });
+  col("ttft_s", [](const sim::RequestOutcome& o) { return o.ttft_s(); });
+  col("itl_s", [](const sim::RequestOutcome& o) { return o.itl_s(); });
+  col("prompt_tokens", [](const sim::RequestOutcome& o) { return o.prompt_tokens; });
+  col("output_tokens", [](const sim::RequestOutcome& o) { return o.output_tokens; });
+  col("cached_tokens", [](const sim::RequestOutcome& o) { return o.cached_tokens; });
+  col("prompt_tokens_computed_fraction",
+      [](const sim::RequestOutcome& o) { return o.prompt_tokens_computed_fraction; });
+  return d;
 }
 
 }  // namespace
@@ -409,4 +458,163 @@ NB_MODULE(_core, m) {
       "engine"_a = nb::none(),
       "`lazyprefill simulate` (docs/simulator.md): the keyword arguments are its options, with its "
       "defaults.");
+
+  // ---- simulate_serving
+  nb::class_<sim::Percentiles>(m, "Percentiles", "A latency's p50, p90, p99 and mean, s")
+      .def_ro("p50", &sim::Percentiles::p50)
+      .def_ro("p90", &sim::Percentiles::p90)
+      .def_ro("p99", &sim::Percentiles::p99)
+      .def_ro("mean", &sim::Percentiles::mean);
+
+  nb::class_<sim::ServingMetrics>(m, "ServingMetrics", "A serving run's figures (s, per s, shares)")
+      .def_ro("requests", &sim::ServingMetrics::requests)
+      .def_ro("duration_s", &sim::ServingMetrics::duration_s)
+      .def_ro("requests_per_s", &sim::ServingMetrics::requests_per_s)
+      .def_ro("output_tokens_per_s", &sim::ServingMetrics::output_tokens_per_s)
+      .def_ro("prompt_tokens_per_s", &sim::ServingMetrics::prompt_tokens_per_s)
+      .def_ro("goodput_per_s", &sim::ServingMetrics::goodput_per_s)
+      .def_ro("ttft", &sim::ServingMetrics::ttft)
+      .def_ro("itl", &sim::ServingMetrics::itl)
+      .def_ro("e2e", &sim::ServingMetrics::e2e)
+      .def_ro("queue", &sim::ServingMetrics::queue)
+      .def_ro("kv_utilisation_mean", &sim::ServingMetrics::kv_utilisation_mean)
+      .def_ro("kv_utilisation_peak", &sim::ServingMetrics::kv_utilisation_peak)
+      .def_ro("prompt_share_mean", &sim::ServingMetrics::prompt_tokens_computed_fraction_mean);
+
+  nb::class_<sim::ServingRunResult>(m, "ServingRun", "One hardware x method x rate run")
+      .def_ro("hw", &sim::ServingRunResult::hw)
+      .def_ro("method", &sim::ServingRunResult::method)
+      .def_ro("rate", &sim::ServingRunResult::rate, "requests/s (inf: all at once; 0: an arrival file's)")
+      .def_ro("metrics", &sim::ServingRunResult::metrics)
+      .def_ro("iterations", &sim::ServingRunResult::iterations)
+      .def_ro("preemptions", &sim::ServingRunResult::preemptions)
+      .def_ro("prompt_tokens_cached_share", &sim::ServingRunResult::prompt_tokens_cached_share)
+      .def_prop_ro(
+          "kv",
+          [](const sim::ServingRunResult& r) {
+            std::vector<double> v;
+            for (const sim::KvPoint& p : r.kv) v.insert(v.end(), {p.t_s, p.reserved, p.used});
+            return to_numpy(std::move(v), {r.kv.size(), 3});
+          },
+          "K/V over time, [points, 3]: t (s), reserved and used (bytes)")
+      .def_prop_ro(
+          "requests", [](const sim::ServingRunResult& r) { return request_arrays(r.requests); },
+          "keep_requests=True: per-request arrays (arrival_s, ttft_s, itl_s, ...); else empty ones")
+      .def("to_dict", [](const sim::ServingRunResult& r) { return to_python(r.to_json()); });
+
+  nb::class_<sim::CapacityRun>(m, "CapacityRun", "One hardware x method capacity search")
+      .def_ro("hw", &sim::CapacityRun::hw)
+      .def_ro("method", &sim::CapacityRun::method)
+      .def_prop_ro("met", [](const sim::CapacityRun& c) { return c.result.met; })
+      .def_prop_ro(
+          "rate", [](const sim::CapacityRun& c) { return c.result.rate; }, "requests/s, the seeds' median")
+      .def_prop_ro("rate_min", [](const sim::CapacityRun& c) { return c.result.rate_min; })
+      .def_prop_ro("rate_max", [](const sim::CapacityRun& c) { return c.result.rate_max; })
+      .def_prop_ro("resolution", [](const sim::CapacityRun& c) { return c.result.bracket; })
+      .def_prop_ro("simulations", [](const sim::CapacityRun& c) { return c.result.simulations; })
+      .def_prop_ro("at_rate", [](const sim::CapacityRun& c) { return c.result.at_rate; })
+      .def_prop_ro("best_at_lowest_rate", [](const sim::CapacityRun& c) { return c.result.best; })
+      .def("to_dict", [](const sim::CapacityRun& c) { return to_python(c.to_json()); });
+
+  nb::class_<sim::ServingStudyReport>(m, "ServingReport", "simulate_serving's result")
+      .def_ro("model", &sim::ServingStudyReport::model)
+      .def_ro("schedule", &sim::ServingStudyReport::schedule)
+      .def_ro("revivals", &sim::ServingStudyReport::revivals)
+      .def_ro("runs", &sim::ServingStudyReport::runs,
+              "Without capacity: hardware-major, then method, then rate")
+      .def_ro("capacities", &sim::ServingStudyReport::capacities, "With capacity=True")
+      .def_prop_ro("scheduler", [](const sim::ServingStudyReport& r) { return to_python(r.scheduler); })
+      .def_prop_ro("workload", [](const sim::ServingStudyReport& r) { return to_python(r.workload); })
+      .def(
+          "to_dict", [](const sim::ServingStudyReport& r) { return to_python(r.to_json()); },
+          "`lazyprefill simulate-serving --json`'s document")
+      .def(
+          "to_json", [](const sim::ServingStudyReport& r, int indent) { return r.to_json().dump(indent); },
+          "indent"_a = 2);
+
+  const sim::ServingStudyRequest ds;
+  m.def(
+      "simulate_serving",
+      [](const nb::handle& hw, const std::optional<std::string>& model, const nb::handle& model_config,
+         const std::optional<std::string>& engine, const std::optional<std::string>& prefill_hw,
+         const std::string& weights, const std::string& compute, const std::string& kv,
+         const std::optional<std::string>& expert_weights, const std::string& prune,
+         const std::optional<std::string>& schedule, const std::optional<std::string>& revival_model,
+         std::optional<double> revival_share, const std::optional<std::string>& arrival_file,
+         const nb::handle& rate, double cv, int64_t requests, const nb::handle& prompt_tokens,
+         const nb::handle& output_tokens, uint64_t seed, std::optional<int64_t> max_batch_tokens,
+         std::optional<int64_t> chunk_tokens, std::optional<int64_t> max_seqs,
+         std::optional<int64_t> kv_block_tokens, std::optional<double> iteration_overhead_ms,
+         std::optional<double> request_overhead_ms, const std::optional<std::string>& kv_mode,
+         std::optional<bool> mixed, std::optional<int64_t> concurrency, int64_t warmup, int64_t cooldown,
+         double kv_budget_mib, std::optional<double> kv_element_bytes, int tp, int ep, int dp, int pp,
+         std::optional<double> moe_imbalance, double pp_link_gbs, bool capacity,
+         std::optional<double> slo_ttft_p90_ms, std::optional<double> slo_itl_p90_ms, int seeds,
+         double tolerance, bool prefix_cache, int64_t prefix_block_tokens,
+         const std::optional<std::string>& shared_prefix, int replicas, const std::string& router,
+         const std::optional<std::string>& disaggregate, std::optional<double> kv_link_gbs,
+         std::optional<double> kv_link_us, bool keep_requests) {
+        sim::ServingStudyRequest r;
+        r.hws = profiles_from(hw, engine);
+        if (prefill_hw) r.prefill_hw = profiles_from(nb::str(prefill_hw->c_str()), engine).at(0);
+        sim::SimulateRequest target;
+        target_from(model, model_config, target);
+        r.model = target.model, r.model_config = target.model_config, r.config = target.config;
+        r.precision = sim::Precision(weights, compute, kv, expert_weights.value_or(""));
+        r.prune = prune;
+        r.schedule = schedule.value_or("");
+        r.revival_model = revival_model.value_or("");
+        r.revival_share = revival_share.value_or(-1);
+        r.arrival_file = arrival_file.value_or("");
+        r.rates = rates_from(rate);
+        r.cv = cv;
+        r.requests = requests;
+        r.prompt_tokens = length_spec(prompt_tokens, "prompt_tokens");
+        r.output_tokens = length_spec(output_tokens, "output_tokens");
+        r.seed = seed;
+        r.sched = {
+            max_batch_tokens,    chunk_tokens,         max_seqs, kv_block_tokens, iteration_overhead_ms,
+            request_overhead_ms, kv_mode.value_or(""), mixed};
+        r.concurrency = concurrency;
+        r.warmup = warmup, r.cooldown = cooldown;
+        r.kv_budget_mib = kv_budget_mib;
+        r.kv_element_bytes = kv_element_bytes.value_or(0);
+        r.tp = tp, r.ep = ep, r.dp = dp, r.pp = pp;
+        r.moe_imbalance = moe_imbalance.value_or(0);
+        r.pp_link_gbs = pp_link_gbs;
+        r.capacity = capacity;
+        r.slo_ttft_ms = slo_ttft_p90_ms.value_or(0), r.slo_itl_ms = slo_itl_p90_ms.value_or(0);
+        r.seeds = seeds;
+        r.tolerance = tolerance;
+        r.prefix_cache = prefix_cache;
+        r.prefix_block_tokens = prefix_block_tokens;
+        r.shared_prefix = shared_prefix.value_or("");
+        r.replicas = replicas;
+        r.router = router;
+        r.disaggregate = disaggregate.value_or("");
+        r.kv_link_gbs = kv_link_gbs.value_or(0);
+        r.kv_link_us = kv_link_us.value_or(-1);
+        r.keep_requests = keep_requests;
+        nb::gil_scoped_release unlocked;
+        return sim::serving_study(r);
+      },
+      nb::kw_only(), "hw"_a, "model"_a = nb::none(), "model_config"_a = nb::none(), "engine"_a = nb::none(),
+      "prefill_hw"_a = nb::none(), "weights"_a = ds.precision.weights, "compute"_a = ds.precision.compute,
+      "kv"_a = ds.precision.kv, "expert_weights"_a = nb::none(), "prune"_a = ds.prune,
+      "schedule"_a = nb::none(), "revival_model"_a = nb::none(), "revival_share"_a = nb::none(),
+      "arrival_file"_a = nb::none(), "rate"_a = nb::none(), "cv"_a = ds.cv, "requests"_a = ds.requests,
+      "prompt_tokens"_a = ds.prompt_tokens, "output_tokens"_a = ds.output_tokens, "seed"_a = ds.seed,
+      "max_batch_tokens"_a = nb::none(), "chunk_tokens"_a = nb::none(), "max_seqs"_a = nb::none(),
+      "kv_block_tokens"_a = nb::none(), "iteration_overhead_ms"_a = nb::none(),
+      "request_overhead_ms"_a = nb::none(), "kv_mode"_a = nb::none(), "mixed"_a = nb::none(),
+      "concurrency"_a = nb::none(), "warmup"_a = ds.warmup, "cooldown"_a = ds.cooldown,
+      "kv_budget_mib"_a = ds.kv_budget_mib, "kv_element_bytes"_a = nb::none(), "tp"_a = ds.tp, "ep"_a = ds.ep,
+      "dp"_a = ds.dp, "pp"_a = ds.pp, "moe_imbalance"_a = nb::none(), "pp_link_gbs"_a = ds.pp_link_gbs,
+      "capacity"_a = ds.capacity, "slo_ttft_p90_ms"_a = nb::none(), "slo_itl_p90_ms"_a = nb::none(),
+      "seeds"_a = ds.seeds, "tolerance"_a = ds.tolerance, "prefix_cache"_a = ds.prefix_cache,
+      "prefix_block_tokens"_a = ds.prefix_block_tokens, "shared_prefix"_a = nb::none(),
+      "replicas"_a = ds.replicas, "router"_a = ds.router, "disaggregate"_a = nb::none(),
+      "kv_link_gbs"_a = nb::none(), "kv_link_us"_a = nb::none(), "keep_requests"_a = ds.keep_requests,
+      "`lazyprefill simulate-serving` (docs/simulator.md): the keyword arguments are its options, with its "
+      "defaults; rate is a number or a list (inf: all at once).");
 }
