@@ -288,8 +288,7 @@ Examples:
   add_model_choice(*c, a.model, a.model_config, "compare on");
   c->add_option("--hw", a.hw, "Hardware profile: a built-in name or a .json file (one device)")->required();
   c->add_option("--engine", a.engine, kEngineHelp);
-  c->add_option("--devices", a.devices, "Devices for tensor parallelism and KV-Runahead (default 8)")
-      ->check(CLI::Range(2, 1024));
+  c->add_option("--devices", a.devices, "Devices for tensor parallelism and KV-Runahead (default 8)");
   c->add_option("--prompt-tokens", a.prompt_tokens,
                 "Prompt lengths, comma-separated (default 8192,32768,131072)");
   c->add_option("--schedule", a.schedules,

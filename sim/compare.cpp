@@ -5,9 +5,13 @@
 #include <algorithm>
 
 #include "model/error.h"
+#include "model/io.h"
+#include "model/json_checks.h"
+#include "model/presets.h"
 #include "sim/kv_predict.h"
 #include "sim/replay.h"
 #include "sim/runahead.h"
+#include "sim/simulate.h"
 #include "traces/synthetic.h"
 
 namespace lp::sim {
@@ -80,6 +84,154 @@ Comparison compare_methods(const ModelConfig& c, const hw::Profile& hw, const Pr
       }
     out.tables.push_back(std::move(t));
   }
+  return out;
+}
+
+}  // namespace lp::sim
+
+// ---- compare(): the request checked, the eval file's accuracy, the report's document
+
+namespace lp::sim {
+namespace {
+
+// What one LazyLLM schedule did in an `eval --json` output, over its tasks and lengths.
+struct EvalFigures {
+  std::string model;
+  int qa_tasks = 0, nll_tasks = 0;
+  double worst_accuracy_change = 0, worst_nll_change = 0;  // points (QA), nats (NLL)
+};
+
+std::optional<EvalFigures> eval_figures(const nlohmann::json& e, const std::string& schedule,
+                                        const std::string& origin) {
+  EvalFigures f;
+  f.model = e.value("model_name", std::string("?"));
+  try {
+    for (const auto& r : e.at("results")) {
+      if (!r.value("counts", true)) continue;  // failed at baseline: says nothing about pruning
+      for (const auto& c : r.at("methods")) {
+        if (c.at("policy").get<std::string>() != "lazyllm" || c.at("schedule").get<std::string>() != schedule)
+          continue;
+        if (c.contains("accuracy_change")) {
+          const double d = 100 * c.at("accuracy_change").get<double>();
+          f.worst_accuracy_change = f.qa_tasks++ ? std::min(f.worst_accuracy_change, d) : d;
+        } else if (c.contains("nll_change")) {
+          const double d = c.at("nll_change").get<double>();
+          f.worst_nll_change = f.nll_tasks++ ? std::max(f.worst_nll_change, d) : d;
+        }
+      }
+    }
+  } catch (const nlohmann::json::exception& ex) {
+    fail("{}: not an `eval --json` output ({})", origin, ex.what());
+  }
+  if (f.qa_tasks + f.nll_tasks == 0) return std::nullopt;
+  return f;
+}
+
+std::string eval_text(const std::optional<EvalFigures>& f) {
+  if (!f) return "not measured (lazyprefill eval --json, then --eval FILE)";
+  std::string s = fmt::format("eval on {}:", f->model);
+  if (f->qa_tasks)
+    s += fmt::format(" worst QA accuracy change {:+.1f} pt over {}", f->worst_accuracy_change, f->qa_tasks);
+  if (f->nll_tasks)
+    s += fmt::format("{} worst NLL change {:+.3f} over {}", f->qa_tasks ? ";" : "", f->worst_nll_change,
+                     f->nll_tasks);
+  return s;
+}
+
+// Each schedule's accuracy from the eval file, where it has the schedule.
+std::vector<std::optional<EvalFigures>> evals_from(const std::string& path,
+                                                   const std::vector<Schedule>& schedules) {
+  std::vector<std::optional<EvalFigures>> evals(schedules.size());
+  if (path.empty()) return evals;
+  const nlohmann::json e =
+      json_parse(read_input_file(path, "eval --json file", input_cap::kResults), path, true);
+  if (e.is_discarded() || !e.is_object()) fail("{}: not a JSON object", path);
+  for (size_t i = 0; i < schedules.size(); ++i) evals[i] = eval_figures(e, schedules[i].to_string(), path);
+  return evals;
+}
+
+std::string accuracy_text(const CompareRow& r, const std::vector<std::optional<EvalFigures>>& evals) {
+  switch (r.accuracy) {
+    case CompareAccuracy::Exact:
+      return "exact (the same computation)";
+    case CompareAccuracy::Schedule:
+      return eval_text(evals[r.schedule]);
+    case CompareAccuracy::RunaheadLastRank:
+      return "not measured (the last rank prunes; docs/runahead.md)";
+    case CompareAccuracy::KvPrediction:
+      return "not modelled (the trained predictor's; the paper's figures below)";
+  }
+  return "";
+}
+
+}  // namespace
+
+CompareReport compare(const CompareRequest& r) {
+  if (r.hws.size() != 1) usage_fail("--hw names one profile for compare, got {}", r.hws.size());
+  if (r.config && (!r.model.empty() || !r.model_config.empty()))
+    usage_fail("give one target: a model configuration, --model or --model-config");
+  check_range("--devices", r.devices, 2, 1024);
+  if (r.prompt_tokens.empty()) usage_fail("--prompt-tokens is empty (give e.g. 1024,4096,16384)");
+  for (const int64_t n : r.prompt_tokens) check_range("--prompt-tokens", n, int64_t(1), int64_t(1) << 24);
+  CompareReport out;
+  const ModelConfig c = r.config ? *r.config : model_to_cost(r.model, r.model_config, &out.model);
+  if (r.config) out.model = c.name.empty() ? "custom" : c.name;
+  out.precision = r.precision;
+  validate(out.precision);
+  out.hw = r.hws[0];
+  out.devices = r.devices;
+  CompareOptions opt;
+  opt.devices = r.devices;
+  opt.prompt_tokens = r.prompt_tokens;
+  for (const std::string& s : r.schedules) opt.schedules.push_back(schedule_from_arg(s));
+  if (opt.schedules.empty()) opt.schedules.push_back(default_schedule());
+  if (!r.kv_predict.empty()) {
+    opt.kv_predict = preset_config(r.kv_predict);
+    opt.kv_predict_name = r.kv_predict;
+    for_option("--kv-predict", [&] { check_kv_predict_pair(c, out.model, *opt.kv_predict, r.kv_predict); });
+  }
+  const std::vector<std::optional<EvalFigures>> evals = evals_from(r.eval, opt.schedules);
+  out.comparison = compare_methods(c, out.hw, out.precision, opt);
+  for (CompareTable& t : out.comparison.tables)
+    for (CompareRow& row : t.rows) row.accuracy_note = accuracy_text(row, evals);
+  out.combined_schedule = opt.schedules[0].to_string();
+  out.kv_predict = opt.kv_predict.has_value();
+  return out;
+}
+
+nlohmann::ordered_json CompareReport::to_json(const std::string& chart) const {
+  using json = nlohmann::ordered_json;
+  json out;
+  out["tool"] = "lazyprefill compare";
+  out["model"] = model;
+  out["hw"] = hw.name;
+  out["devices"] = devices;
+  out["combined_schedule"] = combined_schedule;
+  out["precision"] = {{"weights", precision.weights}, {"compute", precision.compute}, {"kv", precision.kv}};
+  out["memory_per_device_gib"] = hw.memory_capacity / (1 << 30);
+  if (!comparison.tp_refused.empty()) out["tp_refused"] = comparison.tp_refused;
+  if (kv_predict) out["kv_prediction_accuracy"] = kv_predict_accuracy_note();
+  json prompts = json::array();
+  for (const CompareTable& t : comparison.tables) {
+    json tj = json::array();
+    for (const CompareRow& r : t.rows) {
+      json rj = {{"method", r.method}, {"devices", r.devices}};
+      if (r.refused) {
+        rj["refused"] = r.note;
+      } else {
+        rj["ttft_ms"] = r.ttft_s * 1e3;
+        rj["speedup"] = r.speedup;
+        rj["memory_per_device_gib"] = r.memory_bytes / (1 << 30);
+        rj["fits_in_memory"] = r.fits;
+        if (!r.note.empty()) rj["note"] = r.note;
+      }
+      rj["accuracy"] = r.accuracy_note;
+      tj.push_back(rj);
+    }
+    prompts.push_back({{"prompt_tokens", t.prompt_tokens}, {"methods", tj}});
+  }
+  out["prompts"] = std::move(prompts);
+  if (!chart.empty()) out["chart"] = chart;
   return out;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,9 +43,10 @@ struct CompareRow {
   double speedup = 0;                   // the plain prefill's TTFT over this one's
   bool fits = true;                     // memory_bytes within a device's capacity
   CompareAccuracy accuracy = CompareAccuracy::Exact;
-  size_t schedule = 0;   // CompareAccuracy::Schedule: the option's schedule index
-  std::string note;      // the partition's chunks, or why a method was refused
-  bool refused = false;  // the method cannot run here (note says why); no times
+  size_t schedule = 0;        // CompareAccuracy::Schedule: the option's schedule index
+  std::string note;           // the partition's chunks, or why a method was refused
+  bool refused = false;       // the method cannot run here (note says why); no times
+  std::string accuracy_note;  // what is known of its accuracy, in words (compare() fills it)
 };
 struct CompareTable {
   int64_t prompt_tokens = 0;
@@ -57,5 +59,34 @@ struct Comparison {
 
 Comparison compare_methods(const ModelConfig& c, const hw::Profile& hw, const Precision& p,
                            const CompareOptions& o);
+
+// `lazyprefill compare` as one call (the CLI and the Python module's compare): the options with
+// the CLI's defaults in, the comparison with each row's accuracy in words out. The ranges are
+// checked here (lp::UsageError naming the CLI's flag), so both front ends refuse in the same words.
+struct CompareRequest {
+  std::string model, model_config;    // a GGUF file's shape, or a preset or configuration file
+  std::optional<ModelConfig> config;  // or the model itself (the Python module's Model)
+  std::vector<hw::Profile> hws;       // exactly one
+  Precision precision;
+  int devices = 8;
+  std::vector<int64_t> prompt_tokens = {8192, 32768, 131072};
+  std::vector<std::string> schedules;  // LazyLLM's; empty: the default one
+  std::string kv_predict;              // KV Prediction's auxiliary preset; "": left out
+  std::string eval;                    // an `eval --json` output giving the schedules' accuracy
+};
+
+struct CompareReport {
+  std::string model;
+  hw::Profile hw;
+  Precision precision;
+  int devices = 8;
+  std::string combined_schedule;  // the first schedule, combined with the parallel methods
+  bool kv_predict = false;
+  Comparison comparison;
+  // `compare --json`'s document; `chart` the chart's file where the CLI wrote one.
+  nlohmann::ordered_json to_json(const std::string& chart = "") const;
+};
+
+CompareReport compare(const CompareRequest& r);
 
 }  // namespace lp::sim

@@ -8,6 +8,9 @@ The engine (run, serve, eval) stays in the CLI.
 """
 
 from ._core import (
+    CompareReport,
+    CompareRow,
+    CompareTable,
     Error,
     InternalError,
     Memory,
@@ -25,10 +28,14 @@ from ._core import (
     __version__,
     engine_names,
     simulate,
+    compare,
     simulate_serving,
 )
 
 __all__ = [
+    "CompareReport",
+    "CompareRow",
+    "CompareTable",
     "Error",
     "InternalError",
     "Memory",
@@ -46,5 +53,6 @@ __all__ = [
     "__version__",
     "engine_names",
     "simulate",
+    "compare",
     "simulate_serving",
 ]

@@ -21,6 +21,7 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/presets.h"
+#include "sim/compare.h"
 #include "sim/cost.h"
 #include "sim/replay.h"
 #include "sim/serving_study.h"
@@ -154,6 +155,21 @@ std::vector<double> rates_from(const nb::handle& h) {
     out.push_back(nb::cast<double>(x));
   };
   if (h.is_none()) return out;
+  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h))
+    for (nb::handle x : h) one(x);
+  else
+    one(h);
+  return out;
+}
+
+// A number of tokens or a list of them (the CLI's comma lists).
+std::vector<int64_t> ints_from(const nb::handle& h, const char* what) {
+  std::vector<int64_t> out;
+  const auto one = [&](const nb::handle& x) {
+    if (!nb::isinstance<nb::int_>(x) || nb::isinstance<nb::bool_>(x))
+      throw nb::type_error(fmt::format("{}: expected a whole number or a list of them", what).c_str());
+    out.push_back(nb::cast<int64_t>(x));
+  };
   if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h))
     for (nb::handle x : h) one(x);
   else
@@ -617,4 +633,95 @@ NB_MODULE(_core, m) {
       "kv_link_gbs"_a = nb::none(), "kv_link_us"_a = nb::none(), "keep_requests"_a = ds.keep_requests,
       "`lazyprefill simulate-serving` (docs/simulator.md): the keyword arguments are its options, with its "
       "defaults; rate is a number or a list (inf: all at once).");
+  // ---- compare
+  nb::class_<sim::CompareRow>(m, "CompareRow", "One way to cut TTFT at one prompt length")
+      .def_ro("method", &sim::CompareRow::method)
+      .def_ro("family", &sim::CompareRow::family)
+      .def_ro("devices", &sim::CompareRow::devices)
+      .def_ro("ttft_s", &sim::CompareRow::ttft_s)
+      .def_ro("speedup", &sim::CompareRow::speedup)
+      .def_ro("memory_bytes", &sim::CompareRow::memory_bytes, "per device, the fullest one")
+      .def_ro("fits", &sim::CompareRow::fits)
+      .def_ro("refused", &sim::CompareRow::refused)
+      .def_ro("note", &sim::CompareRow::note)
+      .def_ro("accuracy", &sim::CompareRow::accuracy_note);
+
+  nb::class_<sim::CompareTable>(m, "CompareTable", "Every method at one prompt length")
+      .def_ro("prompt_tokens", &sim::CompareTable::prompt_tokens)
+      .def_ro("rows", &sim::CompareTable::rows);
+
+  nb::class_<sim::CompareReport>(m, "CompareReport", "compare's result: one table per prompt length")
+      .def_ro("model", &sim::CompareReport::model)
+      .def_ro("hw", &sim::CompareReport::hw)
+      .def_ro("devices", &sim::CompareReport::devices)
+      .def_ro("combined_schedule", &sim::CompareReport::combined_schedule)
+      .def_prop_ro("tp_refused", [](const sim::CompareReport& r) { return r.comparison.tp_refused; })
+      .def_prop_ro("tables", [](const sim::CompareReport& r) { return r.comparison.tables; })
+      .def_prop_ro(
+          "methods",
+          [](const sim::CompareReport& r) {
+            std::vector<std::string> out;
+            if (!r.comparison.tables.empty())
+              for (const sim::CompareRow& row : r.comparison.tables.front().rows) out.push_back(row.method);
+            return out;
+          },
+          "The methods, in the tables' order")
+      .def_prop_ro("prompt_tokens",
+                   [](const sim::CompareReport& r) {
+                     std::vector<double> v;
+                     for (const sim::CompareTable& t : r.comparison.tables)
+                       v.push_back(double(t.prompt_tokens));
+                     return to_numpy(std::move(v), {r.comparison.tables.size()});
+                   })
+      .def_prop_ro(
+          "ttft_s",
+          [](const sim::CompareReport& r) {
+            const auto& tables = r.comparison.tables;
+            const size_t methods = tables.empty() ? 0 : tables.front().rows.size();
+            std::vector<double> v;
+            for (const sim::CompareTable& t : tables) {
+              if (t.rows.size() != methods) internal_fail("compare's tables hold different methods");
+              for (const sim::CompareRow& row : t.rows) v.push_back(row.refused ? std::nan("") : row.ttft_s);
+            }
+            return to_numpy(std::move(v), {tables.size(), methods});
+          },
+          "[prompt lengths, methods], s; NaN where a method is refused")
+      .def(
+          "to_dict", [](const sim::CompareReport& r) { return to_python(r.to_json()); },
+          "`lazyprefill compare --json`'s document")
+      .def(
+          "to_json", [](const sim::CompareReport& r, int indent) { return r.to_json().dump(indent); },
+          "indent"_a = 2);
+
+  const sim::CompareRequest dc;
+  m.def(
+      "compare",
+      [](const nb::handle& hw, const std::optional<std::string>& model, const nb::handle& model_config,
+         const std::optional<std::string>& engine, const std::string& weights, const std::string& compute,
+         const std::string& kv, const std::optional<std::string>& expert_weights, int devices,
+         const nb::handle& prompt_tokens, const nb::handle& schedule,
+         const std::optional<std::string>& kv_predict, const std::optional<std::string>& eval) {
+        sim::CompareRequest r;
+        r.hws = profiles_from(hw, engine);
+        sim::SimulateRequest target;
+        target_from(model, model_config, target);
+        r.model = target.model, r.model_config = target.model_config, r.config = target.config;
+        r.precision = sim::Precision(weights, compute, kv, expert_weights.value_or(""));
+        r.devices = devices;
+        if (!prompt_tokens.is_none()) r.prompt_tokens = ints_from(prompt_tokens, "prompt_tokens");
+        if (nb::isinstance<nb::str>(schedule))
+          r.schedules = {nb::cast<std::string>(schedule)};
+        else if (!schedule.is_none())
+          r.schedules = nb::cast<std::vector<std::string>>(schedule);
+        r.kv_predict = kv_predict.value_or("");
+        r.eval = eval.value_or("");
+        nb::gil_scoped_release unlocked;
+        return sim::compare(r);
+      },
+      nb::kw_only(), "hw"_a, "model"_a = nb::none(), "model_config"_a = nb::none(), "engine"_a = nb::none(),
+      "weights"_a = dc.precision.weights, "compute"_a = dc.precision.compute, "kv"_a = dc.precision.kv,
+      "expert_weights"_a = nb::none(), "devices"_a = dc.devices, "prompt_tokens"_a = dc.prompt_tokens,
+      "schedule"_a = nb::none(), "kv_predict"_a = nb::none(), "eval"_a = nb::none(),
+      "`lazyprefill compare` (docs/cli.md): every way to cut TTFT side by side; prompt_tokens a number or a "
+      "list, schedule one or a list.");
 }
