@@ -217,8 +217,7 @@ void check_request(const ServingStudyRequest& r) {
   if (r.kv_link_gbs != 0) check_range("--kv-link-gbs", r.kv_link_gbs, 1e-3, 1e6);
   if (r.kv_link_us != -1) check_range("--kv-link-us", r.kv_link_us, 0.0, 1e7);
   for (const double v : r.rates)
-    if (!(v > 0) || (std::isnan(v)))
-      usage_fail("--rate: {} is not a positive number of requests/s (or inf)", v);
+    if (!(v > 0)) usage_fail("--rate: {} is not a positive number of requests/s (or inf)", v);
   if (!r.arrival_file.empty()) {
     if (!r.rates.empty()) usage_fail("--rate and --arrival-file exclude each other");
     if (!r.shared_prefix.empty()) usage_fail("--shared-prefix and --arrival-file exclude each other");

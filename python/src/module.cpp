@@ -120,9 +120,9 @@ std::vector<hw::Profile> profiles_from(const nb::handle& h, const std::optional<
 }
 
 // The model argument of the simulator's functions: model_config is a preset name, a .json file or a
-// Model; model a GGUF file.
-void target_from(const std::optional<std::string>& model, const nb::handle& model_config,
-                 sim::SimulateRequest& r) {
+// Model; model a GGUF file. Every request has the three fields (model, model_config, config).
+template <class Request>
+void target_from(const std::optional<std::string>& model, const nb::handle& model_config, Request& r) {
   r.model = model.value_or("");
   if (model_config.is_none()) return;
   if (nb::isinstance<ModelConfig>(model_config))
@@ -573,9 +573,7 @@ NB_MODULE(_core, m) {
         sim::ServingStudyRequest r;
         r.hws = profiles_from(hw, engine);
         if (prefill_hw) r.prefill_hw = profiles_from(nb::str(prefill_hw->c_str()), engine).at(0);
-        sim::SimulateRequest target;
-        target_from(model, model_config, target);
-        r.model = target.model, r.model_config = target.model_config, r.config = target.config;
+        target_from(model, model_config, r);
         r.precision = sim::Precision(weights, compute, kv, expert_weights.value_or(""));
         r.prune = prune;
         r.schedule = schedule.value_or("");
@@ -703,9 +701,7 @@ NB_MODULE(_core, m) {
          const std::optional<std::string>& kv_predict, const std::optional<std::string>& eval) {
         sim::CompareRequest r;
         r.hws = profiles_from(hw, engine);
-        sim::SimulateRequest target;
-        target_from(model, model_config, target);
-        r.model = target.model, r.model_config = target.model_config, r.config = target.config;
+        target_from(model, model_config, r);
         r.precision = sim::Precision(weights, compute, kv, expert_weights.value_or(""));
         r.devices = devices;
         if (!prompt_tokens.is_none()) r.prompt_tokens = ints_from(prompt_tokens, "prompt_tokens");
