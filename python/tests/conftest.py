@@ -1,5 +1,6 @@
 """Shared fixtures: the CLI the module is checked against (LAZYPREFILL_CLI, set by ctest)."""
 import json
+import math
 import os
 import subprocess
 
@@ -33,3 +34,24 @@ def cli_error(p):
     assert line.startswith(prefix), line
     line = line[len(prefix):]
     return line.removesuffix(" (see --help)")
+
+
+def cli_args(subcommand, case, repeated=()):
+    """The command line that asks `subcommand --json` what `case` (keyword arguments) asks the module:
+    a flag per keyword (`prompt_tokens` -> `--prompt-tokens`), True as a bare flag,
+    a list joined by commas (repeated flags for the keywords in `repeated`), infinity as inf."""
+    args = [subcommand, "--json"]
+    for k, v in case.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            args.append(flag)
+        elif isinstance(v, list) and k in repeated:
+            for x in v:
+                args += [flag, x]
+        elif isinstance(v, list):
+            args += [flag, ",".join(map(str, v))]
+        elif isinstance(v, float) and math.isinf(v):
+            args += [flag, "inf"]
+        else:
+            args += [flag, v]
+    return args

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import lazyprefill as lp
+import conftest
 from conftest import cli_error
 
 CASES = [
@@ -17,17 +18,7 @@ CASES = [
 
 
 def cli_args(case):
-    args = ["compare", "--json"]
-    for k, v in case.items():
-        flag = "--" + k.replace("_", "-")
-        if k == "schedule":
-            for s in v:
-                args += [flag, s]
-        elif isinstance(v, list):
-            args += [flag, ",".join(map(str, v))]
-        else:
-            args += [flag, v]
-    return args
+    return conftest.cli_args("compare", case, repeated=("schedule",))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))

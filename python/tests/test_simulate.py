@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import lazyprefill as lp
+import conftest
 from conftest import cli_error
 
 # A grid over the options that change the path through the simulator: dense, MoE and sliding-window
@@ -28,14 +29,7 @@ CASES = [
 
 
 def cli_args(case):
-    args = ["simulate", "--json"]
-    for k, v in case.items():
-        flag = "--" + k.replace("_", "-")
-        if v is True:
-            args.append(flag)
-        else:
-            args += [flag, v]
-    return args
+    return conftest.cli_args("simulate", case)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import lazyprefill as lp
+import conftest
 from conftest import cli_error
 
 BASE = dict(model_config="llama-3.1-8b", requests=60, kv_budget_mib=40000)
@@ -29,19 +30,7 @@ CASES = [
 
 
 def cli_args(case):
-    args = ["simulate-serving", "--json"]
-    for k, v in case.items():
-        flag = {"slo_ttft_p90_ms": "--slo-ttft-p90-ms", "slo_itl_p90_ms": "--slo-itl-p90-ms"}.get(
-            k, "--" + k.replace("_", "-"))
-        if v is True:
-            args.append(flag)
-        elif isinstance(v, list):
-            args += [flag, ",".join(map(str, v))]
-        elif isinstance(v, float) and math.isinf(v):
-            args += [flag, "inf"]
-        else:
-            args += [flag, v]
-    return args
+    return conftest.cli_args("simulate-serving", case)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items() if k != "hw"))
