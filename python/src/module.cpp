@@ -23,6 +23,7 @@
 #include "model/presets.h"
 #include "sim/compare.h"
 #include "sim/cost.h"
+#include "sim/kv_predict.h"
 #include "sim/replay.h"
 #include "sim/serving_study.h"
 #include "sim/simulate.h"
@@ -175,6 +176,15 @@ std::vector<int64_t> ints_from(const nb::handle& h, const char* what) {
   else
     one(h);
   return out;
+}
+
+// A precision as its JSON has it.
+nb::dict precision_dict(const sim::Precision& p) {
+  nb::dict d;
+  d["weights"] = p.weights;
+  d["compute"] = p.compute;
+  d["kv"] = p.kv;
+  return d;
 }
 
 // Per-request arrays (keep_requests): each field of RequestOutcome over the run's requests.
@@ -370,6 +380,13 @@ NB_MODULE(_core, m) {
   nb::class_<sim::Prediction>(m, "Prediction",
                               "One run's predicted times (s), work and memory on one profile.")
       .def_ro("ttft_s", &sim::Prediction::ttft_s)
+      .def_ro("tp", &sim::Prediction::tp)
+      .def_ro("pp", &sim::Prediction::pp)
+      .def_ro("pp_microbatches", &sim::Prediction::pp_microbatches)
+      .def_prop_ro(
+          "prefill_pp_s", [](const sim::Prediction& p) { return p.prefill_pp.time_s; },
+          "the hand-offs between pipeline stages in the TTFT")
+      .def_prop_ro("decode_pp_s", [](const sim::Prediction& p) { return p.decode_pp.time_s; })
       .def_ro("decode_steps", &sim::Prediction::decode_steps)
       .def_ro("decode_s", &sim::Prediction::decode_s)
       .def_ro("total_s", &sim::Prediction::total_s)
@@ -415,6 +432,13 @@ NB_MODULE(_core, m) {
   nb::class_<sim::SimulateReport>(m, "SimulateReport", "simulate's result: one SimulateResult per profile.")
       .def_ro("model", &sim::SimulateReport::model)
       .def_ro("config", &sim::SimulateReport::config)
+      .def_ro("costed", &sim::SimulateReport::costed,
+              "The model as one GPU costs it (expert and data parallelism)")
+      .def_prop_ro("n_layer", [](const sim::SimulateReport& r) { return r.costed.n_layer; })
+      .def_prop_ro("n_params", [](const sim::SimulateReport& r) { return r.costed.n_params(); })
+      .def_prop_ro("ep", [](const sim::SimulateReport& r) { return r.costed.ep; })
+      .def_ro("pp_microbatches", &sim::SimulateReport::pp_microbatches)
+      .def_prop_ro("precision", [](const sim::SimulateReport& r) { return precision_dict(r.precision); })
       .def_ro("trace", &sim::SimulateReport::trace)
       .def_ro("policy", &sim::SimulateReport::policy)
       .def_ro("schedule", &sim::SimulateReport::schedule)
@@ -506,6 +530,12 @@ NB_MODULE(_core, m) {
       .def_ro("preemptions", &sim::ServingRunResult::preemptions)
       .def_ro("prompt_tokens_cached_share", &sim::ServingRunResult::prompt_tokens_cached_share)
       .def_prop_ro(
+          "deployment", [](const sim::ServingRunResult& r) { return to_python(r.deployment); },
+          "replicas or disaggregated instances and the router (None for one engine)")
+      .def_prop_ro(
+          "handover", [](const sim::ServingRunResult& r) { return to_python(r.handover); },
+          "disaggregated: the K/V hand-overs (None otherwise)")
+      .def_prop_ro(
           "kv",
           [](const sim::ServingRunResult& r) {
             std::vector<double> v;
@@ -541,6 +571,10 @@ NB_MODULE(_core, m) {
       .def_ro("capacities", &sim::ServingStudyReport::capacities, "With capacity=True")
       .def_prop_ro("scheduler", [](const sim::ServingStudyReport& r) { return to_python(r.scheduler); })
       .def_prop_ro("workload", [](const sim::ServingStudyReport& r) { return to_python(r.workload); })
+      .def_prop_ro(
+          "schedulers", [](const sim::ServingStudyReport& r) { return to_python(r.schedulers); },
+          "every profile's scheduler (None with one profile)")
+      .def_prop_ro("objectives", [](const sim::ServingStudyReport& r) { return to_python(r.objectives); })
       .def(
           "to_dict", [](const sim::ServingStudyReport& r) { return to_python(r.to_json()); },
           "`lazyprefill simulate-serving --json`'s document")
@@ -653,6 +687,12 @@ NB_MODULE(_core, m) {
       .def_ro("hw", &sim::CompareReport::hw)
       .def_ro("devices", &sim::CompareReport::devices)
       .def_ro("combined_schedule", &sim::CompareReport::combined_schedule)
+      .def_prop_ro("precision", [](const sim::CompareReport& r) { return precision_dict(r.precision); })
+      .def_prop_ro("kv_prediction_accuracy",
+                   [](const sim::CompareReport& r) -> std::optional<std::string> {
+                     if (!r.kv_predict) return std::nullopt;
+                     return std::string(sim::kv_predict_accuracy_note());
+                   })
       .def_prop_ro("tp_refused", [](const sim::CompareReport& r) { return r.comparison.tp_refused; })
       .def_prop_ro("tables", [](const sim::CompareReport& r) { return r.comparison.tables; })
       .def_prop_ro(
