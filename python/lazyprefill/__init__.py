@@ -16,6 +16,8 @@ from ._core import (
     Memory,
     Model,
     OpCosts,
+    PlanPoint,
+    PlanReport,
     Prediction,
     Profile,
     SimulateReport,
@@ -29,6 +31,7 @@ from ._core import (
     engine_names,
     simulate,
     compare,
+    plan,
     simulate_serving,
 )
 
@@ -41,6 +44,8 @@ __all__ = [
     "Memory",
     "Model",
     "OpCosts",
+    "PlanPoint",
+    "PlanReport",
     "Prediction",
     "Profile",
     "SimulateReport",
@@ -54,5 +59,6 @@ __all__ = [
     "engine_names",
     "simulate",
     "compare",
+    "plan",
     "simulate_serving",
 ]

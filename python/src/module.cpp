@@ -8,6 +8,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -21,6 +22,7 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/presets.h"
+#include "reports/plan_study.h"
 #include "sim/compare.h"
 #include "sim/cost.h"
 #include "sim/kv_predict.h"
@@ -185,6 +187,56 @@ nb::dict precision_dict(const sim::Precision& p) {
   d["compute"] = p.compute;
   d["kv"] = p.kv;
   return d;
+}
+
+// One or several strings (the CLI's repeated options); None: none.
+std::vector<std::string> strings_from(const nb::handle& h, const char* what) {
+  if (h.is_none()) return {};
+  if (nb::isinstance<nb::str>(h)) return {nb::cast<std::string>(h)};
+  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
+    std::vector<std::string> out;
+    for (nb::handle x : h) {
+      if (!nb::isinstance<nb::str>(x))
+        throw nb::type_error(fmt::format("{}: expected a string or a list of them", what).c_str());
+      out.push_back(nb::cast<std::string>(x));
+    }
+    return out;
+  }
+  throw nb::type_error(fmt::format("{}: expected a string or a list of them", what).c_str());
+}
+
+// A point of a plan as its document has it (plan's point_json), typed.
+struct PlanRow {
+  std::string layout, method;
+  bool disaggregated = false, expert_parallel = false, meets = false;
+  int tp = 1, instances = 1, decode_tp = 0, decode_instances = 0, pp = 1, gpus = 1;
+  int64_t max_batch_tokens = 0, max_seqs = 0;
+  double rate = 0, per_gpu = 0, per_user = 0;
+  sim::ServingMetrics metrics;
+  nlohmann::json accuracy;                                  // null where the method does not prune
+  std::vector<std::pair<std::string, std::string>> launch;  // with_launch
+};
+
+PlanRow plan_row(const report::PlanReport& r, size_t i, bool with_launch) {
+  const sim::PlanPoint& pt = r.result.points[i];
+  const sim::Layout& l = r.result.layouts[pt.layout];
+  PlanRow row;
+  row.layout = l.describe();
+  row.method = r.options.methods[l.method].name;
+  row.disaggregated = l.disaggregated();
+  row.expert_parallel = l.ep;
+  row.meets = pt.meets;
+  row.tp = l.tp, row.instances = l.replicas, row.decode_tp = l.decode_tp,
+  row.decode_instances = l.decode_instances;
+  row.pp = l.pp, row.gpus = l.gpus();
+  row.max_batch_tokens = l.max_batch_tokens, row.max_seqs = l.max_seqs;
+  row.rate = pt.rate, row.per_gpu = pt.tokens_per_s_per_gpu, row.per_user = pt.tokens_per_s_per_user;
+  row.metrics = pt.metrics;
+  const nlohmann::ordered_json j = r.point_json(i);
+  if (j.contains("accuracy")) row.accuracy = j["accuracy"];
+  if (with_launch)
+    for (const sim::LaunchConfig& lc : r.launch(i)) row.launch.emplace_back(lc.engine, lc.command);
+  return row;
 }
 
 // Per-request arrays (keep_requests): each field of RequestOutcome over the run's requests.
@@ -760,4 +812,127 @@ NB_MODULE(_core, m) {
       "schedule"_a = nb::none(), "kv_predict"_a = nb::none(), "eval"_a = nb::none(),
       "`lazyprefill compare` (docs/cli.md): every way to cut TTFT side by side; prompt_tokens a number or a "
       "list, schedule one or a list.");
+  // ---- plan
+  nb::class_<PlanRow>(m, "PlanPoint", "One layout x budget x method at one load, as plan's document has it")
+      .def_ro("layout", &PlanRow::layout)
+      .def_ro("disaggregated", &PlanRow::disaggregated)
+      .def_ro("tp", &PlanRow::tp)
+      .def_ro("instances", &PlanRow::instances)
+      .def_ro("decode_tp", &PlanRow::decode_tp)
+      .def_ro("decode_instances", &PlanRow::decode_instances)
+      .def_ro("pp", &PlanRow::pp)
+      .def_ro("expert_parallel", &PlanRow::expert_parallel)
+      .def_ro("gpus", &PlanRow::gpus)
+      .def_ro("max_batch_tokens", &PlanRow::max_batch_tokens)
+      .def_ro("max_seqs", &PlanRow::max_seqs)
+      .def_ro("method", &PlanRow::method)
+      .def_ro("rate", &PlanRow::rate, "requests/s")
+      .def_ro("output_tokens_per_s_per_gpu", &PlanRow::per_gpu)
+      .def_ro("output_tokens_per_s_per_user", &PlanRow::per_user)
+      .def_ro("metrics", &PlanRow::metrics)
+      .def_ro("meets_objectives", &PlanRow::meets)
+      .def_ro("launch", &PlanRow::launch, "(engine, command) pairs: only on best and best_reachable")
+      .def_prop_ro(
+          "accuracy", [](const PlanRow& p) { return to_python(p.accuracy); },
+          "a pruned method's accuracy evidence (None unpruned)");
+
+  nb::class_<report::PlanReport>(m, "PlanReport", "plan's result: the frontier and the best layout")
+      .def_ro("model", &report::PlanReport::model)
+      .def_ro("hw", &report::PlanReport::hw)
+      .def_ro("gpus", &report::PlanReport::gpus)
+      .def_prop_ro("layouts_searched", [](const report::PlanReport& r) { return r.result.layouts.size(); })
+      .def_prop_ro("layouts_refused", [](const report::PlanReport& r) { return r.result.layouts_refused; })
+      .def_prop_ro("simulations", [](const report::PlanReport& r) { return r.result.simulations; })
+      .def_prop_ro("methods",
+                   [](const report::PlanReport& r) {
+                     std::vector<std::string> out;
+                     for (const sim::ServingMethod& sm : r.options.methods) out.push_back(sm.name);
+                     return out;
+                   })
+      .def_prop_ro(
+          "points",
+          [](const report::PlanReport& r) {
+            std::vector<PlanRow> out;
+            for (size_t i = 0; i < r.result.points.size(); ++i) out.push_back(plan_row(r, i, false));
+            return out;
+          },
+          "Every simulated point, in layout order")
+      .def_prop_ro(
+          "frontier",
+          [](const report::PlanReport& r) {
+            std::vector<PlanRow> out;
+            for (const size_t i : r.result.frontier) out.push_back(plan_row(r, i, false));
+            return out;
+          },
+          "The Pareto frontier, fastest per user first")
+      .def_prop_ro(
+          "best",
+          [](const report::PlanReport& r) -> std::optional<PlanRow> {
+            if (!r.result.best) return std::nullopt;
+            return plan_row(r, *r.result.best, true);
+          },
+          "The point meeting the objectives with the most tokens/s per GPU (None: none meets them)")
+      .def_prop_ro(
+          "best_reachable",
+          [](const report::PlanReport& r) -> std::optional<PlanRow> {
+            if (r.result.best || !r.result.best_reachable) return std::nullopt;
+            return plan_row(r, *r.result.best_reachable, true);
+          },
+          "When no point meets the objectives: the closest")
+      .def_prop_ro("accuracy", [](const report::PlanReport& r) { return to_python(r.accuracy); })
+      .def(
+          "to_dict", [](const report::PlanReport& r) { return to_python(r.to_json()); },
+          "`lazyprefill plan --json`'s document")
+      .def(
+          "to_json", [](const report::PlanReport& r, int indent) { return r.to_json().dump(indent); },
+          "indent"_a = 2);
+
+  const report::PlanRequest dp;
+  m.def(
+      "plan",
+      [](const nb::handle& hw, const std::optional<std::string>& model, const nb::handle& model_config,
+         const std::optional<std::string>& engine, const std::string& weights, const std::string& compute,
+         const std::string& kv, const std::optional<std::string>& expert_weights, int gpus,
+         const std::string& prune, const nb::handle& schedule, const nb::handle& prompt_tokens,
+         const nb::handle& output_tokens, const std::vector<int64_t>& batch_tokens,
+         const std::vector<int64_t>& max_seqs, const std::vector<int>& pp, const std::string& expert_parallel,
+         const std::vector<double>& loads, std::optional<double> slo_ttft_p90_ms,
+         std::optional<double> slo_itl_p90_ms, double memory_fraction, int64_t requests, int64_t max_layouts,
+         bool aggregated_only, uint64_t seed, const std::optional<std::string>& eval) {
+        report::PlanRequest r;
+        r.hws = profiles_from(hw, engine);
+        target_from(model, model_config, r);
+        r.precision = sim::Precision(weights, compute, kv, expert_weights.value_or(""));
+        r.gpus = gpus;
+        r.prune = prune;
+        r.schedules = strings_from(schedule, "schedule");
+        r.prompt_tokens = length_spec(prompt_tokens, "prompt_tokens");
+        r.output_tokens = length_spec(output_tokens, "output_tokens");
+        r.batch_tokens = batch_tokens;
+        r.max_seqs = max_seqs;
+        r.pp = pp;
+        r.expert_parallel = expert_parallel;
+        r.loads = loads;
+        r.slo_ttft_ms = slo_ttft_p90_ms.value_or(0), r.slo_itl_ms = slo_itl_p90_ms.value_or(0);
+        r.memory_fraction = memory_fraction;
+        r.requests = requests;
+        r.max_layouts = max_layouts;
+        r.aggregated_only = aggregated_only;
+        r.seed = seed;
+        r.eval = eval.value_or("");
+        nb::gil_scoped_release unlocked;
+        return *report::plan(r);
+      },
+      nb::kw_only(), "hw"_a, "model"_a = nb::none(), "model_config"_a = nb::none(), "engine"_a = nb::none(),
+      "weights"_a = dp.precision.weights, "compute"_a = dp.precision.compute, "kv"_a = dp.precision.kv,
+      "expert_weights"_a = nb::none(), "gpus"_a = dp.gpus, "prune"_a = dp.prune, "schedule"_a = nb::none(),
+      "prompt_tokens"_a = dp.prompt_tokens, "output_tokens"_a = dp.output_tokens,
+      "batch_tokens"_a = dp.batch_tokens, "max_seqs"_a = dp.max_seqs, "pp"_a = dp.pp,
+      "expert_parallel"_a = dp.expert_parallel, "loads"_a = dp.loads, "slo_ttft_p90_ms"_a = nb::none(),
+      "slo_itl_p90_ms"_a = nb::none(), "memory_fraction"_a = dp.memory_fraction, "requests"_a = dp.requests,
+      "max_layouts"_a = dp.max_layouts, "aggregated_only"_a = dp.aggregated_only, "seed"_a = dp.seed,
+      "eval"_a = nb::none(),
+      "`lazyprefill plan` (docs/simulator.md, \"Planning a deployment\"): every layout of the model over "
+      "`gpus` "
+      "GPUs of `hw`, the frontier and the best within the objectives.");
 }
