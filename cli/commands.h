@@ -199,9 +199,8 @@ struct ReportArgs {
   int64_t new_tokens = 0, batch = 1;
   int tp = 1, ep = 1, dp = 1, pp = 1;  // the deployment's layout (simulate's options)
   double moe_imbalance = 0, pp_link_gbs = 50;
-  // NaN: not given (a given 0 is refused, not taken for "none").
-  double slo_ttft_ms = std::numeric_limits<double>::quiet_NaN(), mem_budget_gib = slo_ttft_ms;
-  double revival_share = -1;  // >= 0: a constant share instead of the revival model
+  std::optional<double> slo_ttft_ms, mem_budget_gib;  // unset: none (a given 0 or NaN is refused)
+  double revival_share = -1;                          // >= 0: a constant share instead of the revival model
   bool json_out = false, map = false;
   // Serving capacity (0: no objective; the section is left out without one).
   double serving_ttft_p90_ms = 0, serving_itl_p90_ms = 0, serving_kv_budget_gib = 0;

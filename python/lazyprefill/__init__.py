@@ -20,6 +20,7 @@ from ._core import (
     PlanReport,
     Prediction,
     Profile,
+    Report,
     SimulateReport,
     SimulateResult,
     CapacityRun,
@@ -32,6 +33,7 @@ from ._core import (
     simulate,
     compare,
     plan,
+    report,
     simulate_serving,
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "PlanReport",
     "Prediction",
     "Profile",
+    "Report",
     "SimulateReport",
     "SimulateResult",
     "CapacityRun",
@@ -60,5 +63,6 @@ __all__ = [
     "simulate",
     "compare",
     "plan",
+    "report",
     "simulate_serving",
 ]

@@ -17,12 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "hwmodels/profile.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/presets.h"
 #include "reports/plan_study.h"
+#include "reports/report_study.h"
 #include "sim/compare.h"
 #include "sim/cost.h"
 #include "sim/kv_predict.h"
@@ -237,6 +239,25 @@ PlanRow plan_row(const report::PlanReport& r, size_t i, bool with_launch) {
   if (with_launch)
     for (const sim::LaunchConfig& lc : r.launch(i)) row.launch.emplace_back(lc.engine, lc.command);
   return row;
+}
+
+// A per-case quantity of a report as [hardware, method, prompt length].
+template <class F>
+nb::object cells(const report::Report& r, F f) {
+  const size_t H = r.provenance.hardware.size(), M = r.provenance.methods.size(), L = r.prompt_lengths.size();
+  std::vector<double> v(H * M * L);
+  for (size_t h = 0; h < H; ++h)
+    for (size_t mm = 0; mm < M; ++mm)
+      for (size_t l = 0; l < L; ++l) v[(h * M + mm) * L + l] = double(f(r.result(h, mm, l)));
+  return to_numpy(std::move(v), {H, M, L});
+}
+
+// Report.write: the folder as `report --out` writes it, the inputs read first.
+size_t write_report(const report::Report& rep, const std::string& out,
+                    const std::optional<std::string>& validation, const std::optional<std::string>& plan) {
+  const nlohmann::json v = report::read_validation(validation.value_or(""));
+  const std::optional<report::PlanSummary> p = report::read_plan_file(plan.value_or(""));
+  return report::write_report_folder(out, rep, v, p, {validation.value_or(""), plan.value_or("")});
 }
 
 // Per-request arrays (keep_requests): each field of RequestOutcome over the run's requests.
@@ -935,4 +956,152 @@ NB_MODULE(_core, m) {
       "`lazyprefill plan` (docs/simulator.md, \"Planning a deployment\"): every layout of the model over "
       "`gpus` "
       "GPUs of `hw`, the frontier and the best within the objectives.");
+  // ---- report
+  nb::class_<report::Report>(
+      m, "Report", "report's capacity report: per hardware x method x prompt length, arrays [H, M, L]")
+      .def_prop_ro("hardware",
+                   [](const report::Report& r) {
+                     std::vector<std::string> out;
+                     for (const auto& h : r.provenance.hardware) out.push_back(h.name);
+                     return out;
+                   })
+      .def_prop_ro("methods",
+                   [](const report::Report& r) {
+                     std::vector<std::string> out;
+                     for (const auto& mm : r.provenance.methods) out.push_back(mm.name);
+                     return out;
+                   })
+      .def_prop_ro("prompt_lengths",
+                   [](const report::Report& r) {
+                     std::vector<double> v(r.prompt_lengths.begin(), r.prompt_lengths.end());
+                     return to_numpy(std::move(v), {r.prompt_lengths.size()});
+                   })
+      .def_prop_ro("ttft_s",
+                   [](const report::Report& r) {
+                     return cells(r, [](const report::Result& c) { return c.ttft_ms * 1e-3; });
+                   })
+      .def_prop_ro("baseline_ttft_s",
+                   [](const report::Report& r) {
+                     return cells(r, [](const report::Result& c) { return c.baseline_ttft_ms * 1e-3; });
+                   })
+      .def_prop_ro(
+          "speedup",
+          [](const report::Report& r) { return cells(r, [](const report::Result& c) { return c.speedup; }); })
+      .def_prop_ro("prompt_tokens_computed_fraction",
+                   [](const report::Report& r) {
+                     return cells(r,
+                                  [](const report::Result& c) { return c.prompt_tokens_computed_fraction; });
+                   })
+      .def_prop_ro("prefill_flop",
+                   [](const report::Report& r) {
+                     return cells(r, [](const report::Result& c) { return c.prefill_flop; });
+                   })
+      .def_prop_ro("decode_step_mean_s",
+                   [](const report::Report& r) {
+                     return cells(r, [](const report::Result& c) { return c.decode_step_mean_ms * 1e-3; });
+                   })
+      .def_prop_ro("memory_bytes",
+                   [](const report::Report& r) {
+                     return cells(r, [](const report::Result& c) { return c.memory.total(); });
+                   })
+      .def_prop_ro(
+          "fits_in_memory",
+          [](const report::Report& r) {
+            return cells(r, [](const report::Result& c) { return c.fits_in_memory ? 1.0 : 0.0; });
+          },
+          "1 where the case fits a device's memory budget, else 0")
+      .def_prop_ro(
+          "max_prompt_tokens_within_slo",
+          [](const report::Report& r) {
+            const size_t H = r.provenance.hardware.size(), M = r.provenance.methods.size();
+            std::vector<double> v(H * M, std::nan(""));
+            for (const report::Capacity& c : r.capacity)
+              if (c.max_prompt_tokens_within_slo)
+                v[c.hw * M + c.method] = double(*c.max_prompt_tokens_within_slo);
+            return to_numpy(std::move(v), {H, M});
+          },
+          "[H, M]: the longest prompt within slo_ttft_ms (NaN: none, or no objective)")
+      .def("summary", &report::summary_text, "The CLI's table")
+      .def("write", &write_report, "out"_a, "validation"_a = nb::none(), "plan"_a = nb::none(),
+           "Writes the report's folder as `report --out` does (validation: a validate --json file; plan: a "
+           "plan "
+           "--out file); returns the number of charts")
+      .def(
+          "to_dict", [](const report::Report& r) { return to_python(r.to_json()); },
+          "`lazyprefill report --json`'s document (reports/capacity-report.schema.json)")
+      .def(
+          "to_json", [](const report::Report& r, int indent) { return r.to_json().dump(indent); },
+          "indent"_a = 2);
+
+  const report::ReportOptions dr;
+  m.def(
+      "report",
+      [](const nb::handle& hw, const std::optional<std::string>& model, const nb::handle& model_config,
+         const std::optional<std::string>& engine, const std::string& weights, const std::string& compute,
+         const std::string& kv, const std::optional<std::string>& expert_weights,
+         const nb::handle& prompt_lengths, const std::optional<std::string>& trace, const std::string& prune,
+         const nb::handle& schedule, const std::optional<std::string>& revival_model,
+         std::optional<double> revival_share, bool map, int64_t new_tokens, int64_t batch, int tp, int ep,
+         int dp, int pp, std::optional<double> moe_imbalance, double pp_link_gbs,
+         std::optional<double> slo_ttft_ms, std::optional<double> mem_budget_gib,
+         std::optional<double> serving_slo_ttft_p90_ms, std::optional<double> serving_slo_itl_p90_ms,
+         const nb::handle& serving_prompt_tokens, const nb::handle& serving_output_tokens,
+         int64_t serving_requests, int serving_seeds, int64_t serving_max_batch_tokens,
+         std::optional<double> serving_kv_budget_gib, const std::optional<std::string>& eval,
+         const std::optional<std::string>& out, const std::optional<std::string>& validation,
+         const std::optional<std::string>& plan) {
+        report::ReportOptions o;
+        o.hws = profiles_from(hw, engine);
+        target_from(model, model_config, o);
+        o.precision = sim::Precision(weights, compute, kv, expert_weights.value_or(""));
+        o.lengths = ints_from(prompt_lengths, "prompt_lengths");
+        o.trace = trace.value_or("");
+        o.prune = prune;
+        o.schedules = strings_from(schedule, "schedule");
+        o.revival_model = revival_model.value_or("");
+        o.revival_share = revival_share.value_or(-1);
+        o.map = map;
+        o.new_tokens = new_tokens, o.batch = batch;
+        o.tp = tp, o.ep = ep, o.dp = dp, o.pp = pp;
+        o.moe_imbalance = moe_imbalance.value_or(0);
+        o.pp_link_gbs = pp_link_gbs;
+        o.slo_ttft_ms = slo_ttft_ms, o.mem_budget_gib = mem_budget_gib;
+        o.serving_ttft_p90_ms = serving_slo_ttft_p90_ms.value_or(0);
+        o.serving_itl_p90_ms = serving_slo_itl_p90_ms.value_or(0);
+        o.serving_prompt_tokens = length_spec(serving_prompt_tokens, "serving_prompt_tokens");
+        o.serving_output_tokens = length_spec(serving_output_tokens, "serving_output_tokens");
+        o.serving_requests = serving_requests, o.serving_seeds = serving_seeds;
+        o.serving_max_batch_tokens = serving_max_batch_tokens;
+        o.serving_kv_budget_gib = serving_kv_budget_gib.value_or(0);
+        o.eval = eval.value_or("");
+        o.tool_version = LP_VERSION;
+        o.git_commit = LP_GIT_COMMIT;
+        nb::gil_scoped_release unlocked;
+        // As the CLI: the folder's inputs read before the report is built.
+        const nlohmann::json v = report::read_validation(validation.value_or(""));
+        const std::optional<report::PlanSummary> p = report::read_plan_file(plan.value_or(""));
+        report::Report rep = report::make_report(o);
+        if (out) {
+          std::vector<std::string> inputs;
+          for (const hw::Profile& h : o.hws) inputs.push_back(h.name);
+          inputs.insert(inputs.end(), {o.trace, validation.value_or(""), o.revival_model, o.model,
+                                       plan.value_or(""), o.eval});
+          report::write_report_folder(*out, rep, v, p, inputs);
+        }
+        return rep;
+      },
+      nb::kw_only(), "hw"_a, "model"_a = nb::none(), "model_config"_a = nb::none(), "engine"_a = nb::none(),
+      "weights"_a = dr.precision.weights, "compute"_a = dr.precision.compute, "kv"_a = dr.precision.kv,
+      "expert_weights"_a = nb::none(), "prompt_lengths"_a, "trace"_a = nb::none(), "prune"_a = dr.prune,
+      "schedule"_a = nb::none(), "revival_model"_a = nb::none(), "revival_share"_a = nb::none(),
+      "map"_a = dr.map, "new_tokens"_a = dr.new_tokens, "batch"_a = dr.batch, "tp"_a = dr.tp, "ep"_a = dr.ep,
+      "dp"_a = dr.dp, "pp"_a = dr.pp, "moe_imbalance"_a = nb::none(), "pp_link_gbs"_a = dr.pp_link_gbs,
+      "slo_ttft_ms"_a = nb::none(), "mem_budget_gib"_a = nb::none(), "serving_slo_ttft_p90_ms"_a = nb::none(),
+      "serving_slo_itl_p90_ms"_a = nb::none(), "serving_prompt_tokens"_a = dr.serving_prompt_tokens,
+      "serving_output_tokens"_a = dr.serving_output_tokens, "serving_requests"_a = dr.serving_requests,
+      "serving_seeds"_a = dr.serving_seeds, "serving_max_batch_tokens"_a = dr.serving_max_batch_tokens,
+      "serving_kv_budget_gib"_a = nb::none(), "eval"_a = nb::none(), "out"_a = nb::none(),
+      "validation"_a = nb::none(), "plan"_a = nb::none(),
+      "`lazyprefill report` (docs/cli.md): the capacity report; with out, its folder written as the CLI "
+      "writes it.");
 }
