@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
+#include "model/json_checks.h"
 #include "model/presets.h"
 #include "reports/plan_study.h"
 #include "reports/report_study.h"
@@ -50,7 +51,7 @@ json from_python(const nb::handle& v, const std::string& what) {
   } catch (const nb::python_error& e) {
     usage_fail("{}: not a JSON document: {}", what, e.what());
   }
-  return json::parse(text);
+  return json_parse<json>(text, what);  // depth-checked, as every JSON input is
 }
 
 nb::object to_python(const json& j) {

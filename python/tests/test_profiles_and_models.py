@@ -105,3 +105,15 @@ def test_a_target_is_given_once():
         lp.simulate(model_config=lp.Model.preset("llama-3.1-8b"), model="x.gguf", hw="l4", prompt_tokens=10)
     with pytest.raises(lp.Error, match="--model-config"):
         lp.simulate(hw="l4", prompt_tokens=10)
+
+
+def test_a_deeply_nested_document_is_an_error_not_a_crash():
+    deep = {}
+    node = deep
+    for _ in range(400):  # under Python's recursion limit, over the parser's 256 levels
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(lp.Error, match="nested deeper than 256 levels"):
+        lp.Model.preset("llama-3.1-8b").replace(name=deep)
+    with pytest.raises(lp.Error, match="nested deeper than 256 levels"):
+        lp.Profile.from_dict({"nested": deep})
