@@ -64,9 +64,10 @@ std::string plan_text(const PlanArgs& a, const report::PlanReport& rep) {
         pt.tokens_per_s_per_user, pt.metrics.ttft.p90 * 1e3, pt.metrics.itl.p90 * 1e3);
     for (const sim::LaunchConfig& lc : rep.launch(*chosen))
       text += fmt::format("  {}: {}\n", lc.engine, lc.command);
-    const nlohmann::ordered_json best = rep.point_json(*chosen);
-    if (best.contains("accuracy") && best["accuracy"].is_string())
-      text += fmt::format("  accuracy: {}\n", best["accuracy"].get<std::string>());
+    // A pruned method's evidence: a list of measurements, or the words that none was measured.
+    const std::string& method = methods[l.method].name;
+    if (rep.accuracy.contains(method) && rep.accuracy[method].is_string())
+      text += fmt::format("  accuracy: {}\n", rep.accuracy[method].get<std::string>());
   }
   text += fmt::format("\nfrontier (tokens/s a GPU against tokens/s a user), {} of {} points:\n",
                       std::min<size_t>(r.frontier.size(), size_t(a.frontier_rows)), r.frontier.size());

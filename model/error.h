@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -64,6 +65,12 @@ decltype(auto) for_option(const char* flag, F&& f) {
 template <class T>
 void check_range(const char* flag, T v, T lo, T hi) {
   if (!(v >= lo && v <= hi)) usage_fail("{} must be between {} and {}, got {}", flag, lo, hi, v);
+}
+
+// An option's value above 0 and finite: lp::UsageError "<flag> must be positive, got v" otherwise.
+template <class T>
+void check_positive(const char* flag, T v) {
+  if (!(v > 0) || !std::isfinite(double(v))) usage_fail("{} must be positive, got {}", flag, v);
 }
 
 }  // namespace lp

@@ -18,8 +18,6 @@ using json = nlohmann::ordered_json;
 
 void check_request(const PlanRequest& r) {
   if (r.hws.size() != 1) usage_fail("--hw names one profile for plan, got {}", r.hws.size());
-  if (r.config && (!r.model.empty() || !r.model_config.empty()))
-    usage_fail("give one target: a model configuration, --model or --model-config");
   check_range("--gpus", r.gpus, 1, 4096);
   if (r.slo_ttft_ms != 0) check_range("--slo-ttft-p90-ms", r.slo_ttft_ms, 1e-3, 1e9);
   if (r.slo_itl_ms != 0) check_range("--slo-itl-p90-ms", r.slo_itl_ms, 1e-3, 1e9);
@@ -107,13 +105,7 @@ json PlanReport::to_json() const {
 std::optional<PlanReport> plan(const PlanRequest& r, const RunLayouts& run) {
   check_request(r);
   PlanReport out;
-  ModelConfig c;
-  if (r.config) {
-    c = *r.config;
-    out.model = c.name.empty() ? "custom" : c.name;
-  } else {
-    c = sim::model_to_cost(r.model, r.model_config, &out.model);
-  }
+  const ModelConfig c = sim::request_target(r.model, r.model_config, r.config, &out.model);
   sim::Precision prec = r.precision;
   sim::validate(prec);
   out.hw = r.hws[0];

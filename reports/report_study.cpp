@@ -6,14 +6,13 @@
 #include <filesystem>
 
 #include "model/error.h"
-#include "model/gguf.h"
 #include "model/io.h"
 #include "model/json_checks.h"
-#include "model/presets.h"
 #include "reports/accuracy.h"
 #include "reports/plot.h"
 #include "sim/replay.h"
 #include "sim/revival.h"
+#include "sim/simulate.h"
 #include "traces/trace.h"
 
 namespace lp::report {
@@ -21,8 +20,6 @@ namespace {
 
 void check_options(const ReportOptions& o) {
   if (o.hws.empty()) usage_fail("--hw names no hardware profile");
-  if (o.config && (!o.model.empty() || !o.model_config.empty()))
-    usage_fail("give one target: a model configuration, --model or --model-config");
   if (o.lengths.empty()) usage_fail("--prompt-lengths is empty (give e.g. 1024,4096,16384)");
   for (const int64_t n : o.lengths) check_range("--prompt-lengths", n, int64_t(1), int64_t(1) << 24);
   check_range("--new-tokens", o.new_tokens, int64_t(0), int64_t(1) << 20);
@@ -33,8 +30,7 @@ void check_options(const ReportOptions& o) {
     usage_fail("--mem-budget-gib must be a positive number, got {}", *o.mem_budget_gib);
   check_range("--tp", o.tp, 1, 4096);
   check_range("--pp", o.pp, 1, 4096);
-  if (!(o.pp_link_gbs > 0) || !std::isfinite(o.pp_link_gbs))
-    usage_fail("--pp-link-gbs must be positive, got {}", o.pp_link_gbs);
+  check_positive("--pp-link-gbs", o.pp_link_gbs);
   check_range("--batch", o.batch, int64_t(1), int64_t(4096));
   if (o.serving_ttft_p90_ms != 0) check_range("--serving-slo-ttft-p90-ms", o.serving_ttft_p90_ms, 1e-3, 1e9);
   if (o.serving_itl_p90_ms != 0) check_range("--serving-slo-itl-p90-ms", o.serving_itl_p90_ms, 1e-3, 1e9);
@@ -51,18 +47,11 @@ Report make_report(const ReportOptions& o) {
   check_options(o);
   Request req;
   if (!o.eval.empty()) req.eval = read_eval(o.eval);
-  if (o.config) {
-    req.model = *o.config;
-    req.model_source = "configuration " + (o.config->name.empty() ? std::string("custom") : o.config->name);
-  } else if (!o.model.empty()) {
-    req.model = costing_config_from_gguf(GgufFile::open(o.model));
-    req.model_source = o.model;
-  } else if (!o.model_config.empty()) {
-    req.model = preset_config(o.model_config);
-    req.model_source = "preset " + o.model_config;
-  } else {
-    usage_fail("give --model PATH or --model-config NAME");
-  }
+  std::string name;
+  req.model = sim::request_target(o.model, o.model_config, o.config, &name);
+  req.model_source = o.config           ? "configuration " + name
+                     : !o.model.empty() ? o.model
+                                        : "preset " + o.model_config;
   if (req.model.name.empty()) req.model.name = o.model_config.empty() ? o.model : o.model_config;
   if (req.model.name.empty()) req.model.name = "custom";
   req.model = sim::expert_parallel(req.model, o.ep, o.moe_imbalance, o.dp, o.tp);

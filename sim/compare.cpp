@@ -168,14 +168,11 @@ std::string accuracy_text(const CompareRow& r, const std::vector<std::optional<E
 
 CompareReport compare(const CompareRequest& r) {
   if (r.hws.size() != 1) usage_fail("--hw names one profile for compare, got {}", r.hws.size());
-  if (r.config && (!r.model.empty() || !r.model_config.empty()))
-    usage_fail("give one target: a model configuration, --model or --model-config");
   check_range("--devices", r.devices, 2, 1024);
   if (r.prompt_tokens.empty()) usage_fail("--prompt-tokens is empty (give e.g. 1024,4096,16384)");
   for (const int64_t n : r.prompt_tokens) check_range("--prompt-tokens", n, int64_t(1), int64_t(1) << 24);
   CompareReport out;
-  const ModelConfig c = r.config ? *r.config : model_to_cost(r.model, r.model_config, &out.model);
-  if (r.config) out.model = c.name.empty() ? "custom" : c.name;
+  const ModelConfig c = request_target(r.model, r.model_config, r.config, &out.model);
   out.precision = r.precision;
   validate(out.precision);
   out.hw = r.hws[0];

@@ -194,8 +194,6 @@ std::pair<int, int> parse_instances(const std::string& s) {
 // The request's ranges (the CLI leaves them to this) and the options that exclude or need others.
 void check_request(const ServingStudyRequest& r) {
   if (r.hws.empty()) usage_fail("--hw names no hardware profile");
-  if (r.config && (!r.model.empty() || !r.model_config.empty()))
-    usage_fail("give one target: a model configuration, --model or --model-config");
   if (r.revival_share != -1) check_range("--revival-share", r.revival_share, 0.0, 1.0);
   check_range("--cv", r.cv, 0.01, 100.0);
   check_range("--requests", r.requests, int64_t(1), int64_t(1) << 24);
@@ -206,8 +204,7 @@ void check_request(const ServingStudyRequest& r) {
   if (r.kv_element_bytes != 0) check_range("--kv-element-bytes", r.kv_element_bytes, 0.5, 8.0);
   check_range("--tp", r.tp, 1, 4096);
   check_range("--pp", r.pp, 1, 4096);
-  if (!(r.pp_link_gbs > 0) || !std::isfinite(r.pp_link_gbs))
-    usage_fail("--pp-link-gbs must be positive, got {}", r.pp_link_gbs);
+  check_positive("--pp-link-gbs", r.pp_link_gbs);
   if (r.slo_ttft_ms != 0) check_range("--slo-ttft-p90-ms", r.slo_ttft_ms, 1e-3, 1e9);
   if (r.slo_itl_ms != 0) check_range("--slo-itl-p90-ms", r.slo_itl_ms, 1e-3, 1e9);
   check_range("--seeds", r.seeds, 1, 64);
@@ -348,14 +345,8 @@ std::string simulated_request_log(const ServingRunResult& run) {
 ServingStudyReport serving_study(const ServingStudyRequest& r) {
   check_request(r);
   ServingStudyReport out;
-  ModelConfig base;
-  if (r.config) {
-    base = *r.config;
-    out.model = base.name.empty() ? "custom" : base.name;
-  } else {
-    base = model_to_cost(r.model, r.model_config, &out.model);
-  }
-  const ModelConfig c = expert_parallel(base, r.ep, r.moe_imbalance, r.dp, r.tp);
+  const ModelConfig c = expert_parallel(request_target(r.model, r.model_config, r.config, &out.model), r.ep,
+                                        r.moe_imbalance, r.dp, r.tp);
   Precision prec = r.precision;
   validate(prec);
   const std::vector<hw::Profile>& hws = r.hws;

@@ -41,10 +41,9 @@ json ops_json(const hw::Profile& hw, const OpCosts& ops, const Precision& p) {
 // The target's configuration (model_to_cost), or `fallback` (the trace's own model) when the
 // request names none.
 ModelConfig target_config(const SimulateRequest& r, const std::optional<ModelConfig>& fallback) {
-  if (r.config) return *r.config;
-  if (r.model.empty() && r.model_config.empty() && fallback) return *fallback;
+  if (!r.config && r.model.empty() && r.model_config.empty() && fallback) return *fallback;
   std::string name;
-  return model_to_cost(r.model, r.model_config, &name);
+  return request_target(r.model, r.model_config, r.config, &name);
 }
 
 // Where the simulated steps come from: a trace file read one step at a time, or synthetic steps
@@ -175,10 +174,17 @@ ModelConfig model_to_cost(const std::string& model, const std::string& model_con
   usage_fail("give --model PATH or --model-config NAME");
 }
 
+ModelConfig request_target(const std::string& model, const std::string& model_config,
+                           const std::optional<ModelConfig>& config, std::string* name) {
+  if (!config) return model_to_cost(model, model_config, name);
+  if (!model.empty() || !model_config.empty())
+    usage_fail("give one target: a model configuration, --model or --model-config");
+  *name = config->name.empty() ? "custom" : config->name;
+  return *config;
+}
+
 SimulateReport simulate(const SimulateRequest& r) {
   if (r.hws.empty()) usage_fail("--hw names no hardware profile");
-  if (r.config && (!r.model.empty() || !r.model_config.empty()))
-    usage_fail("give one target: a model configuration, --model or --model-config");
   check_range("--prompt-tokens", r.prompt_tokens, int64_t(0), int64_t(1) << 24);
   check_range("--new-tokens", r.new_tokens, int64_t(0), int64_t(1) << 20);
   if (r.revival_share != -1) check_range("--revival-share", r.revival_share, 0.0, 1.0);
@@ -188,8 +194,7 @@ SimulateReport simulate(const SimulateRequest& r) {
   check_range("--pp", r.pp, 1, 1024);
   check_range("--pp-microbatches", r.pp_microbatches, 1, 4096);
   check_range("--step-times", r.step_times, int64_t(0), int64_t(1) << 20);
-  if (!(r.pp_link_gbs > 0) || !std::isfinite(r.pp_link_gbs))
-    usage_fail("--pp-link-gbs must be positive, got {}", r.pp_link_gbs);
+  check_positive("--pp-link-gbs", r.pp_link_gbs);
   if (r.pp_microbatches > 1 && r.pp < 2)
     usage_fail("--pp-microbatches {} needs --pp of 2 or more", r.pp_microbatches);
   if (r.trace.empty() && r.prompt_tokens <= 0)

@@ -20,6 +20,10 @@ namespace lp::sim {
 // The model a simulation costs: the configuration of the GGUF file `model`, else the preset
 // `model_config` (lp::UsageError when neither is given); `name` gets what names it in outputs.
 ModelConfig model_to_cost(const std::string& model, const std::string& model_config, std::string* name);
+// The target a request gives once: `config` (the Python module's Model), named by its name ("custom"
+// without one), else model_to_cost; lp::UsageError when `config` comes with a file or a preset.
+ModelConfig request_target(const std::string& model, const std::string& model_config,
+                           const std::optional<ModelConfig>& config, std::string* name);
 
 // The options of `lazyprefill simulate` (docs/simulator.md), with its defaults. Errors name the
 // CLI's flags (`--tp: ...`), the one vocabulary of both front ends.

@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/gguf.h"
+#include "model/io.h"
 #include "model/json_checks.h"
 #include "model/presets.h"
 #include "reports/plan_study.h"
@@ -103,13 +104,8 @@ std::vector<hw::Profile> profiles_from(const nb::handle& h, const std::optional<
     if (nb::isinstance<hw::Profile>(x))
       out.push_back(nb::cast<hw::Profile>(x));
     else if (nb::isinstance<nb::str>(x)) {
-      const std::string s = nb::cast<std::string>(x);
-      size_t i = 0;
-      while (i <= s.size()) {
-        const size_t j = std::min(s.find(',', i), s.size());
-        if (j > i) out.push_back(hw::load_profile(s.substr(i, j - i)));
-        i = j + 1;
-      }
+      for (const std::string& name : split_list(nb::cast<std::string>(x)))
+        out.push_back(hw::load_profile(name));
     } else
       throw nb::type_error("hw: expected a profile name, a Profile, or a list of them");
   };
