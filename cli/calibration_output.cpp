@@ -4,39 +4,9 @@
 
 #include <cmath>
 
-#include "model/io.h"
-
 namespace lp::cli {
 
 using json = nlohmann::ordered_json;
-
-json calibration_json(const hw::Profile& fitted, const calib::CalibrationReport& rep,
-                      const std::vector<calib::RunMeasurement>& runs) {
-  json fams = json::array();
-  for (const calib::FamilyFit& f : rep.families) {
-    const hw::Efficiency& e = fitted.eff(f.family);
-    fams.push_back({{"family", hw::family_name(f.family)},
-                    {"samples", f.samples},
-                    {"fitted", f.fitted},
-                    {"half_rows_fitted", f.half_rows_fitted},
-                    {"time_share", f.time_share},
-                    {"compute", e.compute},
-                    {"half_rows", e.half_rows},
-                    {"memory", e.memory},
-                    {"overhead_us", e.overhead_s * 1e6},
-                    {"median_abs_error_pct", 100 * f.median_abs_err},
-                    {"p90_abs_error_pct", 100 * f.p90_abs_err},
-                    {"optimizer", f.stop.empty() ? "converged" : f.stop}});
-  }
-  json rs = json::array();
-  for (size_t i = 0; i < rep.runs.size(); ++i)
-    rs.push_back({{"run", runs[i].origin},
-                  {"prompt_tokens", runs[i].prompt_tokens},
-                  {"measured_ms", rep.runs[i].first * 1e3},
-                  {"predicted_ms", rep.runs[i].second * 1e3},
-                  {"error_pct", 100 * (rep.runs[i].second / rep.runs[i].first - 1)}});
-  return {{"families", fams}, {"runs", rs}};
-}
 
 void print_calibration(const hw::Profile& fitted, const calib::CalibrationReport& rep,
                        const std::vector<calib::RunMeasurement>& runs) {
@@ -57,24 +27,6 @@ void print_calibration(const hw::Profile& fitted, const calib::CalibrationReport
     fmt::print("{:<40} {:>8} {:>12.1f} {:>12.1f} {:>+7.1f}%\n", runs[i].origin, runs[i].prompt_tokens,
                rep.runs[i].first * 1e3, rep.runs[i].second * 1e3,
                100 * (rep.runs[i].second / rep.runs[i].first - 1));
-}
-
-json fitted_profile_json(const hw::Profile& fitted, const std::string& name, const std::string& provenance) {
-  json j = fitted.json;
-  j["name"] = name;
-  j["efficiency"] = hw::efficiency_json(fitted);
-  j["sources"]["efficiency"] = provenance;
-  if (fitted.engine.name != "custom") j["engine"] = fitted.engine.name;  // what the fit was costed with
-  return j;
-}
-
-void write_fitted_profile(const std::string& path, const hw::Profile& fitted, const std::string& name,
-                          const std::string& provenance) {
-  write_file_atomic(path,
-                    fitted_profile_json(fitted, name, provenance)
-                            .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
-                        "\n",
-                    "profile");
 }
 
 void print_result(bool json_out, const nlohmann::ordered_json& out, const std::string& text) {

@@ -157,8 +157,8 @@ struct CalibrateServingArgs {
   std::string model, model_config, hw, engine, fit = "scale,iteration", out;
   sim::Precision precision;
   SchedulerArgs sched;
-  double kv_budget_mib = 0;  // 0: kv_fraction of the memory less the weights
-  double kv_fraction = 0.9;  // vLLM's gpu_memory_utilization
+  std::optional<double> kv_budget_mib;  // unset: kv_fraction of the memory less the weights
+  double kv_fraction = 0.9;             // vLLM's gpu_memory_utilization
   double kv_element_bytes = 0;
   int tp = 1;
   uint64_t seed = 0;

@@ -58,7 +58,7 @@ json local_validation_json(const calib::LocalValidation& v) {
           {"speedup_error_max_points", v.worst_points},
           {"speedup_error_max_points_held_out", v.worst_points_held_out},
           {"speedups_predicted_within_measured_range", v.within_range},
-          {"calibration", calibration_json(v.fitted, v.report, v.train)}};
+          {"calibration", calib::calibration_json(v.fitted, v.report, v.train)}};
 }
 
 void print_local_validation(const calib::LocalValidation& v, const std::string& base) {

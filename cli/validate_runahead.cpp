@@ -59,7 +59,7 @@ json runahead_validation_json(const calib::RunaheadValidation& v, const calib::R
   json out;
   out["validation"] = "runahead";
   out["fixtures"] = f.dir;
-  out["calibration"] = calibration_json(v.fitted, v.report, f.singles);
+  out["calibration"] = calib::calibration_json(v.fitted, v.report, f.singles);
   out["calibration"]["base"] = a.base;
   out["single_process"] = single;
   out["runahead"] = runs;
@@ -107,10 +107,11 @@ int cmd_validate_runahead(const ValidateArgs& a) {
   const calib::RunaheadFixtures f = calib::read_runahead_fixtures(a.runahead);
   const calib::RunaheadValidation v = calib::validate_runahead(hw::load_profile(a.base), f);
   if (!a.profile_out.empty())
-    write_fitted_profile(a.profile_out, v.fitted, v.fitted.name + "-runahead",
-                         fmt::format("lazyprefill validate --runahead {}: calibrated from --base {} on {} "
-                                     "single-process runs",
-                                     a.runahead, a.base, f.singles.size()));
+    calib::write_fitted_profile(
+        a.profile_out, v.fitted, v.fitted.name + "-runahead",
+        fmt::format("lazyprefill validate --runahead {}: calibrated from --base {} on {} "
+                    "single-process runs",
+                    a.runahead, a.base, f.singles.size()));
   if (a.json_out)
     fmt::print("{}\n", runahead_validation_json(v, f, a).dump(2, ' ', false,
                                                               nlohmann::json::error_handler_t::replace));

@@ -211,7 +211,7 @@ int cmd_validate_serving(const ValidateArgs& a) {
   o.revival_share_from_log = a.revival_share_from_log;
   const calib::ServingCalibration cal = calib::calibrate_serving(t, o);
   if (!a.profile_out.empty())
-    write_fitted_profile(
+    calib::write_fitted_profile(
         a.profile_out, cal.hw, cal.hw.name + "-serving",
         fmt::format("lazyprefill validate --serving {}: fitted on the lowest rate's lone requests",
                     a.serving));
