@@ -1,68 +1,84 @@
-"""lazyprefill from Python: the simulator, hardware profiles and model presets (docs/python.md).
+"""lazyprefill from Python: the simulator, the planner, calibration, reports, hardware profiles and
+model presets (docs/python.md).
 
-The functions are the CLI's subcommands with their options as keyword arguments and the same
-defaults; they call the same C++ library functions as the CLI and return typed results whose
-attributes are in SI units (seconds, bytes, FLOP) and whose to_dict()/to_json() are the CLI's
---json documents. Bad input raises lazyprefill.Error (a ValueError) with the CLI's one-line message.
-The engine (run, serve, eval) stays in the CLI.
+The functions are the CLI's simulate, simulate-serving, compare, plan, calibrate, calibrate-serving
+and report with their options as keyword arguments and the same defaults; they call the same C++
+library functions as the CLI and return typed results whose attributes are in SI units (seconds,
+bytes, FLOP, shares) and whose to_dict()/to_json() are the CLI's --json documents. Bad input raises
+lazyprefill.Error (a ValueError) with the CLI's one-line message. The engine (run, serve, eval,
+validate) stays in the CLI.
 """
 
 from ._core import (
+    CalibratedPoint,
+    Calibration,
+    CapacityRun,
     CompareReport,
     CompareRow,
     CompareTable,
     Error,
+    FamilyFit,
     InternalError,
     Memory,
     Model,
     OpCosts,
+    ParameterCheck,
+    Percentiles,
     PlanPoint,
     PlanReport,
     Prediction,
     Profile,
     Report,
-    SimulateReport,
-    SimulateResult,
-    CapacityRun,
-    Percentiles,
+    ServingCalibration,
     ServingMetrics,
     ServingReport,
     ServingRun,
-    __version__,
-    engine_names,
-    simulate,
+    SimulateReport,
+    SimulateResult,
+    calibrate,
+    calibrate_serving,
     compare,
+    engine_names,
     plan,
     report,
+    simulate,
     simulate_serving,
+    __version__,
 )
 
 __all__ = [
+    "CalibratedPoint",
+    "Calibration",
+    "CapacityRun",
     "CompareReport",
     "CompareRow",
     "CompareTable",
     "Error",
+    "FamilyFit",
     "InternalError",
     "Memory",
     "Model",
     "OpCosts",
+    "ParameterCheck",
+    "Percentiles",
     "PlanPoint",
     "PlanReport",
     "Prediction",
     "Profile",
     "Report",
-    "SimulateReport",
-    "SimulateResult",
-    "CapacityRun",
-    "Percentiles",
+    "ServingCalibration",
     "ServingMetrics",
     "ServingReport",
     "ServingRun",
-    "__version__",
-    "engine_names",
-    "simulate",
+    "SimulateReport",
+    "SimulateResult",
+    "calibrate",
+    "calibrate_serving",
     "compare",
+    "engine_names",
     "plan",
     "report",
+    "simulate",
     "simulate_serving",
+    "__version__",
 ]

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "convert.h"
 #include "git_commit.h"  // generated: LP_GIT_COMMIT
 #include "hwmodels/profile.h"
 #include "model/config.h"
@@ -38,12 +39,9 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace lp::py {
-namespace {
 
 using json = nlohmann::ordered_json;
 
-// Python values to JSON and back through the json module: a dict passed in is read exactly as a
-// file holding it would be (the one parser), and a document comes back as json.loads makes it.
 json from_python(const nb::handle& v, const std::string& what) {
   nb::object dumps = nb::module_::import_("json").attr("dumps");
   std::string text;
@@ -62,18 +60,22 @@ nb::object to_python(const nlohmann::json& j) {
   return nb::module_::import_("json").attr("loads")(j.dump());
 }
 
-template <class T>
-using Array = nb::ndarray<nb::numpy, const T>;
-
-// A read-only numpy array that owns a copy of `v`, of the given shape (row-major). Made here, as an
-// object: a property's getter would otherwise ask for reference_internal, which an array with its
-// own owner refuses.
-template <class T>
-nb::object to_numpy(std::vector<T> v, std::vector<size_t> shape) {
-  auto* owned = new std::vector<T>(std::move(v));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::cast(Array<T>(owned->data(), shape.size(), shape.data(), owner), nb::rv_policy::automatic);
+std::vector<std::string> strings_from(const nb::handle& h, const char* what) {
+  if (h.is_none()) return {};
+  if (nb::isinstance<nb::str>(h)) return {nb::cast<std::string>(h)};
+  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
+    std::vector<std::string> out;
+    for (nb::handle x : h) {
+      if (!nb::isinstance<nb::str>(x))
+        throw nb::type_error(fmt::format("{}: expected a string or a list of them", what).c_str());
+      out.push_back(nb::cast<std::string>(x));
+    }
+    return out;
+  }
+  throw nb::type_error(fmt::format("{}: expected a string or a list of them", what).c_str());
 }
+
+namespace {
 
 // Per-op costs as arrays over the ops (op_name order), one row per layer for a table of layers.
 struct OpTable {
@@ -119,20 +121,6 @@ std::vector<hw::Profile> profiles_from(const nb::handle& h, const std::optional<
     for (hw::Profile& p : out) p.engine = hw::engine_preset(*engine);
   if (out.empty()) usage_fail("--hw names no hardware profile");
   return out;
-}
-
-// The model argument of the simulator's functions: model_config is a preset name, a .json file or a
-// Model; model a GGUF file. Every request has the three fields (model, model_config, config).
-template <class Request>
-void target_from(const std::optional<std::string>& model, const nb::handle& model_config, Request& r) {
-  r.model = model.value_or("");
-  if (model_config.is_none()) return;
-  if (nb::isinstance<ModelConfig>(model_config))
-    r.config = nb::cast<ModelConfig>(model_config);
-  else if (nb::isinstance<nb::str>(model_config))
-    r.model_config = nb::cast<std::string>(model_config);
-  else
-    throw nb::type_error("model_config: expected a preset name, a .json path or a Model");
 }
 
 std::string replaced_origin(const std::string& name) {
@@ -186,22 +174,6 @@ nb::dict precision_dict(const sim::Precision& p) {
   d["compute"] = p.compute;
   d["kv"] = p.kv;
   return d;
-}
-
-// One or several strings (the CLI's repeated options); None: none.
-std::vector<std::string> strings_from(const nb::handle& h, const char* what) {
-  if (h.is_none()) return {};
-  if (nb::isinstance<nb::str>(h)) return {nb::cast<std::string>(h)};
-  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
-    std::vector<std::string> out;
-    for (nb::handle x : h) {
-      if (!nb::isinstance<nb::str>(x))
-        throw nb::type_error(fmt::format("{}: expected a string or a list of them", what).c_str());
-      out.push_back(nb::cast<std::string>(x));
-    }
-    return out;
-  }
-  throw nb::type_error(fmt::format("{}: expected a string or a list of them", what).c_str());
 }
 
 // A point of a plan as its document has it (plan's point_json), typed.
@@ -1101,4 +1073,6 @@ NB_MODULE(_core, m) {
       "validation"_a = nb::none(), "plan"_a = nb::none(),
       "`lazyprefill report` (docs/cli.md): the capacity report; with out, its folder written as the CLI "
       "writes it.");
+  // ---- calibrate, calibrate-serving (calibrate.cpp)
+  bind_calibrate(m);
 }
