@@ -59,6 +59,12 @@ std::vector<std::string> list_from(const nb::handle& h, const char* what) {
   return out;
 }
 
+// Where a result was written: None for nowhere.
+std::optional<std::string> written(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  return path;
+}
+
 double share(double percent) {
   return percent / 100;
 }
@@ -143,11 +149,8 @@ void bind_calibrate(nb::module_& m) {
           "profile", [](const CalibrateResult& r) { return r.profile; },
           "the fitted Profile, as a run given the written file loads it")
       .def_ro("base", &CalibrateResult::base)
-      .def_prop_ro("out",
-                   [](const CalibrateResult& r) -> std::optional<std::string> {
-                     if (r.out.empty()) return std::nullopt;
-                     return r.out;
-                   })
+      .def_prop_ro(
+          "out", [](const CalibrateResult& r) { return written(r.out); }, "the file written, or None")
       .def_prop_ro(
           "source",
           [](const CalibrateResult& r) { return std::string(r.from_runs ? "runs" : "measurements"); },
@@ -168,7 +171,7 @@ void bind_calibrate(nb::module_& m) {
           [](const CalibrateResult& r) {
             std::vector<double> v;
             for (const auto& [measured, predicted] : r.report.runs) v.push_back(predicted);
-            return to_numpy(std::move(v), {v.size()});
+            return to_numpy(std::move(v));
           },
           "runs: each run's prefill as the fitted profile predicts it")
       // --measurements
@@ -197,7 +200,7 @@ void bind_calibrate(nb::module_& m) {
             if (!r.from_runs) return per_point(r.points, [](auto& p) { return p.measured_s; });
             std::vector<double> v;
             for (const auto& [measured, predicted] : r.report.runs) v.push_back(measured);
-            return to_numpy(std::move(v), {v.size()});
+            return to_numpy(std::move(v));
           },
           "per run (runs: prefill) or per point (measurements)")
       .def_prop_ro("cross_validation", [](const CalibrateResult& r) { return r.fit.cv; })
@@ -269,11 +272,8 @@ void bind_calibrate(nb::module_& m) {
       .def_prop_ro(
           "profile", [](const CalibrateServingResult& r) { return r.profile; },
           "the profile with the fitted engine, as a run given the written file loads it")
-      .def_prop_ro("out",
-                   [](const CalibrateServingResult& r) -> std::optional<std::string> {
-                     if (r.out.empty()) return std::nullopt;
-                     return r.out;
-                   })
+      .def_prop_ro(
+          "out", [](const CalibrateServingResult& r) { return written(r.out); }, "the file written, or None")
       .def_prop_ro("kernel_scale", [](const CalibrateServingResult& r) { return r.fit.scale; })
       .def_prop_ro(
           "iteration_overhead_s", [](const CalibrateServingResult& r) { return r.fit.iteration_s; }, "s")
@@ -301,7 +301,7 @@ void bind_calibrate(nb::module_& m) {
           [](const CalibrateServingResult& r) {
             std::vector<double> v;
             for (const calib::PointResult& p : r.fit.points) v.push_back(p.rate);
-            return to_numpy(std::move(v), {v.size()});
+            return to_numpy(std::move(v));
           },
           "requests/s per benchmark (inf: all at once)")
       .def_prop_ro(

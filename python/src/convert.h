@@ -38,6 +38,13 @@ nb::object to_numpy(std::vector<T> v, std::vector<size_t> shape) {
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   return nb::cast(Array<T>(owned->data(), shape.size(), shape.data(), owner), nb::rv_policy::automatic);
 }
+// The same, one-dimensional. (Not to_numpy(std::move(v), {v.size()}): the order the two arguments are
+// evaluated in is the compiler's, and clang's moves `v` out before its size is read.)
+template <class T>
+nb::object to_numpy(std::vector<T> v) {
+  const size_t n = v.size();
+  return to_numpy(std::move(v), {n});
+}
 
 // The model argument of the simulator's functions: model_config is a preset name, a .json file or a
 // Model; model a GGUF file. Every request has the three fields (model, model_config, config).

@@ -13,8 +13,11 @@ def cli():
     if not path or not os.access(path, os.X_OK):
         pytest.fail("LAZYPREFILL_CLI must name the lazyprefill binary (ctest sets it)")
 
+    # Without the sanitizer runtime a sanitized module's run preloads: a sanitized CLI links its own.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
     def run(*args, expect_ok=True):
-        p = subprocess.run([path, *map(str, args)], capture_output=True, text=True, timeout=120)
+        p = subprocess.run([path, *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
         if expect_ok:
             assert p.returncode == 0, f"{' '.join(map(str, args))}: {p.stderr}"
             return json.loads(p.stdout)
