@@ -7,6 +7,7 @@
 
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "sim/replay.h"
 #include "sim/simulate.h"
 
@@ -105,12 +106,13 @@ CalibrateServingResult calibrate_serving(const CalibrateServingRequest& r) {
   }
   res.fit = fit_serving_benchmarks(c, hw, r.precision, cfg, bs, o);
 
+  // Read back before it is written: a document that does not read back is refused with nothing written.
   res.document = fitted_engine_profile(hw, res.fit, r.benchmarks, bs.size());
+  res.profile = hw::parse_profile(res.document, r.out.empty() ? "the fitted profile" : r.out);
   if (!r.out.empty()) {
-    write_file_atomic(r.out, res.document.dump(2) + "\n", "profile");
+    write_file_atomic(r.out, json_text(res.document) + "\n", "profile");
     res.out = r.out;
   }
-  res.profile = hw::parse_profile(res.document, r.out.empty() ? "the fitted profile" : r.out);
   return res;
 }
 

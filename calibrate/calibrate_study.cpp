@@ -1,6 +1,7 @@
 #include "calibrate/calibrate_study.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,11 +23,6 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-// Pretty JSON; bytes that are not UTF-8 (a Latin-1 name in a measurement file) become U+FFFD.
-std::string to_text(const json& j) {
-  return j.dump(2, ' ', false, json::error_handler_t::replace);
-}
-
 json or_null_pct(double x) {
   return std::isnan(x) ? json(nullptr) : json(100 * x);
 }
@@ -42,21 +38,35 @@ std::map<std::string, std::string> parse_map(const std::vector<std::string>& ite
   return m;
 }
 
-// The fitted document written (when asked) and read back as the profile a later run loads.
+// The fitted document read back as the profile a later run loads, then (when asked) written: a
+// document that does not read back is refused before anything is written.
 void finish(CalibrateResult& res, hw::Profile fitted, const std::string& out) {
   res.fitted = std::move(fitted);
+  res.profile = hw::parse_profile(res.document, out.empty() ? "the fitted profile" : out);
   if (!out.empty()) {
-    write_file_atomic(out, to_text(res.document) + "\n", "profile");
+    write_file_atomic(out, json_text(res.document) + "\n", "profile");
     res.out = out;
   }
-  res.profile = hw::parse_profile(res.document, out.empty() ? "the fitted profile" : out);
 }
 
-void calibrate_runs(const CalibrateRequest& r, const std::string& base_name, CalibrateResult& res) {
+// The base profile (with the request's engine) into `res`; the name the provenance gives it: as the
+// request wrote it, or a Profile's own.
+std::string load_base(const CalibrateRequest& r, CalibrateResult& res) {
+  res.base = r.base_profile ? *r.base_profile : hw::load_profile(r.base);
+  if (!r.engine.empty()) res.base.engine = hw::engine_preset(r.engine);
+  return r.base.empty() ? res.base.name : r.base;
+}
+
+// The runs are read before the base profile is loaded, as the CLI always did.
+void calibrate_runs(const CalibrateRequest& r, CalibrateResult& res) {
   if (!fs::is_directory(r.runs)) usage_fail("--runs '{}' is not a folder", escape_text(r.runs));
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(r.runs))
-    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
+  try {
+    for (const auto& e : fs::directory_iterator(r.runs))
+      if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
+  } catch (const fs::filesystem_error& e) {
+    fail("--runs '{}': {}", escape_text(r.runs), e.code().message());
+  }
   std::sort(files.begin(), files.end());
   if (files.empty()) fail("--runs '{}' holds no .json files", escape_text(r.runs));
   for (const fs::path& f : files) {
@@ -69,6 +79,7 @@ void calibrate_runs(const CalibrateRequest& r, const std::string& base_name, Cal
     }
     res.runs.push_back(measurement_from_run_json(j, f.filename().string()));
   }
+  const std::string base_name = load_base(r, res);
   const hw::Profile fitted = calibrate(res.base, res.runs, &res.report);
   const std::string provenance =
       fmt::format("calibrated on {} by `lazyprefill calibrate --base {}` from {} runs in {}", today_utc(),
@@ -111,7 +122,8 @@ json calibration_record(const std::string& base_name, const hw::Profile& base, c
             {"held_out", or_null_pct(fit.decode_mape_heldout)}}}};
 }
 
-void calibrate_measurements(const CalibrateRequest& r, const std::string& base_name, CalibrateResult& res) {
+void calibrate_measurements(const CalibrateRequest& r, CalibrateResult& res) {
+  const std::string base_name = load_base(r, res);
   const PointMapping map{parse_map(r.model_map, "--model-map"), parse_map(r.hw_map, "--hw-map"), r.weights,
                          r.compute, r.kv};
   for (const auto& [file_name, preset] : map.models) preset_config(preset);  // unknown presets fail here
@@ -182,13 +194,10 @@ CalibrateResult calibrate_profile(const CalibrateRequest& r) {
   }
   CalibrateResult res;
   res.from_runs = !r.runs.empty();
-  res.base = r.base_profile ? *r.base_profile : hw::load_profile(r.base);
-  if (!r.engine.empty()) res.base.engine = hw::engine_preset(r.engine);
-  const std::string base_name = r.base.empty() ? res.base.name : r.base;
   if (res.from_runs)
-    calibrate_runs(r, base_name, res);
+    calibrate_runs(r, res);
   else
-    calibrate_measurements(r, base_name, res);
+    calibrate_measurements(r, res);
   return res;
 }
 
@@ -271,7 +280,7 @@ json fitted_profile_json(const hw::Profile& fitted, const std::string& name, con
 
 void write_fitted_profile(const std::string& path, const hw::Profile& fitted, const std::string& name,
                           const std::string& provenance) {
-  write_file_atomic(path, to_text(fitted_profile_json(fitted, name, provenance)) + "\n", "profile");
+  write_file_atomic(path, json_text(fitted_profile_json(fitted, name, provenance)) + "\n", "profile");
 }
 
 }  // namespace lp::calib

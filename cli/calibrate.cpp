@@ -14,7 +14,6 @@
 namespace lp::cli {
 
 namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -86,7 +85,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
   r.engine = a.engine;
   const calib::CalibrateResult res = calib::calibrate_profile(r);
   if (a.json_out) {
-    fmt::print("{}\n", res.to_json().dump(2, ' ', false, json::error_handler_t::replace));
+    print_result(true, res.to_json(), "");
   } else if (res.from_runs) {
     print_calibration(res.fitted, res.report, res.runs);
     fmt::print("\nwrote {}\n", res.out);

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "model/json_checks.h"
+
 namespace lp::cli {
 
 using json = nlohmann::ordered_json;
@@ -31,7 +33,7 @@ void print_calibration(const hw::Profile& fitted, const calib::CalibrationReport
 
 void print_result(bool json_out, const nlohmann::ordered_json& out, const std::string& text) {
   if (json_out)
-    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    fmt::print("{}\n", json_text(out));
   else
     fmt::print("{}", text);
 }

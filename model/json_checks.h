@@ -8,6 +8,7 @@
 //   json_member    a required field as it is (an object or array the caller reads on)
 //   json_parse     JSON text parsed after its nesting depth is checked (kMaxJsonDepth)
 //   json_error_path  where a parse failed ("lazyprefill.seed"), for a refusal naming its field
+//   json_text      a document as text, bytes that are not UTF-8 as U+FFFD
 // `where` names the file and, where it helps, the place in it ("runs.json: record 3").
 #pragma once
 
@@ -65,6 +66,14 @@ std::optional<int64_t> json_integer(const Json& v, int64_t lo, int64_t hi) {
   const int64_t x = v.template get<int64_t>();
   if (x < lo || x > hi) return std::nullopt;
   return x;
+}
+
+// `j` as text (indented by `indent`; -1: one line), bytes that are not UTF-8 (a Latin-1 name read from an
+// input) as U+FFFD instead of nlohmann's exception: every document an input's strings reach is
+// printed, written or handed to Python through it.
+template <class Json>
+std::string json_text(const Json& j, int indent = 2) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
 // The value `v` of field `key` as a T, or lp::Error naming `where`, the field and what it holds.

@@ -20,6 +20,7 @@
 #include "hwmodels/profile.h"
 #include "model/error.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -63,6 +64,12 @@ std::vector<std::string> list_from(const nb::handle& h, const char* what) {
 std::optional<std::string> written(const std::string& path) {
   if (path.empty()) return std::nullopt;
   return path;
+}
+
+// The end-to-end fit's three errors; NaNs for the per-op fit, which has none.
+nb::tuple mapes(const calib::CalibrateResult& r, double base, double fit, double held_out) {
+  if (r.from_runs) base = fit = held_out = std::nan("");
+  return nb::make_tuple(base, fit, held_out);
 }
 
 double share(double percent) {
@@ -203,17 +210,24 @@ void bind_calibrate(nb::module_& m) {
             return to_numpy(std::move(v));
           },
           "per run (runs: prefill) or per point (measurements)")
-      .def_prop_ro("cross_validation", [](const CalibrateResult& r) { return r.fit.cv; })
+      .def_prop_ro(
+          "cross_validation",
+          [](const CalibrateResult& r) -> std::optional<std::string> {
+            if (r.from_runs) return std::nullopt;
+            return r.fit.cv;
+          },
+          "measurements: 'leave-one-out' or '10-fold' (None for runs)")
       .def_prop_ro(
           "ttft_mape",
           [](const CalibrateResult& r) {
-            return nb::make_tuple(r.fit.ttft_mape_base, r.fit.ttft_mape_fit, r.fit.ttft_mape_heldout);
+            return mapes(r, r.fit.ttft_mape_base, r.fit.ttft_mape_fit, r.fit.ttft_mape_heldout);
           },
-          "measurements: (base, fitted, held out) mean |predicted / measured - 1|; NaN without TTFTs")
+          "measurements: (base, fitted, held out) mean |predicted / measured - 1|; NaNs without TTFTs and "
+          "for runs")
       .def_prop_ro(
           "decode_mape",
           [](const CalibrateResult& r) {
-            return nb::make_tuple(r.fit.decode_mape_base, r.fit.decode_mape_fit, r.fit.decode_mape_heldout);
+            return mapes(r, r.fit.decode_mape_base, r.fit.decode_mape_fit, r.fit.decode_mape_heldout);
           },
           "measurements: as ttft_mape, over the decode latencies")
       .def_ro("skipped", &CalibrateResult::skipped, "measurements: what was left out and why")
@@ -224,10 +238,7 @@ void bind_calibrate(nb::module_& m) {
           "to_dict", [](const CalibrateResult& r) { return to_python(r.to_json()); },
           "`lazyprefill calibrate --json`'s document")
       .def(
-          "to_json",
-          [](const CalibrateResult& r, int indent) {
-            return r.to_json().dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-          },
+          "to_json", [](const CalibrateResult& r, int indent) { return json_text(r.to_json(), indent); },
           "indent"_a = 2);
 
   m.def(
@@ -334,7 +345,8 @@ void bind_calibrate(nb::module_& m) {
           "to_dict", [](const CalibrateServingResult& r) { return to_python(r.to_json()); },
           "`lazyprefill calibrate-serving --json`'s document")
       .def(
-          "to_json", [](const CalibrateServingResult& r, int indent) { return r.to_json().dump(indent); },
+          "to_json",
+          [](const CalibrateServingResult& r, int indent) { return json_text(r.to_json(), indent); },
           "indent"_a = 2);
 
   const calib::CalibrateServingRequest ds;
@@ -376,7 +388,7 @@ void bind_calibrate(nb::module_& m) {
       "mixed"_a = nb::none(), "tp"_a = ds.tp, "kv_budget_mib"_a = nb::none(),
       "kv_fraction"_a = ds.kv_fraction, "kv_element_bytes"_a = nb::none(), "fit"_a = ds.fit,
       "seed"_a = ds.seed, "out"_a = nb::none(),
-      "`lazyprefill calibrate-serving` (docs/serving-benchmarks.md): an engine's scheduler fitted to serving "
+      "`lazyprefill calibrate-serving` (docs/cli.md): an engine's scheduler fitted to serving "
       "benchmark files (benchmark: a path or a list); with out, the profile with the fitted engine written "
       "there.");
 }

@@ -54,10 +54,10 @@ json from_python(const nb::handle& v, const std::string& what) {
 }
 
 nb::object to_python(const json& j) {
-  return nb::module_::import_("json").attr("loads")(j.dump());
+  return nb::module_::import_("json").attr("loads")(json_text(j, -1));
 }
 nb::object to_python(const nlohmann::json& j) {
-  return nb::module_::import_("json").attr("loads")(j.dump());
+  return nb::module_::import_("json").attr("loads")(json_text(j, -1));
 }
 
 std::vector<std::string> strings_from(const nb::handle& h, const char* what) {
@@ -285,7 +285,8 @@ NB_MODULE(_core, m) {
           "to_dict", [](const hw::Profile& p) { return to_python(p.json); },
           "The profile's file document (hwmodels/README.md's keys and units).")
       .def(
-          "to_json", [](const hw::Profile& p, int indent) { return p.json.dump(indent); }, "indent"_a = 2)
+          "to_json", [](const hw::Profile& p, int indent) { return json_text(p.json, indent); },
+          "indent"_a = 2)
       .def(
           "replace",
           [](const hw::Profile& p, const nb::kwargs& fields) {
@@ -357,7 +358,7 @@ NB_MODULE(_core, m) {
           "A configuration from the presets' keys, validated as a preset is.")
       .def("to_dict", [](const ModelConfig& c) { return to_python(config_to_json(c)); })
       .def(
-          "to_json", [](const ModelConfig& c, int indent) { return config_to_json(c).dump(indent); },
+          "to_json", [](const ModelConfig& c, int indent) { return json_text(config_to_json(c), indent); },
           "indent"_a = 2)
       .def(
           "replace",
@@ -496,7 +497,7 @@ NB_MODULE(_core, m) {
           "to_dict", [](const sim::SimulateReport& r) { return to_python(r.to_json()); },
           "`lazyprefill simulate --json`'s document")
       .def(
-          "to_json", [](const sim::SimulateReport& r, int indent) { return r.to_json().dump(indent); },
+          "to_json", [](const sim::SimulateReport& r, int indent) { return json_text(r.to_json(), indent); },
           "indent"_a = 2);
 
   const sim::SimulateRequest d;
@@ -621,7 +622,8 @@ NB_MODULE(_core, m) {
           "to_dict", [](const sim::ServingStudyReport& r) { return to_python(r.to_json()); },
           "`lazyprefill simulate-serving --json`'s document")
       .def(
-          "to_json", [](const sim::ServingStudyReport& r, int indent) { return r.to_json().dump(indent); },
+          "to_json",
+          [](const sim::ServingStudyReport& r, int indent) { return json_text(r.to_json(), indent); },
           "indent"_a = 2);
 
   const sim::ServingStudyRequest ds;
@@ -770,7 +772,7 @@ NB_MODULE(_core, m) {
           "to_dict", [](const sim::CompareReport& r) { return to_python(r.to_json()); },
           "`lazyprefill compare --json`'s document")
       .def(
-          "to_json", [](const sim::CompareReport& r, int indent) { return r.to_json().dump(indent); },
+          "to_json", [](const sim::CompareReport& r, int indent) { return json_text(r.to_json(), indent); },
           "indent"_a = 2);
 
   const sim::CompareRequest dc;
@@ -874,7 +876,7 @@ NB_MODULE(_core, m) {
           "to_dict", [](const report::PlanReport& r) { return to_python(r.to_json()); },
           "`lazyprefill plan --json`'s document")
       .def(
-          "to_json", [](const report::PlanReport& r, int indent) { return r.to_json().dump(indent); },
+          "to_json", [](const report::PlanReport& r, int indent) { return json_text(r.to_json(), indent); },
           "indent"_a = 2);
 
   const report::PlanRequest dp;
@@ -999,7 +1001,7 @@ NB_MODULE(_core, m) {
           "to_dict", [](const report::Report& r) { return to_python(r.to_json()); },
           "`lazyprefill report --json`'s document (reports/capacity-report.schema.json)")
       .def(
-          "to_json", [](const report::Report& r, int indent) { return r.to_json().dump(indent); },
+          "to_json", [](const report::Report& r, int indent) { return json_text(r.to_json(), indent); },
           "indent"_a = 2);
 
   const report::ReportOptions dr;

@@ -103,6 +103,9 @@ def test_runs_same_document_and_profile_as_the_cli(cli, tmp_path, runs_dir):
     assert got == want
     assert undated(json.load(open(py_out))) == undated(json.load(open(cli_out)))
     assert r.source == "runs" and r.profile.name == "mine"
+    # The end-to-end fit's figures do not exist for the per-op fit: NaNs and None, not zeros.
+    assert all(math.isnan(x) for x in r.ttft_mape + r.decode_mape) and r.cross_validation is None
+    assert r.points == [] and r.fit_s.shape == (0,)
     # The arrays are the document's runs, in seconds.
     assert r.runs == [x["run"] for x in want["runs"]]
     assert np.allclose(r.measured_s * 1e3, [x["measured_ms"] for x in want["runs"]], rtol=1e-12)

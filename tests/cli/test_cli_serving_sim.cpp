@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <tuple>
 
 #include "tests/cli/cli_harness.h"
 #include "tests/test_util.h"
@@ -179,6 +181,19 @@ TEST_F(CliSim, CalibrateServingFromTheUsersBenchmarks) {
   std::vector<std::string> bad = args;
   bad.insert(bad.end(), {"--fit", "everything", "--out", dir_.file("never.json")});
   expect_one_line_error(run_cli(dir_, bad), {"--fit", "everything"});
+  // The ranges are the library's (calib::calibrate_serving), in the Python module's words too; a
+  // usage error exits 2.
+  for (const auto& [flag, value, words] :
+       {std::tuple<std::string, std::string, std::string>{"--tp", "0",
+                                                          "--tp must be between 1 and 4096, got 0"},
+        {"--kv-fraction", "nan", "--kv-fraction must be between 0.05 and 1, got nan"},
+        {"--kv-element-bytes", "9", "--kv-element-bytes must be between 0.5 and 8, got 9"}}) {
+    std::vector<std::string> out_of_range = args;
+    out_of_range.insert(out_of_range.end(), {flag, value, "--out", dir_.file("never.json")});
+    const CliResult r = run_cli(dir_, out_of_range);
+    expect_one_line_error(r, {words});
+    EXPECT_EQ(r.code, 2) << describe(r);
+  }
   const std::string other = dir_.file("other.json");
   std::ofstream(other) << R"({"hello": 1})";
   expect_one_line_error(run_cli(dir_, {"calibrate-serving", "--model-config", "smollm2-135m", "--hw",
