@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "calibrate/fit_measurements.h"
@@ -281,19 +282,28 @@ int main(int argc, char** argv) {
       cuda::copy_to_device(k, hk.data(), hk.size() * 4);
       cuda::copy_to_device(v, hk.data(), hk.size() * 4);
     }
-    const auto time_at = [&](const std::vector<int32_t>& pos) {
+    using Attention = decltype(&cuda::attention);
+    const auto time_at = [&](Attention run, const std::vector<int32_t>& pos) {
       cuda::copy_to_device(qp, pos.data(), size_t(Tq) * 4);
       cuda::copy_to_device(kp, pos.data(), size_t(Tq) * 4);
       return median_ms([&] {
-        cuda::attention((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh,
-                        1.0f / std::sqrt(float(Dh)), 0, (float*)out);
+        run((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh,
+            1.0f / std::sqrt(float(Dh)), 0, (float*)out);
       });
     };
-    const double pruned_ms = time_at(kept), dense_ms = time_at(dense);
-    fmt::print(
-        "  {} kept rows of {} over their own keys {:.3f} ms, {} dense rows {:.3f} ms ({} causal pairs each): "
-        "ratio {:.2f}\n",
-        Tq, T, pruned_ms, Tq, dense_ms, Tq * (Tq + 1) / 2, pruned_ms / dense_ms);
+    // Both kernels: f32 on CUDA cores, and bf16 on the tensor cores (issue 58); TFLOP/s over the causal
+    // pairs' 4 Dh FLOPs a head (Q K^T and P V).
+    const double pairs = double(Tq) * double(Tq + 1) / 2, flops = 4.0 * double(Dh) * double(H) * pairs;
+    for (const auto& [name, run] :
+         {std::pair<const char*, Attention>{"f32, CUDA cores", &cuda::attention},
+          std::pair<const char*, Attention>{"bf16, tensor cores", &cuda::attention_tc}}) {
+      const double pruned_ms = time_at(run, kept), dense_ms = time_at(run, dense);
+      fmt::print(
+          "  {}: {} kept rows of {} over their own keys {:.3f} ms, {} dense rows {:.3f} ms ({} causal pairs "
+          "each, {:.1f} TFLOP/s dense): ratio {:.2f}\n",
+          name, Tq, T, pruned_ms, Tq, dense_ms, int64_t(pairs), flops / (dense_ms * 1e-3) / 1e12,
+          pruned_ms / dense_ms);
+    }
     for (void* p : {q, k, v, out, qp, kp}) cuda::device_free(p);
     return 0;
   } catch (const Error& e) {

@@ -63,6 +63,12 @@ void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows,
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                int32_t window, float* out);
+// The same attention on the tensor cores (kernels/cuda/attention_tc.cuh): q, k and v rounded to bf16 as
+// they are loaded, the products accumulated in f32, the weights rounded to bf16 for P V. Even head
+// widths up to 256.
+void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+                  const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                  int32_t window, float* out);
 // The last token's attention (at position q_pos) over S keys, averaged over heads
 // (ref::last_row_scores), into scores[S]; with window > 0 the keys at k_pos[S] outside the window
 // score 0.
@@ -90,6 +96,9 @@ void moe_combine(const float* y, const int64_t* at, const float* w, int64_t T, i
                  float* out);
 // x[i] *= s
 void scale_inplace(float* x, int64_t n, float s);
+// d[16][8] = a[16][K] b[K][8] (row-major f32, rounded to bf16) on the tensor cores, one warp through
+// kernels/cuda/mma.cuh's fragments: the layout the tensor-core kernels rely on, checked on the device.
+void mma_bf16_tile(const float* a, const float* b, float* d, int64_t K);
 // dst[dst_idx[r]][:] = src[src_idx[r]][:]   (Aux Cache stores and loads, revived rows back into
 // place: the scatter of active rows, and a gather at the same time). src and dst must not overlap.
 void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,

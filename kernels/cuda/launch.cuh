@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "model/error.h"
 
 namespace lp::cuda {
@@ -58,6 +60,11 @@ void moe_combine(const float* y, const int64_t* at, const float* w, int64_t T, i
                  float* out) {
   if (T <= 0 || D <= 0) return;
   LP_LAUNCH(kernels::moe_combine_kernel, blocks_for(T * D, kThreads), kThreads, 0, y, at, w, T, k, D, out);
+}
+
+void mma_bf16_tile(const float* a, const float* b, float* d, int64_t K) {
+  if (K <= 0 || K % 16) fail("CUDA mma_bf16_tile: K = {} is not a positive multiple of 16", K);
+  LP_LAUNCH(kernels::mma_tile_kernel, 1u, 32, 0, a, b, d, K);
 }
 
 void scale_inplace(float* x, int64_t n, float s) {
@@ -130,31 +137,38 @@ void gemv_q(const uint16_t* a, const uint8_t* q, int qtype, int64_t row_bytes, f
 
 namespace {
 
-template <int BK, int DC>
-void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                    const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                    int32_t window, float* out) {
-  auto* kernel = &kernels::attention_kernel<BK, DC>;
-  const size_t shared = kernels::attention_shared_bytes(Dh, BK);
-  int per_sm = 2;  // blocks that fit on an SM at once (the host build: a guess)
+// Blocks of an attention kernel that fit on an SM at once, asked once per kernel instance after
+// allowing it `most` bytes of shared memory (the host build: a guess).
+template <class Kernel>
+int attention_blocks_per_sm(Kernel* kernel, size_t most, int threads) {
+  int per_sm = 2;
 #if defined(__CUDACC__)
-  // Once per instance: allow the shared memory of its widest head, then ask the occupancy.
   static const int fit = [&] {
-    const size_t most = kernels::attention_shared_bytes(64 * DC, BK);
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
     if (e != cudaSuccess) fail("CUDA attention: cannot reserve shared memory: {}", cudaGetErrorString(e));
     int n = 0;
-    const cudaError_t o =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kernels::kAttnThreads, most);
+    const cudaError_t o = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, most);
     if (o != cudaSuccess) cudaGetLastError();  // not sticky: clear it, or the next launch check reports it
     return o == cudaSuccess && n > 0 ? n : 2;
   }();
   per_sm = fit;
+#else
+  (void)kernel, (void)most, (void)threads;
 #endif
-  const int64_t row_blocks = (T * (H / Hkv) + kernels::kAttnRows - 1) / kernels::kAttnRows;
-  const int64_t n_tiles = (S + BK - 1) / BK;
-  // Split the keys when the grid would not fill every SM with as many blocks as fit at once.
+  return per_sm;
+}
+
+// An attention kernel over `rows_per_block` query rows a block and `keys_per_tile` keys a tile, with
+// its keys split over blockIdx.z when the grid would not fill every SM with as many blocks as fit at
+// once; the splits' partial results merged by attention_combine_kernel.
+template <class Kernel>
+void launch_attention(Kernel* kernel, int threads, int rows_per_block, int keys_per_tile, size_t shared,
+                      int per_sm, const float* q, const int32_t* q_pos, int64_t T, const float* k,
+                      const float* v, const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+                      float scale, int32_t window, float* out) {
+  const int64_t row_blocks = (T * (H / Hkv) + rows_per_block - 1) / rows_per_block;
+  const int64_t n_tiles = (S + keys_per_tile - 1) / keys_per_tile;
   const int64_t blocks = row_blocks * Hkv, want = int64_t(per_sm) * multiprocessors();
   int64_t per_split = std::max<int64_t>(n_tiles, 1), splits = 1;
   if (blocks < want && n_tiles > 1) {
@@ -164,18 +178,51 @@ void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float
   }
   const dim3 grid{unsigned(row_blocks), unsigned(Hkv), unsigned(splits)};
   if (splits == 1) {
-    LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale,
-              window, per_split, out, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
+    LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window,
+              per_split, out, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
               static_cast<float*>(nullptr));
     return;
   }
   const int64_t n_rows = T * H;
   Scratch acc(size_t(splits * n_rows * Dh) * 4, "attention splits"),
       m(size_t(splits * n_rows) * 4, "attention splits"), l(size_t(splits * n_rows) * 4, "attention splits");
-  LP_LAUNCH(kernel, grid, kernels::kAttnThreads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale,
-            window, per_split, out, acc.as<float>(), m.as<float>(), l.as<float>());
+  LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, per_split,
+            out, acc.as<float>(), m.as<float>(), l.as<float>());
   LP_LAUNCH(kernels::attention_combine_kernel, unsigned(n_rows), 128, 0, acc.as<float>(), m.as<float>(),
             l.as<float>(), n_rows, Dh, splits, out);
+}
+
+template <int BK, int DC>
+void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+                    const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                    int32_t window, float* out) {
+  auto* kernel = &kernels::attention_kernel<BK, DC>;
+  const int per_sm =
+      attention_blocks_per_sm(kernel, kernels::attention_shared_bytes(64 * DC, BK), kernels::kAttnThreads);
+  launch_attention(kernel, kernels::kAttnThreads, kernels::kAttnRows, BK,
+                   kernels::attention_shared_bytes(Dh, BK), per_sm, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh,
+                   scale, window, out);
+}
+
+template <int DK>
+void attention_tc_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+                       const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                       int32_t window, float* out) {
+  auto* kernel = &kernels::attention_tc_kernel<DK>;
+  const size_t shared = kernels::attention_tc_shared_bytes(DK);
+  const int per_sm = attention_blocks_per_sm(kernel, shared, kernels::kTcThreads);
+  launch_attention(kernel, kernels::kTcThreads, kernels::kTcRows, kernels::kTcKeys, shared, per_sm, q, q_pos,
+                   T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+}
+
+// The checks both attentions make of their arguments.
+void check_attention(const char* what, const float* q, const float* k, const float* v, int64_t H,
+                     int64_t Hkv) {
+  if (Hkv <= 0 || H % Hkv != 0) fail("CUDA {}: {} heads do not group over {} KV heads", what, H, Hkv);
+  if (Hkv > 65535) fail("CUDA {}: {} KV heads", what, Hkv);
+  for (const void* p :
+       {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("CUDA {}: q, k and v must be 16-byte aligned", what);
 }
 
 }  // namespace
@@ -185,11 +232,7 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
                int32_t window, float* out) {
   if (Dh <= 0 || Dh > 256 || Dh % 4 != 0)
     fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
-  if (Hkv <= 0 || H % Hkv != 0) fail("CUDA attention: {} heads do not group over {} KV heads", H, Hkv);
-  if (Hkv > 65535) fail("CUDA attention: {} KV heads", Hkv);
-  for (const void* p :
-       {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)})
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("CUDA attention: q, k and v must be 16-byte aligned");
+  check_attention("attention", q, k, v, H, Hkv);
   if (T <= 0) return;
   if (Dh <= 64)
     attention_with<64, 1>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
@@ -199,6 +242,21 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
     attention_with<32, 3>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
   else
     attention_with<32, 4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+}
+
+void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+                  const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                  int32_t window, float* out) {
+  if (Dh <= 0 || Dh > 256 || Dh % 2 != 0)
+    fail("CUDA tensor-core attention supports even head widths up to 256, got {}", Dh);
+  check_attention("tensor-core attention", q, k, v, H, Hkv);
+  if (T <= 0) return;
+  if (Dh <= 64)
+    attention_tc_with<4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+  else if (Dh <= 128)
+    attention_tc_with<8>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+  else
+    attention_tc_with<16>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
 }
 
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,

@@ -85,6 +85,13 @@ void swiglu_fused(const float*, float*, int64_t, int64_t, bool) {
 void scale_inplace(float*, int64_t, float) {
   unavailable();
 }
+void mma_bf16_tile(const float*, const float*, float*, int64_t) {
+  unavailable();
+}
+void attention_tc(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
+                  int64_t, int64_t, int64_t, float, int32_t, float*) {
+  unavailable();
+}
 void copy_rows(const float*, const int64_t*, float*, const int64_t*, int64_t, int64_t) {
   unavailable();
 }

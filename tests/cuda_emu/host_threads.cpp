@@ -235,8 +235,8 @@ void sync_warp() {
 
 void fail_shuffle(unsigned mask, int lane_mask, int width) {
   fail(
-      "host_threads: __shfl_xor_sync with mask {:#x}, lane mask {}, width {} (supported: the full mask, "
-      "0 < lane mask < width, width a power of 2 up to 32)",
+      "host_threads: a shuffle with mask {:#x}, lane or lane mask {}, width {} (supported: the full mask, "
+      "0 < lane mask < width, width a power of 2 up to 32, at most 16 bytes a lane)",
       mask, lane_mask, width);
 }
 

@@ -13,10 +13,11 @@
 // in for cub::BlockReduce with its contract: the result is defined in thread 0 only (others get
 // NaN), and its storage may not be reused before a barrier.
 //
-// `__shfl_xor_sync` exchanges through per-thread slots between two warp barriers (all 32 lanes of
-// the warp must take part, as the full mask says). Not emulated: other shuffles and votes, atomics
-// across blocks running at once (blocks are sequential), memory fences, and timing. Plain C++; only this
-// header's macros make kernel code compile on the host.
+// `__shfl_xor_sync` and `__shfl_sync` exchange through per-thread slots between two warp barriers
+// (all 32 lanes of the warp must take part, as the full mask says); `warp_all` gives every lane all
+// 32 lanes' values, for the emulation of warp-wide instructions (kernels/cuda/mma.cuh). Not emulated: other
+// shuffles and votes, atomics across blocks running at once (blocks are sequential), memory fences, and
+// timing. Plain C++; only this header's macros make kernel code compile on the host.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -131,6 +132,39 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   ht::sync_warp();
   return r;
 }
+
+// __shfl_sync(mask, v, src_lane, width): lane l receives v of lane src_lane % width of l's segment of
+// `width` lanes.
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  static_assert(sizeof(T) <= 16, "a shuffle slot holds 16 bytes");
+  namespace ht = ::lp::host_threads;
+  if (mask != 0xffffffffu || width <= 0 || width > 32 || (width & (width - 1)))
+    ht::fail_shuffle(mask, src_lane, width);
+  const int me = ht::linear_thread();
+  std::memcpy(ht::shuffle_slot(me), &v, sizeof(T));
+  ht::sync_warp();
+  const int lane = me % 32, segment = lane / width * width;
+  T r;
+  std::memcpy(&r, ht::shuffle_slot(me - lane + segment + (src_lane & (width - 1))), sizeof(T));
+  ht::sync_warp();
+  return r;
+}
+
+namespace lp::host_threads {
+// A warp-collective exchange for the emulation of warp-wide instructions (mma): every lane of the
+// caller's warp puts `bytes` (up to 16) of its own and receives all 32 lanes', in lane order, into
+// `all` (32 x bytes). All 32 lanes must call it, as the instruction's .sync.aligned demands.
+inline void warp_all(const void* mine, size_t bytes, void* all) {
+  if (bytes > 16) fail_shuffle(0xffffffffu, int(bytes), 32);
+  const int me = linear_thread(), first = me - me % 32;
+  std::memcpy(shuffle_slot(me), mine, bytes);
+  sync_warp();
+  for (int l = 0; l < 32; ++l)
+    std::memcpy(static_cast<char*>(all) + size_t(l) * bytes, shuffle_slot(first + l), bytes);
+  sync_warp();
+}
+}  // namespace lp::host_threads
 
 inline unsigned atomicOr(unsigned* a, unsigned v) {
   const unsigned old = *a;

@@ -108,6 +108,26 @@ TEST(HostThreads, XorShufflesWithinSegments) {
   }
 }
 
+// Indexed shuffles: each lane reads lane (3 l + 1) mod width of its segment, over two warps.
+__global__ void indexed_shuffle_kernel(int* out, int width) {
+  const int l = int(threadIdx.x);
+  out[l] = __shfl_sync(0xffffffffu, 100 * l, 3 * (l % width) + 1, width);
+}
+
+TEST(HostThreads, IndexedShufflesWithinSegments) {
+  OrderGuard guard;
+  for (ht::Order o : kOrders)
+    for (int width : {32, 8}) {
+      ht::set_order(o);
+      std::vector<int> out(64, -1);
+      ht::launch(1, 64, 0, &indexed_shuffle_kernel, out.data(), width);
+      for (int l = 0; l < 64; ++l) {
+        const int segment = l / width * width, src = segment + (3 * (l % width) + 1) % width;
+        EXPECT_EQ(out[size_t(l)], 100 * src) << "lane " << l << " width " << width;
+      }
+    }
+}
+
 // Three-dimensional indices, dynamic shared memory, and a warp barrier that opens per warp.
 __global__ void index_kernel(int* out) {
   LP_DYNAMIC_SHARED(int, lane_sum);

@@ -219,6 +219,53 @@ TEST(GpuOps, AttentionOverUnorderedKeys) {
   expect_close(out.host(), want, 5e-5f, "attention");
 }
 
+// The tensor-core attention (issue 58) against the reference on the same inputs rounded to bf16, as
+// the kernel loads them; what remains is the weights' rounding to bf16 for P V (FlashAttention-2's)
+// and the order of f32 sums, well inside 1e-2, while a misplaced fragment element is an error of the
+// order of the values. The cases: one key; key splits; rows of a GQA group over two row blocks; head
+// widths 80 (past the last full 16) and 256; a sliding window; keys out of order with queries that see
+// none; a decode-like single query.
+TEST(GpuOps, TensorCoreAttentionMatchesTheReferenceOnBf16Inputs) {
+  struct Case {
+    int64_t T, S, H, Hkv, Dh;
+    int32_t window = 0;
+    bool shuffled = false;
+  };
+  const auto bf16 = [](std::vector<float> x) {
+    for (float& e : x) e = cuda_math::bf16_to_f32(cuda_math::f32_to_bf16(e));
+    return x;
+  };
+  for (const Case c : {Case{1, 1, 1, 1, 8}, Case{7, 300, 9, 3, 64}, Case{33, 129, 8, 2, 128},
+                       Case{5, 70, 4, 2, 80}, Case{4, 150, 4, 4, 256}, Case{9, 200, 4, 2, 64, 40},
+                       Case{6, 203, 8, 2, 64, 0, true}, Case{1, 700, 8, 2, 128}}) {
+    SCOPED_TRACE(::testing::Message() << c.T << "x" << c.S << " H" << c.H << "/" << c.Hkv << " Dh" << c.Dh
+                                      << " window " << c.window << (c.shuffled ? " shuffled" : ""));
+    std::vector<int32_t> k_pos(static_cast<size_t>(c.S)), q_pos(static_cast<size_t>(c.T));
+    for (int64_t s = 0; s < c.S; ++s) k_pos[size_t(s)] = int32_t(2 * s + (s % 5 == 0));
+    for (int64_t t = 0; t < c.T; ++t) q_pos[size_t(t)] = k_pos[size_t(c.S - 1)] - int32_t(c.T - 1 - t);
+    if (c.shuffled) {
+      std::shuffle(k_pos.begin(), k_pos.end(), std::mt19937(3));
+      q_pos[0] = -1, q_pos[1] = 0;  // before every key: no key to see
+    }
+    const auto q = bf16(randn(size_t(c.T * c.H * c.Dh), 6, 2.0f)),
+               k = bf16(randn(size_t(c.S * c.Hkv * c.Dh), 7, 2.0f)),
+               v = bf16(randn(size_t(c.S * c.Hkv * c.Dh), 8));
+    const float scale = 1.0f / std::sqrt(float(c.Dh));
+    std::vector<float> want(q.size());
+    ref::attention(q.data(), q_pos.data(), c.T, k.data(), v.data(), k_pos.data(), c.S, c.H, c.Hkv, c.Dh,
+                   want.data(), scale, c.window);
+    Dev<float> dq(q), dk(k), dv(v), out(q.size());
+    Dev<int32_t> dqp(q_pos), dkp(k_pos);
+    cuda::attention_tc(dq.p, dqp.p, c.T, dk.p, dv.p, dkp.p, c.S, c.H, c.Hkv, c.Dh, scale, c.window, out.p);
+    expect_close(out.host(), want, 1e-2f, "attention_tc");
+  }
+  Dev<float> one(std::vector<float>(64, 1.0f));
+  Dev<int32_t> zero(std::vector<int32_t>(1, 0));
+  EXPECT_THROW(cuda::attention_tc(one.p, zero.p, 1, one.p, one.p, zero.p, 1, 1, 1, 63, 1.0f, 0, one.p),
+               Error);
+  EXPECT_THROW(cuda::attention_tc(one.p, zero.p, 1, one.p, one.p, zero.p, 1, 3, 2, 8, 1.0f, 0, one.p), Error);
+}
+
 TEST(GpuOps, ScoresAndSelection) {
   const int64_t S = 777, H = 9, Hkv = 3, Dh = 64;
   const auto q = randn(size_t(H * Dh), 9, 2.0f), k = randn(size_t(S * Hkv * Dh), 10, 2.0f);
@@ -292,6 +339,48 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
       ASSERT_EQ(vh[size_t(s * kv + i)], row < 0 ? 0.0f : vn[size_t(row * kv + i)]) << s;
     }
   for (int32_t q = 0; q < 128; ++q) EXPECT_EQ(cuda_math::has_kv(bh.data(), q), q == 37 || q == 100) << q;
+}
+
+// The tensor cores' 16x8x16 bf16 product through kernels/cuda/mma.cuh's fragments (issue 58's
+// attention builds on it): on the device the PTX instruction, on the host its emulation, both by the
+// documented layout. Multiples of 1/8 up to 1 in magnitude are exact in bf16 and every partial sum of
+// 48 of their products exact in f32, so any order of summation gives the same result: a misplaced
+// element of either fragment changes it.
+TEST(GpuOps, Bf16TensorCoreTileIsTheProductOfItsFragments) {
+  const int64_t K = 48;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> eighths(-8, 8);
+  std::vector<float> a(size_t(16 * K)), b(size_t(K * 8));
+  for (float& x : a) x = float(eighths(rng)) / 8;
+  for (float& x : b) x = float(eighths(rng)) / 8;
+  std::vector<float> want(16 * 8);
+  for (int i = 0; i < 16; ++i)
+    for (int n = 0; n < 8; ++n) {
+      double sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += double(a[size_t(i * K + k)]) * double(b[size_t(k * 8 + n)]);
+      want[size_t(i * 8 + n)] = float(sum);
+    }
+  Dev<float> da(a), db(b), dd(size_t(16 * 8));
+  cuda::mma_bf16_tile(da.p, db.p, dd.p, K);
+  const auto got = dd.host();
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(got[i], want[i]) << "row " << i / 8 << " column " << i % 8;
+
+  // Normal values: rounded to bf16 as they are loaded, summed in f32 by the tensor cores.
+  a = randn(a.size(), 11);
+  b = randn(b.size(), 12);
+  for (int i = 0; i < 16; ++i)
+    for (int n = 0; n < 8; ++n) {
+      double sum = 0;
+      for (int64_t k = 0; k < K; ++k)
+        sum += double(cuda_math::bf16_to_f32(cuda_math::f32_to_bf16(a[size_t(i * K + k)]))) *
+               double(cuda_math::bf16_to_f32(cuda_math::f32_to_bf16(b[size_t(k * 8 + n)])));
+      want[size_t(i * 8 + n)] = float(sum);
+    }
+  Dev<float> na(a), nb(b);
+  cuda::mma_bf16_tile(na.p, nb.p, dd.p, K);
+  expect_close(dd.host(), want, 1e-5f, "mma_bf16_tile");
+  EXPECT_THROW(cuda::mma_bf16_tile(na.p, nb.p, dd.p, 24), Error);
 }
 
 TEST(GpuOps, GemmF32AndBf16) {
