@@ -106,12 +106,8 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int64_t tile = split * tiles_per_split; tile < tile_end; ++tile) {
     const int64_t s0 = tile * kTcKeys;
     const int n = S - s0 < kTcKeys ? int(S - s0) : kTcKeys;
-    if (tid < kTcKeys) kp[tid] = tid < n ? k_pos[s0 + tid] : INT32_MAX;
-    __syncthreads();
-    int32_t k_first = INT32_MAX;
-    for (int c = 0; c < kTcKeys; ++c) k_first = kp[c] < k_first ? kp[c] : k_first;
-    if (k_first > q_last) {  // the whole tile is masked (uniform over the block)
-      __syncthreads();
+    if (tile_all_masked<kTcKeys>(kp, k_pos, s0, n, q_last)) {
+      __syncthreads();  // before the next tile's positions overwrite these
       continue;
     }
     // K as [key][dim] and V as [dim][key], both bf16, zeros past the tile's keys and past Dh.

@@ -311,6 +311,20 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, 
   }
 }
 
+// A key tile's positions into kp[KEYS] (INT32_MAX past its n keys), loaded by the block's first KEYS
+// threads; true when every key comes after every query of the block (q_last: their latest position),
+// so the whole tile is masked (uniform over the block). A barrier inside: all threads call it.
+template <int KEYS>
+__device__ __forceinline__ bool tile_all_masked(int32_t* kp, const int32_t* k_pos, int64_t s0, int n,
+                                                int32_t q_last) {
+  const int tid = int(threadIdx.x);
+  if (tid < KEYS) kp[tid] = tid < n ? k_pos[s0 + tid] : INT32_MAX;
+  __syncthreads();
+  int32_t k_first = INT32_MAX;
+  for (int c = 0; c < KEYS; ++c) k_first = kp[c] < k_first ? kp[c] : k_first;
+  return k_first > q_last;
+}
+
 template <int BK, int DC>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
@@ -353,12 +367,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int64_t tile = split * tiles_per_split; tile < tile_end; ++tile) {
     const int64_t s0 = tile * BK;
     const int n = S - s0 < BK ? int(S - s0) : BK;
-    if (tid < BK) kp[tid] = tid < n ? k_pos[s0 + tid] : INT32_MAX;
-    __syncthreads();
-    int32_t k_first = INT32_MAX;
-    for (int c = 0; c < BK; ++c) k_first = kp[c] < k_first ? kp[c] : k_first;
-    if (k_first > q_last) {  // the whole tile is masked (uniform over the block)
-      __syncthreads();
+    if (tile_all_masked<BK>(kp, k_pos, s0, n, q_last)) {
+      __syncthreads();  // before the next tile's positions overwrite these
       continue;
     }
     load_rows(kvs, ld, k + (s0 * Hkv + g) * Dh, Hkv * Dh, n, per_row);
