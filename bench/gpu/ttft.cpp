@@ -129,7 +129,7 @@ double pass_flops(const ModelConfig& c, const trace::Step& st) {
   return f;
 }
 
-void ttft_rows(const Model& m, int64_t T) {
+void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) {
   const ModelConfig& c = m.config();
   std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
   std::mt19937 rng(1);
@@ -138,7 +138,7 @@ void ttft_rows(const Model& m, int64_t T) {
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   double base_ms = 0, base_flops = 0;
   // Weights uploaded once, outside the timings; room for the decoding steps timed after the prefill.
-  Session s(m, cuda::make_backend(c, m.weights(), T + g_runs + 2));
+  Session s(m, cuda::make_backend(c, m.weights(), T + g_runs + 2, opt));
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3", "0.1:0.5,0.3:0.5,0.5:0.5"}) {
     const bool prune = std::string(sched) != "none";
     const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer, c.global_layers())
@@ -218,6 +218,10 @@ int main(int argc, char** argv) {
     const auto mr = random_model(shape, layers, false);
     fmt::print("{} shape ({} layers), random bf16 weights:\n", shape, mr->config().n_layer);
     ttft_rows(*mr, T);
+    // The same with attention on the tensor cores in bf16 (issue 58: the figure to set beside the
+    // published vLLM and TensorRT-LLM TTFTs of this shape).
+    fmt::print("{} shape, random bf16 weights, attention on the tensor cores (bf16):\n", shape);
+    ttft_rows(*mr, T, cuda::BackendOptions{.tensor_core_attention = true});
     if (int8) {
       const auto mq = random_model(shape, layers, true);
       fmt::print("{} shape ({} layers), random Q8_0 weights (--dtype int8: bf16 activations):\n", shape,

@@ -188,7 +188,7 @@ struct DLayer {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx);
+  CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx, const BackendOptions& o);
 
   int64_t capacity() const override { return n_ctx; }
   bool asynchronous() const override { return true; }
@@ -329,16 +329,16 @@ class CudaBackend final : public Backend {
   void attention(int l, std::span<const int32_t> slots,
                  bool /*scored: scores read the keys again*/) override {
     const DLayer& L = layers[size_t(l)];
+    const auto run = opt.tensor_core_attention ? &cuda::attention_tc : &cuda::attention;
     if (slots.empty()) {
-      cuda::attention(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(),
-                      L.pos.as<int32_t>(), L.n, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(),
-                      c.window(l), attn.as<float>());
+      run(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(),
+          L.n, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l), attn.as<float>());
       return;
     }
     gather_keys(l, slots, true);
-    cuda::attention(q.as<float>(), pos_dev.as<int32_t>(), T(), kbuf.as<float>(), vbuf.as<float>(),
-                    kpos.as<int32_t>(), int64_t(slots.size()), c.n_head, c.n_head_kv, c.head_dim,
-                    c.attention_scale(), c.window(l), attn.as<float>());
+    run(q.as<float>(), pos_dev.as<int32_t>(), T(), kbuf.as<float>(), vbuf.as<float>(), kpos.as<int32_t>(),
+        int64_t(slots.size()), c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l),
+        attn.as<float>());
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
@@ -479,6 +479,7 @@ class CudaBackend final : public Backend {
   const ModelConfig& c;
   const Weights& w;
   int64_t n_ctx;
+  BackendOptions opt;
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
   std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
@@ -708,8 +709,8 @@ class CudaBackend final : public Backend {
   }
 };
 
-CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx)
-    : c(cfg), w(wts), n_ctx(ctx) {
+CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx, const BackendOptions& o)
+    : c(cfg), w(wts), n_ctx(ctx), opt(o) {
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other
@@ -778,8 +779,9 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx) {
-  return std::make_unique<CudaBackend>(c, w, n_ctx);
+std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx,
+                                      const BackendOptions& o) {
+  return std::make_unique<CudaBackend>(c, w, n_ctx, o);
 }
 
 }  // namespace lp::cuda

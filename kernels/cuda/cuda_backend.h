@@ -16,9 +16,17 @@
 
 namespace lp::cuda {
 
+struct BackendOptions {
+  // Attention on the tensor cores in bf16 (cuda::attention_tc) instead of the f32 kernel. Off by
+  // default until the GPU-against-CPU comparisons have a reference that rounds attention as it does
+  // (docs/cuda.md, "Tensor-core attention"); lp_gpu_bench times both.
+  bool tensor_core_attention = false;
+};
+
 // Opens the first GPU, checks that the weights, K/V and Aux Cache for n_ctx tokens and the
 // activations of an n_ctx-token prefill fit in its free memory (lp::Error naming what it needs
 // and has, otherwise), and uploads the weights. Borrows c and w.
-std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx);
+std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx,
+                                      const BackendOptions& o = {});
 
 }  // namespace lp::cuda

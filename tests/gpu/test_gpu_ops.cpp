@@ -536,6 +536,58 @@ TEST(GpuForward, Bf16PrunedPrefillMatchesTheCpuBackend) {
   compare_forward(write_compare_model(dir, false), 100, "2:0.5", PolicyKind::LazyLLM, DType::BF16);
 }
 
+// A session whose attention runs on the tensor cores (BackendOptions::tensor_core_attention, issue 58)
+// against the same session with the f32 kernel, bf16 weights: a prefill and 4 decoding
+// steps (the contiguous keys), then a LazyLLM prefill (gathered keys), 70 tokens. The logits differ by what
+// rounding attention's inputs and weights to bf16 adds (on the host: 1.4e-3 to 2.7e-3 of 1 + the largest
+// logit), against a bound of 1e-2; a fragment in the wrong place gives errors of the logits' own size.
+// The pruned run keeps as many tokens at each layer (its choice may differ at a near-tie).
+TEST(GpuForward, TensorCoreAttentionStaysNearTheF32Kernel) {
+  testing::TempDir dir;
+  CpuContext ctx(2);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const ModelConfig& c = m->config();
+  const int64_t T = 70;  // two key tiles and a partial one in decoding; 210 query rows over 4 row blocks
+  const std::vector<int32_t> ids = testing::random_ids(T, c.n_vocab, 9);
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), 0);
+  Session f32(*m, cuda::make_backend(c, m->weights(), T + 8));
+  Session tc(*m,
+             cuda::make_backend(c, m->weights(), T + 8, cuda::BackendOptions{.tensor_core_attention = true}));
+  std::vector<float> a(static_cast<size_t>(c.n_vocab)), b(a.size());
+  const auto close = [&](const char* what) {
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, std::fabs(a[i] - b[i]));
+      scale = std::max(scale, std::fabs(a[i]));
+    }
+    std::printf("note: %s: tensor-core attention off by %.2e of 1 + %.2f\n", what,
+                double(worst / (1 + scale)), double(scale));
+    EXPECT_LT(worst, 1e-2f * (1 + scale)) << what;
+  };
+  const int64_t last = T - 1;
+  f32.forward(ids, pos, {&last, 1}, a.data());
+  tc.forward(ids, pos, {&last, 1}, b.data());
+  close("prefill");
+  for (int32_t step = 0; step < 4; ++step) {
+    const int32_t id = int32_t(std::max_element(a.begin(), a.end()) - a.begin()), at = int32_t(T) + step;
+    const int64_t row = 0;
+    f32.forward({&id, 1}, {&at, 1}, {&row, 1}, a.data());
+    tc.forward({&id, 1}, {&at, 1}, {&row, 1}, b.data());
+    close("decoding step");
+  }
+  const auto steps = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
+  auto p32 = make_policy(PolicyKind::LazyLLM), ptc = make_policy(PolicyKind::LazyLLM);
+  const PruneRequest r32{steps, p32.get()}, rtc{steps, ptc.get()};
+  trace::Step s32, stc;
+  f32.reset();
+  tc.reset();
+  f32.forward(ids, pos, {&last, 1}, a.data(), &r32, &s32);
+  tc.forward(ids, pos, {&last, 1}, b.data(), &rtc, &stc);
+  EXPECT_EQ(stc.queries, s32.queries);
+  for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+}
+
 // --dtype int8 (GGUF blocks on the GPU, bf16 activations): against the CPU backend over the same
 // blocks dequantized (layer matrices and LM head as bf16, embeddings as f32), which is the GPU's
 // arithmetic up to summation order. The tiny model's f32 tensors become Q8_0 at load; a tied and an
