@@ -738,7 +738,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
                                ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F, 2 * Fe * D})
                                : 0;
   const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24 + moe;
-  const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4, slot_id_bytes = 8;
+  const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4 + 4 /* scores */, slot_id_bytes = 8;
   const double act_bytes =
       double(n_ctx) * (prefill + decode + selection + slot_id_bytes) + double(c.n_vocab) * 4 /* logits */;
   // cuBLAS's workspace and the kernels' modules: a margin, not a count.
@@ -774,6 +774,16 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
     L.bits = upload(zero.data(), zero.size(), "has-KV bits");
   }
   aux_states.reserve(size_t(n_ctx * c.n_embd) * 4, "Aux Cache");
+  // A decoding step's key-sized buffers at their largest, n_ctx keys (counted above as `decode` and
+  // `selection`): grown with the keys instead, they were freed and allocated again at almost every
+  // LazyLLM step (one key more each), and cudaFree waits for the device (issue 58, item 2).
+  kbuf.reserve(size_t(n_ctx * KV) * 4, "gathered K");
+  vbuf.reserve(size_t(n_ctx * KV) * 4, "gathered V");
+  kpos.reserve(size_t(n_ctx) * 4, "gathered positions");
+  idx2.reserve(size_t(n_ctx) * 8, "row indices");
+  scores_dev.reserve(size_t(n_ctx) * 4, "scores");
+  sel_pos.reserve(size_t(n_ctx) * 4, "selection positions");
+  keep_dev.reserve(size_t(n_ctx) * 8, "kept indices");
   lp::cuda::synchronize("weight upload");
 }
 
