@@ -582,10 +582,16 @@ int64_t Session::head(Pass& ps) {
     return 0;
   }
   // Final norm and LM head only for the rows that need logits.
-  std::vector<int32_t> head_pos(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) head_pos[size_t(r)] = ps.rows[size_t(head[size_t(r)])];
-  b.gather_rows(head);
-  b.set_rows(head_pos);
+  // Every row in order (a decoding step's one row): the backend holds them already. On the GPU the
+  // gather and the positions are two uploads, each of which waits for the step's layers.
+  bool all_rows = R == b.rows();
+  for (int64_t r = 0; all_rows && r < R; ++r) all_rows = head[size_t(r)] == r;
+  if (!all_rows) {
+    std::vector<int32_t> head_pos(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) head_pos[size_t(r)] = ps.rows[size_t(head[size_t(r)])];
+    b.gather_rows(head);
+    b.set_rows(head_pos);
+  }
   timed(ps.timers, c.n_layer, Op::OutputNorm, OpShape{R, 0, 0}, [&] { b.rmsnorm(Norm::Output, c.n_layer); });
   return R;
 }
