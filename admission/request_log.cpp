@@ -35,7 +35,7 @@ std::string request_log_line(const RequestLogLine& r) {
   if (r.aux_cache_bytes) j["aux_cache_bytes"] = *r.aux_cache_bytes;
   if (r.simulated) j["simulated"] = true;
   // An error's text may hold bytes of no character (a token cut in two): replaced, never refused.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return json_text(j, -1) + "\n";
 }
 
 RequestLogLine parse_request_log_line(std::string_view line, std::string_view where) {

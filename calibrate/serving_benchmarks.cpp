@@ -39,8 +39,7 @@ double number_field(const json& o, const std::string& key, const Source& s) {
   const auto it = o.find(key);
   if (it == o.end() || it->is_null()) missing(s, key);
   if (!it->is_number() || !std::isfinite(it->get<double>()))
-    fail("{}: field '{}' must be a number, got {}", s.describe(), key,
-         it->dump(-1, ' ', false, json::error_handler_t::replace));
+    fail("{}: field '{}' must be a number, got {}", s.describe(), key, json_text(*it, -1));
   return it->get<double>();
 }
 std::optional<double> opt_number(const json& o, const std::string& key, const Source& s) {

@@ -16,6 +16,7 @@
 #include "model/error.h"
 #include "model/gguf.h"
 #include "model/io.h"
+#include "model/json_checks.h"
 #include "model/paths.h"
 #include "model/quant.h"
 #include "model/vocab.h"
@@ -120,7 +121,7 @@ int inspect_trace(const std::string& path, bool json_out, const std::string& kv_
                           {"prompt_kv_share", growth.share[i]}});
       j["kv_growth"] = {{"chart", kv_growth_svg}, {"groups", groups}};
     }
-    std::puts(j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    std::puts(json_text(j).c_str());
     return 0;
   }
   fmt::print("{}: lazyprefill trace v{}, policy {}, schedule {}, {} prompt tokens, {} steps, {}\n",
@@ -205,7 +206,7 @@ int inspect_model(const std::string& path_arg, bool json_out) {
                        {"bytes", t.n_bytes}});
   j["tensors"] = tensors;
   if (json_out) {  // JSON escapes control characters; bytes that are not UTF-8 become U+FFFD
-    std::puts(j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    std::puts(json_text(j).c_str());
     return 0;
   }
   // Text from the file is escaped: a name cannot forge lines or send terminal escapes.

@@ -8,6 +8,7 @@
 #include "calibrate/runahead_validation.h"
 #include "cli/calibration_output.h"
 #include "cli/commands.h"
+#include "model/json_checks.h"
 
 namespace lp::cli {
 namespace {
@@ -113,8 +114,7 @@ int cmd_validate_runahead(const ValidateArgs& a) {
                     "single-process runs",
                     a.runahead, a.base, f.singles.size()));
   if (a.json_out)
-    fmt::print("{}\n", runahead_validation_json(v, f, a).dump(2, ' ', false,
-                                                              nlohmann::json::error_handler_t::replace));
+    fmt::print("{}\n", json_text(runahead_validation_json(v, f, a)));
   else
     print_runahead_validation(v, f, a);
   return 0;

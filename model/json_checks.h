@@ -80,8 +80,7 @@ std::string json_text(const Json& j, int indent = 2) {
 template <class T, class Json>
 T json_value(const Json& v, std::string_view key, std::string_view where) {
   const auto refuse = [&](const char* kind) {
-    fail("{}: field '{}' must be {}, got {}", where, key, kind,
-         v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    fail("{}: field '{}' must be {}, got {}", where, key, kind, json_text(v, -1));
   };
   if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) refuse("true or false");

@@ -454,7 +454,7 @@ json logprobs_body(Endpoint e, std::span<const TokenLogprobs> lps, const Tokeniz
   // A token's text alone, valid UTF-8 (a part of a character replaced), and its bytes.
   const auto text_of = [&tok](int32_t id) {
     const std::string raw = tok.decode(std::span<const int32_t>(&id, 1));
-    return std::make_pair(json(raw).dump(-1, ' ', false, json::error_handler_t::replace), raw);
+    return std::make_pair(json_text(json(raw), -1), raw);
   };
   const auto as_text = [](const std::string& dumped) { return json::parse(dumped).get<std::string>(); };
   if (e == Endpoint::Completions) {
@@ -539,7 +539,7 @@ std::string health_problem(const EngineState& s, bool draining, double stall_lim
 }
 
 std::string dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return json_text(j, -1);
 }
 
 }  // namespace lp::server

@@ -40,7 +40,7 @@ Comparison compare_methods(const ModelConfig& c, const hw::Profile& hw, const Pr
     const auto add = [&](std::string method, std::string family, int devices, double ttft_s, double memory,
                          CompareAccuracy accuracy, size_t schedule = 0, std::string note = "") {
       t.rows.push_back({std::move(method), std::move(family), devices, ttft_s, memory, 0, true, accuracy,
-                        schedule, std::move(note), false});
+                        schedule, std::move(note), false, ""});  // accuracy_note: compare() fills it
     };
     const Prediction plain = replay(trace::synthetic_trace(c, "none", {}, N, 0), c, hw, p);
     add("baseline: one device", "baseline", 1, plain.ttft_s, plain.memory.total(), CompareAccuracy::Exact);
