@@ -352,11 +352,13 @@ std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, doubl
   if (policy.needs_scores()) {
     // The scoring row is the last row: the newest token, which sees every key.
     timed(t, l, Op::Score, OpShape{1, 0, n}, [&] { b.last_row_scores(l, slots_); });
-    if (stats || !on_backend) scores = b.scores(n);
+    if (!on_backend) scores = b.scores(n);
   }
   std::vector<int64_t> keep;
   timed(t, l, Op::Select, OpShape{0, 0, n},
         [&] { keep = on_backend ? b.select_top(keys, n_keep) : policy.select(l, keys, scores, n_keep); });
+  // A trace's scores read after the selection: a GPU copies them back behind it, in its one wait.
+  if (stats && on_backend && policy.needs_scores()) scores = b.scores(n);
   if (keep.empty() || keep.back() != n - 1) fail("pruning policy dropped the last token");
   if (stats) stats->pruning->push_back({l, {}, std::move(scores)});  // kept: once the caller knows it
   return keep;

@@ -144,9 +144,9 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
     const auto steps = prune ? resolve_schedule(parse_schedule(sched), c.n_layer, c.global_layers())
                              : std::vector<PruneStep>{};
     trace::Step st;
+    auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
+    const PruneRequest req{steps, policy.get()};
     const auto pass = [&](trace::Step* stats) {
-      auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
-      const PruneRequest req{steps, policy.get()};
       s.reset();
       s.forward(ids, pos, {&last, 1}, logits.data(), prune ? &req : nullptr, stats);
     };
@@ -157,16 +157,22 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
     if (!prune) base_ms = ms, base_flops = flops;
     fmt::print("  {:<28} {:>7} tokens  {:>10.2f} ms  speedup {:>5.2f}x  FLOP-ideal {:>5.2f}x  ratio {:.2f}\n",
                sched, T, ms, base_ms / ms, base_flops / flops, (base_ms / ms) / (base_flops / flops));
-    if (!prune) {  // dense decoding steps after this prefill: one token over T keys each
-      int32_t p = int32_t(T);
-      const int64_t row = 0;
-      const double step = median_ms([&] {
-        const int32_t id = 1, at = p++;
+    // Decoding steps after this prefill (its K/V and Aux Cache): one token each, over every key
+    // (dense) or re-selecting and reviving at the schedule's layers (LazyLLM, its first steps, where
+    // revivals cluster), with the times the host waited for the device in each (cuda::host_waits).
+    int32_t p = int32_t(T);
+    const int64_t row = 0;
+    const int64_t waits0 = cuda::host_waits();
+    const double step = median_ms([&] {
+      const int32_t id = 1, at = p++;
+      if (prune)
+        s.decode_step(id, at, logits.data(), &req);
+      else
         s.forward({&id, 1}, {&at, 1}, {&row, 1}, logits.data());
-      });
-      fmt::print("  {:<28} {:>7} keys    {:>10.2f} ms  ({:.0f} tokens/s)\n", "decoding step (dense)", T, step,
-                 1e3 / step);
-    }
+    });
+    const double waits = double(cuda::host_waits() - waits0) / double(g_runs + 1);  // the warm-up's step too
+    fmt::print("  {:<28} {:>7} keys    {:>10.2f} ms  ({:.0f} tokens/s, {:.1f} host waits a step)\n",
+               prune ? "decoding step (LazyLLM)" : "decoding step (dense)", T, step, 1e3 / step, waits);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -17,12 +18,91 @@
 namespace lp::cuda {
 namespace {
 
+// Every call by which a backend makes the host wait for the device: host_waits() counts them.
+std::atomic<int64_t> waits{0};
+void fetch(void* dst, const void* src, size_t bytes) {  // a copy to pageable host memory
+  ++waits;
+  copy_to_host(dst, src, bytes);
+}
+void drain(const char* what) {
+  ++waits;
+  lp::cuda::synchronize(what);
+}
+void free_waiting(void* p) {  // cudaFree waits for the device
+  if (!p) return;
+  ++waits;
+  device_free(p);
+}
+
+// Pinned host memory, freed at scope exit (only once no queued copy uses it).
+struct PinnedBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  PinnedBuf() = default;
+  PinnedBuf(size_t n, const char* what) : p(host_alloc_pinned(n, what)), bytes(n) {}
+  ~PinnedBuf() { host_free_pinned(p); }
+  PinnedBuf(PinnedBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
+  PinnedBuf& operator=(PinnedBuf&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+};
+
+// Uploads that do not make the host wait: the bytes are copied into pinned memory and a copy from
+// there queued behind the work on the stream (a cudaMemcpy from pageable memory waits for that work
+// first). A region is written once between two waits of its backend, after which the stream has run
+// every copy queued before: drained() then starts again from the beginning. Past the current
+// chunk a larger one is taken without waiting (the old ones stay until the next wait); past
+// kMaxBytes in all, the backend waits once and starts again.
+class Staging {
+ public:
+  static constexpr size_t kMaxBytes = size_t(64) << 20;
+  explicit Staging(size_t bytes) { chunks_.emplace_back(bytes, "staged uploads"); }
+  ~Staging() {
+    if (used_ > 0 || chunks_.size() > 1) drain("staging memory freed");
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  void put(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    const size_t need = (bytes + 63) & ~size_t(63);
+    if (used_ + need > chunks_.back().bytes) {
+      size_t total = 0;
+      for (const PinnedBuf& c : chunks_) total += c.bytes;
+      const size_t grown = std::max(2 * chunks_.back().bytes, need);
+      if (total + grown > kMaxBytes) {
+        drain("staging memory full");
+        drained();
+        if (need > chunks_.back().bytes) chunks_.back() = PinnedBuf(grown, "staged uploads");
+      } else {
+        chunks_.emplace_back(grown, "staged uploads");
+      }
+      used_ = 0;
+    }
+    std::byte* at = static_cast<std::byte*>(chunks_.back().p) + used_;
+    std::memcpy(at, src, bytes);
+    copy_to_device_async(dst, at, bytes);
+    used_ += need;
+  }
+  // The stream has run every queued copy: the largest chunk is kept, from its beginning.
+  void drained() {
+    if (chunks_.size() > 1) chunks_.erase(chunks_.begin(), chunks_.end() - 1);
+    used_ = 0;
+  }
+
+ private:
+  std::vector<PinnedBuf> chunks_;  // the last is being filled
+  size_t used_ = 0;
+};
+
 // Device memory freed at scope exit; regrown (contents dropped) by reserve().
 class DBuf {
  public:
   DBuf() = default;
   DBuf(size_t bytes, const char* what) { reserve(bytes, what); }
-  ~DBuf() { device_free(p_); }
+  ~DBuf() { free_waiting(p_); }
   DBuf(const DBuf&) = delete;
   DBuf& operator=(const DBuf&) = delete;
   DBuf(DBuf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
@@ -33,7 +113,7 @@ class DBuf {
   }
   void reserve(size_t bytes, const char* what) {
     if (bytes <= bytes_) return;
-    device_free(p_);
+    free_waiting(p_);
     p_ = nullptr;
     p_ = device_alloc(bytes, what);
     bytes_ = bytes;
@@ -193,7 +273,7 @@ class CudaBackend final : public Backend {
   int64_t capacity() const override { return n_ctx; }
   bool asynchronous() const override { return true; }
   int64_t rows() const override { return T(); }
-  void synchronize() override { lp::cuda::synchronize("op timer"); }
+  void synchronize() override { wait("op timer"); }
 
   void set_rows(std::span<const int32_t> p) override {
     const int64_t T = int64_t(p.size());
@@ -201,14 +281,14 @@ class CudaBackend final : public Backend {
     pos.assign(p.begin(), p.end());
     for (const int32_t q : pos)
       if (q < 0 || int64_t(q) >= bit_words * 32) fail("position {} outside [0, {})", q, bit_words * 32);
-    copy_to_device(pos_dev.as<void>(), pos.data(), size_t(T) * 4);
+    put(pos_dev.as<void>(), pos.data(), size_t(T) * 4);
   }
 
   void embed(std::span<const int32_t> ids) override {
     const int64_t T = int64_t(ids.size());
     const std::vector<int64_t> id64(ids.begin(), ids.end());
     idx.reserve(size_t(T) * 8, "row indices");
-    copy_to_device(idx.as<void>(), id64.data(), size_t(T) * 8);
+    put(idx.as<void>(), id64.data(), size_t(T) * 8);
     const DMatrix& tok_embd = dw->tok_embd;
     if (tok_embd.qtype)
       gather_rows_q(tok_embd.data.as<uint8_t>(), tok_embd.qtype, tok_embd.row_bytes, idx.as<int64_t>(),
@@ -301,7 +381,7 @@ class CudaBackend final : public Backend {
     const int64_t total = concat_rows(
         members_of(members), [](CudaBackend* m) { return m->xn.as<float>(); }, c.n_embd);
     head(batch_in.as<float>(), total);
-    copy_to_host(logits_out, logits.as<void>(), size_t(total * n_vocab) * 4);
+    get(logits_out, logits.as<void>(), size_t(total * n_vocab) * 4);
   }
 
   void rope(int l) override {
@@ -350,14 +430,15 @@ class CudaBackend final : public Backend {
     const DMatrix& R = dw->layers[size_t(l)].router;
     const int64_t E = c.n_expert, k = c.n_expert_used;
     router_logits.reserve(size_t(T() * E) * 4, "router logits");
-    route_ids.reserve(size_t(T() * k) * 4, "routes");
-    route_w.reserve(size_t(T() * k) * 4, "route weights");
+    const size_t n = size_t(T() * k);
+    routes_dev.reserve(n * 8, "routes");  // the ids, then their weights: one copy back
     mm(xn.as<float>(), R, router_logits.as<float>(), T());
-    route_top_k(router_logits.as<float>(), T(), E, k, route_ids.as<int32_t>(), route_w.as<float>());
-    ids_host.resize(size_t(T() * k));
-    w_host.resize(size_t(T() * k));
-    copy_to_host(ids_host.data(), route_ids.as<void>(), ids_host.size() * 4);
-    copy_to_host(w_host.data(), route_w.as<void>(), w_host.size() * 4);
+    route_top_k(router_logits.as<float>(), T(), E, k, routes_dev.as<int32_t>(), routes_dev.as<float>() + n);
+    std::vector<int32_t> both(2 * n);
+    get(both.data(), routes_dev.as<void>(), n * 8);
+    ids_host.assign(both.begin(), both.begin() + std::ptrdiff_t(n));
+    w_host.resize(n);
+    std::memcpy(w_host.data(), both.data() + n, n * 4);
   }
   void experts(int l) override {
     if (int64_t(ids_host.size()) != T() * c.n_expert_used) internal_fail("experts: the rows are not routed");
@@ -380,13 +461,18 @@ class CudaBackend final : public Backend {
       key_pos = kpos.as<int32_t>();
     }
     scores_dev.reserve(size_t(n) * 4, "scores");
+    scores_host_n = -1;
     cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, keys, n, c.n_head, c.n_head_kv, c.head_dim,
                           c.attention_scale(), key_pos, pos.back(), c.window(l), scores_dev.as<float>());
   }
 
   std::vector<float> scores(int64_t n) override {
+    if (n == scores_host_n) {  // copied behind the selection, which has been waited for
+      const float* f = static_cast<const float*>(scores_host.p);
+      return std::vector<float>(f, f + n);
+    }
     std::vector<float> h(static_cast<size_t>(n));
-    copy_to_host(h.data(), scores_dev.as<void>(), size_t(n) * 4);
+    get(h.data(), scores_dev.as<void>(), size_t(n) * 4);
     return h;
   }
 
@@ -394,17 +480,20 @@ class CudaBackend final : public Backend {
     const int64_t n = int64_t(p.size());
     sel_pos.reserve(size_t(n) * 4, "selection positions");
     keep_dev.reserve(size_t(n_keep) * 8, "kept indices");
-    copy_to_device(sel_pos.as<void>(), p.data(), size_t(n) * 4);
+    put(sel_pos.as<void>(), p.data(), size_t(n) * 4);
     cuda::select_top(scores_dev.as<float>(), sel_pos.as<int32_t>(), n, n_keep, keep_dev.as<int64_t>());
+    // The scores behind it, for a trace: the one wait below covers both.
+    copy_to_host_async(scores_host.p, scores_dev.as<void>(), size_t(n) * 4);
+    scores_host_n = n;
     std::vector<int64_t> keep(static_cast<size_t>(n_keep));
-    copy_to_host(keep.data(), keep_dev.as<void>(), keep.size() * 8);
+    get(keep.data(), keep_dev.as<void>(), keep.size() * 8);
     return keep;
   }
 
   void gather_rows(std::span<const int64_t> rows) override {
     const int64_t R = int64_t(rows.size());
     idx.reserve(size_t(R) * 8, "row indices");
-    copy_to_device(idx.as<void>(), rows.data(), size_t(R) * 8);
+    put(idx.as<void>(), rows.data(), size_t(R) * 8);
     x2.reserve(std::max(x.bytes(), size_t(R * c.n_embd) * 4), "hidden states");
     cuda::gather_rows(x.as<float>(), idx.as<int64_t>(), x2.as<float>(), R, c.n_embd);
     std::swap(x, x2);
@@ -425,14 +514,14 @@ class CudaBackend final : public Backend {
 
   void lm_head(float* out) override {
     head(xn.as<float>(), T());
-    copy_to_host(out, logits.as<void>(), size_t(T() * c.n_vocab) * 4);
+    get(out, logits.as<void>(), size_t(T() * c.n_vocab) * 4);
   }
 
   void write(Tensor t, std::span<const float> data) override {
     const int64_t width = tensor_width(c, t);
     if (int64_t(data.size()) != T() * width)
       fail("write: {} floats for {} rows of {}", data.size(), T(), width);
-    copy_to_device(tensor(t).as<void>(), data.data(), data.size() * 4);
+    put(tensor(t).as<void>(), data.data(), data.size() * 4);
     if (t == Tensor::QKV) split_qkv();
   }
 
@@ -443,7 +532,7 @@ class CudaBackend final : public Backend {
       copy_columns(v.as<float>(), KV, qkv.as<float>() + Q + KV, QKV, KV, T());
     }
     std::vector<float> h(static_cast<size_t>(T() * tensor_width(c, t)));
-    copy_to_host(h.data(), tensor(t).as<void>(), h.size() * 4);
+    get(h.data(), tensor(t).as<void>(), h.size() * 4);
     return h;
   }
 
@@ -452,7 +541,7 @@ class CudaBackend final : public Backend {
     for (DLayer& L : layers) {
       L.n = 0;
       L.pos_host.clear();
-      copy_to_device(L.bits.as<void>(), zero.data(), zero.size() * 4);
+      put(L.bits.as<void>(), zero.data(), zero.size() * 4);
     }
     gathered_layer = -1;
   }
@@ -460,8 +549,7 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> kv_positions(int l) override {
     if (l < 0 || l >= int(layers.size())) fail("kv_positions: layer {} outside [0, {})", l, layers.size());
     std::vector<uint32_t> bits(static_cast<size_t>(bit_words));
-    lp::cuda::synchronize("has-KV bits");
-    copy_to_host(bits.data(), layers[size_t(l)].bits.as<void>(), bits.size() * 4);
+    get(bits.data(), layers[size_t(l)].bits.as<void>(), bits.size() * 4);
     std::vector<int32_t> out;
     for (int64_t p = 0; p < bit_words * 32; ++p)
       if (cuda_math::has_kv(bits.data(), int32_t(p))) out.push_back(int32_t(p));
@@ -471,7 +559,7 @@ class CudaBackend final : public Backend {
   std::vector<float> aux_state(int64_t e) override {
     if (e < 0 || e >= n_ctx) fail("aux_state: no Aux Cache entry {}", e);
     std::vector<float> h(static_cast<size_t>(c.n_embd));
-    copy_to_host(h.data(), aux_states.as<float>() + e * c.n_embd, h.size() * 4);
+    get(h.data(), aux_states.as<float>() + e * c.n_embd, h.size() * 4);
     return h;
   }
 
@@ -480,6 +568,11 @@ class CudaBackend final : public Backend {
   const Weights& w;
   int64_t n_ctx;
   BackendOptions opt;
+  Staging staging;  // uploads, queued without waiting
+  // The last selection's scores, copied to the host behind it (valid for scores_host_n keys, -1:
+  // none), so that a trace's scores() after select_top costs no second wait.
+  PinnedBuf scores_host;
+  int64_t scores_host_n = -1;
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
   std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
@@ -497,11 +590,23 @@ class CudaBackend final : public Backend {
   DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
   // Mixture of experts: the router's logits and routes on the device and their host copies; the
   // (row, expert) pairs' grouped inputs, gate|up, activations and outputs, and their indices.
-  DBuf router_logits, route_ids, route_w, moe_x, moe_ff, moe_act, moe_y, moe_idx, moe_w;
+  DBuf router_logits, routes_dev, moe_x, moe_ff, moe_act, moe_y, moe_idx, moe_w;
   std::vector<int32_t> ids_host;
   std::vector<float> w_host;
 
   int64_t T() const { return int64_t(pos.size()); }
+
+  // Host-to-device without waiting; device-to-host, and a plain wait, after which every upload
+  // queued before has run.
+  void put(void* dst, const void* src, size_t bytes) { staging.put(dst, src, bytes); }
+  void get(void* dst, const void* src, size_t bytes) {
+    fetch(dst, src, bytes);
+    staging.drained();
+  }
+  void wait(const char* what) {
+    drain(what);
+    staging.drained();
+  }
 
   DBuf& tensor(Tensor t) {
     DBuf* const by_tensor[] = {&x, &xn, &qkv, &attn, &ff, &act, &branch};  // Tensor's order
@@ -645,10 +750,10 @@ class CudaBackend final : public Backend {
     vbuf.reserve(size_t(n * KV) * 4, "gathered V");
     kpos.reserve(size_t(n) * 4, "gathered positions");
     idx2.reserve(size_t(n) * 8, "row indices");
-    copy_to_device(idx2.as<void>(), s64.data(), s64.size() * 8);
+    put(idx2.as<void>(), s64.data(), s64.size() * 8);
     cuda::gather_rows(L.k.as<float>(), idx2.as<int64_t>(), kbuf.as<float>(), n, KV);
     if (with_v) cuda::gather_rows(L.v.as<float>(), idx2.as<int64_t>(), vbuf.as<float>(), n, KV);
-    copy_to_device(kpos.as<void>(), kp.data(), kp.size() * 4);
+    put(kpos.as<void>(), kp.data(), kp.size() * 4);
     // Only a gather with V is reusable by the attention; the scores need K alone.
     gathered_layer = with_v ? l : -1;
     gathered_slots.assign(slots.begin(), slots.end());
@@ -675,8 +780,8 @@ class CudaBackend final : public Backend {
     for (int64_t i = 0; i < P; ++i) idx_host[size_t(P + i)] = i / k;
     moe_idx.reserve(size_t(2 * P) * 8, "expert rows");
     moe_w.reserve(size_t(P) * 4, "route weights");
-    copy_to_device(moe_idx.as<void>(), idx_host.data(), idx_host.size() * 8);
-    copy_to_device(moe_w.as<void>(), wts.data(), size_t(P) * 4);
+    put(moe_idx.as<void>(), idx_host.data(), idx_host.size() * 8);
+    put(moe_w.as<void>(), wts.data(), size_t(P) * 4);
     moe_x.reserve(size_t(P * D) * 4, "expert inputs");
     moe_ff.reserve(size_t(P * 2 * Fe) * 4, "expert gate/up");
     moe_act.reserve(size_t(P * Fe) * 4, "expert activations");
@@ -702,15 +807,21 @@ class CudaBackend final : public Backend {
     if (from.empty()) return;
     idx.reserve(from.size() * 8, "row indices");
     idx2.reserve(to.size() * 8, "row indices");
-    copy_to_device(idx.as<void>(), from.data(), from.size() * 8);
-    copy_to_device(idx2.as<void>(), to.data(), to.size() * 8);
+    put(idx.as<void>(), from.data(), from.size() * 8);
+    put(idx2.as<void>(), to.data(), to.size() * 8);
     copy_rows(src.as<float>(), idx.as<int64_t>(), dst.as<float>(), idx2.as<int64_t>(), int64_t(from.size()),
               c.n_embd);
   }
 };
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx, const BackendOptions& o)
-    : c(cfg), w(wts), n_ctx(ctx), opt(o) {
+    : c(cfg),
+      w(wts),
+      n_ctx(ctx),
+      opt(o),
+      // A LazyLLM decoding step uploads about 12 bytes per key and layer between two waits
+      staging(std::clamp<size_t>(size_t(ctx) * 64, size_t(64) << 10, size_t(4) << 20)),
+      scores_host(size_t(std::max<int64_t>(ctx, 1)) * 4, "selection scores") {
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other
@@ -784,10 +895,14 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   scores_dev.reserve(size_t(n_ctx) * 4, "scores");
   sel_pos.reserve(size_t(n_ctx) * 4, "selection positions");
   keep_dev.reserve(size_t(n_ctx) * 8, "kept indices");
-  lp::cuda::synchronize("weight upload");
+  wait("weight upload");
 }
 
 }  // namespace
+
+int64_t host_waits() {
+  return waits.load();
+}
 
 std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx,
                                       const BackendOptions& o) {

@@ -26,6 +26,12 @@ struct BackendOptions {
 // Opens the first GPU, checks that the weights, K/V and Aux Cache for n_ctx tokens and the
 // activations of an n_ctx-token prefill fit in its free memory (lp::Error naming what it needs
 // and has, otherwise), and uploads the weights. Borrows c and w.
+// How many times this process's CUDA backends have made the host wait for the device: a copy to
+// the host, a synchronisation, a cudaFree. Uploads are queued from pinned memory and do not wait.
+// A decoding step's count is the figure issue 58 budgets (docs/cuda.md, "Where a decoding step waits
+// on the host"); a test checks it.
+int64_t host_waits();
+
 std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx,
                                       const BackendOptions& o = {});
 

@@ -36,6 +36,15 @@ void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 // Device to device, queued on the stream: the host does not wait.
 void copy_on_device(void* dst, const void* src, size_t bytes);
+// Pinned (page-locked) host memory, which a queued copy reads or writes while the host goes on.
+void* host_alloc_pinned(size_t bytes, const char* what);
+void host_free_pinned(void* p);
+// Copies queued on the stream, between device memory and pinned host memory, that the host does not
+// wait for (a copy from pageable memory waits for the work queued before it: CUDA's "API
+// synchronization behavior"). The pinned bytes must stay as they are (to the device) or unread (to
+// the host) until the stream has run the copy, which a copy_to_host or synchronize afterwards says.
+void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes);
+void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes);
 void synchronize(const char* what);
 // Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the default stream): freeing does not
 // wait for the device, and the launches queued before the free still see the memory.

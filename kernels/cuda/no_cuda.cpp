@@ -30,6 +30,16 @@ void copy_to_host(void*, const void*, size_t) {
 void copy_on_device(void*, const void*, size_t) {
   unavailable();
 }
+void* host_alloc_pinned(size_t, const char*) {
+  unavailable();
+}
+void host_free_pinned(void*) {}
+void copy_to_device_async(void*, const void*, size_t) {
+  unavailable();
+}
+void copy_to_host_async(void*, const void*, size_t) {
+  unavailable();
+}
 void synchronize(const char*) {
   unavailable();
 }

@@ -97,6 +97,28 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "copy on device");
 }
 
+void* host_alloc_pinned(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("cannot allocate {} bytes of pinned host memory for {}: {}", bytes, what, cudaGetErrorString(e));
+  }
+  return p;
+}
+
+void host_free_pinned(void* p) {
+  if (p) cudaFreeHost(p);
+}
+
+void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes) {
+  check(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, 0), "queued copy to device");
+}
+
+void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
+  check(cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, 0), "queued copy to host");
+}
+
 void synchronize(const char* what) {
   check(cudaDeviceSynchronize(), what);
 }

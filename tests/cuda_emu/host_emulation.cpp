@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <vector>
 
@@ -31,30 +33,98 @@ Device open_device() {
   return d;
 }
 
+namespace {
+
+// The queued copies between pinned and device memory since the stream was last waited for. On a GPU
+// such a copy runs at some moment before the next wait, so the pinned bytes must not change (to the
+// device) or be read (to the host) until then. The emulation copies at once and checks, at every
+// wait, that each queued upload's pinned bytes are still what they were: staging memory written
+// again before the stream ran its copy (the hazard of reusing a ring too early) fails there.
+struct Queued {
+  const std::byte* src;
+  size_t bytes;
+  uint64_t hash;
+};
+std::mutex queued_mu;
+std::vector<Queued> queued;
+std::map<void*, size_t> pinned_bytes;  // size of each pinned allocation
+
+uint64_t hash_of(const void* p, size_t n) {  // FNV-1a
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < n; ++i)
+    h = (h ^ uint64_t(static_cast<const unsigned char*>(p)[i])) * 1099511628211ull;
+  return h;
+}
+
+// A wait: the stream has run every queued copy.
+void stream_waited() {
+  std::lock_guard lock(queued_mu);
+  for (const Queued& q : queued)
+    if (hash_of(q.src, q.bytes) != q.hash)
+      internal_fail(
+          "host emulation: pinned memory of a queued copy to the device was written before the stream ran "
+          "it");
+  queued.clear();
+}
+
+}  // namespace
+
+void* host_alloc_pinned(size_t bytes, const char* what) {
+  void* p = std::malloc(bytes ? bytes : 1);
+  if (!p) fail("cannot allocate {} bytes of pinned host memory for {}", bytes, what);
+  std::lock_guard lock(queued_mu);
+  pinned_bytes[p] = bytes;
+  return p;
+}
+void host_free_pinned(void* p) {
+  if (!p) return;
+  {
+    std::lock_guard lock(queued_mu);
+    const auto* b = static_cast<const std::byte*>(p);
+    for (const Queued& q : queued)
+      if (q.src >= b && q.src < b + pinned_bytes[p])
+        internal_fail("host emulation: pinned memory freed before the stream ran a copy from it");
+    pinned_bytes.erase(p);
+  }
+  std::free(p);
+}
+void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes) {
+  std::memcpy(dst, pinned_src, bytes);
+  std::lock_guard lock(queued_mu);
+  queued.push_back({static_cast<const std::byte*>(pinned_src), bytes, hash_of(pinned_src, bytes)});
+}
+void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
+  std::memcpy(pinned_dst, src, bytes);
+}
+
 void* device_alloc(size_t bytes, const char* what) {
   void* p = std::calloc(bytes ? bytes : 1, 1);
   if (!p) fail("cannot allocate {} bytes for {}", bytes, what);
   return p;
 }
 void device_free(void* p) {
+  if (p) stream_waited();  // cudaFree waits for the device
   std::free(p);
 }
 void* device_alloc_async(size_t bytes, const char* what) {
   return device_alloc(bytes, what);
 }
 void device_free_async(void* p) {
-  device_free(p);
+  std::free(p);  // stream-ordered: no wait
 }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 void copy_to_host(void* dst, const void* src, size_t bytes) {
+  stream_waited();
   std::memcpy(dst, src, bytes);
 }
 void copy_on_device(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
-void synchronize(const char*) {}
+void synchronize(const char*) {
+  stream_waited();
+}
 // A small GPU, so that the attention launcher takes both paths (key splits and one pass) on the
 // tests' shapes.
 int multiprocessors() {

@@ -650,6 +650,54 @@ TEST(GpuForward, MixtureOfExpertsOutputIsTheSameAloneOrBatched) {
       [&moe](int64_t n_ctx) { return cuda::make_backend(moe->config(), moe->weights(), n_ctx); });
 }
 
+// Issue 58, item 2: how often a decoding step makes the host wait for the device. Uploads (positions,
+// key slots, row indices) are queued from pinned memory, so an unpruned step waits once, for its
+// logits, and a LazyLLM step once per pruning layer (the kept indices, which the host's index of the
+// step's rows and keys needs, with the trace's scores copied behind them) and once for its logits,
+// whatever it revives. Counted in the calls that wait (cuda::host_waits()); in host emulation every
+// wait also checks that no queued upload's pinned bytes were written before the stream ran it.
+// Before the uploads were queued, the same LazyLLM steps waited 27-43 times and the unpruned 3.
+TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const ModelConfig& c = m->config();
+  const int64_t T = 40, steps = 6;
+  const std::vector<int32_t> ids = testing::random_ids(T, c.n_vocab, 5);
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), 0);
+  const auto sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
+  auto policy = make_policy(PolicyKind::LazyLLM);
+  const PruneRequest prune{sched, policy.get()};
+  Session lazy(*m, cuda::make_backend(c, m->weights(), T + steps));
+  Session plain(*m, cuda::make_backend(c, m->weights(), T + steps));
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  const int64_t last = T - 1;
+  plain.forward(ids, pos, {&last, 1}, logits.data());
+  lazy.forward(ids, pos, {&last, 1}, logits.data(), &prune);
+  int64_t revived = 0;
+  for (int32_t s = 0; s < steps; ++s) {
+    const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t at = int32_t(T) + s;
+    trace::Step st;
+    int64_t before = cuda::host_waits();
+    lazy.decode_step(id, at, logits.data(), &prune, &st);
+    const int64_t lazy_waits = cuda::host_waits() - before;
+    for (const int64_t r : st.revived) revived += r;
+    std::vector<float> plain_logits(logits.size());
+    before = cuda::host_waits();
+    plain.decode_step(id, at, plain_logits.data(), nullptr);
+    const int64_t plain_waits = cuda::host_waits() - before;
+    std::printf("note: step %d: LazyLLM %lld waits, unpruned %lld\n", int(s), (long long)lazy_waits,
+                (long long)plain_waits);
+    EXPECT_EQ(lazy_waits, int64_t(sched.size()) + 1) << "step " << s;
+    EXPECT_EQ(plain_waits, 1) << "step " << s;
+    ASSERT_EQ(st.pruning->size(), sched.size());
+    for (const auto& p : *st.pruning) EXPECT_FALSE(p.scores.empty()) << "a trace's scores";
+  }
+  EXPECT_GT(revived, 0) << "the steps revive nothing: the count would not cover revivals";
+}
+
 // A session whose K/V and Aux Cache cannot fit (2^30 tokens of the tiny model: 2 TB, more
 // than any GPU and than the host emulation's 1 TiB) is refused before anything is allocated,
 // saying how much it needs and how much the GPU has.
