@@ -33,15 +33,31 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     if (alone) return ms[0].session->matmul(*ms[0].pass, p, l);
     lead.matmul_batched(p, l, bes);
   };
+  // A row op: each member's own, timed, when one is alone or timed (the timers' synchronisations
+  // cost more than the launches saved); else one call over every member's rows.
+  bool timed = false;
+  for (const BatchMember& m : ms) timed = timed || m.pass->timers;
+  const auto row = [&](RowOp op, int l) {
+    if (alone || timed) {
+      for (const BatchMember& m : ms) m.session->row_op(*m.pass, op, l);
+      return;
+    }
+    lead.rows_batched(op, l, bes);
+  };
   for (int l = 0; l < c.n_layer; ++l) {
     in_turn(&Session::revive, l);
-    in_turn(&Session::attn_norm, l);
+    for (const BatchMember& m : ms) m.session->rows_in(*m.pass);
+    row(RowOp::AttnNorm, l);
     gemm(Proj::QKV, l);
+    if (c.qk_norm) row(RowOp::QkNorm, l);
+    row(RowOp::Rope, l);
     if (hooks.before_attention) hooks.before_attention(l);
     side_by_side(&Session::attend, l);
     if (hooks.after_attention) hooks.after_attention(l);
     gemm(Proj::O, l);
-    in_turn(&Session::mlp_in, l);
+    if (c.post_norms) row(RowOp::PostAttnNorm, l);
+    row(RowOp::Residual, l);
+    row(RowOp::FfnNorm, l);
     if (c.moe()) {
       in_turn(&Session::route, l);
       if (alone)
@@ -50,9 +66,11 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
         lead.experts_batched(l, bes);
     } else {
       gemm(Proj::GateUp, l);
-      in_turn(&Session::mlp_act, l);
+      row(RowOp::Act, l);
       gemm(Proj::Down, l);
     }
+    if (c.post_norms) row(RowOp::PostFfnNorm, l);
+    row(RowOp::Residual, l);
     side_by_side(&Session::end_layer, l);
   }
 }

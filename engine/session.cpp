@@ -218,11 +218,15 @@ void Session::revive(Pass& ps, int l) {
   ps.rows_changed = true;
 }
 
-void Session::attn_norm(Pass& ps, int l) {
+void Session::rows_in(Pass& ps) {
   if (ps.rows_changed) be_->set_rows(ps.rows);
   ps.rows_changed = false;
-  timed(ps.timers, l, Op::AttnNorm, OpShape{int64_t(ps.rows.size()), 0, 0},
-        [&] { be_->rmsnorm(Norm::Attn, l); });
+}
+
+void Session::row_op(Pass& ps, RowOp op, int l) {
+  static constexpr Op kOp[] = {Op::AttnNorm, Op::FfnNorm, Op::PostNorm, Op::PostNorm,
+                               Op::QKNorm,   Op::Rope,    Op::Residual, Op::SwiGLU};  // RowOp's order
+  timed(ps.timers, l, kOp[int(op)], OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->row_op(op, l); });
 }
 
 // Layer l is the pass's next pruning step (prune() and reselect() select there).
@@ -256,8 +260,6 @@ void Session::attend(Pass& ps, int l) {
                                         : ps.keyed_prefix ? std::span<const int32_t>(keys_)
                                                           : std::span<const int32_t>{};
   const int64_t T = int64_t(rows.size());
-  if (m_.config().qk_norm) timed(ps.timers, l, Op::QKNorm, OpShape{T, 0, 0}, [&] { b.qk_norm(l); });
-  timed(ps.timers, l, Op::Rope, OpShape{T, 0, 0}, [&] { b.rope(l); });
   kv.append(rows, l);  // the (token, layer) pairs computed: at most once
   b.kv_append(l);      // untimed: the Attention op's bytes count this write
 
@@ -301,19 +303,6 @@ void Session::attend(Pass& ps, int l) {
     ps.stats->pairs[size_t(l)] = pairs;
     ps.stats->attended[size_t(l)] = n_keys;
   }
-}
-
-void Session::mlp_in(Pass& ps, int l) {
-  Backend& b = *be_;
-  const OpShape shape{int64_t(ps.rows.size()), 0, 0};
-  if (m_.config().post_norms)
-    timed(ps.timers, l, Op::PostNorm, shape, [&] { b.post_norm(Norm::PostAttn, l); });
-  timed(ps.timers, l, Op::Residual, shape, [&] { b.residual(); });
-  timed(ps.timers, l, Op::FfnNorm, shape, [&] { b.rmsnorm(Norm::Ffn, l); });
-}
-
-void Session::mlp_act(Pass& ps, int l) {
-  timed(ps.timers, l, Op::SwiGLU, OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->swiglu(); });
 }
 
 void Session::route(Pass& ps, int l) {
@@ -459,10 +448,6 @@ Session::Pass Session::begin_extend(std::span<const int32_t> ids, std::span<cons
 }
 
 void Session::end_layer(Pass& ps, int l) {
-  const OpShape shape{int64_t(ps.rows.size()), 0, 0};
-  if (m_.config().post_norms)
-    timed(ps.timers, l, Op::PostNorm, shape, [&] { be_->post_norm(Norm::PostFfn, l); });
-  timed(ps.timers, l, Op::Residual, shape, [&] { be_->residual(); });
   if (ps.decode)
     reselect(ps, l);
   else

@@ -153,11 +153,13 @@ class Session {
 
   // One forward pass in progress, layer by layer. The order of a layer's parts is written once,
   // in run_layers (engine/batch.h), for a pass alone (forward(), decode_step()), several sessions'
-  // passes together (each GEMM once over all their rows) and KV-Runahead's (engine/runahead.h):
-  // revive, attn_norm, [QKV], attend, [O], mlp_in, [GateUp], mlp_act, [Down] (a mixture-of-experts
-  // layer: route, [experts]), end_layer; after the
-  // last layer head, then [LM head] when it returns rows. The bracketed GEMMs are the loop's
-  // (matmul below alone, Backend::matmul_batched over the members).
+  // passes together (each GEMM and each row op once over all their rows) and KV-Runahead's
+  // (engine/runahead.h): revive, rows_in, (AttnNorm), [QKV], (QkNorm), (Rope), attend, [O],
+  // (PostAttnNorm), (Residual), (FfnNorm), [GateUp], (Act), [Down] (a mixture-of-experts layer:
+  // route, [experts]), (PostFfnNorm), (Residual), end_layer; after the last layer head, then
+  // [LM head] when it returns rows. The bracketed GEMMs and the parenthesised row ops are the
+  // loop's (matmul and row_op below alone, Backend::matmul_batched and rows_batched over the
+  // members).
   struct Pass {
     bool decode = false;
     int32_t new_pos = 0;              // decode: the new token's position
@@ -187,17 +189,16 @@ class Session {
   // yet come back from the Aux Cache (their saved state is this layer's input). Nothing in a
   // forward pass.
   void revive(Pass& ps, int l);
-  void attn_norm(Pass& ps, int l);  // the rows set on the backend if they changed; the attention norm
-  void attend(Pass& ps, int l);     // RoPE, K/V append, attention over the layer's key set
-  void mlp_in(Pass& ps, int l);     // residual, FFN norm
-  void mlp_act(Pass& ps, int l);    // SwiGLU
-  // A mixture-of-experts layer's FFN in place of [GateUp], mlp_act, [Down]: the rows routed, then
+  void rows_in(Pass& ps);                  // the rows set on the backend if they changed
+  void row_op(Pass& ps, RowOp op, int l);  // one row op on this pass's rows, timed
+  void attend(Pass& ps, int l);            // K/V append, attention over the layer's key set
+  // A mixture-of-experts layer's FFN in place of [GateUp], (Act), [Down]: the rows routed, then
   // their experts (experts alone; Backend::experts_batched over the members).
   void route(Pass& ps, int l);
   void experts(Pass& ps, int l);
-  // The residual; then a forward pass prunes (at a pruning layer: the rows the policy drops leave,
-  // their states to the Aux Cache) and a decoding step re-selects (at a pruning layer: the active
-  // set chosen again; rows not selected, or with K/V at the next layer, leave).
+  // After the layer's last residual, a forward pass prunes (at a pruning layer: the rows the policy
+  // drops leave, their states to the Aux Cache) and a decoding step re-selects (at a pruning layer:
+  // the active set chosen again; rows not selected, or with K/V at the next layer, leave).
   void end_layer(Pass& ps, int l);
   // The rows that get logits gathered and normed; returns their count (0: no LM head to run).
   int64_t head(Pass& ps);

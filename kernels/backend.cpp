@@ -4,6 +4,27 @@
 
 namespace lp {
 
+void Backend::row_op(RowOp op, int layer) {
+  switch (op) {
+    case RowOp::AttnNorm:
+      return rmsnorm(Norm::Attn, layer);
+    case RowOp::FfnNorm:
+      return rmsnorm(Norm::Ffn, layer);
+    case RowOp::PostAttnNorm:
+      return post_norm(Norm::PostAttn, layer);
+    case RowOp::PostFfnNorm:
+      return post_norm(Norm::PostFfn, layer);
+    case RowOp::QkNorm:
+      return qk_norm(layer);
+    case RowOp::Rope:
+      return rope(layer);
+    case RowOp::Residual:
+      return residual();
+    case RowOp::Act:
+      return swiglu();
+  }
+}
+
 void Backend::kv_export(int, int64_t, std::span<std::byte>) {
   fail("this backend cannot hand its K/V to another process (KV-Runahead runs on the CPU backend)");
 }

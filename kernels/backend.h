@@ -43,6 +43,10 @@ enum class Proj {
 // Which weight a norm scales by: rmsnorm's input norms (x -> xn), post_norm's output norms
 // (branch -> branch, Gemma 3).
 enum class Norm { Attn, Ffn, Output, PostAttn, PostFfn };
+// The ops of a layer that work row by row on the rows' own activations, which a batch's members can
+// run in one launch (Backend::rows_batched): the norms, Qwen3's q/k norms, RoPE, the residual
+// (x += branch) and the FFN's activation.
+enum class RowOp { AttnNorm, FfnNorm, PostAttnNorm, PostFfnNorm, QkNorm, Rope, Residual, Act };
 
 // How a set of rows is rebuilt from the current rows and Aux Cache entries (a decoding step's
 // revival): new row x_dst[i] = current row x_src[i]; new row aux_dst[i] = entry aux_src[i].
@@ -145,6 +149,13 @@ class Backend {
   virtual void experts_batched(int layer, std::span<Backend* const> members) {
     for (Backend* m : members) m->experts(layer);
   }
+  // A row op of every member (their rows at `layer`), as each member's own call would run it
+  // (row_op). The default runs them one after another; a device overrides it to run one launch over
+  // all the rows.
+  virtual void rows_batched(RowOp op, int layer, std::span<Backend* const> members) {
+    for (Backend* m : members) m->row_op(op, layer);
+  }
+  void row_op(RowOp op, int layer);  // the one backend call `op` names
   virtual void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {
     for (Backend* m : members) {
       m->lm_head(logits);

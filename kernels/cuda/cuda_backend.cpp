@@ -60,7 +60,12 @@ class Staging {
   static constexpr size_t kMaxBytes = size_t(64) << 20;
   explicit Staging(size_t bytes) { chunks_.emplace_back(bytes, "staged uploads"); }
   ~Staging() {
-    if (used_ > 0 || chunks_.size() > 1) drain("staging memory freed");
+    // The stream must have run the queued copies before their memory goes; a device already in an
+    // error state has nothing left to run (a destructor must not throw).
+    if (used_ > 0 || chunks_.size() > 1) try {
+        drain("staging memory freed");
+      } catch (const Error&) {
+      }
   }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -364,8 +369,7 @@ class CudaBackend final : public Backend {
       wts.insert(wts.end(), m->w_host.begin(), m->w_host.end());
       gemv.insert(gemv.end(), size_t(m->T()), char(m->T() <= kGemvMaxRows));
     }
-    const int64_t total = concat_rows(
-        ms, [](CudaBackend* m) { return m->xn.as<float>(); }, c.n_embd);
+    const int64_t total = concat_rows(ms, &CudaBackend::xn, c.n_embd);
     batch_out.reserve(size_t(total * c.n_embd) * 4, "batched rows");
     run_experts(l, batch_in.as<float>(), total, ids, wts, gemv, batch_out.as<float>());
     int64_t at = 0;
@@ -376,10 +380,83 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // One launch per row op over every member's rows, through tables of their row addresses
+  // (kernels/cuda/rows.h): a batch's row ops cost what one member's do, on the host.
+  void rows_batched(RowOp op, int l, std::span<Backend* const> members) override {
+    if (members.size() == 1 && members[0] == this) return row_op(op, l);
+    const std::vector<CudaBackend*> ms = members_of(members);
+    int64_t R = 0;
+    for (const CudaBackend* m : ms) R += m->T();
+    if (R == 0) return;
+    const int64_t D = c.n_embd, F = c.n_ff, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim;
+    const DLayerWeights* L = l < c.n_layer ? &dw->layers[size_t(l)] : nullptr;
+    switch (op) {
+      case RowOp::AttnNorm:
+      case RowOp::FfnNorm: {
+        tables_begin(2 * R);
+        const auto in = table<const float>(ms, &CudaBackend::x, D);
+        const auto out = table<float>(ms, &CudaBackend::xn, D);
+        tables_done();
+        rmsnorm_rows(in, (op == RowOp::AttnNorm ? L->attn_norm : L->ffn_norm).as<float>(), out, R, D,
+                     c.rms_eps);
+        return;
+      }
+      case RowOp::PostAttnNorm:
+      case RowOp::PostFfnNorm: {
+        const DBuf& g = op == RowOp::PostAttnNorm ? L->post_attn_norm : L->post_ffn_norm;
+        if (!g.as<float>()) internal_fail("post_norm on layer {}, which has no such norm", l);
+        tables_begin(2 * R);
+        const auto in = table<const float>(ms, &CudaBackend::branch, D);
+        const auto out = table<float>(ms, &CudaBackend::branch, D);
+        tables_done();
+        rmsnorm_rows(in, g.as<float>(), out, R, D, c.rms_eps);  // in place
+        return;
+      }
+      case RowOp::QkNorm: {  // each head a row of Dh
+        if (!L->q_norm.as<float>() || !L->k_norm.as<float>())
+          internal_fail("qk_norm on layer {}, which has no q/k norms", l);
+        tables_begin(4 * R * H);
+        const auto q_in = table<const float>(ms, &CudaBackend::q, Q, H, Dh);
+        const auto q_out = table<float>(ms, &CudaBackend::q, Q, H, Dh);
+        const auto k_in = table<const float>(ms, &CudaBackend::k, KV, Hkv, Dh);
+        const auto k_out = table<float>(ms, &CudaBackend::k, KV, Hkv, Dh);
+        tables_done();
+        rmsnorm_rows(q_in, L->q_norm.as<float>(), q_out, R * H, Dh, c.rms_eps);
+        rmsnorm_rows(k_in, L->k_norm.as<float>(), k_out, R * Hkv, Dh, c.rms_eps);
+        return;
+      }
+      case RowOp::Rope: {
+        tables_begin(3 * R);
+        const auto qt = table<float>(ms, &CudaBackend::q, Q), kt = table<float>(ms, &CudaBackend::k, KV);
+        const auto pt = table<const int32_t>(ms, &CudaBackend::pos_dev, 1, 1, 0, 4);
+        tables_done();
+        const float* freqs = dw->has_freqs ? dw->rope_freqs.as<float>() : nullptr;
+        rope_rows(qt, pt, R, H, Dh, c.rope_dim, c.rope_base(l), freqs, c.rope_scale(l));
+        rope_rows(kt, pt, R, Hkv, Dh, c.rope_dim, c.rope_base(l), freqs, c.rope_scale(l));
+        return;
+      }
+      case RowOp::Residual: {
+        tables_begin(2 * R);
+        const auto xt = table<float>(ms, &CudaBackend::x, D);
+        const auto bt = table<const float>(ms, &CudaBackend::branch, D);
+        tables_done();
+        add_rows(xt, bt, R, D);
+        return;
+      }
+      case RowOp::Act: {
+        tables_begin(2 * R);
+        const auto ft = table<const float>(ms, &CudaBackend::ff, 2 * F);
+        const auto at = table<float>(ms, &CudaBackend::act, F);
+        tables_done();
+        swiglu_rows(ft, at, R, F, c.gelu);
+        return;
+      }
+    }
+  }
+
   void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
     if (members.size() == 1 && members[0] == this) return lm_head(logits_out);
-    const int64_t total = concat_rows(
-        members_of(members), [](CudaBackend* m) { return m->xn.as<float>(); }, c.n_embd);
+    const int64_t total = concat_rows(members_of(members), &CudaBackend::xn, c.n_embd);
     head(batch_in.as<float>(), total);
     get(logits_out, logits.as<void>(), size_t(total * n_vocab) * 4);
   }
@@ -392,15 +469,14 @@ class CudaBackend final : public Backend {
                freqs, c.rope_scale(l));
   }
 
-  // Slots n .. n + T - 1, positions recorded on both sides. Nothing here waits for the device: the
-  // slots are a slice of slot_ids and the positions come from pos_dev.
+  // Slots n .. n + T - 1, positions recorded on both sides (the kernel writes the device's). Nothing
+  // here waits for the device: the slots are a slice of slot_ids and the positions come from pos_dev.
   void kv_append(int l) override {
     DLayer& L = layers[size_t(l)];
     const int64_t T = this->T();
     if (L.n + T > n_ctx) fail("KV cache full: {} + {} tokens exceed its capacity {}", L.n, T, n_ctx);
     cuda::kv_append(k.as<float>(), v.as<float>(), slot_ids.as<int64_t>() + L.n, pos_dev.as<int32_t>(), T, KV,
-                    L.k.as<float>(), L.v.as<float>(), L.bits.as<uint32_t>());
-    copy_on_device(L.pos.as<int32_t>() + L.n, pos_dev.as<void>(), size_t(T) * 4);
+                    L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.bits.as<uint32_t>());
     L.pos_host.insert(L.pos_host.end(), pos.begin(), pos.end());
     L.n += T;
     if (gathered_layer == l) gathered_layer = -1;
@@ -588,6 +664,9 @@ class CudaBackend final : public Backend {
   DBuf keep_dev, sel_pos;    // a device selection's kept indices and the positions it ranks by
   DBuf aux_states;           // the Aux Cache's states [n_ctx][D]: entry e is row e
   DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
+  DBuf row_tables;           // rows_batched and the batched copies: tables of the members' row addresses
+  std::vector<const std::byte*> row_tables_host;
+  int64_t row_tables_cap = 0;
   // Mixture of experts: the router's logits and routes on the device and their host copies; the
   // (row, expert) pairs' grouped inputs, gate|up, activations and outputs, and their indices.
   DBuf router_logits, routes_dev, moe_x, moe_ff, moe_act, moe_y, moe_idx, moe_w;
@@ -606,6 +685,32 @@ class CudaBackend final : public Backend {
   void wait(const char* what) {
     drain(what);
     staging.drained();
+  }
+
+  // The tables of row addresses of one batched launch (Rows::table): tables_begin with room for
+  // their entries, table() for each (its device address, filled on the host), tables_done() to
+  // queue them all in one upload before the launch. Later launches reuse the buffer: the stream
+  // runs each upload after the launches queued before it.
+  void tables_begin(int64_t entries) {
+    row_tables.reserve(size_t(std::max<int64_t>(entries, 1)) * 8, "row tables");
+    row_tables_host.clear();
+    row_tables_cap = entries;
+  }
+  // The members' rows of activation `buf` (`width` elements a row), in member order; per_row > 1:
+  // each row's per_row sub-rows `sub_width` apart (the heads of q and k).
+  template <class T>
+  Rows<T> table(const std::vector<CudaBackend*>& ms, DBuf CudaBackend::*buf, int64_t width,
+                int64_t per_row = 1, int64_t sub_width = 0, int64_t element_bytes = 4) {
+    T* const* at = row_tables.as<T*>() + row_tables_host.size();
+    for (const CudaBackend* m : ms)
+      for (int64_t r = 0; r < m->T(); ++r)
+        for (int64_t h = 0; h < per_row; ++h)
+          row_tables_host.push_back((m->*buf).as<std::byte>() + (r * width + h * sub_width) * element_bytes);
+    if (int64_t(row_tables_host.size()) > row_tables_cap) internal_fail("row tables past their room");
+    return Rows<T>{nullptr, 0, at};
+  }
+  void tables_done() {
+    put(row_tables.as<void>(), row_tables_host.data(), row_tables_host.size() * sizeof(void*));
   }
 
   DBuf& tensor(Tensor t) {
@@ -640,12 +745,14 @@ class CudaBackend final : public Backend {
     const DLayerWeights& L = dw->layers[size_t(l)];
     return p == Proj::QKV ? L.wqkv : p == Proj::O ? L.wo : p == Proj::GateUp ? L.w_gate_up : L.w_down;
   }
-  float* input(Proj p) const {
-    return p == Proj::O ? attn.as<float>() : p == Proj::Down ? act.as<float>() : xn.as<float>();
+  static DBuf CudaBackend::*input_buf(Proj p) {
+    return p == Proj::O ? &CudaBackend::attn : p == Proj::Down ? &CudaBackend::act : &CudaBackend::xn;
   }
-  float* output(Proj p) const {
-    return p == Proj::QKV ? qkv.as<float>() : p == Proj::GateUp ? ff.as<float>() : branch.as<float>();
+  static DBuf CudaBackend::*output_buf(Proj p) {
+    return p == Proj::QKV ? &CudaBackend::qkv : p == Proj::GateUp ? &CudaBackend::ff : &CudaBackend::branch;
   }
+  float* input(Proj p) const { return (this->*input_buf(p)).as<float>(); }
+  float* output(Proj p) const { return (this->*output_buf(p)).as<float>(); }
   void add_qkv_bias(int l) {
     const DBuf& b = dw->layers[size_t(l)].qkv_bias;
     if (b.as<float>()) add_bias(qkv.as<float>(), b.as<float>(), T(), QKV);
@@ -665,33 +772,43 @@ class CudaBackend final : public Backend {
     }
     return out;
   }
-  // The members' rows of `from` (width floats each) one after another in batch_in; returns how many.
-  template <class From>
-  int64_t concat_rows(const std::vector<CudaBackend*>& ms, From from, int64_t width) {
+  // The members' rows of activation `from` (width floats each) one after another in batch_in, in
+  // one launch; returns how many.
+  int64_t concat_rows(const std::vector<CudaBackend*>& ms, DBuf CudaBackend::*from, int64_t width) {
     int64_t total = 0;
     for (CudaBackend* m : ms) total += m->T();
     batch_in.reserve(size_t(total * width) * 4, "batched rows");
-    int64_t at = 0;
-    for (CudaBackend* m : ms) {
-      copy_on_device(batch_in.as<float>() + at * width, from(m), size_t(m->T() * width) * 4);
-      at += m->T();
-    }
+    tables_begin(total);
+    const auto in = table<const float>(ms, from, width);
+    tables_done();
+    copy_rows_at(in, {batch_in.as<float>(), width}, total, width);
     return total;
   }
   // The members' rows of p's input multiplied together by mm (through the GEMV where `gemv`), each
-  // member's output rows copied back into its own activation.
+  // member's output rows copied back into its own activation (q, k and v for Proj::QKV, after the
+  // layer's biases), each copy one launch over every member.
   void batched(Proj p, int l, const DMatrix& W, const std::vector<CudaBackend*>& ms, bool gemv) {
     if (ms.empty()) return;
-    const int64_t total = concat_rows(
-        ms, [p](CudaBackend* m) { return m->input(p); }, W.cols);
+    const int64_t total = concat_rows(ms, input_buf(p), W.cols);
     batch_out.reserve(size_t(total * W.rows) * 4, "batched rows");
-    mm(batch_in.as<float>(), W, batch_out.as<float>(), total, gemv ? Path::Gemv : Path::Gemm);
-    int64_t at = 0;
-    for (CudaBackend* m : ms) {
-      copy_on_device(m->output(p), batch_out.as<float>() + at * W.rows, size_t(m->T() * W.rows) * 4);
-      if (p == Proj::QKV) m->add_qkv_bias(l), m->split_qkv();
-      at += m->T();
+    float* out = batch_out.as<float>();
+    mm(batch_in.as<float>(), W, out, total, gemv ? Path::Gemv : Path::Gemm);
+    if (p != Proj::QKV) {
+      tables_begin(total);
+      const auto dst = table<float>(ms, output_buf(p), W.rows);
+      tables_done();
+      copy_rows_at({out, W.rows}, dst, total, W.rows);
+      return;
     }
+    if (const DBuf& b = dw->layers[size_t(l)].qkv_bias; b.as<float>())
+      add_bias(out, b.as<float>(), total, QKV);
+    tables_begin(3 * total);
+    const auto qt = table<float>(ms, &CudaBackend::q, Q), kt = table<float>(ms, &CudaBackend::k, KV),
+               vt = table<float>(ms, &CudaBackend::v, KV);
+    tables_done();
+    copy_rows_at({out, QKV}, qt, total, Q);
+    copy_rows_at({out + Q, QKV}, kt, total, KV);
+    copy_rows_at({out + Q + KV, QKV}, vt, total, KV);
   }
 
   // logits[R][V] = a[R][D] . lm_head^T.

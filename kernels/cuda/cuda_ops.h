@@ -9,14 +9,28 @@
 // is kernels/cuda/device_math.h, tested on the CPU.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "kernels/cuda/rows.h"
 
 namespace lp::cuda {
 
 // True when this build has the CUDA backend.
 bool compiled();
+
+// Operations queued on the stream by this process: kernel launches, cuBLAS GEMMs and copies (CUB's
+// sorts count by their own launches of ours around them). The host's work per decoding step is
+// measured by it (issue 58, item 3: a batch's launches must not grow with its members).
+inline std::atomic<int64_t>& queued_ops_counter() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+inline int64_t queued_ops() {
+  return queued_ops_counter().load();
+}
 
 struct Device {
   int index = 0, count = 0;
@@ -61,6 +75,15 @@ void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, 
           const float* freq_factors, float freq_scale = 1.0f);  // angles times freq_scale (linear scaling)
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t n);
+// The same row ops over Rows (kernels/cuda/rows.h): contiguous rows, or a table of row addresses
+// that lets one launch cover a batch's members. rmsnorm_rows may run in place (x and out the same
+// rows); rope_rows reads row t's position at *pos(t).
+void rmsnorm_rows(Rows<const float> x, const float* w, Rows<float> out, int64_t T, int64_t D, float eps);
+void rope_rows(Rows<float> x, Rows<const int32_t> pos, int64_t T, int64_t n_heads, int64_t Dh,
+               int64_t rope_dim, float theta, const float* freq_factors, float freq_scale);
+void swiglu_rows(Rows<const float> ff, Rows<float> out, int64_t T, int64_t F, bool gelu);
+void add_rows(Rows<float> x, Rows<const float> y, int64_t T, int64_t D);  // x(t)[i] += y(t)[i]
+void copy_rows_at(Rows<const float> src, Rows<float> dst, int64_t T, int64_t width);
 // x[t][i] += bias[i], x [T][n]
 void add_bias(float* x, const float* bias, int64_t T, int64_t n);
 // dst[r][:] = src[idx[r]][:]   (compacting kept rows, Aux Cache loads)
@@ -87,9 +110,9 @@ void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64
 // indices in increasing order; the last token always kept. n_keep in [1, n].
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);
 // K/V append: rows of k_new/v_new [T][kv] into cache slots slot[T] of k_cache/v_cache [cap][kv],
-// and the has-KV bit of each row's original position set in bits.
+// each row's original position into slot_pos[slot] and its has-KV bit set in bits.
 void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T,
-               int64_t kv, float* k_cache, float* v_cache, uint32_t* bits);
+               int64_t kv, float* k_cache, float* v_cache, int32_t* slot_pos, uint32_t* bits);
 // dst[r][0:width] = src[r][0:width] with row strides ld_src, ld_dst (splitting fused q|k|v rows).
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows);
 // out[t][i] = act(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F]: act silu, or with

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_math.h"
+#include "kernels/cuda/rows.h"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -32,6 +34,7 @@ inline void check_launch(const char* what) {
 // kernel<<<grid, block, shared_bytes>>>(args...), then the launch's error check.
 #define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)       \
   do {                                                          \
+    ++::lp::cuda::queued_ops_counter();                         \
     (kernel)<<<(grid), (block), (shared_bytes)>>>(__VA_ARGS__); \
     ::lp::cuda::kernels::check_launch(#kernel);                 \
   } while (0)
@@ -48,7 +51,8 @@ using BlockReduce = ::lp::host_threads::BlockReduce<T, N>;
 #define LP_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::lp::host_threads::dynamic_shared())
 #define LP_UNROLL
 #define LP_LAUNCH(kernel, grid, block, shared_bytes, ...) \
-  ::lp::host_threads::launch(dim3(grid), dim3(block), (shared_bytes), (kernel), __VA_ARGS__)
+  (++::lp::cuda::queued_ops_counter(),                    \
+   ::lp::host_threads::launch(dim3(grid), dim3(block), (shared_bytes), (kernel), __VA_ARGS__))
 #endif
 
 namespace lp::cuda::kernels {
@@ -73,9 +77,10 @@ struct MaxOp {
 // ---- elementwise and rows --------------------------------------------------------------------
 
 // One block of kThreads per row.
-__global__ void rmsnorm_kernel(const float* x, const float* w, float* out, int64_t D, float eps) {
+__global__ void rmsnorm_kernel(Rows<const float> x, const float* w, Rows<float> out, int64_t D, float eps) {
   const int64_t t = blockIdx.x;
-  const float* row = x + t * D;
+  const float* row = x(t);
+  float* dst = out(t);
   float ss = 0;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += row[i] * row[i];
   using Reduce = BlockReduce<float, kThreads>;
@@ -84,30 +89,32 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float* out, int64
   const float total = Reduce(tmp).Sum(ss);
   if (threadIdx.x == 0) scale = cm::rms_scale(total, D, eps);
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = cm::rms_apply(row[i], scale, w[i]);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) dst[i] = cm::rms_apply(row[i], scale, w[i]);
 }
 
 // One thread per (token, pair): the table entry is computed once per pair and applied to every head.
-__global__ void rope_kernel(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh,
+__global__ void rope_kernel(Rows<float> x, Rows<const int32_t> pos, int64_t T, int64_t n_heads, int64_t Dh,
                             int64_t rope_dim, float theta, const float* freq_factors, float freq_scale) {
   const int64_t half = rope_dim / 2;
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * half) return;
   const int64_t t = id / half, i = id % half;
   float c, s;
-  cm::rope_cos_sin(pos[t], i, rope_dim, theta, (freq_factors ? freq_factors[i] : 1.0f) / freq_scale, &c, &s);
+  cm::rope_cos_sin(*pos(t), i, rope_dim, theta, (freq_factors ? freq_factors[i] : 1.0f) / freq_scale, &c, &s);
+  float* row = x(t);
   for (int64_t h = 0; h < n_heads; ++h) {
-    float* v = x + (t * n_heads + h) * Dh;
+    float* v = row + h * Dh;
     cm::rope_rotate(v[2 * i], v[2 * i + 1], c, s, &v[2 * i], &v[2 * i + 1]);
   }
 }
 
-__global__ void swiglu_fused_kernel(const float* ff, float* out, int64_t T, int64_t F, bool gelu) {
+__global__ void swiglu_fused_kernel(Rows<const float> ff, Rows<float> out, int64_t T, int64_t F, bool gelu) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * F) return;
   const int64_t t = id / F, i = id % F;
-  const float g = ff[t * 2 * F + i], u = ff[t * 2 * F + F + i];
-  out[id] = gelu ? cm::gelu_tanh_mul(g, u) : cm::silu_mul(g, u);
+  const float* row = ff(t);
+  const float g = row[i], u = row[F + i];
+  out(t)[i] = gelu ? cm::gelu_tanh_mul(g, u) : cm::silu_mul(g, u);
 }
 
 // One thread per row of router logits [T][E]: its k experts and weights (cm::route_row).
@@ -133,9 +140,21 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
   if (i < n) x[i] *= s;
 }
 
-__global__ void add_kernel(float* x, const float* y, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] += y[i];
+// x(t)[i] += y(t)[i] over T rows of D: one thread per value.
+__global__ void add_kernel(Rows<float> x, Rows<const float> y, int64_t T, int64_t D) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * D) return;
+  const int64_t t = id / D, i = id % D;
+  x(t)[i] += y(t)[i];
+}
+
+// One block per row: dst(r)[0:width] = src(r)[0:width] (a batch's rows gathered into one buffer for
+// a GEMM, and its outputs back into each member's).
+__global__ void copy_row_table_kernel(Rows<const float> src, Rows<float> dst, int64_t width) {
+  const int64_t r = blockIdx.x;
+  const float* s = src(r);
+  float* d = dst(r);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
 }
 
 // x[t][i] += bias[i] for rows of n values: one thread per value.
@@ -168,13 +187,16 @@ __global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, floa
 
 __global__ void kv_append_kernel(const float* k_new, const float* v_new, const int64_t* slot,
                                  const int32_t* pos, int64_t kv, float* k_cache, float* v_cache,
-                                 uint32_t* bits) {
+                                 int32_t* slot_pos, uint32_t* bits) {
   const int64_t t = blockIdx.x;
   for (int64_t i = threadIdx.x; i < kv; i += blockDim.x) {
     k_cache[slot[t] * kv + i] = k_new[t * kv + i];
     v_cache[slot[t] * kv + i] = v_new[t * kv + i];
   }
-  if (threadIdx.x == 0) atomicOr(&bits[pos[t] >> 5], 1u << (pos[t] & 31));
+  if (threadIdx.x == 0) {
+    slot_pos[slot[t]] = pos[t];
+    atomicOr(&bits[pos[t] >> 5], 1u << (pos[t] & 31));
+  }
 }
 
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {

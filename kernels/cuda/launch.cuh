@@ -37,17 +37,26 @@ using kernels::kThreads;
 
 }  // namespace
 
-void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
+void rmsnorm_rows(Rows<const float> x, const float* w, Rows<float> out, int64_t T, int64_t D, float eps) {
   if (T <= 0) return;
   LP_LAUNCH(kernels::rmsnorm_kernel, unsigned(T), kThreads, 0, x, w, out, D, eps);
 }
 
-void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
-          const float* freq_factors, float freq_scale) {
+void rmsnorm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
+  rmsnorm_rows({x, D}, w, {out, D}, T, D, eps);
+}
+
+void rope_rows(Rows<float> x, Rows<const int32_t> pos, int64_t T, int64_t n_heads, int64_t Dh,
+               int64_t rope_dim, float theta, const float* freq_factors, float freq_scale) {
   const int64_t n = T * (rope_dim / 2);
   if (n <= 0) return;
   LP_LAUNCH(kernels::rope_kernel, blocks_for(n, kThreads), kThreads, 0, x, pos, T, n_heads, Dh, rope_dim,
             theta, freq_factors, freq_scale);
+}
+
+void rope(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t Dh, int64_t rope_dim, float theta,
+          const float* freq_factors, float freq_scale) {
+  rope_rows({x, n_heads * Dh}, {pos, 1}, T, n_heads, Dh, rope_dim, theta, freq_factors, freq_scale);
 }
 
 void route_top_k(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* ids, float* w) {
@@ -72,14 +81,27 @@ void scale_inplace(float* x, int64_t n, float s) {
   LP_LAUNCH(kernels::scale_kernel, blocks_for(n, kThreads), kThreads, 0, x, n, s);
 }
 
-void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F, bool gelu) {
+void swiglu_rows(Rows<const float> ff, Rows<float> out, int64_t T, int64_t F, bool gelu) {
   if (T <= 0 || F <= 0) return;
   LP_LAUNCH(kernels::swiglu_fused_kernel, blocks_for(T * F, kThreads), kThreads, 0, ff, out, T, F, gelu);
 }
 
+void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F, bool gelu) {
+  swiglu_rows({ff, 2 * F}, {out, F}, T, F, gelu);
+}
+
+void add_rows(Rows<float> x, Rows<const float> y, int64_t T, int64_t D) {
+  if (T <= 0 || D <= 0) return;
+  LP_LAUNCH(kernels::add_kernel, blocks_for(T * D, kThreads), kThreads, 0, x, y, T, D);
+}
+
 void add_inplace(float* x, const float* y, int64_t n) {
-  if (n <= 0) return;
-  LP_LAUNCH(kernels::add_kernel, blocks_for(n, kThreads), kThreads, 0, x, y, n);
+  add_rows({x, n}, {y, n}, 1, n);
+}
+
+void copy_rows_at(Rows<const float> src, Rows<float> dst, int64_t T, int64_t width) {
+  if (T <= 0 || width <= 0) return;
+  LP_LAUNCH(kernels::copy_row_table_kernel, unsigned(T), kThreads, 0, src, dst, width);
 }
 
 void add_bias(float* x, const float* bias, int64_t T, int64_t n) {
@@ -104,10 +126,10 @@ void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64
 }
 
 void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T,
-               int64_t kv, float* k_cache, float* v_cache, uint32_t* bits) {
+               int64_t kv, float* k_cache, float* v_cache, int32_t* slot_pos, uint32_t* bits) {
   if (T <= 0) return;
   LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, slot, pos, kv, k_cache,
-            v_cache, bits);
+            v_cache, slot_pos, bits);
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {

@@ -68,6 +68,22 @@ void add_bias(float*, const float*, int64_t, int64_t) {
 void add_inplace(float*, const float*, int64_t) {
   unavailable();
 }
+void rmsnorm_rows(Rows<const float>, const float*, Rows<float>, int64_t, int64_t, float) {
+  unavailable();
+}
+void rope_rows(Rows<float>, Rows<const int32_t>, int64_t, int64_t, int64_t, int64_t, float, const float*,
+               float) {
+  unavailable();
+}
+void swiglu_rows(Rows<const float>, Rows<float>, int64_t, int64_t, bool) {
+  unavailable();
+}
+void add_rows(Rows<float>, Rows<const float>, int64_t, int64_t) {
+  unavailable();
+}
+void copy_rows_at(Rows<const float>, Rows<float>, int64_t, int64_t) {
+  unavailable();
+}
 void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) {
   unavailable();
 }
@@ -83,7 +99,7 @@ void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) {
   unavailable();
 }
 void kv_append(const float*, const float*, const int64_t*, const int32_t*, int64_t, int64_t, float*, float*,
-               uint32_t*) {
+               int32_t*, uint32_t*) {
   unavailable();
 }
 void copy_columns(const float*, int64_t, float*, int64_t, int64_t, int64_t) {

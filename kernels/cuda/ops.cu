@@ -94,6 +94,7 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes) {
+  ++queued_ops_counter();
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "copy on device");
 }
 
@@ -112,10 +113,12 @@ void host_free_pinned(void* p) {
 }
 
 void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes) {
+  ++queued_ops_counter();
   check(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, 0), "queued copy to device");
 }
 
 void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
+  ++queued_ops_counter();
   check(cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, 0), "queued copy to host");
 }
 
@@ -180,6 +183,7 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
 }
 
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
+  ++queued_ops_counter();
   if (rows <= 0 || width <= 0) return;
   check(cudaMemcpy2D(dst, size_t(ld_dst) * 4, src, size_t(ld_src) * 4, size_t(width) * 4, size_t(rows),
                      cudaMemcpyDeviceToDevice),
@@ -189,6 +193,7 @@ void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, 
 // Row-major out[T][N] = a[T][K] . w[N][K]^T is, column-major, out^T[N][T] = w[N][K]-as-[K][N]^T . a^T:
 // cuBLAS with op(A) = T on w (lda K), op(B) = N on a (ldb K), C ldc N.
 void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
+  ++queued_ops_counter();
   if (T <= 0 || N <= 0) return;
   const float one = 1.0f, zero = 0.0f;
   check_blas(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, int(K), a, int(K),
@@ -197,6 +202,7 @@ void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, 
 }
 
 void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int64_t K, int64_t N) {
+  ++queued_ops_counter();
   if (T <= 0 || N <= 0) return;
   const float one = 1.0f, zero = 0.0f;
   check_blas(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, CUDA_R_16BF,

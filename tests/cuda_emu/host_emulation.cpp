@@ -89,11 +89,13 @@ void host_free_pinned(void* p) {
   std::free(p);
 }
 void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes) {
+  ++queued_ops_counter();
   std::memcpy(dst, pinned_src, bytes);
   std::lock_guard lock(queued_mu);
   queued.push_back({static_cast<const std::byte*>(pinned_src), bytes, hash_of(pinned_src, bytes)});
 }
 void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
+  ++queued_ops_counter();
   std::memcpy(pinned_dst, src, bytes);
 }
 
@@ -120,6 +122,7 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 void copy_on_device(void* dst, const void* src, size_t bytes) {
+  ++queued_ops_counter();
   std::memcpy(dst, src, bytes);
 }
 void synchronize(const char*) {
@@ -132,6 +135,7 @@ int multiprocessors() {
 }
 
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
+  ++queued_ops_counter();
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(width) * 4);
 }
 
@@ -154,10 +158,12 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
 }
 
 void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
+  ++queued_ops_counter();
   ref::matmul(a, w, out, T, K, N);
 }
 
 void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int64_t K, int64_t N) {
+  ++queued_ops_counter();
   std::vector<float> af(size_t(T * K)), wf(size_t(N * K));
   for (size_t i = 0; i < af.size(); ++i) af[i] = cm::bf16_to_f32(a[i]);
   for (size_t i = 0; i < wf.size(); ++i) wf[i] = cm::bf16_to_f32(w[i]);

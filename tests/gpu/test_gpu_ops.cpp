@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/batch.h"
 #include "engine/generate.h"
 #include "engine/session.h"
 #include "kernels/cpu/ref.h"
@@ -115,6 +116,67 @@ TEST(GpuOps, RmsNormSwigluAddAndColumnCopies) {
     for (int64_t i = 0; i < ld_dst; ++i)
       ASSERT_EQ(got[size_t(r * ld_dst + i)], i < width ? src[size_t(r * ld_src + off + i)] : -7.0f)
           << r << "," << i;
+}
+
+// The row ops through tables of row addresses (kernels/cuda/rows.h: a batch's members in one launch)
+// give each row exactly what the contiguous launch gives it: rows of two buffers, in a mixed order,
+// against the same rows side by side (whose launches the test above checks against the references).
+TEST(GpuOps, RowOpsThroughTablesOfRowAddresses) {
+  const int64_t D = 20, F = 10, H = 2, Dh = 10, T = 5;  // D = 2F = H Dh: one row width for every op
+  // Row t of the contiguous layout is row at[t] of buffer a (first 3) or b (last 2).
+  const auto xa = randn(size_t(3 * D), 41, 2.0f), xb = randn(size_t(2 * D), 42, 2.0f);
+  const auto ya = randn(size_t(3 * D), 43), yb = randn(size_t(2 * D), 44), w = randn(size_t(D), 45);
+  const std::vector<int> in_a = {0, 1, 1, 0, 1}, at = {1, 0, 2, 0, 1};  // buffer, row
+  std::vector<float> x(size_t(T * D)), y(size_t(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D; ++i) {
+      const size_t from = size_t(at[size_t(t)] * D + i);
+      x[size_t(t * D + i)] = in_a[size_t(t)] ? xa[from] : xb[from];
+      y[size_t(t * D + i)] = in_a[size_t(t)] ? ya[from] : yb[from];
+    }
+  const std::vector<int32_t> pos = {3, 900, 17, 0, 65};
+  Dev<float> dxa(xa), dxb(xb), dya(ya), dyb(yb), dw(w), dx(x), dy(y), out(x.size());
+  Dev<int32_t> dpos(pos);
+  const auto table_of = [&](const Dev<float>& a, const Dev<float>& b) {
+    std::vector<float*> rows;
+    for (int64_t t = 0; t < T; ++t) rows.push_back((in_a[size_t(t)] ? a.p : b.p) + at[size_t(t)] * D);
+    return Dev<float*>(rows);
+  };
+  std::vector<const int32_t*> pos_rows;
+  for (int64_t t = 0; t < T; ++t) pos_rows.push_back(dpos.p + t);
+  Dev<const int32_t*> pt(pos_rows);
+  const auto rows_of = [&](const Dev<float*>& tab) { return cuda::Rows<float>{nullptr, 0, tab.p}; };
+  const auto crows_of = [&](const Dev<float*>& tab) {
+    return cuda::Rows<const float>{nullptr, 0, reinterpret_cast<const float* const*>(tab.p)};
+  };
+  // Reads the tables' rows back in the contiguous order.
+  const auto gather = [&](const Dev<float>& a, const Dev<float>& b) {
+    const auto ha = a.host(), hb = b.host();
+    std::vector<float> g(size_t(T * D));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < D; ++i)
+        g[size_t(t * D + i)] = (in_a[size_t(t)] ? ha : hb)[size_t(at[size_t(t)] * D + i)];
+    return g;
+  };
+  Dev<float> oa(size_t(3 * D)), ob(size_t(2 * D));
+  const auto xt = table_of(dxa, dxb), yt = table_of(dya, dyb), ot = table_of(oa, ob);
+  cuda::rmsnorm(dx.p, dw.p, out.p, T, D, 1e-5f);
+  cuda::rmsnorm_rows(crows_of(xt), dw.p, rows_of(ot), T, D, 1e-5f);
+  EXPECT_EQ(gather(oa, ob), out.host()) << "rmsnorm";
+  cuda::swiglu_fused(dx.p, out.p, T, F);
+  cuda::swiglu_rows(crows_of(xt), rows_of(ot), T, F, false);
+  std::vector<float> want = out.host(), got = gather(oa, ob);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < F; ++i)
+      ASSERT_EQ(got[size_t(t * D + i)], want[size_t(t * F + i)]) << "swiglu " << t;
+  cuda::rope(dx.p, dpos.p, T, H, Dh, Dh, 10000.0f, nullptr, 1.0f);
+  cuda::rope_rows(rows_of(xt), {nullptr, 0, pt.p}, T, H, Dh, Dh, 10000.0f, nullptr, 1.0f);
+  EXPECT_EQ(gather(dxa, dxb), dx.host()) << "rope";
+  cuda::add_inplace(dx.p, dy.p, T * D);
+  cuda::add_rows(rows_of(xt), crows_of(yt), T, D);
+  EXPECT_EQ(gather(dxa, dxb), dx.host()) << "add";
+  cuda::copy_rows_at(crows_of(xt), {out.p, D}, T, D);  // gathered into one buffer, as a batch's GEMM input
+  EXPECT_EQ(out.host(), dx.host()) << "copy";
 }
 
 // --dtype int8 on the GPU: rows of GGUF blocks dequantized to bf16 (the prefill's GEMM input),
@@ -327,9 +389,11 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   Dev<int64_t> slot(std::vector<int64_t>{5, 2});
   Dev<int32_t> p(std::vector<int32_t>{37, 100});
   Dev<uint32_t> bits(std::vector<uint32_t>(4, 0));
-  cuda::kv_append(dk.p, dv.p, slot.p, p.p, 2, kv, kc.p, vc.p, bits.p);
+  Dev<int32_t> slot_pos(std::vector<int32_t>(8, -1));
+  cuda::kv_append(dk.p, dv.p, slot.p, p.p, 2, kv, kc.p, vc.p, slot_pos.p, bits.p);
   const auto kh = kc.host(), vh = vc.host();
   const auto bh = bits.host();
+  EXPECT_EQ(slot_pos.host(), (std::vector<int32_t>{-1, -1, 100, -1, -1, 37, -1, -1}));
   for (int64_t s = 0; s < 8; ++s)
     for (int64_t i = 0; i < kv; ++i) {
       const int64_t row = s == 5   ? 0
@@ -696,6 +760,48 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
     for (const auto& p : *st.pruning) EXPECT_FALSE(p.scores.empty()) << "a trace's scores";
   }
   EXPECT_GT(revived, 0) << "the steps revive nothing: the count would not cover revivals";
+}
+
+// Issue 58, item 3: the host's work in a batched decoding step. Every GEMM runs once over the
+// members' rows, and so does every row op (norms, RoPE, residuals, SwiGLU: one launch over a table
+// of the members' row addresses); what a member adds is its own K/V append and attention. Counted in
+// operations queued on the stream (cuda::queued_ops(): launches, GEMMs, copies) for one member,
+// for two and eight, unpruned, bf16 weights: what each member from the second to the eighth adds,
+// per layer, must stay small (its K/V append and attention: 2, and its output norm once a step).
+TEST(GpuForward, ABatchedDecodingStepQueuesLittleMorePerMember) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const ModelConfig& c = m->config();
+  const int64_t T = 12;
+  const auto step_ops = [&](int n) {
+    std::vector<std::unique_ptr<Session>> ss;
+    std::vector<Session::Pass> passes;
+    std::vector<std::vector<float>> logits(size_t(n), std::vector<float>(size_t(c.n_vocab)));
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    std::iota(pos.begin(), pos.end(), 0);
+    const int64_t last = T - 1;
+    for (int i = 0; i < n; ++i) {
+      ss.push_back(std::make_unique<Session>(*m, cuda::make_backend(c, m->weights(), T + 1)));
+      ss.back()->forward(testing::random_ids(T, c.n_vocab, uint32_t(30 + i)), pos, {&last, 1},
+                         logits[size_t(i)].data());
+    }
+    std::vector<BatchMember> members;
+    for (int i = 0; i < n; ++i)
+      passes.push_back(ss[size_t(i)]->begin_decode(int32_t(7 + i), int32_t(T), nullptr, nullptr, nullptr));
+    for (int i = 0; i < n; ++i)
+      members.push_back({ss[size_t(i)].get(), &passes[size_t(i)], logits[size_t(i)].data()});
+    const int64_t before = cuda::queued_ops();
+    run_batch(members);
+    return cuda::queued_ops() - before;
+  };
+  const int64_t one = step_ops(1), two = step_ops(2), eight = step_ops(8);
+  const double per_member = double(eight - two) / (6.0 * c.n_layer);
+  std::printf(
+      "note: a decoding step queues %lld operations alone, %lld for 2 members, %lld for 8: %.2f per "
+      "added member and layer\n",
+      (long long)one, (long long)two, (long long)eight, per_member);
+  EXPECT_LE(per_member, 3.0);
 }
 
 // A session whose K/V and Aux Cache cannot fit (2^30 tokens of the tiny model: 2 TB, more
