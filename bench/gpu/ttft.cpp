@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "calibrate/fit_measurements.h"
+#include "engine/batch.h"
 #include "engine/session.h"
 #include "hwmodels/profile.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -176,6 +177,60 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
   }
 }
 
+// Continuous batching's decoding steps (engine/batch.h, as `serve` runs them): n sessions, each
+// after its own prefill of T tokens (LazyLLM's default schedule or none), decoding one token each
+// per step, every GEMM and row op once over all of them. Tokens/s of 1 and 8 members side by side
+// (issue 58, item 3: 8 requests at least 4x one request's tokens/s at the 8B shape), with the
+// operations each step queues (cuda::queued_ops) and the times it waits (cuda::host_waits).
+void batch_rows(const Model& m, int64_t T, int members) {
+  const ModelConfig& c = m.config();
+  const int64_t last = T - 1;
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), 0);
+  for (const bool prune : {false, true}) {
+    const auto steps =
+        prune ? resolve_schedule(parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3"), c.n_layer, c.global_layers())
+              : std::vector<PruneStep>{};
+    auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
+    const PruneRequest req{steps, policy.get()};
+    double alone = 0;
+    for (const int n : {1, members}) {
+      std::vector<std::unique_ptr<Session>> ss;
+      std::vector<std::vector<float>> logits(size_t(n), std::vector<float>(size_t(c.n_vocab)));
+      std::mt19937 rng(11);
+      for (int i = 0; i < n; ++i) {
+        std::vector<int32_t> ids(static_cast<size_t>(T));
+        for (int32_t& id : ids) id = int32_t(rng() % uint32_t(c.n_vocab));
+        ss.push_back(std::make_unique<Session>(m, cuda::make_backend(c, m.weights(), T + g_runs + 3)));
+        ss.back()->forward(ids, pos, {&last, 1}, logits[size_t(i)].data(), prune ? &req : nullptr);
+      }
+      int32_t at = int32_t(T);
+      const auto step = [&] {
+        std::vector<Session::Pass> passes;
+        std::vector<BatchMember> batch;
+        passes.reserve(size_t(n));
+        for (int i = 0; i < n; ++i)
+          passes.push_back(ss[size_t(i)]->begin_decode(1, at, prune ? &req : nullptr, nullptr, nullptr));
+        for (int i = 0; i < n; ++i)
+          batch.push_back({ss[size_t(i)].get(), &passes[size_t(i)], logits[size_t(i)].data()});
+        run_batch(batch);
+        ++at;
+      };
+      step();  // the first step grows the batch's buffers; the counts are the steps after it
+      const int64_t ops0 = cuda::queued_ops(), waits0 = cuda::host_waits();
+      const double ms = median_ms(step);
+      const double steps_run = g_runs + 1, tokens_s = n * 1e3 / ms;
+      if (n == 1) alone = tokens_s;
+      fmt::print(
+          "  {:<9} {} member{}  {:>8.2f} ms a step  {:>8.0f} tokens/s  ({:.2f}x one; {:.0f} operations "
+          "queued and "
+          "{:.1f} host waits a step)\n",
+          prune ? "LazyLLM" : "unpruned", n, n == 1 ? " " : "s", ms, tokens_s, tokens_s / alone,
+          double(cuda::queued_ops() - ops0) / steps_run, double(cuda::host_waits() - waits0) / steps_run);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,6 +247,12 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "Keep only the first N layers of the shape (0: all)")
       ->check(CLI::Range(0, 1024));
   app.add_flag("--no-default-model", no_default, "Skip the default model's TTFT rows");
+  int64_t batch_prompt = 512;
+  int batch_members = 8;
+  app.add_option("--batch-members", batch_members, "Members of the batched decoding rows (beside one alone)")
+      ->check(CLI::Range(2, 256));
+  app.add_option("--batch-prompt", batch_prompt, "Prompt tokens of each batched decoding member")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 20));
   app.add_option("--runs", g_runs, "Timed runs per figure, after one warm-up (the median is printed)")
       ->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
@@ -228,6 +289,10 @@ int main(int argc, char** argv) {
     // published vLLM and TensorRT-LLM TTFTs of this shape).
     fmt::print("{} shape, random bf16 weights, attention on the tensor cores (bf16):\n", shape);
     ttft_rows(*mr, T, cuda::BackendOptions{.tensor_core_attention = true});
+    fmt::print(
+        "\n{} shape, random bf16 weights: batched decoding steps after {}-token prompts (median of {})\n",
+        shape, std::min<int64_t>(T, batch_prompt), g_runs);
+    batch_rows(*mr, std::min<int64_t>(T, batch_prompt), batch_members);
     if (int8) {
       const auto mq = random_model(shape, layers, true);
       fmt::print("{} shape ({} layers), random Q8_0 weights (--dtype int8: bf16 activations):\n", shape,
