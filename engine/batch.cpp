@@ -71,6 +71,8 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     }
     if (c.post_norms) row(RowOp::PostFfnNorm, l);
     row(RowOp::Residual, l);
+    // The members' selections queued first: the first member's end_layer waits for all of them.
+    if (!alone) in_turn(&Session::queue_selection, l);
     side_by_side(&Session::end_layer, l);
   }
 }

@@ -331,14 +331,32 @@ void Session::matmul(Pass& ps, Proj p, int l) {
   timed(ps.timers, l, kOp[int(p)], OpShape{int64_t(ps.rows.size()), 0, 0}, [&] { be_->matmul(p, l); });
 }
 
+std::span<const int32_t> Session::selection_keys(const Pass& ps) const {
+  return ps.decode         ? std::span<const int32_t>(ps.active)
+         : ps.keyed_prefix ? std::span<const int32_t>(keys_)
+                           : std::span<const int32_t>(ps.rows);
+}
+
+void Session::queue_selection(Pass& ps, int l) {
+  ps.selection_queued = false;
+  if (!prunes_at(ps, l) || (!ps.decode && !ps.pruning) || ps.timers) return;
+  PruningPolicy& policy = *ps.prune->policy;
+  if (!policy.keeps_top_scores() || !policy.needs_scores()) return;
+  const std::span<const int32_t> keys = selection_keys(ps);
+  const int64_t n_keep = tokens_kept(int64_t(keys.size()), ps.prune->steps[ps.next_step].share);
+  be_->last_row_scores(l, slots_);
+  be_->select_queue(keys, n_keep);
+  ps.selection_queued = true;
+}
+
 std::vector<int64_t> Session::select(int l, std::span<const int32_t> keys, double share,
-                                     PruningPolicy& policy, OpTimers* t, trace::Step* stats) {
+                                     PruningPolicy& policy, OpTimers* t, trace::Step* stats, bool queued) {
   Backend& b = *be_;
   const int64_t n = int64_t(keys.size()), n_keep = tokens_kept(n, share);
   // A policy that keeps the top scores selects where the scores are; the others read them back.
   const bool on_backend = policy.keeps_top_scores();
   std::vector<float> scores;
-  if (policy.needs_scores()) {
+  if (policy.needs_scores() && !queued) {
     // The scoring row is the last row: the newest token, which sees every key.
     timed(t, l, Op::Score, OpShape{1, 0, n}, [&] { b.last_row_scores(l, slots_); });
     if (!on_backend) scores = b.scores(n);
@@ -452,6 +470,7 @@ void Session::end_layer(Pass& ps, int l) {
     reselect(ps, l);
   else
     prune(ps, l);
+  ps.selection_queued = false;
 }
 
 void Session::compact_rows(Pass& ps, int l, std::span<const RowFate> fate) {
@@ -496,9 +515,8 @@ void Session::prune(Pass& ps, int l) {
   // the active imported prefix if there is one (attend's key set), and the last row's attention
   // over them scores them. Kept prefix positions stay keys; dropped ones are not attended again.
   const int64_t np = int64_t(ps.prefix.size());
-  std::vector<int64_t> keep =
-      select(l, ps.keyed_prefix ? std::span<const int32_t>(keys_) : std::span<const int32_t>(rows),
-             ps.prune->steps[ps.next_step++].share, *ps.prune->policy, timers, stats);
+  std::vector<int64_t> keep = select(l, selection_keys(ps), ps.prune->steps[ps.next_step++].share,
+                                     *ps.prune->policy, timers, stats, ps.selection_queued);
   if (np > 0) {
     std::vector<int32_t> prefix;
     size_t own = 0;
@@ -528,8 +546,8 @@ void Session::reselect(Pass& ps, int l) {
   const PruneRequest& prune = *ps.prune;
   const bool prune_here = prunes_at(ps, l);
   if (prune_here) {
-    const std::vector<int64_t> keep =
-        select(l, ps.active, prune.steps[ps.next_step++].share, *prune.policy, ps.timers, ps.stats);
+    const std::vector<int64_t> keep = select(l, ps.active, prune.steps[ps.next_step++].share, *prune.policy,
+                                             ps.timers, ps.stats, ps.selection_queued);
     std::vector<int32_t> kept;
     kept.reserve(keep.size());
     for (int64_t i : keep) kept.push_back(ps.active[size_t(i)]);

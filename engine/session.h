@@ -174,9 +174,10 @@ class Session {
     std::vector<int32_t> prefix;
     bool keyed_prefix = false;
     const PruneRequest* prune = nullptr;
-    bool pruning = false;      // forward: prune has steps and a policy
-    size_t next_step = 0;      // the next pruning step
-    bool rows_changed = true;  // the backend needs set_rows before the next layer
+    bool pruning = false;           // forward: prune has steps and a policy
+    size_t next_step = 0;           // the next pruning step
+    bool rows_changed = true;       // the backend needs set_rows before the next layer
+    bool selection_queued = false;  // queue_selection scored this layer's keys and queued their selection
     trace::Step* stats = nullptr;
     OpTimers* timers = nullptr;
   };
@@ -196,6 +197,10 @@ class Session {
   // their experts (experts alone; Backend::experts_batched over the members).
   void route(Pass& ps, int l);
   void experts(Pass& ps, int l);
+  // A batch member's pruning step started before any member's end_layer (engine/batch.h): at a
+  // pruning layer whose policy keeps the top scores, the keys scored and their selection queued on
+  // the backend, so that the members' selections wait for the device once, not once each.
+  void queue_selection(Pass& ps, int l);
   // After the layer's last residual, a forward pass prunes (at a pruning layer: the rows the policy
   // drops leave, their states to the Aux Cache) and a decoding step re-selects (at a pruning layer:
   // the active set chosen again; rows not selected, or with K/V at the next layer, leave).
@@ -274,8 +279,12 @@ class Session {
   // The pruning step at layer l (after layer()): scores the keys by the last row's attention if
   // the policy wants them and returns the indices of the keys to keep (ascending, the last one
   // included).
+  // With `queued`, queue_selection has scored the keys and queued the selection.
   std::vector<int64_t> select(int l, std::span<const int32_t> keys, double share, PruningPolicy& policy,
-                              OpTimers* t, trace::Step* stats);
+                              OpTimers* t, trace::Step* stats, bool queued = false);
+  // The keys a pruning step at layer l selects among: the step's active set (decoding), the imported
+  // prefix and the rows (keyed_prefix), or the rows.
+  std::span<const int32_t> selection_keys(const Pass& ps) const;
 };
 
 }  // namespace lp

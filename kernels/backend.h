@@ -129,6 +129,11 @@ class Backend {
   // LazyLLM's selection run where the scores are (select_top in pruning/policy.h): the n_keep best
   // of the n = pos.size() scored keys, the last always kept; indices ascending.
   virtual std::vector<int64_t> select_top(std::span<const int32_t> pos, int64_t n_keep) = 0;
+  // select_top in two halves, so that a batch's members queue their selections before the first
+  // of them waits for its result (engine/batch.h): select_queue starts the selection of the scores
+  // last_row_scores left; select_top, called next with the same arguments, returns it. The default
+  // does nothing (select_top does all of it).
+  virtual void select_queue(std::span<const int32_t> /*pos*/, int64_t /*n_keep*/) {}
   virtual void gather_rows(std::span<const int64_t> rows) = 0;  // x = x[rows] (x only)
   // Aux Cache states: entry entries[i] = x[rows[i]]; entries grow the cache as needed.
   virtual void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) = 0;

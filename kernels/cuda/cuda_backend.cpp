@@ -18,20 +18,26 @@
 namespace lp::cuda {
 namespace {
 
-// Every call by which a backend makes the host wait for the device: host_waits() counts them.
-std::atomic<int64_t> waits{0};
+// Every call by which a backend makes the host wait for the device: host_waits() counts them. All
+// work is queued on one stream (the legacy default stream), so after any of them returns, every
+// operation queued before it has run: `waited` counts those returns, and work queued while it read
+// w has run once it reads more than w.
+std::atomic<int64_t> waits{0}, waited{0};
 void fetch(void* dst, const void* src, size_t bytes) {  // a copy to pageable host memory
   ++waits;
   copy_to_host(dst, src, bytes);
+  ++waited;
 }
 void drain(const char* what) {
   ++waits;
   lp::cuda::synchronize(what);
+  ++waited;
 }
 void free_waiting(void* p) {  // cudaFree waits for the device
   if (!p) return;
   ++waits;
   device_free(p);
+  ++waited;
 }
 
 // Pinned host memory, freed at scope exit (only once no queued copy uses it).
@@ -538,6 +544,7 @@ class CudaBackend final : public Backend {
     }
     scores_dev.reserve(size_t(n) * 4, "scores");
     scores_host_n = -1;
+    queued = {};
     cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, keys, n, c.n_head, c.n_head_kv, c.head_dim,
                           c.attention_scale(), key_pos, pos.back(), c.window(l), scores_dev.as<float>());
   }
@@ -552,8 +559,27 @@ class CudaBackend final : public Backend {
     return h;
   }
 
+  // The selection queued, its kept indices and scores copied back into pinned memory behind it; the
+  // select_top that follows waits only if no wait has come since (a batch's first member's does).
+  void select_queue(std::span<const int32_t> p, int64_t n_keep) override {
+    const int64_t n = int64_t(p.size());
+    put(sel_pos.as<void>(), p.data(), size_t(n) * 4);
+    cuda::select_top(scores_dev.as<float>(), sel_pos.as<int32_t>(), n, n_keep, keep_dev.as<int64_t>());
+    copy_to_host_async(keep_host.p, keep_dev.as<void>(), size_t(n_keep) * 8);
+    copy_to_host_async(scores_host.p, scores_dev.as<void>(), size_t(n) * 4);
+    queued = {n, n_keep, waited.load()};
+  }
+
   std::vector<int64_t> select_top(std::span<const int32_t> p, int64_t n_keep) override {
     const int64_t n = int64_t(p.size());
+    if (queued.n == n && queued.n_keep == n_keep) {
+      if (waited.load() == queued.waited) wait("selection");
+      queued = {};
+      scores_host_n = n;
+      const int64_t* k = static_cast<const int64_t*>(keep_host.p);
+      return std::vector<int64_t>(k, k + n_keep);
+    }
+    queued = {};
     sel_pos.reserve(size_t(n) * 4, "selection positions");
     keep_dev.reserve(size_t(n_keep) * 8, "kept indices");
     put(sel_pos.as<void>(), p.data(), size_t(n) * 4);
@@ -649,6 +675,12 @@ class CudaBackend final : public Backend {
   // none), so that a trace's scores() after select_top costs no second wait.
   PinnedBuf scores_host;
   int64_t scores_host_n = -1;
+  // A selection select_queue started: its sizes and the waits done when it was queued (n -1: none),
+  // its kept indices copied back into keep_host.
+  struct Queued {
+    int64_t n = -1, n_keep = -1, waited = 0;
+  } queued;
+  PinnedBuf keep_host;
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
   std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
@@ -938,7 +970,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
       opt(o),
       // A LazyLLM decoding step uploads about 12 bytes per key and layer between two waits
       staging(std::clamp<size_t>(size_t(ctx) * 64, size_t(64) << 10, size_t(4) << 20)),
-      scores_host(size_t(std::max<int64_t>(ctx, 1)) * 4, "selection scores") {
+      scores_host(size_t(std::max<int64_t>(ctx, 1)) * 4, "selection scores"),
+      keep_host(size_t(std::max<int64_t>(ctx, 1)) * 8, "kept indices") {
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other

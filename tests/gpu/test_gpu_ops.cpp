@@ -762,6 +762,58 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
   EXPECT_GT(revived, 0) << "the steps revive nothing: the count would not cover revivals";
 }
 
+// A batch's LazyLLM members queue their selections before the first of them waits
+// (Session::queue_selection), so a batched step waits as often as one member's: once per pruning layer
+// and once for the logits. Three members decode three steps batched, each against its own session
+// decoding alone: the same logits bit for bit (host emulation's GEMMs give a row the same sums in
+// any batch), the same kept tokens, and 4 waits a batched step after the first (3 members each
+// waiting: 10).
+TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const ModelConfig& c = m->config();
+  const int64_t T = 30, steps = 3, n = 3;
+  const auto sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
+  auto policy = make_policy(PolicyKind::LazyLLM);
+  const PruneRequest prune{sched, policy.get()};
+  std::vector<std::unique_ptr<Session>> alone, batched;
+  std::vector<std::vector<float>> la(n, std::vector<float>(size_t(c.n_vocab))), lb = la;
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), 0);
+  const int64_t last = T - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto ids = testing::random_ids(T, c.n_vocab, uint32_t(50 + i));
+    for (auto* ss : {&alone, &batched}) {
+      ss->push_back(std::make_unique<Session>(*m, cuda::make_backend(c, m->weights(), T + steps)));
+      ss->back()->forward(ids, pos, {&last, 1}, la[size_t(i)].data(), &prune);
+    }
+  }
+  for (int32_t s = 0; s < steps; ++s) {
+    std::vector<trace::Step> sa(n), sb(n);
+    std::vector<Session::Pass> passes;
+    std::vector<BatchMember> members;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id =
+          int32_t(std::max_element(la[size_t(i)].begin(), la[size_t(i)].end()) - la[size_t(i)].begin());
+      alone[size_t(i)]->decode_step(id, int32_t(T) + s, la[size_t(i)].data(), &prune, &sa[size_t(i)]);
+      passes.push_back(batched[size_t(i)]->begin_decode(id, int32_t(T) + s, &prune, &sb[size_t(i)], nullptr));
+    }
+    for (int64_t i = 0; i < n; ++i)
+      members.push_back({batched[size_t(i)].get(), &passes[size_t(i)], lb[size_t(i)].data()});
+    const int64_t before = cuda::host_waits();
+    run_batch(members);
+    if (s > 0) {  // the first batched step grows the batch's buffers (cudaFree waits)
+      EXPECT_EQ(cuda::host_waits() - before, int64_t(sched.size()) + 1) << "step " << s;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(lb[size_t(i)], la[size_t(i)]) << "member " << i << ", step " << s;
+      EXPECT_EQ(testing::kept_of(sb[size_t(i)]), testing::kept_of(sa[size_t(i)])) << "member " << i;
+      EXPECT_EQ(sb[size_t(i)].revived, sa[size_t(i)].revived) << "member " << i;
+    }
+  }
+}
+
 // Issue 58, item 3: the host's work in a batched decoding step. Every GEMM runs once over the
 // members' rows, and so does every row op (norms, RoPE, residuals, SwiGLU: one launch over a table
 // of the members' row addresses); what a member adds is its own K/V append and attention. Counted in
