@@ -52,6 +52,8 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     if (c.qk_norm) row(RowOp::QkNorm, l);
     row(RowOp::Rope, l);
     if (hooks.before_attention) hooks.before_attention(l);
+    in_turn(&Session::index_kv, l);
+    lead.kv_append_batched(l, bes);  // untimed: the Attention op's bytes count this write
     side_by_side(&Session::attend, l);
     if (hooks.after_attention) hooks.after_attention(l);
     gemm(Proj::O, l);

@@ -245,8 +245,12 @@ bool Session::scored(const Pass& ps, int l) const {
   return (prunes_at(ps, l) && ps.prune->policy->needs_scores()) || observes_at(ps, l);
 }
 
-// The rows' K/V are appended to the layer's cache first; they attend to the keys at positions
-// `active` (decode: ascending, all holding K/V once the rows are appended) or (forward) to every
+void Session::index_kv(Pass& ps, int l) {
+  kv_[size_t(l)].append(ps.rows, l);  // the (token, layer) pairs computed: at most once
+}
+
+// The rows' K/V are in the layer's cache (index_kv, then the backend's append); they attend to the keys at
+// positions `active` (decode: ascending, all holding K/V once the rows are appended) or (forward) to every
 // key the layer holds. Leaves the key slots in slots_ (for scoring).
 void Session::attend(Pass& ps, int l) {
   Backend& b = *be_;
@@ -260,8 +264,6 @@ void Session::attend(Pass& ps, int l) {
                                         : ps.keyed_prefix ? std::span<const int32_t>(keys_)
                                                           : std::span<const int32_t>{};
   const int64_t T = int64_t(rows.size());
-  kv.append(rows, l);  // the (token, layer) pairs computed: at most once
-  b.kv_append(l);      // untimed: the Attention op's bytes count this write
 
   // The key set: every held key in order (the common case), or the listed positions' slots.
   slots_.clear();

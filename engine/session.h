@@ -154,12 +154,13 @@ class Session {
   // One forward pass in progress, layer by layer. The order of a layer's parts is written once,
   // in run_layers (engine/batch.h), for a pass alone (forward(), decode_step()), several sessions'
   // passes together (each GEMM and each row op once over all their rows) and KV-Runahead's
-  // (engine/runahead.h): revive, rows_in, (AttnNorm), [QKV], (QkNorm), (Rope), attend, [O],
+  // (engine/runahead.h): revive, rows_in, (AttnNorm), [QKV], (QkNorm), (Rope), index_kv, <K/V
+  // append>, attend, [O],
   // (PostAttnNorm), (Residual), (FfnNorm), [GateUp], (Act), [Down] (a mixture-of-experts layer:
   // route, [experts]), (PostFfnNorm), (Residual), end_layer; after the last layer head, then
-  // [LM head] when it returns rows. The bracketed GEMMs and the parenthesised row ops are the
-  // loop's (matmul and row_op below alone, Backend::matmul_batched and rows_batched over the
-  // members).
+  // [LM head] when it returns rows. The bracketed GEMMs, the parenthesised row ops and the K/V
+  // append are the loop's (matmul and row_op below alone, Backend::matmul_batched, rows_batched and
+  // kv_append_batched over the members).
   struct Pass {
     bool decode = false;
     int32_t new_pos = 0;              // decode: the new token's position
@@ -192,7 +193,10 @@ class Session {
   void revive(Pass& ps, int l);
   void rows_in(Pass& ps);                  // the rows set on the backend if they changed
   void row_op(Pass& ps, RowOp op, int l);  // one row op on this pass's rows, timed
-  void attend(Pass& ps, int l);            // K/V append, attention over the layer's key set
+  // The rows' (token, layer) pairs recorded as computed (the at-most-once rule: lp::Error when one was
+  // already); the backend's kv_append (or kv_append_batched) follows.
+  void index_kv(Pass& ps, int l);
+  void attend(Pass& ps, int l);  // attention over the layer's key set, the rows' K/V appended
   // A mixture-of-experts layer's FFN in place of [GateUp], (Act), [Down]: the rows routed, then
   // their experts (experts alone; Backend::experts_batched over the members).
   void route(Pass& ps, int l);

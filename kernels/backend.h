@@ -161,6 +161,10 @@ class Backend {
     for (Backend* m : members) m->row_op(op, layer);
   }
   void row_op(RowOp op, int layer);  // the one backend call `op` names
+  // kv_append of every member (their rows at `layer`), as each member's own call would.
+  virtual void kv_append_batched(int layer, std::span<Backend* const> members) {
+    for (Backend* m : members) m->kv_append(layer);
+  }
   virtual void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {
     for (Backend* m : members) {
       m->lm_head(logits);

@@ -460,6 +460,39 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // The members' rows' K/V into their own caches in one launch.
+  void kv_append_batched(int l, std::span<Backend* const> members) override {
+    if (members.size() == 1 && members[0] == this) return kv_append(l);
+    const std::vector<CudaBackend*> ms = members_of(members);
+    int64_t R = 0;
+    for (CudaBackend* m : ms) m->kv_room(l), R += m->T();
+    if (R == 0) return;
+    tables_begin(7 * R);
+    const auto kn = table<const float>(ms, &CudaBackend::k, KV),
+               vn = table<const float>(ms, &CudaBackend::v, KV);
+    const auto pn = table<const int32_t>(ms, &CudaBackend::pos_dev, 1, 1, 0, 4);
+    // Row r of member m goes to slot n + r of its layer's cache.
+    const auto slots = [&](auto at) {
+      auto* dev = row_tables.as<std::byte*>() + row_tables_host.size();
+      for (CudaBackend* m : ms) {
+        DLayer& L = m->layers[size_t(l)];
+        for (int64_t r = 0; r < m->T(); ++r) row_tables_host.push_back(at(L, L.n + r));
+      }
+      return dev;
+    };
+    const auto kd = slots([&](DLayer& L, int64_t s) { return L.k.as<std::byte>() + s * KV * 4; });
+    const auto vd = slots([&](DLayer& L, int64_t s) { return L.v.as<std::byte>() + s * KV * 4; });
+    const auto pd = slots([&](DLayer& L, int64_t s) { return L.pos.as<std::byte>() + s * 4; });
+    const auto bd = slots([&](DLayer& L, int64_t) { return L.bits.as<std::byte>(); });
+    if (int64_t(row_tables_host.size()) > row_tables_cap) internal_fail("row tables past their room");
+    tables_done();
+    kv_append_rows(kn, vn, pn, R, KV, {nullptr, 0, reinterpret_cast<float* const*>(kd)},
+                   {nullptr, 0, reinterpret_cast<float* const*>(vd)},
+                   {nullptr, 0, reinterpret_cast<int32_t* const*>(pd)},
+                   {nullptr, 0, reinterpret_cast<uint32_t* const*>(bd)});
+    for (CudaBackend* m : ms) m->appended(l);
+  }
+
   void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
     if (members.size() == 1 && members[0] == this) return lm_head(logits_out);
     const int64_t total = concat_rows(members_of(members), &CudaBackend::xn, c.n_embd);
@@ -476,15 +509,23 @@ class CudaBackend final : public Backend {
   }
 
   // Slots n .. n + T - 1, positions recorded on both sides (the kernel writes the device's). Nothing
-  // here waits for the device: the slots are a slice of slot_ids and the positions come from pos_dev.
+  // here waits for the device: the positions come from pos_dev.
   void kv_append(int l) override {
+    DLayer& L = kv_room(l);
+    cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<float>(),
+                    L.v.as<float>(), L.pos.as<int32_t>(), L.bits.as<uint32_t>());
+    appended(l);
+  }
+  // Layer l's cache, which must have room for the rows; and the host's record of their append.
+  DLayer& kv_room(int l) {
     DLayer& L = layers[size_t(l)];
-    const int64_t T = this->T();
-    if (L.n + T > n_ctx) fail("KV cache full: {} + {} tokens exceed its capacity {}", L.n, T, n_ctx);
-    cuda::kv_append(k.as<float>(), v.as<float>(), slot_ids.as<int64_t>() + L.n, pos_dev.as<int32_t>(), T, KV,
-                    L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(), L.bits.as<uint32_t>());
+    if (L.n + T() > n_ctx) fail("KV cache full: {} + {} tokens exceed its capacity {}", L.n, T(), n_ctx);
+    return L;
+  }
+  void appended(int l) {
+    DLayer& L = layers[size_t(l)];
     L.pos_host.insert(L.pos_host.end(), pos.begin(), pos.end());
-    L.n += T;
+    L.n += T();
     if (gathered_layer == l) gathered_layer = -1;
   }
 
@@ -684,7 +725,6 @@ class CudaBackend final : public Backend {
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
   std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
-  DBuf slot_ids;  // 0 .. n_ctx - 1: a layer's K/V append writes slots n .. n + T - 1 = slot_ids + n
   int64_t bit_words = 0;
   std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
   // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
@@ -999,9 +1039,9 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
                                ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F, 2 * Fe * D})
                                : 0;
   const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24 + moe;
-  const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4 + 4 /* scores */, slot_id_bytes = 8;
+  const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4 + 4 /* scores */;
   const double act_bytes =
-      double(n_ctx) * (prefill + decode + selection + slot_id_bytes) + double(c.n_vocab) * 4 /* logits */;
+      double(n_ctx) * (prefill + decode + selection) + double(c.n_vocab) * 4 /* logits */;
   // cuBLAS's workspace and the kernels' modules: a margin, not a count.
   const double library_bytes = 256.0 * 1048576;
   dw = weight_cache().find(w);
@@ -1022,9 +1062,6 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   }
   // One has-KV bit per position a session may use: up to the model's context (or n_ctx).
   bit_words = words;
-  std::vector<int64_t> ids(static_cast<size_t>(n_ctx));
-  std::iota(ids.begin(), ids.end(), int64_t(0));
-  slot_ids = upload(ids.data(), ids.size(), "K/V slots");
   layers.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     DLayer& L = layers[size_t(l)];

@@ -185,17 +185,22 @@ __global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, floa
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::bf16_to_f32(s[i]);
 }
 
-__global__ void kv_append_kernel(const float* k_new, const float* v_new, const int64_t* slot,
-                                 const int32_t* pos, int64_t kv, float* k_cache, float* v_cache,
-                                 int32_t* slot_pos, uint32_t* bits) {
+// One block per row: its k and v into its cache slot's rows, its position into the slot's, its
+// has-KV bit set (bits(t): the row's cache's bit array).
+__global__ void kv_append_kernel(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos,
+                                 int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
+                                 Rows<uint32_t> bits) {
   const int64_t t = blockIdx.x;
+  const float *ks = k_new(t), *vs = v_new(t);
+  float *kd = k_slot(t), *vd = v_slot(t);
   for (int64_t i = threadIdx.x; i < kv; i += blockDim.x) {
-    k_cache[slot[t] * kv + i] = k_new[t * kv + i];
-    v_cache[slot[t] * kv + i] = v_new[t * kv + i];
+    kd[i] = ks[i];
+    vd[i] = vs[i];
   }
   if (threadIdx.x == 0) {
-    slot_pos[slot[t]] = pos[t];
-    atomicOr(&bits[pos[t] >> 5], 1u << (pos[t] & 31));
+    const int32_t p = *pos(t);
+    *slot_pos(t) = p;
+    atomicOr(&bits(t)[p >> 5], 1u << (p & 31));
   }
 }
 

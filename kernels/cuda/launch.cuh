@@ -125,11 +125,18 @@ void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64
   LP_LAUNCH(kernels::gather_bf16_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
 }
 
-void kv_append(const float* k_new, const float* v_new, const int64_t* slot, const int32_t* pos, int64_t T,
-               int64_t kv, float* k_cache, float* v_cache, int32_t* slot_pos, uint32_t* bits) {
+void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
+                    int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
+                    Rows<uint32_t> bits) {
   if (T <= 0) return;
-  LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, slot, pos, kv, k_cache,
-            v_cache, slot_pos, bits);
+  LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, pos, kv, k_slot, v_slot,
+            slot_pos, bits);
+}
+
+void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
+               int64_t first_slot, float* k_cache, float* v_cache, int32_t* slot_pos, uint32_t* bits) {
+  kv_append_rows({k_new, kv}, {v_new, kv}, {pos, 1}, T, kv, {k_cache + first_slot * kv, kv},
+                 {v_cache + first_slot * kv, kv}, {slot_pos + first_slot, 1}, {bits, 0});
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {

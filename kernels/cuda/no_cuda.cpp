@@ -98,8 +98,12 @@ void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int6
 void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) {
   unavailable();
 }
-void kv_append(const float*, const float*, const int64_t*, const int32_t*, int64_t, int64_t, float*, float*,
+void kv_append(const float*, const float*, const int32_t*, int64_t, int64_t, int64_t, float*, float*,
                int32_t*, uint32_t*) {
+  unavailable();
+}
+void kv_append_rows(Rows<const float>, Rows<const float>, Rows<const int32_t>, int64_t, int64_t, Rows<float>,
+                    Rows<float>, Rows<int32_t>, Rows<uint32_t>) {
   unavailable();
 }
 void copy_columns(const float*, int64_t, float*, int64_t, int64_t, int64_t) {

@@ -386,19 +386,18 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   const auto kn = randn(size_t(2 * kv), 12), vn = randn(size_t(2 * kv), 13);
   Dev<float> dk(kn), dv(vn), kc(std::vector<float>(size_t(8 * kv), 0.0f)),
       vc(std::vector<float>(size_t(8 * kv), 0.0f));
-  Dev<int64_t> slot(std::vector<int64_t>{5, 2});
   Dev<int32_t> p(std::vector<int32_t>{37, 100});
   Dev<uint32_t> bits(std::vector<uint32_t>(4, 0));
   Dev<int32_t> slot_pos(std::vector<int32_t>(8, -1));
-  cuda::kv_append(dk.p, dv.p, slot.p, p.p, 2, kv, kc.p, vc.p, slot_pos.p, bits.p);
+  cuda::kv_append(dk.p, dv.p, p.p, 2, kv, 5, kc.p, vc.p, slot_pos.p, bits.p);
   const auto kh = kc.host(), vh = vc.host();
   const auto bh = bits.host();
-  EXPECT_EQ(slot_pos.host(), (std::vector<int32_t>{-1, -1, 100, -1, -1, 37, -1, -1}));
+  EXPECT_EQ(slot_pos.host(), (std::vector<int32_t>{-1, -1, -1, -1, -1, 37, 100, -1}));
   for (int64_t s = 0; s < 8; ++s)
     for (int64_t i = 0; i < kv; ++i) {
       const int64_t row = s == 5   ? 0
-                          : s == 2 ? 1
-                                   : -1;  // slot 5 holds row 0, slot 2 row 1, the rest untouched
+                          : s == 6 ? 1
+                                   : -1;  // slot 5 holds row 0, slot 6 row 1, the rest untouched
       ASSERT_EQ(kh[size_t(s * kv + i)], row < 0 ? 0.0f : kn[size_t(row * kv + i)]) << s;
       ASSERT_EQ(vh[size_t(s * kv + i)], row < 0 ? 0.0f : vn[size_t(row * kv + i)]) << s;
     }
@@ -819,7 +818,8 @@ TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
 // of the members' row addresses); what a member adds is its own K/V append and attention. Counted in
 // operations queued on the stream (cuda::queued_ops(): launches, GEMMs, copies) for one member,
 // for two and eight, unpruned, bf16 weights: what each member from the second to the eighth adds,
-// per layer, must stay small (its K/V append and attention: 2, and its output norm once a step).
+// per layer, must stay small (its attention, and its output norm once a step: 1.17 here; before the
+// batch's row ops, GEMM copies and K/V append were one launch each, about 22).
 TEST(GpuForward, ABatchedDecodingStepQueuesLittleMorePerMember) {
   testing::TempDir dir;
   CpuContext ctx(1);
@@ -853,7 +853,7 @@ TEST(GpuForward, ABatchedDecodingStepQueuesLittleMorePerMember) {
       "note: a decoding step queues %lld operations alone, %lld for 2 members, %lld for 8: %.2f per "
       "added member and layer\n",
       (long long)one, (long long)two, (long long)eight, per_member);
-  EXPECT_LE(per_member, 3.0);
+  EXPECT_LE(per_member, 2.0);
 }
 
 // A session whose K/V and Aux Cache cannot fit (2^30 tokens of the tiny model: 2 TB, more
