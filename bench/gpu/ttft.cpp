@@ -363,7 +363,7 @@ int main(int argc, char** argv) {
       cuda::copy_to_device(kp, pos.data(), size_t(Tq) * 4);
       return median_ms([&] {
         run((float*)q, (int32_t*)qp, Tq, (float*)k, (float*)v, (int32_t*)kp, Tq, H, Hkv, Dh,
-            1.0f / std::sqrt(float(Dh)), 0, (float*)out);
+            1.0f / std::sqrt(float(Dh)), 0, (float*)out, nullptr);
       });
     };
     // Both kernels: f32 on CUDA cores, and bf16 on the tensor cores (issue 58); TFLOP/s over the causal

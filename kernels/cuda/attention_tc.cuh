@@ -55,9 +55,9 @@ __device__ __forceinline__ uint32_t pair_at(const uint16_t* p) {
 template <int DK>
 __global__ void __launch_bounds__(kTcThreads)
     attention_tc_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                        const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                        int32_t window, int64_t tiles_per_split, float* out, float* part_acc, float* part_m,
-                        float* part_l) {
+                        const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
+                        int64_t Dh, float scale, int32_t window, int64_t tiles_per_split, float* out,
+                        float* part_acc, float* part_m, float* part_l) {
   constexpr int ldk = tc_ld_k(DK), ldv = tc_ld_v(), NJ = kTcKeys / 8, DJ = 2 * DK;
   const int64_t G = H / Hkv, g_head = blockIdx.y, split = blockIdx.z, rows = T * G;
   const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTcRows;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int64_t tile = split * tiles_per_split; tile < tile_end; ++tile) {
     const int64_t s0 = tile * kTcKeys;
     const int n = S - s0 < kTcKeys ? int(S - s0) : kTcKeys;
-    if (tile_all_masked<kTcKeys>(kp, k_pos, s0, n, q_last)) {
+    if (tile_all_masked<kTcKeys>(kp, k_pos, k_slot, s0, n, q_last)) {
       __syncthreads();  // before the next tile's positions overwrite these
       continue;
     }
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kTcThreads)
       const int key = e / (8 * DK), d = 2 * (e % (8 * DK));
       float k0 = 0, k1 = 0, v0 = 0, v1 = 0;
       if (key < n) {
-        const int64_t base = ((s0 + key) * Hkv + g_head) * Dh;
+        const int64_t base = (key_row(k_slot, s0 + key) * Hkv + g_head) * Dh;
         if (d < Dh) k0 = k[base + d], v0 = v[base + d];
         if (d + 1 < Dh) k1 = k[base + d + 1], v1 = v[base + d + 1];
       }

@@ -526,7 +526,6 @@ class CudaBackend final : public Backend {
     DLayer& L = layers[size_t(l)];
     L.pos_host.insert(L.pos_host.end(), pos.begin(), pos.end());
     L.n += T();
-    if (gathered_layer == l) gathered_layer = -1;
   }
 
   void attention(int l, std::span<const int32_t> slots,
@@ -535,13 +534,14 @@ class CudaBackend final : public Backend {
     const auto run = opt.tensor_core_attention ? &cuda::attention_tc : &cuda::attention;
     if (slots.empty()) {
       run(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(),
-          L.n, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l), attn.as<float>());
+          L.n, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l), attn.as<float>(),
+          nullptr);
       return;
     }
-    gather_keys(l, slots, true);
-    run(q.as<float>(), pos_dev.as<int32_t>(), T(), kbuf.as<float>(), vbuf.as<float>(), kpos.as<int32_t>(),
+    // A listed key set, read where it is in the cache (the kernels follow the slot list).
+    run(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(),
         int64_t(slots.size()), c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l),
-        attn.as<float>());
+        attn.as<float>(), key_slots(l, slots));
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
@@ -576,18 +576,13 @@ class CudaBackend final : public Backend {
   void last_row_scores(int l, std::span<const int32_t> slots) override {
     const DLayer& L = layers[size_t(l)];
     const int64_t n = slots.empty() ? L.n : int64_t(slots.size());
-    const float* keys = L.k.as<float>();
-    const int32_t* key_pos = L.pos.as<int32_t>();
-    if (!slots.empty()) {
-      gather_keys(l, slots, false);  // already there when attention gathered the same set
-      keys = kbuf.as<float>();
-      key_pos = kpos.as<int32_t>();
-    }
+    const int32_t* listed = slots.empty() ? nullptr : key_slots(l, slots);
     scores_dev.reserve(size_t(n) * 4, "scores");
     scores_host_n = -1;
     queued = {};
-    cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, keys, n, c.n_head, c.n_head_kv, c.head_dim,
-                          c.attention_scale(), key_pos, pos.back(), c.window(l), scores_dev.as<float>());
+    cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, L.k.as<float>(), n, c.n_head, c.n_head_kv,
+                          c.head_dim, c.attention_scale(), L.pos.as<int32_t>(), pos.back(), c.window(l),
+                          scores_dev.as<float>(), listed);
   }
 
   std::vector<float> scores(int64_t n) override {
@@ -686,7 +681,7 @@ class CudaBackend final : public Backend {
       L.pos_host.clear();
       put(L.bits.as<void>(), zero.data(), zero.size() * 4);
     }
-    gathered_layer = -1;
+    listed_layer = -1;
   }
 
   std::vector<int32_t> kv_positions(int l) override {
@@ -729,10 +724,10 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
   // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
   DBuf x, x2, xn, qkv, q, k, v, attn, branch, ff, act, a16, pos_dev, idx, idx2, scores_dev, logits;
-  DBuf w16;  // --dtype int8: the bf16 copy of the matrix a prefill GEMM is multiplying (one at a time)
-  DBuf kbuf, vbuf, kpos;    // the K/V rows and positions of a key subset, gathered by slot
-  int gathered_layer = -1;  // the layer and slots kbuf/vbuf/kpos hold (-1: none)
-  std::vector<int32_t> gathered_slots;
+  DBuf w16;        // --dtype int8: the bf16 copy of the matrix a prefill GEMM is multiplying (one at a time)
+  DBuf slot_list;  // a listed key set's cache slots [n_ctx]
+  int listed_layer = -1;  // the layer and slots slot_list holds (-1: none)
+  std::vector<int32_t> listed_slots;
   DBuf keep_dev, sel_pos;    // a device selection's kept indices and the positions it ranks by
   DBuf aux_states;           // the Aux Cache's states [n_ctx][D]: entry e is row e
   DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
@@ -923,29 +918,20 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // The K rows (and V rows, with_v) of layer l's slots, in the order given, with their positions,
-  // into kbuf, vbuf and kpos. A second call for the same set (the scores after the attention)
-  // reuses them.
-  void gather_keys(int l, std::span<const int32_t> slots, bool with_v) {
-    const DLayer& L = layers[size_t(l)];
-    const int64_t n = int64_t(slots.size());
-    const bool have = gathered_layer == l &&
-                      std::equal(slots.begin(), slots.end(), gathered_slots.begin(), gathered_slots.end());
-    if (have) return;  // gathered_layer is set only by a gather with V
-    std::vector<int64_t> s64(slots.begin(), slots.end());
-    std::vector<int32_t> kp(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) kp[size_t(i)] = L.pos_host[size_t(slots[size_t(i)])];
-    kbuf.reserve(size_t(n * KV) * 4, "gathered K");
-    vbuf.reserve(size_t(n * KV) * 4, "gathered V");
-    kpos.reserve(size_t(n) * 4, "gathered positions");
-    idx2.reserve(size_t(n) * 8, "row indices");
-    put(idx2.as<void>(), s64.data(), s64.size() * 8);
-    cuda::gather_rows(L.k.as<float>(), idx2.as<int64_t>(), kbuf.as<float>(), n, KV);
-    if (with_v) cuda::gather_rows(L.v.as<float>(), idx2.as<int64_t>(), vbuf.as<float>(), n, KV);
-    put(kpos.as<void>(), kp.data(), kp.size() * 4);
-    // Only a gather with V is reusable by the attention; the scores need K alone.
-    gathered_layer = with_v ? l : -1;
-    gathered_slots.assign(slots.begin(), slots.end());
+  // Layer l's listed keys (cache slots, in the order given) on the device, for the attention and the
+  // scores to read the keys where they are. A second call with the same list (the scores after the
+  // attention) reuses the upload.
+  const int32_t* key_slots(int l, std::span<const int32_t> slots) {
+    for (const int32_t sl : slots)
+      if (sl < 0 || sl >= layers[size_t(l)].n) internal_fail("key slot {} of layer {} holds no key", sl, l);
+    const bool have =
+        listed_layer == l && std::equal(slots.begin(), slots.end(), listed_slots.begin(), listed_slots.end());
+    if (!have) {
+      put(slot_list.as<void>(), slots.data(), slots.size() * 4);
+      listed_layer = l;
+      listed_slots.assign(slots.begin(), slots.end());
+    }
+    return slot_list.as<int32_t>();
   }
 
   // out [T][D] = each row's routed experts' outputs, weighted and summed (kernels/cpu/moe.cpp
@@ -1019,7 +1005,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   // bits, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
   // tokens at once (reserve and mm's bf16 copy: x, x2, xn and the residual branch, qkv and
   // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
-  // decoding step adds over n_ctx keys (the gathered K, V and positions, a second row index) and
+  // decoding step adds over n_ctx keys (a listed key set's slots, a second row index) and
   // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
   const int64_t words = (std::max<int64_t>(c.n_ctx_train, n_ctx) + 31) / 32;
   const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(words) * 4);
@@ -1039,7 +1025,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
                                ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F, 2 * Fe * D})
                                : 0;
   const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24 + moe;
-  const double decode = 2.0 * KV * 4 + 4 + 8, selection = 6 * 8 + 4 + 4 /* scores */;
+  const double decode = 4 + 8, selection = 6 * 8 + 4 + 4 /* scores */;
   const double act_bytes =
       double(n_ctx) * (prefill + decode + selection) + double(c.n_vocab) * 4 /* logits */;
   // cuBLAS's workspace and the kernels' modules: a margin, not a count.
@@ -1075,9 +1061,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   // A decoding step's key-sized buffers at their largest, n_ctx keys (counted above as `decode` and
   // `selection`): grown with the keys instead, they were freed and allocated again at almost every
   // LazyLLM step (one key more each), and cudaFree waits for the device (issue 58, item 2).
-  kbuf.reserve(size_t(n_ctx * KV) * 4, "gathered K");
-  vbuf.reserve(size_t(n_ctx * KV) * 4, "gathered V");
-  kpos.reserve(size_t(n_ctx) * 4, "gathered positions");
+  slot_list.reserve(size_t(n_ctx) * 4, "key slots");
   idx2.reserve(size_t(n_ctx) * 8, "row indices");
   scores_dev.reserve(size_t(n_ctx) * 4, "scores");
   sel_pos.reserve(size_t(n_ctx) * 4, "selection positions");

@@ -92,20 +92,23 @@ void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows,
 // online softmax and f32 accumulation (kernels.cuh). Head widths: multiples of 4 up to 256.
 // Logits are scaled by `scale` (1/sqrt(Dh) for most models); window > 0 masks keys window or more
 // positions before the query (a sliding-window layer).
+// With k_slot, the keys are a list of cache rows: key s is row k_slot[s] of k and v and its position
+// k_pos[k_slot[s]] (a LazyLLM step's active keys, read where they are instead of gathered first).
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-               int32_t window, float* out);
+               int32_t window, float* out, const int32_t* k_slot = nullptr);
 // The same attention on the tensor cores (kernels/cuda/attention_tc.cuh): q, k and v rounded to bf16 as
 // they are loaded, the products accumulated in f32, the weights rounded to bf16 for P V. Even head
 // widths up to 256.
 void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                   const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                  int32_t window, float* out);
+                  int32_t window, float* out, const int32_t* k_slot = nullptr);
 // The last token's attention (at position q_pos) over S keys, averaged over heads
 // (ref::last_row_scores), into scores[S]; with window > 0 the keys at k_pos[S] outside the window
 // score 0.
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                     float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores);
+                     float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores,
+                     const int32_t* k_slot = nullptr);
 // LazyLLM's selection (pruning/select.h select_top) with CUB radix sorts: keep[n_keep] the kept
 // indices in increasing order; the last token always kept. n_keep in [1, n].
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);

@@ -312,10 +312,15 @@ inline size_t attention_shared_bytes(int64_t Dh, int BK) {
   return size_t(floats + kAttnRows + BK) * 4;
 }
 
-// n rows of per_row float4 each, src rows `stride` floats apart, into dst rows `ld` floats apart:
-// four loads in flight per thread before their stores.
+// The cache row of key s: k_slot[s] for a listed key set, else s.
+__device__ __forceinline__ int64_t key_row(const int32_t* k_slot, int64_t s) {
+  return k_slot ? k_slot[s] : s;
+}
+
+// n rows of per_row float4 each, the rows of keys s0 .. s0 + n - 1 (key_row) of src, rows `stride`
+// floats apart, into dst rows `ld` floats apart: four loads in flight per thread before their stores.
 __device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int64_t stride, int n,
-                                          int per_row) {
+                                          int per_row, const int32_t* k_slot, int64_t s0) {
   const int total = n * per_row;
   for (int base = int(threadIdx.x); base < total; base += 4 * kAttnThreads) {
     float4 buf[4];
@@ -324,7 +329,7 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, 
       const int e = base + u * kAttnThreads;
       if (e < total) {
         const int c = e / per_row, d4 = e - c * per_row;
-        buf[u] = *reinterpret_cast<const float4*>(src + c * stride + 4 * d4);
+        buf[u] = *reinterpret_cast<const float4*>(src + key_row(k_slot, s0 + c) * stride + 4 * d4);
       }
     }
     LP_UNROLL
@@ -342,10 +347,10 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, 
 // threads; true when every key comes after every query of the block (q_last: their latest position),
 // so the whole tile is masked (uniform over the block). A barrier inside: all threads call it.
 template <int KEYS>
-__device__ __forceinline__ bool tile_all_masked(int32_t* kp, const int32_t* k_pos, int64_t s0, int n,
-                                                int32_t q_last) {
+__device__ __forceinline__ bool tile_all_masked(int32_t* kp, const int32_t* k_pos, const int32_t* k_slot,
+                                                int64_t s0, int n, int32_t q_last) {
   const int tid = int(threadIdx.x);
-  if (tid < KEYS) kp[tid] = tid < n ? k_pos[s0 + tid] : INT32_MAX;
+  if (tid < KEYS) kp[tid] = tid < n ? k_pos[key_row(k_slot, s0 + tid)] : INT32_MAX;
   __syncthreads();
   int32_t k_first = INT32_MAX;
   for (int c = 0; c < KEYS; ++c) k_first = kp[c] < k_first ? kp[c] : k_first;
@@ -355,9 +360,9 @@ __device__ __forceinline__ bool tile_all_masked(int32_t* kp, const int32_t* k_po
 template <int BK, int DC>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                     const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                     int32_t window, int64_t tiles_per_split, float* out, float* part_acc, float* part_m,
-                     float* part_l) {
+                     const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
+                     int64_t Dh, float scale, int32_t window, int64_t tiles_per_split, float* out,
+                     float* part_acc, float* part_m, float* part_l) {
   static_assert(BK % 16 == 0 && BK <= kAttnThreads, "a tile is loaded one position per thread");
   constexpr int KJ = BK / 16;
   constexpr int ldp = BK + 4;
@@ -394,11 +399,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int64_t tile = split * tiles_per_split; tile < tile_end; ++tile) {
     const int64_t s0 = tile * BK;
     const int n = S - s0 < BK ? int(S - s0) : BK;
-    if (tile_all_masked<BK>(kp, k_pos, s0, n, q_last)) {
+    if (tile_all_masked<BK>(kp, k_pos, k_slot, s0, n, q_last)) {
       __syncthreads();  // before the next tile's positions overwrite these
       continue;
     }
-    load_rows(kvs, ld, k + (s0 * Hkv + g) * Dh, Hkv * Dh, n, per_row);
+    load_rows(kvs, ld, k + g * Dh, Hkv * Dh, n, per_row, k_slot, s0);
     __syncthreads();
     float sc[4][KJ] = {};
     for (int d = 0; d < int(Dh); d += 4) {
@@ -442,7 +447,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int e = 0; e < 4; ++e) acc[i][cc][e] *= alpha;
     }
     __syncthreads();  // every thread is done with the K rows and has written its weights
-    load_rows(kvs, ld, v + (s0 * Hkv + g) * Dh, Hkv * Dh, n, per_row);
+    load_rows(kvs, ld, v + g * Dh, Hkv * Dh, n, per_row, k_slot, s0);
     const int n4 = (n + 3) & ~3;  // P V reads keys four at a time: rows n .. n4 - 1 are zeros
     for (int e = tid; e < (n4 - n) * per_row; e += kAttnThreads)
       *reinterpret_cast<float4*>(kvs + (n + e / per_row) * ld + 4 * (e % per_row)) =
@@ -520,18 +525,19 @@ __global__ void attention_combine_kernel(const float* part_acc, const float* par
 // ---- the last-row score ---------------------------------------------------------------------
 
 // One thread per (head, key): the scaled logit of the last query row, at q_pos; -inf for a key
-// outside a sliding window (k_pos: the keys' positions, read only with a window).
+// outside a sliding window (k_pos: the keys' positions, read only with a window; key s is cache row
+// key_row(k_slot, s)).
 __global__ void score_logits_kernel(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv,
-                                    int64_t Dh, float scale, const int32_t* k_pos, int32_t q_pos,
-                                    int32_t window, float* logits) {
+                                    int64_t Dh, float scale, const int32_t* k_pos, const int32_t* k_slot,
+                                    int32_t q_pos, int32_t window, float* logits) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= H * S) return;
-  const int64_t h = id / S, s = id % S;
-  if (window > 0 && !cm::visible(k_pos[s], q_pos, window)) {
+  const int64_t h = id / S, s = id % S, row = key_row(k_slot, s);
+  if (window > 0 && !cm::visible(k_pos[row], q_pos, window)) {
     logits[id] = -INFINITY;
     return;
   }
-  const float* kr = k + (s * Hkv + h / (H / Hkv)) * Dh;
+  const float* kr = k + (row * Hkv + h / (H / Hkv)) * Dh;
   float dot = 0;
   for (int64_t d = 0; d < Dh; ++d) dot += q[h * Dh + d] * kr[d];
   logits[id] = dot * scale;

@@ -194,8 +194,8 @@ int attention_blocks_per_sm(Kernel* kernel, size_t most, int threads) {
 template <class Kernel>
 void launch_attention(Kernel* kernel, int threads, int rows_per_block, int keys_per_tile, size_t shared,
                       int per_sm, const float* q, const int32_t* q_pos, int64_t T, const float* k,
-                      const float* v, const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                      float scale, int32_t window, float* out) {
+                      const float* v, const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H,
+                      int64_t Hkv, int64_t Dh, float scale, int32_t window, float* out) {
   const int64_t row_blocks = (T * (H / Hkv) + rows_per_block - 1) / rows_per_block;
   const int64_t n_tiles = (S + keys_per_tile - 1) / keys_per_tile;
   const int64_t blocks = row_blocks * Hkv, want = int64_t(per_sm) * multiprocessors();
@@ -207,7 +207,7 @@ void launch_attention(Kernel* kernel, int threads, int rows_per_block, int keys_
   }
   const dim3 grid{unsigned(row_blocks), unsigned(Hkv), unsigned(splits)};
   if (splits == 1) {
-    LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window,
+    LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window,
               per_split, out, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
               static_cast<float*>(nullptr));
     return;
@@ -215,33 +215,33 @@ void launch_attention(Kernel* kernel, int threads, int rows_per_block, int keys_
   const int64_t n_rows = T * H;
   Scratch acc(size_t(splits * n_rows * Dh) * 4, "attention splits"),
       m(size_t(splits * n_rows) * 4, "attention splits"), l(size_t(splits * n_rows) * 4, "attention splits");
-  LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, per_split,
-            out, acc.as<float>(), m.as<float>(), l.as<float>());
+  LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window,
+            per_split, out, acc.as<float>(), m.as<float>(), l.as<float>());
   LP_LAUNCH(kernels::attention_combine_kernel, unsigned(n_rows), 128, 0, acc.as<float>(), m.as<float>(),
             l.as<float>(), n_rows, Dh, splits, out);
 }
 
 template <int BK, int DC>
 void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                    const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                    int32_t window, float* out) {
+                    const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
+                    int64_t Dh, float scale, int32_t window, float* out) {
   auto* kernel = &kernels::attention_kernel<BK, DC>;
   const int per_sm =
       attention_blocks_per_sm(kernel, kernels::attention_shared_bytes(64 * DC, BK), kernels::kAttnThreads);
   launch_attention(kernel, kernels::kAttnThreads, kernels::kAttnRows, BK,
-                   kernels::attention_shared_bytes(Dh, BK), per_sm, q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh,
-                   scale, window, out);
+                   kernels::attention_shared_bytes(Dh, BK), per_sm, q, q_pos, T, k, v, k_pos, k_slot, S, H,
+                   Hkv, Dh, scale, window, out);
 }
 
 template <int DK>
 void attention_tc_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                       const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                       int32_t window, float* out) {
+                       const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
+                       int64_t Dh, float scale, int32_t window, float* out) {
   auto* kernel = &kernels::attention_tc_kernel<DK>;
   const size_t shared = kernels::attention_tc_shared_bytes(DK);
   const int per_sm = attention_blocks_per_sm(kernel, shared, kernels::kTcThreads);
   launch_attention(kernel, kernels::kTcThreads, kernels::kTcRows, kernels::kTcKeys, shared, per_sm, q, q_pos,
-                   T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+                   T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
 }
 
 // The checks both attentions make of their arguments.
@@ -258,43 +258,44 @@ void check_attention(const char* what, const float* q, const float* k, const flo
 
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-               int32_t window, float* out) {
+               int32_t window, float* out, const int32_t* k_slot) {
   if (Dh <= 0 || Dh > 256 || Dh % 4 != 0)
     fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
   check_attention("attention", q, k, v, H, Hkv);
   if (T <= 0) return;
   if (Dh <= 64)
-    attention_with<64, 1>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+    attention_with<64, 1>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
   else if (Dh <= 128)
-    attention_with<64, 2>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+    attention_with<64, 2>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
   else if (Dh <= 192)
-    attention_with<32, 3>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+    attention_with<32, 3>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
   else
-    attention_with<32, 4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+    attention_with<32, 4>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
 }
 
 void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                   const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                  int32_t window, float* out) {
+                  int32_t window, float* out, const int32_t* k_slot) {
   if (Dh <= 0 || Dh > 256 || Dh % 2 != 0)
     fail("CUDA tensor-core attention supports even head widths up to 256, got {}", Dh);
   check_attention("tensor-core attention", q, k, v, H, Hkv);
   if (T <= 0) return;
   if (Dh <= 64)
-    attention_tc_with<4>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+    attention_tc_with<4>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
   else if (Dh <= 128)
-    attention_tc_with<8>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+    attention_tc_with<8>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
   else
-    attention_tc_with<16>(q, q_pos, T, k, v, k_pos, S, H, Hkv, Dh, scale, window, out);
+    attention_tc_with<16>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
 }
 
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
-                     float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores) {
+                     float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores,
+                     const int32_t* k_slot) {
   if (S <= 0) return;
   Scratch logits(size_t(H * S) * sizeof(float), "score logits"), m(size_t(H) * sizeof(float), "score max"),
       l(size_t(H) * sizeof(float), "score sum");
   LP_LAUNCH(kernels::score_logits_kernel, blocks_for(H * S, kThreads), kThreads, 0, q, k, S, H, Hkv, Dh,
-            scale, k_pos, q_pos, window, logits.as<float>());
+            scale, k_pos, k_slot, q_pos, window, logits.as<float>());
   LP_LAUNCH(kernels::score_norm_kernel, unsigned(H), kThreads, 0, logits.as<float>(), S, m.as<float>(),
             l.as<float>());
   LP_LAUNCH(kernels::score_sum_kernel, blocks_for(S, kThreads), kThreads, 0, logits.as<float>(),

@@ -88,11 +88,11 @@ void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) {
   unavailable();
 }
 void attention(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
-               int64_t, int64_t, int64_t, float, int32_t, float*) {
+               int64_t, int64_t, int64_t, float, int32_t, float*, const int32_t*) {
   unavailable();
 }
 void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float, const int32_t*,
-                     int32_t, int32_t, float*) {
+                     int32_t, int32_t, float*, const int32_t*) {
   unavailable();
 }
 void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) {
@@ -119,7 +119,7 @@ void mma_bf16_tile(const float*, const float*, float*, int64_t) {
   unavailable();
 }
 void attention_tc(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
-                  int64_t, int64_t, int64_t, float, int32_t, float*) {
+                  int64_t, int64_t, int64_t, float, int32_t, float*, const int32_t*) {
   unavailable();
 }
 void copy_rows(const float*, const int64_t*, float*, const int64_t*, int64_t, int64_t) {

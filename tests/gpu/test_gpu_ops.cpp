@@ -328,6 +328,50 @@ TEST(GpuOps, TensorCoreAttentionMatchesTheReferenceOnBf16Inputs) {
   EXPECT_THROW(cuda::attention_tc(one.p, zero.p, 1, one.p, one.p, zero.p, 1, 3, 2, 8, 1.0f, 0, one.p), Error);
 }
 
+// A listed key set read where it lies in the cache (k_slot: a LazyLLM step's active keys) gives
+// bit for bit what the same keys gathered into their own arrays give, for both attentions (two key
+// tiles and a partial one, a window) and the last row's scores: the kernels only address the rows
+// through the list.
+TEST(GpuOps, ListedKeysReadInPlaceMatchTheGatheredKeys) {
+  const int64_t C = 300, S = 150, T = 3, H = 8, Hkv = 2, Dh = 64, KV = Hkv * Dh;
+  std::vector<int32_t> cache_pos(static_cast<size_t>(C)), slots(static_cast<size_t>(C));
+  std::iota(cache_pos.begin(), cache_pos.end(), 0);
+  std::shuffle(cache_pos.begin(), cache_pos.end(), std::mt19937(5));  // revivals append out of order
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937(6));
+  slots.resize(size_t(S));
+  std::sort(slots.begin(), slots.end(),
+            [&](int32_t a, int32_t b) { return cache_pos[size_t(a)] < cache_pos[size_t(b)]; });
+  const auto k = randn(size_t(C * KV), 31, 2.0f), v = randn(size_t(C * KV), 32),
+             q = randn(size_t(T * H * Dh), 33, 2.0f);
+  std::vector<float> kg(size_t(S * KV)), vg(kg.size());
+  std::vector<int32_t> pg(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t r = slots[size_t(i)];
+    std::copy_n(k.begin() + r * KV, KV, kg.begin() + i * KV);
+    std::copy_n(v.begin() + r * KV, KV, vg.begin() + i * KV);
+    pg[size_t(i)] = cache_pos[size_t(r)];
+  }
+  const std::vector<int32_t> q_pos = {120, 250, 299};
+  Dev<float> dq(q), dk(k), dv(v), dkg(kg), dvg(vg), a(q.size()), b(q.size());
+  Dev<int32_t> dqp(q_pos), dcp(cache_pos), dpg(pg), dsl(slots);
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  for (const int32_t window : {0, 90}) {
+    cuda::attention(dq.p, dqp.p, T, dkg.p, dvg.p, dpg.p, S, H, Hkv, Dh, scale, window, a.p);
+    cuda::attention(dq.p, dqp.p, T, dk.p, dv.p, dcp.p, S, H, Hkv, Dh, scale, window, b.p, dsl.p);
+    EXPECT_EQ(b.host(), a.host()) << "f32 attention, window " << window;
+    cuda::attention_tc(dq.p, dqp.p, T, dkg.p, dvg.p, dpg.p, S, H, Hkv, Dh, scale, window, a.p);
+    cuda::attention_tc(dq.p, dqp.p, T, dk.p, dv.p, dcp.p, S, H, Hkv, Dh, scale, window, b.p, dsl.p);
+    EXPECT_EQ(b.host(), a.host()) << "tensor-core attention, window " << window;
+    Dev<float> sa(static_cast<size_t>(S)), sb(static_cast<size_t>(S));
+    cuda::last_row_scores(dq.p + (T - 1) * H * Dh, dkg.p, S, H, Hkv, Dh, scale, dpg.p, q_pos.back(), window,
+                          sa.p);
+    cuda::last_row_scores(dq.p + (T - 1) * H * Dh, dk.p, S, H, Hkv, Dh, scale, dcp.p, q_pos.back(), window,
+                          sb.p, dsl.p);
+    EXPECT_EQ(sb.host(), sa.host()) << "scores, window " << window;
+  }
+}
+
 TEST(GpuOps, ScoresAndSelection) {
   const int64_t S = 777, H = 9, Hkv = 3, Dh = 64;
   const auto q = randn(size_t(H * Dh), 9, 2.0f), k = randn(size_t(S * Hkv * Dh), 10, 2.0f);
