@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numeric>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/moe.h"  // group_by_key
@@ -20,9 +21,11 @@ namespace {
 
 // Every call by which a backend makes the host wait for the device: host_waits() counts them. All
 // work is queued on one stream (the legacy default stream), so after any of them returns, every
-// operation queued before it has run: `waited` counts those returns, and work queued while it read
-// w has run once it reads more than w.
-std::atomic<int64_t> waits{0}, waited{0};
+// operation queued before it has run. `waited` counts the returns on this thread: work this thread
+// queued while it read w has run once it reads more than w. (Per thread: another thread's wait may
+// have begun before the work was queued; `serve` drives a batch from one thread.)
+std::atomic<int64_t> waits{0};
+thread_local int64_t waited = 0;
 void fetch(void* dst, const void* src, size_t bytes) {  // a copy to pageable host memory
   ++waits;
   copy_to_host(dst, src, bytes);
@@ -57,14 +60,20 @@ struct PinnedBuf {
 
 // Uploads that do not make the host wait: the bytes are copied into pinned memory and a copy from
 // there queued behind the work on the stream (a cudaMemcpy from pageable memory waits for that work
-// first). A region is written once between two waits of its backend, after which the stream has run
-// every copy queued before: drained() then starts again from the beginning. Past the current
-// chunk a larger one is taken without waiting (the old ones stay until the next wait); past
-// kMaxBytes in all, the backend waits once and starts again.
+// first). A region is written once between two waits of this thread (any backend's: a batch's
+// members after the first seldom wait themselves), after which the stream has run every copy
+// queued before, and the ring starts again from the beginning. Past the current chunk a larger one
+// is taken without waiting (the old ones stay until the next wait); past kMaxBytes in all, it waits
+// once and starts again.
 class Staging {
  public:
   static constexpr size_t kMaxBytes = size_t(64) << 20;
-  explicit Staging(size_t bytes) { chunks_.emplace_back(bytes, "staged uploads"); }
+  Staging() = default;
+  void init(size_t bytes) {
+    chunks_.clear();
+    chunks_.emplace_back(bytes, "staged uploads");
+    used_ = 0;
+  }
   ~Staging() {
     // The stream must have run the queued copies before their memory goes; a device already in an
     // error state has nothing left to run (a destructor must not throw).
@@ -78,6 +87,12 @@ class Staging {
 
   void put(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
+    if (used_ > 0 && thread_ != std::this_thread::get_id()) {  // `waited` is per thread
+      drain("staging memory used from another thread");
+      drained();
+    }
+    if (waited != round_) drained();  // a wait since this round's first upload
+    if (used_ == 0) round_ = waited, thread_ = std::this_thread::get_id();
     const size_t need = (bytes + 63) & ~size_t(63);
     if (used_ + need > chunks_.back().bytes) {
       size_t total = 0;
@@ -86,6 +101,7 @@ class Staging {
       if (total + grown > kMaxBytes) {
         drain("staging memory full");
         drained();
+        round_ = waited, thread_ = std::this_thread::get_id();
         if (need > chunks_.back().bytes) chunks_.back() = PinnedBuf(grown, "staged uploads");
       } else {
         chunks_.emplace_back(grown, "staged uploads");
@@ -106,6 +122,8 @@ class Staging {
  private:
   std::vector<PinnedBuf> chunks_;  // the last is being filled
   size_t used_ = 0;
+  int64_t round_ = 0;       // `waited` when the first region since the ring started was written
+  std::thread::id thread_;  // by this thread
 };
 
 // Device memory freed at scope exit; regrown (contents dropped) by reserve().
@@ -411,24 +429,21 @@ class CudaBackend final : public Backend {
       case RowOp::PostFfnNorm: {
         const DBuf& g = op == RowOp::PostAttnNorm ? L->post_attn_norm : L->post_ffn_norm;
         if (!g.as<float>()) internal_fail("post_norm on layer {}, which has no such norm", l);
-        tables_begin(2 * R);
-        const auto in = table<const float>(ms, &CudaBackend::branch, D);
-        const auto out = table<float>(ms, &CudaBackend::branch, D);
+        tables_begin(R);
+        const auto rows = table<float>(ms, &CudaBackend::branch, D);
         tables_done();
-        rmsnorm_rows(in, g.as<float>(), out, R, D, c.rms_eps);  // in place
+        rmsnorm_rows(read_only(rows), g.as<float>(), rows, R, D, c.rms_eps);  // in place
         return;
       }
       case RowOp::QkNorm: {  // each head a row of Dh
         if (!L->q_norm.as<float>() || !L->k_norm.as<float>())
           internal_fail("qk_norm on layer {}, which has no q/k norms", l);
-        tables_begin(4 * R * H);
-        const auto q_in = table<const float>(ms, &CudaBackend::q, Q, H, Dh);
-        const auto q_out = table<float>(ms, &CudaBackend::q, Q, H, Dh);
-        const auto k_in = table<const float>(ms, &CudaBackend::k, KV, Hkv, Dh);
-        const auto k_out = table<float>(ms, &CudaBackend::k, KV, Hkv, Dh);
+        tables_begin(R * (H + Hkv));
+        const auto qt = table<float>(ms, &CudaBackend::q, Q, H, Dh);
+        const auto kt = table<float>(ms, &CudaBackend::k, KV, Hkv, Dh);
         tables_done();
-        rmsnorm_rows(q_in, L->q_norm.as<float>(), q_out, R * H, Dh, c.rms_eps);
-        rmsnorm_rows(k_in, L->k_norm.as<float>(), k_out, R * Hkv, Dh, c.rms_eps);
+        rmsnorm_rows(read_only(qt), L->q_norm.as<float>(), qt, R * H, Dh, c.rms_eps);  // in place
+        rmsnorm_rows(read_only(kt), L->k_norm.as<float>(), kt, R * Hkv, Dh, c.rms_eps);
         return;
       }
       case RowOp::Rope: {
@@ -599,23 +614,26 @@ class CudaBackend final : public Backend {
   // select_top that follows waits only if no wait has come since (a batch's first member's does).
   void select_queue(std::span<const int32_t> p, int64_t n_keep) override {
     const int64_t n = int64_t(p.size());
+    if (n > n_ctx || n_keep < 1 || n_keep > n)
+      internal_fail("select_queue: keep {} of {} keys (room for {})", n_keep, n, n_ctx);
     put(sel_pos.as<void>(), p.data(), size_t(n) * 4);
     cuda::select_top(scores_dev.as<float>(), sel_pos.as<int32_t>(), n, n_keep, keep_dev.as<int64_t>());
     copy_to_host_async(keep_host.p, keep_dev.as<void>(), size_t(n_keep) * 8);
     copy_to_host_async(scores_host.p, scores_dev.as<void>(), size_t(n) * 4);
-    queued = {n, n_keep, waited.load()};
+    queued = {n, n_keep, waited, std::this_thread::get_id()};
   }
 
   std::vector<int64_t> select_top(std::span<const int32_t> p, int64_t n_keep) override {
     const int64_t n = int64_t(p.size());
     if (queued.n == n && queued.n_keep == n_keep) {
-      if (waited.load() == queued.waited) wait("selection");
+      if (waited == queued.waited || queued.thread != std::this_thread::get_id()) wait("selection");
       queued = {};
       scores_host_n = n;
       const int64_t* k = static_cast<const int64_t*>(keep_host.p);
       return std::vector<int64_t>(k, k + n_keep);
     }
     queued = {};
+    if (n > n_ctx) internal_fail("select_top: {} keys in a backend of {}", n, n_ctx);
     sel_pos.reserve(size_t(n) * 4, "selection positions");
     keep_dev.reserve(size_t(n_keep) * 8, "kept indices");
     put(sel_pos.as<void>(), p.data(), size_t(n) * 4);
@@ -715,6 +733,7 @@ class CudaBackend final : public Backend {
   // its kept indices copied back into keep_host.
   struct Queued {
     int64_t n = -1, n_keep = -1, waited = 0;
+    std::thread::id thread;
   } queued;
   PinnedBuf keep_host;
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
@@ -990,14 +1009,7 @@ class CudaBackend final : public Backend {
 };
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx, const BackendOptions& o)
-    : c(cfg),
-      w(wts),
-      n_ctx(ctx),
-      opt(o),
-      // A LazyLLM decoding step uploads about 12 bytes per key and layer between two waits
-      staging(std::clamp<size_t>(size_t(ctx) * 64, size_t(64) << 10, size_t(4) << 20)),
-      scores_host(size_t(std::max<int64_t>(ctx, 1)) * 4, "selection scores"),
-      keep_host(size_t(std::max<int64_t>(ctx, 1)) * 8, "kept indices") {
+    : c(cfg), w(wts), n_ctx(ctx), opt(o) {
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other
@@ -1041,6 +1053,11 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
         act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
         double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
+  // Pinned host memory, once the device is open and the session fits: a LazyLLM decoding step
+  // uploads a few bytes per key and layer between two waits; a selection's scores and kept indices.
+  staging.init(std::clamp<size_t>(size_t(n_ctx) * 64, size_t(64) << 10, size_t(4) << 20));
+  scores_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1)) * 4, "selection scores");
+  keep_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1)) * 8, "kept indices");
   if (!dw) {
     auto uploaded = upload_weights(c, w);
     weight_cache().put(w, uploaded);

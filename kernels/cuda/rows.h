@@ -18,4 +18,10 @@ struct Rows {
   LP_HD T* operator()(int64_t t) const { return table ? table[t] : base + t * ld; }
 };
 
+// The same rows, read only (an op in place reads and writes through one table).
+template <class T>
+Rows<const T> read_only(Rows<T> r) {
+  return {r.base, r.ld, reinterpret_cast<const T* const*>(r.table)};
+}
+
 }  // namespace lp::cuda

@@ -805,55 +805,100 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
   EXPECT_GT(revived, 0) << "the steps revive nothing: the count would not cover revivals";
 }
 
+// Sessions run alone and the same sessions batched (engine/batch.h: every GEMM, row op and K/V append
+// once over the members' rows, each member's attention and selection its own) give the same logits
+// bit for bit, a pruned prefill of all members together and then `steps` decoding steps (host
+// emulation's GEMMs, and the int8 path's on the device, give a row the same sums in any batch), and
+// the same kept tokens and revivals. Returns the host waits of each batched decoding step.
+std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                             const PruneRequest& prune, int steps) {
+  const ModelConfig& c = m.config();
+  const size_t n = prompts.size();
+  std::vector<std::unique_ptr<Session>> alone, batched;
+  std::vector<std::vector<float>> la(n, std::vector<float>(size_t(c.n_vocab))), lb = la;
+  std::vector<Session::Pass> passes;
+  std::vector<BatchMember> members;
+  const auto run = [&](auto begin) {
+    passes.clear();
+    members.clear();
+    for (size_t i = 0; i < n; ++i) passes.push_back(begin(i));
+    for (size_t i = 0; i < n; ++i) members.push_back({batched[i].get(), &passes[i], lb[i].data()});
+    run_batch(members);
+  };
+  std::vector<std::vector<int32_t>> pos(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (auto* ss : {&alone, &batched})
+      ss->push_back(std::make_unique<Session>(
+          m, cuda::make_backend(c, m.weights(), int64_t(prompts[i].size()) + steps)));
+    pos[i].resize(prompts[i].size());
+    std::iota(pos[i].begin(), pos[i].end(), 0);
+    const int64_t last = int64_t(prompts[i].size()) - 1;
+    alone[i]->forward(prompts[i], pos[i], {&last, 1}, la[i].data(), &prune);
+  }
+  std::vector<int64_t> lasts(n);
+  for (size_t i = 0; i < n; ++i) lasts[i] = int64_t(prompts[i].size()) - 1;
+  run([&](size_t i) {
+    return batched[i]->begin_forward(prompts[i], pos[i], {&lasts[i], 1}, &prune, nullptr, nullptr);
+  });
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(lb[i], la[i]) << "member " << i << ", prefill";
+  std::vector<int64_t> waits;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<trace::Step> sa(n), sb(n);
+    std::vector<int32_t> ids(n), at(n);
+    for (size_t i = 0; i < n; ++i) {
+      ids[i] = int32_t(std::max_element(la[i].begin(), la[i].end()) - la[i].begin());
+      at[i] = int32_t(prompts[i].size()) + s;
+      alone[i]->decode_step(ids[i], at[i], la[i].data(), &prune, &sa[i]);
+    }
+    const int64_t before = cuda::host_waits();
+    run([&](size_t i) { return batched[i]->begin_decode(ids[i], at[i], &prune, &sb[i], nullptr); });
+    waits.push_back(cuda::host_waits() - before);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(lb[i], la[i]) << "member " << i << ", step " << s;
+      EXPECT_EQ(testing::kept_of(sb[i]), testing::kept_of(sa[i])) << "member " << i << ", step " << s;
+      EXPECT_EQ(sb[i].revived, sa[i].revived) << "member " << i << ", step " << s;
+    }
+  }
+  return waits;
+}
+
 // A batch's LazyLLM members queue their selections before the first of them waits
 // (Session::queue_selection), so a batched step waits as often as one member's: once per pruning layer
-// and once for the logits. Three members decode three steps batched, each against its own session
-// decoding alone: the same logits bit for bit (host emulation's GEMMs give a row the same sums in
-// any batch), the same kept tokens, and 4 waits a batched step after the first (3 members each
-// waiting: 10).
+// and once for the logits (three members each waiting: 10). The first batched step grows the batch's
+// buffers (cudaFree waits) and is not counted.
 TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
   testing::TempDir dir;
   CpuContext ctx(1);
   const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
   const ModelConfig& c = m->config();
-  const int64_t T = 30, steps = 3, n = 3;
   const auto sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
   auto policy = make_policy(PolicyKind::LazyLLM);
   const PruneRequest prune{sched, policy.get()};
-  std::vector<std::unique_ptr<Session>> alone, batched;
-  std::vector<std::vector<float>> la(n, std::vector<float>(size_t(c.n_vocab))), lb = la;
-  std::vector<int32_t> pos(static_cast<size_t>(T));
-  std::iota(pos.begin(), pos.end(), 0);
-  const int64_t last = T - 1;
-  for (int64_t i = 0; i < n; ++i) {
-    const auto ids = testing::random_ids(T, c.n_vocab, uint32_t(50 + i));
-    for (auto* ss : {&alone, &batched}) {
-      ss->push_back(std::make_unique<Session>(*m, cuda::make_backend(c, m->weights(), T + steps)));
-      ss->back()->forward(ids, pos, {&last, 1}, la[size_t(i)].data(), &prune);
-    }
-  }
-  for (int32_t s = 0; s < steps; ++s) {
-    std::vector<trace::Step> sa(n), sb(n);
-    std::vector<Session::Pass> passes;
-    std::vector<BatchMember> members;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t id =
-          int32_t(std::max_element(la[size_t(i)].begin(), la[size_t(i)].end()) - la[size_t(i)].begin());
-      alone[size_t(i)]->decode_step(id, int32_t(T) + s, la[size_t(i)].data(), &prune, &sa[size_t(i)]);
-      passes.push_back(batched[size_t(i)]->begin_decode(id, int32_t(T) + s, &prune, &sb[size_t(i)], nullptr));
-    }
-    for (int64_t i = 0; i < n; ++i)
-      members.push_back({batched[size_t(i)].get(), &passes[size_t(i)], lb[size_t(i)].data()});
-    const int64_t before = cuda::host_waits();
-    run_batch(members);
-    if (s > 0) {  // the first batched step grows the batch's buffers (cudaFree waits)
-      EXPECT_EQ(cuda::host_waits() - before, int64_t(sched.size()) + 1) << "step " << s;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      EXPECT_EQ(lb[size_t(i)], la[size_t(i)]) << "member " << i << ", step " << s;
-      EXPECT_EQ(testing::kept_of(sb[size_t(i)]), testing::kept_of(sa[size_t(i)])) << "member " << i;
-      EXPECT_EQ(sb[size_t(i)].revived, sa[size_t(i)].revived) << "member " << i;
-    }
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint32_t i = 0; i < 3; ++i)
+    prompts.push_back(testing::random_ids(30 - 4 * int64_t(i), c.n_vocab, 50 + i));
+  const std::vector<int64_t> waits = expect_batched_as_alone(*m, prompts, prune, 3);
+  for (size_t s = 1; s < waits.size(); ++s) EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+}
+
+// The later architectures batched: Qwen2's q/k/v biases (added once to the batch's fused output),
+// Qwen3's q/k norms and Gemma 3's post-norms, GELU and sliding windows through the batch's row ops,
+// LazyLLM members pruning and reviving together. int8, whose rows get the same sums in any batch on
+// the device too. About 1 s an order on the host.
+TEST(GpuForward, LaterArchitecturesAreTheSameAloneOrBatched) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  for (const char* arch : {"qwen2", "qwen3", "gemma3"}) {
+    SCOPED_TRACE(arch);
+    const std::string path = dir.file(std::string(arch) + ".gguf");
+    testing::tiny_arch_writer(arch, false).write(path);
+    const auto m = Model::load(path, DType::Int8, ctx);
+    const ModelConfig& c = m->config();
+    const auto sched = resolve_schedule(parse_schedule("0:0.5"), c.n_layer, c.global_layers());
+    auto policy = make_policy(PolicyKind::LazyLLM);
+    const PruneRequest prune{sched, policy.get()};
+    expect_batched_as_alone(
+        *m, {testing::random_ids(9, c.n_vocab, 31), testing::random_ids(7, c.n_vocab, 32)}, prune, 2);
   }
 }
 
