@@ -54,7 +54,18 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     if (hooks.before_attention) hooks.before_attention(l);
     in_turn(&Session::index_kv, l);
     lead.kv_append_batched(l, bes);  // untimed: the Attention op's bytes count this write
-    side_by_side(&Session::attend, l);
+    if (alone || timed) {
+      side_by_side(&Session::attend, l);
+    } else {  // each member's key set, then one call over all of them
+      in_turn(&Session::attention_keys, l);
+      std::vector<std::span<const int32_t>> slots;
+      std::vector<char> scored;
+      for (const BatchMember& m : ms) {
+        slots.push_back(m.session->attention_slots());
+        scored.push_back(char(m.session->scored(*m.pass, l)));
+      }
+      lead.attention_batched(l, bes, slots, scored);
+    }
     if (hooks.after_attention) hooks.after_attention(l);
     gemm(Proj::O, l);
     if (c.post_norms) row(RowOp::PostAttnNorm, l);

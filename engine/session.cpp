@@ -253,7 +253,12 @@ void Session::index_kv(Pass& ps, int l) {
 // positions `active` (decode: ascending, all holding K/V once the rows are appended) or (forward) to every
 // key the layer holds. Leaves the key slots in slots_ (for scoring).
 void Session::attend(Pass& ps, int l) {
-  Backend& b = *be_;
+  attention_keys(ps, l);
+  timed(ps.timers, l, Op::Attention, OpShape{int64_t(ps.rows.size()), ps.attn_pairs, ps.attn_keys},
+        [&] { be_->attention(l, slots_, scored(ps, l)); });
+}
+
+void Session::attention_keys(Pass& ps, int l) {
   KvIndex& kv = kv_[size_t(l)];
   const std::span<const int32_t> rows = ps.rows;
   if (!ps.decode && ps.keyed_prefix) {  // an imported prefix, then the pass's rows
@@ -297,8 +302,8 @@ void Session::attend(Pass& ps, int l) {
                                 [](int64_t a, int32_t b) { return a < b; }) -
                key_pos.begin();
   }
-  timed(ps.timers, l, Op::Attention, OpShape{T, pairs, n_keys},
-        [&] { b.attention(l, slots_, scored(ps, l)); });
+  ps.attn_pairs = pairs;
+  ps.attn_keys = n_keys;
   if (ps.stats) {
     ps.stats->queries[size_t(l)] = T;
     ps.stats->keys[size_t(l)] = kv.n();

@@ -179,6 +179,7 @@ class Session {
     size_t next_step = 0;           // the next pruning step
     bool rows_changed = true;       // the backend needs set_rows before the next layer
     bool selection_queued = false;  // queue_selection scored this layer's keys and queued their selection
+    int64_t attn_pairs = 0, attn_keys = 0;  // attention_keys: the layer's causal pairs and keys
     trace::Step* stats = nullptr;
     OpTimers* timers = nullptr;
   };
@@ -197,6 +198,11 @@ class Session {
   // already); the backend's kv_append (or kv_append_batched) follows.
   void index_kv(Pass& ps, int l);
   void attend(Pass& ps, int l);  // attention over the layer's key set, the rows' K/V appended
+  // attend() in two halves, for a batch's one attention launch: the layer's key set chosen (and the
+  // trace's counts), then the backend's attention over attention_slots() (Backend::attention_batched).
+  void attention_keys(Pass& ps, int l);
+  std::span<const int32_t> attention_slots() const { return slots_; }
+  bool scored(const Pass& ps, int l) const;  // layer l's attention is scored
   // A mixture-of-experts layer's FFN in place of [GateUp], (Act), [Down]: the rows routed, then
   // their experts (experts alone; Backend::experts_batched over the members).
   void route(Pass& ps, int l);
@@ -272,7 +278,6 @@ class Session {
   void reselect(Pass& ps, int l);                 // end_layer of a decoding step
   bool prunes_at(const Pass& ps, int l) const;    // layer l is the next pruning step
   bool observes_at(const Pass& ps, int l) const;  // the policy observes layer l (a forward pass)
-  bool scored(const Pass& ps, int l) const;       // layer l's attention is scored
   // What becomes of each backend row at the end of layer l: stays a row, leaves with its state (the
   // input of layer l + 1) saved to the Aux Cache, or leaves without (it has K/V there already, or
   // the layer is the last).

@@ -161,6 +161,16 @@ class Backend {
     for (Backend* m : members) m->row_op(op, layer);
   }
   void row_op(RowOp op, int layer);  // the one backend call `op` names
+  // attention() of every member, member i over its key slots slots[i] (scored[i] as attention takes
+  // it), as each member's own call would; the default runs them side by side (for_each_member), a
+  // device in one launch.
+  virtual void attention_batched(int layer, std::span<Backend* const> members,
+                                 std::span<const std::span<const int32_t>> slots,
+                                 std::span<const char> scored) {
+    for_each_member(int64_t(members.size()), [&](int64_t i) {
+      members[size_t(i)]->attention(layer, slots[size_t(i)], scored[size_t(i)] != 0);
+    });
+  }
   // kv_append of every member (their rows at `layer`), as each member's own call would.
   virtual void kv_append_batched(int layer, std::span<Backend* const> members) {
     for (Backend* m : members) m->kv_append(layer);

@@ -54,13 +54,18 @@ __device__ __forceinline__ uint32_t pair_at(const uint16_t* p) {
 
 template <int DK>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_tc_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                        const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
-                        int64_t Dh, float scale, int32_t window, int64_t tiles_per_split, float* out,
-                        float* part_acc, float* part_m, float* part_l) {
+    attention_tc_kernel(AttnJob one, const AttnJob* jobs, int n_jobs, int64_t H, int64_t Hkv, int64_t Dh,
+                        float scale, int32_t window) {
   constexpr int ldk = tc_ld_k(DK), ldv = tc_ld_v(), NJ = kTcKeys / 8, DJ = 2 * DK;
-  const int64_t G = H / Hkv, g_head = blockIdx.y, split = blockIdx.z, rows = T * G;
-  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTcRows;
+  const AttnJob J = job_of(one, jobs, n_jobs, blockIdx.x, false);
+  const int64_t split = blockIdx.z;
+  if (split >= J.splits) return;  // the whole block: another job has more splits
+  const float *q = J.q, *k = J.k, *v = J.v;
+  const int32_t *q_pos = J.q_pos, *k_pos = J.k_pos, *k_slot = J.k_slot;
+  const int64_t T = J.T, S = J.S, tiles_per_split = J.tiles_per_split;
+  float *out = J.out, *part_acc = J.part_acc, *part_m = J.part_m, *part_l = J.part_l;
+  const int64_t G = H / Hkv, g_head = blockIdx.y, rows = T * G;
+  const int64_t row0 = (J.first_block + J.row_blocks - 1 - int64_t(blockIdx.x)) * kTcRows;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   LP_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* ks = smem;                                           // [kTcKeys][ldk]

@@ -475,6 +475,30 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // The members' attentions in one launch, each over its own cache and key set, with the key splits
+  // it has alone (cuda::attention_batched); the launch's table of jobs is queued from pinned memory.
+  void attention_batched(int l, std::span<Backend* const> members,
+                         std::span<const std::span<const int32_t>> slots,
+                         std::span<const char> scored) override {
+    if (members.size() == 1 && members[0] == this) return attention(l, slots[0], scored[0] != 0);
+    const std::vector<CudaBackend*> ms = members_of(members);
+    std::vector<AttentionInput> in;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      CudaBackend& m = *ms[i];
+      const DLayer& L = m.layers[size_t(l)];
+      const bool listed = !slots[i].empty();
+      in.push_back({m.q.as<float>(), m.pos_dev.as<int32_t>(), m.T(), L.k.as<float>(), L.v.as<float>(),
+                    L.pos.as<int32_t>(), listed ? m.key_slots(l, slots[i]) : nullptr,
+                    listed ? int64_t(slots[i].size()) : L.n, m.attn.as<float>()});
+    }
+    cuda::attention_batched(in.data(), in.size(), c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(),
+                            c.window(l), opt.tensor_core_attention, [this](const void* host, size_t bytes) {
+                              attn_jobs.reserve(bytes, "attention jobs");
+                              put(attn_jobs.as<void>(), host, bytes);
+                              return static_cast<const void*>(attn_jobs.as<void>());
+                            });
+  }
+
   // The members' rows' K/V into their own caches in one launch.
   void kv_append_batched(int l, std::span<Backend* const> members) override {
     if (members.size() == 1 && members[0] == this) return kv_append(l);
@@ -751,6 +775,7 @@ class CudaBackend final : public Backend {
   DBuf aux_states;           // the Aux Cache's states [n_ctx][D]: entry e is row e
   DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
   DBuf row_tables;           // rows_batched and the batched copies: tables of the members' row addresses
+  DBuf attn_jobs;            // attention_batched: the launch's table of jobs
   std::vector<const std::byte*> row_tables_host;
   int64_t row_tables_cap = 0;
   // Mixture of experts: the router's logits and routes on the device and their host copies; the

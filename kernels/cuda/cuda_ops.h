@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "kernels/cuda/rows.h"
@@ -103,6 +104,24 @@ void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, 
 void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                   const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                   int32_t window, float* out, const int32_t* k_slot = nullptr);
+// Several attentions of one layer's shape in one launch (a batch's members: each its own rows, cache
+// and key set, as attention() takes them), each with the key splits and sums it has alone. With more
+// than one, `upload` copies the launch's table of jobs (bytes from host memory) into device memory
+// the caller owns and returns its address, queued before the launch; the table stays untouched until
+// the stream has run it.
+struct AttentionInput {
+  const float* q;
+  const int32_t* q_pos;
+  int64_t T;
+  const float *k, *v;
+  const int32_t* k_pos;
+  const int32_t* k_slot;  // null: keys 0 .. S - 1
+  int64_t S;
+  float* out;
+};
+using UploadTable = std::function<const void*(const void* host, size_t bytes)>;
+void attention_batched(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                       int32_t window, bool tensor_cores, const UploadTable& upload);
 // The last token's attention (at position q_pos) over S keys, averaged over heads
 // (ref::last_row_scores), into scores[S]; with window > 0 the keys at k_pos[S] outside the window
 // score 0.

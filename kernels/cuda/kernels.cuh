@@ -312,6 +312,37 @@ inline size_t attention_shared_bytes(int64_t Dh, int BK) {
   return size_t(floats + kAttnRows + BK) * 4;
 }
 
+// One attention of a launch: a member's query rows and key set (attention()'s arguments), its key
+// splits (planned as it would be alone, so that its sums are the same in any batch), its partial
+// results when split, and where its blocks and output rows start in the launch's grid.
+struct AttnJob {
+  const float* q;
+  const int32_t* q_pos;
+  int64_t T;
+  const float *k, *v;
+  const int32_t *k_pos, *k_slot;
+  int64_t S;
+  float* out;
+  float *part_acc, *part_m, *part_l;  // null when the job is not split
+  int64_t tiles_per_split, splits, row_blocks, first_block, first_row;
+};
+
+// This block's job: `one`, or the job of jobs[n] whose blocks (first_block, by x) or output rows
+// (first_row, by_rows) hold index i.
+__device__ __forceinline__ AttnJob job_of(const AttnJob& one, const AttnJob* jobs, int n, int64_t i,
+                                          bool by_rows) {
+  if (!jobs) return one;
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if ((by_rows ? jobs[mid].first_row : jobs[mid].first_block) <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return jobs[lo];
+}
+
 // The cache row of key s: k_slot[s] for a listed key set, else s.
 __device__ __forceinline__ int64_t key_row(const int32_t* k_slot, int64_t s) {
   return k_slot ? k_slot[s] : s;
@@ -357,17 +388,25 @@ __device__ __forceinline__ bool tile_all_masked(int32_t* kp, const int32_t* k_po
   return k_first > q_last;
 }
 
+// One job (`one`) or a launch's jobs (jobs[n_jobs], a batch's members: blockIdx.x runs over their
+// row blocks one job after another, blockIdx.z up to the most splits of any).
 template <int BK, int DC>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_kernel(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                     const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
-                     int64_t Dh, float scale, int32_t window, int64_t tiles_per_split, float* out,
-                     float* part_acc, float* part_m, float* part_l) {
+    attention_kernel(AttnJob one, const AttnJob* jobs, int n_jobs, int64_t H, int64_t Hkv, int64_t Dh,
+                     float scale, int32_t window) {
   static_assert(BK % 16 == 0 && BK <= kAttnThreads, "a tile is loaded one position per thread");
   constexpr int KJ = BK / 16;
   constexpr int ldp = BK + 4;
-  const int64_t G = H / Hkv, g = blockIdx.y, split = blockIdx.z, rows = T * G;
-  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kAttnRows;
+  const AttnJob J = job_of(one, jobs, n_jobs, blockIdx.x, false);
+  const int64_t split = blockIdx.z;
+  if (split >= J.splits) return;  // the whole block: another job has more splits
+  const float *q = J.q, *k = J.k, *v = J.v;
+  const int32_t *q_pos = J.q_pos, *k_pos = J.k_pos, *k_slot = J.k_slot;
+  const int64_t T = J.T, S = J.S, tiles_per_split = J.tiles_per_split;
+  float *out = J.out, *part_acc = J.part_acc, *part_m = J.part_m, *part_l = J.part_l;
+  const int64_t G = H / Hkv, g = blockIdx.y, rows = T * G;
+  // Row blocks in reverse (the last rows see the most keys: they start first).
+  const int64_t row0 = (J.first_block + J.row_blocks - 1 - int64_t(blockIdx.x)) * kAttnRows;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int ld = int(Dh) + 4, per_row = int(Dh) / 4;  // padded rows stay float4-aligned
   LP_DYNAMIC_SHARED(float, smem);
@@ -504,10 +543,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
-// Merges the key splits of attention_kernel: one block per output row (token, head).
-__global__ void attention_combine_kernel(const float* part_acc, const float* part_m, const float* part_l,
-                                         int64_t n_rows, int64_t Dh, int64_t splits, float* out) {
-  const int64_t o = blockIdx.x;
+// Merges the key splits of the attention kernels: one block per output row (token, head) of a job, or
+// of a launch's jobs (those not split have nothing to merge).
+__global__ void attention_combine_kernel(AttnJob one, const AttnJob* jobs, int n_jobs, int64_t H,
+                                         int64_t Dh) {
+  const AttnJob J = job_of(one, jobs, n_jobs, blockIdx.x, true);
+  if (J.splits < 2) return;
+  const float *part_acc = J.part_acc, *part_m = J.part_m, *part_l = J.part_l;
+  const int64_t n_rows = J.T * H, splits = J.splits, o = int64_t(blockIdx.x) - J.first_row;
+  float* out = J.out;
   float m = -INFINITY;
   for (int64_t s = 0; s < splits; ++s) m = fmaxf(m, part_m[s * n_rows + o]);
   float l = 0;

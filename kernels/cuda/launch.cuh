@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -188,60 +189,82 @@ int attention_blocks_per_sm(Kernel* kernel, size_t most, int threads) {
   return per_sm;
 }
 
-// An attention kernel over `rows_per_block` query rows a block and `keys_per_tile` keys a tile, with
-// its keys split over blockIdx.z when the grid would not fill every SM with as many blocks as fit at
-// once; the splits' partial results merged by attention_combine_kernel.
-template <class Kernel>
-void launch_attention(Kernel* kernel, int threads, int rows_per_block, int keys_per_tile, size_t shared,
-                      int per_sm, const float* q, const int32_t* q_pos, int64_t T, const float* k,
-                      const float* v, const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H,
-                      int64_t Hkv, int64_t Dh, float scale, int32_t window, float* out) {
-  const int64_t row_blocks = (T * (H / Hkv) + rows_per_block - 1) / rows_per_block;
-  const int64_t n_tiles = (S + keys_per_tile - 1) / keys_per_tile;
-  const int64_t blocks = row_blocks * Hkv, want = int64_t(per_sm) * multiprocessors();
-  int64_t per_split = std::max<int64_t>(n_tiles, 1), splits = 1;
+// The launch plan of one attention over `rows_per_block` query rows a block and `keys_per_tile` keys a
+// tile: its keys split over blockIdx.z when its grid alone would not fill every SM with as many
+// blocks as fit at once (the splits' partial results merged by attention_combine_kernel). A batch
+// plans each member's job as alone, so its sums do not depend on the batch.
+kernels::AttnJob plan_attention(const AttentionInput& in, int rows_per_block, int keys_per_tile, int per_sm,
+                                int64_t H, int64_t Hkv) {
+  kernels::AttnJob j{in.q,    in.q_pos, in.T,    in.k, in.v, in.k_pos, in.k_slot, in.S, in.out,
+                     nullptr, nullptr,  nullptr, 0,    1,    0,        0,         0};
+  j.row_blocks = (in.T * (H / Hkv) + rows_per_block - 1) / rows_per_block;
+  const int64_t n_tiles = (in.S + keys_per_tile - 1) / keys_per_tile;
+  const int64_t blocks = j.row_blocks * Hkv, want = int64_t(per_sm) * multiprocessors();
+  j.tiles_per_split = std::max<int64_t>(n_tiles, 1);
   if (blocks < want && n_tiles > 1) {
     const int64_t wanted = std::min<int64_t>({n_tiles, (want + blocks - 1) / blocks, 65535});
-    per_split = (n_tiles + wanted - 1) / wanted;
-    splits = (n_tiles + per_split - 1) / per_split;
+    j.tiles_per_split = (n_tiles + wanted - 1) / wanted;
+    j.splits = (n_tiles + j.tiles_per_split - 1) / j.tiles_per_split;
   }
-  const dim3 grid{unsigned(row_blocks), unsigned(Hkv), unsigned(splits)};
-  if (splits == 1) {
-    LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window,
-              per_split, out, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
-              static_cast<float*>(nullptr));
-    return;
-  }
-  const int64_t n_rows = T * H;
-  Scratch acc(size_t(splits * n_rows * Dh) * 4, "attention splits"),
-      m(size_t(splits * n_rows) * 4, "attention splits"), l(size_t(splits * n_rows) * 4, "attention splits");
-  LP_LAUNCH(kernel, grid, threads, shared, q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window,
-            per_split, out, acc.as<float>(), m.as<float>(), l.as<float>());
-  LP_LAUNCH(kernels::attention_combine_kernel, unsigned(n_rows), 128, 0, acc.as<float>(), m.as<float>(),
-            l.as<float>(), n_rows, Dh, splits, out);
+  return j;
 }
 
+// The jobs (their row blocks one after another in x, Hkv in y, the most splits in z), then the
+// merge of the split ones. With one job it goes as a kernel argument; with several, `upload` puts
+// their table in device memory (queued before the launch).
+template <class Kernel>
+void launch_attention_jobs(Kernel* kernel, int threads, size_t shared, std::vector<kernels::AttnJob>& jobs,
+                           int64_t H, int64_t Hkv, int64_t Dh, float scale, int32_t window,
+                           const UploadTable& upload) {
+  int64_t blocks = 0, rows = 0, splits = 1, parts = 0;
+  for (kernels::AttnJob& j : jobs) {
+    j.first_block = blocks, j.first_row = rows;
+    blocks += j.row_blocks, rows += j.T * H, splits = std::max(splits, j.splits);
+    if (j.splits > 1) parts += j.splits * j.T * H;
+  }
+  if (blocks == 0) return;
+  Scratch acc(size_t(parts * Dh) * 4, "attention splits"), m(size_t(parts) * 4, "attention splits"),
+      l(size_t(parts) * 4, "attention splits");
+  int64_t at = 0;
+  for (kernels::AttnJob& j : jobs)
+    if (j.splits > 1) {
+      j.part_acc = acc.as<float>() + at * Dh, j.part_m = m.as<float>() + at, j.part_l = l.as<float>() + at;
+      at += j.splits * j.T * H;
+    }
+  const kernels::AttnJob* table = nullptr;
+  if (jobs.size() > 1)
+    table = static_cast<const kernels::AttnJob*>(upload(jobs.data(), jobs.size() * sizeof(kernels::AttnJob)));
+  const int n = int(jobs.size());
+  const dim3 grid{unsigned(blocks), unsigned(Hkv), unsigned(splits)};
+  LP_LAUNCH(kernel, grid, threads, shared, jobs[0], table, n, H, Hkv, Dh, scale, window);
+  if (parts > 0)
+    LP_LAUNCH(kernels::attention_combine_kernel, unsigned(rows), 128, 0, jobs[0], table, n, H, Dh);
+}
+
+// The f32 kernel's jobs: the instance for Dh's columns, its blocks per SM, its shared memory.
 template <int BK, int DC>
-void attention_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                    const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
-                    int64_t Dh, float scale, int32_t window, float* out) {
+void attention_with(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                    int32_t window, const UploadTable& upload) {
   auto* kernel = &kernels::attention_kernel<BK, DC>;
   const int per_sm =
       attention_blocks_per_sm(kernel, kernels::attention_shared_bytes(64 * DC, BK), kernels::kAttnThreads);
-  launch_attention(kernel, kernels::kAttnThreads, kernels::kAttnRows, BK,
-                   kernels::attention_shared_bytes(Dh, BK), per_sm, q, q_pos, T, k, v, k_pos, k_slot, S, H,
-                   Hkv, Dh, scale, window, out);
+  std::vector<kernels::AttnJob> jobs;
+  for (const AttentionInput* i = in; i != in + n_in; ++i)
+    if (i->T > 0) jobs.push_back(plan_attention(*i, kernels::kAttnRows, BK, per_sm, H, Hkv));
+  launch_attention_jobs(kernel, kernels::kAttnThreads, kernels::attention_shared_bytes(Dh, BK), jobs, H, Hkv,
+                        Dh, scale, window, upload);
 }
 
 template <int DK>
-void attention_tc_with(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
-                       const int32_t* k_pos, const int32_t* k_slot, int64_t S, int64_t H, int64_t Hkv,
-                       int64_t Dh, float scale, int32_t window, float* out) {
+void attention_tc_with(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                       int32_t window, const UploadTable& upload) {
   auto* kernel = &kernels::attention_tc_kernel<DK>;
   const size_t shared = kernels::attention_tc_shared_bytes(DK);
   const int per_sm = attention_blocks_per_sm(kernel, shared, kernels::kTcThreads);
-  launch_attention(kernel, kernels::kTcThreads, kernels::kTcRows, kernels::kTcKeys, shared, per_sm, q, q_pos,
-                   T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
+  std::vector<kernels::AttnJob> jobs;
+  for (const AttentionInput* i = in; i != in + n_in; ++i)
+    if (i->T > 0) jobs.push_back(plan_attention(*i, kernels::kTcRows, kernels::kTcKeys, per_sm, H, Hkv));
+  launch_attention_jobs(kernel, kernels::kTcThreads, shared, jobs, H, Hkv, Dh, scale, window, upload);
 }
 
 // The checks both attentions make of their arguments.
@@ -256,36 +279,44 @@ void check_attention(const char* what, const float* q, const float* k, const flo
 
 }  // namespace
 
+void attention_batched(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                       int32_t window, bool tensor_cores, const UploadTable& upload) {
+  const char* what = tensor_cores ? "tensor-core attention" : "attention";
+  if (tensor_cores && (Dh <= 0 || Dh > 256 || Dh % 2 != 0))
+    fail("CUDA tensor-core attention supports even head widths up to 256, got {}", Dh);
+  if (!tensor_cores && (Dh <= 0 || Dh > 256 || Dh % 4 != 0))
+    fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
+  for (const AttentionInput* i = in; i != in + n_in; ++i) check_attention(what, i->q, i->k, i->v, H, Hkv);
+  if (tensor_cores) {
+    if (Dh <= 64)
+      attention_tc_with<4>(in, n_in, H, Hkv, Dh, scale, window, upload);
+    else if (Dh <= 128)
+      attention_tc_with<8>(in, n_in, H, Hkv, Dh, scale, window, upload);
+    else
+      attention_tc_with<16>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else if (Dh <= 64) {
+    attention_with<64, 1>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else if (Dh <= 128) {
+    attention_with<64, 2>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else if (Dh <= 192) {
+    attention_with<32, 3>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else {
+    attention_with<32, 4>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  }
+}
+
 void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                int32_t window, float* out, const int32_t* k_slot) {
-  if (Dh <= 0 || Dh > 256 || Dh % 4 != 0)
-    fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
-  check_attention("attention", q, k, v, H, Hkv);
-  if (T <= 0) return;
-  if (Dh <= 64)
-    attention_with<64, 1>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
-  else if (Dh <= 128)
-    attention_with<64, 2>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
-  else if (Dh <= 192)
-    attention_with<32, 3>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
-  else
-    attention_with<32, 4>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
+  const AttentionInput one{q, q_pos, T, k, v, k_pos, k_slot, S, out};
+  attention_batched(&one, 1, H, Hkv, Dh, scale, window, false, {});
 }
 
 void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
                   const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                   int32_t window, float* out, const int32_t* k_slot) {
-  if (Dh <= 0 || Dh > 256 || Dh % 2 != 0)
-    fail("CUDA tensor-core attention supports even head widths up to 256, got {}", Dh);
-  check_attention("tensor-core attention", q, k, v, H, Hkv);
-  if (T <= 0) return;
-  if (Dh <= 64)
-    attention_tc_with<4>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
-  else if (Dh <= 128)
-    attention_tc_with<8>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
-  else
-    attention_tc_with<16>(q, q_pos, T, k, v, k_pos, k_slot, S, H, Hkv, Dh, scale, window, out);
+  const AttentionInput one{q, q_pos, T, k, v, k_pos, k_slot, S, out};
+  attention_batched(&one, 1, H, Hkv, Dh, scale, window, true, {});
 }
 
 void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,

@@ -118,6 +118,10 @@ void scale_inplace(float*, int64_t, float) {
 void mma_bf16_tile(const float*, const float*, float*, int64_t) {
   unavailable();
 }
+void attention_batched(const AttentionInput*, size_t, int64_t, int64_t, int64_t, float, int32_t, bool,
+                       const UploadTable&) {
+  unavailable();
+}
 void attention_tc(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
                   int64_t, int64_t, int64_t, float, int32_t, float*, const int32_t*) {
   unavailable();
