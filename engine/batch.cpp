@@ -72,7 +72,12 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     row(RowOp::Residual, l);
     row(RowOp::FfnNorm, l);
     if (c.moe()) {
-      in_turn(&Session::route, l);
+      if (alone || timed) {
+        in_turn(&Session::route, l);
+      } else {  // every member's routes queued, then one wait for all of them
+        lead.route_batched(l, bes);
+        in_turn(&Session::routed, l);
+      }
       if (alone)
         ms[0].session->experts(*ms[0].pass, l);
       else

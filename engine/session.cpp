@@ -315,6 +315,10 @@ void Session::attention_keys(Pass& ps, int l) {
 void Session::route(Pass& ps, int l) {
   const int64_t T = int64_t(ps.rows.size());
   timed(ps.timers, l, Op::Router, OpShape{T, 0, 0}, [&] { be_->route(l); });
+  routed(ps, l);
+}
+
+void Session::routed(Pass& ps, int l) {
   if (ps.stats && ps.stats->routes) {
     trace::Routes& r = (*ps.stats->routes)[size_t(l)];
     r.positions = ps.rows;

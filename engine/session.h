@@ -206,6 +206,7 @@ class Session {
   // A mixture-of-experts layer's FFN in place of [GateUp], (Act), [Down]: the rows routed, then
   // their experts (experts alone; Backend::experts_batched over the members).
   void route(Pass& ps, int l);
+  void routed(Pass& ps, int l);  // route()'s trace record, after Backend::route_batched
   void experts(Pass& ps, int l);
   // A batch member's pruning step started before any member's end_layer (engine/batch.h): at a
   // pruning layer whose policy keeps the top scores, the keys scored and their selection queued on

@@ -161,6 +161,10 @@ class Backend {
     for (Backend* m : members) m->row_op(op, layer);
   }
   void row_op(RowOp op, int layer);  // the one backend call `op` names
+  // route() of every member; a device queues all of them before it waits for their routes once.
+  virtual void route_batched(int layer, std::span<Backend* const> members) {
+    for (Backend* m : members) m->route(layer);
+  }
   // attention() of every member, member i over its key slots slots[i] (scored[i] as attention takes
   // it), as each member's own call would; the default runs them side by side (for_each_member), a
   // device in one launch.

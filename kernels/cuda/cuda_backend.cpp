@@ -589,18 +589,38 @@ class CudaBackend final : public Backend {
   // expert and launches each active expert's GEMMs over its rows, as llama.cpp's CUDA backend
   // reads the ids of its mul_mat_id on the host.
   void route(int l) override {
+    route_launch(l);
+    std::vector<int32_t> both(2 * size_t(T() * c.n_expert_used));
+    get(both.data(), routes_dev.as<void>(), both.size() * 4);
+    routes_from(both.data());
+  }
+  // A batch's routes: every member's queued, each copied back into its pinned memory behind it, and
+  // one wait for all of them (each member's arithmetic its own, as alone).
+  void route_batched(int l, std::span<Backend* const> members) override {
+    if (members.size() == 1 && members[0] == this) return route(l);
+    const std::vector<CudaBackend*> ms = members_of(members);
+    for (CudaBackend* m : ms) {
+      m->route_launch(l);
+      copy_to_host_async(m->routes_host.p, m->routes_dev.as<void>(), size_t(m->T() * c.n_expert_used) * 8);
+    }
+    wait("routes");
+    for (CudaBackend* m : ms) m->routes_from(static_cast<const int32_t*>(m->routes_host.p));
+  }
+  // The router's logits and each row's top k into routes_dev: [T][k] ids, then [T][k] weights.
+  void route_launch(int l) {
     const DMatrix& R = dw->layers[size_t(l)].router;
     const int64_t E = c.n_expert, k = c.n_expert_used;
     router_logits.reserve(size_t(T() * E) * 4, "router logits");
     const size_t n = size_t(T() * k);
-    routes_dev.reserve(n * 8, "routes");  // the ids, then their weights: one copy back
+    routes_dev.reserve(n * 8, "routes");
     mm(xn.as<float>(), R, router_logits.as<float>(), T());
     route_top_k(router_logits.as<float>(), T(), E, k, routes_dev.as<int32_t>(), routes_dev.as<float>() + n);
-    std::vector<int32_t> both(2 * n);
-    get(both.data(), routes_dev.as<void>(), n * 8);
-    ids_host.assign(both.begin(), both.begin() + std::ptrdiff_t(n));
+  }
+  void routes_from(const int32_t* both) {  // routes_dev's layout, on the host
+    const size_t n = size_t(T() * c.n_expert_used);
+    ids_host.assign(both, both + n);
     w_host.resize(n);
-    std::memcpy(w_host.data(), both.data() + n, n * 4);
+    std::memcpy(w_host.data(), both + n, n * 4);
   }
   void experts(int l) override {
     if (int64_t(ids_host.size()) != T() * c.n_expert_used) internal_fail("experts: the rows are not routed");
@@ -760,6 +780,7 @@ class CudaBackend final : public Backend {
     std::thread::id thread;
   } queued;
   PinnedBuf keep_host;
+  PinnedBuf routes_host;  // a mixture-of-experts model's routes, copied back in a batch [n_ctx][k] x 2
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
   std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
@@ -1083,6 +1104,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   staging.init(std::clamp<size_t>(size_t(n_ctx) * 64, size_t(64) << 10, size_t(4) << 20));
   scores_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1)) * 4, "selection scores");
   keep_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1)) * 8, "kept indices");
+  if (c.moe()) routes_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1) * c.n_expert_used) * 8, "routes");
   if (!dw) {
     auto uploaded = upload_weights(c, w);
     weight_cache().put(w, uploaded);

@@ -954,6 +954,29 @@ TEST(GpuForward, LaterArchitecturesAreTheSameAloneOrBatched) {
   }
 }
 
+// A batch of mixture-of-experts members: each member's router and top-k queued, their routes copied
+// back behind them, one wait a layer for all members (the experts' GEMMs are launched from the
+// host, which needs the routes); the logits, kept tokens and revivals as each member's alone. A step
+// waits once a layer, once per pruning layer and once for the logits, however many members. About
+// 1 s an order on the host (three members of the tiny Qwen3-MoE, alone and batched, in int8).
+TEST(GpuForward, ABatchOfExpertsMembersWaitsOnceALayerForTheirRoutes) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  testing::tiny_arch_writer("qwen3moe", true).write(dir.file("moe.gguf"));
+  const auto m = Model::load(dir.file("moe.gguf"), DType::Int8, ctx);
+  const ModelConfig& c = m->config();
+  const auto sched = resolve_schedule(parse_schedule("0:0.5"), c.n_layer, c.global_layers());
+  auto policy = make_policy(PolicyKind::LazyLLM);
+  const PruneRequest prune{sched, policy.get()};
+  const std::vector<int64_t> waits =
+      expect_batched_as_alone(*m,
+                              {testing::random_ids(8, c.n_vocab, 41), testing::random_ids(6, c.n_vocab, 42),
+                               testing::random_ids(7, c.n_vocab, 43)},
+                              prune, 3);
+  for (size_t s = 1; s < waits.size(); ++s)
+    EXPECT_EQ(waits[s], int64_t(c.n_layer) + int64_t(sched.size()) + 1) << "step " << s;
+}
+
 // Issue 58, item 3: the host's work in a batched decoding step. Every GEMM runs once over the
 // members' rows, and so do the row ops (norms, RoPE, residuals, SwiGLU: one launch over a table of
 // the members' row addresses), the K/V append and the attention (one launch of every member's job,
