@@ -17,9 +17,8 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
   }
   Backend& lead = *bes[0];
   const bool alone = ms.size() == 1;
-  // Each member's own part of the layer: attention and the pruning steps' scoring, which read each
-  // member's K/V, side by side (Backend::for_each_member); the row ops in turn, as they take less
-  // than a task's start.
+  // The parts of the layer that are each member's own (revival, the end of the layer's pruning or
+  // re-selection) in turn or side by side (Backend::for_each_member).
   using Part = void (Session::*)(Session::Pass&, int);
   const auto in_turn = [&](Part part, int l) {
     for (const BatchMember& m : ms) (m.session->*part)(*m.pass, l);
@@ -33,31 +32,54 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     if (alone) return ms[0].session->matmul(*ms[0].pass, p, l);
     lead.matmul_batched(p, l, bes);
   };
-  // A row op: each member's own, timed, when one is alone or timed (the timers' synchronisations
-  // cost more than the launches saved); else one call over every member's rows.
+  // How the members' other parts run. Alone: the member's own calls, timed where it has timers,
+  // KV-Runahead's hooks between them. In one launch over all members where the backend batches its
+  // launches (a GPU: Backend::rows_batched and the other *_batched calls) and no member is timed.
+  // Else member by member: the row ops in turn, as they take less than a task's start, and each
+  // member's attention part whole, side by side (the CPU: one task per member).
   bool timed = false;
   for (const BatchMember& m : ms) timed = timed || m.pass->timers;
+  const bool one_launch = !alone && !timed && lead.launches_batched();
   const auto row = [&](RowOp op, int l) {
-    if (alone || timed) {
+    if (!one_launch) {
       for (const BatchMember& m : ms) m.session->row_op(*m.pass, op, l);
       return;
     }
     lead.rows_batched(op, l, bes);
+  };
+  // A member's attention part: its q/k norms and RoPE, its (token, layer) pairs recorded, its K/V
+  // appended, its attention (the batched path below runs the same steps, each over all members).
+  const auto attention_part = [&](Session& s, Session::Pass& ps, int l) {
+    if (c.qk_norm) s.row_op(ps, RowOp::QkNorm, l);
+    s.row_op(ps, RowOp::Rope, l);
+    s.index_kv(ps, l);
+    s.backend().kv_append(l);  // untimed: the Attention op's bytes count this write
+    s.attend(ps, l);
   };
   for (int l = 0; l < c.n_layer; ++l) {
     in_turn(&Session::revive, l);
     for (const BatchMember& m : ms) m.session->rows_in(*m.pass);
     row(RowOp::AttnNorm, l);
     gemm(Proj::QKV, l);
-    if (c.qk_norm) row(RowOp::QkNorm, l);
-    row(RowOp::Rope, l);
-    if (hooks.before_attention) hooks.before_attention(l);
-    in_turn(&Session::index_kv, l);
-    lead.kv_append_batched(l, bes);  // untimed: the Attention op's bytes count this write
-    if (alone || timed) {
-      side_by_side(&Session::attend, l);
-    } else {  // each member's key set, then one call over all of them
-      in_turn(&Session::attention_keys, l);
+    if (alone && hooks.before_attention) {  // KV-Runahead: the earlier ranks' K/V before the rows'
+      if (c.qk_norm) row(RowOp::QkNorm, l);
+      row(RowOp::Rope, l);
+      hooks.before_attention(l);
+      ms[0].session->index_kv(*ms[0].pass, l);
+      lead.kv_append(l);
+      ms[0].session->attend(*ms[0].pass, l);
+    } else if (alone) {
+      attention_part(*ms[0].session, *ms[0].pass, l);
+    } else if (!one_launch) {
+      lead.for_each_member(int64_t(ms.size()), [&](int64_t i) {
+        attention_part(*ms[size_t(i)].session, *ms[size_t(i)].pass, l);
+      });
+    } else {
+      if (c.qk_norm) row(RowOp::QkNorm, l);
+      row(RowOp::Rope, l);
+      in_turn(&Session::index_kv, l);
+      lead.kv_append_batched(l, bes);
+      in_turn(&Session::attention_keys, l);  // each member's key set, then one call over all of them
       std::vector<std::span<const int32_t>> slots;
       std::vector<char> scored;
       for (const BatchMember& m : ms) {
@@ -72,11 +94,11 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     row(RowOp::Residual, l);
     row(RowOp::FfnNorm, l);
     if (c.moe()) {
-      if (alone || timed) {
-        in_turn(&Session::route, l);
-      } else {  // every member's routes queued, then one wait for all of them
+      if (one_launch) {  // every member's routes queued, then one wait for all of them
         lead.route_batched(l, bes);
         in_turn(&Session::routed, l);
+      } else {
+        in_turn(&Session::route, l);
       }
       if (alone)
         ms[0].session->experts(*ms[0].pass, l);
@@ -90,7 +112,7 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     if (c.post_norms) row(RowOp::PostFfnNorm, l);
     row(RowOp::Residual, l);
     // The members' selections queued first: the first member's end_layer waits for all of them.
-    if (!alone) in_turn(&Session::queue_selection, l);
+    if (one_launch) in_turn(&Session::queue_selection, l);
     side_by_side(&Session::end_layer, l);
   }
 }

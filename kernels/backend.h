@@ -154,11 +154,15 @@ class Backend {
   virtual void experts_batched(int layer, std::span<Backend* const> members) {
     for (Backend* m : members) m->experts(layer);
   }
+  // Whether the *_batched calls below run one launch over all the members (a device, where each
+  // launch costs the host more than its work on a decoding row), so a batch's passes call them
+  // op by op; otherwise (the CPU) each member's attention part runs whole, side by side.
+  virtual bool launches_batched() const { return false; }
   // A row op of every member (their rows at `layer`), as each member's own call would run it
-  // (row_op). The default runs them one after another; a device overrides it to run one launch over
-  // all the rows.
+  // (row_op). The default runs them side by side (for_each_member); a device overrides it to run one
+  // launch over all the rows.
   virtual void rows_batched(RowOp op, int layer, std::span<Backend* const> members) {
-    for (Backend* m : members) m->row_op(op, layer);
+    for_each_member(int64_t(members.size()), [&](int64_t i) { members[size_t(i)]->row_op(op, layer); });
   }
   void row_op(RowOp op, int layer);  // the one backend call `op` names
   // route() of every member; a device queues all of them before it waits for their routes once.
@@ -175,9 +179,9 @@ class Backend {
       members[size_t(i)]->attention(layer, slots[size_t(i)], scored[size_t(i)] != 0);
     });
   }
-  // kv_append of every member (their rows at `layer`), as each member's own call would.
+  // kv_append of every member (their rows at `layer`), as each member's own call would; side by side.
   virtual void kv_append_batched(int layer, std::span<Backend* const> members) {
-    for (Backend* m : members) m->kv_append(layer);
+    for_each_member(int64_t(members.size()), [&](int64_t i) { members[size_t(i)]->kv_append(layer); });
   }
   virtual void lm_head_batched(std::span<Backend* const> members, float* logits, int64_t n_vocab) {
     for (Backend* m : members) {

@@ -301,6 +301,7 @@ class CudaBackend final : public Backend {
 
   int64_t capacity() const override { return n_ctx; }
   bool asynchronous() const override { return true; }
+  bool launches_batched() const override { return true; }
   int64_t rows() const override { return T(); }
   void synchronize() override { wait("op timer"); }
 
