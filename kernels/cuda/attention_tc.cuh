@@ -57,15 +57,12 @@ __global__ void __launch_bounds__(kTcThreads)
     attention_tc_kernel(AttnJob one, const AttnJob* jobs, int n_jobs, int64_t H, int64_t Hkv, int64_t Dh,
                         float scale, int32_t window) {
   constexpr int ldk = tc_ld_k(DK), ldv = tc_ld_v(), NJ = kTcKeys / 8, DJ = 2 * DK;
-  const AttnJob J = job_of(one, jobs, n_jobs, blockIdx.x, false);
-  const int64_t split = blockIdx.z;
-  if (split >= J.splits) return;  // the whole block: another job has more splits
-  const float *q = J.q, *k = J.k, *v = J.v;
-  const int32_t *q_pos = J.q_pos, *k_pos = J.k_pos, *k_slot = J.k_slot;
-  const int64_t T = J.T, S = J.S, tiles_per_split = J.tiles_per_split;
-  float *out = J.out, *part_acc = J.part_acc, *part_m = J.part_m, *part_l = J.part_l;
-  const int64_t G = H / Hkv, g_head = blockIdx.y, rows = T * G;
-  const int64_t row0 = (J.first_block + J.row_blocks - 1 - int64_t(blockIdx.x)) * kTcRows;
+  const BlockJob B = block_job(one, jobs, n_jobs);
+  if (B.none) return;
+  const auto& [q, q_pos, T, k, v, k_pos, k_slot, S, out, part_acc, part_m, part_l, tiles_per_split, n_splits,
+               n_row_blocks, first_block, first_row] = B.job;
+  const int64_t G = H / Hkv, g_head = blockIdx.y, split = blockIdx.z, rows = T * G,
+                row0 = B.row_block * kTcRows;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   LP_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* ks = smem;                                           // [kTcKeys][ldk]

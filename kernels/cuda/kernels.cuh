@@ -343,6 +343,19 @@ __device__ __forceinline__ AttnJob job_of(const AttnJob& one, const AttnJob* job
   return jobs[lo];
 }
 
+// The job a block of an attention kernel runs and its row block (counted from the job's last: the
+// last rows see the most keys, so they start first); `none` when blockIdx.z is past the job's splits
+// (the whole block has nothing to do).
+struct BlockJob {
+  AttnJob job;
+  int64_t row_block;
+  bool none;
+};
+__device__ __forceinline__ BlockJob block_job(const AttnJob& one, const AttnJob* jobs, int n_jobs) {
+  const AttnJob j = job_of(one, jobs, n_jobs, blockIdx.x, false);
+  return {j, j.first_block + j.row_blocks - 1 - int64_t(blockIdx.x), int64_t(blockIdx.z) >= j.splits};
+}
+
 // The cache row of key s: k_slot[s] for a listed key set, else s.
 __device__ __forceinline__ int64_t key_row(const int32_t* k_slot, int64_t s) {
   return k_slot ? k_slot[s] : s;
@@ -397,16 +410,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   static_assert(BK % 16 == 0 && BK <= kAttnThreads, "a tile is loaded one position per thread");
   constexpr int KJ = BK / 16;
   constexpr int ldp = BK + 4;
-  const AttnJob J = job_of(one, jobs, n_jobs, blockIdx.x, false);
-  const int64_t split = blockIdx.z;
-  if (split >= J.splits) return;  // the whole block: another job has more splits
-  const float *q = J.q, *k = J.k, *v = J.v;
-  const int32_t *q_pos = J.q_pos, *k_pos = J.k_pos, *k_slot = J.k_slot;
-  const int64_t T = J.T, S = J.S, tiles_per_split = J.tiles_per_split;
-  float *out = J.out, *part_acc = J.part_acc, *part_m = J.part_m, *part_l = J.part_l;
-  const int64_t G = H / Hkv, g = blockIdx.y, rows = T * G;
-  // Row blocks in reverse (the last rows see the most keys: they start first).
-  const int64_t row0 = (J.first_block + J.row_blocks - 1 - int64_t(blockIdx.x)) * kAttnRows;
+  const BlockJob B = block_job(one, jobs, n_jobs);
+  if (B.none) return;
+  const auto& [q, q_pos, T, k, v, k_pos, k_slot, S, out, part_acc, part_m, part_l, tiles_per_split, n_splits,
+               n_row_blocks, first_block, first_row] = B.job;
+  const int64_t G = H / Hkv, g = blockIdx.y, split = blockIdx.z, rows = T * G, row0 = B.row_block * kAttnRows;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int ld = int(Dh) + 4, per_row = int(Dh) / 4;  // padded rows stay float4-aligned
   LP_DYNAMIC_SHARED(float, smem);
