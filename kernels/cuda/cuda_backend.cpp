@@ -511,9 +511,9 @@ class CudaBackend final : public Backend {
     const auto kn = table<const float>(ms, &CudaBackend::k, KV),
                vn = table<const float>(ms, &CudaBackend::v, KV);
     const auto pn = table<const int32_t>(ms, &CudaBackend::pos_dev, 1, 1, 0, 4);
-    // Row r of member m goes to slot n + r of its layer's cache.
+    // Row r of member m goes to slot n + r of its layer's cache (new every launch).
     const auto slots = [&](auto at) {
-      auto* dev = row_tables.as<std::byte*>() + row_tables_host.size();
+      std::byte** dev = table_room(R);
       for (CudaBackend* m : ms) {
         DLayer& L = m->layers[size_t(l)];
         for (int64_t r = 0; r < m->T(); ++r) row_tables_host.push_back(at(L, L.n + r));
@@ -524,7 +524,6 @@ class CudaBackend final : public Backend {
     const auto vd = slots([&](DLayer& L, int64_t s) { return L.v.as<std::byte>() + s * KV * 4; });
     const auto pd = slots([&](DLayer& L, int64_t s) { return L.pos.as<std::byte>() + s * 4; });
     const auto bd = slots([&](DLayer& L, int64_t) { return L.bits.as<std::byte>(); });
-    if (int64_t(row_tables_host.size()) > row_tables_cap) internal_fail("row tables past their room");
     tables_done();
     kv_append_rows(kn, vn, pn, R, KV, {nullptr, 0, reinterpret_cast<float* const*>(kd)},
                    {nullptr, 0, reinterpret_cast<float* const*>(vd)},
@@ -798,8 +797,20 @@ class CudaBackend final : public Backend {
   DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
   DBuf row_tables;           // rows_batched and the batched copies: tables of the members' row addresses
   DBuf attn_jobs;            // attention_batched: the launch's table of jobs
-  std::vector<const std::byte*> row_tables_host;
-  int64_t row_tables_cap = 0;
+  std::vector<const std::byte*> row_tables_host;  // a launch's new entries, from arena entry op_start
+  int64_t row_tables_cap = 0, arena_used = 0, arena_cap = 0, op_start = 0;
+  // A table in the arena: the activation, its row layout and, per member, its buffer and rows.
+  struct CachedTable {
+    DBuf CudaBackend::*buf;
+    int64_t width, per_row, sub_width, element_bytes;
+    std::vector<std::pair<const void*, int64_t>> members;
+    int64_t at;
+    bool same(const CachedTable& o) const {
+      return buf == o.buf && width == o.width && per_row == o.per_row && sub_width == o.sub_width &&
+             element_bytes == o.element_bytes && members == o.members;
+    }
+  };
+  std::vector<CachedTable> table_cache;
   // Mixture of experts: the router's logits and routes on the device and their host copies; the
   // (row, expert) pairs' grouped inputs, gate|up, activations and outputs, and their indices.
   DBuf router_logits, routes_dev, moe_x, moe_ff, moe_act, moe_y, moe_idx, moe_w;
@@ -820,30 +831,56 @@ class CudaBackend final : public Backend {
     staging.drained();
   }
 
-  // The tables of row addresses of one batched launch (Rows::table): tables_begin with room for
-  // their entries, table() for each (its device address, filled on the host), tables_done() to
-  // queue them all in one upload before the launch. Later launches reuse the buffer: the stream
-  // runs each upload after the launches queued before it.
+  // The tables of row addresses of the batched launches (Rows::table) live in one device arena:
+  // tables_begin with room for a launch's entries, table() for each (its device address), then
+  // tables_done() queues the launch's new entries in one upload. A table whose members' buffers and
+  // rows are what they were (a decoding step's, layer after layer and step after step, until a
+  // member's rows change) is the same addresses, and is reused from the arena instead of built
+  // again. When the arena is full it starts again from the beginning, its tables forgotten: the
+  // stream runs each upload after the launches queued before it, which read the old ones.
   void tables_begin(int64_t entries) {
-    row_tables.reserve(size_t(std::max<int64_t>(entries, 1)) * 8, "row tables");
+    if (arena_used + entries > arena_cap) {
+      table_cache.clear();
+      arena_used = 0;
+      if (entries > arena_cap) {
+        arena_cap = std::max<int64_t>({entries, 2 * arena_cap, 4096});
+        row_tables.reserve(size_t(arena_cap) * 8, "row tables");
+      }
+    }
+    op_start = arena_used;
     row_tables_host.clear();
-    row_tables_cap = entries;
+    row_tables_cap = arena_used + entries;
   }
   // The members' rows of activation `buf` (`width` elements a row), in member order; per_row > 1:
   // each row's per_row sub-rows `sub_width` apart (the heads of q and k).
   template <class T>
   Rows<T> table(const std::vector<CudaBackend*>& ms, DBuf CudaBackend::*buf, int64_t width,
                 int64_t per_row = 1, int64_t sub_width = 0, int64_t element_bytes = 4) {
-    T* const* at = row_tables.as<T*>() + row_tables_host.size();
+    CachedTable key{buf, width, per_row, sub_width, element_bytes, {}, 0};
+    for (const CudaBackend* m : ms) key.members.emplace_back((m->*buf).as<void>(), m->T());
+    for (const CachedTable& t : table_cache)
+      if (t.same(key)) return Rows<T>{nullptr, 0, row_tables.as<T*>() + t.at};
+    key.at = arena_used;
     for (const CudaBackend* m : ms)
       for (int64_t r = 0; r < m->T(); ++r)
         for (int64_t h = 0; h < per_row; ++h)
           row_tables_host.push_back((m->*buf).as<std::byte>() + (r * width + h * sub_width) * element_bytes);
-    if (int64_t(row_tables_host.size()) > row_tables_cap) internal_fail("row tables past their room");
-    return Rows<T>{nullptr, 0, at};
+    arena_used = op_start + int64_t(row_tables_host.size());
+    if (arena_used > row_tables_cap) internal_fail("row tables past their room");
+    table_cache.push_back(std::move(key));
+    return Rows<T>{nullptr, 0, row_tables.as<T*>() + table_cache.back().at};
+  }
+  // Room in the arena for n entries the caller pushes to row_tables_host itself (not kept).
+  std::byte** table_room(int64_t n) {
+    std::byte** at = row_tables.as<std::byte*>() + arena_used;
+    arena_used += n;
+    if (arena_used > row_tables_cap) internal_fail("row tables past their room");
+    return at;
   }
   void tables_done() {
-    put(row_tables.as<void>(), row_tables_host.data(), row_tables_host.size() * sizeof(void*));
+    if (!row_tables_host.empty())
+      put(row_tables.as<std::byte*>() + op_start, row_tables_host.data(),
+          row_tables_host.size() * sizeof(void*));
   }
 
   DBuf& tensor(Tensor t) {

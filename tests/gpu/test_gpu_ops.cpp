@@ -984,7 +984,8 @@ TEST(GpuForward, ABatchOfExpertsMembersWaitsOnceALayerForTheirRoutes) {
 // operations queued on the stream (cuda::queued_ops(): launches, GEMMs, copies) for one member,
 // for two and eight, unpruned, bf16 weights: what each member from the second to the eighth adds,
 // per layer, must stay small: its output norm once a step, 0.17 a layer here. Before the batch's row
-// ops, GEMM copies, K/V append and attention were each one launch for all members, about 22.
+// ops, GEMM copies, K/V append and attention were each one launch for all members, about 22. (The
+// step: 123 operations alone, 186 for 2 members, 192 for 8, its row tables reused layer to layer.)
 TEST(GpuForward, ABatchedDecodingStepQueuesLittleMorePerMember) {
   testing::TempDir dir;
   CpuContext ctx(1);
