@@ -32,14 +32,15 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     if (alone) return ms[0].session->matmul(*ms[0].pass, p, l);
     lead.matmul_batched(p, l, bes);
   };
-  // How the members' other parts run. Alone: the member's own calls, timed where it has timers,
-  // KV-Runahead's hooks between them. In one launch over all members where the backend batches its
-  // launches (a GPU: Backend::rows_batched and the other *_batched calls) and no member is timed.
-  // Else member by member: the row ops in turn, as they take less than a task's start, and each
-  // member's attention part whole, side by side (the CPU: one task per member).
+  // How the members' other parts run. In one launch over all members where the backend batches its
+  // launches (a GPU: Backend::rows_batched and the other *_batched calls) and no member is timed;
+  // else each member's own calls (timed where it has timers), the row ops in turn, as they take less
+  // than a task's start. A batch without such a backend (the CPU) runs each member's attention part
+  // whole, side by side (one task per member), unless KV-Runahead's hook goes inside it.
   bool timed = false;
   for (const BatchMember& m : ms) timed = timed || m.pass->timers;
   const bool one_launch = !alone && !timed && lead.launches_batched();
+  const bool whole_parts = !alone && !one_launch && !hooks.before_attention;
   const auto row = [&](RowOp op, int l) {
     if (!one_launch) {
       for (const BatchMember& m : ms) m.session->row_op(*m.pass, op, l);
@@ -48,7 +49,7 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     lead.rows_batched(op, l, bes);
   };
   // A member's attention part: its q/k norms and RoPE, its (token, layer) pairs recorded, its K/V
-  // appended, its attention (the batched path below runs the same steps, each over all members).
+  // appended, its attention. The other path runs the same steps, each over all members.
   const auto attention_part = [&](Session& s, Session::Pass& ps, int l) {
     if (c.qk_norm) s.row_op(ps, RowOp::QkNorm, l);
     s.row_op(ps, RowOp::Rope, l);
@@ -61,32 +62,29 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
     for (const BatchMember& m : ms) m.session->rows_in(*m.pass);
     row(RowOp::AttnNorm, l);
     gemm(Proj::QKV, l);
-    if (alone && hooks.before_attention) {  // KV-Runahead: the earlier ranks' K/V before the rows'
-      if (c.qk_norm) row(RowOp::QkNorm, l);
-      row(RowOp::Rope, l);
-      hooks.before_attention(l);
-      ms[0].session->index_kv(*ms[0].pass, l);
-      lead.kv_append(l);
-      ms[0].session->attend(*ms[0].pass, l);
-    } else if (alone) {
-      attention_part(*ms[0].session, *ms[0].pass, l);
-    } else if (!one_launch) {
+    if (whole_parts) {
       lead.for_each_member(int64_t(ms.size()), [&](int64_t i) {
         attention_part(*ms[size_t(i)].session, *ms[size_t(i)].pass, l);
       });
     } else {
       if (c.qk_norm) row(RowOp::QkNorm, l);
       row(RowOp::Rope, l);
+      if (hooks.before_attention) hooks.before_attention(l);  // KV-Runahead: earlier ranks' K/V first
       in_turn(&Session::index_kv, l);
-      lead.kv_append_batched(l, bes);
-      in_turn(&Session::attention_keys, l);  // each member's key set, then one call over all of them
-      std::vector<std::span<const int32_t>> slots;
-      std::vector<char> scored;
-      for (const BatchMember& m : ms) {
-        slots.push_back(m.session->attention_slots());
-        scored.push_back(char(m.session->scored(*m.pass, l)));
+      if (one_launch) {
+        lead.kv_append_batched(l, bes);
+        in_turn(&Session::attention_keys, l);  // each member's key set, then one call over all of them
+        std::vector<std::span<const int32_t>> slots;
+        std::vector<char> scored;
+        for (const BatchMember& m : ms) {
+          slots.push_back(m.session->attention_slots());
+          scored.push_back(char(m.session->scored(*m.pass, l)));
+        }
+        lead.attention_batched(l, bes, slots, scored);
+      } else {
+        for (const BatchMember& m : ms) m.session->backend().kv_append(l);
+        side_by_side(&Session::attend, l);
       }
-      lead.attention_batched(l, bes, slots, scored);
     }
     if (hooks.after_attention) hooks.after_attention(l);
     gemm(Proj::O, l);

@@ -222,9 +222,8 @@ void batch_rows(const Model& m, int64_t T, int members) {
       const double steps_run = g_runs + 1, tokens_s = n * 1e3 / ms;
       if (n == 1) alone = tokens_s;
       fmt::print(
-          "  {:<9} {} member{}  {:>8.2f} ms a step  {:>8.0f} tokens/s  ({:.2f}x one; {:.0f} operations "
-          "queued and "
-          "{:.1f} host waits a step)\n",
+          "  {:<9} {} member{}  {:>8.2f} ms a step  {:>8.0f} tokens/s  "
+          "({:.2f}x one; {:.0f} operations queued and {:.1f} host waits a step)\n",
           prune ? "LazyLLM" : "unpruned", n, n == 1 ? " " : "s", ms, tokens_s, tokens_s / alone,
           double(cuda::queued_ops() - ops0) / steps_run, double(cuda::host_waits() - waits0) / steps_run);
     }

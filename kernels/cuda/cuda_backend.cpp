@@ -414,7 +414,7 @@ class CudaBackend final : public Backend {
     for (const CudaBackend* m : ms) R += m->T();
     if (R == 0) return;
     const int64_t D = c.n_embd, F = c.n_ff, H = c.n_head, Hkv = c.n_head_kv, Dh = c.head_dim;
-    const DLayerWeights* L = l < c.n_layer ? &dw->layers[size_t(l)] : nullptr;
+    const DLayerWeights* L = &dw->layers[size_t(l)];
     switch (op) {
       case RowOp::AttnNorm:
       case RowOp::FfnNorm: {
@@ -484,14 +484,7 @@ class CudaBackend final : public Backend {
     if (members.size() == 1 && members[0] == this) return attention(l, slots[0], scored[0] != 0);
     const std::vector<CudaBackend*> ms = members_of(members);
     std::vector<AttentionInput> in;
-    for (size_t i = 0; i < ms.size(); ++i) {
-      CudaBackend& m = *ms[i];
-      const DLayer& L = m.layers[size_t(l)];
-      const bool listed = !slots[i].empty();
-      in.push_back({m.q.as<float>(), m.pos_dev.as<int32_t>(), m.T(), L.k.as<float>(), L.v.as<float>(),
-                    L.pos.as<int32_t>(), listed ? m.key_slots(l, slots[i]) : nullptr,
-                    listed ? int64_t(slots[i].size()) : L.n, m.attn.as<float>()});
-    }
+    for (size_t i = 0; i < ms.size(); ++i) in.push_back(ms[i]->attention_input(l, slots[i]));
     cuda::attention_batched(in.data(), in.size(), c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(),
                             c.window(l), opt.tensor_core_attention, [this](const void* host, size_t bytes) {
                               attn_jobs.reserve(bytes, "attention jobs");
@@ -569,18 +562,24 @@ class CudaBackend final : public Backend {
 
   void attention(int l, std::span<const int32_t> slots,
                  bool /*scored: scores read the keys again*/) override {
+    const AttentionInput in = attention_input(l, slots);
+    cuda::attention_batched(&in, 1, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l),
+                            opt.tensor_core_attention, {});
+  }
+  // This backend's rows over layer l's keys: every held slot in order, or a listed key set, read
+  // where it is in the cache (the kernels follow the slot list).
+  AttentionInput attention_input(int l, std::span<const int32_t> slots) {
     const DLayer& L = layers[size_t(l)];
-    const auto run = opt.tensor_core_attention ? &cuda::attention_tc : &cuda::attention;
-    if (slots.empty()) {
-      run(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(),
-          L.n, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l), attn.as<float>(),
-          nullptr);
-      return;
-    }
-    // A listed key set, read where it is in the cache (the kernels follow the slot list).
-    run(q.as<float>(), pos_dev.as<int32_t>(), T(), L.k.as<float>(), L.v.as<float>(), L.pos.as<int32_t>(),
-        int64_t(slots.size()), c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l),
-        attn.as<float>(), key_slots(l, slots));
+    const bool listed = !slots.empty();
+    return {q.as<float>(),
+            pos_dev.as<int32_t>(),
+            T(),
+            L.k.as<float>(),
+            L.v.as<float>(),
+            L.pos.as<int32_t>(),
+            listed ? key_slots(l, slots) : nullptr,
+            listed ? int64_t(slots.size()) : L.n,
+            attn.as<float>()};
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
@@ -811,6 +810,7 @@ class CudaBackend final : public Backend {
     }
   };
   std::vector<CachedTable> table_cache;
+  static constexpr size_t kMaxTables = 64;
   // Mixture of experts: the router's logits and routes on the device and their host copies; the
   // (row, expert) pairs' grouped inputs, gate|up, activations and outputs, and their indices.
   DBuf router_logits, routes_dev, moe_x, moe_ff, moe_act, moe_y, moe_idx, moe_w;
@@ -839,7 +839,8 @@ class CudaBackend final : public Backend {
   // again. When the arena is full it starts again from the beginning, its tables forgotten: the
   // stream runs each upload after the launches queued before it, which read the old ones.
   void tables_begin(int64_t entries) {
-    if (arena_used + entries > arena_cap) {
+    // Past kMaxTables the cache's scan would cost more than rebuilding (revivals change rows often).
+    if (arena_used + entries > arena_cap || table_cache.size() > kMaxTables) {
       table_cache.clear();
       arena_used = 0;
       if (entries > arena_cap) {
