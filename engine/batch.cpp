@@ -129,18 +129,22 @@ void run_batch(std::span<const BatchMember> ms) {
       with_logits.push_back(&m);
       total += R;
     }
-  if (heads.empty()) return;
-  if (heads.size() == 1)
-    return with_logits[0]->session->lm_head(*with_logits[0]->pass, with_logits[0]->logits);
-  const int64_t V = c.n_vocab;
-  std::vector<float> logits(size_t(total * V));
-  heads[0]->lm_head_batched(heads, logits.data(), V);
-  const float* src = logits.data();
-  for (size_t i = 0; i < heads.size(); ++i) {
-    const int64_t n = heads[i]->rows() * V;
-    std::copy_n(src, n, with_logits[i]->logits);
-    src += n;
+  if (heads.size() == 1) {
+    with_logits[0]->session->lm_head(*with_logits[0]->pass, with_logits[0]->logits);
+  } else if (!heads.empty()) {
+    const int64_t V = c.n_vocab;
+    std::vector<float> logits(size_t(total * V));
+    heads[0]->lm_head_batched(heads, logits.data(), V);
+    const float* src = logits.data();
+    for (size_t i = 0; i < heads.size(); ++i) {
+      const int64_t n = heads[i]->rows() * V;
+      std::copy_n(src, n, with_logits[i]->logits);
+      src += n;
+    }
   }
+  // The logits waited for the device: each decoding step's deferred selections are replayed (a member
+  // that missed a revival is computed again, alone).
+  for (const BatchMember& m : ms) m.session->settle(*m.pass, m.logits);
 }
 
 }  // namespace lp

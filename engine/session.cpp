@@ -127,6 +127,7 @@ Session::Session(CpuContext& ctx, const Model& m, int64_t n_ctx)
     : Session(m, std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx)) {}
 
 void Session::reset() {
+  defer_ok_ = false;
   for (auto& kv : kv_) kv = KvIndex{};
   aux_ = AuxCache{};
   aux_.width = m_.config().n_embd;
@@ -197,7 +198,7 @@ void Session::timed(OpTimers* t, int layer, Op op, const OpShape& shape, F&& f) 
 }
 
 void Session::revive(Pass& ps, int l) {
-  if (!ps.decode) return;
+  if (!ps.decode || ps.deferred) return;  // deferred: settle() checks that there was nothing to revive
   // Active tokens without K/V here that are not rows yet come back from the Aux Cache, whose entry
   // is exactly this layer's input (a token leaves the rows only when it is pruned, and its state
   // is saved then).
@@ -207,6 +208,7 @@ void Session::revive(Pass& ps, int l) {
     if (kv.find(ap) < 0 && ap != ps.new_pos && !std::binary_search(ps.rows.begin(), ps.rows.end(), ap))
       revive.push_back(ap);
   if (revive.empty()) return;
+  ps.revived += int64_t(revive.size());
   timed(ps.timers, l, Op::Gather, OpShape{int64_t(revive.size()), 0, 0}, [&] {
     const RowMerge plan = aux_.plan_revival(l, ps.rows, revive);
     be_->merge_rows(plan, int64_t(ps.rows.size()));
@@ -233,6 +235,12 @@ void Session::row_op(Pass& ps, RowOp op, int l) {
 bool Session::prunes_at(const Pass& ps, int l) const {
   return ps.prune && ps.prune->policy && ps.next_step < ps.prune->steps.size() &&
          ps.prune->steps[ps.next_step].layer == l;
+}
+// A decoding step's selection at pruning layer l deferred: one new row, nothing revived so far (so that
+// undoing the step is undoing its row's K/V), a policy that keeps the top scores.
+bool Session::defers_at(const Pass& ps, int l) const {
+  return ps.may_defer && ps.revived == 0 && prunes_at(ps, l) && ps.prune->policy->keeps_top_scores() &&
+         ps.prune->policy->needs_scores() && ps.rows.size() == 1 && ps.rows[0] == ps.new_pos;
 }
 // A forward pass's layer before its first pruning step whose scores the policy takes in
 // (static-paper's observe(), in prune()).
@@ -261,6 +269,17 @@ void Session::attend(Pass& ps, int l) {
 void Session::attention_keys(Pass& ps, int l) {
   KvIndex& kv = kv_[size_t(l)];
   const std::span<const int32_t> rows = ps.rows;
+  if (ps.deferred) {  // the keys are the backend's active set; settle() counts a window's pairs
+    slots_.clear();
+    be_->device_keys(l, ps.n_active);
+    ps.attn_keys = ps.attn_pairs = ps.n_active;
+    if (ps.stats) {
+      ps.stats->queries[size_t(l)] = int64_t(rows.size());
+      ps.stats->keys[size_t(l)] = kv.n();
+      ps.stats->pairs[size_t(l)] = ps.stats->attended[size_t(l)] = ps.n_active;
+    }
+    return;
+  }
   if (!ps.decode && ps.keyed_prefix) {  // an imported prefix, then the pass's rows
     keys_.assign(ps.prefix.begin(), ps.prefix.end());
     keys_.insert(keys_.end(), rows.begin(), rows.end());
@@ -350,6 +369,7 @@ std::span<const int32_t> Session::selection_keys(const Pass& ps) const {
 
 void Session::queue_selection(Pass& ps, int l) {
   ps.selection_queued = false;
+  if (defers_at(ps, l)) return;  // end_layer queues it, and nothing waits
   if (!prunes_at(ps, l) || (!ps.decode && !ps.pruning) || ps.timers) return;
   PruningPolicy& policy = *ps.prune->policy;
   if (!policy.keeps_top_scores() || !policy.needs_scores()) return;
@@ -470,6 +490,8 @@ Session::Pass Session::begin_extend(std::span<const int32_t> ids, std::span<cons
   // Rows computed in this step (ascending positions, the last new token last); backend row i
   // holds rows[i].
   ps.rows.assign(pos.begin(), pos.end());
+  ps.ids.assign(ids.begin(), ids.end());
+  ps.may_defer = defer_ok_ && T == 1 && !timers && b.defers_selection();
   b.set_rows(ps.rows);
   ps.rows_changed = false;
   timed(timers, c.n_layer, Op::Embed, OpShape{T, 0, 0}, [&] { b.embed(ids); });
@@ -551,7 +573,103 @@ void Session::prune(Pass& ps, int l) {
   if (stats && !ps.keyed_prefix) stats->pruning->back().kept = ps.rows;
 }
 
+void Session::defer_selection(Pass& ps, int l) {
+  const std::span<const PruneStep> steps = ps.prune->steps;
+  const int64_t n = ps.deferred ? ps.n_active : int64_t(ps.active.size());
+  if (!ps.deferred) {  // the log's room: every selection left in the step
+    int64_t kept = 0, scores = 0, m = n;
+    for (size_t j = ps.next_step; j < steps.size(); ++j) {
+      scores += m;
+      m = tokens_kept(m, steps[j].share);
+      kept += m;
+    }
+    be_->deferred_log(kept, ps.stats ? scores : 0);
+  }
+  Pass::Deferral d;
+  d.layer = l;
+  d.n = n;
+  d.n_keep = tokens_kept(n, steps[ps.next_step++].share);
+  d.kept_at = ps.log_kept;
+  d.scores_at = ps.stats ? ps.log_scores : -1;
+  be_->last_row_scores(l, slots_);  // the keys attention_keys chose (the backend's, once deferred)
+  be_->select_deferred(ps.deferred ? std::span<const int32_t>{} : std::span<const int32_t>(ps.active), n,
+                       d.n_keep, d.kept_at, d.scores_at);
+  ps.log_kept += d.n_keep;
+  if (ps.stats) {
+    ps.log_scores += n;
+    d.trace_entry = ps.stats->pruning->size();
+    ps.stats->pruning->push_back({l, {}, {}});  // kept and scores: settle()
+  }
+  ps.deferrals.push_back(d);
+  ps.deferred = true;
+  ps.n_active = d.n_keep;
+  // The one row, the new token, is always kept and has no K/V at the next layer: it stays.
+}
+
+void Session::settle(Pass& ps, float* logits) {
+  if (!ps.decode) return;
+  if (!ps.deferred) {
+    defer_ok_ = ps.revived == 0 && ps.ids.size() == 1;
+    return;
+  }
+  const ModelConfig& c = m_.config();
+  const int L = c.n_layer;
+  // Each kept set against the layers that attended it, up to the next selection: every token but the
+  // new one must have had K/V there (else the step should have revived it).
+  std::vector<int32_t> active;
+  bool missed = false;
+  for (size_t k = 0; k < ps.deferrals.size() && !missed; ++k) {
+    const Pass::Deferral& d = ps.deferrals[k];
+    const std::span<const int32_t> kept = be_->deferred_kept(d.kept_at, d.n_keep);
+    if (kept.empty() || kept.back() != ps.new_pos) fail("pruning policy dropped the last token");
+    active.assign(kept.begin(), kept.end());
+    const int last = k + 1 < ps.deferrals.size() ? ps.deferrals[k + 1].layer : L - 1;
+    for (int l = d.layer + 1; l <= last && !missed; ++l) {
+      const KvIndex& kv = kv_[size_t(l)];
+      for (const int32_t p : active)
+        if (p != ps.new_pos && kv.find(p) < 0) {
+          missed = true;
+          break;
+        }
+      const int window = c.window(l);
+      if (ps.stats && window > 0)  // the new row sees the keys after new_pos - window
+        ps.stats->pairs[size_t(l)] =
+            active.end() - std::upper_bound(active.begin(), active.end(), int64_t(ps.new_pos) - window,
+                                            [](int64_t a, int32_t b) { return a < b; });
+    }
+    if (ps.stats) {
+      trace::Pruning& e = (*ps.stats->pruning)[d.trace_entry];
+      e.kept = active;
+      const std::span<const float> sc = be_->deferred_scores(d.scores_at, d.n);
+      e.scores.assign(sc.begin(), sc.end());
+    }
+  }
+  if (!missed) {
+    ps.active = std::move(active);
+    defer_ok_ = true;
+    return;
+  }
+  // A revival missed: the step undone (its one row's K/V at every layer: nothing else was written)
+  // and computed again, waiting at its selections.
+  ++redone_;
+  defer_ok_ = false;
+  for (int l = 0; l < L; ++l) {
+    KvIndex& kv = kv_[size_t(l)];
+    if (kv.n() == 0 || kv.pos.back() != ps.new_pos) continue;
+    kv.slot_of[size_t(ps.new_pos)] = -1;
+    kv.pos.pop_back();
+    be_->kv_truncate(l, kv.n());
+  }
+  const std::vector<int32_t> ids = ps.ids;
+  ps = begin_extend(ids, {&ps.new_pos, 1}, *ps.prune, ps.stats, ps.timers);
+  run_layers(BatchMember{this, &ps, logits});
+  head(ps);
+  lm_head(ps, logits);
+  settle(ps, logits);
+}
+
 void Session::reselect(Pass& ps, int l) {
+  if (defers_at(ps, l)) return defer_selection(ps, l);
   const int L = m_.config().n_layer;
   const int64_t Tl = int64_t(ps.rows.size());
   const PruneRequest& prune = *ps.prune;
@@ -752,6 +870,7 @@ void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneReque
   run_layers(BatchMember{this, &ps, logits});
   head(ps);
   lm_head(ps, logits);
+  settle(ps, logits);
 }
 
 void Session::extend(std::span<const int32_t> ids, std::span<const int32_t> pos, float* logits,
@@ -760,6 +879,7 @@ void Session::extend(std::span<const int32_t> ids, std::span<const int32_t> pos,
   run_layers(BatchMember{this, &ps, logits});
   head(ps);
   lm_head(ps, logits);
+  settle(ps, logits);
 }
 
 }  // namespace lp

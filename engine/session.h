@@ -182,6 +182,21 @@ class Session {
     int64_t attn_pairs = 0, attn_keys = 0;  // attention_keys: the layer's causal pairs and keys
     trace::Step* stats = nullptr;
     OpTimers* timers = nullptr;
+    int64_t revived = 0;  // decode: rows revived so far
+    // Deferred selection (decode_step): the step's new tokens, whether its selections may be deferred,
+    // and once one was, the size of the active set the backend holds, each deferred selection, and
+    // the room they take in the backend's log.
+    std::vector<int32_t> ids;
+    bool may_defer = false;
+    bool deferred = false;  // ps.active is the active set before the first deferred selection
+    int64_t n_active = 0;
+    struct Deferral {
+      int layer = 0;
+      int64_t n = 0, n_keep = 0, kept_at = 0, scores_at = -1;
+      size_t trace_entry = 0;  // its stats->pruning entry
+    };
+    std::vector<Deferral> deferrals;
+    int64_t log_kept = 0, log_scores = 0;
   };
   // forward()'s and decode_step()'s checks, then the rows embedded.
   Pass begin_forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
@@ -218,6 +233,14 @@ class Session {
   void end_layer(Pass& ps, int l);
   // The rows that get logits gathered and normed; returns their count (0: no LM head to run).
   int64_t head(Pass& ps);
+  // After a pass's LM head (whose logits made the host wait): a decoding step whose selections were
+  // deferred replays them on the host's index. Where one kept a token that has no K/V at a layer
+  // that attended it (a revival the device did not make), the step is undone and computed again
+  // without deferring, its logits written to `logits` again. Decoding steps of one token defer
+  // (where the backend defers_selection, the policy keeps the top scores and no op is timed) after a
+  // step that revived nothing: revivals cluster in the first steps after a prefill.
+  void settle(Pass& ps, float* logits);
+  int64_t steps_redone() const { return redone_; }  // settle's computed again
   // The alone path's GEMM of one part, timed.
   void matmul(Pass& ps, Proj p, int l);
   void lm_head(Pass& ps, float* logits);
@@ -271,6 +294,8 @@ class Session {
   std::vector<int32_t> slots_;    // key slots of the last layer() (empty: every held slot, in order)
   std::vector<int32_t> key_pos_;  // scratch: key positions when layer() was given none
   std::vector<int32_t> keys_;     // scratch: a forward pass's prefix and rows
+  bool defer_ok_ = false;         // the last decoding step revived nothing: the next may defer
+  int64_t redone_ = 0;
 
   // Records op's time (when timers), FLOPs and bytes around f.
   template <class F>
@@ -278,6 +303,8 @@ class Session {
   void prune(Pass& ps, int l);                    // end_layer of a forward pass
   void reselect(Pass& ps, int l);                 // end_layer of a decoding step
   bool prunes_at(const Pass& ps, int l) const;    // layer l is the next pruning step
+  bool defers_at(const Pass& ps, int l) const;    // and its selection is deferred
+  void defer_selection(Pass& ps, int l);          // end_layer of a decoding step that defers
   bool observes_at(const Pass& ps, int l) const;  // the policy observes layer l (a forward pass)
   // What becomes of each backend row at the end of layer l: stays a row, leaves with its state (the
   // input of layer l + 1) saved to the Aux Cache, or leaves without (it has K/V there already, or

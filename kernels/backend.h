@@ -134,6 +134,26 @@ class Backend {
   // last_row_scores left; select_top, called next with the same arguments, returns it. The default
   // does nothing (select_top does all of it).
   virtual void select_queue(std::span<const int32_t> /*pos*/, int64_t /*n_keep*/) {}
+  // Deferred selection (Session::decode_step: a LazyLLM decoding step that does not wait for its
+  // pruning layers' selections). A backend that defers keeps the step's active set on the device:
+  //  - deferred_log(kept, scores) before a step's first deferred selection: room in the step's log
+  //    for that many kept positions and scores;
+  //  - select_deferred: the n_keep best of the n keys last_row_scores scored, the last kept; the
+  //    keys are the positions `pos`, or (empty) the device's active set; the kept positions become
+  //    the active set and are copied into the log from `kept_at` (the scores from `scores_at`, when
+  //    not -1), behind the selection, without waiting;
+  //  - device_keys(layer, n): after the rows' K/V append, the layer's keys are the active set (its n
+  //    positions' cache slots); the attention and scores at that layer are then called without slots;
+  //  - deferred_kept / deferred_scores: the log, read after a wait (the step's logits);
+  //  - kv_truncate: a layer's cache back to its first n slots (a step computed again).
+  virtual bool defers_selection() const { return false; }
+  virtual void deferred_log(int64_t kept, int64_t scores);
+  virtual void select_deferred(std::span<const int32_t> pos, int64_t n, int64_t n_keep, int64_t kept_at,
+                               int64_t scores_at);
+  virtual void device_keys(int layer, int64_t n);
+  virtual std::span<const int32_t> deferred_kept(int64_t at, int64_t n);
+  virtual std::span<const float> deferred_scores(int64_t at, int64_t n);
+  virtual void kv_truncate(int layer, int64_t n);
   virtual void gather_rows(std::span<const int64_t> rows) = 0;  // x = x[rows] (x only)
   // Aux Cache states: entry entries[i] = x[rows[i]]; entries grow the cache as needed.
   virtual void aux_store(std::span<const int64_t> rows, std::span<const int64_t> entries) = 0;

@@ -290,7 +290,8 @@ std::shared_ptr<DeviceWeights> upload_weights(const ModelConfig& c, const Weight
 }
 
 struct DLayer {
-  DBuf k, v, pos, bits;           // K/V [n_ctx][Hkv Dh], positions [n_ctx], has-KV bits
+  DBuf k, v, pos;                 // K/V [n_ctx][Hkv Dh], each slot's position [n_ctx]
+  DBuf slot_of;                   // [positions] each position's slot, -1: no K/V here (KvIndex::slot_of)
   std::vector<int32_t> pos_host;  // [n] position of each slot (uploaded for a gathered key set)
   int64_t n = 0;
 };
@@ -310,11 +311,12 @@ class CudaBackend final : public Backend {
     reserve(T);
     pos.assign(p.begin(), p.end());
     for (const int32_t q : pos)
-      if (q < 0 || int64_t(q) >= bit_words * 32) fail("position {} outside [0, {})", q, bit_words * 32);
+      if (q < 0 || int64_t(q) >= n_pos) fail("position {} outside [0, {})", q, n_pos);
     put(pos_dev.as<void>(), pos.data(), size_t(T) * 4);
   }
 
   void embed(std::span<const int32_t> ids) override {
+    device_keys_at = {};  // a pass's first op: no layer's keys are the device's active set yet
     const int64_t T = int64_t(ids.size());
     const std::vector<int64_t> id64(ids.begin(), ids.end());
     idx.reserve(size_t(T) * 8, "row indices");
@@ -500,7 +502,7 @@ class CudaBackend final : public Backend {
     int64_t R = 0;
     for (CudaBackend* m : ms) m->kv_room(l), R += m->T();
     if (R == 0) return;
-    tables_begin(7 * R);
+    tables_begin(8 * R);
     const auto kn = table<const float>(ms, &CudaBackend::k, KV),
                vn = table<const float>(ms, &CudaBackend::v, KV);
     const auto pn = table<const int32_t>(ms, &CudaBackend::pos_dev, 1, 1, 0, 4);
@@ -516,12 +518,14 @@ class CudaBackend final : public Backend {
     const auto kd = slots([&](DLayer& L, int64_t s) { return L.k.as<std::byte>() + s * KV * 4; });
     const auto vd = slots([&](DLayer& L, int64_t s) { return L.v.as<std::byte>() + s * KV * 4; });
     const auto pd = slots([&](DLayer& L, int64_t s) { return L.pos.as<std::byte>() + s * 4; });
-    const auto bd = slots([&](DLayer& L, int64_t) { return L.bits.as<std::byte>(); });
+    const auto nd = slots([&](DLayer&, int64_t s) { return slot_numbers.as<std::byte>() + s * 4; });
+    const auto md = slots([&](DLayer& L, int64_t) { return L.slot_of.as<std::byte>(); });
     tables_done();
     kv_append_rows(kn, vn, pn, R, KV, {nullptr, 0, reinterpret_cast<float* const*>(kd)},
                    {nullptr, 0, reinterpret_cast<float* const*>(vd)},
                    {nullptr, 0, reinterpret_cast<int32_t* const*>(pd)},
-                   {nullptr, 0, reinterpret_cast<uint32_t* const*>(bd)});
+                   {nullptr, 0, reinterpret_cast<const int32_t* const*>(nd)},
+                   {nullptr, 0, reinterpret_cast<int32_t* const*>(md)});
     for (CudaBackend* m : ms) m->appended(l);
   }
 
@@ -545,7 +549,8 @@ class CudaBackend final : public Backend {
   void kv_append(int l) override {
     DLayer& L = kv_room(l);
     cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<float>(),
-                    L.v.as<float>(), L.pos.as<int32_t>(), L.bits.as<uint32_t>());
+                    L.v.as<float>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
+                    L.slot_of.as<int32_t>());
     appended(l);
   }
   // Layer l's cache, which must have room for the rows; and the host's record of their append.
@@ -568,18 +573,29 @@ class CudaBackend final : public Backend {
   }
   // This backend's rows over layer l's keys: every held slot in order, or a listed key set, read
   // where it is in the cache (the kernels follow the slot list).
+  // Or, after device_keys(l, n), the device's active set's slots.
   AttentionInput attention_input(int l, std::span<const int32_t> slots) {
     const DLayer& L = layers[size_t(l)];
-    const bool listed = !slots.empty();
+    const bool on_device = on_device_keys(l, slots), listed = on_device || !slots.empty();
     return {q.as<float>(),
             pos_dev.as<int32_t>(),
             T(),
             L.k.as<float>(),
             L.v.as<float>(),
             L.pos.as<int32_t>(),
-            listed ? key_slots(l, slots) : nullptr,
-            listed ? int64_t(slots.size()) : L.n,
+            on_device ? slot_list.as<int32_t>()
+            : listed  ? key_slots(l, slots)
+                      : nullptr,
+            on_device ? device_keys_at.n
+            : listed  ? int64_t(slots.size())
+                      : L.n,
             attn.as<float>()};
+  }
+  // Layer l's keys are the device's active set (device_keys): only where no slots are given.
+  bool on_device_keys(int l, std::span<const int32_t> slots) const {
+    if (device_keys_at.layer != l) return false;
+    if (!slots.empty()) internal_fail("layer {}: listed keys where the keys are the device's active set", l);
+    return true;
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
@@ -633,8 +649,11 @@ class CudaBackend final : public Backend {
 
   void last_row_scores(int l, std::span<const int32_t> slots) override {
     const DLayer& L = layers[size_t(l)];
-    const int64_t n = slots.empty() ? L.n : int64_t(slots.size());
-    const int32_t* listed = slots.empty() ? nullptr : key_slots(l, slots);
+    const bool on_device = on_device_keys(l, slots);
+    const int64_t n = on_device ? device_keys_at.n : slots.empty() ? L.n : int64_t(slots.size());
+    const int32_t* listed = on_device       ? slot_list.as<int32_t>()
+                            : slots.empty() ? nullptr
+                                            : key_slots(l, slots);
     scores_dev.reserve(size_t(n) * 4, "scores");
     scores_host_n = -1;
     queued = {};
@@ -689,6 +708,60 @@ class CudaBackend final : public Backend {
     return keep;
   }
 
+  // Deferred selection (kernels/backend.h): the active set in active_dev, the kept positions and
+  // scores copied behind each selection into the pinned log, read after the step's one wait.
+  bool defers_selection() const override { return opt.deferred_selection; }
+  void deferred_log(int64_t kept, int64_t scores) override {
+    // Nothing of the log is queued here (the step's first deferred selection, after the last step's
+    // wait for its logits), so it may be replaced.
+    if (size_t(kept) * 4 > log_kept.bytes) log_kept = PinnedBuf(size_t(kept) * 8, "deferred selections");
+    if (size_t(scores) * 4 > log_scores.bytes)
+      log_scores = PinnedBuf(size_t(scores) * 8, "deferred selections' scores");
+    log_kept_n = kept;
+    log_scores_n = scores;
+  }
+  void select_deferred(std::span<const int32_t> p, int64_t n, int64_t n_keep, int64_t kept_at,
+                       int64_t scores_at) override {
+    if (n > n_ctx || n_keep < 1 || n_keep > n || (!p.empty() && int64_t(p.size()) != n))
+      internal_fail("select_deferred: keep {} of {} keys (room for {})", n_keep, n, n_ctx);
+    if (kept_at < 0 || kept_at + n_keep > log_kept_n || (scores_at >= 0 && scores_at + n > log_scores_n))
+      internal_fail("select_deferred: the log has room for {} kept and {} scores", log_kept_n, log_scores_n);
+    if (!p.empty()) put(active_dev.as<void>(), p.data(), size_t(n) * 4);
+    cuda::select_top(scores_dev.as<float>(), active_dev.as<int32_t>(), n, n_keep, keep_dev.as<int64_t>());
+    gather_positions(active_dev.as<int32_t>(), keep_dev.as<int64_t>(), n_keep, active_next.as<int32_t>());
+    std::swap(active_dev, active_next);
+    copy_to_host_async(static_cast<int32_t*>(log_kept.p) + kept_at, active_dev.as<void>(),
+                       size_t(n_keep) * 4);
+    if (scores_at >= 0)
+      copy_to_host_async(static_cast<float*>(log_scores.p) + scores_at, scores_dev.as<void>(), size_t(n) * 4);
+    queued = {};
+    scores_host_n = -1;
+  }
+  void device_keys(int l, int64_t n) override {
+    if (n < 1 || n > layers[size_t(l)].n) internal_fail("device_keys: {} keys at layer {}", n, l);
+    slots_of(active_dev.as<int32_t>(), n, layers[size_t(l)].slot_of.as<int32_t>(), slot_list.as<int32_t>());
+    listed_layer = -1;  // slot_list no longer holds a host list
+    device_keys_at = {l, n};
+  }
+  std::span<const int32_t> deferred_kept(int64_t at, int64_t n) override {
+    if (at < 0 || at + n > log_kept_n) internal_fail("deferred_kept: [{}, {}) of {}", at, at + n, log_kept_n);
+    return {static_cast<const int32_t*>(log_kept.p) + at, size_t(n)};
+  }
+  std::span<const float> deferred_scores(int64_t at, int64_t n) override {
+    if (at < 0 || at + n > log_scores_n)
+      internal_fail("deferred_scores: [{}, {}) of {}", at, at + n, log_scores_n);
+    return {static_cast<const float*>(log_scores.p) + at, size_t(n)};
+  }
+  void kv_truncate(int l, int64_t n) override {
+    DLayer& L = layers[size_t(l)];
+    if (n < 0 || n > L.n) internal_fail("kv_truncate: {} of {} slots at layer {}", n, L.n, l);
+    const int32_t none = -1;
+    for (int64_t s = n; s < L.n; ++s) put(L.slot_of.as<int32_t>() + L.pos_host[size_t(s)], &none, 4);
+    L.n = n;
+    L.pos_host.resize(size_t(n));
+    if (listed_layer == l) listed_layer = -1;
+  }
+
   void gather_rows(std::span<const int64_t> rows) override {
     const int64_t R = int64_t(rows.size());
     idx.reserve(size_t(R) * 8, "row indices");
@@ -736,22 +809,22 @@ class CudaBackend final : public Backend {
   }
 
   void reset() override {
-    const std::vector<uint32_t> zero(size_t(bit_words), 0u);
     for (DLayer& L : layers) {
       L.n = 0;
       L.pos_host.clear();
-      put(L.bits.as<void>(), zero.data(), zero.size() * 4);
+      fill_i32(L.slot_of.as<int32_t>(), n_pos, -1);
     }
     listed_layer = -1;
+    device_keys_at = {};
   }
 
   std::vector<int32_t> kv_positions(int l) override {
     if (l < 0 || l >= int(layers.size())) fail("kv_positions: layer {} outside [0, {})", l, layers.size());
-    std::vector<uint32_t> bits(static_cast<size_t>(bit_words));
-    get(bits.data(), layers[size_t(l)].bits.as<void>(), bits.size() * 4);
+    std::vector<int32_t> slot_of(static_cast<size_t>(n_pos));
+    get(slot_of.data(), layers[size_t(l)].slot_of.as<void>(), slot_of.size() * 4);
     std::vector<int32_t> out;
-    for (int64_t p = 0; p < bit_words * 32; ++p)
-      if (cuda_math::has_kv(bits.data(), int32_t(p))) out.push_back(int32_t(p));
+    for (int64_t p = 0; p < n_pos; ++p)
+      if (slot_of[size_t(p)] >= 0) out.push_back(int32_t(p));
     return out;
   }
 
@@ -783,7 +856,7 @@ class CudaBackend final : public Backend {
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
   std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
-  int64_t bit_words = 0;
+  int64_t n_pos = 0;         // positions a session may use: the model's context (or n_ctx)
   std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
   // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
   DBuf x, x2, xn, qkv, q, k, v, attn, branch, ff, act, a16, pos_dev, idx, idx2, scores_dev, logits;
@@ -791,7 +864,17 @@ class CudaBackend final : public Backend {
   DBuf slot_list;  // a listed key set's cache slots [n_ctx]
   int listed_layer = -1;  // the layer and slots slot_list holds (-1: none)
   std::vector<int32_t> listed_slots;
-  DBuf keep_dev, sel_pos;    // a device selection's kept indices and the positions it ranks by
+  DBuf keep_dev, sel_pos;  // a device selection's kept indices and the positions it ranks by
+  // Deferred selection: the step's active set (positions) and the next one; the slots of positions
+  // 0 .. n_ctx - 1 (what kv_append writes into slot_of); the layer whose keys are the active set
+  // (device_keys; -1: none) and their count; the pinned log of kept positions and scores.
+  DBuf active_dev, active_next, slot_numbers;
+  struct DeviceKeys {
+    int layer = -1;
+    int64_t n = 0;
+  } device_keys_at;
+  PinnedBuf log_kept, log_scores;
+  int64_t log_kept_n = 0, log_scores_n = 0;
   DBuf aux_states;           // the Aux Cache's states [n_ctx][D]: entry e is row e
   DBuf batch_in, batch_out;  // matmul_batched, lm_head_batched: the members' rows, concatenated
   DBuf row_tables;           // rows_batched and the batched copies: tables of the members' row addresses
@@ -1098,14 +1181,14 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other
-  // backend has put them on the device): K/V with positions and has-KV
-  // bits, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
+  // backend has put them on the device): K/V with each slot's position and each position's
+  // slot, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
   // tokens at once (reserve and mm's bf16 copy: x, x2, xn and the residual branch, qkv and
   // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
   // decoding step adds over n_ctx keys (a listed key set's slots, a second row index) and
   // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
-  const int64_t words = (std::max<int64_t>(c.n_ctx_train, n_ctx) + 31) / 32;
-  const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(words) * 4);
+  const int64_t positions = std::max<int64_t>(c.n_ctx_train, n_ctx);
+  const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(positions) * 4);
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
   const double Q = double(c.n_head) * c.head_dim, F = c.moe() ? 0.0 : double(c.n_ff), D = double(c.n_embd);
   const double bf16_copy = w.dtype != DType::F32 ? 2 * std::max({D, Q, F}) : 0;
@@ -1122,7 +1205,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
                                ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F, 2 * Fe * D})
                                : 0;
   const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24 + moe;
-  const double decode = 4 + 8, selection = 6 * 8 + 4 + 4 /* scores */;
+  const double decode = 4 + 8 + 12 /* deferred selection */, selection = 6 * 8 + 4 + 4 /* scores */;
   const double act_bytes =
       double(n_ctx) * (prefill + decode + selection) + double(c.n_vocab) * 4 /* logits */;
   // cuBLAS's workspace and the kernels' modules: a margin, not a count.
@@ -1149,22 +1232,29 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
     weight_cache().put(w, uploaded);
     dw = std::move(uploaded);
   }
-  // One has-KV bit per position a session may use: up to the model's context (or n_ctx).
-  bit_words = words;
+  // A slot per position a session may use: up to the model's context (or n_ctx).
+  n_pos = positions;
   layers.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     DLayer& L = layers[size_t(l)];
     L.k.reserve(size_t(n_ctx * KV) * 4, "K cache");
     L.v.reserve(size_t(n_ctx * KV) * 4, "V cache");
     L.pos.reserve(size_t(n_ctx) * 4, "K/V positions");
-    const std::vector<uint32_t> zero(size_t(bit_words), 0u);
-    L.bits = upload(zero.data(), zero.size(), "has-KV bits");
+    L.slot_of.reserve(size_t(n_pos) * 4, "K/V slots of positions");
+    fill_i32(L.slot_of.as<int32_t>(), n_pos, -1);
   }
   aux_states.reserve(size_t(n_ctx * c.n_embd) * 4, "Aux Cache");
   // A decoding step's key-sized buffers at their largest, n_ctx keys (counted above as `decode` and
   // `selection`): grown with the keys instead, they were freed and allocated again at almost every
   // LazyLLM step (one key more each), and cudaFree waits for the device (issue 58, item 2).
   slot_list.reserve(size_t(n_ctx) * 4, "key slots");
+  {
+    std::vector<int32_t> numbers(static_cast<size_t>(n_ctx));
+    std::iota(numbers.begin(), numbers.end(), 0);
+    slot_numbers = upload(numbers.data(), numbers.size(), "slot numbers");
+  }
+  active_dev.reserve(size_t(n_ctx) * 4, "active positions");
+  active_next.reserve(size_t(n_ctx) * 4, "active positions");
   idx2.reserve(size_t(n_ctx) * 8, "row indices");
   scores_dev.reserve(size_t(n_ctx) * 4, "scores");
   sel_pos.reserve(size_t(n_ctx) * 4, "selection positions");

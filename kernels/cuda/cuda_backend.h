@@ -1,10 +1,11 @@
 // The CUDA backend: the layer ops of kernels/backend.h over the launchers of cuda_ops.h. The
 // model's weights are uploaded once in its dtype (f32 GEMMs exact, bf16 GEMMs with f32
 // accumulation; a tied LM head is the embedding table, not a second copy); K/V per layer lives on
-// the device with positions and has-KV bits, and so do the Aux Cache's states, so no hidden
-// state crosses PCIe. LazyLLM's selection runs on the device (select_top, CUB); only the kept
-// indices come back. Plain C++ over the launchers, so it builds without CUDA headers; in a build
-// without CUDA, make_backend fails with the reason.
+// the device with each slot's position and each position's slot, and so do the Aux Cache's states,
+// so no hidden state crosses PCIe. LazyLLM's selection runs on the device (select_top, CUB); only
+// the kept indices come back, or, in a deferred decoding step, the kept positions stay on the device
+// as the step's active set and come back behind it (Backend::select_deferred). Plain C++ over the launchers,
+// so it builds without CUDA headers; in a build without CUDA, make_backend fails with the reason.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,10 @@ struct BackendOptions {
   // default until the GPU-against-CPU comparisons have a reference that rounds attention as it does
   // (docs/cuda.md, "Tensor-core attention"); lp_gpu_bench times both.
   bool tensor_core_attention = false;
+  // A LazyLLM decoding step that does not wait for its pruning layers' selections (Backend::
+  // select_deferred; engine/session.h). Off: each selection waits, as before (tests, lp_gpu_bench's
+  // comparison).
+  bool deferred_selection = true;
 };
 
 // Opens the first GPU, checks that the weights, K/V and Aux Cache for n_ctx tokens and the

@@ -132,16 +132,24 @@ void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64
 // indices in increasing order; the last token always kept. n_keep in [1, n].
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);
 // K/V append: rows of k_new/v_new [T][kv] into cache slots first_slot .. first_slot + T - 1 of
-// k_cache/v_cache [cap][kv], each row's original position pos[t] into slot_pos at its slot and its
-// has-KV bit set in bits.
+// k_cache/v_cache [cap][kv], each row's original position pos[t] into slot_pos at its slot, and its
+// slot's number slot_no[t] into slot_of at its position (the cache's position-to-slot map).
 void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
-               int64_t first_slot, float* k_cache, float* v_cache, int32_t* slot_pos, uint32_t* bits);
+               int64_t first_slot, float* k_cache, float* v_cache, int32_t* slot_pos, const int32_t* slot_no,
+               int32_t* slot_of);
 // The same through Rows: row t's k and v from k_new(t), v_new(t) into k_slot(t), v_slot(t), its
-// position *pos(t) into *slot_pos(t), its bit into the array bits(t) (a batch's members' rows, each
-// into its own cache, in one launch).
+// position *pos(t) into *slot_pos(t), its slot's number *slot_no(t) into the map slot_of(t) at that
+// position (a batch's members' rows, each into its own cache, in one launch).
 void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
                     int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
-                    Rows<uint32_t> bits);
+                    Rows<const int32_t> slot_no, Rows<int32_t> slot_of);
+// x[0:n] = v
+void fill_i32(int32_t* x, int64_t n, int32_t v);
+// out[i] = pos[keep[i]], i < n: the positions a selection kept.
+void gather_positions(const int32_t* pos, const int64_t* keep, int64_t n, int32_t* out);
+// out[i] = slot_of[pos[i]], i < n, or 0 where that is -1 (no K/V at the layer: the step missed a
+// revival, and the host computes it again).
+void slots_of(const int32_t* pos, int64_t n, const int32_t* slot_of, int32_t* out);
 // dst[r][0:width] = src[r][0:width] with row strides ld_src, ld_dst (splitting fused q|k|v rows).
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows);
 // out[t][i] = act(ff[t][i]) * ff[t][F + i] for fused gate|up rows ff [T][2F]: act silu, or with

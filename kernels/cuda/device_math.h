@@ -160,14 +160,6 @@ LP_HD int64_t tokens_kept(int64_t n_active, double share) {
   return kept < 1 ? 1 : kept;
 }
 
-// Per-token "has KV" bits, one per original position, in 32-bit words.
-LP_HD bool has_kv(const uint32_t* bits, int32_t pos) {
-  return (bits[pos >> 5] >> (pos & 31)) & 1u;
-}
-LP_HD void set_has_kv(uint32_t* bits, int32_t pos) {
-  bits[pos >> 5] |= 1u << (pos & 31);
-}
-
 // bf16 <-> f32, round to nearest even (as the CPU's bf16 path and cuBLAS inputs).
 LP_HD uint16_t f32_to_bf16(float f) {
   uint32_t u;

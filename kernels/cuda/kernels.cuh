@@ -185,11 +185,11 @@ __global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, floa
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::bf16_to_f32(s[i]);
 }
 
-// One block per row: its k and v into its cache slot's rows, its position into the slot's, its
-// has-KV bit set (bits(t): the row's cache's bit array).
+// One block per row: its k and v into its cache slot's rows, its position into the slot's, and the
+// slot's number *slot_no(t) into slot_of(t) at that position (the row's cache's position-to-slot map).
 __global__ void kv_append_kernel(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos,
                                  int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
-                                 Rows<uint32_t> bits) {
+                                 Rows<const int32_t> slot_no, Rows<int32_t> slot_of) {
   const int64_t t = blockIdx.x;
   const float *ks = k_new(t), *vs = v_new(t);
   float *kd = k_slot(t), *vd = v_slot(t);
@@ -200,7 +200,29 @@ __global__ void kv_append_kernel(Rows<const float> k_new, Rows<const float> v_ne
   if (threadIdx.x == 0) {
     const int32_t p = *pos(t);
     *slot_pos(t) = p;
-    atomicOr(&bits(t)[p >> 5], 1u << (p & 31));
+    slot_of(t)[p] = *slot_no(t);
+  }
+}
+
+__global__ void fill_kernel(int32_t* x, int64_t n, int32_t v) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = v;
+}
+
+// out[i] = pos[keep[i]]: the positions a selection kept (a deferred step's next active set).
+__global__ void gather_positions_kernel(const int32_t* pos, const int64_t* keep, int64_t n, int32_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = pos[keep[i]];
+}
+
+// out[i] = the cache slot of position pos[i] at a layer (slot_of: its position-to-slot map, -1 where the
+// layer holds no K/V), for attention and scores to read the keys where they are. A position without
+// K/V there reads slot 0 instead: the step missed a revival and the host computes it again.
+__global__ void slots_of_kernel(const int32_t* pos, int64_t n, const int32_t* slot_of, int32_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const int32_t s = slot_of[pos[i]];
+    out[i] = s < 0 ? 0 : s;
   }
 }
 

@@ -128,16 +128,32 @@ void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64
 
 void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
                     int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
-                    Rows<uint32_t> bits) {
+                    Rows<const int32_t> slot_no, Rows<int32_t> slot_of) {
   if (T <= 0) return;
   LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, pos, kv, k_slot, v_slot,
-            slot_pos, bits);
+            slot_pos, slot_no, slot_of);
 }
 
 void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
-               int64_t first_slot, float* k_cache, float* v_cache, int32_t* slot_pos, uint32_t* bits) {
+               int64_t first_slot, float* k_cache, float* v_cache, int32_t* slot_pos, const int32_t* slot_no,
+               int32_t* slot_of) {
   kv_append_rows({k_new, kv}, {v_new, kv}, {pos, 1}, T, kv, {k_cache + first_slot * kv, kv},
-                 {v_cache + first_slot * kv, kv}, {slot_pos + first_slot, 1}, {bits, 0});
+                 {v_cache + first_slot * kv, kv}, {slot_pos + first_slot, 1}, {slot_no, 1}, {slot_of, 0});
+}
+
+void fill_i32(int32_t* x, int64_t n, int32_t v) {
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::fill_kernel, blocks_for(n, kThreads), kThreads, 0, x, n, v);
+}
+
+void gather_positions(const int32_t* pos, const int64_t* keep, int64_t n, int32_t* out) {
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::gather_positions_kernel, blocks_for(n, kThreads), kThreads, 0, pos, keep, n, out);
+}
+
+void slots_of(const int32_t* pos, int64_t n, const int32_t* slot_of, int32_t* out) {
+  if (n <= 0) return;
+  LP_LAUNCH(kernels::slots_of_kernel, blocks_for(n, kThreads), kThreads, 0, pos, n, slot_of, out);
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {

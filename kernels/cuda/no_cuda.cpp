@@ -99,11 +99,20 @@ void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) {
   unavailable();
 }
 void kv_append(const float*, const float*, const int32_t*, int64_t, int64_t, int64_t, float*, float*,
-               int32_t*, uint32_t*) {
+               int32_t*, const int32_t*, int32_t*) {
   unavailable();
 }
 void kv_append_rows(Rows<const float>, Rows<const float>, Rows<const int32_t>, int64_t, int64_t, Rows<float>,
-                    Rows<float>, Rows<int32_t>, Rows<uint32_t>) {
+                    Rows<float>, Rows<int32_t>, Rows<const int32_t>, Rows<int32_t>) {
+  unavailable();
+}
+void fill_i32(int32_t*, int64_t, int32_t) {
+  unavailable();
+}
+void gather_positions(const int32_t*, const int64_t*, int64_t, int32_t*) {
+  unavailable();
+}
+void slots_of(const int32_t*, int64_t, const int32_t*, int32_t*) {
   unavailable();
 }
 void copy_columns(const float*, int64_t, float*, int64_t, int64_t, int64_t) {

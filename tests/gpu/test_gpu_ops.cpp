@@ -45,6 +45,8 @@ namespace lp {
 namespace {
 
 using testing::randn;
+// A backend whose LazyLLM decoding steps wait at every selection (the tests that count those waits).
+const cuda::BackendOptions kWaiting{.deferred_selection = false};
 
 // A device copy of a host vector, freed at scope exit.
 template <class T>
@@ -483,11 +485,11 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   Dev<float> dk(kn), dv(vn), kc(std::vector<float>(size_t(8 * kv), 0.0f)),
       vc(std::vector<float>(size_t(8 * kv), 0.0f));
   Dev<int32_t> p(std::vector<int32_t>{37, 100});
-  Dev<uint32_t> bits(std::vector<uint32_t>(4, 0));
+  Dev<int32_t> slot_of(std::vector<int32_t>(128, -1)), slot_no(std::vector<int32_t>{5, 6});
   Dev<int32_t> slot_pos(std::vector<int32_t>(8, -1));
-  cuda::kv_append(dk.p, dv.p, p.p, 2, kv, 5, kc.p, vc.p, slot_pos.p, bits.p);
+  cuda::kv_append(dk.p, dv.p, p.p, 2, kv, 5, kc.p, vc.p, slot_pos.p, slot_no.p, slot_of.p);
   const auto kh = kc.host(), vh = vc.host();
-  const auto bh = bits.host();
+  const auto so = slot_of.host();
   EXPECT_EQ(slot_pos.host(), (std::vector<int32_t>{-1, -1, -1, -1, -1, 37, 100, -1}));
   for (int64_t s = 0; s < 8; ++s)
     for (int64_t i = 0; i < kv; ++i) {
@@ -497,7 +499,19 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
       ASSERT_EQ(kh[size_t(s * kv + i)], row < 0 ? 0.0f : kn[size_t(row * kv + i)]) << s;
       ASSERT_EQ(vh[size_t(s * kv + i)], row < 0 ? 0.0f : vn[size_t(row * kv + i)]) << s;
     }
-  for (int32_t q = 0; q < 128; ++q) EXPECT_EQ(cuda_math::has_kv(bh.data(), q), q == 37 || q == 100) << q;
+  for (int32_t q = 0; q < 128; ++q) EXPECT_EQ(so[size_t(q)], q == 37 ? 5 : q == 100 ? 6 : -1) << q;
+  // A step's active positions to their slots (a position without K/V reads slot 0), and the positions
+  // a selection kept.
+  Dev<int32_t> active(std::vector<int32_t>{100, 3, 37}), slots(std::vector<int32_t>(3, -7));
+  cuda::slots_of(active.p, 3, slot_of.p, slots.p);
+  EXPECT_EQ(slots.host(), (std::vector<int32_t>{6, 0, 5}));
+  Dev<int64_t> keep(std::vector<int64_t>{0, 2});
+  Dev<int32_t> kept(std::vector<int32_t>(2, -7));
+  cuda::gather_positions(active.p, keep.p, 2, kept.p);
+  EXPECT_EQ(kept.host(), (std::vector<int32_t>{100, 37}));
+  cuda::fill_i32(slot_of.p, 100, -1);
+  EXPECT_EQ(slot_of.host()[37], -1);
+  EXPECT_EQ(slot_of.host()[100], 6);
 }
 
 // The tensor cores' 16x8x16 bf16 product through kernels/cuda/mma.cuh's fragments (issue 58's
@@ -815,7 +829,8 @@ TEST(GpuForward, MixtureOfExpertsOutputIsTheSameAloneOrBatched) {
 // step's rows and keys needs, with the trace's scores copied behind them) and once for its logits,
 // whatever it revives. Counted in the calls that wait (cuda::host_waits()); in host emulation every
 // wait also checks that no queued upload's pinned bytes were written before the stream ran it.
-// Before the uploads were queued, the same LazyLLM steps waited 27-43 times and the unpruned 3.
+// Before the uploads were queued, the same LazyLLM steps waited 27-43 times and the unpruned 3. (With
+// its selections deferred, a step waits once: the next test.)
 TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
   testing::TempDir dir;
   CpuContext ctx(1);
@@ -828,7 +843,7 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
   const auto sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
   auto policy = make_policy(PolicyKind::LazyLLM);
   const PruneRequest prune{sched, policy.get()};
-  Session lazy(*m, cuda::make_backend(c, m->weights(), T + steps));
+  Session lazy(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
   Session plain(*m, cuda::make_backend(c, m->weights(), T + steps));
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   const int64_t last = T - 1;
@@ -857,13 +872,113 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
   EXPECT_GT(revived, 0) << "the steps revive nothing: the count would not cover revivals";
 }
 
+// Issue 58, item 2: a LazyLLM decoding step whose selections are deferred (Session::settle) waits
+// once, for its logits: the kept positions stay on the device as the step's active set, each layer's
+// key slots are looked up there, and the host replays the selections when the logits are in. A step
+// defers after a step that revived nothing; where its selection keeps a token a later layer has no
+// K/V for (a revival it did not make), the step is undone and computed again, waiting. Against the
+// same session waiting at every selection, step by step: the same logits bit for bit and the same
+// trace (kept positions, scores, revivals, counts), and from the waiting session's trace the exact
+// waits: after a step that revived, sched + 1 (not deferred); else 1, or, where this step revives, 1
+// + sched + 1 (deferred, undone, computed again). 48 steps over a 40-token prompt: the first ones
+// revive, later ones defer; about 1 s an order on the host.
+TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const ModelConfig& c = m->config();
+  const int64_t T = 40, steps = 48;
+  const std::vector<int32_t> ids = testing::random_ids(T, c.n_vocab, 5);
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), 0);
+  const auto sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
+  auto policy = make_policy(PolicyKind::LazyLLM);
+  const PruneRequest prune{sched, policy.get()};
+  Session deferring(*m, cuda::make_backend(c, m->weights(), T + steps));
+  Session waiting(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
+  std::vector<float> ld(static_cast<size_t>(c.n_vocab)), lw(ld.size());
+  const int64_t last = T - 1;
+  deferring.forward(ids, pos, {&last, 1}, ld.data(), &prune);
+  waiting.forward(ids, pos, {&last, 1}, lw.data(), &prune);
+  ASSERT_EQ(ld, lw);
+  int64_t once = 0, redone = 0, revived_before = 1;  // the prefill: as if it revived (no deferral after it)
+  for (int32_t s = 0; s < steps; ++s) {
+    const int32_t id = int32_t(std::max_element(lw.begin(), lw.end()) - lw.begin()), at = int32_t(T) + s;
+    trace::Step sd, sw;
+    waiting.decode_step(id, at, lw.data(), &prune, &sw);
+    const int64_t before = cuda::host_waits(), redone_before = deferring.steps_redone();
+    deferring.decode_step(id, at, ld.data(), &prune, &sd);
+    const int64_t waits = cuda::host_waits() - before;
+    int64_t revived = 0;
+    for (const int64_t r : sw.revived) revived += r;
+    const int64_t sel = int64_t(sched.size());
+    const int64_t expected = revived_before > 0 ? sel + 1 : revived == 0 ? 1 : 1 + sel + 1;
+    EXPECT_EQ(waits, expected) << "step " << s << ", revived " << revived
+                               << " (the step before: " << revived_before << ")";
+    EXPECT_EQ(deferring.steps_redone() - redone_before, int64_t(revived_before == 0 && revived > 0))
+        << "step " << s;
+    once += waits == 1;
+    redone += deferring.steps_redone() - redone_before;
+    ASSERT_EQ(ld, lw) << "step " << s;
+    EXPECT_EQ(sd.queries, sw.queries) << "step " << s;
+    EXPECT_EQ(sd.keys, sw.keys) << "step " << s;
+    EXPECT_EQ(sd.pairs, sw.pairs) << "step " << s;
+    EXPECT_EQ(sd.attended, sw.attended) << "step " << s;
+    EXPECT_EQ(sd.revived, sw.revived) << "step " << s;
+    ASSERT_EQ(sd.pruning->size(), sw.pruning->size());
+    for (size_t k = 0; k < sw.pruning->size(); ++k) {
+      EXPECT_EQ((*sd.pruning)[k].layer, (*sw.pruning)[k].layer);
+      EXPECT_EQ((*sd.pruning)[k].kept, (*sw.pruning)[k].kept) << "step " << s << ", selection " << k;
+      EXPECT_EQ((*sd.pruning)[k].scores, (*sw.pruning)[k].scores) << "step " << s << ", selection " << k;
+    }
+    revived_before = revived;
+  }
+  std::printf("note: %lld of %lld steps waited once, %lld computed again\n", (long long)once,
+              (long long)steps, (long long)redone);
+  EXPECT_GT(once, steps / 4) << "few steps deferred";
+  EXPECT_GT(redone, 0) << "no step was undone: the test would not cover it";
+  // The held K/V, position by position, as the waiting session's.
+  for (int l = 0; l < c.n_layer; ++l) {
+    EXPECT_EQ(deferring.keys_held(l), waiting.keys_held(l)) << "layer " << l;
+    EXPECT_EQ(deferring.backend().kv_positions(l), waiting.backend().kv_positions(l)) << "layer " << l;
+  }
+}
+
+// A step computed again (Session::settle) first takes its row's K/V back out of every layer
+// (Backend::kv_truncate): the slots after n are free again, and the positions they held have no K/V
+// there, on the host's record and in the device's position-to-slot map alike.
+TEST(GpuForward, ATruncatedCacheForgetsItsPositions) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const ModelConfig& c = m->config();
+  const auto b = cuda::make_backend(c, m->weights(), 8);
+  const std::vector<int32_t> ids = {1, 2, 3}, pos = {0, 1, 5};
+  b->set_rows(pos);
+  b->embed(ids);
+  b->rmsnorm(Norm::Attn, 0);
+  b->matmul(Proj::QKV, 0);
+  b->kv_append(0);
+  EXPECT_EQ(b->kv_positions(0), pos);
+  b->kv_truncate(0, 1);
+  EXPECT_EQ(b->kv_positions(0), (std::vector<int32_t>{0}));
+  const std::vector<int32_t> again = {2};
+  b->set_rows(again);
+  b->embed({ids.data(), 1});
+  b->rmsnorm(Norm::Attn, 0);
+  b->matmul(Proj::QKV, 0);
+  b->kv_append(0);  // into slot 1
+  EXPECT_EQ(b->kv_positions(0), (std::vector<int32_t>{0, 2}));
+}
+
 // Sessions run alone and the same sessions batched (engine/batch.h: every GEMM, row op and K/V append
 // once over the members' rows, each member's attention and selection its own) give the same logits
 // bit for bit, a pruned prefill of all members together and then `steps` decoding steps (host
 // emulation's GEMMs, and the int8 path's on the device, give a row the same sums in any batch), and
 // the same kept tokens and revivals. Returns the host waits of each batched decoding step.
 std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<std::vector<int32_t>>& prompts,
-                                             const PruneRequest& prune, int steps) {
+                                             const PruneRequest& prune, int steps,
+                                             const cuda::BackendOptions& o = {}) {
   const ModelConfig& c = m.config();
   const size_t n = prompts.size();
   std::vector<std::unique_ptr<Session>> alone, batched;
@@ -881,7 +996,7 @@ std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<s
   for (size_t i = 0; i < n; ++i) {
     for (auto* ss : {&alone, &batched})
       ss->push_back(std::make_unique<Session>(
-          m, cuda::make_backend(c, m.weights(), int64_t(prompts[i].size()) + steps)));
+          m, cuda::make_backend(c, m.weights(), int64_t(prompts[i].size()) + steps, o)));
     pos[i].resize(prompts[i].size());
     std::iota(pos[i].begin(), pos[i].end(), 0);
     const int64_t last = int64_t(prompts[i].size()) - 1;
@@ -917,7 +1032,8 @@ std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<s
 // A batch's LazyLLM members queue their selections before the first of them waits
 // (Session::queue_selection), so a batched step waits as often as one member's: once per pruning layer
 // and once for the logits (three members each waiting: 10). The first batched step grows the batch's
-// buffers (cudaFree waits) and is not counted.
+// buffers (cudaFree waits) and is not counted. With the selections deferred, the members' later steps
+// defer too (a member that misses a revival computed again alone), bit for bit as alone.
 TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
   testing::TempDir dir;
   CpuContext ctx(1);
@@ -929,8 +1045,10 @@ TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
   std::vector<std::vector<int32_t>> prompts;
   for (uint32_t i = 0; i < 3; ++i)
     prompts.push_back(testing::random_ids(30 - 4 * int64_t(i), c.n_vocab, 50 + i));
-  const std::vector<int64_t> waits = expect_batched_as_alone(*m, prompts, prune, 3);
+  const std::vector<int64_t> waits = expect_batched_as_alone(*m, prompts, prune, 3, kWaiting);
   for (size_t s = 1; s < waits.size(); ++s) EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+  const std::vector<int64_t> deferred = expect_batched_as_alone(*m, prompts, prune, 24);
+  EXPECT_EQ(*std::min_element(deferred.begin() + 1, deferred.end()), 1) << "no batched step deferred";
 }
 
 // The later architectures batched: Qwen2's q/k/v biases (added once to the batch's fused output),
@@ -972,7 +1090,7 @@ TEST(GpuForward, ABatchOfExpertsMembersWaitsOnceALayerForTheirRoutes) {
       expect_batched_as_alone(*m,
                               {testing::random_ids(8, c.n_vocab, 41), testing::random_ids(6, c.n_vocab, 42),
                                testing::random_ids(7, c.n_vocab, 43)},
-                              prune, 3);
+                              prune, 3, kWaiting);
   for (size_t s = 1; s < waits.size(); ++s)
     EXPECT_EQ(waits[s], int64_t(c.n_layer) + int64_t(sched.size()) + 1) << "step " << s;
 }
