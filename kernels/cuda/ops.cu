@@ -8,6 +8,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <mutex>
 
+#include "kernels/cuda/capability.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/launch.cuh"
 #include "model/error.h"
@@ -48,6 +49,9 @@ Device open_device() {
   check(cudaSetDevice(0), "cudaSetDevice");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  if (const std::string why = unsupported_capability(prop.name, prop.major, prop.minor, LP_CUDA_ARCHS);
+      !why.empty())
+    fail("{}", why);
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   // Scratch from cudaMallocAsync stays in the pool across synchronisations (the default threshold,

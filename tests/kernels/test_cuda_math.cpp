@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/ref.h"
+#include "kernels/cuda/capability.h"
 #include "kernels/cuda/device_math.h"
 #include "model/quant.h"
 #include "pruning/policy.h"
@@ -249,6 +250,35 @@ TEST(CudaMath, CountsAgreeWithTheHost) {
   for (int64_t n = 1; n < 3000; n += 7)
     for (double share : {0.0, 0.1, 0.3, 0.5, 0.7, 0.99})
       ASSERT_EQ(cm::tokens_kept(n, share), lp::tokens_kept(n, share)) << n << " " << share;
+}
+
+// open_device()'s refusal of a GPU the build's kernels do not cover (kernels/cuda/capability.h), by
+// CMake's rules for CMAKE_CUDA_ARCHITECTURES entries and the kernels' own floor (sm_80's bf16 mma).
+TEST(CudaMath, AGpuTheKernelsDoNotCoverIsRefusedNamingTheAlternatives) {
+  using lp::cuda::unsupported_capability;
+  // The default build (machine code and PTX for 8.0, 8.9 and 9.0): every GPU from 8.0 on, a later one
+  // through the PTX of 9.0.
+  for (const auto& [ma, mi] : std::vector<std::pair<int, int>>{{8, 0}, {8, 6}, {8, 9}, {9, 0}, {10, 0}, {12, 0}})
+    EXPECT_EQ(unsupported_capability("gpu", ma, mi, "80,89,90"), "") << ma << "." << mi;
+  const std::string t4 = unsupported_capability("Tesla T4", 7, 5, "80,89,90");
+  EXPECT_NE(t4.find("'Tesla T4' has compute capability 7.5"), std::string::npos) << t4;
+  EXPECT_NE(t4.find("8.0 or newer"), std::string::npos) << t4;
+  EXPECT_NE(t4.find("--backend cpu"), std::string::npos) << t4;
+  // Machine code alone runs on its major at the same or a later minor; PTX alone on anything later.
+  EXPECT_EQ(unsupported_capability("gpu", 8, 6, "80-real"), "");
+  EXPECT_EQ(unsupported_capability("gpu", 9, 0, "80-virtual"), "");
+  const std::string h100 = unsupported_capability("NVIDIA H100", 9, 0, "80-real;86-real");
+  EXPECT_NE(h100.find("for compute capability 8.0, 8.6"), std::string::npos) << h100;
+  EXPECT_NE(h100.find("-DCMAKE_CUDA_ARCHITECTURES=90"), std::string::npos) << h100;
+  EXPECT_NE(h100.find("--backend cpu"), std::string::npos) << h100;
+  EXPECT_NE(unsupported_capability("gpu", 8, 0, "86"), "");  // older than every entry
+  // Arch-specific code (sm_90a) only on exactly 9.0.
+  EXPECT_EQ(unsupported_capability("gpu", 9, 0, "90a"), "");
+  EXPECT_NE(unsupported_capability("gpu", 10, 0, "90a"), "");
+  // Lists CMake resolves itself are taken as covering the GPU (above the floor).
+  EXPECT_EQ(unsupported_capability("gpu", 8, 9, "native"), "");
+  EXPECT_EQ(unsupported_capability("gpu", 9, 0, "all-major"), "");
+  EXPECT_NE(unsupported_capability("gpu", 7, 0, "native"), "");
 }
 
 TEST(CudaMath, Bf16RoundsToNearestEven) {
