@@ -108,6 +108,7 @@ int cmd_serve(const ServeArgs& a) {
                so.access.metrics_need_key ? " and /metrics" : "");
   std::fflush(stderr);
   srv.run(true);
+  if (!srv.failure().empty()) fail("{}", srv.failure());
   fmt::print(stderr, "lazyprefill serve: stopped\n");
   return 0;
 }

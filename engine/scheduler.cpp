@@ -29,6 +29,22 @@ std::string current_error() {
   }
 }
 
+// The exception in flight (inside a catch block): what it says, whether it is the GPU's, and whether it
+// lost the device.
+struct Failure {
+  std::string what;
+  bool device = false, lost = false;
+};
+Failure current_failure() {
+  try {
+    throw;
+  } catch (const DeviceError& e) {
+    return {e.what(), true, e.lost()};
+  } catch (...) {
+    return {current_error()};
+  }
+}
+
 // x += s for a counter only the step() thread writes (others may read it).
 void add_seconds(std::atomic<double>& x, Clock::time_point from, Clock::time_point to) {
   x.store(x.load(std::memory_order_relaxed) + std::chrono::duration<double>(to - from).count(),
@@ -116,6 +132,7 @@ int64_t Scheduler::reservation_bytes(int64_t prompt_tokens, int64_t max_tokens, 
 }
 
 uint64_t Scheduler::submit(RequestParams p) {
+  if (device_lost()) throw DeviceError("the GPU cannot be used any more: " + lost_reason_, true);
   const ModelConfig& c = m_.config();
   const int64_t T = int64_t(p.prompt.size());
   if (T == 0) fail("the prompt is empty (no tokens)");
@@ -331,7 +348,7 @@ void Scheduler::admit() {
         add_seconds(copy_s_, t0, Clock::now());
       }
     } catch (...) {
-      r->rec.error = "admission: " + current_error();
+      failed(*r, "admission");
       if (cache_) cache_->release(r->hit);
       r->session.reset();  // finish() releases a reservation only for a request that has a session
       finish(std::move(r), Finish::Error);
@@ -356,6 +373,7 @@ struct Scheduler::Batch {
   std::vector<Request*> in_batch;
   std::vector<Request*> failed;  // their pass could not begin (rec.error says why)
   std::string error;             // the batched pass failed: every member ends with it
+  bool device_error = false;     // and the GPU failed
 };
 
 Scheduler::Batch Scheduler::begin_passes(size_t n_decoding) {
@@ -387,7 +405,7 @@ Scheduler::Batch Scheduler::begin_passes(size_t n_decoding) {
       b.members.push_back({r.session.get(), &r.pass, r.logits.data()});
       b.in_batch.push_back(&r);
     } catch (...) {
-      r.rec.error = fmt::format("{}: {}", i < n_decoding ? "decoding step" : "prefill", current_error());
+      failed(r, i < n_decoding ? "decoding step" : "prefill");
       b.failed.push_back(&r);
     }
   }
@@ -430,6 +448,7 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
     Request* r = in_batch[i];
     if (!b.error.empty() || !sample_error[i].empty()) {
       r->rec.error = b.error.empty() ? sample_error[i] : b.error;
+      r->rec.device_error = !b.error.empty() && b.device_error;
       done.emplace_back(r, Finish::Error);
       continue;
     }
@@ -472,9 +491,43 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
   return done;
 }
 
+void Scheduler::failed(Request& r, const std::string& prefix) {
+  const Failure f = current_failure();
+  r.rec.error = prefix + ": " + f.what;
+  r.rec.device_error = f.device;
+  if (f.lost && !device_lost()) {
+    lost_reason_ = f.what;
+    lost_.store(true, std::memory_order_release);
+  }
+}
+
+void Scheduler::end_all_lost() {
+  const auto end = [this](std::unique_ptr<Request> r) {
+    r->rec.error = "the GPU cannot be used any more: " + lost_reason_;
+    r->rec.device_error = true;
+    finish(std::move(r), Finish::Error);
+  };
+  while (!queue_.empty()) {
+    auto r = std::move(queue_.front());
+    queue_.pop_front();
+    end(std::move(r));
+  }
+  while (!running_.empty()) {
+    auto r = std::move(running_.back());
+    running_.pop_back();
+    end(std::move(r));
+  }
+}
+
 bool Scheduler::step() {
   const auto start = Clock::now();
   take_inbox();
+  if (device_lost()) {  // nothing runs on a lost device: every request ends now
+    if (queue_.empty() && running_.empty()) return false;
+    end_all_lost();
+    throw_callback_failures();
+    return true;
+  }
   leave_cancelled();
   if (queue_.empty() && running_.empty()) {
     throw_callback_failures();
@@ -488,7 +541,13 @@ bool Scheduler::step() {
   try {
     run_batch(b.members);
   } catch (...) {
-    b.error = "batch: " + current_error();  // every member's state is unknown now: they all end
+    const Failure f = current_failure();
+    b.error = "batch: " + f.what;  // every member's state is unknown now: they all end
+    b.device_error = f.device;
+    if (f.lost && !device_lost()) {
+      lost_reason_ = f.what;
+      lost_.store(true, std::memory_order_release);
+    }
   }
   const auto t1 = Clock::now();
   iterations_.fetch_add(1, std::memory_order_relaxed);
@@ -499,6 +558,7 @@ bool Scheduler::step() {
     running_.erase(it);
     finish(std::move(owned), f);
   }
+  if (device_lost()) end_all_lost();
   add_seconds(step_s_, start, Clock::now());
   throw_callback_failures();
   return true;

@@ -53,6 +53,9 @@ struct RequestRecord {
   int64_t prompt_tokens = 0, output_tokens = 0;
   Finish finish = Finish::Length;
   std::string error;  // Finish::Error: what went wrong
+  // Finish::Error because the GPU failed (lp::DeviceError), not because of the request: a server
+  // answers 503 (try again, elsewhere) where an engine failure is a 500.
+  bool device_error = false;
   PolicyKind policy = PolicyKind::None;
   std::string schedule;                        // as given (Schedule::to_string), "none" without pruning
   double prompt_tokens_computed_fraction = 1;  // share of the prompt's (token, layer) pairs computed
@@ -131,6 +134,7 @@ class Scheduler {
   // Queues a request (any thread). Throws lp::Error, and queues nothing, when it can never run: an
   // empty prompt, a token outside the vocabulary, prompt + max_tokens beyond the model's context,
   // or a reservation over the whole budget.
+  // Once the device is lost, lp::DeviceError (lost) saying so.
   uint64_t submit(RequestParams r);
   // Cancels a queued or running request (any thread): it leaves at the next iteration boundary
   // with Finish::Cancelled, its K/V freed. Unknown or finished ids are ignored.
@@ -141,9 +145,15 @@ class Scheduler {
   // A failure at any stage of a request (admission, its prefill or decoding step, the batch,
   // sampling, its on_token callback) finishes that request with Finish::Error, its reason in
   // rec.error, and releases its reservation; the other requests go on (all of the batch's, when
-  // the batch itself failed). Throws only when an on_finish callback threw, after every request has
-  // been accounted for.
+  // the batch itself failed). A failure of the GPU (lp::DeviceError) is marked in rec.device_error;
+  // one that loses the device (DeviceError::lost) ends every request, queued and running, and every
+  // one submitted after it, with device_error and the reason. Throws only when an on_finish callback
+  // threw, after every request has been accounted for.
   bool step();
+  // Any thread: whether a GPU failure lost the device (step() ends every request from then on), and
+  // what it was (set before device_lost() turns true).
+  bool device_lost() const { return lost_.load(std::memory_order_acquire); }
+  std::string device_lost_reason() const { return device_lost() ? lost_reason_ : std::string(); }
   // Blocks until a submission or cancellation arrives, or `timeout` passes, or wake() is called.
   void wait_for_work(std::chrono::milliseconds timeout);
   void wake();
@@ -194,6 +204,14 @@ class Scheduler {
   std::atomic<double> lookup_s_{0}, copy_s_{0};
 
   std::vector<std::string> callback_failures_;  // on_finish callbacks that threw, this step
+  std::string lost_reason_;                     // written once, before lost_
+  std::atomic<bool> lost_{false};
+
+  // A request's failure (inside a catch block): its reason, prefixed, and whether the device failed;
+  // a failure that lost the device is recorded for every request after it.
+  void failed(Request& r, const std::string& prefix);
+  // Once the device is lost: every queued and running request ends with it.
+  void end_all_lost();
 
   // One iteration's steps, in step()'s order (vLLM's Scheduler.schedule, then the model runner).
   void take_inbox();

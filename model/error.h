@@ -23,6 +23,20 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// A failure of the GPU or its runtime while running (a CUDA or cuBLAS call's error), not of the
+// input: the server answers 503 for the requests it ends. lost(): the device cannot be used again by
+// this process (a sticky error: an illegal address, a launch failure, an uncorrectable ECC error),
+// so the server ends every request and stops; otherwise (an allocation that does not fit now) it
+// goes on serving.
+class DeviceError : public Error {
+ public:
+  DeviceError(const std::string& what, bool lost) : Error(what), lost_(lost) {}
+  bool lost() const { return lost_; }
+
+ private:
+  bool lost_;
+};
+
 // A broken invariant: a bug in lazyprefill, never the user's input. Its message starts
 // "internal error: ". The CLI exits 70 (EX_SOFTWARE) for it, the server answers 500.
 class InternalError : public Error {

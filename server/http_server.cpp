@@ -109,6 +109,8 @@ struct Server::Impl {
   bool destroying = false;  // ~Impl has begun: coroutine frames left in ioc touch nothing on their way out
   // Engine thread.
   std::thread engine;
+  bool stopping_for_device = false;  // engine thread
+  std::string failure;               // network thread: why the server stopped on its own
   std::mutex state_mu;
   EngineState state;                               // after the last iteration, for /health (under state_mu)
   Clock::time_point last_progress = Clock::now();  // an iteration that worked, or idle (under state_mu)
@@ -171,6 +173,16 @@ struct Server::Impl {
         asio::post(ioc, [v = std::exchange(outbox, {})]() mutable {
           for (auto& f : v) f();
         });
+      // A lost GPU: every request has ended with a 503 (the scheduler's), and the server stops, as on
+      // SIGTERM, with the reason for run()'s caller.
+      if (sched.device_lost() && !stopping_for_device) {
+        stopping_for_device = true;
+        const std::string why = "the GPU cannot be used any more: " + sched.device_lost_reason();
+        asio::post(ioc, [this, why] {
+          failure = why;
+          begin_shutdown();
+        });
+      }
       if (!worked) {
         if (engine_stop.load() && sched.queued() == 0 && sched.running() == 0) return;
         sched.wait_for_work(std::chrono::milliseconds(100));
@@ -330,6 +342,8 @@ struct Server::Impl {
           p->choices[submitted].id = submit(a, p, submitted);
         } catch (const lp::InternalError& ex) {  // a bug, not the request's fault
           throw ApiError(500, ex.what());
+        } catch (const lp::DeviceError& ex) {  // the GPU was lost: the server is stopping
+          throw ApiError(503, ex.what());
         } catch (const lp::Error& ex) {  // the scheduler's refusals: over the whole K/V budget
           throw ApiError(400, ex.what(), "max_tokens", "kv_budget_exceeded");
         }
@@ -441,7 +455,9 @@ struct Server::Impl {
     std::optional<ApiError> err = refused;
     for (size_t i = 0; i < submitted && !err; ++i) {
       const RequestRecord& r = *p->choices[i].done;
-      if (r.finish == Finish::Error || r.finish == Finish::Cancelled)
+      if (r.finish == Finish::Error && r.device_error)  // not the request's doing: try again (elsewhere)
+        err = ApiError(503, "the GPU failed: " + r.error);
+      else if (r.finish == Finish::Error || r.finish == Finish::Cancelled)
         err = ApiError(r.finish == Finish::Error ? 500 : 503,
                        r.finish == Finish::Error ? "the engine failed: " + r.error
                                                  : "the request was cancelled: the server is shutting down");
@@ -793,6 +809,10 @@ Scheduler& Server::scheduler() {
 
 Metrics& Server::metrics() {
   return impl_->metrics;
+}
+
+const std::string& Server::failure() const {
+  return impl_->failure;
 }
 
 void Server::stop() {

@@ -61,6 +61,9 @@ class Server {
   // finished or been cancelled and the engine has stopped.
   void run(bool handle_signals);
   void stop();  // any thread: as SIGTERM
+  // After run(): why the server stopped on its own (the GPU was lost: every request was answered
+  // 503), or empty after stop() or a signal.
+  const std::string& failure() const;
 
   Scheduler& scheduler();
   Metrics& metrics();

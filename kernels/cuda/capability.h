@@ -20,12 +20,14 @@ inline constexpr int kMinCapability = 80;
 // compiles it for any GPU at NN or later); "NN-real" is the machine code alone, "NN-virtual" the PTX
 // alone; an "a" or "f" suffix (arch-specific features) runs only on that exact capability. A list
 // that names no numbers ("native", "all", "all-major") is taken as covering the GPU.
-inline std::string unsupported_capability(std::string_view gpu, int major, int minor, std::string_view archs) {
+inline std::string unsupported_capability(std::string_view gpu, int major, int minor,
+                                          std::string_view archs) {
   const int cc = major * 10 + minor;
   if (cc < kMinCapability)
     return fmt::format(
         "the GPU '{}' has compute capability {}.{}, and the CUDA backend's kernels need {}.{} or newer "
-        "(bf16 tensor-core instructions: Ampere, Ada, Hopper and later); run on the CPU instead (--backend cpu)",
+        "(bf16 tensor-core instructions: Ampere, Ada, Hopper and later); run on the CPU instead (--backend "
+        "cpu)",
         gpu, major, minor, kMinCapability / 10, kMinCapability % 10);
   bool numbered = false;
   std::string listed;

@@ -33,6 +33,10 @@ inline int64_t queued_ops() {
   return queued_ops_counter().load();
 }
 
+// Throws lp::DeviceError(what): a CUDA or cuBLAS call failed. It is lost() when the device cannot
+// be used again by this process (the error is sticky: a synchronisation after it fails too).
+[[noreturn]] void device_failed(const std::string& what);
+
 struct Device {
   int index = 0, count = 0;
   std::string name;

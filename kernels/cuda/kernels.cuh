@@ -23,7 +23,8 @@ template <class T, int N>
 using BlockReduce = cub::BlockReduce<T, N>;
 inline void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail("CUDA error in {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
+  if (e != cudaSuccess)
+    device_failed(fmt::format("CUDA error in {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 }  // namespace lp::cuda::kernels
 // The block's dynamic shared memory as `type* name`.

@@ -14,6 +14,9 @@ namespace {
 bool compiled() {
   return false;
 }
+void device_failed(const std::string& what) {
+  throw DeviceError(what, false);
+}
 Device open_device() {
   unavailable();
 }

@@ -18,10 +18,12 @@ namespace lp::cuda {
 namespace {
 
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA error in {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
+  if (e != cudaSuccess)
+    device_failed(fmt::format("CUDA error in {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 void check_blas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error in {}: {}", what, cublasGetStatusString(s));
+  if (s != CUBLAS_STATUS_SUCCESS)
+    device_failed(fmt::format("cuBLAS error in {}: {}", what, cublasGetStatusString(s)));
 }
 
 cublasHandle_t blas() {
@@ -37,6 +39,14 @@ cublasHandle_t blas() {
 
 bool compiled() {
   return true;
+}
+
+void device_failed(const std::string& what) {
+  // A non-sticky error is cleared by reading it; a sticky one fails every later call on the context.
+  cudaGetLastError();
+  const bool lost = cudaDeviceSynchronize() != cudaSuccess;
+  cudaGetLastError();
+  throw DeviceError(lost ? what + "; the GPU cannot be used again by this process" : what, lost);
 }
 
 Device open_device() {
@@ -78,9 +88,9 @@ void* device_alloc(size_t bytes, const char* what) {
     size_t free_b = 0, total_b = 0;
     cudaGetLastError();
     cudaMemGetInfo(&free_b, &total_b);
-    fail("cannot allocate {:.2f} GiB on the GPU for {} ({:.2f} GiB free of {:.2f}): {}",
-         double(bytes) / 1073741824.0, what, double(free_b) / 1073741824.0, double(total_b) / 1073741824.0,
-         cudaGetErrorString(e));
+    device_failed(fmt::format("cannot allocate {:.2f} GiB on the GPU for {} ({:.2f} GiB free of {:.2f}): {}",
+                              double(bytes) / 1073741824.0, what, double(free_b) / 1073741824.0,
+                              double(total_b) / 1073741824.0, cudaGetErrorString(e)));
   }
   return p;
 }

@@ -258,7 +258,8 @@ TEST(CudaMath, AGpuTheKernelsDoNotCoverIsRefusedNamingTheAlternatives) {
   using lp::cuda::unsupported_capability;
   // The default build (machine code and PTX for 8.0, 8.9 and 9.0): every GPU from 8.0 on, a later one
   // through the PTX of 9.0.
-  for (const auto& [ma, mi] : std::vector<std::pair<int, int>>{{8, 0}, {8, 6}, {8, 9}, {9, 0}, {10, 0}, {12, 0}})
+  for (const auto& [ma, mi] :
+       std::vector<std::pair<int, int>>{{8, 0}, {8, 6}, {8, 9}, {9, 0}, {10, 0}, {12, 0}})
     EXPECT_EQ(unsupported_capability("gpu", ma, mi, "80,89,90"), "") << ma << "." << mi;
   const std::string t4 = unsupported_capability("Tesla T4", 7, 5, "80,89,90");
   EXPECT_NE(t4.find("'Tesla T4' has compute capability 7.5"), std::string::npos) << t4;

@@ -4,6 +4,7 @@
 // the request log; a graceful stop.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <chrono>
@@ -68,6 +69,7 @@ struct SlowCpuBackend : CpuBackend {
 struct Running {
   std::unique_ptr<Server> srv;
   std::thread t;
+  std::atomic<bool> stopped{false};  // run() returned
   explicit Running(ServerOptions o = options(), int64_t budget = int64_t(64) << 20,
                    std::chrono::milliseconds step_delay = 0ms, BackendFactory make_backend = {}) {
     SchedulerOptions so;
@@ -78,7 +80,10 @@ struct Running {
     };
     if (make_backend) so.make_backend = std::move(make_backend);
     srv = std::make_unique<Server>(tiny(), std::move(so), std::move(o));
-    t = std::thread([this] { srv->run(false); });
+    t = std::thread([this] {
+      srv->run(false);
+      stopped = true;
+    });
   }
   ~Running() {
     if (t.joinable()) {
@@ -428,6 +433,58 @@ TEST(Server, AnEngineFailureIsA500OrAnSseErrorAndReleasesItsKv) {
     ++errors;
   }
   EXPECT_EQ(errors, 3);
+}
+
+// The CPU backend with a GPU's failure planted (lp::DeviceError, as the CUDA backend throws for a CUDA
+// error): a prompt of 13 tokens fails as its prefill begins, the device lost or not.
+struct DeviceFailingCpuBackend : CpuBackend {
+  bool lost;
+  DeviceFailingCpuBackend(int64_t n_ctx, bool l)
+      : CpuBackend(ctx(), tiny().config(), tiny().weights(), n_ctx), lost(l) {}
+  void embed(std::span<const int32_t> ids) override {
+    if (ids.size() == 13)
+      throw DeviceError("CUDA error in attention_kernel: an illegal memory access was encountered", lost);
+    CpuBackend::embed(ids);
+  }
+};
+
+// Issue 58's bad input: a CUDA error mid-run answers that request 503 (the GPU's failure, not the
+// request's: try again) in OpenAI's error shape, and the server goes on serving the others; an error
+// that loses the device (a sticky one) ends every request with a 503 and stops the server, which
+// says why (Server::failure, what `serve` prints as it exits 1).
+TEST(Server, AGpuFailureIsA503AndALostGpuStopsTheServer) {
+  {
+    Running r(Running::options(), int64_t(64) << 20, 0ms, [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+      return std::make_unique<DeviceFailingCpuBackend>(n_ctx, false);
+    });
+    const uint16_t p = r.port();
+    const Reply bad =
+        post(p, "/v1/completions", R"({"max_tokens": 4, "prompt": )" + ids_json(prompt_of(13, 1)) + "}");
+    EXPECT_EQ(bad.status, 503) << bad.body;
+    const json e = parsed(bad)["error"];
+    EXPECT_EQ(e["type"], "server_error");
+    EXPECT_NE(e["message"].get<std::string>().find("the GPU failed: prefill: CUDA error in attention_kernel"),
+              std::string::npos)
+        << bad.body;
+    const Reply good =
+        post(p, "/v1/completions", R"({"max_tokens": 4, "prompt": )" + ids_json(prompt_of(5, 2)) + "}");
+    EXPECT_EQ(good.status, 200) << good.body;
+    EXPECT_EQ(request(p, http::verb::get, "/health").status, 200);
+    EXPECT_FALSE(r.stopped);
+  }
+  Running r(Running::options(), int64_t(64) << 20, 0ms, [](int64_t n_ctx) -> std::unique_ptr<Backend> {
+    return std::make_unique<DeviceFailingCpuBackend>(n_ctx, true);
+  });
+  const Reply lost =
+      post(r.port(), "/v1/completions", R"({"max_tokens": 4, "prompt": )" + ids_json(prompt_of(13, 1)) + "}");
+  EXPECT_EQ(lost.status, 503) << lost.body;
+  EXPECT_NE(lost.body.find("illegal memory access"), std::string::npos) << lost.body;
+  for (int i = 0; i < 200 && !r.stopped; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(r.stopped) << "the server did not stop after losing its GPU";
+  EXPECT_NE(r.srv->failure().find("the GPU cannot be used any more: CUDA error in attention_kernel"),
+            std::string::npos)
+      << r.srv->failure();
+  EXPECT_TRUE(r.srv->scheduler().device_lost());
 }
 
 // GET /health's verdict from the engine's state: 503 with a reservation and nothing running (the
