@@ -127,7 +127,8 @@ Session::Session(CpuContext& ctx, const Model& m, int64_t n_ctx)
     : Session(m, std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx)) {}
 
 void Session::reset() {
-  defer_ok_ = false;
+  clean_steps_ = 0;
+  defer_after_ = 1;
   for (auto& kv : kv_) kv = KvIndex{};
   aux_ = AuxCache{};
   aux_.width = m_.config().n_embd;
@@ -491,7 +492,7 @@ Session::Pass Session::begin_extend(std::span<const int32_t> ids, std::span<cons
   // holds rows[i].
   ps.rows.assign(pos.begin(), pos.end());
   ps.ids.assign(ids.begin(), ids.end());
-  ps.may_defer = defer_ok_ && T == 1 && !timers && b.defers_selection();
+  ps.may_defer = clean_steps_ >= defer_after_ && T == 1 && !timers && b.defers_selection();
   b.set_rows(ps.rows);
   ps.rows_changed = false;
   timed(timers, c.n_layer, Op::Embed, OpShape{T, 0, 0}, [&] { b.embed(ids); });
@@ -609,7 +610,7 @@ void Session::defer_selection(Pass& ps, int l) {
 void Session::settle(Pass& ps, float* logits) {
   if (!ps.decode) return;
   if (!ps.deferred) {
-    defer_ok_ = ps.revived == 0 && ps.ids.size() == 1;
+    clean_steps_ = ps.revived == 0 && ps.ids.size() == 1 ? clean_steps_ + 1 : 0;
     return;
   }
   const ModelConfig& c = m_.config();
@@ -646,13 +647,14 @@ void Session::settle(Pass& ps, float* logits) {
   }
   if (!missed) {
     ps.active = std::move(active);
-    defer_ok_ = true;
+    ++clean_steps_;
+    ++deferred_;
     return;
   }
   // A revival missed: the step undone (its one row's K/V at every layer: nothing else was written)
   // and computed again, waiting at its selections.
   ++redone_;
-  defer_ok_ = false;
+  defer_after_ = std::min(2 * defer_after_, kMaxDeferAfter);
   for (int l = 0; l < L; ++l) {
     KvIndex& kv = kv_[size_t(l)];
     if (kv.n() == 0 || kv.pos.back() != ps.new_pos) continue;

@@ -237,10 +237,15 @@ class Session {
   // deferred replays them on the host's index. Where one kept a token that has no K/V at a layer
   // that attended it (a revival the device did not make), the step is undone and computed again
   // without deferring, its logits written to `logits` again. Decoding steps of one token defer
-  // (where the backend defers_selection, the policy keeps the top scores and no op is timed) after a
-  // step that revived nothing: revivals cluster in the first steps after a prefill.
+  // (where the backend defers_selection, the policy keeps the top scores and no op is timed) after
+  // defer_after() steps in a row that revived nothing; a step computed again doubles that number (up
+  // to kMaxDeferAfter): a step costs more than the waits deferring saves, so deferring must seldom
+  // miss, and on a real model's first hundreds of steps revivals come every few steps (docs/cuda.md).
   void settle(Pass& ps, float* logits);
-  int64_t steps_redone() const { return redone_; }  // settle's computed again
+  static constexpr int64_t kMaxDeferAfter = 64;
+  int64_t defer_after() const { return defer_after_; }
+  int64_t steps_redone() const { return redone_; }      // settle's computed again
+  int64_t steps_deferred() const { return deferred_; }  // and those that stood
   // The alone path's GEMM of one part, timed.
   void matmul(Pass& ps, Proj p, int l);
   void lm_head(Pass& ps, float* logits);
@@ -294,8 +299,9 @@ class Session {
   std::vector<int32_t> slots_;    // key slots of the last layer() (empty: every held slot, in order)
   std::vector<int32_t> key_pos_;  // scratch: key positions when layer() was given none
   std::vector<int32_t> keys_;     // scratch: a forward pass's prefix and rows
-  bool defer_ok_ = false;         // the last decoding step revived nothing: the next may defer
-  int64_t redone_ = 0;
+  int64_t clean_steps_ = 0;       // decoding steps in a row that revived nothing (none after a prefill)
+  int64_t defer_after_ = 1;       // the clean steps a step needs to defer
+  int64_t redone_ = 0, deferred_ = 0;
 
   // Records op's time (when timers), FLOPs and bytes around f.
   template <class F>

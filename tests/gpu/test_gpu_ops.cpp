@@ -875,13 +875,13 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
 // Issue 58, item 2: a LazyLLM decoding step whose selections are deferred (Session::settle) waits
 // once, for its logits: the kept positions stay on the device as the step's active set, each layer's
 // key slots are looked up there, and the host replays the selections when the logits are in. A step
-// defers after a step that revived nothing; where its selection keeps a token a later layer has no
-// K/V for (a revival it did not make), the step is undone and computed again, waiting. Against the
-// same session waiting at every selection, step by step: the same logits bit for bit and the same
-// trace (kept positions, scores, revivals, counts), and from the waiting session's trace the exact
-// waits: after a step that revived, sched + 1 (not deferred); else 1, or, where this step revives, 1
-// + sched + 1 (deferred, undone, computed again). 48 steps over a 40-token prompt: the first ones
-// revive, later ones defer; about 1 s an order on the host.
+// defers after Session::defer_after() steps in a row that revived nothing; where its selection keeps
+// a token a later layer has no K/V for (a revival it did not make), the step is undone and computed
+// again, waiting, and defer_after() doubles. Against the same session waiting at every selection, step
+// by step: the same logits bit for bit and the same trace (kept positions, scores, revivals, counts),
+// and from the waiting session's trace, by the same rule, the exact waits: sched + 1 (not deferred),
+// 1 (deferred), or 1 + sched + 1 (deferred, undone, computed again). 48 steps over a 40-token
+// prompt: the first ones revive, later ones defer; about 1 s an order on the host.
 TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes) {
   testing::TempDir dir;
   CpuContext ctx(1);
@@ -901,7 +901,7 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
   deferring.forward(ids, pos, {&last, 1}, ld.data(), &prune);
   waiting.forward(ids, pos, {&last, 1}, lw.data(), &prune);
   ASSERT_EQ(ld, lw);
-  int64_t once = 0, redone = 0, revived_before = 1;  // the prefill: as if it revived (no deferral after it)
+  int64_t once = 0, redone = 0, clean = 0, after = 1;  // Session's rule: no deferral right after a prefill
   for (int32_t s = 0; s < steps; ++s) {
     const int32_t id = int32_t(std::max_element(lw.begin(), lw.end()) - lw.begin()), at = int32_t(T) + s;
     trace::Step sd, sw;
@@ -912,11 +912,13 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
     int64_t revived = 0;
     for (const int64_t r : sw.revived) revived += r;
     const int64_t sel = int64_t(sched.size());
-    const int64_t expected = revived_before > 0 ? sel + 1 : revived == 0 ? 1 : 1 + sel + 1;
-    EXPECT_EQ(waits, expected) << "step " << s << ", revived " << revived
-                               << " (the step before: " << revived_before << ")";
-    EXPECT_EQ(deferring.steps_redone() - redone_before, int64_t(revived_before == 0 && revived > 0))
-        << "step " << s;
+    const bool deferred = clean >= after;
+    const int64_t expected = !deferred ? sel + 1 : revived == 0 ? 1 : 1 + sel + 1;
+    EXPECT_EQ(waits, expected) << "step " << s << ", revived " << revived << ", deferred " << deferred;
+    EXPECT_EQ(deferring.steps_redone() - redone_before, int64_t(deferred && revived > 0)) << "step " << s;
+    if (deferred && revived > 0) after = std::min(2 * after, Session::kMaxDeferAfter);
+    clean = revived == 0 ? clean + 1 : 0;
+    EXPECT_EQ(deferring.defer_after(), after) << "step " << s;
     once += waits == 1;
     redone += deferring.steps_redone() - redone_before;
     ASSERT_EQ(ld, lw) << "step " << s;
@@ -931,11 +933,10 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
       EXPECT_EQ((*sd.pruning)[k].kept, (*sw.pruning)[k].kept) << "step " << s << ", selection " << k;
       EXPECT_EQ((*sd.pruning)[k].scores, (*sw.pruning)[k].scores) << "step " << s << ", selection " << k;
     }
-    revived_before = revived;
   }
   std::printf("note: %lld of %lld steps waited once, %lld computed again\n", (long long)once,
               (long long)steps, (long long)redone);
-  EXPECT_GT(once, steps / 4) << "few steps deferred";
+  EXPECT_GE(once, 4) << "few steps deferred";
   EXPECT_GT(redone, 0) << "no step was undone: the test would not cover it";
   // The held K/V, position by position, as the waiting session's.
   for (int l = 0; l < c.n_layer; ++l) {
@@ -978,7 +979,8 @@ TEST(GpuForward, ATruncatedCacheForgetsItsPositions) {
 // the same kept tokens and revivals. Returns the host waits of each batched decoding step.
 std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<std::vector<int32_t>>& prompts,
                                              const PruneRequest& prune, int steps,
-                                             const cuda::BackendOptions& o = {}) {
+                                             const cuda::BackendOptions& o = {},
+                                             int64_t* deferred = nullptr) {
   const ModelConfig& c = m.config();
   const size_t n = prompts.size();
   std::vector<std::unique_ptr<Session>> alone, batched;
@@ -1026,6 +1028,8 @@ std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<s
       EXPECT_EQ(sb[i].revived, sa[i].revived) << "member " << i << ", step " << s;
     }
   }
+  if (deferred)
+    for (const auto& b : batched) *deferred += b->steps_deferred();
   return waits;
 }
 
@@ -1047,8 +1051,10 @@ TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
     prompts.push_back(testing::random_ids(30 - 4 * int64_t(i), c.n_vocab, 50 + i));
   const std::vector<int64_t> waits = expect_batched_as_alone(*m, prompts, prune, 3, kWaiting);
   for (size_t s = 1; s < waits.size(); ++s) EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
-  const std::vector<int64_t> deferred = expect_batched_as_alone(*m, prompts, prune, 24);
-  EXPECT_EQ(*std::min_element(deferred.begin() + 1, deferred.end()), 1) << "no batched step deferred";
+  int64_t deferred = 0;
+  expect_batched_as_alone(*m, prompts, prune, 24, {}, &deferred);
+  std::printf("note: the members' batched steps deferred %lld times in 24 steps\n", (long long)deferred);
+  EXPECT_GT(deferred, 0) << "no member's batched step deferred";
 }
 
 // The later architectures batched: Qwen2's q/k/v biases (added once to the batch's fused output),
