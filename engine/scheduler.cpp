@@ -539,6 +539,7 @@ bool Scheduler::step() {
   // The batch: a decoding row for every request that was running, the prefill of each admitted one.
   Batch b = begin_passes(n_decoding);
   try {
+    if (device_lost()) throw DeviceError(lost_reason_, true);  // lost as a pass began: nothing runs
     run_batch(b.members);
   } catch (...) {
     const Failure f = current_failure();

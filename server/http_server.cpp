@@ -530,7 +530,15 @@ struct Server::Impl {
     auto p = std::make_shared<Pending>();
     p->choices.resize(1);
     Choice& c = p->choices[0];
-    c.id = submit(a, p, 0, true);
+    try {
+      c.id = submit(a, p, 0, true);
+    } catch (const lp::DeviceError& e) {  // the GPU is lost: the probe fails as a request would
+      RequestRecord failed;
+      failed.finish = Finish::Error;
+      failed.device_error = true;
+      failed.error = e.what();
+      co_return failed;
+    }
     in_flight.insert(c.id);
     asio::steady_timer timer(co_await asio::this_coro::executor);
     p->waiter = &timer;

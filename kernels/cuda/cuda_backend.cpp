@@ -310,8 +310,12 @@ class CudaBackend final : public Backend {
     const int64_t T = int64_t(p.size());
     reserve(T);
     pos.assign(p.begin(), p.end());
-    for (const int32_t q : pos)
-      if (q < 0 || int64_t(q) >= n_pos) fail("position {} outside [0, {})", q, n_pos);
+    int32_t top = -1;
+    for (const int32_t q : pos) {
+      if (q < 0 || int64_t(q) >= pos_limit) fail("position {} outside [0, {})", q, pos_limit);
+      top = std::max(top, q);
+    }
+    if (top >= n_pos) grow_slot_maps(int64_t(top) + 1);
     put(pos_dev.as<void>(), pos.data(), size_t(T) * 4);
   }
 
@@ -506,20 +510,24 @@ class CudaBackend final : public Backend {
     const auto kn = table<const float>(ms, &CudaBackend::k, KV),
                vn = table<const float>(ms, &CudaBackend::v, KV);
     const auto pn = table<const int32_t>(ms, &CudaBackend::pos_dev, 1, 1, 0, 4);
-    // Row r of member m goes to slot n + r of its layer's cache (new every launch).
+    // Row r of member m goes to slot n + r of its layer's cache (new every launch); its slot's number
+    // is read from that member's own numbers (a member holds as many as its slots).
     const auto slots = [&](auto at) {
       std::byte** dev = table_room(R);
       for (CudaBackend* m : ms) {
         DLayer& L = m->layers[size_t(l)];
-        for (int64_t r = 0; r < m->T(); ++r) row_tables_host.push_back(at(L, L.n + r));
+        for (int64_t r = 0; r < m->T(); ++r) row_tables_host.push_back(at(*m, L, L.n + r));
       }
       return dev;
     };
-    const auto kd = slots([&](DLayer& L, int64_t s) { return L.k.as<std::byte>() + s * KV * 4; });
-    const auto vd = slots([&](DLayer& L, int64_t s) { return L.v.as<std::byte>() + s * KV * 4; });
-    const auto pd = slots([&](DLayer& L, int64_t s) { return L.pos.as<std::byte>() + s * 4; });
-    const auto nd = slots([&](DLayer&, int64_t s) { return slot_numbers.as<std::byte>() + s * 4; });
-    const auto md = slots([&](DLayer& L, int64_t) { return L.slot_of.as<std::byte>(); });
+    const auto kd =
+        slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.k.as<std::byte>() + s * KV * 4; });
+    const auto vd =
+        slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.v.as<std::byte>() + s * KV * 4; });
+    const auto pd = slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.pos.as<std::byte>() + s * 4; });
+    const auto nd =
+        slots([&](CudaBackend& m, DLayer&, int64_t s) { return m.slot_numbers.as<std::byte>() + s * 4; });
+    const auto md = slots([&](CudaBackend&, DLayer& L, int64_t) { return L.slot_of.as<std::byte>(); });
     tables_done();
     kv_append_rows(kn, vn, pn, R, KV, {nullptr, 0, reinterpret_cast<float* const*>(kd)},
                    {nullptr, 0, reinterpret_cast<float* const*>(vd)},
@@ -738,7 +746,7 @@ class CudaBackend final : public Backend {
     scores_host_n = -1;
   }
   void device_keys(int l, int64_t n) override {
-    if (n < 1 || n > layers[size_t(l)].n) internal_fail("device_keys: {} keys at layer {}", n, l);
+    if (n < 1 || n > n_ctx) internal_fail("device_keys: {} keys at layer {} (room for {})", n, l, n_ctx);
     slots_of(active_dev.as<int32_t>(), n, layers[size_t(l)].slot_of.as<int32_t>(), slot_list.as<int32_t>());
     listed_layer = -1;  // slot_list no longer holds a host list
     device_keys_at = {l, n};
@@ -856,7 +864,20 @@ class CudaBackend final : public Backend {
   const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, QKV = Q + 2 * KV;
   std::shared_ptr<const DeviceWeights> dw;  // shared with the other backends of these weights
   std::vector<DLayer> layers;
-  int64_t n_pos = 0;         // positions a session may use: the model's context (or n_ctx)
+  // Positions a session may use (the model's context, or n_ctx), and those the position-to-slot maps
+  // cover now: n_ctx at first, grown (by half at least) for a position past them (a prompt with gaps:
+  // random-drop's), so that a short request's maps are as short as its cache.
+  int64_t pos_limit = 0, n_pos = 0;
+  void grow_slot_maps(int64_t need) {
+    const int64_t grown = std::min(pos_limit, std::max(need, n_pos + n_pos / 2));
+    for (DLayer& L : layers) {
+      DBuf map(size_t(grown) * 4, "K/V slots of positions");
+      copy_on_device(map.as<void>(), L.slot_of.as<void>(), size_t(n_pos) * 4);
+      fill_i32(map.as<int32_t>() + n_pos, grown - n_pos, -1);
+      L.slot_of = std::move(map);
+    }
+    n_pos = grown;
+  }
   std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
   // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
   DBuf x, x2, xn, qkv, q, k, v, attn, branch, ff, act, a16, pos_dev, idx, idx2, scores_dev, logits;
@@ -1187,8 +1208,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
   // decoding step adds over n_ctx keys (a listed key set's slots, a second row index) and
   // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
-  const int64_t positions = std::max<int64_t>(c.n_ctx_train, n_ctx);
-  const double kv_bytes = double(c.n_layer) * (double(n_ctx) * (2.0 * KV * 4 + 4) + double(positions) * 4);
+  const double kv_bytes = double(c.n_layer) * double(n_ctx) * (2.0 * KV * 4 + 4 + 4);
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
   const double Q = double(c.n_head) * c.head_dim, F = c.moe() ? 0.0 : double(c.n_ff), D = double(c.n_embd);
   const double bf16_copy = w.dtype != DType::F32 ? 2 * std::max({D, Q, F}) : 0;
@@ -1232,8 +1252,9 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
     weight_cache().put(w, uploaded);
     dw = std::move(uploaded);
   }
-  // A slot per position a session may use: up to the model's context (or n_ctx).
-  n_pos = positions;
+  // A slot per position: n_ctx positions at first, up to the model's context (or n_ctx) as they come.
+  pos_limit = std::max<int64_t>(c.n_ctx_train, n_ctx);
+  n_pos = std::max<int64_t>(n_ctx, 1);
   layers.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     DLayer& L = layers[size_t(l)];

@@ -115,10 +115,9 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
 void* host_alloc_pinned(size_t bytes, const char* what) {
   void* p = nullptr;
   const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    fail("cannot allocate {} bytes of pinned host memory for {}: {}", bytes, what, cudaGetErrorString(e));
-  }
+  if (e != cudaSuccess)
+    device_failed(fmt::format("cannot allocate {} bytes of pinned host memory for {}: {}", bytes, what,
+                              cudaGetErrorString(e)));
   return p;
 }
 

@@ -336,6 +336,72 @@ TEST(Scheduler, AFailureAtAnyStageEndsItsRequestAndReleasesItsReservation) {
   }
 }
 
+// Issue 58's bad input: a GPU failure mid-batch (lp::DeviceError, what the CUDA backend throws for a
+// CUDA error) ends the batch's requests marked device_error (a server's 503); one that loses the
+// device ends every request, the running, the queued (held back by the token budget) and any
+// submitted later, and refuses new ones; one that does not leaves the scheduler serving. The K/V
+// budget returns to zero either way.
+TEST(Scheduler, AGpuFailureEndsItsBatchAndALostGpuEndsEverything) {
+  const Model& m = tiny(DType::Int8);
+  const int V = m.config().n_vocab;
+  for (const bool lost : {false, true}) {
+    SCOPED_TRACE(lost ? "lost" : "not lost");
+    struct DeviceFault : CpuBackend {
+      bool lost;
+      int steps = 0;
+      DeviceFault(const Model& m, int64_t n_ctx, bool l)
+          : CpuBackend(ctx(), m.config(), m.weights(), n_ctx), lost(l) {}
+      void swiglu() override {  // its first decoding step, mid-batch (beside the second request's prefill)
+        if (rows() == 1 && ++steps == 6)
+          throw DeviceError("CUDA error in swiglu: an illegal memory access", lost);
+        CpuBackend::swiglu();
+      }
+    };
+    SchedulerOptions o = options(m, int64_t(1) << 32, 21);  // one prefill an iteration (and 1 decoding row)
+    o.make_backend = [&m, lost, made = std::make_shared<int>(0)](int64_t n_ctx) -> std::unique_ptr<Backend> {
+      if (n_ctx == 1 || ++*made > 1)
+        return std::make_unique<CpuBackend>(ctx(), m.config(), m.weights(), n_ctx);
+      return std::make_unique<DeviceFault>(m, n_ctx, lost);
+    };
+    Scheduler s(m, o);
+    std::map<uint64_t, RequestRecord> done;
+    const auto req = [&](uint32_t seed) {
+      RequestParams p;
+      p.prompt = random_ids(20, V, seed);
+      p.max_tokens = 6;
+      p.stop_at_end_of_generation = false;
+      p.on_finish = [&done](const RequestRecord& r) { done[r.id] = r; };
+      return s.submit(std::move(p));
+    };
+    const uint64_t first = req(1), beside = req(2), queued = req(3);
+    for (int i = 0; i < 50 && s.step(); ++i) {
+    }
+    ASSERT_EQ(done.size(), 3u);
+    for (const uint64_t id : {first, beside}) {
+      EXPECT_EQ(done.at(id).finish, Finish::Error) << id;
+      EXPECT_TRUE(done.at(id).device_error) << id;
+      EXPECT_NE(done.at(id).error.find("illegal memory access"), std::string::npos) << done.at(id).error;
+    }
+    EXPECT_EQ(done.at(queued).finish, lost ? Finish::Error : Finish::Length) << done.at(queued).error;
+    EXPECT_EQ(done.at(queued).device_error, lost);
+    if (lost) EXPECT_NE(done.at(queued).error.find("the GPU cannot be used any more"), std::string::npos);
+    EXPECT_EQ(s.device_lost(), lost);
+    EXPECT_EQ(s.kv_bytes_reserved(), 0);
+    EXPECT_EQ(s.running(), 0);
+    EXPECT_EQ(s.queued(), 0);
+    if (lost) {
+      EXPECT_THROW(req(4), DeviceError);
+      EXPECT_NE(s.device_lost_reason().find("illegal memory access"), std::string::npos);
+    } else {
+      req(4);
+      for (int i = 0; i < 50 && s.step(); ++i) {
+      }
+      EXPECT_EQ(done.size(), 4u);
+      EXPECT_EQ(s.kv_bytes_reserved(), 0);
+    }
+  }
+}
+
 TEST(Scheduler, RefusesWhatCanNeverRun) {
   const Model& m = tiny(DType::Int8);
   Scheduler s(m, options(m, int64_t(1) << 16));

@@ -947,7 +947,8 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
 
 // A step computed again (Session::settle) first takes its row's K/V back out of every layer
 // (Backend::kv_truncate): the slots after n are free again, and the positions they held have no K/V
-// there, on the host's record and in the device's position-to-slot map alike.
+// there, on the host's record and in the device's position-to-slot map alike. The maps start at
+// n_ctx positions and grow for a later one.
 TEST(GpuForward, ATruncatedCacheForgetsItsPositions) {
   testing::TempDir dir;
   CpuContext ctx(1);
@@ -970,6 +971,16 @@ TEST(GpuForward, ATruncatedCacheForgetsItsPositions) {
   b->matmul(Proj::QKV, 0);
   b->kv_append(0);  // into slot 1
   EXPECT_EQ(b->kv_positions(0), (std::vector<int32_t>{0, 2}));
+  // A position past the maps' first n_ctx entries (a prompt with gaps) grows them, keeping what they
+  // held.
+  const std::vector<int32_t> far = {40};
+  b->set_rows(far);
+  b->embed({ids.data(), 1});
+  b->rmsnorm(Norm::Attn, 0);
+  b->matmul(Proj::QKV, 0);
+  b->kv_append(0);
+  EXPECT_EQ(b->kv_positions(0), (std::vector<int32_t>{0, 2, 40}));
+  EXPECT_EQ(b->kv_positions(1), std::vector<int32_t>{});
 }
 
 // Sessions run alone and the same sessions batched (engine/batch.h: every GEMM, row op and K/V append
@@ -1051,8 +1062,10 @@ TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
     prompts.push_back(testing::random_ids(30 - 4 * int64_t(i), c.n_vocab, 50 + i));
   const std::vector<int64_t> waits = expect_batched_as_alone(*m, prompts, prune, 3, kWaiting);
   for (size_t s = 1; s < waits.size(); ++s) EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+  // Deferred, the shortest first: its backend holds the fewest slots, and the others' appends must
+  // not take their slot numbers from it.
   int64_t deferred = 0;
-  expect_batched_as_alone(*m, prompts, prune, 24, {}, &deferred);
+  expect_batched_as_alone(*m, {prompts.rbegin(), prompts.rend()}, prune, 24, {}, &deferred);
   std::printf("note: the members' batched steps deferred %lld times in 24 steps\n", (long long)deferred);
   EXPECT_GT(deferred, 0) << "no member's batched step deferred";
 }

@@ -466,6 +466,13 @@ TEST(Server, AGpuFailureIsA503AndALostGpuStopsTheServer) {
     EXPECT_NE(e["message"].get<std::string>().find("the GPU failed: prefill: CUDA error in attention_kernel"),
               std::string::npos)
         << bad.body;
+    // Streaming: the error event says the same, then the end.
+    const Reply st =
+        post(p, "/v1/completions",
+             R"({"max_tokens": 4, "stream": true, "prompt": )" + ids_json(prompt_of(13, 3)) + "}");
+    EXPECT_NE(st.body.find("the GPU failed: prefill: CUDA error in attention_kernel"), std::string::npos)
+        << st.body;
+    EXPECT_NE(st.body.find("data: [DONE]"), std::string::npos) << st.body;
     const Reply good =
         post(p, "/v1/completions", R"({"max_tokens": 4, "prompt": )" + ids_json(prompt_of(5, 2)) + "}");
     EXPECT_EQ(good.status, 200) << good.body;
