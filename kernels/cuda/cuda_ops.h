@@ -164,7 +164,8 @@ void swiglu_fused(const float* ff, float* out, int64_t T, int64_t F, bool gelu =
 // (cuda_math::route_row; kernels/cpu/moe.h route_top_k).
 void route_top_k(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* ids, float* w);
 // out[t][:] = sum over j < k, in order, of w[t][j] * y[at[t][j]][:]: the rows' expert outputs, which
-// y [.][D] holds grouped by expert, weighted and summed back into each row.
+// y [.][D] holds grouped by expert (or, at null, pair by pair: y[t k + j]), weighted and summed back
+// into each row.
 void moe_combine(const float* y, const int64_t* at, const float* w, int64_t T, int64_t k, int64_t D,
                  float* out);
 // x[i] *= s
@@ -190,6 +191,18 @@ void gather_rows_q(const uint8_t* q, int qtype, int64_t row_bytes, const int64_t
 // cost more than the products. a 8-byte aligned, K % 32 == 0.
 void gemv_q(const uint16_t* a, const uint8_t* q, int qtype, int64_t row_bytes, float* out, int64_t T,
             int64_t K, int64_t N);
+// A decoding step's experts in one launch (one per active expert before): for each (row, expert) pair
+// p < P, out[p][N] = a[p / a_per][K] . W[N][K]^T with W expert ids[p]'s matrix, whose device address
+// is w[ids[p]] (w: a device table of the layer's experts). a_per = k: the pairs of a row share the
+// layer's input row; 1: each pair has its own (the down projection of its activation). Blocks of
+// type qtype (row_bytes a row; a in bf16, gemv_q's arithmetic for each pair, bit for bit), bf16
+// weights with bf16 a, or f32 with f32 a; f32 sums.
+void gemv_routed_q(const uint16_t* a, int64_t a_per, const uint8_t* const* w, const int32_t* ids, int qtype,
+                   int64_t row_bytes, float* out, int64_t P, int64_t K, int64_t N);
+void gemv_routed_bf16(const uint16_t* a, int64_t a_per, const uint16_t* const* w, const int32_t* ids,
+                      float* out, int64_t P, int64_t K, int64_t N);
+void gemv_routed_f32(const float* a, int64_t a_per, const float* const* w, const int32_t* ids, float* out,
+                     int64_t P, int64_t K, int64_t N);
 // f32 -> bf16 (round to nearest even).
 void to_bf16(const float* x, uint16_t* y, int64_t n);
 // out[T][N] = a[T][K] . w[N][K]^T with cuBLAS: f32 inputs (exact path), or bf16 inputs with f32

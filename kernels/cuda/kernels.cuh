@@ -132,7 +132,7 @@ __global__ void moe_combine_kernel(const float* y, const int64_t* at, const floa
   if (id >= T * D) return;
   const int64_t t = id / D, i = id % D;
   float acc = 0;
-  for (int64_t j = 0; j < k; ++j) acc += w[t * k + j] * y[at[t * k + j] * D + i];
+  for (int64_t j = 0; j < k; ++j) acc += w[t * k + j] * y[(at ? at[t * k + j] : t * k + j) * D + i];
   out[id] = acc;
 }
 
@@ -309,6 +309,67 @@ __global__ void gemv_q_kernel(const uint16_t* a, const uint8_t* q, int qt, int64
     if (lane == 0 && n < N)
       for (int t = 0; t < rows; ++t) out[(t0 + t) * N + n] = acc[t];
   }
+}
+
+// The experts of a decoding step's (row, expert) pairs in one launch: blockIdx.y is pair p, whose
+// input row is a[p / a_per] (a_per = k: a row's k pairs share the layer's input; 1: each pair its own
+// row) and whose matrix is expert ids[p]'s, w[ids[p]]. Blocks: each warp one output of the pair, by
+// gemv_q_kernel's arithmetic for a single row (so a pair's sums are the ones gemv_q gives its row).
+__global__ void gemv_q_routed_kernel(const uint16_t* a, int64_t a_per, const uint8_t* const* w,
+                                     const int32_t* ids, int qt, int64_t row_bytes, float* out, int64_t K,
+                                     int64_t N) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (int(threadIdx.x) >> 5), p = blockIdx.y;
+  if (n >= N) return;  // the warp's: n is the same on every lane
+  const uint8_t* row = w[ids[p]] + n * row_bytes;
+  const uint16_t* x = a + (p / a_per) * K;
+  const int64_t units = K / 8;
+  const bool minima = cm::has_minima(qt);
+  float acc = 0;
+  for (int64_t u = lane; u < units; u += 32) {
+    int64_t k[2];
+    float qv[8], s[2], m[2];
+    cm::q_unit_parts(row, qt, u, k, qv, s, m);
+    LP_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      uint16_t v[4];
+      load4_u16(x + k[h], v);
+      float dot = 0, sum = 0;
+      LP_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float xe = cm::bf16_to_f32(v[e]);
+        dot += xe * qv[4 * h + e];
+        sum += xe;
+      }
+      acc += s[h] * dot;
+      if (minima) acc += m[h] * sum;
+    }
+  }
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off, 32);
+  if (lane == 0) out[p * N + n] = acc;
+}
+
+LP_HD float as_f32(float v) {
+  return v;
+}
+LP_HD float as_f32(uint16_t v) {
+  return cm::bf16_to_f32(v);
+}
+
+// The same over dense experts: bf16 weights with bf16 inputs, or f32 with f32, summed in f32 (each
+// lane a stride of K, then the warp's shuffles).
+template <class E>
+__global__ void gemv_routed_kernel(const E* a, int64_t a_per, const E* const* w, const int32_t* ids,
+                                   float* out, int64_t K, int64_t N) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (int(threadIdx.x) >> 5), p = blockIdx.y;
+  if (n >= N) return;
+  const E* row = w[ids[p]] + n * K;
+  const E* x = a + (p / a_per) * K;
+  float acc = 0;
+  for (int64_t i = lane; i < K; i += 32) acc += as_f32(x[i]) * as_f32(row[i]);
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off, 32);
+  if (lane == 0) out[p * N + n] = acc;
 }
 
 // ---- attention ------------------------------------------------------------------------------

@@ -156,6 +156,27 @@ void slots_of(const int32_t* pos, int64_t n, const int32_t* slot_of, int32_t* ou
   LP_LAUNCH(kernels::slots_of_kernel, blocks_for(n, kThreads), kThreads, 0, pos, n, slot_of, out);
 }
 
+void gemv_routed_q(const uint16_t* a, int64_t a_per, const uint8_t* const* w, const int32_t* ids, int qtype,
+                   int64_t row_bytes, float* out, int64_t P, int64_t K, int64_t N) {
+  if (P <= 0 || N <= 0) return;
+  LP_LAUNCH(kernels::gemv_q_routed_kernel, dim3(blocks_for(N, kernels::kGemvWarps), unsigned(P)),
+            32 * kernels::kGemvWarps, 0, a, a_per, w, ids, qtype, row_bytes, out, K, N);
+}
+
+void gemv_routed_bf16(const uint16_t* a, int64_t a_per, const uint16_t* const* w, const int32_t* ids,
+                      float* out, int64_t P, int64_t K, int64_t N) {
+  if (P <= 0 || N <= 0) return;
+  LP_LAUNCH(kernels::gemv_routed_kernel<uint16_t>, dim3(blocks_for(N, kernels::kGemvWarps), unsigned(P)),
+            32 * kernels::kGemvWarps, 0, a, a_per, w, ids, out, K, N);
+}
+
+void gemv_routed_f32(const float* a, int64_t a_per, const float* const* w, const int32_t* ids, float* out,
+                     int64_t P, int64_t K, int64_t N) {
+  if (P <= 0 || N <= 0) return;
+  LP_LAUNCH(kernels::gemv_routed_kernel<float>, dim3(blocks_for(N, kernels::kGemvWarps), unsigned(P)),
+            32 * kernels::kGemvWarps, 0, a, a_per, w, ids, out, K, N);
+}
+
 void to_bf16(const float* x, uint16_t* y, int64_t n) {
   if (n <= 0) return;
   LP_LAUNCH(kernels::to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, x, y, n);

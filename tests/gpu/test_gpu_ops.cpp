@@ -657,45 +657,60 @@ TEST(GpuForward, MixtureOfExpertsMatchesTheCpuBackend) {
   }
 }
 
-// --dtype int8 experts: route and experts on the tiny qwen3moe's Q8_0 blocks, for 1, 3 and 40 rows (a
-// step of up to kGemvMaxRows rows through the block GEMV, a longer one through the dequantized bf16 GEMM),
-// against ref::moe over the blocks dequantized, inputs rounded to bf16 as the device rounds them. The
-// routes exactly (the router is f32 on both). The output within what the GEMM path's rounding of the
-// weights to bf16 adds: gate and up off by at most 2^-9 relative, so their product by up to twice that,
-// and the down GEMM's own 2^-9: 3 x 2^-9 a value, an nmse of at most 9 x 2^-18 (measured: 1.0e-5, 2.6
-// x 2^-18; a wrong expert or block gives about 1).
-TEST(GpuOps, Int8ExpertsMatchTheReferenceOnTheirBlocks) {
+// A mixture-of-experts layer on the device against ref::moe over its weights as stored (int8: the
+// tiny qwen3moe's Q8_0 blocks' values; bf16; f32), for a decoding step's rows (1 and 3: every (row,
+// expert) pair through its expert in one launch a projection, gemv_routed_*) and a prefill's (40: the
+// pairs grouped by expert, a GEMM each, blocks dequantized to bf16). The routes exactly (the router is
+// f32 on both). With blocks or bf16 weights the device rounds the inputs (and a prefill's dequantized
+// weights) to bf16: gate and up off by at most 2^-9 relative, so their product by up to twice that, and
+// the down product its own 2^-9: 3 x 2^-9 a value, an nmse of at most 9 x 2^-18 (measured on int8's
+// prefill: 1.0e-5, 2.6 x 2^-18; a wrong expert or block gives about 1). The reference rounds the inputs
+// as the device does, so a decoding step's (its blocks or bf16 weights read as they are) and f32's stay
+// within f32's bound (measured: 3e-15 to 3e-14).
+TEST(GpuOps, ExpertsMatchTheReferenceOnTheirWeights) {
   testing::TempDir dir;
   const std::string path = dir.file("moe.gguf");
   testing::tiny_arch_writer("qwen3moe", false).write(path);
   CpuContext ctx(1);
-  const auto m = Model::load(path, DType::Int8, ctx);
-  const ModelConfig& c = m->config();
-  const LayerWeights& L = m->weights().layers[0];
-  const int64_t D = c.n_embd, k = c.n_expert_used, Fe = c.n_ff_exp;
-  const testing::WidenedExperts ex = testing::widened_experts(L);  // the blocks' values
-  const std::vector<float> router = testing::widened(L.router);
-  std::mt19937 rng(41);
-  for (const int64_t T : {1, 3, 40}) {
-    const auto b = cuda::make_backend(c, m->weights(), 64);
-    std::vector<int32_t> pos(static_cast<size_t>(T));
-    std::iota(pos.begin(), pos.end(), 0);
-    b->set_rows(pos);
-    const auto x = testing::random_vec(size_t(T * D), rng);
-    b->write(Tensor::XN, x);
-    b->route(0);
-    const std::vector<int32_t> ids = b->routes();
-    b->experts(0);
-    const auto got = b->read(Tensor::Branch);
-    std::vector<float> want(static_cast<size_t>(T * D));
-    std::vector<int32_t> want_ids(static_cast<size_t>(T * k));
-    ref::moe(x.data(), T, D, router.data(), ex.gate_up_p, ex.down_p, k, Fe, c.gelu, want.data(),
-             want_ids.data(), true);
-    EXPECT_EQ(ids, want_ids) << T << " rows";
-    const double e = testing::nmse(got, testing::to_double(want));
-    std::printf("int8 experts, %lld rows: nmse %.3g\n", static_cast<long long>(T), e);
-    EXPECT_LE(e, 9 * std::ldexp(1.0, -18) + testing::f32_bound(double(D + Fe + 8))) << T << " rows";
-    EXPECT_GT(e, 0.0) << T << " rows: the bf16 roundings left no trace";
+  for (const DType dt : {DType::Int8, DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto m = Model::load(path, dt, ctx);
+    const ModelConfig& c = m->config();
+    const LayerWeights& L = m->weights().layers[0];
+    const int64_t D = c.n_embd, k = c.n_expert_used, Fe = c.n_ff_exp;
+    const testing::WidenedExperts ex = testing::widened_experts(L);  // the weights' values
+    const std::vector<float> router = testing::widened(L.router);
+    std::mt19937 rng(41);
+    for (const int64_t T : {1, 3, 40}) {
+      const auto b = cuda::make_backend(c, m->weights(), 64);
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      std::iota(pos.begin(), pos.end(), 0);
+      b->set_rows(pos);
+      const auto x = testing::random_vec(size_t(T * D), rng);
+      b->write(Tensor::XN, x);
+      b->route(0);
+      const std::vector<int32_t> ids = b->routes();
+      const int64_t ops0 = cuda::queued_ops();
+      b->experts(0);
+      const int64_t ops = cuda::queued_ops() - ops0;
+      // A decoding step's experts: the routes up, (its rows to bf16,) gate|up, the activation, (to
+      // bf16,) down and the weighted sum, however many experts are active; grouped by expert they took
+      // 5 + 4 a pair (k of them a row).
+      if (T <= 4) EXPECT_EQ(ops, dt == DType::F32 ? 6 : 8) << T << " rows";
+      const auto got = b->read(Tensor::Branch);
+      std::vector<float> want(static_cast<size_t>(T * D));
+      std::vector<int32_t> want_ids(static_cast<size_t>(T * k));
+      ref::moe(x.data(), T, D, router.data(), ex.gate_up_p, ex.down_p, k, Fe, c.gelu, want.data(),
+               want_ids.data(), dt != DType::F32);  // the inputs rounded to bf16 as the device's are
+      EXPECT_EQ(ids, want_ids) << T << " rows";
+      const double e = testing::nmse(got, testing::to_double(want));
+      std::printf("%s experts, %lld rows: nmse %.3g, %lld operations queued\n", dtype_name(dt),
+                  static_cast<long long>(T), e, static_cast<long long>(ops));
+      const double f32 = testing::f32_bound(double(D + Fe + 8));
+      const bool as_stored = dt == DType::F32 || T <= 4;  // no weight rounded (a decoding step's rows)
+      EXPECT_LE(e, (as_stored ? 0 : 9 * std::ldexp(1.0, -18)) + f32) << T << " rows";
+      if (dt == DType::Int8 && T > 4) EXPECT_GT(e, 0.0) << T << " rows: the bf16 roundings left no trace";
+    }
   }
 }
 
