@@ -384,7 +384,9 @@ TEST(Scheduler, AGpuFailureEndsItsBatchAndALostGpuEndsEverything) {
     }
     EXPECT_EQ(done.at(queued).finish, lost ? Finish::Error : Finish::Length) << done.at(queued).error;
     EXPECT_EQ(done.at(queued).device_error, lost);
-    if (lost) EXPECT_NE(done.at(queued).error.find("the GPU cannot be used any more"), std::string::npos);
+    if (lost) {
+      EXPECT_NE(done.at(queued).error.find("the GPU cannot be used any more"), std::string::npos);
+    }
     EXPECT_EQ(s.device_lost(), lost);
     EXPECT_EQ(s.kv_bytes_reserved(), 0);
     EXPECT_EQ(s.running(), 0);

@@ -696,7 +696,9 @@ TEST(GpuOps, ExpertsMatchTheReferenceOnTheirWeights) {
       // A decoding step's experts: the routes up, (its rows to bf16,) gate|up, the activation, (to
       // bf16,) down and the weighted sum, however many experts are active; grouped by expert they took
       // 5 + 4 a pair (k of them a row).
-      if (T <= 4) EXPECT_EQ(ops, dt == DType::F32 ? 6 : 8) << T << " rows";
+      if (T <= 4) {
+        EXPECT_EQ(ops, dt == DType::F32 ? 6 : 8) << T << " rows";
+      }
       const auto got = b->read(Tensor::Branch);
       std::vector<float> want(static_cast<size_t>(T * D));
       std::vector<int32_t> want_ids(static_cast<size_t>(T * k));
@@ -709,7 +711,9 @@ TEST(GpuOps, ExpertsMatchTheReferenceOnTheirWeights) {
       const double f32 = testing::f32_bound(double(D + Fe + 8));
       const bool as_stored = dt == DType::F32 || T <= 4;  // no weight rounded (a decoding step's rows)
       EXPECT_LE(e, (as_stored ? 0 : 9 * std::ldexp(1.0, -18)) + f32) << T << " rows";
-      if (dt == DType::Int8 && T > 4) EXPECT_GT(e, 0.0) << T << " rows: the bf16 roundings left no trace";
+      if (dt == DType::Int8 && T > 4) {
+        EXPECT_GT(e, 0.0) << T << " rows: the bf16 roundings left no trace";
+      }
     }
   }
 }
