@@ -342,7 +342,10 @@ void Session::routed(Pass& ps, int l) {
   if (ps.stats && ps.stats->routes) {
     trace::Routes& r = (*ps.stats->routes)[size_t(l)];
     r.positions = ps.rows;
-    r.experts = be_->routes();
+    if (be_->routes_deferred())
+      ps.routes_pending.push_back(l);  // read after the pass's wait (settle), not in the middle of it
+    else
+      r.experts = be_->routes();
   }
 }
 
@@ -608,6 +611,8 @@ void Session::defer_selection(Pass& ps, int l) {
 }
 
 void Session::settle(Pass& ps, float* logits) {
+  for (const int l : ps.routes_pending) (*ps.stats->routes)[size_t(l)].experts = be_->routes_of(l);
+  ps.routes_pending.clear();
   if (!ps.decode) return;
   if (!ps.deferred) {
     clean_steps_ = ps.revived == 0 && ps.ids.size() == 1 ? clean_steps_ + 1 : 0;
@@ -864,6 +869,7 @@ void Session::forward(std::span<const int32_t> ids, std::span<const int32_t> pos
   Pass ps = begin_forward(ids, pos, logit_rows, prune, stats, timers);
   run_layers(BatchMember{this, &ps, logits});
   if (head(ps) > 0) lm_head(ps, logits);
+  settle(ps, logits);
 }
 
 void Session::decode_step(int32_t id, int32_t p, float* logits, const PruneRequest* prune, trace::Step* stats,

@@ -197,6 +197,7 @@ class Session {
     };
     std::vector<Deferral> deferrals;
     int64_t log_kept = 0, log_scores = 0;
+    std::vector<int> routes_pending;  // layers whose routes the trace reads after the pass's wait
   };
   // forward()'s and decode_step()'s checks, then the rows embedded.
   Pass begin_forward(std::span<const int32_t> ids, std::span<const int32_t> pos,
@@ -233,7 +234,8 @@ class Session {
   void end_layer(Pass& ps, int l);
   // The rows that get logits gathered and normed; returns their count (0: no LM head to run).
   int64_t head(Pass& ps);
-  // After a pass's LM head (whose logits made the host wait): a decoding step whose selections were
+  // After a pass's LM head (whose logits made the host wait): the trace's routes that the backend kept
+  // where its experts ran (Backend::routes_deferred) are read; a decoding step whose selections were
   // deferred replays them on the host's index. Where one kept a token that has no K/V at a layer
   // that attended it (a revival the device did not make), the step is undone and computed again
   // without deferring, its logits written to `logits` again. Decoding steps of one token defer

@@ -121,6 +121,11 @@ class Backend {
   // The experts each row goes through, as the last route() chose: [T][n_expert_used], most probable
   // first.
   virtual std::vector<int32_t> routes() = 0;
+  // A backend may keep a decoding step's routes where its experts run (a GPU): routes_deferred()
+  // after route() says so, and routes_of(layer) reads that layer's routes after the pass's wait (the
+  // LM head's), for a trace, where routes() would wait in the middle of the pass.
+  virtual bool routes_deferred() const { return false; }
+  virtual std::vector<int32_t> routes_of(int /*layer*/) { return routes(); }
   virtual void residual() = 0;  // x += branch
   // scores[i] = the last row's attention on key i of `slots` (as attention, its window included:
   // a key outside it scores 0), averaged over heads.

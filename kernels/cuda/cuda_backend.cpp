@@ -409,10 +409,36 @@ class CudaBackend final : public Backend {
   void experts_batched(int l, std::span<Backend* const> members) override {
     if (members.size() == 1 && members[0] == this) return experts(l);
     const std::vector<CudaBackend*> ms = members_of(members);
+    const int64_t k = c.n_expert_used;
+    if (std::all_of(ms.begin(), ms.end(), [](const CudaBackend* m) { return m->routes_on_device; })) {
+      // Decoding steps whose routes stayed on the device: theirs gathered there, ids then weights.
+      int64_t total = 0;
+      for (const CudaBackend* m : ms) total += m->T();
+      moe_ids.reserve(size_t(total * k) * 8, "expert ids");
+      int64_t at = 0;
+      for (CudaBackend* m : ms) {
+        const size_t n = size_t(m->T() * k);
+        copy_on_device(moe_ids.as<int32_t>() + at, m->routes_dev.as<int32_t>(), n * 4);
+        copy_on_device(moe_ids.as<int32_t>() + total * k + at, m->routes_dev.as<int32_t>() + n, n * 4);
+        at += int64_t(n);
+      }
+      concat_rows(ms, &CudaBackend::xn, c.n_embd);
+      batch_out.reserve(size_t(total * c.n_embd) * 4, "batched rows");
+      run_experts_routed(dw->layers[size_t(l)], batch_in.as<float>(), total, moe_ids.as<int32_t>(),
+                         moe_ids.as<float>() + total * k, batch_out.as<float>());
+      at = 0;
+      for (CudaBackend* m : ms) {
+        copy_on_device(m->branch.as<float>(), batch_out.as<float>() + at * c.n_embd,
+                       size_t(m->T() * c.n_embd) * 4);
+        at += m->T();
+      }
+      return;
+    }
     std::vector<int32_t> ids;
     std::vector<float> wts;
     std::vector<char> gemv;  // per row: its member's path
     for (CudaBackend* m : ms) {
+      m->routes_to_host();
       if (int64_t(m->ids_host.size()) != m->T() * c.n_expert_used)
         internal_fail("experts_batched: a member's rows are not routed");
       ids.insert(ids.end(), m->ids_host.begin(), m->ids_host.end());
@@ -626,27 +652,64 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
-  // The router's logits (f32 GEMM) and each row's top-k on the device; the routes then come to the
-  // host (T x k ids and weights: the one synchronisation of a MoE layer), which groups the rows by
-  // expert and launches each active expert's GEMMs over its rows, as llama.cpp's CUDA backend
-  // reads the ids of its mul_mat_id on the host.
+  // The router's logits (f32 GEMM) and each row's top-k on the device. A decoding step's rows (at most
+  // kGemvMaxRows, every pair through its expert in one launch: run_experts_routed) keep their routes
+  // there, copied back behind them into the step's log for a trace (routes_deferred, routes_of). A
+  // prefill's come to the host (T x k ids and weights: the one synchronisation of its MoE layer), which
+  // groups the rows by expert and launches each active expert's GEMMs over its rows, as llama.cpp's
+  // CUDA backend reads the ids of its mul_mat_id on the host.
   void route(int l) override {
     route_launch(l);
+    if (keep_routes(l)) return;
     std::vector<int32_t> both(2 * size_t(T() * c.n_expert_used));
     get(both.data(), routes_dev.as<void>(), both.size() * 4);
     routes_from(both.data());
+  }
+  // After route_launch: the routes stay on the device (a decoding step's rows, the layer's expert
+  // tables there), copied into the log behind them.
+  bool keep_routes(int l) {
+    const DLayerWeights& L = dw->layers[size_t(l)];
+    routes_on_device = T() <= kGemvMaxRows && L.gate_up_table.bytes() && L.down_table.bytes();
+    if (!routes_on_device) return false;
+    const int64_t n = T() * c.n_expert_used;
+    copy_to_host_async(static_cast<int32_t*>(routes_log.p) + l * kGemvMaxRows * c.n_expert_used * 2,
+                       routes_dev.as<void>(), size_t(n) * 8);
+    routes_log_rows[size_t(l)] = T();
+    routes_layer = l;
+    ids_host.clear();
+    return true;
+  }
+  bool routes_deferred() const override { return routes_on_device; }
+  std::vector<int32_t> routes_of(int l) override {  // after the pass's wait
+    const int64_t n = routes_log_rows[size_t(l)] * c.n_expert_used;
+    const int32_t* at = static_cast<const int32_t*>(routes_log.p) + l * kGemvMaxRows * c.n_expert_used * 2;
+    return std::vector<int32_t>(at, at + n);
+  }
+  // The routes on the host (a batch that mixes decoding rows with a prefill's, an op timer): the kept
+  // ones waited for and read from the log.
+  void routes_to_host() {
+    if (!routes_on_device) return;
+    wait("routes");
+    routes_from(static_cast<const int32_t*>(routes_log.p) +
+                routes_layer * kGemvMaxRows * c.n_expert_used * 2);
+    routes_on_device = false;
   }
   // A batch's routes: every member's queued, each copied back into its pinned memory behind it, and
   // one wait for all of them (each member's arithmetic its own, as alone).
   void route_batched(int l, std::span<Backend* const> members) override {
     if (members.size() == 1 && members[0] == this) return route(l);
     const std::vector<CudaBackend*> ms = members_of(members);
+    bool waits = false;
     for (CudaBackend* m : ms) {
       m->route_launch(l);
+      if (m->keep_routes(l)) continue;
       copy_to_host_async(m->routes_host.p, m->routes_dev.as<void>(), size_t(m->T() * c.n_expert_used) * 8);
+      waits = true;
     }
+    if (!waits) return;  // every member a decoding step: their routes stay on the device
     wait("routes");
-    for (CudaBackend* m : ms) m->routes_from(static_cast<const int32_t*>(m->routes_host.p));
+    for (CudaBackend* m : ms)
+      if (!m->routes_on_device) m->routes_from(static_cast<const int32_t*>(m->routes_host.p));
   }
   // The router's logits and each row's top k into routes_dev: [T][k] ids, then [T][k] weights.
   void route_launch(int l) {
@@ -665,13 +728,24 @@ class CudaBackend final : public Backend {
     std::memcpy(w_host.data(), both + n, n * 4);
   }
   void experts(int l) override {
+    if (routes_on_device) {
+      const int64_t n = T() * c.n_expert_used;
+      return run_experts_routed(dw->layers[size_t(l)], xn.as<float>(), T(), routes_dev.as<int32_t>(),
+                                routes_dev.as<float>() + n, branch.as<float>());
+    }
     if (int64_t(ids_host.size()) != T() * c.n_expert_used) internal_fail("experts: the rows are not routed");
     // Every row by its step's path: a decoding step's through the block GEMV, a prefill's through the
     // dequantized GEMM, as matmul() takes them.
     run_experts(l, xn.as<float>(), T(), ids_host, w_host,
                 std::vector<char>(size_t(T()), char(T() <= kGemvMaxRows)), branch.as<float>());
   }
-  std::vector<int32_t> routes() override { return ids_host; }
+  std::vector<int32_t> routes() override {
+    if (routes_on_device) {  // waits: a trace reads routes_of(layer) after the pass's own wait instead
+      wait("routes");
+      return routes_of(routes_layer);
+    }
+    return ids_host;
+  }
   void residual() override { add_inplace(x.as<float>(), branch.as<float>(), T() * c.n_embd); }
 
   void last_row_scores(int l, std::span<const int32_t> slots) override {
@@ -939,6 +1013,12 @@ class CudaBackend final : public Backend {
   DBuf router_logits, routes_dev, moe_x, moe_ff, moe_act, moe_y, moe_idx, moe_w, moe_ids;
   std::vector<int32_t> ids_host;
   std::vector<float> w_host;
+  // A decoding step's routes kept on the device (keep_routes): the layer last routed, and each layer's
+  // routes copied back into the log [n_layer][kGemvMaxRows][k] x 2 with their row counts.
+  bool routes_on_device = false;
+  int routes_layer = -1;
+  PinnedBuf routes_log;
+  std::vector<int64_t> routes_log_rows;
 
   int64_t T() const { return int64_t(pos.size()); }
 
@@ -1174,8 +1254,12 @@ class CudaBackend final : public Backend {
     const int64_t E = c.n_expert, k = c.n_expert_used, Fe = c.n_ff_exp, D = c.n_embd, P = T * k;
     if (T == 0) return;
     if (std::all_of(gemv.begin(), gemv.end(), [](char g) { return g != 0; }) && L.gate_up_table.bytes() &&
-        L.down_table.bytes())
-      return run_experts_routed(L, in, T, ids, wts, out);
+        L.down_table.bytes()) {
+      moe_ids.reserve(size_t(P) * 8, "expert ids");
+      put(moe_ids.as<void>(), ids.data(), size_t(P) * 4);
+      put(moe_ids.as<int32_t>() + P, wts.data(), size_t(P) * 4);
+      return run_experts_routed(L, in, T, moe_ids.as<int32_t>(), moe_ids.as<float>() + P, out);
+    }
     // Key 2e: expert e's rows by the GEMV; 2e + 1: by the GEMM.
     std::vector<int32_t> keys(static_cast<size_t>(P));
     for (int64_t i = 0; i < P; ++i) keys[size_t(i)] = 2 * ids[size_t(i)] + (gemv[size_t(i / k)] ? 0 : 1);
@@ -1212,17 +1296,14 @@ class CudaBackend final : public Backend {
   // are those gemv_q gives it grouped), the activation over the pairs, and the weighted sum back into
   // the rows: six launches a layer where each active expert took two GEMMs, their inputs' copies and a
   // conversion each (docs/cuda.md: 41% of a MoE decoding step in 48 small launches).
-  void run_experts_routed(const DLayerWeights& L, const float* in, int64_t T, const std::vector<int32_t>& ids,
-                          const std::vector<float>& wts, float* out) {
+  // ids [T][k] and weights [T][k] in device memory.
+  void run_experts_routed(const DLayerWeights& L, const float* in, int64_t T, const int32_t* ids,
+                          const float* wts, float* out) {
     const int64_t k = c.n_expert_used, Fe = c.n_ff_exp, D = c.n_embd, P = T * k;
-    moe_ids.reserve(size_t(P) * 4, "expert ids");
-    moe_w.reserve(size_t(P) * 4, "route weights");
-    put(moe_ids.as<void>(), ids.data(), size_t(P) * 4);
-    put(moe_w.as<void>(), wts.data(), size_t(P) * 4);
     moe_ff.reserve(size_t(P * 2 * Fe) * 4, "expert gate/up");
     moe_act.reserve(size_t(P * Fe) * 4, "expert activations");
     moe_y.reserve(size_t(P * D) * 4, "expert outputs");
-    const int32_t* e = moe_ids.as<int32_t>();
+    const int32_t* e = ids;
     // a [a_rows][K] through each pair's expert of `table` (matrices of f's format) into y [P][N].
     const auto project = [&](const float* a, int64_t a_rows, int64_t a_per, const DMatrix& f,
                              const DBuf& table, float* y, int64_t K, int64_t N) {
@@ -1239,7 +1320,7 @@ class CudaBackend final : public Backend {
     project(in, T, k, L.expert_gate_up.front(), L.gate_up_table, moe_ff.as<float>(), D, 2 * Fe);
     swiglu_fused(moe_ff.as<float>(), moe_act.as<float>(), P, Fe, c.gelu);
     project(moe_act.as<float>(), P, 1, L.expert_down.front(), L.down_table, moe_y.as<float>(), Fe, D);
-    moe_combine(moe_y.as<float>(), nullptr, moe_w.as<float>(), T, k, D, out);
+    moe_combine(moe_y.as<float>(), nullptr, wts, T, k, D, out);
   }
 
   // dst[to[i]] = src[from[i]], rows of D floats.
@@ -1303,7 +1384,11 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   staging.init(std::clamp<size_t>(size_t(n_ctx) * 64, size_t(64) << 10, size_t(4) << 20));
   scores_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1)) * 4, "selection scores");
   keep_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1)) * 8, "kept indices");
-  if (c.moe()) routes_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1) * c.n_expert_used) * 8, "routes");
+  if (c.moe()) {
+    routes_host = PinnedBuf(size_t(std::max<int64_t>(n_ctx, 1) * c.n_expert_used) * 8, "routes");
+    routes_log = PinnedBuf(size_t(c.n_layer * kGemvMaxRows * c.n_expert_used) * 8, "a step's routes");
+    routes_log_rows.assign(size_t(c.n_layer), 0);
+  }
   if (!dw) {
     auto uploaded = upload_weights(c, w);
     weight_cache().put(w, uploaded);

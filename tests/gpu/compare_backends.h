@@ -198,6 +198,17 @@ inline void compare_generate(const std::string& path, int64_t T, PolicyKind kind
     EXPECT_EQ(gpu.decode_stats[i].attended, cpu.decode_stats[i].attended) << "step " << i;
     EXPECT_EQ(gpu.decode_stats[i].revived, cpu.decode_stats[i].revived) << "step " << i;
     EXPECT_EQ(testing::kept_of(gpu.decode_stats[i]), testing::kept_of(cpu.decode_stats[i])) << "step " << i;
+    // A mixture of experts' routes (on the GPU a decoding step's stay on the device and the trace reads
+    // them after the step's wait): the same rows to the same experts.
+    ASSERT_EQ(gpu.decode_stats[i].routes.has_value(), cpu.decode_stats[i].routes.has_value());
+    if (cpu.decode_stats[i].routes) {
+      const auto &g = *gpu.decode_stats[i].routes, &h = *cpu.decode_stats[i].routes;
+      ASSERT_EQ(g.size(), h.size());
+      for (size_t l = 0; l < h.size(); ++l) {
+        EXPECT_EQ(g[l].positions, h[l].positions) << "step " << i << ", layer " << l;
+        EXPECT_EQ(g[l].experts, h[l].experts) << "step " << i << ", layer " << l;
+      }
+    }
   }
 }
 
