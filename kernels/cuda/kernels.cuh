@@ -269,6 +269,27 @@ __global__ void gather_q_kernel(const uint8_t* q, int qt, int64_t row_bytes, con
 // registers, the lanes' partial sums added by shuffles. Unlike the prefill's GEMM the weights are
 // not rounded to bf16: that would cost more instructions per weight than the product. K % 32 == 0,
 // a 8-byte aligned (4 activations per load).
+// One row's share of a unit of 8 weights (cm::q_unit_parts: their values qv, the two runs of 4 at
+// k[0] and k[1] with their scales s and minima m): acc += s (x . qv) (+ m sum(x)) run by run.
+__device__ __forceinline__ void q_unit_accumulate(const uint16_t* x, const int64_t k[2], const float qv[8],
+                                                  const float s[2], const float m[2], bool minima,
+                                                  float& acc) {
+  LP_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    uint16_t v[4];
+    load4_u16(x + k[h], v);
+    float dot = 0, sum = 0;
+    LP_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const float xe = cm::bf16_to_f32(v[e]);
+      dot += xe * qv[4 * h + e];
+      sum += xe;
+    }
+    acc += s[h] * dot;
+    if (minima) acc += m[h] * sum;
+  }
+}
+
 constexpr int kGemvWarps = 4;
 __global__ void gemv_q_kernel(const uint16_t* a, const uint8_t* q, int qt, int64_t row_bytes, float* out,
                               int64_t T, int64_t K, int64_t N) {
@@ -285,23 +306,7 @@ __global__ void gemv_q_kernel(const uint16_t* a, const uint8_t* q, int qt, int64
         int64_t k[2];
         float qv[8], s[2], m[2];
         cm::q_unit_parts(row, qt, u, k, qv, s, m);
-        for (int t = 0; t < rows; ++t) {
-          const uint16_t* x = a + (t0 + t) * K;
-          LP_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            uint16_t v[4];
-            load4_u16(x + k[h], v);
-            float dot = 0, sum = 0;
-            LP_UNROLL
-            for (int e = 0; e < 4; ++e) {
-              const float xe = cm::bf16_to_f32(v[e]);
-              dot += xe * qv[4 * h + e];
-              sum += xe;
-            }
-            acc[t] += s[h] * dot;
-            if (minima) acc[t] += m[h] * sum;
-          }
-        }
+        for (int t = 0; t < rows; ++t) q_unit_accumulate(a + (t0 + t) * K, k, qv, s, m, minima, acc[t]);
       }
     }
     for (int t = 0; t < 4; ++t)
@@ -330,20 +335,7 @@ __global__ void gemv_q_routed_kernel(const uint16_t* a, int64_t a_per, const uin
     int64_t k[2];
     float qv[8], s[2], m[2];
     cm::q_unit_parts(row, qt, u, k, qv, s, m);
-    LP_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      uint16_t v[4];
-      load4_u16(x + k[h], v);
-      float dot = 0, sum = 0;
-      LP_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float xe = cm::bf16_to_f32(v[e]);
-        dot += xe * qv[4 * h + e];
-        sum += xe;
-      }
-      acc += s[h] * dot;
-      if (minima) acc += m[h] * sum;
-    }
+    q_unit_accumulate(x, k, qv, s, m, minima, acc);
   }
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off, 32);
   if (lane == 0) out[p * N + n] = acc;

@@ -842,6 +842,26 @@ TEST(GpuForward, MixtureOfExpertsOutputIsTheSameAloneOrBatched) {
       [&moe](int64_t n_ctx) { return cuda::make_backend(moe->config(), moe->weights(), n_ctx); });
 }
 
+// The decoding-step wait tests' setting: the 6-layer test model in bf16, a random prompt of T tokens
+// at positions 0 .. T - 1, LazyLLM at layers 1, 3 and 4.
+struct LazySteps {
+  testing::TempDir dir;
+  CpuContext ctx{1};
+  std::unique_ptr<Model> m;
+  std::vector<int32_t> ids, pos;
+  std::vector<PruneStep> sched;
+  std::unique_ptr<PruningPolicy> policy = make_policy(PolicyKind::LazyLLM);
+  PruneRequest prune;
+  explicit LazySteps(int64_t T) : m(Model::load(write_compare_model(dir), DType::BF16, ctx)) {
+    const ModelConfig& c = m->config();
+    ids = testing::random_ids(T, c.n_vocab, 5);
+    pos.resize(size_t(T));
+    std::iota(pos.begin(), pos.end(), 0);
+    sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
+    prune = PruneRequest{sched, policy.get()};
+  }
+};
+
 // Issue 58, item 2: how often a decoding step makes the host wait for the device. Uploads (positions,
 // key slots, row indices) are queued from pinned memory, so an unpruned step waits once, for its
 // logits, and a LazyLLM step once per pruning layer (the kept indices, which the host's index of the
@@ -851,17 +871,11 @@ TEST(GpuForward, MixtureOfExpertsOutputIsTheSameAloneOrBatched) {
 // Before the uploads were queued, the same LazyLLM steps waited 27-43 times and the unpruned 3. (With
 // its selections deferred, a step waits once: the next test.)
 TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
-  testing::TempDir dir;
-  CpuContext ctx(1);
-  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
-  const ModelConfig& c = m->config();
   const int64_t T = 40, steps = 6;
-  const std::vector<int32_t> ids = testing::random_ids(T, c.n_vocab, 5);
-  std::vector<int32_t> pos(static_cast<size_t>(T));
-  std::iota(pos.begin(), pos.end(), 0);
-  const auto sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
-  auto policy = make_policy(PolicyKind::LazyLLM);
-  const PruneRequest prune{sched, policy.get()};
+  LazySteps setting(T);
+  const auto& [m, ids, pos, sched, prune] =
+      std::tie(setting.m, setting.ids, setting.pos, setting.sched, setting.prune);
+  const ModelConfig& c = m->config();
   Session lazy(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
   Session plain(*m, cuda::make_backend(c, m->weights(), T + steps));
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
@@ -902,17 +916,11 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
 // 1 (deferred), or 1 + sched + 1 (deferred, undone, computed again). 48 steps over a 40-token
 // prompt: the first ones revive, later ones defer; about 1 s an order on the host.
 TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes) {
-  testing::TempDir dir;
-  CpuContext ctx(1);
-  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
-  const ModelConfig& c = m->config();
   const int64_t T = 40, steps = 48;
-  const std::vector<int32_t> ids = testing::random_ids(T, c.n_vocab, 5);
-  std::vector<int32_t> pos(static_cast<size_t>(T));
-  std::iota(pos.begin(), pos.end(), 0);
-  const auto sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
-  auto policy = make_policy(PolicyKind::LazyLLM);
-  const PruneRequest prune{sched, policy.get()};
+  LazySteps setting(T);
+  const auto& [m, ids, pos, sched, prune] =
+      std::tie(setting.m, setting.ids, setting.pos, setting.sched, setting.prune);
+  const ModelConfig& c = m->config();
   Session deferring(*m, cuda::make_backend(c, m->weights(), T + steps));
   Session waiting(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
   std::vector<float> ld(static_cast<size_t>(c.n_vocab)), lw(ld.size());
