@@ -1122,9 +1122,10 @@ TEST(GpuForward, LaterArchitecturesAreTheSameAloneOrBatched) {
 // kept on the device and every (row, expert) pair of the batch through its expert in one launch a
 // projection (run_experts_routed), the trace's routes read after the step's wait (Session::settle):
 // a step waits as a dense model's does, once per pruning layer (waiting selections) and once for the
-// logits, where it waited once a layer more for the routes. The logits, kept tokens and revivals as
-// each member's alone (int8: a pair's sums are its own in any batch). About 1 s an order on the host
-// (three members of the tiny Qwen3-MoE, alone and batched).
+// logits, where it waited once a layer more for the routes; with the selections deferred too, a
+// batched step whose members all defer waits once. The logits, kept tokens and revivals as each
+// member's alone (int8: a pair's sums are its own in any batch). About 2 s an order on the host
+// (three members of the tiny Qwen3-MoE, alone and batched, 3 and 12 steps).
 TEST(GpuForward, ABatchOfExpertsMembersWaitsAsADenseBatchDoes) {
   testing::TempDir dir;
   CpuContext ctx(1);
@@ -1140,6 +1141,19 @@ TEST(GpuForward, ABatchOfExpertsMembersWaitsAsADenseBatchDoes) {
                                testing::random_ids(7, c.n_vocab, 43)},
                               prune, 3, kWaiting);
   for (size_t s = 1; s < waits.size(); ++s) EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+  // Deferred selections too: a member's step that defers waits once, its routes and its kept sets
+  // both read after the logits.
+  int64_t deferred = 0;
+  const std::vector<int64_t> steps =
+      expect_batched_as_alone(*m,
+                              {testing::random_ids(7, c.n_vocab, 43), testing::random_ids(6, c.n_vocab, 42),
+                               testing::random_ids(8, c.n_vocab, 41)},
+                              prune, 12, {}, &deferred);
+  std::printf(
+      "note: the members' batched steps deferred %lld times in 12 steps, the fewest waits a step %lld\n",
+      (long long)deferred, (long long)*std::min_element(steps.begin() + 1, steps.end()));
+  EXPECT_GT(deferred, 0);
+  EXPECT_EQ(*std::min_element(steps.begin() + 1, steps.end()), 1) << "no batched step waited once";
 }
 
 // Issue 58, item 3: the host's work in a batched decoding step. Every GEMM runs once over the
