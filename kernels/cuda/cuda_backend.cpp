@@ -403,57 +403,54 @@ class CudaBackend final : public Backend {
   }
 
   // The members' routed rows through the experts together, each expert's weights read once per
-  // path. A row gets the arithmetic it gets alone: with weights in blocks, the rows of members of at
-  // most kGemvMaxRows rows (decoding steps) go through the block GEMV and the longer members' rows
-  // through the dequantized bf16 GEMM, however many rows an expert gathers from the batch.
+  // path, and each row by the arithmetic it gets alone: the decoding members whose routes stayed on
+  // the device (keep_routes) through run_experts_routed over all their pairs; the others (prefills,
+  // whose routes came to the host) grouped by expert, with weights in blocks the rows of members of
+  // at most kGemvMaxRows rows through the block GEMV and the longer members' through the dequantized
+  // bf16 GEMM, however many rows an expert gathers from the batch.
   void experts_batched(int l, std::span<Backend* const> members) override {
     if (members.size() == 1 && members[0] == this) return experts(l);
-    const std::vector<CudaBackend*> ms = members_of(members);
+    std::vector<CudaBackend*> on_device, on_host;
+    for (CudaBackend* m : members_of(members)) (m->routes_on_device ? on_device : on_host).push_back(m);
     const int64_t k = c.n_expert_used;
-    if (std::all_of(ms.begin(), ms.end(), [](const CudaBackend* m) { return m->routes_on_device; })) {
-      // Decoding steps whose routes stayed on the device: theirs gathered there, ids then weights.
-      int64_t total = 0;
-      for (const CudaBackend* m : ms) total += m->T();
-      moe_ids.reserve(size_t(total * k) * 8, "expert ids");
-      int64_t at = 0;
-      for (CudaBackend* m : ms) {
-        const size_t n = size_t(m->T() * k);
-        copy_on_device(moe_ids.as<int32_t>() + at, m->routes_dev.as<int32_t>(), n * 4);
-        copy_on_device(moe_ids.as<int32_t>() + total * k + at, m->routes_dev.as<int32_t>() + n, n * 4);
-        at += int64_t(n);
-      }
-      concat_rows(ms, &CudaBackend::xn, c.n_embd);
+    // Each group's rows concatenated, through the experts, and back into each member's branch.
+    const auto run_group = [&](const std::vector<CudaBackend*>& ms, auto&& experts_of) {
+      if (ms.empty()) return;
+      const int64_t total = concat_rows(ms, &CudaBackend::xn, c.n_embd);
       batch_out.reserve(size_t(total * c.n_embd) * 4, "batched rows");
-      run_experts_routed(dw->layers[size_t(l)], batch_in.as<float>(), total, moe_ids.as<int32_t>(),
-                         moe_ids.as<float>() + total * k, batch_out.as<float>());
-      at = 0;
+      experts_of(total);
+      int64_t at = 0;
       for (CudaBackend* m : ms) {
         copy_on_device(m->branch.as<float>(), batch_out.as<float>() + at * c.n_embd,
                        size_t(m->T() * c.n_embd) * 4);
         at += m->T();
       }
-      return;
-    }
-    std::vector<int32_t> ids;
-    std::vector<float> wts;
-    std::vector<char> gemv;  // per row: its member's path
-    for (CudaBackend* m : ms) {
-      m->routes_to_host();
-      if (int64_t(m->ids_host.size()) != m->T() * c.n_expert_used)
-        internal_fail("experts_batched: a member's rows are not routed");
-      ids.insert(ids.end(), m->ids_host.begin(), m->ids_host.end());
-      wts.insert(wts.end(), m->w_host.begin(), m->w_host.end());
-      gemv.insert(gemv.end(), size_t(m->T()), char(m->T() <= kGemvMaxRows));
-    }
-    const int64_t total = concat_rows(ms, &CudaBackend::xn, c.n_embd);
-    batch_out.reserve(size_t(total * c.n_embd) * 4, "batched rows");
-    run_experts(l, batch_in.as<float>(), total, ids, wts, gemv, batch_out.as<float>());
-    int64_t at = 0;
-    for (CudaBackend* m : ms) {
-      copy_on_device(m->branch.as<float>(), batch_out.as<float>() + at * c.n_embd,
-                     size_t(m->T() * c.n_embd) * 4);
-      at += m->T();
-    }
+    };
+    run_group(on_device, [&](int64_t total) {  // their routes gathered on the device: ids, then weights
+      moe_ids.reserve(size_t(total * k) * 8, "expert ids");
+      int64_t at = 0;
+      for (CudaBackend* m : on_device) {
+        const size_t n = size_t(m->T() * k);
+        copy_on_device(moe_ids.as<int32_t>() + at, m->routes_dev.as<int32_t>(), n * 4);
+        copy_on_device(moe_ids.as<int32_t>() + total * k + at, m->routes_dev.as<int32_t>() + n, n * 4);
+        at += int64_t(n);
+      }
+      run_experts_routed(dw->layers[size_t(l)], batch_in.as<float>(), total, moe_ids.as<int32_t>(),
+                         moe_ids.as<float>() + total * k, batch_out.as<float>());
+    });
+    run_group(on_host, [&](int64_t total) {
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      std::vector<char> gemv;  // per row: its member's path
+      for (CudaBackend* m : on_host) {
+        if (int64_t(m->ids_host.size()) != m->T() * k)
+          internal_fail("experts_batched: a member's rows are not routed");
+        ids.insert(ids.end(), m->ids_host.begin(), m->ids_host.end());
+        wts.insert(wts.end(), m->w_host.begin(), m->w_host.end());
+        gemv.insert(gemv.end(), size_t(m->T()), char(m->T() <= kGemvMaxRows));
+      }
+      run_experts(l, batch_in.as<float>(), total, ids, wts, gemv, batch_out.as<float>());
+    });
   }
 
   // One launch per row op over every member's rows, through tables of their row addresses
@@ -685,15 +682,6 @@ class CudaBackend final : public Backend {
     const int32_t* at = static_cast<const int32_t*>(routes_log.p) + l * kGemvMaxRows * c.n_expert_used * 2;
     return std::vector<int32_t>(at, at + n);
   }
-  // The routes on the host (a batch that mixes decoding rows with a prefill's, an op timer): the kept
-  // ones waited for and read from the log.
-  void routes_to_host() {
-    if (!routes_on_device) return;
-    wait("routes");
-    routes_from(static_cast<const int32_t*>(routes_log.p) +
-                routes_layer * kGemvMaxRows * c.n_expert_used * 2);
-    routes_on_device = false;
-  }
   // A batch's routes: every member's queued, each copied back into its pinned memory behind it, and
   // one wait for all of them (each member's arithmetic its own, as alone).
   void route_batched(int l, std::span<Backend* const> members) override {
@@ -917,6 +905,8 @@ class CudaBackend final : public Backend {
     }
     listed_layer = -1;
     device_keys_at = {};
+    routes_on_device = false;
+    routes_layer = -1;
   }
 
   std::vector<int32_t> kv_positions(int l) override {
@@ -1307,15 +1297,16 @@ class CudaBackend final : public Backend {
     // a [a_rows][K] through each pair's expert of `table` (matrices of f's format) into y [P][N].
     const auto project = [&](const float* a, int64_t a_rows, int64_t a_per, const DMatrix& f,
                              const DBuf& table, float* y, int64_t K, int64_t N) {
+      const int64_t E = c.n_expert;
       if (!f.qtype && !f.bf16)
-        return gemv_routed_f32(a, a_per, table.as<const float* const>(), e, y, P, K, N);
+        return gemv_routed_f32(a, a_per, table.as<const float* const>(), e, E, y, P, K, N);
       a16.reserve(size_t(a_rows * K) * 2, "bf16 activations");
       to_bf16(a, a16.as<uint16_t>(), a_rows * K);
       if (f.qtype)
-        gemv_routed_q(a16.as<uint16_t>(), a_per, table.as<const uint8_t* const>(), e, f.qtype, f.row_bytes, y,
-                      P, K, N);
+        gemv_routed_q(a16.as<uint16_t>(), a_per, table.as<const uint8_t* const>(), e, E, f.qtype, f.row_bytes,
+                      y, P, K, N);
       else
-        gemv_routed_bf16(a16.as<uint16_t>(), a_per, table.as<const uint16_t* const>(), e, y, P, K, N);
+        gemv_routed_bf16(a16.as<uint16_t>(), a_per, table.as<const uint16_t* const>(), e, E, y, P, K, N);
     };
     project(in, T, k, L.expert_gate_up.front(), L.gate_up_table, moe_ff.as<float>(), D, 2 * Fe);
     swiglu_fused(moe_ff.as<float>(), moe_act.as<float>(), P, Fe, c.gelu);

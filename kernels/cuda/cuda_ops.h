@@ -193,16 +193,17 @@ void gemv_q(const uint16_t* a, const uint8_t* q, int qtype, int64_t row_bytes, f
             int64_t K, int64_t N);
 // A decoding step's experts in one launch (one per active expert before): for each (row, expert) pair
 // p < P, out[p][N] = a[p / a_per][K] . W[N][K]^T with W expert ids[p]'s matrix, whose device address
-// is w[ids[p]] (w: a device table of the layer's experts). a_per = k: the pairs of a row share the
-// layer's input row; 1: each pair has its own (the down projection of its activation). Blocks of
-// type qtype (row_bytes a row; a in bf16, gemv_q's arithmetic for each pair, bit for bit), bf16
-// weights with bf16 a, or f32 with f32 a; f32 sums.
-void gemv_routed_q(const uint16_t* a, int64_t a_per, const uint8_t* const* w, const int32_t* ids, int qtype,
-                   int64_t row_bytes, float* out, int64_t P, int64_t K, int64_t N);
+// is w[ids[p]] (w: a device table of the layer's E experts; a route outside [0, E), which a router
+// that saw a NaN gives, makes its outputs NaN). a_per = k: the pairs of a row share the layer's input
+// row; 1: each pair has its own (the down projection of its activation). Blocks of type qtype
+// (row_bytes a row; a in bf16, gemv_q's arithmetic for each pair, bit for bit), bf16 weights with
+// bf16 a, or f32 with f32 a; f32 sums. N at most 262,140.
+void gemv_routed_q(const uint16_t* a, int64_t a_per, const uint8_t* const* w, const int32_t* ids, int64_t E,
+                   int qtype, int64_t row_bytes, float* out, int64_t P, int64_t K, int64_t N);
 void gemv_routed_bf16(const uint16_t* a, int64_t a_per, const uint16_t* const* w, const int32_t* ids,
-                      float* out, int64_t P, int64_t K, int64_t N);
-void gemv_routed_f32(const float* a, int64_t a_per, const float* const* w, const int32_t* ids, float* out,
-                     int64_t P, int64_t K, int64_t N);
+                      int64_t E, float* out, int64_t P, int64_t K, int64_t N);
+void gemv_routed_f32(const float* a, int64_t a_per, const float* const* w, const int32_t* ids, int64_t E,
+                     float* out, int64_t P, int64_t K, int64_t N);
 // f32 -> bf16 (round to nearest even).
 void to_bf16(const float* x, uint16_t* y, int64_t n);
 // out[T][N] = a[T][K] . w[N][K]^T with cuBLAS: f32 inputs (exact path), or bf16 inputs with f32

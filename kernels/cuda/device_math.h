@@ -160,6 +160,14 @@ LP_HD int64_t tokens_kept(int64_t n_active, double share) {
   return kept < 1 ? 1 : kept;
 }
 
+// A quiet NaN (what a kernel writes for an input it cannot use).
+LP_HD float quiet_nan() {
+  const uint32_t u = 0x7fc00000u;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // bf16 <-> f32, round to nearest even (as the CPU's bf16 path and cuBLAS inputs).
 LP_HD uint16_t f32_to_bf16(float f) {
   uint32_t u;

@@ -316,16 +316,21 @@ __global__ void gemv_q_kernel(const uint16_t* a, const uint8_t* q, int qt, int64
   }
 }
 
-// The experts of a decoding step's (row, expert) pairs in one launch: blockIdx.y is pair p, whose
+// The experts of a decoding step's (row, expert) pairs in one launch: blockIdx.x is pair p, whose
 // input row is a[p / a_per] (a_per = k: a row's k pairs share the layer's input; 1: each pair its own
-// row) and whose matrix is expert ids[p]'s, w[ids[p]]. Blocks: each warp one output of the pair, by
-// gemv_q_kernel's arithmetic for a single row (so a pair's sums are the ones gemv_q gives its row).
+// row) and whose matrix is expert ids[p]'s, w[ids[p]] (of E). Blocks: each warp one output of the
+// pair, by gemv_q_kernel's arithmetic for a single row (so a pair's sums are the ones gemv_q gives its
+// row). A route outside [0, E) (a router that saw a NaN) gives NaN, not a read outside the table.
 __global__ void gemv_q_routed_kernel(const uint16_t* a, int64_t a_per, const uint8_t* const* w,
-                                     const int32_t* ids, int qt, int64_t row_bytes, float* out, int64_t K,
-                                     int64_t N) {
+                                     const int32_t* ids, int64_t E, int qt, int64_t row_bytes, float* out,
+                                     int64_t K, int64_t N) {
   const int lane = int(threadIdx.x) & 31;
-  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (int(threadIdx.x) >> 5), p = blockIdx.y;
+  const int64_t n = int64_t(blockIdx.y) * kGemvWarps + (int(threadIdx.x) >> 5), p = blockIdx.x;
   if (n >= N) return;  // the warp's: n is the same on every lane
+  if (ids[p] < 0 || ids[p] >= E) {
+    if (lane == 0) out[p * N + n] = cm::quiet_nan();
+    return;
+  }
   const uint8_t* row = w[ids[p]] + n * row_bytes;
   const uint16_t* x = a + (p / a_per) * K;
   const int64_t units = K / 8;
@@ -350,14 +355,18 @@ LP_HD float as_f32(uint16_t v) {
 
 // The same over dense experts: bf16 weights with bf16 inputs, or f32 with f32, summed in f32 (each
 // lane a stride of K, then the warp's shuffles).
-template <class E>
-__global__ void gemv_routed_kernel(const E* a, int64_t a_per, const E* const* w, const int32_t* ids,
-                                   float* out, int64_t K, int64_t N) {
+template <class V>
+__global__ void gemv_routed_kernel(const V* a, int64_t a_per, const V* const* w, const int32_t* ids,
+                                   int64_t E, float* out, int64_t K, int64_t N) {
   const int lane = int(threadIdx.x) & 31;
-  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (int(threadIdx.x) >> 5), p = blockIdx.y;
+  const int64_t n = int64_t(blockIdx.y) * kGemvWarps + (int(threadIdx.x) >> 5), p = blockIdx.x;
   if (n >= N) return;
-  const E* row = w[ids[p]] + n * K;
-  const E* x = a + (p / a_per) * K;
+  if (ids[p] < 0 || ids[p] >= E) {
+    if (lane == 0) out[p * N + n] = cm::quiet_nan();
+    return;
+  }
+  const V* row = w[ids[p]] + n * K;
+  const V* x = a + (p / a_per) * K;
   float acc = 0;
   for (int64_t i = lane; i < K; i += 32) acc += as_f32(x[i]) * as_f32(row[i]);
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off, 32);

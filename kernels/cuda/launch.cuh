@@ -156,25 +156,32 @@ void slots_of(const int32_t* pos, int64_t n, const int32_t* slot_of, int32_t* ou
   LP_LAUNCH(kernels::slots_of_kernel, blocks_for(n, kThreads), kThreads, 0, pos, n, slot_of, out);
 }
 
-void gemv_routed_q(const uint16_t* a, int64_t a_per, const uint8_t* const* w, const int32_t* ids, int qtype,
-                   int64_t row_bytes, float* out, int64_t P, int64_t K, int64_t N) {
+// Pairs over blockIdx.x (up to 2^31 - 1), a pair's outputs over blockIdx.y (N up to 4 x 65,535).
+dim3 routed_grid(int64_t P, int64_t N) {
+  if (blocks_for(N, kernels::kGemvWarps) > 65535u)
+    fail("CUDA routed GEMV: {} outputs a pair, past 262,140", N);
+  return dim3(unsigned(P), blocks_for(N, kernels::kGemvWarps));
+}
+
+void gemv_routed_q(const uint16_t* a, int64_t a_per, const uint8_t* const* w, const int32_t* ids, int64_t E,
+                   int qtype, int64_t row_bytes, float* out, int64_t P, int64_t K, int64_t N) {
   if (P <= 0 || N <= 0) return;
-  LP_LAUNCH(kernels::gemv_q_routed_kernel, dim3(blocks_for(N, kernels::kGemvWarps), unsigned(P)),
-            32 * kernels::kGemvWarps, 0, a, a_per, w, ids, qtype, row_bytes, out, K, N);
+  LP_LAUNCH(kernels::gemv_q_routed_kernel, routed_grid(P, N), 32 * kernels::kGemvWarps, 0, a, a_per, w, ids,
+            E, qtype, row_bytes, out, K, N);
 }
 
 void gemv_routed_bf16(const uint16_t* a, int64_t a_per, const uint16_t* const* w, const int32_t* ids,
-                      float* out, int64_t P, int64_t K, int64_t N) {
+                      int64_t E, float* out, int64_t P, int64_t K, int64_t N) {
   if (P <= 0 || N <= 0) return;
-  LP_LAUNCH(kernels::gemv_routed_kernel<uint16_t>, dim3(blocks_for(N, kernels::kGemvWarps), unsigned(P)),
-            32 * kernels::kGemvWarps, 0, a, a_per, w, ids, out, K, N);
+  LP_LAUNCH(kernels::gemv_routed_kernel<uint16_t>, routed_grid(P, N), 32 * kernels::kGemvWarps, 0, a, a_per,
+            w, ids, E, out, K, N);
 }
 
-void gemv_routed_f32(const float* a, int64_t a_per, const float* const* w, const int32_t* ids, float* out,
-                     int64_t P, int64_t K, int64_t N) {
+void gemv_routed_f32(const float* a, int64_t a_per, const float* const* w, const int32_t* ids, int64_t E,
+                     float* out, int64_t P, int64_t K, int64_t N) {
   if (P <= 0 || N <= 0) return;
-  LP_LAUNCH(kernels::gemv_routed_kernel<float>, dim3(blocks_for(N, kernels::kGemvWarps), unsigned(P)),
-            32 * kernels::kGemvWarps, 0, a, a_per, w, ids, out, K, N);
+  LP_LAUNCH(kernels::gemv_routed_kernel<float>, routed_grid(P, N), 32 * kernels::kGemvWarps, 0, a, a_per, w,
+            ids, E, out, K, N);
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {

@@ -109,16 +109,16 @@ void kv_append_rows(Rows<const float>, Rows<const float>, Rows<const int32_t>, i
                     Rows<float>, Rows<int32_t>, Rows<const int32_t>, Rows<int32_t>) {
   unavailable();
 }
-void gemv_routed_q(const uint16_t*, int64_t, const uint8_t* const*, const int32_t*, int, int64_t, float*,
-                   int64_t, int64_t, int64_t) {
+void gemv_routed_q(const uint16_t*, int64_t, const uint8_t* const*, const int32_t*, int64_t, int, int64_t,
+                   float*, int64_t, int64_t, int64_t) {
   unavailable();
 }
-void gemv_routed_bf16(const uint16_t*, int64_t, const uint16_t* const*, const int32_t*, float*, int64_t,
-                      int64_t, int64_t) {
+void gemv_routed_bf16(const uint16_t*, int64_t, const uint16_t* const*, const int32_t*, int64_t, float*,
+                      int64_t, int64_t, int64_t) {
   unavailable();
 }
-void gemv_routed_f32(const float*, int64_t, const float* const*, const int32_t*, float*, int64_t, int64_t,
-                     int64_t) {
+void gemv_routed_f32(const float*, int64_t, const float* const*, const int32_t*, int64_t, float*, int64_t,
+                     int64_t, int64_t) {
   unavailable();
 }
 void fill_i32(int32_t*, int64_t, int32_t) {

@@ -718,6 +718,26 @@ TEST(GpuOps, ExpertsMatchTheReferenceOnTheirWeights) {
   }
 }
 
+// A route outside the layer's experts (what a router gives for a row holding a NaN) makes its pair's
+// outputs NaN in the routed GEMVs, where it would have read an address from outside the experts' table
+// (an illegal address: the whole GPU lost). Three pairs of one row over a table of one expert.
+TEST(GpuOps, ARoutedGemvOutsideItsExpertsGivesNaN) {
+  const int64_t K = 32, N = 3;
+  const std::vector<float> wh = randn(N * K, 61), ah = randn(K, 62);
+  Dev<float> w(wh), a(ah), out(std::vector<float>(size_t(3 * N), 0.0f));
+  Dev<uint64_t> table(std::vector<uint64_t>{reinterpret_cast<uint64_t>(w.p)});
+  Dev<int32_t> ids(std::vector<int32_t>{0, -1, 1});
+  cuda::gemv_routed_f32(a.p, 3, reinterpret_cast<const float* const*>(table.p), ids.p, 1, out.p, 3, K, N);
+  const std::vector<float> h = out.host();
+  for (int64_t n = 0; n < N; ++n) {
+    double want = 0;
+    for (int64_t i = 0; i < K; ++i) want += double(ah[size_t(i)]) * wh[size_t(n * K + i)];
+    EXPECT_NEAR(h[size_t(n)], want, 1e-4) << n;
+    EXPECT_TRUE(std::isnan(h[size_t(N + n)])) << n;
+    EXPECT_TRUE(std::isnan(h[size_t(2 * N + n)])) << n;
+  }
+}
+
 // bf16 weights (the GPU's default dtype): bf16 GEMMs (cuBLAS GemmEx, f32 accumulation), the bf16
 // embedding gather, and a tied LM head over the bf16 embedding table.
 TEST(GpuForward, Bf16PrunedPrefillMatchesTheCpuBackend) {
@@ -1064,6 +1084,15 @@ std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<s
       EXPECT_EQ(lb[i], la[i]) << "member " << i << ", step " << s;
       EXPECT_EQ(testing::kept_of(sb[i]), testing::kept_of(sa[i])) << "member " << i << ", step " << s;
       EXPECT_EQ(sb[i].revived, sa[i].revived) << "member " << i << ", step " << s;
+      EXPECT_EQ(sb[i].routes.has_value(), sa[i].routes.has_value());
+      if (sa[i].routes && sb[i].routes) {
+        for (size_t l = 0; l < sa[i].routes->size(); ++l) {
+          EXPECT_EQ((*sb[i].routes)[l].positions, (*sa[i].routes)[l].positions)
+              << "member " << i << ", layer " << l;
+          EXPECT_EQ((*sb[i].routes)[l].experts, (*sa[i].routes)[l].experts)
+              << "member " << i << ", layer " << l;
+        }
+      }
     }
   }
   if (deferred)
