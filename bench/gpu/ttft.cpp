@@ -163,9 +163,10 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
   // Weights uploaded once, outside the timings; room for the decoding steps timed after the prefill.
   const int steps_timed = g_runs + 1, steps_between = std::max(0, g_steady - steps_timed);
   const int64_t room = T + std::max<int64_t>(g_runs + 2, 2 * steps_timed + steps_between);
-  Session s(m, cuda::make_backend(c, m.weights(), room, opt));
-  cuda::BackendOptions wait_opt = opt;
+  cuda::BackendOptions defer_opt = opt, wait_opt = opt;
+  defer_opt.deferred_selection = true;
   wait_opt.deferred_selection = false;
+  Session s(m, cuda::make_backend(c, m.weights(), room, defer_opt));  // the prefills, then deferred steps
   Session waiting(m, cuda::make_backend(c, m.weights(), room, wait_opt));
   double dense_step = 0;
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3", "0.1:0.5,0.3:0.5,0.5:0.5"}) {

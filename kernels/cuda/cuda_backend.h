@@ -23,9 +23,11 @@ struct BackendOptions {
   // (docs/cuda.md, "Tensor-core attention"); lp_gpu_bench times both.
   bool tensor_core_attention = false;
   // A LazyLLM decoding step that does not wait for its pruning layers' selections (Backend::
-  // select_deferred; engine/session.h). Off: each selection waits, as before (tests, lp_gpu_bench's
-  // comparison).
-  bool deferred_selection = true;
+  // select_deferred; engine/session.h), undone and computed again where it should have revived a
+  // token. Off by default: on a real model's traces revivals recur every few steps for hundreds of
+  // steps, so deferring recomputes about as many steps as its saved waits are worth (docs/cuda.md,
+  // "Deferred selections"); lp_gpu_bench times both on a GPU.
+  bool deferred_selection = false;
 };
 
 // Opens the first GPU, checks that the weights, K/V and Aux Cache for n_ctx tokens and the

@@ -45,8 +45,9 @@ namespace lp {
 namespace {
 
 using testing::randn;
-// A backend whose LazyLLM decoding steps wait at every selection (the tests that count those waits).
-const cuda::BackendOptions kWaiting{.deferred_selection = false};
+// A backend whose LazyLLM decoding steps wait at every selection (the default; the tests that count
+// those waits say so), and one whose steps defer their selections (Session::settle).
+const cuda::BackendOptions kWaiting{.deferred_selection = false}, kDeferring{.deferred_selection = true};
 
 // A device copy of a host vector, freed at scope exit.
 template <class T>
@@ -941,7 +942,7 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
   const auto& [m, ids, pos, sched, prune] =
       std::tie(setting.m, setting.ids, setting.pos, setting.sched, setting.prune);
   const ModelConfig& c = m->config();
-  Session deferring(*m, cuda::make_backend(c, m->weights(), T + steps));
+  Session deferring(*m, cuda::make_backend(c, m->weights(), T + steps, kDeferring));
   Session waiting(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
   std::vector<float> ld(static_cast<size_t>(c.n_vocab)), lw(ld.size());
   const int64_t last = T - 1;
@@ -1121,7 +1122,7 @@ TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
   // Deferred, the shortest first: its backend holds the fewest slots, and the others' appends must
   // not take their slot numbers from it.
   int64_t deferred = 0;
-  expect_batched_as_alone(*m, {prompts.rbegin(), prompts.rend()}, prune, 24, {}, &deferred);
+  expect_batched_as_alone(*m, {prompts.rbegin(), prompts.rend()}, prune, 24, kDeferring, &deferred);
   std::printf("note: the members' batched steps deferred %lld times in 24 steps\n", (long long)deferred);
   EXPECT_GT(deferred, 0) << "no member's batched step deferred";
 }
@@ -1177,7 +1178,7 @@ TEST(GpuForward, ABatchOfExpertsMembersWaitsAsADenseBatchDoes) {
       expect_batched_as_alone(*m,
                               {testing::random_ids(7, c.n_vocab, 43), testing::random_ids(6, c.n_vocab, 42),
                                testing::random_ids(8, c.n_vocab, 41)},
-                              prune, 12, {}, &deferred);
+                              prune, 12, kDeferring, &deferred);
   std::printf(
       "note: the members' batched steps deferred %lld times in 12 steps, the fewest waits a step %lld\n",
       (long long)deferred, (long long)*std::min_element(steps.begin() + 1, steps.end()));
