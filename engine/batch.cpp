@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/argmax.h"
 #include "model/error.h"
 
 namespace lp {
@@ -129,7 +130,22 @@ void run_batch(std::span<const BatchMember> ms) {
       with_logits.push_back(&m);
       total += R;
     }
-  if (heads.size() == 1) {
+  // (Op timers time the LM head through each member's own.)
+  const bool greedy = std::any_of(with_logits.begin(), with_logits.end(),
+                                  [](const BatchMember* m) { return m->greedy != nullptr; }) &&
+                      std::none_of(with_logits.begin(), with_logits.end(),
+                                   [](const BatchMember* m) { return m->pass->timers != nullptr; });
+  if (greedy) {  // tokens for the greedy members, logits for the others
+    std::vector<float*> outs;
+    for (const BatchMember* m : with_logits) outs.push_back(m->greedy ? nullptr : m->logits);
+    std::vector<int32_t> ids(static_cast<size_t>(total));
+    heads[0]->lm_head_greedy(heads, outs, ids.data(), c.n_vocab);
+    const int32_t* id = ids.data();
+    for (size_t i = 0; i < heads.size(); ++i) {
+      if (with_logits[i]->greedy) std::copy_n(id, heads[i]->rows(), with_logits[i]->greedy);
+      id += heads[i]->rows();
+    }
+  } else if (heads.size() == 1) {
     with_logits[0]->session->lm_head(*with_logits[0]->pass, with_logits[0]->logits);
   } else if (!heads.empty()) {
     const int64_t V = c.n_vocab;
@@ -143,8 +159,9 @@ void run_batch(std::span<const BatchMember> ms) {
     }
   }
   // The logits waited for the device: each decoding step's deferred selections are replayed (a member
-  // that missed a revival is computed again, alone).
-  for (const BatchMember& m : ms) m.session->settle(*m.pass, m.logits);
+  // that missed a revival is computed again, alone: its logits are new, and so is a greedy token).
+  for (const BatchMember& m : ms)
+    if (m.session->settle(*m.pass, m.logits) && m.greedy) *m.greedy = argmax({m.logits, size_t(c.n_vocab)});
 }
 
 }  // namespace lp

@@ -18,6 +18,10 @@ struct BatchMember {
   Session* session = nullptr;
   Session::Pass* pass = nullptr;  // begun (Session::begin_forward / begin_decode), not yet run
   float* logits = nullptr;        // [rows that get logits][V], as forward / decode_step write them
+  // Not null: the member samples greedily without log-probabilities, and needs only its rows' greedy
+  // tokens (lp::argmax of each row's logits), written here instead of the logits
+  // (Backend::lm_head_greedy: a GPU keeps the logits).
+  int32_t* greedy = nullptr;
 };
 
 // What a pass adds around a layer's attention, given the layer (KV-Runahead: the earlier ranks'

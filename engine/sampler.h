@@ -6,6 +6,8 @@
 #include <random>
 #include <span>
 
+#include "kernels/argmax.h"
+
 namespace lp {
 
 struct SamplerParams {
@@ -23,7 +25,5 @@ class Sampler {
   SamplerParams p_;
   std::mt19937_64 rng_;
 };
-
-int32_t argmax(std::span<const float> logits);
 
 }  // namespace lp

@@ -103,6 +103,10 @@ struct Scheduler::Request {
   std::vector<PruneStep> steps;
   PruneRequest prune;
   std::optional<Sampler> sampler;
+  // Greedy without log-probabilities: the batch brings back the token, not the logits
+  // (BatchMember::greedy; on a GPU they stay on the device).
+  bool greedy_only = false;
+  int32_t greedy_token = 0;
   std::vector<int32_t> generated;  // the last one is fed to the next decoding step
   std::vector<float> logits;
   // The prefix cache: the kind of state this request reads and writes (none: it bypasses the cache),
@@ -402,7 +406,9 @@ Scheduler::Batch Scheduler::begin_passes(size_t n_decoding) {
           r.pass = r.session->begin_forward(ids, pos, rows, r.steps.empty() ? nullptr : &r.prune, &r.stats,
                                             nullptr);
       }
-      b.members.push_back({r.session.get(), &r.pass, r.logits.data()});
+      r.greedy_only = r.p.sampler.temperature == 0.0f && r.p.top_logprobs < 0 && !r.p.prompt_logprobs;
+      b.members.push_back(
+          {r.session.get(), &r.pass, r.logits.data(), r.greedy_only ? &r.greedy_token : nullptr});
       b.in_batch.push_back(&r);
     } catch (...) {
       failed(r, i < n_decoding ? "decoding step" : "prefill");
@@ -428,7 +434,7 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         Request& r = *in_batch[size_t(i)];
         // The last row's logits (a prefill that asked for the prompt's has one row a token).
         const std::span<const float> last = std::span<const float>(r.logits).last(size_t(V));
-        sampled[size_t(i)] = r.sampler->sample(last);
+        sampled[size_t(i)] = r.greedy_only ? r.greedy_token : r.sampler->sample(last);
         if (r.p.top_logprobs >= 0)
           logprobs[size_t(i)] = token_logprobs(last, sampled[size_t(i)], r.p.top_logprobs);
         if (r.p.prompt_logprobs && r.generated.empty()) {  // token t + 1 given the tokens to t: row t

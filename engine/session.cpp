@@ -610,13 +610,13 @@ void Session::defer_selection(Pass& ps, int l) {
   // The one row, the new token, is always kept and has no K/V at the next layer: it stays.
 }
 
-void Session::settle(Pass& ps, float* logits) {
+bool Session::settle(Pass& ps, float* logits) {
   for (const int l : ps.routes_pending) (*ps.stats->routes)[size_t(l)].experts = be_->routes_of(l);
   ps.routes_pending.clear();
-  if (!ps.decode) return;
+  if (!ps.decode) return false;
   if (!ps.deferred) {
     clean_steps_ = ps.revived == 0 && ps.ids.size() == 1 ? clean_steps_ + 1 : 0;
-    return;
+    return false;
   }
   const ModelConfig& c = m_.config();
   const int L = c.n_layer;
@@ -654,7 +654,7 @@ void Session::settle(Pass& ps, float* logits) {
     ps.active = std::move(active);
     ++clean_steps_;
     ++deferred_;
-    return;
+    return false;
   }
   // A revival missed: the step undone (its one row's K/V at every layer: nothing else was written)
   // and computed again, waiting at its selections.
@@ -673,6 +673,7 @@ void Session::settle(Pass& ps, float* logits) {
   head(ps);
   lm_head(ps, logits);
   settle(ps, logits);
+  return true;
 }
 
 void Session::reselect(Pass& ps, int l) {

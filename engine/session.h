@@ -243,7 +243,8 @@ class Session {
   // defer_after() steps in a row that revived nothing; a step computed again doubles that number (up
   // to kMaxDeferAfter): a step costs more than the waits deferring saves, so deferring must seldom
   // miss, and on a real model's first hundreds of steps revivals come every few steps (docs/cuda.md).
-  void settle(Pass& ps, float* logits);
+  // Returns true when the step was computed again (its logits written again).
+  bool settle(Pass& ps, float* logits);
   static constexpr int64_t kMaxDeferAfter = 64;
   int64_t defer_after() const { return defer_after_; }
   int64_t steps_redone() const { return redone_; }      // settle's computed again

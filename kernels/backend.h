@@ -214,6 +214,14 @@ class Backend {
       logits += m->rows() * n_vocab;
     }
   }
+  // lm_head_batched for members of which some need only their rows' greedy tokens (sampling at
+  // temperature 0 without log-probabilities: lp::argmax of each row, kernels/argmax.h): ids[r] for
+  // every row r of the members, in order, and member i's logits [its rows][V] into logits[i] where
+  // that is not null. The default computes every member's logits on the host's side; a GPU leaves
+  // the unwanted ones where they are, so that a greedy member's decoding step brings back a token,
+  // not its vocabulary of logits.
+  virtual void lm_head_greedy(std::span<Backend* const> members, std::span<float* const> logits, int32_t* ids,
+                              int64_t n_vocab);
   // Runs f(0), ..., f(n - 1), each one batch member's own work between the GEMMs (its attention,
   // norms, selection: engine/batch.h), side by side where the backend can; the members' states are
   // disjoint. The default runs them one after another (an asynchronous device queues them anyway).

@@ -579,6 +579,34 @@ class CudaBackend final : public Backend {
     for (CudaBackend* m : ms) m->appended(l);
   }
 
+  // The LM head over every member's rows on the device, their greedy tokens picked there, and only
+  // the wanted logits brought back: one wait (the tokens come back behind the kernel into pinned
+  // memory).
+  void lm_head_greedy(std::span<Backend* const> members, std::span<float* const> logits_out, int32_t* ids,
+                      int64_t n_vocab) override {
+    const std::vector<CudaBackend*> ms = members_of(members);
+    int64_t total = T();
+    if (ms.size() == 1 && ms[0] == this)
+      head(xn.as<float>(), T());
+    else
+      head(batch_in.as<float>(), total = concat_rows(ms, &CudaBackend::xn, c.n_embd));
+    greedy_dev.reserve(size_t(total) * 4, "greedy tokens");
+    if (greedy_host.bytes < size_t(total) * 4) greedy_host = PinnedBuf(size_t(total) * 8, "greedy tokens");
+    argmax_rows(logits.as<float>(), total, n_vocab, greedy_dev.as<int32_t>());
+    copy_to_host_async(greedy_host.p, greedy_dev.as<void>(), size_t(total) * 4);
+    bool waited_here = false;
+    int64_t at = 0;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      if (logits_out[i]) {
+        get(logits_out[i], logits.as<float>() + at * n_vocab, size_t(ms[i]->T() * n_vocab) * 4);
+        waited_here = true;
+      }
+      at += ms[i]->T();
+    }
+    if (!waited_here) wait("greedy tokens");
+    std::memcpy(ids, greedy_host.p, size_t(total) * 4);
+  }
+
   void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
     if (members.size() == 1 && members[0] == this) return lm_head(logits_out);
     const int64_t total = concat_rows(members_of(members), &CudaBackend::xn, c.n_embd);
@@ -969,6 +997,8 @@ class CudaBackend final : public Backend {
   int listed_layer = -1;  // the layer and slots slot_list holds (-1: none)
   std::vector<int32_t> listed_slots;
   DBuf keep_dev, sel_pos;  // a device selection's kept indices and the positions it ranks by
+  DBuf greedy_dev;         // lm_head_greedy's tokens, and their pinned copy
+  PinnedBuf greedy_host;
   // Deferred selection: the step's active set (positions) and the next one; the slots of positions
   // 0 .. n_ctx - 1 (what kv_append writes into slot_of); the layer whose keys are the active set
   // (device_keys; -1: none) and their count; the pinned log of kept positions and scores.

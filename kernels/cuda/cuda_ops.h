@@ -149,6 +149,8 @@ void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const
                     Rows<const int32_t> slot_no, Rows<int32_t> slot_of);
 // x[0:n] = v
 void fill_i32(int32_t* x, int64_t n, int32_t v);
+// ids[r] = lp::argmax of row r of x [rows][V] (kernels/argmax.h): a greedy token without its logits.
+void argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids);
 // out[i] = pos[keep[i]], i < n: the positions a selection kept.
 void gather_positions(const int32_t* pos, const int64_t* keep, int64_t n, int32_t* out);
 // out[i] = slot_of[pos[i]], i < n, or 0 where that is -1 (no K/V at the layer: the step missed a

@@ -160,6 +160,14 @@ LP_HD int64_t tokens_kept(int64_t n_active, double share) {
   return kept < 1 ? 1 : kept;
 }
 
+// -infinity.
+LP_HD float neg_inf() {
+  const uint32_t u = 0xff800000u;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // A quiet NaN (what a kernel writes for an input it cannot use).
 LP_HD float quiet_nan() {
   const uint32_t u = 0x7fc00000u;

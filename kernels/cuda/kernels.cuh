@@ -205,6 +205,34 @@ __global__ void kv_append_kernel(Rows<const float> k_new, Rows<const float> v_ne
   }
 }
 
+// Each row's greedy token (lp::argmax, kernels/argmax.h): the first index of its largest value, NaNs
+// never chosen, a NaN at 0 giving 0. One block a row: each thread's best of its stride (value, then
+// the lower index), then a tree over the block's.
+__global__ void argmax_rows_kernel(const float* x, int64_t V, int32_t* ids) {
+  const float* row = x + int64_t(blockIdx.x) * V;
+  __shared__ float bv[kThreads];
+  __shared__ int64_t bi[kThreads];
+  const int tid = int(threadIdx.x);
+  float best = cm::neg_inf();
+  int64_t at = V;  // past every index: loses every tie
+  for (int64_t i = tid; i < V; i += blockDim.x) {
+    const float v = row[i];
+    if (v > best || (v == best && i < at)) best = v, at = i;  // a NaN is neither
+  }
+  bv[tid] = best;
+  bi[tid] = at;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (tid < half) {
+      const float v = bv[tid + half];
+      const int64_t i = bi[tid + half];
+      if (v > bv[tid] || (v == bv[tid] && i < bi[tid])) bv[tid] = v, bi[tid] = i;
+    }
+    __syncthreads();
+  }
+  if (tid == 0) ids[blockIdx.x] = (row[0] != row[0] || bi[0] >= V) ? 0 : int32_t(bi[0]);
+}
+
 __global__ void fill_kernel(int32_t* x, int64_t n, int32_t v) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = v;

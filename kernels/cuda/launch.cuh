@@ -141,6 +141,11 @@ void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64
                  {v_cache + first_slot * kv, kv}, {slot_pos + first_slot, 1}, {slot_no, 1}, {slot_of, 0});
 }
 
+void argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids) {
+  if (rows <= 0) return;
+  LP_LAUNCH(kernels::argmax_rows_kernel, unsigned(rows), kThreads, 0, x, V, ids);
+}
+
 void fill_i32(int32_t* x, int64_t n, int32_t v) {
   if (n <= 0) return;
   LP_LAUNCH(kernels::fill_kernel, blocks_for(n, kThreads), kThreads, 0, x, n, v);

@@ -121,6 +121,9 @@ void gemv_routed_f32(const float*, int64_t, const float* const*, const int32_t*,
                      int64_t, int64_t) {
   unavailable();
 }
+void argmax_rows(const float*, int64_t, int64_t, int32_t*) {
+  unavailable();
+}
 void fill_i32(int32_t*, int64_t, int32_t) {
   unavailable();
 }

@@ -21,6 +21,7 @@
 #include "engine/batch.h"
 #include "engine/generate.h"
 #include "engine/session.h"
+#include "kernels/argmax.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -737,6 +738,37 @@ TEST(GpuOps, ARoutedGemvOutsideItsExpertsGivesNaN) {
     EXPECT_TRUE(std::isnan(h[size_t(N + n)])) << n;
     EXPECT_TRUE(std::isnan(h[size_t(2 * N + n)])) << n;
   }
+}
+
+// Greedy tokens picked where the logits are (cuda::argmax_rows, Backend::lm_head_greedy): the
+// host's lp::argmax row by row (kernels/argmax.h), on rows wider than a block with ties (the first
+// index), a NaN at 0 (0), NaNs elsewhere (never chosen), -0 beside +0 (equal), all -inf, and the
+// largest value last.
+TEST(GpuOps, GreedyTokensAreTheHostsArgmax) {
+  const int64_t V = 1000, R = 7;
+  std::vector<float> x = randn(R * V, 71);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  x[size_t(0 * V + 500)] = x[size_t(0 * V + 900)] = 9.0f;  // a tie: 500
+  x[size_t(1 * V + 0)] = nan;                              // 0, whatever follows
+  x[size_t(1 * V + 3)] = 9.0f;
+  for (int64_t i = 1; i < V; i += 3) x[size_t(2 * V + i)] = nan;  // NaNs skipped
+  x[size_t(2 * V + 301)] = 9.0f;
+  for (int64_t i = 0; i < V; ++i) x[size_t(3 * V + i)] = -1.0f;
+  x[size_t(3 * V + 10)] = -0.0f, x[size_t(3 * V + 20)] = 0.0f;  // equal: 10
+  for (int64_t i = 0; i < V; ++i) x[size_t(4 * V + i)] = -inf;  // 0
+  x[size_t(5 * V + V - 1)] = 9.0f;                              // the last
+  Dev<float> dx(x);
+  Dev<int32_t> ids(std::vector<int32_t>(size_t(R), -1));
+  cuda::argmax_rows(dx.p, R, V, ids.p);
+  const std::vector<int32_t> got = ids.host();
+  for (int64_t r = 0; r < R; ++r)
+    EXPECT_EQ(got[size_t(r)], argmax({x.data() + r * V, size_t(V)})) << "row " << r;
+  EXPECT_EQ(got[0], 500);
+  EXPECT_EQ(got[1], 0);
+  EXPECT_EQ(got[2], 301);
+  EXPECT_EQ(got[3], 10);
+  EXPECT_EQ(got[4], 0);
+  EXPECT_EQ(got[5], V - 1);
 }
 
 // bf16 weights (the GPU's default dtype): bf16 GEMMs (cuBLAS GemmEx, f32 accumulation), the bf16
