@@ -158,6 +158,11 @@ void run_batch(std::span<const BatchMember> ms) {
       src += n;
     }
   }
+  if (!greedy)  // op timers: the tokens from the logits every member got
+    for (const BatchMember* m : with_logits)
+      if (m->greedy)
+        for (int64_t r = 0; r < m->session->backend().rows(); ++r)
+          m->greedy[r] = argmax({m->logits + r * c.n_vocab, size_t(c.n_vocab)});
   // The logits waited for the device: each decoding step's deferred selections are replayed (a member
   // that missed a revival is computed again, alone: its logits are new, and so is a greedy token).
   for (const BatchMember& m : ms)

@@ -19,8 +19,8 @@ struct BatchMember {
   Session::Pass* pass = nullptr;  // begun (Session::begin_forward / begin_decode), not yet run
   float* logits = nullptr;        // [rows that get logits][V], as forward / decode_step write them
   // Not null: the member samples greedily without log-probabilities, and needs only its rows' greedy
-  // tokens (lp::argmax of each row's logits), written here instead of the logits
-  // (Backend::lm_head_greedy: a GPU keeps the logits).
+  // tokens (lp::argmax of each row's logits, one int a row that gets logits), written here; its logits
+  // may not be (Backend::lm_head_greedy: a GPU keeps them).
   int32_t* greedy = nullptr;
 };
 

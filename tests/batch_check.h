@@ -18,7 +18,8 @@ namespace lp::testing {
 struct BatchCase {
   std::vector<int32_t> prompt;
   PolicyKind policy;
-  std::string schedule = "";  // its own schedule (inline); empty: the one all cases share
+  std::string schedule = "";   // its own schedule (inline); empty: the one all cases share
+  SamplerParams sampler = {};  // greedy unless given (a sampled member's logits come back)
 };
 
 // Each case alone through generate(), then all through the scheduler: the first `at_once` submitted
@@ -39,6 +40,7 @@ inline void expect_same_alone_and_batched(const Model& m, const std::vector<Batc
     opt.policy = c.policy;
     opt.schedule = schedule_of(c);
     opt.prune_seed = 5;
+    opt.sampler = c.sampler;
     const GenerateResult r = generate(m, c.prompt, opt, make_backend);
     alone.push_back(r.generated_ids);
     alone_share.push_back(r.prompt_tokens_computed_fraction);
@@ -59,6 +61,7 @@ inline void expect_same_alone_and_batched(const Model& m, const std::vector<Batc
     p.policy = cases[i].policy;
     p.schedule = schedule_of(cases[i]);
     p.prune_seed = 5;
+    p.sampler = cases[i].sampler;
     p.on_token = [&got, i](int32_t t) {
       got[i].push_back(t);
       return true;

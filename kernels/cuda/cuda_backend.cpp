@@ -594,16 +594,38 @@ class CudaBackend final : public Backend {
     if (greedy_host.bytes < size_t(total) * 4) greedy_host = PinnedBuf(size_t(total) * 8, "greedy tokens");
     argmax_rows(logits.as<float>(), total, n_vocab, greedy_dev.as<int32_t>());
     copy_to_host_async(greedy_host.p, greedy_dev.as<void>(), size_t(total) * 4);
-    bool waited_here = false;
-    int64_t at = 0;
-    for (size_t i = 0; i < ms.size(); ++i) {
-      if (logits_out[i]) {
-        get(logits_out[i], logits.as<float>() + at * n_vocab, size_t(ms[i]->T() * n_vocab) * 4);
-        waited_here = true;
+    // The wanted members' logits: one member's straight into its buffer; several gathered on the device
+    // and brought back in one copy (one wait either way).
+    std::vector<size_t> wanted;
+    int64_t rows = 0;
+    for (size_t i = 0; i < ms.size(); ++i)
+      if (logits_out[i]) wanted.push_back(i), rows += ms[i]->T();
+    const auto first_row = [&](size_t i) {
+      int64_t at = 0;
+      for (size_t j = 0; j < i; ++j) at += ms[j]->T();
+      return at;
+    };
+    if (wanted.empty()) {
+      wait("greedy tokens");
+    } else if (wanted.size() == 1) {
+      const size_t i = wanted[0];
+      get(logits_out[i], logits.as<float>() + first_row(i) * n_vocab, size_t(ms[i]->T() * n_vocab) * 4);
+    } else {
+      batch_out.reserve(size_t(rows * n_vocab) * 4, "wanted logits");
+      int64_t w = 0;
+      for (const size_t i : wanted) {
+        copy_on_device(batch_out.as<float>() + w * n_vocab, logits.as<float>() + first_row(i) * n_vocab,
+                       size_t(ms[i]->T() * n_vocab) * 4);
+        w += ms[i]->T();
       }
-      at += ms[i]->T();
+      std::vector<float> host(static_cast<size_t>(rows * n_vocab));
+      get(host.data(), batch_out.as<void>(), host.size() * 4);
+      w = 0;
+      for (const size_t i : wanted) {
+        std::copy_n(host.data() + w * n_vocab, ms[i]->T() * n_vocab, logits_out[i]);
+        w += ms[i]->T();
+      }
     }
-    if (!waited_here) wait("greedy tokens");
     std::memcpy(ids, greedy_host.p, size_t(total) * 4);
   }
 

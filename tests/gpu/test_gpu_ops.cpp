@@ -869,10 +869,13 @@ TEST(GpuForward, GreedyOutputIsTheSameAloneOrBatched) {
   CpuContext ctx(1);
   const auto m = Model::load(path, DType::Int8, ctx);
   const int V = m->config().n_vocab;
+  // Two members greedy (their tokens picked on the device, Backend::lm_head_greedy) beside two sampled
+  // ones (their logits brought back, gathered in one copy): a seeded sampler picks as it does alone.
   const std::vector<testing::BatchCase> cases = {
       {testing::random_ids(9, V, 1), PolicyKind::None},
-      {testing::random_ids(8, V, 2), PolicyKind::LazyLLM},
+      {testing::random_ids(8, V, 2), PolicyKind::LazyLLM, "", SamplerParams{0.8f, 0.9f, 7}},
       {testing::random_ids(3, V, 3), PolicyKind::None},
+      {testing::random_ids(5, V, 4), PolicyKind::None, "", SamplerParams{1.0f, 1.0f, 11}},
   };
   testing::expect_same_alone_and_batched(*m, cases, parse_schedule("1:0.4,3:0.4"), 3, 3, [&m](int64_t n_ctx) {
     return cuda::make_backend(m->config(), m->weights(), n_ctx);
