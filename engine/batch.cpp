@@ -158,15 +158,18 @@ void run_batch(std::span<const BatchMember> ms) {
       src += n;
     }
   }
-  if (!greedy)  // op timers: the tokens from the logits every member got
+  // A greedy member's tokens from the logits it got (op timers kept the path above that writes them).
+  const auto tokens_from_logits = [&](const BatchMember& m) {
+    for (int64_t r = 0; r < m.session->backend().rows(); ++r)
+      m.greedy[r] = argmax({m.logits + r * c.n_vocab, size_t(c.n_vocab)});
+  };
+  if (!greedy)
     for (const BatchMember* m : with_logits)
-      if (m->greedy)
-        for (int64_t r = 0; r < m->session->backend().rows(); ++r)
-          m->greedy[r] = argmax({m->logits + r * c.n_vocab, size_t(c.n_vocab)});
+      if (m->greedy) tokens_from_logits(*m);
   // The logits waited for the device: each decoding step's deferred selections are replayed (a member
   // that missed a revival is computed again, alone: its logits are new, and so is a greedy token).
   for (const BatchMember& m : ms)
-    if (m.session->settle(*m.pass, m.logits) && m.greedy) *m.greedy = argmax({m.logits, size_t(c.n_vocab)});
+    if (m.session->settle(*m.pass, m.logits) && m.greedy) tokens_from_logits(m);
 }
 
 }  // namespace lp

@@ -29,22 +29,6 @@ std::string current_error() {
   }
 }
 
-// The exception in flight (inside a catch block): what it says, whether it is the GPU's, and whether it
-// lost the device.
-struct Failure {
-  std::string what;
-  bool device = false, lost = false;
-};
-Failure current_failure() {
-  try {
-    throw;
-  } catch (const DeviceError& e) {
-    return {e.what(), true, e.lost()};
-  } catch (...) {
-    return {current_error()};
-  }
-}
-
 // x += s for a counter only the step() thread writes (others may read it).
 void add_seconds(std::atomic<double>& x, Clock::time_point from, Clock::time_point to) {
   x.store(x.load(std::memory_order_relaxed) + std::chrono::duration<double>(to - from).count(),
@@ -497,14 +481,26 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
   return done;
 }
 
+Scheduler::Failure Scheduler::caught() {
+  Failure f;
+  try {
+    throw;
+  } catch (const DeviceError& e) {
+    f = {e.what(), true};
+    if (e.lost() && !device_lost()) {
+      lost_reason_ = f.what;
+      lost_.store(true, std::memory_order_release);
+    }
+  } catch (...) {
+    f.what = current_error();
+  }
+  return f;
+}
+
 void Scheduler::failed(Request& r, const std::string& prefix) {
-  const Failure f = current_failure();
+  const Failure f = caught();
   r.rec.error = prefix + ": " + f.what;
   r.rec.device_error = f.device;
-  if (f.lost && !device_lost()) {
-    lost_reason_ = f.what;
-    lost_.store(true, std::memory_order_release);
-  }
 }
 
 void Scheduler::end_all_lost() {
@@ -548,13 +544,9 @@ bool Scheduler::step() {
     if (device_lost()) throw DeviceError(lost_reason_, true);  // lost as a pass began: nothing runs
     run_batch(b.members);
   } catch (...) {
-    const Failure f = current_failure();
+    const Failure f = caught();
     b.error = "batch: " + f.what;  // every member's state is unknown now: they all end
     b.device_error = f.device;
-    if (f.lost && !device_lost()) {
-      lost_reason_ = f.what;
-      lost_.store(true, std::memory_order_release);
-    }
   }
   const auto t1 = Clock::now();
   iterations_.fetch_add(1, std::memory_order_relaxed);

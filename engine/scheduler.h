@@ -207,8 +207,14 @@ class Scheduler {
   std::string lost_reason_;                     // written once, before lost_
   std::atomic<bool> lost_{false};
 
-  // A request's failure (inside a catch block): its reason, prefixed, and whether the device failed;
-  // a failure that lost the device is recorded for every request after it.
+  // The exception in flight (inside a catch block): what it says and whether it is the GPU's
+  // (lp::DeviceError); one that lost the device is recorded for every request after it.
+  struct Failure {
+    std::string what;
+    bool device = false;
+  };
+  Failure caught();
+  // A request's failure (inside a catch block): its reason, prefixed, and whether the device failed.
   void failed(Request& r, const std::string& prefix);
   // Once the device is lost: every queued and running request ends with it.
   void end_all_lost();

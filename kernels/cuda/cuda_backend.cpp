@@ -597,24 +597,23 @@ class CudaBackend final : public Backend {
     // The wanted members' logits: one member's straight into its buffer; several gathered on the device
     // and brought back in one copy (one wait either way).
     std::vector<size_t> wanted;
-    int64_t rows = 0;
-    for (size_t i = 0; i < ms.size(); ++i)
+    std::vector<int64_t> first_row;  // each member's first row among all of them
+    int64_t rows = 0, at = 0;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      first_row.push_back(at);
+      at += ms[i]->T();
       if (logits_out[i]) wanted.push_back(i), rows += ms[i]->T();
-    const auto first_row = [&](size_t i) {
-      int64_t at = 0;
-      for (size_t j = 0; j < i; ++j) at += ms[j]->T();
-      return at;
-    };
+    }
     if (wanted.empty()) {
       wait("greedy tokens");
     } else if (wanted.size() == 1) {
       const size_t i = wanted[0];
-      get(logits_out[i], logits.as<float>() + first_row(i) * n_vocab, size_t(ms[i]->T() * n_vocab) * 4);
+      get(logits_out[i], logits.as<float>() + first_row[i] * n_vocab, size_t(ms[i]->T() * n_vocab) * 4);
     } else {
       batch_out.reserve(size_t(rows * n_vocab) * 4, "wanted logits");
       int64_t w = 0;
       for (const size_t i : wanted) {
-        copy_on_device(batch_out.as<float>() + w * n_vocab, logits.as<float>() + first_row(i) * n_vocab,
+        copy_on_device(batch_out.as<float>() + w * n_vocab, logits.as<float>() + first_row[i] * n_vocab,
                        size_t(ms[i]->T() * n_vocab) * 4);
         w += ms[i]->T();
       }
@@ -719,8 +718,7 @@ class CudaBackend final : public Backend {
     routes_on_device = T() <= kGemvMaxRows && L.gate_up_table.bytes() && L.down_table.bytes();
     if (!routes_on_device) return false;
     const int64_t n = T() * c.n_expert_used;
-    copy_to_host_async(static_cast<int32_t*>(routes_log.p) + l * kGemvMaxRows * c.n_expert_used * 2,
-                       routes_dev.as<void>(), size_t(n) * 8);
+    copy_to_host_async(routes_log_at(l), routes_dev.as<void>(), size_t(n) * 8);
     routes_log_rows[size_t(l)] = T();
     routes_layer = l;
     ids_host.clear();
@@ -728,9 +726,11 @@ class CudaBackend final : public Backend {
   }
   bool routes_deferred() const override { return routes_on_device; }
   std::vector<int32_t> routes_of(int l) override {  // after the pass's wait
-    const int64_t n = routes_log_rows[size_t(l)] * c.n_expert_used;
-    const int32_t* at = static_cast<const int32_t*>(routes_log.p) + l * kGemvMaxRows * c.n_expert_used * 2;
-    return std::vector<int32_t>(at, at + n);
+    const int32_t* at = routes_log_at(l);
+    return std::vector<int32_t>(at, at + routes_log_rows[size_t(l)] * c.n_expert_used);
+  }
+  int32_t* routes_log_at(int l) const {  // layer l's ids, then weights
+    return static_cast<int32_t*>(routes_log.p) + l * kGemvMaxRows * c.n_expert_used * 2;
   }
   // A batch's routes: every member's queued, each copied back into its pinned memory behind it, and
   // one wait for all of them (each member's arithmetic its own, as alone).
