@@ -17,6 +17,7 @@
 
 #include "kernels/context.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/kv_type.h"
 #include "model/config.h"
 
 namespace lp {
@@ -59,6 +60,12 @@ struct Weights {
 // Row order within a head of width Dh for NEOX RoPE over its first rope_dim values: entry i is the
 // file's row that row i of the loaded matrix holds (identity from rope_dim on).
 std::vector<int64_t> rope_order(int64_t Dh, int64_t rope_dim);
+
+// The K/V cache every backend keeps for a compute dtype (kernels/kv_type.h): f32 when the compute
+// dtype is f32 (the reference arithmetic), else f16.
+inline KvType kv_type_for(DType compute) {
+  return compute == DType::F32 ? KvType::F32 : KvType::F16;
+}
 
 // Dequantizes every tensor the config names into `dtype` (Int8: keeps or requantizes the blocks;
 // a matrix kept as stored reads the file's mapping, which it keeps alive). Throws lp::Error for a

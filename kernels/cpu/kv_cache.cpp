@@ -9,10 +9,6 @@
 
 namespace lp {
 
-const char* kv_type_name(KvType t) {
-  return t == KvType::F16 ? "f16" : "f32";
-}
-
 void f16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
 #if defined(__F16C__)

@@ -9,23 +9,9 @@
 #include <vector>
 
 #include "kernels/cpu/buffer.h"
-#include "kernels/cpu/gemm.h"  // DType
+#include "kernels/kv_type.h"
 
 namespace lp {
-
-// How K and V are stored. F16 halves the cache's bytes (so the requests a K/V budget holds) and
-// what a decoding step reads: attention loads f16 and converts in registers (F16C), computing in
-// f32 as before. llama.cpp's cache is f16 by default too. Values past f16's range (65,504) would
-// become infinities; rounding is to nearest even.
-enum class KvType { F32, F16 };
-inline int kv_type_bytes(KvType t) {
-  return t == KvType::F16 ? 2 : 4;
-}
-// The CPU backend's choice: f32 when the compute dtype is f32 (the reference arithmetic), else f16.
-inline KvType kv_type_for(DType compute) {
-  return compute == DType::F32 ? KvType::F32 : KvType::F16;
-}
-const char* kv_type_name(KvType t);
 
 // n values converted; F16C's instructions where the build has them, model/quant's exact scalar
 // conversions otherwise (the same results: both round to nearest even).

@@ -309,7 +309,7 @@ std::shared_ptr<DeviceWeights> upload_weights(const ModelConfig& c, const Weight
 }
 
 struct DLayer {
-  DBuf k, v, pos;                 // K/V [n_ctx][Hkv Dh], each slot's position [n_ctx]
+  DBuf k, v, pos;                 // K/V [n_ctx][Hkv Dh] (the backend's KvType), each slot's position [n_ctx]
   DBuf slot_of;                   // [positions] each position's slot, -1: no K/V here (KvIndex::slot_of)
   std::vector<int32_t> pos_host;  // [n] position of each slot (uploaded for a gathered key set)
   int64_t n = 0;
@@ -320,6 +320,9 @@ class CudaBackend final : public Backend {
   CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx, const BackendOptions& o);
 
   int64_t capacity() const override { return n_ctx; }
+  int kv_element_bytes() const override { return kv_type_bytes(kv_type); }
+  // The attention kernel: the tensor cores' over an f16 cache unless told otherwise, else the f32 one.
+  bool tensor_cores() const { return opt.tensor_core_attention && kv_type == KvType::F16; }
   bool asynchronous() const override { return true; }
   bool launches_batched() const override { return true; }
   int64_t rows() const override { return T(); }
@@ -534,7 +537,7 @@ class CudaBackend final : public Backend {
     std::vector<AttentionInput> in;
     for (size_t i = 0; i < ms.size(); ++i) in.push_back(ms[i]->attention_input(l, slots[i]));
     cuda::attention_batched(in.data(), in.size(), c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(),
-                            c.window(l), opt.tensor_core_attention, [this](const void* host, size_t bytes) {
+                            c.window(l), tensor_cores(), [this](const void* host, size_t bytes) {
                               attn_jobs.reserve(bytes, "attention jobs");
                               put(attn_jobs.as<void>(), host, bytes);
                               return static_cast<const void*>(attn_jobs.as<void>());
@@ -562,20 +565,27 @@ class CudaBackend final : public Backend {
       }
       return dev;
     };
+    const int64_t row_bytes = KV * kv_element_bytes();
     const auto kd =
-        slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.k.as<std::byte>() + s * KV * 4; });
+        slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.k.as<std::byte>() + s * row_bytes; });
     const auto vd =
-        slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.v.as<std::byte>() + s * KV * 4; });
+        slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.v.as<std::byte>() + s * row_bytes; });
     const auto pd = slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.pos.as<std::byte>() + s * 4; });
     const auto nd =
         slots([&](CudaBackend& m, DLayer&, int64_t s) { return m.slot_numbers.as<std::byte>() + s * 4; });
     const auto md = slots([&](CudaBackend&, DLayer& L, int64_t) { return L.slot_of.as<std::byte>(); });
     tables_done();
-    kv_append_rows(kn, vn, pn, R, KV, {nullptr, 0, reinterpret_cast<float* const*>(kd)},
-                   {nullptr, 0, reinterpret_cast<float* const*>(vd)},
-                   {nullptr, 0, reinterpret_cast<int32_t* const*>(pd)},
-                   {nullptr, 0, reinterpret_cast<const int32_t* const*>(nd)},
-                   {nullptr, 0, reinterpret_cast<int32_t* const*>(md)});
+    const auto append = [&]<class E>(E*) {
+      kv_append_rows(kn, vn, pn, R, KV, {nullptr, 0, reinterpret_cast<E* const*>(kd)},
+                     {nullptr, 0, reinterpret_cast<E* const*>(vd)},
+                     {nullptr, 0, reinterpret_cast<int32_t* const*>(pd)},
+                     {nullptr, 0, reinterpret_cast<const int32_t* const*>(nd)},
+                     {nullptr, 0, reinterpret_cast<int32_t* const*>(md)});
+    };
+    if (kv_type == KvType::F16)
+      append(static_cast<uint16_t*>(nullptr));
+    else
+      append(static_cast<float*>(nullptr));
     for (CudaBackend* m : ms) m->appended(l);
   }
 
@@ -647,10 +657,19 @@ class CudaBackend final : public Backend {
   // here waits for the device: the positions come from pos_dev.
   void kv_append(int l) override {
     DLayer& L = kv_room(l);
-    cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<float>(),
-                    L.v.as<float>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
-                    L.slot_of.as<int32_t>());
+    if (kv_type == KvType::F16)
+      cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<uint16_t>(),
+                      L.v.as<uint16_t>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
+                      L.slot_of.as<int32_t>());
+    else
+      cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<float>(),
+                      L.v.as<float>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
+                      L.slot_of.as<int32_t>());
     appended(l);
+  }
+  DLayer& layer_of(int l, const char* what) {
+    if (l < 0 || l >= int(layers.size())) fail("{}: layer {} outside [0, {})", what, l, layers.size());
+    return layers[size_t(l)];
   }
   // Layer l's cache, which must have room for the rows; and the host's record of their append.
   DLayer& kv_room(int l) {
@@ -668,7 +687,7 @@ class CudaBackend final : public Backend {
                  bool /*scored: scores read the keys again*/) override {
     const AttentionInput in = attention_input(l, slots);
     cuda::attention_batched(&in, 1, c.n_head, c.n_head_kv, c.head_dim, c.attention_scale(), c.window(l),
-                            opt.tensor_core_attention, {});
+                            tensor_cores(), {});
   }
   // This backend's rows over layer l's keys: every held slot in order, or a listed key set, read
   // where it is in the cache (the kernels follow the slot list).
@@ -679,8 +698,8 @@ class CudaBackend final : public Backend {
     return {q.as<float>(),
             pos_dev.as<int32_t>(),
             T(),
-            L.k.as<float>(),
-            L.v.as<float>(),
+            L.k.as<void>(),
+            L.v.as<void>(),
             L.pos.as<int32_t>(),
             on_device ? slot_list.as<int32_t>()
             : listed  ? key_slots(l, slots)
@@ -688,7 +707,8 @@ class CudaBackend final : public Backend {
             on_device ? device_keys_at.n
             : listed  ? int64_t(slots.size())
                       : L.n,
-            attn.as<float>()};
+            attn.as<float>(),
+            kv_type};
   }
   // Layer l's keys are the device's active set (device_keys): only where no slots are given.
   bool on_device_keys(int l, std::span<const int32_t> slots) const {
@@ -796,9 +816,9 @@ class CudaBackend final : public Backend {
     scores_dev.reserve(size_t(n) * 4, "scores");
     scores_host_n = -1;
     queued = {};
-    cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, L.k.as<float>(), n, c.n_head, c.n_head_kv,
-                          c.head_dim, c.attention_scale(), L.pos.as<int32_t>(), pos.back(), c.window(l),
-                          scores_dev.as<float>(), listed);
+    cuda::last_row_scores(q.as<float>() + (T() - 1) * Q, L.k.as<void>(), n, c.n_head, c.n_head_kv, c.head_dim,
+                          c.attention_scale(), L.pos.as<int32_t>(), pos.back(), c.window(l),
+                          scores_dev.as<float>(), listed, kv_type);
   }
 
   std::vector<float> scores(int64_t n) override {
@@ -901,6 +921,84 @@ class CudaBackend final : public Backend {
     if (listed_layer == l) listed_layer = -1;
   }
 
+  // The prefix cache's and KV-Runahead's copies (kernels/backend.h): K/V rows in the cache's element
+  // type, all of K then all of V, and Aux Cache states by entry. The copies cross PCIe once each way
+  // (a block of the prefix cache lives in host memory), one wait for what comes back.
+  bool copies_state() const override { return true; }
+
+  void kv_read(int l, std::span<const int32_t> slots, std::span<std::byte> out) override {
+    const DLayer& L = layer_of(l, "KV read");
+    const int64_t n = int64_t(slots.size()), row = KV * kv_element_bytes();
+    if (int64_t(out.size()) != 2 * n * row)
+      fail("KV read: {} bytes for {} tokens of {} bytes (K and V)", out.size(), n, 2 * row);
+    if (n == 0) return;
+    std::vector<int64_t> from(slots.begin(), slots.end());
+    for (const int64_t sl : from)
+      if (sl < 0 || sl >= L.n) fail("KV read: slot {} of layer {}, which holds {}", sl, l, L.n);
+    idx.reserve(size_t(n) * 8, "row indices");
+    put(idx.as<void>(), from.data(), size_t(n) * 8);
+    // The rows as floats (an f16 row's Hkv Dh halves are an even count: Dh is even), K's then V's.
+    const int64_t w = row / 4;
+    batch_out.reserve(size_t(2 * n * row), "K/V rows");
+    cuda::gather_rows(L.k.as<float>(), idx.as<int64_t>(), batch_out.as<float>(), n, w);
+    cuda::gather_rows(L.v.as<float>(), idx.as<int64_t>(), batch_out.as<float>() + n * w, n, w);
+    get(out.data(), batch_out.as<void>(), out.size());
+  }
+
+  void kv_export(int l, int64_t n, std::span<std::byte> out) override {
+    const DLayer& L = layer_of(l, "KV export");
+    const int64_t row = KV * kv_element_bytes();
+    if (n < 0 || n > L.n) fail("KV export: {} tokens of layer {}, which holds {}", n, l, L.n);
+    if (int64_t(out.size()) != 2 * n * row)
+      fail("KV export: {} bytes for {} tokens of {} bytes (K and V)", out.size(), n, 2 * row);
+    if (n == 0) return;
+    batch_out.reserve(size_t(2 * n * row), "K/V rows");
+    copy_on_device(batch_out.as<void>(), L.k.as<void>(), size_t(n * row));
+    copy_on_device(batch_out.as<std::byte>() + n * row, L.v.as<void>(), size_t(n * row));
+    get(out.data(), batch_out.as<void>(), out.size());
+  }
+
+  // Rows into the next slots, as kv_append would put them there: the positions on both sides and the
+  // position-to-slot map (positions in any order: a revival's, or a pruned prefix's K/V taken in late).
+  void kv_import(int l, std::span<const int32_t> at, std::span<const std::byte> rows) override {
+    DLayer& L = layer_of(l, "KV import");
+    const int64_t n = int64_t(at.size()), row = KV * kv_element_bytes();
+    if (int64_t(rows.size()) != 2 * n * row)
+      fail("KV import: {} bytes for {} tokens of {} bytes (K and V)", rows.size(), n, 2 * row);
+    if (L.n + n > n_ctx) fail("KV cache full: {} + {} tokens exceed its capacity {}", L.n, n, n_ctx);
+    if (n == 0) return;
+    int32_t top = -1;
+    for (const int32_t q : at) {
+      if (q < 0 || int64_t(q) >= pos_limit) fail("KV import: position {} outside [0, {})", q, pos_limit);
+      top = std::max(top, q);
+    }
+    if (top >= n_pos) grow_slot_maps(int64_t(top) + 1);
+    put(L.k.as<std::byte>() + L.n * row, rows.data(), size_t(n * row));
+    put(L.v.as<std::byte>() + L.n * row, rows.data() + n * row, size_t(n * row));
+    sel_pos.reserve(size_t(n) * 4, "selection positions");
+    put(sel_pos.as<void>(), at.data(), size_t(n) * 4);
+    // kv_append's kernel with no K/V columns (the rows went up above): each slot's position and the map.
+    cuda::kv_append(L.k.as<float>(), L.v.as<float>(), sel_pos.as<int32_t>(), n, 0, L.n, L.k.as<float>(),
+                    L.v.as<float>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
+                    L.slot_of.as<int32_t>());
+    L.pos_host.insert(L.pos_host.end(), at.begin(), at.end());
+    L.n += n;
+  }
+
+  void aux_load(std::span<const int64_t> entries, std::span<const float> states) override {
+    const int64_t D = c.n_embd, n = int64_t(entries.size());
+    if (int64_t(states.size()) != n * D)
+      fail("Aux Cache load: {} floats for {} states of {}", states.size(), n, D);
+    for (const int64_t e : entries)
+      if (e < 0 || e >= n_ctx) fail("Aux Cache load: entry {} outside [0, {})", e, n_ctx);
+    if (n == 0) return;
+    batch_in.reserve(states.size() * 4, "Aux Cache states");
+    put(batch_in.as<void>(), states.data(), states.size() * 4);
+    std::vector<int64_t> from(static_cast<size_t>(n));
+    std::iota(from.begin(), from.end(), 0);
+    copy_indexed(batch_in, from, aux_states, entries);
+  }
+
   void gather_rows(std::span<const int64_t> rows) override {
     const int64_t R = int64_t(rows.size());
     idx.reserve(size_t(R) * 8, "row indices");
@@ -981,6 +1079,7 @@ class CudaBackend final : public Backend {
   const Weights& w;
   int64_t n_ctx;
   BackendOptions opt;
+  KvType kv_type;   // the K/V cache's elements: f32 for an f32 model, else f16 (kv_type_for), as the CPU's
   Staging staging;  // uploads, queued without waiting
   // The last selection's scores, copied to the host behind it (valid for scores_host_n keys, -1:
   // none), so that a trace's scores() after select_top costs no second wait.
@@ -1379,7 +1478,7 @@ class CudaBackend final : public Backend {
 };
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx, const BackendOptions& o)
-    : c(cfg), w(wts), n_ctx(ctx), opt(o) {
+    : c(cfg), w(wts), n_ctx(ctx), opt(o), kv_type(kv_type_for(wts.dtype)) {
   const Device dev = open_device();
   const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other
@@ -1389,7 +1488,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
   // decoding step adds over n_ctx keys (a listed key set's slots, a second row index) and
   // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
-  const double kv_bytes = double(c.n_layer) * double(n_ctx) * (2.0 * KV * 4 + 4 + 4);
+  const double kv_bytes = double(c.n_layer) * double(n_ctx) * (2.0 * KV * kv_type_bytes(kv_type) + 4 + 4);
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
   const double Q = double(c.n_head) * c.head_dim, F = c.moe() ? 0.0 : double(c.n_ff), D = double(c.n_embd);
   const double bf16_copy = w.dtype != DType::F32 ? 2 * std::max({D, Q, F}) : 0;
@@ -1416,10 +1515,12 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   const double need = weight_bytes + kv_bytes + aux_bytes + act_bytes + w16_bytes + library_bytes;
   if (need > double(dev.free_bytes))
     fail(
-        "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} + Aux Cache {:.2f} + activations "
-        "{:.2f} for {} tokens + {:.2f} of dequantized weights + 0.25 for cuBLAS) but {} has {:.2f} GiB free",
-        need / 1073741824.0, weight_bytes / 1073741824.0, kv_bytes / 1073741824.0, aux_bytes / 1073741824.0,
-        act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
+        "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} in {} + Aux Cache {:.2f} + "
+        "activations {:.2f} for {} tokens + {:.2f} of dequantized weights + 0.25 for cuBLAS) but {} has "
+        "{:.2f} "
+        "GiB free",
+        need / 1073741824.0, weight_bytes / 1073741824.0, kv_bytes / 1073741824.0, kv_type_name(kv_type),
+        aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
         double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
   // Pinned host memory, once the device is open and the session fits: a LazyLLM decoding step
@@ -1443,8 +1544,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   layers.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     DLayer& L = layers[size_t(l)];
-    L.k.reserve(size_t(n_ctx * KV) * 4, "K cache");
-    L.v.reserve(size_t(n_ctx * KV) * 4, "V cache");
+    L.k.reserve(size_t(n_ctx * KV * kv_type_bytes(kv_type)), "K cache");
+    L.v.reserve(size_t(n_ctx * KV * kv_type_bytes(kv_type)), "V cache");
     L.pos.reserve(size_t(n_ctx) * 4, "K/V positions");
     L.slot_of.reserve(size_t(n_pos) * 4, "K/V slots of positions");
     fill_i32(L.slot_of.as<int32_t>(), n_pos, -1);

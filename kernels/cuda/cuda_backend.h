@@ -18,10 +18,11 @@
 namespace lp::cuda {
 
 struct BackendOptions {
-  // Attention on the tensor cores in bf16 (cuda::attention_tc) instead of the f32 kernel. Off by
-  // default until the GPU-against-CPU comparisons have a reference that rounds attention as it does
-  // (docs/cuda.md, "Tensor-core attention"); lp_gpu_bench times both.
-  bool tensor_core_attention = false;
+  // Attention on the tensor cores in f16 (cuda::attention_tc) instead of the f32 kernel, in sessions
+  // whose K/V cache is f16 (bf16 and int8 models: kv_type_for); an f32 model's session, the exact
+  // path, keeps the f32 kernel. On by default since the f16 cache and f16 operands keep a session
+  // within the CPU comparisons' bounds (docs/cuda.md, "Tensor-core attention"); lp_gpu_bench times both.
+  bool tensor_core_attention = true;
   // A LazyLLM decoding step that does not wait for its pruning layers' selections (Backend::
   // select_deferred; engine/session.h), undone and computed again where it should have revived a
   // token. Off by default: on a real model's traces revivals recur every few steps for hundreds of

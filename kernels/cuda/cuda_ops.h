@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/cuda/rows.h"
+#include "kernels/kv_type.h"
 
 namespace lp::cuda {
 
@@ -99,15 +100,17 @@ void gather_rows(const float* src, const int64_t* idx, float* dst, int64_t rows,
 // positions before the query (a sliding-window layer).
 // With k_slot, the keys are a list of cache rows: key s is row k_slot[s] of k and v and its position
 // k_pos[k_slot[s]] (a LazyLLM step's active keys, read where they are instead of gathered first).
-void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+// k and v hold the cache's elements, of type kv: floats, or f16 bits widened as they are loaded
+// (the same sums as f32 keys and values that hold those halves).
+void attention(const float* q, const int32_t* q_pos, int64_t T, const void* k, const void* v,
                const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-               int32_t window, float* out, const int32_t* k_slot = nullptr);
-// The same attention on the tensor cores (kernels/cuda/attention_tc.cuh): q, k and v rounded to bf16 as
-// they are loaded, the products accumulated in f32, the weights rounded to bf16 for P V. Even head
-// widths up to 256.
-void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+               int32_t window, float* out, const int32_t* k_slot = nullptr, KvType kv = KvType::F32);
+// The same attention on the tensor cores (kernels/cuda/attention_tc.cuh): q times the scale, k and v
+// rounded to f16 as they are loaded (an f16 cache's k and v exactly), the products accumulated in f32,
+// the weights rounded to f16 for P V. Even head widths up to 256.
+void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const void* k, const void* v,
                   const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                  int32_t window, float* out, const int32_t* k_slot = nullptr);
+                  int32_t window, float* out, const int32_t* k_slot = nullptr, KvType kv = KvType::F32);
 // Several attentions of one layer's shape in one launch (a batch's members: each its own rows, cache
 // and key set, as attention() takes them), each with the key splits and sums it has alone. With more
 // than one, `upload` copies the launch's table of jobs (bytes from host memory) into device memory
@@ -117,35 +120,43 @@ struct AttentionInput {
   const float* q;
   const int32_t* q_pos;
   int64_t T;
-  const float *k, *v;
+  const void *k, *v;  // the cache's elements, of type kv
   const int32_t* k_pos;
   const int32_t* k_slot;  // null: keys 0 .. S - 1
   int64_t S;
   float* out;
+  KvType kv = KvType::F32;  // one type for every input of a launch
 };
 using UploadTable = std::function<const void*(const void* host, size_t bytes)>;
 void attention_batched(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                        int32_t window, bool tensor_cores, const UploadTable& upload);
 // The last token's attention (at position q_pos) over S keys, averaged over heads
 // (ref::last_row_scores), into scores[S]; with window > 0 the keys at k_pos[S] outside the window
-// score 0.
-void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+// score 0. k holds the cache's elements, of type kv.
+void last_row_scores(const float* q, const void* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
                      float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores,
-                     const int32_t* k_slot = nullptr);
+                     const int32_t* k_slot = nullptr, KvType kv = KvType::F32);
 // LazyLLM's selection (pruning/select.h select_top) with CUB radix sorts: keep[n_keep] the kept
 // indices in increasing order; the last token always kept. n_keep in [1, n].
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep);
 // K/V append: rows of k_new/v_new [T][kv] into cache slots first_slot .. first_slot + T - 1 of
 // k_cache/v_cache [cap][kv], each row's original position pos[t] into slot_pos at its slot, and its
-// slot's number slot_no[t] into slot_of at its position (the cache's position-to-slot map).
+// slot's number slot_no[t] into slot_of at its position (the cache's position-to-slot map). An f16
+// cache (uint16_t) gets each value rounded to nearest even.
 void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
                int64_t first_slot, float* k_cache, float* v_cache, int32_t* slot_pos, const int32_t* slot_no,
                int32_t* slot_of);
+void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
+               int64_t first_slot, uint16_t* k_cache, uint16_t* v_cache, int32_t* slot_pos,
+               const int32_t* slot_no, int32_t* slot_of);
 // The same through Rows: row t's k and v from k_new(t), v_new(t) into k_slot(t), v_slot(t), its
 // position *pos(t) into *slot_pos(t), its slot's number *slot_no(t) into the map slot_of(t) at that
 // position (a batch's members' rows, each into its own cache, in one launch).
 void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
                     int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
+                    Rows<const int32_t> slot_no, Rows<int32_t> slot_of);
+void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
+                    int64_t kv, Rows<uint16_t> k_slot, Rows<uint16_t> v_slot, Rows<int32_t> slot_pos,
                     Rows<const int32_t> slot_no, Rows<int32_t> slot_of);
 // x[0:n] = v
 void fill_i32(int32_t* x, int64_t n, int32_t v);
@@ -172,9 +183,9 @@ void moe_combine(const float* y, const int64_t* at, const float* w, int64_t T, i
                  float* out);
 // x[i] *= s
 void scale_inplace(float* x, int64_t n, float s);
-// d[16][8] = a[16][K] b[K][8] (row-major f32, rounded to bf16) on the tensor cores, one warp through
+// d[16][8] = a[16][K] b[K][8] (row-major f32, rounded to f16) on the tensor cores, one warp through
 // kernels/cuda/mma.cuh's fragments: the layout the tensor-core kernels rely on, checked on the device.
-void mma_bf16_tile(const float* a, const float* b, float* d, int64_t K);
+void mma_f16_tile(const float* a, const float* b, float* d, int64_t K);
 // dst[dst_idx[r]][:] = src[src_idx[r]][:]   (Aux Cache stores and loads, revived rows back into
 // place: the scatter of active rows, and a gather at the same time). src and dst must not overlap.
 void copy_rows(const float* src, const int64_t* src_idx, float* dst, const int64_t* dst_idx, int64_t rows,

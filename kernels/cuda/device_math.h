@@ -217,8 +217,13 @@ LP_HD bool has_minima(int qt) {
   return qt == kQ4_1 || qt == kQ5_1 || qt == kQ4_K || qt == kQ5_K;
 }
 
-// IEEE half -> f32, exact (subnormals, infinities and NaN included).
+// IEEE half -> f32, exact (subnormals, infinities and NaN included): the instruction on the device.
 LP_HD float f16_to_f32(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
   if (exp == 0x1fu) {
@@ -238,6 +243,41 @@ LP_HD float f16_to_f32(uint16_t h) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
+#endif
+}
+
+// f32 -> IEEE half, round to nearest even, as the CPU's f16 K/V cache rounds (F16C's vcvtps2ph,
+// model/quant's f32_to_f16): past 65,504 (from 65,520 up) an infinity, below 2^-14 a subnormal, a NaN
+// a quiet NaN. The instruction on the device; on the host the same rounding by hand, checked against
+// both (tests/kernels/test_cuda_math.cpp).
+LP_HD uint16_t f32_to_f16(float f) {
+#if defined(__CUDA_ARCH__)
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  const uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return uint16_t(sign | 0x7e00u);
+  const int e = int(mag >> 23) - 127;  // the unbiased exponent
+  if (e > 15) return uint16_t(sign | 0x7c00u);
+  const uint32_t m = (mag & 0x7fffffu) | 0x800000u;  // the 24-bit significand (normal f32 here)
+  // The half's bits before rounding, and the dropped bits against half a unit of the last kept one.
+  int drop;
+  uint32_t h;
+  if (e >= -14) {
+    drop = 13;
+    h = (uint32_t(e + 15) << 10) | ((m >> 13) & 0x3ffu);
+  } else {
+    drop = -e - 1;  // a subnormal counts units of 2^-24: m 2^(e - 23) = (m >> drop) 2^-24
+    if (drop > 24) return uint16_t(sign);  // below 2^-25, f32 subnormals and zero included
+    h = m >> drop;
+  }
+  const uint32_t rest = m & ((1u << drop) - 1), half = 1u << (drop - 1);
+  if (rest > half || (rest == half && (h & 1u))) ++h;  // a carry moves into the exponent: still exact
+  return uint16_t(sign | h);
+#endif
 }
 
 LP_HD uint16_t load_u16(const uint8_t* p) {

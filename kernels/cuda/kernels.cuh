@@ -71,6 +71,30 @@ __device__ __forceinline__ void load4_u16(const uint16_t* p, uint16_t v[4]) {
 #endif
 }
 
+// A cached K or V value: an f32 cache's float, or an f16 cache's bits (KvType::F16), as f32; and one
+// stored into either.
+__device__ __forceinline__ float kv_f32(float x) {
+  return x;
+}
+__device__ __forceinline__ float kv_f32(uint16_t h) {
+  return cm::f16_to_f32(h);
+}
+__device__ __forceinline__ void kv_put(float* d, float x) {
+  *d = x;
+}
+__device__ __forceinline__ void kv_put(uint16_t* d, float x) {
+  *d = cm::f32_to_f16(x);
+}
+// Four consecutive cached values as f32 (16-byte aligned f32, 8-byte aligned f16): one load.
+__device__ __forceinline__ float4 kv_load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 kv_load4(const uint16_t* p) {
+  uint16_t h[4];
+  load4_u16(p, h);
+  return float4{cm::f16_to_f32(h[0]), cm::f16_to_f32(h[1]), cm::f16_to_f32(h[2]), cm::f16_to_f32(h[3])};
+}
+
 struct MaxOp {
   __host__ __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
@@ -186,17 +210,19 @@ __global__ void gather_bf16_kernel(const uint16_t* src, const int64_t* idx, floa
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * width + i] = cm::bf16_to_f32(s[i]);
 }
 
-// One block per row: its k and v into its cache slot's rows, its position into the slot's, and the
-// slot's number *slot_no(t) into slot_of(t) at that position (the row's cache's position-to-slot map).
+// One block per row: its k and v into its cache slot's rows (as the cache's element type KV: float,
+// or f16 bits rounded to nearest even), its position into the slot's, and the slot's number
+// *slot_no(t) into slot_of(t) at that position (the row's cache's position-to-slot map).
+template <class KV>
 __global__ void kv_append_kernel(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos,
-                                 int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
+                                 int64_t kv, Rows<KV> k_slot, Rows<KV> v_slot, Rows<int32_t> slot_pos,
                                  Rows<const int32_t> slot_no, Rows<int32_t> slot_of) {
   const int64_t t = blockIdx.x;
   const float *ks = k_new(t), *vs = v_new(t);
-  float *kd = k_slot(t), *vd = v_slot(t);
+  KV *kd = k_slot(t), *vd = v_slot(t);
   for (int64_t i = threadIdx.x; i < kv; i += blockDim.x) {
-    kd[i] = ks[i];
-    vd[i] = vs[i];
+    kv_put(kd + i, ks[i]);
+    kv_put(vd + i, vs[i]);
   }
   if (threadIdx.x == 0) {
     const int32_t p = *pos(t);
@@ -432,7 +458,7 @@ struct AttnJob {
   const float* q;
   const int32_t* q_pos;
   int64_t T;
-  const float *k, *v;
+  const void *k, *v;  // the cache's K and V: float, or f16 bits (the kernel's KV)
   const int32_t *k_pos, *k_slot;
   int64_t S;
   float* out;
@@ -474,9 +500,11 @@ __device__ __forceinline__ int64_t key_row(const int32_t* k_slot, int64_t s) {
   return k_slot ? k_slot[s] : s;
 }
 
-// n rows of per_row float4 each, the rows of keys s0 .. s0 + n - 1 (key_row) of src, rows `stride`
-// floats apart, into dst rows `ld` floats apart: four loads in flight per thread before their stores.
-__device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int64_t stride, int n,
+// n rows of per_row groups of four values each, the rows of keys s0 .. s0 + n - 1 (key_row) of src
+// (the cache's elements, KV), rows `stride` elements apart, as f32 into dst rows `ld` floats apart:
+// four loads in flight per thread before their stores.
+template <class KV>
+__device__ __forceinline__ void load_rows(float* dst, int ld, const KV* src, int64_t stride, int n,
                                           int per_row, const int32_t* k_slot, int64_t s0) {
   const int total = n * per_row;
   for (int base = int(threadIdx.x); base < total; base += 4 * kAttnThreads) {
@@ -486,7 +514,7 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, 
       const int e = base + u * kAttnThreads;
       if (e < total) {
         const int c = e / per_row, d4 = e - c * per_row;
-        buf[u] = *reinterpret_cast<const float4*>(src + key_row(k_slot, s0 + c) * stride + 4 * d4);
+        buf[u] = kv_load4(src + key_row(k_slot, s0 + c) * stride + 4 * d4);
       }
     }
     LP_UNROLL
@@ -515,8 +543,8 @@ __device__ __forceinline__ bool tile_all_masked(int32_t* kp, const int32_t* k_po
 }
 
 // One job (`one`) or a launch's jobs (jobs[n_jobs], a batch's members: blockIdx.x runs over their
-// row blocks one job after another, blockIdx.z up to the most splits of any).
-template <int BK, int DC>
+// row blocks one job after another, blockIdx.z up to the most splits of any). KV: the caches' element.
+template <int BK, int DC, class KV>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(AttnJob one, const AttnJob* jobs, int n_jobs, int64_t H, int64_t Hkv, int64_t Dh,
                      float scale, int32_t window) {
@@ -525,8 +553,9 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int ldp = BK + 4;
   const BlockJob B = block_job(one, jobs, n_jobs);
   if (B.none) return;
-  const auto& [q, q_pos, T, k, v, k_pos, k_slot, S, out, part_acc, part_m, part_l, tiles_per_split, n_splits,
-               n_row_blocks, first_block, first_row] = B.job;
+  const auto& [q, q_pos, T, k_any, v_any, k_pos, k_slot, S, out, part_acc, part_m, part_l, tiles_per_split,
+               n_splits, n_row_blocks, first_block, first_row] = B.job;
+  const KV *k = static_cast<const KV*>(k_any), *v = static_cast<const KV*>(v_any);
   const int64_t G = H / Hkv, g = blockIdx.y, split = blockIdx.z, rows = T * G, row0 = B.row_block * kAttnRows;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int ld = int(Dh) + 4, per_row = int(Dh) / 4;  // padded rows stay float4-aligned
@@ -691,8 +720,9 @@ __global__ void attention_combine_kernel(AttnJob one, const AttnJob* jobs, int n
 
 // One thread per (head, key): the scaled logit of the last query row, at q_pos; -inf for a key
 // outside a sliding window (k_pos: the keys' positions, read only with a window; key s is cache row
-// key_row(k_slot, s)).
-__global__ void score_logits_kernel(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv,
+// key_row(k_slot, s) of k, whose elements are KV).
+template <class KV>
+__global__ void score_logits_kernel(const float* q, const KV* k, int64_t S, int64_t H, int64_t Hkv,
                                     int64_t Dh, float scale, const int32_t* k_pos, const int32_t* k_slot,
                                     int32_t q_pos, int32_t window, float* logits) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -702,9 +732,9 @@ __global__ void score_logits_kernel(const float* q, const float* k, int64_t S, i
     logits[id] = -INFINITY;
     return;
   }
-  const float* kr = k + (row * Hkv + h / (H / Hkv)) * Dh;
+  const KV* kr = k + (row * Hkv + h / (H / Hkv)) * Dh;
   float dot = 0;
-  for (int64_t d = 0; d < Dh; ++d) dot += q[h * Dh + d] * kr[d];
+  for (int64_t d = 0; d < Dh; ++d) dot += q[h * Dh + d] * kv_f32(kr[d]);
   logits[id] = dot * scale;
 }
 

@@ -72,8 +72,8 @@ void moe_combine(const float* y, const int64_t* at, const float* w, int64_t T, i
   LP_LAUNCH(kernels::moe_combine_kernel, blocks_for(T * D, kThreads), kThreads, 0, y, at, w, T, k, D, out);
 }
 
-void mma_bf16_tile(const float* a, const float* b, float* d, int64_t K) {
-  if (K <= 0 || K % 16) fail("CUDA mma_bf16_tile: K = {} is not a positive multiple of 16", K);
+void mma_f16_tile(const float* a, const float* b, float* d, int64_t K) {
+  if (K <= 0 || K % 16) fail("CUDA mma_f16_tile: K = {} is not a positive multiple of 16", K);
   LP_LAUNCH(kernels::mma_tile_kernel, 1u, 32, 0, a, b, d, K);
 }
 
@@ -126,19 +126,45 @@ void gather_rows_bf16(const uint16_t* src, const int64_t* idx, float* dst, int64
   LP_LAUNCH(kernels::gather_bf16_kernel, unsigned(rows), kThreads, 0, src, idx, dst, width);
 }
 
+namespace {
+template <class KV>
+void kv_append_rows_as(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
+                       int64_t kv, Rows<KV> k_slot, Rows<KV> v_slot, Rows<int32_t> slot_pos,
+                       Rows<const int32_t> slot_no, Rows<int32_t> slot_of) {
+  if (T <= 0) return;
+  LP_LAUNCH(kernels::kv_append_kernel<KV>, unsigned(T), kThreads, 0, k_new, v_new, pos, kv, k_slot, v_slot,
+            slot_pos, slot_no, slot_of);
+}
+template <class KV>
+void kv_append_as(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
+                  int64_t first_slot, KV* k_cache, KV* v_cache, int32_t* slot_pos, const int32_t* slot_no,
+                  int32_t* slot_of) {
+  kv_append_rows_as<KV>({k_new, kv}, {v_new, kv}, {pos, 1}, T, kv, {k_cache + first_slot * kv, kv},
+                        {v_cache + first_slot * kv, kv}, {slot_pos + first_slot, 1}, {slot_no, 1},
+                        {slot_of, 0});
+}
+}  // namespace
+
 void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
                     int64_t kv, Rows<float> k_slot, Rows<float> v_slot, Rows<int32_t> slot_pos,
                     Rows<const int32_t> slot_no, Rows<int32_t> slot_of) {
-  if (T <= 0) return;
-  LP_LAUNCH(kernels::kv_append_kernel, unsigned(T), kThreads, 0, k_new, v_new, pos, kv, k_slot, v_slot,
-            slot_pos, slot_no, slot_of);
+  kv_append_rows_as(k_new, v_new, pos, T, kv, k_slot, v_slot, slot_pos, slot_no, slot_of);
+}
+void kv_append_rows(Rows<const float> k_new, Rows<const float> v_new, Rows<const int32_t> pos, int64_t T,
+                    int64_t kv, Rows<uint16_t> k_slot, Rows<uint16_t> v_slot, Rows<int32_t> slot_pos,
+                    Rows<const int32_t> slot_no, Rows<int32_t> slot_of) {
+  kv_append_rows_as(k_new, v_new, pos, T, kv, k_slot, v_slot, slot_pos, slot_no, slot_of);
 }
 
 void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
                int64_t first_slot, float* k_cache, float* v_cache, int32_t* slot_pos, const int32_t* slot_no,
                int32_t* slot_of) {
-  kv_append_rows({k_new, kv}, {v_new, kv}, {pos, 1}, T, kv, {k_cache + first_slot * kv, kv},
-                 {v_cache + first_slot * kv, kv}, {slot_pos + first_slot, 1}, {slot_no, 1}, {slot_of, 0});
+  kv_append_as(k_new, v_new, pos, T, kv, first_slot, k_cache, v_cache, slot_pos, slot_no, slot_of);
+}
+void kv_append(const float* k_new, const float* v_new, const int32_t* pos, int64_t T, int64_t kv,
+               int64_t first_slot, uint16_t* k_cache, uint16_t* v_cache, int32_t* slot_pos,
+               const int32_t* slot_no, int32_t* slot_of) {
+  kv_append_as(k_new, v_new, pos, T, kv, first_slot, k_cache, v_cache, slot_pos, slot_no, slot_of);
 }
 
 void argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids) {
@@ -290,11 +316,12 @@ void launch_attention_jobs(Kernel* kernel, int threads, size_t shared, std::vect
     LP_LAUNCH(kernels::attention_combine_kernel, unsigned(rows), 128, 0, jobs[0], table, n, H, Dh);
 }
 
-// The f32 kernel's jobs: the instance for Dh's columns, its blocks per SM, its shared memory.
-template <int BK, int DC>
+// The f32 kernel's jobs: the instance for Dh's columns and the caches' elements, its blocks per SM,
+// its shared memory.
+template <int BK, int DC, class KV>
 void attention_with(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                     int32_t window, const UploadTable& upload) {
-  auto* kernel = &kernels::attention_kernel<BK, DC>;
+  auto* kernel = &kernels::attention_kernel<BK, DC, KV>;
   const int per_sm =
       attention_blocks_per_sm(kernel, kernels::attention_shared_bytes(64 * DC, BK), kernels::kAttnThreads);
   std::vector<kernels::AttnJob> jobs;
@@ -304,10 +331,10 @@ void attention_with(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hk
                         Dh, scale, window, upload);
 }
 
-template <int DK>
+template <int DK, class KV>
 void attention_tc_with(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                        int32_t window, const UploadTable& upload) {
-  auto* kernel = &kernels::attention_tc_kernel<DK>;
+  auto* kernel = &kernels::attention_tc_kernel<DK, KV>;
   const size_t shared = kernels::attention_tc_shared_bytes(DK);
   const int per_sm = attention_blocks_per_sm(kernel, shared, kernels::kTcThreads);
   std::vector<kernels::AttnJob> jobs;
@@ -317,13 +344,34 @@ void attention_tc_with(const AttentionInput* in, size_t n_in, int64_t H, int64_t
 }
 
 // The checks both attentions make of their arguments.
-void check_attention(const char* what, const float* q, const float* k, const float* v, int64_t H,
-                     int64_t Hkv) {
+void check_attention(const char* what, const float* q, const void* k, const void* v, int64_t H, int64_t Hkv) {
   if (Hkv <= 0 || H % Hkv != 0) fail("CUDA {}: {} heads do not group over {} KV heads", what, H, Hkv);
   if (Hkv > 65535) fail("CUDA {}: {} KV heads", what, Hkv);
   for (const void* p :
        {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("CUDA {}: q, k and v must be 16-byte aligned", what);
+}
+
+// The kernel instance for Dh's columns over caches of elements KV.
+template <class KV>
+void attention_of(const AttentionInput* in, size_t n_in, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                  int32_t window, bool tensor_cores, const UploadTable& upload) {
+  if (tensor_cores) {
+    if (Dh <= 64)
+      attention_tc_with<4, KV>(in, n_in, H, Hkv, Dh, scale, window, upload);
+    else if (Dh <= 128)
+      attention_tc_with<8, KV>(in, n_in, H, Hkv, Dh, scale, window, upload);
+    else
+      attention_tc_with<16, KV>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else if (Dh <= 64) {
+    attention_with<64, 1, KV>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else if (Dh <= 128) {
+    attention_with<64, 2, KV>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else if (Dh <= 192) {
+    attention_with<32, 3, KV>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  } else {
+    attention_with<32, 4, KV>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  }
 }
 
 }  // namespace
@@ -335,47 +383,45 @@ void attention_batched(const AttentionInput* in, size_t n_in, int64_t H, int64_t
     fail("CUDA tensor-core attention supports even head widths up to 256, got {}", Dh);
   if (!tensor_cores && (Dh <= 0 || Dh > 256 || Dh % 4 != 0))
     fail("CUDA attention supports head widths that are multiples of 4 up to 256, got {}", Dh);
-  for (const AttentionInput* i = in; i != in + n_in; ++i) check_attention(what, i->q, i->k, i->v, H, Hkv);
-  if (tensor_cores) {
-    if (Dh <= 64)
-      attention_tc_with<4>(in, n_in, H, Hkv, Dh, scale, window, upload);
-    else if (Dh <= 128)
-      attention_tc_with<8>(in, n_in, H, Hkv, Dh, scale, window, upload);
-    else
-      attention_tc_with<16>(in, n_in, H, Hkv, Dh, scale, window, upload);
-  } else if (Dh <= 64) {
-    attention_with<64, 1>(in, n_in, H, Hkv, Dh, scale, window, upload);
-  } else if (Dh <= 128) {
-    attention_with<64, 2>(in, n_in, H, Hkv, Dh, scale, window, upload);
-  } else if (Dh <= 192) {
-    attention_with<32, 3>(in, n_in, H, Hkv, Dh, scale, window, upload);
-  } else {
-    attention_with<32, 4>(in, n_in, H, Hkv, Dh, scale, window, upload);
+  for (const AttentionInput* i = in; i != in + n_in; ++i) {
+    check_attention(what, i->q, i->k, i->v, H, Hkv);
+    if (i->kv != in->kv) fail("CUDA {}: caches of f32 and f16 in one launch", what);
   }
+  if (n_in == 0) return;
+  if (in->kv == KvType::F16)
+    attention_of<uint16_t>(in, n_in, H, Hkv, Dh, scale, window, tensor_cores, upload);
+  else
+    attention_of<float>(in, n_in, H, Hkv, Dh, scale, window, tensor_cores, upload);
 }
 
-void attention(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+void attention(const float* q, const int32_t* q_pos, int64_t T, const void* k, const void* v,
                const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-               int32_t window, float* out, const int32_t* k_slot) {
-  const AttentionInput one{q, q_pos, T, k, v, k_pos, k_slot, S, out};
+               int32_t window, float* out, const int32_t* k_slot, KvType kv) {
+  const AttentionInput one{q, q_pos, T, k, v, k_pos, k_slot, S, out, kv};
   attention_batched(&one, 1, H, Hkv, Dh, scale, window, false, {});
 }
 
-void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const float* k, const float* v,
+void attention_tc(const float* q, const int32_t* q_pos, int64_t T, const void* k, const void* v,
                   const int32_t* k_pos, int64_t S, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                  int32_t window, float* out, const int32_t* k_slot) {
-  const AttentionInput one{q, q_pos, T, k, v, k_pos, k_slot, S, out};
+                  int32_t window, float* out, const int32_t* k_slot, KvType kv) {
+  const AttentionInput one{q, q_pos, T, k, v, k_pos, k_slot, S, out, kv};
   attention_batched(&one, 1, H, Hkv, Dh, scale, window, true, {});
 }
 
-void last_row_scores(const float* q, const float* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
+void last_row_scores(const float* q, const void* k, int64_t S, int64_t H, int64_t Hkv, int64_t Dh,
                      float scale, const int32_t* k_pos, int32_t q_pos, int32_t window, float* scores,
-                     const int32_t* k_slot) {
+                     const int32_t* k_slot, KvType kv) {
   if (S <= 0) return;
   Scratch logits(size_t(H * S) * sizeof(float), "score logits"), m(size_t(H) * sizeof(float), "score max"),
       l(size_t(H) * sizeof(float), "score sum");
-  LP_LAUNCH(kernels::score_logits_kernel, blocks_for(H * S, kThreads), kThreads, 0, q, k, S, H, Hkv, Dh,
-            scale, k_pos, k_slot, q_pos, window, logits.as<float>());
+  if (kv == KvType::F16)
+    LP_LAUNCH(kernels::score_logits_kernel<uint16_t>, blocks_for(H * S, kThreads), kThreads, 0, q,
+              static_cast<const uint16_t*>(k), S, H, Hkv, Dh, scale, k_pos, k_slot, q_pos, window,
+              logits.as<float>());
+  else
+    LP_LAUNCH(kernels::score_logits_kernel<float>, blocks_for(H * S, kThreads), kThreads, 0, q,
+              static_cast<const float*>(k), S, H, Hkv, Dh, scale, k_pos, k_slot, q_pos, window,
+              logits.as<float>());
   LP_LAUNCH(kernels::score_norm_kernel, unsigned(H), kThreads, 0, logits.as<float>(), S, m.as<float>(),
             l.as<float>());
   LP_LAUNCH(kernels::score_sum_kernel, blocks_for(S, kThreads), kThreads, 0, logits.as<float>(),

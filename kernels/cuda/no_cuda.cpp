@@ -142,7 +142,7 @@ void swiglu_fused(const float*, float*, int64_t, int64_t, bool) {
 void scale_inplace(float*, int64_t, float) {
   unavailable();
 }
-void mma_bf16_tile(const float*, const float*, float*, int64_t) {
+void mma_f16_tile(const float*, const float*, float*, int64_t) {
   unavailable();
 }
 void attention_batched(const AttentionInput*, size_t, int64_t, int64_t, int64_t, float, int32_t, bool,

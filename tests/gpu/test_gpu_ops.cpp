@@ -20,6 +20,7 @@
 
 #include "engine/batch.h"
 #include "engine/generate.h"
+#include "engine/scheduler.h"
 #include "engine/session.h"
 #include "kernels/argmax.h"
 #include "kernels/cpu/ref.h"
@@ -285,20 +286,21 @@ TEST(GpuOps, AttentionOverUnorderedKeys) {
   expect_close(out.host(), want, 5e-5f, "attention");
 }
 
-// The tensor-core attention (issue 58) against the reference on the same inputs rounded to bf16, as
-// the kernel loads them; what remains is the weights' rounding to bf16 for P V (FlashAttention-2's)
-// and the order of f32 sums, well inside 1e-2, while a misplaced fragment element is an error of the
-// order of the values. The cases: one key; key splits; rows of a GQA group over two row blocks; head
-// widths 80 (past the last full 16) and 256; a sliding window; keys out of order with queries that see
-// none; a decode-like single query.
-TEST(GpuOps, TensorCoreAttentionMatchesTheReferenceOnBf16Inputs) {
+// The tensor-core attention (issue 58) against the reference on keys and values rounded to f16, as the
+// kernel loads them (tests/test_util.h's rounding); what remains is the rounding of the scaled queries
+// and of the weights for P V (FlashAttention-2's) to f16 and the order of f32 sums, inside 5e-3 (at most
+// 2.2e-3 in the host emulation), while a misplaced fragment element is an error of the order of the
+// values. The cases: one key; key splits; rows of a GQA group over two row blocks; head widths 80 (past the
+// last full 16) and 256; a sliding window; keys out of order with queries that see none; a decode-like single
+// query.
+TEST(GpuOps, TensorCoreAttentionMatchesTheReferenceOnF16Inputs) {
   struct Case {
     int64_t T, S, H, Hkv, Dh;
     int32_t window = 0;
     bool shuffled = false;
   };
-  const auto bf16 = [](std::vector<float> x) {
-    for (float& e : x) e = cuda_math::bf16_to_f32(cuda_math::f32_to_bf16(e));
+  const auto f16 = [](std::vector<float> x) {
+    for (float& e : x) e = testing::f16_round(e);
     return x;
   };
   for (const Case c : {Case{1, 1, 1, 1, 8}, Case{7, 300, 9, 3, 64}, Case{33, 129, 8, 2, 128},
@@ -313,9 +315,9 @@ TEST(GpuOps, TensorCoreAttentionMatchesTheReferenceOnBf16Inputs) {
       std::shuffle(k_pos.begin(), k_pos.end(), std::mt19937(3));
       q_pos[0] = -1, q_pos[1] = 0;  // before every key: no key to see
     }
-    const auto q = bf16(randn(size_t(c.T * c.H * c.Dh), 6, 2.0f)),
-               k = bf16(randn(size_t(c.S * c.Hkv * c.Dh), 7, 2.0f)),
-               v = bf16(randn(size_t(c.S * c.Hkv * c.Dh), 8));
+    const auto q = randn(size_t(c.T * c.H * c.Dh), 6, 2.0f),
+               k = f16(randn(size_t(c.S * c.Hkv * c.Dh), 7, 2.0f)),
+               v = f16(randn(size_t(c.S * c.Hkv * c.Dh), 8));
     const float scale = 1.0f / std::sqrt(float(c.Dh));
     std::vector<float> want(q.size());
     ref::attention(q.data(), q_pos.data(), c.T, k.data(), v.data(), k_pos.data(), c.S, c.H, c.Hkv, c.Dh,
@@ -323,7 +325,7 @@ TEST(GpuOps, TensorCoreAttentionMatchesTheReferenceOnBf16Inputs) {
     Dev<float> dq(q), dk(k), dv(v), out(q.size());
     Dev<int32_t> dqp(q_pos), dkp(k_pos);
     cuda::attention_tc(dq.p, dqp.p, c.T, dk.p, dv.p, dkp.p, c.S, c.H, c.Hkv, c.Dh, scale, c.window, out.p);
-    expect_close(out.host(), want, 1e-2f, "attention_tc");
+    expect_close(out.host(), want, 5e-3f, "attention_tc");
   }
   Dev<float> one(std::vector<float>(64, 1.0f));
   Dev<int32_t> zero(std::vector<int32_t>(1, 0));
@@ -373,6 +375,68 @@ TEST(GpuOps, ListedKeysReadInPlaceMatchTheGatheredKeys) {
     cuda::last_row_scores(dq.p + (T - 1) * H * Dh, dk.p, S, H, Hkv, Dh, scale, dcp.p, q_pos.back(), window,
                           sb.p, dsl.p);
     EXPECT_EQ(sb.host(), sa.host()) << "scores, window " << window;
+  }
+}
+
+// The f16 K/V cache (the backend's for bf16 and int8 models): the append stores each value rounded to
+// the nearest half (model/quant's f32_to_f16, the CPU cache's rounding), and both attentions and the
+// scores over it are, bit for bit, what they give over an f32 cache holding those halves, contiguous
+// and listed keys, with a window and without, at head widths 64 and 128. A launch may not mix the two.
+TEST(GpuOps, AnF16CacheIsReadAsF32KeysHoldingItsHalves) {
+  for (const int64_t Dh : {64, 128}) {
+    const int64_t C = 200, T = 3, H = 8, Hkv = 2, KV = Hkv * Dh;
+    std::vector<int32_t> pos(static_cast<size_t>(C)), numbers(pos.size()), listed;
+    std::iota(pos.begin(), pos.end(), 0);
+    std::iota(numbers.begin(), numbers.end(), 0);
+    for (int32_t s = 0; s < C; s += 3) listed.push_back(s);
+    const auto k = randn(size_t(C * KV), 41, 3.0f), v = randn(size_t(C * KV), 42),
+               q = randn(size_t(T * H * Dh), 43, 2.0f);
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    std::vector<float> kr(k.size()), vr(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k16[i] = f32_to_f16(k[i]), v16[i] = f32_to_f16(v[i]);
+      kr[i] = f16_to_f32(k16[i]), vr[i] = f16_to_f32(v16[i]);
+    }
+    Dev<float> dk(k), dv(v), dkr(kr), dvr(vr), dq(q), a(q.size()), b(q.size());
+    Dev<uint16_t> ck(k.size()), cv(v.size());
+    Dev<int32_t> dpos(pos), dnum(numbers), slot_pos(pos.size()), slot_of(pos.size()), dl(listed);
+    cuda::kv_append(dk.p, dv.p, dpos.p, C, KV, 0, ck.p, cv.p, slot_pos.p, dnum.p, slot_of.p);
+    ASSERT_EQ(ck.host(), k16) << "K as halves";
+    ASSERT_EQ(cv.host(), v16) << "V as halves";
+    ASSERT_EQ(slot_of.host(), numbers);
+    const std::vector<int32_t> q_pos = {150, 190, 199};
+    Dev<int32_t> dqp(q_pos);
+    const float scale = 1.0f / std::sqrt(float(Dh));
+    for (const int32_t window : {0, 90})
+      for (const bool by_list : {false, true}) {
+        const int32_t* sl = by_list ? dl.p : nullptr;
+        const int64_t S = by_list ? int64_t(listed.size()) : C;
+        const std::string what = "Dh " + std::to_string(Dh) + ", window " + std::to_string(window) +
+                                 (by_list ? ", listed keys" : ", every key");
+        cuda::attention(dq.p, dqp.p, T, dkr.p, dvr.p, slot_pos.p, S, H, Hkv, Dh, scale, window, a.p, sl);
+        cuda::attention(dq.p, dqp.p, T, ck.p, cv.p, slot_pos.p, S, H, Hkv, Dh, scale, window, b.p, sl,
+                        KvType::F16);
+        EXPECT_EQ(b.host(), a.host()) << "f32 attention, " << what;
+        cuda::attention_tc(dq.p, dqp.p, T, dkr.p, dvr.p, slot_pos.p, S, H, Hkv, Dh, scale, window, a.p, sl);
+        cuda::attention_tc(dq.p, dqp.p, T, ck.p, cv.p, slot_pos.p, S, H, Hkv, Dh, scale, window, b.p, sl,
+                           KvType::F16);
+        EXPECT_EQ(b.host(), a.host()) << "tensor-core attention, " << what;
+        Dev<float> sa(static_cast<size_t>(S)), sb(static_cast<size_t>(S));
+        const float* last = dq.p + (T - 1) * H * Dh;
+        cuda::last_row_scores(last, dkr.p, S, H, Hkv, Dh, scale, slot_pos.p, q_pos.back(), window, sa.p, sl);
+        cuda::last_row_scores(last, ck.p, S, H, Hkv, Dh, scale, slot_pos.p, q_pos.back(), window, sb.p, sl,
+                              KvType::F16);
+        EXPECT_EQ(sb.host(), sa.host()) << "scores, " << what;
+      }
+    const cuda::AttentionInput mixed[2] = {
+        {dq.p, dqp.p, T, dkr.p, dvr.p, slot_pos.p, nullptr, C, a.p},
+        {dq.p, dqp.p, T, ck.p, cv.p, slot_pos.p, nullptr, C, b.p, KvType::F16}};
+    try {
+      cuda::attention_batched(mixed, 2, H, Hkv, Dh, scale, 0, false, {});
+      ADD_FAILURE() << "a launch over an f32 and an f16 cache was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("f32 and f16 in one launch"), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -516,12 +580,12 @@ TEST(GpuOps, GatherScatterAndKvAppend) {
   EXPECT_EQ(slot_of.host()[100], 6);
 }
 
-// The tensor cores' 16x8x16 bf16 product through kernels/cuda/mma.cuh's fragments (issue 58's
+// The tensor cores' 16x8x16 f16 product through kernels/cuda/mma.cuh's fragments (issue 58's
 // attention builds on it): on the device the PTX instruction, on the host its emulation, both by the
-// documented layout. Multiples of 1/8 up to 1 in magnitude are exact in bf16 and every partial sum of
+// documented layout. Multiples of 1/8 up to 1 in magnitude are exact in f16 and every partial sum of
 // 48 of their products exact in f32, so any order of summation gives the same result: a misplaced
 // element of either fragment changes it.
-TEST(GpuOps, Bf16TensorCoreTileIsTheProductOfItsFragments) {
+TEST(GpuOps, F16TensorCoreTileIsTheProductOfItsFragments) {
   const int64_t K = 48;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> eighths(-8, 8);
@@ -536,26 +600,27 @@ TEST(GpuOps, Bf16TensorCoreTileIsTheProductOfItsFragments) {
       want[size_t(i * 8 + n)] = float(sum);
     }
   Dev<float> da(a), db(b), dd(size_t(16 * 8));
-  cuda::mma_bf16_tile(da.p, db.p, dd.p, K);
+  cuda::mma_f16_tile(da.p, db.p, dd.p, K);
   const auto got = dd.host();
   for (size_t i = 0; i < want.size(); ++i)
     ASSERT_EQ(got[i], want[i]) << "row " << i / 8 << " column " << i % 8;
 
-  // Normal values: rounded to bf16 as they are loaded, summed in f32 by the tensor cores.
+  // Normal values: rounded to f16 as they are loaded (tests/test_util.h's rounding, the compiler's or
+  // F16C's), summed in f32 by the tensor cores.
   a = randn(a.size(), 11);
   b = randn(b.size(), 12);
   for (int i = 0; i < 16; ++i)
     for (int n = 0; n < 8; ++n) {
       double sum = 0;
       for (int64_t k = 0; k < K; ++k)
-        sum += double(cuda_math::bf16_to_f32(cuda_math::f32_to_bf16(a[size_t(i * K + k)]))) *
-               double(cuda_math::bf16_to_f32(cuda_math::f32_to_bf16(b[size_t(k * 8 + n)])));
+        sum += double(testing::f16_round(a[size_t(i * K + k)])) *
+               double(testing::f16_round(b[size_t(k * 8 + n)]));
       want[size_t(i * 8 + n)] = float(sum);
     }
   Dev<float> na(a), nb(b);
-  cuda::mma_bf16_tile(na.p, nb.p, dd.p, K);
-  expect_close(dd.host(), want, 1e-5f, "mma_bf16_tile");
-  EXPECT_THROW(cuda::mma_bf16_tile(na.p, nb.p, dd.p, 24), Error);
+  cuda::mma_f16_tile(na.p, nb.p, dd.p, K);
+  expect_close(dd.host(), want, 1e-5f, "mma_f16_tile");
+  EXPECT_THROW(cuda::mma_f16_tile(na.p, nb.p, dd.p, 24), Error);
 }
 
 TEST(GpuOps, GemmF32AndBf16) {
@@ -796,9 +861,9 @@ TEST(GpuForward, TensorCoreAttentionStaysNearTheF32Kernel) {
   const std::vector<int32_t> ids = testing::random_ids(T, c.n_vocab, 9);
   std::vector<int32_t> pos(static_cast<size_t>(T));
   std::iota(pos.begin(), pos.end(), 0);
-  Session f32(*m, cuda::make_backend(c, m->weights(), T + 8));
-  Session tc(*m,
-             cuda::make_backend(c, m->weights(), T + 8, cuda::BackendOptions{.tensor_core_attention = true}));
+  Session f32(
+      *m, cuda::make_backend(c, m->weights(), T + 8, cuda::BackendOptions{.tensor_core_attention = false}));
+  Session tc(*m, cuda::make_backend(c, m->weights(), T + 8));  // a bf16 session's default
   std::vector<float> a(static_cast<size_t>(c.n_vocab)), b(a.size());
   const auto close = [&](const char* what) {
     float worst = 0, scale = 0;
@@ -917,6 +982,144 @@ struct LazySteps {
     prune = PruneRequest{sched, policy.get()};
   }
 };
+
+// The prefix cache's copies on the GPU (Backend::kv_read, kv_import, aux_load): a LazyLLM prefill's
+// states (each token's K/V up to its depth, and the Aux Cache states of those pruned) saved from one
+// session and loaded into a fresh one, which then decodes exactly as the first does, bit for bit
+// (the same K/V, positions, slot maps and Aux Cache states: the same kernels on the same data), with
+// revivals from the loaded states. Without pruning as well; and KV-Runahead's export/import of a
+// layer's first slots round-trips. Bad slots, sizes and entries are refused. About 1 s on the host:
+// four sessions of 40 tokens (the schedule's three pruning layers need a prompt that long to revive).
+TEST(GpuForward, StatesSavedFromOneSessionContinueInAnother) {
+  const int64_t T = 40, steps = 4;
+  LazySteps setting(T);
+  const auto& [m, ids, pos, sched, prune] =
+      std::tie(setting.m, setting.ids, setting.pos, setting.sched, setting.prune);
+  const ModelConfig& c = m->config();
+  const int64_t last = T - 1;
+  for (const bool pruned : {true, false}) {
+    SCOPED_TRACE(pruned ? "LazyLLM" : "unpruned");
+    const PruneRequest* req = pruned ? &prune : nullptr;
+    Session a(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
+    Session b(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
+    ASSERT_TRUE(a.backend().copies_state());
+    std::vector<float> la(static_cast<size_t>(c.n_vocab)), lb(la.size());
+    a.forward(ids, pos, {&last, 1}, la.data(), req);
+    const std::optional<TokenStates> st = a.save_states(0, T);
+    ASSERT_TRUE(st);
+    EXPECT_EQ(st->full(c.n_layer), !pruned);
+    const TokenStates* blocks[] = {&*st};
+    b.load_states(blocks);
+    for (int l = 0; l < c.n_layer; ++l) {
+      EXPECT_EQ(b.backend().kv_positions(l), a.backend().kv_positions(l)) << "layer " << l;
+      EXPECT_EQ(b.keys_held(l), a.keys_held(l)) << "layer " << l;
+    }
+    int64_t revived = 0;
+    for (int32_t s = 0; s < steps; ++s) {
+      const int32_t id = int32_t(std::max_element(la.begin(), la.end()) - la.begin()), at = int32_t(T) + s;
+      trace::Step sa, sb;
+      a.decode_step(id, at, la.data(), req, &sa);
+      b.decode_step(id, at, lb.data(), req, &sb);
+      ASSERT_EQ(lb, la) << "step " << s;
+      EXPECT_EQ(sb.revived, sa.revived) << "step " << s;
+      for (const int64_t r : sa.revived) revived += r;
+    }
+    if (pruned) EXPECT_GT(revived, 0) << "nothing revived: the loaded Aux Cache states went unread";
+    for (int l = 0; l < c.n_layer; ++l) {  // the K/V the steps appended too
+      std::vector<int32_t> slots(static_cast<size_t>(a.keys_held(l)));
+      std::iota(slots.begin(), slots.end(), 0);
+      const size_t bytes = slots.size() * size_t(a.kv_token_bytes(l));
+      std::vector<std::byte> ka(bytes), kb(bytes);
+      a.backend().kv_read(l, slots, ka);
+      b.backend().kv_read(l, slots, kb);
+      EXPECT_EQ(kb, ka) << "layer " << l;
+    }
+  }
+  // KV-Runahead's copies: a layer's first slots out, and into an empty session, as they were.
+  Session a(*m, cuda::make_backend(c, m->weights(), T, kWaiting));
+  Session b(*m, cuda::make_backend(c, m->weights(), T, kWaiting));
+  std::vector<float> la(static_cast<size_t>(c.n_vocab));
+  a.forward(ids, pos, {&last, 1}, la.data());
+  const int64_t n = 25, bytes = n * a.kv_token_bytes(2);
+  EXPECT_EQ(a.kv_token_bytes(2), 2 * int64_t(c.n_head_kv) * c.head_dim * 2) << "an f16 cache";
+  std::vector<std::byte> out(static_cast<size_t>(bytes)), back(out.size());
+  a.export_kv(2, n, out);
+  b.import_kv(2, std::span<const int32_t>(pos).first(size_t(n)), out);
+  b.export_kv(2, n, back);
+  EXPECT_EQ(back, out);
+  EXPECT_EQ(b.backend().kv_positions(2), std::vector<int32_t>(pos.begin(), pos.begin() + n));
+  // Bad input: a slot not held, sizes that do not match, an entry past the Aux Cache.
+  std::vector<std::byte> one(static_cast<size_t>(a.kv_token_bytes(0)));
+  const int32_t past = int32_t(T);
+  EXPECT_THROW(a.backend().kv_read(0, {&past, 1}, one), Error);
+  EXPECT_THROW(a.backend().kv_read(0, {&past, 0}, one), Error);
+  EXPECT_THROW(b.backend().kv_import(0, {&past, 1}, std::span<const std::byte>(one).first(4)), Error);
+  const int64_t entry = T;
+  const std::vector<float> state(static_cast<size_t>(c.n_embd));
+  EXPECT_THROW(b.backend().aux_load({&entry, 1}, state), Error);
+}
+
+// `serve --backend cuda` with the prefix cache (it had none: the GPU could not copy its state). Three
+// questions over one 36-token document, one request after another through schedulers on GPU
+// backends, greedy: unpruned, each hit gives the tokens the cold scheduler gives and loads the
+// document's 2 full blocks; with LazyLLM the later requests hit as well (a hit resumes the pruned
+// state the first left, so its tokens are its own) and every request finishes. About 2 s on the host
+// (three schedulers of three requests each, in emulated kernels).
+TEST(GpuForward, TheSchedulerOnAGpuServesPrefixCacheHits) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const int32_t V = m->config().n_vocab;
+  const std::vector<int32_t> doc = testing::random_ids(36, V, 11);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(doc);
+    const auto q = testing::random_ids(5 + i, V, 20 + uint32_t(i));
+    prompts.back().insert(prompts.back().end(), q.begin(), q.end());
+  }
+  struct Done {
+    std::vector<int32_t> tokens;
+    RequestRecord rec;
+  };
+  const auto serve = [&](bool cache, PolicyKind policy) {
+    SchedulerOptions o;
+    o.kv_budget_bytes = int64_t(64) << 20;
+    o.prefix_cache = cache;
+    o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m->config(), m->weights(), n_ctx); };
+    Scheduler s(*m, o);
+    EXPECT_EQ(s.prefix_cache(), cache);
+    std::vector<Done> out(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestParams p;
+      p.prompt = prompts[i];
+      p.max_tokens = 4;
+      p.stop_at_end_of_generation = false;
+      p.policy = policy;
+      p.schedule = policy == PolicyKind::None ? Schedule{} : parse_schedule("1:0.3,3:0.3,4:0.5");
+      p.on_token = [&out, i](int32_t t) {
+        out[i].tokens.push_back(t);
+        return true;
+      };
+      p.on_finish = [&out, i](const RequestRecord& r) { out[i].rec = r; };
+      s.submit(std::move(p));
+      while (s.step()) {
+      }
+      EXPECT_EQ(out[i].rec.finish, Finish::Length) << out[i].rec.error;
+    }
+    EXPECT_EQ(s.prefix_cache_counters().hits, cache ? 2 * 32 : 0);
+    return out;
+  };
+  const auto with = serve(true, PolicyKind::None), without = serve(false, PolicyKind::None);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(with[i].tokens, without[i].tokens) << "request " << i;
+    EXPECT_EQ(with[i].rec.cached_tokens, i == 0 ? 0 : 32) << "request " << i;  // 2 full blocks of 16
+  }
+  const auto lazy = serve(true, PolicyKind::LazyLLM);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(lazy[i].tokens.size(), 4u) << "request " << i;
+    EXPECT_EQ(lazy[i].rec.cached_tokens, i == 0 ? 0 : 32) << "request " << i;
+  }
+}
 
 // Issue 58, item 2: how often a decoding step makes the host wait for the device. Uploads (positions,
 // key slots, row indices) are queued from pinned memory, so an unpruned step waits once, for its
