@@ -47,6 +47,14 @@ int64_t PrefixCache::save(Session& s, std::span<const int32_t> tokens, CacheKind
   std::vector<BlockId> chain;  // pinned while the save goes on: room is never made by evicting it
   int64_t added = 0;
   BlockId parent = -1;
+  // The states of blocks [read_from, n), read together where the first of them is needed (on a GPU
+  // each read waits for the device: one a layer for all the blocks, not one a layer and block).
+  std::vector<std::optional<TokenStates>> read;
+  int64_t read_from = -1;
+  const auto states_of = [&](int64_t i) {
+    if (read_from < 0 || i < read_from) read = s.save_blocks(int32_t(i * B), B, n - i), read_from = i;
+    return std::move(read[size_t(i - read_from)]);
+  };
   for (int64_t i = 0; i < n; ++i) {
     const std::span<const int32_t> toks = head.subspan(size_t(i * B), size_t(B));
     const bool ours_before = i < int64_t(lineage.size());
@@ -63,7 +71,7 @@ int64_t PrefixCache::save(Session& s, std::span<const int32_t> tokens, CacheKind
         return false;
       };
       if (ours && kind == CacheKind::Pruned && deeper()) {
-        const std::optional<TokenStates> now = s.save_states(int32_t(i * B), B);
+        const std::optional<TokenStates> now = states_of(i);
         if (!now) break;
         if (std::optional<TokenStates> deeper = deeper_states(states_.at(id), *now, n_layer_, width_)) {
           const int64_t grow = deeper->bytes() - index_.bytes_of(id);
@@ -76,7 +84,7 @@ int64_t PrefixCache::save(Session& s, std::span<const int32_t> tokens, CacheKind
         }
       }
     } else {
-      std::optional<TokenStates> st = s.save_states(int32_t(i * B), B);
+      std::optional<TokenStates> st = states_of(i);
       if (!st || (kind == CacheKind::Full && !st->full(n_layer_))) break;
       if (!make_room(room - st->bytes())) break;
       id = index_.insert(parent, keys[size_t(i)], toks, st->bytes());

@@ -783,41 +783,81 @@ std::vector<uint16_t> Session::depths(int32_t first, int64_t n) const {
 }
 
 std::optional<TokenStates> Session::save_states(int32_t first, int64_t n) {
+  return std::move(save_blocks(first, n, 1).front());
+}
+
+std::vector<std::optional<TokenStates>> Session::save_blocks(int32_t first, int64_t block, int64_t count) {
   const int L = m_.config().n_layer;
-  if (first < 0 || n < 0 || first + n > n_cached())
-    fail("saving tokens [{}, {}): the session holds {}", first, first + n, n_cached());
-  TokenStates st;
-  st.first = first;
-  st.depth = depths(first, n);
-  st.kv.resize(size_t(L));
-  std::vector<int64_t> entries;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t p = first + int32_t(i);
-    const int d = st.depth[size_t(i)];
-    if (d == 0) return std::nullopt;
-    for (int l = d + 1; l < L; ++l)
-      if (kv_[size_t(l)].find(p) >= 0) return std::nullopt;  // a gap: not a depth
-    if (d < L) {
-      const int64_t e = aux_.find(p);
-      if (e < 0 || aux_.layer[size_t(e)] != d) return std::nullopt;
-      entries.push_back(e);
+  const int64_t D = m_.config().n_embd;
+  if (first < 0 || block < 0 || count < 1 || first + block * count > n_cached())
+    fail("saving tokens [{}, {}): the session holds {}", first, first + block * std::max<int64_t>(count, 0),
+         n_cached());
+  // Each block's depths and Aux Cache entries, or nullopt where a token is not held as a depth.
+  std::vector<std::optional<TokenStates>> out(static_cast<size_t>(count));
+  std::vector<std::vector<int64_t>> entries(static_cast<size_t>(count));
+  for (int64_t b = 0; b < count; ++b) {
+    TokenStates st;
+    st.first = first + int32_t(b * block);
+    st.depth = depths(st.first, block);
+    bool held = true;
+    for (int64_t i = 0; i < block && held; ++i) {
+      const int32_t p = st.first + int32_t(i);
+      const int d = st.depth[size_t(i)];
+      held = d > 0;
+      for (int l = d + 1; l < L && held; ++l) held = kv_[size_t(l)].find(p) < 0;  // a gap: not a depth
+      if (held && d < L) {
+        const int64_t e = aux_.find(p);
+        held = e >= 0 && aux_.layer[size_t(e)] == d;
+        entries[size_t(b)].push_back(e);
+      }
+    }
+    if (held) {
+      st.kv.resize(size_t(L));
+      out[size_t(b)] = std::move(st);
     }
   }
+  // Each layer's K/V of every held block in one read (all of K, then all of V), then split by block.
   std::vector<int32_t> slots;
+  std::vector<int64_t> rows(static_cast<size_t>(count));
+  std::vector<std::byte> kv;
   for (int l = 0; l < L; ++l) {
     slots.clear();
-    for (int64_t i = 0; i < n; ++i)
-      if (st.depth[size_t(i)] > l) slots.push_back(int32_t(kv_[size_t(l)].find(first + int32_t(i))));
-    st.kv[size_t(l)].resize(slots.size() * size_t(kv_token_bytes(l)));
-    be_->kv_read(l, slots, st.kv[size_t(l)]);
+    for (int64_t b = 0; b < count; ++b) {
+      if (!out[size_t(b)]) continue;
+      const TokenStates& st = *out[size_t(b)];
+      const size_t before = slots.size();
+      for (int64_t i = 0; i < block; ++i)
+        if (st.depth[size_t(i)] > l) slots.push_back(int32_t(kv_[size_t(l)].find(st.first + int32_t(i))));
+      rows[size_t(b)] = int64_t(slots.size() - before);
+    }
+    const size_t half = slots.size() * size_t(kv_token_bytes(l)) / 2;
+    kv.resize(2 * half);
+    be_->kv_read(l, slots, kv);
+    size_t at = 0;
+    for (int64_t b = 0; b < count; ++b) {
+      if (!out[size_t(b)]) continue;
+      const size_t h = size_t(rows[size_t(b)]) * size_t(kv_token_bytes(l)) / 2;
+      std::vector<std::byte>& mine = out[size_t(b)]->kv[size_t(l)];
+      mine.assign(kv.begin() + std::ptrdiff_t(at), kv.begin() + std::ptrdiff_t(at + h));
+      mine.insert(mine.end(), kv.begin() + std::ptrdiff_t(half + at),
+                  kv.begin() + std::ptrdiff_t(half + at + h));
+      at += h;
+    }
   }
-  const int64_t D = m_.config().n_embd;
-  st.aux.resize(entries.size() * size_t(D));
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const std::vector<float> x = be_->aux_state(entries[i]);
-    std::copy(x.begin(), x.end(), st.aux.begin() + int64_t(i) * D);
+  // The Aux Cache states of every held block in one read, split the same way.
+  std::vector<int64_t> all;
+  for (int64_t b = 0; b < count; ++b)
+    if (out[size_t(b)]) all.insert(all.end(), entries[size_t(b)].begin(), entries[size_t(b)].end());
+  std::vector<float> aux(all.size() * size_t(D));
+  be_->aux_read(all, aux);
+  size_t at = 0;
+  for (int64_t b = 0; b < count; ++b) {
+    if (!out[size_t(b)]) continue;
+    const size_t n = entries[size_t(b)].size() * size_t(D);
+    out[size_t(b)]->aux.assign(aux.begin() + std::ptrdiff_t(at), aux.begin() + std::ptrdiff_t(at + n));
+    at += n;
   }
-  return st;
+  return out;
 }
 
 void Session::load_states(std::span<const TokenStates* const> blocks) {

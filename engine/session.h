@@ -268,6 +268,10 @@ class Session {
   // load_states: blocks of consecutive tokens from position 0 into an empty session, K/V and Aux
   // Cache both, as if this session had computed them (the at-most-once rule counts them as done).
   std::optional<TokenStates> save_states(int32_t first, int64_t n);
+  // save_states of `count` blocks of `block` tokens from `first`, each its own TokenStates (nullopt
+  // where save_states would give it), read from the backend together: one K/V read a layer and one
+  // Aux Cache read for all of them (on a GPU each read is a wait).
+  std::vector<std::optional<TokenStates>> save_blocks(int32_t first, int64_t block, int64_t count);
   // Each token's depth (the layers from the first that hold its K/V), as save_states counts it.
   std::vector<uint16_t> depths(int32_t first, int64_t n) const;
   void load_states(std::span<const TokenStates* const> blocks);

@@ -96,4 +96,16 @@ void Backend::aux_load(std::span<const int64_t>, std::span<const float>) {
   fail("this backend cannot load Aux Cache states (the prefix cache runs on the CPU backend)");
 }
 
+void Backend::aux_read(std::span<const int64_t> entries, std::span<float> out) {
+  size_t at = 0;
+  for (const int64_t e : entries) {
+    const std::vector<float> x = aux_state(e);
+    if (at + x.size() > out.size())
+      fail("Aux Cache read: {} floats for {} states", out.size(), entries.size());
+    std::copy(x.begin(), x.end(), out.begin() + std::ptrdiff_t(at));
+    at += x.size();
+  }
+  if (at != out.size()) fail("Aux Cache read: {} floats for {} states", out.size(), entries.size());
+}
+
 }  // namespace lp

@@ -256,6 +256,8 @@ class Backend {
   virtual bool copies_state() const { return false; }
   virtual void kv_read(int layer, std::span<const int32_t> slots, std::span<std::byte> out);
   virtual void aux_load(std::span<const int64_t> entries, std::span<const float> states);
+  // The Aux Cache states of `entries` [n][D] into out, as aux_state reads each (a device: in one copy).
+  virtual void aux_read(std::span<const int64_t> entries, std::span<float> out);
 };
 
 }  // namespace lp

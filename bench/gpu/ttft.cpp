@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -37,7 +38,6 @@
 #include "model/ops.h"
 #include "model/paths.h"
 #include "model/presets.h"
-#include "model/quant.h"  // f32_to_f16
 #include "model/quant.h"
 #include "pruning/schedule.h"
 #include "tests/random_blocks.h"
@@ -252,6 +252,51 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
 // per step, every GEMM and row op once over all of them. Tokens/s of 1 and 8 members side by side
 // (issue 58, item 3: 8 requests at least 4x one request's tokens/s at the 8B shape), with the
 // operations each step queues (cuda::queued_ops) and the times it waits (cuda::host_waits).
+// The prefix cache on the GPU (`serve --backend cuda`): a T-token prefix's states, unpruned and after
+// LazyLLM's default schedule, saved to host memory (Session::save_states: K/V gathered on the device,
+// one copy back a layer) and loaded into a fresh session (load_states), against the prefill that
+// computes them: what a hit costs where a miss costs the prefill.
+void prefix_rows(const Model& m, int64_t T) {
+  const ModelConfig& c = m.config();
+  std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
+  std::mt19937 rng(3);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(rng() % uint32_t(c.n_vocab)), pos[i] = int32_t(i);
+  const int64_t last = T - 1;
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3"}) {
+    const bool prune = std::string(sched) != "none";
+    std::vector<PruneStep> steps;
+    try {
+      if (prune) steps = resolve_schedule(parse_schedule(sched), c.n_layer, c.global_layers());
+    } catch (const Error& e) {
+      fmt::print("  {:<28} skipped: {}\n", sched, e.what());
+      continue;
+    }
+    auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
+    const PruneRequest req{steps, policy.get()};
+    Session a(m, cuda::make_backend(c, m.weights(), T)), b(m, cuda::make_backend(c, m.weights(), T));
+    const double prefill_ms = median_ms([&] {
+      a.reset();
+      a.forward(ids, pos, {&last, 1}, logits.data(), prune ? &req : nullptr);
+    });
+    std::optional<TokenStates> st;
+    const double save_ms = median_ms([&] { st = a.save_states(0, T); });
+    if (!st) {
+      fmt::print("  {:<28} the states are not a prefix the cache holds\n", sched);
+      continue;
+    }
+    const TokenStates* blocks[] = {&*st};
+    const double load_ms = median_ms([&] {
+      b.reset();
+      b.load_states(blocks);
+    });
+    fmt::print(
+        "  {:<28} prefill {:8.2f} ms; states {:7.1f} MiB saved {:7.2f} ms, loaded {:7.2f} ms ({:.1f}x "
+        "faster than the prefill)\n",
+        sched, prefill_ms, double(st->bytes()) / 1048576.0, save_ms, load_ms, prefill_ms / load_ms);
+  }
+}
+
 void batch_rows(const Model& m, int64_t T, int members) {
   const ModelConfig& c = m.config();
   const int64_t last = T - 1;
@@ -362,6 +407,10 @@ int main(int argc, char** argv) {
     ttft_rows(*mr, T);
     fmt::print("{} shape, random bf16 weights, f16 K/V, attention by the f32 kernel (CUDA cores):\n", shape);
     ttft_rows(*mr, T, cuda::BackendOptions{.tensor_core_attention = false});
+    fmt::print(
+        "\n{} shape, random bf16 weights: the prefix cache's copies of a {}-token prefix (median of {})\n",
+        shape, T, g_runs);
+    prefix_rows(*mr, T);
     fmt::print(
         "\n{} shape, random bf16 weights: batched decoding steps after {}-token prompts (median of {})\n",
         shape, std::min<int64_t>(T, batch_prompt), g_runs);

@@ -938,6 +938,7 @@ class CudaBackend final : public Backend {
     idx.reserve(size_t(n) * 8, "row indices");
     put(idx.as<void>(), from.data(), size_t(n) * 8);
     // The rows as floats (an f16 row's Hkv Dh halves are an even count: Dh is even), K's then V's.
+    if (row % 4 != 0) internal_fail("KV read: rows of {} bytes are not whole floats", row);
     const int64_t w = row / 4;
     batch_out.reserve(size_t(2 * n * row), "K/V rows");
     cuda::gather_rows(L.k.as<float>(), idx.as<int64_t>(), batch_out.as<float>(), n, w);
@@ -959,7 +960,8 @@ class CudaBackend final : public Backend {
   }
 
   // Rows into the next slots, as kv_append would put them there: the positions on both sides and the
-  // position-to-slot map (positions in any order: a revival's, or a pruned prefix's K/V taken in late).
+  // position-to-slot map. Positions increase within a call (the CPU cache's rule) but may fall before
+  // held ones (a pruned prefix's K/V taken in late); that none is held already is the session's rule.
   void kv_import(int l, std::span<const int32_t> at, std::span<const std::byte> rows) override {
     DLayer& L = layer_of(l, "KV import");
     const int64_t n = int64_t(at.size()), row = KV * kv_element_bytes();
@@ -970,7 +972,8 @@ class CudaBackend final : public Backend {
     int32_t top = -1;
     for (const int32_t q : at) {
       if (q < 0 || int64_t(q) >= pos_limit) fail("KV import: position {} outside [0, {})", q, pos_limit);
-      top = std::max(top, q);
+      if (q <= top) fail("KV import: positions must increase within a call");
+      top = q;
     }
     if (top >= n_pos) grow_slot_maps(int64_t(top) + 1);
     put(L.k.as<std::byte>() + L.n * row, rows.data(), size_t(n * row));
@@ -983,6 +986,19 @@ class CudaBackend final : public Backend {
                     L.slot_of.as<int32_t>());
     L.pos_host.insert(L.pos_host.end(), at.begin(), at.end());
     L.n += n;
+  }
+
+  void aux_read(std::span<const int64_t> entries, std::span<float> out) override {
+    const int64_t D = c.n_embd, n = int64_t(entries.size());
+    if (int64_t(out.size()) != n * D) fail("Aux Cache read: {} floats for {} states of {}", out.size(), n, D);
+    for (const int64_t e : entries)
+      if (e < 0 || e >= n_ctx) fail("Aux Cache read: entry {} outside [0, {})", e, n_ctx);
+    if (n == 0) return;
+    idx.reserve(size_t(n) * 8, "row indices");
+    put(idx.as<void>(), entries.data(), size_t(n) * 8);
+    batch_out.reserve(out.size() * 4, "Aux Cache states");
+    cuda::gather_rows(aux_states.as<float>(), idx.as<int64_t>(), batch_out.as<float>(), n, D);
+    get(out.data(), batch_out.as<void>(), out.size() * 4);
   }
 
   void aux_load(std::span<const int64_t> entries, std::span<const float> states) override {

@@ -90,12 +90,12 @@ void copy_rows_at(Rows<const float>, Rows<float>, int64_t, int64_t) {
 void gather_rows(const float*, const int64_t*, float*, int64_t, int64_t) {
   unavailable();
 }
-void attention(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
-               int64_t, int64_t, int64_t, float, int32_t, float*, const int32_t*) {
+void attention(const float*, const int32_t*, int64_t, const void*, const void*, const int32_t*, int64_t,
+               int64_t, int64_t, int64_t, float, int32_t, float*, const int32_t*, KvType) {
   unavailable();
 }
-void last_row_scores(const float*, const float*, int64_t, int64_t, int64_t, int64_t, float, const int32_t*,
-                     int32_t, int32_t, float*, const int32_t*) {
+void last_row_scores(const float*, const void*, int64_t, int64_t, int64_t, int64_t, float, const int32_t*,
+                     int32_t, int32_t, float*, const int32_t*, KvType) {
   unavailable();
 }
 void select_top(const float*, const int32_t*, int64_t, int64_t, int64_t*) {
@@ -105,8 +105,16 @@ void kv_append(const float*, const float*, const int32_t*, int64_t, int64_t, int
                int32_t*, const int32_t*, int32_t*) {
   unavailable();
 }
+void kv_append(const float*, const float*, const int32_t*, int64_t, int64_t, int64_t, uint16_t*, uint16_t*,
+               int32_t*, const int32_t*, int32_t*) {
+  unavailable();
+}
 void kv_append_rows(Rows<const float>, Rows<const float>, Rows<const int32_t>, int64_t, int64_t, Rows<float>,
                     Rows<float>, Rows<int32_t>, Rows<const int32_t>, Rows<int32_t>) {
+  unavailable();
+}
+void kv_append_rows(Rows<const float>, Rows<const float>, Rows<const int32_t>, int64_t, int64_t,
+                    Rows<uint16_t>, Rows<uint16_t>, Rows<int32_t>, Rows<const int32_t>, Rows<int32_t>) {
   unavailable();
 }
 void gemv_routed_q(const uint16_t*, int64_t, const uint8_t* const*, const int32_t*, int64_t, int, int64_t,
@@ -149,8 +157,8 @@ void attention_batched(const AttentionInput*, size_t, int64_t, int64_t, int64_t,
                        const UploadTable&) {
   unavailable();
 }
-void attention_tc(const float*, const int32_t*, int64_t, const float*, const float*, const int32_t*, int64_t,
-                  int64_t, int64_t, int64_t, float, int32_t, float*, const int32_t*) {
+void attention_tc(const float*, const int32_t*, int64_t, const void*, const void*, const int32_t*, int64_t,
+                  int64_t, int64_t, int64_t, float, int32_t, float*, const int32_t*, KvType) {
   unavailable();
 }
 void copy_rows(const float*, const int64_t*, float*, const int64_t*, int64_t, int64_t) {

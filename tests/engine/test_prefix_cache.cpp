@@ -93,6 +93,43 @@ TEST(PrefixCache, AnUnprunedHitIsTheColdRunBitForBit) {
 
 // Loading refuses blocks that do not follow one another from the start, or into a session that
 // holds tokens.
+// Several blocks read together (Session::save_blocks: one K/V read a layer and one Aux Cache read for
+// all of them, what the prefix cache saves with) are each block's save_states, field for field,
+// after a LazyLLM prefill (tokens at every depth, Aux Cache states) and after an unpruned one.
+TEST(PrefixCache, BlocksReadTogetherAreEachBlocksOwnStates) {
+  const Model& m = tiny(DType::F32);
+  const ModelConfig& c = m.config();
+  const std::vector<int32_t> ids = testing::random_ids(64, c.n_vocab, 4);
+  const int64_t last = 63;
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  for (const PolicyKind kind : {PolicyKind::LazyLLM, PolicyKind::None}) {
+    Session s(ctx(), m, 80);
+    const auto steps = resolve_schedule(parse_schedule("1:0.5,2:0.5"), c.n_layer, c.global_layers());
+    auto policy = make_policy(kind);
+    const PruneRequest req{steps, policy.get()};
+    s.forward(ids, positions(0, ids.size()), {&last, 1}, logits.data(),
+              kind == PolicyKind::None ? nullptr : &req);
+    const auto together = s.save_blocks(8, 16, 3);
+    ASSERT_EQ(together.size(), 3u);
+    for (int b = 0; b < 3; ++b) {
+      const std::optional<TokenStates> alone = s.save_states(8 + 16 * b, 16);
+      ASSERT_EQ(together[size_t(b)].has_value(), alone.has_value()) << "block " << b;
+      if (!alone) continue;
+      EXPECT_EQ(together[size_t(b)]->first, alone->first);
+      EXPECT_EQ(together[size_t(b)]->depth, alone->depth) << "block " << b;
+      EXPECT_EQ(together[size_t(b)]->kv, alone->kv) << "block " << b;
+      EXPECT_EQ(together[size_t(b)]->aux, alone->aux) << "block " << b;
+    }
+    if (kind == PolicyKind::LazyLLM) {
+      bool any_aux = false;
+      for (const auto& st : together) any_aux = any_aux || (st && !st->aux.empty());
+      EXPECT_TRUE(any_aux) << "no block holds Aux Cache states: the split of the states goes untested";
+    }
+  }
+  Session s(ctx(), m, 80);
+  EXPECT_THROW((void)s.save_blocks(0, 16, 1), Error);  // nothing held
+}
+
 TEST(PrefixCache, LoadingRefusesBlocksOutOfPlace) {
   const Model& m = tiny(DType::F32);
   Session a(ctx(), m, 64);

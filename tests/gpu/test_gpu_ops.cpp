@@ -987,8 +987,9 @@ struct LazySteps {
 // states (each token's K/V up to its depth, and the Aux Cache states of those pruned) saved from one
 // session and loaded into a fresh one, which then decodes exactly as the first does, bit for bit
 // (the same K/V, positions, slot maps and Aux Cache states: the same kernels on the same data), with
-// revivals from the loaded states. Without pruning as well; and KV-Runahead's export/import of a
-// layer's first slots round-trips. Bad slots, sizes and entries are refused. About 1 s on the host:
+// revivals from the loaded states (read back in one copy: aux_read). Without pruning as well; and
+// KV-Runahead's export/import of a layer's first slots round-trips. Bad slots, sizes, positions and
+// entries are refused. About 1 s on the host:
 // four sessions of 40 tokens (the schedule's three pruning layers need a prompt that long to revive).
 TEST(GpuForward, StatesSavedFromOneSessionContinueInAnother) {
   const int64_t T = 40, steps = 4;
@@ -1054,9 +1055,13 @@ TEST(GpuForward, StatesSavedFromOneSessionContinueInAnother) {
   EXPECT_THROW(a.backend().kv_read(0, {&past, 1}, one), Error);
   EXPECT_THROW(a.backend().kv_read(0, {&past, 0}, one), Error);
   EXPECT_THROW(b.backend().kv_import(0, {&past, 1}, std::span<const std::byte>(one).first(4)), Error);
+  const int32_t twice[2] = {30, 30};
+  std::vector<std::byte> two(2 * one.size());
+  EXPECT_THROW(b.backend().kv_import(0, twice, two), Error);  // positions must increase
   const int64_t entry = T;
-  const std::vector<float> state(static_cast<size_t>(c.n_embd));
+  std::vector<float> state(static_cast<size_t>(c.n_embd));
   EXPECT_THROW(b.backend().aux_load({&entry, 1}, state), Error);
+  EXPECT_THROW(b.backend().aux_read({&entry, 1}, state), Error);
 }
 
 // `serve --backend cuda` with the prefix cache (it had none: the GPU could not copy its state). Three
