@@ -103,6 +103,8 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
         ms[0].session->experts(*ms[0].pass, l);
       else
         lead.experts_batched(l, bes);
+    } else if (alone && !timed && lead.ffn_chunk_rows() > 0 && lead.rows() > lead.ffn_chunk_rows()) {
+      lead.ffn_chunked(l);  // a long prefill: its FFN buffers hold a chunk of rows, not the prompt
     } else {
       gemm(Proj::GateUp, l);
       row(RowOp::Act, l);

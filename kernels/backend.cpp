@@ -96,6 +96,10 @@ void Backend::aux_load(std::span<const int64_t>, std::span<const float>) {
   fail("this backend cannot load Aux Cache states (the prefix cache runs on the CPU backend)");
 }
 
+void Backend::ffn_chunked(int) {
+  internal_fail("this backend does not chunk its FFN (ffn_chunk_rows() is 0)");
+}
+
 void Backend::aux_read(std::span<const int64_t> entries, std::span<float> out) {
   size_t at = 0;
   for (const int64_t e : entries) {

@@ -111,6 +111,13 @@ class Backend {
   // row's logits from this pass for it (the CPU's does: scoring then reads no keys).
   virtual void attention(int layer, std::span<const int32_t> slots, bool scored) = 0;
   virtual void swiglu() = 0;  // act = silu(gate) * up, or gelu(gate) * up (ModelConfig::gelu)
+  // A long prefill's dense FFN in chunks of rows, so that its gate|up and activation buffers (the
+  // largest of a layer: 3 F floats a row) hold a chunk rather than the prompt: where
+  // ffn_chunk_rows() > 0 and the rows outnumber it, the engine calls ffn_chunked(layer) (branch =
+  // Down(act(GateUp(xn))), row by row what the three calls give) in place of GateUp, swiglu and
+  // Down, in a pass alone and untimed (engine/batch.cpp); else the three, over every row.
+  virtual int64_t ffn_chunk_rows() const { return 0; }
+  virtual void ffn_chunked(int layer);
   // The mixture-of-experts FFN (ModelConfig::moe: Qwen3-MoE, Mixtral), in place of GateUp, swiglu and
   // Down (kernels/cpu/moe.h): route() takes the router's softmax over xn and keeps each row's
   // n_expert_used most probable experts with their probabilities renormalized; experts() sets

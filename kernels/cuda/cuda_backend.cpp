@@ -375,6 +375,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(Proj p, int l) override {
+    if (p == Proj::GateUp) ffn_room(T());  // every row at once (reserve() may have room for a chunk)
     mm(input(p), weight(p, l), output(p), T());
     if (p == Proj::QKV) add_qkv_bias(l), split_qkv();
   }
@@ -718,6 +719,45 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
+
+  // A prefill's row-sized buffers given back (a request's backend in `serve` then holds its K/V and a
+  // decoding step's rows, not its prompt's activations); the next pass that needs more grows them.
+  void release_activations(int64_t rows) override {
+    rows = std::max<int64_t>(rows, 1);
+    bool freed = false;
+    for (DBuf* b : {&x,      &x2,     &xn,      &qkv,  &q,      &k,        &v,         &attn,
+                    &branch, &ff,     &act,     &a16,  &logits, &batch_in, &batch_out, &router_logits,
+                    &moe_x,  &moe_ff, &moe_act, &moe_y})
+      if (b->bytes() > 0) freed = true, *b = DBuf();
+    if (freed) reserve(rows);     // a decoding step's rows, as before the prefill
+    if (T() > rows) pos.clear();  // no rows until the next pass sets them
+  }
+  // The bytes of the buffers above, for checks (cuda::activation_bytes).
+  int64_t activation_bytes() const {
+    int64_t n = 0;
+    for (const DBuf* b : {&x,      &x2,     &xn,      &qkv,  &q,      &k,        &v,         &attn,
+                          &branch, &ff,     &act,     &a16,  &logits, &batch_in, &batch_out, &router_logits,
+                          &moe_x,  &moe_ff, &moe_act, &moe_y})
+      n += int64_t(b->bytes());
+    return n;
+  }
+
+  int64_t ffn_chunk_rows() const override { return c.moe() ? 0 : std::max<int64_t>(opt.ffn_chunk_rows, 0); }
+  // GateUp, the activation and Down over the rows a chunk at a time, each chunk's branch rows written
+  // in place: the same GEMMs and kernels as the three calls, on fewer rows each (a short last chunk
+  // too: with weights in blocks, the prompt's rows go through the dequantized GEMM, never the GEMV).
+  void ffn_chunked(int l) override {
+    const int64_t C = ffn_chunk_rows(), F = c.n_ff, D = c.n_embd;
+    if (C <= 0) internal_fail("ffn_chunked without a chunk size");
+    const DLayerWeights& L = dw->layers[size_t(l)];
+    ffn_room(std::min(T(), C));
+    for (int64_t r0 = 0; r0 < T(); r0 += C) {
+      const int64_t n = std::min(C, T() - r0);
+      mm(xn.as<float>() + r0 * D, L.w_gate_up, ff.as<float>(), n, Path::Gemm);
+      swiglu_fused(ff.as<float>(), act.as<float>(), n, F, c.gelu);
+      mm(act.as<float>(), L.w_down, branch.as<float>() + r0 * D, n, Path::Gemm);
+    }
+  }
   // The router's logits (f32 GEMM) and each row's top-k on the device. A decoding step's rows (at most
   // kGemvMaxRows, every pair through its expert in one launch: run_experts_routed) keep their routes
   // there, copied back behind them into the step's log for a trace (routes_deferred, routes_of). A
@@ -1267,9 +1307,15 @@ class CudaBackend final : public Backend {
     v.reserve(size_t(T * KV) * f, "v");
     attn.reserve(size_t(T * Q) * f, "attention output");
     branch.reserve(size_t(T * D) * f, "residual branch");
-    ff.reserve(size_t(T * 2 * F) * f, "gate/up");
-    act.reserve(size_t(T * F) * f, "SwiGLU");
+    ffn_room(ffn_chunk_rows() > 0 ? std::min(T, ffn_chunk_rows()) : T);
     pos_dev.reserve(size_t(T) * 4, "positions");
+  }
+  // Room in gate|up and the activation for `rows` rows (a chunk's, or every row's where the FFN runs
+  // whole: a batch, op timers); none in a MoE model, whose experts keep their own.
+  void ffn_room(int64_t rows) {
+    const int64_t F = c.moe() ? 0 : c.n_ff;
+    ff.reserve(size_t(rows * 2 * F) * 4, "gate/up");
+    act.reserve(size_t(rows * F) * 4, "SwiGLU");
   }
 
   const DMatrix& weight(Proj p, int l) const {
@@ -1321,6 +1367,8 @@ class CudaBackend final : public Backend {
   void batched(Proj p, int l, const DMatrix& W, const std::vector<CudaBackend*>& ms, bool gemv) {
     if (ms.empty()) return;
     const int64_t total = concat_rows(ms, input_buf(p), W.cols);
+    if (p == Proj::GateUp)
+      for (CudaBackend* m : ms) m->ffn_room(m->T());
     batch_out.reserve(size_t(total * W.rows) * 4, "batched rows");
     float* out = batch_out.as<float>();
     mm(batch_in.as<float>(), W, out, total, gemv ? Path::Gemv : Path::Gemm);
@@ -1501,13 +1549,19 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   // backend has put them on the device): K/V with each slot's position and each position's
   // slot, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
   // tokens at once (reserve and mm's bf16 copy: x, x2, xn and the residual branch, qkv and
-  // its q, k, v, the attention output, gate|up, SwiGLU, positions, indices, scores), with what a
+  // its q, k, v, the attention output, positions, indices, scores; gate|up and SwiGLU for a chunk of
+  // rows where the FFN runs chunked, ffn_chunk_rows, else for all of them), with what a
   // decoding step adds over n_ctx keys (a listed key set's slots, a second row index) and
   // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
   const double kv_bytes = double(c.n_layer) * double(n_ctx) * (2.0 * KV * kv_type_bytes(kv_type) + 4 + 4);
   const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
   const double Q = double(c.n_head) * c.head_dim, F = c.moe() ? 0.0 : double(c.n_ff), D = double(c.n_embd);
-  const double bf16_copy = w.dtype != DType::F32 ? 2 * std::max({D, Q, F}) : 0;
+  const double ffn_rows = double(ffn_chunk_rows() > 0 ? std::min(n_ctx, ffn_chunk_rows()) : n_ctx);
+  const double ffn_bytes = 4 * 3 * F * ffn_rows;
+  // mm's bf16 copy of a GEMM's input: the prompt's rows of xn or the attention output, or a chunk's
+  // activations.
+  const double bf16_copy =
+      w.dtype != DType::F32 ? 2 * std::max(double(n_ctx) * std::max(D, Q), ffn_rows * F) : 0;
   // A mixture-of-experts layer: the router's logits, each row's k routes and weights, and for each of
   // its k (row, expert) pairs the grouped input, gate|up, activation and output, two indices and
   // a weight (run_experts), and the experts' bf16 copies.
@@ -1520,10 +1574,10 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   const double w16_bytes = w.dtype == DType::Int8
                                ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F, 2 * Fe * D})
                                : 0;
-  const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV) + 3 * F) + bf16_copy + 24 + moe;
+  const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV)) + 24 + moe;
   const double decode = 4 + 8 + 12 /* deferred selection */, selection = 6 * 8 + 4 + 4 /* scores */;
-  const double act_bytes =
-      double(n_ctx) * (prefill + decode + selection) + double(c.n_vocab) * 4 /* logits */;
+  const double act_bytes = double(n_ctx) * (prefill + decode + selection) + ffn_bytes + bf16_copy +
+                           double(c.n_vocab) * 4 /* logits */;
   // cuBLAS's workspace and the kernels' modules: a margin, not a count.
   const double library_bytes = 256.0 * 1048576;
   dw = weight_cache().find(w);
@@ -1589,6 +1643,12 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
 
 int64_t host_waits() {
   return waits.load();
+}
+
+int64_t activation_bytes(Backend& b) {
+  auto* cb = dynamic_cast<CudaBackend*>(&b);
+  if (!cb) internal_fail("activation_bytes of a backend that is not the CUDA one");
+  return cb->activation_bytes();
 }
 
 std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx,

@@ -29,6 +29,11 @@ struct BackendOptions {
   // steps, so deferring recomputes about as many steps as its saved waits are worth (docs/cuda.md,
   // "Deferred selections"); lp_gpu_bench times both on a GPU.
   bool deferred_selection = false;
+  // A prefill of more rows runs its dense FFN in chunks of this many (Backend::ffn_chunked), so that
+  // the gate|up and activation buffers hold 3 F floats for a chunk's rows, not the prompt's: at the
+  // Llama-3.1-8B shape 168 KiB a token, 21 GiB of a 131,072-token prefill's 40 GiB of activations.
+  // 8,192 rows keep the tensor cores' GEMMs at their full rate. 0: the whole prompt at once.
+  int64_t ffn_chunk_rows = 8192;
 };
 
 // Opens the first GPU, checks that the weights, K/V and Aux Cache for n_ctx tokens and the
@@ -39,6 +44,9 @@ struct BackendOptions {
 // A decoding step's count is the figure issue 58 budgets (docs/cuda.md, "Where a decoding step waits
 // on the host"); a test checks it.
 int64_t host_waits();
+// For checks: the bytes a CUDA backend holds in row-sized activation buffers (Backend::
+// release_activations gives a prefill's back).
+int64_t activation_bytes(Backend& b);
 
 std::unique_ptr<Backend> make_backend(const ModelConfig& c, const Weights& w, int64_t n_ctx,
                                       const BackendOptions& o = {});
