@@ -153,11 +153,31 @@ double pass_flops(const ModelConfig& c, const trace::Step& st) {
   return f;
 }
 
+// A bench row's schedule ("none": no steps) resolved for the model, or a line saying why the row is
+// skipped (a few layers of a shape, --layers, may not hold every schedule) and nullopt.
+std::optional<std::vector<PruneStep>> steps_or_skip(const char* sched, const ModelConfig& c) {
+  if (std::string(sched) == "none") return std::vector<PruneStep>{};
+  try {
+    return resolve_schedule(parse_schedule(sched), c.n_layer, c.global_layers());
+  } catch (const Error& e) {
+    fmt::print("  {:<28} skipped: {}\n", sched, e.what());
+    return std::nullopt;
+  }
+}
+
+// T random token ids (from `seed`) at positions 0 .. T - 1.
+struct Prompt {
+  std::vector<int32_t> ids, pos;
+  Prompt(const ModelConfig& c, int64_t T, uint32_t seed) : ids(static_cast<size_t>(T)), pos(ids.size()) {
+    std::mt19937 rng(seed);
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = int32_t(rng() % uint32_t(c.n_vocab)), pos[i] = int32_t(i);
+  }
+};
+
 void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) {
   const ModelConfig& c = m.config();
-  std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
-  std::mt19937 rng(1);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(rng() % uint32_t(c.n_vocab)), pos[i] = int32_t(i);
+  const auto [ids, pos] = Prompt(c, T, 1);
   const int64_t last = T - 1;
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   double base_ms = 0, base_flops = 0;
@@ -172,13 +192,9 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
   double dense_step = 0;
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3", "0.1:0.5,0.3:0.5,0.5:0.5"}) {
     const bool prune = std::string(sched) != "none";
-    std::vector<PruneStep> steps;
-    try {
-      if (prune) steps = resolve_schedule(parse_schedule(sched), c.n_layer, c.global_layers());
-    } catch (const Error& e) {  // a few layers of a shape (--layers) may not hold every schedule
-      fmt::print("  {:<28} skipped: {}\n", sched, e.what());
-      continue;
-    }
+    const std::optional<std::vector<PruneStep>> resolved = steps_or_skip(sched, c);
+    if (!resolved) continue;
+    const std::vector<PruneStep>& steps = *resolved;
     trace::Step st;
     auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
     const PruneRequest req{steps, policy.get()};
@@ -258,20 +274,14 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
 // computes them: what a hit costs where a miss costs the prefill.
 void prefix_rows(const Model& m, int64_t T) {
   const ModelConfig& c = m.config();
-  std::vector<int32_t> ids(static_cast<size_t>(T)), pos(ids.size());
-  std::mt19937 rng(3);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(rng() % uint32_t(c.n_vocab)), pos[i] = int32_t(i);
+  const auto [ids, pos] = Prompt(c, T, 3);
   const int64_t last = T - 1;
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   for (const char* sched : {"none", "0.3:0.3,0.6:0.3,0.9:0.3"}) {
     const bool prune = std::string(sched) != "none";
-    std::vector<PruneStep> steps;
-    try {
-      if (prune) steps = resolve_schedule(parse_schedule(sched), c.n_layer, c.global_layers());
-    } catch (const Error& e) {
-      fmt::print("  {:<28} skipped: {}\n", sched, e.what());
-      continue;
-    }
+    const std::optional<std::vector<PruneStep>> resolved = steps_or_skip(sched, c);
+    if (!resolved) continue;
+    const std::vector<PruneStep>& steps = *resolved;
     auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
     const PruneRequest req{steps, policy.get()};
     Session a(m, cuda::make_backend(c, m.weights(), T)), b(m, cuda::make_backend(c, m.weights(), T));

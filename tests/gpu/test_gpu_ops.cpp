@@ -1063,6 +1063,23 @@ struct LazySteps {
     sched = resolve_schedule(parse_schedule("1:0.3,3:0.3,4:0.5"), c.n_layer, c.global_layers());
     prune = PruneRequest{sched, policy.get()};
   }
+  // Two sessions of options oa and ob with room for `steps` decoding steps, both prefilled with the
+  // prompt under the schedule, and their last token's logits.
+  struct Prefilled {
+    std::unique_ptr<Session> a, b;
+    std::vector<float> la, lb;
+  };
+  Prefilled two_prefilled(const cuda::BackendOptions& oa, const cuda::BackendOptions& ob, int64_t steps) {
+    const ModelConfig& c = m->config();
+    const int64_t T = int64_t(ids.size()), last = T - 1;
+    Prefilled p{std::make_unique<Session>(*m, cuda::make_backend(c, m->weights(), T + steps, oa)),
+                std::make_unique<Session>(*m, cuda::make_backend(c, m->weights(), T + steps, ob)),
+                std::vector<float>(static_cast<size_t>(c.n_vocab)),
+                std::vector<float>(static_cast<size_t>(c.n_vocab))};
+    p.a->forward(ids, pos, {&last, 1}, p.la.data(), &prune);
+    p.b->forward(ids, pos, {&last, 1}, p.lb.data(), &prune);
+    return p;
+  }
 };
 
 // The prefix cache's copies on the GPU (Backend::kv_read, kv_import, aux_load): a LazyLLM prefill's
@@ -1107,7 +1124,9 @@ TEST(GpuForward, StatesSavedFromOneSessionContinueInAnother) {
       EXPECT_EQ(sb.revived, sa.revived) << "step " << s;
       for (const int64_t r : sa.revived) revived += r;
     }
-    if (pruned) EXPECT_GT(revived, 0) << "nothing revived: the loaded Aux Cache states went unread";
+    if (pruned) {
+      EXPECT_GT(revived, 0) << "nothing revived: the loaded Aux Cache states went unread";
+    }
     for (int l = 0; l < c.n_layer; ++l) {  // the K/V the steps appended too
       std::vector<int32_t> slots(static_cast<size_t>(a.keys_held(l)));
       std::iota(slots.begin(), slots.end(), 0);
@@ -1153,15 +1172,9 @@ TEST(GpuForward, StatesSavedFromOneSessionContinueInAnother) {
 TEST(GpuForward, APrefillsActivationsGoBackAndDecodingGoesOn) {
   const int64_t T = 40, steps = 4;
   LazySteps setting(T);
-  const auto& [m, ids, pos, sched, prune] =
-      std::tie(setting.m, setting.ids, setting.pos, setting.sched, setting.prune);
-  const ModelConfig& c = m->config();
-  Session kept(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
-  Session released(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
-  std::vector<float> a(static_cast<size_t>(c.n_vocab)), b(a.size());
-  const int64_t last = T - 1;
-  kept.forward(ids, pos, {&last, 1}, a.data(), &prune);
-  released.forward(ids, pos, {&last, 1}, b.data(), &prune);
+  auto [k, r, a, b] = setting.two_prefilled(kWaiting, kWaiting, steps);
+  Session &kept = *k, &released = *r;
+  const PruneRequest& prune = setting.prune;
   const int64_t before = cuda::activation_bytes(released.backend());
   released.backend().release_activations(1);
   const int64_t after = cuda::activation_bytes(released.backend());
@@ -1298,15 +1311,10 @@ TEST(GpuForward, ADecodingStepWaitsOnlyForItsSelectionsAndItsLogits) {
 TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes) {
   const int64_t T = 40, steps = 48;
   LazySteps setting(T);
-  const auto& [m, ids, pos, sched, prune] =
-      std::tie(setting.m, setting.ids, setting.pos, setting.sched, setting.prune);
+  const auto& [m, sched, prune] = std::tie(setting.m, setting.sched, setting.prune);
   const ModelConfig& c = m->config();
-  Session deferring(*m, cuda::make_backend(c, m->weights(), T + steps, kDeferring));
-  Session waiting(*m, cuda::make_backend(c, m->weights(), T + steps, kWaiting));
-  std::vector<float> ld(static_cast<size_t>(c.n_vocab)), lw(ld.size());
-  const int64_t last = T - 1;
-  deferring.forward(ids, pos, {&last, 1}, ld.data(), &prune);
-  waiting.forward(ids, pos, {&last, 1}, lw.data(), &prune);
+  auto [d, w, ld, lw] = setting.two_prefilled(kDeferring, kWaiting, steps);
+  Session &deferring = *d, &waiting = *w;
   ASSERT_EQ(ld, lw);
   int64_t once = 0, redone = 0, clean = 0, after = 1;  // Session's rule: no deferral right after a prefill
   for (int32_t s = 0; s < steps; ++s) {
