@@ -103,12 +103,28 @@ void run_layers(std::span<const BatchMember> ms, const LayerHooks& hooks) {
         ms[0].session->experts(*ms[0].pass, l);
       else
         lead.experts_batched(l, bes);
-    } else if (alone && !timed && lead.ffn_chunk_rows() > 0 && lead.rows() > lead.ffn_chunk_rows()) {
-      lead.ffn_chunked(l);  // a long prefill: its FFN buffers hold a chunk of rows, not the prompt
     } else {
-      gemm(Proj::GateUp, l);
-      row(RowOp::Act, l);
-      gemm(Proj::Down, l);
+      // A member with more rows than its backend's FFN chunk (a long prefill) runs its FFN in chunks,
+      // so its buffers hold a chunk, not the prompt; the others together (untimed: a timed pass runs
+      // the three ops whole, each timed).
+      std::vector<Backend*> whole;
+      for (Backend* b : bes)
+        if (!timed && b->ffn_chunk_rows() > 0 && b->rows() > b->ffn_chunk_rows())
+          b->ffn_chunked(l);
+        else
+          whole.push_back(b);
+      if (whole.size() == bes.size()) {
+        gemm(Proj::GateUp, l);
+        row(RowOp::Act, l);
+        gemm(Proj::Down, l);
+      } else if (!whole.empty()) {  // untimed, so each member's own calls need no session
+        whole[0]->matmul_batched(Proj::GateUp, l, whole);
+        if (one_launch)
+          lead.rows_batched(RowOp::Act, l, whole);
+        else
+          for (Backend* b : whole) b->row_op(RowOp::Act, l);
+        whole[0]->matmul_batched(Proj::Down, l, whole);
+      }
     }
     if (c.post_norms) row(RowOp::PostFfnNorm, l);
     row(RowOp::Residual, l);

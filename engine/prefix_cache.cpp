@@ -47,12 +47,18 @@ int64_t PrefixCache::save(Session& s, std::span<const int32_t> tokens, CacheKind
   std::vector<BlockId> chain;  // pinned while the save goes on: room is never made by evicting it
   int64_t added = 0;
   BlockId parent = -1;
-  // The states of blocks [read_from, n), read together where the first of them is needed (on a GPU
-  // each read waits for the device: one a layer for all the blocks, not one a layer and block).
+  // Block states are read a window of blocks at a time from the first that needs them (on a GPU each
+  // read waits for the device: one a layer for the window, not one a layer and block). Windows start
+  // at 4 blocks and double, so a prompt's new blocks take a logarithmic number of reads, and a save that
+  // stops early (no room, another prefix's block) has read at most about twice what it kept.
   std::vector<std::optional<TokenStates>> read;
-  int64_t read_from = -1;
+  int64_t read_from = -1, window = 4;
   const auto states_of = [&](int64_t i) {
-    if (read_from < 0 || i < read_from) read = s.save_blocks(int32_t(i * B), B, n - i), read_from = i;
+    if (read_from < 0 || i < read_from || i >= read_from + int64_t(read.size())) {
+      const int64_t count = std::min(window, n - i);
+      read = s.save_blocks(int32_t(i * B), B, count), read_from = i;
+      window *= 2;
+    }
     return std::move(read[size_t(i - read_from)]);
   };
   for (int64_t i = 0; i < n; ++i) {

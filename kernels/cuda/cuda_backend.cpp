@@ -718,7 +718,10 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  void swiglu() override { swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu); }
+  void swiglu() override {
+    ffn_room(T());  // GateUp grew them already on the engine's path
+    swiglu_fused(ff.as<float>(), act.as<float>(), T(), c.n_ff, c.gelu);
+  }
 
   // A prefill's row-sized buffers given back (a request's backend in `serve` then holds its K/V and a
   // decoding step's rows, not its prompt's activations); the next pass that needs more grows them.
@@ -984,6 +987,7 @@ class CudaBackend final : public Backend {
     cuda::gather_rows(L.k.as<float>(), idx.as<int64_t>(), batch_out.as<float>(), n, w);
     cuda::gather_rows(L.v.as<float>(), idx.as<int64_t>(), batch_out.as<float>() + n * w, n, w);
     get(out.data(), batch_out.as<void>(), out.size());
+    shrink_copy_room();
   }
 
   void kv_export(int l, int64_t n, std::span<std::byte> out) override {
@@ -997,6 +1001,7 @@ class CudaBackend final : public Backend {
     copy_on_device(batch_out.as<void>(), L.k.as<void>(), size_t(n * row));
     copy_on_device(batch_out.as<std::byte>() + n * row, L.v.as<void>(), size_t(n * row));
     get(out.data(), batch_out.as<void>(), out.size());
+    shrink_copy_room();
   }
 
   // Rows into the next slots, as kv_append would put them there: the positions on both sides and the
@@ -1039,6 +1044,12 @@ class CudaBackend final : public Backend {
     batch_out.reserve(out.size() * 4, "Aux Cache states");
     cuda::gather_rows(aux_states.as<float>(), idx.as<int64_t>(), batch_out.as<float>(), n, D);
     get(out.data(), batch_out.as<void>(), out.size() * 4);
+    shrink_copy_room();
+  }
+  // A copy's room given back when it is large (a long prompt's blocks, read after the prefill gave its
+  // activations back: it would stay for the whole decoding); the wait it costs follows the copy's own.
+  void shrink_copy_room() {
+    if (batch_out.bytes() > (size_t(64) << 20)) batch_out = DBuf();
   }
 
   void aux_load(std::span<const int64_t> entries, std::span<const float> states) override {
@@ -1086,11 +1097,14 @@ class CudaBackend final : public Backend {
     const int64_t width = tensor_width(c, t);
     if (int64_t(data.size()) != T() * width)
       fail("write: {} floats for {} rows of {}", data.size(), T(), width);
+    if (t == Tensor::FF || t == Tensor::Act) ffn_room(T());  // (sized for a chunk of a long prefill)
     put(tensor(t).as<void>(), data.data(), data.size() * 4);
     if (t == Tensor::QKV) split_qkv();
   }
 
   std::vector<float> read(Tensor t) override {
+    if (tensor(t).bytes() < size_t(T() * tensor_width(c, t)) * 4)
+      fail("read: the {} rows of this activation are not held (a long prefill's FFN ran in chunks)", T());
     if (t == Tensor::QKV) {  // RoPE rotated q and k in their own buffers
       copy_columns(q.as<float>(), Q, qkv.as<float>(), QKV, Q, T());
       copy_columns(k.as<float>(), KV, qkv.as<float>() + Q, QKV, KV, T());
@@ -1169,9 +1183,10 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> pos;  // the rows' positions (host copy of pos_dev)
   // Activations and scratch, grown on demand (kernels/backend.h names them; q, k, v split qkv).
   DBuf x, x2, xn, qkv, q, k, v, attn, branch, ff, act, a16, pos_dev, idx, idx2, scores_dev, logits;
-  DBuf w16;        // --dtype int8: the bf16 copy of the matrix a prefill GEMM is multiplying (one at a time)
-  DBuf slot_list;  // a listed key set's cache slots [n_ctx]
-  int listed_layer = -1;  // the layer and slots slot_list holds (-1: none)
+  DBuf w16;  // --dtype int8: the bf16 copy of the matrix a prefill GEMM is multiplying (one at a time)
+  const DMatrix* w16_holds = nullptr;  // the matrix w16 holds (the weights never change)
+  DBuf slot_list;                      // a listed key set's cache slots [n_ctx]
+  int listed_layer = -1;               // the layer and slots slot_list holds (-1: none)
   std::vector<int32_t> listed_slots;
   DBuf keep_dev, sel_pos;  // a device selection's kept indices and the positions it ranks by
   DBuf greedy_dev;         // lm_head_greedy's tokens, and their pinned copy
@@ -1291,8 +1306,7 @@ class CudaBackend final : public Backend {
 
   // Room for T rows in every activation; x keeps its rows when it grows.
   void reserve(int64_t T) {
-    const int64_t D = c.n_embd,
-                  F = c.moe() ? 0 : c.n_ff;  // a MoE layer's FFN has its own buffers (run_experts)
+    const int64_t D = c.n_embd;
     const size_t f = 4;
     if (x.bytes() < size_t(T * D) * f) {
       DBuf grown(size_t(T * D) * f, "hidden states");
@@ -1418,8 +1432,11 @@ class CudaBackend final : public Backend {
         gemv_q(a16.as<uint16_t>(), m.data.as<uint8_t>(), m.qtype, m.row_bytes, out, T, m.cols, m.rows);
         return;
       }
-      w16.reserve(size_t(m.rows * m.cols) * 2, "dequantized weights");
-      dequant_bf16(m.data.as<uint8_t>(), m.qtype, m.row_bytes, m.rows, m.cols, w16.as<uint16_t>());
+      if (w16_holds != &m) {  // a chunked FFN's chunks multiply the same matrix: dequantized once
+        w16.reserve(size_t(m.rows * m.cols) * 2, "dequantized weights");
+        dequant_bf16(m.data.as<uint8_t>(), m.qtype, m.row_bytes, m.rows, m.cols, w16.as<uint16_t>());
+        w16_holds = &m;
+      }
       gemm_bf16(a16.as<uint16_t>(), w16.as<uint16_t>(), out, T, m.cols, m.rows);
     } else if (m.bf16) {
       a16.reserve(size_t(T * m.cols) * 2, "bf16 activations");

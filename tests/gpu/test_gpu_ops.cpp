@@ -1082,6 +1082,50 @@ struct LazySteps {
   }
 };
 
+// In a batch (serve's iteration), a member whose prefill has more rows than its FFN chunk runs its FFN
+// in chunks and the others together: a 40-token prefill (chunks of 12) batched with a decoding step
+// of another request gives each the logits it gets alone with the whole FFN (bit for bit on the host,
+// within 1e-4 of 1 + the largest logit on a GPU).
+TEST(GpuForward, ABatchedLongPrefillRunsItsFfnInChunks) {
+  LazySteps setting(40);
+  const Model& m = *setting.m;
+  const ModelConfig& c = m.config();
+  const cuda::BackendOptions chunked{.ffn_chunk_rows = 12}, whole{.ffn_chunk_rows = 0};
+  const std::vector<int32_t> other = testing::random_ids(10, c.n_vocab, 21);
+  std::vector<int32_t> other_pos(other.size());
+  std::iota(other_pos.begin(), other_pos.end(), 0);
+  const int64_t last = 39, other_last = 9;
+  std::vector<float> want_a(static_cast<size_t>(c.n_vocab)), want_b(want_a.size()), got_a(want_a.size()),
+      got_b(want_a.size());
+  // Alone, whole FFN: the prefill, and the other request's prefill then its first decoding step.
+  Session ra(m, cuda::make_backend(c, m.weights(), 48, whole)),
+      rb(m, cuda::make_backend(c, m.weights(), 48, whole));
+  ra.forward(setting.ids, setting.pos, {&last, 1}, want_a.data());
+  rb.forward(other, other_pos, {&other_last, 1}, want_b.data());
+  const int32_t id = int32_t(std::max_element(want_b.begin(), want_b.end()) - want_b.begin());
+  rb.decode_step(id, 10, want_b.data(), nullptr);
+  // Batched, chunked backends.
+  Session sa(m, cuda::make_backend(c, m.weights(), 48, chunked)),
+      sb(m, cuda::make_backend(c, m.weights(), 48, chunked));
+  sb.forward(other, other_pos, {&other_last, 1}, got_b.data());
+  Session::Pass pa = sa.begin_forward(setting.ids, setting.pos, {&last, 1}, nullptr, nullptr, nullptr);
+  Session::Pass pb = sb.begin_decode(id, 10, nullptr, nullptr, nullptr);
+  const BatchMember members[] = {{&sb, &pb, got_b.data()}, {&sa, &pa, got_a.data()}};
+  run_batch(members);
+  for (const auto& [got, want, what] :
+       {std::tuple{&got_a, &want_a, "the long prefill"}, std::tuple{&got_b, &want_b, "the decoding step"}}) {
+#if defined(LP_HOST_THREADS)
+    EXPECT_EQ(*got, *want) << what;
+#else
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < want->size(); ++i)
+      worst = std::max(worst, std::fabs((*got)[i] - (*want)[i])),
+      scale = std::max(scale, std::fabs((*want)[i]));
+    EXPECT_LT(worst, 1e-4f * (1 + scale)) << what;
+#endif
+  }
+}
+
 // The prefix cache's copies on the GPU (Backend::kv_read, kv_import, aux_load): a LazyLLM prefill's
 // states (each token's K/V up to its depth, and the Aux Cache states of those pruned) saved from one
 // session and loaded into a fresh one, which then decodes exactly as the first does, bit for bit
