@@ -321,6 +321,15 @@ class CudaBackend final : public Backend {
 
   int64_t capacity() const override { return n_ctx; }
   int kv_element_bytes() const override { return kv_type_bytes(kv_type); }
+  int64_t kv_row_bytes() const { return KV * kv_element_bytes(); }  // one token's K (or V) at a layer
+  // f(E*) with E the cache's element: float, or uint16_t (f16 bits).
+  template <class F>
+  void by_kv_type(F&& f) {
+    if (kv_type == KvType::F16)
+      f(static_cast<uint16_t*>(nullptr));
+    else
+      f(static_cast<float*>(nullptr));
+  }
   // The attention kernel: the tensor cores' over an f16 cache unless told otherwise, else the f32 one.
   bool tensor_cores() const { return opt.tensor_core_attention && kv_type == KvType::F16; }
   bool asynchronous() const override { return true; }
@@ -566,7 +575,7 @@ class CudaBackend final : public Backend {
       }
       return dev;
     };
-    const int64_t row_bytes = KV * kv_element_bytes();
+    const int64_t row_bytes = kv_row_bytes();
     const auto kd =
         slots([&](CudaBackend&, DLayer& L, int64_t s) { return L.k.as<std::byte>() + s * row_bytes; });
     const auto vd =
@@ -576,17 +585,13 @@ class CudaBackend final : public Backend {
         slots([&](CudaBackend& m, DLayer&, int64_t s) { return m.slot_numbers.as<std::byte>() + s * 4; });
     const auto md = slots([&](CudaBackend&, DLayer& L, int64_t) { return L.slot_of.as<std::byte>(); });
     tables_done();
-    const auto append = [&]<class E>(E*) {
+    by_kv_type([&]<class E>(E*) {
       kv_append_rows(kn, vn, pn, R, KV, {nullptr, 0, reinterpret_cast<E* const*>(kd)},
                      {nullptr, 0, reinterpret_cast<E* const*>(vd)},
                      {nullptr, 0, reinterpret_cast<int32_t* const*>(pd)},
                      {nullptr, 0, reinterpret_cast<const int32_t* const*>(nd)},
                      {nullptr, 0, reinterpret_cast<int32_t* const*>(md)});
-    };
-    if (kv_type == KvType::F16)
-      append(static_cast<uint16_t*>(nullptr));
-    else
-      append(static_cast<float*>(nullptr));
+    });
     for (CudaBackend* m : ms) m->appended(l);
   }
 
@@ -658,14 +663,11 @@ class CudaBackend final : public Backend {
   // here waits for the device: the positions come from pos_dev.
   void kv_append(int l) override {
     DLayer& L = kv_room(l);
-    if (kv_type == KvType::F16)
-      cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<uint16_t>(),
-                      L.v.as<uint16_t>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
+    by_kv_type([&]<class E>(E*) {
+      cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<E>(),
+                      L.v.as<E>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
                       L.slot_of.as<int32_t>());
-    else
-      cuda::kv_append(k.as<float>(), v.as<float>(), pos_dev.as<int32_t>(), T(), KV, L.n, L.k.as<float>(),
-                      L.v.as<float>(), L.pos.as<int32_t>(), slot_numbers.as<int32_t>() + L.n,
-                      L.slot_of.as<int32_t>());
+    });
     appended(l);
   }
   DLayer& layer_of(int l, const char* what) {
@@ -728,21 +730,26 @@ class CudaBackend final : public Backend {
   void release_activations(int64_t rows) override {
     rows = std::max<int64_t>(rows, 1);
     bool freed = false;
-    for (DBuf* b : {&x,      &x2,     &xn,      &qkv,  &q,      &k,        &v,         &attn,
-                    &branch, &ff,     &act,     &a16,  &logits, &batch_in, &batch_out, &router_logits,
-                    &moe_x,  &moe_ff, &moe_act, &moe_y})
-      if (b->bytes() > 0) freed = true, *b = DBuf();
+    for (DBuf CudaBackend::*b : row_buffers())
+      if ((this->*b).bytes() > 0) freed = true, this->*b = DBuf();
     if (freed) reserve(rows);     // a decoding step's rows, as before the prefill
     if (T() > rows) pos.clear();  // no rows until the next pass sets them
   }
   // The bytes of the buffers above, for checks (cuda::activation_bytes).
   int64_t activation_bytes() const {
     int64_t n = 0;
-    for (const DBuf* b : {&x,      &x2,     &xn,      &qkv,  &q,      &k,        &v,         &attn,
-                          &branch, &ff,     &act,     &a16,  &logits, &batch_in, &batch_out, &router_logits,
-                          &moe_x,  &moe_ff, &moe_act, &moe_y})
-      n += int64_t(b->bytes());
+    for (DBuf CudaBackend::*b : row_buffers()) n += int64_t((this->*b).bytes());
     return n;
+  }
+  // The buffers sized by a pass's rows (release_activations gives them back).
+  static std::span<DBuf CudaBackend::*const> row_buffers() {
+    using B = CudaBackend;
+    static constexpr DBuf B::*all[] = {&B::x,      &B::x2,       &B::xn,        &B::qkv,
+                                       &B::q,      &B::k,        &B::v,         &B::attn,
+                                       &B::branch, &B::ff,       &B::act,       &B::a16,
+                                       &B::logits, &B::batch_in, &B::batch_out, &B::router_logits,
+                                       &B::moe_x,  &B::moe_ff,   &B::moe_act,   &B::moe_y};
+    return all;
   }
 
   int64_t ffn_chunk_rows() const override { return c.moe() ? 0 : std::max<int64_t>(opt.ffn_chunk_rows, 0); }
@@ -971,7 +978,7 @@ class CudaBackend final : public Backend {
 
   void kv_read(int l, std::span<const int32_t> slots, std::span<std::byte> out) override {
     const DLayer& L = layer_of(l, "KV read");
-    const int64_t n = int64_t(slots.size()), row = KV * kv_element_bytes();
+    const int64_t n = int64_t(slots.size()), row = kv_row_bytes();
     if (int64_t(out.size()) != 2 * n * row)
       fail("KV read: {} bytes for {} tokens of {} bytes (K and V)", out.size(), n, 2 * row);
     if (n == 0) return;
@@ -992,7 +999,7 @@ class CudaBackend final : public Backend {
 
   void kv_export(int l, int64_t n, std::span<std::byte> out) override {
     const DLayer& L = layer_of(l, "KV export");
-    const int64_t row = KV * kv_element_bytes();
+    const int64_t row = kv_row_bytes();
     if (n < 0 || n > L.n) fail("KV export: {} tokens of layer {}, which holds {}", n, l, L.n);
     if (int64_t(out.size()) != 2 * n * row)
       fail("KV export: {} bytes for {} tokens of {} bytes (K and V)", out.size(), n, 2 * row);
@@ -1009,7 +1016,7 @@ class CudaBackend final : public Backend {
   // held ones (a pruned prefix's K/V taken in late); that none is held already is the session's rule.
   void kv_import(int l, std::span<const int32_t> at, std::span<const std::byte> rows) override {
     DLayer& L = layer_of(l, "KV import");
-    const int64_t n = int64_t(at.size()), row = KV * kv_element_bytes();
+    const int64_t n = int64_t(at.size()), row = kv_row_bytes();
     if (int64_t(rows.size()) != 2 * n * row)
       fail("KV import: {} bytes for {} tokens of {} bytes (K and V)", rows.size(), n, 2 * row);
     if (L.n + n > n_ctx) fail("KV cache full: {} + {} tokens exceed its capacity {}", L.n, n, n_ctx);
@@ -1604,8 +1611,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
     fail(
         "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} in {} + Aux Cache {:.2f} + "
         "activations {:.2f} for {} tokens + {:.2f} of dequantized weights + 0.25 for cuBLAS) but {} has "
-        "{:.2f} "
-        "GiB free",
+        "{:.2f} GiB "
+        "free",
         need / 1073741824.0, weight_bytes / 1073741824.0, kv_bytes / 1073741824.0, kv_type_name(kv_type),
         aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
         double(dev.free_bytes) / 1073741824.0);
@@ -1631,8 +1638,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
   layers.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     DLayer& L = layers[size_t(l)];
-    L.k.reserve(size_t(n_ctx * KV * kv_type_bytes(kv_type)), "K cache");
-    L.v.reserve(size_t(n_ctx * KV * kv_type_bytes(kv_type)), "V cache");
+    L.k.reserve(size_t(n_ctx * kv_row_bytes()), "K cache");
+    L.v.reserve(size_t(n_ctx * kv_row_bytes()), "V cache");
     L.pos.reserve(size_t(n_ctx) * 4, "K/V positions");
     L.slot_of.reserve(size_t(n_pos) * 4, "K/V slots of positions");
     fill_i32(L.slot_of.as<int32_t>(), n_pos, -1);
