@@ -107,9 +107,9 @@ Scheduler::Scheduler(const Model& m, SchedulerOptions opt) : m_(m), opt_(std::mo
     fail("an iteration's token budget must be at least 1, got {}", opt_.max_batch_tokens);
   if (opt_.kv_budget_bytes < 1) fail("the K/V budget must be positive");
   if (!opt_.make_backend) internal_fail("the scheduler has no backend factory");
-  const std::unique_ptr<Backend> probe = opt_.make_backend(1);
-  kv_ = KvLayout{double(probe->kv_element_bytes()), probe->kv_block()};
-  if (opt_.prefix_cache && probe->copies_state())
+  probe_ = opt_.make_backend(1);
+  kv_ = KvLayout{double(probe_->kv_element_bytes()), probe_->kv_block()};
+  if (opt_.prefix_cache && probe_->copies_state())
     cache_.emplace(m.config().n_layer, m.config().n_embd, opt_.prefix_block_tokens);
 }
 

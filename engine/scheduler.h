@@ -118,7 +118,8 @@ struct SchedulerOptions {
   int64_t prefix_block_tokens = 16;
   // Makes a request's backend for a capacity of n_ctx tokens. The scheduler makes one of capacity
   // 1 as it starts, to read the K/V layout reservations count in (Backend::kv_element_bytes,
-  // Backend::kv_block).
+  // Backend::kv_block), and holds it until it ends (what the backends share, such as the weights
+  // on a GPU, stays loaded between requests).
   BackendFactory make_backend;
 };
 
@@ -188,7 +189,12 @@ class Scheduler {
   struct Request;
   const Model& m_;
   SchedulerOptions opt_;
-  KvLayout kv_;  // the backends' (a probe's)
+  KvLayout kv_;  // the backends' (the probe's)
+  // A backend of capacity 1, made as the scheduler starts and held for its life: it tells the K/V
+  // layout, and it keeps what the backends share alive between requests. The CUDA backend's weights
+  // stay on the GPU while any backend holds them; without the probe, each request reaching an idle
+  // server uploaded them again (16 GB at the 8B shape).
+  std::unique_ptr<Backend> probe_;
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
   std::vector<std::unique_ptr<Request>> inbox_;

@@ -25,6 +25,7 @@ namespace {
 // queued while it read w has run once it reads more than w. (Per thread: another thread's wait may
 // have begun before the work was queued; `serve` drives a batch from one thread.)
 std::atomic<int64_t> waits{0};
+std::atomic<int64_t> uploads{0};  // of a model's weights (weight_uploads())
 thread_local int64_t waited = 0;
 void fetch(void* dst, const void* src, size_t bytes) {  // a copy to pageable host memory
   ++waits;
@@ -1628,6 +1629,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
     routes_log_rows.assign(size_t(c.n_layer), 0);
   }
   if (!dw) {
+    ++uploads;
     auto uploaded = upload_weights(c, w);
     weight_cache().put(w, uploaded);
     dw = std::move(uploaded);
@@ -1667,6 +1669,10 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx
 
 int64_t host_waits() {
   return waits.load();
+}
+
+int64_t weight_uploads() {
+  return uploads.load();
 }
 
 int64_t activation_bytes(Backend& b) {

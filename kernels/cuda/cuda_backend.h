@@ -44,6 +44,9 @@ struct BackendOptions {
 // A decoding step's count is the figure issue 58 budgets (docs/cuda.md, "Where a decoding step waits
 // on the host"); a test checks it.
 int64_t host_waits();
+// How many times this process's CUDA backends have uploaded a model's weights: once while any
+// backend holds them (the backends of one Weights share the device copy).
+int64_t weight_uploads();
 // For checks: the bytes a CUDA backend holds in row-sized activation buffers (Backend::
 // release_activations gives a prefill's back).
 int64_t activation_bytes(Backend& b);

@@ -1299,6 +1299,40 @@ TEST(GpuForward, TheSchedulerOnAGpuServesPrefixCacheHits) {
   }
 }
 
+// A server's weights stay on the GPU between requests. The backends of one Weights share its device
+// copy while any of them holds it, and a request's backend ends with the request: requests reaching
+// an idle scheduler each uploaded the weights again until the scheduler held its probe backend.
+TEST(GpuForward, ASchedulerUploadsTheWeightsOnceForRequestsOneAfterAnother) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  const int64_t before = cuda::weight_uploads();
+  {
+    SchedulerOptions o;
+    o.kv_budget_bytes = int64_t(16) << 20;
+    o.prefix_cache = false;
+    o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m->config(), m->weights(), n_ctx); };
+    Scheduler s(*m, o);
+    for (uint32_t i = 0; i < 3; ++i) {
+      RequestParams p;
+      p.prompt = testing::random_ids(6, m->config().n_vocab, 40 + i);
+      p.max_tokens = 2;
+      p.stop_at_end_of_generation = false;
+      Finish finish = Finish::Error;
+      p.on_finish = [&finish](const RequestRecord& r) { finish = r.finish; };
+      s.submit(std::move(p));
+      while (s.step()) {
+      }
+      EXPECT_EQ(finish, Finish::Length) << "request " << i;
+      EXPECT_EQ(s.running(), 0) << "request " << i;  // its backend is gone
+    }
+    EXPECT_EQ(cuda::weight_uploads() - before, 1);
+  }
+  // They leave the GPU with the last backend holding them.
+  (void)cuda::make_backend(m->config(), m->weights(), 8);
+  EXPECT_EQ(cuda::weight_uploads() - before, 2);
+}
+
 // Issue 58, item 2: how often a decoding step makes the host wait for the device. Uploads (positions,
 // key slots, row indices) are queued from pinned memory, so an unpruned step waits once, for its
 // logits, and a LazyLLM step once per pruning layer (the kept indices, which the host's index of the
