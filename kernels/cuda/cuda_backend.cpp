@@ -733,14 +733,17 @@ class CudaBackend final : public Backend {
     bool freed = false;
     for (DBuf CudaBackend::*b : row_buffers())
       if ((this->*b).bytes() > 0) freed = true, this->*b = DBuf();
+    // --dtype int8: the dequantized matrix of the prefill's GEMMs (the largest layer matrix, 235 MB
+    // at the 8B shape), which every running request held after its prefill.
+    w16 = DBuf(), w16_holds = nullptr;
     if (freed) reserve(rows);     // a decoding step's rows, as before the prefill
     if (T() > rows) pos.clear();  // no rows until the next pass sets them
   }
-  // The bytes of the buffers above, for checks (cuda::activation_bytes).
+  // The bytes of the buffers above and of w16, for checks (cuda::activation_bytes).
   int64_t activation_bytes() const {
     int64_t n = 0;
     for (DBuf CudaBackend::*b : row_buffers()) n += int64_t((this->*b).bytes());
-    return n;
+    return n + int64_t(w16.bytes());
   }
   // The buffers sized by a pass's rows (release_activations gives them back).
   static std::span<DBuf CudaBackend::*const> row_buffers() {

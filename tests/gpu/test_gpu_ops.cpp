@@ -1055,7 +1055,8 @@ struct LazySteps {
   std::vector<PruneStep> sched;
   std::unique_ptr<PruningPolicy> policy = make_policy(PolicyKind::LazyLLM);
   PruneRequest prune;
-  explicit LazySteps(int64_t T) : m(Model::load(write_compare_model(dir), DType::BF16, ctx)) {
+  explicit LazySteps(int64_t T, DType dtype = DType::BF16)
+      : m(Model::load(write_compare_model(dir), dtype, ctx)) {
     const ModelConfig& c = m->config();
     ids = testing::random_ids(T, c.n_vocab, 5);
     pos.resize(size_t(T));
@@ -1213,15 +1214,16 @@ TEST(GpuForward, StatesSavedFromOneSessionContinueInAnother) {
 // buffers go back (a decoding request holds its K/V, not its prompt's activations: on the GPU they
 // stayed until the request ended), and the decoding steps after it, LazyLLM's revivals growing rows
 // again, give what they give without the release, bit for bit.
-TEST(GpuForward, APrefillsActivationsGoBackAndDecodingGoesOn) {
+// `held`: the bytes left after the release.
+void prefill_releases_its_activations(DType dtype, int64_t& held) {
   const int64_t T = 40, steps = 4;
-  LazySteps setting(T);
+  LazySteps setting(T, dtype);
   auto [k, r, a, b] = setting.two_prefilled(kWaiting, kWaiting, steps);
   Session &kept = *k, &released = *r;
   const PruneRequest& prune = setting.prune;
   const int64_t before = cuda::activation_bytes(released.backend());
   released.backend().release_activations(1);
-  const int64_t after = cuda::activation_bytes(released.backend());
+  const int64_t after = held = cuda::activation_bytes(released.backend());
   std::printf("note: activations %lld bytes after the prefill, %lld after the release\n", (long long)before,
               (long long)after);
   EXPECT_LT(after * 10, before) << "the prompt's buffers were not given back";
@@ -1235,6 +1237,17 @@ TEST(GpuForward, APrefillsActivationsGoBackAndDecodingGoesOn) {
     for (const int64_t r : st.revived) revived += r;
   }
   EXPECT_GT(revived, 0) << "no step revived: the rows never grew again";
+}
+
+// With --dtype int8 the prefill's GEMMs dequantize a layer matrix at a time into a buffer of the
+// largest; it goes back too, so a decoding int8 request holds what a bf16 one holds.
+TEST(GpuForward, APrefillsActivationsGoBackAndDecodingGoesOn) {
+  int64_t held[2] = {};
+  for (const DType dtype : {DType::BF16, DType::Int8}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    prefill_releases_its_activations(dtype, held[dtype == DType::Int8]);
+  }
+  EXPECT_EQ(held[1], held[0]) << "an int8 request keeps more than a bf16 one after its prefill";
 }
 
 // `serve --backend cuda` with the prefix cache (it had none: the GPU could not copy its state). Three
