@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "model/config.h"
 
@@ -30,13 +31,42 @@ struct KvLayout {
   // A sliding-window or chunked layer keeps only its window's or chunk's keys
   // (ModelConfig::kv_kept), as vLLM's hybrid K/V allocator does; this engine keeps them all.
   bool windows_bounded = false;
+  // What a request's backend holds beside K and V, where the budget is a device's memory (the CUDA
+  // backend's Backend::held_bytes; 0 on the CPU, whose budget counts K/V and the Aux Cache alone):
+  // bytes per token of capacity and per request. With aux_in_token_bytes the backend holds an Aux
+  // Cache state for every token of capacity, pruned or not, counted in token_bytes and not again
+  // for pruning.
+  double token_bytes = 0, request_bytes = 0;
+  bool aux_in_token_bytes = false;
 };
 
 // A request's reservation, bytes: K/V for prompt_tokens + max_tokens tokens at every layer in
 // `kv`'s layout (ModelConfig::kv_token_elems a token and layer), and with pruning the Aux Cache's
-// worst case.
+// worst case; plus the layout's token_bytes for each token of capacity and its request_bytes.
 double reservation_bytes(const ModelConfig& c, const KvLayout& kv, int64_t prompt_tokens, int64_t max_tokens,
                          bool pruning);
+
+// How `serve --backend cuda` divides a GPU (docs/serving.md, "Memory on a GPU"). As vLLM's
+// --gpu-memory-utilization, the server may use `utilization` of the device's total memory, which
+// must be free when it starts. Of that, the weights, and room for the largest request's prefill
+// (`transient_bytes(n)`: what a backend allocates beyond its reservation while it computes an
+// n-token prompt, released after it), come first; the rest is the budget reservations count in.
+// `max_request_tokens` (vLLM's --max-model-len): the most prompt + max_tokens a request may hold,
+// whose prefill the room is kept for; 0 takes the most that fits, up to the model's context.
+// Throws lp::Error naming the sizes when the weights and one such request do not fit.
+struct DeviceMemoryPlan {
+  double limit = 0;    // utilization x total
+  double weights = 0;  // on the device, once for every request
+  double prefill = 0;  // transient_bytes(max_request_tokens)
+  int64_t max_request_tokens = 0;
+  double kv_budget_bytes = 0;  // limit - weights - prefill
+};
+struct DeviceMemory {
+  double total_bytes = 0, free_bytes = 0;
+};
+DeviceMemoryPlan plan_device_memory(const ModelConfig& c, const KvLayout& kv, const DeviceMemory& device,
+                                    double utilization, double weight_bytes, int64_t max_request_tokens,
+                                    const std::function<double(int64_t)>& transient_bytes);
 
 struct AdmissionLimits {
   double kv_budget_bytes = 0;

@@ -248,7 +248,10 @@ struct ServeArgs {
   std::string model, host = "127.0.0.1", served_name, prune = "none", schedule, dtype = "auto",
                      backend = "cpu", log_requests;
   int port = 8000, threads = default_thread_count(), max_connections = 256;
-  int64_t max_batch_tokens = 2048, kv_budget_mib = 1024, max_body_kib = 4096, chat_max_tokens = 512;
+  // kv_budget_mib 0: 1024 on the CPU; on a GPU what --gpu-memory-utilization leaves (serve.cpp).
+  int64_t max_batch_tokens = 2048, kv_budget_mib = 0, max_body_kib = 4096, chat_max_tokens = 512;
+  int64_t max_model_len = 0;  // 0: the model's context (on a GPU, at most what its memory holds)
+  double gpu_memory_utilization = 0.9;
   bool no_prefix_cache = false;
   int64_t prefix_block_tokens = 16;
   int max_n = 8;

@@ -218,7 +218,16 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   s->add_option("--kv-budget-mib", a.kv_budget_mib,
                 "K/V memory requests may reserve (prompt + max_tokens each, and the Aux Cache); a request "
-                "waits until its reservation fits")
+                "waits until its reservation fits (default: 1024 on the CPU; with --backend cuda what "
+                "--gpu-memory-utilization leaves beside the weights and a prefill)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  s->add_option("--gpu-memory-utilization", a.gpu_memory_utilization,
+                "With --backend cuda: the share of the GPU's memory the server may use, as vLLM's (default "
+                "0.9); it must be free at start")
+      ->check(CLI::Range(1e-3, 1.0));
+  s->add_option("--max-model-len", a.max_model_len,
+                "The most prompt + max_tokens a request may ask (default: the model's context; with "
+                "--backend cuda at most what the GPU holds beside the weights for one request's prefill)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   s->add_flag("--no-prefix-cache", a.no_prefix_cache,
               "Compute every prompt in full (by default a prompt reuses the K/V, and with LazyLLM the pruned "

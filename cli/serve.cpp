@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "engine/gpu_memory.h"
 #include "engine/model.h"
 #include "kernels/cpu/backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -54,7 +55,9 @@ int cmd_serve(const ServeArgs& a) {
   so.access.allowed_origins = a.allowed_origins;
   server::check_access_options(so.access);
 
-  if (a.backend == "cuda") (void)cuda::open_device();  // one line saying why not, before the load
+  // One line saying why not, before the load; its free memory, before the weights go up.
+  const std::optional<cuda::Device> gpu =
+      a.backend == "cuda" ? std::optional<cuda::Device>(cuda::open_device()) : std::nullopt;
   // The port answers 503 "loading" while the model loads (server/loading.h), then is handed over.
   std::optional<server::LoadingResponder> loading(std::in_place, so.host, so.port);
   so.port = loading->port();
@@ -69,9 +72,31 @@ int cmd_serve(const ServeArgs& a) {
                          model->config().global_layers());
   if (model->config().n_ctx_train < 2) fail("'{}' gives no context length (llama.context_length)", path);
 
+  if (a.max_model_len > model->config().n_ctx_train)
+    fail("--max-model-len {} is beyond the model's context of {} tokens", a.max_model_len,
+         model->config().n_ctx_train);
   SchedulerOptions sched;
   sched.max_batch_tokens = a.max_batch_tokens;
-  sched.kv_budget_bytes = a.kv_budget_mib << 20;
+  sched.kv_budget_bytes = (a.kv_budget_mib > 0 ? a.kv_budget_mib : 1024) << 20;
+  sched.max_request_tokens = a.max_model_len;
+  std::string memory_note;
+  if (gpu) {
+    const DeviceMemoryPlan plan = gpu_memory_plan(*model, *gpu, a.gpu_memory_utilization, a.max_model_len);
+    if (a.kv_budget_mib > 0 && double(a.kv_budget_mib << 20) > plan.kv_budget_bytes)
+      fail(
+          "--kv-budget-mib {} does not fit: {:.0f}% of {}'s memory holds {} MiB of reservations beside the "
+          "weights "
+          "({:.2f} GiB) and a {}-token prefill ({:.2f} GiB)",
+          a.kv_budget_mib, a.gpu_memory_utilization * 100, gpu->name, int64_t(plan.kv_budget_bytes) >> 20,
+          plan.weights / 1073741824.0, plan.max_request_tokens, plan.prefill / 1073741824.0);
+    if (a.kv_budget_mib == 0) sched.kv_budget_bytes = int64_t(plan.kv_budget_bytes);
+    sched.max_request_tokens = plan.max_request_tokens;
+    memory_note =
+        fmt::format(" (of {:.0f}% of {}'s {:.1f} GiB: weights {:.2f} GiB, a {}-token prefill {:.2f} GiB)",
+                    a.gpu_memory_utilization * 100, gpu->name, double(gpu->total_bytes) / 1073741824.0,
+                    plan.weights / 1073741824.0, plan.max_request_tokens, plan.prefill / 1073741824.0);
+  }
+  so.api.max_model_len = sched.max_request_tokens;
   sched.prefix_cache = !a.no_prefix_cache;
   sched.prefix_block_tokens = a.prefix_block_tokens;
   const Model& m = *model;
@@ -89,12 +114,12 @@ int cmd_serve(const ServeArgs& a) {
   const bool loopback = so.host == "127.0.0.1" || so.host == "::1";
   fmt::print(stderr,
              "lazyprefill serve: {} ({}, {}) on http://{}:{} ({}); prune {} by default; K/V budget {} MiB "
-             "({} K/V); {} "
-             "threads\n",
+             "({} K/V){}; requests up to {} tokens; {} threads\n",
              so.api.model_name, dtype_name(m.weights().dtype), a.backend,
              so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, srv.port(),
-             loopback ? "this machine only" : "reachable from the network", a.prune, a.kv_budget_mib,
-             kv_dtype, a.threads);
+             loopback ? "this machine only" : "reachable from the network", a.prune,
+             srv.scheduler().budget_bytes() >> 20, kv_dtype, memory_note,
+             server::max_model_len(so.api, m.config()), a.threads);
   if (!a.no_prefix_cache && !srv.scheduler().prefix_cache())
     fmt::print(stderr,
                "lazyprefill serve: no prefix cache: the {} backend cannot copy its K/V between sessions\n",

@@ -108,7 +108,12 @@ Scheduler::Scheduler(const Model& m, SchedulerOptions opt) : m_(m), opt_(std::mo
   if (opt_.kv_budget_bytes < 1) fail("the K/V budget must be positive");
   if (!opt_.make_backend) internal_fail("the scheduler has no backend factory");
   probe_ = opt_.make_backend(1);
-  kv_ = KvLayout{double(probe_->kv_element_bytes()), probe_->kv_block()};
+  const Backend::Held held = probe_->held_bytes();
+  kv_ = KvLayout{.element_bytes = double(probe_->kv_element_bytes()),
+                 .block = probe_->kv_block(),
+                 .token_bytes = held.token_bytes,
+                 .request_bytes = held.request_bytes,
+                 .aux_in_token_bytes = held.aux_in_token_bytes};
   if (opt_.prefix_cache && probe_->copies_state())
     cache_.emplace(m.config().n_layer, m.config().n_embd, opt_.prefix_block_tokens);
 }
@@ -129,9 +134,13 @@ uint64_t Scheduler::submit(RequestParams p) {
   if (p.prompt_logprobs && T * int64_t(c.n_vocab) > kMaxPromptLogits)
     fail("the prompt's log-probabilities over {} tokens need {} MiB of logits, more than {} MiB", T,
          T * int64_t(c.n_vocab) * 4 >> 20, kMaxPromptLogits * 4 >> 20);
-  if (p.max_tokens > c.n_ctx_train - T)  // not T + max_tokens: that overflows near 2^63
-    fail("the prompt's {} tokens + max_tokens {} exceed the model's context of {} tokens", T, p.max_tokens,
-         c.n_ctx_train);
+  const int64_t ctx = opt_.max_request_tokens > 0 ? std::min<int64_t>(opt_.max_request_tokens, c.n_ctx_train)
+                                                  : int64_t(c.n_ctx_train);
+  if (p.max_tokens > ctx - T)  // not T + max_tokens: that overflows near 2^63
+    fail(
+        "the prompt's {} tokens + max_tokens {} exceed {} of {} tokens", T, p.max_tokens,
+        ctx < c.n_ctx_train ? "the context a request may hold here (--max-model-len)" : "the model's context",
+        ctx);
   for (const int32_t id : p.prompt)
     if (id < 0 || id >= c.n_vocab) fail("token id {} is outside the vocabulary of {}", id, c.n_vocab);
   check_method(p.policy, p.schedule);

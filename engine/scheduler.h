@@ -110,6 +110,8 @@ struct RequestParams {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 2048;  // rows per iteration: decoding rows + prefill tokens
   int64_t kv_budget_bytes = int64_t(1) << 30;
+  // The most prompt + max_tokens a request may hold (serve --max-model-len); 0: the model's context.
+  int64_t max_request_tokens = 0;
   // The prefix cache (engine/prefix_cache.h): blocks of this many tokens, held inside the K/V
   // budget beside the reservations and evicted least recently used when a request or a newer
   // block needs the room. Off: every prompt computed in full. On a backend that cannot copy its

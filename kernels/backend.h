@@ -80,6 +80,15 @@ class Backend {
   // The K/V capacity's granularity: a cache for n tokens holds n rounded up to a multiple of this
   // (the CPU backend's 64-slot key blocks; 1 where the capacity is exact). Reservations count it.
   virtual int64_t kv_block() const { return 1; }
+  // What the backend holds beside K and V, for reservations where the K/V budget is the device's
+  // memory (KvLayout::token_bytes): bytes per token of capacity and whatever the capacity (after
+  // release_activations), and whether the first count holds an Aux Cache state for every token.
+  // None by default: the CPU backend's budget counts K/V and the Aux Cache alone.
+  struct Held {
+    double token_bytes = 0, request_bytes = 0;
+    bool aux_in_token_bytes = false;
+  };
+  virtual Held held_bytes() const { return {}; }
 
   // A backend that queues work (a GPU) returns true; op timers then synchronise around every op,
   // so its wall time is its own (and the overlap between ops is lost while timing).

@@ -120,8 +120,8 @@ struct Server::Impl {
       : m(model),
         opt(std::move(o)),
         sched(model, std::move(so)),
-        metrics(MetricsOptions{opt.api.model_name, model.config().n_ctx_train, opt.lazyprefill_metric_names,
-                               opt.vllm_metric_names}) {
+        metrics(MetricsOptions{opt.api.model_name, max_model_len(opt.api, model.config()),
+                               opt.lazyprefill_metric_names, opt.vllm_metric_names}) {
     if (!opt.log_requests.empty()) log.emplace(opt.log_requests, "request log", uint64_t(1) << 40);
     const auto addr = [&] {
       boost::system::error_code ec;
@@ -625,7 +625,7 @@ struct Server::Impl {
       co_await send_json(s, req.version(), keep_alive, 200, ok);
     } else if (path == "/v1/models" && get) {
       co_await send_json(s, req.version(), keep_alive, 200,
-                         models_body(opt.api.model_name, created, m.config().n_ctx_train));
+                         models_body(opt.api.model_name, created, max_model_len(opt.api, m.config())));
     } else if (path == "/metrics" && get) {
       metrics.set_server_cpu_seconds(thread_cpu_seconds() - cpu_at_start);
       http::response<http::string_body> res{http::status::ok, req.version()};

@@ -244,6 +244,10 @@ void read_field(const std::string& key, const json& v, ApiRequest& r) {
 
 }  // namespace
 
+int64_t max_model_len(const ApiDefaults& d, const ModelConfig& c) {
+  return d.max_model_len > 0 ? std::min<int64_t>(d.max_model_len, c.n_ctx_train) : c.n_ctx_train;
+}
+
 ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok, const ModelConfig& c,
                          const ApiDefaults& d, uint64_t fallback_seed) {
   // Nesting bounded before anything is built: a body a million levels deep took the server down
@@ -301,7 +305,7 @@ ApiRequest parse_request(std::string_view body, Endpoint e, const Tokenizer& tok
   if (r.prompt.empty())
     bad(e == Endpoint::Completions ? "prompt" : "messages", "the prompt is empty (no tokens)");
 
-  const int64_t T = int64_t(r.prompt.size()), ctx = c.n_ctx_train;
+  const int64_t T = int64_t(r.prompt.size()), ctx = max_model_len(d, c);
   const char* max_name = "max_tokens";
   auto max = j.find("max_tokens");
   if (e == Endpoint::ChatCompletions)

@@ -50,7 +50,13 @@ struct ApiDefaults {
   // reserved K/V (docs/serving.md).
   int64_t chat_max_tokens = 512;
   int max_n = 8;  // "n" (choices a request may ask for) at most this (serve --max-n)
+  // The context a request may use, prompt + max_tokens (serve --max-model-len, as vLLM's: on a GPU
+  // by default what its memory holds for one request); 0: the model's.
+  int64_t max_model_len = 0;
 };
+
+// The context a request may use: d.max_model_len where set, else the model's.
+int64_t max_model_len(const ApiDefaults& d, const ModelConfig& c);
 
 // A request ready for the scheduler.
 struct ApiRequest {

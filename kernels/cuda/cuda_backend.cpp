@@ -14,6 +14,7 @@
 #include "kernels/cpu/moe.h"  // group_by_key
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_math.h"
+#include "kernels/cuda/memory.h"
 #include "model/error.h"
 
 namespace lp::cuda {
@@ -322,6 +323,7 @@ class CudaBackend final : public Backend {
 
   int64_t capacity() const override { return n_ctx; }
   int kv_element_bytes() const override { return kv_type_bytes(kv_type); }
+  Held held_bytes() const override { return cuda::held_bytes(c, w.dtype, ffn_chunk_rows()); }
   int64_t kv_row_bytes() const { return KV * kv_element_bytes(); }  // one token's K (or V) at a layer
   // f(E*) with E the cache's element: float, or uint16_t (f16 bits).
   template <class F>
@@ -1572,54 +1574,20 @@ class CudaBackend final : public Backend {
 CudaBackend::CudaBackend(const ModelConfig& cfg, const Weights& wts, int64_t ctx, const BackendOptions& o)
     : c(cfg), w(wts), n_ctx(ctx), opt(o), kv_type(kv_type_for(wts.dtype)) {
   const Device dev = open_device();
-  const int64_t KV = int64_t(c.n_head_kv) * c.head_dim;
   // Everything the backend allocates, counted before anything is (the weights only when no other
-  // backend has put them on the device): K/V with each slot's position and each position's
-  // slot, the Aux Cache's states, and the activations of the largest step, a prefill of all n_ctx
-  // tokens at once (reserve and mm's bf16 copy: x, x2, xn and the residual branch, qkv and
-  // its q, k, v, the attention output, positions, indices, scores; gate|up and SwiGLU for a chunk of
-  // rows where the FFN runs chunked, ffn_chunk_rows, else for all of them), with what a
-  // decoding step adds over n_ctx keys (a listed key set's slots, a second row index) and
-  // the selection's sort buffers (CUB: keys, order, their sorted copies and its scratch).
-  const double kv_bytes = double(c.n_layer) * double(n_ctx) * (2.0 * KV * kv_type_bytes(kv_type) + 4 + 4);
-  const double aux_bytes = double(n_ctx) * double(c.n_embd) * 4;
-  const double Q = double(c.n_head) * c.head_dim, F = c.moe() ? 0.0 : double(c.n_ff), D = double(c.n_embd);
-  const double ffn_rows = double(ffn_chunk_rows() > 0 ? std::min(n_ctx, ffn_chunk_rows()) : n_ctx);
-  const double ffn_bytes = 4 * 3 * F * ffn_rows;
-  // mm's bf16 copy of a GEMM's input: the prompt's rows of xn or the attention output, or a chunk's
-  // activations.
-  const double bf16_copy =
-      w.dtype != DType::F32 ? 2 * std::max(double(n_ctx) * std::max(D, Q), ffn_rows * F) : 0;
-  // A mixture-of-experts layer: the router's logits, each row's k routes and weights, and for each of
-  // its k (row, expert) pairs the grouped input, gate|up, activation and output, two indices and
-  // a weight (run_experts), and the experts' bf16 copies.
-  const double E = double(c.n_expert), k = double(c.n_expert_used), Fe = double(c.n_ff_exp);
-  const double moe =
-      c.moe() ? 4 * E + 8 * k + k * (4 * (2 * D + 3 * Fe) + 20) + (w.dtype != DType::F32 ? 2 * k * Fe : 0)
-              : 0;
-  // --dtype int8: the largest layer matrix (an expert's gate|up in a MoE model) dequantized to bf16
-  // for a prefill GEMM.
-  const double w16_bytes = w.dtype == DType::Int8
-                               ? 2 * std::max({(Q + 2 * double(KV)) * D, Q * D, 2 * F * D, D * F, 2 * Fe * D})
-                               : 0;
-  const double prefill = 4 * (4 * D + 3 * Q + 4 * double(KV)) + 24 + moe;
-  const double decode = 4 + 8 + 12 /* deferred selection */, selection = 6 * 8 + 4 + 4 /* scores */;
-  const double act_bytes = double(n_ctx) * (prefill + decode + selection) + ffn_bytes + bf16_copy +
-                           double(c.n_vocab) * 4 /* logits */;
-  // cuBLAS's workspace and the kernels' modules: a margin, not a count.
-  const double library_bytes = 256.0 * 1048576;
+  // backend has put them on the device): kernels/cuda/memory.h.
+  const BackendMemory m = backend_memory(c, w.dtype, n_ctx, ffn_chunk_rows());
   dw = weight_cache().find(w);
   const double weight_bytes = dw ? 0.0 : double(w.bytes());
-  const double need = weight_bytes + kv_bytes + aux_bytes + act_bytes + w16_bytes + library_bytes;
+  const double need = weight_bytes + m.total();
   if (need > double(dev.free_bytes))
     fail(
         "the model needs {:.2f} GiB on the GPU (weights {:.2f} + K/V {:.2f} in {} + Aux Cache {:.2f} + "
-        "activations {:.2f} for {} tokens + {:.2f} of dequantized weights + 0.25 for cuBLAS) but {} has "
-        "{:.2f} GiB "
-        "free",
-        need / 1073741824.0, weight_bytes / 1073741824.0, kv_bytes / 1073741824.0, kv_type_name(kv_type),
-        aux_bytes / 1073741824.0, act_bytes / 1073741824.0, n_ctx, w16_bytes / 1073741824.0, dev.name,
-        double(dev.free_bytes) / 1073741824.0);
+        "activations {:.2f} for {} tokens + {:.2f} of dequantized weights + {:.2f} for cuBLAS) but {} has "
+        "{:.2f} GiB free",
+        need / 1073741824.0, weight_bytes / 1073741824.0, m.kv / 1073741824.0, kv_type_name(kv_type),
+        m.aux / 1073741824.0, m.activations / 1073741824.0, n_ctx, m.dequantized / 1073741824.0,
+        m.library / 1073741824.0, dev.name, double(dev.free_bytes) / 1073741824.0);
   if (!c.uniform()) fail("the CUDA backend runs uniform models (every layer the same widths)");
   // Pinned host memory, once the device is open and the session fits: a LazyLLM decoding step
   // uploads a few bytes per key and layer between two waits; a selection's scores and kept indices.

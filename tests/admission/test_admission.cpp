@@ -39,6 +39,66 @@ TEST(Reservation, IsTheWorstCaseKvInTheBackendsLayoutPlusTheAuxCache) {
   EXPECT_EQ(reservation_bytes(c, {2, 64}, 10, 6, true), 64 * per_slot + 10 * 64 * 4);  // + f32 states
 }
 
+// What a backend holds beside K/V (a GPU's: KvLayout::token_bytes, request_bytes), and its Aux
+// Cache held for every token of capacity, counted once.
+TEST(Reservation, CountsWhatTheBackendHoldsBesideKv) {
+  ModelConfig c;
+  c.n_layer = 4, c.n_head_kv = 2, c.head_dim = 16, c.n_embd = 64;
+  const double per_slot = 4.0 * 2 * 16 * 2 * 2;
+  const KvLayout gpu{.element_bytes = 2, .block = 1, .token_bytes = 300, .request_bytes = 5000};
+  EXPECT_EQ(reservation_bytes(c, gpu, 10, 6, false), 16 * (per_slot + 300) + 5000);
+  EXPECT_EQ(reservation_bytes(c, gpu, 10, 6, true), 16 * (per_slot + 300) + 5000 + 10 * 64 * 4);
+  KvLayout aux_held = gpu;
+  aux_held.aux_in_token_bytes = true;
+  EXPECT_EQ(reservation_bytes(c, aux_held, 10, 6, true), 16 * (per_slot + 300) + 5000);
+}
+
+// How `serve --backend cuda` divides a GPU, worked by hand. The model: 2 layers of one 4-wide K/V
+// head in f16 (32 bytes a token) and an 8-wide Aux Cache state (32 bytes a prompt token), so a
+// pruned n-token request reserves 64 n; its prefill takes 1000 n + 5000 more. The GPU: 1,000,000
+// bytes, 90% of them the server's, 100,000 of it the weights: 800,000 for requests.
+TEST(DeviceMemoryPlan, KeepsRoomForTheLongestRequestsPrefillAndGivesTheRestToReservations) {
+  ModelConfig c;
+  c.n_layer = 2, c.n_head_kv = 1, c.head_dim = 4, c.n_embd = 8, c.n_ctx_train = 4096;
+  const KvLayout kv{.element_bytes = 2, .block = 1};
+  ASSERT_EQ(reservation_bytes(c, kv, 10, 0, true), 640);
+  const DeviceMemory gpu{1e6, 1e6};
+  const auto prefill = [](int64_t n) { return 1000.0 * double(n) + 5000; };
+  // The most that fits: 1064 n + 5000 <= 800,000 gives n = 747.
+  DeviceMemoryPlan p = plan_device_memory(c, kv, gpu, 0.9, 1e5, 0, prefill);
+  EXPECT_DOUBLE_EQ(p.limit, 9e5);
+  EXPECT_EQ(p.max_request_tokens, 747);
+  EXPECT_DOUBLE_EQ(p.prefill, 752000);
+  EXPECT_DOUBLE_EQ(p.kv_budget_bytes, 48000);
+  // A shorter context leaves more to reservations: the model's own, and --max-model-len.
+  c.n_ctx_train = 500;
+  p = plan_device_memory(c, kv, gpu, 0.9, 1e5, 0, prefill);
+  EXPECT_EQ(p.max_request_tokens, 500);
+  EXPECT_DOUBLE_EQ(p.kv_budget_bytes, 800000 - 505000);
+  p = plan_device_memory(c, kv, gpu, 0.9, 1e5, 100, prefill);
+  EXPECT_EQ(p.max_request_tokens, 100);
+  EXPECT_DOUBLE_EQ(p.kv_budget_bytes, 800000 - 105000);
+  c.n_ctx_train = 4096;
+  // Refused, each with the sizes: a --max-model-len that does not fit (1064 x 800 + 5000 > 800,000)
+  // or beyond the model's context, more than the free memory, weights that leave no room for one
+  // token, a share that is none or more than all.
+  const auto refusal = [&](double util, double free, double weights, int64_t max_len) {
+    try {
+      (void)plan_device_memory(c, kv, {1e6, free}, util, weights, max_len, prefill);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(refusal(0.9, 1e6, 1e5, 800).find("a request of 800 tokens (--max-model-len) needs"),
+            std::string::npos);
+  EXPECT_NE(refusal(0.9, 1e6, 1e5, 5000).find("outside the model's context of 4096"), std::string::npos);
+  EXPECT_NE(refusal(0.9, 8e5, 1e5, 0).find("but 0.00 GiB are free"), std::string::npos);
+  EXPECT_NE(refusal(0.9, 1e6, 8.99e5, 0).find("do not fit in 90% of the GPU"), std::string::npos);
+  for (const double bad : {0.0, 1.5, std::nan("")})
+    EXPECT_NE(refusal(bad, 1e6, 1e5, 0).find("--gpu-memory-utilization must be above 0"), std::string::npos);
+}
+
 TEST(Admission, FirstComeFirstServedWithinTheKvAndTokenBudgets) {
   // Whole prefills: the first always fits the token budget, later ones only within it.
   Admission a({1000, 100, 0}, 200, 3);  // 200 bytes reserved, 3 decoding rows

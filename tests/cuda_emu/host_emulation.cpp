@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/launch.cuh"
 #include "model/error.h"
+#include "tests/cuda_emu/host_memory.h"
 
 namespace lp::cuda {
 namespace cm = lp::cuda_math;
@@ -103,20 +104,57 @@ void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
   std::memcpy(pinned_dst, src, bytes);
 }
 
+namespace {
+// Device allocations and their sizes, for emulation::device_bytes.
+std::mutex device_mu;
+std::map<void*, size_t> device_sizes;
+int64_t device_live = 0, device_peak = 0;
+void device_release(void* p) {
+  if (!p) return;
+  {
+    std::lock_guard lock(device_mu);
+    const auto it = device_sizes.find(p);
+    if (it == device_sizes.end()) internal_fail("host emulation: freeing device memory it did not allocate");
+    device_live -= int64_t(it->second);
+    device_sizes.erase(it);
+  }
+  std::free(p);
+}
+}  // namespace
+
+namespace emulation {
+int64_t device_bytes() {
+  std::lock_guard lock(device_mu);
+  return device_live;
+}
+int64_t device_peak_bytes() {
+  std::lock_guard lock(device_mu);
+  return device_peak;
+}
+void reset_device_peak() {
+  std::lock_guard lock(device_mu);
+  device_peak = device_live;
+}
+}  // namespace emulation
+
 void* device_alloc(size_t bytes, const char* what) {
   void* p = std::calloc(bytes ? bytes : 1, 1);
   if (!p) fail("cannot allocate {} bytes for {}", bytes, what);
+  std::lock_guard lock(device_mu);
+  device_sizes[p] = bytes;
+  device_live += int64_t(bytes);
+  device_peak = std::max(device_peak, device_live);
   return p;
 }
 void device_free(void* p) {
   if (p) stream_waited();  // cudaFree waits for the device
-  std::free(p);
+  device_release(p);
 }
 void* device_alloc_async(size_t bytes, const char* what) {
   return device_alloc(bytes, what);
 }
 void device_free_async(void* p) {
-  std::free(p);  // stream-ordered: no wait
+  device_release(p);  // stream-ordered: no wait
 }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);

@@ -424,6 +424,23 @@ TEST(Scheduler, RefusesWhatCanNeverRun) {
     EXPECT_NE(std::string(e.what()).find("over the whole budget"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(s.step());
+  // --max-model-len: prompt + max_tokens within it, or refused naming it.
+  SchedulerOptions o = options(m, int64_t(1) << 16);
+  o.max_request_tokens = 8;
+  Scheduler bounded(m, o);
+  RequestParams p;
+  p.prompt = {1, 2, 3};
+  p.max_tokens = 5;
+  bounded.submit(p);
+  p.max_tokens = 6;
+  try {
+    bounded.submit(p);
+    FAIL() << "accepted beyond max_request_tokens";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceed the context a request may hold here (--max-model-len) of 8"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Log-probabilities (RequestParams::top_logprobs): the log-softmax of the logits, computed here in

@@ -164,6 +164,33 @@ TEST(OpenAiRequest, SeveralChoicesUpToTheServersLimit) {
   }
 }
 
+// serve --max-model-len (on a GPU, what its memory holds for one request): the context a request
+// may use, in the words and status a model's own context gets (vLLM's); unset, the model's.
+TEST(OpenAiRequest, MaxModelLenBoundsPromptAndMaxTokens) {
+  ApiDefaults d = defaults();
+  EXPECT_EQ(max_model_len(d, tiny().config()), tiny().config().n_ctx_train);
+  d.max_model_len = 10;
+  EXPECT_EQ(max_model_len(d, tiny().config()), 10);
+  const auto ask = [&](const std::string& body) {
+    return parse_request(body, Endpoint::Completions, tiny().tokenizer(), tiny().config(), d, 1);
+  };
+  EXPECT_EQ(ask(R"({"prompt": [1, 2, 3], "max_tokens": 7})").max_tokens, 7);
+  EXPECT_EQ(ask(R"({"prompt": [1, 2, 3, 4, 5, 6, 7, 8]})").max_tokens, 2);  // the default, cut to the room
+  for (const char* body :
+       {R"({"prompt": [1, 2, 3], "max_tokens": 8})", R"({"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]})"})
+    try {
+      (void)ask(body);
+      ADD_FAILURE() << "accepted beyond --max-model-len: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "context_length_exceeded");
+      EXPECT_NE(std::string(e.what()).find("maximum context length is 10 tokens"), std::string::npos)
+          << e.what();
+    }
+  d.max_model_len = int64_t(1) << 40;  // never beyond the model's
+  EXPECT_EQ(max_model_len(d, tiny().config()), tiny().config().n_ctx_train);
+}
+
 TEST(OpenAiRequest, ChatUsesTheTemplate) {
   const ApiRequest r = parse(R"({"messages": [{"role": "developer", "content": "Be brief."},
                                               {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})",
