@@ -272,9 +272,6 @@ int64_t Scheduler::aux_cache_bytes() const {
   return b;
 }
 
-// Rows of activations a request keeps between iterations after its prefill.
-constexpr int64_t kDecodeRows = 16;
-
 void Scheduler::leave_cancelled() {
   for (auto it = queue_.begin(); it != queue_.end();)
     if ((*it)->cancelled) {
@@ -462,7 +459,7 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         r->rec.aux_cache_bytes = r->session->aux().bytes();
         r->rec.first_token = done_at;
         // Decoding needs one row: the prompt's activations go back (revivals grow them again).
-        r->session->backend().release_activations(kDecodeRows);
+        r->session->backend().release_activations(kHeldRows);
         if (r->p.prompt_logprobs) {
           if (r->p.on_prompt_logprobs) r->p.on_prompt_logprobs(prompt_logprobs[i]);
           r->logits.resize(size_t(V));  // one row a decoding step from now on
@@ -472,6 +469,10 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         save_prefix(*r, opt_.kv_budget_bytes - reserved_);
       } else {
         for (const int64_t n : r->stats.revived) r->rec.revivals += n;
+        // A step that revived more rows at a layer grew the activations: they go back, so the
+        // request holds what its reservation counts. (On a GPU the batch's results have come back:
+        // the frees wait for nothing queued.)
+        r->session->backend().release_activations(kHeldRows);
       }
       const int32_t tok = sampled[i];
       r->generated.push_back(tok);

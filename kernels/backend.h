@@ -70,6 +70,9 @@ inline int64_t tensor_width(const ModelConfig& c, Tensor t) {
   }
 }
 
+// The rows of activations a request keeps between a server's iterations (Backend::release_activations).
+inline constexpr int64_t kHeldRows = 16;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -252,9 +255,11 @@ class Backend {
   virtual std::vector<float> read(Tensor t) = 0;
 
   virtual void reset() = 0;  // empty K/V and Aux Cache (the weights stay)
-  // Between passes: gives back the activations of more than `rows` rows (a prefill's), which the
-  // next pass grows again if it needs them. K/V and Aux Cache stay. A server calls it after a
-  // request's prefill, so a decoding request holds its K/V, not its prompt's activations.
+  // Between passes: gives back the activations of more than `rows` rows (a prefill's, or a
+  // decoding step's that revived more), which the next pass grows again if it needs them; nothing
+  // when it holds no more. K/V and Aux Cache stay. A server calls it after each of a request's
+  // passes with kHeldRows, so a decoding request holds its K/V and that many rows, not its prompt's
+  // activations, and its reservation counts what it holds (KvLayout::request_bytes).
   virtual void release_activations(int64_t /*rows*/) {}
   // For checks: the positions whose K/V layer `layer` holds, ascending, as the backend's own record
   // says (the CPU's slot table, the GPU's has-KV bits); and one Aux Cache state.

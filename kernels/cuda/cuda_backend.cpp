@@ -732,6 +732,9 @@ class CudaBackend final : public Backend {
   // decoding step's rows, not its prompt's activations); the next pass that needs more grows them.
   void release_activations(int64_t rows) override {
     rows = std::max<int64_t>(rows, 1);
+    // No more than a `rows`-row pass's activations (kernels/cuda/memory.h: what a reservation
+    // counts): a decoding step's usual case, which frees nothing (a free waits).
+    if (double(activation_bytes()) <= backend_memory(c, w.dtype, rows, ffn_chunk_rows()).activations) return;
     bool freed = false;
     for (DBuf CudaBackend::*b : row_buffers())
       if ((this->*b).bytes() > 0) freed = true, this->*b = DBuf();

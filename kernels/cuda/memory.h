@@ -12,11 +12,6 @@
 
 namespace lp::cuda {
 
-// The rows whose activations a request's reservation counts (held_bytes): a decoding step's one row
-// and revivals beside it. Not a bound the backend keeps: a step that revives more rows at a layer
-// grows its buffers, and they stay until the request ends (docs/serving.md, "Memory on a GPU").
-constexpr int64_t kHeldRows = 16;
-
 // Bytes, each term as the memory check names it (the weights are the caller's: shared by backends).
 struct BackendMemory {
   double kv = 0;           // K and V at every layer, each slot's position and each position's slot
