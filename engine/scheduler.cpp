@@ -470,8 +470,7 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
       } else {
         for (const int64_t n : r->stats.revived) r->rec.revivals += n;
         // A step that revived more rows at a layer grew the activations: they go back, so the
-        // request holds what its reservation counts. (On a GPU the batch's results have come back:
-        // the frees wait for nothing queued.)
+        // request holds what its reservation counts (on a GPU without a wait: stream-ordered).
         r->session->backend().release_activations(kHeldRows);
       }
       const int32_t tok = sampled[i];

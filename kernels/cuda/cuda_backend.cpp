@@ -20,7 +20,8 @@
 namespace lp::cuda {
 namespace {
 
-// Every call by which a backend makes the host wait for the device: host_waits() counts them. All
+// Every call by which a backend makes the host wait for the device: host_waits() counts them (a copy
+// back, a synchronisation; device memory is stream-ordered and its frees do not wait). All
 // work is queued on one stream (the legacy default stream), so after any of them returns, every
 // operation queued before it has run. `waited` counts the returns on this thread: work this thread
 // queued while it read w has run once it reads more than w. (Per thread: another thread's wait may
@@ -36,12 +37,6 @@ void fetch(void* dst, const void* src, size_t bytes) {  // a copy to pageable ho
 void drain(const char* what) {
   ++waits;
   lp::cuda::synchronize(what);
-  ++waited;
-}
-void free_waiting(void* p) {  // cudaFree waits for the device
-  if (!p) return;
-  ++waits;
-  device_free(p);
   ++waited;
 }
 
@@ -128,12 +123,16 @@ class Staging {
   std::thread::id thread_;  // by this thread
 };
 
-// Device memory freed at scope exit; regrown (contents dropped) by reserve().
+// Device memory freed at scope exit; regrown (contents dropped) by reserve(). Stream-ordered
+// (cudaMallocAsync / cudaFreeAsync from the device's pool, which keeps what is given back): neither
+// waits for the device, so a LazyLLM step that revives more rows than a request held grows its
+// buffers, and the scheduler gives them back after it, without a wait (cudaFree waited for every
+// launch queued before it), and the work queued before a free still sees the memory.
 class DBuf {
  public:
   DBuf() = default;
   DBuf(size_t bytes, const char* what) { reserve(bytes, what); }
-  ~DBuf() { free_waiting(p_); }
+  ~DBuf() { device_free_async(p_); }
   DBuf(const DBuf&) = delete;
   DBuf& operator=(const DBuf&) = delete;
   DBuf(DBuf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
@@ -144,9 +143,9 @@ class DBuf {
   }
   void reserve(size_t bytes, const char* what) {
     if (bytes <= bytes_) return;
-    free_waiting(p_);
+    device_free_async(p_);
     p_ = nullptr;
-    p_ = device_alloc(bytes, what);
+    p_ = device_alloc_async(bytes, what);
     bytes_ = bytes;
   }
   template <class T>
@@ -733,7 +732,8 @@ class CudaBackend final : public Backend {
   void release_activations(int64_t rows) override {
     rows = std::max<int64_t>(rows, 1);
     // No more than a `rows`-row pass's activations (kernels/cuda/memory.h: what a reservation
-    // counts): a decoding step's usual case, which frees nothing (a free waits).
+    // counts): a decoding step's usual case, which keeps its buffers rather than allocating them
+    // again.
     if (double(activation_bytes()) <= backend_memory(c, w.dtype, rows, ffn_chunk_rows()).activations) return;
     bool freed = false;
     for (DBuf CudaBackend::*b : row_buffers())

@@ -40,7 +40,8 @@ struct BackendOptions {
 // activations of an n_ctx-token prefill fit in its free memory (lp::Error naming what it needs
 // and has, otherwise), and uploads the weights. Borrows c and w.
 // How many times this process's CUDA backends have made the host wait for the device: a copy to
-// the host, a synchronisation, a cudaFree. Uploads are queued from pinned memory and do not wait.
+// the host, a synchronisation. Uploads are queued from pinned memory and device memory is
+// stream-ordered, so neither waits.
 // A decoding step's count is the figure issue 58 budgets (docs/cuda.md, "Where a decoding step waits
 // on the host"); a test checks it.
 int64_t host_waits();

@@ -64,12 +64,17 @@ Device open_device() {
     fail("{}", why);
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  // Scratch from cudaMallocAsync stays in the pool across synchronisations (the default threshold,
-  // 0, hands it back to the driver at every one).
+  // The backends' device memory comes from cudaMallocAsync (DBuf, Scratch), and stays in the pool
+  // when given back, across synchronisations (the default threshold, 0, hands it back to the
+  // driver at every one): so it is free to them beside what the driver has.
   cudaMemPool_t pool = nullptr;
   check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
   uint64_t keep = UINT64_MAX;
   check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "memory pool threshold");
+  uint64_t reserved = 0, used = 0;
+  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), "memory pool reserved");
+  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "memory pool used");
+  free_b += size_t(reserved > used ? reserved - used : 0);
   Device d;
   d.index = 0;
   d.count = count;
@@ -142,14 +147,24 @@ void synchronize(const char* what) {
 // Stream-ordered allocations come from the device's default memory pool: memory given back is
 // reused by later allocations on the stream without a device synchronisation (cudaFree would
 // synchronise).
+// Failing, the pool gives its idle memory back to the driver (after the stream has run the frees
+// queued on it) and the allocation is tried once more; then it fails as device_alloc does, with
+// the free memory. (No cudaMalloc fallback: a pointer must be freed as it was allocated.)
 void* device_alloc_async(size_t bytes, const char* what) {
   void* p = nullptr;
-  const cudaError_t e = cudaMallocAsync(&p, bytes, 0);  // the legacy default stream, as every launch
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return device_alloc(bytes, what);  // the same failure message, with the free memory
-  }
-  return p;
+  if (cudaMallocAsync(&p, bytes, 0) == cudaSuccess) return p;  // the legacy default stream, as every launch
+  cudaGetLastError();
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess && cudaStreamSynchronize(0) == cudaSuccess &&
+      cudaMemPoolTrimTo(pool, 0) == cudaSuccess && cudaMallocAsync(&p, bytes, 0) == cudaSuccess)
+    return p;
+  const cudaError_t e = cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  device_failed(fmt::format("cannot allocate {:.2f} GiB on the GPU for {} ({:.2f} GiB free of {:.2f}): {}",
+                            double(bytes) / 1073741824.0, what, double(free_b) / 1073741824.0,
+                            double(total_b) / 1073741824.0, cudaGetErrorString(e)));
+  return nullptr;
 }
 
 void device_free_async(void* p) {
