@@ -49,38 +49,61 @@ void device_failed(const std::string& what) {
   throw DeviceError(lost ? what + "; the GPU cannot be used again by this process" : what, lost);
 }
 
-Device open_device() {
+namespace {
+// What open_device reads once a process: the device count, the first device's properties (checked
+// against the kernels' architectures), its pool's release threshold. cudaGetDeviceProperties fills
+// hundreds of fields, and every request's backend opens the device. A failure throws and is
+// tried again by the next call.
+struct Opened {
   int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess)
-    fail("no usable CUDA device: {} ({}); is an NVIDIA driver installed and a GPU visible?",
-         cudaGetErrorString(e), cudaGetErrorName(e));
-  if (count == 0) fail("no CUDA device found (cudaGetDeviceCount returned 0)");
-  check(cudaSetDevice(0), "cudaSetDevice");
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  if (const std::string why = unsupported_capability(prop.name, prop.major, prop.minor, LP_CUDA_ARCHS);
-      !why.empty())
-    fail("{}", why);
+  std::string name;
+  int major = 0, minor = 0;
+  cudaMemPool_t pool = nullptr;
+};
+const Opened& opened() {
+  static const Opened o = [] {
+    Opened r;
+    const cudaError_t e = cudaGetDeviceCount(&r.count);
+    if (e != cudaSuccess)
+      fail("no usable CUDA device: {} ({}); is an NVIDIA driver installed and a GPU visible?",
+           cudaGetErrorString(e), cudaGetErrorName(e));
+    if (r.count == 0) fail("no CUDA device found (cudaGetDeviceCount returned 0)");
+    check(cudaSetDevice(0), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    if (const std::string why = unsupported_capability(prop.name, prop.major, prop.minor, LP_CUDA_ARCHS);
+        !why.empty())
+      fail("{}", why);
+    r.name = prop.name, r.major = prop.major, r.minor = prop.minor;
+    // The backends' device memory comes from cudaMallocAsync (DBuf, Scratch), and stays in the pool
+    // when given back, across synchronisations (the default threshold, 0, hands it back to the
+    // driver at every one).
+    check(cudaDeviceGetDefaultMemPool(&r.pool, 0), "cudaDeviceGetDefaultMemPool");
+    uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(r.pool, cudaMemPoolAttrReleaseThreshold, &keep), "memory pool threshold");
+    return r;
+  }();
+  return o;
+}
+}  // namespace
+
+Device open_device() {
+  const Opened& o = opened();
+  check(cudaSetDevice(0), "cudaSetDevice");  // per host thread
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  // The backends' device memory comes from cudaMallocAsync (DBuf, Scratch), and stays in the pool
-  // when given back, across synchronisations (the default threshold, 0, hands it back to the
-  // driver at every one): so it is free to them beside what the driver has.
-  cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
-  uint64_t keep = UINT64_MAX;
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "memory pool threshold");
+  // What the pool keeps idle is free to the backends beside what the driver has.
   uint64_t reserved = 0, used = 0;
-  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), "memory pool reserved");
-  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "memory pool used");
+  check(cudaMemPoolGetAttribute(o.pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+        "memory pool reserved");
+  check(cudaMemPoolGetAttribute(o.pool, cudaMemPoolAttrUsedMemCurrent, &used), "memory pool used");
   free_b += size_t(reserved > used ? reserved - used : 0);
   Device d;
   d.index = 0;
-  d.count = count;
-  d.name = prop.name;
-  d.cc_major = prop.major;
-  d.cc_minor = prop.minor;
+  d.count = o.count;
+  d.name = o.name;
+  d.cc_major = o.major;
+  d.cc_minor = o.minor;
   d.total_bytes = int64_t(total_b);
   d.free_bytes = int64_t(free_b);
   return d;

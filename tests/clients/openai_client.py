@@ -120,7 +120,9 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "requests.jsonl")
-        proc, port = start_server(args.cli, log)
+        # --max-model-len below the default model's 8,192: a request within the model's context but
+        # beyond it is refused as a longer one is (the errors below), and /v1/models says it.
+        proc, port = start_server(args.cli, log, ["--max-model-len", "4096"])
         try:
             n = run_checks(args.cli, port)
         except BaseException:
@@ -168,6 +170,7 @@ def run_checks(cli, port):
     models = c.models.list().data
     check(len(models) == 1, f"models: {models}")
     model = models[0].id
+    check(models[0].model_extra.get("max_model_len") == 4096, f"max_model_len: {models[0]}")
 
     # Completions: whole and streamed, greedy.
     prompt = "In the beginning God created the heaven and the earth. And the earth was"
@@ -285,6 +288,7 @@ def run_checks(cli, port):
         (dict(model="gpt-4"), openai.NotFoundError, "model_not_found"),
         (dict(temperature=-1), openai.BadRequestError, None),
         (dict(max_tokens=100000), openai.BadRequestError, "context_length_exceeded"),
+        (dict(max_tokens=5000), openai.BadRequestError, "context_length_exceeded"),  # --max-model-len 4096
         (dict(extra_body={"lazyprefill": {"prune": "lazyllm", "schedule": "2:0.5,1:0.5"}}), openai.BadRequestError,
          None),
     ]:
