@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/kernels.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -60,6 +61,16 @@ __device__ __forceinline__ uint32_t pair_at(const uint16_t* p) {
   memcpy(&v, p, 4);
   return v;
 #endif
+}
+
+// Dims d and d + 1 (d even) of a cached K or V row as one f16 pair, zeros past Dh: an f16 cache's
+// in one 32-bit load where both lie in the row (an even Dh keeps every row 4-byte aligned).
+template <class KV>
+__device__ __forceinline__ uint32_t kv_pair(const KV* row, int d, int64_t Dh) {
+  if constexpr (std::is_same_v<KV, uint16_t>)
+    if ((Dh & 1) == 0 && d + 1 < Dh) return pair_at(row + d);
+  const uint16_t a = d < Dh ? as_f16(row[d]) : uint16_t(0), b = d + 1 < Dh ? as_f16(row[d + 1]) : uint16_t(0);
+  return uint32_t(a) | (uint32_t(b) << 16);
 }
 
 template <int DK, class KV>
@@ -126,16 +137,15 @@ __global__ void __launch_bounds__(kTcThreads)
     // K as [key][dim] and V as [dim][key], both f16, zeros past the tile's keys and past Dh.
     for (int e = tid; e < kTcKeys * 8 * DK; e += kTcThreads) {
       const int key = e / (8 * DK), d = 2 * (e % (8 * DK));
-      uint16_t k0 = 0, k1 = 0, v0 = 0, v1 = 0;  // +0 in f16
+      uint32_t kk = 0, vv = 0;  // +0 in f16
       if (key < n) {
         const int64_t base = (key_row(k_slot, s0 + key) * Hkv + g_head) * Dh;
-        if (d < Dh) k0 = as_f16(k[base + d]), v0 = as_f16(v[base + d]);
-        if (d + 1 < Dh) k1 = as_f16(k[base + d + 1]), v1 = as_f16(v[base + d + 1]);
+        kk = kv_pair(k + base, d, Dh);
+        vv = kv_pair(v + base, d, Dh);
       }
-      const uint32_t kk = uint32_t(k0) | (uint32_t(k1) << 16);
       memcpy(ks + key * ldk + d, &kk, 4);
-      vt[d * ldv + key] = v0;
-      vt[(d + 1) * ldv + key] = v1;
+      vt[d * ldv + key] = uint16_t(vv);
+      vt[(d + 1) * ldv + key] = uint16_t(vv >> 16);
     }
     __syncthreads();
 
