@@ -25,8 +25,8 @@ DeviceMemoryPlan plan_device_memory(const ModelConfig& c, const KvLayout& kv, co
                                     double utilization, double weight_bytes, int64_t max_request_tokens,
                                     const std::function<double(int64_t)>& transient_bytes) {
   constexpr double GiB = 1073741824.0;
-  if (!(utilization > 0 && utilization <= 1))
-    fail("--gpu-memory-utilization must be above 0 and at most 1, got {}", utilization);
+  if (!(utilization > 0 && utilization < 1))  // the CUDA context itself takes some: 1 is never free
+    fail("--gpu-memory-utilization must be above 0 and below 1, got {}", utilization);
   if (!(device.total_bytes > 0) || !(device.free_bytes >= 0) || device.free_bytes > device.total_bytes)
     internal_fail("a device of {} bytes with {} free", device.total_bytes, device.free_bytes);
   if (max_request_tokens < 0 || max_request_tokens > c.n_ctx_train)

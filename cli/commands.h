@@ -250,7 +250,8 @@ struct ServeArgs {
   int port = 8000, threads = default_thread_count(), max_connections = 256;
   // kv_budget_mib 0: 1024 on the CPU; on a GPU what --gpu-memory-utilization leaves (serve.cpp).
   int64_t max_batch_tokens = 2048, kv_budget_mib = 0, max_body_kib = 4096, chat_max_tokens = 512;
-  int64_t max_model_len = 0;  // 0: the model's context (on a GPU, at most what its memory holds)
+  int64_t max_model_len = 0;     // 0: the model's context (on a GPU, at most what its memory holds)
+  int64_t prefix_cache_mib = 0;  // 0: within the K/V budget on the CPU, 4096 with --backend cuda
   double gpu_memory_utilization = 0.9;
   bool no_prefix_cache = false;
   int64_t prefix_block_tokens = 16;

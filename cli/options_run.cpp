@@ -223,8 +223,8 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   s->add_option("--gpu-memory-utilization", a.gpu_memory_utilization,
                 "With --backend cuda: the share of the GPU's memory the server may use, as vLLM's (default "
-                "0.9); it must be free at start")
-      ->check(CLI::Range(1e-3, 1.0));
+                "0.9, below 1); it must be free at start")
+      ->check(CLI::Range(1e-3, 0.999));
   s->add_option("--max-model-len", a.max_model_len,
                 "The most prompt + max_tokens a request may ask (default: the model's context; with "
                 "--backend cuda at most what the GPU holds beside the weights for one request's prefill)")
@@ -232,6 +232,10 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
   s->add_flag("--no-prefix-cache", a.no_prefix_cache,
               "Compute every prompt in full (by default a prompt reuses the K/V, and with LazyLLM the pruned "
               "state, of the longest prefix an earlier request left in the cache, inside the K/V budget)");
+  s->add_option("--prefix-cache-mib", a.prefix_cache_mib,
+                "Host memory the prefix cache may hold (default: on the CPU the K/V budget's room beside the "
+                "reservations; with --backend cuda 4096, its budget being the GPU's)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   s->add_option("--prefix-block-tokens", a.prefix_block_tokens,
                 "Tokens per prefix cache block: a prompt reuses whole blocks (default 16, as vLLM's)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));

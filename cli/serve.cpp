@@ -99,6 +99,7 @@ int cmd_serve(const ServeArgs& a) {
   so.api.max_model_len = sched.max_request_tokens;
   sched.prefix_cache = !a.no_prefix_cache;
   sched.prefix_block_tokens = a.prefix_block_tokens;
+  sched.prefix_cache_max_bytes = (a.prefix_cache_mib > 0 ? a.prefix_cache_mib : gpu ? 4096 : 0) << 20;
   const Model& m = *model;
   if (a.backend == "cuda")
     sched.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };

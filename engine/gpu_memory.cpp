@@ -29,11 +29,12 @@ DeviceMemoryPlan gpu_memory_plan(const Model& m, const cuda::Device& d, double u
   const DType dtype = m.weights().dtype;
   const int64_t chunk = default_ffn_chunk_rows(c);
   // While a prefill of n tokens runs, its backend holds beyond its reservation the check's
-  // activations, the dequantized matrix and cuBLAS's margin (the scheduler's probe backend, which
-  // keeps the weights loaded, holds one token's reservation: inside that margin).
+  // activations, the dequantized matrix and cuBLAS's margin, and the batch's leader its copies of
+  // the prefill's rows (the scheduler's probe backend, which keeps the weights loaded, holds one
+  // token's reservation: inside the margin).
   const auto prefill = [&](int64_t n) {
     const cuda::BackendMemory b = cuda::backend_memory(c, dtype, n, chunk);
-    return b.activations + b.dequantized + b.library;
+    return b.activations + b.dequantized + b.library + cuda::batch_leader_bytes(c, dtype, n);
   };
   return plan_device_memory(c, gpu_kv_layout(c, dtype),
                             DeviceMemory{double(d.total_bytes), double(d.free_bytes)}, utilization,

@@ -220,12 +220,22 @@ void Scheduler::take_inbox() {
   }
 }
 
+void Scheduler::release_rows(Request& r) {
+  try {
+    r.session->backend().release_activations(kHeldRows);
+  } catch (...) {
+    failed(r, "giving back activations");  // a GPU's failure is marked as such (and a lost GPU)
+    throw ReleaseFailed{};
+  }
+}
+
 void Scheduler::save_prefix(Request& r, int64_t room) {
   if (!cache_ || !r.cache_kind || !r.session) return;
   const auto t0 = Clock::now();
   try {
     std::vector<int32_t> seq = r.p.prompt;
     seq.insert(seq.end(), r.generated.begin(), r.generated.end());  // the held ones: Session::n_cached
+    if (opt_.prefix_cache_max_bytes > 0) room = std::min(room, opt_.prefix_cache_max_bytes);
     cache_->save(*r.session, seq, *r.cache_kind, r.lineage, room);
     add_seconds(copy_s_, t0, Clock::now());
   } catch (...) {
@@ -459,7 +469,7 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         r->rec.aux_cache_bytes = r->session->aux().bytes();
         r->rec.first_token = done_at;
         // Decoding needs one row: the prompt's activations go back (revivals grow them again).
-        r->session->backend().release_activations(kHeldRows);
+        release_rows(*r);
         if (r->p.prompt_logprobs) {
           if (r->p.on_prompt_logprobs) r->p.on_prompt_logprobs(prompt_logprobs[i]);
           r->logits.resize(size_t(V));  // one row a decoding step from now on
@@ -471,7 +481,7 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         for (const int64_t n : r->stats.revived) r->rec.revivals += n;
         // A step that revived more rows at a layer grew the activations: they go back, so the
         // request holds what its reservation counts (on a GPU without a wait: stream-ordered).
-        r->session->backend().release_activations(kHeldRows);
+        release_rows(*r);
       }
       const int32_t tok = sampled[i];
       r->generated.push_back(tok);
@@ -482,6 +492,8 @@ std::vector<std::pair<Scheduler::Request*, Finish>> Scheduler::emit(Batch& b, Cl
         done.emplace_back(r, Finish::Stop);
       else if (int64_t(r->generated.size()) >= r->p.max_tokens)
         done.emplace_back(r, Finish::Length);
+    } catch (const ReleaseFailed&) {  // release_rows said why (rec.error, rec.device_error)
+      done.emplace_back(r, Finish::Error);
     } catch (...) {
       r->rec.error = "emitting a token: " + current_error();
       done.emplace_back(r, Finish::Error);

@@ -118,6 +118,10 @@ struct SchedulerOptions {
   // state (Backend::copies_state) it is off whatever this says.
   bool prefix_cache = true;
   int64_t prefix_block_tokens = 16;
+  // > 0: the cache holds at most this many bytes, whatever room the budget leaves. Its blocks live
+  // in host memory: on a GPU, whose budget is the device's (tens of GiB), serve caps them
+  // (--prefix-cache-mib).
+  int64_t prefix_cache_max_bytes = 0;
   // Makes a request's backend for a capacity of n_ctx tokens. The scheduler makes one of capacity
   // 1 as it starts, to read the K/V layout reservations count in (Backend::kv_element_bytes,
   // Backend::kv_block), and holds it until it ends (what the backends share, such as the weights
@@ -189,6 +193,8 @@ class Scheduler {
 
  private:
   struct Request;
+  struct ReleaseFailed {};        // release_rows failed; rec.error says why
+  void release_rows(Request& r);  // Backend::release_activations(kHeldRows), failures its own
   const Model& m_;
   SchedulerOptions opt_;
   KvLayout kv_;  // the backends' (the probe's)

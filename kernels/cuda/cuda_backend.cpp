@@ -144,7 +144,7 @@ class DBuf {
   void reserve(size_t bytes, const char* what) {
     if (bytes <= bytes_) return;
     device_free_async(p_);
-    p_ = nullptr;
+    p_ = nullptr, bytes_ = 0;  // empty, should the allocation fail
     p_ = device_alloc_async(bytes, what);
     bytes_ = bytes;
   }
@@ -731,10 +731,15 @@ class CudaBackend final : public Backend {
   // decoding step's rows, not its prompt's activations); the next pass that needs more grows them.
   void release_activations(int64_t rows) override {
     rows = std::max<int64_t>(rows, 1);
-    // No more than a `rows`-row pass's activations (kernels/cuda/memory.h: what a reservation
-    // counts): a decoding step's usual case, which keeps its buffers rather than allocating them
-    // again.
-    if (double(activation_bytes()) <= backend_memory(c, w.dtype, rows, ffn_chunk_rows()).activations) return;
+    // No more than a `rows`-row pass's activations of its own (kernels/cuda/memory.h: what a
+    // reservation counts) and a batch's decoding rows: a decoding step's usual case, which keeps its
+    // buffers rather than allocating them again. A batch's leader gathers every member's rows and
+    // logits (batch_in, batch_out, a16, logits): up to kBatchRoomBytes of them stay with it.
+    const int64_t batch = int64_t(batch_in.bytes() + batch_out.bytes() + a16.bytes() + logits.bytes());
+    if (double(activation_bytes() - batch) <=
+            backend_memory(c, w.dtype, rows, ffn_chunk_rows()).activations &&
+        batch <= kBatchRoomBytes)
+      return;
     bool freed = false;
     for (DBuf CudaBackend::*b : row_buffers())
       if ((this->*b).bytes() > 0) freed = true, this->*b = DBuf();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kernels/cuda/attention_tc.cuh"
@@ -298,12 +299,18 @@ void launch_attention_jobs(Kernel* kernel, int threads, size_t shared, std::vect
     if (j.splits > 1) parts += j.splits * j.T * H;
   }
   if (blocks == 0) return;
-  Scratch acc(size_t(parts * Dh) * 4, "attention splits"), m(size_t(parts) * 4, "attention splits"),
-      l(size_t(parts) * 4, "attention splits");
+  // The split jobs' partial sums (none, and no allocation, where no job splits: a decoding step's
+  // usual case, each layer).
+  std::optional<Scratch> acc, m, l;
+  if (parts > 0) {
+    acc.emplace(size_t(parts * Dh) * 4, "attention splits");
+    m.emplace(size_t(parts) * 4, "attention splits");
+    l.emplace(size_t(parts) * 4, "attention splits");
+  }
   int64_t at = 0;
   for (kernels::AttnJob& j : jobs)
     if (j.splits > 1) {
-      j.part_acc = acc.as<float>() + at * Dh, j.part_m = m.as<float>() + at, j.part_l = l.as<float>() + at;
+      j.part_acc = acc->as<float>() + at * Dh, j.part_m = m->as<float>() + at, j.part_l = l->as<float>() + at;
       at += j.splits * j.T * H;
     }
   const kernels::AttnJob* table = nullptr;

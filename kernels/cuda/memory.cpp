@@ -55,6 +55,14 @@ BackendMemory backend_memory(const ModelConfig& c, DType dtype, int64_t n_ctx, i
   return m;
 }
 
+double batch_leader_bytes(const ModelConfig& c, DType dtype, int64_t n) {
+  const double Q = double(c.n_head) * c.head_dim, KV = double(c.n_head_kv) * c.head_dim, D = double(c.n_embd);
+  const double in = std::max(D, Q), out = std::max(Q + 2 * KV, D);
+  const double rows = double(n) * (4 * in + 4 * out + (dtype != DType::F32 ? 2 * in : 0));
+  const BackendMemory one = backend_memory(c, dtype, 1, 0);
+  return rows + one.dequantized + double(kBatchRoomBytes);
+}
+
 Backend::Held held_bytes(const ModelConfig& c, DType dtype, int64_t ffn_chunk_rows) {
   Backend::Held h;
   h.token_bytes = kv_index_bytes(c) + aux_token_bytes(c) + kDecodeKeyBytes + kSelectionKeyBytes;

@@ -22,6 +22,10 @@ struct BackendMemory {
   double total() const { return kv + aux + activations + dequantized + library; }
 };
 
+// What a batch's leader (its first member's backend) keeps between steps of the batch's gathered
+// rows and logits (release_activations gives back the rest).
+constexpr int64_t kBatchRoomBytes = int64_t(64) << 20;
+
 // ffn_chunk_rows: the backend's (Backend::ffn_chunk_rows: 0 where the FFN runs whole).
 BackendMemory backend_memory(const ModelConfig& c, DType dtype, int64_t n_ctx, int64_t ffn_chunk_rows);
 
@@ -29,5 +33,10 @@ BackendMemory backend_memory(const ModelConfig& c, DType dtype, int64_t n_ctx, i
 // Cache, a decoding step's key-sized buffers), and per request (the activations and logits of
 // kHeldRows rows).
 Backend::Held held_bytes(const ModelConfig& c, DType dtype, int64_t ffn_chunk_rows);
+
+// What a batch's leader allocates beside its own rows while the batch holds an n-token prefill: its
+// copies of the prefill's rows for the batched projections (inputs, outputs and their bf16 copy),
+// with --dtype int8 its own dequantized matrix, and what it keeps between steps (kBatchRoomBytes).
+double batch_leader_bytes(const ModelConfig& c, DType dtype, int64_t n);
 
 }  // namespace lp::cuda

@@ -95,7 +95,7 @@ TEST(DeviceMemoryPlan, KeepsRoomForTheLongestRequestsPrefillAndGivesTheRestToRes
   EXPECT_NE(refusal(0.9, 1e6, 1e5, 5000).find("outside the model's context of 4096"), std::string::npos);
   EXPECT_NE(refusal(0.9, 8e5, 1e5, 0).find("but 0.00 GiB are free"), std::string::npos);
   EXPECT_NE(refusal(0.9, 1e6, 8.99e5, 0).find("do not fit in 90% of the GPU"), std::string::npos);
-  for (const double bad : {0.0, 1.5, std::nan("")})
+  for (const double bad : {0.0, 1.0, 1.5, std::nan("")})
     EXPECT_NE(refusal(bad, 1e6, 1e5, 0).find("--gpu-memory-utilization must be above 0"), std::string::npos);
 }
 

@@ -108,7 +108,7 @@ namespace {
 // Device allocations and their sizes, for emulation::device_bytes.
 std::mutex device_mu;
 std::map<void*, size_t> device_sizes;
-int64_t device_live = 0, device_peak = 0;
+int64_t device_live = 0, device_peak = 0, device_count = 0;
 void device_release(void* p) {
   if (!p) return;
   {
@@ -127,6 +127,10 @@ int64_t device_bytes() {
   std::lock_guard lock(device_mu);
   return device_live;
 }
+int64_t device_allocations() {
+  std::lock_guard lock(device_mu);
+  return device_count;
+}
 int64_t device_peak_bytes() {
   std::lock_guard lock(device_mu);
   return device_peak;
@@ -142,6 +146,7 @@ void* device_alloc(size_t bytes, const char* what) {
   if (!p) fail("cannot allocate {} bytes for {}", bytes, what);
   std::lock_guard lock(device_mu);
   device_sizes[p] = bytes;
+  ++device_count;
   device_live += int64_t(bytes);
   device_peak = std::max(device_peak, device_live);
   return p;

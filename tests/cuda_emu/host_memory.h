@@ -9,6 +9,7 @@
 namespace lp::cuda::emulation {
 
 int64_t device_bytes();
+int64_t device_allocations();  // how many allocations so far
 int64_t device_peak_bytes();
 void reset_device_peak();
 

@@ -321,5 +321,28 @@ TEST(PrefixCache, EvictionMakesRoomAndNothingWaitsOnTheCache) {
   EXPECT_GT(s.prefix_cache_bytes(), 0);
 }
 
+// A cap on the cache (serve --prefix-cache-mib; on a GPU the budget is the device's while the
+// blocks are in host memory): whatever room the budget leaves, the cache holds at most the cap,
+// evicting the least recently used; and hits still come within it.
+TEST(PrefixCache, ACapBoundsTheCacheWhateverTheBudgetLeaves) {
+  const Model& m = tiny(DType::Int8);
+  SchedulerOptions uncapped = options(m, int64_t(64) << 20);
+  Scheduler free_run(m, uncapped);
+  const auto prompts = questions_over_one_document(m, 64, 3);
+  (void)one_by_one(free_run, prompts, PolicyKind::None, "");
+  const int64_t whole = free_run.prefix_cache_bytes();
+  ASSERT_GT(whole, 0);
+  SchedulerOptions capped = uncapped;
+  capped.prefix_cache_max_bytes = whole * 2 / 3;
+  Scheduler s(m, capped);
+  std::vector<Done> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    out[i] = one_by_one(s, {prompts[i]}, PolicyKind::None, "")[0];
+    EXPECT_LE(s.prefix_cache_bytes(), capped.prefix_cache_max_bytes) << "after request " << i;
+  }
+  EXPECT_GT(s.prefix_cache_bytes(), 0);
+  EXPECT_GT(out.back().rec.cached_tokens, 0);  // the document's blocks, kept within the cap
+}
+
 }  // namespace
 }  // namespace lp

@@ -1375,6 +1375,38 @@ TEST(GpuForward, ARequestHoldsWhatItsReservationCounts) {
 }
 #endif
 
+#if defined(LP_HOST_THREADS)
+// serve's scheduler gives a request's activations beyond kHeldRows rows back after each pass, but a
+// batch's decoding steps keep what they use: the leader's gathered rows and logits stay, and no step
+// allocates once the batch has settled. (The leader's buffers counted with its own made it free and
+// grow them again every step, with the tables of their addresses uploaded again; 8 members make the
+// leader's share larger than the slack of one member's count. About 1.5 s an order on the host.)
+TEST(GpuForward, ABatchsDecodingStepsAllocateNothingOnceSettled) {
+  testing::TempDir dir;
+  CpuContext ctx(1);
+  const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
+  SchedulerOptions o;
+  o.kv_budget_bytes = int64_t(16) << 20;
+  o.prefix_cache = false;
+  o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m->config(), m->weights(), n_ctx); };
+  Scheduler s(*m, o);
+  for (uint32_t i = 0; i < 8; ++i) {
+    RequestParams p;
+    p.prompt = testing::random_ids(6 + i, m->config().n_vocab, 60 + i);
+    p.max_tokens = 5;
+    p.stop_at_end_of_generation = false;
+    s.submit(std::move(p));
+  }
+  ASSERT_TRUE(s.step());  // the prefills
+  ASSERT_TRUE(s.step());  // the first decoding step grows the batch's buffers
+  ASSERT_EQ(s.running(), 8);
+  const int64_t before = cuda::emulation::device_allocations();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(s.step());
+  EXPECT_EQ(cuda::emulation::device_allocations(), before) << "a settled batch's steps allocated";
+  EXPECT_EQ(s.running(), 8);
+}
+#endif
+
 // A server's weights stay on the GPU between requests. The backends of one Weights share its device
 // copy while any of them holds it, and a request's backend ends with the request: requests reaching
 // an idle scheduler each uploaded the weights again until the scheduler held its probe backend.
