@@ -1242,6 +1242,15 @@ TEST(GpuForward, APrefillsActivationsGoBackAndDecodingGoesOn) {
   EXPECT_GT(revived, 0) << "no step revived: the rows never grew again";
 }
 
+// A scheduler's options on GPU backends of m: the K/V budget, the prefix cache on or off.
+SchedulerOptions gpu_scheduler(const Model& m, int64_t budget, bool prefix_cache) {
+  SchedulerOptions o;
+  o.kv_budget_bytes = budget;
+  o.prefix_cache = prefix_cache;
+  o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };
+  return o;
+}
+
 // `serve --backend cuda` with the prefix cache (it had none: the GPU could not copy its state). Three
 // questions over one 36-token document, one request after another through schedulers on GPU
 // backends, greedy: unpruned, each hit gives the tokens the cold scheduler gives and loads the
@@ -1265,11 +1274,7 @@ TEST(GpuForward, TheSchedulerOnAGpuServesPrefixCacheHits) {
     RequestRecord rec;
   };
   const auto serve = [&](bool cache, PolicyKind policy) {
-    SchedulerOptions o;
-    o.kv_budget_bytes = int64_t(64) << 20;
-    o.prefix_cache = cache;
-    o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m->config(), m->weights(), n_ctx); };
-    Scheduler s(*m, o);
+    Scheduler s(*m, gpu_scheduler(*m, int64_t(64) << 20, cache));
     EXPECT_EQ(s.prefix_cache(), cache);
     std::vector<Done> out(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -1385,11 +1390,7 @@ TEST(GpuForward, ABatchsDecodingStepsAllocateNothingOnceSettled) {
   testing::TempDir dir;
   CpuContext ctx(1);
   const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
-  SchedulerOptions o;
-  o.kv_budget_bytes = int64_t(16) << 20;
-  o.prefix_cache = false;
-  o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m->config(), m->weights(), n_ctx); };
-  Scheduler s(*m, o);
+  Scheduler s(*m, gpu_scheduler(*m, int64_t(16) << 20, false));
   for (uint32_t i = 0; i < 8; ++i) {
     RequestParams p;
     p.prompt = testing::random_ids(6 + i, m->config().n_vocab, 60 + i);
@@ -1416,11 +1417,7 @@ TEST(GpuForward, ASchedulerUploadsTheWeightsOnceForRequestsOneAfterAnother) {
   const auto m = Model::load(write_compare_model(dir), DType::BF16, ctx);
   const int64_t before = cuda::weight_uploads();
   {
-    SchedulerOptions o;
-    o.kv_budget_bytes = int64_t(16) << 20;
-    o.prefix_cache = false;
-    o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m->config(), m->weights(), n_ctx); };
-    Scheduler s(*m, o);
+    Scheduler s(*m, gpu_scheduler(*m, int64_t(16) << 20, false));
     for (uint32_t i = 0; i < 3; ++i) {
       RequestParams p;
       p.prompt = testing::random_ids(6, m->config().n_vocab, 40 + i);
