@@ -37,8 +37,7 @@ DeviceMemoryPlan plan_device_memory(const ModelConfig& c, const KvLayout& kv, co
   if (p.limit > device.free_bytes)
     fail(
         "--gpu-memory-utilization {} asks for {:.2f} GiB of the GPU's {:.2f} GiB, but {:.2f} GiB are free "
-        "(other "
-        "processes hold the rest): lower it or free the GPU",
+        "(other processes hold the rest): lower it or free the GPU",
         utilization, p.limit / GiB, device.total_bytes / GiB, device.free_bytes / GiB);
   // A request of n tokens, all of them prompt and pruned (its largest reservation), and its prefill.
   const auto need = [&](int64_t n) { return reservation_bytes(c, kv, n, 0, true) + transient_bytes(n); };
@@ -47,8 +46,7 @@ DeviceMemoryPlan plan_device_memory(const ModelConfig& c, const KvLayout& kv, co
     if (need(max_request_tokens) > room)
       fail(
           "a request of {} tokens (--max-model-len) needs {:.2f} GiB beside the weights' {:.2f} GiB, more "
-          "than the "
-          "{:.2f} GiB left of {:.0f}% of the GPU's {:.2f} GiB: lower --max-model-len or raise "
+          "than the {:.2f} GiB left of {:.0f}% of the GPU's {:.2f} GiB: lower --max-model-len or raise "
           "--gpu-memory-utilization",
           max_request_tokens, need(max_request_tokens) / GiB, p.weights / GiB, std::max(room, 0.0) / GiB,
           utilization * 100, device.total_bytes / GiB);

@@ -85,8 +85,7 @@ int cmd_serve(const ServeArgs& a) {
     if (a.kv_budget_mib > 0 && double(a.kv_budget_mib << 20) > plan.kv_budget_bytes)
       fail(
           "--kv-budget-mib {} does not fit: {:.0f}% of {}'s memory holds {} MiB of reservations beside the "
-          "weights "
-          "({:.2f} GiB) and a {}-token prefill ({:.2f} GiB)",
+          "weights ({:.2f} GiB) and a {}-token prefill ({:.2f} GiB)",
           a.kv_budget_mib, a.gpu_memory_utilization * 100, gpu->name, int64_t(plan.kv_budget_bytes) >> 20,
           plan.weights / 1073741824.0, plan.max_request_tokens, plan.prefill / 1073741824.0);
     if (a.kv_budget_mib == 0) sched.kv_budget_bytes = int64_t(plan.kv_budget_bytes);

@@ -102,18 +102,22 @@ struct Scheduler::Request {
   Session::Pass pass;
 };
 
+KvLayout kv_layout_of(const Backend& b) {
+  const Backend::Held held = b.held_bytes();
+  return KvLayout{.element_bytes = double(b.kv_element_bytes()),
+                  .block = b.kv_block(),
+                  .token_bytes = held.token_bytes,
+                  .request_bytes = held.request_bytes,
+                  .aux_in_token_bytes = held.aux_in_token_bytes};
+}
+
 Scheduler::Scheduler(const Model& m, SchedulerOptions opt) : m_(m), opt_(std::move(opt)) {
   if (opt_.max_batch_tokens < 1)
     fail("an iteration's token budget must be at least 1, got {}", opt_.max_batch_tokens);
   if (opt_.kv_budget_bytes < 1) fail("the K/V budget must be positive");
   if (!opt_.make_backend) internal_fail("the scheduler has no backend factory");
   probe_ = opt_.make_backend(1);
-  const Backend::Held held = probe_->held_bytes();
-  kv_ = KvLayout{.element_bytes = double(probe_->kv_element_bytes()),
-                 .block = probe_->kv_block(),
-                 .token_bytes = held.token_bytes,
-                 .request_bytes = held.request_bytes,
-                 .aux_in_token_bytes = held.aux_in_token_bytes};
+  kv_ = kv_layout_of(*probe_);
   if (opt_.prefix_cache && probe_->copies_state())
     cache_.emplace(m.config().n_layer, m.config().n_embd, opt_.prefix_block_tokens);
 }

@@ -129,6 +129,10 @@ struct SchedulerOptions {
   BackendFactory make_backend;
 };
 
+// The layout a request's reservation counts in on backend b: its K/V element and block, and what
+// it holds beside K/V (Backend::held_bytes).
+KvLayout kv_layout_of(const Backend& b);
+
 class Scheduler {
  public:
   Scheduler(const Model& m, SchedulerOptions opt);

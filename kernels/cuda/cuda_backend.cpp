@@ -1067,10 +1067,10 @@ class CudaBackend final : public Backend {
     get(out.data(), batch_out.as<void>(), out.size() * 4);
     shrink_copy_room();
   }
-  // A copy's room given back when it is large (a long prompt's blocks, read after the prefill gave its
-  // activations back: it would stay for the whole decoding); the wait it costs follows the copy's own.
+  // A copy's room given back when it is larger than a batch leader keeps (a long prompt's blocks, read
+  // after the prefill gave its activations back: it would stay for the whole decoding).
   void shrink_copy_room() {
-    if (batch_out.bytes() > (size_t(64) << 20)) batch_out = DBuf();
+    if (batch_out.bytes() > size_t(kBatchRoomBytes)) batch_out = DBuf();
   }
 
   void aux_load(std::span<const int64_t> entries, std::span<const float> states) override {
