@@ -51,6 +51,7 @@ struct RunArgs {
   std::string prune = "none", schedule, trace;
   std::string backend = "cpu";
   bool op_timers = false;
+  bool cuda_graphs = false;     // --cuda-graphs (cuda::BackendOptions::cuda_graphs)
   std::string warmup = "auto";  // auto (on with --backend cuda), on, off
   // KV-Runahead under mpirun (cli/run_runahead.cpp): the partition, the profile that balances it,
   // and the bound on each wait for another rank.
@@ -253,6 +254,7 @@ struct ServeArgs {
   int64_t max_model_len = 0;     // 0: the model's context (on a GPU, at most what its memory holds)
   int64_t prefix_cache_mib = 0;  // 0: within the K/V budget on the CPU, 4096 with --backend cuda
   double gpu_memory_utilization = 0.9;
+  bool cuda_graphs = false;  // --cuda-graphs (cuda::BackendOptions::cuda_graphs)
   bool no_prefix_cache = false;
   int64_t prefix_block_tokens = 16;
   int max_n = 8;

@@ -36,6 +36,10 @@ CLI::App* add_run(CLI::App& app, RunArgs& a) {
   run->add_flag(
       "--op-timers", a.op_timers,
       "With --backend cuda: time every op (the GPU synchronised around each) and put them in --json");
+  run->add_flag(
+      "--cuda-graphs", a.cuda_graphs,
+      "With --backend cuda: capture each decoding step as CUDA graphs (a graph per stretch between the "
+      "host's waits, updated in place step after step) instead of launching its kernels one by one");
   run->add_option("--warmup", a.warmup,
                   "Run the prefill and one decoding step once, untimed, before the timed run (the caches "
                   "emptied between): on, off, or auto (on with --backend cuda, whose first launches load "
@@ -229,6 +233,10 @@ continuous batching and LazyLLM per request; /metrics in the Prometheus format. 
                 "The most prompt + max_tokens a request may ask (default: the model's context; with "
                 "--backend cuda at most what the GPU holds beside the weights for one request's prefill)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  s->add_flag(
+      "--cuda-graphs", a.cuda_graphs,
+      "With --backend cuda: capture each decoding step as CUDA graphs (a graph per stretch between the "
+      "host's waits, updated in place step after step) instead of launching its kernels one by one");
   s->add_flag("--no-prefix-cache", a.no_prefix_cache,
               "Compute every prompt in full (by default a prompt reuses the K/V, and with LazyLLM the pruned "
               "state, of the longest prefix an earlier request left in the cache, inside the K/V budget)");

@@ -119,6 +119,7 @@ int cmd_run(const RunArgs& a) {
   lp::cuda::Device gpu;
   if (a.op_timers && a.backend != "cuda")
     lp::usage_fail("--op-timers is for --backend cuda (the CPU always times its ops)");
+  if (a.cuda_graphs && a.backend != "cuda") lp::usage_fail("--cuda-graphs is for --backend cuda");
   if (a.backend == "cuda") {
     gpu = check_cuda_backend(path, asked.value_or(lp::DType::BF16));  // auto on a GPU: bf16 (Model::load_as)
   }
@@ -140,7 +141,8 @@ int cmd_run(const RunArgs& a) {
       a.backend == "cuda"
           ? lp::generate(*model, ids, opt,
                          [&](int64_t n_ctx) {
-                           return lp::cuda::make_backend(model->config(), model->weights(), n_ctx);
+                           return lp::cuda::make_backend(model->config(), model->weights(), n_ctx,
+                                                         {.cuda_graphs = a.cuda_graphs});
                          })
           : lp::generate(ctx, *model, ids, opt);
 

@@ -54,6 +54,7 @@ int cmd_serve(const ServeArgs& a) {
   so.access.allowed_hosts = a.allowed_hosts;
   so.access.allowed_origins = a.allowed_origins;
   server::check_access_options(so.access);
+  if (a.cuda_graphs && a.backend != "cuda") usage_fail("--cuda-graphs is for --backend cuda");
 
   // One line saying why not, before the load; its free memory, before the weights go up.
   const std::optional<cuda::Device> gpu =
@@ -101,7 +102,9 @@ int cmd_serve(const ServeArgs& a) {
   sched.prefix_cache_max_bytes = (a.prefix_cache_mib > 0 ? a.prefix_cache_mib : gpu ? 4096 : 0) << 20;
   const Model& m = *model;
   if (a.backend == "cuda")
-    sched.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };
+    sched.make_backend = [&m, graphs = a.cuda_graphs](int64_t n_ctx) {
+      return cuda::make_backend(m.config(), m.weights(), n_ctx, {.cuda_graphs = graphs});
+    };
   else
     sched.make_backend = [&m, &ctx](int64_t n_ctx) -> std::unique_ptr<Backend> {
       return std::make_unique<CpuBackend>(ctx, m.config(), m.weights(), n_ctx);

@@ -263,6 +263,51 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
   }
 }
 
+// Decoding steps launched op by op and captured as CUDA graphs (BackendOptions::cuda_graphs, issue 58
+// item 2), unpruned and LazyLLM (waiting at its selections: a graph per stretch between waits), on two
+// sessions after the same T-token prefill, alternated step by step: the median step of each, the
+// segments a step and the executables instantiated over the timed steps (0 once settled: each
+// segment is updated in place).
+void graph_rows(const Model& m, int64_t T) {
+  const ModelConfig& c = m.config();
+  const auto [ids, pos] = Prompt(c, T, 5);
+  const int64_t last = T - 1;
+  const int n = 2 * (g_runs + 1);
+  for (const bool prune : {false, true}) {
+    const auto steps =
+        prune ? resolve_schedule(parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3"), c.n_layer, c.global_layers())
+              : std::vector<PruneStep>{};
+    auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
+    const PruneRequest req{steps, policy.get()};
+    std::unique_ptr<Session> ss[2];
+    std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+    for (int k = 0; k < 2; ++k) {
+      ss[k] = std::make_unique<Session>(
+          m, cuda::make_backend(c, m.weights(), T + n + 2, cuda::BackendOptions{.cuda_graphs = k == 1}));
+      ss[k]->forward(ids, pos, {&last, 1}, logits.data(), prune ? &req : nullptr);
+    }
+    std::vector<double> ms[2];
+    cuda::GraphCounts g0;
+    for (int i = 0; i < n; ++i)
+      for (int k = 0; k < 2; ++k) {
+        if (i == 2 && k == 1) g0 = cuda::graph_counts();  // two steps to settle
+        const auto t0 = std::chrono::steady_clock::now();
+        ss[k]->decode_step(1, int32_t(T) + i, logits.data(), prune ? &req : nullptr);
+        if (i >= 2)
+          ms[k].push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    const cuda::GraphCounts g1 = cuda::graph_counts();
+    for (auto& v : ms) std::sort(v.begin(), v.end());
+    const double op = ms[0][ms[0].size() / 2], gr = ms[1][ms[1].size() / 2], timed = double(n - 2);
+    fmt::print(
+        "  {:<9} decoding step  {:>8.3f} ms op by op  {:>8.3f} ms as graphs ({:.2f}x; {:.1f} segments and "
+        "{:.0f} operations a step, {} instantiated)\n",
+        prune ? "LazyLLM" : "unpruned", op, gr, op / gr, double(g1.launched - g0.launched) / timed,
+        double(g1.ops - g0.ops) / timed, g1.instantiated - g0.instantiated);
+  }
+}
+
 // Continuous batching's decoding steps (engine/batch.h, as `serve` runs them): n sessions, each
 // after its own prefill of T tokens (LazyLLM's default schedule or none), decoding one token each
 // per step, every GEMM and row op once over all of them. Tokens/s of 1 and 8 members side by side
@@ -319,14 +364,17 @@ void batch_rows(const Model& m, int64_t T, int members) {
     auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
     const PruneRequest req{steps, policy.get()};
     double alone = 0;
-    for (const int n : {1, members}) {
+    // One member and `members`, launched op by op, then `members` captured as CUDA graphs.
+    for (const auto& [n, graphs] :
+         {std::pair{1, false}, std::pair{members, false}, std::pair{members, true}}) {
+      const cuda::BackendOptions opt{.cuda_graphs = graphs};
       std::vector<std::unique_ptr<Session>> ss;
       std::vector<std::vector<float>> logits(size_t(n), std::vector<float>(size_t(c.n_vocab)));
       std::mt19937 rng(11);
       for (int i = 0; i < n; ++i) {
         std::vector<int32_t> ids(static_cast<size_t>(T));
         for (int32_t& id : ids) id = int32_t(rng() % uint32_t(c.n_vocab));
-        ss.push_back(std::make_unique<Session>(m, cuda::make_backend(c, m.weights(), T + g_runs + 3)));
+        ss.push_back(std::make_unique<Session>(m, cuda::make_backend(c, m.weights(), T + g_runs + 3, opt)));
         ss.back()->forward(ids, pos, {&last, 1}, logits[size_t(i)].data(), prune ? &req : nullptr);
       }
       int32_t at = int32_t(T);
@@ -348,9 +396,10 @@ void batch_rows(const Model& m, int64_t T, int members) {
       if (n == 1) alone = tokens_s;
       fmt::print(
           "  {:<9} {} member{}  {:>8.2f} ms a step  {:>8.0f} tokens/s  "
-          "({:.2f}x one; {:.0f} operations queued and {:.1f} host waits a step)\n",
+          "({:.2f}x one; {:.0f} operations queued and {:.1f} host waits a step{})\n",
           prune ? "LazyLLM" : "unpruned", n, n == 1 ? " " : "s", ms, tokens_s, tokens_s / alone,
-          double(cuda::queued_ops() - ops0) / steps_run, double(cuda::host_waits() - waits0) / steps_run);
+          double(cuda::queued_ops() - ops0) / steps_run, double(cuda::host_waits() - waits0) / steps_run,
+          graphs ? "; as CUDA graphs" : "");
     }
   }
 }
@@ -407,6 +456,9 @@ int main(int argc, char** argv) {
       const auto m = Model::load(default_model_path(), DType::F32, ctx);
       fmt::print("default model (SmolLM2-135M, f32):\n");
       ttft_rows(*m, std::min<int64_t>(T, 8192));
+      fmt::print("default model: decoding steps op by op and as CUDA graphs after {}-token prompts\n",
+                 std::min<int64_t>(T, batch_prompt));
+      graph_rows(*m, std::min<int64_t>(T, batch_prompt));
     }
     // A bf16 session's attention runs on the tensor cores in f16 over its f16 K/V cache (the default,
     // issue 58: the figure to set beside the published vLLM and TensorRT-LLM TTFTs of this shape); the
@@ -425,6 +477,11 @@ int main(int argc, char** argv) {
         "\n{} shape, random bf16 weights: batched decoding steps after {}-token prompts (median of {})\n",
         shape, std::min<int64_t>(T, batch_prompt), g_runs);
     batch_rows(*mr, std::min<int64_t>(T, batch_prompt), batch_members);
+    fmt::print(
+        "\n{} shape, random bf16 weights: decoding steps op by op and as CUDA graphs after {}-token "
+        "prompts (median of {})\n",
+        shape, std::min<int64_t>(T, batch_prompt), 2 * g_runs);
+    graph_rows(*mr, std::min<int64_t>(T, batch_prompt));
     if (int8) {
       const auto mq = random_model(shape, layers, true);
       fmt::print("{} shape ({} layers), random Q8_0 weights (--dtype int8: bf16 activations):\n", shape,

@@ -355,6 +355,9 @@ class CudaBackend final : public Backend {
   void embed(std::span<const int32_t> ids) override {
     device_keys_at = {};  // a pass's first op: no layer's keys are the device's active set yet
     const int64_t T = int64_t(ids.size());
+    // A decoding step's operations captured (BackendOptions::cuda_graphs); a prefill's launched, whose
+    // kernels are long enough that a launch costs nothing beside them.
+    set_graphs(opt.cuda_graphs && T <= kGemvMaxRows);
     const std::vector<int64_t> id64(ids.begin(), ids.end());
     idx.reserve(size_t(T) * 8, "row indices");
     put(idx.as<void>(), id64.data(), size_t(T) * 8);
@@ -644,6 +647,7 @@ class CudaBackend final : public Backend {
       }
     }
     std::memcpy(ids, greedy_host.p, size_t(total) * 4);
+    step_done();
   }
 
   void lm_head_batched(std::span<Backend* const> members, float* logits_out, int64_t n_vocab) override {
@@ -651,6 +655,7 @@ class CudaBackend final : public Backend {
     const int64_t total = concat_rows(members_of(members), &CudaBackend::xn, c.n_embd);
     head(batch_in.as<float>(), total);
     get(logits_out, logits.as<void>(), size_t(total * n_vocab) * 4);
+    step_done();
   }
 
   void rope(int l) override {
@@ -1112,7 +1117,11 @@ class CudaBackend final : public Backend {
   void lm_head(float* out) override {
     head(xn.as<float>(), T());
     get(out, logits.as<void>(), size_t(T() * c.n_vocab) * 4);
+    step_done();
   }
+  // A pass's logits are in: its capture (BackendOptions::cuda_graphs) ends with it, so that what is
+  // queued between passes (the next pass's positions, before its embedding) is not captured.
+  static void step_done() { set_graphs(false); }
 
   void write(Tensor t, std::span<const float> data) override {
     const int64_t width = tensor_width(c, t);

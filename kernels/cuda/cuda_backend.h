@@ -34,6 +34,12 @@ struct BackendOptions {
   // Llama-3.1-8B shape 168 KiB a token, 21 GiB of a 131,072-token prefill's 40 GiB of activations.
   // 8,192 rows keep the tensor cores' GEMMs at their full rate. 0: the whole prompt at once.
   int64_t ffn_chunk_rows = 8192;
+  // A decoding step's operations captured as CUDA graphs (cuda::set_graphs): the whole step, one
+  // graph launch, where it does not wait in the middle (an unpruned step, a deferred LazyLLM one), a
+  // graph per stretch between its waits otherwise (a LazyLLM step's selections, a MoE layer's routes).
+  // Each sequence's executable is updated in place step after step. Off by default until a GPU
+  // has timed it (lp_gpu_bench --graphs; docs/cuda.md, "CUDA graphs").
+  bool cuda_graphs = false;
 };
 
 // Opens the first GPU, checks that the weights, K/V and Aux Cache for n_ctx tokens and the

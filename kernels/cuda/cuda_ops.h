@@ -3,7 +3,7 @@
 // CMake finds nvcc (LP_CUDA); otherwise kernels/cuda/no_cuda.cpp provides the same functions,
 // and open_device() says that this build has no CUDA backend.
 //
-// Every launcher takes device pointers, runs on the default stream, and throws lp::Error with one
+// Every launcher takes device pointers, runs on the backends' one stream, and throws lp::Error with one
 // line naming the op and the CUDA error when a launch or an allocation fails. Layouts and
 // semantics are those of the scalar references (kernels/cpu/ref.h); the per-element arithmetic
 // is kernels/cuda/device_math.h, tested on the CPU.
@@ -33,6 +33,43 @@ inline std::atomic<int64_t>& queued_ops_counter() {
 inline int64_t queued_ops() {
   return queued_ops_counter().load();
 }
+
+// CUDA graphs (issue 58, item 2). Every operation is queued on one stream (a blocking stream, so the
+// legacy default stream's calls stay ordered with it). While graphs are on (set_graphs, by the thread
+// that drives the device), the operations queued are not launched one by one but captured, and a
+// segment of them goes to the device as one graph launch at the next call that waits for the device
+// or allocates or frees device or pinned memory (a copy back, a synchronisation: what ends it is what
+// would have made the host wait, or what a capture cannot hold), or when graphs are turned off. A
+// segment's executable graph is kept by the sequence of operations it holds (the kernels, copies and
+// GEMM shapes in order) and updated in place with the next segment of that sequence
+// (cudaGraphExecUpdate: new pointers, counts and grid sizes), so a decoding step after the first is
+// captured, updated and launched, not instantiated. The host then pays a capture per operation,
+// not a launch. Off by default: a thread that did not turn them on queues as without them (its
+// operations end a capture first).
+void set_graphs(bool on);
+bool graphs_on();
+struct GraphCounts {
+  int64_t launched = 0;      // segments launched as graphs
+  int64_t instantiated = 0;  // of them, instantiated (a sequence not kept, or whose update failed)
+  int64_t ops = 0;           // operations captured into them
+};
+GraphCounts graph_counts();  // since the process started
+// The identity of an operation in a segment's sequence (graphs): a kernel by its function, a copy or
+// GEMM by a tag and its sizes.
+template <class F>
+uint64_t op_id(F* kernel) {
+  return uint64_t(reinterpret_cast<uintptr_t>(kernel));
+}
+// The stream an operation `op` (op_id) is queued on: it begins a capture where graphs are on and
+// none is open, and adds op to the open one's sequence. Every operation calls it once.
+void* queue_on(uint64_t op);
+// A launcher's scratch memory, freed when the launcher returns (Scratch in launch.cuh): stream-
+// ordered memory, or, in a capture, a bump region of an arena that lives as long as the graphs that
+// use it (a graph may not allocate: an allocation ends the capture, which a launcher's scratch
+// would do at every attention with key splits and every selection). A full arena ends the capture,
+// grows, and starts a new one.
+void* scratch_alloc(size_t bytes, const char* what);
+void scratch_free(void* p);
 
 // Throws lp::DeviceError(what): a CUDA or cuBLAS call failed. It is lost() when the device cannot
 // be used again by this process (the error is sticky: a synchronisation after it fails too).
@@ -66,7 +103,7 @@ void host_free_pinned(void* p);
 void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes);
 void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes);
 void synchronize(const char* what);
-// Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the default stream): freeing does not
+// Stream-ordered memory (cudaMallocAsync / cudaFreeAsync on the stream): freeing does not
 // wait for the device, and the launches queued before the free still see the memory.
 void* device_alloc_async(size_t bytes, const char* what);
 void device_free_async(void* p);

@@ -32,15 +32,17 @@ inline void check_launch(const char* what) {
   extern __shared__ __align__(16) unsigned char lp_dynamic_shared[]; \
   type* name = reinterpret_cast<type*>(lp_dynamic_shared)
 #define LP_UNROLL _Pragma("unroll")
-// kernel<<<grid, block, shared_bytes>>>(args...), then the launch's error check.
-#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)       \
-  do {                                                          \
-    ++::lp::cuda::queued_ops_counter();                         \
-    (kernel)<<<(grid), (block), (shared_bytes)>>>(__VA_ARGS__); \
-    ::lp::cuda::kernels::check_launch(#kernel);                 \
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) on the backends' stream (captured where
+// graphs are on: cuda_ops.h), then the launch's error check.
+#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)                                              \
+  do {                                                                                                 \
+    ++::lp::cuda::queued_ops_counter();                                                                \
+    const auto lp_stream = static_cast<cudaStream_t>(::lp::cuda::queue_on(::lp::cuda::op_id(kernel))); \
+    (kernel)<<<(grid), (block), (shared_bytes), lp_stream>>>(__VA_ARGS__);                             \
+    ::lp::cuda::kernels::check_launch(#kernel);                                                        \
   } while (0)
 #else
-#include "tests/cuda_emu/host_threads.h"
+#include "tests/cuda_emu/host_stream.h"
 
 struct alignas(16) float4 {
   float x, y, z, w;
@@ -51,9 +53,10 @@ using BlockReduce = ::lp::host_threads::BlockReduce<T, N>;
 }  // namespace lp::cuda::kernels
 #define LP_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::lp::host_threads::dynamic_shared())
 #define LP_UNROLL
-#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...) \
-  (++::lp::cuda::queued_ops_counter(),                    \
-   ::lp::host_threads::launch(dim3(grid), dim3(block), (shared_bytes), (kernel), __VA_ARGS__))
+#define LP_LAUNCH(kernel, grid, block, shared_bytes, ...)                                            \
+  (++::lp::cuda::queued_ops_counter(),                                                               \
+   ::lp::cuda::emulation::launch(::lp::cuda::op_id(kernel), dim3(grid), dim3(block), (shared_bytes), \
+                                 (kernel), __VA_ARGS__))
 #endif
 
 namespace lp::cuda::kernels {

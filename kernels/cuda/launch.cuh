@@ -22,11 +22,12 @@ unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);
 }
 
-// Stream-ordered scratch memory, given back at scope exit without synchronising the device.
+// A launcher's scratch memory (scratch_alloc), given back at scope exit without synchronising the
+// device.
 struct Scratch {
   void* p = nullptr;
-  Scratch(size_t bytes, const char* what) : p(device_alloc_async(bytes ? bytes : 1, what)) {}
-  ~Scratch() { device_free_async(p); }
+  Scratch(size_t bytes, const char* what) : p(scratch_alloc(bytes ? bytes : 1, what)) {}
+  ~Scratch() { scratch_free(p); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   template <class T>

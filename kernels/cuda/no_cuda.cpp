@@ -50,6 +50,20 @@ void* device_alloc_async(size_t, const char*) {
   unavailable();
 }
 void device_free_async(void*) {}
+void set_graphs(bool) {}
+bool graphs_on() {
+  return false;
+}
+GraphCounts graph_counts() {
+  return {};
+}
+void* queue_on(uint64_t) {
+  unavailable();
+}
+void* scratch_alloc(size_t, const char*) {
+  unavailable();
+}
+void scratch_free(void*) {}
 int multiprocessors() {
   unavailable();
 }

@@ -7,9 +7,11 @@
 
 #include <cub/device/device_radix_sort.cuh>
 #include <mutex>
+#include <thread>
 
 #include "kernels/cuda/capability.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/graph_cache.h"
 #include "kernels/cuda/launch.cuh"
 #include "model/error.h"
 
@@ -26,22 +28,189 @@ void check_blas(cublasStatus_t s, const char* what) {
     device_failed(fmt::format("cuBLAS error in {}: {}", what, cublasGetStatusString(s)));
 }
 
+// The one stream every operation is queued on. A blocking stream: the legacy default stream's
+// calls (a cudaMemcpy from pageable memory, a library's) wait for its work and it for theirs, as
+// when everything ran on the legacy stream; unlike that one, it can be captured into a graph.
+cudaStream_t the_stream() {
+  static const cudaStream_t s = [] {
+    cudaStream_t r = nullptr;
+    check(cudaStreamCreate(&r), "cudaStreamCreate");
+    return r;
+  }();
+  return s;
+}
+
+// cuBLAS on the stream, with a workspace of its own (a capture must not see cuBLAS allocate one;
+// 32 MiB is what cuBLAS asks for on Hopper, inside the 256 MiB the memory check keeps for it).
 cublasHandle_t blas() {
   static std::once_flag once;
   static cublasHandle_t h = nullptr;
   static cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  std::call_once(once, [] { status = cublasCreate(&h); });
+  static void* workspace = nullptr;
+  std::call_once(once, [] {
+    status = cublasCreate(&h);
+    if (status == CUBLAS_STATUS_SUCCESS) status = cublasSetStream(h, the_stream());
+    constexpr size_t kWorkspace = size_t(32) << 20;
+    if (status == CUBLAS_STATUS_SUCCESS && cudaMalloc(&workspace, kWorkspace) == cudaSuccess)
+      status = cublasSetWorkspace(h, workspace, kWorkspace);
+  });
   check_blas(status, "cublasCreate");
   return h;
 }
 
+// CUDA graphs (cuda_ops.h, set_graphs): whether they are on and for which thread, the segment
+// being captured, the executables kept, the scratch arena of captures.
+struct Graphs {
+  std::recursive_mutex mu;  // a failed call inside (device_failed) takes it again
+  bool on = false;
+  std::thread::id owner;
+  bool capturing = false;
+  uint64_t key = kEmptySegment;
+  int64_t ops = 0;
+  GraphCounts counts;
+  GraphCache<cudaGraphExec_t> kept{[](cudaGraphExec_t& e) { cudaGraphExecDestroy(e); }};
+  void* arena = nullptr;
+  size_t arena_bytes = 0, arena_used = 0;
+};
+Graphs& graphs() {
+  static Graphs* g = new Graphs;  // never destroyed: its executables may outlive static destruction's order
+  return *g;
+}
+
+// Begins a capture where graphs are on for this thread and none is open (g.mu held).
+void begin_capture(Graphs& g) {
+  if (!g.on || g.capturing || g.owner != std::this_thread::get_id()) return;
+  // Relaxed: the calls that a capture cannot hold end it first (end_capture), and the others (a
+  // device attribute, a pool's statistics) need not be refused.
+  check(cudaStreamBeginCapture(the_stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+  g.capturing = true;
+  g.key = kEmptySegment;
+  g.ops = 0;
+  g.arena_used = 0;
+}
+
+// Ends the open capture and launches its graph: the executable kept for its sequence, updated with
+// this segment's parameters, or a new one where there is none or the update is refused (g.mu held).
+void end_capture(Graphs& g) {
+  if (!g.capturing) return;
+  g.capturing = false;
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamEndCapture(the_stream(), &graph), "cudaStreamEndCapture");
+  if (g.ops == 0) {
+    cudaGraphDestroy(graph);
+    return;
+  }
+  cudaGraphExec_t* exec = g.kept.find(g.key);
+  if (exec) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(*exec, graph, &info) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: a new executable replaces it
+      exec = nullptr;
+    }
+  }
+  if (!exec) {
+    cudaGraphExec_t e = nullptr;
+    const cudaError_t r = cudaGraphInstantiate(&e, graph, 0);
+    if (r != cudaSuccess) cudaGraphDestroy(graph);
+    check(r, "cudaGraphInstantiate");
+    exec = &g.kept.put(g.key, e);
+    ++g.counts.instantiated;
+  }
+  cudaGraphDestroy(graph);
+  ++g.counts.launched;
+  g.counts.ops += g.ops;
+  check(cudaGraphLaunch(*exec, the_stream()), "cudaGraphLaunch");
+}
+
+// What a capture cannot hold (a wait, an allocation, a free, a copy from pageable memory) ends it
+// first: the work captured so far goes to the device ahead of it.
+void end_segment() {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  end_capture(g);
+}
+
 }  // namespace
+
+void set_graphs(bool on) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  if (!on || g.owner != std::this_thread::get_id()) end_capture(g);
+  g.on = on;
+  g.owner = std::this_thread::get_id();
+}
+
+bool graphs_on() {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  return g.on && g.owner == std::this_thread::get_id();
+}
+
+GraphCounts graph_counts() {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  return g.counts;
+}
+
+void* queue_on(uint64_t op) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);  // another thread's work
+  begin_capture(g);
+  if (g.capturing) g.key = mix_op(g.key, op), ++g.ops;
+  return the_stream();
+}
+
+void* scratch_alloc(size_t bytes, const char* what) {
+  Graphs& g = graphs();
+  {
+    std::lock_guard lock(g.mu);
+    begin_capture(g);  // the launcher's operations follow: their capture begins here
+    if (g.capturing) {
+      const size_t need = (bytes + 255) & ~size_t(255);
+      if (g.arena_used + need > g.arena_bytes) {
+        // The arena grows outside a capture: the segment so far is launched (its regions of the old
+        // arena are freed behind it), and a new capture begins in the larger arena.
+        const size_t grown = std::max({2 * g.arena_bytes, g.arena_used + need, size_t(1) << 20});
+        end_capture(g);
+        if (g.arena) check(cudaFreeAsync(g.arena, the_stream()), "scratch arena free");
+        g.arena = nullptr, g.arena_bytes = 0;
+        check(cudaMallocAsync(&g.arena, grown, the_stream()), what);
+        g.arena_bytes = grown;
+        begin_capture(g);
+      }
+      void* p = static_cast<std::byte*>(g.arena) + g.arena_used;
+      g.arena_used += need;
+      return p;
+    }
+  }
+  return device_alloc_async(bytes, what);
+}
+
+void scratch_free(void* p) {
+  Graphs& g = graphs();
+  {
+    std::lock_guard lock(g.mu);
+    const auto* b = static_cast<const std::byte*>(g.arena);
+    if (b && p >= b && p < b + g.arena_bytes) return;  // the arena's: it lives on
+  }
+  device_free_async(p);
+}
 
 bool compiled() {
   return true;
 }
 
 void device_failed(const std::string& what) {
+  {  // a capture open when a call failed is dropped (its graph would not be complete)
+    Graphs& g = graphs();
+    std::lock_guard lock(g.mu);
+    if (g.capturing) {
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamEndCapture(the_stream(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      g.capturing = false;
+    }
+  }
   // A non-sticky error is cleared by reading it; a sticky one fails every later call on the context.
   cudaGetLastError();
   const bool lost = cudaDeviceSynchronize() != cudaSuccess;
@@ -110,6 +279,7 @@ Device open_device() {
 }
 
 void* device_alloc(size_t bytes, const char* what) {
+  end_segment();
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
@@ -124,23 +294,41 @@ void* device_alloc(size_t bytes, const char* what) {
 }
 
 void device_free(void* p) {
+  end_segment();
   if (p) cudaFree(p);
 }
 
+namespace {
+// Tags of the copies and GEMMs in a segment's sequence (op_id: kernels by their function).
+// A sort's key count is not in its tag: CUB launches the same kernels for a count that grows by one a
+// step (where it does not, the update is refused and the segment instantiated again).
+enum : uint64_t { kToDevice = 1, kToHost, kOnDevice, kColumns, kGemmF32, kGemmBf16, kSort };
+uint64_t op_with(uint64_t tag, int64_t a, int64_t b = 0, int64_t c = 0) {
+  return mix_op(mix_op(mix_op(tag, uint64_t(a)), uint64_t(b)), uint64_t(c));
+}
+cudaStream_t stream_for(uint64_t op) {
+  return static_cast<cudaStream_t>(queue_on(op));
+}
+}  // namespace
+
+// Pageable memory: cudaMemcpy on the legacy stream, which waits for the stream's work.
 void copy_to_device(void* dst, const void* src, size_t bytes) {
+  end_segment();
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copy to device");
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
+  end_segment();
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes) {
   ++queued_ops_counter();
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "copy on device");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_for(kOnDevice)), "copy on device");
 }
 
 void* host_alloc_pinned(size_t bytes, const char* what) {
+  end_segment();
   void* p = nullptr;
   const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
   if (e != cudaSuccess)
@@ -150,20 +338,24 @@ void* host_alloc_pinned(size_t bytes, const char* what) {
 }
 
 void host_free_pinned(void* p) {
+  end_segment();
   if (p) cudaFreeHost(p);
 }
 
 void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes) {
   ++queued_ops_counter();
-  check(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, 0), "queued copy to device");
+  check(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, stream_for(kToDevice)),
+        "queued copy to device");
 }
 
 void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
   ++queued_ops_counter();
-  check(cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, 0), "queued copy to host");
+  check(cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, stream_for(kToHost)),
+        "queued copy to host");
 }
 
 void synchronize(const char* what) {
+  end_segment();
   check(cudaDeviceSynchronize(), what);
 }
 
@@ -174,12 +366,14 @@ void synchronize(const char* what) {
 // queued on it) and the allocation is tried once more; then it fails as device_alloc does, with
 // the free memory. (No cudaMalloc fallback: a pointer must be freed as it was allocated.)
 void* device_alloc_async(size_t bytes, const char* what) {
+  end_segment();
   void* p = nullptr;
-  if (cudaMallocAsync(&p, bytes, 0) == cudaSuccess) return p;  // the legacy default stream, as every launch
+  const cudaStream_t s = the_stream();
+  if (cudaMallocAsync(&p, bytes, s) == cudaSuccess) return p;
   cudaGetLastError();
   cudaMemPool_t pool = nullptr;
-  if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess && cudaStreamSynchronize(0) == cudaSuccess &&
-      cudaMemPoolTrimTo(pool, 0) == cudaSuccess && cudaMallocAsync(&p, bytes, 0) == cudaSuccess)
+  if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess &&
+      cudaMemPoolTrimTo(pool, 0) == cudaSuccess && cudaMallocAsync(&p, bytes, s) == cudaSuccess)
     return p;
   const cudaError_t e = cudaGetLastError();
   size_t free_b = 0, total_b = 0;
@@ -191,7 +385,9 @@ void* device_alloc_async(size_t bytes, const char* what) {
 }
 
 void device_free_async(void* p) {
-  if (p) cudaFreeAsync(p, 0);
+  if (!p) return;
+  end_segment();
+  cudaFreeAsync(p, the_stream());
 }
 
 int multiprocessors() {
@@ -218,9 +414,9 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
                                                     idx_sorted.as<int64_t>(), int(m)),
           "selection sort (size)");
     Scratch tmp(bytes, "selection sort");
-    check(cub::DeviceRadixSort::SortPairsDescending(tmp.p, bytes, keys.as<uint64_t>(),
-                                                    keys_sorted.as<uint64_t>(), idx.as<int64_t>(),
-                                                    idx_sorted.as<int64_t>(), int(m)),
+    check(cub::DeviceRadixSort::SortPairsDescending(
+              tmp.p, bytes, keys.as<uint64_t>(), keys_sorted.as<uint64_t>(), idx.as<int64_t>(),
+              idx_sorted.as<int64_t>(), int(m), 0, 64, stream_for(kSort)),
           "selection sort");
   }
   // The best n_keep - 1 candidates and the last token, in increasing order.
@@ -229,15 +425,16 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
   check(cub::DeviceRadixSort::SortKeys(nullptr, bytes, idx_sorted.as<int64_t>(), keep, int(n_keep)),
         "selection order (size)");
   Scratch tmp(bytes, "selection order");
-  check(cub::DeviceRadixSort::SortKeys(tmp.p, bytes, idx_sorted.as<int64_t>(), keep, int(n_keep)),
+  check(cub::DeviceRadixSort::SortKeys(tmp.p, bytes, idx_sorted.as<int64_t>(), keep, int(n_keep), 0, 64,
+                                       stream_for(kSort)),
         "selection order");
 }
 
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
   ++queued_ops_counter();
   if (rows <= 0 || width <= 0) return;
-  check(cudaMemcpy2D(dst, size_t(ld_dst) * 4, src, size_t(ld_src) * 4, size_t(width) * 4, size_t(rows),
-                     cudaMemcpyDeviceToDevice),
+  check(cudaMemcpy2DAsync(dst, size_t(ld_dst) * 4, src, size_t(ld_src) * 4, size_t(width) * 4, size_t(rows),
+                          cudaMemcpyDeviceToDevice, stream_for(kColumns)),
         "copy_columns");
 }
 
@@ -247,7 +444,9 @@ void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, 
   ++queued_ops_counter();
   if (T <= 0 || N <= 0) return;
   const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, int(K), a, int(K),
+  const cublasHandle_t h = blas();         // created outside a capture
+  stream_for(op_with(kGemmF32, T, K, N));  // cuBLAS queues on the stream (its handle's)
+  check_blas(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, int(K), a, int(K),
                          &zero, out, int(N)),
              "gemm_f32");
 }
@@ -256,8 +455,10 @@ void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int6
   ++queued_ops_counter();
   if (T <= 0 || N <= 0) return;
   const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, CUDA_R_16BF,
-                          int(K), a, CUDA_R_16BF, int(K), &zero, out, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F,
+  const cublasHandle_t h = blas();
+  stream_for(op_with(kGemmBf16, T, K, N));
+  check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, CUDA_R_16BF, int(K),
+                          a, CUDA_R_16BF, int(K), &zero, out, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT),
              "gemm_bf16");
 }

@@ -1,7 +1,9 @@
 // The CUDA backend on the host, for tests: "device" memory is host memory, the own kernels
 // (kernels.cuh) run thread by thread through the same launchers as on the GPU (launch.cuh over
 // host_threads.h), and what comes from NVIDIA libraries is replaced: cuBLAS GEMMs by the scalar
-// reference, CUB's radix sorts by stable sorts of the same keys, cudaMemcpy2D by row copies. Not
+// reference, CUB's radix sorts by stable sorts of the same keys, cudaMemcpy2D by row copies. The
+// stream runs each operation when it is queued, or, in a capture (set_graphs), when the captured
+// segment is launched (host_stream.h). Not
 // part of the product: the tests link it under cuda_backend.cpp and the GPU suite's own source,
 // so the ops and the session's logic are checked on machines without a GPU.
 #include <algorithm>
@@ -11,10 +13,12 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/ref.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/graph_cache.h"
 #include "kernels/cuda/launch.cuh"
 #include "model/error.h"
 #include "tests/cuda_emu/host_memory.h"
@@ -26,7 +30,116 @@ bool compiled() {
   return false;
 }
 
+namespace {
+
+// Graphs as ops.cu keeps them (its comments say why), with the captured operations recorded here and
+// run in order when the segment is launched. A segment's scratch and the device memory it frees live
+// until it has run.
+struct Graphs {
+  std::recursive_mutex mu;  // a recorded operation may queue others when it runs (select_top)
+  bool on = false;
+  std::thread::id owner;
+  bool capturing = false;
+  bool replaying = false;  // a launched segment's operations run: they queue nothing new
+  uint64_t key = kEmptySegment;
+  int64_t ops = 0;
+  GraphCounts counts;
+  GraphCache<char> kept{[](char&) {}};
+  std::vector<std::function<void()>> recorded;
+};
+Graphs& graphs() {
+  static Graphs g;
+  return g;
+}
+
+void begin_capture(Graphs& g) {
+  if (!g.on || g.capturing || g.replaying || g.owner != std::this_thread::get_id()) return;
+  g.capturing = true;
+  g.key = kEmptySegment;
+  g.ops = 0;
+}
+
+void end_capture(Graphs& g) {
+  if (!g.capturing) return;
+  g.capturing = false;
+  std::vector<std::function<void()>> run;
+  run.swap(g.recorded);
+  if (g.ops == 0) return;
+  if (!g.kept.find(g.key)) {
+    g.kept.put(g.key, 0);
+    ++g.counts.instantiated;
+  }
+  ++g.counts.launched;
+  g.counts.ops += g.ops;
+  g.replaying = true;
+  try {
+    for (const auto& f : run) f();
+  } catch (...) {
+    g.replaying = false;
+    throw;
+  }
+  g.replaying = false;
+}
+
+void end_segment() {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  end_capture(g);
+}
+
+}  // namespace
+
+namespace emulation {
+bool recording(uint64_t op) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  queue_on(op);
+  return g.capturing;
+}
+void record(std::function<void()> f) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  if (!g.capturing) internal_fail("host emulation: an operation recorded outside a capture");
+  g.recorded.push_back(std::move(f));
+}
+}  // namespace emulation
+
+void set_graphs(bool on) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  if (!on || g.owner != std::this_thread::get_id()) end_capture(g);
+  g.on = on;
+  g.owner = std::this_thread::get_id();
+}
+
+bool graphs_on() {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  return g.on && g.owner == std::this_thread::get_id();
+}
+
+GraphCounts graph_counts() {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  return g.counts;
+}
+
+void* queue_on(uint64_t op) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);
+  begin_capture(g);
+  if (g.capturing) g.key = mix_op(g.key, op), ++g.ops;
+  return nullptr;
+}
+
 void device_failed(const std::string& what) {  // nothing on the host is sticky
+  {
+    Graphs& g = graphs();
+    std::lock_guard lock(g.mu);
+    g.capturing = false;  // the capture is dropped, as ops.cu drops it
+    g.recorded.clear();
+  }
   throw DeviceError(what, false);
 }
 
@@ -61,20 +174,34 @@ uint64_t hash_of(const void* p, size_t n) {  // FNV-1a
   return h;
 }
 
+// f, run by the stream: now, or when the open capture's segment is launched.
+template <class F>
+void on_stream(uint64_t op, F f) {
+  if (emulation::recording(op))
+    emulation::record(std::move(f));
+  else
+    f();
+}
+enum : uint64_t { kToDevice = 1, kToHost, kOnDevice, kColumns, kGemmF32, kGemmBf16, kSort };
+
 // A wait: the stream has run every queued copy.
 void stream_waited() {
-  std::lock_guard lock(queued_mu);
-  for (const Queued& q : queued)
+  std::vector<Queued> ran;
+  {
+    std::lock_guard lock(queued_mu);
+    ran.swap(queued);  // run, whatever the check finds
+  }
+  for (const Queued& q : ran)
     if (hash_of(q.src, q.bytes) != q.hash)
       internal_fail(
           "host emulation: pinned memory of a queued copy to the device was written before the stream ran "
           "it");
-  queued.clear();
 }
 
 }  // namespace
 
 void* host_alloc_pinned(size_t bytes, const char* what) {
+  end_segment();
   void* p = std::malloc(bytes ? bytes : 1);
   if (!p) fail("cannot allocate {} bytes of pinned host memory for {}", bytes, what);
   std::lock_guard lock(queued_mu);
@@ -83,6 +210,7 @@ void* host_alloc_pinned(size_t bytes, const char* what) {
 }
 void host_free_pinned(void* p) {
   if (!p) return;
+  end_segment();
   {
     std::lock_guard lock(queued_mu);
     const auto* b = static_cast<const std::byte*>(p);
@@ -95,13 +223,15 @@ void host_free_pinned(void* p) {
 }
 void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes) {
   ++queued_ops_counter();
-  std::memcpy(dst, pinned_src, bytes);
-  std::lock_guard lock(queued_mu);
-  queued.push_back({static_cast<const std::byte*>(pinned_src), bytes, hash_of(pinned_src, bytes)});
+  {
+    std::lock_guard lock(queued_mu);
+    queued.push_back({static_cast<const std::byte*>(pinned_src), bytes, hash_of(pinned_src, bytes)});
+  }
+  on_stream(kToDevice, [=] { std::memcpy(dst, pinned_src, bytes); });
 }
 void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
   ++queued_ops_counter();
-  std::memcpy(pinned_dst, src, bytes);
+  on_stream(kToHost, [=] { std::memcpy(pinned_dst, src, bytes); });
 }
 
 namespace {
@@ -141,7 +271,8 @@ void reset_device_peak() {
 }
 }  // namespace emulation
 
-void* device_alloc(size_t bytes, const char* what) {
+namespace {
+void* device_take(size_t bytes, const char* what) {
   void* p = std::calloc(bytes ? bytes : 1, 1);
   if (!p) fail("cannot allocate {} bytes for {}", bytes, what);
   std::lock_guard lock(device_mu);
@@ -151,7 +282,14 @@ void* device_alloc(size_t bytes, const char* what) {
   device_peak = std::max(device_peak, device_live);
   return p;
 }
+}  // namespace
+
+void* device_alloc(size_t bytes, const char* what) {
+  end_segment();
+  return device_take(bytes, what);
+}
 void device_free(void* p) {
+  end_segment();
   if (p) stream_waited();  // cudaFree waits for the device
   device_release(p);
 }
@@ -159,20 +297,42 @@ void* device_alloc_async(size_t bytes, const char* what) {
   return device_alloc(bytes, what);
 }
 void device_free_async(void* p) {
+  if (p) end_segment();
   device_release(p);  // stream-ordered: no wait
 }
+// A launcher's scratch: in a capture, freed once the segment has run (ops.cu's arena lives on).
+void* scratch_alloc(size_t bytes, const char* what) {
+  {
+    Graphs& g = graphs();
+    std::lock_guard lock(g.mu);
+    begin_capture(g);
+    if (g.capturing) return device_take(bytes, what);  // as from ops.cu's arena: no allocation ends it
+  }
+  return device_alloc(bytes, what);
+}
+void scratch_free(void* p) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mu);
+  if (g.capturing)
+    g.recorded.push_back([p] { device_release(p); });
+  else
+    device_release(p);
+}
 void copy_to_device(void* dst, const void* src, size_t bytes) {
+  end_segment();
   std::memcpy(dst, src, bytes);
 }
 void copy_to_host(void* dst, const void* src, size_t bytes) {
+  end_segment();
   stream_waited();
   std::memcpy(dst, src, bytes);
 }
 void copy_on_device(void* dst, const void* src, size_t bytes) {
   ++queued_ops_counter();
-  std::memcpy(dst, src, bytes);
+  on_stream(kOnDevice, [=] { std::memcpy(dst, src, bytes); });
 }
 void synchronize(const char*) {
+  end_segment();
   stream_waited();
 }
 // A small GPU, so that the attention launcher takes both paths (key splits and one pass) on the
@@ -183,38 +343,46 @@ int multiprocessors() {
 
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
   ++queued_ops_counter();
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(width) * 4);
+  on_stream(kColumns, [=] {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(width) * 4);
+  });
 }
 
-// ops.cu's select_top with CUB's radix sorts (stable) as stable sorts.
+// ops.cu's select_top with CUB's radix sorts (stable) as stable sorts; on the stream as one operation
+// (its own launches run with it).
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep) {
   if (n < 1 || n_keep < 1 || n_keep > n) fail("select_top: keep {} of {} tokens", n_keep, n);
-  const int64_t m = n - 1;
-  std::vector<uint64_t> keys(static_cast<size_t>(std::max<int64_t>(m, 1)));
-  std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(m, 1))), sorted(static_cast<size_t>(n));
-  if (m > 0) {
-    LP_LAUNCH(kernels::selection_keys_kernel, blocks_for(m, kThreads), kThreads, 0, scores, pos, m,
-              keys.data(), idx.data());
-    std::stable_sort(idx.begin(), idx.begin() + m,
-                     [&](int64_t a, int64_t b) { return keys[size_t(a)] > keys[size_t(b)]; });
-    std::copy(idx.begin(), idx.begin() + m, sorted.begin());
-  }
-  LP_LAUNCH(kernels::put_last_kernel, 1, 1, 0, sorted.data(), n_keep - 1, n - 1);
-  std::copy(sorted.begin(), sorted.begin() + n_keep, keep);
-  std::sort(keep, keep + n_keep);
+  on_stream(kSort, [=] {  // the keys' count is a parameter, not the sequence's (ops.cu)
+    const int64_t m = n - 1;
+    std::vector<uint64_t> keys(static_cast<size_t>(std::max<int64_t>(m, 1)));
+    std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(m, 1))), sorted(static_cast<size_t>(n));
+    if (m > 0) {
+      LP_LAUNCH(kernels::selection_keys_kernel, blocks_for(m, kThreads), kThreads, 0, scores, pos, m,
+                keys.data(), idx.data());
+      std::stable_sort(idx.begin(), idx.begin() + m,
+                       [&](int64_t a, int64_t b) { return keys[size_t(a)] > keys[size_t(b)]; });
+      std::copy(idx.begin(), idx.begin() + m, sorted.begin());
+    }
+    LP_LAUNCH(kernels::put_last_kernel, 1, 1, 0, sorted.data(), n_keep - 1, n - 1);
+    std::copy(sorted.begin(), sorted.begin() + n_keep, keep);
+    std::sort(keep, keep + n_keep);
+  });
 }
 
 void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
   ++queued_ops_counter();
-  ref::matmul(a, w, out, T, K, N);
+  on_stream(mix_op(mix_op(mix_op(kGemmF32, uint64_t(T)), uint64_t(K)), uint64_t(N)),
+            [=] { ref::matmul(a, w, out, T, K, N); });
 }
 
 void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int64_t K, int64_t N) {
   ++queued_ops_counter();
-  std::vector<float> af(size_t(T * K)), wf(size_t(N * K));
-  for (size_t i = 0; i < af.size(); ++i) af[i] = cm::bf16_to_f32(a[i]);
-  for (size_t i = 0; i < wf.size(); ++i) wf[i] = cm::bf16_to_f32(w[i]);
-  ref::matmul(af.data(), wf.data(), out, T, K, N);
+  on_stream(mix_op(mix_op(mix_op(kGemmBf16, uint64_t(T)), uint64_t(K)), uint64_t(N)), [=] {
+    std::vector<float> af(size_t(T * K)), wf(size_t(N * K));
+    for (size_t i = 0; i < af.size(); ++i) af[i] = cm::bf16_to_f32(a[i]);
+    for (size_t i = 0; i < wf.size(); ++i) wf[i] = cm::bf16_to_f32(w[i]);
+    ref::matmul(af.data(), wf.data(), out, T, K, N);
+  });
 }
 
 }  // namespace lp::cuda

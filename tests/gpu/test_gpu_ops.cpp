@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -1366,7 +1367,9 @@ TEST(GpuForward, ARequestHoldsWhatItsReservationCounts) {
       // that the backend does not hold.
       EXPECT_GE(holds, reservation - kv.request_bytes);
       EXPECT_LE(prefill_peak, reservation + room.activations + room.dequantized);
-      if (pruning) EXPECT_GT(revived, 0);
+      if (pruning) {
+        EXPECT_GT(revived, 0);
+      }
     }
   }
   // int8's dequantized matrix goes back with the prompt's activations (it stayed: 235 MB a request
@@ -1491,7 +1494,11 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
   LazySteps setting(T);
   const auto& [m, sched, prune] = std::tie(setting.m, setting.sched, setting.prune);
   const ModelConfig& c = m->config();
-  auto [d, w, ld, lw] = setting.two_prefilled(kDeferring, kWaiting, steps);
+  // The deferring session's steps captured as CUDA graphs (BackendOptions::cuda_graphs): each segment
+  // ends at a wait, so a deferred step is one graph.
+  cuda::BackendOptions deferring_graphs = kDeferring;
+  deferring_graphs.cuda_graphs = true;
+  auto [d, w, ld, lw] = setting.two_prefilled(deferring_graphs, kWaiting, steps);
   Session &deferring = *d, &waiting = *w;
   ASSERT_EQ(ld, lw);
   int64_t once = 0, redone = 0, clean = 0, after = 1;  // Session's rule: no deferral right after a prefill
@@ -1500,8 +1507,10 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
     trace::Step sd, sw;
     waiting.decode_step(id, at, lw.data(), &prune, &sw);
     const int64_t before = cuda::host_waits(), redone_before = deferring.steps_redone();
+    const int64_t launched_before = cuda::graph_counts().launched;
     deferring.decode_step(id, at, ld.data(), &prune, &sd);
     const int64_t waits = cuda::host_waits() - before;
+    const int64_t segments = cuda::graph_counts().launched - launched_before;
     int64_t revived = 0;
     for (const int64_t r : sw.revived) revived += r;
     const int64_t sel = int64_t(sched.size());
@@ -1509,6 +1518,12 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
     const int64_t expected = !deferred ? sel + 1 : revived == 0 ? 1 : 1 + sel + 1;
     EXPECT_EQ(waits, expected) << "step " << s << ", revived " << revived << ", deferred " << deferred;
     EXPECT_EQ(deferring.steps_redone() - redone_before, int64_t(deferred && revived > 0)) << "step " << s;
+    // A segment ends at each wait; a step computed again may also end one where it grows a buffer.
+    if (s > 0 && !(deferred && revived > 0)) {
+      EXPECT_EQ(segments, waits) << "step " << s;
+    } else {
+      EXPECT_GE(segments, waits) << "step " << s;
+    }
     if (deferred && revived > 0) after = std::min(2 * after, Session::kMaxDeferAfter);
     clean = revived == 0 ? clean + 1 : 0;
     EXPECT_EQ(deferring.defer_after(), after) << "step " << s;
@@ -1537,6 +1552,109 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
     EXPECT_EQ(deferring.backend().kv_positions(l), waiting.backend().kv_positions(l)) << "layer " << l;
   }
 }
+
+// Issue 58, item 2: a decoding step's operations captured as CUDA graphs (BackendOptions::cuda_graphs,
+// cuda::set_graphs) compute what the same operations launched one by one compute. The emulated stream
+// runs a captured operation only when its segment is launched (tests/cuda_emu/host_stream.h), so a
+// host that read a result before the wait that brings it, or rewrote pinned memory that a captured
+// upload had not read yet, would differ here (the next test shows the emulation doing so). Against
+// sessions without graphs, step by step and bit for bit, with the same traces: unpruned and LazyLLM
+// waiting at its selections (deferred steps: ADeferredDecodingStep... above; batched:
+// ABatchOfLazyMembers...). A segment ends at each wait (and at an allocation: a step that grows a
+// buffer), so an unpruned step is one graph and a LazyLLM step one per wait. Once settled, an unpruned
+// step's segment is updated, not instantiated again: none of the last 4 steps' is. A LazyLLM step's
+// sequences change with its revivals (the rows of its GEMMs, the merges), so fewer recur: in the last
+// 4 steps at most half its segments are instantiated (5 of 16 in a fresh process). About 1 s an order.
+TEST(GpuForward, DecodingStepsCapturedAsGraphsComputeWhatTheStreamDoes) {
+  const int64_t T = 40, steps = 8;
+  LazySteps setting(T);
+  const auto& [m, ids, pos, sched, prune] =
+      std::tie(setting.m, setting.ids, setting.pos, setting.sched, setting.prune);
+  const ModelConfig& c = m->config();
+  struct Case {
+    const char* name;
+    bool pruned;
+    cuda::BackendOptions o;
+  };
+  for (const Case& k : {Case{"unpruned", false, kWaiting}, Case{"LazyLLM", true, kWaiting}}) {
+    SCOPED_TRACE(k.name);
+    cuda::BackendOptions og = k.o;
+    og.cuda_graphs = true;
+    Session graphs(*m, cuda::make_backend(c, m->weights(), T + steps, og));
+    Session stream(*m, cuda::make_backend(c, m->weights(), T + steps, k.o));
+    const PruneRequest* pr = k.pruned ? &prune : nullptr;
+    std::vector<float> lg(static_cast<size_t>(c.n_vocab)), ls = lg;
+    const int64_t last = T - 1;
+    graphs.forward(ids, pos, {&last, 1}, lg.data(), pr);
+    stream.forward(ids, pos, {&last, 1}, ls.data(), pr);
+    ASSERT_EQ(lg, ls) << "prefill";
+    int64_t late_instantiated = 0, late_segments = 0;
+    for (int32_t s = 0; s < steps; ++s) {
+      const int32_t id = int32_t(std::max_element(ls.begin(), ls.end()) - ls.begin()), at = int32_t(T) + s;
+      trace::Step sg, ss;
+      stream.decode_step(id, at, ls.data(), pr, &ss);
+      const cuda::GraphCounts before = cuda::graph_counts();
+      const int64_t waits_before = cuda::host_waits();
+      graphs.decode_step(id, at, lg.data(), pr, &sg);
+      const cuda::GraphCounts after = cuda::graph_counts();
+      const int64_t launched = after.launched - before.launched, waits = cuda::host_waits() - waits_before;
+      const int64_t instantiated = after.instantiated - before.instantiated;
+      if (s >= steps - 4) late_instantiated += instantiated, late_segments += launched;
+      ASSERT_EQ(lg, ls) << "step " << s;
+      EXPECT_EQ(sg.revived, ss.revived) << "step " << s;
+      EXPECT_EQ(testing::kept_of(sg), testing::kept_of(ss)) << "step " << s;
+      EXPECT_GE(launched, waits) << "step " << s << ": a wait that did not end a segment";
+      if (s > 0) {
+        EXPECT_EQ(launched, k.pruned ? int64_t(sched.size()) + 1 : 1) << "step " << s;
+      }
+      EXPECT_GT(after.ops - before.ops, 10 * launched) << "step " << s << ": few operations captured";
+    }
+    std::printf("note: %s: %lld of the last 4 steps' %lld segments instantiated\n", k.name,
+                (long long)late_instantiated, (long long)late_segments);
+    if (k.pruned) {
+      EXPECT_LE(2 * late_instantiated, late_segments);
+    } else {
+      EXPECT_EQ(late_instantiated, 0);
+    }
+  }
+  cuda::set_graphs(false);
+}
+
+#if defined(LP_HOST_THREADS)
+// What makes the test above able to fail: in a capture the emulated stream runs nothing until the
+// segment is launched, by a wait (or an allocation, or graphs turned off, or another thread's
+// operation): a kernel's output is not in device memory before it, a copy to pinned memory has not
+// landed, and pinned memory written again before the launch is caught at the wait.
+TEST(GpuOps, ACapturedSegmentRunsWhenAWaitLaunchesIt) {
+  const int64_t D = 64;
+  Dev<float> x(std::vector<float>(size_t(D), 2.0f)), w(std::vector<float>(size_t(D), 3.0f));
+  Dev<float> out{size_t(D)};
+  void* pinned = cuda::host_alloc_pinned(size_t(D) * 4, "test");
+  std::fill_n(static_cast<float*>(pinned), D, 0.0f);
+  const cuda::GraphCounts before = cuda::graph_counts();
+  cuda::set_graphs(true);
+  cuda::rmsnorm(x.p, w.p, out.p, 1, D, 1e-6f);
+  cuda::copy_to_host_async(pinned, out.p, size_t(D) * 4);
+  EXPECT_EQ(out.p[0], 0.0f) << "a captured kernel ran before its segment was launched";
+  EXPECT_EQ(static_cast<float*>(pinned)[0], 0.0f);
+  cuda::synchronize("test");  // launches the segment, then waits
+  EXPECT_NEAR(out.p[0], 3.0f, 1e-5f);
+  EXPECT_NEAR(static_cast<float*>(pinned)[D - 1], 3.0f, 1e-5f);
+  EXPECT_EQ(cuda::graph_counts().launched - before.launched, 1);
+  EXPECT_EQ(cuda::graph_counts().ops - before.ops, 2);
+  // An upload whose pinned bytes change before its segment runs.
+  std::fill_n(static_cast<float*>(pinned), D, 1.0f);
+  cuda::copy_to_device_async(x.p, pinned, size_t(D) * 4);
+  static_cast<float*>(pinned)[5] = 7.0f;
+  EXPECT_THROW(cuda::synchronize("test"), Error);
+  // Another thread's operation launches the open segment before its own.
+  cuda::scale_inplace(out.p, D, 2.0f);
+  std::thread([&] { cuda::scale_inplace(out.p, D, 0.25f); }).join();
+  EXPECT_NEAR(out.p[0], 1.5f, 1e-5f);  // 3 x 2 x 0.25, both run, in that order
+  cuda::set_graphs(false);
+  cuda::host_free_pinned(pinned);
+}
+#endif
 
 // A step computed again (Session::settle) first takes its row's K/V back out of every layer
 // (Backend::kv_truncate): the slots after n are free again, and the positions they held have no K/V
@@ -1580,11 +1698,13 @@ TEST(GpuForward, ATruncatedCacheForgetsItsPositions) {
 // once over the members' rows, each member's attention and selection its own) give the same logits
 // bit for bit, a pruned prefill of all members together and then `steps` decoding steps (host
 // emulation's GEMMs, and the int8 path's on the device, give a row the same sums in any batch), and
-// the same kept tokens and revivals. Returns the host waits of each batched decoding step.
+// the same kept tokens and revivals. Returns the host waits of each batched decoding step. With
+// `segments`, the batched sessions' steps are captured as CUDA graphs (the sessions alone are not),
+// and it receives each batched step's segments launched.
 std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<std::vector<int32_t>>& prompts,
                                              const PruneRequest& prune, int steps,
-                                             const cuda::BackendOptions& o = {},
-                                             int64_t* deferred = nullptr) {
+                                             const cuda::BackendOptions& o = {}, int64_t* deferred = nullptr,
+                                             std::vector<int64_t>* segments = nullptr) {
   const ModelConfig& c = m.config();
   const size_t n = prompts.size();
   std::vector<std::unique_ptr<Session>> alone, batched;
@@ -1599,10 +1719,12 @@ std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<s
     run_batch(members);
   };
   std::vector<std::vector<int32_t>> pos(n);
+  cuda::BackendOptions ob = o;
+  ob.cuda_graphs = segments != nullptr;
   for (size_t i = 0; i < n; ++i) {
-    for (auto* ss : {&alone, &batched})
-      ss->push_back(std::make_unique<Session>(
-          m, cuda::make_backend(c, m.weights(), int64_t(prompts[i].size()) + steps, o)));
+    const int64_t n_ctx = int64_t(prompts[i].size()) + steps;
+    alone.push_back(std::make_unique<Session>(m, cuda::make_backend(c, m.weights(), n_ctx, o)));
+    batched.push_back(std::make_unique<Session>(m, cuda::make_backend(c, m.weights(), n_ctx, ob)));
     pos[i].resize(prompts[i].size());
     std::iota(pos[i].begin(), pos[i].end(), 0);
     const int64_t last = int64_t(prompts[i].size()) - 1;
@@ -1623,9 +1745,10 @@ std::vector<int64_t> expect_batched_as_alone(const Model& m, const std::vector<s
       at[i] = int32_t(prompts[i].size()) + s;
       alone[i]->decode_step(ids[i], at[i], la[i].data(), &prune, &sa[i]);
     }
-    const int64_t before = cuda::host_waits();
+    const int64_t before = cuda::host_waits(), launched = cuda::graph_counts().launched;
     run([&](size_t i) { return batched[i]->begin_decode(ids[i], at[i], &prune, &sb[i], nullptr); });
     waits.push_back(cuda::host_waits() - before);
+    if (segments) segments->push_back(cuda::graph_counts().launched - launched);
     for (size_t i = 0; i < n; ++i) {
       EXPECT_EQ(lb[i], la[i]) << "member " << i << ", step " << s;
       EXPECT_EQ(testing::kept_of(sb[i]), testing::kept_of(sa[i])) << "member " << i << ", step " << s;
@@ -1663,12 +1786,22 @@ TEST(GpuForward, ABatchOfLazyMembersWaitsOncePerPruningLayer) {
   std::vector<std::vector<int32_t>> prompts;
   for (uint32_t i = 0; i < 3; ++i)
     prompts.push_back(testing::random_ids(30 - 4 * int64_t(i), c.n_vocab, 50 + i));
-  const std::vector<int64_t> waits = expect_batched_as_alone(*m, prompts, prune, 3, kWaiting);
-  for (size_t s = 1; s < waits.size(); ++s) EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+  // The batched steps captured as CUDA graphs: a segment ends at each wait.
+  std::vector<int64_t> segments;
+  const std::vector<int64_t> waits =
+      expect_batched_as_alone(*m, prompts, prune, 3, kWaiting, nullptr, &segments);
+  for (size_t s = 1; s < waits.size(); ++s) {
+    EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+    EXPECT_EQ(segments[s], waits[s]) << "step " << s;
+  }
   // Deferred, the shortest first: its backend holds the fewest slots, and the others' appends must
   // not take their slot numbers from it.
   int64_t deferred = 0;
-  expect_batched_as_alone(*m, {prompts.rbegin(), prompts.rend()}, prune, 12, kDeferring, &deferred);
+  segments.clear();
+  const std::vector<int64_t> deferred_waits = expect_batched_as_alone(
+      *m, {prompts.rbegin(), prompts.rend()}, prune, 12, kDeferring, &deferred, &segments);
+  for (size_t s = 1; s < deferred_waits.size(); ++s)
+    EXPECT_GE(segments[s], deferred_waits[s]) << "step " << s;
   std::printf("note: the members' batched steps deferred %lld times in 12 steps\n", (long long)deferred);
   EXPECT_GT(deferred, 0) << "no member's batched step deferred";
 }

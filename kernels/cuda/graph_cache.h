@@ -1,0 +1,69 @@
+// The executable graphs of captured segments (cuda_ops.h, set_graphs), kept by the sequence of
+// operations each holds: ops.cu keeps cudaGraphExec_t handles in it, the host emulation
+// (tests/cuda_emu/) a stand-in, so both count instantiations the same way. Plain C++.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <unordered_map>
+#include <utility>
+
+namespace lp::cuda {
+
+// FNV-1a over 64-bit words: a segment's key, one operation at a time.
+inline uint64_t mix_op(uint64_t key, uint64_t op) {
+  for (int i = 0; i < 8; ++i) key = (key ^ ((op >> (8 * i)) & 0xff)) * 1099511628211ull;
+  return key;
+}
+constexpr uint64_t kEmptySegment = 14695981039346656037ull;
+
+// At most kKept executables, the least recently launched dropped first (`destroy` is called on it):
+// a server's steps alternate between a few sequences (a batch of 1, of 2, ..., a LazyLLM step's
+// segments between its waits), each of which stays once seen.
+template <class Exec>
+class GraphCache {
+ public:
+  static constexpr size_t kKept = 64;
+  explicit GraphCache(std::function<void(Exec&)> destroy) : destroy_(std::move(destroy)) {}
+  ~GraphCache() { clear(); }
+  GraphCache(const GraphCache&) = delete;
+  GraphCache& operator=(const GraphCache&) = delete;
+
+  // The executable kept for `key`, now the most recent; null when there is none.
+  Exec* find(uint64_t key) {
+    const auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, it->second);
+    return &it->second->second;
+  }
+  // Keeps `e` for `key` (replacing one kept for it), dropping the oldest past kKept.
+  Exec& put(uint64_t key, Exec e) {
+    if (Exec* old = find(key)) {
+      destroy_(*old);
+      *old = std::move(e);
+      return *old;
+    }
+    order_.emplace_front(key, std::move(e));
+    index_[key] = order_.begin();
+    if (order_.size() > kKept) {
+      destroy_(order_.back().second);
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    return order_.front().second;
+  }
+  void clear() {
+    for (auto& [k, e] : order_) destroy_(e);
+    order_.clear();
+    index_.clear();
+  }
+  size_t size() const { return order_.size(); }
+
+ private:
+  std::function<void(Exec&)> destroy_;
+  std::list<std::pair<uint64_t, Exec>> order_;  // most recent first
+  std::unordered_map<uint64_t, typename std::list<std::pair<uint64_t, Exec>>::iterator> index_;
+};
+
+}  // namespace lp::cuda
