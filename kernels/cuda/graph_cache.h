@@ -17,6 +17,13 @@ inline uint64_t mix_op(uint64_t key, uint64_t op) {
   return key;
 }
 constexpr uint64_t kEmptySegment = 14695981039346656037ull;
+// A count's size class in a key, where the kernels a library launches change only at some sizes
+// (CUB's sorts: one tile, then several passes): its bit width.
+inline uint64_t size_class(int64_t n) {
+  uint64_t c = 0;
+  for (uint64_t v = n > 0 ? uint64_t(n) : 0; v; v >>= 1) ++c;
+  return c;
+}
 
 // At most kKept executables, the least recently launched dropped first (`destroy` is called on it):
 // a server's steps alternate between a few sequences (a batch of 1, of 2, ..., a LazyLLM step's

@@ -40,6 +40,8 @@ cudaStream_t the_stream() {
   return s;
 }
 
+std::unique_lock<std::recursive_mutex> end_segment();
+
 // cuBLAS on the stream, with a workspace of its own (a capture must not see cuBLAS allocate one;
 // 32 MiB is what cuBLAS asks for on Hopper, inside the 256 MiB the memory check keeps for it).
 cublasHandle_t blas() {
@@ -48,11 +50,14 @@ cublasHandle_t blas() {
   static cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   static void* workspace = nullptr;
   std::call_once(once, [] {
+    const auto lock = end_segment();  // the handle and its workspace are made outside a capture
     status = cublasCreate(&h);
     if (status == CUBLAS_STATUS_SUCCESS) status = cublasSetStream(h, the_stream());
     constexpr size_t kWorkspace = size_t(32) << 20;
-    if (status == CUBLAS_STATUS_SUCCESS && cudaMalloc(&workspace, kWorkspace) == cudaSuccess)
-      status = cublasSetWorkspace(h, workspace, kWorkspace);
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cudaMalloc(&workspace, kWorkspace) == cudaSuccess
+                   ? cublasSetWorkspace(h, workspace, kWorkspace)
+                   : CUBLAS_STATUS_ALLOC_FAILED;
   });
   check_blas(status, "cublasCreate");
   return h;
@@ -69,8 +74,12 @@ struct Graphs {
   int64_t ops = 0;
   GraphCounts counts;
   GraphCache<cudaGraphExec_t> kept{[](cudaGraphExec_t& e) { cudaGraphExecDestroy(e); }};
+  // The captures' scratch arena: its bytes in use from the start, the launchers' scratch in it not
+  // yet freed (the arena is neither reused from its start nor replaced while any is), and the size
+  // a capture that found it full asked for.
   void* arena = nullptr;
-  size_t arena_bytes = 0, arena_used = 0;
+  size_t arena_bytes = 0, arena_used = 0, arena_wanted = 0;
+  int64_t live = 0;
 };
 Graphs& graphs() {
   static Graphs* g = new Graphs;  // never destroyed: its executables may outlive static destruction's order
@@ -80,13 +89,21 @@ Graphs& graphs() {
 // Begins a capture where graphs are on for this thread and none is open (g.mu held).
 void begin_capture(Graphs& g) {
   if (!g.on || g.capturing || g.owner != std::this_thread::get_id()) return;
+  if (g.live == 0) {  // no launcher's scratch is in the arena: it starts again, larger if it was short
+    if (g.arena_wanted > g.arena_bytes) {
+      if (g.arena) check(cudaFreeAsync(g.arena, the_stream()), "scratch arena free");  // behind its graphs
+      g.arena = nullptr, g.arena_bytes = 0;
+      check(cudaMallocAsync(&g.arena, g.arena_wanted, the_stream()), "scratch arena");
+      g.arena_bytes = g.arena_wanted;
+    }
+    g.arena_used = 0;
+  }
   // Relaxed: the calls that a capture cannot hold end it first (end_capture), and the others (a
   // device attribute, a pool's statistics) need not be refused.
   check(cudaStreamBeginCapture(the_stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
   g.capturing = true;
   g.key = kEmptySegment;
   g.ops = 0;
-  g.arena_used = 0;
 }
 
 // Ends the open capture and launches its graph: the executable kept for its sequence, updated with
@@ -123,11 +140,13 @@ void end_capture(Graphs& g) {
 }
 
 // What a capture cannot hold (a wait, an allocation, a free, a copy from pageable memory) ends it
-// first: the work captured so far goes to the device ahead of it.
-void end_segment() {
+// first: the work captured so far goes to the device ahead of it. The caller holds the returned lock
+// through its call, so that no capture begins meanwhile (a legacy-stream call would break it).
+std::unique_lock<std::recursive_mutex> end_segment() {
   Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
+  std::unique_lock lock(g.mu);
   end_capture(g);
+  return lock;
 }
 
 }  // namespace
@@ -163,26 +182,20 @@ void* queue_on(uint64_t op) {
 
 void* scratch_alloc(size_t bytes, const char* what) {
   Graphs& g = graphs();
-  {
-    std::lock_guard lock(g.mu);
-    begin_capture(g);  // the launcher's operations follow: their capture begins here
-    if (g.capturing) {
-      const size_t need = (bytes + 255) & ~size_t(255);
-      if (g.arena_used + need > g.arena_bytes) {
-        // The arena grows outside a capture: the segment so far is launched (its regions of the old
-        // arena are freed behind it), and a new capture begins in the larger arena.
-        const size_t grown = std::max({2 * g.arena_bytes, g.arena_used + need, size_t(1) << 20});
-        end_capture(g);
-        if (g.arena) check(cudaFreeAsync(g.arena, the_stream()), "scratch arena free");
-        g.arena = nullptr, g.arena_bytes = 0;
-        check(cudaMallocAsync(&g.arena, grown, the_stream()), what);
-        g.arena_bytes = grown;
-        begin_capture(g);
-      }
+  std::lock_guard lock(g.mu);
+  if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);  // another thread's
+  begin_capture(g);  // the launcher's operations follow: their capture begins here
+  if (g.capturing) {
+    const size_t need = (bytes + 255) & ~size_t(255);
+    if (g.arena_used + need <= g.arena_bytes) {
       void* p = static_cast<std::byte*>(g.arena) + g.arena_used;
       g.arena_used += need;
+      ++g.live;
       return p;
     }
+    // Full: this scratch is stream-ordered memory (which ends the segment), and the next capture that
+    // begins with no scratch in the arena finds it larger.
+    g.arena_wanted = std::max({2 * g.arena_bytes, g.arena_used + need, size_t(1) << 20});
   }
   return device_alloc_async(bytes, what);
 }
@@ -192,7 +205,10 @@ void scratch_free(void* p) {
   {
     std::lock_guard lock(g.mu);
     const auto* b = static_cast<const std::byte*>(g.arena);
-    if (b && p >= b && p < b + g.arena_bytes) return;  // the arena's: it lives on
+    if (b && p >= b && p < b + g.arena_bytes) {  // the arena's: its graph may not have run yet
+      --g.live;
+      return;
+    }
   }
   device_free_async(p);
 }
@@ -279,7 +295,7 @@ Device open_device() {
 }
 
 void* device_alloc(size_t bytes, const char* what) {
-  end_segment();
+  const auto lock = end_segment();
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
@@ -294,14 +310,14 @@ void* device_alloc(size_t bytes, const char* what) {
 }
 
 void device_free(void* p) {
-  end_segment();
+  const auto lock = end_segment();
   if (p) cudaFree(p);
 }
 
 namespace {
 // Tags of the copies and GEMMs in a segment's sequence (op_id: kernels by their function).
-// A sort's key count is not in its tag: CUB launches the same kernels for a count that grows by one a
-// step (where it does not, the update is refused and the segment instantiated again).
+// A sort's key count is in its tag only by its size class: CUB launches the same kernels for a count
+// that grows by one a step, and others past some sizes (one tile, then several passes).
 enum : uint64_t { kToDevice = 1, kToHost, kOnDevice, kColumns, kGemmF32, kGemmBf16, kSort };
 uint64_t op_with(uint64_t tag, int64_t a, int64_t b = 0, int64_t c = 0) {
   return mix_op(mix_op(mix_op(tag, uint64_t(a)), uint64_t(b)), uint64_t(c));
@@ -313,12 +329,12 @@ cudaStream_t stream_for(uint64_t op) {
 
 // Pageable memory: cudaMemcpy on the legacy stream, which waits for the stream's work.
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-  end_segment();
+  const auto lock = end_segment();
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copy to device");
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
-  end_segment();
+  const auto lock = end_segment();
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }
 
@@ -328,7 +344,7 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
 }
 
 void* host_alloc_pinned(size_t bytes, const char* what) {
-  end_segment();
+  const auto lock = end_segment();
   void* p = nullptr;
   const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
   if (e != cudaSuccess)
@@ -338,7 +354,7 @@ void* host_alloc_pinned(size_t bytes, const char* what) {
 }
 
 void host_free_pinned(void* p) {
-  end_segment();
+  const auto lock = end_segment();
   if (p) cudaFreeHost(p);
 }
 
@@ -355,7 +371,7 @@ void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
 }
 
 void synchronize(const char* what) {
-  end_segment();
+  const auto lock = end_segment();
   check(cudaDeviceSynchronize(), what);
 }
 
@@ -366,7 +382,7 @@ void synchronize(const char* what) {
 // queued on it) and the allocation is tried once more; then it fails as device_alloc does, with
 // the free memory. (No cudaMalloc fallback: a pointer must be freed as it was allocated.)
 void* device_alloc_async(size_t bytes, const char* what) {
-  end_segment();
+  const auto lock = end_segment();
   void* p = nullptr;
   const cudaStream_t s = the_stream();
   if (cudaMallocAsync(&p, bytes, s) == cudaSuccess) return p;
@@ -386,7 +402,7 @@ void* device_alloc_async(size_t bytes, const char* what) {
 
 void device_free_async(void* p) {
   if (!p) return;
-  end_segment();
+  const auto lock = end_segment();
   cudaFreeAsync(p, the_stream());
 }
 
@@ -416,7 +432,7 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
     Scratch tmp(bytes, "selection sort");
     check(cub::DeviceRadixSort::SortPairsDescending(
               tmp.p, bytes, keys.as<uint64_t>(), keys_sorted.as<uint64_t>(), idx.as<int64_t>(),
-              idx_sorted.as<int64_t>(), int(m), 0, 64, stream_for(kSort)),
+              idx_sorted.as<int64_t>(), int(m), 0, 64, stream_for(op_with(kSort, int64_t(size_class(m))))),
           "selection sort");
   }
   // The best n_keep - 1 candidates and the last token, in increasing order.
@@ -426,7 +442,7 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
         "selection order (size)");
   Scratch tmp(bytes, "selection order");
   check(cub::DeviceRadixSort::SortKeys(tmp.p, bytes, idx_sorted.as<int64_t>(), keep, int(n_keep), 0, 64,
-                                       stream_for(kSort)),
+                                       stream_for(op_with(kSort, int64_t(size_class(n_keep)), 1))),
         "selection order");
 }
 

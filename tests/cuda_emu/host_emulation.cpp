@@ -90,17 +90,14 @@ void end_segment() {
 }  // namespace
 
 namespace emulation {
-bool recording(uint64_t op) {
+void enqueue(uint64_t op, std::function<void()> f) {
   Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
+  std::lock_guard lock(g.mu);  // the decision and the recording together: no other thread between
   queue_on(op);
-  return g.capturing;
-}
-void record(std::function<void()> f) {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  if (!g.capturing) internal_fail("host emulation: an operation recorded outside a capture");
-  g.recorded.push_back(std::move(f));
+  if (g.capturing)
+    g.recorded.push_back(std::move(f));
+  else
+    f();
 }
 }  // namespace emulation
 
@@ -175,12 +172,8 @@ uint64_t hash_of(const void* p, size_t n) {  // FNV-1a
 }
 
 // f, run by the stream: now, or when the open capture's segment is launched.
-template <class F>
-void on_stream(uint64_t op, F f) {
-  if (emulation::recording(op))
-    emulation::record(std::move(f));
-  else
-    f();
+void on_stream(uint64_t op, std::function<void()> f) {
+  emulation::enqueue(op, std::move(f));
 }
 enum : uint64_t { kToDevice = 1, kToHost, kOnDevice, kColumns, kGemmF32, kGemmBf16, kSort };
 
@@ -305,6 +298,7 @@ void* scratch_alloc(size_t bytes, const char* what) {
   {
     Graphs& g = graphs();
     std::lock_guard lock(g.mu);
+    if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);  // another thread's
     begin_capture(g);
     if (g.capturing) return device_take(bytes, what);  // as from ops.cu's arena: no allocation ends it
   }
@@ -343,6 +337,7 @@ int multiprocessors() {
 
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
   ++queued_ops_counter();
+  if (rows <= 0 || width <= 0) return;  // as ops.cu: nothing queued
   on_stream(kColumns, [=] {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(width) * 4);
   });
@@ -352,7 +347,7 @@ void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, 
 // (its own launches run with it).
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep) {
   if (n < 1 || n_keep < 1 || n_keep > n) fail("select_top: keep {} of {} tokens", n_keep, n);
-  on_stream(kSort, [=] {  // the keys' count is a parameter, not the sequence's (ops.cu)
+  on_stream(mix_op(kSort, size_class(n)), [=] {  // the keys' count by its size class, as ops.cu
     const int64_t m = n - 1;
     std::vector<uint64_t> keys(static_cast<size_t>(std::max<int64_t>(m, 1)));
     std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(m, 1))), sorted(static_cast<size_t>(n));
@@ -371,12 +366,14 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
 
 void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
   ++queued_ops_counter();
+  if (T <= 0 || N <= 0) return;
   on_stream(mix_op(mix_op(mix_op(kGemmF32, uint64_t(T)), uint64_t(K)), uint64_t(N)),
             [=] { ref::matmul(a, w, out, T, K, N); });
 }
 
 void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int64_t K, int64_t N) {
   ++queued_ops_counter();
+  if (T <= 0 || N <= 0) return;
   on_stream(mix_op(mix_op(mix_op(kGemmBf16, uint64_t(T)), uint64_t(K)), uint64_t(N)), [=] {
     std::vector<float> af(size_t(T * K)), wf(size_t(N * K));
     for (size_t i = 0; i < af.size(); ++i) af[i] = cm::bf16_to_f32(a[i]);

@@ -14,18 +14,14 @@
 
 namespace lp::cuda::emulation {
 
-// queue_on(op), then whether a capture holds the operation (it is recorded, not run).
-bool recording(uint64_t op);
-void record(std::function<void()> f);
+// Operation `op` (cuda::op_id) queued: queue_on(op), then f run now, or recorded by the open capture.
+void enqueue(uint64_t op, std::function<void()> f);
 
 // kernel<<<grid, block, shared_bytes>>>(args...) on the emulated stream.
 template <class... P, class... A>
 void launch(uint64_t op, host_threads::Dim3 grid, host_threads::Dim3 block, size_t shared_bytes,
             void (*kernel)(P...), A... args) {
-  if (recording(op))
-    record([=] { host_threads::launch(grid, block, shared_bytes, kernel, args...); });
-  else
-    host_threads::launch(grid, block, shared_bytes, kernel, args...);
+  enqueue(op, [=] { host_threads::launch(grid, block, shared_bytes, kernel, args...); });
 }
 
 }  // namespace lp::cuda::emulation

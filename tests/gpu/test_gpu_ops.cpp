@@ -1623,8 +1623,10 @@ TEST(GpuForward, DecodingStepsCapturedAsGraphsComputeWhatTheStreamDoes) {
 #if defined(LP_HOST_THREADS)
 // What makes the test above able to fail: in a capture the emulated stream runs nothing until the
 // segment is launched, by a wait (or an allocation, or graphs turned off, or another thread's
-// operation): a kernel's output is not in device memory before it, a copy to pinned memory has not
-// landed, and pinned memory written again before the launch is caught at the wait.
+// operation): a kernel's output is not in device memory before it and a copy to pinned memory has
+// not landed. Pinned memory written again before the launch is still caught at the wait, and another
+// thread's operation runs after the open segment's, not inside it (the segment would then hold
+// both, and neither would have run at the check).
 TEST(GpuOps, ACapturedSegmentRunsWhenAWaitLaunchesIt) {
   const int64_t D = 64;
   Dev<float> x(std::vector<float>(size_t(D), 2.0f)), w(std::vector<float>(size_t(D), 3.0f));
