@@ -739,8 +739,10 @@ class CudaBackend final : public Backend {
     // No more than a `rows`-row pass's activations of its own (kernels/cuda/memory.h: what a
     // reservation counts) and a batch's decoding rows: a decoding step's usual case, which keeps its
     // buffers rather than allocating them again. A batch's leader gathers every member's rows and
-    // logits (batch_in, batch_out, a16, logits): up to kBatchRoomBytes of them stay with it.
-    const int64_t batch = int64_t(batch_in.bytes() + batch_out.bytes() + a16.bytes() + logits.bytes());
+    // logits (batch_in, batch_out, a16, logits) and keeps tables of their addresses (row_tables): up
+    // to kBatchRoomBytes of them stay with it.
+    const int64_t batch =
+        int64_t(batch_in.bytes() + batch_out.bytes() + a16.bytes() + logits.bytes() + row_tables.bytes());
     if (double(activation_bytes() - batch) <=
             backend_memory(c, w.dtype, rows, ffn_chunk_rows()).activations &&
         batch <= kBatchRoomBytes)
@@ -751,14 +753,18 @@ class CudaBackend final : public Backend {
     // --dtype int8: the dequantized matrix of the prefill's GEMMs (the largest layer matrix, 235 MB
     // at the 8B shape), which every running request held after its prefill.
     w16 = DBuf(), w16_holds = nullptr;
+    // A batched prefill's tables of row addresses (8 a row of its K/V appends: 16 MB after a
+    // 131,072-row batch), which the next batched step builds again.
+    if (row_tables.bytes() > 0) row_tables = DBuf(), arena_cap = arena_used = 0, table_cache.clear();
     if (freed) reserve(rows);     // a decoding step's rows, as before the prefill
     if (T() > rows) pos.clear();  // no rows until the next pass sets them
   }
-  // The bytes of the buffers above and of w16, for checks (cuda::activation_bytes).
+  // The bytes of the buffers above, of w16 and of a leader's row tables, for checks
+  // (cuda::activation_bytes).
   int64_t activation_bytes() const {
     int64_t n = 0;
     for (DBuf CudaBackend::*b : row_buffers()) n += int64_t((this->*b).bytes());
-    return n + int64_t(w16.bytes());
+    return n + int64_t(w16.bytes() + row_tables.bytes());
   }
   // The buffers sized by a pass's rows (release_activations gives them back).
   static std::span<DBuf CudaBackend::*const> row_buffers() {

@@ -36,7 +36,8 @@ Backend::Held held_bytes(const ModelConfig& c, DType dtype, int64_t ffn_chunk_ro
 
 // What a batch's leader allocates beside its own rows while the batch holds an n-token prefill: its
 // copies of the prefill's rows for the batched projections (inputs, outputs and their bf16 copy),
-// with --dtype int8 its own dequantized matrix, and what it keeps between steps (kBatchRoomBytes).
+// its tables of the rows' addresses, with --dtype int8 its own dequantized matrix, and what it keeps
+// between steps (kBatchRoomBytes).
 double batch_leader_bytes(const ModelConfig& c, DType dtype, int64_t n);
 
 }  // namespace lp::cuda
