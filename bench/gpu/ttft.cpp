@@ -263,6 +263,27 @@ void ttft_rows(const Model& m, int64_t T, const cuda::BackendOptions& opt = {}) 
   }
 }
 
+// The decoding rows' pruning: LazyLLM's default schedule on c, or none (a null request).
+class DecodePruning {
+ public:
+  DecodePruning(const ModelConfig& c, bool prune)
+      : steps_(prune
+                   ? resolve_schedule(parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3"), c.n_layer, c.global_layers())
+                   : std::vector<PruneStep>{}),
+        policy_(make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None)),
+        req_{steps_, policy_.get()},
+        prune_(prune) {}
+  DecodePruning(const DecodePruning&) = delete;
+  DecodePruning& operator=(const DecodePruning&) = delete;
+  const PruneRequest* request() const { return prune_ ? &req_ : nullptr; }
+
+ private:
+  std::vector<PruneStep> steps_;
+  std::unique_ptr<PruningPolicy> policy_;
+  PruneRequest req_;
+  bool prune_;
+};
+
 // Decoding steps launched op by op and captured as CUDA graphs (BackendOptions::cuda_graphs, issue 58
 // item 2), unpruned and LazyLLM (waiting at its selections: a graph per stretch between waits), on two
 // sessions after the same T-token prefill, alternated step by step: the median step of each, the
@@ -274,17 +295,14 @@ void graph_rows(const Model& m, int64_t T) {
   const int64_t last = T - 1;
   const int n = 2 * (g_runs + 1);
   for (const bool prune : {false, true}) {
-    const auto steps =
-        prune ? resolve_schedule(parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3"), c.n_layer, c.global_layers())
-              : std::vector<PruneStep>{};
-    auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
-    const PruneRequest req{steps, policy.get()};
+    const DecodePruning pruning(c, prune);
+    const PruneRequest* const req = pruning.request();
     std::unique_ptr<Session> ss[2];
     std::vector<float> logits(static_cast<size_t>(c.n_vocab));
     for (int k = 0; k < 2; ++k) {
       ss[k] = std::make_unique<Session>(
           m, cuda::make_backend(c, m.weights(), T + n + 2, cuda::BackendOptions{.cuda_graphs = k == 1}));
-      ss[k]->forward(ids, pos, {&last, 1}, logits.data(), prune ? &req : nullptr);
+      ss[k]->forward(ids, pos, {&last, 1}, logits.data(), req);
     }
     std::vector<double> ms[2];
     cuda::GraphCounts g0;
@@ -292,7 +310,7 @@ void graph_rows(const Model& m, int64_t T) {
       for (int k = 0; k < 2; ++k) {
         if (i == 2 && k == 1) g0 = cuda::graph_counts();  // two steps to settle
         const auto t0 = std::chrono::steady_clock::now();
-        ss[k]->decode_step(1, int32_t(T) + i, logits.data(), prune ? &req : nullptr);
+        ss[k]->decode_step(1, int32_t(T) + i, logits.data(), req);
         if (i >= 2)
           ms[k].push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -358,11 +376,8 @@ void batch_rows(const Model& m, int64_t T, int members) {
   std::vector<int32_t> pos(static_cast<size_t>(T));
   std::iota(pos.begin(), pos.end(), 0);
   for (const bool prune : {false, true}) {
-    const auto steps =
-        prune ? resolve_schedule(parse_schedule("0.3:0.3,0.6:0.3,0.9:0.3"), c.n_layer, c.global_layers())
-              : std::vector<PruneStep>{};
-    auto policy = make_policy(prune ? PolicyKind::LazyLLM : PolicyKind::None);
-    const PruneRequest req{steps, policy.get()};
+    const DecodePruning pruning(c, prune);
+    const PruneRequest* const req = pruning.request();
     double alone = 0;
     // One member and `members`, launched op by op, then `members` captured as CUDA graphs.
     for (const auto& [n, graphs] :
@@ -375,7 +390,7 @@ void batch_rows(const Model& m, int64_t T, int members) {
         std::vector<int32_t> ids(static_cast<size_t>(T));
         for (int32_t& id : ids) id = int32_t(rng() % uint32_t(c.n_vocab));
         ss.push_back(std::make_unique<Session>(m, cuda::make_backend(c, m.weights(), T + g_runs + 3, opt)));
-        ss.back()->forward(ids, pos, {&last, 1}, logits[size_t(i)].data(), prune ? &req : nullptr);
+        ss.back()->forward(ids, pos, {&last, 1}, logits[size_t(i)].data(), req);
       }
       int32_t at = int32_t(T);
       const auto step = [&] {
@@ -383,7 +398,7 @@ void batch_rows(const Model& m, int64_t T, int members) {
         std::vector<BatchMember> batch;
         passes.reserve(size_t(n));
         for (int i = 0; i < n; ++i)
-          passes.push_back(ss[size_t(i)]->begin_decode(1, at, prune ? &req : nullptr, nullptr, nullptr));
+          passes.push_back(ss[size_t(i)]->begin_decode(1, at, req, nullptr, nullptr));
         for (int i = 0; i < n; ++i)
           batch.push_back({ss[size_t(i)].get(), &passes[size_t(i)], logits[size_t(i)].data()});
         run_batch(batch);

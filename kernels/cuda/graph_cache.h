@@ -1,13 +1,18 @@
-// The executable graphs of captured segments (cuda_ops.h, set_graphs), kept by the sequence of
-// operations each holds: ops.cu keeps cudaGraphExec_t handles in it, the host emulation
-// (tests/cuda_emu/) a stand-in, so both count instantiations the same way. Plain C++.
+// CUDA graphs' bookkeeping (cuda_ops.h, set_graphs), shared by ops.cu and the host emulation
+// (tests/cuda_emu/), so that both decide alike when a capture begins and ends and count alike: the
+// executables of captured segments kept by the sequence of operations each holds (ops.cu's
+// cudaGraphExec_t handles, the emulation's stand-ins), and the state behind set_graphs. Plain C++.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <utility>
+
+#include "kernels/cuda/cuda_ops.h"
 
 namespace lp::cuda {
 
@@ -72,5 +77,32 @@ class GraphCache {
   std::list<std::pair<uint64_t, Exec>> order_;  // most recent first
   std::unordered_map<uint64_t, typename std::list<std::pair<uint64_t, Exec>>::iterator> index_;
 };
+
+// Whether graphs are on and for which thread, the open capture's key and operations, the counts: the
+// state behind set_graphs, graphs_on, graph_counts and queue_on (graphs.cpp, written once). An
+// implementation (ops.cu, the host emulation) derives from it and says how a capture begins (where
+// may_begin()) and how it ends (its segment launched, from an executable it keeps or a new one), and
+// returns it from graph_state(); both are called with mu held.
+struct GraphState {
+  std::recursive_mutex mu;  // a failed call inside (device_failed) takes it again
+  bool on = false;
+  std::thread::id owner;
+  bool capturing = false;
+  uint64_t key = kEmptySegment;
+  int64_t ops = 0;
+  GraphCounts counts;
+  virtual ~GraphState() = default;
+  virtual void begin_capture() = 0;
+  virtual void end_capture() = 0;
+  virtual void* stream() = 0;  // what queue_on returns (the CUDA stream)
+  bool mine() const { return owner == std::this_thread::get_id(); }
+  bool may_begin() const { return on && !capturing && mine(); }
+  void begun() { capturing = true, key = kEmptySegment, ops = 0; }
+  // A segment of ops > 0 launched, from a new executable or one kept for its key.
+  void launched(bool instantiated) {
+    ++counts.launched, counts.ops += ops, counts.instantiated += instantiated;
+  }
+};
+GraphState& graph_state();
 
 }  // namespace lp::cuda

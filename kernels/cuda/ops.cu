@@ -63,17 +63,14 @@ cublasHandle_t blas() {
   return h;
 }
 
-// CUDA graphs (cuda_ops.h, set_graphs): whether they are on and for which thread, the segment
-// being captured, the executables kept, the scratch arena of captures.
-struct Graphs {
-  std::recursive_mutex mu;  // a failed call inside (device_failed) takes it again
-  bool on = false;
-  std::thread::id owner;
-  bool capturing = false;
-  uint64_t key = kEmptySegment;
-  int64_t ops = 0;
-  GraphCounts counts;
+// CUDA graphs (cuda_ops.h, set_graphs; graph_cache.h's state), and the scratch arena of captures.
+void begin_capture(struct Graphs& g);
+void end_capture(struct Graphs& g);
+struct Graphs final : GraphState {
   GraphCache<cudaGraphExec_t> kept{[](cudaGraphExec_t& e) { cudaGraphExecDestroy(e); }};
+  void begin_capture() override { lp::cuda::begin_capture(*this); }
+  void end_capture() override { lp::cuda::end_capture(*this); }
+  void* stream() override { return the_stream(); }
   // The captures' scratch arena: its bytes in use from the start, the launchers' scratch in it not
   // yet freed (the arena is neither reused from its start nor replaced while any is), and the size
   // a capture that found it full asked for.
@@ -88,7 +85,7 @@ Graphs& graphs() {
 
 // Begins a capture where graphs are on for this thread and none is open (g.mu held).
 void begin_capture(Graphs& g) {
-  if (!g.on || g.capturing || g.owner != std::this_thread::get_id()) return;
+  if (!g.may_begin()) return;
   if (g.live == 0) {  // no launcher's scratch is in the arena: it starts again, larger if it was short
     if (g.arena_wanted > g.arena_bytes) {
       if (g.arena) check(cudaFreeAsync(g.arena, the_stream()), "scratch arena free");  // behind its graphs
@@ -101,9 +98,7 @@ void begin_capture(Graphs& g) {
   // Relaxed: the calls that a capture cannot hold end it first (end_capture), and the others (a
   // device attribute, a pool's statistics) need not be refused.
   check(cudaStreamBeginCapture(the_stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-  g.capturing = true;
-  g.key = kEmptySegment;
-  g.ops = 0;
+  g.begun();
 }
 
 // Ends the open capture and launches its graph: the executable kept for its sequence, updated with
@@ -125,17 +120,16 @@ void end_capture(Graphs& g) {
       exec = nullptr;
     }
   }
+  const bool instantiated = !exec;
   if (!exec) {
     cudaGraphExec_t e = nullptr;
     const cudaError_t r = cudaGraphInstantiate(&e, graph, 0);
     if (r != cudaSuccess) cudaGraphDestroy(graph);
     check(r, "cudaGraphInstantiate");
     exec = &g.kept.put(g.key, e);
-    ++g.counts.instantiated;
   }
   cudaGraphDestroy(graph);
-  ++g.counts.launched;
-  g.counts.ops += g.ops;
+  g.launched(instantiated);
   check(cudaGraphLaunch(*exec, the_stream()), "cudaGraphLaunch");
 }
 
@@ -151,39 +145,14 @@ std::unique_lock<std::recursive_mutex> end_segment() {
 
 }  // namespace
 
-void set_graphs(bool on) {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  if (!on || g.owner != std::this_thread::get_id()) end_capture(g);
-  g.on = on;
-  g.owner = std::this_thread::get_id();
-}
-
-bool graphs_on() {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  return g.on && g.owner == std::this_thread::get_id();
-}
-
-GraphCounts graph_counts() {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  return g.counts;
-}
-
-void* queue_on(uint64_t op) {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);  // another thread's work
-  begin_capture(g);
-  if (g.capturing) g.key = mix_op(g.key, op), ++g.ops;
-  return the_stream();
+GraphState& graph_state() {
+  return graphs();
 }
 
 void* scratch_alloc(size_t bytes, const char* what) {
   Graphs& g = graphs();
   std::lock_guard lock(g.mu);
-  if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);  // another thread's
+  if (g.capturing && !g.mine()) end_capture(g);  // another thread's
   begin_capture(g);  // the launcher's operations follow: their capture begins here
   if (g.capturing) {
     const size_t need = (bytes + 255) & ~size_t(255);

@@ -35,16 +35,14 @@ namespace {
 // Graphs as ops.cu keeps them (its comments say why), with the captured operations recorded here and
 // run in order when the segment is launched. A segment's scratch and the device memory it frees live
 // until it has run.
-struct Graphs {
-  std::recursive_mutex mu;  // a recorded operation may queue others when it runs (select_top)
-  bool on = false;
-  std::thread::id owner;
-  bool capturing = false;
-  bool replaying = false;  // a launched segment's operations run: they queue nothing new
-  uint64_t key = kEmptySegment;
-  int64_t ops = 0;
-  GraphCounts counts;
+void begin_capture(struct Graphs& g);
+void end_capture(struct Graphs& g);
+struct Graphs final : GraphState {
   GraphCache<char> kept{[](char&) {}};
+  void begin_capture() override { lp::cuda::begin_capture(*this); }
+  void end_capture() override { lp::cuda::end_capture(*this); }
+  void* stream() override { return nullptr; }
+  bool replaying = false;  // a launched segment's operations run: they queue nothing new (select_top's)
   std::vector<std::function<void()>> recorded;
 };
 Graphs& graphs() {
@@ -53,10 +51,7 @@ Graphs& graphs() {
 }
 
 void begin_capture(Graphs& g) {
-  if (!g.on || g.capturing || g.replaying || g.owner != std::this_thread::get_id()) return;
-  g.capturing = true;
-  g.key = kEmptySegment;
-  g.ops = 0;
+  if (g.may_begin() && !g.replaying) g.begun();
 }
 
 void end_capture(Graphs& g) {
@@ -65,12 +60,9 @@ void end_capture(Graphs& g) {
   std::vector<std::function<void()>> run;
   run.swap(g.recorded);
   if (g.ops == 0) return;
-  if (!g.kept.find(g.key)) {
-    g.kept.put(g.key, 0);
-    ++g.counts.instantiated;
-  }
-  ++g.counts.launched;
-  g.counts.ops += g.ops;
+  const bool instantiated = !g.kept.find(g.key);  // the same key always updates
+  if (instantiated) g.kept.put(g.key, 0);
+  g.launched(instantiated);
   g.replaying = true;
   try {
     for (const auto& f : run) f();
@@ -101,33 +93,8 @@ void enqueue(uint64_t op, std::function<void()> f) {
 }
 }  // namespace emulation
 
-void set_graphs(bool on) {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  if (!on || g.owner != std::this_thread::get_id()) end_capture(g);
-  g.on = on;
-  g.owner = std::this_thread::get_id();
-}
-
-bool graphs_on() {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  return g.on && g.owner == std::this_thread::get_id();
-}
-
-GraphCounts graph_counts() {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  return g.counts;
-}
-
-void* queue_on(uint64_t op) {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);
-  begin_capture(g);
-  if (g.capturing) g.key = mix_op(g.key, op), ++g.ops;
-  return nullptr;
+GraphState& graph_state() {
+  return graphs();
 }
 
 void device_failed(const std::string& what) {  // nothing on the host is sticky
@@ -298,7 +265,7 @@ void* scratch_alloc(size_t bytes, const char* what) {
   {
     Graphs& g = graphs();
     std::lock_guard lock(g.mu);
-    if (g.capturing && g.owner != std::this_thread::get_id()) end_capture(g);  // another thread's
+    if (g.capturing && !g.mine()) end_capture(g);  // another thread's
     begin_capture(g);
     if (g.capturing) return device_take(bytes, what);  // as from ops.cu's arena: no allocation ends it
   }
