@@ -753,8 +753,9 @@ class CudaBackend final : public Backend {
     // --dtype int8: the dequantized matrix of the prefill's GEMMs (the largest layer matrix, 235 MB
     // at the 8B shape), which every running request held after its prefill.
     w16 = DBuf(), w16_holds = nullptr;
-    // A batched prefill's tables of row addresses (8 a row of its K/V appends: 16 MB after a
-    // 131,072-row batch), which the next batched step builds again.
+    // A batched prefill's tables of row addresses (8 a row in its K/V appends, a head's each in
+    // Qwen3's q/k norms: up to 84 MB after a 131,072-row batch), which the next batched step builds
+    // again.
     if (row_tables.bytes() > 0) row_tables = DBuf(), arena_cap = arena_used = 0, table_cache.clear();
     if (freed) reserve(rows);     // a decoding step's rows, as before the prefill
     if (T() > rows) pos.clear();  // no rows until the next pass sets them

@@ -59,9 +59,10 @@ double batch_leader_bytes(const ModelConfig& c, DType dtype, int64_t n) {
   const double Q = double(c.n_head) * c.head_dim, KV = double(c.n_head_kv) * c.head_dim, D = double(c.n_embd);
   const double in = std::max(D, Q), out = std::max(Q + 2 * KV, D);
   const double rows = double(n) * (4 * in + 4 * out + (dtype != DType::F32 ? 2 * in : 0));
-  // Its tables of the members' row addresses (the batched row ops and K/V appends: at most 8
-  // addresses a row in one launch, in an arena that doubles).
-  const double tables = double(n) * 8 * 8 * 2;
+  // Its tables of the members' row addresses (the batched row ops and K/V appends: 8 addresses a
+  // row in one launch, a head's each in Qwen3's q/k norms; in an arena that doubles).
+  const double per_row = std::max(8.0, c.qk_norm ? double(c.n_head + c.n_head_kv) : 0.0);
+  const double tables = double(n) * per_row * 8 * 2;
   const BackendMemory one = backend_memory(c, dtype, 1, 0);
   return rows + tables + one.dequantized + double(kBatchRoomBytes);
 }
