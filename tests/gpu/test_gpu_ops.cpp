@@ -1862,8 +1862,12 @@ TEST(GpuForward, LaterArchitecturesAreTheSameAloneOrBatched) {
     const auto sched = resolve_schedule(parse_schedule("0:0.5"), c.n_layer, c.global_layers());
     auto policy = make_policy(PolicyKind::LazyLLM);
     const PruneRequest prune{sched, policy.get()};
-    expect_batched_as_alone(
-        *m, {testing::random_ids(9, c.n_vocab, 31), testing::random_ids(7, c.n_vocab, 32)}, prune, 2);
+    // The batched steps captured as CUDA graphs (their row ops' tables, q/k norms, post-norms, windows).
+    std::vector<int64_t> segments;
+    const std::vector<int64_t> waits = expect_batched_as_alone(
+        *m, {testing::random_ids(9, c.n_vocab, 31), testing::random_ids(7, c.n_vocab, 32)}, prune, 2, {},
+        nullptr, &segments);
+    EXPECT_EQ(segments[1], waits[1]);
   }
 }
 
@@ -1884,12 +1888,17 @@ TEST(GpuForward, ABatchOfExpertsMembersWaitsAsADenseBatchDoes) {
   const auto sched = resolve_schedule(parse_schedule("0:0.5"), c.n_layer, c.global_layers());
   auto policy = make_policy(PolicyKind::LazyLLM);
   const PruneRequest prune{sched, policy.get()};
+  // The batched steps captured as CUDA graphs: the experts routed on the device, a segment a wait.
+  std::vector<int64_t> segments;
   const std::vector<int64_t> waits =
       expect_batched_as_alone(*m,
                               {testing::random_ids(8, c.n_vocab, 41), testing::random_ids(6, c.n_vocab, 42),
                                testing::random_ids(7, c.n_vocab, 43)},
-                              prune, 3, kWaiting);
-  for (size_t s = 1; s < waits.size(); ++s) EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+                              prune, 3, kWaiting, nullptr, &segments);
+  for (size_t s = 1; s < waits.size(); ++s) {
+    EXPECT_EQ(waits[s], int64_t(sched.size()) + 1) << "step " << s;
+    EXPECT_EQ(segments[s], waits[s]) << "step " << s;
+  }
   // Deferred selections too: a member's step that defers waits once, its routes and its kept sets
   // both read after the logits.
   int64_t deferred = 0;
