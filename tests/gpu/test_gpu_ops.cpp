@@ -1282,11 +1282,14 @@ TEST(GpuForward, ABatchLeadersRowTablesGoBackWithItsActivations) {
   EXPECT_LE(double(after), held);
 }
 
-SchedulerOptions gpu_scheduler(const Model& m, int64_t budget, bool prefix_cache) {
+// With `graphs`, the requests' decoding steps are captured as CUDA graphs (serve --cuda-graphs).
+SchedulerOptions gpu_scheduler(const Model& m, int64_t budget, bool prefix_cache, bool graphs = false) {
   SchedulerOptions o;
   o.kv_budget_bytes = budget;
   o.prefix_cache = prefix_cache;
-  o.make_backend = [&m](int64_t n_ctx) { return cuda::make_backend(m.config(), m.weights(), n_ctx); };
+  o.make_backend = [&m, graphs](int64_t n_ctx) {
+    return cuda::make_backend(m.config(), m.weights(), n_ctx, {.cuda_graphs = graphs});
+  };
   return o;
 }
 
@@ -1294,8 +1297,10 @@ SchedulerOptions gpu_scheduler(const Model& m, int64_t budget, bool prefix_cache
 // questions over one 36-token document, one request after another through schedulers on GPU
 // backends, greedy: unpruned, each hit gives the tokens the cold scheduler gives and loads the
 // document's 2 full blocks; with LazyLLM the later requests hit as well (a hit resumes the pruned
-// state the first left, so its tokens are its own) and every request finishes. About 2 s on the host
-// (three schedulers of three requests each, in emulated kernels).
+// state the first left, so its tokens are its own) and every request finishes. The cached schedulers'
+// decoding steps are captured as CUDA graphs (serve --cuda-graphs), so the hits' tokens also say
+// that graphs give a server's requests the tokens of steps launched one by one. About 2 s on the
+// host (three schedulers of three requests each, in emulated kernels).
 TEST(GpuForward, TheSchedulerOnAGpuServesPrefixCacheHits) {
   testing::TempDir dir;
   CpuContext ctx(1);
@@ -1312,9 +1317,11 @@ TEST(GpuForward, TheSchedulerOnAGpuServesPrefixCacheHits) {
     std::vector<int32_t> tokens;
     RequestRecord rec;
   };
+  // The cached runs' decoding steps captured as CUDA graphs, between the cache's copies (which wait).
   const auto serve = [&](bool cache, PolicyKind policy) {
-    Scheduler s(*m, gpu_scheduler(*m, int64_t(64) << 20, cache));
+    Scheduler s(*m, gpu_scheduler(*m, int64_t(64) << 20, cache, cache));
     EXPECT_EQ(s.prefix_cache(), cache);
+    const int64_t launched = cuda::graph_counts().launched;
     std::vector<Done> out(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
       RequestParams p;
@@ -1334,6 +1341,13 @@ TEST(GpuForward, TheSchedulerOnAGpuServesPrefixCacheHits) {
       EXPECT_EQ(out[i].rec.finish, Finish::Length) << out[i].rec.error;
     }
     EXPECT_EQ(s.prefix_cache_counters().hits, cache ? 2 * 32 : 0);
+    // A graph or more for each of the 3 requests' 3 decoding steps where graphs are on, none otherwise.
+    const int64_t graphs = cuda::graph_counts().launched - launched;
+    if (cache) {
+      EXPECT_GE(graphs, 9);
+    } else {
+      EXPECT_EQ(graphs, 0);
+    }
     return out;
   };
   const auto with = serve(true, PolicyKind::None), without = serve(false, PolicyKind::None);
