@@ -4,6 +4,8 @@
 // cudaGraphExec_t handles, the emulation's stand-ins), and the state behind set_graphs. Plain C++.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -104,5 +106,48 @@ struct GraphState {
   }
 };
 GraphState& graph_state();
+
+// The bookkeeping of the captures' scratch arena (scratch_alloc), apart from its memory, which the
+// implementation allocates: ops.cu on the device, the host emulation in host memory, so that the
+// tests run the same reuse. A launcher's scratch in a capture is a bump region; the arena starts
+// again from its beginning only when none is live (a launcher holds its scratch across its
+// launches, and a segment may end in between: a buffer it grows, a staging chunk); a scratch that
+// does not fit asks for a larger arena, which replaces it at the next such start.
+class ScratchArena {
+ public:
+  // At a capture's beginning: with no scratch live, the next region is the arena's start again,
+  // and the size the arena should be replaced by is returned (0: keep it; then resized()).
+  size_t restart() {
+    if (live_ > 0) return 0;
+    used_ = 0;
+    return wanted_ > bytes_ ? wanted_ : 0;
+  }
+  void resized(void* base, size_t bytes) { base_ = static_cast<std::byte*>(base), bytes_ = bytes; }
+  // A region of `bytes`, or null where the arena is full (it then asks to grow).
+  void* take(size_t bytes) {
+    const size_t need = (bytes + 255) & ~size_t(255);
+    if (base_ && used_ + need <= bytes_) {
+      void* p = base_ + used_;
+      used_ += need;
+      ++live_;
+      return p;
+    }
+    wanted_ = std::max({2 * bytes_, used_ + need, size_t(1) << 20});
+    return nullptr;
+  }
+  // A launcher's scratch given back: true when it was the arena's.
+  bool give(const void* p) {
+    const auto* b = static_cast<const std::byte*>(p);
+    if (!base_ || b < base_ || b >= base_ + bytes_) return false;
+    --live_;
+    return true;
+  }
+  void* base() const { return base_; }
+
+ private:
+  std::byte* base_ = nullptr;
+  size_t bytes_ = 0, used_ = 0, wanted_ = 0;
+  int64_t live_ = 0;
+};
 
 }  // namespace lp::cuda

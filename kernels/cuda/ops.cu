@@ -71,12 +71,7 @@ struct Graphs final : GraphState {
   void begin_capture() override { lp::cuda::begin_capture(*this); }
   void end_capture() override { lp::cuda::end_capture(*this); }
   void* stream() override { return the_stream(); }
-  // The captures' scratch arena: its bytes in use from the start, the launchers' scratch in it not
-  // yet freed (the arena is neither reused from its start nor replaced while any is), and the size
-  // a capture that found it full asked for.
-  void* arena = nullptr;
-  size_t arena_bytes = 0, arena_used = 0, arena_wanted = 0;
-  int64_t live = 0;
+  ScratchArena arena;  // device memory from cudaMallocAsync
 };
 Graphs& graphs() {
   static Graphs* g = new Graphs;  // never destroyed: its executables may outlive static destruction's order
@@ -86,14 +81,13 @@ Graphs& graphs() {
 // Begins a capture where graphs are on for this thread and none is open (g.mu held).
 void begin_capture(Graphs& g) {
   if (!g.may_begin()) return;
-  if (g.live == 0) {  // no launcher's scratch is in the arena: it starts again, larger if it was short
-    if (g.arena_wanted > g.arena_bytes) {
-      if (g.arena) check(cudaFreeAsync(g.arena, the_stream()), "scratch arena free");  // behind its graphs
-      g.arena = nullptr, g.arena_bytes = 0;
-      check(cudaMallocAsync(&g.arena, g.arena_wanted, the_stream()), "scratch arena");
-      g.arena_bytes = g.arena_wanted;
-    }
-    g.arena_used = 0;
+  if (const size_t grown = g.arena.restart()) {
+    if (void* old = g.arena.base())
+      check(cudaFreeAsync(old, the_stream()), "scratch arena free");  // behind its graphs
+    g.arena.resized(nullptr, 0);
+    void* p = nullptr;
+    check(cudaMallocAsync(&p, grown, the_stream()), "scratch arena");
+    g.arena.resized(p, grown);
   }
   // Relaxed: the calls that a capture cannot hold end it first (end_capture), and the others (a
   // device attribute, a pool's statistics) need not be refused.
@@ -154,18 +148,9 @@ void* scratch_alloc(size_t bytes, const char* what) {
   std::lock_guard lock(g.mu);
   if (g.capturing && !g.mine()) end_capture(g);  // another thread's
   begin_capture(g);  // the launcher's operations follow: their capture begins here
-  if (g.capturing) {
-    const size_t need = (bytes + 255) & ~size_t(255);
-    if (g.arena_used + need <= g.arena_bytes) {
-      void* p = static_cast<std::byte*>(g.arena) + g.arena_used;
-      g.arena_used += need;
-      ++g.live;
-      return p;
-    }
-    // Full: this scratch is stream-ordered memory (which ends the segment), and the next capture that
-    // begins with no scratch in the arena finds it larger.
-    g.arena_wanted = std::max({2 * g.arena_bytes, g.arena_used + need, size_t(1) << 20});
-  }
+  if (g.capturing)
+    if (void* p = g.arena.take(bytes)) return p;
+  // Not capturing, or the arena is full: stream-ordered memory (which ends the segment).
   return device_alloc_async(bytes, what);
 }
 
@@ -173,11 +158,7 @@ void scratch_free(void* p) {
   Graphs& g = graphs();
   {
     std::lock_guard lock(g.mu);
-    const auto* b = static_cast<const std::byte*>(g.arena);
-    if (b && p >= b && p < b + g.arena_bytes) {  // the arena's: its graph may not have run yet
-      --g.live;
-      return;
-    }
+    if (g.arena.give(p)) return;  // the arena's: its graph may not have run yet
   }
   device_free_async(p);
 }

@@ -39,6 +39,7 @@ void begin_capture(struct Graphs& g);
 void end_capture(struct Graphs& g);
 struct Graphs final : GraphState {
   GraphCache<char> kept{[](char&) {}};
+  ScratchArena arena;
   void begin_capture() override { lp::cuda::begin_capture(*this); }
   void end_capture() override { lp::cuda::end_capture(*this); }
   void* stream() override { return nullptr; }
@@ -50,8 +51,18 @@ Graphs& graphs() {
   return g;
 }
 
+void device_release(void* p);
+void* device_take(size_t bytes, const char* what);
+
+// As ops.cu's: the arena (host memory here) starts again, or is replaced, only with no scratch live.
 void begin_capture(Graphs& g) {
-  if (g.may_begin() && !g.replaying) g.begun();
+  if (!g.may_begin() || g.replaying) return;
+  if (const size_t grown = g.arena.restart()) {
+    device_release(g.arena.base());  // every segment that used it has run
+    g.arena.resized(nullptr, 0);
+    g.arena.resized(device_take(grown, "scratch arena"), grown);
+  }
+  g.begun();
 }
 
 void end_capture(Graphs& g) {
@@ -260,24 +271,26 @@ void device_free_async(void* p) {
   if (p) end_segment();
   device_release(p);  // stream-ordered: no wait
 }
-// A launcher's scratch: in a capture, freed once the segment has run (ops.cu's arena lives on).
+// A launcher's scratch as ops.cu's: in a capture from the arena, else (or where it is full) memory of
+// its own, whose allocation and free end the segment.
 void* scratch_alloc(size_t bytes, const char* what) {
   {
     Graphs& g = graphs();
     std::lock_guard lock(g.mu);
     if (g.capturing && !g.mine()) end_capture(g);  // another thread's
     begin_capture(g);
-    if (g.capturing) return device_take(bytes, what);  // as from ops.cu's arena: no allocation ends it
+    if (g.capturing)
+      if (void* p = g.arena.take(bytes)) return p;
   }
   return device_alloc(bytes, what);
 }
 void scratch_free(void* p) {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  if (g.capturing)
-    g.recorded.push_back([p] { device_release(p); });
-  else
-    device_release(p);
+  {
+    Graphs& g = graphs();
+    std::lock_guard lock(g.mu);
+    if (g.arena.give(p)) return;
+  }
+  device_free_async(p);
 }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   end_segment();

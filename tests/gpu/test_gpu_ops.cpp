@@ -30,6 +30,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_math.h"
+#include "kernels/cuda/graph_cache.h"
 #include "kernels/cuda/memory.h"
 #include "model/error.h"
 #include "model/gguf.h"
@@ -1670,6 +1671,59 @@ TEST(GpuForward, DecodingStepsCapturedAsGraphsComputeWhatTheStreamDoes) {
     }
   }
   cuda::set_graphs(false);
+}
+
+// The captures' scratch arena (graph_cache.h): a launcher holds its scratch across its launches, and
+// a segment may end in between (a buffer it grows), so the next capture must not start the arena
+// again from its beginning while any scratch is live: the next region would be one still in use.
+// A scratch that does not fit asks for a larger arena, which replaces it at the next start with none
+// live. (Restarting with scratch live passes every session test: none ends a segment inside a
+// launcher on the tests' shapes.)
+TEST(GpuOps, TheScratchArenaStartsAgainOnlyWithNoScratchLive) {
+  cuda::ScratchArena a;
+  EXPECT_EQ(a.take(100), nullptr) << "an arena without memory";
+  const size_t grown = a.restart();
+  EXPECT_EQ(grown, size_t(1) << 20);
+  std::vector<std::byte> mem(grown);
+  a.resized(mem.data(), mem.size());
+  void* x = a.take(100);
+  EXPECT_EQ(x, mem.data());
+  EXPECT_EQ(a.restart(), 0u);  // x is live: the next region follows it
+  void* y = a.take(1000);
+  EXPECT_EQ(y, mem.data() + 256);
+  EXPECT_TRUE(a.give(x));
+  EXPECT_EQ(a.restart(), 0u);
+  void* z = a.take(8);
+  EXPECT_EQ(z, mem.data() + 256 + 1024) << "y is still live";
+  EXPECT_TRUE(a.give(y));
+  EXPECT_FALSE(a.give(mem.data() + mem.size())) << "not the arena's";
+  EXPECT_EQ(a.take(size_t(2) << 20), nullptr) << "larger than the arena";
+  EXPECT_EQ(a.restart(), 0u) << "z is still live";
+  EXPECT_TRUE(a.give(z));
+  // With none live it starts again, replaced by one that holds what was taken and what did not fit.
+  EXPECT_EQ(a.restart(), (size_t(2) << 20) + 1536);
+}
+
+// The executables kept by their segment's sequence: the least recently launched goes first, and
+// putting a key again replaces its executable (an update refused), each dropped one destroyed once.
+TEST(GpuOps, GraphsAreKeptByTheirSequenceTheOldestDroppedFirst) {
+  std::vector<int> destroyed;
+  {
+    cuda::GraphCache<int> kept([&](int& e) { destroyed.push_back(e); });
+    for (int k = 0; k < int(cuda::GraphCache<int>::kKept); ++k) kept.put(uint64_t(k), k);
+    ASSERT_NE(kept.find(0), nullptr);  // 0 is now the most recent
+    kept.put(1000, 1000);              // past the limit: 1, the least recent, goes
+    EXPECT_EQ(destroyed, std::vector<int>{1});
+    EXPECT_EQ(kept.find(1), nullptr);
+    kept.put(0, 7);  // replaced
+    EXPECT_EQ(destroyed, (std::vector<int>{1, 0}));
+    EXPECT_EQ(*kept.find(0), 7);
+    EXPECT_EQ(kept.size(), cuda::GraphCache<int>::kKept);
+  }
+  EXPECT_EQ(destroyed.size(), 2 + cuda::GraphCache<int>::kKept) << "each kept one destroyed with the cache";
+  EXPECT_NE(cuda::mix_op(cuda::mix_op(cuda::kEmptySegment, 1), 2),
+            cuda::mix_op(cuda::mix_op(cuda::kEmptySegment, 2), 1))
+      << "a sequence's key depends on its order";
 }
 
 #if defined(LP_HOST_THREADS)
