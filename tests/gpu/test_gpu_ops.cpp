@@ -1617,7 +1617,7 @@ TEST(GpuForward, ADeferredDecodingStepWaitsOnceAndComputesWhatTheWaitingStepDoes
 // buffer), so an unpruned step is one graph and a LazyLLM step one per wait. Once settled, an unpruned
 // step's segment is updated, not instantiated again: none of the last 4 steps' is. A LazyLLM step's
 // sequences change with its revivals (the rows of its GEMMs, the merges), so fewer recur: in the last
-// 4 steps at most half its segments are instantiated (5 of 16 in a fresh process). About 1 s an order.
+// 4 steps at most half its segments are instantiated (6 of 16 in a fresh process). About 1 s an order.
 TEST(GpuForward, DecodingStepsCapturedAsGraphsComputeWhatTheStreamDoes) {
   const int64_t T = 40, steps = 8;
   LazySteps setting(T);
