@@ -38,7 +38,7 @@ struct BackendOptions {
   // graph launch, where it does not wait in the middle (an unpruned step, a deferred LazyLLM one), a
   // graph per stretch between its waits otherwise (a LazyLLM step's selections, a MoE layer's routes).
   // Each sequence's executable is updated in place step after step. Off by default until a GPU
-  // has timed it (lp_gpu_bench --graphs; docs/cuda.md, "CUDA graphs").
+  // has timed it (lp_gpu_bench's graph rows; docs/cuda.md, "CUDA graphs").
   bool cuda_graphs = false;
 };
 

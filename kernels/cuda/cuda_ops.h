@@ -47,7 +47,6 @@ inline int64_t queued_ops() {
 // not a launch. Off by default: a thread that did not turn them on queues as without them (its
 // operations end a capture first).
 void set_graphs(bool on);
-bool graphs_on();
 struct GraphCounts {
   int64_t launched = 0;      // segments launched as graphs
   int64_t instantiated = 0;  // of them, instantiated (a sequence not kept, or whose update failed)
@@ -64,10 +63,10 @@ uint64_t op_id(F* kernel) {
 // none is open, and adds op to the open one's sequence. Every operation calls it once.
 void* queue_on(uint64_t op);
 // A launcher's scratch memory, freed when the launcher returns (Scratch in launch.cuh): stream-
-// ordered memory, or, in a capture, a bump region of an arena that lives as long as the graphs that
-// use it (a graph may not allocate: an allocation ends the capture, which a launcher's scratch
-// would do at every attention with key splits and every selection). A full arena ends the capture,
-// grows, and starts a new one.
+// ordered memory, or, in a capture, a region of an arena (graph_cache.h ScratchArena) that outlives
+// the graphs using it (an allocation ends the capture, which a launcher's scratch would do at every
+// attention with key splits and every selection). Where the arena is full, stream-ordered memory,
+// and a larger arena at the next capture that begins with no scratch live.
 void* scratch_alloc(size_t bytes, const char* what);
 void scratch_free(void* p);
 

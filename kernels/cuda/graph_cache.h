@@ -80,36 +80,9 @@ class GraphCache {
   std::unordered_map<uint64_t, typename std::list<std::pair<uint64_t, Exec>>::iterator> index_;
 };
 
-// Whether graphs are on and for which thread, the open capture's key and operations, the counts: the
-// state behind set_graphs, graphs_on, graph_counts and queue_on (graphs.cpp, written once). An
-// implementation (ops.cu, the host emulation) derives from it and says how a capture begins (where
-// may_begin()) and how it ends (its segment launched, from an executable it keeps or a new one), and
-// returns it from graph_state(); both are called with mu held.
-struct GraphState {
-  std::recursive_mutex mu;  // a failed call inside (device_failed) takes it again
-  bool on = false;
-  std::thread::id owner;
-  bool capturing = false;
-  uint64_t key = kEmptySegment;
-  int64_t ops = 0;
-  GraphCounts counts;
-  virtual ~GraphState() = default;
-  virtual void begin_capture() = 0;
-  virtual void end_capture() = 0;
-  virtual void* stream() = 0;  // what queue_on returns (the CUDA stream)
-  bool mine() const { return owner == std::this_thread::get_id(); }
-  bool may_begin() const { return on && !capturing && mine(); }
-  void begun() { capturing = true, key = kEmptySegment, ops = 0; }
-  // A segment of ops > 0 launched, from a new executable or one kept for its key.
-  void launched(bool instantiated) {
-    ++counts.launched, counts.ops += ops, counts.instantiated += instantiated;
-  }
-};
-GraphState& graph_state();
-
 // The bookkeeping of the captures' scratch arena (scratch_alloc), apart from its memory, which the
-// implementation allocates: ops.cu on the device, the host emulation in host memory, so that the
-// tests run the same reuse. A launcher's scratch in a capture is a bump region; the arena starts
+// implementation's device_alloc_async gives: on the device, or the host emulation's host memory, so
+// that the tests run the same reuse. A launcher's scratch in a capture is a bump region; the arena starts
 // again from its beginning only when none is live (a launcher holds its scratch across its
 // launches, and a segment may end in between: a buffer it grows, a staging chunk); a scratch that
 // does not fit asks for a larger arena, which replaces it at the next such start.
@@ -149,5 +122,37 @@ class ScratchArena {
   size_t bytes_ = 0, used_ = 0, wanted_ = 0;
   int64_t live_ = 0;
 };
+
+// Whether graphs are on and for which thread, the open capture's key and operations, the counts, the
+// scratch arena: the state behind set_graphs, graph_counts, queue_on and scratch_alloc (graphs.cpp,
+// written once). An implementation (ops.cu, the host emulation) derives from it and says how a
+// capture begins (where may_begin(), after restart_arena) and how it ends (its segment launched, from
+// an executable it keeps or a new one), and returns it from graph_state(); both are called with mu
+// held.
+struct GraphState {
+  std::recursive_mutex mu;  // a failed call inside (device_failed) takes it again
+  bool on = false;
+  std::thread::id owner;
+  bool capturing = false;
+  uint64_t key = kEmptySegment;
+  int64_t ops = 0;
+  GraphCounts counts;
+  ScratchArena arena;  // stream-ordered memory (device_alloc_async)
+  virtual ~GraphState() = default;
+  virtual void begin_capture() = 0;
+  virtual void end_capture() = 0;
+  virtual void* stream() = 0;  // what queue_on returns (the CUDA stream)
+  bool mine() const { return owner == std::this_thread::get_id(); }
+  bool may_begin() const { return on && !capturing && mine(); }
+  void begun() { capturing = true, key = kEmptySegment, ops = 0; }
+  // A segment of ops > 0 launched, from a new executable or one kept for its key.
+  void launched(bool instantiated) {
+    ++counts.launched, counts.ops += ops, counts.instantiated += instantiated;
+  }
+};
+GraphState& graph_state();
+// At a capture's beginning: the arena starts again, replaced by a larger one where it was short,
+// if no scratch is live (g.mu held).
+void restart_arena(GraphState& g);
 
 }  // namespace lp::cuda

@@ -51,9 +51,6 @@ void* device_alloc_async(size_t, const char*) {
 }
 void device_free_async(void*) {}
 void set_graphs(bool) {}
-bool graphs_on() {
-  return false;
-}
 GraphCounts graph_counts() {
   return {};
 }

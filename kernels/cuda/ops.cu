@@ -71,7 +71,6 @@ struct Graphs final : GraphState {
   void begin_capture() override { lp::cuda::begin_capture(*this); }
   void end_capture() override { lp::cuda::end_capture(*this); }
   void* stream() override { return the_stream(); }
-  ScratchArena arena;  // device memory from cudaMallocAsync
 };
 Graphs& graphs() {
   static Graphs* g = new Graphs;  // never destroyed: its executables may outlive static destruction's order
@@ -81,14 +80,7 @@ Graphs& graphs() {
 // Begins a capture where graphs are on for this thread and none is open (g.mu held).
 void begin_capture(Graphs& g) {
   if (!g.may_begin()) return;
-  if (const size_t grown = g.arena.restart()) {
-    if (void* old = g.arena.base())
-      check(cudaFreeAsync(old, the_stream()), "scratch arena free");  // behind its graphs
-    g.arena.resized(nullptr, 0);
-    void* p = nullptr;
-    check(cudaMallocAsync(&p, grown, the_stream()), "scratch arena");
-    g.arena.resized(p, grown);
-  }
+  restart_arena(g);
   // Relaxed: the calls that a capture cannot hold end it first (end_capture), and the others (a
   // device attribute, a pool's statistics) need not be refused.
   check(cudaStreamBeginCapture(the_stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
@@ -141,26 +133,6 @@ std::unique_lock<std::recursive_mutex> end_segment() {
 
 GraphState& graph_state() {
   return graphs();
-}
-
-void* scratch_alloc(size_t bytes, const char* what) {
-  Graphs& g = graphs();
-  std::lock_guard lock(g.mu);
-  if (g.capturing && !g.mine()) end_capture(g);  // another thread's
-  begin_capture(g);  // the launcher's operations follow: their capture begins here
-  if (g.capturing)
-    if (void* p = g.arena.take(bytes)) return p;
-  // Not capturing, or the arena is full: stream-ordered memory (which ends the segment).
-  return device_alloc_async(bytes, what);
-}
-
-void scratch_free(void* p) {
-  Graphs& g = graphs();
-  {
-    std::lock_guard lock(g.mu);
-    if (g.arena.give(p)) return;  // the arena's: its graph may not have run yet
-  }
-  device_free_async(p);
 }
 
 bool compiled() {

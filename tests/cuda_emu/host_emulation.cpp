@@ -3,9 +3,9 @@
 // host_threads.h), and what comes from NVIDIA libraries is replaced: cuBLAS GEMMs by the scalar
 // reference, CUB's radix sorts by stable sorts of the same keys, cudaMemcpy2D by row copies. The
 // stream runs each operation when it is queued, or, in a capture (set_graphs), when the captured
-// segment is launched (host_stream.h). Not
-// part of the product: the tests link it under cuda_backend.cpp and the GPU suite's own source,
-// so the ops and the session's logic are checked on machines without a GPU.
+// segment is launched (host_stream.h). Not part of the product: the tests link it under
+// cuda_backend.cpp and the GPU suite's own source, so the ops and the session's logic are checked on
+// machines without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -33,13 +33,11 @@ bool compiled() {
 namespace {
 
 // Graphs as ops.cu keeps them (its comments say why), with the captured operations recorded here and
-// run in order when the segment is launched. A segment's scratch and the device memory it frees live
-// until it has run.
+// run in order when the segment is launched.
 void begin_capture(struct Graphs& g);
 void end_capture(struct Graphs& g);
 struct Graphs final : GraphState {
   GraphCache<char> kept{[](char&) {}};
-  ScratchArena arena;
   void begin_capture() override { lp::cuda::begin_capture(*this); }
   void end_capture() override { lp::cuda::end_capture(*this); }
   void* stream() override { return nullptr; }
@@ -51,17 +49,9 @@ Graphs& graphs() {
   return g;
 }
 
-void device_release(void* p);
-void* device_take(size_t bytes, const char* what);
-
-// As ops.cu's: the arena (host memory here) starts again, or is replaced, only with no scratch live.
 void begin_capture(Graphs& g) {
   if (!g.may_begin() || g.replaying) return;
-  if (const size_t grown = g.arena.restart()) {
-    device_release(g.arena.base());  // every segment that used it has run
-    g.arena.resized(nullptr, 0);
-    g.arena.resized(device_take(grown, "scratch arena"), grown);
-  }
+  restart_arena(g);  // as ops.cu's, in host memory
   g.begun();
 }
 
@@ -149,10 +139,6 @@ uint64_t hash_of(const void* p, size_t n) {  // FNV-1a
   return h;
 }
 
-// f, run by the stream: now, or when the open capture's segment is launched.
-void on_stream(uint64_t op, std::function<void()> f) {
-  emulation::enqueue(op, std::move(f));
-}
 enum : uint64_t { kToDevice = 1, kToHost, kOnDevice, kColumns, kGemmF32, kGemmBf16, kSort };
 
 // A wait: the stream has run every queued copy.
@@ -198,11 +184,11 @@ void copy_to_device_async(void* dst, const void* pinned_src, size_t bytes) {
     std::lock_guard lock(queued_mu);
     queued.push_back({static_cast<const std::byte*>(pinned_src), bytes, hash_of(pinned_src, bytes)});
   }
-  on_stream(kToDevice, [=] { std::memcpy(dst, pinned_src, bytes); });
+  emulation::enqueue(kToDevice, [=] { std::memcpy(dst, pinned_src, bytes); });
 }
 void copy_to_host_async(void* pinned_dst, const void* src, size_t bytes) {
   ++queued_ops_counter();
-  on_stream(kToHost, [=] { std::memcpy(pinned_dst, src, bytes); });
+  emulation::enqueue(kToHost, [=] { std::memcpy(pinned_dst, src, bytes); });
 }
 
 namespace {
@@ -271,27 +257,6 @@ void device_free_async(void* p) {
   if (p) end_segment();
   device_release(p);  // stream-ordered: no wait
 }
-// A launcher's scratch as ops.cu's: in a capture from the arena, else (or where it is full) memory of
-// its own, whose allocation and free end the segment.
-void* scratch_alloc(size_t bytes, const char* what) {
-  {
-    Graphs& g = graphs();
-    std::lock_guard lock(g.mu);
-    if (g.capturing && !g.mine()) end_capture(g);  // another thread's
-    begin_capture(g);
-    if (g.capturing)
-      if (void* p = g.arena.take(bytes)) return p;
-  }
-  return device_alloc(bytes, what);
-}
-void scratch_free(void* p) {
-  {
-    Graphs& g = graphs();
-    std::lock_guard lock(g.mu);
-    if (g.arena.give(p)) return;
-  }
-  device_free_async(p);
-}
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   end_segment();
   std::memcpy(dst, src, bytes);
@@ -303,7 +268,7 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 void copy_on_device(void* dst, const void* src, size_t bytes) {
   ++queued_ops_counter();
-  on_stream(kOnDevice, [=] { std::memcpy(dst, src, bytes); });
+  emulation::enqueue(kOnDevice, [=] { std::memcpy(dst, src, bytes); });
 }
 void synchronize(const char*) {
   end_segment();
@@ -318,7 +283,7 @@ int multiprocessors() {
 void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t width, int64_t rows) {
   ++queued_ops_counter();
   if (rows <= 0 || width <= 0) return;  // as ops.cu: nothing queued
-  on_stream(kColumns, [=] {
+  emulation::enqueue(kColumns, [=] {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(width) * 4);
   });
 }
@@ -327,7 +292,7 @@ void copy_columns(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, 
 // (its own launches run with it).
 void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_keep, int64_t* keep) {
   if (n < 1 || n_keep < 1 || n_keep > n) fail("select_top: keep {} of {} tokens", n_keep, n);
-  on_stream(mix_op(kSort, size_class(n)), [=] {  // the keys' count by its size class, as ops.cu
+  emulation::enqueue(mix_op(kSort, size_class(n)), [=] {  // the keys' count by its size class, as ops.cu
     const int64_t m = n - 1;
     std::vector<uint64_t> keys(static_cast<size_t>(std::max<int64_t>(m, 1)));
     std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(m, 1))), sorted(static_cast<size_t>(n));
@@ -347,14 +312,14 @@ void select_top(const float* scores, const int32_t* pos, int64_t n, int64_t n_ke
 void gemm_f32(const float* a, const float* w, float* out, int64_t T, int64_t K, int64_t N) {
   ++queued_ops_counter();
   if (T <= 0 || N <= 0) return;
-  on_stream(mix_op(mix_op(mix_op(kGemmF32, uint64_t(T)), uint64_t(K)), uint64_t(N)),
-            [=] { ref::matmul(a, w, out, T, K, N); });
+  emulation::enqueue(mix_op(mix_op(mix_op(kGemmF32, uint64_t(T)), uint64_t(K)), uint64_t(N)),
+                     [=] { ref::matmul(a, w, out, T, K, N); });
 }
 
 void gemm_bf16(const uint16_t* a, const uint16_t* w, float* out, int64_t T, int64_t K, int64_t N) {
   ++queued_ops_counter();
   if (T <= 0 || N <= 0) return;
-  on_stream(mix_op(mix_op(mix_op(kGemmBf16, uint64_t(T)), uint64_t(K)), uint64_t(N)), [=] {
+  emulation::enqueue(mix_op(mix_op(mix_op(kGemmBf16, uint64_t(T)), uint64_t(K)), uint64_t(N)), [=] {
     std::vector<float> af(size_t(T * K)), wf(size_t(N * K));
     for (size_t i = 0; i < af.size(); ++i) af[i] = cm::bf16_to_f32(a[i]);
     for (size_t i = 0; i < wf.size(); ++i) wf[i] = cm::bf16_to_f32(w[i]);
