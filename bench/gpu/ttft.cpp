@@ -284,53 +284,6 @@ class DecodePruning {
   bool prune_;
 };
 
-// Decoding steps launched op by op and captured as CUDA graphs (BackendOptions::cuda_graphs, issue 58
-// item 2), unpruned and LazyLLM (waiting at its selections: a graph per stretch between waits), on two
-// sessions after the same T-token prefill, alternated step by step: the median step of each, the
-// segments a step and the executables instantiated over the timed steps (0 once settled: each
-// segment is updated in place).
-void graph_rows(const Model& m, int64_t T) {
-  const ModelConfig& c = m.config();
-  const auto [ids, pos] = Prompt(c, T, 5);
-  const int64_t last = T - 1;
-  const int n = 2 * (g_runs + 1);
-  for (const bool prune : {false, true}) {
-    const DecodePruning pruning(c, prune);
-    const PruneRequest* const req = pruning.request();
-    std::unique_ptr<Session> ss[2];
-    std::vector<float> logits(static_cast<size_t>(c.n_vocab));
-    for (int k = 0; k < 2; ++k) {
-      ss[k] = std::make_unique<Session>(
-          m, cuda::make_backend(c, m.weights(), T + n + 2, cuda::BackendOptions{.cuda_graphs = k == 1}));
-      ss[k]->forward(ids, pos, {&last, 1}, logits.data(), req);
-    }
-    std::vector<double> ms[2];
-    cuda::GraphCounts g0;
-    for (int i = 0; i < n; ++i)
-      for (int k = 0; k < 2; ++k) {
-        if (i == 2 && k == 1) g0 = cuda::graph_counts();  // two steps to settle
-        const auto t0 = std::chrono::steady_clock::now();
-        ss[k]->decode_step(1, int32_t(T) + i, logits.data(), req);
-        if (i >= 2)
-          ms[k].push_back(
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-    const cuda::GraphCounts g1 = cuda::graph_counts();
-    for (auto& v : ms) std::sort(v.begin(), v.end());
-    const double op = ms[0][ms[0].size() / 2], gr = ms[1][ms[1].size() / 2], timed = double(n - 2);
-    fmt::print(
-        "  {:<9} decoding step  {:>8.3f} ms op by op  {:>8.3f} ms as graphs ({:.2f}x; {:.1f} segments and "
-        "{:.0f} operations a step, {} instantiated)\n",
-        prune ? "LazyLLM" : "unpruned", op, gr, op / gr, double(g1.launched - g0.launched) / timed,
-        double(g1.ops - g0.ops) / timed, g1.instantiated - g0.instantiated);
-  }
-}
-
-// Continuous batching's decoding steps (engine/batch.h, as `serve` runs them): n sessions, each
-// after its own prefill of T tokens (LazyLLM's default schedule or none), decoding one token each
-// per step, every GEMM and row op once over all of them. Tokens/s of 1 and 8 members side by side
-// (issue 58, item 3: 8 requests at least 4x one request's tokens/s at the 8B shape), with the
-// operations each step queues (cuda::queued_ops) and the times it waits (cuda::host_waits).
 // The prefix cache on the GPU (`serve --backend cuda`): a T-token prefix's states, unpruned and after
 // LazyLLM's default schedule, saved to host memory (Session::save_states: K/V gathered on the device,
 // one copy back a layer) and loaded into a fresh session (load_states), against the prefill that
@@ -370,6 +323,11 @@ void prefix_rows(const Model& m, int64_t T) {
   }
 }
 
+// Continuous batching's decoding steps (engine/batch.h, as `serve` runs them): n sessions, each
+// after its own prefill of T tokens (LazyLLM's default schedule or none), decoding one token each
+// per step, every GEMM and row op once over all of them. Tokens/s of 1 and 8 members side by side
+// (issue 58, item 3: 8 requests at least 4x one request's tokens/s at the 8B shape), with the
+// operations each step queues (cuda::queued_ops) and the times it waits (cuda::host_waits).
 void batch_rows(const Model& m, int64_t T, int members) {
   const ModelConfig& c = m.config();
   const int64_t last = T - 1;
@@ -379,9 +337,11 @@ void batch_rows(const Model& m, int64_t T, int members) {
     const DecodePruning pruning(c, prune);
     const PruneRequest* const req = pruning.request();
     double alone = 0;
-    // One member and `members`, launched op by op, then `members` captured as CUDA graphs.
+    // One member and `members`, each launched op by op and captured as CUDA graphs (issue 58, item 2:
+    // BackendOptions::cuda_graphs; a LazyLLM step a graph per stretch between its waits), with the
+    // graphs' segments a step and the executables instantiated over the timed steps (0 once settled).
     for (const auto& [n, graphs] :
-         {std::pair{1, false}, std::pair{members, false}, std::pair{members, true}}) {
+         {std::pair{1, false}, std::pair{1, true}, std::pair{members, false}, std::pair{members, true}}) {
       const cuda::BackendOptions opt{.cuda_graphs = graphs};
       std::vector<std::unique_ptr<Session>> ss;
       std::vector<std::vector<float>> logits(size_t(n), std::vector<float>(size_t(c.n_vocab)));
@@ -406,15 +366,20 @@ void batch_rows(const Model& m, int64_t T, int members) {
       };
       step();  // the first step grows the batch's buffers; the counts are the steps after it
       const int64_t ops0 = cuda::queued_ops(), waits0 = cuda::host_waits();
+      const cuda::GraphCounts g0 = cuda::graph_counts();
       const double ms = median_ms(step);
+      const cuda::GraphCounts g1 = cuda::graph_counts();
       const double steps_run = g_runs + 1, tokens_s = n * 1e3 / ms;
-      if (n == 1) alone = tokens_s;
+      if (n == 1 && !graphs) alone = tokens_s;
       fmt::print(
           "  {:<9} {} member{}  {:>8.2f} ms a step  {:>8.0f} tokens/s  "
           "({:.2f}x one; {:.0f} operations queued and {:.1f} host waits a step{})\n",
           prune ? "LazyLLM" : "unpruned", n, n == 1 ? " " : "s", ms, tokens_s, tokens_s / alone,
           double(cuda::queued_ops() - ops0) / steps_run, double(cuda::host_waits() - waits0) / steps_run,
-          graphs ? "; as CUDA graphs" : "");
+          graphs
+              ? fmt::format("; as CUDA graphs: {:.1f} segments a step, {} instantiated",
+                            double(g1.launched - g0.launched) / steps_run, g1.instantiated - g0.instantiated)
+              : "");
     }
   }
 }
@@ -435,6 +400,9 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "Keep only the first N layers of the shape (0: all)")
       ->check(CLI::Range(0, 1024));
   app.add_flag("--no-default-model", no_default, "Skip the default model's TTFT rows");
+  bool f32_attention = true;
+  app.add_flag("!--no-f32-attention", f32_attention,
+               "Skip the shape's TTFT rows with the f32 attention kernel (beside the tensor cores')");
   int64_t batch_prompt = 512;
   int batch_members = 8;
   app.add_option("--batch-members", batch_members, "Members of the batched decoding rows (beside one alone)")
@@ -471,9 +439,9 @@ int main(int argc, char** argv) {
       const auto m = Model::load(default_model_path(), DType::F32, ctx);
       fmt::print("default model (SmolLM2-135M, f32):\n");
       ttft_rows(*m, std::min<int64_t>(T, 8192));
-      fmt::print("default model: decoding steps op by op and as CUDA graphs after {}-token prompts\n",
+      fmt::print("default model: decoding steps, op by op and as CUDA graphs, after {}-token prompts\n",
                  std::min<int64_t>(T, batch_prompt));
-      graph_rows(*m, std::min<int64_t>(T, batch_prompt));
+      batch_rows(*m, std::min<int64_t>(T, batch_prompt), batch_members);
     }
     // A bf16 session's attention runs on the tensor cores in f16 over its f16 K/V cache (the default,
     // issue 58: the figure to set beside the published vLLM and TensorRT-LLM TTFTs of this shape); the
@@ -482,8 +450,11 @@ int main(int argc, char** argv) {
     fmt::print("{} shape ({} layers), random bf16 weights, f16 K/V, attention on the tensor cores:\n", shape,
                mr->config().n_layer);
     ttft_rows(*mr, T);
-    fmt::print("{} shape, random bf16 weights, f16 K/V, attention by the f32 kernel (CUDA cores):\n", shape);
-    ttft_rows(*mr, T, cuda::BackendOptions{.tensor_core_attention = false});
+    if (f32_attention) {
+      fmt::print("{} shape, random bf16 weights, f16 K/V, attention by the f32 kernel (CUDA cores):\n",
+                 shape);
+      ttft_rows(*mr, T, cuda::BackendOptions{.tensor_core_attention = false});
+    }
     fmt::print(
         "\n{} shape, random bf16 weights: the prefix cache's copies of a {}-token prefix (median of {})\n",
         shape, T, g_runs);
@@ -492,11 +463,6 @@ int main(int argc, char** argv) {
         "\n{} shape, random bf16 weights: batched decoding steps after {}-token prompts (median of {})\n",
         shape, std::min<int64_t>(T, batch_prompt), g_runs);
     batch_rows(*mr, std::min<int64_t>(T, batch_prompt), batch_members);
-    fmt::print(
-        "\n{} shape, random bf16 weights: decoding steps op by op and as CUDA graphs after {}-token "
-        "prompts (median of {})\n",
-        shape, std::min<int64_t>(T, batch_prompt), 2 * g_runs);
-    graph_rows(*mr, std::min<int64_t>(T, batch_prompt));
     if (int8) {
       const auto mq = random_model(shape, layers, true);
       fmt::print("{} shape ({} layers), random Q8_0 weights (--dtype int8: bf16 activations):\n", shape,
